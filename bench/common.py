@@ -1,0 +1,48 @@
+"""What every bench shares: the machine's name, timing, the table and JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from datetime import UTC, datetime
+
+
+def machine() -> str:
+    """CPU model, cores and memory: the figures mean nothing without them."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{model}, {os.cpu_count()} cores, {memory:.0f} GiB, Python {platform.python_version()}"
+
+
+def timed(fn, *args) -> float:
+    """Seconds ``fn(*args)`` takes."""
+    started = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - started
+
+
+def report(title: str, rows: list[dict], columns: list[str], json_path: str | None) -> None:
+    """Print an aligned table; write ``{"machine", "date", "rows"}`` as JSON."""
+    header = {"machine": machine(), "date": datetime.now(UTC).isoformat(timespec="seconds"), "title": title}
+    print(f"{title}\n{header['machine']} — {header['date']}")
+    widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=False)))
+    for row in rows:
+        print("  ".join(_fmt(row.get(c)).ljust(w) for c, w in zip(columns, widths, strict=False)))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({**header, "rows": rows}, f, indent=2)
+        print(f"wrote {json_path}")
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.2f}" if value < 100 else f"{value:,.0f}"
+    return "" if value is None else str(value)

@@ -1,0 +1,63 @@
+"""hqueue: a partitioned, persistent message queue for Python.
+
+Quick start::
+
+    from hqueue import HQueue, HQueueAdmin, Message
+
+    with HQueueAdmin() as admin:
+        admin.create_queue("crawl", partitions=8, ttl=86400)
+    with HQueue("crawl") as queue:
+        queue.put(Message("crawler", b"http://example.com"))
+        for message in queue.scan():
+            print(message.id, message.topic, message.value)
+"""
+
+from .admin import HQueueAdmin
+from .config import Durability, QueueInfo, QueueState
+from .errors import (
+    CoordinationError,
+    HQueueError,
+    InvalidMessage,
+    InvalidPartition,
+    InvalidQueueName,
+    MessageTooLarge,
+    NotPartitionOwner,
+    QueueDisabled,
+    QueueEnabled,
+    QueueExists,
+    QueueNotFound,
+    StorageError,
+    StorageLocked,
+)
+from .message import Message, MessageID
+from .queue import HQueue
+from .scanner import CombinedPartitionScanner, PartitionScanner, QueueScanner, Scan
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CombinedPartitionScanner",
+    "CoordinationError",
+    "Durability",
+    "HQueue",
+    "HQueueAdmin",
+    "HQueueError",
+    "InvalidMessage",
+    "InvalidPartition",
+    "InvalidQueueName",
+    "Message",
+    "MessageID",
+    "MessageTooLarge",
+    "NotPartitionOwner",
+    "PartitionScanner",
+    "QueueDisabled",
+    "QueueEnabled",
+    "QueueExists",
+    "QueueInfo",
+    "QueueNotFound",
+    "QueueScanner",
+    "QueueState",
+    "Scan",
+    "StorageError",
+    "StorageLocked",
+]

@@ -1,0 +1,107 @@
+"""HQueueAdmin: create, change and inspect queues (SPEC C1, C8)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+from typing import Any
+
+from .config import DEFAULT_MAX_MESSAGE_BYTES, Durability, QueueInfo, QueueState, validate_queue_name
+from .connection import Connected
+from .errors import QueueNotFound
+
+__all__ = ["HQueueAdmin"]
+
+
+class HQueueAdmin(Connected):
+    """Administers the queues of one store.
+
+    Args:
+        url: ``local:///path`` (default: ``$HQUEUE_DATA`` or ``./hqueue-data``)
+            or ``hbase://host:9090``.
+        data_dir: Shorthand for ``url="local://" + data_dir``.
+    """
+
+    def __init__(self, url: str | None = None, *, data_dir: str | os.PathLike[str] | None = None) -> None:
+        super().__init__(url, data_dir)
+
+    def create_queue(
+        self,
+        name: str,
+        partitions: int,
+        ttl: int = 0,
+        config: dict[str, str] | None = None,
+        *,
+        durability: str = Durability.SYNC_WAL,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> QueueInfo:
+        """Create a queue.
+
+        Args:
+            name: 1-200 characters of ``[A-Za-z0-9_.-]``.
+            partitions: 1..32767, fixed for the queue's life.
+            ttl: Seconds messages stay visible; 0 keeps them forever.
+            config: Extra settings, e.g. ``{'hbase.hqueue.partitionsPerRegion': '4'}``.
+            durability: ``SYNC_WAL`` (default), ``ASYNC_WAL`` or ``SKIP_WAL``;
+                see :class:`~hqueue.config.Durability`.
+            max_message_bytes: Largest topic + value accepted (default 4 MiB).
+
+        Raises:
+            QueueExists, InvalidQueueName, TypeError, ValueError.
+        """
+        info = QueueInfo(
+            name=validate_queue_name(name),
+            partitions=partitions,
+            ttl=ttl,
+            durability=durability,
+            config=dict(config or {}),
+            max_message_bytes=max_message_bytes,
+        )
+        self.engine.create_queue(info)
+        return info
+
+    def truncate_queue(self, name: str) -> None:
+        """Delete every message; the queue and its partitions stay."""
+        self.engine.truncate_queue(name)
+
+    def disable_queue(self, name: str) -> None:
+        """Reject puts and scans with QueueDisabled until enabled again."""
+        self.engine.set_state(name, QueueState.DISABLED)
+
+    def enable_queue(self, name: str) -> None:
+        self.engine.set_state(name, QueueState.ENABLED)
+
+    def delete_queue(self, name: str, *, force: bool = False) -> None:
+        """Delete a queue and its messages.
+
+        Like HBase's drop, the queue must be disabled first, so that a live
+        queue is not dropped by accident; ``force=True`` disables it for you.
+
+        Raises:
+            QueueNotFound; QueueEnabled when enabled and not ``force``.
+        """
+        if force and self.engine.queue_info(name, fresh=True).enabled:
+            self.disable_queue(name)
+        self.engine.delete_queue(name)
+
+    def queue_exists(self, name: str) -> bool:
+        try:
+            self.engine.queue_info(name, fresh=True)
+        except QueueNotFound:
+            return False
+        return True
+
+    def list_queues(self) -> list[QueueInfo]:
+        """Every queue's definition, sorted by name."""
+        return self.engine.storage.list_queues()
+
+    def describe_queue(self, name: str) -> dict[str, Any]:
+        """Definition, state, a message count estimate and each partition's last ID."""
+        info = self.engine.queue_info(name, fresh=True)
+        description = asdict(info)
+        description["message_count_estimate"] = self.engine.storage.estimate_count(name)
+        description["last_ids"] = {pid: self.engine.last_id(name, pid) for pid in range(info.partitions)}
+        return description
+
+    def __repr__(self) -> str:
+        return f"HQueueAdmin(url={self._engine.storage.url if self._engine else None!r})"

@@ -1,0 +1,131 @@
+"""Queue definitions: name rules, durability, state and per-queue settings."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from .errors import InvalidQueueName
+from .message import MAX_PARTITIONS
+
+__all__ = ["Durability", "QueueInfo", "QueueState", "validate_queue_name"]
+
+#: Messages (topic + value) above this many bytes are rejected by default.
+DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+#: Topics above this many bytes are rejected.
+MAX_TOPIC_BYTES = 1024
+
+# HBase table-name rules (TableName.isLegalTableQualifierName), without namespaces.
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
+
+
+def validate_queue_name(name: object) -> str:
+    """Return ``name`` if it is a legal queue name, else raise.
+
+    Raises:
+        TypeError: ``name`` is not a str.
+        InvalidQueueName: empty, over 200 characters, or not ``[A-Za-z0-9_.-]``.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"'name' must be a str, not {type(name).__name__}")
+    if not _NAME.fullmatch(name):
+        raise InvalidQueueName(
+            f"invalid queue name {name!r}: use 1-200 characters from [A-Za-z0-9_.-], not starting with '.' or '-'"
+        )
+    return name
+
+
+class Durability:
+    """When a put is acknowledged, after HBase's ``Durability`` (SPEC C3).
+
+    * ``SYNC_WAL`` (default): the write-ahead log is fsynced before the ack.
+      Survives a crash of the process and of the machine.
+    * ``ASYNC_WAL``: written to the WAL (the OS page cache) before the ack,
+      fsynced in the background. Survives a crash of the process; a power
+      loss can lose the last moments.
+    * ``SKIP_WAL``: no WAL; only the memtable. A crash of the process loses
+      everything not yet flushed. For data you can regenerate.
+    """
+
+    SYNC_WAL = "SYNC_WAL"
+    ASYNC_WAL = "ASYNC_WAL"
+    SKIP_WAL = "SKIP_WAL"
+    ALL = (SYNC_WAL, ASYNC_WAL, SKIP_WAL)
+
+    @classmethod
+    def validate(cls, value: object) -> str:
+        if value not in cls.ALL:
+            raise ValueError(f"'durability' must be one of {', '.join(cls.ALL)}, got {value!r}")
+        return value  # type: ignore[return-value]
+
+
+class QueueState:
+    """Whether a queue takes puts and scans."""
+
+    ENABLED = "ENABLED"
+    DISABLED = "DISABLED"
+
+
+@dataclass(frozen=True)
+class QueueInfo:
+    """Everything stored about a queue, besides its messages.
+
+    Attributes:
+        name: The queue name.
+        partitions: Number of partitions, fixed at creation.
+        ttl: Seconds a message stays visible; 0 keeps messages forever.
+        durability: One of :class:`Durability`.
+        state: One of :class:`QueueState`.
+        config: Free-form settings (``hbase.hqueue.partitionsPerRegion`` …).
+        max_message_bytes: Size limit of topic + value.
+        id_floor: Every ID ever given in this queue is at or below this
+            timestamp; survives truncate so IDs never go backwards.
+    """
+
+    name: str
+    partitions: int
+    ttl: int = 0
+    durability: str = Durability.SYNC_WAL
+    state: str = QueueState.ENABLED
+    config: dict[str, str] = field(default_factory=dict)
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    id_floor: int = 0
+
+    def __post_init__(self) -> None:
+        validate_queue_name(self.name)
+        _check_int("partitions", self.partitions, 1, MAX_PARTITIONS)
+        _check_int("ttl", self.ttl, 0, 2**31 - 1)
+        _check_int("max_message_bytes", self.max_message_bytes, 1, 2**31 - 1)
+        Durability.validate(self.durability)
+        if not isinstance(self.config, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.config.items()
+        ):
+            raise TypeError("'config' must be a dict of str to str")
+
+    @property
+    def enabled(self) -> bool:
+        return self.state == QueueState.ENABLED
+
+    @property
+    def partitions_per_region(self) -> int:
+        """HBase pre-split granularity (``hbase.hqueue.partitionsPerRegion``)."""
+        return max(1, int(self.config.get("hbase.hqueue.partitionsPerRegion", "1")))
+
+    def evolve(self, **changes: Any) -> QueueInfo:
+        return replace(self, **changes)
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> QueueInfo:
+        return cls(**json.loads(data))
+
+
+def _check_int(name: str, value: object, low: int, high: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name!r} must be an int, not {type(value).__name__}")
+    if not low <= value <= high:
+        raise ValueError(f"{name!r} must be in {low}..{high}, got {value}")

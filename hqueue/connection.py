@@ -1,0 +1,59 @@
+"""Which engine an ``HQueue`` or ``HQueueAdmin`` talks to, from its URL."""
+
+from __future__ import annotations
+
+import os
+
+from .engine import Engine
+from .storage import default_url
+
+
+def resolve_url(url: str | None, data_dir: str | os.PathLike[str] | None) -> str:
+    """The storage URL for ``url``/``data_dir`` (both None: the default).
+
+    Raises:
+        TypeError: both are given.
+    """
+    if url is not None and data_dir is not None:
+        raise TypeError("give 'url' or 'data_dir', not both")
+    if data_dir is not None:
+        return "local://" + os.path.abspath(os.fspath(data_dir))
+    if url is None:
+        return default_url()
+    if url.startswith("hqueue://"):
+        raise ValueError("hqueue:// server URLs need the hqueue server (not in this release); use local:// or hbase://")
+    return url
+
+
+def acquire_engine(url: str | None, data_dir: str | os.PathLike[str] | None) -> Engine:
+    """The process's shared engine for that store."""
+    return Engine.acquire(resolve_url(url, data_dir))
+
+
+class Connected:
+    """Holds one reference to a shared engine; ``close()`` drops it."""
+
+    def __init__(self, url: str | None, data_dir: str | os.PathLike[str] | None) -> None:
+        self._engine: Engine | None = acquire_engine(url, data_dir)
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            raise RuntimeError(f"{type(self).__name__} is closed")
+        return self._engine
+
+    @property
+    def url(self) -> str:
+        return self.engine.storage.url
+
+    def close(self) -> None:
+        """Release the store (the last user in the process closes it)."""
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.release()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

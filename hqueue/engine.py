@@ -1,0 +1,225 @@
+"""The engine: what runs next to the store (HQueue's coprocessor role).
+
+The engine validates messages, assigns IDs (SPEC C2) and writes batches,
+and serves partition scans. The embedded ``HQueue`` uses one in-process; the
+hqueue server wraps one and serves it over Thrift.
+
+One engine exists per store per process (``Engine.acquire``), so every
+``HQueue`` object on the same data shares the partitions' allocators and
+locks; that sharing is what makes IDs strictly increasing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Collection, Sequence
+
+from .config import MAX_TOPIC_BYTES, QueueInfo
+from .errors import InvalidMessage, InvalidPartition, MessageTooLarge, QueueDisabled, QueueEnabled
+from .ids import IDAllocator
+from .message import (
+    MAX_SEQUENCE,
+    ROWKEY_LENGTH,
+    Message,
+    MessageID,
+    decode_rowkey,
+    messages_from_cells,
+    partition_prefix,
+)
+from .storage import Storage, normalize_url, open_storage
+
+logger = logging.getLogger(__name__)
+
+#: How long queue metadata is cached before it is read again, in seconds.
+#: Changes made through this engine are seen at once; changes made by another
+#: process sharing an HBase store are seen within this time.
+INFO_CACHE_SECONDS = 2.0
+
+
+class Engine:
+    """ID assignment, validation, writes and scans over one store.
+
+    Args:
+        storage: The backend to use; the engine closes it on :meth:`close`.
+    """
+
+    _registry: dict[str, Engine] = {}
+    _registry_lock = threading.Lock()
+
+    def __init__(self, storage: Storage) -> None:
+        self.storage = storage
+        self._lock = threading.Lock()
+        self._partition_locks: dict[tuple[str, int], threading.Lock] = {}
+        self._allocators: dict[tuple[str, int], IDAllocator] = {}
+        self._infos: dict[str, tuple[float, QueueInfo]] = {}
+        self._refs = 0
+
+    # -- sharing --------------------------------------------------------------
+
+    @classmethod
+    def acquire(cls, url: str) -> Engine:
+        """The process's engine for ``url``, opened on first use."""
+        url = normalize_url(url)
+        with cls._registry_lock:
+            engine = cls._registry.get(url)
+            if engine is None:
+                engine = cls._registry[url] = cls(open_storage(url))
+            engine._refs += 1
+            return engine
+
+    def release(self) -> None:
+        """Drop one reference from :meth:`acquire`; the last one closes."""
+        with self._registry_lock:
+            self._refs -= 1
+            if self._refs > 0:
+                return
+            self._registry.pop(self.storage.url, None)
+        self.close()
+
+    def close(self) -> None:
+        self.storage.close()
+
+    # -- queue metadata -------------------------------------------------------
+
+    def queue_info(self, name: str, *, fresh: bool = False) -> QueueInfo:
+        """The queue's info, from a short-lived cache unless ``fresh``."""
+        cached = self._infos.get(name)
+        if cached and not fresh and time.monotonic() - cached[0] < INFO_CACHE_SECONDS:
+            return cached[1]
+        info = self.storage.get_queue(name)
+        self._infos[name] = (time.monotonic(), info)
+        return info
+
+    def enabled_queue(self, name: str) -> QueueInfo:
+        info = self.queue_info(name)
+        if not info.enabled:
+            raise QueueDisabled(name)
+        return info
+
+    def create_queue(self, info: QueueInfo) -> None:
+        self.storage.create_queue(info)
+        self._infos.pop(info.name, None)
+
+    def set_state(self, name: str, state: str) -> QueueInfo:
+        info = self.queue_info(name, fresh=True).evolve(state=state)
+        self.storage.update_queue(info)
+        self._infos.pop(name, None)
+        return info
+
+    def truncate_queue(self, name: str) -> None:
+        """Delete all messages; IDs given later stay above every old one."""
+        info = self.queue_info(name, fresh=True)
+        locks = [self._partition_lock(name, pid) for pid in range(info.partitions)]
+        for lock in locks:
+            lock.acquire()
+        try:
+            floor = max([info.id_floor] + [a.last.timestamp for a in self._queue_allocators(name) if a.last])
+            for pid in range(info.partitions):
+                last = self.storage.last_rowkey(name, pid)
+                if last:
+                    floor = max(floor, decode_rowkey(last)[1].timestamp)
+            self.storage.update_queue(info.evolve(id_floor=floor))
+            self.storage.truncate_queue(name)
+        finally:
+            for lock in locks:
+                lock.release()
+        self._infos.pop(name, None)
+
+    def delete_queue(self, name: str) -> None:
+        if self.queue_info(name, fresh=True).enabled:
+            raise QueueEnabled(name, "it can be dropped")
+        self.storage.delete_queue(name)
+        with self._lock:
+            for key in [k for k in self._allocators if k[0] == name]:
+                del self._allocators[key]
+        self._infos.pop(name, None)
+
+    def _queue_allocators(self, name: str) -> list[IDAllocator]:
+        return [a for (q, _), a in list(self._allocators.items()) if q == name]
+
+    # -- writes ---------------------------------------------------------------
+
+    def _partition_lock(self, name: str, pid: int) -> threading.Lock:
+        key = (name, pid)
+        lock = self._partition_locks.get(key)
+        if lock is None:
+            with self._lock:
+                lock = self._partition_locks.setdefault(key, threading.Lock())
+        return lock
+
+    def _allocator(self, info: QueueInfo, pid: int) -> IDAllocator:
+        """The partition's allocator, seeded from storage (call under its lock)."""
+        allocator = self._allocators.get((info.name, pid))
+        if allocator is None:
+            last = self.storage.last_rowkey(info.name, pid)
+            allocator = IDAllocator(decode_rowkey(last)[1] if last else None)
+            if info.id_floor:  # IDs given before a truncate stay below new ones
+                allocator.advance_to(MessageID(info.id_floor, MAX_SEQUENCE))
+            self._allocators[(info.name, pid)] = allocator
+        return allocator
+
+    def put(self, name: str, messages: Sequence[Message], partition_id: int) -> list[MessageID]:
+        """Assign IDs to ``messages`` and write them to one partition atomically.
+
+        Raises:
+            QueueNotFound, QueueDisabled, InvalidPartition, InvalidMessage,
+            MessageTooLarge, StorageError. Nothing is written when any is raised.
+        """
+        info = self.enabled_queue(name)
+        check_partition(info, partition_id)
+        check_messages(info, messages)
+        prefix = partition_prefix(partition_id)
+        with self._partition_lock(name, partition_id):
+            # Allocation and write happen under one lock so rows become
+            # visible in ID order: subscribers and tailing scanners rely on it.
+            ids = self._allocator(info, partition_id).allocate(len(messages))
+            cells = [(prefix + i.to_bytes() + m[1][ROWKEY_LENGTH:], m[2]) for i, m in zip(ids, messages, strict=False)]
+            self.storage.write(name, cells, info.durability)
+        return ids
+
+    # -- reads ----------------------------------------------------------------
+
+    def scan(
+        self,
+        name: str,
+        start_key: bytes,
+        stop_key: bytes,
+        topics: Collection[bytes] | None,
+        limit: int,
+    ) -> list[Message]:
+        """Up to ``limit`` messages of one partition, ``start_key <= key < stop_key``."""
+        self.enabled_queue(name)
+        return messages_from_cells(self.storage.scan(name, start_key, stop_key, topics, limit))
+
+    def last_id(self, name: str, pid: int) -> MessageID | None:
+        last = self.storage.last_rowkey(name, pid)
+        return decode_rowkey(last)[1] if last else None
+
+
+def check_partition(info: QueueInfo, partition_id: object) -> int:
+    if not isinstance(partition_id, int) or isinstance(partition_id, bool):
+        raise TypeError(f"'partition_id' must be an int, not {type(partition_id).__name__}")
+    if not 0 <= partition_id < info.partitions:
+        raise InvalidPartition(
+            f"'partition_id' must be in 0..{info.partitions - 1} for queue {info.name!r}, got {partition_id}"
+        )
+    return partition_id
+
+
+def check_messages(info: QueueInfo, messages: Sequence[Message]) -> None:
+    """Reject a batch before anything is written: empty, wrong types, too large."""
+    if not messages:
+        raise InvalidMessage("a put needs at least one message")
+    limit = info.max_message_bytes
+    for index, message in enumerate(messages):
+        if type(message) is not Message:
+            raise TypeError(f"message {index} must be a Message, not {type(message).__name__}")
+        size = len(message[1]) - ROWKEY_LENGTH + len(message[2])
+        if size > limit:
+            raise MessageTooLarge(
+                f"message {index} is {size} bytes; queue {info.name!r} takes at most {limit} (topic + value)"
+            )
+        if len(message[1]) - ROWKEY_LENGTH > MAX_TOPIC_BYTES:
+            raise InvalidMessage(f"message {index} has a topic over {MAX_TOPIC_BYTES} bytes")

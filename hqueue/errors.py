@@ -1,0 +1,82 @@
+"""The exceptions hqueue raises.
+
+Every error hqueue raises on purpose derives from :class:`HQueueError`.
+Errors from the libraries underneath (RocksDB, happybase, thriftpy2, kazoo)
+are wrapped at the boundary with ``raise ... from e``, so callers can catch
+one root and still see the original cause in the traceback.
+"""
+
+from __future__ import annotations
+
+
+class HQueueError(Exception):
+    """Root of every error hqueue raises on purpose."""
+
+
+class InvalidQueueName(HQueueError, ValueError):
+    """A queue name is empty, too long or uses characters HBase rejects."""
+
+
+class QueueNotFound(HQueueError, LookupError):
+    """The named queue does not exist."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"queue {name!r} does not exist")
+        self.name = name
+
+
+class QueueExists(HQueueError):
+    """A queue of that name already exists."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"queue {name!r} already exists")
+        self.name = name
+
+
+class QueueDisabled(HQueueError):
+    """The queue is disabled: it rejects puts and scans until enabled."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"queue {name!r} is disabled (enable it with enable_queue)")
+        self.name = name
+
+
+class QueueEnabled(HQueueError):
+    """The operation needs a disabled queue, as HBase's drop does."""
+
+    def __init__(self, name: str, action: str) -> None:
+        super().__init__(f"queue {name!r} must be disabled before {action}")
+        self.name = name
+
+
+class InvalidMessage(HQueueError, ValueError):
+    """A message is malformed: wrong types, empty topic, and so on."""
+
+
+class MessageTooLarge(InvalidMessage):
+    """A message is over the queue's size limit; nothing was written."""
+
+
+class InvalidPartition(HQueueError, ValueError):
+    """A partition id is outside ``0 <= pid < partitions``."""
+
+
+class StorageError(HQueueError):
+    """The storage backend failed; the operation may not have happened."""
+
+
+class StorageLocked(StorageError):
+    """The embedded store is open in another process."""
+
+
+class CoordinationError(HQueueError):
+    """ZooKeeper (or the local coordinator) failed."""
+
+
+class NotPartitionOwner(HQueueError):
+    """This server does not own the partition; ``owner`` says who does."""
+
+    def __init__(self, queue: str, partition_id: int, owner: str | None = None) -> None:
+        where = f"; owner is {owner}" if owner else ""
+        super().__init__(f"not the owner of {queue!r} partition {partition_id}{where}")
+        self.queue, self.partition_id, self.owner = queue, partition_id, owner

@@ -1,0 +1,251 @@
+"""Messages, message IDs and the rowkey codec (SPEC C1).
+
+A message lives in one HBase-style cell:
+
+* rowkey = partition id (2 bytes) + timestamp (8 bytes) + sequence (2 bytes),
+  all big-endian, so rows sort by partition and then by MessageID;
+* column family ``message``, qualifier = the topic, value = the payload.
+
+The storage layer moves *cells* around as ``(cell_key, value)`` pairs where
+``cell_key = rowkey + topic``: HBase's own KeyValue layout, flattened.
+
+:class:`Message` is an immutable tuple subclass on purpose. Scanners build
+millions of messages a second, and a tuple built by ``map``/``zip`` costs no
+Python frame per message; the tuple layout is an implementation detail.
+"""
+
+from __future__ import annotations
+
+import struct
+from datetime import UTC, datetime
+from functools import partial
+from operator import itemgetter
+from typing import NamedTuple
+
+from .errors import InvalidMessage
+
+__all__ = [
+    "MAX_PARTITIONS",
+    "MAX_SEQUENCE",
+    "ROWKEY_LENGTH",
+    "Message",
+    "MessageID",
+    "decode_rowkey",
+    "encode_rowkey",
+]
+
+#: Sequence numbers within one millisecond of one partition: 0..MAX_SEQUENCE.
+MAX_SEQUENCE = 32767
+#: A queue has 1..MAX_PARTITIONS partitions (partition ids are Java shorts).
+MAX_PARTITIONS = 32767
+#: Bytes in a rowkey: 2 (partition) + 8 (timestamp) + 2 (sequence).
+ROWKEY_LENGTH = 12
+MAX_TIMESTAMP = 2**63 - 1
+
+_ROWKEY = struct.Struct(">HQH")
+_ID = struct.Struct(">QH")
+_PID = struct.Struct(">H")
+_NO_PARTITION = 0xFFFF
+_NO_ID = bytes(10)
+
+
+class _MessageIDFields(NamedTuple):
+    timestamp: int
+    sequence: int
+
+
+class MessageID(_MessageIDFields):
+    """The ID the server gives a message: ``(timestamp, sequence)``.
+
+    IDs are totally ordered (by timestamp, then sequence), hashable and
+    immutable. ``timestamp`` is milliseconds since the epoch.
+
+    Args:
+        timestamp: Milliseconds since the epoch, ``>= 0``.
+        sequence: Number within the millisecond, ``0..32767``.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, timestamp: int, sequence: int = 0) -> MessageID:
+        if not isinstance(timestamp, int) or isinstance(timestamp, bool):
+            raise TypeError(f"'timestamp' must be an int, not {type(timestamp).__name__}")
+        if not isinstance(sequence, int) or isinstance(sequence, bool):
+            raise TypeError(f"'sequence' must be an int, not {type(sequence).__name__}")
+        if not 0 <= timestamp <= MAX_TIMESTAMP:
+            raise ValueError(f"'timestamp' must be in 0..2**63-1, got {timestamp}")
+        if not 0 <= sequence <= MAX_SEQUENCE:
+            raise ValueError(f"'sequence' must be in 0..{MAX_SEQUENCE}, got {sequence}")
+        return super().__new__(cls, timestamp, sequence)
+
+    @classmethod
+    def from_datetime(cls, when: datetime, sequence: int = 0) -> MessageID:
+        """The first ID at ``when`` (naive datetimes are taken as UTC)."""
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        return cls(int(when.timestamp() * 1000), sequence)
+
+    @classmethod
+    def parse(cls, text: str) -> MessageID:
+        """Parse ``"1700000000000"``, ``"1700000000000:5"`` or an ISO time.
+
+        Raises:
+            ValueError: ``text`` is none of those forms.
+        """
+        text = text.strip()
+        head, _, tail = text.partition(":")
+        if head.isdigit() and (not tail or tail.isdigit()):
+            return cls(int(head), int(tail or 0))
+        try:
+            return cls.from_datetime(datetime.fromisoformat(text))
+        except ValueError:
+            raise ValueError(
+                f"not a message ID or ISO time: {text!r} (use 'millis', 'millis:sequence' or '2026-11-22T10:00')"
+            ) from None
+
+    @property
+    def datetime(self) -> datetime:
+        """The timestamp as an aware UTC datetime."""
+        return datetime.fromtimestamp(self.timestamp / 1000, tz=UTC)
+
+    def to_bytes(self) -> bytes:
+        """The 10 bytes that follow the partition id in a rowkey."""
+        return _ID.pack(self.timestamp, self.sequence)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> MessageID:
+        """Inverse of :meth:`to_bytes`."""
+        return tuple.__new__(cls, _ID.unpack(data))
+
+    def __repr__(self) -> str:
+        return f"MessageID({self.timestamp}, {self.sequence})"
+
+    def __str__(self) -> str:
+        return f"{self.timestamp}:{self.sequence}"
+
+
+def encode_rowkey(partition_id: int, message_id: MessageID) -> bytes:
+    """The 12-byte rowkey of ``message_id`` in ``partition_id``."""
+    if not 0 <= partition_id < MAX_PARTITIONS:
+        raise ValueError(f"'partition_id' must be in 0..{MAX_PARTITIONS - 1}, got {partition_id}")
+    return _ROWKEY.pack(partition_id, message_id.timestamp, message_id.sequence)
+
+
+def decode_rowkey(rowkey: bytes) -> tuple[int, MessageID]:
+    """Inverse of :func:`encode_rowkey`: ``(partition_id, message_id)``.
+
+    Raises:
+        ValueError: ``rowkey`` is not 12 bytes or holds an invalid ID.
+    """
+    if len(rowkey) != ROWKEY_LENGTH:
+        raise ValueError(f"a rowkey is {ROWKEY_LENGTH} bytes, got {len(rowkey)}")
+    pid, timestamp, sequence = _ROWKEY.unpack(rowkey)
+    if pid >= MAX_PARTITIONS or sequence > MAX_SEQUENCE or timestamp > MAX_TIMESTAMP:
+        raise ValueError(f"invalid rowkey {rowkey.hex()}")
+    return pid, tuple.__new__(MessageID, (timestamp, sequence))
+
+
+def partition_prefix(partition_id: int) -> bytes:
+    """The 2-byte prefix every rowkey of ``partition_id`` starts with."""
+    return _PID.pack(partition_id)
+
+
+def _as_topic(topic: str | bytes) -> bytes:
+    if isinstance(topic, str):
+        topic = topic.encode()
+    elif not isinstance(topic, bytes):
+        raise TypeError(f"'topic' must be str or bytes, not {type(topic).__name__}")
+    if not topic:
+        raise InvalidMessage("'topic' must not be empty")
+    return topic
+
+
+class Message(tuple):
+    """One message: a topic, a payload and, once written, an ID.
+
+    Args:
+        topic: Non-empty str (encoded as UTF-8) or bytes.
+        value: The payload.
+        id: The message's ID, set by the server when written.
+        partition_id: The partition it lives in, set when written.
+
+    Messages are immutable and compare equal when topic, value, ID and
+    partition are equal.
+    """
+
+    __slots__ = ()
+
+    def __new__(
+        cls,
+        topic: str | bytes,
+        value: bytes,
+        *,
+        id: MessageID | None = None,
+        partition_id: int | None = None,
+    ) -> Message:
+        topic = _as_topic(topic)
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise TypeError(f"'value' must be bytes, not {type(value).__name__}")
+        if id is not None and not isinstance(id, MessageID):
+            raise TypeError(f"'id' must be a MessageID, not {type(id).__name__}")
+        if partition_id is None:
+            pid = _NO_PARTITION
+        elif isinstance(partition_id, int) and 0 <= partition_id < MAX_PARTITIONS:
+            pid = partition_id
+        else:
+            raise ValueError(f"'partition_id' must be in 0..{MAX_PARTITIONS - 1}, got {partition_id!r}")
+        sort_key = id.to_bytes() if id is not None else b""
+        cell_key = _PID.pack(pid) + (sort_key or _NO_ID) + topic
+        return tuple.__new__(cls, (sort_key, cell_key, bytes(value)))
+
+    @property
+    def topic(self) -> bytes:
+        """The topic (the HBase column qualifier)."""
+        return self[1][ROWKEY_LENGTH:]
+
+    @property
+    def value(self) -> bytes:
+        """The payload."""
+        return self[2]
+
+    @property
+    def id(self) -> MessageID | None:
+        """The ID the server gave the message, or None before it is written."""
+        return MessageID.from_bytes(self[0]) if self[0] else None
+
+    @property
+    def partition_id(self) -> int | None:
+        """The partition the message lives in, or None before it is written."""
+        pid = _PID.unpack_from(self[1])[0]
+        return None if pid == _NO_PARTITION else pid
+
+    @property
+    def rowkey(self) -> bytes | None:
+        """The 12-byte rowkey, or None before the message is written."""
+        return self[1][:ROWKEY_LENGTH] if self[0] else None
+
+    def __repr__(self) -> str:
+        return f"Message({self.topic!r}, {self.value[:64]!r}, id={self.id!r}, partition_id={self.partition_id!r})"
+
+    def __reduce__(self):  # type: ignore[override]
+        return (_rebuild, (self.topic, self.value, self.id, self.partition_id))
+
+
+def _rebuild(topic: bytes, value: bytes, id: MessageID | None, pid: int | None) -> Message:
+    return Message(topic, value, id=id, partition_id=pid)
+
+
+def messages_from_cells(cells: list[tuple[bytes, bytes]]) -> list[Message]:
+    """Turn ``(cell_key, value)`` pairs from storage into messages.
+
+    Everything here runs in C (``zip``/``map``/``partial``): no Python frame
+    per message, which is what keeps scanners near raw store speed.
+    """
+    if not cells:
+        return []
+    keys, values = zip(*cells, strict=False)
+    return list(map(_build, zip(map(_sort_key, keys), keys, values, strict=False)))
+
+
+_build = partial(tuple.__new__, Message)
+_sort_key = itemgetter(slice(2, ROWKEY_LENGTH))

@@ -1,0 +1,172 @@
+"""HQueue: put messages into a queue and scan them back (SPEC C5, C6)."""
+
+from __future__ import annotations
+
+import os
+import random
+import zlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
+from itertools import islice
+
+from .config import QueueInfo
+from .connection import Connected
+from .engine import check_partition
+from .message import Message, MessageID
+from .scanner import DEFAULT_CACHING, CombinedPartitionScanner, PartitionScanner, QueueScanner, Scan
+
+__all__ = ["HQueue"]
+
+TimeLike = MessageID | datetime | int | None
+
+
+class HQueue(Connected):
+    """A handle on one queue.
+
+    Args:
+        name: The queue, which must exist (see :class:`HQueueAdmin`).
+        url: ``local:///path`` (default: ``$HQUEUE_DATA`` or
+            ``./hqueue-data``) or ``hbase://host:9090``.
+        data_dir: Shorthand for ``url="local://" + data_dir``.
+
+    Raises:
+        QueueNotFound: the queue does not exist.
+
+    Example::
+
+        with HQueue("crawl") as queue:
+            queue.put(Message("crawler", b"http://example.com"))
+            for message in queue.scan(topics=["crawler"]):
+                print(message.id, message.value)
+    """
+
+    def __init__(self, name: str, url: str | None = None, *, data_dir: str | os.PathLike[str] | None = None) -> None:
+        super().__init__(url, data_dir)
+        try:
+            self.name = name
+            self.engine.queue_info(name)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def info(self) -> QueueInfo:
+        """The queue's definition (partitions, TTL, state, …)."""
+        return self.engine.queue_info(self.name)
+
+    @property
+    def partitions(self) -> int:
+        return self.info.partitions
+
+    def put(
+        self,
+        messages: Message | Sequence[Message],
+        partition_id: int | None = None,
+        *,
+        key: bytes | str | None = None,
+    ) -> list[MessageID]:
+        """Write one message or a batch; return the IDs the server gave them.
+
+        A batch goes to one partition atomically and gets consecutive IDs in
+        its order.
+
+        Args:
+            messages: A Message or a sequence of them.
+            partition_id: The partition; None picks one at random.
+            key: Route by key instead: CRC32(key) mod partitions, so one key
+                always lands in one partition, in order.
+
+        Raises:
+            QueueNotFound, QueueDisabled, InvalidPartition, InvalidMessage,
+            MessageTooLarge, StorageError. A rejected batch writes nothing.
+        """
+        batch = [messages] if isinstance(messages, Message) else messages
+        if not isinstance(batch, Sequence) or isinstance(batch, (str, bytes)):
+            raise TypeError(f"'messages' must be a Message or a sequence of them, not {type(messages).__name__}")
+        info = self.engine.enabled_queue(self.name)
+        if key is not None:
+            if partition_id is not None:
+                raise TypeError("give 'partition_id' or 'key', not both")
+            partition_id = partition_for_key(key, info.partitions)
+        elif partition_id is None:
+            partition_id = random.randrange(info.partitions)
+        check_partition(info, partition_id)
+        return self.engine.put(self.name, batch, partition_id)
+
+    # -- the Java client's scanners ---------------------------------------------
+
+    def get_queue_scanner(self, scan: Scan | None = None, *, caching: int = DEFAULT_CACHING) -> QueueScanner:
+        """A scanner over every partition, merged in MessageID order."""
+        self.engine.enabled_queue(self.name)
+        return QueueScanner(self.engine, self.name, self.partitions, scan or Scan(), caching)
+
+    def get_partition_scanner(
+        self, partition_id: int, scan: Scan | None = None, *, caching: int = DEFAULT_CACHING
+    ) -> PartitionScanner:
+        """A scanner over one partition."""
+        check_partition(self.engine.enabled_queue(self.name), partition_id)
+        return PartitionScanner(self.engine, self.name, partition_id, scan or Scan(), caching)
+
+    def get_combined_partition_scanner(
+        self, scans: Mapping[int, Scan], *, caching: int = DEFAULT_CACHING
+    ) -> CombinedPartitionScanner:
+        """A scanner over chosen partitions, each with its own Scan, merged."""
+        info = self.engine.enabled_queue(self.name)
+        for pid in scans:
+            check_partition(info, pid)
+        return CombinedPartitionScanner(self.engine, self.name, scans, caching)
+
+    # -- Pythonic extras ---------------------------------------------------------
+
+    def scan(
+        self,
+        start: TimeLike = None,
+        stop: TimeLike = None,
+        topics: Iterable[str | bytes] | None = None,
+        *,
+        partition_id: int | None = None,
+        limit: int | None = None,
+    ) -> Iterator[Message]:
+        """Iterate messages in ``[start, stop)``; times may be MessageIDs,
+        datetimes or epoch milliseconds.
+        """
+        scan = Scan(as_message_id(start, "start"), as_message_id(stop, "stop"), topics)
+        if limit is not None and (not isinstance(limit, int) or limit < 0):
+            raise ValueError(f"'limit' must be an int >= 0, got {limit!r}")
+        caching = min(limit, DEFAULT_CACHING) if limit else DEFAULT_CACHING
+        if partition_id is None:
+            scanner: PartitionScanner | QueueScanner = self.get_queue_scanner(scan, caching=caching)
+        else:
+            scanner = self.get_partition_scanner(partition_id, scan, caching=caching)
+        return _limited(scanner, limit)
+
+    def __repr__(self) -> str:
+        return f"HQueue({self.name!r}, url={self._engine.storage.url if self._engine else None!r})"
+
+
+def _limited(scanner: PartitionScanner | QueueScanner, limit: int | None) -> Iterator[Message]:
+    with scanner:
+        if limit is None:
+            yield from scanner
+        else:
+            yield from islice(scanner, limit)
+
+
+def partition_for_key(key: bytes | str, partitions: int) -> int:
+    """CRC32 of ``key`` mod ``partitions`` (the same in every client)."""
+    if isinstance(key, str):
+        key = key.encode()
+    if not isinstance(key, bytes):
+        raise TypeError(f"'key' must be bytes or str, not {type(key).__name__}")
+    return zlib.crc32(key) % partitions
+
+
+def as_message_id(value: TimeLike, name: str) -> MessageID | None:
+    """A MessageID from a MessageID, a datetime or epoch milliseconds."""
+    if value is None or isinstance(value, MessageID):
+        return value
+    if isinstance(value, datetime):
+        return MessageID.from_datetime(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return MessageID(value)
+    raise TypeError(f"{name!r} must be a MessageID, datetime or int milliseconds, not {type(value).__name__}")

@@ -1,0 +1,53 @@
+"""Storage backends, chosen by URL.
+
+* ``local:///abs/path`` or ``local://./relative`` (or a bare path): the
+  embedded RocksDB store, the default.
+* ``hbase://host:9090?prefix=hq_&transport=framed&protocol=compact``: HBase
+  through its Thrift gateway.
+"""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import urlsplit
+
+from .base import Cell, Storage
+
+__all__ = ["Cell", "Storage", "default_url", "normalize_url", "open_storage"]
+
+DEFAULT_DATA_DIR = "hqueue-data"
+
+
+def default_url() -> str:
+    """``local://`` + ``$HQUEUE_DATA`` (or ``./hqueue-data``)."""
+    return normalize_url(os.environ.get("HQUEUE_DATA", DEFAULT_DATA_DIR))
+
+
+def normalize_url(url: str) -> str:
+    """A canonical URL, so that one store opened twice is shared.
+
+    Raises:
+        ValueError: an unknown scheme.
+    """
+    if not isinstance(url, str) or not url:
+        raise TypeError("a storage URL must be a non-empty str")
+    if "://" not in url:
+        return "local://" + os.path.abspath(url)
+    parts = urlsplit(url)
+    if parts.scheme == "local":
+        return "local://" + os.path.abspath(parts.netloc + parts.path)
+    if parts.scheme == "hbase":
+        return url
+    raise ValueError(f"unknown storage URL scheme {parts.scheme!r} in {url!r} (use local:// or hbase://)")
+
+
+def open_storage(url: str) -> Storage:
+    """Open the backend a (normalized) URL names."""
+    url = normalize_url(url)
+    if url.startswith("local://"):
+        from .embedded import EmbeddedStorage
+
+        return EmbeddedStorage(url[len("local://") :])
+    from .hbase import HBaseStorage  # type: ignore[import-not-found]
+
+    return HBaseStorage.from_url(url)

@@ -1,0 +1,91 @@
+"""The storage interface every backend implements.
+
+Storage knows about queues (their :class:`~hqueue.config.QueueInfo`) and
+cells. A cell is ``(cell_key, value)`` with ``cell_key = rowkey + topic``
+(HBase's KeyValue, flattened). Storage knows nothing of IDs, allocators,
+partitions' owners or subscribers: that is the engine's and server's job.
+
+The interface is kept narrow on purpose, so that a backend is small and the
+contract suite in ``tests/storage/`` can pin down every behaviour.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Collection, Sequence
+
+from ..config import QueueInfo
+
+Cell = tuple[bytes, bytes]
+
+
+class Storage(abc.ABC):
+    """A place that keeps queues durably.
+
+    Contract (what ``tests/storage/`` checks for every backend):
+
+    * ``write`` is atomic: all cells of a batch become visible, or none.
+    * ``scan`` returns cells in key order, ``start_key <= key < stop_key``,
+      only the given topics (all when ``topics`` is None), and exactly
+      ``min(limit, remaining)`` cells, so a short answer means the end.
+    * Cells older than the queue's TTL are never returned.
+    * Queue metadata written by one client is seen by every client of the
+      same store.
+    """
+
+    #: The URL this store was opened with (``local:///path``, ``hbase://…``).
+    url: str
+
+    @abc.abstractmethod
+    def create_queue(self, info: QueueInfo) -> None:
+        """Create a queue; raises QueueExists if the name is taken."""
+
+    @abc.abstractmethod
+    def get_queue(self, name: str) -> QueueInfo:
+        """The queue's info; raises QueueNotFound."""
+
+    @abc.abstractmethod
+    def list_queues(self) -> list[QueueInfo]:
+        """Every queue, sorted by name."""
+
+    @abc.abstractmethod
+    def update_queue(self, info: QueueInfo) -> None:
+        """Replace the stored info of an existing queue (state, id_floor…)."""
+
+    @abc.abstractmethod
+    def delete_queue(self, name: str) -> None:
+        """Delete the queue and all its messages."""
+
+    @abc.abstractmethod
+    def truncate_queue(self, name: str) -> None:
+        """Delete every message, keep the queue, its info and its splits."""
+
+    @abc.abstractmethod
+    def write(self, name: str, cells: Sequence[Cell], durability: str) -> None:
+        """Write ``cells`` atomically with the given durability."""
+
+    @abc.abstractmethod
+    def scan(
+        self,
+        name: str,
+        start_key: bytes,
+        stop_key: bytes,
+        topics: Collection[bytes] | None = None,
+        limit: int = 1000,
+    ) -> list[Cell]:
+        """Cells with ``start_key <= cell_key < stop_key``, in key order."""
+
+    @abc.abstractmethod
+    def last_rowkey(self, name: str, partition_id: int) -> bytes | None:
+        """The highest rowkey stored in the partition, or None if empty."""
+
+    @abc.abstractmethod
+    def estimate_count(self, name: str) -> int:
+        """A cheap estimate of the number of stored messages."""
+
+    def reclaim_expired(self, name: str) -> None:  # noqa: B027 - optional hook
+        """Free the space of expired cells now (backends may do it anyway)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release files, sockets and locks."""

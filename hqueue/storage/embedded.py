@@ -1,0 +1,260 @@
+# rocksdict's stubs type keys as str | int | float | bytes | bool (raw mode only
+# ever gives bytes) and declare WriteOptions properties as methods.
+# mypy: disable-error-code="union-attr,index,arg-type,return-value,method-assign,assignment"
+"""The embedded store: RocksDB on local disk, through rocksdict.
+
+Layout:
+
+* one column family per queue, named ``q.<queue>``, whose keys are cell keys
+  (``rowkey + topic``) and whose values are payloads;
+* queue metadata as JSON in the default column family under ``queue/<name>``.
+
+Durability maps onto RocksDB's write options: ``SYNC_WAL`` fsyncs the WAL
+before a batch is acknowledged (concurrent writers share one fsync: RocksDB's
+group commit), ``ASYNC_WAL`` writes the WAL without fsync, ``SKIP_WAL``
+disables it.
+
+TTL: rows carry their write time in the rowkey, so expired rows are hidden by
+starting every scan at ``now - ttl``; space is reclaimed by a range delete of
+the expired prefix of each partition, which compaction then drops.
+
+RocksDB allows one process per directory; a second one gets
+:class:`~hqueue.errors.StorageLocked` naming the directory and the remedy.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Collection, Sequence
+from itertools import islice
+
+import rocksdict
+
+from ..config import Durability, QueueInfo
+from ..errors import QueueExists, QueueNotFound, StorageError, StorageLocked
+from ..ids import wall_clock_ms
+from ..message import MessageID, encode_rowkey, partition_prefix
+from .base import Cell, Storage
+
+logger = logging.getLogger(__name__)
+
+_META_PREFIX = b"queue/"
+_CF_PREFIX = "q."
+#: How often expired messages are range-deleted, in seconds.
+RECLAIM_INTERVAL = 300.0
+
+
+def _options() -> rocksdict.Options:
+    options = rocksdict.Options(raw_mode=True)
+    options.create_if_missing(True)
+    options.create_missing_column_families(True)
+    options.set_max_background_jobs(2)
+    return options
+
+
+def _write_options(durability: str) -> rocksdict.WriteOptions:
+    options = rocksdict.WriteOptions()
+    options.sync = durability == Durability.SYNC_WAL
+    options.disable_wal = durability == Durability.SKIP_WAL
+    return options
+
+
+class EmbeddedStorage(Storage):
+    """RocksDB-backed storage for one process.
+
+    Args:
+        path: The data directory; created if missing.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = os.path.abspath(path)
+        self.url = "local://" + self.path
+        self._lock = threading.RLock()
+        self._db = self._open()
+        self._write_options = {d: _write_options(d) for d in Durability.ALL}
+        self._infos: dict[str, QueueInfo] = {}
+        self._families: dict[str, rocksdict.Rdict] = {}
+        self._handles: dict[str, rocksdict.ColumnFamily] = {}
+        for key, value in self._db.items(from_key=_META_PREFIX):
+            if not key.startswith(_META_PREFIX):
+                break
+            info = QueueInfo.from_json(value)
+            self._infos[info.name] = info
+            self._bind(info.name)
+        self._closed = threading.Event()
+        self._reclaimer = threading.Thread(target=self._reclaim_loop, name="hqueue-reclaim", daemon=True)
+        self._reclaimer.start()
+        logger.debug("opened embedded store %s with %d queues", self.path, len(self._infos))
+
+    def _open(self) -> rocksdict.Rdict:
+        os.makedirs(self.path, exist_ok=True)
+        options = _options()
+        try:
+            families = {}
+            if os.path.exists(os.path.join(self.path, "CURRENT")):
+                names = rocksdict.Rdict.list_cf(self.path, options)
+                families = {n: rocksdict.Options(raw_mode=True) for n in names if n != "default"}
+            return rocksdict.Rdict(self.path, options, column_families=families)
+        except Exception as e:  # rocksdict raises plain Exception
+            if "lock" in str(e).lower():
+                raise StorageLocked(
+                    f"the embedded store {self.path} is open in another process; close that "
+                    "process, or run `hqueue server` on this directory and connect with "
+                    "url='hqueue://host:port'"
+                ) from e
+            raise StorageError(f"cannot open the embedded store {self.path}: {e}") from e
+
+    def _bind(self, name: str) -> None:
+        family = _CF_PREFIX + name
+        self._families[name] = self._db.get_column_family(family)
+        self._handles[name] = self._db.get_column_family_handle(family)
+
+    def _family(self, name: str) -> rocksdict.Rdict:
+        try:
+            return self._families[name]
+        except KeyError:
+            raise QueueNotFound(name) from None
+
+    # -- queues ---------------------------------------------------------------
+
+    def create_queue(self, info: QueueInfo) -> None:
+        with self._lock:
+            if info.name in self._infos:
+                raise QueueExists(info.name)
+            family = _CF_PREFIX + info.name
+            if family in rocksdict.Rdict.list_cf(self.path, _options()):
+                # Left behind by a crash between creating the family and its metadata.
+                self._db.drop_column_family(family)
+            self._db.create_column_family(family, rocksdict.Options(raw_mode=True))
+            self._bind(info.name)
+            self._put_info(info)
+
+    def _put_info(self, info: QueueInfo) -> None:
+        self._guard(
+            self._db.put, _META_PREFIX + info.name.encode(), info.to_json(), self._write_options[Durability.SYNC_WAL]
+        )
+        self._infos[info.name] = info
+
+    def get_queue(self, name: str) -> QueueInfo:
+        try:
+            return self._infos[name]
+        except KeyError:
+            raise QueueNotFound(name) from None
+
+    def list_queues(self) -> list[QueueInfo]:
+        return [self._infos[n] for n in sorted(self._infos)]
+
+    def update_queue(self, info: QueueInfo) -> None:
+        with self._lock:
+            self.get_queue(info.name)
+            self._put_info(info)
+
+    def delete_queue(self, name: str) -> None:
+        with self._lock:
+            self.get_queue(name)
+            self._guard(self._db.delete, _META_PREFIX + name.encode(), self._write_options[Durability.SYNC_WAL])
+            del self._infos[name], self._families[name], self._handles[name]
+            self._guard(self._db.drop_column_family, _CF_PREFIX + name)
+
+    def truncate_queue(self, name: str) -> None:
+        with self._lock:
+            info = self.get_queue(name)
+            # Dropping and re-creating the family frees the space at once,
+            # where a range delete would wait for compaction.
+            self._guard(self._db.drop_column_family, _CF_PREFIX + name)
+            self._guard(self._db.create_column_family, _CF_PREFIX + name, rocksdict.Options(raw_mode=True))
+            self._bind(name)
+            self._infos[name] = info
+
+    # -- cells ----------------------------------------------------------------
+
+    def write(self, name: str, cells: Sequence[Cell], durability: str) -> None:
+        handle = self._handles.get(name)
+        if handle is None:
+            raise QueueNotFound(name)
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        batch.set_default_column_family(handle)
+        put = batch.put
+        for key, value in cells:
+            put(key, value)
+        self._guard(self._db.write, batch, self._write_options[durability])
+
+    def scan(
+        self,
+        name: str,
+        start_key: bytes,
+        stop_key: bytes,
+        topics: Collection[bytes] | None = None,
+        limit: int = 1000,
+    ) -> list[Cell]:
+        family = self._family(name)
+        start_key = max(start_key, self._ttl_floor(name, start_key))
+        if start_key >= stop_key:
+            return []
+        options = rocksdict.ReadOptions()
+        options.set_iterate_upper_bound(stop_key)
+        items = self._guard(family.items, from_key=start_key, read_opt=options)
+        if topics is None:
+            return list(islice(items, limit))
+        return list(islice((c for c in items if c[0][12:] in topics), limit))
+
+    def _ttl_floor(self, name: str, key: bytes) -> bytes:
+        ttl = self._infos[name].ttl if name in self._infos else 0
+        if not ttl:
+            return b""
+        cutoff = max(0, wall_clock_ms() - ttl * 1000)
+        return key[:2] + MessageID(cutoff).to_bytes()
+
+    def last_rowkey(self, name: str, partition_id: int) -> bytes | None:
+        family = self._family(name)
+        prefix = partition_prefix(partition_id)
+        # The next partition's prefix is above every key of this one (pid < 32767).
+        for key, _ in family.items(backwards=True, from_key=partition_prefix(partition_id + 1)):
+            # The iterator's lower bound is not honoured by seek-for-prev, so check.
+            return key[:12] if key.startswith(prefix) else None
+        return None
+
+    def estimate_count(self, name: str) -> int:
+        return int(self._family(name).property_int_value("rocksdb.estimate-num-keys") or 0)
+
+    def reclaim_expired(self, name: str) -> None:
+        info = self.get_queue(name)
+        if not info.ttl:
+            return
+        family = self._family(name)
+        cutoff = MessageID(max(0, wall_clock_ms() - info.ttl * 1000))
+        for pid in range(info.partitions):
+            family.delete_range(partition_prefix(pid), encode_rowkey(pid, cutoff))
+        family.compact_range(None, None)
+        logger.debug("reclaimed expired messages of %s before %s", name, cutoff)
+
+    def _reclaim_loop(self) -> None:
+        while not self._closed.wait(RECLAIM_INTERVAL):
+            for name in list(self._infos):
+                try:
+                    with self._lock:  # close() waits for a reclaim under way
+                        if not self._closed.is_set():
+                            self.reclaim_expired(name)
+                except Exception:  # one bad queue never stops housekeeping
+                    logger.warning("reclaiming expired messages of %s failed", name, exc_info=True)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed.is_set():
+                return
+            self._closed.set()
+            self._families.clear()
+            self._handles.clear()
+            self._db.close()
+            logger.debug("closed embedded store %s", self.path)
+
+    def _guard(self, call, *args, **kwargs):
+        """Run a rocksdict call, turning its bare exceptions into StorageError."""
+        try:
+            return call(*args, **kwargs)
+        except Exception as e:
+            if isinstance(e, (QueueNotFound, QueueExists)):
+                raise
+            raise StorageError(f"embedded store {self.path}: {e}") from e

@@ -1,0 +1,63 @@
+"""The hqueue command line."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from hqueue.cli import main
+
+
+@pytest.fixture
+def run(tmp_path):
+    runner = CliRunner()
+
+    def invoke(*args, input=None):
+        return runner.invoke(main, ["--url", f"local://{tmp_path}", *args], input=input)
+
+    return invoke
+
+
+def test_create_put_scan_describe_drop(run):
+    assert run("create", "crawl", "4", "86400").exit_code == 0
+    result = run("put", "crawl", "crawler", "http://a", "http://b", "--partition", "2")
+    assert result.exit_code == 0 and len(result.output.split()) == 2
+    assert run("put", "crawl", "dump", input="l1\nl2\nl3\n").exit_code == 0
+    lines = run("scan", "crawl", "--topic", "crawler").output.splitlines()
+    assert [line.split("\t")[3] for line in lines] == ["http://a", "http://b"]
+    assert len(run("scan", "crawl", "--limit", "4").output.splitlines()) == 4
+    description = json.loads(run("describe", "crawl").output)
+    assert description["partitions"] == 4 and description["last_ids"]["2"]
+    assert "crawl" in run("list").output
+    assert run("truncate", "crawl").exit_code == 0
+    assert run("scan", "crawl").output == ""
+    assert run("drop", "crawl").exit_code == 1
+    assert run("disable", "crawl").exit_code == 0
+    assert run("enable", "crawl").exit_code == 0
+    assert run("drop", "crawl", "--force").exit_code == 0
+    assert run("list").output == ""
+
+
+def test_scan_accepts_ids_and_iso_times(run):
+    run("create", "q", "1")
+    first = run("put", "q", "t", "a").output.strip()
+    run("put", "q", "t", "b")
+    assert [line.split("\t")[3] for line in run("scan", "q", "--start", first).output.splitlines()] == ["a", "b"]
+    assert run("scan", "q", "--stop", first).output == ""
+    assert run("scan", "q", "--start", "2000-01-01T00:00").output.count("\n") == 2
+
+
+def test_user_errors_are_one_line_and_exit_1(run):
+    result = run("scan", "missing")
+    assert result.exit_code == 1 and "queue 'missing' does not exist" in result.output
+    assert "Traceback" not in result.output
+    assert run("create", "bad name", "1").exit_code == 1
+    assert run("create", "q", "0").exit_code == 1
+    assert run("scan", "q", "--start", "whenever").exit_code == 2
+    assert run("create", "q", "1", "--config", "novalue").exit_code == 2
+
+
+def test_demo_runs_the_main_job(run):
+    result = run("demo", "--messages", "3000")
+    assert result.exit_code == 0, result.output
+    assert "msgs/s" in result.output

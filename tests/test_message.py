@@ -1,0 +1,103 @@
+"""Message, MessageID and the rowkey codec (SPEC C1)."""
+
+import pickle
+from datetime import UTC, datetime
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hqueue import InvalidMessage, Message, MessageID
+from hqueue.message import MAX_SEQUENCE, decode_rowkey, encode_rowkey, messages_from_cells
+
+timestamps = st.integers(min_value=0, max_value=2**63 - 1)
+sequences = st.integers(min_value=0, max_value=MAX_SEQUENCE)
+ids = st.builds(MessageID, timestamps, sequences)
+pids = st.integers(min_value=0, max_value=32766)
+
+
+@given(pids, ids)
+def test_rowkey_round_trips(pid, message_id):
+    rowkey = encode_rowkey(pid, message_id)
+    assert len(rowkey) == 12
+    assert decode_rowkey(rowkey) == (pid, message_id)
+
+
+@given(pids, ids, pids, ids)
+def test_rowkey_byte_order_is_partition_then_id_order(p1, i1, p2, i2):
+    assert (encode_rowkey(p1, i1) < encode_rowkey(p2, i2)) == ((p1, i1) < (p2, i2))
+
+
+@given(ids, ids)
+def test_id_bytes_order_equals_id_order(a, b):
+    assert (a.to_bytes() < b.to_bytes()) == (a < b)
+    assert MessageID.from_bytes(a.to_bytes()) == a
+
+
+def test_rowkey_layout_is_big_endian_pid_timestamp_sequence():
+    assert encode_rowkey(1, MessageID(2, 3)) == b"\x00\x01" + b"\x00" * 7 + b"\x02" + b"\x00\x03"
+
+
+@pytest.mark.parametrize(
+    "bad", [b"", b"\x00" * 11, b"\x00" * 13, b"\x7f\xff" + b"\x00" * 10, b"\x00" * 10 + b"\x80\x00"]
+)
+def test_decode_rejects_malformed_rowkeys(bad):
+    with pytest.raises(ValueError):
+        decode_rowkey(bad)
+
+
+def test_message_id_validates_arguments():
+    with pytest.raises(TypeError, match="'timestamp'"):
+        MessageID("1")
+    with pytest.raises(TypeError, match="'sequence'"):
+        MessageID(1, 1.5)
+    with pytest.raises(ValueError, match="'timestamp'"):
+        MessageID(-1)
+    with pytest.raises(ValueError, match="'sequence'"):
+        MessageID(1, MAX_SEQUENCE + 1)
+
+
+def test_message_id_is_ordered_hashable_and_converts_times():
+    when = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+    mid = MessageID.from_datetime(when, 5)
+    assert mid.datetime == when and mid.sequence == 5
+    assert MessageID(1, 2) < MessageID(1, 3) < MessageID(2, 0)
+    assert len({MessageID(1, 2), MessageID(1, 2)}) == 1
+    assert MessageID.parse("17:3") == MessageID(17, 3)
+    assert MessageID.parse("2026-11-22T10:00+00:00") == MessageID.from_datetime(when)
+    with pytest.raises(ValueError, match="not a message ID"):
+        MessageID.parse("soon")
+
+
+def test_message_takes_str_or_bytes_topics_and_bytes_values():
+    message = Message("crawler", b"http://a")
+    assert (message.topic, message.value, message.id, message.partition_id) == (b"crawler", b"http://a", None, None)
+    assert Message(b"crawler", bytearray(b"x")).value == b"x"
+
+
+@pytest.mark.parametrize(
+    "topic, value, error",
+    [
+        ("", b"x", InvalidMessage),
+        (b"", b"x", InvalidMessage),
+        (1, b"x", TypeError),
+        ("t", "text", TypeError),
+        ("t", None, TypeError),
+    ],
+)
+def test_message_rejects_bad_topics_and_values(topic, value, error):
+    with pytest.raises(error):
+        Message(topic, value)
+
+
+def test_stored_messages_decode_from_cells_and_pickle():
+    cells = [(encode_rowkey(3, MessageID(10, 1)) + b"topic", b"payload")]
+    (message,) = messages_from_cells(cells)
+    assert (message.partition_id, message.id, message.topic, message.value) == (
+        3,
+        MessageID(10, 1),
+        b"topic",
+        b"payload",
+    )
+    assert message == Message("topic", b"payload", id=MessageID(10, 1), partition_id=3)
+    assert pickle.loads(pickle.dumps(message)) == message

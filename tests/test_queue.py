@@ -1,0 +1,232 @@
+"""HQueue's put and scan API (SPEC C5, C6), on every storage backend."""
+
+import threading
+import time
+from datetime import UTC, datetime
+
+import pytest
+
+from hqueue import (
+    HQueue,
+    InvalidMessage,
+    InvalidPartition,
+    Message,
+    MessageID,
+    MessageTooLarge,
+    QueueDisabled,
+    QueueNotFound,
+    Scan,
+)
+from hqueue.queue import partition_for_key
+
+
+def test_put_returns_ids_and_scan_reads_them_back(make_queue):
+    queue = make_queue(partitions=4)
+    ids = queue.put(Message("crawler", b"http://www.360test.com"))
+    assert len(ids) == 1 and isinstance(ids[0], MessageID)
+    (message,) = queue.scan()
+    assert (message.id, message.topic, message.value) == (ids[0], b"crawler", b"http://www.360test.com")
+
+
+def test_put_to_a_partition_and_batches_get_consecutive_ids(make_queue):
+    queue = make_queue(partitions=16)
+    ids = queue.put([Message("crawler", b"u%d" % i) for i in range(5)], partition_id=10)
+    assert ids == sorted(ids) and len(set(ids)) == 5
+    messages = list(queue.get_partition_scanner(10))
+    assert [m.id for m in messages] == ids
+    assert [m.value for m in messages] == [b"u%d" % i for i in range(5)]
+    assert {m.partition_id for m in messages} == {10}
+
+
+def test_a_batch_without_partition_goes_to_one_random_partition(make_queue):
+    queue = make_queue(partitions=8)
+    queue.put([Message("t", b"%d" % i) for i in range(50)])
+    assert len({m.partition_id for m in queue.scan()}) == 1
+
+
+def test_single_puts_spread_over_partitions(make_queue):
+    queue = make_queue(partitions=8)
+    for i in range(200):
+        queue.put(Message("t", b"%d" % i))
+    assert len({m.partition_id for m in queue.scan()}) == 8
+
+
+def test_same_key_always_goes_to_the_same_partition_in_order(make_queue):
+    queue = make_queue(partitions=32)
+    for i in range(20):
+        queue.put(Message("orders", b"%d" % i), key=b"shop-42")
+    messages = list(queue.scan())
+    assert {m.partition_id for m in messages} == {partition_for_key(b"shop-42", 32)}
+    assert [m.value for m in messages] == [b"%d" % i for i in range(20)]
+    assert partition_for_key("shop-42", 32) == partition_for_key(b"shop-42", 32)
+
+
+def test_queue_scanner_merges_partitions_in_id_order(make_queue):
+    queue = make_queue(partitions=8)
+    for i in range(400):
+        queue.put(Message("t", b"%d" % i), partition_id=i % 8)
+    # small caching forces many chunk refills and merge rounds
+    with queue.get_queue_scanner(Scan(), caching=7) as scanner:
+        messages = list(scanner)
+    assert len(messages) == 400
+    keys = [(m.id, m.partition_id) for m in messages]
+    assert keys == sorted(keys)
+
+
+def test_combined_scanner_uses_each_partitions_own_scan(make_queue):
+    queue = make_queue(partitions=4)
+    ids = {pid: queue.put([Message("a", b"x"), Message("b", b"y")] * 3, partition_id=pid) for pid in range(4)}
+    scanner = queue.get_combined_partition_scanner(
+        {1: Scan(start_id=ids[1][2]), 2: Scan(topics=["b"]), 3: Scan(stop_id=ids[3][1])}
+    )
+    got = [(m.partition_id, m.id) for m in scanner]
+    expected = [(1, i) for i in ids[1][2:]] + [(2, i) for i in ids[2][1::2]] + [(3, ids[3][0])]
+    assert sorted(got, key=lambda x: (x[1], x[0])) == got
+    assert sorted(got) == sorted(expected)
+
+
+def test_scan_range_is_start_inclusive_stop_exclusive(make_queue):
+    queue = make_queue(partitions=1)
+    ids = queue.put([Message("t", b"%d" % i) for i in range(10)], partition_id=0)
+    got = [m.id for m in queue.get_queue_scanner(Scan(ids[2], ids[7]))]
+    assert got == ids[2:7]
+
+
+def test_scan_by_time_finds_messages_written_in_that_window(make_queue):
+    queue = make_queue(partitions=2)
+    queue.put(Message("t", b"old"), partition_id=0)
+    time.sleep(0.01)
+    now_ms = int(time.time() * 1000)
+    queue.put(Message("t", b"new"), partition_id=1)
+    assert [m.value for m in queue.scan(start=now_ms)] == [b"new"]
+    assert [m.value for m in queue.scan(stop=now_ms)] == [b"old"]
+    since = datetime.fromtimestamp(now_ms / 1000, tz=UTC)
+    assert [m.value for m in queue.scan(start=since)] == [b"new"]
+
+
+def test_topic_filter_returns_only_those_topics(make_queue):
+    queue = make_queue(partitions=3)
+    for i in range(30):
+        queue.put(Message(["topic1", "topic2", "topic3"][i % 3], b"%d" % i), partition_id=i % 3)
+    scan = Scan().add_topic("topic1").add_topic(b"topic2")
+    topics = [m.topic for m in queue.get_queue_scanner(scan, caching=4)]
+    assert len(topics) == 20 and set(topics) == {b"topic1", b"topic2"}
+
+
+def test_next_returns_none_at_the_end_and_scanners_are_context_managers(make_queue):
+    queue = make_queue(partitions=2)
+    queue.put(Message("t", b"only"), partition_id=1)
+    scanner = queue.get_partition_scanner(1)
+    assert scanner.next().value == b"only"
+    assert scanner.next() is None
+    scanner.close()
+    with queue.get_queue_scanner() as scanner:
+        assert next(iter(scanner)).value == b"only"
+        assert scanner.next() is None
+
+
+def test_scan_limit_and_partition(make_queue):
+    queue = make_queue(partitions=2)
+    queue.put([Message("t", b"%d" % i) for i in range(50)], partition_id=1)
+    assert len(list(queue.scan(limit=7))) == 7
+    assert list(queue.scan(partition_id=0)) == []
+
+
+def test_ids_strictly_increase_per_partition_with_concurrent_writers(make_queue):
+    queue = make_queue(partitions=2)
+    errors = []
+
+    def write():
+        try:
+            for i in range(50):
+                queue.put([Message("t", b"x")] * 10, partition_id=i % 2)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=write) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for pid in range(2):
+        ids = [m.id for m in queue.get_partition_scanner(pid)]
+        assert len(ids) == 1500 and len(set(ids)) == 1500 and ids == sorted(ids)
+
+
+def test_a_second_handle_in_the_process_shares_the_allocators(make_queue, store_url):
+    queue = make_queue(partitions=1)
+    with HQueue(queue.name, store_url) as other:
+        a = queue.put(Message("t", b"a"), partition_id=0)
+        b = other.put(Message("t", b"b"), partition_id=0)
+        c = queue.put(Message("t", b"c"), partition_id=0)
+    assert a < b < c
+
+
+# -- bad input: clear, typed errors, and nothing written -----------------------
+
+
+def test_unknown_queue_is_queue_not_found(store_url):
+    with pytest.raises(QueueNotFound, match="'nope'"):
+        HQueue("nope", store_url)
+
+
+def test_disabled_queue_rejects_put_and_scan(make_queue, admin):
+    queue = make_queue()
+    admin.disable_queue(queue.name)
+    with pytest.raises(QueueDisabled):
+        queue.put(Message("t", b"x"))
+    with pytest.raises(QueueDisabled):
+        queue.get_queue_scanner()
+    with pytest.raises(QueueDisabled):
+        queue.scan()
+    admin.enable_queue(queue.name)
+    queue.put(Message("t", b"x"))
+
+
+@pytest.mark.parametrize("pid", [-1, 4, 40000])
+def test_partition_out_of_range_is_rejected(make_queue, pid):
+    queue = make_queue(partitions=4)
+    with pytest.raises(InvalidPartition, match="'partition_id'"):
+        queue.put(Message("t", b"x"), partition_id=pid)
+    with pytest.raises(InvalidPartition):
+        queue.get_partition_scanner(pid)
+
+
+@pytest.mark.parametrize("bad", ["text", b"bytes", 42, [b"raw"], [Message("t", b"ok"), ("t", b"x")], None])
+def test_wrong_types_are_type_errors_and_write_nothing(make_queue, bad):
+    queue = make_queue(partitions=1)
+    with pytest.raises(TypeError):
+        queue.put(bad)
+    assert list(queue.scan()) == []
+
+
+def test_empty_batch_is_invalid(make_queue):
+    with pytest.raises(InvalidMessage, match="at least one"):
+        make_queue().put([])
+
+
+def test_an_oversized_message_rejects_the_whole_batch(make_queue):
+    queue = make_queue(partitions=1, max_message_bytes=1000)
+    batch = [Message("t", b"ok"), Message("t", b"x" * 1000), Message("t", b"ok")]
+    with pytest.raises(MessageTooLarge, match="message 1"):
+        queue.put(batch, partition_id=0)
+    assert list(queue.scan()) == []
+    queue.put(Message("t", b"x" * 999), partition_id=0)
+
+
+def test_partition_and_key_together_are_rejected(make_queue):
+    with pytest.raises(TypeError, match="not both"):
+        make_queue().put(Message("t", b"x"), partition_id=0, key=b"k")
+
+
+def test_bad_scan_arguments_are_rejected_at_once(make_queue):
+    queue = make_queue()
+    with pytest.raises(TypeError, match="'start_id'"):
+        Scan(start_id=5)
+    with pytest.raises(TypeError, match="'topics'"):
+        Scan(topics="one-topic")
+    with pytest.raises(TypeError, match="'start'"):
+        queue.scan(start="yesterday")
+    with pytest.raises(ValueError, match="'caching'"):
+        queue.get_queue_scanner(caching=0)

@@ -48,8 +48,9 @@ class Engine:
     _registry: dict[str, Engine] = {}
     _registry_lock = threading.Lock()
 
-    def __init__(self, storage: Storage) -> None:
+    def __init__(self, storage: Storage, registry_key: str | None = None) -> None:
         self.storage = storage
+        self._registry_key = registry_key
         self._lock = threading.Lock()
         self._partition_locks: dict[tuple[str, int], threading.Lock] = {}
         self._allocators: dict[tuple[str, int], IDAllocator] = {}
@@ -65,7 +66,7 @@ class Engine:
         with cls._registry_lock:
             engine = cls._registry.get(url)
             if engine is None:
-                engine = cls._registry[url] = cls(open_storage(url))
+                engine = cls._registry[url] = cls(open_storage(url), registry_key=url)
             engine._refs += 1
             return engine
 
@@ -75,7 +76,7 @@ class Engine:
             self._refs -= 1
             if self._refs > 0:
                 return
-            self._registry.pop(self.storage.url, None)
+            self._registry.pop(self._registry_key or self.storage.url, None)
         self.close()
 
     def close(self) -> None:

@@ -12,18 +12,54 @@ from __future__ import annotations
 
 import itertools
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from hqueue import HQueue, HQueueAdmin
 
+ROOT = Path(__file__).resolve().parents[1]
 _counter = itertools.count()
 
-BACKENDS = ["embedded"]
+#: embedded: RocksDB in a temp dir. hbase-standin: the HBase backend against
+#: the Thrift1 stand-in server in tests/hbase_standin.py (NOT HBase).
+#: hbase: a real HBase Thrift server, when HQUEUE_TEST_HBASE=host:port is set.
+BACKENDS = ["embedded", "hbase-standin"] + (["hbase"] if os.environ.get("HQUEUE_TEST_HBASE") else [])
 
 
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def python_env() -> dict[str, str]:
+    """The environment for subprocesses that import hqueue and tests."""
+    return dict(os.environ, PYTHONPATH=str(ROOT))
+
+
+@pytest.fixture(scope="session")
+def hbase_standin():
+    """``host:port`` of an HBase Thrift1 stand-in server in a subprocess."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.hbase_standin", "--port", "0"],
+        cwd=ROOT,
+        env=python_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    line = proc.stdout.readline()
+    if not line.startswith("LISTENING "):
+        proc.kill()
+        pytest.fail(f"the HBase stand-in did not start: {line!r}")
+    yield f"127.0.0.1:{line.split()[1]}"
+    proc.kill()
+    proc.wait()
+
+
+def hbase_url(address: str) -> str:
+    """A URL with a unique table prefix: each test its own namespace."""
+    return f"hbase://{address}?prefix=t{os.getpid()}_{next(_counter)}_"
 
 
 @pytest.fixture(params=BACKENDS)
@@ -31,7 +67,9 @@ def store_url(request, tmp_path) -> str:
     """A fresh, empty store of each backend."""
     if request.param == "embedded":
         return "local://" + str(tmp_path / "data")
-    raise AssertionError(request.param)
+    if request.param == "hbase-standin":
+        return hbase_url(request.getfixturevalue("hbase_standin"))
+    return hbase_url(os.environ["HQUEUE_TEST_HBASE"])
 
 
 @pytest.fixture

@@ -31,7 +31,8 @@ def test_describe_reports_last_ids_and_a_count_estimate(admin, make_queue):
     ids = queue.put([Message("t", b"x")] * 3, partition_id=1)
     description = admin.describe_queue(queue.name)
     assert description["last_ids"] == {0: None, 1: ids[-1]}
-    assert description["message_count_estimate"] >= 0
+    estimate = description["message_count_estimate"]
+    assert estimate is None or estimate >= 0  # None: the backend cannot count cheaply (HBase)
 
 
 def test_create_rejects_duplicates_and_bad_arguments(admin, queue_name):

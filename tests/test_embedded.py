@@ -1,24 +1,21 @@
 """The embedded RocksDB store: one process at a time, durability, crashes."""
 
-import os
 import random
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from hqueue import Durability, HQueue, HQueueAdmin, Message, MessageID, StorageLocked
 from hqueue.storage import normalize_url
 
-ROOT = Path(__file__).resolve().parents[1]
+from .conftest import ROOT, python_env
 
 
 def _python(*args: str, **kwargs) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, **kwargs)
+    return subprocess.Popen([sys.executable, *args], cwd=ROOT, env=python_env(), **kwargs)
 
 
 def test_a_second_process_gets_a_clear_storage_locked_error(tmp_path):

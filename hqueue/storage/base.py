@@ -80,8 +80,8 @@ class Storage(abc.ABC):
         """The highest rowkey stored in the partition, or None if empty."""
 
     @abc.abstractmethod
-    def estimate_count(self, name: str) -> int:
-        """A cheap estimate of the number of stored messages."""
+    def estimate_count(self, name: str) -> int | None:
+        """A cheap estimate of the number of stored messages; None if the backend has none."""
 
     def reclaim_expired(self, name: str) -> None:  # noqa: B027 - optional hook
         """Free the space of expired cells now (backends may do it anyway)."""

@@ -1,0 +1,300 @@
+"""HBase storage through its Thrift (1) gateway, with happybase.
+
+Layout (SPEC C1):
+
+* one table per queue, ``<prefix>q_<queue>``, column family ``message``
+  (``max_versions=1``, ``time_to_live`` = the queue's TTL, compression
+  configurable); row = the 12-byte rowkey, qualifier = topic, value = payload;
+* a meta table ``<prefix>meta``, family ``q``, one row per queue holding its
+  :class:`~hqueue.config.QueueInfo` as JSON, so every hqueue process pointed
+  at the same HBase sees the same queues.
+
+What HBase's Thrift1 API can and cannot do, and what this backend does:
+
+* Pre-split: Thrift1 ``createTable`` takes no split keys, so tables start
+  with one region and HBase splits them as they grow. (HBase 2.x's Thrift2
+  ``THBaseService.createTable`` does take split keys; not used yet.)
+  :func:`split_keys` computes the boundaries ``partitionsPerRegion`` asks
+  for, for an operator to apply with the HBase shell's ``create … SPLITS``.
+* Durability: ``SKIP_WAL`` sends mutations with ``writeToWAL=false``.
+  ``SYNC_WAL`` and ``ASYNC_WAL`` both write the WAL; ASYNC_WAL is a
+  table attribute in HBase that Thrift1 cannot set.
+* Atomicity: ``mutateRows`` is atomic per row, not per batch. A batch that
+  fails part-way may leave a prefix of its rows written (and the put is
+  reported failed: at least once, never lost). Every row of one put lies in
+  one partition, so usually in one region.
+* Truncate: Thrift1 has no truncate; the table is disabled, deleted and
+  created again with the same families (the info and ID floor are kept).
+* Counting: no cheap count exists over Thrift; ``estimate_count`` is None.
+
+Errors from Thrift, sockets and HBase are wrapped in :class:`StorageError`
+(``raise … from e``); idempotent reads are retried once on a fresh
+connection, since the pool drops a connection that failed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
+from urllib.parse import parse_qs, urlsplit
+
+import happybase
+from Hbase_thrift import BatchMutation, Mutation  # loaded by happybase from its Hbase.thrift
+from thriftpy2.thrift import TException
+from thriftpy2.transport import TTransportException
+
+from ..config import Durability, QueueInfo, QueueState
+from ..errors import QueueDisabled, QueueExists, QueueNotFound, StorageError
+from ..message import ROWKEY_LENGTH, partition_prefix
+from .base import Cell, Storage
+
+logger = logging.getLogger(__name__)
+
+FAMILY = b"message"
+_COLUMN_PREFIX = FAMILY + b":"
+_META_FAMILY = b"q"
+_META_COLUMN = b"q:info"
+_ID_END = b"\xff" * 10
+
+
+class StorageUnavailable(StorageError):
+    """The HBase Thrift server cannot be reached or dropped the connection."""
+
+
+def split_keys(partitions: int, partitions_per_region: int) -> list[bytes]:
+    """Region boundaries that put ``partitions_per_region`` partitions in each region."""
+    return [partition_prefix(pid) for pid in range(partitions_per_region, partitions, partitions_per_region)]
+
+
+class HBaseStorage(Storage):
+    """Queues in HBase tables, reached through a pool of happybase connections.
+
+    Args:
+        host, port: The HBase Thrift server.
+        prefix: Prepended to every table name (one HBase, many deployments).
+        transport: ``buffered`` (HBase's default) or ``framed``.
+        protocol: ``binary`` (HBase's default) or ``compact``.
+        pool_size: Connections kept open.
+        timeout: Socket timeout in milliseconds.
+        compression: Column family compression (``NONE``, ``SNAPPY``, ``GZ``…).
+    """
+
+    def __init__(
+        self,
+        host: str = "localhost",
+        port: int = 9090,
+        *,
+        prefix: str = "hq_",
+        transport: str = "buffered",
+        protocol: str = "binary",
+        pool_size: int = 8,
+        timeout: int = 30_000,
+        compression: str = "NONE",
+    ) -> None:
+        self.url = f"hbase://{host}:{port}?prefix={prefix}&transport={transport}&protocol={protocol}"
+        self.prefix, self.compression = prefix, compression
+        self._acquire_timeout = timeout / 1000
+        self._meta_table = f"{prefix}meta".encode()
+        try:
+            self._pool = happybase.ConnectionPool(
+                pool_size, host=host, port=port, transport=transport, protocol=protocol, timeout=timeout
+            )
+        except (TException, OSError) as e:
+            raise StorageUnavailable(f"cannot connect to the HBase Thrift server at {host}:{port}: {e}") from e
+        self._ensure_meta_table()
+
+    @classmethod
+    def from_url(cls, url: str) -> HBaseStorage:
+        """``hbase://host:port?prefix=hq_&transport=framed&protocol=compact&pool=8&timeout=30000``."""
+        parts = urlsplit(url)
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        known = {"prefix", "transport", "protocol", "pool", "timeout", "compression"}
+        if set(query) - known:
+            raise ValueError(f"unknown hbase:// URL option(s) {sorted(set(query) - known)}; known: {sorted(known)}")
+        return cls(
+            parts.hostname or "localhost",
+            parts.port or 9090,
+            prefix=query.get("prefix", "hq_"),
+            transport=query.get("transport", "buffered"),
+            protocol=query.get("protocol", "binary"),
+            pool_size=int(query.get("pool", 8)),
+            timeout=int(query.get("timeout", 30_000)),
+            compression=query.get("compression", "NONE"),
+        )
+
+    # -- plumbing -------------------------------------------------------------
+
+    @contextmanager
+    def _connection(self, what: str, queue: str | None = None) -> Iterator[happybase.Connection]:
+        """A pooled connection; Thrift and socket errors become hqueue errors."""
+        try:
+            with self._pool.connection(timeout=self._acquire_timeout) as connection:
+                yield connection
+        except (TTransportException, OSError, happybase.NoConnectionsAvailable) as e:
+            raise StorageUnavailable(f"HBase at {self.url}: {what}: {e}") from e
+        except TException as e:
+            # HBase's IOError carries the Java exception's name in its message.
+            message = getattr(e, "message", None) or repr(e)
+            if isinstance(message, bytes):  # thriftpy2 may leave IDL strings undecoded
+                message = message.decode("utf-8", "replace")
+            if queue is not None and "TableNotFoundException" in message:
+                raise QueueNotFound(queue) from e
+            if queue is not None and "TableNotEnabledException" in message:
+                raise QueueDisabled(queue) from e
+            raise StorageError(f"HBase at {self.url}: {what}: {message}") from e
+
+    def _retrying(self, what: str, call, queue: str | None = None):
+        """Run an idempotent read; retry once on a fresh connection."""
+        try:
+            with self._connection(what, queue) as connection:
+                return call(connection)
+        except StorageUnavailable:
+            logger.info("retrying %s once after a connection failure", what, exc_info=True)
+            with self._connection(what, queue) as connection:
+                return call(connection)
+
+    def _table_name(self, queue: str) -> bytes:
+        return f"{self.prefix}q_{queue}".encode()
+
+    def _ensure_meta_table(self) -> None:
+        with self._connection("create the meta table") as connection:
+            if self._meta_table not in connection.client.getTableNames():
+                try:
+                    connection.create_table(self._meta_table, {_META_FAMILY.decode(): {"max_versions": 1}})
+                except TException as e:  # another process created it first
+                    if type(e).__name__ != "AlreadyExists":
+                        raise
+
+    # -- queues ---------------------------------------------------------------
+
+    def create_queue(self, info: QueueInfo) -> None:
+        with self._connection(f"create queue {info.name!r}") as connection:
+            client = connection.client
+            mutation = Mutation(column=_META_COLUMN, value=info.to_json())
+            # checkAndPut with no expected value succeeds only if the row is new:
+            # two processes creating one queue cannot both win.
+            if not client.checkAndPut(self._meta_table, info.name.encode(), _META_COLUMN, None, mutation, {}):
+                raise QueueExists(info.name)
+            table = self._table_name(info.name)
+            if table in client.getTableNames():  # a leftover of a half-finished delete
+                if client.isTableEnabled(table):
+                    client.disableTable(table)
+                client.deleteTable(table)
+            self._create_table(connection, info)
+
+    def _create_table(self, connection: happybase.Connection, info: QueueInfo) -> None:
+        family = {"max_versions": 1, "compression": self.compression}
+        if info.ttl:
+            family["time_to_live"] = info.ttl
+        connection.create_table(self._table_name(info.name), {FAMILY.decode(): family})
+        if not info.enabled:
+            connection.client.disableTable(self._table_name(info.name))
+
+    def get_queue(self, name: str) -> QueueInfo:
+        def read(connection):
+            return connection.table(self._meta_table).row(name.encode(), columns=[_META_COLUMN])
+
+        row = self._retrying(f"read queue {name!r}", read)
+        if not row:
+            raise QueueNotFound(name)
+        return QueueInfo.from_json(row[_META_COLUMN])
+
+    def list_queues(self) -> list[QueueInfo]:
+        def read(connection):
+            return list(connection.table(self._meta_table).scan(columns=[_META_COLUMN]))
+
+        rows = self._retrying("list queues", read)
+        return sorted((QueueInfo.from_json(data[_META_COLUMN]) for _, data in rows), key=lambda i: i.name)
+
+    def update_queue(self, info: QueueInfo) -> None:
+        old = self.get_queue(info.name)
+        with self._connection(f"update queue {info.name!r}") as connection:
+            table = self._table_name(info.name)
+            # Mirror the state on the HBase table, so HBase tools see it too.
+            if old.state != info.state:
+                if info.state == QueueState.DISABLED:
+                    connection.client.disableTable(table)
+                else:
+                    connection.client.enableTable(table)
+            connection.table(self._meta_table).put(info.name.encode(), {_META_COLUMN: info.to_json()})
+
+    def delete_queue(self, name: str) -> None:
+        self.get_queue(name)
+        with self._connection(f"delete queue {name!r}") as connection:
+            table = self._table_name(name)
+            if table in connection.client.getTableNames():
+                if connection.client.isTableEnabled(table):
+                    connection.client.disableTable(table)
+                connection.client.deleteTable(table)
+            connection.table(self._meta_table).delete(name.encode())
+
+    def truncate_queue(self, name: str) -> None:
+        info = self.get_queue(name)
+        with self._connection(f"truncate queue {name!r}") as connection:
+            table = self._table_name(name)
+            if connection.client.isTableEnabled(table):
+                connection.client.disableTable(table)
+            connection.client.deleteTable(table)
+            self._create_table(connection, info)
+
+    # -- cells ----------------------------------------------------------------
+
+    def write(self, name: str, cells: Sequence[Cell], durability: str) -> None:
+        wal = durability != Durability.SKIP_WAL
+        batch = [
+            BatchMutation(
+                key[:ROWKEY_LENGTH],
+                [Mutation(column=_COLUMN_PREFIX + key[ROWKEY_LENGTH:], value=value, writeToWAL=wal)],
+            )
+            for key, value in cells
+        ]
+        # One Thrift round-trip for the whole batch (happybase's Batch.send).
+        with self._connection(f"write {len(cells)} message(s) to {name!r}", name) as connection:
+            connection.client.mutateRows(self._table_name(name), batch, {})
+
+    def scan(
+        self,
+        name: str,
+        start_key: bytes,
+        stop_key: bytes,
+        topics: Collection[bytes] | None = None,
+        limit: int = 1000,
+    ) -> list[Cell]:
+        if start_key >= stop_key:
+            return []
+        columns = [_COLUMN_PREFIX + t for t in sorted(topics)] if topics else [FAMILY]
+
+        def read(connection):
+            rows = connection.table(self._table_name(name)).scan(
+                row_start=start_key, row_stop=stop_key, columns=columns, batch_size=min(limit, 1000), limit=limit
+            )
+            # A row holds one message; its qualifier is the topic.
+            return [
+                (row + column[len(_COLUMN_PREFIX) :], value) for row, data in rows for column, value in data.items()
+            ]
+
+        return self._retrying(f"scan {name!r}", read, name)
+
+    def last_rowkey(self, name: str, partition_id: int) -> bytes | None:
+        def read(connection):
+            rows = connection.table(self._table_name(name)).scan(
+                row_start=partition_prefix(partition_id) + _ID_END,
+                row_stop=partition_prefix(partition_id),
+                columns=[FAMILY],
+                limit=1,
+                reverse=True,
+            )
+            return [row for row, _ in rows]
+
+        rows = self._retrying(f"last rowkey of {name!r} partition {partition_id}", read, name)
+        return rows[0][:ROWKEY_LENGTH] if rows else None
+
+    def estimate_count(self, name: str) -> int | None:
+        return None
+
+    def close(self) -> None:
+        # happybase's pool has no close(); drop every pooled connection.
+        pool_queue = getattr(self._pool, "_queue", None)
+        while pool_queue is not None and not pool_queue.empty():
+            pool_queue.get_nowait().close()

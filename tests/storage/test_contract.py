@@ -1,0 +1,195 @@
+"""The storage contract: every backend behaves the same (hqueue/storage/base.py).
+
+Runs against each backend of ``tests/conftest.py``'s ``store_url``: the
+embedded RocksDB store, the HBase backend on the Thrift1 stand-in server,
+and a real HBase when ``HQUEUE_TEST_HBASE=host:port`` is set.
+"""
+
+import threading
+import time
+
+import pytest
+
+from hqueue import QueueExists, QueueNotFound
+from hqueue.config import Durability, QueueInfo, QueueState
+from hqueue.message import MessageID, encode_rowkey, partition_prefix
+from hqueue.storage import open_storage
+
+END = b"\xff" * 10
+
+
+@pytest.fixture
+def storage(store_url):
+    store = open_storage(store_url)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def queue(storage, queue_name):
+    storage.create_queue(QueueInfo(queue_name, 4))
+    return queue_name
+
+
+def cell(pid: int, ts: int, seq: int = 0, topic: bytes = b"t", value: bytes = b"v"):
+    return (encode_rowkey(pid, MessageID(ts, seq)) + topic, value)
+
+
+def whole(pid: int):
+    return partition_prefix(pid), partition_prefix(pid) + END
+
+
+# -- queue metadata ---------------------------------------------------------------
+
+
+def test_queue_metadata_round_trips(storage, queue_name):
+    info = QueueInfo(queue_name, 7, ttl=60, durability=Durability.ASYNC_WAL, config={"k": "v"}, id_floor=5)
+    storage.create_queue(info)
+    assert storage.get_queue(queue_name) == info
+    assert [q.name for q in storage.list_queues()] == [queue_name]
+    disabled = info.evolve(state=QueueState.DISABLED)
+    storage.update_queue(disabled)
+    assert storage.get_queue(queue_name) == disabled
+
+
+def test_metadata_is_seen_by_the_next_client_of_the_store(store_url, queue_name):
+    first = open_storage(store_url)
+    first.create_queue(QueueInfo(queue_name, 3, ttl=3600))
+    now = int(time.time() * 1000)
+    first.write(queue_name, [cell(2, now)], Durability.SYNC_WAL)
+    first.close()
+    second = open_storage(store_url)
+    try:
+        assert second.get_queue(queue_name).ttl == 3600
+        assert second.scan(queue_name, *whole(2)) == [cell(2, now)]
+    finally:
+        second.close()
+
+
+def test_duplicate_and_unknown_queues_are_typed_errors(storage, queue):
+    with pytest.raises(QueueExists):
+        storage.create_queue(QueueInfo(queue, 1))
+    for call in (storage.get_queue, storage.delete_queue, storage.truncate_queue):
+        with pytest.raises(QueueNotFound):
+            call("missing_queue")
+    with pytest.raises(QueueNotFound):
+        storage.update_queue(QueueInfo("missing_queue", 1))
+    with pytest.raises(QueueNotFound):
+        storage.write("missing_queue", [cell(0, 1)], Durability.SYNC_WAL)
+    with pytest.raises(QueueNotFound):
+        storage.scan("missing_queue", *whole(0))
+
+
+def test_delete_then_recreate_starts_empty(storage, queue):
+    storage.write(queue, [cell(0, 1)], Durability.SYNC_WAL)
+    storage.delete_queue(queue)
+    assert storage.list_queues() == []
+    storage.create_queue(QueueInfo(queue, 2))
+    assert storage.scan(queue, *whole(0)) == []
+
+
+def test_truncate_deletes_cells_and_keeps_the_queue(storage, queue):
+    storage.write(queue, [cell(p, 10) for p in range(4)], Durability.SYNC_WAL)
+    info = storage.get_queue(queue)
+    storage.truncate_queue(queue)
+    assert storage.get_queue(queue) == info
+    assert all(storage.scan(queue, *whole(p)) == [] for p in range(4))
+    storage.write(queue, [cell(1, 20)], Durability.SYNC_WAL)
+    assert storage.scan(queue, *whole(1)) == [cell(1, 20)]
+
+
+# -- cells --------------------------------------------------------------------------
+
+
+def test_scan_returns_key_order_within_the_range(storage, queue):
+    cells = [cell(p, ts, seq) for p in (2, 0, 1) for ts in (30, 10, 20) for seq in (1, 0)]
+    storage.write(queue, cells, Durability.SYNC_WAL)
+    for pid in range(3):
+        got = storage.scan(queue, *whole(pid))
+        assert got == sorted(c for c in cells if c[0][:2] == partition_prefix(pid))
+
+
+def test_start_is_inclusive_stop_exclusive_and_limit_is_exact(storage, queue):
+    storage.write(queue, [cell(0, ts) for ts in range(1, 11)], Durability.SYNC_WAL)
+    start, stop = encode_rowkey(0, MessageID(3)), encode_rowkey(0, MessageID(8))
+    assert [c[0][:12] for c in storage.scan(queue, start, stop)] == [
+        encode_rowkey(0, MessageID(t)) for t in range(3, 8)
+    ]
+    assert len(storage.scan(queue, start, stop, limit=2)) == 2
+    assert len(storage.scan(queue, start, stop, limit=50)) == 5
+    assert storage.scan(queue, stop, start) == []
+
+
+def test_partitions_do_not_leak_into_each_other(storage, queue):
+    storage.write(queue, [cell(1, 5), cell(3, 5)], Durability.SYNC_WAL)
+    assert storage.scan(queue, *whole(2)) == []
+    assert storage.last_rowkey(queue, 2) is None
+    assert storage.last_rowkey(queue, 0) is None
+    assert storage.last_rowkey(queue, 1) == encode_rowkey(1, MessageID(5))
+    assert storage.last_rowkey(queue, 3) == encode_rowkey(3, MessageID(5))
+
+
+def test_last_rowkey_is_the_highest_of_the_partition(storage, queue):
+    storage.write(queue, [cell(2, ts, seq) for ts in (5, 9, 7) for seq in (0, 3)], Durability.SYNC_WAL)
+    assert storage.last_rowkey(queue, 2) == encode_rowkey(2, MessageID(9, 3))
+
+
+def test_topic_filter(storage, queue):
+    cells = [cell(0, ts, topic=t) for ts, t in enumerate([b"a", b"b", b"c", b"a", b"b"], 1)]
+    storage.write(queue, cells, Durability.SYNC_WAL)
+    assert storage.scan(queue, *whole(0), topics={b"a", b"c"}) == [cells[0], cells[2], cells[3]]
+    assert storage.scan(queue, *whole(0), topics={b"a", b"c"}, limit=2) == [cells[0], cells[2]]
+    assert storage.scan(queue, *whole(0), topics={b"zzz"}) == []
+
+
+def test_binary_topics_and_values_round_trip(storage, queue):
+    cells = [cell(0, 1, topic=b"\x00\xff:/t", value=bytes(range(256))), cell(0, 2, value=b"")]
+    storage.write(queue, cells, Durability.SYNC_WAL)
+    assert storage.scan(queue, *whole(0)) == cells
+
+
+@pytest.mark.parametrize("durability", Durability.ALL)
+def test_every_durability_writes(storage, queue, durability):
+    storage.write(queue, [cell(0, 1)], durability)
+    assert storage.scan(queue, *whole(0)) == [cell(0, 1)]
+
+
+def test_large_batches_and_large_values(storage, queue):
+    batch = [cell(1, ts, value=b"x" * 1024) for ts in range(1, 5001)]
+    storage.write(queue, batch, Durability.SYNC_WAL)
+    big = cell(2, 1, value=b"y" * (2 * 1024 * 1024))
+    storage.write(queue, [big], Durability.SYNC_WAL)
+    got, start = [], partition_prefix(1)
+    while True:
+        chunk = storage.scan(queue, start, partition_prefix(1) + END, limit=1000)
+        got += chunk
+        if len(chunk) < 1000:
+            break
+        start = chunk[-1][0] + b"\x00"
+    assert got == batch
+    assert storage.scan(queue, *whole(2)) == [big]
+
+
+def test_concurrent_writers_to_one_partition_lose_nothing(storage, queue):
+    def write(worker: int) -> None:
+        for i in range(50):
+            storage.write(queue, [cell(0, 1000 + i, worker * 100 + j) for j in range(10)], Durability.SYNC_WAL)
+
+    threads = [threading.Thread(target=write, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    got = storage.scan(queue, *whole(0), limit=10_000)
+    assert len(got) == 2000 and got == sorted(got)
+
+
+def test_expired_cells_are_invisible(storage, queue_name):
+    storage.create_queue(QueueInfo(queue_name, 2, ttl=1))
+    now = int(time.time() * 1000)
+    storage.write(queue_name, [cell(0, now)], Durability.SYNC_WAL)
+    assert len(storage.scan(queue_name, *whole(0))) == 1
+    time.sleep(1.2)
+    assert storage.scan(queue_name, *whole(0)) == []
+    storage.reclaim_expired(queue_name)
+    assert storage.last_rowkey(queue_name, 0) is None

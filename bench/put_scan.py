@@ -90,6 +90,7 @@ def main() -> None:
     parser.add_argument("--storage", help="store URL (default: a temp local:// store)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--quick", action="store_true", help="a tenth of the messages (smoke run)")
+    parser.add_argument("--label", default="", help="added to the title, e.g. 'HBase TEST STAND-IN, not HBase'")
     args = parser.parse_args()
     scale = 10 if args.quick else 1
     workdir = tempfile.mkdtemp(prefix="hqueue-bench-")
@@ -127,7 +128,7 @@ def main() -> None:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     columns = ["op", "durability", "partitions", "batch", "messages", "hqueue_msgs_s", "raw_msgs_s", "ratio"]
-    label = "" if raw else " (storage: " + url + ")"
+    label = ("" if raw else f" (storage: {url})") + (f" [{args.label}]" if args.label else "")
     report(f"hqueue put/scan, 100-byte messages{label}", rows, columns, args.json)
 
 

@@ -26,6 +26,7 @@ from .errors import (
     QueueEnabled,
     QueueExists,
     QueueNotFound,
+    ServerUnavailable,
     StorageError,
     StorageLocked,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "QueueScanner",
     "QueueState",
     "Scan",
+    "ServerUnavailable",
     "StorageError",
     "StorageLocked",
 ]

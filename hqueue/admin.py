@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from dataclasses import asdict
 from typing import Any
 
 from .config import DEFAULT_MAX_MESSAGE_BYTES, Durability, QueueInfo, QueueState, validate_queue_name
@@ -93,15 +92,11 @@ class HQueueAdmin(Connected):
 
     def list_queues(self) -> list[QueueInfo]:
         """Every queue's definition, sorted by name."""
-        return self.engine.storage.list_queues()
+        return self.engine.list_queues()
 
     def describe_queue(self, name: str) -> dict[str, Any]:
         """Definition, state, a message count estimate and each partition's last ID."""
-        info = self.engine.queue_info(name, fresh=True)
-        description = asdict(info)
-        description["message_count_estimate"] = self.engine.storage.estimate_count(name)
-        description["last_ids"] = {pid: self.engine.last_id(name, pid) for pid in range(info.partitions)}
-        return description
+        return self.engine.describe_queue(name)
 
     def __repr__(self) -> str:
-        return f"HQueueAdmin(url={self._engine.storage.url if self._engine else None!r})"
+        return f"HQueueAdmin(url={self._engine.url if self._engine else None!r})"

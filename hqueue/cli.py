@@ -13,6 +13,7 @@ from .config import Durability
 from .errors import HQueueError
 from .message import Message, MessageID
 from .queue import HQueue
+from .storage import default_url
 
 
 class _Group(click.Group):
@@ -176,6 +177,43 @@ def drop(ctx, name: str, force: bool) -> None:
     """Delete queue NAME and its messages (it must be disabled, or use --force)."""
     _admin(ctx).delete_queue(name, force=force)
     click.echo(f"dropped {name!r}")
+
+
+@main.command()
+@click.option("--storage", help="Store URL (default: --url, or local://./hqueue-data).")
+@click.option("--zk", help="ZooKeeper host:port[,host:port][/chroot]; without it this server owns every partition.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=9700, show_default=True, help="0 picks a free port.")
+@click.option("--advertise", help="host:port clients should use (default: host:port).")
+@click.option("--id", "server_id", help="This server's name in ZooKeeper (default: the advertised address).")
+@click.option("--session-timeout", type=float, default=10.0, show_default=True, help="ZooKeeper session timeout (s).")
+@click.option(
+    "--idle-timeout", type=float, default=60.0, show_default=True, help="Close remote scanners idle this long (s)."
+)
+@click.option("--log-level", envvar="HQUEUE_LOG_LEVEL", default="INFO", show_default=True)
+@click.pass_context
+def server(ctx, storage, zk, host, port, advertise, server_id, session_timeout, idle_timeout, log_level) -> None:
+    """Serve queues over Thrift (framed transport, binary protocol)."""
+    import logging
+
+    from .server import HQueueServer
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    coordinator_factory = None
+    if zk:
+        from .coordination.zookeeper import ZooKeeperCoordinator
+
+        def coordinator_factory(address: str):
+            return ZooKeeperCoordinator(zk, address, server_id=server_id, session_timeout=session_timeout)
+
+    url = storage or ctx.obj["url"] or default_url()
+    instance = HQueueServer(
+        url, host, port, advertise=advertise, coordinator_factory=coordinator_factory, idle_timeout=idle_timeout
+    )
+    # Tests and scripts read this line to learn the port (with --port 0).
+    click.echo(f"hqueue server listening on {instance.address} (storage {instance.engine.url})", err=True)
+    sys.stderr.flush()
+    instance.serve_forever()
 
 
 @main.command()

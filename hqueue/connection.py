@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from .engine import Engine
+from .remote import RemoteEngine
 from .storage import default_url
 
 
@@ -20,31 +21,32 @@ def resolve_url(url: str | None, data_dir: str | os.PathLike[str] | None) -> str
         return "local://" + os.path.abspath(os.fspath(data_dir))
     if url is None:
         return default_url()
-    if url.startswith("hqueue://"):
-        raise ValueError("hqueue:// server URLs need the hqueue server (not in this release); use local:// or hbase://")
     return url
 
 
-def acquire_engine(url: str | None, data_dir: str | os.PathLike[str] | None) -> Engine:
-    """The process's shared engine for that store."""
-    return Engine.acquire(resolve_url(url, data_dir))
+def acquire_engine(url: str | None, data_dir: str | os.PathLike[str] | None) -> Engine | RemoteEngine:
+    """The process's shared engine for that store, or a client of hqueue servers."""
+    url = resolve_url(url, data_dir)
+    if url.startswith("hqueue://"):
+        return RemoteEngine(url)
+    return Engine.acquire(url)
 
 
 class Connected:
     """Holds one reference to a shared engine; ``close()`` drops it."""
 
     def __init__(self, url: str | None, data_dir: str | os.PathLike[str] | None) -> None:
-        self._engine: Engine | None = acquire_engine(url, data_dir)
+        self._engine: Engine | RemoteEngine | None = acquire_engine(url, data_dir)
 
     @property
-    def engine(self) -> Engine:
+    def engine(self) -> Engine | RemoteEngine:
         if self._engine is None:
             raise RuntimeError(f"{type(self).__name__} is closed")
         return self._engine
 
     @property
     def url(self) -> str:
-        return self.engine.storage.url
+        return self.engine.url
 
     def close(self) -> None:
         """Release the store (the last user in the process closes it)."""

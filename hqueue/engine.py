@@ -15,6 +15,8 @@ import logging
 import threading
 import time
 from collections.abc import Collection, Sequence
+from dataclasses import asdict
+from typing import Any
 
 from .config import MAX_TOPIC_BYTES, QueueInfo
 from .errors import InvalidMessage, InvalidPartition, MessageTooLarge, QueueDisabled, QueueEnabled
@@ -28,6 +30,7 @@ from .message import (
     messages_from_cells,
     partition_prefix,
 )
+from .scanner import KeyRangeCursor, Scan
 from .storage import Storage, normalize_url, open_storage
 
 logger = logging.getLogger(__name__)
@@ -56,6 +59,10 @@ class Engine:
         self._allocators: dict[tuple[str, int], IDAllocator] = {}
         self._infos: dict[str, tuple[float, QueueInfo]] = {}
         self._refs = 0
+
+    @property
+    def url(self) -> str:
+        return self.storage.url
 
     # -- sharing --------------------------------------------------------------
 
@@ -137,6 +144,27 @@ class Engine:
                 del self._allocators[key]
         self._infos.pop(name, None)
 
+    def list_queues(self) -> list[QueueInfo]:
+        return self.storage.list_queues()
+
+    def describe_queue(self, name: str) -> dict[str, Any]:
+        """Definition, state, a message count estimate and each partition's last ID."""
+        info = self.queue_info(name, fresh=True)
+        description = asdict(info)
+        description["message_count_estimate"] = self.storage.estimate_count(name)
+        description["last_ids"] = {pid: self.last_id(name, pid) for pid in range(info.partitions)}
+        return description
+
+    def forget_partitions(self, partitions: set[tuple[str, int]]) -> None:
+        """Drop allocators of partitions this process no longer owns.
+
+        Another server may write to them meanwhile; if ownership comes back,
+        the allocator is seeded from storage again.
+        """
+        for key in partitions:
+            with self._partition_lock(*key):
+                self._allocators.pop(key, None)
+
     def _queue_allocators(self, name: str) -> list[IDAllocator]:
         return [a for (q, _), a in list(self._allocators.items()) if q == name]
 
@@ -193,6 +221,10 @@ class Engine:
         """Up to ``limit`` messages of one partition, ``start_key <= key < stop_key``."""
         self.enabled_queue(name)
         return messages_from_cells(self.storage.scan(name, start_key, stop_key, topics, limit))
+
+    def open_cursor(self, queue: str, partition_id: int, scan: Scan, caching: int) -> KeyRangeCursor:
+        """A cursor over one partition, for the scanners."""
+        return KeyRangeCursor(self, queue, partition_id, scan, caching)
 
     def last_id(self, name: str, pid: int) -> MessageID | None:
         last = self.storage.last_rowkey(name, pid)

@@ -69,6 +69,10 @@ class StorageLocked(StorageError):
     """The embedded store is open in another process."""
 
 
+class ServerUnavailable(HQueueError):
+    """No hqueue server answered (all unreachable, or timed out)."""
+
+
 class CoordinationError(HQueueError):
     """ZooKeeper (or the local coordinator) failed."""
 

@@ -141,7 +141,7 @@ class HQueue(Connected):
         return _limited(scanner, limit)
 
     def __repr__(self) -> str:
-        return f"HQueue({self.name!r}, url={self._engine.storage.url if self._engine else None!r})"
+        return f"HQueue({self.name!r}, url={self._engine.url if self._engine else None!r})"
 
 
 def _limited(scanner: PartitionScanner | QueueScanner, limit: int | None) -> Iterator[Message]:

@@ -32,9 +32,23 @@ DEFAULT_CACHING = 1000
 _ID_END = b"\xff" * 10
 
 
-class ScanSource(Protocol):
-    """Where scanners read chunks from (the engine, or a remote client)."""
+class Cursor(Protocol):
+    """Reads one partition chunk by chunk; ``done`` once a chunk came up short."""
 
+    done: bool
+
+    def fetch(self) -> list[Message]: ...
+
+    def close(self) -> None: ...
+
+
+class ScanSource(Protocol):
+    """Where scanners read from: the in-process engine, or a remote server."""
+
+    def open_cursor(self, queue: str, partition_id: int, scan: Scan, caching: int) -> Cursor: ...
+
+
+class ChunkSource(Protocol):
     def scan(
         self, name: str, start_key: bytes, stop_key: bytes, topics: Collection[bytes] | None, limit: int
     ) -> list[Message]: ...
@@ -125,14 +139,16 @@ class _Scanner:
         self.close()
 
 
-class _PartitionCursor:
-    """Reads one partition chunk by chunk; ``pending`` holds what is unread."""
+class KeyRangeCursor:
+    """A cursor over a rowkey range, one bounded read a chunk.
 
-    def __init__(self, source: ScanSource, queue: str, pid: int, scan: Scan, caching: int) -> None:
+    It holds nothing between chunks, so an abandoned cursor costs nothing.
+    """
+
+    def __init__(self, source: ChunkSource, queue: str, partition_id: int, scan: Scan, caching: int) -> None:
         self.source, self.queue, self.caching = source, queue, caching
-        self.start, self.stop = scan.key_range(pid)
+        self.start, self.stop = scan.key_range(partition_id)
         self.topics = scan.topics
-        self.pending: list[Message] = []
         self.done = False
 
     def fetch(self) -> list[Message]:
@@ -144,6 +160,9 @@ class _PartitionCursor:
             self.start = chunk[-1][1] + b"\x00"
         return chunk
 
+    def close(self) -> None:
+        self.done = True
+
 
 class PartitionScanner(_Scanner):
     """Reads one partition of a queue in MessageID order."""
@@ -152,17 +171,20 @@ class PartitionScanner(_Scanner):
         self, source: ScanSource, queue: str, partition_id: int, scan: Scan, caching: int = DEFAULT_CACHING
     ) -> None:
         _check_caching(caching)
-        self._cursor = _PartitionCursor(source, queue, partition_id, scan, caching)
+        self._cursor = source.open_cursor(queue, partition_id, scan, caching)
         self.queue, self.partition_id = queue, partition_id
         super().__init__()
         logger.debug("opened %s with %r", self, scan)
 
     def _generate(self) -> Generator[Message, None, None]:
         cursor = self._cursor
-        while not cursor.done:
-            chunk = cursor.fetch()
-            self.count += 1
-            yield from chunk
+        try:
+            while not cursor.done:
+                chunk = cursor.fetch()
+                self.count += 1
+                yield from chunk
+        finally:
+            cursor.close()
 
     def __repr__(self) -> str:
         return f"PartitionScanner({self.queue!r}, {self.partition_id})"
@@ -187,32 +209,40 @@ class CombinedPartitionScanner(_Scanner):
         for pid, scan in scans.items():
             if not isinstance(scan, Scan):
                 raise TypeError(f"scan for partition {pid} must be a Scan, not {type(scan).__name__}")
-        self.queue = queue
+        self.queue, self.caching = queue, caching
         self.partitions = sorted(scans)
-        self._cursors = [_PartitionCursor(source, queue, pid, scans[pid], caching) for pid in self.partitions]
+        self._cursors = [source.open_cursor(queue, pid, scans[pid], caching) for pid in self.partitions]
         super().__init__()
         logger.debug("opened %s", self)
 
     def _generate(self) -> Generator[Message, None, None]:
-        cursors, caching = self._cursors, self._cursors[0].caching
-        while cursors:
-            for cursor in cursors:
-                if not cursor.done and len(cursor.pending) < caching:
-                    cursor.pending += cursor.fetch()
+        try:
+            yield from self._merge()
+        finally:
+            for cursor in self._cursors:
+                cursor.close()
+
+    def _merge(self) -> Iterator[Message]:
+        caching = self.caching
+        pending: dict[Cursor, list[Message]] = {cursor: [] for cursor in self._cursors}
+        while pending:
+            for cursor, messages in pending.items():
+                if not cursor.done and len(messages) < caching:
+                    messages += cursor.fetch()
                     self.count += 1
-            reading = [c.pending[-1] for c in cursors if not c.done]
+            reading = [messages[-1] for cursor, messages in pending.items() if not cursor.done]
             out: list[Message] = []
             if reading:
                 bound = min(reading)
-                for cursor in cursors:
-                    cut = bisect_right(cursor.pending, bound)
-                    out += cursor.pending[:cut]
-                    del cursor.pending[:cut]
+                for messages in pending.values():
+                    cut = bisect_right(messages, bound)
+                    out += messages[:cut]
+                    del messages[:cut]
             else:
-                for cursor in cursors:
-                    out += cursor.pending
-                    cursor.pending = []
-            cursors = [c for c in cursors if c.pending or not c.done]
+                for messages in pending.values():
+                    out += messages
+                    messages.clear()
+            pending = {c: m for c, m in pending.items() if m or not c.done}
             out.sort()
             yield from out
 

@@ -14,35 +14,33 @@ import itertools
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from kazoo.client import KazooClient
 
 from hqueue import HQueue, HQueueAdmin
+from hqueue.server import HQueueServer
 
-ROOT = Path(__file__).resolve().parents[1]
+from .processes import ROOT, ZooKeeperServer, in_ci, python_env
+
 _counter = itertools.count()
 
 #: embedded: RocksDB in a temp dir. hbase-standin: the HBase backend against
 #: the Thrift1 stand-in server in tests/hbase_standin.py (NOT HBase).
 #: hbase: a real HBase Thrift server, when HQUEUE_TEST_HBASE=host:port is set.
-BACKENDS = ["embedded", "hbase-standin"] + (["hbase"] if os.environ.get("HQUEUE_TEST_HBASE") else [])
+#: hbase-standin-thrift2: the same, with the stand-in's Thrift2 admin port
+#: (pre-split tables, truncate keeping splits), as with HBase 2.x.
+BACKENDS = ["embedded", "hbase-standin", "hbase-standin-thrift2"] + (
+    ["hbase"] if os.environ.get("HQUEUE_TEST_HBASE") else []
+)
+
+__all__ = ["ROOT", "in_ci", "python_env"]
 
 
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
-def python_env() -> dict[str, str]:
-    """The environment for subprocesses that import hqueue and tests."""
-    return dict(os.environ, PYTHONPATH=str(ROOT))
-
-
-@pytest.fixture(scope="session")
-def hbase_standin():
-    """``host:port`` of an HBase Thrift1 stand-in server in a subprocess."""
+def start_hbase_standin(*args: str) -> tuple[subprocess.Popen, int, int]:
+    """Start tests/hbase_standin.py; return it with its Thrift1 and Thrift2 ports."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.hbase_standin", "--port", "0"],
+        [sys.executable, "-m", "tests.hbase_standin", *args],
         cwd=ROOT,
         env=python_env(),
         stdout=subprocess.PIPE,
@@ -52,29 +50,55 @@ def hbase_standin():
     if not line.startswith("LISTENING "):
         proc.kill()
         pytest.fail(f"the HBase stand-in did not start: {line!r}")
-    yield f"127.0.0.1:{line.split()[1]}"
+    _, thrift1, thrift2 = line.split()
+    return proc, int(thrift1), int(thrift2)
+
+
+@pytest.fixture(scope="session")
+def hbase_standin():
+    """``(thrift1 host:port, thrift2 host:port)`` of one stand-in for the session."""
+    proc, thrift1, thrift2 = start_hbase_standin()
+    yield f"127.0.0.1:{thrift1}", f"127.0.0.1:{thrift2}"
     proc.kill()
     proc.wait()
 
 
-def hbase_url(address: str) -> str:
+def hbase_url(address: str, admin: str | None = None) -> str:
     """A URL with a unique table prefix: each test its own namespace."""
-    return f"hbase://{address}?prefix=t{os.getpid()}_{next(_counter)}_"
+    url = f"hbase://{address}?prefix=t{os.getpid()}_{next(_counter)}_"
+    return url + (f"&admin={admin}" if admin else "")
 
 
 @pytest.fixture(params=BACKENDS)
 def store_url(request, tmp_path) -> str:
-    """A fresh, empty store of each backend."""
-    if request.param == "embedded":
+    """A fresh, empty store of each storage backend."""
+    return _store_url(request, request.param, tmp_path)
+
+
+@pytest.fixture(params=[*BACKENDS, "remote"])
+def api_url(request, tmp_path) -> str:
+    """A URL for HQueue/HQueueAdmin: each storage backend in process, and
+    "remote": an hqueue server on loopback (embedded store) via hqueue://."""
+    if request.param == "remote":
+        server = HQueueServer("local://" + str(tmp_path / "server-data"), port=0).start()
+        request.addfinalizer(server.stop)
+        return f"hqueue://{server.address}"
+    return _store_url(request, request.param, tmp_path)
+
+
+def _store_url(request, backend: str, tmp_path) -> str:
+    if backend == "embedded":
         return "local://" + str(tmp_path / "data")
-    if request.param == "hbase-standin":
-        return hbase_url(request.getfixturevalue("hbase_standin"))
+    if backend == "hbase-standin":
+        return hbase_url(request.getfixturevalue("hbase_standin")[0])
+    if backend == "hbase-standin-thrift2":
+        return hbase_url(*request.getfixturevalue("hbase_standin"))
     return hbase_url(os.environ["HQUEUE_TEST_HBASE"])
 
 
 @pytest.fixture
-def admin(store_url):
-    with HQueueAdmin(store_url) as admin:
+def admin(api_url):
+    with HQueueAdmin(api_url) as admin:
         yield admin
 
 
@@ -84,17 +108,37 @@ def queue_name() -> str:
 
 
 @pytest.fixture
-def make_queue(admin, store_url, queue_name):
+def make_queue(admin, api_url, queue_name):
     """make_queue(partitions=4, ttl=0, **kw) -> an open HQueue on a new queue."""
     opened: list[HQueue] = []
 
     def make(partitions: int = 4, ttl: int = 0, name: str | None = None, **kwargs) -> HQueue:
         name = name or f"{queue_name}_{len(opened)}"
         admin.create_queue(name, partitions, ttl, **kwargs)
-        queue = HQueue(name, store_url)
+        queue = HQueue(name, api_url)
         opened.append(queue)
         return queue
 
     yield make
     for queue in opened:
         queue.close()
+
+
+@pytest.fixture(scope="session")
+def zookeeper(tmp_path_factory):
+    """A real ZooKeeper server for the session (Debian's package)."""
+    server = ZooKeeperServer(tmp_path_factory.mktemp("zookeeper"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def zk_hosts(zookeeper) -> str:
+    """ZooKeeper hosts with a chroot of this test's own."""
+    chroot = f"/test_{os.getpid()}_{next(_counter)}"
+    client = KazooClient(hosts=zookeeper.hosts)
+    client.start(timeout=30)
+    client.ensure_path(chroot)
+    client.stop()
+    client.close()
+    return zookeeper.hosts + chroot

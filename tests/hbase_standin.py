@@ -13,21 +13,26 @@ calls happybase makes, with HBase's semantics as far as hqueue relies on them:
 * a family's ``timeToLive`` hides cells older than the TTL (by cell
   timestamp, which is the server's write time unless given);
 * enable/disable (a disabled table refuses reads and writes with IOError,
-  and must be disabled before ``deleteTable``), ``AlreadyExists`` on create.
+  and must be disabled before ``deleteTable``), ``AlreadyExists`` on create;
+* regions: ``getTableRegions`` lists the regions a table was split into.
+
+On a second port it serves the Thrift2 admin subset hqueue uses
+(``thrift/hbase2_admin.thrift``: ``createTable`` with split keys,
+``truncateTable`` keeping splits, ``tableExists``), as an HBase 2.x
+``hbase thrift2`` gateway would, over the same tables.
 
 Everything is in memory. Usage::
 
-    python -m tests.hbase_standin [--host 127.0.0.1] [--port 0] \
+    python -m tests.hbase_standin [--host 127.0.0.1] [--port 0] [--admin-port 0] \
         [--transport buffered|framed] [--protocol binary|compact]
 
-It prints ``LISTENING <port>`` once ready.
+It prints ``LISTENING <thrift1 port> <thrift2 port>`` once ready.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import sys
 import threading
 import time
 
@@ -39,16 +44,19 @@ from thriftpy2.server import TThreadedServer
 from thriftpy2.thrift import TProcessor
 from thriftpy2.transport import TBufferedTransportFactory, TFramedTransportFactory, TServerSocket
 
+from hqueue.idl import load
+
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
 class _Table:
-    def __init__(self, families: list[hb.ColumnDescriptor]) -> None:
+    def __init__(self, families: list[hb.ColumnDescriptor], splits=(), durability=None) -> None:
         self.families = {f.name.rstrip(b":"): f for f in families}
         self.enabled = True
         self.rows: SortedDict = SortedDict()  # row -> {column: (value, ts)}
+        self.splits, self.durability = sorted(splits), durability
 
     def visible(self, column: bytes, ts: int, now: int) -> bool:
         ttl = self.families[column.split(b":", 1)[0]].timeToLive
@@ -130,6 +138,23 @@ class StandInHandler:
     def getColumnDescriptors(self, tableName):
         with self.lock:
             return {f.name: f for f in self._table(tableName, enabled=False).families.values()}
+
+    def getTableRegions(self, tableName):
+        with self.lock:
+            table = self._table(tableName, enabled=False)
+            bounds = [b""] + table.splits + [b""]
+            return [
+                hb.TRegionInfo(
+                    startKey=start,
+                    endKey=end,
+                    id=i,
+                    name=tableName + b",%d" % i,
+                    version=1,
+                    serverName=b"standin",
+                    port=0,
+                )
+                for i, (start, end) in enumerate(itertools.pairwise(bounds))
+            ]
 
     def compact(self, tableNameOrRegionName):
         pass
@@ -243,6 +268,44 @@ class StandInHandler:
                 raise hb.IllegalArgument(message=f"scanner ID {id} is invalid")
 
 
+class Thrift2AdminHandler:
+    """THBaseService's admin subset (HBase 2.x thrift2), over the same tables."""
+
+    def __init__(self, thrift1: StandInHandler) -> None:
+        self.thrift1, self.idl = thrift1, load("hbase2_admin.thrift")
+
+    def tableExists(self, tableName):
+        with self.thrift1.lock:
+            return tableName.qualifier in self.thrift1.tables
+
+    def createTable(self, desc, splitKeys):
+        name = desc.tableName.qualifier
+        with self.thrift1.lock:
+            if name in self.thrift1.tables:
+                raise self.idl.TIOError(message=f"TableExistsException: {name!r}")
+            families = [
+                hb.ColumnDescriptor(
+                    name=f.name + b":", maxVersions=f.maxVersions or 1, timeToLive=f.timeToLive if f.timeToLive else -1
+                )
+                for f in desc.columns or []
+            ]
+            if not families:
+                raise self.idl.TIOError(message="a table needs a column family")
+            self.thrift1.tables[name] = _Table(families, splitKeys or (), desc.durability)
+
+    def truncateTable(self, tableName, preserveSplits):
+        with self.thrift1.lock:
+            table = self.thrift1.tables.get(tableName.qualifier)
+            if table is None:
+                raise self.idl.TIOError(message=f"TableNotFoundException: {tableName.qualifier!r}")
+            if table.enabled:
+                raise self.idl.TIOError(message=f"TableNotDisabledException: {tableName.qualifier!r}")
+            table.rows.clear()
+            if not preserveSplits:
+                table.splits = []
+            table.enabled = True  # HBase enables a table again after truncating it
+
+
 class _ServerSocket(TServerSocket):
     """Binds once, so the port is known (and printed) before serve() runs."""
 
@@ -251,31 +314,40 @@ class _ServerSocket(TServerSocket):
             super().listen()
 
 
-def serve(host: str, port: int, transport: str, protocol: str, ready=print) -> None:
-    sock = _ServerSocket(host=host, port=port, client_timeout=None)
-    sock.listen()
+def _server(service, handler, sock, transport: str, protocol: str) -> TThreadedServer:
     transports = {"buffered": TBufferedTransportFactory, "framed": TFramedTransportFactory}
     protocols = {"binary": TBinaryProtocolFactory, "compact": TCompactProtocolFactory}
-    server = TThreadedServer(
-        TProcessor(hb.Hbase, StandInHandler()),
+    return TThreadedServer(
+        TProcessor(service, handler),
         sock,
         iprot_factory=protocols[protocol](),
         itrans_factory=transports[transport](),
         daemon=True,
     )
-    ready(f"LISTENING {sock.sock.getsockname()[1]}")
-    sys.stdout.flush()
-    server.serve()
+
+
+def serve(host: str, port: int, admin_port: int, transport: str, protocol: str) -> None:
+    thrift1 = StandInHandler()
+    sockets = [_ServerSocket(host=host, port=p, client_timeout=None) for p in (port, admin_port)]
+    for sock in sockets:
+        sock.listen()
+    admin = _server(
+        load("hbase2_admin.thrift").THBaseService, Thrift2AdminHandler(thrift1), sockets[1], transport, protocol
+    )
+    threading.Thread(target=admin.serve, daemon=True).start()
+    print("LISTENING " + " ".join(str(s.sock.getsockname()[1]) for s in sockets), flush=True)
+    _server(hb.Hbase, thrift1, sockets[0], transport, protocol).serve()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="TEST STAND-IN for an HBase Thrift1 server (not HBase)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--admin-port", type=int, default=0, help="Thrift2 admin port")
     parser.add_argument("--transport", choices=["buffered", "framed"], default="buffered")
     parser.add_argument("--protocol", choices=["binary", "compact"], default="binary")
     args = parser.parse_args()
-    serve(args.host, args.port, args.transport, args.protocol)
+    serve(args.host, args.port, args.admin_port, args.transport, args.protocol)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import pytest
 from hqueue import Durability, HQueue, HQueueAdmin, Message, MessageID, StorageLocked
 from hqueue.storage import normalize_url
 
-from .conftest import ROOT, python_env
+from .processes import ROOT, python_env
 
 
 def _python(*args: str, **kwargs) -> subprocess.Popen:

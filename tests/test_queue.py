@@ -154,9 +154,9 @@ def test_ids_strictly_increase_per_partition_with_concurrent_writers(make_queue)
         assert len(ids) == 1500 and len(set(ids)) == 1500 and ids == sorted(ids)
 
 
-def test_a_second_handle_in_the_process_shares_the_allocators(make_queue, store_url):
+def test_a_second_handle_in_the_process_shares_the_allocators(make_queue, api_url):
     queue = make_queue(partitions=1)
-    with HQueue(queue.name, store_url) as other:
+    with HQueue(queue.name, api_url) as other:
         a = queue.put(Message("t", b"a"), partition_id=0)
         b = other.put(Message("t", b"b"), partition_id=0)
         c = queue.put(Message("t", b"c"), partition_id=0)
@@ -166,9 +166,9 @@ def test_a_second_handle_in_the_process_shares_the_allocators(make_queue, store_
 # -- bad input: clear, typed errors, and nothing written -----------------------
 
 
-def test_unknown_queue_is_queue_not_found(store_url):
+def test_unknown_queue_is_queue_not_found(api_url):
     with pytest.raises(QueueNotFound, match="'nope'"):
-        HQueue("nope", store_url)
+        HQueue("nope", api_url)
 
 
 def test_disabled_queue_rejects_put_and_scan(make_queue, admin):

@@ -11,19 +11,23 @@ Layout (SPEC C1):
 
 What HBase's Thrift1 API can and cannot do, and what this backend does:
 
-* Pre-split: Thrift1 ``createTable`` takes no split keys, so tables start
-  with one region and HBase splits them as they grow. (HBase 2.x's Thrift2
-  ``THBaseService.createTable`` does take split keys; not used yet.)
-  :func:`split_keys` computes the boundaries ``partitionsPerRegion`` asks
-  for, for an operator to apply with the HBase shell's ``create … SPLITS``.
+* Pre-split: Thrift1 ``createTable`` takes no split keys. With HBase 2.x,
+  name its Thrift2 gateway in the URL (``admin=host:9091``, the server
+  started by ``hbase thrift2``) and tables are created pre-split at
+  partition boundaries, ``partitionsPerRegion`` partitions a region
+  (:func:`split_keys`), through ``THBaseService.createTable``. Without it
+  (HBase 1.x, or no Thrift2 gateway) a table starts as one region and HBase
+  splits it as it grows.
 * Durability: ``SKIP_WAL`` sends mutations with ``writeToWAL=false``.
-  ``SYNC_WAL`` and ``ASYNC_WAL`` both write the WAL; ASYNC_WAL is a
-  table attribute in HBase that Thrift1 cannot set.
+  ``ASYNC_WAL`` is a table attribute in HBase: it is set through Thrift2
+  when ``admin=`` is given; Thrift1 alone cannot set it, so such a table
+  uses HBase's default (SYNC_WAL).
 * Atomicity: ``mutateRows`` is atomic per row, not per batch. A batch that
   fails part-way may leave a prefix of its rows written (and the put is
   reported failed: at least once, never lost). Every row of one put lies in
   one partition, so usually in one region.
-* Truncate: Thrift1 has no truncate; the table is disabled, deleted and
+* Truncate: with ``admin=``, Thrift2 ``truncateTable(preserveSplits=true)``;
+  Thrift1 has no truncate, so without it the table is disabled, deleted and
   created again with the same families (the info and ID floor are kept).
 * Counting: no cheap count exists over Thrift; ``estimate_count`` is None.
 
@@ -37,13 +41,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import happybase
 from Hbase_thrift import BatchMutation, Mutation  # loaded by happybase from its Hbase.thrift
+from thriftpy2.protocol import TBinaryProtocolFactory, TCompactProtocolFactory
+from thriftpy2.rpc import make_client
 from thriftpy2.thrift import TException
-from thriftpy2.transport import TTransportException
+from thriftpy2.transport import TBufferedTransportFactory, TFramedTransportFactory, TTransportException
 
+from .. import idl
 from ..config import Durability, QueueInfo, QueueState
 from ..errors import QueueDisabled, QueueExists, QueueNotFound, StorageError
 from ..message import ROWKEY_LENGTH, partition_prefix
@@ -67,6 +75,68 @@ def split_keys(partitions: int, partitions_per_region: int) -> list[bytes]:
     return [partition_prefix(pid) for pid in range(partitions_per_region, partitions, partitions_per_region)]
 
 
+class Thrift2Admin:
+    """HBase 2.x Thrift2 admin calls (``thrift/hbase2_admin.thrift``).
+
+    A connection is made per call: admin calls are rare, and a long-lived
+    idle socket would only be one more thing to fail.
+    """
+
+    def __init__(self, address: str, transport: str, protocol: str, timeout: int) -> None:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"'admin' must be host:port, got {address!r}")
+        self.host, self.port, self.timeout = host, int(port), timeout
+        self._idl = idl.load("hbase2_admin.thrift")
+        self._transport: Any = {"buffered": TBufferedTransportFactory, "framed": TFramedTransportFactory}[transport]()
+        self._protocol = {"binary": TBinaryProtocolFactory, "compact": TCompactProtocolFactory}[protocol]()
+
+    def _call(self, what: str, method: str, *args):
+        try:
+            client = make_client(
+                self._idl.THBaseService,
+                self.host,
+                self.port,
+                proto_factory=self._protocol,
+                trans_factory=self._transport,
+                timeout=self.timeout,
+            )
+        except (TException, OSError) as e:
+            raise StorageUnavailable(f"HBase Thrift2 at {self.host}:{self.port}: {what}: {e}") from e
+        try:
+            return getattr(client, method)(*args)
+        except (TTransportException, OSError) as e:
+            raise StorageUnavailable(f"HBase Thrift2 at {self.host}:{self.port}: {what}: {e}") from e
+        except TException as e:
+            raise StorageError(f"HBase Thrift2 at {self.host}:{self.port}: {what}: {getattr(e, 'message', e)}") from e
+        finally:
+            client.close()
+
+    def create_table(self, table: bytes, info: QueueInfo, compression: str) -> None:
+        """Create ``table`` pre-split at partition boundaries."""
+        t = self._idl
+        family = t.TColumnFamilyDescriptor(
+            name=FAMILY,
+            maxVersions=1,
+            timeToLive=info.ttl or None,
+            compressionType=getattr(t.TCompressionAlgorithm, compression.upper()),
+        )
+        durability = {
+            Durability.SYNC_WAL: t.TDurability.SYNC_WAL,
+            Durability.ASYNC_WAL: t.TDurability.ASYNC_WAL,
+            Durability.SKIP_WAL: t.TDurability.SKIP_WAL,
+        }[info.durability]
+        descriptor = t.TTableDescriptor(
+            tableName=t.TTableName(qualifier=table), columns=[family], durability=durability
+        )
+        splits = split_keys(info.partitions, info.partitions_per_region)
+        self._call(f"create table {table!r}", "createTable", descriptor, splits)
+
+    def truncate_table(self, table: bytes) -> None:
+        """Delete every row of a disabled table, keeping its regions."""
+        self._call(f"truncate table {table!r}", "truncateTable", self._idl.TTableName(qualifier=table), True)
+
+
 class HBaseStorage(Storage):
     """Queues in HBase tables, reached through a pool of happybase connections.
 
@@ -78,6 +148,8 @@ class HBaseStorage(Storage):
         pool_size: Connections kept open.
         timeout: Socket timeout in milliseconds.
         compression: Column family compression (``NONE``, ``SNAPPY``, ``GZ``…).
+        admin: ``host:port`` of an HBase 2.x Thrift2 gateway, for pre-split
+            tables, ASYNC_WAL and truncate that keeps splits.
     """
 
     def __init__(
@@ -91,8 +163,10 @@ class HBaseStorage(Storage):
         pool_size: int = 8,
         timeout: int = 30_000,
         compression: str = "NONE",
+        admin: str | None = None,
     ) -> None:
         self.url = f"hbase://{host}:{port}?prefix={prefix}&transport={transport}&protocol={protocol}"
+        self._admin = Thrift2Admin(admin, transport, protocol, timeout) if admin else None
         self.prefix, self.compression = prefix, compression
         self._acquire_timeout = timeout / 1000
         self._meta_table = f"{prefix}meta".encode()
@@ -109,7 +183,7 @@ class HBaseStorage(Storage):
         """``hbase://host:port?prefix=hq_&transport=framed&protocol=compact&pool=8&timeout=30000``."""
         parts = urlsplit(url)
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-        known = {"prefix", "transport", "protocol", "pool", "timeout", "compression"}
+        known = {"prefix", "transport", "protocol", "pool", "timeout", "compression", "admin"}
         if set(query) - known:
             raise ValueError(f"unknown hbase:// URL option(s) {sorted(set(query) - known)}; known: {sorted(known)}")
         return cls(
@@ -121,6 +195,7 @@ class HBaseStorage(Storage):
             pool_size=int(query.get("pool", 8)),
             timeout=int(query.get("timeout", 30_000)),
             compression=query.get("compression", "NONE"),
+            admin=query.get("admin"),
         )
 
     # -- plumbing -------------------------------------------------------------
@@ -184,12 +259,16 @@ class HBaseStorage(Storage):
             self._create_table(connection, info)
 
     def _create_table(self, connection: happybase.Connection, info: QueueInfo) -> None:
-        family = {"max_versions": 1, "compression": self.compression}
-        if info.ttl:
-            family["time_to_live"] = info.ttl
-        connection.create_table(self._table_name(info.name), {FAMILY.decode(): family})
+        table = self._table_name(info.name)
+        if self._admin:
+            self._admin.create_table(table, info, self.compression)
+        else:
+            family = {"max_versions": 1, "compression": self.compression}
+            if info.ttl:
+                family["time_to_live"] = info.ttl
+            connection.create_table(table, {FAMILY.decode(): family})
         if not info.enabled:
-            connection.client.disableTable(self._table_name(info.name))
+            connection.client.disableTable(table)
 
     def get_queue(self, name: str) -> QueueInfo:
         def read(connection):
@@ -231,12 +310,17 @@ class HBaseStorage(Storage):
 
     def truncate_queue(self, name: str) -> None:
         info = self.get_queue(name)
-        with self._connection(f"truncate queue {name!r}") as connection:
+        with self._connection(f"truncate queue {name!r}", name) as connection:
             table = self._table_name(name)
             if connection.client.isTableEnabled(table):
                 connection.client.disableTable(table)
-            connection.client.deleteTable(table)
-            self._create_table(connection, info)
+            if self._admin:
+                self._admin.truncate_table(table)  # HBase enables it again afterwards
+                if not info.enabled:
+                    connection.client.disableTable(table)
+            else:
+                connection.client.deleteTable(table)
+                self._create_table(connection, info)
 
     # -- cells ----------------------------------------------------------------
 

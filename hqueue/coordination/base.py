@@ -1,0 +1,63 @@
+"""The coordination interface (SPEC C10).
+
+A coordinator answers, for one server, three questions: do I own partition
+``(queue, pid)`` now, who owns it, and where does each partition of a queue
+live. Ownership changes are reported to listeners, so the engine can forget
+an allocator it no longer may use and re-seed one it gains.
+
+Each partition has exactly one owner at a time; a put is accepted only by
+its owner (the engine's allocator is only valid there).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterable
+
+#: ``listener(gained, lost)``: sets of ``(queue, pid)``.
+OwnershipListener = Callable[[set[tuple[str, int]], set[tuple[str, int]]], None]
+
+
+class Coordinator(abc.ABC):
+    """Partition ownership for one server."""
+
+    #: ``host:port`` clients use to reach this server.
+    address: str
+
+    def __init__(self) -> None:
+        self._listeners: list[OwnershipListener] = []
+
+    def add_listener(self, listener: OwnershipListener) -> None:
+        self._listeners.append(listener)
+
+    def _notify(self, gained: set[tuple[str, int]], lost: set[tuple[str, int]]) -> None:
+        for listener in self._listeners:
+            listener(gained, lost)
+
+    @abc.abstractmethod
+    def start(self, queues: Callable[[], Iterable[tuple[str, int]]]) -> None:
+        """Join; ``queues()`` lists ``(name, partitions)`` of every queue."""
+
+    @abc.abstractmethod
+    def owns(self, queue: str, partition_id: int) -> bool:
+        """Whether this server may accept puts for the partition now."""
+
+    @abc.abstractmethod
+    def owner(self, queue: str, partition_id: int) -> str | None:
+        """``host:port`` of the partition's owner, None while it has none."""
+
+    def owned(self, queue: str, partitions: int) -> list[int]:
+        """The partitions of ``queue`` this server owns."""
+        return [pid for pid in range(partitions) if self.owns(queue, pid)]
+
+    def locations(self, queue: str, partitions: int) -> list[str]:
+        """Each partition's owner address, ``""`` where there is none."""
+        return [self.owner(queue, pid) or "" for pid in range(partitions)]
+
+    @abc.abstractmethod
+    def queues_changed(self) -> None:
+        """A queue was created or dropped: share out the partitions anew."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Give up every partition and leave."""

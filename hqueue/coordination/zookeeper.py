@@ -1,0 +1,249 @@
+"""Partition ownership through ZooKeeper, with kazoo's SetPartitioner.
+
+Every server joins one SetPartitioner over the set of all partitions of all
+queues (items ``"<queue>#<pid>"``). The partitioner shares the set out among
+the party's members and takes a kazoo Lock per item, so each partition has
+exactly one owner at a time. Its state machine (kazoo's
+``recipe/partitioner.py``) drives this module's loop::
+
+    ALLOCATING --(party stable for time_boundary, locks taken)--> ACQUIRED
+    ACQUIRED --(party changed: a server joined or died)--> RELEASE
+    RELEASE --(we release our locks)--> ALLOCATING
+    any --(session lost, or the queue set changed)--> FAILURE -> new partitioner
+
+So a dead server's partitions move when its session expires (its party node
+and locks are ephemeral), and a joining server triggers a rebalance.
+
+Fence: a server must stop accepting puts before anyone else can take its
+partitions, which they can only do once ZooKeeper *expires* its session, a
+full session timeout after its last heartbeat. Two guards:
+
+* a lease: ``owns()`` is true only within ``session_timeout / 3`` of the
+  last successful ZooKeeper round trip (monotonic clock). A server that was
+  paused (GC, SIGSTOP, a frozen VM) refuses puts the moment it resumes,
+  before it has even heard that its session is gone;
+* kazoo's SUSPENDED/LOST: the listener drops every owned partition at once.
+
+The residual risk is a put already past its ownership check whose storage
+write takes longer than the remaining margin (2/3 of the session timeout);
+keep storage timeouts well below the session timeout.
+
+Owners: the partition function is kazoo's default (sorted items dealt
+round-robin to sorted members), so any server computes every partition's
+owner from the party's members, which it watches. Member identifiers are
+``<id>@<host:port>``.
+
+Queues: a server that creates or drops a queue bumps ``/queues-version``;
+every server watches it (and re-reads the queue list every
+``refresh_seconds`` for queues made by other means) and joins a new
+partitioner over the new set.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import KazooException
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.recipe.partitioner import SetPartitioner
+
+from ..errors import CoordinationError
+from .base import Coordinator
+
+logger = logging.getLogger(__name__)
+
+PARTITIONER_PATH = "/ownership"
+VERSION_PATH = "/queues-version"
+
+
+def item(queue: str, pid: int) -> str:
+    return f"{queue}#{pid:05d}"
+
+
+def parse_item(text: str) -> tuple[str, int]:
+    queue, _, pid = text.rpartition("#")
+    return queue, int(pid)
+
+
+def deal(members: Iterable[str], items: Iterable[str]) -> dict[str, str]:
+    """kazoo's default partition function, for every member at once."""
+    workers, everything = sorted(members), sorted(items)
+    if not workers:
+        return {}
+    return {it: workers[i % len(workers)] for i, it in enumerate(everything)}
+
+
+class ZooKeeperCoordinator(Coordinator):
+    """Ownership shared among servers through ZooKeeper.
+
+    Args:
+        hosts: ``host:port[,host:port][/chroot]``.
+        address: ``host:port`` clients use to reach this server.
+        server_id: Name in the party (default: the address).
+        session_timeout: ZooKeeper session timeout, seconds. A dead server's
+            partitions move after about this long.
+        time_boundary: How long the party must be stable before sharing
+            out (kazoo's SetPartitioner), seconds.
+        refresh_seconds: How often the queue list is re-read from storage.
+    """
+
+    def __init__(
+        self,
+        hosts: str,
+        address: str,
+        *,
+        server_id: str | None = None,
+        session_timeout: float = 10.0,
+        time_boundary: float = 0.5,
+        refresh_seconds: float = 30.0,
+    ) -> None:
+        super().__init__()
+        self.address = address
+        self.identifier = f"{server_id or address.replace(':', '_')}@{address}"
+        self.time_boundary, self.refresh_seconds = time_boundary, refresh_seconds
+        self.client = KazooClient(hosts=hosts, timeout=session_timeout)
+        self.client.add_listener(self._on_state)
+        self._lock = threading.RLock()
+        self._owned: frozenset[str] = frozenset()
+        self._items: frozenset[str] = frozenset()
+        self._owners: dict[str, str] = {}
+        self._members: list[str] = []
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self.lease_seconds = session_timeout / 3
+        self._lease_until = 0.0
+        self._queues: Callable[[], Iterable[tuple[str, int]]] = lambda: ()
+        self._partitioner: SetPartitioner | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifetime -------------------------------------------------------------------
+
+    def start(self, queues: Callable[[], Iterable[tuple[str, int]]]) -> None:
+        self._queues = queues
+        try:
+            self.client.start(timeout=max(15.0, self.client._session_timeout / 1000))
+            self.client.ensure_path(VERSION_PATH)
+            self.client.ensure_path(PARTITIONER_PATH + "/party")
+        except (KazooTimeoutError, KazooException) as e:
+            raise CoordinationError(f"cannot reach ZooKeeper at {self.client.hosts}: {e}") from e
+        self.client.DataWatch(VERSION_PATH, lambda data, stat: self._wake.set())
+        self.client.ChildrenWatch(PARTITIONER_PATH + "/party", self._on_members)
+        self._thread = threading.Thread(target=self._run, name="hqueue-ownership", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+        if self._thread:
+            self._thread.join(timeout=10)
+        self._set_owned(frozenset())
+        if self._partitioner is not None:
+            try:
+                self._partitioner.finish()
+            except KazooException:
+                pass
+        self.client.stop()
+        self.client.close()
+
+    # -- the fence and the membership watch ---------------------------------------
+
+    def _on_state(self, state: str) -> None:
+        if state in (KazooState.SUSPENDED, KazooState.LOST):
+            # Fence at once: others may take our partitions once the session expires.
+            logger.warning("ZooKeeper connection %s: refusing puts on every partition", state)
+            self._set_owned(frozenset())
+        self._wake.set()
+
+    def _on_members(self, children: list[str]) -> None:
+        # ShallowParty node names are "<uuid hex>-<identifier>".
+        members = sorted({c.split("-", 1)[1] for c in children if "-" in c})
+        with self._lock:
+            self._members = members
+            self._owners = deal(members, self._items)
+        self._wake.set()
+
+    # -- the loop driving the partitioner -------------------------------------------
+
+    def _run(self) -> None:
+        version, next_refresh = None, 0.0
+        while not self._stopping.is_set():
+            try:
+                asked = time.monotonic()
+                current = self.client.exists(VERSION_PATH)
+                if self.client.state == KazooState.CONNECTED:
+                    self._lease_until = asked + self.lease_seconds  # from when we asked, not answered
+                now = time.monotonic()
+                if current is None or current.version != version or now >= next_refresh:
+                    version, next_refresh = current.version if current else None, now + self.refresh_seconds
+                    self._refresh_items()
+                self._step()
+            except (KazooException, KazooTimeoutError):
+                logger.info("ZooKeeper unavailable; retrying", exc_info=True)
+            except Exception:  # one bad turn never kills ownership
+                logger.exception("ownership loop failed; retrying")
+            self._wake.wait(min(0.5, self.lease_seconds / 3))
+            self._wake.clear()
+
+    def _refresh_items(self) -> None:
+        items = frozenset(item(q, p) for q, n in self._queues() for p in range(n))
+        if items != self._items or self._partitioner is None:
+            with self._lock:
+                self._items = items
+                self._owners = deal(self._members, items)
+            self._new_partitioner()
+
+    def _new_partitioner(self) -> None:
+        if self._partitioner is not None:
+            self._set_owned(frozenset())
+            self._partitioner.finish()
+        self._partitioner = self.client.SetPartitioner(
+            PARTITIONER_PATH,
+            set=self._items,
+            identifier=self.identifier,
+            time_boundary=self.time_boundary,
+            state_change_event=self._wake,
+        )
+
+    def _step(self) -> None:
+        partitioner = self._partitioner
+        if partitioner is None:
+            return
+        if partitioner.failed:
+            if self.client.state == KazooState.CONNECTED:
+                self._new_partitioner()
+        elif partitioner.release:
+            self._set_owned(frozenset())
+            partitioner.release_set()
+        elif partitioner.acquired:
+            if self.client.state == KazooState.CONNECTED:
+                self._set_owned(frozenset(partitioner))
+
+    def _set_owned(self, owned: frozenset[str]) -> None:
+        with self._lock:
+            old, self._owned = self._owned, owned
+        if old != owned:
+            gained = {parse_item(i) for i in owned - old}
+            lost = {parse_item(i) for i in old - owned}
+            logger.info("%s owns %d partition(s) (+%d, -%d)", self.address, len(owned), len(gained), len(lost))
+            self._notify(gained, lost)
+
+    # -- questions ------------------------------------------------------------------
+
+    def owns(self, queue: str, partition_id: int) -> bool:
+        return item(queue, partition_id) in self._owned and time.monotonic() < self._lease_until
+
+    def owner(self, queue: str, partition_id: int) -> str | None:
+        if self.owns(queue, partition_id):
+            return self.address
+        member = self._owners.get(item(queue, partition_id))
+        return member.rsplit("@", 1)[1] if member else None
+
+    def queues_changed(self) -> None:
+        try:
+            self.client.set(VERSION_PATH, b"")
+        except KazooException as e:
+            raise CoordinationError(f"cannot announce a queue change in ZooKeeper: {e}") from e

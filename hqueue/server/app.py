@@ -1,0 +1,145 @@
+"""The hqueue server: Thrift over framed transport, binary protocol.
+
+``HQueueServer`` wires an engine (storage + ID assignment), a coordinator
+(partition ownership: local, or ZooKeeper) and the Thrift handler, and
+runs thriftpy2's threaded server (a thread per connection: thriftpy2 has no
+non-blocking server for synchronous handlers, and the handlers block on the
+store anyway).
+
+Shutdown (SIGTERM, SIGINT or :meth:`stop`): stop accepting connections;
+refuse new puts with TNotPartitionOwner so clients move on; wait for calls
+under way (every acknowledged put is already durable per its queue's
+durability); give up partitions (ZooKeeper ephemeral nodes go at once, so
+others take over without waiting for a session timeout); close the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+
+from thriftpy2.protocol import TBinaryProtocolFactory
+from thriftpy2.server import TThreadedServer
+from thriftpy2.thrift import TProcessor
+from thriftpy2.transport import TFramedTransportFactory, TServerSocket
+
+from ..coordination import Coordinator, LocalCoordinator
+from ..engine import Engine
+from . import wire
+from .handler import HQueueHandler
+from .scanners import DEFAULT_IDLE_TIMEOUT, ScannerRegistry
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PORT = 9700
+
+
+class _ServerSocket(TServerSocket):
+    """Binds in the constructor's caller, so port 0 is resolved before serving."""
+
+    def listen(self):
+        if self.sock is None:
+            super().listen()
+
+
+class _ThreadedServer(TThreadedServer):
+    """thriftpy2's threaded server, with an accept loop that ends on close()."""
+
+    def serve(self) -> None:
+        self.trans.listen()
+        while not self.closed:
+            try:
+                client = self.trans.accept()
+            except OSError:
+                if self.closed:
+                    return
+                logger.warning("accept failed", exc_info=True)
+                continue
+            threading.Thread(target=self.handle, args=(client,), daemon=True, name="hqueue-conn").start()
+
+    def handle(self, client) -> None:
+        # A malformed frame or a client that vanishes ends its own connection
+        # only; log it without a traceback storm.
+        try:
+            super().handle(client)
+        except Exception:
+            logger.warning("connection ended by a malformed request", exc_info=True)
+
+    def close(self) -> None:
+        self.closed = True
+        self.trans.close()
+
+
+class HQueueServer:
+    """One hqueue server.
+
+    Args:
+        storage_url: ``local:///path`` or ``hbase://…``.
+        host, port: Where to listen; port 0 picks a free one.
+        advertise: ``host:port`` clients should use (default: host:port).
+        coordinator: Partition ownership; default: this server owns all.
+        idle_timeout: Seconds after which an unused remote scanner is closed.
+    """
+
+    def __init__(
+        self,
+        storage_url: str,
+        host: str = "127.0.0.1",
+        port: int = DEFAULT_PORT,
+        *,
+        advertise: str | None = None,
+        coordinator_factory=None,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+    ) -> None:
+        self.engine = Engine.acquire(storage_url)
+        self._socket = _ServerSocket(host=host, port=port, client_timeout=None)
+        self._socket.listen()
+        self.port = self._socket.sock.getsockname()[1]
+        self.address = advertise or f"{host}:{self.port}"
+        self.coordinator: Coordinator = (coordinator_factory or LocalCoordinator)(self.address)
+        # An allocator is only valid while owning its partition; re-seed on every change.
+        self.coordinator.add_listener(lambda gained, lost: self.engine.forget_partitions(gained | lost))
+        self.scanners = ScannerRegistry(idle_timeout)
+        self.handler = HQueueHandler(self.engine, self.coordinator, self.scanners)
+        self._server = _ThreadedServer(
+            TProcessor(wire.T.HQueueService, self.handler),
+            self._socket,
+            iprot_factory=TBinaryProtocolFactory(),
+            itrans_factory=TFramedTransportFactory(),
+            daemon=True,
+        )
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> HQueueServer:
+        """Join the coordinator and serve in a background thread."""
+        self.coordinator.start(lambda: [(q.name, q.partitions) for q in self.engine.list_queues()])
+        self._thread = threading.Thread(target=self._server.serve, name="hqueue-accept", daemon=True)
+        self._thread.start()
+        logger.info("hqueue server %s serving %s", self.address, self.engine.storage.url)
+        return self
+
+    def serve_forever(self) -> None:
+        """Serve until SIGTERM or SIGINT, then shut down cleanly."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self._stopped.set())
+        self.start()
+        self._stopped.wait()
+        self.stop()
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Stop accepting, drain calls under way, leave, close the store."""
+        self._stopped.set()
+        self.handler.draining = True
+        self._server.close()
+        deadline = time.monotonic() + grace
+        while self.handler.active and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if self.handler.active:
+            logger.warning("%d call(s) still running after %gs; closing anyway", self.handler.active, grace)
+        self.coordinator.stop()
+        self.scanners.stop()
+        self.engine.release()
+        logger.info("hqueue server %s stopped", self.address)

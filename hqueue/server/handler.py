@@ -1,0 +1,175 @@
+"""The HQueueService calls (``thrift/hqueue.thrift``), over an engine.
+
+This is the coprocessor's role served over the wire: the owner of a
+partition assigns IDs and writes; any server answers scans and admin calls
+(the store is shared). hqueue errors become the IDL's typed exceptions; an
+unexpected error is logged and reported as TIOError, and never takes the
+server down.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import random
+import threading
+from typing import Any
+
+from ..config import QueueState
+from ..coordination import Coordinator
+from ..engine import Engine, check_partition
+from ..errors import HQueueError, NotPartitionOwner
+from ..message import MessageID
+from ..scanner import PartitionScanner
+from . import wire
+from .scanners import ScannerRegistry
+
+logger = logging.getLogger(__name__)
+
+
+@functools.cache
+def _declared(method: str) -> tuple[type, ...]:
+    """The exception classes the IDL declares for ``method``."""
+    spec = getattr(wire.T.HQueueService, method + "_result").thrift_spec
+    return tuple(field[2] for key, field in spec.items() if key != 0 and len(field) > 2 and isinstance(field[2], type))
+
+
+def _thrift_errors(method):
+    """Turn any error into an IDL exception that the method declares.
+
+    An exception the IDL does not declare for a call would make thriftpy2
+    drop the connection; it is sent as TIOError instead.
+    """
+
+    @functools.wraps(method)
+    def call(self, *args):
+        with self._active_lock:
+            self.active += 1
+        try:
+            return method(self, *args)
+        except Exception as e:
+            if isinstance(e, (HQueueError, ValueError, TypeError)):
+                error = wire.to_thrift_error(e)
+            else:
+                logger.exception("%s%r failed", method.__name__, args[:2])
+                error = wire.T.TIOError(message=f"internal error: {type(e).__name__}: {e}")
+            if not isinstance(error, _declared(method.__name__)):
+                error = wire.T.TIOError(message=error.message)
+            raise error from e
+        finally:
+            with self._active_lock:
+                self.active -= 1
+
+    return call
+
+
+class HQueueHandler:
+    """Implements HQueueService."""
+
+    def __init__(self, engine: Engine, coordinator: Coordinator, scanners: ScannerRegistry) -> None:
+        self.engine, self.coordinator, self.scanners = engine, coordinator, scanners
+        #: Calls under way (read by shutdown to drain), and whether puts are refused.
+        self.active = 0
+        self.draining = False
+        self._active_lock = threading.Lock()
+
+    # -- scanners ----------------------------------------------------------------
+
+    @_thrift_errors
+    def messageScannerOpen(self, queue: str, partitionID: int, scan: Any) -> int:
+        info = self.engine.enabled_queue(queue)
+        check_partition(info, partitionID)
+        return self.scanners.open(PartitionScanner(self.engine, queue, partitionID, wire.from_tscan(scan)))
+
+    @_thrift_errors
+    def messageScannerGet(self, scannerID: int) -> Any:
+        messages = self.scanners.take(scannerID, 1)
+        return wire.to_tmessages(messages)[0] if messages else wire.T.TMessage()
+
+    @_thrift_errors
+    def messageScannerGetList(self, scannerID: int, nbMessages: int) -> list[Any]:
+        return wire.to_tmessages(self.scanners.take(scannerID, nbMessages))
+
+    @_thrift_errors
+    def messageScannerClose(self, scannerID: int) -> None:
+        self.scanners.close(scannerID)
+
+    # -- puts ---------------------------------------------------------------------
+
+    def _put(self, queue: str, partition_id: int | None, tmessages: list[Any]) -> list[MessageID]:
+        if not isinstance(tmessages, list):
+            raise TypeError("'messages' must be a list of TMessage")
+        messages = [wire.from_tmessage(t, i) for i, t in enumerate(tmessages)]
+        info = self.engine.enabled_queue(queue)
+        if partition_id is None:
+            owned = self.coordinator.owned(queue, info.partitions)
+            if not owned:
+                raise NotPartitionOwner(queue, -1, None)
+            partition_id = random.choice(owned)
+        check_partition(info, partition_id)
+        if self.draining:  # shutting down: the client retries on the next owner
+            raise NotPartitionOwner(queue, partition_id, None)
+        if not self.coordinator.owns(queue, partition_id):
+            raise NotPartitionOwner(queue, partition_id, self.coordinator.owner(queue, partition_id))
+        return self.engine.put(queue, messages, partition_id)
+
+    @_thrift_errors
+    def putMessage(self, queue: str, message: Any) -> Any:
+        return wire.to_tid(self._put(queue, None, [message])[0])
+
+    @_thrift_errors
+    def putMessages(self, queue: str, messages: list[Any]) -> list[Any]:
+        return [wire.to_tid(i) for i in self._put(queue, None, messages)]
+
+    @_thrift_errors
+    def putMessageWithPid(self, queue: str, partitionID: int, message: Any) -> Any:
+        return wire.to_tid(self._put(queue, partitionID, [message])[0])
+
+    @_thrift_errors
+    def putMessagesWithPid(self, queue: str, partitionID: int, messages: list[Any]) -> list[Any]:
+        return [wire.to_tid(i) for i in self._put(queue, partitionID, messages)]
+
+    @_thrift_errors
+    def getQueueLocations(self, queue: str) -> list[str]:
+        info = self.engine.queue_info(queue, fresh=True)
+        return self.coordinator.locations(queue, info.partitions)
+
+    # -- admin ---------------------------------------------------------------------
+
+    @_thrift_errors
+    def createQueue(self, info: Any) -> None:
+        if info is None:
+            raise TypeError("'info' is required")
+        self.engine.create_queue(wire.from_tinfo(info))
+        self.coordinator.queues_changed()
+
+    @_thrift_errors
+    def describeQueue(self, queue: str) -> Any:
+        description = self.engine.describe_queue(queue)
+        estimate = description["message_count_estimate"]
+        return wire.T.TQueueDescription(
+            info=wire.to_tinfo(self.engine.queue_info(queue)),
+            messageCountEstimate=-1 if estimate is None else estimate,
+            lastIDs={pid: wire.to_tid(i) for pid, i in description["last_ids"].items() if i},
+        )
+
+    @_thrift_errors
+    def listQueues(self) -> list[Any]:
+        return [wire.to_tinfo(info) for info in self.engine.list_queues()]
+
+    @_thrift_errors
+    def truncateQueue(self, queue: str) -> None:
+        self.engine.truncate_queue(queue)
+
+    @_thrift_errors
+    def disableQueue(self, queue: str) -> None:
+        self.engine.set_state(queue, QueueState.DISABLED)
+
+    @_thrift_errors
+    def enableQueue(self, queue: str) -> None:
+        self.engine.set_state(queue, QueueState.ENABLED)
+
+    @_thrift_errors
+    def dropQueue(self, queue: str) -> None:
+        self.engine.delete_queue(queue)
+        self.coordinator.queues_changed()

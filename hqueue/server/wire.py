@@ -1,0 +1,147 @@
+"""Between hqueue's Python objects and the Thrift IDL's (``thrift/hqueue.thrift``).
+
+Used by both sides: the server turns messages and errors into Thrift
+structs and exceptions, the remote client turns them back.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+from typing import Any
+
+from .. import errors, idl
+from ..config import QueueInfo
+from ..message import ROWKEY_LENGTH, Message, MessageID
+from ..scanner import Scan
+
+T = idl.load("hqueue.thrift")
+_ROWKEY = struct.Struct(">HQH")
+
+
+def to_tid(message_id: MessageID) -> Any:
+    return T.TMessageID(timestamp=message_id.timestamp, sequenceID=message_id.sequence)
+
+
+def from_tid(tid: Any) -> MessageID:
+    if tid is None or tid.timestamp is None:
+        raise errors.InvalidMessage("a TMessageID needs a timestamp")
+    return MessageID(tid.timestamp, tid.sequenceID or 0)
+
+
+def to_tmessages(messages: Iterable[Message]) -> list[Any]:
+    """Stored messages as TMessages (with id and partition)."""
+    TMessage, TMessageID, unpack = T.TMessage, T.TMessageID, _ROWKEY.unpack_from
+    out = []
+    for m in messages:
+        pid, timestamp, sequence = unpack(m[1])  # the rowkey at the head of the cell key
+        tid = TMessageID(timestamp=timestamp, sequenceID=sequence)
+        out.append(TMessage(id=tid, partitionID=pid, topic=m[1][ROWKEY_LENGTH:], value=m[2]))
+    return out
+
+
+def from_tmessage(t: Any, index: int = 0) -> Message:
+    """A TMessage from a client, as a Message to write (its id is ignored)."""
+    if t is None:
+        raise errors.InvalidMessage(f"message {index} is null")
+    if not isinstance(t.topic, bytes) or not t.topic:
+        raise errors.InvalidMessage(f"message {index} needs a non-empty topic")
+    if not isinstance(t.value, bytes):
+        raise errors.InvalidMessage(f"message {index} needs a value")
+    return Message(t.topic, t.value)
+
+
+def from_stored_tmessage(t: Any) -> Message:
+    """A TMessage from the server, as the stored Message it describes."""
+    return Message(t.topic, t.value, id=from_tid(t.id), partition_id=t.partitionID)
+
+
+def to_tscan(scan: Scan) -> Any:
+    return T.TMessageScan(
+        startID=to_tid(scan.start_id) if scan.start_id else None,
+        stopID=to_tid(scan.stop_id) if scan.stop_id else None,
+        topics=sorted(scan.topics) if scan.topics else None,
+    )
+
+
+def from_tscan(t: Any) -> Scan:
+    if t is None:
+        return Scan()
+    return Scan(
+        from_tid(t.startID) if t.startID else None,
+        from_tid(t.stopID) if t.stopID else None,
+        t.topics or None,
+    )
+
+
+def to_tinfo(info: QueueInfo) -> Any:
+    return T.TQueueInfo(
+        name=info.name,
+        partitions=info.partitions,
+        ttl=info.ttl,
+        durability=info.durability,
+        state=info.state,
+        config=dict(info.config),
+        maxMessageBytes=info.max_message_bytes,
+    )
+
+
+def from_tinfo(t: Any) -> QueueInfo:
+    return QueueInfo(
+        name=t.name,
+        partitions=t.partitions,
+        ttl=t.ttl or 0,
+        durability=t.durability or "SYNC_WAL",
+        state=t.state or "ENABLED",
+        config=dict(t.config or {}),
+        max_message_bytes=t.maxMessageBytes or QueueInfo.max_message_bytes,
+    )
+
+
+# -- errors -----------------------------------------------------------------------
+
+
+def to_thrift_error(e: Exception) -> Exception:
+    """The IDL exception a client should see for ``e``."""
+    text = str(e)
+    if isinstance(e, errors.QueueNotFound):
+        return T.TQueueNotFound(message=text, queue=e.name)
+    if isinstance(e, errors.QueueExists):
+        return T.TQueueExists(message=text, queue=e.name)
+    if isinstance(e, errors.QueueDisabled):
+        return T.TQueueDisabled(message=text, queue=e.name)
+    if isinstance(e, errors.NotPartitionOwner):
+        return T.TNotPartitionOwner(message=text, owner=e.owner or "")
+    if isinstance(e, (errors.InvalidMessage, errors.InvalidPartition, errors.InvalidQueueName, errors.QueueEnabled)):
+        return T.TInvalidMessage(message=f"{type(e).__name__}: {text}")
+    if isinstance(e, (ValueError, TypeError)):
+        return T.TInvalidMessage(message=f"{type(e).__name__}: {text}")
+    return T.TIOError(message=f"{type(e).__name__}: {text}")
+
+
+def from_thrift_error(e: Exception, queue: str | None = None, partition_id: int = -1) -> errors.HQueueError:
+    """The hqueue error a Python caller should see for an IDL exception."""
+    text = _text(getattr(e, "message", "")) or repr(e)
+    if isinstance(e, T.TQueueNotFound):
+        return errors.QueueNotFound(_text(e.queue) or queue or "?")
+    if isinstance(e, T.TQueueExists):
+        return errors.QueueExists(_text(e.queue) or queue or "?")
+    if isinstance(e, T.TQueueDisabled):
+        return errors.QueueDisabled(_text(e.queue) or queue or "?")
+    if isinstance(e, T.TNotPartitionOwner):
+        return errors.NotPartitionOwner(queue or "?", partition_id, _text(e.owner) or None)
+    if isinstance(e, T.TInvalidMessage):
+        kind, _, rest = text.partition(": ")
+        cls = {
+            "MessageTooLarge": errors.MessageTooLarge,
+            "InvalidPartition": errors.InvalidPartition,
+            "InvalidQueueName": errors.InvalidQueueName,
+        }.get(kind, errors.InvalidMessage)
+        if kind == "QueueEnabled" and queue:
+            return errors.QueueEnabled(queue, "it can be dropped")
+        return cls(rest if cls is not errors.InvalidMessage else text)
+    return errors.StorageError(text)
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else (value or "")

@@ -1,0 +1,145 @@
+"""Real servers for the tests: ZooKeeper (Debian's package) and hqueue servers.
+
+A fixture that needs a server it cannot find skips locally but fails under
+``CI=true`` (dramatiq's ``check_redis`` pattern): CI must run everything.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def python_env() -> dict[str, str]:
+    """The environment for subprocesses that import hqueue and tests."""
+    return dict(os.environ, PYTHONPATH=str(ROOT))
+
+
+def missing(what: str) -> None:
+    """Skip locally, fail in CI."""
+    if in_ci():
+        pytest.fail(f"{what} is required in CI (tests/run.sh installs it)")
+    pytest.skip(f"{what} is not installed (run tests/run.sh)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(condition, timeout: float, what: str, interval: float = 0.05):
+    """Poll ``condition()`` until it returns a truthy value; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+class ZooKeeperServer:
+    """A standalone ZooKeeper from Debian's ``zookeeper`` package, on loopback."""
+
+    def __init__(self, workdir: Path) -> None:
+        if not ZOOKEEPER_JAR.exists() or not shutil.which("java"):
+            missing("Debian's zookeeper package (and Java)")
+        self.port = free_port()
+        data = workdir / "data"
+        data.mkdir(parents=True)
+        config = workdir / "zoo.cfg"
+        # tickTime 200 ms: sessions may be as short as 0.4 s and at most 4 s.
+        config.write_text(
+            f"tickTime=200\ndataDir={data}\nclientPort={self.port}\nclientPortAddress=127.0.0.1\n"
+            "admin.enableServer=false\nmaxClientCnxns=0\n"
+        )
+        self.log = open(workdir / "zookeeper.log", "w")
+        self.proc = subprocess.Popen(
+            ["java", "-Xmx256m", "-cp", f"/etc/zookeeper/conf:{ZOOKEEPER_JAR}",
+             "org.apache.zookeeper.server.ZooKeeperServerMain", str(config)],
+            stdout=self.log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        wait_for(self._answers, 60, "ZooKeeper to start")
+
+    @property
+    def hosts(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _answers(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"ZooKeeper exited: see {self.log.name}")
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+                s.sendall(b"srvr")
+                return b"Mode" in s.recv(1024)
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        self.log.close()
+
+
+class ServerProcess:
+    """``hqueue server`` in a subprocess, so that a test can kill -9 it."""
+
+    def __init__(self, storage: str, workdir: Path, *, zk: str | None = None, port: int = 0, name: str = "s") -> None:
+        self.storage, self.zk, self.name, self.workdir = storage, zk, name, workdir
+        self.log_path = workdir / f"server-{name}.log"
+        self.port = port
+        self.proc: subprocess.Popen | None = None
+        self.start()
+
+    def start(self) -> ServerProcess:
+        args = [sys.executable, "-m", "hqueue.cli", "server", "--storage", self.storage, "--port", str(self.port),
+                "--session-timeout", "2", "--id", self.name]  # fmt: skip
+        if self.zk:
+            args += ["--zk", self.zk]
+        log = open(self.log_path, "a")
+        self.proc = subprocess.Popen(args, cwd=ROOT, env=python_env(), stdout=log, stderr=log)
+        log.close()
+        line = wait_for(self._listening, 60, f"server {self.name} to listen")
+        self.port = int(line)
+        return self
+
+    def _listening(self) -> str | None:
+        if self.proc and self.proc.poll() is not None:
+            raise AssertionError(f"server {self.name} exited:\n{self.log_path.read_text()[-3000:]}")
+        text = self.log_path.read_text()
+        found = re.findall(r"listening on [\d.]+:(\d+)", text)
+        return found[-1] if found else None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, no goodbye to ZooKeeper."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def terminate(self, timeout: float = 30) -> int:
+        """SIGTERM, and the exit status of the clean shutdown."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=timeout)

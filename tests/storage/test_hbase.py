@@ -1,0 +1,119 @@
+"""What only the HBase backend does: regions, URLs, transports, lost servers.
+
+Runs against tests/hbase_standin.py (a TEST STAND-IN, not HBase).
+"""
+
+import socket
+
+import happybase
+import pytest
+
+from hqueue import HQueue, HQueueAdmin, Message, StorageError
+from hqueue.config import QueueInfo
+from hqueue.message import partition_prefix
+from hqueue.storage import open_storage
+from hqueue.storage.hbase import HBaseStorage, StorageUnavailable, split_keys
+
+from ..conftest import hbase_url, start_hbase_standin
+
+
+def regions(address: str, table: bytes) -> list[bytes]:
+    host, port = address.split(":")
+    connection = happybase.Connection(host, int(port))
+    try:
+        return [r["start_key"] for r in connection.table(table).regions()]
+    finally:
+        connection.close()
+
+
+def test_split_keys_put_partitions_per_region_in_each_region():
+    assert split_keys(8, 1) == [partition_prefix(p) for p in range(1, 8)]
+    assert split_keys(32, 4) == [partition_prefix(p) for p in (4, 8, 12, 16, 20, 24, 28)]
+    assert split_keys(3, 4) == []
+
+
+def test_with_thrift2_tables_are_pre_split_and_truncate_keeps_the_splits(hbase_standin):
+    thrift1, thrift2 = hbase_standin
+    storage = open_storage(hbase_url(thrift1, thrift2))
+    try:
+        storage.create_queue(QueueInfo("crawl", 32, config={"hbase.hqueue.partitionsPerRegion": "4"}))
+        table = storage.prefix.encode() + b"q_crawl"
+        expected = [b""] + [partition_prefix(p) for p in range(4, 32, 4)]
+        assert regions(thrift1, table) == expected
+        storage.truncate_queue("crawl")
+        assert regions(thrift1, table) == expected
+    finally:
+        storage.close()
+
+
+def test_without_thrift2_a_table_starts_as_one_region(hbase_standin):
+    thrift1, _ = hbase_standin
+    storage = open_storage(hbase_url(thrift1))
+    try:
+        storage.create_queue(QueueInfo("crawl", 32))
+        assert regions(thrift1, storage.prefix.encode() + b"q_crawl") == [b""]
+    finally:
+        storage.close()
+
+
+def test_url_options_are_checked():
+    with pytest.raises(ValueError, match="unknown hbase:// URL option"):
+        HBaseStorage.from_url("hbase://127.0.0.1:1?colour=blue")
+    with pytest.raises(ValueError, match="'admin'"):
+        HBaseStorage("127.0.0.1", 1, admin="nohost")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_unreachable_server_is_a_clear_storage_unavailable():
+    port = _free_port()
+    with pytest.raises(StorageUnavailable, match=f"127.0.0.1:{port}") as info:
+        HQueueAdmin(f"hbase://127.0.0.1:{port}")
+    assert isinstance(info.value, StorageError)
+
+
+def test_framed_transport_and_compact_protocol():
+    proc, port, _ = start_hbase_standin("--transport", "framed", "--protocol", "compact")
+    try:
+        url = f"hbase://127.0.0.1:{port}?transport=framed&protocol=compact"
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("q", 2)
+            with HQueue("q", url) as queue:
+                ids = queue.put([Message("t", b"x")] * 3, partition_id=1)
+                assert [m.id for m in queue.scan()] == ids
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_server_that_dies_gives_storage_unavailable_and_a_restart_recovers():
+    port = _free_port()
+    proc, _, _ = start_hbase_standin("--port", str(port))
+    url = f"hbase://127.0.0.1:{port}?timeout=5000"
+    try:
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("q", 1)
+            with HQueue("q", url) as queue:
+                queue.put(Message("t", b"before"), partition_id=0)
+                # When the server is killed
+                proc.kill()
+                proc.wait()
+                # Then calls fail with a typed error, never a raw Thrift one
+                with pytest.raises(StorageUnavailable):
+                    queue.put(Message("t", b"lost"), partition_id=0)
+                with pytest.raises(StorageUnavailable):
+                    list(queue.scan())
+                # And once a server is back on the port, the same pool reconnects
+                # (the stand-in keeps nothing in memory across restarts: start over)
+                proc, _, _ = start_hbase_standin("--port", str(port))
+                storage = admin.engine.storage
+                storage._ensure_meta_table()
+                storage.create_queue(QueueInfo("q2", 1))
+                assert [q.name for q in admin.list_queues()] == ["q2"]
+    finally:
+        proc.kill()
+        proc.wait()

@@ -49,6 +49,17 @@ class QueueEnabled(HQueueError):
         self.name = name
 
 
+class NoPartitionOwner(HQueueError):
+    """No server took the partition in time (a failover under way, or no server up)."""
+
+    def __init__(self, queue: str, partition_id: int, waited: float, cause: object) -> None:
+        super().__init__(
+            f"no server accepted puts for {queue!r} partition {partition_id} within {waited:g}s "
+            f"(failover or rebalance under way, or no server running?): last error: {cause}"
+        )
+        self.queue, self.partition_id = queue, partition_id
+
+
 class InvalidMessage(HQueueError, ValueError):
     """A message is malformed: wrong types, empty topic, and so on."""
 

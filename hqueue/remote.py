@@ -34,7 +34,7 @@ from thriftpy2.transport import TFramedTransportFactory, TTransportException
 
 from .config import QueueInfo, QueueState
 from .engine import check_messages
-from .errors import HQueueError, NotPartitionOwner, QueueDisabled, ServerUnavailable
+from .errors import HQueueError, NoPartitionOwner, NotPartitionOwner, QueueDisabled, ServerUnavailable
 from .message import Message, MessageID
 from .scanner import Scan
 from .server import wire
@@ -150,7 +150,12 @@ class RemoteEngine:
         cached = self._infos.get(name)
         if cached and not fresh and time.monotonic() - cached[0] < INFO_CACHE_SECONDS:
             return cached[1]
-        info = wire.from_tinfo(self._call("describeQueue", name, queue=name).info)
+        try:
+            info = wire.from_tinfo(self._call("describeQueue", name, queue=name).info)
+        except ServerUnavailable:
+            if cached is None or fresh:
+                raise
+            return cached[1]  # no server answers now: puts retry below, with what we knew
         self._infos[name] = (time.monotonic(), info)
         return info
 
@@ -208,9 +213,9 @@ class RemoteEngine:
         deadline = time.monotonic() + self.owner_timeout
         delay, fresh = 0.02, False
         while True:
-            locations = self.locations(name, fresh=fresh)
-            owner = locations[partition_id] if partition_id < len(locations) else ""
             try:
+                locations = self.locations(name, fresh=fresh)
+                owner = locations[partition_id] if partition_id < len(locations) else ""
                 if owner:
                     ids = self._call_at(
                         owner, "putMessagesWithPid", name, partition_id, tmessages, queue=name, pid=partition_id
@@ -220,7 +225,7 @@ class RemoteEngine:
             except (NotPartitionOwner, ServerUnavailable) as e:
                 problem = e
             if time.monotonic() >= deadline:
-                raise NotPartitionOwner(name, partition_id, None) from problem
+                raise NoPartitionOwner(name, partition_id, self.owner_timeout, problem) from problem
             logger.info("put to %s/%d: %s; retrying in %.2fs", name, partition_id, problem, delay)
             time.sleep(delay)
             delay, fresh = min(delay * 2, 1.0), True

@@ -115,6 +115,7 @@ class ServerProcess:
         if self.zk:
             args += ["--zk", self.zk]
         log = open(self.log_path, "a")
+        self._log_offset = log.tell()  # only this run's lines count
         self.proc = subprocess.Popen(args, cwd=ROOT, env=python_env(), stdout=log, stderr=log)
         log.close()
         line = wait_for(self._listening, 60, f"server {self.name} to listen")
@@ -124,7 +125,7 @@ class ServerProcess:
     def _listening(self) -> str | None:
         if self.proc and self.proc.poll() is not None:
             raise AssertionError(f"server {self.name} exited:\n{self.log_path.read_text()[-3000:]}")
-        text = self.log_path.read_text()
+        text = self.log_path.read_text()[self._log_offset :]
         found = re.findall(r"listening on [\d.]+:(\d+)", text)
         return found[-1] if found else None
 

@@ -1,0 +1,159 @@
+"""Several hqueue servers over shared storage, coordinated by a real ZooKeeper.
+
+Storage is the HBase backend on tests/hbase_standin.py (a TEST STAND-IN, not
+HBase), shared by the servers like a real HBase would be. Servers are
+subprocesses with a 2 s ZooKeeper session, killed with SIGKILL or paused
+with SIGSTOP.
+"""
+
+import signal
+import threading
+import time
+
+import pytest
+from thriftpy2.protocol import TBinaryProtocolFactory
+from thriftpy2.rpc import make_client
+from thriftpy2.transport import TFramedTransportFactory
+
+from hqueue import HQueue, HQueueAdmin, Message, MessageID
+from hqueue.remote import RemoteEngine
+from hqueue.server.wire import T
+
+from ..conftest import hbase_url
+from ..processes import ServerProcess, wait_for
+
+pytestmark = pytest.mark.slow
+PARTITIONS = 8
+
+
+@pytest.fixture
+def cluster(tmp_path, zk_hosts, hbase_standin):
+    storage = hbase_url(hbase_standin[0])
+    servers = []
+
+    def start(name: str) -> ServerProcess:
+        server = ServerProcess(storage, tmp_path, zk=zk_hosts, name=name)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.kill()
+
+
+def owners(url: str) -> list[str]:
+    engine = RemoteEngine(url)
+    try:
+        return engine.locations("orders", fresh=True)
+    finally:
+        engine.release()
+
+
+class Writer(threading.Thread):
+    """Puts one message at a time round the partitions; records every ack."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url, self.stop, self.acked, self.errors = url, threading.Event(), [], []
+
+    def run(self) -> None:
+        with HQueue("orders", self.url) as queue:
+            i = 0
+            while not self.stop.is_set():
+                pid = i % PARTITIONS
+                try:
+                    (message_id,) = queue.put(Message("order", b"%d" % i), partition_id=pid)
+                    self.acked.append((pid, message_id))
+                except Exception as e:  # recorded, then the test fails on it
+                    self.errors.append(repr(e))
+                i += 1
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.join(timeout=60)
+
+
+def check_nothing_lost(url: str, writer: Writer) -> None:
+    assert writer.errors == [], writer.errors[:3]
+    with HQueue("orders", url) as queue:
+        stored = {(m.partition_id, m.id) for m in queue.scan()}
+    lost = [a for a in writer.acked if a not in stored]
+    assert lost == [], f"{len(lost)} of {len(writer.acked)} acknowledged messages lost"
+    last: dict[int, MessageID] = {}
+    for pid, message_id in writer.acked:  # in the order the acks came back
+        assert message_id > last.get(pid, MessageID(0)), f"ID went backwards in partition {pid}"
+        last[pid] = message_id
+
+
+def test_killed_server_partitions_fail_over_and_no_acked_message_is_lost(cluster):
+    a, b = cluster("a"), cluster("b")
+    url = f"hqueue://{a.address},{b.address}"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("orders", PARTITIONS)
+    # Given two servers sharing the partitions, and a client writing
+    wait_for(lambda: set(owners(url)) == {a.address, b.address}, 30, "both servers to own partitions")
+    writer = Writer(url)
+    writer.start()
+    time.sleep(1.5)
+    before = len(writer.acked)
+    # When one server is killed without warning
+    a.kill()
+    killed = time.monotonic()
+    # Then the survivor owns every partition within the session timeout (+ settling)
+    survivor = f"hqueue://{b.address}"
+    wait_for(lambda: owners(survivor) == [b.address] * PARTITIONS, 20, "the survivor to own all")
+    takeover = time.monotonic() - killed
+    wait_for(lambda: len(writer.acked) > before + 200, 30, "the writer to resume")
+    writer.finish()
+    # And every acknowledged message is there, IDs increasing per partition across the failover
+    check_nothing_lost(survivor, writer)
+    print(f"\nfailover: takeover {takeover:.2f}s (session 2 s); {len(writer.acked)} acked, 0 lost")
+    assert takeover < 10
+
+
+def test_a_joining_server_takes_a_share_and_no_put_fails(cluster):
+    a, b = cluster("a"), cluster("b")
+    url = f"hqueue://{a.address},{b.address}"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("orders", PARTITIONS)
+    wait_for(lambda: set(owners(url)) == {a.address, b.address}, 30, "two owners")
+    writer = Writer(url)
+    writer.start()
+    time.sleep(1.0)
+    # When a third server joins
+    c = cluster("c")
+    # Then partitions spread over all three, and the writer never fails for good
+    wait_for(lambda: set(owners(url)) == {a.address, b.address, c.address}, 30, "three owners")
+    spread = owners(url)
+    time.sleep(1.0)
+    writer.finish()
+    check_nothing_lost(url, writer)
+    assert min(spread.count(s.address) for s in (a, b, c)) >= 2, spread
+
+
+def test_a_paused_server_is_fenced_before_others_take_its_partitions(cluster):
+    a, b = cluster("a"), cluster("b")
+    url = f"hqueue://{a.address},{b.address}"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("orders", PARTITIONS)
+    locations = wait_for(lambda: (o := owners(url)) and set(o) == {a.address, b.address} and o, 30, "two owners")
+    mine = locations.index(a.address)
+    # Given server a frozen (a GC pause, a stopped VM) past its session timeout
+    a.proc.send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: owners(f"hqueue://{b.address}") == [b.address] * PARTITIONS, 20, "b to take over")
+    finally:
+        # When it wakes up and a put reaches it at once
+        a.proc.send_signal(signal.SIGCONT)
+    client = make_client(
+        T.HQueueService, "127.0.0.1", a.port,
+        proto_factory=TBinaryProtocolFactory(), trans_factory=TFramedTransportFactory(), timeout=10_000,
+    )  # fmt: skip
+    try:
+        # Then it refuses: its lease lapsed while it slept
+        with pytest.raises(T.TNotPartitionOwner):
+            client.putMessageWithPid("orders", mine, T.TMessage(topic=b"t", value=b"stale"))
+    finally:
+        client.close()
+    with HQueue("orders", f"hqueue://{b.address}") as queue:
+        assert all(m.value != b"stale" for m in queue.scan())

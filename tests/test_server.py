@@ -1,0 +1,197 @@
+"""The hqueue server over the wire: typed errors, bad frames, scanners, shutdown."""
+
+import socket
+import struct
+import threading
+import time
+
+import pytest
+from thriftpy2.protocol import TBinaryProtocolFactory
+from thriftpy2.rpc import make_client
+from thriftpy2.transport import TFramedTransportFactory
+
+from hqueue import HQueue, HQueueAdmin, Message, NoPartitionOwner, QueueInfo
+from hqueue.remote import RemoteEngine
+from hqueue.server import HQueueServer
+from hqueue.server.wire import T
+
+from .processes import ServerProcess, wait_for
+
+
+@pytest.fixture
+def server(tmp_path):
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, idle_timeout=0.5).start()
+    with HQueueAdmin(f"hqueue://{server.address}") as admin:
+        admin.create_queue("q", 4, max_message_bytes=1000)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def client(server):
+    """A raw Thrift client, as any generated client would talk."""
+    client = make_client(
+        T.HQueueService, "127.0.0.1", server.port,
+        proto_factory=TBinaryProtocolFactory(), trans_factory=TFramedTransportFactory(), timeout=10_000,
+    )  # fmt: skip
+    yield client
+    client.close()
+
+
+def test_the_nine_seed_calls_work_over_the_wire(server, client):
+    tid = client.putMessage("q", T.TMessage(topic=b"t", value=b"a"))
+    ids = client.putMessages("q", [T.TMessage(topic=b"t", value=b"b")] * 2)
+    one = client.putMessageWithPid("q", 2, T.TMessage(topic=b"u", value=b"c"))
+    many = client.putMessagesWithPid("q", 2, [T.TMessage(topic=b"u", value=b"d")] * 3)
+    assert tid.timestamp > 0 and len(ids) == 2 and len(many) == 3
+    assert (many[0].timestamp, many[0].sequenceID) > (one.timestamp, one.sequenceID)
+    assert client.getQueueLocations("q") == [server.address] * 4
+    scanner = client.messageScannerOpen("q", 2, T.TMessageScan(topics=[b"u"]))
+    first = client.messageScannerGet(scanner)
+    rest = client.messageScannerGetList(scanner, 100)
+    assert [m.value for m in [first, *rest]] == [b"c", b"d", b"d", b"d"]
+    assert client.messageScannerGet(scanner).id is None  # the end
+    assert client.messageScannerGetList(scanner, 10) == []
+    client.messageScannerClose(scanner)
+
+
+@pytest.mark.parametrize(
+    "call, error",
+    [
+        (lambda c: c.putMessage("nope", T.TMessage(topic=b"t", value=b"x")), "TQueueNotFound"),
+        (lambda c: c.putMessageWithPid("q", 9, T.TMessage(topic=b"t", value=b"x")), "TInvalidMessage"),
+        (lambda c: c.putMessageWithPid("q", -1, T.TMessage(topic=b"t", value=b"x")), "TInvalidMessage"),
+        (lambda c: c.putMessage("q", T.TMessage(topic=b"t", value=b"x" * 2000)), "TInvalidMessage"),
+        (lambda c: c.putMessage("q", T.TMessage(topic=b"", value=b"x")), "TInvalidMessage"),
+        (lambda c: c.putMessage("q", T.TMessage(topic=b"t")), "TInvalidMessage"),
+        (lambda c: c.putMessages("q", []), "TInvalidMessage"),
+        (lambda c: c.messageScannerOpen("nope", 0, T.TMessageScan()), "TQueueNotFound"),
+        (lambda c: c.messageScannerGetList(12345, 10), "TInvalidMessage"),
+        (lambda c: c.messageScannerGetList(1, 0), "TInvalidMessage"),
+        (lambda c: c.createQueue(T.TQueueInfo(name="bad name", partitions=1)), "TInvalidMessage"),
+        (lambda c: c.createQueue(T.TQueueInfo(name="q", partitions=1)), "TQueueExists"),
+        (lambda c: c.dropQueue("q"), "TInvalidMessage"),  # enabled: must be disabled first
+        (lambda c: c.describeQueue("nope"), "TQueueNotFound"),
+    ],
+)
+def test_bad_input_gets_a_typed_exception_and_the_connection_lives(client, call, error):
+    with pytest.raises(Exception) as info:
+        call(client)
+    assert type(info.value).__name__ == error, info.value
+    # the same connection keeps serving
+    assert client.putMessage("q", T.TMessage(topic=b"t", value=b"ok")).timestamp > 0
+
+
+def test_a_disabled_queue_is_typed_over_the_wire(client):
+    client.disableQueue("q")
+    with pytest.raises(T.TQueueDisabled):
+        client.putMessage("q", T.TMessage(topic=b"t", value=b"x"))
+    client.enableQueue("q")
+
+
+def _raw(server, payload: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+        s.sendall(payload)
+        s.shutdown(socket.SHUT_WR)
+        try:
+            return s.recv(1024)
+        except OSError:
+            return b""
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",  # not Thrift at all
+        struct.pack("!i", 0x7FFFFFF0) + b"\x80\x01",  # a 2 GB frame that never comes
+        struct.pack("!i", 20) + b"\x80\x01\x00\x01" + b"\x00" * 4,  # a truncated frame
+        struct.pack("!i", 12) + b"\x80\x01\x00\x01\x00\x00\x00\x05nosuc",  # garbage inside a frame
+        struct.pack("!i", -5),  # a negative frame size
+    ],
+)
+def test_malformed_frames_end_only_their_own_connection(server, client, payload):
+    _raw(server, payload)
+    assert client.putMessage("q", T.TMessage(topic=b"t", value=b"still serving")).timestamp > 0
+    with HQueue("q", f"hqueue://{server.address}") as queue:
+        assert any(m.value == b"still serving" for m in queue.scan())
+
+
+def test_an_unknown_method_is_an_application_error_not_a_crash(server, client):
+    frame_body = struct.pack("!I", 0x80010001) + struct.pack("!i", 6) + b"bogus!" + struct.pack("!i", 1) + b"\x00"
+    reply = _raw(server, struct.pack("!i", len(frame_body)) + frame_body)
+    assert b"bogus!" in reply  # a TApplicationException names the method
+    assert client.listQueues()[0].name == "q"
+
+
+def test_idle_scanners_are_closed_by_the_server(server, client):
+    scanner = client.messageScannerOpen("q", 0, T.TMessageScan())
+    time.sleep(1.5)  # idle_timeout is 0.5 s; the reaper runs every 0.25 s
+    with pytest.raises(T.TInvalidMessage, match="not open"):
+        client.messageScannerGetList(scanner, 10)
+    assert len(server.scanners) == 0
+
+
+def test_sigterm_drains_and_exits_cleanly_and_data_survives(tmp_path):
+    proc = ServerProcess(f"local://{tmp_path}/data", tmp_path)
+    url = f"hqueue://{proc.address}"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 2)
+    with HQueue("q", url) as queue:
+        ids = queue.put([Message("t", b"%d" % i) for i in range(100)], partition_id=1)
+    assert proc.terminate() == 0
+    assert "stopped" in proc.log_path.read_text()
+    proc.start()
+    with HQueue("q", f"hqueue://{proc.address}") as queue:
+        assert [m.id for m in queue.scan()] == ids
+    proc.terminate()
+
+
+@pytest.mark.slow
+def test_kill_9_the_server_mid_load_loses_no_acknowledged_message(tmp_path):
+    """Crash proof through the server: SIGKILL it 3 times under a remote load."""
+    proc = ServerProcess(f"local://{tmp_path}/data", tmp_path)
+    url = f"hqueue://{proc.address}"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 4)
+    acked, errors, stop = [], [], threading.Event()
+
+    def write() -> None:
+        with HQueue("q", url) as queue:
+            i = 0
+            while not stop.is_set():
+                try:
+                    acked.extend(queue.put([Message("t", b"%d" % i)] * 10, partition_id=i % 4))
+                except Exception as e:
+                    errors.append(repr(e))
+                i += 1
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    for _ in range(3):
+        time.sleep(1.0)
+        count = len(acked)
+        proc.kill()  # SIGKILL mid-load
+        proc.start()  # same port: the client's retries reach it again
+        wait_for(lambda count=count: len(acked) > count + 50, 60, "the writer to resume")
+    stop.set()
+    writer.join(timeout=60)
+    assert errors == [], errors[:3]
+    with HQueue("q", url) as queue:
+        stored = {m.id for m in queue.scan()}
+    lost = [i for i in acked if i not in stored]
+    assert lost == [], f"{len(lost)} of {len(acked)} acknowledged messages lost"
+    print(f"\nserver crash test: 3 kill -9 cycles, {len(acked)} acknowledged, 0 lost")
+    proc.terminate()
+
+
+def test_a_put_with_no_server_up_times_out_with_a_clear_error(tmp_path):
+    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
+    engine = RemoteEngine(f"hqueue://{server.address}", owner_timeout=1.0)
+    engine.create_queue(QueueInfo("q", 2))
+    engine.put("q", [Message("t", b"x")], 0)
+    server.stop()
+    started = time.monotonic()
+    with pytest.raises(NoPartitionOwner, match="within 1s"):
+        engine.put("q", [Message("t", b"y")], 0)
+    assert time.monotonic() - started < 10
+    engine.release()

@@ -161,7 +161,7 @@ def main() -> None:
                 admin.create_queue(name, 1, durability=durability)
                 with HQueue(name, url) as queue:
                     message = Message("crawler", PAYLOAD)
-                    p50, p99 = latencies(lambda: queue.put(message, partition_id=0), 2000 // scale)
+                    p50, p99 = latencies(lambda q=queue, m=message: q.put(m, partition_id=0), 2000 // scale)
                 rp50, rp99 = latencies(lambda: r.xadd("latency", {"crawler": PAYLOAD}), 2000 // scale)
                 rows.append({"op": "single put p50 ms", "hqueue": durability, "messages": 2000 // scale,
                              "hqueue_msgs_s": p50, "redis_msgs_s": rp50, "ratio": rp50 / p50})  # fmt: skip

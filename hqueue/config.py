@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import json
 import re
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from .errors import InvalidQueueName
+from .errors import InvalidQueueName, QueueDisabled
 from .message import MAX_PARTITIONS
 
-__all__ = ["Durability", "QueueInfo", "QueueState", "validate_queue_name"]
+__all__ = ["Durability", "InfoCache", "QueueInfo", "QueueState", "validate_queue_name"]
+
+#: How long queue metadata is cached before it is read again, in seconds.
+#: Changes made through the same engine or client are seen at once; changes
+#: made by another process sharing the store are seen within this time.
+INFO_CACHE_SECONDS = 2.0
 
 #: Messages (topic + value) above this many bytes are rejected by default.
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
@@ -129,3 +136,40 @@ def _check_int(name: str, value: object, low: int, high: int) -> None:
         raise TypeError(f"{name!r} must be an int, not {type(value).__name__}")
     if not low <= value <= high:
         raise ValueError(f"{name!r} must be in {low}..{high}, got {value}")
+
+
+class InfoCache:
+    """Queue infos, cached for :data:`INFO_CACHE_SECONDS` (puts read one each).
+
+    Args:
+        load: Reads one queue's info afresh (raises QueueNotFound).
+        stale_on: Errors of ``load`` on which a cached info is served stale
+            rather than failing (a remote client while no server answers).
+    """
+
+    def __init__(self, load: Callable[[str], QueueInfo], stale_on: tuple[type[Exception], ...] = ()) -> None:
+        self._load, self._stale_on = load, stale_on
+        self._infos: dict[str, tuple[float, QueueInfo]] = {}
+
+    def get(self, name: str, *, fresh: bool = False) -> QueueInfo:
+        cached = self._infos.get(name)
+        if cached and not fresh and time.monotonic() - cached[0] < INFO_CACHE_SECONDS:
+            return cached[1]
+        try:
+            info = self._load(name)
+        except self._stale_on:
+            if cached is None or fresh:
+                raise
+            return cached[1]
+        self._infos[name] = (time.monotonic(), info)
+        return info
+
+    def enabled(self, name: str) -> QueueInfo:
+        """The info of an enabled queue; raises QueueDisabled."""
+        info = self.get(name)
+        if not info.enabled:
+            raise QueueDisabled(name)
+        return info
+
+    def forget(self, name: str) -> None:
+        self._infos.pop(name, None)

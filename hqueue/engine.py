@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Collection, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from .config import MAX_TOPIC_BYTES, QueueInfo
-from .errors import InvalidMessage, InvalidPartition, MessageTooLarge, QueueDisabled, QueueEnabled
+from .config import MAX_TOPIC_BYTES, InfoCache, QueueInfo
+from .errors import InvalidMessage, InvalidPartition, MessageTooLarge, QueueEnabled
 from .ids import IDAllocator
 from .message import (
     MAX_SEQUENCE,
@@ -34,11 +33,6 @@ from .scanner import KeyRangeCursor, Scan
 from .storage import Storage, normalize_url, open_storage
 
 logger = logging.getLogger(__name__)
-
-#: How long queue metadata is cached before it is read again, in seconds.
-#: Changes made through this engine are seen at once; changes made by another
-#: process sharing an HBase store are seen within this time.
-INFO_CACHE_SECONDS = 2.0
 
 
 class Engine:
@@ -57,7 +51,7 @@ class Engine:
         self._lock = threading.Lock()
         self._partition_locks: dict[tuple[str, int], threading.Lock] = {}
         self._allocators: dict[tuple[str, int], IDAllocator] = {}
-        self._infos: dict[str, tuple[float, QueueInfo]] = {}
+        self._infos = InfoCache(storage.get_queue)
         self._refs = 0
 
     @property
@@ -93,27 +87,19 @@ class Engine:
 
     def queue_info(self, name: str, *, fresh: bool = False) -> QueueInfo:
         """The queue's info, from a short-lived cache unless ``fresh``."""
-        cached = self._infos.get(name)
-        if cached and not fresh and time.monotonic() - cached[0] < INFO_CACHE_SECONDS:
-            return cached[1]
-        info = self.storage.get_queue(name)
-        self._infos[name] = (time.monotonic(), info)
-        return info
+        return self._infos.get(name, fresh=fresh)
 
     def enabled_queue(self, name: str) -> QueueInfo:
-        info = self.queue_info(name)
-        if not info.enabled:
-            raise QueueDisabled(name)
-        return info
+        return self._infos.enabled(name)
 
     def create_queue(self, info: QueueInfo) -> None:
         self.storage.create_queue(info)
-        self._infos.pop(info.name, None)
+        self._infos.forget(info.name)
 
     def set_state(self, name: str, state: str) -> QueueInfo:
         info = self.queue_info(name, fresh=True).evolve(state=state)
         self.storage.update_queue(info)
-        self._infos.pop(name, None)
+        self._infos.forget(name)
         return info
 
     def truncate_queue(self, name: str) -> None:
@@ -133,7 +119,7 @@ class Engine:
         finally:
             for lock in locks:
                 lock.release()
-        self._infos.pop(name, None)
+        self._infos.forget(name)
 
     def delete_queue(self, name: str) -> None:
         if self.queue_info(name, fresh=True).enabled:
@@ -142,7 +128,7 @@ class Engine:
         with self._lock:
             for key in [k for k in self._allocators if k[0] == name]:
                 del self._allocators[key]
-        self._infos.pop(name, None)
+        self._infos.forget(name)
 
     def list_queues(self) -> list[QueueInfo]:
         return self.storage.list_queues()

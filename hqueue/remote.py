@@ -32,16 +32,14 @@ from thriftpy2.rpc import make_client
 from thriftpy2.thrift import TException
 from thriftpy2.transport import TFramedTransportFactory, TTransportException
 
-from .config import QueueInfo, QueueState
+from .config import InfoCache, QueueInfo, QueueState
 from .engine import check_messages
-from .errors import HQueueError, NoPartitionOwner, NotPartitionOwner, QueueDisabled, ServerUnavailable
+from .errors import HQueueError, NoPartitionOwner, NotPartitionOwner, ServerUnavailable
 from .message import Message, MessageID
 from .scanner import Scan
 from .server import wire
 
 logger = logging.getLogger(__name__)
-
-INFO_CACHE_SECONDS = 2.0
 
 
 def parse_servers(url: str) -> list[str]:
@@ -112,7 +110,7 @@ class RemoteEngine:
         self._pools: dict[str, _Pool] = {}
         self._lock = threading.Lock()
         self._locations: dict[str, list[str]] = {}
-        self._infos: dict[str, tuple[float, QueueInfo]] = {}
+        self._infos = InfoCache(self._describe_info, stale_on=(ServerUnavailable,))
 
     # -- calls ----------------------------------------------------------------------
 
@@ -147,30 +145,21 @@ class RemoteEngine:
     # -- queue metadata -------------------------------------------------------------
 
     def queue_info(self, name: str, *, fresh: bool = False) -> QueueInfo:
-        cached = self._infos.get(name)
-        if cached and not fresh and time.monotonic() - cached[0] < INFO_CACHE_SECONDS:
-            return cached[1]
-        try:
-            info = wire.from_tinfo(self._call("describeQueue", name, queue=name).info)
-        except ServerUnavailable:
-            if cached is None or fresh:
-                raise
-            return cached[1]  # no server answers now: puts retry below, with what we knew
-        self._infos[name] = (time.monotonic(), info)
-        return info
+        # While no server answers, serve what we knew: puts then retry until owner_timeout.
+        return self._infos.get(name, fresh=fresh)
 
     def enabled_queue(self, name: str) -> QueueInfo:
-        info = self.queue_info(name)
-        if not info.enabled:
-            raise QueueDisabled(name)
-        return info
+        return self._infos.enabled(name)
+
+    def _describe_info(self, name: str) -> QueueInfo:
+        return wire.from_tinfo(self._call("describeQueue", name, queue=name).info)
 
     def create_queue(self, info: QueueInfo) -> None:
         self._call("createQueue", wire.to_tinfo(info), queue=info.name)
 
     def set_state(self, name: str, state: str) -> QueueInfo:
         self._call("disableQueue" if state == QueueState.DISABLED else "enableQueue", name, queue=name)
-        self._infos.pop(name, None)
+        self._infos.forget(name)
         return self.queue_info(name, fresh=True)
 
     def truncate_queue(self, name: str) -> None:
@@ -178,7 +167,7 @@ class RemoteEngine:
 
     def delete_queue(self, name: str) -> None:
         self._call("dropQueue", name, queue=name)
-        self._infos.pop(name, None)
+        self._infos.forget(name)
         self._locations.pop(name, None)
 
     def list_queues(self) -> list[QueueInfo]:

@@ -73,6 +73,16 @@ class Writer(threading.Thread):
         self.join(timeout=60)
 
 
+def two_servers_with_queue(cluster) -> tuple[ServerProcess, ServerProcess, str]:
+    """Servers a and b, a queue "orders", both owning some of its partitions."""
+    a, b = cluster("a"), cluster("b")
+    url = f"hqueue://{a.address},{b.address}"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("orders", PARTITIONS)
+    wait_for(lambda: set(owners(url)) == {a.address, b.address}, 30, "both servers to own partitions")
+    return a, b, url
+
+
 def check_nothing_lost(url: str, writer: Writer) -> None:
     assert writer.errors == [], writer.errors[:3]
     with HQueue("orders", url) as queue:
@@ -86,12 +96,8 @@ def check_nothing_lost(url: str, writer: Writer) -> None:
 
 
 def test_killed_server_partitions_fail_over_and_no_acked_message_is_lost(cluster):
-    a, b = cluster("a"), cluster("b")
-    url = f"hqueue://{a.address},{b.address}"
-    with HQueueAdmin(url) as admin:
-        admin.create_queue("orders", PARTITIONS)
     # Given two servers sharing the partitions, and a client writing
-    wait_for(lambda: set(owners(url)) == {a.address, b.address}, 30, "both servers to own partitions")
+    a, b, url = two_servers_with_queue(cluster)
     writer = Writer(url)
     writer.start()
     time.sleep(1.5)
@@ -112,11 +118,7 @@ def test_killed_server_partitions_fail_over_and_no_acked_message_is_lost(cluster
 
 
 def test_a_joining_server_takes_a_share_and_no_put_fails(cluster):
-    a, b = cluster("a"), cluster("b")
-    url = f"hqueue://{a.address},{b.address}"
-    with HQueueAdmin(url) as admin:
-        admin.create_queue("orders", PARTITIONS)
-    wait_for(lambda: set(owners(url)) == {a.address, b.address}, 30, "two owners")
+    a, b, url = two_servers_with_queue(cluster)
     writer = Writer(url)
     writer.start()
     time.sleep(1.0)
@@ -132,12 +134,8 @@ def test_a_joining_server_takes_a_share_and_no_put_fails(cluster):
 
 
 def test_a_paused_server_is_fenced_before_others_take_its_partitions(cluster):
-    a, b = cluster("a"), cluster("b")
-    url = f"hqueue://{a.address},{b.address}"
-    with HQueueAdmin(url) as admin:
-        admin.create_queue("orders", PARTITIONS)
-    locations = wait_for(lambda: (o := owners(url)) and set(o) == {a.address, b.address} and o, 30, "two owners")
-    mine = locations.index(a.address)
+    a, b, url = two_servers_with_queue(cluster)
+    mine = owners(url).index(a.address)
     # Given server a frozen (a GC pause, a stopped VM) past its session timeout
     a.proc.send_signal(signal.SIGSTOP)
     try:

@@ -14,6 +14,7 @@ Quick start::
 
 from .admin import HQueueAdmin
 from .config import Durability, QueueInfo, QueueState
+from .coordination.registry import SubscriberNotFound
 from .errors import (
     CoordinationError,
     HQueueError,
@@ -34,6 +35,7 @@ from .errors import (
 from .message import Message, MessageID
 from .queue import HQueue
 from .scanner import CombinedPartitionScanner, PartitionScanner, QueueScanner, Scan
+from .subscriber import MessageListener, Subscriber, SubscriberState, Subscription
 
 __version__ = "0.1.0"
 
@@ -49,6 +51,7 @@ __all__ = [
     "InvalidQueueName",
     "Message",
     "MessageID",
+    "MessageListener",
     "MessageTooLarge",
     "NoPartitionOwner",
     "NotPartitionOwner",
@@ -64,4 +67,8 @@ __all__ = [
     "ServerUnavailable",
     "StorageError",
     "StorageLocked",
+    "Subscriber",
+    "SubscriberNotFound",
+    "SubscriberState",
+    "Subscription",
 ]

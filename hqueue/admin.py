@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import Any
 
 from .config import DEFAULT_MAX_MESSAGE_BYTES, Durability, QueueInfo, QueueState, validate_queue_name
 from .connection import Connected
-from .errors import QueueNotFound
+from .errors import HQueueError, QueueNotFound
+from .message import MessageID, _as_topic
+from .queue import as_message_id
+from .remote import RemoteEngine
 
 __all__ = ["HQueueAdmin"]
 
@@ -97,6 +102,65 @@ class HQueueAdmin(Connected):
     def describe_queue(self, name: str) -> dict[str, Any]:
         """Definition, state, a message count estimate and each partition's last ID."""
         return self.engine.describe_queue(name)
+
+    # -- subscribers (SPEC C7) ---------------------------------------------------------
+
+    def _server(self) -> RemoteEngine:
+        if not isinstance(self.engine, RemoteEngine):
+            raise HQueueError(
+                "subscribers are kept by hqueue servers: run `hqueue server` and use url='hqueue://host:port'"
+            )
+        return self.engine
+
+    def add_subscriber(
+        self,
+        queue: str,
+        name: str,
+        topics: Iterable[str | bytes] | None = None,
+        partitions: Mapping[int, MessageID | None] | Iterable[int] | None = None,
+    ) -> None:
+        """Register a subscriber now: nothing written after this call is missed,
+        even before the subscriber process starts.
+
+        Args:
+            topics: Topics it takes; None for all.
+            partitions: Partition ids (from now), or ``{pid: start ID or None}``;
+                None for all partitions, from now.
+        """
+        starts: dict[int, MessageID | None] | None = None
+        if partitions is not None:
+            starts = dict(partitions) if isinstance(partitions, Mapping) else dict.fromkeys(partitions)
+        encoded = frozenset(_as_topic(t) for t in topics) if topics is not None else None
+        self._server().add_subscriber(queue, name, encoded, starts)
+
+    def delete_subscriber(self, name: str, queue: str) -> None:
+        """Forget a subscriber and its checkpoints (the seed's argument order)."""
+        self._server().delete_subscriber(name, queue)
+
+    def list_subscribers(self, queue: str) -> list[str]:
+        return self._server().list_subscribers(queue)
+
+    def describe_subscriber(self, name: str, queue: str) -> dict[str, Any]:
+        """Address (None while away), topics, per-partition checkpoints and lag
+        in messages (counted up to 100,000) and in milliseconds."""
+        return self._server().describe_subscriber(name, queue)
+
+    def set_checkpoint(
+        self, queue: str, name: str, partition: int | str | None, position: MessageID | datetime | int
+    ) -> None:
+        """Replay: deliver again from ``position`` (inclusive).
+
+        Args:
+            partition: A partition id, or ``"all"``/None for every partition.
+            position: A MessageID, a datetime or epoch milliseconds.
+        """
+        start = as_message_id(position, "position")
+        if start is None:
+            raise TypeError("'position' is required")
+        pid = None if partition in (None, "all") else partition
+        if pid is not None and not isinstance(pid, int):
+            raise TypeError(f"'partition' must be an int, 'all' or None, not {partition!r}")
+        self._server().set_checkpoint(queue, name, pid, start)
 
     def __repr__(self) -> str:
         return f"HQueueAdmin(url={self._engine.url if self._engine else None!r})"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -52,6 +52,7 @@ class Engine:
         self._partition_locks: dict[tuple[str, int], threading.Lock] = {}
         self._allocators: dict[tuple[str, int], IDAllocator] = {}
         self._infos = InfoCache(storage.get_queue)
+        self._write_listeners: list[Callable[[str, int], None]] = []
         self._refs = 0
 
     @property
@@ -175,6 +176,14 @@ class Engine:
             self._allocators[(info.name, pid)] = allocator
         return allocator
 
+    def add_write_listener(self, listener: Callable[[str, int], None]) -> None:
+        """Call ``listener(queue, partition_id)`` after every acknowledged write.
+
+        Subscription workers sleep until a write to their partition wakes
+        them: no polling interval between a put and its delivery.
+        """
+        self._write_listeners.append(listener)
+
     def put(self, name: str, messages: Sequence[Message], partition_id: int) -> list[MessageID]:
         """Assign IDs to ``messages`` and write them to one partition atomically.
 
@@ -192,6 +201,8 @@ class Engine:
             ids = self._allocator(info, partition_id).allocate(len(messages))
             cells = [(prefix + i.to_bytes() + m[1][ROWKEY_LENGTH:], m[2]) for i, m in zip(ids, messages, strict=False)]
             self.storage.write(name, cells, info.durability)
+        for listener in self._write_listeners:
+            listener(name, partition_id)
         return ids
 
     # -- reads ----------------------------------------------------------------

@@ -12,8 +12,11 @@ from itertools import islice
 from .config import QueueInfo
 from .connection import Connected
 from .engine import check_partition
+from .errors import HQueueError
 from .message import Message, MessageID
+from .remote import RemoteEngine
 from .scanner import DEFAULT_CACHING, CombinedPartitionScanner, PartitionScanner, QueueScanner, Scan
+from .subscriber import MessageListener, Subscriber, Subscription
 
 __all__ = ["HQueue"]
 
@@ -139,6 +142,37 @@ class HQueue(Connected):
         else:
             scanner = self.get_partition_scanner(partition_id, scan, caching=caching)
         return _limited(scanner, limit)
+
+    # -- subscriptions (SPEC C7) ---------------------------------------------------
+
+    def create_subscriber(
+        self,
+        subscription: Subscription,
+        listeners: Sequence[MessageListener],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        advertise: str | None = None,
+    ) -> Subscriber:
+        """A subscriber that servers push this queue's messages to; call start().
+
+        Args:
+            subscription: Name, topics, partitions and starts.
+            listeners: Called in order with each batch.
+            host, port: Where the subscriber listens (port 0: a free one).
+            advertise: ``host:port`` servers should connect to (default host:port).
+
+        Raises:
+            HQueueError: the queue is not served by an hqueue server.
+        """
+        if not isinstance(self.engine, RemoteEngine):
+            raise HQueueError(
+                "push subscriptions are delivered by hqueue servers: run `hqueue server` "
+                "and open the queue with url='hqueue://host:port'"
+            )
+        if not isinstance(subscription, Subscription):
+            raise TypeError(f"'subscription' must be a Subscription, not {type(subscription).__name__}")
+        return Subscriber(self.engine, self.name, subscription, listeners, host=host, port=port, advertise=advertise)
 
     def __repr__(self) -> str:
         return f"HQueue({self.name!r}, url={self._engine.url if self._engine else None!r})"

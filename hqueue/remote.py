@@ -192,6 +192,52 @@ class RemoteEngine:
             self._locations[name] = list(self._call("getQueueLocations", name, queue=name))
         return self._locations[name]
 
+    # -- subscriptions ----------------------------------------------------------------
+
+    def add_subscriber(
+        self, queue: str, name: str, topics: Collection[bytes] | None, partitions: dict[int, MessageID | None] | None
+    ) -> None:
+        starts = None
+        if partitions is not None:
+            starts = [
+                wire.T.TPartitionStart(partitionID=pid, startID=wire.to_tid(start) if start else None)
+                for pid, start in sorted(partitions.items())
+            ]
+        self._call("addSubscriber", queue, name, sorted(topics) if topics is not None else None, starts, queue=queue)
+
+    def delete_subscriber(self, name: str, queue: str) -> None:
+        self._call("deleteSubscriber", name, queue, queue=queue)
+
+    def list_subscribers(self, queue: str) -> list[str]:
+        return list(self._call("listSubscribers", queue, queue=queue))
+
+    def describe_subscriber(self, name: str, queue: str) -> dict[str, Any]:
+        t = self._call("describeSubscriber", name, queue, queue=queue)
+        return {
+            "name": name,
+            "queue": queue,
+            "address": t.address or None,
+            "topics": frozenset(t.topics) if t.topics is not None else None,
+            "partitions": frozenset(t.partitions) if t.partitions is not None else None,
+            "checkpoints": {p: wire.from_tid(i) for p, i in (t.checkpoints or {}).items()},
+            "lag_messages": dict(t.lagMessages or {}),
+            "lag_millis": dict(t.lagMillis or {}),
+        }
+
+    def set_checkpoint(self, queue: str, name: str, partition_id: int | None, start: MessageID) -> None:
+        self._call(
+            "setCheckpoint", queue, name, -1 if partition_id is None else partition_id, wire.to_tid(start), queue=queue
+        )
+
+    def coordination(self) -> str:
+        return self._call("getCoordination")
+
+    def subscriber_heartbeat(self, queue: str, name: str, address: str, topics: Collection[bytes] | None) -> None:
+        self._call("subscriberHeartbeat", queue, name, address, sorted(topics) if topics else None, queue=queue)
+
+    def subscriber_leave(self, queue: str, name: str) -> None:
+        self._call("subscriberLeave", queue, name, queue=queue)
+
     # -- puts -----------------------------------------------------------------------
 
     def put(self, name: str, messages: Sequence[Message], partition_id: int) -> list[MessageID]:

@@ -40,11 +40,10 @@ import happybase  # noqa: F401  (loads Hbase.thrift as the Hbase_thrift module)
 import Hbase_thrift as hb
 from sortedcontainers import SortedDict
 from thriftpy2.protocol import TBinaryProtocolFactory, TCompactProtocolFactory
-from thriftpy2.server import TThreadedServer
-from thriftpy2.thrift import TProcessor
-from thriftpy2.transport import TBufferedTransportFactory, TFramedTransportFactory, TServerSocket
+from thriftpy2.transport import TBufferedTransportFactory, TFramedTransportFactory
 
 from hqueue.idl import load
+from hqueue.server.threaded import ListeningSocket, ThreadedServer
 
 
 def _now_ms() -> int:
@@ -306,37 +305,20 @@ class Thrift2AdminHandler:
             table.enabled = True  # HBase enables a table again after truncating it
 
 
-class _ServerSocket(TServerSocket):
-    """Binds once, so the port is known (and printed) before serve() runs."""
-
-    def listen(self):
-        if self.sock is None:
-            super().listen()
-
-
-def _server(service, handler, sock, transport: str, protocol: str) -> TThreadedServer:
+def serve(host: str, port: int, admin_port: int, transport: str, protocol: str) -> None:
     transports = {"buffered": TBufferedTransportFactory, "framed": TFramedTransportFactory}
     protocols = {"binary": TBinaryProtocolFactory, "compact": TCompactProtocolFactory}
-    return TThreadedServer(
-        TProcessor(service, handler),
-        sock,
-        iprot_factory=protocols[protocol](),
-        itrans_factory=transports[transport](),
-        daemon=True,
-    )
 
+    def server(service, handler, port: int) -> ThreadedServer:
+        sock = ListeningSocket.bound(host, port)
+        return ThreadedServer(service, handler, sock, transport=transports[transport](), protocol=protocols[protocol]())
 
-def serve(host: str, port: int, admin_port: int, transport: str, protocol: str) -> None:
     thrift1 = StandInHandler()
-    sockets = [_ServerSocket(host=host, port=p, client_timeout=None) for p in (port, admin_port)]
-    for sock in sockets:
-        sock.listen()
-    admin = _server(
-        load("hbase2_admin.thrift").THBaseService, Thrift2AdminHandler(thrift1), sockets[1], transport, protocol
-    )
-    threading.Thread(target=admin.serve, daemon=True).start()
-    print("LISTENING " + " ".join(str(s.sock.getsockname()[1]) for s in sockets), flush=True)
-    _server(hb.Hbase, thrift1, sockets[0], transport, protocol).serve()
+    main_server = server(hb.Hbase, thrift1, port)
+    admin = server(load("hbase2_admin.thrift").THBaseService, Thrift2AdminHandler(thrift1), admin_port)
+    admin.serve_in_thread("standin-thrift2")
+    print(f"LISTENING {main_server.port} {admin.port}", flush=True)
+    main_server.serve()
 
 
 def main() -> None:

@@ -48,9 +48,37 @@ struct TQueueDescription {
   3: map<i16, TMessageID> lastIDs
 }
 
+// A subscriber's registration (SPEC C7). A checkpoint is the first ID not
+// yet delivered in that partition: delivery resumes there.
+struct TSubscriberInfo {
+  1: string name,
+  2: string queue,
+  // absent: all topics / all partitions
+  3: optional list<binary> topics,
+  4: optional list<i16> partitions,
+  5: map<i16, TMessageID> checkpoints,
+  // host:port while the subscriber is attached; "" while it is away
+  6: string address,
+  // per partition: messages and milliseconds between checkpoint and last message
+  7: map<i16, i64> lagMessages,
+  8: map<i16, i64> lagMillis
+}
+
+// Where a subscription starts in one partition; no startID: from the
+// existing checkpoint, or from now for a new subscriber.
+struct TPartitionStart {
+  1: i16 partitionID,
+  2: optional TMessageID startID
+}
+
 exception TQueueNotFound {
   1: string message,
   2: string queue
+}
+
+exception TSubscriberNotFound {
+  1: string message,
+  2: string name
 }
 
 exception TQueueExists {
@@ -127,6 +155,32 @@ service HQueueService {
   // The queue must be disabled first, as in HBase.
   void dropQueue(1: string queue)
       throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TIOError io)
+
+  // -- subscriptions (SPEC C7); the seed's argument orders
+  // Registers name on queue now, so nothing written after this call is missed.
+  // An existing registration keeps its checkpoints; starts given move them.
+  // topics and partitions may be null: all of them.
+  void addSubscriber(1: string queue, 2: string name, 3: list<binary> topics,
+                     4: list<TPartitionStart> partitions)
+      throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TIOError io)
+  void deleteSubscriber(1: string name, 2: string queue)
+      throws (1: TSubscriberNotFound notFound, 2: TIOError io)
+  list<string> listSubscribers(1: string queue)
+      throws (1: TQueueNotFound notFound, 2: TIOError io)
+  TSubscriberInfo describeSubscriber(1: string name, 2: string queue)
+      throws (1: TSubscriberNotFound notFound, 2: TQueueNotFound queueNotFound, 3: TIOError io)
+  // partitionID -1: every partition. Replays from startID (inclusive).
+  void setCheckpoint(1: string queue, 2: string name, 3: i16 partitionID, 4: TMessageID startID)
+      throws (1: TSubscriberNotFound notFound, 2: TInvalidMessage invalid, 3: TIOError io)
+  // Where subscribers announce themselves: "zk:<hosts>/<chroot>" (create the
+  // ephemeral nodes there), or "server" (call subscriberHeartbeat).
+  string getCoordination()
+      throws (1: TIOError io)
+  // Without ZooKeeper: "I am at address, taking these topics"; every second.
+  void subscriberHeartbeat(1: string queue, 2: string name, 3: string address, 4: list<binary> topics)
+      throws (1: TSubscriberNotFound notFound, 2: TIOError io)
+  void subscriberLeave(1: string queue, 2: string name)
+      throws (1: TSubscriberNotFound notFound, 2: TIOError io)
 }
 
 // Served by each subscriber (SPEC C7): the server pushes batches to it.

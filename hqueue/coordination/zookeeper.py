@@ -102,7 +102,7 @@ class ZooKeeperCoordinator(Coordinator):
         refresh_seconds: float = 30.0,
     ) -> None:
         super().__init__()
-        self.address = address
+        self.address, self.hosts = address, hosts
         self.identifier = f"{server_id or address.replace(':', '_')}@{address}"
         self.time_boundary, self.refresh_seconds = time_boundary, refresh_seconds
         self.client = KazooClient(hosts=hosts, timeout=session_timeout)

@@ -20,56 +20,22 @@ import signal
 import threading
 import time
 
-from thriftpy2.protocol import TBinaryProtocolFactory
-from thriftpy2.server import TThreadedServer
-from thriftpy2.thrift import TProcessor
-from thriftpy2.transport import TFramedTransportFactory, TServerSocket
-
 from ..coordination import Coordinator, LocalCoordinator
+from ..coordination.registry import SubscriberRegistry
+from ..coordination.store_registry import StoreRegistry
+from ..coordination.zk_registry import ZooKeeperRegistry
+from ..coordination.zookeeper import ZooKeeperCoordinator
 from ..engine import Engine
 from . import wire
 from .handler import HQueueHandler
 from .scanners import DEFAULT_IDLE_TIMEOUT, ScannerRegistry
+from .subscribers import Subscribers
+from .subscriptions import SubscriptionManager
+from .threaded import ListeningSocket, ThreadedServer
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PORT = 9700
-
-
-class _ServerSocket(TServerSocket):
-    """Binds in the constructor's caller, so port 0 is resolved before serving."""
-
-    def listen(self):
-        if self.sock is None:
-            super().listen()
-
-
-class _ThreadedServer(TThreadedServer):
-    """thriftpy2's threaded server, with an accept loop that ends on close()."""
-
-    def serve(self) -> None:
-        self.trans.listen()
-        while not self.closed:
-            try:
-                client = self.trans.accept()
-            except OSError:
-                if self.closed:
-                    return
-                logger.warning("accept failed", exc_info=True)
-                continue
-            threading.Thread(target=self.handle, args=(client,), daemon=True, name="hqueue-conn").start()
-
-    def handle(self, client) -> None:
-        # A malformed frame or a client that vanishes ends its own connection
-        # only; log it without a traceback storm.
-        try:
-            super().handle(client)
-        except Exception:
-            logger.warning("connection ended by a malformed request", exc_info=True)
-
-    def close(self) -> None:
-        self.closed = True
-        self.trans.close()
 
 
 class HQueueServer:
@@ -94,32 +60,35 @@ class HQueueServer:
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
     ) -> None:
         self.engine = Engine.acquire(storage_url)
-        self._socket = _ServerSocket(host=host, port=port, client_timeout=None)
-        self._socket.listen()
-        self.port = self._socket.sock.getsockname()[1]
+        socket = ListeningSocket.bound(host, port)
+        self.port = socket.bound_port
         self.address = advertise or f"{host}:{self.port}"
         self.coordinator: Coordinator = (coordinator_factory or LocalCoordinator)(self.address)
         # An allocator is only valid while owning its partition; re-seed on every change.
         self.coordinator.add_listener(lambda gained, lost: self.engine.forget_partitions(gained | lost))
         self.scanners = ScannerRegistry(idle_timeout)
         self.handler = HQueueHandler(self.engine, self.coordinator, self.scanners)
-        self._server = _ThreadedServer(
-            TProcessor(wire.T.HQueueService, self.handler),
-            self._socket,
-            iprot_factory=TBinaryProtocolFactory(),
-            itrans_factory=TFramedTransportFactory(),
-            daemon=True,
-        )
+        self.subscriptions: SubscriptionManager | None = None
+        self._server = ThreadedServer(wire.T.HQueueService, self.handler, socket)
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> HQueueServer:
         """Join the coordinator and serve in a background thread."""
         self.coordinator.start(lambda: [(q.name, q.partitions) for q in self.engine.list_queues()])
-        self._thread = threading.Thread(target=self._server.serve, name="hqueue-accept", daemon=True)
-        self._thread.start()
+        registry = self._registry()
+        self.handler.subscribers = Subscribers(self.engine, registry)
+        self.subscriptions = SubscriptionManager(self.engine, self.coordinator, registry)
+        self.subscriptions.start()
+        self._thread = self._server.serve_in_thread("hqueue-accept")
         logger.info("hqueue server %s serving %s", self.address, self.engine.storage.url)
         return self
+
+    def _registry(self) -> SubscriberRegistry:
+        """Registrations in ZooKeeper with the coordinator's session, else in the store."""
+        if isinstance(self.coordinator, ZooKeeperCoordinator):
+            return ZooKeeperRegistry(self.coordinator.client, self.coordinator.hosts)
+        return StoreRegistry(self.engine.storage)
 
     def serve_forever(self) -> None:
         """Serve until SIGTERM or SIGINT, then shut down cleanly."""
@@ -139,6 +108,8 @@ class HQueueServer:
             time.sleep(0.01)
         if self.handler.active:
             logger.warning("%d call(s) still running after %gs; closing anyway", self.handler.active, grace)
+        if self.subscriptions:
+            self.subscriptions.stop()  # saves every checkpoint
         self.coordinator.stop()
         self.scanners.stop()
         self.engine.release()

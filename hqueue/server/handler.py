@@ -23,6 +23,7 @@ from ..message import MessageID
 from ..scanner import PartitionScanner
 from . import wire
 from .scanners import ScannerRegistry
+from .subscribers import Subscribers
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,8 @@ class HQueueHandler:
 
     def __init__(self, engine: Engine, coordinator: Coordinator, scanners: ScannerRegistry) -> None:
         self.engine, self.coordinator, self.scanners = engine, coordinator, scanners
+        #: Set by the server once its coordinator runs (registrations may live in ZooKeeper).
+        self._subscribers: Subscribers | None = None
         #: Calls under way (read by shutdown to drain), and whether puts are refused.
         self.active = 0
         self.draining = False
@@ -173,3 +176,61 @@ class HQueueHandler:
     def dropQueue(self, queue: str) -> None:
         self.engine.delete_queue(queue)
         self.coordinator.queues_changed()
+
+    # -- subscriptions -------------------------------------------------------------------
+
+    @property
+    def subscribers(self) -> Subscribers:
+        if self._subscribers is None:
+            raise HQueueError("the server is starting: subscriptions are not served yet")
+        return self._subscribers
+
+    @subscribers.setter
+    def subscribers(self, subscribers: Subscribers) -> None:
+        self._subscribers = subscribers
+
+    @_thrift_errors
+    def addSubscriber(self, queue: str, name: str, topics: list[bytes] | None, partitions: list[Any] | None) -> None:
+        starts = None
+        if partitions is not None:
+            starts = {p.partitionID: wire.from_tid(p.startID) if p.startID else None for p in partitions}
+        self.subscribers.add(queue, name, frozenset(topics) if topics is not None else None, starts)
+
+    @_thrift_errors
+    def deleteSubscriber(self, name: str, queue: str) -> None:
+        self.subscribers.delete(queue, name)
+
+    @_thrift_errors
+    def listSubscribers(self, queue: str) -> list[str]:
+        self.engine.queue_info(queue)
+        return self.subscribers.registry.names(queue)
+
+    @_thrift_errors
+    def describeSubscriber(self, name: str, queue: str) -> Any:
+        d = self.subscribers.describe(queue, name)
+        return wire.T.TSubscriberInfo(
+            name=name,
+            queue=queue,
+            topics=sorted(d["topics"]) if d["topics"] is not None else None,
+            partitions=sorted(d["partitions"]) if d["partitions"] is not None else None,
+            checkpoints={p: wire.to_tid(i) for p, i in d["checkpoints"].items()},
+            address=d["address"] or "",
+            lagMessages=d["lag_messages"],
+            lagMillis=d["lag_millis"],
+        )
+
+    @_thrift_errors
+    def setCheckpoint(self, queue: str, name: str, partitionID: int, startID: Any) -> None:
+        self.subscribers.set_checkpoint(queue, name, None if partitionID == -1 else partitionID, wire.from_tid(startID))
+
+    @_thrift_errors
+    def getCoordination(self) -> str:
+        return self.subscribers.registry.coordination
+
+    @_thrift_errors
+    def subscriberHeartbeat(self, queue: str, name: str, address: str, topics: list[bytes] | None) -> None:
+        self.subscribers.registry.heartbeat(queue, name, address, frozenset(topics) if topics is not None else None)
+
+    @_thrift_errors
+    def subscriberLeave(self, queue: str, name: str) -> None:
+        self.subscribers.registry.leave(queue, name)

@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import errors, idl
 from ..config import QueueInfo
+from ..coordination.registry import SubscriberNotFound
 from ..message import ROWKEY_LENGTH, Message, MessageID
 from ..scanner import Scan
 
@@ -108,6 +109,8 @@ def to_thrift_error(e: Exception) -> Exception:
         return T.TQueueNotFound(message=text, queue=e.name)
     if isinstance(e, errors.QueueExists):
         return T.TQueueExists(message=text, queue=e.name)
+    if isinstance(e, SubscriberNotFound):
+        return T.TSubscriberNotFound(message=text, name=e.name)
     if isinstance(e, errors.QueueDisabled):
         return T.TQueueDisabled(message=text, queue=e.name)
     if isinstance(e, errors.NotPartitionOwner):
@@ -126,6 +129,8 @@ def from_thrift_error(e: Exception, queue: str | None = None, partition_id: int 
         return errors.QueueNotFound(_text(e.queue) or queue or "?")
     if isinstance(e, T.TQueueExists):
         return errors.QueueExists(_text(e.queue) or queue or "?")
+    if isinstance(e, T.TSubscriberNotFound):
+        return SubscriberNotFound(_text(e.name), queue or "?")
     if isinstance(e, T.TQueueDisabled):
         return errors.QueueDisabled(_text(e.queue) or queue or "?")
     if isinstance(e, T.TNotPartitionOwner):

@@ -83,6 +83,24 @@ class Storage(abc.ABC):
     def estimate_count(self, name: str) -> int | None:
         """A cheap estimate of the number of stored messages; None if the backend has none."""
 
+    # -- small metadata (subscriber registrations when there is no ZooKeeper) --
+
+    @abc.abstractmethod
+    def get_meta(self, key: str) -> bytes | None:
+        """The value stored under ``key``, or None."""
+
+    @abc.abstractmethod
+    def put_meta(self, key: str, value: bytes) -> None:
+        """Store ``value`` under ``key`` durably."""
+
+    @abc.abstractmethod
+    def delete_meta(self, key: str) -> None:
+        """Forget ``key`` (no error if absent)."""
+
+    @abc.abstractmethod
+    def list_meta(self, prefix: str) -> dict[str, bytes]:
+        """Every key starting with ``prefix``, with its value."""
+
     def reclaim_expired(self, name: str) -> None:  # noqa: B027 - optional hook
         """Free the space of expired cells now (backends may do it anyway)."""
 

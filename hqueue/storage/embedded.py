@@ -41,6 +41,7 @@ from .base import Cell, Storage
 logger = logging.getLogger(__name__)
 
 _META_PREFIX = b"queue/"
+_KV_PREFIX = b"meta/"
 _CF_PREFIX = "q."
 #: How often expired messages are range-deleted, in seconds.
 RECLAIM_INTERVAL = 300.0
@@ -218,6 +219,24 @@ class EmbeddedStorage(Storage):
 
     def estimate_count(self, name: str) -> int:
         return int(self._family(name).property_int_value("rocksdb.estimate-num-keys") or 0)
+
+    def get_meta(self, key: str) -> bytes | None:
+        return self._guard(self._db.get, _KV_PREFIX + key.encode())
+
+    def put_meta(self, key: str, value: bytes) -> None:
+        self._guard(self._db.put, _KV_PREFIX + key.encode(), value, self._write_options[Durability.SYNC_WAL])
+
+    def delete_meta(self, key: str) -> None:
+        self._guard(self._db.delete, _KV_PREFIX + key.encode(), self._write_options[Durability.SYNC_WAL])
+
+    def list_meta(self, prefix: str) -> dict[str, bytes]:
+        start = _KV_PREFIX + prefix.encode()
+        found = {}
+        for key, value in self._db.items(from_key=start):
+            if not key.startswith(start):
+                break
+            found[key[len(_KV_PREFIX) :].decode()] = value
+        return found
 
     def reclaim_expired(self, name: str) -> None:
         info = self.get_queue(name)

@@ -63,6 +63,10 @@ FAMILY = b"message"
 _COLUMN_PREFIX = FAMILY + b":"
 _META_FAMILY = b"q"
 _META_COLUMN = b"q:info"
+# Other metadata lives in the meta table too, in its own column, under
+# rows that cannot be queue names ("/" is not allowed in those).
+_KV_COLUMN = b"q:meta"
+_KV_ROW = "meta/"
 _ID_END = b"\xff" * 10
 
 
@@ -373,6 +377,27 @@ class HBaseStorage(Storage):
 
         rows = self._retrying(f"last rowkey of {name!r} partition {partition_id}", read, name)
         return rows[0][:ROWKEY_LENGTH] if rows else None
+
+    def get_meta(self, key: str) -> bytes | None:
+        def read(connection):
+            return connection.table(self._meta_table).row((_KV_ROW + key).encode(), columns=[_KV_COLUMN])
+
+        return self._retrying(f"read {key!r}", read).get(_KV_COLUMN)
+
+    def put_meta(self, key: str, value: bytes) -> None:
+        with self._connection(f"write {key!r}") as connection:
+            connection.table(self._meta_table).put((_KV_ROW + key).encode(), {_KV_COLUMN: value})
+
+    def delete_meta(self, key: str) -> None:
+        with self._connection(f"delete {key!r}") as connection:
+            connection.table(self._meta_table).delete((_KV_ROW + key).encode(), columns=[_KV_COLUMN])
+
+    def list_meta(self, prefix: str) -> dict[str, bytes]:
+        def read(connection):
+            rows = connection.table(self._meta_table).scan(row_prefix=(_KV_ROW + prefix).encode(), columns=[_KV_COLUMN])
+            return {row.decode()[len(_KV_ROW) :]: data[_KV_COLUMN] for row, data in rows}
+
+        return self._retrying(f"list {prefix!r}", read)
 
     def estimate_count(self, name: str) -> int | None:
         return None

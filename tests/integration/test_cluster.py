@@ -28,6 +28,7 @@ PARTITIONS = 8
 
 @pytest.fixture
 def cluster(tmp_path, zk_hosts, hbase_standin):
+    """cluster(name) starts one more server on the shared storage and ZooKeeper."""
     storage = hbase_url(hbase_standin[0])
     servers = []
 

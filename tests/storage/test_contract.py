@@ -193,3 +193,18 @@ def test_expired_cells_are_invisible(storage, queue_name):
     assert storage.scan(queue_name, *whole(0)) == []
     storage.reclaim_expired(queue_name)
     assert storage.last_rowkey(queue_name, 0) is None
+
+
+def test_small_metadata_round_trips_and_lists_by_prefix(storage, queue):
+    assert storage.get_meta("sub/q/a") is None
+    storage.put_meta("sub/q/a", b"1")
+    storage.put_meta("sub/q/b", b"2")
+    storage.put_meta("sub/r/a", b"3")
+    storage.put_meta("sub/q/a", b"4")
+    assert storage.get_meta("sub/q/a") == b"4"
+    assert storage.list_meta("sub/q/") == {"sub/q/a": b"4", "sub/q/b": b"2"}
+    storage.delete_meta("sub/q/a")
+    storage.delete_meta("sub/q/missing")
+    assert storage.list_meta("sub/") == {"sub/q/b": b"2", "sub/r/a": b"3"}
+    # metadata never shows up as a queue
+    assert [q.name for q in storage.list_queues()] == [queue]

@@ -1,0 +1,187 @@
+"""Subscriber registrations (SPEC C7): what a subscriber takes, and how far it got.
+
+A :class:`Registration` is persistent (it outlives the subscriber process):
+its topics, its partitions and, per partition, a checkpoint: the first ID
+not yet delivered. The subscriber's *presence* (its address while it runs)
+is not: it vanishes when the subscriber leaves or dies.
+
+Two backends keep them: ZooKeeper (``zk_registry.py``), where presence is a
+pair of ephemeral nodes of the subscriber's own session; and the store
+(``store_registry.py``), for a single server without ZooKeeper, where
+presence is a heartbeat.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+
+from ..errors import HQueueError
+from ..message import MAX_SEQUENCE, MessageID
+
+__all__ = ["Registration", "SubscriberExists", "SubscriberNotFound", "SubscriberRegistry", "successor"]
+
+
+class SubscriberNotFound(HQueueError, LookupError):
+    """No subscriber of that name is registered on the queue."""
+
+    def __init__(self, name: str, queue: str) -> None:
+        super().__init__(f"subscriber {name!r} is not registered on queue {queue!r}")
+        self.name, self.queue = name, queue
+
+
+class SubscriberExists(HQueueError):
+    """A subscriber of that name is already registered on the queue."""
+
+
+def successor(message_id: MessageID) -> MessageID:
+    """The smallest ID after ``message_id``."""
+    if message_id.sequence < MAX_SEQUENCE:
+        return MessageID(message_id.timestamp, message_id.sequence + 1)
+    return MessageID(message_id.timestamp + 1, 0)
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A subscriber's registration on one queue.
+
+    Attributes:
+        queue, name: Which subscriber.
+        topics: Topics it takes; None for all.
+        partitions: Partitions it takes; None for all.
+        checkpoints: Per partition, the first ID not yet delivered.
+        address: ``host:port`` while the subscriber is attached, else None.
+        live_topics: The topics the attached subscriber asked for, which
+            override ``topics`` while it is attached.
+        epoch: Bumped by a replay (``set_checkpoint``): workers of an older
+            epoch stop and never save their checkpoints over the new ones.
+    """
+
+    queue: str
+    name: str
+    topics: frozenset[bytes] | None = None
+    partitions: frozenset[int] | None = None
+    checkpoints: dict[int, MessageID] = field(default_factory=dict)
+    address: str | None = None
+    live_topics: frozenset[bytes] | None = None
+    epoch: int = 0
+
+    @property
+    def attached(self) -> bool:
+        return bool(self.address)
+
+    @property
+    def effective_topics(self) -> frozenset[bytes] | None:
+        return self.live_topics if self.attached and self.live_topics is not None else self.topics
+
+    def takes(self, partition_id: int) -> bool:
+        return self.partitions is None or partition_id in self.partitions
+
+    def with_checkpoints(self, checkpoints: dict[int, MessageID]) -> Registration:
+        return replace(self, checkpoints={**self.checkpoints, **checkpoints})
+
+    def to_json(self) -> bytes:
+        """The persistent part (no presence)."""
+        return json.dumps(
+            {
+                "topics": encode_topics(self.topics),
+                "partitions": sorted(self.partitions) if self.partitions is not None else None,
+                "checkpoints": {str(p): str(i) for p, i in sorted(self.checkpoints.items())},
+                "epoch": self.epoch,
+            }
+        ).encode()
+
+    @classmethod
+    def from_json(cls, queue: str, name: str, data: bytes) -> Registration:
+        raw = json.loads(data)
+        return cls(
+            queue=queue,
+            name=name,
+            topics=decode_topics(raw.get("topics")),
+            partitions=frozenset(raw["partitions"]) if raw.get("partitions") is not None else None,
+            checkpoints={int(p): MessageID.parse(i) for p, i in raw.get("checkpoints", {}).items()},
+            epoch=raw.get("epoch", 0),
+        )
+
+
+def encode_topics(topics: Iterable[bytes] | None) -> list[str] | None:
+    # latin-1 maps every byte to one code point: any binary topic survives JSON.
+    return sorted(t.decode("latin-1") for t in topics) if topics is not None else None
+
+
+def decode_topics(topics: list[str] | None) -> frozenset[bytes] | None:
+    return frozenset(t.encode("latin-1") for t in topics) if topics is not None else None
+
+
+class SubscriberRegistry(abc.ABC):
+    """Where registrations and presence live, for the server."""
+
+    #: How subscribers announce themselves: ``"zk:<hosts>"`` or ``"server"``.
+    coordination: str
+
+    def __init__(self) -> None:
+        self._listeners: list[Callable[[], None]] = []
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` when registrations or presence may have changed."""
+        self._listeners.append(listener)
+
+    def changed(self) -> None:
+        """Tell the listeners (the server's workers) to look again."""
+        for listener in self._listeners:
+            listener()
+
+    @abc.abstractmethod
+    def create(self, registration: Registration) -> None:
+        """Store a new registration; raises SubscriberExists."""
+
+    @abc.abstractmethod
+    def load(self, queue: str, name: str) -> Registration:
+        """The registration with its presence; raises SubscriberNotFound."""
+
+    @abc.abstractmethod
+    def update(self, queue: str, name: str, change: Callable[[Registration], Registration]) -> Registration:
+        """Apply ``change`` to the stored registration atomically."""
+
+    @abc.abstractmethod
+    def remove(self, queue: str, name: str) -> None:
+        """Delete the registration; raises SubscriberNotFound."""
+
+    @abc.abstractmethod
+    def names(self, queue: str) -> list[str]:
+        """Registered subscriber names of ``queue``, sorted."""
+
+    @abc.abstractmethod
+    def attached(self) -> list[Registration]:
+        """Every registration whose subscriber is attached now."""
+
+    def heartbeat(self, queue: str, name: str, address: str, topics: frozenset[bytes] | None) -> None:
+        """Presence by heartbeat (only where there is no ZooKeeper)."""
+        raise HQueueError(f"subscribers announce themselves through {self.coordination}, not heartbeats")
+
+    def leave(self, queue: str, name: str) -> None:
+        """End presence by heartbeat."""
+        raise HQueueError(f"subscribers announce themselves through {self.coordination}, not heartbeats")
+
+    def save_checkpoints(self, queue: str, name: str, checkpoints: dict[int, MessageID], epoch: int) -> bool:
+        """Merge a worker's checkpoints; False (nothing saved) if a replay
+        started a new epoch meanwhile."""
+        saved = True
+
+        def change(registration: Registration) -> Registration:
+            nonlocal saved
+            saved = registration.epoch == epoch
+            return registration.with_checkpoints(checkpoints) if saved else registration
+
+        self.update(queue, name, change)
+        return saved
+
+    def replay(self, queue: str, name: str, checkpoints: dict[int, MessageID]) -> None:
+        """Move checkpoints back (or forward) and start a new epoch."""
+        self.update(queue, name, lambda r: replace(r.with_checkpoints(checkpoints), epoch=r.epoch + 1))
+        self.changed()
+
+    def close(self) -> None:  # noqa: B027 - optional
+        pass

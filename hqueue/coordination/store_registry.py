@@ -1,0 +1,92 @@
+"""Registrations kept in the store, presence by heartbeat (one server, no ZooKeeper).
+
+Registrations are JSON under ``subscribers/<queue>/<name>`` in the store's
+metadata. A subscriber is attached while it heartbeats (every second); it
+counts as gone ``presence_timeout`` seconds after its last one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from ..storage import Storage
+from .registry import Registration, SubscriberExists, SubscriberNotFound, SubscriberRegistry
+
+PREFIX = "subscribers/"
+
+
+class StoreRegistry(SubscriberRegistry):
+    """Registrations in the store; presence in memory, by heartbeat."""
+
+    coordination = "server"
+
+    def __init__(self, storage: Storage, presence_timeout: float = 3.0) -> None:
+        super().__init__()
+        self.storage, self.presence_timeout = storage, presence_timeout
+        self._lock = threading.RLock()
+        self._presence: dict[tuple[str, str], tuple[str, frozenset[bytes] | None, float]] = {}
+
+    def _key(self, queue: str, name: str) -> str:
+        return f"{PREFIX}{queue}/{name}"
+
+    def _stored(self, queue: str, name: str) -> Registration:
+        data = self.storage.get_meta(self._key(queue, name))
+        if data is None:
+            raise SubscriberNotFound(name, queue)
+        return Registration.from_json(queue, name, data)
+
+    def create(self, registration: Registration) -> None:
+        with self._lock:
+            if self.storage.get_meta(self._key(registration.queue, registration.name)) is not None:
+                raise SubscriberExists(f"subscriber {registration.name!r} exists on {registration.queue!r}")
+            self.storage.put_meta(self._key(registration.queue, registration.name), registration.to_json())
+        self.changed()
+
+    def load(self, queue: str, name: str) -> Registration:
+        registration = self._stored(queue, name)
+        presence = self._presence.get((queue, name))
+        if presence and time.monotonic() - presence[2] < self.presence_timeout:
+            return replace(registration, address=presence[0], live_topics=presence[1])
+        return registration
+
+    def update(self, queue: str, name: str, change: Callable[[Registration], Registration]) -> Registration:
+        with self._lock:
+            registration = change(self._stored(queue, name))
+            self.storage.put_meta(self._key(queue, name), registration.to_json())
+        return registration
+
+    def remove(self, queue: str, name: str) -> None:
+        with self._lock:
+            self._stored(queue, name)
+            self.storage.delete_meta(self._key(queue, name))
+            self._presence.pop((queue, name), None)
+        self.changed()
+
+    def names(self, queue: str) -> list[str]:
+        return sorted(key.rsplit("/", 1)[1] for key in self.storage.list_meta(f"{PREFIX}{queue}/"))
+
+    def attached(self) -> list[Registration]:
+        now = time.monotonic()
+        live = [key for key, (_, _, seen) in list(self._presence.items()) if now - seen < self.presence_timeout]
+        found = []
+        for queue, name in live:
+            try:
+                found.append(self.load(queue, name))
+            except SubscriberNotFound:
+                self._presence.pop((queue, name), None)
+        return found
+
+    def heartbeat(self, queue: str, name: str, address: str, topics: frozenset[bytes] | None) -> None:
+        self._stored(queue, name)
+        previous = self._presence.get((queue, name))
+        self._presence[(queue, name)] = (address, topics, time.monotonic())
+        if previous is None or previous[:2] != (address, topics):
+            self.changed()
+
+    def leave(self, queue: str, name: str) -> None:
+        self._stored(queue, name)
+        if self._presence.pop((queue, name), None) is not None:
+            self.changed()

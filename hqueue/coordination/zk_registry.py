@@ -1,0 +1,219 @@
+"""Registrations in ZooKeeper (SPEC C7).
+
+Layout, under the servers' chroot::
+
+    /subscriptions/<queue>/subscribers/<name>          persistent: topics, partitions, checkpoints (JSON)
+    /subscriptions/<queue>/subscribers/<name>/address  ephemeral (subscriber's session): host:port
+    /subscriptions/<queue>/subscribers/<name>/topics   ephemeral: the topics it takes now (JSON)
+
+Servers watch the tree with kazoo ChildrenWatches and reconcile their
+workers on every change. Checkpoints are merged with a versioned
+compare-and-set, retried on conflict (kazoo's ``recipe/counter.py`` way),
+since every server writes the checkpoints of the partitions it owns.
+
+:class:`ZooKeeperPresence` is the subscriber's side: it creates the two
+ephemeral nodes with its own session, and creates them again after a
+session is lost and a new one begins.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
+from kazoo.retry import ForceRetryError
+
+from ..errors import CoordinationError
+from .registry import (
+    Registration,
+    SubscriberExists,
+    SubscriberNotFound,
+    SubscriberRegistry,
+    decode_topics,
+    encode_topics,
+)
+
+logger = logging.getLogger(__name__)
+
+ROOT = "/subscriptions"
+
+
+def registration_path(queue: str, name: str) -> str:
+    return f"{ROOT}/{queue}/subscribers/{name}"
+
+
+class ZooKeeperRegistry(SubscriberRegistry):
+    """Registrations and presence in ZooKeeper, for the servers.
+
+    Args:
+        client: A started kazoo client (the server shares its coordinator's).
+        hosts: The connect string subscribers should use (with chroot).
+    """
+
+    def __init__(self, client: KazooClient, hosts: str) -> None:
+        super().__init__()
+        self.client, self.coordination = client, f"zk:{hosts}"
+        self._watched: set[str] = set()
+        self._lock = threading.Lock()
+        client.ensure_path(ROOT)
+        self._watch(ROOT, self._on_queues)
+
+    # -- watches ----------------------------------------------------------------------
+
+    def _watch(self, path: str, on_children: Callable[[str, list[str]], None]) -> None:
+        with self._lock:
+            if path in self._watched:
+                return
+            self._watched.add(path)
+
+        def changed(children: list[str]) -> None:
+            on_children(path, children)
+            self.changed()
+
+        try:
+            self.client.ChildrenWatch(path, changed)
+        except NoNodeError:
+            with self._lock:
+                self._watched.discard(path)
+
+    def _forget_watches(self, parent: str, children: list[str]) -> None:
+        # A watch ends when its node is deleted; let a re-created node be watched again.
+        with self._lock:
+            gone = {
+                p
+                for p in self._watched
+                if p.startswith(parent + "/") and p[len(parent) + 1 :].split("/")[0] not in children
+            }
+            self._watched -= gone
+
+    def _on_queues(self, path: str, queues: list[str]) -> None:
+        self._forget_watches(path, queues)
+        for queue in queues:
+            self._watch(f"{ROOT}/{queue}/subscribers", self._on_names)
+
+    def _on_names(self, path: str, names: list[str]) -> None:
+        self._forget_watches(path, names)
+        for name in names:
+            self._watch(f"{path}/{name}", lambda p, c: None)  # address/topics come and go
+
+    # -- registrations -----------------------------------------------------------------
+
+    def _stored(self, queue: str, name: str) -> tuple[Registration, int]:
+        try:
+            data, stat = self.client.get(registration_path(queue, name))
+        except NoNodeError:
+            raise SubscriberNotFound(name, queue) from None
+        return Registration.from_json(queue, name, data), stat.version
+
+    def create(self, registration: Registration) -> None:
+        try:
+            self.client.create(
+                registration_path(registration.queue, registration.name), registration.to_json(), makepath=True
+            )
+        except NodeExistsError:
+            raise SubscriberExists(f"subscriber {registration.name!r} exists on {registration.queue!r}") from None
+        except KazooException as e:
+            raise CoordinationError(f"cannot register {registration.name!r}: {e}") from e
+
+    def load(self, queue: str, name: str) -> Registration:
+        registration, _ = self._stored(queue, name)
+        path = registration_path(queue, name)
+        try:
+            address = self.client.get(path + "/address")[0].decode()
+            topics = decode_topics(json.loads(self.client.get(path + "/topics")[0]))
+        except NoNodeError:
+            return registration
+        return replace(registration, address=address, live_topics=topics)
+
+    def update(self, queue: str, name: str, change: Callable[[Registration], Registration]) -> Registration:
+        def attempt() -> Registration:
+            registration, version = self._stored(queue, name)
+            changed = change(registration)
+            try:
+                self.client.set(registration_path(queue, name), changed.to_json(), version=version)
+            except BadVersionError:
+                raise ForceRetryError() from None  # another server wrote meanwhile: read again
+            return changed
+
+        try:
+            return self.client.retry(attempt)
+        except KazooException as e:
+            raise CoordinationError(f"cannot update subscriber {name!r} on {queue!r}: {e}") from e
+
+    def remove(self, queue: str, name: str) -> None:
+        try:
+            self.client.delete(registration_path(queue, name), recursive=True)
+        except NoNodeError:
+            raise SubscriberNotFound(name, queue) from None
+
+    def names(self, queue: str) -> list[str]:
+        try:
+            return sorted(self.client.get_children(f"{ROOT}/{queue}/subscribers"))
+        except NoNodeError:
+            return []
+
+    def attached(self) -> list[Registration]:
+        found = []
+        for queue in self.client.get_children(ROOT):
+            for name in self.names(queue):
+                try:
+                    registration = self.load(queue, name)
+                except SubscriberNotFound:
+                    continue  # deleted meanwhile
+                if registration.attached:
+                    found.append(registration)
+        return found
+
+
+class ZooKeeperPresence:
+    """The subscriber's ephemeral ``address`` and ``topics`` nodes."""
+
+    def __init__(self, hosts: str, queue: str, name: str, address: str, topics: frozenset[bytes] | None) -> None:
+        self.path = registration_path(queue, name)
+        self.address, self.topics = address, topics
+        self.client = KazooClient(hosts=hosts, timeout=10.0)
+        self._stopping = False
+        self.client.add_listener(self._on_state)
+
+    def start(self) -> None:
+        try:
+            self.client.start(timeout=15)
+        except Exception as e:
+            raise CoordinationError(f"cannot reach ZooKeeper at {self.client.hosts}: {e}") from e
+        self._announce()
+
+    def _announce(self) -> None:
+        if not self.client.exists(self.path):
+            raise CoordinationError(f"{self.path} does not exist: register the subscriber first (add_subscriber)")
+        for child, data in (
+            ("topics", json.dumps(encode_topics(self.topics)).encode()),
+            ("address", self.address.encode()),
+        ):
+            try:
+                self.client.create(f"{self.path}/{child}", data, ephemeral=True)
+            except NodeExistsError:
+                # Left by our own expired session, or another instance of this subscriber.
+                self.client.set(f"{self.path}/{child}", data)
+
+    def _on_state(self, state: str) -> None:
+        if state == KazooState.LOST and not self._stopping:
+            # The ephemeral nodes died with the session: announce again once reconnected.
+            threading.Thread(target=self._reannounce, daemon=True).start()
+
+    def _reannounce(self) -> None:
+        try:
+            self.client.retry(self._announce)
+        except Exception:
+            logger.exception("could not announce %s again after a session loss", self.path)
+
+    def stop(self) -> None:
+        self._stopping = True
+        try:
+            self.client.stop()  # the ephemeral nodes go with the session
+        finally:
+            self.client.close()

@@ -1,0 +1,108 @@
+"""Subscriber administration on the server: register, describe, replay (SPEC C7)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..coordination.registry import Registration, SubscriberExists, SubscriberRegistry, successor
+from ..engine import Engine, check_partition
+from ..errors import InvalidMessage
+from ..message import MessageID
+from ..scanner import Scan
+
+#: describe_subscriber counts lag messages up to this many per partition.
+LAG_COUNT_LIMIT = 100_000
+
+
+class Subscribers:
+    """The admin calls of subscriptions, over a registry and the engine."""
+
+    def __init__(self, engine: Engine, registry: SubscriberRegistry) -> None:
+        self.engine, self.registry = engine, registry
+
+    def _now(self, queue: str, partition_id: int) -> MessageID:
+        """Where "from now" starts: after the partition's last message.
+
+        Every ID given later is above the last stored one (allocators are
+        seeded from storage), so nothing written after this is missed, even
+        when a server with a slower clock takes the partition over.
+        """
+        last = self.engine.last_id(queue, partition_id)
+        return successor(last) if last else MessageID(0)
+
+    def add(
+        self,
+        queue: str,
+        name: str,
+        topics: frozenset[bytes] | None,
+        starts: dict[int, MessageID | None] | None,
+    ) -> Registration:
+        """Register ``name`` (or update its topics, partitions and given starts)."""
+        if not isinstance(name, str) or not name or "/" in name:
+            raise InvalidMessage(f"invalid subscriber name {name!r}: a non-empty name without '/'")
+        info = self.engine.queue_info(queue, fresh=True)
+        for pid in starts or {}:
+            check_partition(info, pid)
+        partitions = frozenset(starts) if starts is not None else None
+        given = {pid: start for pid, start in (starts or {}).items() if start is not None}
+        fresh = Registration(queue, name, topics, partitions)
+        checkpoints = {pid: self._now(queue, pid) for pid in range(info.partitions) if fresh.takes(pid)}
+        try:
+            self.registry.create(fresh.with_checkpoints({**checkpoints, **given}))
+        except SubscriberExists:
+            # Registered before: keep its checkpoints, except where a start is given.
+            def change(old: Registration) -> Registration:
+                missing = {p: c for p, c in checkpoints.items() if p not in old.checkpoints}
+                kept = Registration(queue, name, topics, partitions, old.checkpoints)
+                return kept.with_checkpoints({**missing, **given})
+
+            self.registry.update(queue, name, change)
+        return self.registry.load(queue, name)
+
+    def delete(self, queue: str, name: str) -> None:
+        self.registry.remove(queue, name)
+
+    def set_checkpoint(self, queue: str, name: str, partition_id: int | None, start: MessageID) -> None:
+        """Replay: deliver again from ``start`` (inclusive); None: every partition."""
+        info = self.engine.queue_info(queue, fresh=True)
+        if partition_id is not None:
+            check_partition(info, partition_id)
+        registration = self.registry.load(queue, name)
+        pids = (
+            [partition_id] if partition_id is not None else [p for p in range(info.partitions) if registration.takes(p)]
+        )
+        # A new epoch: running workers (on every server) restart from these.
+        self.registry.replay(queue, name, dict.fromkeys(pids, start))
+
+    def describe(self, queue: str, name: str) -> dict[str, Any]:
+        """Address, topics, checkpoints and lag per partition: undelivered messages
+        (counted up to LAG_COUNT_LIMIT) and milliseconds between the oldest
+        undelivered message and the newest."""
+        registration = self.registry.load(queue, name)
+        info = self.engine.queue_info(queue, fresh=True)
+        lag_messages, lag_millis = {}, {}
+        for pid in range(info.partitions):
+            if not registration.takes(pid):
+                continue
+            checkpoint = registration.checkpoints.get(pid, MessageID(0))
+            last = self.engine.last_id(queue, pid)
+            if last is None or last < checkpoint:
+                lag_messages[pid] = lag_millis[pid] = 0
+                continue
+            scan = Scan(checkpoint, successor(last), registration.effective_topics)
+            start, stop = scan.key_range(pid)
+            waiting = self.engine.scan(queue, start, stop, scan.topics, LAG_COUNT_LIMIT)
+            lag_messages[pid] = len(waiting)
+            # How far behind: from the oldest undelivered message to the newest one.
+            oldest = MessageID.from_bytes(waiting[0][0]) if waiting else last
+            lag_millis[pid] = last.timestamp - oldest.timestamp
+        return {
+            "name": name,
+            "queue": queue,
+            "address": registration.address,
+            "topics": registration.effective_topics,
+            "partitions": registration.partitions,
+            "checkpoints": registration.checkpoints,
+            "lag_messages": lag_messages,
+            "lag_millis": lag_millis,
+        }

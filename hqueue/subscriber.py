@@ -1,0 +1,215 @@
+"""Push subscriptions, subscriber side (SPEC C7).
+
+::
+
+    class Printer(MessageListener):
+        def on_messages(self, messages):      # raise to fail: redelivered later
+            for m in messages:
+                print(m.id, m.topic, m.value)
+
+    queue = HQueue("orders", url="hqueue://127.0.0.1:9700")
+    subscription = Subscription("printer", topics={"order"})
+    subscriber = queue.create_subscriber(subscription, [Printer()])
+    subscriber.start()
+    ...
+    subscriber.stop("deploy")
+
+A subscriber serves ``HQueueSubscriberService.consumeMessages`` on a Thrift
+port of its own; servers push batches there, one worker per partition, and
+each batch reaches the listeners in order. Batches of *different* partitions
+may arrive concurrently, so listeners must be thread-safe; within a
+partition, batches come one at a time, in MessageID order.
+
+Delivery is at least once: a listener that raises makes the server send the
+same batch again later (with backoff); after a crash, up to one checkpoint
+interval (1 s) of messages per partition may come again.
+
+Presence: with ZooKeeper, the subscriber creates ephemeral ``address`` and
+``topics`` nodes with its own session (they vanish if it dies); without,
+it heartbeats the server every second.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .coordination.zk_registry import ZooKeeperPresence
+from .errors import HQueueError
+from .message import Message, MessageID, _as_topic
+from .server import wire
+from .server.threaded import ListeningSocket, ThreadedServer
+
+if TYPE_CHECKING:
+    from .remote import RemoteEngine
+
+logger = logging.getLogger(__name__)
+
+#: Status codes returned to the server by consumeMessages.
+OK, FAILED = 0, 1
+
+
+class MessageListener:
+    """Receives batches of messages; subclass and override :meth:`on_messages`."""
+
+    def on_messages(self, messages: list[Message]) -> None:
+        """Process a batch. Raise to have the whole batch delivered again later."""
+        raise NotImplementedError
+
+
+class Subscription:
+    """What a subscriber takes: a name, topics, partitions and where to start.
+
+    Args:
+        name: The subscriber's name on the queue (its checkpoints go by it).
+        topics: Topics to take; none means all.
+    """
+
+    def __init__(self, name: str, topics: Iterable[str | bytes] | None = None) -> None:
+        if not isinstance(name, str) or not name or "/" in name:
+            raise ValueError(f"'name' must be a non-empty str without '/', got {name!r}")
+        if isinstance(topics, (str, bytes)):
+            raise TypeError("'topics' must be a collection of topics, not one topic")
+        self.name = name
+        self.topics: set[bytes] | None = {_as_topic(t) for t in topics} if topics else None
+        self.partitions: dict[int, MessageID | None] | None = None
+
+    def add_topic(self, topic: str | bytes) -> Subscription:
+        self.topics = (self.topics or set()) | {_as_topic(topic)}
+        return self
+
+    def add_partitions(
+        self, partitions: Iterable[tuple[int, MessageID | None]] | Mapping[int, MessageID | None]
+    ) -> Subscription:
+        """Take these partitions, each from a start ID or (None) its checkpoint.
+
+        None means: from the subscriber's checkpoint, or from now for a new
+        subscriber. Without any partitions added, it takes all of them.
+        """
+        items = partitions.items() if isinstance(partitions, Mapping) else partitions
+        for pid, start in items:
+            if not isinstance(pid, int) or pid < 0:
+                raise ValueError(f"a partition id must be an int >= 0, got {pid!r}")
+            if start is not None and not isinstance(start, MessageID):
+                raise TypeError(f"a start must be a MessageID or None, got {type(start).__name__}")
+            self.partitions = {**(self.partitions or {}), pid: start}
+        return self
+
+
+class SubscriberState:
+    NEW = "NEW"
+    STARTED = "STARTED"
+    STOPPED = "STOPPED"
+
+
+class _ConsumeHandler:
+    def __init__(self, subscriber: Subscriber) -> None:
+        self.subscriber = subscriber
+
+    def consumeMessages(self, messages: list[Any]) -> int:
+        if not self.subscriber.started:
+            # Stopped: connections opened before stop() may still deliver; refuse,
+            # so the batch stays undelivered and comes to the next instance.
+            return FAILED
+        try:
+            batch = [wire.from_stored_tmessage(t) for t in messages]
+            for listener in self.subscriber.listeners:
+                listener.on_messages(batch)
+        except Exception:  # one bad batch never kills the subscriber: it comes again
+            logger.warning("%s: a listener failed on %d message(s)", self.subscriber.name, len(messages), exc_info=True)
+            return FAILED
+        self.subscriber.received += len(messages)
+        return OK
+
+
+class Subscriber:
+    """A running subscription; made by :meth:`HQueue.create_subscriber`."""
+
+    def __init__(
+        self,
+        engine: RemoteEngine,
+        queue: str,
+        subscription: Subscription,
+        listeners: Sequence[MessageListener],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        advertise: str | None = None,
+    ) -> None:
+        if not listeners or not all(isinstance(listener, MessageListener) for listener in listeners):
+            raise TypeError("'listeners' must be a non-empty sequence of MessageListener")
+        self.engine, self.queue, self.subscription = engine, queue, subscription
+        self.name, self.listeners = subscription.name, list(listeners)
+        self.host, self.port, self.advertise = host, port, advertise
+        self.state = SubscriberState.NEW
+        self.received = 0
+        self._server: ThreadedServer | None = None
+        self._presence: ZooKeeperPresence | None = None
+        self._stop_heartbeat = threading.Event()
+
+    @property
+    def started(self) -> bool:
+        return self.state == SubscriberState.STARTED
+
+    @property
+    def address(self) -> str:
+        return self.advertise or f"{self.host}:{self.port}"
+
+    def start(self) -> Subscriber:
+        """Listen, register (or resume the registration) and announce presence."""
+        if self.started:
+            return self
+        self.state = SubscriberState.STARTED  # before the port opens: batches may come at once
+        socket = ListeningSocket.bound(self.host, self.port)
+        self.port = socket.bound_port
+        self._server = ThreadedServer(wire.T.HQueueSubscriberService, _ConsumeHandler(self), socket)
+        self._server.serve_in_thread(f"hqueue-subscriber-{self.name}")
+        try:
+            topics = frozenset(self.subscription.topics) if self.subscription.topics else None
+            self.engine.add_subscriber(self.queue, self.name, topics, self.subscription.partitions)
+            coordination = self.engine.coordination()
+            if coordination.startswith("zk:"):
+                self._presence = ZooKeeperPresence(coordination[3:], self.queue, self.name, self.address, topics)
+                self._presence.start()
+            else:
+                self.engine.subscriber_heartbeat(self.queue, self.name, self.address, topics)
+                self._stop_heartbeat.clear()
+                threading.Thread(target=self._heartbeat, args=(topics,), daemon=True).start()
+        except BaseException:
+            self.state = SubscriberState.STOPPED
+            self._server.close()
+            raise
+        logger.info("subscriber %s on %s listening at %s (%s)", self.name, self.queue, self.address, coordination)
+        return self
+
+    def _heartbeat(self, topics: frozenset[bytes] | None) -> None:
+        while not self._stop_heartbeat.wait(1.0):
+            try:
+                self.engine.subscriber_heartbeat(self.queue, self.name, self.address, topics)
+            except HQueueError:
+                logger.warning("%s: heartbeat failed; retrying", self.name, exc_info=True)
+
+    def stop(self, reason: str = "") -> None:
+        """Leave (the registration and its checkpoints stay) and stop listening."""
+        if not self.started:
+            return
+        logger.info("subscriber %s on %s stopping: %s", self.name, self.queue, reason or "stop()")
+        self.state = SubscriberState.STOPPED
+        if self._presence is not None:
+            self._presence.stop()
+        else:
+            self._stop_heartbeat.set()
+            try:
+                self.engine.subscriber_leave(self.queue, self.name)
+            except HQueueError:
+                logger.warning("%s: could not tell the server it leaves", self.name, exc_info=True)
+        if self._server is not None:
+            self._server.close()
+
+    def __enter__(self) -> Subscriber:
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop("context exit")

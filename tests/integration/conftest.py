@@ -1,0 +1,1 @@
+from .test_cluster import cluster  # noqa: F401  (shared with test_subscriptions.py)

@@ -1,0 +1,207 @@
+"""Push subscriptions against one server on loopback (registrations in its store)."""
+
+import threading
+import time
+
+import pytest
+
+from hqueue import (
+    HQueue,
+    HQueueAdmin,
+    HQueueError,
+    Message,
+    MessageID,
+    MessageListener,
+    SubscriberNotFound,
+    Subscription,
+)
+from hqueue.server import HQueueServer
+
+from .processes import wait_for
+
+
+class Collect(MessageListener):
+    """Records every batch; fails the first ``fail`` batches it sees."""
+
+    def __init__(self, fail: int = 0) -> None:
+        self.messages, self.fail, self.failures, self.lock = [], fail, 0, threading.Lock()
+
+    def on_messages(self, messages):
+        with self.lock:
+            if self.failures < self.fail:
+                self.failures += 1
+                raise RuntimeError("listener says no (test)")
+            self.messages.extend(messages)
+
+    def values(self):
+        return [m.value for m in self.messages]
+
+    def by_partition(self):
+        out = {}
+        for m in self.messages:
+            out.setdefault(m.partition_id, []).append(m)
+        return out
+
+
+@pytest.fixture
+def url(tmp_path):
+    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
+    url = f"hqueue://{server.address}"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("events", 8)
+    yield url
+    server.stop()
+
+
+@pytest.fixture
+def queue(url):
+    with HQueue("events", url) as queue:
+        yield queue
+
+
+def put_spread(queue, count: int, topic: str = "t", partitions: int = 8) -> list[MessageID]:
+    ids = []
+    for i in range(count):
+        ids += queue.put(Message(topic, b"%d" % i), partition_id=i % partitions)
+    return ids
+
+
+def test_messages_reach_a_subscriber_exactly_once_in_order_per_partition(queue):
+    listener = Collect()
+    with queue.create_subscriber(Subscription("s1"), [listener]):
+        ids = put_spread(queue, 800)
+        wait_for(lambda: len(listener.messages) >= 800, 30, "800 deliveries")
+        time.sleep(0.3)  # anything extra would show up now
+    assert sorted(m.id for m in listener.messages) == sorted(ids)  # each once
+    for pid, messages in listener.by_partition().items():
+        assert [m.id for m in messages] == sorted(m.id for m in messages), f"partition {pid} out of order"
+
+
+def test_listeners_are_called_in_order_with_each_batch(queue):
+    calls = []
+
+    class Named(MessageListener):
+        def __init__(self, name):
+            self.name = name
+
+        def on_messages(self, messages):
+            calls.append((self.name, len(messages)))
+
+    with queue.create_subscriber(Subscription("s1"), [Named("first"), Named("second")]):
+        queue.put([Message("t", b"x")] * 5, partition_id=3)
+        wait_for(lambda: len(calls) >= 2, 10, "both listeners")
+    assert calls[:2] == [("first", 5), ("second", 5)]
+
+
+def test_a_failing_listener_gets_the_same_batches_again_nothing_skipped(queue):
+    listener = Collect(fail=3)
+    with queue.create_subscriber(Subscription("s1"), [listener]):
+        ids = queue.put([Message("t", b"%d" % i) for i in range(50)], partition_id=2)
+        ids += queue.put([Message("t", b"%d" % i) for i in range(50, 60)], partition_id=2)
+        wait_for(lambda: len(listener.messages) >= 60, 30, "redelivery")
+    assert listener.failures == 3
+    assert [m.id for m in listener.messages] == ids
+
+
+def test_topic_filter_and_partition_subset(queue):
+    listener = Collect()
+    subscription = Subscription("s1", topics={"wanted"}).add_partitions({(1, None), (2, None)})
+    with queue.create_subscriber(subscription, [listener]):
+        for pid in range(4):
+            queue.put([Message("wanted", b"w%d" % pid), Message("other", b"o%d" % pid)], partition_id=pid)
+        wait_for(lambda: len(listener.messages) >= 2, 10, "2 deliveries")
+        time.sleep(0.5)
+    assert sorted(listener.values()) == [b"w1", b"w2"]
+
+
+def test_explicit_start_ids_replay_history(queue):
+    old = queue.put([Message("t", b"old%d" % i) for i in range(5)], partition_id=4)
+    listener = Collect()
+    with queue.create_subscriber(Subscription("s1").add_partitions({4: old[2]}), [listener]):
+        wait_for(lambda: len(listener.messages) >= 3, 10, "replayed messages")
+    assert listener.values() == [b"old2", b"old3", b"old4"]
+
+
+def test_add_subscriber_before_start_misses_nothing_written_after(queue, url):
+    queue.put(Message("t", b"before"), partition_id=0)
+    with HQueueAdmin(url) as admin:
+        admin.add_subscriber("events", "late")
+        assert admin.list_subscribers("events") == ["late"]
+    queue.put(Message("t", b"after add"), partition_id=0)
+    listener = Collect()
+    with queue.create_subscriber(Subscription("late"), [listener]):
+        wait_for(lambda: listener.messages, 10, "the message written after add_subscriber")
+        time.sleep(0.3)
+    assert listener.values() == [b"after add"]
+
+
+def test_a_stopped_subscriber_resumes_from_its_checkpoint(queue, url):
+    listener = Collect()
+    subscriber = queue.create_subscriber(Subscription("s1"), [listener]).start()
+    queue.put(Message("t", b"one"), partition_id=5)
+    wait_for(lambda: listener.messages, 10, "first delivery")
+    subscriber.stop("test")
+    queue.put(Message("t", b"while away"), partition_id=5)
+    with HQueueAdmin(url) as admin:
+        # the address goes at once; the last checkpoint is saved as the worker stops
+        def away_with_one_waiting():
+            described = admin.describe_subscriber("s1", "events")
+            return described["address"] is None and described["lag_messages"][5] == 1
+
+        wait_for(away_with_one_waiting, 10, "away, with one message waiting")
+    with queue.create_subscriber(Subscription("s1"), [listener]):
+        wait_for(lambda: len(listener.messages) >= 2, 10, "resume")
+    assert listener.values() == [b"one", b"while away"]
+
+
+def test_set_checkpoint_replays_from_a_time(queue, url):
+    listener = Collect()
+    with queue.create_subscriber(Subscription("s1"), [listener]):
+        first = queue.put([Message("t", b"a"), Message("t", b"b")], partition_id=6)
+        wait_for(lambda: len(listener.messages) >= 2, 10, "first pass")
+        with HQueueAdmin(url) as admin:
+            admin.set_checkpoint("events", "s1", 6, first[0])
+            wait_for(lambda: len(listener.messages) >= 4, 10, "replay")
+            # saved within the checkpoint interval (1 s)
+            wait_for(lambda: admin.describe_subscriber("s1", "events")["checkpoints"][6] > first[1], 10, "a save")
+    assert listener.values()[:4] == [b"a", b"b", b"a", b"b"]
+
+
+def test_bad_subscriber_input_is_rejected_clearly(queue, url, tmp_path):
+    with pytest.raises(ValueError, match="'name'"):
+        Subscription("")
+    with pytest.raises(TypeError, match="'topics'"):
+        Subscription("s", topics="one")
+    with pytest.raises(TypeError, match="listeners"):
+        queue.create_subscriber(Subscription("s"), [print])
+    with HQueueAdmin(url) as admin:
+        with pytest.raises(SubscriberNotFound):
+            admin.describe_subscriber("ghost", "events")
+        with pytest.raises(SubscriberNotFound):
+            admin.delete_subscriber("ghost", "events")
+        admin.add_subscriber("events", "s2", partitions=[1])
+        admin.delete_subscriber("s2", "events")
+        assert admin.list_subscribers("events") == []
+    with HQueueAdmin(data_dir=tmp_path / "embedded") as admin:
+        admin.create_queue("local", 1)
+        with pytest.raises(HQueueError, match="hqueue server"):
+            admin.add_subscriber("local", "s")
+        with (
+            HQueue("local", data_dir=tmp_path / "embedded") as local,
+            pytest.raises(HQueueError, match="hqueue server"),
+        ):
+            local.create_subscriber(Subscription("s"), [Collect()])
+
+
+def test_a_vanished_subscriber_is_paused_and_nothing_is_lost(queue):
+    # Given a subscriber whose process dies without saying goodbye
+    listener = Collect()
+    subscriber = queue.create_subscriber(Subscription("s1"), [listener]).start()
+    subscriber._stop_heartbeat.set()  # as if killed: no more heartbeats, no leave
+    subscriber._server.close()  # and its port is gone
+    # When messages keep coming
+    ids = put_spread(queue, 40)
+    time.sleep(4)  # past the 3 s presence timeout
+    # Then a new instance gets every one of them
+    with queue.create_subscriber(Subscription("s1"), [listener]):
+        wait_for(lambda: {m.id for m in listener.messages} >= set(ids), 20, "all messages")

@@ -205,3 +205,26 @@ def test_a_vanished_subscriber_is_paused_and_nothing_is_lost(queue):
     # Then a new instance gets every one of them
     with queue.create_subscriber(Subscription("s1"), [listener]):
         wait_for(lambda: {m.id for m in listener.messages} >= set(ids), 20, "all messages")
+
+
+@pytest.mark.slow
+def test_a_hundred_subscribers_on_one_queue_each_get_everything(url):
+    """Scale: 100 subscribers x 2 partitions = 200 workers on one server."""
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("fanout", 2)
+    with HQueue("fanout", url) as queue:
+        listeners = [Collect() for _ in range(100)]
+        subscribers = [
+            queue.create_subscriber(Subscription(f"s{i:03d}"), [listener]).start()
+            for i, listener in enumerate(listeners)
+        ]
+        try:
+            ids = [
+                i for pid in (0, 1) for i in queue.put([Message("t", b"%d" % n) for n in range(50)], partition_id=pid)
+            ]
+            wait_for(lambda: all(len(listener.messages) >= 100 for listener in listeners), 120, "100 x 100 deliveries")
+            for listener in listeners:
+                assert sorted(m.id for m in listener.messages) == sorted(ids)
+        finally:
+            for subscriber in subscribers:
+                subscriber.stop("test done")

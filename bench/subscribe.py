@@ -1,0 +1,228 @@
+"""End-to-end push latency and delivery throughput: hqueue vs Redis Streams.
+
+Usage:
+    python bench/subscribe.py [--json out.json] [--seconds 10] [--rate 2000]
+
+Needs Debian's redis-server and the redis package (pip install '.[bench]').
+
+Three processes on each side: the broker (``hqueue server`` with an embedded
+store; ``redis-server`` with ``appendonly yes``, ``appendfsync everysec``),
+a producer (this process) and a consumer (a subprocess of this script). The
+producer stamps the send time into each 100-byte payload; the consumer
+measures the latency on arrival.
+
+* latency: ``--rate`` msgs/s for ``--seconds`` s, one put each (hqueue
+  ASYNC_WAL queue, like everysec); hqueue pushes to a subscriber, Redis is
+  read with ``XREADGROUP … BLOCK`` then ``XACK``. Reports p50/p99/max.
+* throughput: 200,000 messages put in batches of 1000; delivery rate from
+  the first to the last message the consumer receives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from common import report  # noqa: E402
+from remote import start_hqueue, start_redis  # noqa: E402
+
+from hqueue import Durability, HQueue, HQueueAdmin, Message, MessageListener, Subscription  # noqa: E402
+
+STAMP = struct.Struct(">q")
+PAD = b"x" * (100 - 7 - STAMP.size)  # topic "crawler" + stamp + pad = 100 bytes
+
+
+def payload() -> bytes:
+    return STAMP.pack(time.time_ns()) + PAD
+
+
+# -- consumers (run as subprocesses) ------------------------------------------------------
+
+
+class _Recorder:
+    """Latencies in ms and arrival times; written as JSON when told to stop."""
+
+    def __init__(self, out: str) -> None:
+        self.out, self.latencies, self.first, self.last, self.count = out, [], None, None, 0
+        self.lock = threading.Lock()
+
+    def record(self, stamps: list[bytes]) -> None:
+        now = time.time_ns()
+        with self.lock:
+            self.latencies += [(now - STAMP.unpack_from(s)[0]) / 1e6 for s in stamps]
+            self.first = self.first or now
+            self.last, self.count = now, self.count + len(stamps)
+
+    def dump(self) -> None:
+        with open(self.out, "w") as f:
+            json.dump({"latencies": self.latencies, "first": self.first, "last": self.last, "count": self.count}, f)
+
+
+def consume_hqueue(url: str, queue: str, out: str) -> None:
+    recorder = _Recorder(out)
+
+    class Listener(MessageListener):
+        def on_messages(self, messages):
+            recorder.record([m.value for m in messages])
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with HQueue(queue, url) as q, q.create_subscriber(Subscription("bench"), [Listener()]):
+        print("READY", flush=True)
+        stop.wait()
+    recorder.dump()
+
+
+def consume_redis(port: int, stream: str, out: str) -> None:
+    import redis
+
+    recorder = _Recorder(out)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    r = redis.Redis(port=port)
+    r.xgroup_create(stream, "bench", id="$", mkstream=True)
+    print("READY", flush=True)
+    while not stop.is_set():
+        reply = r.xreadgroup("bench", "c1", {stream: ">"}, count=1000, block=200)
+        for _, entries in reply or []:
+            recorder.record([fields[b"crawler"] for _, fields in entries])
+            r.xack(stream, "bench", *[entry_id for entry_id, _ in entries])
+    recorder.dump()
+
+
+# -- the producer side ---------------------------------------------------------------------
+
+
+def start_consumer(kind: str, target: str, name: str, out: str) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--consume", kind, target, name, out], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout.readline().startswith("READY")
+    time.sleep(1.0)  # let the server start its workers
+    return proc
+
+
+def finish_consumer(proc: subprocess.Popen, out: str, expected: int, timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=max(1, deadline - time.monotonic()))
+    with open(out) as f:
+        result = json.load(f)
+    if result["count"] < expected:
+        print(f"warning: the consumer got {result['count']} of {expected}", file=sys.stderr)
+    return result
+
+
+def paced(put, rate: int, seconds: float) -> int:
+    interval, sent, started = 1.0 / rate, 0, time.perf_counter()
+    while sent < rate * seconds:
+        target = started + sent * interval
+        delay = target - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        put()
+        sent += 1
+    return sent
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--rate", type=int, default=2000)
+    parser.add_argument("--throughput-messages", type=int, default=200_000)
+    parser.add_argument("--consume", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.consume:
+        kind, target, name, out = args.consume
+        if kind == "hqueue":
+            consume_hqueue(target, name, out)
+        else:
+            consume_redis(int(target), name, out)
+        return
+    import redis
+
+    workdir = tempfile.mkdtemp(prefix="hqueue-bench-sub-")
+    hq_proc, hq_port = start_hqueue(workdir)
+    rd_proc, rd_port = start_redis(workdir)
+    url, r = f"hqueue://127.0.0.1:{hq_port}", redis.Redis(port=rd_port)
+    rows = []
+    try:
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("latency", 1, durability=Durability.ASYNC_WAL)
+            admin.create_queue("throughput", 1, durability=Durability.ASYNC_WAL)
+        sent = args.rate * args.seconds
+        # latency
+        out = os.path.join(workdir, "hq-latency.json")
+        consumer = start_consumer("hqueue", url, "latency", out)
+        with HQueue("latency", url) as queue:
+            paced(lambda: queue.put(Message("crawler", payload()), partition_id=0), args.rate, args.seconds)
+        hq = finish_consumer(consumer, out, sent)
+        out = os.path.join(workdir, "rd-latency.json")
+        consumer = start_consumer("redis", str(rd_port), "latency", out)
+        paced(lambda: r.xadd("latency", {"crawler": payload()}), args.rate, args.seconds)
+        rd = finish_consumer(consumer, out, sent)
+        for q, label in ((0.5, "p50"), (0.99, "p99"), (1.0, "max")):
+            h, d = percentile(hq["latencies"], q), percentile(rd["latencies"], q)
+            rows.append({"measure": f"latency {label} ms at {args.rate}/s", "hqueue": h, "redis": d, "ratio": d / h})
+        # throughput
+        total = args.throughput_messages
+        out = os.path.join(workdir, "hq-throughput.json")
+        consumer = start_consumer("hqueue", url, "throughput", out)
+        with HQueue("throughput", url) as queue:
+            for _ in range(total // 1000):
+                queue.put([Message("crawler", payload()) for _ in range(1000)], partition_id=0)
+        time.sleep(3)
+        hq = finish_consumer(consumer, out, total)
+        out = os.path.join(workdir, "rd-throughput.json")
+        consumer = start_consumer("redis", str(rd_port), "throughput", out)
+        for _ in range(total // 1000):
+            pipe = r.pipeline(transaction=False)
+            for _ in range(1000):
+                pipe.xadd("throughput", {"crawler": payload()})
+            pipe.execute()
+        time.sleep(3)
+        rd = finish_consumer(consumer, out, total)
+        h_rate = hq["count"] / ((hq["last"] - hq["first"]) / 1e9)
+        d_rate = rd["count"] / ((rd["last"] - rd["first"]) / 1e9)
+        rows.append(
+            {"measure": "delivery msgs/s, one consumer", "hqueue": h_rate, "redis": d_rate, "ratio": h_rate / d_rate}
+        )
+        rows.append(
+            {
+                "measure": "messages delivered (throughput run)",
+                "hqueue": hq["count"],
+                "redis": rd["count"],
+                "ratio": None,
+            }
+        )
+    finally:
+        for proc in (hq_proc, rd_proc):
+            proc.terminate()
+            proc.wait()
+    report(
+        "push delivery: hqueue subscriber vs Redis XREADGROUP BLOCK + XACK (ratio > 1: hqueue better)",
+        rows,
+        ["measure", "hqueue", "redis", "ratio"],
+        args.json,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -217,6 +217,27 @@ def server(ctx, storage, zk, host, port, advertise, server_id, session_timeout, 
 
 
 @main.command()
+@click.argument("script", type=click.File("r"), required=False)
+@click.option("-e", "commands", multiple=True, metavar="COMMAND", help="Run this command line (repeatable), then exit.")
+@click.pass_context
+def shell(ctx, script, commands: tuple[str, ...]) -> None:
+    """The interactive shell (HBase shell syntax); or run SCRIPT, or -e lines."""
+    from .shell import Shell
+
+    session = Shell(ctx.obj["url"])
+    try:
+        if commands:
+            status = session.run_lines(commands, "-e")
+        elif script is not None:
+            status = session.run_lines(script, script.name)
+        else:
+            status = session.interact()
+    finally:
+        session.close()
+    ctx.exit(status)
+
+
+@main.command()
 @click.option("--messages", "-n", type=click.IntRange(1), default=100_000, show_default=True)
 @click.pass_context
 def demo(ctx, messages: int) -> None:

@@ -1,0 +1,34 @@
+"""How the shell prints: aligned tables, printable values, timing lines."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(32), 127]}
+
+
+def printable(value: Any, limit: int = 200) -> str:
+    """Bytes as UTF-8 text; invalid bytes and control characters as \\xNN; cut at ``limit``."""
+    if isinstance(value, bytes):
+        text = value[:limit].decode("utf-8", "backslashreplace").translate(_CONTROL)
+        return text + ("…" if len(value) > limit else "")
+    if value is None:
+        return ""
+    return str(value)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Columns padded to their widest cell, as the HBase shell prints."""
+    cells = [[printable(c) for c in row] for row in rows]
+    widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(headers)]
+    lines = [" ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += [" ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+    return "\n".join(lines)
+
+
+def timing(rows: int | None, seconds: float) -> str:
+    """``3 row(s) in 0.0040 seconds`` (or just the time)."""
+    if rows is None:
+        return f"Took {seconds:.4f} seconds"
+    return f"{rows} row(s) in {seconds:.4f} seconds"

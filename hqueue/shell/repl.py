@@ -1,0 +1,173 @@
+"""The interactive shell, and its script and ``-e`` modes.
+
+Interactive: prompt_toolkit with persistent history (``~/.hqueue_history``,
+or ``$HQUEUE_HISTORY``), Tab completion of command names and of queue and
+subscriber names inside quotes, Ctrl-C to drop the line, Ctrl-D to leave.
+
+Every command prints its output, then a timing line, as the HBase shell
+does. A user error is one ``ERROR: …`` line (with a caret under the column
+for a syntax error) and the shell carries on; in script and ``-e`` modes the
+first error stops the run with exit status 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from typing import TextIO
+
+from ..admin import HQueueAdmin
+from ..errors import HQueueError
+from ..queue import HQueue
+from .commands import COMMANDS
+from .output import timing
+from .parser import ShellSyntaxError, parse_line
+
+logger = logging.getLogger(__name__)
+
+
+class Shell:
+    """Runs shell lines against one store or set of servers.
+
+    Args:
+        url: ``local:///path``, ``hbase://…`` or ``hqueue://…``; default: the
+            embedded store (``$HQUEUE_DATA`` or ``./hqueue-data``).
+    """
+
+    def __init__(self, url: str | None = None, *, out: TextIO | None = None, err: TextIO | None = None) -> None:
+        self.admin = HQueueAdmin(url)
+        self.out, self.err = out or sys.stdout, err or sys.stderr
+        self._queues: dict[str, HQueue] = {}
+        self.done = False
+        self.count = 0
+
+    def queue(self, name: str) -> HQueue:
+        """An open handle on ``name`` (kept for the session)."""
+        queue = self._queues.get(name)
+        if queue is None:
+            queue = self._queues[name] = HQueue(name, self.admin.url)
+        return queue
+
+    def execute(self, line: str) -> bool:
+        """Run one line; False if it failed (the error is printed)."""
+        try:
+            call = parse_line(line)
+        except ShellSyntaxError as e:
+            print(f"ERROR: syntax error: {e}\n{e.pointer()}", file=self.err)
+            return False
+        if call is None:
+            return True
+        command = COMMANDS.get(call.name)
+        if command is None:
+            print(f"ERROR: unknown command {call.name!r}; type help for the list", file=self.err)
+            return False
+        self.count += 1
+        started = time.perf_counter()
+        try:
+            text, rows = command.run(self, *call.args)
+        except KeyboardInterrupt:
+            print("interrupted", file=self.err)
+            return False
+        except (HQueueError, ValueError, TypeError) as e:
+            self._forget_closed_queues(e)
+            print(f"ERROR: {e}", file=self.err)
+            return False
+        except Exception as e:  # a bug, not a user error: one line here, the trace in the log
+            logger.debug("%s failed", line, exc_info=True)
+            print(f"ERROR: internal error: {type(e).__name__}: {e}", file=self.err)
+            return False
+        if text:
+            print(text, file=self.out)
+        if call.name not in ("exit", "quit", "help"):
+            print(timing(rows, time.perf_counter() - started), file=self.out)
+        return True
+
+    def _forget_closed_queues(self, error: Exception) -> None:
+        # A dropped or recreated queue must be opened afresh next time.
+        name = getattr(error, "name", None)
+        if name in self._queues:
+            self._queues.pop(name).close()
+
+    def run_lines(self, lines: Iterable[str], source: str) -> int:
+        """Run lines in order; stop at the first error. Returns the exit status."""
+        for number, line in enumerate(lines, 1):
+            if not self.execute(line.rstrip("\n")):
+                print(f"stopped at {source}, line {number}", file=self.err)
+                return 1
+            if self.done:
+                break
+        return 0
+
+    def interact(self) -> int:
+        """The interactive loop, until exit or Ctrl-D."""
+        from prompt_toolkit import PromptSession
+        from prompt_toolkit.history import FileHistory
+
+        history = os.environ.get("HQUEUE_HISTORY", os.path.expanduser("~/.hqueue_history"))
+        session: PromptSession = PromptSession(history=FileHistory(history), completer=ShellCompleter(self))
+        print(f"hqueue shell: {self.admin.url}\nType help for the commands, exit or Ctrl-D to leave.", file=self.out)
+        while not self.done:
+            try:
+                line = session.prompt(f"hqueue(main):{self.count + 1:03d}:0> ")
+            except KeyboardInterrupt:
+                continue  # Ctrl-C drops the line
+            except EOFError:
+                break
+            self.execute(line)
+        return 0
+
+    def names(self) -> list[str]:
+        """Queue and subscriber names, for completion."""
+        queues = [info.name for info in self.admin.list_queues()]
+        subscribers: list[str] = []
+        if self.admin.url.startswith("hqueue://"):
+            for queue in queues:
+                subscribers += self.admin.list_subscribers(queue)
+        return sorted(set(queues + subscribers))
+
+    def close(self) -> None:
+        for queue in self._queues.values():
+            queue.close()
+        self.admin.close()
+
+
+try:
+    from prompt_toolkit.completion import Completer, Completion
+except ImportError:  # pragma: no cover - prompt_toolkit is a dependency
+    Completer, Completion = object, None  # type: ignore[misc, assignment]
+
+
+class ShellCompleter(Completer):  # type: ignore[misc]
+    """Command names first; then, inside a quote, queue and subscriber names."""
+
+    def __init__(self, shell: Shell) -> None:
+        self.shell = shell
+        self._names: list[str] = []
+        self._loaded = 0.0
+
+    def _cached_names(self) -> list[str]:
+        if time.monotonic() - self._loaded > 5:
+            try:
+                self._names, self._loaded = self.shell.names(), time.monotonic()
+            except HQueueError:
+                pass
+        return self._names
+
+    def get_completions(self, document, complete_event) -> Iterator:
+        text = document.text_before_cursor
+        if " " not in text.lstrip():
+            word = text.lstrip()
+            for name in sorted(COMMANDS):
+                if name.startswith(word):
+                    yield Completion(name, start_position=-len(word))
+            return
+        quote = max(text.rfind("'"), text.rfind('"'))
+        if quote < 0 or text[quote + 1 :].count(text[quote]) or (text[:quote].count(text[quote]) % 2):
+            return  # not inside an open quote
+        word = text[quote + 1 :]
+        for name in self._cached_names():
+            if name.startswith(word):
+                yield Completion(name + text[quote], start_position=-len(word))

@@ -1,8 +1,10 @@
 """The shell's commands: the HQueue seed's, with their argument orders, and more.
 
-Each command is a function ``(shell, *args) -> (text, rows)`` registered
-with its usage, help and examples; the shell prints ``text`` and the
-timing line. Arguments are checked here, so a mistake is one ERROR line.
+Each command is a function ``(shell, *args) -> (text, rows)``, registered
+with its usage, help, examples and argument specs. The registry checks the
+count and the types of the arguments before the function runs, so a
+mistake is one ERROR line that shows the usage; the shell prints ``text``
+and a timing line.
 """
 
 from __future__ import annotations
@@ -28,6 +30,19 @@ class UsageError(HQueueError):
 
 
 @dataclass(frozen=True)
+class Arg:
+    """One argument: what it is (for messages) and the type it must have."""
+
+    what: str
+    kind: type = str
+    optional: bool = False
+
+
+QUEUE, SUBSCRIBER = Arg("the queue name"), Arg("the subscriber name")
+_KINDS = {str: "a quoted string", int: "an integer", dict: "a {'key' => value} dictionary", object: "a value"}
+
+
+@dataclass(frozen=True)
 class Command:
     name: str
     run: Callable[..., Result]
@@ -35,39 +50,31 @@ class Command:
     help: str
     examples: tuple[str, ...]
     group: str
+    args: tuple[Arg, ...] = ()
+
+    def __call__(self, shell: Shell, args: list[Any]) -> Result:
+        """Check the arguments against their specs, then run."""
+        low = sum(not a.optional for a in self.args)
+        if not low <= len(args) <= len(self.args):
+            expected = low if low == len(self.args) else f"{low} to {len(self.args)}"
+            raise UsageError(f"{self.name} takes {expected} argument(s), got {len(args)}; usage: {self.usage}")
+        for spec, value in zip(self.args, args, strict=False):
+            if not isinstance(value, spec.kind) or (spec.kind is int and isinstance(value, bool)):
+                kind = _KINDS[spec.kind]
+                raise UsageError(f"{self.name}: {spec.what} must be {kind}, got {value!r}; usage: {self.usage}")
+        return self.run(shell, *args)
 
 
 COMMANDS: dict[str, Command] = {}
 
 
-def command(usage: str, help: str, *examples: str, group: str = "queues"):
+def command(usage: str, help: str, *examples: str, args: tuple[Arg, ...] = (), group: str = "queues"):
     def register(run: Callable[..., Result]) -> Callable[..., Result]:
         name = usage.split()[0]
-        COMMANDS[name] = Command(name, run, usage, help, examples, group)
+        COMMANDS[name] = Command(name, run, usage, help, examples, group, args)
         return run
 
     return register
-
-
-# -- argument checks ------------------------------------------------------------------------
-
-
-def _arity(name: str, args: tuple, low: int, high: int) -> None:
-    if not low <= len(args) <= high:
-        expected = low if low == high else f"{low} to {high}"
-        raise UsageError(f"{name} takes {expected} argument(s), got {len(args)}; usage: {COMMANDS[name].usage}")
-
-
-def _str(name: str, value: Any, what: str) -> str:
-    if not isinstance(value, str):
-        raise UsageError(f"{name}: {what} must be a quoted string, got {value!r}; usage: {COMMANDS[name].usage}")
-    return value
-
-
-def _int(name: str, value: Any, what: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise UsageError(f"{name}: {what} must be an integer, got {value!r}; usage: {COMMANDS[name].usage}")
-    return value
 
 
 def to_bytes(text: str) -> bytes:
@@ -75,7 +82,7 @@ def to_bytes(text: str) -> bytes:
     return text.encode("utf-8", "surrogateescape")
 
 
-def _position(name: str, value: Any) -> MessageID:
+def position(name: str, value: Any) -> MessageID:
     """A time ('2026-11-22 10:00', UTC unless it says otherwise), an ID ('ts:seq') or epoch ms."""
     if isinstance(value, int) and not isinstance(value, bool):
         return MessageID(value)
@@ -85,6 +92,10 @@ def _position(name: str, value: Any) -> MessageID:
         except ValueError as e:
             raise UsageError(f"{name}: {e}") from None
     raise UsageError(f"{name}: expected a time, an ID or epoch milliseconds, got {value!r}")
+
+
+def stamp(message_id: MessageID) -> str:
+    return message_id.datetime.isoformat(timespec="milliseconds")
 
 
 # -- queues ---------------------------------------------------------------------------------
@@ -97,15 +108,10 @@ def _position(name: str, value: Any) -> MessageID:
     "and MAX_MESSAGE_BYTES; other keys are stored with the queue.",
     "create 'q1', 32, 86400",
     "create 'q1', 32, 86400, {'hbase.hqueue.partitionsPerRegion' => '4', 'hbase.hstore.compaction.min' => '16'}",
+    args=(QUEUE, Arg("partitions", int), Arg("the TTL", int), Arg("the config", dict, optional=True)),
 )
-def create(shell: Shell, *args: Any) -> Result:
-    _arity("create", args, 3, 4)
-    name = _str("create", args[0], "the queue name")
-    partitions, ttl = _int("create", args[1], "partitions"), _int("create", args[2], "the TTL")
-    config = args[3] if len(args) == 4 else {}
-    if not isinstance(config, dict):
-        raise UsageError(f"create: the config must be a {{'key' => 'value'}} dictionary, got {config!r}")
-    settings = {str(k): printable(v) for k, v in config.items()}
+def create(shell: Shell, name: str, partitions: int, ttl: int, config: dict | None = None) -> Result:
+    settings = {str(k): printable(v) for k, v in (config or {}).items()}
     durability = settings.pop("DURABILITY", settings.pop("hqueue.durability", Durability.SYNC_WAL))
     max_bytes = settings.pop("MAX_MESSAGE_BYTES", None)
     extra = {"max_message_bytes": int(max_bytes)} if max_bytes else {}
@@ -113,51 +119,41 @@ def create(shell: Shell, *args: Any) -> Result:
     return f"Created queue {name!r}: {partitions} partitions, ttl {ttl}s, {durability}", None
 
 
-@command("truncate_queue 'queue'", "Delete every message; keep the queue and its partitions.", "truncate_queue 'q1'")
-def truncate_queue(shell: Shell, *args: Any) -> Result:
-    _arity("truncate_queue", args, 1, 1)
-    shell.admin.truncate_queue(_str("truncate_queue", args[0], "the queue name"))
-    return f"Truncated {args[0]!r}", None
+def _one_queue_command(name: str, method: str, done: str, help: str, *examples: str) -> None:
+    """truncate_queue, disable_queue, enable_queue and drop_queue: one admin call each."""
+
+    def run(shell: Shell, queue: str) -> Result:
+        getattr(shell.admin, method)(queue)
+        return f"{done} {queue!r}", None
+
+    command(f"{name} 'queue'", help, *examples, args=(QUEUE,))(run)
 
 
-@command("disable_queue 'queue'", "Refuse puts and scans until enable_queue.", "disable_queue 'q1'")
-def disable_queue(shell: Shell, *args: Any) -> Result:
-    _arity("disable_queue", args, 1, 1)
-    shell.admin.disable_queue(_str("disable_queue", args[0], "the queue name"))
-    return f"Disabled {args[0]!r}", None
-
-
-@command("enable_queue 'queue'", "Accept puts and scans again.", "enable_queue 'q1'")
-def enable_queue(shell: Shell, *args: Any) -> Result:
-    _arity("enable_queue", args, 1, 1)
-    shell.admin.enable_queue(_str("enable_queue", args[0], "the queue name"))
-    return f"Enabled {args[0]!r}", None
-
-
-@command(
-    "drop_queue 'queue'",
-    "Delete a queue and its messages; it must be disabled first.",
-    "disable_queue 'q1'",
-    "drop_queue 'q1'",
+_one_queue_command(
+    "truncate_queue", "truncate_queue", "Truncated", "Delete every message; keep the queue and its partitions.",
+    "truncate_queue 'q1'",
+)  # fmt: skip
+_one_queue_command(
+    "disable_queue", "disable_queue", "Disabled", "Refuse puts and scans until enable_queue.", "disable_queue 'q1'"
 )
-def drop_queue(shell: Shell, *args: Any) -> Result:
-    _arity("drop_queue", args, 1, 1)
-    shell.admin.delete_queue(_str("drop_queue", args[0], "the queue name"))
-    return f"Dropped {args[0]!r}", None
+_one_queue_command("enable_queue", "enable_queue", "Enabled", "Accept puts and scans again.", "enable_queue 'q1'")
+_one_queue_command(
+    "drop_queue", "delete_queue", "Dropped", "Delete a queue and its messages; it must be disabled first.",
+    "disable_queue 'q1'", "drop_queue 'q1'",
+)  # fmt: skip
 
 
 @command("list", "List the queues.", "list")
-def list_(shell: Shell, *args: Any) -> Result:
-    _arity("list", args, 0, 0)
-    infos = shell.admin.list_queues()
-    rows = [(i.name, i.partitions, i.ttl, i.state, i.durability) for i in infos]
+def list_(shell: Shell) -> Result:
+    rows = [(i.name, i.partitions, i.ttl, i.state, i.durability) for i in shell.admin.list_queues()]
     return table(["QUEUE", "PARTITIONS", "TTL", "STATE", "DURABILITY"], rows) if rows else "", len(rows)
 
 
-@command("describe 'queue'", "Show a queue's settings and each partition's last message ID.", "describe 'q1'")
-def describe(shell: Shell, *args: Any) -> Result:
-    _arity("describe", args, 1, 1)
-    d = shell.admin.describe_queue(_str("describe", args[0], "the queue name"))
+@command(
+    "describe 'queue'", "Show a queue's settings and each partition's last message ID.", "describe 'q1'", args=(QUEUE,)
+)
+def describe(shell: Shell, name: str) -> Result:
+    d = shell.admin.describe_queue(name)
     count = d["message_count_estimate"]
     settings = [
         ("partitions", d["partitions"]),
@@ -166,12 +162,9 @@ def describe(shell: Shell, *args: Any) -> Result:
         ("durability", d["durability"]),
         ("max_message_bytes", d["max_message_bytes"]),
         ("messages (estimate)", "unknown" if count is None else count),
-        *((k, v) for k, v in sorted(d["config"].items())),
+        *sorted(d["config"].items()),
     ]
-    last = [
-        (pid, str(i) if i else "-", i.datetime.isoformat(timespec="milliseconds") if i else "")
-        for pid, i in d["last_ids"].items()
-    ]
+    last = [(pid, str(i) if i else "-", stamp(i) if i else "") for pid, i in d["last_ids"].items()]
     text = table(["PROPERTY", "VALUE"], settings) + "\n\n" + table(["PARTITION", "LAST ID", "LAST WRITE (UTC)"], last)
     return text, len(last)
 
@@ -181,14 +174,11 @@ def describe(shell: Shell, *args: Any) -> Result:
     "Put one message (to a random partition unless one is given) and print its ID.",
     "put 'q1', 'crawler', 'http://example.com'",
     "put 'q1', 'crawler', 'http://example.com/\\x00', 3",
+    args=(QUEUE, Arg("the topic"), Arg("the value"), Arg("the partition", int, optional=True)),
 )
-def put(shell: Shell, *args: Any) -> Result:
-    _arity("put", args, 3, 4)
-    name = _str("put", args[0], "the queue name")
-    topic, value = _str("put", args[1], "the topic"), _str("put", args[2], "the value")
-    partition = _int("put", args[3], "the partition") if len(args) == 4 else None
+def put(shell: Shell, name: str, topic: str, value: str, partition: int | None = None) -> Result:
     (message_id,) = shell.queue(name).put(Message(to_bytes(topic), to_bytes(value)), partition)
-    return f"Put {message_id} ({message_id.datetime.isoformat(timespec='milliseconds')})", None
+    return f"Put {message_id} ({stamp(message_id)})", None
 
 
 SCAN_OPTIONS = {"LIMIT", "TOPICS", "STARTTIME", "STOPTIME", "STARTID", "STOPID", "PARTITION"}
@@ -200,60 +190,41 @@ SCAN_OPTIONS = {"LIMIT", "TOPICS", "STARTTIME", "STOPTIME", "STARTID", "STOPID",
     "an offset; STARTID/STOPID take 'millis:sequence'. Start is inclusive, stop exclusive.",
     "scan 'q1', {LIMIT => 10}",
     "scan 'q1', {LIMIT => 10, TOPICS => ['t1'], STARTTIME => '2026-11-22 10:00', PARTITION => 3}",
+    args=(QUEUE, Arg("the options", dict, optional=True)),
 )
-def scan(shell: Shell, *args: Any) -> Result:
-    _arity("scan", args, 1, 2)
-    name = _str("scan", args[0], "the queue name")
-    options = (
-        {str(k).upper(): v for k, v in (args[1] if len(args) == 2 else {}).items()}
-        if len(args) < 2 or isinstance(args[1], dict)
-        else None
-    )
-    if options is None:
-        raise UsageError(f"scan: options must be a {{KEY => value}} dictionary; usage: {COMMANDS['scan'].usage}")
+def scan(shell: Shell, name: str, given: dict | None = None) -> Result:
+    options = {str(k).upper(): v for k, v in (given or {}).items()}
     unknown = set(options) - SCAN_OPTIONS
     if unknown:
-        raise UsageError(
-            f"scan: unknown option(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(SCAN_OPTIONS))}"
-        )
-    start = (
-        _position("scan", options.get("STARTID", options.get("STARTTIME")))
-        if {"STARTID", "STARTTIME"} & set(options)
-        else None
-    )
-    stop = (
-        _position("scan", options.get("STOPID", options.get("STOPTIME")))
-        if {"STOPID", "STOPTIME"} & set(options)
-        else None
-    )
+        known = ", ".join(sorted(SCAN_OPTIONS))
+        raise UsageError(f"scan: unknown option(s) {', '.join(sorted(unknown))}; known: {known}")
+    start, stop = (options.get(f"{edge}ID", options.get(f"{edge}TIME")) for edge in ("START", "STOP"))
     topics = options.get("TOPICS")
     if topics is not None and not (isinstance(topics, list) and all(isinstance(t, str) for t in topics)):
         raise UsageError("scan: TOPICS must be a list of quoted strings, as ['t1', 't2']")
-    limit = _int("scan", options["LIMIT"], "LIMIT") if "LIMIT" in options else None
-    partition = _int("scan", options["PARTITION"], "PARTITION") if "PARTITION" in options else None
+    for option in ("LIMIT", "PARTITION"):
+        if option in options and (not isinstance(options[option], int) or isinstance(options[option], bool)):
+            raise UsageError(f"scan: {option} must be an integer, got {options[option]!r}")
     messages = shell.queue(name).scan(
-        start, stop, [to_bytes(t) for t in topics or ()] or None, partition_id=partition, limit=limit
+        position("scan", start) if start is not None else None,
+        position("scan", stop) if stop is not None else None,
+        [to_bytes(t) for t in topics] if topics else None,
+        partition_id=options.get("PARTITION"),
+        limit=options.get("LIMIT"),
     )
-    rows = [
-        (m.partition_id, str(i), i.datetime.isoformat(timespec="milliseconds"), m.topic, m.value)
-        for m in messages
-        for i in (m.id,)
-        if i
-    ]
+    rows = [(m.partition_id, str(i), stamp(i), m.topic, m.value) for m in messages for i in (m.id,) if i]
     return table(["PARTITION", "ID", "TIME (UTC)", "TOPIC", "VALUE"], rows) if rows else "", len(rows)
 
 
-@command("count 'queue'", "Count the messages (reads them all).", "count 'q1'")
-def count(shell: Shell, *args: Any) -> Result:
-    _arity("count", args, 1, 1)
-    with shell.queue(_str("count", args[0], "the queue name")).get_queue_scanner(Scan()) as scanner:
+@command("count 'queue'", "Count the messages (reads them all).", "count 'q1'", args=(QUEUE,))
+def count(shell: Shell, name: str) -> Result:
+    with shell.queue(name).get_queue_scanner(Scan()) as scanner:
         total = sum(1 for _ in scanner)
     return str(total), total
 
 
 @command("status", "Where the shell is connected, and what is there.", "status", group="general")
-def status(shell: Shell, *args: Any) -> Result:
-    _arity("status", args, 0, 0)
+def status(shell: Shell) -> Result:
     infos = shell.admin.list_queues()
     lines = [f"store: {shell.admin.url}", f"{len(infos)} queue(s), {sum(i.partitions for i in infos)} partition(s)"]
     locations = getattr(shell.admin.engine, "locations", None)
@@ -273,14 +244,10 @@ def status(shell: Shell, *args: Any) -> Result:
     "add_subscriber 'queue', 'subscriber'",
     "Register a subscriber now: nothing written after this is missed, even before it starts.",
     "add_subscriber 'queue_name', 'subscriber_name'",
+    args=(QUEUE, SUBSCRIBER),
     group="subscribers",
 )
-def add_subscriber(shell: Shell, *args: Any) -> Result:
-    _arity("add_subscriber", args, 2, 2)
-    queue, name = (
-        _str("add_subscriber", args[0], "the queue name"),
-        _str("add_subscriber", args[1], "the subscriber name"),
-    )
+def add_subscriber(shell: Shell, queue: str, name: str) -> Result:
     shell.admin.add_subscriber(queue, name)
     return f"Added subscriber {name!r} to {queue!r}", None
 
@@ -289,22 +256,23 @@ def add_subscriber(shell: Shell, *args: Any) -> Result:
     "delete_subscriber 'subscriber', 'queue'",
     "Forget a subscriber and its checkpoints (note the argument order, as in HQueue).",
     "delete_subscriber 'subscriber_name', 'queue_name'",
+    args=(SUBSCRIBER, QUEUE),
     group="subscribers",
 )
-def delete_subscriber(shell: Shell, *args: Any) -> Result:
-    _arity("delete_subscriber", args, 2, 2)
-    name, queue = (
-        _str("delete_subscriber", args[0], "the subscriber name"),
-        _str("delete_subscriber", args[1], "the queue name"),
-    )
+def delete_subscriber(shell: Shell, name: str, queue: str) -> Result:
     shell.admin.delete_subscriber(name, queue)
     return f"Deleted subscriber {name!r} from {queue!r}", None
 
 
-@command("list_subscribers 'queue'", "List a queue's subscribers.", "list_subscribers 'q1'", group="subscribers")
-def list_subscribers(shell: Shell, *args: Any) -> Result:
-    _arity("list_subscribers", args, 1, 1)
-    names = shell.admin.list_subscribers(_str("list_subscribers", args[0], "the queue name"))
+@command(
+    "list_subscribers 'queue'",
+    "List a queue's subscribers.",
+    "list_subscribers 'q1'",
+    args=(QUEUE,),
+    group="subscribers",
+)
+def list_subscribers(shell: Shell, queue: str) -> Result:
+    names = shell.admin.list_subscribers(queue)
     return "\n".join(names), len(names)
 
 
@@ -312,14 +280,11 @@ def list_subscribers(shell: Shell, *args: Any) -> Result:
     "describe_subscriber 'subscriber', 'queue'",
     "Show a subscriber's address, topics, and per partition its checkpoint and lag.",
     "describe_subscriber 'sub', 'q1'",
+    args=(SUBSCRIBER, QUEUE),
     group="subscribers",
 )
-def describe_subscriber(shell: Shell, *args: Any) -> Result:
-    _arity("describe_subscriber", args, 2, 2)
-    d = shell.admin.describe_subscriber(
-        _str("describe_subscriber", args[0], "the subscriber name"),
-        _str("describe_subscriber", args[1], "the queue name"),
-    )
+def describe_subscriber(shell: Shell, name: str, queue: str) -> Result:
+    d = shell.admin.describe_subscriber(name, queue)
     topics = ", ".join(printable(t) for t in sorted(d["topics"])) if d["topics"] else "all"
     head = f"address: {d['address'] or '(away)'}\ntopics: {topics}\n\n"
     rows = [
@@ -334,53 +299,38 @@ def describe_subscriber(shell: Shell, *args: Any) -> Result:
     "Replay: deliver again from a time or 'millis:sequence' ID (every partition unless one is given).",
     "set_checkpoint 'sub', 'q1', '2026-11-22 10:00'",
     "set_checkpoint 'sub', 'q1', '1795316153036:0', 3",
+    args=(SUBSCRIBER, QUEUE, Arg("the time", object), Arg("the partition", int, optional=True)),
     group="subscribers",
 )
-def set_checkpoint(shell: Shell, *args: Any) -> Result:
-    _arity("set_checkpoint", args, 3, 4)
-    name, queue = (
-        _str("set_checkpoint", args[0], "the subscriber name"),
-        _str("set_checkpoint", args[1], "the queue name"),
-    )
-    start = _position("set_checkpoint", args[2])
-    partition = _int("set_checkpoint", args[3], "the partition") if len(args) == 4 else "all"
-    shell.admin.set_checkpoint(queue, name, partition, start)
-    return (
-        f"Subscriber {name!r} on {queue!r} replays from {start} ({start.datetime.isoformat(timespec='milliseconds')})",
-        None,
-    )
+def set_checkpoint(shell: Shell, name: str, queue: str, when: Any, partition: int | None = None) -> Result:
+    start = position("set_checkpoint", when)
+    shell.admin.set_checkpoint(queue, name, "all" if partition is None else partition, start)
+    return f"Subscriber {name!r} on {queue!r} replays from {start} ({stamp(start)})", None
 
 
 # -- the shell itself ---------------------------------------------------------------------------
 
 
 @command(
-    "help ['command']",
-    "List the commands, or show one command's usage and examples.",
-    "help",
-    "help 'scan'",
-    group="general",
-)
-def help_(shell: Shell, *args: Any) -> Result:
-    _arity("help", args, 0, 1)
-    if args:
-        name = _str("help", args[0], "the command name")
+    "help ['command']", "List the commands, or show one command's usage and examples.", "help", "help 'scan'",
+    args=(Arg("the command name", optional=True),), group="general",
+)  # fmt: skip
+def help_(shell: Shell, name: str | None = None) -> Result:
+    if name is not None:
         if name not in COMMANDS:
             raise UsageError(f"no command {name!r}; type help for the list")
         c = COMMANDS[name]
         return f"{c.usage}\n\n  {c.help}\n\nExamples:\n" + "\n".join(f"  {e}" for e in c.examples), None
-    groups: dict[str, list[Command]] = {}
-    for c in COMMANDS.values():
-        groups.setdefault(c.group, []).append(c)
     parts = []
     for group in ("general", "queues", "subscribers"):
-        parts.append(f"Group: {group}\n" + "\n".join(f"  {c.usage}" for c in groups.get(group, [])))
+        usages = [c.usage for c in COMMANDS.values() if c.group == group]
+        parts.append(f"Group: {group}\n" + "\n".join(f"  {u}" for u in usages))
     parts.append("Type help 'command' for details and examples. Strings take 'single' or \"double\" quotes.")
     return "\n\n".join(parts), None
 
 
 @command("exit", "Leave the shell (Ctrl-D does too).", "exit", group="general")
-def exit_(shell: Shell, *args: Any) -> Result:
+def exit_(shell: Shell) -> Result:
     shell.done = True
     return "", None
 

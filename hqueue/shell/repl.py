@@ -67,7 +67,7 @@ class Shell:
         self.count += 1
         started = time.perf_counter()
         try:
-            text, rows = command.run(self, *call.args)
+            text, rows = command(self, call.args)
         except KeyboardInterrupt:
             print("interrupted", file=self.err)
             return False

@@ -79,37 +79,35 @@ def check_delivery(subscriber: SubscriberProcess, writer: Writer, kill_ms: int) 
     return len(received), duplicates
 
 
-def test_a_subscriber_killed_and_restarted_under_load_misses_nothing(cluster, tmp_path):
+def deliver_through(cluster, tmp_path, disrupt, what: str) -> None:
+    """Write continuously, ``disrupt(a, b, subscriber)`` mid-stream, then check delivery."""
     a, b, url, subscriber = setup(cluster, tmp_path)
     writer = Writer(url)
     writer.start()
     wait_for(lambda: len(subscriber.received()) > 500, 30, "deliveries")
-    # When the subscriber is killed mid-stream and comes back
     kill_ms = int(time.time() * 1000)
-    subscriber.kill()
-    time.sleep(0.5)
-    subscriber.start()
+    disrupt(a, b, subscriber)
     time.sleep(2.0)
     writer.finish()
     wait_for(lambda: {(p, m) for p, m, _ in subscriber.received()} >= set(writer.acked), 30, "every acked message")
     total, duplicates = check_delivery(subscriber, writer, kill_ms)
     subscriber.kill()
-    print(f"\nsubscriber kill -9: {len(writer.acked)} acked, {total} received, {duplicates} duplicates, 0 missed")
+    print(f"\n{what}: {len(writer.acked)} acked, {total} received, {duplicates} duplicates, 0 missed")
+
+
+def test_a_subscriber_killed_and_restarted_under_load_misses_nothing(cluster, tmp_path):
+    def kill_the_subscriber(a, b, subscriber):
+        subscriber.kill()
+        time.sleep(0.5)
+        subscriber.start()
+
+    deliver_through(cluster, tmp_path, kill_the_subscriber, "subscriber kill -9")
 
 
 def test_a_killed_servers_partitions_resume_from_the_checkpoints(cluster, tmp_path):
-    a, b, url, subscriber = setup(cluster, tmp_path)
-    writer = Writer(url)
-    writer.start()
-    wait_for(lambda: len(subscriber.received()) > 500, 30, "deliveries")
-    # When the server delivering half the partitions is killed
-    kill_ms = int(time.time() * 1000)
-    a.kill()
-    wait_for(lambda: owners(f"hqueue://{b.address}") == [b.address] * PARTITIONS, 30, "b to own all")
-    time.sleep(2.0)
-    writer.finish()
-    # Then b's workers resume from the checkpoints in ZooKeeper: nothing skipped
-    wait_for(lambda: {(p, m) for p, m, _ in subscriber.received()} >= set(writer.acked), 30, "every acked message")
-    total, duplicates = check_delivery(subscriber, writer, kill_ms)
-    subscriber.kill()
-    print(f"\nserver kill -9: {len(writer.acked)} acked, {total} received, {duplicates} duplicates, 0 missed")
+    # b's workers take a's partitions over from the checkpoints in ZooKeeper: nothing skipped
+    def kill_a_server(a, b, subscriber):
+        a.kill()
+        wait_for(lambda: owners(f"hqueue://{b.address}") == [b.address] * PARTITIONS, 30, "b to own all")
+
+    deliver_through(cluster, tmp_path, kill_a_server, "server kill -9")

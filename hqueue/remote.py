@@ -82,6 +82,9 @@ class _Pool:
         except (TTransportException, OSError):
             client.close()  # the connection is in an unknown state
             raise
+        except BaseException:
+            self._idle.put(client)  # an answer came back (a typed error): the connection is fine
+            raise
         self._idle.put(client)
 
     def close(self) -> None:

@@ -10,7 +10,7 @@ from thriftpy2.protocol import TBinaryProtocolFactory
 from thriftpy2.rpc import make_client
 from thriftpy2.transport import TFramedTransportFactory
 
-from hqueue import HQueue, HQueueAdmin, Message, NoPartitionOwner, QueueInfo
+from hqueue import HQueue, HQueueAdmin, HQueueError, Message, NoPartitionOwner, QueueInfo
 from hqueue.remote import RemoteEngine
 from hqueue.server import HQueueServer
 from hqueue.server.wire import T
@@ -195,3 +195,15 @@ def test_a_put_with_no_server_up_times_out_with_a_clear_error(tmp_path):
         engine.put("q", [Message("t", b"y")], 0)
     assert time.monotonic() - started < 10
     engine.release()
+
+
+def test_typed_errors_do_not_leak_connections(server):
+    engine = RemoteEngine(f"hqueue://{server.address}")
+    try:
+        for _ in range(50):
+            with pytest.raises(HQueueError):
+                engine.describe_queue("missing")
+        pool = engine._pool(server.address)
+        assert pool._idle.qsize() == 1  # one connection, reused every time
+    finally:
+        engine.release()

@@ -186,9 +186,6 @@ class RemoteEngine:
         result["last_ids"] = {pid: last.get(pid) for pid in range(info.partitions)}
         return result
 
-    def last_id(self, name: str, pid: int) -> MessageID | None:
-        return self.describe_queue(name)["last_ids"][pid]
-
     def locations(self, name: str, *, fresh: bool = False) -> list[str]:
         """``host:port`` of each partition's owner (``""`` where none)."""
         if fresh or name not in self._locations:
@@ -272,11 +269,6 @@ class RemoteEngine:
 
     def open_cursor(self, queue: str, partition_id: int, scan: Scan, caching: int) -> RemoteCursor:
         return RemoteCursor(self, queue, partition_id, scan, caching)
-
-    def scan(
-        self, name: str, start_key: bytes, stop_key: bytes, topics: Collection[bytes] | None, limit: int
-    ) -> list[Message]:
-        raise NotImplementedError("remote scans go through server-side scanners (open_cursor)")
 
     # -- lifetime -------------------------------------------------------------------
 

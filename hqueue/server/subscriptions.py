@@ -66,7 +66,6 @@ class SubscriptionWorker(threading.Thread):
         self.buffer: list[Any] = []
         #: Where the checkpoint moves once the buffer is delivered.
         self.reached = self.checkpoint
-        self.delivered = 0
         self._client: Any = None
         self._last_save = time.monotonic()
 
@@ -148,7 +147,6 @@ class SubscriptionWorker(threading.Thread):
                         self.checkpoint = reached  # only rows of other topics: skip them for good
                         continue
                 if self._send():
-                    self.delivered += len(self.buffer)
                     self.checkpoint, self.buffer, backoff = self.reached, [], 0.01
                     self._save()
                 else:

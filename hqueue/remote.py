@@ -155,7 +155,7 @@ class RemoteEngine:
         return self._infos.enabled(name)
 
     def _describe_info(self, name: str) -> QueueInfo:
-        return wire.from_tinfo(self._call("describeQueue", name, queue=name).info)
+        return wire.from_tinfo(self._call("getQueue", name, queue=name))
 
     def create_queue(self, info: QueueInfo) -> None:
         self._call("createQueue", wire.to_tinfo(info), queue=info.name)

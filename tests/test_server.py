@@ -72,6 +72,7 @@ def test_the_nine_seed_calls_work_over_the_wire(server, client):
         (lambda c: c.createQueue(T.TQueueInfo(name="q", partitions=1)), "TQueueExists"),
         (lambda c: c.dropQueue("q"), "TInvalidMessage"),  # enabled: must be disabled first
         (lambda c: c.describeQueue("nope"), "TQueueNotFound"),
+        (lambda c: c.getQueue("nope"), "TQueueNotFound"),
     ],
 )
 def test_bad_input_gets_a_typed_exception_and_the_connection_lives(client, call, error):

@@ -146,6 +146,10 @@ service HQueueService {
       throws (1: TQueueNotFound notFound, 2: TIOError io)
   list<TQueueInfo> listQueues()
       throws (1: TIOError io)
+  // One queue's definition alone: cheap, unlike describeQueue (which reads
+  // every partition's last ID).
+  TQueueInfo getQueue(1: string queue)
+      throws (1: TQueueNotFound notFound, 2: TIOError io)
   void truncateQueue(1: string queue)
       throws (1: TQueueNotFound notFound, 2: TIOError io)
   void disableQueue(1: string queue)

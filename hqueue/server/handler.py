@@ -157,6 +157,10 @@ class HQueueHandler:
         )
 
     @_thrift_errors
+    def getQueue(self, queue: str) -> Any:
+        return wire.to_tinfo(self.engine.queue_info(queue, fresh=True))
+
+    @_thrift_errors
     def listQueues(self) -> list[Any]:
         return [wire.to_tinfo(info) for info in self.engine.list_queues()]
 

@@ -182,7 +182,7 @@ class SubscriptionManager:
         self.batch_size, self.checkpoint_interval, self.idle_wakeup = batch_size, checkpoint_interval, idle_wakeup
         self.send_timeout_ms = int(send_timeout * 1000)
         self.workers: dict[Key, SubscriptionWorker] = {}
-        self._by_partition: dict[tuple[str, int], list[SubscriptionWorker]] = {}
+        self._by_partition: dict[tuple[str, int], tuple[SubscriptionWorker, ...]] = {}
         self._lock = threading.Lock()
         self._changed = threading.Event()
         self._stopping = threading.Event()
@@ -225,17 +225,20 @@ class SubscriptionManager:
                     self._stop_worker(key)
             for key, registration in wanted.items():
                 if key not in self.workers:
-                    # The checkpoint as stored now: another server may have moved it.
-                    fresh = self.registry.load(registration.queue, registration.name)
-                    worker = SubscriptionWorker(self, fresh, key[2])
+                    # attached() read the registration in this pass: its checkpoints
+                    # are as stored now, including those another server moved.
+                    worker = SubscriptionWorker(self, registration, key[2])
                     self.workers[key] = worker
-                    self._by_partition.setdefault((key[0], key[2]), []).append(worker)
+                    # Copy on write: _on_write iterates these tuples without the lock.
+                    partition = (key[0], key[2])
+                    self._by_partition[partition] = (*self._by_partition.get(partition, ()), worker)
                     worker.start()
-                    logger.info("delivering %s partition %d to %s at %s", key[0], key[2], key[1], fresh.address)
+                    logger.info("delivering %s partition %d to %s at %s", key[0], key[2], key[1], registration.address)
 
     def _stop_worker(self, key: Key) -> None:
         worker = self.workers.pop(key)
-        self._by_partition[(key[0], key[2])].remove(worker)
+        partition = (key[0], key[2])
+        self._by_partition[partition] = tuple(w for w in self._by_partition[partition] if w is not worker)
         worker.stop()
         worker.join(timeout=10)
         logger.info("paused delivery of %s partition %d to %s", key[0], key[2], key[1])

@@ -9,7 +9,7 @@ from typing import Any
 
 from .config import DEFAULT_MAX_MESSAGE_BYTES, Durability, QueueInfo, QueueState, validate_queue_name
 from .connection import Connected
-from .errors import HQueueError, QueueNotFound
+from .errors import QueueNotFound
 from .message import MessageID, _as_topic
 from .queue import as_message_id
 from .remote import RemoteEngine
@@ -106,11 +106,7 @@ class HQueueAdmin(Connected):
     # -- subscribers (SPEC C7) ---------------------------------------------------------
 
     def _server(self) -> RemoteEngine:
-        if not isinstance(self.engine, RemoteEngine):
-            raise HQueueError(
-                "subscribers are kept by hqueue servers: run `hqueue server` and use url='hqueue://host:port'"
-            )
-        return self.engine
+        return self.remote("subscribers are kept by hqueue servers")
 
     def add_subscriber(
         self,

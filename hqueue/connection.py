@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from .engine import Engine
+from .errors import HQueueError
 from .remote import RemoteEngine
 from .storage import default_url
 
@@ -43,6 +44,12 @@ class Connected:
         if self._engine is None:
             raise RuntimeError(f"{type(self).__name__} is closed")
         return self._engine
+
+    def remote(self, what: str) -> RemoteEngine:
+        """The client of hqueue servers; raises HQueueError for a local store."""
+        if not isinstance(self.engine, RemoteEngine):
+            raise HQueueError(f"{what}: run `hqueue server` and connect with url='hqueue://host:port'")
+        return self.engine
 
     @property
     def url(self) -> str:

@@ -12,9 +12,7 @@ from itertools import islice
 from .config import QueueInfo
 from .connection import Connected
 from .engine import check_partition
-from .errors import HQueueError
 from .message import Message, MessageID
-from .remote import RemoteEngine
 from .scanner import DEFAULT_CACHING, CombinedPartitionScanner, PartitionScanner, QueueScanner, Scan
 from .subscriber import MessageListener, Subscriber, Subscription
 
@@ -165,14 +163,10 @@ class HQueue(Connected):
         Raises:
             HQueueError: the queue is not served by an hqueue server.
         """
-        if not isinstance(self.engine, RemoteEngine):
-            raise HQueueError(
-                "push subscriptions are delivered by hqueue servers: run `hqueue server` "
-                "and open the queue with url='hqueue://host:port'"
-            )
+        engine = self.remote("push subscriptions are delivered by hqueue servers")
         if not isinstance(subscription, Subscription):
             raise TypeError(f"'subscription' must be a Subscription, not {type(subscription).__name__}")
-        return Subscriber(self.engine, self.name, subscription, listeners, host=host, port=port, advertise=advertise)
+        return Subscriber(engine, self.name, subscription, listeners, host=host, port=port, advertise=advertise)
 
     def __repr__(self) -> str:
         return f"HQueue({self.name!r}, url={self._engine.url if self._engine else None!r})"

@@ -22,12 +22,20 @@ class HQueueAdmin(Connected):
 
     Args:
         url: ``local:///path`` (default: ``$HQUEUE_DATA`` or ``./hqueue-data``)
-            or ``hbase://host:9090``.
+            ``hbase://host:9090``, or ``hqueue://[TOKEN@]host:9700[,…]``.
         data_dir: Shorthand for ``url="local://" + data_dir``.
+        token, timeout: For hqueue servers, as in :class:`~hqueue.HQueue`.
     """
 
-    def __init__(self, url: str | None = None, *, data_dir: str | os.PathLike[str] | None = None) -> None:
-        super().__init__(url, data_dir)
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        data_dir: str | os.PathLike[str] | None = None,
+        token: str | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        super().__init__(url, data_dir, token, timeout)
 
     def create_queue(
         self,

@@ -10,7 +10,7 @@ import click
 
 from .admin import HQueueAdmin
 from .config import Durability
-from .errors import HQueueError
+from .errors import HQueueError, NotAuthorized, QueueDisabled, QueueEnabled
 from .message import Message, MessageID
 from .queue import HQueue
 from .storage import default_url
@@ -23,7 +23,18 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except (HQueueError, ValueError, TypeError) as e:
-            raise click.ClickException(str(e)) from e
+            raise click.ClickException(_with_cli_hint(e)) from e
+
+
+def _with_cli_hint(e: Exception) -> str:
+    """The error's text, with the command to run where the library names a Python call."""
+    if isinstance(e, QueueDisabled):
+        return f"queue {e.name!r} is disabled (enable it: hqueue enable {e.name})"
+    if isinstance(e, QueueEnabled):
+        return f"queue {e.name!r} is enabled: disable it first (hqueue disable {e.name}), or pass --force"
+    if isinstance(e, NotAuthorized):
+        return f"{e} (set $HQUEUE_TOKEN, or use --url hqueue://TOKEN@host:port)"
+    return str(e)
 
 
 @click.group(cls=_Group)
@@ -190,12 +201,53 @@ def drop(ctx, name: str, force: bool) -> None:
 @click.option(
     "--idle-timeout", type=float, default=60.0, show_default=True, help="Close remote scanners idle this long (s)."
 )
+@click.option(
+    "--auth-file",
+    type=click.Path(exists=True, dir_okay=False),
+    envvar="HQUEUE_AUTH_FILE",
+    help="TOML file of tokens and roles; without it every client may do everything.",
+)
+@click.option(
+    "--subscriber-allow",
+    multiple=True,
+    metavar="CIDR",
+    help="Networks subscribers' push addresses may be in (repeatable); default: the registering client's host only.",
+)
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), help="Serve TLS with this certificate.")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="The certificate's private key.")
+@click.option("--max-connections", type=click.IntRange(1), default=1024, show_default=True)
+@click.option(
+    "--connection-idle-timeout", type=float, default=300.0, show_default=True, help="Close idle connections (s)."
+)
+@click.option("--max-frame-bytes", type=click.IntRange(1024), default=64 * 1024 * 1024, show_default=True)
+@click.option("--max-partitions", type=click.IntRange(1, 32767), default=1024, show_default=True)
 @click.option("--log-level", envvar="HQUEUE_LOG_LEVEL", default="INFO", show_default=True)
 @click.pass_context
-def server(ctx, storage, zk, host, port, advertise, server_id, session_timeout, idle_timeout, log_level) -> None:
+def server(
+    ctx,
+    storage,
+    zk,
+    host,
+    port,
+    advertise,
+    server_id,
+    session_timeout,
+    idle_timeout,
+    auth_file,
+    subscriber_allow,
+    tls_cert,
+    tls_key,
+    max_connections,
+    connection_idle_timeout,
+    max_frame_bytes,
+    max_partitions,
+    log_level,
+) -> None:
     """Serve queues over Thrift (framed transport, binary protocol)."""
     import logging
 
+    from .auth import AuthPolicy, PushPolicy
+    from .rpc.threaded import ServerLimits
     from .server import HQueueServer
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -207,9 +259,35 @@ def server(ctx, storage, zk, host, port, advertise, server_id, session_timeout, 
             return ZooKeeperCoordinator(zk, address, server_id=server_id, session_timeout=session_timeout)
 
     url = storage or ctx.obj["url"] or default_url()
-    instance = HQueueServer(
-        url, host, port, advertise=advertise, coordinator_factory=coordinator_factory, idle_timeout=idle_timeout
+    ssl_context = None
+    if tls_cert or tls_key:
+        if not (tls_cert and tls_key):
+            raise click.UsageError("--tls-cert and --tls-key go together")
+        import ssl
+
+        ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ssl_context.load_cert_chain(tls_cert, tls_key)
+    limits = ServerLimits(
+        max_connections=max_connections,
+        idle_timeout=connection_idle_timeout or None,
+        max_frame_bytes=max_frame_bytes,
     )
+    try:
+        instance = HQueueServer(
+            url,
+            host,
+            port,
+            advertise=advertise,
+            coordinator_factory=coordinator_factory,
+            idle_timeout=idle_timeout,
+            auth=AuthPolicy.load(auth_file) if auth_file else None,
+            push_policy=PushPolicy(subscriber_allow),
+            limits=limits,
+            ssl_context=ssl_context,
+            max_partitions=max_partitions,
+        )
+    except OSError as e:
+        raise click.ClickException(e.strerror or str(e)) from e
     # Tests and scripts read this line to learn the port (with --port 0).
     click.echo(f"hqueue server listening on {instance.address} (storage {instance.engine.url})", err=True)
     sys.stderr.flush()
@@ -241,14 +319,20 @@ def shell(ctx, script, commands: tuple[str, ...]) -> None:
 @click.option("--messages", "-n", type=click.IntRange(1), default=100_000, show_default=True)
 @click.pass_context
 def demo(ctx, messages: int) -> None:
-    """Create a queue, put messages, scan them back, and report the rates."""
+    """Create a new queue, put messages, scan them back, and report the rates.
+
+    The queue is named demo, or demo-2, demo-3… when that exists: the demo
+    never touches an existing queue.
+    """
     import time
 
     admin = _admin(ctx)
-    if admin.queue_exists("demo"):
-        admin.delete_queue("demo", force=True)
-    admin.create_queue("demo", partitions=8, ttl=86400)
-    queue = _queue(ctx, "demo")
+    name, n = "demo", 1
+    while admin.queue_exists(name):
+        n += 1
+        name = f"demo-{n}"
+    admin.create_queue(name, partitions=8, ttl=86400)
+    queue = _queue(ctx, name)
     started = time.perf_counter()
     for offset in range(0, messages, 1000):
         queue.put(
@@ -258,10 +342,10 @@ def demo(ctx, messages: int) -> None:
     started = time.perf_counter()
     count = sum(1 for _ in queue.scan())
     scan_seconds = time.perf_counter() - started
-    click.echo(f"store: {queue.url}")
+    click.echo(f"store: {queue.url}, queue: {name} (messages expire after a day)")
     click.echo(f"put  {messages} messages in batches of 1000: {messages / put_seconds:,.0f} msgs/s (fsync per batch)")
     click.echo(f"scan {count} messages over 8 partitions in ID order: {count / scan_seconds:,.0f} msgs/s")
-    click.echo("try: hqueue scan demo --limit 5")
+    click.echo(f"try: hqueue scan {name} --limit 5")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from .errors import InvalidQueueName, QueueDisabled
+from .errors import InvalidArgument, InvalidQueueName, QueueDisabled
 from .message import MAX_PARTITIONS
 
 __all__ = ["Durability", "InfoCache", "QueueInfo", "QueueState", "validate_queue_name"]
@@ -64,7 +64,7 @@ class Durability:
     @classmethod
     def validate(cls, value: object) -> str:
         if value not in cls.ALL:
-            raise ValueError(f"'durability' must be one of {', '.join(cls.ALL)}, got {value!r}")
+            raise InvalidArgument(f"'durability' must be one of {', '.join(cls.ALL)}, got {value!r}")
         return value  # type: ignore[return-value]
 
 
@@ -135,7 +135,7 @@ def _check_int(name: str, value: object, low: int, high: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{name!r} must be an int, not {type(value).__name__}")
     if not low <= value <= high:
-        raise ValueError(f"{name!r} must be in {low}..{high}, got {value}")
+        raise InvalidArgument(f"{name!r} must be in {low}..{high}, got {value}")
 
 
 class InfoCache:

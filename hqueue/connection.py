@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from .engine import Engine
-from .errors import HQueueError
+from .errors import HQueueError, InvalidArgument
 from .remote import RemoteEngine
 from .storage import default_url
 
@@ -25,19 +25,32 @@ def resolve_url(url: str | None, data_dir: str | os.PathLike[str] | None) -> str
     return url
 
 
-def acquire_engine(url: str | None, data_dir: str | os.PathLike[str] | None) -> Engine | RemoteEngine:
-    """The process's shared engine for that store, or a client of hqueue servers."""
+def acquire_engine(
+    url: str | None, data_dir: str | os.PathLike[str] | None, token: str | None = None, timeout: float | None = None
+) -> Engine | RemoteEngine:
+    """The process's shared engine for that store, or a client of hqueue servers.
+
+    ``token`` and ``timeout`` apply to hqueue servers only.
+    """
     url = resolve_url(url, data_dir)
     if url.startswith("hqueue://"):
-        return RemoteEngine(url)
+        return RemoteEngine(url, token=token, timeout=timeout)
+    if token is not None or timeout is not None:
+        raise InvalidArgument("'token' and 'timeout' are for hqueue:// servers, not an in-process store")
     return Engine.acquire(url)
 
 
 class Connected:
     """Holds one reference to a shared engine; ``close()`` drops it."""
 
-    def __init__(self, url: str | None, data_dir: str | os.PathLike[str] | None) -> None:
-        self._engine: Engine | RemoteEngine | None = acquire_engine(url, data_dir)
+    def __init__(
+        self,
+        url: str | None,
+        data_dir: str | os.PathLike[str] | None,
+        token: str | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        self._engine: Engine | RemoteEngine | None = acquire_engine(url, data_dir, token, timeout)
 
     @property
     def engine(self) -> Engine | RemoteEngine:

@@ -31,6 +31,7 @@ from .message import (
 )
 from .scanner import KeyRangeCursor, Scan
 from .storage import Storage, normalize_url, open_storage
+from .storage.base import forget_id_floor, read_id_floor
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +127,7 @@ class Engine:
         if self.queue_info(name, fresh=True).enabled:
             raise QueueEnabled(name, "it can be dropped")
         self.storage.delete_queue(name)
+        forget_id_floor(self.storage, name)
         with self._lock:
             for key in [k for k in self._allocators if k[0] == name]:
                 del self._allocators[key]
@@ -171,8 +173,10 @@ class Engine:
         if allocator is None:
             last = self.storage.last_rowkey(info.name, pid)
             allocator = IDAllocator(decode_rowkey(last)[1] if last else None)
-            if info.id_floor:  # IDs given before a truncate stay below new ones
-                allocator.advance_to(MessageID(info.id_floor, MAX_SEQUENCE))
+            # IDs given before a truncate, or reclaimed by TTL, stay below new ones.
+            floor = max(info.id_floor, read_id_floor(self.storage, info.name))
+            if floor:
+                allocator.advance_to(MessageID(floor, MAX_SEQUENCE))
             self._allocators[(info.name, pid)] = allocator
         return allocator
 

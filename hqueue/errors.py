@@ -13,7 +13,11 @@ class HQueueError(Exception):
     """Root of every error hqueue raises on purpose."""
 
 
-class InvalidQueueName(HQueueError, ValueError):
+class InvalidArgument(HQueueError, ValueError):
+    """An argument has the wrong value: a partition count of 0, a negative TTL…"""
+
+
+class InvalidQueueName(InvalidArgument):
     """A queue name is empty, too long or uses characters HBase rejects."""
 
 
@@ -60,7 +64,7 @@ class NoPartitionOwner(HQueueError):
         self.queue, self.partition_id = queue, partition_id
 
 
-class InvalidMessage(HQueueError, ValueError):
+class InvalidMessage(InvalidArgument):
     """A message is malformed: wrong types, empty topic, and so on."""
 
 
@@ -68,7 +72,7 @@ class MessageTooLarge(InvalidMessage):
     """A message is over the queue's size limit; nothing was written."""
 
 
-class InvalidPartition(HQueueError, ValueError):
+class InvalidPartition(InvalidArgument):
     """A partition id is outside ``0 <= pid < partitions``."""
 
 
@@ -82,6 +86,22 @@ class StorageLocked(StorageError):
 
 class ServerUnavailable(HQueueError):
     """No hqueue server answered (all unreachable, or timed out)."""
+
+    #: Whether the failed request may have reached a server.
+    maybe_sent = False
+
+
+class OutcomeUnknown(HQueueError):
+    """A put's connection failed after the request was sent.
+
+    The server may or may not have written the batch; it was not retried
+    (that could write it twice). Scan for it, or put it again and accept a
+    possible duplicate.
+    """
+
+
+class NotAuthorized(HQueueError):
+    """The server wants a token (``hqueue://TOKEN@host:port``), or the token's roles do not cover the call."""
 
 
 class CoordinationError(HQueueError):

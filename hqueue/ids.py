@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from .errors import InvalidArgument
 from .message import MAX_SEQUENCE, MessageID
 
 
@@ -56,7 +57,7 @@ class IDAllocator:
     def allocate(self, count: int = 1) -> list[MessageID]:
         """``count`` consecutive IDs, each greater than every earlier one."""
         if count < 1:
-            raise ValueError(f"'count' must be >= 1, got {count}")
+            raise InvalidArgument(f"'count' must be >= 1, got {count}")
         now = self._clock()
         ts, seq = self._ts, self._seq
         if now > ts:

@@ -22,7 +22,7 @@ from functools import partial
 from operator import itemgetter
 from typing import NamedTuple
 
-from .errors import InvalidMessage
+from .errors import InvalidArgument, InvalidMessage
 
 __all__ = [
     "MAX_PARTITIONS",
@@ -73,9 +73,9 @@ class MessageID(_MessageIDFields):
         if not isinstance(sequence, int) or isinstance(sequence, bool):
             raise TypeError(f"'sequence' must be an int, not {type(sequence).__name__}")
         if not 0 <= timestamp <= MAX_TIMESTAMP:
-            raise ValueError(f"'timestamp' must be in 0..2**63-1, got {timestamp}")
+            raise InvalidArgument(f"'timestamp' must be in 0..2**63-1, got {timestamp}")
         if not 0 <= sequence <= MAX_SEQUENCE:
-            raise ValueError(f"'sequence' must be in 0..{MAX_SEQUENCE}, got {sequence}")
+            raise InvalidArgument(f"'sequence' must be in 0..{MAX_SEQUENCE}, got {sequence}")
         return super().__new__(cls, timestamp, sequence)
 
     @classmethod
@@ -99,7 +99,7 @@ class MessageID(_MessageIDFields):
         try:
             return cls.from_datetime(datetime.fromisoformat(text))
         except ValueError:
-            raise ValueError(
+            raise InvalidArgument(
                 f"not a message ID or ISO time: {text!r} (use 'millis', 'millis:sequence' or '2026-11-22T10:00')"
             ) from None
 
@@ -127,7 +127,7 @@ class MessageID(_MessageIDFields):
 def encode_rowkey(partition_id: int, message_id: MessageID) -> bytes:
     """The 12-byte rowkey of ``message_id`` in ``partition_id``."""
     if not 0 <= partition_id < MAX_PARTITIONS:
-        raise ValueError(f"'partition_id' must be in 0..{MAX_PARTITIONS - 1}, got {partition_id}")
+        raise InvalidArgument(f"'partition_id' must be in 0..{MAX_PARTITIONS - 1}, got {partition_id}")
     return _ROWKEY.pack(partition_id, message_id.timestamp, message_id.sequence)
 
 
@@ -138,10 +138,10 @@ def decode_rowkey(rowkey: bytes) -> tuple[int, MessageID]:
         ValueError: ``rowkey`` is not 12 bytes or holds an invalid ID.
     """
     if len(rowkey) != ROWKEY_LENGTH:
-        raise ValueError(f"a rowkey is {ROWKEY_LENGTH} bytes, got {len(rowkey)}")
+        raise InvalidArgument(f"a rowkey is {ROWKEY_LENGTH} bytes, got {len(rowkey)}")
     pid, timestamp, sequence = _ROWKEY.unpack(rowkey)
     if pid >= MAX_PARTITIONS or sequence > MAX_SEQUENCE or timestamp > MAX_TIMESTAMP:
-        raise ValueError(f"invalid rowkey {rowkey.hex()}")
+        raise InvalidArgument(f"invalid rowkey {rowkey.hex()}")
     return pid, tuple.__new__(MessageID, (timestamp, sequence))
 
 
@@ -193,7 +193,7 @@ class Message(tuple):
         elif isinstance(partition_id, int) and 0 <= partition_id < MAX_PARTITIONS:
             pid = partition_id
         else:
-            raise ValueError(f"'partition_id' must be in 0..{MAX_PARTITIONS - 1}, got {partition_id!r}")
+            raise InvalidArgument(f"'partition_id' must be in 0..{MAX_PARTITIONS - 1}, got {partition_id!r}")
         sort_key = id.to_bytes() if id is not None else b""
         cell_key = _PID.pack(pid) + (sort_key or _NO_ID) + topic
         return tuple.__new__(cls, (sort_key, cell_key, bytes(value)))

@@ -12,6 +12,7 @@ from itertools import islice
 from .config import QueueInfo
 from .connection import Connected
 from .engine import check_partition
+from .errors import InvalidArgument
 from .message import Message, MessageID
 from .scanner import DEFAULT_CACHING, CombinedPartitionScanner, PartitionScanner, QueueScanner, Scan
 from .subscriber import MessageListener, Subscriber, Subscription
@@ -27,8 +28,11 @@ class HQueue(Connected):
     Args:
         name: The queue, which must exist (see :class:`HQueueAdmin`).
         url: ``local:///path`` (default: ``$HQUEUE_DATA`` or
-            ``./hqueue-data``) or ``hbase://host:9090``.
+            ``./hqueue-data``), ``hbase://host:9090``, or hqueue servers:
+            ``hqueue://[TOKEN@]host:9700[,…][?timeout=S&tls=1&ca=FILE]``.
         data_dir: Shorthand for ``url="local://" + data_dir``.
+        token: hqueue servers' auth token (default: the URL's, or ``$HQUEUE_TOKEN``).
+        timeout: Seconds one call to an hqueue server may take (default 30).
 
     Raises:
         QueueNotFound: the queue does not exist.
@@ -41,8 +45,16 @@ class HQueue(Connected):
                 print(message.id, message.value)
     """
 
-    def __init__(self, name: str, url: str | None = None, *, data_dir: str | os.PathLike[str] | None = None) -> None:
-        super().__init__(url, data_dir)
+    def __init__(
+        self,
+        name: str,
+        url: str | None = None,
+        *,
+        data_dir: str | os.PathLike[str] | None = None,
+        token: str | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        super().__init__(url, data_dir, token, timeout)
         try:
             self.name = name
             self.engine.queue_info(name)
@@ -133,7 +145,7 @@ class HQueue(Connected):
         """
         scan = Scan(as_message_id(start, "start"), as_message_id(stop, "stop"), topics)
         if limit is not None and (not isinstance(limit, int) or limit < 0):
-            raise ValueError(f"'limit' must be an int >= 0, got {limit!r}")
+            raise InvalidArgument(f"'limit' must be an int >= 0, got {limit!r}")
         caching = min(limit, DEFAULT_CACHING) if limit else DEFAULT_CACHING
         if partition_id is None:
             scanner: PartitionScanner | QueueScanner = self.get_queue_scanner(scan, caching=caching)

@@ -9,7 +9,15 @@ in place of the in-process engine, so the whole Python API works the same.
   after that it raises :class:`~hqueue.errors.NotPartitionOwner`.
 * A put is acknowledged when its IDs come back. If a server dies after
   writing but before answering, the retry writes the batch again: delivery
-  is at least once, never lost.
+  is at least once, never lost. When the retries run out after a request
+  was sent, the error is :class:`~hqueue.errors.OutcomeUnknown`: the batch
+  may have been written.
+* A pooled connection is checked before each use, so the first call after
+  a server restart (or after the server closed an idle connection) does not
+  fail; a read that fails mid-call is retried once.
+* URL: ``hqueue://[TOKEN@]host:port[,host:port…][?timeout=S&tls=1&ca=FILE]``.
+  With a token (or ``token=``, or ``$HQUEUE_TOKEN``) every connection
+  authenticates first; ``tls=1`` (or ``ca=``) speaks TLS.
 * Scanners are server-side (``messageScannerOpen``/``GetList``/``Close``),
   ``caching`` messages a round trip, freed by close or the server's idle
   timeout.
@@ -18,74 +26,132 @@ in place of the in-process engine, so the whole Python API works the same.
 from __future__ import annotations
 
 import logging
+import os
 import queue as queue_module
 import random
+import select
+import ssl
 import threading
 import time
+import urllib.parse
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any
 
 from thriftpy2.protocol import TBinaryProtocolFactory
-from thriftpy2.rpc import make_client
-from thriftpy2.thrift import TException
-from thriftpy2.transport import TFramedTransportFactory, TTransportException
+from thriftpy2.thrift import TClient, TException
+from thriftpy2.transport import TFramedTransportFactory, TSocket, TSSLSocket, TTransportException
 
 from .config import InfoCache, QueueInfo, QueueState
 from .engine import check_messages
-from .errors import HQueueError, NoPartitionOwner, NotPartitionOwner, ServerUnavailable
+from .errors import HQueueError, InvalidArgument, NoPartitionOwner, NotPartitionOwner, OutcomeUnknown, ServerUnavailable
 from .message import Message, MessageID
+from .rpc import wire
 from .scanner import Scan
-from .server import wire
 
 logger = logging.getLogger(__name__)
 
 
 def parse_servers(url: str) -> list[str]:
     """``hqueue://h1:9700,h2:9700`` -> ``["h1:9700", "h2:9700"]``."""
-    if not url.startswith("hqueue://"):
-        raise ValueError(f"not an hqueue:// URL: {url!r}")
-    servers = [s.strip() for s in url[len("hqueue://") :].strip("/").split(",") if s.strip()]
+    return parse_url(url)[0]
+
+
+def parse_url(url: str) -> tuple[list[str], str | None, dict[str, str]]:
+    """``hqueue://[TOKEN@]h1:9700,h2:9700[?k=v…]`` -> (servers, token, options)."""
+    if not isinstance(url, str) or not url.startswith("hqueue://"):
+        raise InvalidArgument(f"an hqueue server URL starts with hqueue://, got {url!r}")
+    rest, _, query = url[len("hqueue://") :].partition("?")
+    token, at, hosts = rest.rpartition("@")
+    servers = [s.strip() for s in hosts.strip("/").split(",") if s.strip()]
     for server in servers:
         host, _, port = server.rpartition(":")
         if not host or not port.isdigit():
-            raise ValueError(f"an hqueue:// URL lists host:port servers, got {server!r} in {url!r}")
+            raise InvalidArgument(f"an hqueue:// URL lists host:port servers, got {server!r}")
     if not servers:
-        raise ValueError(f"an hqueue:// URL needs at least one host:port: {url!r}")
-    return servers
+        raise InvalidArgument(f"an hqueue:// URL needs at least one host:port: {url!r}")
+    options = dict(urllib.parse.parse_qsl(query))
+    unknown = set(options) - {"timeout", "tls", "ca"}
+    if unknown:
+        raise InvalidArgument(f"unknown hqueue:// URL options {sorted(unknown)} (known: timeout, tls, ca)")
+    return servers, urllib.parse.unquote(token) if at else None, options
+
+
+class _Connection:
+    """One Thrift client and its socket (thriftpy2 clients are not thread-safe)."""
+
+    def __init__(self, pool: _Pool) -> None:
+        if pool.ssl_context is not None:
+            self.socket: TSocket = TSSLSocket(
+                pool.host, pool.port, socket_timeout=pool.timeout_ms, ssl_context=pool.ssl_context
+            )
+        else:
+            self.socket = TSocket(pool.host, pool.port, socket_timeout=pool.timeout_ms)
+        transport = TFramedTransportFactory().get_transport(self.socket)
+        transport.open()
+        self.client = TClient(wire.T.HQueueService, TBinaryProtocolFactory().get_protocol(transport))
+        if pool.token is not None:
+            self.client.authenticate(pool.token)
+
+    def stale(self) -> bool:
+        """Whether the server closed this idle connection (restart, idle timeout)."""
+        sock = self.socket.sock
+        if sock is None:
+            return True
+        try:
+            readable, _, _ = select.select([sock], [], [], 0)
+        except (OSError, ValueError):
+            return True
+        return bool(readable)  # an idle connection has nothing to read but EOF
+
+    def close(self) -> None:
+        self.socket.close()
 
 
 class _Pool:
-    """Thrift clients to one server; thriftpy2 clients are not thread-safe."""
+    """Connections to one server."""
 
-    def __init__(self, address: str, timeout_ms: int) -> None:
+    def __init__(
+        self, address: str, timeout_ms: int, token: str | None = None, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
         host, _, port = address.rpartition(":")
         self.address, self.host, self.port, self.timeout_ms = address, host, int(port), timeout_ms
+        self.token, self.ssl_context = token, ssl_context
         self._idle: queue_module.SimpleQueue = queue_module.SimpleQueue()
+
+    def take(self) -> _Connection:
+        """A connection for the caller alone; give it back with :meth:`give_back`."""
+        while True:
+            try:
+                connection = self._idle.get_nowait()
+            except queue_module.Empty:
+                try:
+                    return _Connection(self)
+                except (TTransportException, OSError) as e:
+                    raise _NotSent(e) from e
+            if not connection.stale():
+                return connection
+            connection.close()
+
+    def give_back(self, connection: _Connection, broken: bool = False) -> None:
+        if broken:
+            connection.close()
+        else:
+            self._idle.put(connection)
 
     @contextmanager
     def client(self) -> Iterator[Any]:
+        connection = self.take()
         try:
-            client = self._idle.get_nowait()
-        except queue_module.Empty:
-            client = make_client(
-                wire.T.HQueueService,
-                self.host,
-                self.port,
-                proto_factory=TBinaryProtocolFactory(),
-                trans_factory=TFramedTransportFactory(),
-                timeout=self.timeout_ms,
-            )
-        try:
-            yield client
+            yield connection.client
         except (TTransportException, OSError):
-            client.close()  # the connection is in an unknown state
+            self.give_back(connection, broken=True)  # the connection is in an unknown state
             raise
         except BaseException:
-            self._idle.put(client)  # an answer came back (a typed error): the connection is fine
+            self.give_back(connection)  # an answer came back (a typed error): the connection is fine
             raise
-        self._idle.put(client)
+        self.give_back(connection)
 
     def close(self) -> None:
         while True:
@@ -95,20 +161,49 @@ class _Pool:
                 return
 
 
+class _NotSent(Exception):
+    """No connection could be made: the request never left."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+#: Calls that change nothing, so a retry after a failure mid-call is safe.
+_READS = frozenset(
+    {"getQueue", "describeQueue", "listQueues", "getQueueLocations", "listSubscribers", "describeSubscriber"}
+)
+
+
 class RemoteEngine:
     """The engine API over hqueue servers.
 
     Args:
-        url: ``hqueue://host:port[,host:port…]``.
-        timeout: Socket timeout of one call, in seconds.
+        url: ``hqueue://[TOKEN@]host:port[,host:port…][?timeout=S&tls=1&ca=FILE]``.
+        timeout: Socket timeout of one call, in seconds (default 30, or the URL's).
         owner_timeout: How long a put waits for its partition to have an
             owner (failover, rebalance) before it fails.
+        token: The token to authenticate with (default: the URL's, or ``$HQUEUE_TOKEN``).
     """
 
-    def __init__(self, url: str, *, timeout: float = 30.0, owner_timeout: float = 30.0) -> None:
-        self.url = url
-        self._seeds = parse_servers(url)
+    def __init__(
+        self, url: str, *, timeout: float | None = None, owner_timeout: float = 30.0, token: str | None = None
+    ) -> None:
+        self._seeds, url_token, options = parse_url(url)
+        self.url = url.split("?")[0].rpartition("@")[2] if url_token else url.split("?")[0]
+        self.url = "hqueue://" + self.url.removeprefix("hqueue://")  # never echo the token
+        if timeout is None:
+            try:
+                timeout = float(options.get("timeout", 30.0))
+            except ValueError:
+                raise InvalidArgument(f"timeout= in an hqueue:// URL is seconds, got {options['timeout']!r}") from None
+        if not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise InvalidArgument(f"'timeout' must be > 0 seconds, got {timeout!r}")
         self._timeout_ms = int(timeout * 1000)
+        self._token = token or url_token or os.environ.get("HQUEUE_TOKEN") or None
+        self._ssl_context = None
+        if options.get("tls", "0") not in ("0", "") or "ca" in options:
+            self._ssl_context = ssl.create_default_context(cafile=options.get("ca"))
         self.owner_timeout = owner_timeout
         self._pools: dict[str, _Pool] = {}
         self._lock = threading.Lock()
@@ -121,18 +216,30 @@ class RemoteEngine:
         with self._lock:
             pool = self._pools.get(address)
             if pool is None:
-                pool = self._pools[address] = _Pool(address, self._timeout_ms)
+                pool = self._pools[address] = _Pool(address, self._timeout_ms, self._token, self._ssl_context)
             return pool
 
     def _call_at(self, address: str, method: str, *args, queue: str | None = None, pid: int = -1):
-        """One call at one server; IDL exceptions become hqueue errors."""
-        try:
-            with self._pool(address).client() as client:
-                return getattr(client, method)(*args)
-        except (TTransportException, OSError) as e:
-            raise ServerUnavailable(f"hqueue server {address}: {method}: {e}") from e
-        except TException as e:
-            raise wire.from_thrift_error(e, queue, pid) from e
+        """One call at one server; IDL exceptions become hqueue errors.
+
+        A ServerUnavailable's ``maybe_sent`` tells whether the request may
+        have reached the server (False: no connection could be made).
+        """
+        for attempt in (1, 2):
+            try:
+                with self._pool(address).client() as client:
+                    return getattr(client, method)(*args)
+            except _NotSent as e:
+                raise ServerUnavailable(f"hqueue server {address}: {method}: {e}") from e.cause
+            except (TTransportException, OSError) as e:
+                if attempt == 1 and method in _READS:
+                    continue  # the connection broke under us: a read may go again
+                error = ServerUnavailable(f"hqueue server {address}: {method}: {e}")
+                error.maybe_sent = True
+                raise error from e
+            except TException as e:
+                raise wire.from_thrift_error(e, queue, pid) from e
+        raise AssertionError("unreachable")
 
     def _call(self, method: str, *args, queue: str | None = None):
         """A call any server can answer: try each, in random order."""
@@ -244,9 +351,16 @@ class RemoteEngine:
         """Write to the partition's owner, following moves until ``owner_timeout``."""
         # Check here too, so a bad batch fails at once, with the argument named.
         check_messages(self.enabled_queue(name), messages)
+        if len(messages) > wire.MAX_PUT_BATCH:  # the server's frame limits bound one call
+            step = wire.MAX_PUT_BATCH
+            return [
+                i
+                for at in range(0, len(messages), step)
+                for i in self.put(name, messages[at : at + step], partition_id)
+            ]
         tmessages = [wire.T.TMessage(topic=m.topic, value=m.value) for m in messages]
         deadline = time.monotonic() + self.owner_timeout
-        delay, fresh = 0.02, False
+        delay, fresh, maybe_sent = 0.02, False, False
         while True:
             try:
                 locations = self.locations(name, fresh=fresh)
@@ -259,7 +373,14 @@ class RemoteEngine:
                 problem: HQueueError = NotPartitionOwner(name, partition_id, None)
             except (NotPartitionOwner, ServerUnavailable) as e:
                 problem = e
+                maybe_sent = maybe_sent or getattr(e, "maybe_sent", False)
             if time.monotonic() >= deadline:
+                if maybe_sent:
+                    raise OutcomeUnknown(
+                        f"put of {len(messages)} message(s) to {name!r} partition {partition_id}: a request was "
+                        f"sent but no answer came within {self.owner_timeout:g}s; the messages may have been "
+                        f"written: {problem}"
+                    ) from problem
                 raise NoPartitionOwner(name, partition_id, self.owner_timeout, problem) from problem
             logger.info("put to %s/%d: %s; retrying in %.2fs", name, partition_id, problem, delay)
             time.sleep(delay)
@@ -280,21 +401,50 @@ class RemoteEngine:
 
 
 class RemoteCursor:
-    """A server-side scanner over one partition, read ``caching`` at a time."""
+    """A server-side scanner over one partition, read ``caching`` at a time.
+
+    The server binds a scanner to the connection that opened it, so the
+    cursor keeps one connection of the pool until it is closed.
+    """
 
     def __init__(self, engine: RemoteEngine, queue: str, partition_id: int, scan: Scan, caching: int) -> None:
-        self.engine, self.queue, self.caching = engine, queue, caching
+        self.engine, self.queue, self.caching = engine, queue, min(caching, wire.MAX_SCAN_BATCH)
         # Any server can serve a scan (the store is shared); prefer the owner.
-        owner = engine.locations(queue)[partition_id] or random.choice(engine._seeds)
-        self.server = owner
-        self.scanner_id = engine._call_at(
-            owner, "messageScannerOpen", queue, partition_id, wire.to_tscan(scan), queue=queue
-        )
+        self.server = engine.locations(queue)[partition_id] or random.choice(engine._seeds)
+        self._pool = engine._pool(self.server)
+        try:
+            self._connection: _Connection | None = self._pool.take()
+        except _NotSent as e:
+            raise ServerUnavailable(f"hqueue server {self.server}: {e}") from e.cause
         self.done = False
+        try:
+            self.scanner_id = self._call("messageScannerOpen", queue, partition_id, wire.to_tscan(scan))
+        except BaseException:
+            self.done = True
+            self._release()
+            raise
+
+    def _call(self, method: str, *args):
+        if self._connection is None:
+            raise ServerUnavailable(f"hqueue server {self.server}: the scanner's connection broke")
+        try:
+            return getattr(self._connection.client, method)(*args)
+        except (TTransportException, OSError) as e:
+            self._release(broken=True)
+            raise ServerUnavailable(f"hqueue server {self.server}: {method}: {e}") from e
+        except TException as e:
+            raise wire.from_thrift_error(e, self.queue) from e
+
+    def _release(self, broken: bool = False) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            self._pool.give_back(connection, broken)
 
     def fetch(self) -> list[Message]:
-        tmessages = self.engine._call_at(self.server, "messageScannerGetList", self.scanner_id, self.caching)
-        if len(tmessages) < self.caching:
+        tmessages = self._call("messageScannerGetList", self.scanner_id, self.caching)
+        # A short reply is the end, unless the server cut it at its byte limit.
+        size = sum(len(t.topic) + len(t.value) for t in tmessages)
+        if len(tmessages) < self.caching and size < wire.SCAN_REPLY_BYTES:
             self.close()
         return [wire.from_stored_tmessage(t) for t in tmessages]
 
@@ -302,6 +452,11 @@ class RemoteCursor:
         if not self.done:
             self.done = True
             try:
-                self.engine._call_at(self.server, "messageScannerClose", self.scanner_id)
+                self._call("messageScannerClose", self.scanner_id)
             except HQueueError:
                 pass  # gone already (idle timeout, server restart): nothing to free
+            self._release()
+
+    def __del__(self) -> None:  # an abandoned cursor still returns its connection
+        if not getattr(self, "done", True):
+            self.close()

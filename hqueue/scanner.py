@@ -22,6 +22,7 @@ from bisect import bisect_right
 from collections.abc import Collection, Generator, Iterable, Iterator, Mapping
 from typing import Protocol
 
+from .errors import InvalidArgument
 from .message import Message, MessageID, _as_topic, partition_prefix
 
 logger = logging.getLogger(__name__)
@@ -205,7 +206,7 @@ class CombinedPartitionScanner(_Scanner):
     ) -> None:
         _check_caching(caching)
         if not isinstance(scans, Mapping) or not scans:
-            raise ValueError("'scans' must be a non-empty mapping of partition id to Scan")
+            raise InvalidArgument("'scans' must be a non-empty mapping of partition id to Scan")
         for pid, scan in scans.items():
             if not isinstance(scan, Scan):
                 raise TypeError(f"scan for partition {pid} must be a Scan, not {type(scan).__name__}")
@@ -263,4 +264,4 @@ class QueueScanner(CombinedPartitionScanner):
 
 def _check_caching(caching: int) -> None:
     if not isinstance(caching, int) or caching < 1:
-        raise ValueError(f"'caching' must be an int > 0, got {caching!r}")
+        raise InvalidArgument(f"'caching' must be an int > 0, got {caching!r}")

@@ -37,10 +37,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .coordination.zk_registry import ZooKeeperPresence
-from .errors import HQueueError
+from .errors import HQueueError, InvalidArgument
 from .message import Message, MessageID, _as_topic
-from .server import wire
-from .server.threaded import ListeningSocket, ThreadedServer
+from .rpc import wire
+from .rpc.threaded import ListeningSocket, ThreadedServer
 
 if TYPE_CHECKING:
     from .remote import RemoteEngine
@@ -69,7 +69,7 @@ class Subscription:
 
     def __init__(self, name: str, topics: Iterable[str | bytes] | None = None) -> None:
         if not isinstance(name, str) or not name or "/" in name:
-            raise ValueError(f"'name' must be a non-empty str without '/', got {name!r}")
+            raise InvalidArgument(f"'name' must be a non-empty str without '/', got {name!r}")
         if isinstance(topics, (str, bytes)):
             raise TypeError("'topics' must be a collection of topics, not one topic")
         self.name = name
@@ -91,7 +91,7 @@ class Subscription:
         items = partitions.items() if isinstance(partitions, Mapping) else partitions
         for pid, start in items:
             if not isinstance(pid, int) or pid < 0:
-                raise ValueError(f"a partition id must be an int >= 0, got {pid!r}")
+                raise InvalidArgument(f"a partition id must be an int >= 0, got {pid!r}")
             if start is not None and not isinstance(start, MessageID):
                 raise TypeError(f"a start must be a MessageID or None, got {type(start).__name__}")
             self.partitions = {**(self.partitions or {}), pid: start}

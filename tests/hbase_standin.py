@@ -42,8 +42,8 @@ from sortedcontainers import SortedDict
 from thriftpy2.protocol import TBinaryProtocolFactory, TCompactProtocolFactory
 from thriftpy2.transport import TBufferedTransportFactory, TFramedTransportFactory
 
-from hqueue.idl import load
-from hqueue.server.threaded import ListeningSocket, ThreadedServer
+from hqueue.rpc.idl import load
+from hqueue.rpc.threaded import ListeningSocket, ThreadedServer
 
 
 def _now_ms() -> int:

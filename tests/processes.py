@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -102,8 +103,19 @@ class ZooKeeperServer:
 class ServerProcess:
     """``hqueue server`` in a subprocess, so that a test can kill -9 it."""
 
-    def __init__(self, storage: str, workdir: Path, *, zk: str | None = None, port: int = 0, name: str = "s") -> None:
+    def __init__(
+        self,
+        storage: str,
+        workdir: Path,
+        *,
+        zk: str | None = None,
+        port: int = 0,
+        name: str = "s",
+        extra_args: tuple[str, ...] = (),
+        max_open_files: int | None = None,
+    ) -> None:
         self.storage, self.zk, self.name, self.workdir = storage, zk, name, workdir
+        self.extra_args, self.max_open_files = list(extra_args), max_open_files
         self.log_path = workdir / f"server-{name}.log"
         self.port = port
         self.proc: subprocess.Popen | None = None
@@ -114,9 +126,18 @@ class ServerProcess:
                 "--session-timeout", "2", "--id", self.name]  # fmt: skip
         if self.zk:
             args += ["--zk", self.zk]
+        args += self.extra_args
         log = open(self.log_path, "a")
         self._log_offset = log.tell()  # only this run's lines count
-        self.proc = subprocess.Popen(args, cwd=ROOT, env=python_env(), stdout=log, stderr=log)
+        limit = self.max_open_files
+
+        def limit_files() -> None:
+            if limit is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+        self.proc = subprocess.Popen(
+            args, cwd=ROOT, env=python_env(), stdout=log, stderr=log, preexec_fn=limit_files if limit else None
+        )
         log.close()
         line = wait_for(self._listening, 60, f"server {self.name} to listen")
         self.port = int(line)

@@ -61,3 +61,21 @@ def test_demo_runs_the_main_job(run):
     result = run("demo", "--messages", "3000")
     assert result.exit_code == 0, result.output
     assert "msgs/s" in result.output
+
+
+def test_demo_never_touches_an_existing_queue(run):
+    run("create", "demo", "1")
+    run("put", "demo", "t", "keep me")
+    result = run("demo", "--messages", "1000")
+    assert result.exit_code == 0 and "queue: demo-2" in result.output
+    assert run("scan", "demo").output.split("\t")[3] == "keep me\n"
+
+
+def test_cli_errors_name_the_command_to_run(run):
+    run("create", "q", "1")
+    run("disable", "q")
+    assert "hqueue enable q" in run("put", "q", "t", "x").output
+    run("enable", "q")
+    assert "--force" in run("drop", "q").output
+    result = run("--url", "nosuch://x", "list")
+    assert result.exit_code == 1 and "hqueue://" in result.output

@@ -12,8 +12,8 @@ from thriftpy2.transport import TFramedTransportFactory
 
 from hqueue import HQueue, HQueueAdmin, HQueueError, Message, NoPartitionOwner, QueueInfo
 from hqueue.remote import RemoteEngine
+from hqueue.rpc.wire import T
 from hqueue.server import HQueueServer
-from hqueue.server.wire import T
 
 from .processes import ServerProcess, wait_for
 
@@ -92,11 +92,11 @@ def test_a_disabled_queue_is_typed_over_the_wire(client):
 
 def _raw(server, payload: bytes) -> bytes:
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
-        s.sendall(payload)
-        s.shutdown(socket.SHUT_WR)
         try:
+            s.sendall(payload)
+            s.shutdown(socket.SHUT_WR)
             return s.recv(1024)
-        except OSError:
+        except OSError:  # the server closed first
             return b""
 
 

@@ -103,62 +103,73 @@ exception TNotPartitionOwner {
   2: string owner
 }
 
+// The connection has not authenticated, or its token's roles do not cover
+// this call on this queue (servers started with --auth-file).
+exception TNotAuthorized {
+  1: string message
+}
+
 // The store or coordination failed; the call may be retried.
 exception TIOError {
   1: string message
 }
 
 service HQueueService {
+  // -- authentication: the first call on a connection to a server started with
+  // --auth-file; every later call on the connection acts with the token's roles.
+  void authenticate(1: string token)
+      throws (1: TNotAuthorized denied, 2: TIOError io)
+
   // -- scanners (server side; closed by messageScannerClose or an idle timeout)
   i32 messageScannerOpen(1: string queue, 2: i16 partitionID, 3: TMessageScan scan)
-      throws (1: TQueueNotFound notFound, 2: TQueueDisabled disabled, 3: TInvalidMessage invalid, 4: TIOError io)
+      throws (1: TQueueNotFound notFound, 2: TQueueDisabled disabled, 3: TInvalidMessage invalid, 4: TIOError io, 5: TNotAuthorized denied)
   // The next message; at the end, a TMessage with no id.
   TMessage messageScannerGet(1: i32 scannerID)
-      throws (1: TInvalidMessage invalid, 2: TIOError io)
+      throws (1: TInvalidMessage invalid, 2: TIOError io, 3: TNotAuthorized denied)
   // Up to nbMessages messages; an empty list at the end.
   list<TMessage> messageScannerGetList(1: i32 scannerID, 2: i32 nbMessages)
-      throws (1: TInvalidMessage invalid, 2: TIOError io)
+      throws (1: TInvalidMessage invalid, 2: TIOError io, 3: TNotAuthorized denied)
   void messageScannerClose(1: i32 scannerID)
-      throws (1: TInvalidMessage invalid, 2: TIOError io)
+      throws (1: TInvalidMessage invalid, 2: TIOError io, 3: TNotAuthorized denied)
 
   // -- puts: the server assigns IDs and returns them
   TMessageID putMessage(1: string queue, 2: TMessage message)
       throws (1: TQueueNotFound notFound, 2: TQueueDisabled disabled, 3: TInvalidMessage invalid,
-              4: TNotPartitionOwner notOwner, 5: TIOError io)
+              4: TNotPartitionOwner notOwner, 5: TIOError io, 6: TNotAuthorized denied)
   list<TMessageID> putMessages(1: string queue, 2: list<TMessage> messages)
       throws (1: TQueueNotFound notFound, 2: TQueueDisabled disabled, 3: TInvalidMessage invalid,
-              4: TNotPartitionOwner notOwner, 5: TIOError io)
+              4: TNotPartitionOwner notOwner, 5: TIOError io, 6: TNotAuthorized denied)
   TMessageID putMessageWithPid(1: string queue, 2: i16 partitionID, 3: TMessage message)
       throws (1: TQueueNotFound notFound, 2: TQueueDisabled disabled, 3: TInvalidMessage invalid,
-              4: TNotPartitionOwner notOwner, 5: TIOError io)
+              4: TNotPartitionOwner notOwner, 5: TIOError io, 6: TNotAuthorized denied)
   list<TMessageID> putMessagesWithPid(1: string queue, 2: i16 partitionID, 3: list<TMessage> messages)
       throws (1: TQueueNotFound notFound, 2: TQueueDisabled disabled, 3: TInvalidMessage invalid,
-              4: TNotPartitionOwner notOwner, 5: TIOError io)
+              4: TNotPartitionOwner notOwner, 5: TIOError io, 6: TNotAuthorized denied)
 
   // host:port of each partition's owner, by partition id; "" where none.
   list<string> getQueueLocations(1: string queue)
-      throws (1: TQueueNotFound notFound, 2: TIOError io)
+      throws (1: TQueueNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied)
 
   // -- admin
   void createQueue(1: TQueueInfo info)
-      throws (1: TQueueExists exists, 2: TInvalidMessage invalid, 3: TIOError io)
+      throws (1: TQueueExists exists, 2: TInvalidMessage invalid, 3: TIOError io, 4: TNotAuthorized denied)
   TQueueDescription describeQueue(1: string queue)
-      throws (1: TQueueNotFound notFound, 2: TIOError io)
+      throws (1: TQueueNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied)
   list<TQueueInfo> listQueues()
-      throws (1: TIOError io)
+      throws (1: TIOError io, 2: TNotAuthorized denied)
   // One queue's definition alone: cheap, unlike describeQueue (which reads
   // every partition's last ID).
   TQueueInfo getQueue(1: string queue)
-      throws (1: TQueueNotFound notFound, 2: TIOError io)
+      throws (1: TQueueNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied)
   void truncateQueue(1: string queue)
-      throws (1: TQueueNotFound notFound, 2: TIOError io)
+      throws (1: TQueueNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied)
   void disableQueue(1: string queue)
-      throws (1: TQueueNotFound notFound, 2: TIOError io)
+      throws (1: TQueueNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied)
   void enableQueue(1: string queue)
-      throws (1: TQueueNotFound notFound, 2: TIOError io)
+      throws (1: TQueueNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied)
   // The queue must be disabled first, as in HBase.
   void dropQueue(1: string queue)
-      throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TIOError io)
+      throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TIOError io, 4: TNotAuthorized denied)
 
   // -- subscriptions (SPEC C7); the seed's argument orders
   // Registers name on queue now, so nothing written after this call is missed.
@@ -166,25 +177,26 @@ service HQueueService {
   // topics and partitions may be null: all of them.
   void addSubscriber(1: string queue, 2: string name, 3: list<binary> topics,
                      4: list<TPartitionStart> partitions)
-      throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TIOError io)
+      throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TIOError io, 4: TNotAuthorized denied)
   void deleteSubscriber(1: string name, 2: string queue)
-      throws (1: TSubscriberNotFound notFound, 2: TIOError io)
+      throws (1: TSubscriberNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied, 4: TQueueNotFound queueNotFound)
   list<string> listSubscribers(1: string queue)
-      throws (1: TQueueNotFound notFound, 2: TIOError io)
+      throws (1: TQueueNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied)
   TSubscriberInfo describeSubscriber(1: string name, 2: string queue)
-      throws (1: TSubscriberNotFound notFound, 2: TQueueNotFound queueNotFound, 3: TIOError io)
+      throws (1: TSubscriberNotFound notFound, 2: TQueueNotFound queueNotFound, 3: TIOError io, 4: TNotAuthorized denied)
   // partitionID -1: every partition. Replays from startID (inclusive).
   void setCheckpoint(1: string queue, 2: string name, 3: i16 partitionID, 4: TMessageID startID)
-      throws (1: TSubscriberNotFound notFound, 2: TInvalidMessage invalid, 3: TIOError io)
+      throws (1: TSubscriberNotFound notFound, 2: TInvalidMessage invalid, 3: TIOError io, 4: TNotAuthorized denied, 5: TQueueNotFound queueNotFound)
   // Where subscribers announce themselves: "zk:<hosts>/<chroot>" (create the
   // ephemeral nodes there), or "server" (call subscriberHeartbeat).
   string getCoordination()
-      throws (1: TIOError io)
+      throws (1: TIOError io, 2: TNotAuthorized denied)
   // Without ZooKeeper: "I am at address, taking these topics"; every second.
   void subscriberHeartbeat(1: string queue, 2: string name, 3: string address, 4: list<binary> topics)
-      throws (1: TSubscriberNotFound notFound, 2: TIOError io)
+      throws (1: TSubscriberNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied, 4: TQueueNotFound queueNotFound,
+              5: TInvalidMessage invalid)
   void subscriberLeave(1: string queue, 2: string name)
-      throws (1: TSubscriberNotFound notFound, 2: TIOError io)
+      throws (1: TSubscriberNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied, 4: TQueueNotFound queueNotFound)
 }
 
 // Served by each subscriber (SPEC C7): the server pushes batches to it.

@@ -17,21 +17,24 @@ from __future__ import annotations
 
 import logging
 import signal
+import ssl
 import threading
 import time
 
+from ..auth import AuthPolicy, PushPolicy
 from ..coordination import Coordinator, LocalCoordinator
 from ..coordination.registry import SubscriberRegistry
 from ..coordination.store_registry import StoreRegistry
 from ..coordination.zk_registry import ZooKeeperRegistry
 from ..coordination.zookeeper import ZooKeeperCoordinator
 from ..engine import Engine
-from . import wire
-from .handler import HQueueHandler
+from ..errors import InvalidArgument
+from ..rpc import wire
+from ..rpc.threaded import ListeningSocket, ServerLimits, ThreadedServer
+from .handler import DEFAULT_MAX_PARTITIONS, HQueueHandler
 from .scanners import DEFAULT_IDLE_TIMEOUT, ScannerRegistry
 from .subscribers import Subscribers
 from .subscriptions import SubscriptionManager
-from .threaded import ListeningSocket, ThreadedServer
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +50,11 @@ class HQueueServer:
         advertise: ``host:port`` clients should use (default: host:port).
         coordinator: Partition ownership; default: this server owns all.
         idle_timeout: Seconds after which an unused remote scanner is closed.
+        auth: Tokens and roles (``--auth-file``); None: every client may do everything.
+        push_policy: Where subscribers' messages may be pushed.
+        limits: Connections, frame sizes and timeouts.
+        ssl_context: Serve TLS with this server-side context.
+        max_partitions: The most partitions a queue created here may have.
     """
 
     def __init__(
@@ -58,18 +66,42 @@ class HQueueServer:
         advertise: str | None = None,
         coordinator_factory=None,
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        auth: AuthPolicy | None = None,
+        push_policy: PushPolicy | None = None,
+        limits: ServerLimits | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        max_partitions: int = DEFAULT_MAX_PARTITIONS,
     ) -> None:
-        self.engine = Engine.acquire(storage_url)
-        socket = ListeningSocket.bound(host, port)
+        if coordinator_factory is not None and not storage_url.startswith("hbase://"):
+            raise InvalidArgument(
+                f"ZooKeeper coordination needs a store every server shares (hbase://), not {storage_url!r}: "
+                "servers with separate local stores would each answer differently"
+            )
+        socket = ListeningSocket.bound(host, port)  # before the store: a taken port fails first
+        try:
+            self.engine = Engine.acquire(storage_url)
+        except BaseException:
+            socket.close()
+            raise
         self.port = socket.bound_port
         self.address = advertise or f"{host}:{self.port}"
         self.coordinator: Coordinator = (coordinator_factory or LocalCoordinator)(self.address)
         # An allocator is only valid while owning its partition; re-seed on every change.
         self.coordinator.add_listener(lambda gained, lost: self.engine.forget_partitions(gained | lost))
         self.scanners = ScannerRegistry(idle_timeout)
-        self.handler = HQueueHandler(self.engine, self.coordinator, self.scanners)
+        self.push_policy = push_policy or PushPolicy()
+        self.handler = HQueueHandler(
+            self.engine,
+            self.coordinator,
+            self.scanners,
+            auth=auth,
+            push_policy=self.push_policy,
+            max_partitions=max_partitions,
+        )
         self.subscriptions: SubscriptionManager | None = None
-        self._server = ThreadedServer(wire.T.HQueueService, self.handler, socket)
+        self._server = ThreadedServer(
+            wire.T.HQueueService, self.handler, socket, limits=limits, ssl_context=ssl_context
+        )
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -95,7 +127,10 @@ class HQueueServer:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self._stopped.set())
         self.start()
-        self._stopped.wait()
+        # Wake up now and then: a signal that lands on another thread only runs
+        # its Python handler once the main thread runs Python code again.
+        while not self._stopped.wait(0.5):
+            pass
         self.stop()
 
     def stop(self, grace: float = 10.0) -> None:

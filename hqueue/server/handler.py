@@ -15,17 +15,22 @@ import random
 import threading
 from typing import Any
 
+from ..auth import OPEN, AuthPolicy, Principal, PushPolicy
 from ..config import QueueState
 from ..coordination import Coordinator
 from ..engine import Engine, check_partition
-from ..errors import HQueueError, NotPartitionOwner
+from ..errors import HQueueError, InvalidArgument, NotAuthorized, NotPartitionOwner
 from ..message import MessageID
+from ..rpc import wire
+from ..rpc.threaded import current_connection
 from ..scanner import PartitionScanner
-from . import wire
 from .scanners import ScannerRegistry
 from .subscribers import Subscribers
 
 logger = logging.getLogger(__name__)
+
+#: The most partitions a queue may have on a server (``--max-partitions``).
+DEFAULT_MAX_PARTITIONS = 1024
 
 
 @functools.cache
@@ -35,40 +40,60 @@ def _declared(method: str) -> tuple[type, ...]:
     return tuple(field[2] for key, field in spec.items() if key != 0 and len(field) > 2 and isinstance(field[2], type))
 
 
-def _thrift_errors(method):
-    """Turn any error into an IDL exception that the method declares.
+def _served(role: str | None, queue_arg: int | None = 0):
+    """A Thrift call: authorized, counted, and with only IDL exceptions out.
+
+    ``role`` is what the connection's token must hold on the queue given as
+    argument ``queue_arg`` (``"member"``: any role; ``"connected"``: an
+    authenticated connection, no queue); None for ``authenticate`` itself.
 
     An exception the IDL does not declare for a call would make thriftpy2
     drop the connection; it is sent as TIOError instead.
     """
 
-    @functools.wraps(method)
-    def call(self, *args):
-        with self._active_lock:
-            self.active += 1
-        try:
-            return method(self, *args)
-        except Exception as e:
-            if isinstance(e, (HQueueError, ValueError, TypeError)):
-                error = wire.to_thrift_error(e)
-            else:
-                logger.exception("%s%r failed", method.__name__, args[:2])
-                error = wire.T.TIOError(message=f"internal error: {type(e).__name__}: {e}")
-            if not isinstance(error, _declared(method.__name__)):
-                error = wire.T.TIOError(message=error.message)
-            raise error from e
-        finally:
+    def wrap(method):
+        @functools.wraps(method)
+        def call(self, *args):
             with self._active_lock:
-                self.active -= 1
+                self.active += 1
+            try:
+                if role is not None:
+                    self._authorize(role, method.__name__, args[queue_arg] if queue_arg is not None else None)
+                return method(self, *args)
+            except Exception as e:
+                if isinstance(e, (HQueueError, ValueError, TypeError)):
+                    error = wire.to_thrift_error(e)
+                else:
+                    logger.exception("%s%r failed", method.__name__, args[:2])
+                    error = wire.T.TIOError(message=f"internal error: {type(e).__name__}: {e}")
+                if not isinstance(error, _declared(method.__name__)):
+                    error = wire.T.TIOError(message=error.message)
+                raise error from e
+            finally:
+                with self._active_lock:
+                    self.active -= 1
 
-    return call
+        return call
+
+    return wrap
 
 
 class HQueueHandler:
     """Implements HQueueService."""
 
-    def __init__(self, engine: Engine, coordinator: Coordinator, scanners: ScannerRegistry) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        coordinator: Coordinator,
+        scanners: ScannerRegistry,
+        *,
+        auth: AuthPolicy | None = None,
+        push_policy: PushPolicy | None = None,
+        max_partitions: int = DEFAULT_MAX_PARTITIONS,
+    ) -> None:
         self.engine, self.coordinator, self.scanners = engine, coordinator, scanners
+        self.auth, self.push_policy = auth, push_policy or PushPolicy()
+        self.max_partitions = max_partitions
         #: Set by the server once its coordinator runs (registrations may live in ZooKeeper).
         self._subscribers: Subscribers | None = None
         #: Calls under way (read by shutdown to drain), and whether puts are refused.
@@ -76,26 +101,72 @@ class HQueueHandler:
         self.draining = False
         self._active_lock = threading.Lock()
 
+    # -- authorization -------------------------------------------------------------
+
+    def _principal(self) -> Principal:
+        connection = current_connection()
+        if connection is not None and connection.principal is not None:
+            return connection.principal
+        if self.auth is None:
+            return OPEN
+        raise NotAuthorized("this server needs a token: connect with hqueue://TOKEN@host:port (or token=)")
+
+    def _authorize(self, role: str, action: str, queue: Any) -> None:
+        principal = self._principal()
+        if role == "connected":
+            return
+        if not isinstance(queue, str):
+            raise TypeError(f"'queue' must be a string, got {type(queue).__name__}")
+        if role == "member":
+            if not principal.may_see(queue):
+                raise NotAuthorized(f"token {principal.name!r} has no role on queue {queue!r}")
+        else:
+            principal.require(role, queue, action)
+
+    @_served(None)
+    def authenticate(self, token: str) -> None:
+        connection = current_connection()
+        if self.auth is None:
+            principal = OPEN
+        else:
+            try:
+                principal = self.auth.authenticate(token)
+            except NotAuthorized:
+                peer = connection.peer[0] if connection else "?"
+                logger.warning("refused a token from %s", peer)
+                raise
+        if connection is not None:
+            connection.principal = principal
+
+    def _connection_id(self) -> int:
+        connection = current_connection()
+        return connection.id if connection is not None else 0
+
     # -- scanners ----------------------------------------------------------------
 
-    @_thrift_errors
+    @_served("consumer")
     def messageScannerOpen(self, queue: str, partitionID: int, scan: Any) -> int:
         info = self.engine.enabled_queue(queue)
         check_partition(info, partitionID)
-        return self.scanners.open(PartitionScanner(self.engine, queue, partitionID, wire.from_tscan(scan)))
+        scanner = PartitionScanner(self.engine, queue, partitionID, wire.from_tscan(scan))
+        connection = current_connection()
+        scanner_id = self.scanners.open(scanner, owner=self._connection_id())
+        if connection is not None and len(connection.on_close) == 0:
+            connection.on_close.append(functools.partial(self.scanners.close_owned, connection.id))
+        return scanner_id
 
-    @_thrift_errors
+    @_served("connected", None)
     def messageScannerGet(self, scannerID: int) -> Any:
-        messages = self.scanners.take(scannerID, 1)
+        messages = self.scanners.take(scannerID, 1, owner=self._connection_id())
         return wire.to_tmessages(messages)[0] if messages else wire.T.TMessage()
 
-    @_thrift_errors
+    @_served("connected", None)
     def messageScannerGetList(self, scannerID: int, nbMessages: int) -> list[Any]:
-        return wire.to_tmessages(self.scanners.take(scannerID, nbMessages))
+        return wire.to_tmessages(self.scanners.take(scannerID, nbMessages, owner=self._connection_id()))
 
-    @_thrift_errors
+    @_served("connected", None)
     def messageScannerClose(self, scannerID: int) -> None:
-        self.scanners.close(scannerID)
+        self.scanners.close(scannerID, owner=self._connection_id())
 
     # -- puts ---------------------------------------------------------------------
 
@@ -116,37 +187,43 @@ class HQueueHandler:
             raise NotPartitionOwner(queue, partition_id, self.coordinator.owner(queue, partition_id))
         return self.engine.put(queue, messages, partition_id)
 
-    @_thrift_errors
+    @_served("producer")
     def putMessage(self, queue: str, message: Any) -> Any:
         return wire.to_tid(self._put(queue, None, [message])[0])
 
-    @_thrift_errors
+    @_served("producer")
     def putMessages(self, queue: str, messages: list[Any]) -> list[Any]:
         return [wire.to_tid(i) for i in self._put(queue, None, messages)]
 
-    @_thrift_errors
+    @_served("producer")
     def putMessageWithPid(self, queue: str, partitionID: int, message: Any) -> Any:
         return wire.to_tid(self._put(queue, partitionID, [message])[0])
 
-    @_thrift_errors
+    @_served("producer")
     def putMessagesWithPid(self, queue: str, partitionID: int, messages: list[Any]) -> list[Any]:
         return [wire.to_tid(i) for i in self._put(queue, partitionID, messages)]
 
-    @_thrift_errors
+    @_served("member")
     def getQueueLocations(self, queue: str) -> list[str]:
         info = self.engine.queue_info(queue, fresh=True)
         return self.coordinator.locations(queue, info.partitions)
 
     # -- admin ---------------------------------------------------------------------
 
-    @_thrift_errors
+    @_served("connected", None)
     def createQueue(self, info: Any) -> None:
         if info is None:
             raise TypeError("'info' is required")
-        self.engine.create_queue(wire.from_tinfo(info))
+        queue = wire.from_tinfo(info)
+        self._principal().require("admin", queue.name, "create")
+        if queue.partitions > self.max_partitions:
+            raise InvalidArgument(
+                f"'partitions' must be at most {self.max_partitions} on this server, got {queue.partitions}"
+            )
+        self.engine.create_queue(queue)
         self.coordinator.queues_changed()
 
-    @_thrift_errors
+    @_served("member")
     def describeQueue(self, queue: str) -> Any:
         description = self.engine.describe_queue(queue)
         estimate = description["message_count_estimate"]
@@ -156,27 +233,28 @@ class HQueueHandler:
             lastIDs={pid: wire.to_tid(i) for pid, i in description["last_ids"].items() if i},
         )
 
-    @_thrift_errors
+    @_served("member")
     def getQueue(self, queue: str) -> Any:
         return wire.to_tinfo(self.engine.queue_info(queue, fresh=True))
 
-    @_thrift_errors
+    @_served("connected", None)
     def listQueues(self) -> list[Any]:
-        return [wire.to_tinfo(info) for info in self.engine.list_queues()]
+        principal = self._principal()
+        return [wire.to_tinfo(info) for info in self.engine.list_queues() if principal.may_see(info.name)]
 
-    @_thrift_errors
+    @_served("admin")
     def truncateQueue(self, queue: str) -> None:
         self.engine.truncate_queue(queue)
 
-    @_thrift_errors
+    @_served("admin")
     def disableQueue(self, queue: str) -> None:
         self.engine.set_state(queue, QueueState.DISABLED)
 
-    @_thrift_errors
+    @_served("admin")
     def enableQueue(self, queue: str) -> None:
         self.engine.set_state(queue, QueueState.ENABLED)
 
-    @_thrift_errors
+    @_served("admin")
     def dropQueue(self, queue: str) -> None:
         self.engine.delete_queue(queue)
         self.coordinator.queues_changed()
@@ -193,23 +271,23 @@ class HQueueHandler:
     def subscribers(self, subscribers: Subscribers) -> None:
         self._subscribers = subscribers
 
-    @_thrift_errors
+    @_served("consumer")
     def addSubscriber(self, queue: str, name: str, topics: list[bytes] | None, partitions: list[Any] | None) -> None:
         starts = None
         if partitions is not None:
             starts = {p.partitionID: wire.from_tid(p.startID) if p.startID else None for p in partitions}
         self.subscribers.add(queue, name, frozenset(topics) if topics is not None else None, starts)
 
-    @_thrift_errors
+    @_served("consumer", 1)
     def deleteSubscriber(self, name: str, queue: str) -> None:
         self.subscribers.delete(queue, name)
 
-    @_thrift_errors
+    @_served("consumer")
     def listSubscribers(self, queue: str) -> list[str]:
         self.engine.queue_info(queue)
         return self.subscribers.registry.names(queue)
 
-    @_thrift_errors
+    @_served("consumer", 1)
     def describeSubscriber(self, name: str, queue: str) -> Any:
         d = self.subscribers.describe(queue, name)
         return wire.T.TSubscriberInfo(
@@ -223,18 +301,22 @@ class HQueueHandler:
             lagMillis=d["lag_millis"],
         )
 
-    @_thrift_errors
+    @_served("consumer")
     def setCheckpoint(self, queue: str, name: str, partitionID: int, startID: Any) -> None:
         self.subscribers.set_checkpoint(queue, name, None if partitionID == -1 else partitionID, wire.from_tid(startID))
 
-    @_thrift_errors
+    @_served("connected", None)
     def getCoordination(self) -> str:
         return self.subscribers.registry.coordination
 
-    @_thrift_errors
+    @_served("consumer")
     def subscriberHeartbeat(self, queue: str, name: str, address: str, topics: list[bytes] | None) -> None:
+        if not isinstance(address, str):
+            raise TypeError("'address' must be a host:port string")
+        connection = current_connection()
+        self.push_policy.check(address, connection.peer[0] if connection else None)
         self.subscribers.registry.heartbeat(queue, name, address, frozenset(topics) if topics is not None else None)
 
-    @_thrift_errors
+    @_served("consumer")
     def subscriberLeave(self, queue: str, name: str) -> None:
         self.subscribers.registry.leave(queue, name)

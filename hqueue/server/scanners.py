@@ -1,21 +1,24 @@
 """Server-side scanners for remote clients, with an idle timeout.
 
 ``messageScannerOpen`` registers a :class:`~hqueue.scanner.PartitionScanner`
-under an i32 ID; ``messageScannerGetList`` reads from it; ``close`` or
-``idle_timeout`` seconds without a call frees it, so a client that
-vanishes leaks nothing.
+under a random i32 ID, bound to the connection that opened it (another
+connection cannot guess or use it); ``messageScannerGetList`` reads from it,
+at most :data:`~hqueue.rpc.wire.MAX_SCAN_BATCH` messages and about
+:data:`~hqueue.rpc.wire.SCAN_REPLY_BYTES` per reply; ``close``, the end of
+its connection, or ``idle_timeout`` seconds without a call frees it, so a
+client that vanishes leaks nothing.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
+import secrets
 import threading
 import time
-from itertools import islice
 
-from ..errors import InvalidMessage
+from ..errors import InvalidArgument
 from ..message import Message
+from ..rpc.wire import MAX_SCAN_BATCH, SCAN_REPLY_BYTES
 from ..scanner import PartitionScanner
 
 logger = logging.getLogger(__name__)
@@ -28,38 +31,60 @@ class ScannerRegistry:
 
     def __init__(self, idle_timeout: float = DEFAULT_IDLE_TIMEOUT) -> None:
         self.idle_timeout = idle_timeout
-        self._scanners: dict[int, tuple[PartitionScanner, float]] = {}
+        # scanner id -> (scanner, owning connection id, last use)
+        self._scanners: dict[int, tuple[PartitionScanner, int, float]] = {}
         self._lock = threading.Lock()
-        self._ids = itertools.count(1)
         self._stopped = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, name="hqueue-scanner-reaper", daemon=True)
         self._reaper.start()
 
-    def open(self, scanner: PartitionScanner) -> int:
-        scanner_id = next(self._ids) % 2**31 or next(self._ids)
+    def open(self, scanner: PartitionScanner, owner: int = 0) -> int:
+        """Register ``scanner`` for connection ``owner``; its new ID."""
         with self._lock:
-            self._scanners[scanner_id] = (scanner, time.monotonic())
+            scanner_id = secrets.randbelow(2**31 - 1) + 1
+            while scanner_id in self._scanners:
+                scanner_id = secrets.randbelow(2**31 - 1) + 1
+            self._scanners[scanner_id] = (scanner, owner, time.monotonic())
         logger.debug("opened remote scanner %d: %s", scanner_id, scanner)
         return scanner_id
 
-    def take(self, scanner_id: int, count: int) -> list[Message]:
-        """Up to ``count`` messages; an empty list at the end."""
-        if not isinstance(count, int) or count < 1:
-            raise InvalidMessage(f"'nbMessages' must be >= 1, got {count!r}")
-        with self._lock:
-            entry = self._scanners.get(scanner_id)
-            if entry is None:
-                raise InvalidMessage(f"scanner {scanner_id} is not open (closed, or idle past {self.idle_timeout:g}s)")
-            self._scanners[scanner_id] = (entry[0], time.monotonic())
-        return list(islice(entry[0], count))
+    def _get(self, scanner_id: int, owner: int) -> PartitionScanner:
+        entry = self._scanners.get(scanner_id)
+        if entry is None or entry[1] != owner:
+            raise InvalidArgument(
+                f"scanner {scanner_id} is not open on this connection (closed, or idle past {self.idle_timeout:g}s)"
+            )
+        return entry[0]
 
-    def close(self, scanner_id: int) -> None:
+    def take(self, scanner_id: int, count: int, owner: int = 0) -> list[Message]:
+        """Up to ``count`` messages (see the module's limits); an empty list at the end."""
+        if not isinstance(count, int) or count < 1:
+            raise InvalidArgument(f"'nbMessages' must be >= 1, got {count!r}")
         with self._lock:
-            entry = self._scanners.pop(scanner_id, None)
-        if entry is None:
-            raise InvalidMessage(f"scanner {scanner_id} is not open")
-        entry[0].close()
-        logger.debug("closed remote scanner %d after %d chunk(s)", scanner_id, entry[0].count)
+            scanner = self._get(scanner_id, owner)
+            self._scanners[scanner_id] = (scanner, owner, time.monotonic())
+        out, size = [], 0
+        for message in scanner:
+            out.append(message)
+            size += len(message[1]) + len(message[2])
+            if len(out) >= count or len(out) >= MAX_SCAN_BATCH or size >= SCAN_REPLY_BYTES:
+                break
+        return out
+
+    def close(self, scanner_id: int, owner: int = 0) -> None:
+        with self._lock:
+            scanner = self._get(scanner_id, owner)
+            del self._scanners[scanner_id]
+        scanner.close()
+        logger.debug("closed remote scanner %d after %d chunk(s)", scanner_id, scanner.count)
+
+    def close_owned(self, owner: int) -> None:
+        """Close every scanner of a connection that ended."""
+        with self._lock:
+            ids = [i for i, entry in self._scanners.items() if entry[1] == owner]
+            scanners = [self._scanners.pop(i)[0] for i in ids]
+        for scanner in scanners:
+            scanner.close()
 
     def __len__(self) -> int:
         return len(self._scanners)
@@ -68,7 +93,7 @@ class ScannerRegistry:
         """Close scanners idle past the timeout; return how many."""
         deadline = time.monotonic() - self.idle_timeout
         with self._lock:
-            idle = [i for i, (_, used) in self._scanners.items() if used < deadline]
+            idle = [i for i, (_, _, used) in self._scanners.items() if used < deadline]
             closed = [self._scanners.pop(i)[0] for i in idle]
         for scanner in closed:
             scanner.close()
@@ -84,5 +109,5 @@ class ScannerRegistry:
         self._stopped.set()
         with self._lock:
             scanners, self._scanners = list(self._scanners.values()), {}
-        for scanner, _ in scanners:
+        for scanner, _, _ in scanners:
             scanner.close()

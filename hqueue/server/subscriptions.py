@@ -44,8 +44,8 @@ from ..coordination.registry import Registration, SubscriberNotFound, Subscriber
 from ..engine import Engine
 from ..errors import HQueueError
 from ..message import MessageID
+from ..rpc import wire
 from ..scanner import Scan
-from . import wire
 
 logger = logging.getLogger(__name__)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from urllib.parse import urlsplit
 
+from ..errors import InvalidArgument
 from .base import Cell, Storage
 
 __all__ = ["Cell", "Storage", "default_url", "normalize_url", "open_storage"]
@@ -38,7 +39,10 @@ def normalize_url(url: str) -> str:
         return "local://" + os.path.abspath(parts.netloc + parts.path)
     if parts.scheme == "hbase":
         return url
-    raise ValueError(f"unknown storage URL scheme {parts.scheme!r} in {url!r} (use local:// or hbase://)")
+    raise InvalidArgument(
+        f"unknown storage URL scheme {parts.scheme!r} in {url!r} "
+        "(use local:///path, hbase://host:port, or hqueue://host:port for hqueue servers)"
+    )
 
 
 def open_storage(url: str) -> Storage:

@@ -107,3 +107,25 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release files, sockets and locks."""
+
+
+def _id_floor_key(name: str) -> str:
+    return "id-floor/" + name
+
+
+def read_id_floor(storage: Storage, name: str) -> int:
+    """The timestamp every new ID of queue ``name`` must be above (0: none).
+
+    Kept apart from the queue's definition, so housekeeping (TTL reclaim)
+    can raise it without racing with admin calls that rewrite the definition.
+    """
+    value = storage.get_meta(_id_floor_key(name))
+    return int(value) if value else 0
+
+
+def write_id_floor(storage: Storage, name: str, timestamp: int) -> None:
+    storage.put_meta(_id_floor_key(name), str(timestamp).encode())
+
+
+def forget_id_floor(storage: Storage, name: str) -> None:
+    storage.delete_meta(_id_floor_key(name))

@@ -51,10 +51,10 @@ from thriftpy2.rpc import make_client
 from thriftpy2.thrift import TException
 from thriftpy2.transport import TBufferedTransportFactory, TFramedTransportFactory, TTransportException
 
-from .. import idl
 from ..config import Durability, QueueInfo, QueueState
-from ..errors import QueueDisabled, QueueExists, QueueNotFound, StorageError
+from ..errors import InvalidArgument, QueueDisabled, QueueExists, QueueNotFound, StorageError
 from ..message import ROWKEY_LENGTH, partition_prefix
+from ..rpc import idl
 from .base import Cell, Storage
 
 logger = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ class Thrift2Admin:
     def __init__(self, address: str, transport: str, protocol: str, timeout: int) -> None:
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit():
-            raise ValueError(f"'admin' must be host:port, got {address!r}")
+            raise InvalidArgument(f"'admin' must be host:port, got {address!r}")
         self.host, self.port, self.timeout = host, int(port), timeout
         self._idl = idl.load("hbase2_admin.thrift")
         self._transport: Any = {"buffered": TBufferedTransportFactory, "framed": TFramedTransportFactory}[transport]()
@@ -189,7 +189,9 @@ class HBaseStorage(Storage):
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         known = {"prefix", "transport", "protocol", "pool", "timeout", "compression", "admin"}
         if set(query) - known:
-            raise ValueError(f"unknown hbase:// URL option(s) {sorted(set(query) - known)}; known: {sorted(known)}")
+            raise InvalidArgument(
+                f"unknown hbase:// URL option(s) {sorted(set(query) - known)}; known: {sorted(known)}"
+            )
         return cls(
             parts.hostname or "localhost",
             parts.port or 9090,

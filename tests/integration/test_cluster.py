@@ -17,7 +17,7 @@ from thriftpy2.transport import TFramedTransportFactory
 
 from hqueue import HQueue, HQueueAdmin, Message, MessageID
 from hqueue.remote import RemoteEngine
-from hqueue.server.wire import T
+from hqueue.rpc.wire import T
 
 from ..conftest import hbase_url
 from ..processes import ServerProcess, wait_for

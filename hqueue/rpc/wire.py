@@ -10,13 +10,21 @@ import struct
 from collections.abc import Iterable
 from typing import Any
 
-from .. import errors, idl
+from .. import errors
 from ..config import QueueInfo
 from ..coordination.registry import SubscriberNotFound
 from ..message import ROWKEY_LENGTH, Message, MessageID
 from ..scanner import Scan
+from . import idl
 
 T = idl.load("hqueue.thrift")
+
+#: The most messages one messageScannerGetList reply holds, whatever was asked.
+MAX_SCAN_BATCH = 10_000
+#: A reply stops after the message that brings its topics and values to this size.
+SCAN_REPLY_BYTES = 16 * 1024 * 1024
+#: The most messages one put call carries; the client splits bigger batches.
+MAX_PUT_BATCH = 10_000
 _ROWKEY = struct.Struct(">HQH")
 
 
@@ -113,11 +121,11 @@ def to_thrift_error(e: Exception) -> Exception:
         return T.TSubscriberNotFound(message=text, name=e.name)
     if isinstance(e, errors.QueueDisabled):
         return T.TQueueDisabled(message=text, queue=e.name)
+    if isinstance(e, errors.NotAuthorized):
+        return T.TNotAuthorized(message=text)
     if isinstance(e, errors.NotPartitionOwner):
         return T.TNotPartitionOwner(message=text, owner=e.owner or "")
-    if isinstance(e, (errors.InvalidMessage, errors.InvalidPartition, errors.InvalidQueueName, errors.QueueEnabled)):
-        return T.TInvalidMessage(message=f"{type(e).__name__}: {text}")
-    if isinstance(e, (ValueError, TypeError)):
+    if isinstance(e, (errors.InvalidArgument, errors.QueueEnabled, ValueError, TypeError)):
         return T.TInvalidMessage(message=f"{type(e).__name__}: {text}")
     return T.TIOError(message=f"{type(e).__name__}: {text}")
 
@@ -133,6 +141,8 @@ def from_thrift_error(e: Exception, queue: str | None = None, partition_id: int 
         return SubscriberNotFound(_text(e.name), queue or "?")
     if isinstance(e, T.TQueueDisabled):
         return errors.QueueDisabled(_text(e.queue) or queue or "?")
+    if isinstance(e, T.TNotAuthorized):
+        return errors.NotAuthorized(text)
     if isinstance(e, T.TNotPartitionOwner):
         return errors.NotPartitionOwner(queue or "?", partition_id, _text(e.owner) or None)
     if isinstance(e, T.TInvalidMessage):
@@ -141,6 +151,8 @@ def from_thrift_error(e: Exception, queue: str | None = None, partition_id: int 
             "MessageTooLarge": errors.MessageTooLarge,
             "InvalidPartition": errors.InvalidPartition,
             "InvalidQueueName": errors.InvalidQueueName,
+            "InvalidArgument": errors.InvalidArgument,
+            "ValueError": errors.InvalidArgument,
         }.get(kind, errors.InvalidMessage)
         if kind == "QueueEnabled" and queue:
             return errors.QueueEnabled(queue, "it can be dropped")

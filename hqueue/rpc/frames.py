@@ -1,0 +1,151 @@
+"""Reading and checking Thrift frames before thriftpy2 decodes them.
+
+thriftpy2's decoder trusts the sizes a frame declares: a list header that
+claims 2**31-1 elements of a type that takes no bytes (a 33-byte frame) keeps
+it looping for seconds while it holds the GIL, which freezes every
+connection; a frame length of 2 GiB makes it allocate 2 GiB. So a server
+reads each frame itself, refuses it when it is longer than
+``max_frame_bytes``, and walks it once (:func:`check_call`): every element
+type must be a real one, every declared size must fit in the bytes left,
+nesting is bounded, and at most ``max_items`` container elements per frame
+(which bounds the Python objects one call can make). Only then does the
+frame reach the decoder, from memory, so a call can never read past its
+own frame.
+
+The walk costs about 0.2 µs per message of a put, 5–10% of a put's time on
+the server.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_ITEMS = 100_000
+MAX_DEPTH = 32
+
+# Thrift binary protocol types, and the bytes the fixed-width ones take.
+T_STOP, T_STRING, T_STRUCT, T_MAP, T_SET, T_LIST = 0, 11, 12, 13, 14, 15
+_FIXED = {2: 1, 3: 1, 4: 8, 6: 2, 8: 4, 10: 8}
+_CONTAINERS = (T_STRUCT, T_MAP, T_SET, T_LIST)
+_VERSION_1 = 0x80010000
+
+_I32 = struct.Struct(">i").unpack_from
+_LIST = struct.Struct(">bi").unpack_from
+_MAP = struct.Struct(">bbi").unpack_from
+_HEAD = struct.Struct(">I")
+
+
+class FrameError(Exception):
+    """A frame that is oversized or malformed; its connection is closed."""
+
+
+def read_frame(sock: socket.socket, max_frame_bytes: int, body_timeout: float | None) -> bytes | None:
+    """The next frame's bytes; None when the peer closed between frames.
+
+    The wait for a frame's first byte uses the socket's timeout (the idle
+    timeout); once it has started, the rest must come within ``body_timeout``.
+    """
+    head = _recv_exactly(sock, 4, allow_eof=True)
+    if head is None:
+        return None
+    size = _HEAD.unpack(head)[0]
+    if size == 0 or size > max_frame_bytes:
+        raise FrameError(f"frame of {size} bytes (the limit is {max_frame_bytes})")
+    sock.settimeout(body_timeout)
+    return _recv_exactly(sock, size, allow_eof=False)
+
+
+def _recv_exactly(sock: socket.socket, size: int, allow_eof: bool) -> bytes | None:
+    buf = bytearray(size)
+    view, got = memoryview(buf), 0
+    while got < size:
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            if got == 0 and allow_eof:
+                return None
+            raise ConnectionResetError(f"peer closed the connection {got} bytes into {size}")
+        got += n
+    return bytes(buf)
+
+
+def check_call(frame: bytes, max_items: int = DEFAULT_MAX_ITEMS) -> None:
+    """Raise FrameError unless ``frame`` is one well-formed binary-protocol call."""
+    try:
+        version = _I32(frame, 0)[0] & 0xFFFFFFFF
+        if version & 0xFFFF0000 != _VERSION_1:
+            raise FrameError("not a strict binary-protocol message (bad version header)")
+        name_size = _I32(frame, 4)[0]
+        if not 0 < name_size <= 128:
+            raise FrameError(f"method name of {name_size} bytes")
+        walker = _Walker(frame, max_items)
+        end = walker.value(12 + name_size, T_STRUCT, 0)
+    except (struct.error, IndexError) as e:
+        raise FrameError("frame ends inside a value") from e
+    if end != len(frame):
+        raise FrameError(f"{len(frame) - end} bytes after the call's arguments")
+
+
+class _Walker:
+    """Walks values without building them; returns where each one ends."""
+
+    def __init__(self, frame: bytes, max_items: int) -> None:
+        self.frame, self.items = frame, max_items
+
+    def _count(self, size: int, pos: int) -> None:
+        if size < 0 or size > len(self.frame) - pos:
+            raise FrameError(f"a container declares {size} elements with {len(self.frame) - pos} bytes left")
+        self.items -= size
+        if self.items < 0:
+            raise FrameError("too many container elements in one frame")
+
+    def value(self, pos: int, ttype: int, depth: int) -> int:
+        width = _FIXED.get(ttype)
+        if width is not None:
+            return pos + width
+        if ttype == T_STRING:
+            return self._string(pos)
+        if ttype not in _CONTAINERS:
+            raise FrameError(f"unknown Thrift type {ttype}")
+        if depth >= MAX_DEPTH:
+            raise FrameError(f"values nested deeper than {MAX_DEPTH}")
+        if ttype == T_STRUCT:
+            return self._struct(pos, depth)
+        if ttype == T_MAP:
+            key_type, value_type, size = _MAP(self.frame, pos)
+            pos += 6
+            self._count(size, pos)
+            for _ in range(size):
+                pos = self.value(self.value(pos, key_type, depth + 1), value_type, depth + 1)
+            return pos
+        element_type, size = _LIST(self.frame, pos)
+        pos += 5
+        self._count(size, pos)
+        width = _FIXED.get(element_type)
+        if width is not None:
+            return pos + size * width
+        if element_type == T_STRUCT:  # the common case (a batch of messages), walked inline
+            for _ in range(size):
+                pos = self._struct(pos, depth + 1)
+            return pos
+        for _ in range(size):
+            pos = self.value(pos, element_type, depth + 1)
+        return pos
+
+    def _string(self, pos: int) -> int:
+        size = _I32(self.frame, pos)[0]
+        if size < 0 or size > len(self.frame) - pos - 4:
+            raise FrameError(f"a string declares {size} bytes with {len(self.frame) - pos - 4} left")
+        return pos + 4 + size
+
+    def _struct(self, pos: int, depth: int) -> int:
+        frame = self.frame
+        while True:
+            ftype = frame[pos]
+            if ftype == T_STOP:
+                return pos + 1
+            if ftype == T_STRING:
+                pos = self._string(pos + 3)
+            else:
+                pos = self.value(pos + 3, ftype, depth + 1)

@@ -1,0 +1,277 @@
+"""A threaded Thrift server that a hostile or careless peer cannot take down.
+
+Built on thriftpy2's processor, with hqueue's own socket handling:
+
+* The socket binds before serving (port 0 resolves to a real port first),
+  without SO_REUSEPORT: a second server on a taken port fails at once with
+  "port P is in use", instead of silently sharing it.
+* Each frame is read with a size limit and checked before it is decoded
+  (:mod:`hqueue.rpc.frames`); a bad frame ends its own connection only.
+* At most ``max_connections`` connections; more are closed at accept. A
+  connection idle for ``idle_timeout`` seconds is closed (clients reconnect).
+* When accept() fails for lack of file descriptors or memory, the server
+  backs off (10 ms doubling to 1 s) and logs one line per 10 s, not one per
+  attempt.
+* Optional TLS: an ``ssl.SSLContext`` wraps each accepted socket (the
+  handshake runs in the connection's thread, bounded by ``body_timeout``).
+* :func:`current_connection` tells a handler which connection it serves
+  (its peer address, and what it authenticated as).
+
+The default transport is framed with the binary protocol; other transports
+(used by the HBase stand-in in tests) run through thriftpy2's own loop.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import socket
+import ssl
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from thriftpy2.protocol import TBinaryProtocolFactory
+from thriftpy2.server import TThreadedServer
+from thriftpy2.thrift import TProcessor
+from thriftpy2.transport import TFramedTransportFactory, TServerSocket, TSocket, TTransportException
+from thriftpy2.transport.memory import TCyMemoryBuffer
+
+from .frames import DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_ITEMS, FrameError, check_call, read_frame
+
+logger = logging.getLogger(__name__)
+
+_FRAME_HEAD = struct.Struct(">I")
+_OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """Bounds on what connections may cost a server."""
+
+    max_connections: int = 1024
+    #: Seconds a connection may wait between calls before it is closed (None: forever).
+    idle_timeout: float | None = 300.0
+    #: Seconds a started frame (or a reply, or a TLS handshake) may take.
+    body_timeout: float = 30.0
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    #: Container elements per frame (bounds the objects one call can make).
+    max_items: int = DEFAULT_MAX_ITEMS
+
+
+@dataclass
+class Connection:
+    """One client connection, as its handler sees it."""
+
+    id: int
+    peer: tuple[str, int]
+    #: What the connection authenticated as (set by the handler); None: nothing yet.
+    principal: Any = None
+    #: Called once when the connection ends (frees what it held, such as scanners).
+    on_close: list[Callable[[], None]] = field(default_factory=list)
+
+
+_current = threading.local()
+
+
+def current_connection() -> Connection | None:
+    """The connection the calling handler thread serves (None outside one)."""
+    return getattr(_current, "connection", None)
+
+
+class RateLimitedLog:
+    """Logs a message at most once per ``interval`` seconds, counting the rest."""
+
+    def __init__(self, interval: float = 10.0) -> None:
+        self.interval = interval
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def warning(self, key: str, message: str, *args: Any) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last.get(key, -self.interval) < self.interval:
+                self._suppressed[key] = self._suppressed.get(key, 0) + 1
+                return
+            self._last[key] = now
+            suppressed = self._suppressed.pop(key, 0)
+        if suppressed:
+            message += f" ({suppressed} more like it in the last {self.interval:g}s)"
+        logger.warning(message, *args)
+
+
+class ListeningSocket(TServerSocket):
+    """A listening TCP socket, bound once, never shared with another process."""
+
+    @classmethod
+    def bound(cls, host: str, port: int) -> ListeningSocket:
+        """A socket listening on ``host:port`` now (port 0: a free one).
+
+        Raises:
+            OSError: the port is taken (``errno.EADDRINUSE``, with a plain message).
+        """
+        sock = cls(host=host, port=port, client_timeout=None)
+        sock.listen()
+        return sock
+
+    def listen(self) -> None:
+        if self.sock is not None:
+            return
+        family = socket.AF_INET6 if ":" in (self.host or "") else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        # SO_REUSEADDR only: restarts may bind over TIME_WAIT, but no second listener may.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.port))
+        except OSError as e:
+            sock.close()
+            if e.errno == errno.EADDRINUSE:
+                raise OSError(e.errno, f"port {self.port} on {self.host} is in use (another server?)") from e
+            raise
+        sock.listen(self.backlog)
+        self.sock = sock
+
+    @property
+    def bound_port(self) -> int:
+        """The port actually bound (``port`` may be 0)."""
+        return self.sock.getsockname()[1]
+
+
+class ThreadedServer(TThreadedServer):
+    """A thread per connection, within :class:`ServerLimits`."""
+
+    def __init__(
+        self,
+        service,
+        handler,
+        socket: ListeningSocket,
+        *,
+        transport=None,
+        protocol=None,
+        limits: ServerLimits | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.socket = socket
+        self.limits = limits or ServerLimits()
+        self.ssl_context = ssl_context
+        self._checked_frames = transport is None and protocol is None
+        super().__init__(
+            TProcessor(service, handler),
+            self.socket,
+            iprot_factory=protocol or TBinaryProtocolFactory(),
+            itrans_factory=transport or TFramedTransportFactory(),
+            daemon=True,
+        )
+        self.connections = 0
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self.log = RateLimitedLog()
+
+    @property
+    def port(self) -> int:
+        return self.socket.bound_port
+
+    def serve(self) -> None:
+        backoff, listener = 0.01, self.socket.sock
+        while not self.closed:
+            try:
+                sock, peer = listener.accept()
+            except OSError as e:
+                if self.closed:
+                    return
+                if e.errno in _OUT_OF_RESOURCES:
+                    self.log.warning("accept", "accept failed: %s; backing off %.2fs", e.strerror, backoff)
+                    time.sleep(backoff)
+                    backoff = min(backoff * 2, 1.0)
+                else:
+                    self.log.warning("accept-other", "accept failed: %s", e)
+                continue
+            backoff = 0.01
+            with self._lock:
+                full = self.connections >= self.limits.max_connections
+                if not full:
+                    self.connections += 1
+            if full:
+                self.log.warning(
+                    "full", "refused a connection from %s: %d open (the limit)", peer[0], self.limits.max_connections
+                )
+                sock.close()
+                continue
+            try:
+                threading.Thread(target=self._connection, args=(sock, peer), daemon=True, name="thrift-conn").start()
+            except RuntimeError as e:  # no thread to be had
+                self.log.warning("thread", "refused a connection from %s: %s", peer[0], e)
+                sock.close()
+                self._closed_one()
+
+    def serve_in_thread(self, name: str) -> threading.Thread:
+        thread = threading.Thread(target=self.serve, name=name, daemon=True)
+        thread.start()
+        return thread
+
+    def _closed_one(self) -> None:
+        with self._lock:
+            self.connections -= 1
+
+    def _connection(self, sock: socket.socket, peer: tuple) -> None:
+        connection = Connection(next(self._ids), (peer[0], peer[1]))
+        _current.connection = connection
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.ssl_context is not None:
+                sock.settimeout(self.limits.body_timeout)
+                sock = self.ssl_context.wrap_socket(sock, server_side=True)
+            if self._checked_frames:
+                self._serve_frames(sock, connection)
+            else:
+                self._serve_thriftpy2(sock)
+        except TimeoutError:
+            logger.debug("connection %d from %s: idle past the timeout, closed", connection.id, peer[0])
+        except FrameError as e:
+            self.log.warning("frame", "closed a connection from %s: %s", peer[0], e)
+        except (TTransportException, ssl.SSLError, OSError):
+            pass  # the peer went away, or failed its handshake
+        except Exception as e:
+            self.log.warning("bad-request", "closed a connection from %s: %s: %s", peer[0], type(e).__name__, e)
+        finally:
+            _current.connection = None
+            sock.close()
+            self._closed_one()
+            for callback in connection.on_close:
+                try:
+                    callback()
+                except Exception:
+                    logger.exception("freeing connection %d", connection.id)
+
+    def _serve_frames(self, sock: socket.socket, connection: Connection) -> None:
+        limits, new_protocol = self.limits, self.iprot_factory.get_protocol
+        while not self.closed:
+            sock.settimeout(limits.idle_timeout)
+            frame = read_frame(sock, limits.max_frame_bytes, limits.body_timeout)
+            if frame is None:
+                return
+            check_call(frame, limits.max_items)
+            out = TCyMemoryBuffer()
+            self.processor.process(new_protocol(TCyMemoryBuffer(frame)), new_protocol(out))
+            reply = out.getvalue()
+            if reply:  # oneway calls have none
+                sock.sendall(_FRAME_HEAD.pack(len(reply)) + reply)
+
+    def _serve_thriftpy2(self, sock: socket.socket) -> None:
+        sock.settimeout(self.limits.idle_timeout)
+        client = TSocket(sock=sock)
+        itrans = self.itrans_factory.get_transport(client)
+        otrans = self.otrans_factory.get_transport(client)
+        iprot = self.iprot_factory.get_protocol(itrans)
+        oprot = self.oprot_factory.get_protocol(otrans)
+        while not self.closed:
+            self.processor.process(iprot, oprot)
+
+    def close(self) -> None:
+        self.closed = True
+        self.trans.close()

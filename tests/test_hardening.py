@@ -1,0 +1,367 @@
+"""The server against hostile and careless clients: tokens and roles, push
+addresses, TLS, frames, connection and partition limits, ports, client edges.
+
+Timing claims (how long a hostile frame stalls others) live in
+``bench/hostile.py``; these tests check behaviour only.
+"""
+
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from thriftpy2.protocol import TBinaryProtocolFactory
+from thriftpy2.rpc import make_client
+from thriftpy2.transport import TFramedTransportFactory
+
+from hqueue import HQueue, HQueueAdmin, Message
+from hqueue.auth import AuthPolicy, PushPolicy
+from hqueue.errors import InvalidArgument, NotAuthorized, OutcomeUnknown, ServerUnavailable
+from hqueue.rpc.frames import FrameError, check_call
+from hqueue.rpc.threaded import ListeningSocket, ServerLimits
+from hqueue.rpc.wire import MAX_SCAN_BATCH, T
+from hqueue.server import HQueueServer
+
+from .processes import ServerProcess, wait_for
+
+ADMIN, CRAWLER = "admin-secret-0123456789", "crawler-secret-0123456789"
+
+AUTH_FILE = f"""
+[tokens.ops]
+secret = "{ADMIN}"
+admin = ["*"]
+
+[tokens.crawler]
+secret = "{CRAWLER}"
+producer = ["crawl.*"]
+consumer = ["crawl.*"]
+"""
+
+
+def raw_client(port: int, timeout_ms: int = 10_000):
+    return make_client(
+        T.HQueueService, "127.0.0.1", port,
+        proto_factory=TBinaryProtocolFactory(), trans_factory=TFramedTransportFactory(), timeout=timeout_ms,
+    )  # fmt: skip
+
+
+def send_raw(port: int, payload: bytes, timeout: float = 10) -> bytes:
+    """Send bytes, then read until the server closes (b"" when it says nothing)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        try:
+            s.sendall(payload)
+            chunks = []
+            while chunk := s.recv(65536):
+                chunks.append(chunk)
+            return b"".join(chunks)
+        except OSError:
+            return b""
+
+
+@pytest.fixture
+def secured(tmp_path):
+    auth_file = tmp_path / "auth.toml"
+    auth_file.write_text(AUTH_FILE)
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, auth=AuthPolicy.load(auth_file)).start()
+    with HQueueAdmin(f"hqueue://{ADMIN}@{server.address}") as admin:
+        admin.create_queue("crawl.pages", 2)
+        admin.create_queue("orders", 2)
+    yield server
+    server.stop()
+
+
+# -- tokens and roles -------------------------------------------------------------
+
+
+def test_a_call_without_a_token_is_refused_with_a_typed_error(secured):
+    with pytest.raises(NotAuthorized, match="needs a token"):
+        HQueueAdmin(f"hqueue://{secured.address}").list_queues()
+    client = raw_client(secured.port)
+    with pytest.raises(T.TNotAuthorized):
+        client.putMessage("orders", T.TMessage(topic=b"t", value=b"x"))
+    with pytest.raises(T.TNotAuthorized):
+        client.authenticate("not-a-token")
+    client.authenticate(ADMIN)  # the same connection, now authenticated
+    assert {q.name for q in client.listQueues()} == {"crawl.pages", "orders"}
+    client.close()
+
+
+def test_roles_cover_only_their_queue_patterns(secured, monkeypatch):
+    url = f"hqueue://{secured.address}"
+    with HQueue("crawl.pages", url, token=CRAWLER) as queue:
+        (mid,) = queue.put(Message("t", b"page"))
+        assert [m.id for m in queue.scan()] == [mid]
+    with pytest.raises(NotAuthorized, match="crawler"):
+        HQueue("orders", url, token=CRAWLER)  # no role on it: cannot even see it
+    with HQueueAdmin(url, token=CRAWLER) as admin:
+        assert [q.name for q in admin.list_queues()] == ["crawl.pages"]
+        with pytest.raises(NotAuthorized, match="admin"):
+            admin.create_queue("crawl.new", 1)
+        with pytest.raises(NotAuthorized):
+            admin.truncate_queue("crawl.pages")
+    monkeypatch.setenv("HQUEUE_TOKEN", ADMIN)
+    with HQueueAdmin(url) as admin:  # the token from the environment
+        admin.create_queue("crawl.new", 1)
+        admin.delete_queue("crawl.new", force=True)
+
+
+def test_the_url_carries_the_token_and_never_echoes_it(secured):
+    with HQueue("orders", f"hqueue://{ADMIN}@{secured.address}") as queue:
+        queue.put(Message("t", b"x"))
+        assert ADMIN not in queue.url
+
+
+@pytest.mark.parametrize(
+    "text, error",
+    [
+        ("not toml [", "auth file"),
+        ("[tokens.a]\nadmin = ['*']\n", "needs secret"),
+        ("[tokens.a]\nsecret = 'short'\nadmin = ['*']\n", "16 characters"),
+        ("[tokens.a]\nsecret = 'long enough secret!'\n", "grants no role"),
+        ("[tokens.a]\nsecret = 'long enough secret!'\nwriter = ['*']\n", "unknown keys"),
+        ("[tokens.a]\nsecret_sha256 = 'abc'\nadmin = ['*']\n", "64 hex"),
+    ],
+)
+def test_a_bad_auth_file_is_a_clear_error(tmp_path, text, error):
+    path = tmp_path / "auth.toml"
+    path.write_text(text)
+    with pytest.raises(InvalidArgument, match=error):
+        AuthPolicy.load(path)
+
+
+def test_subscriber_push_addresses_must_be_the_clients_own_host(secured):
+    client = raw_client(secured.port)
+    client.authenticate(CRAWLER)
+    client.addSubscriber("crawl.pages", "s", None, None)
+    with pytest.raises(T.TNotAuthorized, match="not on the registering client's host"):
+        client.subscriberHeartbeat("crawl.pages", "s", "10.1.2.3:9999", None)
+    client.subscriberHeartbeat("crawl.pages", "s", "127.0.0.1:9999", None)  # its own host
+    client.close()
+
+
+def test_an_allow_list_admits_other_push_hosts():
+    policy = PushPolicy(["10.0.0.0/8"])
+    policy.check("10.1.2.3:9999", "127.0.0.1")
+    with pytest.raises(NotAuthorized):
+        policy.check("192.168.1.1:9999", "127.0.0.1")
+    with pytest.raises(InvalidArgument):
+        policy.check("no-port", "127.0.0.1")
+    with pytest.raises(InvalidArgument):
+        PushPolicy(["not-a-network"])
+
+
+def test_tls_serves_a_client_that_trusts_the_certificate(tmp_path):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", key, "-out", cert],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    import ssl
+
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, ssl_context=context).start()
+    try:
+        url = f"hqueue://{server.address}?tls=1&ca={cert}"
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("q", 1)
+        with HQueue("q", url) as queue:
+            queue.put(Message("t", b"secret"))
+            assert [m.value for m in queue.scan()] == [b"secret"]
+        with pytest.raises(ServerUnavailable):  # plain Thrift gets nothing
+            HQueueAdmin(f"hqueue://{server.address}?timeout=2").list_queues()
+    finally:
+        server.stop()
+
+
+# -- frames ------------------------------------------------------------------------
+
+
+def _call(name: bytes, args: bytes) -> bytes:
+    body = struct.pack("!Ii", 0x80010001, len(name)) + name + struct.pack("!i", 1) + args
+    return body
+
+
+HOSTILE_LIST = b"\x0f\x00\x63" + b"\x01" + struct.pack("!i", 2**31 - 1) + b"\x00"  # 2**31-1 VOIDs in field 99
+
+
+def test_a_container_larger_than_its_frame_is_refused_before_decoding():
+    frame = _call(b"listQueues", HOSTILE_LIST)
+    assert len(frame) + 4 < 40  # a frame of a few dozen bytes that froze thriftpy2 for seconds
+    with pytest.raises(FrameError):
+        check_call(frame)
+
+
+@pytest.mark.parametrize(
+    "args, error",
+    [
+        (b"\x0f\x00\x01\x0c" + struct.pack("!i", 5) + b"\x00" * 5 + b"\x00", "too many"),  # over max_items=3
+        (b"\x0b\x00\x01" + struct.pack("!i", 1000) + b"ab\x00", "declares 1000 bytes"),
+        (b"\x0b\x00\x01" + struct.pack("!i", -1) + b"\x00", "declares -1 bytes"),
+        (b"\x05\x00\x01\x00", "unknown Thrift type"),
+        (b"\x0c\x00\x01" * 40 + b"\x00" * 41, "nested deeper"),
+        (b"\x08\x00\x01\x00\x00\x00\x01\x00junk", "after the call"),
+    ],
+)
+def test_frame_checks(args, error):
+    with pytest.raises(FrameError, match=error):
+        check_call(_call(b"putMessages", args), max_items=3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=64))
+def test_any_bytes_either_pass_the_check_or_raise_frame_error(tail):
+    try:
+        check_call(_call(b"listQueues", tail))
+    except FrameError:
+        pass
+
+
+@pytest.fixture
+def server(tmp_path):
+    limits = ServerLimits(max_connections=8, idle_timeout=1.0, max_frame_bytes=1 << 20, max_items=50_000)
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, limits=limits, max_partitions=64).start()
+    with HQueueAdmin(f"hqueue://{server.address}") as admin:
+        admin.create_queue("q", 2)
+    yield server
+    server.stop()
+
+
+def test_hostile_frames_end_their_own_connection_and_others_go_on(server):
+    client = raw_client(server.port)
+    assert send_raw(server.port, struct.pack("!i", 29) + _call(b"listQueues", HOSTILE_LIST)) == b""
+    assert send_raw(server.port, struct.pack("!I", (1 << 20) + 1)) == b""  # over --max-frame-bytes
+    many = b"\x0f\x00\x02\x0c" + struct.pack("!i", 60_000) + b"\x00" * 60_000  # 60,000 empty TMessages
+    args = b"\x0b\x00\x01" + struct.pack("!i", 1) + b"q" + many + b"\x00"
+    frame = _call(b"putMessages", args)
+    assert send_raw(server.port, struct.pack("!i", len(frame)) + frame) == b""
+    assert [q.name for q in client.listQueues()] == ["q"]  # the other connection still serves
+    client.close()
+
+
+def test_a_huge_scanner_request_is_capped(server):
+    with HQueue("q", f"hqueue://{server.address}") as queue:
+        queue.put([Message("t", b"x")] * (MAX_SCAN_BATCH + 5), partition_id=0)
+    client = raw_client(server.port)
+    scanner = client.messageScannerOpen("q", 0, T.TMessageScan())
+    assert len(client.messageScannerGetList(scanner, 2**31 - 1)) == MAX_SCAN_BATCH
+    assert len(client.messageScannerGetList(scanner, 2**31 - 1)) == 5
+    client.close()
+
+
+def test_a_scanner_belongs_to_the_connection_that_opened_it(server):
+    owner, other = raw_client(server.port), raw_client(server.port)
+    scanner = owner.messageScannerOpen("q", 0, T.TMessageScan())
+    with pytest.raises(T.TInvalidMessage, match="not open on this connection"):
+        other.messageScannerGetList(scanner, 10)
+    with pytest.raises(T.TInvalidMessage):
+        other.messageScannerClose(scanner)
+    assert owner.messageScannerGetList(scanner, 10) == []
+    ids = {owner.messageScannerOpen("q", 0, T.TMessageScan()) for _ in range(20)}
+    assert len(ids) == 20 and max(ids) > 1_000_000  # random, not 1, 2, 3…
+    owner.close()
+    wait_for(lambda: len(server.scanners) == 0, 10, "the closed connection's scanners to be freed")
+    other.close()
+
+
+def test_queues_have_a_partition_limit(server):
+    with pytest.raises(InvalidArgument, match="at most 64"):
+        HQueueAdmin(f"hqueue://{server.address}").create_queue("wide", 4000)
+
+
+# -- connections --------------------------------------------------------------------
+
+
+def test_connections_beyond_the_limit_are_closed_and_idle_ones_time_out(server):
+    held = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(8)]
+    wait_for(lambda: server._server.connections == 8, 10, "8 connections")
+    assert send_raw(server.port, b"") == b""  # the 9th is closed at once
+    for s in held:
+        s.settimeout(10)
+        assert s.recv(1) == b""  # each idle one is closed after idle_timeout
+        s.close()
+    wait_for(lambda: server._server.connections == 0, 10, "the connections to be freed")
+    with HQueue("q", f"hqueue://{server.address}") as queue:
+        queue.put(Message("t", b"x"))
+        time.sleep(1.5)  # the server closes the pooled connection as idle...
+        queue.put(Message("t", b"y"))  # ...and the client notices before using it
+
+
+def test_out_of_file_descriptors_backs_off_with_few_log_lines(tmp_path):
+    proc = ServerProcess(f"local://{tmp_path}/data", tmp_path, max_open_files=64)
+    held = []
+    try:
+        for _ in range(120):  # more than the server has descriptors for
+            held.append(socket.create_connection(("127.0.0.1", proc.port), timeout=5))
+        time.sleep(2.0)
+        log = proc.log_path.read_text()
+        assert 1 <= log.count("accept failed") <= 3, log[-2000:]
+        assert "Traceback" not in log
+    finally:
+        for s in held:
+            s.close()
+    with HQueueAdmin(f"hqueue://{proc.address}") as admin:  # serving again once freed
+        wait_for(lambda: admin.list_queues() == [], 20, "the server to serve again")
+    proc.terminate()
+
+
+def test_a_taken_port_is_a_clear_error_not_a_shared_port(server, tmp_path):
+    with pytest.raises(OSError, match=f"port {server.port} on 127.0.0.1 is in use"):
+        ListeningSocket.bound("127.0.0.1", server.port)
+    command = [sys.executable, "-m", "hqueue.cli", "--url", f"local://{tmp_path}/other", "server"]
+    out = subprocess.run(command + ["--port", str(server.port)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert f"port {server.port} on 127.0.0.1 is in use" in out.stderr
+
+
+def test_zookeeper_with_a_local_store_is_refused(tmp_path):
+    with pytest.raises(InvalidArgument, match="shares"):
+        HQueueServer(f"local://{tmp_path}/data", port=0, coordinator_factory=lambda address: None)
+
+
+# -- client edges ------------------------------------------------------------------
+
+
+def test_a_server_restart_does_not_fail_the_next_call(tmp_path):
+    proc = ServerProcess(f"local://{tmp_path}/data", tmp_path)
+    with HQueueAdmin(f"hqueue://{proc.address}") as admin:
+        admin.create_queue("q", 1)
+        proc.terminate()
+        proc.start()
+        assert [q.name for q in admin.list_queues()] == ["q"]  # the pooled connection was stale
+    proc.terminate()
+
+
+def test_a_put_whose_answer_never_comes_is_outcome_unknown(tmp_path):
+    proc = ServerProcess(f"local://{tmp_path}/data", tmp_path)
+    url = f"hqueue://{proc.address}?timeout=0.5"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 1)
+    with HQueue("q", url) as queue:
+        queue.engine.owner_timeout = 1.0
+        queue.put(Message("t", b"before"))
+        os.kill(proc.proc.pid, signal.SIGSTOP)  # the request is sent; no answer comes
+        try:
+            with pytest.raises(OutcomeUnknown, match="may have been written"):
+                queue.put(Message("t", b"maybe"))
+        finally:
+            os.kill(proc.proc.pid, signal.SIGCONT)
+    proc.terminate()
+
+
+def test_timeout_must_be_positive_and_urls_are_checked():
+    with pytest.raises(InvalidArgument, match="timeout"):
+        HQueueAdmin("hqueue://127.0.0.1:1?timeout=abc")
+    with pytest.raises(InvalidArgument, match="timeout"):
+        HQueueAdmin("hqueue://127.0.0.1:1", timeout=0)
+    with pytest.raises(InvalidArgument, match="unknown hqueue:// URL options"):
+        HQueueAdmin("hqueue://127.0.0.1:1?tiemout=1")
+    with pytest.raises(InvalidArgument, match="in-process store"):
+        HQueueAdmin("local:///tmp/x", token="t")

@@ -1,0 +1,82 @@
+"""IDs never go backwards: not across TTL reclaim, truncate, restarts or clock steps."""
+
+import tempfile
+
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+import hqueue.ids
+from hqueue import HQueue, HQueueAdmin, Message
+
+HOUR_MS = 3_600_000
+
+
+class SteppingClock:
+    """Stands in for ``time`` in hqueue.ids: a wall clock a test can step."""
+
+    def __init__(self) -> None:
+        self.ms = 1_800_000_000_000
+
+    def time_ns(self) -> int:
+        return self.ms * 1_000_000
+
+
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("put"), st.integers(1, 5)),
+        st.tuples(st.just("step"), st.sampled_from([-HOUR_MS, -2_000, -1, 1, 2_000])),
+        st.just(("reclaim",)),
+        st.just(("truncate",)),
+        st.just(("restart",)),
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(operations)
+@example([("put", 1), ("step", 2_000), ("reclaim",), ("restart",), ("step", -HOUR_MS), ("put", 1)])
+def test_no_sequence_of_puts_ttl_truncate_restarts_and_clock_steps_gives_a_lower_id(monkeypatch, steps):
+    clock = SteppingClock()
+    monkeypatch.setattr(hqueue.ids, "time", clock)
+    with tempfile.TemporaryDirectory() as data:
+        with HQueueAdmin(data_dir=data) as admin:
+            admin.create_queue("q", 2, ttl=1)
+        highest = None
+        queue = HQueue("q", data_dir=data)
+        try:
+            for step in steps:
+                if step[0] == "put":
+                    for message_id in queue.put([Message("t", b"x")] * step[1], partition_id=0):
+                        assert highest is None or message_id > highest, (message_id, highest, steps)
+                        highest = message_id
+                elif step[0] == "step":
+                    clock.ms += step[1]
+                elif step[0] == "reclaim":
+                    queue.engine.storage.reclaim_expired("q")
+                elif step[0] == "truncate":
+                    with HQueueAdmin(data_dir=data) as admin:
+                        admin.truncate_queue("q")
+                else:  # a restart: the last handle closes the store; the next opens it anew
+                    queue.close()
+                    queue = HQueue("q", data_dir=data)
+        finally:
+            queue.close()
+
+
+def test_ttl_reclaim_then_a_restart_with_the_clock_an_hour_behind(monkeypatch, tmp_path):
+    """The case found by hand: reclaim emptied the partition, then the clock went back."""
+    clock = SteppingClock()
+    monkeypatch.setattr(hqueue.ids, "time", clock)
+    with HQueueAdmin(data_dir=tmp_path) as admin:
+        admin.create_queue("q", 1, ttl=1)
+    with HQueue("q", data_dir=tmp_path) as queue:
+        (before,) = queue.put(Message("t", b"x"))
+        clock.ms += 2_000
+        queue.engine.storage.reclaim_expired("q")
+        assert list(queue.scan()) == []
+    clock.ms -= HOUR_MS
+    with HQueue("q", data_dir=tmp_path) as queue:
+        (after,) = queue.put(Message("t", b"y"))
+    assert after > before

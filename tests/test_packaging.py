@@ -1,0 +1,23 @@
+"""The installed package works wherever pip puts it (the IDL ships inside it)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_install_with_target_finds_the_thrift_idl(tmp_path):
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", target, ROOT],
+        check=True,
+        capture_output=True,
+    )
+    assert (target / "hqueue" / "rpc" / "thrift" / "hqueue.thrift").is_file()
+    code = "import hqueue.rpc.wire as w, hqueue; print(hqueue.__file__, w.T.HQueueService.__name__)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env={"PYTHONPATH": str(target)}, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(str(target))

@@ -171,3 +171,10 @@ class PushPolicy:
             f"subscriber address {address} is not on the registering client's host ({peer_host}) "
             "nor in the server's --subscriber-allow networks"
         )
+
+    def check_push(self, address: str) -> None:
+        """At push time, where the announcing client is not known (subscribers
+        announce themselves in ZooKeeper): with ``allow`` networks, the address
+        must be in them; without, ZooKeeper's own access control is the guard."""
+        if self.networks:
+            self.check(address, None)

@@ -228,3 +228,18 @@ def test_a_hundred_subscribers_on_one_queue_each_get_everything(url):
         finally:
             for subscriber in subscribers:
                 subscriber.stop("test done")
+
+
+def test_a_subscriber_on_a_thousand_partitions_costs_one_push_thread(url):
+    import threading
+
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("wide", 1000)
+    with HQueue("wide", url) as queue:
+        listener = Collect()
+        with queue.create_subscriber(Subscription("s"), [listener]):
+            ids = [i for pid in range(0, 1000, 50) for i in queue.put(Message("t", b"%d" % pid), partition_id=pid)]
+            wait_for(lambda: len(listener.messages) >= len(ids), 60, "delivery from 20 partitions")
+            assert sorted(m.id for m in listener.messages) == sorted(ids)
+            push = [t.name for t in threading.enumerate() if t.name.startswith("hqueue-push")]
+            assert push == ["hqueue-push-wide-s"]

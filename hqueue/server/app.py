@@ -110,7 +110,11 @@ class HQueueServer:
         self.coordinator.start(lambda: [(q.name, q.partitions) for q in self.engine.list_queues()])
         registry = self._registry()
         self.handler.subscribers = Subscribers(self.engine, registry)
-        self.subscriptions = SubscriptionManager(self.engine, self.coordinator, registry)
+        # Announced through this server, push addresses were checked then; through ZooKeeper, at push time.
+        zookeeper = isinstance(registry, ZooKeeperRegistry)
+        self.subscriptions = SubscriptionManager(
+            self.engine, self.coordinator, registry, push_policy=self.push_policy if zookeeper else None
+        )
         self.subscriptions.start()
         self._thread = self._server.serve_in_thread("hqueue-accept")
         logger.info("hqueue server %s serving %s", self.address, self.engine.storage.url)

@@ -1,16 +1,20 @@
 """Push delivery to subscribers, server side (SPEC C7).
 
-For every attached subscriber and every partition it takes that this server
-owns, a :class:`SubscriptionWorker` runs. Each worker does three jobs:
+For every attached subscriber this server owes messages to, one
+:class:`SubscriberLoop` thread runs, with one connection to the subscriber.
+It holds a :class:`PartitionWorker` for each partition the subscriber takes
+that this server owns, and runs their steps in turn (round robin), so a
+queue of 4,000 partitions costs one thread per subscriber, not 4,000. Each
+worker does three jobs:
 
 * MessageScanner: reads the next batch after the checkpoint into its buffer
-  (at most ``batch_size`` messages). When there is nothing new it sleeps
-  on an event that the engine sets on every write to the partition, so a
-  put wakes it at once. It also wakes every ``idle_wakeup`` seconds.
+  (at most ``batch_size`` messages). When there is nothing new it waits for
+  the engine's write listener, which wakes it at once on a put to its
+  partition; it also wakes every ``idle_wakeup`` seconds.
 * MessageSender: sends the buffer with ``consumeMessages`` and waits for the
   status. A non-zero status or a transport error is retried with
   exponential backoff (10 ms up to 5 s), the same batch again, never
-  skipped.
+  skipped; other partitions of the subscriber go on meanwhile.
 * CheckpointUpdater: saves the checkpoint every ``checkpoint_interval``
   seconds and when the worker stops.
 
@@ -29,9 +33,12 @@ and with partition ownership on every change, and every second.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import threading
 import time
+from collections import deque
 from typing import Any
 
 from thriftpy2.protocol import TBinaryProtocolFactory
@@ -39,6 +46,7 @@ from thriftpy2.rpc import make_client
 from thriftpy2.thrift import TException
 from thriftpy2.transport import TFramedTransportFactory
 
+from ..auth import PushPolicy
 from ..coordination import Coordinator
 from ..coordination.registry import Registration, SubscriberNotFound, SubscriberRegistry, successor
 from ..engine import Engine
@@ -52,22 +60,30 @@ logger = logging.getLogger(__name__)
 Key = tuple[str, str, int]  # (queue, subscriber, partition)
 
 
-class SubscriptionWorker(threading.Thread):
-    """Delivers one partition of one queue to one subscriber, in order."""
+#: What a worker's step asks for next.
+AGAIN, IDLE, FINISHED = 0.0, -1.0, -2.0
+
+
+class PartitionWorker:
+    """Delivers one partition of one queue to one subscriber, in order, one step at a time."""
 
     def __init__(self, manager: SubscriptionManager, registration: Registration, partition_id: int) -> None:
-        super().__init__(daemon=True, name=f"hqueue-push-{registration.name}-{partition_id}")
         self.manager, self.registration, self.partition_id = manager, registration, partition_id
         self.queue, self.name = registration.queue, registration.name
         self.checkpoint = registration.checkpoints.get(partition_id, MessageID(0))
         self.saved = self.checkpoint
-        self.wakeup = threading.Event()
         self.stopping = threading.Event()
+        self.done = threading.Event()
         self.buffer: list[Any] = []
         #: Where the checkpoint moves once the buffer is delivered.
         self.reached = self.checkpoint
-        self._client: Any = None
+        self.backoff = 0.01
         self._last_save = time.monotonic()
+        # Scheduling state, kept by the loop under its lock.
+        self.queued = self.idle = self.dirty = False
+
+    def is_alive(self) -> bool:
+        return not self.done.is_set()
 
     # -- MessageScanner --------------------------------------------------------------
 
@@ -84,31 +100,6 @@ class SubscriptionWorker(threading.Thread):
         self.buffer = wire.to_tmessages(messages)
         # A short batch examined every row up to `last`; a full one stops at its last message.
         return stop if len(messages) < self.manager.batch_size else successor(MessageID.from_bytes(messages[-1][0]))
-
-    # -- MessageSender ----------------------------------------------------------------
-
-    def _send(self) -> bool:
-        try:
-            if self._client is None:
-                host, _, port = str(self.registration.address).rpartition(":")
-                self._client = make_client(
-                    wire.T.HQueueSubscriberService, host, int(port),
-                    proto_factory=TBinaryProtocolFactory(), trans_factory=TFramedTransportFactory(),
-                    timeout=self.manager.send_timeout_ms,
-                )  # fmt: skip
-            status = self._client.consumeMessages(self.buffer)
-        except (TException, OSError) as e:
-            logger.info("%s: sending %d message(s) failed: %s", self.name, len(self.buffer), e)
-            self._drop_client()
-            return False
-        if status != 0:
-            logger.info("%s: subscriber returned status %s for %d message(s)", self.name, status, len(self.buffer))
-        return status == 0
-
-    def _drop_client(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
 
     # -- CheckpointUpdater --------------------------------------------------------------
 
@@ -129,39 +120,149 @@ class SubscriptionWorker(threading.Thread):
         except HQueueError:
             logger.warning("%s: saving the checkpoint failed; will retry", self.name, exc_info=True)
 
-    # -- the loop -----------------------------------------------------------------------
+    # -- one step -------------------------------------------------------------------------
 
-    def run(self) -> None:
-        backoff = 0.01
-        while not self.stopping.is_set():
-            try:
-                if not self.buffer:
-                    self.wakeup.clear()  # before the scan: a write after it sets it again
-                    reached = self._fill()
-                    if reached is None:
-                        self._save()
-                        self.wakeup.wait(self.manager.idle_wakeup)
-                        continue
-                    self.reached = reached
-                    if not self.buffer:
-                        self.checkpoint = reached  # only rows of other topics: skip them for good
-                        continue
-                if self._send():
-                    self.checkpoint, self.buffer, backoff = self.reached, [], 0.01
+    def step(self, loop: SubscriberLoop) -> float:
+        """Scan, send (MessageSender) or save; AGAIN, IDLE, FINISHED or a backoff in seconds."""
+        if self.stopping.is_set():
+            self._save(force=True)
+            return FINISHED
+        try:
+            if not self.buffer:
+                reached = self._fill()
+                if reached is None:
                     self._save()
-                else:
-                    self.stopping.wait(backoff)
-                    backoff = min(backoff * 2, 5.0)
-            except Exception:  # one bad turn never kills delivery
-                logger.exception("%s partition %d: delivery failed; retrying", self.name, self.partition_id)
-                self.stopping.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
-        self._save(force=True)
-        self._drop_client()
+                    return IDLE
+                self.reached = reached
+                if not self.buffer:
+                    self.checkpoint = reached  # only rows of other topics: skip them for good
+                    return AGAIN
+            if loop.send(str(self.registration.address), self.buffer):
+                self.checkpoint, self.buffer, self.backoff = self.reached, [], 0.01
+                self._save()
+                return AGAIN
+        except Exception:  # one bad turn never kills delivery
+            logger.exception("%s partition %d: delivery failed; retrying", self.name, self.partition_id)
+        backoff, self.backoff = self.backoff, min(self.backoff * 2, 5.0)
+        return backoff
+
+
+class SubscriberLoop(threading.Thread):
+    """One thread and one connection delivering every partition this server owes one subscriber."""
+
+    def __init__(self, manager: SubscriptionManager, queue: str, name: str) -> None:
+        super().__init__(daemon=True, name=f"hqueue-push-{queue}-{name}")
+        self.manager, self.queue, self.subscriber = manager, queue, name
+        self.workers: dict[int, PartitionWorker] = {}
+        self._cond = threading.Condition()
+        self._ready: deque[PartitionWorker] = deque()
+        self._timers: list[tuple[float, int, PartitionWorker]] = []
+        self._seq = itertools.count()
+        self._stopped = False
+        self._client: Any = None
+        self._client_address: str | None = None
+
+    # -- scheduling (any thread) -----------------------------------------------------------
+
+    def _ready_now(self, worker: PartitionWorker) -> None:
+        """Queue ``worker`` to run (call under the lock)."""
+        worker.idle = False
+        if not worker.queued:
+            worker.queued = True
+            self._ready.append(worker)
+            self._cond.notify()
+
+    def add(self, worker: PartitionWorker) -> None:
+        with self._cond:
+            self.workers[worker.partition_id] = worker
+            self._ready_now(worker)
+
+    def wake(self, worker: PartitionWorker) -> None:
+        """A write to the worker's partition: run it now if it waits for one."""
+        with self._cond:
+            worker.dirty = True
+            if worker.idle:
+                self._ready_now(worker)
+
+    def remove(self, worker: PartitionWorker) -> None:
+        """Stop ``worker`` (it saves its checkpoint); wait for it."""
+        worker.stopping.set()
+        with self._cond:
+            self._ready_now(worker)
+        worker.done.wait(timeout=10)
 
     def stop(self) -> None:
-        self.stopping.set()
-        self.wakeup.set()
+        with self._cond:
+            self._stopped = True
+            for worker in self.workers.values():
+                worker.stopping.set()
+                self._ready_now(worker)
+            self._cond.notify_all()
+        self.join(timeout=10)
+
+    # -- the loop (its own thread) ----------------------------------------------------------
+
+    def _next(self) -> PartitionWorker | None:
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                while self._timers and self._timers[0][0] <= now:
+                    worker = heapq.heappop(self._timers)[2]
+                    if worker.partition_id in self.workers and self.workers[worker.partition_id] is worker:
+                        self._ready_now(worker)
+                if self._ready:
+                    worker = self._ready.popleft()
+                    worker.queued = worker.dirty = False  # a write from here on wakes it again
+                    return worker
+                if self._stopped and not self.workers:
+                    return None
+                self._cond.wait(self._timers[0][0] - now if self._timers else None)
+
+    def run(self) -> None:
+        while (worker := self._next()) is not None:
+            result = worker.step(self)
+            with self._cond:
+                if result == FINISHED:
+                    if self.workers.get(worker.partition_id) is worker:
+                        del self.workers[worker.partition_id]
+                    worker.done.set()
+                elif result == AGAIN:
+                    self._ready_now(worker)  # behind the other partitions: round robin
+                elif result == IDLE and worker.dirty:
+                    self._ready_now(worker)  # written to while it scanned
+                else:
+                    worker.idle = result == IDLE
+                    delay = self.manager.idle_wakeup if result == IDLE else result
+                    heapq.heappush(self._timers, (time.monotonic() + delay, next(self._seq), worker))
+        self._drop_client()
+
+    # -- MessageSender's connection ----------------------------------------------------------
+
+    def send(self, address: str, batch: list[Any]) -> bool:
+        try:
+            if self._client is None or self._client_address != address:
+                self._drop_client()
+                self.manager.push_policy.check_push(address)
+                host, _, port = address.rpartition(":")
+                self._client = make_client(
+                    wire.T.HQueueSubscriberService, host, int(port),
+                    proto_factory=TBinaryProtocolFactory(), trans_factory=TFramedTransportFactory(),
+                    timeout=self.manager.send_timeout_ms,
+                )  # fmt: skip
+                self._client_address = address
+            status = self._client.consumeMessages(batch)
+        except (TException, OSError, HQueueError) as e:
+            logger.info("%s: sending %d message(s) failed: %s", self.subscriber, len(batch), e)
+            self._drop_client()
+            return False
+        if status != 0:
+            logger.info("%s: subscriber returned status %s for %d message(s)", self.subscriber, status, len(batch))
+        return status == 0
+
+    def _drop_client(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
 
 
 class SubscriptionManager:
@@ -177,12 +278,15 @@ class SubscriptionManager:
         checkpoint_interval: float = 1.0,
         idle_wakeup: float = 1.0,
         send_timeout: float = 60.0,
+        push_policy: PushPolicy | None = None,
     ) -> None:
         self.engine, self.coordinator, self.registry = engine, coordinator, registry
+        self.push_policy = push_policy or PushPolicy()
         self.batch_size, self.checkpoint_interval, self.idle_wakeup = batch_size, checkpoint_interval, idle_wakeup
         self.send_timeout_ms = int(send_timeout * 1000)
-        self.workers: dict[Key, SubscriptionWorker] = {}
-        self._by_partition: dict[tuple[str, int], tuple[SubscriptionWorker, ...]] = {}
+        self.workers: dict[Key, PartitionWorker] = {}
+        self.loops: dict[tuple[str, str], SubscriberLoop] = {}
+        self._by_partition: dict[tuple[str, int], tuple[PartitionWorker, ...]] = {}
         self._lock = threading.Lock()
         self._changed = threading.Event()
         self._stopping = threading.Event()
@@ -196,7 +300,9 @@ class SubscriptionManager:
 
     def _on_write(self, queue: str, partition_id: int) -> None:
         for worker in self._by_partition.get((queue, partition_id), ()):
-            worker.wakeup.set()
+            loop = self.loops.get((worker.queue, worker.name))
+            if loop is not None:
+                loop.wake(worker)
 
     def _run(self) -> None:
         while not self._stopping.is_set():
@@ -227,20 +333,26 @@ class SubscriptionManager:
                 if key not in self.workers:
                     # attached() read the registration in this pass: its checkpoints
                     # are as stored now, including those another server moved.
-                    worker = SubscriptionWorker(self, registration, key[2])
+                    worker = PartitionWorker(self, registration, key[2])
                     self.workers[key] = worker
                     # Copy on write: _on_write iterates these tuples without the lock.
                     partition = (key[0], key[2])
                     self._by_partition[partition] = (*self._by_partition.get(partition, ()), worker)
-                    worker.start()
+                    loop = self.loops.get((key[0], key[1]))
+                    if loop is None:
+                        loop = self.loops[(key[0], key[1])] = SubscriberLoop(self, key[0], key[1])
+                        loop.start()
+                    loop.add(worker)
                     logger.info("delivering %s partition %d to %s at %s", key[0], key[2], key[1], registration.address)
+            owed = {(queue, name) for queue, name, _ in self.workers}
+            for loop_key in [k for k in self.loops if k not in owed]:
+                self.loops.pop(loop_key).stop()
 
     def _stop_worker(self, key: Key) -> None:
         worker = self.workers.pop(key)
         partition = (key[0], key[2])
         self._by_partition[partition] = tuple(w for w in self._by_partition[partition] if w is not worker)
-        worker.stop()
-        worker.join(timeout=10)
+        self.loops[(key[0], key[1])].remove(worker)
         logger.info("paused delivery of %s partition %d to %s", key[0], key[2], key[1])
 
     def stop(self) -> None:
@@ -250,6 +362,9 @@ class SubscriptionManager:
         with self._lock:
             for key in list(self.workers):
                 self._stop_worker(key)
+            for loop in self.loops.values():
+                loop.stop()
+            self.loops.clear()
 
 
 def _identity(registration: Registration) -> tuple:

@@ -1,5 +1,6 @@
 """The embedded RocksDB store: one process at a time, durability, crashes."""
 
+import os
 import random
 import signal
 import subprocess
@@ -8,7 +9,7 @@ import time
 
 import pytest
 
-from hqueue import Durability, HQueue, HQueueAdmin, Message, MessageID, StorageLocked
+from hqueue import Durability, HQueue, HQueueAdmin, Message, MessageID, StorageError, StorageLocked
 from hqueue.storage import normalize_url
 
 from .processes import ROOT, python_env
@@ -90,3 +91,43 @@ def test_kill_9_mid_load_loses_no_acknowledged_message(tmp_path, durability):
         lost = [a for a in acked_total if a not in stored]
         assert lost == [], f"cycle {cycle}: {len(lost)} acknowledged message(s) lost"
     print(f"\ncrash test {durability}: 5 kill -9 cycles, {len(acked_total)} acknowledged, 0 lost")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 24 MB tmpfs: a disk that really fills up (needs root, as CI and these machines have)."""
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", mount_point], capture_output=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs to fill (needs root): {result.stderr.decode().strip()}")
+    yield mount_point
+    subprocess.run(["umount", "-l", mount_point], check=False)
+
+
+def test_a_full_disk_fails_writes_then_recovers_once_space_is_freed(small_disk):
+    data, filler = small_disk / "data", small_disk / "filler"
+    with HQueueAdmin(data_dir=data) as admin:
+        admin.create_queue("q", 2)
+    acked = []
+    with HQueue("q", data_dir=data) as queue:
+        stat = os.statvfs(small_disk)
+        filler.write_bytes(b"\0" * (stat.f_bavail * stat.f_frsize - 4 * 1024 * 1024))
+        errors = []  # texts only: a held exception would hold the failed store open
+        while not errors:
+            try:
+                acked += queue.put([Message("t", os.urandom(1000))] * 100, partition_id=len(acked) % 2)
+            except StorageError as e:
+                errors.append(str(e))
+        try:
+            queue.put(Message("t", b"x"))  # still full: still refused, with a clear error
+        except StorageError as e:
+            errors.append(str(e))
+        assert "No space left" in errors[0] and len(errors) == 2
+        filler.unlink()
+        time.sleep(1.1)  # reopen tries are at most once a second
+        acked += queue.put(Message("t", b"after"))  # no restart needed
+        stored = {m.id for m in queue.scan()}
+    assert len(acked) > 1000 and set(acked) <= stored
+    with HQueue("q", data_dir=data) as queue:  # and after a clean restart
+        assert set(acked) <= {m.id for m in queue.scan()}

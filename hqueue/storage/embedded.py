@@ -20,13 +20,24 @@ the expired prefix of each partition, which compaction then drops.
 
 RocksDB allows one process per directory; a second one gets
 :class:`~hqueue.errors.StorageLocked` naming the directory and the remedy.
+
+A full disk: RocksDB then refuses every write until it is reopened (rocksdict
+has no ``DB::Resume``). Writes fail with :class:`~hqueue.errors.StorageError`
+("No space left on device"); nothing acknowledged is lost. Once space is
+freed, the next call reopens the store (at most one try per second), which
+replays the WAL and so needs free space about the size of the unflushed WAL
+(at most ``MAX_TOTAL_WAL_BYTES``): it waits for twice that plus 4 MiB, because
+a reopen that fails for space would keep RocksDB's lock until the process
+exits. Then it goes on, without a restart.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import threading
+import time
 from collections.abc import Collection, Sequence
 from itertools import islice
 
@@ -45,6 +56,12 @@ _KV_PREFIX = b"meta/"
 _CF_PREFIX = "q."
 #: How often expired messages are range-deleted, in seconds.
 RECLAIM_INTERVAL = 300.0
+#: The WAL kept before memtables are flushed: what a reopen after a full disk must replay.
+MAX_TOTAL_WAL_BYTES = 64 * 1024 * 1024
+#: Seconds between tries to reopen a store that failed (a full disk).
+REOPEN_INTERVAL = 1.0
+#: Free space a reopen needs beyond twice the WAL (for the manifest, options, a flush).
+REOPEN_MARGIN_BYTES = 4 * 1024 * 1024
 
 
 def _options() -> rocksdict.Options:
@@ -52,6 +69,7 @@ def _options() -> rocksdict.Options:
     options.create_if_missing(True)
     options.create_missing_column_families(True)
     options.set_max_background_jobs(2)
+    options.set_max_total_wal_size(MAX_TOTAL_WAL_BYTES)
     return options
 
 
@@ -84,6 +102,9 @@ class EmbeddedStorage(Storage):
             info = QueueInfo.from_json(value)
             self._infos[info.name] = info
             self._bind(info.name)
+        #: When RocksDB failed in a way only a reopen cures (a full disk); None while healthy.
+        self._failed_at: float | None = None
+        self._last_reopen = 0.0
         self._closed = threading.Event()
         self._reclaimer = threading.Thread(target=self._reclaim_loop, name="hqueue-reclaim", daemon=True)
         self._reclaimer.start()
@@ -121,6 +142,7 @@ class EmbeddedStorage(Storage):
     # -- queues ---------------------------------------------------------------
 
     def create_queue(self, info: QueueInfo) -> None:
+        self._heal()
         with self._lock:
             if info.name in self._infos:
                 raise QueueExists(info.name)
@@ -133,6 +155,7 @@ class EmbeddedStorage(Storage):
             self._put_info(info)
 
     def _put_info(self, info: QueueInfo) -> None:
+        self._heal()
         self._guard(
             self._db.put, _META_PREFIX + info.name.encode(), info.to_json(), self._write_options[Durability.SYNC_WAL]
         )
@@ -153,6 +176,7 @@ class EmbeddedStorage(Storage):
             self._put_info(info)
 
     def delete_queue(self, name: str) -> None:
+        self._heal()
         with self._lock:
             self.get_queue(name)
             self._guard(self._db.delete, _META_PREFIX + name.encode(), self._write_options[Durability.SYNC_WAL])
@@ -160,6 +184,7 @@ class EmbeddedStorage(Storage):
             self._guard(self._db.drop_column_family, _CF_PREFIX + name)
 
     def truncate_queue(self, name: str) -> None:
+        self._heal()
         with self._lock:
             info = self.get_queue(name)
             # Dropping and re-creating the family frees the space at once,
@@ -172,6 +197,7 @@ class EmbeddedStorage(Storage):
     # -- cells ----------------------------------------------------------------
 
     def write(self, name: str, cells: Sequence[Cell], durability: str) -> None:
+        self._heal()
         handle = self._handles.get(name)
         if handle is None:
             raise QueueNotFound(name)
@@ -190,6 +216,7 @@ class EmbeddedStorage(Storage):
         topics: Collection[bytes] | None = None,
         limit: int = 1000,
     ) -> list[Cell]:
+        self._heal()
         family = self._family(name)
         start_key = max(start_key, self._ttl_floor(name, start_key))
         if start_key >= stop_key:
@@ -209,6 +236,7 @@ class EmbeddedStorage(Storage):
         return key[:2] + MessageID(cutoff).to_bytes()
 
     def last_rowkey(self, name: str, partition_id: int) -> bytes | None:
+        self._heal()
         family = self._family(name)
         prefix = partition_prefix(partition_id)
         # The next partition's prefix is above every key of this one (pid < 32767).
@@ -221,15 +249,19 @@ class EmbeddedStorage(Storage):
         return int(self._family(name).property_int_value("rocksdb.estimate-num-keys") or 0)
 
     def get_meta(self, key: str) -> bytes | None:
+        self._heal()
         return self._guard(self._db.get, _KV_PREFIX + key.encode())
 
     def put_meta(self, key: str, value: bytes) -> None:
+        self._heal()
         self._guard(self._db.put, _KV_PREFIX + key.encode(), value, self._write_options[Durability.SYNC_WAL])
 
     def delete_meta(self, key: str) -> None:
+        self._heal()
         self._guard(self._db.delete, _KV_PREFIX + key.encode(), self._write_options[Durability.SYNC_WAL])
 
     def list_meta(self, prefix: str) -> dict[str, bytes]:
+        self._heal()
         start = _KV_PREFIX + prefix.encode()
         found = {}
         for key, value in self._db.items(from_key=start):
@@ -239,6 +271,7 @@ class EmbeddedStorage(Storage):
         return found
 
     def reclaim_expired(self, name: str) -> None:
+        self._heal()
         info = self.get_queue(name)
         if not info.ttl:
             return
@@ -275,7 +308,10 @@ class EmbeddedStorage(Storage):
             self._closed.set()
             self._families.clear()
             self._handles.clear()
-            self._db.close()
+            try:
+                self._db.close()
+            except Exception as e:  # a store that failed (a full disk) still closes
+                logger.warning("closing embedded store %s: %s", self.path, e)
             logger.debug("closed embedded store %s", self.path)
 
     def _guard(self, call, *args, **kwargs):
@@ -285,4 +321,51 @@ class EmbeddedStorage(Storage):
         except Exception as e:
             if isinstance(e, (QueueNotFound, QueueExists)):
                 raise
+            if "No space left" in str(e) or "IO error" in str(e):
+                if self._failed_at is None:
+                    logger.error("embedded store %s failed: %s; will reopen once it can", self.path, str(e))
+                self._failed_at = time.monotonic()
             raise StorageError(f"embedded store {self.path}: {e}") from e
+
+    def _reopen_space(self) -> tuple[int, int]:
+        """(bytes a reopen needs free: twice the WAL plus a margin, bytes free now)."""
+        wal = sum(e.stat().st_size for e in os.scandir(self.path) if e.name.endswith(".log") and e.is_file())
+        stat = os.statvfs(self.path)
+        return 2 * wal + REOPEN_MARGIN_BYTES, stat.f_bavail * stat.f_frsize
+
+    def _heal(self) -> None:
+        """Reopen the store if it failed (a full disk); called before each operation."""
+        if self._failed_at is None:
+            return
+        with self._lock:
+            if self._failed_at is None:
+                return
+            if time.monotonic() - self._last_reopen < REOPEN_INTERVAL:
+                raise StorageError(f"embedded store {self.path} failed (disk full?); it reopens once space is free")
+            self._last_reopen = time.monotonic()
+            # A reopen that fails for space leaves RocksDB's lock held until the
+            # process exits, so only try once replaying the WAL surely fits.
+            needed, free = self._reopen_space()
+            if free < needed:
+                raise StorageError(
+                    f"embedded store {self.path} failed (disk full); it reopens once {needed >> 20} MiB "
+                    f"are free ({free >> 20} MiB now)"
+                )
+            if self._db is not None:
+                try:
+                    self._db.close()
+                except Exception:
+                    pass  # it is broken: that is why we are here
+            # RocksDB's lock goes with the last reference to the old instance.
+            self._families.clear()
+            self._handles.clear()
+            self._db = None
+            gc.collect()
+            try:
+                self._db = self._open()
+            except StorageError as e:
+                raise StorageError(f"embedded store {self.path} failed and cannot reopen yet: {e}") from e
+            for name in self._infos:
+                self._bind(name)
+            self._failed_at = None
+            logger.warning("embedded store %s reopened after a failure; operations go on", self.path)

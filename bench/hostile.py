@@ -1,0 +1,202 @@
+"""What hostile or careless clients cost an hqueue server, side by side with
+thriftpy2's own threaded server (what hqueue served with before its checks).
+
+Usage:
+    python bench/hostile.py [--json out.json]
+
+Each figure comes from a server subprocess on loopback:
+
+* frame stall: the longest listQueues round trip on one connection while
+  another sends a 35-byte frame that declares 2**31-1 VOID elements;
+* reply RSS: the server's resident memory after messageScannerGetList asks
+  for 2**31-1 messages of a 200,000-message partition (1 KB each);
+* put RSS: after a 5 MB putMessages frame of a million empty TMessages;
+* threads: with 2,000 idle connections open (the limit is 1,024), then
+  after the idle timeout (10 s here; 300 s by default);
+* descriptors: with the fd limit at 256 and 400 connections held, the
+  "accept failed" log lines and the CPU the server burns in 5 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from common import report  # noqa: E402
+from remote import free_port, wait_port  # noqa: E402
+
+from hqueue import HQueue, HQueueAdmin, Message  # noqa: E402
+from hqueue.rpc.wire import T  # noqa: E402
+
+ENV = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), ".."))
+
+# A stand-in for the server as it was: thriftpy2's TThreadedServer decoding unchecked frames.
+PLAIN_SERVER = """
+import sys
+from thriftpy2.protocol import TBinaryProtocolFactory
+from thriftpy2.server import TThreadedServer
+from thriftpy2.thrift import TProcessor
+from thriftpy2.transport import TFramedTransportFactory, TServerSocket
+from hqueue.rpc.wire import T
+class Handler:
+    def listQueues(self):
+        return []
+server = TThreadedServer(TProcessor(T.HQueueService, Handler()), TServerSocket("127.0.0.1", int(sys.argv[1])),
+                         iprot_factory=TBinaryProtocolFactory(), itrans_factory=TFramedTransportFactory())
+server.serve()
+"""
+
+
+def frame(method: bytes, args: bytes) -> bytes:
+    body = struct.pack("!Ii", 0x80010001, len(method)) + method + struct.pack("!i", 1) + args
+    return struct.pack("!i", len(body)) + body
+
+
+HOSTILE = frame(b"listQueues", b"\x0f\x00\x63\x01" + struct.pack("!i", 2**31 - 1) + b"\x00")
+
+
+def start_hqueue(workdir: str, *args: str, max_files: int | None = None) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+
+    def limit() -> None:
+        if max_files:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max_files, max_files))
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hqueue.cli", "server", "--storage", f"local://{workdir}", "--port", str(port),
+         "--log-level", "WARNING", *args],
+        env=ENV, stderr=open(f"{workdir}.log", "w"), preexec_fn=limit,
+    )  # fmt: skip
+    wait_port(port)
+    return proc, port
+
+
+def status(pid: int, field: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line.split()[1] for line in f if line.startswith(field + ":")))
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def client(port: int):
+    from thriftpy2.protocol import TBinaryProtocolFactory
+    from thriftpy2.rpc import make_client
+    from thriftpy2.transport import TFramedTransportFactory
+
+    return make_client(
+        T.HQueueService, "127.0.0.1", port, proto_factory=TBinaryProtocolFactory(),
+        trans_factory=TFramedTransportFactory(), timeout=60_000,
+    )  # fmt: skip
+
+
+def send(port: int, payload: bytes) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        try:
+            s.sendall(payload)
+            s.recv(1)
+        except OSError:
+            pass
+
+
+def frame_stall(port: int) -> float:
+    """The longest listQueues round trip (ms) while a hostile frame arrives."""
+    probe, worst, stop = client(port), [0.0], threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            started = time.perf_counter()
+            probe.listQueues()
+            worst[0] = max(worst[0], time.perf_counter() - started)
+
+    for _ in range(50):
+        probe.listQueues()  # warm
+    thread = threading.Thread(target=loop)
+    thread.start()
+    time.sleep(0.3)
+    threading.Thread(target=send, args=(port, HOSTILE), daemon=True).start()
+    time.sleep(6.0)
+    stop.set()
+    thread.join()
+    return worst[0] * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="hqueue-bench-hostile-") as work:
+        plain_port = free_port()
+        plain = subprocess.Popen(
+            [sys.executable, "-c", PLAIN_SERVER, str(plain_port)], env=ENV, stderr=subprocess.DEVNULL
+        )
+        wait_port(plain_port)
+        proc, port = start_hqueue(f"{work}/a", "--connection-idle-timeout", "10")
+        try:
+            rows.append({"measure": "frame stall, ms (35-byte frame)", "hqueue": frame_stall(port),
+                         "thriftpy2 as before": frame_stall(plain_port)})  # fmt: skip
+            with HQueueAdmin(f"hqueue://127.0.0.1:{port}") as admin:
+                admin.create_queue("q", 1)
+            with HQueue("q", f"hqueue://127.0.0.1:{port}") as queue:
+                for _ in range(200):
+                    queue.put([Message("t", b"x" * 1000)] * 1000, partition_id=0)
+            rss_before = status(proc.pid, "VmRSS")
+            c = client(port)
+            scanner = c.messageScannerOpen("q", 0, T.TMessageScan())
+            got = len(c.messageScannerGetList(scanner, 2**31 - 1))
+            rows.append({"measure": "reply to GetList(2**31-1): messages", "hqueue": got})
+            rows.append({"measure": "server RSS after that reply, MB", "hqueue": status(proc.pid, "VmRSS") / 1024,
+                         "thriftpy2 as before": None})  # fmt: skip
+            empties = b"\x0f\x00\x02\x0c" + struct.pack("!i", 1_000_000) + b"\x00" * 1_000_000
+            send(port, frame(b"putMessages", b"\x0b\x00\x01" + struct.pack("!i", 1) + b"q" + empties + b"\x00"))
+            rows.append({"measure": "server RSS after 1M empty TMessages, MB",
+                         "hqueue": status(proc.pid, "VmRSS") / 1024})  # fmt: skip
+            rows.append({"measure": "server RSS before both, MB", "hqueue": rss_before / 1024})
+            held = [socket.create_connection(("127.0.0.1", port)) for _ in range(2000)]
+            time.sleep(3.0)
+            rows.append({"measure": "threads with 2,000 idle connections", "hqueue": status(proc.pid, "Threads")})
+            time.sleep(9.0)
+            rows.append({"measure": "threads after the 10 s idle timeout", "hqueue": status(proc.pid, "Threads")})
+            for s in held:
+                s.close()
+        finally:
+            proc.terminate()
+            plain.terminate()
+        proc, port = start_hqueue(f"{work}/b", max_files=256)
+        try:
+            held = []
+            for _ in range(400):
+                try:
+                    held.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+                except OSError:
+                    break
+            cpu = cpu_seconds(proc.pid)
+            time.sleep(5.0)
+            cpu = cpu_seconds(proc.pid) - cpu
+            lines = open(f"{work}/b.log").read().count("accept failed")
+            rows.append({"measure": "fd limit 256, 400 connections: CPU s in 5 s", "hqueue": cpu})
+            rows.append({"measure": "fd limit 256: 'accept failed' log lines", "hqueue": lines})
+            for s in held:
+                s.close()
+        finally:
+            proc.terminate()
+    report("hostile clients: hqueue server vs thriftpy2's plain threaded server", rows,
+           ["measure", "hqueue", "thriftpy2 as before"], args.json)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

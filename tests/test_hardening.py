@@ -365,3 +365,13 @@ def test_timeout_must_be_positive_and_urls_are_checked():
         HQueueAdmin("hqueue://127.0.0.1:1?tiemout=1")
     with pytest.raises(InvalidArgument, match="in-process store"):
         HQueueAdmin("local:///tmp/x", token="t")
+
+
+def test_subscriber_calls_on_a_missing_queue_are_queue_not_found(server):
+    from hqueue import MessageID, QueueNotFound
+
+    with HQueueAdmin(f"hqueue://{server.address}") as admin:
+        with pytest.raises(QueueNotFound):
+            admin.set_checkpoint("missing", "s", None, MessageID(1))
+        with pytest.raises(QueueNotFound):
+            admin.delete_subscriber("s", "missing")

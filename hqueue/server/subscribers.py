@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..coordination.registry import Registration, SubscriberExists, SubscriberRegistry, successor
+from ..coordination.registry import Registration, SubscriberExists, SubscriberNotFound, SubscriberRegistry, successor
 from ..engine import Engine, check_partition
 from ..errors import InvalidMessage
 from ..message import MessageID
@@ -60,7 +60,11 @@ class Subscribers:
         return self.registry.load(queue, name)
 
     def delete(self, queue: str, name: str) -> None:
-        self.registry.remove(queue, name)
+        try:
+            self.registry.remove(queue, name)
+        except SubscriberNotFound:
+            self.engine.queue_info(queue, fresh=True)  # a missing queue says so first
+            raise
 
     def set_checkpoint(self, queue: str, name: str, partition_id: int | None, start: MessageID) -> None:
         """Replay: deliver again from ``start`` (inclusive); None: every partition."""

@@ -2,22 +2,53 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import sys
+import time
 from collections.abc import Iterator
 
 import click
 
+from . import __version__
 from .admin import HQueueAdmin
 from .config import Durability
+from .connection import resolve_url
 from .errors import HQueueError, NotAuthorized, QueueDisabled, QueueEnabled
 from .message import Message, MessageID
 from .queue import HQueue
-from .storage import default_url
+from .storage import default_url, normalize_url
 
 
 class _Group(click.Group):
-    """Turns hqueue's own errors into one readable line and exit status 1."""
+    """Turns hqueue's own errors into one readable line and exit status 1.
+
+    ``--url`` may also follow the command (``hqueue scan q --url …``): it is
+    moved in front before parsing.
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        args = list(args)
+        command_at = next((i for i, a in enumerate(args) if a in self.commands), None)
+        if command_at is not None:
+            i = command_at + 1
+            while i < len(args):
+                if args[i] == "--url" and i + 1 < len(args):
+                    moved = args[i : i + 2]
+                    del args[i : i + 2]
+                    args[0:0] = moved
+                    command_at += 2
+                    i += 2
+                elif args[i].startswith("--url="):
+                    args.insert(0, args.pop(i))
+                    command_at += 1
+                    i += 1
+                elif args[i] == "--":
+                    break
+                else:
+                    i += 1
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context):
         try:
@@ -37,11 +68,13 @@ def _with_cli_hint(e: Exception) -> str:
     return str(e)
 
 
-@click.group(cls=_Group)
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", "-V", prog_name="hqueue")
 @click.option(
     "--url",
     envvar="HQUEUE_URL",
-    help="Store URL: local:///path (default ./hqueue-data or $HQUEUE_DATA), hbase://host:9090.",
+    help="Store: local:///path (default ./hqueue-data or $HQUEUE_DATA), hbase://host:9090, "
+    "or hqueue://[TOKEN@]host:9700 servers. May also follow the command.",
 )
 @click.pass_context
 def main(ctx: click.Context, url: str | None) -> None:
@@ -49,12 +82,44 @@ def main(ctx: click.Context, url: str | None) -> None:
     ctx.obj = {"url": url}
 
 
-def _admin(ctx: click.Context) -> HQueueAdmin:
+def _admin(ctx: click.Context, read_only: bool = False) -> HQueueAdmin:
+    if read_only:
+        _store_must_exist(ctx.obj["url"])
     return ctx.with_resource(HQueueAdmin(ctx.obj["url"]))
 
 
-def _queue(ctx: click.Context, name: str) -> HQueue:
+def _queue(ctx: click.Context, name: str, read_only: bool = False) -> HQueue:
+    if read_only:
+        _store_must_exist(ctx.obj["url"])
     return ctx.with_resource(HQueue(name, ctx.obj["url"]))
+
+
+def _store_must_exist(url: str | None) -> None:
+    """A read-only command never creates an embedded store where none is."""
+    resolved = resolve_url(url, None)
+    if not resolved.startswith(("hqueue://", "hbase://")):
+        path = normalize_url(resolved)[len("local://") :]
+        if not os.path.isdir(path):
+            raise click.ClickException(f"no hqueue store at {path} (pass --url, or create a queue there first)")
+
+
+class _Progress:
+    """Counts on stderr, every 2 s, when stderr is a terminal."""
+
+    def __init__(self, what: str) -> None:
+        self.what, self.count = what, 0
+        self.shown = time.monotonic()
+        self.live = sys.stderr.isatty()
+
+    def add(self, n: int = 1) -> None:
+        self.count += n
+        if self.live and time.monotonic() - self.shown >= 2.0:
+            self.shown = time.monotonic()
+            click.echo(f"\r{self.count:,} {self.what}…", err=True, nl=False)
+
+    def done(self) -> None:
+        if self.live and self.count:
+            click.echo("\r" + " " * 40 + "\r", err=True, nl=False)
 
 
 def _message_id(ctx, param, value: str | None) -> MessageID | None:
@@ -86,7 +151,7 @@ def create(ctx, name: str, partitions: int, ttl: int, durability: str, config: t
 @click.pass_context
 def list_(ctx) -> None:
     """List queues."""
-    for info in _admin(ctx).list_queues():
+    for info in _admin(ctx, read_only=True).list_queues():
         click.echo(f"{info.name}\t{info.partitions} partitions\tttl {info.ttl}s\t{info.state}\t{info.durability}")
 
 
@@ -95,7 +160,7 @@ def list_(ctx) -> None:
 @click.pass_context
 def describe(ctx, name: str) -> None:
     """Describe queue NAME as JSON."""
-    description = _admin(ctx).describe_queue(name)
+    description = _admin(ctx, read_only=True).describe_queue(name)
     description["last_ids"] = {pid: str(i) if i else None for pid, i in description["last_ids"].items()}
     click.echo(json.dumps(description, indent=2))
 
@@ -107,15 +172,31 @@ def describe(ctx, name: str) -> None:
 @click.option("--partition", "-p", type=int, help="Partition (default: random per batch).")
 @click.option("--key", "-k", help="Route by key (CRC32 mod partitions).")
 @click.option("--batch", type=click.IntRange(1), default=1000, show_default=True, help="Lines per put from stdin.")
+@click.option(
+    "--input",
+    "input_format",
+    type=click.Choice(["lines", "raw", "base64", "hex"]),
+    default="lines",
+    show_default=True,
+    help="stdin: a message per line (bytes as they are), all of it as one message, or a message per encoded line.",
+)
 @click.pass_context
 def put(
-    ctx, name: str, topic: str, values: tuple[str, ...], partition: int | None, key: str | None, batch: int
+    ctx,
+    name: str,
+    topic: str,
+    values: tuple[str, ...],
+    partition: int | None,
+    key: str | None,
+    batch: int,
+    input_format: str,
 ) -> None:
-    """Put VALUES (or, with none, each line of stdin) on TOPIC of queue NAME."""
+    """Put VALUES (or, with none, stdin: see --input) on TOPIC of queue NAME."""
     queue = _queue(ctx, name)
     total = 0
-    for chunk in _chunks(values or (line.rstrip("\n") for line in sys.stdin), batch):
-        ids = queue.put([Message(topic, v.encode()) for v in chunk], partition, key=key)
+    source = (v.encode() for v in values) if values else _stdin_values(input_format)
+    for chunk in _chunks(source, batch):
+        ids = queue.put([Message(topic, v) for v in chunk], partition, key=key)
         total += len(ids)
         if values:
             for message_id in ids:
@@ -124,8 +205,25 @@ def put(
         click.echo(f"put {total} message(s)", err=True)
 
 
-def _chunks(items, size: int) -> Iterator[list[str]]:
-    chunk: list[str] = []
+def _stdin_values(input_format: str) -> Iterator[bytes]:
+    stdin = sys.stdin.buffer
+    if input_format == "raw":
+        yield stdin.read()
+        return
+    decode = {"lines": bytes, "base64": base64.b64decode, "hex": bytes.fromhex}[input_format]
+    for number, line in enumerate(stdin, 1):
+        line = line.rstrip(b"\n")
+        if input_format == "lines":
+            yield line
+            continue
+        try:
+            yield decode(line.strip().decode("ascii"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise click.ClickException(f"stdin line {number} is not {input_format}: {e}") from None
+
+
+def _chunks(items, size: int) -> Iterator[list[bytes]]:
+    chunk: list[bytes] = []
     for item in items:
         chunk.append(item)
         if len(chunk) == size:
@@ -142,15 +240,67 @@ def _chunks(items, size: int) -> Iterator[list[str]]:
 @click.option("--topic", "-t", "topics", multiple=True, help="Only this topic; repeatable.")
 @click.option("--partition", "-p", type=int, help="Only this partition.")
 @click.option("--limit", "-n", type=click.IntRange(0), help="At most this many messages.")
+@click.option(
+    "--format",
+    "output_format",
+    type=click.Choice(["text", "json", "hex", "base64"]),
+    default="text",
+    show_default=True,
+    help="text: tab-separated, with \\t \\n \\\\ and \\xNN escapes; json: one object per line; "
+    "hex/base64: the value encoded (binary-safe).",
+)
 @click.pass_context
-def scan(ctx, name: str, start, stop, topics: tuple[str, ...], partition: int | None, limit: int | None) -> None:
+def scan(
+    ctx, name: str, start, stop, topics: tuple[str, ...], partition: int | None, limit: int | None, output_format: str
+) -> None:
     """Print messages of queue NAME: partition, ID, topic, value."""
-    queue = _queue(ctx, name)
+    queue = _queue(ctx, name, read_only=True)
+    encode = _VALUE_FORMATS[output_format]
     for message in queue.scan(start, stop, topics or None, partition_id=partition, limit=limit):
-        value = message.value.decode("utf-8", "backslashreplace")
-        click.echo(
-            f"{message.partition_id}\t{message.id}\t{message.topic.decode('utf-8', 'backslashreplace')}\t{value}"
-        )
+        if output_format == "json":
+            click.echo(json.dumps(_as_json(message)))
+        else:
+            click.echo(f"{message.partition_id}\t{message.id}\t{escape(message.topic)}\t{encode(message.value)}")
+
+
+def escape(data: bytes) -> str:
+    """Bytes as one line of text: UTF-8, with backslash escapes for the rest."""
+    text = data.replace(b"\\", b"\\\\").decode("utf-8", "backslashreplace")
+    return text.replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+
+
+_VALUE_FORMATS = {
+    "text": escape,
+    "json": escape,
+    "hex": bytes.hex,
+    "base64": lambda value: base64.b64encode(value).decode("ascii"),
+}
+
+
+def _as_json(message: Message) -> dict:
+    out = {"partition": message.partition_id, "id": str(message.id), "topic": escape(message.topic)}
+    try:
+        out["value"] = message.value.decode("utf-8")
+    except UnicodeDecodeError:
+        out["value_base64"] = base64.b64encode(message.value).decode("ascii")
+    return out
+
+
+@main.command()
+@click.argument("name")
+@click.option("--start", callback=_message_id, help="First ID or ISO time (inclusive).")
+@click.option("--stop", callback=_message_id, help="ID or ISO time to stop before.")
+@click.option("--topic", "-t", "topics", multiple=True, help="Only this topic; repeatable.")
+@click.option("--partition", "-p", type=int, help="Only this partition.")
+@click.pass_context
+def count(ctx, name: str, start, stop, topics: tuple[str, ...], partition: int | None) -> None:
+    """Count the messages of queue NAME (it reads them all; progress on a terminal)."""
+    queue = _queue(ctx, name, read_only=True)
+    progress = _Progress("messages")
+    for _ in queue.scan(start, stop, topics or None, partition_id=partition):
+        progress.add()
+    progress.done()
+    click.echo(progress.count)
 
 
 @main.command()
@@ -324,8 +474,6 @@ def demo(ctx, messages: int) -> None:
     The queue is named demo, or demo-2, demo-3… when that exists: the demo
     never touches an existing queue.
     """
-    import time
-
     admin = _admin(ctx)
     name, n = "demo", 1
     while admin.queue_exists(name):
@@ -333,11 +481,12 @@ def demo(ctx, messages: int) -> None:
         name = f"demo-{n}"
     admin.create_queue(name, partitions=8, ttl=86400)
     queue = _queue(ctx, name)
-    started = time.perf_counter()
+    started, progress = time.perf_counter(), _Progress("messages put")
     for offset in range(0, messages, 1000):
-        queue.put(
-            [Message("crawler", b"http://example.com/%d" % i) for i in range(offset, min(offset + 1000, messages))]
-        )
+        batch = [Message("crawler", b"http://example.com/%d" % i) for i in range(offset, min(offset + 1000, messages))]
+        queue.put(batch)
+        progress.add(len(batch))
+    progress.done()
     put_seconds = time.perf_counter() - started
     started = time.perf_counter()
     count = sum(1 for _ in queue.scan())

@@ -79,3 +79,37 @@ def test_cli_errors_name_the_command_to_run(run):
     assert "--force" in run("drop", "q").output
     result = run("--url", "nosuch://x", "list")
     assert result.exit_code == 1 and "hqueue://" in result.output
+
+
+def test_version_help_and_url_after_the_command(run, tmp_path):
+    runner = CliRunner()
+    assert runner.invoke(main, ["--version"]).output.startswith("hqueue, version")
+    assert "Usage" in runner.invoke(main, ["-h"]).output
+    assert runner.invoke(main, ["create", "q", "1", "--url", f"local://{tmp_path}/late"]).exit_code == 0
+    assert runner.invoke(main, ["list", f"--url=local://{tmp_path}/late"]).output.startswith("q\t")
+
+
+def test_read_only_commands_never_create_a_store(tmp_path):
+    missing = tmp_path / "nothing-here"
+    for args in (["list"], ["scan", "q"], ["count", "q"], ["describe", "q"]):
+        result = CliRunner().invoke(main, ["--url", f"local://{missing}", *args])
+        assert result.exit_code == 1 and "no hqueue store at" in result.output
+    assert not missing.exists()
+
+
+def test_binary_values_round_trip_through_put_and_scan(run):
+    import base64
+
+    run("create", "q", "1")
+    raw = bytes(range(256))
+    assert run("put", "q", "raw", "--input", "raw", input=raw).exit_code == 0
+    assert run("put", "q", "b64", "--input", "base64", input=base64.b64encode(raw) + b"\n").exit_code == 0
+    lines = run("scan", "q", "--format", "base64").output.splitlines()
+    assert [base64.b64decode(line.split("\t")[3]) for line in lines] == [raw, raw]
+    text = run("scan", "q", "-t", "raw").output
+    assert text.count("\n") == 1 and "\\t" in text and "\\n" in text and "\\xff" in text
+    objects = [json.loads(line) for line in run("scan", "q", "--format", "json").output.splitlines()]
+    assert base64.b64decode(objects[0]["value_base64"]) == raw
+    assert run("count", "q", "-t", "b64").output == "1\n"
+    bad = run("put", "q", "t", "--input", "hex", input=b"zz\n")
+    assert bad.exit_code == 1 and "stdin line 1 is not hex" in bad.output

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import click
 
@@ -210,7 +210,7 @@ def _stdin_values(input_format: str) -> Iterator[bytes]:
     if input_format == "raw":
         yield stdin.read()
         return
-    decode = {"lines": bytes, "base64": base64.b64decode, "hex": bytes.fromhex}[input_format]
+    decode: Callable[[str], bytes] = {"base64": base64.b64decode, "hex": bytes.fromhex}.get(input_format, str.encode)
     for number, line in enumerate(stdin, 1):
         line = line.rstrip(b"\n")
         if input_format == "lines":
@@ -269,7 +269,7 @@ def escape(data: bytes) -> str:
     return text.replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
 
 
-_VALUE_FORMATS = {
+_VALUE_FORMATS: dict[str, Callable[[bytes], str]] = {
     "text": escape,
     "json": escape,
     "hex": bytes.hex,
@@ -449,7 +449,7 @@ def server(
 @click.option("-e", "commands", multiple=True, metavar="COMMAND", help="Run this command line (repeatable), then exit.")
 @click.pass_context
 def shell(ctx, script, commands: tuple[str, ...]) -> None:
-    """The interactive shell (HBase shell syntax); or run SCRIPT, or -e lines."""
+    """The interactive shell (HBase shell syntax); or run SCRIPT, -e lines, or piped stdin."""
     from .shell import Shell
 
     session = Shell(ctx.obj["url"])
@@ -458,6 +458,8 @@ def shell(ctx, script, commands: tuple[str, ...]) -> None:
             status = session.run_lines(commands, "-e")
         elif script is not None:
             status = session.run_lines(script, script.name)
+        elif not sys.stdin.isatty():  # piped in: run it as a script
+            status = session.run_lines(sys.stdin, "<stdin>")
         else:
             status = session.interact()
     finally:

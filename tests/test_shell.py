@@ -263,3 +263,31 @@ def test_an_admin_change_is_seen_by_the_shell(tmp_path):
         assert run("count 'made_elsewhere'")[1].startswith("1\n")
     finally:
         run.shell.close()
+
+
+def test_a_big_scan_streams_in_chunks_and_counts_every_row(run, monkeypatch):
+    from hqueue.shell import commands
+
+    monkeypatch.setattr(commands, "SCAN_CHUNK", 100)
+    run("create 'q1', 2, 0")
+    run.shell.queue("q1").put([Message("t", b"v%d" % i) for i in range(250)], partition_id=0)
+    text, rows = commands.COMMANDS["scan"](run.shell, ["q1"])
+    chunks = list(text.chunks)
+    assert len(chunks) == 3 and chunks[0].startswith("PARTITION") and not chunks[1].startswith("PARTITION")
+    assert text.rows == 250
+    ok, out, _ = run("scan 'q1'")
+    assert ok and out.count("\n") == 252 and "250 row(s)" in out  # header, rows, timing
+
+
+def test_desc_is_describe(run):
+    run("create 'q1', 2, 0")
+    ok, out, _ = run("desc 'q1'")
+    assert ok and "partitions" in out
+    assert "(or desc)" in run("help")[1]
+
+
+def test_lines_piped_into_the_shell_run_as_a_script(tmp_path):
+    result = hqueue_shell(tmp_path, input="create 'q1', 2, 0\nlist\n")
+    assert result.returncode == 0 and "q1" in result.stdout
+    result = hqueue_shell(tmp_path, input="scan 'nope'\nlist\n")
+    assert result.returncode == 1 and "stopped at <stdin>, line 1" in result.stderr

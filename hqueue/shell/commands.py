@@ -9,8 +9,9 @@ and a timing line.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from ..config import Durability
@@ -22,7 +23,18 @@ from .output import printable, table
 if TYPE_CHECKING:
     from .repl import Shell
 
-Result = tuple[str, int | None]
+
+class Streamed:
+    """Output printed as it is made (a big scan), with its row count at the end."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.chunks: Iterator[str] = iter(())
+
+
+Result = tuple[str | Streamed, int | None]
+#: Rows formatted together when a scan streams.
+SCAN_CHUNK = 1000
 
 
 class UsageError(HQueueError):
@@ -169,6 +181,10 @@ def describe(shell: Shell, name: str) -> Result:
     return text, len(last)
 
 
+#: Short names, as the HBase shell has them; help lists them beside their command.
+ALIASES = {"desc": "describe"}
+
+
 @command(
     "put 'queue', 'topic', 'value'[, partition]",
     "Put one message (to a random partition unless one is given) and print its ID.",
@@ -212,8 +228,21 @@ def scan(shell: Shell, name: str, given: dict | None = None) -> Result:
         partition_id=options.get("PARTITION"),
         limit=options.get("LIMIT"),
     )
-    rows = [(m.partition_id, str(i), stamp(i), m.topic, m.value) for m in messages for i in (m.id,) if i]
-    return table(["PARTITION", "ID", "TIME (UTC)", "TOPIC", "VALUE"], rows) if rows else "", len(rows)
+    streamed = Streamed()
+    streamed.chunks = _scan_chunks(messages, streamed)
+    return streamed, None
+
+
+def _scan_chunks(messages: Iterable[Message], streamed: Streamed) -> Iterator[str]:
+    """The scan's table, SCAN_CHUNK rows at a time: the first rows show at once, and memory stays flat."""
+    headers = ["PARTITION", "ID", "TIME (UTC)", "TOPIC", "VALUE"]
+    widths: list[int] = []
+    iterator = iter(messages)
+    while chunk := list(islice(iterator, SCAN_CHUNK)):
+        rows = [(m.partition_id, str(i), stamp(i), m.topic, m.value) for m in chunk for i in (m.id,) if i]
+        text = table(headers, rows, widths)
+        yield text if streamed.rows == 0 else text.split("\n", 1)[1]
+        streamed.rows += len(rows)
 
 
 @command("count 'queue'", "Count the messages (reads them all).", "count 'q1'", args=(QUEUE,))
@@ -317,13 +346,18 @@ def set_checkpoint(shell: Shell, name: str, queue: str, when: Any, partition: in
 )  # fmt: skip
 def help_(shell: Shell, name: str | None = None) -> Result:
     if name is not None:
-        if name not in COMMANDS:
+        if name not in COMMANDS and name not in ALIASES:
             raise UsageError(f"no command {name!r}; type help for the list")
-        c = COMMANDS[name]
+        c = COMMANDS[ALIASES.get(name, name)]
         return f"{c.usage}\n\n  {c.help}\n\nExamples:\n" + "\n".join(f"  {e}" for e in c.examples), None
     parts = []
     for group in ("general", "queues", "subscribers"):
-        usages = [c.usage for c in COMMANDS.values() if c.group == group]
+        aliases = {command: alias for alias, command in ALIASES.items()}
+        usages = [
+            c.usage + (f"   (or {aliases[c.name]})" if c.name in aliases else "")
+            for c in COMMANDS.values()
+            if c.group == group
+        ]
         parts.append(f"Group: {group}\n" + "\n".join(f"  {u}" for u in usages))
     parts.append("Type help 'command' for details and examples. Strings take 'single' or \"double\" quotes.")
     return "\n\n".join(parts), None

@@ -18,10 +18,18 @@ def printable(value: Any, limit: int = 200) -> str:
     return str(value)
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """Columns padded to their widest cell, as the HBase shell prints."""
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], widths: list[int] | None = None) -> str:
+    """Columns padded to their widest cell, as the HBase shell prints.
+
+    ``widths``, when given, carries column widths from one part of a long
+    table to the next: it is widened in place, never narrowed.
+    """
     cells = [[printable(c) for c in row] for row in rows]
-    widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(headers)]
+    widest = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(headers)]
+    if widths is None:
+        widths = widest
+    else:
+        widths[:] = [max(a, b) for a, b in zip(widths or widest, widest, strict=True)]
     lines = [" ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
     lines += [" ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
     return "\n".join(lines)

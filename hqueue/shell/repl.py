@@ -22,7 +22,7 @@ from typing import TextIO
 from ..admin import HQueueAdmin
 from ..errors import HQueueError
 from ..queue import HQueue
-from .commands import COMMANDS
+from .commands import ALIASES, COMMANDS, Streamed
 from .output import timing
 from .parser import ShellSyntaxError, parse_line
 
@@ -60,7 +60,7 @@ class Shell:
             return False
         if call is None:
             return True
-        command = COMMANDS.get(call.name)
+        command = COMMANDS.get(ALIASES.get(call.name, call.name))
         if command is None:
             print(f"ERROR: unknown command {call.name!r}; type help for the list", file=self.err)
             return False
@@ -68,6 +68,12 @@ class Shell:
         started = time.perf_counter()
         try:
             text, rows = command(self, call.args)
+            if isinstance(text, Streamed):  # printed as it comes: a big scan shows its first rows at once
+                for chunk in text.chunks:
+                    print(chunk, file=self.out, flush=True)
+                rows = text.rows
+            elif text:
+                print(text, file=self.out)
         except KeyboardInterrupt:
             print("interrupted", file=self.err)
             return False
@@ -79,8 +85,6 @@ class Shell:
             logger.debug("%s failed", line, exc_info=True)
             print(f"ERROR: internal error: {type(e).__name__}: {e}", file=self.err)
             return False
-        if text:
-            print(text, file=self.out)
         if call.name not in ("exit", "quit", "help"):
             print(timing(rows, time.perf_counter() - started), file=self.out)
         return True
@@ -105,9 +109,14 @@ class Shell:
         """The interactive loop, until exit or Ctrl-D."""
         from prompt_toolkit import PromptSession
         from prompt_toolkit.history import FileHistory
+        from prompt_toolkit.shortcuts import CompleteStyle
 
         history = os.environ.get("HQUEUE_HISTORY", os.path.expanduser("~/.hqueue_history"))
-        session: PromptSession = PromptSession(history=FileHistory(history), completer=ShellCompleter(self))
+        session: PromptSession = PromptSession(
+            history=FileHistory(history),
+            completer=ShellCompleter(self),
+            complete_style=CompleteStyle.READLINE_LIKE,  # Tab: the common prefix, then the choices (as irb)
+        )
         print(f"hqueue shell: {self.admin.url}\nType help for the commands, exit or Ctrl-D to leave.", file=self.out)
         while not self.done:
             try:
@@ -160,7 +169,7 @@ class ShellCompleter(Completer):  # type: ignore[misc]
         text = document.text_before_cursor
         if " " not in text.lstrip():
             word = text.lstrip()
-            for name in sorted(COMMANDS):
+            for name in sorted([*COMMANDS, *ALIASES]):
                 if name.startswith(word):
                     yield Completion(name, start_position=-len(word))
             return

@@ -43,6 +43,12 @@ def test_type_complete_fail_cancel_and_leave(shell, tmp_path):
     shell.expect("http://example.com")
     shell.expect(r"1 row\(s\) in \d+\.\d{4} seconds")
     shell.expect(PROMPT)
+    # Tab on an ambiguous start fills in the common prefix, as irb does: "des" -> "desc"
+    shell.send("des")
+    shell.send("\t")
+    shell.send(" 'crawl'\r")
+    shell.expect("durability")
+    shell.expect(PROMPT)
     # When they make a mistake, they see one line, and carry on
     shell.sendline("scan 'nope'")
     shell.expect("ERROR: queue 'nope' does not exist")

@@ -100,6 +100,10 @@ class OutcomeUnknown(HQueueError):
     """
 
 
+class SubscriberActive(HQueueError):
+    """Another instance of this subscriber is attached and alive; a second one is refused."""
+
+
 class NotAuthorized(HQueueError):
     """The server wants a token (``hqueue://TOKEN@host:port``), or the token's roles do not cover the call."""
 

@@ -163,6 +163,7 @@ class HQueue(Connected):
         host: str = "127.0.0.1",
         port: int = 0,
         advertise: str | None = None,
+        takeover_timeout: float = 15.0,
     ) -> Subscriber:
         """A subscriber that servers push this queue's messages to; call start().
 
@@ -171,6 +172,9 @@ class HQueue(Connected):
             listeners: Called in order with each batch.
             host, port: Where the subscriber listens (port 0: a free one).
             advertise: ``host:port`` servers should connect to (default host:port).
+            takeover_timeout: How long start() waits for an earlier instance of the
+                subscriber to lapse (one that crashed); a live one keeps its name,
+                and start() raises SubscriberActive.
 
         Raises:
             HQueueError: the queue is not served by an hqueue server.
@@ -178,7 +182,16 @@ class HQueue(Connected):
         engine = self.remote("push subscriptions are delivered by hqueue servers")
         if not isinstance(subscription, Subscription):
             raise TypeError(f"'subscription' must be a Subscription, not {type(subscription).__name__}")
-        return Subscriber(engine, self.name, subscription, listeners, host=host, port=port, advertise=advertise)
+        return Subscriber(
+            engine,
+            self.name,
+            subscription,
+            listeners,
+            host=host,
+            port=port,
+            advertise=advertise,
+            takeover_timeout=takeover_timeout,
+        )
 
     def __repr__(self) -> str:
         return f"HQueue({self.name!r}, url={self._engine.url if self._engine else None!r})"

@@ -33,11 +33,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .coordination.zk_registry import ZooKeeperPresence
-from .errors import HQueueError, InvalidArgument
+from .errors import HQueueError, InvalidArgument, SubscriberActive
 from .message import Message, MessageID, _as_topic
 from .rpc import wire
 from .rpc.threaded import ListeningSocket, ThreadedServer
@@ -137,12 +138,14 @@ class Subscriber:
         host: str = "127.0.0.1",
         port: int = 0,
         advertise: str | None = None,
+        takeover_timeout: float = 15.0,
     ) -> None:
         if not listeners or not all(isinstance(listener, MessageListener) for listener in listeners):
             raise TypeError("'listeners' must be a non-empty sequence of MessageListener")
         self.engine, self.queue, self.subscription = engine, queue, subscription
         self.name, self.listeners = subscription.name, list(listeners)
         self.host, self.port, self.advertise = host, port, advertise
+        self.takeover_timeout = takeover_timeout
         self.state = SubscriberState.NEW
         self.received = 0
         self._server: ThreadedServer | None = None
@@ -172,9 +175,9 @@ class Subscriber:
             coordination = self.engine.coordination()
             if coordination.startswith("zk:"):
                 self._presence = ZooKeeperPresence(coordination[3:], self.queue, self.name, self.address, topics)
-                self._presence.start()
+                self._take_over(self._presence.start)
             else:
-                self.engine.subscriber_heartbeat(self.queue, self.name, self.address, topics)
+                self._take_over(lambda: self.engine.subscriber_heartbeat(self.queue, self.name, self.address, topics))
                 self._stop_heartbeat.clear()
                 threading.Thread(target=self._heartbeat, args=(topics,), daemon=True).start()
         except BaseException:
@@ -183,6 +186,26 @@ class Subscriber:
             raise
         logger.info("subscriber %s on %s listening at %s (%s)", self.name, self.queue, self.address, coordination)
         return self
+
+    def _take_over(self, announce: Callable[[], None]) -> None:
+        """Announce, waiting up to ``takeover_timeout`` while an earlier instance's presence lapses.
+
+        A live instance of the same subscriber keeps its place: after the
+        wait this one gives up with SubscriberActive. One that crashed is
+        taken over once its presence expires (its session, or 3 s of
+        missed heartbeats).
+        """
+        deadline = time.monotonic() + self.takeover_timeout
+        while True:
+            try:
+                return announce()
+            except SubscriberActive:
+                if time.monotonic() >= deadline:
+                    if self._presence is not None:
+                        self._presence.stop()
+                        self._presence = None
+                    raise
+            time.sleep(0.25)
 
     def _heartbeat(self, topics: frozenset[bytes] | None) -> None:
         while not self._stop_heartbeat.wait(1.0):

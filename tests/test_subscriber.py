@@ -12,6 +12,7 @@ from hqueue import (
     Message,
     MessageID,
     MessageListener,
+    SubscriberActive,
     SubscriberNotFound,
     Subscription,
 )
@@ -243,3 +244,14 @@ def test_a_subscriber_on_a_thousand_partitions_costs_one_push_thread(url):
             assert sorted(m.id for m in listener.messages) == sorted(ids)
             push = [t.name for t in threading.enumerate() if t.name.startswith("hqueue-push")]
             assert push == ["hqueue-push-wide-s"]
+
+
+def test_a_second_live_instance_of_a_subscriber_is_refused(queue):
+    with queue.create_subscriber(Subscription("s"), [Collect()]) as first:
+        second = queue.create_subscriber(Subscription("s"), [Collect()], takeover_timeout=1.0)
+        with pytest.raises(SubscriberActive, match=f"attached at {first.address}"):
+            second.start()
+        assert not second.started
+    # Once the first leaves, a new instance takes the name at once
+    with queue.create_subscriber(Subscription("s"), [Collect()], takeover_timeout=1.0) as third:
+        assert third.started

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from ..errors import SubscriberActive
 from ..storage import Storage
 from .registry import Registration, SubscriberExists, SubscriberNotFound, SubscriberRegistry
 
@@ -82,7 +83,13 @@ class StoreRegistry(SubscriberRegistry):
     def heartbeat(self, queue: str, name: str, address: str, topics: frozenset[bytes] | None) -> None:
         self._stored(queue, name)
         previous = self._presence.get((queue, name))
-        self._presence[(queue, name)] = (address, topics, time.monotonic())
+        now = time.monotonic()
+        if previous is not None and previous[0] != address and now - previous[2] < self.presence_timeout:
+            raise SubscriberActive(
+                f"subscriber {name!r} on {queue!r} is attached at {previous[0]}; a second instance is refused "
+                f"(if that one died, its presence lapses within {self.presence_timeout:g}s)"
+            )
+        self._presence[(queue, name)] = (address, topics, now)
         if previous is None or previous[:2] != (address, topics):
             self.changed()
 

@@ -28,7 +28,7 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 from kazoo.retry import ForceRetryError
 
-from ..errors import CoordinationError
+from ..errors import CoordinationError, SubscriberActive
 from .registry import (
     Registration,
     SubscriberExists,
@@ -190,6 +190,13 @@ class ZooKeeperPresence:
     def _announce(self) -> None:
         if not self.client.exists(self.path):
             raise CoordinationError(f"{self.path} does not exist: register the subscriber first (add_subscriber)")
+        stat = self.client.exists(f"{self.path}/address")
+        if stat is not None and stat.ephemeralOwner != self.client.client_id[0]:
+            holder = self.client.get(f"{self.path}/address")[0].decode("utf-8", "replace")
+            raise SubscriberActive(
+                f"subscriber {self.path} is attached at {holder} (a live ZooKeeper session); a second instance "
+                "is refused (if that one died, its session expires within the session timeout)"
+            )
         for child, data in (
             ("topics", json.dumps(encode_topics(self.topics)).encode()),
             ("address", self.address.encode()),

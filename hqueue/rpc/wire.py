@@ -125,7 +125,7 @@ def to_thrift_error(e: Exception) -> Exception:
         return T.TNotAuthorized(message=text)
     if isinstance(e, errors.NotPartitionOwner):
         return T.TNotPartitionOwner(message=text, owner=e.owner or "")
-    if isinstance(e, (errors.InvalidArgument, errors.QueueEnabled, ValueError, TypeError)):
+    if isinstance(e, (errors.InvalidArgument, errors.QueueEnabled, errors.SubscriberActive, ValueError, TypeError)):
         return T.TInvalidMessage(message=f"{type(e).__name__}: {text}")
     return T.TIOError(message=f"{type(e).__name__}: {text}")
 
@@ -152,6 +152,7 @@ def from_thrift_error(e: Exception, queue: str | None = None, partition_id: int 
             "InvalidPartition": errors.InvalidPartition,
             "InvalidQueueName": errors.InvalidQueueName,
             "InvalidArgument": errors.InvalidArgument,
+            "SubscriberActive": errors.SubscriberActive,
             "ValueError": errors.InvalidArgument,
         }.get(kind, errors.InvalidMessage)
         if kind == "QueueEnabled" and queue:

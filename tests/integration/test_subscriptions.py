@@ -111,3 +111,24 @@ def test_a_killed_servers_partitions_resume_from_the_checkpoints(cluster, tmp_pa
         wait_for(lambda: owners(f"hqueue://{b.address}") == [b.address] * PARTITIONS, 30, "b to own all")
 
     deliver_through(cluster, tmp_path, kill_a_server, "server kill -9")
+
+
+def test_a_second_live_instance_is_refused_in_zookeeper_mode(cluster):
+    from hqueue import HQueue, HQueueAdmin, SubscriberActive
+    from hqueue.subscriber import MessageListener, Subscription
+
+    class Nothing(MessageListener):
+        def on_messages(self, messages):
+            pass
+
+    a = cluster("a")
+    url = f"hqueue://{a.address}"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("orders", 2)
+    with HQueue("orders", url) as queue:
+        with queue.create_subscriber(Subscription("s"), [Nothing()]):
+            second = queue.create_subscriber(Subscription("s"), [Nothing()], takeover_timeout=1.0)
+            with pytest.raises(SubscriberActive, match="live ZooKeeper session"):
+                second.start()
+        with queue.create_subscriber(Subscription("s"), [Nothing()], takeover_timeout=5.0) as again:
+            assert again.started

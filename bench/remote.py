@@ -10,7 +10,7 @@ embedded store) and Redis (``appendonly yes``, ``appendfsync everysec``).
 For each batch size (1, 100, 1000; 100-byte messages), it times hqueue puts
 (SYNC_WAL: fsync per batch; ASYNC_WAL: like Redis's everysec) and redis-py
 pipelined XADDs; then reading everything back, hqueue through
-messageScannerGetList (caching 1000) and Redis through XRANGE COUNT 1000;
+messageScannerGetPacked (caching 1000; puts go as putPacked) and Redis through XRANGE COUNT 1000;
 then the round trip of one single put (p50/p99) on both.
 """
 
@@ -153,7 +153,7 @@ def main() -> None:
                 count = hqueue_read(queue)
             redis_read(r, name)
             redis_seconds = min(timed(redis_read, r, name) for _ in range(3))
-            rows.append({"op": "read all", "hqueue": "GetList 1000", "messages": count,
+            rows.append({"op": "read all", "hqueue": "GetPacked 1000", "messages": count,
                          "hqueue_msgs_s": count / seconds, "redis_msgs_s": count / redis_seconds,
                          "ratio": redis_seconds / seconds})  # fmt: skip
             for durability in (Durability.SYNC_WAL, Durability.ASYNC_WAL):

@@ -15,19 +15,22 @@ import logging
 import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict
+from operator import add
 from typing import Any
 
 from .config import MAX_TOPIC_BYTES, InfoCache, QueueInfo
 from .errors import InvalidMessage, InvalidPartition, MessageTooLarge, QueueEnabled
-from .ids import IDAllocator
+from .ids import IDAllocator, consecutive, runs
 from .message import (
     MAX_SEQUENCE,
     ROWKEY_LENGTH,
     Message,
     MessageID,
+    cell_keys,
     decode_rowkey,
     messages_from_cells,
-    partition_prefix,
+    topics_of,
+    values_of,
 )
 from .scanner import KeyRangeCursor, Scan
 from .storage import Storage, normalize_url, open_storage
@@ -197,17 +200,30 @@ class Engine:
         """
         info = self.enabled_queue(name)
         check_partition(info, partition_id)
-        check_messages(info, messages)
-        prefix = partition_prefix(partition_id)
-        with self._partition_lock(name, partition_id):
+        first = self._write(info, partition_id, *message_columns(info, messages))
+        return consecutive(first, len(messages))
+
+    def put_columns(self, name: str, topics: Sequence[bytes], values: Sequence[bytes], partition_id: int) -> MessageID:
+        """:meth:`put` for a batch given as its topics and its values (the packed wire path).
+
+        Returns the first ID; the batch has the ``len(topics)`` IDs from it on
+        (:func:`hqueue.ids.consecutive`).
+        """
+        info = self.enabled_queue(name)
+        check_partition(info, partition_id)
+        check_columns(info, topics, values)
+        return self._write(info, partition_id, topics, values)
+
+    def _write(self, info: QueueInfo, partition_id: int, topics: Sequence[bytes], values: Sequence[bytes]) -> MessageID:
+        with self._partition_lock(info.name, partition_id):
             # Allocation and write happen under one lock so rows become
             # visible in ID order: subscribers and tailing scanners rely on it.
-            ids = self._allocator(info, partition_id).allocate(len(messages))
-            cells = [(prefix + i.to_bytes() + m[1][ROWKEY_LENGTH:], m[2]) for i, m in zip(ids, messages, strict=False)]
-            self.storage.write(name, cells, info.durability)
+            first = self._allocator(info, partition_id).reserve(len(topics))
+            cells = list(zip(cell_keys(partition_id, runs(first, len(topics)), topics), values, strict=False))
+            self.storage.write(info.name, cells, info.durability)
         for listener in self._write_listeners:
-            listener(name, partition_id)
-        return ids
+            listener(info.name, partition_id)
+        return first
 
     # -- reads ----------------------------------------------------------------
 
@@ -242,18 +258,47 @@ def check_partition(info: QueueInfo, partition_id: object) -> int:
     return partition_id
 
 
-def check_messages(info: QueueInfo, messages: Sequence[Message]) -> None:
-    """Reject a batch before anything is written: empty, wrong types, too large."""
+def check_columns(info: QueueInfo, topics: Sequence[bytes], values: Sequence[bytes]) -> None:
+    """Reject a batch given as topics and values: empty, or a size out of bounds (checked in C)."""
+    if not topics or len(topics) != len(values):
+        raise InvalidMessage("a put needs at least one message, and as many values as topics")
+    topic_sizes = list(map(len, topics))
+    sizes = list(map(add, topic_sizes, map(len, values)))
+    if min(topic_sizes) > 0 and max(topic_sizes) <= MAX_TOPIC_BYTES and max(sizes) <= info.max_message_bytes:
+        return
+    for index, (topic_size, size) in enumerate(zip(topic_sizes, sizes, strict=True)):  # say which one
+        _check_sizes(info, index, topic_size, size)
+
+
+def _check_sizes(info: QueueInfo, index: int, topic_size: int, size: int) -> None:
+    if not topic_size:
+        raise InvalidMessage(f"message {index} needs a non-empty topic")
+    if topic_size > MAX_TOPIC_BYTES:
+        raise InvalidMessage(f"message {index} has a topic over {MAX_TOPIC_BYTES} bytes")
+    if size > info.max_message_bytes:
+        raise MessageTooLarge(
+            f"message {index} is {size} bytes; queue {info.name!r} takes at most {info.max_message_bytes} "
+            "(topic + value)"
+        )
+
+
+def message_columns(info: QueueInfo, messages: Sequence[Message]) -> tuple[list[bytes], list[bytes]]:
+    """A batch's topics and values, once it is checked: not empty, Message objects, sizes in bounds.
+
+    Raises:
+        InvalidMessage, MessageTooLarge, TypeError: naming the first bad message.
+    """
+    if len(messages) == 1:  # an unbatched put: fewer calls than the batch path below
+        message = messages[0]
+        if type(message) is Message:
+            topic, value = message[1][ROWKEY_LENGTH:], message[2]
+            _check_sizes(info, 0, len(topic), len(topic) + len(value))
+            return [topic], [value]
     if not messages:
         raise InvalidMessage("a put needs at least one message")
-    limit = info.max_message_bytes
-    for index, message in enumerate(messages):
-        if type(message) is not Message:
-            raise TypeError(f"message {index} must be a Message, not {type(message).__name__}")
-        size = len(message[1]) - ROWKEY_LENGTH + len(message[2])
-        if size > limit:
-            raise MessageTooLarge(
-                f"message {index} is {size} bytes; queue {info.name!r} takes at most {limit} (topic + value)"
-            )
-        if len(message[1]) - ROWKEY_LENGTH > MAX_TOPIC_BYTES:
-            raise InvalidMessage(f"message {index} has a topic over {MAX_TOPIC_BYTES} bytes")
+    if set(map(type, messages)) != {Message}:
+        index, bad = next((i, m) for i, m in enumerate(messages) if type(m) is not Message)
+        raise TypeError(f"message {index} must be a Message, not {type(bad).__name__}")
+    topics, values = topics_of(messages), values_of(messages)
+    check_columns(info, topics, values)
+    return topics, values

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from itertools import repeat
 
 from .errors import InvalidArgument
 from .message import MAX_SEQUENCE, MessageID
@@ -56,18 +57,47 @@ class IDAllocator:
 
     def allocate(self, count: int = 1) -> list[MessageID]:
         """``count`` consecutive IDs, each greater than every earlier one."""
+        return consecutive(self.reserve(count), count)
+
+    def reserve(self, count: int) -> MessageID:
+        """Take ``count`` consecutive IDs (see :func:`consecutive`); return the first."""
         if count < 1:
             raise InvalidArgument(f"'count' must be >= 1, got {count}")
         now = self._clock()
         ts, seq = self._ts, self._seq
         if now > ts:
             ts, seq = now, -1
-        ids = []
-        new = tuple.__new__
-        for _ in range(count):
-            seq += 1
-            if seq > MAX_SEQUENCE:
-                ts, seq = ts + 1, 0
-            ids.append(new(MessageID, (ts, seq)))
-        self._ts, self._seq = ts, seq
-        return ids
+        seq += 1
+        if seq > MAX_SEQUENCE:
+            ts, seq = ts + 1, 0
+        first = tuple.__new__(MessageID, (ts, seq))
+        last = seq + count - 1  # as consecutive() counts: MAX_SEQUENCE + 1 IDs per millisecond
+        self._ts, self._seq = ts + last // (MAX_SEQUENCE + 1), last % (MAX_SEQUENCE + 1)
+        return first
+
+
+def runs(first: MessageID, count: int) -> list[tuple[int, range]]:
+    """The IDs of a batch as (timestamp, sequences) runs of one millisecond each.
+
+    The sequence counts up from ``first``; past MAX_SEQUENCE it goes on at 0
+    in the next millisecond.
+    """
+    timestamp, sequence = first
+    if sequence + count <= MAX_SEQUENCE + 1:
+        return [(timestamp, range(sequence, sequence + count))]
+    out = []
+    while count > 0:
+        run = min(count, MAX_SEQUENCE + 1 - sequence)
+        out.append((timestamp, range(sequence, sequence + run)))
+        count -= run
+        timestamp, sequence = timestamp + 1, 0
+    return out
+
+
+def consecutive(first: MessageID, count: int) -> list[MessageID]:
+    """``count`` IDs from ``first`` on, as an allocator hands them out in one batch (built in C)."""
+    ids: list[MessageID] = []
+    new = tuple.__new__
+    for timestamp, sequences in runs(first, count):
+        ids += map(new, repeat(MessageID), zip(repeat(timestamp), sequences))
+    return ids

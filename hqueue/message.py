@@ -17,9 +17,11 @@ Python frame per message; the tuple layout is an implementation detail.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from functools import partial
-from operator import itemgetter
+from itertools import chain, repeat
+from operator import add, getitem, itemgetter
 from typing import NamedTuple
 
 from .errors import InvalidArgument, InvalidMessage
@@ -244,6 +246,37 @@ def messages_from_cells(cells: list[tuple[bytes, bytes]]) -> list[Message]:
     if not cells:
         return []
     keys, values = zip(*cells, strict=False)
+    return messages_from_columns(keys, values)
+
+
+def cell_keys(partition_id: int, id_runs: Sequence[tuple[int, range]], topics: Iterable[bytes]) -> list[bytes]:
+    """The cell key (rowkey + topic) of each message written to ``partition_id``, built in C.
+
+    ``id_runs``: the batch's IDs as :func:`hqueue.ids.runs` gives them.
+    """
+    if len(id_runs) == 1:
+        timestamp, sequences = id_runs[0]
+        return list(map(add, map(_ROWKEY.pack, repeat(partition_id), repeat(timestamp), sequences), topics))
+    rowkeys = chain.from_iterable(
+        map(_ROWKEY.pack, repeat(partition_id), repeat(timestamp), sequences) for timestamp, sequences in id_runs
+    )
+    return list(map(add, rowkeys, topics))
+
+
+def topics_of(messages: Sequence[Message]) -> list[bytes]:
+    """The topic of each message (the cell key after its rowkey), in C."""
+    return list(map(getitem, map(_CELL_KEY, messages), repeat(_TOPIC)))
+
+
+def values_of(messages: Sequence[Message]) -> list[bytes]:
+    return list(map(_VALUE, messages))
+
+
+_CELL_KEY, _VALUE, _TOPIC = itemgetter(1), itemgetter(2), slice(ROWKEY_LENGTH, None)
+
+
+def messages_from_columns(keys: Sequence[bytes], values: Sequence[bytes]) -> list[Message]:
+    """:func:`messages_from_cells` for the cell keys and the values given apart."""
     return list(map(_build, zip(map(_sort_key, keys), keys, values, strict=False)))
 
 

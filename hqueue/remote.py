@@ -37,6 +37,7 @@ import urllib.parse
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
+from operator import add
 from typing import Any
 
 from thriftpy2.protocol import TBinaryProtocolFactory
@@ -44,10 +45,11 @@ from thriftpy2.thrift import TClient, TException
 from thriftpy2.transport import TFramedTransportFactory, TSocket, TSSLSocket, TTransportException
 
 from .config import InfoCache, QueueInfo, QueueState
-from .engine import check_messages
+from .engine import message_columns
 from .errors import HQueueError, InvalidArgument, NoPartitionOwner, NotPartitionOwner, OutcomeUnknown, ServerUnavailable
-from .message import Message, MessageID
-from .rpc import wire
+from .ids import consecutive
+from .message import Message, MessageID, messages_from_columns
+from .rpc import packed, wire
 from .scanner import Scan
 
 logger = logging.getLogger(__name__)
@@ -167,6 +169,20 @@ class _NotSent(Exception):
     def __init__(self, cause: Exception) -> None:
         super().__init__(str(cause))
         self.cause = cause
+
+
+def _batches(topics: list[bytes], values: list[bytes]) -> Iterator[tuple[int, int]]:
+    """(start, stop) of each put call: at most MAX_PUT_BATCH messages and about MAX_PUT_BYTES."""
+    if len(topics) <= wire.MAX_PUT_BATCH and sum(map(len, values)) + sum(map(len, topics)) <= wire.MAX_PUT_BYTES:
+        yield 0, len(topics)  # the common case, decided in C
+        return
+    start, size = 0, 0
+    for index, message_size in enumerate(map(add, map(len, topics), map(len, values))):
+        if index > start and (index - start >= wire.MAX_PUT_BATCH or size + message_size > wire.MAX_PUT_BYTES):
+            yield start, index
+            start, size = index, 0
+        size += message_size
+    yield start, len(topics)
 
 
 #: Calls that change nothing, so a retry after a failure mid-call is safe.
@@ -350,15 +366,14 @@ class RemoteEngine:
     def put(self, name: str, messages: Sequence[Message], partition_id: int) -> list[MessageID]:
         """Write to the partition's owner, following moves until ``owner_timeout``."""
         # Check here too, so a bad batch fails at once, with the argument named.
-        check_messages(self.enabled_queue(name), messages)
-        if len(messages) > wire.MAX_PUT_BATCH:  # the server's frame limits bound one call
-            step = wire.MAX_PUT_BATCH
-            return [
-                i
-                for at in range(0, len(messages), step)
-                for i in self.put(name, messages[at : at + step], partition_id)
-            ]
-        tmessages = [wire.T.TMessage(topic=m.topic, value=m.value) for m in messages]
+        topics, values = message_columns(self.enabled_queue(name), messages)
+        ids: list[MessageID] = []
+        for start, stop in _batches(topics, values):
+            ids += self._put_packed(name, partition_id, topics[start:stop], values[start:stop])
+        return ids
+
+    def _put_packed(self, name: str, partition_id: int, topics: list[bytes], values: list[bytes]) -> list[MessageID]:
+        blob = packed.pack(topics, values)
         deadline = time.monotonic() + self.owner_timeout
         delay, fresh, maybe_sent = 0.02, False, False
         while True:
@@ -366,10 +381,8 @@ class RemoteEngine:
                 locations = self.locations(name, fresh=fresh)
                 owner = locations[partition_id] if partition_id < len(locations) else ""
                 if owner:
-                    ids = self._call_at(
-                        owner, "putMessagesWithPid", name, partition_id, tmessages, queue=name, pid=partition_id
-                    )
-                    return [wire.from_tid(i) for i in ids]
+                    result = self._call_at(owner, "putPacked", name, partition_id, blob, queue=name, pid=partition_id)
+                    return consecutive(wire.from_tid(result.firstID), result.count)
                 problem: HQueueError = NotPartitionOwner(name, partition_id, None)
             except (NotPartitionOwner, ServerUnavailable) as e:
                 problem = e
@@ -377,7 +390,7 @@ class RemoteEngine:
             if time.monotonic() >= deadline:
                 if maybe_sent:
                     raise OutcomeUnknown(
-                        f"put of {len(messages)} message(s) to {name!r} partition {partition_id}: a request was "
+                        f"put of {len(topics)} message(s) to {name!r} partition {partition_id}: a request was "
                         f"sent but no answer came within {self.owner_timeout:g}s; the messages may have been "
                         f"written: {problem}"
                     ) from problem
@@ -441,12 +454,12 @@ class RemoteCursor:
             self._pool.give_back(connection, broken)
 
     def fetch(self) -> list[Message]:
-        tmessages = self._call("messageScannerGetList", self.scanner_id, self.caching)
+        blob = self._call("messageScannerGetPacked", self.scanner_id, self.caching)
+        keys, values = packed.unpack(blob)
         # A short reply is the end, unless the server cut it at its byte limit.
-        size = sum(len(t.topic) + len(t.value) for t in tmessages)
-        if len(tmessages) < self.caching and size < wire.SCAN_REPLY_BYTES:
+        if len(keys) < self.caching and packed.payload_bytes(blob) < wire.SCAN_REPLY_BYTES:
             self.close()
-        return [wire.from_stored_tmessage(t) for t in tmessages]
+        return messages_from_columns(keys, values)
 
     def close(self) -> None:
         if not self.done:

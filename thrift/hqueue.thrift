@@ -71,6 +71,13 @@ struct TPartitionStart {
   2: optional TMessageID startID
 }
 
+// What putPacked wrote: count IDs from firstID on, as the allocator gives them
+// (the sequence counts up; past 32767 it goes on at 0 in the next millisecond).
+struct TPutResult {
+  1: TMessageID firstID,
+  2: i32 count
+}
+
 exception TQueueNotFound {
   1: string message,
   2: string queue
@@ -132,7 +139,19 @@ service HQueueService {
   void messageScannerClose(1: i32 scannerID)
       throws (1: TInvalidMessage invalid, 2: TIOError io, 3: TNotAuthorized denied)
 
+  // A batch as one binary blob, the fast path (hqueue/rpc/packed.py): a u32
+  // count, count u32 key lengths, count u32 value lengths (little-endian), then
+  // the keys, then the values. Up to nbMessages; an empty batch at the end.
+  // Each key is the message's 12-byte rowkey (i16 partition, i64 timestamp,
+  // i16 sequence, big-endian) followed by its topic.
+  binary messageScannerGetPacked(1: i32 scannerID, 2: i32 nbMessages)
+      throws (1: TInvalidMessage invalid, 2: TIOError io, 3: TNotAuthorized denied)
+
   // -- puts: the server assigns IDs and returns them
+  // The packed layout above, with topics as keys; all to one partition.
+  TPutResult putPacked(1: string queue, 2: i16 partitionID, 3: binary messages)
+      throws (1: TQueueNotFound notFound, 2: TQueueDisabled disabled, 3: TInvalidMessage invalid,
+              4: TNotPartitionOwner notOwner, 5: TIOError io, 6: TNotAuthorized denied)
   TMessageID putMessage(1: string queue, 2: TMessage message)
       throws (1: TQueueNotFound notFound, 2: TQueueDisabled disabled, 3: TInvalidMessage invalid,
               4: TNotPartitionOwner notOwner, 5: TIOError io, 6: TNotAuthorized denied)

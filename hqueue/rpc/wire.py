@@ -25,6 +25,8 @@ MAX_SCAN_BATCH = 10_000
 SCAN_REPLY_BYTES = 16 * 1024 * 1024
 #: The most messages one put call carries; the client splits bigger batches.
 MAX_PUT_BATCH = 10_000
+#: About the most bytes (topics and values) one put call carries (frames stay far below 64 MiB).
+MAX_PUT_BYTES = 16 * 1024 * 1024
 _ROWKEY = struct.Struct(">HQH")
 
 

@@ -128,13 +128,14 @@ class HQueueServer:
 
     def serve_forever(self) -> None:
         """Serve until SIGTERM or SIGINT, then shut down cleanly."""
+        signalled = []
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self._stopped.set())
+            # Only a flag: the handler runs inside whatever the main thread is
+            # doing, and setting an Event it waits on deadlocks on the Event's lock.
+            signal.signal(sig, lambda number, frame: signalled.append(number))
         self.start()
-        # Wake up now and then: a signal that lands on another thread only runs
-        # its Python handler once the main thread runs Python code again.
-        while not self._stopped.wait(0.5):
-            pass
+        while not signalled and not self._stopped.is_set():
+            time.sleep(0.2)
         self.stop()
 
     def stop(self, grace: float = 10.0) -> None:

@@ -21,7 +21,7 @@ from ..coordination import Coordinator
 from ..engine import Engine, check_partition
 from ..errors import HQueueError, InvalidArgument, NotAuthorized, NotPartitionOwner
 from ..message import MessageID
-from ..rpc import wire
+from ..rpc import packed, wire
 from ..rpc.threaded import current_connection
 from ..scanner import PartitionScanner
 from .scanners import ScannerRegistry
@@ -165,6 +165,11 @@ class HQueueHandler:
         return wire.to_tmessages(self.scanners.take(scannerID, nbMessages, owner=self._connection_id()))
 
     @_served("connected", None)
+    def messageScannerGetPacked(self, scannerID: int, nbMessages: int) -> bytes:
+        messages = self.scanners.take(scannerID, nbMessages, owner=self._connection_id())
+        return packed.pack([m[1] for m in messages], [m[2] for m in messages])
+
+    @_served("connected", None)
     def messageScannerClose(self, scannerID: int) -> None:
         self.scanners.close(scannerID, owner=self._connection_id())
 
@@ -174,6 +179,11 @@ class HQueueHandler:
         if not isinstance(tmessages, list):
             raise TypeError("'messages' must be a list of TMessage")
         messages = [wire.from_tmessage(t, i) for i, t in enumerate(tmessages)]
+        partition_id = self._writable_partition(queue, partition_id)
+        return self.engine.put(queue, messages, partition_id)
+
+    def _writable_partition(self, queue: str, partition_id: int | None) -> int:
+        """The partition to write to (a random owned one for None), if this server owns it now."""
         info = self.engine.enabled_queue(queue)
         if partition_id is None:
             owned = self.coordinator.owned(queue, info.partitions)
@@ -185,7 +195,13 @@ class HQueueHandler:
             raise NotPartitionOwner(queue, partition_id, None)
         if not self.coordinator.owns(queue, partition_id):
             raise NotPartitionOwner(queue, partition_id, self.coordinator.owner(queue, partition_id))
-        return self.engine.put(queue, messages, partition_id)
+        return partition_id
+
+    @_served("producer")
+    def putPacked(self, queue: str, partitionID: int, messages: bytes) -> Any:
+        topics, values = packed.unpack(messages)
+        first = self.engine.put_columns(queue, topics, values, self._writable_partition(queue, partitionID))
+        return wire.T.TPutResult(firstID=wire.to_tid(first), count=len(topics))
 
     @_served("producer")
     def putMessage(self, queue: str, message: Any) -> Any:

@@ -29,12 +29,13 @@ class Record(MessageListener):
 
 
 def main(url: str, queue_name: str, name: str, path: str) -> None:
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signalled: list[int] = []  # a flag: setting an Event the main thread waits on can deadlock
+    signal.signal(signal.SIGTERM, lambda number, frame: signalled.append(number))
     with HQueue(queue_name, url) as queue:
         subscriber = queue.create_subscriber(Subscription(name), [Record(path)]).start()
         print("SUBSCRIBED", subscriber.address, flush=True)
-        stop.wait()
+        while not signalled:
+            time.sleep(0.1)
         subscriber.stop("SIGTERM")
 
 

@@ -5,16 +5,19 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .config import DEFAULT_MAX_MESSAGE_BYTES, Durability, QueueInfo, QueueState, validate_queue_name
 from .connection import Connected
 from .errors import QueueNotFound
 from .message import MessageID, _as_topic
 from .queue import as_message_id
-from .remote import RemoteEngine
 
 __all__ = ["HQueueAdmin"]
+
+
+if TYPE_CHECKING:
+    from .remote import RemoteEngine
 
 
 class HQueueAdmin(Connected):
@@ -137,17 +140,17 @@ class HQueueAdmin(Connected):
         encoded = frozenset(_as_topic(t) for t in topics) if topics is not None else None
         self._server().add_subscriber(queue, name, encoded, starts)
 
-    def delete_subscriber(self, name: str, queue: str) -> None:
-        """Forget a subscriber and its checkpoints (the seed's argument order)."""
-        self._server().delete_subscriber(name, queue)
+    def delete_subscriber(self, queue: str, name: str) -> None:
+        """Forget a subscriber and its checkpoints (queue first, as every admin call)."""
+        self._server().delete_subscriber(queue, name)
 
     def list_subscribers(self, queue: str) -> list[str]:
         return self._server().list_subscribers(queue)
 
-    def describe_subscriber(self, name: str, queue: str) -> dict[str, Any]:
+    def describe_subscriber(self, queue: str, name: str) -> dict[str, Any]:
         """Address (None while away), topics, per-partition checkpoints and lag
         in messages (counted up to 100,000) and in milliseconds."""
-        return self._server().describe_subscriber(name, queue)
+        return self._server().describe_subscriber(queue, name)
 
     def set_checkpoint(
         self, queue: str, name: str, partition: int | str | None, position: MessageID | datetime | int

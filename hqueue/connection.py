@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
-from .engine import Engine
+from .engine import Engine, EngineAPI
 from .errors import HQueueError, InvalidArgument
-from .remote import RemoteEngine
 from .storage import default_url
+
+if TYPE_CHECKING:
+    from .remote import RemoteEngine
 
 
 def resolve_url(url: str | None, data_dir: str | os.PathLike[str] | None) -> str:
@@ -27,13 +30,16 @@ def resolve_url(url: str | None, data_dir: str | os.PathLike[str] | None) -> str
 
 def acquire_engine(
     url: str | None, data_dir: str | os.PathLike[str] | None, token: str | None = None, timeout: float | None = None
-) -> Engine | RemoteEngine:
+) -> EngineAPI:
     """The process's shared engine for that store, or a client of hqueue servers.
 
-    ``token`` and ``timeout`` apply to hqueue servers only.
+    ``token`` and ``timeout`` apply to hqueue servers only. The client (and
+    thriftpy2 with it) is imported only when a URL names servers.
     """
     url = resolve_url(url, data_dir)
     if url.startswith("hqueue://"):
+        from .remote import RemoteEngine
+
         return RemoteEngine(url, token=token, timeout=timeout)
     if token is not None or timeout is not None:
         raise InvalidArgument("'token' and 'timeout' are for hqueue:// servers, not an in-process store")
@@ -50,19 +56,19 @@ class Connected:
         token: str | None = None,
         timeout: float | None = None,
     ) -> None:
-        self._engine: Engine | RemoteEngine | None = acquire_engine(url, data_dir, token, timeout)
+        self._engine: EngineAPI | None = acquire_engine(url, data_dir, token, timeout)
 
     @property
-    def engine(self) -> Engine | RemoteEngine:
+    def engine(self) -> EngineAPI:
         if self._engine is None:
             raise RuntimeError(f"{type(self).__name__} is closed")
         return self._engine
 
     def remote(self, what: str) -> RemoteEngine:
         """The client of hqueue servers; raises HQueueError for a local store."""
-        if not isinstance(self.engine, RemoteEngine):
+        if not self.engine.serves_subscriptions:
             raise HQueueError(f"{what}: run `hqueue server` and connect with url='hqueue://host:port'")
-        return self.engine
+        return self.engine  # type: ignore[return-value]  # the one engine that serves subscriptions
 
     @property
     def url(self) -> str:

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict
 from operator import add
-from typing import Any
+from typing import Any, Protocol
 
 from .config import MAX_TOPIC_BYTES, InfoCache, QueueInfo
 from .errors import InvalidMessage, InvalidPartition, MessageTooLarge, QueueEnabled
@@ -39,6 +39,29 @@ from .storage.base import forget_id_floor, read_id_floor
 logger = logging.getLogger(__name__)
 
 
+class EngineAPI(Protocol):
+    """What HQueue and HQueueAdmin need from an engine: :class:`Engine` (a store in
+    this process) or :class:`~hqueue.remote.RemoteEngine` (hqueue servers)."""
+
+    #: Whether push subscriptions can be registered and run (hqueue servers only, for now).
+    serves_subscriptions: bool
+
+    @property
+    def url(self) -> str: ...
+
+    def queue_info(self, name: str, *, fresh: bool = False) -> QueueInfo: ...
+    def enabled_queue(self, name: str) -> QueueInfo: ...
+    def create_queue(self, info: QueueInfo) -> None: ...
+    def set_state(self, name: str, state: str) -> QueueInfo: ...
+    def truncate_queue(self, name: str) -> None: ...
+    def delete_queue(self, name: str) -> None: ...
+    def list_queues(self) -> list[QueueInfo]: ...
+    def describe_queue(self, name: str) -> dict[str, Any]: ...
+    def put(self, name: str, messages: Sequence[Message], partition_id: int) -> list[MessageID]: ...
+    def open_cursor(self, queue: str, partition_id: int, scan: Scan, caching: int) -> Any: ...
+    def release(self) -> None: ...
+
+
 class Engine:
     """ID assignment, validation, writes and scans over one store.
 
@@ -46,6 +69,7 @@ class Engine:
         storage: The backend to use; the engine closes it on :meth:`close`.
     """
 
+    serves_subscriptions = False
     _registry: dict[str, Engine] = {}
     _registry_lock = threading.Lock()
 

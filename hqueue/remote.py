@@ -192,7 +192,7 @@ _READS = frozenset(
 
 
 class RemoteEngine:
-    """The engine API over hqueue servers.
+    """The engine API (:class:`~hqueue.engine.EngineAPI`) over hqueue servers.
 
     Args:
         url: ``hqueue://[TOKEN@]host:port[,host:port…][?timeout=S&tls=1&ca=FILE]``.
@@ -201,6 +201,8 @@ class RemoteEngine:
             owner (failover, rebalance) before it fails.
         token: The token to authenticate with (default: the URL's, or ``$HQUEUE_TOKEN``).
     """
+
+    serves_subscriptions = True
 
     def __init__(
         self, url: str, *, timeout: float | None = None, owner_timeout: float = 30.0, token: str | None = None
@@ -328,13 +330,13 @@ class RemoteEngine:
             ]
         self._call("addSubscriber", queue, name, sorted(topics) if topics is not None else None, starts, queue=queue)
 
-    def delete_subscriber(self, name: str, queue: str) -> None:
+    def delete_subscriber(self, queue: str, name: str) -> None:
         self._call("deleteSubscriber", name, queue, queue=queue)
 
     def list_subscribers(self, queue: str) -> list[str]:
         return list(self._call("listSubscribers", queue, queue=queue))
 
-    def describe_subscriber(self, name: str, queue: str) -> dict[str, Any]:
+    def describe_subscriber(self, queue: str, name: str) -> dict[str, Any]:
         t = self._call("describeSubscriber", name, queue, queue=queue)
         return {
             "name": name,

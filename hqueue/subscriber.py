@@ -37,14 +37,13 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .coordination.zk_registry import ZooKeeperPresence
 from .errors import HQueueError, InvalidArgument, SubscriberActive
 from .message import Message, MessageID, _as_topic
-from .rpc import wire
-from .rpc.threaded import ListeningSocket, ThreadedServer
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # Thrift and kazoo load when a subscriber starts, not with hqueue
+    from .coordination.zk_registry import ZooKeeperPresence
     from .remote import RemoteEngine
+    from .rpc.threaded import ThreadedServer
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +114,8 @@ class _ConsumeHandler:
             # so the batch stays undelivered and comes to the next instance.
             return FAILED
         try:
+            from .rpc import wire
+
             batch = [wire.from_stored_tmessage(t) for t in messages]
             for listener in self.subscriber.listeners:
                 listener.on_messages(batch)
@@ -165,6 +166,9 @@ class Subscriber:
         if self.started:
             return self
         self.state = SubscriberState.STARTED  # before the port opens: batches may come at once
+        from .rpc import wire
+        from .rpc.threaded import ListeningSocket, ThreadedServer
+
         socket = ListeningSocket.bound(self.host, self.port)
         self.port = socket.bound_port
         self._server = ThreadedServer(wire.T.HQueueSubscriberService, _ConsumeHandler(self), socket)
@@ -174,6 +178,8 @@ class Subscriber:
             self.engine.add_subscriber(self.queue, self.name, topics, self.subscription.partitions)
             coordination = self.engine.coordination()
             if coordination.startswith("zk:"):
+                from .coordination.zk_registry import ZooKeeperPresence
+
                 self._presence = ZooKeeperPresence(coordination[3:], self.queue, self.name, self.address, topics)
                 self._take_over(self._presence.start)
             else:

@@ -374,4 +374,4 @@ def test_subscriber_calls_on_a_missing_queue_are_queue_not_found(server):
         with pytest.raises(QueueNotFound):
             admin.set_checkpoint("missing", "s", None, MessageID(1))
         with pytest.raises(QueueNotFound):
-            admin.delete_subscriber("s", "missing")
+            admin.delete_subscriber("missing", "s")

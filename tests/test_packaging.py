@@ -21,3 +21,10 @@ def test_install_with_target_finds_the_thrift_idl(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(str(target))
+
+
+def test_import_hqueue_loads_neither_thrift_nor_kazoo():
+    """The embedded API pays for what it uses: the client, the server and ZooKeeper load on demand."""
+    code = "import sys, hqueue; print(sorted(m for m in ('thriftpy2', 'kazoo', 'hqueue.server') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

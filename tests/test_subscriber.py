@@ -146,7 +146,7 @@ def test_a_stopped_subscriber_resumes_from_its_checkpoint(queue, url):
     with HQueueAdmin(url) as admin:
         # the address goes at once; the last checkpoint is saved as the worker stops
         def away_with_one_waiting():
-            described = admin.describe_subscriber("s1", "events")
+            described = admin.describe_subscriber("events", "s1")
             return described["address"] is None and described["lag_messages"][5] == 1
 
         wait_for(away_with_one_waiting, 10, "away, with one message waiting")
@@ -164,7 +164,7 @@ def test_set_checkpoint_replays_from_a_time(queue, url):
             admin.set_checkpoint("events", "s1", 6, first[0])
             wait_for(lambda: len(listener.messages) >= 4, 10, "replay")
             # saved within the checkpoint interval (1 s)
-            wait_for(lambda: admin.describe_subscriber("s1", "events")["checkpoints"][6] > first[1], 10, "a save")
+            wait_for(lambda: admin.describe_subscriber("events", "s1")["checkpoints"][6] > first[1], 10, "a save")
     assert listener.values()[:4] == [b"a", b"b", b"a", b"b"]
 
 
@@ -177,11 +177,11 @@ def test_bad_subscriber_input_is_rejected_clearly(queue, url, tmp_path):
         queue.create_subscriber(Subscription("s"), [print])
     with HQueueAdmin(url) as admin:
         with pytest.raises(SubscriberNotFound):
-            admin.describe_subscriber("ghost", "events")
+            admin.describe_subscriber("events", "ghost")
         with pytest.raises(SubscriberNotFound):
-            admin.delete_subscriber("ghost", "events")
+            admin.delete_subscriber("events", "ghost")
         admin.add_subscriber("events", "s2", partitions=[1])
-        admin.delete_subscriber("s2", "events")
+        admin.delete_subscriber("events", "s2")
         assert admin.list_subscribers("events") == []
     with HQueueAdmin(data_dir=tmp_path / "embedded") as admin:
         admin.create_queue("local", 1)

@@ -289,7 +289,7 @@ def add_subscriber(shell: Shell, queue: str, name: str) -> Result:
     group="subscribers",
 )
 def delete_subscriber(shell: Shell, name: str, queue: str) -> Result:
-    shell.admin.delete_subscriber(name, queue)
+    shell.admin.delete_subscriber(queue, name)
     return f"Deleted subscriber {name!r} from {queue!r}", None
 
 
@@ -313,7 +313,7 @@ def list_subscribers(shell: Shell, queue: str) -> Result:
     group="subscribers",
 )
 def describe_subscriber(shell: Shell, name: str, queue: str) -> Result:
-    d = shell.admin.describe_subscriber(name, queue)
+    d = shell.admin.describe_subscriber(queue, name)
     topics = ", ".join(printable(t) for t in sorted(d["topics"])) if d["topics"] else "all"
     head = f"address: {d['address'] or '(away)'}\ntopics: {topics}\n\n"
     rows = [

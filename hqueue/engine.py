@@ -23,7 +23,6 @@ from .errors import InvalidMessage, InvalidPartition, MessageTooLarge, QueueEnab
 from .ids import IDAllocator, consecutive, runs
 from .message import (
     MAX_SEQUENCE,
-    ROWKEY_LENGTH,
     Message,
     MessageID,
     cell_keys,
@@ -315,7 +314,7 @@ def message_columns(info: QueueInfo, messages: Sequence[Message]) -> tuple[list[
     if len(messages) == 1:  # an unbatched put: fewer calls than the batch path below
         message = messages[0]
         if type(message) is Message:
-            topic, value = message[1][ROWKEY_LENGTH:], message[2]
+            topic, value = message.topic, message.value
             _check_sizes(info, 0, len(topic), len(topic) + len(value))
             return [topic], [value]
     if not messages:

@@ -263,13 +263,23 @@ def cell_keys(partition_id: int, id_runs: Sequence[tuple[int, range]], topics: I
     return list(map(add, rowkeys, topics))
 
 
-def topics_of(messages: Sequence[Message]) -> list[bytes]:
+def topics_of(messages: Iterable[Message]) -> list[bytes]:
     """The topic of each message (the cell key after its rowkey), in C."""
     return list(map(getitem, map(_CELL_KEY, messages), repeat(_TOPIC)))
 
 
-def values_of(messages: Sequence[Message]) -> list[bytes]:
+def values_of(messages: Iterable[Message]) -> list[bytes]:
     return list(map(_VALUE, messages))
+
+
+def cell_keys_of(messages: Iterable[Message]) -> list[bytes]:
+    """Each stored message's cell key: its rowkey (partition, ID), then its topic."""
+    return list(map(_CELL_KEY, messages))
+
+
+def stored_size(message: Message) -> int:
+    """Bytes a stored message takes on the wire: cell key and value."""
+    return len(message[1]) + len(message[2])
 
 
 _CELL_KEY, _VALUE, _TOPIC = itemgetter(1), itemgetter(2), slice(ROWKEY_LENGTH, None)

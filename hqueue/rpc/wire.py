@@ -13,7 +13,7 @@ from typing import Any
 from .. import errors
 from ..config import QueueInfo
 from ..coordination.registry import SubscriberNotFound
-from ..message import ROWKEY_LENGTH, Message, MessageID
+from ..message import ROWKEY_LENGTH, Message, MessageID, cell_keys_of, values_of
 from ..scanner import Scan
 from . import idl
 
@@ -44,10 +44,10 @@ def to_tmessages(messages: Iterable[Message]) -> list[Any]:
     """Stored messages as TMessages (with id and partition)."""
     TMessage, TMessageID, unpack = T.TMessage, T.TMessageID, _ROWKEY.unpack_from
     out = []
-    for m in messages:
-        pid, timestamp, sequence = unpack(m[1])  # the rowkey at the head of the cell key
+    for key, value in zip(cell_keys_of(messages), values_of(messages), strict=True):
+        pid, timestamp, sequence = unpack(key)  # the rowkey at the head of the cell key
         tid = TMessageID(timestamp=timestamp, sequenceID=sequence)
-        out.append(TMessage(id=tid, partitionID=pid, topic=m[1][ROWKEY_LENGTH:], value=m[2]))
+        out.append(TMessage(id=tid, partitionID=pid, topic=key[ROWKEY_LENGTH:], value=value))
     return out
 
 

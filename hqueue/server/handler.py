@@ -20,7 +20,7 @@ from ..config import QueueState
 from ..coordination import Coordinator
 from ..engine import Engine, check_partition
 from ..errors import HQueueError, InvalidArgument, NotAuthorized, NotPartitionOwner
-from ..message import MessageID
+from ..message import MessageID, cell_keys_of, values_of
 from ..rpc import packed, wire
 from ..rpc.threaded import current_connection
 from ..scanner import PartitionScanner
@@ -167,7 +167,7 @@ class HQueueHandler:
     @_served("connected", None)
     def messageScannerGetPacked(self, scannerID: int, nbMessages: int) -> bytes:
         messages = self.scanners.take(scannerID, nbMessages, owner=self._connection_id())
-        return packed.pack([m[1] for m in messages], [m[2] for m in messages])
+        return packed.pack(cell_keys_of(messages), values_of(messages))
 
     @_served("connected", None)
     def messageScannerClose(self, scannerID: int) -> None:

@@ -17,7 +17,7 @@ import threading
 import time
 
 from ..errors import InvalidArgument
-from ..message import Message
+from ..message import Message, stored_size
 from ..rpc.wire import MAX_SCAN_BATCH, SCAN_REPLY_BYTES
 from ..scanner import PartitionScanner
 
@@ -66,7 +66,7 @@ class ScannerRegistry:
         out, size = [], 0
         for message in scanner:
             out.append(message)
-            size += len(message[1]) + len(message[2])
+            size += stored_size(message)
             if len(out) >= count or len(out) >= MAX_SCAN_BATCH or size >= SCAN_REPLY_BYTES:
                 break
         return out

@@ -99,7 +99,11 @@ class PartitionWorker:
         messages = engine.scan(self.queue, start_key, stop_key, scan.topics, self.manager.batch_size)
         self.buffer = wire.to_tmessages(messages)
         # A short batch examined every row up to `last`; a full one stops at its last message.
-        return stop if len(messages) < self.manager.batch_size else successor(MessageID.from_bytes(messages[-1][0]))
+        if len(messages) < self.manager.batch_size:
+            return stop
+        last = messages[-1].id
+        assert last is not None  # stored messages have IDs
+        return successor(last)
 
     # -- CheckpointUpdater --------------------------------------------------------------
 

@@ -124,7 +124,7 @@ def main() -> None:
                             row["raw_msgs_s"] = total / raw_seconds
                             row["ratio"] = row["hqueue_msgs_s"] / row["raw_msgs_s"]
                         rows.append(row)
-            rows.append(scan_row(admin, url, workdir, 400_000 // scale, raw))
+            rows += scan_rows(admin, url, workdir, 400_000 // scale, raw)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     columns = ["op", "durability", "partitions", "batch", "messages", "hqueue_msgs_s", "raw_msgs_s", "ratio"]
@@ -132,33 +132,28 @@ def main() -> None:
     report(f"hqueue put/scan, 100-byte messages{label}", rows, columns, args.json)
 
 
-def scan_row(admin: HQueueAdmin, url: str, workdir: str, total: int, raw: bool) -> dict:
-    """Queue scanner over 8 partitions vs raw iteration of the same rows."""
+def scan_rows(admin: HQueueAdmin, url: str, workdir: str, total: int, raw: bool) -> list[dict]:
+    """Reading 8 partitions: the merged queue scanner, and batches of columns,
+    each against raw iteration of the same rows."""
     admin.create_queue("bench_scan", 8, durability=Durability.ASYNC_WAL)
+    counts: dict[str, int] = {}
+    seconds: dict[str, float] = {}
     with HQueue("bench_scan", url) as queue:
         hqueue_put(queue, total, 1000, 8)
-        count = 0
 
-        def scan() -> None:
-            nonlocal count
+        def merged() -> None:
             with queue.get_queue_scanner() as scanner:
-                count = sum(1 for _ in scanner)
+                counts["merged"] = sum(1 for _ in scanner)
 
-        timed(scan)  # warm the block cache for both sides alike
-        seconds = min(timed(scan) for _ in range(3))
-    row = {
-        "op": "scan",
-        "durability": "-",
-        "partitions": 8,
-        "batch": "-",
-        "messages": count,
-        "hqueue_msgs_s": count / seconds,
-    }
+        def batches() -> None:
+            counts["batches"] = sum(len(batch.values) for batch in queue.scan_batches())
+
+        for name, read in (("merged", merged), ("batches", batches)):
+            timed(read)  # warm the block cache for both sides alike
+            seconds[name] = min(timed(read) for _ in range(3))
+    raw_seconds = None
     if raw:
-        engine = queue  # the store is closed with the queue; open the raw family
-        del engine
-        admin_storage = admin.engine.storage
-        family = admin_storage._family("bench_scan")  # the same rows, read raw
+        family = admin.engine.storage._family("bench_scan")  # the same rows, read raw
 
         def raw_scan() -> None:
             for _ in family.items():
@@ -166,9 +161,15 @@ def scan_row(admin: HQueueAdmin, url: str, workdir: str, total: int, raw: bool) 
 
         timed(raw_scan)
         raw_seconds = min(timed(raw_scan) for _ in range(3))
-        row["raw_msgs_s"] = count / raw_seconds
-        row["ratio"] = row["hqueue_msgs_s"] / row["raw_msgs_s"]
-    return row
+    rows = []
+    for name, op in (("merged", "scan: queue scanner, merged"), ("batches", "scan: scan_batches, columns")):
+        row = {"op": op, "durability": "-", "partitions": 8, "batch": "-", "messages": counts[name],
+               "hqueue_msgs_s": counts[name] / seconds[name]}  # fmt: skip
+        if raw_seconds:
+            row["raw_msgs_s"] = counts[name] / raw_seconds
+            row["ratio"] = row["hqueue_msgs_s"] / row["raw_msgs_s"]
+        rows.append(row)
+    return rows
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ Quick start::
 """
 
 from .admin import HQueueAdmin
+from .batch import MessageBatch
 from .config import Durability, QueueInfo, QueueState
 from .coordination.registry import SubscriberNotFound
 from .errors import (
@@ -55,6 +56,7 @@ __all__ = [
     "InvalidPartition",
     "InvalidQueueName",
     "Message",
+    "MessageBatch",
     "MessageID",
     "MessageListener",
     "MessageTooLarge",

@@ -27,7 +27,7 @@ from .message import (
     MessageID,
     cell_keys,
     decode_rowkey,
-    messages_from_cells,
+    messages_from_columns,
     topics_of,
     values_of,
 )
@@ -259,8 +259,18 @@ class Engine:
         limit: int,
     ) -> list[Message]:
         """Up to ``limit`` messages of one partition, ``start_key <= key < stop_key``."""
+        return messages_from_columns(*self.scan_columns(name, start_key, stop_key, topics, limit))
+
+    def scan_columns(
+        self, name: str, start_key: bytes, stop_key: bytes, topics: Collection[bytes] | None, limit: int
+    ) -> tuple[Sequence[bytes], Sequence[bytes]]:
+        """:meth:`scan` as (cell keys, values): no object per message."""
         self.enabled_queue(name)
-        return messages_from_cells(self.storage.scan(name, start_key, stop_key, topics, limit))
+        cells = self.storage.scan(name, start_key, stop_key, topics, limit)
+        if not cells:
+            return (), ()
+        keys, values = zip(*cells, strict=True)
+        return keys, values
 
     def open_cursor(self, queue: str, partition_id: int, scan: Scan, caching: int) -> KeyRangeCursor:
         """A cursor over one partition, for the scanners."""

@@ -237,18 +237,6 @@ def _rebuild(topic: bytes, value: bytes, id: MessageID | None, pid: int | None) 
     return Message(topic, value, id=id, partition_id=pid)
 
 
-def messages_from_cells(cells: list[tuple[bytes, bytes]]) -> list[Message]:
-    """Turn ``(cell_key, value)`` pairs from storage into messages.
-
-    Everything here runs in C (``zip``/``map``/``partial``): no Python frame
-    per message, which is what keeps scanners near raw store speed.
-    """
-    if not cells:
-        return []
-    keys, values = zip(*cells, strict=False)
-    return messages_from_columns(keys, values)
-
-
 def cell_keys(partition_id: int, id_runs: Sequence[tuple[int, range]], topics: Iterable[bytes]) -> list[bytes]:
     """The cell key (rowkey + topic) of each message written to ``partition_id``, built in C.
 
@@ -286,7 +274,11 @@ _CELL_KEY, _VALUE, _TOPIC = itemgetter(1), itemgetter(2), slice(ROWKEY_LENGTH, N
 
 
 def messages_from_columns(keys: Sequence[bytes], values: Sequence[bytes]) -> list[Message]:
-    """:func:`messages_from_cells` for the cell keys and the values given apart."""
+    """Stored messages from their cell keys and values (as storage and the wire give them).
+
+    Everything here runs in C (``zip``/``map``/``partial``): no Python frame
+    per message, which is what keeps scanners near raw store speed.
+    """
     return list(map(_build, zip(map(_sort_key, keys), keys, values, strict=False)))
 
 

@@ -456,12 +456,15 @@ class RemoteCursor:
             self._pool.give_back(connection, broken)
 
     def fetch(self) -> list[Message]:
+        return messages_from_columns(*self.fetch_columns())
+
+    def fetch_columns(self) -> tuple[list[bytes], list[bytes]]:
         blob = self._call("messageScannerGetPacked", self.scanner_id, self.caching)
         keys, values = packed.unpack(blob)
         # A short reply is the end, unless the server cut it at its byte limit.
         if len(keys) < self.caching and packed.payload_bytes(blob) < wire.SCAN_REPLY_BYTES:
             self.close()
-        return messages_from_columns(keys, values)
+        return keys, values
 
     def close(self) -> None:
         if not self.done:

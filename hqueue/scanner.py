@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import logging
 from bisect import bisect_right
-from collections.abc import Collection, Generator, Iterable, Iterator, Mapping
+from collections.abc import Collection, Generator, Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 from .errors import InvalidArgument
-from .message import Message, MessageID, _as_topic, partition_prefix
+from .message import Message, MessageID, _as_topic, messages_from_columns, partition_prefix
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +40,10 @@ class Cursor(Protocol):
 
     def fetch(self) -> list[Message]: ...
 
+    def fetch_columns(self) -> tuple[Sequence[bytes], Sequence[bytes]]:
+        """The next chunk as (cell keys, values), without Message objects."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -50,9 +54,9 @@ class ScanSource(Protocol):
 
 
 class ChunkSource(Protocol):
-    def scan(
+    def scan_columns(
         self, name: str, start_key: bytes, stop_key: bytes, topics: Collection[bytes] | None, limit: int
-    ) -> list[Message]: ...
+    ) -> tuple[Sequence[bytes], Sequence[bytes]]: ...
 
 
 class Scan:
@@ -153,13 +157,16 @@ class KeyRangeCursor:
         self.done = False
 
     def fetch(self) -> list[Message]:
-        chunk = self.source.scan(self.queue, self.start, self.stop, self.topics, self.caching)
-        if len(chunk) < self.caching:
+        return messages_from_columns(*self.fetch_columns())
+
+    def fetch_columns(self) -> tuple[Sequence[bytes], Sequence[bytes]]:
+        keys, values = self.source.scan_columns(self.queue, self.start, self.stop, self.topics, self.caching)
+        if len(keys) < self.caching:
             self.done = True
         else:
             # The smallest key after the last cell: rowkeys are unique.
-            self.start = chunk[-1][1] + b"\x00"
-        return chunk
+            self.start = keys[-1] + b"\x00"
+        return keys, values
 
     def close(self) -> None:
         self.done = True

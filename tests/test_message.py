@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hqueue import InvalidMessage, Message, MessageID
-from hqueue.message import MAX_SEQUENCE, decode_rowkey, encode_rowkey, messages_from_cells
+from hqueue.message import MAX_SEQUENCE, decode_rowkey, encode_rowkey, messages_from_columns
 
 timestamps = st.integers(min_value=0, max_value=2**63 - 1)
 sequences = st.integers(min_value=0, max_value=MAX_SEQUENCE)
@@ -91,8 +91,7 @@ def test_message_rejects_bad_topics_and_values(topic, value, error):
 
 
 def test_stored_messages_decode_from_cells_and_pickle():
-    cells = [(encode_rowkey(3, MessageID(10, 1)) + b"topic", b"payload")]
-    (message,) = messages_from_cells(cells)
+    (message,) = messages_from_columns([encode_rowkey(3, MessageID(10, 1)) + b"topic"], [b"payload"])
     assert (message.partition_id, message.id, message.topic, message.value) == (
         3,
         MessageID(10, 1),

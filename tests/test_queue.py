@@ -8,6 +8,7 @@ import pytest
 
 from hqueue import (
     HQueue,
+    InvalidArgument,
     InvalidMessage,
     InvalidPartition,
     Message,
@@ -230,3 +231,19 @@ def test_bad_scan_arguments_are_rejected_at_once(make_queue):
         queue.scan(start="yesterday")
     with pytest.raises(ValueError, match="'caching'"):
         queue.get_queue_scanner(caching=0)
+
+
+def test_scan_batches_read_columns_partition_by_partition(make_queue):
+    queue = make_queue(partitions=3)
+    batch = [Message(f"t{i % 2}", b"v%d" % i) for i in range(25)]
+    written = {pid: queue.put(batch, partition_id=pid) for pid in range(3)}
+    batches = list(queue.scan_batches(batch_size=10))
+    assert [(b.partition_id, len(b)) for b in batches] == [(pid, n) for pid in range(3) for n in (10, 10, 5)]
+    assert [i for b in batches if b.partition_id == 1 for i in b.ids] == written[1]
+    assert [m.id for b in batches for m in b] == [i for pid in range(3) for i in written[pid]]
+    only = list(queue.scan_batches(topics=["t1"], partition_id=2))
+    assert len(only) == 1 and only[0].topics == [b"t1"] * 12 and only[0].values[0] == b"v1"
+    start = written[0][20]
+    assert sum(len(b) for b in queue.scan_batches(start=start, partition_id=0)) == 5
+    with pytest.raises(InvalidArgument):
+        next(queue.scan_batches(batch_size=0))

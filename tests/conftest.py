@@ -20,6 +20,7 @@ from kazoo.client import KazooClient
 
 from hqueue import HQueue, HQueueAdmin
 from hqueue.server import HQueueServer
+from hqueue.storage.memory import forget
 
 from .processes import ROOT, ZooKeeperServer, in_ci, python_env
 
@@ -30,7 +31,8 @@ _counter = itertools.count()
 #: hbase: a real HBase Thrift server, when HQUEUE_TEST_HBASE=host:port is set.
 #: hbase-standin-thrift2: the same, with the stand-in's Thrift2 admin port
 #: (pre-split tables, truncate keeping splits), as with HBase 2.x.
-BACKENDS = ["embedded", "hbase-standin", "hbase-standin-thrift2"] + (
+#: memory: the in-process memory:// store (for unit tests; held to the same contract).
+BACKENDS = ["embedded", "memory", "hbase-standin", "hbase-standin-thrift2"] + (
     ["hbase"] if os.environ.get("HQUEUE_TEST_HBASE") else []
 )
 
@@ -89,6 +91,10 @@ def api_url(request, tmp_path) -> str:
 def _store_url(request, backend: str, tmp_path) -> str:
     if backend == "embedded":
         return "local://" + str(tmp_path / "data")
+    if backend == "memory":
+        name = f"test-{os.getpid()}-{next(_counter)}"
+        request.addfinalizer(lambda: forget(name))
+        return "memory://" + name
     if backend == "hbase-standin":
         return hbase_url(request.getfixturevalue("hbase_standin")[0])
     if backend == "hbase-standin-thrift2":

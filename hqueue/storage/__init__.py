@@ -4,6 +4,7 @@
   embedded RocksDB store, the default.
 * ``hbase://host:9090?prefix=hq_&transport=framed&protocol=compact``: HBase
   through its Thrift gateway.
+* ``memory://NAME``: in memory, for the life of the process (unit tests).
 """
 
 from __future__ import annotations
@@ -37,11 +38,11 @@ def normalize_url(url: str) -> str:
     parts = urlsplit(url)
     if parts.scheme == "local":
         return "local://" + os.path.abspath(parts.netloc + parts.path)
-    if parts.scheme == "hbase":
+    if parts.scheme in ("hbase", "memory"):
         return url
     raise InvalidArgument(
         f"unknown storage URL scheme {parts.scheme!r} in {url!r} "
-        "(use local:///path, hbase://host:port, or hqueue://host:port for hqueue servers)"
+        "(use local:///path, hbase://host:port, memory://name, or hqueue://host:port for hqueue servers)"
     )
 
 
@@ -52,6 +53,10 @@ def open_storage(url: str) -> Storage:
         from .embedded import EmbeddedStorage
 
         return EmbeddedStorage(url[len("local://") :])
+    if url.startswith("memory://"):
+        from .memory import MemoryStorage
+
+        return MemoryStorage(url[len("memory://") :])
     from .hbase import HBaseStorage  # type: ignore[import-not-found]
 
     return HBaseStorage.from_url(url)

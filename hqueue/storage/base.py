@@ -15,6 +15,7 @@ import abc
 from collections.abc import Collection, Sequence
 
 from ..config import QueueInfo
+from ..message import MessageID, decode_rowkey
 
 Cell = tuple[bytes, bytes]
 
@@ -125,6 +126,19 @@ def read_id_floor(storage: Storage, name: str) -> int:
 
 def write_id_floor(storage: Storage, name: str, timestamp: int) -> None:
     storage.put_meta(_id_floor_key(name), str(timestamp).encode())
+
+
+def keep_id_floor(storage: Storage, info: QueueInfo, cutoff: MessageID) -> None:
+    """Before TTL reclaim deletes the rows below ``cutoff``, remember the IDs of
+    any partition's last rows among them: new IDs must stay above them even
+    after a restart with a clock that went back."""
+    top = 0
+    for pid in range(info.partitions):
+        last = storage.last_rowkey(info.name, pid)
+        if last and decode_rowkey(last)[1] < cutoff:
+            top = max(top, decode_rowkey(last)[1].timestamp)
+    if top > read_id_floor(storage, info.name):
+        write_id_floor(storage, info.name, top)
 
 
 def forget_id_floor(storage: Storage, name: str) -> None:

@@ -46,8 +46,8 @@ import rocksdict
 from ..config import Durability, QueueInfo
 from ..errors import QueueExists, QueueNotFound, StorageError, StorageLocked
 from ..ids import wall_clock_ms
-from ..message import MessageID, decode_rowkey, encode_rowkey, partition_prefix
-from .base import Cell, Storage, read_id_floor, write_id_floor
+from ..message import MessageID, encode_rowkey, partition_prefix
+from .base import Cell, Storage, keep_id_floor
 
 logger = logging.getLogger(__name__)
 
@@ -277,15 +277,7 @@ class EmbeddedStorage(Storage):
             return
         family = self._family(name)
         cutoff = MessageID(max(0, wall_clock_ms() - info.ttl * 1000))
-        # Before a partition's last rows go, remember their IDs: new IDs must stay
-        # above them even after a restart with a clock that went back.
-        top = 0
-        for pid in range(info.partitions):
-            last = self.last_rowkey(name, pid)
-            if last and decode_rowkey(last)[1] < cutoff:
-                top = max(top, decode_rowkey(last)[1].timestamp)
-        if top > read_id_floor(self, name):
-            write_id_floor(self, name, top)
+        keep_id_floor(self, info, cutoff)
         for pid in range(info.partitions):
             family.delete_range(partition_prefix(pid), encode_rowkey(pid, cutoff))
         family.compact_range(None, None)

@@ -1,0 +1,167 @@
+"""The in-memory store, ``memory://NAME``: for fast unit tests and throwaway work.
+
+Nothing is durable: a store lives as long as its process, and every handle
+on ``memory://NAME`` in the process sees the same data (closing the last one
+keeps it; :func:`forget` drops it). Durability settings are accepted and
+mean nothing here. It follows the same storage contract as the embedded and
+HBase backends (``tests/storage/test_contract.py`` runs on all three): cells
+sorted by key, TTL hiding, metadata.
+"""
+
+from __future__ import annotations
+
+import threading
+from bisect import bisect_left, insort
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+from ..config import QueueInfo
+from ..errors import QueueExists, QueueNotFound
+from ..ids import wall_clock_ms
+from ..message import MessageID, partition_prefix
+from .base import Cell, Storage, keep_id_floor
+
+
+@dataclass
+class _Queue:
+    info: QueueInfo
+    keys: list[bytes] = field(default_factory=list)  # sorted
+    values: dict[bytes, bytes] = field(default_factory=dict)
+
+
+@dataclass
+class _Data:
+    queues: dict[str, _Queue] = field(default_factory=dict)
+    meta: dict[str, bytes] = field(default_factory=dict)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+
+_STORES: dict[str, _Data] = {}
+_STORES_LOCK = threading.Lock()
+
+
+def forget(name: str) -> None:
+    """Drop the data of ``memory://name``."""
+    with _STORES_LOCK:
+        _STORES.pop(name, None)
+
+
+class MemoryStorage(Storage):
+    """Sorted lists in a dict, under one lock per store."""
+
+    def __init__(self, name: str) -> None:
+        self.url = "memory://" + name
+        with _STORES_LOCK:
+            self._data = _STORES.setdefault(name, _Data())
+
+    def _queue(self, name: str) -> _Queue:
+        try:
+            return self._data.queues[name]
+        except KeyError:
+            raise QueueNotFound(name) from None
+
+    # -- queues ---------------------------------------------------------------
+
+    def create_queue(self, info: QueueInfo) -> None:
+        with self._data.lock:
+            if info.name in self._data.queues:
+                raise QueueExists(info.name)
+            self._data.queues[info.name] = _Queue(info)
+
+    def get_queue(self, name: str) -> QueueInfo:
+        return self._queue(name).info
+
+    def list_queues(self) -> list[QueueInfo]:
+        return [self._data.queues[n].info for n in sorted(self._data.queues)]
+
+    def update_queue(self, info: QueueInfo) -> None:
+        with self._data.lock:
+            self._queue(info.name).info = info
+
+    def delete_queue(self, name: str) -> None:
+        with self._data.lock:
+            self._queue(name)
+            del self._data.queues[name]
+
+    def truncate_queue(self, name: str) -> None:
+        with self._data.lock:
+            queue = self._queue(name)
+            queue.keys, queue.values = [], {}
+
+    # -- cells ----------------------------------------------------------------
+
+    def write(self, name: str, cells: Sequence[Cell], durability: str) -> None:
+        with self._data.lock:
+            queue = self._queue(name)
+            keys, values = queue.keys, queue.values
+            for key, value in cells:
+                if key not in values:
+                    if not keys or key > keys[-1]:
+                        keys.append(key)  # the usual case: IDs only grow
+                    else:
+                        insort(keys, key)
+                values[key] = value
+
+    def scan(
+        self,
+        name: str,
+        start_key: bytes,
+        stop_key: bytes,
+        topics: Collection[bytes] | None = None,
+        limit: int = 1000,
+    ) -> list[Cell]:
+        with self._data.lock:
+            queue = self._queue(name)
+            if queue.info.ttl:
+                cutoff = max(0, wall_clock_ms() - queue.info.ttl * 1000)
+                start_key = max(start_key, start_key[:2] + MessageID(cutoff).to_bytes())
+            keys, values = queue.keys, queue.values
+            out: list[Cell] = []
+            at = bisect_left(keys, start_key)
+            while at < len(keys) and keys[at] < stop_key and len(out) < limit:
+                key = keys[at]
+                if topics is None or key[12:] in topics:
+                    out.append((key, values[key]))
+                at += 1
+            return out
+
+    def last_rowkey(self, name: str, partition_id: int) -> bytes | None:
+        with self._data.lock:
+            keys = self._queue(name).keys
+            at = bisect_left(keys, partition_prefix(partition_id + 1)) - 1
+            if at >= 0 and keys[at].startswith(partition_prefix(partition_id)):
+                return keys[at][:12]
+            return None
+
+    def estimate_count(self, name: str) -> int:
+        return len(self._queue(name).keys)
+
+    def reclaim_expired(self, name: str) -> None:
+        with self._data.lock:
+            queue = self._queue(name)
+            if not queue.info.ttl:
+                return
+            cutoff = MessageID(max(0, wall_clock_ms() - queue.info.ttl * 1000))
+            keep_id_floor(self, queue.info, cutoff)
+            kept = [k for k in queue.keys if k[2:12] >= cutoff.to_bytes()]
+            for key in set(queue.keys) - set(kept):
+                del queue.values[key]
+            queue.keys = kept
+
+    # -- metadata ----------------------------------------------------------------
+
+    def get_meta(self, key: str) -> bytes | None:
+        return self._data.meta.get(key)
+
+    def put_meta(self, key: str, value: bytes) -> None:
+        self._data.meta[key] = value
+
+    def delete_meta(self, key: str) -> None:
+        self._data.meta.pop(key, None)
+
+    def list_meta(self, prefix: str) -> dict[str, bytes]:
+        with self._data.lock:
+            return {k: v for k, v in self._data.meta.items() if k.startswith(prefix)}
+
+    def close(self) -> None:
+        pass  # the data stays for the process's other handles

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -29,16 +28,6 @@ class HQueueAdmin(Connected):
         data_dir: Shorthand for ``url="local://" + data_dir``.
         token, timeout: For hqueue servers, as in :class:`~hqueue.HQueue`.
     """
-
-    def __init__(
-        self,
-        url: str | None = None,
-        *,
-        data_dir: str | os.PathLike[str] | None = None,
-        token: str | None = None,
-        timeout: float | None = None,
-    ) -> None:
-        super().__init__(url, data_dir, token, timeout)
 
     def create_queue(
         self,

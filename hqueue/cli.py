@@ -233,12 +233,23 @@ def _chunks(items, size: int) -> Iterator[list[bytes]]:
         yield chunk
 
 
+def _range_options(command):
+    """NAME and the options that choose messages, shared by scan and count."""
+    for option in reversed(
+        [
+            click.argument("name"),
+            click.option("--start", callback=_message_id, help="First ID or ISO time (inclusive)."),
+            click.option("--stop", callback=_message_id, help="ID or ISO time to stop before."),
+            click.option("--topic", "-t", "topics", multiple=True, help="Only this topic; repeatable."),
+            click.option("--partition", "-p", type=int, help="Only this partition."),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
 @main.command()
-@click.argument("name")
-@click.option("--start", callback=_message_id, help="First ID or ISO time (inclusive).")
-@click.option("--stop", callback=_message_id, help="ID or ISO time to stop before.")
-@click.option("--topic", "-t", "topics", multiple=True, help="Only this topic; repeatable.")
-@click.option("--partition", "-p", type=int, help="Only this partition.")
+@_range_options
 @click.option("--limit", "-n", type=click.IntRange(0), help="At most this many messages.")
 @click.option(
     "--format",
@@ -287,11 +298,7 @@ def _as_json(message: Message) -> dict:
 
 
 @main.command()
-@click.argument("name")
-@click.option("--start", callback=_message_id, help="First ID or ISO time (inclusive).")
-@click.option("--stop", callback=_message_id, help="ID or ISO time to stop before.")
-@click.option("--topic", "-t", "topics", multiple=True, help="Only this topic; repeatable.")
-@click.option("--partition", "-p", type=int, help="Only this partition.")
+@_range_options
 @click.pass_context
 def count(ctx, name: str, start, stop, topics: tuple[str, ...], partition: int | None) -> None:
     """Count the messages of queue NAME (it reads them all; progress on a terminal)."""

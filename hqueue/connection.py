@@ -51,8 +51,9 @@ class Connected:
 
     def __init__(
         self,
-        url: str | None,
-        data_dir: str | os.PathLike[str] | None,
+        url: str | None = None,
+        *,
+        data_dir: str | os.PathLike[str] | None = None,
         token: str | None = None,
         timeout: float | None = None,
     ) -> None:

@@ -55,7 +55,7 @@ class HQueue(Connected):
         token: str | None = None,
         timeout: float | None = None,
     ) -> None:
-        super().__init__(url, data_dir, token, timeout)
+        super().__init__(url, data_dir=data_dir, token=token, timeout=timeout)
         try:
             self.name = name
             self.engine.queue_info(name)

@@ -40,6 +40,7 @@ from .errors import (
 from .message import Message, MessageID
 from .queue import HQueue
 from .scanner import CombinedPartitionScanner, PartitionScanner, QueueScanner, Scan
+from .splits import Split
 from .subscriber import MessageListener, Subscriber, SubscriberState, Subscription
 
 __version__ = "0.1.0"
@@ -74,6 +75,7 @@ __all__ = [
     "QueueState",
     "Scan",
     "ServerUnavailable",
+    "Split",
     "StorageError",
     "StorageLocked",
     "Subscriber",

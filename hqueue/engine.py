@@ -58,6 +58,7 @@ class EngineAPI(Protocol):
     def describe_queue(self, name: str) -> dict[str, Any]: ...
     def put(self, name: str, messages: Sequence[Message], partition_id: int) -> list[MessageID]: ...
     def open_cursor(self, queue: str, partition_id: int, scan: Scan, caching: int) -> Any: ...
+    def partition_locations(self, name: str) -> list[str]: ...
     def release(self) -> None: ...
 
 
@@ -271,6 +272,10 @@ class Engine:
             return (), ()
         keys, values = zip(*cells, strict=True)
         return keys, values
+
+    def partition_locations(self, name: str) -> list[str]:
+        """Where each partition is served: "" for all (this process reads them itself)."""
+        return [""] * self.queue_info(name).partitions
 
     def open_cursor(self, queue: str, partition_id: int, scan: Scan, caching: int) -> KeyRangeCursor:
         """A cursor over one partition, for the scanners."""

@@ -16,6 +16,7 @@ from .engine import check_partition
 from .errors import InvalidArgument
 from .message import Message, MessageID
 from .scanner import DEFAULT_CACHING, CombinedPartitionScanner, PartitionScanner, QueueScanner, Scan
+from .splits import Split
 from .subscriber import MessageListener, Subscriber, Subscription
 
 __all__ = ["HQueue"]
@@ -183,6 +184,23 @@ class HQueue(Connected):
                         yield MessageBatch(pid, keys, values)
             finally:
                 cursor.close()
+
+    def splits(
+        self, start: TimeLike = None, stop: TimeLike = None, topics: Iterable[str | bytes] | None = None
+    ) -> list[Split]:
+        """One :class:`~hqueue.splits.Split` per partition, for parallel readers (C11).
+
+        Each names the partition's owner where servers serve the queue; a
+        worker reads its split with ``split.read()``.
+        """
+        scan = Scan(as_message_id(start, "start"), as_message_id(stop, "stop"), topics)
+        info = self.engine.enabled_queue(self.name)
+        owners = self.engine.partition_locations(self.name)
+        chosen = tuple(sorted(scan.topics)) if scan.topics else None
+        return [
+            Split(self.engine.url, self.name, pid, scan.start_id, scan.stop_id, chosen, owners[pid] or None)
+            for pid in range(info.partitions)
+        ]
 
     # -- subscriptions (SPEC C7) ---------------------------------------------------
 

@@ -311,6 +311,10 @@ class RemoteEngine:
         result["last_ids"] = {pid: last.get(pid) for pid in range(info.partitions)}
         return result
 
+    def partition_locations(self, name: str) -> list[str]:
+        """``host:port`` of each partition's owner now (``""`` where none)."""
+        return self.locations(name, fresh=True)
+
     def locations(self, name: str, *, fresh: bool = False) -> list[str]:
         """``host:port`` of each partition's owner (``""`` where none)."""
         if fresh or name not in self._locations:

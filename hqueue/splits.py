@@ -1,0 +1,51 @@
+"""Splits: a queue cut into per-partition pieces for parallel readers (SPEC C11).
+
+:meth:`HQueue.splits <hqueue.HQueue.splits>` returns one :class:`Split` per
+partition: where to read (the store's URL, the partition, the ID range and
+topics) and which server owns the partition, for schedulers that place work
+near the data. A Split is a small frozen dataclass, so it pickles: hand it
+to ``multiprocessing``, ``concurrent.futures`` or Dask, and call
+:meth:`Split.read` in the worker.
+
+A split carries no secret: workers of a server with ``--auth-file``
+authenticate with ``token=`` or ``$HQUEUE_TOKEN``. An embedded store
+(``local://``) opens in one process only, so its splits are read in the
+process that made them (threads); across processes, serve the store with
+``hqueue server`` and split over ``hqueue://``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from .batch import MessageBatch
+from .message import MessageID
+
+
+@dataclass(frozen=True)
+class Split:
+    """One partition of a queue, in ``[start, stop)``, for one reader.
+
+    Attributes:
+        url: The store or servers (``hqueue://…`` without a token).
+        location: ``host:port`` of the server that owns the partition; None
+            for a store in this process, or while no server owns it.
+    """
+
+    url: str
+    queue: str
+    partition_id: int
+    start: MessageID | None = None
+    stop: MessageID | None = None
+    topics: tuple[bytes, ...] | None = None
+    location: str | None = None
+
+    def read(self, *, batch_size: int = 10_000, token: str | None = None) -> Iterator[MessageBatch]:
+        """The split's messages as batches of columns, in ID order."""
+        from .queue import HQueue  # the queue module builds splits: import it when one is read
+
+        with HQueue(self.queue, self.url, token=token) as queue:
+            yield from queue.scan_batches(
+                self.start, self.stop, self.topics, partition_id=self.partition_id, batch_size=batch_size
+            )

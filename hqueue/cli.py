@@ -378,6 +378,7 @@ def drop(ctx, name: str, force: bool) -> None:
 )
 @click.option("--max-frame-bytes", type=click.IntRange(1024), default=64 * 1024 * 1024, show_default=True)
 @click.option("--max-partitions", type=click.IntRange(1, 32767), default=1024, show_default=True)
+@click.option("--metrics-port", type=click.IntRange(0, 65535), help="Serve Prometheus metrics on this port.")
 @click.option("--log-level", envvar="HQUEUE_LOG_LEVEL", default="INFO", show_default=True)
 @click.pass_context
 def server(
@@ -398,6 +399,7 @@ def server(
     connection_idle_timeout,
     max_frame_bytes,
     max_partitions,
+    metrics_port,
     log_level,
 ) -> None:
     """Serve queues over Thrift (framed transport, binary protocol)."""
@@ -442,6 +444,7 @@ def server(
             limits=limits,
             ssl_context=ssl_context,
             max_partitions=max_partitions,
+            metrics_port=metrics_port,
         )
     except OSError as e:
         raise click.ClickException(e.strerror or str(e)) from e

@@ -20,6 +20,9 @@ import signal
 import ssl
 import threading
 import time
+from collections.abc import Iterator
+
+from prometheus_client.core import GaugeMetricFamily
 
 from ..auth import AuthPolicy, PushPolicy
 from ..coordination import Coordinator, LocalCoordinator
@@ -32,8 +35,9 @@ from ..errors import InvalidArgument
 from ..rpc import wire
 from ..rpc.threaded import ListeningSocket, ServerLimits, ThreadedServer
 from .handler import DEFAULT_MAX_PARTITIONS, HQueueHandler
+from .metrics import ServerMetrics, gauge
 from .scanners import DEFAULT_IDLE_TIMEOUT, ScannerRegistry
-from .subscribers import Subscribers
+from .subscribers import Subscribers, partition_lag
 from .subscriptions import SubscriptionManager
 
 logger = logging.getLogger(__name__)
@@ -55,6 +59,7 @@ class HQueueServer:
         limits: Connections, frame sizes and timeouts.
         ssl_context: Serve TLS with this server-side context.
         max_partitions: The most partitions a queue created here may have.
+        metrics_port: Serve Prometheus metrics on this port (0: a free one; None: not at all).
     """
 
     def __init__(
@@ -71,6 +76,7 @@ class HQueueServer:
         limits: ServerLimits | None = None,
         ssl_context: ssl.SSLContext | None = None,
         max_partitions: int = DEFAULT_MAX_PARTITIONS,
+        metrics_port: int | None = None,
     ) -> None:
         if coordinator_factory is not None and not storage_url.startswith("hbase://"):
             raise InvalidArgument(
@@ -88,6 +94,11 @@ class HQueueServer:
         self.coordinator: Coordinator = (coordinator_factory or LocalCoordinator)(self.address)
         # An allocator is only valid while owning its partition; re-seed on every change.
         self.coordinator.add_listener(lambda gained, lost: self.engine.forget_partitions(gained | lost))
+        self.metrics = ServerMetrics()
+        self.coordinator.add_listener(self._count_partition_changes)
+        self.metrics.watch(self._gauges)
+        self._metrics_port, self._metrics_host = metrics_port, host
+        self.metrics_port: int | None = None
         self.scanners = ScannerRegistry(idle_timeout)
         self.push_policy = push_policy or PushPolicy()
         self.handler = HQueueHandler(
@@ -97,6 +108,7 @@ class HQueueServer:
             auth=auth,
             push_policy=self.push_policy,
             max_partitions=max_partitions,
+            metrics=self.metrics,
         )
         self.subscriptions: SubscriptionManager | None = None
         self._server = ThreadedServer(
@@ -113,10 +125,16 @@ class HQueueServer:
         # Announced through this server, push addresses were checked then; through ZooKeeper, at push time.
         zookeeper = isinstance(registry, ZooKeeperRegistry)
         self.subscriptions = SubscriptionManager(
-            self.engine, self.coordinator, registry, push_policy=self.push_policy if zookeeper else None
+            self.engine,
+            self.coordinator,
+            registry,
+            push_policy=self.push_policy if zookeeper else None,
+            metrics=self.metrics,
         )
         self.subscriptions.start()
         self._thread = self._server.serve_in_thread("hqueue-accept")
+        if self._metrics_port is not None:
+            self.metrics_port = self.metrics.serve(self._metrics_port, self._metrics_host)
         logger.info("hqueue server %s serving %s", self.address, self.engine.storage.url)
         return self
 
@@ -125,6 +143,32 @@ class HQueueServer:
         if isinstance(self.coordinator, ZooKeeperCoordinator):
             return ZooKeeperRegistry(self.coordinator.client, self.coordinator.hosts)
         return StoreRegistry(self.engine.storage)
+
+    def _count_partition_changes(self, gained: set, lost: set) -> None:
+        self.metrics.partition_changes.labels("gained").inc(len(gained))
+        self.metrics.partition_changes.labels("lost").inc(len(lost))
+
+    def _gauges(self) -> Iterator[GaugeMetricFamily]:
+        """What Prometheus reads at each scrape."""
+        yield gauge("hqueue_connections", "Open client connections.", [], [([], self._server.connections)])
+        yield gauge("hqueue_scanners", "Open server-side scanners.", [], [([], len(self.scanners))])
+        queues = self.engine.list_queues()
+        owned = [([q.name], len(self.coordinator.owned(q.name, q.partitions))) for q in queues]
+        yield gauge("hqueue_owned_partitions", "Partitions this server writes.", ["queue"], owned)
+        workers = list(self.subscriptions.workers.values()) if self.subscriptions else []
+        labels = ["queue", "subscriber", "partition"]
+        buffers, lag_messages, lag_seconds = [], [], []
+        for w in workers:
+            key = [w.queue, w.name, str(w.partition_id)]
+            messages, millis = partition_lag(
+                self.engine, w.queue, w.partition_id, w.checkpoint, w.registration.effective_topics
+            )
+            buffers.append((key, len(w.buffer)))
+            lag_messages.append((key, messages))
+            lag_seconds.append((key, millis / 1000))
+        yield gauge("hqueue_push_buffer_messages", "Messages read and waiting to be pushed.", labels, buffers)
+        yield gauge("hqueue_subscriber_lag_messages", "Undelivered messages (up to 100,000).", labels, lag_messages)
+        yield gauge("hqueue_subscriber_lag_seconds", "Age of the oldest undelivered message.", labels, lag_seconds)
 
     def serve_forever(self) -> None:
         """Serve until SIGTERM or SIGINT, then shut down cleanly."""
@@ -152,5 +196,6 @@ class HQueueServer:
             self.subscriptions.stop()  # saves every checkpoint
         self.coordinator.stop()
         self.scanners.stop()
+        self.metrics.close()
         self.engine.release()
         logger.info("hqueue server %s stopped", self.address)

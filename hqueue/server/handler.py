@@ -13,6 +13,9 @@ import functools
 import logging
 import random
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ..auth import OPEN, AuthPolicy, Principal, PushPolicy
@@ -24,6 +27,7 @@ from ..message import MessageID, cell_keys_of, values_of
 from ..rpc import packed, wire
 from ..rpc.threaded import current_connection
 from ..scanner import PartitionScanner
+from .metrics import ServerMetrics
 from .scanners import ScannerRegistry
 from .subscribers import Subscribers
 
@@ -90,8 +94,10 @@ class HQueueHandler:
         auth: AuthPolicy | None = None,
         push_policy: PushPolicy | None = None,
         max_partitions: int = DEFAULT_MAX_PARTITIONS,
+        metrics: ServerMetrics | None = None,
     ) -> None:
         self.engine, self.coordinator, self.scanners = engine, coordinator, scanners
+        self.metrics = metrics or ServerMetrics()
         self.auth, self.push_policy = auth, push_policy or PushPolicy()
         self.max_partitions = max_partitions
         #: Set by the server once its coordinator runs (registrations may live in ZooKeeper).
@@ -180,7 +186,15 @@ class HQueueHandler:
             raise TypeError("'messages' must be a list of TMessage")
         messages = [wire.from_tmessage(t, i) for i, t in enumerate(tmessages)]
         partition_id = self._writable_partition(queue, partition_id)
-        return self.engine.put(queue, messages, partition_id)
+        with self._counted_put(queue, len(messages)):
+            return self.engine.put(queue, messages, partition_id)
+
+    @contextmanager
+    def _counted_put(self, queue: str, count: int) -> Iterator[None]:
+        started = time.perf_counter()
+        yield
+        self.metrics.put_seconds.labels(queue).observe(time.perf_counter() - started)
+        self.metrics.put_messages.labels(queue).inc(count)
 
     def _writable_partition(self, queue: str, partition_id: int | None) -> int:
         """The partition to write to (a random owned one for None), if this server owns it now."""
@@ -200,7 +214,9 @@ class HQueueHandler:
     @_served("producer")
     def putPacked(self, queue: str, partitionID: int, messages: bytes) -> Any:
         topics, values = packed.unpack(messages)
-        first = self.engine.put_columns(queue, topics, values, self._writable_partition(queue, partitionID))
+        partition_id = self._writable_partition(queue, partitionID)
+        with self._counted_put(queue, len(topics)):
+            first = self.engine.put_columns(queue, topics, values, partition_id)
         return wire.T.TPutResult(firstID=wire.to_tid(first), count=len(topics))
 
     @_served("producer")

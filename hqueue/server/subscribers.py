@@ -7,11 +7,30 @@ from typing import Any
 from ..coordination.registry import Registration, SubscriberExists, SubscriberNotFound, SubscriberRegistry, successor
 from ..engine import Engine, check_partition
 from ..errors import InvalidMessage
+from ..ids import wall_clock_ms
 from ..message import MessageID
 from ..scanner import Scan
 
 #: describe_subscriber counts lag messages up to this many per partition.
 LAG_COUNT_LIMIT = 100_000
+
+
+def partition_lag(
+    engine: Engine, queue: str, partition_id: int, checkpoint: MessageID, topics: frozenset[bytes] | None
+) -> tuple[int, int]:
+    """How far a subscriber is behind in a partition: (undelivered messages,
+    counted up to LAG_COUNT_LIMIT; milliseconds since the oldest undelivered
+    one was written). Both 0 when nothing waits; never negative."""
+    last = engine.last_id(queue, partition_id)
+    if last is None or last < checkpoint:
+        return 0, 0
+    scan = Scan(checkpoint, successor(last), topics)
+    start, stop = scan.key_range(partition_id)
+    waiting = engine.scan(queue, start, stop, scan.topics, LAG_COUNT_LIMIT)
+    if not waiting:
+        return 0, 0
+    oldest = waiting[0].id
+    return len(waiting), max(0, wall_clock_ms() - oldest.timestamp) if oldest else 0
 
 
 class Subscribers:
@@ -79,27 +98,16 @@ class Subscribers:
         self.registry.replay(queue, name, dict.fromkeys(pids, start))
 
     def describe(self, queue: str, name: str) -> dict[str, Any]:
-        """Address, topics, checkpoints and lag per partition: undelivered messages
-        (counted up to LAG_COUNT_LIMIT) and milliseconds between the oldest
-        undelivered message and the newest."""
+        """Address, topics, checkpoints and lag per partition (see :func:`partition_lag`)."""
         registration = self.registry.load(queue, name)
         info = self.engine.queue_info(queue, fresh=True)
         lag_messages, lag_millis = {}, {}
         for pid in range(info.partitions):
-            if not registration.takes(pid):
-                continue
-            checkpoint = registration.checkpoints.get(pid, MessageID(0))
-            last = self.engine.last_id(queue, pid)
-            if last is None or last < checkpoint:
-                lag_messages[pid] = lag_millis[pid] = 0
-                continue
-            scan = Scan(checkpoint, successor(last), registration.effective_topics)
-            start, stop = scan.key_range(pid)
-            waiting = self.engine.scan(queue, start, stop, scan.topics, LAG_COUNT_LIMIT)
-            lag_messages[pid] = len(waiting)
-            # How far behind: from the oldest undelivered message to the newest one.
-            oldest = MessageID.from_bytes(waiting[0][0]) if waiting else last
-            lag_millis[pid] = last.timestamp - oldest.timestamp
+            if registration.takes(pid):
+                checkpoint = registration.checkpoints.get(pid, MessageID(0))
+                lag_messages[pid], lag_millis[pid] = partition_lag(
+                    self.engine, queue, pid, checkpoint, registration.effective_topics
+                )
         return {
             "name": name,
             "queue": queue,

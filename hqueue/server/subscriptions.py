@@ -54,6 +54,7 @@ from ..errors import HQueueError
 from ..message import MessageID
 from ..rpc import wire
 from ..scanner import Scan
+from .metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -254,14 +255,21 @@ class SubscriberLoop(threading.Thread):
                     timeout=self.manager.send_timeout_ms,
                 )  # fmt: skip
                 self._client_address = address
+            started = time.perf_counter()
             status = self._client.consumeMessages(batch)
         except (TException, OSError, HQueueError) as e:
             logger.info("%s: sending %d message(s) failed: %s", self.subscriber, len(batch), e)
             self._drop_client()
+            self.manager.metrics.delivery_failures.labels(self.queue, self.subscriber).inc()
             return False
+        metrics = self.manager.metrics
+        metrics.delivery_seconds.labels(self.queue, self.subscriber).observe(time.perf_counter() - started)
         if status != 0:
             logger.info("%s: subscriber returned status %s for %d message(s)", self.subscriber, status, len(batch))
-        return status == 0
+            metrics.delivery_failures.labels(self.queue, self.subscriber).inc()
+            return False
+        metrics.delivered.labels(self.queue, self.subscriber).inc(len(batch))
+        return True
 
     def _drop_client(self) -> None:
         if self._client is not None:
@@ -283,8 +291,10 @@ class SubscriptionManager:
         idle_wakeup: float = 1.0,
         send_timeout: float = 60.0,
         push_policy: PushPolicy | None = None,
+        metrics: ServerMetrics | None = None,
     ) -> None:
         self.engine, self.coordinator, self.registry = engine, coordinator, registry
+        self.metrics = metrics or ServerMetrics()
         self.push_policy = push_policy or PushPolicy()
         self.batch_size, self.checkpoint_interval, self.idle_wakeup = batch_size, checkpoint_interval, idle_wakeup
         self.send_timeout_ms = int(send_timeout * 1000)

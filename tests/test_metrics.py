@@ -1,0 +1,71 @@
+"""The server's Prometheus metrics (--metrics-port): counts, times, lag."""
+
+import re
+import urllib.request
+
+import pytest
+
+from hqueue import HQueue, HQueueAdmin, Message, MessageListener, Subscription
+from hqueue.server import HQueueServer
+
+from .processes import wait_for
+
+
+def scrape(server) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
+    return {m[0]: float(m[1]) for m in re.findall(r"^(hqueue_\S+) (\S+)$", text, re.M)}
+
+
+class Refuse(MessageListener):
+    def on_messages(self, messages):
+        raise RuntimeError("not today")
+
+
+class Take(MessageListener):
+    def __init__(self):
+        self.count = 0
+
+    def on_messages(self, messages):
+        self.count += len(messages)
+
+
+@pytest.fixture
+def server(tmp_path):
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, metrics_port=0).start()
+    with HQueueAdmin(f"hqueue://{server.address}") as admin:
+        admin.create_queue("q", 2)
+    yield server
+    server.stop()
+
+
+def test_puts_connections_and_partitions_are_counted(server):
+    with HQueue("q", f"hqueue://{server.address}") as queue:
+        queue.put([Message("t", b"x")] * 7, partition_id=0)
+        queue.put(Message("t", b"y"), partition_id=1)
+        metrics = scrape(server)
+    assert metrics['hqueue_put_messages_total{queue="q"}'] == 8
+    assert metrics['hqueue_put_seconds_count{queue="q"}'] == 2
+    assert metrics['hqueue_owned_partitions{queue="q"}'] == 2
+    assert metrics["hqueue_connections"] >= 1
+
+
+def test_delivery_and_lag_per_subscriber_and_partition(server):
+    url = f"hqueue://{server.address}"
+    with HQueue("q", url) as queue:
+        taker = Take()
+        with (
+            queue.create_subscriber(Subscription("taker"), [taker]),
+            queue.create_subscriber(Subscription("refuser"), [Refuse()]),
+        ):
+            queue.put([Message("t", b"x")] * 5, partition_id=1)
+            wait_for(lambda: taker.count == 5, 20, "delivery")
+            key = '{partition="1",queue="q",subscriber="%s"}'
+            wait_for(lambda: scrape(server)['hqueue_delivery_failures_total{queue="q",subscriber="refuser"}'] > 0, 20,
+                     "a refused push")  # fmt: skip
+            wait_for(lambda: scrape(server)["hqueue_subscriber_lag_seconds" + key % "refuser"] > 0, 20, "lag in time")
+            metrics = scrape(server)
+    assert metrics['hqueue_delivered_messages_total{queue="q",subscriber="taker"}'] == 5
+    assert metrics["hqueue_subscriber_lag_messages" + key % "taker"] == 0
+    assert metrics["hqueue_subscriber_lag_seconds" + key % "taker"] == 0
+    assert metrics["hqueue_subscriber_lag_messages" + key % "refuser"] == 5  # one waiting batch: lag, not 0
+    assert metrics['hqueue_delivery_seconds_count{queue="q",subscriber="taker"}'] >= 1

@@ -16,7 +16,7 @@ __all__ = ["HQueueAdmin"]
 
 
 if TYPE_CHECKING:
-    from .remote import RemoteEngine
+    from .engine import SubscriptionEngine
 
 
 class HQueueAdmin(Connected):
@@ -105,8 +105,8 @@ class HQueueAdmin(Connected):
 
     # -- subscribers (SPEC C7) ---------------------------------------------------------
 
-    def _server(self) -> RemoteEngine:
-        return self.remote("subscribers are kept by hqueue servers")
+    def _server(self) -> SubscriptionEngine:
+        return self.subscription_engine("subscriber administration")
 
     def add_subscriber(
         self,

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
-from .engine import Engine, EngineAPI
+from .engine import Engine, EngineAPI, SubscriptionEngine
 from .errors import HQueueError, InvalidArgument
 from .storage import default_url
-
-if TYPE_CHECKING:
-    from .remote import RemoteEngine
 
 
 def resolve_url(url: str | None, data_dir: str | os.PathLike[str] | None) -> str:
@@ -65,11 +61,12 @@ class Connected:
             raise RuntimeError(f"{type(self).__name__} is closed")
         return self._engine
 
-    def remote(self, what: str) -> RemoteEngine:
-        """The client of hqueue servers; raises HQueueError for a local store."""
+    def subscription_engine(self, what: str) -> SubscriptionEngine:
+        """The engine, when it serves push subscriptions (both engines do: a
+        store in this process runs them here, hqueue servers run them there)."""
         if not self.engine.serves_subscriptions:
-            raise HQueueError(f"{what}: run `hqueue server` and connect with url='hqueue://host:port'")
-        return self.engine  # type: ignore[return-value]  # the one engine that serves subscriptions
+            raise HQueueError(f"{what}: this store does not serve push subscriptions")
+        return self.engine  # type: ignore[return-value]  # it has the subscription calls
 
     @property
     def url(self) -> str:

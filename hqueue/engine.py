@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict
 from operator import add
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .config import MAX_TOPIC_BYTES, InfoCache, QueueInfo
 from .errors import InvalidMessage, InvalidPartition, MessageTooLarge, QueueEnabled
@@ -35,6 +35,9 @@ from .scanner import KeyRangeCursor, Scan
 from .storage import Storage, normalize_url, open_storage
 from .storage.base import forget_id_floor, read_id_floor
 
+if TYPE_CHECKING:
+    from .local_subscriptions import LocalSubscriptions
+
 logger = logging.getLogger(__name__)
 
 
@@ -42,7 +45,7 @@ class EngineAPI(Protocol):
     """What HQueue and HQueueAdmin need from an engine: :class:`Engine` (a store in
     this process) or :class:`~hqueue.remote.RemoteEngine` (hqueue servers)."""
 
-    #: Whether push subscriptions can be registered and run (hqueue servers only, for now).
+    #: Whether push subscriptions can be registered and run (both engines: see SubscriptionEngine).
     serves_subscriptions: bool
 
     @property
@@ -62,6 +65,21 @@ class EngineAPI(Protocol):
     def release(self) -> None: ...
 
 
+class SubscriptionEngine(EngineAPI, Protocol):
+    """The calls behind push subscriptions and their administration."""
+
+    def add_subscriber(
+        self, queue: str, name: str, topics: Collection[bytes] | None, partitions: dict[int, MessageID | None] | None
+    ) -> None: ...
+    def delete_subscriber(self, queue: str, name: str) -> None: ...
+    def list_subscribers(self, queue: str) -> list[str]: ...
+    def describe_subscriber(self, queue: str, name: str) -> dict[str, Any]: ...
+    def set_checkpoint(self, queue: str, name: str, partition_id: int | None, start: MessageID) -> None: ...
+    def coordination(self) -> str: ...
+    def subscriber_heartbeat(self, queue: str, name: str, address: str, topics: Collection[bytes] | None) -> None: ...
+    def subscriber_leave(self, queue: str, name: str) -> None: ...
+
+
 class Engine:
     """ID assignment, validation, writes and scans over one store.
 
@@ -69,7 +87,8 @@ class Engine:
         storage: The backend to use; the engine closes it on :meth:`close`.
     """
 
-    serves_subscriptions = False
+    #: Push subscriptions run in this process (hqueue.local_subscriptions), started on first use.
+    serves_subscriptions = True
     _registry: dict[str, Engine] = {}
     _registry_lock = threading.Lock()
 
@@ -82,6 +101,7 @@ class Engine:
         self._infos = InfoCache(storage.get_queue)
         self._write_listeners: list[Callable[[str, int], None]] = []
         self._refs = 0
+        self._local_subscriptions: LocalSubscriptions | None = None
 
     @property
     def url(self) -> str:
@@ -110,7 +130,49 @@ class Engine:
         self.close()
 
     def close(self) -> None:
+        if self._local_subscriptions is not None:
+            self._local_subscriptions.stop()
+            self._local_subscriptions = None
         self.storage.close()
+
+    # -- push subscriptions, served in this process ---------------------------------
+
+    def _subscriptions(self) -> LocalSubscriptions:
+        with self._lock:
+            if self._local_subscriptions is None:
+                from .local_subscriptions import LocalSubscriptions
+
+                self._local_subscriptions = LocalSubscriptions(self)
+            return self._local_subscriptions
+
+    def add_subscriber(
+        self, queue: str, name: str, topics: Collection[bytes] | None, partitions: dict[int, MessageID | None] | None
+    ) -> None:
+        self._subscriptions().subscribers.add(
+            queue, name, frozenset(topics) if topics is not None else None, partitions
+        )
+
+    def delete_subscriber(self, queue: str, name: str) -> None:
+        self._subscriptions().subscribers.delete(queue, name)
+
+    def list_subscribers(self, queue: str) -> list[str]:
+        self.queue_info(queue, fresh=True)
+        return self._subscriptions().registry.names(queue)
+
+    def describe_subscriber(self, queue: str, name: str) -> dict[str, Any]:
+        return self._subscriptions().describe(queue, name)
+
+    def set_checkpoint(self, queue: str, name: str, partition_id: int | None, start: MessageID) -> None:
+        self._subscriptions().subscribers.set_checkpoint(queue, name, partition_id, start)
+
+    def coordination(self) -> str:
+        return self._subscriptions().registry.coordination
+
+    def subscriber_heartbeat(self, queue: str, name: str, address: str, topics: Collection[bytes] | None) -> None:
+        self._subscriptions().registry.heartbeat(queue, name, address, frozenset(topics) if topics else None)
+
+    def subscriber_leave(self, queue: str, name: str) -> None:
+        self._subscriptions().registry.leave(queue, name)
 
     # -- queue metadata -------------------------------------------------------
 

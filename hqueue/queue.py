@@ -225,10 +225,10 @@ class HQueue(Connected):
                 subscriber to lapse (one that crashed); a live one keeps its name,
                 and start() raises SubscriberActive.
 
-        Raises:
-            HQueueError: the queue is not served by an hqueue server.
+        Push subscriptions work on every store: hqueue servers deliver them, or,
+        for a store opened in this process, this process does.
         """
-        engine = self.remote("push subscriptions are delivered by hqueue servers")
+        engine = self.subscription_engine("create_subscriber")
         if not isinstance(subscription, Subscription):
             raise TypeError(f"'subscription' must be a Subscription, not {type(subscription).__name__}")
         return Subscriber(

@@ -42,7 +42,7 @@ from .message import Message, MessageID, _as_topic
 
 if TYPE_CHECKING:  # Thrift and kazoo load when a subscriber starts, not with hqueue
     from .coordination.zk_registry import ZooKeeperPresence
-    from .remote import RemoteEngine
+    from .engine import SubscriptionEngine
     from .rpc.threaded import ThreadedServer
 
 logger = logging.getLogger(__name__)
@@ -131,7 +131,7 @@ class Subscriber:
 
     def __init__(
         self,
-        engine: RemoteEngine,
+        engine: SubscriptionEngine,
         queue: str,
         subscription: Subscription,
         listeners: Sequence[MessageListener],

@@ -162,7 +162,7 @@ def test_list_describe_scan_count_print_tables_and_timing(run):
         ("scan 'q1', {STARTTIME => 'yesterday'}", "not a message ID or ISO time"),
         ("put 'q1', 't', 'v', 99", "'partition_id' must be in 0..3"),
         ("help 'nope'", "no command 'nope'"),
-        ("add_subscriber 'q1', 's'", "subscribers are kept by hqueue servers"),
+        ("add_subscriber 'nope', 's'", "queue 'nope' does not exist"),
     ],
 )
 def test_user_errors_are_one_line_and_the_shell_carries_on(run, line, error):

@@ -8,7 +8,6 @@ import pytest
 from hqueue import (
     HQueue,
     HQueueAdmin,
-    HQueueError,
     Message,
     MessageID,
     MessageListener,
@@ -183,15 +182,6 @@ def test_bad_subscriber_input_is_rejected_clearly(queue, url, tmp_path):
         admin.add_subscriber("events", "s2", partitions=[1])
         admin.delete_subscriber("events", "s2")
         assert admin.list_subscribers("events") == []
-    with HQueueAdmin(data_dir=tmp_path / "embedded") as admin:
-        admin.create_queue("local", 1)
-        with pytest.raises(HQueueError, match="hqueue server"):
-            admin.add_subscriber("local", "s")
-        with (
-            HQueue("local", data_dir=tmp_path / "embedded") as local,
-            pytest.raises(HQueueError, match="hqueue server"),
-        ):
-            local.create_subscriber(Subscription("s"), [Collect()])
 
 
 def test_a_vanished_subscriber_is_paused_and_nothing_is_lost(queue):
@@ -255,3 +245,28 @@ def test_a_second_live_instance_of_a_subscriber_is_refused(queue):
     # Once the first leaves, a new instance takes the name at once
     with queue.create_subscriber(Subscription("s"), [Collect()], takeover_timeout=1.0) as third:
         assert third.started
+
+
+@pytest.mark.parametrize("store", ["local", "memory"])
+def test_push_subscriptions_run_in_process_on_an_embedded_store(tmp_path, store):
+    """No server: the process that opened the store delivers, with the same checkpoints."""
+    url = f"local://{tmp_path}/data" if store == "local" else f"memory://subs-{tmp_path.name}"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("local", 4)
+        admin.add_subscriber("local", "early")  # registered now: nothing after this is missed
+        with HQueue("local", url) as queue:
+            ids = put_spread(queue, 40, partitions=4)
+            listener = Collect()
+            with queue.create_subscriber(Subscription("early"), [listener]):
+                wait_for(lambda: len(listener.messages) >= 40, 20, "in-process delivery")
+                more = put_spread(queue, 8, partitions=4)
+                wait_for(lambda: len(listener.messages) >= 48, 20, "delivery of later puts")
+            assert sorted(m.id for m in listener.messages) == sorted(ids + more)
+            # Leaving saves every checkpoint (a moment later: the workers stop on their own thread)
+            lag = lambda: set(admin.describe_subscriber("local", "early")["lag_messages"].values())  # noqa: E731
+            wait_for(lambda: lag() == {0}, 10, "the checkpoints to be saved")
+            assert admin.list_subscribers("local") == ["early"]
+            second = Collect()
+            with queue.create_subscriber(Subscription("early"), [second]):
+                time.sleep(0.3)  # the checkpoints hold: nothing comes twice
+            assert second.messages == []

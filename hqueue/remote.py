@@ -479,6 +479,9 @@ class RemoteCursor:
                 pass  # gone already (idle timeout, server restart): nothing to free
             self._release()
 
-    def __del__(self) -> None:  # an abandoned cursor still returns its connection
+    def __del__(self) -> None:
+        # Abandoned before the end: drop the connection (no call from a finalizer);
+        # the server frees the scanner with it.
         if not getattr(self, "done", True):
-            self.close()
+            self.done = True
+            self._release(broken=True)

@@ -44,13 +44,22 @@ class Collect(MessageListener):
 
 
 @pytest.fixture
-def url(tmp_path):
+def server(tmp_path):
     server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
-    url = f"hqueue://{server.address}"
-    with HQueueAdmin(url) as admin:
+    with HQueueAdmin(f"hqueue://{server.address}") as admin:
         admin.create_queue("events", 8)
-    yield url
+    yield server
     server.stop()
+
+
+@pytest.fixture
+def url(server):
+    return f"hqueue://{server.address}"
+
+
+def settled(server) -> None:
+    """Wait until the server would deliver nothing more (instead of sleeping)."""
+    wait_for(server.subscriptions.settled, 10, "delivery to settle")
 
 
 @pytest.fixture
@@ -66,12 +75,12 @@ def put_spread(queue, count: int, topic: str = "t", partitions: int = 8) -> list
     return ids
 
 
-def test_messages_reach_a_subscriber_exactly_once_in_order_per_partition(queue):
+def test_messages_reach_a_subscriber_exactly_once_in_order_per_partition(queue, server):
     listener = Collect()
     with queue.create_subscriber(Subscription("s1"), [listener]):
         ids = put_spread(queue, 800)
         wait_for(lambda: len(listener.messages) >= 800, 30, "800 deliveries")
-        time.sleep(0.3)  # anything extra would show up now
+        settled(server)  # anything extra would have come by now
     assert sorted(m.id for m in listener.messages) == sorted(ids)  # each once
     for pid, messages in listener.by_partition().items():
         assert [m.id for m in messages] == sorted(m.id for m in messages), f"partition {pid} out of order"
@@ -103,14 +112,14 @@ def test_a_failing_listener_gets_the_same_batches_again_nothing_skipped(queue):
     assert [m.id for m in listener.messages] == ids
 
 
-def test_topic_filter_and_partition_subset(queue):
+def test_topic_filter_and_partition_subset(queue, server):
     listener = Collect()
     subscription = Subscription("s1", topics={"wanted"}).add_partitions({(1, None), (2, None)})
     with queue.create_subscriber(subscription, [listener]):
         for pid in range(4):
             queue.put([Message("wanted", b"w%d" % pid), Message("other", b"o%d" % pid)], partition_id=pid)
         wait_for(lambda: len(listener.messages) >= 2, 10, "2 deliveries")
-        time.sleep(0.5)
+        settled(server)
     assert sorted(listener.values()) == [b"w1", b"w2"]
 
 
@@ -122,7 +131,7 @@ def test_explicit_start_ids_replay_history(queue):
     assert listener.values() == [b"old2", b"old3", b"old4"]
 
 
-def test_add_subscriber_before_start_misses_nothing_written_after(queue, url):
+def test_add_subscriber_before_start_misses_nothing_written_after(queue, url, server):
     queue.put(Message("t", b"before"), partition_id=0)
     with HQueueAdmin(url) as admin:
         admin.add_subscriber("events", "late")
@@ -131,7 +140,7 @@ def test_add_subscriber_before_start_misses_nothing_written_after(queue, url):
     listener = Collect()
     with queue.create_subscriber(Subscription("late"), [listener]):
         wait_for(lambda: listener.messages, 10, "the message written after add_subscriber")
-        time.sleep(0.3)
+        settled(server)
     assert listener.values() == [b"after add"]
 
 

@@ -362,6 +362,13 @@ class SubscriptionManager:
             for loop_key in [k for k in self.loops if k not in owed]:
                 self.loops.pop(loop_key).stop()
 
+    def settled(self) -> bool:
+        """Whether every worker has pushed all it read and waits for writes:
+        nothing more would be delivered now (what tests wait for, not a sleep)."""
+        with self._lock:
+            workers = list(self.workers.values())
+        return all(worker.idle and not worker.buffer for worker in workers)
+
     def _stop_worker(self, key: Key) -> None:
         worker = self.workers.pop(key)
         partition = (key[0], key[2])

@@ -114,6 +114,8 @@ class HQueueAdmin(Connected):
         name: str,
         topics: Iterable[str | bytes] | None = None,
         partitions: Mapping[int, MessageID | None] | Iterable[int] | None = None,
+        *,
+        dead_letter_after: int | None = None,
     ) -> None:
         """Register a subscriber now: nothing written after this call is missed,
         even before the subscriber process starts.
@@ -122,12 +124,13 @@ class HQueueAdmin(Connected):
             topics: Topics it takes; None for all.
             partitions: Partition ids (from now), or ``{pid: start ID or None}``;
                 None for all partitions, from now.
+            dead_letter_after: See :class:`~hqueue.Subscription`.
         """
         starts: dict[int, MessageID | None] | None = None
         if partitions is not None:
             starts = dict(partitions) if isinstance(partitions, Mapping) else dict.fromkeys(partitions)
         encoded = frozenset(_as_topic(t) for t in topics) if topics is not None else None
-        self._server().add_subscriber(queue, name, encoded, starts)
+        self._server().add_subscriber(queue, name, encoded, starts, dead_letter_after)
 
     def delete_subscriber(self, queue: str, name: str) -> None:
         """Forget a subscriber and its checkpoints (queue first, as every admin call)."""

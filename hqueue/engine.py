@@ -69,7 +69,12 @@ class SubscriptionEngine(EngineAPI, Protocol):
     """The calls behind push subscriptions and their administration."""
 
     def add_subscriber(
-        self, queue: str, name: str, topics: Collection[bytes] | None, partitions: dict[int, MessageID | None] | None
+        self,
+        queue: str,
+        name: str,
+        topics: Collection[bytes] | None,
+        partitions: dict[int, MessageID | None] | None,
+        dead_letter_after: int | None = None,
     ) -> None: ...
     def delete_subscriber(self, queue: str, name: str) -> None: ...
     def list_subscribers(self, queue: str) -> list[str]: ...
@@ -146,10 +151,15 @@ class Engine:
             return self._local_subscriptions
 
     def add_subscriber(
-        self, queue: str, name: str, topics: Collection[bytes] | None, partitions: dict[int, MessageID | None] | None
+        self,
+        queue: str,
+        name: str,
+        topics: Collection[bytes] | None,
+        partitions: dict[int, MessageID | None] | None,
+        dead_letter_after: int | None = None,
     ) -> None:
         self._subscriptions().subscribers.add(
-            queue, name, frozenset(topics) if topics is not None else None, partitions
+            queue, name, frozenset(topics) if topics is not None else None, partitions, dead_letter_after
         )
 
     def delete_subscriber(self, queue: str, name: str) -> None:

@@ -324,7 +324,12 @@ class RemoteEngine:
     # -- subscriptions ----------------------------------------------------------------
 
     def add_subscriber(
-        self, queue: str, name: str, topics: Collection[bytes] | None, partitions: dict[int, MessageID | None] | None
+        self,
+        queue: str,
+        name: str,
+        topics: Collection[bytes] | None,
+        partitions: dict[int, MessageID | None] | None,
+        dead_letter_after: int | None = None,
     ) -> None:
         starts = None
         if partitions is not None:
@@ -332,7 +337,8 @@ class RemoteEngine:
                 wire.T.TPartitionStart(partitionID=pid, startID=wire.to_tid(start) if start else None)
                 for pid, start in sorted(partitions.items())
             ]
-        self._call("addSubscriber", queue, name, sorted(topics) if topics is not None else None, starts, queue=queue)
+        topic_list = sorted(topics) if topics is not None else None
+        self._call("addSubscriber", queue, name, topic_list, starts, dead_letter_after, queue=queue)
 
     def delete_subscriber(self, queue: str, name: str) -> None:
         self._call("deleteSubscriber", name, queue, queue=queue)

@@ -47,8 +47,9 @@ if TYPE_CHECKING:  # Thrift and kazoo load when a subscriber starts, not with hq
 
 logger = logging.getLogger(__name__)
 
-#: Status codes returned to the server by consumeMessages.
-OK, FAILED = 0, 1
+#: Status codes returned to the server by consumeMessages: processed; a listener
+#: failed (counts toward dead_letter_after); stopping (try again later, never counts).
+OK, FAILED, STOPPING = 0, 1, 2
 
 
 class MessageListener:
@@ -65,9 +66,17 @@ class Subscription:
     Args:
         name: The subscriber's name on the queue (its checkpoints go by it).
         topics: Topics to take; none means all.
+        dead_letter_after: How many times the subscriber may refuse a message
+            (a listener raised) before the server puts it on the queue
+            ``<queue>.dlq`` (same partition, topic and value) and goes on. A
+            refused batch is first retried message by message, so only the
+            poison message goes. A subscriber that cannot be reached never
+            counts. None (the default): retry forever, in order.
     """
 
-    def __init__(self, name: str, topics: Iterable[str | bytes] | None = None) -> None:
+    def __init__(
+        self, name: str, topics: Iterable[str | bytes] | None = None, *, dead_letter_after: int | None = None
+    ) -> None:
         if not isinstance(name, str) or not name or "/" in name:
             raise InvalidArgument(f"'name' must be a non-empty str without '/', got {name!r}")
         if isinstance(topics, (str, bytes)):
@@ -75,6 +84,9 @@ class Subscription:
         self.name = name
         self.topics: set[bytes] | None = {_as_topic(t) for t in topics} if topics else None
         self.partitions: dict[int, MessageID | None] | None = None
+        if dead_letter_after is not None and (not isinstance(dead_letter_after, int) or dead_letter_after < 1):
+            raise InvalidArgument(f"'dead_letter_after' must be an int >= 1 or None, got {dead_letter_after!r}")
+        self.dead_letter_after = dead_letter_after
 
     def add_topic(self, topic: str | bytes) -> Subscription:
         self.topics = (self.topics or set()) | {_as_topic(topic)}
@@ -112,7 +124,7 @@ class _ConsumeHandler:
         if not self.subscriber.started:
             # Stopped: connections opened before stop() may still deliver; refuse,
             # so the batch stays undelivered and comes to the next instance.
-            return FAILED
+            return STOPPING
         try:
             from .rpc import wire
 
@@ -175,7 +187,9 @@ class Subscriber:
         self._server.serve_in_thread(f"hqueue-subscriber-{self.name}")
         try:
             topics = frozenset(self.subscription.topics) if self.subscription.topics else None
-            self.engine.add_subscriber(self.queue, self.name, topics, self.subscription.partitions)
+            self.engine.add_subscriber(
+                self.queue, self.name, topics, self.subscription.partitions, self.subscription.dead_letter_after
+            )
             coordination = self.engine.coordination()
             if coordination.startswith("zk:"):
                 from .coordination.zk_registry import ZooKeeperPresence

@@ -8,6 +8,7 @@ import pytest
 from hqueue import (
     HQueue,
     HQueueAdmin,
+    InvalidArgument,
     Message,
     MessageID,
     MessageListener,
@@ -279,3 +280,43 @@ def test_push_subscriptions_run_in_process_on_an_embedded_store(tmp_path, store)
             with queue.create_subscriber(Subscription("early"), [second]):
                 time.sleep(0.3)  # the checkpoints hold: nothing comes twice
             assert second.messages == []
+
+
+class RefusePoison(MessageListener):
+    """Takes every message but b"poison", which it refuses every time."""
+
+    def __init__(self):
+        self.taken, self.refusals, self.lock = [], 0, threading.Lock()
+
+    def on_messages(self, messages):
+        with self.lock:
+            if any(m.value == b"poison" for m in messages):
+                self.refusals += 1
+                raise ValueError("poison")
+            self.taken += messages
+
+
+@pytest.mark.parametrize("where", ["server", "embedded"])
+def test_a_poison_message_goes_to_the_dead_letter_queue_and_the_rest_flows(tmp_path, url, where):
+    url = url if where == "server" else f"local://{tmp_path}/embedded"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("orders", 2)
+        with HQueue("orders", url) as queue:
+            listener = RefusePoison()
+            subscription = Subscription("s", dead_letter_after=3)
+            with queue.create_subscriber(subscription, [listener]):
+                values = [b"a", b"b", b"poison", b"c", b"d"]
+                ids = queue.put([Message("t", v) for v in values], partition_id=1)  # one batch
+                wait_for(lambda: len(listener.taken) == 4, 30, "the good messages around the poison")
+            assert [m.value for m in listener.taken] == [b"a", b"b", b"c", b"d"]  # in order, the poison skipped
+            assert [m.id for m in listener.taken] == [ids[0], ids[1], ids[3], ids[4]]
+            # 3 refusals of the whole batch, then 3 of the poison alone
+            assert listener.refusals == 6
+        with HQueue("orders.dlq", url) as dlq:  # an ordinary queue, same partition, topic and value
+            (dead,) = list(dlq.scan())
+            assert (dead.partition_id, dead.topic, dead.value) == (1, b"t", b"poison")
+
+
+def test_dead_letter_after_is_checked():
+    with pytest.raises(InvalidArgument):
+        Subscription("s", dead_letter_after=0)

@@ -194,8 +194,11 @@ service HQueueService {
   // Registers name on queue now, so nothing written after this call is missed.
   // An existing registration keeps its checkpoints; starts given move them.
   // topics and partitions may be null: all of them.
+  // deadLetterAfter: how many times the subscriber may refuse a message before
+  // it goes to the queue <queue>.dlq (same partition, topic and value);
+  // unset: retry forever.
   void addSubscriber(1: string queue, 2: string name, 3: list<binary> topics,
-                     4: list<TPartitionStart> partitions)
+                     4: list<TPartitionStart> partitions, 5: optional i32 deadLetterAfter)
       throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TIOError io, 4: TNotAuthorized denied)
   void deleteSubscriber(1: string name, 2: string queue)
       throws (1: TSubscriberNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied, 4: TQueueNotFound queueNotFound)
@@ -219,7 +222,9 @@ service HQueueService {
 }
 
 // Served by each subscriber (SPEC C7): the server pushes batches to it.
-// Returns 0 when the batch was processed; any other value asks for a retry.
+// Returns 0 when the batch was processed; any other value asks for a retry:
+// 1 a listener failed (counts toward addSubscriber's deadLetterAfter),
+// 2 the subscriber is stopping (never counts).
 service HQueueSubscriberService {
   i32 consumeMessages(1: list<TMessage> messages)
 }

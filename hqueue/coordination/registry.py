@@ -57,6 +57,8 @@ class Registration:
             override ``topics`` while it is attached.
         epoch: Bumped by a replay (``set_checkpoint``): workers of an older
             epoch stop and never save their checkpoints over the new ones.
+        dead_letter_after: Refusals by the subscriber a message may take before
+            it goes to the dead-letter queue ``<queue>.dlq``; None: retry forever.
     """
 
     queue: str
@@ -67,6 +69,7 @@ class Registration:
     address: str | None = None
     live_topics: frozenset[bytes] | None = None
     epoch: int = 0
+    dead_letter_after: int | None = None
 
     @property
     def attached(self) -> bool:
@@ -90,6 +93,7 @@ class Registration:
                 "partitions": sorted(self.partitions) if self.partitions is not None else None,
                 "checkpoints": {str(p): str(i) for p, i in sorted(self.checkpoints.items())},
                 "epoch": self.epoch,
+                "dead_letter_after": self.dead_letter_after,
             }
         ).encode()
 
@@ -103,6 +107,7 @@ class Registration:
             partitions=frozenset(raw["partitions"]) if raw.get("partitions") is not None else None,
             checkpoints={int(p): MessageID.parse(i) for p, i in raw.get("checkpoints", {}).items()},
             epoch=raw.get("epoch", 0),
+            dead_letter_after=raw.get("dead_letter_after"),
         )
 
 

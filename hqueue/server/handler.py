@@ -304,11 +304,18 @@ class HQueueHandler:
         self._subscribers = subscribers
 
     @_served("consumer")
-    def addSubscriber(self, queue: str, name: str, topics: list[bytes] | None, partitions: list[Any] | None) -> None:
+    def addSubscriber(
+        self,
+        queue: str,
+        name: str,
+        topics: list[bytes] | None,
+        partitions: list[Any] | None,
+        deadLetterAfter: int | None = None,
+    ) -> None:
         starts = None
         if partitions is not None:
             starts = {p.partitionID: wire.from_tid(p.startID) if p.startID else None for p in partitions}
-        self.subscribers.add(queue, name, frozenset(topics) if topics is not None else None, starts)
+        self.subscribers.add(queue, name, frozenset(topics) if topics is not None else None, starts, deadLetterAfter)
 
     @_served("consumer", 1)
     def deleteSubscriber(self, name: str, queue: str) -> None:

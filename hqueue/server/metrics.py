@@ -47,6 +47,12 @@ class ServerMetrics:
             buckets=_BUCKETS,
             registry=r,
         )
+        self.dead_lettered = Counter(
+            "hqueue_dead_lettered_messages",
+            "Messages moved to <queue>.dlq after the subscriber refused them too often.",
+            subscriber,
+            registry=r,
+        )
         self.partition_changes = Counter(
             "hqueue_partition_changes", "Partitions this server gained or lost (rebalances).", ["change"], registry=r
         )

@@ -6,13 +6,18 @@ from typing import Any
 
 from ..coordination.registry import Registration, SubscriberExists, SubscriberNotFound, SubscriberRegistry, successor
 from ..engine import Engine, check_partition
-from ..errors import InvalidMessage
+from ..errors import InvalidArgument, InvalidMessage
 from ..ids import wall_clock_ms
 from ..message import MessageID
 from ..scanner import Scan
 
 #: describe_subscriber counts lag messages up to this many per partition.
 LAG_COUNT_LIMIT = 100_000
+
+
+def check_dead_letter_after(value: object) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise InvalidArgument(f"'dead_letter_after' must be an int >= 1 or None, got {value!r}")
 
 
 def partition_lag(
@@ -55,16 +60,18 @@ class Subscribers:
         name: str,
         topics: frozenset[bytes] | None,
         starts: dict[int, MessageID | None] | None,
+        dead_letter_after: int | None = None,
     ) -> Registration:
-        """Register ``name`` (or update its topics, partitions and given starts)."""
+        """Register ``name`` (or update its topics, partitions, dead-letter limit and given starts)."""
         if not isinstance(name, str) or not name or "/" in name:
             raise InvalidMessage(f"invalid subscriber name {name!r}: a non-empty name without '/'")
+        check_dead_letter_after(dead_letter_after)
         info = self.engine.queue_info(queue, fresh=True)
         for pid in starts or {}:
             check_partition(info, pid)
         partitions = frozenset(starts) if starts is not None else None
         given = {pid: start for pid, start in (starts or {}).items() if start is not None}
-        fresh = Registration(queue, name, topics, partitions)
+        fresh = Registration(queue, name, topics, partitions, dead_letter_after=dead_letter_after)
         checkpoints = {pid: self._now(queue, pid) for pid in range(info.partitions) if fresh.takes(pid)}
         try:
             self.registry.create(fresh.with_checkpoints({**checkpoints, **given}))
@@ -72,7 +79,9 @@ class Subscribers:
             # Registered before: keep its checkpoints, except where a start is given.
             def change(old: Registration) -> Registration:
                 missing = {p: c for p, c in checkpoints.items() if p not in old.checkpoints}
-                kept = Registration(queue, name, topics, partitions, old.checkpoints)
+                kept = Registration(
+                    queue, name, topics, partitions, old.checkpoints, dead_letter_after=dead_letter_after
+                )
                 return kept.with_checkpoints({**missing, **given})
 
             self.registry.update(queue, name, change)

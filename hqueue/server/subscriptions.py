@@ -47,11 +47,12 @@ from thriftpy2.thrift import TException
 from thriftpy2.transport import TFramedTransportFactory
 
 from ..auth import PushPolicy
+from ..config import QueueInfo
 from ..coordination import Coordinator
 from ..coordination.registry import Registration, SubscriberNotFound, SubscriberRegistry, successor
 from ..engine import Engine
-from ..errors import HQueueError
-from ..message import MessageID
+from ..errors import HQueueError, QueueExists, QueueNotFound
+from ..message import Message, MessageID
 from ..rpc import wire
 from ..scanner import Scan
 from .metrics import ServerMetrics
@@ -80,6 +81,10 @@ class PartitionWorker:
         self.reached = self.checkpoint
         self.backoff = 0.01
         self._last_save = time.monotonic()
+        #: Failed pushes of the current buffer; and, while isolating a poison
+        #: message, where one-at-a-time delivery ends.
+        self.failures = 0
+        self.careful_until: MessageID | None = None
         # Scheduling state, kept by the loop under its lock.
         self.queued = self.idle = self.dirty = False
 
@@ -97,10 +102,12 @@ class PartitionWorker:
         stop = successor(last)
         scan = Scan(self.checkpoint, stop, self.registration.effective_topics)
         start_key, stop_key = scan.key_range(self.partition_id)
-        messages = engine.scan(self.queue, start_key, stop_key, scan.topics, self.manager.batch_size)
+        # One message at a time while looking for a poison message (see _failed).
+        size = 1 if self.careful_until is not None and self.checkpoint < self.careful_until else self.manager.batch_size
+        messages = engine.scan(self.queue, start_key, stop_key, scan.topics, size)
         self.buffer = wire.to_tmessages(messages)
         # A short batch examined every row up to `last`; a full one stops at its last message.
-        if len(messages) < self.manager.batch_size:
+        if len(messages) < size:
             return stop
         last = messages[-1].id
         assert last is not None  # stored messages have IDs
@@ -142,14 +149,66 @@ class PartitionWorker:
                 if not self.buffer:
                     self.checkpoint = reached  # only rows of other topics: skip them for good
                     return AGAIN
-            if loop.send(str(self.registration.address), self.buffer):
-                self.checkpoint, self.buffer, self.backoff = self.reached, [], 0.01
+            sent = loop.send(str(self.registration.address), self.buffer)
+            if sent:
+                self.checkpoint, self.buffer, self.backoff, self.failures = self.reached, [], 0.01, 0
                 self._save()
+                return AGAIN
+            if sent is False and self._refused():  # None: the subscriber was not reached; that never counts
                 return AGAIN
         except Exception:  # one bad turn never kills delivery
             logger.exception("%s partition %d: delivery failed; retrying", self.name, self.partition_id)
         backoff, self.backoff = self.backoff, min(self.backoff * 2, 5.0)
         return backoff
+
+    # -- dead letters ----------------------------------------------------------------------
+
+    def _refused(self) -> bool:
+        """Count a push the subscriber refused; past ``dead_letter_after`` refusals,
+        isolate the poison message (one message at a time) and dead-letter it.
+        True: go on now."""
+        self.failures += 1
+        limit = self.registration.dead_letter_after
+        if limit is None or self.failures < limit:
+            return False
+        self.failures = 0
+        if len(self.buffer) > 1:  # which one is it? retry them one by one up to the batch's end
+            self.careful_until = self.reached
+            first = wire.from_tid(self.buffer[0].id)
+            self.buffer, self.reached = self.buffer[:1], successor(first)
+            return True
+        if not self._dead_letter(self.buffer[0]):
+            return False
+        self.checkpoint, self.buffer, self.backoff = self.reached, [], 0.01
+        self._save(force=True)
+        return True
+
+    def _dead_letter(self, tmessage: Any) -> bool:
+        """Put the message on ``<queue>.dlq``, in a partition this server writes; False: not yet."""
+        engine, coordinator = self.manager.engine, self.manager.coordinator
+        dlq = self.queue + ".dlq"
+        try:
+            info = engine.queue_info(dlq, fresh=True)
+        except QueueNotFound:
+            try:
+                engine.create_queue(QueueInfo(dlq, engine.queue_info(self.queue).partitions))
+            except QueueExists:
+                pass  # another worker made it first
+            coordinator.queues_changed()
+            info = engine.queue_info(dlq, fresh=True)
+        owned = coordinator.owned(dlq, info.partitions)
+        if not owned:
+            coordinator.queues_changed()
+            return False  # its partitions are being assigned: next time
+        pid = self.partition_id if self.partition_id in owned else owned[0]
+        (dead_id,) = engine.put(dlq, [Message(tmessage.topic, tmessage.value)], pid)
+        self.manager.metrics.dead_lettered.labels(self.queue, self.name).inc()
+        logger.warning(
+            "%s: message %s of %s partition %d failed %d deliveries; moved to %s partition %d as %s",
+            self.name, wire.from_tid(tmessage.id), self.queue, self.partition_id,
+            self.registration.dead_letter_after, dlq, pid, dead_id,
+        )  # fmt: skip
+        return True
 
 
 class SubscriberLoop(threading.Thread):
@@ -243,7 +302,8 @@ class SubscriberLoop(threading.Thread):
 
     # -- MessageSender's connection ----------------------------------------------------------
 
-    def send(self, address: str, batch: list[Any]) -> bool:
+    def send(self, address: str, batch: list[Any]) -> bool | None:
+        """True: the subscriber took the batch; False: it refused it; None: not reached."""
         try:
             if self._client is None or self._client_address != address:
                 self._drop_client()
@@ -261,13 +321,13 @@ class SubscriberLoop(threading.Thread):
             logger.info("%s: sending %d message(s) failed: %s", self.subscriber, len(batch), e)
             self._drop_client()
             self.manager.metrics.delivery_failures.labels(self.queue, self.subscriber).inc()
-            return False
+            return None
         metrics = self.manager.metrics
         metrics.delivery_seconds.labels(self.queue, self.subscriber).observe(time.perf_counter() - started)
         if status != 0:
             logger.info("%s: subscriber returned status %s for %d message(s)", self.subscriber, status, len(batch))
             metrics.delivery_failures.labels(self.queue, self.subscriber).inc()
-            return False
+            return False if status == 1 else None  # 2: it is stopping, which is no refusal
         metrics.delivered.labels(self.queue, self.subscriber).inc(len(batch))
         return True
 
@@ -390,4 +450,4 @@ class SubscriptionManager:
 
 def _identity(registration: Registration) -> tuple:
     """What a running worker depends on: a change means a restart."""
-    return registration.address, registration.effective_topics, registration.epoch
+    return registration.address, registration.effective_topics, registration.epoch, registration.dead_letter_after

@@ -60,9 +60,10 @@ def test_delivery_and_lag_per_subscriber_and_partition(server):
             queue.put([Message("t", b"x")] * 5, partition_id=1)
             wait_for(lambda: taker.count == 5, 20, "delivery")
             key = '{partition="1",queue="q",subscriber="%s"}'
-            wait_for(lambda: scrape(server)['hqueue_delivery_failures_total{queue="q",subscriber="refuser"}'] > 0, 20,
-                     "a refused push")  # fmt: skip
-            wait_for(lambda: scrape(server)["hqueue_subscriber_lag_seconds" + key % "refuser"] > 0, 20, "lag in time")
+            failures = 'hqueue_delivery_failures_total{queue="q",subscriber="refuser"}'
+            wait_for(lambda: scrape(server).get(failures, 0) > 0, 20, "a refused push")
+            lag = "hqueue_subscriber_lag_seconds" + key % "refuser"
+            wait_for(lambda: scrape(server).get(lag, 0) > 0, 20, "lag in time")
             metrics = scrape(server)
     assert metrics['hqueue_delivered_messages_total{queue="q",subscriber="taker"}'] == 5
     assert metrics["hqueue_subscriber_lag_messages" + key % "taker"] == 0

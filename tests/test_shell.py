@@ -291,3 +291,13 @@ def test_lines_piped_into_the_shell_run_as_a_script(tmp_path):
     assert result.returncode == 0 and "q1" in result.stdout
     result = hqueue_shell(tmp_path, input="scan 'nope'\nlist\n")
     assert result.returncode == 1 and "stopped at <stdin>, line 1" in result.stderr
+
+
+def test_status_shows_owners_and_each_subscribers_lag(run):
+    run("create 'q1', 2, 0")
+    run("add_subscriber 'q1', 'slow'")
+    run("put 'q1', 't', 'waiting', 0")
+    ok, out, _ = run("status")
+    assert ok and "(this process)" in out
+    (row,) = [line.split() for line in out.splitlines() if line.startswith("slow")]
+    assert row[:4] == ["slow", "q1", "(away)", "1"]  # one waiting message is lag, not 0

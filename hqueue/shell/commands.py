@@ -252,17 +252,30 @@ def count(shell: Shell, name: str) -> Result:
     return str(total), total
 
 
-@command("status", "Where the shell is connected, and what is there.", "status", group="general")
+@command(
+    "status",
+    "Where the shell is connected, who owns the partitions, and how far behind each subscriber is.",
+    "status",
+    group="general",
+)
 def status(shell: Shell) -> Result:
-    infos = shell.admin.list_queues()
-    lines = [f"store: {shell.admin.url}", f"{len(infos)} queue(s), {sum(i.partitions for i in infos)} partition(s)"]
-    locations = getattr(shell.admin.engine, "locations", None)
-    if locations is not None:
-        owners: dict[str, int] = {}
-        for info in infos:
-            for owner in locations(info.name, fresh=True):
-                owners[owner or "(none)"] = owners.get(owner or "(none)", 0) + 1
+    admin = shell.admin
+    infos = admin.list_queues()
+    lines = [f"store: {admin.url}", f"{len(infos)} queue(s), {sum(i.partitions for i in infos)} partition(s)"]
+    owners: dict[str, int] = {}
+    for info in infos:
+        for owner in admin.engine.partition_locations(info.name):
+            owners[owner or "(this process)"] = owners.get(owner or "(this process)", 0) + 1
+    if owners:
         lines.append(table(["SERVER", "PARTITIONS OWNED"], sorted(owners.items())))
+    lag = []
+    for info in infos:
+        for name in admin.list_subscribers(info.name):
+            d = admin.describe_subscriber(info.name, name)
+            seconds = max(d["lag_millis"].values(), default=0) / 1000
+            lag.append((name, info.name, d["address"] or "(away)", sum(d["lag_messages"].values()), f"{seconds:.1f}"))
+    if lag:
+        lines.append(table(["SUBSCRIBER", "QUEUE", "ADDRESS", "LAG (MESSAGES)", "LAG (S, OLDEST)"], lag))
     return "\n".join(lines), None
 
 

@@ -15,6 +15,7 @@ from . import __version__
 from .admin import HQueueAdmin
 from .config import Durability
 from .connection import resolve_url
+from .coordination.registry import successor
 from .errors import HQueueError, NotAuthorized, QueueDisabled, QueueEnabled
 from .message import Message, MessageID
 from .queue import HQueue
@@ -266,12 +267,46 @@ def scan(
 ) -> None:
     """Print messages of queue NAME: partition, ID, topic, value."""
     queue = _queue(ctx, name, read_only=True)
-    encode = _VALUE_FORMATS[output_format]
     for message in queue.scan(start, stop, topics or None, partition_id=partition, limit=limit):
-        if output_format == "json":
-            click.echo(json.dumps(_as_json(message)))
-        else:
-            click.echo(f"{message.partition_id}\t{message.id}\t{escape(message.topic)}\t{encode(message.value)}")
+        _print_message(message, output_format)
+
+
+def _print_message(message: Message, output_format: str) -> None:
+    if output_format == "json":
+        click.echo(json.dumps(_as_json(message)))
+    else:
+        value = _VALUE_FORMATS[output_format](message.value)
+        click.echo(f"{message.partition_id}\t{message.id}\t{escape(message.topic)}\t{value}")
+
+
+@main.command()
+@click.argument("name")
+@click.option("--start", callback=_message_id, help="First ID or ISO time (default: now).")
+@click.option("--topic", "-t", "topics", multiple=True, help="Only this topic; repeatable.")
+@click.option("--format", "output_format", type=click.Choice(["text", "json", "hex", "base64"]), default="text")
+@click.option("--interval", type=click.FloatRange(0.01), default=0.2, show_default=True, help="Seconds between reads.")
+@click.option("--for", "duration", type=click.FloatRange(0), help="Stop after this many seconds (default: Ctrl-C).")
+@click.pass_context
+def tail(ctx, name: str, start, topics: tuple[str, ...], output_format: str, interval: float, duration) -> None:
+    """Follow queue NAME: print messages as they are written (Ctrl-C to stop).
+
+    Each partition is followed from its own last ID, so a message written to
+    one partition after a later-stamped one in another is never skipped.
+    """
+    queue = _queue(ctx, name, read_only=True)
+    position = {pid: start or MessageID(int(time.time() * 1000)) for pid in range(queue.partitions)}
+    deadline = None if duration is None else time.monotonic() + duration
+    try:
+        while deadline is None or time.monotonic() < deadline:
+            for pid, since in position.items():
+                for batch in queue.scan_batches(since, None, topics or None, partition_id=pid):
+                    for message in batch:
+                        _print_message(message, output_format)
+                    position[pid] = successor(batch.ids[-1])
+            sys.stdout.flush()
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
 
 
 def escape(data: bytes) -> str:

@@ -113,3 +113,32 @@ def test_binary_values_round_trip_through_put_and_scan(run):
     assert run("count", "q", "-t", "b64").output == "1\n"
     bad = run("put", "q", "t", "--input", "hex", input=b"zz\n")
     assert bad.exit_code == 1 and "stdin line 1 is not hex" in bad.output
+
+
+def test_tail_follows_every_partition_and_prints_each_message_once(tmp_path):
+    import threading
+    import time
+
+    from hqueue import HQueue, HQueueAdmin, Message
+
+    url = f"local://{tmp_path}/tail"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 3)
+    queue = HQueue("q", url)  # the same process: the CLI shares the open store
+
+    def write() -> None:
+        for i in range(12):
+            queue.put(Message("t", b"m%d" % i), partition_id=(2 - i % 3))  # later IDs land in lower partitions
+            time.sleep(0.05)
+
+    since = str(int(time.time() * 1000))  # before the first put: the writer may beat tail to it
+    writer = threading.Thread(target=write)
+    writer.start()
+    result = CliRunner().invoke(
+        main, ["--url", url, "tail", "q", "--start", since, "--for", "1.5", "--interval", "0.05"]
+    )
+    writer.join()
+    queue.close()
+    assert result.exit_code == 0, result.output
+    values = [line.split("\t")[3] for line in result.output.splitlines()]
+    assert sorted(values) == sorted(f"m{i}" for i in range(12))

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Any
 from .config import DEFAULT_MAX_MESSAGE_BYTES, Durability, QueueInfo, QueueState, validate_queue_name
 from .connection import Connected
 from .errors import QueueNotFound
-from .message import MessageID, _as_topic
-from .queue import as_message_id
+from .message import Message, MessageID, _as_topic
+from .queue import TimeLike, as_message_id
+from .scanner import Scan
 
 __all__ = ["HQueueAdmin"]
 
@@ -143,6 +144,28 @@ class HQueueAdmin(Connected):
         """Address (None while away), topics, per-partition checkpoints and lag
         in messages (counted up to 100,000) and in milliseconds."""
         return self._server().describe_subscriber(queue, name)
+
+    def replay_dead_letters(self, queue: str, start: TimeLike = None, stop: TimeLike = None) -> int:
+        """Put the messages of ``<queue>.dlq`` in ``[start, stop)`` back on ``queue``
+        (same partition, topic and value; new IDs); return how many.
+
+        A copy: the dead letters stay until you truncate ``<queue>.dlq``, so a
+        failure half-way loses nothing (run it again from where it stopped).
+        """
+        engine, dlq = self.engine, queue + ".dlq"
+        partitions = engine.enabled_queue(queue).partitions
+        scan = Scan(as_message_id(start, "start"), as_message_id(stop, "stop"))
+        copied = 0
+        for pid in range(engine.enabled_queue(dlq).partitions):
+            cursor = engine.open_cursor(dlq, pid, scan, 1000)
+            try:
+                while not cursor.done:
+                    messages = [Message(m.topic, m.value) for m in cursor.fetch()]
+                    if messages:
+                        copied += len(engine.put(queue, messages, pid % partitions))
+            finally:
+                cursor.close()
+        return copied
 
     def set_checkpoint(
         self, queue: str, name: str, partition: int | str | None, position: MessageID | datetime | int

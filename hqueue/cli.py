@@ -345,6 +345,17 @@ def count(ctx, name: str, start, stop, topics: tuple[str, ...], partition: int |
     click.echo(progress.count)
 
 
+@main.command(name="replay-dlq")
+@click.argument("name")
+@click.option("--start", callback=_message_id, help="First dead letter to replay: ID or ISO time (inclusive).")
+@click.option("--stop", callback=_message_id, help="Dead letter ID or ISO time to stop before.")
+@click.pass_context
+def replay_dlq(ctx, name: str, start, stop) -> None:
+    """Put the dead letters of NAME (the queue NAME.dlq) back on NAME; they stay in NAME.dlq."""
+    count = _admin(ctx).replay_dead_letters(name, start, stop)
+    click.echo(f"replayed {count} message(s) from {name}.dlq onto {name!r} (truncate {name}.dlq when done)")
+
+
 @main.command()
 @click.argument("name")
 @click.pass_context

@@ -301,3 +301,13 @@ def test_status_shows_owners_and_each_subscribers_lag(run):
     assert ok and "(this process)" in out
     (row,) = [line.split() for line in out.splitlines() if line.startswith("slow")]
     assert row[:4] == ["slow", "q1", "(away)", "1"]  # one waiting message is lag, not 0
+
+
+def test_replay_dlq_copies_dead_letters_back(run):
+    run("create 'q1', 2, 0")
+    run("create 'q1.dlq', 2, 0")
+    run("put 'q1.dlq', 't', 'dead', 1")
+    ok, out, _ = run("replay_dlq 'q1'")
+    assert ok and "Replayed 1 message(s)" in out
+    assert "dead" in run("scan 'q1', {PARTITION => 1}")[1]
+    assert run("replay_dlq 'nope'")[2].startswith("ERROR: queue 'nope' does not exist")

@@ -315,6 +315,11 @@ def test_a_poison_message_goes_to_the_dead_letter_queue_and_the_rest_flows(tmp_p
         with HQueue("orders.dlq", url) as dlq:  # an ordinary queue, same partition, topic and value
             (dead,) = list(dlq.scan())
             assert (dead.partition_id, dead.topic, dead.value) == (1, b"t", b"poison")
+        # Replay puts a copy back on the queue, in its partition, with a new ID
+        assert admin.replay_dead_letters("orders") == 1
+        with HQueue("orders", url) as queue:
+            replayed = list(queue.scan(partition_id=1))[-1]
+            assert (replayed.value, replayed.id > ids[-1]) == (b"poison", True)
 
 
 def test_dead_letter_after_is_checked():

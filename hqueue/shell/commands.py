@@ -350,6 +350,18 @@ def set_checkpoint(shell: Shell, name: str, queue: str, when: Any, partition: in
     return f"Subscriber {name!r} on {queue!r} replays from {start} ({stamp(start)})", None
 
 
+@command(
+    "replay_dlq 'queue'",
+    "Put the dead letters of a queue (the queue 'queue.dlq') back on it; they stay in queue.dlq.",
+    "replay_dlq 'q1'",
+    args=(QUEUE,),
+    group="subscribers",
+)
+def replay_dlq(shell: Shell, queue: str) -> Result:
+    count = shell.admin.replay_dead_letters(queue)
+    return f"Replayed {count} message(s) from {queue}.dlq onto {queue!r}", count
+
+
 # -- the shell itself ---------------------------------------------------------------------------
 
 

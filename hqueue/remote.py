@@ -7,6 +7,8 @@ in place of the in-process engine, so the whole Python API works the same.
   ``TNotPartitionOwner`` or a dead server makes the client refresh the
   locations and retry with backoff, for up to ``owner_timeout`` seconds;
   after that it raises :class:`~hqueue.errors.NotPartitionOwner`.
+* A put of more than 10,000 messages or 16 MiB is split into calls, each
+  atomic; if one fails, the error's note says which messages are written.
 * A put is acknowledged when its IDs come back. If a server dies after
   writing but before answering, the retry writes the batch again: delivery
   is at least once, never lost. When the retries run out after a request
@@ -381,7 +383,12 @@ class RemoteEngine:
         topics, values = message_columns(self.enabled_queue(name), messages)
         ids: list[MessageID] = []
         for start, stop in _batches(topics, values):
-            ids += self._put_packed(name, partition_id, topics[start:stop], values[start:stop])
+            try:
+                ids += self._put_packed(name, partition_id, topics[start:stop], values[start:stop])
+            except HQueueError as e:
+                if ids:  # a split batch is atomic call by call: say what is written already
+                    e.add_note(f"{len(ids)} of the {len(topics)} messages were written, IDs {ids[0]} to {ids[-1]}")
+                raise
         return ids
 
     def _put_packed(self, name: str, partition_id: int, topics: list[bytes], values: list[bytes]) -> list[MessageID]:

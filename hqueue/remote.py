@@ -96,7 +96,11 @@ class _Connection:
         transport.open()
         self.client = TClient(wire.T.HQueueService, TBinaryProtocolFactory().get_protocol(transport))
         if pool.token is not None:
-            self.client.authenticate(pool.token)
+            try:
+                self.client.authenticate(pool.token)
+            except BaseException:
+                self.socket.close()  # refused, or broken: this connection is of no use
+                raise
 
     def stale(self) -> bool:
         """Whether the server closed this idle connection (restart, idle timeout)."""

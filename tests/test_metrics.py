@@ -70,3 +70,8 @@ def test_delivery_and_lag_per_subscriber_and_partition(server):
     assert metrics["hqueue_subscriber_lag_seconds" + key % "taker"] == 0
     assert metrics["hqueue_subscriber_lag_messages" + key % "refuser"] == 5  # one waiting batch: lag, not 0
     assert metrics['hqueue_delivery_seconds_count{queue="q",subscriber="taker"}'] >= 1
+
+
+def test_a_taken_metrics_port_fails_before_anything_starts(server, tmp_path):
+    with pytest.raises(OSError, match=f"metrics port {server.metrics_port}"):
+        HQueueServer(f"local://{tmp_path}/other", port=0, metrics_port=server.metrics_port)

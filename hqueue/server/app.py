@@ -97,7 +97,6 @@ class HQueueServer:
         self.metrics = ServerMetrics()
         self.coordinator.add_listener(self._count_partition_changes)
         self.metrics.watch(self._gauges)
-        self._metrics_port, self._metrics_host = metrics_port, host
         self.metrics_port: int | None = None
         self.scanners = ScannerRegistry(idle_timeout)
         self.push_policy = push_policy or PushPolicy()
@@ -114,6 +113,13 @@ class HQueueServer:
         self._server = ThreadedServer(
             wire.T.HQueueService, self.handler, socket, limits=limits, ssl_context=ssl_context
         )
+        if metrics_port is not None:  # here, so a taken port fails before anything starts
+            try:
+                self.metrics_port = self.metrics.serve(metrics_port, host)
+            except BaseException:
+                socket.close()
+                self.engine.release()
+                raise
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -133,8 +139,6 @@ class HQueueServer:
         )
         self.subscriptions.start()
         self._thread = self._server.serve_in_thread("hqueue-accept")
-        if self._metrics_port is not None:
-            self.metrics_port = self.metrics.serve(self._metrics_port, self._metrics_host)
         logger.info("hqueue server %s serving %s", self.address, self.engine.storage.url)
         return self
 

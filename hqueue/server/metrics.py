@@ -64,7 +64,10 @@ class ServerMetrics:
 
     def serve(self, port: int, host: str = "127.0.0.1") -> int:
         """Serve ``/metrics`` over HTTP in a thread; returns the port (0: a free one)."""
-        self._server, _ = start_http_server(port, addr=host, registry=self.registry)
+        try:
+            self._server, _ = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as e:
+            raise OSError(e.errno, f"metrics port {port} on {host}: {e.strerror}") from e
         bound = self._server.server_address[1]
         logger.info("metrics on http://%s:%d/metrics", host, bound)
         return bound

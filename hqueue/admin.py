@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 from .config import DEFAULT_MAX_MESSAGE_BYTES, Durability, QueueInfo, QueueState, validate_queue_name
 from .connection import Connected
 from .errors import QueueNotFound
-from .message import Message, MessageID, _as_topic
+from .message import Message, MessageID, _as_topic, topics_of_keys
 from .queue import TimeLike, as_message_id
-from .scanner import Scan
+from .scanner import Scan, read_columns
 
 __all__ = ["HQueueAdmin"]
 
@@ -157,14 +157,9 @@ class HQueueAdmin(Connected):
         scan = Scan(as_message_id(start, "start"), as_message_id(stop, "stop"))
         copied = 0
         for pid in range(engine.enabled_queue(dlq).partitions):
-            cursor = engine.open_cursor(dlq, pid, scan, 1000)
-            try:
-                while not cursor.done:
-                    messages = [Message(m.topic, m.value) for m in cursor.fetch()]
-                    if messages:
-                        copied += len(engine.put(queue, messages, pid % partitions))
-            finally:
-                cursor.close()
+            for keys, values in read_columns(engine, dlq, pid, scan, 1000):
+                messages = list(map(Message, topics_of_keys(keys), values))
+                copied += len(engine.put(queue, messages, pid % partitions))
         return copied
 
     def set_checkpoint(

@@ -9,16 +9,10 @@ pass, ``messages()`` the Message objects a scanner would have made.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import repeat
-from operator import getitem
 
-from .message import ROWKEY_LENGTH, Message, MessageID, messages_from_columns
-
-_ID = struct.Struct(">QH")
-_TOPIC = slice(ROWKEY_LENGTH, None)
+from .message import Message, MessageID, ids_of_keys, messages_from_columns, topics_of_keys
 
 
 @dataclass(frozen=True)
@@ -41,11 +35,16 @@ class MessageBatch:
     @property
     def ids(self) -> list[MessageID]:
         """Each message's ID (decoded from its rowkey)."""
-        return list(map(tuple.__new__, repeat(MessageID), map(_ID.unpack_from, self.keys, repeat(2))))
+        return ids_of_keys(self.keys)
+
+    @property
+    def last_id(self) -> MessageID:
+        """The last message's ID (a batch is never empty)."""
+        return ids_of_keys(self.keys[-1:])[0]
 
     @property
     def topics(self) -> list[bytes]:
-        return list(map(getitem, self.keys, repeat(_TOPIC)))  # type: ignore[arg-type]
+        return topics_of_keys(self.keys)
 
     def messages(self) -> list[Message]:
         """The batch as Message objects, as a scanner yields them."""

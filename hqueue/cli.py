@@ -302,7 +302,7 @@ def tail(ctx, name: str, start, topics: tuple[str, ...], output_format: str, int
                 for batch in queue.scan_batches(since, None, topics or None, partition_id=pid):
                     for message in batch:
                         _print_message(message, output_format)
-                    position[pid] = successor(batch.ids[-1])
+                    position[pid] = successor(batch.last_id)
             sys.stdout.flush()
             time.sleep(interval)
     except KeyboardInterrupt:

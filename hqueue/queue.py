@@ -15,7 +15,7 @@ from .connection import Connected
 from .engine import check_partition
 from .errors import InvalidArgument
 from .message import Message, MessageID
-from .scanner import DEFAULT_CACHING, CombinedPartitionScanner, PartitionScanner, QueueScanner, Scan
+from .scanner import DEFAULT_CACHING, CombinedPartitionScanner, PartitionScanner, QueueScanner, Scan, read_columns
 from .splits import Split
 from .subscriber import MessageListener, Subscriber, Subscription
 
@@ -176,14 +176,8 @@ class HQueue(Connected):
         info = self.engine.enabled_queue(self.name)
         pids = range(info.partitions) if partition_id is None else [check_partition(info, partition_id)]
         for pid in pids:
-            cursor = self.engine.open_cursor(self.name, pid, scan, batch_size)
-            try:
-                while not cursor.done:
-                    keys, values = cursor.fetch_columns()
-                    if keys:
-                        yield MessageBatch(pid, keys, values)
-            finally:
-                cursor.close()
+            for keys, values in read_columns(self.engine, self.name, pid, scan, batch_size):
+                yield MessageBatch(pid, keys, values)
 
     def splits(
         self, start: TimeLike = None, stop: TimeLike = None, topics: Iterable[str | bytes] | None = None

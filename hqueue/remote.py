@@ -57,11 +57,6 @@ from .scanner import Scan
 logger = logging.getLogger(__name__)
 
 
-def parse_servers(url: str) -> list[str]:
-    """``hqueue://h1:9700,h2:9700`` -> ``["h1:9700", "h2:9700"]``."""
-    return parse_url(url)[0]
-
-
 def parse_url(url: str) -> tuple[list[str], str | None, dict[str, str]]:
     """``hqueue://[TOKEN@]h1:9700,h2:9700[?k=v…]`` -> (servers, token, options)."""
     if not isinstance(url, str) or not url.startswith("hqueue://"):
@@ -214,8 +209,7 @@ class RemoteEngine:
         self, url: str, *, timeout: float | None = None, owner_timeout: float = 30.0, token: str | None = None
     ) -> None:
         self._seeds, url_token, options = parse_url(url)
-        self.url = url.split("?")[0].rpartition("@")[2] if url_token else url.split("?")[0]
-        self.url = "hqueue://" + self.url.removeprefix("hqueue://")  # never echo the token
+        self.url = "hqueue://" + url.partition("?")[0][len("hqueue://") :].rpartition("@")[2]  # never the token
         if timeout is None:
             try:
                 timeout = float(options.get("timeout", 30.0))

@@ -144,6 +144,20 @@ class _Scanner:
         self.close()
 
 
+def read_columns(
+    source: ScanSource, queue: str, partition_id: int, scan: Scan, caching: int
+) -> Iterator[tuple[Sequence[bytes], Sequence[bytes]]]:
+    """One partition's chunks as (cell keys, values), the cursor closed at the end."""
+    cursor = source.open_cursor(queue, partition_id, scan, caching)
+    try:
+        while not cursor.done:
+            keys, values = cursor.fetch_columns()
+            if keys:
+                yield keys, values
+    finally:
+        cursor.close()
+
+
 class KeyRangeCursor:
     """A cursor over a rowkey range, one bounded read a chunk.
 

@@ -272,7 +272,7 @@ def test_a_big_scan_streams_in_chunks_and_counts_every_row(run, monkeypatch):
     run("create 'q1', 2, 0")
     run.shell.queue("q1").put([Message("t", b"v%d" % i) for i in range(250)], partition_id=0)
     text, rows = commands.COMMANDS["scan"](run.shell, ["q1"])
-    chunks = list(text.chunks)
+    chunks = list(text)
     assert len(chunks) == 3 and chunks[0].startswith("PARTITION") and not chunks[1].startswith("PARTITION")
     assert text.rows == 250
     ok, out, _ = run("scan 'q1'")

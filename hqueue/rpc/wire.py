@@ -7,7 +7,7 @@ structs and exceptions, the remote client turns them back.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import Any
 
 from .. import errors
@@ -40,7 +40,7 @@ def from_tid(tid: Any) -> MessageID:
     return MessageID(tid.timestamp, tid.sequenceID or 0)
 
 
-def to_tmessages(messages: Iterable[Message]) -> list[Any]:
+def to_tmessages(messages: Sequence[Message]) -> list[Any]:
     """Stored messages as TMessages (with id and partition)."""
     TMessage, TMessageID, unpack = T.TMessage, T.TMessageID, _ROWKEY.unpack_from
     out = []

@@ -159,7 +159,7 @@ class HQueueServer:
         queues = self.engine.list_queues()
         owned = [([q.name], len(self.coordinator.owned(q.name, q.partitions))) for q in queues]
         yield gauge("hqueue_owned_partitions", "Partitions this server writes.", ["queue"], owned)
-        workers = list(self.subscriptions.workers.values()) if self.subscriptions else []
+        workers = self.subscriptions.running() if self.subscriptions else []
         labels = ["queue", "subscriber", "partition"]
         buffers, lag_messages, lag_seconds = [], [], []
         for w in workers:

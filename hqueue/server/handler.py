@@ -156,10 +156,11 @@ class HQueueHandler:
         check_partition(info, partitionID)
         scanner = PartitionScanner(self.engine, queue, partitionID, wire.from_tscan(scan))
         connection = current_connection()
-        scanner_id = self.scanners.open(scanner, owner=self._connection_id())
-        if connection is not None and len(connection.on_close) == 0:
+        if connection is None:  # called in process (tests): no connection to bind to
+            return self.scanners.open(scanner)
+        if not connection.on_close:  # the connection's first scanner: free them all when it ends
             connection.on_close.append(functools.partial(self.scanners.close_owned, connection.id))
-        return scanner_id
+        return self.scanners.open(scanner, owner=connection.id)
 
     @_served("connected", None)
     def messageScannerGet(self, scannerID: int) -> Any:

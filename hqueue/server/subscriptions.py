@@ -102,7 +102,7 @@ class PartitionWorker:
         stop = successor(last)
         scan = Scan(self.checkpoint, stop, self.registration.effective_topics)
         start_key, stop_key = scan.key_range(self.partition_id)
-        # One message at a time while looking for a poison message (see _failed).
+        # One message at a time while looking for a poison message (see _refused).
         size = 1 if self.careful_until is not None and self.checkpoint < self.careful_until else self.manager.batch_size
         messages = engine.scan(self.queue, start_key, stop_key, scan.topics, size)
         self.buffer = wire.to_tmessages(messages)
@@ -151,7 +151,7 @@ class PartitionWorker:
                     return AGAIN
             sent = loop.send(str(self.registration.address), self.buffer)
             if sent:
-                self.checkpoint, self.buffer, self.backoff, self.failures = self.reached, [], 0.01, 0
+                self._passed()
                 self._save()
                 return AGAIN
             if sent is False and self._refused():  # None: the subscriber was not reached; that never counts
@@ -160,6 +160,10 @@ class PartitionWorker:
             logger.exception("%s partition %d: delivery failed; retrying", self.name, self.partition_id)
         backoff, self.backoff = self.backoff, min(self.backoff * 2, 5.0)
         return backoff
+
+    def _passed(self) -> None:
+        """The buffer is done with (delivered, or dead-lettered): the checkpoint moves past it."""
+        self.checkpoint, self.buffer, self.backoff, self.failures = self.reached, [], 0.01, 0
 
     # -- dead letters ----------------------------------------------------------------------
 
@@ -179,7 +183,7 @@ class PartitionWorker:
             return True
         if not self._dead_letter(self.buffer[0]):
             return False
-        self.checkpoint, self.buffer, self.backoff = self.reached, [], 0.01
+        self._passed()
         self._save(force=True)
         return True
 
@@ -422,12 +426,15 @@ class SubscriptionManager:
             for loop_key in [k for k in self.loops if k not in owed]:
                 self.loops.pop(loop_key).stop()
 
+    def running(self) -> list[PartitionWorker]:
+        """The workers now (a copy: reconcile changes the map on its own thread)."""
+        with self._lock:
+            return list(self.workers.values())
+
     def settled(self) -> bool:
         """Whether every worker has pushed all it read and waits for writes:
         nothing more would be delivered now (what tests wait for, not a sleep)."""
-        with self._lock:
-            workers = list(self.workers.values())
-        return all(worker.idle and not worker.buffer for worker in workers)
+        return all(worker.idle and not worker.buffer for worker in self.running())
 
     def _stop_worker(self, key: Key) -> None:
         worker = self.workers.pop(key)

@@ -25,11 +25,15 @@ if TYPE_CHECKING:
 
 
 class Streamed:
-    """Output printed as it is made (a big scan), with its row count at the end."""
+    """Output printed as it is made (a big scan); ``rows`` counts what came out."""
 
-    def __init__(self) -> None:
-        self.rows = 0
-        self.chunks: Iterator[str] = iter(())
+    def __init__(self, parts: Iterator[tuple[str, int]]) -> None:
+        self.parts, self.rows = parts, 0
+
+    def __iter__(self) -> Iterator[str]:
+        for text, rows in self.parts:
+            self.rows += rows
+            yield text
 
 
 Result = tuple[str | Streamed, int | None]
@@ -228,21 +232,20 @@ def scan(shell: Shell, name: str, given: dict | None = None) -> Result:
         partition_id=options.get("PARTITION"),
         limit=options.get("LIMIT"),
     )
-    streamed = Streamed()
-    streamed.chunks = _scan_chunks(messages, streamed)
-    return streamed, None
+    return Streamed(_scan_chunks(messages)), None
 
 
-def _scan_chunks(messages: Iterable[Message], streamed: Streamed) -> Iterator[str]:
-    """The scan's table, SCAN_CHUNK rows at a time: the first rows show at once, and memory stays flat."""
+def _scan_chunks(messages: Iterable[Message]) -> Iterator[tuple[str, int]]:
+    """The scan's table, SCAN_CHUNK rows at a time (text, rows): the first rows
+    show at once, and memory stays flat. Only the first part has the header."""
     headers = ["PARTITION", "ID", "TIME (UTC)", "TOPIC", "VALUE"]
     widths: list[int] = []
-    iterator = iter(messages)
+    iterator, first = iter(messages), True
     while chunk := list(islice(iterator, SCAN_CHUNK)):
         rows = [(m.partition_id, str(i), stamp(i), m.topic, m.value) for m in chunk for i in (m.id,) if i]
         text = table(headers, rows, widths)
-        yield text if streamed.rows == 0 else text.split("\n", 1)[1]
-        streamed.rows += len(rows)
+        yield (text if first else text.split("\n", 1)[1]), len(rows)
+        first = False
 
 
 @command("count 'queue'", "Count the messages (reads them all).", "count 'q1'", args=(QUEUE,))
@@ -376,8 +379,8 @@ def help_(shell: Shell, name: str | None = None) -> Result:
         c = COMMANDS[ALIASES.get(name, name)]
         return f"{c.usage}\n\n  {c.help}\n\nExamples:\n" + "\n".join(f"  {e}" for e in c.examples), None
     parts = []
+    aliases = {command: alias for alias, command in ALIASES.items()}
     for group in ("general", "queues", "subscribers"):
-        aliases = {command: alias for alias, command in ALIASES.items()}
         usages = [
             c.usage + (f"   (or {aliases[c.name]})" if c.name in aliases else "")
             for c in COMMANDS.values()

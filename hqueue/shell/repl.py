@@ -69,7 +69,7 @@ class Shell:
         try:
             text, rows = command(self, call.args)
             if isinstance(text, Streamed):  # printed as it comes: a big scan shows its first rows at once
-                for chunk in text.chunks:
+                for chunk in text:
                     print(chunk, file=self.out, flush=True)
                 rows = text.rows
             elif text:

@@ -15,6 +15,7 @@ import abc
 from collections.abc import Collection, Sequence
 
 from ..config import QueueInfo
+from ..ids import wall_clock_ms
 from ..message import MessageID, decode_rowkey
 
 Cell = tuple[bytes, bytes]
@@ -126,6 +127,13 @@ def read_id_floor(storage: Storage, name: str) -> int:
 
 def write_id_floor(storage: Storage, name: str, timestamp: int) -> None:
     storage.put_meta(_id_floor_key(name), str(timestamp).encode())
+
+
+def ttl_cutoff(info: QueueInfo) -> MessageID | None:
+    """The oldest ID the queue's TTL still keeps alive now; None without a TTL."""
+    if not info.ttl:
+        return None
+    return MessageID(max(0, wall_clock_ms() - info.ttl * 1000))
 
 
 def keep_id_floor(storage: Storage, info: QueueInfo, cutoff: MessageID) -> None:

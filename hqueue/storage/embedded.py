@@ -45,9 +45,8 @@ import rocksdict
 
 from ..config import Durability, QueueInfo
 from ..errors import QueueExists, QueueNotFound, StorageError, StorageLocked
-from ..ids import wall_clock_ms
-from ..message import MessageID, encode_rowkey, partition_prefix
-from .base import Cell, Storage, keep_id_floor
+from ..message import encode_rowkey, partition_prefix
+from .base import Cell, Storage, keep_id_floor, ttl_cutoff
 
 logger = logging.getLogger(__name__)
 
@@ -102,8 +101,8 @@ class EmbeddedStorage(Storage):
             info = QueueInfo.from_json(value)
             self._infos[info.name] = info
             self._bind(info.name)
-        #: When RocksDB failed in a way only a reopen cures (a full disk); None while healthy.
-        self._failed_at: float | None = None
+        #: Whether RocksDB failed in a way only a reopen cures (a full disk).
+        self._failed = False
         self._last_reopen = 0.0
         self._closed = threading.Event()
         self._reclaimer = threading.Thread(target=self._reclaim_loop, name="hqueue-reclaim", daemon=True)
@@ -229,11 +228,8 @@ class EmbeddedStorage(Storage):
         return list(islice((c for c in items if c[0][12:] in topics), limit))
 
     def _ttl_floor(self, name: str, key: bytes) -> bytes:
-        ttl = self._infos[name].ttl if name in self._infos else 0
-        if not ttl:
-            return b""
-        cutoff = max(0, wall_clock_ms() - ttl * 1000)
-        return key[:2] + MessageID(cutoff).to_bytes()
+        cutoff = ttl_cutoff(self._infos[name]) if name in self._infos else None
+        return key[:2] + cutoff.to_bytes() if cutoff is not None else b""
 
     def last_rowkey(self, name: str, partition_id: int) -> bytes | None:
         self._heal()
@@ -273,10 +269,10 @@ class EmbeddedStorage(Storage):
     def reclaim_expired(self, name: str) -> None:
         self._heal()
         info = self.get_queue(name)
-        if not info.ttl:
+        cutoff = ttl_cutoff(info)
+        if cutoff is None:
             return
         family = self._family(name)
-        cutoff = MessageID(max(0, wall_clock_ms() - info.ttl * 1000))
         keep_id_floor(self, info, cutoff)
         for pid in range(info.partitions):
             family.delete_range(partition_prefix(pid), encode_rowkey(pid, cutoff))
@@ -314,9 +310,9 @@ class EmbeddedStorage(Storage):
             if isinstance(e, (QueueNotFound, QueueExists)):
                 raise
             if "No space left" in str(e) or "IO error" in str(e):
-                if self._failed_at is None:
+                if not self._failed:
                     logger.error("embedded store %s failed: %s; will reopen once it can", self.path, str(e))
-                self._failed_at = time.monotonic()
+                self._failed = True
             raise StorageError(f"embedded store {self.path}: {e}") from e
 
     def _reopen_space(self) -> tuple[int, int]:
@@ -327,10 +323,10 @@ class EmbeddedStorage(Storage):
 
     def _heal(self) -> None:
         """Reopen the store if it failed (a full disk); called before each operation."""
-        if self._failed_at is None:
+        if not self._failed:
             return
         with self._lock:
-            if self._failed_at is None:
+            if not self._failed:
                 return
             if time.monotonic() - self._last_reopen < REOPEN_INTERVAL:
                 raise StorageError(f"embedded store {self.path} failed (disk full?); it reopens once space is free")
@@ -359,5 +355,5 @@ class EmbeddedStorage(Storage):
                 raise StorageError(f"embedded store {self.path} failed and cannot reopen yet: {e}") from e
             for name in self._infos:
                 self._bind(name)
-            self._failed_at = None
+            self._failed = False
             logger.warning("embedded store %s reopened after a failure; operations go on", self.path)

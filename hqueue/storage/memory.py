@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 
 from ..config import QueueInfo
 from ..errors import QueueExists, QueueNotFound
-from ..ids import wall_clock_ms
-from ..message import MessageID, partition_prefix
-from .base import Cell, Storage, keep_id_floor
+from ..message import partition_prefix
+from .base import Cell, Storage, keep_id_floor, ttl_cutoff
 
 
 @dataclass
@@ -112,9 +111,9 @@ class MemoryStorage(Storage):
     ) -> list[Cell]:
         with self._data.lock:
             queue = self._queue(name)
-            if queue.info.ttl:
-                cutoff = max(0, wall_clock_ms() - queue.info.ttl * 1000)
-                start_key = max(start_key, start_key[:2] + MessageID(cutoff).to_bytes())
+            cutoff = ttl_cutoff(queue.info)
+            if cutoff is not None:
+                start_key = max(start_key, start_key[:2] + cutoff.to_bytes())
             keys, values = queue.keys, queue.values
             out: list[Cell] = []
             at = bisect_left(keys, start_key)
@@ -139,13 +138,16 @@ class MemoryStorage(Storage):
     def reclaim_expired(self, name: str) -> None:
         with self._data.lock:
             queue = self._queue(name)
-            if not queue.info.ttl:
+            cutoff = ttl_cutoff(queue.info)
+            if cutoff is None:
                 return
-            cutoff = MessageID(max(0, wall_clock_ms() - queue.info.ttl * 1000))
             keep_id_floor(self, queue.info, cutoff)
-            kept = [k for k in queue.keys if k[2:12] >= cutoff.to_bytes()]
-            for key in set(queue.keys) - set(kept):
-                del queue.values[key]
+            oldest, kept = cutoff.to_bytes(), []
+            for key in queue.keys:
+                if key[2:12] >= oldest:
+                    kept.append(key)
+                else:
+                    del queue.values[key]
             queue.keys = kept
 
     # -- metadata ----------------------------------------------------------------

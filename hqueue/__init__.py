@@ -15,6 +15,7 @@ Quick start::
 from .admin import HQueueAdmin
 from .batch import MessageBatch
 from .config import Durability, QueueInfo, QueueState
+from .consumer import Consumer, Delivery
 from .coordination.registry import SubscriberNotFound
 from .errors import (
     CoordinationError,
@@ -37,18 +38,23 @@ from .errors import (
     StorageLocked,
     SubscriberActive,
 )
+from .groups import GroupNotFound
 from .message import Message, MessageID
 from .queue import HQueue
 from .scanner import CombinedPartitionScanner, PartitionScanner, QueueScanner, Scan
 from .splits import Split
 from .subscriber import MessageListener, Subscriber, SubscriberState, Subscription
+from .timers import Timer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CombinedPartitionScanner",
+    "Consumer",
     "CoordinationError",
+    "Delivery",
     "Durability",
+    "GroupNotFound",
     "HQueue",
     "HQueueAdmin",
     "HQueueError",
@@ -83,4 +89,5 @@ __all__ = [
     "SubscriberNotFound",
     "SubscriberState",
     "Subscription",
+    "Timer",
 ]

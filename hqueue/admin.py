@@ -162,6 +162,23 @@ class HQueueAdmin(Connected):
                 copied += len(engine.put(queue, messages, pid % partitions))
         return copied
 
+    # -- consumer groups (SPEC X3) -----------------------------------------------------
+
+    def list_groups(self, queue: str) -> list[str]:
+        """The consumer groups of ``queue``."""
+        return self.engine.list_groups(queue)
+
+    def describe_group(self, queue: str, group: str) -> dict[str, Any]:
+        """Live members, and per partition: the completion cursor (``done``) and the
+        scan cursor, messages in flight and retrying, retries so far, lag in
+        messages (counted up to 100,000) and in ms of the oldest unfinished one;
+        and the dead-letter queue's size."""
+        return self.engine.describe_group(queue, group)
+
+    def delete_group(self, queue: str, group: str) -> None:
+        """Forget a consumer group and all its progress."""
+        self.engine.delete_group(queue, group)
+
     def set_checkpoint(
         self, queue: str, name: str, partition: int | str | None, position: MessageID | datetime | int
     ) -> None:

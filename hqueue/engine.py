@@ -19,7 +19,7 @@ from operator import add
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .config import MAX_TOPIC_BYTES, InfoCache, QueueInfo
-from .errors import InvalidMessage, InvalidPartition, MessageTooLarge, QueueEnabled
+from .errors import HQueueError, InvalidMessage, InvalidPartition, MessageTooLarge, QueueEnabled
 from .ids import IDAllocator, consecutive, runs
 from .message import (
     MAX_SEQUENCE,
@@ -34,9 +34,24 @@ from .message import (
 from .scanner import KeyRangeCursor, Scan
 from .storage import Storage, normalize_url, open_storage
 from .storage.base import forget_id_floor, read_id_floor
+from .timers import (
+    Timer,
+    TimerService,
+    due_of,
+    high_water_key,
+    one_timer_range,
+    pending_range,
+    timer_cell_keys,
+    topic_of,
+)
 
 if TYPE_CHECKING:
+    from .coordination import Coordinator
+    from .groups import GroupService
     from .local_subscriptions import LocalSubscriptions
+
+#: The qualifier of the cell that keeps a partition's highest timer write ID.
+_HIGH_WATER_QUALIFIER = b"timer-high-water"
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +78,24 @@ class EngineAPI(Protocol):
     def open_cursor(self, queue: str, partition_id: int, scan: Scan, caching: int) -> Any: ...
     def partition_locations(self, name: str) -> list[str]: ...
     def release(self) -> None: ...
+    # timers (SPEC X1)
+    def schedule(self, name: str, messages: Sequence[Message], partition_id: int, due: int) -> list[Timer]: ...
+    def cancel_timer(self, name: str, timer: Timer) -> bool: ...
+    # consumer groups (SPEC X3)
+    def group_open(
+        self, queue: str, group: str, topics: Collection[bytes] | None, start: int, max_retries: int
+    ) -> None: ...
+    def group_receive(
+        self, queue: str, group: str, member: str, max_messages: int, lease: float, wait: float
+    ) -> list[tuple[Message, int]]: ...
+    def group_ack(self, queue: str, group: str, receipts: Sequence[tuple[int, MessageID]]) -> int: ...
+    def group_nack(
+        self, queue: str, group: str, member: str, receipts: Sequence[tuple[int, MessageID]], delay: float | None
+    ) -> int: ...
+    def group_leave(self, queue: str, group: str, member: str) -> None: ...
+    def list_groups(self, queue: str) -> list[str]: ...
+    def describe_group(self, queue: str, group: str) -> dict[str, Any]: ...
+    def delete_group(self, queue: str, group: str) -> None: ...
 
 
 class SubscriptionEngine(EngineAPI, Protocol):
@@ -98,6 +131,8 @@ class Engine:
     _registry_lock = threading.Lock()
 
     def __init__(self, storage: Storage, registry_key: str | None = None) -> None:
+        self.timers: TimerService | None = None
+        self.groups: GroupService | None = None
         self.storage = storage
         self._registry_key = registry_key
         self._lock = threading.Lock()
@@ -115,15 +150,38 @@ class Engine:
     # -- sharing --------------------------------------------------------------
 
     @classmethod
-    def acquire(cls, url: str) -> Engine:
-        """The process's engine for ``url``, opened on first use."""
+    def acquire(cls, url: str, *, serve: bool = True) -> Engine:
+        """The process's engine for ``url``, opened on first use.
+
+        With ``serve`` (what HQueue and HQueueAdmin want), this process owns
+        every partition: it fires timers and keeps consumer groups. A server
+        passes False and attaches its own coordinator (:meth:`serve_partitions`).
+        """
         url = normalize_url(url)
         with cls._registry_lock:
             engine = cls._registry.get(url)
             if engine is None:
                 engine = cls._registry[url] = cls(open_storage(url), registry_key=url)
             engine._refs += 1
-            return engine
+        if serve and engine.timers is None:
+            from .coordination.local import LocalCoordinator
+
+            engine.serve_partitions(LocalCoordinator("in-process"))
+        return engine
+
+    def serve_partitions(self, coordinator: Coordinator) -> None:
+        """Fire the timers and keep the consumer groups of the partitions ``coordinator`` says this process owns."""
+        from .groups import GroupService
+
+        with self._lock:
+            old = self.timers, self.groups
+            self.timers = TimerService(self, coordinator, lambda: [(q.name, q.partitions) for q in self.list_queues()])
+            self.groups = GroupService(self, coordinator)
+        for service in old:
+            if service is not None:
+                service.stop()
+        self.timers.start()
+        self.groups.start()
 
     def release(self) -> None:
         """Drop one reference from :meth:`acquire`; the last one closes."""
@@ -135,6 +193,9 @@ class Engine:
         self.close()
 
     def close(self) -> None:
+        for service in (self.timers, self.groups):
+            if service is not None:
+                service.stop()
         if self._local_subscriptions is not None:
             self._local_subscriptions.stop()
             self._local_subscriptions = None
@@ -183,6 +244,43 @@ class Engine:
 
     def subscriber_leave(self, queue: str, name: str) -> None:
         self._subscriptions().registry.leave(queue, name)
+
+    # -- consumer groups (SPEC X3, groups.py) -----------------------------------------
+
+    def _group_service(self) -> GroupService:
+        if self.groups is None:
+            raise HQueueError("this engine keeps no consumer groups (a server attaches them when it starts)")
+        return self.groups
+
+    def group_open(
+        self, queue: str, group: str, topics: Collection[bytes] | None, start: int, max_retries: int
+    ) -> None:
+        self._group_service().open(queue, group, topics, start, max_retries)
+
+    def group_receive(
+        self, queue: str, group: str, member: str, max_messages: int, lease: float, wait: float
+    ) -> list[tuple[Message, int]]:
+        return self._group_service().receive(queue, group, member, max_messages, lease, wait)
+
+    def group_ack(self, queue: str, group: str, receipts: Sequence[tuple[int, MessageID]]) -> int:
+        return self._group_service().ack(queue, group, receipts)
+
+    def group_nack(
+        self, queue: str, group: str, member: str, receipts: Sequence[tuple[int, MessageID]], delay: float | None
+    ) -> int:
+        return self._group_service().nack(queue, group, member, receipts, delay)
+
+    def group_leave(self, queue: str, group: str, member: str) -> None:
+        self._group_service().leave(queue, group, member)
+
+    def list_groups(self, queue: str) -> list[str]:
+        return self._group_service().names(queue)
+
+    def describe_group(self, queue: str, group: str) -> dict[str, Any]:
+        return self._group_service().describe(queue, group)
+
+    def delete_group(self, queue: str, group: str) -> None:
+        self._group_service().delete(queue, group)
 
     # -- queue metadata -------------------------------------------------------
 
@@ -276,6 +374,10 @@ class Engine:
             floor = max(info.id_floor, read_id_floor(self.storage, info.name))
             if floor:
                 allocator.advance_to(MessageID(floor, MAX_SEQUENCE))
+            # Pending timers took IDs too (timers.py): stay above them.
+            high = self.storage.scan(info.name, *_high_water_range(pid), None, 1)
+            if high:
+                allocator.advance_to(MessageID.from_bytes(high[0][1]))
             self._allocators[(info.name, pid)] = allocator
         return allocator
 
@@ -312,14 +414,89 @@ class Engine:
 
     def _write(self, info: QueueInfo, partition_id: int, topics: Sequence[bytes], values: Sequence[bytes]) -> MessageID:
         with self._partition_lock(info.name, partition_id):
-            # Allocation and write happen under one lock so rows become
-            # visible in ID order: subscribers and tailing scanners rely on it.
-            first = self._allocator(info, partition_id).reserve(len(topics))
-            cells = list(zip(cell_keys(partition_id, runs(first, len(topics)), topics), values, strict=False))
-            self.storage.write(info.name, cells, info.durability)
-        for listener in self._write_listeners:
-            listener(info.name, partition_id)
+            first = self._append(info, partition_id, topics, values)
+        self._written(info.name, partition_id)
         return first
+
+    def _append(
+        self,
+        info: QueueInfo,
+        partition_id: int,
+        topics: Sequence[bytes],
+        values: Sequence[bytes],
+        deletes: Sequence[bytes] = (),
+    ) -> MessageID:
+        """Give the messages IDs and write them (and delete ``deletes``); call under the partition's lock.
+
+        Allocation and write happen under one lock so rows become visible in
+        ID order: subscribers and tailing scanners rely on it.
+        """
+        first = self._allocator(info, partition_id).reserve(len(topics))
+        cells = list(zip(cell_keys(partition_id, runs(first, len(topics)), topics), values, strict=False))
+        self.storage.write(info.name, cells, info.durability, deletes)
+        return first
+
+    def _written(self, queue: str, partition_id: int) -> None:
+        for listener in self._write_listeners:
+            listener(queue, partition_id)
+
+    # -- timers (SPEC X1, timers.py) -------------------------------------------------
+
+    def schedule(self, name: str, messages: Sequence[Message], partition_id: int, due: int) -> list[Timer]:
+        """Write ``messages`` as timers of one partition, delivered at ``due`` (epoch ms).
+
+        Raises what :meth:`put` raises; nothing is written when it does.
+        """
+        info = self.enabled_queue(name)
+        check_partition(info, partition_id)
+        topics, values = message_columns(info, messages)
+        with self._partition_lock(name, partition_id):
+            ids = consecutive(self._allocator(info, partition_id).reserve(len(topics)), len(topics))
+            cells = list(zip(timer_cell_keys(partition_id, due, ids, topics), values, strict=True))
+            cells.append((high_water_key(partition_id) + _HIGH_WATER_QUALIFIER, ids[-1].to_bytes()))
+            self.storage.write(name, cells, info.durability)
+        if self.timers is not None:
+            self.timers.scheduled(name, partition_id, due)
+        return [Timer(partition_id, due, i) for i in ids]
+
+    def cancel_timer(self, name: str, timer: Timer) -> bool:
+        """Delete a pending timer; False if it has fired or was cancelled already."""
+        info = self.queue_info(name, fresh=True)
+        check_partition(info, timer.partition_id)
+        with self._partition_lock(name, timer.partition_id):
+            cells = self.storage.scan(name, *one_timer_range(timer), None, 1)
+            if cells:
+                self.storage.write(name, (), info.durability, [cells[0][0]])
+        return bool(cells)
+
+    def next_timer(self, name: str, partition_id: int) -> int | None:
+        """The due time of the partition's earliest pending timer, None if it has none."""
+        cells = self.storage.scan(name, *pending_range(partition_id), None, 1)
+        return due_of(cells[0][0]) if cells else None
+
+    def pending_timers(self, name: str, partition_id: int, limit: int = 1000) -> list[tuple[Timer, Message]]:
+        """The partition's pending timers, earliest first (for inspection)."""
+        cells = self.storage.scan(name, *pending_range(partition_id), None, limit)
+        return [
+            (Timer(partition_id, due_of(key), MessageID.from_bytes(key[12:22])), Message(topic_of(key), value))
+            for key, value in cells
+        ]
+
+    def fire_timers(self, name: str, partition_id: int, now: int, limit: int) -> tuple[int, int | None]:
+        """Deliver the partition's timers due at ``now`` or before (at most ``limit``).
+
+        Each becomes a message with a fresh ID, and its timer row goes, in one
+        storage write. Returns (how many fired, the next due time or None).
+        """
+        info = self.enabled_queue(name)
+        with self._partition_lock(name, partition_id):
+            cells = self.storage.scan(name, *pending_range(partition_id, now + 1), None, limit)
+            if cells:
+                keys = [key for key, _ in cells]
+                self._append(info, partition_id, [topic_of(k) for k in keys], [v for _, v in cells], keys)
+        if cells:
+            self._written(name, partition_id)
+        return len(cells), now if len(cells) == limit else self.next_timer(name, partition_id)
 
     # -- reads ----------------------------------------------------------------
 
@@ -356,6 +533,11 @@ class Engine:
     def last_id(self, name: str, pid: int) -> MessageID | None:
         last = self.storage.last_rowkey(name, pid)
         return decode_rowkey(last)[1] if last else None
+
+
+def _high_water_range(partition_id: int) -> tuple[bytes, bytes]:
+    key = high_water_key(partition_id) + _HIGH_WATER_QUALIFIER
+    return key, key + b"\x00"
 
 
 def check_partition(info: QueueInfo, partition_id: object) -> int:

@@ -8,16 +8,20 @@ import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from itertools import islice
+from typing import overload
 
 from .batch import MessageBatch
 from .config import QueueInfo
 from .connection import Connected
+from .consumer import Consumer
 from .engine import check_partition
 from .errors import InvalidArgument
+from .groups import DEFAULT_LEASE, DEFAULT_MAX_RETRIES
 from .message import Message, MessageID
 from .scanner import DEFAULT_CACHING, CombinedPartitionScanner, PartitionScanner, QueueScanner, Scan, read_columns
 from .splits import Split
 from .subscriber import MessageListener, Subscriber, Subscription
+from .timers import Timer, due_ms
 
 __all__ = ["HQueue"]
 
@@ -73,13 +77,37 @@ class HQueue(Connected):
     def partitions(self) -> int:
         return self.info.partitions
 
+    @overload
     def put(
         self,
         messages: Message | Sequence[Message],
         partition_id: int | None = None,
         *,
         key: bytes | str | None = None,
-    ) -> list[MessageID]:
+        deliver_at: None = None,
+        delay: None = None,
+    ) -> list[MessageID]: ...
+
+    @overload
+    def put(
+        self,
+        messages: Message | Sequence[Message],
+        partition_id: int | None = None,
+        *,
+        key: bytes | str | None = None,
+        deliver_at: datetime | int | None = None,
+        delay: float | None = None,
+    ) -> list[MessageID] | list[Timer]: ...
+
+    def put(
+        self,
+        messages: Message | Sequence[Message],
+        partition_id: int | None = None,
+        *,
+        key: bytes | str | None = None,
+        deliver_at: datetime | int | None = None,
+        delay: float | None = None,
+    ) -> list[MessageID] | list[Timer]:
         """Write one message or a batch; return the IDs the server gave them.
 
         A batch goes to one partition atomically and gets consecutive IDs in
@@ -90,6 +118,11 @@ class HQueue(Connected):
             partition_id: The partition; None picks one at random.
             key: Route by key instead: CRC32(key) mod partitions, so one key
                 always lands in one partition, in order.
+            deliver_at: Make them timer messages (SPEC X1), delivered at this
+                datetime or epoch milliseconds: invisible until then, then
+                written to the partition with fresh IDs. Returns
+                :class:`~hqueue.timers.Timer` handles for :meth:`cancel`.
+            delay: As ``deliver_at``, in seconds from now.
 
         Raises:
             QueueNotFound, QueueDisabled, InvalidPartition, InvalidMessage,
@@ -106,7 +139,17 @@ class HQueue(Connected):
         elif partition_id is None:
             partition_id = random.randrange(info.partitions)
         check_partition(info, partition_id)
+        if deliver_at is not None or delay is not None:
+            return self.engine.schedule(self.name, batch, partition_id, due_ms(deliver_at, delay))
         return self.engine.put(self.name, batch, partition_id)
+
+    def cancel(self, timer: Timer | str) -> bool:
+        """Cancel a pending timer message; False if it fired (or was cancelled) already."""
+        if isinstance(timer, str):
+            timer = Timer.parse(timer)
+        if not isinstance(timer, Timer):
+            raise TypeError(f"'timer' must be a Timer (from put(..., delay=…)), not {type(timer).__name__}")
+        return self.engine.cancel_timer(self.name, timer)
 
     # -- the Java client's scanners ---------------------------------------------
 
@@ -195,6 +238,21 @@ class HQueue(Connected):
             Split(self.engine.url, self.name, pid, scan.start_id, scan.stop_id, chosen, owners[pid] or None)
             for pid in range(info.partitions)
         ]
+
+    # -- consumer groups (SPEC X2, X3) ---------------------------------------------
+
+    def consumer(
+        self,
+        group: str,
+        topics: Iterable[str | bytes] | None = None,
+        *,
+        start: str | datetime | int = "earliest",
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        lease: float = DEFAULT_LEASE,
+        member: str | None = None,
+    ) -> Consumer:
+        """A member of consumer group ``group``: receive, then ack or nack (see :class:`~hqueue.consumer.Consumer`)."""
+        return Consumer(self, group, topics, start=start, max_retries=max_retries, lease=lease, member=member)
 
     # -- subscriptions (SPEC C7) ---------------------------------------------------
 

@@ -53,6 +53,7 @@ from .ids import consecutive
 from .message import Message, MessageID, messages_from_columns
 from .rpc import packed, wire
 from .scanner import Scan
+from .timers import Timer
 
 logger = logging.getLogger(__name__)
 
@@ -227,6 +228,7 @@ class RemoteEngine:
         self._lock = threading.Lock()
         self._locations: dict[str, list[str]] = {}
         self._infos = InfoCache(self._describe_info, stale_on=(ServerUnavailable,))
+        self._turn = -1  # group_receive asks the owners in turn
 
     # -- calls ----------------------------------------------------------------------
 
@@ -391,6 +393,14 @@ class RemoteEngine:
 
     def _put_packed(self, name: str, partition_id: int, topics: list[bytes], values: list[bytes]) -> list[MessageID]:
         blob = packed.pack(topics, values)
+        result = self._owner_call(
+            name, partition_id, f"put of {len(topics)} message(s)", "putPacked", partition_id, blob
+        )
+        return consecutive(wire.from_tid(result.firstID), result.count)
+
+    def _owner_call(self, name: str, partition_id: int, what: str, method: str, *args: Any) -> Any:
+        """Call ``method(name, *args)`` at ``partition_id``'s owner, following moves
+        until ``owner_timeout``."""
         deadline = time.monotonic() + self.owner_timeout
         delay, fresh, maybe_sent = 0.02, False, False
         while True:
@@ -398,8 +408,7 @@ class RemoteEngine:
                 locations = self.locations(name, fresh=fresh)
                 owner = locations[partition_id] if partition_id < len(locations) else ""
                 if owner:
-                    result = self._call_at(owner, "putPacked", name, partition_id, blob, queue=name, pid=partition_id)
-                    return consecutive(wire.from_tid(result.firstID), result.count)
+                    return self._call_at(owner, method, name, *args, queue=name, pid=partition_id)
                 problem: HQueueError = NotPartitionOwner(name, partition_id, None)
             except (NotPartitionOwner, ServerUnavailable) as e:
                 problem = e
@@ -407,14 +416,132 @@ class RemoteEngine:
             if time.monotonic() >= deadline:
                 if maybe_sent:
                     raise OutcomeUnknown(
-                        f"put of {len(topics)} message(s) to {name!r} partition {partition_id}: a request was "
-                        f"sent but no answer came within {self.owner_timeout:g}s; the messages may have been "
-                        f"written: {problem}"
+                        f"{what} to {name!r} partition {partition_id}: a request was sent but no answer came "
+                        f"within {self.owner_timeout:g}s; it may have been done: {problem}"
                     ) from problem
                 raise NoPartitionOwner(name, partition_id, self.owner_timeout, problem) from problem
-            logger.info("put to %s/%d: %s; retrying in %.2fs", name, partition_id, problem, delay)
+            logger.info("%s to %s/%d: %s; retrying in %.2fs", what, name, partition_id, problem, delay)
             time.sleep(delay)
             delay, fresh = min(delay * 2, 1.0), True
+
+    # -- timers (SPEC X1) ------------------------------------------------------------------
+
+    def schedule(self, name: str, messages: Sequence[Message], partition_id: int, due: int) -> list[Timer]:
+        topics, values = message_columns(self.enabled_queue(name), messages)
+        if len(topics) > wire.MAX_PUT_BATCH or sum(map(len, values)) > wire.MAX_PUT_BYTES:
+            raise InvalidArgument(
+                f"a timer put takes at most {wire.MAX_PUT_BATCH} messages and {wire.MAX_PUT_BYTES} bytes in one call"
+            )
+        blob = packed.pack(topics, values)
+        what = f"timer put of {len(topics)} message(s)"
+        result = self._owner_call(name, partition_id, what, "scheduleTimers", partition_id, blob, due)
+        return [Timer(partition_id, due, i) for i in consecutive(wire.from_tid(result.firstID), result.count)]
+
+    def cancel_timer(self, name: str, timer: Timer) -> bool:
+        return self._owner_call(name, timer.partition_id, "cancel", "cancelTimer", wire.to_ttimer(timer))
+
+    # -- consumer groups (SPEC X3) -----------------------------------------------------------
+
+    def _owners(self, name: str) -> list[str]:
+        return sorted({owner for owner in self.locations(name, fresh=True) if owner})
+
+    def group_open(
+        self, queue: str, group: str, topics: Collection[bytes] | None, start: int, max_retries: int
+    ) -> None:
+        topic_list = sorted(topics) if topics is not None else None
+        self._call("openGroup", queue, group, topic_list, start, max_retries, queue=queue)
+
+    def group_receive(
+        self, queue: str, group: str, member: str, max_messages: int, lease: float, wait: float
+    ) -> list[tuple[Message, int]]:
+        """Ask each owner for work without waiting, then wait at one (in turn) for the rest of ``wait``."""
+        deadline = time.monotonic() + wait
+        owners = self._owners(queue)
+        if not owners:
+            raise NoPartitionOwner(queue, -1, 0, None)
+        self._turn = (self._turn + 1) % len(owners)
+        owners = owners[self._turn :] + owners[: self._turn]
+        while True:
+            for index, owner in enumerate(owners):
+                last = index == len(owners) - 1
+                wait_ms = max(0, int((deadline - time.monotonic()) * 1000)) if last else 0
+                deliveries = self._call_at(
+                    owner, "groupReceive", queue, group, member, max_messages, int(lease * 1000), wait_ms, queue=queue
+                )
+                if deliveries:
+                    return [(wire.from_stored_tmessage(d.message), d.attempt) for d in deliveries]
+            if time.monotonic() >= deadline:
+                return []
+
+    def _by_owner(
+        self, queue: str, receipts: Sequence[tuple[int, MessageID]]
+    ) -> dict[str, list[tuple[int, MessageID]]]:
+        locations = self.locations(queue, fresh=True)
+        by_owner: dict[str, list[tuple[int, MessageID]]] = {}
+        for receipt in receipts:
+            pid = receipt[0]
+            owner = locations[pid] if isinstance(pid, int) and 0 <= pid < len(locations) else ""
+            if not owner:
+                raise NoPartitionOwner(queue, pid, 0, None)
+            by_owner.setdefault(owner, []).append(receipt)
+        return by_owner
+
+    def group_ack(self, queue: str, group: str, receipts: Sequence[tuple[int, MessageID]]) -> int:
+        return sum(
+            self._call_at(owner, "groupAck", queue, group, wire.to_treceipts(mine), queue=queue)
+            for owner, mine in self._by_owner(queue, receipts).items()
+        )
+
+    def group_nack(
+        self, queue: str, group: str, member: str, receipts: Sequence[tuple[int, MessageID]], delay: float | None
+    ) -> int:
+        delay_ms = -1 if delay is None else int(delay * 1000)
+        return sum(
+            self._call_at(owner, "groupNack", queue, group, member, wire.to_treceipts(mine), delay_ms, queue=queue)
+            for owner, mine in self._by_owner(queue, receipts).items()
+        )
+
+    def group_leave(self, queue: str, group: str, member: str) -> None:
+        for owner in self._owners(queue):
+            try:
+                self._call_at(owner, "groupLeave", queue, group, member, queue=queue)
+            except ServerUnavailable:
+                pass  # its leases run out there
+
+    def list_groups(self, queue: str) -> list[str]:
+        return list(self._call("listGroups", queue, queue=queue))
+
+    def describe_group(self, queue: str, group: str) -> dict[str, Any]:
+        """Each owner's part, merged: every partition once, members as any owner sees them."""
+        result: dict[str, Any] = {}
+        partitions: dict[int, dict[str, Any]] = {}
+        members: set[str] = set()
+        for owner in self._owners(queue):
+            t = self._call_at(owner, "describeGroup", queue, group, queue=queue)
+            members.update(t.members or [])
+            result = {
+                "queue": queue,
+                "group": group,
+                "topics": frozenset(t.topics) if t.topics is not None else None,
+                "start": t.startMillis,
+                "max_retries": t.maxRetries,
+                "dead_letters": t.deadLetters,
+            }
+            for pid, p in (t.partitions or {}).items():
+                partitions[pid] = {
+                    "done": wire.from_tid(p.done),
+                    "scan": wire.from_tid(p.scan),
+                    "in_flight": p.inFlight,
+                    "retrying": p.retrying,
+                    "acked_ahead": p.ackedAhead,
+                    "retries": p.retries,
+                    "lag_messages": p.lagMessages,
+                    "lag_millis": p.lagMillis,
+                }
+        return {**result, "members": sorted(members), "partitions": dict(sorted(partitions.items()))}
+
+    def delete_group(self, queue: str, group: str) -> None:
+        self._call("deleteGroup", queue, group, queue=queue)
 
     # -- scans ----------------------------------------------------------------------
 

@@ -78,6 +78,54 @@ struct TPutResult {
   2: i32 count
 }
 
+/** A timer message (SPEC X1): written to partitionID at due (epoch ms). */
+struct TTimer {
+  1: i16 partitionID,
+  2: i64 due,
+  3: TMessageID id
+}
+
+/** A message leased to a consumer group's member; attempt 1 is its first delivery. */
+struct TDelivery {
+  1: TMessage message,
+  2: i32 attempt
+}
+
+/** What ack and nack name: a received message's partition and ID. */
+struct TReceipt {
+  1: i16 partitionID,
+  2: TMessageID id
+}
+
+/** One consumer group's progress over one partition. */
+struct TGroupPartition {
+  1: TMessageID done,
+  2: TMessageID scan,
+  3: i32 inFlight,
+  4: i32 retrying,
+  5: i32 ackedAhead,
+  6: i64 retries,
+  7: i64 lagMessages,
+  8: i64 lagMillis
+}
+
+/** A consumer group, as one server sees it: partitions are those it owns. */
+struct TGroupInfo {
+  1: string queue,
+  2: string group,
+  3: optional list<binary> topics,
+  4: i64 startMillis,
+  5: i32 maxRetries,
+  6: list<string> members,
+  7: map<i16, TGroupPartition> partitions,
+  8: i64 deadLetters
+}
+
+exception TGroupNotFound {
+  1: string message,
+  2: string group
+}
+
 exception TQueueNotFound {
   1: string message,
   2: string queue
@@ -219,6 +267,45 @@ service HQueueService {
               5: TInvalidMessage invalid)
   void subscriberLeave(1: string queue, 2: string name)
       throws (1: TSubscriberNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied, 4: TQueueNotFound queueNotFound)
+
+  // -- timer messages (SPEC X1); sent to the partition's owner --------------------
+
+  /** Write a packed batch (as putPacked) as timers delivered at dueMillis; the
+      timers' IDs are firstID and the count - 1 after it. */
+  TPutResult scheduleTimers(1: string queue, 2: i16 partitionID, 3: binary messages, 4: i64 dueMillis)
+      throws (1: TQueueNotFound notFound, 2: TQueueDisabled disabled, 3: TInvalidMessage invalid,
+              4: TNotPartitionOwner notOwner, 5: TIOError io, 6: TNotAuthorized denied)
+  /** True if the timer was pending and is now cancelled; false if it fired or was cancelled. */
+  bool cancelTimer(1: string queue, 2: TTimer timer)
+      throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TNotPartitionOwner notOwner,
+              4: TIOError io, 5: TNotAuthorized denied)
+
+  // -- consumer groups (SPEC X2, X3) -------------------------------------------------
+  // A member calls groupReceive on every server (each serves the partitions it
+  // owns) and sends acks and nacks to each partition's owner.
+
+  /** Make the group if it is new (topics null: all; startMillis 0: the beginning). */
+  void openGroup(1: string queue, 2: string group, 3: list<binary> topics, 4: i64 startMillis, 5: i32 maxRetries)
+      throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TIOError io, 4: TNotAuthorized denied)
+  list<TDelivery> groupReceive(1: string queue, 2: string group, 3: string member, 4: i32 maxMessages,
+                               5: i32 leaseMillis, 6: i32 waitMillis)
+      throws (1: TQueueNotFound notFound, 2: TQueueDisabled disabled, 3: TInvalidMessage invalid,
+              4: TGroupNotFound groupNotFound, 5: TIOError io, 6: TNotAuthorized denied)
+  i32 groupAck(1: string queue, 2: string group, 3: list<TReceipt> receipts)
+      throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TNotPartitionOwner notOwner,
+              4: TGroupNotFound groupNotFound, 5: TIOError io, 6: TNotAuthorized denied)
+  /** delayMillis -1: the backoff (1 s doubling per failure, at most 10 minutes). */
+  i32 groupNack(1: string queue, 2: string group, 3: string member, 4: list<TReceipt> receipts, 5: i32 delayMillis)
+      throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TNotPartitionOwner notOwner,
+              4: TGroupNotFound groupNotFound, 5: TIOError io, 6: TNotAuthorized denied)
+  void groupLeave(1: string queue, 2: string group, 3: string member)
+      throws (1: TQueueNotFound notFound, 2: TGroupNotFound groupNotFound, 3: TIOError io, 4: TNotAuthorized denied)
+  list<string> listGroups(1: string queue)
+      throws (1: TQueueNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied)
+  TGroupInfo describeGroup(1: string queue, 2: string group)
+      throws (1: TQueueNotFound notFound, 2: TGroupNotFound groupNotFound, 3: TIOError io, 4: TNotAuthorized denied)
+  void deleteGroup(1: string queue, 2: string group)
+      throws (1: TQueueNotFound notFound, 2: TGroupNotFound groupNotFound, 3: TIOError io, 4: TNotAuthorized denied)
 }
 
 // Served by each subscriber (SPEC C7): the server pushes batches to it.

@@ -13,8 +13,10 @@ from typing import Any
 from .. import errors
 from ..config import QueueInfo
 from ..coordination.registry import SubscriberNotFound
+from ..groups import GroupNotFound
 from ..message import ROWKEY_LENGTH, Message, MessageID, cell_keys_of, values_of
 from ..scanner import Scan
+from ..timers import Timer
 from . import idl
 
 T = idl.load("hqueue.thrift")
@@ -65,6 +67,26 @@ def from_tmessage(t: Any, index: int = 0) -> Message:
 def from_stored_tmessage(t: Any) -> Message:
     """A TMessage from the server, as the stored Message it describes."""
     return Message(t.topic, t.value, id=from_tid(t.id), partition_id=t.partitionID)
+
+
+def to_ttimer(timer: Timer) -> Any:
+    return T.TTimer(partitionID=timer.partition_id, due=timer.due, id=to_tid(timer.id))
+
+
+def from_ttimer(t: Any) -> Timer:
+    if t is None or not isinstance(t.partitionID, int) or not isinstance(t.due, int) or t.id is None:
+        raise errors.InvalidArgument("a TTimer needs partitionID, due and id")
+    return Timer(t.partitionID, t.due, from_tid(t.id))
+
+
+def to_treceipts(receipts: Sequence[tuple[int, MessageID]]) -> list[Any]:
+    return [T.TReceipt(partitionID=pid, id=to_tid(i)) for pid, i in receipts]
+
+
+def from_treceipts(receipts: Any) -> list[tuple[int, MessageID]]:
+    if not isinstance(receipts, list) or any(r is None or r.id is None for r in receipts):
+        raise errors.InvalidArgument("'receipts' must be a list of TReceipt with partitionID and id")
+    return [(r.partitionID, from_tid(r.id)) for r in receipts]
 
 
 def to_tscan(scan: Scan) -> Any:
@@ -121,6 +143,8 @@ def to_thrift_error(e: Exception) -> Exception:
         return T.TQueueExists(message=text, queue=e.name)
     if isinstance(e, SubscriberNotFound):
         return T.TSubscriberNotFound(message=text, name=e.name)
+    if isinstance(e, GroupNotFound):
+        return T.TGroupNotFound(message=text, group=e.group)
     if isinstance(e, errors.QueueDisabled):
         return T.TQueueDisabled(message=text, queue=e.name)
     if isinstance(e, errors.NotAuthorized):
@@ -141,6 +165,8 @@ def from_thrift_error(e: Exception, queue: str | None = None, partition_id: int 
         return errors.QueueExists(_text(e.queue) or queue or "?")
     if isinstance(e, T.TSubscriberNotFound):
         return SubscriberNotFound(_text(e.name), queue or "?")
+    if isinstance(e, T.TGroupNotFound):
+        return GroupNotFound(queue or "?", _text(e.group))
     if isinstance(e, T.TQueueDisabled):
         return errors.QueueDisabled(_text(e.queue) or queue or "?")
     if isinstance(e, T.TNotAuthorized):

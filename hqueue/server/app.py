@@ -32,12 +32,13 @@ from ..coordination.zk_registry import ZooKeeperRegistry
 from ..coordination.zookeeper import ZooKeeperCoordinator
 from ..engine import Engine
 from ..errors import InvalidArgument
+from ..lag import partition_lag
 from ..rpc import wire
 from ..rpc.threaded import ListeningSocket, ServerLimits, ThreadedServer
 from .handler import DEFAULT_MAX_PARTITIONS, HQueueHandler
 from .metrics import ServerMetrics, gauge
 from .scanners import DEFAULT_IDLE_TIMEOUT, ScannerRegistry
-from .subscribers import Subscribers, partition_lag
+from .subscribers import Subscribers
 from .subscriptions import SubscriptionManager
 
 logger = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ class HQueueServer:
             )
         socket = ListeningSocket.bound(host, port)  # before the store: a taken port fails first
         try:
-            self.engine = Engine.acquire(storage_url)
+            self.engine = Engine.acquire(storage_url, serve=False)
         except BaseException:
             socket.close()
             raise
@@ -125,6 +126,8 @@ class HQueueServer:
 
     def start(self) -> HQueueServer:
         """Join the coordinator and serve in a background thread."""
+        # Timers and consumer groups follow ownership: attach them before ownership is given out.
+        self.engine.serve_partitions(self.coordinator)
         self.coordinator.start(lambda: [(q.name, q.partitions) for q in self.engine.list_queues()])
         registry = self._registry()
         self.handler.subscribers = Subscribers(self.engine, registry)

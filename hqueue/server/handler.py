@@ -23,7 +23,7 @@ from ..config import QueueState
 from ..coordination import Coordinator
 from ..engine import Engine, check_partition
 from ..errors import HQueueError, InvalidArgument, NotAuthorized, NotPartitionOwner
-from ..message import MessageID, cell_keys_of, values_of
+from ..message import Message, MessageID, cell_keys_of, values_of
 from ..rpc import packed, wire
 from ..rpc.threaded import current_connection
 from ..scanner import PartitionScanner
@@ -360,3 +360,91 @@ class HQueueHandler:
     @_served("consumer")
     def subscriberLeave(self, queue: str, name: str) -> None:
         self.subscribers.registry.leave(queue, name)
+
+    # -- timers (SPEC X1) -------------------------------------------------------------------
+
+    @_served("producer")
+    def scheduleTimers(self, queue: str, partitionID: int, messages: bytes, dueMillis: int) -> Any:
+        topics, values = packed.unpack(messages)
+        partition_id = self._writable_partition(queue, partitionID)
+        if not isinstance(dueMillis, int) or not 0 <= dueMillis < 2**63:
+            raise InvalidArgument(f"'dueMillis' must be epoch ms >= 0, got {dueMillis!r}")
+        with self._counted_put(queue, len(topics)):
+            timers = self.engine.schedule(queue, list(map(Message, topics, values)), partition_id, dueMillis)
+        return wire.T.TPutResult(firstID=wire.to_tid(timers[0].id), count=len(timers))
+
+    @_served("producer")
+    def cancelTimer(self, queue: str, timer: Any) -> bool:
+        handle = wire.from_ttimer(timer)
+        self._owned(queue, handle.partition_id)
+        return self.engine.cancel_timer(queue, handle)
+
+    def _owned(self, queue: str, partition_id: int) -> None:
+        if not self.coordinator.owns(queue, partition_id):
+            raise NotPartitionOwner(queue, partition_id, self.coordinator.owner(queue, partition_id))
+
+    # -- consumer groups (SPEC X2, X3) --------------------------------------------------------
+
+    @_served("consumer")
+    def openGroup(self, queue: str, group: str, topics: list[bytes] | None, startMillis: int, maxRetries: int) -> None:
+        self.engine.group_open(queue, group, frozenset(topics) if topics is not None else None, startMillis, maxRetries)
+
+    @_served("consumer")
+    def groupReceive(
+        self, queue: str, group: str, member: str, maxMessages: int, leaseMillis: int, waitMillis: int
+    ) -> list[Any]:
+        if not all(isinstance(v, int) for v in (maxMessages, leaseMillis, waitMillis)):
+            raise TypeError("'maxMessages', 'leaseMillis' and 'waitMillis' must be ints")
+        pairs = self.engine.group_receive(queue, group, member, maxMessages, leaseMillis / 1000, waitMillis / 1000)
+        messages = wire.to_tmessages([m for m, _ in pairs])
+        return [wire.T.TDelivery(message=t, attempt=a) for t, (_, a) in zip(messages, pairs, strict=True)]
+
+    @_served("consumer")
+    def groupAck(self, queue: str, group: str, receipts: list[Any]) -> int:
+        return self.engine.group_ack(queue, group, wire.from_treceipts(receipts))
+
+    @_served("consumer")
+    def groupNack(self, queue: str, group: str, member: str, receipts: list[Any], delayMillis: int) -> int:
+        if not isinstance(delayMillis, int):
+            raise TypeError("'delayMillis' must be an int (-1: the backoff)")
+        delay = None if delayMillis < 0 else delayMillis / 1000
+        return self.engine.group_nack(queue, group, member, wire.from_treceipts(receipts), delay)
+
+    @_served("consumer")
+    def groupLeave(self, queue: str, group: str, member: str) -> None:
+        self.engine.group_leave(queue, group, member)
+
+    @_served("consumer")
+    def listGroups(self, queue: str) -> list[str]:
+        return self.engine.list_groups(queue)
+
+    @_served("consumer")
+    def describeGroup(self, queue: str, group: str) -> Any:
+        d = self.engine.describe_group(queue, group)
+        partitions = {
+            pid: wire.T.TGroupPartition(
+                done=wire.to_tid(p["done"]),
+                scan=wire.to_tid(p["scan"]),
+                inFlight=p["in_flight"],
+                retrying=p["retrying"],
+                ackedAhead=p["acked_ahead"],
+                retries=p["retries"],
+                lagMessages=p["lag_messages"],
+                lagMillis=p["lag_millis"],
+            )
+            for pid, p in d["partitions"].items()
+        }
+        return wire.T.TGroupInfo(
+            queue=queue,
+            group=group,
+            topics=sorted(d["topics"]) if d["topics"] is not None else None,
+            startMillis=d["start"],
+            maxRetries=d["max_retries"],
+            members=d["members"],
+            partitions=partitions,
+            deadLetters=d["dead_letters"],
+        )
+
+    @_served("admin")
+    def deleteGroup(self, queue: str, group: str) -> None:
+        self.engine.delete_group(queue, group)

@@ -7,35 +7,13 @@ from typing import Any
 from ..coordination.registry import Registration, SubscriberExists, SubscriberNotFound, SubscriberRegistry, successor
 from ..engine import Engine, check_partition
 from ..errors import InvalidArgument, InvalidMessage
-from ..ids import wall_clock_ms
+from ..lag import partition_lag
 from ..message import MessageID
-from ..scanner import Scan
-
-#: describe_subscriber counts lag messages up to this many per partition.
-LAG_COUNT_LIMIT = 100_000
 
 
 def check_dead_letter_after(value: object) -> None:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
         raise InvalidArgument(f"'dead_letter_after' must be an int >= 1 or None, got {value!r}")
-
-
-def partition_lag(
-    engine: Engine, queue: str, partition_id: int, checkpoint: MessageID, topics: frozenset[bytes] | None
-) -> tuple[int, int]:
-    """How far a subscriber is behind in a partition: (undelivered messages,
-    counted up to LAG_COUNT_LIMIT; milliseconds since the oldest undelivered
-    one was written). Both 0 when nothing waits; never negative."""
-    last = engine.last_id(queue, partition_id)
-    if last is None or last < checkpoint:
-        return 0, 0
-    scan = Scan(checkpoint, successor(last), topics)
-    start, stop = scan.key_range(partition_id)
-    waiting = engine.scan(queue, start, stop, scan.topics, LAG_COUNT_LIMIT)
-    if not waiting:
-        return 0, 0
-    oldest = waiting[0].id
-    return len(waiting), max(0, wall_clock_ms() - oldest.timestamp) if oldest else 0
 
 
 class Subscribers:

@@ -47,11 +47,11 @@ from thriftpy2.thrift import TException
 from thriftpy2.transport import TFramedTransportFactory
 
 from ..auth import PushPolicy
-from ..config import QueueInfo
 from ..coordination import Coordinator
 from ..coordination.registry import Registration, SubscriberNotFound, SubscriberRegistry, successor
+from ..deadletters import dead_letter, dead_letter_queue
 from ..engine import Engine
-from ..errors import HQueueError, QueueExists, QueueNotFound
+from ..errors import HQueueError
 from ..message import Message, MessageID
 from ..rpc import wire
 from ..scanner import Scan
@@ -189,28 +189,20 @@ class PartitionWorker:
 
     def _dead_letter(self, tmessage: Any) -> bool:
         """Put the message on ``<queue>.dlq``, in a partition this server writes; False: not yet."""
-        engine, coordinator = self.manager.engine, self.manager.coordinator
-        dlq = self.queue + ".dlq"
-        try:
-            info = engine.queue_info(dlq, fresh=True)
-        except QueueNotFound:
-            try:
-                engine.create_queue(QueueInfo(dlq, engine.queue_info(self.queue).partitions))
-            except QueueExists:
-                pass  # another worker made it first
-            coordinator.queues_changed()
-            info = engine.queue_info(dlq, fresh=True)
-        owned = coordinator.owned(dlq, info.partitions)
-        if not owned:
-            coordinator.queues_changed()
-            return False  # its partitions are being assigned: next time
-        pid = self.partition_id if self.partition_id in owned else owned[0]
-        (dead_id,) = engine.put(dlq, [Message(tmessage.topic, tmessage.value)], pid)
+        placed = dead_letter(
+            self.manager.engine,
+            self.manager.coordinator,
+            self.queue,
+            self.partition_id,
+            Message(tmessage.topic, tmessage.value),
+        )
+        if placed is None:
+            return False
         self.manager.metrics.dead_lettered.labels(self.queue, self.name).inc()
         logger.warning(
             "%s: message %s of %s partition %d failed %d deliveries; moved to %s partition %d as %s",
             self.name, wire.from_tid(tmessage.id), self.queue, self.partition_id,
-            self.registration.dead_letter_after, dlq, pid, dead_id,
+            self.registration.dead_letter_after, dead_letter_queue(self.queue), *placed,
         )  # fmt: skip
         return True
 

@@ -12,7 +12,7 @@ contract suite in ``tests/storage/`` can pin down every behaviour.
 from __future__ import annotations
 
 import abc
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from ..config import QueueInfo
 from ..ids import wall_clock_ms
@@ -63,8 +63,13 @@ class Storage(abc.ABC):
         """Delete every message, keep the queue, its info and its splits."""
 
     @abc.abstractmethod
-    def write(self, name: str, cells: Sequence[Cell], durability: str) -> None:
-        """Write ``cells`` atomically with the given durability."""
+    def write(self, name: str, cells: Sequence[Cell], durability: str, deletes: Sequence[bytes] = ()) -> None:
+        """Write ``cells`` and delete the cells keyed ``deletes``, atomically, with the given durability.
+
+        (HBase applies one ``mutateRows`` row by row: atomic against an hqueue
+        server's crash, since the gateway gets the whole call, but not against
+        a region server's crash in the middle of it.)
+        """
 
     @abc.abstractmethod
     def scan(
@@ -102,6 +107,13 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     def list_meta(self, prefix: str) -> dict[str, bytes]:
         """Every key starting with ``prefix``, with its value."""
+
+    def write_meta(self, puts: Mapping[str, bytes], deletes: Iterable[str] = ()) -> None:
+        """Several metadata changes in one go (atomic where the backend can batch them)."""
+        for key, value in puts.items():
+            self.put_meta(key, value)
+        for key in deletes:
+            self.delete_meta(key)
 
     def reclaim_expired(self, name: str) -> None:  # noqa: B027 - optional hook
         """Free the space of expired cells now (backends may do it anyway)."""

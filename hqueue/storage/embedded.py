@@ -38,7 +38,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from itertools import islice
 
 import rocksdict
@@ -46,6 +46,7 @@ import rocksdict
 from ..config import Durability, QueueInfo
 from ..errors import QueueExists, QueueNotFound, StorageError, StorageLocked
 from ..message import encode_rowkey, partition_prefix
+from ..timers import pending_range
 from .base import Cell, Storage, keep_id_floor, ttl_cutoff
 
 logger = logging.getLogger(__name__)
@@ -195,7 +196,7 @@ class EmbeddedStorage(Storage):
 
     # -- cells ----------------------------------------------------------------
 
-    def write(self, name: str, cells: Sequence[Cell], durability: str) -> None:
+    def write(self, name: str, cells: Sequence[Cell], durability: str, deletes: Sequence[bytes] = ()) -> None:
         self._heal()
         handle = self._handles.get(name)
         if handle is None:
@@ -205,6 +206,8 @@ class EmbeddedStorage(Storage):
         put = batch.put
         for key, value in cells:
             put(key, value)
+        for key in deletes:
+            batch.delete(key)
         self._guard(self._db.write, batch, self._write_options[durability])
 
     def scan(
@@ -256,6 +259,15 @@ class EmbeddedStorage(Storage):
         self._heal()
         self._guard(self._db.delete, _KV_PREFIX + key.encode(), self._write_options[Durability.SYNC_WAL])
 
+    def write_meta(self, puts: Mapping[str, bytes], deletes: Iterable[str] = ()) -> None:
+        self._heal()
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        for key, value in puts.items():
+            batch.put(_KV_PREFIX + key.encode(), value)
+        for key in deletes:
+            batch.delete(_KV_PREFIX + key.encode())
+        self._guard(self._db.write, batch, self._write_options[Durability.SYNC_WAL])
+
     def list_meta(self, prefix: str) -> dict[str, bytes]:
         self._heal()
         start = _KV_PREFIX + prefix.encode()
@@ -276,6 +288,8 @@ class EmbeddedStorage(Storage):
         keep_id_floor(self, info, cutoff)
         for pid in range(info.partitions):
             family.delete_range(partition_prefix(pid), encode_rowkey(pid, cutoff))
+            # Timers overdue by more than the TTL expire as their messages would have (timers.py).
+            family.delete_range(*pending_range(pid, cutoff.timestamp))
         family.compact_range(None, None)
         logger.debug("reclaimed expired messages of %s before %s", name, cutoff)
 

@@ -141,6 +141,21 @@ class Thrift2Admin:
         self._call(f"truncate table {table!r}", "truncateTable", self._idl.TTableName(qualifier=table), True)
 
 
+def _row_after(row: bytes) -> bytes:
+    """The smallest row above ``row`` and every key that starts with it."""
+    return (int.from_bytes(row, "big") + 1).to_bytes(len(row), "big")
+
+
+def _cell_time(key: bytes) -> int | None:
+    """A timer's cell is stamped with its due time, so the family's TTL counts from
+    then (timers.py); every other cell gets HBase's write time (None)."""
+    if key[0] & 0x80:
+        due = int.from_bytes(key[2:10], "big")
+        if due < 2**63:
+            return due
+    return None
+
+
 class HBaseStorage(Storage):
     """Queues in HBase tables, reached through a pool of happybase connections.
 
@@ -330,18 +345,28 @@ class HBaseStorage(Storage):
 
     # -- cells ----------------------------------------------------------------
 
-    def write(self, name: str, cells: Sequence[Cell], durability: str) -> None:
+    def write(self, name: str, cells: Sequence[Cell], durability: str, deletes: Sequence[bytes] = ()) -> None:
         wal = durability != Durability.SKIP_WAL
-        batch = [
+        by_time: dict[int | None, list[BatchMutation]] = {}
+        for key, value in cells:
+            mutation = Mutation(column=_COLUMN_PREFIX + key[ROWKEY_LENGTH:], value=value, writeToWAL=wal)
+            by_time.setdefault(_cell_time(key), []).append(BatchMutation(key[:ROWKEY_LENGTH], [mutation]))
+        plain = by_time.setdefault(None, [])
+        plain += [
             BatchMutation(
                 key[:ROWKEY_LENGTH],
-                [Mutation(column=_COLUMN_PREFIX + key[ROWKEY_LENGTH:], value=value, writeToWAL=wal)],
+                [Mutation(isDelete=True, column=_COLUMN_PREFIX + key[ROWKEY_LENGTH:], writeToWAL=wal)],
             )
-            for key, value in cells
+            for key in deletes
         ]
-        # One Thrift round-trip for the whole batch (happybase's Batch.send).
+        # One Thrift round-trip for the batch (happybase's Batch.send); timers'
+        # cells, stamped with their due time, in one more per due time.
         with self._connection(f"write {len(cells)} message(s) to {name!r}", name) as connection:
-            connection.client.mutateRows(self._table_name(name), batch, {})
+            for timestamp, batch in by_time.items():
+                if timestamp is not None:
+                    connection.client.mutateRowsTs(self._table_name(name), batch, timestamp, {})
+            if plain:
+                connection.client.mutateRows(self._table_name(name), plain, {})
 
     def scan(
         self,
@@ -355,14 +380,25 @@ class HBaseStorage(Storage):
             return []
         columns = [_COLUMN_PREFIX + t for t in sorted(topics)] if topics else [FAMILY]
 
+        # HBase scans rows; a cell key may go past the 12-byte row (timers' cells, timers.py).
+        row_start = start_key[:ROWKEY_LENGTH]
+        row_stop = stop_key if len(stop_key) <= ROWKEY_LENGTH else _row_after(stop_key[:ROWKEY_LENGTH])
+        rows_wanted = limit + (len(start_key) > ROWKEY_LENGTH)  # the first row may hold only cells before start
+
         def read(connection):
             rows = connection.table(self._table_name(name)).scan(
-                row_start=start_key, row_stop=stop_key, columns=columns, batch_size=min(limit, 1000), limit=limit
+                row_start=row_start,
+                row_stop=row_stop,
+                columns=columns,
+                batch_size=min(rows_wanted, 1000),
+                limit=rows_wanted,
             )
-            # A row holds one message; its qualifier is the topic.
-            return [
+            # A message's row holds one cell, its qualifier the topic; a timers' row may hold many.
+            cells = [
                 (row + column[len(_COLUMN_PREFIX) :], value) for row, data in rows for column, value in data.items()
             ]
+            cells.sort()
+            return [cell for cell in cells if start_key <= cell[0] < stop_key][:limit]
 
         return self._retrying(f"scan {name!r}", read, name)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left, insort
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..config import QueueInfo
@@ -89,10 +89,13 @@ class MemoryStorage(Storage):
 
     # -- cells ----------------------------------------------------------------
 
-    def write(self, name: str, cells: Sequence[Cell], durability: str) -> None:
+    def write(self, name: str, cells: Sequence[Cell], durability: str, deletes: Sequence[bytes] = ()) -> None:
         with self._data.lock:
             queue = self._queue(name)
             keys, values = queue.keys, queue.values
+            for key in deletes:
+                if values.pop(key, None) is not None:
+                    del keys[bisect_left(keys, key)]
             for key, value in cells:
                 if key not in values:
                     if not keys or key > keys[-1]:
@@ -157,6 +160,12 @@ class MemoryStorage(Storage):
 
     def put_meta(self, key: str, value: bytes) -> None:
         self._data.meta[key] = value
+
+    def write_meta(self, puts: Mapping[str, bytes], deletes: Iterable[str] = ()) -> None:
+        with self._data.lock:
+            self._data.meta.update(puts)
+            for key in deletes:
+                self._data.meta.pop(key, None)
 
     def delete_meta(self, key: str) -> None:
         self._data.meta.pop(key, None)

@@ -1,0 +1,153 @@
+"""Work-queue consumption by consumer groups (SPEC X2, X3): receive, then ack or nack.
+
+::
+
+    with HQueue("orders") as queue, queue.consumer("billing") as consumer:
+        for delivery in consumer:              # waits for work
+            bill(delivery.value)
+            consumer.ack(delivery)             # never handed out to "billing" again
+
+Each message goes to one member of a group at a time, under a lease; one
+not acked before its lease runs out (a crashed or stuck member) goes to
+another member. ``nack`` gives it back at once or after a delay; past
+``max_retries`` failures it goes to the dead-letter queue ``<queue>.dlq``.
+Every group gets every message. The state lives with the partitions' owners
+(:mod:`hqueue.groups`): the process that opened an embedded store, or the
+hqueue servers.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from .errors import InvalidArgument
+from .groups import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, start_ms
+from .message import Message, MessageID
+
+if TYPE_CHECKING:
+    from .queue import HQueue
+
+__all__ = ["Consumer", "Delivery"]
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A message handed to this member, to ack or nack.
+
+    Attributes:
+        message: The message, with its ID and partition.
+        attempt: 1 on its first delivery to the group, then one more per failure.
+    """
+
+    message: Message
+    attempt: int
+
+    @property
+    def id(self) -> MessageID:
+        return self.message.id  # type: ignore[return-value]  # received messages have IDs
+
+    @property
+    def partition_id(self) -> int:
+        return self.message.partition_id  # type: ignore[return-value]
+
+    @property
+    def topic(self) -> bytes:
+        return self.message.topic
+
+    @property
+    def value(self) -> bytes:
+        return self.message.value
+
+    @property
+    def receipt(self) -> tuple[int, MessageID]:
+        return self.partition_id, self.id
+
+
+def _receipts(items: Delivery | Message | Iterable[Delivery | Message]) -> list[tuple[int, MessageID]]:
+    if isinstance(items, (Delivery, Message)):
+        items = [items]
+    receipts = []
+    for item in items:
+        message = item.message if isinstance(item, Delivery) else item
+        if not isinstance(message, Message) or message.id is None or message.partition_id is None:
+            raise TypeError(f"ack and nack take received Deliveries (or Messages with IDs), not {item!r}")
+        receipts.append((message.partition_id, message.id))
+    return receipts
+
+
+class Consumer:
+    """One member of a consumer group; make it with :meth:`HQueue.consumer <hqueue.HQueue.consumer>`.
+
+    Args:
+        queue: The queue to consume.
+        group: The group's name; made on first use.
+        topics: Topics the group takes (None: all). Fixed when the group is made.
+        start: Where a new group starts: ``"earliest"`` (default), ``"latest"``,
+            a datetime or epoch ms. Ignored for an existing group.
+        max_retries: Failures a message may have beyond its first delivery
+            before it goes to ``<queue>.dlq`` (default 16). Fixed when the group is made.
+        lease: Seconds a received message stays with this member (default 30).
+        member: This member's name (default: host, pid and a random part).
+    """
+
+    def __init__(
+        self,
+        queue: HQueue,
+        group: str,
+        topics: Iterable[str | bytes] | None = None,
+        *,
+        start: str | datetime | int = "earliest",
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        lease: float = DEFAULT_LEASE,
+        member: str | None = None,
+    ) -> None:
+        self.queue, self.group, self.lease = queue, group, lease
+        self.member = member or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        chosen = None if topics is None else frozenset(t.encode() if isinstance(t, str) else t for t in topics)
+        if chosen is not None and not all(isinstance(t, bytes) and t for t in chosen):
+            raise InvalidArgument("'topics' must be non-empty str or bytes")
+        self._engine: Any = queue.engine
+        self._engine.group_open(queue.name, group, chosen, start_ms(start), max_retries)
+        self.closed = False
+
+    def receive(self, max_messages: int = 100, *, wait: float = 1.0, lease: float | None = None) -> list[Delivery]:
+        """Up to ``max_messages`` messages, waiting up to ``wait`` seconds for the first."""
+        pairs = self._engine.group_receive(
+            self.queue.name, self.group, self.member, max_messages, self.lease if lease is None else lease, wait
+        )
+        return [Delivery(message, attempt) for message, attempt in pairs]
+
+    def ack(self, deliveries: Delivery | Message | Iterable[Delivery | Message]) -> int:
+        """Mark messages done: the group never gets them again. Returns how many were still open."""
+        return self._engine.group_ack(self.queue.name, self.group, _receipts(deliveries))
+
+    def nack(self, deliveries: Delivery | Message | Iterable[Delivery | Message], *, delay: float | None = None) -> int:
+        """Give messages back: handed out again after ``delay`` seconds (None: a
+        backoff of 1 s doubling per failure, at most 10 minutes). Counts as a failure."""
+        return self._engine.group_nack(self.queue.name, self.group, self.member, _receipts(deliveries), delay)
+
+    def __iter__(self) -> Iterator[Delivery]:
+        """Deliveries as they come, until :meth:`close`. Ack each one."""
+        while not self.closed:
+            yield from self.receive(wait=1.0)
+
+    def close(self) -> None:
+        """Leave the group: leases still held go back to the others at once."""
+        if not self.closed:
+            self.closed = True
+            self._engine.group_leave(self.queue.name, self.group, self.member)
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Consumer({self.queue.name!r}, {self.group!r}, member={self.member!r})"

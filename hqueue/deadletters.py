@@ -1,0 +1,49 @@
+"""Dead letters (SPEC X2): where a message goes after too many failed deliveries.
+
+The dead-letter queue of ``q`` is the ordinary queue ``q.dlq``, made on first
+use with as many partitions as ``q``: it can be scanned, and replayed onto
+``q`` (``HQueueAdmin.replay_dead_letters``, ``hqueue replay-dlq``). Push
+subscriptions (``dead_letter_after``) and consumer groups (``max_retries``)
+both use it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .config import QueueInfo
+from .errors import QueueExists, QueueNotFound
+from .message import Message, MessageID
+
+if TYPE_CHECKING:
+    from .coordination import Coordinator
+    from .engine import Engine
+
+
+def dead_letter_queue(queue: str) -> str:
+    return queue + ".dlq"
+
+
+def dead_letter(
+    engine: Engine, coordinator: Coordinator, queue: str, partition_id: int, message: Message
+) -> tuple[int, MessageID] | None:
+    """Put ``message`` on ``<queue>.dlq``, in its partition if this process writes
+    it (else another it owns): (partition, ID), or None while the dead-letter
+    queue's partitions have no owner here yet (try again later)."""
+    dlq = dead_letter_queue(queue)
+    try:
+        info = engine.queue_info(dlq, fresh=True)
+    except QueueNotFound:
+        try:
+            engine.create_queue(QueueInfo(dlq, engine.queue_info(queue).partitions))
+        except QueueExists:
+            pass  # another worker made it first
+        coordinator.queues_changed()
+        info = engine.queue_info(dlq, fresh=True)
+    owned = coordinator.owned(dlq, info.partitions)
+    if not owned:
+        coordinator.queues_changed()
+        return None  # its partitions are being assigned: next time
+    pid = partition_id if partition_id in owned else owned[0]
+    (dead_id,) = engine.put(dlq, [Message(message.topic, message.value)], pid)
+    return pid, dead_id

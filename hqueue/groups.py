@@ -1,0 +1,580 @@
+"""Consumer groups (SPEC X3), with retries and dead letters (SPEC X2).
+
+A group reads a queue as a work queue. ``receive`` leases messages to one
+member; ``ack`` finishes them; ``nack``, or a lease that runs out, hands them
+out again (after a backoff for a nack); a message that fails more than
+``max_retries`` times goes to the dead-letter queue ``<queue>.dlq``. Every
+group gets every message (broadcast); within a group each message is with
+one member at a time (clustering).
+
+Where the state lives: the owner of a partition keeps every group's state
+for that partition (SPEC C10), so servers share nothing but the store. Per
+(group, partition):
+
+* the *completion cursor* ``done``: every message below it is acked.
+  Persisted.
+* the *scan cursor*: every message below it has been handed out. In memory;
+  after a restart or a failover it starts again at ``done``.
+* the acked IDs between the two, persisted one key each and forgotten once
+  ``done`` passes them: one slow message never blocks new ones, and an acked
+  message is never handed out again.
+* leases (in memory) and retry counts (persisted at each failure).
+
+Members: a member is live while it calls ``receive`` (at least every
+``MEMBER_TIMEOUT`` seconds). The live members, sorted, share the
+partitions: partition p goes to member ``p mod M``, and with more members
+than partitions several members share a partition, the per-message leases
+keeping each message with one of them. A member polls every server, so every
+server sees the same members. When a member joins or leaves the assignment
+changes at once; a leaving member gives its leases back, a vanished one's
+leases run out.
+
+Delivery is at least once: a message whose lease is lost with its owner (a
+server crash) is handed out again; a message acked before the crash never is.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .coordination.registry import successor
+from .deadletters import dead_letter, dead_letter_queue
+from .errors import HQueueError, InvalidArgument, NotPartitionOwner, QueueNotFound
+from .ids import wall_clock_ms
+from .lag import partition_lag
+from .message import Message, MessageID, encode_rowkey, messages_from_columns, partition_prefix
+
+if TYPE_CHECKING:
+    from .coordination import Coordinator
+    from .engine import Engine
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_LEASE = 30.0
+DEFAULT_MAX_RETRIES = 16
+#: Messages handed out and not acked, per (group, partition), before the partition waits.
+DEFAULT_MAX_SPAN = 10_000
+#: A member that has not called receive for this long has left.
+MEMBER_TIMEOUT = 10.0
+#: The backoff of a nack without a delay: 1 s, doubling per retry, at most 10 minutes.
+BACKOFF_BASE, BACKOFF_MAX = 1.0, 600.0
+_GROUP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
+
+Receipt = tuple[int, MessageID]
+
+
+class GroupNotFound(HQueueError, LookupError):
+    """No consumer group of that name on the queue."""
+
+    def __init__(self, queue: str, group: str) -> None:
+        super().__init__(f"no consumer group {group!r} on queue {queue!r}")
+        self.queue, self.group = queue, group
+
+
+def check_group_name(name: object) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"a group name must be a str, not {type(name).__name__}")
+    if not _GROUP_NAME.fullmatch(name):
+        raise InvalidArgument(f"a group name is 1-200 of A-Z a-z 0-9 _ . - (not starting with . or -), got {name!r}")
+    return name
+
+
+def backoff(retries: int) -> float:
+    """Seconds before a nacked message comes back, after ``retries`` failures."""
+    return min(BACKOFF_MAX, BACKOFF_BASE * 2 ** max(0, retries - 1))
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    """What a group takes, fixed when it is made.
+
+    Attributes:
+        topics: The topics it takes; None for all.
+        start: Epoch ms where it starts in every partition (0: the beginning).
+        max_retries: Failures a message may have beyond its first delivery.
+    """
+
+    topics: frozenset[bytes] | None = None
+    start: int = 0
+    max_retries: int = DEFAULT_MAX_RETRIES
+
+    def to_json(self) -> bytes:
+        topics = sorted(t.hex() for t in self.topics) if self.topics is not None else None
+        return json.dumps({"topics": topics, "start": self.start, "max_retries": self.max_retries}).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> GroupConfig:
+        d = json.loads(data)
+        topics = frozenset(bytes.fromhex(t) for t in d["topics"]) if d["topics"] is not None else None
+        return cls(topics, d["start"], d["max_retries"])
+
+
+def _group_key(queue: str, group: str) -> str:
+    return f"groups/{queue}/{group}"
+
+
+def _state_prefix(queue: str, group: str, pid: int | None = None) -> str:
+    return f"group-state/{queue}/{group}/" + ("" if pid is None else f"{pid}/")
+
+
+@dataclass
+class _Partition:
+    """One group's progress over one partition (held by the partition's owner)."""
+
+    done: MessageID
+    acked: set[MessageID] = field(default_factory=set)
+    retries: dict[MessageID, int] = field(default_factory=dict)
+    scan: MessageID = MessageID(0)
+    #: Handed out now: ID -> (member, lease deadline, attempt).
+    leases: dict[MessageID, tuple[str, float, int]] = field(default_factory=dict)
+    #: Failed, to hand out again at a (monotonic) time.
+    ready: dict[MessageID, float] = field(default_factory=dict)
+    lease_heap: list[tuple[float, MessageID]] = field(default_factory=list)
+    ready_heap: list[tuple[float, MessageID]] = field(default_factory=list)
+    #: Every ID handed out and not acked (lazily cleaned): its lowest is where ``done`` may go.
+    open_heap: list[MessageID] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.scan = max(self.scan, self.done)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.leases) + len(self.ready)
+
+    def lowest_open(self) -> MessageID:
+        heap = self.open_heap
+        while heap and heap[0] not in self.leases and heap[0] not in self.ready:
+            heapq.heappop(heap)
+        return heap[0] if heap else self.scan
+
+    def lease(self, message_id: MessageID, member: str, deadline: float, attempt: int, new: bool) -> None:
+        self.ready.pop(message_id, None)
+        self.leases[message_id] = (member, deadline, attempt)
+        heapq.heappush(self.lease_heap, (deadline, message_id))
+        if new:
+            heapq.heappush(self.open_heap, message_id)
+
+    def expired(self, now: float) -> list[MessageID]:
+        out = []
+        while self.lease_heap and self.lease_heap[0][0] <= now:
+            deadline, message_id = heapq.heappop(self.lease_heap)
+            lease = self.leases.get(message_id)
+            if lease is not None and lease[1] == deadline:
+                out.append(message_id)
+        return out
+
+    def due(self, now: float, limit: int) -> list[MessageID]:
+        out: list[MessageID] = []
+        while self.ready_heap and len(out) < limit and self.ready_heap[0][0] <= now:
+            at, message_id = heapq.heappop(self.ready_heap)
+            if self.ready.get(message_id) == at:
+                out.append(message_id)
+        return out
+
+    def retry_at(self, message_id: MessageID, at: float) -> None:
+        self.leases.pop(message_id, None)
+        self.ready[message_id] = at
+        heapq.heappush(self.ready_heap, (at, message_id))
+
+
+class _Group:
+    def __init__(self, queue: str, name: str, config: GroupConfig) -> None:
+        self.queue, self.name, self.config = queue, name, config
+        self.lock = threading.Lock()
+        self.members: dict[str, float] = {}
+        self.partitions: dict[int, _Partition] = {}
+        self.turn = 0
+
+    def live_members(self, now: float) -> list[str]:
+        for member in [m for m, seen in self.members.items() if now - seen > MEMBER_TIMEOUT]:
+            del self.members[member]
+        return sorted(self.members)
+
+
+def assigned(members: list[str], member: str, partitions: int) -> list[int]:
+    """The partitions ``member`` reads among the sorted live ``members``."""
+    index, count = members.index(member), len(members)
+    if count <= partitions:
+        return list(range(index, partitions, count))
+    return [index % partitions]
+
+
+class GroupService:
+    """Every consumer group's state for the partitions this process owns."""
+
+    def __init__(self, engine: Engine, coordinator: Coordinator, *, max_span: int = DEFAULT_MAX_SPAN) -> None:
+        self.engine, self.coordinator, self.storage = engine, coordinator, engine.storage
+        self.max_span = max_span
+        self._lock = threading.Lock()
+        self._groups: dict[tuple[str, str], _Group] = {}
+        self._arrived = threading.Condition()
+        self._generation = 0
+        self._stopped = False
+        self.dead_lettered = 0
+
+    def start(self) -> None:
+        self.coordinator.add_listener(self._ownership_changed)
+        self.engine.add_write_listener(self._on_write)
+
+    def stop(self) -> None:
+        self._stopped = True
+        with self._arrived:
+            self._arrived.notify_all()
+
+    def _on_write(self, queue: str, partition_id: int) -> None:
+        with self._arrived:
+            self._generation += 1
+            self._arrived.notify_all()
+
+    def _ownership_changed(self, gained: set[tuple[str, int]], lost: set[tuple[str, int]]) -> None:
+        """A partition that moved away takes its leases with it: the new owner starts from ``done``."""
+        with self._lock:
+            groups = list(self._groups.values())
+        for group in groups:
+            with group.lock:
+                for queue, pid in lost:
+                    if queue == group.queue:
+                        group.partitions.pop(pid, None)
+
+    # -- groups ------------------------------------------------------------------------
+
+    def open(
+        self, queue: str, name: str, topics: Collection[bytes] | None, start: int, max_retries: int
+    ) -> GroupConfig:
+        """Make the group if it is new; check that an existing one takes the same topics."""
+        check_group_name(name)
+        if not isinstance(max_retries, int) or isinstance(max_retries, bool) or max_retries < 0:
+            raise InvalidArgument(f"'max_retries' must be an int >= 0, got {max_retries!r}")
+        self.engine.queue_info(queue, fresh=True)
+        wanted = GroupConfig(frozenset(topics) if topics is not None else None, start, max_retries)
+        stored = self.storage.get_meta(_group_key(queue, name))
+        if stored is None:
+            self.storage.put_meta(_group_key(queue, name), wanted.to_json())
+            return wanted
+        config = GroupConfig.from_json(stored)
+        if config.topics != wanted.topics:
+            raise InvalidArgument(
+                f"consumer group {name!r} of {queue!r} takes topics {_show(config.topics)}, not "
+                f"{_show(wanted.topics)}: use another group, or delete this one first"
+            )
+        return config
+
+    def _group(self, queue: str, name: str) -> _Group:
+        with self._lock:
+            group = self._groups.get((queue, name))
+            if group is None:
+                stored = self.storage.get_meta(_group_key(queue, name))
+                if stored is None:
+                    raise GroupNotFound(queue, name)
+                group = self._groups[(queue, name)] = _Group(queue, name, GroupConfig.from_json(stored))
+            return group
+
+    def _partition(self, group: _Group, pid: int) -> _Partition:
+        """The group's state over ``pid``, read from the store on first use (call under group.lock)."""
+        state = group.partitions.get(pid)
+        if state is None:
+            stored = self.storage.list_meta(_state_prefix(group.queue, group.name, pid))
+            done = MessageID(group.config.start)
+            acked, retries = set(), {}
+            for key, value in stored.items():
+                kind, _, text = key.rpartition("/")
+                if kind.endswith("/done"):
+                    done = MessageID.from_bytes(value)
+                elif kind.endswith("/ack"):
+                    acked.add(MessageID.parse(text))
+                elif kind.endswith("/retry"):
+                    retries[MessageID.parse(text)] = int(value)
+            state = group.partitions[pid] = _Partition(done, {a for a in acked if a >= done}, retries)
+        return state
+
+    def names(self, queue: str) -> list[str]:
+        self.engine.queue_info(queue, fresh=True)
+        prefix = f"groups/{queue}/"
+        return sorted(key[len(prefix) :] for key in self.storage.list_meta(prefix))
+
+    def delete(self, queue: str, name: str) -> None:
+        self._group(queue, name)
+        with self._lock:
+            self._groups.pop((queue, name), None)
+        keys = list(self.storage.list_meta(_state_prefix(queue, name)))
+        self.storage.write_meta({}, [*keys, _group_key(queue, name)])
+
+    # -- receive -----------------------------------------------------------------------
+
+    def receive(
+        self, queue: str, name: str, member: str, max_messages: int, lease: float, wait: float
+    ) -> list[tuple[Message, int]]:
+        """Lease up to ``max_messages`` to ``member``, waiting up to ``wait`` seconds for some.
+
+        Returns (message, attempt) pairs; attempt 1 is a first delivery.
+        """
+        if not isinstance(member, str) or not member:
+            raise InvalidArgument("'member' must be a non-empty string")
+        if not isinstance(max_messages, int) or isinstance(max_messages, bool) or not 1 <= max_messages <= 10_000:
+            raise InvalidArgument(f"'max_messages' must be an int in 1..10000, got {max_messages!r}")
+        if not isinstance(lease, (int, float)) or not 0 < lease <= 86400 * 7:
+            raise InvalidArgument(f"'lease' must be seconds in (0, 604800], got {lease!r}")
+        if not isinstance(wait, (int, float)) or not 0 <= wait <= 300:
+            raise InvalidArgument(f"'wait' must be seconds in [0, 300], got {wait!r}")
+        group = self._group(queue, name)
+        deadline = time.monotonic() + wait
+        while True:
+            with self._arrived:
+                generation = self._generation
+            taken, next_ready = self._take(group, member, max_messages, lease)
+            left = deadline - time.monotonic()
+            if taken or left <= 0 or self._stopped:
+                return taken
+            with self._arrived:
+                if self._generation == generation:
+                    self._arrived.wait(min(left, next_ready, 1.0))
+
+    def _take(self, group: _Group, member: str, limit: int, lease: float) -> tuple[list[tuple[Message, int]], float]:
+        """What ``member`` gets now, and seconds until a retry falls due."""
+        info = self.engine.enabled_queue(group.queue)
+        now = time.monotonic()
+        out: list[tuple[Message, int]] = []
+        next_ready = 1.0
+        with group.lock:
+            group.members[member] = now
+            members = group.live_members(now)
+            mine = [p for p in assigned(members, member, info.partitions) if self.coordinator.owns(group.queue, p)]
+            if mine:
+                group.turn = (group.turn + 1) % len(mine)
+                mine = mine[group.turn :] + mine[: group.turn]
+            for pid in mine:
+                if len(out) >= limit:
+                    break
+                state = self._partition(group, pid)
+                self._expire(group, pid, state, now)
+                out += self._redeliver(group, pid, state, member, now + lease, limit - len(out))
+                out += self._new(group, pid, state, member, now + lease, limit - len(out))
+                if state.ready_heap:
+                    next_ready = min(next_ready, max(0.001, state.ready_heap[0][0] - now))
+        return out, next_ready
+
+    def _expire(self, group: _Group, pid: int, state: _Partition, now: float) -> None:
+        for message_id in state.expired(now):
+            self._failed(group, pid, state, message_id, 0.0)
+
+    def _redeliver(
+        self, group: _Group, pid: int, state: _Partition, member: str, deadline: float, limit: int
+    ) -> list[tuple[Message, int]]:
+        out = []
+        for message_id in state.due(time.monotonic(), limit):
+            message = self._read(group.queue, pid, message_id)
+            if message is None:  # gone (TTL, truncate): nothing left to do
+                self._acked(group, pid, state, [message_id])
+                continue
+            attempt = state.retries.get(message_id, 0) + 1
+            state.lease(message_id, member, deadline, attempt, new=False)
+            out.append((message, attempt))
+        return out
+
+    def _new(
+        self, group: _Group, pid: int, state: _Partition, member: str, deadline: float, limit: int
+    ) -> list[tuple[Message, int]]:
+        room = min(limit, self.max_span - state.in_flight)
+        out: list[tuple[Message, int]] = []
+        stop = partition_prefix(pid + 1)
+        while room > 0:
+            asked = room + len(state.acked)  # acked ones are skipped: ask for enough to fill the room
+            cells = self.storage.scan(group.queue, encode_rowkey(pid, state.scan), stop, group.config.topics, asked)
+            if not cells:
+                break
+            keys, values = zip(*cells, strict=True)
+            for message in messages_from_columns(keys, values):
+                if room <= 0:
+                    break
+                assert message.id is not None
+                state.scan = successor(message.id)
+                if message.id in state.acked:
+                    continue  # acked before a restart: never again
+                attempt = state.retries.get(message.id, 0) + 1
+                state.lease(message.id, member, deadline, attempt, new=True)
+                out.append((message, attempt))
+                room -= 1
+            if len(cells) < asked:
+                break
+        return out
+
+    def _read(self, queue: str, pid: int, message_id: MessageID) -> Message | None:
+        cells = self.storage.scan(
+            queue, encode_rowkey(pid, message_id), encode_rowkey(pid, successor(message_id)), None, 1
+        )
+        if not cells:
+            return None
+        return messages_from_columns([cells[0][0]], [cells[0][1]])[0]
+
+    # -- ack, nack -----------------------------------------------------------------------
+
+    def _owned_partitions(self, group: _Group, receipts: Iterable[Receipt]) -> dict[int, list[MessageID]]:
+        by_partition: dict[int, list[MessageID]] = {}
+        info = self.engine.queue_info(group.queue)
+        for pid, message_id in receipts:
+            if not isinstance(pid, int) or not 0 <= pid < info.partitions or not isinstance(message_id, MessageID):
+                raise InvalidArgument(f"not a receipt of queue {group.queue!r}: {(pid, message_id)!r}")
+            by_partition.setdefault(pid, []).append(message_id)
+        for pid in by_partition:
+            if not self.coordinator.owns(group.queue, pid):
+                raise NotPartitionOwner(group.queue, pid, self.coordinator.owner(group.queue, pid))
+        return by_partition
+
+    def ack(self, queue: str, name: str, receipts: Iterable[Receipt]) -> int:
+        """Finish messages: they are never handed out to the group again. Returns how many were open."""
+        group = self._group(queue, name)
+        count = 0
+        with group.lock:
+            for pid, ids in self._owned_partitions(group, receipts).items():
+                count += self._acked(group, pid, self._partition(group, pid), ids)
+        return count
+
+    def nack(self, queue: str, name: str, member: str, receipts: Iterable[Receipt], delay: float | None) -> int:
+        """Give messages back to be handed out again after ``delay`` (None: the backoff).
+
+        Only leases ``member`` holds count: one that expired and went to
+        another member is not the caller's to give back.
+        """
+        if delay is not None and (not isinstance(delay, (int, float)) or not 0 <= delay <= 86400 * 7):
+            raise InvalidArgument(f"'delay' must be seconds in [0, 604800] or None, got {delay!r}")
+        group = self._group(queue, name)
+        count = 0
+        with group.lock:
+            for pid, ids in self._owned_partitions(group, receipts).items():
+                state = self._partition(group, pid)
+                for message_id in ids:
+                    lease = state.leases.get(message_id)
+                    if lease is not None and lease[0] == member:
+                        self._failed(group, pid, state, message_id, delay)
+                        count += 1
+        return count
+
+    def leave(self, queue: str, name: str, member: str) -> None:
+        """``member`` stops: its leases are given back at once, without counting as failures."""
+        group = self._group(queue, name)
+        now = time.monotonic()
+        with group.lock:
+            group.members.pop(member, None)
+            for state in group.partitions.values():
+                for message_id, lease in list(state.leases.items()):
+                    if lease[0] == member:
+                        state.retry_at(message_id, now)
+        self._on_write(queue, -1)
+
+    def _acked(self, group: _Group, pid: int, state: _Partition, ids: Iterable[MessageID]) -> int:
+        before = set(state.acked)
+        fresh = []
+        for message_id in ids:
+            if message_id < state.done or message_id in state.acked:
+                continue
+            state.leases.pop(message_id, None)
+            state.ready.pop(message_id, None)
+            state.acked.add(message_id)
+            fresh.append(message_id)
+        if not fresh:
+            return 0
+        done = state.lowest_open()
+        passed = {a for a in state.acked if a < done}
+        state.acked -= passed
+        prefix = _state_prefix(group.queue, group.name, pid)
+        puts = {f"{prefix}ack/{a}": b"" for a in fresh if a not in passed}
+        deletes = [f"{prefix}ack/{a}" for a in passed & before]
+        deletes += [f"{prefix}retry/{a}" for a in fresh if state.retries.pop(a, None) is not None]
+        if done > state.done:
+            state.done = done
+            puts[f"{prefix}done/"] = done.to_bytes()
+        self.storage.write_meta(puts, deletes)
+        return len(fresh)
+
+    def _failed(self, group: _Group, pid: int, state: _Partition, message_id: MessageID, delay: float | None) -> None:
+        """One failed delivery (a nack or a lease run out): retry later, or dead-letter it."""
+        retries = state.retries[message_id] = state.retries.get(message_id, 0) + 1
+        prefix = _state_prefix(group.queue, group.name, pid)
+        self.storage.write_meta({f"{prefix}retry/{message_id}": str(retries).encode()})
+        if retries <= group.config.max_retries:
+            wait = backoff(retries) if delay is None else delay
+            state.retry_at(message_id, time.monotonic() + wait)
+            return
+        message = self._read(group.queue, pid, message_id)
+        placed = None
+        if message is not None:
+            placed = dead_letter(self.engine, self.coordinator, group.queue, pid, message)
+            if placed is None:  # the dead-letter queue has no partition here yet: try again soon
+                state.retry_at(message_id, time.monotonic() + 1.0)
+                return
+            self.dead_lettered += 1
+            logger.warning(
+                "group %s: message %s of %s partition %d failed %d times; moved to %s partition %d as %s",
+                group.name, message_id, group.queue, pid, retries, dead_letter_queue(group.queue), *placed,
+            )  # fmt: skip
+        self._acked(group, pid, state, [message_id])
+
+    # -- describe ------------------------------------------------------------------------
+
+    def describe(self, queue: str, name: str) -> dict[str, Any]:
+        """Members, and per owned partition: cursors, in flight, retrying, lag."""
+        group = self._group(queue, name)
+        info = self.engine.queue_info(queue, fresh=True)
+        now = time.monotonic()
+        partitions = {}
+        with group.lock:
+            members = group.live_members(now)
+            for pid in self.coordinator.owned(queue, info.partitions):
+                state = self._partition(group, pid)
+                self._expire(group, pid, state, now)
+                lag, lag_ms = partition_lag(self.engine, queue, pid, state.done, group.config.topics)
+                partitions[pid] = {
+                    "done": state.done,
+                    "scan": state.scan,
+                    "in_flight": len(state.leases),
+                    "retrying": len(state.ready),
+                    "acked_ahead": len(state.acked),
+                    "retries": sum(state.retries.values()),
+                    "lag_messages": lag,
+                    "lag_millis": lag_ms,
+                }
+        return {
+            "queue": queue,
+            "group": name,
+            "topics": group.config.topics,
+            "start": group.config.start,
+            "max_retries": group.config.max_retries,
+            "members": members,
+            "partitions": partitions,
+            "dead_letters": _count(self.engine, dead_letter_queue(queue)),
+        }
+
+
+def _count(engine: Engine, queue: str) -> int:
+    try:
+        info = engine.queue_info(queue, fresh=True)
+    except QueueNotFound:
+        return 0
+    return sum(partition_lag(engine, queue, pid, MessageID(0), None)[0] for pid in range(info.partitions))
+
+
+def _show(topics: frozenset[bytes] | None) -> str:
+    return "all" if topics is None else repr(sorted(topics))
+
+
+def start_ms(start: object) -> int:
+    """Where a new group starts: ``"earliest"``, ``"latest"`` (now), a datetime or epoch ms."""
+    from datetime import datetime
+
+    if start == "earliest":
+        return 0
+    if start == "latest":
+        return wall_clock_ms()
+    if isinstance(start, datetime):
+        return MessageID.from_datetime(start).timestamp
+    if isinstance(start, int) and not isinstance(start, bool) and start >= 0:
+        return start
+    raise InvalidArgument(f"'start' must be 'earliest', 'latest', a datetime or epoch ms, got {start!r}")

@@ -1,0 +1,124 @@
+"""Timer messages (SPEC X1): put now, delivered at their time, once, and cancellable.
+
+Runs on every storage backend and through a server (``make_queue``). Nothing
+here asserts a duration: lateness is measured in bench/timers.py.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from hqueue import HQueue, HQueueAdmin, InvalidArgument, Message, QueueDisabled, Timer
+from hqueue.ids import wall_clock_ms
+
+
+def wait_for(predicate, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError("timed out waiting")
+
+
+def test_a_timer_message_is_invisible_until_due_then_written_with_a_fresh_id(make_queue):
+    queue = make_queue(partitions=2)
+    (timer,) = queue.put(Message("orders", b"cancel order 7"), partition_id=1, delay=0.5)
+    assert isinstance(timer, Timer) and timer.partition_id == 1
+    assert list(queue.scan()) == []
+    (fired,) = wait_for(lambda: list(queue.scan()))
+    assert (fired.topic, fired.value, fired.partition_id) == (b"orders", b"cancel order 7", 1)
+    assert fired.id.timestamp >= timer.due  # never early
+    assert fired.id > timer.id
+    time.sleep(0.2)
+    assert len(list(queue.scan())) == 1  # and once
+
+
+def test_a_cancelled_timer_never_fires(make_queue):
+    queue = make_queue(partitions=1)
+    doomed = queue.put(Message("t", b"doomed"), delay=0.3)[0]
+    assert queue.cancel(doomed) is True
+    assert queue.cancel(doomed) is False
+    later = queue.put(Message("t", b"later"), delay=0.6)[0]
+    wait_for(lambda: list(queue.scan()))
+    assert [m.value for m in queue.scan()] == [b"later"]
+    assert queue.cancel(later) is False  # fired already
+    assert queue.cancel(str(doomed)) is False  # the printed form works too
+
+
+def test_a_batch_of_timers_with_one_due_time_fires_every_message_once_in_order(make_queue):
+    queue = make_queue(partitions=1)
+    due = wall_clock_ms() + 300
+    timers = queue.put([Message("t", b"%04d" % i) for i in range(1500)], deliver_at=due)
+    assert len(timers) == 1500 and len({t.id for t in timers}) == 1500
+    wait_for(lambda: len(list(queue.scan())) == 1500)
+    time.sleep(0.2)
+    fired = list(queue.scan())
+    assert [m.value for m in fired] == [b"%04d" % i for i in range(1500)]
+    assert min(m.id.timestamp for m in fired) >= due
+
+
+def test_deliver_at_takes_a_datetime_and_a_due_time_in_the_past_fires_at_once(make_queue):
+    queue = make_queue(partitions=1)
+    queue.put(Message("t", b"past"), deliver_at=datetime.now(UTC) - timedelta(hours=1))
+    wait_for(lambda: list(queue.scan()))
+    (timer,) = queue.put(Message("t", b"future"), deliver_at=datetime.now(UTC) + timedelta(days=365 * 100))
+    assert timer.due_datetime.year >= 2126  # no maximum delay
+    assert queue.cancel(timer)
+
+
+def test_timers_outlive_a_queue_ttl_shorter_than_their_delay(make_queue):
+    queue = make_queue(partitions=1, ttl=1)
+    queue.put(Message("t", b"after the ttl"), delay=1.5)
+    (fired,) = wait_for(lambda: list(queue.scan()), timeout=15)
+    assert fired.value == b"after the ttl"
+
+
+def test_bad_timer_arguments_are_refused_and_write_nothing(make_queue, admin):
+    queue = make_queue(partitions=1)
+    with pytest.raises(TypeError, match="not both"):
+        queue.put(Message("t", b"x"), delay=1, deliver_at=wall_clock_ms())
+    with pytest.raises(InvalidArgument, match="delay"):
+        queue.put(Message("t", b"x"), delay=-1)
+    with pytest.raises(TypeError, match="deliver_at"):
+        queue.put(Message("t", b"x"), deliver_at="tomorrow")
+    with pytest.raises(InvalidArgument, match="timer handle"):
+        queue.cancel("not/a/timer/handle")
+    with pytest.raises(TypeError):
+        queue.cancel(42)
+    admin.disable_queue(queue.name)
+    with pytest.raises(QueueDisabled):
+        queue.put(Message("t", b"x"), delay=1)
+    admin.enable_queue(queue.name)
+    assert list(queue.scan()) == []
+
+
+def test_pending_timers_survive_closing_and_reopening_the_store(tmp_path):
+    url = "local://" + str(tmp_path / "data")
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", partitions=2)
+    with HQueue("q", url) as queue:
+        queue.put(Message("t", b"after restart"), delay=1.0)
+        queue.put(Message("t", b"never"), delay=1.0)  # cancelled after the restart
+        cancel_me = queue.put(Message("t", b"never"), delay=1.0)[0]
+    with HQueue("q", url) as queue:  # the store was closed: a new engine reads the timers back
+        assert queue.cancel(cancel_me)
+        values = wait_for(lambda: [m.value for m in queue.scan()])
+        time.sleep(0.1)
+        assert sorted(m.value for m in queue.scan()) == [b"after restart", b"never"]
+        assert values
+
+
+def test_ids_stay_above_pending_timers_after_a_restart(tmp_path):
+    url = "local://" + str(tmp_path / "data")
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", partitions=1)
+    with HQueue("q", url) as queue:
+        (timer,) = queue.put(Message("t", b"x"), delay=3600)
+    with HQueue("q", url) as queue:
+        (message_id,) = queue.put(Message("t", b"y"))
+        assert message_id > timer.id

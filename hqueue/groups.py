@@ -42,13 +42,12 @@ import re
 import threading
 import time
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from .coordination.registry import successor
 from .deadletters import dead_letter, dead_letter_queue
 from .errors import HQueueError, InvalidArgument, NotPartitionOwner, QueueNotFound
-from .ids import wall_clock_ms
 from .lag import partition_lag
 from .message import Message, MessageID, encode_rowkey, messages_from_columns, partition_prefix
 
@@ -69,6 +68,8 @@ BACKOFF_BASE, BACKOFF_MAX = 1.0, 600.0
 _GROUP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
 
 Receipt = tuple[int, MessageID]
+#: ``start`` of a group that begins after each partition's last message when it is made.
+LATEST = -1
 
 
 class GroupNotFound(HQueueError, LookupError):
@@ -105,16 +106,25 @@ class GroupConfig:
     topics: frozenset[bytes] | None = None
     start: int = 0
     max_retries: int = DEFAULT_MAX_RETRIES
+    #: A group made at the ``"latest"``: where each partition ended then.
+    starts: dict[int, MessageID] = field(default_factory=dict)
+
+    def start_of(self, partition_id: int) -> MessageID:
+        return self.starts.get(partition_id, MessageID(max(0, self.start)))
 
     def to_json(self) -> bytes:
         topics = sorted(t.hex() for t in self.topics) if self.topics is not None else None
-        return json.dumps({"topics": topics, "start": self.start, "max_retries": self.max_retries}).encode()
+        starts = {pid: str(i) for pid, i in self.starts.items()}
+        return json.dumps(
+            {"topics": topics, "start": self.start, "max_retries": self.max_retries, "starts": starts}
+        ).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> GroupConfig:
         d = json.loads(data)
         topics = frozenset(bytes.fromhex(t) for t in d["topics"]) if d["topics"] is not None else None
-        return cls(topics, d["start"], d["max_retries"])
+        starts = {int(pid): MessageID.parse(i) for pid, i in d.get("starts", {}).items()}
+        return cls(topics, d["start"], d["max_retries"], starts)
 
 
 def _group_key(queue: str, group: str) -> str:
@@ -253,10 +263,15 @@ class GroupService:
         check_group_name(name)
         if not isinstance(max_retries, int) or isinstance(max_retries, bool) or max_retries < 0:
             raise InvalidArgument(f"'max_retries' must be an int >= 0, got {max_retries!r}")
-        self.engine.queue_info(queue, fresh=True)
+        info = self.engine.queue_info(queue, fresh=True)
+        if not isinstance(start, int) or start < LATEST:
+            raise InvalidArgument(f"'start' must be epoch ms >= 0 (or -1: the latest), got {start!r}")
         wanted = GroupConfig(frozenset(topics) if topics is not None else None, start, max_retries)
         stored = self.storage.get_meta(_group_key(queue, name))
         if stored is None:
+            if start == LATEST:
+                last = {pid: self.engine.last_id(queue, pid) for pid in range(info.partitions)}
+                wanted = replace(wanted, starts={pid: successor(i) for pid, i in last.items() if i is not None})
             self.storage.put_meta(_group_key(queue, name), wanted.to_json())
             return wanted
         config = GroupConfig.from_json(stored)
@@ -282,7 +297,7 @@ class GroupService:
         state = group.partitions.get(pid)
         if state is None:
             stored = self.storage.list_meta(_state_prefix(group.queue, group.name, pid))
-            done = MessageID(group.config.start)
+            done = group.config.start_of(pid)
             acked, retries = set(), {}
             for key, value in stored.items():
                 kind, _, text = key.rpartition("/")
@@ -572,7 +587,7 @@ def start_ms(start: object) -> int:
     if start == "earliest":
         return 0
     if start == "latest":
-        return wall_clock_ms()
+        return LATEST
     if isinstance(start, datetime):
         return MessageID.from_datetime(start).timestamp
     if isinstance(start, int) and not isinstance(start, bool) and start >= 0:

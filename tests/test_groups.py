@@ -1,0 +1,200 @@
+"""Consumer groups (SPEC X3) with retries and dead letters (SPEC X2).
+
+Runs on every storage backend and through a server (``make_queue``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from hqueue import Delivery, GroupNotFound, HQueue, HQueueAdmin, InvalidArgument, Message
+from hqueue.groups import MEMBER_TIMEOUT, assigned
+
+
+def values(deliveries: list[Delivery]) -> list[bytes]:
+    return [d.value for d in deliveries]
+
+
+def drain(consumer, want: int, timeout: float = 10.0) -> list[Delivery]:
+    got: list[Delivery] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < want and time.monotonic() < deadline:
+        got += consumer.receive(want - len(got), wait=0.2)
+    return got
+
+
+def test_each_message_goes_to_one_member_and_an_acked_one_never_comes_back(make_queue):
+    queue = make_queue(partitions=4)
+    for pid in range(4):
+        queue.put([Message("work", b"%d-%d" % (pid, i)) for i in range(25)], pid)
+    with queue.consumer("workers", member="a") as a, queue.consumer("workers", member="b") as b:
+        got_a = a.receive(1, wait=0)
+        got_b = b.receive(1, wait=0)  # both are members now: each has its own partitions
+        got_a += drain(a, 100, timeout=1)
+        got_b += drain(b, 100, timeout=1)
+        assert got_a and got_b
+        assert not {d.receipt for d in got_a} & {d.receipt for d in got_b}
+        assert a.ack(got_a) == len(got_a)
+        assert b.ack(got_b) == len(got_b)
+        rest = drain(a, 100, timeout=1) + drain(b, 100, timeout=1)
+        b.ack([d for d in rest])
+        a.ack([d for d in rest])
+    total = {d.value for d in got_a + got_b + rest}
+    assert len(total) == 100
+    with queue.consumer("workers") as again:
+        assert again.receive(100, wait=0.3) == []
+
+
+def test_every_group_gets_every_message(make_queue):
+    queue = make_queue(partitions=2)
+    queue.put([Message("t", b"%d" % i) for i in range(10)], 0)
+    with queue.consumer("billing") as billing, queue.consumer("shipping") as shipping:
+        assert sorted(values(drain(billing, 10))) == sorted(values(drain(shipping, 10)))
+
+
+def test_within_a_partition_messages_come_in_order_and_a_slow_one_never_blocks_new_ones(make_queue):
+    queue = make_queue(partitions=1)
+    queue.put([Message("t", b"%d" % i) for i in range(5)], 0)
+    with queue.consumer("g") as consumer:
+        first = consumer.receive(1, wait=1)
+        assert values(first) == [b"0"]  # held, never acked (a slow one)
+        rest = drain(consumer, 4)
+        assert values(rest) == [b"1", b"2", b"3", b"4"]
+        consumer.ack(rest)
+        queue.put(Message("t", b"5"), 0)
+        assert values(consumer.receive(10, wait=2)) == [b"5"]
+
+
+def test_a_nack_hands_the_message_out_again_and_the_attempt_counts_up(make_queue):
+    queue = make_queue(partitions=1)
+    queue.put(Message("t", b"flaky"), 0)
+    with queue.consumer("g") as consumer:
+        (first,) = consumer.receive(1, wait=2)
+        assert first.attempt == 1
+        assert consumer.nack(first, delay=0) == 1
+        (second,) = consumer.receive(1, wait=2)
+        assert (second.id, second.attempt) == (first.id, 2)
+        consumer.ack(second)
+        assert consumer.receive(1, wait=0.2) == []
+
+
+def test_an_expired_lease_goes_to_another_member(make_queue):
+    queue = make_queue(partitions=1)
+    queue.put(Message("t", b"job"), 0)
+    with queue.consumer("g", member="crashed") as crashed:
+        (held,) = crashed.receive(1, wait=2, lease=0.3)
+        crashed.closed = True  # it dies without leaving: its lease has to run out
+    with queue.consumer("g", member="survivor") as survivor:
+        (again,) = drain(survivor, 1)
+        assert (again.id, again.attempt) == (held.id, 2)
+        assert survivor.ack(again) == 1
+
+
+def test_after_max_retries_failures_the_message_goes_to_the_dead_letter_queue(make_queue):
+    queue = make_queue(partitions=2)
+    queue.put([Message("t", b"ok-1"), Message("t", b"poison"), Message("t", b"ok-2")], 1)
+    attempts = 0
+    with queue.consumer("g", max_retries=3) as consumer:
+        done = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            batch = consumer.receive(10, wait=0.2)
+            if not batch and len(done) == 2:
+                break
+            for delivery in batch:
+                if delivery.value == b"poison":
+                    attempts += 1
+                    consumer.nack(delivery, delay=0)
+                else:
+                    done.append(delivery.value)
+                    consumer.ack(delivery)
+        assert consumer.receive(10, wait=0.3) == []
+    assert sorted(done) == [b"ok-1", b"ok-2"]
+    assert attempts == 4  # the first delivery and 3 retries: exactly max_retries + 1 failures
+    with HQueue(queue.name + ".dlq", queue.url) as dlq:
+        assert [(m.value, m.partition_id) for m in dlq.scan()] == [(b"poison", 1)]
+
+
+def test_progress_survives_reopening_acked_messages_stay_acked(tmp_path):
+    url = "local://" + str(tmp_path / "data")
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", partitions=1)
+    with HQueue("q", url) as queue:
+        queue.put([Message("t", b"%d" % i) for i in range(6)], 0)
+        consumer = queue.consumer("g")
+        got = drain(consumer, 6)
+        consumer.ack([got[0], got[2], got[4]])  # 1, 3 and 5 are in flight when the process stops
+    with HQueue("q", url) as queue, queue.consumer("g") as consumer:
+        again = drain(consumer, 3)
+        assert values(again) == [b"1", b"3", b"5"]
+        consumer.ack(again)
+        assert consumer.receive(10, wait=0.2) == []
+
+
+def test_describe_and_list_and_delete_groups(make_queue, admin):
+    queue = make_queue(partitions=2)
+    queue.put([Message("t", b"%d" % i) for i in range(4)], 0)
+    with queue.consumer("g", member="m1") as consumer:
+        got = drain(consumer, 4)
+        consumer.ack(got[:1])
+        description = admin.describe_group(queue.name, "g")
+        assert description["members"] == ["m1"]
+        assert sorted(description["partitions"]) == [0, 1]
+        zero = description["partitions"][0]
+        assert zero["in_flight"] == 3 and zero["lag_messages"] == 3 and zero["done"] == got[1].id
+        assert description["dead_letters"] == 0
+    assert admin.list_groups(queue.name) == ["g"]
+    admin.delete_group(queue.name, "g")
+    assert admin.list_groups(queue.name) == []
+    with pytest.raises(GroupNotFound):
+        admin.describe_group(queue.name, "g")
+
+
+def test_bad_group_calls_are_refused(make_queue):
+    queue = make_queue(partitions=1)
+    with pytest.raises(InvalidArgument):
+        queue.consumer("bad/name")
+    with pytest.raises(InvalidArgument):
+        queue.consumer("g", max_retries=-1)
+    with pytest.raises(InvalidArgument):
+        queue.consumer("g", start="yesterday")
+    with queue.consumer("g", topics=["a"]) as consumer:
+        with pytest.raises(InvalidArgument, match="topics"):
+            queue.consumer("g", topics=["b"])
+        with pytest.raises(InvalidArgument):
+            consumer.receive(0)
+        with pytest.raises(InvalidArgument):
+            consumer.receive(1, lease=0)
+        with pytest.raises(TypeError):
+            consumer.ack([Message("t", b"never received")])
+        with pytest.raises(TypeError):
+            consumer.ack([(5, 5)])  # type: ignore[list-item]
+
+
+def test_a_group_takes_only_its_topics_and_can_start_at_the_latest(make_queue):
+    queue = make_queue(partitions=1)
+    queue.put([Message("a", b"old-a"), Message("b", b"old-b")], 0)
+    with queue.consumer("only-b", topics=["b"]) as only_b:
+        assert values(drain(only_b, 1)) == [b"old-b"]
+    with queue.consumer("new", start="latest") as new:
+        assert new.receive(1, wait=0.2) == []
+        queue.put(Message("a", b"new-a"), 0)
+        assert values(new.receive(1, wait=2)) == [b"new-a"]
+
+
+def test_timers_reach_groups_when_due(make_queue):
+    queue = make_queue(partitions=1)
+    with queue.consumer("g") as consumer:
+        queue.put(Message("t", b"later"), delay=0.3)
+        assert consumer.receive(1, wait=0) == []
+        assert values(drain(consumer, 1)) == [b"later"]
+
+
+def test_partitions_are_shared_out_among_members():
+    members = ["a", "b", "c"]
+    shares = [assigned(members, m, 8) for m in members]
+    assert sorted(p for share in shares for p in share) == list(range(8))
+    assert [assigned(members, m, 2) for m in members] == [[0], [1], [0]]  # more members than partitions
+    assert MEMBER_TIMEOUT > 0

@@ -181,6 +181,8 @@ def describe(ctx, name: str) -> None:
     show_default=True,
     help="stdin: a message per line (bytes as they are), all of it as one message, or a message per encoded line.",
 )
+@click.option("--delay", type=click.FloatRange(0), help="Timer messages: deliver this many seconds from now.")
+@click.option("--at", "deliver_at", callback=_message_id, help="Timer messages: deliver at this ISO time or epoch ms.")
 @click.pass_context
 def put(
     ctx,
@@ -191,13 +193,20 @@ def put(
     key: str | None,
     batch: int,
     input_format: str,
+    delay: float | None,
+    deliver_at: MessageID | None,
 ) -> None:
-    """Put VALUES (or, with none, stdin: see --input) on TOPIC of queue NAME."""
+    """Put VALUES (or, with none, stdin: see --input) on TOPIC of queue NAME.
+
+    With --delay or --at they are timer messages: each line printed is a
+    timer handle for `hqueue cancel`, not a message ID.
+    """
     queue = _queue(ctx, name)
     total = 0
     source = (v.encode() for v in values) if values else _stdin_values(input_format)
+    due = None if deliver_at is None else deliver_at.timestamp
     for chunk in _chunks(source, batch):
-        ids = queue.put([Message(topic, v) for v in chunk], partition, key=key)
+        ids = queue.put([Message(topic, v) for v in chunk], partition, key=key, deliver_at=due, delay=delay)
         total += len(ids)
         if values:
             for message_id in ids:
@@ -286,8 +295,9 @@ def _print_message(message: Message, output_format: str) -> None:
 @click.option("--format", "output_format", type=click.Choice(["text", "json", "hex", "base64"]), default="text")
 @click.option("--interval", type=click.FloatRange(0.01), default=0.2, show_default=True, help="Seconds between reads.")
 @click.option("--for", "duration", type=click.FloatRange(0), help="Stop after this many seconds (default: Ctrl-C).")
+@click.option("--follow", "-f", is_flag=True, help="Follow (what tail always does; for tail -f habits).")
 @click.pass_context
-def tail(ctx, name: str, start, topics: tuple[str, ...], output_format: str, interval: float, duration) -> None:
+def tail(ctx, name: str, start, topics: tuple[str, ...], output_format: str, interval: float, duration, follow) -> None:
     """Follow queue NAME: print messages as they are written (Ctrl-C to stop).
 
     Each partition is followed from its own last ID, so a message written to
@@ -343,6 +353,83 @@ def count(ctx, name: str, start, stop, topics: tuple[str, ...], partition: int |
         progress.add()
     progress.done()
     click.echo(progress.count)
+
+
+@main.command()
+@click.argument("name")
+@click.argument("timers", nargs=-1, required=True)
+@click.pass_context
+def cancel(ctx, name: str, timers: tuple[str, ...]) -> None:
+    """Cancel pending timer messages of queue NAME (handles as `hqueue put --delay` printed them)."""
+    queue = _queue(ctx, name)
+    for handle in timers:
+        click.echo(f"{handle}\t{'cancelled' if queue.cancel(handle) else 'not pending (fired or cancelled already)'}")
+
+
+@main.command()
+@click.argument("name")
+@click.argument("group")
+@click.option("--topic", "-t", "topics", multiple=True, help="Only this topic (when the group is new); repeatable.")
+@click.option("--format", "output_format", type=click.Choice(["text", "json", "hex", "base64"]), default="text")
+@click.option("--max", "max_messages", type=click.IntRange(1), help="Stop after this many messages.")
+@click.option("--for", "duration", type=click.FloatRange(0), help="Stop after this many seconds (default: Ctrl-C).")
+@click.option("--lease", type=click.FloatRange(0.001), default=30.0, show_default=True, help="Seconds per lease.")
+@click.option("--no-ack", is_flag=True, help="Print without acking: the messages come back when their leases end.")
+@click.option("--start", type=click.Choice(["earliest", "latest"]), default="earliest", show_default=True)
+@click.pass_context
+def consume(ctx, name, group, topics, output_format, max_messages, duration, lease, no_ack, start) -> None:
+    """Consume queue NAME as a member of consumer GROUP: print each message, then ack it.
+
+    Members of one group share the messages; each group gets all of them.
+    Text lines are: partition, ID, attempt, topic, value.
+    """
+    queue = _queue(ctx, name)
+    deadline = None if duration is None else time.monotonic() + duration
+    seen = 0
+    with queue.consumer(group, topics or None, start=start, lease=lease) as consumer:
+        try:
+            while (deadline is None or time.monotonic() < deadline) and (max_messages is None or seen < max_messages):
+                wait = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
+                want = 100 if max_messages is None else min(100, max_messages - seen)
+                deliveries = consumer.receive(want, wait=wait)
+                for delivery in deliveries:
+                    if output_format == "json":
+                        click.echo(json.dumps({**_as_json(delivery.message), "attempt": delivery.attempt}))
+                    else:
+                        value = _VALUE_FORMATS[output_format](delivery.value)
+                        m = delivery.message
+                        click.echo(f"{m.partition_id}\t{m.id}\t{delivery.attempt}\t{escape(m.topic)}\t{value}")
+                sys.stdout.flush()
+                if deliveries and not no_ack:
+                    consumer.ack(deliveries)
+                seen += len(deliveries)
+        except KeyboardInterrupt:
+            pass
+
+
+@main.command()
+@click.argument("name")
+@click.pass_context
+def groups(ctx, name: str) -> None:
+    """List the consumer groups of queue NAME."""
+    for group in _admin(ctx).list_groups(name):
+        click.echo(group)
+
+
+@main.command(name="describe-group")
+@click.argument("name")
+@click.argument("group")
+@click.pass_context
+def describe_group(ctx, name: str, group: str) -> None:
+    """Consumer GROUP of queue NAME: members, cursors, in flight, retries, lag, dead letters (JSON)."""
+    click.echo(json.dumps(group_description(_admin(ctx).describe_group(name, group)), indent=2))
+
+
+def group_description(d: dict) -> dict:
+    """describe_group's answer in JSON terms."""
+    partitions = {pid: {**p, "done": str(p["done"]), "scan": str(p["scan"])} for pid, p in d["partitions"].items()}
+    topics = sorted(escape(t) for t in d["topics"]) if d["topics"] is not None else None
+    return {**d, "topics": topics, "partitions": partitions}
 
 
 @main.command(name="replay-dlq")

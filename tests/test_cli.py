@@ -142,3 +142,35 @@ def test_tail_follows_every_partition_and_prints_each_message_once(tmp_path):
     assert result.exit_code == 0, result.output
     values = [line.split("\t")[3] for line in result.output.splitlines()]
     assert sorted(values) == sorted(f"m{i}" for i in range(12))
+
+
+def test_timers_from_the_cli_put_cancel_and_fire(run):
+    assert run("create", "q", "1").exit_code == 0
+    later = run("put", "q", "t", "later", "--delay", "0.3")
+    assert later.exit_code == 0 and later.output.count("/") == 2  # a timer handle, not an ID
+    never = run("put", "q", "t", "never", "--delay", "60").output.strip()
+    cancelled = run("cancel", "q", never, never)
+    assert cancelled.output.splitlines() == [
+        f"{never}\tcancelled",
+        f"{never}\tnot pending (fired or cancelled already)",
+    ]
+    assert "timer handle" in run("cancel", "q", "nonsense").output
+    consumed = run("consume", "q", "g", "--max", "1", "--for", "10")
+    assert consumed.exit_code == 0
+    assert consumed.output.split("\t")[2:] == ["1", "t", "later\n"]  # attempt 1
+
+
+def test_consume_acks_what_it_prints_and_groups_are_listed_and_described(run):
+    run("create", "q", "2")
+    run("put", "q", "t", "a", "b", "c", "--partition", "1")
+    first = run("consume", "q", "workers", "--max", "2", "--format", "json")
+    assert [json.loads(line)["value"] for line in first.output.splitlines()] == ["a", "b"]
+    second = run("consume", "q", "workers", "--for", "0.5")
+    assert [line.split("\t")[-1] for line in second.output.splitlines()] == ["c"]
+    peek = run("consume", "q", "others", "--for", "0.5", "--no-ack")
+    assert len(peek.output.splitlines()) == 3
+    assert run("groups", "q").output.split() == ["others", "workers"]
+    described = json.loads(run("describe-group", "q", "others").output)
+    assert described["partitions"]["1"]["lag_messages"] == 3  # printed, never acked
+    assert "no consumer group 'nope'" in run("describe-group", "q", "nope").output
+    assert "does not exist" in run("consume", "missing", "g", "--for", "0").output

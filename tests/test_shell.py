@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hqueue import HQueueAdmin, Message
+from hqueue import HQueue, HQueueAdmin, Message
 from hqueue.server import HQueueServer
 from hqueue.shell import Shell, ShellSyntaxError, parse_line
 from hqueue.shell.commands import to_bytes
@@ -311,3 +311,16 @@ def test_replay_dlq_copies_dead_letters_back(run):
     assert ok and "Replayed 1 message(s)" in out
     assert "dead" in run("scan 'q1', {PARTITION => 1}")[1]
     assert run("replay_dlq 'nope'")[2].startswith("ERROR: queue 'nope' does not exist")
+
+
+def test_list_and_describe_groups(run, tmp_path):
+    run("create 'q1', 2, 0")
+    run("put 'q1', 't', 'work', 0")
+    with HQueue("q1", f"local://{tmp_path}/data") as queue, queue.consumer("billing") as consumer:
+        assert consumer.receive(1, wait=2)
+        assert run("list_groups 'q1'")[1].strip().splitlines()[0] == "billing"
+        ok, out, _ = run("describe_group 'q1', 'billing'")
+        assert ok and "members: " in out and "IN FLIGHT" in out
+        (zero,) = [line.split() for line in out.splitlines() if line.startswith("0 ")]
+        assert zero[3] == "1"  # partition 0: one in flight
+    assert run("describe_group 'q1', 'nope'")[2].startswith("ERROR: no consumer group 'nope'")

@@ -365,6 +365,40 @@ def replay_dlq(shell: Shell, queue: str) -> Result:
     return f"Replayed {count} message(s) from {queue}.dlq onto {queue!r}", count
 
 
+@command(
+    "list_groups 'queue'",
+    "List a queue's consumer groups.",
+    "list_groups 'q1'",
+    args=(QUEUE,),
+    group="groups",
+)
+def list_groups(shell: Shell, queue: str) -> Result:
+    names = shell.admin.list_groups(queue)
+    return "\n".join(names), len(names)
+
+
+@command(
+    "describe_group 'queue', 'group'",
+    "Show a consumer group's members, and per partition its cursors, messages in flight and retrying, and lag.",
+    "describe_group 'q1', 'billing'",
+    args=(QUEUE, Arg("the group name")),
+    group="groups",
+)
+def describe_group(shell: Shell, queue: str, group: str) -> Result:
+    d = shell.admin.describe_group(queue, group)
+    topics = ", ".join(printable(t) for t in sorted(d["topics"])) if d["topics"] else "all"
+    head = (
+        f"members: {', '.join(d['members']) or '(none)'}\ntopics: {topics}\nmax retries: {d['max_retries']}\n"
+        f"dead letters: {d['dead_letters']} (in {queue}.dlq)\n\n"
+    )
+    rows = [
+        (pid, str(p["done"]), str(p["scan"]), p["in_flight"], p["retrying"], p["lag_messages"], p["lag_millis"])
+        for pid, p in sorted(d["partitions"].items())
+    ]
+    columns = ["PARTITION", "DONE BELOW", "SCANNED TO", "IN FLIGHT", "RETRYING", "LAG (MESSAGES)", "LAG (MS)"]
+    return head + table(columns, rows), len(rows)
+
+
 # -- the shell itself ---------------------------------------------------------------------------
 
 
@@ -380,7 +414,7 @@ def help_(shell: Shell, name: str | None = None) -> Result:
         return f"{c.usage}\n\n  {c.help}\n\nExamples:\n" + "\n".join(f"  {e}" for e in c.examples), None
     parts = []
     aliases = {command: alias for alias, command in ALIASES.items()}
-    for group in ("general", "queues", "subscribers"):
+    for group in ("general", "queues", "subscribers", "groups"):
         usages = [
             c.usage + (f"   (or {aliases[c.name]})" if c.name in aliases else "")
             for c in COMMANDS.values()

@@ -1,0 +1,198 @@
+"""Crash proofs for timers (SPEC X1) and consumer groups (SPEC X2, X3): real kill -9.
+
+* A timer writer on the embedded store (which also fires the timers) is
+  killed mid-load 4 times: every acknowledged timer fires exactly once, and
+  no timer fires twice.
+* Consumer processes are killed under load, and a server is killed under
+  load: every message a producer had acknowledged is delivered, and none is
+  delivered to the group again after a consumer's ack of it was acknowledged.
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from hqueue import HQueue, HQueueAdmin, Message
+from hqueue.ids import wall_clock_ms
+
+from .processes import ROOT, ServerProcess, python_env, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def _python(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, *args], cwd=ROOT, env=python_env(), stdout=subprocess.PIPE, text=True, bufsize=1
+    )
+
+
+def _whole_lines(proc: subprocess.Popen) -> list[str]:
+    lines = proc.stdout.read().split("\n")
+    return lines[:-1]  # the text after the last newline was cut by the kill
+
+
+def test_kill_9_a_timer_writer_every_acknowledged_timer_fires_exactly_once(tmp_path):
+    with HQueueAdmin(data_dir=tmp_path) as admin:
+        admin.create_queue("timers", 4)
+    acked: list[str] = []
+    for _ in range(4):
+        proc = _python("-m", "tests.helpers.timer_writer", str(tmp_path), "timers")
+        time.sleep(1.0 + random.random())  # long enough for many timers to fall due and fire in it
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        acked += _whole_lines(proc)
+    assert acked
+    with HQueue("timers", data_dir=tmp_path) as queue:  # this process fires what is left
+        due = wall_clock_ms() + 1100
+        wait_for(lambda: wall_clock_ms() > due and not _pending(queue), 60, "every timer to fire")
+        fired = collections.Counter(m.value.decode() for m in queue.scan())
+    lost = [v for v in acked if v not in fired]
+    twice = [v for v, n in fired.items() if n > 1]
+    assert lost == [], f"{len(lost)} of {len(acked)} acknowledged timers never fired"
+    assert twice == [], f"{len(twice)} timers fired more than once"
+    print(f"\ntimer crash test: 4 kill -9 cycles, {len(acked)} acknowledged, 0 lost, 0 fired twice")
+
+
+def _pending(queue: HQueue) -> int:
+    engine = queue.engine
+    return sum(len(engine.pending_timers(queue.name, pid, 1)) for pid in range(queue.partitions))  # type: ignore[attr-defined]
+
+
+class Produced:
+    """A producer thread: every ID its puts returned."""
+
+    def __init__(self, url: str, count: int) -> None:
+        self.acked: set[tuple[int, int, int]] = set()
+        self.errors: list[str] = []
+        self.thread = threading.Thread(target=self._run, args=(url, count), daemon=True)
+        self.thread.start()
+
+    def _run(self, url: str, count: int) -> None:
+        with HQueue("work", url) as queue:
+            for i in range(0, count, 50):
+                pid = (i // 50) % queue.partitions
+                try:
+                    ids = queue.put([Message("job", b"%d" % j) for j in range(i, i + 50)], pid)
+                except Exception as e:  # a server restart: the client's retries ran out
+                    self.errors.append(repr(e))
+                    continue
+                self.acked.update((pid, m.timestamp, m.sequence) for m in ids)
+                time.sleep(0.002)
+
+
+def _check_group(received: list[tuple], acks: list[tuple], produced: set) -> tuple[int, int]:
+    """(messages delivered more than once, deliveries after an acknowledged ack: must be 0)."""
+    first_ack: dict[tuple, int] = {}
+    for order, key in acks:
+        first_ack.setdefault(key, order)
+    delivered = collections.Counter(key for _, key in received)
+    missing = produced - set(delivered)
+    assert not missing, f"{len(missing)} of {len(produced)} acknowledged messages never delivered"
+    again = [key for order, key in received if key in first_ack and order > first_ack[key]]
+    assert again == [], f"{len(again)} deliveries after an acknowledged ack, e.g. {again[:3]}"
+    return sum(1 for n in delivered.values() if n > 1), len(again)
+
+
+def test_kill_9_consumers_under_load_every_message_is_delivered_and_an_ack_holds(tmp_path):
+    server = ServerProcess(f"local://{tmp_path}/data", tmp_path)
+    url = f"hqueue://{server.address}"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("work", 4)
+    clock = iter(range(10**9))  # one order over every consumer's lines, as the test reads them
+    received: list[tuple] = []
+    acks: list[tuple] = []
+    lock = threading.Lock()
+
+    def consumer() -> subprocess.Popen:
+        proc = _python("-m", "tests.helpers.group_consumer", url, "work", "g", "2", "0.02")
+        assert proc.stdout.readline().strip() == "READY"
+
+        def read() -> None:
+            for line in proc.stdout:
+                if not line.endswith("\n"):
+                    break  # cut by the kill
+                kind, pid, ts, seq, *_ = line.split()
+                with lock:
+                    (received if kind == "R" else acks).append((next(clock), (int(pid), int(ts), int(seq))))
+
+        threading.Thread(target=read, daemon=True).start()
+        return proc
+
+    producer = Produced(url, 20_000)
+    members = [consumer(), consumer()]
+    for _ in range(3):
+        time.sleep(1.0)
+        victim = members.pop(0)
+        victim.send_signal(signal.SIGKILL)  # mid-batch: some received, not acked
+        victim.wait()
+        members.append(consumer())
+    producer.thread.join(timeout=120)
+    assert producer.errors == []
+    wait_for(lambda: len({k for _, k in acks}) >= len(producer.acked), 90, "every message to be acked")
+    for proc in members:
+        proc.kill()
+        proc.wait()
+    with lock:
+        twice, _ = _check_group(received, acks, producer.acked)
+    print(
+        f"\nconsumer crash test: 3 kill -9, {len(producer.acked)} acknowledged puts, 0 never delivered, "
+        f"0 delivered after an ack, {twice} delivered twice (leases of killed consumers)"
+    )
+    server.terminate()
+
+
+def test_kill_9_the_server_under_group_load_acked_messages_never_come_back(tmp_path):
+    server = ServerProcess(f"local://{tmp_path}/data", tmp_path)
+    url = f"hqueue://{server.address}?timeout=5"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("work", 4)
+    clock = iter(range(10**9))
+    received: list[tuple] = []
+    acks: list[tuple] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def consume() -> None:
+        with HQueue("work", url) as queue, queue.consumer("g", lease=2) as member:
+            while not stop.is_set():
+                try:
+                    deliveries = member.receive(50, wait=0.5)
+                    with lock:
+                        received.extend((next(clock), (d.partition_id, *d.id)) for d in deliveries)
+                    if deliveries:
+                        time.sleep(0.01)  # the work: a crash often lands while messages are held
+                        member.ack(deliveries)
+                        with lock:
+                            acks.extend((next(clock), (d.partition_id, *d.id)) for d in deliveries)
+                except Exception:
+                    time.sleep(0.1)  # the server is down: unacked ones come back after its restart
+
+    producer = Produced(url, 20_000)
+    threads = [threading.Thread(target=consume, daemon=True) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for _ in range(2):
+        time.sleep(1.5)
+        server.kill()
+        server.start()  # same port
+    producer.thread.join(timeout=120)
+    assert producer.errors == []
+    wait_for(lambda: len({k for _, k in acks}) >= len(producer.acked), 90, "every message to be acked")
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=30)
+    with lock:
+        twice, _ = _check_group(received, acks, producer.acked)
+    print(
+        f"\nserver crash under groups: 2 kill -9, {len(producer.acked)} acknowledged puts, 0 never delivered, "
+        f"0 delivered after an ack, {twice} delivered twice (in flight at a crash)"
+    )
+    server.terminate()

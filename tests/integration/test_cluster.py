@@ -156,3 +156,35 @@ def test_a_paused_server_is_fenced_before_others_take_its_partitions(cluster):
         client.close()
     with HQueue("orders", f"hqueue://{b.address}") as queue:
         assert all(m.value != b"stale" for m in queue.scan())
+
+
+def test_timers_and_groups_follow_their_partitions_to_the_surviving_server(cluster):
+    """Timers of a killed server's partitions fire on the server that takes them
+    over; a group member reading both servers gets every message, and an acked
+    one never comes back."""
+    a, b, url = two_servers_with_queue(cluster)
+    with HQueue("orders", url) as queue, queue.consumer("billing", lease=2) as member:
+        on_a = [pid for pid, owner in enumerate(owners(url)) if owner == a.address]
+        timers = [queue.put(Message("timer", b"t%d" % pid), pid, delay=2.0)[0] for pid in on_a]
+        for pid in range(PARTITIONS):
+            queue.put(Message("order", b"m%d" % pid), pid)
+        first = []
+        deadline = time.monotonic() + 20
+        while len(first) < PARTITIONS and time.monotonic() < deadline:
+            first += member.receive(100, wait=0.5)
+        member.ack(first)
+        a.kill()  # a's partitions, their timers and its share of the group move to b
+        wait_for(lambda: set(owners(f"hqueue://{b.address}")) == {b.address}, 30, "b to own every partition")
+        later = []
+        deadline = time.monotonic() + 30
+        while len(later) < len(timers) and time.monotonic() < deadline:
+            try:
+                later += member.receive(100, wait=0.5)
+            except Exception:
+                time.sleep(0.2)  # a is gone: the client learns the new owners
+        member.ack(later)
+        assert sorted(d.value for d in later) == sorted(b"t%d" % pid for pid in on_a)
+        due = {t.partition_id: t.due for t in timers}
+        assert all(d.id.timestamp >= due[d.partition_id] for d in later)  # never early
+        assert member.receive(100, wait=1.0) == []  # what was acked on a stays acked on b
+    assert sorted(d.value for d in first) == sorted(b"m%d" % pid for pid in range(PARTITIONS))

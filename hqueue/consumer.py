@@ -22,13 +22,15 @@ import os
 import socket
 import uuid
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
+from itertools import repeat
+from operator import getitem
 from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidArgument
 from .groups import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, start_ms
-from .message import Message, MessageID
+from .message import ROWKEY_LENGTH, Message, MessageID
 
 if TYPE_CHECKING:
     from .queue import HQueue
@@ -36,49 +38,69 @@ if TYPE_CHECKING:
 __all__ = ["Consumer", "Delivery"]
 
 
-@dataclass(frozen=True)
-class Delivery:
-    """A message handed to this member, to ack or nack.
+class Delivery(tuple):
+    """A message handed to this member, to ack or nack: ``(message, attempt)``.
 
     Attributes:
         message: The message, with its ID and partition.
         attempt: 1 on its first delivery to the group, then one more per failure.
     """
 
-    message: Message
-    attempt: int
+    __slots__ = ()
+
+    def __new__(cls, message: Message, attempt: int) -> Delivery:
+        return tuple.__new__(cls, (message, attempt))
+
+    @property
+    def message(self) -> Message:
+        return self[0]
+
+    @property
+    def attempt(self) -> int:
+        return self[1]
 
     @property
     def id(self) -> MessageID:
-        return self.message.id  # type: ignore[return-value]  # received messages have IDs
+        return self[0].id
 
     @property
     def partition_id(self) -> int:
-        return self.message.partition_id  # type: ignore[return-value]
+        return self[0].partition_id
 
     @property
     def topic(self) -> bytes:
-        return self.message.topic
+        return self[0].topic
 
     @property
     def value(self) -> bytes:
-        return self.message.value
+        return self[0].value
 
     @property
-    def receipt(self) -> tuple[int, MessageID]:
-        return self.partition_id, self.id
+    def rowkey(self) -> bytes:
+        """What ack and nack send: the message's 12-byte rowkey (SPEC C1)."""
+        return self[0][1][:ROWKEY_LENGTH]
+
+    def __repr__(self) -> str:
+        return f"Delivery({self.message!r}, attempt={self.attempt})"
 
 
-def _receipts(items: Delivery | Message | Iterable[Delivery | Message]) -> list[tuple[int, MessageID]]:
+_deliveries = partial(map, partial(tuple.__new__, Delivery))
+_ROWKEY = slice(0, ROWKEY_LENGTH)
+
+
+def _rowkeys(items: Delivery | Message | Iterable[Delivery | Message]) -> list[bytes]:
     if isinstance(items, (Delivery, Message)):
         items = [items]
-    receipts = []
+    if isinstance(items, list) and items and set(map(type, items)) == {Delivery}:  # what receive gave: in C
+        return list(map(getitem, map(getitem, map(getitem, items, repeat(0)), repeat(1)), repeat(_ROWKEY)))
+    rowkeys = []
     for item in items:
-        message = item.message if isinstance(item, Delivery) else item
-        if not isinstance(message, Message) or message.id is None or message.partition_id is None:
+        message = item[0] if isinstance(item, Delivery) else item
+        rowkey = message.rowkey if isinstance(message, Message) else None
+        if rowkey is None or message.partition_id is None:
             raise TypeError(f"ack and nack take received Deliveries (or Messages with IDs), not {item!r}")
-        receipts.append((message.partition_id, message.id))
-    return receipts
+        rowkeys.append(rowkey)
+    return rowkeys
 
 
 class Consumer:
@@ -121,16 +143,16 @@ class Consumer:
         pairs = self._engine.group_receive(
             self.queue.name, self.group, self.member, max_messages, self.lease if lease is None else lease, wait
         )
-        return [Delivery(message, attempt) for message, attempt in pairs]
+        return list(_deliveries(pairs))
 
     def ack(self, deliveries: Delivery | Message | Iterable[Delivery | Message]) -> int:
         """Mark messages done: the group never gets them again. Returns how many were still open."""
-        return self._engine.group_ack(self.queue.name, self.group, _receipts(deliveries))
+        return self._engine.group_ack(self.queue.name, self.group, _rowkeys(deliveries))
 
     def nack(self, deliveries: Delivery | Message | Iterable[Delivery | Message], *, delay: float | None = None) -> int:
         """Give messages back: handed out again after ``delay`` seconds (None: a
         backoff of 1 s doubling per failure, at most 10 minutes). Counts as a failure."""
-        return self._engine.group_nack(self.queue.name, self.group, self.member, _receipts(deliveries), delay)
+        return self._engine.group_nack(self.queue.name, self.group, self.member, _rowkeys(deliveries), delay)
 
     def __iter__(self) -> Iterator[Delivery]:
         """Deliveries as they come, until :meth:`close`. Ack each one."""

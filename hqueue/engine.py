@@ -88,10 +88,8 @@ class EngineAPI(Protocol):
     def group_receive(
         self, queue: str, group: str, member: str, max_messages: int, lease: float, wait: float
     ) -> list[tuple[Message, int]]: ...
-    def group_ack(self, queue: str, group: str, receipts: Sequence[tuple[int, MessageID]]) -> int: ...
-    def group_nack(
-        self, queue: str, group: str, member: str, receipts: Sequence[tuple[int, MessageID]], delay: float | None
-    ) -> int: ...
+    def group_ack(self, queue: str, group: str, rowkeys: Sequence[bytes]) -> int: ...
+    def group_nack(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes], delay: float | None) -> int: ...
     def group_leave(self, queue: str, group: str, member: str) -> None: ...
     def list_groups(self, queue: str) -> list[str]: ...
     def describe_group(self, queue: str, group: str) -> dict[str, Any]: ...
@@ -262,13 +260,11 @@ class Engine:
     ) -> list[tuple[Message, int]]:
         return self._group_service().receive(queue, group, member, max_messages, lease, wait)
 
-    def group_ack(self, queue: str, group: str, receipts: Sequence[tuple[int, MessageID]]) -> int:
-        return self._group_service().ack(queue, group, receipts)
+    def group_ack(self, queue: str, group: str, rowkeys: Sequence[bytes]) -> int:
+        return self._group_service().ack(queue, group, rowkeys)
 
-    def group_nack(
-        self, queue: str, group: str, member: str, receipts: Sequence[tuple[int, MessageID]], delay: float | None
-    ) -> int:
-        return self._group_service().nack(queue, group, member, receipts, delay)
+    def group_nack(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes], delay: float | None) -> int:
+        return self._group_service().nack(queue, group, member, rowkeys, delay)
 
     def group_leave(self, queue: str, group: str, member: str) -> None:
         self._group_service().leave(queue, group, member)

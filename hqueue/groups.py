@@ -35,6 +35,7 @@ server crash) is handed out again; a message acked before the crash never is.
 
 from __future__ import annotations
 
+import collections
 import heapq
 import json
 import logging
@@ -43,13 +44,15 @@ import threading
 import time
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field, replace
+from itertools import repeat
+from operator import getitem, itemgetter
 from typing import TYPE_CHECKING, Any
 
 from .coordination.registry import successor
 from .deadletters import dead_letter, dead_letter_queue
 from .errors import HQueueError, InvalidArgument, NotPartitionOwner, QueueNotFound
 from .lag import partition_lag
-from .message import Message, MessageID, encode_rowkey, messages_from_columns, partition_prefix
+from .message import ROWKEY_LENGTH, Message, MessageID, messages_from_columns, partition_prefix
 
 if TYPE_CHECKING:
     from .coordination import Coordinator
@@ -67,7 +70,9 @@ MEMBER_TIMEOUT = 10.0
 BACKOFF_BASE, BACKOFF_MAX = 1.0, 600.0
 _GROUP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
 
-Receipt = tuple[int, MessageID]
+#: What _take fills: cell keys, values and attempts.
+_Columns = tuple[list[bytes], list[bytes], list[int]]
+_ID_BYTES = slice(2, ROWKEY_LENGTH)
 #: ``start`` of a group that begins after each partition's last message when it is made.
 LATEST = -1
 
@@ -135,22 +140,33 @@ def _state_prefix(queue: str, group: str, pid: int | None = None) -> str:
     return f"group-state/{queue}/{group}/" + ("" if pid is None else f"{pid}/")
 
 
+def _after(message_id: bytes) -> bytes:
+    """The 10-byte form of the smallest ID after ``message_id`` (10 bytes too)."""
+    return successor(MessageID.from_bytes(message_id)).to_bytes()
+
+
 @dataclass
 class _Partition:
-    """One group's progress over one partition (held by the partition's owner)."""
+    """One group's progress over one partition (held by the partition's owner).
 
-    done: MessageID
-    acked: set[MessageID] = field(default_factory=set)
-    retries: dict[MessageID, int] = field(default_factory=dict)
-    scan: MessageID = MessageID(0)
-    #: Handed out now: ID -> (member, lease deadline, attempt).
-    leases: dict[MessageID, tuple[str, float, int]] = field(default_factory=dict)
+    IDs are kept in their 10-byte stored form (:meth:`MessageID.to_bytes`),
+    which sorts as IDs do: no object per message on the hot path.
+    """
+
+    done: bytes
+    acked: set[bytes] = field(default_factory=set)
+    retries: dict[bytes, int] = field(default_factory=dict)
+    scan: bytes = b""
+    #: Handed out now: ID -> (member, lease deadline).
+    leases: dict[bytes, tuple[str, float]] = field(default_factory=dict)
     #: Failed, to hand out again at a (monotonic) time.
-    ready: dict[MessageID, float] = field(default_factory=dict)
-    lease_heap: list[tuple[float, MessageID]] = field(default_factory=list)
-    ready_heap: list[tuple[float, MessageID]] = field(default_factory=list)
-    #: Every ID handed out and not acked (lazily cleaned): its lowest is where ``done`` may go.
-    open_heap: list[MessageID] = field(default_factory=list)
+    ready: dict[bytes, float] = field(default_factory=dict)
+    #: (deadline, batch number, the batch's IDs): one entry per receive, not per message.
+    lease_heap: list[tuple[float, int, list[bytes]]] = field(default_factory=list)
+    ready_heap: list[tuple[float, bytes]] = field(default_factory=list)
+    #: Every ID handed out and not acked, in ID order (cleaned lazily): the first is where ``done`` may go.
+    open: collections.deque[bytes] = field(default_factory=collections.deque)
+    batches: int = 0
 
     def __post_init__(self) -> None:
         self.scan = max(self.scan, self.done)
@@ -159,37 +175,35 @@ class _Partition:
     def in_flight(self) -> int:
         return len(self.leases) + len(self.ready)
 
-    def lowest_open(self) -> MessageID:
-        heap = self.open_heap
-        while heap and heap[0] not in self.leases and heap[0] not in self.ready:
-            heapq.heappop(heap)
-        return heap[0] if heap else self.scan
+    def lowest_open(self) -> bytes:
+        waiting = self.open
+        while waiting and waiting[0] not in self.leases and waiting[0] not in self.ready:
+            waiting.popleft()
+        return waiting[0] if waiting else self.scan
 
-    def lease(self, message_id: MessageID, member: str, deadline: float, attempt: int, new: bool) -> None:
-        self.ready.pop(message_id, None)
-        self.leases[message_id] = (member, deadline, attempt)
-        heapq.heappush(self.lease_heap, (deadline, message_id))
-        if new:
-            heapq.heappush(self.open_heap, message_id)
+    def lease(self, ids: list[bytes], member: str, deadline: float) -> None:
+        for message_id in ids:
+            self.ready.pop(message_id, None)
+        self.leases.update(zip(ids, repeat((member, deadline))))
+        self.batches += 1
+        heapq.heappush(self.lease_heap, (deadline, self.batches, ids))
 
-    def expired(self, now: float) -> list[MessageID]:
+    def expired(self, now: float) -> list[bytes]:
         out = []
         while self.lease_heap and self.lease_heap[0][0] <= now:
-            deadline, message_id = heapq.heappop(self.lease_heap)
-            lease = self.leases.get(message_id)
-            if lease is not None and lease[1] == deadline:
-                out.append(message_id)
+            deadline, _, ids = heapq.heappop(self.lease_heap)
+            out += [i for i in ids if (lease := self.leases.get(i)) is not None and lease[1] == deadline]
         return out
 
-    def due(self, now: float, limit: int) -> list[MessageID]:
-        out: list[MessageID] = []
+    def due(self, now: float, limit: int) -> list[bytes]:
+        out: list[bytes] = []
         while self.ready_heap and len(out) < limit and self.ready_heap[0][0] <= now:
             at, message_id = heapq.heappop(self.ready_heap)
             if self.ready.get(message_id) == at:
                 out.append(message_id)
         return out
 
-    def retry_at(self, message_id: MessageID, at: float) -> None:
+    def retry_at(self, message_id: bytes, at: float) -> None:
         self.leases.pop(message_id, None)
         self.ready[message_id] = at
         heapq.heappush(self.ready_heap, (at, message_id))
@@ -297,16 +311,17 @@ class GroupService:
         state = group.partitions.get(pid)
         if state is None:
             stored = self.storage.list_meta(_state_prefix(group.queue, group.name, pid))
-            done = group.config.start_of(pid)
+            done = (
+                stored.get(_state_prefix(group.queue, group.name, pid) + "done")
+                or group.config.start_of(pid).to_bytes()
+            )
             acked, retries = set(), {}
             for key, value in stored.items():
                 kind, _, text = key.rpartition("/")
-                if kind.endswith("/done"):
-                    done = MessageID.from_bytes(value)
-                elif kind.endswith("/ack"):
-                    acked.add(MessageID.parse(text))
+                if kind.endswith("/ack"):
+                    acked.add(bytes.fromhex(text))
                 elif kind.endswith("/retry"):
-                    retries[MessageID.parse(text)] = int(value)
+                    retries[bytes.fromhex(text)] = int(value)
             state = group.partitions[pid] = _Partition(done, {a for a in acked if a >= done}, retries)
         return state
 
@@ -356,7 +371,9 @@ class GroupService:
         """What ``member`` gets now, and seconds until a retry falls due."""
         info = self.engine.enabled_queue(group.queue)
         now = time.monotonic()
-        out: list[tuple[Message, int]] = []
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        attempts: list[int] = []
         next_ready = 1.0
         with group.lock:
             group.members[member] = now
@@ -366,93 +383,105 @@ class GroupService:
                 group.turn = (group.turn + 1) % len(mine)
                 mine = mine[group.turn :] + mine[: group.turn]
             for pid in mine:
-                if len(out) >= limit:
+                if len(keys) >= limit:
                     break
                 state = self._partition(group, pid)
                 self._expire(group, pid, state, now)
-                out += self._redeliver(group, pid, state, member, now + lease, limit - len(out))
-                out += self._new(group, pid, state, member, now + lease, limit - len(out))
+                self._redeliver(group, pid, state, member, now + lease, limit - len(keys), (keys, values, attempts))
+                self._new(group, pid, state, member, now + lease, limit - len(keys), (keys, values, attempts))
                 if state.ready_heap:
                     next_ready = min(next_ready, max(0.001, state.ready_heap[0][0] - now))
-        return out, next_ready
+        return list(zip(messages_from_columns(keys, values), attempts, strict=True)), next_ready
 
     def _expire(self, group: _Group, pid: int, state: _Partition, now: float) -> None:
         for message_id in state.expired(now):
             self._failed(group, pid, state, message_id, 0.0)
 
     def _redeliver(
-        self, group: _Group, pid: int, state: _Partition, member: str, deadline: float, limit: int
-    ) -> list[tuple[Message, int]]:
-        out = []
+        self, group: _Group, pid: int, state: _Partition, member: str, deadline: float, limit: int, out: _Columns
+    ) -> None:
+        taken = []
         for message_id in state.due(time.monotonic(), limit):
-            message = self._read(group.queue, pid, message_id)
-            if message is None:  # gone (TTL, truncate): nothing left to do
+            cell = self._read(group.queue, pid, message_id)
+            if cell is None:  # gone (TTL, truncate): nothing left to do
                 self._acked(group, pid, state, [message_id])
                 continue
-            attempt = state.retries.get(message_id, 0) + 1
-            state.lease(message_id, member, deadline, attempt, new=False)
-            out.append((message, attempt))
-        return out
+            taken.append(message_id)
+            out[0].append(cell[0])
+            out[1].append(cell[1])
+            out[2].append(state.retries.get(message_id, 0) + 1)
+        if taken:
+            state.lease(taken, member, deadline)
 
     def _new(
-        self, group: _Group, pid: int, state: _Partition, member: str, deadline: float, limit: int
-    ) -> list[tuple[Message, int]]:
+        self, group: _Group, pid: int, state: _Partition, member: str, deadline: float, limit: int, out: _Columns
+    ) -> None:
         room = min(limit, self.max_span - state.in_flight)
-        out: list[tuple[Message, int]] = []
+        prefix = partition_prefix(pid)
         stop = partition_prefix(pid + 1)
         while room > 0:
             asked = room + len(state.acked)  # acked ones are skipped: ask for enough to fill the room
-            cells = self.storage.scan(group.queue, encode_rowkey(pid, state.scan), stop, group.config.topics, asked)
+            cells = self.storage.scan(group.queue, prefix + state.scan, stop, group.config.topics, asked)
             if not cells:
-                break
-            keys, values = zip(*cells, strict=True)
-            for message in messages_from_columns(keys, values):
-                if room <= 0:
-                    break
-                assert message.id is not None
-                state.scan = successor(message.id)
-                if message.id in state.acked:
-                    continue  # acked before a restart: never again
-                attempt = state.retries.get(message.id, 0) + 1
-                state.lease(message.id, member, deadline, attempt, new=True)
-                out.append((message, attempt))
-                room -= 1
-            if len(cells) < asked:
-                break
-        return out
+                return
+            keys = list(map(itemgetter(0), cells))
+            ids: list[bytes] = list(map(getitem, keys, repeat(_ID_BYTES)))
+            if state.acked:  # after a restart: skip what was acked before it
+                kept = [i for i, message_id in enumerate(ids) if message_id not in state.acked][:room]
+                last = kept[-1] if kept and len(kept) == room else len(ids) - 1
+                state.scan = _after(ids[last])
+                cells, keys, ids = [cells[i] for i in kept], [keys[i] for i in kept], [ids[i] for i in kept]
+            else:
+                cells, keys, ids = cells[:room], keys[:room], ids[:room]
+                state.scan = _after(ids[-1])
+            if ids:
+                state.lease(ids, member, deadline)
+                state.open.extend(ids)
+                out[0].extend(keys)
+                out[1].extend(map(itemgetter(1), cells))
+                out[2].extend([state.retries.get(i, 0) + 1 for i in ids] if state.retries else repeat(1, len(ids)))
+                room -= len(ids)
+            if len(cells) < asked and not state.acked:
+                return
 
-    def _read(self, queue: str, pid: int, message_id: MessageID) -> Message | None:
-        cells = self.storage.scan(
-            queue, encode_rowkey(pid, message_id), encode_rowkey(pid, successor(message_id)), None, 1
-        )
-        if not cells:
-            return None
-        return messages_from_columns([cells[0][0]], [cells[0][1]])[0]
+    def _read(self, queue: str, pid: int, message_id: bytes) -> tuple[bytes, bytes] | None:
+        start = partition_prefix(pid) + message_id
+        cells = self.storage.scan(queue, start, partition_prefix(pid) + _after(message_id), None, 1)
+        return cells[0] if cells else None
 
     # -- ack, nack -----------------------------------------------------------------------
 
-    def _owned_partitions(self, group: _Group, receipts: Iterable[Receipt]) -> dict[int, list[MessageID]]:
-        by_partition: dict[int, list[MessageID]] = {}
-        info = self.engine.queue_info(group.queue)
-        for pid, message_id in receipts:
-            if not isinstance(pid, int) or not 0 <= pid < info.partitions or not isinstance(message_id, MessageID):
-                raise InvalidArgument(f"not a receipt of queue {group.queue!r}: {(pid, message_id)!r}")
-            by_partition.setdefault(pid, []).append(message_id)
+    def _owned_partitions(self, group: _Group, rowkeys: Iterable[bytes]) -> dict[int, list[bytes]]:
+        """Receipts (12-byte rowkeys, SPEC C1) by partition, each owned here."""
+        rowkeys = list(rowkeys)
+        if set(map(type, rowkeys)) - {bytes} or set(map(len, rowkeys)) - {ROWKEY_LENGTH}:
+            raise InvalidArgument(f"a receipt is a received message's {ROWKEY_LENGTH}-byte rowkey")
+        by_prefix: dict[bytes, list[bytes]] = {}
+        for rowkey in rowkeys:
+            prefix = rowkey[:2]
+            ids = by_prefix.get(prefix)
+            if ids is None:
+                ids = by_prefix[prefix] = []
+            ids.append(rowkey[2:])
+        partitions = self.engine.queue_info(group.queue).partitions
+        by_partition = {int.from_bytes(prefix, "big"): ids for prefix, ids in by_prefix.items()}
         for pid in by_partition:
+            if pid >= partitions:
+                raise InvalidArgument(f"a receipt names partition {pid}; queue {group.queue!r} has {partitions}")
             if not self.coordinator.owns(group.queue, pid):
                 raise NotPartitionOwner(group.queue, pid, self.coordinator.owner(group.queue, pid))
         return by_partition
 
-    def ack(self, queue: str, name: str, receipts: Iterable[Receipt]) -> int:
+    def ack(self, queue: str, name: str, rowkeys: Iterable[bytes]) -> int:
         """Finish messages: they are never handed out to the group again. Returns how many were open."""
         group = self._group(queue, name)
         count = 0
         with group.lock:
-            for pid, ids in self._owned_partitions(group, receipts).items():
+            for pid, ids in self._owned_partitions(group, rowkeys).items():
                 count += self._acked(group, pid, self._partition(group, pid), ids)
         return count
 
-    def nack(self, queue: str, name: str, member: str, receipts: Iterable[Receipt], delay: float | None) -> int:
+    def nack(self, queue: str, name: str, member: str, rowkeys: Iterable[bytes], delay: float | None) -> int:
         """Give messages back to be handed out again after ``delay`` (None: the backoff).
 
         Only leases ``member`` holds count: one that expired and went to
@@ -463,7 +492,7 @@ class GroupService:
         group = self._group(queue, name)
         count = 0
         with group.lock:
-            for pid, ids in self._owned_partitions(group, receipts).items():
+            for pid, ids in self._owned_partitions(group, rowkeys).items():
                 state = self._partition(group, pid)
                 for message_id in ids:
                     lease = state.leases.get(message_id)
@@ -484,43 +513,43 @@ class GroupService:
                         state.retry_at(message_id, now)
         self._on_write(queue, -1)
 
-    def _acked(self, group: _Group, pid: int, state: _Partition, ids: Iterable[MessageID]) -> int:
-        before = set(state.acked)
-        fresh = []
-        for message_id in ids:
-            if message_id < state.done or message_id in state.acked:
-                continue
-            state.leases.pop(message_id, None)
-            state.ready.pop(message_id, None)
-            state.acked.add(message_id)
-            fresh.append(message_id)
+    def _acked(self, group: _Group, pid: int, state: _Partition, ids: Iterable[bytes]) -> int:
+        fresh = [i for i in ids if i >= state.done and i not in state.acked]
         if not fresh:
             return 0
+        leases, ready = state.leases, state.ready
+        for message_id in fresh:
+            leases.pop(message_id, None)
+            ready.pop(message_id, None)
+        state.acked.update(fresh)
         done = state.lowest_open()
-        passed = {a for a in state.acked if a < done}
-        state.acked -= passed
         prefix = _state_prefix(group.queue, group.name, pid)
-        puts = {f"{prefix}ack/{a}": b"" for a in fresh if a not in passed}
-        deletes = [f"{prefix}ack/{a}" for a in passed & before]
-        deletes += [f"{prefix}retry/{a}" for a in fresh if state.retries.pop(a, None) is not None]
+        passed: set[bytes] = set()
         if done > state.done:
+            passed = {a for a in state.acked if a < done}
+            state.acked -= passed
             state.done = done
-            puts[f"{prefix}done/"] = done.to_bytes()
-        self.storage.write_meta(puts, deletes)
+        puts = {f"{prefix}ack/{a.hex()}": b"" for a in fresh if a not in passed}
+        deletes = [f"{prefix}ack/{a.hex()}" for a in passed.difference(fresh)]
+        if state.retries:
+            deletes += [f"{prefix}retry/{a.hex()}" for a in fresh if state.retries.pop(a, None) is not None]
+        if passed:
+            puts[f"{prefix}done"] = done
+        self.storage.write_meta(puts, deletes, self.engine.queue_info(group.queue).durability)
         return len(fresh)
 
-    def _failed(self, group: _Group, pid: int, state: _Partition, message_id: MessageID, delay: float | None) -> None:
+    def _failed(self, group: _Group, pid: int, state: _Partition, message_id: bytes, delay: float | None) -> None:
         """One failed delivery (a nack or a lease run out): retry later, or dead-letter it."""
         retries = state.retries[message_id] = state.retries.get(message_id, 0) + 1
         prefix = _state_prefix(group.queue, group.name, pid)
-        self.storage.write_meta({f"{prefix}retry/{message_id}": str(retries).encode()})
+        self.storage.write_meta({f"{prefix}retry/{message_id.hex()}": str(retries).encode()})
         if retries <= group.config.max_retries:
             wait = backoff(retries) if delay is None else delay
             state.retry_at(message_id, time.monotonic() + wait)
             return
-        message = self._read(group.queue, pid, message_id)
-        placed = None
-        if message is not None:
+        cell = self._read(group.queue, pid, message_id)
+        if cell is not None:
+            message = messages_from_columns([cell[0]], [cell[1]])[0]
             placed = dead_letter(self.engine, self.coordinator, group.queue, pid, message)
             if placed is None:  # the dead-letter queue has no partition here yet: try again soon
                 state.retry_at(message_id, time.monotonic() + 1.0)
@@ -528,11 +557,9 @@ class GroupService:
             self.dead_lettered += 1
             logger.warning(
                 "group %s: message %s of %s partition %d failed %d times; moved to %s partition %d as %s",
-                group.name, message_id, group.queue, pid, retries, dead_letter_queue(group.queue), *placed,
+                group.name, message.id, group.queue, pid, retries, dead_letter_queue(group.queue), *placed,
             )  # fmt: skip
         self._acked(group, pid, state, [message_id])
-
-    # -- describe ------------------------------------------------------------------------
 
     def describe(self, queue: str, name: str) -> dict[str, Any]:
         """Members, and per owned partition: cursors, in flight, retrying, lag."""
@@ -545,10 +572,11 @@ class GroupService:
             for pid in self.coordinator.owned(queue, info.partitions):
                 state = self._partition(group, pid)
                 self._expire(group, pid, state, now)
-                lag, lag_ms = partition_lag(self.engine, queue, pid, state.done, group.config.topics)
+                done = MessageID.from_bytes(state.done)
+                lag, lag_ms = partition_lag(self.engine, queue, pid, done, group.config.topics)
                 partitions[pid] = {
-                    "done": state.done,
-                    "scan": state.scan,
+                    "done": done,
+                    "scan": MessageID.from_bytes(state.scan),
                     "in_flight": len(state.leases),
                     "retrying": len(state.ready),
                     "acked_ahead": len(state.acked),

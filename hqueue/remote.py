@@ -187,6 +187,9 @@ def _batches(topics: list[bytes], values: list[bytes]) -> Iterator[tuple[int, in
     yield start, len(topics)
 
 
+#: Seconds group calls trust the partitions' owners they read.
+LOCATION_REFRESH = 2.0
+
 #: Calls that change nothing, so a retry after a failure mid-call is safe.
 _READS = frozenset(
     {"getQueue", "describeQueue", "listQueues", "getQueueLocations", "listSubscribers", "describeSubscriber"}
@@ -229,6 +232,7 @@ class RemoteEngine:
         self._locations: dict[str, list[str]] = {}
         self._infos = InfoCache(self._describe_info, stale_on=(ServerUnavailable,))
         self._turn = -1  # group_receive asks the owners in turn
+        self._locations_checked: dict[str, float] = {}
 
     # -- calls ----------------------------------------------------------------------
 
@@ -442,8 +446,17 @@ class RemoteEngine:
 
     # -- consumer groups (SPEC X3) -----------------------------------------------------------
 
-    def _owners(self, name: str) -> list[str]:
-        return sorted({owner for owner in self.locations(name, fresh=True) if owner})
+    def _group_locations(self, name: str, fresh: bool = False) -> list[str]:
+        """Partition owners for group calls: cached, and read again every few seconds
+        (so a member finds servers that joined) or after a failure."""
+        now = time.monotonic()
+        if fresh or now >= self._locations_checked.get(name, 0.0) + LOCATION_REFRESH:
+            self._locations_checked[name] = now
+            return self.locations(name, fresh=True)
+        return self.locations(name)
+
+    def _owners(self, name: str, fresh: bool = False) -> list[str]:
+        return sorted({owner for owner in self._group_locations(name, fresh) if owner})
 
     def group_open(
         self, queue: str, group: str, topics: Collection[bytes] | None, start: int, max_retries: int
@@ -465,40 +478,49 @@ class RemoteEngine:
             for index, owner in enumerate(owners):
                 last = index == len(owners) - 1
                 wait_ms = max(0, int((deadline - time.monotonic()) * 1000)) if last else 0
-                deliveries = self._call_at(
-                    owner, "groupReceive", queue, group, member, max_messages, int(lease * 1000), wait_ms, queue=queue
-                )
-                if deliveries:
-                    return [(wire.from_stored_tmessage(d.message), d.attempt) for d in deliveries]
+                try:
+                    deliveries = self._call_at(
+                        owner,
+                        "groupReceive",
+                        queue,
+                        group,
+                        member,
+                        max_messages,
+                        int(lease * 1000),
+                        wait_ms,
+                        queue=queue,
+                    )
+                except ServerUnavailable:
+                    self._locations_checked.pop(queue, None)  # find the partitions' new owners next time
+                    raise
+                if deliveries.attempts:
+                    messages = messages_from_columns(*packed.unpack(deliveries.messages))
+                    return list(zip(messages, deliveries.attempts, strict=True))
             if time.monotonic() >= deadline:
                 return []
 
-    def _by_owner(
-        self, queue: str, receipts: Sequence[tuple[int, MessageID]]
-    ) -> dict[str, list[tuple[int, MessageID]]]:
-        locations = self.locations(queue, fresh=True)
-        by_owner: dict[str, list[tuple[int, MessageID]]] = {}
-        for receipt in receipts:
-            pid = receipt[0]
-            owner = locations[pid] if isinstance(pid, int) and 0 <= pid < len(locations) else ""
+    def _by_owner(self, queue: str, rowkeys: Sequence[bytes], fresh: bool = False) -> dict[str, list[bytes]]:
+        locations = self._group_locations(queue, fresh)
+        by_owner: dict[str, list[bytes]] = {}
+        for rowkey in rowkeys:
+            pid = int.from_bytes(rowkey[:2], "big")
+            owner = locations[pid] if pid < len(locations) else ""
             if not owner:
                 raise NoPartitionOwner(queue, pid, 0, None)
-            by_owner.setdefault(owner, []).append(receipt)
+            by_owner.setdefault(owner, []).append(rowkey)
         return by_owner
 
-    def group_ack(self, queue: str, group: str, receipts: Sequence[tuple[int, MessageID]]) -> int:
+    def group_ack(self, queue: str, group: str, rowkeys: Sequence[bytes]) -> int:
         return sum(
-            self._call_at(owner, "groupAck", queue, group, wire.to_treceipts(mine), queue=queue)
-            for owner, mine in self._by_owner(queue, receipts).items()
+            self._call_at(owner, "groupAck", queue, group, wire.pack_rowkeys(mine), queue=queue)
+            for owner, mine in self._by_owner(queue, rowkeys).items()
         )
 
-    def group_nack(
-        self, queue: str, group: str, member: str, receipts: Sequence[tuple[int, MessageID]], delay: float | None
-    ) -> int:
+    def group_nack(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes], delay: float | None) -> int:
         delay_ms = -1 if delay is None else int(delay * 1000)
         return sum(
-            self._call_at(owner, "groupNack", queue, group, member, wire.to_treceipts(mine), delay_ms, queue=queue)
-            for owner, mine in self._by_owner(queue, receipts).items()
+            self._call_at(owner, "groupNack", queue, group, member, wire.pack_rowkeys(mine), delay_ms, queue=queue)
+            for owner, mine in self._by_owner(queue, rowkeys).items()
         )
 
     def group_leave(self, queue: str, group: str, member: str) -> None:

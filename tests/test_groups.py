@@ -35,7 +35,7 @@ def test_each_message_goes_to_one_member_and_an_acked_one_never_comes_back(make_
         got_a += drain(a, 100, timeout=1)
         got_b += drain(b, 100, timeout=1)
         assert got_a and got_b
-        assert not {d.receipt for d in got_a} & {d.receipt for d in got_b}
+        assert not {d.rowkey for d in got_a} & {d.rowkey for d in got_b}
         assert a.ack(got_a) == len(got_a)
         assert b.ack(got_b) == len(got_b)
         rest = drain(a, 100, timeout=1) + drain(b, 100, timeout=1)

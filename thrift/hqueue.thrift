@@ -85,16 +85,12 @@ struct TTimer {
   3: TMessageID id
 }
 
-/** A message leased to a consumer group's member; attempt 1 is its first delivery. */
-struct TDelivery {
-  1: TMessage message,
-  2: i32 attempt
-}
-
-/** What ack and nack name: a received message's partition and ID. */
-struct TReceipt {
-  1: i16 partitionID,
-  2: TMessageID id
+/** Messages leased to a consumer group's member: messages packed as
+    messageScannerGetPacked packs them (cell keys: rowkey + topic), and each
+    one's attempt (1: its first delivery), in the same order. */
+struct TDeliveries {
+  1: binary messages,
+  2: list<i32> attempts
 }
 
 /** One consumer group's progress over one partition. */
@@ -287,15 +283,17 @@ service HQueueService {
   /** Make the group if it is new (topics null: all; startMillis 0: the beginning). */
   void openGroup(1: string queue, 2: string group, 3: list<binary> topics, 4: i64 startMillis, 5: i32 maxRetries)
       throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TIOError io, 4: TNotAuthorized denied)
-  list<TDelivery> groupReceive(1: string queue, 2: string group, 3: string member, 4: i32 maxMessages,
+  TDeliveries groupReceive(1: string queue, 2: string group, 3: string member, 4: i32 maxMessages,
                                5: i32 leaseMillis, 6: i32 waitMillis)
       throws (1: TQueueNotFound notFound, 2: TQueueDisabled disabled, 3: TInvalidMessage invalid,
               4: TGroupNotFound groupNotFound, 5: TIOError io, 6: TNotAuthorized denied)
-  i32 groupAck(1: string queue, 2: string group, 3: list<TReceipt> receipts)
+  /** rowkeys: the received messages' 12-byte rowkeys (SPEC C1: pid, timestamp,
+      sequence, big-endian), concatenated. Returns how many were still open. */
+  i32 groupAck(1: string queue, 2: string group, 3: binary rowkeys)
       throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TNotPartitionOwner notOwner,
               4: TGroupNotFound groupNotFound, 5: TIOError io, 6: TNotAuthorized denied)
   /** delayMillis -1: the backoff (1 s doubling per failure, at most 10 minutes). */
-  i32 groupNack(1: string queue, 2: string group, 3: string member, 4: list<TReceipt> receipts, 5: i32 delayMillis)
+  i32 groupNack(1: string queue, 2: string group, 3: string member, 4: binary rowkeys, 5: i32 delayMillis)
       throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TNotPartitionOwner notOwner,
               4: TGroupNotFound groupNotFound, 5: TIOError io, 6: TNotAuthorized denied)
   void groupLeave(1: string queue, 2: string group, 3: string member)

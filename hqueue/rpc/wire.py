@@ -79,14 +79,15 @@ def from_ttimer(t: Any) -> Timer:
     return Timer(t.partitionID, t.due, from_tid(t.id))
 
 
-def to_treceipts(receipts: Sequence[tuple[int, MessageID]]) -> list[Any]:
-    return [T.TReceipt(partitionID=pid, id=to_tid(i)) for pid, i in receipts]
+def pack_rowkeys(rowkeys: Sequence[bytes]) -> bytes:
+    return b"".join(rowkeys)
 
 
-def from_treceipts(receipts: Any) -> list[tuple[int, MessageID]]:
-    if not isinstance(receipts, list) or any(r is None or r.id is None for r in receipts):
-        raise errors.InvalidArgument("'receipts' must be a list of TReceipt with partitionID and id")
-    return [(r.partitionID, from_tid(r.id)) for r in receipts]
+def unpack_rowkeys(blob: Any) -> list[bytes]:
+    """A groupAck/groupNack ``rowkeys`` argument: 12-byte rowkeys, concatenated."""
+    if not isinstance(blob, bytes) or len(blob) % ROWKEY_LENGTH:
+        raise errors.InvalidArgument(f"'rowkeys' must be {ROWKEY_LENGTH}-byte rowkeys, concatenated")
+    return [blob[i : i + ROWKEY_LENGTH] for i in range(0, len(blob), ROWKEY_LENGTH)]
 
 
 def to_tscan(scan: Scan) -> Any:

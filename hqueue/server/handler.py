@@ -392,23 +392,24 @@ class HQueueHandler:
     @_served("consumer")
     def groupReceive(
         self, queue: str, group: str, member: str, maxMessages: int, leaseMillis: int, waitMillis: int
-    ) -> list[Any]:
+    ) -> Any:
         if not all(isinstance(v, int) for v in (maxMessages, leaseMillis, waitMillis)):
             raise TypeError("'maxMessages', 'leaseMillis' and 'waitMillis' must be ints")
         pairs = self.engine.group_receive(queue, group, member, maxMessages, leaseMillis / 1000, waitMillis / 1000)
-        messages = wire.to_tmessages([m for m, _ in pairs])
-        return [wire.T.TDelivery(message=t, attempt=a) for t, (_, a) in zip(messages, pairs, strict=True)]
+        messages = [m for m, _ in pairs]
+        blob = packed.pack(cell_keys_of(messages), values_of(messages))
+        return wire.T.TDeliveries(messages=blob, attempts=[a for _, a in pairs])
 
     @_served("consumer")
-    def groupAck(self, queue: str, group: str, receipts: list[Any]) -> int:
-        return self.engine.group_ack(queue, group, wire.from_treceipts(receipts))
+    def groupAck(self, queue: str, group: str, rowkeys: bytes) -> int:
+        return self.engine.group_ack(queue, group, wire.unpack_rowkeys(rowkeys))
 
     @_served("consumer")
-    def groupNack(self, queue: str, group: str, member: str, receipts: list[Any], delayMillis: int) -> int:
+    def groupNack(self, queue: str, group: str, member: str, rowkeys: bytes, delayMillis: int) -> int:
         if not isinstance(delayMillis, int):
             raise TypeError("'delayMillis' must be an int (-1: the backoff)")
         delay = None if delayMillis < 0 else delayMillis / 1000
-        return self.engine.group_nack(queue, group, member, wire.from_treceipts(receipts), delay)
+        return self.engine.group_nack(queue, group, member, wire.unpack_rowkeys(rowkeys), delay)
 
     @_served("consumer")
     def groupLeave(self, queue: str, group: str, member: str) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
-from ..config import QueueInfo
+from ..config import Durability, QueueInfo
 from ..ids import wall_clock_ms
 from ..message import MessageID, decode_rowkey
 
@@ -108,8 +108,14 @@ class Storage(abc.ABC):
     def list_meta(self, prefix: str) -> dict[str, bytes]:
         """Every key starting with ``prefix``, with its value."""
 
-    def write_meta(self, puts: Mapping[str, bytes], deletes: Iterable[str] = ()) -> None:
-        """Several metadata changes in one go (atomic where the backend can batch them)."""
+    def write_meta(
+        self, puts: Mapping[str, bytes], deletes: Iterable[str] = (), durability: str = Durability.SYNC_WAL
+    ) -> None:
+        """Several metadata changes in one go (atomic where the backend can batch them).
+
+        ``durability`` is the queue's, for progress kept per message (consumer
+        groups' acks); backends without a choice always sync.
+        """
         for key, value in puts.items():
             self.put_meta(key, value)
         for key in deletes:

@@ -259,14 +259,16 @@ class EmbeddedStorage(Storage):
         self._heal()
         self._guard(self._db.delete, _KV_PREFIX + key.encode(), self._write_options[Durability.SYNC_WAL])
 
-    def write_meta(self, puts: Mapping[str, bytes], deletes: Iterable[str] = ()) -> None:
+    def write_meta(
+        self, puts: Mapping[str, bytes], deletes: Iterable[str] = (), durability: str = Durability.SYNC_WAL
+    ) -> None:
         self._heal()
         batch = rocksdict.WriteBatch(raw_mode=True)
         for key, value in puts.items():
             batch.put(_KV_PREFIX + key.encode(), value)
         for key in deletes:
             batch.delete(_KV_PREFIX + key.encode())
-        self._guard(self._db.write, batch, self._write_options[Durability.SYNC_WAL])
+        self._guard(self._db.write, batch, self._write_options[durability])
 
     def list_meta(self, prefix: str) -> dict[str, bytes]:
         self._heal()

@@ -15,7 +15,7 @@ from bisect import bisect_left, insort
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..config import QueueInfo
+from ..config import Durability, QueueInfo
 from ..errors import QueueExists, QueueNotFound
 from ..message import partition_prefix
 from .base import Cell, Storage, keep_id_floor, ttl_cutoff
@@ -161,7 +161,9 @@ class MemoryStorage(Storage):
     def put_meta(self, key: str, value: bytes) -> None:
         self._data.meta[key] = value
 
-    def write_meta(self, puts: Mapping[str, bytes], deletes: Iterable[str] = ()) -> None:
+    def write_meta(
+        self, puts: Mapping[str, bytes], deletes: Iterable[str] = (), durability: str = Durability.SYNC_WAL
+    ) -> None:
         with self._data.lock:
             self._data.meta.update(puts)
             for key in deletes:

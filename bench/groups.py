@@ -1,0 +1,151 @@
+"""Consumer groups (SPEC X3): receive + ack throughput, hqueue vs Redis XREADGROUP/XACK.
+
+Usage:
+    python bench/groups.py [--json out.json] [--messages 200000] [--members 1,4,16] [--batch 100]
+
+Needs Debian's redis-server and the redis package (pip install '.[bench]').
+
+Each side: a broker process, ``--messages`` 100-byte messages put first,
+then N member processes that start together and loop "receive up to
+``--batch``, ack them" until the queue is drained.
+
+* hqueue: ``hqueue server`` on an embedded store, a 16-partition ASYNC_WAL
+  queue (acks are kept with the queue's durability), ``queue.consumer(g)``:
+  ``receive(batch)`` then ``ack``.
+* Redis: ``redis-server`` with ``appendonly yes``, ``appendfsync everysec``;
+  one stream, one group; ``XREADGROUP COUNT batch`` then ``XACK``.
+
+Throughput = messages / (the last member's last ack - the common start).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from common import report  # noqa: E402
+from remote import start_hqueue, start_redis  # noqa: E402
+
+from hqueue import Durability, HQueue, HQueueAdmin, Message  # noqa: E402
+
+PAYLOAD = b"x" * 93  # topic "crawler" + 93 bytes = 100
+
+
+def hqueue_member(port: int, batch: int, start_at: float) -> dict:
+    with HQueue("work", f"hqueue://127.0.0.1:{port}") as queue, queue.consumer("g") as consumer:
+        queue.engine.queue_info("work")  # connect before the start
+        time.sleep(max(0.0, start_at - time.time()))
+        count, last = 0, time.time()
+        while True:
+            deliveries = consumer.receive(batch, wait=0.5)
+            if not deliveries:
+                return {"count": count, "last": last}
+            consumer.ack(deliveries)
+            count, last = count + len(deliveries), time.time()
+
+
+def redis_member(port: int, batch: int, start_at: float, name: str) -> dict:
+    import redis
+
+    client = redis.Redis(port=port)
+    client.ping()
+    time.sleep(max(0.0, start_at - time.time()))
+    count, last = 0, time.time()
+    while True:
+        reply = client.xreadgroup("g", name, {"work": ">"}, count=batch, block=500)
+        if not reply:
+            return {"count": count, "last": last}
+        ids = [entry_id for entry_id, _ in reply[0][1]]
+        client.xack("work", "g", *ids)
+        count, last = count + len(ids), time.time()
+
+
+def run_members(system: str, port: int, members: int, batch: int) -> tuple[int, float]:
+    start_at = time.time() + 3.0
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--member", system, str(port), str(batch), repr(start_at), f"c{i}"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(members)
+    ]
+    results = [json.loads(proc.communicate()[0]) for proc in procs]
+    return sum(r["count"] for r in results), max(r["last"] for r in results) - start_at
+
+
+def hqueue_run(workdir: str, messages: int, members: int, batch: int) -> dict:
+    proc, port = start_hqueue(workdir)
+    try:
+        url = f"hqueue://127.0.0.1:{port}"
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("work", 16, durability=Durability.ASYNC_WAL)
+        with HQueue("work", url) as queue:
+            for i in range(0, messages, 1000):
+                queue.put([Message("crawler", PAYLOAD)] * 1000, partition_id=(i // 1000) % 16)
+        count, seconds = run_members("hqueue", port, members, batch)
+        return {"system": "hqueue", "members": members, "received": count, "msgs_per_s": count / seconds}
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def redis_run(workdir: str, messages: int, members: int, batch: int) -> dict:
+    import redis
+
+    proc, port = start_redis(workdir)
+    try:
+        client = redis.Redis(port=port)
+        for _ in range(0, messages, 1000):
+            pipe = client.pipeline(transaction=False)
+            for _ in range(1000):
+                pipe.xadd("work", {"crawler": PAYLOAD})
+            pipe.execute()
+        client.xgroup_create("work", "g", id="0")
+        count, seconds = run_members("redis", port, members, batch)
+        return {"system": "redis", "members": members, "received": count, "msgs_per_s": count / seconds}
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--member":
+        system, port, batch, start_at, name = sys.argv[2:7]
+        if system == "hqueue":
+            result = hqueue_member(int(port), int(batch), float(start_at))
+        else:
+            result = redis_member(int(port), int(batch), float(start_at), name)
+        print(json.dumps(result))
+        return
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json")
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--members", default="1,4,16")
+    parser.add_argument("--batch", type=int, default=100)
+    args = parser.parse_args()
+    rows = []
+    for members in map(int, args.members.split(",")):
+        with tempfile.TemporaryDirectory() as workdir:
+            ours = hqueue_run(workdir, args.messages, members, args.batch)
+        with tempfile.TemporaryDirectory() as workdir:
+            theirs = redis_run(workdir, args.messages, members, args.batch)
+        ours["vs_redis"] = ours["msgs_per_s"] / theirs["msgs_per_s"]
+        rows += [ours, theirs]
+    report(
+        f"consumer groups: receive {args.batch} + ack, {args.messages:,} messages of 100 bytes",
+        rows,
+        ["system", "members", "received", "msgs_per_s", "vs_redis"],
+        args.json,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -16,6 +16,9 @@ Both sides run as a broker process plus this client:
   appendfsync everysec``; the hqueue queue is ASYNC_WAL to match, and
   SYNC_WAL is shown too.
 
+``--memory N`` adds a table: the RSS of one process holding an embedded
+store, at every million timers pending up to N.
+
 Steps: put ``--pending`` timers due in an hour (the backlog), then schedule
 ``--rate`` timers a second for ``--seconds`` s, each due 0.5-2 s later, one
 put each. Lateness of a timer = the fired message's ID time (hqueue) or the
@@ -28,6 +31,7 @@ lateness. Memory: the broker's RSS (hqueue) or used_memory (Redis) with
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import subprocess
@@ -129,6 +133,28 @@ def hqueue_run(workdir: str, durability: str, pending: int, rate: int, seconds: 
         proc.wait()
 
 
+def memory_steps(workdir: str, pending: int, step: int) -> list[dict]:
+    """RSS of a process holding an embedded store, per ``step`` timers pending (run in a subprocess)."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--memory-child", workdir, "--pending", str(pending), "--step", str(step)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def memory_child(workdir: str, pending: int, step: int) -> None:
+    with HQueueAdmin(data_dir=workdir) as admin:
+        admin.create_queue("timers", 8)
+    with HQueue("timers", data_dir=workdir) as queue:
+        due = wall_clock_ms() + BACKLOG_DELAY_MS
+        for i in range(0, pending, 1000):
+            queue.put([Message("backlog", b"x" * 50)] * 1000, partition_id=(i // 1000) % 8, deliver_at=due + i)
+            if (i + 1000) % step == 0:
+                print(json.dumps({"pending": i + 1000, "rss_mb": rss_mb(os.getpid())}), flush=True)
+
+
 def redis_poller(port: int, poll_ms: float) -> None:
     """The seed design's firing loop (run as a subprocess)."""
     import redis
@@ -192,26 +218,40 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--poll", type=float, default=10.0, help="Redis poller's sleep when nothing is due, ms")
+    parser.add_argument("--systems", default="hqueue,redis", help="Which to run: hqueue, redis or both")
+    parser.add_argument("--memory", type=int, default=0, help="Also: RSS of an embedded store with up to N pending")
+    parser.add_argument("--step", type=int, default=1_000_000, help=argparse.SUPPRESS)
+    parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     parser.add_argument("--poller", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.poller:
         redis_poller(args.poller, args.poll)
         return
+    if args.memory_child:
+        memory_child(args.memory_child, args.pending, args.step)
+        return
     rows = []
-    for durability in (Durability.ASYNC_WAL, Durability.SYNC_WAL):
+    systems = args.systems.split(",")
+    for durability in (Durability.ASYNC_WAL, Durability.SYNC_WAL) if "hqueue" in systems else ():
         with tempfile.TemporaryDirectory() as workdir:
             rows.append(hqueue_run(workdir, durability, args.pending, args.rate, args.seconds))
-    for poll in sorted({args.poll, 1.0}, reverse=True):
+    for poll in sorted({args.poll, 1.0}, reverse=True) if "redis" in systems else ():
         with tempfile.TemporaryDirectory() as workdir:
             rows.append(redis_run(workdir, args.pending, args.rate, args.seconds, poll))
     columns = ["system", "scheduled", "fired", "p50_ms", "p99_ms", "max_ms", "early", "backlog_put_per_s",
                "mem_10k_mb", "mem_pending_mb", "broker_cpu_s"]  # fmt: skip
-    report(
-        f"timers: {args.pending:,} pending, {args.rate}/s fired for {args.seconds:g}s (lateness = write time - due)",
-        rows,
-        columns,
-        args.json,
-    )
+    title = f"timers: {args.pending:,} pending, {args.rate}/s fired for {args.seconds:g}s (lateness = write time - due)"
+    if rows:
+        report(title, rows, columns, args.json)
+    if args.memory:
+        with tempfile.TemporaryDirectory() as workdir:
+            steps = memory_steps(workdir, args.memory, args.step)
+        report(
+            "memory: one process holding an embedded store, as timers pile up (RocksDB defaults)",
+            steps,
+            ["pending", "rss_mb"],
+            args.json and args.json.replace(".json", "-memory.json"),
+        )
 
 
 if __name__ == "__main__":

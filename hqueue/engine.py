@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .config import MAX_TOPIC_BYTES, InfoCache, QueueInfo
 from .errors import HQueueError, InvalidMessage, InvalidPartition, MessageTooLarge, QueueEnabled
+from .groups import forget_groups
 from .ids import IDAllocator, consecutive, runs
 from .message import (
     MAX_SEQUENCE,
@@ -321,6 +322,9 @@ class Engine:
             raise QueueEnabled(name, "it can be dropped")
         self.storage.delete_queue(name)
         forget_id_floor(self.storage, name)
+        forget_groups(self.storage, name)
+        if self.groups is not None:
+            self.groups.forget(name)
         with self._lock:
             for key in [k for k in self._allocators if k[0] == name]:
                 del self._allocators[key]

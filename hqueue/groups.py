@@ -57,6 +57,7 @@ from .message import ROWKEY_LENGTH, Message, MessageID, messages_from_columns, p
 if TYPE_CHECKING:
     from .coordination import Coordinator
     from .engine import Engine
+    from .storage import Storage
 
 logger = logging.getLogger(__name__)
 
@@ -330,6 +331,12 @@ class GroupService:
         prefix = f"groups/{queue}/"
         return sorted(key[len(prefix) :] for key in self.storage.list_meta(prefix))
 
+    def forget(self, queue: str) -> None:
+        """The queue was dropped: forget its groups' state held here."""
+        with self._lock:
+            for key in [k for k in self._groups if k[0] == queue]:
+                del self._groups[key]
+
     def delete(self, queue: str, name: str) -> None:
         self._group(queue, name)
         with self._lock:
@@ -594,6 +601,13 @@ class GroupService:
             "partitions": partitions,
             "dead_letters": _count(self.engine, dead_letter_queue(queue)),
         }
+
+
+def forget_groups(storage: Storage, queue: str) -> None:
+    """Delete every group of a dropped queue, and their progress."""
+    keys = [*storage.list_meta(f"groups/{queue}/"), *storage.list_meta(f"group-state/{queue}/")]
+    if keys:
+        storage.write_meta({}, keys)
 
 
 def _count(engine: Engine, queue: str) -> int:

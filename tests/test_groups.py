@@ -198,3 +198,17 @@ def test_partitions_are_shared_out_among_members():
     assert sorted(p for share in shares for p in share) == list(range(8))
     assert [assigned(members, m, 2) for m in members] == [[0], [1], [0]]  # more members than partitions
     assert MEMBER_TIMEOUT > 0
+
+
+def test_dropping_a_queue_forgets_its_groups(make_queue, admin):
+    queue = make_queue(partitions=1)
+    queue.put(Message("t", b"x"), 0)
+    with queue.consumer("g") as consumer:
+        consumer.ack(drain(consumer, 1))
+    admin.delete_queue(queue.name, force=True)
+    admin.create_queue(queue.name, 1)
+    assert admin.list_groups(queue.name) == []
+    with HQueue(queue.name, queue.url) as again:
+        again.put(Message("t", b"y"), 0)
+        with again.consumer("g") as consumer:
+            assert values(drain(consumer, 1)) == [b"y"]

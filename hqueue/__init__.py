@@ -40,6 +40,7 @@ from .errors import (
 )
 from .groups import GroupNotFound
 from .message import Message, MessageID
+from .processor import Processor
 from .queue import HQueue
 from .scanner import CombinedPartitionScanner, PartitionScanner, QueueScanner, Scan
 from .splits import Split
@@ -72,6 +73,7 @@ __all__ = [
     "NotPartitionOwner",
     "OutcomeUnknown",
     "PartitionScanner",
+    "Processor",
     "QueueDisabled",
     "QueueEnabled",
     "QueueExists",

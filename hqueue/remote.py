@@ -421,7 +421,8 @@ class RemoteEngine:
                 if maybe_sent:
                     raise OutcomeUnknown(
                         f"{what} to {name!r} partition {partition_id}: a request was sent but no answer came "
-                        f"within {self.owner_timeout:g}s; it may have been done: {problem}"
+                        f"within {self.owner_timeout:g}s; it may have taken effect (a put's messages may have "
+                        f"been written): {problem}"
                     ) from problem
                 raise NoPartitionOwner(name, partition_id, self.owner_timeout, problem) from problem
             logger.info("%s to %s/%d: %s; retrying in %.2fs", what, name, partition_id, problem, delay)

@@ -1,0 +1,193 @@
+"""The key-ordered processing framework (SPEC X5)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import defaultdict
+
+import pytest
+
+from hqueue import HQueue, HQueueAdmin, InvalidArgument, Message, MessageID
+from hqueue.consumer import Delivery
+from hqueue.processor import CommitTracker, Processor
+
+
+def delivery(ts: int, pid: int = 0) -> Delivery:
+    return Delivery(Message("t", b"", id=MessageID(ts), partition_id=pid), 1)
+
+
+def test_the_commit_never_passes_an_incomplete_message():
+    tracker = CommitTracker()
+    for ts in range(1, 8):
+        assert tracker.received(delivery(ts))
+    assert not tracker.received(delivery(3))  # one in hand already
+    for ts in (2, 3, 5):
+        tracker.completed(MessageID(ts))
+    assert tracker.committable() == []  # 1 is not done
+    tracker.completed(MessageID(1))
+    assert [d.id.timestamp for d in tracker.committable()] == [1, 2, 3]
+    assert tracker.committable() == []  # 4 is not done; 5 waits behind it
+    tracker.completed(MessageID(4))
+    assert [d.id.timestamp for d in tracker.committable()] == [4, 5]
+    assert tracker.in_hand == 2
+
+
+def test_random_completion_orders_commit_exactly_the_contiguous_prefix():
+    for _ in range(50):
+        tracker, ids = CommitTracker(), list(range(1, 40))
+        for ts in ids:
+            tracker.received(delivery(ts))
+        done, committed = set(), []
+        for ts in random.sample(ids, len(ids)):
+            tracker.completed(MessageID(ts))
+            done.add(ts)
+            committed += [d.id.timestamp for d in tracker.committable()]
+            prefix = next((i for i in ids if i not in done), None)
+            assert committed == [i for i in ids if prefix is None or i < prefix]
+
+
+@pytest.fixture
+def queue(tmp_path):
+    url = "local://" + str(tmp_path / "data")
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("orders", 4)
+    with HQueue("orders", url) as queue:
+        yield queue
+
+
+def key_of(message: Message) -> bytes:
+    return message.value.split(b":")[0]
+
+
+def test_same_key_in_order_different_keys_in_parallel_and_everything_is_committed(queue):
+    for key in range(20):
+        queue.put([Message("order", b"k%d:%d" % (key, i)) for i in range(25)], key=b"k%d" % key)
+    seen: dict[bytes, list[int]] = defaultdict(list)
+    running, peak, lock = [0], [0], threading.Lock()
+
+    def handle(message: Message) -> None:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(random.uniform(0, 0.004))  # completions come out of order across keys
+        key, number = message.value.split(b":")
+        with lock:
+            seen[key].append(int(number))
+            running[0] -= 1
+
+    with Processor(queue, "p", handle, key=key_of, workers=4) as processor:
+        assert processor.wait_idle(timeout=30)
+    assert sorted(seen) == sorted(b"k%d" % k for k in range(20))
+    assert all(numbers == list(range(25)) for numbers in seen.values())
+    assert peak[0] > 1  # keys ran in parallel
+    with queue.consumer("p") as consumer:
+        assert consumer.receive(10, wait=0.3) == []  # all committed
+
+
+def test_a_failing_key_is_set_aside_retried_then_dead_lettered_and_others_go_on(queue):
+    queue.put([Message("t", b"bad:1"), Message("t", b"bad:2")], 0)
+    queue.put([Message("t", b"good:%d" % i) for i in range(10)], 0)
+    calls: dict[bytes, int] = defaultdict(int)
+    order = []
+
+    def handle(message: Message) -> None:
+        calls[message.value] += 1
+        order.append(message.value)
+        if message.value == b"bad:1":
+            raise RuntimeError("poison")
+
+    # One worker: the good key would wait behind the bad one if it were not set aside.
+    with Processor(queue, "p", handle, key=key_of, workers=1, max_retries=2, retry_delay=0.2) as processor:
+        assert processor.wait_idle(timeout=30)
+        assert processor.dead_lettered == 1
+    assert calls[b"bad:1"] == 3  # the first try and 2 retries
+    assert calls[b"bad:2"] == 1 and order.index(b"bad:2") > order.index(b"bad:1")  # in order, after it
+    assert order.index(b"good:9") < len(order) - 2  # the good key went on meanwhile
+    with HQueue("orders.dlq", queue.url) as dlq:
+        assert [m.value for m in dlq.scan()] == [b"bad:1"]
+
+
+def test_a_handler_past_its_timeout_fails_without_retry_and_its_key_goes_on(queue):
+    queue.put([Message("t", b"slow:1"), Message("t", b"slow:2")], 0)
+    calls: dict[bytes, int] = defaultdict(int)
+    release = threading.Event()
+
+    def handle(message: Message) -> None:
+        calls[message.value] += 1
+        if message.value == b"slow:1":
+            release.wait(10)  # stuck
+
+    with Processor(queue, "p", handle, key=key_of, workers=1, timeout=0.3) as processor:
+        assert processor.wait_idle(timeout=30)
+        assert processor.dead_lettered == 1
+    release.set()
+    assert calls == {b"slow:1": 1, b"slow:2": 1}
+
+
+def test_bounded_queues_hold_the_reader_back(queue):
+    queue.put([Message("t", b"k:%d" % i) for i in range(500)], 0)
+    gate = threading.Event()
+    with Processor(queue, "p", lambda m: gate.wait(10), workers=1, queue_size=10, key=key_of) as processor:
+        time.sleep(0.5)
+        held = processor.in_hand
+        gate.set()
+        assert processor.wait_idle(timeout=30)
+    assert held <= 10 + 10 + 1  # one worker queue, one receive batch in the reader's hands, one in the handler
+
+
+def test_delayed_processing_waits_for_each_message_s_time(queue):
+    (message_id,) = queue.put(Message("t", b"k:1"), 0)
+    handled = []
+    with Processor(queue, "p", lambda m: handled.append(time.time()), delay=0.5) as processor:
+        assert processor.wait_idle(timeout=30)
+    assert handled[0] >= message_id.timestamp / 1000 + 0.5
+
+
+def test_bad_arguments(queue):
+    with pytest.raises(TypeError):
+        Processor(queue, "p", "not callable")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument):
+        Processor(queue, "p", print, workers=0)
+    with pytest.raises(InvalidArgument):
+        Processor(queue, "p", print, timeout=0)
+
+
+@pytest.mark.slow
+def test_kill_9_the_processor_nothing_is_lost_and_each_key_stays_in_order(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    from .processes import ROOT, python_env
+
+    with HQueueAdmin(data_dir=tmp_path) as admin:
+        admin.create_queue("orders", 4)
+    with HQueue("orders", data_dir=tmp_path) as queue:
+        for key in range(10):
+            queue.put([Message("t", b"k%d:%04d" % (key, i)) for i in range(300)], key=b"k%d" % key)
+    done: list[str] = []
+    runs = 0
+    while True:
+        runs += 1
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.helpers.processor_process", str(tmp_path), "orders", "p"],
+            cwd=ROOT, env=python_env(), stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert proc.stdout.readline().strip() == "READY"
+        time.sleep(1.0 if runs < 3 else 6.0)
+        proc.send_signal(signal.SIGKILL)  # mid-run: completions out of order, commits behind them
+        proc.wait()
+        lines = proc.stdout.read().split("\n")[:-1]  # the text after the last newline was cut
+        this_run = [line.split()[1] for line in lines if line.startswith("D ")]
+        by_key: dict[str, list[str]] = defaultdict(list)
+        for value in this_run:
+            by_key[value.split(":")[0]].append(value)
+        assert all(values == sorted(values) for values in by_key.values()), "a key went out of order"
+        done += this_run
+        if runs >= 3 and len(set(done)) == 3000:
+            break
+        assert runs < 6, f"{3000 - len(set(done))} messages never processed"
+    assert len(set(done)) == 3000  # 0 lost: every message processed, across 2 kill -9
+    print(f"\nprocessor crash test: {runs} runs ended by kill -9, 3000 messages, 0 lost, {len(done) - 3000} twice")

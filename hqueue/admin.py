@@ -175,6 +175,20 @@ class HQueueAdmin(Connected):
         and the dead-letter queue's size."""
         return self.engine.describe_group(queue, group)
 
+    def set_group_position(
+        self, queue: str, group: str, partition: int | str | None, position: MessageID | datetime | int
+    ) -> None:
+        """Replay a consumer group (or skip ahead): it takes the partition (``"all"``/None:
+        every one) again from ``position`` (a MessageID, a datetime or epoch ms), as
+        if it had been made there; leases, retries and acks kept there are dropped."""
+        start = as_message_id(position, "position")
+        if start is None:
+            raise TypeError("'position' is required")
+        pid = None if partition in (None, "all") else partition
+        if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool)):
+            raise TypeError(f"'partition' must be an int, 'all' or None, not {partition!r}")
+        self.engine.group_set_position(queue, group, pid, start)
+
     def delete_group(self, queue: str, group: str) -> None:
         """Forget a consumer group and all its progress."""
         self.engine.delete_group(queue, group)

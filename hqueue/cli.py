@@ -432,6 +432,19 @@ def group_description(d: dict) -> dict:
     return {**d, "topics": topics, "partitions": partitions}
 
 
+@main.command(name="replay-group")
+@click.argument("name")
+@click.argument("group")
+@click.option("--from", "start", callback=_message_id, required=True, help="ID or ISO time to take messages from.")
+@click.option("--partition", "-p", type=int, help="Only this partition (default: all).")
+@click.pass_context
+def replay_group(ctx, name: str, group: str, start, partition: int | None) -> None:
+    """Replay consumer GROUP of queue NAME from a time (or skip ahead to it)."""
+    _admin(ctx).set_group_position(name, group, partition, start)
+    which = "every partition" if partition is None else f"partition {partition}"
+    click.echo(f"group {group!r} of {name!r} takes {which} from {start}")
+
+
 @main.command(name="replay-dlq")
 @click.argument("name")
 @click.option("--start", callback=_message_id, help="First dead letter to replay: ID or ISO time (inclusive).")

@@ -95,6 +95,7 @@ class EngineAPI(Protocol):
     def list_groups(self, queue: str) -> list[str]: ...
     def describe_group(self, queue: str, group: str) -> dict[str, Any]: ...
     def delete_group(self, queue: str, group: str) -> None: ...
+    def group_set_position(self, queue: str, group: str, partition_id: int | None, start: MessageID) -> None: ...
 
 
 class SubscriptionEngine(EngineAPI, Protocol):
@@ -278,6 +279,9 @@ class Engine:
 
     def delete_group(self, queue: str, group: str) -> None:
         self._group_service().delete(queue, group)
+
+    def group_set_position(self, queue: str, group: str, partition_id: int | None, start: MessageID) -> None:
+        self._group_service().set_position(queue, group, partition_id, start)
 
     # -- queue metadata -------------------------------------------------------
 

@@ -215,6 +215,7 @@ class _Group:
         self.queue, self.name, self.config = queue, name, config
         self.lock = threading.Lock()
         self.members: dict[str, float] = {}
+        self.dead_lettered = 0
         self.partitions: dict[int, _Partition] = {}
         self.turn = 0
 
@@ -562,11 +563,62 @@ class GroupService:
                 state.retry_at(message_id, time.monotonic() + 1.0)
                 return
             self.dead_lettered += 1
+            group.dead_lettered += 1
             logger.warning(
                 "group %s: message %s of %s partition %d failed %d times; moved to %s partition %d as %s",
                 group.name, message.id, group.queue, pid, retries, dead_letter_queue(group.queue), *placed,
             )  # fmt: skip
         self._acked(group, pid, state, [message_id])
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Every group held here, and its partitions' counts, without reading the store (metrics)."""
+        with self._lock:
+            groups = list(self._groups.values())
+        out = []
+        now = time.monotonic()
+        for group in groups:
+            with group.lock:
+                partitions = {
+                    pid: {
+                        "done": MessageID.from_bytes(state.done),
+                        "in_flight": len(state.leases),
+                        "retrying": len(state.ready),
+                    }
+                    for pid, state in group.partitions.items()
+                }
+                members = len(group.live_members(now))
+            out.append(
+                {
+                    "queue": group.queue,
+                    "group": group.name,
+                    "topics": group.config.topics,
+                    "members": members,
+                    "dead_lettered": group.dead_lettered,
+                    "partitions": partitions,
+                }
+            )
+        return out
+
+    def set_position(self, queue: str, name: str, partition_id: int | None, start: MessageID) -> None:
+        """Replay (or skip): the group takes the partition (None: all) again from ``start``.
+
+        Leases, retries and acks kept there are dropped; members get the
+        messages from ``start`` on, as if the group had been made there.
+        """
+        group = self._group(queue, name)
+        info = self.engine.queue_info(queue, fresh=True)
+        pids = list(range(info.partitions)) if partition_id is None else [partition_id]
+        with group.lock:
+            for pid in pids:
+                if not isinstance(pid, int) or not 0 <= pid < info.partitions:
+                    raise InvalidArgument(f"'partition' must be in 0..{info.partitions - 1}, got {pid!r}")
+                if not self.coordinator.owns(queue, pid):
+                    raise NotPartitionOwner(queue, pid, self.coordinator.owner(queue, pid))
+            for pid in pids:
+                prefix = _state_prefix(queue, name, pid)
+                stale = [key for key in self.storage.list_meta(prefix) if key != prefix + "done"]
+                self.storage.write_meta({prefix + "done": start.to_bytes()}, stale)
+                group.partitions.pop(pid, None)
 
     def describe(self, queue: str, name: str) -> dict[str, Any]:
         """Members, and per owned partition: cursors, in flight, retrying, lag."""

@@ -47,7 +47,7 @@ from thriftpy2.thrift import TClient, TException
 from thriftpy2.transport import TFramedTransportFactory, TSocket, TSSLSocket, TTransportException
 
 from .config import InfoCache, QueueInfo, QueueState
-from .engine import message_columns
+from .engine import check_partition, message_columns
 from .errors import HQueueError, InvalidArgument, NoPartitionOwner, NotPartitionOwner, OutcomeUnknown, ServerUnavailable
 from .ids import consecutive
 from .message import Message, MessageID, messages_from_columns
@@ -562,6 +562,12 @@ class RemoteEngine:
                     "lag_millis": p.lagMillis,
                 }
         return {**result, "members": sorted(members), "partitions": dict(sorted(partitions.items()))}
+
+    def group_set_position(self, queue: str, group: str, partition_id: int | None, start: MessageID) -> None:
+        info = self.queue_info(queue, fresh=True)
+        pids = range(info.partitions) if partition_id is None else [check_partition(info, partition_id)]
+        for pid in pids:
+            self._owner_call(queue, pid, "replay", "setGroupPosition", group, pid, wire.to_tid(start))
 
     def delete_group(self, queue: str, group: str) -> None:
         self._call("deleteGroup", queue, group, queue=queue)

@@ -174,3 +174,12 @@ def test_consume_acks_what_it_prints_and_groups_are_listed_and_described(run):
     assert described["partitions"]["1"]["lag_messages"] == 3  # printed, never acked
     assert "no consumer group 'nope'" in run("describe-group", "q", "nope").output
     assert "does not exist" in run("consume", "missing", "g", "--for", "0").output
+
+
+def test_replay_group_takes_the_group_back(run):
+    run("create", "q", "1")
+    run("put", "q", "t", "a")
+    assert run("consume", "q", "g", "--max", "1").output.endswith("\ta\n")
+    replayed = run("replay-group", "q", "g", "--from", "0")
+    assert replayed.exit_code == 0 and "every partition" in replayed.output
+    assert run("consume", "q", "g", "--max", "1").output.endswith("\ta\n")

@@ -212,3 +212,20 @@ def test_dropping_a_queue_forgets_its_groups(make_queue, admin):
         again.put(Message("t", b"y"), 0)
         with again.consumer("g") as consumer:
             assert values(drain(consumer, 1)) == [b"y"]
+
+
+def test_a_group_replays_from_a_time(make_queue, admin):
+    queue = make_queue(partitions=2)
+    first = queue.put([Message("t", b"a"), Message("t", b"b")], 1)
+    with queue.consumer("g") as consumer:
+        consumer.ack(drain(consumer, 2))
+        assert consumer.receive(10, wait=0.2) == []
+        admin.set_group_position(queue.name, "g", 1, first[1])  # from "b" on
+        assert values(drain(consumer, 1)) == [b"b"]
+        consumer.ack(consumer.receive(10, wait=0.2))
+        admin.set_group_position(queue.name, "g", "all", 0)  # everything again
+        assert sorted(values(drain(consumer, 2))) == [b"a", b"b"]
+    with pytest.raises(InvalidArgument):
+        admin.set_group_position(queue.name, "g", 7, 0)
+    with pytest.raises(GroupNotFound):
+        admin.set_group_position(queue.name, "nope", None, 0)

@@ -75,3 +75,24 @@ def test_delivery_and_lag_per_subscriber_and_partition(server):
 def test_a_taken_metrics_port_fails_before_anything_starts(server, tmp_path):
     with pytest.raises(OSError, match=f"metrics port {server.metrics_port}"):
         HQueueServer(f"local://{tmp_path}/other", port=0, metrics_port=server.metrics_port)
+
+
+def test_consumer_groups_are_counted_per_group_and_partition(server):
+    url = f"hqueue://{server.address}"
+    with HQueue("q", url) as queue, queue.consumer("workers", member="m") as consumer:
+        queue.put([Message("t", b"%d" % i) for i in range(5)], 0)
+        got = []
+        while len(got) < 5:
+            got += consumer.receive(5, wait=1)
+        consumer.ack(got[:3])
+        consumer.nack(got[3:4], delay=60)
+        metrics = scrape(server)
+    group, partition = 'group="workers",queue="q"', 'group="workers",partition="0",queue="q"'
+    assert metrics[f"hqueue_group_received_messages_total{{{group}}}"] == 5
+    assert metrics[f"hqueue_group_acked_messages_total{{{group}}}"] == 3
+    assert metrics[f"hqueue_group_nacked_messages_total{{{group}}}"] == 1
+    assert metrics[f"hqueue_group_members{{{group}}}"] == 1
+    assert metrics[f"hqueue_group_in_flight_messages{{{partition}}}"] == 1
+    assert metrics[f"hqueue_group_retrying_messages{{{partition}}}"] == 1
+    assert metrics[f"hqueue_group_lag_messages{{{partition}}}"] == 2
+    assert metrics[f"hqueue_group_lag_seconds{{{partition}}}"] >= 0

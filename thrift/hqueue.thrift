@@ -302,6 +302,10 @@ service HQueueService {
       throws (1: TQueueNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied)
   TGroupInfo describeGroup(1: string queue, 2: string group)
       throws (1: TQueueNotFound notFound, 2: TGroupNotFound groupNotFound, 3: TIOError io, 4: TNotAuthorized denied)
+  /** Replay (or skip): the group takes partitionID again from startID (sent to the partition's owner). */
+  void setGroupPosition(1: string queue, 2: string group, 3: i16 partitionID, 4: TMessageID startID)
+      throws (1: TQueueNotFound notFound, 2: TGroupNotFound groupNotFound, 3: TInvalidMessage invalid,
+              4: TNotPartitionOwner notOwner, 5: TIOError io, 6: TNotAuthorized denied)
   void deleteGroup(1: string queue, 2: string group)
       throws (1: TQueueNotFound notFound, 2: TGroupNotFound groupNotFound, 3: TIOError io, 4: TNotAuthorized denied)
 }

@@ -176,6 +176,34 @@ class HQueueServer:
         yield gauge("hqueue_push_buffer_messages", "Messages read and waiting to be pushed.", labels, buffers)
         yield gauge("hqueue_subscriber_lag_messages", "Undelivered messages (up to 100,000).", labels, lag_messages)
         yield gauge("hqueue_subscriber_lag_seconds", "Age of the oldest undelivered message.", labels, lag_seconds)
+        yield from self._group_gauges()
+
+    def _group_gauges(self) -> Iterator[GaugeMetricFamily]:
+        """Consumer groups, for the partitions this server keeps them for."""
+        groups = self.engine.groups.snapshot() if self.engine.groups else []
+        labels = ["queue", "group", "partition"]
+        rows: dict[str, list] = {"members": [], "in_flight": [], "retrying": [], "lag": [], "lag_s": [], "dead": []}
+        for g in groups:
+            rows["members"].append(([g["queue"], g["group"]], g["members"]))
+            rows["dead"].append(([g["queue"], g["group"]], g["dead_lettered"]))
+            for pid, p in g["partitions"].items():
+                key = [g["queue"], g["group"], str(pid)]
+                messages, millis = partition_lag(self.engine, g["queue"], pid, p["done"], g["topics"])
+                rows["in_flight"].append((key, p["in_flight"]))
+                rows["retrying"].append((key, p["retrying"]))
+                rows["lag"].append((key, messages))
+                rows["lag_s"].append((key, millis / 1000))
+        group = ["queue", "group"]
+        yield gauge("hqueue_group_members", "Live members of a consumer group.", group, rows["members"])
+        yield gauge(
+            "hqueue_group_dead_lettered_messages", "Messages a group moved to <queue>.dlq.", group, rows["dead"]
+        )
+        yield gauge("hqueue_group_in_flight_messages", "Messages leased to members.", labels, rows["in_flight"])
+        yield gauge(
+            "hqueue_group_retrying_messages", "Failed messages waiting to go out again.", labels, rows["retrying"]
+        )
+        yield gauge("hqueue_group_lag_messages", "Messages not yet acked (up to 100,000).", labels, rows["lag"])
+        yield gauge("hqueue_group_lag_seconds", "Age of the oldest message not yet acked.", labels, rows["lag_s"])
 
     def serve_forever(self) -> None:
         """Serve until SIGTERM or SIGINT, then shut down cleanly."""

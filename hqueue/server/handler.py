@@ -396,20 +396,26 @@ class HQueueHandler:
         if not all(isinstance(v, int) for v in (maxMessages, leaseMillis, waitMillis)):
             raise TypeError("'maxMessages', 'leaseMillis' and 'waitMillis' must be ints")
         pairs = self.engine.group_receive(queue, group, member, maxMessages, leaseMillis / 1000, waitMillis / 1000)
+        if pairs:
+            self.metrics.group_received.labels(queue, group).inc(len(pairs))
         messages = [m for m, _ in pairs]
         blob = packed.pack(cell_keys_of(messages), values_of(messages))
         return wire.T.TDeliveries(messages=blob, attempts=[a for _, a in pairs])
 
     @_served("consumer")
     def groupAck(self, queue: str, group: str, rowkeys: bytes) -> int:
-        return self.engine.group_ack(queue, group, wire.unpack_rowkeys(rowkeys))
+        count = self.engine.group_ack(queue, group, wire.unpack_rowkeys(rowkeys))
+        self.metrics.group_acked.labels(queue, group).inc(count)
+        return count
 
     @_served("consumer")
     def groupNack(self, queue: str, group: str, member: str, rowkeys: bytes, delayMillis: int) -> int:
         if not isinstance(delayMillis, int):
             raise TypeError("'delayMillis' must be an int (-1: the backoff)")
         delay = None if delayMillis < 0 else delayMillis / 1000
-        return self.engine.group_nack(queue, group, member, wire.unpack_rowkeys(rowkeys), delay)
+        count = self.engine.group_nack(queue, group, member, wire.unpack_rowkeys(rowkeys), delay)
+        self.metrics.group_nacked.labels(queue, group).inc(count)
+        return count
 
     @_served("consumer")
     def groupLeave(self, queue: str, group: str, member: str) -> None:
@@ -445,6 +451,12 @@ class HQueueHandler:
             partitions=partitions,
             deadLetters=d["dead_letters"],
         )
+
+    @_served("consumer")
+    def setGroupPosition(self, queue: str, group: str, partitionID: int, startID: Any) -> None:
+        if startID is None:
+            raise InvalidArgument("'startID' is required")
+        self.engine.group_set_position(queue, group, partitionID, wire.from_tid(startID))
 
     @_served("admin")
     def deleteGroup(self, queue: str, group: str) -> None:

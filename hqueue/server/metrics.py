@@ -53,6 +53,14 @@ class ServerMetrics:
             subscriber,
             registry=r,
         )
+        group = ["queue", "group"]
+        self.group_received = Counter(
+            "hqueue_group_received_messages", "Messages handed to consumer-group members.", group, registry=r
+        )
+        self.group_acked = Counter("hqueue_group_acked_messages", "Messages consumer groups acked.", group, registry=r)
+        self.group_nacked = Counter(
+            "hqueue_group_nacked_messages", "Messages consumer-group members gave back.", group, registry=r
+        )
         self.partition_changes = Counter(
             "hqueue_partition_changes", "Partitions this server gained or lost (rebalances).", ["change"], registry=r
         )

@@ -39,6 +39,7 @@ class HQueueAdmin(Connected):
         *,
         durability: str = Durability.SYNC_WAL,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        topic_index: bool = False,
     ) -> QueueInfo:
         """Create a queue.
 
@@ -50,6 +51,10 @@ class HQueueAdmin(Connected):
             durability: ``SYNC_WAL`` (default), ``ASYNC_WAL`` or ``SKIP_WAL``;
                 see :class:`~hqueue.config.Durability`.
             max_message_bytes: Largest topic + value accepted (default 4 MiB).
+            topic_index: Keep a per-topic index (SPEC X4): a read of a few
+                topics then costs their rows only, whatever else the queue
+                holds; each put writes every message twice (config
+                ``hqueue.topicIndex``).
 
         Raises:
             QueueExists, InvalidQueueName, TypeError, ValueError.
@@ -59,7 +64,7 @@ class HQueueAdmin(Connected):
             partitions=partitions,
             ttl=ttl,
             durability=durability,
-            config=dict(config or {}),
+            config=dict(config or {}) | ({"hqueue.topicIndex": "true"} if topic_index else {}),
             max_message_bytes=max_message_bytes,
         )
         self.engine.create_queue(info)

@@ -120,6 +120,11 @@ class QueueInfo:
         """HBase pre-split granularity (``hbase.hqueue.partitionsPerRegion``)."""
         return max(1, int(self.config.get("hbase.hqueue.partitionsPerRegion", "1")))
 
+    @property
+    def topic_index(self) -> bool:
+        """Whether puts also write the per-topic index (``hqueue.topicIndex``, SPEC X4)."""
+        return self.config.get("hqueue.topicIndex", "false").lower() in ("true", "1", "yes")
+
     def evolve(self, **changes: Any) -> QueueInfo:
         return replace(self, **changes)
 

@@ -18,6 +18,7 @@ from dataclasses import asdict
 from operator import add
 from typing import TYPE_CHECKING, Any, Protocol
 
+from . import topic_index
 from .config import MAX_TOPIC_BYTES, InfoCache, QueueInfo
 from .errors import HQueueError, InvalidMessage, InvalidPartition, MessageTooLarge, QueueEnabled
 from .groups import forget_groups
@@ -45,6 +46,7 @@ from .timers import (
     timer_cell_keys,
     topic_of,
 )
+from .topic_index import index_cells
 
 if TYPE_CHECKING:
     from .coordination import Coordinator
@@ -436,7 +438,10 @@ class Engine:
         ID order: subscribers and tailing scanners rely on it.
         """
         first = self._allocator(info, partition_id).reserve(len(topics))
-        cells = list(zip(cell_keys(partition_id, runs(first, len(topics)), topics), values, strict=False))
+        keys = cell_keys(partition_id, runs(first, len(topics)), topics)
+        cells = list(zip(keys, values, strict=False))
+        if info.topic_index:  # each message's index entry, in the same atomic write
+            cells += index_cells(keys, values)
         self.storage.write(info.name, cells, info.durability, deletes)
         return first
 
@@ -519,12 +524,36 @@ class Engine:
         self, name: str, start_key: bytes, stop_key: bytes, topics: Collection[bytes] | None, limit: int
     ) -> tuple[Sequence[bytes], Sequence[bytes]]:
         """:meth:`scan` as (cell keys, values): no object per message."""
-        self.enabled_queue(name)
-        cells = self.storage.scan(name, start_key, stop_key, topics, limit)
+        info = self.enabled_queue(name)
+        if info.topic_index and topic_index.usable(topics):
+            cells = self._scan_index(name, start_key, stop_key, topics, limit)  # type: ignore[arg-type]
+        else:
+            cells = self.storage.scan(name, start_key, stop_key, topics, limit)
         if not cells:
             return (), ()
         keys, values = zip(*cells, strict=True)
         return keys, values
+
+    def _scan_index(
+        self, name: str, start_key: bytes, stop_key: bytes, topics: Collection[bytes], limit: int
+    ) -> list[tuple[bytes, bytes]]:
+        """A topic-filtered scan through the topic index: each topic's entries only (topic_index.py)."""
+        found: list[tuple[bytes, bytes]] = []
+        for topic in topics:
+            start, stop = topic_index.index_range(start_key, stop_key, topic)
+            taken = 0
+            while taken < limit:
+                asked = limit - taken
+                cells = self.storage.scan(name, start, stop, None, asked)
+                mine = [(topic_index.message_key(k), v) for k, v in cells if k[topic_index.HEAD_LENGTH + 10 :] == topic]
+                found += mine
+                taken += len(mine)
+                if len(cells) < asked:  # the end of this topic's entries
+                    break
+                start = cells[-1][0] + b"\x00"  # some were another topic's (a hash collision): go on
+        if len(topics) > 1:
+            found.sort()
+        return found[:limit]
 
     def partition_locations(self, name: str) -> list[str]:
         """Where each partition is served: "" for all (this process reads them itself)."""

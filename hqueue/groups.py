@@ -45,7 +45,7 @@ import time
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field, replace
 from itertools import repeat
-from operator import getitem, itemgetter
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from .coordination.registry import successor
@@ -73,7 +73,7 @@ _GROUP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
 
 #: What _take fills: cell keys, values and attempts.
 _Columns = tuple[list[bytes], list[bytes], list[int]]
-_ID_BYTES = slice(2, ROWKEY_LENGTH)
+_id_bytes = itemgetter(slice(2, ROWKEY_LENGTH))
 #: ``start`` of a group that begins after each partition's last message when it is made.
 LATEST = -1
 
@@ -429,27 +429,29 @@ class GroupService:
         stop = partition_prefix(pid + 1)
         while room > 0:
             asked = room + len(state.acked)  # acked ones are skipped: ask for enough to fill the room
-            cells = self.storage.scan(group.queue, prefix + state.scan, stop, group.config.topics, asked)
-            if not cells:
+            found_keys, found_values = self.engine.scan_columns(
+                group.queue, prefix + state.scan, stop, group.config.topics, asked
+            )
+            if not found_keys:
                 return
-            keys = list(map(itemgetter(0), cells))
-            ids: list[bytes] = list(map(getitem, keys, repeat(_ID_BYTES)))
+            keys, values = list(found_keys), list(found_values)
+            ids: list[bytes] = list(map(_id_bytes, keys))
             if state.acked:  # after a restart: skip what was acked before it
                 kept = [i for i, message_id in enumerate(ids) if message_id not in state.acked][:room]
                 last = kept[-1] if kept and len(kept) == room else len(ids) - 1
                 state.scan = _after(ids[last])
-                cells, keys, ids = [cells[i] for i in kept], [keys[i] for i in kept], [ids[i] for i in kept]
+                keys, values, ids = [keys[i] for i in kept], [values[i] for i in kept], [ids[i] for i in kept]
             else:
-                cells, keys, ids = cells[:room], keys[:room], ids[:room]
+                keys, values, ids = keys[:room], values[:room], ids[:room]
                 state.scan = _after(ids[-1])
             if ids:
                 state.lease(ids, member, deadline)
                 state.open.extend(ids)
                 out[0].extend(keys)
-                out[1].extend(map(itemgetter(1), cells))
+                out[1].extend(values)
                 out[2].extend([state.retries.get(i, 0) + 1 for i in ids] if state.retries else repeat(1, len(ids)))
                 room -= len(ids)
-            if len(cells) < asked and not state.acked:
+            if len(found_keys) < asked:
                 return
 
     def _read(self, queue: str, pid: int, message_id: bytes) -> tuple[bytes, bytes] | None:

@@ -17,6 +17,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from ..config import Durability, QueueInfo
 from ..ids import wall_clock_ms
 from ..message import MessageID, decode_rowkey
+from ..topic_index import HEAD_LENGTH, is_index_key
 
 Cell = tuple[bytes, bytes]
 
@@ -152,6 +153,18 @@ def ttl_cutoff(info: QueueInfo) -> MessageID | None:
     if not info.ttl:
         return None
     return MessageID(max(0, wall_clock_ms() - info.ttl * 1000))
+
+
+def ttl_start(key: bytes, cutoff: MessageID) -> bytes:
+    """The first key a scan from ``key`` may return under a TTL: the same head
+    (a partition's 2 bytes, or a topic-index entry's 12), then ``cutoff``."""
+    return key[: HEAD_LENGTH if is_index_key(key) else 2] + cutoff.to_bytes()
+
+
+def expired(key: bytes, oldest: bytes) -> bool:
+    """Whether a stored cell's ID (or a timer's due time) is below ``oldest`` (10 bytes)."""
+    at = HEAD_LENGTH if is_index_key(key) else 2
+    return key[at : at + 10] < oldest
 
 
 def keep_id_floor(storage: Storage, info: QueueInfo, cutoff: MessageID) -> None:

@@ -47,7 +47,8 @@ from ..config import Durability, QueueInfo
 from ..errors import QueueExists, QueueNotFound, StorageError, StorageLocked
 from ..message import encode_rowkey, partition_prefix
 from ..timers import pending_range
-from .base import Cell, Storage, keep_id_floor, ttl_cutoff
+from ..topic_index import INDEX_PREFIX
+from .base import Cell, Storage, expired, keep_id_floor, ttl_cutoff, ttl_start
 
 logger = logging.getLogger(__name__)
 
@@ -232,7 +233,7 @@ class EmbeddedStorage(Storage):
 
     def _ttl_floor(self, name: str, key: bytes) -> bytes:
         cutoff = ttl_cutoff(self._infos[name]) if name in self._infos else None
-        return key[:2] + cutoff.to_bytes() if cutoff is not None else b""
+        return ttl_start(key, cutoff) if cutoff is not None else b""
 
     def last_rowkey(self, name: str, partition_id: int) -> bytes | None:
         self._heal()
@@ -292,6 +293,11 @@ class EmbeddedStorage(Storage):
             family.delete_range(partition_prefix(pid), encode_rowkey(pid, cutoff))
             # Timers overdue by more than the TTL expire as their messages would have (timers.py).
             family.delete_range(*pending_range(pid, cutoff.timestamp))
+        if info.topic_index:  # index entries sort by topic, not time: walk them (topic_index.py)
+            oldest = cutoff.to_bytes()
+            gone = [key for key, _ in family.items(from_key=INDEX_PREFIX) if expired(key, oldest)]
+            for key in gone:
+                family.delete(key)
         family.compact_range(None, None)
         logger.debug("reclaimed expired messages of %s before %s", name, cutoff)
 

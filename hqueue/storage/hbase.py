@@ -55,6 +55,7 @@ from ..config import Durability, QueueInfo, QueueState
 from ..errors import InvalidArgument, QueueDisabled, QueueExists, QueueNotFound, StorageError
 from ..message import ROWKEY_LENGTH, partition_prefix
 from ..rpc import idl
+from ..topic_index import HEAD_LENGTH, is_index_key
 from .base import Cell, Storage
 
 logger = logging.getLogger(__name__)
@@ -139,6 +140,15 @@ class Thrift2Admin:
     def truncate_table(self, table: bytes) -> None:
         """Delete every row of a disabled table, keeping its regions."""
         self._call(f"truncate table {table!r}", "truncateTable", self._idl.TTableName(qualifier=table), True)
+
+
+INDEX_ROW_LENGTH = HEAD_LENGTH + 10
+
+
+def _row_length(key: bytes) -> int:
+    """Where a cell key's row ends: after the 12-byte rowkey, or for a topic-index
+    entry (topic_index.py) after its ID too, so that each entry is a row of its own."""
+    return INDEX_ROW_LENGTH if is_index_key(key) else ROWKEY_LENGTH
 
 
 def _row_after(row: bytes) -> bytes:
@@ -349,8 +359,9 @@ class HBaseStorage(Storage):
         wal = durability != Durability.SKIP_WAL
         by_time: dict[int | None, list[BatchMutation]] = {}
         for key, value in cells:
-            mutation = Mutation(column=_COLUMN_PREFIX + key[ROWKEY_LENGTH:], value=value, writeToWAL=wal)
-            by_time.setdefault(_cell_time(key), []).append(BatchMutation(key[:ROWKEY_LENGTH], [mutation]))
+            cut = _row_length(key)
+            mutation = Mutation(column=_COLUMN_PREFIX + key[cut:], value=value, writeToWAL=wal)
+            by_time.setdefault(_cell_time(key), []).append(BatchMutation(key[:cut], [mutation]))
         plain = by_time.setdefault(None, [])
         plain += [
             BatchMutation(
@@ -381,9 +392,10 @@ class HBaseStorage(Storage):
         columns = [_COLUMN_PREFIX + t for t in sorted(topics)] if topics else [FAMILY]
 
         # HBase scans rows; a cell key may go past the 12-byte row (timers' cells, timers.py).
-        row_start = start_key[:ROWKEY_LENGTH]
-        row_stop = stop_key if len(stop_key) <= ROWKEY_LENGTH else _row_after(stop_key[:ROWKEY_LENGTH])
-        rows_wanted = limit + (len(start_key) > ROWKEY_LENGTH)  # the first row may hold only cells before start
+        row_start = start_key[: _row_length(start_key)]
+        cut = _row_length(stop_key)
+        row_stop = stop_key if len(stop_key) <= cut else _row_after(stop_key[:cut])
+        rows_wanted = limit + (len(start_key) > len(row_start))  # the first row may hold only cells before start
 
         def read(connection):
             rows = connection.table(self._table_name(name)).scan(

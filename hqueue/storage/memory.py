@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from ..config import Durability, QueueInfo
 from ..errors import QueueExists, QueueNotFound
 from ..message import partition_prefix
-from .base import Cell, Storage, keep_id_floor, ttl_cutoff
+from .base import Cell, Storage, expired, keep_id_floor, ttl_cutoff, ttl_start
 
 
 @dataclass
@@ -116,7 +116,7 @@ class MemoryStorage(Storage):
             queue = self._queue(name)
             cutoff = ttl_cutoff(queue.info)
             if cutoff is not None:
-                start_key = max(start_key, start_key[:2] + cutoff.to_bytes())
+                start_key = max(start_key, ttl_start(start_key, cutoff))
             keys, values = queue.keys, queue.values
             out: list[Cell] = []
             at = bisect_left(keys, start_key)
@@ -147,10 +147,10 @@ class MemoryStorage(Storage):
             keep_id_floor(self, queue.info, cutoff)
             oldest, kept = cutoff.to_bytes(), []
             for key in queue.keys:
-                if key[2:12] >= oldest:
-                    kept.append(key)
-                else:
+                if expired(key, oldest):
                     del queue.values[key]
+                else:
+                    kept.append(key)
             queue.keys = kept
 
     # -- metadata ----------------------------------------------------------------

@@ -1,0 +1,96 @@
+"""The per-topic index (SPEC X4): a topic's reads cost its rows, whatever else the queue holds.
+
+Runs on every storage backend and through a server (``make_queue``).
+"""
+
+from __future__ import annotations
+
+import time
+
+from hqueue import Message, MessageID
+from hqueue.engine import Engine
+from hqueue.storage.memory import MemoryStorage
+from hqueue.topic_index import index_cells, index_range, message_key, topic_head
+
+
+def test_every_reader_sees_the_same_messages_with_and_without_the_index(make_queue):
+    plain = make_queue(partitions=2)
+    indexed = make_queue(partitions=2, topic_index=True)
+    assert indexed.info.topic_index and not plain.info.topic_index
+    for queue in (plain, indexed):
+        for pid in range(2):
+            queue.put([Message("t%d" % (i % 7), b"%d-%d" % (pid, i)) for i in range(300)], pid)
+    for topics in (["t3"], ["t1", "t5"], None, ["absent"]):
+        for pid in range(2):  # in ID order within a partition (across them, the two queues' times differ)
+            read = [[m.value for m in q.scan(topics=topics, partition_id=pid)] for q in (indexed, plain)]
+            assert read[0] == read[1]
+        assert sorted(m.value for m in indexed.scan(topics=topics)) == sorted(
+            m.value for m in plain.scan(topics=topics)
+        )
+    tenth = [list(q.scan(topics=["t2"], partition_id=1))[10].id for q in (plain, indexed)]
+    assert [m.value for m in indexed.scan(tenth[1], topics=["t2"], partition_id=1)] == [
+        m.value for m in plain.scan(tenth[0], topics=["t2"], partition_id=1)
+    ]
+    pages = [m.value for batch in indexed.scan_batches(topics=["t4"], batch_size=7) for m in batch]
+    assert pages == [m.value for batch in plain.scan_batches(topics=["t4"], batch_size=7) for m in batch]
+
+
+def test_groups_and_timers_read_and_write_through_the_index(make_queue):
+    queue = make_queue(partitions=1, topic_index=True)
+    queue.put([Message("noise", b"n")] * 50 + [Message("wanted", b"w1")], 0)
+    queue.put(Message("wanted", b"w2"), 0, delay=0.2)
+    with queue.consumer("g", topics=["wanted"]) as consumer:
+        got = []
+        deadline = time.monotonic() + 10
+        while len(got) < 2 and time.monotonic() < deadline:
+            got += consumer.receive(10, wait=0.2)
+        assert [d.value for d in got] == [b"w1", b"w2"]
+
+
+def test_a_topic_read_touches_only_that_topic_s_rows():
+    """Count what the store hands back: the index makes it the topic's rows only."""
+    storage = CountingStorage("topic-index-cost")
+    engine = Engine(storage)
+    from hqueue.config import QueueInfo
+
+    engine.create_queue(QueueInfo("q", 1, config={"hqueue.topicIndex": "true"}))
+    engine.put("q", [Message("big", b"x")] * 5000 + [Message("small", b"y")] * 3, 0)
+    storage.returned = 0
+    messages = engine.scan("q", b"\x00\x00", b"\x00\x01", frozenset([b"small"]), 1000)
+    assert len(messages) == 3 and storage.returned == 3
+    engine.close()
+
+
+class CountingStorage(MemoryStorage):
+    returned = 0
+
+    def scan(self, *args, **kwargs):
+        cells = super().scan(*args, **kwargs)
+        self.returned += len(cells)
+        return cells
+
+
+def test_index_keys_map_back_to_message_keys():
+    key = b"\x00\x03" + MessageID(1700, 2).to_bytes() + b"topic"
+    ((index_key, value),) = index_cells([key], [b"v"])
+    assert value == b"v" and index_key.startswith(topic_head(b"\x00\x03", b"topic"))
+    assert message_key(index_key) == key
+    start, stop = index_range(b"\x00\x03", b"\x00\x04", b"topic")
+    assert start <= index_key < stop
+
+
+def test_expired_messages_leave_the_index_too(tmp_path):
+    from hqueue import HQueue, HQueueAdmin
+
+    url = "local://" + str(tmp_path / "data")
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 1, ttl=1, topic_index=True)
+    with HQueue("q", url) as queue:
+        queue.put([Message("t", b"old")] * 10, 0)
+        time.sleep(1.1)
+        queue.put(Message("t", b"new"), 0)
+        assert [m.value for m in queue.scan(topics=["t"])] == [b"new"]  # hidden at once
+        time.sleep(1.0)
+        storage = queue.engine.storage  # type: ignore[attr-defined]
+        storage.reclaim_expired("q")
+        assert list(storage._family("q").keys()) == []  # rows and index entries reclaimed

@@ -19,7 +19,7 @@ def test_every_reader_sees_the_same_messages_with_and_without_the_index(make_que
     assert indexed.info.topic_index and not plain.info.topic_index
     for queue in (plain, indexed):
         for pid in range(2):
-            queue.put([Message("t%d" % (i % 7), b"%d-%d" % (pid, i)) for i in range(300)], pid)
+            queue.put([Message(f"t{i % 7}", b"%d-%d" % (pid, i)) for i in range(300)], pid)
     for topics in (["t3"], ["t1", "t5"], None, ["absent"]):
         for pid in range(2):  # in ID order within a partition (across them, the two queues' times differ)
             read = [[m.value for m in q.scan(topics=topics, partition_id=pid)] for q in (indexed, plain)]

@@ -130,8 +130,12 @@ def create(shell: Shell, name: str, partitions: int, ttl: int, config: dict | No
     settings = {str(k): printable(v) for k, v in (config or {}).items()}
     durability = settings.pop("DURABILITY", settings.pop("hqueue.durability", Durability.SYNC_WAL))
     max_bytes = settings.pop("MAX_MESSAGE_BYTES", None)
-    extra = {"max_message_bytes": int(max_bytes)} if max_bytes else {}
-    shell.admin.create_queue(name, partitions, ttl, settings, durability=durability, **extra)
+    if max_bytes:
+        shell.admin.create_queue(
+            name, partitions, ttl, settings, durability=durability, max_message_bytes=int(max_bytes)
+        )
+    else:
+        shell.admin.create_queue(name, partitions, ttl, settings, durability=durability)
     return f"Created queue {name!r}: {partitions} partitions, ttl {ttl}s, {durability}", None
 
 

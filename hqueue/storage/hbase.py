@@ -39,7 +39,7 @@ connection, since the pool drops a connection that failed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -441,6 +441,23 @@ class HBaseStorage(Storage):
     def delete_meta(self, key: str) -> None:
         with self._connection(f"delete {key!r}") as connection:
             connection.table(self._meta_table).delete((_KV_ROW + key).encode(), columns=[_KV_COLUMN])
+
+    def write_meta(
+        self, puts: Mapping[str, bytes], deletes: Iterable[str] = (), durability: str = Durability.SYNC_WAL
+    ) -> None:
+        """One ``mutateRows`` round trip for the lot (consumer groups' acks)."""
+        wal = durability != Durability.SKIP_WAL
+        batch = [
+            BatchMutation((_KV_ROW + key).encode(), [Mutation(column=_KV_COLUMN, value=value, writeToWAL=wal)])
+            for key, value in puts.items()
+        ]
+        batch += [
+            BatchMutation((_KV_ROW + key).encode(), [Mutation(isDelete=True, column=_KV_COLUMN, writeToWAL=wal)])
+            for key in deletes
+        ]
+        if batch:
+            with self._connection(f"write {len(batch)} metadata key(s)") as connection:
+                connection.client.mutateRows(self._meta_table, batch, {})
 
     def list_meta(self, prefix: str) -> dict[str, bytes]:
         def read(connection):

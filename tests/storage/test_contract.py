@@ -208,3 +208,17 @@ def test_small_metadata_round_trips_and_lists_by_prefix(storage, queue):
     assert storage.list_meta("sub/") == {"sub/q/b": b"2", "sub/r/a": b"3"}
     # metadata never shows up as a queue
     assert [q.name for q in storage.list_queues()] == [queue]
+
+
+def test_metadata_batches_put_and_delete_together(storage, queue):
+    storage.put_meta("g/q/old", b"1")
+    storage.write_meta({"g/q/a": b"A", "g/q/b": b""}, ["g/q/old", "g/q/missing"])
+    assert storage.list_meta("g/q/") == {"g/q/a": b"A", "g/q/b": b""}
+    storage.write_meta({}, ["g/q/a"], Durability.ASYNC_WAL)
+    assert storage.list_meta("g/q/") == {"g/q/b": b""}
+
+
+def test_cells_are_written_and_deleted_in_one_write(storage, queue):
+    storage.write(queue, [cell(1, 1), cell(1, 2)], Durability.SYNC_WAL)
+    storage.write(queue, [cell(1, 3)], Durability.SYNC_WAL, deletes=[cell(1, 1)[0], cell(1, 9)[0]])
+    assert [c[0] for c in storage.scan(queue, *whole(1))] == [cell(1, 2)[0], cell(1, 3)[0]]

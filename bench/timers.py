@@ -75,6 +75,20 @@ def percentiles(lateness: list[int]) -> dict:
     return {"p50_ms": pick(0.5), "p99_ms": pick(0.99), "max_ms": ordered[-1], "early": sum(x < 0 for x in ordered)}
 
 
+def row(system: str, scheduled: int, lateness: list[int], put_rate: float, memory: tuple, cpu: float) -> dict:
+    """One line of the table; ``memory``: MB with 10,000 and with every timer pending."""
+    return {
+        "system": system,
+        "fired": len(lateness),
+        "scheduled": scheduled,
+        **percentiles(lateness),
+        "backlog_put_per_s": put_rate,
+        "mem_10k_mb": memory[0],
+        "mem_pending_mb": memory[1],
+        "broker_cpu_s": cpu,
+    }
+
+
 def paced(rate: int, seconds: float, put) -> int:
     """Call ``put(i)`` ``rate`` times a second for ``seconds``; return how many."""
     count, start = int(rate * seconds), time.monotonic()
@@ -118,16 +132,7 @@ def hqueue_run(workdir: str, durability: str, pending: int, rate: int, seconds: 
             fired = [m for m in queue.scan(start_id, topics=["t"])]
             cpu = cpu_seconds(proc.pid) - cpu_before
         lateness = [m.id.timestamp - dues[m.value] for m in fired]
-        return {
-            "system": f"hqueue {durability}",
-            "fired": len(fired),
-            "scheduled": count,
-            **percentiles(lateness),
-            "backlog_put_per_s": put_rate,
-            "mem_10k_mb": memory_small,
-            "mem_pending_mb": memory_large,
-            "broker_cpu_s": cpu,
-        }
+        return row(f"hqueue {durability}", count, lateness, put_rate, (memory_small, memory_large), cpu)
     finally:
         proc.terminate()
         proc.wait()
@@ -195,16 +200,7 @@ def redis_run(workdir: str, pending: int, rate: int, seconds: float, poll_ms: fl
             for entry_id, fields in client.xrange("fired")
             if not fields[b"m"].startswith(b"backlog")
         ]
-        return {
-            "system": f"redis zset, poll {poll_ms:g} ms",
-            "fired": len(lateness),
-            "scheduled": count,
-            **percentiles(lateness),
-            "backlog_put_per_s": put_rate,
-            "mem_10k_mb": memory_small,
-            "mem_pending_mb": memory_large,
-            "broker_cpu_s": cpu,
-        }
+        return row(f"redis zset, poll {poll_ms:g} ms", count, lateness, put_rate, (memory_small, memory_large), cpu)
     finally:
         poller.kill()
         proc.terminate()

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from .config import DEFAULT_MAX_MESSAGE_BYTES, Durability, QueueInfo, QueueState, validate_queue_name
+from .config import DEFAULT_MAX_MESSAGE_BYTES, PRIORITIES_KEY, Durability, QueueInfo, QueueState, validate_queue_name
 from .connection import Connected
 from .errors import QueueNotFound
 from .message import Message, MessageID, _as_topic, topics_of_keys
@@ -40,6 +40,7 @@ class HQueueAdmin(Connected):
         durability: str = Durability.SYNC_WAL,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         topic_index: bool = False,
+        priorities: int = 1,
     ) -> QueueInfo:
         """Create a queue.
 
@@ -55,6 +56,11 @@ class HQueueAdmin(Connected):
                 topics then costs their rows only, whatever else the queue
                 holds; each put writes every message twice (config
                 ``hqueue.topicIndex``).
+            priorities: Priority tiers (SPEC X4): the partitions are split
+                into this many equal bands, tier 0 (lowest) first; a put
+                with ``priority=t`` goes to band t, and consumer groups serve
+                higher tiers first without starving lower ones. Must divide
+                ``partitions`` (config ``hqueue.priorities``).
 
         Raises:
             QueueExists, InvalidQueueName, TypeError, ValueError.
@@ -64,7 +70,9 @@ class HQueueAdmin(Connected):
             partitions=partitions,
             ttl=ttl,
             durability=durability,
-            config=dict(config or {}) | ({"hqueue.topicIndex": "true"} if topic_index else {}),
+            config=dict(config or {})
+            | ({"hqueue.topicIndex": "true"} if topic_index else {})
+            | ({PRIORITIES_KEY: str(priorities)} if priorities != 1 else {}),
             max_message_bytes=max_message_bytes,
         )
         self.engine.create_queue(info)

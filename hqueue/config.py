@@ -68,6 +68,10 @@ class Durability:
         return value  # type: ignore[return-value]
 
 
+#: The config key of a queue's priority tiers (QueueInfo.priorities).
+PRIORITIES_KEY = "hqueue.priorities"
+
+
 class QueueState:
     """Whether a queue takes puts and scans."""
 
@@ -103,6 +107,11 @@ class QueueInfo:
     def __post_init__(self) -> None:
         validate_queue_name(self.name)
         _check_int("partitions", self.partitions, 1, MAX_PARTITIONS)
+        tiers = self.config.get(PRIORITIES_KEY, "1") if isinstance(self.config, dict) else "1"
+        if not tiers.isdigit() or not 1 <= int(tiers) <= self.partitions or self.partitions % int(tiers):
+            raise InvalidArgument(
+                f"'priorities' must be 1..partitions and divide the partitions ({self.partitions}), got {tiers!r}"
+            )
         _check_int("ttl", self.ttl, 0, 2**31 - 1)
         _check_int("max_message_bytes", self.max_message_bytes, 1, 2**31 - 1)
         Durability.validate(self.durability)
@@ -119,6 +128,24 @@ class QueueInfo:
     def partitions_per_region(self) -> int:
         """HBase pre-split granularity (``hbase.hqueue.partitionsPerRegion``)."""
         return max(1, int(self.config.get("hbase.hqueue.partitionsPerRegion", "1")))
+
+    @property
+    def priorities(self) -> int:
+        """Priority tiers (``hqueue.priorities``, SPEC X4): the partitions split into this many equal bands."""
+        return int(self.config.get(PRIORITIES_KEY, "1"))
+
+    def tier_of(self, partition_id: int) -> int:
+        """The priority tier a partition serves (0 is the lowest)."""
+        return partition_id // (self.partitions // self.priorities)
+
+    def tier_partitions(self, priority: int) -> range:
+        """The partitions of priority tier ``priority``."""
+        if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority < self.priorities:
+            raise InvalidArgument(
+                f"'priority' must be in 0..{self.priorities - 1} for queue {self.name!r}, got {priority!r}"
+            )
+        band = self.partitions // self.priorities
+        return range(priority * band, (priority + 1) * band)
 
     @property
     def topic_index(self) -> bool:

@@ -41,6 +41,7 @@ from .timers import (
     TimerService,
     due_of,
     high_water_key,
+    id_of,
     one_timer_range,
     pending_range,
     timer_cell_keys,
@@ -486,10 +487,7 @@ class Engine:
     def pending_timers(self, name: str, partition_id: int, limit: int = 1000) -> list[tuple[Timer, Message]]:
         """The partition's pending timers, earliest first (for inspection)."""
         cells = self.storage.scan(name, *pending_range(partition_id), None, limit)
-        return [
-            (Timer(partition_id, due_of(key), MessageID.from_bytes(key[12:22])), Message(topic_of(key), value))
-            for key, value in cells
-        ]
+        return [(Timer(partition_id, due_of(key), id_of(key)), Message(topic_of(key), value)) for key, value in cells]
 
     def fire_timers(self, name: str, partition_id: int, now: int, limit: int) -> tuple[int, int | None]:
         """Deliver the partition's timers due at ``now`` or before (at most ``limit``).

@@ -55,6 +55,7 @@ from .lag import partition_lag
 from .message import ROWKEY_LENGTH, Message, MessageID, messages_from_columns, partition_prefix
 
 if TYPE_CHECKING:
+    from .config import QueueInfo
     from .coordination import Coordinator
     from .engine import Engine
     from .storage import Storage
@@ -67,6 +68,8 @@ DEFAULT_MAX_RETRIES = 16
 DEFAULT_MAX_SPAN = 10_000
 #: A member that has not called receive for this long has left.
 MEMBER_TIMEOUT = 10.0
+#: One receive in this many serves the lowest priority tier first (no starvation).
+STARVE_GUARD = 4
 #: The backoff of a nack without a delay: 1 s, doubling per retry, at most 10 minutes.
 BACKOFF_BASE, BACKOFF_MAX = 1.0, 600.0
 _GROUP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
@@ -223,6 +226,20 @@ class _Group:
         for member in [m for m, seen in self.members.items() if now - seen > MEMBER_TIMEOUT]:
             del self.members[member]
         return sorted(self.members)
+
+
+def served_order(partitions: list[int], info: QueueInfo, turn: int) -> list[int]:
+    """The order a receive visits a member's partitions: in turn within a tier, and
+    the highest priority tier first, except one receive in ``STARVE_GUARD``, which
+    starts at the lowest, so that lower tiers are never starved (SPEC X4)."""
+    if not partitions:
+        return partitions
+    shift = turn % len(partitions)
+    rotated = partitions[shift:] + partitions[:shift]
+    if info.priorities == 1:
+        return rotated
+    highest_first = turn % STARVE_GUARD != 0
+    return sorted(rotated, key=info.tier_of, reverse=highest_first)  # stable: keeps the turn within a tier
 
 
 def assigned(members: list[str], member: str, partitions: int) -> list[int]:
@@ -387,9 +404,8 @@ class GroupService:
             group.members[member] = now
             members = group.live_members(now)
             mine = [p for p in assigned(members, member, info.partitions) if self.coordinator.owns(group.queue, p)]
-            if mine:
-                group.turn = (group.turn + 1) % len(mine)
-                mine = mine[group.turn :] + mine[: group.turn]
+            group.turn += 1
+            mine = served_order(mine, info, group.turn)
             for pid in mine:
                 if len(keys) >= limit:
                     break

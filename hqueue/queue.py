@@ -15,7 +15,7 @@ from .config import QueueInfo
 from .connection import Connected
 from .consumer import Consumer
 from .engine import check_partition
-from .errors import InvalidArgument
+from .errors import InvalidArgument, InvalidPartition
 from .groups import DEFAULT_LEASE, DEFAULT_MAX_RETRIES
 from .message import Message, MessageID
 from .scanner import DEFAULT_CACHING, CombinedPartitionScanner, PartitionScanner, QueueScanner, Scan, read_columns
@@ -86,6 +86,7 @@ class HQueue(Connected):
         key: bytes | str | None = None,
         deliver_at: None = None,
         delay: None = None,
+        priority: int | None = None,
     ) -> list[MessageID]: ...
 
     @overload
@@ -97,6 +98,7 @@ class HQueue(Connected):
         key: bytes | str | None = None,
         deliver_at: datetime | int | None = None,
         delay: float | None = None,
+        priority: int | None = None,
     ) -> list[MessageID] | list[Timer]: ...
 
     def put(
@@ -107,6 +109,7 @@ class HQueue(Connected):
         key: bytes | str | None = None,
         deliver_at: datetime | int | None = None,
         delay: float | None = None,
+        priority: int | None = None,
     ) -> list[MessageID] | list[Timer]:
         """Write one message or a batch; return the IDs the server gave them.
 
@@ -123,6 +126,11 @@ class HQueue(Connected):
                 written to the partition with fresh IDs. Returns
                 :class:`~hqueue.timers.Timer` handles for :meth:`cancel`.
             delay: As ``deliver_at``, in seconds from now.
+            priority: On a queue with priority tiers (``create_queue(...,
+                priorities=N)``), the tier, 0 (the default, lowest) to N-1:
+                the batch goes to a partition of that tier's band (by
+                ``key`` within it, if given), and consumer groups serve
+                higher tiers first.
 
         Raises:
             QueueNotFound, QueueDisabled, InvalidPartition, InvalidMessage,
@@ -132,12 +140,15 @@ class HQueue(Connected):
         if not isinstance(batch, Sequence) or isinstance(batch, (str, bytes)):
             raise TypeError(f"'messages' must be a Message or a sequence of them, not {type(messages).__name__}")
         info = self.engine.enabled_queue(self.name)
-        if key is not None:
-            if partition_id is not None:
-                raise TypeError("give 'partition_id' or 'key', not both")
-            partition_id = partition_for_key(key, info.partitions)
-        elif partition_id is None:
-            partition_id = random.randrange(info.partitions)
+        if key is not None and partition_id is not None:
+            raise TypeError("give 'partition_id' or 'key', not both")
+        if partition_id is None:
+            band = info.tier_partitions(priority or 0) if info.priorities > 1 or priority else range(info.partitions)
+            partition_id = band.start + (
+                partition_for_key(key, len(band)) if key is not None else random.randrange(len(band))
+            )
+        elif priority is not None and info.tier_of(check_partition(info, partition_id)) != priority:
+            raise InvalidPartition(f"partition {partition_id} of {self.name!r} is not in priority tier {priority}")
         check_partition(info, partition_id)
         if deliver_at is not None or delay is not None:
             return self.engine.schedule(self.name, batch, partition_id, due_ms(deliver_at, delay))

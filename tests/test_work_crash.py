@@ -88,17 +88,35 @@ class Produced:
                 time.sleep(0.002)
 
 
-def _check_group(received: list[tuple], acks: list[tuple], produced: set) -> tuple[int, int]:
-    """(messages delivered more than once, deliveries after an acknowledged ack: must be 0)."""
-    first_ack: dict[tuple, int] = {}
-    for order, key in acks:
-        first_ack.setdefault(key, order)
-    delivered = collections.Counter(key for _, key in received)
-    missing = produced - set(delivered)
-    assert not missing, f"{len(missing)} of {len(produced)} acknowledged messages never delivered"
-    again = [key for order, key in received if key in first_ack and order > first_ack[key]]
-    assert again == [], f"{len(again)} deliveries after an acknowledged ack, e.g. {again[:3]}"
-    return sum(1 for n in delivered.values() if n > 1), len(again)
+class Log:
+    """What the members received and acked, in one order (as the test saw the lines)."""
+
+    def __init__(self) -> None:
+        self.clock = iter(range(10**9))
+        self.received: list[tuple] = []
+        self.acks: list[tuple] = []
+        self.lock = threading.Lock()
+
+    def add(self, kind: str, keys) -> None:
+        with self.lock:
+            (self.received if kind == "R" else self.acks).extend((next(self.clock), key) for key in keys)
+
+    def all_acked(self, produced: set) -> bool:
+        with self.lock:
+            return len({key for _, key in self.acks}) >= len(produced)
+
+    def check(self, produced: set) -> int:
+        """Messages delivered more than once; fails if one was never delivered, or came after its ack."""
+        with self.lock:
+            first_ack: dict[tuple, int] = {}
+            for order, key in self.acks:
+                first_ack.setdefault(key, order)
+            delivered = collections.Counter(key for _, key in self.received)
+            missing = produced - set(delivered)
+            assert not missing, f"{len(missing)} of {len(produced)} acknowledged messages never delivered"
+            again = [key for order, key in self.received if key in first_ack and order > first_ack[key]]
+            assert again == [], f"{len(again)} deliveries after an acknowledged ack, e.g. {again[:3]}"
+            return sum(1 for n in delivered.values() if n > 1)
 
 
 def test_kill_9_consumers_under_load_every_message_is_delivered_and_an_ack_holds(tmp_path):
@@ -106,10 +124,7 @@ def test_kill_9_consumers_under_load_every_message_is_delivered_and_an_ack_holds
     url = f"hqueue://{server.address}"
     with HQueueAdmin(url) as admin:
         admin.create_queue("work", 4)
-    clock = iter(range(10**9))  # one order over every consumer's lines, as the test reads them
-    received: list[tuple] = []
-    acks: list[tuple] = []
-    lock = threading.Lock()
+    log = Log()  # one order over every consumer's lines, as the test reads them
 
     def consumer() -> subprocess.Popen:
         proc = _python("-m", "tests.helpers.group_consumer", url, "work", "g", "2", "0.02")
@@ -120,8 +135,7 @@ def test_kill_9_consumers_under_load_every_message_is_delivered_and_an_ack_holds
                 if not line.endswith("\n"):
                     break  # cut by the kill
                 kind, pid, ts, seq, *_ = line.split()
-                with lock:
-                    (received if kind == "R" else acks).append((next(clock), (int(pid), int(ts), int(seq))))
+                log.add(kind, [(int(pid), int(ts), int(seq))])
 
         threading.Thread(target=read, daemon=True).start()
         return proc
@@ -136,12 +150,11 @@ def test_kill_9_consumers_under_load_every_message_is_delivered_and_an_ack_holds
         members.append(consumer())
     producer.thread.join(timeout=120)
     assert producer.errors == []
-    wait_for(lambda: len({k for _, k in acks}) >= len(producer.acked), 90, "every message to be acked")
+    wait_for(lambda: log.all_acked(producer.acked), 90, "every message to be acked")
     for proc in members:
         proc.kill()
         proc.wait()
-    with lock:
-        twice, _ = _check_group(received, acks, producer.acked)
+    twice = log.check(producer.acked)
     print(
         f"\nconsumer crash test: 3 kill -9, {len(producer.acked)} acknowledged puts, 0 never delivered, "
         f"0 delivered after an ack, {twice} delivered twice (leases of killed consumers)"
@@ -154,10 +167,7 @@ def test_kill_9_the_server_under_group_load_acked_messages_never_come_back(tmp_p
     url = f"hqueue://{server.address}?timeout=5"
     with HQueueAdmin(url) as admin:
         admin.create_queue("work", 4)
-    clock = iter(range(10**9))
-    received: list[tuple] = []
-    acks: list[tuple] = []
-    lock = threading.Lock()
+    log = Log()
     stop = threading.Event()
 
     def consume() -> None:
@@ -165,13 +175,11 @@ def test_kill_9_the_server_under_group_load_acked_messages_never_come_back(tmp_p
             while not stop.is_set():
                 try:
                     deliveries = member.receive(50, wait=0.5)
-                    with lock:
-                        received.extend((next(clock), (d.partition_id, *d.id)) for d in deliveries)
+                    log.add("R", [(d.partition_id, *d.id) for d in deliveries])
                     if deliveries:
                         time.sleep(0.01)  # the work: a crash often lands while messages are held
                         member.ack(deliveries)
-                        with lock:
-                            acks.extend((next(clock), (d.partition_id, *d.id)) for d in deliveries)
+                        log.add("A", [(d.partition_id, *d.id) for d in deliveries])
                 except Exception:
                     time.sleep(0.1)  # the server is down: unacked ones come back after its restart
 
@@ -185,12 +193,11 @@ def test_kill_9_the_server_under_group_load_acked_messages_never_come_back(tmp_p
         server.start()  # same port
     producer.thread.join(timeout=120)
     assert producer.errors == []
-    wait_for(lambda: len({k for _, k in acks}) >= len(producer.acked), 90, "every message to be acked")
+    wait_for(lambda: log.all_acked(producer.acked), 90, "every message to be acked")
     stop.set()
     for thread in threads:
         thread.join(timeout=30)
-    with lock:
-        twice, _ = _check_group(received, acks, producer.acked)
+    twice = log.check(producer.acked)
     print(
         f"\nserver crash under groups: 2 kill -9, {len(producer.acked)} acknowledged puts, 0 never delivered, "
         f"0 delivered after an ack, {twice} delivered twice (in flight at a crash)"

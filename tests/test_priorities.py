@@ -57,3 +57,30 @@ def test_tiers_survive_a_reopen(tmp_path):
         admin.create_queue("q", 4, priorities=2)
     with HQueueAdmin(url) as admin:
         assert admin.describe_queue("q")["config"] == {"hqueue.priorities": "2"}
+
+
+def test_push_subscriptions_deliver_the_highest_tier_first(tmp_path):
+    from hqueue import HQueue, Subscription
+    from hqueue.server import HQueueServer
+
+    from .processes import wait_for
+    from .test_subscriber import Collect
+
+    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
+    url = f"hqueue://{server.address}"
+    try:
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("jobs", 2, priorities=2)
+            admin.add_subscriber("jobs", "worker")  # registered, away: work piles up
+        with HQueue("jobs", url) as queue:
+            for _ in range(5):
+                queue.put([Message("t", b"low")] * 100, priority=0)
+                queue.put([Message("t", b"high")] * 100, priority=1)
+            listener = Collect()
+            with queue.create_subscriber(Subscription("worker"), [listener]):
+                wait_for(lambda: len(listener.messages) == 1000, 20, "everything to arrive")
+        values = listener.values()
+        assert values[0] == b"high"  # the high tier's partition went first
+        assert values.index(b"low") > 0 and values.count(b"low") == 500  # and the low tier all the same
+    finally:
+        server.stop()

@@ -52,6 +52,7 @@ from ..coordination.registry import Registration, SubscriberNotFound, Subscriber
 from ..deadletters import dead_letter, dead_letter_queue
 from ..engine import Engine
 from ..errors import HQueueError
+from ..groups import STARVE_GUARD
 from ..message import Message, MessageID
 from ..rpc import wire
 from ..scanner import Scan
@@ -221,6 +222,7 @@ class SubscriberLoop(threading.Thread):
         self._stopped = False
         self._client: Any = None
         self._client_address: str | None = None
+        self._picks = 0
 
     # -- scheduling (any thread) -----------------------------------------------------------
 
@@ -271,12 +273,26 @@ class SubscriberLoop(threading.Thread):
                     if worker.partition_id in self.workers and self.workers[worker.partition_id] is worker:
                         self._ready_now(worker)
                 if self._ready:
-                    worker = self._ready.popleft()
+                    worker = self._pick()
                     worker.queued = worker.dirty = False  # a write from here on wakes it again
                     return worker
                 if self._stopped and not self.workers:
                     return None
                 self._cond.wait(self._timers[0][0] - now if self._timers else None)
+
+    def _pick(self) -> PartitionWorker:
+        """The next ready worker: in turn, but on a queue with priority tiers the highest
+        tier's first, except one pick in STARVE_GUARD (SPEC X4). Call under the lock."""
+        self._picks += 1
+        try:
+            info = self.manager.engine.queue_info(self.queue)
+        except HQueueError:
+            info = None
+        if info is None or info.priorities == 1 or self._picks % STARVE_GUARD == 0:
+            return self._ready.popleft()
+        best = max(self._ready, key=lambda w: info.tier_of(w.partition_id))  # the first of the highest tier
+        self._ready.remove(best)
+        return best
 
     def run(self) -> None:
         while (worker := self._next()) is not None:

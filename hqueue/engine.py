@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from . import topic_index
 from .config import MAX_TOPIC_BYTES, InfoCache, QueueInfo
 from .errors import HQueueError, InvalidMessage, InvalidPartition, MessageTooLarge, QueueEnabled
-from .groups import forget_groups
+from .groups import GroupService, forget_groups
 from .ids import IDAllocator, consecutive, runs
 from .message import (
     MAX_SEQUENCE,
@@ -51,7 +51,6 @@ from .topic_index import index_cells
 
 if TYPE_CHECKING:
     from .coordination import Coordinator
-    from .groups import GroupService
     from .local_subscriptions import LocalSubscriptions
 
 #: The qualifier of the cell that keeps a partition's highest timer write ID.
@@ -136,6 +135,7 @@ class Engine:
     def __init__(self, storage: Storage, registry_key: str | None = None) -> None:
         self.timers: TimerService | None = None
         self.groups: GroupService | None = None
+        self._serving_lock = threading.Lock()
         self.storage = storage
         self._registry_key = registry_key
         self._lock = threading.Lock()
@@ -166,16 +166,20 @@ class Engine:
             if engine is None:
                 engine = cls._registry[url] = cls(open_storage(url), registry_key=url)
             engine._refs += 1
-        if serve and engine.timers is None:
-            from .coordination.local import LocalCoordinator
-
-            engine.serve_partitions(LocalCoordinator("in-process"))
+        if serve:
+            engine._serve_locally()
         return engine
+
+    def _serve_locally(self) -> None:
+        """Own every partition in this process, unless something (a server) already serves them."""
+        from .coordination.local import LocalCoordinator
+
+        with self._serving_lock:
+            if self.timers is None:
+                self.serve_partitions(LocalCoordinator("in-process"))
 
     def serve_partitions(self, coordinator: Coordinator) -> None:
         """Fire the timers and keep the consumer groups of the partitions ``coordinator`` says this process owns."""
-        from .groups import GroupService
-
         with self._lock:
             old = self.timers, self.groups
             self.timers = TimerService(self, coordinator, lambda: [(q.name, q.partitions) for q in self.list_queues()])

@@ -20,6 +20,11 @@ in place of the in-process engine, so the whole Python API works the same.
 * URL: ``hqueue://[TOKEN@]host:port[,host:port…][?timeout=S&tls=1&ca=FILE]``.
   With a token (or ``token=``, or ``$HQUEUE_TOKEN``) every connection
   authenticates first; ``tls=1`` (or ``ca=``) speaks TLS.
+* Timer puts and cancels go to the partition's owner, as puts do.
+* A consumer-group member asks every partition owner for work
+  (``groupReceive``: each owner serves its own partitions' share; one long
+  poll at a time), and sends acks and nacks to each message's owner. Owners
+  are cached for :data:`LOCATION_REFRESH` seconds, or until a call fails.
 * Scanners are server-side (``messageScannerOpen``/``GetList``/``Close``),
   ``caching`` messages a round trip, freed by close or the server's idle
   timeout.

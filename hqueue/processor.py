@@ -123,21 +123,17 @@ class _Worker:
         self.failures: dict[MessageID, int] = {}
         self.busy_since: float | None = None
         self.current: Delivery | None = None
-        self.generation = 0
+        #: Bumped when a stuck handler is abandoned: the old thread's results are ignored.
+        self.generation = 1
         self.lock = threading.Lock()  # the handler's end against its timeout
         self._start()
 
     def _start(self) -> None:
-        self.generation += 1
+        """Run the worker loop in a new thread, as generation ``self.generation``."""
         self.thread = threading.Thread(
             target=self._run, args=(self.generation,), name=f"hqueue-processor-{self.index}", daemon=True
         )
         self.thread.start()
-
-    def replace(self) -> None:
-        """The handler is stuck in the current thread: give up on it, and go on in a new one."""
-        self.busy_since, self.current = None, None
-        self._start()
 
     def _run(self, generation: int) -> None:
         processor = self.processor
@@ -151,7 +147,12 @@ class _Worker:
             if key in self.parked and not resumed:  # behind a failed message of its key: keep the order
                 self.parked[key].append(delivery)
                 continue
-            self._handle(delivery, key, generation)
+            try:
+                self._handle(delivery, key, generation)
+            except Exception:  # the dead-letter queue could not be written: keep the message, try again
+                logger.exception("processor: message %s could not be finished; trying again in 1s", delivery.id)
+                self.parked.setdefault(key, deque()).appendleft(delivery)
+                heapq.heappush(self.parked_until, (time.monotonic() + 1.0, next(processor.counter), key))
 
     def _next(self) -> tuple[Delivery | None, bool]:
         """The next delivery, and whether it is a set-aside key's turn again."""
@@ -224,15 +225,21 @@ class _Worker:
         heapq.heappush(self.parked_until, (time.monotonic() + delay, next(processor.counter), key))
 
     def timed_out(self, delivery: Delivery, started: float) -> None:
-        """The handler ran past the timeout: fail its message without a retry, and go on."""
+        """The handler ran past the timeout: fail its message without a retry, and go on
+        in a new thread (the stuck call is abandoned: a thread cannot be killed)."""
         with self.lock:
             if self.current is not delivery or self.busy_since != started:
                 return  # it finished meanwhile
-            self.replace()
+            self.generation += 1  # the stuck thread's result is ignored from now on
+            self.current, self.busy_since = None, None
+        # No worker thread runs now: the set-aside keys are this thread's to touch.
         key = self.processor.key(delivery.message)
-        self.processor.dead_letter(delivery, f"timed out after {self.processor.timeout}s")
-        if key in self.parked:
-            self.inbox_front(key)
+        try:
+            self.processor.dead_letter(delivery, f"timed out after {self.processor.timeout}s")
+        finally:
+            if key in self.parked:
+                self.inbox_front(key)
+            self._start()
 
 
 class Processor:

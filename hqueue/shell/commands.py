@@ -321,8 +321,7 @@ def delete_subscriber(shell: Shell, name: str, queue: str) -> Result:
     group="subscribers",
 )
 def list_subscribers(shell: Shell, queue: str) -> Result:
-    names = shell.admin.list_subscribers(queue)
-    return "\n".join(names), len(names)
+    return listing(shell.admin.list_subscribers(queue))
 
 
 @command(
@@ -377,7 +376,11 @@ def replay_dlq(shell: Shell, queue: str) -> Result:
     group="groups",
 )
 def list_groups(shell: Shell, queue: str) -> Result:
-    names = shell.admin.list_groups(queue)
+    return listing(shell.admin.list_groups(queue))
+
+
+def listing(names: list[str]) -> Result:
+    """One name a line, and how many."""
     return "\n".join(names), len(names)
 
 

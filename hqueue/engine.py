@@ -20,20 +20,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from . import topic_index
 from .config import MAX_TOPIC_BYTES, InfoCache, QueueInfo
-from .coordination.registry import successor
 from .errors import HQueueError, InvalidMessage, InvalidPartition, MessageTooLarge, QueueEnabled
 from .groups import GroupService, forget_groups
 from .ids import IDAllocator, consecutive, runs
-from .indexer import Indexer
 from .message import (
     MAX_SEQUENCE,
-    ROWKEY_LENGTH,
     Message,
     MessageID,
     cell_keys,
     decode_rowkey,
     messages_from_columns,
-    partition_prefix,
     topics_of,
     values_of,
 )
@@ -140,8 +136,6 @@ class Engine:
         self.timers: TimerService | None = None
         self.groups: GroupService | None = None
         self._serving_lock = threading.Lock()
-        self._index_locks: dict[str, threading.Lock] = {}
-        self.indexer: Indexer | None = None
         self.storage = storage
         self._registry_key = registry_key
         self._lock = threading.Lock()
@@ -186,18 +180,15 @@ class Engine:
 
     def serve_partitions(self, coordinator: Coordinator) -> None:
         """Fire the timers and keep the consumer groups of the partitions ``coordinator`` says this process owns."""
-        queues = lambda: [(q.name, q.partitions) for q in self.list_queues()]  # noqa: E731
         with self._lock:
-            old = self.timers, self.groups, self.indexer
-            self.timers = TimerService(self, coordinator, queues)
+            old = self.timers, self.groups
+            self.timers = TimerService(self, coordinator, lambda: [(q.name, q.partitions) for q in self.list_queues()])
             self.groups = GroupService(self, coordinator)
-            self.indexer = Indexer(self, coordinator, queues)
         for service in old:
             if service is not None:
                 service.stop()
         self.timers.start()
         self.groups.start()
-        self.indexer.start()
 
     def release(self) -> None:
         """Drop one reference from :meth:`acquire`; the last one closes."""
@@ -209,7 +200,7 @@ class Engine:
         self.close()
 
     def close(self) -> None:
-        for service in (self.timers, self.groups, self.indexer):
+        for service in (self.timers, self.groups):
             if service is not None:
                 service.stop()
         if self._local_subscriptions is not None:
@@ -321,7 +312,7 @@ class Engine:
     def truncate_queue(self, name: str) -> None:
         """Delete all messages; IDs given later stay above every old one."""
         info = self.queue_info(name, fresh=True)
-        locks = [self._index_lock(name)] + [self._partition_lock(name, pid) for pid in range(info.partitions)]
+        locks = [self._partition_lock(name, pid) for pid in range(info.partitions)]
         for lock in locks:
             lock.acquire()
         try:
@@ -452,7 +443,10 @@ class Engine:
         ID order: subscribers and tailing scanners rely on it.
         """
         first = self._allocator(info, partition_id).reserve(len(topics))
-        cells = list(zip(cell_keys(partition_id, runs(first, len(topics)), topics), values, strict=False))
+        keys = cell_keys(partition_id, runs(first, len(topics)), topics)
+        cells = list(zip(keys, values, strict=False))
+        if info.topic_index:  # each message's index entry, in the same atomic write
+            cells += index_cells(keys, values)
         self.storage.write(info.name, cells, info.durability, deletes)
         return first
 
@@ -545,57 +539,23 @@ class Engine:
     def _scan_index(
         self, name: str, start_key: bytes, stop_key: bytes, topics: Collection[bytes], limit: int
     ) -> list[tuple[bytes, bytes]]:
-        """A topic-filtered scan: each topic's index entries below the partition's
-        indexed-to mark, then the rows above it, filtered (topic_index.py, indexer.py)."""
-        boundary = start_key[:2] + self._indexed_to(name, start_key[:2])
+        """A topic-filtered scan through the topic index: each topic's entries only (topic_index.py)."""
         found: list[tuple[bytes, bytes]] = []
-        if start_key < boundary:
-            for topic in topics:
-                start, stop = topic_index.index_range(start_key, min(stop_key, boundary), topic)
-                taken = 0
-                while taken < limit:
-                    asked = limit - taken
-                    cells = self.storage.scan(name, start, stop, None, asked)
-                    mine = [(topic_index.message_key(k), v) for k, v in cells if topic_index.entry_topic(k) == topic]
-                    found += mine
-                    taken += len(mine)
-                    if len(cells) < asked:  # the end of this topic's entries
-                        break
-                    start = cells[-1][0] + b"\x00"  # some were another topic's (a hash collision): go on
-            if len(topics) > 1:
-                found.sort()
-            found = found[:limit]
-        if len(found) < limit and stop_key > boundary:  # the rows not indexed yet
-            found += self.storage.scan(name, max(start_key, boundary), stop_key, topics, limit - len(found))
-        return found
-
-    def _indexed_to(self, name: str, prefix: bytes) -> bytes:
-        """The first ID (10 bytes) of the partition not indexed yet; b"" before any."""
-        cells = self.storage.scan(name, *topic_index.mark_range(prefix), None, 1)
-        return cells[0][1] if cells else b""
-
-    def _index_lock(self, name: str) -> threading.Lock:
-        """Held while a batch is indexed, and by truncate (which must not race an index write)."""
-        with self._lock:
-            return self._index_locks.setdefault(name, threading.Lock())
-
-    def index_partition(self, name: str, partition_id: int, limit: int) -> tuple[int, bool]:
-        """Index the partition's next ``limit`` rows at most; (how many, whether more wait)."""
-        info = self.queue_info(name)
-        if not info.topic_index:
-            return 0, False
-        prefix = partition_prefix(partition_id)
-        with self._index_lock(name):
-            start = prefix + self._indexed_to(name, prefix)
-            cells = self.storage.scan(name, start, partition_prefix(partition_id + 1), None, limit)
-            if not cells:
-                return 0, False
-            keys = [key for key, _ in cells]
-            entries = index_cells(keys, [value for _, value in cells])
-            mark = successor(decode_rowkey(keys[-1][:ROWKEY_LENGTH])[1]).to_bytes()
-            entries.append((topic_index.mark_key(prefix), mark))
-            self.storage.write(name, entries, info.durability)
-        return len(cells), len(cells) == limit
+        for topic in topics:
+            start, stop = topic_index.index_range(start_key, stop_key, topic)
+            taken = 0
+            while taken < limit:
+                asked = limit - taken
+                cells = self.storage.scan(name, start, stop, None, asked)
+                mine = [(topic_index.message_key(k), v) for k, v in cells if k[topic_index.HEAD_LENGTH + 10 :] == topic]
+                found += mine
+                taken += len(mine)
+                if len(cells) < asked:  # the end of this topic's entries
+                    break
+                start = cells[-1][0] + b"\x00"  # some were another topic's (a hash collision): go on
+        if len(topics) > 1:
+            found.sort()
+        return found[:limit]
 
     def partition_locations(self, name: str) -> list[str]:
         """Where each partition is served: "" for all (this process reads them itself)."""

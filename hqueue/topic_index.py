@@ -1,9 +1,9 @@
 """The per-topic index (SPEC X4): reading one topic costs that topic's rows only.
 
-A queue made with ``topic_index=True`` (config ``hqueue.topicIndex``) keeps,
-besides each message's row, an index entry in the same table, under the
-prefix ``0xFFFF`` (above every partition and timer range), written behind
-the puts by the partition's owner (indexer.py)::
+A queue made with ``topic_index=True`` (config ``hqueue.topicIndex``) writes
+each message twice in one atomic write: its row, and an index entry in the
+same table, under the prefix ``0xFFFF`` (above every partition and timer
+range)::
 
     0xFFFF + pid (2) + hash(topic) (8 bytes of BLAKE2b) + ID (10) + topic  ->  value
 
@@ -57,26 +57,6 @@ def index_cells(keys: Sequence[bytes], values: Sequence[bytes]) -> list[tuple[by
     return cells
 
 
-def entry_topic(index_key: bytes) -> bytes:
-    return index_key[HEAD_LENGTH + 10 :]
-
-
-#: A partition's indexed-to mark lives in its timer range (timers.py), above every due time.
-_MARK_DUE = 2**64 - 2
-_MARK_QUALIFIER = b"indexed-to"
-
-
-def mark_key(partition_prefix: bytes) -> bytes:
-    """The cell holding the first ID of the partition not indexed yet (indexer.py)."""
-    pid = int.from_bytes(partition_prefix, "big")
-    return (pid | 0x8000).to_bytes(2, "big") + _MARK_DUE.to_bytes(8, "big") + bytes(2) + _MARK_QUALIFIER
-
-
-def mark_range(partition_prefix: bytes) -> tuple[bytes, bytes]:
-    key = mark_key(partition_prefix)
-    return key, key + b"\x00"
-
-
 def _after(head: bytes) -> bytes:
     return (int.from_bytes(head, "big") + 1).to_bytes(len(head), "big")
 
@@ -86,6 +66,11 @@ def index_range(start_key: bytes, stop_key: bytes, topic: bytes) -> tuple[bytes,
     head = topic_head(start_key[:2], topic)
     stop = head + stop_key[2:] if stop_key[:2] == start_key[:2] and len(stop_key) > 2 else _after(head)
     return head + start_key[2:], stop
+
+
+def message_keys(index_keys: Sequence[bytes], topic: bytes) -> list[int]:
+    """Positions of the entries that really are ``topic``'s (a hash may collide)."""
+    return [i for i, key in enumerate(index_keys) if key[HEAD_LENGTH + 10 :] == topic]
 
 
 def message_key(index_key: bytes) -> bytes:

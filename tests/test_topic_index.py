@@ -55,16 +55,9 @@ def test_a_topic_read_touches_only_that_topic_s_rows():
 
     engine.create_queue(QueueInfo("q", 1, config={"hqueue.topicIndex": "true"}))
     engine.put("q", [Message("big", b"x")] * 5000 + [Message("small", b"y")] * 3, 0)
-    while engine.index_partition("q", 0, 1000)[1]:  # what the indexer does behind the puts
-        pass
     storage.returned = 0
     messages = engine.scan("q", b"\x00\x00", b"\x00\x01", frozenset([b"small"]), 1000)
-    assert len(messages) == 3 and storage.returned == 3 + 1  # the topic's entries, and the indexed-to mark
-    engine.put("q", [Message("big", b"x")] * 10 + [Message("small", b"z")], 0)  # not indexed yet
-    storage.returned = 0
-    messages = engine.scan("q", b"\x00\x00", b"\x00\x01", frozenset([b"small"]), 1000)
-    assert [m.value for m in messages] == [b"y"] * 3 + [b"z"]  # exact: the index, then the new rows
-    assert storage.returned == 3 + 1 + 1  # …of which only the matching one comes back from the store
+    assert len(messages) == 3 and storage.returned == 3
     engine.close()
 
 
@@ -75,32 +68,6 @@ class CountingStorage(MemoryStorage):
         cells = super().scan(*args, **kwargs)
         self.returned += len(cells)
         return cells
-
-
-def wait_for(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-
-
-def test_the_indexer_catches_up_behind_the_puts_and_reads_stay_exact(tmp_path):
-    from hqueue import HQueue, HQueueAdmin
-
-    url = "local://" + str(tmp_path / "data")
-    with HQueueAdmin(url) as admin:
-        admin.create_queue("q", 2, topic_index=True)
-    with HQueue("q", url) as queue:
-        for round_ in range(3):
-            queue.put([Message(f"t{i % 50}", b"%d-%d" % (round_, i)) for i in range(2000)], round_ % 2)
-            assert len(list(queue.scan(topics=["t7"]))) == 40 * (round_ + 1)  # exact, indexed or not
-        engine = queue.engine
-        wait_for(engine.indexer.idle)  # type: ignore[attr-defined]
-        entries = [k for k in engine.storage._family("q").keys() if k[:2] == b"\xff\xff"]  # type: ignore[attr-defined]
-        assert len(entries) == 6000
-    with HQueue("q", url) as queue:  # a reopened store goes on from its marks
-        queue.put([Message("t7", b"late")], 0)
-        assert [m.value for m in queue.scan(topics=["t7"])][-1] == b"late"
 
 
 def test_index_keys_map_back_to_message_keys():
@@ -124,9 +91,6 @@ def test_expired_messages_leave_the_index_too(tmp_path):
         queue.put(Message("t", b"new"), 0)
         assert [m.value for m in queue.scan(topics=["t"])] == [b"new"]  # hidden at once
         time.sleep(1.0)
-        engine = queue.engine
-        wait_for(engine.indexer.idle)  # type: ignore[attr-defined]
-        storage = engine.storage  # type: ignore[attr-defined]
+        storage = queue.engine.storage  # type: ignore[attr-defined]
         storage.reclaim_expired("q")
-        left = [k for k in storage._family("q").keys() if k[:2] != b"\x80\x00"]  # the indexed-to mark stays
-        assert left == []  # rows and index entries reclaimed
+        assert list(storage._family("q").keys()) == []  # rows and index entries reclaimed

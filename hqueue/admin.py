@@ -155,7 +155,7 @@ class HQueueAdmin(Connected):
 
     def describe_subscriber(self, queue: str, name: str) -> dict[str, Any]:
         """Address (None while away), topics, per-partition checkpoints and lag
-        in messages (counted up to 100,000) and in milliseconds."""
+        in messages (exact: every one is counted) and in milliseconds."""
         return self._server().describe_subscriber(queue, name)
 
     def replay_dead_letters(self, queue: str, start: TimeLike = None, stop: TimeLike = None) -> int:
@@ -184,7 +184,7 @@ class HQueueAdmin(Connected):
     def describe_group(self, queue: str, group: str) -> dict[str, Any]:
         """Live members, and per partition: the completion cursor (``done``) and the
         scan cursor, messages in flight and retrying, retries so far, lag in
-        messages (counted up to 100,000) and in ms of the oldest unfinished one;
+        messages (exact) and in ms of the oldest unfinished one;
         and the dead-letter queue's size."""
         return self.engine.describe_group(queue, group)
 

@@ -650,7 +650,7 @@ class GroupService:
                 state = self._partition(group, pid)
                 self._expire(group, pid, state, now)
                 done = MessageID.from_bytes(state.done)
-                lag, lag_ms = partition_lag(self.engine, queue, pid, done, group.config.topics)
+                lag, lag_ms = partition_lag(self.engine, queue, pid, done, group.config.topics, limit=None)
                 partitions[pid] = {
                     "done": done,
                     "scan": MessageID.from_bytes(state.scan),
@@ -685,7 +685,7 @@ def _count(engine: Engine, queue: str) -> int:
         info = engine.queue_info(queue, fresh=True)
     except QueueNotFound:
         return 0
-    return sum(partition_lag(engine, queue, pid, MessageID(0), None)[0] for pid in range(info.partitions))
+    return sum(partition_lag(engine, queue, pid, MessageID(0), None, limit=None)[0] for pid in range(info.partitions))
 
 
 def _show(topics: frozenset[bytes] | None) -> str:

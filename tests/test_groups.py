@@ -229,3 +229,27 @@ def test_a_group_replays_from_a_time(make_queue, admin):
         admin.set_group_position(queue.name, "g", 7, 0)
     with pytest.raises(GroupNotFound):
         admin.set_group_position(queue.name, "nope", None, 0)
+
+
+def test_lag_is_exact_past_the_metrics_cap_and_never_negative_across_ttl_and_truncate(tmp_path):
+    url = "local://" + str(tmp_path / "data")
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("big", 1)
+        admin.create_queue("short", 1, ttl=1)
+    with HQueue("big", url) as queue, queue.consumer("g") as consumer:
+        for _ in range(125):
+            queue.put([Message("t", b"x")] * 1000, 0)
+        with HQueueAdmin(url) as admin:
+            assert admin.describe_group("big", "g")["partitions"][0]["lag_messages"] == 125_000  # past 100,000
+            consumer.ack(consumer.receive(100, wait=1))
+            assert admin.describe_group("big", "g")["partitions"][0]["lag_messages"] == 124_900
+            admin.truncate_queue("big")
+            zero = admin.describe_group("big", "g")["partitions"][0]
+            assert (zero["lag_messages"], zero["lag_millis"]) == (0, 0)
+    with HQueue("short", url) as queue, queue.consumer("g") as consumer:
+        queue.put([Message("t", b"x")] * 10, 0)
+        with HQueueAdmin(url) as admin:
+            assert admin.describe_group("short", "g")["partitions"][0]["lag_messages"] == 10
+            time.sleep(1.2)  # the TTL passes: expired messages are no longer owed
+            zero = admin.describe_group("short", "g")["partitions"][0]
+            assert (zero["lag_messages"], zero["lag_millis"]) == (0, 0)

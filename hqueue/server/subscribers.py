@@ -93,7 +93,7 @@ class Subscribers:
             if registration.takes(pid):
                 checkpoint = registration.checkpoints.get(pid, MessageID(0))
                 lag_messages[pid], lag_millis[pid] = partition_lag(
-                    self.engine, queue, pid, checkpoint, registration.effective_topics
+                    self.engine, queue, pid, checkpoint, registration.effective_topics, limit=None
                 )
         return {
             "name": name,

@@ -365,8 +365,8 @@ class HBaseStorage(Storage):
         plain = by_time.setdefault(None, [])
         plain += [
             BatchMutation(
-                key[:ROWKEY_LENGTH],
-                [Mutation(isDelete=True, column=_COLUMN_PREFIX + key[ROWKEY_LENGTH:], writeToWAL=wal)],
+                key[: _row_length(key)],
+                [Mutation(isDelete=True, column=_COLUMN_PREFIX + key[_row_length(key) :], writeToWAL=wal)],
             )
             for key in deletes
         ]

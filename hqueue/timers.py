@@ -165,6 +165,7 @@ class TimerService:
         self._lock = threading.Lock()
         self._next: dict[tuple[str, int], int] = {}
         self._heap: list[tuple[int, str, int]] = []
+        self._gained: set[tuple[str, int]] = set()  # partitions whose timers are not read yet
         self._wake = threading.Event()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
@@ -209,11 +210,20 @@ class TimerService:
         self._wake.set()
 
     def _ownership_changed(self, gained: set[tuple[str, int]], lost: set[tuple[str, int]]) -> None:
+        """Called inside the coordinator's rebalance: only note it (the loop reads the store)."""
         with self._lock:
             for key in lost:
                 self._next.pop(key, None)
+                self._gained.discard(key)
+            self._gained.update(gained)
+        self._wake.set()
+
+    def _refresh_gained(self) -> None:
+        with self._lock:
+            gained, self._gained = self._gained, set()
         for queue, pid in gained:
-            self._refresh(queue, pid)
+            if self.coordinator.owns(queue, pid) and not self._stopped.is_set():
+                self._refresh(queue, pid)
 
     def _scan_owned(self) -> None:
         for queue, partitions in self._queues():
@@ -229,6 +239,8 @@ class TimerService:
         except Exception:
             logger.exception("reading pending timers failed; they fire as partitions are used")
         while not self._stopped.is_set():
+            if self._gained:
+                self._refresh_gained()
             due = self._take_due(wall_clock_ms())
             if isinstance(due, tuple):
                 self._fire(*due)

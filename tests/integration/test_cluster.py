@@ -136,7 +136,13 @@ def test_a_joining_server_takes_a_share_and_no_put_fails(cluster):
 
 def test_a_paused_server_is_fenced_before_others_take_its_partitions(cluster):
     a, b, url = two_servers_with_queue(cluster)
-    mine = owners(url).index(a.address)
+    # A partition a owns now (ownership may still be settling: read it until a has one).
+
+    def owned_by_a() -> list[int] | None:
+        current = owners(url)
+        return [current.index(a.address)] if a.address in current else None
+
+    (mine,) = wait_for(owned_by_a, 20, "a to own a partition")
     # Given server a frozen (a GC pause, a stopped VM) past its session timeout
     a.proc.send_signal(signal.SIGSTOP)
     try:

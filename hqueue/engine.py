@@ -269,6 +269,12 @@ class Engine:
     ) -> list[tuple[Message, int]]:
         return self._group_service().receive(queue, group, member, max_messages, lease, wait)
 
+    def group_receive_columns(
+        self, queue: str, group: str, member: str, max_messages: int, lease: float, wait: float
+    ) -> tuple[list[bytes], list[bytes], list[int]]:
+        """:meth:`group_receive` as cell keys, values and attempts (what a server sends)."""
+        return self._group_service().receive_columns(queue, group, member, max_messages, lease, wait)
+
     def group_ack(self, queue: str, group: str, rowkeys: Sequence[bytes]) -> int:
         return self._group_service().ack(queue, group, rowkeys)
 

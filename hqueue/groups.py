@@ -371,6 +371,13 @@ class GroupService:
 
         Returns (message, attempt) pairs; attempt 1 is a first delivery.
         """
+        keys, values, attempts = self.receive_columns(queue, name, member, max_messages, lease, wait)
+        return list(zip(messages_from_columns(keys, values), attempts, strict=True))
+
+    def receive_columns(
+        self, queue: str, name: str, member: str, max_messages: int, lease: float, wait: float
+    ) -> _Columns:
+        """:meth:`receive` as cell keys, values and attempts: no object per message (the server's path)."""
         if not isinstance(member, str) or not member:
             raise InvalidArgument("'member' must be a non-empty string")
         if not isinstance(max_messages, int) or isinstance(max_messages, bool) or not 1 <= max_messages <= 10_000:
@@ -386,13 +393,13 @@ class GroupService:
                 generation = self._generation
             taken, next_ready = self._take(group, member, max_messages, lease)
             left = deadline - time.monotonic()
-            if taken or left <= 0 or self._stopped:
+            if taken[0] or left <= 0 or self._stopped:
                 return taken
             with self._arrived:
                 if self._generation == generation:
                     self._arrived.wait(min(left, next_ready, 1.0))
 
-    def _take(self, group: _Group, member: str, limit: int, lease: float) -> tuple[list[tuple[Message, int]], float]:
+    def _take(self, group: _Group, member: str, limit: int, lease: float) -> tuple[_Columns, float]:
         """What ``member`` gets now, and seconds until a retry falls due."""
         info = self.engine.enabled_queue(group.queue)
         now = time.monotonic()
@@ -415,7 +422,7 @@ class GroupService:
                 self._new(group, pid, state, member, now + lease, limit - len(keys), (keys, values, attempts))
                 if state.ready_heap:
                     next_ready = min(next_ready, max(0.001, state.ready_heap[0][0] - now))
-        return list(zip(messages_from_columns(keys, values), attempts, strict=True)), next_ready
+        return (keys, values, attempts), next_ready
 
     def _expire(self, group: _Group, pid: int, state: _Partition, now: float) -> None:
         for message_id in state.expired(now):

@@ -507,13 +507,20 @@ class RemoteEngine:
 
     def _by_owner(self, queue: str, rowkeys: Sequence[bytes], fresh: bool = False) -> dict[str, list[bytes]]:
         locations = self._group_locations(queue, fresh)
-        by_owner: dict[str, list[bytes]] = {}
+        by_prefix: dict[bytes, list[bytes]] = {}
         for rowkey in rowkeys:
-            pid = int.from_bytes(rowkey[:2], "big")
+            prefix = rowkey[:2]
+            mine = by_prefix.get(prefix)
+            if mine is None:
+                mine = by_prefix[prefix] = []
+            mine.append(rowkey)
+        by_owner: dict[str, list[bytes]] = {}
+        for prefix, mine in by_prefix.items():
+            pid = int.from_bytes(prefix, "big")
             owner = locations[pid] if pid < len(locations) else ""
             if not owner:
                 raise NoPartitionOwner(queue, pid, 0, None)
-            by_owner.setdefault(owner, []).append(rowkey)
+            by_owner.setdefault(owner, []).extend(mine)
         return by_owner
 
     def group_ack(self, queue: str, group: str, rowkeys: Sequence[bytes]) -> int:

@@ -395,12 +395,12 @@ class HQueueHandler:
     ) -> Any:
         if not all(isinstance(v, int) for v in (maxMessages, leaseMillis, waitMillis)):
             raise TypeError("'maxMessages', 'leaseMillis' and 'waitMillis' must be ints")
-        pairs = self.engine.group_receive(queue, group, member, maxMessages, leaseMillis / 1000, waitMillis / 1000)
-        if pairs:
-            self.metrics.group_received.labels(queue, group).inc(len(pairs))
-        messages = [m for m, _ in pairs]
-        blob = packed.pack(cell_keys_of(messages), values_of(messages))
-        return wire.T.TDeliveries(messages=blob, attempts=[a for _, a in pairs])
+        keys, values, attempts = self.engine.group_receive_columns(
+            queue, group, member, maxMessages, leaseMillis / 1000, waitMillis / 1000
+        )
+        if keys:
+            self.metrics.group_received.labels(queue, group).inc(len(keys))
+        return wire.T.TDeliveries(messages=packed.pack(keys, values), attempts=attempts)
 
     @_served("consumer")
     def groupAck(self, queue: str, group: str, rowkeys: bytes) -> int:

@@ -258,8 +258,10 @@ class GroupService:
         self.max_span = max_span
         self._lock = threading.Lock()
         self._groups: dict[tuple[str, str], _Group] = {}
+        #: One condition for all waiting receives; each waits for its own queue's writes.
         self._arrived = threading.Condition()
-        self._generation = 0
+        self._generations: dict[str, int] = {}
+        self._waiting: dict[str, int] = {}
         self._stopped = False
         self.dead_lettered = 0
 
@@ -273,9 +275,11 @@ class GroupService:
             self._arrived.notify_all()
 
     def _on_write(self, queue: str, partition_id: int) -> None:
+        """A write (or a member leaving): wake the receives waiting on that queue, if any."""
         with self._arrived:
-            self._generation += 1
-            self._arrived.notify_all()
+            self._generations[queue] = self._generations.get(queue, 0) + 1
+            if self._waiting.get(queue):
+                self._arrived.notify_all()
 
     def _ownership_changed(self, gained: set[tuple[str, int]], lost: set[tuple[str, int]]) -> None:
         """A partition that moved away takes its leases with it: the new owner starts from ``done``."""
@@ -390,14 +394,18 @@ class GroupService:
         deadline = time.monotonic() + wait
         while True:
             with self._arrived:
-                generation = self._generation
+                generation = self._generations.get(queue, 0)
             taken, next_ready = self._take(group, member, max_messages, lease)
             left = deadline - time.monotonic()
             if taken[0] or left <= 0 or self._stopped:
                 return taken
             with self._arrived:
-                if self._generation == generation:
-                    self._arrived.wait(min(left, next_ready, 1.0))
+                if self._generations.get(queue, 0) == generation:
+                    self._waiting[queue] = self._waiting.get(queue, 0) + 1
+                    try:
+                        self._arrived.wait(min(left, next_ready, 1.0))
+                    finally:
+                        self._waiting[queue] -= 1
 
     def _take(self, group: _Group, member: str, limit: int, lease: float) -> tuple[_Columns, float]:
         """What ``member`` gets now, and seconds until a retry falls due."""

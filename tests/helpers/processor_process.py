@@ -27,8 +27,9 @@ def handle(message) -> None:
 
 def main(data_dir: str, name: str, group: str) -> None:
     with HQueue(name, data_dir=data_dir) as queue:
+        with _lock:  # before any "D" line: the processor starts handling at once
+            print("READY", flush=True)
         Processor(queue, group, handle, key=lambda m: m.value.split(b":")[0], workers=4, commit_interval=0.05)
-        print("READY", flush=True)
         while True:
             time.sleep(1)
 

@@ -52,7 +52,7 @@ from .coordination.registry import successor
 from .deadletters import dead_letter, dead_letter_queue
 from .errors import HQueueError, InvalidArgument, NotPartitionOwner, QueueNotFound
 from .lag import partition_lag
-from .message import ROWKEY_LENGTH, Message, MessageID, messages_from_columns, partition_prefix
+from .message import ROWKEY_LENGTH, Message, MessageID, messages_from_columns, partition_prefix, rowkeys_by_partition
 
 if TYPE_CHECKING:
     from .config import QueueInfo
@@ -497,15 +497,8 @@ class GroupService:
         rowkeys = list(rowkeys)
         if set(map(type, rowkeys)) - {bytes} or set(map(len, rowkeys)) - {ROWKEY_LENGTH}:
             raise InvalidArgument(f"a receipt is a received message's {ROWKEY_LENGTH}-byte rowkey")
-        by_prefix: dict[bytes, list[bytes]] = {}
-        for rowkey in rowkeys:
-            prefix = rowkey[:2]
-            ids = by_prefix.get(prefix)
-            if ids is None:
-                ids = by_prefix[prefix] = []
-            ids.append(rowkey[2:])
         partitions = self.engine.queue_info(group.queue).partitions
-        by_partition = {int.from_bytes(prefix, "big"): ids for prefix, ids in by_prefix.items()}
+        by_partition = {pid: [key[2:] for key in keys] for pid, keys in rowkeys_by_partition(rowkeys).items()}
         for pid in by_partition:
             if pid >= partitions:
                 raise InvalidArgument(f"a receipt names partition {pid}; queue {group.queue!r} has {partitions}")

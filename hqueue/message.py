@@ -252,6 +252,18 @@ def cell_keys(partition_id: int, id_runs: Sequence[tuple[int, range]], topics: I
     return list(map(add, rowkeys, topics))
 
 
+def rowkeys_by_partition(rowkeys: Iterable[bytes]) -> dict[int, list[bytes]]:
+    """Rowkeys (or cell keys) grouped by their partition, in their order."""
+    by_prefix: dict[bytes, list[bytes]] = {}
+    for rowkey in rowkeys:
+        prefix = rowkey[:2]
+        group = by_prefix.get(prefix)
+        if group is None:
+            group = by_prefix[prefix] = []
+        group.append(rowkey)
+    return {int.from_bytes(prefix, "big"): group for prefix, group in by_prefix.items()}
+
+
 def topics_of(messages: Iterable[Message]) -> list[bytes]:
     """The topic of each message (the cell key after its rowkey), in C."""
     return topics_of_keys(map(_CELL_KEY, messages))

@@ -55,7 +55,7 @@ from .config import InfoCache, QueueInfo, QueueState
 from .engine import check_partition, message_columns
 from .errors import HQueueError, InvalidArgument, NoPartitionOwner, NotPartitionOwner, OutcomeUnknown, ServerUnavailable
 from .ids import consecutive
-from .message import Message, MessageID, messages_from_columns
+from .message import Message, MessageID, messages_from_columns, rowkeys_by_partition
 from .rpc import packed, wire
 from .scanner import Scan
 from .timers import Timer
@@ -507,16 +507,8 @@ class RemoteEngine:
 
     def _by_owner(self, queue: str, rowkeys: Sequence[bytes], fresh: bool = False) -> dict[str, list[bytes]]:
         locations = self._group_locations(queue, fresh)
-        by_prefix: dict[bytes, list[bytes]] = {}
-        for rowkey in rowkeys:
-            prefix = rowkey[:2]
-            mine = by_prefix.get(prefix)
-            if mine is None:
-                mine = by_prefix[prefix] = []
-            mine.append(rowkey)
         by_owner: dict[str, list[bytes]] = {}
-        for prefix, mine in by_prefix.items():
-            pid = int.from_bytes(prefix, "big")
+        for pid, mine in rowkeys_by_partition(rowkeys).items():
             owner = locations[pid] if pid < len(locations) else ""
             if not owner:
                 raise NoPartitionOwner(queue, pid, 0, None)

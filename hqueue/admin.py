@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from .config import DEFAULT_MAX_MESSAGE_BYTES, PRIORITIES_KEY, Durability, QueueInfo, QueueState, validate_queue_name
 from .connection import Connected
+from .deadletters import dead_letter_queue
 from .errors import QueueNotFound
 from .message import Message, MessageID, _as_topic, topics_of_keys
 from .queue import TimeLike, as_message_id
@@ -165,7 +166,7 @@ class HQueueAdmin(Connected):
         A copy: the dead letters stay until you truncate ``<queue>.dlq``, so a
         failure half-way loses nothing (run it again from where it stopped).
         """
-        engine, dlq = self.engine, queue + ".dlq"
+        engine, dlq = self.engine, dead_letter_queue(queue)
         partitions = engine.enabled_queue(queue).partitions
         scan = Scan(as_message_id(start, "start"), as_message_id(stop, "stop"))
         copied = 0

@@ -17,11 +17,25 @@ from .message import Message, MessageID
 
 if TYPE_CHECKING:
     from .coordination import Coordinator
-    from .engine import Engine
+    from .engine import Engine, EngineAPI
 
 
 def dead_letter_queue(queue: str) -> str:
     return queue + ".dlq"
+
+
+def dead_letter_info(engine: EngineAPI, queue: str) -> tuple[QueueInfo, bool]:
+    """``<queue>.dlq``'s definition, making it (as many partitions as ``queue``) if it
+    is missing; and whether this call made it."""
+    dlq = dead_letter_queue(queue)
+    try:
+        return engine.queue_info(dlq, fresh=True), False
+    except QueueNotFound:
+        try:
+            engine.create_queue(QueueInfo(dlq, engine.queue_info(queue).partitions))
+        except QueueExists:
+            pass  # another worker made it first
+        return engine.queue_info(dlq, fresh=True), True
 
 
 def dead_letter(
@@ -31,15 +45,9 @@ def dead_letter(
     it (else another it owns): (partition, ID), or None while the dead-letter
     queue's partitions have no owner here yet (try again later)."""
     dlq = dead_letter_queue(queue)
-    try:
-        info = engine.queue_info(dlq, fresh=True)
-    except QueueNotFound:
-        try:
-            engine.create_queue(QueueInfo(dlq, engine.queue_info(queue).partitions))
-        except QueueExists:
-            pass  # another worker made it first
+    info, made = dead_letter_info(engine, queue)
+    if made:
         coordinator.queues_changed()
-        info = engine.queue_info(dlq, fresh=True)
     owned = coordinator.owned(dlq, info.partitions)
     if not owned:
         coordinator.queues_changed()

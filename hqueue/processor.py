@@ -50,10 +50,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .config import QueueInfo
 from .consumer import Delivery
-from .deadletters import dead_letter_queue
-from .errors import InvalidArgument, QueueExists, QueueNotFound
+from .deadletters import dead_letter_info, dead_letter_queue
+from .errors import InvalidArgument
 from .message import Message, MessageID
 
 if TYPE_CHECKING:
@@ -361,16 +360,8 @@ class Processor:
     def dead_letter(self, delivery: Delivery, why: str) -> None:
         """Put a failed message on ``<queue>.dlq`` (same partition, topic and value); then it is complete."""
         engine, dlq = self.queue.engine, dead_letter_queue(self.queue.name)
-        message = Message(delivery.topic, delivery.value)
-        try:
-            partitions = engine.queue_info(dlq, fresh=True).partitions
-        except QueueNotFound:
-            try:
-                engine.create_queue(QueueInfo(dlq, self.queue.partitions))
-            except QueueExists:
-                pass  # made meanwhile
-            partitions = engine.queue_info(dlq, fresh=True).partitions
-        engine.put(dlq, [message], delivery.partition_id % partitions)
+        partitions = dead_letter_info(engine, self.queue.name)[0].partitions
+        engine.put(dlq, [Message(delivery.topic, delivery.value)], delivery.partition_id % partitions)
         with self._lock:
             self.dead_lettered += 1
         logger.warning("processor: message %s dead-lettered to %s: %s", delivery.id, dlq, why)

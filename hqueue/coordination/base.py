@@ -14,6 +14,8 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Iterable
 
+from ..errors import NotPartitionOwner
+
 #: ``listener(gained, lost)``: sets of ``(queue, pid)``.
 OwnershipListener = Callable[[set[tuple[str, int]], set[tuple[str, int]]], None]
 
@@ -45,6 +47,11 @@ class Coordinator(abc.ABC):
     @abc.abstractmethod
     def owner(self, queue: str, partition_id: int) -> str | None:
         """``host:port`` of the partition's owner, None while it has none."""
+
+    def require_owner(self, queue: str, partition_id: int) -> None:
+        """Raise NotPartitionOwner (naming the owner, when there is one) unless this server owns the partition."""
+        if not self.owns(queue, partition_id):
+            raise NotPartitionOwner(queue, partition_id, self.owner(queue, partition_id))
 
     def owned(self, queue: str, partitions: int) -> list[int]:
         """The partitions of ``queue`` this server owns."""

@@ -208,8 +208,7 @@ class HQueueHandler:
         check_partition(info, partition_id)
         if self.draining:  # shutting down: the client retries on the next owner
             raise NotPartitionOwner(queue, partition_id, None)
-        if not self.coordinator.owns(queue, partition_id):
-            raise NotPartitionOwner(queue, partition_id, self.coordinator.owner(queue, partition_id))
+        self.coordinator.require_owner(queue, partition_id)
         return partition_id
 
     @_served("producer")
@@ -376,12 +375,8 @@ class HQueueHandler:
     @_served("producer")
     def cancelTimer(self, queue: str, timer: Any) -> bool:
         handle = wire.from_ttimer(timer)
-        self._owned(queue, handle.partition_id)
+        self.coordinator.require_owner(queue, handle.partition_id)
         return self.engine.cancel_timer(queue, handle)
-
-    def _owned(self, queue: str, partition_id: int) -> None:
-        if not self.coordinator.owns(queue, partition_id):
-            raise NotPartitionOwner(queue, partition_id, self.coordinator.owner(queue, partition_id))
 
     # -- consumer groups (SPEC X2, X3) --------------------------------------------------------
 

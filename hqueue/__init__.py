@@ -38,7 +38,7 @@ from .errors import (
     StorageLocked,
     SubscriberActive,
 )
-from .groups import GroupNotFound
+from .group_state import GroupNotFound
 from .message import Message, MessageID
 from .processor import Processor
 from .queue import HQueue

@@ -35,219 +35,43 @@ server crash) is handed out again; a message acked before the crash never is.
 
 from __future__ import annotations
 
-import collections
-import heapq
-import json
 import logging
-import re
 import threading
 import time
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from itertools import repeat
-from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from .coordination.registry import successor
 from .deadletters import dead_letter, dead_letter_queue
-from .errors import HQueueError, InvalidArgument, NotPartitionOwner, QueueNotFound
+from .errors import InvalidArgument, QueueNotFound
+from .group_state import (
+    DEFAULT_MAX_SPAN,
+    LATEST,
+    Columns,
+    GroupConfig,
+    GroupNotFound,
+    GroupState,
+    PartitionState,
+    assigned,
+    backoff,
+    check_group_name,
+    group_key,
+    id_after,
+    id_bytes,
+    served_order,
+    state_prefix,
+)
 from .lag import partition_lag
 from .message import ROWKEY_LENGTH, Message, MessageID, messages_from_columns, partition_prefix, rowkeys_by_partition
 
 if TYPE_CHECKING:
-    from .config import QueueInfo
     from .coordination import Coordinator
     from .engine import Engine
     from .storage import Storage
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_LEASE = 30.0
-DEFAULT_MAX_RETRIES = 16
-#: Messages handed out and not acked, per (group, partition), before the partition waits.
-DEFAULT_MAX_SPAN = 10_000
-#: A member that has not called receive for this long has left.
-MEMBER_TIMEOUT = 10.0
-#: One receive in this many serves the lowest priority tier first (no starvation).
-STARVE_GUARD = 4
-#: The backoff of a nack without a delay: 1 s, doubling per retry, at most 10 minutes.
-BACKOFF_BASE, BACKOFF_MAX = 1.0, 600.0
-_GROUP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
-
-#: What _take fills: cell keys, values and attempts.
-_Columns = tuple[list[bytes], list[bytes], list[int]]
-_id_bytes = itemgetter(slice(2, ROWKEY_LENGTH))
-#: ``start`` of a group that begins after each partition's last message when it is made.
-LATEST = -1
-
-
-class GroupNotFound(HQueueError, LookupError):
-    """No consumer group of that name on the queue."""
-
-    def __init__(self, queue: str, group: str) -> None:
-        super().__init__(f"no consumer group {group!r} on queue {queue!r}")
-        self.queue, self.group = queue, group
-
-
-def check_group_name(name: object) -> str:
-    if not isinstance(name, str):
-        raise TypeError(f"a group name must be a str, not {type(name).__name__}")
-    if not _GROUP_NAME.fullmatch(name):
-        raise InvalidArgument(f"a group name is 1-200 of A-Z a-z 0-9 _ . - (not starting with . or -), got {name!r}")
-    return name
-
-
-def backoff(retries: int) -> float:
-    """Seconds before a nacked message comes back, after ``retries`` failures."""
-    return min(BACKOFF_MAX, BACKOFF_BASE * 2 ** max(0, retries - 1))
-
-
-@dataclass(frozen=True)
-class GroupConfig:
-    """What a group takes, fixed when it is made.
-
-    Attributes:
-        topics: The topics it takes; None for all.
-        start: Epoch ms where it starts in every partition (0: the beginning).
-        max_retries: Failures a message may have beyond its first delivery.
-    """
-
-    topics: frozenset[bytes] | None = None
-    start: int = 0
-    max_retries: int = DEFAULT_MAX_RETRIES
-    #: A group made at the ``"latest"``: where each partition ended then.
-    starts: dict[int, MessageID] = field(default_factory=dict)
-
-    def start_of(self, partition_id: int) -> MessageID:
-        return self.starts.get(partition_id, MessageID(max(0, self.start)))
-
-    def to_json(self) -> bytes:
-        topics = sorted(t.hex() for t in self.topics) if self.topics is not None else None
-        starts = {pid: str(i) for pid, i in self.starts.items()}
-        return json.dumps(
-            {"topics": topics, "start": self.start, "max_retries": self.max_retries, "starts": starts}
-        ).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes) -> GroupConfig:
-        d = json.loads(data)
-        topics = frozenset(bytes.fromhex(t) for t in d["topics"]) if d["topics"] is not None else None
-        starts = {int(pid): MessageID.parse(i) for pid, i in d.get("starts", {}).items()}
-        return cls(topics, d["start"], d["max_retries"], starts)
-
-
-def _group_key(queue: str, group: str) -> str:
-    return f"groups/{queue}/{group}"
-
-
-def _state_prefix(queue: str, group: str, pid: int | None = None) -> str:
-    return f"group-state/{queue}/{group}/" + ("" if pid is None else f"{pid}/")
-
-
-def _after(message_id: bytes) -> bytes:
-    """The 10-byte form of the smallest ID after ``message_id`` (10 bytes too)."""
-    return successor(MessageID.from_bytes(message_id)).to_bytes()
-
-
-@dataclass
-class _Partition:
-    """One group's progress over one partition (held by the partition's owner).
-
-    IDs are kept in their 10-byte stored form (:meth:`MessageID.to_bytes`),
-    which sorts as IDs do: no object per message on the hot path.
-    """
-
-    done: bytes
-    acked: set[bytes] = field(default_factory=set)
-    retries: dict[bytes, int] = field(default_factory=dict)
-    scan: bytes = b""
-    #: Handed out now: ID -> (member, lease deadline).
-    leases: dict[bytes, tuple[str, float]] = field(default_factory=dict)
-    #: Failed, to hand out again at a (monotonic) time.
-    ready: dict[bytes, float] = field(default_factory=dict)
-    #: (deadline, batch number, the batch's IDs): one entry per receive, not per message.
-    lease_heap: list[tuple[float, int, list[bytes]]] = field(default_factory=list)
-    ready_heap: list[tuple[float, bytes]] = field(default_factory=list)
-    #: Every ID handed out and not acked, in ID order (cleaned lazily): the first is where ``done`` may go.
-    open: collections.deque[bytes] = field(default_factory=collections.deque)
-    batches: int = 0
-
-    def __post_init__(self) -> None:
-        self.scan = max(self.scan, self.done)
-
-    @property
-    def in_flight(self) -> int:
-        return len(self.leases) + len(self.ready)
-
-    def lowest_open(self) -> bytes:
-        waiting = self.open
-        while waiting and waiting[0] not in self.leases and waiting[0] not in self.ready:
-            waiting.popleft()
-        return waiting[0] if waiting else self.scan
-
-    def lease(self, ids: list[bytes], member: str, deadline: float) -> None:
-        for message_id in ids:
-            self.ready.pop(message_id, None)
-        self.leases.update(zip(ids, repeat((member, deadline))))
-        self.batches += 1
-        heapq.heappush(self.lease_heap, (deadline, self.batches, ids))
-
-    def expired(self, now: float) -> list[bytes]:
-        out = []
-        while self.lease_heap and self.lease_heap[0][0] <= now:
-            deadline, _, ids = heapq.heappop(self.lease_heap)
-            out += [i for i in ids if (lease := self.leases.get(i)) is not None and lease[1] == deadline]
-        return out
-
-    def due(self, now: float, limit: int) -> list[bytes]:
-        out: list[bytes] = []
-        while self.ready_heap and len(out) < limit and self.ready_heap[0][0] <= now:
-            at, message_id = heapq.heappop(self.ready_heap)
-            if self.ready.get(message_id) == at:
-                out.append(message_id)
-        return out
-
-    def retry_at(self, message_id: bytes, at: float) -> None:
-        self.leases.pop(message_id, None)
-        self.ready[message_id] = at
-        heapq.heappush(self.ready_heap, (at, message_id))
-
-
-class _Group:
-    def __init__(self, queue: str, name: str, config: GroupConfig) -> None:
-        self.queue, self.name, self.config = queue, name, config
-        self.lock = threading.Lock()
-        self.members: dict[str, float] = {}
-        self.dead_lettered = 0
-        self.partitions: dict[int, _Partition] = {}
-        self.turn = 0
-
-    def live_members(self, now: float) -> list[str]:
-        for member in [m for m, seen in self.members.items() if now - seen > MEMBER_TIMEOUT]:
-            del self.members[member]
-        return sorted(self.members)
-
-
-def served_order(partitions: list[int], info: QueueInfo, turn: int) -> list[int]:
-    """The order a receive visits a member's partitions: in turn within a tier, and
-    the highest priority tier first, except one receive in ``STARVE_GUARD``, which
-    starts at the lowest, so that lower tiers are never starved (SPEC X4)."""
-    if not partitions:
-        return partitions
-    shift = turn % len(partitions)
-    rotated = partitions[shift:] + partitions[:shift]
-    if info.priorities == 1:
-        return rotated
-    highest_first = turn % STARVE_GUARD != 0
-    return sorted(rotated, key=info.tier_of, reverse=highest_first)  # stable: keeps the turn within a tier
-
-
-def assigned(members: list[str], member: str, partitions: int) -> list[int]:
-    """The partitions ``member`` reads among the sorted live ``members``."""
-    index, count = members.index(member), len(members)
-    if count <= partitions:
-        return list(range(index, partitions, count))
-    return [index % partitions]
 
 
 class GroupService:
@@ -257,7 +81,7 @@ class GroupService:
         self.engine, self.coordinator, self.storage = engine, coordinator, engine.storage
         self.max_span = max_span
         self._lock = threading.Lock()
-        self._groups: dict[tuple[str, str], _Group] = {}
+        self._groups: dict[tuple[str, str], GroupState] = {}
         #: One condition for all waiting receives; each waits for its own queue's writes.
         self._arrived = threading.Condition()
         self._generations: dict[str, int] = {}
@@ -304,12 +128,12 @@ class GroupService:
         if not isinstance(start, int) or start < LATEST:
             raise InvalidArgument(f"'start' must be epoch ms >= 0 (or -1: the latest), got {start!r}")
         wanted = GroupConfig(frozenset(topics) if topics is not None else None, start, max_retries)
-        stored = self.storage.get_meta(_group_key(queue, name))
+        stored = self.storage.get_meta(group_key(queue, name))
         if stored is None:
             if start == LATEST:
                 last = {pid: self.engine.last_id(queue, pid) for pid in range(info.partitions)}
                 wanted = replace(wanted, starts={pid: successor(i) for pid, i in last.items() if i is not None})
-            self.storage.put_meta(_group_key(queue, name), wanted.to_json())
+            self.storage.put_meta(group_key(queue, name), wanted.to_json())
             return wanted
         config = GroupConfig.from_json(stored)
         if config.topics != wanted.topics:
@@ -319,24 +143,23 @@ class GroupService:
             )
         return config
 
-    def _group(self, queue: str, name: str) -> _Group:
+    def _group(self, queue: str, name: str) -> GroupState:
         with self._lock:
             group = self._groups.get((queue, name))
             if group is None:
-                stored = self.storage.get_meta(_group_key(queue, name))
+                stored = self.storage.get_meta(group_key(queue, name))
                 if stored is None:
                     raise GroupNotFound(queue, name)
-                group = self._groups[(queue, name)] = _Group(queue, name, GroupConfig.from_json(stored))
+                group = self._groups[(queue, name)] = GroupState(queue, name, GroupConfig.from_json(stored))
             return group
 
-    def _partition(self, group: _Group, pid: int) -> _Partition:
+    def _partition(self, group: GroupState, pid: int) -> PartitionState:
         """The group's state over ``pid``, read from the store on first use (call under group.lock)."""
         state = group.partitions.get(pid)
         if state is None:
-            stored = self.storage.list_meta(_state_prefix(group.queue, group.name, pid))
+            stored = self.storage.list_meta(state_prefix(group.queue, group.name, pid))
             done = (
-                stored.get(_state_prefix(group.queue, group.name, pid) + "done")
-                or group.config.start_of(pid).to_bytes()
+                stored.get(state_prefix(group.queue, group.name, pid) + "done") or group.config.start_of(pid).to_bytes()
             )
             acked, retries = set(), {}
             for key, value in stored.items():
@@ -345,7 +168,7 @@ class GroupService:
                     acked.add(bytes.fromhex(text))
                 elif kind.endswith("/retry"):
                     retries[bytes.fromhex(text)] = int(value)
-            state = group.partitions[pid] = _Partition(done, {a for a in acked if a >= done}, retries)
+            state = group.partitions[pid] = PartitionState(done, {a for a in acked if a >= done}, retries)
         return state
 
     def names(self, queue: str) -> list[str]:
@@ -363,8 +186,8 @@ class GroupService:
         self._group(queue, name)
         with self._lock:
             self._groups.pop((queue, name), None)
-        keys = list(self.storage.list_meta(_state_prefix(queue, name)))
-        self.storage.write_meta({}, [*keys, _group_key(queue, name)])
+        keys = list(self.storage.list_meta(state_prefix(queue, name)))
+        self.storage.write_meta({}, [*keys, group_key(queue, name)])
 
     # -- receive -----------------------------------------------------------------------
 
@@ -380,7 +203,7 @@ class GroupService:
 
     def receive_columns(
         self, queue: str, name: str, member: str, max_messages: int, lease: float, wait: float
-    ) -> _Columns:
+    ) -> Columns:
         """:meth:`receive` as cell keys, values and attempts: no object per message (the server's path)."""
         if not isinstance(member, str) or not member:
             raise InvalidArgument("'member' must be a non-empty string")
@@ -407,7 +230,7 @@ class GroupService:
                     finally:
                         self._waiting[queue] -= 1
 
-    def _take(self, group: _Group, member: str, limit: int, lease: float) -> tuple[_Columns, float]:
+    def _take(self, group: GroupState, member: str, limit: int, lease: float) -> tuple[Columns, float]:
         """What ``member`` gets now, and seconds until a retry falls due."""
         info = self.engine.enabled_queue(group.queue)
         now = time.monotonic()
@@ -432,12 +255,12 @@ class GroupService:
                     next_ready = min(next_ready, max(0.001, state.ready_heap[0][0] - now))
         return (keys, values, attempts), next_ready
 
-    def _expire(self, group: _Group, pid: int, state: _Partition, now: float) -> None:
+    def _expire(self, group: GroupState, pid: int, state: PartitionState, now: float) -> None:
         for message_id in state.expired(now):
             self._failed(group, pid, state, message_id, 0.0)
 
     def _redeliver(
-        self, group: _Group, pid: int, state: _Partition, member: str, deadline: float, limit: int, out: _Columns
+        self, group: GroupState, pid: int, state: PartitionState, member: str, deadline: float, limit: int, out: Columns
     ) -> None:
         taken = []
         for message_id in state.due(time.monotonic(), limit):
@@ -453,7 +276,7 @@ class GroupService:
             state.lease(taken, member, deadline)
 
     def _new(
-        self, group: _Group, pid: int, state: _Partition, member: str, deadline: float, limit: int, out: _Columns
+        self, group: GroupState, pid: int, state: PartitionState, member: str, deadline: float, limit: int, out: Columns
     ) -> None:
         room = min(limit, self.max_span - state.in_flight)
         prefix = partition_prefix(pid)
@@ -466,15 +289,15 @@ class GroupService:
             if not found_keys:
                 return
             keys, values = list(found_keys), list(found_values)
-            ids: list[bytes] = list(map(_id_bytes, keys))
+            ids: list[bytes] = list(map(id_bytes, keys))
             if state.acked:  # after a restart: skip what was acked before it
                 kept = [i for i, message_id in enumerate(ids) if message_id not in state.acked][:room]
                 last = kept[-1] if kept and len(kept) == room else len(ids) - 1
-                state.scan = _after(ids[last])
+                state.scan = id_after(ids[last])
                 keys, values, ids = [keys[i] for i in kept], [values[i] for i in kept], [ids[i] for i in kept]
             else:
                 keys, values, ids = keys[:room], values[:room], ids[:room]
-                state.scan = _after(ids[-1])
+                state.scan = id_after(ids[-1])
             if ids:
                 state.lease(ids, member, deadline)
                 state.open.extend(ids)
@@ -487,12 +310,12 @@ class GroupService:
 
     def _read(self, queue: str, pid: int, message_id: bytes) -> tuple[bytes, bytes] | None:
         start = partition_prefix(pid) + message_id
-        cells = self.storage.scan(queue, start, partition_prefix(pid) + _after(message_id), None, 1)
+        cells = self.storage.scan(queue, start, partition_prefix(pid) + id_after(message_id), None, 1)
         return cells[0] if cells else None
 
     # -- ack, nack -----------------------------------------------------------------------
 
-    def _owned_partitions(self, group: _Group, rowkeys: Iterable[bytes]) -> dict[int, list[bytes]]:
+    def _owned_partitions(self, group: GroupState, rowkeys: Iterable[bytes]) -> dict[int, list[bytes]]:
         """Receipts (12-byte rowkeys, SPEC C1) by partition, each owned here."""
         rowkeys = list(rowkeys)
         if set(map(type, rowkeys)) - {bytes} or set(map(len, rowkeys)) - {ROWKEY_LENGTH}:
@@ -502,8 +325,7 @@ class GroupService:
         for pid in by_partition:
             if pid >= partitions:
                 raise InvalidArgument(f"a receipt names partition {pid}; queue {group.queue!r} has {partitions}")
-            if not self.coordinator.owns(group.queue, pid):
-                raise NotPartitionOwner(group.queue, pid, self.coordinator.owner(group.queue, pid))
+            self.coordinator.require_owner(group.queue, pid)
         return by_partition
 
     def ack(self, queue: str, name: str, rowkeys: Iterable[bytes]) -> int:
@@ -547,7 +369,7 @@ class GroupService:
                         state.retry_at(message_id, now)
         self._on_write(queue, -1)
 
-    def _acked(self, group: _Group, pid: int, state: _Partition, ids: Iterable[bytes]) -> int:
+    def _acked(self, group: GroupState, pid: int, state: PartitionState, ids: Iterable[bytes]) -> int:
         fresh = [i for i in ids if i >= state.done and i not in state.acked]
         if not fresh:
             return 0
@@ -557,7 +379,7 @@ class GroupService:
             ready.pop(message_id, None)
         state.acked.update(fresh)
         done = state.lowest_open()
-        prefix = _state_prefix(group.queue, group.name, pid)
+        prefix = state_prefix(group.queue, group.name, pid)
         passed: set[bytes] = set()
         if done > state.done:
             passed = {a for a in state.acked if a < done}
@@ -572,10 +394,12 @@ class GroupService:
         self.storage.write_meta(puts, deletes, self.engine.queue_info(group.queue).durability)
         return len(fresh)
 
-    def _failed(self, group: _Group, pid: int, state: _Partition, message_id: bytes, delay: float | None) -> None:
+    def _failed(
+        self, group: GroupState, pid: int, state: PartitionState, message_id: bytes, delay: float | None
+    ) -> None:
         """One failed delivery (a nack or a lease run out): retry later, or dead-letter it."""
         retries = state.retries[message_id] = state.retries.get(message_id, 0) + 1
-        prefix = _state_prefix(group.queue, group.name, pid)
+        prefix = state_prefix(group.queue, group.name, pid)
         self.storage.write_meta({f"{prefix}retry/{message_id.hex()}": str(retries).encode()})
         if retries <= group.config.max_retries:
             wait = backoff(retries) if delay is None else delay
@@ -638,10 +462,9 @@ class GroupService:
             for pid in pids:
                 if not isinstance(pid, int) or not 0 <= pid < info.partitions:
                     raise InvalidArgument(f"'partition' must be in 0..{info.partitions - 1}, got {pid!r}")
-                if not self.coordinator.owns(queue, pid):
-                    raise NotPartitionOwner(queue, pid, self.coordinator.owner(queue, pid))
+                self.coordinator.require_owner(queue, pid)
             for pid in pids:
-                prefix = _state_prefix(queue, name, pid)
+                prefix = state_prefix(queue, name, pid)
                 stale = [key for key in self.storage.list_meta(prefix) if key != prefix + "done"]
                 self.storage.write_meta({prefix + "done": start.to_bytes()}, stale)
                 group.partitions.pop(pid, None)
@@ -698,18 +521,3 @@ def _count(engine: Engine, queue: str) -> int:
 
 def _show(topics: frozenset[bytes] | None) -> str:
     return "all" if topics is None else repr(sorted(topics))
-
-
-def start_ms(start: object) -> int:
-    """Where a new group starts: ``"earliest"``, ``"latest"`` (now), a datetime or epoch ms."""
-    from datetime import datetime
-
-    if start == "earliest":
-        return 0
-    if start == "latest":
-        return LATEST
-    if isinstance(start, datetime):
-        return MessageID.from_datetime(start).timestamp
-    if isinstance(start, int) and not isinstance(start, bool) and start >= 0:
-        return start
-    raise InvalidArgument(f"'start' must be 'earliest', 'latest', a datetime or epoch ms, got {start!r}")

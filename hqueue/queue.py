@@ -16,7 +16,7 @@ from .connection import Connected
 from .consumer import Consumer
 from .engine import check_partition
 from .errors import InvalidArgument, InvalidPartition
-from .groups import DEFAULT_LEASE, DEFAULT_MAX_RETRIES
+from .group_state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES
 from .message import Message, MessageID
 from .scanner import DEFAULT_CACHING, CombinedPartitionScanner, PartitionScanner, QueueScanner, Scan, read_columns
 from .splits import Split

@@ -13,7 +13,7 @@ from typing import Any
 from .. import errors
 from ..config import QueueInfo
 from ..coordination.registry import SubscriberNotFound
-from ..groups import GroupNotFound
+from ..group_state import GroupNotFound
 from ..message import ROWKEY_LENGTH, Message, MessageID, cell_keys_of, values_of
 from ..scanner import Scan
 from ..timers import Timer

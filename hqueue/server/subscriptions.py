@@ -52,7 +52,7 @@ from ..coordination.registry import Registration, SubscriberNotFound, Subscriber
 from ..deadletters import dead_letter, dead_letter_queue
 from ..engine import Engine
 from ..errors import HQueueError
-from ..groups import STARVE_GUARD
+from ..group_state import STARVE_GUARD
 from ..message import Message, MessageID
 from ..rpc import wire
 from ..scanner import Scan

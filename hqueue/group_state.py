@@ -1,0 +1,229 @@
+"""A consumer group's definition and its progress over one partition (SPEC X2, X3).
+
+What the group service (groups.py) keeps per group: the :class:`GroupConfig`
+(stored), the members and the partitions' state; per partition the two
+cursors, the acks between them, leases and retries (:class:`PartitionState`);
+and how live members share the partitions (:func:`assigned`,
+:func:`served_order`). Nothing here reads or writes the store.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from itertools import repeat
+from operator import itemgetter
+from typing import TYPE_CHECKING
+
+from .coordination.registry import successor
+from .errors import HQueueError, InvalidArgument
+from .message import ROWKEY_LENGTH, MessageID
+
+if TYPE_CHECKING:
+    from .config import QueueInfo
+
+DEFAULT_LEASE = 30.0
+DEFAULT_MAX_RETRIES = 16
+#: Messages handed out and not acked, per (group, partition), before the partition waits.
+DEFAULT_MAX_SPAN = 10_000
+#: A member that has not called receive for this long has left.
+MEMBER_TIMEOUT = 10.0
+#: One receive in this many serves the lowest priority tier first (no starvation).
+STARVE_GUARD = 4
+#: The backoff of a nack without a delay: 1 s, doubling per retry, at most 10 minutes.
+BACKOFF_BASE, BACKOFF_MAX = 1.0, 600.0
+_GROUP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
+
+#: What a receive hands out (groups.py): cell keys, values and attempts.
+Columns = tuple[list[bytes], list[bytes], list[int]]
+id_bytes = itemgetter(slice(2, ROWKEY_LENGTH))
+#: ``start`` of a group that begins after each partition's last message when it is made.
+LATEST = -1
+
+
+class GroupNotFound(HQueueError, LookupError):
+    """No consumer group of that name on the queue."""
+
+    def __init__(self, queue: str, group: str) -> None:
+        super().__init__(f"no consumer group {group!r} on queue {queue!r}")
+        self.queue, self.group = queue, group
+
+
+def check_group_name(name: object) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"a group name must be a str, not {type(name).__name__}")
+    if not _GROUP_NAME.fullmatch(name):
+        raise InvalidArgument(f"a group name is 1-200 of A-Z a-z 0-9 _ . - (not starting with . or -), got {name!r}")
+    return name
+
+
+def backoff(retries: int) -> float:
+    """Seconds before a nacked message comes back, after ``retries`` failures."""
+    return min(BACKOFF_MAX, BACKOFF_BASE * 2 ** max(0, retries - 1))
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    """What a group takes, fixed when it is made.
+
+    Attributes:
+        topics: The topics it takes; None for all.
+        start: Epoch ms where it starts in every partition (0: the beginning).
+        max_retries: Failures a message may have beyond its first delivery.
+    """
+
+    topics: frozenset[bytes] | None = None
+    start: int = 0
+    max_retries: int = DEFAULT_MAX_RETRIES
+    #: A group made at the ``"latest"``: where each partition ended then.
+    starts: dict[int, MessageID] = field(default_factory=dict)
+
+    def start_of(self, partition_id: int) -> MessageID:
+        return self.starts.get(partition_id, MessageID(max(0, self.start)))
+
+    def to_json(self) -> bytes:
+        topics = sorted(t.hex() for t in self.topics) if self.topics is not None else None
+        starts = {pid: str(i) for pid, i in self.starts.items()}
+        return json.dumps(
+            {"topics": topics, "start": self.start, "max_retries": self.max_retries, "starts": starts}
+        ).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> GroupConfig:
+        d = json.loads(data)
+        topics = frozenset(bytes.fromhex(t) for t in d["topics"]) if d["topics"] is not None else None
+        starts = {int(pid): MessageID.parse(i) for pid, i in d.get("starts", {}).items()}
+        return cls(topics, d["start"], d["max_retries"], starts)
+
+
+def group_key(queue: str, group: str) -> str:
+    return f"groups/{queue}/{group}"
+
+
+def state_prefix(queue: str, group: str, pid: int | None = None) -> str:
+    return f"group-state/{queue}/{group}/" + ("" if pid is None else f"{pid}/")
+
+
+def id_after(message_id: bytes) -> bytes:
+    """The 10-byte form of the smallest ID after ``message_id`` (10 bytes too)."""
+    return successor(MessageID.from_bytes(message_id)).to_bytes()
+
+
+@dataclass
+class PartitionState:
+    """One group's progress over one partition (held by the partition's owner).
+
+    IDs are kept in their 10-byte stored form (:meth:`MessageID.to_bytes`),
+    which sorts as IDs do: no object per message on the hot path.
+    """
+
+    done: bytes
+    acked: set[bytes] = field(default_factory=set)
+    retries: dict[bytes, int] = field(default_factory=dict)
+    scan: bytes = b""
+    #: Handed out now: ID -> (member, lease deadline).
+    leases: dict[bytes, tuple[str, float]] = field(default_factory=dict)
+    #: Failed, to hand out again at a (monotonic) time.
+    ready: dict[bytes, float] = field(default_factory=dict)
+    #: (deadline, batch number, the batch's IDs): one entry per receive, not per message.
+    lease_heap: list[tuple[float, int, list[bytes]]] = field(default_factory=list)
+    ready_heap: list[tuple[float, bytes]] = field(default_factory=list)
+    #: Every ID handed out and not acked, in ID order (cleaned lazily): the first is where ``done`` may go.
+    open: collections.deque[bytes] = field(default_factory=collections.deque)
+    batches: int = 0
+
+    def __post_init__(self) -> None:
+        self.scan = max(self.scan, self.done)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.leases) + len(self.ready)
+
+    def lowest_open(self) -> bytes:
+        waiting = self.open
+        while waiting and waiting[0] not in self.leases and waiting[0] not in self.ready:
+            waiting.popleft()
+        return waiting[0] if waiting else self.scan
+
+    def lease(self, ids: list[bytes], member: str, deadline: float) -> None:
+        for message_id in ids:
+            self.ready.pop(message_id, None)
+        self.leases.update(zip(ids, repeat((member, deadline))))
+        self.batches += 1
+        heapq.heappush(self.lease_heap, (deadline, self.batches, ids))
+
+    def expired(self, now: float) -> list[bytes]:
+        out = []
+        while self.lease_heap and self.lease_heap[0][0] <= now:
+            deadline, _, ids = heapq.heappop(self.lease_heap)
+            out += [i for i in ids if (lease := self.leases.get(i)) is not None and lease[1] == deadline]
+        return out
+
+    def due(self, now: float, limit: int) -> list[bytes]:
+        out: list[bytes] = []
+        while self.ready_heap and len(out) < limit and self.ready_heap[0][0] <= now:
+            at, message_id = heapq.heappop(self.ready_heap)
+            if self.ready.get(message_id) == at:
+                out.append(message_id)
+        return out
+
+    def retry_at(self, message_id: bytes, at: float) -> None:
+        self.leases.pop(message_id, None)
+        self.ready[message_id] = at
+        heapq.heappush(self.ready_heap, (at, message_id))
+
+
+class GroupState:
+    def __init__(self, queue: str, name: str, config: GroupConfig) -> None:
+        self.queue, self.name, self.config = queue, name, config
+        self.lock = threading.Lock()
+        self.members: dict[str, float] = {}
+        self.dead_lettered = 0
+        self.partitions: dict[int, PartitionState] = {}
+        self.turn = 0
+
+    def live_members(self, now: float) -> list[str]:
+        for member in [m for m, seen in self.members.items() if now - seen > MEMBER_TIMEOUT]:
+            del self.members[member]
+        return sorted(self.members)
+
+
+def served_order(partitions: list[int], info: QueueInfo, turn: int) -> list[int]:
+    """The order a receive visits a member's partitions: in turn within a tier, and
+    the highest priority tier first, except one receive in ``STARVE_GUARD``, which
+    starts at the lowest, so that lower tiers are never starved (SPEC X4)."""
+    if not partitions:
+        return partitions
+    shift = turn % len(partitions)
+    rotated = partitions[shift:] + partitions[:shift]
+    if info.priorities == 1:
+        return rotated
+    highest_first = turn % STARVE_GUARD != 0
+    return sorted(rotated, key=info.tier_of, reverse=highest_first)  # stable: keeps the turn within a tier
+
+
+def assigned(members: list[str], member: str, partitions: int) -> list[int]:
+    """The partitions ``member`` reads among the sorted live ``members``."""
+    index, count = members.index(member), len(members)
+    if count <= partitions:
+        return list(range(index, partitions, count))
+    return [index % partitions]
+
+
+def start_ms(start: object) -> int:
+    """Where a new group starts: ``"earliest"``, ``"latest"`` (now), a datetime or epoch ms."""
+    from datetime import datetime
+
+    if start == "earliest":
+        return 0
+    if start == "latest":
+        return LATEST
+    if isinstance(start, datetime):
+        return MessageID.from_datetime(start).timestamp
+    if isinstance(start, int) and not isinstance(start, bool) and start >= 0:
+        return start
+    raise InvalidArgument(f"'start' must be 'earliest', 'latest', a datetime or epoch ms, got {start!r}")

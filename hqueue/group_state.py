@@ -16,12 +16,11 @@ import re
 import threading
 from dataclasses import dataclass, field
 from itertools import repeat
-from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from .coordination.registry import successor
 from .errors import HQueueError, InvalidArgument
-from .message import ROWKEY_LENGTH, MessageID
+from .message import MessageID
 
 if TYPE_CHECKING:
     from .config import QueueInfo
@@ -40,7 +39,6 @@ _GROUP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
 
 #: What a receive hands out (groups.py): cell keys, values and attempts.
 Columns = tuple[list[bytes], list[bytes], list[int]]
-id_bytes = itemgetter(slice(2, ROWKEY_LENGTH))
 #: ``start`` of a group that begins after each partition's last message when it is made.
 LATEST = -1
 

@@ -59,12 +59,19 @@ from .group_state import (
     check_group_name,
     group_key,
     id_after,
-    id_bytes,
     served_order,
     state_prefix,
 )
 from .lag import partition_lag
-from .message import ROWKEY_LENGTH, Message, MessageID, messages_from_columns, partition_prefix, rowkeys_by_partition
+from .message import (
+    ROWKEY_LENGTH,
+    Message,
+    MessageID,
+    id_bytes,
+    messages_from_columns,
+    partition_prefix,
+    rowkeys_by_partition,
+)
 
 if TYPE_CHECKING:
     from .coordination import Coordinator

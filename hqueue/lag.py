@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from .coordination.registry import successor
 from .ids import wall_clock_ms
-from .message import MessageID
+from .message import MessageID, id_bytes
 from .scanner import Scan
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ def partition_lag(
         if not keys:
             break
         if oldest is None:
-            oldest = MessageID.from_bytes(keys[0][2:12])
+            oldest = MessageID.from_bytes(id_bytes(keys[0]))
         count += len(keys)
         if len(keys) < asked:
             break

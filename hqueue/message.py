@@ -302,8 +302,9 @@ def messages_from_columns(keys: Sequence[bytes], values: Sequence[bytes]) -> lis
     Everything here runs in C (``zip``/``map``/``partial``): no Python frame
     per message, which is what keeps scanners near raw store speed.
     """
-    return list(map(_build, zip(map(_sort_key, keys), keys, values, strict=False)))
+    return list(map(_build, zip(map(id_bytes, keys), keys, values, strict=False)))
 
 
 _build = partial(tuple.__new__, Message)
-_sort_key = itemgetter(slice(2, ROWKEY_LENGTH))
+#: A cell key's 10 ID bytes (``MessageID.to_bytes``), which sort as the IDs do.
+id_bytes = itemgetter(slice(2, ROWKEY_LENGTH))

@@ -553,7 +553,7 @@ class Engine:
             while taken < limit:
                 asked = limit - taken
                 cells = self.storage.scan(name, start, stop, None, asked)
-                mine = [(topic_index.message_key(k), v) for k, v in cells if k[topic_index.HEAD_LENGTH + 10 :] == topic]
+                mine = [(topic_index.message_key(k), v) for k, v in cells if topic_index.entry_topic(k) == topic]
                 found += mine
                 taken += len(mine)
                 if len(cells) < asked:  # the end of this topic's entries

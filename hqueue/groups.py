@@ -94,7 +94,6 @@ class GroupService:
         self._generations: dict[str, int] = {}
         self._waiting: dict[str, int] = {}
         self._stopped = False
-        self.dead_lettered = 0
 
     def start(self) -> None:
         self.coordinator.add_listener(self._ownership_changed)
@@ -419,7 +418,6 @@ class GroupService:
             if placed is None:  # the dead-letter queue has no partition here yet: try again soon
                 state.retry_at(message_id, time.monotonic() + 1.0)
                 return
-            self.dead_lettered += 1
             group.dead_lettered += 1
             logger.warning(
                 "group %s: message %s of %s partition %d failed %d times; moved to %s partition %d as %s",

@@ -169,7 +169,6 @@ class TimerService:
         self._wake = threading.Event()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
-        self.fired = 0
 
     def start(self) -> None:
         self.coordinator.add_listener(self._ownership_changed)
@@ -267,8 +266,7 @@ class TimerService:
         if not self.coordinator.owns(queue, pid):
             return
         try:
-            fired, next_due = self.engine.fire_timers(queue, pid, wall_clock_ms(), FIRE_BATCH)
-            self.fired += fired
+            _, next_due = self.engine.fire_timers(queue, pid, wall_clock_ms(), FIRE_BATCH)
         except QueueNotFound:
             return
         except QueueDisabled:

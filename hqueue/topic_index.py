@@ -68,9 +68,9 @@ def index_range(start_key: bytes, stop_key: bytes, topic: bytes) -> tuple[bytes,
     return head + start_key[2:], stop
 
 
-def message_keys(index_keys: Sequence[bytes], topic: bytes) -> list[int]:
-    """Positions of the entries that really are ``topic``'s (a hash may collide)."""
-    return [i for i, key in enumerate(index_keys) if key[HEAD_LENGTH + 10 :] == topic]
+def entry_topic(index_key: bytes) -> bytes:
+    """The topic an index entry is for (its hash alone may collide with another's)."""
+    return index_key[HEAD_LENGTH + 10 :]
 
 
 def message_key(index_key: bytes) -> bytes:

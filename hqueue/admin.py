@@ -13,6 +13,7 @@ from .errors import QueueNotFound
 from .message import Message, MessageID, _as_topic, topics_of_keys
 from .queue import TimeLike, as_message_id
 from .scanner import Scan, read_columns
+from .topic_index import config_for as topic_index_config
 
 __all__ = ["HQueueAdmin"]
 
@@ -72,7 +73,7 @@ class HQueueAdmin(Connected):
             ttl=ttl,
             durability=durability,
             config=dict(config or {})
-            | ({"hqueue.topicIndex": "true"} if topic_index else {})
+            | topic_index_config(topic_index)
             | ({PRIORITIES_KEY: str(priorities)} if priorities != 1 else {}),
             max_message_bytes=max_message_bytes,
         )

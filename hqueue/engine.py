@@ -306,7 +306,7 @@ class Engine:
         return self._infos.enabled(name)
 
     def create_queue(self, info: QueueInfo) -> None:
-        self.storage.create_queue(info)
+        self.storage.create_queue(topic_index.for_new_queue(info))
         self._infos.forget(info.name)
 
     def set_state(self, name: str, state: str) -> QueueInfo:
@@ -452,7 +452,7 @@ class Engine:
         keys = cell_keys(partition_id, runs(first, len(topics)), topics)
         cells = list(zip(keys, values, strict=False))
         if info.topic_index:  # each message's index entry, in the same atomic write
-            cells += index_cells(keys, values)
+            cells += index_cells(keys, values, topic_index.topic_hash(info))
         self.storage.write(info.name, cells, info.durability, deletes)
         return first
 
@@ -547,8 +547,9 @@ class Engine:
     ) -> list[tuple[bytes, bytes]]:
         """A topic-filtered scan through the topic index: each topic's entries only (topic_index.py)."""
         found: list[tuple[bytes, bytes]] = []
+        hash = topic_index.topic_hash(self.queue_info(name))
         for topic in topics:
-            start, stop = topic_index.index_range(start_key, stop_key, topic)
+            start, stop = topic_index.index_range(start_key, stop_key, topic, hash)
             taken = 0
             while taken < limit:
                 asked = limit - taken

@@ -5,12 +5,19 @@ Runs on every storage backend and through a server (``make_queue``).
 
 from __future__ import annotations
 
+import hashlib
 import time
 
-from hqueue import Message, MessageID
+import pytest
+import rocksdict
+from xxhash import xxh3_64_digest
+
+from hqueue import HQueue, HQueueAdmin, InvalidArgument, Message, MessageID
+from hqueue.config import QueueInfo
 from hqueue.engine import Engine
+from hqueue.storage.embedded import EmbeddedStorage
 from hqueue.storage.memory import MemoryStorage
-from hqueue.topic_index import index_cells, index_range, message_key, topic_head
+from hqueue.topic_index import HASH_KEY, index_cells, index_range, message_key, topic_head
 
 
 def test_every_reader_sees_the_same_messages_with_and_without_the_index(make_queue):
@@ -51,8 +58,6 @@ def test_a_topic_read_touches_only_that_topic_s_rows():
     """Count what the store hands back: the index makes it the topic's rows only."""
     storage = CountingStorage("topic-index-cost")
     engine = Engine(storage)
-    from hqueue.config import QueueInfo
-
     engine.create_queue(QueueInfo("q", 1, config={"hqueue.topicIndex": "true"}))
     engine.put("q", [Message("big", b"x")] * 5000 + [Message("small", b"y")] * 3, 0)
     storage.returned = 0
@@ -72,16 +77,76 @@ class CountingStorage(MemoryStorage):
 
 def test_index_keys_map_back_to_message_keys():
     key = b"\x00\x03" + MessageID(1700, 2).to_bytes() + b"topic"
-    ((index_key, value),) = index_cells([key], [b"v"])
-    assert value == b"v" and index_key.startswith(topic_head(b"\x00\x03", b"topic"))
+    ((index_key, value),) = index_cells([key], [b"v"], xxh3_64_digest)
+    assert value == b"v" and index_key.startswith(topic_head(b"\x00\x03", b"topic", xxh3_64_digest))
     assert message_key(index_key) == key
-    start, stop = index_range(b"\x00\x03", b"\x00\x04", b"topic")
+    start, stop = index_range(b"\x00\x03", b"\x00\x04", b"topic", xxh3_64_digest)
     assert start <= index_key < stop
 
 
-def test_expired_messages_leave_the_index_too(tmp_path):
-    from hqueue import HQueue, HQueueAdmin
+def test_a_put_s_index_entries_come_in_key_order_with_their_own_values():
+    keys = [b"\x00\x01" + MessageID(1700, i).to_bytes() + b"topic-%d" % i for i in range(200)]
+    values = [b"v%d" % i for i in range(200)]
+    cells = index_cells(keys, values, xxh3_64_digest)
+    assert [k for k, _ in cells] == sorted(k for k, _ in cells)
+    assert sorted((message_key(k), v) for k, v in cells) == sorted(zip(keys, values, strict=True))
 
+
+def test_new_queues_name_their_hash_and_unknown_hashes_are_refused():
+    engine = Engine(MemoryStorage("hashes"))
+    engine.create_queue(QueueInfo("q", 1, config={"hqueue.topicIndex": "true"}))
+    assert engine.queue_info("q").config[HASH_KEY] == "xxh3"
+    with pytest.raises(InvalidArgument, match="unknown hqueue.topicIndexHash 'md5'"):
+        engine.create_queue(QueueInfo("r", 1, config={"hqueue.topicIndex": "true", HASH_KEY: "md5"}))
+    engine.create_queue(QueueInfo("plain", 1))
+    assert HASH_KEY not in engine.queue_info("plain").config
+    engine.close()
+
+
+def test_a_store_from_before_keeps_its_index(tmp_path):
+    """Stores written before the index had its own column family and XXH3: their
+    queues keep BLAKE2b, and their entries move into the index family on open."""
+    path = str(tmp_path / "data")
+    storage = EmbeddedStorage(path)
+    storage.create_queue(QueueInfo("old", 1, config={"hqueue.topicIndex": "true"}))  # no hash named: as before
+    family, batch = storage._handles["old"], rocksdict.WriteBatch(raw_mode=True)
+    for i in range(25_000):  # rows and entries in the queue's own family, as the old layout had them
+        topic = b"t%d" % (i % 3)
+        key = b"\x00\x00" + MessageID(1700_000_000_000, i).to_bytes() + topic
+        head = b"\xff\xff\x00\x00" + hashlib.blake2b(topic, digest_size=8).digest()
+        batch.put(key, b"v%d" % i, family)
+        batch.put(head + key[2:], b"v%d" % i, family)
+    storage._db.write(batch)
+    del family, batch  # RocksDB's lock goes with the last reference
+    storage.close()
+    with HQueue("old", "local://" + path) as queue:
+        assert [m.value for m in queue.scan(topics=["t1"])] == [b"v%d" % i for i in range(1, 25_000, 3)]
+        queue.put(Message("t1", b"new"), 0)
+        assert [m.value for m in queue.scan(topics=["t1"])][-1] == b"new"
+        storage = queue.engine.storage  # type: ignore[attr-defined]
+        assert sum(1 for _ in storage._family("old").keys()) == 25_001  # rows only
+        assert sum(1 for _ in storage._index_families["old"].keys()) == 25_001
+
+
+def test_truncate_and_delete_clear_the_index_family(tmp_path):
+    url = "local://" + str(tmp_path / "data")
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 1, topic_index=True)
+        with HQueue("q", url) as queue:
+            queue.put([Message("t", b"before")] * 5, 0)
+        admin.truncate_queue("q")
+        with HQueue("q", url) as queue:
+            assert list(queue.scan(topics=["t"])) == []
+            queue.put(Message("t", b"after"), 0)
+            assert [m.value for m in queue.scan(topics=["t"])] == [b"after"]
+        admin.disable_queue("q")
+        admin.delete_queue("q")
+        admin.create_queue("q", 1, topic_index=True)
+        with HQueue("q", url) as queue:
+            assert list(queue.scan(topics=["t"])) == []
+
+
+def test_expired_messages_leave_the_index_too(tmp_path):
     url = "local://" + str(tmp_path / "data")
     with HQueueAdmin(url) as admin:
         admin.create_queue("q", 1, ttl=1, topic_index=True)
@@ -94,3 +159,4 @@ def test_expired_messages_leave_the_index_too(tmp_path):
         storage = queue.engine.storage  # type: ignore[attr-defined]
         storage.reclaim_expired("q")
         assert list(storage._family("q").keys()) == []  # rows and index entries reclaimed
+        assert list(storage._index_families["q"].keys()) == []

@@ -7,6 +7,11 @@ Layout:
 
 * one column family per queue, named ``q.<queue>``, whose keys are cell keys
   (``rowkey + topic``) and whose values are payloads;
+* for a queue with the per-topic index, a second one, ``i.<queue>``, holding
+  the index entries (keys under ``0xFFFF``, topic_index.py). Both are written
+  in one atomic batch. The index's own family has a small memtable: its keys
+  arrive in random order (one per topic), and RocksDB inserts them faster
+  while the memtable stays in the CPU's cache (bench/topics.py);
 * queue metadata as JSON in the default column family under ``queue/<name>``.
 
 Durability maps onto RocksDB's write options: ``SYNC_WAL`` fsyncs the WAL
@@ -55,6 +60,11 @@ logger = logging.getLogger(__name__)
 _META_PREFIX = b"queue/"
 _KV_PREFIX = b"meta/"
 _CF_PREFIX = "q."
+_INDEX_CF_PREFIX = "i."
+#: The index family's memtable (RocksDB's default is 64 MiB).
+INDEX_WRITE_BUFFER_BYTES = 8 * 1024 * 1024
+#: Index entries moved per batch from a queue's family into its index family (stores from before it).
+_MOVE_BATCH = 10_000
 #: How often expired messages are range-deleted, in seconds.
 RECLAIM_INTERVAL = 300.0
 #: The WAL kept before memtables are flushed: what a reopen after a full disk must replay.
@@ -71,6 +81,13 @@ def _options() -> rocksdict.Options:
     options.create_missing_column_families(True)
     options.set_max_background_jobs(2)
     options.set_max_total_wal_size(MAX_TOTAL_WAL_BYTES)
+    return options
+
+
+def _family_options(family: str) -> rocksdict.Options:
+    options = rocksdict.Options(raw_mode=True)
+    if family.startswith(_INDEX_CF_PREFIX):
+        options.set_write_buffer_size(INDEX_WRITE_BUFFER_BYTES)
     return options
 
 
@@ -97,12 +114,15 @@ class EmbeddedStorage(Storage):
         self._infos: dict[str, QueueInfo] = {}
         self._families: dict[str, rocksdict.Rdict] = {}
         self._handles: dict[str, rocksdict.ColumnFamily] = {}
+        #: The topic-index families, of the queues that have the index.
+        self._index_families: dict[str, rocksdict.Rdict] = {}
+        self._index_handles: dict[str, rocksdict.ColumnFamily] = {}
         for key, value in self._db.items(from_key=_META_PREFIX):
             if not key.startswith(_META_PREFIX):
                 break
             info = QueueInfo.from_json(value)
             self._infos[info.name] = info
-            self._bind(info.name)
+            self._bind(info)
         #: Whether RocksDB failed in a way only a reopen cures (a full disk).
         self._failed = False
         self._last_reopen = 0.0
@@ -118,7 +138,7 @@ class EmbeddedStorage(Storage):
             families = {}
             if os.path.exists(os.path.join(self.path, "CURRENT")):
                 names = rocksdict.Rdict.list_cf(self.path, options)
-                families = {n: rocksdict.Options(raw_mode=True) for n in names if n != "default"}
+                families = {n: _family_options(n) for n in names if n != "default"}
             return rocksdict.Rdict(self.path, options, column_families=families)
         except Exception as e:  # rocksdict raises plain Exception
             if "lock" in str(e).lower():
@@ -129,10 +149,37 @@ class EmbeddedStorage(Storage):
                 ) from e
             raise StorageError(f"cannot open the embedded store {self.path}: {e}") from e
 
-    def _bind(self, name: str) -> None:
-        family = _CF_PREFIX + name
+    def _bind(self, info: QueueInfo) -> None:
+        name, family = info.name, _CF_PREFIX + info.name
         self._families[name] = self._db.get_column_family(family)
         self._handles[name] = self._db.get_column_family_handle(family)
+        if info.topic_index:
+            index = _INDEX_CF_PREFIX + name
+            if index not in rocksdict.Rdict.list_cf(self.path, _options()):
+                self._db.create_column_family(index, _family_options(index))
+            self._index_families[name] = self._db.get_column_family(index)
+            self._index_handles[name] = self._db.get_column_family_handle(index)
+            self._move_index_entries(name)
+
+    def _move_index_entries(self, name: str) -> None:
+        """Move index entries that an older hqueue kept in the queue's own family into its index family."""
+        family, moved = self._families[name], 0
+        while True:
+            entries = list(islice(family.items(from_key=INDEX_PREFIX), _MOVE_BATCH))
+            if not entries:
+                break
+            batch = rocksdict.WriteBatch(raw_mode=True)
+            for key, value in entries:
+                batch.put(key, value, self._index_handles[name])
+                batch.delete(key, self._handles[name])
+            self._db.write(batch, self._write_options[Durability.SYNC_WAL])
+            moved += len(entries)
+        if moved:
+            logger.info("moved %d topic-index entries of %s into their own column family", moved, name)
+
+    def _unbind(self, name: str) -> None:
+        for bound in (self._families, self._handles, self._index_families, self._index_handles):
+            bound.pop(name, None)
 
     def _family(self, name: str) -> rocksdict.Rdict:
         try:
@@ -147,12 +194,13 @@ class EmbeddedStorage(Storage):
         with self._lock:
             if info.name in self._infos:
                 raise QueueExists(info.name)
-            family = _CF_PREFIX + info.name
-            if family in rocksdict.Rdict.list_cf(self.path, _options()):
-                # Left behind by a crash between creating the family and its metadata.
-                self._db.drop_column_family(family)
-            self._db.create_column_family(family, rocksdict.Options(raw_mode=True))
-            self._bind(info.name)
+            existing = rocksdict.Rdict.list_cf(self.path, _options())
+            for family in (_CF_PREFIX + info.name, _INDEX_CF_PREFIX + info.name):
+                if family in existing:
+                    # Left behind by a crash between creating the family and its metadata.
+                    self._db.drop_column_family(family)
+            self._db.create_column_family(_CF_PREFIX + info.name, _family_options(_CF_PREFIX + info.name))
+            self._bind(info)
             self._put_info(info)
 
     def _put_info(self, info: QueueInfo) -> None:
@@ -181,18 +229,25 @@ class EmbeddedStorage(Storage):
         with self._lock:
             self.get_queue(name)
             self._guard(self._db.delete, _META_PREFIX + name.encode(), self._write_options[Durability.SYNC_WAL])
-            del self._infos[name], self._families[name], self._handles[name]
+            del self._infos[name]
+            indexed = name in self._index_families
+            self._unbind(name)
             self._guard(self._db.drop_column_family, _CF_PREFIX + name)
+            if indexed:
+                self._guard(self._db.drop_column_family, _INDEX_CF_PREFIX + name)
 
     def truncate_queue(self, name: str) -> None:
         self._heal()
         with self._lock:
             info = self.get_queue(name)
-            # Dropping and re-creating the family frees the space at once,
+            # Dropping and re-creating the families frees the space at once,
             # where a range delete would wait for compaction.
-            self._guard(self._db.drop_column_family, _CF_PREFIX + name)
-            self._guard(self._db.create_column_family, _CF_PREFIX + name, rocksdict.Options(raw_mode=True))
-            self._bind(name)
+            families = [_CF_PREFIX + name] + ([_INDEX_CF_PREFIX + name] if name in self._index_families else [])
+            self._unbind(name)
+            for family in families:
+                self._guard(self._db.drop_column_family, family)
+                self._guard(self._db.create_column_family, family, _family_options(family))
+            self._bind(info)
             self._infos[name] = info
 
     # -- cells ----------------------------------------------------------------
@@ -204,11 +259,18 @@ class EmbeddedStorage(Storage):
             raise QueueNotFound(name)
         batch = rocksdict.WriteBatch(raw_mode=True)
         batch.set_default_column_family(handle)
-        put = batch.put
-        for key, value in cells:
-            put(key, value)
+        put, index = batch.put, self._index_handles.get(name)
+        if index is None:
+            for key, value in cells:
+                put(key, value)
+        else:  # index entries (topic_index.py) go to the index family, in the same batch
+            for key, value in cells:
+                if key[:2] == INDEX_PREFIX:
+                    put(key, value, index)
+                else:
+                    put(key, value)
         for key in deletes:
-            batch.delete(key)
+            batch.delete(key, index if index is not None and key[:2] == INDEX_PREFIX else handle)
         self._guard(self._db.write, batch, self._write_options[durability])
 
     def scan(
@@ -221,6 +283,8 @@ class EmbeddedStorage(Storage):
     ) -> list[Cell]:
         self._heal()
         family = self._family(name)
+        if start_key[:2] == INDEX_PREFIX:
+            family = self._index_families.get(name, family)
         start_key = max(start_key, self._ttl_floor(name, start_key))
         if start_key >= stop_key:
             return []
@@ -293,12 +357,13 @@ class EmbeddedStorage(Storage):
             family.delete_range(partition_prefix(pid), encode_rowkey(pid, cutoff))
             # Timers overdue by more than the TTL expire as their messages would have (timers.py).
             family.delete_range(*pending_range(pid, cutoff.timestamp))
-        if info.topic_index:  # index entries sort by topic, not time: walk them (topic_index.py)
-            oldest = cutoff.to_bytes()
-            gone = [key for key, _ in family.items(from_key=INDEX_PREFIX) if expired(key, oldest)]
-            for key in gone:
-                family.delete(key)
         family.compact_range(None, None)
+        index = self._index_families.get(name)
+        if index is not None:  # index entries sort by topic, not time: walk them (topic_index.py)
+            oldest = cutoff.to_bytes()
+            for key in [key for key in index.keys() if expired(key, oldest)]:
+                index.delete(key)
+            index.compact_range(None, None)
         logger.debug("reclaimed expired messages of %s before %s", name, cutoff)
 
     def _reclaim_loop(self) -> None:
@@ -316,8 +381,8 @@ class EmbeddedStorage(Storage):
             if self._closed.is_set():
                 return
             self._closed.set()
-            self._families.clear()
-            self._handles.clear()
+            for name in list(self._families):
+                self._unbind(name)
             try:
                 self._db.close()
             except Exception as e:  # a store that failed (a full disk) still closes
@@ -367,15 +432,15 @@ class EmbeddedStorage(Storage):
                 except Exception:
                     pass  # it is broken: that is why we are here
             # RocksDB's lock goes with the last reference to the old instance.
-            self._families.clear()
-            self._handles.clear()
+            for name in list(self._families):
+                self._unbind(name)
             self._db = None
             gc.collect()
             try:
                 self._db = self._open()
             except StorageError as e:
                 raise StorageError(f"embedded store {self.path} failed and cannot reopen yet: {e}") from e
-            for name in self._infos:
-                self._bind(name)
+            for info in self._infos.values():
+                self._bind(info)
             self._failed = False
             logger.warning("embedded store %s reopened after a failure; operations go on", self.path)

@@ -154,6 +154,19 @@ class Consumer:
         backoff of 1 s doubling per failure, at most 10 minutes). Counts as a failure."""
         return self._engine.group_nack(self.queue.name, self.group, self.member, _rowkeys(deliveries), delay)
 
+    def dead_letter(self, deliveries: Delivery | Message | Iterable[Delivery | Message]) -> int:
+        """Move messages to ``<queue>.dlq`` now, whatever their retries, and finish them.
+
+        For a message that will never succeed. The partition's owner writes
+        the dead-letter queue (making it if missing), so a consumer's token is
+        enough. Returns how many this member held.
+
+        Raises:
+            NotPartitionOwner: the dead-letter queue was just made and its
+                partitions are not served yet (a cluster): try again soon.
+        """
+        return self._engine.group_dead_letter(self.queue.name, self.group, self.member, _rowkeys(deliveries))
+
     def __iter__(self) -> Iterator[Delivery]:
         """Deliveries as they come, until :meth:`close`. Ack each one."""
         while not self.closed:

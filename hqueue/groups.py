@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from .coordination.registry import successor
 from .deadletters import dead_letter, dead_letter_queue
-from .errors import InvalidArgument, QueueNotFound
+from .errors import InvalidArgument, NotPartitionOwner, QueueNotFound
 from .group_state import (
     DEFAULT_MAX_SPAN,
     LATEST,
@@ -351,6 +351,22 @@ class GroupService:
         """
         if delay is not None and (not isinstance(delay, (int, float)) or not 0 <= delay <= 86400 * 7):
             raise InvalidArgument(f"'delay' must be seconds in [0, 604800] or None, got {delay!r}")
+        return self._give_back(queue, name, member, rowkeys, delay, at_once=False)
+
+    def dead_letter(self, queue: str, name: str, member: str, rowkeys: Iterable[bytes]) -> int:
+        """Move messages to ``<queue>.dlq`` now, whatever their retries, and finish them here.
+
+        For a consumer that knows a message will never succeed (the
+        :class:`~hqueue.processor.Processor`'s timeouts and its own retries):
+        the dead-letter queue is made and written here, by the partition's
+        owner, so the caller needs no right to create queues. Only leases
+        ``member`` holds count, as for :meth:`nack`.
+        """
+        return self._give_back(queue, name, member, rowkeys, None, at_once=True)
+
+    def _give_back(
+        self, queue: str, name: str, member: str, rowkeys: Iterable[bytes], delay: float | None, *, at_once: bool
+    ) -> int:
         group = self._group(queue, name)
         count = 0
         with group.lock:
@@ -359,7 +375,7 @@ class GroupService:
                 for message_id in ids:
                     lease = state.leases.get(message_id)
                     if lease is not None and lease[0] == member:
-                        self._failed(group, pid, state, message_id, delay)
+                        self._failed(group, pid, state, message_id, delay, at_once=at_once)
                         count += 1
         return count
 
@@ -401,13 +417,26 @@ class GroupService:
         return len(fresh)
 
     def _failed(
-        self, group: GroupState, pid: int, state: PartitionState, message_id: bytes, delay: float | None
+        self,
+        group: GroupState,
+        pid: int,
+        state: PartitionState,
+        message_id: bytes,
+        delay: float | None,
+        *,
+        at_once: bool = False,
     ) -> None:
-        """One failed delivery (a nack or a lease run out): retry later, or dead-letter it."""
+        """One failed delivery (a nack or a lease run out): retry later, or dead-letter it
+        (after ``max_retries``, or now when ``at_once``).
+
+        Raises:
+            NotPartitionOwner: ``at_once``, while no partition of the dead-letter
+                queue is served here yet (just made, in a cluster): try again soon.
+        """
         retries = state.retries[message_id] = state.retries.get(message_id, 0) + 1
         prefix = state_prefix(group.queue, group.name, pid)
         self.storage.write_meta({f"{prefix}retry/{message_id.hex()}": str(retries).encode()})
-        if retries <= group.config.max_retries:
+        if retries <= group.config.max_retries and not at_once:
             wait = backoff(retries) if delay is None else delay
             state.retry_at(message_id, time.monotonic() + wait)
             return
@@ -416,6 +445,8 @@ class GroupService:
             message = messages_from_columns([cell[0]], [cell[1]])[0]
             placed = dead_letter(self.engine, self.coordinator, group.queue, pid, message)
             if placed is None:  # the dead-letter queue has no partition here yet: try again soon
+                if at_once:  # the caller still holds the lease and tries again
+                    raise NotPartitionOwner(dead_letter_queue(group.queue), pid)
                 state.retry_at(message_id, time.monotonic() + 1.0)
                 return
             group.dead_lettered += 1

@@ -51,8 +51,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .consumer import Delivery
-from .deadletters import dead_letter_info, dead_letter_queue
-from .errors import InvalidArgument
+from .deadletters import dead_letter_queue
+from .errors import InvalidArgument, NoPartitionOwner, NotPartitionOwner, ServerUnavailable
 from .message import Message, MessageID
 
 if TYPE_CHECKING:
@@ -62,6 +62,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = ["CommitTracker", "Processor"]
+
+#: Tries to dead-letter a message, a second apart, while the dead-letter queue's partitions find their server.
+DEAD_LETTER_TRIES = 10
 
 
 class CommitTracker:
@@ -358,12 +361,20 @@ class Processor:
             self.completed += 1
 
     def dead_letter(self, delivery: Delivery, why: str) -> None:
-        """Put a failed message on ``<queue>.dlq`` (same partition, topic and value); then it is complete."""
-        engine, dlq = self.queue.engine, dead_letter_queue(self.queue.name)
-        partitions = dead_letter_info(engine, self.queue.name)[0].partitions
-        engine.put(dlq, [Message(delivery.topic, delivery.value)], delivery.partition_id % partitions)
+        """Move a failed message to ``<queue>.dlq`` through its group (the partition's
+        owner writes it: no admin right needed); then it is complete."""
+        for attempt in range(DEAD_LETTER_TRIES):
+            try:
+                self.consumer.dead_letter(delivery)
+                break
+            except (NotPartitionOwner, NoPartitionOwner, ServerUnavailable) as e:
+                if attempt == DEAD_LETTER_TRIES - 1:
+                    raise
+                logger.info("processor: dead-lettering %s must wait: %s", delivery.id, e)
+                time.sleep(1.0)
         with self._lock:
             self.dead_lettered += 1
+        dlq = dead_letter_queue(self.queue.name)
         logger.warning("processor: message %s dead-lettered to %s: %s", delivery.id, dlq, why)
         self.complete(delivery)
 

@@ -528,6 +528,12 @@ class RemoteEngine:
             for owner, mine in self._by_owner(queue, rowkeys).items()
         )
 
+    def group_dead_letter(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes]) -> int:
+        return sum(
+            self._call_at(owner, "groupDeadLetter", queue, group, member, wire.pack_rowkeys(mine), queue=queue)
+            for owner, mine in self._by_owner(queue, rowkeys).items()
+        )
+
     def group_leave(self, queue: str, group: str, member: str) -> None:
         for owner in self._owners(queue):
             try:

@@ -117,6 +117,23 @@ def test_after_max_retries_failures_the_message_goes_to_the_dead_letter_queue(ma
         assert [(m.value, m.partition_id) for m in dlq.scan()] == [(b"poison", 1)]
 
 
+def test_a_member_dead_letters_a_message_at_once(make_queue, admin):
+    queue = make_queue(partitions=2)
+    queue.put([Message("t", b"hopeless"), Message("t", b"fine")], 1)
+    with queue.consumer("g") as consumer, queue.consumer("g", member="other") as other:
+        got = drain(consumer, 2)
+        hopeless = next(d for d in got if d.value == b"hopeless")
+        assert other.dead_letter(hopeless) == 0  # not its lease
+        assert consumer.dead_letter(hopeless) == 1
+        assert consumer.dead_letter(hopeless) == 0  # done already
+        consumer.ack([d for d in got if d.value == b"fine"])
+        assert consumer.receive(10, wait=0.3) == []  # never handed out again
+        partitions = admin.describe_group(queue.name, "g")["partitions"]
+        assert [p["lag_messages"] for p in partitions.values()] == [0, 0]
+    with HQueue(queue.name + ".dlq", queue.url) as dlq:
+        assert [(m.value, m.partition_id) for m in dlq.scan()] == [(b"hopeless", 1)]
+
+
 def test_progress_survives_reopening_acked_messages_stay_acked(tmp_path):
     url = "local://" + str(tmp_path / "data")
     with HQueueAdmin(url) as admin:

@@ -111,6 +111,24 @@ def test_roles_cover_only_their_queue_patterns(secured, monkeypatch):
         admin.delete_queue("crawl.new", force=True)
 
 
+def test_a_processor_with_a_consumer_token_dead_letters_without_admin_rights(secured):
+    """The partition's owner makes and writes <queue>.dlq: the client needs no right to create queues."""
+    from hqueue import Processor
+
+    url = f"hqueue://{secured.address}"
+
+    def fail(message: Message) -> None:
+        raise RuntimeError("never works")
+
+    with HQueue("crawl.pages", url, token=CRAWLER) as queue:
+        queue.put(Message("t", b"hopeless"), 1)
+        with Processor(queue, "p", fail, max_retries=0) as processor:
+            assert processor.wait_idle(timeout=30)
+            assert processor.dead_lettered == 1
+    with HQueue("crawl.pages.dlq", url, token=CRAWLER) as dlq:
+        assert [(m.value, m.partition_id) for m in dlq.scan()] == [(b"hopeless", 1)]
+
+
 def test_the_url_carries_the_token_and_never_echoes_it(secured):
     with HQueue("orders", f"hqueue://{ADMIN}@{secured.address}") as queue:
         queue.put(Message("t", b"x"))

@@ -296,6 +296,13 @@ service HQueueService {
   i32 groupNack(1: string queue, 2: string group, 3: string member, 4: binary rowkeys, 5: i32 delayMillis)
       throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TNotPartitionOwner notOwner,
               4: TGroupNotFound groupNotFound, 5: TIOError io, 6: TNotAuthorized denied)
+  /** Move the messages to <queue>.dlq now, whatever their retries (made here if
+      missing: the caller needs no admin right), and finish them. Only leases
+      the member holds count. notOwner also while the dead-letter queue's
+      partitions are not served yet: try again. */
+  i32 groupDeadLetter(1: string queue, 2: string group, 3: string member, 4: binary rowkeys)
+      throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TNotPartitionOwner notOwner,
+              4: TGroupNotFound groupNotFound, 5: TIOError io, 6: TNotAuthorized denied)
   void groupLeave(1: string queue, 2: string group, 3: string member)
       throws (1: TQueueNotFound notFound, 2: TGroupNotFound groupNotFound, 3: TIOError io, 4: TNotAuthorized denied)
   list<string> listGroups(1: string queue)

@@ -413,6 +413,10 @@ class HQueueHandler:
         return count
 
     @_served("consumer")
+    def groupDeadLetter(self, queue: str, group: str, member: str, rowkeys: bytes) -> int:
+        return self.engine.group_dead_letter(queue, group, member, wire.unpack_rowkeys(rowkeys))
+
+    @_served("consumer")
     def groupLeave(self, queue: str, group: str, member: str) -> None:
         self.engine.group_leave(queue, group, member)
 

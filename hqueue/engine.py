@@ -15,12 +15,12 @@ import logging
 import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict
-from operator import add
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import topic_index
-from .config import MAX_TOPIC_BYTES, InfoCache, QueueInfo
-from .errors import HQueueError, InvalidMessage, InvalidPartition, MessageTooLarge, QueueEnabled
+from .checks import check_columns, check_partition, message_columns
+from .config import InfoCache, QueueInfo
+from .errors import HQueueError, QueueEnabled
 from .groups import GroupService, forget_groups
 from .ids import IDAllocator, consecutive, runs
 from .message import (
@@ -30,8 +30,6 @@ from .message import (
     cell_keys,
     decode_rowkey,
     messages_from_columns,
-    topics_of,
-    values_of,
 )
 from .scanner import KeyRangeCursor, Scan
 from .storage import Storage, normalize_url, open_storage
@@ -538,35 +536,13 @@ class Engine:
         """:meth:`scan` as (cell keys, values): no object per message."""
         info = self.enabled_queue(name)
         if info.topic_index and topic_index.usable(topics):
-            cells = self._scan_index(name, start_key, stop_key, topics, limit)  # type: ignore[arg-type]
+            cells = topic_index.scan(self.storage, info, start_key, stop_key, topics, limit)  # type: ignore[arg-type]
         else:
             cells = self.storage.scan(name, start_key, stop_key, topics, limit)
         if not cells:
             return (), ()
         keys, values = zip(*cells, strict=True)
         return keys, values
-
-    def _scan_index(
-        self, name: str, start_key: bytes, stop_key: bytes, topics: Collection[bytes], limit: int
-    ) -> list[tuple[bytes, bytes]]:
-        """A topic-filtered scan through the topic index: each topic's entries only (topic_index.py)."""
-        found: list[tuple[bytes, bytes]] = []
-        hash = topic_index.topic_hash(self.queue_info(name))
-        for topic in topics:
-            start, stop = topic_index.index_range(start_key, stop_key, topic, hash)
-            taken = 0
-            while taken < limit:
-                asked = limit - taken
-                cells = self.storage.scan(name, start, stop, None, asked)
-                mine = [(topic_index.message_key(k), v) for k, v in cells if topic_index.entry_topic(k) == topic]
-                found += mine
-                taken += len(mine)
-                if len(cells) < asked:  # the end of this topic's entries
-                    break
-                start = cells[-1][0] + b"\x00"  # some were another topic's (a hash collision): go on
-        if len(topics) > 1:
-            found.sort()
-        return found[:limit]
 
     def partition_locations(self, name: str) -> list[str]:
         """Where each partition is served: "" for all (this process reads them itself)."""
@@ -584,59 +560,3 @@ class Engine:
 def _high_water_range(partition_id: int) -> tuple[bytes, bytes]:
     key = high_water_key(partition_id) + _HIGH_WATER_QUALIFIER
     return key, key + b"\x00"
-
-
-def check_partition(info: QueueInfo, partition_id: object) -> int:
-    if not isinstance(partition_id, int) or isinstance(partition_id, bool):
-        raise TypeError(f"'partition_id' must be an int, not {type(partition_id).__name__}")
-    if not 0 <= partition_id < info.partitions:
-        raise InvalidPartition(
-            f"'partition_id' must be in 0..{info.partitions - 1} for queue {info.name!r}, got {partition_id}"
-        )
-    return partition_id
-
-
-def check_columns(info: QueueInfo, topics: Sequence[bytes], values: Sequence[bytes]) -> None:
-    """Reject a batch given as topics and values: empty, or a size out of bounds (checked in C)."""
-    if not topics or len(topics) != len(values):
-        raise InvalidMessage("a put needs at least one message, and as many values as topics")
-    topic_sizes = list(map(len, topics))
-    sizes = list(map(add, topic_sizes, map(len, values)))
-    if min(topic_sizes) > 0 and max(topic_sizes) <= MAX_TOPIC_BYTES and max(sizes) <= info.max_message_bytes:
-        return
-    for index, (topic_size, size) in enumerate(zip(topic_sizes, sizes, strict=True)):  # say which one
-        _check_sizes(info, index, topic_size, size)
-
-
-def _check_sizes(info: QueueInfo, index: int, topic_size: int, size: int) -> None:
-    if not topic_size:
-        raise InvalidMessage(f"message {index} needs a non-empty topic")
-    if topic_size > MAX_TOPIC_BYTES:
-        raise InvalidMessage(f"message {index} has a topic over {MAX_TOPIC_BYTES} bytes")
-    if size > info.max_message_bytes:
-        raise MessageTooLarge(
-            f"message {index} is {size} bytes; queue {info.name!r} takes at most {info.max_message_bytes} "
-            "(topic + value)"
-        )
-
-
-def message_columns(info: QueueInfo, messages: Sequence[Message]) -> tuple[list[bytes], list[bytes]]:
-    """A batch's topics and values, once it is checked: not empty, Message objects, sizes in bounds.
-
-    Raises:
-        InvalidMessage, MessageTooLarge, TypeError: naming the first bad message.
-    """
-    if len(messages) == 1:  # an unbatched put: fewer calls than the batch path below
-        message = messages[0]
-        if type(message) is Message:
-            topic, value = message.topic, message.value
-            _check_sizes(info, 0, len(topic), len(topic) + len(value))
-            return [topic], [value]
-    if not messages:
-        raise InvalidMessage("a put needs at least one message")
-    if set(map(type, messages)) != {Message}:
-        index, bad = next((i, m) for i, m in enumerate(messages) if type(m) is not Message)
-        raise TypeError(f"message {index} must be a Message, not {type(bad).__name__}")
-    topics, values = topics_of(messages), values_of(messages)
-    check_columns(info, topics, values)
-    return topics, values

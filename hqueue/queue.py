@@ -11,10 +11,10 @@ from itertools import islice
 from typing import overload
 
 from .batch import MessageBatch
+from .checks import check_partition
 from .config import QueueInfo
 from .connection import Connected
 from .consumer import Consumer
-from .engine import check_partition
 from .errors import InvalidArgument, InvalidPartition
 from .group_state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES
 from .message import Message, MessageID

@@ -34,29 +34,26 @@ from __future__ import annotations
 
 import logging
 import os
-import queue as queue_module
 import random
-import select
 import ssl
 import threading
 import time
 import urllib.parse
 from collections.abc import Collection, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import asdict
 from operator import add
 from typing import Any
 
-from thriftpy2.protocol import TBinaryProtocolFactory
-from thriftpy2.thrift import TClient, TException
-from thriftpy2.transport import TFramedTransportFactory, TSocket, TSSLSocket, TTransportException
+from thriftpy2.thrift import TException
+from thriftpy2.transport import TTransportException
 
+from .checks import check_partition, message_columns
 from .config import InfoCache, QueueInfo, QueueState
-from .engine import check_partition, message_columns
 from .errors import HQueueError, InvalidArgument, NoPartitionOwner, NotPartitionOwner, OutcomeUnknown, ServerUnavailable
 from .ids import consecutive
 from .message import Message, MessageID, messages_from_columns, rowkeys_by_partition
 from .rpc import packed, wire
+from .rpc.pool import Connection, NotSent, Pool
 from .scanner import Scan
 from .timers import Timer
 
@@ -81,101 +78,6 @@ def parse_url(url: str) -> tuple[list[str], str | None, dict[str, str]]:
     if unknown:
         raise InvalidArgument(f"unknown hqueue:// URL options {sorted(unknown)} (known: timeout, tls, ca)")
     return servers, urllib.parse.unquote(token) if at else None, options
-
-
-class _Connection:
-    """One Thrift client and its socket (thriftpy2 clients are not thread-safe)."""
-
-    def __init__(self, pool: _Pool) -> None:
-        if pool.ssl_context is not None:
-            self.socket: TSocket = TSSLSocket(
-                pool.host, pool.port, socket_timeout=pool.timeout_ms, ssl_context=pool.ssl_context
-            )
-        else:
-            self.socket = TSocket(pool.host, pool.port, socket_timeout=pool.timeout_ms)
-        transport = TFramedTransportFactory().get_transport(self.socket)
-        transport.open()
-        self.client = TClient(wire.T.HQueueService, TBinaryProtocolFactory().get_protocol(transport))
-        if pool.token is not None:
-            try:
-                self.client.authenticate(pool.token)
-            except BaseException:
-                self.socket.close()  # refused, or broken: this connection is of no use
-                raise
-
-    def stale(self) -> bool:
-        """Whether the server closed this idle connection (restart, idle timeout)."""
-        sock = self.socket.sock
-        if sock is None:
-            return True
-        try:
-            readable, _, _ = select.select([sock], [], [], 0)
-        except (OSError, ValueError):
-            return True
-        return bool(readable)  # an idle connection has nothing to read but EOF
-
-    def close(self) -> None:
-        self.socket.close()
-
-
-class _Pool:
-    """Connections to one server."""
-
-    def __init__(
-        self, address: str, timeout_ms: int, token: str | None = None, ssl_context: ssl.SSLContext | None = None
-    ) -> None:
-        host, _, port = address.rpartition(":")
-        self.address, self.host, self.port, self.timeout_ms = address, host, int(port), timeout_ms
-        self.token, self.ssl_context = token, ssl_context
-        self._idle: queue_module.SimpleQueue = queue_module.SimpleQueue()
-
-    def take(self) -> _Connection:
-        """A connection for the caller alone; give it back with :meth:`give_back`."""
-        while True:
-            try:
-                connection = self._idle.get_nowait()
-            except queue_module.Empty:
-                try:
-                    return _Connection(self)
-                except (TTransportException, OSError) as e:
-                    raise _NotSent(e) from e
-            if not connection.stale():
-                return connection
-            connection.close()
-
-    def give_back(self, connection: _Connection, broken: bool = False) -> None:
-        if broken:
-            connection.close()
-        else:
-            self._idle.put(connection)
-
-    @contextmanager
-    def client(self) -> Iterator[Any]:
-        connection = self.take()
-        try:
-            yield connection.client
-        except (TTransportException, OSError):
-            self.give_back(connection, broken=True)  # the connection is in an unknown state
-            raise
-        except BaseException:
-            self.give_back(connection)  # an answer came back (a typed error): the connection is fine
-            raise
-        self.give_back(connection)
-
-    def close(self) -> None:
-        while True:
-            try:
-                self._idle.get_nowait().close()
-            except queue_module.Empty:
-                return
-
-
-class _NotSent(Exception):
-    """No connection could be made: the request never left."""
-
-    def __init__(self, cause: Exception) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
 
 
 def _batches(topics: list[bytes], values: list[bytes]) -> Iterator[tuple[int, int]]:
@@ -232,7 +134,7 @@ class RemoteEngine:
         if options.get("tls", "0") not in ("0", "") or "ca" in options:
             self._ssl_context = ssl.create_default_context(cafile=options.get("ca"))
         self.owner_timeout = owner_timeout
-        self._pools: dict[str, _Pool] = {}
+        self._pools: dict[str, Pool] = {}
         self._lock = threading.Lock()
         self._locations: dict[str, list[str]] = {}
         self._infos = InfoCache(self._describe_info, stale_on=(ServerUnavailable,))
@@ -241,11 +143,11 @@ class RemoteEngine:
 
     # -- calls ----------------------------------------------------------------------
 
-    def _pool(self, address: str) -> _Pool:
+    def _pool(self, address: str) -> Pool:
         with self._lock:
             pool = self._pools.get(address)
             if pool is None:
-                pool = self._pools[address] = _Pool(address, self._timeout_ms, self._token, self._ssl_context)
+                pool = self._pools[address] = Pool(address, self._timeout_ms, self._token, self._ssl_context)
             return pool
 
     def _call_at(self, address: str, method: str, *args, queue: str | None = None, pid: int = -1):
@@ -258,7 +160,7 @@ class RemoteEngine:
             try:
                 with self._pool(address).client() as client:
                     return getattr(client, method)(*args)
-            except _NotSent as e:
+            except NotSent as e:
                 raise ServerUnavailable(f"hqueue server {address}: {method}: {e}") from e.cause
             except (TTransportException, OSError) as e:
                 if attempt == 1 and method in _READS:
@@ -609,8 +511,8 @@ class RemoteCursor:
         self.server = engine.locations(queue)[partition_id] or random.choice(engine._seeds)
         self._pool = engine._pool(self.server)
         try:
-            self._connection: _Connection | None = self._pool.take()
-        except _NotSent as e:
+            self._connection: Connection | None = self._pool.take()
+        except NotSent as e:
             raise ServerUnavailable(f"hqueue server {self.server}: {e}") from e.cause
         self.done = False
         try:

@@ -34,12 +34,16 @@ import hashlib
 from collections.abc import Callable, Collection, Sequence
 from itertools import repeat
 from operator import add, itemgetter
+from typing import TYPE_CHECKING
 
 from xxhash import xxh3_64_digest
 
 from .config import QueueInfo
 from .errors import InvalidArgument
 from .message import ROWKEY_LENGTH
+
+if TYPE_CHECKING:
+    from .storage.base import Storage
 
 INDEX_PREFIX = b"\xff\xff"
 #: Index keys are this long before the message's ID (prefix, partition, topic hash).
@@ -147,3 +151,27 @@ def message_key(index_key: bytes) -> bytes:
 
 def usable(topics: Collection[bytes] | None) -> bool:
     return topics is not None and 0 < len(topics) <= MAX_INDEXED_TOPICS
+
+
+def scan(
+    storage: Storage, info: QueueInfo, start_key: bytes, stop_key: bytes, topics: Collection[bytes], limit: int
+) -> list[tuple[bytes, bytes]]:
+    """A topic-filtered scan of one partition's message keys ``start_key <= key < stop_key``
+    through the index: each topic's entries only, as (cell key, value), in key order."""
+    found: list[tuple[bytes, bytes]] = []
+    hash = topic_hash(info)
+    for topic in topics:
+        start, stop = index_range(start_key, stop_key, topic, hash)
+        taken = 0
+        while taken < limit:
+            asked = limit - taken
+            cells = storage.scan(info.name, start, stop, None, asked)
+            mine = [(message_key(k), v) for k, v in cells if entry_topic(k) == topic]
+            found += mine
+            taken += len(mine)
+            if len(cells) < asked:  # the end of this topic's entries
+                break
+            start = cells[-1][0] + b"\x00"  # some were another topic's (a hash collision): go on
+    if len(topics) > 1:
+        found.sort()
+    return found[:limit]

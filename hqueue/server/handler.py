@@ -19,9 +19,10 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..auth import OPEN, AuthPolicy, Principal, PushPolicy
+from ..checks import check_partition
 from ..config import QueueState
 from ..coordination import Coordinator
-from ..engine import Engine, check_partition
+from ..engine import Engine
 from ..errors import HQueueError, InvalidArgument, NotAuthorized, NotPartitionOwner
 from ..message import Message, MessageID, cell_keys_of, values_of
 from ..rpc import packed, wire

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..checks import check_partition
 from ..coordination.registry import Registration, SubscriberExists, SubscriberNotFound, SubscriberRegistry, successor
-from ..engine import Engine, check_partition
+from ..engine import Engine
 from ..errors import InvalidArgument, InvalidMessage
 from ..lag import partition_lag
 from ..message import MessageID

@@ -1,0 +1,71 @@
+"""What a put must satisfy before anything is written: a partition of the
+queue, and a batch that is not empty, of Message objects, with topics and
+sizes in bounds. Each check names the first bad message; nothing is
+written when one fails. The engine, the remote client and the server use
+the same checks, so an error reads the same wherever it is raised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from operator import add
+
+from .config import MAX_TOPIC_BYTES, QueueInfo
+from .errors import InvalidMessage, InvalidPartition, MessageTooLarge
+from .message import Message, topics_of, values_of
+
+
+def check_partition(info: QueueInfo, partition_id: object) -> int:
+    if not isinstance(partition_id, int) or isinstance(partition_id, bool):
+        raise TypeError(f"'partition_id' must be an int, not {type(partition_id).__name__}")
+    if not 0 <= partition_id < info.partitions:
+        raise InvalidPartition(
+            f"'partition_id' must be in 0..{info.partitions - 1} for queue {info.name!r}, got {partition_id}"
+        )
+    return partition_id
+
+
+def check_columns(info: QueueInfo, topics: Sequence[bytes], values: Sequence[bytes]) -> None:
+    """Reject a batch given as topics and values: empty, or a size out of bounds (checked in C)."""
+    if not topics or len(topics) != len(values):
+        raise InvalidMessage("a put needs at least one message, and as many values as topics")
+    topic_sizes = list(map(len, topics))
+    sizes = list(map(add, topic_sizes, map(len, values)))
+    if min(topic_sizes) > 0 and max(topic_sizes) <= MAX_TOPIC_BYTES and max(sizes) <= info.max_message_bytes:
+        return
+    for index, (topic_size, size) in enumerate(zip(topic_sizes, sizes, strict=True)):  # say which one
+        _check_sizes(info, index, topic_size, size)
+
+
+def _check_sizes(info: QueueInfo, index: int, topic_size: int, size: int) -> None:
+    if not topic_size:
+        raise InvalidMessage(f"message {index} needs a non-empty topic")
+    if topic_size > MAX_TOPIC_BYTES:
+        raise InvalidMessage(f"message {index} has a topic over {MAX_TOPIC_BYTES} bytes")
+    if size > info.max_message_bytes:
+        raise MessageTooLarge(
+            f"message {index} is {size} bytes; queue {info.name!r} takes at most {info.max_message_bytes} "
+            "(topic + value)"
+        )
+
+
+def message_columns(info: QueueInfo, messages: Sequence[Message]) -> tuple[list[bytes], list[bytes]]:
+    """A batch's topics and values, once it is checked: not empty, Message objects, sizes in bounds.
+
+    Raises:
+        InvalidMessage, MessageTooLarge, TypeError: naming the first bad message.
+    """
+    if len(messages) == 1:  # an unbatched put: fewer calls than the batch path below
+        message = messages[0]
+        if type(message) is Message:
+            topic, value = message.topic, message.value
+            _check_sizes(info, 0, len(topic), len(topic) + len(value))
+            return [topic], [value]
+    if not messages:
+        raise InvalidMessage("a put needs at least one message")
+    if set(map(type, messages)) != {Message}:
+        index, bad = next((i, m) for i, m in enumerate(messages) if type(m) is not Message)
+        raise TypeError(f"message {index} must be a Message, not {type(bad).__name__}")
+    topics, values = topics_of(messages), values_of(messages)
+    check_columns(info, topics, values)
+    return topics, values

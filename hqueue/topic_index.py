@@ -1,9 +1,10 @@
 """The per-topic index (SPEC X4): reading one topic costs that topic's rows only.
 
 A queue made with ``topic_index=True`` (config ``hqueue.topicIndex``) writes
-each message twice in one atomic write: its row, and an index entry in the
-same table, under the prefix ``0xFFFF`` (above every partition and timer
-range)::
+each message twice in one atomic write: its row, and an index entry under
+the prefix ``0xFFFF`` (above every partition and timer range), in the same
+HBase table, or in the queue's own index column family on the embedded
+store (storage/embedded.py)::
 
     0xFFFF + pid (2) + hash(topic) (8 bytes) + ID (10) + topic  ->  value
 

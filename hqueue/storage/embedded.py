@@ -163,11 +163,12 @@ class EmbeddedStorage(Storage):
 
     def _move_index_entries(self, name: str) -> None:
         """Move index entries that an older hqueue kept in the queue's own family into its index family."""
-        family, moved = self._families[name], 0
+        family, moved, start = self._families[name], 0, INDEX_PREFIX
         while True:
-            entries = list(islice(family.items(from_key=INDEX_PREFIX), _MOVE_BATCH))
+            entries = list(islice(family.items(from_key=start), _MOVE_BATCH))
             if not entries:
                 break
+            start = entries[-1][0] + b"\x00"  # past the moved ones, not through their tombstones
             batch = rocksdict.WriteBatch(raw_mode=True)
             for key, value in entries:
                 batch.put(key, value, self._index_handles[name])

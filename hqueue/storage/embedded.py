@@ -168,7 +168,8 @@ class EmbeddedStorage(Storage):
             entries = list(islice(family.items(from_key=start), _MOVE_BATCH))
             if not entries:
                 break
-            start = entries[-1][0] + b"\x00"  # past the moved ones, not through their tombstones
+            last: bytes = entries[-1][0]
+            start = last + b"\x00"  # past the moved ones, not through their tombstones
             batch = rocksdict.WriteBatch(raw_mode=True)
             for key, value in entries:
                 batch.put(key, value, self._index_handles[name])

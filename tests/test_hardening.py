@@ -23,7 +23,7 @@ from thriftpy2.transport import TFramedTransportFactory
 from hqueue import HQueue, HQueueAdmin, Message
 from hqueue.auth import AuthPolicy, PushPolicy
 from hqueue.errors import InvalidArgument, NotAuthorized, OutcomeUnknown, ServerUnavailable
-from hqueue.rpc.frames import FrameError, check_call
+from hqueue.rpc.frames import FrameError, FrameReader, check_call
 from hqueue.rpc.threaded import ListeningSocket, ServerLimits
 from hqueue.rpc.wire import MAX_SCAN_BATCH, T
 from hqueue.server import HQueueServer
@@ -250,6 +250,45 @@ def server(tmp_path):
         admin.create_queue("q", 2)
     yield server
     server.stop()
+
+
+def test_frames_are_read_whole_however_the_bytes_arrive():
+    """Several frames in one recv, a head split over sends, a close between frames or inside one."""
+    ours, theirs = socket.socketpair()
+    reader = FrameReader(ours, 1024, idle_timeout=5, body_timeout=5)
+    frame = lambda body: struct.pack(">I", len(body)) + body  # noqa: E731
+    theirs.sendall(frame(b"one") + frame(b"two") + frame(b"three")[:2])
+    assert [reader.read(), reader.read()] == [b"one", b"two"]
+    theirs.sendall(frame(b"three")[2:5])
+    theirs.sendall(frame(b"three")[5:])
+    assert reader.read() == b"three"
+    theirs.sendall(frame(b"x" * 2000))
+    with pytest.raises(FrameError, match="2000 bytes"):
+        reader.read()
+    theirs.close()
+    ours.close()
+    ours, theirs = socket.socketpair()
+    reader = FrameReader(ours, 1024, idle_timeout=5, body_timeout=5)
+    theirs.close()
+    assert reader.read() is None  # closed between frames: the end, not an error
+    ours.close()
+    ours, theirs = socket.socketpair()
+    reader = FrameReader(ours, 1024, idle_timeout=5, body_timeout=5)
+    theirs.sendall(frame(b"cut short")[:6])
+    theirs.close()
+    with pytest.raises(ConnectionResetError):
+        reader.read()
+    ours.close()
+
+
+def test_a_stalled_frame_times_out_on_the_body_timeout_not_the_idle_one():
+    ours, theirs = socket.socketpair()
+    reader = FrameReader(ours, 1024, idle_timeout=None, body_timeout=0.2)  # idle: wait for ever
+    theirs.sendall(struct.pack(">I", 100) + b"only part")
+    with pytest.raises(TimeoutError):  # so only the body timeout can end this
+        reader.read()
+    ours.close()
+    theirs.close()
 
 
 def test_hostile_frames_end_their_own_connection_and_others_go_on(server):

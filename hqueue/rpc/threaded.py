@@ -41,7 +41,7 @@ from thriftpy2.thrift import TProcessor
 from thriftpy2.transport import TFramedTransportFactory, TServerSocket, TSocket, TTransportException
 from thriftpy2.transport.memory import TCyMemoryBuffer
 
-from .frames import DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_ITEMS, FrameError, check_call, read_frame
+from .frames import DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_ITEMS, FrameError, FrameReader, check_call
 
 logger = logging.getLogger(__name__)
 
@@ -250,9 +250,9 @@ class ThreadedServer(TThreadedServer):
 
     def _serve_frames(self, sock: socket.socket, connection: Connection) -> None:
         limits, new_protocol = self.limits, self.iprot_factory.get_protocol
+        frames = FrameReader(sock, limits.max_frame_bytes, limits.idle_timeout, limits.body_timeout)
         while not self.closed:
-            sock.settimeout(limits.idle_timeout)
-            frame = read_frame(sock, limits.max_frame_bytes, limits.body_timeout)
+            frame = frames.read()
             if frame is None:
                 return
             check_call(frame, limits.max_items)

@@ -56,6 +56,8 @@ class FrameReader:
 
     #: Bytes asked of one ``recv``: what a burst of small calls or a put's start needs.
     CHUNK = 65536
+    #: At most this much is asked at once, so a declared size alone never allocates much.
+    MAX_CHUNK = 1024 * 1024
 
     def __init__(
         self, sock: socket.socket, max_frame_bytes: int, idle_timeout: float | None, body_timeout: float | None
@@ -102,7 +104,7 @@ class FrameReader:
         """Read until the buffer holds ``size`` bytes; False if the peer closed before any."""
         buffer = self._buffer
         while len(buffer) < size:
-            chunk = self.sock.recv(max(self.CHUNK, size - len(buffer)))
+            chunk = self.sock.recv(min(max(self.CHUNK, size - len(buffer)), self.MAX_CHUNK))
             if not chunk:
                 if allow_eof and not buffer:
                     return False

@@ -80,3 +80,34 @@ def test_ttl_reclaim_then_a_restart_with_the_clock_an_hour_behind(monkeypatch, t
     with HQueue("q", data_dir=tmp_path) as queue:
         (after,) = queue.put(Message("t", b"y"))
     assert after > before
+
+
+def test_on_hbase_an_expired_partition_keeps_its_ids_below_new_ones(monkeypatch, hbase_standin):
+    """HBase hides expired cells itself, so the newest ID must be remembered before it
+    does; then a restart with the clock an hour behind still gives higher IDs.
+    Runs against the HBase Thrift1 stand-in (tests/hbase_standin.py), not HBase."""
+    import time
+
+    from hqueue.storage.base import read_id_floor
+
+    from .conftest import hbase_url
+
+    url = hbase_url(hbase_standin[0])
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 2, ttl=1)
+    with HQueue("q", url) as queue:
+        (before,) = queue.put(Message("t", b"x"), partition_id=1)
+        storage = queue.engine.storage  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 30  # the housekeeping thread runs every TTL/2 (0.5 s)
+        while read_id_floor(storage, "q") < before.timestamp and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert read_id_floor(storage, "q") == before.timestamp
+        while list(queue.scan()) and time.monotonic() < deadline:  # HBase's TTL hides the row
+            time.sleep(0.1)
+        assert storage.last_rowkey("q", 1) is None
+    clock = SteppingClock()
+    clock.ms = before.timestamp - HOUR_MS
+    monkeypatch.setattr(hqueue.ids, "time", clock)
+    with HQueue("q", url) as queue:
+        (after,) = queue.put(Message("t", b"y"), partition_id=1)
+    assert after > before

@@ -12,12 +12,16 @@ contract suite in ``tests/storage/`` can pin down every behaviour.
 from __future__ import annotations
 
 import abc
-from collections.abc import Collection, Iterable, Mapping, Sequence
+import logging
+import threading
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from ..config import Durability, QueueInfo
 from ..ids import wall_clock_ms
 from ..message import MessageID, decode_rowkey
 from ..topic_index import HEAD_LENGTH, is_index_key
+
+logger = logging.getLogger(__name__)
 
 Cell = tuple[bytes, bytes]
 
@@ -167,17 +171,44 @@ def expired(key: bytes, oldest: bytes) -> bool:
     return key[at : at + 10] < oldest
 
 
-def keep_id_floor(storage: Storage, info: QueueInfo, cutoff: MessageID) -> None:
-    """Before TTL reclaim deletes the rows below ``cutoff``, remember the IDs of
-    any partition's last rows among them: new IDs must stay above them even
-    after a restart with a clock that went back."""
+def keep_id_floor(storage: Storage, info: QueueInfo, cutoff: MessageID | None) -> None:
+    """Before TTL reclaim deletes the rows below ``cutoff`` (None: before any row
+    may vanish), remember the IDs of any partition's last rows among them: new
+    IDs must stay above them even after a restart with a clock that went back."""
     top = 0
     for pid in range(info.partitions):
         last = storage.last_rowkey(info.name, pid)
-        if last and decode_rowkey(last)[1] < cutoff:
+        if last and (cutoff is None or decode_rowkey(last)[1] < cutoff):
             top = max(top, decode_rowkey(last)[1].timestamp)
     if top > read_id_floor(storage, info.name):
         write_id_floor(storage, info.name, top)
+
+
+def housekeeping(
+    storage: Storage, closed: threading.Event, lock: threading.RLock, interval: Callable[[], float]
+) -> threading.Thread:
+    """Start a daemon thread that calls ``storage.reclaim_expired`` for every queue
+    with a TTL, every ``interval()`` seconds, until ``closed`` is set. ``close()``
+    takes ``lock`` too, so it waits for a round under way."""
+
+    def loop() -> None:
+        while not closed.wait(interval()):
+            try:
+                queues = [info.name for info in storage.list_queues() if info.ttl]
+            except Exception:
+                logger.warning("housekeeping could not list the queues", exc_info=True)
+                continue
+            for name in queues:
+                try:
+                    with lock:
+                        if not closed.is_set():
+                            storage.reclaim_expired(name)
+                except Exception:  # one bad queue never stops housekeeping
+                    logger.warning("housekeeping of expired messages of %s failed", name, exc_info=True)
+
+    thread = threading.Thread(target=loop, name="hqueue-housekeeping", daemon=True)
+    thread.start()
+    return thread
 
 
 def forget_id_floor(storage: Storage, name: str) -> None:

@@ -53,7 +53,7 @@ from ..errors import QueueExists, QueueNotFound, StorageError, StorageLocked
 from ..message import encode_rowkey, partition_prefix
 from ..timers import pending_range
 from ..topic_index import INDEX_PREFIX
-from .base import Cell, Storage, expired, keep_id_floor, ttl_cutoff, ttl_start
+from .base import Cell, Storage, expired, housekeeping, keep_id_floor, ttl_cutoff, ttl_start
 
 logger = logging.getLogger(__name__)
 
@@ -127,8 +127,7 @@ class EmbeddedStorage(Storage):
         self._failed = False
         self._last_reopen = 0.0
         self._closed = threading.Event()
-        self._reclaimer = threading.Thread(target=self._reclaim_loop, name="hqueue-reclaim", daemon=True)
-        self._reclaimer.start()
+        housekeeping(self, self._closed, self._lock, lambda: RECLAIM_INTERVAL)
         logger.debug("opened embedded store %s with %d queues", self.path, len(self._infos))
 
     def _open(self) -> rocksdict.Rdict:
@@ -367,16 +366,6 @@ class EmbeddedStorage(Storage):
                 index.delete(key)
             index.compact_range(None, None)
         logger.debug("reclaimed expired messages of %s before %s", name, cutoff)
-
-    def _reclaim_loop(self) -> None:
-        while not self._closed.wait(RECLAIM_INTERVAL):
-            for name in list(self._infos):
-                try:
-                    with self._lock:  # close() waits for a reclaim under way
-                        if not self._closed.is_set():
-                            self.reclaim_expired(name)
-                except Exception:  # one bad queue never stops housekeeping
-                    logger.warning("reclaiming expired messages of %s failed", name, exc_info=True)
 
     def close(self) -> None:
         with self._lock:

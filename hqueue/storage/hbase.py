@@ -30,6 +30,12 @@ What HBase's Thrift1 API can and cannot do, and what this backend does:
   Thrift1 has no truncate, so without it the table is disabled, deleted and
   created again with the same families (the info and ID floor are kept).
 * Counting: no cheap count exists over Thrift; ``estimate_count`` is None.
+* TTL: HBase hides and drops expired cells itself. What it cannot do is
+  keep IDs from going back (SPEC C2): once a partition's last rows expire,
+  nothing in the table says how high its IDs went, and a restart with a
+  clock that went back would give lower ones. So a housekeeping thread
+  remembers each TTL queue's newest ID (the ID floor, in the meta table)
+  at least twice per TTL, before HBase can hide it.
 
 Errors from Thrift, sockets and HBase are wrapped in :class:`StorageError`
 (``raise … from e``); idempotent reads are retried once on a fresh
@@ -39,6 +45,7 @@ connection, since the pool drops a connection that failed.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -56,7 +63,7 @@ from ..errors import InvalidArgument, QueueDisabled, QueueExists, QueueNotFound,
 from ..message import ROWKEY_LENGTH, partition_prefix
 from ..rpc import idl
 from ..topic_index import HEAD_LENGTH, is_index_key
-from .base import Cell, Storage
+from .base import Cell, Storage, housekeeping, keep_id_floor
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +76,10 @@ _META_COLUMN = b"q:info"
 _KV_COLUMN = b"q:meta"
 _KV_ROW = "meta/"
 _ID_END = b"\xff" * 10
+#: Seconds between housekeeping rounds, at most; a queue with a short TTL makes them closer.
+HOUSEKEEPING_INTERVAL = 300.0
+#: Nor closer than this, whatever the TTL.
+MIN_HOUSEKEEPING_INTERVAL = 0.5
 
 
 class StorageUnavailable(StorageError):
@@ -206,6 +217,19 @@ class HBaseStorage(Storage):
         except (TException, OSError) as e:
             raise StorageUnavailable(f"cannot connect to the HBase Thrift server at {host}:{port}: {e}") from e
         self._ensure_meta_table()
+        self._closed, self._lock = threading.Event(), threading.RLock()
+        housekeeping(self, self._closed, self._lock, self._housekeeping_interval)
+
+    def _housekeeping_interval(self) -> float:
+        """Half the shortest TTL (so every newest ID is remembered before it can
+        expire), within [MIN_HOUSEKEEPING_INTERVAL, HOUSEKEEPING_INTERVAL]."""
+        if self._closed.is_set():
+            return 0.0
+        try:
+            ttls = [info.ttl for info in self.list_queues() if info.ttl]
+        except Exception:  # HBase away: try again soon
+            return MIN_HOUSEKEEPING_INTERVAL * 10
+        return max(MIN_HOUSEKEEPING_INTERVAL, min([HOUSEKEEPING_INTERVAL] + [ttl / 2 for ttl in ttls]))
 
     @classmethod
     def from_url(cls, url: str) -> HBaseStorage:
@@ -469,7 +493,16 @@ class HBaseStorage(Storage):
     def estimate_count(self, name: str) -> int | None:
         return None
 
+    def reclaim_expired(self, name: str) -> None:
+        """HBase drops expired cells itself; remember the queue's newest ID before it
+        can (the ID floor: new IDs stay above it after a restart, SPEC C2)."""
+        info = self.get_queue(name)
+        if info.ttl:
+            keep_id_floor(self, info, None)
+
     def close(self) -> None:
+        with self._lock:  # waits for a housekeeping round under way
+            self._closed.set()
         # happybase's pool has no close(); drop every pooled connection.
         pool_queue = getattr(self._pool, "_queue", None)
         while pool_queue is not None and not pool_queue.empty():

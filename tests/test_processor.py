@@ -109,6 +109,19 @@ def test_a_failing_key_is_set_aside_retried_then_dead_lettered_and_others_go_on(
         assert [m.value for m in dlq.scan()] == [b"bad:1"]
 
 
+def test_a_message_whose_lease_ran_out_still_lands_in_the_dead_letter_queue(queue):
+    """The group no longer holds it for this member (here: another member's lease),
+    so the processor puts it there itself rather than ack it lost."""
+    queue.put(Message("t", b"stray"), 0)
+    with queue.consumer("p", member="other") as other:
+        (delivery,) = other.receive(1, wait=5)
+        with Processor(queue, "p", lambda m: None) as processor:
+            processor.dead_letter(delivery, "for the test")
+            assert processor.dead_lettered == 1
+    with HQueue("orders.dlq", queue.url) as dlq:
+        assert [m.value for m in dlq.scan()] == [b"stray"]
+
+
 def test_a_handler_past_its_timeout_fails_without_retry_and_its_key_goes_on(queue):
     queue.put([Message("t", b"slow:1"), Message("t", b"slow:2")], 0)
     calls: dict[bytes, int] = defaultdict(int)

@@ -159,7 +159,9 @@ class Consumer:
 
         For a message that will never succeed. The partition's owner writes
         the dead-letter queue (making it if missing), so a consumer's token is
-        enough. Returns how many this member held.
+        enough. Any message the group has not finished goes, even one whose
+        lease ran out meanwhile; returns how many (0 for one already acked or
+        dead-lettered).
 
         Raises:
             NotPartitionOwner: the dead-letter queue was just made and its

@@ -351,22 +351,6 @@ class GroupService:
         """
         if delay is not None and (not isinstance(delay, (int, float)) or not 0 <= delay <= 86400 * 7):
             raise InvalidArgument(f"'delay' must be seconds in [0, 604800] or None, got {delay!r}")
-        return self._give_back(queue, name, member, rowkeys, delay, at_once=False)
-
-    def dead_letter(self, queue: str, name: str, member: str, rowkeys: Iterable[bytes]) -> int:
-        """Move messages to ``<queue>.dlq`` now, whatever their retries, and finish them here.
-
-        For a consumer that knows a message will never succeed (the
-        :class:`~hqueue.processor.Processor`'s timeouts and its own retries):
-        the dead-letter queue is made and written here, by the partition's
-        owner, so the caller needs no right to create queues. Only leases
-        ``member`` holds count, as for :meth:`nack`.
-        """
-        return self._give_back(queue, name, member, rowkeys, None, at_once=True)
-
-    def _give_back(
-        self, queue: str, name: str, member: str, rowkeys: Iterable[bytes], delay: float | None, *, at_once: bool
-    ) -> int:
         group = self._group(queue, name)
         count = 0
         with group.lock:
@@ -375,8 +359,33 @@ class GroupService:
                 for message_id in ids:
                     lease = state.leases.get(message_id)
                     if lease is not None and lease[0] == member:
-                        self._failed(group, pid, state, message_id, delay, at_once=at_once)
+                        self._failed(group, pid, state, message_id, delay)
                         count += 1
+        return count
+
+    def dead_letter(self, queue: str, name: str, member: str, rowkeys: Iterable[bytes]) -> int:
+        """Move messages to ``<queue>.dlq`` now, whatever their retries, and finish them here.
+
+        For a consumer that knows a message will never succeed (the
+        :class:`~hqueue.processor.Processor`'s timeouts and its own retries).
+        The dead-letter queue is made and written here, by the partition's
+        owner, so the caller needs no right to create queues. Every message
+        the group has not finished counts, whoever holds it (as :meth:`ack`
+        takes any): one whose lease ran out while ``member`` worked on it
+        still goes. Returns how many; 0 for those already finished (acked, or
+        dead-lettered before).
+        """
+        group = self._group(queue, name)
+        count = 0
+        with group.lock:
+            for pid, ids in self._owned_partitions(group, rowkeys).items():
+                state = self._partition(group, pid)
+                for message_id in ids:
+                    if message_id >= state.done and message_id not in state.acked:
+                        self._failed(group, pid, state, message_id, None, at_once=True)
+                        count += 1
+        if count:
+            logger.info("group %s of %s: member %s dead-lettered %d messages", name, queue, member, count)
         return count
 
     def leave(self, queue: str, name: str, member: str) -> None:

@@ -51,7 +51,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .consumer import Delivery
-from .deadletters import dead_letter_info, dead_letter_queue
+from .deadletters import dead_letter_queue
 from .errors import InvalidArgument, NoPartitionOwner, NotPartitionOwner, ServerUnavailable
 from .message import Message, MessageID
 
@@ -362,15 +362,11 @@ class Processor:
 
     def dead_letter(self, delivery: Delivery, why: str) -> None:
         """Move a failed message to ``<queue>.dlq`` through its group (the partition's
-        owner writes it: no admin right needed); then it is complete.
-
-        If its lease ran out meanwhile, the group no longer counts it as in
-        our hands: the processor then puts a copy there itself (over
-        ``hqueue://`` that needs the right to make a missing dead-letter
-        queue), so a failed message is never acked without landing there."""
+        owner writes it: no admin right needed, and a message whose lease ran
+        out meanwhile goes too); then it is complete."""
         for attempt in range(DEAD_LETTER_TRIES):
             try:
-                moved = self.consumer.dead_letter(delivery)
+                self.consumer.dead_letter(delivery)  # 0: finished already (dead-lettered or acked)
                 break
             except (NotPartitionOwner, NoPartitionOwner, ServerUnavailable) as e:
                 if attempt == DEAD_LETTER_TRIES - 1:
@@ -378,9 +374,6 @@ class Processor:
                 logger.info("processor: dead-lettering %s must wait: %s", delivery.id, e)
                 time.sleep(1.0)
         dlq = dead_letter_queue(self.queue.name)
-        if not moved:  # its lease ran out meanwhile: the group no longer has it in our hands
-            partitions = dead_letter_info(self.queue.engine, self.queue.name)[0].partitions
-            self.queue.engine.put(dlq, [Message(delivery.topic, delivery.value)], delivery.partition_id % partitions)
         with self._lock:
             self.dead_lettered += 1
         logger.warning("processor: message %s dead-lettered to %s: %s", delivery.id, dlq, why)

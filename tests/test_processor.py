@@ -110,8 +110,8 @@ def test_a_failing_key_is_set_aside_retried_then_dead_lettered_and_others_go_on(
 
 
 def test_a_message_whose_lease_ran_out_still_lands_in_the_dead_letter_queue(queue):
-    """The group no longer holds it for this member (here: another member's lease),
-    so the processor puts it there itself rather than ack it lost."""
+    """The group no longer holds it for this member (here: another member's lease);
+    it still goes to the dead-letter queue, never acked without landing there."""
     queue.put(Message("t", b"stray"), 0)
     with queue.consumer("p", member="other") as other:
         (delivery,) = other.receive(1, wait=5)

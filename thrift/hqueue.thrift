@@ -297,9 +297,10 @@ service HQueueService {
       throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TNotPartitionOwner notOwner,
               4: TGroupNotFound groupNotFound, 5: TIOError io, 6: TNotAuthorized denied)
   /** Move the messages to <queue>.dlq now, whatever their retries (made here if
-      missing: the caller needs no admin right), and finish them. Only leases
-      the member holds count. notOwner also while the dead-letter queue's
-      partitions are not served yet: try again. */
+      missing: the caller needs no admin right), and finish them. Every message
+      the group has not finished counts, whoever holds it; returns how many.
+      notOwner also while the dead-letter queue's partitions are not served
+      yet: try again. */
   i32 groupDeadLetter(1: string queue, 2: string group, 3: string member, 4: binary rowkeys)
       throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TNotPartitionOwner notOwner,
               4: TGroupNotFound groupNotFound, 5: TIOError io, 6: TNotAuthorized denied)

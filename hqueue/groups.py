@@ -38,7 +38,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import replace
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
@@ -351,17 +351,12 @@ class GroupService:
         """
         if delay is not None and (not isinstance(delay, (int, float)) or not 0 <= delay <= 86400 * 7):
             raise InvalidArgument(f"'delay' must be seconds in [0, 604800] or None, got {delay!r}")
-        group = self._group(queue, name)
-        count = 0
-        with group.lock:
-            for pid, ids in self._owned_partitions(group, rowkeys).items():
-                state = self._partition(group, pid)
-                for message_id in ids:
-                    lease = state.leases.get(message_id)
-                    if lease is not None and lease[0] == member:
-                        self._failed(group, pid, state, message_id, delay)
-                        count += 1
-        return count
+
+        def held(state: PartitionState, message_id: bytes) -> bool:
+            lease = state.leases.get(message_id)
+            return lease is not None and lease[0] == member
+
+        return self._fail_each(queue, name, rowkeys, held, delay, at_once=False)
 
     def dead_letter(self, queue: str, name: str, member: str, rowkeys: Iterable[bytes]) -> int:
         """Move messages to ``<queue>.dlq`` now, whatever their retries, and finish them here.
@@ -375,17 +370,35 @@ class GroupService:
         still goes. Returns how many; 0 for those already finished (acked, or
         dead-lettered before).
         """
+
+        def unfinished(state: PartitionState, message_id: bytes) -> bool:
+            return message_id >= state.done and message_id not in state.acked
+
+        count = self._fail_each(queue, name, rowkeys, unfinished, None, at_once=True)
+        if count:
+            logger.info("group %s of %s: member %s dead-lettered %d messages", name, queue, member, count)
+        return count
+
+    def _fail_each(
+        self,
+        queue: str,
+        name: str,
+        rowkeys: Iterable[bytes],
+        counts: Callable[[PartitionState, bytes], bool],
+        delay: float | None,
+        *,
+        at_once: bool,
+    ) -> int:
+        """:meth:`_failed` for each receipt that ``counts``; how many did."""
         group = self._group(queue, name)
         count = 0
         with group.lock:
             for pid, ids in self._owned_partitions(group, rowkeys).items():
                 state = self._partition(group, pid)
                 for message_id in ids:
-                    if message_id >= state.done and message_id not in state.acked:
-                        self._failed(group, pid, state, message_id, None, at_once=True)
+                    if counts(state, message_id):
+                        self._failed(group, pid, state, message_id, delay, at_once=at_once)
                         count += 1
-        if count:
-            logger.info("group %s of %s: member %s dead-lettered %d messages", name, queue, member, count)
         return count
 
     def leave(self, queue: str, name: str, member: str) -> None:

@@ -152,6 +152,11 @@ def partition_prefix(partition_id: int) -> bytes:
     return _PID.pack(partition_id)
 
 
+def key_after(prefix: bytes) -> bytes:
+    """The smallest key above ``prefix`` and every key that starts with it (same length)."""
+    return (int.from_bytes(prefix, "big") + 1).to_bytes(len(prefix), "big")
+
+
 def _as_topic(topic: str | bytes) -> bytes:
     if isinstance(topic, str):
         topic = topic.encode()

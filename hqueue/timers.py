@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from .errors import InvalidArgument, QueueDisabled, QueueNotFound
 from .ids import wall_clock_ms
-from .message import MAX_TIMESTAMP, ROWKEY_LENGTH, MessageID
+from .message import MAX_TIMESTAMP, ROWKEY_LENGTH, MessageID, key_after
 
 if TYPE_CHECKING:
     from .coordination import Coordinator
@@ -131,7 +131,7 @@ def pending_range(partition_id: int, until: int | None = None) -> tuple[bytes, b
 def one_timer_range(timer: Timer) -> tuple[bytes, bytes]:
     """The key range holding exactly ``timer``'s cell (its topic is not in the handle)."""
     prefix = timer_row(timer.partition_id, timer.due) + timer.id.to_bytes()
-    return prefix, (int.from_bytes(prefix, "big") + 1).to_bytes(len(prefix), "big")
+    return prefix, key_after(prefix)
 
 
 def due_ms(deliver_at: datetime | int | None, delay: float | None) -> int:

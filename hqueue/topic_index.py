@@ -41,7 +41,7 @@ from xxhash import xxh3_64_digest
 
 from .config import QueueInfo
 from .errors import InvalidArgument
-from .message import ROWKEY_LENGTH
+from .message import ROWKEY_LENGTH, key_after
 
 if TYPE_CHECKING:
     from .storage.base import Storage
@@ -129,14 +129,10 @@ def index_cells(keys: Sequence[bytes], values: Sequence[bytes], hash: TopicHash)
 _TOPIC, _AFTER_PARTITION = itemgetter(slice(ROWKEY_LENGTH, None)), itemgetter(slice(2, None))
 
 
-def _after(head: bytes) -> bytes:
-    return (int.from_bytes(head, "big") + 1).to_bytes(len(head), "big")
-
-
 def index_range(start_key: bytes, stop_key: bytes, topic: bytes, hash: TopicHash) -> tuple[bytes, bytes]:
     """The index entries of ``topic`` matching message keys ``start_key <= key < stop_key`` of one partition."""
     head = topic_head(start_key[:2], topic, hash)
-    stop = head + stop_key[2:] if stop_key[:2] == start_key[:2] and len(stop_key) > 2 else _after(head)
+    stop = head + stop_key[2:] if stop_key[:2] == start_key[:2] and len(stop_key) > 2 else key_after(head)
     return head + start_key[2:], stop
 
 

@@ -60,7 +60,7 @@ from thriftpy2.transport import TBufferedTransportFactory, TFramedTransportFacto
 
 from ..config import Durability, QueueInfo, QueueState
 from ..errors import InvalidArgument, QueueDisabled, QueueExists, QueueNotFound, StorageError
-from ..message import ROWKEY_LENGTH, partition_prefix
+from ..message import ROWKEY_LENGTH, key_after, partition_prefix
 from ..rpc import idl
 from ..topic_index import HEAD_LENGTH, is_index_key
 from .base import Cell, Storage, housekeeping, keep_id_floor
@@ -160,11 +160,6 @@ def _row_length(key: bytes) -> int:
     """Where a cell key's row ends: after the 12-byte rowkey, or for a topic-index
     entry (topic_index.py) after its ID too, so that each entry is a row of its own."""
     return INDEX_ROW_LENGTH if is_index_key(key) else ROWKEY_LENGTH
-
-
-def _row_after(row: bytes) -> bytes:
-    """The smallest row above ``row`` and every key that starts with it."""
-    return (int.from_bytes(row, "big") + 1).to_bytes(len(row), "big")
 
 
 def _cell_time(key: bytes) -> int | None:
@@ -418,7 +413,7 @@ class HBaseStorage(Storage):
         # HBase scans rows; a cell key may go past the 12-byte row (timers' cells, timers.py).
         row_start = start_key[: _row_length(start_key)]
         cut = _row_length(stop_key)
-        row_stop = stop_key if len(stop_key) <= cut else _row_after(stop_key[:cut])
+        row_stop = stop_key if len(stop_key) <= cut else key_after(stop_key[:cut])
         rows_wanted = limit + (len(start_key) > len(row_start))  # the first row may hold only cells before start
 
         def read(connection):

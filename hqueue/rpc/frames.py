@@ -91,7 +91,8 @@ class FrameReader:
         if len(buffer) < 4 + size:  # the usual small call came whole: no timeout to change
             self._set_timeout(self.body_timeout)
             self._fill(4 + size, allow_eof=False)
-        frame = bytes(buffer[4 : 4 + size])
+        with memoryview(buffer) as view:  # one copy of the frame, not two (a slice, then bytes)
+            frame = bytes(view[4 : 4 + size])
         del buffer[: 4 + size]
         return frame
 

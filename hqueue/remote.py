@@ -417,24 +417,25 @@ class RemoteEngine:
             by_owner.setdefault(owner, []).extend(mine)
         return by_owner
 
-    def group_ack(self, queue: str, group: str, rowkeys: Sequence[bytes]) -> int:
+    def _receipts_call(
+        self, queue: str, rowkeys: Sequence[bytes], method: str, before: tuple = (), after: tuple = ()
+    ) -> int:
+        """``method(queue, *before, rowkeys, *after)`` at each owner, with the rowkeys of its
+        partitions; the sum of what they answer."""
         return sum(
-            self._call_at(owner, "groupAck", queue, group, wire.pack_rowkeys(mine), queue=queue)
+            self._call_at(owner, method, queue, *before, wire.pack_rowkeys(mine), *after, queue=queue)
             for owner, mine in self._by_owner(queue, rowkeys).items()
         )
+
+    def group_ack(self, queue: str, group: str, rowkeys: Sequence[bytes]) -> int:
+        return self._receipts_call(queue, rowkeys, "groupAck", (group,))
 
     def group_nack(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes], delay: float | None) -> int:
         delay_ms = -1 if delay is None else int(delay * 1000)
-        return sum(
-            self._call_at(owner, "groupNack", queue, group, member, wire.pack_rowkeys(mine), delay_ms, queue=queue)
-            for owner, mine in self._by_owner(queue, rowkeys).items()
-        )
+        return self._receipts_call(queue, rowkeys, "groupNack", (group, member), (delay_ms,))
 
     def group_dead_letter(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes]) -> int:
-        return sum(
-            self._call_at(owner, "groupDeadLetter", queue, group, member, wire.pack_rowkeys(mine), queue=queue)
-            for owner, mine in self._by_owner(queue, rowkeys).items()
-        )
+        return self._receipts_call(queue, rowkeys, "groupDeadLetter", (group, member))
 
     def group_leave(self, queue: str, group: str, member: str) -> None:
         for owner in self._owners(queue):

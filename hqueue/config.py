@@ -70,6 +70,8 @@ class Durability:
 
 #: The config key of a queue's priority tiers (QueueInfo.priorities).
 PRIORITIES_KEY = "hqueue.priorities"
+#: The config key that turns a queue's per-topic index on (QueueInfo.topic_index, topic_index.py).
+TOPIC_INDEX_KEY = "hqueue.topicIndex"
 
 
 class QueueState:
@@ -150,7 +152,7 @@ class QueueInfo:
     @property
     def topic_index(self) -> bool:
         """Whether puts also write the per-topic index (``hqueue.topicIndex``, SPEC X4)."""
-        return self.config.get("hqueue.topicIndex", "false").lower() in ("true", "1", "yes")
+        return self.config.get(TOPIC_INDEX_KEY, "false").lower() in ("true", "1", "yes")
 
     def evolve(self, **changes: Any) -> QueueInfo:
         return replace(self, **changes)

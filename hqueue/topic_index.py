@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 from xxhash import xxh3_64_digest
 
-from .config import QueueInfo
+from .config import TOPIC_INDEX_KEY, QueueInfo
 from .errors import InvalidArgument
 from .message import ROWKEY_LENGTH, key_after
 
@@ -49,8 +49,6 @@ if TYPE_CHECKING:
 INDEX_PREFIX = b"\xff\xff"
 #: Index keys are this long before the message's ID (prefix, partition, topic hash).
 HEAD_LENGTH = ROWKEY_LENGTH
-#: The config key that turns the index on for a queue.
-CONFIG_KEY = "hqueue.topicIndex"
 #: The config key naming the topic hash; queues made before it existed use BLAKE2b.
 HASH_KEY = "hqueue.topicIndexHash"
 
@@ -69,7 +67,7 @@ DEFAULT_HASH = "xxh3"
 
 def config_for(enabled: bool) -> dict[str, str]:
     """The config keys that make a new queue keep the index (or nothing)."""
-    return {CONFIG_KEY: "true", HASH_KEY: DEFAULT_HASH} if enabled else {}
+    return {TOPIC_INDEX_KEY: "true", HASH_KEY: DEFAULT_HASH} if enabled else {}
 
 
 def for_new_queue(info: QueueInfo) -> QueueInfo:

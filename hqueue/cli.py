@@ -280,12 +280,15 @@ def scan(
         _print_message(message, output_format)
 
 
-def _print_message(message: Message, output_format: str) -> None:
+def _print_message(message: Message, output_format: str, attempt: int | None = None) -> None:
+    """One line: partition, ID, (a group delivery's attempt,) topic, value; or a JSON object."""
+    extra = {} if attempt is None else {"attempt": attempt}
     if output_format == "json":
-        click.echo(json.dumps(_as_json(message)))
+        click.echo(json.dumps({**_as_json(message), **extra}))
     else:
         value = _VALUE_FORMATS[output_format](message.value)
-        click.echo(f"{message.partition_id}\t{message.id}\t{escape(message.topic)}\t{value}")
+        fields = [message.partition_id, message.id, *extra.values(), escape(message.topic), value]
+        click.echo("\t".join(map(str, fields)))
 
 
 @main.command()
@@ -393,12 +396,7 @@ def consume(ctx, name, group, topics, output_format, max_messages, duration, lea
                 want = 100 if max_messages is None else min(100, max_messages - seen)
                 deliveries = consumer.receive(want, wait=wait)
                 for delivery in deliveries:
-                    if output_format == "json":
-                        click.echo(json.dumps({**_as_json(delivery.message), "attempt": delivery.attempt}))
-                    else:
-                        value = _VALUE_FORMATS[output_format](delivery.value)
-                        m = delivery.message
-                        click.echo(f"{m.partition_id}\t{m.id}\t{delivery.attempt}\t{escape(m.topic)}\t{value}")
+                    _print_message(delivery.message, output_format, delivery.attempt)
                 sys.stdout.flush()
                 if deliveries and not no_ack:
                     consumer.ack(deliveries)

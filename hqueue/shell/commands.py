@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from ..config import Durability
+from ..config import DEFAULT_MAX_MESSAGE_BYTES, Durability
+from ..deadletters import dead_letter_queue
 from ..errors import HQueueError
 from ..message import Message, MessageID
 from ..scanner import Scan
@@ -129,13 +130,8 @@ def stamp(message_id: MessageID) -> str:
 def create(shell: Shell, name: str, partitions: int, ttl: int, config: dict | None = None) -> Result:
     settings = {str(k): printable(v) for k, v in (config or {}).items()}
     durability = settings.pop("DURABILITY", settings.pop("hqueue.durability", Durability.SYNC_WAL))
-    max_bytes = settings.pop("MAX_MESSAGE_BYTES", None)
-    if max_bytes:
-        shell.admin.create_queue(
-            name, partitions, ttl, settings, durability=durability, max_message_bytes=int(max_bytes)
-        )
-    else:
-        shell.admin.create_queue(name, partitions, ttl, settings, durability=durability)
+    max_bytes = int(settings.pop("MAX_MESSAGE_BYTES", None) or DEFAULT_MAX_MESSAGE_BYTES)
+    shell.admin.create_queue(name, partitions, ttl, settings, durability=durability, max_message_bytes=max_bytes)
     return f"Created queue {name!r}: {partitions} partitions, ttl {ttl}s, {durability}", None
 
 
@@ -396,7 +392,7 @@ def describe_group(shell: Shell, queue: str, group: str) -> Result:
     topics = ", ".join(printable(t) for t in sorted(d["topics"])) if d["topics"] else "all"
     head = (
         f"members: {', '.join(d['members']) or '(none)'}\ntopics: {topics}\nmax retries: {d['max_retries']}\n"
-        f"dead letters: {d['dead_letters']} (in {queue}.dlq)\n\n"
+        f"dead letters: {d['dead_letters']} (in {dead_letter_queue(queue)})\n\n"
     )
     rows = [
         (pid, str(p["done"]), str(p["scan"]), p["in_flight"], p["retrying"], p["lag_messages"], p["lag_millis"])

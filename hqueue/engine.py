@@ -7,6 +7,12 @@ hqueue server wraps one and serves it over Thrift.
 One engine exists per store per process (``Engine.acquire``), so every
 ``HQueue`` object on the same data shares the partitions' allocators and
 locks; that sharing is what makes IDs strictly increasing.
+
+Every write to a partition carries the partition's fence (storage/fence.py,
+SPEC C10), taken from the store when this process gains the partition: a
+server that lost it while paused has its late writes refused by the store
+(:class:`~hqueue.errors.Fenced`, a NotPartitionOwner the client retries on
+the new owner), so they can neither reuse an acknowledged ID nor land.
 """
 
 from __future__ import annotations
@@ -14,13 +20,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import topic_index
 from .checks import check_columns, check_partition, message_columns
-from .config import InfoCache, QueueInfo
-from .errors import HQueueError, QueueEnabled
+from .config import Durability, InfoCache, QueueInfo
+from .errors import Fenced, HQueueError, NotPartitionOwner, QueueEnabled
 from .groups import GroupService, forget_groups
 from .ids import IDAllocator, consecutive, runs
 from .message import (
@@ -34,6 +40,7 @@ from .message import (
 from .scanner import KeyRangeCursor, Scan
 from .storage import Storage, normalize_url, open_storage
 from .storage.base import forget_id_floor, read_id_floor
+from .storage.fence import Fence
 from .timers import (
     Timer,
     TimerService,
@@ -55,6 +62,15 @@ if TYPE_CHECKING:
 _HIGH_WATER_QUALIFIER = b"timer-high-water"
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PartitionWriter:
+    """What this process writes a partition with while it owns it: the ID
+    allocator, and the fence every write carries."""
+
+    allocator: IDAllocator
+    fence: Fence
 
 
 class EngineAPI(Protocol):
@@ -139,7 +155,8 @@ class Engine:
         self._registry_key = registry_key
         self._lock = threading.Lock()
         self._partition_locks: dict[tuple[str, int], threading.Lock] = {}
-        self._allocators: dict[tuple[str, int], IDAllocator] = {}
+        self._writers: dict[tuple[str, int], PartitionWriter] = {}
+        self._coordinator: Coordinator | None = None
         self._infos = InfoCache(storage.get_queue)
         self._write_listeners: list[Callable[[str, int], None]] = []
         self._refs = 0
@@ -178,8 +195,15 @@ class Engine:
                 self.serve_partitions(LocalCoordinator("in-process"))
 
     def serve_partitions(self, coordinator: Coordinator) -> None:
-        """Fire the timers and keep the consumer groups of the partitions ``coordinator`` says this process owns."""
+        """Fire the timers and keep the consumer groups of the partitions ``coordinator`` says this process owns.
+
+        Writers follow ownership: a gained partition is taken from the store
+        (a new fence) at once, a lost one forgotten.
+        """
         with self._lock:
+            if self._coordinator is not coordinator:
+                coordinator.add_listener(self._ownership_changed)
+            self._coordinator = coordinator
             old = self.timers, self.groups
             self.timers = TimerService(self, coordinator, lambda: [(q.name, q.partitions) for q in self.list_queues()])
             self.groups = GroupService(self, coordinator)
@@ -325,6 +349,7 @@ class Engine:
             lock.acquire()
         try:
             floor = max([info.id_floor] + [a.last.timestamp for a in self._queue_allocators(name) if a.last])
+            # Truncating is an admin's act on the whole queue, not one owner's write: it is not fenced.
             for pid in range(info.partitions):
                 last = self.storage.last_rowkey(name, pid)
                 if last:
@@ -345,8 +370,8 @@ class Engine:
         if self.groups is not None:
             self.groups.forget(name)
         with self._lock:
-            for key in [k for k in self._allocators if k[0] == name]:
-                del self._allocators[key]
+            for key in [k for k in self._writers if k[0] == name]:
+                del self._writers[key]
         self._infos.forget(name)
 
     def list_queues(self) -> list[QueueInfo]:
@@ -361,17 +386,30 @@ class Engine:
         return description
 
     def forget_partitions(self, partitions: set[tuple[str, int]]) -> None:
-        """Drop allocators of partitions this process no longer owns.
+        """Drop the writers of partitions this process no longer owns (or owns anew).
 
         Another server may write to them meanwhile; if ownership comes back,
-        the allocator is seeded from storage again.
+        the partition is taken from the store again (a new fence) and its
+        allocator seeded from what is stored.
         """
         for key in partitions:
             with self._partition_lock(*key):
-                self._allocators.pop(key, None)
+                self._writers.pop(key, None)
+
+    def _ownership_changed(self, gained: set[tuple[str, int]], lost: set[tuple[str, int]]) -> None:
+        self.forget_partitions(gained | lost)
+        if gained:  # take them now, so a paused former owner is fenced before our first write
+            threading.Thread(target=self._take, args=(gained,), name="hqueue-take", daemon=True).start()
+
+    def _take(self, partitions: set[tuple[str, int]]) -> None:
+        for name, pid in sorted(partitions):
+            try:
+                self.fence(name, pid)
+            except (HQueueError, OSError):  # not ours any more, or the store is away: the first write takes it
+                logger.debug("could not take %s partition %d now", name, pid, exc_info=True)
 
     def _queue_allocators(self, name: str) -> list[IDAllocator]:
-        return [a for (q, _), a in list(self._allocators.items()) if q == name]
+        return [w.allocator for (q, _), w in list(self._writers.items()) if q == name]
 
     # -- writes ---------------------------------------------------------------
 
@@ -383,12 +421,23 @@ class Engine:
                 lock = self._partition_locks.setdefault(key, threading.Lock())
         return lock
 
-    def _allocator(self, info: QueueInfo, pid: int) -> IDAllocator:
-        """The partition's allocator, seeded from storage (call under its lock)."""
-        allocator = self._allocators.get((info.name, pid))
-        if allocator is None:
+    def _writer(self, info: QueueInfo, pid: int) -> PartitionWriter:
+        """The partition's writer; on first use the partition is taken from the store
+        and the allocator seeded above everything stored (call under its lock).
+
+        Raises:
+            NotPartitionOwner: the coordinator says another server owns it.
+        """
+        writer = self._writers.get((info.name, pid))
+        if writer is None:
+            coordinator = self._coordinator
+            if coordinator is not None and not coordinator.owns(info.name, pid):
+                raise NotPartitionOwner(info.name, pid, coordinator.owner(info.name, pid))
+            fence = self.storage.take_partition(info.name, pid)  # first: every write before it is now seen
             last = self.storage.last_rowkey(info.name, pid)
             allocator = IDAllocator(decode_rowkey(last)[1] if last else None)
+            if fence.floor:  # IDs earlier owners may have given (HBase reserves them ahead)
+                allocator.advance_to(MessageID.from_bytes(fence.floor))
             # IDs given before a truncate, or reclaimed by TTL, stay below new ones.
             floor = max(info.id_floor, read_id_floor(self.storage, info.name))
             if floor:
@@ -397,8 +446,69 @@ class Engine:
             high = self.storage.scan(info.name, *_high_water_range(pid), None, 1)
             if high:
                 allocator.advance_to(MessageID.from_bytes(high[0][1]))
-            self._allocators[(info.name, pid)] = allocator
-        return allocator
+            writer = self._writers[(info.name, pid)] = PartitionWriter(allocator, fence)
+        return writer
+
+    def fence(self, name: str, pid: int) -> Fence:
+        """The partition's fence, taking the partition from the store if this process has not yet.
+
+        Raises:
+            NotPartitionOwner: the coordinator says another server owns it.
+        """
+        writer = self._writers.get((name, pid))
+        if writer is None:
+            info = self.queue_info(name)
+            with self._partition_lock(name, pid):
+                writer = self._writer(info, pid)
+        return writer.fence
+
+    def write_meta(
+        self,
+        name: str,
+        pid: int,
+        puts: dict[str, bytes],
+        deletes: Sequence[str] = (),
+        durability: str = Durability.SYNC_WAL,
+    ) -> None:
+        """Write a partition's metadata (a consumer group's progress) under its fence.
+
+        Raises:
+            Fenced: another server has taken the partition since.
+        """
+        fence = self.fence(name, pid)
+        try:
+            self.storage.write_meta(puts, deletes, durability, fence=fence)
+        except Fenced:
+            self._fenced(name, pid, fence)
+            raise
+
+    def check_fence(self, name: str, pid: int) -> None:
+        """Raise Fenced (or NotPartitionOwner) unless this process still holds the partition."""
+        self.write_meta(name, pid, {})
+
+    def _fenced(self, name: str, pid: int, fence: Fence) -> None:
+        """Forget a writer the store refused: if the coordinator still says this
+        process owns the partition, the next write takes it again."""
+        writer = self._writers.get((name, pid))
+        if writer is not None and writer.fence == fence:
+            self._writers.pop((name, pid), None)
+        logger.warning("%s partition %d was taken by another server: write refused", name, pid)
+
+    def _store(
+        self,
+        info: QueueInfo,
+        pid: int,
+        writer: PartitionWriter,
+        cells: Sequence[tuple[bytes, bytes]],
+        deletes: Sequence[bytes] = (),
+        high: bytes = b"",
+    ) -> None:
+        """A write to the partition under ``writer``'s fence (call under the partition's lock)."""
+        try:
+            self.storage.write(info.name, cells, info.durability, deletes, fence=writer.fence, high=high)
+        except Fenced:
+            self._fenced(info.name, pid, writer.fence)
+            raise
 
     def add_write_listener(self, listener: Callable[[str, int], None]) -> None:
         """Call ``listener(queue, partition_id)`` after every acknowledged write.
@@ -450,12 +560,14 @@ class Engine:
         Allocation and write happen under one lock so rows become visible in
         ID order: subscribers and tailing scanners rely on it.
         """
-        first = self._allocator(info, partition_id).reserve(len(topics))
+        writer = self._writer(info, partition_id)
+        first = writer.allocator.reserve(len(topics))
         keys = cell_keys(partition_id, runs(first, len(topics)), topics)
         cells = list(zip(keys, values, strict=False))
         if info.topic_index:  # each message's index entry, in the same atomic write
             cells += index_cells(keys, values, topic_index.topic_hash(info))
-        self.storage.write(info.name, cells, info.durability, deletes)
+        high = writer.allocator.last.to_bytes() if writer.allocator.last else b""
+        self._store(info, partition_id, writer, cells, deletes, high)
         return first
 
     def _written(self, queue: str, partition_id: int) -> None:
@@ -473,10 +585,11 @@ class Engine:
         check_partition(info, partition_id)
         topics, values = message_columns(info, messages)
         with self._partition_lock(name, partition_id):
-            ids = consecutive(self._allocator(info, partition_id).reserve(len(topics)), len(topics))
+            writer = self._writer(info, partition_id)
+            ids = consecutive(writer.allocator.reserve(len(topics)), len(topics))
             cells = list(zip(timer_cell_keys(partition_id, due, ids, topics), values, strict=True))
             cells.append((high_water_key(partition_id) + _HIGH_WATER_QUALIFIER, ids[-1].to_bytes()))
-            self.storage.write(name, cells, info.durability)
+            self._store(info, partition_id, writer, cells, high=ids[-1].to_bytes())
         if self.timers is not None:
             self.timers.scheduled(name, partition_id, due)
         return [Timer(partition_id, due, i) for i in ids]
@@ -488,7 +601,7 @@ class Engine:
         with self._partition_lock(name, timer.partition_id):
             cells = self.storage.scan(name, *one_timer_range(timer), None, 1)
             if cells:
-                self.storage.write(name, (), info.durability, [cells[0][0]])
+                self._store(info, timer.partition_id, self._writer(info, timer.partition_id), (), [cells[0][0]])
         return bool(cells)
 
     def next_timer(self, name: str, partition_id: int) -> int | None:

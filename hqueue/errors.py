@@ -119,3 +119,17 @@ class NotPartitionOwner(HQueueError):
         where = f"; owner is {owner}" if owner else ""
         super().__init__(f"not the owner of {queue!r} partition {partition_id}{where}")
         self.queue, self.partition_id, self.owner = queue, partition_id, owner
+
+
+class Fenced(NotPartitionOwner):
+    """The store refused a write: another server has taken the partition since this one did (SPEC C10).
+
+    Nothing of the write is kept (its messages are never visible), so a client
+    retries it on the partition's new owner, as for any NotPartitionOwner.
+    """
+
+    def __init__(self, queue: str, partition_id: int, epoch: int | None = None) -> None:
+        super().__init__(queue, partition_id, None)
+        if epoch is not None:
+            self.args = (f"{self.args[0]}: another server took it (this write held epoch {epoch})",)
+        self.epoch = epoch

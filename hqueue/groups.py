@@ -435,7 +435,7 @@ class GroupService:
             deletes += [f"{prefix}retry/{a.hex()}" for a in fresh if state.retries.pop(a, None) is not None]
         if passed:
             puts[f"{prefix}done"] = done
-        self.storage.write_meta(puts, deletes, self.engine.queue_info(group.queue).durability)
+        self.engine.write_meta(group.queue, pid, puts, deletes, self.engine.queue_info(group.queue).durability)
         return len(fresh)
 
     def _failed(
@@ -457,7 +457,7 @@ class GroupService:
         """
         retries = state.retries[message_id] = state.retries.get(message_id, 0) + 1
         prefix = state_prefix(group.queue, group.name, pid)
-        self.storage.write_meta({f"{prefix}retry/{message_id.hex()}": str(retries).encode()})
+        self.engine.write_meta(group.queue, pid, {f"{prefix}retry/{message_id.hex()}": str(retries).encode()})
         if retries <= group.config.max_retries and not at_once:
             wait = backoff(retries) if delay is None else delay
             state.retry_at(message_id, time.monotonic() + wait)
@@ -524,7 +524,7 @@ class GroupService:
             for pid in pids:
                 prefix = state_prefix(queue, name, pid)
                 stale = [key for key in self.storage.list_meta(prefix) if key != prefix + "done"]
-                self.storage.write_meta({prefix + "done": start.to_bytes()}, stale)
+                self.engine.write_meta(queue, pid, {prefix + "done": start.to_bytes()}, stale)
                 group.partitions.pop(pid, None)
 
     def describe(self, queue: str, name: str) -> dict[str, Any]:

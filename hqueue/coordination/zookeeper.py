@@ -14,19 +14,21 @@ exactly one owner at a time. Its state machine (kazoo's
 So a dead server's partitions move when its session expires (its party node
 and locks are ephemeral), and a joining server triggers a rebalance.
 
-Fence: a server must stop accepting puts before anyone else can take its
+Lease: a server should stop accepting puts before anyone else can take its
 partitions, which they can only do once ZooKeeper *expires* its session, a
 full session timeout after its last heartbeat. Two guards:
 
 * a lease: ``owns()`` is true only within ``session_timeout / 3`` of the
   last successful ZooKeeper round trip (monotonic clock). A server that was
-  paused (GC, SIGSTOP, a frozen VM) refuses puts the moment it resumes,
+  paused (GC, SIGSTOP, a frozen VM) refuses new puts the moment it resumes,
   before it has even heard that its session is gone;
 * kazoo's SUSPENDED/LOST: the listener drops every owned partition at once.
 
-The residual risk is a put already past its ownership check whose storage
-write takes longer than the remaining margin (2/3 of the session timeout);
-keep storage timeouts well below the session timeout.
+These refuse new calls; they cannot stop a put that was already past its
+ownership check when the server paused. That one is stopped by the store:
+every write carries the partition's fence, which the new owner bumped when
+it took the partition (storage/fence.py, SPEC C10), so the late write is
+refused and nothing of it is kept.
 
 Owners: the partition function is kazoo's default (sorted items dealt
 round-robin to sorted members), so any server computes every partition's

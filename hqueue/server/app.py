@@ -93,8 +93,6 @@ class HQueueServer:
         self.port = socket.bound_port
         self.address = advertise or f"{host}:{self.port}"
         self.coordinator: Coordinator = (coordinator_factory or LocalCoordinator)(self.address)
-        # An allocator is only valid while owning its partition; re-seed on every change.
-        self.coordinator.add_listener(lambda gained, lost: self.engine.forget_partitions(gained | lost))
         self.metrics = ServerMetrics()
         self.coordinator.add_listener(self._count_partition_changes)
         self.metrics.watch(self._gauges)

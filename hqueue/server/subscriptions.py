@@ -121,6 +121,9 @@ class PartitionWorker:
         if self.checkpoint == self.saved or (not force and now - self._last_save < self.manager.checkpoint_interval):
             return
         try:
+            # Only while this server still holds the partition's fence (SPEC C10): a paused
+            # former owner's checkpoint would move the new owner's subscriber back or on.
+            self.manager.engine.check_fence(self.queue, self.partition_id)
             registry = self.manager.registry
             if not registry.save_checkpoints(
                 self.queue, self.name, {self.partition_id: self.checkpoint}, self.registration.epoch

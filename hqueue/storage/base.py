@@ -20,6 +20,7 @@ from ..config import Durability, QueueInfo
 from ..ids import wall_clock_ms
 from ..message import MessageID, decode_rowkey
 from ..topic_index import HEAD_LENGTH, is_index_key
+from .fence import Fence
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,11 @@ class Storage(abc.ABC):
     * Cells older than the queue's TTL are never returned.
     * Queue metadata written by one client is seen by every client of the
       same store.
+    * Fences (fence.py, SPEC C10): once ``take_partition`` has returned a
+      new epoch, a write (or ``write_meta``) carrying an older fence of that
+      partition raises :class:`~hqueue.errors.Fenced`, and none of its cells
+      is ever visible; the new fence's ``floor`` is at or above the ``high``
+      of every fenced write that succeeded before.
     """
 
     #: The URL this store was opened with (``local:///path``, ``hbase://…``).
@@ -68,12 +74,33 @@ class Storage(abc.ABC):
         """Delete every message, keep the queue, its info and its splits."""
 
     @abc.abstractmethod
-    def write(self, name: str, cells: Sequence[Cell], durability: str, deletes: Sequence[bytes] = ()) -> None:
+    def write(
+        self,
+        name: str,
+        cells: Sequence[Cell],
+        durability: str,
+        deletes: Sequence[bytes] = (),
+        *,
+        fence: Fence | None = None,
+        high: bytes = b"",
+    ) -> None:
         """Write ``cells`` and delete the cells keyed ``deletes``, atomically, with the given durability.
+
+        With ``fence``, only while it is the partition's current one
+        (otherwise Fenced, and nothing is kept); ``high`` is the highest
+        10-byte ID among the cells, which later fences' floors cover.
 
         (HBase applies one ``mutateRows`` row by row: atomic against an hqueue
         server's crash, since the gateway gets the whole call, but not against
         a region server's crash in the middle of it.)
+        """
+
+    @abc.abstractmethod
+    def take_partition(self, name: str, partition_id: int) -> Fence:
+        """Become the partition's only writer: bump its epoch and return the new fence.
+
+        From the moment this returns, writes under any older fence of the
+        partition raise Fenced.
         """
 
     @abc.abstractmethod
@@ -114,13 +141,22 @@ class Storage(abc.ABC):
         """Every key starting with ``prefix``, with its value."""
 
     def write_meta(
-        self, puts: Mapping[str, bytes], deletes: Iterable[str] = (), durability: str = Durability.SYNC_WAL
+        self,
+        puts: Mapping[str, bytes],
+        deletes: Iterable[str] = (),
+        durability: str = Durability.SYNC_WAL,
+        *,
+        fence: Fence | None = None,
     ) -> None:
         """Several metadata changes in one go (atomic where the backend can batch them).
 
         ``durability`` is the queue's, for progress kept per message (consumer
-        groups' acks); backends without a choice always sync.
+        groups' acks); backends without a choice always sync. With ``fence``,
+        raise Fenced unless it is the partition's current one (with nothing
+        to write, that is all it does).
         """
+        if fence is not None:
+            raise NotImplementedError(f"{type(self).__name__} does not fence metadata writes")
         for key, value in puts.items():
             self.put_meta(key, value)
         for key in deletes:

@@ -54,6 +54,7 @@ from ..message import encode_rowkey, partition_prefix
 from ..timers import pending_range
 from ..topic_index import INDEX_PREFIX
 from .base import Cell, Storage, expired, housekeeping, keep_id_floor, ttl_cutoff, ttl_start
+from .fence import Fence, LocalFences
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +128,7 @@ class EmbeddedStorage(Storage):
         self._failed = False
         self._last_reopen = 0.0
         self._closed = threading.Event()
+        self._fences = LocalFences(self.get_meta, self.put_meta)
         housekeeping(self, self._closed, self._lock, lambda: RECLAIM_INTERVAL)
         logger.debug("opened embedded store %s with %d queues", self.path, len(self._infos))
 
@@ -253,7 +255,20 @@ class EmbeddedStorage(Storage):
 
     # -- cells ----------------------------------------------------------------
 
-    def write(self, name: str, cells: Sequence[Cell], durability: str, deletes: Sequence[bytes] = ()) -> None:
+    def take_partition(self, name: str, partition_id: int) -> Fence:
+        self._family(name)
+        return self._fences.take(name, partition_id)
+
+    def write(
+        self,
+        name: str,
+        cells: Sequence[Cell],
+        durability: str,
+        deletes: Sequence[bytes] = (),
+        *,
+        fence: Fence | None = None,
+        high: bytes = b"",
+    ) -> None:
         self._heal()
         handle = self._handles.get(name)
         if handle is None:
@@ -272,7 +287,7 @@ class EmbeddedStorage(Storage):
                     put(key, value)
         for key in deletes:
             batch.delete(key, index if index is not None and key[:2] == INDEX_PREFIX else handle)
-        self._guard(self._db.write, batch, self._write_options[durability])
+        self._fences.write(fence, high, self._guard, self._db.write, batch, self._write_options[durability])
 
     def scan(
         self,
@@ -326,7 +341,12 @@ class EmbeddedStorage(Storage):
         self._guard(self._db.delete, _KV_PREFIX + key.encode(), self._write_options[Durability.SYNC_WAL])
 
     def write_meta(
-        self, puts: Mapping[str, bytes], deletes: Iterable[str] = (), durability: str = Durability.SYNC_WAL
+        self,
+        puts: Mapping[str, bytes],
+        deletes: Iterable[str] = (),
+        durability: str = Durability.SYNC_WAL,
+        *,
+        fence: Fence | None = None,
     ) -> None:
         self._heal()
         batch = rocksdict.WriteBatch(raw_mode=True)
@@ -334,7 +354,10 @@ class EmbeddedStorage(Storage):
             batch.put(_KV_PREFIX + key.encode(), value)
         for key in deletes:
             batch.delete(_KV_PREFIX + key.encode())
-        self._guard(self._db.write, batch, self._write_options[durability])
+        if len(batch):
+            self._fences.write(fence, b"", self._guard, self._db.write, batch, self._write_options[durability])
+        elif fence is not None:  # nothing to write: only the check
+            self._fences.write(fence, b"", lambda: None)
 
     def list_meta(self, prefix: str) -> dict[str, bytes]:
         self._heal()

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -59,11 +59,12 @@ from thriftpy2.thrift import TException
 from thriftpy2.transport import TBufferedTransportFactory, TFramedTransportFactory, TTransportException
 
 from ..config import Durability, QueueInfo, QueueState
-from ..errors import InvalidArgument, QueueDisabled, QueueExists, QueueNotFound, StorageError
+from ..errors import Fenced, InvalidArgument, QueueDisabled, QueueExists, QueueNotFound, StorageError
 from ..message import ROWKEY_LENGTH, key_after, partition_prefix
 from ..rpc import idl
 from ..topic_index import HEAD_LENGTH, is_index_key
 from .base import Cell, Storage, housekeeping, keep_id_floor
+from .fence import Fence, decode_epoch, encode_epoch, fence_key
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +81,30 @@ _ID_END = b"\xff" * 10
 HOUSEKEEPING_INTERVAL = 300.0
 #: Nor closer than this, whatever the TTL.
 MIN_HOUSEKEEPING_INTERVAL = 0.5
+
+
+#: The fence's epoch and floor, in the partition's row of the meta table (fence.py).
+_EPOCH_COLUMN = b"q:epoch"
+_FLOOR_COLUMN = b"q:floor"
+#: How far past a write's last ID its floor reservation reaches, in ms: a fenced
+#: write pays the reserving round trip at most this often per partition, and a
+#: new owner's first IDs may be this far ahead of the clock.
+RESERVE_MS = 500
+_TAKE_TRIES = 100
+
+
+def _fence_row(queue: str, partition_id: int) -> bytes:
+    return (_KV_ROW + fence_key(queue, partition_id)).encode()
+
+
+def _cell_deletes(keys: Iterable[bytes], wal: bool) -> list[BatchMutation]:
+    return [
+        BatchMutation(
+            key[: _row_length(key)],
+            [Mutation(isDelete=True, column=_COLUMN_PREFIX + key[_row_length(key) :], writeToWAL=wal)],
+        )
+        for key in keys
+    ]
 
 
 class StorageUnavailable(StorageError):
@@ -213,6 +238,8 @@ class HBaseStorage(Storage):
             raise StorageUnavailable(f"cannot connect to the HBase Thrift server at {host}:{port}: {e}") from e
         self._ensure_meta_table()
         self._closed, self._lock = threading.Event(), threading.RLock()
+        #: (queue, pid) -> (epoch, the floor reserved under it): see _reserve.
+        self._reserved: dict[tuple[str, int], tuple[int, bytes]] = {}
         housekeeping(self, self._closed, self._lock, self._housekeeping_interval)
 
     def _housekeeping_interval(self) -> float:
@@ -374,29 +401,89 @@ class HBaseStorage(Storage):
 
     # -- cells ----------------------------------------------------------------
 
-    def write(self, name: str, cells: Sequence[Cell], durability: str, deletes: Sequence[bytes] = ()) -> None:
+    def write(
+        self,
+        name: str,
+        cells: Sequence[Cell],
+        durability: str,
+        deletes: Sequence[bytes] = (),
+        *,
+        fence: Fence | None = None,
+        high: bytes = b"",
+    ) -> None:
         wal = durability != Durability.SKIP_WAL
         by_time: dict[int | None, list[BatchMutation]] = {}
         for key, value in cells:
             cut = _row_length(key)
             mutation = Mutation(column=_COLUMN_PREFIX + key[cut:], value=value, writeToWAL=wal)
             by_time.setdefault(_cell_time(key), []).append(BatchMutation(key[:cut], [mutation]))
-        plain = by_time.setdefault(None, [])
-        plain += [
-            BatchMutation(
-                key[: _row_length(key)],
-                [Mutation(isDelete=True, column=_COLUMN_PREFIX + key[_row_length(key) :], writeToWAL=wal)],
-            )
-            for key in deletes
-        ]
-        # One Thrift round-trip for the batch (happybase's Batch.send); timers'
-        # cells, stamped with their due time, in one more per due time.
+        removals = _cell_deletes(deletes, wal)
+        if fence is None:  # one Thrift round trip for the lot
+            by_time.setdefault(None, []).extend(removals)
+            removals = []
         with self._connection(f"write {len(cells)} message(s) to {name!r}", name) as connection:
+            if fence is not None and high:
+                self._reserve(connection, fence, high)
+            # One round trip for the batch (happybase's Batch.send); timers'
+            # cells, stamped with their due time, in one more per due time.
             for timestamp, batch in by_time.items():
                 if timestamp is not None:
                     connection.client.mutateRowsTs(self._table_name(name), batch, timestamp, {})
-            if plain:
-                connection.client.mutateRows(self._table_name(name), plain, {})
+            if by_time.get(None):
+                connection.client.mutateRows(self._table_name(name), by_time[None], {})
+            if fence is not None:
+                self._verify(connection, fence, undo=lambda: self._undo(connection, name, cells, wal))
+                if removals:  # only once verified: a fenced writer never deletes (a timer another owner must fire)
+                    connection.client.mutateRows(self._table_name(name), removals, {})
+
+    # -- fences (fence.py) -------------------------------------------------------
+
+    def take_partition(self, name: str, partition_id: int) -> Fence:
+        self.get_queue(name)
+        row = _fence_row(name, partition_id)
+        with self._connection(f"take {name!r} partition {partition_id}", name) as connection:
+            meta = connection.table(self._meta_table)
+            for _ in range(_TAKE_TRIES):
+                old = meta.row(row, columns=[_EPOCH_COLUMN]).get(_EPOCH_COLUMN)
+                epoch = decode_epoch(old) + 1
+                bump = Mutation(column=_EPOCH_COLUMN, value=encode_epoch(epoch))
+                if connection.client.checkAndPut(self._meta_table, row, _EPOCH_COLUMN, old, bump, {}):
+                    # Read after the bump: it covers every reservation made under older epochs.
+                    floor = meta.row(row, columns=[_FLOOR_COLUMN]).get(_FLOOR_COLUMN, b"")
+                    self._reserved[(name, partition_id)] = (epoch, floor)
+                    return Fence(name, partition_id, epoch, floor)
+        raise StorageError(f"HBase at {self.url}: could not take {name!r} partition {partition_id}: contended")
+
+    def _reserve(self, connection: happybase.Connection, fence: Fence, high: bytes) -> None:
+        """Raise the partition's floor above ``high`` (RESERVE_MS ahead), if the epoch is still ours."""
+        key = (fence.queue, fence.partition_id)
+        reserved = self._reserved.get(key)
+        if reserved is not None and reserved[0] == fence.epoch and high < reserved[1]:
+            return
+        until = max((int.from_bytes(high[:8], "big") + RESERVE_MS).to_bytes(8, "big") + b"\0\0", fence.floor)
+        row = _fence_row(*key)
+        raise_floor, epoch = Mutation(column=_FLOOR_COLUMN, value=until), encode_epoch(fence.epoch)
+        if not connection.client.checkAndPut(self._meta_table, row, _EPOCH_COLUMN, epoch, raise_floor, {}):
+            raise Fenced(fence.queue, fence.partition_id, fence.epoch)
+        self._reserved[key] = (fence.epoch, until)
+
+    def _verify(
+        self, connection: happybase.Connection, fence: Fence, undo: Callable[[], None] | None = None
+    ) -> None:
+        """Raise Fenced, after calling ``undo``, if the partition's epoch is no longer ``fence``'s."""
+        row = _fence_row(fence.queue, fence.partition_id)
+        stored = connection.table(self._meta_table).row(row, columns=[_EPOCH_COLUMN])
+        if decode_epoch(stored.get(_EPOCH_COLUMN)) == fence.epoch:
+            return
+        if undo is not None:
+            undo()
+        raise Fenced(fence.queue, fence.partition_id, fence.epoch)
+
+    def _undo(self, connection: happybase.Connection, name: str, cells: Sequence[Cell], wal: bool) -> None:
+        """Delete a refused write's cells: their IDs are at or below its reservation, so
+        below every ID of the new owner, whose cells are never touched."""
+        if cells:
+            connection.client.mutateRows(self._table_name(name), _cell_deletes([key for key, _ in cells], wal), {})
 
     def scan(
         self,
@@ -462,21 +549,35 @@ class HBaseStorage(Storage):
             connection.table(self._meta_table).delete((_KV_ROW + key).encode(), columns=[_KV_COLUMN])
 
     def write_meta(
-        self, puts: Mapping[str, bytes], deletes: Iterable[str] = (), durability: str = Durability.SYNC_WAL
+        self,
+        puts: Mapping[str, bytes],
+        deletes: Iterable[str] = (),
+        durability: str = Durability.SYNC_WAL,
+        *,
+        fence: Fence | None = None,
     ) -> None:
-        """One ``mutateRows`` round trip for the lot (consumer groups' acks)."""
+        """One ``mutateRows`` round trip for the lot (consumer groups' acks); with a
+        fence, the puts, the epoch read back, then the deletes."""
         wal = durability != Durability.SKIP_WAL
         batch = [
             BatchMutation((_KV_ROW + key).encode(), [Mutation(column=_KV_COLUMN, value=value, writeToWAL=wal)])
             for key, value in puts.items()
         ]
-        batch += [
+        removals = [
             BatchMutation((_KV_ROW + key).encode(), [Mutation(isDelete=True, column=_KV_COLUMN, writeToWAL=wal)])
             for key in deletes
         ]
-        if batch:
-            with self._connection(f"write {len(batch)} metadata key(s)") as connection:
+        if fence is None:
+            batch, removals = batch + removals, []
+        if not (batch or removals or fence):
+            return
+        with self._connection(f"write {len(batch) + len(removals)} metadata key(s)") as connection:
+            if batch:
                 connection.client.mutateRows(self._meta_table, batch, {})
+            if fence is not None:
+                self._verify(connection, fence)
+            if removals:
+                connection.client.mutateRows(self._meta_table, removals, {})
 
     def list_meta(self, prefix: str) -> dict[str, bytes]:
         def read(connection):

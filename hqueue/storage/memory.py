@@ -19,6 +19,7 @@ from ..config import Durability, QueueInfo
 from ..errors import QueueExists, QueueNotFound
 from ..message import partition_prefix
 from .base import Cell, Storage, expired, keep_id_floor, ttl_cutoff, ttl_start
+from .fence import Fence, LocalFences
 
 
 @dataclass
@@ -33,6 +34,10 @@ class _Data:
     queues: dict[str, _Queue] = field(default_factory=dict)
     meta: dict[str, bytes] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
+    fences: LocalFences | None = None
+
+    def __post_init__(self) -> None:
+        self.fences = LocalFences(self.meta.get, self.meta.__setitem__)
 
 
 _STORES: dict[str, _Data] = {}
@@ -89,7 +94,28 @@ class MemoryStorage(Storage):
 
     # -- cells ----------------------------------------------------------------
 
-    def write(self, name: str, cells: Sequence[Cell], durability: str, deletes: Sequence[bytes] = ()) -> None:
+    def take_partition(self, name: str, partition_id: int) -> Fence:
+        self._queue(name)
+        return self._fences.take(name, partition_id)
+
+    @property
+    def _fences(self) -> LocalFences:
+        assert self._data.fences is not None
+        return self._data.fences
+
+    def write(
+        self,
+        name: str,
+        cells: Sequence[Cell],
+        durability: str,
+        deletes: Sequence[bytes] = (),
+        *,
+        fence: Fence | None = None,
+        high: bytes = b"",
+    ) -> None:
+        self._fences.write(fence, high, self._write, name, cells, deletes)
+
+    def _write(self, name: str, cells: Sequence[Cell], deletes: Sequence[bytes]) -> None:
         with self._data.lock:
             queue = self._queue(name)
             keys, values = queue.keys, queue.values
@@ -162,8 +188,16 @@ class MemoryStorage(Storage):
         self._data.meta[key] = value
 
     def write_meta(
-        self, puts: Mapping[str, bytes], deletes: Iterable[str] = (), durability: str = Durability.SYNC_WAL
+        self,
+        puts: Mapping[str, bytes],
+        deletes: Iterable[str] = (),
+        durability: str = Durability.SYNC_WAL,
+        *,
+        fence: Fence | None = None,
     ) -> None:
+        self._fences.write(fence, b"", self._write_meta, puts, deletes)
+
+    def _write_meta(self, puts: Mapping[str, bytes], deletes: Iterable[str]) -> None:
         with self._data.lock:
             self._data.meta.update(puts)
             for key in deletes:

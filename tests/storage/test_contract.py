@@ -12,6 +12,7 @@ import pytest
 
 from hqueue import QueueExists, QueueNotFound
 from hqueue.config import Durability, QueueInfo, QueueState
+from hqueue.errors import Fenced, NotPartitionOwner
 from hqueue.message import MessageID, encode_rowkey, partition_prefix
 from hqueue.storage import open_storage
 
@@ -222,3 +223,121 @@ def test_cells_are_written_and_deleted_in_one_write(storage, queue):
     storage.write(queue, [cell(1, 1), cell(1, 2)], Durability.SYNC_WAL)
     storage.write(queue, [cell(1, 3)], Durability.SYNC_WAL, deletes=[cell(1, 1)[0], cell(1, 9)[0]])
     assert [c[0] for c in storage.scan(queue, *whole(1))] == [cell(1, 2)[0], cell(1, 3)[0]]
+
+
+# -- fences (storage/fence.py, SPEC C10) --------------------------------------------
+
+
+def second_handle(store_url, storage):
+    """Another client of the same store, as a second server would be; the same
+    handle where the backend admits one process (embedded)."""
+    if store_url.startswith("local://"):
+        return storage
+    return open_storage(store_url)
+
+
+def test_a_take_fences_every_older_writer_and_keeps_none_of_its_cells(store_url, storage, queue):
+    now = int(time.time() * 1000)
+    first = storage.take_partition(queue, 1)
+    storage.write(queue, [cell(1, now)], Durability.SYNC_WAL, fence=first, high=MessageID(now).to_bytes())
+    other = second_handle(store_url, storage)
+    try:
+        second = other.take_partition(queue, 1)
+        assert second.epoch > first.epoch
+        # A stale write inside the range its earlier write reserved (HBase: no reserving round trip)
+        with pytest.raises(Fenced):
+            storage.write(
+                queue, [cell(1, now + 1)], Durability.SYNC_WAL, fence=first, high=MessageID(now + 1).to_bytes()
+            )
+        # And far past it, with deletes too: refused, nothing deleted
+        with pytest.raises(Fenced):
+            storage.write(
+                queue, [cell(1, now + 10_000)], Durability.SYNC_WAL, [cell(1, now)[0]],
+                fence=first, high=MessageID(now + 10_000).to_bytes(),
+            )  # fmt: skip
+        with pytest.raises(Fenced):
+            storage.write_meta({"k": b"v"}, ["other"], fence=first)
+        with pytest.raises(NotPartitionOwner):  # what a server answers, so clients retry on the new owner
+            storage.write_meta({}, fence=first)
+        assert [k for k, _ in storage.scan(queue, *whole(1))] == [cell(1, now)[0]]
+        # The new fence writes; other partitions' fences are untouched
+        other.write(queue, [cell(1, now + 2)], Durability.SYNC_WAL, fence=second, high=MessageID(now + 2).to_bytes())
+        other.write_meta({"k": b"new"}, fence=second)
+        assert len(storage.scan(queue, *whole(1))) == 2 and other.get_meta("k") == b"new"
+        elsewhere = storage.take_partition(queue, 2)
+        storage.write(queue, [cell(2, now)], Durability.SYNC_WAL, fence=elsewhere, high=MessageID(now).to_bytes())
+    finally:
+        if other is not storage:
+            other.close()
+
+
+def test_a_new_fence_s_floor_covers_every_id_written_under_older_ones(store_url, storage, queue):
+    now = int(time.time() * 1000)
+    first = storage.take_partition(queue, 0)
+    high = MessageID(now, 7).to_bytes()
+    storage.write(queue, [cell(0, now, 7)], Durability.ASYNC_WAL, fence=first, high=high)
+    other = second_handle(store_url, storage)
+    try:
+        assert other.take_partition(queue, 0).floor >= high
+    finally:
+        if other is not storage:
+            other.close()
+
+
+def test_epochs_outlive_the_client(store_url, queue_name):
+    first = open_storage(store_url)
+    first.create_queue(QueueInfo(queue_name, 2))
+    epoch = first.take_partition(queue_name, 1).epoch
+    first.close()
+    again = open_storage(store_url)
+    try:
+        assert again.take_partition(queue_name, 1).epoch > epoch
+    finally:
+        again.close()
+
+
+def test_taking_an_unknown_queue_is_a_typed_error(storage, queue_name):
+    with pytest.raises(QueueNotFound):
+        storage.take_partition(queue_name, 0)
+
+
+def test_a_take_racing_a_writer_leaves_exactly_the_acknowledged_cells(store_url, storage, queue):
+    """A writer keeps writing under its fence while another client takes the
+    partition: every write that returned is stored, every refused one is not,
+    every write begun after the take is refused, and the new floor covers them."""
+    fence = storage.take_partition(queue, 3)
+    base = int(time.time() * 1000)
+    taken = threading.Event()
+    outcomes: list[tuple[bool, bytes, bool]] = []  # (begun after the take, cell key, acknowledged)
+
+    def write() -> None:
+        for n in range(10_000):
+            after = taken.is_set()
+            key, value = cell(3, base + n)
+            try:
+                storage.write(
+                    queue, [(key, value)], Durability.SYNC_WAL, fence=fence, high=MessageID(base + n).to_bytes()
+                )
+                outcomes.append((after, key, True))
+            except Fenced:
+                outcomes.append((after, key, False))
+                if after and sum(1 for o in outcomes if o[0]) > 20:
+                    return
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    while len(outcomes) < 30:
+        time.sleep(0.001)
+    other = second_handle(store_url, storage)
+    try:
+        floor = other.take_partition(queue, 3).floor
+        taken.set()
+        writer.join(timeout=60)
+        stored = {k for k, _ in storage.scan(queue, *whole(3), limit=100_000)}
+    finally:
+        if other is not storage:
+            other.close()
+    acked = {k for _, k, ok in outcomes if ok}
+    assert acked and stored == acked
+    assert not [k for after, k, ok in outcomes if after and ok]
+    assert floor >= max(acked)[2:12]

@@ -1,0 +1,127 @@
+"""Every write a partition's owner makes carries its fence (SPEC C10).
+
+Two engines on one shared ``memory://`` store stand for two servers: ``old``
+owned the partition, ``new`` takes it (as a server does when ZooKeeper gives
+it the partition). From then on each kind of write ``old`` makes (puts,
+timers set, fired and cancelled, consumer-group acks and nacks, subscription
+checkpoints) is refused with Fenced, a NotPartitionOwner, and leaves nothing
+behind. The crash test that pauses a real server is
+tests/integration/test_fencing.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+
+from hqueue import Message, NotPartitionOwner
+from hqueue.config import QueueInfo
+from hqueue.coordination import LocalCoordinator
+from hqueue.engine import Engine
+from hqueue.errors import Fenced
+from hqueue.group_state import state_prefix
+from hqueue.storage import open_storage
+from hqueue.storage.memory import forget
+
+_names = itertools.count()
+
+
+@pytest.fixture
+def pair():
+    """(old, new): two engines on one store; ``old`` keeps groups, neither fires timers on its own."""
+    url = f"memory://fencing-{next(_names)}"
+    old, new = Engine(open_storage(url)), Engine(open_storage(url))
+    old.create_queue(QueueInfo("q", 2))
+    old.serve_partitions(LocalCoordinator("old"))
+    yield old, new
+    old.close()
+    new.close()
+    forget(url[len("memory://") :])
+
+
+def messages(*values: bytes) -> list[Message]:
+    return [Message("t", v) for v in values]
+
+
+def stored(engine: Engine, pid: int = 0) -> list[bytes]:
+    start, stop = bytes([0, pid]), bytes([0, pid + 1])
+    return [m.value for m in engine.scan("q", start, stop, None, 1000)]
+
+
+def test_a_put_after_another_server_took_the_partition_is_refused_and_not_kept(pair):
+    old, new = pair
+    (first,) = old.put("q", messages(b"before"), 0)
+    new.fence("q", 0)  # new takes partition 0
+    with pytest.raises(NotPartitionOwner) as refused:
+        old.put("q", messages(b"stale"), 0)
+    assert isinstance(refused.value, Fenced) and "another server took it" in str(refused.value)
+    (second,) = new.put("q", messages(b"after"), 0)
+    assert second > first
+    assert stored(new) == [b"before", b"after"]
+    old.put("q", messages(b"other partition"), 1)  # only partition 0 moved
+
+
+def test_the_store_arbitrates_and_the_coordinator_decides(pair):
+    """A refused writer forgets its fence; while its coordinator still says it owns the
+    partition, its next write takes it back (and fences the other): IDs still only grow."""
+    old, new = pair
+    old.put("q", messages(b"first"), 0)
+    new.fence("q", 0)
+    with pytest.raises(Fenced):
+        old.put("q", messages(b"refused"), 0)
+    (a,) = old.put("q", messages(b"taken back"), 0)
+    with pytest.raises(Fenced):
+        new.put("q", messages(b"refused too"), 0)
+    (b,) = new.put("q", messages(b"and again"), 0)
+    assert b > a and stored(old) == [b"first", b"taken back", b"and again"]
+
+
+def test_timers_of_a_fenced_owner_are_neither_set_fired_nor_cancelled(pair):
+    old, new = pair
+    due = int(time.time() * 1000) + 3_600_000
+    (timer,) = old.schedule("q", messages(b"timer"), 0, due)
+    # (Each refused write makes old forget its fence and take it back on the next: take again before each.)
+    new.storage.take_partition("q", 0)
+    with pytest.raises(Fenced):
+        old.schedule("q", messages(b"stale timer"), 0, due)
+    old.fence("q", 0)
+    new.storage.take_partition("q", 0)
+    with pytest.raises(Fenced):
+        old.fire_timers("q", 0, due + 1, 100)
+    old.fence("q", 0)
+    new.storage.take_partition("q", 0)
+    with pytest.raises(Fenced):
+        old.cancel_timer("q", timer)
+    # The timer is still pending, once, and the new owner fires it
+    assert [m.value for _, m in new.pending_timers("q", 0)] == [b"timer"]
+    assert new.fire_timers("q", 0, due + 1, 100)[0] == 1
+    assert stored(new) == [b"timer"]
+
+
+def test_group_progress_of_a_fenced_owner_is_not_written(pair):
+    old, new = pair
+    old.put("q", messages(b"m1", b"m2", b"m3"), 0)
+    old.group_open("q", "g", None, 0, 3)
+    deliveries = old.group_receive("q", "g", "member", 10, 30.0, 0)
+    keys = [m.rowkey for m, _ in deliveries if m.partition_id == 0]
+    assert len(keys) == 3
+    assert old.group_ack("q", "g", keys[:1]) == 1
+    before = old.storage.list_meta(state_prefix("q", "g", 0))
+    new.storage.take_partition("q", 0)
+    with pytest.raises(Fenced):
+        old.group_ack("q", "g", keys[1:2])
+    old.fence("q", 0)
+    new.storage.take_partition("q", 0)
+    with pytest.raises(Fenced):
+        old.group_nack("q", "g", "member", keys[2:], 0.0)
+    assert old.storage.list_meta(state_prefix("q", "g", 0)) == before
+
+
+def test_a_fenced_owner_saves_no_subscription_checkpoint(pair):
+    old, new = pair
+    old.check_fence("q", 0)
+    new.fence("q", 0)
+    with pytest.raises(Fenced):
+        old.check_fence("q", 0)

@@ -39,8 +39,8 @@ from remote import start_hqueue  # noqa: E402
 from xxhash import xxh3_64_digest  # noqa: E402
 
 from hqueue import Durability, HQueue, HQueueAdmin, Message, MessageID  # noqa: E402
+from hqueue.keys.index import index_cells
 from hqueue.storage.embedded import INDEX_WRITE_BUFFER_BYTES  # noqa: E402
-from hqueue.topic_index import index_cells  # noqa: E402
 
 PAYLOAD = b"x" * 85  # + a 15-byte topic = 100 bytes
 PARTITIONS = 8

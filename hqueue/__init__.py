@@ -16,9 +16,9 @@ from .admin import HQueueAdmin
 from .batch import MessageBatch
 from .config import Durability, QueueInfo, QueueState
 from .consumer import Consumer, Delivery
-from .coordination.registry import SubscriberNotFound
 from .errors import (
     CoordinationError,
+    GroupNotFound,
     HQueueError,
     InvalidArgument,
     InvalidMessage,
@@ -37,15 +37,15 @@ from .errors import (
     StorageError,
     StorageLocked,
     SubscriberActive,
+    SubscriberNotFound,
 )
-from .group_state import GroupNotFound
+from .keys.timers import Timer
 from .message import Message, MessageID
 from .processor import Processor
 from .queue import HQueue
 from .scanner import CombinedPartitionScanner, PartitionScanner, QueueScanner, Scan
 from .splits import Split
 from .subscriber import MessageListener, Subscriber, SubscriberState, Subscription
-from .timers import Timer
 
 __version__ = "0.1.0"
 

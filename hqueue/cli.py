@@ -15,9 +15,8 @@ from . import __version__
 from .admin import HQueueAdmin
 from .config import Durability
 from .connection import resolve_url
-from .coordination.registry import successor
 from .errors import HQueueError, NotAuthorized, QueueDisabled, QueueEnabled
-from .message import Message, MessageID
+from .message import Message, MessageID, successor
 from .queue import HQueue
 from .storage import default_url, normalize_url
 

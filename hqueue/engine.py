@@ -29,6 +29,19 @@ from .config import Durability, InfoCache, QueueInfo
 from .errors import Fenced, HQueueError, NotPartitionOwner, QueueEnabled
 from .groups import GroupService, forget_groups
 from .ids import IDAllocator, consecutive, runs
+from .keys.index import index_cells, topic_hash
+from .keys.timers import (
+    HIGH_WATER_QUALIFIER,
+    Timer,
+    due_of,
+    high_water_key,
+    high_water_range,
+    id_of,
+    one_timer_range,
+    pending_range,
+    timer_cell_keys,
+    topic_of,
+)
 from .message import (
     MAX_SEQUENCE,
     Message,
@@ -41,25 +54,11 @@ from .scanner import KeyRangeCursor, Scan
 from .storage import Storage, normalize_url, open_storage
 from .storage.base import forget_id_floor, read_id_floor
 from .storage.fence import Fence
-from .timers import (
-    Timer,
-    TimerService,
-    due_of,
-    high_water_key,
-    id_of,
-    one_timer_range,
-    pending_range,
-    timer_cell_keys,
-    topic_of,
-)
-from .topic_index import index_cells
+from .timers import TimerService
 
 if TYPE_CHECKING:
     from .coordination import Coordinator
     from .local_subscriptions import LocalSubscriptions
-
-#: The qualifier of the cell that keeps a partition's highest timer write ID.
-_HIGH_WATER_QUALIFIER = b"timer-high-water"
 
 logger = logging.getLogger(__name__)
 
@@ -443,7 +442,7 @@ class Engine:
             if floor:
                 allocator.advance_to(MessageID(floor, MAX_SEQUENCE))
             # Pending timers took IDs too (timers.py): stay above them.
-            high = self.storage.scan(info.name, *_high_water_range(pid), None, 1)
+            high = self.storage.scan(info.name, *high_water_range(pid), None, 1)
             if high:
                 allocator.advance_to(MessageID.from_bytes(high[0][1]))
             writer = self._writers[(info.name, pid)] = PartitionWriter(allocator, fence)
@@ -565,7 +564,7 @@ class Engine:
         keys = cell_keys(partition_id, runs(first, len(topics)), topics)
         cells = list(zip(keys, values, strict=False))
         if info.topic_index:  # each message's index entry, in the same atomic write
-            cells += index_cells(keys, values, topic_index.topic_hash(info))
+            cells += index_cells(keys, values, topic_hash(info))
         high = writer.allocator.last.to_bytes() if writer.allocator.last else b""
         self._store(info, partition_id, writer, cells, deletes, high)
         return first
@@ -588,7 +587,7 @@ class Engine:
             writer = self._writer(info, partition_id)
             ids = consecutive(writer.allocator.reserve(len(topics)), len(topics))
             cells = list(zip(timer_cell_keys(partition_id, due, ids, topics), values, strict=True))
-            cells.append((high_water_key(partition_id) + _HIGH_WATER_QUALIFIER, ids[-1].to_bytes()))
+            cells.append((high_water_key(partition_id) + HIGH_WATER_QUALIFIER, ids[-1].to_bytes()))
             self._store(info, partition_id, writer, cells, high=ids[-1].to_bytes())
         if self.timers is not None:
             self.timers.scheduled(name, partition_id, due)
@@ -669,7 +668,3 @@ class Engine:
         last = self.storage.last_rowkey(name, pid)
         return decode_rowkey(last)[1] if last else None
 
-
-def _high_water_range(partition_id: int) -> tuple[bytes, bytes]:
-    key = high_water_key(partition_id) + _HIGH_WATER_QUALIFIER
-    return key, key + b"\x00"

@@ -133,3 +133,23 @@ class Fenced(NotPartitionOwner):
         if epoch is not None:
             self.args = (f"{self.args[0]}: another server took it (this write held epoch {epoch})",)
         self.epoch = epoch
+
+
+class GroupNotFound(HQueueError, LookupError):
+    """No consumer group of that name on the queue."""
+
+    def __init__(self, queue: str, group: str) -> None:
+        super().__init__(f"no consumer group {group!r} on queue {queue!r}")
+        self.queue, self.group = queue, group
+
+
+class SubscriberNotFound(HQueueError, LookupError):
+    """No subscriber of that name is registered on the queue."""
+
+    def __init__(self, name: str, queue: str) -> None:
+        super().__init__(f"subscriber {name!r} is not registered on queue {queue!r}")
+        self.name, self.queue = name, queue
+
+
+class SubscriberExists(HQueueError):
+    """A subscriber of that name is already registered on the queue."""

@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from typing import TYPE_CHECKING
 
-from .coordination.registry import successor
-from .errors import HQueueError, InvalidArgument
+from .errors import InvalidArgument
 from .message import MessageID
 
 if TYPE_CHECKING:
@@ -43,12 +42,6 @@ Columns = tuple[list[bytes], list[bytes], list[int]]
 LATEST = -1
 
 
-class GroupNotFound(HQueueError, LookupError):
-    """No consumer group of that name on the queue."""
-
-    def __init__(self, queue: str, group: str) -> None:
-        super().__init__(f"no consumer group {group!r} on queue {queue!r}")
-        self.queue, self.group = queue, group
 
 
 def check_group_name(name: object) -> str:
@@ -98,17 +91,10 @@ class GroupConfig:
         return cls(topics, d["start"], d["max_retries"], starts)
 
 
-def group_key(queue: str, group: str) -> str:
-    return f"groups/{queue}/{group}"
 
 
-def state_prefix(queue: str, group: str, pid: int | None = None) -> str:
-    return f"group-state/{queue}/{group}/" + ("" if pid is None else f"{pid}/")
 
 
-def id_after(message_id: bytes) -> bytes:
-    """The 10-byte form of the smallest ID after ``message_id`` (10 bytes too)."""
-    return successor(MessageID.from_bytes(message_id)).to_bytes()
 
 
 @dataclass

@@ -43,25 +43,21 @@ from dataclasses import replace
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
-from .coordination.registry import successor
 from .deadletters import dead_letter, dead_letter_queue
-from .errors import InvalidArgument, NotPartitionOwner, QueueNotFound
+from .errors import GroupNotFound, InvalidArgument, NotPartitionOwner, QueueNotFound
 from .group_state import (
     DEFAULT_MAX_SPAN,
     LATEST,
     Columns,
     GroupConfig,
-    GroupNotFound,
     GroupState,
     PartitionState,
     assigned,
     backoff,
     check_group_name,
-    group_key,
-    id_after,
     served_order,
-    state_prefix,
 )
+from .keys.groups import group_key, id_after, state_prefix
 from .lag import partition_lag
 from .message import (
     ROWKEY_LENGTH,
@@ -71,6 +67,7 @@ from .message import (
     messages_from_columns,
     partition_prefix,
     rowkeys_by_partition,
+    successor,
 )
 
 if TYPE_CHECKING:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .coordination.registry import successor
 from .ids import wall_clock_ms
-from .message import MessageID, id_bytes
+from .message import MessageID, id_bytes, successor
 from .scanner import Scan
 
 if TYPE_CHECKING:

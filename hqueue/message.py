@@ -29,6 +29,7 @@ from .errors import InvalidArgument, InvalidMessage
 __all__ = [
     "MAX_PARTITIONS",
     "MAX_SEQUENCE",
+    "successor",
     "ROWKEY_LENGTH",
     "Message",
     "MessageID",
@@ -313,3 +314,10 @@ def messages_from_columns(keys: Sequence[bytes], values: Sequence[bytes]) -> lis
 _build = partial(tuple.__new__, Message)
 #: A cell key's 10 ID bytes (``MessageID.to_bytes``), which sort as the IDs do.
 id_bytes = itemgetter(slice(2, ROWKEY_LENGTH))
+
+
+def successor(message_id: MessageID) -> MessageID:
+    """The smallest ID after ``message_id``."""
+    if message_id.sequence < MAX_SEQUENCE:
+        return MessageID(message_id.timestamp, message_id.sequence + 1)
+    return MessageID(message_id.timestamp + 1, 0)

@@ -51,11 +51,11 @@ from .checks import check_partition, message_columns
 from .config import InfoCache, QueueInfo, QueueState
 from .errors import HQueueError, InvalidArgument, NoPartitionOwner, NotPartitionOwner, OutcomeUnknown, ServerUnavailable
 from .ids import consecutive
+from .keys.timers import Timer
 from .message import Message, MessageID, messages_from_columns, rowkeys_by_partition
 from .rpc import packed, wire
 from .rpc.pool import Connection, NotSent, Pool
 from .scanner import Scan
-from .timers import Timer
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from hqueue.config import QueueInfo
 from hqueue.coordination import LocalCoordinator
 from hqueue.engine import Engine
 from hqueue.errors import Fenced
-from hqueue.group_state import state_prefix
+from hqueue.keys.groups import state_prefix
 from hqueue.storage import open_storage
 from hqueue.storage.memory import forget
 

@@ -15,9 +15,9 @@ from xxhash import xxh3_64_digest
 from hqueue import HQueue, HQueueAdmin, InvalidArgument, Message, MessageID
 from hqueue.config import QueueInfo
 from hqueue.engine import Engine
+from hqueue.keys.index import HASH_KEY, index_cells, index_range, message_key, topic_head
 from hqueue.storage.embedded import EmbeddedStorage
 from hqueue.storage.memory import MemoryStorage
-from hqueue.topic_index import HASH_KEY, index_cells, index_range, message_key, topic_head
 
 
 def test_every_reader_sees_the_same_messages_with_and_without_the_index(make_queue):

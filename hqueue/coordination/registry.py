@@ -19,28 +19,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from ..errors import HQueueError
-from ..message import MAX_SEQUENCE, MessageID
+from ..message import MessageID
 
-__all__ = ["Registration", "SubscriberExists", "SubscriberNotFound", "SubscriberRegistry", "successor"]
-
-
-class SubscriberNotFound(HQueueError, LookupError):
-    """No subscriber of that name is registered on the queue."""
-
-    def __init__(self, name: str, queue: str) -> None:
-        super().__init__(f"subscriber {name!r} is not registered on queue {queue!r}")
-        self.name, self.queue = name, queue
+__all__ = ["Registration", "SubscriberRegistry"]
 
 
-class SubscriberExists(HQueueError):
-    """A subscriber of that name is already registered on the queue."""
 
 
-def successor(message_id: MessageID) -> MessageID:
-    """The smallest ID after ``message_id``."""
-    if message_id.sequence < MAX_SEQUENCE:
-        return MessageID(message_id.timestamp, message_id.sequence + 1)
-    return MessageID(message_id.timestamp + 1, 0)
+
+
 
 
 @dataclass(frozen=True)

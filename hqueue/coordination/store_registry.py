@@ -12,9 +12,9 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from ..errors import SubscriberActive
+from ..errors import SubscriberActive, SubscriberExists, SubscriberNotFound
 from ..storage import Storage
-from .registry import Registration, SubscriberExists, SubscriberNotFound, SubscriberRegistry
+from .registry import Registration, SubscriberRegistry
 
 PREFIX = "subscribers/"
 

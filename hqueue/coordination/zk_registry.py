@@ -28,15 +28,8 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 from kazoo.retry import ForceRetryError
 
-from ..errors import CoordinationError, SubscriberActive
-from .registry import (
-    Registration,
-    SubscriberExists,
-    SubscriberNotFound,
-    SubscriberRegistry,
-    decode_topics,
-    encode_topics,
-)
+from ..errors import CoordinationError, SubscriberActive, SubscriberExists, SubscriberNotFound
+from .registry import Registration, SubscriberRegistry, decode_topics, encode_topics
 
 logger = logging.getLogger(__name__)
 

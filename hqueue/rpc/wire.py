@@ -12,11 +12,10 @@ from typing import Any
 
 from .. import errors
 from ..config import QueueInfo
-from ..coordination.registry import SubscriberNotFound
-from ..group_state import GroupNotFound
+from ..errors import GroupNotFound, SubscriberNotFound
+from ..keys.timers import Timer
 from ..message import ROWKEY_LENGTH, Message, MessageID, cell_keys_of, values_of
 from ..scanner import Scan
-from ..timers import Timer
 from . import idl
 
 T = idl.load("hqueue.thrift")

@@ -18,8 +18,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from ..config import Durability, QueueInfo
 from ..ids import wall_clock_ms
+from ..keys.index import HEAD_LENGTH, is_index_key
 from ..message import MessageID, decode_rowkey
-from ..topic_index import HEAD_LENGTH, is_index_key
 from .fence import Fence
 
 logger = logging.getLogger(__name__)

@@ -50,9 +50,9 @@ import rocksdict
 
 from ..config import Durability, QueueInfo
 from ..errors import QueueExists, QueueNotFound, StorageError, StorageLocked
+from ..keys.index import INDEX_PREFIX
+from ..keys.timers import pending_range
 from ..message import encode_rowkey, partition_prefix
-from ..timers import pending_range
-from ..topic_index import INDEX_PREFIX
 from .base import Cell, Storage, expired, housekeeping, keep_id_floor, ttl_cutoff, ttl_start
 from .fence import Fence, LocalFences
 

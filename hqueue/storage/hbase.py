@@ -60,9 +60,9 @@ from thriftpy2.transport import TBufferedTransportFactory, TFramedTransportFacto
 
 from ..config import Durability, QueueInfo, QueueState
 from ..errors import Fenced, InvalidArgument, QueueDisabled, QueueExists, QueueNotFound, StorageError
+from ..keys.index import HEAD_LENGTH, is_index_key
 from ..message import ROWKEY_LENGTH, key_after, partition_prefix
 from ..rpc import idl
-from ..topic_index import HEAD_LENGTH, is_index_key
 from .base import Cell, Storage, housekeeping, keep_id_floor
 from .fence import Fence, decode_epoch, encode_epoch, fence_key
 

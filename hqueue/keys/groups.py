@@ -1,0 +1,26 @@
+"""Where consumer groups keep their state (SPEC X3; the service is hqueue/groups/).
+
+Metadata keys of the store (``Storage.put_meta``)::
+
+    groups/<queue>/<group>                       the group's definition (GroupConfig JSON)
+    group-state/<queue>/<group>/<pid>/done       every ID below it is finished
+    group-state/<queue>/<group>/<pid>/ack/<id>   acked above ``done`` (hex of the 10-byte ID)
+    group-state/<queue>/<group>/<pid>/retry/<id> failed deliveries so far
+"""
+
+from __future__ import annotations
+
+from ..message import MessageID, successor
+
+
+def group_key(queue: str, group: str) -> str:
+    return f"groups/{queue}/{group}"
+
+
+def state_prefix(queue: str, group: str, pid: int | None = None) -> str:
+    return f"group-state/{queue}/{group}/" + ("" if pid is None else f"{pid}/")
+
+
+def id_after(message_id: bytes) -> bytes:
+    """The 10-byte form of the smallest ID after ``message_id`` (10 bytes too)."""
+    return successor(MessageID.from_bytes(message_id)).to_bytes()

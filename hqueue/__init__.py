@@ -45,7 +45,7 @@ from .processor import Processor
 from .queue import HQueue
 from .scanner import CombinedPartitionScanner, PartitionScanner, QueueScanner, Scan
 from .splits import Split
-from .subscriber import MessageListener, Subscriber, SubscriberState, Subscription
+from .subscriptions.listener import MessageListener, Subscriber, SubscriberState, Subscription
 
 __version__ = "0.1.0"
 

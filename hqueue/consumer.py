@@ -29,7 +29,7 @@ from operator import getitem
 from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidArgument
-from .group_state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, start_ms
+from .groups.state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, start_ms
 from .message import ROWKEY_LENGTH, Message, MessageID
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ from . import topic_index
 from .checks import check_columns, check_partition, message_columns
 from .config import Durability, InfoCache, QueueInfo
 from .errors import Fenced, HQueueError, NotPartitionOwner, QueueEnabled
-from .groups import GroupService, forget_groups
+from .groups.service import GroupService, forget_groups
 from .ids import IDAllocator, consecutive, runs
 from .keys.index import index_cells, topic_hash
 from .keys.timers import (
@@ -58,7 +58,7 @@ from .timers import TimerService
 
 if TYPE_CHECKING:
     from .coordination import Coordinator
-    from .local_subscriptions import LocalSubscriptions
+    from .subscriptions.local import LocalSubscriptions
 
 logger = logging.getLogger(__name__)
 
@@ -235,7 +235,7 @@ class Engine:
     def _subscriptions(self) -> LocalSubscriptions:
         with self._lock:
             if self._local_subscriptions is None:
-                from .local_subscriptions import LocalSubscriptions
+                from .subscriptions.local import LocalSubscriptions
 
                 self._local_subscriptions = LocalSubscriptions(self)
             return self._local_subscriptions

@@ -16,12 +16,12 @@ from .config import QueueInfo
 from .connection import Connected
 from .consumer import Consumer
 from .errors import InvalidArgument, InvalidPartition
-from .group_state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES
+from .groups.state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES
 from .keys.timers import Timer, due_ms
 from .message import Message, MessageID
 from .scanner import DEFAULT_CACHING, CombinedPartitionScanner, PartitionScanner, QueueScanner, Scan, read_columns
 from .splits import Split
-from .subscriber import MessageListener, Subscriber, Subscription
+from .subscriptions.listener import MessageListener, Subscriber, Subscription
 
 __all__ = ["HQueue"]
 

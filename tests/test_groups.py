@@ -10,7 +10,7 @@ import time
 import pytest
 
 from hqueue import Delivery, GroupNotFound, HQueue, HQueueAdmin, InvalidArgument, Message
-from hqueue.group_state import MEMBER_TIMEOUT, assigned
+from hqueue.groups.state import MEMBER_TIMEOUT, assigned
 
 
 def values(deliveries: list[Delivery]) -> list[bytes]:

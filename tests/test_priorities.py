@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from hqueue import HQueueAdmin, InvalidArgument, InvalidPartition, Message
-from hqueue.group_state import STARVE_GUARD
+from hqueue.groups.state import STARVE_GUARD
 
 
 def test_puts_go_to_their_tier_s_partitions(make_queue):

@@ -26,20 +26,20 @@ from prometheus_client.core import GaugeMetricFamily
 
 from ..auth import AuthPolicy, PushPolicy
 from ..coordination import Coordinator, LocalCoordinator
-from ..coordination.registry import SubscriberRegistry
-from ..coordination.store_registry import StoreRegistry
-from ..coordination.zk_registry import ZooKeeperRegistry
 from ..coordination.zookeeper import ZooKeeperCoordinator
 from ..engine import Engine
 from ..errors import InvalidArgument
 from ..lag import partition_lag
 from ..rpc import wire
 from ..rpc.threaded import ListeningSocket, ServerLimits, ThreadedServer
+from ..subscriptions.delivery import SubscriptionManager
+from ..subscriptions.registry import SubscriberRegistry
+from ..subscriptions.service import Subscribers
+from ..subscriptions.store_registry import StoreRegistry
+from ..subscriptions.zk_registry import ZooKeeperRegistry
 from .handler import DEFAULT_MAX_PARTITIONS, HQueueHandler
 from .metrics import ServerMetrics, gauge
 from .scanners import DEFAULT_IDLE_TIMEOUT, ScannerRegistry
-from .subscribers import Subscribers
-from .subscriptions import SubscriptionManager
 
 logger = logging.getLogger(__name__)
 

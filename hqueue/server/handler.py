@@ -28,9 +28,9 @@ from ..message import Message, MessageID, cell_keys_of, values_of
 from ..rpc import packed, wire
 from ..rpc.threaded import current_connection
 from ..scanner import PartitionScanner
+from ..subscriptions.service import Subscribers
 from .metrics import ServerMetrics
 from .scanners import ScannerRegistry
-from .subscribers import Subscribers
 
 logger = logging.getLogger(__name__)
 

@@ -115,7 +115,7 @@ def test_a_killed_servers_partitions_resume_from_the_checkpoints(cluster, tmp_pa
 
 def test_a_second_live_instance_is_refused_in_zookeeper_mode(cluster):
     from hqueue import HQueue, HQueueAdmin, SubscriberActive
-    from hqueue.subscriber import MessageListener, Subscription
+    from hqueue.subscriptions.listener import MessageListener, Subscription
 
     class Nothing(MessageListener):
         def on_messages(self, messages):

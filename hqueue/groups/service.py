@@ -43,9 +43,21 @@ from dataclasses import replace
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
-from .deadletters import dead_letter, dead_letter_queue
-from .errors import GroupNotFound, InvalidArgument, NotPartitionOwner, QueueNotFound
-from .group_state import (
+from ..deadletters import dead_letter, dead_letter_queue
+from ..errors import GroupNotFound, InvalidArgument, NotPartitionOwner, QueueNotFound
+from ..keys.groups import group_key, id_after, state_prefix
+from ..lag import partition_lag
+from ..message import (
+    ROWKEY_LENGTH,
+    Message,
+    MessageID,
+    id_bytes,
+    messages_from_columns,
+    partition_prefix,
+    rowkeys_by_partition,
+    successor,
+)
+from .state import (
     DEFAULT_MAX_SPAN,
     LATEST,
     Columns,
@@ -57,23 +69,11 @@ from .group_state import (
     check_group_name,
     served_order,
 )
-from .keys.groups import group_key, id_after, state_prefix
-from .lag import partition_lag
-from .message import (
-    ROWKEY_LENGTH,
-    Message,
-    MessageID,
-    id_bytes,
-    messages_from_columns,
-    partition_prefix,
-    rowkeys_by_partition,
-    successor,
-)
 
 if TYPE_CHECKING:
-    from .coordination import Coordinator
-    from .engine import Engine
-    from .storage import Storage
+    from ..coordination import Coordinator
+    from ..engine import Engine
+    from ..storage import Storage
 
 logger = logging.getLogger(__name__)
 

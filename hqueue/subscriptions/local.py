@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .coordination.local import LocalCoordinator
-from .coordination.store_registry import StoreRegistry
-from .server.subscribers import Subscribers
-from .server.subscriptions import SubscriptionManager
+from ..coordination.local import LocalCoordinator
+from .delivery import SubscriptionManager
+from .service import Subscribers
+from .store_registry import StoreRegistry
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from ..engine import Engine
 
 
 class LocalSubscriptions:

@@ -48,15 +48,15 @@ from thriftpy2.transport import TFramedTransportFactory
 
 from ..auth import PushPolicy
 from ..coordination import Coordinator
-from ..coordination.registry import Registration, SubscriberRegistry
 from ..deadletters import dead_letter, dead_letter_queue
 from ..engine import Engine
 from ..errors import HQueueError, SubscriberNotFound
-from ..group_state import STARVE_GUARD
+from ..groups.state import STARVE_GUARD
 from ..message import Message, MessageID, successor
 from ..rpc import wire
 from ..scanner import Scan
-from .metrics import ServerMetrics
+from ..server.metrics import ServerMetrics
+from .registry import Registration, SubscriberRegistry
 
 logger = logging.getLogger(__name__)
 

@@ -37,13 +37,13 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .errors import HQueueError, InvalidArgument, SubscriberActive
-from .message import Message, MessageID, _as_topic
+from ..errors import HQueueError, InvalidArgument, SubscriberActive
+from ..message import Message, MessageID, _as_topic
 
 if TYPE_CHECKING:  # Thrift and kazoo load when a subscriber starts, not with hqueue
-    from .coordination.zk_registry import ZooKeeperPresence
-    from .engine import SubscriptionEngine
-    from .rpc.threaded import ThreadedServer
+    from ..engine import SubscriptionEngine
+    from ..rpc.threaded import ThreadedServer
+    from .zk_registry import ZooKeeperPresence
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class _ConsumeHandler:
             # so the batch stays undelivered and comes to the next instance.
             return STOPPING
         try:
-            from .rpc import wire
+            from ..rpc import wire
 
             batch = [wire.from_stored_tmessage(t) for t in messages]
             for listener in self.subscriber.listeners:
@@ -178,8 +178,8 @@ class Subscriber:
         if self.started:
             return self
         self.state = SubscriberState.STARTED  # before the port opens: batches may come at once
-        from .rpc import wire
-        from .rpc.threaded import ListeningSocket, ThreadedServer
+        from ..rpc import wire
+        from ..rpc.threaded import ListeningSocket, ThreadedServer
 
         socket = ListeningSocket.bound(self.host, self.port)
         self.port = socket.bound_port
@@ -192,7 +192,7 @@ class Subscriber:
             )
             coordination = self.engine.coordination()
             if coordination.startswith("zk:"):
-                from .coordination.zk_registry import ZooKeeperPresence
+                from .zk_registry import ZooKeeperPresence
 
                 self._presence = ZooKeeperPresence(coordination[3:], self.queue, self.name, self.address, topics)
                 self._take_over(self._presence.start)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from ..checks import check_partition
-from ..coordination.registry import Registration, SubscriberRegistry
 from ..engine import Engine
 from ..errors import InvalidArgument, InvalidMessage, SubscriberExists, SubscriberNotFound
 from ..lag import partition_lag
 from ..message import MessageID, successor
+from .registry import Registration, SubscriberRegistry
 
 
 def check_dead_letter_after(value: object) -> None:

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from typing import TYPE_CHECKING
 
-from .errors import InvalidArgument
-from .message import MessageID
+from ..errors import InvalidArgument
+from ..message import MessageID
 
 if TYPE_CHECKING:
-    from .config import QueueInfo
+    from ..config import QueueInfo
 
 DEFAULT_LEASE = 30.0
 DEFAULT_MAX_RETRIES = 16

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from .api import groups_of
 from .config import DEFAULT_MAX_MESSAGE_BYTES, PRIORITIES_KEY, Durability, QueueInfo, QueueState, validate_queue_name
 from .connection import Connected
 from .deadletters import dead_letter_queue
@@ -19,7 +20,7 @@ __all__ = ["HQueueAdmin"]
 
 
 if TYPE_CHECKING:
-    from .engine import SubscriptionEngine
+    from .api import SubscriptionsAPI
 
 
 class HQueueAdmin(Connected):
@@ -121,8 +122,8 @@ class HQueueAdmin(Connected):
 
     # -- subscribers (SPEC C7) ---------------------------------------------------------
 
-    def _server(self) -> SubscriptionEngine:
-        return self.subscription_engine("subscriber administration")
+    def _server(self) -> SubscriptionsAPI:
+        return self.subscriptions("subscriber administration")
 
     def add_subscriber(
         self,
@@ -146,19 +147,19 @@ class HQueueAdmin(Connected):
         if partitions is not None:
             starts = dict(partitions) if isinstance(partitions, Mapping) else dict.fromkeys(partitions)
         encoded = frozenset(_as_topic(t) for t in topics) if topics is not None else None
-        self._server().add_subscriber(queue, name, encoded, starts, dead_letter_after)
+        self._server().add(queue, name, encoded, starts, dead_letter_after)
 
     def delete_subscriber(self, queue: str, name: str) -> None:
         """Forget a subscriber and its checkpoints (queue first, as every admin call)."""
-        self._server().delete_subscriber(queue, name)
+        self._server().delete(queue, name)
 
     def list_subscribers(self, queue: str) -> list[str]:
-        return self._server().list_subscribers(queue)
+        return self._server().names(queue)
 
     def describe_subscriber(self, queue: str, name: str) -> dict[str, Any]:
         """Address (None while away), topics, per-partition checkpoints and lag
         in messages (exact: every one is counted) and in milliseconds."""
-        return self._server().describe_subscriber(queue, name)
+        return self._server().describe(queue, name)
 
     def replay_dead_letters(self, queue: str, start: TimeLike = None, stop: TimeLike = None) -> int:
         """Put the messages of ``<queue>.dlq`` in ``[start, stop)`` back on ``queue``
@@ -181,14 +182,14 @@ class HQueueAdmin(Connected):
 
     def list_groups(self, queue: str) -> list[str]:
         """The consumer groups of ``queue``."""
-        return self.engine.list_groups(queue)
+        return groups_of(self.engine).names(queue)
 
     def describe_group(self, queue: str, group: str) -> dict[str, Any]:
         """Live members, and per partition: the completion cursor (``done``) and the
         scan cursor, messages in flight and retrying, retries so far, lag in
         messages (exact) and in ms of the oldest unfinished one;
         and the dead-letter queue's size."""
-        return self.engine.describe_group(queue, group)
+        return groups_of(self.engine).describe(queue, group)
 
     def set_group_position(
         self, queue: str, group: str, partition: int | str | None, position: MessageID | datetime | int
@@ -202,11 +203,11 @@ class HQueueAdmin(Connected):
         pid = None if partition in (None, "all") else partition
         if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool)):
             raise TypeError(f"'partition' must be an int, 'all' or None, not {partition!r}")
-        self.engine.group_set_position(queue, group, pid, start)
+        groups_of(self.engine).set_position(queue, group, pid, start)
 
     def delete_group(self, queue: str, group: str) -> None:
         """Forget a consumer group and all its progress."""
-        self.engine.delete_group(queue, group)
+        groups_of(self.engine).delete(queue, group)
 
     def set_checkpoint(
         self, queue: str, name: str, partition: int | str | None, position: MessageID | datetime | int

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from .engine import Engine, EngineAPI, SubscriptionEngine
-from .errors import HQueueError, InvalidArgument
+from .api import EngineAPI, SubscriptionsAPI, subscriptions_of
+from .errors import InvalidArgument
 from .storage import default_url
 
 
@@ -34,12 +34,14 @@ def acquire_engine(
     """
     url = resolve_url(url, data_dir)
     if url.startswith("hqueue://"):
-        from .remote import RemoteEngine
+        from .client import connect
 
-        return RemoteEngine(url, token=token, timeout=timeout)
+        return connect(url, token=token, timeout=timeout)
     if token is not None or timeout is not None:
         raise InvalidArgument("'token' and 'timeout' are for hqueue:// servers, not an in-process store")
-    return Engine.acquire(url)
+    from .services import open_local
+
+    return open_local(url)
 
 
 class Connected:
@@ -61,12 +63,10 @@ class Connected:
             raise RuntimeError(f"{type(self).__name__} is closed")
         return self._engine
 
-    def subscription_engine(self, what: str) -> SubscriptionEngine:
-        """The engine, when it serves push subscriptions (both engines do: a
-        store in this process runs them here, hqueue servers run them there)."""
-        if not self.engine.serves_subscriptions:
-            raise HQueueError(f"{what}: this store does not serve push subscriptions")
-        return self.engine  # type: ignore[return-value]  # it has the subscription calls
+    def subscriptions(self, what: str) -> SubscriptionsAPI:
+        """The engine's push subscriptions (both engines serve them: a store in
+        this process runs them here, hqueue servers run them there)."""
+        return subscriptions_of(self.engine, what)
 
     @property
     def url(self) -> str:

@@ -26,14 +26,15 @@ from datetime import datetime
 from functools import partial
 from itertools import repeat
 from operator import getitem
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from .api import groups_of
 from .errors import InvalidArgument
 from .groups.state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, start_ms
 from .message import ROWKEY_LENGTH, Message, MessageID
 
 if TYPE_CHECKING:
-    from .queue import HQueue
+    from .api import QueueHandle
 
 __all__ = ["Consumer", "Delivery"]
 
@@ -120,7 +121,7 @@ class Consumer:
 
     def __init__(
         self,
-        queue: HQueue,
+        queue: QueueHandle,
         group: str,
         topics: Iterable[str | bytes] | None = None,
         *,
@@ -134,25 +135,25 @@ class Consumer:
         chosen = None if topics is None else frozenset(t.encode() if isinstance(t, str) else t for t in topics)
         if chosen is not None and not all(isinstance(t, bytes) and t for t in chosen):
             raise InvalidArgument("'topics' must be non-empty str or bytes")
-        self._engine: Any = queue.engine
-        self._engine.group_open(queue.name, group, chosen, start_ms(start), max_retries)
+        self._groups = groups_of(queue.engine)
+        self._groups.open(queue.name, group, chosen, start_ms(start), max_retries)
         self.closed = False
 
     def receive(self, max_messages: int = 100, *, wait: float = 1.0, lease: float | None = None) -> list[Delivery]:
         """Up to ``max_messages`` messages, waiting up to ``wait`` seconds for the first."""
-        pairs = self._engine.group_receive(
+        pairs = self._groups.receive(
             self.queue.name, self.group, self.member, max_messages, self.lease if lease is None else lease, wait
         )
         return list(_deliveries(pairs))
 
     def ack(self, deliveries: Delivery | Message | Iterable[Delivery | Message]) -> int:
         """Mark messages done: the group never gets them again. Returns how many were still open."""
-        return self._engine.group_ack(self.queue.name, self.group, _rowkeys(deliveries))
+        return self._groups.ack(self.queue.name, self.group, _rowkeys(deliveries))
 
     def nack(self, deliveries: Delivery | Message | Iterable[Delivery | Message], *, delay: float | None = None) -> int:
         """Give messages back: handed out again after ``delay`` seconds (None: a
         backoff of 1 s doubling per failure, at most 10 minutes). Counts as a failure."""
-        return self._engine.group_nack(self.queue.name, self.group, self.member, _rowkeys(deliveries), delay)
+        return self._groups.nack(self.queue.name, self.group, self.member, _rowkeys(deliveries), delay)
 
     def dead_letter(self, deliveries: Delivery | Message | Iterable[Delivery | Message]) -> int:
         """Move messages to ``<queue>.dlq`` now, whatever their retries, and finish them.
@@ -167,7 +168,7 @@ class Consumer:
             NotPartitionOwner: the dead-letter queue was just made and its
                 partitions are not served yet (a cluster): try again soon.
         """
-        return self._engine.group_dead_letter(self.queue.name, self.group, self.member, _rowkeys(deliveries))
+        return self._groups.dead_letter(self.queue.name, self.group, self.member, _rowkeys(deliveries))
 
     def __iter__(self) -> Iterator[Delivery]:
         """Deliveries as they come, until :meth:`close`. Ack each one."""
@@ -178,7 +179,7 @@ class Consumer:
         """Leave the group: leases still held go back to the others at once."""
         if not self.closed:
             self.closed = True
-            self._engine.group_leave(self.queue.name, self.group, self.member)
+            self._groups.leave(self.queue.name, self.group, self.member)
 
     def __enter__(self) -> Consumer:
         return self

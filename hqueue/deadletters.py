@@ -16,8 +16,9 @@ from .errors import QueueExists, QueueNotFound
 from .message import Message, MessageID
 
 if TYPE_CHECKING:
+    from .api import EngineAPI
     from .coordination import Coordinator
-    from .engine import Engine, EngineAPI
+    from .engine import Engine
 
 
 def dead_letter_queue(queue: str) -> str:

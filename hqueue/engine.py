@@ -21,14 +21,14 @@ import logging
 import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from . import topic_index
 from .checks import check_columns, check_partition, message_columns
 from .config import Durability, InfoCache, QueueInfo
 from .errors import Fenced, HQueueError, NotPartitionOwner, QueueEnabled
-from .groups.service import GroupService, forget_groups
 from .ids import IDAllocator, consecutive, runs
+from .keys.groups import groups_prefix, queue_state_prefix
 from .keys.index import index_cells, topic_hash
 from .keys.timers import (
     HIGH_WATER_QUALIFIER,
@@ -54,11 +54,10 @@ from .scanner import KeyRangeCursor, Scan
 from .storage import Storage, normalize_url, open_storage
 from .storage.base import forget_id_floor, read_id_floor
 from .storage.fence import Fence
-from .timers import TimerService
 
 if TYPE_CHECKING:
+    from .api import GroupsAPI, SubscriptionsAPI
     from .coordination import Coordinator
-    from .subscriptions.local import LocalSubscriptions
 
 logger = logging.getLogger(__name__)
 
@@ -72,68 +71,6 @@ class PartitionWriter:
     fence: Fence
 
 
-class EngineAPI(Protocol):
-    """What HQueue and HQueueAdmin need from an engine: :class:`Engine` (a store in
-    this process) or :class:`~hqueue.remote.RemoteEngine` (hqueue servers)."""
-
-    #: Whether push subscriptions can be registered and run (both engines: see SubscriptionEngine).
-    serves_subscriptions: bool
-
-    @property
-    def url(self) -> str: ...
-
-    def queue_info(self, name: str, *, fresh: bool = False) -> QueueInfo: ...
-    def enabled_queue(self, name: str) -> QueueInfo: ...
-    def create_queue(self, info: QueueInfo) -> None: ...
-    def set_state(self, name: str, state: str) -> QueueInfo: ...
-    def truncate_queue(self, name: str) -> None: ...
-    def delete_queue(self, name: str) -> None: ...
-    def list_queues(self) -> list[QueueInfo]: ...
-    def describe_queue(self, name: str) -> dict[str, Any]: ...
-    def put(self, name: str, messages: Sequence[Message], partition_id: int) -> list[MessageID]: ...
-    def open_cursor(self, queue: str, partition_id: int, scan: Scan, caching: int) -> Any: ...
-    def partition_locations(self, name: str) -> list[str]: ...
-    def release(self) -> None: ...
-    # timers (SPEC X1)
-    def schedule(self, name: str, messages: Sequence[Message], partition_id: int, due: int) -> list[Timer]: ...
-    def cancel_timer(self, name: str, timer: Timer) -> bool: ...
-    # consumer groups (SPEC X3)
-    def group_open(
-        self, queue: str, group: str, topics: Collection[bytes] | None, start: int, max_retries: int
-    ) -> None: ...
-    def group_receive(
-        self, queue: str, group: str, member: str, max_messages: int, lease: float, wait: float
-    ) -> list[tuple[Message, int]]: ...
-    def group_ack(self, queue: str, group: str, rowkeys: Sequence[bytes]) -> int: ...
-    def group_nack(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes], delay: float | None) -> int: ...
-    def group_dead_letter(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes]) -> int: ...
-    def group_leave(self, queue: str, group: str, member: str) -> None: ...
-    def list_groups(self, queue: str) -> list[str]: ...
-    def describe_group(self, queue: str, group: str) -> dict[str, Any]: ...
-    def delete_group(self, queue: str, group: str) -> None: ...
-    def group_set_position(self, queue: str, group: str, partition_id: int | None, start: MessageID) -> None: ...
-
-
-class SubscriptionEngine(EngineAPI, Protocol):
-    """The calls behind push subscriptions and their administration."""
-
-    def add_subscriber(
-        self,
-        queue: str,
-        name: str,
-        topics: Collection[bytes] | None,
-        partitions: dict[int, MessageID | None] | None,
-        dead_letter_after: int | None = None,
-    ) -> None: ...
-    def delete_subscriber(self, queue: str, name: str) -> None: ...
-    def list_subscribers(self, queue: str) -> list[str]: ...
-    def describe_subscriber(self, queue: str, name: str) -> dict[str, Any]: ...
-    def set_checkpoint(self, queue: str, name: str, partition_id: int | None, start: MessageID) -> None: ...
-    def coordination(self) -> str: ...
-    def subscriber_heartbeat(self, queue: str, name: str, address: str, topics: Collection[bytes] | None) -> None: ...
-    def subscriber_leave(self, queue: str, name: str) -> None: ...
-
-
 class Engine:
     """ID assignment, validation, writes and scans over one store.
 
@@ -141,15 +78,13 @@ class Engine:
         storage: The backend to use; the engine closes it on :meth:`close`.
     """
 
-    #: Push subscriptions run in this process (hqueue.local_subscriptions), started on first use.
-    serves_subscriptions = True
     _registry: dict[str, Engine] = {}
     _registry_lock = threading.Lock()
 
     def __init__(self, storage: Storage, registry_key: str | None = None) -> None:
-        self.timers: TimerService | None = None
-        self.groups: GroupService | None = None
-        self._serving_lock = threading.Lock()
+        #: Services attached by whoever serves the partitions (hqueue/services.py); None until then.
+        self.groups: GroupsAPI | None = None
+        self.subscriptions: SubscriptionsAPI | None = None
         self.storage = storage
         self._registry_key = registry_key
         self._lock = threading.Lock()
@@ -158,59 +93,29 @@ class Engine:
         self._coordinator: Coordinator | None = None
         self._infos = InfoCache(storage.get_queue)
         self._write_listeners: list[Callable[[str, int], None]] = []
+        self._drop_listeners: list[Callable[[str], None]] = []
+        self._schedule_listeners: list[Callable[[str, int, int], None]] = []
+        self._closers: list[Callable[[], None]] = []
         self._refs = 0
-        self._local_subscriptions: LocalSubscriptions | None = None
 
     @property
     def url(self) -> str:
         return self.storage.url
 
-    # -- sharing --------------------------------------------------------------
+    # -- sharing ----------------------------------------------------------------
 
     @classmethod
-    def acquire(cls, url: str, *, serve: bool = True) -> Engine:
-        """The process's engine for ``url``, opened on first use.
-
-        With ``serve`` (what HQueue and HQueueAdmin want), this process owns
-        every partition: it fires timers and keeps consumer groups. A server
-        passes False and attaches its own coordinator (:meth:`serve_partitions`).
-        """
+    def acquire(cls, url: str) -> Engine:
+        """The process's engine for ``url``, opened on first use (one per store
+        per process, so IDs stay strictly increasing). Services are attached
+        by the caller (hqueue/services.py)."""
         url = normalize_url(url)
         with cls._registry_lock:
             engine = cls._registry.get(url)
             if engine is None:
                 engine = cls._registry[url] = cls(open_storage(url), registry_key=url)
             engine._refs += 1
-        if serve:
-            engine._serve_locally()
         return engine
-
-    def _serve_locally(self) -> None:
-        """Own every partition in this process, unless something (a server) already serves them."""
-        from .coordination.local import LocalCoordinator
-
-        with self._serving_lock:
-            if self.timers is None:
-                self.serve_partitions(LocalCoordinator("in-process"))
-
-    def serve_partitions(self, coordinator: Coordinator) -> None:
-        """Fire the timers and keep the consumer groups of the partitions ``coordinator`` says this process owns.
-
-        Writers follow ownership: a gained partition is taken from the store
-        (a new fence) at once, a lost one forgotten.
-        """
-        with self._lock:
-            if self._coordinator is not coordinator:
-                coordinator.add_listener(self._ownership_changed)
-            self._coordinator = coordinator
-            old = self.timers, self.groups
-            self.timers = TimerService(self, coordinator, lambda: [(q.name, q.partitions) for q in self.list_queues()])
-            self.groups = GroupService(self, coordinator)
-        for service in old:
-            if service is not None:
-                service.stop()
-        self.timers.start()
-        self.groups.start()
 
     def release(self) -> None:
         """Drop one reference from :meth:`acquire`; the last one closes."""
@@ -221,105 +126,25 @@ class Engine:
             self._registry.pop(self._registry_key or self.storage.url, None)
         self.close()
 
+    def on_close(self, closer: Callable[[], None]) -> None:
+        """Call ``closer()`` when the engine closes, before the store does (services stop)."""
+        self._closers.append(closer)
+
     def close(self) -> None:
-        for service in (self.timers, self.groups):
-            if service is not None:
-                service.stop()
-        if self._local_subscriptions is not None:
-            self._local_subscriptions.stop()
-            self._local_subscriptions = None
+        for closer in reversed(self._closers):
+            closer()
+        self._closers.clear()
         self.storage.close()
 
-    # -- push subscriptions, served in this process ---------------------------------
+    # -- ownership --------------------------------------------------------------
 
-    def _subscriptions(self) -> LocalSubscriptions:
+    def follow(self, coordinator: Coordinator) -> None:
+        """Write only the partitions ``coordinator`` says this process owns: a gained
+        partition is taken from the store (a new fence) at once, a lost one forgotten."""
         with self._lock:
-            if self._local_subscriptions is None:
-                from .subscriptions.local import LocalSubscriptions
-
-                self._local_subscriptions = LocalSubscriptions(self)
-            return self._local_subscriptions
-
-    def add_subscriber(
-        self,
-        queue: str,
-        name: str,
-        topics: Collection[bytes] | None,
-        partitions: dict[int, MessageID | None] | None,
-        dead_letter_after: int | None = None,
-    ) -> None:
-        self._subscriptions().subscribers.add(
-            queue, name, frozenset(topics) if topics is not None else None, partitions, dead_letter_after
-        )
-
-    def delete_subscriber(self, queue: str, name: str) -> None:
-        self._subscriptions().subscribers.delete(queue, name)
-
-    def list_subscribers(self, queue: str) -> list[str]:
-        self.queue_info(queue, fresh=True)
-        return self._subscriptions().registry.names(queue)
-
-    def describe_subscriber(self, queue: str, name: str) -> dict[str, Any]:
-        return self._subscriptions().describe(queue, name)
-
-    def set_checkpoint(self, queue: str, name: str, partition_id: int | None, start: MessageID) -> None:
-        self._subscriptions().subscribers.set_checkpoint(queue, name, partition_id, start)
-
-    def coordination(self) -> str:
-        return self._subscriptions().registry.coordination
-
-    def subscriber_heartbeat(self, queue: str, name: str, address: str, topics: Collection[bytes] | None) -> None:
-        self._subscriptions().registry.heartbeat(queue, name, address, frozenset(topics) if topics else None)
-
-    def subscriber_leave(self, queue: str, name: str) -> None:
-        self._subscriptions().registry.leave(queue, name)
-
-    # -- consumer groups (SPEC X3, groups.py) -----------------------------------------
-
-    def _group_service(self) -> GroupService:
-        if self.groups is None:
-            raise HQueueError("this engine keeps no consumer groups (a server attaches them when it starts)")
-        return self.groups
-
-    def group_open(
-        self, queue: str, group: str, topics: Collection[bytes] | None, start: int, max_retries: int
-    ) -> None:
-        self._group_service().open(queue, group, topics, start, max_retries)
-
-    def group_receive(
-        self, queue: str, group: str, member: str, max_messages: int, lease: float, wait: float
-    ) -> list[tuple[Message, int]]:
-        return self._group_service().receive(queue, group, member, max_messages, lease, wait)
-
-    def group_receive_columns(
-        self, queue: str, group: str, member: str, max_messages: int, lease: float, wait: float
-    ) -> tuple[list[bytes], list[bytes], list[int]]:
-        """:meth:`group_receive` as cell keys, values and attempts (what a server sends)."""
-        return self._group_service().receive_columns(queue, group, member, max_messages, lease, wait)
-
-    def group_ack(self, queue: str, group: str, rowkeys: Sequence[bytes]) -> int:
-        return self._group_service().ack(queue, group, rowkeys)
-
-    def group_nack(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes], delay: float | None) -> int:
-        return self._group_service().nack(queue, group, member, rowkeys, delay)
-
-    def group_dead_letter(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes]) -> int:
-        return self._group_service().dead_letter(queue, group, member, rowkeys)
-
-    def group_leave(self, queue: str, group: str, member: str) -> None:
-        self._group_service().leave(queue, group, member)
-
-    def list_groups(self, queue: str) -> list[str]:
-        return self._group_service().names(queue)
-
-    def describe_group(self, queue: str, group: str) -> dict[str, Any]:
-        return self._group_service().describe(queue, group)
-
-    def delete_group(self, queue: str, group: str) -> None:
-        self._group_service().delete(queue, group)
-
-    def group_set_position(self, queue: str, group: str, partition_id: int | None, start: MessageID) -> None:
-        self._group_service().set_position(queue, group, partition_id, start)
+            if self._coordinator is not coordinator:
+                coordinator.add_listener(self._ownership_changed)
+            self._coordinator = coordinator
 
     # -- queue metadata -------------------------------------------------------
 
@@ -365,9 +190,11 @@ class Engine:
             raise QueueEnabled(name, "it can be dropped")
         self.storage.delete_queue(name)
         forget_id_floor(self.storage, name)
-        forget_groups(self.storage, name)
-        if self.groups is not None:
-            self.groups.forget(name)
+        kept = [*self.storage.list_meta(groups_prefix(name)), *self.storage.list_meta(queue_state_prefix(name))]
+        if kept:  # its consumer groups and their progress
+            self.storage.write_meta({}, kept)
+        for listener in self._drop_listeners:
+            listener(name)
         with self._lock:
             for key in [k for k in self._writers if k[0] == name]:
                 del self._writers[key]
@@ -509,6 +336,14 @@ class Engine:
             self._fenced(info.name, pid, writer.fence)
             raise
 
+    def add_schedule_listener(self, listener: Callable[[str, int, int], None]) -> None:
+        """Call ``listener(queue, partition_id, due)`` after a timer is written (the firing loop wakes)."""
+        self._schedule_listeners.append(listener)
+
+    def add_drop_listener(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(queue)`` after a queue is deleted (services forget what they hold of it)."""
+        self._drop_listeners.append(listener)
+
     def add_write_listener(self, listener: Callable[[str, int], None]) -> None:
         """Call ``listener(queue, partition_id)`` after every acknowledged write.
 
@@ -589,8 +424,8 @@ class Engine:
             cells = list(zip(timer_cell_keys(partition_id, due, ids, topics), values, strict=True))
             cells.append((high_water_key(partition_id) + HIGH_WATER_QUALIFIER, ids[-1].to_bytes()))
             self._store(info, partition_id, writer, cells, high=ids[-1].to_bytes())
-        if self.timers is not None:
-            self.timers.scheduled(name, partition_id, due)
+        for listener in self._schedule_listeners:
+            listener(name, partition_id, due)
         return [Timer(partition_id, due, i) for i in ids]
 
     def cancel_timer(self, name: str, timer: Timer) -> bool:

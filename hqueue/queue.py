@@ -291,11 +291,11 @@ class HQueue(Connected):
         Push subscriptions work on every store: hqueue servers deliver them, or,
         for a store opened in this process, this process does.
         """
-        engine = self.subscription_engine("create_subscriber")
+        service = self.subscriptions("create_subscriber")
         if not isinstance(subscription, Subscription):
             raise TypeError(f"'subscription' must be a Subscription, not {type(subscription).__name__}")
         return Subscriber(
-            engine,
+            service,
             self.name,
             subscription,
             listeners,

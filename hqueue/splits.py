@@ -20,7 +20,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .batch import MessageBatch
+from .checks import check_partition
+from .connection import acquire_engine
+from .errors import InvalidArgument
 from .message import MessageID
+from .scanner import Scan, read_columns
 
 
 @dataclass(frozen=True)
@@ -43,9 +47,13 @@ class Split:
 
     def read(self, *, batch_size: int = 10_000, token: str | None = None) -> Iterator[MessageBatch]:
         """The split's messages as batches of columns, in ID order."""
-        from .queue import HQueue  # the queue module builds splits: import it when one is read
-
-        with HQueue(self.queue, self.url, token=token) as queue:
-            yield from queue.scan_batches(
-                self.start, self.stop, self.topics, partition_id=self.partition_id, batch_size=batch_size
-            )
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise InvalidArgument(f"'batch_size' must be an int > 0, got {batch_size!r}")
+        engine = acquire_engine(self.url, None, token)
+        try:
+            check_partition(engine.enabled_queue(self.queue), self.partition_id)
+            scan = Scan(self.start, self.stop, self.topics)
+            for keys, values in read_columns(engine, self.queue, self.partition_id, scan, batch_size):
+                yield MessageBatch(self.partition_id, keys, values)
+        finally:
+            engine.release()

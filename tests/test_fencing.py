@@ -22,6 +22,7 @@ from hqueue.coordination import LocalCoordinator
 from hqueue.engine import Engine
 from hqueue.errors import Fenced
 from hqueue.keys.groups import state_prefix
+from hqueue.services import serve_partitions
 from hqueue.storage import open_storage
 from hqueue.storage.memory import forget
 
@@ -34,7 +35,8 @@ def pair():
     url = f"memory://fencing-{next(_names)}"
     old, new = Engine(open_storage(url)), Engine(open_storage(url))
     old.create_queue(QueueInfo("q", 2))
-    old.serve_partitions(LocalCoordinator("old"))
+    groups = serve_partitions(old, LocalCoordinator("old"))
+    assert old.groups is groups
     yield old, new
     old.close()
     new.close()
@@ -103,19 +105,19 @@ def test_timers_of_a_fenced_owner_are_neither_set_fired_nor_cancelled(pair):
 def test_group_progress_of_a_fenced_owner_is_not_written(pair):
     old, new = pair
     old.put("q", messages(b"m1", b"m2", b"m3"), 0)
-    old.group_open("q", "g", None, 0, 3)
-    deliveries = old.group_receive("q", "g", "member", 10, 30.0, 0)
+    old.groups.open("q", "g", None, 0, 3)
+    deliveries = old.groups.receive("q", "g", "member", 10, 30.0, 0)
     keys = [m.rowkey for m, _ in deliveries if m.partition_id == 0]
     assert len(keys) == 3
-    assert old.group_ack("q", "g", keys[:1]) == 1
+    assert old.groups.ack("q", "g", keys[:1]) == 1
     before = old.storage.list_meta(state_prefix("q", "g", 0))
     new.storage.take_partition("q", 0)
     with pytest.raises(Fenced):
-        old.group_ack("q", "g", keys[1:2])
+        old.groups.ack("q", "g", keys[1:2])
     old.fence("q", 0)
     new.storage.take_partition("q", 0)
     with pytest.raises(Fenced):
-        old.group_nack("q", "g", "member", keys[2:], 0.0)
+        old.groups.nack("q", "g", "member", keys[2:], 0.0)
     assert old.storage.list_meta(state_prefix("q", "g", 0)) == before
 
 

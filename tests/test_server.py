@@ -11,7 +11,7 @@ from thriftpy2.rpc import make_client
 from thriftpy2.transport import TFramedTransportFactory
 
 from hqueue import HQueue, HQueueAdmin, HQueueError, Message, NoPartitionOwner, QueueInfo
-from hqueue.remote import RemoteEngine
+from hqueue.client.engine import RemoteEngine
 from hqueue.rpc.wire import T
 from hqueue.server import HQueueServer
 

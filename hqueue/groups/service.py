@@ -95,6 +95,7 @@ class GroupService:
     def start(self) -> None:
         self.coordinator.add_listener(self._ownership_changed)
         self.engine.add_write_listener(self._on_write)
+        self.engine.add_drop_listener(self.forget)
 
     def stop(self) -> None:
         self._stopped = True

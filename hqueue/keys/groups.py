@@ -24,3 +24,13 @@ def state_prefix(queue: str, group: str, pid: int | None = None) -> str:
 def id_after(message_id: bytes) -> bytes:
     """The 10-byte form of the smallest ID after ``message_id`` (10 bytes too)."""
     return successor(MessageID.from_bytes(message_id)).to_bytes()
+
+
+def groups_prefix(queue: str) -> str:
+    """The prefix of every group definition of ``queue``."""
+    return f"groups/{queue}/"
+
+
+def queue_state_prefix(queue: str) -> str:
+    """The prefix of every group's progress on ``queue``."""
+    return f"group-state/{queue}/"

@@ -29,16 +29,18 @@ from ..coordination import Coordinator, LocalCoordinator
 from ..coordination.zookeeper import ZooKeeperCoordinator
 from ..engine import Engine
 from ..errors import InvalidArgument
+from ..groups.service import GroupService
 from ..lag import partition_lag
+from ..metrics import ServerMetrics, gauge
 from ..rpc import wire
 from ..rpc.threaded import ListeningSocket, ServerLimits, ThreadedServer
+from ..services import serve_partitions
 from ..subscriptions.delivery import SubscriptionManager
 from ..subscriptions.registry import SubscriberRegistry
 from ..subscriptions.service import Subscribers
 from ..subscriptions.store_registry import StoreRegistry
 from ..subscriptions.zk_registry import ZooKeeperRegistry
 from .handler import DEFAULT_MAX_PARTITIONS, HQueueHandler
-from .metrics import ServerMetrics, gauge
 from .scanners import DEFAULT_IDLE_TIMEOUT, ScannerRegistry
 
 logger = logging.getLogger(__name__)
@@ -86,7 +88,7 @@ class HQueueServer:
             )
         socket = ListeningSocket.bound(host, port)  # before the store: a taken port fails first
         try:
-            self.engine = Engine.acquire(storage_url, serve=False)
+            self.engine = Engine.acquire(storage_url)
         except BaseException:
             socket.close()
             raise
@@ -109,6 +111,7 @@ class HQueueServer:
             metrics=self.metrics,
         )
         self.subscriptions: SubscriptionManager | None = None
+        self.groups: GroupService | None = None
         self._server = ThreadedServer(
             wire.T.HQueueService, self.handler, socket, limits=limits, ssl_context=ssl_context
         )
@@ -125,10 +128,10 @@ class HQueueServer:
     def start(self) -> HQueueServer:
         """Join the coordinator and serve in a background thread."""
         # Timers and consumer groups follow ownership: attach them before ownership is given out.
-        self.engine.serve_partitions(self.coordinator)
+        self.groups = self.handler.groups = serve_partitions(self.engine, self.coordinator)
         self.coordinator.start(lambda: [(q.name, q.partitions) for q in self.engine.list_queues()])
         registry = self._registry()
-        self.handler.subscribers = Subscribers(self.engine, registry)
+        self.engine.subscriptions = self.handler.subscribers = Subscribers(self.engine, registry)
         # Announced through this server, push addresses were checked then; through ZooKeeper, at push time.
         zookeeper = isinstance(registry, ZooKeeperRegistry)
         self.subscriptions = SubscriptionManager(
@@ -178,7 +181,7 @@ class HQueueServer:
 
     def _group_gauges(self) -> Iterator[GaugeMetricFamily]:
         """Consumer groups, for the partitions this server keeps them for."""
-        groups = self.engine.groups.snapshot() if self.engine.groups else []
+        groups = self.groups.snapshot() if self.groups else []
         labels = ["queue", "group", "partition"]
         rows: dict[str, list] = {"members": [], "in_flight": [], "retrying": [], "lag": [], "lag_s": [], "dead": []}
         for g in groups:

@@ -24,12 +24,13 @@ from ..config import QueueState
 from ..coordination import Coordinator
 from ..engine import Engine
 from ..errors import HQueueError, InvalidArgument, NotAuthorized, NotPartitionOwner
+from ..groups.service import GroupService
 from ..message import Message, MessageID, cell_keys_of, values_of
+from ..metrics import ServerMetrics
 from ..rpc import packed, wire
 from ..rpc.threaded import current_connection
 from ..scanner import PartitionScanner
 from ..subscriptions.service import Subscribers
-from .metrics import ServerMetrics
 from .scanners import ScannerRegistry
 
 logger = logging.getLogger(__name__)
@@ -103,6 +104,7 @@ class HQueueHandler:
         self.max_partitions = max_partitions
         #: Set by the server once its coordinator runs (registrations may live in ZooKeeper).
         self._subscribers: Subscribers | None = None
+        self._groups: GroupService | None = None
         #: Calls under way (read by shutdown to drain), and whether puts are refused.
         self.active = 0
         self.draining = False
@@ -304,6 +306,16 @@ class HQueueHandler:
     def subscribers(self, subscribers: Subscribers) -> None:
         self._subscribers = subscribers
 
+    @property
+    def groups(self) -> GroupService:
+        if self._groups is None:
+            raise HQueueError("the server is starting: consumer groups are not served yet")
+        return self._groups
+
+    @groups.setter
+    def groups(self, groups: GroupService) -> None:
+        self._groups = groups
+
     @_served("consumer")
     def addSubscriber(
         self,
@@ -325,7 +337,7 @@ class HQueueHandler:
     @_served("consumer")
     def listSubscribers(self, queue: str) -> list[str]:
         self.engine.queue_info(queue)
-        return self.subscribers.registry.names(queue)
+        return self.subscribers.names(queue)
 
     @_served("consumer", 1)
     def describeSubscriber(self, name: str, queue: str) -> Any:
@@ -347,7 +359,7 @@ class HQueueHandler:
 
     @_served("connected", None)
     def getCoordination(self) -> str:
-        return self.subscribers.registry.coordination
+        return self.subscribers.coordination()
 
     @_served("consumer")
     def subscriberHeartbeat(self, queue: str, name: str, address: str, topics: list[bytes] | None) -> None:
@@ -355,11 +367,11 @@ class HQueueHandler:
             raise TypeError("'address' must be a host:port string")
         connection = current_connection()
         self.push_policy.check(address, connection.peer[0] if connection else None)
-        self.subscribers.registry.heartbeat(queue, name, address, frozenset(topics) if topics is not None else None)
+        self.subscribers.heartbeat(queue, name, address, frozenset(topics) if topics is not None else None)
 
     @_served("consumer")
     def subscriberLeave(self, queue: str, name: str) -> None:
-        self.subscribers.registry.leave(queue, name)
+        self.subscribers.leave(queue, name)
 
     # -- timers (SPEC X1) -------------------------------------------------------------------
 
@@ -383,7 +395,7 @@ class HQueueHandler:
 
     @_served("consumer")
     def openGroup(self, queue: str, group: str, topics: list[bytes] | None, startMillis: int, maxRetries: int) -> None:
-        self.engine.group_open(queue, group, frozenset(topics) if topics is not None else None, startMillis, maxRetries)
+        self.groups.open(queue, group, frozenset(topics) if topics is not None else None, startMillis, maxRetries)
 
     @_served("consumer")
     def groupReceive(
@@ -391,7 +403,7 @@ class HQueueHandler:
     ) -> Any:
         if not all(isinstance(v, int) for v in (maxMessages, leaseMillis, waitMillis)):
             raise TypeError("'maxMessages', 'leaseMillis' and 'waitMillis' must be ints")
-        keys, values, attempts = self.engine.group_receive_columns(
+        keys, values, attempts = self.groups.receive_columns(
             queue, group, member, maxMessages, leaseMillis / 1000, waitMillis / 1000
         )
         if keys:
@@ -400,7 +412,7 @@ class HQueueHandler:
 
     @_served("consumer")
     def groupAck(self, queue: str, group: str, rowkeys: bytes) -> int:
-        count = self.engine.group_ack(queue, group, wire.unpack_rowkeys(rowkeys))
+        count = self.groups.ack(queue, group, wire.unpack_rowkeys(rowkeys))
         self.metrics.group_acked.labels(queue, group).inc(count)
         return count
 
@@ -409,25 +421,25 @@ class HQueueHandler:
         if not isinstance(delayMillis, int):
             raise TypeError("'delayMillis' must be an int (-1: the backoff)")
         delay = None if delayMillis < 0 else delayMillis / 1000
-        count = self.engine.group_nack(queue, group, member, wire.unpack_rowkeys(rowkeys), delay)
+        count = self.groups.nack(queue, group, member, wire.unpack_rowkeys(rowkeys), delay)
         self.metrics.group_nacked.labels(queue, group).inc(count)
         return count
 
     @_served("consumer")
     def groupDeadLetter(self, queue: str, group: str, member: str, rowkeys: bytes) -> int:
-        return self.engine.group_dead_letter(queue, group, member, wire.unpack_rowkeys(rowkeys))
+        return self.groups.dead_letter(queue, group, member, wire.unpack_rowkeys(rowkeys))
 
     @_served("consumer")
     def groupLeave(self, queue: str, group: str, member: str) -> None:
-        self.engine.group_leave(queue, group, member)
+        self.groups.leave(queue, group, member)
 
     @_served("consumer")
     def listGroups(self, queue: str) -> list[str]:
-        return self.engine.list_groups(queue)
+        return self.groups.names(queue)
 
     @_served("consumer")
     def describeGroup(self, queue: str, group: str) -> Any:
-        d = self.engine.describe_group(queue, group)
+        d = self.groups.describe(queue, group)
         partitions = {
             pid: wire.T.TGroupPartition(
                 done=wire.to_tid(p["done"]),
@@ -456,8 +468,8 @@ class HQueueHandler:
     def setGroupPosition(self, queue: str, group: str, partitionID: int, startID: Any) -> None:
         if startID is None:
             raise InvalidArgument("'startID' is required")
-        self.engine.group_set_position(queue, group, partitionID, wire.from_tid(startID))
+        self.groups.set_position(queue, group, partitionID, wire.from_tid(startID))
 
     @_served("admin")
     def deleteGroup(self, queue: str, group: str) -> None:
-        self.engine.delete_group(queue, group)
+        self.groups.delete(queue, group)

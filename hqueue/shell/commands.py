@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..config import DEFAULT_MAX_MESSAGE_BYTES, Durability
 from ..deadletters import dead_letter_queue
@@ -22,7 +22,17 @@ from ..scanner import Scan
 from .output import printable, table
 
 if TYPE_CHECKING:
-    from .repl import Shell
+    from ..admin import HQueueAdmin
+    from ..queue import HQueue
+
+
+class Shell(Protocol):
+    """What a command needs of the shell running it (repl.py's Shell)."""
+
+    admin: HQueueAdmin
+    done: bool
+
+    def queue(self, name: str) -> HQueue: ...
 
 
 class Streamed:

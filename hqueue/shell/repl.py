@@ -132,7 +132,7 @@ class Shell:
         """Queue and subscriber names, for completion."""
         queues = [info.name for info in self.admin.list_queues()]
         subscribers: list[str] = []
-        if self.admin.engine.serves_subscriptions:
+        if self.admin.engine.subscriptions is not None:
             for queue in queues:
                 subscribers += self.admin.list_subscribers(queue)
         return sorted(set(queues + subscribers))

@@ -53,9 +53,9 @@ from ..engine import Engine
 from ..errors import HQueueError, SubscriberNotFound
 from ..groups.state import STARVE_GUARD
 from ..message import Message, MessageID, successor
+from ..metrics import ServerMetrics
 from ..rpc import wire
 from ..scanner import Scan
-from ..server.metrics import ServerMetrics
 from .registry import Registration, SubscriberRegistry
 
 logger = logging.getLogger(__name__)

@@ -41,7 +41,7 @@ from ..errors import HQueueError, InvalidArgument, SubscriberActive
 from ..message import Message, MessageID, _as_topic
 
 if TYPE_CHECKING:  # Thrift and kazoo load when a subscriber starts, not with hqueue
-    from ..engine import SubscriptionEngine
+    from ..api import SubscriptionsAPI
     from ..rpc.threaded import ThreadedServer
     from .zk_registry import ZooKeeperPresence
 
@@ -143,7 +143,7 @@ class Subscriber:
 
     def __init__(
         self,
-        engine: SubscriptionEngine,
+        service: SubscriptionsAPI,
         queue: str,
         subscription: Subscription,
         listeners: Sequence[MessageListener],
@@ -155,7 +155,7 @@ class Subscriber:
     ) -> None:
         if not listeners or not all(isinstance(listener, MessageListener) for listener in listeners):
             raise TypeError("'listeners' must be a non-empty sequence of MessageListener")
-        self.engine, self.queue, self.subscription = engine, queue, subscription
+        self.service, self.queue, self.subscription = service, queue, subscription
         self.name, self.listeners = subscription.name, list(listeners)
         self.host, self.port, self.advertise = host, port, advertise
         self.takeover_timeout = takeover_timeout
@@ -187,17 +187,17 @@ class Subscriber:
         self._server.serve_in_thread(f"hqueue-subscriber-{self.name}")
         try:
             topics = frozenset(self.subscription.topics) if self.subscription.topics else None
-            self.engine.add_subscriber(
+            self.service.add(
                 self.queue, self.name, topics, self.subscription.partitions, self.subscription.dead_letter_after
             )
-            coordination = self.engine.coordination()
+            coordination = self.service.coordination()
             if coordination.startswith("zk:"):
                 from .zk_registry import ZooKeeperPresence
 
                 self._presence = ZooKeeperPresence(coordination[3:], self.queue, self.name, self.address, topics)
                 self._take_over(self._presence.start)
             else:
-                self._take_over(lambda: self.engine.subscriber_heartbeat(self.queue, self.name, self.address, topics))
+                self._take_over(lambda: self.service.heartbeat(self.queue, self.name, self.address, topics))
                 self._stop_heartbeat.clear()
                 threading.Thread(target=self._heartbeat, args=(topics,), daemon=True).start()
         except BaseException:
@@ -230,7 +230,7 @@ class Subscriber:
     def _heartbeat(self, topics: frozenset[bytes] | None) -> None:
         while not self._stop_heartbeat.wait(1.0):
             try:
-                self.engine.subscriber_heartbeat(self.queue, self.name, self.address, topics)
+                self.service.heartbeat(self.queue, self.name, self.address, topics)
             except HQueueError:
                 logger.warning("%s: heartbeat failed; retrying", self.name, exc_info=True)
 
@@ -245,7 +245,7 @@ class Subscriber:
         else:
             self._stop_heartbeat.set()
             try:
-                self.engine.subscriber_leave(self.queue, self.name)
+                self.service.leave(self.queue, self.name)
             except HQueueError:
                 logger.warning("%s: could not tell the server it leaves", self.name, exc_info=True)
         if self._server is not None:

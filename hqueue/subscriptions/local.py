@@ -9,7 +9,8 @@ They start with the first subscription call and stop when the store closes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import threading
+from typing import TYPE_CHECKING
 
 from ..coordination.local import LocalCoordinator
 from .delivery import SubscriptionManager
@@ -20,20 +21,30 @@ if TYPE_CHECKING:
     from ..engine import Engine
 
 
-class LocalSubscriptions:
-    """The registry, the admin calls and the delivery workers for one engine."""
+def local_subscriptions(engine: Engine) -> Subscribers:
+    """The subscription service of a store in this process: registrations in the
+    store, delivery started by the first registration or heartbeat and stopped
+    (saving every checkpoint) when the engine closes."""
+    registry = StoreRegistry(engine.storage)
+    lock = threading.Lock()
+    started: list[tuple[SubscriptionManager, LocalCoordinator]] = []
 
-    def __init__(self, engine: Engine) -> None:
-        self.registry = StoreRegistry(engine.storage)
-        self.subscribers = Subscribers(engine, self.registry)
-        self.coordinator = LocalCoordinator("in-process")  # this process owns every partition
-        self.coordinator.start(lambda: [(q.name, q.partitions) for q in engine.list_queues()])
-        self.manager = SubscriptionManager(engine, self.coordinator, self.registry)
-        self.manager.start()
+    def start() -> None:
+        with lock:
+            if started:
+                return
+            coordinator = LocalCoordinator("in-process")  # this process owns every partition
+            coordinator.start(lambda: [(q.name, q.partitions) for q in engine.list_queues()])
+            manager = SubscriptionManager(engine, coordinator, registry)
+            manager.start()
+            started.append((manager, coordinator))
 
-    def describe(self, queue: str, name: str) -> dict[str, Any]:
-        return self.subscribers.describe(queue, name)
+    def stop() -> None:
+        with lock:
+            for manager, coordinator in started:
+                manager.stop()  # saves every checkpoint
+                coordinator.stop()
+            started.clear()
 
-    def stop(self) -> None:
-        self.manager.stop()  # saves every checkpoint
-        self.coordinator.stop()
+    engine.on_close(stop)
+    return Subscribers(engine, registry, in_use=start)

@@ -1,7 +1,14 @@
-"""Subscriber administration on the server: register, describe, replay (SPEC C7)."""
+"""The push-subscription service: register, describe, replay, presence (SPEC C5-C7).
+
+One :class:`Subscribers` is attached to an engine as ``engine.subscriptions``
+by whoever serves the partitions: ``hqueue server`` (registrations in
+ZooKeeper or the store), or the process that opened an embedded store
+(local.py). Delivery itself is delivery.py.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ..checks import check_partition
@@ -18,10 +25,37 @@ def check_dead_letter_after(value: object) -> None:
 
 
 class Subscribers:
-    """The admin calls of subscriptions, over a registry and the engine."""
+    """The calls of push subscriptions, over a registry and the engine.
 
-    def __init__(self, engine: Engine, registry: SubscriberRegistry) -> None:
+    Args:
+        in_use: Called before the first registration or heartbeat, to start
+            delivery only once a subscriber exists (a store in this process).
+    """
+
+    def __init__(
+        self, engine: Engine, registry: SubscriberRegistry, in_use: Callable[[], None] | None = None
+    ) -> None:
         self.engine, self.registry = engine, registry
+        self._in_use = in_use
+
+    def _used(self) -> None:
+        if self._in_use is not None:
+            self._in_use()
+
+    def names(self, queue: str) -> list[str]:
+        self.engine.queue_info(queue, fresh=True)  # a missing queue says so
+        return self.registry.names(queue)
+
+    def coordination(self) -> str:
+        """Where subscribers announce themselves: ``"server"`` (heartbeats) or ZooKeeper's hosts."""
+        return self.registry.coordination
+
+    def heartbeat(self, queue: str, name: str, address: str, topics: frozenset[bytes] | None) -> None:
+        self._used()
+        self.registry.heartbeat(queue, name, address, frozenset(topics) if topics else None)
+
+    def leave(self, queue: str, name: str) -> None:
+        self.registry.leave(queue, name)
 
     def _now(self, queue: str, partition_id: int) -> MessageID:
         """Where "from now" starts: after the partition's last message.
@@ -42,6 +76,7 @@ class Subscribers:
         dead_letter_after: int | None = None,
     ) -> Registration:
         """Register ``name`` (or update its topics, partitions, dead-letter limit and given starts)."""
+        self._used()
         if not isinstance(name, str) or not name or "/" in name:
             raise InvalidMessage(f"invalid subscriber name {name!r}: a non-empty name without '/'")
         check_dead_letter_after(dead_letter_after)

@@ -16,7 +16,7 @@ from thriftpy2.rpc import make_client
 from thriftpy2.transport import TFramedTransportFactory
 
 from hqueue import HQueue, HQueueAdmin, Message, MessageID
-from hqueue.remote import RemoteEngine
+from hqueue.client.engine import RemoteEngine
 from hqueue.rpc.wire import T
 
 from ..conftest import hbase_url

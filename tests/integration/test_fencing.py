@@ -34,7 +34,7 @@ from thriftpy2.thrift import TException
 from thriftpy2.transport import TFramedTransportFactory
 
 from hqueue import HQueue, HQueueAdmin
-from hqueue.remote import RemoteEngine
+from hqueue.client.engine import RemoteEngine
 from hqueue.rpc.wire import T
 
 from ..conftest import hbase_url

@@ -39,7 +39,7 @@ import ssl
 import threading
 import time
 import urllib.parse
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from operator import add
 from typing import Any
@@ -47,15 +47,23 @@ from typing import Any
 from thriftpy2.thrift import TException
 from thriftpy2.transport import TTransportException
 
-from .checks import check_partition, message_columns
-from .config import InfoCache, QueueInfo, QueueState
-from .errors import HQueueError, InvalidArgument, NoPartitionOwner, NotPartitionOwner, OutcomeUnknown, ServerUnavailable
-from .ids import consecutive
-from .keys.timers import Timer
-from .message import Message, MessageID, messages_from_columns, rowkeys_by_partition
-from .rpc import packed, wire
-from .rpc.pool import Connection, NotSent, Pool
-from .scanner import Scan
+from ..api import GroupsAPI, SubscriptionsAPI
+from ..checks import message_columns
+from ..config import InfoCache, QueueInfo, QueueState
+from ..errors import (
+    HQueueError,
+    InvalidArgument,
+    NoPartitionOwner,
+    NotPartitionOwner,
+    OutcomeUnknown,
+    ServerUnavailable,
+)
+from ..ids import consecutive
+from ..keys.timers import Timer
+from ..message import Message, MessageID, messages_from_columns
+from ..rpc import packed, wire
+from ..scanner import Scan
+from .pool import Connection, NotSent, Pool
 
 logger = logging.getLogger(__name__)
 
@@ -114,8 +122,6 @@ class RemoteEngine:
         token: The token to authenticate with (default: the URL's, or ``$HQUEUE_TOKEN``).
     """
 
-    serves_subscriptions = True
-
     def __init__(
         self, url: str, *, timeout: float | None = None, owner_timeout: float = 30.0, token: str | None = None
     ) -> None:
@@ -138,8 +144,9 @@ class RemoteEngine:
         self._lock = threading.Lock()
         self._locations: dict[str, list[str]] = {}
         self._infos = InfoCache(self._describe_info, stale_on=(ServerUnavailable,))
-        self._turn = -1  # group_receive asks the owners in turn
-        self._locations_checked: dict[str, float] = {}
+        #: The services over the same servers, attached by :func:`hqueue.client.connect`.
+        self.groups: GroupsAPI | None = None
+        self.subscriptions: SubscriptionsAPI | None = None
 
     # -- calls ----------------------------------------------------------------------
 
@@ -234,58 +241,6 @@ class RemoteEngine:
             self._locations[name] = list(self._call("getQueueLocations", name, queue=name))
         return self._locations[name]
 
-    # -- subscriptions ----------------------------------------------------------------
-
-    def add_subscriber(
-        self,
-        queue: str,
-        name: str,
-        topics: Collection[bytes] | None,
-        partitions: dict[int, MessageID | None] | None,
-        dead_letter_after: int | None = None,
-    ) -> None:
-        starts = None
-        if partitions is not None:
-            starts = [
-                wire.T.TPartitionStart(partitionID=pid, startID=wire.to_tid(start) if start else None)
-                for pid, start in sorted(partitions.items())
-            ]
-        topic_list = sorted(topics) if topics is not None else None
-        self._call("addSubscriber", queue, name, topic_list, starts, dead_letter_after, queue=queue)
-
-    def delete_subscriber(self, queue: str, name: str) -> None:
-        self._call("deleteSubscriber", name, queue, queue=queue)
-
-    def list_subscribers(self, queue: str) -> list[str]:
-        return list(self._call("listSubscribers", queue, queue=queue))
-
-    def describe_subscriber(self, queue: str, name: str) -> dict[str, Any]:
-        t = self._call("describeSubscriber", name, queue, queue=queue)
-        return {
-            "name": name,
-            "queue": queue,
-            "address": t.address or None,
-            "topics": frozenset(t.topics) if t.topics is not None else None,
-            "partitions": frozenset(t.partitions) if t.partitions is not None else None,
-            "checkpoints": {p: wire.from_tid(i) for p, i in (t.checkpoints or {}).items()},
-            "lag_messages": dict(t.lagMessages or {}),
-            "lag_millis": dict(t.lagMillis or {}),
-        }
-
-    def set_checkpoint(self, queue: str, name: str, partition_id: int | None, start: MessageID) -> None:
-        self._call(
-            "setCheckpoint", queue, name, -1 if partition_id is None else partition_id, wire.to_tid(start), queue=queue
-        )
-
-    def coordination(self) -> str:
-        return self._call("getCoordination")
-
-    def subscriber_heartbeat(self, queue: str, name: str, address: str, topics: Collection[bytes] | None) -> None:
-        self._call("subscriberHeartbeat", queue, name, address, sorted(topics) if topics else None, queue=queue)
-
-    def subscriber_leave(self, queue: str, name: str) -> None:
-        self._call("subscriberLeave", queue, name, queue=queue)
-
     # -- puts -----------------------------------------------------------------------
 
     def put(self, name: str, messages: Sequence[Message], partition_id: int) -> list[MessageID]:
@@ -351,139 +306,6 @@ class RemoteEngine:
 
     def cancel_timer(self, name: str, timer: Timer) -> bool:
         return self._owner_call(name, timer.partition_id, "cancel", "cancelTimer", wire.to_ttimer(timer))
-
-    # -- consumer groups (SPEC X3) -----------------------------------------------------------
-
-    def _group_locations(self, name: str, fresh: bool = False) -> list[str]:
-        """Partition owners for group calls: cached, and read again every few seconds
-        (so a member finds servers that joined) or after a failure."""
-        now = time.monotonic()
-        if fresh or now >= self._locations_checked.get(name, 0.0) + LOCATION_REFRESH:
-            self._locations_checked[name] = now
-            return self.locations(name, fresh=True)
-        return self.locations(name)
-
-    def _owners(self, name: str, fresh: bool = False) -> list[str]:
-        return sorted({owner for owner in self._group_locations(name, fresh) if owner})
-
-    def group_open(
-        self, queue: str, group: str, topics: Collection[bytes] | None, start: int, max_retries: int
-    ) -> None:
-        topic_list = sorted(topics) if topics is not None else None
-        self._call("openGroup", queue, group, topic_list, start, max_retries, queue=queue)
-
-    def group_receive(
-        self, queue: str, group: str, member: str, max_messages: int, lease: float, wait: float
-    ) -> list[tuple[Message, int]]:
-        """Ask each owner for work without waiting, then wait at one (in turn) for the rest of ``wait``."""
-        deadline = time.monotonic() + wait
-        owners = self._owners(queue)
-        if not owners:
-            raise NoPartitionOwner(queue, -1, 0, None)
-        self._turn = (self._turn + 1) % len(owners)
-        owners = owners[self._turn :] + owners[: self._turn]
-        while True:
-            for index, owner in enumerate(owners):
-                last = index == len(owners) - 1
-                wait_ms = max(0, int((deadline - time.monotonic()) * 1000)) if last else 0
-                try:
-                    deliveries = self._call_at(
-                        owner,
-                        "groupReceive",
-                        queue,
-                        group,
-                        member,
-                        max_messages,
-                        int(lease * 1000),
-                        wait_ms,
-                        queue=queue,
-                    )
-                except ServerUnavailable:
-                    self._locations_checked.pop(queue, None)  # find the partitions' new owners next time
-                    raise
-                if deliveries.attempts:
-                    messages = messages_from_columns(*packed.unpack(deliveries.messages))
-                    return list(zip(messages, deliveries.attempts, strict=True))
-            if time.monotonic() >= deadline:
-                return []
-
-    def _by_owner(self, queue: str, rowkeys: Sequence[bytes], fresh: bool = False) -> dict[str, list[bytes]]:
-        locations = self._group_locations(queue, fresh)
-        by_owner: dict[str, list[bytes]] = {}
-        for pid, mine in rowkeys_by_partition(rowkeys).items():
-            owner = locations[pid] if pid < len(locations) else ""
-            if not owner:
-                raise NoPartitionOwner(queue, pid, 0, None)
-            by_owner.setdefault(owner, []).extend(mine)
-        return by_owner
-
-    def _receipts_call(
-        self, queue: str, rowkeys: Sequence[bytes], method: str, before: tuple = (), after: tuple = ()
-    ) -> int:
-        """``method(queue, *before, rowkeys, *after)`` at each owner, with the rowkeys of its
-        partitions; the sum of what they answer."""
-        return sum(
-            self._call_at(owner, method, queue, *before, wire.pack_rowkeys(mine), *after, queue=queue)
-            for owner, mine in self._by_owner(queue, rowkeys).items()
-        )
-
-    def group_ack(self, queue: str, group: str, rowkeys: Sequence[bytes]) -> int:
-        return self._receipts_call(queue, rowkeys, "groupAck", (group,))
-
-    def group_nack(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes], delay: float | None) -> int:
-        delay_ms = -1 if delay is None else int(delay * 1000)
-        return self._receipts_call(queue, rowkeys, "groupNack", (group, member), (delay_ms,))
-
-    def group_dead_letter(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes]) -> int:
-        return self._receipts_call(queue, rowkeys, "groupDeadLetter", (group, member))
-
-    def group_leave(self, queue: str, group: str, member: str) -> None:
-        for owner in self._owners(queue):
-            try:
-                self._call_at(owner, "groupLeave", queue, group, member, queue=queue)
-            except ServerUnavailable:
-                pass  # its leases run out there
-
-    def list_groups(self, queue: str) -> list[str]:
-        return list(self._call("listGroups", queue, queue=queue))
-
-    def describe_group(self, queue: str, group: str) -> dict[str, Any]:
-        """Each owner's part, merged: every partition once, members as any owner sees them."""
-        result: dict[str, Any] = {}
-        partitions: dict[int, dict[str, Any]] = {}
-        members: set[str] = set()
-        for owner in self._owners(queue):
-            t = self._call_at(owner, "describeGroup", queue, group, queue=queue)
-            members.update(t.members or [])
-            result = {
-                "queue": queue,
-                "group": group,
-                "topics": frozenset(t.topics) if t.topics is not None else None,
-                "start": t.startMillis,
-                "max_retries": t.maxRetries,
-                "dead_letters": t.deadLetters,
-            }
-            for pid, p in (t.partitions or {}).items():
-                partitions[pid] = {
-                    "done": wire.from_tid(p.done),
-                    "scan": wire.from_tid(p.scan),
-                    "in_flight": p.inFlight,
-                    "retrying": p.retrying,
-                    "acked_ahead": p.ackedAhead,
-                    "retries": p.retries,
-                    "lag_messages": p.lagMessages,
-                    "lag_millis": p.lagMillis,
-                }
-        return {**result, "members": sorted(members), "partitions": dict(sorted(partitions.items()))}
-
-    def group_set_position(self, queue: str, group: str, partition_id: int | None, start: MessageID) -> None:
-        info = self.queue_info(queue, fresh=True)
-        pids = range(info.partitions) if partition_id is None else [check_partition(info, partition_id)]
-        for pid in pids:
-            self._owner_call(queue, pid, "replay", "setGroupPosition", group, pid, wire.to_tid(start))
-
-    def delete_group(self, queue: str, group: str) -> None:
-        self._call("deleteGroup", queue, group, queue=queue)
 
     # -- scans ----------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from thriftpy2.protocol import TBinaryProtocolFactory
 from thriftpy2.thrift import TClient
 from thriftpy2.transport import TFramedTransportFactory, TSocket, TSSLSocket, TTransportException
 
-from . import wire
+from ..rpc import wire
 
 
 class Connection:

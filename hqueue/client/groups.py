@@ -1,0 +1,163 @@
+"""Consumer groups over hqueue servers (the remote :class:`~hqueue.api.GroupsAPI`).
+
+Each partition's owner keeps the group's state for that partition, so a
+receive asks the owners in turn, and acks, nacks and dead letters go to the
+owner of each receipt's partition.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..checks import check_partition
+from ..errors import NoPartitionOwner, ServerUnavailable
+from ..message import Message, MessageID, messages_from_columns, rowkeys_by_partition
+from ..rpc import packed, wire
+
+if TYPE_CHECKING:
+    from .engine import RemoteEngine
+
+#: Seconds a member keeps the partitions' owners before reading them again.
+LOCATION_REFRESH = 2.0
+
+
+class RemoteGroups:
+    """``engine.groups`` of a :class:`~hqueue.client.engine.RemoteEngine`."""
+
+    def __init__(self, engine: RemoteEngine) -> None:
+        self._engine = engine
+        self._turn = -1  # receive asks the owners in turn
+        self._locations_checked: dict[str, float] = {}
+
+    def _group_locations(self, name: str, fresh: bool = False) -> list[str]:
+        """Partition owners for group calls: cached, and read again every few seconds
+        (so a member finds servers that joined) or after a failure."""
+        now = time.monotonic()
+        if fresh or now >= self._locations_checked.get(name, 0.0) + LOCATION_REFRESH:
+            self._locations_checked[name] = now
+            return self._engine.locations(name, fresh=True)
+        return self._engine.locations(name)
+
+    def _owners(self, name: str, fresh: bool = False) -> list[str]:
+        return sorted({owner for owner in self._group_locations(name, fresh) if owner})
+
+    def open(
+        self, queue: str, group: str, topics: Collection[bytes] | None, start: int, max_retries: int
+    ) -> None:
+        topic_list = sorted(topics) if topics is not None else None
+        self._engine._call("openGroup", queue, group, topic_list, start, max_retries, queue=queue)
+
+    def receive(
+        self, queue: str, group: str, member: str, max_messages: int, lease: float, wait: float
+    ) -> list[tuple[Message, int]]:
+        """Ask each owner for work without waiting, then wait at one (in turn) for the rest of ``wait``."""
+        deadline = time.monotonic() + wait
+        owners = self._owners(queue)
+        if not owners:
+            raise NoPartitionOwner(queue, -1, 0, None)
+        self._turn = (self._turn + 1) % len(owners)
+        owners = owners[self._turn :] + owners[: self._turn]
+        while True:
+            for index, owner in enumerate(owners):
+                last = index == len(owners) - 1
+                wait_ms = max(0, int((deadline - time.monotonic()) * 1000)) if last else 0
+                try:
+                    deliveries = self._engine._call_at(
+                        owner,
+                        "groupReceive",
+                        queue,
+                        group,
+                        member,
+                        max_messages,
+                        int(lease * 1000),
+                        wait_ms,
+                        queue=queue,
+                    )
+                except ServerUnavailable:
+                    self._locations_checked.pop(queue, None)  # find the partitions' new owners next time
+                    raise
+                if deliveries.attempts:
+                    messages = messages_from_columns(*packed.unpack(deliveries.messages))
+                    return list(zip(messages, deliveries.attempts, strict=True))
+            if time.monotonic() >= deadline:
+                return []
+
+    def _by_owner(self, queue: str, rowkeys: Sequence[bytes], fresh: bool = False) -> dict[str, list[bytes]]:
+        locations = self._group_locations(queue, fresh)
+        by_owner: dict[str, list[bytes]] = {}
+        for pid, mine in rowkeys_by_partition(rowkeys).items():
+            owner = locations[pid] if pid < len(locations) else ""
+            if not owner:
+                raise NoPartitionOwner(queue, pid, 0, None)
+            by_owner.setdefault(owner, []).extend(mine)
+        return by_owner
+
+    def _receipts_call(
+        self, queue: str, rowkeys: Sequence[bytes], method: str, before: tuple = (), after: tuple = ()
+    ) -> int:
+        """``method(queue, *before, rowkeys, *after)`` at each owner, with the rowkeys of its
+        partitions; the sum of what they answer."""
+        return sum(
+            self._engine._call_at(owner, method, queue, *before, wire.pack_rowkeys(mine), *after, queue=queue)
+            for owner, mine in self._by_owner(queue, rowkeys).items()
+        )
+
+    def ack(self, queue: str, group: str, rowkeys: Sequence[bytes]) -> int:
+        return self._receipts_call(queue, rowkeys, "groupAck", (group,))
+
+    def nack(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes], delay: float | None) -> int:
+        delay_ms = -1 if delay is None else int(delay * 1000)
+        return self._receipts_call(queue, rowkeys, "groupNack", (group, member), (delay_ms,))
+
+    def dead_letter(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes]) -> int:
+        return self._receipts_call(queue, rowkeys, "groupDeadLetter", (group, member))
+
+    def leave(self, queue: str, group: str, member: str) -> None:
+        for owner in self._owners(queue):
+            try:
+                self._engine._call_at(owner, "groupLeave", queue, group, member, queue=queue)
+            except ServerUnavailable:
+                pass  # its leases run out there
+
+    def names(self, queue: str) -> list[str]:
+        return list(self._engine._call("listGroups", queue, queue=queue))
+
+    def describe(self, queue: str, group: str) -> dict[str, Any]:
+        """Each owner's part, merged: every partition once, members as any owner sees them."""
+        result: dict[str, Any] = {}
+        partitions: dict[int, dict[str, Any]] = {}
+        members: set[str] = set()
+        for owner in self._owners(queue):
+            t = self._engine._call_at(owner, "describeGroup", queue, group, queue=queue)
+            members.update(t.members or [])
+            result = {
+                "queue": queue,
+                "group": group,
+                "topics": frozenset(t.topics) if t.topics is not None else None,
+                "start": t.startMillis,
+                "max_retries": t.maxRetries,
+                "dead_letters": t.deadLetters,
+            }
+            for pid, p in (t.partitions or {}).items():
+                partitions[pid] = {
+                    "done": wire.from_tid(p.done),
+                    "scan": wire.from_tid(p.scan),
+                    "in_flight": p.inFlight,
+                    "retrying": p.retrying,
+                    "acked_ahead": p.ackedAhead,
+                    "retries": p.retries,
+                    "lag_messages": p.lagMessages,
+                    "lag_millis": p.lagMillis,
+                }
+        return {**result, "members": sorted(members), "partitions": dict(sorted(partitions.items()))}
+
+    def set_position(self, queue: str, group: str, partition_id: int | None, start: MessageID) -> None:
+        info = self._engine.queue_info(queue, fresh=True)
+        pids = range(info.partitions) if partition_id is None else [check_partition(info, partition_id)]
+        for pid in pids:
+            self._engine._owner_call(queue, pid, "replay", "setGroupPosition", group, pid, wire.to_tid(start))
+
+    def delete(self, queue: str, group: str) -> None:
+        self._engine._call("deleteGroup", queue, group, queue=queue)

@@ -1,0 +1,65 @@
+"""What a process that serves partitions attaches to its engine.
+
+The engine core (engine.py) validates, assigns IDs, writes and reads. The
+services are built on it and attached to it, as kazoo binds its recipes to
+its client: the timer loop (timers.py) and the consumer groups
+(groups/service.py) for the partitions a coordinator says this process
+owns, and push subscriptions (subscriptions/) as ``engine.subscriptions``.
+
+Two kinds of process serve partitions: ``hqueue server`` (server/app.py,
+with ZooKeeper or alone), and any process that opens an embedded or memory
+store, which owns every partition of it (:func:`open_local`).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+from .coordination import Coordinator
+from .coordination.local import LocalCoordinator
+from .engine import Engine
+from .groups.service import GroupService
+from .subscriptions.local import local_subscriptions
+from .timers import TimerService
+
+_served: weakref.WeakKeyDictionary[Engine, tuple[TimerService, GroupService]] = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+def serve_partitions(engine: Engine, coordinator: Coordinator) -> GroupService:
+    """Fire the timers and keep the consumer groups of the partitions ``coordinator``
+    says this process owns (replacing what served them before); writes follow it too."""
+    engine.follow(coordinator)
+    timers = TimerService(engine, coordinator, lambda: [(q.name, q.partitions) for q in engine.list_queues()])
+    groups = GroupService(engine, coordinator)
+    with _lock:
+        old = _served.get(engine)
+        _served[engine] = timers, groups
+        engine.groups = groups
+    for service in old or ():
+        service.stop()
+    if old is None:
+        engine.on_close(lambda: _stop(engine))
+    timers.start()
+    groups.start()
+    return groups
+
+
+def _stop(engine: Engine) -> None:
+    for service in _served.pop(engine, ()):
+        service.stop()
+
+
+def open_local(url: str) -> Engine:
+    """The process's engine for an embedded or memory store (``local://``,
+    ``memory://``), serving every partition in this process, unless something
+    (a server) already serves them. Release it with ``engine.release()``."""
+    engine = Engine.acquire(url)
+    with _lock:
+        serving = engine in _served
+    if not serving:
+        serve_partitions(engine, LocalCoordinator("in-process"))
+    if engine.subscriptions is None:
+        engine.subscriptions = local_subscriptions(engine)
+    return engine

@@ -259,7 +259,8 @@ class Engine:
             coordinator = self._coordinator
             if coordinator is not None and not coordinator.owns(info.name, pid):
                 raise NotPartitionOwner(info.name, pid, coordinator.owner(info.name, pid))
-            fence = self.storage.take_partition(info.name, pid)  # first: every write before it is now seen
+            token = coordinator.token(info.name, pid) if coordinator is not None else None
+            fence = self.storage.take_partition(info.name, pid, token)  # first: every write before it is now seen
             last = self.storage.last_rowkey(info.name, pid)
             allocator = IDAllocator(decode_rowkey(last)[1] if last else None)
             if fence.floor:  # IDs earlier owners may have given (HBase reserves them ahead)

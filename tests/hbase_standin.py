@@ -169,11 +169,11 @@ class StandInHandler:
             family = m.column.split(b":", 1)[0]
             if family not in table.families:
                 raise hb.IOError(message=f"NoSuchColumnFamilyException: {family!r}")
-            if m.isDelete:
-                if b":" in m.column:
-                    cells.pop(m.column, None)
-                else:
-                    for column in [c for c in cells if c.split(b":", 1)[0] == family]:
+            if m.isDelete:  # as HBase: a delete stamped T removes the versions stamped at or before T
+                for column in [
+                    c for c in cells if c == m.column or (b":" not in m.column and c.split(b":", 1)[0] == family)
+                ]:
+                    if cells[column][1] <= ts:
                         del cells[column]
             else:
                 cells[m.column] = (m.value, ts)

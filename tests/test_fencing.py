@@ -65,9 +65,10 @@ def test_a_put_after_another_server_took_the_partition_is_refused_and_not_kept(p
     old.put("q", messages(b"other partition"), 1)  # only partition 0 moved
 
 
-def test_the_store_arbitrates_and_the_coordinator_decides(pair):
-    """A refused writer forgets its fence; while its coordinator still says it owns the
-    partition, its next write takes it back (and fences the other): IDs still only grow."""
+def test_without_fencing_tokens_a_refused_owner_takes_the_partition_back_on_its_next_write(pair):
+    """With a coordinator that has no tokens (one process owns everything: LocalCoordinator),
+    a refused writer forgets its fence and its next write bumps the epoch again (fencing
+    the other). IDs still only grow and nothing acknowledged is lost."""
     old, new = pair
     old.put("q", messages(b"first"), 0)
     new.fence("q", 0)
@@ -115,6 +116,7 @@ def test_group_progress_of_a_fenced_owner_is_not_written(pair):
     with pytest.raises(Fenced):
         old.groups.ack("q", "g", keys[1:2])
     old.fence("q", 0)
+    old.groups.receive("q", "g", "member", 10, 30.0, 0)  # the refused ack dropped what was held: lease again
     new.storage.take_partition("q", 0)
     with pytest.raises(Fenced):
         old.groups.nack("q", "g", "member", keys[2:], 0.0)
@@ -127,3 +129,41 @@ def test_a_fenced_owner_saves_no_subscription_checkpoint(pair):
     new.fence("q", 0)
     with pytest.raises(Fenced):
         old.check_fence("q", 0)
+
+
+class Tokens(LocalCoordinator):
+    """Owns everything, with the fencing token a ZooKeeper lock node's czxid would give."""
+
+    def __init__(self, address: str, token: int) -> None:
+        super().__init__(address)
+        self.fencing_token = token
+
+    def token(self, queue: str, partition_id: int) -> int | None:
+        return self.fencing_token
+
+
+def test_an_owner_with_an_older_token_can_never_take_the_partition_back(pair):
+    old, new = pair
+    serve_partitions(old, Tokens("old", 100))
+    new.follow(Tokens("new", 200))
+    (first,) = old.put("q", messages(b"first"), 0)
+    new.fence("q", 0)  # the newer owner takes it with its larger token
+    for _ in range(3):  # the in-flight write, and every write after it: no retake
+        with pytest.raises(Fenced):
+            old.put("q", messages(b"stale"), 0)
+    (second,) = new.put("q", messages(b"new owner"), 0)
+    assert second > first and stored(new) == [b"first", b"new owner"]
+
+
+def test_a_refused_group_write_drops_the_state_held_in_memory(pair):
+    """What the group held for the partition was ahead of the store: it is read again,
+    so the messages whose ack was refused come back, none stays leased for ever."""
+    old, new = pair
+    old.put("q", messages(b"m1", b"m2"), 0)
+    old.groups.open("q", "g", None, 0, 3)
+    keys = [m.rowkey for m, _ in old.groups.receive("q", "g", "member", 10, 30.0, 0) if m.partition_id == 0]
+    new.storage.take_partition("q", 0)
+    with pytest.raises(Fenced):
+        old.groups.ack("q", "g", keys)
+    again = [m.rowkey for m, _ in old.groups.receive("q", "g", "member", 10, 30.0, 0) if m.partition_id == 0]
+    assert again == keys

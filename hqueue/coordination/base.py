@@ -44,6 +44,12 @@ class Coordinator(abc.ABC):
     def owns(self, queue: str, partition_id: int) -> bool:
         """Whether this server may accept puts for the partition now."""
 
+    def token(self, queue: str, partition_id: int) -> int | None:
+        """A number that only grows from one owner of the partition to the next (its
+        fencing token, storage/fence.py); None where owners are not ordered (one
+        process owns everything), and a take simply bumps the epoch."""
+        return None
+
     @abc.abstractmethod
     def owner(self, queue: str, partition_id: int) -> str | None:
         """``host:port`` of the partition's owner, None while it has none."""

@@ -53,7 +53,7 @@ from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.recipe.partitioner import SetPartitioner
 
-from ..errors import CoordinationError
+from ..errors import CoordinationError, NotPartitionOwner
 from .base import Coordinator
 
 logger = logging.getLogger(__name__)
@@ -111,6 +111,8 @@ class ZooKeeperCoordinator(Coordinator):
         self.client.add_listener(self._on_state)
         self._lock = threading.RLock()
         self._owned: frozenset[str] = frozenset()
+        #: item -> the czxid of our lock node for it: the partition's fencing token.
+        self._tokens: dict[str, tuple[str, int]] = {}
         self._items: frozenset[str] = frozenset()
         self._owners: dict[str, str] = {}
         self._members: list[str] = []
@@ -222,7 +224,31 @@ class ZooKeeperCoordinator(Coordinator):
             partitioner.release_set()
         elif partitioner.acquired:
             if self.client.state == KazooState.CONNECTED:
+                self._read_tokens(partitioner)
                 self._set_owned(frozenset(partitioner))
+
+    def _read_tokens(self, partitioner: SetPartitioner) -> None:
+        """Each held lock's czxid. Every owner of a partition created its lock node
+        after the previous owner's (the lock goes to the oldest node, and a node
+        made before the holder's would have held it first), so the czxid, which
+        ZooKeeper only raises, grows from one owner to the next."""
+        tokens = {}
+        for lock in partitioner._locks:  # kazoo keeps no public list of them
+            item = lock.path.rsplit("/", 1)[1]
+            known = self._tokens.get(item)
+            if known is not None and known[0] == lock.node:
+                tokens[item] = known
+                continue
+            stat = self.client.exists(f"{lock.path}/{lock.node}")
+            if stat is not None:
+                tokens[item] = (lock.node, stat.czxid)
+        self._tokens = tokens
+
+    def token(self, queue: str, partition_id: int) -> int | None:
+        found = self._tokens.get(item(queue, partition_id))
+        if found is None:  # not held (a take without a token would bump past the real owner's)
+            raise NotPartitionOwner(queue, partition_id, self.owner(queue, partition_id))
+        return found[1]
 
     def _set_owned(self, owned: frozenset[str]) -> None:
         with self._lock:

@@ -38,13 +38,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import replace
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
+from ..config import Durability
 from ..deadletters import dead_letter, dead_letter_queue
-from ..errors import GroupNotFound, InvalidArgument, NotPartitionOwner, QueueNotFound
+from ..errors import GroupNotFound, HQueueError, InvalidArgument, NotPartitionOwner, QueueNotFound
 from ..keys.groups import group_key, id_after, state_prefix
 from ..lag import partition_lag
 from ..message import (
@@ -411,6 +412,23 @@ class GroupService:
                         state.retry_at(message_id, now)
         self._on_write(queue, -1)
 
+    def _write(
+        self,
+        group: GroupState,
+        pid: int,
+        puts: dict[str, bytes],
+        deletes: Sequence[str] = (),
+        durability: str = Durability.SYNC_WAL,
+    ) -> None:
+        """Write a partition's progress under its fence (call under ``group.lock``). If it
+        fails (refused: another server took the partition, or the store failed), what
+        is held here may be ahead of the store: drop it, to be read again from the store."""
+        try:
+            self.engine.write_meta(group.queue, pid, puts, deletes, durability)
+        except HQueueError:
+            group.partitions.pop(pid, None)
+            raise
+
     def _acked(self, group: GroupState, pid: int, state: PartitionState, ids: Iterable[bytes]) -> int:
         fresh = [i for i in ids if i >= state.done and i not in state.acked]
         if not fresh:
@@ -433,7 +451,7 @@ class GroupService:
             deletes += [f"{prefix}retry/{a.hex()}" for a in fresh if state.retries.pop(a, None) is not None]
         if passed:
             puts[f"{prefix}done"] = done
-        self.engine.write_meta(group.queue, pid, puts, deletes, self.engine.queue_info(group.queue).durability)
+        self._write(group, pid, puts, deletes, self.engine.queue_info(group.queue).durability)
         return len(fresh)
 
     def _failed(
@@ -455,7 +473,7 @@ class GroupService:
         """
         retries = state.retries[message_id] = state.retries.get(message_id, 0) + 1
         prefix = state_prefix(group.queue, group.name, pid)
-        self.engine.write_meta(group.queue, pid, {f"{prefix}retry/{message_id.hex()}": str(retries).encode()})
+        self._write(group, pid, {f"{prefix}retry/{message_id.hex()}": str(retries).encode()})
         if retries <= group.config.max_retries and not at_once:
             wait = backoff(retries) if delay is None else delay
             state.retry_at(message_id, time.monotonic() + wait)
@@ -522,7 +540,7 @@ class GroupService:
             for pid in pids:
                 prefix = state_prefix(queue, name, pid)
                 stale = [key for key in self.storage.list_meta(prefix) if key != prefix + "done"]
-                self.engine.write_meta(queue, pid, {prefix + "done": start.to_bytes()}, stale)
+                self._write(group, pid, {prefix + "done": start.to_bytes()}, stale)
                 group.partitions.pop(pid, None)
 
     def describe(self, queue: str, name: str) -> dict[str, Any]:

@@ -137,3 +137,8 @@ def due_ms(deliver_at: datetime | int | None, delay: float | None) -> int:
     if not 0 <= due <= MAX_TIMESTAMP:
         raise InvalidArgument(f"a due time must be in 0..2**63-1 ms, got {due}")
     return due
+
+
+def is_high_water(key: bytes) -> bool:
+    """Whether a cell key is a partition's high-water cell (one per partition, rewritten)."""
+    return key[:1] >= b"\x80" and key[2:10] == b"\xff" * 8

@@ -42,8 +42,9 @@ class Storage(abc.ABC):
     * Fences (fence.py, SPEC C10): once ``take_partition`` has returned a
       new epoch, a write (or ``write_meta``) carrying an older fence of that
       partition raises :class:`~hqueue.errors.Fenced`, and none of its cells
-      is ever visible; the new fence's ``floor`` is at or above the ``high``
-      of every fenced write that succeeded before.
+      is kept (on HBase they may be seen for the moment between the write and
+      its undo; its deletes are never made); the new fence's ``floor`` is at or
+      above the ``high`` of every fenced write that succeeded before.
     """
 
     #: The URL this store was opened with (``local:///path``, ``hbase://…``).
@@ -96,11 +97,14 @@ class Storage(abc.ABC):
         """
 
     @abc.abstractmethod
-    def take_partition(self, name: str, partition_id: int) -> Fence:
-        """Become the partition's only writer: bump its epoch and return the new fence.
+    def take_partition(self, name: str, partition_id: int, token: int | None = None) -> Fence:
+        """Become the partition's only writer and return its new fence.
 
-        From the moment this returns, writes under any older fence of the
-        partition raise Fenced.
+        With a ``token`` (the coordinator's fencing token, which only grows from
+        one owner to the next) the epoch becomes the token: a token equal to
+        the stored epoch takes it again as it is, a lower one raises Fenced (a
+        newer owner holds it). Without one, the epoch is bumped. From the
+        moment this returns, writes under any older fence raise Fenced.
         """
 
     @abc.abstractmethod

@@ -255,9 +255,9 @@ class EmbeddedStorage(Storage):
 
     # -- cells ----------------------------------------------------------------
 
-    def take_partition(self, name: str, partition_id: int) -> Fence:
+    def take_partition(self, name: str, partition_id: int, token: int | None = None) -> Fence:
         self._family(name)
-        return self._fences.take(name, partition_id)
+        return self._fences.take(name, partition_id, token)
 
     def write(
         self,

@@ -7,9 +7,14 @@ paused server's late writes reuse IDs the new owner already acknowledged and
 overwrite them. So every partition has an **epoch** in the store:
 
 * A server that gains a partition *takes* it (:meth:`Storage.take_partition`):
-  the store bumps the epoch atomically and returns a :class:`Fence` holding
-  the new epoch and a **floor**, an ID at or above every ID that any earlier
-  holder may have written. The new owner allocates IDs above the floor.
+  the store sets the epoch atomically and returns a :class:`Fence` holding
+  it and a **floor**, an ID at or above every ID that any earlier holder
+  may have written. The new owner allocates IDs above the floor. With
+  ZooKeeper the epoch is the owner's fencing token (the czxid of its lock
+  node, coordination/zookeeper.py), which only grows from owner to owner:
+  a take with a lower token is refused, so a stale server never takes a
+  partition back. Without a coordinator's token (one process owns
+  everything) a take bumps the epoch.
 * Every write the owner makes carries its fence. The store accepts it only
   while the epoch is still the fence's; otherwise it raises
   :class:`~hqueue.errors.Fenced` and keeps none of the write's cells.
@@ -23,11 +28,13 @@ How each backend keeps the promise:
   (hbase.py): (1) *reserve*: ``checkAndPut`` on the partition's fence row,
   expecting the writer's epoch, raises the floor to cover the IDs it is about
   to write (reserved ahead, so this round trip is paid at most every
-  ``RESERVE_MS``); (2) write the cells; (3) *verify*: read the epoch back. A
-  writer that sees another epoch at (3) deletes its cells (their IDs are at or
-  below its reservation, so below every ID of the new owner: no one else's
-  cell is touched) and raises Fenced. A write that passed (3) happened before
-  the take, so the new owner sees it when it seeds its allocator.
+  ``RESERVE_MS``); (2) write the cells; (3) *verify*: read the epoch back,
+  and only then make the write's deletes. A writer that sees another epoch at
+  (3) deletes its cells (their IDs are at or below its reservation, so below
+  every ID of the new owner; the one shared cell, the timers' high-water
+  mark, is left alone) and raises Fenced; until then a reader may see them.
+  A write that passed (3) happened before the take, so the new owner sees it
+  when it seeds its allocator.
 
 Metadata (consumer groups' acks and cursors) is fenced the same way; on
 HBase a refused metadata write may still have landed (a stale owner's acks
@@ -74,6 +81,20 @@ def decode_epoch(data: bytes | None) -> int:
     return int.from_bytes(data, "big") if data else 0
 
 
+def next_epoch(queue: str, partition_id: int, stored: int, token: int | None) -> int:
+    """The epoch a take sets: a bump without a token; the token if it is not below
+    the stored epoch (equal: the same owner takes it again).
+
+    Raises:
+        Fenced: the token is below the stored epoch (a newer owner took it).
+    """
+    if token is None:
+        return stored + 1
+    if token < stored:
+        raise Fenced(queue, partition_id, token)
+    return token
+
+
 class _Partition:
     __slots__ = ("epoch", "floor", "lock")
 
@@ -105,12 +126,13 @@ class LocalFences:
                     found = self._partitions[key] = _Partition(decode_epoch(self._load(fence_key(*key))))
         return found
 
-    def take(self, queue: str, partition_id: int) -> Fence:
+    def take(self, queue: str, partition_id: int, token: int | None = None) -> Fence:
         partition = self._partition(queue, partition_id)
         with partition.lock:
-            epoch = partition.epoch + 1
-            self._save(fence_key(queue, partition_id), encode_epoch(epoch))
-            partition.epoch = epoch
+            epoch = next_epoch(queue, partition_id, partition.epoch, token)
+            if epoch != partition.epoch:
+                self._save(fence_key(queue, partition_id), encode_epoch(epoch))
+                partition.epoch = epoch
             return Fence(queue, partition_id, epoch, partition.floor)
 
     def write(self, fence: Fence | None, high: bytes, write: Callable[..., object], *args: object) -> None:

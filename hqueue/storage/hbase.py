@@ -61,10 +61,11 @@ from thriftpy2.transport import TBufferedTransportFactory, TFramedTransportFacto
 from ..config import Durability, QueueInfo, QueueState
 from ..errors import Fenced, InvalidArgument, QueueDisabled, QueueExists, QueueNotFound, StorageError
 from ..keys.index import HEAD_LENGTH, is_index_key
+from ..keys.timers import is_high_water
 from ..message import ROWKEY_LENGTH, key_after, partition_prefix
 from ..rpc import idl
 from .base import Cell, Storage, housekeeping, keep_id_floor
-from .fence import Fence, decode_epoch, encode_epoch, fence_key
+from .fence import Fence, decode_epoch, encode_epoch, fence_key, next_epoch
 
 logger = logging.getLogger(__name__)
 
@@ -97,14 +98,16 @@ def _fence_row(queue: str, partition_id: int) -> bytes:
     return (_KV_ROW + fence_key(queue, partition_id)).encode()
 
 
-def _cell_deletes(keys: Iterable[bytes], wal: bool) -> list[BatchMutation]:
-    return [
-        BatchMutation(
-            key[: _row_length(key)],
-            [Mutation(isDelete=True, column=_COLUMN_PREFIX + key[_row_length(key) :], writeToWAL=wal)],
-        )
-        for key in keys
-    ]
+def _cell_deletes(keys: Iterable[bytes], wal: bool) -> dict[int | None, list[BatchMutation]]:
+    """Deletes of the cells ``keys``, by the timestamp to send them with: HBase
+    removes only the versions stamped at or before a delete's own, so a timer's
+    cell, stamped with its due time (in the future), is deleted at that time."""
+    by_time: dict[int | None, list[BatchMutation]] = {}
+    for key in keys:
+        cut = _row_length(key)
+        mutation = Mutation(isDelete=True, column=_COLUMN_PREFIX + key[cut:], writeToWAL=wal)
+        by_time.setdefault(_cell_time(key), []).append(BatchMutation(key[:cut], [mutation]))
+    return by_time
 
 
 class StorageUnavailable(StorageError):
@@ -418,36 +421,45 @@ class HBaseStorage(Storage):
             mutation = Mutation(column=_COLUMN_PREFIX + key[cut:], value=value, writeToWAL=wal)
             by_time.setdefault(_cell_time(key), []).append(BatchMutation(key[:cut], [mutation]))
         removals = _cell_deletes(deletes, wal)
-        if fence is None:  # one Thrift round trip for the lot
-            by_time.setdefault(None, []).extend(removals)
-            removals = []
+        if fence is None:  # as few Thrift round trips as can be
+            for timestamp, batch in removals.items():
+                by_time.setdefault(timestamp, []).extend(batch)
+            removals = {}
         with self._connection(f"write {len(cells)} message(s) to {name!r}", name) as connection:
             if fence is not None and high:
                 self._reserve(connection, fence, high)
             # One round trip for the batch (happybase's Batch.send); timers'
             # cells, stamped with their due time, in one more per due time.
-            for timestamp, batch in by_time.items():
-                if timestamp is not None:
-                    connection.client.mutateRowsTs(self._table_name(name), batch, timestamp, {})
-            if by_time.get(None):
-                connection.client.mutateRows(self._table_name(name), by_time[None], {})
+            self._send(connection, name, by_time)
             if fence is not None:
                 self._verify(connection, fence, undo=lambda: self._undo(connection, name, cells, wal))
-                if removals:  # only once verified: a fenced writer never deletes (a timer another owner must fire)
-                    connection.client.mutateRows(self._table_name(name), removals, {})
+                # Only once verified: a fenced writer never deletes (a timer another owner must fire).
+                self._send(connection, name, removals)
+
+    def _send(
+        self, connection: happybase.Connection, name: str, by_time: dict[int | None, list[BatchMutation]]
+    ) -> None:
+        """One ``mutateRows`` per timestamp (None: HBase's clock)."""
+        for timestamp, batch in by_time.items():
+            if timestamp is not None and batch:
+                connection.client.mutateRowsTs(self._table_name(name), batch, timestamp, {})
+        if by_time.get(None):
+            connection.client.mutateRows(self._table_name(name), by_time[None], {})
 
     # -- fences (fence.py) -------------------------------------------------------
 
-    def take_partition(self, name: str, partition_id: int) -> Fence:
+    def take_partition(self, name: str, partition_id: int, token: int | None = None) -> Fence:
         self.get_queue(name)
         row = _fence_row(name, partition_id)
         with self._connection(f"take {name!r} partition {partition_id}", name) as connection:
             meta = connection.table(self._meta_table)
             for _ in range(_TAKE_TRIES):
                 old = meta.row(row, columns=[_EPOCH_COLUMN]).get(_EPOCH_COLUMN)
-                epoch = decode_epoch(old) + 1
+                epoch = next_epoch(name, partition_id, decode_epoch(old), token)
                 bump = Mutation(column=_EPOCH_COLUMN, value=encode_epoch(epoch))
-                if connection.client.checkAndPut(self._meta_table, row, _EPOCH_COLUMN, old, bump, {}):
+                if epoch == decode_epoch(old) or connection.client.checkAndPut(
+                    self._meta_table, row, _EPOCH_COLUMN, old, bump, {}
+                ):
                     # Read after the bump: it covers every reservation made under older epochs.
                     floor = meta.row(row, columns=[_FLOOR_COLUMN]).get(_FLOOR_COLUMN, b"")
                     self._reserved[(name, partition_id)] = (epoch, floor)
@@ -467,9 +479,7 @@ class HBaseStorage(Storage):
             raise Fenced(fence.queue, fence.partition_id, fence.epoch)
         self._reserved[key] = (fence.epoch, until)
 
-    def _verify(
-        self, connection: happybase.Connection, fence: Fence, undo: Callable[[], None] | None = None
-    ) -> None:
+    def _verify(self, connection: happybase.Connection, fence: Fence, undo: Callable[[], None] | None = None) -> None:
         """Raise Fenced, after calling ``undo``, if the partition's epoch is no longer ``fence``'s."""
         row = _fence_row(fence.queue, fence.partition_id)
         stored = connection.table(self._meta_table).row(row, columns=[_EPOCH_COLUMN])
@@ -481,9 +491,11 @@ class HBaseStorage(Storage):
 
     def _undo(self, connection: happybase.Connection, name: str, cells: Sequence[Cell], wal: bool) -> None:
         """Delete a refused write's cells: their IDs are at or below its reservation, so
-        below every ID of the new owner, whose cells are never touched."""
-        if cells:
-            connection.client.mutateRows(self._table_name(name), _cell_deletes([key for key, _ in cells], wal), {})
+        below every ID of the new owner, whose cells are never touched. The timers'
+        high-water cell is one per partition, not per ID: it stays (the fence's floor
+        covers every ID it could name)."""
+        mine = [key for key, _ in cells if not is_high_water(key)]
+        self._send(connection, name, _cell_deletes(mine, wal))
 
     def scan(
         self,

@@ -94,9 +94,9 @@ class MemoryStorage(Storage):
 
     # -- cells ----------------------------------------------------------------
 
-    def take_partition(self, name: str, partition_id: int) -> Fence:
+    def take_partition(self, name: str, partition_id: int, token: int | None = None) -> Fence:
         self._queue(name)
-        return self._fences.take(name, partition_id)
+        return self._fences.take(name, partition_id, token)
 
     @property
     def _fences(self) -> LocalFences:

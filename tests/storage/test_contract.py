@@ -13,6 +13,7 @@ import pytest
 from hqueue import QueueExists, QueueNotFound
 from hqueue.config import Durability, QueueInfo, QueueState
 from hqueue.errors import Fenced, NotPartitionOwner
+from hqueue.keys.timers import HIGH_WATER_QUALIFIER, high_water_key, high_water_range, pending_range, timer_cell_keys
 from hqueue.message import MessageID, encode_rowkey, partition_prefix
 from hqueue.storage import open_storage
 
@@ -341,3 +342,54 @@ def test_a_take_racing_a_writer_leaves_exactly_the_acknowledged_cells(store_url,
     assert acked and stored == acked
     assert not [k for after, k, ok in outcomes if after and ok]
     assert floor >= max(acked)[2:12]
+
+
+def test_a_take_with_a_fencing_token_only_moves_the_epoch_up(store_url, storage, queue):
+    """Tokens come from the coordinator (ZooKeeper's czxid of the owner's lock node)
+    and only grow from one owner to the next: an older owner can never take back."""
+    now = int(time.time() * 1000)
+    held = storage.take_partition(queue, 0, 100)
+    assert held.epoch == 100
+    with pytest.raises(Fenced):  # an older owner, resumed from a pause
+        storage.take_partition(queue, 0, 50)
+    again = storage.take_partition(queue, 0, 100)  # the same owner, after forgetting its writer
+    storage.write(queue, [cell(0, now)], Durability.SYNC_WAL, fence=held, high=MessageID(now).to_bytes())
+    storage.write(queue, [cell(0, now + 1)], Durability.SYNC_WAL, fence=again, high=MessageID(now + 1).to_bytes())
+    newer = storage.take_partition(queue, 0, 200)
+    with pytest.raises(Fenced):
+        storage.write(queue, [cell(0, now + 2)], Durability.SYNC_WAL, fence=held, high=MessageID(now + 2).to_bytes())
+    assert newer.epoch == 200 and newer.floor >= MessageID(now + 1).to_bytes()
+    assert storage.take_partition(queue, 0).epoch == 201  # no token: a bump
+
+
+def test_deletes_remove_timer_cells_due_in_the_future(store_url, storage, queue):
+    """On HBase a timer's cell is stamped with its due time, and a delete removes only
+    versions stamped at or before its own: cancelling or firing one due later must work."""
+    due = int(time.time() * 1000) + 3_600_000
+    (key,) = timer_cell_keys(1, due, [MessageID(due - 1)], [b"t"])
+    storage.write(queue, [(key, b"v")], Durability.SYNC_WAL)
+    assert [k for k, _ in storage.scan(queue, *pending_range(1))] == [key]
+    storage.write(queue, [], Durability.SYNC_WAL, [key])
+    assert storage.scan(queue, *pending_range(1)) == []
+
+
+def test_a_refused_timer_write_leaves_no_timer_and_the_high_water_cell_stays(store_url, storage, queue):
+    due = int(time.time() * 1000) + 3_600_000
+    mark = high_water_key(2) + HIGH_WATER_QUALIFIER
+    stale = storage.take_partition(queue, 2)
+    high = MessageID(due).to_bytes()  # reserves past due - 10 (HBase): the stale write below is undone, not refused
+    storage.write(queue, [(mark, high)], Durability.SYNC_WAL, fence=stale, high=high)
+    other = second_handle(store_url, storage)
+    try:
+        fresh = other.take_partition(queue, 2)
+        other.write(queue, [(mark, MessageID(due, 5).to_bytes())], Durability.SYNC_WAL, fence=fresh)
+        (key,) = timer_cell_keys(2, due, [MessageID(due - 10)], [b"t"])
+        with pytest.raises(Fenced):  # within the reservation of its earlier write: written, then undone
+            storage.write(
+                queue, [(key, b"stale timer")], Durability.SYNC_WAL, fence=stale, high=MessageID(due - 10).to_bytes()
+            )
+        assert storage.scan(queue, *pending_range(2)) == []
+        assert storage.scan(queue, *high_water_range(2))  # the new owner's cell is not deleted
+    finally:
+        if other is not storage:
+            other.close()

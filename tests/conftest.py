@@ -32,9 +32,35 @@ _counter = itertools.count()
 #: hbase-standin-thrift2: the same, with the stand-in's Thrift2 admin port
 #: (pre-split tables, truncate keeping splits), as with HBase 2.x.
 #: memory: the in-process memory:// store (for unit tests; held to the same contract).
-BACKENDS = ["embedded", "memory", "hbase-standin", "hbase-standin-thrift2"] + (
+#: remote: (api_url only) an hqueue server on loopback, over hqueue://.
+ALL_BACKENDS = ["embedded", "memory", "hbase-standin", "hbase-standin-thrift2"] + (
     ["hbase"] if os.environ.get("HQUEUE_TEST_HBASE") else []
 )
+#: The marker of each backend: ``-m hbase`` runs the HBase backend's tests alone, ``-m "not remote"``…
+MARKERS = {"embedded": "embedded", "memory": "memory", "remote": "remote"}
+
+
+def marker_of(backend: str) -> str:
+    return MARKERS.get(backend, "hbase")
+
+
+def selected(backends: list[str]) -> list[str]:
+    """The backends ``HQUEUE_TEST_BACKENDS`` names (``embedded,memory,remote,hbase``;
+    ``hbase`` is every HBase backend): every one when it is not set."""
+    wanted = {name.strip() for name in os.environ.get("HQUEUE_TEST_BACKENDS", "").split(",") if name.strip()}
+    if not wanted:
+        return backends
+    unknown = wanted - {"embedded", "memory", "remote", "hbase"}
+    if unknown:
+        raise pytest.UsageError(f"HQUEUE_TEST_BACKENDS: unknown {sorted(unknown)}; use embedded,memory,remote,hbase")
+    return [b for b in backends if marker_of(b) in wanted]
+
+
+def backend_params(backends: list[str]) -> list:
+    return [pytest.param(b, marks=getattr(pytest.mark, marker_of(b))) for b in selected(backends)]
+
+
+BACKENDS = selected(ALL_BACKENDS)
 
 __all__ = ["ROOT", "in_ci", "python_env"]
 
@@ -71,13 +97,13 @@ def hbase_url(address: str, admin: str | None = None) -> str:
     return url + (f"&admin={admin}" if admin else "")
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=backend_params(ALL_BACKENDS))
 def store_url(request, tmp_path) -> str:
     """A fresh, empty store of each storage backend."""
     return _store_url(request, request.param, tmp_path)
 
 
-@pytest.fixture(params=[*BACKENDS, "remote"])
+@pytest.fixture(params=backend_params([*ALL_BACKENDS, "remote"]))
 def api_url(request, tmp_path) -> str:
     """A URL for HQueue/HQueueAdmin: each storage backend in process, and
     "remote": an hqueue server on loopback (embedded store) via hqueue://."""

@@ -45,7 +45,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(condition, timeout: float, what: str, interval: float = 0.05):
+def wait_for(condition, timeout: float = 10.0, what: str = "the condition", interval: float = 0.05):
     """Poll ``condition()`` until it returns a truthy value; fail after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:

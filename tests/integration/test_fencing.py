@@ -40,7 +40,7 @@ from hqueue.rpc.wire import T
 from ..conftest import hbase_url
 from ..processes import ServerProcess, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.hbase]  # servers over the HBase stand-in
 
 PARTITIONS = 4
 CYCLES = 3

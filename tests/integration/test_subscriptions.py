@@ -16,7 +16,7 @@ from hqueue import HQueueAdmin, MessageID
 from ..processes import ROOT, python_env, wait_for
 from .test_cluster import PARTITIONS, Writer, owners
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.hbase]  # servers over the HBase stand-in
 #: The documented bound: what was delivered in the last checkpoint interval
 #: (1 s) may come again; allow for the time a kill takes to land.
 DUPLICATE_WINDOW_MS = 1000 + 1000

@@ -16,6 +16,8 @@ from hqueue.storage.hbase import HBaseStorage, StorageUnavailable, split_keys
 
 from ..conftest import hbase_url, start_hbase_standin
 
+pytestmark = pytest.mark.hbase  # the HBase backend on the stand-in
+
 
 def regions(address: str, table: bytes) -> list[bytes]:
     host, port = address.split(":")

@@ -11,7 +11,7 @@ import yaml
 
 from hqueue.cli import main
 
-DOCKER = Path(__file__).resolve().parents[1] / "docker"
+DOCKER = Path(__file__).resolve().parents[2] / "docker"
 
 
 def compose() -> dict:

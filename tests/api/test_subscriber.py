@@ -18,7 +18,7 @@ from hqueue import (
 )
 from hqueue.server import HQueueServer
 
-from .processes import wait_for
+from ..processes import wait_for
 
 
 class Collect(MessageListener):

@@ -23,7 +23,7 @@ import pytest
 from hqueue import HQueue, HQueueAdmin, Message
 from hqueue.ids import wall_clock_ms
 
-from .processes import ROOT, ServerProcess, python_env, wait_for
+from ..processes import ROOT, ServerProcess, python_env, wait_for
 
 pytestmark = pytest.mark.slow
 

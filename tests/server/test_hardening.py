@@ -28,7 +28,7 @@ from hqueue.rpc.threaded import ListeningSocket, ServerLimits
 from hqueue.rpc.wire import MAX_SCAN_BATCH, T
 from hqueue.server import HQueueServer
 
-from .processes import ServerProcess, wait_for
+from ..processes import ServerProcess, wait_for
 
 ADMIN, CRAWLER = "admin-secret-0123456789", "crawler-secret-0123456789"
 

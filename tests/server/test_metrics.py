@@ -8,7 +8,7 @@ import pytest
 from hqueue import HQueue, HQueueAdmin, Message, MessageListener, Subscription
 from hqueue.server import HQueueServer
 
-from .processes import wait_for
+from ..processes import wait_for
 
 
 def scrape(server) -> dict[str, float]:

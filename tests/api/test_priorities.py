@@ -63,7 +63,7 @@ def test_push_subscriptions_deliver_the_highest_tier_first(tmp_path):
     from hqueue import HQueue, Subscription
     from hqueue.server import HQueueServer
 
-    from .processes import wait_for
+    from ..processes import wait_for
     from .test_subscriber import Collect
 
     server = HQueueServer(f"local://{tmp_path}/data", port=0).start()

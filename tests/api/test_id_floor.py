@@ -2,6 +2,7 @@
 
 import tempfile
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -82,6 +83,7 @@ def test_ttl_reclaim_then_a_restart_with_the_clock_an_hour_behind(monkeypatch, t
     assert after > before
 
 
+@pytest.mark.hbase
 def test_on_hbase_an_expired_partition_keeps_its_ids_below_new_ones(monkeypatch, hbase_standin):
     """HBase hides expired cells itself, so the newest ID must be remembered before it
     does; then a restart with the clock an hour behind still gives higher IDs.
@@ -90,7 +92,7 @@ def test_on_hbase_an_expired_partition_keeps_its_ids_below_new_ones(monkeypatch,
 
     from hqueue.storage.base import read_id_floor
 
-    from .conftest import hbase_url
+    from ..conftest import hbase_url
 
     url = hbase_url(hbase_standin[0])
     with HQueueAdmin(url) as admin:

@@ -12,7 +12,7 @@ import pytest
 from hqueue import Durability, HQueue, HQueueAdmin, Message, MessageID, StorageError, StorageLocked
 from hqueue.storage import embedded, normalize_url
 
-from .processes import ROOT, python_env
+from ..processes import ROOT, python_env
 
 
 def _python(*args: str, **kwargs) -> subprocess.Popen:

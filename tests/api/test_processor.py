@@ -173,7 +173,7 @@ def test_kill_9_the_processor_nothing_is_lost_and_each_key_stays_in_order(tmp_pa
     import subprocess
     import sys
 
-    from .processes import ROOT, python_env
+    from ..processes import ROOT, python_env
 
     with HQueueAdmin(data_dir=tmp_path) as admin:
         admin.create_queue("orders", 4)

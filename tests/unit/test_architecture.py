@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 #: Bottom to top. A module belongs to the first entry that is it or one of its packages.
 LAYERS: list[tuple[str, list[str]]] = [

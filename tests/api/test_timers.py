@@ -14,15 +14,7 @@ import pytest
 from hqueue import HQueue, HQueueAdmin, InvalidArgument, Message, QueueDisabled, Timer
 from hqueue.ids import wall_clock_ms
 
-
-def wait_for(predicate, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError("timed out waiting")
+from ..processes import wait_for
 
 
 def test_a_timer_message_is_invisible_until_due_then_written_with_a_fresh_id(make_queue):

@@ -14,7 +14,7 @@ from hqueue.shell import Shell, ShellSyntaxError, parse_line
 from hqueue.shell.commands import to_bytes
 from hqueue.shell.parser import Word
 
-from .processes import ROOT, python_env
+from ..processes import ROOT, python_env
 
 # -- the parser ----------------------------------------------------------------------------
 

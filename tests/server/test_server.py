@@ -15,7 +15,7 @@ from hqueue.client.engine import RemoteEngine
 from hqueue.rpc.wire import T
 from hqueue.server import HQueueServer
 
-from .processes import ServerProcess, wait_for
+from ..processes import ServerProcess, wait_for
 
 
 @pytest.fixture

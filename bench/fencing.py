@@ -5,7 +5,7 @@ Usage:
 
 One engine, one queue, 100-byte messages put in batches of 1000, 100 and 1.
 Each round times the same puts twice: as shipped (every write carries the
-partition's fence) and with the fence switched off (the engine's store step
+partition's fence) and with the fence switched off (the writers' store step
 calls ``Storage.write`` without one, which is what every put did before the
 fence). Rounds alternate the two, so both see the same machine noise; the
 table gives the median rate of each and their ratio (fenced / unfenced).
@@ -47,11 +47,11 @@ def unfenced(engine: Engine) -> None:
     def store(info, pid, writer, cells, deletes=(), high=b""):
         engine.storage.write(info.name, cells, info.durability, deletes)
 
-    engine._store = store  # type: ignore[method-assign]
+    engine.writers.store = store  # type: ignore[method-assign]
 
 
 def fenced(engine: Engine) -> None:
-    engine.__dict__.pop("_store", None)
+    engine.writers.__dict__.pop("store", None)
 
 
 def rate(engine: Engine, queue: str, batch: int, total: int) -> float:

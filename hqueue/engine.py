@@ -20,14 +20,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from . import topic_index
 from .checks import check_columns, check_partition, message_columns
-from .config import Durability, InfoCache, QueueInfo
-from .errors import Fenced, HQueueError, NotPartitionOwner, QueueEnabled
-from .ids import IDAllocator, consecutive, runs
+from .config import InfoCache, QueueInfo
+from .errors import QueueEnabled
+from .ids import consecutive, runs
 from .keys.groups import groups_prefix, queue_state_prefix
 from .keys.index import index_cells, topic_hash
 from .keys.timers import (
@@ -35,7 +35,6 @@ from .keys.timers import (
     Timer,
     due_of,
     high_water_key,
-    high_water_range,
     id_of,
     one_timer_range,
     pending_range,
@@ -43,7 +42,6 @@ from .keys.timers import (
     topic_of,
 )
 from .message import (
-    MAX_SEQUENCE,
     Message,
     MessageID,
     cell_keys,
@@ -52,23 +50,13 @@ from .message import (
 )
 from .scanner import KeyRangeCursor, Scan
 from .storage import Storage, normalize_url, open_storage
-from .storage.base import forget_id_floor, read_id_floor
-from .storage.fence import Fence
+from .storage.base import forget_id_floor
+from .writers import PartitionWriters
 
 if TYPE_CHECKING:
     from .api import GroupsAPI, SubscriptionsAPI
-    from .coordination import Coordinator
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class PartitionWriter:
-    """What this process writes a partition with while it owns it: the ID
-    allocator, and the fence every write carries."""
-
-    allocator: IDAllocator
-    fence: Fence
 
 
 class Engine:
@@ -88,13 +76,11 @@ class Engine:
         self.storage = storage
         self._registry_key = registry_key
         self._lock = threading.Lock()
-        self._partition_locks: dict[tuple[str, int], threading.Lock] = {}
-        self._writers: dict[tuple[str, int], PartitionWriter] = {}
-        self._coordinator: Coordinator | None = None
         self._infos = InfoCache(storage.get_queue)
-        self._write_listeners: list[Callable[[str, int], None]] = []
-        self._drop_listeners: list[Callable[[str], None]] = []
-        self._schedule_listeners: list[Callable[[str, int, int], None]] = []
+        #: Who writes each partition this process owns, under its fence (writers.py).
+        self.writers = PartitionWriters(storage, self.queue_info)
+        #: What services listen to: writes, timers set, queues dropped.
+        self.events = EngineEvents()
         self._closers: list[Callable[[], None]] = []
         self._refs = 0
 
@@ -136,16 +122,6 @@ class Engine:
         self._closers.clear()
         self.storage.close()
 
-    # -- ownership --------------------------------------------------------------
-
-    def follow(self, coordinator: Coordinator) -> None:
-        """Write only the partitions ``coordinator`` says this process owns: a gained
-        partition is taken from the store (a new fence) at once, a lost one forgotten."""
-        with self._lock:
-            if self._coordinator is not coordinator:
-                coordinator.add_listener(self._ownership_changed)
-            self._coordinator = coordinator
-
     # -- queue metadata -------------------------------------------------------
 
     def queue_info(self, name: str, *, fresh: bool = False) -> QueueInfo:
@@ -168,11 +144,11 @@ class Engine:
     def truncate_queue(self, name: str) -> None:
         """Delete all messages; IDs given later stay above every old one."""
         info = self.queue_info(name, fresh=True)
-        locks = [self._partition_lock(name, pid) for pid in range(info.partitions)]
+        locks = [self.writers.lock(name, pid) for pid in range(info.partitions)]
         for lock in locks:
             lock.acquire()
         try:
-            floor = max([info.id_floor] + [a.last.timestamp for a in self._queue_allocators(name) if a.last])
+            floor = max([info.id_floor] + [a.last.timestamp for a in self.writers.allocators(name) if a.last])
             # Truncating is an admin's act on the whole queue, not one owner's write: it is not fenced.
             for pid in range(info.partitions):
                 last = self.storage.last_rowkey(name, pid)
@@ -193,11 +169,8 @@ class Engine:
         kept = [*self.storage.list_meta(groups_prefix(name)), *self.storage.list_meta(queue_state_prefix(name))]
         if kept:  # its consumer groups and their progress
             self.storage.write_meta({}, kept)
-        for listener in self._drop_listeners:
-            listener(name)
-        with self._lock:
-            for key in [k for k in self._writers if k[0] == name]:
-                del self._writers[key]
+        self.events.dropped(name)
+        self.writers.drop_queue(name)
         self._infos.forget(name)
 
     def list_queues(self) -> list[QueueInfo]:
@@ -211,147 +184,7 @@ class Engine:
         description["last_ids"] = {pid: self.last_id(name, pid) for pid in range(info.partitions)}
         return description
 
-    def forget_partitions(self, partitions: set[tuple[str, int]]) -> None:
-        """Drop the writers of partitions this process no longer owns (or owns anew).
-
-        Another server may write to them meanwhile; if ownership comes back,
-        the partition is taken from the store again (a new fence) and its
-        allocator seeded from what is stored.
-        """
-        for key in partitions:
-            with self._partition_lock(*key):
-                self._writers.pop(key, None)
-
-    def _ownership_changed(self, gained: set[tuple[str, int]], lost: set[tuple[str, int]]) -> None:
-        self.forget_partitions(gained | lost)
-        if gained:  # take them now, so a paused former owner is fenced before our first write
-            threading.Thread(target=self._take, args=(gained,), name="hqueue-take", daemon=True).start()
-
-    def _take(self, partitions: set[tuple[str, int]]) -> None:
-        for name, pid in sorted(partitions):
-            try:
-                self.fence(name, pid)
-            except (HQueueError, OSError):  # not ours any more, or the store is away: the first write takes it
-                logger.debug("could not take %s partition %d now", name, pid, exc_info=True)
-
-    def _queue_allocators(self, name: str) -> list[IDAllocator]:
-        return [w.allocator for (q, _), w in list(self._writers.items()) if q == name]
-
     # -- writes ---------------------------------------------------------------
-
-    def _partition_lock(self, name: str, pid: int) -> threading.Lock:
-        key = (name, pid)
-        lock = self._partition_locks.get(key)
-        if lock is None:
-            with self._lock:
-                lock = self._partition_locks.setdefault(key, threading.Lock())
-        return lock
-
-    def _writer(self, info: QueueInfo, pid: int) -> PartitionWriter:
-        """The partition's writer; on first use the partition is taken from the store
-        and the allocator seeded above everything stored (call under its lock).
-
-        Raises:
-            NotPartitionOwner: the coordinator says another server owns it.
-        """
-        writer = self._writers.get((info.name, pid))
-        if writer is None:
-            coordinator = self._coordinator
-            if coordinator is not None and not coordinator.owns(info.name, pid):
-                raise NotPartitionOwner(info.name, pid, coordinator.owner(info.name, pid))
-            token = coordinator.token(info.name, pid) if coordinator is not None else None
-            fence = self.storage.take_partition(info.name, pid, token)  # first: every write before it is now seen
-            last = self.storage.last_rowkey(info.name, pid)
-            allocator = IDAllocator(decode_rowkey(last)[1] if last else None)
-            if fence.floor:  # IDs earlier owners may have given (HBase reserves them ahead)
-                allocator.advance_to(MessageID.from_bytes(fence.floor))
-            # IDs given before a truncate, or reclaimed by TTL, stay below new ones.
-            floor = max(info.id_floor, read_id_floor(self.storage, info.name))
-            if floor:
-                allocator.advance_to(MessageID(floor, MAX_SEQUENCE))
-            # Pending timers took IDs too (timers.py): stay above them.
-            high = self.storage.scan(info.name, *high_water_range(pid), None, 1)
-            if high:
-                allocator.advance_to(MessageID.from_bytes(high[0][1]))
-            writer = self._writers[(info.name, pid)] = PartitionWriter(allocator, fence)
-        return writer
-
-    def fence(self, name: str, pid: int) -> Fence:
-        """The partition's fence, taking the partition from the store if this process has not yet.
-
-        Raises:
-            NotPartitionOwner: the coordinator says another server owns it.
-        """
-        writer = self._writers.get((name, pid))
-        if writer is None:
-            info = self.queue_info(name)
-            with self._partition_lock(name, pid):
-                writer = self._writer(info, pid)
-        return writer.fence
-
-    def write_meta(
-        self,
-        name: str,
-        pid: int,
-        puts: dict[str, bytes],
-        deletes: Sequence[str] = (),
-        durability: str = Durability.SYNC_WAL,
-    ) -> None:
-        """Write a partition's metadata (a consumer group's progress) under its fence.
-
-        Raises:
-            Fenced: another server has taken the partition since.
-        """
-        fence = self.fence(name, pid)
-        try:
-            self.storage.write_meta(puts, deletes, durability, fence=fence)
-        except Fenced:
-            self._fenced(name, pid, fence)
-            raise
-
-    def check_fence(self, name: str, pid: int) -> None:
-        """Raise Fenced (or NotPartitionOwner) unless this process still holds the partition."""
-        self.write_meta(name, pid, {})
-
-    def _fenced(self, name: str, pid: int, fence: Fence) -> None:
-        """Forget a writer the store refused: if the coordinator still says this
-        process owns the partition, the next write takes it again."""
-        writer = self._writers.get((name, pid))
-        if writer is not None and writer.fence == fence:
-            self._writers.pop((name, pid), None)
-        logger.warning("%s partition %d was taken by another server: write refused", name, pid)
-
-    def _store(
-        self,
-        info: QueueInfo,
-        pid: int,
-        writer: PartitionWriter,
-        cells: Sequence[tuple[bytes, bytes]],
-        deletes: Sequence[bytes] = (),
-        high: bytes = b"",
-    ) -> None:
-        """A write to the partition under ``writer``'s fence (call under the partition's lock)."""
-        try:
-            self.storage.write(info.name, cells, info.durability, deletes, fence=writer.fence, high=high)
-        except Fenced:
-            self._fenced(info.name, pid, writer.fence)
-            raise
-
-    def add_schedule_listener(self, listener: Callable[[str, int, int], None]) -> None:
-        """Call ``listener(queue, partition_id, due)`` after a timer is written (the firing loop wakes)."""
-        self._schedule_listeners.append(listener)
-
-    def add_drop_listener(self, listener: Callable[[str], None]) -> None:
-        """Call ``listener(queue)`` after a queue is deleted (services forget what they hold of it)."""
-        self._drop_listeners.append(listener)
-
-    def add_write_listener(self, listener: Callable[[str, int], None]) -> None:
-        """Call ``listener(queue, partition_id)`` after every acknowledged write.
-
-        Subscription workers sleep until a write to their partition wakes
-        them: no polling interval between a put and its delivery.
-        """
-        self._write_listeners.append(listener)
 
     def put(self, name: str, messages: Sequence[Message], partition_id: int) -> list[MessageID]:
         """Assign IDs to ``messages`` and write them to one partition atomically.
@@ -377,7 +210,7 @@ class Engine:
         return self._write(info, partition_id, topics, values)
 
     def _write(self, info: QueueInfo, partition_id: int, topics: Sequence[bytes], values: Sequence[bytes]) -> MessageID:
-        with self._partition_lock(info.name, partition_id):
+        with self.writers.lock(info.name, partition_id):
             first = self._append(info, partition_id, topics, values)
         self._written(info.name, partition_id)
         return first
@@ -395,19 +228,18 @@ class Engine:
         Allocation and write happen under one lock so rows become visible in
         ID order: subscribers and tailing scanners rely on it.
         """
-        writer = self._writer(info, partition_id)
+        writer = self.writers.held(info, partition_id)
         first = writer.allocator.reserve(len(topics))
         keys = cell_keys(partition_id, runs(first, len(topics)), topics)
         cells = list(zip(keys, values, strict=False))
         if info.topic_index:  # each message's index entry, in the same atomic write
             cells += index_cells(keys, values, topic_hash(info))
         high = writer.allocator.last.to_bytes() if writer.allocator.last else b""
-        self._store(info, partition_id, writer, cells, deletes, high)
+        self.writers.store(info, partition_id, writer, cells, deletes, high)
         return first
 
     def _written(self, queue: str, partition_id: int) -> None:
-        for listener in self._write_listeners:
-            listener(queue, partition_id)
+        self.events.written(queue, partition_id)
 
     # -- timers (SPEC X1, timers.py) -------------------------------------------------
 
@@ -419,24 +251,24 @@ class Engine:
         info = self.enabled_queue(name)
         check_partition(info, partition_id)
         topics, values = message_columns(info, messages)
-        with self._partition_lock(name, partition_id):
-            writer = self._writer(info, partition_id)
+        with self.writers.lock(name, partition_id):
+            writer = self.writers.held(info, partition_id)
             ids = consecutive(writer.allocator.reserve(len(topics)), len(topics))
             cells = list(zip(timer_cell_keys(partition_id, due, ids, topics), values, strict=True))
             cells.append((high_water_key(partition_id) + HIGH_WATER_QUALIFIER, ids[-1].to_bytes()))
-            self._store(info, partition_id, writer, cells, high=ids[-1].to_bytes())
-        for listener in self._schedule_listeners:
-            listener(name, partition_id, due)
+            self.writers.store(info, partition_id, writer, cells, high=ids[-1].to_bytes())
+        self.events.scheduled(name, partition_id, due)
         return [Timer(partition_id, due, i) for i in ids]
 
     def cancel_timer(self, name: str, timer: Timer) -> bool:
         """Delete a pending timer; False if it has fired or was cancelled already."""
         info = self.queue_info(name, fresh=True)
         check_partition(info, timer.partition_id)
-        with self._partition_lock(name, timer.partition_id):
+        with self.writers.lock(name, timer.partition_id):
             cells = self.storage.scan(name, *one_timer_range(timer), None, 1)
             if cells:
-                self._store(info, timer.partition_id, self._writer(info, timer.partition_id), (), [cells[0][0]])
+                writer = self.writers.held(info, timer.partition_id)
+                self.writers.store(info, timer.partition_id, writer, (), [cells[0][0]])
         return bool(cells)
 
     def next_timer(self, name: str, partition_id: int) -> int | None:
@@ -456,7 +288,7 @@ class Engine:
         storage write. Returns (how many fired, the next due time or None).
         """
         info = self.enabled_queue(name)
-        with self._partition_lock(name, partition_id):
+        with self.writers.lock(name, partition_id):
             cells = self.storage.scan(name, *pending_range(partition_id, now + 1), None, limit)
             if cells:
                 keys = [key for key, _ in cells]
@@ -504,3 +336,40 @@ class Engine:
         last = self.storage.last_rowkey(name, pid)
         return decode_rowkey(last)[1] if last else None
 
+
+
+class EngineEvents:
+    """What services hear from the engine (they register; the engine calls them)."""
+
+    def __init__(self) -> None:
+        self._written: list[Callable[[str, int], None]] = []
+        self._scheduled: list[Callable[[str, int, int], None]] = []
+        self._dropped: list[Callable[[str], None]] = []
+
+    def on_write(self, listener: Callable[[str, int], None]) -> None:
+        """Call ``listener(queue, partition_id)`` after every acknowledged write.
+
+        Subscription workers and waiting receives sleep until a write to their
+        partition wakes them: no polling interval between a put and its delivery.
+        """
+        self._written.append(listener)
+
+    def on_schedule(self, listener: Callable[[str, int, int], None]) -> None:
+        """Call ``listener(queue, partition_id, due)`` after a timer is written (the firing loop wakes)."""
+        self._scheduled.append(listener)
+
+    def on_drop(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(queue)`` after a queue is deleted (services forget what they hold of it)."""
+        self._dropped.append(listener)
+
+    def written(self, queue: str, partition_id: int) -> None:
+        for listener in self._written:
+            listener(queue, partition_id)
+
+    def scheduled(self, queue: str, partition_id: int, due: int) -> None:
+        for listener in self._scheduled:
+            listener(queue, partition_id, due)
+
+    def dropped(self, queue: str) -> None:
+        for listener in self._dropped:
+            listener(queue)

@@ -30,7 +30,7 @@ _lock = threading.Lock()
 def serve_partitions(engine: Engine, coordinator: Coordinator) -> GroupService:
     """Fire the timers and keep the consumer groups of the partitions ``coordinator``
     says this process owns (replacing what served them before); writes follow it too."""
-    engine.follow(coordinator)
+    engine.writers.follow(coordinator)
     timers = TimerService(engine, coordinator, lambda: [(q.name, q.partitions) for q in engine.list_queues()])
     groups = GroupService(engine, coordinator)
     with _lock:

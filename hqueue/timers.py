@@ -58,7 +58,7 @@ class TimerService:
 
     def start(self) -> None:
         self.coordinator.add_listener(self._ownership_changed)
-        self.engine.add_schedule_listener(self.scheduled)
+        self.engine.events.on_schedule(self.scheduled)
         self._thread = threading.Thread(target=self._run, name="hqueue-timers", daemon=True)
         self._thread.start()
 

@@ -95,8 +95,8 @@ class GroupService:
 
     def start(self) -> None:
         self.coordinator.add_listener(self._ownership_changed)
-        self.engine.add_write_listener(self._on_write)
-        self.engine.add_drop_listener(self.forget)
+        self.engine.events.on_write(self._on_write)
+        self.engine.events.on_drop(self.forget)
 
     def stop(self) -> None:
         self._stopped = True
@@ -424,7 +424,7 @@ class GroupService:
         fails (refused: another server took the partition, or the store failed), what
         is held here may be ahead of the store: drop it, to be read again from the store."""
         try:
-            self.engine.write_meta(group.queue, pid, puts, deletes, durability)
+            self.engine.writers.write_meta(group.queue, pid, puts, deletes, durability)
         except HQueueError:
             group.partitions.pop(pid, None)
             raise

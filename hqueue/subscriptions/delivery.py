@@ -123,7 +123,7 @@ class PartitionWorker:
         try:
             # Only while this server still holds the partition's fence (SPEC C10): a paused
             # former owner's checkpoint would move the new owner's subscriber back or on.
-            self.manager.engine.check_fence(self.queue, self.partition_id)
+            self.manager.engine.writers.check(self.queue, self.partition_id)
             registry = self.manager.registry
             if not registry.save_checkpoints(
                 self.queue, self.name, {self.partition_id: self.checkpoint}, self.registration.epoch
@@ -380,7 +380,7 @@ class SubscriptionManager:
         self._changed = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hqueue-subscriptions", daemon=True)
-        engine.add_write_listener(self._on_write)
+        engine.events.on_write(self._on_write)
         registry.on_change(self._changed.set)
         coordinator.add_listener(lambda gained, lost: self._changed.set())
 

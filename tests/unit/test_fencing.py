@@ -55,7 +55,7 @@ def stored(engine: Engine, pid: int = 0) -> list[bytes]:
 def test_a_put_after_another_server_took_the_partition_is_refused_and_not_kept(pair):
     old, new = pair
     (first,) = old.put("q", messages(b"before"), 0)
-    new.fence("q", 0)  # new takes partition 0
+    new.writers.fence("q", 0)  # new takes partition 0
     with pytest.raises(NotPartitionOwner) as refused:
         old.put("q", messages(b"stale"), 0)
     assert isinstance(refused.value, Fenced) and "another server took it" in str(refused.value)
@@ -71,7 +71,7 @@ def test_without_fencing_tokens_a_refused_owner_takes_the_partition_back_on_its_
     the other). IDs still only grow and nothing acknowledged is lost."""
     old, new = pair
     old.put("q", messages(b"first"), 0)
-    new.fence("q", 0)
+    new.writers.fence("q", 0)
     with pytest.raises(Fenced):
         old.put("q", messages(b"refused"), 0)
     (a,) = old.put("q", messages(b"taken back"), 0)
@@ -89,11 +89,11 @@ def test_timers_of_a_fenced_owner_are_neither_set_fired_nor_cancelled(pair):
     new.storage.take_partition("q", 0)
     with pytest.raises(Fenced):
         old.schedule("q", messages(b"stale timer"), 0, due)
-    old.fence("q", 0)
+    old.writers.fence("q", 0)
     new.storage.take_partition("q", 0)
     with pytest.raises(Fenced):
         old.fire_timers("q", 0, due + 1, 100)
-    old.fence("q", 0)
+    old.writers.fence("q", 0)
     new.storage.take_partition("q", 0)
     with pytest.raises(Fenced):
         old.cancel_timer("q", timer)
@@ -115,7 +115,7 @@ def test_group_progress_of_a_fenced_owner_is_not_written(pair):
     new.storage.take_partition("q", 0)
     with pytest.raises(Fenced):
         old.groups.ack("q", "g", keys[1:2])
-    old.fence("q", 0)
+    old.writers.fence("q", 0)
     old.groups.receive("q", "g", "member", 10, 30.0, 0)  # the refused ack dropped what was held: lease again
     new.storage.take_partition("q", 0)
     with pytest.raises(Fenced):
@@ -125,10 +125,10 @@ def test_group_progress_of_a_fenced_owner_is_not_written(pair):
 
 def test_a_fenced_owner_saves_no_subscription_checkpoint(pair):
     old, new = pair
-    old.check_fence("q", 0)
-    new.fence("q", 0)
+    old.writers.check("q", 0)
+    new.writers.fence("q", 0)
     with pytest.raises(Fenced):
-        old.check_fence("q", 0)
+        old.writers.check("q", 0)
 
 
 class Tokens(LocalCoordinator):
@@ -145,9 +145,9 @@ class Tokens(LocalCoordinator):
 def test_an_owner_with_an_older_token_can_never_take_the_partition_back(pair):
     old, new = pair
     serve_partitions(old, Tokens("old", 100))
-    new.follow(Tokens("new", 200))
+    new.writers.follow(Tokens("new", 200))
     (first,) = old.put("q", messages(b"first"), 0)
-    new.fence("q", 0)  # the newer owner takes it with its larger token
+    new.writers.fence("q", 0)  # the newer owner takes it with its larger token
     for _ in range(3):  # the in-flight write, and every write after it: no retake
         with pytest.raises(Fenced):
             old.put("q", messages(b"stale"), 0)

@@ -74,7 +74,6 @@ from .state import (
 if TYPE_CHECKING:
     from ..coordination import Coordinator
     from ..engine import Engine
-    from ..storage import Storage
 
 logger = logging.getLogger(__name__)
 
@@ -576,13 +575,6 @@ class GroupService:
             "partitions": partitions,
             "dead_letters": _count(self.engine, dead_letter_queue(queue)),
         }
-
-
-def forget_groups(storage: Storage, queue: str) -> None:
-    """Delete every group of a dropped queue, and their progress."""
-    keys = [*storage.list_meta(f"groups/{queue}/"), *storage.list_meta(f"group-state/{queue}/")]
-    if keys:
-        storage.write_meta({}, keys)
 
 
 def _count(engine: Engine, queue: str) -> int:

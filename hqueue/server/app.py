@@ -128,10 +128,10 @@ class HQueueServer:
     def start(self) -> HQueueServer:
         """Join the coordinator and serve in a background thread."""
         # Timers and consumer groups follow ownership: attach them before ownership is given out.
-        self.groups = self.handler.groups = serve_partitions(self.engine, self.coordinator)
+        self.groups = self.handler.group_calls.service = serve_partitions(self.engine, self.coordinator)
         self.coordinator.start(lambda: [(q.name, q.partitions) for q in self.engine.list_queues()])
         registry = self._registry()
-        self.engine.subscriptions = self.handler.subscribers = Subscribers(self.engine, registry)
+        self.engine.subscriptions = self.handler.subscription_calls.service = Subscribers(self.engine, registry)
         # Announced through this server, push addresses were checked then; through ZooKeeper, at push time.
         zookeeper = isinstance(registry, ZooKeeperRegistry)
         self.subscriptions = SubscriptionManager(
@@ -221,13 +221,13 @@ class HQueueServer:
     def stop(self, grace: float = 10.0) -> None:
         """Stop accepting, drain calls under way, leave, close the store."""
         self._stopped.set()
-        self.handler.draining = True
+        self.handler.guard.draining = True
         self._server.close()
         deadline = time.monotonic() + grace
-        while self.handler.active and time.monotonic() < deadline:
+        while self.handler.guard.active and time.monotonic() < deadline:
             time.sleep(0.01)
-        if self.handler.active:
-            logger.warning("%d call(s) still running after %gs; closing anyway", self.handler.active, grace)
+        if self.handler.guard.active:
+            logger.warning("%d call(s) still running after %gs; closing anyway", self.handler.guard.active, grace)
         if self.subscriptions:
             self.subscriptions.stop()  # saves every checkpoint
         self.coordinator.stop()

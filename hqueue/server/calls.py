@@ -1,0 +1,138 @@
+"""What every Thrift call of an hqueue server goes through, and how the calls are put together.
+
+* :func:`served`: a call is authorized, counted, and lets only the
+  exceptions the IDL declares out (anything else becomes TIOError and
+  never takes the server down).
+* :class:`CallGuard`: the server's token policy, the calls under way (what
+  shutdown drains) and whether puts are refused (draining).
+* :class:`Calls`: the base of each group of calls (handler.py: queues,
+  puts, scans, timers; group_calls.py; subscription_calls.py).
+* :class:`ThriftService`: one HQueueService made of those groups.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from typing import Any
+
+from ..auth import OPEN, AuthPolicy, Principal
+from ..coordination import Coordinator
+from ..engine import Engine
+from ..errors import HQueueError, NotAuthorized
+from ..metrics import ServerMetrics
+from ..rpc import wire
+from ..rpc.threaded import current_connection
+
+logger = logging.getLogger(__name__)
+
+
+@functools.cache
+def _declared(method: str) -> tuple[type, ...]:
+    """The exception classes the IDL declares for ``method``."""
+    spec = getattr(wire.T.HQueueService, method + "_result").thrift_spec
+    return tuple(field[2] for key, field in spec.items() if key != 0 and len(field) > 2 and isinstance(field[2], type))
+
+
+def served(role: str | None, queue_arg: int | None = 0):
+    """A Thrift call: authorized, counted, and with only IDL exceptions out.
+
+    ``role`` is what the connection's token must hold on the queue given as
+    argument ``queue_arg`` (``"member"``: any role; ``"connected"``: an
+    authenticated connection, no queue); None for ``authenticate`` itself.
+
+    An exception the IDL does not declare for a call would make thriftpy2
+    drop the connection; it is sent as TIOError instead.
+    """
+
+    def wrap(method):
+        @functools.wraps(method)
+        def call(self, *args):
+            guard = self.guard
+            guard.enter()
+            try:
+                if role is not None:
+                    guard.authorize(role, method.__name__, args[queue_arg] if queue_arg is not None else None)
+                return method(self, *args)
+            except Exception as e:
+                if isinstance(e, (HQueueError, ValueError, TypeError)):
+                    error = wire.to_thrift_error(e)
+                else:
+                    logger.exception("%s%r failed", method.__name__, args[:2])
+                    error = wire.T.TIOError(message=f"internal error: {type(e).__name__}: {e}")
+                if not isinstance(error, _declared(method.__name__)):
+                    error = wire.T.TIOError(message=error.message)
+                raise error from e
+            finally:
+                guard.leave()
+
+        return call
+
+    return wrap
+
+
+class CallGuard:
+    """Authorization and the count of calls under way, shared by every group of calls."""
+
+    def __init__(self, auth: AuthPolicy | None) -> None:
+        self.auth = auth
+        #: Calls under way (read by shutdown to drain), and whether puts are refused.
+        self.active = 0
+        self.draining = False
+        self._lock = threading.Lock()
+
+    def enter(self) -> None:
+        with self._lock:
+            self.active += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self.active -= 1
+
+    def principal(self) -> Principal:
+        connection = current_connection()
+        if connection is not None and connection.principal is not None:
+            return connection.principal
+        if self.auth is None:
+            return OPEN
+        raise NotAuthorized("this server needs a token: connect with hqueue://TOKEN@host:port (or token=)")
+
+    def authorize(self, role: str, action: str, queue: Any) -> None:
+        principal = self.principal()
+        if role == "connected":
+            return
+        if not isinstance(queue, str):
+            raise TypeError(f"'queue' must be a string, got {type(queue).__name__}")
+        if role == "member":
+            if not principal.may_see(queue):
+                raise NotAuthorized(f"token {principal.name!r} has no role on queue {queue!r}")
+        else:
+            principal.require(role, queue, action)
+
+
+class Calls:
+    """A group of HQueueService calls over the engine."""
+
+    def __init__(self, engine: Engine, coordinator: Coordinator, guard: CallGuard, metrics: ServerMetrics) -> None:
+        self.engine, self.coordinator, self.guard, self.metrics = engine, coordinator, guard, metrics
+
+
+class ThriftService:
+    """One Thrift service made of groups of calls: thriftpy2 looks each call up by
+    name here, and finds the group that has it."""
+
+    def __init__(self, *groups: Calls) -> None:
+        self._calls: dict[str, Any] = {}
+        for group in groups:
+            for name in dir(type(group)):
+                if not name.startswith("_") and callable(getattr(type(group), name)):
+                    if name in self._calls:
+                        raise TypeError(f"two groups of calls both have {name!r}")
+                    self._calls[name] = getattr(group, name)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["_calls"][name]
+        except KeyError:
+            raise AttributeError(name) from None

@@ -34,9 +34,9 @@ def acquire_engine(
     """
     url = resolve_url(url, data_dir)
     if url.startswith("hqueue://"):
-        from .client import connect
+        from .client import RemoteEngine
 
-        return connect(url, token=token, timeout=timeout)
+        return RemoteEngine(url, token=token, timeout=timeout)
     if token is not None or timeout is not None:
         raise InvalidArgument("'token' and 'timeout' are for hqueue:// servers, not an in-process store")
     from .services import open_local

@@ -128,11 +128,10 @@ class Fenced(NotPartitionOwner):
     retries it on the partition's new owner, as for any NotPartitionOwner.
     """
 
-    def __init__(self, queue: str, partition_id: int, epoch: int | None = None) -> None:
+    def __init__(self, queue: str, partition_id: int, why: object = None) -> None:
         super().__init__(queue, partition_id, None)
-        if epoch is not None:
-            self.args = (f"{self.args[0]}: another server took it (this write held epoch {epoch})",)
-        self.epoch = epoch
+        detail = f"this write held epoch {why}" if why is not None and not isinstance(why, str) else why
+        self.args = (f"{self.args[0]}: another server took it" + (f" ({detail})" if detail else ""),)
 
 
 class GroupNotFound(HQueueError, LookupError):

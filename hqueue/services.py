@@ -25,6 +25,7 @@ from .timers import TimerService
 
 _served: weakref.WeakKeyDictionary[Engine, tuple[TimerService, GroupService]] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
+_opening = threading.Lock()
 
 
 def serve_partitions(engine: Engine, coordinator: Coordinator) -> GroupService:
@@ -56,10 +57,9 @@ def open_local(url: str) -> Engine:
     ``memory://``), serving every partition in this process, unless something
     (a server) already serves them. Release it with ``engine.release()``."""
     engine = Engine.acquire(url)
-    with _lock:
-        serving = engine in _served
-    if not serving:
-        serve_partitions(engine, LocalCoordinator("in-process"))
-    if engine.subscriptions is None:
-        engine.subscriptions = local_subscriptions(engine)
+    with _opening:  # two threads opening one store at once attach one set of services
+        if engine not in _served:
+            serve_partitions(engine, LocalCoordinator("in-process"))
+        if engine.subscriptions is None:
+            engine.subscriptions = local_subscriptions(engine)
     return engine

@@ -133,7 +133,11 @@ class PartitionWriters:
             if coordinator is not None and not coordinator.owns(info.name, pid):
                 raise NotPartitionOwner(info.name, pid, coordinator.owner(info.name, pid))
             token = coordinator.token(info.name, pid) if coordinator is not None else None
-            fence = self.storage.take_partition(info.name, pid, token)  # first: every write before it is now seen
+            try:
+                fence = self.storage.take_partition(info.name, pid, token)  # first: every write before it is seen
+            except Fenced as e:
+                logger.warning("could not take %s partition %d: %s", info.name, pid, e)
+                raise
             writer = self._writers[(info.name, pid)] = PartitionWriter(self._seeded(info, pid, fence), fence)
         return writer
 

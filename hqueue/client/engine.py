@@ -63,7 +63,9 @@ from ..keys.timers import Timer
 from ..message import Message, MessageID, messages_from_columns
 from ..rpc import packed, wire
 from ..scanner import Scan
+from .groups import RemoteGroups
 from .pool import Connection, NotSent, Pool
+from .subscriptions import RemoteSubscriptions
 
 logger = logging.getLogger(__name__)
 
@@ -144,9 +146,9 @@ class RemoteEngine:
         self._lock = threading.Lock()
         self._locations: dict[str, list[str]] = {}
         self._infos = InfoCache(self._describe_info, stale_on=(ServerUnavailable,))
-        #: The services over the same servers, attached by :func:`hqueue.client.connect`.
-        self.groups: GroupsAPI | None = None
-        self.subscriptions: SubscriptionsAPI | None = None
+        #: The services, over the same servers (kazoo-style: bound to this client).
+        self.groups: GroupsAPI | None = RemoteGroups(self)
+        self.subscriptions: SubscriptionsAPI | None = RemoteSubscriptions(self)
 
     # -- calls ----------------------------------------------------------------------
 

@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..checks import check_partition
 from ..errors import NoPartitionOwner, ServerUnavailable
 from ..message import Message, MessageID, messages_from_columns, rowkeys_by_partition
 from ..rpc import packed, wire
-
-if TYPE_CHECKING:
-    from .engine import RemoteEngine
 
 #: Seconds a member keeps the partitions' owners before reading them again.
 LOCATION_REFRESH = 2.0
@@ -26,7 +23,7 @@ LOCATION_REFRESH = 2.0
 class RemoteGroups:
     """``engine.groups`` of a :class:`~hqueue.client.engine.RemoteEngine`."""
 
-    def __init__(self, engine: RemoteEngine) -> None:
+    def __init__(self, engine: Any) -> None:  # a RemoteEngine (which makes this: typed loosely, no cycle)
         self._engine = engine
         self._turn = -1  # receive asks the owners in turn
         self._locations_checked: dict[str, float] = {}

@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..message import MessageID
 from ..rpc import wire
-
-if TYPE_CHECKING:
-    from .engine import RemoteEngine
 
 
 class RemoteSubscriptions:
     """``engine.subscriptions`` of a :class:`~hqueue.client.engine.RemoteEngine`."""
 
-    def __init__(self, engine: RemoteEngine) -> None:
+    def __init__(self, engine: Any) -> None:  # a RemoteEngine (which makes this: typed loosely, no cycle)
         self._engine = engine
 
     def add(

@@ -15,6 +15,7 @@ import abc
 from collections.abc import Callable, Iterable
 
 from ..errors import NotPartitionOwner
+from ..storage.fence import Token
 
 #: ``listener(gained, lost)``: sets of ``(queue, pid)``.
 OwnershipListener = Callable[[set[tuple[str, int]], set[tuple[str, int]]], None]
@@ -44,7 +45,7 @@ class Coordinator(abc.ABC):
     def owns(self, queue: str, partition_id: int) -> bool:
         """Whether this server may accept puts for the partition now."""
 
-    def token(self, queue: str, partition_id: int) -> int | None:
+    def token(self, queue: str, partition_id: int) -> Token | None:
         """A number that only grows from one owner of the partition to the next (its
         fencing token, storage/fence.py); None where owners are not ordered (one
         process owns everything), and a take simply bumps the epoch."""

@@ -46,20 +46,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import KazooException
+from kazoo.exceptions import KazooException, NodeExistsError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.recipe.partitioner import SetPartitioner
 
 from ..errors import CoordinationError, NotPartitionOwner
+from ..storage.fence import Token
 from .base import Coordinator
 
 logger = logging.getLogger(__name__)
 
 PARTITIONER_PATH = "/ownership"
 VERSION_PATH = "/queues-version"
+#: 16 random bytes, made by the first server on a new ZooKeeper: tells its fencing tokens from another's.
+ENSEMBLE_PATH = "/ensemble"
 
 
 def item(queue: str, pid: int) -> str:
@@ -111,8 +115,9 @@ class ZooKeeperCoordinator(Coordinator):
         self.client.add_listener(self._on_state)
         self._lock = threading.RLock()
         self._owned: frozenset[str] = frozenset()
-        #: item -> the czxid of our lock node for it: the partition's fencing token.
+        #: item -> (our lock node, its czxid): the partition's fencing token.
         self._tokens: dict[str, tuple[str, int]] = {}
+        self.ensemble = b""
         self._items: frozenset[str] = frozenset()
         self._owners: dict[str, str] = {}
         self._members: list[str] = []
@@ -132,12 +137,24 @@ class ZooKeeperCoordinator(Coordinator):
             self.client.start(timeout=max(15.0, self.client._session_timeout / 1000))
             self.client.ensure_path(VERSION_PATH)
             self.client.ensure_path(PARTITIONER_PATH + "/party")
+            self.ensemble = self._ensemble()
         except (KazooTimeoutError, KazooException) as e:
             raise CoordinationError(f"cannot reach ZooKeeper at {self.client.hosts}: {e}") from e
         self.client.DataWatch(VERSION_PATH, lambda data, stat: self._wake.set())
         self.client.ChildrenWatch(PARTITIONER_PATH + "/party", self._on_members)
         self._thread = threading.Thread(target=self._run, name="hqueue-ownership", daemon=True)
         self._thread.start()
+
+    def _ensemble(self) -> bytes:
+        """This ZooKeeper's id, made once (a rebuilt ZooKeeper gets a new one)."""
+        try:
+            self.client.create(ENSEMBLE_PATH, uuid.uuid4().bytes)
+        except NodeExistsError:
+            pass
+        data, _ = self.client.get(ENSEMBLE_PATH)
+        if len(data) != 16:
+            raise CoordinationError(f"ZooKeeper's {ENSEMBLE_PATH} holds {len(data)} bytes, not 16: not hqueue's")
+        return data
 
     def stop(self) -> None:
         self._stopping.set()
@@ -225,30 +242,32 @@ class ZooKeeperCoordinator(Coordinator):
         elif partitioner.acquired:
             if self.client.state == KazooState.CONNECTED:
                 self._read_tokens(partitioner)
-                self._set_owned(frozenset(partitioner))
+                self._set_owned(frozenset(i for i in partitioner if i in self._tokens))
 
     def _read_tokens(self, partitioner: SetPartitioner) -> None:
         """Each held lock's czxid. Every owner of a partition created its lock node
         after the previous owner's (the lock goes to the oldest node, and a node
         made before the holder's would have held it first), so the czxid, which
         ZooKeeper only raises, grows from one owner to the next."""
-        tokens = {}
+        tokens, asked = {}, {}
         for lock in partitioner._locks:  # kazoo keeps no public list of them
             item = lock.path.rsplit("/", 1)[1]
             known = self._tokens.get(item)
             if known is not None and known[0] == lock.node:
                 tokens[item] = known
-                continue
-            stat = self.client.exists(f"{lock.path}/{lock.node}")
+            else:  # asked all at once: a rebalance of many partitions waits one round trip, not one each
+                asked[item] = (lock.node, self.client.exists_async(f"{lock.path}/{lock.node}"))
+        for item, (node, answer) in asked.items():
+            stat = answer.get(timeout=self.lease_seconds)
             if stat is not None:
-                tokens[item] = (lock.node, stat.czxid)
+                tokens[item] = (node, stat.czxid)
         self._tokens = tokens
 
-    def token(self, queue: str, partition_id: int) -> int | None:
+    def token(self, queue: str, partition_id: int) -> Token | None:
         found = self._tokens.get(item(queue, partition_id))
-        if found is None:  # not held (a take without a token would bump past the real owner's)
-            raise NotPartitionOwner(queue, partition_id, self.owner(queue, partition_id))
-        return found[1]
+        if found is None:  # not held: a take without a token would bump past the real owner's epoch
+            raise NotPartitionOwner(queue, partition_id, None)
+        return Token(self.ensemble, found[1])
 
     def _set_owned(self, owned: frozenset[str]) -> None:
         with self._lock:

@@ -20,7 +20,7 @@ from ..config import Durability, QueueInfo
 from ..ids import wall_clock_ms
 from ..keys.index import HEAD_LENGTH, is_index_key
 from ..message import MessageID, decode_rowkey
-from .fence import Fence
+from .fence import Fence, Token
 
 logger = logging.getLogger(__name__)
 
@@ -97,14 +97,15 @@ class Storage(abc.ABC):
         """
 
     @abc.abstractmethod
-    def take_partition(self, name: str, partition_id: int, token: int | None = None) -> Fence:
+    def take_partition(self, name: str, partition_id: int, token: Token | None = None) -> Fence:
         """Become the partition's only writer and return its new fence.
 
         With a ``token`` (the coordinator's fencing token, which only grows from
-        one owner to the next) the epoch becomes the token: a token equal to
-        the stored epoch takes it again as it is, a lower one raises Fenced (a
-        newer owner holds it). Without one, the epoch is bumped. From the
-        moment this returns, writes under any older fence raise Fenced.
+        one owner to the next) the take is refused with Fenced if the stored
+        epoch holds a higher token of the same ZooKeeper (a newer owner took
+        it); see fence.next_epoch. Every take gives an epoch no take gave
+        before. From the moment this returns, writes under any older fence
+        raise Fenced.
         """
 
     @abc.abstractmethod

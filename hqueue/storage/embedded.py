@@ -54,7 +54,7 @@ from ..keys.index import INDEX_PREFIX
 from ..keys.timers import pending_range
 from ..message import encode_rowkey, partition_prefix
 from .base import Cell, Storage, expired, housekeeping, keep_id_floor, ttl_cutoff, ttl_start
-from .fence import Fence, LocalFences
+from .fence import Fence, LocalFences, Token
 
 logger = logging.getLogger(__name__)
 
@@ -255,7 +255,7 @@ class EmbeddedStorage(Storage):
 
     # -- cells ----------------------------------------------------------------
 
-    def take_partition(self, name: str, partition_id: int, token: int | None = None) -> Fence:
+    def take_partition(self, name: str, partition_id: int, token: Token | None = None) -> Fence:
         self._family(name)
         return self._fences.take(name, partition_id, token)
 

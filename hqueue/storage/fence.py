@@ -10,11 +10,12 @@ overwrite them. So every partition has an **epoch** in the store:
   the store sets the epoch atomically and returns a :class:`Fence` holding
   it and a **floor**, an ID at or above every ID that any earlier holder
   may have written. The new owner allocates IDs above the floor. With
-  ZooKeeper the epoch is the owner's fencing token (the czxid of its lock
-  node, coordination/zookeeper.py), which only grows from owner to owner:
-  a take with a lower token is refused, so a stale server never takes a
-  partition back. Without a coordinator's token (one process owns
-  everything) a take bumps the epoch.
+  ZooKeeper a take carries the owner's fencing :class:`Token` (the czxid of
+  its lock node, coordination/zookeeper.py), which only grows from owner to
+  owner: a take with a lower token is refused, so a stale server never
+  takes a partition back. Without a token (one process owns everything) a
+  take bumps the epoch's counter. No two takes give the same :class:`Epoch`
+  (:func:`next_epoch`).
 * Every write the owner makes carries its fence. The store accepts it only
   while the epoch is still the fence's; otherwise it raises
   :class:`~hqueue.errors.Fenced` and keeps none of the write's cells.
@@ -47,8 +48,70 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..errors import Fenced
+
+
+class Token(NamedTuple):
+    """A coordinator's fencing token for one partition (coordination/zookeeper.py).
+
+    Attributes:
+        ensemble: 16 bytes naming the ZooKeeper history it comes from (made once
+            per ZooKeeper, so a rebuilt one is told apart from the old).
+        number: The czxid of the owner's lock node: only grows from one owner
+            of the partition to the next within one ensemble.
+    """
+
+    ensemble: bytes
+    number: int
+
+
+class Epoch(NamedTuple):
+    """What the store keeps per partition, and every fenced write carries.
+
+    ``(ensemble, token, counter)``: the token of the owner that took it, and a
+    counter bumped by every take with the same token or with none (one process
+    owning everything has no token), so that no two takes ever give the same
+    epoch.
+    """
+
+    ensemble: bytes = bytes(16)
+    token: int = 0
+    counter: int = 0
+
+    def to_bytes(self) -> bytes:
+        return self.ensemble + self.token.to_bytes(8, "big") + self.counter.to_bytes(8, "big")
+
+    @classmethod
+    def from_bytes(cls, data: bytes | None) -> Epoch:
+        if not data:
+            return cls()
+        return cls(data[:16], int.from_bytes(data[16:24], "big"), int.from_bytes(data[24:32], "big"))
+
+    def __str__(self) -> str:
+        return f"{self.ensemble.hex()[:8]}/{self.token}/{self.counter}"
+
+
+def next_epoch(queue: str, partition_id: int, stored: Epoch, token: Token | None) -> Epoch:
+    """The epoch a take sets after ``stored``.
+
+    * no token: the counter goes up (the same owner's token stays);
+    * a token of another ensemble (or the first one): it wins, counter 0. The
+      stored epoch came from a ZooKeeper that is gone (rebuilt: its czxids
+      start again), or from takes without a token;
+    * a higher token: it wins, counter 0; the same token: the counter goes up.
+
+    Raises:
+        Fenced: a lower token of the same ensemble: a newer owner took it.
+    """
+    if token is None:
+        return stored._replace(counter=stored.counter + 1)
+    if token.ensemble != stored.ensemble or token.number > stored.token:
+        return Epoch(token.ensemble, token.number, 0)
+    if token.number == stored.token:
+        return stored._replace(counter=stored.counter + 1)
+    raise Fenced(queue, partition_id, f"a newer owner holds epoch {stored}; this server's token is {token.number}")
 
 
 @dataclass(frozen=True)
@@ -57,14 +120,14 @@ class Fence:
 
     Attributes:
         queue, partition_id: The partition.
-        epoch: Bumped by every take; writes carry it.
+        epoch: What the take set; writes carry it.
         floor: A 10-byte ID at or above every ID written under earlier epochs
             (``b""``: none known); the taker's IDs must be above it.
     """
 
     queue: str
     partition_id: int
-    epoch: int
+    epoch: Epoch
     floor: bytes = b""
 
 
@@ -73,32 +136,10 @@ def fence_key(queue: str, partition_id: int) -> str:
     return f"fence/{queue}/{partition_id}"
 
 
-def encode_epoch(epoch: int) -> bytes:
-    return epoch.to_bytes(8, "big")
-
-
-def decode_epoch(data: bytes | None) -> int:
-    return int.from_bytes(data, "big") if data else 0
-
-
-def next_epoch(queue: str, partition_id: int, stored: int, token: int | None) -> int:
-    """The epoch a take sets: a bump without a token; the token if it is not below
-    the stored epoch (equal: the same owner takes it again).
-
-    Raises:
-        Fenced: the token is below the stored epoch (a newer owner took it).
-    """
-    if token is None:
-        return stored + 1
-    if token < stored:
-        raise Fenced(queue, partition_id, token)
-    return token
-
-
 class _Partition:
     __slots__ = ("epoch", "floor", "lock")
 
-    def __init__(self, epoch: int) -> None:
+    def __init__(self, epoch: Epoch) -> None:
         self.lock = threading.Lock()
         self.epoch, self.floor = epoch, b""
 
@@ -123,16 +164,15 @@ class LocalFences:
             with self._lock:
                 found = self._partitions.get(key)
                 if found is None:
-                    found = self._partitions[key] = _Partition(decode_epoch(self._load(fence_key(*key))))
+                    found = self._partitions[key] = _Partition(Epoch.from_bytes(self._load(fence_key(*key))))
         return found
 
-    def take(self, queue: str, partition_id: int, token: int | None = None) -> Fence:
+    def take(self, queue: str, partition_id: int, token: Token | None = None) -> Fence:
         partition = self._partition(queue, partition_id)
         with partition.lock:
             epoch = next_epoch(queue, partition_id, partition.epoch, token)
-            if epoch != partition.epoch:
-                self._save(fence_key(queue, partition_id), encode_epoch(epoch))
-                partition.epoch = epoch
+            self._save(fence_key(queue, partition_id), epoch.to_bytes())
+            partition.epoch = epoch
             return Fence(queue, partition_id, epoch, partition.floor)
 
     def write(self, fence: Fence | None, high: bytes, write: Callable[..., object], *args: object) -> None:

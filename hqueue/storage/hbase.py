@@ -65,7 +65,7 @@ from ..keys.timers import is_high_water
 from ..message import ROWKEY_LENGTH, key_after, partition_prefix
 from ..rpc import idl
 from .base import Cell, Storage, housekeeping, keep_id_floor
-from .fence import Fence, decode_epoch, encode_epoch, fence_key, next_epoch
+from .fence import Epoch, Fence, Token, fence_key, next_epoch
 
 logger = logging.getLogger(__name__)
 
@@ -99,15 +99,26 @@ def _fence_row(queue: str, partition_id: int) -> bytes:
 
 
 def _cell_deletes(keys: Iterable[bytes], wal: bool) -> dict[int | None, list[BatchMutation]]:
-    """Deletes of the cells ``keys``, by the timestamp to send them with: HBase
-    removes only the versions stamped at or before a delete's own, so a timer's
-    cell, stamped with its due time (in the future), is deleted at that time."""
-    by_time: dict[int | None, list[BatchMutation]] = {}
+    """Deletes of the cells ``keys``, by the timestamp to send them with (None:
+    HBase's clock). HBase removes only the versions stamped at or before a
+    delete's own, and a timer's cell is stamped with its due time, maybe in the
+    future: timers' cells are deleted in one call stamped with the latest due
+    time among them (each has one version, and no key is ever written again)."""
+    plain: list[BatchMutation] = []
+    timers: list[BatchMutation] = []
+    latest = 0
     for key in keys:
         cut = _row_length(key)
-        mutation = Mutation(isDelete=True, column=_COLUMN_PREFIX + key[cut:], writeToWAL=wal)
-        by_time.setdefault(_cell_time(key), []).append(BatchMutation(key[:cut], [mutation]))
-    return by_time
+        mutation = BatchMutation(
+            key[:cut], [Mutation(isDelete=True, column=_COLUMN_PREFIX + key[cut:], writeToWAL=wal)]
+        )
+        due = _cell_time(key)
+        if due is None:
+            plain.append(mutation)
+        else:
+            timers.append(mutation)
+            latest = max(latest, due)
+    return {None: plain, latest: timers} if timers else {None: plain}
 
 
 class StorageUnavailable(StorageError):
@@ -242,7 +253,7 @@ class HBaseStorage(Storage):
         self._ensure_meta_table()
         self._closed, self._lock = threading.Event(), threading.RLock()
         #: (queue, pid) -> (epoch, the floor reserved under it): see _reserve.
-        self._reserved: dict[tuple[str, int], tuple[int, bytes]] = {}
+        self._reserved: dict[tuple[str, int], tuple[Epoch, bytes]] = {}
         housekeeping(self, self._closed, self._lock, self._housekeeping_interval)
 
     def _housekeeping_interval(self) -> float:
@@ -448,18 +459,16 @@ class HBaseStorage(Storage):
 
     # -- fences (fence.py) -------------------------------------------------------
 
-    def take_partition(self, name: str, partition_id: int, token: int | None = None) -> Fence:
+    def take_partition(self, name: str, partition_id: int, token: Token | None = None) -> Fence:
         self.get_queue(name)
         row = _fence_row(name, partition_id)
         with self._connection(f"take {name!r} partition {partition_id}", name) as connection:
             meta = connection.table(self._meta_table)
             for _ in range(_TAKE_TRIES):
                 old = meta.row(row, columns=[_EPOCH_COLUMN]).get(_EPOCH_COLUMN)
-                epoch = next_epoch(name, partition_id, decode_epoch(old), token)
-                bump = Mutation(column=_EPOCH_COLUMN, value=encode_epoch(epoch))
-                if epoch == decode_epoch(old) or connection.client.checkAndPut(
-                    self._meta_table, row, _EPOCH_COLUMN, old, bump, {}
-                ):
+                epoch = next_epoch(name, partition_id, Epoch.from_bytes(old), token)
+                bump = Mutation(column=_EPOCH_COLUMN, value=epoch.to_bytes())
+                if connection.client.checkAndPut(self._meta_table, row, _EPOCH_COLUMN, old, bump, {}):
                     # Read after the bump: it covers every reservation made under older epochs.
                     floor = meta.row(row, columns=[_FLOOR_COLUMN]).get(_FLOOR_COLUMN, b"")
                     self._reserved[(name, partition_id)] = (epoch, floor)
@@ -474,7 +483,7 @@ class HBaseStorage(Storage):
             return
         until = max((int.from_bytes(high[:8], "big") + RESERVE_MS).to_bytes(8, "big") + b"\0\0", fence.floor)
         row = _fence_row(*key)
-        raise_floor, epoch = Mutation(column=_FLOOR_COLUMN, value=until), encode_epoch(fence.epoch)
+        raise_floor, epoch = Mutation(column=_FLOOR_COLUMN, value=until), fence.epoch.to_bytes()
         if not connection.client.checkAndPut(self._meta_table, row, _EPOCH_COLUMN, epoch, raise_floor, {}):
             raise Fenced(fence.queue, fence.partition_id, fence.epoch)
         self._reserved[key] = (fence.epoch, until)
@@ -483,7 +492,7 @@ class HBaseStorage(Storage):
         """Raise Fenced, after calling ``undo``, if the partition's epoch is no longer ``fence``'s."""
         row = _fence_row(fence.queue, fence.partition_id)
         stored = connection.table(self._meta_table).row(row, columns=[_EPOCH_COLUMN])
-        if decode_epoch(stored.get(_EPOCH_COLUMN)) == fence.epoch:
+        if Epoch.from_bytes(stored.get(_EPOCH_COLUMN)) == fence.epoch:
             return
         if undo is not None:
             undo()

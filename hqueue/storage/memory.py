@@ -19,7 +19,7 @@ from ..config import Durability, QueueInfo
 from ..errors import QueueExists, QueueNotFound
 from ..message import partition_prefix
 from .base import Cell, Storage, expired, keep_id_floor, ttl_cutoff, ttl_start
-from .fence import Fence, LocalFences
+from .fence import Fence, LocalFences, Token
 
 
 @dataclass
@@ -94,7 +94,7 @@ class MemoryStorage(Storage):
 
     # -- cells ----------------------------------------------------------------
 
-    def take_partition(self, name: str, partition_id: int, token: int | None = None) -> Fence:
+    def take_partition(self, name: str, partition_id: int, token: Token | None = None) -> Fence:
         self._queue(name)
         return self._fences.take(name, partition_id, token)
 

@@ -28,17 +28,18 @@ import time
 from dataclasses import dataclass, field
 
 import pytest
+from kazoo.client import KazooClient
 from thriftpy2.protocol import TBinaryProtocolFactory
 from thriftpy2.rpc import make_client
 from thriftpy2.thrift import TException
 from thriftpy2.transport import TFramedTransportFactory
 
-from hqueue import HQueue, HQueueAdmin
+from hqueue import HQueue, HQueueAdmin, Message
 from hqueue.client.engine import RemoteEngine
 from hqueue.rpc.wire import T
 
 from ..conftest import hbase_url
-from ..processes import ServerProcess, wait_for
+from ..processes import ServerProcess, ZooKeeperServer, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.hbase]  # servers over the HBase stand-in
 
@@ -217,3 +218,62 @@ def owners_of(url: str) -> list[str] | None:
         return None
     finally:
         engine.release()
+
+
+def test_a_direct_hbase_write_beside_a_server_does_not_lock_it_out(tmp_path, zk_hosts, hbase_standin):
+    """A process that opens hbase:// directly has no fencing token: its take bumps the
+    epoch's counter only, so the server, whose ZooKeeper token is unchanged, takes the
+    partition back on its next put."""
+    storage = hbase_url(hbase_standin[0])
+    server = ServerProcess(storage, tmp_path, zk=zk_hosts, name="a")
+    try:
+        url = f"hqueue://{server.address}"
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("fenced", 1)
+        wait_for(lambda: owners_of(url) == [server.address], 30, "the server to own the partition")
+        with HQueue("fenced", url) as queue:
+            queue.put(Message("t", b"through the server"), partition_id=0)
+        with HQueue("fenced", storage) as direct:
+            direct.put(Message("t", b"direct"), partition_id=0)
+        with HQueue("fenced", url, timeout=5) as queue:
+            for n in range(3):
+                queue.put(Message("t", b"after %d" % n), partition_id=0)
+            assert [m.value for m in queue.scan()][-3:] == [b"after 0", b"after 1", b"after 2"]
+    finally:
+        server.kill()
+
+
+def test_servers_on_a_rebuilt_zookeeper_take_over_the_partitions(tmp_path, hbase_standin):
+    """A new ZooKeeper (one without a volume, rebuilt) gives czxids from the start again:
+    its ensemble id tells its tokens apart, and they take over from the old ones."""
+    storage = hbase_url(hbase_standin[0])
+    first_zk = ZooKeeperServer(tmp_path / "zk1")
+    client = KazooClient(hosts=first_zk.hosts)
+    client.start(timeout=30)
+    client.ensure_path("/aged")
+    for n in range(300):  # a ZooKeeper that has lived a little: its czxids are high
+        client.set("/aged", b"%d" % n)
+    client.stop()
+    client.close()
+    first = ServerProcess(storage, tmp_path, zk=first_zk.hosts, name="a")
+    url = f"hqueue://{first.address}"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("fenced", 1)
+    wait_for(lambda: owners_of(url) == [first.address], 30, "a to own the partition")
+    with HQueue("fenced", url) as queue:
+        queue.put(Message("t", b"on the first ZooKeeper"), partition_id=0)
+    first.kill()
+    first_zk.stop()
+    second_zk = ZooKeeperServer(tmp_path / "zk2")
+    try:
+        second = ServerProcess(storage, tmp_path, zk=second_zk.hosts, name="b")
+        try:
+            url = f"hqueue://{second.address}"
+            wait_for(lambda: owners_of(url) == [second.address], 30, "b to own the partition")
+            with HQueue("fenced", url, timeout=5) as queue:
+                queue.put(Message("t", b"on the second"), partition_id=0)
+                assert [m.value for m in queue.scan()] == [b"on the first ZooKeeper", b"on the second"]
+        finally:
+            second.kill()
+    finally:
+        second_zk.stop()

@@ -16,6 +16,7 @@ from hqueue.errors import Fenced, NotPartitionOwner
 from hqueue.keys.timers import HIGH_WATER_QUALIFIER, high_water_key, high_water_range, pending_range, timer_cell_keys
 from hqueue.message import MessageID, encode_rowkey, partition_prefix
 from hqueue.storage import open_storage
+from hqueue.storage.fence import Token
 
 END = b"\xff" * 10
 
@@ -346,20 +347,49 @@ def test_a_take_racing_a_writer_leaves_exactly_the_acknowledged_cells(store_url,
 
 def test_a_take_with_a_fencing_token_only_moves_the_epoch_up(store_url, storage, queue):
     """Tokens come from the coordinator (ZooKeeper's czxid of the owner's lock node)
-    and only grow from one owner to the next: an older owner can never take back."""
+    and only grow from one owner to the next: an older owner can never take back,
+    and no two takes ever give the same epoch."""
+    zk = bytes(range(16))
     now = int(time.time() * 1000)
-    held = storage.take_partition(queue, 0, 100)
-    assert held.epoch == 100
+    held = storage.take_partition(queue, 0, Token(zk, 100))
     with pytest.raises(Fenced):  # an older owner, resumed from a pause
-        storage.take_partition(queue, 0, 50)
-    again = storage.take_partition(queue, 0, 100)  # the same owner, after forgetting its writer
-    storage.write(queue, [cell(0, now)], Durability.SYNC_WAL, fence=held, high=MessageID(now).to_bytes())
-    storage.write(queue, [cell(0, now + 1)], Durability.SYNC_WAL, fence=again, high=MessageID(now + 1).to_bytes())
-    newer = storage.take_partition(queue, 0, 200)
+        storage.take_partition(queue, 0, Token(zk, 50))
+    again = storage.take_partition(queue, 0, Token(zk, 100))  # the same owner, after forgetting its writer
+    assert again.epoch != held.epoch
+    storage.write(queue, [cell(0, now)], Durability.SYNC_WAL, fence=again, high=MessageID(now).to_bytes())
     with pytest.raises(Fenced):
-        storage.write(queue, [cell(0, now + 2)], Durability.SYNC_WAL, fence=held, high=MessageID(now + 2).to_bytes())
-    assert newer.epoch == 200 and newer.floor >= MessageID(now + 1).to_bytes()
-    assert storage.take_partition(queue, 0).epoch == 201  # no token: a bump
+        storage.write(queue, [cell(0, now + 1)], Durability.SYNC_WAL, fence=held, high=MessageID(now + 1).to_bytes())
+    newer = storage.take_partition(queue, 0, Token(zk, 200))
+    with pytest.raises(Fenced):
+        storage.write(queue, [cell(0, now + 2)], Durability.SYNC_WAL, fence=again, high=MessageID(now + 2).to_bytes())
+    assert newer.floor >= MessageID(now).to_bytes()
+
+
+def test_takes_without_a_token_never_lock_a_token_holder_out(store_url, storage, queue):
+    """A process that owns everything (no coordinator token: hbase:// opened directly)
+    bumps the counter only: the token holder can take the partition back."""
+    zk = bytes(range(16))
+    server = storage.take_partition(queue, 1, Token(zk, 7))
+    direct = storage.take_partition(queue, 1)
+    assert direct.epoch not in (server.epoch,)
+    back = storage.take_partition(queue, 1, Token(zk, 7))
+    assert back.epoch not in (server.epoch, direct.epoch)
+    storage.write(queue, [cell(1, 1)], Durability.SYNC_WAL, fence=back, high=MessageID(1).to_bytes())
+    with pytest.raises(Fenced):
+        storage.write(queue, [cell(1, 2)], Durability.SYNC_WAL, fence=direct, high=MessageID(2).to_bytes())
+
+
+def test_a_rebuilt_zookeeper_s_tokens_take_over_from_the_old_ones(store_url, storage, queue):
+    """A new ZooKeeper starts its czxids again: its tokens are told apart by the ensemble,
+    win over the old ensemble's epochs, and the old owners' writes are refused."""
+    old_zk, new_zk = bytes(16), bytes(range(1, 17))
+    old = storage.take_partition(queue, 2, Token(old_zk, 10**9))
+    new = storage.take_partition(queue, 2, Token(new_zk, 5))
+    with pytest.raises(Fenced):
+        storage.write(queue, [cell(2, 1)], Durability.SYNC_WAL, fence=old, high=MessageID(1).to_bytes())
+    storage.write(queue, [cell(2, 2)], Durability.SYNC_WAL, fence=new, high=MessageID(2).to_bytes())
+    with pytest.raises(Fenced):  # and within the new ensemble, tokens are ordered again
+        storage.take_partition(queue, 2, Token(new_zk, 4))
 
 
 def test_deletes_remove_timer_cells_due_in_the_future(store_url, storage, queue):

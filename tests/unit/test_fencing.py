@@ -24,6 +24,7 @@ from hqueue.errors import Fenced
 from hqueue.keys.groups import state_prefix
 from hqueue.services import serve_partitions
 from hqueue.storage import open_storage
+from hqueue.storage.fence import Token
 from hqueue.storage.memory import forget
 
 _names = itertools.count()
@@ -138,8 +139,8 @@ class Tokens(LocalCoordinator):
         super().__init__(address)
         self.fencing_token = token
 
-    def token(self, queue: str, partition_id: int) -> int | None:
-        return self.fencing_token
+    def token(self, queue: str, partition_id: int) -> Token | None:
+        return Token(b"z" * 16, self.fencing_token)
 
 
 def test_an_owner_with_an_older_token_can_never_take_the_partition_back(pair):

@@ -15,7 +15,7 @@ Quick start::
 from .admin import HQueueAdmin
 from .batch import MessageBatch
 from .config import Durability, QueueInfo, QueueState
-from .consumer import Consumer, Delivery
+from .consumer import Consumer, Delivery, Pending
 from .errors import (
     CoordinationError,
     GroupNotFound,
@@ -54,6 +54,7 @@ __all__ = [
     "Consumer",
     "CoordinationError",
     "Delivery",
+    "Pending",
     "Durability",
     "GroupNotFound",
     "HQueue",

@@ -429,6 +429,24 @@ def group_description(d: dict) -> dict:
     return {**d, "topics": topics, "partitions": partitions}
 
 
+@main.command()
+@click.argument("name")
+@click.argument("group")
+@click.option("--limit", "-n", type=click.IntRange(1, 10_000), default=1000, show_default=True)
+@click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.pass_context
+def pending(ctx, name: str, group: str, limit: int, output_format: str) -> None:
+    """Messages consumer GROUP of queue NAME has handed out and not finished: who holds each,
+    its attempt, and the seconds its lease has left (or before it goes out again)."""
+    from .shell.output import PENDING_COLUMNS, pending_rows, table  # the shell's table, without its REPL
+
+    found = _queue(ctx, name, read_only=True).pending(group, limit=limit)
+    if output_format == "json":
+        click.echo(json.dumps([{**p._asdict(), "id": str(p.id)} for p in found], indent=2))
+    else:
+        click.echo(table(PENDING_COLUMNS, pending_rows(found)))
+
+
 @main.command(name="replay-group")
 @click.argument("name")
 @click.argument("group")

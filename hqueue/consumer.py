@@ -26,7 +26,7 @@ from datetime import datetime
 from functools import partial
 from itertools import repeat
 from operator import getitem
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from .api import groups_of
 from .errors import InvalidArgument
@@ -36,7 +36,27 @@ from .message import ROWKEY_LENGTH, Message, MessageID
 if TYPE_CHECKING:
     from .api import QueueHandle
 
-__all__ = ["Consumer", "Delivery"]
+__all__ = ["Consumer", "Delivery", "Pending"]
+
+
+class Pending(NamedTuple):
+    """A message a consumer group has handed out and not finished (:meth:`HQueue.pending
+    <hqueue.HQueue.pending>`), as Redis's XPENDING or Kafka's in-flight records show it.
+
+    Attributes:
+        partition_id, id: The message.
+        member: The member holding its lease; None while it waits to be retried.
+        attempt: 1 on its first delivery, then one more per failure.
+        lease_left: Seconds its lease has left (None while it waits).
+        retry_in: Seconds before it goes out again (None while leased).
+    """
+
+    partition_id: int
+    id: MessageID
+    member: str | None
+    attempt: int
+    lease_left: float | None
+    retry_in: float | None
 
 
 class Delivery(tuple):

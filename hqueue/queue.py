@@ -10,13 +10,14 @@ from datetime import datetime
 from itertools import islice
 from typing import overload
 
+from .api import groups_of
 from .batch import MessageBatch
 from .checks import check_partition
 from .config import QueueInfo
 from .connection import Connected
-from .consumer import Consumer
+from .consumer import Consumer, Pending
 from .errors import InvalidArgument, InvalidPartition
-from .groups.state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES
+from .groups.state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, check_group_name, check_pending_limit
 from .keys.timers import Timer, due_ms
 from .message import Message, MessageID
 from .scanner import DEFAULT_CACHING, CombinedPartitionScanner, PartitionScanner, QueueScanner, Scan, read_columns
@@ -264,6 +265,19 @@ class HQueue(Connected):
     ) -> Consumer:
         """A member of consumer group ``group``: receive, then ack or nack (see :class:`~hqueue.consumer.Consumer`)."""
         return Consumer(self, group, topics, start=start, max_retries=max_retries, lease=lease, member=member)
+
+    def pending(self, group: str, *, limit: int = 1000) -> list[Pending]:
+        """The messages consumer group ``group`` has handed out and not finished, in
+        (partition, ID) order, at most ``limit`` (1..10,000): who holds each, its
+        attempt, and the seconds its lease has left, or before it is retried.
+
+        Raises:
+            GroupNotFound, QueueNotFound, InvalidArgument.
+        """
+        found = groups_of(self.engine).pending(self.name, check_group_name(group), check_pending_limit(limit))
+        return [
+            Pending(p["partition"], p["id"], p["member"], p["attempt"], p["lease_left"], p["retry_in"]) for p in found
+        ]
 
     # -- subscriptions (SPEC C7) ---------------------------------------------------
 

@@ -105,6 +105,20 @@ struct TGroupPartition {
   8: i64 lagMillis
 }
 
+/** A message a consumer group has handed out and not finished (groupPending). */
+struct TPending {
+  1: i16 partitionID,
+  2: TMessageID id,
+  /** The member holding its lease; "" while it waits to be retried. */
+  3: string member,
+  /** 1 for a first delivery. */
+  4: i32 attempt,
+  /** Milliseconds its lease has left, or -1. */
+  5: i64 leaseLeftMillis,
+  /** Milliseconds before it goes out again, or -1. */
+  6: i64 retryInMillis
+}
+
 /** A consumer group, as one server sees it: partitions are those it owns. */
 struct TGroupInfo {
   1: string queue,
@@ -310,6 +324,10 @@ service HQueueService {
       throws (1: TQueueNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied)
   TGroupInfo describeGroup(1: string queue, 2: string group)
       throws (1: TQueueNotFound notFound, 2: TGroupNotFound groupNotFound, 3: TIOError io, 4: TNotAuthorized denied)
+  /** The group's messages in flight on the partitions this server owns, in (partition, ID) order, at most limit (1..10000). */
+  list<TPending> groupPending(1: string queue, 2: string group, 3: i32 limit)
+      throws (1: TQueueNotFound notFound, 2: TGroupNotFound groupNotFound, 3: TInvalidMessage invalid,
+              4: TIOError io, 5: TNotAuthorized denied)
   /** Replay (or skip): the group takes partitionID again from startID (sent to the partition's owner). */
   void setGroupPosition(1: string queue, 2: string group, 3: i16 partitionID, 4: TMessageID startID)
       throws (1: TQueueNotFound notFound, 2: TGroupNotFound groupNotFound, 3: TInvalidMessage invalid,

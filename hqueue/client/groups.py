@@ -150,6 +150,23 @@ class RemoteGroups:
                 }
         return {**result, "members": sorted(members), "partitions": dict(sorted(partitions.items()))}
 
+    def pending(self, queue: str, group: str, limit: int = 1000) -> list[dict[str, Any]]:
+        """Each owner's messages in flight, merged in (partition, ID) order."""
+        found = [
+            {
+                "partition": t.partitionID,
+                "id": wire.from_tid(t.id),
+                "member": t.member or None,
+                "attempt": t.attempt,
+                "lease_left": None if t.leaseLeftMillis < 0 else t.leaseLeftMillis / 1000,
+                "retry_in": None if t.retryInMillis < 0 else t.retryInMillis / 1000,
+            }
+            for owner in self._owners(queue)
+            for t in self._engine._call_at(owner, "groupPending", queue, group, limit, queue=queue)
+        ]
+        found.sort(key=lambda p: (p["partition"], p["id"]))
+        return found[:limit]
+
     def set_position(self, queue: str, group: str, partition_id: int | None, start: MessageID) -> None:
         info = self._engine.queue_info(queue, fresh=True)
         pids = range(info.partitions) if partition_id is None else [check_partition(info, partition_id)]

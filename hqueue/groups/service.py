@@ -41,13 +41,12 @@ import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import replace
 from itertools import repeat
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..config import Durability
 from ..deadletters import dead_letter, dead_letter_queue
-from ..errors import GroupNotFound, HQueueError, InvalidArgument, NotPartitionOwner, QueueNotFound
+from ..errors import GroupNotFound, HQueueError, InvalidArgument, NotPartitionOwner
 from ..keys.groups import group_key, id_after, state_prefix
-from ..lag import partition_lag
 from ..message import (
     ROWKEY_LENGTH,
     Message,
@@ -70,6 +69,7 @@ from .state import (
     check_group_name,
     served_order,
 )
+from .views import GroupViews
 
 if TYPE_CHECKING:
     from ..coordination import Coordinator
@@ -78,7 +78,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class GroupService:
+class GroupService(GroupViews):
     """Every consumer group's state for the partitions this process owns."""
 
     def __init__(self, engine: Engine, coordinator: Coordinator, *, max_span: int = DEFAULT_MAX_SPAN) -> None:
@@ -493,35 +493,6 @@ class GroupService:
             )  # fmt: skip
         self._acked(group, pid, state, [message_id])
 
-    def snapshot(self) -> list[dict[str, Any]]:
-        """Every group held here, and its partitions' counts, without reading the store (metrics)."""
-        with self._lock:
-            groups = list(self._groups.values())
-        out = []
-        now = time.monotonic()
-        for group in groups:
-            with group.lock:
-                partitions = {
-                    pid: {
-                        "done": MessageID.from_bytes(state.done),
-                        "in_flight": len(state.leases),
-                        "retrying": len(state.ready),
-                    }
-                    for pid, state in group.partitions.items()
-                }
-                members = len(group.live_members(now))
-            out.append(
-                {
-                    "queue": group.queue,
-                    "group": group.name,
-                    "topics": group.config.topics,
-                    "members": members,
-                    "dead_lettered": group.dead_lettered,
-                    "partitions": partitions,
-                }
-            )
-        return out
-
     def set_position(self, queue: str, name: str, partition_id: int | None, start: MessageID) -> None:
         """Replay (or skip): the group takes the partition (None: all) again from ``start``.
 
@@ -541,48 +512,6 @@ class GroupService:
                 stale = [key for key in self.storage.list_meta(prefix) if key != prefix + "done"]
                 self._write(group, pid, {prefix + "done": start.to_bytes()}, stale)
                 group.partitions.pop(pid, None)
-
-    def describe(self, queue: str, name: str) -> dict[str, Any]:
-        """Members, and per owned partition: cursors, in flight, retrying, lag."""
-        group = self._group(queue, name)
-        info = self.engine.queue_info(queue, fresh=True)
-        now = time.monotonic()
-        partitions = {}
-        with group.lock:
-            members = group.live_members(now)
-            for pid in self.coordinator.owned(queue, info.partitions):
-                state = self._partition(group, pid)
-                self._expire(group, pid, state, now)
-                done = MessageID.from_bytes(state.done)
-                lag, lag_ms = partition_lag(self.engine, queue, pid, done, group.config.topics, limit=None)
-                partitions[pid] = {
-                    "done": done,
-                    "scan": MessageID.from_bytes(state.scan),
-                    "in_flight": len(state.leases),
-                    "retrying": len(state.ready),
-                    "acked_ahead": len(state.acked),
-                    "retries": sum(state.retries.values()),
-                    "lag_messages": lag,
-                    "lag_millis": lag_ms,
-                }
-        return {
-            "queue": queue,
-            "group": name,
-            "topics": group.config.topics,
-            "start": group.config.start,
-            "max_retries": group.config.max_retries,
-            "members": members,
-            "partitions": partitions,
-            "dead_letters": _count(self.engine, dead_letter_queue(queue)),
-        }
-
-
-def _count(engine: Engine, queue: str) -> int:
-    try:
-        info = engine.queue_info(queue, fresh=True)
-    except QueueNotFound:
-        return 0
-    return sum(partition_lag(engine, queue, pid, MessageID(0), None, limit=None)[0] for pid in range(info.partitions))
 
 
 def _show(topics: frozenset[bytes] | None) -> str:

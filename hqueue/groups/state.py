@@ -52,6 +52,16 @@ def check_group_name(name: object) -> str:
     return name
 
 
+#: The most pending messages one call lists.
+MAX_PENDING = 10_000
+
+
+def check_pending_limit(limit: object) -> int:
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_PENDING:
+        raise InvalidArgument(f"'limit' must be an int in 1..{MAX_PENDING}, got {limit!r}")
+    return limit
+
+
 def backoff(retries: int) -> float:
     """Seconds before a nacked message comes back, after ``retries`` failures."""
     return min(BACKOFF_MAX, BACKOFF_BASE * 2 ** max(0, retries - 1))

@@ -68,6 +68,20 @@ class GroupCalls(Calls):
         return self.groups.names(queue)
 
     @served("consumer")
+    def groupPending(self, queue: str, group: str, limit: int) -> list[Any]:
+        return [
+            wire.T.TPending(
+                partitionID=p["partition"],
+                id=wire.to_tid(p["id"]),
+                member=p["member"] or "",
+                attempt=p["attempt"],
+                leaseLeftMillis=-1 if p["lease_left"] is None else int(p["lease_left"] * 1000),
+                retryInMillis=-1 if p["retry_in"] is None else int(p["retry_in"] * 1000),
+            )
+            for p in self.groups.pending(queue, group, limit)
+        ]
+
+    @served("consumer")
     def describeGroup(self, queue: str, group: str) -> Any:
         d = self.groups.describe(queue, group)
         partitions = {

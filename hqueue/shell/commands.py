@@ -19,7 +19,7 @@ from ..deadletters import dead_letter_queue
 from ..errors import HQueueError
 from ..message import Message, MessageID
 from ..scanner import Scan
-from .output import printable, table
+from .output import PENDING_COLUMNS, pending_rows, printable, table
 
 if TYPE_CHECKING:
     from ..admin import HQueueAdmin
@@ -410,6 +410,19 @@ def describe_group(shell: Shell, queue: str, group: str) -> Result:
     ]
     columns = ["PARTITION", "DONE BELOW", "SCANNED TO", "IN FLIGHT", "RETRYING", "LAG (MESSAGES)", "LAG (MS)"]
     return head + table(columns, rows), len(rows)
+
+
+@command(
+    "pending 'queue', 'group'",
+    "Show a consumer group's messages in flight: who holds each, its attempt, and the seconds its lease "
+    "has left (or before it goes out again).",
+    "pending 'q1', 'billing'",
+    args=(QUEUE, Arg("the group name")),
+    group="groups",
+)
+def pending(shell: Shell, queue: str, group: str) -> Result:
+    rows = pending_rows(shell.queue(queue).pending(group))
+    return table(PENDING_COLUMNS, rows), len(rows)
 
 
 # -- the shell itself ---------------------------------------------------------------------------

@@ -35,6 +35,22 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], widths: list[in
     return "\n".join(lines)
 
 
+#: The columns of a consumer group's pending messages (the CLI's and the shell's ``pending``).
+PENDING_COLUMNS = ["PARTITION", "ID", "MEMBER", "ATTEMPT", "LEASE LEFT (S)", "RETRY IN (S)"]
+
+
+def pending_rows(pending: Sequence[Any]) -> list[tuple[Any, ...]]:
+    """:meth:`HQueue.pending <hqueue.HQueue.pending>`'s answer as table rows."""
+
+    def seconds(value: float | None) -> str:
+        return "" if value is None else f"{value:.1f}"
+
+    return [
+        (p.partition_id, str(p.id), p.member or "(waiting)", p.attempt, seconds(p.lease_left), seconds(p.retry_in))
+        for p in pending
+    ]
+
+
 def timing(rows: int | None, seconds: float) -> str:
     """``3 row(s) in 0.0040 seconds`` (or just the time)."""
     if rows is None:

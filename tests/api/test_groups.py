@@ -270,3 +270,32 @@ def test_lag_is_exact_past_the_metrics_cap_and_never_negative_across_ttl_and_tru
             time.sleep(1.2)  # the TTL passes: expired messages are no longer owed
             zero = admin.describe_group("short", "g")["partitions"][0]
             assert (zero["lag_messages"], zero["lag_millis"]) == (0, 0)
+
+
+def test_pending_lists_what_the_group_has_in_flight_and_what_waits_to_be_retried(make_queue):
+    """``queue.pending(group)``: Redis's XPENDING view, on every backend and through a server."""
+    queue = make_queue(partitions=2)
+    queue.put([Message("work", b"a%d" % i) for i in range(3)], 0)
+    queue.put([Message("work", b"b%d" % i) for i in range(2)], 1)
+    with queue.consumer("workers", member="m1", lease=60) as member:
+        held = drain(member, 5, timeout=5)
+        assert len(held) == 5
+        retried = held[0]
+        assert member.nack([retried], delay=30) == 1
+        pending = queue.pending("workers")
+        assert [(p.partition_id, p.id) for p in pending] == sorted((d.partition_id, d.id) for d in held)
+        key = (retried.partition_id, retried.id)  # IDs are per partition: two partitions may give the same
+        by_key = {(p.partition_id, p.id): p for p in pending}
+        waiting = by_key[key]
+        assert waiting.member is None and waiting.attempt == 2 and waiting.lease_left is None
+        assert 0 < waiting.retry_in <= 30
+        leased = [p for p in pending if (p.partition_id, p.id) != key]
+        assert {p.member for p in leased} == {"m1"} and {p.attempt for p in leased} == {1}
+        assert all(0 < p.lease_left <= 60 and p.retry_in is None for p in leased)
+        assert len(queue.pending("workers", limit=2)) == 2
+        member.ack([d for d in held if (d.partition_id, d.id) != key])
+        assert [(p.partition_id, p.id) for p in queue.pending("workers")] == [key]
+    with pytest.raises(GroupNotFound):
+        queue.pending("nobody")
+    with pytest.raises(InvalidArgument):
+        queue.pending("workers", limit=0)

@@ -5,6 +5,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from hqueue import HQueue
 from hqueue.cli import main
 
 
@@ -183,3 +184,19 @@ def test_replay_group_takes_the_group_back(run):
     replayed = run("replay-group", "q", "g", "--from", "0")
     assert replayed.exit_code == 0 and "every partition" in replayed.output
     assert run("consume", "q", "g", "--max", "1").output.endswith("\ta\n")
+
+
+def test_pending_shows_a_group_s_messages_in_flight(run, tmp_path):
+    assert run("create", "q", "1").exit_code == 0
+    assert run("put", "q", "t", "v1", "v2").exit_code == 0
+    with HQueue("q", f"local://{tmp_path}") as queue, queue.consumer("billing", member="m1") as member:
+        assert len(member.receive(2, wait=2)) == 2
+        result = run("pending", "q", "billing")  # this process holds the group's state: ask it here
+        assert result.exit_code == 0, result.output
+        lines = result.output.strip().splitlines()
+        assert lines[0].split()[:4] == ["PARTITION", "ID", "MEMBER", "ATTEMPT"] and len(lines) == 3
+        assert all(line.split()[2:4] == ["m1", "1"] for line in lines[1:])
+        rows = json.loads(run("pending", "q", "billing", "--format", "json", "--limit", "1").output)
+        assert len(rows) == 1 and rows[0]["member"] == "m1" and rows[0]["attempt"] == 1
+    result = run("pending", "q", "nope")
+    assert result.exit_code == 1 and "no consumer group 'nope'" in result.output

@@ -325,3 +325,13 @@ def test_list_and_describe_groups(run, tmp_path):
         (zero,) = [line.split() for line in out.splitlines() if line.startswith("0 ")]
         assert zero[3] == "1"  # partition 0: one in flight
     assert run("describe_group 'q1', 'nope'")[2].startswith("ERROR: no consumer group 'nope'")
+
+
+def test_pending_shows_a_group_s_messages_in_flight(run, tmp_path):
+    run("create 'q1', 1, 0")
+    run("put 'q1', 't', 'work', 0")
+    with HQueue("q1", f"local://{tmp_path}/data") as queue, queue.consumer("billing", member="m1") as consumer:
+        assert consumer.receive(1, wait=2)
+        ok, out, _ = run("pending 'q1', 'billing'")
+    assert ok and out.splitlines()[0].startswith("PARTITION") and out.splitlines()[1].split()[2:4] == ["m1", "1"]
+    assert run("pending 'q1', 'nope'")[2].startswith("ERROR: no consumer group 'nope'")

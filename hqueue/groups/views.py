@@ -1,0 +1,142 @@
+"""What a consumer group shows without changing anything (SPEC X3): describe, the
+messages in flight (pending), and the counts metrics read.
+
+A mixin of :class:`~hqueue.groups.service.GroupService` (as redis-py keeps its
+commands in mixins of its client): it reads the state the service holds for
+the partitions this process owns.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..deadletters import dead_letter_queue
+from ..errors import QueueNotFound
+from ..lag import partition_lag
+from ..message import MessageID
+from .state import GroupState, PartitionState, check_pending_limit
+
+if TYPE_CHECKING:
+    from ..coordination import Coordinator
+    from ..engine import Engine
+
+class GroupViews:
+    """describe, pending and snapshot, over the service's state (call on a GroupService)."""
+
+    engine: Engine
+    coordinator: Coordinator
+    _lock: threading.Lock
+    _groups: dict[tuple[str, str], GroupState]
+
+    def _group(self, queue: str, name: str) -> GroupState:
+        raise NotImplementedError
+
+    def _partition(self, group: GroupState, pid: int) -> PartitionState:
+        raise NotImplementedError
+
+    def _expire(self, group: GroupState, pid: int, state: PartitionState, now: float) -> None:
+        raise NotImplementedError
+
+    def describe(self, queue: str, name: str) -> dict[str, Any]:
+        """Members, and per owned partition: cursors, in flight, retrying, lag."""
+        group = self._group(queue, name)
+        info = self.engine.queue_info(queue, fresh=True)
+        now = time.monotonic()
+        partitions = {}
+        with group.lock:
+            members = group.live_members(now)
+            for pid in self.coordinator.owned(queue, info.partitions):
+                state = self._partition(group, pid)
+                self._expire(group, pid, state, now)
+                done = MessageID.from_bytes(state.done)
+                lag, lag_ms = partition_lag(self.engine, queue, pid, done, group.config.topics, limit=None)
+                partitions[pid] = {
+                    "done": done,
+                    "scan": MessageID.from_bytes(state.scan),
+                    "in_flight": len(state.leases),
+                    "retrying": len(state.ready),
+                    "acked_ahead": len(state.acked),
+                    "retries": sum(state.retries.values()),
+                    "lag_messages": lag,
+                    "lag_millis": lag_ms,
+                }
+        return {
+            "queue": queue,
+            "group": name,
+            "topics": group.config.topics,
+            "start": group.config.start,
+            "max_retries": group.config.max_retries,
+            "members": members,
+            "partitions": partitions,
+            "dead_letters": _count(self.engine, dead_letter_queue(queue)),
+        }
+
+    def pending(self, queue: str, name: str, limit: int = 1000) -> list[dict[str, Any]]:
+        """The group's messages in flight on the partitions owned here, in (partition, ID)
+        order, at most ``limit``: each with its partition, ID, the member holding it (None
+        while it waits to be retried), its attempt (1 for a first delivery), the seconds
+        its lease has left, or the seconds before it goes out again."""
+        check_pending_limit(limit)
+        group = self._group(queue, name)
+        info = self.engine.queue_info(queue, fresh=True)
+        now = time.monotonic()
+        out: list[dict[str, Any]] = []
+        with group.lock:
+            for pid in self.coordinator.owned(queue, info.partitions):
+                state = self._partition(group, pid)
+                self._expire(group, pid, state, now)
+                for message_id in sorted({*state.leases, *state.ready}):
+                    lease = state.leases.get(message_id)
+                    at = state.ready.get(message_id)
+                    out.append(
+                        {
+                            "partition": pid,
+                            "id": MessageID.from_bytes(message_id),
+                            "member": lease[0] if lease else None,
+                            "attempt": state.retries.get(message_id, 0) + 1,
+                            "lease_left": max(0.0, lease[1] - now) if lease else None,
+                            "retry_in": max(0.0, at - now) if at is not None and not lease else None,
+                        }
+                    )
+                    if len(out) >= limit:
+                        return out
+        return out
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Every group held here, and its partitions' counts, without reading the store (metrics)."""
+        with self._lock:
+            groups = list(self._groups.values())
+        out = []
+        now = time.monotonic()
+        for group in groups:
+            with group.lock:
+                partitions = {
+                    pid: {
+                        "done": MessageID.from_bytes(state.done),
+                        "in_flight": len(state.leases),
+                        "retrying": len(state.ready),
+                    }
+                    for pid, state in group.partitions.items()
+                }
+                members = len(group.live_members(now))
+            out.append(
+                {
+                    "queue": group.queue,
+                    "group": group.name,
+                    "topics": group.config.topics,
+                    "members": members,
+                    "dead_lettered": group.dead_lettered,
+                    "partitions": partitions,
+                }
+            )
+        return out
+
+
+def _count(engine: Engine, queue: str) -> int:
+    try:
+        info = engine.queue_info(queue, fresh=True)
+    except QueueNotFound:
+        return 0
+    return sum(partition_lag(engine, queue, pid, MessageID(0), None, limit=None)[0] for pid in range(info.partitions))

@@ -48,8 +48,24 @@ def serve_partitions(engine: Engine, coordinator: Coordinator) -> GroupService:
 
 
 def _stop(engine: Engine) -> None:
-    for service in _served.pop(engine, ()):
+    with _lock:
+        services = _served.pop(engine, ())
+    for service in services:
         service.stop()
+
+
+def stop_serving(engine: Engine) -> None:
+    """A server stops serving ``engine``'s partitions: stop and detach its timers, groups
+    and subscriptions. If something else in the process still holds the engine (an
+    ``HQueue`` on the same store), the process serves the store itself again, as
+    :func:`open_local` would have."""
+    with _opening:
+        _stop(engine)
+        engine.groups = None
+        engine.subscriptions = None
+        if engine._refs > 1:  # the server's reference is released after this
+            serve_partitions(engine, LocalCoordinator("in-process"))
+            engine.subscriptions = local_subscriptions(engine)
 
 
 def open_local(url: str) -> Engine:

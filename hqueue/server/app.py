@@ -34,7 +34,7 @@ from ..lag import partition_lag
 from ..metrics import ServerMetrics, gauge
 from ..rpc import wire
 from ..rpc.threaded import ListeningSocket, ServerLimits, ThreadedServer
-from ..services import serve_partitions
+from ..services import serve_partitions, stop_serving
 from ..subscriptions.delivery import SubscriptionManager
 from ..subscriptions.registry import SubscriberRegistry
 from ..subscriptions.service import Subscribers
@@ -230,6 +230,7 @@ class HQueueServer:
             logger.warning("%d call(s) still running after %gs; closing anyway", self.handler.guard.active, grace)
         if self.subscriptions:
             self.subscriptions.stop()  # saves every checkpoint
+        stop_serving(self.engine)  # the timers and groups of this server's coordinator
         self.coordinator.stop()
         self.scanners.stop()
         self.metrics.close()

@@ -208,3 +208,20 @@ def test_typed_errors_do_not_leak_connections(server):
         assert pool._idle.qsize() == 1  # one connection, reused every time
     finally:
         engine.release()
+
+
+def test_a_queue_sharing_the_store_with_a_stopped_server_keeps_its_groups_and_timers(tmp_path):
+    """A server and an HQueue in one process on one local store share its engine: when
+    the server stops, its services go with it and the process serves the store itself."""
+    url = f"local://{tmp_path}/shared"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 1)
+    with HQueue("q", url) as queue:
+        server = HQueueServer(url, port=0).start()
+        server.stop()
+        queue.put(Message("t", b"now"))
+        queue.put(Message("t", b"soon"), partition_id=0, delay=0.2)
+        with queue.consumer("g") as member:
+            got = []
+            wait_for(lambda: got.extend(member.receive(2, wait=0.5)) or len(got) >= 2, 10, "both messages")
+        assert sorted(d.value for d in got) == [b"now", b"soon"]

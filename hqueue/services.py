@@ -7,8 +7,9 @@ its client: the timer loop (timers.py) and the consumer groups
 owns, and push subscriptions (subscriptions/) as ``engine.subscriptions``.
 
 Two kinds of process serve partitions: ``hqueue server`` (server/app.py,
-with ZooKeeper or alone), and any process that opens an embedded or memory
-store, which owns every partition of it (:func:`open_local`).
+with ZooKeeper or alone), and any process that opens a store (embedded, memory,
+or hbase:// directly)
+store itself, which owns every partition of it (:func:`open_local`).
 """
 
 from __future__ import annotations
@@ -69,9 +70,10 @@ def stop_serving(engine: Engine) -> None:
 
 
 def open_local(url: str) -> Engine:
-    """The process's engine for an embedded or memory store (``local://``,
-    ``memory://``), serving every partition in this process, unless something
-    (a server) already serves them. Release it with ``engine.release()``."""
+    """The process's engine for a store it opens itself (``local://``, ``memory://``,
+    or ``hbase://`` opened directly), serving every partition in this process,
+    unless something (a server) already serves them. Release it with
+    ``engine.release()``."""
     engine = Engine.acquire(url)
     with _opening:  # two threads opening one store at once attach one set of services
         if engine not in _served:

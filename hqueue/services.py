@@ -7,9 +7,9 @@ its client: the timer loop (timers.py) and the consumer groups
 owns, and push subscriptions (subscriptions/) as ``engine.subscriptions``.
 
 Two kinds of process serve partitions: ``hqueue server`` (server/app.py,
-with ZooKeeper or alone), and any process that opens a store (embedded, memory,
-or hbase:// directly)
-store itself, which owns every partition of it (:func:`open_local`).
+with ZooKeeper or alone), and any process that opens a store itself
+(embedded, memory, or hbase:// directly), which owns every partition of it
+(:func:`open_local`).
 """
 
 from __future__ import annotations

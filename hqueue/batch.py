@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from .errors import InvalidArgument
 from .message import Message, MessageID, ids_of_keys, messages_from_columns, topics_of_keys
+from .scanner import Scan, ScanSource, read_columns
 
 
 @dataclass(frozen=True)
@@ -52,3 +54,17 @@ class MessageBatch:
 
     def __iter__(self) -> Iterator[Message]:
         return iter(self.messages())
+
+
+def check_batch_size(batch_size: object) -> int:
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise InvalidArgument(f"'batch_size' must be an int > 0, got {batch_size!r}")
+    return batch_size
+
+
+def partition_batches(
+    source: ScanSource, queue: str, partition_id: int, scan: Scan, batch_size: int
+) -> Iterator[MessageBatch]:
+    """One partition's messages in ``scan``, as batches of columns, in ID order."""
+    for keys, values in read_columns(source, queue, partition_id, scan, batch_size):
+        yield MessageBatch(partition_id, keys, values)

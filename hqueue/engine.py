@@ -75,7 +75,6 @@ class Engine:
         self.subscriptions: SubscriptionsAPI | None = None
         self.storage = storage
         self._registry_key = registry_key
-        self._lock = threading.Lock()
         self._infos = InfoCache(storage.get_queue)
         #: Who writes each partition this process owns, under its fence (writers.py).
         self.writers = PartitionWriters(storage, self.queue_info)

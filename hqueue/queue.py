@@ -11,7 +11,7 @@ from itertools import islice
 from typing import overload
 
 from .api import groups_of
-from .batch import MessageBatch
+from .batch import MessageBatch, check_batch_size, partition_batches
 from .checks import check_partition
 from .config import QueueInfo
 from .connection import Connected
@@ -20,7 +20,7 @@ from .errors import InvalidArgument, InvalidPartition
 from .groups.state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, check_group_name, check_pending_limit
 from .keys.timers import Timer, due_ms
 from .message import Message, MessageID
-from .scanner import DEFAULT_CACHING, CombinedPartitionScanner, PartitionScanner, QueueScanner, Scan, read_columns
+from .scanner import DEFAULT_CACHING, CombinedPartitionScanner, PartitionScanner, QueueScanner, Scan
 from .splits import Split
 from .subscriptions.listener import MessageListener, Subscriber, Subscription
 
@@ -226,13 +226,11 @@ class HQueue(Connected):
         Message object is made per row unless you ask the batch for them.
         """
         scan = Scan(as_message_id(start, "start"), as_message_id(stop, "stop"), topics)
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise InvalidArgument(f"'batch_size' must be an int > 0, got {batch_size!r}")
+        check_batch_size(batch_size)
         info = self.engine.enabled_queue(self.name)
         pids = range(info.partitions) if partition_id is None else [check_partition(info, partition_id)]
         for pid in pids:
-            for keys, values in read_columns(self.engine, self.name, pid, scan, batch_size):
-                yield MessageBatch(pid, keys, values)
+            yield from partition_batches(self.engine, self.name, pid, scan, batch_size)
 
     def splits(
         self, start: TimeLike = None, stop: TimeLike = None, topics: Iterable[str | bytes] | None = None

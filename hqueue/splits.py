@@ -19,12 +19,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .batch import MessageBatch
+from .batch import MessageBatch, check_batch_size, partition_batches
 from .checks import check_partition
 from .connection import acquire_engine
-from .errors import InvalidArgument
 from .message import MessageID
-from .scanner import Scan, read_columns
+from .scanner import Scan
 
 
 @dataclass(frozen=True)
@@ -47,13 +46,11 @@ class Split:
 
     def read(self, *, batch_size: int = 10_000, token: str | None = None) -> Iterator[MessageBatch]:
         """The split's messages as batches of columns, in ID order."""
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise InvalidArgument(f"'batch_size' must be an int > 0, got {batch_size!r}")
+        check_batch_size(batch_size)
         engine = acquire_engine(self.url, None, token)
         try:
             check_partition(engine.enabled_queue(self.queue), self.partition_id)
             scan = Scan(self.start, self.stop, self.topics)
-            for keys, values in read_columns(engine, self.queue, self.partition_id, scan, batch_size):
-                yield MessageBatch(self.partition_id, keys, values)
+            yield from partition_batches(engine, self.queue, self.partition_id, scan, batch_size)
         finally:
             engine.release()

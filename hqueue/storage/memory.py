@@ -34,7 +34,7 @@ class _Data:
     queues: dict[str, _Queue] = field(default_factory=dict)
     meta: dict[str, bytes] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
-    fences: LocalFences | None = None
+    fences: LocalFences = field(init=False)
 
     def __post_init__(self) -> None:
         self.fences = LocalFences(self.meta.get, self.meta.__setitem__)
@@ -96,12 +96,7 @@ class MemoryStorage(Storage):
 
     def take_partition(self, name: str, partition_id: int, token: Token | None = None) -> Fence:
         self._queue(name)
-        return self._fences.take(name, partition_id, token)
-
-    @property
-    def _fences(self) -> LocalFences:
-        assert self._data.fences is not None
-        return self._data.fences
+        return self._data.fences.take(name, partition_id, token)
 
     def write(
         self,
@@ -113,7 +108,7 @@ class MemoryStorage(Storage):
         fence: Fence | None = None,
         high: bytes = b"",
     ) -> None:
-        self._fences.write(fence, high, self._write, name, cells, deletes)
+        self._data.fences.write(fence, high, self._write, name, cells, deletes)
 
     def _write(self, name: str, cells: Sequence[Cell], deletes: Sequence[bytes]) -> None:
         with self._data.lock:
@@ -195,7 +190,7 @@ class MemoryStorage(Storage):
         *,
         fence: Fence | None = None,
     ) -> None:
-        self._fences.write(fence, b"", self._write_meta, puts, deletes)
+        self._data.fences.write(fence, b"", self._write_meta, puts, deletes)
 
     def _write_meta(self, puts: Mapping[str, bytes], deletes: Iterable[str]) -> None:
         with self._data.lock:

@@ -12,7 +12,7 @@ from .connection import Connected
 from .deadletters import dead_letter_queue
 from .errors import QueueNotFound
 from .message import Message, MessageID, _as_topic, topics_of_keys
-from .queue import TimeLike, as_message_id
+from .queue import HQueue, TimeLike, as_message_id
 from .scanner import Scan, read_columns
 from .topic_index import config_for as topic_index_config
 
@@ -225,6 +225,11 @@ class HQueueAdmin(Connected):
         if pid is not None and not isinstance(pid, int):
             raise TypeError(f"'partition' must be an int, 'all' or None, not {partition!r}")
         self._server().set_checkpoint(queue, name, pid, start)
+
+    def queue(self, name: str) -> HQueue:
+        """A handle on queue ``name`` over the same store or servers, with the same
+        credentials (close it when done, as any handle)."""
+        return HQueue(name, **self._opened_with)
 
     def __repr__(self) -> str:
         return f"HQueueAdmin(url={self._engine.url if self._engine else None!r})"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import urllib.parse
+from typing import Any
 
 from .api import EngineAPI, SubscriptionsAPI, subscriptions_of
 from .errors import InvalidArgument
@@ -22,6 +24,16 @@ def resolve_url(url: str | None, data_dir: str | os.PathLike[str] | None) -> str
     if url is None:
         return default_url()
     return url
+
+
+def split_credentials(url: str) -> tuple[str, str | None]:
+    """(the URL without its token, the token or None): ``hqueue://T@h:1?tls=1`` ->
+    (``hqueue://h:1?tls=1``, ``T``). Other URLs carry no credentials."""
+    if not url.startswith("hqueue://"):
+        return url, None
+    rest, mark, query = url[len("hqueue://") :].partition("?")
+    token, at, hosts = rest.rpartition("@")
+    return "hqueue://" + hosts + mark + query, urllib.parse.unquote(token) if at else None
 
 
 def acquire_engine(
@@ -56,6 +68,9 @@ class Connected:
         timeout: float | None = None,
     ) -> None:
         self._engine: EngineAPI | None = acquire_engine(url, data_dir, token, timeout)
+        # What opened it: handles made from this one (admin.queue, the shell's, splits)
+        # reach the same store with the same credentials. Never shown (see url).
+        self._opened_with: dict[str, Any] = {"url": resolve_url(url, data_dir), "token": token, "timeout": timeout}
 
     @property
     def engine(self) -> EngineAPI:
@@ -71,6 +86,13 @@ class Connected:
     @property
     def url(self) -> str:
         return self.engine.url
+
+    def _credentials(self) -> tuple[str, str | None]:
+        """(the URL without a token, the token this handle authenticates with, if any)."""
+        if not self._opened_with["url"].startswith("hqueue://"):
+            return self.engine.url, None
+        url, url_token = split_credentials(self._opened_with["url"])
+        return url, self._opened_with["token"] or url_token
 
     def close(self) -> None:
         """Release the store (the last user in the process closes it)."""

@@ -243,9 +243,10 @@ class HQueue(Connected):
         scan = Scan(as_message_id(start, "start"), as_message_id(stop, "stop"), topics)
         info = self.engine.enabled_queue(self.name)
         owners = self.engine.partition_locations(self.name)
+        url, token = self._credentials()
         chosen = tuple(sorted(scan.topics)) if scan.topics else None
         return [
-            Split(self.engine.url, self.name, pid, scan.start_id, scan.stop_id, chosen, owners[pid] or None)
+            Split(url, self.name, pid, scan.start_id, scan.stop_id, chosen, owners[pid] or None, token)
             for pid in range(info.partitions)
         ]
 

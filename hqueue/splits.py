@@ -7,8 +7,11 @@ near the data. A Split is a small frozen dataclass, so it pickles: hand it
 to ``multiprocessing``, ``concurrent.futures`` or Dask, and call
 :meth:`Split.read` in the worker.
 
-A split carries no secret: workers of a server with ``--auth-file``
-authenticate with ``token=`` or ``$HQUEUE_TOKEN``. An embedded store
+A split made from a handle with a token carries that token, so a worker
+of a server with ``--auth-file`` reads it as the handle would; the token is
+never shown (not in ``repr``), but it is in the pickle: hand splits only
+to workers you would give the token to (or make the handle without one,
+and give workers ``token=`` or ``$HQUEUE_TOKEN``). An embedded store
 (``local://``) opens in one process only, so its splits are read in the
 process that made them (threads); across processes, serve the store with
 ``hqueue server`` and split over ``hqueue://``.
@@ -17,7 +20,7 @@ process that made them (threads); across processes, serve the store with
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .batch import MessageBatch, check_batch_size, partition_batches
 from .checks import check_partition
@@ -31,7 +34,8 @@ class Split:
     """One partition of a queue, in ``[start, stop)``, for one reader.
 
     Attributes:
-        url: The store or servers (``hqueue://…`` without a token).
+        url: The store or servers (``hqueue://…`` without a token, with its options).
+        token: The token of the handle that made it (never shown).
         location: ``host:port`` of the server that owns the partition; None
             for a store in this process, or while no server owns it.
     """
@@ -43,11 +47,12 @@ class Split:
     stop: MessageID | None = None
     topics: tuple[bytes, ...] | None = None
     location: str | None = None
+    token: str | None = field(default=None, repr=False, compare=False)
 
     def read(self, *, batch_size: int = 10_000, token: str | None = None) -> Iterator[MessageBatch]:
         """The split's messages as batches of columns, in ID order."""
         check_batch_size(batch_size)
-        engine = acquire_engine(self.url, None, token)
+        engine = acquire_engine(self.url, None, token or self.token)
         try:
             check_partition(engine.enabled_queue(self.queue), self.partition_id)
             scan = Scan(self.start, self.stop, self.topics)

@@ -1,10 +1,12 @@
-"""The shell's commands: the HQueue seed's, with their argument orders, and more.
+"""The shell's commands: the shared table's (``hqueue/commands/``), and the shell's own.
 
-Each command is a function ``(shell, *args) -> (text, rows)``, registered
-with its usage, help, examples and argument specs. The registry checks the
-count and the types of the arguments before the function runs, so a
-mistake is one ERROR line that shows the usage; the shell prints ``text``
-and a timing line.
+The shared commands follow the table's rules: required arguments in
+order, the queue first; then optional ones, positionally or as a trailing
+``{KEY => value}`` dictionary. ``put``, ``scan`` and ``count`` (the data
+commands, which the CLI has in its own shape) and ``help``/``exit`` are
+the shell's own. Every command is a function ``(shell, *args) -> (text,
+rows)``; its arguments are checked before it runs, so a mistake is one
+ERROR line that shows the usage.
 """
 
 from __future__ import annotations
@@ -14,12 +16,12 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..config import DEFAULT_MAX_MESSAGE_BYTES, Durability
-from ..deadletters import dead_letter_queue
-from ..errors import HQueueError
-from ..message import Message, MessageID
+from ..commands import COMMANDS as SHARED
+from ..commands import Command as SharedCommand
+from ..commands import Param, as_time, stamp, table
+from ..errors import HQueueError, InvalidArgument
+from ..message import Message
 from ..scanner import Scan
-from .output import PENDING_COLUMNS, pending_rows, printable, table
 
 if TYPE_CHECKING:
     from ..admin import HQueueAdmin
@@ -57,51 +59,23 @@ class UsageError(HQueueError):
 
 
 @dataclass(frozen=True)
-class Arg:
-    """One argument: what it is (for messages) and the type it must have."""
-
-    what: str
-    kind: type = str
-    optional: bool = False
-
-
-QUEUE, SUBSCRIBER = Arg("the queue name"), Arg("the subscriber name")
-_KINDS = {str: "a quoted string", int: "an integer", dict: "a {'key' => value} dictionary", object: "a value"}
-
-
-@dataclass(frozen=True)
 class Command:
+    """A shell command: its usage line, help, examples, and how to run it."""
+
     name: str
-    run: Callable[..., Result]
+    run: Callable[[Shell, list[Any]], Result]
     usage: str
     help: str
     examples: tuple[str, ...]
     group: str
-    args: tuple[Arg, ...] = ()
 
     def __call__(self, shell: Shell, args: list[Any]) -> Result:
-        """Check the arguments against their specs, then run."""
-        low = sum(not a.optional for a in self.args)
-        if not low <= len(args) <= len(self.args):
-            expected = low if low == len(self.args) else f"{low} to {len(self.args)}"
-            raise UsageError(f"{self.name} takes {expected} argument(s), got {len(args)}; usage: {self.usage}")
-        for spec, value in zip(self.args, args, strict=False):
-            if not isinstance(value, spec.kind) or (spec.kind is int and isinstance(value, bool)):
-                kind = _KINDS[spec.kind]
-                raise UsageError(f"{self.name}: {spec.what} must be {kind}, got {value!r}; usage: {self.usage}")
-        return self.run(shell, *args)
+        return self.run(shell, args)
 
 
 COMMANDS: dict[str, Command] = {}
-
-
-def command(usage: str, help: str, *examples: str, args: tuple[Arg, ...] = (), group: str = "queues"):
-    def register(run: Callable[..., Result]) -> Callable[..., Result]:
-        name = usage.split()[0]
-        COMMANDS[name] = Command(name, run, usage, help, examples, group, args)
-        return run
-
-    return register
+#: Other names of commands (older ones, and HBase's short ones); help lists them.
+ALIASES: dict[str, str] = {}
 
 
 def to_bytes(text: str) -> bytes:
@@ -109,104 +83,145 @@ def to_bytes(text: str) -> bytes:
     return text.encode("utf-8", "surrogateescape")
 
 
-def position(name: str, value: Any) -> MessageID:
-    """A time ('2026-11-22 10:00', UTC unless it says otherwise), an ID ('ts:seq') or epoch ms."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return MessageID(value)
-    if isinstance(value, str):
-        try:
-            return MessageID.parse(value)
-        except ValueError as e:
-            raise UsageError(f"{name}: {e}") from None
-    raise UsageError(f"{name}: expected a time, an ID or epoch milliseconds, got {value!r}")
+# -- the shared commands -------------------------------------------------------------------
+
+_KINDS = {"text": "a quoted string", "int": "an integer", "float": "a number", "flag": "true or false",
+          "choice": "a quoted string", "texts": "a list of quoted strings, as ['a', 'b']",
+          "time": "a time, an ID or epoch milliseconds"}  # fmt: skip
+
+#: Commands whose subscriber came first in HQueue's shell: the old order is still
+#: read (with a note) when the first name is no queue and the second is one.
+SUBSCRIBER_FIRST = {"delete_subscriber", "describe_subscriber", "set_checkpoint"}
 
 
-def stamp(message_id: MessageID) -> str:
-    return message_id.datetime.isoformat(timespec="milliseconds")
+def _check(command: SharedCommand, param: Param, value: Any) -> Any:
+    """A shell value for ``param``, converted; UsageError if it has the wrong type."""
+    kind = param.kind
+    ok = {
+        "text": isinstance(value, str),
+        "choice": isinstance(value, str),
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "flag": isinstance(value, bool),
+        "time": isinstance(value, (str, int)) and not isinstance(value, bool),
+        "texts": isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value)),
+    }.get(kind, True)
+    if not ok:
+        raise UsageError(f"{command.name}: {param.name} must be {_KINDS[kind]}, got {value!r}; usage: {command.usage}")
+    if kind == "texts":
+        return [to_bytes(v) for v in ([value] if isinstance(value, str) else value)]
+    try:
+        return param.convert(value)
+    except InvalidArgument as e:
+        raise UsageError(f"{command.name}: {e}; usage: {command.usage}") from None
 
 
-# -- queues ---------------------------------------------------------------------------------
+def bind(command: SharedCommand, args: list[Any]) -> dict[str, Any]:
+    """The shell's arguments as the command's keywords (positional, then a trailing dictionary)."""
+    params = list(command.params)
+    takes_options = bool(params) and not params[-1].required
+    options = args.pop() if takes_options and args and isinstance(args[-1], dict) else None
+    values: dict[str, Any] = {}
+    required = [p for p in params if p.required]
+    many = next((p for p in required if p.many), None)
+    low = len(required)
+    positional = [p for p in params if p.kind != "settings"]
+    high = None if many else len(positional)
+    if len(args) < low or (high is not None and len(args) > high):
+        expected = low if low == high else f"{low} or more" if high is None else f"{low} to {high}"
+        raise UsageError(f"{command.name} takes {expected} argument(s), got {len(args)}; usage: {command.usage}")
+    position = 0
+    for param in positional:
+        if position >= len(args):
+            break
+        if param.many:
+            values[param.name] = [_check(command, param, v) for v in args[position:]]
+            position = len(args)
+        else:
+            values[param.name] = _check(command, param, args[position])
+            position += 1
+    settings = next((p for p in params if p.kind == "settings"), None)
+    for key, value in (options or {}).items():
+        param = next((p for p in params if not p.required and p.key == str(key).upper()), None)
+        if param is not None and param.kind != "settings":
+            if param.name in values:
+                raise UsageError(f"{command.name}: {param.key} is given twice; usage: {command.usage}")
+            values[param.name] = _check(command, param, value)
+        elif settings is not None:
+            values.setdefault(settings.name, {})[str(key)] = "" if value is None else str(value)
+        else:
+            known = ", ".join(p.key for p in params if not p.required)
+            raise UsageError(f"{command.name}: unknown option {key!r}; known: {known}")
+    for param in params:
+        values.setdefault(param.name, param.default)
+    return values
 
 
-@command(
-    "create 'queue', partitions, ttl[, {config}]",
-    "Create a queue. TTL is in seconds (0 keeps messages forever). Config may hold "
-    "'hbase.hqueue.partitionsPerRegion', DURABILITY ('SYNC_WAL', 'ASYNC_WAL', 'SKIP_WAL') "
-    "and MAX_MESSAGE_BYTES; other keys are stored with the queue.",
-    "create 'q1', 32, 86400",
-    "create 'q1', 32, 86400, {'hbase.hqueue.partitionsPerRegion' => '4', 'hbase.hstore.compaction.min' => '16'}",
-    args=(QUEUE, Arg("partitions", int), Arg("the TTL", int), Arg("the config", dict, optional=True)),
-)
-def create(shell: Shell, name: str, partitions: int, ttl: int, config: dict | None = None) -> Result:
-    settings = {str(k): printable(v) for k, v in (config or {}).items()}
-    durability = settings.pop("DURABILITY", settings.pop("hqueue.durability", Durability.SYNC_WAL))
-    max_bytes = int(settings.pop("MAX_MESSAGE_BYTES", None) or DEFAULT_MAX_MESSAGE_BYTES)
-    shell.admin.create_queue(name, partitions, ttl, settings, durability=durability, max_message_bytes=max_bytes)
-    return f"Created queue {name!r}: {partitions} partitions, ttl {ttl}s, {durability}", None
+def _shared(command: SharedCommand) -> Callable[[Shell, list[Any]], Result]:
+    def run(shell: Shell, args: list[Any]) -> Result:
+        args = list(args)
+        if command.name in SUBSCRIBER_FIRST and len(args) >= 2 and all(isinstance(a, str) for a in args[:2]):
+            admin = shell.admin
+            if not admin.queue_exists(args[0]) and admin.queue_exists(args[1]):
+                args[0], args[1] = args[1], args[0]
+                note = f"note: {command.name} takes the queue first now: {command.name} {args[0]!r}, {args[1]!r}\n"
+                output = command.run(shell, **bind(command, args))
+                return note + output.text, output.rows
+        output = command.run(shell, **bind(command, args))
+        return output.text, output.rows
+
+    return run
 
 
-def _one_queue_command(name: str, method: str, done: str, help: str, *examples: str) -> None:
-    """truncate_queue, disable_queue, enable_queue and drop_queue: one admin call each."""
-
-    def run(shell: Shell, queue: str) -> Result:
-        getattr(shell.admin, method)(queue)
-        return f"{done} {queue!r}", None
-
-    command(f"{name} 'queue'", help, *examples, args=(QUEUE,))(run)
+for _command in SHARED.values():
+    COMMANDS[_command.name] = Command(
+        _command.name, _shared(_command), _command.usage, _command.help, _command.examples, _command.group
+    )
+    for _alias in _command.aliases:
+        ALIASES[_alias.replace("-", "_")] = _command.name
 
 
-_one_queue_command(
-    "truncate_queue", "truncate_queue", "Truncated", "Delete every message; keep the queue and its partitions.",
-    "truncate_queue 'q1'",
-)  # fmt: skip
-_one_queue_command(
-    "disable_queue", "disable_queue", "Disabled", "Refuse puts and scans until enable_queue.", "disable_queue 'q1'"
-)
-_one_queue_command("enable_queue", "enable_queue", "Enabled", "Accept puts and scans again.", "enable_queue 'q1'")
-_one_queue_command(
-    "drop_queue", "delete_queue", "Dropped", "Delete a queue and its messages; it must be disabled first.",
-    "disable_queue 'q1'", "drop_queue 'q1'",
-)  # fmt: skip
+# -- the shell's own: put, scan, count, help, exit ---------------------------------------------
 
 
-@command("list", "List the queues.", "list")
-def list_(shell: Shell) -> Result:
-    rows = [(i.name, i.partitions, i.ttl, i.state, i.durability) for i in shell.admin.list_queues()]
-    return table(["QUEUE", "PARTITIONS", "TTL", "STATE", "DURABILITY"], rows) if rows else "", len(rows)
+def own(usage: str, help: str, *examples: str, arity: tuple[int, int] = (0, 0), group: str = "queues"):
+    """Declare a shell-only command; ``arity`` is (fewest, most) arguments."""
+
+    def register(function: Callable[..., Result]) -> Callable[..., Result]:
+        name = usage.split()[0]
+
+        def run(shell: Shell, args: list[Any]) -> Result:
+            low, high = arity
+            if not low <= len(args) <= high:
+                expected = low if low == high else f"{low} to {high}"
+                raise UsageError(f"{name} takes {expected} argument(s), got {len(args)}; usage: {usage}")
+            return function(shell, *args)
+
+        COMMANDS[name] = Command(name, run, usage, help, examples, group)
+        return function
+
+    return register
 
 
-@command(
-    "describe 'queue'", "Show a queue's settings and each partition's last message ID.", "describe 'q1'", args=(QUEUE,)
-)
-def describe(shell: Shell, name: str) -> Result:
-    d = shell.admin.describe_queue(name)
-    count = d["message_count_estimate"]
-    settings = [
-        ("partitions", d["partitions"]),
-        ("ttl", f"{d['ttl']}s"),
-        ("state", d["state"]),
-        ("durability", d["durability"]),
-        ("max_message_bytes", d["max_message_bytes"]),
-        ("messages (estimate)", "unknown" if count is None else count),
-        *sorted(d["config"].items()),
-    ]
-    last = [(pid, str(i) if i else "-", stamp(i) if i else "") for pid, i in d["last_ids"].items()]
-    text = table(["PROPERTY", "VALUE"], settings) + "\n\n" + table(["PARTITION", "LAST ID", "LAST WRITE (UTC)"], last)
-    return text, len(last)
+def _text(command: str, what: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise UsageError(f"{command}: {what} must be a quoted string, got {value!r}")
+    return value
 
 
-#: Short names, as the HBase shell has them; help lists them beside their command.
-ALIASES = {"desc": "describe"}
-
-
-@command(
+@own(
     "put 'queue', 'topic', 'value'[, partition]",
     "Put one message (to a random partition unless one is given) and print its ID.",
     "put 'q1', 'crawler', 'http://example.com'",
     "put 'q1', 'crawler', 'http://example.com/\\x00', 3",
-    args=(QUEUE, Arg("the topic"), Arg("the value"), Arg("the partition", int, optional=True)),
+    arity=(3, 4),
 )
-def put(shell: Shell, name: str, topic: str, value: str, partition: int | None = None) -> Result:
+def put(shell: Shell, name: Any, topic: Any, value: Any, partition: Any = None) -> Result:
+    name, topic, value = (
+        _text("put", w, v) for w, v in (("the queue", name), ("the topic", topic), ("the value", value))
+    )
+    if partition is not None and (not isinstance(partition, int) or isinstance(partition, bool)):
+        raise UsageError(f"put: the partition must be an integer, got {partition!r}")
     (message_id,) = shell.queue(name).put(Message(to_bytes(topic), to_bytes(value)), partition)
     return f"Put {message_id} ({stamp(message_id)})", None
 
@@ -214,15 +229,18 @@ def put(shell: Shell, name: str, topic: str, value: str, partition: int | None =
 SCAN_OPTIONS = {"LIMIT", "TOPICS", "STARTTIME", "STOPTIME", "STARTID", "STOPID", "PARTITION"}
 
 
-@command(
+@own(
     "scan 'queue'[, {LIMIT => n, TOPICS => ['t'], STARTTIME => 'time', STOPTIME => 'time', PARTITION => p}]",
     "Print messages in ID order. Times are 'YYYY-MM-DD HH:MM[:SS]' in UTC unless they carry "
     "an offset; STARTID/STOPID take 'millis:sequence'. Start is inclusive, stop exclusive.",
     "scan 'q1', {LIMIT => 10}",
     "scan 'q1', {LIMIT => 10, TOPICS => ['t1'], STARTTIME => '2026-11-22 10:00', PARTITION => 3}",
-    args=(QUEUE, Arg("the options", dict, optional=True)),
+    arity=(1, 2),
 )
-def scan(shell: Shell, name: str, given: dict | None = None) -> Result:
+def scan(shell: Shell, name: Any, given: Any = None) -> Result:
+    name = _text("scan", "the queue", name)
+    if given is not None and not isinstance(given, dict):
+        raise UsageError(f"scan: the options must be a {{KEY => value}} dictionary, got {given!r}")
     options = {str(k).upper(): v for k, v in (given or {}).items()}
     unknown = set(options) - SCAN_OPTIONS
     if unknown:
@@ -235,13 +253,14 @@ def scan(shell: Shell, name: str, given: dict | None = None) -> Result:
     for option in ("LIMIT", "PARTITION"):
         if option in options and (not isinstance(options[option], int) or isinstance(options[option], bool)):
             raise UsageError(f"scan: {option} must be an integer, got {options[option]!r}")
+    try:
+        first, last = (as_time("scan", edge) if edge is not None else None for edge in (start, stop))
+    except InvalidArgument as e:
+        raise UsageError(str(e)) from None
     messages = shell.queue(name).scan(
-        position("scan", start) if start is not None else None,
-        position("scan", stop) if stop is not None else None,
-        [to_bytes(t) for t in topics] if topics else None,
-        partition_id=options.get("PARTITION"),
-        limit=options.get("LIMIT"),
-    )
+        first, last, [to_bytes(t) for t in topics] if topics else None,
+        partition_id=options.get("PARTITION"), limit=options.get("LIMIT"),
+    )  # fmt: skip
     return Streamed(_scan_chunks(messages)), None
 
 
@@ -258,191 +277,34 @@ def _scan_chunks(messages: Iterable[Message]) -> Iterator[tuple[str, int]]:
         first = False
 
 
-@command("count 'queue'", "Count the messages (reads them all).", "count 'q1'", args=(QUEUE,))
-def count(shell: Shell, name: str) -> Result:
-    with shell.queue(name).get_queue_scanner(Scan()) as scanner:
+@own("count 'queue'", "Count the messages (reads them all).", "count 'q1'", arity=(1, 1))
+def count(shell: Shell, name: Any) -> Result:
+    with shell.queue(_text("count", "the queue", name)).get_queue_scanner(Scan()) as scanner:
         total = sum(1 for _ in scanner)
     return str(total), total
 
 
-@command(
-    "status",
-    "Where the shell is connected, who owns the partitions, and how far behind each subscriber is.",
-    "status",
-    group="general",
-)
-def status(shell: Shell) -> Result:
-    admin = shell.admin
-    infos = admin.list_queues()
-    lines = [f"store: {admin.url}", f"{len(infos)} queue(s), {sum(i.partitions for i in infos)} partition(s)"]
-    owners: dict[str, int] = {}
-    for info in infos:
-        for owner in admin.engine.partition_locations(info.name):
-            owners[owner or "(this process)"] = owners.get(owner or "(this process)", 0) + 1
-    if owners:
-        lines.append(table(["SERVER", "PARTITIONS OWNED"], sorted(owners.items())))
-    lag = []
-    for info in infos:
-        for name in admin.list_subscribers(info.name):
-            d = admin.describe_subscriber(info.name, name)
-            seconds = max(d["lag_millis"].values(), default=0) / 1000
-            lag.append((name, info.name, d["address"] or "(away)", sum(d["lag_messages"].values()), f"{seconds:.1f}"))
-    if lag:
-        lines.append(table(["SUBSCRIBER", "QUEUE", "ADDRESS", "LAG (MESSAGES)", "LAG (S, OLDEST)"], lag))
-    return "\n".join(lines), None
+#: The order help lists the groups in.
+GROUPS = ("general", "queues", "timers", "subscribers", "groups")
 
 
-# -- subscribers ------------------------------------------------------------------------------
-
-
-@command(
-    "add_subscriber 'queue', 'subscriber'",
-    "Register a subscriber now: nothing written after this is missed, even before it starts.",
-    "add_subscriber 'queue_name', 'subscriber_name'",
-    args=(QUEUE, SUBSCRIBER),
-    group="subscribers",
-)
-def add_subscriber(shell: Shell, queue: str, name: str) -> Result:
-    shell.admin.add_subscriber(queue, name)
-    return f"Added subscriber {name!r} to {queue!r}", None
-
-
-@command(
-    "delete_subscriber 'subscriber', 'queue'",
-    "Forget a subscriber and its checkpoints (note the argument order, as in HQueue).",
-    "delete_subscriber 'subscriber_name', 'queue_name'",
-    args=(SUBSCRIBER, QUEUE),
-    group="subscribers",
-)
-def delete_subscriber(shell: Shell, name: str, queue: str) -> Result:
-    shell.admin.delete_subscriber(queue, name)
-    return f"Deleted subscriber {name!r} from {queue!r}", None
-
-
-@command(
-    "list_subscribers 'queue'",
-    "List a queue's subscribers.",
-    "list_subscribers 'q1'",
-    args=(QUEUE,),
-    group="subscribers",
-)
-def list_subscribers(shell: Shell, queue: str) -> Result:
-    return listing(shell.admin.list_subscribers(queue))
-
-
-@command(
-    "describe_subscriber 'subscriber', 'queue'",
-    "Show a subscriber's address, topics, and per partition its checkpoint and lag.",
-    "describe_subscriber 'sub', 'q1'",
-    args=(SUBSCRIBER, QUEUE),
-    group="subscribers",
-)
-def describe_subscriber(shell: Shell, name: str, queue: str) -> Result:
-    d = shell.admin.describe_subscriber(queue, name)
-    topics = ", ".join(printable(t) for t in sorted(d["topics"])) if d["topics"] else "all"
-    head = f"address: {d['address'] or '(away)'}\ntopics: {topics}\n\n"
-    rows = [
-        (pid, str(checkpoint), d["lag_messages"].get(pid, 0), d["lag_millis"].get(pid, 0))
-        for pid, checkpoint in sorted(d["checkpoints"].items())
-    ]
-    return head + table(["PARTITION", "CHECKPOINT", "LAG (MESSAGES)", "LAG (MS)"], rows), len(rows)
-
-
-@command(
-    "set_checkpoint 'subscriber', 'queue', 'time'[, partition]",
-    "Replay: deliver again from a time or 'millis:sequence' ID (every partition unless one is given).",
-    "set_checkpoint 'sub', 'q1', '2026-11-22 10:00'",
-    "set_checkpoint 'sub', 'q1', '1795316153036:0', 3",
-    args=(SUBSCRIBER, QUEUE, Arg("the time", object), Arg("the partition", int, optional=True)),
-    group="subscribers",
-)
-def set_checkpoint(shell: Shell, name: str, queue: str, when: Any, partition: int | None = None) -> Result:
-    start = position("set_checkpoint", when)
-    shell.admin.set_checkpoint(queue, name, "all" if partition is None else partition, start)
-    return f"Subscriber {name!r} on {queue!r} replays from {start} ({stamp(start)})", None
-
-
-@command(
-    "replay_dlq 'queue'",
-    "Put the dead letters of a queue (the queue 'queue.dlq') back on it; they stay in queue.dlq.",
-    "replay_dlq 'q1'",
-    args=(QUEUE,),
-    group="subscribers",
-)
-def replay_dlq(shell: Shell, queue: str) -> Result:
-    count = shell.admin.replay_dead_letters(queue)
-    return f"Replayed {count} message(s) from {queue}.dlq onto {queue!r}", count
-
-
-@command(
-    "list_groups 'queue'",
-    "List a queue's consumer groups.",
-    "list_groups 'q1'",
-    args=(QUEUE,),
-    group="groups",
-)
-def list_groups(shell: Shell, queue: str) -> Result:
-    return listing(shell.admin.list_groups(queue))
-
-
-def listing(names: list[str]) -> Result:
-    """One name a line, and how many."""
-    return "\n".join(names), len(names)
-
-
-@command(
-    "describe_group 'queue', 'group'",
-    "Show a consumer group's members, and per partition its cursors, messages in flight and retrying, and lag.",
-    "describe_group 'q1', 'billing'",
-    args=(QUEUE, Arg("the group name")),
-    group="groups",
-)
-def describe_group(shell: Shell, queue: str, group: str) -> Result:
-    d = shell.admin.describe_group(queue, group)
-    topics = ", ".join(printable(t) for t in sorted(d["topics"])) if d["topics"] else "all"
-    head = (
-        f"members: {', '.join(d['members']) or '(none)'}\ntopics: {topics}\nmax retries: {d['max_retries']}\n"
-        f"dead letters: {d['dead_letters']} (in {dead_letter_queue(queue)})\n\n"
-    )
-    rows = [
-        (pid, str(p["done"]), str(p["scan"]), p["in_flight"], p["retrying"], p["lag_messages"], p["lag_millis"])
-        for pid, p in sorted(d["partitions"].items())
-    ]
-    columns = ["PARTITION", "DONE BELOW", "SCANNED TO", "IN FLIGHT", "RETRYING", "LAG (MESSAGES)", "LAG (MS)"]
-    return head + table(columns, rows), len(rows)
-
-
-@command(
-    "pending 'queue', 'group'",
-    "Show a consumer group's messages in flight: who holds each, its attempt, and the seconds its lease "
-    "has left (or before it goes out again).",
-    "pending 'q1', 'billing'",
-    args=(QUEUE, Arg("the group name")),
-    group="groups",
-)
-def pending(shell: Shell, queue: str, group: str) -> Result:
-    rows = pending_rows(shell.queue(queue).pending(group))
-    return table(PENDING_COLUMNS, rows), len(rows)
-
-
-# -- the shell itself ---------------------------------------------------------------------------
-
-
-@command(
+@own(
     "help ['command']", "List the commands, or show one command's usage and examples.", "help", "help 'scan'",
-    args=(Arg("the command name", optional=True),), group="general",
+    arity=(0, 1), group="general",
 )  # fmt: skip
-def help_(shell: Shell, name: str | None = None) -> Result:
+def help_(shell: Shell, name: Any = None) -> Result:
     if name is not None:
-        if name not in COMMANDS and name not in ALIASES:
+        if not isinstance(name, str) or (name not in COMMANDS and name not in ALIASES):
             raise UsageError(f"no command {name!r}; type help for the list")
         c = COMMANDS[ALIASES.get(name, name)]
         return f"{c.usage}\n\n  {c.help}\n\nExamples:\n" + "\n".join(f"  {e}" for e in c.examples), None
     parts = []
-    aliases = {command: alias for alias, command in ALIASES.items()}
-    for group in ("general", "queues", "subscribers", "groups"):
+    aliases: dict[str, list[str]] = {}
+    for alias, target in ALIASES.items():
+        aliases.setdefault(target, []).append(alias)
+    for group in GROUPS:
         usages = [
-            c.usage + (f"   (or {aliases[c.name]})" if c.name in aliases else "")
+            c.usage + (f"   (or {', '.join(aliases[c.name])})" if c.name in aliases else "")
             for c in COMMANDS.values()
             if c.group == group
         ]
@@ -451,10 +313,11 @@ def help_(shell: Shell, name: str | None = None) -> Result:
     return "\n\n".join(parts), None
 
 
-@command("exit", "Leave the shell (Ctrl-D does too).", "exit", group="general")
+@own("exit", "Leave the shell (Ctrl-D does too).", "exit", group="general")
 def exit_(shell: Shell) -> Result:
     shell.done = True
     return "", None
 
 
-COMMANDS["quit"] = Command("quit", exit_, "quit", "Leave the shell.", ("quit",), "general")
+ALIASES["quit"] = "exit"
+ALIASES["desc"] = "describe"

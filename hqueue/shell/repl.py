@@ -48,7 +48,7 @@ class Shell:
         """An open handle on ``name`` (kept for the session)."""
         queue = self._queues.get(name)
         if queue is None:
-            queue = self._queues[name] = HQueue(name, self.admin.url)
+            queue = self._queues[name] = self.admin.queue(name)
         return queue
 
     def execute(self, line: str) -> bool:

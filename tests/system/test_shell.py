@@ -156,7 +156,7 @@ def test_list_describe_scan_count_print_tables_and_timing(run):
     [
         ("scan 'q9'", "ERROR: queue 'q9' does not exist"),
         ("nope 'x'", "ERROR: unknown command 'nope'; type help for the list"),
-        ("create 'q1'", "create takes 3 to 4 argument(s), got 1; usage: create 'queue', partitions, ttl[, {config}]"),
+        ("create 'q1'", "create takes 2 to 7 argument(s), got 1; usage: create 'queue', partitions[, ttl][, {"),
         ("create 'q1', '32', 0", "create: partitions must be an integer"),
         ("create 'bad name', 3, 0", "invalid queue name 'bad name'"),
         ("scan 'q1', {COLUMNS => 1}", "scan: unknown option(s) COLUMNS"),
@@ -236,7 +236,7 @@ def test_e_mode_runs_lines_and_exits_nonzero_on_the_first_error(tmp_path):
 def test_script_mode_runs_the_example_and_stops_at_an_error(tmp_path):
     result = hqueue_shell(tmp_path, str(ROOT / "shell/examples/crawl.hq"))
     assert result.returncode == 0, result.stderr
-    assert "Dropped 'crawl_example'" in result.stdout
+    assert "Deleted queue 'crawl_example'" in result.stdout
     bad = tmp_path / "bad.hq"
     bad.write_text("create 'q2', 2, 0\n# fine so far\nput 'q2', 't'\nlist\n")
     result = hqueue_shell(tmp_path, str(bad))

@@ -1,0 +1,257 @@
+"""The data commands, in the CLI's own shape: put (arguments or stdin), scan, count, tail, consume."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+import click
+
+from ..commands import escape
+from ..message import Message, MessageID, successor
+from .main import Progress, main, message_id, open_queue
+
+#: The longest wait any option takes (ten years), so that inf and 1e308 are range errors.
+MAX_SECONDS = 10 * 365 * 86400.0
+
+
+@main.command()
+@click.argument("name", metavar="QUEUE")
+@click.argument("topic")
+@click.argument("values", nargs=-1)
+@click.option("--partition", "-p", type=click.IntRange(0, 32766), help="Partition (default: random per batch).")
+@click.option("--priority", type=click.IntRange(0, 32766), help="Priority tier, on a queue with tiers (0: lowest).")
+@click.option("--key", "-k", help="Route by key (CRC32 mod partitions).")
+@click.option(
+    "--batch", type=click.IntRange(1, 100_000), default=1000, show_default=True, help="Lines per put from stdin."
+)
+@click.option(
+    "--input",
+    "input_format",
+    type=click.Choice(["lines", "raw", "base64", "hex"]),
+    default="lines",
+    show_default=True,
+    help="stdin: a message per line (bytes as they are), all of it as one message, or a message per encoded line.",
+)
+@click.option(
+    "--delay", type=click.FloatRange(0, MAX_SECONDS), help="Timer messages: deliver this many seconds from now."
+)
+@click.option("--at", "deliver_at", callback=message_id, help="Timer messages: deliver at this ISO time or epoch ms.")
+@click.pass_context
+def put(
+    ctx,
+    name: str,
+    topic: str,
+    values: tuple[str, ...],
+    partition: int | None,
+    key: str | None,
+    batch: int,
+    input_format: str,
+    priority: int | None,
+    delay: float | None,
+    deliver_at: MessageID | None,
+) -> None:
+    """Put VALUES (or, with none, stdin: see --input) on TOPIC of queue QUEUE.
+
+    With --delay or --at they are timer messages: each line printed is a
+    timer handle for `hqueue cancel`, not a message ID.
+    """
+    queue = open_queue(ctx, name)
+    total = 0
+    source = (os.fsencode(v) for v in values) if values else _stdin_values(input_format)
+    topic_bytes = os.fsencode(topic)  # as given, even when it is not UTF-8
+    due = None if deliver_at is None else deliver_at.timestamp
+    for chunk in _chunks(source, batch):
+        messages = [Message(topic_bytes, v) for v in chunk]
+        ids = queue.put(messages, partition, key=key, deliver_at=due, delay=delay, priority=priority)
+        total += len(ids)
+        if values:
+            for message_id in ids:
+                click.echo(str(message_id))
+    if not values:
+        click.echo(f"put {total} message(s)", err=True)
+
+
+def _stdin_values(input_format: str) -> Iterator[bytes]:
+    stdin = sys.stdin.buffer
+    if input_format == "raw":
+        yield stdin.read()
+        return
+    decode: Callable[[str], bytes] = {"base64": base64.b64decode, "hex": bytes.fromhex}.get(input_format, str.encode)
+    for number, line in enumerate(stdin, 1):
+        line = line.rstrip(b"\n")
+        if input_format == "lines":
+            yield line
+            continue
+        try:
+            yield decode(line.strip().decode("ascii"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise click.ClickException(f"stdin line {number} is not {input_format}: {e}") from None
+
+
+def _chunks(items, size: int) -> Iterator[list[bytes]]:
+    chunk: list[bytes] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _range_options(command):
+    """NAME and the options that choose messages, shared by scan and count."""
+    for option in reversed(
+        [
+            click.argument("name"),
+            click.option("--start", callback=message_id, help="First ID or ISO time (inclusive)."),
+            click.option("--stop", callback=message_id, help="ID or ISO time to stop before."),
+            click.option("--topic", "-t", "topics", multiple=True, help="Only this topic; repeatable."),
+            click.option("--partition", "-p", type=click.IntRange(0, 32766), help="Only this partition."),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
+@main.command()
+@_range_options
+@click.option("--limit", "-n", type=click.IntRange(0, 2**63 - 1), help="At most this many messages.")
+@click.option(
+    "--format",
+    "output_format",
+    type=click.Choice(["text", "json", "hex", "base64"]),
+    default="text",
+    show_default=True,
+    help="text: tab-separated, with \\t \\n \\\\ and \\xNN escapes; json: one object per line; "
+    "hex/base64: the value encoded (binary-safe).",
+)
+@click.pass_context
+def scan(
+    ctx, name: str, start, stop, topics: tuple[str, ...], partition: int | None, limit: int | None, output_format: str
+) -> None:
+    """Print messages of queue QUEUE: partition, ID, topic, value."""
+    queue = open_queue(ctx, name, read_only=True)
+    for message in queue.scan(start, stop, topics or None, partition_id=partition, limit=limit):
+        _print_message(message, output_format)
+
+
+def _print_message(message: Message, output_format: str, attempt: int | None = None) -> None:
+    """One line: partition, ID, (a group delivery's attempt,) topic, value; or a JSON object."""
+    extra = {} if attempt is None else {"attempt": attempt}
+    if output_format == "json":
+        click.echo(json.dumps({**_as_json(message), **extra}))
+    else:
+        value = _VALUE_FORMATS[output_format](message.value)
+        fields = [message.partition_id, message.id, *extra.values(), escape(message.topic), value]
+        click.echo("\t".join(map(str, fields)))
+
+
+@main.command()
+@click.argument("name", metavar="QUEUE")
+@click.option("--start", callback=message_id, help="First ID or ISO time (default: now).")
+@click.option("--topic", "-t", "topics", multiple=True, help="Only this topic; repeatable.")
+@click.option("--format", "output_format", type=click.Choice(["text", "json", "hex", "base64"]), default="text")
+@click.option(
+    "--interval", type=click.FloatRange(0.01, 3600), default=0.2, show_default=True, help="Seconds between reads."
+)
+@click.option(
+    "--for", "duration", type=click.FloatRange(0, MAX_SECONDS), help="Stop after this many seconds (default: Ctrl-C)."
+)
+@click.option("--follow", "-f", is_flag=True, help="Follow (what tail always does; for tail -f habits).")
+@click.pass_context
+def tail(ctx, name: str, start, topics: tuple[str, ...], output_format: str, interval: float, duration, follow) -> None:
+    """Follow queue QUEUE: print messages as they are written (Ctrl-C to stop).
+
+    Each partition is followed from its own last ID, so a message written to
+    one partition after a later-stamped one in another is never skipped.
+    """
+    queue = open_queue(ctx, name, read_only=True)
+    position = {pid: start or MessageID(int(time.time() * 1000)) for pid in range(queue.partitions)}
+    deadline = None if duration is None else time.monotonic() + duration
+    try:
+        while deadline is None or time.monotonic() < deadline:
+            for pid, since in position.items():
+                for batch in queue.scan_batches(since, None, topics or None, partition_id=pid):
+                    for message in batch:
+                        _print_message(message, output_format)
+                    position[pid] = successor(batch.last_id)
+            sys.stdout.flush()
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
+
+
+_VALUE_FORMATS: dict[str, Callable[[bytes], str]] = {
+    "text": escape,
+    "json": escape,
+    "hex": bytes.hex,
+    "base64": lambda value: base64.b64encode(value).decode("ascii"),
+}
+
+
+def _as_json(message: Message) -> dict:
+    out = {"partition": message.partition_id, "id": str(message.id), "topic": escape(message.topic)}
+    try:
+        out["value"] = message.value.decode("utf-8")
+    except UnicodeDecodeError:
+        out["value_base64"] = base64.b64encode(message.value).decode("ascii")
+    return out
+
+
+@main.command()
+@_range_options
+@click.pass_context
+def count(ctx, name: str, start, stop, topics: tuple[str, ...], partition: int | None) -> None:
+    """Count the messages of queue QUEUE (it reads them all; progress on a terminal)."""
+    queue = open_queue(ctx, name, read_only=True)
+    progress = Progress("messages")
+    for _ in queue.scan(start, stop, topics or None, partition_id=partition):
+        progress.add()
+    progress.done()
+    click.echo(progress.count)
+
+
+@main.command()
+@click.argument("name", metavar="QUEUE")
+@click.argument("group")
+@click.option("--topic", "-t", "topics", multiple=True, help="Only this topic (when the group is new); repeatable.")
+@click.option("--format", "output_format", type=click.Choice(["text", "json", "hex", "base64"]), default="text")
+@click.option("--max", "max_messages", type=click.IntRange(1), help="Stop after this many messages.")
+@click.option(
+    "--for", "duration", type=click.FloatRange(0, MAX_SECONDS), help="Stop after this many seconds (default: Ctrl-C)."
+)
+@click.option(
+    "--lease", type=click.FloatRange(0.001, 7 * 86400), default=30.0, show_default=True, help="Seconds per lease."
+)
+@click.option("--no-ack", is_flag=True, help="Print without acking: the messages come back when their leases end.")
+@click.option("--start", type=click.Choice(["earliest", "latest"]), default="earliest", show_default=True)
+@click.pass_context
+def consume(ctx, name, group, topics, output_format, max_messages, duration, lease, no_ack, start) -> None:
+    """Consume queue QUEUE as a member of consumer GROUP: print each message, then ack it.
+
+    Members of one group share the messages; each group gets all of them.
+    Text lines are: partition, ID, attempt, topic, value.
+    """
+    queue = open_queue(ctx, name)
+    deadline = None if duration is None else time.monotonic() + duration
+    seen = 0
+    with queue.consumer(group, topics or None, start=start, lease=lease) as consumer:
+        try:
+            while (deadline is None or time.monotonic() < deadline) and (max_messages is None or seen < max_messages):
+                wait = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
+                want = 100 if max_messages is None else min(100, max_messages - seen)
+                deliveries = consumer.receive(want, wait=wait)
+                for delivery in deliveries:
+                    _print_message(delivery.message, output_format, delivery.attempt)
+                sys.stdout.flush()
+                if deliveries and not no_ack:
+                    consumer.ack(deliveries)
+                seen += len(deliveries)
+        except KeyboardInterrupt:
+            pass

@@ -1,0 +1,159 @@
+"""The ``hqueue`` group, and what its commands share: the store, errors, progress."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+import click
+
+from .. import __version__
+from ..admin import HQueueAdmin
+from ..commands import find
+from ..connection import resolve_url
+from ..errors import HQueueError, NotAuthorized, QueueDisabled, QueueEnabled
+from ..message import MessageID
+from ..queue import HQueue
+from ..storage import normalize_url
+
+
+class _Group(click.Group):
+    """Turns hqueue's own errors into one readable line and exit status 1.
+
+    A command may be named as the shell names it (``delete_queue``) or by an
+    older name (``drop``). ``--url`` may also follow the command (``hqueue
+    scan q --url …``): it is moved in front before parsing.
+    """
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        found = super().get_command(ctx, cmd_name)
+        if found is None:
+            declared = find(cmd_name)
+            if declared is not None:
+                found = super().get_command(ctx, declared.cli_name)
+            elif "_" in cmd_name:
+                found = super().get_command(ctx, cmd_name.replace("_", "-"))
+        return found
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        args = list(args)
+        command_at = next((i for i, a in enumerate(args) if self.get_command(ctx, a) is not None), None)
+        if command_at is not None:
+            i = command_at + 1
+            while i < len(args):
+                if args[i] == "--url" and i + 1 < len(args):
+                    moved = args[i : i + 2]
+                    del args[i : i + 2]
+                    args[0:0] = moved
+                    command_at += 2
+                    i += 2
+                elif args[i].startswith("--url="):
+                    args.insert(0, args.pop(i))
+                    command_at += 1
+                    i += 1
+                elif args[i] == "--":
+                    break
+                else:
+                    i += 1
+        return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (HQueueError, ValueError, TypeError) as e:
+            raise click.ClickException(_with_cli_hint(e)) from e
+
+
+def _with_cli_hint(e: Exception) -> str:
+    """The error's text, with the command to run where the library names a Python call."""
+    if isinstance(e, QueueDisabled):
+        return f"queue {e.name!r} is disabled (enable it: hqueue enable-queue {e.name})"
+    if isinstance(e, QueueEnabled):
+        return f"queue {e.name!r} is enabled: disable it first (hqueue disable-queue {e.name}), or pass --force"
+    if isinstance(e, NotAuthorized):
+        return f"{e} (set $HQUEUE_TOKEN, or use --url hqueue://TOKEN@host:port)"
+    return str(e)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", "-V", prog_name="hqueue")
+@click.option(
+    "--url",
+    envvar="HQUEUE_URL",
+    help="Store: local:///path (default ./hqueue-data or $HQUEUE_DATA), hbase://host:9090, "
+    "or hqueue://[TOKEN@]host:9700 servers. May also follow the command.",
+)
+@click.pass_context
+def main(ctx: click.Context, url: str | None) -> None:
+    """hqueue: a partitioned, persistent message queue."""
+    ctx.obj = {"url": url}
+
+
+class Session:
+    """What a shared command runs against (``hqueue.commands.Session``): the
+    store of ``--url``, opened on first use and closed with the command."""
+
+    def __init__(self, ctx: click.Context, read_only: bool = False) -> None:
+        self.ctx, self.read_only = ctx, read_only
+        self._admin: HQueueAdmin | None = None
+
+    @property
+    def admin(self) -> HQueueAdmin:
+        if self._admin is None:
+            self._admin = open_admin(self.ctx, self.read_only)
+        return self._admin
+
+    def queue(self, name: str) -> HQueue:
+        return self.ctx.with_resource(self.admin.queue(name))
+
+
+def open_admin(ctx: click.Context, read_only: bool = False) -> HQueueAdmin:
+    if read_only:
+        store_must_exist(ctx.obj["url"])
+    return ctx.with_resource(HQueueAdmin(ctx.obj["url"]))
+
+
+def open_queue(ctx: click.Context, name: str, read_only: bool = False) -> HQueue:
+    if read_only:
+        store_must_exist(ctx.obj["url"])
+    return ctx.with_resource(HQueue(name, ctx.obj["url"]))
+
+
+def store_must_exist(url: str | None) -> None:
+    """A read-only command never creates an embedded store where none is."""
+    resolved = resolve_url(url, None)
+    if not resolved.startswith(("hqueue://", "hbase://", "memory://")):
+        path = normalize_url(resolved)[len("local://") :]
+        if not os.path.isdir(path):
+            raise click.ClickException(f"no hqueue store at {path} (pass --url, or create a queue there first)")
+
+
+class Progress:
+    """Counts on stderr, every 2 s, when stderr is a terminal."""
+
+    def __init__(self, what: str) -> None:
+        self.what, self.count = what, 0
+        self.shown = time.monotonic()
+        self.live = sys.stderr.isatty()
+
+    def add(self, n: int = 1) -> None:
+        self.count += n
+        if self.live and time.monotonic() - self.shown >= 2.0:
+            self.shown = time.monotonic()
+            click.echo(f"\r{self.count:,} {self.what}…", err=True, nl=False)
+
+    def done(self) -> None:
+        if self.live and self.count:
+            click.echo("\r" + " " * 40 + "\r", err=True, nl=False)
+
+
+def message_id(ctx: Any, param: Any, value: str | None) -> MessageID | None:
+    """A click callback: an ID, an ISO time or epoch ms."""
+    if value is None:
+        return None
+    try:
+        return MessageID.parse(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None

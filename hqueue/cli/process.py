@@ -1,0 +1,188 @@
+"""The commands that run a process: server, shell, demo."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from ..message import Message
+from ..storage import default_url
+from .main import Progress, main, open_admin, open_queue
+
+
+@main.command()
+@click.option("--storage", help="Store URL (default: --url, or local://./hqueue-data).")
+@click.option("--zk", help="ZooKeeper host:port[,host:port][/chroot]; without it this server owns every partition.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=9700, show_default=True, help="0 picks a free port.")
+@click.option("--advertise", help="host:port clients should use (default: host:port).")
+@click.option("--id", "server_id", help="This server's name in ZooKeeper (default: the advertised address).")
+@click.option(
+    "--session-timeout",
+    type=click.FloatRange(1, 3600),
+    default=10.0,
+    show_default=True,
+    help="ZooKeeper session timeout (s).",
+)
+@click.option(
+    "--idle-timeout",
+    type=click.FloatRange(0.1, 86400),
+    default=60.0,
+    show_default=True,
+    help="Close remote scanners idle this long (s).",
+)
+@click.option(
+    "--auth-file",
+    type=click.Path(exists=True, dir_okay=False),
+    envvar="HQUEUE_AUTH_FILE",
+    help="TOML file of tokens and roles; without it every client may do everything.",
+)
+@click.option(
+    "--subscriber-allow",
+    multiple=True,
+    metavar="CIDR",
+    help="Networks subscribers' push addresses may be in (repeatable); default: the registering client's host only.",
+)
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), help="Serve TLS with this certificate.")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="The certificate's private key.")
+@click.option("--max-connections", type=click.IntRange(1, 65536), default=1024, show_default=True)
+@click.option(
+    "--connection-idle-timeout",
+    type=click.FloatRange(0, 86400),
+    default=300.0,
+    show_default=True,
+    help="Close idle connections (s).",
+)
+@click.option("--max-frame-bytes", type=click.IntRange(1024, 2**31 - 1), default=64 * 1024 * 1024, show_default=True)
+@click.option("--max-partitions", type=click.IntRange(1, 32767), default=1024, show_default=True)
+@click.option("--metrics-port", type=click.IntRange(0, 65535), help="Serve Prometheus metrics on this port.")
+@click.option("--log-level", envvar="HQUEUE_LOG_LEVEL", default="INFO", show_default=True)
+@click.pass_context
+def server(
+    ctx,
+    storage,
+    zk,
+    host,
+    port,
+    advertise,
+    server_id,
+    session_timeout,
+    idle_timeout,
+    auth_file,
+    subscriber_allow,
+    tls_cert,
+    tls_key,
+    max_connections,
+    connection_idle_timeout,
+    max_frame_bytes,
+    max_partitions,
+    metrics_port,
+    log_level,
+) -> None:
+    """Serve queues over Thrift (framed transport, binary protocol)."""
+    import logging
+
+    from ..auth import AuthPolicy, PushPolicy
+    from ..rpc.threaded import ServerLimits
+    from ..server import HQueueServer
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    coordinator_factory = None
+    if zk:
+        from ..coordination.zookeeper import ZooKeeperCoordinator
+
+        def coordinator_factory(address: str):
+            return ZooKeeperCoordinator(zk, address, server_id=server_id, session_timeout=session_timeout)
+
+    url = storage or ctx.obj["url"] or default_url()
+    ssl_context = None
+    if tls_cert or tls_key:
+        if not (tls_cert and tls_key):
+            raise click.UsageError("--tls-cert and --tls-key go together")
+        import ssl
+
+        ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ssl_context.load_cert_chain(tls_cert, tls_key)
+    limits = ServerLimits(
+        max_connections=max_connections,
+        idle_timeout=connection_idle_timeout or None,
+        max_frame_bytes=max_frame_bytes,
+    )
+    try:
+        instance = HQueueServer(
+            url,
+            host,
+            port,
+            advertise=advertise,
+            coordinator_factory=coordinator_factory,
+            idle_timeout=idle_timeout,
+            auth=AuthPolicy.load(auth_file) if auth_file else None,
+            push_policy=PushPolicy(subscriber_allow),
+            limits=limits,
+            ssl_context=ssl_context,
+            max_partitions=max_partitions,
+            metrics_port=metrics_port,
+        )
+    except OSError as e:
+        raise click.ClickException(e.strerror or str(e)) from e
+    # Tests and scripts read this line to learn the port (with --port 0).
+    click.echo(f"hqueue server listening on {instance.address} (storage {instance.engine.url})", err=True)
+    sys.stderr.flush()
+    instance.serve_forever()
+
+
+@main.command()
+@click.argument("script", type=click.File("r"), required=False)
+@click.option("-e", "commands", multiple=True, metavar="COMMAND", help="Run this command line (repeatable), then exit.")
+@click.pass_context
+def shell(ctx, script, commands: tuple[str, ...]) -> None:
+    """The interactive shell (HBase shell syntax); or run SCRIPT, -e lines, or piped stdin."""
+    from ..shell import Shell
+
+    session = Shell(ctx.obj["url"])
+    try:
+        if commands:
+            status = session.run_lines(commands, "-e")
+        elif script is not None:
+            status = session.run_lines(script, script.name)
+        elif not sys.stdin.isatty():  # piped in: run it as a script
+            status = session.run_lines(sys.stdin, "<stdin>")
+        else:
+            status = session.interact()
+    finally:
+        session.close()
+    ctx.exit(status)
+
+
+@main.command()
+@click.option("--messages", "-n", type=click.IntRange(1, 10**9), default=100_000, show_default=True)
+@click.pass_context
+def demo(ctx, messages: int) -> None:
+    """Create a new queue, put messages, scan them back, and report the rates.
+
+    The queue is named demo, or demo-2, demo-3… when that exists: the demo
+    never touches an existing queue.
+    """
+    admin = open_admin(ctx)
+    name, n = "demo", 1
+    while admin.queue_exists(name):
+        n += 1
+        name = f"demo-{n}"
+    admin.create_queue(name, partitions=8, ttl=86400)
+    queue = open_queue(ctx, name)
+    started, progress = time.perf_counter(), Progress("messages put")
+    for offset in range(0, messages, 1000):
+        batch = [Message("crawler", b"http://example.com/%d" % i) for i in range(offset, min(offset + 1000, messages))]
+        queue.put(batch)
+        progress.add(len(batch))
+    progress.done()
+    put_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    count = sum(1 for _ in queue.scan())
+    scan_seconds = time.perf_counter() - started
+    click.echo(f"store: {queue.url}, queue: {name} (messages expire after a day)")
+    click.echo(f"put  {messages} messages in batches of 1000: {messages / put_seconds:,.0f} msgs/s (fsync per batch)")
+    click.echo(f"scan {count} messages over 8 partitions in ID order: {count / scan_seconds:,.0f} msgs/s")
+    click.echo(f"try: hqueue scan {name} --limit 5")

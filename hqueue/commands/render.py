@@ -1,0 +1,73 @@
+"""How both front ends print: escaped values, aligned tables, the rows of a listing."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..message import MessageID
+
+#: Every control character as \xNN (tab, newline and CR have their own names in ``escape``).
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(32), 127]}
+_NAMED = {ord("\t"): "\\t", ord("\n"): "\\n", ord("\r"): "\\r"}
+
+
+def escape(data: bytes) -> str:
+    """Bytes as one line of text, reversibly: UTF-8, with ``\\\\``, ``\\t``, ``\\n``, ``\\r``
+    and ``\\xNN`` for every other control byte and every byte that is not UTF-8.
+
+    The same on a terminal and in a pipe: nothing is dropped, nothing goes out raw.
+    """
+    text = data.replace(b"\\", b"\\\\").decode("utf-8", "backslashreplace")
+    return text.translate({**_CONTROL, **_NAMED})
+
+
+def printable(value: Any, limit: int = 200) -> str:
+    """A table cell: bytes as UTF-8 text, invalid bytes and control characters as \\xNN; cut at ``limit``."""
+    if isinstance(value, bytes):
+        text = value[:limit].decode("utf-8", "backslashreplace").translate(_CONTROL)
+        return text + ("…" if len(value) > limit else "")
+    if value is None:
+        return ""
+    return str(value).translate(_CONTROL)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], widths: list[int] | None = None) -> str:
+    """Columns padded to their widest cell, as the HBase shell prints.
+
+    ``widths``, when given, carries column widths from one part of a long
+    table to the next: it is widened in place, never narrowed.
+    """
+    cells = [[printable(c) for c in row] for row in rows]
+    widest = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(headers)]
+    if widths is None:
+        widths = widest
+    else:
+        widths[:] = [max(a, b) for a, b in zip(widths or widest, widest, strict=True)]
+    lines = [" ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += [" ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+    return "\n".join(lines)
+
+
+def stamp(message_id: MessageID) -> str:
+    """An ID's time, ISO 8601 in UTC, to the millisecond."""
+    return message_id.datetime.isoformat(timespec="milliseconds")
+
+
+def seconds(value: float | None) -> str:
+    return "" if value is None else f"{value:.1f}"
+
+
+def json_ready(value: Any) -> Any:
+    """A command's data for ``json.dumps``: IDs as ``millis:seq``, bytes escaped, sets sorted."""
+    if isinstance(value, MessageID):
+        return str(value)
+    if isinstance(value, bytes):
+        return escape(value)
+    if isinstance(value, dict):
+        return {k if isinstance(k, (str, int)) else str(k): json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted(json_ready(v) for v in value)
+    return value

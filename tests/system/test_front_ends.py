@@ -1,0 +1,163 @@
+"""The CLI and the shell are made from one command table, so they agree.
+
+Same names (``-`` in the CLI where the shell has ``_``), the same argument
+order (the queue first), the same defaults, every shared command in both.
+"""
+
+import io
+import json
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from hqueue import HQueue, HQueueAdmin, Message
+from hqueue.cli import main
+from hqueue.commands import COMMANDS
+from hqueue.server import HQueueServer
+from hqueue.shell import Shell
+from hqueue.shell.commands import ALIASES
+from hqueue.shell.commands import COMMANDS as SHELL_COMMANDS
+
+#: The shell's own commands and the CLI's process commands: the rest are shared.
+SHELL_ONLY = {"help", "exit"}
+CLI_ONLY = {"server", "shell", "demo", "tail", "consume"}
+BOTH_IN_THEIR_OWN_SHAPE = {"put", "scan", "count"}
+
+
+def test_every_command_is_in_both_front_ends_with_one_name():
+    cli = set(main.commands)
+    shell = set(SHELL_COMMANDS)
+    assert {name.replace("-", "_") for name in cli} - CLI_ONLY == shell - SHELL_ONLY
+    assert set(COMMANDS) | BOTH_IN_THEIR_OWN_SHAPE == shell - SHELL_ONLY
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_the_arguments_are_in_one_order_with_one_default(name):
+    declared = COMMANDS[name]
+    cli = main.commands[declared.cli_name]
+    positional = [p.name for p in cli.params if isinstance(p, click.Argument)]
+    assert positional == [p.name for p in declared.params if p.required or p.positional]
+    if declared.params and declared.params[0].required and name not in ("status", "list"):
+        assert declared.params[0].name == "queue"  # the queue first, everywhere
+        assert SHELL_COMMANDS[name].usage.startswith(f"{name} 'queue'")
+    for param in declared.params:
+        if not param.required and param.kind not in ("texts", "settings"):
+            (option,) = [p for p in cli.params if p.name == param.name]
+            assert option.default == param.default, (name, param.name)
+
+
+def test_old_names_still_work_in_both():
+    assert {"drop", "drop_queue", "truncate", "disable", "enable", "groups", "desc"} <= set(ALIASES)
+
+
+@pytest.fixture
+def cli(tmp_path):
+    runner = CliRunner()
+
+    def invoke(*args):
+        result = runner.invoke(main, ["--url", f"local://{tmp_path}/data", *args])
+        assert "Traceback" not in result.output
+        return result
+
+    return invoke
+
+
+def test_the_cli_takes_the_shell_s_names_and_its_old_ones(cli):
+    assert cli("create", "q", "1").exit_code == 0
+    assert cli("disable_queue", "q").exit_code == 0  # the shell's spelling
+    assert cli("enable", "q").exit_code == 0  # the old name
+    assert cli("delete-queue", "q", "--force").exit_code == 0
+    assert cli("list").output == ""
+
+
+def test_the_cli_has_the_group_commands_the_shell_has(cli, tmp_path):
+    cli("create", "q", "2")
+    cli("put", "q", "t", "a", "b", "--partition", "1")
+    assert cli("consume", "q", "g", "--max", "2").exit_code == 0
+    assert cli("list-groups", "q").output.split() == ["g"]
+    replayed = cli("replay-group", "q", "g", "0", "--partition", "1")
+    assert replayed.exit_code == 0 and "partition 1" in replayed.output
+    assert cli("replay-group", "q", "g", "--from", "0").exit_code == 0  # the old option still reads
+    assert cli("replay-group", "q", "g").exit_code == 2
+    assert cli("delete-group", "q", "g").exit_code == 0
+    assert cli("list-groups", "q").output == ""
+    assert json.loads(cli("list-groups", "q", "--format", "json").output) == []
+
+
+def test_the_cli_puts_by_priority(cli, tmp_path):
+    assert cli("create", "q", "4", "--priorities", "2").exit_code == 0
+    assert cli("put", "q", "t", "urgent", "--priority", "1").exit_code == 0
+    with HQueue("q", f"local://{tmp_path}/data") as queue:
+        assert [m.partition_id >= 2 for m in queue.scan()] == [True]
+    assert cli("put", "q", "t", "x", "--priority", "2").exit_code == 1  # out of the queue's tiers
+    assert cli("put", "q", "t", "x", "--priority", "99999").exit_code == 2  # out of any range
+
+
+def test_subscriber_commands_in_the_cli_and_the_shell_take_the_queue_first(tmp_path):
+    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
+    url = f"hqueue://{server.address}"
+    runner = CliRunner()
+
+    def cli(*args):
+        return runner.invoke(main, ["--url", url, *args])
+
+    out, err = io.StringIO(), io.StringIO()
+    shell = Shell(url, out=out, err=err)
+    try:
+        assert cli("create", "q", "2").exit_code == 0
+        assert cli("add-subscriber", "q", "indexer", "-t", "crawler").exit_code == 0
+        assert cli("list-subscribers", "q").output.split() == ["indexer"]
+        described = json.loads(cli("describe-subscriber", "q", "indexer").output)
+        assert described["topics"] == ["crawler"]
+        assert cli("set-checkpoint", "q", "indexer", "2000-01-01T00:00", "--partition", "1").exit_code == 0
+        assert shell.execute("describe_subscriber 'q', 'indexer'") and "topics: crawler" in out.getvalue()
+        assert shell.execute("set_checkpoint 'q', 'indexer', 0, {PARTITION => 0}")
+        assert shell.execute("delete_subscriber 'q', 'indexer'")
+        assert cli("list-subscribers", "q").output == ""
+    finally:
+        shell.close()
+        server.stop()
+
+
+def test_shell_options_go_in_a_trailing_dictionary(tmp_path):
+    out, err = io.StringIO(), io.StringIO()
+    shell = Shell(f"local://{tmp_path}/data", out=out, err=err)
+    try:
+        assert shell.execute("create 'q', 2")  # the TTL defaults to 0, as in the CLI
+        assert shell.execute("create 'p', 2, 60, {DURABILITY => 'ASYNC_WAL', PRIORITIES => 2, 'x.y' => '1'}")
+        info = shell.admin.describe_queue("p")
+        assert (info["ttl"], info["durability"], info["config"]["x.y"]) == (60, "ASYNC_WAL", "1")
+        assert not shell.execute("create 'r', 2, {DURABILITY => 'FAST'}") and "must be one of" in err.getvalue()
+        assert not shell.execute("delete_queue 'q', {FORCE => 'yes'}") and "true or false" in err.getvalue()
+        assert shell.execute("delete_queue 'q', {FORCE => true}")
+        assert shell.execute("put 'p', 't', 'v'")
+        assert shell.execute("cancel 'p', '0/1/1:0'")  # not pending: said, not an error
+        assert "not pending" in out.getvalue()
+        assert shell.execute("delete_group 'p', 'nobody'") is False  # no such group: a clear error
+        assert "ERROR" in err.getvalue()
+    finally:
+        shell.close()
+
+
+def test_credentials_follow_the_shell_s_queue_handles(tmp_path):
+    auth = tmp_path / "auth.toml"
+    auth.write_text('[tokens.ops]\nsecret = "secret-token-0123456789"\nadmin = ["*"]\n')
+    from hqueue.auth import AuthPolicy
+
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, auth=AuthPolicy.load(str(auth))).start()
+    out, err = io.StringIO(), io.StringIO()
+    shell = Shell(f"hqueue://secret-token-0123456789@{server.address}", out=out, err=err)
+    try:
+        assert shell.execute("create 'q', 2")
+        assert shell.execute("put 'q', 't', 'v'"), err.getvalue()
+        assert shell.execute("scan 'q'") and shell.execute("count 'q'")
+        assert "secret-token-0123456789" not in out.getvalue() + err.getvalue()
+        with HQueueAdmin(f"hqueue://secret-token-0123456789@{server.address}") as admin, admin.queue("q") as queue:
+            queue.put(Message("t", b"w"))
+            splits = queue.splits()
+            assert "secret-token-0123456789" not in repr(splits)
+            assert sum(len(b) for s in splits for b in s.read()) == 2  # the split carries the token
+    finally:
+        shell.close()
+        server.stop()

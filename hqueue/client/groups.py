@@ -8,13 +8,15 @@ owner of each receipt's partition.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ..checks import check_partition
 from ..errors import NoPartitionOwner, ServerUnavailable
 from ..message import Message, MessageID, messages_from_columns, rowkeys_by_partition
+from ..rpc import operations as op
 from ..rpc import packed, wire
+from .calls import remote
 
 #: Seconds a member keeps the partitions' owners before reading them again.
 LOCATION_REFRESH = 2.0
@@ -39,12 +41,6 @@ class RemoteGroups:
 
     def _owners(self, name: str, fresh: bool = False) -> list[str]:
         return sorted({owner for owner in self._group_locations(name, fresh) if owner})
-
-    def open(
-        self, queue: str, group: str, topics: Collection[bytes] | None, start: int, max_retries: int
-    ) -> None:
-        topic_list = sorted(topics) if topics is not None else None
-        self._engine._call("openGroup", queue, group, topic_list, start, max_retries, queue=queue)
 
     def receive(
         self, queue: str, group: str, member: str, max_messages: int, lease: float, wait: float
@@ -118,60 +114,14 @@ class RemoteGroups:
             except ServerUnavailable:
                 pass  # its leases run out there
 
-    def names(self, queue: str) -> list[str]:
-        return list(self._engine._call("listGroups", queue, queue=queue))
-
-    def describe(self, queue: str, group: str) -> dict[str, Any]:
-        """Each owner's part, merged: every partition once, members as any owner sees them."""
-        result: dict[str, Any] = {}
-        partitions: dict[int, dict[str, Any]] = {}
-        members: set[str] = set()
-        for owner in self._owners(queue):
-            t = self._engine._call_at(owner, "describeGroup", queue, group, queue=queue)
-            members.update(t.members or [])
-            result = {
-                "queue": queue,
-                "group": group,
-                "topics": frozenset(t.topics) if t.topics is not None else None,
-                "start": t.startMillis,
-                "max_retries": t.maxRetries,
-                "dead_letters": t.deadLetters,
-            }
-            for pid, p in (t.partitions or {}).items():
-                partitions[pid] = {
-                    "done": wire.from_tid(p.done),
-                    "scan": wire.from_tid(p.scan),
-                    "in_flight": p.inFlight,
-                    "retrying": p.retrying,
-                    "acked_ahead": p.ackedAhead,
-                    "retries": p.retries,
-                    "lag_messages": p.lagMessages,
-                    "lag_millis": p.lagMillis,
-                }
-        return {**result, "members": sorted(members), "partitions": dict(sorted(partitions.items()))}
-
-    def pending(self, queue: str, group: str, limit: int = 1000) -> list[dict[str, Any]]:
-        """Each owner's messages in flight, merged in (partition, ID) order."""
-        found = [
-            {
-                "partition": t.partitionID,
-                "id": wire.from_tid(t.id),
-                "member": t.member or None,
-                "attempt": t.attempt,
-                "lease_left": None if t.leaseLeftMillis < 0 else t.leaseLeftMillis / 1000,
-                "retry_in": None if t.retryInMillis < 0 else t.retryInMillis / 1000,
-            }
-            for owner in self._owners(queue)
-            for t in self._engine._call_at(owner, "groupPending", queue, group, limit, queue=queue)
-        ]
-        found.sort(key=lambda p: (p["partition"], p["id"]))
-        return found[:limit]
+    names = remote(op.LIST_GROUPS)
+    describe = remote(op.DESCRIBE_GROUP)
+    pending = remote(op.GROUP_PENDING)
+    delete = remote(op.DELETE_GROUP)
+    open = remote(op.OPEN_GROUP)
 
     def set_position(self, queue: str, group: str, partition_id: int | None, start: MessageID) -> None:
         info = self._engine.queue_info(queue, fresh=True)
         pids = range(info.partitions) if partition_id is None else [check_partition(info, partition_id)]
         for pid in pids:
             self._engine._owner_call(queue, pid, "replay", "setGroupPosition", group, pid, wire.to_tid(start))
-
-    def delete(self, queue: str, group: str) -> None:
-        self._engine._call("deleteGroup", queue, group, queue=queue)

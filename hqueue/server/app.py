@@ -35,7 +35,7 @@ from ..metrics import ServerMetrics, gauge
 from ..rpc import wire
 from ..rpc.threaded import ListeningSocket, ServerLimits, ThreadedServer
 from ..services import serve_partitions, stop_serving
-from ..subscriptions.delivery import SubscriptionManager
+from ..subscriptions.manager import SubscriptionManager
 from ..subscriptions.registry import SubscriberRegistry
 from ..subscriptions.service import Subscribers
 from ..subscriptions.store_registry import StoreRegistry

@@ -8,6 +8,7 @@
 * :class:`Calls`: the base of each group of calls (handler.py: queues,
   puts, scans, timers; group_calls.py; subscription_calls.py).
 * :class:`ThriftService`: one HQueueService made of those groups.
+* :func:`handler`: the handler of a declared operation (``rpc/operations.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ..engine import Engine
 from ..errors import HQueueError, NotAuthorized
 from ..metrics import ServerMetrics
 from ..rpc import wire
+from ..rpc.operations import Operation
 from ..rpc.threaded import current_connection
 
 logger = logging.getLogger(__name__)
@@ -70,6 +72,20 @@ def served(role: str | None, queue_arg: int | None = 0):
         return call
 
     return wrap
+
+
+def handler(operation: Operation):
+    """The served call of a declared operation: its arguments from the wire, the
+    service's method, the answer to the wire. One line in a group of calls:
+    ``listGroups = handler(LIST_GROUPS)``."""
+
+    def call(self, *wire_args):
+        service = getattr(self, operation.service)
+        answer = getattr(service, operation.method)(*operation.from_wire(wire_args))
+        return operation.result.out(answer)
+
+    call.__name__ = call.__qualname__ = operation.thrift
+    return served(operation.role, operation.queue_at)(call)
 
 
 class CallGuard:

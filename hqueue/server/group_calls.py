@@ -6,8 +6,9 @@ from typing import Any
 
 from ..errors import HQueueError, InvalidArgument
 from ..groups.service import GroupService
+from ..rpc import operations as op
 from ..rpc import packed, wire
-from .calls import Calls, served
+from .calls import Calls, handler, served
 
 
 class GroupCalls(Calls):
@@ -23,9 +24,11 @@ class GroupCalls(Calls):
             raise HQueueError("the server is starting: consumer groups are not served yet")
         return self.service
 
-    @served("consumer")
-    def openGroup(self, queue: str, group: str, topics: list[bytes] | None, startMillis: int, maxRetries: int) -> None:
-        self.groups.open(queue, group, frozenset(topics) if topics is not None else None, startMillis, maxRetries)
+    openGroup = handler(op.OPEN_GROUP)
+    listGroups = handler(op.LIST_GROUPS)
+    describeGroup = handler(op.DESCRIBE_GROUP)
+    groupPending = handler(op.GROUP_PENDING)
+    deleteGroup = handler(op.DELETE_GROUP)
 
     @served("consumer")
     def groupReceive(
@@ -64,56 +67,7 @@ class GroupCalls(Calls):
         self.groups.leave(queue, group, member)
 
     @served("consumer")
-    def listGroups(self, queue: str) -> list[str]:
-        return self.groups.names(queue)
-
-    @served("consumer")
-    def groupPending(self, queue: str, group: str, limit: int) -> list[Any]:
-        return [
-            wire.T.TPending(
-                partitionID=p["partition"],
-                id=wire.to_tid(p["id"]),
-                member=p["member"] or "",
-                attempt=p["attempt"],
-                leaseLeftMillis=-1 if p["lease_left"] is None else int(p["lease_left"] * 1000),
-                retryInMillis=-1 if p["retry_in"] is None else int(p["retry_in"] * 1000),
-            )
-            for p in self.groups.pending(queue, group, limit)
-        ]
-
-    @served("consumer")
-    def describeGroup(self, queue: str, group: str) -> Any:
-        d = self.groups.describe(queue, group)
-        partitions = {
-            pid: wire.T.TGroupPartition(
-                done=wire.to_tid(p["done"]),
-                scan=wire.to_tid(p["scan"]),
-                inFlight=p["in_flight"],
-                retrying=p["retrying"],
-                ackedAhead=p["acked_ahead"],
-                retries=p["retries"],
-                lagMessages=p["lag_messages"],
-                lagMillis=p["lag_millis"],
-            )
-            for pid, p in d["partitions"].items()
-        }
-        return wire.T.TGroupInfo(
-            queue=queue,
-            group=group,
-            topics=sorted(d["topics"]) if d["topics"] is not None else None,
-            startMillis=d["start"],
-            maxRetries=d["max_retries"],
-            members=d["members"],
-            partitions=partitions,
-            deadLetters=d["dead_letters"],
-        )
-
-    @served("consumer")
     def setGroupPosition(self, queue: str, group: str, partitionID: int, startID: Any) -> None:
         if startID is None:
             raise InvalidArgument("'startID' is required")
         self.groups.set_position(queue, group, partitionID, wire.from_tid(startID))
-
-    @served("admin")
-    def deleteGroup(self, queue: str, group: str) -> None:
-        self.groups.delete(queue, group)

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..auth import PushPolicy
 from ..errors import HQueueError
-from ..rpc import wire
+from ..rpc import operations as op
 from ..rpc.threaded import current_connection
 from ..subscriptions.service import Subscribers
-from .calls import Calls, served
+from .calls import Calls, handler, served
 
 
 class SubscriptionCalls(Calls):
@@ -21,55 +19,18 @@ class SubscriptionCalls(Calls):
     push_policy: PushPolicy = PushPolicy()
 
     @property
-    def subscribers(self) -> Subscribers:
+    def subscriptions(self) -> Subscribers:
         if self.service is None:
             raise HQueueError("the server is starting: subscriptions are not served yet")
         return self.service
 
-    @served("consumer")
-    def addSubscriber(
-        self,
-        queue: str,
-        name: str,
-        topics: list[bytes] | None,
-        partitions: list[Any] | None,
-        deadLetterAfter: int | None = None,
-    ) -> None:
-        starts = None
-        if partitions is not None:
-            starts = {p.partitionID: wire.from_tid(p.startID) if p.startID else None for p in partitions}
-        self.subscribers.add(queue, name, frozenset(topics) if topics is not None else None, starts, deadLetterAfter)
-
-    @served("consumer", 1)
-    def deleteSubscriber(self, name: str, queue: str) -> None:
-        self.subscribers.delete(queue, name)
-
-    @served("consumer")
-    def listSubscribers(self, queue: str) -> list[str]:
-        self.engine.queue_info(queue)
-        return self.subscribers.names(queue)
-
-    @served("consumer", 1)
-    def describeSubscriber(self, name: str, queue: str) -> Any:
-        d = self.subscribers.describe(queue, name)
-        return wire.T.TSubscriberInfo(
-            name=name,
-            queue=queue,
-            topics=sorted(d["topics"]) if d["topics"] is not None else None,
-            partitions=sorted(d["partitions"]) if d["partitions"] is not None else None,
-            checkpoints={p: wire.to_tid(i) for p, i in d["checkpoints"].items()},
-            address=d["address"] or "",
-            lagMessages=d["lag_messages"],
-            lagMillis=d["lag_millis"],
-        )
-
-    @served("consumer")
-    def setCheckpoint(self, queue: str, name: str, partitionID: int, startID: Any) -> None:
-        self.subscribers.set_checkpoint(queue, name, None if partitionID == -1 else partitionID, wire.from_tid(startID))
-
-    @served("connected", None)
-    def getCoordination(self) -> str:
-        return self.subscribers.coordination()
+    addSubscriber = handler(op.ADD_SUBSCRIBER)
+    deleteSubscriber = handler(op.DELETE_SUBSCRIBER)
+    listSubscribers = handler(op.LIST_SUBSCRIBERS)
+    describeSubscriber = handler(op.DESCRIBE_SUBSCRIBER)
+    setCheckpoint = handler(op.SET_CHECKPOINT)
+    getCoordination = handler(op.GET_COORDINATION)
+    subscriberLeave = handler(op.SUBSCRIBER_LEAVE)
 
     @served("consumer")
     def subscriberHeartbeat(self, queue: str, name: str, address: str, topics: list[bytes] | None) -> None:
@@ -77,8 +38,4 @@ class SubscriptionCalls(Calls):
             raise TypeError("'address' must be a host:port string")
         connection = current_connection()
         self.push_policy.check(address, connection.peer[0] if connection else None)
-        self.subscribers.heartbeat(queue, name, address, frozenset(topics) if topics is not None else None)
-
-    @served("consumer")
-    def subscriberLeave(self, queue: str, name: str) -> None:
-        self.subscribers.leave(queue, name)
+        self.subscriptions.heartbeat(queue, name, address, frozenset(topics) if topics is not None else None)

@@ -1,0 +1,30 @@
+"""The remote side of a declared operation (``rpc/operations.py``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..rpc.operations import Operation
+
+
+def remote(operation: Operation):
+    """The client method of a declared operation, for a class with ``_engine`` (a
+    RemoteEngine) and, for operations every owner answers, ``_owners(queue)``.
+    One line in the client: ``names = remote(LIST_GROUPS)``."""
+
+    def call(self, *args: Any, **kwargs: Any) -> Any:
+        bound = operation.bind(args, kwargs)
+        wire_args = operation.to_wire(bound)
+        queue = bound.get("queue")
+        engine = self._engine
+        if operation.route == "owners":
+            answers = [
+                operation.result.back(engine._call_at(owner, operation.thrift, *wire_args, queue=queue))
+                for owner in self._owners(queue)
+            ]
+            return operation.merge(answers, **bound)
+        return operation.result.back(engine._call(operation.thrift, *wire_args, queue=queue))
+
+    call.__name__ = call.__qualname__ = operation.method
+    call.__doc__ = f"{operation.service}.{operation.method} over hqueue servers ({operation.thrift})."
+    return call

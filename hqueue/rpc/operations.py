@@ -1,0 +1,274 @@
+"""Remote operations, each declared once: the service method it runs, the IDL
+call that carries it, who may call it, and how each argument and the result
+go on the wire.
+
+The remote client's method (``client/calls.py``: ``remote(op)``) and the
+server's handler (``server/calls.py``: ``handler(op)``) are both made from
+the declaration, so adding an operation that one service serves is: its
+service code, one declaration here, one IDL entry, and one line on each
+side. Calls that route by partition or by receipt (puts, receive, ack) are
+written by hand beside them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import wire
+
+T = wire.T
+
+
+def same(value: Any) -> Any:
+    return value
+
+
+def _topics_out(topics: Any) -> Any:
+    return sorted(topics) if topics is not None else None
+
+
+def _topics_in(topics: Any) -> Any:
+    return frozenset(topics) if topics is not None else None
+
+
+@dataclass(frozen=True)
+class Codec:
+    """How one value goes on the wire (``out``: Python to Thrift) and back (``back``)."""
+
+    out: Callable[[Any], Any] = same
+    back: Callable[[Any], Any] = same
+
+
+PLAIN = Codec()
+TOPICS = Codec(_topics_out, _topics_in)
+ID = Codec(wire.to_tid, wire.from_tid)
+PARTITION_OR_ALL = Codec(lambda pid: -1 if pid is None else pid, lambda pid: None if pid == -1 else pid)
+NAMES = Codec(same, list)
+NOTHING = Codec(lambda _: None, lambda _: None)
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument of the service method (in Python order)."""
+
+    name: str
+    codec: Codec = PLAIN
+    default: Any = ...
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One remote operation.
+
+    Attributes:
+        service: The engine's service that runs it (``groups``, ``subscriptions``).
+        method: The service's method.
+        thrift: The IDL call.
+        role: What the caller's token must hold on the queue (``connected``: no queue).
+        args: The method's arguments, in Python order.
+        wire_order: The IDL's argument order, where it is not the Python one
+            (HQueue's seed calls put the subscriber first).
+        result: How the answer goes on the wire.
+        route: ``any`` server answers; ``owners``: each partition owner answers
+            for its partitions, and ``merge`` joins the answers.
+        merge: ``merge(answers, **args)`` for ``owners``.
+    """
+
+    service: str
+    method: str
+    thrift: str
+    role: str
+    args: tuple[Arg, ...]
+    wire_order: tuple[str, ...] | None = None
+    result: Codec = NOTHING
+    route: str = "any"
+    merge: Callable[..., Any] | None = None
+
+    def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """A Python call's arguments by name, with the declared defaults."""
+        if len(args) > len(self.args):
+            raise TypeError(f"{self.method}() takes {len(self.args)} arguments, got {len(args)}")
+        bound = dict(zip((a.name for a in self.args), args, strict=False)) | kwargs
+        for arg in self.args:
+            if arg.name not in bound:
+                if arg.default is ...:
+                    raise TypeError(f"{self.method}() needs {arg.name!r}")
+                bound[arg.name] = arg.default
+        return bound
+
+    def to_wire(self, bound: dict[str, Any]) -> list[Any]:
+        """The IDL call's arguments, in its order."""
+        codecs = {a.name: a.codec for a in self.args}
+        return [codecs[name].out(bound[name]) for name in self.wire_order or [a.name for a in self.args]]
+
+    def from_wire(self, wire_args: tuple[Any, ...]) -> list[Any]:
+        """The service method's arguments, in Python order, from the IDL call's."""
+        order = self.wire_order or [a.name for a in self.args]
+        by_name = dict(zip(order, wire_args, strict=True))
+        return [a.codec.back(by_name[a.name]) for a in self.args]
+
+    @property
+    def queue_at(self) -> int | None:
+        """Where the queue is among the IDL call's arguments (None: no queue)."""
+        order = list(self.wire_order or [a.name for a in self.args])
+        return order.index("queue") if "queue" in order else None
+
+
+# -- push subscriptions (SPEC C7) -------------------------------------------------------------------
+
+
+def _starts_out(starts: dict[int, Any] | None) -> Any:
+    if starts is None:
+        return None
+    return [
+        T.TPartitionStart(partitionID=pid, startID=wire.to_tid(start) if start else None)
+        for pid, start in sorted(starts.items())
+    ]
+
+
+def _starts_in(given: Any) -> Any:
+    if given is None:
+        return None
+    return {p.partitionID: wire.from_tid(p.startID) if p.startID else None for p in given}
+
+
+def _subscriber_out(d: dict[str, Any]) -> Any:
+    return T.TSubscriberInfo(
+        name=d["name"],
+        queue=d["queue"],
+        topics=_topics_out(d["topics"]),
+        partitions=sorted(d["partitions"]) if d["partitions"] is not None else None,
+        checkpoints={p: wire.to_tid(i) for p, i in d["checkpoints"].items()},
+        address=d["address"] or "",
+        lagMessages=d["lag_messages"],
+        lagMillis=d["lag_millis"],
+    )
+
+
+def _subscriber_in(t: Any) -> dict[str, Any]:
+    return {
+        "name": t.name,
+        "queue": t.queue,
+        "address": t.address or None,
+        "topics": _topics_in(t.topics),
+        "partitions": frozenset(t.partitions) if t.partitions is not None else None,
+        "checkpoints": {p: wire.from_tid(i) for p, i in (t.checkpoints or {}).items()},
+        "lag_messages": dict(t.lagMessages or {}),
+        "lag_millis": dict(t.lagMillis or {}),
+    }
+
+
+QUEUE, NAME = Arg("queue"), Arg("name")
+STARTS = Arg("starts", Codec(_starts_out, _starts_in))
+SUBSCRIPTIONS = "subscriptions"
+
+ADD_SUBSCRIBER = Operation(
+    SUBSCRIPTIONS, "add", "addSubscriber", "consumer",
+    (QUEUE, NAME, Arg("topics", TOPICS), STARTS, Arg("dead_letter_after", default=None)),
+)  # fmt: skip
+DELETE_SUBSCRIBER = Operation(SUBSCRIPTIONS, "delete", "deleteSubscriber", "consumer", (QUEUE, NAME), ("name", "queue"))
+LIST_SUBSCRIBERS = Operation(SUBSCRIPTIONS, "names", "listSubscribers", "consumer", (QUEUE,), result=NAMES)
+DESCRIBE_SUBSCRIBER = Operation(
+    SUBSCRIPTIONS, "describe", "describeSubscriber", "consumer", (QUEUE, NAME), ("name", "queue"),
+    result=Codec(_subscriber_out, _subscriber_in),
+)  # fmt: skip
+SET_CHECKPOINT = Operation(
+    SUBSCRIPTIONS, "set_checkpoint", "setCheckpoint", "consumer",
+    (QUEUE, NAME, Arg("partition_id", PARTITION_OR_ALL), Arg("start", ID)),
+)  # fmt: skip
+GET_COORDINATION = Operation(SUBSCRIPTIONS, "coordination", "getCoordination", "connected", (), result=PLAIN)
+SUBSCRIBER_LEAVE = Operation(SUBSCRIPTIONS, "leave", "subscriberLeave", "consumer", (QUEUE, NAME))
+
+
+# -- consumer groups (SPEC X3) -----------------------------------------------------------------------
+
+
+def _group_out(d: dict[str, Any]) -> Any:
+    partitions = {
+        pid: T.TGroupPartition(
+            done=wire.to_tid(p["done"]), scan=wire.to_tid(p["scan"]), inFlight=p["in_flight"],
+            retrying=p["retrying"], ackedAhead=p["acked_ahead"], retries=p["retries"],
+            lagMessages=p["lag_messages"], lagMillis=p["lag_millis"],
+        )
+        for pid, p in d["partitions"].items()
+    }  # fmt: skip
+    return T.TGroupInfo(
+        queue=d["queue"], group=d["group"], topics=_topics_out(d["topics"]), startMillis=d["start"],
+        maxRetries=d["max_retries"], members=d["members"], partitions=partitions, deadLetters=d["dead_letters"],
+    )  # fmt: skip
+
+
+def _group_in(t: Any) -> dict[str, Any]:
+    partitions = {
+        pid: {
+            "done": wire.from_tid(p.done), "scan": wire.from_tid(p.scan), "in_flight": p.inFlight,
+            "retrying": p.retrying, "acked_ahead": p.ackedAhead, "retries": p.retries,
+            "lag_messages": p.lagMessages, "lag_millis": p.lagMillis,
+        }
+        for pid, p in (t.partitions or {}).items()
+    }  # fmt: skip
+    return {
+        "queue": t.queue, "group": t.group, "topics": _topics_in(t.topics), "start": t.startMillis,
+        "max_retries": t.maxRetries, "dead_letters": t.deadLetters, "members": list(t.members or []),
+        "partitions": partitions,
+    }  # fmt: skip
+
+
+def _merge_groups(answers: list[dict[str, Any]], **_: Any) -> dict[str, Any]:
+    """Each owner's part of a description: every partition once, members as any owner sees them."""
+    merged = dict(answers[-1]) if answers else {}
+    merged["members"] = sorted({m for a in answers for m in a["members"]})
+    merged["partitions"] = dict(sorted(p for a in answers for p in a["partitions"].items()))
+    return merged
+
+
+def _seconds_out(value: float | None) -> int:
+    return -1 if value is None else int(value * 1000)
+
+
+def _pending_out(found: list[dict[str, Any]]) -> list[Any]:
+    return [
+        T.TPending(
+            partitionID=p["partition"], id=wire.to_tid(p["id"]), member=p["member"] or "", attempt=p["attempt"],
+            leaseLeftMillis=_seconds_out(p["lease_left"]), retryInMillis=_seconds_out(p["retry_in"]),
+        )
+        for p in found
+    ]  # fmt: skip
+
+
+def _pending_in(found: list[Any]) -> list[dict[str, Any]]:
+    return [
+        {
+            "partition": t.partitionID, "id": wire.from_tid(t.id), "member": t.member or None, "attempt": t.attempt,
+            "lease_left": None if t.leaseLeftMillis < 0 else t.leaseLeftMillis / 1000,
+            "retry_in": None if t.retryInMillis < 0 else t.retryInMillis / 1000,
+        }
+        for t in found
+    ]  # fmt: skip
+
+
+def _merge_pending(answers: list[list[dict[str, Any]]], limit: int = 1000, **_: Any) -> list[dict[str, Any]]:
+    """Each owner's messages in flight, in (partition, ID) order."""
+    found = sorted((p for a in answers for p in a), key=lambda p: (p["partition"], p["id"]))
+    return found[:limit]
+
+
+GROUPS = "groups"
+GROUP = Arg("group")
+
+OPEN_GROUP = Operation(
+    GROUPS, "open", "openGroup", "consumer",
+    (QUEUE, GROUP, Arg("topics", TOPICS), Arg("start"), Arg("max_retries")),
+)  # fmt: skip
+LIST_GROUPS = Operation(GROUPS, "names", "listGroups", "consumer", (QUEUE,), result=NAMES)
+DESCRIBE_GROUP = Operation(
+    GROUPS, "describe", "describeGroup", "consumer", (QUEUE, GROUP),
+    result=Codec(_group_out, _group_in), route="owners", merge=_merge_groups,
+)  # fmt: skip
+GROUP_PENDING = Operation(
+    GROUPS, "pending", "groupPending", "consumer", (QUEUE, GROUP, Arg("limit", default=1000)),
+    result=Codec(_pending_out, _pending_in), route="owners", merge=_merge_pending,
+)  # fmt: skip
+DELETE_GROUP = Operation(GROUPS, "delete", "deleteGroup", "admin", (QUEUE, GROUP))

@@ -336,7 +336,6 @@ class Engine:
         return decode_rowkey(last)[1] if last else None
 
 
-
 class EngineEvents:
     """What services hear from the engine (they register; the engine calls them)."""
 

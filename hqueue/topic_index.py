@@ -42,12 +42,6 @@ if TYPE_CHECKING:
     from .storage.base import Storage
 
 
-
-
-
-
-
-
 def config_for(enabled: bool) -> dict[str, str]:
     """The config keys that make a new queue keep the index (or nothing)."""
     return {TOPIC_INDEX_KEY: "true", HASH_KEY: DEFAULT_HASH} if enabled else {}
@@ -68,24 +62,8 @@ def for_new_queue(info: QueueInfo) -> QueueInfo:
     return info
 
 
-
-
 #: A read of more topics than this scans the partition's rows instead.
 MAX_INDEXED_TOPICS = 64
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def usable(topics: Collection[bytes] | None) -> bool:

@@ -57,6 +57,27 @@ def wait_for(condition, timeout: float = 10.0, what: str = "the condition", inte
         time.sleep(interval)
 
 
+def drain(consumer, want: int, timeout: float = 10.0, wait: float = 0.2, retry_on: tuple[type, ...] = ()):
+    """A consumer-group member's deliveries, received until ``want`` came or
+    ``timeout`` passed (what came: the caller asserts). Errors in ``retry_on``
+    (a server going away) are retried."""
+    got: list = []
+
+    def enough() -> bool:
+        nonlocal got
+        try:
+            got += consumer.receive(want - len(got), wait=wait)
+        except retry_on:
+            time.sleep(wait)
+        return len(got) >= want
+
+    try:
+        wait_for(enough, timeout, f"{want} deliveries", interval=0)
+    except AssertionError:
+        pass
+    return got
+
+
 class ZooKeeperServer:
     """A standalone ZooKeeper from Debian's ``zookeeper`` package, on loopback."""
 

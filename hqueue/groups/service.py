@@ -38,25 +38,22 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Collection
 from dataclasses import replace
 from itertools import repeat
 from typing import TYPE_CHECKING
 
-from ..config import Durability
-from ..deadletters import dead_letter, dead_letter_queue
-from ..errors import GroupNotFound, HQueueError, InvalidArgument, NotPartitionOwner
+from ..errors import GroupNotFound, InvalidArgument
 from ..keys.groups import group_key, id_after, state_prefix
 from ..message import (
-    ROWKEY_LENGTH,
     Message,
     MessageID,
     id_bytes,
     messages_from_columns,
     partition_prefix,
-    rowkeys_by_partition,
     successor,
 )
+from .acks import GroupAcks
 from .state import (
     DEFAULT_MAX_SPAN,
     LATEST,
@@ -65,7 +62,6 @@ from .state import (
     GroupState,
     PartitionState,
     assigned,
-    backoff,
     check_group_name,
     served_order,
 )
@@ -78,7 +74,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class GroupService(GroupViews):
+class GroupService(GroupAcks, GroupViews):
     """Every consumer group's state for the partitions this process owns."""
 
     def __init__(self, engine: Engine, coordinator: Coordinator, *, max_span: int = DEFAULT_MAX_SPAN) -> None:
@@ -317,88 +313,6 @@ class GroupService(GroupViews):
         cells = self.storage.scan(queue, start, partition_prefix(pid) + id_after(message_id), None, 1)
         return cells[0] if cells else None
 
-    # -- ack, nack -----------------------------------------------------------------------
-
-    def _owned_partitions(self, group: GroupState, rowkeys: Iterable[bytes]) -> dict[int, list[bytes]]:
-        """Receipts (12-byte rowkeys, SPEC C1) by partition, each owned here."""
-        rowkeys = list(rowkeys)
-        if set(map(type, rowkeys)) - {bytes} or set(map(len, rowkeys)) - {ROWKEY_LENGTH}:
-            raise InvalidArgument(f"a receipt is a received message's {ROWKEY_LENGTH}-byte rowkey")
-        partitions = self.engine.queue_info(group.queue).partitions
-        by_partition = {pid: [key[2:] for key in keys] for pid, keys in rowkeys_by_partition(rowkeys).items()}
-        for pid in by_partition:
-            if pid >= partitions:
-                raise InvalidArgument(f"a receipt names partition {pid}; queue {group.queue!r} has {partitions}")
-            self.coordinator.require_owner(group.queue, pid)
-        return by_partition
-
-    def ack(self, queue: str, name: str, rowkeys: Iterable[bytes]) -> int:
-        """Finish messages: they are never handed out to the group again. Returns how many were open."""
-        group = self._group(queue, name)
-        count = 0
-        with group.lock:
-            for pid, ids in self._owned_partitions(group, rowkeys).items():
-                count += self._acked(group, pid, self._partition(group, pid), ids)
-        return count
-
-    def nack(self, queue: str, name: str, member: str, rowkeys: Iterable[bytes], delay: float | None) -> int:
-        """Give messages back to be handed out again after ``delay`` (None: the backoff).
-
-        Only leases ``member`` holds count: one that expired and went to
-        another member is not the caller's to give back.
-        """
-        if delay is not None and (not isinstance(delay, (int, float)) or not 0 <= delay <= 86400 * 7):
-            raise InvalidArgument(f"'delay' must be seconds in [0, 604800] or None, got {delay!r}")
-
-        def held(state: PartitionState, message_id: bytes) -> bool:
-            lease = state.leases.get(message_id)
-            return lease is not None and lease[0] == member
-
-        return self._fail_each(queue, name, rowkeys, held, delay, at_once=False)
-
-    def dead_letter(self, queue: str, name: str, member: str, rowkeys: Iterable[bytes]) -> int:
-        """Move messages to ``<queue>.dlq`` now, whatever their retries, and finish them here.
-
-        For a consumer that knows a message will never succeed (the
-        :class:`~hqueue.processor.Processor`'s timeouts and its own retries).
-        The dead-letter queue is made and written here, by the partition's
-        owner, so the caller needs no right to create queues. Every message
-        the group has not finished counts, whoever holds it (as :meth:`ack`
-        takes any): one whose lease ran out while ``member`` worked on it
-        still goes. Returns how many; 0 for those already finished (acked, or
-        dead-lettered before).
-        """
-
-        def unfinished(state: PartitionState, message_id: bytes) -> bool:
-            return message_id >= state.done and message_id not in state.acked
-
-        count = self._fail_each(queue, name, rowkeys, unfinished, None, at_once=True)
-        if count:
-            logger.info("group %s of %s: member %s dead-lettered %d messages", name, queue, member, count)
-        return count
-
-    def _fail_each(
-        self,
-        queue: str,
-        name: str,
-        rowkeys: Iterable[bytes],
-        counts: Callable[[PartitionState, bytes], bool],
-        delay: float | None,
-        *,
-        at_once: bool,
-    ) -> int:
-        """:meth:`_failed` for each receipt that ``counts``; how many did."""
-        group = self._group(queue, name)
-        count = 0
-        with group.lock:
-            for pid, ids in self._owned_partitions(group, rowkeys).items():
-                state = self._partition(group, pid)
-                for message_id in ids:
-                    if counts(state, message_id):
-                        self._failed(group, pid, state, message_id, delay, at_once=at_once)
-                        count += 1
-        return count
-
     def leave(self, queue: str, name: str, member: str) -> None:
         """``member`` stops: its leases are given back at once, without counting as failures."""
         group = self._group(queue, name)
@@ -410,88 +324,6 @@ class GroupService(GroupViews):
                     if lease[0] == member:
                         state.retry_at(message_id, now)
         self._on_write(queue, -1)
-
-    def _write(
-        self,
-        group: GroupState,
-        pid: int,
-        puts: dict[str, bytes],
-        deletes: Sequence[str] = (),
-        durability: str = Durability.SYNC_WAL,
-    ) -> None:
-        """Write a partition's progress under its fence (call under ``group.lock``). If it
-        fails (refused: another server took the partition, or the store failed), what
-        is held here may be ahead of the store: drop it, to be read again from the store."""
-        try:
-            self.engine.writers.write_meta(group.queue, pid, puts, deletes, durability)
-        except HQueueError:
-            group.partitions.pop(pid, None)
-            raise
-
-    def _acked(self, group: GroupState, pid: int, state: PartitionState, ids: Iterable[bytes]) -> int:
-        fresh = [i for i in ids if i >= state.done and i not in state.acked]
-        if not fresh:
-            return 0
-        leases, ready = state.leases, state.ready
-        for message_id in fresh:
-            leases.pop(message_id, None)
-            ready.pop(message_id, None)
-        state.acked.update(fresh)
-        done = state.lowest_open()
-        prefix = state_prefix(group.queue, group.name, pid)
-        passed: set[bytes] = set()
-        if done > state.done:
-            passed = {a for a in state.acked if a < done}
-            state.acked -= passed
-            state.done = done
-        puts = {f"{prefix}ack/{a.hex()}": b"" for a in fresh if a not in passed}
-        deletes = [f"{prefix}ack/{a.hex()}" for a in passed.difference(fresh)]
-        if state.retries:
-            deletes += [f"{prefix}retry/{a.hex()}" for a in fresh if state.retries.pop(a, None) is not None]
-        if passed:
-            puts[f"{prefix}done"] = done
-        self._write(group, pid, puts, deletes, self.engine.queue_info(group.queue).durability)
-        return len(fresh)
-
-    def _failed(
-        self,
-        group: GroupState,
-        pid: int,
-        state: PartitionState,
-        message_id: bytes,
-        delay: float | None,
-        *,
-        at_once: bool = False,
-    ) -> None:
-        """One failed delivery (a nack or a lease run out): retry later, or dead-letter it
-        (after ``max_retries``, or now when ``at_once``).
-
-        Raises:
-            NotPartitionOwner: ``at_once``, while no partition of the dead-letter
-                queue is served here yet (just made, in a cluster): try again soon.
-        """
-        retries = state.retries[message_id] = state.retries.get(message_id, 0) + 1
-        prefix = state_prefix(group.queue, group.name, pid)
-        self._write(group, pid, {f"{prefix}retry/{message_id.hex()}": str(retries).encode()})
-        if retries <= group.config.max_retries and not at_once:
-            wait = backoff(retries) if delay is None else delay
-            state.retry_at(message_id, time.monotonic() + wait)
-            return
-        cell = self._read(group.queue, pid, message_id)
-        if cell is not None:
-            message = messages_from_columns([cell[0]], [cell[1]])[0]
-            placed = dead_letter(self.engine, self.coordinator, group.queue, pid, message)
-            if placed is None:  # the dead-letter queue has no partition here yet: try again soon
-                if at_once:  # the caller still holds the lease and tries again
-                    raise NotPartitionOwner(dead_letter_queue(group.queue), pid)
-                state.retry_at(message_id, time.monotonic() + 1.0)
-                return
-            group.dead_lettered += 1
-            logger.warning(
-                "group %s: message %s of %s partition %d failed %d times; moved to %s partition %d as %s",
-                group.name, message.id, group.queue, pid, retries, dead_letter_queue(group.queue), *placed,
-            )  # fmt: skip
-        self._acked(group, pid, state, [message_id])
 
     def set_position(self, queue: str, name: str, partition_id: int | None, start: MessageID) -> None:
         """Replay (or skip): the group takes the partition (None: all) again from ``start``.

@@ -42,8 +42,6 @@ Columns = tuple[list[bytes], list[bytes], list[int]]
 LATEST = -1
 
 
-
-
 def check_group_name(name: object) -> str:
     if not isinstance(name, str):
         raise TypeError(f"a group name must be a str, not {type(name).__name__}")
@@ -99,12 +97,6 @@ class GroupConfig:
         topics = frozenset(bytes.fromhex(t) for t in d["topics"]) if d["topics"] is not None else None
         starts = {int(pid): MessageID.parse(i) for pid, i in d.get("starts", {}).items()}
         return cls(topics, d["start"], d["max_retries"], starts)
-
-
-
-
-
-
 
 
 @dataclass

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ..coordination import Coordinator
     from ..engine import Engine
 
+
 class GroupViews:
     """describe, pending and snapshot, over the service's state (call on a GroupService)."""
 

@@ -27,8 +27,8 @@ With topic filters, a scan examines every row up to the partition's last
 ID and then moves the checkpoint past the whole range, so rows of other
 topics are never read twice.
 
-The :class:`SubscriptionManager` reconciles workers with the registrations
-and with partition ownership on every change, and every second.
+``manager.py``'s :class:`SubscriptionManager` reconciles workers with the
+registrations and with partition ownership on every change, and every second.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import Any
+from typing import Any, Protocol
 
 from thriftpy2.protocol import TBinaryProtocolFactory
 from thriftpy2.rpc import make_client
@@ -67,10 +67,24 @@ Key = tuple[str, str, int]  # (queue, subscriber, partition)
 AGAIN, IDLE, FINISHED = 0.0, -1.0, -2.0
 
 
+class Manager(Protocol):
+    """What a worker and a loop need of the manager running them (manager.py)."""
+
+    engine: Engine
+    coordinator: Coordinator
+    registry: SubscriberRegistry
+    metrics: ServerMetrics
+    push_policy: PushPolicy
+    batch_size: int
+    checkpoint_interval: float
+    idle_wakeup: float
+    send_timeout_ms: int
+
+
 class PartitionWorker:
     """Delivers one partition of one queue to one subscriber, in order, one step at a time."""
 
-    def __init__(self, manager: SubscriptionManager, registration: Registration, partition_id: int) -> None:
+    def __init__(self, manager: Manager, registration: Registration, partition_id: int) -> None:
         self.manager, self.registration, self.partition_id = manager, registration, partition_id
         self.queue, self.name = registration.queue, registration.name
         self.checkpoint = registration.checkpoints.get(partition_id, MessageID(0))
@@ -214,7 +228,7 @@ class PartitionWorker:
 class SubscriberLoop(threading.Thread):
     """One thread and one connection delivering every partition this server owes one subscriber."""
 
-    def __init__(self, manager: SubscriptionManager, queue: str, name: str) -> None:
+    def __init__(self, manager: Manager, queue: str, name: str) -> None:
         super().__init__(daemon=True, name=f"hqueue-push-{queue}-{name}")
         self.manager, self.queue, self.subscriber = manager, queue, name
         self.workers: dict[int, PartitionWorker] = {}
@@ -350,122 +364,3 @@ class SubscriberLoop(threading.Thread):
         if self._client is not None:
             self._client.close()
             self._client = None
-
-
-class SubscriptionManager:
-    """Runs the workers this server owes: attached subscribers x owned partitions."""
-
-    def __init__(
-        self,
-        engine: Engine,
-        coordinator: Coordinator,
-        registry: SubscriberRegistry,
-        *,
-        batch_size: int = 1000,
-        checkpoint_interval: float = 1.0,
-        idle_wakeup: float = 1.0,
-        send_timeout: float = 60.0,
-        push_policy: PushPolicy | None = None,
-        metrics: ServerMetrics | None = None,
-    ) -> None:
-        self.engine, self.coordinator, self.registry = engine, coordinator, registry
-        self.metrics = metrics or ServerMetrics()
-        self.push_policy = push_policy or PushPolicy()
-        self.batch_size, self.checkpoint_interval, self.idle_wakeup = batch_size, checkpoint_interval, idle_wakeup
-        self.send_timeout_ms = int(send_timeout * 1000)
-        self.workers: dict[Key, PartitionWorker] = {}
-        self.loops: dict[tuple[str, str], SubscriberLoop] = {}
-        self._by_partition: dict[tuple[str, int], tuple[PartitionWorker, ...]] = {}
-        self._lock = threading.Lock()
-        self._changed = threading.Event()
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="hqueue-subscriptions", daemon=True)
-        engine.events.on_write(self._on_write)
-        registry.on_change(self._changed.set)
-        coordinator.add_listener(lambda gained, lost: self._changed.set())
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _on_write(self, queue: str, partition_id: int) -> None:
-        for worker in self._by_partition.get((queue, partition_id), ()):
-            loop = self.loops.get((worker.queue, worker.name))
-            if loop is not None:
-                loop.wake(worker)
-
-    def _run(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                self.reconcile()
-            except Exception:
-                logger.warning("reconciling subscription workers failed; retrying", exc_info=True)
-            self._changed.wait(1.0)
-            self._changed.clear()
-
-    def reconcile(self) -> None:
-        """Start the workers owed, stop the others."""
-        wanted: dict[Key, Registration] = {}
-        for registration in self.registry.attached():
-            try:
-                partitions = self.engine.queue_info(registration.queue).partitions
-            except HQueueError:
-                continue  # the queue is gone or unreadable now
-            for pid in range(partitions):
-                if registration.takes(pid) and self.coordinator.owns(registration.queue, pid):
-                    wanted[(registration.queue, registration.name, pid)] = registration
-        with self._lock:
-            for key, worker in list(self.workers.items()):
-                want = wanted.get(key)
-                if want is None or _identity(want) != _identity(worker.registration) or not worker.is_alive():
-                    self._stop_worker(key)
-            for key, registration in wanted.items():
-                if key not in self.workers:
-                    # attached() read the registration in this pass: its checkpoints
-                    # are as stored now, including those another server moved.
-                    worker = PartitionWorker(self, registration, key[2])
-                    self.workers[key] = worker
-                    # Copy on write: _on_write iterates these tuples without the lock.
-                    partition = (key[0], key[2])
-                    self._by_partition[partition] = (*self._by_partition.get(partition, ()), worker)
-                    loop = self.loops.get((key[0], key[1]))
-                    if loop is None:
-                        loop = self.loops[(key[0], key[1])] = SubscriberLoop(self, key[0], key[1])
-                        loop.start()
-                    loop.add(worker)
-                    logger.info("delivering %s partition %d to %s at %s", key[0], key[2], key[1], registration.address)
-            owed = {(queue, name) for queue, name, _ in self.workers}
-            for loop_key in [k for k in self.loops if k not in owed]:
-                self.loops.pop(loop_key).stop()
-
-    def running(self) -> list[PartitionWorker]:
-        """The workers now (a copy: reconcile changes the map on its own thread)."""
-        with self._lock:
-            return list(self.workers.values())
-
-    def settled(self) -> bool:
-        """Whether every worker has pushed all it read and waits for writes:
-        nothing more would be delivered now (what tests wait for, not a sleep)."""
-        return all(worker.idle and not worker.buffer for worker in self.running())
-
-    def _stop_worker(self, key: Key) -> None:
-        worker = self.workers.pop(key)
-        partition = (key[0], key[2])
-        self._by_partition[partition] = tuple(w for w in self._by_partition[partition] if w is not worker)
-        self.loops[(key[0], key[1])].remove(worker)
-        logger.info("paused delivery of %s partition %d to %s", key[0], key[2], key[1])
-
-    def stop(self) -> None:
-        self._stopping.set()
-        self._changed.set()
-        self._thread.join(timeout=10)
-        with self._lock:
-            for key in list(self.workers):
-                self._stop_worker(key)
-            for loop in self.loops.values():
-                loop.stop()
-            self.loops.clear()
-
-
-def _identity(registration: Registration) -> tuple:
-    """What a running worker depends on: a change means a restart."""
-    return registration.address, registration.effective_topics, registration.epoch, registration.dead_letter_after

@@ -13,7 +13,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from ..coordination.local import LocalCoordinator
-from .delivery import SubscriptionManager
+from .manager import SubscriptionManager
 from .service import Subscribers
 from .store_registry import StoreRegistry
 

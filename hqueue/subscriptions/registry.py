@@ -24,12 +24,6 @@ from ..message import MessageID
 __all__ = ["Registration", "SubscriberRegistry"]
 
 
-
-
-
-
-
-
 @dataclass(frozen=True)
 class Registration:
     """A subscriber's registration on one queue.

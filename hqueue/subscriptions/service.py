@@ -32,9 +32,7 @@ class Subscribers:
             delivery only once a subscriber exists (a store in this process).
     """
 
-    def __init__(
-        self, engine: Engine, registry: SubscriberRegistry, in_use: Callable[[], None] | None = None
-    ) -> None:
+    def __init__(self, engine: Engine, registry: SubscriberRegistry, in_use: Callable[[], None] | None = None) -> None:
         self.engine, self.registry = engine, registry
         self._in_use = in_use
 

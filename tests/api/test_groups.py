@@ -12,17 +12,11 @@ import pytest
 from hqueue import Delivery, GroupNotFound, HQueue, HQueueAdmin, InvalidArgument, Message
 from hqueue.groups.state import MEMBER_TIMEOUT, assigned
 
+from ..processes import drain, wait_for
+
 
 def values(deliveries: list[Delivery]) -> list[bytes]:
     return [d.value for d in deliveries]
-
-
-def drain(consumer, want: int, timeout: float = 10.0) -> list[Delivery]:
-    got: list[Delivery] = []
-    deadline = time.monotonic() + timeout
-    while len(got) < want and time.monotonic() < deadline:
-        got += consumer.receive(want - len(got), wait=0.2)
-    return got
 
 
 def test_each_message_goes_to_one_member_and_an_acked_one_never_comes_back(make_queue):
@@ -98,11 +92,10 @@ def test_after_max_retries_failures_the_message_goes_to_the_dead_letter_queue(ma
     attempts = 0
     with queue.consumer("g", max_retries=3) as consumer:
         done = []
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+
+        def handle_a_batch() -> bool:
+            nonlocal attempts
             batch = consumer.receive(10, wait=0.2)
-            if not batch and len(done) == 2:
-                break
             for delivery in batch:
                 if delivery.value == b"poison":
                     attempts += 1
@@ -110,6 +103,9 @@ def test_after_max_retries_failures_the_message_goes_to_the_dead_letter_queue(ma
                 else:
                     done.append(delivery.value)
                     consumer.ack(delivery)
+            return not batch and len(done) == 2
+
+        wait_for(handle_a_batch, 10, "the poison message to run out of retries", interval=0)
         assert consumer.receive(10, wait=0.3) == []
     assert sorted(done) == [b"ok-1", b"ok-2"]
     assert attempts == 4  # the first delivery and 3 retries: exactly max_retries + 1 failures

@@ -88,11 +88,10 @@ def test_on_hbase_an_expired_partition_keeps_its_ids_below_new_ones(monkeypatch,
     """HBase hides expired cells itself, so the newest ID must be remembered before it
     does; then a restart with the clock an hour behind still gives higher IDs.
     Runs against the HBase Thrift1 stand-in (tests/hbase_standin.py), not HBase."""
-    import time
-
     from hqueue.storage.base import read_id_floor
 
     from ..conftest import hbase_url
+    from ..processes import wait_for
 
     url = hbase_url(hbase_standin[0])
     with HQueueAdmin(url) as admin:
@@ -100,12 +99,10 @@ def test_on_hbase_an_expired_partition_keeps_its_ids_below_new_ones(monkeypatch,
     with HQueue("q", url) as queue:
         (before,) = queue.put(Message("t", b"x"), partition_id=1)
         storage = queue.engine.storage  # type: ignore[attr-defined]
-        deadline = time.monotonic() + 30  # the housekeeping thread runs every TTL/2 (0.5 s)
-        while read_id_floor(storage, "q") < before.timestamp and time.monotonic() < deadline:
-            time.sleep(0.1)
+        # the housekeeping thread runs every TTL/2 (0.5 s)
+        wait_for(lambda: read_id_floor(storage, "q") >= before.timestamp, 30, "the ID floor")
         assert read_id_floor(storage, "q") == before.timestamp
-        while list(queue.scan()) and time.monotonic() < deadline:  # HBase's TTL hides the row
-            time.sleep(0.1)
+        wait_for(lambda: not list(queue.scan()), 30, "the TTL to hide the row")
         assert storage.last_rowkey("q", 1) is None
     clock = SteppingClock()
     clock.ms = before.timestamp - HOUR_MS

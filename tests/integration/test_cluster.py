@@ -20,7 +20,7 @@ from hqueue.client.engine import RemoteEngine
 from hqueue.rpc.wire import T
 
 from ..conftest import hbase_url
-from ..processes import ServerProcess, wait_for
+from ..processes import ServerProcess, drain, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.hbase]  # servers over the HBase stand-in
 PARTITIONS = 8
@@ -174,20 +174,11 @@ def test_timers_and_groups_follow_their_partitions_to_the_surviving_server(clust
         timers = [queue.put(Message("timer", b"t%d" % pid), pid, delay=2.0)[0] for pid in on_a]
         for pid in range(PARTITIONS):
             queue.put(Message("order", b"m%d" % pid), pid)
-        first = []
-        deadline = time.monotonic() + 20
-        while len(first) < PARTITIONS and time.monotonic() < deadline:
-            first += member.receive(100, wait=0.5)
+        first = drain(member, PARTITIONS, 20, wait=0.5)
         member.ack(first)
         a.kill()  # a's partitions, their timers and its share of the group move to b
         wait_for(lambda: set(owners(f"hqueue://{b.address}")) == {b.address}, 30, "b to own every partition")
-        later = []
-        deadline = time.monotonic() + 30
-        while len(later) < len(timers) and time.monotonic() < deadline:
-            try:
-                later += member.receive(100, wait=0.5)
-            except Exception:
-                time.sleep(0.2)  # a is gone: the client learns the new owners
+        later = drain(member, len(timers), 30, wait=0.5, retry_on=(Exception,))  # a is gone: the client learns
         member.ack(later)
         assert sorted(d.value for d in later) == sorted(b"t%d" % pid for pid in on_a)
         due = {t.partition_id: t.due for t in timers}

@@ -23,11 +23,13 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("services", ["hqueue.timers", "hqueue.groups", "hqueue.deadletters", "hqueue.lag",
                   "hqueue.subscriptions.registry", "hqueue.subscriptions.zk_registry",
                   "hqueue.subscriptions.store_registry", "hqueue.subscriptions.service",
-                  "hqueue.subscriptions.delivery", "hqueue.subscriptions.local", "hqueue.subscriptions"]),
+                  "hqueue.subscriptions.delivery", "hqueue.subscriptions.manager", "hqueue.subscriptions.local",
+                  "hqueue.subscriptions"]),
     ("attaching services, the client", ["hqueue.services", "hqueue.client", "hqueue.connection"]),
     ("Python API", ["hqueue.queue", "hqueue.admin", "hqueue.consumer", "hqueue.splits", "hqueue.processor",
                     "hqueue.subscriptions.listener"]),
     ("server", ["hqueue.server"]),
+    ("commands both front ends share", ["hqueue.commands"]),
     ("front ends", ["hqueue.cli", "hqueue.shell", "hqueue"]),
 ]  # fmt: skip
 

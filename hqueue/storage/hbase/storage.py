@@ -1,217 +1,45 @@
-"""HBase storage through its Thrift (1) gateway, with happybase.
-
-Layout (SPEC C1):
-
-* one table per queue, ``<prefix>q_<queue>``, column family ``message``
-  (``max_versions=1``, ``time_to_live`` = the queue's TTL, compression
-  configurable); row = the 12-byte rowkey, qualifier = topic, value = payload;
-* a meta table ``<prefix>meta``, family ``q``, one row per queue holding its
-  :class:`~hqueue.config.QueueInfo` as JSON, so every hqueue process pointed
-  at the same HBase sees the same queues.
-
-What HBase's Thrift1 API can and cannot do, and what this backend does:
-
-* Pre-split: Thrift1 ``createTable`` takes no split keys. With HBase 2.x,
-  name its Thrift2 gateway in the URL (``admin=host:9091``, the server
-  started by ``hbase thrift2``) and tables are created pre-split at
-  partition boundaries, ``partitionsPerRegion`` partitions a region
-  (:func:`split_keys`), through ``THBaseService.createTable``. Without it
-  (HBase 1.x, or no Thrift2 gateway) a table starts as one region and HBase
-  splits it as it grows.
-* Durability: ``SKIP_WAL`` sends mutations with ``writeToWAL=false``.
-  ``ASYNC_WAL`` is a table attribute in HBase: it is set through Thrift2
-  when ``admin=`` is given; Thrift1 alone cannot set it, so such a table
-  uses HBase's default (SYNC_WAL).
-* Atomicity: ``mutateRows`` is atomic per row, not per batch. A batch that
-  fails part-way may leave a prefix of its rows written (and the put is
-  reported failed: at least once, never lost). Every row of one put lies in
-  one partition, so usually in one region.
-* Truncate: with ``admin=``, Thrift2 ``truncateTable(preserveSplits=true)``;
-  Thrift1 has no truncate, so without it the table is disabled, deleted and
-  created again with the same families (the info and ID floor are kept).
-* Counting: no cheap count exists over Thrift; ``estimate_count`` is None.
-* TTL: HBase hides and drops expired cells itself. What it cannot do is
-  keep IDs from going back (SPEC C2): once a partition's last rows expire,
-  nothing in the table says how high its IDs went, and a restart with a
-  clock that went back would give lower ones. So a housekeeping thread
-  remembers each TTL queue's newest ID (the ID floor, in the meta table)
-  at least twice per TTL, before HBase can hide it.
-
-Errors from Thrift, sockets and HBase are wrapped in :class:`StorageError`
-(``raise … from e``); idempotent reads are retried once on a fresh
-connection, since the pool drops a connection that failed.
-"""
+"""HBaseStorage: queues in HBase tables over happybase (see the package's docstring)."""
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import happybase
 from Hbase_thrift import BatchMutation, Mutation  # loaded by happybase from its Hbase.thrift
-from thriftpy2.protocol import TBinaryProtocolFactory, TCompactProtocolFactory
-from thriftpy2.rpc import make_client
 from thriftpy2.thrift import TException
-from thriftpy2.transport import TBufferedTransportFactory, TFramedTransportFactory, TTransportException
+from thriftpy2.transport import TTransportException
 
-from ..config import Durability, QueueInfo, QueueState
-from ..errors import Fenced, InvalidArgument, QueueDisabled, QueueExists, QueueNotFound, StorageError
-from ..keys.index import HEAD_LENGTH, is_index_key
-from ..keys.timers import is_high_water
-from ..message import ROWKEY_LENGTH, key_after, partition_prefix
-from ..rpc import idl
-from .base import Cell, Storage, housekeeping, keep_id_floor
-from .fence import Epoch, Fence, Token, fence_key, next_epoch
+from ...config import Durability, QueueInfo, QueueState
+from ...errors import InvalidArgument, QueueDisabled, QueueExists, QueueNotFound, StorageError
+from ...message import ROWKEY_LENGTH, key_after, partition_prefix
+from ..base import Cell, Storage, housekeeping, keep_id_floor
+from ..fence import Epoch, Fence
+from .admin import Thrift2Admin
+from .cells import (
+    _COLUMN_PREFIX,
+    _ID_END,
+    _KV_COLUMN,
+    _KV_ROW,
+    _META_COLUMN,
+    _META_FAMILY,
+    FAMILY,
+    HOUSEKEEPING_INTERVAL,
+    MIN_HOUSEKEEPING_INTERVAL,
+    StorageUnavailable,
+    _cell_deletes,
+    _cell_time,
+    _row_length,
+)
+from .fencing import FencedWrites
 
 logger = logging.getLogger(__name__)
 
-FAMILY = b"message"
-_COLUMN_PREFIX = FAMILY + b":"
-_META_FAMILY = b"q"
-_META_COLUMN = b"q:info"
-# Other metadata lives in the meta table too, in its own column, under
-# rows that cannot be queue names ("/" is not allowed in those).
-_KV_COLUMN = b"q:meta"
-_KV_ROW = "meta/"
-_ID_END = b"\xff" * 10
-#: Seconds between housekeeping rounds, at most; a queue with a short TTL makes them closer.
-HOUSEKEEPING_INTERVAL = 300.0
-#: Nor closer than this, whatever the TTL.
-MIN_HOUSEKEEPING_INTERVAL = 0.5
 
-
-#: The fence's epoch and floor, in the partition's row of the meta table (fence.py).
-_EPOCH_COLUMN = b"q:epoch"
-_FLOOR_COLUMN = b"q:floor"
-#: How far past a write's last ID its floor reservation reaches, in ms: a fenced
-#: write pays the reserving round trip at most this often per partition, and a
-#: new owner's first IDs may be this far ahead of the clock.
-RESERVE_MS = 500
-_TAKE_TRIES = 100
-
-
-def _fence_row(queue: str, partition_id: int) -> bytes:
-    return (_KV_ROW + fence_key(queue, partition_id)).encode()
-
-
-def _cell_deletes(keys: Iterable[bytes], wal: bool) -> dict[int | None, list[BatchMutation]]:
-    """Deletes of the cells ``keys``, by the timestamp to send them with (None:
-    HBase's clock). HBase removes only the versions stamped at or before a
-    delete's own, and a timer's cell is stamped with its due time, maybe in the
-    future: timers' cells are deleted in one call stamped with the latest due
-    time among them (each has one version, and no key is ever written again)."""
-    plain: list[BatchMutation] = []
-    timers: list[BatchMutation] = []
-    latest = 0
-    for key in keys:
-        cut = _row_length(key)
-        mutation = BatchMutation(
-            key[:cut], [Mutation(isDelete=True, column=_COLUMN_PREFIX + key[cut:], writeToWAL=wal)]
-        )
-        due = _cell_time(key)
-        if due is None:
-            plain.append(mutation)
-        else:
-            timers.append(mutation)
-            latest = max(latest, due)
-    return {None: plain, latest: timers} if timers else {None: plain}
-
-
-class StorageUnavailable(StorageError):
-    """The HBase Thrift server cannot be reached or dropped the connection."""
-
-
-def split_keys(partitions: int, partitions_per_region: int) -> list[bytes]:
-    """Region boundaries that put ``partitions_per_region`` partitions in each region."""
-    return [partition_prefix(pid) for pid in range(partitions_per_region, partitions, partitions_per_region)]
-
-
-class Thrift2Admin:
-    """HBase 2.x Thrift2 admin calls (``thrift/hbase2_admin.thrift``).
-
-    A connection is made per call: admin calls are rare, and a long-lived
-    idle socket would only be one more thing to fail.
-    """
-
-    def __init__(self, address: str, transport: str, protocol: str, timeout: int) -> None:
-        host, _, port = address.rpartition(":")
-        if not host or not port.isdigit():
-            raise InvalidArgument(f"'admin' must be host:port, got {address!r}")
-        self.host, self.port, self.timeout = host, int(port), timeout
-        self._idl = idl.load("hbase2_admin.thrift")
-        self._transport: Any = {"buffered": TBufferedTransportFactory, "framed": TFramedTransportFactory}[transport]()
-        self._protocol = {"binary": TBinaryProtocolFactory, "compact": TCompactProtocolFactory}[protocol]()
-
-    def _call(self, what: str, method: str, *args):
-        try:
-            client = make_client(
-                self._idl.THBaseService,
-                self.host,
-                self.port,
-                proto_factory=self._protocol,
-                trans_factory=self._transport,
-                timeout=self.timeout,
-            )
-        except (TException, OSError) as e:
-            raise StorageUnavailable(f"HBase Thrift2 at {self.host}:{self.port}: {what}: {e}") from e
-        try:
-            return getattr(client, method)(*args)
-        except (TTransportException, OSError) as e:
-            raise StorageUnavailable(f"HBase Thrift2 at {self.host}:{self.port}: {what}: {e}") from e
-        except TException as e:
-            raise StorageError(f"HBase Thrift2 at {self.host}:{self.port}: {what}: {getattr(e, 'message', e)}") from e
-        finally:
-            client.close()
-
-    def create_table(self, table: bytes, info: QueueInfo, compression: str) -> None:
-        """Create ``table`` pre-split at partition boundaries."""
-        t = self._idl
-        family = t.TColumnFamilyDescriptor(
-            name=FAMILY,
-            maxVersions=1,
-            timeToLive=info.ttl or None,
-            compressionType=getattr(t.TCompressionAlgorithm, compression.upper()),
-        )
-        durability = {
-            Durability.SYNC_WAL: t.TDurability.SYNC_WAL,
-            Durability.ASYNC_WAL: t.TDurability.ASYNC_WAL,
-            Durability.SKIP_WAL: t.TDurability.SKIP_WAL,
-        }[info.durability]
-        descriptor = t.TTableDescriptor(
-            tableName=t.TTableName(qualifier=table), columns=[family], durability=durability
-        )
-        splits = split_keys(info.partitions, info.partitions_per_region)
-        self._call(f"create table {table!r}", "createTable", descriptor, splits)
-
-    def truncate_table(self, table: bytes) -> None:
-        """Delete every row of a disabled table, keeping its regions."""
-        self._call(f"truncate table {table!r}", "truncateTable", self._idl.TTableName(qualifier=table), True)
-
-
-INDEX_ROW_LENGTH = HEAD_LENGTH + 10
-
-
-def _row_length(key: bytes) -> int:
-    """Where a cell key's row ends: after the 12-byte rowkey, or for a topic-index
-    entry (topic_index.py) after its ID too, so that each entry is a row of its own."""
-    return INDEX_ROW_LENGTH if is_index_key(key) else ROWKEY_LENGTH
-
-
-def _cell_time(key: bytes) -> int | None:
-    """A timer's cell is stamped with its due time, so the family's TTL counts from
-    then (timers.py); every other cell gets HBase's write time (None)."""
-    if key[0] & 0x80:
-        due = int.from_bytes(key[2:10], "big")
-        if due < 2**63:
-            return due
-    return None
-
-
-class HBaseStorage(Storage):
+class HBaseStorage(FencedWrites, Storage):
     """Queues in HBase tables, reached through a pool of happybase connections.
 
     Args:
@@ -457,55 +285,6 @@ class HBaseStorage(Storage):
         if by_time.get(None):
             connection.client.mutateRows(self._table_name(name), by_time[None], {})
 
-    # -- fences (fence.py) -------------------------------------------------------
-
-    def take_partition(self, name: str, partition_id: int, token: Token | None = None) -> Fence:
-        self.get_queue(name)
-        row = _fence_row(name, partition_id)
-        with self._connection(f"take {name!r} partition {partition_id}", name) as connection:
-            meta = connection.table(self._meta_table)
-            for _ in range(_TAKE_TRIES):
-                old = meta.row(row, columns=[_EPOCH_COLUMN]).get(_EPOCH_COLUMN)
-                epoch = next_epoch(name, partition_id, Epoch.from_bytes(old), token)
-                bump = Mutation(column=_EPOCH_COLUMN, value=epoch.to_bytes())
-                if connection.client.checkAndPut(self._meta_table, row, _EPOCH_COLUMN, old, bump, {}):
-                    # Read after the bump: it covers every reservation made under older epochs.
-                    floor = meta.row(row, columns=[_FLOOR_COLUMN]).get(_FLOOR_COLUMN, b"")
-                    self._reserved[(name, partition_id)] = (epoch, floor)
-                    return Fence(name, partition_id, epoch, floor)
-        raise StorageError(f"HBase at {self.url}: could not take {name!r} partition {partition_id}: contended")
-
-    def _reserve(self, connection: happybase.Connection, fence: Fence, high: bytes) -> None:
-        """Raise the partition's floor above ``high`` (RESERVE_MS ahead), if the epoch is still ours."""
-        key = (fence.queue, fence.partition_id)
-        reserved = self._reserved.get(key)
-        if reserved is not None and reserved[0] == fence.epoch and high < reserved[1]:
-            return
-        until = max((int.from_bytes(high[:8], "big") + RESERVE_MS).to_bytes(8, "big") + b"\0\0", fence.floor)
-        row = _fence_row(*key)
-        raise_floor, epoch = Mutation(column=_FLOOR_COLUMN, value=until), fence.epoch.to_bytes()
-        if not connection.client.checkAndPut(self._meta_table, row, _EPOCH_COLUMN, epoch, raise_floor, {}):
-            raise Fenced(fence.queue, fence.partition_id, fence.epoch)
-        self._reserved[key] = (fence.epoch, until)
-
-    def _verify(self, connection: happybase.Connection, fence: Fence, undo: Callable[[], None] | None = None) -> None:
-        """Raise Fenced, after calling ``undo``, if the partition's epoch is no longer ``fence``'s."""
-        row = _fence_row(fence.queue, fence.partition_id)
-        stored = connection.table(self._meta_table).row(row, columns=[_EPOCH_COLUMN])
-        if Epoch.from_bytes(stored.get(_EPOCH_COLUMN)) == fence.epoch:
-            return
-        if undo is not None:
-            undo()
-        raise Fenced(fence.queue, fence.partition_id, fence.epoch)
-
-    def _undo(self, connection: happybase.Connection, name: str, cells: Sequence[Cell], wal: bool) -> None:
-        """Delete a refused write's cells: their IDs are at or below its reservation, so
-        below every ID of the new owner, whose cells are never touched. The timers'
-        high-water cell is one per partition, not per ID: it stays (the fence's floor
-        covers every ID it could name)."""
-        mine = [key for key, _ in cells if not is_high_water(key)]
-        self._send(connection, name, _cell_deletes(mine, wal))
-
     def scan(
         self,
         name: str,
@@ -568,37 +347,6 @@ class HBaseStorage(Storage):
     def delete_meta(self, key: str) -> None:
         with self._connection(f"delete {key!r}") as connection:
             connection.table(self._meta_table).delete((_KV_ROW + key).encode(), columns=[_KV_COLUMN])
-
-    def write_meta(
-        self,
-        puts: Mapping[str, bytes],
-        deletes: Iterable[str] = (),
-        durability: str = Durability.SYNC_WAL,
-        *,
-        fence: Fence | None = None,
-    ) -> None:
-        """One ``mutateRows`` round trip for the lot (consumer groups' acks); with a
-        fence, the puts, the epoch read back, then the deletes."""
-        wal = durability != Durability.SKIP_WAL
-        batch = [
-            BatchMutation((_KV_ROW + key).encode(), [Mutation(column=_KV_COLUMN, value=value, writeToWAL=wal)])
-            for key, value in puts.items()
-        ]
-        removals = [
-            BatchMutation((_KV_ROW + key).encode(), [Mutation(isDelete=True, column=_KV_COLUMN, writeToWAL=wal)])
-            for key in deletes
-        ]
-        if fence is None:
-            batch, removals = batch + removals, []
-        if not (batch or removals or fence):
-            return
-        with self._connection(f"write {len(batch) + len(removals)} metadata key(s)") as connection:
-            if batch:
-                connection.client.mutateRows(self._meta_table, batch, {})
-            if fence is not None:
-                self._verify(connection, fence)
-            if removals:
-                connection.client.mutateRows(self._meta_table, removals, {})
 
     def list_meta(self, prefix: str) -> dict[str, bytes]:
         def read(connection):

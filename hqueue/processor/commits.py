@@ -1,0 +1,59 @@
+"""Which received messages a Processor may ack: the longest completed prefix per partition."""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from typing import TYPE_CHECKING
+
+from ..consumer import Delivery
+from ..message import MessageID
+
+if TYPE_CHECKING:
+    pass
+
+
+class CommitTracker:
+    """Which of one partition's messages may be committed, as they complete out of order.
+
+    ``received`` messages enter in ID order; ``completed`` ones leave in any
+    order; :meth:`committable` gives those below the lowest message still
+    incomplete (the highest contiguous completed run), once each.
+    """
+
+    def __init__(self) -> None:
+        self._pending: list[MessageID] = []  # received, in ID order
+        self._held: dict[MessageID, Delivery] = {}
+        self._completed: set[MessageID] = set()
+        self._lock = threading.Lock()
+
+    def received(self, delivery: Delivery) -> bool:
+        """Track a message; False if it is tracked already (a redelivery of one in hand)."""
+        with self._lock:
+            if delivery.id in self._held:
+                return False
+            bisect.insort(self._pending, delivery.id)
+            self._held[delivery.id] = delivery
+            return True
+
+    def completed(self, message_id: MessageID) -> None:
+        with self._lock:
+            if message_id in self._held:
+                self._completed.add(message_id)
+
+    def committable(self) -> list[Delivery]:
+        """The completed messages below the first incomplete one, oldest first; forgotten once returned."""
+        with self._lock:
+            count = 0
+            for message_id in self._pending:
+                if message_id not in self._completed:
+                    break
+                count += 1
+            done, self._pending = self._pending[:count], self._pending[count:]
+            self._completed.difference_update(done)
+            return [self._held.pop(message_id) for message_id in done]
+
+    @property
+    def in_hand(self) -> int:
+        with self._lock:
+            return len(self._pending)

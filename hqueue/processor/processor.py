@@ -1,0 +1,236 @@
+"""The Processor (see the package's docstring)."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue as queue_module
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..consumer import Delivery
+from ..deadletters import dead_letter_queue
+from ..errors import InvalidArgument, NoPartitionOwner, NotPartitionOwner, ServerUnavailable
+from ..message import Message
+from .commits import CommitTracker
+from .worker import Worker
+
+if TYPE_CHECKING:
+    from ..consumer import Consumer
+    from ..queue import HQueue
+
+logger = logging.getLogger("hqueue.processor")
+
+
+#: Tries to dead-letter a message, a second apart, while the dead-letter queue's partitions find their server.
+DEAD_LETTER_TRIES = 10
+
+
+class Processor:
+    """Key-ordered, parallel processing of a queue (SPEC X5).
+
+    Args:
+        queue: The queue to read.
+        group: The consumer group the processor reads as (made on first use,
+            from the earliest message unless ``start`` says otherwise).
+        handler: Called with each :class:`~hqueue.Message`; raise to fail it.
+        key: The key of a message (default: its topic).
+        workers: Worker queues, each with its thread.
+        queue_size: Messages each worker queue holds before the reader waits.
+        max_retries: Retries of a failing message before it is dead-lettered.
+        retry_delay: Seconds before the first retry (doubling after).
+        timeout: Seconds a handler may run before its message fails, without
+            a retry (None: no limit).
+        delay: Handle each message no sooner than this many seconds after it was written.
+        lease: The group lease of messages in hand; make it longer than a
+            message may wait in a queue plus its handling (default 600 s).
+        commit_interval: Seconds between acks of committable messages.
+        start: Where a new group starts (see :meth:`HQueue.consumer`).
+    """
+
+    def __init__(
+        self,
+        queue: HQueue,
+        group: str,
+        handler: Callable[[Message], Any],
+        *,
+        key: Callable[[Message], bytes | str] | None = None,
+        workers: int = 4,
+        queue_size: int = 100,
+        max_retries: int = 3,
+        retry_delay: float = 1.0,
+        timeout: float | None = None,
+        delay: float = 0.0,
+        lease: float = 600.0,
+        commit_interval: float = 0.2,
+        start: str = "earliest",
+    ) -> None:
+        if not callable(handler):
+            raise TypeError("'handler' must be callable")
+        for name, value, low in (
+            ("workers", workers, 1),
+            ("queue_size", queue_size, 1),
+            ("max_retries", max_retries, 0),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise InvalidArgument(f"{name!r} must be an int >= {low}, got {value!r}")
+        if timeout is not None and not timeout > 0:
+            raise InvalidArgument(f"'timeout' must be seconds > 0 or None, got {timeout!r}")
+        if not delay >= 0 or not retry_delay >= 0:
+            raise InvalidArgument("'delay' and 'retry_delay' must be seconds >= 0")
+        self.queue, self.handler = queue, handler
+        self._key = key
+        self.queue_size, self.max_retries, self.retry_delay = queue_size, max_retries, retry_delay
+        self.timeout, self.delay, self.lease, self.commit_interval = timeout, delay, lease, commit_interval
+        self.consumer: Consumer = queue.consumer(group, start=start, lease=lease)
+        self.trackers: dict[int, CommitTracker] = {}
+        self.counter = itertools.count()
+        self.stopping = threading.Event()
+        self._stop_reading = threading.Event()
+        self.completed = 0
+        self.dead_lettered = 0
+        self._lock = threading.Lock()
+        self._workers = [Worker(self, i) for i in range(workers)]
+        self._threads = [
+            threading.Thread(target=self._read, name="hqueue-processor-reader", daemon=True),
+            threading.Thread(target=self._commit_loop, name="hqueue-processor-commits", daemon=True),
+        ]
+        if timeout is not None:
+            self._threads.append(threading.Thread(target=self._watch, name="hqueue-processor-timeouts", daemon=True))
+        for thread in self._threads:
+            thread.start()
+
+    def key(self, message: Message) -> bytes:
+        if self._key is None:
+            return message.topic
+        key = self._key(message)
+        return key.encode() if isinstance(key, str) else key
+
+    # -- the reader -----------------------------------------------------------------------
+
+    def _read(self) -> None:
+        while not self._stop_reading.is_set():
+            try:
+                deliveries = self.consumer.receive(self.queue_size, wait=0.5)
+            except Exception:
+                logger.exception("processor: receive failed; retrying")
+                time.sleep(1.0)
+                continue
+            for delivery in deliveries:
+                tracker = self._tracker(delivery.partition_id)
+                if not tracker.received(delivery):
+                    continue  # in hand already (its lease ran out and it came back)
+                worker = self._workers[zlib.crc32(self.key(delivery.message)) % len(self._workers)]
+                while not self.stopping.is_set():
+                    try:
+                        worker.inbox.put(delivery, timeout=0.1)  # a full queue: the reader waits (backpressure)
+                        break
+                    except queue_module.Full:
+                        continue
+
+    def _tracker(self, partition_id: int) -> CommitTracker:
+        with self._lock:
+            tracker = self.trackers.get(partition_id)
+            if tracker is None:
+                tracker = self.trackers[partition_id] = CommitTracker()
+            return tracker
+
+    # -- completions and commits ----------------------------------------------------------
+
+    def complete(self, delivery: Delivery) -> None:
+        self._tracker(delivery.partition_id).completed(delivery.id)
+        with self._lock:
+            self.completed += 1
+
+    def dead_letter(self, delivery: Delivery, why: str) -> None:
+        """Move a failed message to ``<queue>.dlq`` through its group (the partition's
+        owner writes it: no admin right needed, and a message whose lease ran
+        out meanwhile goes too); then it is complete."""
+        for attempt in range(DEAD_LETTER_TRIES):
+            try:
+                self.consumer.dead_letter(delivery)  # 0: finished already (dead-lettered or acked)
+                break
+            except (NotPartitionOwner, NoPartitionOwner, ServerUnavailable) as e:
+                if attempt == DEAD_LETTER_TRIES - 1:
+                    raise
+                logger.info("processor: dead-lettering %s must wait: %s", delivery.id, e)
+                time.sleep(1.0)
+        dlq = dead_letter_queue(self.queue.name)
+        with self._lock:
+            self.dead_lettered += 1
+        logger.warning("processor: message %s dead-lettered to %s: %s", delivery.id, dlq, why)
+        self.complete(delivery)
+
+    def commit(self) -> int:
+        """Ack every message below the first incomplete one of its partition; return how many."""
+        with self._lock:
+            trackers = list(self.trackers.values())
+        done = [delivery for tracker in trackers for delivery in tracker.committable()]
+        if done:
+            self.consumer.ack(done)
+        return len(done)
+
+    def _commit_loop(self) -> None:
+        while not self.stopping.wait(self.commit_interval):
+            try:
+                self.commit()
+            except Exception:
+                logger.exception("processor: commit failed; retrying")
+
+    def _watch(self) -> None:
+        assert self.timeout is not None
+        while not self.stopping.wait(min(0.05, self.timeout / 4)):
+            now = time.monotonic()
+            for worker in self._workers:
+                since, current = worker.busy_since, worker.current
+                if since is not None and current is not None and now - since > self.timeout:
+                    worker.timed_out(current, since)
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    @property
+    def in_hand(self) -> int:
+        """Messages received and not yet committed."""
+        with self._lock:
+            return sum(t.in_hand for t in self.trackers.values())
+
+    def wait_idle(self, timeout: float | None = None, settle: float = 0.5) -> bool:
+        """Wait until nothing is in hand and nothing has come for ``settle`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        quiet_since = None
+        while deadline is None or time.monotonic() < deadline:
+            if self.in_hand == 0:
+                quiet_since = quiet_since or time.monotonic()
+                if time.monotonic() - quiet_since >= settle:
+                    return True
+            else:
+                quiet_since = None
+            time.sleep(0.05)
+        return False
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop reading, let the workers finish what they hold (up to ``timeout``), commit, leave the group.
+
+        What is still in hand after the timeout is not acked: the group hands
+        it out again.
+        """
+        if self.stopping.is_set():
+            return
+        deadline = time.monotonic() + timeout
+        self._stop_reading.set()
+        self._threads[0].join(timeout=timeout)
+        self.wait_idle(timeout=max(0.0, deadline - time.monotonic()), settle=0.0)
+        self.stopping.set()
+        for thread in [*self._threads, *(w.thread for w in self._workers)]:
+            thread.join(timeout=max(0.1, deadline - time.monotonic()))
+        self.commit()
+        self.consumer.close()
+
+    def __enter__(self) -> Processor:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

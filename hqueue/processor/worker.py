@@ -1,0 +1,150 @@
+"""A Processor's worker thread: handles the keys it is given, one message of a key at a time."""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import queue as queue_module
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from ..consumer import Delivery
+from ..message import MessageID
+
+if TYPE_CHECKING:
+    pass
+
+logger = logging.getLogger("hqueue.processor")
+
+
+class Worker:
+    """One worker queue and the thread draining it; keys set aside wait in ``parked``."""
+
+    def __init__(self, processor: Any, index: int) -> None:
+        self.processor, self.index = processor, index
+        self.inbox: queue_module.Queue[Delivery | None] = queue_module.Queue(processor.queue_size)
+        #: key -> messages of a key set aside after a failure, in order, and when to try again.
+        self.parked: dict[bytes, deque[Delivery]] = {}
+        self.parked_until: list[tuple[float, int, bytes]] = []
+        self.failures: dict[MessageID, int] = {}
+        self.busy_since: float | None = None
+        self.current: Delivery | None = None
+        #: Bumped when a stuck handler is abandoned: the old thread's results are ignored.
+        self.generation = 1
+        self.lock = threading.Lock()  # the handler's end against its timeout
+        self._start()
+
+    def _start(self) -> None:
+        """Run the worker loop in a new thread, as generation ``self.generation``."""
+        self.thread = threading.Thread(
+            target=self._run, args=(self.generation,), name=f"hqueue-processor-{self.index}", daemon=True
+        )
+        self.thread.start()
+
+    def _run(self, generation: int) -> None:
+        processor = self.processor
+        while generation == self.generation:
+            delivery, resumed = self._next()
+            if delivery is None:
+                if processor.stopping.is_set() and not self.parked and self.inbox.empty():
+                    return
+                continue
+            key = processor.key(delivery.message)
+            if key in self.parked and not resumed:  # behind a failed message of its key: keep the order
+                self.parked[key].append(delivery)
+                continue
+            try:
+                self._handle(delivery, key, generation)
+            except Exception:  # the dead-letter queue could not be written: keep the message, try again
+                logger.exception("processor: message %s could not be finished; trying again in 1s", delivery.id)
+                self.parked.setdefault(key, deque()).appendleft(delivery)
+                heapq.heappush(self.parked_until, (time.monotonic() + 1.0, next(processor.counter), key))
+
+    def _next(self) -> tuple[Delivery | None, bool]:
+        """The next delivery, and whether it is a set-aside key's turn again."""
+        now = time.monotonic()
+        if self.parked_until and self.parked_until[0][0] <= now:
+            _, _, key = heapq.heappop(self.parked_until)
+            waiting = self.parked.get(key)
+            if waiting:
+                return self._resume(key, waiting), True
+        timeout = min(0.1, self.parked_until[0][0] - now) if self.parked_until else 0.1
+        try:
+            return self.inbox.get(timeout=max(0.001, timeout)), False
+        except queue_module.Empty:
+            return None, False
+
+    def _resume(self, key: bytes, waiting: deque[Delivery]) -> Delivery:
+        delivery = waiting.popleft()
+        if not waiting:
+            del self.parked[key]
+        else:  # the rest of the key follows once this one is through
+            self.parked[key] = waiting
+        return delivery
+
+    def _handle(self, delivery: Delivery, key: bytes, generation: int) -> None:
+        processor = self.processor
+        message = delivery.message
+        due = delivery.id.timestamp / 1000 + processor.delay if processor.delay else 0.0
+        if due > time.time():
+            time.sleep(due - time.time())
+        with self.lock:
+            self.current, self.busy_since = delivery, time.monotonic()
+        error: Exception | None = None
+        try:
+            processor.handler(message)
+        except Exception as e:
+            error = e
+        with self.lock:
+            if generation != self.generation:
+                return  # it timed out meanwhile: failed already, and another thread goes on
+            self.current, self.busy_since = None, None
+        if error is not None:
+            self._failed(delivery, key, error)
+            return
+        self.failures.pop(message.id, None)  # type: ignore[arg-type]
+        processor.complete(delivery)
+        waiting = self.parked.get(key)
+        if waiting is not None and not any(k == key for _, _, k in self.parked_until):
+            self.inbox_front(key)
+
+    def inbox_front(self, key: bytes) -> None:
+        """A key that was set aside and is through its failed message: go on with it now."""
+        heapq.heappush(self.parked_until, (0.0, next(self.processor.counter), key))
+
+    def _failed(self, delivery: Delivery, key: bytes, error: Exception) -> None:
+        processor = self.processor
+        message_id = delivery.message.id
+        assert message_id is not None
+        count = self.failures[message_id] = self.failures.get(message_id, 0) + 1
+        if count > processor.max_retries:
+            logger.warning("processor: message %s failed %d times (%s); dead-lettered", message_id, count, error)
+            self.failures.pop(message_id, None)
+            processor.dead_letter(delivery, f"failed {count} times: {error!r}")
+            if key in self.parked:
+                self.inbox_front(key)
+            return
+        delay = processor.retry_delay * 2 ** (count - 1)
+        logger.info("processor: message %s failed (%r); retry %d in %.2fs", message_id, error, count, delay)
+        waiting = self.parked.setdefault(key, deque())
+        waiting.appendleft(delivery)
+        heapq.heappush(self.parked_until, (time.monotonic() + delay, next(processor.counter), key))
+
+    def timed_out(self, delivery: Delivery, started: float) -> None:
+        """The handler ran past the timeout: fail its message without a retry, and go on
+        in a new thread (the stuck call is abandoned: a thread cannot be killed)."""
+        with self.lock:
+            if self.current is not delivery or self.busy_since != started:
+                return  # it finished meanwhile
+            self.generation += 1  # the stuck thread's result is ignored from now on
+            self.current, self.busy_since = None, None
+        # No worker thread runs now: the set-aside keys are this thread's to touch.
+        key = self.processor.key(delivery.message)
+        try:
+            self.processor.dead_letter(delivery, f"timed out after {self.processor.timeout}s")
+        finally:
+            if key in self.parked:
+                self.inbox_front(key)
+            self._start()

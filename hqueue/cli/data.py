@@ -13,7 +13,7 @@ import click
 
 from ..commands import escape
 from ..message import Message, MessageID, successor
-from .main import Progress, main, message_id, open_queue
+from .main import Progress, Seconds, main, message_id, open_queue
 
 #: The longest wait any option takes (ten years), so that inf and 1e308 are range errors.
 MAX_SECONDS = 10 * 365 * 86400.0
@@ -37,9 +37,7 @@ MAX_SECONDS = 10 * 365 * 86400.0
     show_default=True,
     help="stdin: a message per line (bytes as they are), all of it as one message, or a message per encoded line.",
 )
-@click.option(
-    "--delay", type=click.FloatRange(0, MAX_SECONDS), help="Timer messages: deliver this many seconds from now."
-)
+@click.option("--delay", type=Seconds(0, MAX_SECONDS), help="Timer messages: deliver this many seconds from now.")
 @click.option("--at", "deliver_at", callback=message_id, help="Timer messages: deliver at this ISO time or epoch ms.")
 @click.pass_context
 def put(
@@ -157,12 +155,8 @@ def _print_message(message: Message, output_format: str, attempt: int | None = N
 @click.option("--start", callback=message_id, help="First ID or ISO time (default: now).")
 @click.option("--topic", "-t", "topics", multiple=True, help="Only this topic; repeatable.")
 @click.option("--format", "output_format", type=click.Choice(["text", "json", "hex", "base64"]), default="text")
-@click.option(
-    "--interval", type=click.FloatRange(0.01, 3600), default=0.2, show_default=True, help="Seconds between reads."
-)
-@click.option(
-    "--for", "duration", type=click.FloatRange(0, MAX_SECONDS), help="Stop after this many seconds (default: Ctrl-C)."
-)
+@click.option("--interval", type=Seconds(0.01, 3600), default=0.2, show_default=True, help="Seconds between reads.")
+@click.option("--for", "duration", type=Seconds(0, MAX_SECONDS), help="Stop after this many seconds (default: Ctrl-C).")
 @click.option("--follow", "-f", is_flag=True, help="Follow (what tail always does; for tail -f habits).")
 @click.pass_context
 def tail(ctx, name: str, start, topics: tuple[str, ...], output_format: str, interval: float, duration, follow) -> None:
@@ -223,12 +217,8 @@ def count(ctx, name: str, start, stop, topics: tuple[str, ...], partition: int |
 @click.option("--topic", "-t", "topics", multiple=True, help="Only this topic (when the group is new); repeatable.")
 @click.option("--format", "output_format", type=click.Choice(["text", "json", "hex", "base64"]), default="text")
 @click.option("--max", "max_messages", type=click.IntRange(1), help="Stop after this many messages.")
-@click.option(
-    "--for", "duration", type=click.FloatRange(0, MAX_SECONDS), help="Stop after this many seconds (default: Ctrl-C)."
-)
-@click.option(
-    "--lease", type=click.FloatRange(0.001, 7 * 86400), default=30.0, show_default=True, help="Seconds per lease."
-)
+@click.option("--for", "duration", type=Seconds(0, MAX_SECONDS), help="Stop after this many seconds (default: Ctrl-C).")
+@click.option("--lease", type=Seconds(0.001, 7 * 86400), default=30.0, show_default=True, help="Seconds per lease.")
 @click.option("--no-ack", is_flag=True, help="Print without acking: the messages come back when their leases end.")
 @click.option("--start", type=click.Choice(["earliest", "latest"]), default="earliest", show_default=True)
 @click.pass_context

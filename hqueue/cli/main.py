@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -147,6 +148,18 @@ class Progress:
     def done(self) -> None:
         if self.live and self.count:
             click.echo("\r" + " " * 40 + "\r", err=True, nl=False)
+
+
+class Seconds(click.FloatRange):
+    """A float in a range, and never nan (which no range check catches)."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if math.isnan(number):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        return number
 
 
 def message_id(ctx: Any, param: Any, value: str | None) -> MessageID | None:

@@ -9,7 +9,7 @@ import click
 
 from ..message import Message
 from ..storage import default_url
-from .main import Progress, main, open_admin, open_queue
+from .main import Progress, Seconds, main, open_admin, open_queue
 
 
 @main.command()
@@ -21,14 +21,14 @@ from .main import Progress, main, open_admin, open_queue
 @click.option("--id", "server_id", help="This server's name in ZooKeeper (default: the advertised address).")
 @click.option(
     "--session-timeout",
-    type=click.FloatRange(1, 3600),
+    type=Seconds(1, 3600),
     default=10.0,
     show_default=True,
     help="ZooKeeper session timeout (s).",
 )
 @click.option(
     "--idle-timeout",
-    type=click.FloatRange(0.1, 86400),
+    type=Seconds(0.1, 86400),
     default=60.0,
     show_default=True,
     help="Close remote scanners idle this long (s).",
@@ -50,7 +50,7 @@ from .main import Progress, main, open_admin, open_queue
 @click.option("--max-connections", type=click.IntRange(1, 65536), default=1024, show_default=True)
 @click.option(
     "--connection-idle-timeout",
-    type=click.FloatRange(0, 86400),
+    type=Seconds(0, 86400),
     default=300.0,
     show_default=True,
     help="Close idle connections (s).",

@@ -14,7 +14,7 @@ import click
 
 from ..commands import COMMANDS, Command, Param, json_ready
 from ..errors import InvalidArgument
-from .main import Session, main
+from .main import Seconds, Session, main
 
 #: Older option spellings still read: {command: {option: parameter}}.
 LEGACY_OPTIONS = {"replay_group": {"--from": "time"}}
@@ -24,7 +24,7 @@ def _type(param: Param) -> Any:
     if param.kind == "int":
         return click.IntRange(param.low, param.high)
     if param.kind == "float":
-        return click.FloatRange(param.low, param.high)
+        return Seconds(param.low, param.high)
     if param.kind == "choice":
         return click.Choice(param.choices)
     return str

@@ -1,0 +1,87 @@
+"""Every CLI option and argument, fed extreme values, gives a one-line error or works: never a traceback."""
+
+import os
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from hqueue.cli import main
+
+#: What a careless or hostile user types.
+EXTREMES = ["inf", "-inf", "nan", "1e308", "-1", "0", "", "1" * 30, "x" * 300, os.fsdecode(b"v\xfe"), "2026-13-45"]
+#: Commands that run a process (or wait for input) rather than answer.
+SKIP = {"server", "shell"}
+#: Make the following commands stop at once.
+STOP = {"tail": ["--for", "0"], "consume": ["--for", "0"], "put": []}
+
+
+def _cases():
+    for name, command in sorted(main.commands.items()):
+        if name in SKIP:
+            continue
+        for param in command.params:
+            if isinstance(param, click.Option) and (param.is_flag or param.name in ("help",)):
+                continue
+            for value in EXTREMES:
+                yield name, param, value
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("extremes")
+    runner = CliRunner()
+    assert runner.invoke(main, ["--url", f"local://{path}", "create", "q", "2"]).exit_code == 0
+    assert runner.invoke(main, ["--url", f"local://{path}", "put", "q", "t", "v"]).exit_code == 0
+    return f"local://{path}"
+
+
+def _arguments(command: click.Command, param: click.Parameter, value: str) -> list[str]:
+    """The command with ``param`` set to ``value`` and plausible values elsewhere."""
+    plausible = {"queue": "q", "name": "q", "partitions": "1", "group": "g", "subscriber": "s", "topic": "t",
+                 "time": "0", "timers": "0/1/1:0", "values": "v"}  # fmt: skip
+    args: list[str] = []
+    for p in command.params:
+        if isinstance(p, click.Argument):
+            args.append(value if p is param else plausible.get(p.name, "x"))
+    if isinstance(param, click.Option):
+        args += [param.opts[0], value]
+    return args
+
+
+@pytest.mark.slow
+def test_no_option_or_argument_value_makes_a_traceback(store):
+    runner = CliRunner()
+    failures = []
+    for name, param, value in _cases():
+        command = main.commands[name]
+        args = [name, *_arguments(command, param, value), *STOP.get(name, [])]
+        if name == "demo":
+            args = [name, "--messages", value] if param.name == "messages" else [name, "--messages", "1"]
+        result = runner.invoke(main, ["--url", store, *args], input="")
+        if result.exception is not None and not isinstance(result.exception, SystemExit):
+            failures.append(f"hqueue {' '.join(args)!r}: {type(result.exception).__name__}: {result.exception}")
+        elif "Traceback" in result.output or result.exit_code not in (0, 1, 2):
+            failures.append(f"hqueue {' '.join(args)!r}: exit {result.exit_code}: {result.output[-200:]}")
+        else:
+            assert result.output.count("Error:") <= 1
+    assert failures == []
+
+
+def test_control_bytes_are_escaped_the_same_in_a_pipe(tmp_path):
+    runner = CliRunner()  # its output is not a terminal: a pipe, as `hqueue scan q | less`
+    url = ["--url", f"local://{tmp_path}"]
+    runner.invoke(main, [*url, "create", "q", "1"])
+    assert runner.invoke(main, [*url, "put", "q", "t", "a\x1b[31mRED\x07\x00z\\"]).exit_code == 0
+    (line,) = runner.invoke(main, [*url, "scan", "q"]).output.splitlines()
+    assert line.split("\t")[3] == "a\\x1b[31mRED\\x07\\x00z\\\\"  # every control byte, never raw, never dropped
+
+
+def test_arguments_that_are_not_utf8_are_stored_as_given(tmp_path):
+    runner = CliRunner()
+    url = ["--url", f"local://{tmp_path}"]
+    runner.invoke(main, [*url, "create", "bin", "1"])
+    topic, value = os.fsdecode(b"t\xfe"), os.fsdecode(b"v\xfe")  # as a POSIX shell hands them over
+    assert runner.invoke(main, [*url, "put", "bin", topic, value]).exit_code == 0
+    out = runner.invoke(main, [*url, "scan", "bin", "--format", "hex"]).output.split("\t")
+    assert out[2] == "t\\xfe" and out[3].strip() == b"v\xfe".hex()

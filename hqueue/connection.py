@@ -8,7 +8,7 @@ from typing import Any
 
 from .api import EngineAPI, SubscriptionsAPI, subscriptions_of
 from .errors import InvalidArgument
-from .storage import default_url
+from .storage import default_url, normalize_url
 
 
 def resolve_url(url: str | None, data_dir: str | os.PathLike[str] | None) -> str:
@@ -16,6 +16,7 @@ def resolve_url(url: str | None, data_dir: str | os.PathLike[str] | None) -> str
 
     Raises:
         TypeError: both are given.
+        InvalidArgument: a URL without a scheme (a bare path), with the URL to use.
     """
     if url is not None and data_dir is not None:
         raise TypeError("give 'url' or 'data_dir', not both")
@@ -23,6 +24,12 @@ def resolve_url(url: str | None, data_dir: str | os.PathLike[str] | None) -> str
         return "local://" + os.path.abspath(os.fspath(data_dir))
     if url is None:
         return default_url()
+    if isinstance(url, str) and "://" not in url:
+        where = os.path.abspath(url) if url else "/path"
+        raise InvalidArgument(
+            f"{url!r} has no scheme: for a store in a directory use url='local://{where}' "
+            f"(or data_dir={url!r}); for servers, hqueue://host:port"
+        )
     return url
 
 
@@ -34,6 +41,21 @@ def split_credentials(url: str) -> tuple[str, str | None]:
     rest, mark, query = url[len("hqueue://") :].partition("?")
     token, at, hosts = rest.rpartition("@")
     return "hqueue://" + hosts + mark + query, urllib.parse.unquote(token) if at else None
+
+
+def store_exists(url: str | None) -> bool:
+    """Whether the store ``url`` names is there to read, without creating it: an
+    embedded store's directory exists; servers, HBase and memory stores always do."""
+    resolved = resolve_url(url, None)
+    if resolved.startswith(("hqueue://", "hbase://", "memory://")):
+        return True
+    return os.path.isdir(normalize_url(resolved)[len("local://") :])
+
+
+def missing_store(url: str | None) -> str:
+    """What to say when a read finds no store."""
+    path = normalize_url(resolve_url(url, None))[len("local://") :]
+    return f"no hqueue store at {path} (pass --url, or create a queue there first)"
 
 
 def acquire_engine(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from typing import Any
@@ -13,11 +12,10 @@ import click
 from .. import __version__
 from ..admin import HQueueAdmin
 from ..commands import find
-from ..connection import resolve_url
+from ..connection import missing_store, store_exists
 from ..errors import HQueueError, NotAuthorized, QueueDisabled, QueueEnabled
 from ..message import MessageID
 from ..queue import HQueue
-from ..storage import normalize_url
 
 
 class _Group(click.Group):
@@ -124,11 +122,8 @@ def open_queue(ctx: click.Context, name: str, read_only: bool = False) -> HQueue
 
 def store_must_exist(url: str | None) -> None:
     """A read-only command never creates an embedded store where none is."""
-    resolved = resolve_url(url, None)
-    if not resolved.startswith(("hqueue://", "hbase://", "memory://")):
-        path = normalize_url(resolved)[len("local://") :]
-        if not os.path.isdir(path):
-            raise click.ClickException(f"no hqueue store at {path} (pass --url, or create a queue there first)")
+    if not store_exists(url):
+        raise click.ClickException(missing_store(url))
 
 
 class Progress:

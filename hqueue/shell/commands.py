@@ -68,6 +68,7 @@ class Command:
     help: str
     examples: tuple[str, ...]
     group: str
+    read_only: bool = False
 
     def __call__(self, shell: Shell, args: list[Any]) -> Result:
         return self.run(shell, args)
@@ -175,8 +176,9 @@ def _shared(command: SharedCommand) -> Callable[[Shell, list[Any]], Result]:
 
 for _command in SHARED.values():
     COMMANDS[_command.name] = Command(
-        _command.name, _shared(_command), _command.usage, _command.help, _command.examples, _command.group
-    )
+        _command.name, _shared(_command), _command.usage, _command.help, _command.examples, _command.group,
+        _command.read_only,
+    )  # fmt: skip
     for _alias in _command.aliases:
         ALIASES[_alias.replace("-", "_")] = _command.name
 
@@ -184,7 +186,14 @@ for _command in SHARED.values():
 # -- the shell's own: put, scan, count, help, exit ---------------------------------------------
 
 
-def own(usage: str, help: str, *examples: str, arity: tuple[int, int] = (0, 0), group: str = "queues"):
+def own(
+    usage: str,
+    help: str,
+    *examples: str,
+    arity: tuple[int, int] = (0, 0),
+    group: str = "queues",
+    read_only: bool = False,
+):
     """Declare a shell-only command; ``arity`` is (fewest, most) arguments."""
 
     def register(function: Callable[..., Result]) -> Callable[..., Result]:
@@ -197,7 +206,7 @@ def own(usage: str, help: str, *examples: str, arity: tuple[int, int] = (0, 0), 
                 raise UsageError(f"{name} takes {expected} argument(s), got {len(args)}; usage: {usage}")
             return function(shell, *args)
 
-        COMMANDS[name] = Command(name, run, usage, help, examples, group)
+        COMMANDS[name] = Command(name, run, usage, help, examples, group, read_only)
         return function
 
     return register
@@ -236,6 +245,7 @@ SCAN_OPTIONS = {"LIMIT", "TOPICS", "STARTTIME", "STOPTIME", "STARTID", "STOPID",
     "scan 'q1', {LIMIT => 10}",
     "scan 'q1', {LIMIT => 10, TOPICS => ['t1'], STARTTIME => '2026-11-22 10:00', PARTITION => 3}",
     arity=(1, 2),
+    read_only=True,
 )
 def scan(shell: Shell, name: Any, given: Any = None) -> Result:
     name = _text("scan", "the queue", name)
@@ -277,7 +287,7 @@ def _scan_chunks(messages: Iterable[Message]) -> Iterator[tuple[str, int]]:
         first = False
 
 
-@own("count 'queue'", "Count the messages (reads them all).", "count 'q1'", arity=(1, 1))
+@own("count 'queue'", "Count the messages (reads them all).", "count 'q1'", arity=(1, 1), read_only=True)
 def count(shell: Shell, name: Any) -> Result:
     with shell.queue(_text("count", "the queue", name)).get_queue_scanner(Scan()) as scanner:
         total = sum(1 for _ in scanner)

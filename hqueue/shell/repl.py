@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator
 from typing import TextIO
 
 from ..admin import HQueueAdmin
+from ..connection import missing_store, resolve_url, split_credentials, store_exists
 from ..errors import HQueueError
 from ..queue import HQueue
 from .commands import ALIASES, COMMANDS, Streamed
@@ -38,11 +39,18 @@ class Shell:
     """
 
     def __init__(self, url: str | None = None, *, out: TextIO | None = None, err: TextIO | None = None) -> None:
-        self.admin = HQueueAdmin(url)
+        self.url = url
+        self._admin: HQueueAdmin | None = None  # opened by the first command that needs the store
         self.out, self.err = out or sys.stdout, err or sys.stderr
         self._queues: dict[str, HQueue] = {}
         self.done = False
         self.count = 0
+
+    @property
+    def admin(self) -> HQueueAdmin:
+        if self._admin is None:
+            self._admin = HQueueAdmin(self.url)
+        return self._admin
 
     def queue(self, name: str) -> HQueue:
         """An open handle on ``name`` (kept for the session)."""
@@ -67,6 +75,8 @@ class Shell:
         self.count += 1
         started = time.perf_counter()
         try:
+            if command.read_only and self._admin is None and not store_exists(self.url):
+                raise HQueueError(missing_store(self.url))  # a read never creates a store
             text, rows = command(self, call.args)
             if isinstance(text, Streamed):  # printed as it comes: a big scan shows its first rows at once
                 for chunk in text:
@@ -117,7 +127,8 @@ class Shell:
             completer=ShellCompleter(self),
             complete_style=CompleteStyle.READLINE_LIKE,  # Tab: the common prefix, then the choices (as irb)
         )
-        print(f"hqueue shell: {self.admin.url}\nType help for the commands, exit or Ctrl-D to leave.", file=self.out)
+        where = split_credentials(resolve_url(self.url, None))[0]  # never the token
+        print(f"hqueue shell: {where}\nType help for the commands, exit or Ctrl-D to leave.", file=self.out)
         while not self.done:
             try:
                 line = session.prompt(f"hqueue(main):{self.count + 1:03d}:0> ")
@@ -140,7 +151,8 @@ class Shell:
     def close(self) -> None:
         for queue in self._queues.values():
             queue.close()
-        self.admin.close()
+        if self._admin is not None:
+            self._admin.close()
 
 
 try:

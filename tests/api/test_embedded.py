@@ -10,7 +10,7 @@ import time
 import pytest
 
 from hqueue import Durability, HQueue, HQueueAdmin, Message, MessageID, StorageError, StorageLocked
-from hqueue.storage import embedded, normalize_url
+from hqueue.storage import healing, normalize_url
 
 from ..processes import ROOT, python_env
 
@@ -106,7 +106,7 @@ def small_disk(tmp_path):
 
 
 def test_a_full_disk_fails_writes_then_recovers_once_space_is_freed(small_disk, monkeypatch):
-    monkeypatch.setattr(embedded, "REOPEN_INTERVAL", 0.0)  # try at once, rather than wait a second
+    monkeypatch.setattr(healing, "REOPEN_INTERVAL", 0.0)  # try at once, rather than wait a second
     data, filler = small_disk / "data", small_disk / "filler"
     with HQueueAdmin(data_dir=data) as admin:
         admin.create_queue("q", 2)

@@ -122,6 +122,7 @@ def first_ack(server: ServerProcess, pid: int, tag: str) -> Call:
     """Put to ``pid`` through ``server`` until it acknowledges (it has taken the partition)."""
     client = raw_client(server.port)
     try:
+
         def put() -> Call | None:
             value, sent = f"{tag}-first".encode(), time.monotonic()
             try:

@@ -11,7 +11,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from hqueue import HQueue, HQueueAdmin, Message
+from hqueue import HQueue, HQueueAdmin, InvalidArgument, Message
 from hqueue.cli import main
 from hqueue.commands import COMMANDS
 from hqueue.server import HQueueServer
@@ -161,3 +161,21 @@ def test_credentials_follow_the_shell_s_queue_handles(tmp_path):
     finally:
         shell.close()
         server.stop()
+
+
+def test_reads_never_create_a_store_and_a_bare_path_gets_a_hint(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    for args in (["list"], ["list-groups", "q"], ["describe-group", "q", "g"], ["shell", "-e", "list"]):
+        result = runner.invoke(main, args)
+        assert result.exit_code == 1 and "no hqueue store at" in result.output, args
+    shell = Shell(None, out=io.StringIO(), err=io.StringIO())
+    assert shell.execute("help") and not shell.execute("scan 'q'") and not shell.execute("status")
+    shell.close()
+    assert not (tmp_path / "hqueue-data").exists()
+    assert runner.invoke(main, ["--url", "memory://x", "list"]).exit_code == 0
+    bare = runner.invoke(main, ["--url", str(tmp_path / "foo"), "list"])
+    assert bare.exit_code == 1 and f"local://{tmp_path}/foo" in bare.output
+    with pytest.raises(InvalidArgument, match="has no scheme"):
+        HQueueAdmin(url=str(tmp_path / "foo"))
+    assert not (tmp_path / "foo").exists()

@@ -248,11 +248,12 @@ def test_the_launcher_script_runs_the_shell(tmp_path):
     env = python_env()
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
     result = subprocess.run(
-        [str(ROOT / "shell/hqueue"), "--url", f"local://{tmp_path}/data", "shell", "-e", "status"],
+        [str(ROOT / "shell/hqueue"), "--url", f"local://{tmp_path}/data", "shell",
+         "-e", "create 'q', 1", "-e", "status"],
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert "0 queue(s)" in result.stdout
+    assert "1 queue(s)" in result.stdout
 
 
 def test_an_admin_change_is_seen_by_the_shell(tmp_path):

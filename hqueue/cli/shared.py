@@ -22,7 +22,9 @@ LEGACY_OPTIONS = {"replay_group": {"--from": "time"}}
 
 def _type(param: Param) -> Any:
     if param.kind == "int":
-        return click.IntRange(param.low, param.high)
+        return click.IntRange(
+            None if param.low is None else int(param.low), None if param.high is None else int(param.high)
+        )
     if param.kind == "float":
         return Seconds(param.low, param.high)
     if param.kind == "choice":
@@ -87,7 +89,7 @@ def _values(command: Command, given: dict[str, Any]) -> dict[str, Any]:
         elif p.kind == "texts":
             value = [os.fsencode(v) for v in value] if value else None
         elif p.many:
-            value = list(value)
+            value = list(value or ())
         elif value is not None and p.kind == "time":
             try:
                 value = p.convert(value)

@@ -17,7 +17,7 @@ def remote(operation: Operation):
         wire_args = operation.to_wire(bound)
         queue = bound.get("queue")
         engine = self._engine
-        if operation.route == "owners":
+        if operation.merge is not None:  # every partition owner answers for its own
             answers = [
                 operation.result.back(engine._call_at(owner, operation.thrift, *wire_args, queue=queue))
                 for owner in self._owners(queue)

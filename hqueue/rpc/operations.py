@@ -71,9 +71,8 @@ class Operation:
         wire_order: The IDL's argument order, where it is not the Python one
             (HQueue's seed calls put the subscriber first).
         result: How the answer goes on the wire.
-        route: ``any`` server answers; ``owners``: each partition owner answers
-            for its partitions, and ``merge`` joins the answers.
-        merge: ``merge(answers, **args)`` for ``owners``.
+        merge: None: any server answers. Otherwise each partition owner answers
+            for its partitions, and ``merge(answers, **args)`` joins the answers.
     """
 
     service: str
@@ -83,7 +82,6 @@ class Operation:
     args: tuple[Arg, ...]
     wire_order: tuple[str, ...] | None = None
     result: Codec = NOTHING
-    route: str = "any"
     merge: Callable[..., Any] | None = None
 
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -265,10 +263,10 @@ OPEN_GROUP = Operation(
 LIST_GROUPS = Operation(GROUPS, "names", "listGroups", "consumer", (QUEUE,), result=NAMES)
 DESCRIBE_GROUP = Operation(
     GROUPS, "describe", "describeGroup", "consumer", (QUEUE, GROUP),
-    result=Codec(_group_out, _group_in), route="owners", merge=_merge_groups,
+    result=Codec(_group_out, _group_in), merge=_merge_groups,
 )  # fmt: skip
 GROUP_PENDING = Operation(
     GROUPS, "pending", "groupPending", "consumer", (QUEUE, GROUP, Arg("limit", default=1000)),
-    result=Codec(_pending_out, _pending_in), route="owners", merge=_merge_pending,
+    result=Codec(_pending_out, _pending_in), merge=_merge_pending,
 )  # fmt: skip
 DELETE_GROUP = Operation(GROUPS, "delete", "deleteGroup", "admin", (QUEUE, GROUP))

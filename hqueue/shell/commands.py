@@ -31,8 +31,10 @@ if TYPE_CHECKING:
 class Shell(Protocol):
     """What a command needs of the shell running it (repl.py's Shell)."""
 
-    admin: HQueueAdmin
     done: bool
+
+    @property
+    def admin(self) -> HQueueAdmin: ...
 
     def queue(self, name: str) -> HQueue: ...
 
@@ -143,11 +145,11 @@ def bind(command: SharedCommand, args: list[Any]) -> dict[str, Any]:
             position += 1
     settings = next((p for p in params if p.kind == "settings"), None)
     for key, value in (options or {}).items():
-        param = next((p for p in params if not p.required and p.key == str(key).upper()), None)
-        if param is not None and param.kind != "settings":
-            if param.name in values:
-                raise UsageError(f"{command.name}: {param.key} is given twice; usage: {command.usage}")
-            values[param.name] = _check(command, param, value)
+        named = next((p for p in params if not p.required and p.key == str(key).upper()), None)
+        if named is not None and named.kind != "settings":
+            if named.name in values:
+                raise UsageError(f"{command.name}: {named.key} is given twice; usage: {command.usage}")
+            values[named.name] = _check(command, named, value)
         elif settings is not None:
             values.setdefault(settings.name, {})[str(key)] = "" if value is None else str(value)
         else:

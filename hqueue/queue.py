@@ -246,7 +246,7 @@ class HQueue(Connected):
         url, token = self._credentials()
         chosen = tuple(sorted(scan.topics)) if scan.topics else None
         return [
-            Split(url, self.name, pid, scan.start_id, scan.stop_id, chosen, owners[pid] or None, token)
+            Split(url, self.name, pid, scan.start_id, scan.stop_id, chosen, owners[pid] or None)._carrying(token)
             for pid in range(info.partitions)
         ]
 

@@ -20,7 +20,7 @@ process that made them (threads); across processes, serve the store with
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .batch import MessageBatch, check_batch_size, partition_batches
 from .checks import check_partition
@@ -35,7 +35,9 @@ class Split:
 
     Attributes:
         url: The store or servers (``hqueue://…`` without a token, with its options).
-        token: The token of the handle that made it (never shown).
+
+    A split made from a handle with a token carries it (not as a field:
+    never in ``repr``, ``asdict`` or comparisons; only in the pickle).
         location: ``host:port`` of the server that owns the partition; None
             for a store in this process, or while no server owns it.
     """
@@ -47,12 +49,17 @@ class Split:
     stop: MessageID | None = None
     topics: tuple[bytes, ...] | None = None
     location: str | None = None
-    token: str | None = field(default=None, repr=False, compare=False)
+
+    def _carrying(self, token: str | None) -> Split:
+        """This split, carrying ``token`` for :meth:`read` (set by HQueue.splits)."""
+        if token is not None:
+            object.__setattr__(self, "_token", token)
+        return self
 
     def read(self, *, batch_size: int = 10_000, token: str | None = None) -> Iterator[MessageBatch]:
         """The split's messages as batches of columns, in ID order."""
         check_batch_size(batch_size)
-        engine = acquire_engine(self.url, None, token or self.token)
+        engine = acquire_engine(self.url, None, token or getattr(self, "_token", None))
         try:
             check_partition(engine.enabled_queue(self.queue), self.partition_id)
             scan = Scan(self.start, self.stop, self.topics)

@@ -66,8 +66,8 @@ def _click_params(command: Command) -> list[click.Parameter]:
         params.append(click.Option([option, f"legacy_{target}"], hidden=True))
     params.append(
         click.Option(
-            ["--format", "output_format"], type=click.Choice(["text", "json"]), default=command.cli_format,
-            show_default=True, help="text: for people; json: for scripts.",
+            ["--format", "output_format"], type=click.Choice(["text", "table", "json"]), default=command.cli_format,
+            show_default=True, help="text (or table): for people; json: for scripts.",
         )
     )  # fmt: skip
     return params

@@ -73,16 +73,16 @@ logger = logging.getLogger(__name__)
 def parse_url(url: str) -> tuple[list[str], str | None, dict[str, str]]:
     """``hqueue://[TOKEN@]h1:9700,h2:9700[?k=v…]`` -> (servers, token, options)."""
     if not isinstance(url, str) or not url.startswith("hqueue://"):
-        raise InvalidArgument(f"an hqueue server URL starts with hqueue://, got {url!r}")
+        raise InvalidArgument("an hqueue server URL starts with hqueue://")
     rest, _, query = url[len("hqueue://") :].partition("?")
     token, at, hosts = rest.rpartition("@")
     servers = [s.strip() for s in hosts.strip("/").split(",") if s.strip()]
     for server in servers:
         host, _, port = server.rpartition(":")
         if not host or not port.isdigit():
-            raise InvalidArgument(f"an hqueue:// URL lists host:port servers, got {server!r}")
+            raise InvalidArgument("an hqueue:// URL lists host:port servers: hqueue://[TOKEN@]host:port[,host:port]")
     if not servers:
-        raise InvalidArgument(f"an hqueue:// URL needs at least one host:port: {url!r}")
+        raise InvalidArgument("an hqueue:// URL needs at least one host:port (hqueue://[TOKEN@]host:port)")
     options = dict(urllib.parse.parse_qsl(query))
     unknown = set(options) - {"timeout", "tls", "ca"}
     if unknown:

@@ -11,7 +11,8 @@ CLI (``hqueue/cli/``) turns each one into a click command, the shell
   the shell, either the next positional argument or a key of a trailing
   dictionary (``{MAX_RETRIES => 3}``), as the HBase shell writes options;
 * names are the same, with ``-`` in the CLI where the shell has ``_``;
-  the CLI accepts either spelling, and the old names stay as aliases.
+  the CLI accepts either spelling of a command's name (its options are
+  spelled with ``-`` only), and the old names stay as aliases.
 """
 
 from __future__ import annotations
@@ -115,8 +116,20 @@ def describe_range(low: float | None, high: float | None) -> str:
     return f"{'-inf' if low is None else f'{low:g}'}..{'inf' if high is None else f'{high:g}'}"
 
 
+#: The last millisecond of the year 9999: the latest time a command takes.
+LATEST_MS = 253_402_300_799_999
+
+
 def as_time(name: str, value: Any) -> MessageID:
-    """A time ('2026-11-22 10:00', UTC unless it says otherwise), an ID ('ts:seq') or epoch ms."""
+    """A time ('2026-11-22 10:00', UTC unless it says otherwise), an ID ('ts:seq') or epoch ms,
+    up to the end of the year 9999."""
+    found = _as_time(name, value)
+    if found.timestamp > LATEST_MS:
+        raise InvalidArgument(f"'{name}': {found} is after the year 9999 (epoch ms up to {LATEST_MS})")
+    return found
+
+
+def _as_time(name: str, value: Any) -> MessageID:
     if isinstance(value, MessageID):
         return value
     if isinstance(value, int) and not isinstance(value, bool):

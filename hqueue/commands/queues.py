@@ -8,6 +8,7 @@ from .declare import Output, Param, Session, command
 from .render import printable, stamp, table
 
 QUEUE = Param("queue", "The queue's name.")
+LEGACY_DURABILITY = "hqueue.durability"
 
 
 @command(
@@ -30,6 +31,9 @@ QUEUE = Param("queue", "The queue's name.")
     ),
 )  # fmt: skip
 def create(session: Session, queue, partitions, ttl, durability, max_message_bytes, topic_index, priorities, config):
+    config = dict(config or {})
+    if LEGACY_DURABILITY in config:  # the key older shells took for the durability
+        durability = Durability.validate(config.pop(LEGACY_DURABILITY))
     info = session.admin.create_queue(
         queue,
         partitions,

@@ -51,7 +51,10 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], widths: list[in
 
 def stamp(message_id: MessageID) -> str:
     """An ID's time, ISO 8601 in UTC, to the millisecond."""
-    return message_id.datetime.isoformat(timespec="milliseconds")
+    try:
+        return message_id.datetime.isoformat(timespec="milliseconds")
+    except (OverflowError, ValueError, OSError):  # past what datetime holds (year 9999)
+        return f"epoch ms {message_id.timestamp}"
 
 
 def seconds(value: float | None) -> str:

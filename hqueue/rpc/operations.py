@@ -88,7 +88,14 @@ class Operation:
         """A Python call's arguments by name, with the declared defaults."""
         if len(args) > len(self.args):
             raise TypeError(f"{self.method}() takes {len(self.args)} arguments, got {len(args)}")
-        bound = dict(zip((a.name for a in self.args), args, strict=False)) | kwargs
+        names = [a.name for a in self.args]
+        bound = dict(zip(names, args, strict=False))
+        for name, value in kwargs.items():
+            if name not in names:
+                raise TypeError(f"{self.method}() got an unexpected keyword argument {name!r}")
+            if name in bound:
+                raise TypeError(f"{self.method}() got multiple values for argument {name!r}")
+            bound[name] = value
         for arg in self.args:
             if arg.name not in bound:
                 if arg.default is ...:

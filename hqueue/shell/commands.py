@@ -11,6 +11,7 @@ ERROR line that shows the usage.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
@@ -100,6 +101,8 @@ SUBSCRIBER_FIRST = {"delete_subscriber", "describe_subscriber", "set_checkpoint"
 def _check(command: SharedCommand, param: Param, value: Any) -> Any:
     """A shell value for ``param``, converted; UsageError if it has the wrong type."""
     kind = param.kind
+    if kind == "int" and isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,30}", value.strip()):
+        value = int(value)  # HBase writes settings as strings: {'MAX_MESSAGE_BYTES' => '1024'}
     ok = {
         "text": isinstance(value, str),
         "choice": isinstance(value, str),
@@ -160,12 +163,20 @@ def bind(command: SharedCommand, args: list[Any]) -> dict[str, Any]:
     return values
 
 
+def _is_queue(admin: HQueueAdmin, name: str) -> bool:
+    """Whether ``name`` is a queue this connection may see (a refused look is a no)."""
+    try:
+        return admin.queue_exists(name)
+    except HQueueError:
+        return False
+
+
 def _shared(command: SharedCommand) -> Callable[[Shell, list[Any]], Result]:
     def run(shell: Shell, args: list[Any]) -> Result:
         args = list(args)
         if command.name in SUBSCRIBER_FIRST and len(args) >= 2 and all(isinstance(a, str) for a in args[:2]):
             admin = shell.admin
-            if not admin.queue_exists(args[0]) and admin.queue_exists(args[1]):
+            if not _is_queue(admin, args[0]) and _is_queue(admin, args[1]):
                 args[0], args[1] = args[1], args[0]
                 note = f"note: {command.name} takes the queue first now: {command.name} {args[0]!r}, {args[1]!r}\n"
                 output = command.run(shell, **bind(command, args))

@@ -142,7 +142,10 @@ def test_shell_options_go_in_a_trailing_dictionary(tmp_path):
 
 def test_credentials_follow_the_shell_s_queue_handles(tmp_path):
     auth = tmp_path / "auth.toml"
-    auth.write_text('[tokens.ops]\nsecret = "secret-token-0123456789"\nadmin = ["*"]\n')
+    auth.write_text(
+        '[tokens.ops]\nsecret = "secret-token-0123456789"\nadmin = ["*"]\n'
+        '[tokens.reader]\nsecret = "reader-token-0123456789"\nconsumer = ["q*"]\n'
+    )
     from hqueue.auth import AuthPolicy
 
     server = HQueueServer(f"local://{tmp_path}/data", port=0, auth=AuthPolicy.load(str(auth))).start()
@@ -158,6 +161,12 @@ def test_credentials_follow_the_shell_s_queue_handles(tmp_path):
             splits = queue.splits()
             assert "secret-token-0123456789" not in repr(splits)
             assert sum(len(b) for s in splits for b in s.read()) == 2  # the split carries the token
+            admin.add_subscriber("q", "s1")
+        reader = Shell(f"hqueue://reader-token-0123456789@{server.address}", out=out, err=err)
+        try:  # the seed's order still reads, though the token may not look at a queue named 's1'
+            assert reader.execute("describe_subscriber 's1', 'q'"), err.getvalue()
+        finally:
+            reader.close()
     finally:
         shell.close()
         server.stop()
@@ -179,3 +188,46 @@ def test_reads_never_create_a_store_and_a_bare_path_gets_a_hint(tmp_path, monkey
     with pytest.raises(InvalidArgument, match="has no scheme"):
         HQueueAdmin(url=str(tmp_path / "foo"))
     assert not (tmp_path / "foo").exists()
+
+
+def test_times_past_the_year_9999_are_refused_before_anything_changes(tmp_path):
+    runner = CliRunner()
+    url = ["--url", f"local://{tmp_path}/data"]
+    runner.invoke(main, [*url, "create", "q", "1"])
+    runner.invoke(main, [*url, "consume", "q", "g", "--for", "0"])
+    late = runner.invoke(main, [*url, "replay-group", "q", "g", "253402300800000"])
+    assert late.exit_code == 2 and "after the year 9999" in late.output
+    assert runner.invoke(main, [*url, "replay-group", "q", "g", "253402300799999", "--format", "json"]).exit_code == 0
+
+
+def test_the_shell_reads_what_older_shells_wrote(tmp_path):
+    out, err = io.StringIO(), io.StringIO()
+    shell = Shell(f"local://{tmp_path}/data", out=out, err=err)
+    try:
+        assert shell.execute("create 'q', 2, 0, {'hqueue.durability' => 'ASYNC_WAL', 'MAX_MESSAGE_BYTES' => '1024'}")
+        info = shell.admin.describe_queue("q")
+        assert (info["durability"], info["max_message_bytes"]) == ("ASYNC_WAL", 1024)
+        assert "hqueue.durability" not in info["config"]
+    finally:
+        shell.close()
+
+
+def test_a_declared_remote_call_refuses_unknown_and_repeated_keywords():
+    from hqueue.rpc.operations import DELETE_SUBSCRIBER, GROUP_PENDING
+
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        GROUP_PENDING.bind(("q", "g"), {"limt": 5})
+    with pytest.raises(TypeError, match="multiple values"):
+        DELETE_SUBSCRIBER.bind(("q1", "s"), {"queue": "q5"})
+    assert GROUP_PENDING.bind(("q", "g"), {}) == {"queue": "q", "group": "g", "limit": 1000}
+
+
+def test_a_split_carries_its_token_only_in_the_pickle():
+    import dataclasses
+    import pickle
+
+    from hqueue.splits import Split
+
+    split = Split("hqueue://h:1", "q", 0)._carrying("secret-token-0123456789")
+    assert "secret-token" not in repr(split) + repr(dataclasses.asdict(split))
+    assert pickle.loads(pickle.dumps(split))._token == "secret-token-0123456789"

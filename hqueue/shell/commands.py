@@ -98,10 +98,11 @@ _KINDS = {"text": "a quoted string", "int": "an integer", "float": "a number", "
 SUBSCRIBER_FIRST = {"delete_subscriber", "describe_subscriber", "set_checkpoint"}
 
 
-def _check(command: SharedCommand, param: Param, value: Any) -> Any:
+def _check(command: SharedCommand, param: Param, value: Any, in_options: bool = False) -> Any:
     """A shell value for ``param``, converted; UsageError if it has the wrong type."""
     kind = param.kind
-    if kind == "int" and isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,30}", value.strip()):
+    quoted_number = isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,30}", value.strip())
+    if kind == "int" and in_options and quoted_number:
         value = int(value)  # HBase writes settings as strings: {'MAX_MESSAGE_BYTES' => '1024'}
     ok = {
         "text": isinstance(value, str),
@@ -152,7 +153,7 @@ def bind(command: SharedCommand, args: list[Any]) -> dict[str, Any]:
         if named is not None and named.kind != "settings":
             if named.name in values:
                 raise UsageError(f"{command.name}: {named.key} is given twice; usage: {command.usage}")
-            values[named.name] = _check(command, named, value)
+            values[named.name] = _check(command, named, value, in_options=True)
         elif settings is not None:
             values.setdefault(settings.name, {})[str(key)] = "" if value is None else str(value)
         else:

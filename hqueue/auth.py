@@ -33,9 +33,21 @@ import ipaddress
 import os
 import socket
 import tomllib
+import urllib.parse
 from collections.abc import Iterable, Mapping
 
 from .errors import InvalidArgument, NotAuthorized
+
+
+def split_credentials(url: str) -> tuple[str, str | None]:
+    """(the URL without its token, the token or None): ``hqueue://T@h:1?tls=1`` ->
+    (``hqueue://h:1?tls=1``, ``T``). Other URLs carry no credentials."""
+    if not url.startswith("hqueue://"):
+        return url, None
+    rest, mark, query = url[len("hqueue://") :].partition("?")
+    token, at, hosts = rest.rpartition("@")
+    return "hqueue://" + hosts + mark + query, urllib.parse.unquote(token) if at else None
+
 
 ROLES = ("consumer", "producer", "admin")
 

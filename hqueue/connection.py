@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-import urllib.parse
 from typing import Any
 
 from .api import EngineAPI, SubscriptionsAPI, subscriptions_of
+from .auth import split_credentials
 from .errors import InvalidArgument
 from .storage import default_url, normalize_url
 
@@ -31,16 +31,6 @@ def resolve_url(url: str | None, data_dir: str | os.PathLike[str] | None) -> str
             f"(or data_dir={url!r}); for servers, hqueue://host:port"
         )
     return url
-
-
-def split_credentials(url: str) -> tuple[str, str | None]:
-    """(the URL without its token, the token or None): ``hqueue://T@h:1?tls=1`` ->
-    (``hqueue://h:1?tls=1``, ``T``). Other URLs carry no credentials."""
-    if not url.startswith("hqueue://"):
-        return url, None
-    rest, mark, query = url[len("hqueue://") :].partition("?")
-    token, at, hosts = rest.rpartition("@")
-    return "hqueue://" + hosts + mark + query, urllib.parse.unquote(token) if at else None
 
 
 def store_exists(url: str | None) -> bool:

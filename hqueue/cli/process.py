@@ -89,22 +89,9 @@ def server(
     from ..server import HQueueServer
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    coordinator_factory = None
-    if zk:
-        from ..coordination.zookeeper import ZooKeeperCoordinator
-
-        def coordinator_factory(address: str):
-            return ZooKeeperCoordinator(zk, address, server_id=server_id, session_timeout=session_timeout)
-
+    coordinator_factory = _zookeeper(zk, server_id, session_timeout) if zk else None
     url = storage or ctx.obj["url"] or default_url()
-    ssl_context = None
-    if tls_cert or tls_key:
-        if not (tls_cert and tls_key):
-            raise click.UsageError("--tls-cert and --tls-key go together")
-        import ssl
-
-        ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ssl_context.load_cert_chain(tls_cert, tls_key)
+    ssl_context = _tls(tls_cert, tls_key)
     limits = ServerLimits(
         max_connections=max_connections,
         idle_timeout=connection_idle_timeout or None,
@@ -131,6 +118,29 @@ def server(
     click.echo(f"hqueue server listening on {instance.address} (storage {instance.engine.url})", err=True)
     sys.stderr.flush()
     instance.serve_forever()
+
+
+def _zookeeper(zk: str, server_id: str | None, session_timeout: float):
+    """What makes the server's ZooKeeper coordinator, once its address is known."""
+    from ..coordination.zookeeper import ZooKeeperCoordinator
+
+    def coordinator_factory(address: str) -> ZooKeeperCoordinator:
+        return ZooKeeperCoordinator(zk, address, server_id=server_id, session_timeout=session_timeout)
+
+    return coordinator_factory
+
+
+def _tls(cert: str | None, key: str | None):
+    """The server's TLS context (None without --tls-cert and --tls-key)."""
+    if not (cert or key):
+        return None
+    if not (cert and key):
+        raise click.UsageError("--tls-cert and --tls-key go together")
+    import ssl
+
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return context
 
 
 @main.command()

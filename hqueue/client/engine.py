@@ -48,6 +48,7 @@ from thriftpy2.thrift import TException
 from thriftpy2.transport import TTransportException
 
 from ..api import GroupsAPI, SubscriptionsAPI
+from ..auth import split_credentials
 from ..checks import message_columns
 from ..config import InfoCache, QueueInfo, QueueState
 from ..errors import (
@@ -74,8 +75,8 @@ def parse_url(url: str) -> tuple[list[str], str | None, dict[str, str]]:
     """``hqueue://[TOKEN@]h1:9700,h2:9700[?k=v…]`` -> (servers, token, options)."""
     if not isinstance(url, str) or not url.startswith("hqueue://"):
         raise InvalidArgument("an hqueue server URL starts with hqueue://")
-    rest, _, query = url[len("hqueue://") :].partition("?")
-    token, at, hosts = rest.rpartition("@")
+    bare, token = split_credentials(url)
+    hosts, _, query = bare[len("hqueue://") :].partition("?")
     servers = [s.strip() for s in hosts.strip("/").split(",") if s.strip()]
     for server in servers:
         host, _, port = server.rpartition(":")
@@ -87,7 +88,7 @@ def parse_url(url: str) -> tuple[list[str], str | None, dict[str, str]]:
     unknown = set(options) - {"timeout", "tls", "ca"}
     if unknown:
         raise InvalidArgument(f"unknown hqueue:// URL options {sorted(unknown)} (known: timeout, tls, ca)")
-    return servers, urllib.parse.unquote(token) if at else None, options
+    return servers, token, options
 
 
 def _batches(topics: list[bytes], values: list[bytes]) -> Iterator[tuple[int, int]]:
@@ -128,7 +129,7 @@ class RemoteEngine:
         self, url: str, *, timeout: float | None = None, owner_timeout: float = 30.0, token: str | None = None
     ) -> None:
         self._seeds, url_token, options = parse_url(url)
-        self.url = "hqueue://" + url.partition("?")[0][len("hqueue://") :].rpartition("@")[2]  # never the token
+        self.url = split_credentials(url)[0].partition("?")[0]  # never the token
         if timeout is None:
             try:
                 timeout = float(options.get("timeout", 30.0))

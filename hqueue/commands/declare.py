@@ -132,13 +132,9 @@ def as_time(name: str, value: Any) -> MessageID:
 def _as_time(name: str, value: Any) -> MessageID:
     if isinstance(value, MessageID):
         return value
-    if isinstance(value, int) and not isinstance(value, bool):
-        if not 0 <= value < 2**63:
-            raise InvalidArgument(f"'{name}': epoch milliseconds must be in 0..2**63-1, got {value}")
-        return MessageID(value)
-    if isinstance(value, str):
-        try:
-            return MessageID.parse(value)
+    if isinstance(value, (int, str)) and not isinstance(value, bool):
+        try:  # MessageID checks the range itself
+            return MessageID(value) if isinstance(value, int) else MessageID.parse(value)
         except ValueError as e:
             raise InvalidArgument(f"'{name}': {e}") from None
     raise InvalidArgument(f"'{name}': expected a time, an ID or epoch milliseconds, got {value!r}")

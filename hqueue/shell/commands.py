@@ -174,16 +174,14 @@ def _is_queue(admin: HQueueAdmin, name: str) -> bool:
 
 def _shared(command: SharedCommand) -> Callable[[Shell, list[Any]], Result]:
     def run(shell: Shell, args: list[Any]) -> Result:
-        args = list(args)
+        args, note = list(args), ""
         if command.name in SUBSCRIBER_FIRST and len(args) >= 2 and all(isinstance(a, str) for a in args[:2]):
             admin = shell.admin
             if not _is_queue(admin, args[0]) and _is_queue(admin, args[1]):
                 args[0], args[1] = args[1], args[0]
                 note = f"note: {command.name} takes the queue first now: {command.name} {args[0]!r}, {args[1]!r}\n"
-                output = command.run(shell, **bind(command, args))
-                return note + output.text, output.rows
         output = command.run(shell, **bind(command, args))
-        return output.text, output.rows
+        return note + output.text, output.rows
 
     return run
 

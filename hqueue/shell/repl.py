@@ -20,7 +20,8 @@ from collections.abc import Iterable, Iterator
 from typing import TextIO
 
 from ..admin import HQueueAdmin
-from ..connection import missing_store, resolve_url, split_credentials, store_exists
+from ..auth import split_credentials
+from ..connection import missing_store, resolve_url, store_exists
 from ..errors import HQueueError
 from ..queue import HQueue
 from .commands import ALIASES, COMMANDS, Streamed

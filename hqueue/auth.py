@@ -31,10 +31,13 @@ import hashlib
 import hmac
 import ipaddress
 import os
+import secrets
 import socket
 import tomllib
 import urllib.parse
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from .errors import InvalidArgument, NotAuthorized
 
@@ -184,9 +187,50 @@ class PushPolicy:
             "nor in the server's --subscriber-allow networks"
         )
 
-    def check_push(self, address: str) -> None:
-        """At push time, where the announcing client is not known (subscribers
-        announce themselves in ZooKeeper): with ``allow`` networks, the address
-        must be in them; without, ZooKeeper's own access control is the guard."""
+    def check_push(self, address: str, approved: Iterable[str]) -> None:
+        """At push time: raise NotAuthorized unless ``address`` is one a server
+        checked when the subscriber announced it (``approved``: through a
+        heartbeat, or ``approveSubscriberAddress`` before a ZooKeeper
+        presence), or lies in the ``allow`` networks. A presence written
+        straight into ZooKeeper with another address gets nothing."""
+        if address in approved:
+            return
         if self.networks:
             self.check(address, None)
+            return
+        raise NotAuthorized(
+            f"subscriber address {address} was never announced through a server "
+            "nor is in the server's --subscriber-allow networks"
+        )
+
+
+@dataclass(frozen=True)
+class PushCredentials:
+    """What a subscriber announces besides its address: the key servers prove pushes
+    with, and the fingerprint of its TLS certificate (None: it listens in clear)."""
+
+    key: bytes
+    certificate: str | None = None
+
+    @classmethod
+    def new(cls, certificate: str | None = None) -> PushCredentials:
+        return cls(secrets.token_bytes(32), certificate)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key.hex(), "certificate": self.certificate}
+
+    @classmethod
+    def from_json(cls, data: Any) -> PushCredentials | None:
+        """None for anything malformed (an announcement without a usable key is never pushed to)."""
+        try:
+            key = bytes.fromhex(data["key"])
+            certificate = data.get("certificate")
+        except (TypeError, ValueError, KeyError, AttributeError):
+            return None
+        if len(key) != 32 or not (certificate is None or _is_fingerprint(certificate)):
+            return None
+        return cls(key, certificate)
+
+
+def _is_fingerprint(value: object) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)

@@ -289,6 +289,8 @@ class HQueue(Connected):
         port: int = 0,
         advertise: str | None = None,
         takeover_timeout: float = 15.0,
+        tls: bool | None = None,
+        zk_auth: str | None = None,
     ) -> Subscriber:
         """A subscriber that servers push this queue's messages to; call start().
 
@@ -300,6 +302,16 @@ class HQueue(Connected):
             takeover_timeout: How long start() waits for an earlier instance of the
                 subscriber to lapse (one that crashed); a live one keeps its name,
                 and start() raises SubscriberActive.
+            tls: Listen with TLS (a certificate made for this run, which servers
+                pin). None (the default): when this queue's URL speaks TLS
+                (``tls=1``); a TLS server pushes only over TLS.
+            zk_auth: ZooKeeper credentials ``user:password``, where servers
+                coordinate through a ZooKeeper with ACLs (default:
+                ``$HQUEUE_ZK_AUTH``); the subscriber announces itself there.
+
+        Every push is proven: the subscriber announces a key made for this
+        run, and refuses (``TPushRefused``, never reaching a listener) any
+        push a server did not prove with it (SPEC C7, the push channel).
 
         Push subscriptions work on every store: hqueue servers deliver them, or,
         for a store opened in this process, this process does.
@@ -316,6 +328,9 @@ class HQueue(Connected):
             port=port,
             advertise=advertise,
             takeover_timeout=takeover_timeout,
+            partitions=self.info.partitions,
+            tls=bool(getattr(self.engine, "tls", False)) if tls is None else tls,
+            zk_auth=zk_auth,
         )
 
     def __repr__(self) -> str:

@@ -50,6 +50,23 @@ struct TQueueDescription {
 
 // A subscriber's registration (SPEC C7). A checkpoint is the first ID not
 // yet delivered in that partition: delivery resumes there.
+// What a subscriber announces with its address: the 32-byte key servers prove
+// pushes with, and (when it listens with TLS) the SHA-256 hex fingerprint of
+// its certificate, which servers pin.
+struct TPushKey {
+  1: binary key,
+  2: optional string certificate
+}
+
+struct TPushProof {
+  1: string queue,
+  2: string subscriber,
+  3: i16 partitionID,
+  4: i64 epoch,
+  5: i64 sequence,
+  6: binary mac
+}
+
 struct TSubscriberInfo {
   1: string name,
   2: string queue,
@@ -139,6 +156,10 @@ exception TGroupNotFound {
 exception TQueueNotFound {
   1: string message,
   2: string queue
+}
+
+exception TPushRefused {
+  1: string message
 }
 
 exception TSubscriberNotFound {
@@ -269,10 +290,20 @@ service HQueueService {
       throws (1: TSubscriberNotFound notFound, 2: TInvalidMessage invalid, 3: TIOError io, 4: TNotAuthorized denied, 5: TQueueNotFound queueNotFound)
   // Where subscribers announce themselves: "zk:<hosts>/<chroot>" (create the
   // ephemeral nodes there), or "server" (call subscriberHeartbeat).
-  string getCoordination()
+  // Needs the consumer role on queue (only subscribers use it).
+  string getCoordination(1: string queue)
       throws (1: TIOError io, 2: TNotAuthorized denied)
-  // Without ZooKeeper: "I am at address, taking these topics"; every second.
-  void subscriberHeartbeat(1: string queue, 2: string name, 3: string address, 4: list<binary> topics)
+  // Without ZooKeeper: "I am at address, taking these topics, proving pushes
+  // with this key"; every second. The server checks the address (it must be
+  // the calling host's, or in --subscriber-allow networks).
+  void subscriberHeartbeat(1: string queue, 2: string name, 3: string address, 4: list<binary> topics,
+                           5: TPushKey push)
+      throws (1: TSubscriberNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied, 4: TQueueNotFound queueNotFound,
+              5: TInvalidMessage invalid)
+  // With ZooKeeper, before announcing there: the server checks the address as
+  // for a heartbeat and records it; servers push only to recorded addresses
+  // (or ones in their --subscriber-allow networks).
+  void approveSubscriberAddress(1: string queue, 2: string name, 3: string address, 4: TPushKey push)
       throws (1: TSubscriberNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied, 4: TQueueNotFound queueNotFound,
               5: TInvalidMessage invalid)
   void subscriberLeave(1: string queue, 2: string name)
@@ -340,6 +371,12 @@ service HQueueService {
 // Returns 0 when the batch was processed; any other value asks for a retry:
 // 1 a listener failed (counts toward addSubscriber's deadLetterAfter),
 // 2 the subscriber is stopping (never counts).
+// Every push is proven (hqueue/subscriptions/push.py): the server asks a fresh
+// challenge once per connection, then each push carries a TPushProof whose
+// mac is HMAC-SHA256 with the key the subscriber announced. A push that is
+// unproven, replayed or not of the subscription gets TPushRefused.
 service HQueueSubscriberService {
-  i32 consumeMessages(1: list<TMessage> messages)
+  binary pushChallenge()
+  i32 consumeMessages(1: list<TMessage> messages, 2: TPushProof proof)
+      throws (1: TPushRefused refused)
 }

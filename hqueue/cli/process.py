@@ -15,6 +15,13 @@ from .main import Progress, Seconds, main, open_admin, open_queue
 @main.command()
 @click.option("--storage", help="Store URL (default: --url, or local://./hqueue-data).")
 @click.option("--zk", help="ZooKeeper host:port[,host:port][/chroot]; without it this server owns every partition.")
+@click.option(
+    "--zk-auth",
+    envvar="HQUEUE_ZK_AUTH",
+    metavar="USER:PASSWORD",
+    help="ZooKeeper digest credentials: hqueue's znodes are made readable and writable by them only "
+    "(give subscribers the same, through HQUEUE_ZK_AUTH).",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=9700, show_default=True, help="0 picks a free port.")
 @click.option("--advertise", help="host:port clients should use (default: host:port).")
@@ -58,12 +65,27 @@ from .main import Progress, Seconds, main, open_admin, open_queue
 @click.option("--max-frame-bytes", type=click.IntRange(1024, 2**31 - 1), default=64 * 1024 * 1024, show_default=True)
 @click.option("--max-partitions", type=click.IntRange(1, 32767), default=1024, show_default=True)
 @click.option("--metrics-port", type=click.IntRange(0, 65535), help="Serve Prometheus metrics on this port.")
+@click.option(
+    "--push-threads",
+    type=click.IntRange(1, 256),
+    default=8,
+    show_default=True,
+    help="Threads pushing to subscribers, for all of them together.",
+)
+@click.option(
+    "--max-subscribers",
+    type=click.IntRange(1, 100_000),
+    default=1000,
+    show_default=True,
+    help="Most subscribers this server pushes to; the rest wait.",
+)
 @click.option("--log-level", envvar="HQUEUE_LOG_LEVEL", default="INFO", show_default=True)
 @click.pass_context
 def server(
     ctx,
     storage,
     zk,
+    zk_auth,
     host,
     port,
     advertise,
@@ -79,6 +101,8 @@ def server(
     max_frame_bytes,
     max_partitions,
     metrics_port,
+    push_threads,
+    max_subscribers,
     log_level,
 ) -> None:
     """Serve queues over Thrift (framed transport, binary protocol)."""
@@ -89,7 +113,9 @@ def server(
     from ..server import HQueueServer
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    coordinator_factory = _zookeeper(zk, server_id, session_timeout) if zk else None
+    if zk_auth and not zk:
+        raise click.UsageError("--zk-auth goes with --zk")
+    coordinator_factory = _zookeeper(zk, zk_auth, server_id, session_timeout) if zk else None
     url = storage or ctx.obj["url"] or default_url()
     ssl_context = _tls(tls_cert, tls_key)
     limits = ServerLimits(
@@ -111,6 +137,8 @@ def server(
             ssl_context=ssl_context,
             max_partitions=max_partitions,
             metrics_port=metrics_port,
+            push_threads=push_threads,
+            max_subscribers=max_subscribers,
         )
     except OSError as e:
         raise click.ClickException(e.strerror or str(e)) from e
@@ -120,12 +148,12 @@ def server(
     instance.serve_forever()
 
 
-def _zookeeper(zk: str, server_id: str | None, session_timeout: float):
+def _zookeeper(zk: str, auth: str | None, server_id: str | None, session_timeout: float):
     """What makes the server's ZooKeeper coordinator, once its address is known."""
     from ..coordination.zookeeper import ZooKeeperCoordinator
 
     def coordinator_factory(address: str) -> ZooKeeperCoordinator:
-        return ZooKeeperCoordinator(zk, address, server_id=server_id, session_timeout=session_timeout)
+        return ZooKeeperCoordinator(zk, address, server_id=server_id, session_timeout=session_timeout, auth=auth)
 
     return coordinator_factory
 

@@ -142,6 +142,8 @@ class RemoteEngine:
         self._ssl_context = None
         if options.get("tls", "0") not in ("0", "") or "ca" in options:
             self._ssl_context = ssl.create_default_context(cafile=options.get("ca"))
+        #: Whether this client speaks TLS (its subscribers then listen with TLS too).
+        self.tls = self._ssl_context is not None
         self.owner_timeout = owner_timeout
         self._pools: dict[str, Pool] = {}
         self._lock = threading.Lock()

@@ -5,13 +5,16 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
+from ..auth import PushCredentials
 from ..rpc import operations as op
+from ..rpc import wire
 from .calls import remote
 
 
 class RemoteSubscriptions:
     """``engine.subscriptions`` of a :class:`~hqueue.client.engine.RemoteEngine`: each
-    call is a declared operation (``rpc/operations.py``), but the heartbeat."""
+    call is a declared operation (``rpc/operations.py``), but the announcements (whose
+    address the server checks against the calling host)."""
 
     def __init__(self, engine: Any) -> None:  # a RemoteEngine (which makes this: typed loosely, no cycle)
         self._engine = engine
@@ -24,5 +27,13 @@ class RemoteSubscriptions:
     coordination = remote(op.GET_COORDINATION)
     leave = remote(op.SUBSCRIBER_LEAVE)
 
-    def heartbeat(self, queue: str, name: str, address: str, topics: Collection[bytes] | None) -> None:
-        self._engine._call("subscriberHeartbeat", queue, name, address, sorted(topics) if topics else None, queue=queue)
+    def heartbeat(
+        self, queue: str, name: str, address: str, topics: Collection[bytes] | None, push: PushCredentials
+    ) -> None:
+        topics_out = sorted(topics) if topics else None
+        self._engine._call(
+            "subscriberHeartbeat", queue, name, address, topics_out, wire.to_tpush_key(push), queue=queue
+        )
+
+    def approve(self, queue: str, name: str, address: str, push: PushCredentials) -> None:
+        self._engine._call("approveSubscriberAddress", queue, name, address, wire.to_tpush_key(push), queue=queue)

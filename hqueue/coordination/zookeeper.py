@@ -50,11 +50,12 @@ import uuid
 from collections.abc import Callable, Iterable
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import KazooException, NodeExistsError
+from kazoo.exceptions import KazooException, NoAuthError, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.recipe.partitioner import SetPartitioner
+from kazoo.security import make_digest_acl
 
-from ..errors import CoordinationError, NotPartitionOwner
+from ..errors import CoordinationError, InvalidArgument, NotPartitionOwner
 from ..storage.fence import Token
 from .base import Coordinator
 
@@ -64,6 +65,62 @@ PARTITIONER_PATH = "/ownership"
 VERSION_PATH = "/queues-version"
 #: 16 random bytes, made by the first server on a new ZooKeeper: tells its fencing tokens from another's.
 ENSEMBLE_PATH = "/ensemble"
+
+
+#: The environment variable that gives ZooKeeper credentials, ``user:password`` (as ``--zk-auth``).
+AUTH_ENV = "HQUEUE_ZK_AUTH"
+
+
+def zookeeper_client(hosts: str, auth: str | None, timeout: float) -> KazooClient:
+    """A kazoo client; with ``auth`` (``user:password``) it authenticates with ZooKeeper's
+    digest scheme and creates every node under an ACL that grants that user
+    everything and nobody else anything (so only servers and subscribers given the
+    credential can read push keys or write registrations and presences).
+
+    Raises:
+        InvalidArgument: ``auth`` is not ``user:password``.
+    """
+    if not auth:
+        return KazooClient(hosts=hosts, timeout=timeout)
+    user, colon, password = auth.partition(":")
+    if not colon or not user or not password:
+        raise InvalidArgument(
+            f"ZooKeeper credentials are user:password (--zk-auth or ${AUTH_ENV}), got a value without ':'"
+        )
+    return KazooClient(
+        hosts=hosts,
+        timeout=timeout,
+        auth_data=[("digest", auth)],
+        default_acl=[make_digest_acl(user, password, all=True)],
+    )
+
+
+def no_auth(hosts: str) -> str:
+    return (
+        f"ZooKeeper at {hosts} refused access (NoAuth): hqueue's nodes there are under an ACL; "
+        f"give the credentials with --zk-auth or ${AUTH_ENV}"
+    )
+
+
+def secure(client: KazooClient, paths: Iterable[str]) -> None:
+    """Put the client's default ACL on the chroot and on ``paths`` and everything under them.
+
+    Nodes made before the deployment turned ACLs on were open to anyone;
+    the first server started with credentials closes them.
+    """
+    acl = client.default_acl
+    if not acl:
+        return
+    if client.chroot:
+        client.set_acls("/", acl)
+    pending = list(paths)
+    while pending:
+        path = pending.pop()
+        try:
+            client.set_acls(path, acl)
+            pending.extend(f"{path.rstrip('/')}/{child}" for child in client.get_children(path))
+        except NoNodeError:
+            continue
 
 
 def item(queue: str, pid: int) -> str:
@@ -95,6 +152,8 @@ class ZooKeeperCoordinator(Coordinator):
         time_boundary: How long the party must be stable before sharing
             out (kazoo's SetPartitioner), seconds.
         refresh_seconds: How often the queue list is re-read from storage.
+        auth: ZooKeeper credentials, ``user:password``: every node is created
+            under their digest ACL (see :func:`zookeeper_client`).
     """
 
     def __init__(
@@ -106,12 +165,14 @@ class ZooKeeperCoordinator(Coordinator):
         session_timeout: float = 10.0,
         time_boundary: float = 0.5,
         refresh_seconds: float = 30.0,
+        auth: str | None = None,
     ) -> None:
         super().__init__()
         self.address, self.hosts = address, hosts
         self.identifier = f"{server_id or address.replace(':', '_')}@{address}"
         self.time_boundary, self.refresh_seconds = time_boundary, refresh_seconds
-        self.client = KazooClient(hosts=hosts, timeout=session_timeout)
+        self.client = zookeeper_client(hosts, auth, session_timeout)
+        self.auth = auth
         self.client.add_listener(self._on_state)
         self._lock = threading.RLock()
         self._owned: frozenset[str] = frozenset()
@@ -137,7 +198,10 @@ class ZooKeeperCoordinator(Coordinator):
             self.client.start(timeout=max(15.0, self.client._session_timeout / 1000))
             self.client.ensure_path(VERSION_PATH)
             self.client.ensure_path(PARTITIONER_PATH + "/party")
+            secure(self.client, [VERSION_PATH, ENSEMBLE_PATH, PARTITIONER_PATH, "/subscriptions"])
             self.ensemble = self._ensemble()
+        except NoAuthError as e:
+            raise CoordinationError(no_auth(self.client.hosts)) from e
         except (KazooTimeoutError, KazooException) as e:
             raise CoordinationError(f"cannot reach ZooKeeper at {self.client.hosts}: {e}") from e
         self.client.DataWatch(VERSION_PATH, lambda data, stat: self._wake.set())

@@ -183,7 +183,8 @@ SET_CHECKPOINT = Operation(
     SUBSCRIPTIONS, "set_checkpoint", "setCheckpoint", "consumer",
     (QUEUE, NAME, Arg("partition_id", PARTITION_OR_ALL), Arg("start", ID)),
 )  # fmt: skip
-GET_COORDINATION = Operation(SUBSCRIPTIONS, "coordination", "getCoordination", "connected", (), result=PLAIN)
+# The consumer role only: the ZooKeeper hosts are for subscribers.
+GET_COORDINATION = Operation(SUBSCRIPTIONS, "coordination", "getCoordination", "consumer", (QUEUE,), result=PLAIN)
 SUBSCRIBER_LEAVE = Operation(SUBSCRIPTIONS, "leave", "subscriberLeave", "consumer", (QUEUE, NAME))
 
 

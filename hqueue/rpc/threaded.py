@@ -71,6 +71,8 @@ class Connection:
     peer: tuple[str, int]
     #: What the connection authenticated as (set by the handler); None: nothing yet.
     principal: Any = None
+    #: A subscriber's push state on this connection (subscriptions/push.py).
+    push: Any = None
     #: Called once when the connection ends (frees what it held, such as scanners).
     on_close: list[Callable[[], None]] = field(default_factory=list)
 

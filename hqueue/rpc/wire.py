@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import errors
+from ..auth import PushCredentials
 from ..config import QueueInfo
 from ..errors import GroupNotFound, SubscriberNotFound
 from ..keys.timers import Timer
@@ -66,6 +67,24 @@ def from_tmessage(t: Any, index: int = 0) -> Message:
 def from_stored_tmessage(t: Any) -> Message:
     """A TMessage from the server, as the stored Message it describes."""
     return Message(t.topic, t.value, id=from_tid(t.id), partition_id=t.partitionID)
+
+
+def to_tpush_key(push: PushCredentials) -> Any:
+    return T.TPushKey(key=push.key, certificate=push.certificate)
+
+
+def from_tpush_key(t: Any) -> PushCredentials:
+    """The announced push credentials; InvalidArgument for missing or malformed ones."""
+    push = (
+        PushCredentials.from_json({"key": t.key.hex(), "certificate": t.certificate})
+        if t is not None and isinstance(t.key, bytes)
+        else None
+    )
+    if push is None:
+        raise errors.InvalidArgument(
+            "a subscriber announces a 32-byte push key (and, with TLS, its certificate's SHA-256 hex fingerprint)"
+        )
+    return push
 
 
 def to_ttimer(timer: Timer) -> Any:

@@ -35,7 +35,8 @@ from ..metrics import ServerMetrics, gauge
 from ..rpc import wire
 from ..rpc.threaded import ListeningSocket, ServerLimits, ThreadedServer
 from ..services import serve_partitions, stop_serving
-from ..subscriptions.manager import SubscriptionManager
+from ..subscriptions.loops import DEFAULT_PUSH_THREADS
+from ..subscriptions.manager import DEFAULT_MAX_SUBSCRIBERS, SubscriptionManager
 from ..subscriptions.registry import SubscriberRegistry
 from ..subscriptions.service import Subscribers
 from ..subscriptions.store_registry import StoreRegistry
@@ -63,6 +64,8 @@ class HQueueServer:
         ssl_context: Serve TLS with this server-side context.
         max_partitions: The most partitions a queue created here may have.
         metrics_port: Serve Prometheus metrics on this port (0: a free one; None: not at all).
+        push_threads: Threads that push to subscribers, all of them together.
+        max_subscribers: The most subscribers this server pushes to (the rest wait).
     """
 
     def __init__(
@@ -80,6 +83,8 @@ class HQueueServer:
         ssl_context: ssl.SSLContext | None = None,
         max_partitions: int = DEFAULT_MAX_PARTITIONS,
         metrics_port: int | None = None,
+        push_threads: int = DEFAULT_PUSH_THREADS,
+        max_subscribers: int = DEFAULT_MAX_SUBSCRIBERS,
     ) -> None:
         if coordinator_factory is not None and not storage_url.startswith("hbase://"):
             raise InvalidArgument(
@@ -110,6 +115,8 @@ class HQueueServer:
             max_partitions=max_partitions,
             metrics=self.metrics,
         )
+        self.handler.subscription_calls.tls = self._tls = ssl_context is not None
+        self._push_threads, self._max_subscribers = push_threads, max_subscribers
         self.subscriptions: SubscriptionManager | None = None
         self.groups: GroupService | None = None
         self._server = ThreadedServer(
@@ -132,14 +139,15 @@ class HQueueServer:
         self.coordinator.start(lambda: [(q.name, q.partitions) for q in self.engine.list_queues()])
         registry = self._registry()
         self.engine.subscriptions = self.handler.subscription_calls.service = Subscribers(self.engine, registry)
-        # Announced through this server, push addresses were checked then; through ZooKeeper, at push time.
-        zookeeper = isinstance(registry, ZooKeeperRegistry)
         self.subscriptions = SubscriptionManager(
             self.engine,
             self.coordinator,
             registry,
-            push_policy=self.push_policy if zookeeper else None,
+            push_policy=self.push_policy,
             metrics=self.metrics,
+            require_tls=self._tls,
+            push_threads=self._push_threads,
+            max_subscribers=self._max_subscribers,
         )
         self.subscriptions.start()
         self._thread = self._server.serve_in_thread("hqueue-accept")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from ..auth import PushPolicy
-from ..errors import HQueueError
+from typing import Any
+
+from ..auth import PushCredentials, PushPolicy
+from ..errors import HQueueError, InvalidArgument
 from ..rpc import operations as op
+from ..rpc import wire
 from ..rpc.threaded import current_connection
 from ..subscriptions.service import Subscribers
 from .calls import Calls, handler, served
@@ -12,7 +15,7 @@ from .calls import Calls, handler, served
 
 class SubscriptionCalls(Calls):
     """addSubscriber, deleteSubscriber, listSubscribers, describeSubscriber,
-    setCheckpoint, getCoordination, subscriberHeartbeat, subscriberLeave."""
+    setCheckpoint, getCoordination, subscriberHeartbeat, approveSubscriberAddress, subscriberLeave."""
 
     #: Set by the server once its coordinator runs (registrations may live in ZooKeeper).
     service: Subscribers | None = None
@@ -31,11 +34,32 @@ class SubscriptionCalls(Calls):
     setCheckpoint = handler(op.SET_CHECKPOINT)
     getCoordination = handler(op.GET_COORDINATION)
     subscriberLeave = handler(op.SUBSCRIBER_LEAVE)
+    #: Whether this server serves TLS: then it pushes only to subscribers that listen with TLS.
+    tls = False
 
-    @served("consumer")
-    def subscriberHeartbeat(self, queue: str, name: str, address: str, topics: list[bytes] | None) -> None:
+    def _announced(self, address: object, push: Any) -> PushCredentials:
+        """Check an announced address (the push policy) and push key; the credentials."""
         if not isinstance(address, str):
-            raise TypeError("'address' must be a host:port string")
+            raise InvalidArgument("'address' must be a host:port string")
         connection = current_connection()
         self.push_policy.check(address, connection.peer[0] if connection else None)
-        self.subscriptions.heartbeat(queue, name, address, frozenset(topics) if topics is not None else None)
+        credentials = wire.from_tpush_key(push)
+        if self.tls and credentials.certificate is None:
+            raise InvalidArgument(
+                "this server serves TLS and pushes only over TLS: the subscriber must listen with TLS "
+                "(create_subscriber(..., tls=True), the default over a tls=1 URL)"
+            )
+        return credentials
+
+    @served("consumer")
+    def subscriberHeartbeat(
+        self, queue: str, name: str, address: str, topics: list[bytes] | None, push: Any = None
+    ) -> None:
+        credentials = self._announced(address, push)
+        self.subscriptions.heartbeat(
+            queue, name, address, frozenset(topics) if topics is not None else None, credentials
+        )
+
+    @served("consumer")
+    def approveSubscriberAddress(self, queue: str, name: str, address: str, push: Any = None) -> None:
+        self.subscriptions.approve(queue, name, address, self._announced(address, push))

@@ -1,11 +1,12 @@
 """Push delivery to subscribers, server side (SPEC C7).
 
 For every attached subscriber this server owes messages to, one
-:class:`SubscriberLoop` thread runs, with one connection to the subscriber.
-It holds a :class:`PartitionWorker` for each partition the subscriber takes
-that this server owns, and runs their steps in turn (round robin), so a
-queue of 4,000 partitions costs one thread per subscriber, not 4,000. Each
-worker does three jobs:
+:class:`~hqueue.subscriptions.loops.SubscriberLoop` holds a
+:class:`PartitionWorker` for each partition the subscriber takes that this
+server owns, and one connection to the subscriber; a fixed pool of threads
+runs the loops' steps in turn (loops.py), so a queue of 4,000 partitions
+and 300 subscribers cost the pool's threads, not 4,000 or 300. Each worker
+does three jobs:
 
 * MessageScanner: reads the next batch after the checkpoint into its buffer
   (at most ``batch_size`` messages). When there is nothing new it waits for
@@ -33,25 +34,16 @@ registrations and with partition ownership on every change, and every second.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import threading
 import time
-from collections import deque
 from typing import Any, Protocol
-
-from thriftpy2.protocol import TBinaryProtocolFactory
-from thriftpy2.rpc import make_client
-from thriftpy2.thrift import TException
-from thriftpy2.transport import TFramedTransportFactory
 
 from ..auth import PushPolicy
 from ..coordination import Coordinator
 from ..deadletters import dead_letter, dead_letter_queue
 from ..engine import Engine
 from ..errors import HQueueError, SubscriberNotFound
-from ..groups.state import STARVE_GUARD
 from ..message import Message, MessageID, successor
 from ..metrics import ServerMetrics
 from ..rpc import wire
@@ -79,6 +71,14 @@ class Manager(Protocol):
     checkpoint_interval: float
     idle_wakeup: float
     send_timeout_ms: int
+    #: Whether pushes must travel over TLS (the server serves TLS).
+    require_tls: bool
+
+
+class Sender(Protocol):
+    """The subscriber's connection a worker pushes through (loops.py)."""
+
+    def send(self, worker: PartitionWorker) -> bool | None: ...
 
 
 class PartitionWorker:
@@ -100,7 +100,7 @@ class PartitionWorker:
         #: message, where one-at-a-time delivery ends.
         self.failures = 0
         self.careful_until: MessageID | None = None
-        # Scheduling state, kept by the loop under its lock.
+        # Scheduling state, kept under the push pool's lock.
         self.queued = self.idle = self.dirty = False
 
     def is_alive(self) -> bool:
@@ -152,7 +152,7 @@ class PartitionWorker:
 
     # -- one step -------------------------------------------------------------------------
 
-    def step(self, loop: SubscriberLoop) -> float:
+    def step(self, loop: Sender) -> float:
         """Scan, send (MessageSender) or save; AGAIN, IDLE, FINISHED or a backoff in seconds."""
         if self.stopping.is_set():
             self._save(force=True)
@@ -167,7 +167,7 @@ class PartitionWorker:
                 if not self.buffer:
                     self.checkpoint = reached  # only rows of other topics: skip them for good
                     return AGAIN
-            sent = loop.send(str(self.registration.address), self.buffer)
+            sent = loop.send(self)
             if sent:
                 self._passed()
                 self._save()
@@ -223,144 +223,3 @@ class PartitionWorker:
             self.registration.dead_letter_after, dead_letter_queue(self.queue), *placed,
         )  # fmt: skip
         return True
-
-
-class SubscriberLoop(threading.Thread):
-    """One thread and one connection delivering every partition this server owes one subscriber."""
-
-    def __init__(self, manager: Manager, queue: str, name: str) -> None:
-        super().__init__(daemon=True, name=f"hqueue-push-{queue}-{name}")
-        self.manager, self.queue, self.subscriber = manager, queue, name
-        self.workers: dict[int, PartitionWorker] = {}
-        self._cond = threading.Condition()
-        self._ready: deque[PartitionWorker] = deque()
-        self._timers: list[tuple[float, int, PartitionWorker]] = []
-        self._seq = itertools.count()
-        self._stopped = False
-        self._client: Any = None
-        self._client_address: str | None = None
-        self._picks = 0
-
-    # -- scheduling (any thread) -----------------------------------------------------------
-
-    def _ready_now(self, worker: PartitionWorker) -> None:
-        """Queue ``worker`` to run (call under the lock)."""
-        worker.idle = False
-        if not worker.queued:
-            worker.queued = True
-            self._ready.append(worker)
-            self._cond.notify()
-
-    def add(self, worker: PartitionWorker) -> None:
-        with self._cond:
-            self.workers[worker.partition_id] = worker
-            self._ready_now(worker)
-
-    def wake(self, worker: PartitionWorker) -> None:
-        """A write to the worker's partition: run it now if it waits for one."""
-        with self._cond:
-            worker.dirty = True
-            if worker.idle:
-                self._ready_now(worker)
-
-    def remove(self, worker: PartitionWorker) -> None:
-        """Stop ``worker`` (it saves its checkpoint); wait for it."""
-        worker.stopping.set()
-        with self._cond:
-            self._ready_now(worker)
-        worker.done.wait(timeout=10)
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stopped = True
-            for worker in self.workers.values():
-                worker.stopping.set()
-                self._ready_now(worker)
-            self._cond.notify_all()
-        self.join(timeout=10)
-
-    # -- the loop (its own thread) ----------------------------------------------------------
-
-    def _next(self) -> PartitionWorker | None:
-        with self._cond:
-            while True:
-                now = time.monotonic()
-                while self._timers and self._timers[0][0] <= now:
-                    worker = heapq.heappop(self._timers)[2]
-                    if worker.partition_id in self.workers and self.workers[worker.partition_id] is worker:
-                        self._ready_now(worker)
-                if self._ready:
-                    worker = self._pick()
-                    worker.queued = worker.dirty = False  # a write from here on wakes it again
-                    return worker
-                if self._stopped and not self.workers:
-                    return None
-                self._cond.wait(self._timers[0][0] - now if self._timers else None)
-
-    def _pick(self) -> PartitionWorker:
-        """The next ready worker: in turn, but on a queue with priority tiers the highest
-        tier's first, except one pick in STARVE_GUARD (SPEC X4). Call under the lock."""
-        self._picks += 1
-        try:
-            info = self.manager.engine.queue_info(self.queue)
-        except HQueueError:
-            info = None
-        if info is None or info.priorities == 1 or self._picks % STARVE_GUARD == 0:
-            return self._ready.popleft()
-        best = max(self._ready, key=lambda w: info.tier_of(w.partition_id))  # the first of the highest tier
-        self._ready.remove(best)
-        return best
-
-    def run(self) -> None:
-        while (worker := self._next()) is not None:
-            result = worker.step(self)
-            with self._cond:
-                if result == FINISHED:
-                    if self.workers.get(worker.partition_id) is worker:
-                        del self.workers[worker.partition_id]
-                    worker.done.set()
-                elif result == AGAIN:
-                    self._ready_now(worker)  # behind the other partitions: round robin
-                elif result == IDLE and worker.dirty:
-                    self._ready_now(worker)  # written to while it scanned
-                else:
-                    worker.idle = result == IDLE
-                    delay = self.manager.idle_wakeup if result == IDLE else result
-                    heapq.heappush(self._timers, (time.monotonic() + delay, next(self._seq), worker))
-        self._drop_client()
-
-    # -- MessageSender's connection ----------------------------------------------------------
-
-    def send(self, address: str, batch: list[Any]) -> bool | None:
-        """True: the subscriber took the batch; False: it refused it; None: not reached."""
-        try:
-            if self._client is None or self._client_address != address:
-                self._drop_client()
-                self.manager.push_policy.check_push(address)
-                host, _, port = address.rpartition(":")
-                self._client = make_client(
-                    wire.T.HQueueSubscriberService, host, int(port),
-                    proto_factory=TBinaryProtocolFactory(), trans_factory=TFramedTransportFactory(),
-                    timeout=self.manager.send_timeout_ms,
-                )  # fmt: skip
-                self._client_address = address
-            started = time.perf_counter()
-            status = self._client.consumeMessages(batch)
-        except (TException, OSError, HQueueError) as e:
-            logger.info("%s: sending %d message(s) failed: %s", self.subscriber, len(batch), e)
-            self._drop_client()
-            self.manager.metrics.delivery_failures.labels(self.queue, self.subscriber).inc()
-            return None
-        metrics = self.manager.metrics
-        metrics.delivery_seconds.labels(self.queue, self.subscriber).observe(time.perf_counter() - started)
-        if status != 0:
-            logger.info("%s: subscriber returned status %s for %d message(s)", self.subscriber, status, len(batch))
-            metrics.delivery_failures.labels(self.queue, self.subscriber).inc()
-            return False if status == 1 else None  # 2: it is stopping, which is no refusal
-        metrics.delivered.labels(self.queue, self.subscriber).inc(len(batch))
-        return True
-
-    def _drop_client(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None

@@ -32,13 +32,16 @@ it heartbeats the server every second.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..auth import PushCredentials
 from ..errors import HQueueError, InvalidArgument, SubscriberActive
 from ..message import Message, MessageID, _as_topic
+from .push import PushGuard, PushRefused, ephemeral_tls
 
 if TYPE_CHECKING:  # Thrift and kazoo load when a subscriber starts, not with hqueue
     from ..api import SubscriptionsAPI
@@ -46,6 +49,7 @@ if TYPE_CHECKING:  # Thrift and kazoo load when a subscriber starts, not with hq
     from .zk_registry import ZooKeeperPresence
 
 logger = logging.getLogger(__name__)
+
 
 #: Status codes returned to the server by consumeMessages: processed; a listener
 #: failed (counts toward dead_letter_after); stopping (try again later, never counts).
@@ -117,17 +121,34 @@ class SubscriberState:
 
 
 class _ConsumeHandler:
-    def __init__(self, subscriber: Subscriber) -> None:
-        self.subscriber = subscriber
+    def __init__(self, subscriber: Subscriber, guard: PushGuard) -> None:
+        from ..rpc.threaded import RateLimitedLog
 
-    def consumeMessages(self, messages: list[Any]) -> int:
+        self.subscriber, self.guard = subscriber, guard
+        self.refusals = RateLimitedLog()  # a flood of forged pushes writes a line per 10 s
+
+    def pushChallenge(self) -> bytes:
+        from ..rpc.threaded import current_connection
+
+        connection = current_connection()
+        if connection is None:
+            raise RuntimeError("pushChallenge outside a connection")
+        return self.guard.challenge(connection)
+
+    def consumeMessages(self, messages: list[Any], proof: Any = None) -> int:
+        from ..rpc import wire
+        from ..rpc.threaded import current_connection
+
+        try:
+            self.guard.check(current_connection(), messages or [], proof)
+        except PushRefused as e:  # never reaches a listener
+            self.refusals.warning("refused", "subscriber %s refused a push: %s", self.subscriber.name, e)
+            raise wire.T.TPushRefused(message=str(e)) from None
         if not self.subscriber.started:
             # Stopped: connections opened before stop() may still deliver; refuse,
             # so the batch stays undelivered and comes to the next instance.
             return STOPPING
         try:
-            from ..rpc import wire
-
             batch = [wire.from_stored_tmessage(t) for t in messages]
             for listener in self.subscriber.listeners:
                 listener.on_messages(batch)
@@ -152,6 +173,9 @@ class Subscriber:
         port: int = 0,
         advertise: str | None = None,
         takeover_timeout: float = 15.0,
+        partitions: int,
+        tls: bool = False,
+        zk_auth: str | None = None,
     ) -> None:
         if not listeners or not all(isinstance(listener, MessageListener) for listener in listeners):
             raise TypeError("'listeners' must be a non-empty sequence of MessageListener")
@@ -159,6 +183,12 @@ class Subscriber:
         self.name, self.listeners = subscription.name, list(listeners)
         self.host, self.port, self.advertise = host, port, advertise
         self.takeover_timeout = takeover_timeout
+        self.partition_ids = sorted(subscription.partitions) if subscription.partitions else range(partitions)
+        self.tls = tls
+        self.zk_auth = zk_auth
+        #: This run's push key (and certificate fingerprint), made by start().
+        self.credentials: PushCredentials | None = None
+        self.guard: PushGuard | None = None
         self.state = SubscriberState.NEW
         self.received = 0
         self._server: ThreadedServer | None = None
@@ -181,23 +211,35 @@ class Subscriber:
         from ..rpc import wire
         from ..rpc.threaded import ListeningSocket, ThreadedServer
 
+        context, certificate = ephemeral_tls() if self.tls else (None, None)
+        push = self.credentials = PushCredentials.new(certificate)
+        self.guard = PushGuard(push, self.queue, self.name, self.partition_ids)
         socket = ListeningSocket.bound(self.host, self.port)
         self.port = socket.bound_port
-        self._server = ThreadedServer(wire.T.HQueueSubscriberService, _ConsumeHandler(self), socket)
+        self._server = ThreadedServer(
+            wire.T.HQueueSubscriberService, _ConsumeHandler(self, self.guard), socket, ssl_context=context
+        )
         self._server.serve_in_thread(f"hqueue-subscriber-{self.name}")
         try:
             topics = frozenset(self.subscription.topics) if self.subscription.topics else None
             self.service.add(
                 self.queue, self.name, topics, self.subscription.partitions, self.subscription.dead_letter_after
             )
-            coordination = self.service.coordination()
+            coordination = self.service.coordination(self.queue)
             if coordination.startswith("zk:"):
+                from ..coordination.zookeeper import AUTH_ENV
                 from .zk_registry import ZooKeeperPresence
 
-                self._presence = ZooKeeperPresence(coordination[3:], self.queue, self.name, self.address, topics)
+                # The server checks the address (as for a heartbeat) and records it: servers
+                # push only to addresses announced through one of them.
+                self.service.approve(self.queue, self.name, self.address, push)
+                auth = self.zk_auth or os.environ.get(AUTH_ENV)
+                self._presence = ZooKeeperPresence(
+                    coordination[3:], self.queue, self.name, self.address, topics, push, auth
+                )
                 self._take_over(self._presence.start)
             else:
-                self._take_over(lambda: self.service.heartbeat(self.queue, self.name, self.address, topics))
+                self._take_over(lambda: self.service.heartbeat(self.queue, self.name, self.address, topics, push))
                 self._stop_heartbeat.clear()
                 threading.Thread(target=self._heartbeat, args=(topics,), daemon=True).start()
         except BaseException:
@@ -228,9 +270,10 @@ class Subscriber:
             time.sleep(0.25)
 
     def _heartbeat(self, topics: frozenset[bytes] | None) -> None:
+        assert self.credentials is not None
         while not self._stop_heartbeat.wait(1.0):
             try:
-                self.service.heartbeat(self.queue, self.name, self.address, topics)
+                self.service.heartbeat(self.queue, self.name, self.address, topics, self.credentials)
             except HQueueError:
                 logger.warning("%s: heartbeat failed; retrying", self.name, exc_info=True)
 

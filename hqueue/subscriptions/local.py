@@ -35,7 +35,7 @@ def local_subscriptions(engine: Engine) -> Subscribers:
                 return
             coordinator = LocalCoordinator("in-process")  # this process owns every partition
             coordinator.start(lambda: [(q.name, q.partitions) for q in engine.list_queues()])
-            manager = SubscriptionManager(engine, coordinator, registry)
+            manager = SubscriptionManager(engine, coordinator, registry, push_threads=2)
             manager.start()
             started.append((manager, coordinator))
 

@@ -12,14 +12,24 @@ from ..coordination import Coordinator
 from ..engine import Engine
 from ..errors import HQueueError
 from ..metrics import ServerMetrics
-from .delivery import Key, PartitionWorker, SubscriberLoop
+from ..rpc.threaded import RateLimitedLog
+from .delivery import Key, PartitionWorker
+from .loops import DEFAULT_PUSH_THREADS, PushPool, SubscriberLoop
 from .registry import Registration, SubscriberRegistry
 
 logger = logging.getLogger(__name__)
 
 
+#: Subscribers one server pushes to at most (``--max-subscribers``).
+DEFAULT_MAX_SUBSCRIBERS = 1000
+
+
 class SubscriptionManager:
-    """Runs the workers this server owes: attached subscribers x owned partitions."""
+    """Runs the workers this server owes: attached subscribers x owned partitions.
+
+    At most ``max_subscribers`` subscribers are pushed to; the others wait
+    (with a warning each minute) until one leaves.
+    """
 
     def __init__(
         self,
@@ -33,12 +43,18 @@ class SubscriptionManager:
         send_timeout: float = 60.0,
         push_policy: PushPolicy | None = None,
         metrics: ServerMetrics | None = None,
+        require_tls: bool = False,
+        push_threads: int = DEFAULT_PUSH_THREADS,
+        max_subscribers: int = DEFAULT_MAX_SUBSCRIBERS,
     ) -> None:
         self.engine, self.coordinator, self.registry = engine, coordinator, registry
         self.metrics = metrics or ServerMetrics()
         self.push_policy = push_policy or PushPolicy()
         self.batch_size, self.checkpoint_interval, self.idle_wakeup = batch_size, checkpoint_interval, idle_wakeup
         self.send_timeout_ms = int(send_timeout * 1000)
+        self.require_tls, self.max_subscribers = require_tls, max_subscribers
+        self.pool = PushPool(push_threads)
+        self._over = RateLimitedLog(60.0)
         self.workers: dict[Key, PartitionWorker] = {}
         self.loops: dict[tuple[str, str], SubscriberLoop] = {}
         self._by_partition: dict[tuple[str, int], tuple[PartitionWorker, ...]] = {}
@@ -71,7 +87,16 @@ class SubscriptionManager:
     def reconcile(self) -> None:
         """Start the workers owed, stop the others."""
         wanted: dict[Key, Registration] = {}
-        for registration in self.registry.attached():
+        attached = self.registry.attached()
+        # Past the limit, those pushed to already keep their place; the rest wait.
+        attached.sort(key=lambda r: (r.queue, r.name) not in self.loops)
+        if len(attached) > self.max_subscribers:
+            self._over.warning(
+                "max", "%d subscribers are attached; this server pushes to %d (--max-subscribers)",
+                len(attached), self.max_subscribers,
+            )  # fmt: skip
+            del attached[self.max_subscribers :]
+        for registration in attached:
             try:
                 partitions = self.engine.queue_info(registration.queue).partitions
             except HQueueError:
@@ -95,8 +120,7 @@ class SubscriptionManager:
                     self._by_partition[partition] = (*self._by_partition.get(partition, ()), worker)
                     loop = self.loops.get((key[0], key[1]))
                     if loop is None:
-                        loop = self.loops[(key[0], key[1])] = SubscriberLoop(self, key[0], key[1])
-                        loop.start()
+                        loop = self.loops[(key[0], key[1])] = SubscriberLoop(self, self.pool, key[0], key[1])
                     loop.add(worker)
                     logger.info("delivering %s partition %d to %s at %s", key[0], key[2], key[1], registration.address)
             owed = {(queue, name) for queue, name, _ in self.workers}
@@ -130,8 +154,12 @@ class SubscriptionManager:
             for loop in self.loops.values():
                 loop.stop()
             self.loops.clear()
+        self.pool.stop()
 
 
 def _identity(registration: Registration) -> tuple:
     """What a running worker depends on: a change means a restart."""
-    return registration.address, registration.effective_topics, registration.epoch, registration.dead_letter_after
+    return (
+        registration.address, registration.effective_topics, registration.epoch, registration.dead_letter_after,
+        registration.push, registration.approved,
+    )  # fmt: skip

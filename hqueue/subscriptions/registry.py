@@ -18,6 +18,7 @@ import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
+from ..auth import PushCredentials
 from ..errors import HQueueError
 from ..message import MessageID
 
@@ -40,6 +41,11 @@ class Registration:
             epoch stop and never save their checkpoints over the new ones.
         dead_letter_after: Refusals by the subscriber a message may take before
             it goes to the dead-letter queue ``<queue>.dlq``; None: retry forever.
+        push: The key (and TLS certificate) the attached subscriber announced
+            (push.py); servers never push to one without.
+        approved: Addresses a server checked when a subscriber announced them
+            through it (``approveSubscriberAddress``, or the heartbeat's own);
+            servers push only to these, or into their ``--subscriber-allow`` networks.
     """
 
     queue: str
@@ -51,6 +57,8 @@ class Registration:
     live_topics: frozenset[bytes] | None = None
     epoch: int = 0
     dead_letter_after: int | None = None
+    push: PushCredentials | None = None
+    approved: tuple[str, ...] = ()
 
     @property
     def attached(self) -> bool:
@@ -75,6 +83,7 @@ class Registration:
                 "checkpoints": {str(p): str(i) for p, i in sorted(self.checkpoints.items())},
                 "epoch": self.epoch,
                 "dead_letter_after": self.dead_letter_after,
+                "approved": list(self.approved),
             }
         ).encode()
 
@@ -89,6 +98,7 @@ class Registration:
             checkpoints={int(p): MessageID.parse(i) for p, i in raw.get("checkpoints", {}).items()},
             epoch=raw.get("epoch", 0),
             dead_letter_after=raw.get("dead_letter_after"),
+            approved=tuple(a for a in raw.get("approved", ()) if isinstance(a, str)),
         )
 
 
@@ -143,13 +153,28 @@ class SubscriberRegistry(abc.ABC):
     def attached(self) -> list[Registration]:
         """Every registration whose subscriber is attached now."""
 
-    def heartbeat(self, queue: str, name: str, address: str, topics: frozenset[bytes] | None) -> None:
+    def heartbeat(
+        self, queue: str, name: str, address: str, topics: frozenset[bytes] | None, push: PushCredentials
+    ) -> None:
         """Presence by heartbeat (only where there is no ZooKeeper)."""
         raise HQueueError(f"subscribers announce themselves through {self.coordination}, not heartbeats")
 
     def leave(self, queue: str, name: str) -> None:
         """End presence by heartbeat."""
         raise HQueueError(f"subscribers announce themselves through {self.coordination}, not heartbeats")
+
+    #: How many approved addresses a registration keeps (the latest).
+    MAX_APPROVED = 8
+
+    def approve(self, queue: str, name: str, address: str) -> None:
+        """Record an address a server checked (see :attr:`Registration.approved`)."""
+
+        def change(registration: Registration) -> Registration:
+            if address in registration.approved:
+                return registration
+            return replace(registration, approved=(*registration.approved, address)[-self.MAX_APPROVED :])
+
+        self.update(queue, name, change)
 
     def save_checkpoints(self, queue: str, name: str, checkpoints: dict[int, MessageID], epoch: int) -> bool:
         """Merge a worker's checkpoints; False (nothing saved) if a replay

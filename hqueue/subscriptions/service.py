@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..auth import PushCredentials
 from ..checks import check_partition
 from ..engine import Engine
 from ..errors import InvalidArgument, InvalidMessage, SubscriberExists, SubscriberNotFound
@@ -44,13 +45,26 @@ class Subscribers:
         self.engine.queue_info(queue, fresh=True)  # a missing queue says so
         return self.registry.names(queue)
 
-    def coordination(self) -> str:
-        """Where subscribers announce themselves: ``"server"`` (heartbeats) or ZooKeeper's hosts."""
+    def coordination(self, queue: str) -> str:
+        """Where subscribers of ``queue`` announce themselves: ``"server"`` (heartbeats) or ZooKeeper's hosts."""
         return self.registry.coordination
 
-    def heartbeat(self, queue: str, name: str, address: str, topics: frozenset[bytes] | None) -> None:
+    def heartbeat(
+        self, queue: str, name: str, address: str, topics: frozenset[bytes] | None, push: PushCredentials
+    ) -> None:
+        """Presence without ZooKeeper; the caller checked ``address`` (the server's push policy)."""
         self._used()
-        self.registry.heartbeat(queue, name, address, frozenset(topics) if topics else None)
+        if not isinstance(push, PushCredentials):
+            raise InvalidArgument("a heartbeat carries the subscriber's push key")
+        self.registry.heartbeat(queue, name, address, frozenset(topics) if topics else None, push)
+
+    def approve(self, queue: str, name: str, address: str, push: PushCredentials) -> None:
+        """Record an address the caller checked, before the subscriber announces it
+        (and ``push``) in ZooKeeper."""
+        self._used()
+        if not isinstance(push, PushCredentials):
+            raise InvalidArgument("an announcement carries the subscriber's push key")
+        self.registry.approve(queue, name, address)
 
     def leave(self, queue: str, name: str) -> None:
         self.registry.leave(queue, name)

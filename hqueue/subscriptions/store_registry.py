@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from ..auth import PushCredentials
 from ..errors import SubscriberActive, SubscriberExists, SubscriberNotFound
 from ..storage import Storage
 from .registry import Registration, SubscriberRegistry
@@ -28,7 +29,8 @@ class StoreRegistry(SubscriberRegistry):
         super().__init__()
         self.storage, self.presence_timeout = storage, presence_timeout
         self._lock = threading.RLock()
-        self._presence: dict[tuple[str, str], tuple[str, frozenset[bytes] | None, float]] = {}
+        # (queue, name) -> (address, topics, push credentials, last heartbeat)
+        self._presence: dict[tuple[str, str], tuple[str, frozenset[bytes] | None, PushCredentials, float]] = {}
 
     def _key(self, queue: str, name: str) -> str:
         return f"{PREFIX}{queue}/{name}"
@@ -49,8 +51,10 @@ class StoreRegistry(SubscriberRegistry):
     def load(self, queue: str, name: str) -> Registration:
         registration = self._stored(queue, name)
         presence = self._presence.get((queue, name))
-        if presence and time.monotonic() - presence[2] < self.presence_timeout:
-            return replace(registration, address=presence[0], live_topics=presence[1])
+        if presence and time.monotonic() - presence[3] < self.presence_timeout:
+            # The heartbeat's address was checked when it came: it is the approved one.
+            address, topics, push, _ = presence
+            return replace(registration, address=address, live_topics=topics, push=push, approved=(address,))
         return registration
 
     def update(self, queue: str, name: str, change: Callable[[Registration], Registration]) -> Registration:
@@ -71,7 +75,7 @@ class StoreRegistry(SubscriberRegistry):
 
     def attached(self) -> list[Registration]:
         now = time.monotonic()
-        live = [key for key, (_, _, seen) in list(self._presence.items()) if now - seen < self.presence_timeout]
+        live = [key for key, (*_, seen) in list(self._presence.items()) if now - seen < self.presence_timeout]
         found = []
         for queue, name in live:
             try:
@@ -80,17 +84,20 @@ class StoreRegistry(SubscriberRegistry):
                 self._presence.pop((queue, name), None)
         return found
 
-    def heartbeat(self, queue: str, name: str, address: str, topics: frozenset[bytes] | None) -> None:
+    def heartbeat(
+        self, queue: str, name: str, address: str, topics: frozenset[bytes] | None, push: PushCredentials
+    ) -> None:
         self._stored(queue, name)
         previous = self._presence.get((queue, name))
         now = time.monotonic()
-        if previous is not None and previous[0] != address and now - previous[2] < self.presence_timeout:
+        live = previous is not None and now - previous[3] < self.presence_timeout
+        if previous is not None and live and (previous[0], previous[2]) != (address, push):
             raise SubscriberActive(
                 f"subscriber {name!r} on {queue!r} is attached at {previous[0]}; a second instance is refused "
                 f"(if that one died, its presence lapses within {self.presence_timeout:g}s)"
             )
-        self._presence[(queue, name)] = (address, topics, now)
-        if previous is None or previous[:2] != (address, topics):
+        self._presence[(queue, name)] = (address, topics, push, now)
+        if previous is None or previous[:3] != (address, topics, push):
             self.changed()
 
     def leave(self, queue: str, name: str) -> None:

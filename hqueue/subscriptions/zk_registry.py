@@ -5,6 +5,11 @@ Layout, under the servers' chroot::
     /subscriptions/<queue>/subscribers/<name>          persistent: topics, partitions, checkpoints (JSON)
     /subscriptions/<queue>/subscribers/<name>/address  ephemeral (subscriber's session): host:port
     /subscriptions/<queue>/subscribers/<name>/topics   ephemeral: the topics it takes now (JSON)
+    /subscriptions/<queue>/subscribers/<name>/push     ephemeral: its push key and certificate (JSON, push.py)
+
+With ``--zk-auth`` every node is created under the servers' digest ACL
+(coordination/zookeeper.py), so only holders of that credential read the
+push key or write a presence.
 
 Servers watch the tree with kazoo ChildrenWatches and reconcile their
 workers on every change. Checkpoints are merged with a versioned
@@ -25,9 +30,11 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, KazooException, NoAuthError, NodeExistsError, NoNodeError
 from kazoo.retry import ForceRetryError
 
+from ..auth import PushCredentials
+from ..coordination.zookeeper import no_auth, zookeeper_client
 from ..errors import CoordinationError, SubscriberActive, SubscriberExists, SubscriberNotFound
 from .registry import Registration, SubscriberRegistry, decode_topics, encode_topics
 
@@ -119,9 +126,13 @@ class ZooKeeperRegistry(SubscriberRegistry):
         try:
             address = self.client.get(path + "/address")[0].decode()
             topics = decode_topics(json.loads(self.client.get(path + "/topics")[0]))
+            push = PushCredentials.from_json(json.loads(self.client.get(path + "/push")[0]))
         except NoNodeError:
             return registration
-        return replace(registration, address=address, live_topics=topics)
+        except ValueError:  # a malformed presence: treated as none, never pushed to
+            logger.warning("malformed presence of subscriber %s on %s", name, queue)
+            return registration
+        return replace(registration, address=address, live_topics=topics, push=push)
 
     def update(self, queue: str, name: str, change: Callable[[Registration], Registration]) -> Registration:
         def attempt() -> Registration:
@@ -166,10 +177,19 @@ class ZooKeeperRegistry(SubscriberRegistry):
 class ZooKeeperPresence:
     """The subscriber's ephemeral ``address`` and ``topics`` nodes."""
 
-    def __init__(self, hosts: str, queue: str, name: str, address: str, topics: frozenset[bytes] | None) -> None:
+    def __init__(
+        self,
+        hosts: str,
+        queue: str,
+        name: str,
+        address: str,
+        topics: frozenset[bytes] | None,
+        push: PushCredentials,
+        auth: str | None = None,
+    ) -> None:
         self.path = registration_path(queue, name)
-        self.address, self.topics = address, topics
-        self.client = KazooClient(hosts=hosts, timeout=10.0)
+        self.address, self.topics, self.push = address, topics, push
+        self.client = zookeeper_client(hosts, auth, timeout=10.0)
         self._stopping = False
         self.client.add_listener(self._on_state)
 
@@ -178,7 +198,11 @@ class ZooKeeperPresence:
             self.client.start(timeout=15)
         except Exception as e:
             raise CoordinationError(f"cannot reach ZooKeeper at {self.client.hosts}: {e}") from e
-        self._announce()
+        try:
+            self._announce()
+        except NoAuthError as e:
+            self.stop()
+            raise CoordinationError(no_auth(self.client.hosts)) from e
 
     def _announce(self) -> None:
         if not self.client.exists(self.path):
@@ -190,8 +214,9 @@ class ZooKeeperPresence:
                 f"subscriber {self.path} is attached at {holder} (a live ZooKeeper session); a second instance "
                 "is refused (if that one died, its session expires within the session timeout)"
             )
-        for child, data in (
+        for child, data in (  # address last: servers read a presence once its address exists
             ("topics", json.dumps(encode_topics(self.topics)).encode()),
+            ("push", json.dumps(self.push.to_json()).encode()),
             ("address", self.address.encode()),
         ):
             try:

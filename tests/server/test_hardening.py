@@ -157,9 +157,10 @@ def test_subscriber_push_addresses_must_be_the_clients_own_host(secured):
     client = raw_client(secured.port)
     client.authenticate(CRAWLER)
     client.addSubscriber("crawl.pages", "s", None, None)
+    key = T.TPushKey(key=bytes(32))
     with pytest.raises(T.TNotAuthorized, match="not on the registering client's host"):
-        client.subscriberHeartbeat("crawl.pages", "s", "10.1.2.3:9999", None)
-    client.subscriberHeartbeat("crawl.pages", "s", "127.0.0.1:9999", None)  # its own host
+        client.subscriberHeartbeat("crawl.pages", "s", "10.1.2.3:9999", None, key)
+    client.subscriberHeartbeat("crawl.pages", "s", "127.0.0.1:9999", None, key)  # its own host
     client.close()
 
 

@@ -1,0 +1,285 @@
+"""The push threads (SPEC C7): a fixed pool runs every subscriber's loop.
+
+A :class:`SubscriberLoop` holds one subscriber's partition workers
+(delivery.py) and its one connection to the subscriber; a loop runs on one
+thread at a time, so batches of a partition go out in order. The
+:class:`PushPool`'s threads (``--push-threads``, 8 by default) take the
+loops that have work in turn, one worker step each, so 300 subscribers cost
+8 threads, not 300, and a slow subscriber holds at most one of them for a
+send (up to the send timeout).
+
+The connection (:meth:`SubscriberLoop.send`) is where the push channel is
+guarded (push.py): the server pushes only to an address some server
+approved (or in ``--subscriber-allow``), only to a subscriber that
+announced a key, over TLS pinned to the subscriber's certificate when it
+announced one (a TLS server pushes over nothing else), and proves each push.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import ssl
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from thriftpy2.protocol import TBinaryProtocolFactory
+from thriftpy2.thrift import TClient, TException
+from thriftpy2.transport import TFramedTransportFactory, TSocket, TSSLSocket
+
+from ..errors import HQueueError
+from ..groups.state import STARVE_GUARD
+from ..rpc import wire
+from ..rpc.threaded import RateLimitedLog
+from .delivery import AGAIN, FINISHED, IDLE, Manager, PartitionWorker
+from .push import check_pin, mac, pinned_context
+from .registry import Registration
+
+logger = logging.getLogger(__name__)
+
+#: Push threads per server, by default.
+DEFAULT_PUSH_THREADS = 8
+
+
+class PushPool:
+    """The threads that run every :class:`SubscriberLoop` of a server, in turn."""
+
+    def __init__(self, threads: int = DEFAULT_PUSH_THREADS) -> None:
+        if threads < 1:
+            raise ValueError("a push pool needs a thread at least")
+        self.cond = threading.Condition()
+        self._ready: deque[SubscriberLoop] = deque()
+        self._timers: list[tuple[float, int, SubscriberLoop, PartitionWorker]] = []
+        self._seq = itertools.count()
+        self._stopped = False
+        self._threads = [
+            threading.Thread(target=self._run, name=f"hqueue-push-{i}", daemon=True) for i in range(threads)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    # -- called under self.cond ----------------------------------------------------------
+
+    def schedule(self, loop: SubscriberLoop) -> None:
+        if not loop.running and not loop.queued:
+            loop.queued = True
+            self._ready.append(loop)
+            self.cond.notify()
+
+    def later(self, delay: float, loop: SubscriberLoop, worker: PartitionWorker) -> None:
+        heapq.heappush(self._timers, (time.monotonic() + delay, next(self._seq), loop, worker))
+        self.cond.notify()
+
+    def _next(self) -> tuple[SubscriberLoop, PartitionWorker] | None:
+        while True:
+            now = time.monotonic()
+            while self._timers and self._timers[0][0] <= now:
+                _, _, loop, worker = heapq.heappop(self._timers)
+                if loop.workers.get(worker.partition_id) is worker:
+                    loop.ready_now(worker)
+            while self._ready:
+                loop = self._ready.popleft()
+                loop.queued = False
+                if loop.has_ready():
+                    loop.running = True
+                    return loop, loop.pick()
+            if self._stopped:
+                return None
+            self.cond.wait(self._timers[0][0] - now if self._timers else None)
+
+    # -- the threads ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                taken = self._next()
+            if taken is None:
+                return
+            loop, worker = taken
+            result = worker.step(loop)
+            with self.cond:
+                loop.after(worker, result)
+                loop.running = False
+                if loop.has_ready():
+                    self.schedule(loop)  # behind the other subscribers: round robin
+                self.cond.notify_all()  # stop() may wait for the loop to be idle
+
+    def stop(self) -> None:
+        with self.cond:
+            self._stopped = True
+            self.cond.notify_all()
+        for thread in self._threads:
+            thread.join(timeout=10)
+
+
+class SubscriberLoop:
+    """Every partition this server delivers to one subscriber, over one connection."""
+
+    def __init__(self, manager: Manager, pool: PushPool, queue: str, name: str) -> None:
+        self.manager, self.pool, self.queue, self.subscriber = manager, pool, queue, name
+        self.workers: dict[int, PartitionWorker] = {}
+        self._ready: deque[PartitionWorker] = deque()
+        #: Kept under the pool's lock: on a pool thread now; in the pool's ready queue.
+        self.running = self.queued = False
+        self._picks = 0
+        self._client: Any = None
+        self._connected_to: tuple[str | None, Any] | None = None
+        self._challenge = b""
+        self._sequence = 0
+        self._refusals = RateLimitedLog()
+
+    # -- scheduling (under the pool's lock) --------------------------------------------------
+
+    def ready_now(self, worker: PartitionWorker) -> None:
+        worker.idle = False
+        if not worker.queued:
+            worker.queued = True
+            self._ready.append(worker)
+        self.pool.schedule(self)
+
+    def has_ready(self) -> bool:
+        return bool(self._ready)
+
+    def pick(self) -> PartitionWorker:
+        """The next ready worker: in turn, but on a queue with priority tiers the highest
+        tier's first, except one pick in STARVE_GUARD (SPEC X4)."""
+        self._picks += 1
+        try:
+            info = self.manager.engine.queue_info(self.queue)
+        except HQueueError:
+            info = None
+        if info is None or info.priorities == 1 or self._picks % STARVE_GUARD == 0:
+            worker = self._ready.popleft()
+        else:
+            worker = max(self._ready, key=lambda w: info.tier_of(w.partition_id))  # the first of the highest tier
+            self._ready.remove(worker)
+        worker.queued = worker.dirty = False  # a write from here on wakes it again
+        return worker
+
+    def after(self, worker: PartitionWorker, result: float) -> None:
+        """Where a worker goes after a step."""
+        if result == FINISHED:
+            if self.workers.get(worker.partition_id) is worker:
+                del self.workers[worker.partition_id]
+            worker.done.set()
+        elif result == AGAIN or (result == IDLE and worker.dirty):
+            self.ready_now(worker)  # behind the other partitions; or written to while it scanned
+        else:
+            worker.idle = result == IDLE
+            self.pool.later(self.manager.idle_wakeup if result == IDLE else result, self, worker)
+
+    # -- the manager's calls (any thread) -------------------------------------------------
+
+    def add(self, worker: PartitionWorker) -> None:
+        with self.pool.cond:
+            self.workers[worker.partition_id] = worker
+            self.ready_now(worker)
+
+    def wake(self, worker: PartitionWorker) -> None:
+        """A write to the worker's partition: run it now if it waits for one."""
+        with self.pool.cond:
+            worker.dirty = True
+            if worker.idle:
+                self.ready_now(worker)
+
+    def remove(self, worker: PartitionWorker) -> None:
+        """Stop ``worker`` (it saves its checkpoint); wait for it."""
+        worker.stopping.set()
+        with self.pool.cond:
+            self.ready_now(worker)
+        worker.done.wait(timeout=10)
+
+    def stop(self) -> None:
+        """Stop every worker (each saves its checkpoint), then close the connection."""
+        with self.pool.cond:
+            workers = list(self.workers.values())
+            for worker in workers:
+                worker.stopping.set()
+                self.ready_now(worker)
+        for worker in workers:
+            worker.done.wait(timeout=10)
+        with self.pool.cond:
+            self.pool.cond.wait_for(lambda: not self.running, timeout=10)
+        self._drop_client()
+
+    # -- MessageSender's connection (on a pool thread) ------------------------------------------
+
+    def send(self, worker: PartitionWorker) -> bool | None:
+        """Push the worker's buffer. True: the subscriber took it; False: it refused it
+        (a listener failed); None: not reached, or the push was not allowed."""
+        registration, batch = worker.registration, worker.buffer
+        metrics = self.manager.metrics
+        try:
+            self._connect(registration)
+            self._sequence += 1
+            proof = wire.T.TPushProof(
+                queue=self.queue, subscriber=self.subscriber, partitionID=worker.partition_id,
+                epoch=registration.epoch, sequence=self._sequence,
+            )  # fmt: skip
+            assert registration.push is not None  # _connect refuses a subscriber without a key
+            proof.mac = mac(
+                registration.push.key, self._challenge, self._sequence, registration.epoch,
+                self.queue, self.subscriber, worker.partition_id, batch,
+            )  # fmt: skip
+            started = time.perf_counter()
+            status = self._client.consumeMessages(batch, proof)
+        except wire.T.TPushRefused as e:
+            self._refusals.warning(
+                "refused", "subscriber %s on %s refused a push: %s", self.subscriber, self.queue, e.message
+            )
+            self._failed()
+            return None
+        except (TException, OSError, ssl.SSLError, HQueueError) as e:
+            self._refusals.warning("failed", "%s: sending %d message(s) failed: %s", self.subscriber, len(batch), e)
+            self._failed()
+            return None
+        metrics.delivery_seconds.labels(self.queue, self.subscriber).observe(time.perf_counter() - started)
+        if status != 0:
+            logger.info("%s: subscriber returned status %s for %d message(s)", self.subscriber, status, len(batch))
+            metrics.delivery_failures.labels(self.queue, self.subscriber).inc()
+            return False if status == 1 else None  # 2: it is stopping, which is no refusal
+        metrics.delivered.labels(self.queue, self.subscriber).inc(len(batch))
+        return True
+
+    def _failed(self) -> None:
+        self._drop_client()
+        self.manager.metrics.delivery_failures.labels(self.queue, self.subscriber).inc()
+
+    def _connect(self, registration: Registration) -> None:
+        """Open (or keep) the connection to the registration's address, guarded."""
+        wanted = (registration.address, registration.push)
+        if self._client is not None and self._connected_to == wanted:
+            return
+        self._drop_client()
+        address, push = registration.address or "", registration.push
+        if push is None:
+            raise HQueueError(f"subscriber {self.subscriber} announced no push key (an older hqueue?)")
+        self.manager.push_policy.check_push(address, registration.approved)
+        if push.certificate is None and self.manager.require_tls:
+            raise HQueueError(f"this server pushes only over TLS; subscriber {self.subscriber} listens in clear")
+        host, _, port = address.rpartition(":")
+        timeout = self.manager.send_timeout_ms
+        sock: Any
+        if push.certificate is not None:
+            sock = TSSLSocket(host.strip("[]"), int(port), socket_timeout=timeout, ssl_context=pinned_context())
+        else:
+            sock = TSocket(host.strip("[]"), int(port), socket_timeout=timeout)
+        transport = TFramedTransportFactory().get_transport(sock)
+        transport.open()
+        try:
+            if push.certificate is not None:
+                check_pin(sock.sock, push.certificate)
+            client = TClient(wire.T.HQueueSubscriberService, TBinaryProtocolFactory().get_protocol(transport))
+            self._challenge = client.pushChallenge()
+        except BaseException:
+            transport.close()
+            raise
+        self._client, self._connected_to, self._sequence = client, wanted, 0
+
+    def _drop_client(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None

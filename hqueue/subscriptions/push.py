@@ -1,0 +1,219 @@
+"""The push channel's guard (SPEC C7, "The push channel"): servers prove every
+push, subscribers check it, and pushes travel encrypted when asked.
+
+A subscriber listens on a port of its own, so anyone who can reach that
+port could call ``consumeMessages``. Each time it starts, a subscriber
+makes a :class:`PushCredentials`: a random 256-bit key and, when it listens
+with TLS, the SHA-256 fingerprint of a certificate made for this run
+(:func:`ephemeral_tls`). It announces them with its address, to the server
+(heartbeats) or in ZooKeeper (an ephemeral node under the servers' ACL),
+never anywhere a client token can read.
+
+On every connection the server first asks ``pushChallenge()`` for a fresh
+random challenge; each push then carries a :class:`TPushProof`: queue,
+subscriber, partition, the registration's epoch, a sequence number that
+grows on the connection, and an HMAC-SHA256 with the key over all of it and
+over every message's ID, topic and value. :class:`PushGuard` (the
+subscriber's side) refuses with ``TPushRefused`` (the listeners never see
+the batch) a push without a challenge or proof, with a bad MAC, a sequence
+not above the last, another queue or subscriber, a partition the
+subscription does not take, messages of another partition or IDs not
+increasing, an older epoch, or a batch that starts below the one before it
+in the same epoch (a retry repeats a batch; it never goes back). A replayed
+push fails the sequence check, and a push recorded on another connection
+fails the challenge.
+
+With TLS, the server pins the certificate: it connects without a CA and
+refuses a peer whose certificate's fingerprint is not the announced one.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import hmac
+import secrets
+import ssl
+import struct
+import tempfile
+import threading
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..auth import PushCredentials
+from ..errors import HQueueError
+
+__all__ = ["PushCredentials", "PushGuard", "PushRefused", "check_pin", "ephemeral_tls", "mac", "pinned_context"]
+
+#: Most messages one push may carry (the server sends up to its batch size, 1,000 by default).
+MAX_PUSH_MESSAGES = 10_000
+
+_HEADER = struct.Struct(">16sqqh")  # challenge, sequence, epoch, partition
+_MESSAGE = struct.Struct(">qhII")  # timestamp, sequence ID, topic and value lengths
+
+
+class PushRefused(HQueueError):
+    """A push the subscriber refused: unproven, replayed, or not of its subscription."""
+
+
+def fingerprint(der: bytes) -> str:
+    return hashlib.sha256(der).hexdigest()
+
+
+def mac(
+    key: bytes,
+    challenge: bytes,
+    sequence: int,
+    epoch: int,
+    queue: str,
+    subscriber: str,
+    partition_id: int,
+    messages: Sequence[Any],
+) -> bytes:
+    """The HMAC-SHA256 a push carries: over the header and every message's ID, topic and value."""
+    h = hmac.new(key, b"hqueue-push-1\0", hashlib.sha256)
+    h.update(_HEADER.pack(challenge, sequence, epoch, partition_id))
+    for text in (queue, subscriber):
+        raw = text.encode("utf-8")
+        h.update(struct.pack(">I", len(raw)) + raw)
+    h.update(struct.pack(">I", len(messages)))
+    for m in messages:
+        topic, value = m.topic or b"", m.value or b""
+        h.update(_MESSAGE.pack(m.id.timestamp, m.id.sequenceID or 0, len(topic), len(value)))
+        h.update(topic)
+        h.update(value)
+    return h.digest()
+
+
+@dataclass
+class _ConnectionState:
+    challenge: bytes
+    sequence: int = 0
+    #: Per partition: (epoch, first ID of the last batch).
+    positions: dict[int, tuple[int, tuple[int, int]]] = field(default_factory=dict)
+
+
+class PushGuard:
+    """The subscriber's check of each push (one per running subscriber).
+
+    Args:
+        credentials: The key (and certificate) this run announced.
+        queue, subscriber: Whose pushes are accepted.
+        partitions: The partitions the subscription takes.
+    """
+
+    def __init__(self, credentials: PushCredentials, queue: str, subscriber: str, partitions: Collection[int]) -> None:
+        self.credentials, self.queue, self.subscriber = credentials, queue, subscriber
+        self.partitions = frozenset(partitions)
+        #: Pushes refused so far.
+        self.refused = 0
+        self._lock = threading.Lock()
+
+    def challenge(self, connection: Any) -> bytes:
+        """A fresh challenge for ``connection`` (it restarts the sequence)."""
+        challenge = secrets.token_bytes(16)
+        connection.push = _ConnectionState(challenge)
+        return challenge
+
+    def check(self, connection: Any, messages: Sequence[Any], proof: Any) -> None:
+        """Raise PushRefused unless the push is proven, fresh and of this subscription."""
+        try:
+            self._check(connection, messages, proof)
+        except PushRefused:
+            with self._lock:
+                self.refused += 1
+            raise
+
+    def _check(self, connection: Any, messages: Sequence[Any], proof: Any) -> None:
+        state: _ConnectionState | None = getattr(connection, "push", None)
+        if state is None:
+            raise PushRefused("a push needs a challenge first (pushChallenge) on its connection")
+        if proof is None or not isinstance(proof.mac, bytes) or not isinstance(proof.sequence, int):
+            raise PushRefused("a push needs its proof")
+        if not messages or len(messages) > MAX_PUSH_MESSAGES:
+            raise PushRefused(f"a push carries 1 to {MAX_PUSH_MESSAGES} messages, got {len(messages)}")
+        if not all(m is not None and m.id is not None and isinstance(m.id.timestamp, int) for m in messages):
+            raise PushRefused("every pushed message needs its ID")
+        try:
+            expected = mac(
+                self.credentials.key, state.challenge, proof.sequence, proof.epoch or 0,
+                proof.queue or "", proof.subscriber or "", proof.partitionID, messages,
+            )  # fmt: skip
+        except (TypeError, AttributeError, struct.error) as e:
+            raise PushRefused(f"a malformed push: {e}") from None
+        if not hmac.compare_digest(expected, proof.mac):
+            raise PushRefused("the push's proof does not match this subscriber's key")
+        # Proven: what follows is a server's mistake or a replay, still never passed on.
+        if proof.sequence <= state.sequence:
+            raise PushRefused(f"push sequence {proof.sequence} is not above {state.sequence}: a replay")
+        if (proof.queue, proof.subscriber) != (self.queue, self.subscriber):
+            raise PushRefused(f"a push for {proof.subscriber!r} on {proof.queue!r}, not this subscriber")
+        pid = proof.partitionID
+        if pid not in self.partitions:
+            raise PushRefused(f"partition {pid} is not one this subscription takes")
+        ids = [(m.id.timestamp, m.id.sequenceID or 0) for m in messages]
+        if any(m.partitionID not in (None, pid) for m in messages):
+            raise PushRefused(f"a push for partition {pid} carries messages of another partition")
+        if any(a >= b for a, b in zip(ids, ids[1:], strict=False)):
+            raise PushRefused("pushed message IDs must increase")
+        before = state.positions.get(pid)
+        if before is not None and (proof.epoch < before[0] or (proof.epoch == before[0] and ids[0] < before[1])):
+            raise PushRefused(f"a push of partition {pid} goes back before the batch it sent before")
+        state.sequence = proof.sequence
+        state.positions[pid] = (proof.epoch, ids[0])
+
+
+def ephemeral_tls() -> tuple[ssl.SSLContext, str]:
+    """A server-side TLS context with a certificate made for this run, and its fingerprint.
+
+    The certificate is self-signed (P-256, valid a year); nobody verifies it
+    against a CA: servers pin its fingerprint, announced with the key.
+    """
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "hqueue subscriber")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=365))
+        .sign(key, hashes.SHA256())
+    )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    # load_cert_chain reads files only: a private temporary file, deleted at once.
+    with tempfile.NamedTemporaryFile(suffix=".pem") as pem:
+        pem.write(certificate.public_bytes(serialization.Encoding.PEM))
+        pem.write(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
+        pem.flush()
+        context.load_cert_chain(pem.name)
+    return context, fingerprint(certificate.public_bytes(serialization.Encoding.DER))
+
+
+def pinned_context() -> ssl.SSLContext:
+    """The server's client context for pushes: encryption, with the peer checked by its pin."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # no CA: check_pin() compares the fingerprint instead
+    return context
+
+
+def check_pin(sock: ssl.SSLSocket, expected: str) -> None:
+    """Raise PushRefused unless the peer's certificate is the announced one."""
+    der = sock.getpeercert(binary_form=True)
+    if der is None or not hmac.compare_digest(fingerprint(der), expected):
+        raise PushRefused("the subscriber's TLS certificate is not the one it announced")

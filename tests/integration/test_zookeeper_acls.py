@@ -1,0 +1,178 @@
+"""ZooKeeper as an attacker meets it (issue 18.2): a real ZooKeeper, servers in
+subprocesses with ``--zk-auth``, and clients with and without the credentials.
+
+hqueue's znodes are under the servers' digest ACL; only roles that need
+ZooKeeper learn where it is; and a presence written straight into ZooKeeper
+with an address no server approved gets no pushes.
+"""
+
+import json
+import socket
+import threading
+
+import pytest
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError
+from thriftpy2.protocol import TBinaryProtocolFactory
+from thriftpy2.rpc import make_client
+from thriftpy2.transport import TFramedTransportFactory
+
+from hqueue import HQueue, HQueueAdmin, Message, MessageListener, Subscription
+from hqueue.errors import CoordinationError
+from hqueue.rpc.wire import T
+
+from ..conftest import hbase_url
+from ..processes import ServerProcess, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.hbase]  # servers over the HBase stand-in
+
+ZK_AUTH = "hqueue:zk-secret-0123456789"
+ADMIN, PRODUCER = "admin-secret-0123456789", "producer-secret-0123456789"
+AUTH_FILE = f"""
+[tokens.ops]
+secret = "{ADMIN}"
+admin = ["*"]
+
+[tokens.feeder]
+secret = "{PRODUCER}"
+producer = ["*"]
+"""
+
+
+class Collect(MessageListener):
+    def __init__(self) -> None:
+        self.messages: list = []
+
+    def on_messages(self, messages) -> None:
+        self.messages.extend(messages)
+
+
+@pytest.fixture
+def secured(tmp_path, zk_hosts, hbase_standin):
+    auth = tmp_path / "auth.toml"
+    auth.write_text(AUTH_FILE)
+    server = ServerProcess(
+        hbase_url(hbase_standin[0]), tmp_path, zk=zk_hosts, extra_args=("--zk-auth", ZK_AUTH, "--auth-file", str(auth))
+    )
+    url = f"hqueue://{ADMIN}@{server.address}"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("orders", 2)
+    yield server, url, zk_hosts
+    server.kill()
+
+
+def anonymous(hosts: str) -> KazooClient:
+    client = KazooClient(hosts=hosts)
+    client.start(timeout=30)
+    return client
+
+
+def test_hqueues_znodes_are_closed_to_anyone_without_the_credentials(secured, monkeypatch):
+    _, url, hosts = secured
+    monkeypatch.setenv("HQUEUE_ZK_AUTH", ZK_AUTH)
+    with HQueue("orders", url) as queue, queue.create_subscriber(Subscription("audit"), [Collect()]):
+        client = anonymous(hosts)
+        try:
+            for read in ("/subscriptions", "/ownership", "/ownership/party"):
+                with pytest.raises(NoAuthError):
+                    client.get_children(read)
+            for path in ("/ensemble", "/subscriptions/orders/subscribers/audit/push"):
+                with pytest.raises(NoAuthError):
+                    client.get(path)
+            with pytest.raises(NoAuthError):
+                client.create("/subscriptions/orders/subscribers/evil", b"{}")
+            with pytest.raises(NoAuthError):
+                client.set("/subscriptions/orders/subscribers/audit", b"{}")
+            with pytest.raises(NoAuthError):
+                client.create("/intruder", b"")  # the chroot itself is closed
+        finally:
+            client.stop()
+            client.close()
+
+
+def test_a_subscriber_needs_the_credentials_and_works_with_them(secured, monkeypatch):
+    _, url, _ = secured
+    monkeypatch.delenv("HQUEUE_ZK_AUTH", raising=False)
+    with HQueue("orders", url) as queue:
+        with pytest.raises(CoordinationError, match="--zk-auth or \\$HQUEUE_ZK_AUTH"):
+            queue.create_subscriber(Subscription("audit"), [Collect()], takeover_timeout=0).start()
+        with pytest.raises(CoordinationError, match="NoAuth"):
+            queue.create_subscriber(
+                Subscription("audit"), [Collect()], zk_auth="hqueue:wrong-password", takeover_timeout=0
+            ).start()
+        listener = Collect()
+        with queue.create_subscriber(Subscription("audit"), [listener], zk_auth=ZK_AUTH):
+            queue.put([Message("t", b"%d" % i) for i in range(10)])
+            wait_for(lambda: len(listener.messages) == 10, 30, "10 pushes")
+
+
+def test_only_a_consumer_learns_where_zookeeper_is(secured):
+    server, _, hosts = secured
+    client = make_client(
+        T.HQueueService, "127.0.0.1", server.port,
+        proto_factory=TBinaryProtocolFactory(), trans_factory=TFramedTransportFactory(), timeout=10_000,
+    )  # fmt: skip
+    client.authenticate(PRODUCER)
+    with pytest.raises(T.TNotAuthorized, match="consumer"):
+        client.getCoordination("orders")
+    client.close()
+    client = make_client(
+        T.HQueueService, "127.0.0.1", server.port,
+        proto_factory=TBinaryProtocolFactory(), trans_factory=TFramedTransportFactory(), timeout=10_000,
+    )  # fmt: skip
+    client.authenticate(ADMIN)
+    coordination = client.getCoordination("orders")
+    assert coordination == f"zk:{hosts}" and "zk-secret" not in coordination
+    client.close()
+
+
+class Trap:
+    """A port that counts who connects to it."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.connections = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            conn.close()
+
+
+def test_a_presence_written_straight_into_zookeeper_gets_no_pushes(tmp_path, zk_hosts, hbase_standin):
+    """An insider who can write ZooKeeper (no ACLs here) copies a registration with
+    another address: the servers push only to addresses announced through them."""
+    server = ServerProcess(hbase_url(hbase_standin[0]), tmp_path, zk=zk_hosts)
+    url = f"hqueue://{server.address}"
+    trap = Trap()
+    try:
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("orders", 2)
+            admin.add_subscriber("orders", "copy")
+        client = anonymous(zk_hosts)
+        base = "/subscriptions/orders/subscribers"
+        key = {"key": "00" * 32, "certificate": None}
+        for child, data in (
+            ("topics", b"null"),
+            ("push", json.dumps(key).encode()),
+            ("address", trap.address.encode()),
+        ):
+            client.create(f"{base}/copy/{child}", data, ephemeral=True)
+        with HQueue("orders", url) as queue:
+            listener = Collect()
+            with queue.create_subscriber(Subscription("audit"), [listener]):
+                queue.put([Message("t", b"%d" % i) for i in range(100)])
+                wait_for(lambda: len(listener.messages) == 100, 30, "100 pushes to the real subscriber")
+        assert trap.connections == 0
+        assert "never announced through a server" in server.log_path.read_text()
+        client.stop()
+        client.close()
+    finally:
+        server.kill()
+        trap.sock.close()

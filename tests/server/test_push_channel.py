@@ -1,0 +1,215 @@
+"""The push channel as an attacker meets it (issue 18.1, SPEC C7 "The push channel").
+
+A subscriber listens on a port anyone may reach. Only pushes a server
+proves with the subscriber's key get through; forged, replayed, foreign or
+malformed ones are refused with TPushRefused and never reach a listener;
+a TLS server pushes over TLS pinned to the subscriber's certificate, so a
+relay in between reads no value.
+"""
+
+import socket
+import ssl
+import subprocess
+import threading
+
+import pytest
+from thriftpy2.protocol import TBinaryProtocolFactory
+from thriftpy2.rpc import make_client
+from thriftpy2.transport import TFramedTransportFactory
+
+from hqueue import HQueue, HQueueAdmin, Message
+from hqueue.errors import InvalidArgument
+from hqueue.rpc.wire import T
+from hqueue.server import HQueueServer
+from hqueue.subscriptions.listener import MessageListener, Subscription
+from hqueue.subscriptions.push import mac
+
+from ..processes import wait_for
+
+
+class Collect(MessageListener):
+    def __init__(self) -> None:
+        self.messages: list = []
+        self._lock = threading.Lock()
+
+    def on_messages(self, messages) -> None:
+        with self._lock:
+            self.messages.extend(messages)
+
+
+def subscriber_client(address: str, timeout_ms: int = 10_000, ssl_context=None):
+    host, _, port = address.rpartition(":")
+    return make_client(
+        T.HQueueSubscriberService, host, int(port), proto_factory=TBinaryProtocolFactory(),
+        trans_factory=TFramedTransportFactory(), timeout=timeout_ms, ssl_context=ssl_context,
+    )  # fmt: skip
+
+
+def tmessage(pid: int, timestamp: int, value: bytes = b"forged", sequence: int = 0):
+    return T.TMessage(
+        id=T.TMessageID(timestamp=timestamp, sequenceID=sequence), partitionID=pid, topic=b"t", value=value
+    )
+
+
+@pytest.fixture
+def running(tmp_path):
+    """A server, a 2-partition queue and a running subscriber with a real message delivered."""
+    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
+    url = f"hqueue://{server.address}"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 2)
+    queue = HQueue("q", url)
+    listener = Collect()
+    subscriber = queue.create_subscriber(Subscription("s"), [listener]).start()
+    queue.put(Message("t", b"real"), partition_id=0)
+    wait_for(lambda: len(listener.messages) == 1, 30, "the real message")
+    yield server, queue, subscriber, listener
+    subscriber.stop()
+    queue.close()
+    server.stop()
+
+
+def proof(subscriber, challenge, sequence, messages, *, pid=0, epoch=0, queue="q", name="s", key=None):
+    key = key if key is not None else subscriber.credentials.key
+    return T.TPushProof(
+        queue=queue, subscriber=name, partitionID=pid, epoch=epoch, sequence=sequence,
+        mac=mac(key, challenge, sequence, epoch, queue, name, pid, messages),
+    )  # fmt: skip
+
+
+def test_pushes_without_a_proof_or_challenge_are_refused_and_never_reach_a_listener(running):
+    _, queue, subscriber, listener = running
+    client = subscriber_client(subscriber.address)
+    with pytest.raises(T.TPushRefused, match="challenge"):
+        client.consumeMessages([tmessage(999, 1)])  # no challenge on this connection, no proof
+    client.pushChallenge()
+    with pytest.raises(T.TPushRefused, match="proof"):
+        client.consumeMessages([tmessage(999, 1)])
+    with pytest.raises(T.TPushRefused):
+        client.consumeMessages([tmessage(0, 10**12 + i) for i in range(100_000)], T.TPushProof(mac=b"x" * 32))
+    client.close()
+    assert [m.value for m in listener.messages] == [b"real"]
+    assert subscriber.guard.refused == 3
+    queue.put(Message("t", b"after"), partition_id=1)  # real pushes still come
+    wait_for(lambda: len(listener.messages) == 2, 30, "the next real message")
+
+
+def test_a_wrong_key_a_replay_and_a_push_of_another_subscription_are_refused(running):
+    _, _, subscriber, listener = running
+    client = subscriber_client(subscriber.address)
+    challenge = client.pushChallenge()
+    batch = [tmessage(0, 2**40, b"one")]
+    with pytest.raises(T.TPushRefused, match="key"):
+        client.consumeMessages(batch, proof(subscriber, challenge, 1, batch, key=b"k" * 32))
+    # With the key (as a server has it): accepted once, refused when replayed.
+    assert client.consumeMessages(batch, proof(subscriber, challenge, 1, batch)) == 0
+    with pytest.raises(T.TPushRefused, match="replay"):
+        client.consumeMessages(batch, proof(subscriber, challenge, 1, batch))
+    # Proven but not of this subscription: other partition, queue, subscriber; IDs out of order; going back.
+    cases = [
+        ({"pid": 999}, [tmessage(999, 2**40 + 1)], "partition 999"),
+        ({"queue": "other"}, [tmessage(0, 2**40 + 1)], "not this subscriber"),
+        ({"name": "t"}, [tmessage(0, 2**40 + 1)], "not this subscriber"),
+        ({}, [tmessage(1, 2**40 + 1)], "another partition"),
+        ({}, [tmessage(0, 2**40 + 3), tmessage(0, 2**40 + 2)], "increase"),
+        ({}, [tmessage(0, 2**39)], "goes back"),
+    ]
+    for sequence, (changes, messages, error) in enumerate(cases, start=2):
+        with pytest.raises(T.TPushRefused, match=error):
+            client.consumeMessages(messages, proof(subscriber, challenge, sequence, messages, **changes))
+    # A push recorded on one connection fails on another (its challenge differs).
+    other = subscriber_client(subscriber.address)
+    other.pushChallenge()
+    batch = [tmessage(0, 2**40 + 5)]
+    with pytest.raises(T.TPushRefused, match="key"):
+        other.consumeMessages(batch, proof(subscriber, challenge, 50, batch))
+    client.close()
+    other.close()
+    assert [m.value for m in listener.messages] == [b"real", b"one"]
+
+
+def test_a_stolen_key_of_a_previous_run_is_worthless(running):
+    _, _, subscriber, _ = running
+    old = subscriber.credentials
+    subscriber.stop()
+    subscriber.start()
+    assert subscriber.credentials.key != old.key
+
+
+def make_certificate(tmp_path):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", key, "-out", cert],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return cert, context
+
+
+class Relay:
+    """A TCP relay on loopback that keeps every byte it forwards."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target, self.seen = target, bytearray()
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                self.seen += data
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            b.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_tls_server_pushes_over_tls_pinned_to_the_subscriber(tmp_path):
+    cert, context = make_certificate(tmp_path)
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, ssl_context=context).start()
+    url = f"hqueue://{server.address}?tls=1&ca={cert}"
+    try:
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("q", 1)
+        with HQueue("q", url) as queue:
+            # A subscriber listening in clear is refused by a TLS server.
+            with pytest.raises(InvalidArgument, match="TLS"):
+                queue.create_subscriber(Subscription("clear"), [Collect()], tls=False, takeover_timeout=0).start()
+            # Over a tls=1 URL the subscriber listens with TLS; a relay between reads no value.
+            port = socket.create_server(("127.0.0.1", 0))
+            subscriber_port = port.getsockname()[1]
+            port.close()
+            relay = Relay(("127.0.0.1", subscriber_port))
+            listener = Collect()
+            subscription = Subscription("s")
+            subscriber = queue.create_subscriber(
+                subscription, [listener], port=subscriber_port, advertise=f"127.0.0.1:{relay.port}"
+            )
+            with subscriber:
+                assert subscriber.credentials.certificate is not None
+                queue.put(Message("t", b"top-secret-value"))
+                wait_for(lambda: len(listener.messages) == 1, 30, "the push through the relay")
+                assert b"top-secret-value" not in relay.seen and len(relay.seen) > 0
+                # Anyone talking plain Thrift to the subscriber gets nothing.
+                with pytest.raises(Exception):  # noqa: B017 - the TLS listener drops a plain client
+                    subscriber_client(subscriber.address, timeout_ms=2000).pushChallenge()
+            relay.close()
+    finally:
+        server.stop()

@@ -213,3 +213,32 @@ def test_a_tls_server_pushes_over_tls_pinned_to_the_subscriber(tmp_path):
             relay.close()
     finally:
         server.stop()
+
+
+def test_many_subscribers_share_the_push_pool_and_a_server_pushes_to_at_most_its_limit(tmp_path):
+    import threading
+
+    before = {t.ident for t in threading.enumerate() if t.name.startswith("hqueue-push")}
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, push_threads=2, max_subscribers=5).start()
+    url = f"hqueue://{server.address}"
+    try:
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("q", 4)
+        with HQueue("q", url) as queue:
+            listeners = [Collect() for _ in range(8)]
+            subscribers = [
+                queue.create_subscriber(Subscription(f"s{i}"), [listener]).start()
+                for i, listener in enumerate(listeners)
+            ]
+            queue.put([Message("t", b"%d" % i, partition_id=i % 4) for i in range(40)])
+            wait_for(lambda: sum(len(listener.messages) == 40 for listener in listeners) == 5, 30, "5 subscribers")
+            push = [t for t in threading.enumerate() if t.name.startswith("hqueue-push") and t.ident not in before]
+            assert len(push) == 2  # 8 subscribers x 4 partitions: the pool's 2 threads
+            assert sum(len(listener.messages) == 0 for listener in listeners) == 3  # over the limit: they wait
+            for subscriber in subscribers[:5]:
+                subscriber.stop()
+            wait_for(lambda: all(len(listener.messages) == 40 for listener in listeners), 30, "the other 3")
+            for subscriber in subscribers[5:]:
+                subscriber.stop()
+    finally:
+        server.stop()

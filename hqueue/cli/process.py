@@ -7,6 +7,7 @@ import time
 
 import click
 
+from ..groups.state import DEFAULT_MAX_LEASE, DEFAULT_MAX_MEMBER_IN_FLIGHT, GroupLimits
 from ..message import Message
 from ..storage import default_url
 from .main import Progress, Seconds, main, open_admin, open_queue
@@ -58,6 +59,20 @@ from .main import Progress, Seconds, main, open_admin, open_queue
 @click.option("--max-frame-bytes", type=click.IntRange(1024, 2**31 - 1), default=64 * 1024 * 1024, show_default=True)
 @click.option("--max-partitions", type=click.IntRange(1, 32767), default=1024, show_default=True)
 @click.option("--metrics-port", type=click.IntRange(0, 65535), help="Serve Prometheus metrics on this port.")
+@click.option(
+    "--max-lease",
+    type=Seconds(0.001, 7 * 86400),
+    default=DEFAULT_MAX_LEASE,
+    show_default=True,
+    help="The longest consumer-group lease (and nack delay) a member gets, whatever it asks (s).",
+)
+@click.option(
+    "--max-member-in-flight",
+    type=click.IntRange(1, 10_000_000),
+    default=DEFAULT_MAX_MEMBER_IN_FLIGHT,
+    show_default=True,
+    help="Messages one consumer-group member may hold unacked per group on this server.",
+)
 @click.option("--log-level", envvar="HQUEUE_LOG_LEVEL", default="INFO", show_default=True)
 @click.pass_context
 def server(
@@ -79,6 +94,8 @@ def server(
     max_frame_bytes,
     max_partitions,
     metrics_port,
+    max_lease,
+    max_member_in_flight,
     log_level,
 ) -> None:
     """Serve queues over Thrift (framed transport, binary protocol)."""
@@ -111,6 +128,7 @@ def server(
             ssl_context=ssl_context,
             max_partitions=max_partitions,
             metrics_port=metrics_port,
+            group_limits=GroupLimits(max_lease=max_lease, max_member_in_flight=max_member_in_flight),
         )
     except OSError as e:
         raise click.ClickException(e.strerror or str(e)) from e

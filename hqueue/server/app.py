@@ -30,6 +30,7 @@ from ..coordination.zookeeper import ZooKeeperCoordinator
 from ..engine import Engine
 from ..errors import InvalidArgument
 from ..groups.service import GroupService
+from ..groups.state import GroupLimits
 from ..lag import partition_lag
 from ..metrics import ServerMetrics, gauge
 from ..rpc import wire
@@ -63,6 +64,8 @@ class HQueueServer:
         ssl_context: Serve TLS with this server-side context.
         max_partitions: The most partitions a queue created here may have.
         metrics_port: Serve Prometheus metrics on this port (0: a free one; None: not at all).
+        group_limits: What one consumer-group member may take (the longest
+            lease, messages held at once; ``--max-lease``, ``--max-member-in-flight``).
     """
 
     def __init__(
@@ -80,6 +83,7 @@ class HQueueServer:
         ssl_context: ssl.SSLContext | None = None,
         max_partitions: int = DEFAULT_MAX_PARTITIONS,
         metrics_port: int | None = None,
+        group_limits: GroupLimits | None = None,
     ) -> None:
         if coordinator_factory is not None and not storage_url.startswith("hbase://"):
             raise InvalidArgument(
@@ -112,6 +116,7 @@ class HQueueServer:
         )
         self.subscriptions: SubscriptionManager | None = None
         self.groups: GroupService | None = None
+        self.group_limits = group_limits
         self._server = ThreadedServer(
             wire.T.HQueueService, self.handler, socket, limits=limits, ssl_context=ssl_context
         )
@@ -128,7 +133,9 @@ class HQueueServer:
     def start(self) -> HQueueServer:
         """Join the coordinator and serve in a background thread."""
         # Timers and consumer groups follow ownership: attach them before ownership is given out.
-        self.groups = self.handler.group_calls.service = serve_partitions(self.engine, self.coordinator)
+        self.groups = self.handler.group_calls.service = serve_partitions(
+            self.engine, self.coordinator, self.group_limits
+        )
         self.coordinator.start(lambda: [(q.name, q.partitions) for q in self.engine.list_queues()])
         registry = self._registry()
         self.engine.subscriptions = self.handler.subscription_calls.service = Subscribers(self.engine, registry)

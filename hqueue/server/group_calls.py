@@ -45,8 +45,10 @@ class GroupCalls(Calls):
 
     @served("consumer")
     def groupAck(self, queue: str, group: str, rowkeys: bytes) -> int:
-        count = self.groups.ack(queue, group, wire.unpack_rowkeys(rowkeys))
+        count, unknown = self.groups.ack_receipts(queue, group, wire.unpack_rowkeys(rowkeys))
         self.metrics.group_acked.labels(queue, group).inc(count)
+        if unknown:  # the IDL's answer is one count: the ignored ones are counted here (and logged)
+            self.metrics.group_unknown_acks.labels(queue, group).inc(unknown)
         return count
 
     @served("consumer")

@@ -29,6 +29,13 @@ server sees the same members. When a member joins or leaves the assignment
 changes at once; a leaving member gives its leases back, a vanished one's
 leases run out.
 
+Limits (:class:`GroupLimits`, ``hqueue server --max-lease``,
+``--max-member-in-flight``): a lease (and a nack's delay) is at most
+``max_lease``, and a member holds at most ``max_member_in_flight`` messages
+per group here, so one member that never acks cannot starve the others. An
+ack counts only for a message the group handed out (see
+:meth:`GroupAcks.ack_receipts`): a made-up receipt costs no stored state.
+
 Delivery is at least once: a message whose lease is lost with its owner (a
 server crash) is handed out again; a message acked before the crash never is.
 """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..auth import MANAGE
 from ..errors import HQueueError, InvalidArgument
 from ..groups.service import GroupService
 from ..rpc import operations as op
@@ -68,7 +69,7 @@ class GroupCalls(Calls):
     def groupLeave(self, queue: str, group: str, member: str) -> None:
         self.groups.leave(queue, group, member)
 
-    @served("consumer")
+    @served(MANAGE, named=(1, "group"))
     def setGroupPosition(self, queue: str, group: str, partitionID: int, startID: Any) -> None:
         if startID is None:
             raise InvalidArgument("'startID' is required")

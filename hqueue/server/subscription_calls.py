@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..auth import PushPolicy
+from ..auth import MANAGE, PushPolicy
 from ..errors import HQueueError
 from ..rpc import operations as op
 from ..rpc.threaded import current_connection
@@ -32,7 +32,7 @@ class SubscriptionCalls(Calls):
     getCoordination = handler(op.GET_COORDINATION)
     subscriberLeave = handler(op.SUBSCRIBER_LEAVE)
 
-    @served("consumer")
+    @served(MANAGE, named=(1, "subscriber"))
     def subscriberHeartbeat(self, queue: str, name: str, address: str, topics: list[bytes] | None) -> None:
         if not isinstance(address, str):
             raise TypeError("'address' must be a host:port string")

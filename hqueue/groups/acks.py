@@ -90,8 +90,8 @@ class GroupAcks:
                 state = self._partition(group, pid)
                 leases, ready, scan = state.leases, state.ready, state.scan
                 open_ids = [i for i in ids if i in leases or i in ready]  # PartitionState.handed_out, inline
-                if len(open_ids) < len(ids):
-                    unknown += sum(i >= scan for i in ids)
+                if len(open_ids) < len(ids):  # (acked ones after a restart lie above the cursor too)
+                    unknown += sum(i >= scan and i not in state.acked for i in ids)
                 count += self._acked(group, pid, state, open_ids)
             if unknown:
                 self._unknown(group, unknown)

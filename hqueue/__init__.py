@@ -39,6 +39,7 @@ from .errors import (
     SubscriberActive,
     SubscriberNotFound,
 )
+from .groups.state import GroupLimits
 from .keys.timers import Timer
 from .message import Message, MessageID
 from .processor import Processor
@@ -56,6 +57,7 @@ __all__ = [
     "Delivery",
     "Pending",
     "Durability",
+    "GroupLimits",
     "GroupNotFound",
     "HQueue",
     "HQueueAdmin",

@@ -13,12 +13,34 @@ queues that match its patterns (shell-style, as in :mod:`fnmatch`)::
     secret_sha256 = "9f86d08…"
     producer = ["crawl.*"]
     consumer = ["crawl.*"]
+    groups = ["crawler-*"]             # consumer groups and subscribers it manages
 
 Roles:
 
-* ``consumer``: scan, add and run subscribers, see the queue;
+* ``consumer``: scan, see the queue, open consumer groups and take part in
+  them (receive, ack, nack, dead-letter, leave), list and describe groups
+  and subscribers;
 * ``producer``: put, see the queue;
 * ``admin``: everything, including create, truncate, disable, enable, drop.
+
+Names (``groups``): the calls that move or delete a consumer group's or a
+subscriber's position act on someone's progress, so a queue role is not
+enough for them. They need ``admin`` on the queue, or ``consumer`` on it and
+a ``groups`` pattern (shell-style, as for queues) matching the group's or
+subscriber's name; one list covers both kinds of name. These calls are:
+
+* ``setGroupPosition`` (replay or skip) and ``deleteGroup``;
+* ``addSubscriber``, ``setCheckpoint`` and ``deleteSubscriber``, and running
+  a subscriber through the server (``subscriberHeartbeat``,
+  ``subscriberLeave``): a :class:`~hqueue.Subscriber` needs its name granted.
+
+A token without a ``groups`` key manages no name: with ``consumer`` it still
+receives and acks in any group of its queues, but moving or deleting a
+group, and adding or running a subscriber, need ``admin`` (auth files
+written before ``groups`` existed read as before, with that narrower right).
+A refusal is :class:`~hqueue.errors.NotAuthorized` (``TNotAuthorized`` on
+the wire) naming the token, the call, the group or subscriber and the role
+needed.
 
 Without an auth file, every connection may do everything (a server on a
 trusted network, as ZooKeeper and HBase are by default).
@@ -55,12 +77,23 @@ def split_credentials(url: str) -> tuple[str, str | None]:
 ROLES = ("consumer", "producer", "admin")
 
 
-class Principal:
-    """What one token may do."""
+#: A call on a consumer group's or subscriber's position: admin, or consumer and the name granted.
+MANAGE = "manage"
 
-    def __init__(self, name: str, grants: Mapping[str, tuple[str, ...]]) -> None:
+
+class Principal:
+    """What one token may do.
+
+    Args:
+        name: The token's name in the auth file.
+        grants: Queue patterns per role.
+        names: Patterns of the consumer groups and subscribers it manages.
+    """
+
+    def __init__(self, name: str, grants: Mapping[str, tuple[str, ...]], names: Iterable[str] = ()) -> None:
         self.name = name
         self.grants = dict(grants)
+        self.names = tuple(names)
 
     def may(self, role: str, queue: str) -> bool:
         """Whether the token holds ``role`` (or admin) on ``queue``."""
@@ -75,6 +108,20 @@ class Principal:
     def require(self, role: str, queue: str, action: str) -> None:
         if not self.may(role, queue):
             raise NotAuthorized(f"token {self.name!r} may not {action} queue {queue!r} (needs role {role!r})")
+
+    def may_manage(self, queue: str, name: str) -> bool:
+        """Whether the token may move or delete the position of group or subscriber ``name``."""
+        if self.may("admin", queue):
+            return True
+        return self.may("consumer", queue) and any(fnmatch.fnmatchcase(name, p) for p in self.names)
+
+    def require_manage(self, queue: str, kind: str, name: str, action: str) -> None:
+        """NotAuthorized unless :meth:`may_manage` (``kind``: "group" or "subscriber")."""
+        if not self.may_manage(queue, name):
+            raise NotAuthorized(
+                f"token {self.name!r} may not {action} {kind} {name!r} of queue {queue!r} (needs role 'admin' "
+                f"on the queue, or 'consumer' with a groups pattern matching {name!r})"
+            )
 
     def __repr__(self) -> str:
         return f"Principal({self.name!r})"
@@ -125,9 +172,11 @@ class AuthPolicy:
 def _token(name: str, entry: object) -> tuple[bytes, Principal]:
     if not isinstance(entry, dict):
         raise InvalidArgument(f"auth file: [tokens.{name}] must be a table")
-    unknown = set(entry) - {"secret", "secret_sha256", *ROLES}
+    unknown = set(entry) - {"secret", "secret_sha256", "groups", *ROLES}
     if unknown:
-        raise InvalidArgument(f"auth file: [tokens.{name}] has unknown keys {sorted(unknown)}; roles are {ROLES}")
+        raise InvalidArgument(
+            f"auth file: [tokens.{name}] has unknown keys {sorted(unknown)}; roles are {ROLES} (and groups)"
+        )
     if "secret" in entry:
         secret = entry["secret"]
         if not isinstance(secret, str) or len(secret) < 16:
@@ -150,7 +199,10 @@ def _token(name: str, entry: object) -> tuple[bytes, Principal]:
         grants[role] = tuple(patterns)
     if not any(grants.values()):
         raise InvalidArgument(f"auth file: [tokens.{name}] grants no role")
-    return digest, Principal(name, grants)
+    names = entry.get("groups", [])
+    if not isinstance(names, list) or not all(isinstance(p, str) and p for p in names):
+        raise InvalidArgument(f"auth file: [tokens.{name}] groups must be a list of group and subscriber name patterns")
+    return digest, Principal(name, grants, names)
 
 
 class PushPolicy:

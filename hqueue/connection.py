@@ -8,6 +8,7 @@ from typing import Any
 from .api import EngineAPI, SubscriptionsAPI, subscriptions_of
 from .auth import split_credentials
 from .errors import InvalidArgument
+from .groups.state import GroupLimits
 from .storage import default_url, normalize_url
 
 
@@ -49,15 +50,26 @@ def missing_store(url: str | None) -> str:
 
 
 def acquire_engine(
-    url: str | None, data_dir: str | os.PathLike[str] | None, token: str | None = None, timeout: float | None = None
+    url: str | None,
+    data_dir: str | os.PathLike[str] | None,
+    token: str | None = None,
+    timeout: float | None = None,
+    group_limits: GroupLimits | None = None,
 ) -> EngineAPI:
     """The process's shared engine for that store, or a client of hqueue servers.
 
-    ``token`` and ``timeout`` apply to hqueue servers only. The client (and
-    thriftpy2 with it) is imported only when a URL names servers.
+    ``token`` and ``timeout`` apply to hqueue servers only, ``group_limits``
+    to a store this process serves (a server has its own: ``hqueue server
+    --max-lease``…). The client (and thriftpy2 with it) is imported only when
+    a URL names servers.
     """
     url = resolve_url(url, data_dir)
     if url.startswith("hqueue://"):
+        if group_limits is not None:
+            raise InvalidArgument(
+                "'group_limits' are for a store in this process; hqueue servers have their own "
+                "(hqueue server --max-lease, --max-member-in-flight)"
+            )
         from .client import RemoteEngine
 
         return RemoteEngine(url, token=token, timeout=timeout)
@@ -65,7 +77,7 @@ def acquire_engine(
         raise InvalidArgument("'token' and 'timeout' are for hqueue:// servers, not an in-process store")
     from .services import open_local
 
-    return open_local(url)
+    return open_local(url, group_limits)
 
 
 class Connected:
@@ -78,8 +90,9 @@ class Connected:
         data_dir: str | os.PathLike[str] | None = None,
         token: str | None = None,
         timeout: float | None = None,
+        group_limits: GroupLimits | None = None,
     ) -> None:
-        self._engine: EngineAPI | None = acquire_engine(url, data_dir, token, timeout)
+        self._engine: EngineAPI | None = acquire_engine(url, data_dir, token, timeout, group_limits)
         # What opened it: handles made from this one (admin.queue, the shell's, splits)
         # reach the same store with the same credentials. Never shown (see url).
         self._opened_with: dict[str, Any] = {"url": resolve_url(url, data_dir), "token": token, "timeout": timeout}

@@ -135,7 +135,8 @@ class Consumer:
             a datetime or epoch ms. Ignored for an existing group.
         max_retries: Failures a message may have beyond its first delivery
             before it goes to ``<queue>.dlq`` (default 16). Fixed when the group is made.
-        lease: Seconds a received message stays with this member (default 30).
+        lease: Seconds a received message stays with this member (default 30;
+            the server gives at most its maximum, 600 s by default).
         member: This member's name (default: host, pid and a random part).
     """
 
@@ -167,7 +168,11 @@ class Consumer:
         return list(_deliveries(pairs))
 
     def ack(self, deliveries: Delivery | Message | Iterable[Delivery | Message]) -> int:
-        """Mark messages done: the group never gets them again. Returns how many were still open."""
+        """Mark messages done: the group never gets them again. Returns how many were still open.
+
+        Only messages the group handed out count (to any member); a receipt it
+        never handed out is ignored (the server counts it), so the group
+        still delivers that message."""
         return self._groups.ack(self.queue.name, self.group, _rowkeys(deliveries))
 
     def nack(self, deliveries: Delivery | Message | Iterable[Delivery | Message], *, delay: float | None = None) -> int:
@@ -180,9 +185,9 @@ class Consumer:
 
         For a message that will never succeed. The partition's owner writes
         the dead-letter queue (making it if missing), so a consumer's token is
-        enough. Any message the group has not finished goes, even one whose
-        lease ran out meanwhile; returns how many (0 for one already acked or
-        dead-lettered).
+        enough. Any message the group handed out and has not finished goes,
+        even one whose lease ran out meanwhile; returns how many (0 for one
+        already acked or dead-lettered, or never handed out).
 
         Raises:
             NotPartitionOwner: the dead-letter queue was just made and its

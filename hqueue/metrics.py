@@ -58,6 +58,12 @@ class ServerMetrics:
             "hqueue_group_received_messages", "Messages handed to consumer-group members.", group, registry=r
         )
         self.group_acked = Counter("hqueue_group_acked_messages", "Messages consumer groups acked.", group, registry=r)
+        self.group_unknown_acks = Counter(
+            "hqueue_group_unknown_acks",
+            "Acked receipts a consumer group never handed out (ignored).",
+            group,
+            registry=r,
+        )
         self.group_nacked = Counter(
             "hqueue_group_nacked_messages", "Messages consumer-group members gave back.", group, registry=r
         )

@@ -17,7 +17,7 @@ from .config import QueueInfo
 from .connection import Connected
 from .consumer import Consumer, Pending
 from .errors import InvalidArgument, InvalidPartition
-from .groups.state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, check_group_name, check_pending_limit
+from .groups.state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, GroupLimits, check_group_name, check_pending_limit
 from .keys.timers import Timer, due_ms
 from .message import Message, MessageID
 from .scanner import DEFAULT_CACHING, CombinedPartitionScanner, PartitionScanner, QueueScanner, Scan
@@ -40,6 +40,9 @@ class HQueue(Connected):
         data_dir: Shorthand for ``url="local://" + data_dir``.
         token: hqueue servers' auth token (default: the URL's, or ``$HQUEUE_TOKEN``).
         timeout: Seconds one call to an hqueue server may take (default 30).
+        group_limits: For a store this process serves: what one consumer-group
+            member may take (:class:`~hqueue.GroupLimits`: the longest lease,
+            messages held at once). hqueue servers have their own.
 
     Raises:
         QueueNotFound: the queue does not exist.
@@ -60,8 +63,9 @@ class HQueue(Connected):
         data_dir: str | os.PathLike[str] | None = None,
         token: str | None = None,
         timeout: float | None = None,
+        group_limits: GroupLimits | None = None,
     ) -> None:
-        super().__init__(url, data_dir=data_dir, token=token, timeout=timeout)
+        super().__init__(url, data_dir=data_dir, token=token, timeout=timeout, group_limits=group_limits)
         try:
             self.name = name
             self.engine.queue_info(name)

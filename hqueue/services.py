@@ -21,6 +21,7 @@ from .coordination import Coordinator
 from .coordination.local import LocalCoordinator
 from .engine import Engine
 from .groups.service import GroupService
+from .groups.state import GroupLimits
 from .subscriptions.local import local_subscriptions
 from .timers import TimerService
 
@@ -29,12 +30,13 @@ _lock = threading.Lock()
 _opening = threading.Lock()
 
 
-def serve_partitions(engine: Engine, coordinator: Coordinator) -> GroupService:
+def serve_partitions(engine: Engine, coordinator: Coordinator, limits: GroupLimits | None = None) -> GroupService:
     """Fire the timers and keep the consumer groups of the partitions ``coordinator``
-    says this process owns (replacing what served them before); writes follow it too."""
+    says this process owns (replacing what served them before), with ``limits``
+    on what one group member may take; writes follow ``coordinator`` too."""
     engine.writers.follow(coordinator)
     timers = TimerService(engine, coordinator, lambda: [(q.name, q.partitions) for q in engine.list_queues()])
-    groups = GroupService(engine, coordinator)
+    groups = GroupService(engine, coordinator, limits=limits)
     with _lock:
         old = _served.get(engine)
         _served[engine] = timers, groups
@@ -69,15 +71,22 @@ def stop_serving(engine: Engine) -> None:
             engine.subscriptions = local_subscriptions(engine)
 
 
-def open_local(url: str) -> Engine:
+def open_local(url: str, group_limits: GroupLimits | None = None) -> Engine:
     """The process's engine for a store it opens itself (``local://``, ``memory://``,
     or ``hbase://`` opened directly), serving every partition in this process,
     unless something (a server) already serves them. Release it with
-    ``engine.release()``."""
+    ``engine.release()``.
+
+    ``group_limits``: what one consumer-group member may take; the process
+    serves the store once, so they apply to every handle on it (given again,
+    the latest apply).
+    """
     engine = Engine.acquire(url)
     with _opening:  # two threads opening one store at once attach one set of services
         if engine not in _served:
-            serve_partitions(engine, LocalCoordinator("in-process"))
+            serve_partitions(engine, LocalCoordinator("in-process"), group_limits)
+        elif group_limits is not None:
+            _served[engine][1].limits = group_limits
         if engine.subscriptions is None:
             engine.subscriptions = local_subscriptions(engine)
     return engine

@@ -7,6 +7,7 @@ import time
 
 import click
 
+from ..groups.state import DEFAULT_MAX_LEASE, DEFAULT_MAX_MEMBER_IN_FLIGHT, GroupLimits
 from ..message import Message
 from ..storage import default_url
 from .main import Progress, Seconds, main, open_admin, open_queue
@@ -79,6 +80,20 @@ from .main import Progress, Seconds, main, open_admin, open_queue
     show_default=True,
     help="Most subscribers this server pushes to; the rest wait.",
 )
+@click.option(
+    "--max-lease",
+    type=Seconds(0.001, 7 * 86400),
+    default=DEFAULT_MAX_LEASE,
+    show_default=True,
+    help="The longest consumer-group lease (and nack delay) a member gets, whatever it asks (s).",
+)
+@click.option(
+    "--max-member-in-flight",
+    type=click.IntRange(1, 10_000_000),
+    default=DEFAULT_MAX_MEMBER_IN_FLIGHT,
+    show_default=True,
+    help="Messages one consumer-group member may hold unacked per group on this server.",
+)
 @click.option("--log-level", envvar="HQUEUE_LOG_LEVEL", default="INFO", show_default=True)
 @click.pass_context
 def server(
@@ -103,6 +118,8 @@ def server(
     metrics_port,
     push_threads,
     max_subscribers,
+    max_lease,
+    max_member_in_flight,
     log_level,
 ) -> None:
     """Serve queues over Thrift (framed transport, binary protocol)."""
@@ -139,6 +156,7 @@ def server(
             metrics_port=metrics_port,
             push_threads=push_threads,
             max_subscribers=max_subscribers,
+            group_limits=GroupLimits(max_lease=max_lease, max_member_in_flight=max_member_in_flight),
         )
     except OSError as e:
         raise click.ClickException(e.strerror or str(e)) from e

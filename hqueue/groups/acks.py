@@ -18,6 +18,8 @@ from ..message import (
     rowkeys_by_partition,
 )
 from .state import (
+    ASKED_LEASE_LIMIT,
+    GroupLimits,
     GroupState,
     PartitionState,
     backoff,
@@ -29,12 +31,16 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: Seconds between log lines about one group's acks of receipts it never handed out.
+UNKNOWN_LOG_INTERVAL = 60.0
+
 
 class GroupAcks:
     """ack, nack, dead_letter and the writes behind them (call on a GroupService)."""
 
     engine: Engine
     coordinator: Coordinator
+    limits: GroupLimits
 
     def _group(self, queue: str, name: str) -> GroupState:
         raise NotImplementedError
@@ -62,21 +68,57 @@ class GroupAcks:
 
     def ack(self, queue: str, name: str, rowkeys: Iterable[bytes]) -> int:
         """Finish messages: they are never handed out to the group again. Returns how many were open."""
+        return self.ack_receipts(queue, name, rowkeys)[0]
+
+    def ack_receipts(self, queue: str, name: str, rowkeys: Iterable[bytes]) -> tuple[int, int]:
+        """:meth:`ack`: (how many were open, how many the group never handed out).
+
+        Only a receipt of a message the group handed out and has not finished
+        (leased to any member, or waiting to be retried) counts. One below the
+        partition's scan cursor that is not open is finished already, or not
+        the group's (another topic): nothing to do. One above it was never
+        handed out (a made-up receipt, or one from before the partition moved
+        to this server): it is ignored, counted in :attr:`GroupState.unknown_acks`,
+        and nothing of it is kept, so the group still delivers that message
+        (and at least once: a message whose lease was lost with its server
+        goes out again).
+        """
         group = self._group(queue, name)
-        count = 0
+        count = unknown = 0
         with group.lock:
             for pid, ids in self._owned_partitions(group, rowkeys).items():
-                count += self._acked(group, pid, self._partition(group, pid), ids)
-        return count
+                state = self._partition(group, pid)
+                leases, ready, scan = state.leases, state.ready, state.scan
+                open_ids = [i for i in ids if i in leases or i in ready]  # PartitionState.handed_out, inline
+                if len(open_ids) < len(ids):  # (acked ones after a restart lie above the cursor too)
+                    unknown += sum(i >= scan and i not in state.acked for i in ids)
+                count += self._acked(group, pid, state, open_ids)
+            if unknown:
+                self._unknown(group, unknown)
+        return count, unknown
+
+    def _unknown(self, group: GroupState, count: int) -> None:
+        """Count acks of receipts never handed out; log them at most once a minute per group."""
+        group.unknown_acks += count
+        now = time.monotonic()
+        if now - group.unknown_logged >= UNKNOWN_LOG_INTERVAL:
+            group.unknown_logged = now
+            logger.warning(
+                "group %s of %s: ignored acks of %d receipts it never handed out (%d in all)",
+                group.name, group.queue, count, group.unknown_acks,
+            )  # fmt: skip
 
     def nack(self, queue: str, name: str, member: str, rowkeys: Iterable[bytes], delay: float | None) -> int:
-        """Give messages back to be handed out again after ``delay`` (None: the backoff).
+        """Give messages back to be handed out again after ``delay`` (None: the backoff;
+        at most ``limits.max_lease``).
 
         Only leases ``member`` holds count: one that expired and went to
         another member is not the caller's to give back.
         """
-        if delay is not None and (not isinstance(delay, (int, float)) or not 0 <= delay <= 86400 * 7):
-            raise InvalidArgument(f"'delay' must be seconds in [0, 604800] or None, got {delay!r}")
+        if delay is not None and (not isinstance(delay, (int, float)) or not 0 <= delay <= ASKED_LEASE_LIMIT):
+            raise InvalidArgument(f"'delay' must be seconds in [0, {ASKED_LEASE_LIMIT}] or None, got {delay!r}")
+        if delay is not None:  # held back no longer than it could be leased (GroupLimits)
+            delay = min(delay, self.limits.max_lease)
 
         def held(state: PartitionState, message_id: bytes) -> bool:
             lease = state.leases.get(message_id)
@@ -91,16 +133,13 @@ class GroupAcks:
         :class:`~hqueue.processor.Processor`'s timeouts and its own retries).
         The dead-letter queue is made and written here, by the partition's
         owner, so the caller needs no right to create queues. Every message
-        the group has not finished counts, whoever holds it (as :meth:`ack`
-        takes any): one whose lease ran out while ``member`` worked on it
-        still goes. Returns how many; 0 for those already finished (acked, or
-        dead-lettered before).
+        the group handed out and has not finished counts, whoever holds it
+        (as :meth:`ack` takes any): one whose lease ran out while ``member``
+        worked on it still goes. Returns how many; 0 for those already
+        finished (acked, or dead-lettered before) and for receipts the group
+        never handed out.
         """
-
-        def unfinished(state: PartitionState, message_id: bytes) -> bool:
-            return message_id >= state.done and message_id not in state.acked
-
-        count = self._fail_each(queue, name, rowkeys, unfinished, None, at_once=True)
+        count = self._fail_each(queue, name, rowkeys, PartitionState.handed_out, None, at_once=True)
         if count:
             logger.info("group %s of %s: member %s dead-lettered %d messages", name, queue, member, count)
         return count
@@ -148,10 +187,9 @@ class GroupAcks:
         fresh = [i for i in ids if i >= state.done and i not in state.acked]
         if not fresh:
             return 0
-        leases, ready = state.leases, state.ready
         for message_id in fresh:
-            leases.pop(message_id, None)
-            ready.pop(message_id, None)
+            state.release(message_id)
+            state.ready.pop(message_id, None)
         state.acked.update(fresh)
         done = state.lowest_open()
         prefix = state_prefix(group.queue, group.name, pid)

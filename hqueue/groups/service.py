@@ -29,6 +29,13 @@ server sees the same members. When a member joins or leaves the assignment
 changes at once; a leaving member gives its leases back, a vanished one's
 leases run out.
 
+Limits (:class:`GroupLimits`, ``hqueue server --max-lease``,
+``--max-member-in-flight``): a lease (and a nack's delay) is at most
+``max_lease``, and a member holds at most ``max_member_in_flight`` messages
+per group here, so one member that never acks cannot starve the others. An
+ack counts only for a message the group handed out (see
+:meth:`GroupAcks.ack_receipts`): a made-up receipt costs no stored state.
+
 Delivery is at least once: a message whose lease is lost with its owner (a
 server crash) is handed out again; a message acked before the crash never is.
 """
@@ -55,10 +62,11 @@ from ..message import (
 )
 from .acks import GroupAcks
 from .state import (
-    DEFAULT_MAX_SPAN,
+    ASKED_LEASE_LIMIT,
     LATEST,
     Columns,
     GroupConfig,
+    GroupLimits,
     GroupState,
     PartitionState,
     assigned,
@@ -75,11 +83,16 @@ logger = logging.getLogger(__name__)
 
 
 class GroupService(GroupAcks, GroupViews):
-    """Every consumer group's state for the partitions this process owns."""
+    """Every consumer group's state for the partitions this process owns.
 
-    def __init__(self, engine: Engine, coordinator: Coordinator, *, max_span: int = DEFAULT_MAX_SPAN) -> None:
+    Args:
+        limits: What one member may take (the longest lease, messages held at
+            once); see :class:`GroupLimits`.
+    """
+
+    def __init__(self, engine: Engine, coordinator: Coordinator, *, limits: GroupLimits | None = None) -> None:
         self.engine, self.coordinator, self.storage = engine, coordinator, engine.storage
-        self.max_span = max_span
+        self.limits = limits or GroupLimits()
         self._lock = threading.Lock()
         self._groups: dict[tuple[str, str], GroupState] = {}
         #: One condition for all waiting receives; each waits for its own queue's writes.
@@ -196,7 +209,11 @@ class GroupService(GroupAcks, GroupViews):
     ) -> list[tuple[Message, int]]:
         """Lease up to ``max_messages`` to ``member``, waiting up to ``wait`` seconds for some.
 
-        Returns (message, attempt) pairs; attempt 1 is a first delivery.
+        The lease is at most ``limits.max_lease`` (a longer one asked for is
+        shortened), and a member gets no more than it may still hold
+        (``limits.max_member_in_flight`` less what it holds): none while it
+        holds that many. Returns (message, attempt) pairs; attempt 1 is a
+        first delivery.
         """
         keys, values, attempts = self.receive_columns(queue, name, member, max_messages, lease, wait)
         return list(zip(messages_from_columns(keys, values), attempts, strict=True))
@@ -209,8 +226,9 @@ class GroupService(GroupAcks, GroupViews):
             raise InvalidArgument("'member' must be a non-empty string")
         if not isinstance(max_messages, int) or isinstance(max_messages, bool) or not 1 <= max_messages <= 10_000:
             raise InvalidArgument(f"'max_messages' must be an int in 1..10000, got {max_messages!r}")
-        if not isinstance(lease, (int, float)) or not 0 < lease <= 86400 * 7:
-            raise InvalidArgument(f"'lease' must be seconds in (0, 604800], got {lease!r}")
+        if not isinstance(lease, (int, float)) or not 0 < lease <= ASKED_LEASE_LIMIT:
+            raise InvalidArgument(f"'lease' must be seconds in (0, {ASKED_LEASE_LIMIT}], got {lease!r}")
+        lease = min(lease, self.limits.max_lease)
         if not isinstance(wait, (int, float)) or not 0 <= wait <= 300:
             raise InvalidArgument(f"'wait' must be seconds in [0, 300], got {wait!r}")
         group = self._group(queue, name)
@@ -245,10 +263,14 @@ class GroupService(GroupAcks, GroupViews):
             group.turn += 1
             mine = served_order(mine, info, group.turn)
             for pid in mine:
+                self._partition(group, pid)
+            for pid, state in list(group.partitions.items()):  # run-out leases are no longer held
+                self._expire(group, pid, state, now)
+            limit = min(limit, self.limits.max_member_in_flight - group.held_by(member))
+            for pid in mine:
                 if len(keys) >= limit:
                     break
                 state = self._partition(group, pid)
-                self._expire(group, pid, state, now)
                 self._redeliver(group, pid, state, member, now + lease, limit - len(keys), (keys, values, attempts))
                 self._new(group, pid, state, member, now + lease, limit - len(keys), (keys, values, attempts))
                 if state.ready_heap:
@@ -278,7 +300,7 @@ class GroupService(GroupAcks, GroupViews):
     def _new(
         self, group: GroupState, pid: int, state: PartitionState, member: str, deadline: float, limit: int, out: Columns
     ) -> None:
-        room = min(limit, self.max_span - state.in_flight)
+        room = min(limit, self.limits.max_span - state.in_flight)
         prefix = partition_prefix(pid)
         stop = partition_prefix(pid + 1)
         while room > 0:
@@ -320,7 +342,9 @@ class GroupService(GroupAcks, GroupViews):
         with group.lock:
             group.members.pop(member, None)
             for state in group.partitions.values():
-                for message_id, lease in list(state.leases.items()):
+                if member not in state.held:
+                    continue
+                for message_id, lease in list(state.leases.items()):  # a copy: retry_at releases
                     if lease[0] == member:
                         state.retry_at(message_id, now)
         self._on_write(queue, -1)

@@ -28,6 +28,12 @@ DEFAULT_LEASE = 30.0
 DEFAULT_MAX_RETRIES = 16
 #: Messages handed out and not acked, per (group, partition), before the partition waits.
 DEFAULT_MAX_SPAN = 10_000
+#: The longest lease (and nack delay) a member gets, whatever it asks: the Processor's default lease.
+DEFAULT_MAX_LEASE = 600.0
+#: Messages one member may hold (leased, not acked) per group on one server.
+DEFAULT_MAX_MEMBER_IN_FLIGHT = 1_000
+#: The longest lease or nack delay a member may ask for (it gets at most ``max_lease``).
+ASKED_LEASE_LIMIT = 86400 * 7
 #: A member that has not called receive for this long has left.
 MEMBER_TIMEOUT = 10.0
 #: One receive in this many serves the lowest priority tier first (no starvation).
@@ -58,6 +64,35 @@ def check_pending_limit(limit: object) -> int:
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_PENDING:
         raise InvalidArgument(f"'limit' must be an int in 1..{MAX_PENDING}, got {limit!r}")
     return limit
+
+
+@dataclass(frozen=True)
+class GroupLimits:
+    """What one member may take of a group, so that no member starves the others.
+
+    Attributes:
+        max_lease: The longest lease a member gets (seconds): a longer one asked
+            for is shortened to it, and so is a nack's delay. A message held by
+            a member that never acks goes back to the group after at most this.
+        max_member_in_flight: Messages one member may hold (leased and not
+            acked) per group on one server; a receive returns at most what the
+            member may still take.
+        max_span: Messages in flight (leased or waiting to be retried) per
+            (group, partition) before the partition hands out no more.
+    """
+
+    max_lease: float = DEFAULT_MAX_LEASE
+    max_member_in_flight: int = DEFAULT_MAX_MEMBER_IN_FLIGHT
+    max_span: int = DEFAULT_MAX_SPAN
+
+    def __post_init__(self) -> None:
+        lease = self.max_lease
+        if not isinstance(lease, (int, float)) or isinstance(lease, bool) or not 0 < lease <= ASKED_LEASE_LIMIT:
+            raise InvalidArgument(f"'max_lease' must be seconds in (0, {ASKED_LEASE_LIMIT}], got {lease!r}")
+        for name in ("max_span", "max_member_in_flight"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 10_000_000:
+                raise InvalidArgument(f"{name!r} must be an int in 1..10000000, got {value!r}")
 
 
 def backoff(retries: int) -> float:
@@ -120,6 +155,8 @@ class PartitionState:
     ready_heap: list[tuple[float, bytes]] = field(default_factory=list)
     #: Every ID handed out and not acked, in ID order (cleaned lazily): the first is where ``done`` may go.
     open: collections.deque[bytes] = field(default_factory=collections.deque)
+    #: Messages leased to each member (members holding none are not kept).
+    held: collections.Counter[str] = field(default_factory=collections.Counter)
     batches: int = 0
 
     def __post_init__(self) -> None:
@@ -135,10 +172,16 @@ class PartitionState:
             waiting.popleft()
         return waiting[0] if waiting else self.scan
 
+    def handed_out(self, message_id: bytes) -> bool:
+        """Whether the group handed ``message_id`` out and it is not finished: an ack counts."""
+        return message_id in self.leases or message_id in self.ready
+
     def lease(self, ids: list[bytes], member: str, deadline: float) -> None:
+        """Lease ``ids`` (none leased now: new ones, or ones due for a retry) to ``member``."""
         for message_id in ids:
             self.ready.pop(message_id, None)
         self.leases.update(zip(ids, repeat((member, deadline))))
+        self.held[member] += len(ids)
         self.batches += 1
         heapq.heappush(self.lease_heap, (deadline, self.batches, ids))
 
@@ -157,8 +200,17 @@ class PartitionState:
                 out.append(message_id)
         return out
 
+    def release(self, message_id: bytes) -> None:
+        """``message_id`` is no longer leased (acked, failed, or given back)."""
+        lease = self.leases.pop(message_id, None)
+        if lease is not None:
+            member = lease[0]
+            self.held[member] -= 1
+            if self.held[member] <= 0:
+                del self.held[member]
+
     def retry_at(self, message_id: bytes, at: float) -> None:
-        self.leases.pop(message_id, None)
+        self.release(message_id)
         self.ready[message_id] = at
         heapq.heappush(self.ready_heap, (at, message_id))
 
@@ -171,6 +223,13 @@ class GroupState:
         self.dead_lettered = 0
         self.partitions: dict[int, PartitionState] = {}
         self.turn = 0
+        #: Acks of receipts the group never handed out (ignored), and when one was last logged.
+        self.unknown_acks = 0
+        self.unknown_logged = 0.0
+
+    def held_by(self, member: str) -> int:
+        """Messages ``member`` holds in this group's partitions here (call under ``lock``)."""
+        return sum(state.held.get(member, 0) for state in self.partitions.values())
 
     def live_members(self, now: float) -> list[str]:
         for member in [m for m, seen in self.members.items() if now - seen > MEMBER_TIMEOUT]:

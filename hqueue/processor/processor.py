@@ -46,7 +46,10 @@ class Processor:
             a retry (None: no limit).
         delay: Handle each message no sooner than this many seconds after it was written.
         lease: The group lease of messages in hand; make it longer than a
-            message may wait in a queue plus its handling (default 600 s).
+            message may wait in a queue plus its handling (default 600 s; the
+            server gives at most its ``--max-lease``, 600 s by default). A
+            member holds at most the server's ``--max-member-in-flight``
+            (1,000) messages: behind a slow message, the reader waits.
         commit_interval: Seconds between acks of committable messages.
         start: Where a new group starts (see :meth:`HQueue.consumer`).
     """

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..auth import MANAGE
 from . import wire
 
 T = wire.T
@@ -66,7 +67,9 @@ class Operation:
         service: The engine's service that runs it (``groups``, ``subscriptions``).
         method: The service's method.
         thrift: The IDL call.
-        role: What the caller's token must hold on the queue (``connected``: no queue).
+        role: What the caller's token must hold on the queue (``connected``: no queue;
+            ``manage``: admin, or consumer and the group's or subscriber's name, see
+            :mod:`hqueue.auth`).
         args: The method's arguments, in Python order.
         wire_order: The IDL's argument order, where it is not the Python one
             (HQueue's seed calls put the subscriber first).
@@ -120,6 +123,16 @@ class Operation:
         order = list(self.wire_order or [a.name for a in self.args])
         return order.index("queue") if "queue" in order else None
 
+    @property
+    def named_at(self) -> tuple[int, str] | None:
+        """Where the group or subscriber name is among the IDL call's arguments, and
+        which of the two it names (None: neither)."""
+        order = list(self.wire_order or [a.name for a in self.args])
+        for arg, kind in (("group", "group"), ("name", "subscriber")):
+            if arg in order:
+                return order.index(arg), kind
+        return None
+
 
 # -- push subscriptions (SPEC C7) -------------------------------------------------------------------
 
@@ -170,22 +183,22 @@ STARTS = Arg("starts", Codec(_starts_out, _starts_in))
 SUBSCRIPTIONS = "subscriptions"
 
 ADD_SUBSCRIBER = Operation(
-    SUBSCRIPTIONS, "add", "addSubscriber", "consumer",
+    SUBSCRIPTIONS, "add", "addSubscriber", MANAGE,
     (QUEUE, NAME, Arg("topics", TOPICS), STARTS, Arg("dead_letter_after", default=None)),
 )  # fmt: skip
-DELETE_SUBSCRIBER = Operation(SUBSCRIPTIONS, "delete", "deleteSubscriber", "consumer", (QUEUE, NAME), ("name", "queue"))
+DELETE_SUBSCRIBER = Operation(SUBSCRIPTIONS, "delete", "deleteSubscriber", MANAGE, (QUEUE, NAME), ("name", "queue"))
 LIST_SUBSCRIBERS = Operation(SUBSCRIPTIONS, "names", "listSubscribers", "consumer", (QUEUE,), result=NAMES)
 DESCRIBE_SUBSCRIBER = Operation(
     SUBSCRIPTIONS, "describe", "describeSubscriber", "consumer", (QUEUE, NAME), ("name", "queue"),
     result=Codec(_subscriber_out, _subscriber_in),
 )  # fmt: skip
 SET_CHECKPOINT = Operation(
-    SUBSCRIPTIONS, "set_checkpoint", "setCheckpoint", "consumer",
+    SUBSCRIPTIONS, "set_checkpoint", "setCheckpoint", MANAGE,
     (QUEUE, NAME, Arg("partition_id", PARTITION_OR_ALL), Arg("start", ID)),
 )  # fmt: skip
 # The consumer role only: the ZooKeeper hosts are for subscribers.
 GET_COORDINATION = Operation(SUBSCRIPTIONS, "coordination", "getCoordination", "consumer", (QUEUE,), result=PLAIN)
-SUBSCRIBER_LEAVE = Operation(SUBSCRIPTIONS, "leave", "subscriberLeave", "consumer", (QUEUE, NAME))
+SUBSCRIBER_LEAVE = Operation(SUBSCRIPTIONS, "leave", "subscriberLeave", MANAGE, (QUEUE, NAME))
 
 
 # -- consumer groups (SPEC X3) -----------------------------------------------------------------------
@@ -277,4 +290,4 @@ GROUP_PENDING = Operation(
     GROUPS, "pending", "groupPending", "consumer", (QUEUE, GROUP, Arg("limit", default=1000)),
     result=Codec(_pending_out, _pending_in), merge=_merge_pending,
 )  # fmt: skip
-DELETE_GROUP = Operation(GROUPS, "delete", "deleteGroup", "admin", (QUEUE, GROUP))
+DELETE_GROUP = Operation(GROUPS, "delete", "deleteGroup", MANAGE, (QUEUE, GROUP))

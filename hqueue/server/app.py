@@ -30,6 +30,7 @@ from ..coordination.zookeeper import ZooKeeperCoordinator
 from ..engine import Engine
 from ..errors import InvalidArgument
 from ..groups.service import GroupService
+from ..groups.state import GroupLimits
 from ..lag import partition_lag
 from ..metrics import ServerMetrics, gauge
 from ..rpc import wire
@@ -66,6 +67,8 @@ class HQueueServer:
         metrics_port: Serve Prometheus metrics on this port (0: a free one; None: not at all).
         push_threads: Threads that push to subscribers, all of them together.
         max_subscribers: The most subscribers this server pushes to (the rest wait).
+        group_limits: What one consumer-group member may take (the longest
+            lease, messages held at once; ``--max-lease``, ``--max-member-in-flight``).
     """
 
     def __init__(
@@ -85,6 +88,7 @@ class HQueueServer:
         metrics_port: int | None = None,
         push_threads: int = DEFAULT_PUSH_THREADS,
         max_subscribers: int = DEFAULT_MAX_SUBSCRIBERS,
+        group_limits: GroupLimits | None = None,
     ) -> None:
         if coordinator_factory is not None and not storage_url.startswith("hbase://"):
             raise InvalidArgument(
@@ -119,6 +123,7 @@ class HQueueServer:
         self._push_threads, self._max_subscribers = push_threads, max_subscribers
         self.subscriptions: SubscriptionManager | None = None
         self.groups: GroupService | None = None
+        self.group_limits = group_limits
         self._server = ThreadedServer(
             wire.T.HQueueService, self.handler, socket, limits=limits, ssl_context=ssl_context
         )
@@ -135,7 +140,9 @@ class HQueueServer:
     def start(self) -> HQueueServer:
         """Join the coordinator and serve in a background thread."""
         # Timers and consumer groups follow ownership: attach them before ownership is given out.
-        self.groups = self.handler.group_calls.service = serve_partitions(self.engine, self.coordinator)
+        self.groups = self.handler.group_calls.service = serve_partitions(
+            self.engine, self.coordinator, self.group_limits
+        )
         self.coordinator.start(lambda: [(q.name, q.partitions) for q in self.engine.list_queues()])
         registry = self._registry()
         self.engine.subscriptions = self.handler.subscription_calls.service = Subscribers(self.engine, registry)

@@ -18,7 +18,7 @@ import logging
 import threading
 from typing import Any
 
-from ..auth import OPEN, AuthPolicy, Principal
+from ..auth import MANAGE, OPEN, AuthPolicy, Principal
 from ..coordination import Coordinator
 from ..engine import Engine
 from ..errors import HQueueError, NotAuthorized
@@ -37,12 +37,15 @@ def _declared(method: str) -> tuple[type, ...]:
     return tuple(field[2] for key, field in spec.items() if key != 0 and len(field) > 2 and isinstance(field[2], type))
 
 
-def served(role: str | None, queue_arg: int | None = 0):
+def served(role: str | None, queue_arg: int | None = 0, named: tuple[int, str] | None = None):
     """A Thrift call: authorized, counted, and with only IDL exceptions out.
 
     ``role`` is what the connection's token must hold on the queue given as
     argument ``queue_arg`` (``"member"``: any role; ``"connected"``: an
-    authenticated connection, no queue); None for ``authenticate`` itself.
+    authenticated connection, no queue; ``"manage"``: admin, or consumer and
+    the name of the group or subscriber granted, see :mod:`hqueue.auth`);
+    None for ``authenticate`` itself. ``named``: for ``"manage"``, the
+    argument that names it and what it names (``"group"``, ``"subscriber"``).
 
     An exception the IDL does not declare for a call would make thriftpy2
     drop the connection; it is sent as TIOError instead.
@@ -55,7 +58,8 @@ def served(role: str | None, queue_arg: int | None = 0):
             guard.enter()
             try:
                 if role is not None:
-                    guard.authorize(role, method.__name__, args[queue_arg] if queue_arg is not None else None)
+                    queue = args[queue_arg] if queue_arg is not None else None
+                    guard.authorize(role, method.__name__, queue, (named[1], args[named[0]]) if named else None)
                 return method(self, *args)
             except Exception as e:
                 if isinstance(e, (HQueueError, ValueError, TypeError)):
@@ -85,7 +89,7 @@ def handler(operation: Operation):
         return operation.result.out(answer)
 
     call.__name__ = call.__qualname__ = operation.thrift
-    return served(operation.role, operation.queue_at)(call)
+    return served(operation.role, operation.queue_at, operation.named_at)(call)
 
 
 class CallGuard:
@@ -114,13 +118,22 @@ class CallGuard:
             return OPEN
         raise NotAuthorized("this server needs a token: connect with hqueue://TOKEN@host:port (or token=)")
 
-    def authorize(self, role: str, action: str, queue: Any) -> None:
+    def authorize(self, role: str, action: str, queue: Any, named: tuple[str, Any] | None = None) -> None:
+        """Raise NotAuthorized unless the connection's token may do ``action``
+        (``named``: the kind and name of the group or subscriber it acts on)."""
         principal = self.principal()
         if role == "connected":
             return
         if not isinstance(queue, str):
             raise TypeError(f"'queue' must be a string, got {type(queue).__name__}")
-        if role == "member":
+        if role == MANAGE:
+            if named is None:
+                raise TypeError(f"{action}: a 'manage' call must name its group or subscriber")
+            kind, name = named
+            if not isinstance(name, str):
+                raise TypeError(f"the {kind} name must be a string, got {type(name).__name__}")
+            principal.require_manage(queue, kind, name, action)
+        elif role == "member":
             if not principal.may_see(queue):
                 raise NotAuthorized(f"token {principal.name!r} has no role on queue {queue!r}")
         else:

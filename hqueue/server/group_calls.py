@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..auth import MANAGE
 from ..errors import HQueueError, InvalidArgument
 from ..groups.service import GroupService
 from ..rpc import operations as op
@@ -45,8 +46,10 @@ class GroupCalls(Calls):
 
     @served("consumer")
     def groupAck(self, queue: str, group: str, rowkeys: bytes) -> int:
-        count = self.groups.ack(queue, group, wire.unpack_rowkeys(rowkeys))
+        count, unknown = self.groups.ack_receipts(queue, group, wire.unpack_rowkeys(rowkeys))
         self.metrics.group_acked.labels(queue, group).inc(count)
+        if unknown:  # the IDL's answer is one count: the ignored ones are counted here (and logged)
+            self.metrics.group_unknown_acks.labels(queue, group).inc(unknown)
         return count
 
     @served("consumer")
@@ -66,7 +69,7 @@ class GroupCalls(Calls):
     def groupLeave(self, queue: str, group: str, member: str) -> None:
         self.groups.leave(queue, group, member)
 
-    @served("consumer")
+    @served(MANAGE, named=(1, "group"))
     def setGroupPosition(self, queue: str, group: str, partitionID: int, startID: Any) -> None:
         if startID is None:
             raise InvalidArgument("'startID' is required")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..auth import PushCredentials, PushPolicy
+from ..auth import MANAGE, PushCredentials, PushPolicy
 from ..errors import HQueueError, InvalidArgument
 from ..rpc import operations as op
 from ..rpc import wire
@@ -51,7 +51,7 @@ class SubscriptionCalls(Calls):
             )
         return credentials
 
-    @served("consumer")
+    @served(MANAGE, named=(1, "subscriber"))
     def subscriberHeartbeat(
         self, queue: str, name: str, address: str, topics: list[bytes] | None, push: Any = None
     ) -> None:
@@ -60,6 +60,6 @@ class SubscriptionCalls(Calls):
             queue, name, address, frozenset(topics) if topics is not None else None, credentials
         )
 
-    @served("consumer")
+    @served(MANAGE, named=(1, "subscriber"))
     def approveSubscriberAddress(self, queue: str, name: str, address: str, push: Any = None) -> None:
         self.subscriptions.approve(queue, name, address, self._announced(address, push))

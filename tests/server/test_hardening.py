@@ -12,6 +12,7 @@ import struct
 import subprocess
 import sys
 import time
+from datetime import datetime
 
 import pytest
 from hypothesis import given, settings
@@ -20,7 +21,7 @@ from thriftpy2.protocol import TBinaryProtocolFactory
 from thriftpy2.rpc import make_client
 from thriftpy2.transport import TFramedTransportFactory
 
-from hqueue import HQueue, HQueueAdmin, Message
+from hqueue import HQueue, HQueueAdmin, Message, MessageID
 from hqueue.auth import AuthPolicy, PushPolicy
 from hqueue.errors import InvalidArgument, NotAuthorized, OutcomeUnknown, ServerUnavailable
 from hqueue.rpc.frames import FrameError, FrameReader, check_call
@@ -28,9 +29,10 @@ from hqueue.rpc.threaded import ListeningSocket, ServerLimits
 from hqueue.rpc.wire import MAX_SCAN_BATCH, T
 from hqueue.server import HQueueServer
 
-from ..processes import ServerProcess, wait_for
+from ..processes import ServerProcess, drain, wait_for
 
 ADMIN, CRAWLER = "admin-secret-0123456789", "crawler-secret-0123456789"
+WORKER = "worker-secret-0123456789"
 
 AUTH_FILE = f"""
 [tokens.ops]
@@ -39,6 +41,12 @@ admin = ["*"]
 
 [tokens.crawler]
 secret = "{CRAWLER}"
+producer = ["crawl.*"]
+consumer = ["crawl.*"]
+groups = ["crawler-*", "s"]
+
+[tokens.worker]
+secret = "{WORKER}"
 producer = ["crawl.*"]
 consumer = ["crawl.*"]
 """
@@ -135,6 +143,90 @@ def test_the_url_carries_the_token_and_never_echoes_it(secured):
         assert ADMIN not in queue.url
 
 
+def test_moving_or_deleting_a_group_needs_admin_or_the_groups_name(secured):
+    # Given a group "billing" that has taken its messages
+    url = f"hqueue://{secured.address}"
+    with HQueue("crawl.pages", url, token=ADMIN) as queue, queue.consumer("billing") as consumer:
+        queue.put([Message("t", b"%d" % i) for i in range(3)], 0)
+        consumer.ack(drain(consumer, 3))
+    # When a producer+consumer token without a groups grant rewinds it to 2020, or deletes it
+    with HQueueAdmin(url, token=WORKER) as worker:
+        with pytest.raises(NotAuthorized) as refused:
+            worker.set_group_position("crawl.pages", "billing", "all", datetime(2020, 1, 1))
+        # Then it is refused, naming the token, the call, the group and the role needed
+        for named in ("'worker'", "setGroupPosition", "group 'billing'", "'admin'", "groups pattern"):
+            assert named in str(refused.value)
+        with pytest.raises(NotAuthorized, match="deleteGroup group 'billing'"):
+            worker.delete_group("crawl.pages", "billing")
+    # and the group has delivered nothing again
+    with HQueue("crawl.pages", url, token=WORKER) as queue, queue.consumer("billing") as consumer:
+        assert consumer.receive(10, wait=0.3) == []  # taking part in a group is still the consumer role
+    # A token granted "crawler-*" moves its own groups only; admin moves any
+    with HQueueAdmin(url, token=CRAWLER) as crawler:
+        with pytest.raises(NotAuthorized, match="'crawler'"):
+            crawler.set_group_position("crawl.pages", "billing", 0, 0)
+        with crawler.queue("crawl.pages") as queue, queue.consumer("crawler-1") as consumer:
+            assert len(drain(consumer, 3)) == 3
+        crawler.set_group_position("crawl.pages", "crawler-1", "all", 0)
+        crawler.delete_group("crawl.pages", "crawler-1")
+    with HQueueAdmin(url, token=ADMIN) as admin:
+        admin.set_group_position("crawl.pages", "billing", "all", 0)
+        admin.delete_group("crawl.pages", "billing")
+
+
+def test_a_subscribers_position_needs_admin_or_its_name(secured):
+    # Given a subscriber "indexer" added by the admin
+    url = f"hqueue://{secured.address}"
+    with HQueueAdmin(url, token=ADMIN) as admin:
+        admin.add_subscriber("crawl.pages", "indexer")
+        before = admin.describe_subscriber("crawl.pages", "indexer")["checkpoints"]
+    # When a consumer token without its name tries to rewind, replace or delete it
+    with HQueueAdmin(url, token=WORKER) as worker:
+        with pytest.raises(NotAuthorized, match="'worker' may not setCheckpoint subscriber 'indexer'"):
+            worker.set_checkpoint("crawl.pages", "indexer", "all", datetime(2020, 1, 1))
+        with pytest.raises(NotAuthorized, match="addSubscriber subscriber 'indexer'"):
+            worker.add_subscriber("crawl.pages", "indexer", partitions={0: MessageID(1_577_836_800_000)})
+        with pytest.raises(NotAuthorized, match="deleteSubscriber subscriber 'indexer'"):
+            worker.delete_subscriber("crawl.pages", "indexer")
+        # Then nothing moved (and it may still look)
+        assert worker.describe_subscriber("crawl.pages", "indexer")["checkpoints"] == before
+    raw = raw_client(secured.port)
+    raw.authenticate(WORKER)
+    with pytest.raises(T.TNotAuthorized, match="subscriberHeartbeat subscriber 'indexer'"):
+        raw.subscriberHeartbeat("crawl.pages", "indexer", "127.0.0.1:9999", None)
+    with pytest.raises(T.TNotAuthorized, match="subscriberLeave"):
+        raw.subscriberLeave("crawl.pages", "indexer")
+    raw.close()
+    # A token granted the name manages it
+    with HQueueAdmin(url, token=CRAWLER) as crawler:
+        crawler.add_subscriber("crawl.pages", "crawler-index")
+        crawler.set_checkpoint("crawl.pages", "crawler-index", "all", datetime(2020, 1, 1))
+        crawler.delete_subscriber("crawl.pages", "crawler-index")
+        with pytest.raises(NotAuthorized):
+            crawler.delete_subscriber("crawl.pages", "indexer")
+
+
+def test_a_subscriber_runs_with_a_consumer_token_granted_its_name(secured):
+    from hqueue import MessageListener, Subscription
+
+    class Take(MessageListener):
+        def __init__(self):
+            self.values = []
+
+        def on_messages(self, messages):
+            self.values += [m.value for m in messages]
+
+    url = f"hqueue://{secured.address}"
+    with HQueue("crawl.pages", url, token=WORKER) as queue:
+        with pytest.raises(NotAuthorized, match="addSubscriber subscriber 'crawler-sub'"):
+            queue.create_subscriber(Subscription("crawler-sub"), [Take()]).start()
+    with HQueue("crawl.pages", url, token=CRAWLER) as queue:
+        take = Take()
+        with queue.create_subscriber(Subscription("crawler-sub"), [take]):
+            queue.put(Message("t", b"pushed"), 0)
+            wait_for(lambda: take.values == [b"pushed"], 20, "the push")
+
+
 @pytest.mark.parametrize(
     "text, error",
     [
@@ -144,6 +236,8 @@ def test_the_url_carries_the_token_and_never_echoes_it(secured):
         ("[tokens.a]\nsecret = 'long enough secret!'\n", "grants no role"),
         ("[tokens.a]\nsecret = 'long enough secret!'\nwriter = ['*']\n", "unknown keys"),
         ("[tokens.a]\nsecret_sha256 = 'abc'\nadmin = ['*']\n", "64 hex"),
+        ("[tokens.a]\nsecret = 'long enough secret!'\nconsumer = ['*']\ngroups = 'g-*'\n", "name patterns"),
+        ("[tokens.a]\nsecret = 'long enough secret!'\ngroups = ['g-*']\n", "grants no role"),
     ],
 )
 def test_a_bad_auth_file_is_a_clear_error(tmp_path, text, error):
@@ -382,6 +476,22 @@ def test_a_taken_port_is_a_clear_error_not_a_shared_port(server, tmp_path):
 def test_zookeeper_with_a_local_store_is_refused(tmp_path):
     with pytest.raises(InvalidArgument, match="shares"):
         HQueueServer(f"local://{tmp_path}/data", port=0, coordinator_factory=lambda address: None)
+
+
+def test_hqueue_server_takes_its_group_limits(tmp_path):
+    proc = ServerProcess(
+        f"local://{tmp_path}/data", tmp_path, extra_args=("--max-lease", "2", "--max-member-in-flight", "2")
+    )
+    try:
+        with HQueueAdmin(f"hqueue://{proc.address}") as admin:
+            admin.create_queue("q", 1)
+        with HQueue("q", f"hqueue://{proc.address}") as queue, queue.consumer("g") as consumer:
+            queue.put([Message("t", b"%d" % i) for i in range(5)], 0)
+            assert len(consumer.receive(5, wait=2, lease=3600)) == 2
+            (pending, _) = queue.pending("g")
+            assert pending.lease_left <= 2
+    finally:
+        proc.terminate()
 
 
 # -- client edges ------------------------------------------------------------------

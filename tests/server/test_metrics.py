@@ -96,3 +96,17 @@ def test_consumer_groups_are_counted_per_group_and_partition(server):
     assert metrics[f"hqueue_group_retrying_messages{{{partition}}}"] == 1
     assert metrics[f"hqueue_group_lag_messages{{{partition}}}"] == 2
     assert metrics[f"hqueue_group_lag_seconds{{{partition}}}"] >= 0
+
+
+def test_acks_of_receipts_a_group_never_handed_out_are_counted(server):
+    from hqueue.api import groups_of
+    from hqueue.message import MessageID, encode_rowkey
+
+    with HQueue("q", f"hqueue://{server.address}") as queue, queue.consumer("workers") as consumer:
+        queue.put([Message("t", b"x")], 0)
+        (real,) = wait_for(lambda: consumer.receive(1, wait=1), 10, "a delivery")
+        made_up = [encode_rowkey(0, MessageID(4_000_000_000_000, i)) for i in range(7)]
+        assert groups_of(queue.engine).ack("q", "workers", [real.rowkey, *made_up]) == 1
+        metrics = scrape(server)
+    assert metrics['hqueue_group_unknown_acks_total{group="workers",queue="q"}'] == 7
+    assert metrics['hqueue_group_acked_messages_total{group="workers",queue="q"}'] == 1

@@ -1,0 +1,181 @@
+"""What a consumer group takes from its members, as an attacker would try it
+(issue 18): acks of receipts the group never handed out, leases of hours, one
+member holding everything.
+
+Runs on every storage backend and through a server (``make_queue``); the
+tests of smaller limits run on an embedded store (``group_limits=``) and on a
+server started with them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hqueue import GroupLimits, HQueue, HQueueAdmin, InvalidArgument, Message, MessageID
+from hqueue.api import groups_of
+from hqueue.message import encode_rowkey
+from hqueue.server import HQueueServer
+
+from ..processes import drain, wait_for
+
+
+def made_up_receipts(count: int, partition_id: int = 0) -> list[bytes]:
+    """Receipts of messages far in the future: never written, never handed out."""
+    base = 4_000_000_000_000  # the year 2096
+    return [encode_rowkey(partition_id, MessageID(base + i // 32_000, i % 32_000)) for i in range(count)]
+
+
+# -- acks (18.5) ------------------------------------------------------------------------------
+
+
+def test_acks_of_messages_never_received_are_ignored_and_the_group_still_delivers_them(make_queue):
+    # Given 20 messages, of which a member received the first 5
+    queue = make_queue(partitions=1)
+    queue.put([Message("t", b"%d" % i) for i in range(20)], 0)
+    stored = list(queue.scan())
+    with queue.consumer("g", member="a") as consumer:
+        received = drain(consumer, 5)
+        assert len(received) == 5
+        # When it acks 10 messages it never received (real IDs of the queue)
+        never_received = stored[10:20]
+        assert consumer.ack(never_received) == 0
+        # Then the group still delivers those 10 (and the 5 between)
+        rest = drain(consumer, 15)
+        assert sorted(d.value for d in rest) == sorted(m.value for m in stored[5:20])
+        assert consumer.ack(received + rest) == 20
+        assert consumer.receive(10, wait=0.2) == []
+
+
+def test_one_ack_of_200000_made_up_receipts_keeps_nothing(make_queue):
+    # Given a group with one message in flight
+    queue = make_queue(partitions=2)
+    queue.put([Message("t", b"%d" % i) for i in range(3)], 0)
+    with queue.consumer("g") as consumer:
+        (held, *_) = drain(consumer, 3)
+        groups = groups_of(queue.engine)
+        # When one call acks 200,000 receipts the group never handed out
+        assert groups.ack(queue.name, "g", made_up_receipts(100_000, 0) + made_up_receipts(100_000, 1)) == 0
+        # Then nothing of them is kept: no acked ID ahead of the cursor in any partition
+        described = groups.describe(queue.name, "g")
+        assert {pid: p["acked_ahead"] for pid, p in described["partitions"].items()} == {0: 0, 1: 0}
+        # and the real receipts still count
+        assert consumer.ack(held) == 1
+
+
+def test_a_made_up_ack_is_stored_nowhere_in_the_store(tmp_path):
+    # Given an embedded store whose group has state in partition 0
+    with HQueueAdmin(f"local://{tmp_path}/data") as admin:
+        admin.create_queue("q", 1)
+        with admin.queue("q") as queue:
+            queue.put([Message("t", b"x")], 0)
+            with queue.consumer("g") as consumer:
+                consumer.ack(drain(consumer, 1))
+                storage = queue.engine.storage
+                before = storage.list_meta("group-state/q/")
+                # When 200,000 made-up receipts are acked
+                assert groups_of(queue.engine).ack("q", "g", made_up_receipts(200_000)) == 0
+                # Then the store holds exactly what it held before
+                assert storage.list_meta("group-state/q/") == before
+
+
+def test_a_member_cannot_dead_letter_a_message_the_group_never_handed_out(make_queue, admin):
+    queue = make_queue(partitions=1)
+    queue.put([Message("t", b"%d" % i) for i in range(3)], 0)
+    victim = list(queue.scan())[2]
+    with queue.consumer("g") as consumer:
+        assert consumer.dead_letter(victim) == 0  # never received: not the caller's to fail
+        assert sorted(d.value for d in drain(consumer, 3)) == [b"0", b"1", b"2"]
+
+
+# -- leases and fairness (18.6) ---------------------------------------------------------------
+
+
+def test_a_member_that_never_acks_cannot_starve_the_other(make_queue):
+    # Given one partition shared by two members, and 10,000 messages
+    queue = make_queue(partitions=1)
+    for start in range(0, 10_000, 2_000):
+        queue.put([Message("old", b"%d" % i) for i in range(start, start + 2_000)], 0)
+    with queue.consumer("g", member="a") as a, queue.consumer("g", member="b") as b:
+        b.nack(b.receive(1, wait=1), delay=0)  # b is a member from now on (and gives back what it got)
+        # When a asks for 10,000 messages for an hour, again and again, and never acks
+        hoarded = []
+        for _ in range(3):
+            hoarded += a.receive(10_000, wait=0, lease=3600)
+        assert 0 < len(hoarded) <= 1_000  # the default per-member cap
+        # Then b still gets every one of 5,000 new messages
+        queue.put([Message("new", b"n%d" % i) for i in range(5_000)], 0)
+        new: set[bytes] = set()
+
+        def take() -> bool:
+            got = b.receive(1_000, wait=0.2)
+            b.ack(got)
+            new.update(d.value for d in got if d.topic == b"new")
+            return len(new) == 5_000
+
+        wait_for(take, 120, "b to get the 5,000 new messages", interval=0)
+
+
+@pytest.fixture(params=["embedded", "remote"])
+def limited(request, tmp_path):
+    """A URL whose groups lease for at most 1 s and let a member hold 3 messages."""
+    limits = GroupLimits(max_lease=1.0, max_member_in_flight=3)
+    if request.param == "remote":
+        server = HQueueServer(f"local://{tmp_path}/server", port=0, group_limits=limits).start()
+        request.addfinalizer(server.stop)
+        url, opened = f"hqueue://{server.address}", {}
+    else:
+        url, opened = f"local://{tmp_path}/data", {"group_limits": limits}
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 1)
+    with HQueue("q", url, **opened) as queue:
+        yield queue
+
+
+def test_a_lease_longer_than_the_maximum_is_shortened_and_the_message_goes_out_again(limited):
+    limited.put([Message("t", b"x")], 0)
+    with limited.consumer("g", member="a") as a, limited.consumer("g", member="b") as b:
+        (held,) = a.receive(1, wait=2, lease=7 * 86400)  # a week asked
+        (pending,) = limited.pending("g")
+        assert pending.lease_left <= 1.0  # one second given
+        again = drain(b, 1, timeout=10)  # a never acks: it comes back within the maximum
+        assert [d.value for d in again] == [b"x"] and again[0].attempt == 2
+        assert a.ack(held) == 1  # the receipt is the message's: it still counts
+
+
+def test_a_nack_delay_is_no_longer_than_the_maximum_lease(limited):
+    limited.put([Message("t", b"x")], 0)
+    with limited.consumer("g") as consumer:
+        assert consumer.nack(drain(consumer, 1), delay=7 * 86400) == 1
+        (pending,) = limited.pending("g")
+        assert pending.retry_in is not None and pending.retry_in <= 1.0
+
+
+def test_a_receive_returns_at_most_what_the_member_may_still_hold(limited):
+    limited.put([Message("t", b"%d" % i) for i in range(10)], 0)
+    with limited.consumer("g", member="a") as a, limited.consumer("g", member="b") as b:
+        first = a.receive(10, wait=2, lease=60)
+        assert len(first) == 3
+        assert a.receive(10, wait=0.2, lease=60) == []  # holds its 3: no more
+        assert len(b.receive(10, wait=2)) == 3  # the others still get work
+        a.ack(first[:2])
+        assert len(a.receive(10, wait=2)) == 2  # room for two again
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({"max_lease": 0}, "max_lease"),
+        ({"max_lease": 8 * 86400}, "max_lease"),
+        ({"max_member_in_flight": 0}, "max_member_in_flight"),
+        ({"max_member_in_flight": True}, "max_member_in_flight"),
+        ({"max_span": "10"}, "max_span"),
+    ],
+)
+def test_bad_group_limits_are_refused(kwargs, error):
+    with pytest.raises(InvalidArgument, match=error):
+        GroupLimits(**kwargs)
+
+
+def test_group_limits_are_for_a_store_in_this_process(tmp_path):
+    with pytest.raises(InvalidArgument, match="hqueue server --max-lease"):
+        HQueueAdmin("hqueue://127.0.0.1:1", group_limits=GroupLimits())

@@ -23,6 +23,10 @@ INFO_CACHE_SECONDS = 2.0
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 #: Topics above this many bytes are rejected.
 MAX_TOPIC_BYTES = 1024
+#: The most messages one put (a batch, atomic) may hold, on every backend and per server call.
+MAX_BATCH_MESSAGES = 10_000
+#: The most bytes (topics + values) one put may hold; frames stay far below the server's 64 MiB.
+MAX_BATCH_BYTES = 16 * 1024 * 1024
 
 # HBase table-name rules (TableName.isLegalTableQualifierName), without namespaces.
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
@@ -194,6 +198,7 @@ class InfoCache:
         except self._stale_on:
             if cached is None or fresh:
                 raise
+            self._infos[name] = (time.monotonic(), cached[1])  # ask again later, not on every call
             return cached[1]
         self._infos[name] = (time.monotonic(), info)
         return info

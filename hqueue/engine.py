@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Collection, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -101,6 +102,10 @@ class Engine:
                 engine = cls._registry[url] = cls(open_storage(url), registry_key=url)
             engine._refs += 1
         return engine
+
+    def deadline(self) -> AbstractContextManager[None]:
+        """In process, calls have no deadline (the remote engine's have)."""
+        return nullcontext()
 
     def release(self) -> None:
         """Drop one reference from :meth:`acquire`; the last one closes."""

@@ -305,7 +305,8 @@ def test_hostile_frames_end_their_own_connection_and_others_go_on(server):
 
 def test_a_huge_scanner_request_is_capped(server):
     with HQueue("q", f"hqueue://{server.address}") as queue:
-        queue.put([Message("t", b"x")] * (MAX_SCAN_BATCH + 5), partition_id=0)
+        queue.put([Message("t", b"x")] * MAX_SCAN_BATCH, partition_id=0)  # one put's most
+        queue.put([Message("t", b"x")] * 5, partition_id=0)
     client = raw_client(server.port)
     scanner = client.messageScannerOpen("q", 0, T.TMessageScan())
     assert len(client.messageScannerGetList(scanner, 2**31 - 1)) == MAX_SCAN_BATCH

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import topic_index
 from .checks import check_columns, check_partition, message_columns
-from .config import InfoCache, QueueInfo
+from .config import InfoCache, QueueInfo, validate_new_queue_name
 from .errors import QueueEnabled
 from .ids import consecutive, runs
 from .keys.groups import groups_prefix, queue_state_prefix
@@ -136,6 +136,7 @@ class Engine:
         return self._infos.enabled(name)
 
     def create_queue(self, info: QueueInfo) -> None:
+        validate_new_queue_name(info.name)  # room for its dead-letter queue's name
         self.storage.create_queue(topic_index.for_new_queue(info))
         self._infos.forget(info.name)
 

@@ -303,6 +303,14 @@ def test_hostile_frames_end_their_own_connection_and_others_go_on(server):
     client.close()
 
 
+def test_the_server_refuses_a_queue_whose_dead_letter_queue_could_not_exist(server):
+    client = raw_client(server.port)  # past the Python client's own check
+    with pytest.raises(T.TInvalidMessage, match="InvalidQueueName.*dlq"):
+        client.createQueue(T.TQueueInfo(name="q" * 197, partitions=1))
+    assert "q" * 197 not in [q.name for q in client.listQueues()]
+    client.close()
+
+
 def test_a_huge_scanner_request_is_capped(server):
     with HQueue("q", f"hqueue://{server.address}") as queue:
         queue.put([Message("t", b"x")] * MAX_SCAN_BATCH, partition_id=0)  # one put's most

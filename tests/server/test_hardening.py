@@ -174,6 +174,17 @@ def test_an_allow_list_admits_other_push_hosts():
         PushPolicy(["not-a-network"])
 
 
+@pytest.mark.parametrize("address", ["127.0.0.1:0", "127.0.0.1:65536", "127.0.0.1:99999999999", "127.0.0.1:\u0661"])
+def test_a_push_address_needs_a_real_port(server, address):
+    with pytest.raises(InvalidArgument, match="port is 1..65535|host:port"):
+        PushPolicy(["127.0.0.0/8"]).check(address, "127.0.0.1")
+    client = raw_client(server.port)  # and over the wire, as a typed error; the connection lives on
+    with pytest.raises(T.TInvalidMessage, match="host:port|1..65535"):
+        client.subscriberHeartbeat("q", "s", address, None)
+    assert client.listQueues()
+    client.close()
+
+
 def test_tls_serves_a_client_that_trusts_the_certificate(tmp_path):
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(

@@ -5,6 +5,7 @@ Timing claims (how long a hostile frame stalls others) live in
 ``bench/hostile.py``; these tests check behaviour only.
 """
 
+import logging
 import os
 import signal
 import socket
@@ -18,15 +19,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from thriftpy2.protocol import TBinaryProtocolFactory
 from thriftpy2.rpc import make_client
-from thriftpy2.transport import TFramedTransportFactory
+from thriftpy2.transport import TFramedTransportFactory, TTransportException
 
 from hqueue import HQueue, HQueueAdmin, Message
 from hqueue.auth import AuthPolicy, PushPolicy
 from hqueue.errors import InvalidArgument, NotAuthorized, OutcomeUnknown, ServerUnavailable
 from hqueue.rpc.frames import FrameError, FrameReader, check_call
-from hqueue.rpc.threaded import ListeningSocket, ServerLimits
+from hqueue.rpc.threaded import Connection, ListeningSocket, ServerLimits
 from hqueue.rpc.wire import MAX_SCAN_BATCH, T
 from hqueue.server import HQueueServer
+from hqueue.server.logins import FailedLogins
 
 from ..processes import ServerProcess, wait_for
 
@@ -90,6 +92,43 @@ def test_a_call_without_a_token_is_refused_with_a_typed_error(secured):
     client.authenticate(ADMIN)  # the same connection, now authenticated
     assert {q.name for q in client.listQueues()} == {"crawl.pages", "orders"}
     client.close()
+
+
+def test_wrong_tokens_are_answered_later_and_later():
+    logins = FailedLogins(base_delay=0.1, max_delay=2.0)
+    connection = Connection(1, ("10.9.9.9", 1234))
+    answers = [logins.failed(connection) for _ in range(10)]
+    assert [delay for delay, _ in answers] == [0, 0, 0, 0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0]
+    assert [close for _, close in answers] == [False] * 9 + [True]
+    # A client that reconnects after each wrong token is counted by its host: as slow, and cut off.
+    again = Connection(2, ("10.9.9.9", 1235))
+    assert logins.failed(again) == (2.0, True)
+    assert logins.failed(Connection(3, ("10.8.8.8", 1))) == (0, False)  # another host: its own count
+
+
+def test_repeated_wrong_tokens_close_the_connection_and_log_a_few_lines(secured, caplog):
+    secured.handler.queues.failed_logins = FailedLogins(base_delay=0.001, max_delay=0.002)  # counts, not waits
+    caplog.set_level(logging.WARNING)
+    client = raw_client(secured.port)
+    for attempt in range(9):
+        with pytest.raises(T.TNotAuthorized, match=r"unknown token.\)$"):
+            client.authenticate(f"wrong-{attempt}")
+    with pytest.raises(T.TNotAuthorized, match="connection is closed"):
+        client.authenticate("wrong-9")
+    with pytest.raises((TTransportException, OSError)):
+        client.listQueues()  # the server closed it
+    for attempt in range(50):  # reconnecting does not start the count again
+        other = raw_client(secured.port)
+        with pytest.raises(T.TNotAuthorized, match="connection is closed"):
+            other.authenticate(f"again-{attempt}")
+        with pytest.raises((TTransportException, OSError)):
+            other.listQueues()
+    lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert 1 <= len(lines) <= 2, lines  # 60 failures, 51 connections: one line per 10 s
+    good = raw_client(secured.port)  # the right token, from the same host: served, not slowed
+    good.authenticate(ADMIN)
+    assert good.listQueues()
+    good.close()
 
 
 def test_roles_cover_only_their_queue_patterns(secured, monkeypatch):

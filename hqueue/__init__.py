@@ -17,7 +17,9 @@ from .batch import MessageBatch
 from .config import Durability, QueueInfo, QueueState
 from .consumer import Consumer, Delivery, Pending
 from .errors import (
+    BatchTooLarge,
     CoordinationError,
+    DeadlineExceeded,
     GroupNotFound,
     HQueueError,
     InvalidArgument,
@@ -51,9 +53,11 @@ from .subscriptions.listener import MessageListener, Subscriber, SubscriberState
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchTooLarge",
     "CombinedPartitionScanner",
     "Consumer",
     "CoordinationError",
+    "DeadlineExceeded",
     "Delivery",
     "Pending",
     "Durability",

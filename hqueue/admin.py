@@ -7,7 +7,14 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .api import groups_of
-from .config import DEFAULT_MAX_MESSAGE_BYTES, PRIORITIES_KEY, Durability, QueueInfo, QueueState, validate_queue_name
+from .config import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    PRIORITIES_KEY,
+    Durability,
+    QueueInfo,
+    QueueState,
+    validate_new_queue_name,
+)
 from .connection import Connected
 from .deadletters import dead_letter_queue
 from .errors import QueueNotFound
@@ -49,7 +56,8 @@ class HQueueAdmin(Connected):
         """Create a queue.
 
         Args:
-            name: 1-200 characters of ``[A-Za-z0-9_.-]``.
+            name: 1-196 characters of ``[A-Za-z0-9_.-]`` (so that ``<name>.dlq``, its
+                dead-letter queue, is a legal name; 200 for a name ending in ``.dlq``).
             partitions: 1..32767, fixed for the queue's life.
             ttl: Seconds messages stay visible; 0 keeps them forever.
             config: Extra settings, e.g. ``{'hbase.hqueue.partitionsPerRegion': '4'}``.
@@ -70,7 +78,7 @@ class HQueueAdmin(Connected):
             QueueExists, InvalidQueueName, TypeError, ValueError.
         """
         info = QueueInfo(
-            name=validate_queue_name(name),
+            name=validate_new_queue_name(name),
             partitions=partitions,
             ttl=ttl,
             durability=durability,

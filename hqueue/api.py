@@ -13,6 +13,7 @@ their remote counterparts in hqueue/client/.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from .config import QueueInfo
@@ -86,6 +87,11 @@ class EngineAPI(Protocol):
     def open_cursor(self, queue: str, partition_id: int, scan: Scan, caching: int) -> Any: ...
     def partition_locations(self, name: str) -> list[str]: ...
     def release(self) -> None: ...
+    def deadline(self) -> AbstractContextManager[Any]:
+        """The engine calls inside the block share one deadline (a remote engine's
+        ``timeout``, across every retry and server); in process, no deadline."""
+        ...
+
     # timers (SPEC X1)
     def schedule(self, name: str, messages: Sequence[Message], partition_id: int, due: int) -> list[Timer]: ...
     def cancel_timer(self, name: str, timer: Timer) -> bool: ...

@@ -224,8 +224,10 @@ class PushPolicy:
     def check(self, address: str, peer_host: str | None) -> None:
         """Raise NotAuthorized unless the server may push to ``address``."""
         host, _, port = address.rpartition(":")
-        if not host or not port.isdigit():
+        if not host or not port.isascii() or not port.isdigit():
             raise InvalidArgument(f"a subscriber address is host:port, got {address!r}")
+        if not 1 <= int(port) <= 65535:
+            raise InvalidArgument(f"a subscriber address's port is 1..65535, got {address!r}")
         try:
             ips = {ipaddress.ip_address(info[4][0]) for info in socket.getaddrinfo(host.strip("[]"), int(port))}
         except (OSError, ValueError) as e:

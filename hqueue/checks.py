@@ -1,7 +1,9 @@
 """What a put must satisfy before anything is written: a partition of the
 queue, and a batch that is not empty, of Message objects, with topics and
-sizes in bounds. Each check names the first bad message; nothing is
-written when one fails. The engine, the remote client and the server use
+sizes in bounds, and no bigger than one put may be (:data:`MAX_BATCH_MESSAGES`
+messages, :data:`MAX_BATCH_BYTES` bytes: a batch is atomic, so it is never
+split). Each check names the first bad message; nothing is written when one
+fails. The engine, the remote client and the server use
 the same checks, so an error reads the same wherever it is raised.
 """
 
@@ -10,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from operator import add
 
-from .config import MAX_TOPIC_BYTES, QueueInfo
-from .errors import InvalidMessage, InvalidPartition, MessageTooLarge
+from .config import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES, MAX_TOPIC_BYTES, QueueInfo
+from .errors import BatchTooLarge, InvalidMessage, InvalidPartition, MessageTooLarge
 from .message import Message, topics_of, values_of
 
 
@@ -29,12 +31,24 @@ def check_columns(info: QueueInfo, topics: Sequence[bytes], values: Sequence[byt
     """Reject a batch given as topics and values: empty, or a size out of bounds (checked in C)."""
     if not topics or len(topics) != len(values):
         raise InvalidMessage("a put needs at least one message, and as many values as topics")
+    check_batch_bounds(len(topics), sum(map(len, topics)) + sum(map(len, values)))
     topic_sizes = list(map(len, topics))
     sizes = list(map(add, topic_sizes, map(len, values)))
     if min(topic_sizes) > 0 and max(topic_sizes) <= MAX_TOPIC_BYTES and max(sizes) <= info.max_message_bytes:
         return
     for index, (topic_size, size) in enumerate(zip(topic_sizes, sizes, strict=True)):  # say which one
         _check_sizes(info, index, topic_size, size)
+
+
+def check_batch_bounds(count: int, size: int) -> None:
+    """Refuse a batch over what one put may hold: it is atomic, so it is never split.
+    (One message alone may be as large as its queue allows.)"""
+    if count > MAX_BATCH_MESSAGES or (count > 1 and size > MAX_BATCH_BYTES):
+        raise BatchTooLarge(
+            f"a batch of {count} messages and {size} bytes is over one put's limit of {MAX_BATCH_MESSAGES} "
+            f"messages and {MAX_BATCH_BYTES} bytes (topics + values); a batch is atomic, so it is not split: "
+            "put it as several batches"
+        )
 
 
 def _check_sizes(info: QueueInfo, index: int, topic_size: int, size: int) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 from .errors import InvalidArgument, InvalidQueueName, QueueDisabled
 from .message import MAX_PARTITIONS
 
-__all__ = ["Durability", "InfoCache", "QueueInfo", "QueueState", "validate_queue_name"]
+__all__ = ["Durability", "InfoCache", "QueueInfo", "QueueState", "validate_new_queue_name", "validate_queue_name"]
 
 #: How long queue metadata is cached before it is read again, in seconds.
 #: Changes made through the same engine or client are seen at once; changes
@@ -23,9 +23,16 @@ INFO_CACHE_SECONDS = 2.0
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 #: Topics above this many bytes are rejected.
 MAX_TOPIC_BYTES = 1024
+#: The most messages one put (a batch, atomic) may hold, on every backend and per server call.
+MAX_BATCH_MESSAGES = 10_000
+#: The most bytes (topics + values) one put may hold; frames stay far below the server's 64 MiB.
+MAX_BATCH_BYTES = 16 * 1024 * 1024
 
 # HBase table-name rules (TableName.isLegalTableQualifierName), without namespaces.
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
+MAX_NAME_LENGTH = 200
+#: What a queue's dead-letter queue adds to its name (``deadletters.py``: ``<queue>.dlq``).
+DEAD_LETTER_SUFFIX = ".dlq"
 
 
 def validate_queue_name(name: object) -> str:
@@ -40,6 +47,27 @@ def validate_queue_name(name: object) -> str:
     if not _NAME.fullmatch(name):
         raise InvalidQueueName(
             f"invalid queue name {name!r}: use 1-200 characters from [A-Za-z0-9_.-], not starting with '.' or '-'"
+        )
+    return name
+
+
+def validate_new_queue_name(name: object) -> str:
+    """:func:`validate_queue_name`, and room for the queue's dead-letter queue:
+    ``<name>.dlq`` must be a legal name too, so a new queue has at most 196
+    characters. A name that ends in ``.dlq`` (a dead-letter queue, made on
+    first use) may have 200; a dead-letter queue that long has no dead-letter
+    queue of its own.
+
+    Raises:
+        TypeError, InvalidQueueName.
+    """
+    validate_queue_name(name)
+    assert isinstance(name, str)
+    most = MAX_NAME_LENGTH - len(DEAD_LETTER_SUFFIX)
+    if len(name) > most and not name.endswith(DEAD_LETTER_SUFFIX):
+        raise InvalidQueueName(
+            f"invalid queue name {name[:40]!r}… ({len(name)} characters): a queue name has at most {most} "
+            f"characters, so that its dead-letter queue '<name>{DEAD_LETTER_SUFFIX}' is a legal name too"
         )
     return name
 
@@ -194,6 +222,7 @@ class InfoCache:
         except self._stale_on:
             if cached is None or fresh:
                 raise
+            self._infos[name] = (time.monotonic(), cached[1])  # ask again later, not on every call
             return cached[1]
         self._infos[name] = (time.monotonic(), info)
         return info

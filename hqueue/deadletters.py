@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .config import QueueInfo
-from .errors import QueueExists, QueueNotFound
+from .config import DEAD_LETTER_SUFFIX, QueueInfo, validate_queue_name
+from .errors import InvalidQueueName, QueueExists, QueueNotFound
 from .message import Message, MessageID
 
 if TYPE_CHECKING:
@@ -22,13 +22,20 @@ if TYPE_CHECKING:
 
 
 def dead_letter_queue(queue: str) -> str:
-    return queue + ".dlq"
+    return queue + DEAD_LETTER_SUFFIX
 
 
 def dead_letter_info(engine: EngineAPI, queue: str) -> tuple[QueueInfo, bool]:
     """``<queue>.dlq``'s definition, making it (as many partitions as ``queue``) if it
     is missing; and whether this call made it."""
     dlq = dead_letter_queue(queue)
+    try:
+        validate_queue_name(dlq)
+    except InvalidQueueName:  # only a dead-letter queue's name is that long (config.validate_new_queue_name)
+        raise InvalidQueueName(
+            f"queue {queue[:40]!r}… ({len(queue)} characters) has no dead-letter queue: {queue}{DEAD_LETTER_SUFFIX} "
+            "would be over 200 characters"
+        ) from None
     try:
         return engine.queue_info(dlq, fresh=True), False
     except QueueNotFound:

@@ -20,12 +20,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Collection, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from . import topic_index
 from .checks import check_columns, check_partition, message_columns
-from .config import InfoCache, QueueInfo
+from .config import InfoCache, QueueInfo, validate_new_queue_name
 from .errors import QueueEnabled
 from .ids import consecutive, runs
 from .keys.groups import groups_prefix, queue_state_prefix
@@ -102,6 +103,10 @@ class Engine:
             engine._refs += 1
         return engine
 
+    def deadline(self) -> AbstractContextManager[None]:
+        """In process, calls have no deadline (the remote engine's have)."""
+        return nullcontext()
+
     def release(self) -> None:
         """Drop one reference from :meth:`acquire`; the last one closes."""
         with self._registry_lock:
@@ -131,6 +136,7 @@ class Engine:
         return self._infos.enabled(name)
 
     def create_queue(self, info: QueueInfo) -> None:
+        validate_new_queue_name(info.name)  # room for its dead-letter queue's name
         self.storage.create_queue(topic_index.for_new_queue(info))
         self._infos.forget(info.name)
 

@@ -91,13 +91,36 @@ class ServerUnavailable(HQueueError):
     maybe_sent = False
 
 
-class OutcomeUnknown(HQueueError):
-    """A put's connection failed after the request was sent.
+class DeadlineExceeded(ServerUnavailable, TimeoutError):
+    """No answer came within the call's ``timeout``, counted across every retry
+    and every server tried (``hqueue://…?timeout=S``)."""
 
-    The server may or may not have written the batch; it was not retried
-    (that could write it twice). Scan for it, or put it again and accept a
-    possible duplicate.
+
+class OutcomeUnknown(HQueueError):
+    """A put (or a timer put or cancel) was sent, and no answer came before the
+    call's deadline (its ``timeout``).
+
+    The server may have written the batch, or may still write it (a stalled
+    server that resumes). The client does not send it again once the
+    deadline has passed. Before that, one rule holds: a put whose connection
+    broke after it was sent (the server died or closed it) is sent again to
+    the partition's owner, so a put is stored at least once and possibly
+    twice, under different IDs; none of its IDs was acknowledged. Scan for
+    it, or put it again and accept a possible duplicate.
+
+    Attributes:
+        queue, partition_id: Where the put was going.
     """
+
+    def __init__(self, message: str, queue: str | None = None, partition_id: int | None = None) -> None:
+        super().__init__(message)
+        self.queue, self.partition_id = queue, partition_id
+
+
+class BatchTooLarge(InvalidMessage):
+    """A batch is over what one put call carries (messages or bytes); nothing was written.
+
+    A batch is atomic, so it is not split: put it as several batches."""
 
 
 class SubscriberActive(HQueueError):

@@ -39,7 +39,8 @@ class HQueue(Connected):
             ``hqueue://[TOKEN@]host:9700[,…][?timeout=S&tls=1&ca=FILE]``.
         data_dir: Shorthand for ``url="local://" + data_dir``.
         token: hqueue servers' auth token (default: the URL's, or ``$HQUEUE_TOKEN``).
-        timeout: Seconds one call to an hqueue server may take (default 30).
+        timeout: The deadline of one call to hqueue servers, in seconds (default 30),
+            across every retry and every server tried.
         group_limits: For a store this process serves: what one consumer-group
             member may take (:class:`~hqueue.GroupLimits`: the longest lease,
             messages held at once). hqueue servers have their own.
@@ -144,20 +145,23 @@ class HQueue(Connected):
         batch = [messages] if isinstance(messages, Message) else messages
         if not isinstance(batch, Sequence) or isinstance(batch, (str, bytes)):
             raise TypeError(f"'messages' must be a Message or a sequence of them, not {type(messages).__name__}")
-        info = self.engine.enabled_queue(self.name)
-        if key is not None and partition_id is not None:
-            raise TypeError("give 'partition_id' or 'key', not both")
-        if partition_id is None:
-            band = info.tier_partitions(priority or 0) if info.priorities > 1 or priority else range(info.partitions)
-            partition_id = band.start + (
-                partition_for_key(key, len(band)) if key is not None else random.randrange(len(band))
-            )
-        elif priority is not None and info.tier_of(check_partition(info, partition_id)) != priority:
-            raise InvalidPartition(f"partition {partition_id} of {self.name!r} is not in priority tier {priority}")
-        check_partition(info, partition_id)
-        if deliver_at is not None or delay is not None:
-            return self.engine.schedule(self.name, batch, partition_id, due_ms(deliver_at, delay))
-        return self.engine.put(self.name, batch, partition_id)
+        with self.engine.deadline():  # one deadline for the queue's definition and the put
+            info = self.engine.enabled_queue(self.name)
+            if key is not None and partition_id is not None:
+                raise TypeError("give 'partition_id' or 'key', not both")
+            if partition_id is None:
+                band = (
+                    info.tier_partitions(priority or 0) if info.priorities > 1 or priority else range(info.partitions)
+                )
+                partition_id = band.start + (
+                    partition_for_key(key, len(band)) if key is not None else random.randrange(len(band))
+                )
+            elif priority is not None and info.tier_of(check_partition(info, partition_id)) != priority:
+                raise InvalidPartition(f"partition {partition_id} of {self.name!r} is not in priority tier {priority}")
+            check_partition(info, partition_id)
+            if deliver_at is not None or delay is not None:
+                return self.engine.schedule(self.name, batch, partition_id, due_ms(deliver_at, delay))
+            return self.engine.put(self.name, batch, partition_id)
 
     def cancel(self, timer: Timer | str) -> bool:
         """Cancel a pending timer message; False if it fired (or was cancelled) already."""
@@ -171,24 +175,27 @@ class HQueue(Connected):
 
     def get_queue_scanner(self, scan: Scan | None = None, *, caching: int = DEFAULT_CACHING) -> QueueScanner:
         """A scanner over every partition, merged in MessageID order."""
-        self.engine.enabled_queue(self.name)
-        return QueueScanner(self.engine, self.name, self.partitions, scan or Scan(), caching)
+        with self.engine.deadline():  # opening it (the definition, a cursor per partition) is one call
+            partitions = self.engine.enabled_queue(self.name).partitions
+            return QueueScanner(self.engine, self.name, partitions, scan or Scan(), caching)
 
     def get_partition_scanner(
         self, partition_id: int, scan: Scan | None = None, *, caching: int = DEFAULT_CACHING
     ) -> PartitionScanner:
         """A scanner over one partition."""
-        check_partition(self.engine.enabled_queue(self.name), partition_id)
-        return PartitionScanner(self.engine, self.name, partition_id, scan or Scan(), caching)
+        with self.engine.deadline():
+            check_partition(self.engine.enabled_queue(self.name), partition_id)
+            return PartitionScanner(self.engine, self.name, partition_id, scan or Scan(), caching)
 
     def get_combined_partition_scanner(
         self, scans: Mapping[int, Scan], *, caching: int = DEFAULT_CACHING
     ) -> CombinedPartitionScanner:
         """A scanner over chosen partitions, each with its own Scan, merged."""
-        info = self.engine.enabled_queue(self.name)
-        for pid in scans:
-            check_partition(info, pid)
-        return CombinedPartitionScanner(self.engine, self.name, scans, caching)
+        with self.engine.deadline():
+            info = self.engine.enabled_queue(self.name)
+            for pid in scans:
+                check_partition(info, pid)
+            return CombinedPartitionScanner(self.engine, self.name, scans, caching)
 
     # -- Pythonic extras ---------------------------------------------------------
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 import click
 
 from ..commands import escape
+from ..config import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES
 from ..message import Message, MessageID, successor
 from .main import Progress, Seconds, main, message_id, open_queue
 
@@ -27,7 +28,11 @@ MAX_SECONDS = 10 * 365 * 86400.0
 @click.option("--priority", type=click.IntRange(0, 32766), help="Priority tier, on a queue with tiers (0: lowest).")
 @click.option("--key", "-k", help="Route by key (CRC32 mod partitions).")
 @click.option(
-    "--batch", type=click.IntRange(1, 100_000), default=1000, show_default=True, help="Lines per put from stdin."
+    "--batch",
+    type=click.IntRange(1, MAX_BATCH_MESSAGES),
+    default=1000,
+    show_default=True,
+    help="Lines per put from stdin (each put is atomic; fewer when they pass 16 MiB).",
 )
 @click.option(
     "--input",
@@ -63,7 +68,7 @@ def put(
     source = (os.fsencode(v) for v in values) if values else _stdin_values(input_format)
     topic_bytes = os.fsencode(topic)  # as given, even when it is not UTF-8
     due = None if deliver_at is None else deliver_at.timestamp
-    for chunk in _chunks(source, batch):
+    for chunk in _chunks(source, batch, len(topic_bytes)):
         messages = [Message(topic_bytes, v) for v in chunk]
         ids = queue.put(messages, partition, key=key, deliver_at=due, delay=delay, priority=priority)
         total += len(ids)
@@ -91,13 +96,20 @@ def _stdin_values(input_format: str) -> Iterator[bytes]:
             raise click.ClickException(f"stdin line {number} is not {input_format}: {e}") from None
 
 
-def _chunks(items, size: int) -> Iterator[list[bytes]]:
+def _chunks(items, size: int, topic_bytes: int = 0) -> Iterator[list[bytes]]:
+    """Lists of ``size`` values, cut short before a put of them (each with its
+    ``topic_bytes`` topic) would pass a put's byte cap."""
     chunk: list[bytes] = []
+    total = 0
     for item in items:
+        if chunk and total + len(item) + topic_bytes > MAX_BATCH_BYTES:
+            yield chunk
+            chunk, total = [], 0
         chunk.append(item)
+        total += len(item) + topic_bytes
         if len(chunk) == size:
             yield chunk
-            chunk = []
+            chunk, total = [], 0
     if chunk:
         yield chunk
 

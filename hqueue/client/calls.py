@@ -17,11 +17,12 @@ def remote(operation: Operation):
         wire_args = operation.to_wire(bound)
         queue = bound.get("queue")
         engine = self._engine
-        if operation.merge is not None:  # every partition owner answers for its own
-            answers = [
-                operation.result.back(engine._call_at(owner, operation.thrift, *wire_args, queue=queue))
-                for owner in self._owners(queue)
-            ]
+        if operation.merge is not None:  # every partition owner answers for its own, by one deadline
+            with engine.deadline():
+                answers = [
+                    operation.result.back(engine._call_at(owner, operation.thrift, *wire_args, queue=queue))
+                    for owner in self._owners(queue)
+                ]
             return operation.merge(answers, **bound)
         return operation.result.back(engine._call(operation.thrift, *wire_args, queue=queue))
 

@@ -3,17 +3,32 @@
 ``HQueue("q", url="hqueue://h1:9700,h2:9700")`` uses a :class:`RemoteEngine`
 in place of the in-process engine, so the whole Python API works the same.
 
+* **Deadlines.** Each call (a put, an admin call, opening a scanner, one
+  fetch of a scan, a group call) has one deadline, ``timeout`` seconds
+  after it starts, that holds across every retry and every server it
+  tries: every wait on a socket (connect, handshake, send, each read) ends
+  by then. A call that gets no answer in time raises
+  :class:`~hqueue.errors.DeadlineExceeded` (a ``ServerUnavailable`` and a
+  ``TimeoutError``), or :class:`~hqueue.errors.OutcomeUnknown` for a put
+  whose request was sent. A group receive's deadline is ``timeout`` plus
+  its ``wait``.
 * Puts go to the partition's owner (from ``getQueueLocations``, cached).
-  ``TNotPartitionOwner`` or a dead server makes the client refresh the
-  locations and retry with backoff, for up to ``owner_timeout`` seconds;
-  after that it raises :class:`~hqueue.errors.NotPartitionOwner`.
-* A put of more than 10,000 messages or 16 MiB is split into calls, each
-  atomic; if one fails, the error's note says which messages are written.
-* A put is acknowledged when its IDs come back. If a server dies after
-  writing but before answering, the retry writes the batch again: delivery
-  is at least once, never lost. When the retries run out after a request
-  was sent, the error is :class:`~hqueue.errors.OutcomeUnknown`: the batch
-  may have been written.
+  ``TNotPartitionOwner`` or a server that cannot be reached makes the client
+  refresh the locations and retry with backoff, for up to ``owner_timeout``
+  seconds within the call's deadline; after that it raises
+  :class:`~hqueue.errors.NoPartitionOwner`.
+* A batch is one call: atomic, with consecutive IDs. One put holds at most
+  10,000 messages and 16 MiB (``hqueue.config.MAX_BATCH_MESSAGES``/
+  ``MAX_BATCH_BYTES``, the servers' per-call cap); a larger batch is
+  refused with :class:`~hqueue.errors.BatchTooLarge` before anything is sent.
+* A put is acknowledged when its IDs come back. A put whose connection
+  broke after it was sent (the server died or closed it) is sent again to
+  the partition's owner, within the deadline: a put is stored at least
+  once, possibly twice under different IDs, and an ID is acknowledged once.
+  A put that was sent and got no answer by its deadline is never sent again:
+  :class:`~hqueue.errors.OutcomeUnknown` (it may be stored, or be stored
+  later by a stalled server that resumes). Admin calls that change
+  something are not sent to a second server once one may have received them.
 * A pooled connection is checked before each use, so the first call after
   a server restart (or after the server closed an idle connection) does not
   fail; a read that fails mid-call is retried once.
@@ -27,7 +42,7 @@ in place of the in-process engine, so the whole Python API works the same.
   are cached for :data:`LOCATION_REFRESH` seconds, or until a call fails.
 * Scanners are server-side (``messageScannerOpen``/``GetList``/``Close``),
   ``caching`` messages a round trip, freed by close or the server's idle
-  timeout.
+  timeout (:mod:`hqueue.client.cursor`).
 """
 
 from __future__ import annotations
@@ -40,8 +55,8 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict
-from operator import add
 from typing import Any
 
 from thriftpy2.thrift import TException
@@ -52,6 +67,7 @@ from ..auth import split_credentials
 from ..checks import message_columns
 from ..config import InfoCache, QueueInfo, QueueState
 from ..errors import (
+    DeadlineExceeded,
     HQueueError,
     InvalidArgument,
     NoPartitionOwner,
@@ -61,11 +77,12 @@ from ..errors import (
 )
 from ..ids import consecutive
 from ..keys.timers import Timer
-from ..message import Message, MessageID, messages_from_columns
+from ..message import Message, MessageID
 from ..rpc import packed, wire
 from ..scanner import Scan
+from .cursor import RemoteCursor
 from .groups import RemoteGroups
-from .pool import Connection, NotSent, Pool
+from .pool import NotSent, Pool
 from .subscriptions import RemoteSubscriptions
 
 logger = logging.getLogger(__name__)
@@ -91,20 +108,6 @@ def parse_url(url: str) -> tuple[list[str], str | None, dict[str, str]]:
     return servers, token, options
 
 
-def _batches(topics: list[bytes], values: list[bytes]) -> Iterator[tuple[int, int]]:
-    """(start, stop) of each put call: at most MAX_PUT_BATCH messages and about MAX_PUT_BYTES."""
-    if len(topics) <= wire.MAX_PUT_BATCH and sum(map(len, values)) + sum(map(len, topics)) <= wire.MAX_PUT_BYTES:
-        yield 0, len(topics)  # the common case, decided in C
-        return
-    start, size = 0, 0
-    for index, message_size in enumerate(map(add, map(len, topics), map(len, values))):
-        if index > start and (index - start >= wire.MAX_PUT_BATCH or size + message_size > wire.MAX_PUT_BYTES):
-            yield start, index
-            start, size = index, 0
-        size += message_size
-    yield start, len(topics)
-
-
 #: Seconds group calls trust the partitions' owners they read.
 LOCATION_REFRESH = 2.0
 
@@ -112,6 +115,11 @@ LOCATION_REFRESH = 2.0
 _READS = frozenset(
     {"getQueue", "describeQueue", "listQueues", "getQueueLocations", "listSubscribers", "describeSubscriber"}
 )
+#: Calls that may be sent again to another server once one may have received them:
+#: the reads, and calls whose second run changes nothing more than the first.
+_IDEMPOTENT = _READS | {
+    "listGroups", "describeGroup", "groupPending", "getCoordination", "subscriberHeartbeat", "setGroupPosition",
+}  # fmt: skip
 
 
 class RemoteEngine:
@@ -119,9 +127,10 @@ class RemoteEngine:
 
     Args:
         url: ``hqueue://[TOKEN@]host:port[,host:port…][?timeout=S&tls=1&ca=FILE]``.
-        timeout: Socket timeout of one call, in seconds (default 30, or the URL's).
-        owner_timeout: How long a put waits for its partition to have an
-            owner (failover, rebalance) before it fails.
+        timeout: The deadline of one call, in seconds (default 30, or the URL's):
+            across every retry and every server tried, it returns or raises by then.
+        owner_timeout: How long a put retries while its partition has no
+            owner (failover, rebalance), within the call's ``timeout``.
         token: The token to authenticate with (default: the URL's, or ``$HQUEUE_TOKEN``).
     """
 
@@ -135,9 +144,9 @@ class RemoteEngine:
                 timeout = float(options.get("timeout", 30.0))
             except ValueError:
                 raise InvalidArgument(f"timeout= in an hqueue:// URL is seconds, got {options['timeout']!r}") from None
-        if not isinstance(timeout, (int, float)) or timeout <= 0:
+        if not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
             raise InvalidArgument(f"'timeout' must be > 0 seconds, got {timeout!r}")
-        self._timeout_ms = int(timeout * 1000)
+        self.timeout = float(timeout)
         self._token = token or url_token or os.environ.get("HQUEUE_TOKEN") or None
         self._ssl_context = None
         if options.get("tls", "0") not in ("0", "") or "ca" in options:
@@ -147,11 +156,44 @@ class RemoteEngine:
         self.owner_timeout = owner_timeout
         self._pools: dict[str, Pool] = {}
         self._lock = threading.Lock()
+        self._local = threading.local()  # the deadline of the call this thread is in
         self._locations: dict[str, list[str]] = {}
         self._infos = InfoCache(self._describe_info, stale_on=(ServerUnavailable,))
         #: The services, over the same servers (kazoo-style: bound to this client).
         self.groups: GroupsAPI | None = RemoteGroups(self)
         self.subscriptions: SubscriptionsAPI | None = RemoteSubscriptions(self)
+
+    # -- deadlines ------------------------------------------------------------------
+
+    @contextmanager
+    def deadline(self, extra: float = 0.0) -> Iterator[float]:
+        """The deadline of the call under way in this thread, or a new one
+        (``timeout`` + ``extra`` seconds from now) for the calls inside the block."""
+        outer = self.current_deadline()
+        if outer is not None:
+            yield outer
+            return
+        self._local.deadline = time.monotonic() + self.timeout + extra
+        try:
+            yield self._local.deadline
+        finally:
+            self._local.deadline = None
+
+    def current_deadline(self) -> float | None:
+        return getattr(self._local, "deadline", None)
+
+    def _unavailable(
+        self, address: str, method: str, cause: BaseException, deadline: float, sent: bool = False
+    ) -> ServerUnavailable:
+        """The error for a call that got no answer: DeadlineExceeded once the deadline passed."""
+        if isinstance(cause, TimeoutError) or time.monotonic() >= deadline:
+            error: ServerUnavailable = DeadlineExceeded(
+                f"hqueue server {address}: {method}: no answer within the call's {self.timeout:g}s timeout"
+            )
+        else:
+            error = ServerUnavailable(f"hqueue server {address}: {method}: {cause}")
+        error.maybe_sent = sent
+        return error
 
     # -- calls ----------------------------------------------------------------------
 
@@ -159,41 +201,52 @@ class RemoteEngine:
         with self._lock:
             pool = self._pools.get(address)
             if pool is None:
-                pool = self._pools[address] = Pool(address, self._timeout_ms, self._token, self._ssl_context)
+                timeout_ms = int(self.timeout * 1000)
+                pool = self._pools[address] = Pool(address, timeout_ms, self._token, self._ssl_context)
             return pool
 
     def _call_at(self, address: str, method: str, *args, queue: str | None = None, pid: int = -1):
-        """One call at one server; IDL exceptions become hqueue errors.
+        """One call at one server, by the deadline; IDL exceptions become hqueue errors.
 
         A ServerUnavailable's ``maybe_sent`` tells whether the request may
         have reached the server (False: no connection could be made).
         """
-        for attempt in (1, 2):
-            try:
-                with self._pool(address).client() as client:
-                    return getattr(client, method)(*args)
-            except NotSent as e:
-                raise ServerUnavailable(f"hqueue server {address}: {method}: {e}") from e.cause
-            except (TTransportException, OSError) as e:
-                if attempt == 1 and method in _READS:
-                    continue  # the connection broke under us: a read may go again
-                error = ServerUnavailable(f"hqueue server {address}: {method}: {e}")
-                error.maybe_sent = True
-                raise error from e
-            except TException as e:
-                raise wire.from_thrift_error(e, queue, pid) from e
+        with self.deadline() as deadline:
+            for attempt in (1, 2):
+                if time.monotonic() >= deadline:
+                    raise self._unavailable(address, method, TimeoutError(), deadline, sent=attempt > 1)
+                try:
+                    with self._pool(address).client(deadline) as client:
+                        return getattr(client, method)(*args)
+                except NotSent as e:
+                    raise self._unavailable(address, method, e.cause, deadline) from e.cause
+                except (TTransportException, OSError) as e:
+                    if attempt == 1 and method in _READS and not isinstance(e, TimeoutError):
+                        continue  # the connection broke under us: a read may go again
+                    raise self._unavailable(address, method, e, deadline, sent=True) from e
+                except TException as e:
+                    raise wire.from_thrift_error(e, queue, pid) from e
         raise AssertionError("unreachable")
 
     def _call(self, method: str, *args, queue: str | None = None):
-        """A call any server can answer: try each, in random order."""
+        """A call any server can answer: try each, in random order, until the deadline.
+        A call that changes something goes to a second server only if the first
+        cannot have received it."""
         servers = random.sample(self._seeds, len(self._seeds))
-        failures = []
-        for address in servers:
-            try:
-                return self._call_at(address, method, *args, queue=queue)
-            except ServerUnavailable as e:
-                failures.append(str(e))
-        raise ServerUnavailable("no hqueue server answered: " + "; ".join(failures))
+        failures: list[ServerUnavailable] = []
+        with self.deadline() as deadline:
+            for address in servers:
+                try:
+                    return self._call_at(address, method, *args, queue=queue)
+                except ServerUnavailable as e:
+                    failures.append(e)
+                    if (e.maybe_sent and method not in _IDEMPOTENT) or time.monotonic() >= deadline:
+                        break
+        error = (DeadlineExceeded if isinstance(failures[-1], DeadlineExceeded) else ServerUnavailable)(
+            "no hqueue server answered: " + "; ".join(map(str, failures))
+        )
+        error.maybe_sent = any(e.maybe_sent for e in failures)
+        raise error from failures[-1]
 
     # -- queue metadata -------------------------------------------------------------
 
@@ -211,9 +264,10 @@ class RemoteEngine:
         self._call("createQueue", wire.to_tinfo(info), queue=info.name)
 
     def set_state(self, name: str, state: str) -> QueueInfo:
-        self._call("disableQueue" if state == QueueState.DISABLED else "enableQueue", name, queue=name)
-        self._infos.forget(name)
-        return self.queue_info(name, fresh=True)
+        with self.deadline():
+            self._call("disableQueue" if state == QueueState.DISABLED else "enableQueue", name, queue=name)
+            self._infos.forget(name)
+            return self.queue_info(name, fresh=True)
 
     def truncate_queue(self, name: str) -> None:
         self._call("truncateQueue", name, queue=name)
@@ -249,64 +303,80 @@ class RemoteEngine:
     # -- puts -----------------------------------------------------------------------
 
     def put(self, name: str, messages: Sequence[Message], partition_id: int) -> list[MessageID]:
-        """Write to the partition's owner, following moves until ``owner_timeout``."""
-        # Check here too, so a bad batch fails at once, with the argument named.
-        topics, values = message_columns(self.enabled_queue(name), messages)
-        ids: list[MessageID] = []
-        for start, stop in _batches(topics, values):
-            try:
-                ids += self._put_packed(name, partition_id, topics[start:stop], values[start:stop])
-            except HQueueError as e:
-                if ids:  # a split batch is atomic call by call: say what is written already
-                    e.add_note(f"{len(ids)} of the {len(topics)} messages were written, IDs {ids[0]} to {ids[-1]}")
-                raise
-        return ids
+        """Write the batch in one call to the partition's owner, following moves until
+        ``owner_timeout``, by the call's deadline.
 
-    def _put_packed(self, name: str, partition_id: int, topics: list[bytes], values: list[bytes]) -> list[MessageID]:
-        blob = packed.pack(topics, values)
-        result = self._owner_call(
-            name, partition_id, f"put of {len(topics)} message(s)", "putPacked", partition_id, blob
-        )
+        Raises:
+            BatchTooLarge: over one call's cap; nothing was sent.
+            OutcomeUnknown: sent, and no answer came by the deadline.
+            NoPartitionOwner, DeadlineExceeded: nothing was written.
+        """
+        with self.deadline():
+            # Check here too, so a bad batch fails at once, with the argument named.
+            topics, values = message_columns(self.enabled_queue(name), messages)
+            blob = packed.pack(topics, values)
+            what = f"put of {len(topics)} message(s)"
+            result = self._owner_call(name, partition_id, what, "putPacked", partition_id, blob)
         return consecutive(wire.from_tid(result.firstID), result.count)
 
-    def _owner_call(self, name: str, partition_id: int, what: str, method: str, *args: Any) -> Any:
+    def _owner_call(
+        self, name: str, partition_id: int, what: str, method: str, *args: Any, idempotent: bool = False
+    ) -> Any:
         """Call ``method(name, *args)`` at ``partition_id``'s owner, following moves
-        until ``owner_timeout``."""
-        deadline = time.monotonic() + self.owner_timeout
-        delay, fresh, maybe_sent = 0.02, False, False
-        while True:
-            try:
-                locations = self.locations(name, fresh=fresh)
-                owner = locations[partition_id] if partition_id < len(locations) else ""
-                if owner:
-                    return self._call_at(owner, method, name, *args, queue=name, pid=partition_id)
-                problem: HQueueError = NotPartitionOwner(name, partition_id, None)
-            except (NotPartitionOwner, ServerUnavailable) as e:
-                problem = e
-                maybe_sent = maybe_sent or getattr(e, "maybe_sent", False)
-            if time.monotonic() >= deadline:
-                if maybe_sent:
-                    raise OutcomeUnknown(
-                        f"{what} to {name!r} partition {partition_id}: a request was sent but no answer came "
-                        f"within {self.owner_timeout:g}s; it may have taken effect (a put's messages may have "
-                        f"been written): {problem}"
-                    ) from problem
-                raise NoPartitionOwner(name, partition_id, self.owner_timeout, problem) from problem
-            logger.info("%s to %s/%d: %s; retrying in %.2fs", what, name, partition_id, problem, delay)
-            time.sleep(delay)
-            delay, fresh = min(delay * 2, 1.0), True
+        until ``owner_timeout``, by the call's deadline.
+
+        A request that may have been sent is sent again only while the
+        deadline holds and its connection broke (the server went away); once
+        the deadline passed with no answer, a call that is not ``idempotent``
+        raises OutcomeUnknown.
+        """
+        with self.deadline() as deadline:
+            give_up = min(deadline, time.monotonic() + self.owner_timeout)
+            delay, fresh, maybe_sent = 0.02, False, False
+            while True:
+                try:
+                    locations = self.locations(name, fresh=fresh)
+                    owner = locations[partition_id] if partition_id < len(locations) else ""
+                    if owner:
+                        return self._call_at(owner, method, name, *args, queue=name, pid=partition_id)
+                    problem: HQueueError = NotPartitionOwner(name, partition_id, None)
+                except (NotPartitionOwner, ServerUnavailable) as e:
+                    problem = e
+                    maybe_sent = maybe_sent or (getattr(e, "maybe_sent", False) and not idempotent)
+                now = time.monotonic()
+                if now >= give_up or isinstance(problem, DeadlineExceeded):
+                    raise self._owner_error(name, partition_id, what, problem, maybe_sent, now - give_up)
+                logger.info("%s to %s/%d: %s; retrying in %.2fs", what, name, partition_id, problem, delay)
+                time.sleep(min(delay, give_up - now))
+                delay, fresh = min(delay * 2, 1.0), True
+
+    def _owner_error(
+        self, name: str, partition_id: int, what: str, problem: HQueueError, maybe_sent: bool, late: float
+    ) -> HQueueError:
+        if maybe_sent:
+            error: HQueueError = OutcomeUnknown(
+                f"{what} to {name!r} partition {partition_id}: the request was sent but no answer came within "
+                f"the call's {self.timeout:g}s timeout; it may have taken effect (a put's messages may have been "
+                f"written, or be written later by a stalled server): {problem}",
+                name,
+                partition_id,
+            )
+        elif isinstance(problem, DeadlineExceeded):
+            error = problem
+        else:
+            error = NoPartitionOwner(name, partition_id, min(self.owner_timeout, self.timeout), problem)
+        if error is not problem:
+            error.__cause__ = problem
+        return error
 
     # -- timers (SPEC X1) ------------------------------------------------------------------
 
     def schedule(self, name: str, messages: Sequence[Message], partition_id: int, due: int) -> list[Timer]:
-        topics, values = message_columns(self.enabled_queue(name), messages)
-        if len(topics) > wire.MAX_PUT_BATCH or sum(map(len, values)) > wire.MAX_PUT_BYTES:
-            raise InvalidArgument(
-                f"a timer put takes at most {wire.MAX_PUT_BATCH} messages and {wire.MAX_PUT_BYTES} bytes in one call"
-            )
-        blob = packed.pack(topics, values)
-        what = f"timer put of {len(topics)} message(s)"
-        result = self._owner_call(name, partition_id, what, "scheduleTimers", partition_id, blob, due)
+        with self.deadline():
+            topics, values = message_columns(self.enabled_queue(name), messages)
+            blob = packed.pack(topics, values)
+            what = f"timer put of {len(topics)} message(s)"
+            result = self._owner_call(name, partition_id, what, "scheduleTimers", partition_id, blob, due)
         return [Timer(partition_id, due, i) for i in consecutive(wire.from_tid(result.firstID), result.count)]
 
     def cancel_timer(self, name: str, timer: Timer) -> bool:
@@ -324,71 +394,3 @@ class RemoteEngine:
             pools, self._pools = list(self._pools.values()), {}
         for pool in pools:
             pool.close()
-
-
-class RemoteCursor:
-    """A server-side scanner over one partition, read ``caching`` at a time.
-
-    The server binds a scanner to the connection that opened it, so the
-    cursor keeps one connection of the pool until it is closed.
-    """
-
-    def __init__(self, engine: RemoteEngine, queue: str, partition_id: int, scan: Scan, caching: int) -> None:
-        self.engine, self.queue, self.caching = engine, queue, min(caching, wire.MAX_SCAN_BATCH)
-        # Any server can serve a scan (the store is shared); prefer the owner.
-        self.server = engine.locations(queue)[partition_id] or random.choice(engine._seeds)
-        self._pool = engine._pool(self.server)
-        try:
-            self._connection: Connection | None = self._pool.take()
-        except NotSent as e:
-            raise ServerUnavailable(f"hqueue server {self.server}: {e}") from e.cause
-        self.done = False
-        try:
-            self.scanner_id = self._call("messageScannerOpen", queue, partition_id, wire.to_tscan(scan))
-        except BaseException:
-            self.done = True
-            self._release()
-            raise
-
-    def _call(self, method: str, *args):
-        if self._connection is None:
-            raise ServerUnavailable(f"hqueue server {self.server}: the scanner's connection broke")
-        try:
-            return getattr(self._connection.client, method)(*args)
-        except (TTransportException, OSError) as e:
-            self._release(broken=True)
-            raise ServerUnavailable(f"hqueue server {self.server}: {method}: {e}") from e
-        except TException as e:
-            raise wire.from_thrift_error(e, self.queue) from e
-
-    def _release(self, broken: bool = False) -> None:
-        connection, self._connection = self._connection, None
-        if connection is not None:
-            self._pool.give_back(connection, broken)
-
-    def fetch(self) -> list[Message]:
-        return messages_from_columns(*self.fetch_columns())
-
-    def fetch_columns(self) -> tuple[list[bytes], list[bytes]]:
-        blob = self._call("messageScannerGetPacked", self.scanner_id, self.caching)
-        keys, values = packed.unpack(blob)
-        # A short reply is the end, unless the server cut it at its byte limit.
-        if len(keys) < self.caching and packed.payload_bytes(blob) < wire.SCAN_REPLY_BYTES:
-            self.close()
-        return keys, values
-
-    def close(self) -> None:
-        if not self.done:
-            self.done = True
-            try:
-                self._call("messageScannerClose", self.scanner_id)
-            except HQueueError:
-                pass  # gone already (idle timeout, server restart): nothing to free
-            self._release()
-
-    def __del__(self) -> None:
-        # Abandoned before the end: drop the connection (no call from a finalizer);
-        # the server frees the scanner with it.
-        if not getattr(self, "done", True):
-            self.done = True
-            self._release(broken=True)

@@ -45,7 +45,14 @@ class RemoteGroups:
     def receive(
         self, queue: str, group: str, member: str, max_messages: int, lease: float, wait: float
     ) -> list[tuple[Message, int]]:
-        """Ask each owner for work without waiting, then wait at one (in turn) for the rest of ``wait``."""
+        """Ask each owner for work without waiting, then wait at one (in turn) for the rest of ``wait``
+        (the call's deadline is the client's ``timeout`` plus ``wait``)."""
+        with self._engine.deadline(extra=wait):
+            return self._receive(queue, group, member, max_messages, lease, wait)
+
+    def _receive(
+        self, queue: str, group: str, member: str, max_messages: int, lease: float, wait: float
+    ) -> list[tuple[Message, int]]:
         deadline = time.monotonic() + wait
         owners = self._owners(queue)
         if not owners:
@@ -91,11 +98,12 @@ class RemoteGroups:
         self, queue: str, rowkeys: Sequence[bytes], method: str, before: tuple = (), after: tuple = ()
     ) -> int:
         """``method(queue, *before, rowkeys, *after)`` at each owner, with the rowkeys of its
-        partitions; the sum of what they answer."""
-        return sum(
-            self._engine._call_at(owner, method, queue, *before, wire.pack_rowkeys(mine), *after, queue=queue)
-            for owner, mine in self._by_owner(queue, rowkeys).items()
-        )
+        partitions; the sum of what they answer, by one deadline."""
+        with self._engine.deadline():
+            return sum(
+                self._engine._call_at(owner, method, queue, *before, wire.pack_rowkeys(mine), *after, queue=queue)
+                for owner, mine in self._by_owner(queue, rowkeys).items()
+            )
 
     def ack(self, queue: str, group: str, rowkeys: Sequence[bytes]) -> int:
         return self._receipts_call(queue, rowkeys, "groupAck", (group,))
@@ -108,11 +116,12 @@ class RemoteGroups:
         return self._receipts_call(queue, rowkeys, "groupDeadLetter", (group, member))
 
     def leave(self, queue: str, group: str, member: str) -> None:
-        for owner in self._owners(queue):
-            try:
-                self._engine._call_at(owner, "groupLeave", queue, group, member, queue=queue)
-            except ServerUnavailable:
-                pass  # its leases run out there
+        with self._engine.deadline():
+            for owner in self._owners(queue):
+                try:
+                    self._engine._call_at(owner, "groupLeave", queue, group, member, queue=queue)
+                except ServerUnavailable:
+                    pass  # its leases run out there
 
     names = remote(op.LIST_GROUPS)
     describe = remote(op.DESCRIBE_GROUP)
@@ -121,7 +130,9 @@ class RemoteGroups:
     open = remote(op.OPEN_GROUP)
 
     def set_position(self, queue: str, group: str, partition_id: int | None, start: MessageID) -> None:
-        info = self._engine.queue_info(queue, fresh=True)
-        pids = range(info.partitions) if partition_id is None else [check_partition(info, partition_id)]
-        for pid in pids:
-            self._engine._owner_call(queue, pid, "replay", "setGroupPosition", group, pid, wire.to_tid(start))
+        with self._engine.deadline():
+            info = self._engine.queue_info(queue, fresh=True)
+            pids = range(info.partitions) if partition_id is None else [check_partition(info, partition_id)]
+            for pid in pids:
+                call = ("setGroupPosition", group, pid, wire.to_tid(start))
+                self._engine._owner_call(queue, pid, "replay", *call, idempotent=True)

@@ -6,13 +6,20 @@ that the first call after a server restart or an idle timeout does not
 fail, authenticates new ones when a token is set, and speaks TLS when given
 an SSL context. :class:`NotSent` says a request never left: no connection
 could be made, so a retry cannot write anything twice.
+
+Every wait on the socket (connect, TLS handshake, authenticate, send, each
+read of the answer) is bounded by the caller's *deadline*, a
+:func:`time.monotonic` instant: a call that one server answers slowly, byte
+by byte, or not at all still ends at its deadline (``TimeoutError``).
 """
 
 from __future__ import annotations
 
 import queue as queue_module
 import select
+import socket
 import ssl
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -24,16 +31,50 @@ from thriftpy2.transport import TFramedTransportFactory, TSocket, TSSLSocket, TT
 from ..rpc import wire
 
 
+class _Bounded:
+    """A thriftpy2 socket whose every wait ends by ``deadline`` (None: ``socket_timeout`` per wait)."""
+
+    deadline: float | None = None
+    sock: socket.socket | None
+
+    def _arm(self) -> None:
+        if self.deadline is None or self.sock is None:
+            return
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the call's deadline passed")
+        self.sock.settimeout(left)  # sendall: the whole send; recv: this read
+
+    def read(self, sz: int) -> bytes:
+        self._arm()
+        return super().read(sz)  # type: ignore[misc]
+
+    def write(self, buf: bytes) -> None:
+        self._arm()
+        super().write(buf)  # type: ignore[misc]
+
+
+class BoundedSocket(_Bounded, TSocket):
+    pass
+
+
+class BoundedSSLSocket(_Bounded, TSSLSocket):
+    pass
+
+
 class Connection:
     """One Thrift client and its socket (thriftpy2 clients are not thread-safe)."""
 
-    def __init__(self, pool: Pool) -> None:
+    def __init__(self, pool: Pool, deadline: float | None = None) -> None:
+        # Connecting (and the TLS handshake) waits at most what is left of the deadline.
+        timeout_ms = pool.timeout_ms if deadline is None else max(1, int((deadline - time.monotonic()) * 1000))
         if pool.ssl_context is not None:
-            self.socket: TSocket = TSSLSocket(
-                pool.host, pool.port, socket_timeout=pool.timeout_ms, ssl_context=pool.ssl_context
+            self.socket: BoundedSocket | BoundedSSLSocket = BoundedSSLSocket(
+                pool.host, pool.port, socket_timeout=timeout_ms, ssl_context=pool.ssl_context
             )
         else:
-            self.socket = TSocket(pool.host, pool.port, socket_timeout=pool.timeout_ms)
+            self.socket = BoundedSocket(pool.host, pool.port, socket_timeout=timeout_ms)
+        self.socket.deadline = deadline
         transport = TFramedTransportFactory().get_transport(self.socket)
         transport.open()
         self.client = TClient(wire.T.HQueueService, TBinaryProtocolFactory().get_protocol(transport))
@@ -70,17 +111,19 @@ class Pool:
         self.token, self.ssl_context = token, ssl_context
         self._idle: queue_module.SimpleQueue = queue_module.SimpleQueue()
 
-    def take(self) -> Connection:
-        """A connection for the caller alone; give it back with :meth:`give_back`."""
+    def take(self, deadline: float | None = None) -> Connection:
+        """A connection for the caller alone, its waits bounded by ``deadline``;
+        give it back with :meth:`give_back`."""
         while True:
             try:
                 connection = self._idle.get_nowait()
             except queue_module.Empty:
                 try:
-                    return Connection(self)
+                    return Connection(self, deadline)
                 except (TTransportException, OSError) as e:
                     raise NotSent(e) from e
             if not connection.stale():
+                connection.socket.deadline = deadline
                 return connection
             connection.close()
 
@@ -91,8 +134,8 @@ class Pool:
             self._idle.put(connection)
 
     @contextmanager
-    def client(self) -> Iterator[Any]:
-        connection = self.take()
+    def client(self, deadline: float | None = None) -> Iterator[Any]:
+        connection = self.take(deadline)
         try:
             yield connection.client
         except (TTransportException, OSError):

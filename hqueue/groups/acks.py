@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from ..config import Durability
 from ..deadletters import dead_letter, dead_letter_queue
-from ..errors import HQueueError, InvalidArgument, NotPartitionOwner
+from ..errors import HQueueError, InvalidArgument, InvalidQueueName, NotPartitionOwner
 from ..keys.groups import state_prefix
 from ..message import (
     ROWKEY_LENGTH,
@@ -33,6 +33,10 @@ logger = logging.getLogger(__name__)
 
 #: Seconds between log lines about one group's acks of receipts it never handed out.
 UNKNOWN_LOG_INTERVAL = 60.0
+
+#: Seconds before a message whose queue can have no dead-letter queue (its name is too
+#: long: config.validate_new_queue_name) is delivered again, instead of dead-lettered.
+NO_DEAD_LETTER_RETRY = 60.0
 
 
 class GroupAcks:
@@ -234,7 +238,14 @@ class GroupAcks:
         cell = self._read(group.queue, pid, message_id)
         if cell is not None:
             message = messages_from_columns([cell[0]], [cell[1]])[0]
-            placed = dead_letter(self.engine, self.coordinator, group.queue, pid, message)
+            try:
+                placed = dead_letter(self.engine, self.coordinator, group.queue, pid, message)
+            except InvalidQueueName as e:  # a dead-letter queue too long to have one: keep it, retry later
+                if at_once:
+                    raise
+                logger.warning("group %s: message %s of %s stays: %s", group.name, message.id, group.queue, e)
+                state.retry_at(message_id, time.monotonic() + NO_DEAD_LETTER_RETRY)
+                return
             if placed is None:  # the dead-letter queue has no partition here yet: try again soon
                 if at_once:  # the caller still holds the lease and tries again
                     raise NotPartitionOwner(dead_letter_queue(group.queue), pid)

@@ -15,7 +15,8 @@ Built on thriftpy2's processor, with hqueue's own socket handling:
 * Optional TLS: an ``ssl.SSLContext`` wraps each accepted socket (the
   handshake runs in the connection's thread, bounded by ``body_timeout``).
 * :func:`current_connection` tells a handler which connection it serves
-  (its peer address, and what it authenticated as).
+  (its peer address, and what it authenticated as); a handler may have the
+  connection closed once its answer is sent (``close_after_reply``).
 
 The default transport is framed with the binary protocol; other transports
 (used by the HBase stand-in in tests) run through thriftpy2's own loop.
@@ -75,6 +76,10 @@ class Connection:
     push: Any = None
     #: Called once when the connection ends (frees what it held, such as scanners).
     on_close: list[Callable[[], None]] = field(default_factory=list)
+    #: Failed authentications on this connection (server/logins.py).
+    auth_failures: int = 0
+    #: Set by a handler: close the connection once this call's answer is sent.
+    close_after_reply: bool = False
 
 
 _current = threading.local()
@@ -88,8 +93,8 @@ def current_connection() -> Connection | None:
 class RateLimitedLog:
     """Logs a message at most once per ``interval`` seconds, counting the rest."""
 
-    def __init__(self, interval: float = 10.0) -> None:
-        self.interval = interval
+    def __init__(self, interval: float = 10.0, log: logging.Logger = logger) -> None:
+        self.interval, self._logger = interval, log
         self._last: dict[str, float] = {}
         self._suppressed: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -104,7 +109,7 @@ class RateLimitedLog:
             suppressed = self._suppressed.pop(key, 0)
         if suppressed:
             message += f" ({suppressed} more like it in the last {self.interval:g}s)"
-        logger.warning(message, *args)
+        self._logger.warning(message, *args)
 
 
 class ListeningSocket(TServerSocket):
@@ -263,6 +268,8 @@ class ThreadedServer(TThreadedServer):
             reply = out.getvalue()
             if reply:  # oneway calls have none
                 sock.sendall(_FRAME_HEAD.pack(len(reply)) + reply)
+            if connection.close_after_reply:
+                return
 
     def _serve_thriftpy2(self, sock: socket.socket) -> None:
         sock.settimeout(self.limits.idle_timeout)

@@ -12,7 +12,7 @@ from typing import Any
 
 from .. import errors
 from ..auth import PushCredentials
-from ..config import QueueInfo
+from ..config import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES, QueueInfo
 from ..errors import GroupNotFound, SubscriberNotFound
 from ..keys.timers import Timer
 from ..message import ROWKEY_LENGTH, Message, MessageID, cell_keys_of, values_of
@@ -25,10 +25,10 @@ T = idl.load("hqueue.thrift")
 MAX_SCAN_BATCH = 10_000
 #: A reply stops after the message that brings its topics and values to this size.
 SCAN_REPLY_BYTES = 16 * 1024 * 1024
-#: The most messages one put call carries; the client splits bigger batches.
-MAX_PUT_BATCH = 10_000
-#: About the most bytes (topics and values) one put call carries (frames stay far below 64 MiB).
-MAX_PUT_BYTES = 16 * 1024 * 1024
+#: The most messages one put call carries (a put is one call: atomic, never split).
+MAX_PUT_BATCH = MAX_BATCH_MESSAGES
+#: The most bytes (topics and values) one put call carries (frames stay far below 64 MiB).
+MAX_PUT_BYTES = MAX_BATCH_BYTES
 _ROWKEY = struct.Struct(">HQH")
 
 
@@ -196,6 +196,7 @@ def from_thrift_error(e: Exception, queue: str | None = None, partition_id: int 
         kind, _, rest = text.partition(": ")
         cls = {
             "MessageTooLarge": errors.MessageTooLarge,
+            "BatchTooLarge": errors.BatchTooLarge,
             "InvalidPartition": errors.InvalidPartition,
             "InvalidQueueName": errors.InvalidQueueName,
             "InvalidArgument": errors.InvalidArgument,

@@ -30,6 +30,7 @@ from ..rpc.threaded import current_connection
 from ..scanner import PartitionScanner
 from .calls import CallGuard, Calls, ThriftService, served
 from .group_calls import GroupCalls
+from .logins import FailedLogins
 from .scanners import ScannerRegistry
 from .subscription_calls import SubscriptionCalls
 
@@ -53,18 +54,24 @@ class QueueCalls(Calls):
     ) -> None:
         super().__init__(engine, coordinator, guard, metrics)
         self.scanners, self.max_partitions = scanners, max_partitions
+        self.failed_logins = FailedLogins()
 
     @served(None)
     def authenticate(self, token: str) -> None:
+        """A wrong token is answered late after a few, and ends its connection after
+        more (:mod:`hqueue.server.logins`)."""
         connection = current_connection()
         if self.guard.auth is None:
             principal = OPEN
         else:
             try:
                 principal = self.guard.auth.authenticate(token)
-            except NotAuthorized:
-                peer = connection.peer[0] if connection else "?"
-                logger.warning("refused a token from %s", peer)
+            except NotAuthorized as e:
+                delay, close = self.failed_logins.failed(connection)
+                time.sleep(delay)  # this connection's own thread: only the guesser waits
+                if close and connection is not None:
+                    connection.close_after_reply = True
+                    raise NotAuthorized(f"{e}; too many failed attempts: the connection is closed") from None
                 raise
         if connection is not None:
             connection.principal = principal

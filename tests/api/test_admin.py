@@ -56,6 +56,16 @@ def test_create_rejects_duplicates_and_bad_arguments(admin, queue_name):
     assert not admin.queue_exists("ok_name")
 
 
+def test_a_queue_name_leaves_room_for_its_dead_letter_queue(admin, queue_name):
+    longest = queue_name + "x" * (196 - len(queue_name))
+    with pytest.raises(InvalidQueueName, match=r"<name>\.dlq"):
+        admin.create_queue(longest + "y", 1)  # 197 characters: 'NAME.dlq' would be 201
+    assert not admin.queue_exists(longest + "y")
+    admin.create_queue(longest, 1)
+    admin.create_queue(longest + ".dlq", 1)  # its dead-letter queue, as dead-lettering makes it: 200
+    assert admin.queue_exists(longest + ".dlq")
+
+
 def test_truncate_deletes_messages_keeps_partitions_and_ids_never_go_back(admin, make_queue, api_url):
     queue = make_queue(partitions=3)
     before = queue.put([Message("t", b"x")] * 100, partition_id=2)

@@ -247,3 +247,20 @@ def test_scan_batches_read_columns_partition_by_partition(make_queue):
     assert sum(len(b) for b in queue.scan_batches(start=start, partition_id=0)) == 5
     with pytest.raises(InvalidArgument):
         next(queue.scan_batches(batch_size=0))
+
+
+def test_a_batch_is_atomic_and_one_over_the_cap_is_refused_whole(make_queue):
+    """Every backend holds the same rule: a batch is one atomic write; a batch over
+    MAX_BATCH_MESSAGES messages or MAX_BATCH_BYTES bytes is refused, never split."""
+    from hqueue.config import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES
+    from hqueue.errors import BatchTooLarge
+
+    queue = make_queue(partitions=2)
+    with pytest.raises(BatchTooLarge, match="not split"):
+        queue.put([Message("t", b"x")] * (MAX_BATCH_MESSAGES + 1), partition_id=0)
+    big = b"v" * (MAX_BATCH_BYTES // 2)
+    with pytest.raises(BatchTooLarge, match="bytes"):
+        queue.put([Message("t", big), Message("t", big)], partition_id=0)
+    assert list(queue.scan()) == []
+    ids = queue.put([Message("t", b"x")] * MAX_BATCH_MESSAGES, partition_id=1)
+    assert ids == sorted(ids) and len(set(ids)) == MAX_BATCH_MESSAGES

@@ -5,6 +5,7 @@ Timing claims (how long a hostile frame stalls others) live in
 ``bench/hostile.py``; these tests check behaviour only.
 """
 
+import logging
 import os
 import signal
 import socket
@@ -19,15 +20,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from thriftpy2.protocol import TBinaryProtocolFactory
 from thriftpy2.rpc import make_client
-from thriftpy2.transport import TFramedTransportFactory
+from thriftpy2.transport import TFramedTransportFactory, TTransportException
 
 from hqueue import HQueue, HQueueAdmin, Message, MessageID
 from hqueue.auth import AuthPolicy, PushPolicy
 from hqueue.errors import InvalidArgument, NotAuthorized, OutcomeUnknown, ServerUnavailable
 from hqueue.rpc.frames import FrameError, FrameReader, check_call
-from hqueue.rpc.threaded import ListeningSocket, ServerLimits
+from hqueue.rpc.threaded import Connection, ListeningSocket, ServerLimits
 from hqueue.rpc.wire import MAX_SCAN_BATCH, T
 from hqueue.server import HQueueServer
+from hqueue.server.logins import FailedLogins
 
 from ..processes import ServerProcess, drain, wait_for
 
@@ -98,6 +100,43 @@ def test_a_call_without_a_token_is_refused_with_a_typed_error(secured):
     client.authenticate(ADMIN)  # the same connection, now authenticated
     assert {q.name for q in client.listQueues()} == {"crawl.pages", "orders"}
     client.close()
+
+
+def test_wrong_tokens_are_answered_later_and_later():
+    logins = FailedLogins(base_delay=0.1, max_delay=2.0)
+    connection = Connection(1, ("10.9.9.9", 1234))
+    answers = [logins.failed(connection) for _ in range(10)]
+    assert [delay for delay, _ in answers] == [0, 0, 0, 0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0]
+    assert [close for _, close in answers] == [False] * 9 + [True]
+    # A client that reconnects after each wrong token is counted by its host: as slow, and cut off.
+    again = Connection(2, ("10.9.9.9", 1235))
+    assert logins.failed(again) == (2.0, True)
+    assert logins.failed(Connection(3, ("10.8.8.8", 1))) == (0, False)  # another host: its own count
+
+
+def test_repeated_wrong_tokens_close_the_connection_and_log_a_few_lines(secured, caplog):
+    secured.handler.queues.failed_logins = FailedLogins(base_delay=0.001, max_delay=0.002)  # counts, not waits
+    caplog.set_level(logging.WARNING)
+    client = raw_client(secured.port)
+    for attempt in range(9):
+        with pytest.raises(T.TNotAuthorized, match=r"unknown token.\)$"):
+            client.authenticate(f"wrong-{attempt}")
+    with pytest.raises(T.TNotAuthorized, match="connection is closed"):
+        client.authenticate("wrong-9")
+    with pytest.raises((TTransportException, OSError)):
+        client.listQueues()  # the server closed it
+    for attempt in range(50):  # reconnecting does not start the count again
+        other = raw_client(secured.port)
+        with pytest.raises(T.TNotAuthorized, match="connection is closed"):
+            other.authenticate(f"again-{attempt}")
+        with pytest.raises((TTransportException, OSError)):
+            other.listQueues()
+    lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert 1 <= len(lines) <= 2, lines  # 60 failures, 51 connections: one line per 10 s
+    good = raw_client(secured.port)  # the right token, from the same host: served, not slowed
+    good.authenticate(ADMIN)
+    assert good.listQueues()
+    good.close()
 
 
 def test_roles_cover_only_their_queue_patterns(secured, monkeypatch):
@@ -269,6 +308,17 @@ def test_an_allow_list_admits_other_push_hosts():
         PushPolicy(["not-a-network"])
 
 
+@pytest.mark.parametrize("address", ["127.0.0.1:0", "127.0.0.1:65536", "127.0.0.1:99999999999", "127.0.0.1:\u0661"])
+def test_a_push_address_needs_a_real_port(server, address):
+    with pytest.raises(InvalidArgument, match="port is 1..65535|host:port"):
+        PushPolicy(["127.0.0.0/8"]).check(address, "127.0.0.1")
+    client = raw_client(server.port)  # and over the wire, as a typed error; the connection lives on
+    with pytest.raises(T.TInvalidMessage, match="host:port|1..65535"):
+        client.subscriberHeartbeat("q", "s", address, None)
+    assert client.listQueues()
+    client.close()
+
+
 def test_tls_serves_a_client_that_trusts_the_certificate(tmp_path):
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(
@@ -398,9 +448,18 @@ def test_hostile_frames_end_their_own_connection_and_others_go_on(server):
     client.close()
 
 
+def test_the_server_refuses_a_queue_whose_dead_letter_queue_could_not_exist(server):
+    client = raw_client(server.port)  # past the Python client's own check
+    with pytest.raises(T.TInvalidMessage, match="InvalidQueueName.*dlq"):
+        client.createQueue(T.TQueueInfo(name="q" * 197, partitions=1))
+    assert "q" * 197 not in [q.name for q in client.listQueues()]
+    client.close()
+
+
 def test_a_huge_scanner_request_is_capped(server):
     with HQueue("q", f"hqueue://{server.address}") as queue:
-        queue.put([Message("t", b"x")] * (MAX_SCAN_BATCH + 5), partition_id=0)
+        queue.put([Message("t", b"x")] * MAX_SCAN_BATCH, partition_id=0)  # one put's most
+        queue.put([Message("t", b"x")] * 5, partition_id=0)
     client = raw_client(server.port)
     scanner = client.messageScannerOpen("q", 0, T.TMessageScan())
     assert len(client.messageScannerGetList(scanner, 2**31 - 1)) == MAX_SCAN_BATCH

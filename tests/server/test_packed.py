@@ -7,7 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hqueue import HQueue, HQueueAdmin, Message, MessageID
-from hqueue.errors import InvalidArgument, MessageTooLarge
+from hqueue.config import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES
+from hqueue.errors import BatchTooLarge, InvalidArgument, MessageTooLarge
 from hqueue.ids import IDAllocator, consecutive
 from hqueue.message import MAX_SEQUENCE
 from hqueue.rpc import packed
@@ -96,14 +97,25 @@ def test_bad_packed_batches_get_typed_errors_and_write_nothing(server, topics, v
         assert list(queue.scan()) == []
 
 
-def test_the_client_splits_batches_by_count_and_bytes(server, monkeypatch):
-    from hqueue.rpc import wire
-
-    monkeypatch.setattr(wire, "MAX_PUT_BATCH", 7)
-    monkeypatch.setattr(wire, "MAX_PUT_BYTES", 50)
+def test_a_remote_batch_is_one_call_and_a_larger_one_is_refused_whole(server):
+    """A batch is atomic through a server too: one call, consecutive IDs; over the
+    per-call cap it is refused before anything is sent, never split."""
     with HQueue("q", f"hqueue://{server.address}") as queue:
-        ids = queue.put([Message("t", b"%02d" % i + b"x" * 10) for i in range(30)], partition_id=0)
-        assert ids == sorted(ids) and len(set(ids)) == 30
-        assert [m.value[:2] for m in queue.scan()] == [b"%02d" % i for i in range(30)]
+        ids = queue.put([Message("t", b"%05d" % i) for i in range(MAX_BATCH_MESSAGES)], partition_id=0)
+        assert ids == consecutive(ids[0], MAX_BATCH_MESSAGES)
+        with pytest.raises(BatchTooLarge, match="not split"):
+            queue.put([Message("t", b"y")] * (MAX_BATCH_MESSAGES + 1), partition_id=1)
         with pytest.raises(MessageTooLarge):
             queue.put(Message("t", b"x" * 200))
+        assert sum(1 for _ in queue.scan()) == MAX_BATCH_MESSAGES  # nothing of the refused batches
+    # A raw client meets the same cap at the server, as a typed error, and nothing is written.
+    client = raw_client(server.port)
+    over = MAX_BATCH_MESSAGES + 1
+    with pytest.raises(T.TInvalidMessage, match="BatchTooLarge"):
+        client.putPacked("q", 1, packed.pack([b"t"] * over, [b"y"] * over))
+    over_bytes = MAX_BATCH_BYTES // 92 + 1  # fewer messages than the cap, more bytes
+    with pytest.raises(T.TInvalidMessage, match="BatchTooLarge"):
+        client.putPacked("q", 1, packed.pack([b"tt"] * over_bytes, [b"v" * 90] * over_bytes))
+    client.close()
+    with HQueue("q", f"hqueue://{server.address}") as queue:
+        assert list(queue.get_partition_scanner(1)) == []

@@ -19,6 +19,15 @@ def run(tmp_path):
     return invoke
 
 
+def test_put_from_stdin_keeps_each_put_within_a_batchs_cap(run):
+    """A put is atomic and never split, so the command cuts stdin into puts that fit."""
+    assert run("create", "big", "1", "--max-message-bytes", str(8 * 2**20)).exit_code == 0
+    line = b"x" * (6 * 2**20)  # 3 lines of 6 MiB: 18 MiB, over one put's 16 MiB
+    result = run("put", "big", "t", input=line + b"\n" + line + b"\n" + line + b"\n")
+    assert result.exit_code == 0, result.output
+    assert run("count", "big").output.split()[0] == "3"
+
+
 def test_create_put_scan_describe_drop(run):
     assert run("create", "crawl", "4", "86400").exit_code == 0
     result = run("put", "crawl", "crawler", "http://a", "http://b", "--partition", "2")

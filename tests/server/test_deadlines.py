@@ -1,0 +1,146 @@
+"""A client call's deadline holds across every retry and every server tried.
+
+A real ``hqueue server`` subprocess is stopped with SIGSTOP: its socket
+still accepts connections (the kernel's backlog) and takes requests, but
+nothing answers, the way a server in a long GC pause, swapping, or behind
+a dead link looks. A listening socket that never accepts stands for a
+second such server.
+
+The bound asserted here (1.5 x the timeout) is a correctness check, not a
+measurement: before deadlines, these calls took 5 to 15 times the timeout
+(each retry, each server and each preliminary call had a timeout of its
+own). The precise figures are in ``bench/deadlines.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+
+import pytest
+
+from hqueue import HQueue, HQueueAdmin, Message
+from hqueue.errors import DeadlineExceeded, OutcomeUnknown, ServerUnavailable
+
+from ..processes import ServerProcess, wait_for
+
+TIMEOUT = 2.0
+BOUND = TIMEOUT * 1.5
+
+
+class Paused:
+    """A real server that SIGSTOP stops and SIGCONT resumes."""
+
+    def __init__(self, proc: ServerProcess) -> None:
+        self.proc, self.stopped = proc, False
+
+    def stop(self) -> None:
+        os.kill(self.proc.proc.pid, signal.SIGSTOP)
+        self.stopped = True
+
+    def resume(self) -> None:
+        if self.stopped:
+            os.kill(self.proc.proc.pid, signal.SIGCONT)
+            self.stopped = False
+
+
+@pytest.fixture
+def server(tmp_path):
+    proc = ServerProcess(f"local://{tmp_path}/data", tmp_path)
+    with HQueueAdmin(f"hqueue://{proc.address}") as admin:
+        admin.create_queue("q", 2)
+    paused = Paused(proc)
+    yield paused
+    paused.resume()
+    proc.terminate()
+
+
+@pytest.fixture
+def black_hole():
+    """A listening socket that never accepts: connections open, nothing ever answers."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+        yield f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+def timed(call, error):
+    started = time.monotonic()
+    with pytest.raises(error) as raised:
+        call()
+    return time.monotonic() - started, raised.value
+
+
+def test_a_sent_put_to_a_stopped_server_is_outcome_unknown_by_its_deadline_and_stored_once(server):
+    url = f"hqueue://{server.proc.address}?timeout={TIMEOUT}"
+    with HQueue("q", url) as queue:
+        queue.put(Message("t", b"before"), partition_id=0)  # the client knows the queue and its owners
+        server.stop()
+        elapsed, error = timed(lambda: queue.put(Message("t", b"maybe"), partition_id=0), OutcomeUnknown)
+        assert elapsed < BOUND, f"the put took {elapsed:.1f}s with timeout={TIMEOUT}"
+        assert (error.queue, error.partition_id) == ("q", 0)
+        assert "may have been written" in str(error)
+        server.resume()
+        # The request was sent once and never again: the resumed server stores it exactly once.
+        wait_for(lambda: any(m.value == b"maybe" for m in queue.scan()), 10, "the resumed server to store it")
+        assert [m.value for m in queue.scan()].count(b"maybe") == 1
+
+
+def test_a_put_by_a_client_that_knows_nothing_yet_ends_by_its_deadline(server):
+    server.stop()
+    url = f"hqueue://{server.proc.address}?timeout={TIMEOUT}"
+
+    def put() -> None:
+        with HQueue("q", url) as queue:  # the queue's definition, its owners, then the put: one deadline each
+            queue.put(Message("t", b"never"), partition_id=0)
+
+    elapsed, error = timed(put, DeadlineExceeded)
+    assert elapsed < BOUND, f"took {elapsed:.1f}s with timeout={TIMEOUT}"
+    assert isinstance(error, ServerUnavailable) and isinstance(error, TimeoutError)
+    server.resume()
+    with HQueue("q", f"hqueue://{server.proc.address}") as queue:
+        assert [m.value for m in queue.scan()] == []  # nothing was sent, nothing stored
+
+
+def test_a_scan_of_a_stopped_server_ends_by_its_deadline(server):
+    url = f"hqueue://{server.proc.address}?timeout={TIMEOUT}"
+    with HQueue("q", url) as queue:
+        queue.put([Message("t", b"%d" % i) for i in range(10)], partition_id=1)
+        assert len(list(queue.scan())) == 10
+        server.stop()
+        elapsed, _ = timed(lambda: list(queue.scan()), DeadlineExceeded)
+        assert elapsed < BOUND, f"the scan took {elapsed:.1f}s with timeout={TIMEOUT}"
+
+
+def test_a_scan_whose_server_stops_mid_way_ends_by_the_fetchs_deadline(server):
+    url = f"hqueue://{server.proc.address}?timeout={TIMEOUT}"
+    with HQueue("q", url) as queue:
+        queue.put([Message("t", b"%d" % i) for i in range(50)], partition_id=1)
+        scanner = iter(queue.get_partition_scanner(1, caching=10))
+        assert next(scanner).value == b"0"
+        for _ in range(9):
+            next(scanner)
+        server.stop()
+        elapsed, _ = timed(lambda: list(scanner), DeadlineExceeded)  # its next fetches
+        assert elapsed < BOUND, f"the fetch took {elapsed:.1f}s with timeout={TIMEOUT}"
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda admin: admin.list_queues(),
+        lambda admin: admin.describe_queue("q"),
+        lambda admin: admin.create_queue("other", 1),
+        lambda admin: admin.disable_queue("q"),
+    ],
+    ids=["list", "describe", "create", "disable"],
+)
+def test_admin_calls_end_by_their_deadline_across_every_server_tried(server, black_hole, call):
+    server.stop()
+    url = f"hqueue://{server.proc.address},{black_hole}?timeout={TIMEOUT}"
+    with HQueueAdmin(url) as admin:
+        elapsed, error = timed(lambda: call(admin), DeadlineExceeded)
+    assert elapsed < BOUND, f"took {elapsed:.1f}s with timeout={TIMEOUT} over two silent servers"
+    assert f"{TIMEOUT:g}s timeout" in str(error)

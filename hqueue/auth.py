@@ -14,14 +14,25 @@ queues that match its patterns (shell-style, as in :mod:`fnmatch`)::
     producer = ["crawl.*"]
     consumer = ["crawl.*"]
 
+    [tokens.prometheus]
+    secret = "another long random text"
+    metrics = ["*"]
+
 Roles:
 
 * ``consumer``: scan, add and run subscribers, see the queue;
 * ``producer``: put, see the queue;
-* ``admin``: everything, including create, truncate, disable, enable, drop.
+* ``admin``: everything, including create, truncate, disable, enable, drop;
+* ``metrics``: read ``/metrics`` (``--metrics-port``) with the token as a bearer
+  token (``Authorization: Bearer <secret>``). The endpoint shows every queue's
+  series, so the role takes ``["*"]`` only; it grants nothing on the Thrift port.
+  An ``admin = ["*"]`` token may read ``/metrics`` too.
 
 Without an auth file, every connection may do everything (a server on a
-trusted network, as ZooKeeper and HBase are by default).
+trusted network, as ZooKeeper and HBase are by default). ``/metrics`` then
+takes ``--metrics-token`` if one is given, else every request (it listens on
+127.0.0.1 unless ``--metrics-host`` says otherwise). With an auth file it
+always needs a credential: a token holding ``metrics``, or ``--metrics-token``.
 """
 
 from __future__ import annotations
@@ -49,7 +60,10 @@ def split_credentials(url: str) -> tuple[str, str | None]:
     return "hqueue://" + hosts + mark + query, urllib.parse.unquote(token) if at else None
 
 
+#: Roles on queues (Thrift calls).
 ROLES = ("consumer", "producer", "admin")
+#: The role that reads /metrics.
+METRICS = "metrics"
 
 
 class Principal:
@@ -65,6 +79,9 @@ class Principal:
             if any(fnmatch.fnmatchcase(queue, pattern) for pattern in self.grants.get(held, ())):
                 return True
         return False
+
+    def may_read_metrics(self) -> bool:
+        return bool(self.grants.get(METRICS)) or self.may("admin", "*")
 
     def may_see(self, queue: str) -> bool:
         return any(self.may(role, queue) for role in ROLES)
@@ -122,9 +139,11 @@ class AuthPolicy:
 def _token(name: str, entry: object) -> tuple[bytes, Principal]:
     if not isinstance(entry, dict):
         raise InvalidArgument(f"auth file: [tokens.{name}] must be a table")
-    unknown = set(entry) - {"secret", "secret_sha256", *ROLES}
+    unknown = set(entry) - {"secret", "secret_sha256", *ROLES, METRICS}
     if unknown:
-        raise InvalidArgument(f"auth file: [tokens.{name}] has unknown keys {sorted(unknown)}; roles are {ROLES}")
+        raise InvalidArgument(
+            f"auth file: [tokens.{name}] has unknown keys {sorted(unknown)}; roles are {(*ROLES, METRICS)}"
+        )
     if "secret" in entry:
         secret = entry["secret"]
         if not isinstance(secret, str) or len(secret) < 16:
@@ -145,9 +164,51 @@ def _token(name: str, entry: object) -> tuple[bytes, Principal]:
         if not isinstance(patterns, list) or not all(isinstance(p, str) and p for p in patterns):
             raise InvalidArgument(f"auth file: [tokens.{name}] {role} must be a list of queue patterns")
         grants[role] = tuple(patterns)
+    if entry.get(METRICS, ["*"]) != ["*"]:
+        raise InvalidArgument(
+            f'auth file: [tokens.{name}] metrics must be ["*"]: /metrics shows every queue, it is not cut by queue'
+        )
+    grants[METRICS] = ("*",) if METRICS in entry else ()
     if not any(grants.values()):
         raise InvalidArgument(f"auth file: [tokens.{name}] grants no role")
     return digest, Principal(name, grants)
+
+
+class MetricsAccess:
+    """Who may read ``/metrics``: a bearer token, ``token`` (``--metrics-token``) or
+    one of ``policy``'s tokens holding the metrics role; with neither, anyone.
+
+    Raises:
+        InvalidArgument: ``token`` is shorter than 16 characters.
+    """
+
+    def __init__(self, token: str | None = None, policy: AuthPolicy | None = None) -> None:
+        if token is not None and len(token) < 16:
+            raise InvalidArgument("a metrics token must be 16 characters or more")
+        self._digest = hashlib.sha256(token.encode("utf-8")).digest() if token is not None else None
+        self._policy = policy
+
+    @property
+    def open(self) -> bool:
+        """Whether every request may read."""
+        return self._digest is None and self._policy is None
+
+    def allows(self, authorization: str | None) -> bool:
+        """Whether a request with this ``Authorization`` header (None: none) may read."""
+        if self.open:
+            return True
+        scheme, _, token = (authorization or "").strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token or len(token) > 4096:
+            return False
+        if self._digest is not None and hmac.compare_digest(hashlib.sha256(token.encode()).digest(), self._digest):
+            return True
+        if self._policy is None:
+            return False
+        try:
+            return self._policy.authenticate(token).may_read_metrics()
+        except NotAuthorized:
+            return False
 
 
 class PushPolicy:

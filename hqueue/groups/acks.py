@@ -153,6 +153,7 @@ class GroupAcks:
             leases.pop(message_id, None)
             ready.pop(message_id, None)
         state.acked.update(fresh)
+        state.finished += len(fresh)
         done = state.lowest_open()
         prefix = state_prefix(group.queue, group.name, pid)
         passed: set[bytes] = set()

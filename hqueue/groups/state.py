@@ -16,7 +16,7 @@ import re
 import threading
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgument
 from ..message import MessageID
@@ -121,6 +121,10 @@ class PartitionState:
     #: Every ID handed out and not acked, in ID order (cleaned lazily): the first is where ``done`` may go.
     open: collections.deque[bytes] = field(default_factory=collections.deque)
     batches: int = 0
+    #: Messages acked (or dead-lettered) since this state was made: lag.py counts from it.
+    finished: int = 0
+    #: The group's lag here counted once (lag.py's Seed), kept by the metrics' LagBook.
+    lag_seed: Any = None
 
     def __post_init__(self) -> None:
         self.scan = max(self.scan, self.done)

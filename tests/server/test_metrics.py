@@ -16,6 +16,16 @@ def scrape(server) -> dict[str, float]:
     return {m[0]: float(m[1]) for m in re.findall(r"^(hqueue_\S+) (\S+)$", text, re.M)}
 
 
+def scrape_with(server, *series: str) -> dict[str, float]:
+    """A scrape that has ``series`` (a reader's lag shows once the lag book has counted it)."""
+
+    def has_them():
+        metrics = scrape(server)
+        return metrics if all(s in metrics for s in series) else None
+
+    return wait_for(has_them, 10, f"{series} in a scrape")
+
+
 class Refuse(MessageListener):
     def on_messages(self, messages):
         raise RuntimeError("not today")
@@ -64,7 +74,8 @@ def test_delivery_and_lag_per_subscriber_and_partition(server):
             wait_for(lambda: scrape(server).get(failures, 0) > 0, 20, "a refused push")
             lag = "hqueue_subscriber_lag_seconds" + key % "refuser"
             wait_for(lambda: scrape(server).get(lag, 0) > 0, 20, "lag in time")
-            metrics = scrape(server)
+            taken = "hqueue_subscriber_lag_messages" + key % "taker"
+            metrics = scrape_with(server, taken)
     assert metrics['hqueue_delivered_messages_total{queue="q",subscriber="taker"}'] == 5
     assert metrics["hqueue_subscriber_lag_messages" + key % "taker"] == 0
     assert metrics["hqueue_subscriber_lag_seconds" + key % "taker"] == 0
@@ -86,8 +97,9 @@ def test_consumer_groups_are_counted_per_group_and_partition(server):
             got += consumer.receive(5, wait=1)
         consumer.ack(got[:3])
         consumer.nack(got[3:4], delay=60)
-        metrics = scrape(server)
-    group, partition = 'group="workers",queue="q"', 'group="workers",partition="0",queue="q"'
+        group, partition = 'group="workers",queue="q"', 'group="workers",partition="0",queue="q"'
+        lag = f"hqueue_group_lag_messages{{{partition}}}"
+        metrics = scrape_with(server, lag)
     assert metrics[f"hqueue_group_received_messages_total{{{group}}}"] == 5
     assert metrics[f"hqueue_group_acked_messages_total{{{group}}}"] == 3
     assert metrics[f"hqueue_group_nacked_messages_total{{{group}}}"] == 1

@@ -1,0 +1,79 @@
+"""What a server's metrics read at each scrape: from memory only, never a row.
+
+Lag comes from the :class:`~hqueue.lag.LagBook` (counts kept as messages are
+written, acked and delivered); a reader not yet counted once has no lag
+series until the book's thread has counted it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..groups.views import GroupSnapshot
+from ..lag import LagBook
+from ..metrics import Family, escape, gauge
+
+if TYPE_CHECKING:
+    from .app import HQueueServer
+
+
+def server_gauges(server: HQueueServer, book: LagBook) -> Callable[[], list[Family]]:
+    """The collect function of ``server``'s scrape-time series."""
+
+    def collect() -> list[Family]:
+        families = [
+            gauge("hqueue_connections", "Open client connections.", [], [([], server.connections)]),
+            gauge("hqueue_scanners", "Open server-side scanners.", [], [([], len(server.scanners))]),
+        ]
+        owned = [([q.name], len(server.coordinator.owned(q.name, q.partitions))) for q in server.engine.list_queues()]
+        families.append(gauge("hqueue_owned_partitions", "Partitions this server writes.", ["queue"], owned))
+        families += subscriber_families(server, book)
+        families += group_families(server.groups.snapshot() if server.groups else [], book)
+        return families
+
+    return collect
+
+
+def subscriber_families(server: HQueueServer, book: LagBook) -> list[Family]:
+    buffers = Family("hqueue_push_buffer_messages", "Messages read and waiting to be pushed.")
+    lag = Family("hqueue_subscriber_lag_messages", "Messages not yet delivered (see lag.py for the bounds).")
+    age = Family("hqueue_subscriber_lag_seconds", "Age of the oldest message not yet delivered.")
+    for w in server.subscriptions.running() if server.subscriptions else []:
+        labels = f'partition="{w.partition_id}",queue="{escape(w.queue)}",subscriber="{escape(w.name)}"'
+        buffers.add(labels, len(w.buffer))
+        cursor, finished = w.progress
+
+        def progress(w=w) -> tuple[bytes, int, int]:
+            return (*w.progress, 0)
+
+        known = book.lag(w, w.queue, w.partition_id, w.registration.effective_topics, cursor, finished, progress)
+        if known is not None:
+            lag.add(labels, known[0])
+            age.add(labels, known[1])
+    return [buffers, lag, age]
+
+
+def group_families(groups: list[GroupSnapshot], book: LagBook) -> list[Family]:
+    members = Family("hqueue_group_members", "Live members of a consumer group.")
+    dead = Family("hqueue_group_dead_lettered_messages", "Messages a group moved to <queue>.dlq.")
+    in_flight = Family("hqueue_group_in_flight_messages", "Messages leased to members.")
+    retrying = Family("hqueue_group_retrying_messages", "Failed messages waiting to go out again.")
+    lag = Family("hqueue_group_lag_messages", "Messages not yet acked (see lag.py for the bounds).")
+    age = Family("hqueue_group_lag_seconds", "Age of the oldest message not yet acked.")
+    for snapshot in groups:
+        group = snapshot.group
+        queue, name, topics = group.queue, group.name, group.config.topics
+        head, tail = f'group="{escape(name)}"', f'queue="{escape(queue)}"'
+        members.add(f"{head},{tail}", snapshot.members)
+        dead.add(f"{head},{tail}", group.dead_lettered)
+        head, tail = head + ',partition="', '",' + tail
+        for pid, state, done, finished, leased, ready in snapshot.partitions:
+            labels = f"{head}{pid}{tail}"
+            in_flight.add(labels, leased)
+            retrying.add(labels, ready)
+            known = book.lag(state, queue, pid, topics, done, finished, snapshot.progress(state))
+            if known is not None:
+                lag.add(labels, known[0])
+                age.add(labels, known[1])
+    return [members, dead, in_flight, retrying, lag, age]

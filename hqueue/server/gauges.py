@@ -8,17 +8,32 @@ series until the book's thread has counted it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from ..coordination import Coordinator
+from ..engine import Engine
+from ..groups.service import GroupService
 from ..groups.views import GroupSnapshot
 from ..lag import LagBook
 from ..metrics import Family, escape, gauge
+from ..subscriptions.manager import SubscriptionManager
+from .scanners import ScannerRegistry
 
-if TYPE_CHECKING:
-    from .app import HQueueServer
+
+class Served(Protocol):
+    """What the gauges read of a server (app.py's HQueueServer)."""
+
+    engine: Engine
+    coordinator: Coordinator
+    scanners: ScannerRegistry
+    subscriptions: SubscriptionManager | None
+    groups: GroupService | None
+
+    @property
+    def connections(self) -> int: ...
 
 
-def server_gauges(server: HQueueServer, book: LagBook) -> Callable[[], list[Family]]:
+def server_gauges(server: Served, book: LagBook) -> Callable[[], list[Family]]:
     """The collect function of ``server``'s scrape-time series."""
 
     def collect() -> list[Family]:
@@ -35,7 +50,7 @@ def server_gauges(server: HQueueServer, book: LagBook) -> Callable[[], list[Fami
     return collect
 
 
-def subscriber_families(server: HQueueServer, book: LagBook) -> list[Family]:
+def subscriber_families(server: Served, book: LagBook) -> list[Family]:
     buffers = Family("hqueue_push_buffer_messages", "Messages read and waiting to be pushed.")
     lag = Family("hqueue_subscriber_lag_messages", "Messages not yet delivered (see lag.py for the bounds).")
     age = Family("hqueue_subscriber_lag_seconds", "Age of the oldest message not yet delivered.")

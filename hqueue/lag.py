@@ -68,7 +68,7 @@ DUTY = 0.25
 
 #: What a reader tells the seeding thread, read at one instant (under the reader's lock):
 #: its cursor (a 10-byte ID), what it has finished so far, and how many it finished ahead of the cursor.
-Progress = Callable[[], tuple[bytes, int, int]]
+Progress = Callable[[Any], tuple[bytes, int, int]]
 
 
 def partition_lag(
@@ -130,13 +130,16 @@ class Tally:
 
     def __init__(self, last: bytes | None) -> None:
         self.lock = threading.Lock()
+        #: False once the book forgot it (ownership moved, a truncate): its seeds are stale.
+        self.live = True
         self.total = 0
         #: Per topic some reader filters on, from when it began to.
         self.by_topic: dict[bytes, int] = {}
         #: The last message ID written (10-byte form), None for an empty partition.
         self.last = last
-        self._firsts: list[bytes] = []
-        self._lasts: list[bytes] = []
+        #: (first IDs, last IDs) of the recent batches: replaced whole when trimmed, appended
+        #: firsts before lasts, so that a reader without the lock sees lasts no longer than firsts.
+        self._marks: tuple[list[bytes], list[bytes]] = ([], [])
 
     def add(self, first: MessageID, topics: Sequence[bytes]) -> None:
         timestamp, sequences = runs(first, len(topics))[-1]
@@ -147,10 +150,11 @@ class Tally:
                 for topic, count in Counter(topics).items():
                     if topic in self.by_topic:
                         self.by_topic[topic] += count
-            self._firsts.append(first.to_bytes())
-            self._lasts.append(last)
-            if len(self._lasts) > MARKS:
-                del self._firsts[: MARKS // 2], self._lasts[: MARKS // 2]
+            firsts, lasts = self._marks
+            if len(lasts) >= MARKS:
+                self._marks = firsts, lasts = firsts[MARKS // 2 :], lasts[MARKS // 2 :]
+            firsts.append(first.to_bytes())
+            lasts.append(last)
             self.last = last
 
     def watch(self, topics: Collection[bytes]) -> None:
@@ -167,15 +171,16 @@ class Tally:
 
     def first_from(self, cursor: bytes) -> bytes | None:
         """The first message ID at or after ``cursor`` (any topic): b"" when there is
-        none, None when it is older than the batches kept."""
-        with self.lock:
-            index = bisect_left(self._lasts, cursor)
-            if index == len(self._lasts):
-                return b"" if self.last is None or cursor > self.last else None
-            first = self._firsts[index]
-            if cursor >= first:
-                return cursor  # inside a batch: its IDs are consecutive
-            return first if index > 0 else None
+        none, None when it is older than the batches kept. Without the lock (a scrape)."""
+        firsts, lasts = self._marks
+        index = bisect_left(lasts, cursor)
+        if index == len(lasts):
+            last = self.last
+            return b"" if last is None or cursor > last else None
+        first = firsts[index]
+        if cursor >= first:
+            return cursor  # inside a batch: its IDs are consecutive
+        return first if index > 0 else None
 
 
 @dataclass(slots=True)
@@ -252,12 +257,14 @@ class LagBook:
         """Partitions gained or lost: others may write them meanwhile; count them afresh."""
         with self._lock:
             for key in partitions:
-                self._tallies.pop(key, None)
+                tally = self._tallies.pop(key, None)
+                if tally is not None:
+                    tally.live = False
 
     def forget_queue(self, queue: str) -> None:
         with self._lock:
             for key in [k for k in self._tallies if k[0] == queue]:
-                del self._tallies[key]
+                self._tallies.pop(key).live = False
 
     # -- what a scrape reads ------------------------------------------------------------------
 
@@ -270,17 +277,21 @@ class LagBook:
         cursor: bytes,
         finished: int,
         progress: Progress,
+        now_ms: int,
     ) -> tuple[int, float] | None:
-        """The reader's (messages not yet finished, age in seconds of the oldest), from
-        counts kept: no row is read. None until the reader has been counted once
-        (``reader.lag_seed``, set by the book's thread, which this asks for)."""
+        """The reader's (messages not yet finished, age in seconds of the oldest at
+        ``now_ms``), from counts kept: no row is read. None until the reader has been
+        counted once (``reader.lag_seed``, set by the book's thread, which this asks
+        for with ``progress(reader)``)."""
         seed: Seed | None = reader.lag_seed
-        tally = self._tallies.get((queue, pid))
-        if seed is None or tally is None or seed.tally is not tally:
+        if seed is None or not seed.tally.live:
             self._request(reader, queue, pid, topics, progress)
             return None
-        value = seed.count + tally.count(topics) - seed.base - (finished - seed.finished)
-        if tally.last is None or cursor > tally.last:  # at the end: nothing waits
+        tally = seed.tally
+        written = tally.total if topics is None else tally.count(topics)
+        value = seed.count + written - seed.base - (finished - seed.finished)
+        last = tally.last
+        if last is None or cursor > last:  # at the end: nothing waits
             if value:
                 self._request(reader, queue, pid, topics, progress)  # expired messages counted: afresh
             return 0, 0.0
@@ -294,7 +305,7 @@ class LagBook:
             first = max(cursor, seed.oldest)
         if not first:
             return value, 0.0
-        return value, max(0.0, (wall_clock_ms() - MessageID.from_bytes(first).timestamp) / 1000)
+        return value, max(0.0, (now_ms - int.from_bytes(first[:8], "big")) / 1000)
 
     def pending(self) -> int:
         """Readers waiting to be counted."""
@@ -349,7 +360,7 @@ class LagBook:
             tally.watch(topics)
         with tally.lock:
             base, last = tally.count(topics), tally.last
-        cursor, finished, ahead = progress()
+        cursor, finished, ahead = progress(reader)
         count, oldest = 0, None
         if last is not None and cursor <= last:
             count, oldest = count_rows(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -118,10 +117,7 @@ class GroupViews:
         now = time.monotonic()
         for group in groups:
             with group.lock:
-                partitions = [
-                    (pid, state, state.done, state.finished, len(state.leases), len(state.ready))
-                    for pid, state in group.partitions.items()
-                ]
+                partitions = list(group.partitions.items())
                 members = len(group.live_members(now))
             out.append(GroupSnapshot(group, members, partitions))
         return out
@@ -145,21 +141,18 @@ class GroupViews:
 
 @dataclass
 class GroupSnapshot:
-    """What metrics read of one group: its state, live members, and per partition held
-    here (pid, state, completion cursor, acked so far, in flight, retrying)."""
+    """What metrics read of one group: its state, live members, and the partitions held
+    here. A scrape reads each partition's counts (``done``, ``finished``, leases) without
+    the lock: each is one read, and a lag never depends on two of them at once."""
 
     group: GroupState
     members: int
-    partitions: list[tuple[int, PartitionState, bytes, int, int, int]]
+    partitions: list[tuple[int, PartitionState]]
 
-    def progress(self, state: PartitionState) -> Callable[[], tuple[bytes, int, int]]:
+    def progress(self, state: PartitionState) -> tuple[bytes, int, int]:
         """What the lag book counts from (lag.py's Progress), read under the group's lock."""
-
-        def read() -> tuple[bytes, int, int]:
-            with self.group.lock:
-                return state.done, state.finished, len(state.acked)
-
-        return read
+        with self.group.lock:
+            return state.done, state.finished, len(state.acked)
 
 
 def _count(engine: Engine, queue: str) -> int:

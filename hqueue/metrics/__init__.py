@@ -44,20 +44,18 @@ class Family:
     """A series family written by hand: ``add(labels, value)`` with ``labels`` already
     in the text format (``group="g",partition="0",queue="q"``: sorted, escaped)."""
 
-    __slots__ = ("name", "help", "kind", "samples")
+    __slots__ = ("name", "help", "kind", "lines", "_series")
 
     def __init__(self, name: str, help: str, kind: str = "gauge") -> None:
         self.name, self.help, self.kind = name, help, kind
-        self.samples: list[tuple[str, float]] = []
+        self._series = name + "_total" if kind == "counter" else name
+        self.lines: list[str] = []
 
     def add(self, labels: str, value: float) -> None:
-        self.samples.append((labels, value))
+        self.lines.append(f"{self._series}{{{labels}}} {value}\n" if labels else f"{self._series} {value}\n")
 
     def text(self) -> str:
-        name = self.name + "_total" if self.kind == "counter" else self.name
-        head = f"# HELP {name} {self.help}\n# TYPE {name} {self.kind}\n"
-        return head + "".join([f"{name}{{{labels}}} {value}\n" if labels else f"{name} {value}\n"
-                               for labels, value in self.samples])  # fmt: skip
+        return f"# HELP {self._series} {self.help}\n# TYPE {self._series} {self.kind}\n" + "".join(self.lines)
 
 
 class LabelledCounts:

@@ -14,8 +14,10 @@ from ..coordination import Coordinator
 from ..engine import Engine
 from ..groups.service import GroupService
 from ..groups.views import GroupSnapshot
+from ..ids import wall_clock_ms
 from ..lag import LagBook
 from ..metrics import Family, escape, gauge
+from ..subscriptions.delivery import PartitionWorker
 from ..subscriptions.manager import SubscriptionManager
 from .scanners import ScannerRegistry
 
@@ -54,15 +56,12 @@ def subscriber_families(server: Served, book: LagBook) -> list[Family]:
     buffers = Family("hqueue_push_buffer_messages", "Messages read and waiting to be pushed.")
     lag = Family("hqueue_subscriber_lag_messages", "Messages not yet delivered (see lag.py for the bounds).")
     age = Family("hqueue_subscriber_lag_seconds", "Age of the oldest message not yet delivered.")
+    now = wall_clock_ms()
     for w in server.subscriptions.running() if server.subscriptions else []:
         labels = f'partition="{w.partition_id}",queue="{escape(w.queue)}",subscriber="{escape(w.name)}"'
         buffers.add(labels, len(w.buffer))
         cursor, finished = w.progress
-
-        def progress(w=w) -> tuple[bytes, int, int]:
-            return (*w.progress, 0)
-
-        known = book.lag(w, w.queue, w.partition_id, w.registration.effective_topics, cursor, finished, progress)
+        known = book.lag(w, w.queue, w.partition_id, w.registration.effective_topics, cursor, finished, _worker, now)
         if known is not None:
             lag.add(labels, known[0])
             age.add(labels, known[1])
@@ -76,19 +75,28 @@ def group_families(groups: list[GroupSnapshot], book: LagBook) -> list[Family]:
     retrying = Family("hqueue_group_retrying_messages", "Failed messages waiting to go out again.")
     lag = Family("hqueue_group_lag_messages", "Messages not yet acked (see lag.py for the bounds).")
     age = Family("hqueue_group_lag_seconds", "Age of the oldest message not yet acked.")
+    leased, ready, behind, old = in_flight.lines.append, retrying.lines.append, lag.lines.append, age.lines.append
+    now = wall_clock_ms()
     for snapshot in groups:
         group = snapshot.group
         queue, name, topics = group.queue, group.name, group.config.topics
         head, tail = f'group="{escape(name)}"', f'queue="{escape(queue)}"'
         members.add(f"{head},{tail}", snapshot.members)
         dead.add(f"{head},{tail}", group.dead_lettered)
-        head, tail = head + ',partition="', '",' + tail
-        for pid, state, done, finished, leased, ready in snapshot.partitions:
-            labels = f"{head}{pid}{tail}"
-            in_flight.add(labels, leased)
-            retrying.add(labels, ready)
-            known = book.lag(state, queue, pid, topics, done, finished, snapshot.progress(state))
+        head, tail = "{" + head + ',partition="', '",' + tail
+        progress = snapshot.progress
+        # The hot loop of a scrape (tens of thousands of partitions): lines appended here,
+        # not through Family.add.
+        for pid, state in snapshot.partitions:
+            labels = f"{head}{pid}{tail}}} "
+            leased(f"hqueue_group_in_flight_messages{labels}{len(state.leases)}\n")
+            ready(f"hqueue_group_retrying_messages{labels}{len(state.ready)}\n")
+            known = book.lag(state, queue, pid, topics, state.done, state.finished, progress, now)
             if known is not None:
-                lag.add(labels, known[0])
-                age.add(labels, known[1])
+                behind(f"hqueue_group_lag_messages{labels}{known[0]}\n")
+                old(f"hqueue_group_lag_seconds{labels}{known[1]}\n")
     return [members, dead, in_flight, retrying, lag, age]
+
+
+def _worker(worker: PartitionWorker) -> tuple[bytes, int, int]:
+    return (*worker.progress, 0)

@@ -2,7 +2,7 @@
 thriftpy2's own threaded server (what hqueue served with before its checks).
 
 Usage:
-    python bench/hostile.py [--json out.json]
+    python bench/hostile.py [--json out.json] [--before SRC]
 
 Each figure comes from a server subprocess on loopback:
 
@@ -14,7 +14,10 @@ Each figure comes from a server subprocess on loopback:
 * threads: with 2,000 idle connections open (the limit is 1,024), then
   after the idle timeout (10 s here; 300 s by default);
 * descriptors: with the fd limit at 256 and 400 connections held, the
-  "accept failed" log lines and the CPU the server burns in 5 s.
+  "accept failed" log lines and the CPU the server burns in 5 s;
+* a /metrics scrape with 300 groups x 4 partitions and 1,000 x 16 (made by
+  a consumer token): server CPU ms and wall ms (bench/metrics_scrape.py;
+  ``--before SRC`` fills the "before" column from another source tree).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+import metrics_scrape  # noqa: E402
 from common import report  # noqa: E402
 from remote import free_port, wait_port  # noqa: E402
 
@@ -137,6 +141,7 @@ def frame_stall(port: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json")
+    parser.add_argument("--before", help="source tree of the server the metrics rows compare with")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="hqueue-bench-hostile-") as work:
@@ -194,8 +199,9 @@ def main() -> None:
                 s.close()
         finally:
             proc.terminate()
+    rows += metrics_scrape.rows([(300, 4), (1000, 16)], 1000, args.before)
     report("hostile clients: hqueue server vs thriftpy2's plain threaded server", rows,
-           ["measure", "hqueue", "thriftpy2 as before"], args.json)  # fmt: skip
+           ["measure", "hqueue", "thriftpy2 as before", "before"], args.json)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -15,13 +15,21 @@ queues that match its patterns (shell-style, as in :mod:`fnmatch`)::
     consumer = ["crawl.*"]
     groups = ["crawler-*"]             # consumer groups and subscribers it manages
 
+    [tokens.prometheus]
+    secret = "another long random text"
+    metrics = ["*"]
+
 Roles:
 
 * ``consumer``: scan, see the queue, open consumer groups and take part in
   them (receive, ack, nack, dead-letter, leave), list and describe groups
   and subscribers;
 * ``producer``: put, see the queue;
-* ``admin``: everything, including create, truncate, disable, enable, drop.
+* ``admin``: everything, including create, truncate, disable, enable, drop;
+* ``metrics``: read ``/metrics`` (``--metrics-port``) with the token as a bearer
+  token (``Authorization: Bearer <secret>``). The endpoint shows every queue's
+  series, so the role takes ``["*"]`` only; it grants nothing on the Thrift port.
+  An ``admin = ["*"]`` token may read ``/metrics`` too.
 
 Names (``groups``): the calls that move or delete a consumer group's or a
 subscriber's position act on someone's progress, so a queue role is not
@@ -43,7 +51,10 @@ the wire) naming the token, the call, the group or subscriber and the role
 needed.
 
 Without an auth file, every connection may do everything (a server on a
-trusted network, as ZooKeeper and HBase are by default).
+trusted network, as ZooKeeper and HBase are by default). ``/metrics`` then
+takes ``--metrics-token`` if one is given, else every request (it listens on
+127.0.0.1 unless ``--metrics-host`` says otherwise). With an auth file it
+always needs a credential: a token holding ``metrics``, or ``--metrics-token``.
 """
 
 from __future__ import annotations
@@ -74,7 +85,10 @@ def split_credentials(url: str) -> tuple[str, str | None]:
     return "hqueue://" + hosts + mark + query, urllib.parse.unquote(token) if at else None
 
 
+#: Roles on queues (Thrift calls).
 ROLES = ("consumer", "producer", "admin")
+#: The role that reads /metrics.
+METRICS = "metrics"
 
 
 #: A call on a consumer group's or subscriber's position: admin, or consumer and the name granted.
@@ -101,6 +115,9 @@ class Principal:
             if any(fnmatch.fnmatchcase(queue, pattern) for pattern in self.grants.get(held, ())):
                 return True
         return False
+
+    def may_read_metrics(self) -> bool:
+        return bool(self.grants.get(METRICS)) or self.may("admin", "*")
 
     def may_see(self, queue: str) -> bool:
         return any(self.may(role, queue) for role in ROLES)
@@ -172,10 +189,10 @@ class AuthPolicy:
 def _token(name: str, entry: object) -> tuple[bytes, Principal]:
     if not isinstance(entry, dict):
         raise InvalidArgument(f"auth file: [tokens.{name}] must be a table")
-    unknown = set(entry) - {"secret", "secret_sha256", "groups", *ROLES}
+    unknown = set(entry) - {"secret", "secret_sha256", "groups", *ROLES, METRICS}
     if unknown:
         raise InvalidArgument(
-            f"auth file: [tokens.{name}] has unknown keys {sorted(unknown)}; roles are {ROLES} (and groups)"
+            f"auth file: [tokens.{name}] has unknown keys {sorted(unknown)}; roles are {(*ROLES, METRICS)} (and groups)"
         )
     if "secret" in entry:
         secret = entry["secret"]
@@ -197,12 +214,54 @@ def _token(name: str, entry: object) -> tuple[bytes, Principal]:
         if not isinstance(patterns, list) or not all(isinstance(p, str) and p for p in patterns):
             raise InvalidArgument(f"auth file: [tokens.{name}] {role} must be a list of queue patterns")
         grants[role] = tuple(patterns)
+    if entry.get(METRICS, ["*"]) != ["*"]:
+        raise InvalidArgument(
+            f'auth file: [tokens.{name}] metrics must be ["*"]: /metrics shows every queue, it is not cut by queue'
+        )
+    grants[METRICS] = ("*",) if METRICS in entry else ()
     if not any(grants.values()):
         raise InvalidArgument(f"auth file: [tokens.{name}] grants no role")
     names = entry.get("groups", [])
     if not isinstance(names, list) or not all(isinstance(p, str) and p for p in names):
         raise InvalidArgument(f"auth file: [tokens.{name}] groups must be a list of group and subscriber name patterns")
     return digest, Principal(name, grants, names)
+
+
+class MetricsAccess:
+    """Who may read ``/metrics``: a bearer token, ``token`` (``--metrics-token``) or
+    one of ``policy``'s tokens holding the metrics role; with neither, anyone.
+
+    Raises:
+        InvalidArgument: ``token`` is shorter than 16 characters.
+    """
+
+    def __init__(self, token: str | None = None, policy: AuthPolicy | None = None) -> None:
+        if token is not None and len(token) < 16:
+            raise InvalidArgument("a metrics token must be 16 characters or more")
+        self._digest = hashlib.sha256(token.encode("utf-8")).digest() if token is not None else None
+        self._policy = policy
+
+    @property
+    def open(self) -> bool:
+        """Whether every request may read."""
+        return self._digest is None and self._policy is None
+
+    def allows(self, authorization: str | None) -> bool:
+        """Whether a request with this ``Authorization`` header (None: none) may read."""
+        if self.open:
+            return True
+        scheme, _, token = (authorization or "").strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token or len(token) > 4096:
+            return False
+        if self._digest is not None and hmac.compare_digest(hashlib.sha256(token.encode()).digest(), self._digest):
+            return True
+        if self._policy is None:
+            return False
+        try:
+            return self._policy.authenticate(token).may_read_metrics()
+        except NotAuthorized:
+            return False
 
 
 class PushPolicy:

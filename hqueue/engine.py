@@ -161,6 +161,7 @@ class Engine:
                     floor = max(floor, decode_rowkey(last)[1].timestamp)
             self.storage.update_queue(info.evolve(id_floor=floor))
             self.storage.truncate_queue(name)
+            self.events.truncated(name)
         finally:
             for lock in locks:
                 lock.release()
@@ -241,6 +242,7 @@ class Engine:
             cells += index_cells(keys, values, topic_hash(info))
         high = writer.allocator.last.to_bytes() if writer.allocator.last else b""
         self.writers.store(info, partition_id, writer, cells, deletes, high)
+        self.events.appended(info.name, partition_id, first, topics)
         return first
 
     def _written(self, queue: str, partition_id: int) -> None:
@@ -349,6 +351,8 @@ class EngineEvents:
         self._written: list[Callable[[str, int], None]] = []
         self._scheduled: list[Callable[[str, int, int], None]] = []
         self._dropped: list[Callable[[str], None]] = []
+        self._appended: list[Callable[[str, int, MessageID, Sequence[bytes]], None]] = []
+        self._truncated: list[Callable[[str], None]] = []
 
     def on_write(self, listener: Callable[[str, int], None]) -> None:
         """Call ``listener(queue, partition_id)`` after every acknowledged write.
@@ -357,6 +361,17 @@ class EngineEvents:
         partition wakes them: no polling interval between a put and its delivery.
         """
         self._written.append(listener)
+
+    def on_append(self, listener: Callable[[str, int, MessageID, Sequence[bytes]], None]) -> None:
+        """Call ``listener(queue, partition_id, first_id, topics)`` for every batch of
+        messages written, under the partition's write lock, once the store has them:
+        the batch has ``len(topics)`` consecutive IDs from ``first_id`` (lag.py counts
+        them). It must be quick: the partition's writes wait for it."""
+        self._appended.append(listener)
+
+    def on_truncate(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(queue)`` when a queue's messages are deleted (under every partition's lock)."""
+        self._truncated.append(listener)
 
     def on_schedule(self, listener: Callable[[str, int, int], None]) -> None:
         """Call ``listener(queue, partition_id, due)`` after a timer is written (the firing loop wakes)."""
@@ -369,6 +384,14 @@ class EngineEvents:
     def written(self, queue: str, partition_id: int) -> None:
         for listener in self._written:
             listener(queue, partition_id)
+
+    def appended(self, queue: str, partition_id: int, first: MessageID, topics: Sequence[bytes]) -> None:
+        for listener in self._appended:
+            listener(queue, partition_id, first, topics)
+
+    def truncated(self, queue: str) -> None:
+        for listener in self._truncated:
+            listener(queue)
 
     def scheduled(self, queue: str, partition_id: int, due: int) -> None:
         for listener in self._scheduled:

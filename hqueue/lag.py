@@ -1,20 +1,74 @@
-"""How far a reader is behind in a partition (SPEC X6): in messages and in time."""
+"""How far a reader is behind in a partition (SPEC X6): in messages and in time.
+
+Two ways to know it:
+
+* :func:`partition_lag` counts the rows (``describe`` of a group);
+* :class:`LagBook` keeps the counts as things move, so that a metrics scrape
+  reads no row and costs O(series) however far behind readers are.
+
+The book keeps, per partition this process writes, a :class:`Tally` of the
+messages appended since it began counting (in all, and per topic some
+reader filters on), the last ID written and the first and last IDs of the
+recent batches. A *reader* (a consumer group over a partition, or a push
+subscriber's worker) keeps its cursor and a count of what it finished
+(acked, or delivered), as it moves. Once per reader, a background thread
+counts the rows from the reader's cursor to the partition's end, and
+remembers that count as a :class:`Seed`, with the tally's and the reader's
+counts then. From there::
+
+    lag = seed.count + (tally now - tally then) - (finished now - finished then)
+
+The seeding thread works at most a quarter of the time (it sleeps three
+times as long as each chunk of 10,000 rows took), so readers made in bulk
+cost the server a bounded share of one core, never a scrape's time.
+
+What is approximate, and bounded:
+
+* a seed counts at most ``LAG_COUNT_LIMIT`` (100,000) rows: a reader
+  further behind shows at least 100,000, and is counted again whenever its
+  lag falls under half that, so the count stays a lower bound that becomes
+  exact below 50,000 (at most two rows counted per message finished);
+* messages that expire (TTL) while waiting stay counted until the reader
+  reaches the partition's last message (then its lag is 0, and it is counted
+  afresh);
+* the age of the oldest waiting message is exact for the last 4,096 batches
+  written; for a reader further back it is the age of its cursor (a bound
+  from above); for a reader with a topic filter it is the age of the oldest
+  waiting message of any topic.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import logging
+import threading
+import time
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from .ids import wall_clock_ms
+from .ids import runs, wall_clock_ms
 from .message import MessageID, id_bytes, successor
 from .scanner import Scan
 
 if TYPE_CHECKING:
     from .engine import Engine
 
-#: Metrics count lag messages up to this many per partition (a scrape must stay cheap).
+logger = logging.getLogger(__name__)
+
+#: Metrics count lag messages exactly up to this many per partition (a seed must stay cheap).
 LAG_COUNT_LIMIT = 100_000
 #: Rows read per call while counting.
 _CHUNK = 10_000
+#: Batches whose first and last IDs a tally keeps (ages of the messages written since).
+MARKS = 4096
+#: The seeding thread works this share of the time at most.
+DUTY = 0.25
+
+#: What a reader tells the seeding thread, read at one instant (under the reader's lock):
+#: its cursor (a 10-byte ID), what it has finished so far, and how many it finished ahead of the cursor.
+Progress = Callable[[Any], tuple[bytes, int, int]]
 
 
 def partition_lag(
@@ -32,12 +86,33 @@ def partition_lag(
     last = engine.last_id(queue, partition_id)
     if last is None or last < checkpoint:
         return 0, 0
-    scan = Scan(checkpoint, successor(last), topics)
-    start, stop = scan.key_range(partition_id)
+    count, oldest = count_rows(engine, queue, partition_id, checkpoint, last, topics, limit)
+    if oldest is None:
+        return 0, 0
+    return count, max(0, wall_clock_ms() - oldest.timestamp)
+
+
+def count_rows(
+    engine: Engine,
+    queue: str,
+    partition_id: int,
+    start: MessageID,
+    last: MessageID,
+    topics: Collection[bytes] | None,
+    limit: int | None,
+    pause: Callable[[float], None] | None = None,
+) -> tuple[int, MessageID | None]:
+    """(messages from ``start`` to ``last`` included, up to ``limit``; the first of them).
+    ``pause(seconds the chunk took)`` is called after each chunk read."""
+    scan = Scan(start, successor(last), frozenset(topics) if topics is not None else None)
+    begin, stop = scan.key_range(partition_id)
     count, oldest = 0, None
     while limit is None or count < limit:
         asked = _CHUNK if limit is None else min(_CHUNK, limit - count)
-        keys, _ = engine.scan_columns(queue, start, stop, scan.topics, asked)
+        started = time.perf_counter()
+        keys, _ = engine.scan_columns(queue, begin, stop, scan.topics, asked)
+        if pause is not None:
+            pause(time.perf_counter() - started)
         if not keys:
             break
         if oldest is None:
@@ -45,7 +120,259 @@ def partition_lag(
         count += len(keys)
         if len(keys) < asked:
             break
-        start = keys[-1] + b"\x00"
-    if oldest is None:
-        return 0, 0
-    return count, max(0, wall_clock_ms() - oldest.timestamp)
+        begin = keys[-1] + b"\x00"
+    return count, oldest
+
+
+class Tally:
+    """What this process appended to one partition since it began counting (kept under
+    the partition's write lock, so it never runs ahead of what readers can see)."""
+
+    def __init__(self, last: bytes | None) -> None:
+        self.lock = threading.Lock()
+        #: False once the book forgot it (ownership moved, a truncate): its seeds are stale.
+        self.live = True
+        self.total = 0
+        #: Per topic some reader filters on, from when it began to.
+        self.by_topic: dict[bytes, int] = {}
+        #: The last message ID written (10-byte form), None for an empty partition.
+        self.last = last
+        #: (first IDs, last IDs) of the recent batches: replaced whole when trimmed, appended
+        #: firsts before lasts, so that a reader without the lock sees lasts no longer than firsts.
+        self._marks: tuple[list[bytes], list[bytes]] = ([], [])
+
+    def add(self, first: MessageID, topics: Sequence[bytes]) -> None:
+        timestamp, sequences = runs(first, len(topics))[-1]
+        last = MessageID(timestamp, sequences[-1]).to_bytes()
+        with self.lock:
+            self.total += len(topics)
+            if self.by_topic:
+                for topic, count in Counter(topics).items():
+                    if topic in self.by_topic:
+                        self.by_topic[topic] += count
+            firsts, lasts = self._marks
+            if len(lasts) >= MARKS:
+                self._marks = firsts, lasts = firsts[MARKS // 2 :], lasts[MARKS // 2 :]
+            firsts.append(first.to_bytes())
+            lasts.append(last)
+            self.last = last
+
+    def watch(self, topics: Collection[bytes]) -> None:
+        """Count these topics from now on."""
+        with self.lock:
+            for topic in topics:
+                self.by_topic.setdefault(topic, 0)
+
+    def count(self, topics: Collection[bytes] | None) -> int:
+        if topics is None:
+            return self.total
+        by_topic = self.by_topic
+        return sum(by_topic.get(t, 0) for t in topics)
+
+    def first_from(self, cursor: bytes) -> bytes | None:
+        """The first message ID at or after ``cursor`` (any topic): b"" when there is
+        none, None when it is older than the batches kept. Without the lock (a scrape)."""
+        firsts, lasts = self._marks
+        index = bisect_left(lasts, cursor)
+        if index == len(lasts):
+            last = self.last
+            return b"" if last is None or cursor > last else None
+        first = firsts[index]
+        if cursor >= first:
+            return cursor  # inside a batch: its IDs are consecutive
+        return first if index > 0 else None
+
+
+@dataclass(slots=True)
+class Seed:
+    """A reader's lag counted once, with the counts it is measured from."""
+
+    tally: Tally
+    count: int
+    base: int
+    finished: int
+    oldest: bytes
+    saturated: bool
+
+
+class LagBook:
+    """Lag per reader, kept as things move (see the module's docstring).
+
+    Args:
+        engine: The engine whose writes are counted.
+        limit: The most rows one seed counts.
+    """
+
+    def __init__(self, engine: Engine, *, limit: int = LAG_COUNT_LIMIT) -> None:
+        self.engine, self.limit = engine, limit
+        self._tallies: dict[tuple[str, int], Tally] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        #: Readers waiting to be counted, oldest first: id -> (reader, queue, pid, topics, progress).
+        self._pending: dict[int, tuple[Any, str, int, frozenset[bytes] | None, Progress]] = {}
+        self._refreshers: list[Callable[[], None]] = []
+        self.refresh_interval = 10.0
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="hqueue-lag", daemon=True)
+        engine.events.on_append(self._appended)
+        engine.events.on_truncate(self.forget_queue)
+        engine.events.on_drop(self.forget_queue)
+
+    def start(self) -> LagBook:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopped = True
+            self._wake.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def on_refresh(self, refresher: Callable[[], None]) -> None:
+        """Call ``refresher()`` from the book's thread every ``refresh_interval`` seconds
+        (the group service loads every group there, so metrics cover them all)."""
+        self._refreshers.append(refresher)
+
+    # -- tallies ----------------------------------------------------------------------------
+
+    def _appended(self, queue: str, pid: int, first: MessageID, topics: Sequence[bytes]) -> None:
+        tally = self._tallies.get((queue, pid))
+        if tally is None:  # under the write lock: no append can come between
+            with self._lock:
+                tally = self._tallies.setdefault((queue, pid), Tally(None))
+        tally.add(first, topics)
+
+    def _tally(self, queue: str, pid: int) -> Tally:
+        """The partition's tally, begun now if there is none (one read of its last row)."""
+        tally = self._tallies.get((queue, pid))
+        if tally is None:
+            with self.engine.writers.lock(queue, pid):  # no append between the read and the tally
+                last = self.engine.last_id(queue, pid)
+                with self._lock:
+                    tally = self._tallies.setdefault((queue, pid), Tally(last.to_bytes() if last else None))
+        return tally
+
+    def forget(self, partitions: Collection[tuple[str, int]]) -> None:
+        """Partitions gained or lost: others may write them meanwhile; count them afresh."""
+        with self._lock:
+            for key in partitions:
+                tally = self._tallies.pop(key, None)
+                if tally is not None:
+                    tally.live = False
+
+    def forget_queue(self, queue: str) -> None:
+        with self._lock:
+            for key in [k for k in self._tallies if k[0] == queue]:
+                self._tallies.pop(key).live = False
+
+    # -- what a scrape reads ------------------------------------------------------------------
+
+    def lag(
+        self,
+        reader: Any,
+        queue: str,
+        pid: int,
+        topics: frozenset[bytes] | None,
+        cursor: bytes,
+        finished: int,
+        progress: Progress,
+        now_ms: int,
+    ) -> tuple[int, float] | None:
+        """The reader's (messages not yet finished, age in seconds of the oldest at
+        ``now_ms``), from counts kept: no row is read. None until the reader has been
+        counted once (``reader.lag_seed``, set by the book's thread, which this asks
+        for with ``progress(reader)``)."""
+        seed: Seed | None = reader.lag_seed
+        if seed is None or not seed.tally.live:
+            self._request(reader, queue, pid, topics, progress)
+            return None
+        tally = seed.tally
+        written = tally.total if topics is None else tally.count(topics)
+        value = seed.count + written - seed.base - (finished - seed.finished)
+        last = tally.last
+        if last is None or cursor > last:  # at the end: nothing waits
+            if value:
+                self._request(reader, queue, pid, topics, progress)  # expired messages counted: afresh
+            return 0, 0.0
+        if value < 0 or (seed.saturated and value < self.limit // 2):
+            self._request(reader, queue, pid, topics, progress)
+            value = max(value, 0)
+        if value == 0:
+            return 0, 0.0
+        first = tally.first_from(cursor)
+        if first is None:
+            first = max(cursor, seed.oldest)
+        if not first:
+            return value, 0.0
+        return value, max(0.0, (now_ms - int.from_bytes(first[:8], "big")) / 1000)
+
+    def pending(self) -> int:
+        """Readers waiting to be counted."""
+        return len(self._pending)
+
+    def _request(self, reader: Any, queue: str, pid: int, topics: frozenset[bytes] | None, progress: Progress) -> None:
+        with self._wake:
+            if id(reader) not in self._pending:
+                self._pending[id(reader)] = (reader, queue, pid, topics, progress)
+                self._wake.notify()
+
+    # -- the book's thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        refreshed = 0.0
+        while True:
+            with self._wake:
+                while not self._stopped and not self._pending:
+                    left = refreshed + self.refresh_interval - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._wake.wait(left)
+                if self._stopped:
+                    return
+                job = self._pending.pop(next(iter(self._pending))) if self._pending else None
+            if job is None:
+                refreshed = time.monotonic()
+                self._refresh()
+                continue
+            try:
+                self._seed(*job)
+            except Exception:  # one reader's count never stops the others'
+                logger.debug("counting the lag of %s partition %d failed", job[1], job[2], exc_info=True)
+                self._pause(0.05)
+
+    def _refresh(self) -> None:
+        for refresher in self._refreshers:
+            try:
+                refresher()
+            except Exception:
+                logger.warning("refreshing what lag metrics cover failed", exc_info=True)
+
+    def _pause(self, worked: float) -> None:
+        """Sleep so that counting takes at most DUTY of the time (a stop cuts it short)."""
+        with self._wake:
+            if not self._stopped:
+                self._wake.wait(worked * (1 - DUTY) / DUTY)
+
+    def _seed(self, reader: Any, queue: str, pid: int, topics: frozenset[bytes] | None, progress: Progress) -> None:
+        tally = self._tally(queue, pid)
+        if topics is not None:
+            tally.watch(topics)
+        with tally.lock:
+            base, last = tally.count(topics), tally.last
+        cursor, finished, ahead = progress(reader)
+        count, oldest = 0, None
+        if last is not None and cursor <= last:
+            count, oldest = count_rows(
+                self.engine,
+                queue,
+                pid,
+                MessageID.from_bytes(cursor),
+                MessageID.from_bytes(last),
+                topics,
+                self.limit + ahead,
+                self._pause,
+            )
+        saturated = count >= self.limit + ahead
+        oldest_bytes = oldest.to_bytes() if oldest is not None else b""
+        reader.lag_seed = Seed(tally, max(0, count - ahead), base, finished, oldest_bytes, saturated)

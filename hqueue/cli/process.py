@@ -65,7 +65,21 @@ from .main import Progress, Seconds, main, open_admin, open_queue
 )
 @click.option("--max-frame-bytes", type=click.IntRange(1024, 2**31 - 1), default=64 * 1024 * 1024, show_default=True)
 @click.option("--max-partitions", type=click.IntRange(1, 32767), default=1024, show_default=True)
-@click.option("--metrics-port", type=click.IntRange(0, 65535), help="Serve Prometheus metrics on this port.")
+@click.option(
+    "--metrics-port", type=click.IntRange(0, 65535), help="Serve Prometheus metrics at http://HOST:PORT/metrics."
+)
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address metrics listen on (not --host: keep them off the network unless they need a token).",
+)
+@click.option(
+    "--metrics-token",
+    envvar="HQUEUE_METRICS_TOKEN",
+    help="Bearer token metrics need (16+ characters; or $HQUEUE_METRICS_TOKEN). With --auth-file, tokens "
+    'holding the metrics role (metrics = ["*"]) may read them too, and some credential is always needed.',
+)
 @click.option(
     "--push-threads",
     type=click.IntRange(1, 256),
@@ -120,6 +134,8 @@ def server(
     max_subscribers,
     max_lease,
     max_member_in_flight,
+    metrics_host,
+    metrics_token,
     log_level,
 ) -> None:
     """Serve queues over Thrift (framed transport, binary protocol)."""
@@ -157,6 +173,8 @@ def server(
             push_threads=push_threads,
             max_subscribers=max_subscribers,
             group_limits=GroupLimits(max_lease=max_lease, max_member_in_flight=max_member_in_flight),
+            metrics_host=metrics_host,
+            metrics_token=metrics_token,
         )
     except OSError as e:
         raise click.ClickException(e.strerror or str(e)) from e

@@ -195,6 +195,7 @@ class GroupAcks:
             state.release(message_id)
             state.ready.pop(message_id, None)
         state.acked.update(fresh)
+        state.finished += len(fresh)
         done = state.lowest_open()
         prefix = state_prefix(group.queue, group.name, pid)
         passed: set[bytes] = set()

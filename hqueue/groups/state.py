@@ -16,7 +16,7 @@ import re
 import threading
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgument
 from ..message import MessageID
@@ -158,6 +158,10 @@ class PartitionState:
     #: Messages leased to each member (members holding none are not kept).
     held: collections.Counter[str] = field(default_factory=collections.Counter)
     batches: int = 0
+    #: Messages acked (or dead-lettered) since this state was made: lag.py counts from it.
+    finished: int = 0
+    #: The group's lag here counted once (lag.py's Seed), kept by the metrics' LagBook.
+    lag_seed: Any = None
 
     def __post_init__(self) -> None:
         self.scan = max(self.scan, self.done)

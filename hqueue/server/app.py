@@ -15,24 +15,22 @@ others take over without waiting for a session timeout); close the store.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import signal
 import ssl
 import threading
 import time
-from collections.abc import Iterator
 
-from prometheus_client.core import GaugeMetricFamily
-
-from ..auth import AuthPolicy, PushPolicy
+from ..auth import AuthPolicy, MetricsAccess, PushPolicy
 from ..coordination import Coordinator, LocalCoordinator
 from ..coordination.zookeeper import ZooKeeperCoordinator
 from ..engine import Engine
 from ..errors import InvalidArgument
 from ..groups.service import GroupService
 from ..groups.state import GroupLimits
-from ..lag import partition_lag
-from ..metrics import ServerMetrics, gauge
+from ..lag import LagBook
+from ..metrics import ServerMetrics
 from ..rpc import wire
 from ..rpc.threaded import ListeningSocket, ServerLimits, ThreadedServer
 from ..services import serve_partitions, stop_serving
@@ -42,6 +40,7 @@ from ..subscriptions.registry import SubscriberRegistry
 from ..subscriptions.service import Subscribers
 from ..subscriptions.store_registry import StoreRegistry
 from ..subscriptions.zk_registry import ZooKeeperRegistry
+from .gauges import server_gauges
 from .handler import DEFAULT_MAX_PARTITIONS, HQueueHandler
 from .scanners import DEFAULT_IDLE_TIMEOUT, ScannerRegistry
 
@@ -69,6 +68,10 @@ class HQueueServer:
         max_subscribers: The most subscribers this server pushes to (the rest wait).
         group_limits: What one consumer-group member may take (the longest
             lease, messages held at once; ``--max-lease``, ``--max-member-in-flight``).
+        metrics_host: Where metrics listen (loopback unless told).
+        metrics_token: A bearer token that may read metrics (the auth file's tokens
+            with the metrics role may too). With neither a token nor ``auth``,
+            anyone who reaches ``metrics_host`` may read them.
     """
 
     def __init__(
@@ -89,6 +92,8 @@ class HQueueServer:
         push_threads: int = DEFAULT_PUSH_THREADS,
         max_subscribers: int = DEFAULT_MAX_SUBSCRIBERS,
         group_limits: GroupLimits | None = None,
+        metrics_host: str = "127.0.0.1",
+        metrics_token: str | None = None,
     ) -> None:
         if coordinator_factory is not None and not storage_url.startswith("hbase://"):
             raise InvalidArgument(
@@ -106,8 +111,9 @@ class HQueueServer:
         self.coordinator: Coordinator = (coordinator_factory or LocalCoordinator)(self.address)
         self.metrics = ServerMetrics()
         self.coordinator.add_listener(self._count_partition_changes)
-        self.metrics.watch(self._gauges)
         self.metrics_port: int | None = None
+        #: Lag kept as things move, for metrics (None without them).
+        self.lag: LagBook | None = None
         self.scanners = ScannerRegistry(idle_timeout)
         self.push_policy = push_policy or PushPolicy()
         self.handler = HQueueHandler(
@@ -129,13 +135,26 @@ class HQueueServer:
         )
         if metrics_port is not None:  # here, so a taken port fails before anything starts
             try:
-                self.metrics_port = self.metrics.serve(metrics_port, host)
+                self._serve_metrics(metrics_port, metrics_host, MetricsAccess(metrics_token, auth))
             except BaseException:
                 socket.close()
                 self.engine.release()
                 raise
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def _serve_metrics(self, port: int, host: str, access: MetricsAccess) -> None:
+        if access.open and not ipaddress_is_loopback(host):
+            logger.warning("metrics on %s need no credential: give --metrics-token, or keep them on 127.0.0.1", host)
+        self.lag = book = LagBook(self.engine)
+        self.coordinator.add_listener(lambda gained, lost: book.forget(gained | lost))
+        self.metrics.watch(server_gauges(self, book))
+        self.metrics_port = self.metrics.serve(port, host, None if access.open else access.allows)
+
+    @property
+    def connections(self) -> int:
+        """Open client connections."""
+        return self._server.connections
 
     def start(self) -> HQueueServer:
         """Join the coordinator and serve in a background thread."""
@@ -157,6 +176,9 @@ class HQueueServer:
             max_subscribers=self._max_subscribers,
         )
         self.subscriptions.start()
+        if self.lag is not None:
+            self.lag.on_refresh(self.groups.load_all)
+            self.lag.start()
         self._thread = self._server.serve_in_thread("hqueue-accept")
         logger.info("hqueue server %s serving %s", self.address, self.engine.storage.url)
         return self
@@ -170,56 +192,6 @@ class HQueueServer:
     def _count_partition_changes(self, gained: set, lost: set) -> None:
         self.metrics.partition_changes.labels("gained").inc(len(gained))
         self.metrics.partition_changes.labels("lost").inc(len(lost))
-
-    def _gauges(self) -> Iterator[GaugeMetricFamily]:
-        """What Prometheus reads at each scrape."""
-        yield gauge("hqueue_connections", "Open client connections.", [], [([], self._server.connections)])
-        yield gauge("hqueue_scanners", "Open server-side scanners.", [], [([], len(self.scanners))])
-        queues = self.engine.list_queues()
-        owned = [([q.name], len(self.coordinator.owned(q.name, q.partitions))) for q in queues]
-        yield gauge("hqueue_owned_partitions", "Partitions this server writes.", ["queue"], owned)
-        workers = self.subscriptions.running() if self.subscriptions else []
-        labels = ["queue", "subscriber", "partition"]
-        buffers, lag_messages, lag_seconds = [], [], []
-        for w in workers:
-            key = [w.queue, w.name, str(w.partition_id)]
-            messages, millis = partition_lag(
-                self.engine, w.queue, w.partition_id, w.checkpoint, w.registration.effective_topics
-            )
-            buffers.append((key, len(w.buffer)))
-            lag_messages.append((key, messages))
-            lag_seconds.append((key, millis / 1000))
-        yield gauge("hqueue_push_buffer_messages", "Messages read and waiting to be pushed.", labels, buffers)
-        yield gauge("hqueue_subscriber_lag_messages", "Undelivered messages (up to 100,000).", labels, lag_messages)
-        yield gauge("hqueue_subscriber_lag_seconds", "Age of the oldest undelivered message.", labels, lag_seconds)
-        yield from self._group_gauges()
-
-    def _group_gauges(self) -> Iterator[GaugeMetricFamily]:
-        """Consumer groups, for the partitions this server keeps them for."""
-        groups = self.groups.snapshot() if self.groups else []
-        labels = ["queue", "group", "partition"]
-        rows: dict[str, list] = {"members": [], "in_flight": [], "retrying": [], "lag": [], "lag_s": [], "dead": []}
-        for g in groups:
-            rows["members"].append(([g["queue"], g["group"]], g["members"]))
-            rows["dead"].append(([g["queue"], g["group"]], g["dead_lettered"]))
-            for pid, p in g["partitions"].items():
-                key = [g["queue"], g["group"], str(pid)]
-                messages, millis = partition_lag(self.engine, g["queue"], pid, p["done"], g["topics"])
-                rows["in_flight"].append((key, p["in_flight"]))
-                rows["retrying"].append((key, p["retrying"]))
-                rows["lag"].append((key, messages))
-                rows["lag_s"].append((key, millis / 1000))
-        group = ["queue", "group"]
-        yield gauge("hqueue_group_members", "Live members of a consumer group.", group, rows["members"])
-        yield gauge(
-            "hqueue_group_dead_lettered_messages", "Messages a group moved to <queue>.dlq.", group, rows["dead"]
-        )
-        yield gauge("hqueue_group_in_flight_messages", "Messages leased to members.", labels, rows["in_flight"])
-        yield gauge(
-            "hqueue_group_retrying_messages", "Failed messages waiting to go out again.", labels, rows["retrying"]
-        )
-        yield gauge("hqueue_group_lag_messages", "Messages not yet acked (up to 100,000).", labels, rows["lag"])
-        yield gauge("hqueue_group_lag_seconds", "Age of the oldest message not yet acked.", labels, rows["lag_s"])
 
     def serve_forever(self) -> None:
         """Serve until SIGTERM or SIGINT, then shut down cleanly."""
@@ -243,6 +215,8 @@ class HQueueServer:
             time.sleep(0.01)
         if self.handler.guard.active:
             logger.warning("%d call(s) still running after %gs; closing anyway", self.handler.guard.active, grace)
+        if self.lag is not None:
+            self.lag.stop()
         if self.subscriptions:
             self.subscriptions.stop()  # saves every checkpoint
         stop_serving(self.engine)  # the timers and groups of this server's coordinator
@@ -251,3 +225,13 @@ class HQueueServer:
         self.metrics.close()
         self.engine.release()
         logger.info("hqueue server %s stopped", self.address)
+
+
+def ipaddress_is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine only (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

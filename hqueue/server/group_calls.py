@@ -41,15 +41,15 @@ class GroupCalls(Calls):
             queue, group, member, maxMessages, leaseMillis / 1000, waitMillis / 1000
         )
         if keys:
-            self.metrics.group_received.labels(queue, group).inc(len(keys))
+            self.metrics.group_received.inc((queue, group), len(keys))
         return wire.T.TDeliveries(messages=packed.pack(keys, values), attempts=attempts)
 
     @served("consumer")
     def groupAck(self, queue: str, group: str, rowkeys: bytes) -> int:
         count, unknown = self.groups.ack_receipts(queue, group, wire.unpack_rowkeys(rowkeys))
-        self.metrics.group_acked.labels(queue, group).inc(count)
+        self.metrics.group_acked.inc((queue, group), count)
         if unknown:  # the IDL's answer is one count: the ignored ones are counted here (and logged)
-            self.metrics.group_unknown_acks.labels(queue, group).inc(unknown)
+            self.metrics.group_unknown_acks.inc((queue, group), unknown)
         return count
 
     @served("consumer")
@@ -58,7 +58,7 @@ class GroupCalls(Calls):
             raise TypeError("'delayMillis' must be an int (-1: the backoff)")
         delay = None if delayMillis < 0 else delayMillis / 1000
         count = self.groups.nack(queue, group, member, wire.unpack_rowkeys(rowkeys), delay)
-        self.metrics.group_nacked.labels(queue, group).inc(count)
+        self.metrics.group_nacked.inc((queue, group), count)
         return count
 
     @served("consumer")

@@ -100,6 +100,11 @@ class PartitionWorker:
         #: message, where one-at-a-time delivery ends.
         self.failures = 0
         self.careful_until: MessageID | None = None
+        #: Messages delivered (or dead-lettered) by this worker, and with the checkpoint
+        #: as one tuple, read at one instant by the metrics' lag book (lag.py).
+        self.finished = 0
+        self.progress = (self.checkpoint.to_bytes(), 0)
+        self.lag_seed: Any = None
         # Scheduling state, kept under the push pool's lock.
         self.queued = self.idle = self.dirty = False
 
@@ -165,7 +170,7 @@ class PartitionWorker:
                     return IDLE
                 self.reached = reached
                 if not self.buffer:
-                    self.checkpoint = reached  # only rows of other topics: skip them for good
+                    self._move(reached, 0)  # only rows of other topics: skip them for good
                     return AGAIN
             sent = loop.send(self)
             if sent:
@@ -181,7 +186,12 @@ class PartitionWorker:
 
     def _passed(self) -> None:
         """The buffer is done with (delivered, or dead-lettered): the checkpoint moves past it."""
-        self.checkpoint, self.buffer, self.backoff, self.failures = self.reached, [], 0.01, 0
+        self._move(self.reached, len(self.buffer))
+        self.buffer, self.backoff, self.failures = [], 0.01, 0
+
+    def _move(self, checkpoint: MessageID, finished: int) -> None:
+        self.checkpoint, self.finished = checkpoint, self.finished + finished
+        self.progress = (checkpoint.to_bytes(), self.finished)
 
     # -- dead letters ----------------------------------------------------------------------
 

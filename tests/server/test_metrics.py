@@ -1,19 +1,37 @@
 """The server's Prometheus metrics (--metrics-port): counts, times, lag."""
 
+import http.client
+import os
 import re
+import socket
+import sys
+import time
+import urllib.error
 import urllib.request
 
 import pytest
 
 from hqueue import HQueue, HQueueAdmin, Message, MessageListener, Subscription
+from hqueue.auth import AuthPolicy
+from hqueue.errors import InvalidArgument, NotAuthorized
 from hqueue.server import HQueueServer
 
-from ..processes import wait_for
+from ..processes import ServerProcess, drain, free_port, wait_for
 
 
 def scrape(server) -> dict[str, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
     return {m[0]: float(m[1]) for m in re.findall(r"^(hqueue_\S+) (\S+)$", text, re.M)}
+
+
+def scrape_with(server, *series: str) -> dict[str, float]:
+    """A scrape that has ``series`` (a reader's lag shows once the lag book has counted it)."""
+
+    def has_them():
+        metrics = scrape(server)
+        return metrics if all(s in metrics for s in series) else None
+
+    return wait_for(has_them, 10, f"{series} in a scrape")
 
 
 class Refuse(MessageListener):
@@ -64,7 +82,8 @@ def test_delivery_and_lag_per_subscriber_and_partition(server):
             wait_for(lambda: scrape(server).get(failures, 0) > 0, 20, "a refused push")
             lag = "hqueue_subscriber_lag_seconds" + key % "refuser"
             wait_for(lambda: scrape(server).get(lag, 0) > 0, 20, "lag in time")
-            metrics = scrape(server)
+            taken = "hqueue_subscriber_lag_messages" + key % "taker"
+            metrics = scrape_with(server, taken)
     assert metrics['hqueue_delivered_messages_total{queue="q",subscriber="taker"}'] == 5
     assert metrics["hqueue_subscriber_lag_messages" + key % "taker"] == 0
     assert metrics["hqueue_subscriber_lag_seconds" + key % "taker"] == 0
@@ -86,8 +105,9 @@ def test_consumer_groups_are_counted_per_group_and_partition(server):
             got += consumer.receive(5, wait=1)
         consumer.ack(got[:3])
         consumer.nack(got[3:4], delay=60)
-        metrics = scrape(server)
-    group, partition = 'group="workers",queue="q"', 'group="workers",partition="0",queue="q"'
+        group, partition = 'group="workers",queue="q"', 'group="workers",partition="0",queue="q"'
+        lag = f"hqueue_group_lag_messages{{{partition}}}"
+        metrics = scrape_with(server, lag)
     assert metrics[f"hqueue_group_received_messages_total{{{group}}}"] == 5
     assert metrics[f"hqueue_group_acked_messages_total{{{group}}}"] == 3
     assert metrics[f"hqueue_group_nacked_messages_total{{{group}}}"] == 1
@@ -110,3 +130,276 @@ def test_acks_of_receipts_a_group_never_handed_out_are_counted(server):
         metrics = scrape(server)
     assert metrics['hqueue_group_unknown_acks_total{group="workers",queue="q"}'] == 7
     assert metrics['hqueue_group_acked_messages_total{group="workers",queue="q"}'] == 1
+
+
+# -- who may scrape, and what a scrape costs ------------------------------------------------
+
+METRICS_TOKEN = "metrics-token-0123456789"
+ADMIN, CRAWLER, PROMETHEUS = "admin-secret-0123456789", "crawler-secret-0123456789", "prom-secret-0123456789"
+AUTH_FILE = f"""
+[tokens.ops]
+secret = "{ADMIN}"
+admin = ["*"]
+
+[tokens.crawler]
+secret = "{CRAWLER}"
+consumer = ["*"]
+
+[tokens.prometheus]
+secret = "{PROMETHEUS}"
+metrics = ["*"]
+"""
+
+
+def get(port: int, token: str | None = None, path: str = "/metrics") -> tuple[int, bytes]:
+    """One HTTP GET as curl would send it: (status, body)."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except (urllib.error.URLError, OSError, http.client.HTTPException):
+        return 0, b""  # closed without an answer (every connection slot taken)
+
+
+def server_process(tmp_path, *args: str, env: dict[str, str] | None = None) -> tuple[ServerProcess, int]:
+    port = free_port()
+    if env:
+        os.environ.update(env)
+    try:
+        process = ServerProcess(f"local://{tmp_path}/data", tmp_path, extra_args=("--metrics-port", str(port), *args))
+    finally:
+        for name in env or ():
+            os.environ.pop(name, None)
+    return process, port
+
+
+def test_metrics_listen_on_loopback_whatever_the_thrift_host(tmp_path):
+    # Given a server whose Thrift port listens on every address
+    server = HQueueServer(f"local://{tmp_path}/data", host="0.0.0.0", port=0, metrics_port=0)
+    try:
+        # Then its metrics listen on loopback only, unless told otherwise
+        assert server.metrics._endpoint._server.server_address[0] == "127.0.0.1"
+    finally:
+        server.stop()
+
+
+def test_a_metrics_token_is_needed_and_checked(tmp_path):
+    # Given a server started with a metrics token (from the environment)
+    process, port = server_process(tmp_path, env={"HQUEUE_METRICS_TOKEN": METRICS_TOKEN})
+    try:
+        # Then a request without it, with a wrong one or another scheme gets 401, and no series
+        for token in (None, "wrong-token-0123456789", METRICS_TOKEN[:-1]):
+            status, body = get(port, token)
+            assert status == 401 and b"hqueue_" not in body
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics")
+        request.add_header("Authorization", f"Basic {METRICS_TOKEN}")
+        with pytest.raises(urllib.error.HTTPError, match="401"):
+            urllib.request.urlopen(request, timeout=10)
+        # And with it, the series
+        status, body = get(port, METRICS_TOKEN)
+        assert status == 200 and b"hqueue_connections" in body
+        assert get(port, METRICS_TOKEN, "/other")[0] == 404
+    finally:
+        process.terminate()
+
+
+def test_auth_file_tokens_with_the_metrics_role_may_scrape_and_nothing_else(tmp_path):
+    # Given a server with an auth file and no metrics token
+    (tmp_path / "auth.toml").write_text(AUTH_FILE)
+    process, port = server_process(tmp_path, "--auth-file", str(tmp_path / "auth.toml"))
+    try:
+        # Then a credential is needed: the metrics role's token, or an admin of every queue
+        assert get(port)[0] == 401
+        assert get(port, CRAWLER)[0] == 401
+        assert get(port, PROMETHEUS)[0] == 200
+        assert get(port, ADMIN)[0] == 200
+        # And the metrics token may do nothing on the Thrift port
+        with HQueueAdmin(f"hqueue://{process.address}", token=PROMETHEUS) as admin:
+            with pytest.raises(NotAuthorized):
+                admin.create_queue("q", 1)
+            assert admin.list_queues() == []
+    finally:
+        process.terminate()
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        (f'[tokens.p]\nsecret = "{PROMETHEUS}"\nmetrics = ["crawl.*"]\n', 'metrics must be \\["\\*"\\]'),
+        (f'[tokens.p]\nsecret = "{PROMETHEUS}"\nmetrics = "*"\n', 'metrics must be \\["\\*"\\]'),
+    ],
+)
+def test_a_metrics_role_on_some_queues_is_a_clear_error(tmp_path, text, error):
+    (tmp_path / "auth.toml").write_text(text)
+    with pytest.raises(InvalidArgument, match=error):
+        AuthPolicy.load(tmp_path / "auth.toml")
+
+
+def test_a_short_metrics_token_is_refused(tmp_path):
+    with pytest.raises(InvalidArgument, match="16 characters"):
+        HQueueServer(f"local://{tmp_path}/data", port=0, metrics_port=0, metrics_token="short")
+
+
+def test_slow_large_and_many_requests_end_with_their_connections(tmp_path):
+    # Given a server with a metrics token
+    process, port = server_process(tmp_path, "--metrics-token", METRICS_TOKEN)
+    try:
+        threads = status_field(process.proc.pid, "Threads")
+        # When 200 connections open and send nothing, one dribbles a byte at a time,
+        # and one sends a megabyte of headers
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(200)]
+        dribbling = socket.create_connection(("127.0.0.1", port))
+        big = socket.create_connection(("127.0.0.1", port))
+        try:
+            big.sendall(b"GET /metrics HTTP/1.0\r\n" + b"X-Pad: " + b"x" * 1_000_000 + b"\r\n\r\n")
+        except OSError:
+            pass  # closed while we sent: as it should be
+        # Then the server holds at most a few threads for them
+        assert status_field(process.proc.pid, "Threads") <= threads + 8 + 1
+        # And every one of them is closed within the deadline, however it sends
+        started = time.monotonic()
+
+        def closed(connection: socket.socket) -> bool:
+            connection.settimeout(0.5)
+            try:
+                connection.sendall(b"G")
+                return connection.recv(1024) == b""
+            except (TimeoutError, OSError):
+                return isinstance(sys.exc_info()[1], ConnectionError)
+
+        wait_for(lambda: closed(dribbling), 20, "the dribbling connection to be closed")
+        wait_for(lambda: closed(big), 20, "the large request's connection to be closed")
+        assert time.monotonic() - started < 15
+        # And a scrape is served again
+        wait_for(lambda: get(port, METRICS_TOKEN)[0] == 200, 20, "a scrape")
+        for connection in [*idle, dribbling, big]:
+            connection.close()
+    finally:
+        process.terminate()
+
+
+def status_field(pid: int, field: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line.split()[1] for line in f if line.startswith(field + ":")))
+
+
+# -- lag kept as things move -----------------------------------------------------------------
+
+
+class CountingScans:
+    """Counts the store's row reads (the real store's, passed through)."""
+
+    def __init__(self, storage):
+        self.storage, self.calls = storage, 0
+        self.scan = storage.scan
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.scan(*args, **kwargs)
+
+
+def test_a_scrape_reads_no_row(server, monkeypatch):
+    # Given 20 groups behind on both partitions, and a subscriber behind, all counted once
+    url = f"hqueue://{server.address}"
+    with HQueue("q", url) as queue:
+        for pid in (0, 1):
+            queue.put([Message("t", b"x")] * 50, partition_id=pid)
+        for g in range(20):
+            with queue.consumer(f"g{g}", member="m") as consumer:
+                assert consumer.receive(1, wait=1)
+        series = [
+            f'hqueue_group_lag_messages{{group="g{g}",partition="{p}",queue="q"}}' for g in range(20) for p in (0, 1)
+        ]
+        before = scrape_with(server, *series)
+        assert before[series[0]] == 50
+        # When Prometheus scrapes
+        counting = CountingScans(server.engine.storage)
+        monkeypatch.setattr(server.engine.storage, "scan", counting)
+        after = scrape(server)
+    # Then no row was read, and the lag is all there
+    assert counting.calls == 0
+    assert all(after[s] == 50 for s in series)
+
+
+def test_group_lag_counts_messages_not_yet_acked_as_they_move(server):
+    # Given a group counted once, 5 messages behind
+    url = f"hqueue://{server.address}"
+    with HQueue("q", url) as queue, queue.consumer("workers", member="m") as consumer:
+        queue.put([Message("t", b"%d" % i) for i in range(5)], 0)
+        got = drain(consumer, 5)
+        key = 'hqueue_group_lag_messages{group="workers",partition="0",queue="q"}'
+        assert scrape_with(server, key)[key] == 5
+        # When messages 2 and 4 are acked (out of order: the cursor stays at 1) and 3 more come
+        consumer.ack([got[1], got[3]])
+        queue.put([Message("t", b"more")] * 3, 0)
+        # Then the lag counts what is not acked, not what lies past the cursor
+        assert scrape(server)[key] == 5 - 2 + 3
+        # And after acking everything handed out, it is what was never handed out
+        consumer.ack([got[0], got[2], got[4]])
+        assert scrape(server)[key] == 3
+        consumer.ack(drain(consumer, 3))
+        metrics = scrape(server)
+    assert metrics[key] == 0
+    assert metrics['hqueue_group_lag_seconds{group="workers",partition="0",queue="q"}'] == 0
+
+
+def test_group_lag_with_a_topic_filter_counts_its_topics_only(server):
+    url = f"hqueue://{server.address}"
+    with HQueue("q", url) as queue, queue.consumer("news", member="m", topics=["news"]) as consumer:
+        queue.put([Message("news", b"n"), Message("sport", b"s")] * 3, 0)
+        consumer.receive(1, wait=1)
+        key = 'hqueue_group_lag_messages{group="news",partition="0",queue="q"}'
+        assert scrape_with(server, key)[key] == 3
+        queue.put([Message("sport", b"s")] * 4 + [Message("news", b"n")], 0)
+        assert scrape(server)[key] == 4
+
+
+def test_subscriber_lag_is_kept_as_messages_are_delivered(server):
+    url = f"hqueue://{server.address}"
+    with HQueue("q", url) as queue:
+        taker = Take()
+        with queue.create_subscriber(Subscription("taker"), [taker]):
+            queue.put([Message("t", b"x")] * 5, partition_id=0)
+            wait_for(lambda: taker.count == 5, 20, "delivery")
+            key = 'hqueue_subscriber_lag_messages{partition="0",queue="q",subscriber="taker"}'
+            wait_for(lambda: scrape_with(server, key)[key] == 0, 10, "no lag")
+            queue.put([Message("t", b"x")] * 7, partition_id=0)
+            wait_for(lambda: taker.count == 12, 20, "delivery")
+            wait_for(lambda: scrape(server)[key] == 0, 10, "no lag after more")
+
+
+def test_lag_covers_groups_no_member_used_here_and_every_partition(tmp_path):
+    # Given a server whose lag book refreshes often, and a group made but never received from
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, metrics_port=0)
+    assert server.lag is not None
+    server.lag.refresh_interval = 0.2
+    server.start()
+    try:
+        url = f"hqueue://{server.address}"
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("q", 3)
+        with HQueue("q", url) as queue:
+            queue.put([Message("t", b"x")] * 4, partition_id=2)
+            queue.consumer("idle", member="m").close()  # made, never received from
+        # Then its lag shows on every partition
+        keys = [f'hqueue_group_lag_messages{{group="idle",partition="{p}",queue="q"}}' for p in range(3)]
+        metrics = scrape_with(server, *keys)
+        assert [metrics[k] for k in keys] == [0, 0, 4]
+    finally:
+        server.stop()
+
+
+def test_a_truncate_counts_lag_afresh(server):
+    url = f"hqueue://{server.address}"
+    with HQueue("q", url) as queue, queue.consumer("workers", member="m") as consumer:
+        queue.put([Message("t", b"x")] * 5, 0)
+        consumer.receive(1, wait=1)
+        key = 'hqueue_group_lag_messages{group="workers",partition="0",queue="q"}'
+        assert scrape_with(server, key)[key] == 5
+        with HQueueAdmin(url) as admin:
+            admin.truncate_queue("q")
+        wait_for(lambda: scrape(server).get(key) == 0, 10, "no lag after the truncate")

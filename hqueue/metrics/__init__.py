@@ -1,0 +1,172 @@
+"""Prometheus metrics of one hqueue server (X6), served with ``--metrics-port``.
+
+Counted as things happen: messages put and the time each put call takes
+(validation, IDs, the write: the enqueue time), messages pushed to each
+subscriber, failed pushes, the subscriber's ``consumeMessages`` round trip
+(its processing time), partitions gained and lost (rebalances), messages
+consumer groups received, acked and gave back.
+
+Read when Prometheus scrapes, from what the server keeps in memory (a scrape
+reads no row: its cost is O(series)): open connections and scanners, owned
+partitions, each push worker's buffer, each consumer group's members, and
+per group or subscriber and partition the messages not yet acked (or
+delivered) and the age of the oldest of them (kept by lag.py's LagBook, with
+the bounds its docstring states).
+
+The per-group and per-partition series can number tens of thousands, so
+they are written here by hand (:class:`Family`, about 0.3 µs a sample),
+not through prometheus_client's registry (about 6 µs a sample), which
+keeps the per-queue and per-subscriber counters and histograms.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+from .endpoint import MetricsEndpoint
+
+logger = logging.getLogger(__name__)
+
+_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+
+
+def escape(value: str) -> str:
+    """A label value as the text format writes it."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+class Family:
+    """A series family written by hand: ``add(labels, value)`` with ``labels`` already
+    in the text format (``group="g",partition="0",queue="q"``: sorted, escaped)."""
+
+    __slots__ = ("name", "help", "kind", "lines", "_series")
+
+    def __init__(self, name: str, help: str, kind: str = "gauge") -> None:
+        self.name, self.help, self.kind = name, help, kind
+        self._series = name + "_total" if kind == "counter" else name
+        self.lines: list[str] = []
+
+    def add(self, labels: str, value: float) -> None:
+        self.lines.append(f"{self._series}{{{labels}}} {value}\n" if labels else f"{self._series} {value}\n")
+
+    def text(self) -> str:
+        return f"# HELP {self._series} {self.help}\n# TYPE {self._series} {self.kind}\n" + "".join(self.lines)
+
+
+class LabelledCounts:
+    """A counter per label set, written by hand (see :class:`Family`)."""
+
+    def __init__(self, name: str, help: str, labels: tuple[str, ...]) -> None:
+        self.name, self.help, self.labels = name, help, labels
+        self._counts: dict[tuple[str, ...], float] = {}
+        self._lock = threading.Lock()
+
+    def inc(self, values: tuple[str, ...], amount: float = 1) -> None:
+        with self._lock:
+            self._counts[values] = self._counts.get(values, 0) + amount
+
+    def value(self, values: tuple[str, ...]) -> float:
+        return self._counts.get(values, 0)
+
+    def family(self) -> Family:
+        family = Family(self.name, self.help, "counter")
+        with self._lock:
+            counts = list(self._counts.items())
+        order = sorted(range(len(self.labels)), key=self.labels.__getitem__)
+        for values, count in counts:
+            family.add(",".join(f'{self.labels[i]}="{escape(values[i])}"' for i in order), count)
+        return family
+
+
+class ServerMetrics:
+    """The counters a server updates, and what it reads at each scrape."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        queue, subscriber = ["queue"], ["queue", "subscriber"]
+        self.put_messages = Counter("hqueue_put_messages", "Messages written through this server.", queue, registry=r)
+        self.put_seconds = Histogram(
+            "hqueue_put_seconds", "One put call: checks, IDs, the write.", queue, buckets=_BUCKETS, registry=r
+        )
+        self.delivered = Counter("hqueue_delivered_messages", "Messages subscribers took.", subscriber, registry=r)
+        self.delivery_failures = Counter(
+            "hqueue_delivery_failures", "Pushes that failed or were refused (retried).", subscriber, registry=r
+        )
+        self.delivery_seconds = Histogram(
+            "hqueue_delivery_seconds",
+            "consumeMessages round trip: the subscriber's processing of a batch.",
+            subscriber,
+            buckets=_BUCKETS,
+            registry=r,
+        )
+        self.dead_lettered = Counter(
+            "hqueue_dead_lettered_messages",
+            "Messages moved to <queue>.dlq after the subscriber refused them too often.",
+            subscriber,
+            registry=r,
+        )
+        self.partition_changes = Counter(
+            "hqueue_partition_changes", "Partitions this server gained or lost (rebalances).", ["change"], registry=r
+        )
+        group = ("queue", "group")
+        self.group_received = LabelledCounts(
+            "hqueue_group_received_messages", "Messages handed to consumer-group members.", group
+        )
+        self.group_acked = LabelledCounts("hqueue_group_acked_messages", "Messages consumer groups acked.", group)
+        self.group_unknown_acks = LabelledCounts(
+            "hqueue_group_unknown_acks", "Acked receipts a consumer group never handed out (ignored).", group
+        )
+        self.group_nacked = LabelledCounts(
+            "hqueue_group_nacked_messages", "Messages consumer-group members gave back.", group
+        )
+        self._families: list[Callable[[], Iterable[Family]]] = [
+            lambda: [
+                c.family() for c in (self.group_received, self.group_acked, self.group_unknown_acks, self.group_nacked)
+            ]
+        ]
+        self._render_lock = threading.Lock()
+        self._endpoint: Any = None
+
+    def watch(self, collect: Callable[[], Iterable[Family]]) -> None:
+        """Add series read at scrape time."""
+        self._families.append(collect)
+
+    def render(self) -> bytes:
+        """The text format of every series (one scrape at a time: a second waits)."""
+        with self._render_lock:
+            parts = [generate_latest(self.registry).decode()]
+            for collect in self._families:
+                try:
+                    parts += [family.text() for family in collect()]
+                except Exception:  # a scrape never takes the server down
+                    logger.warning("collecting metrics failed", exc_info=True)
+            return "".join(parts).encode()
+
+    def serve(self, port: int, host: str = "127.0.0.1", allows: Callable[[str | None], bool] | None = None) -> int:
+        """Serve ``/metrics`` over HTTP in a thread; returns the port (0: a free one).
+
+        Args:
+            allows: Whether a request's ``Authorization`` header (None: none) may
+                read; None lets every request read.
+        """
+        self._endpoint = MetricsEndpoint(self.render, host, port, allows)
+        logger.info("metrics on http://%s:%d/metrics", host, self._endpoint.port)
+        return self._endpoint.port
+
+    def close(self) -> None:
+        if self._endpoint is not None:
+            self._endpoint.close()
+
+
+def gauge(name: str, help: str, labels: list[str], samples: Iterable[tuple[list[str], float]]) -> Family:
+    """A family of a few series, labels given by name (sorted and escaped here)."""
+    family = Family(name, help)
+    order = sorted(range(len(labels)), key=labels.__getitem__)
+    for values, value in samples:
+        family.add(",".join(f'{labels[i]}="{escape(values[i])}"' for i in order), value)
+    return family

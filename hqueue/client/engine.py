@@ -9,6 +9,10 @@ in place of the in-process engine, so the whole Python API works the same.
   after that it raises :class:`~hqueue.errors.NotPartitionOwner`.
 * A put of more than 10,000 messages or 16 MiB is split into calls, each
   atomic; if one fails, the error's note says which messages are written.
+  A server with lower limits refuses a call whole (LimitExceeded): the
+  client learns them and splits smaller (``put_limits.py``). A server busy
+  with other calls (ServerBusy) did nothing: the put is retried as for a
+  move, until ``owner_timeout``.
 * A put is acknowledged when its IDs come back. If a server dies after
   writing but before answering, the retry writes the batch again: delivery
   is at least once, never lost. When the retries run out after a request
@@ -39,9 +43,8 @@ import ssl
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict
-from operator import add
 from typing import Any
 
 from thriftpy2.thrift import TException
@@ -54,9 +57,11 @@ from ..config import InfoCache, QueueInfo, QueueState
 from ..errors import (
     HQueueError,
     InvalidArgument,
+    LimitExceeded,
     NoPartitionOwner,
     NotPartitionOwner,
     OutcomeUnknown,
+    ServerBusy,
     ServerUnavailable,
 )
 from ..ids import consecutive
@@ -66,6 +71,7 @@ from ..rpc import packed, wire
 from ..scanner import Scan
 from .groups import RemoteGroups
 from .pool import Connection, NotSent, Pool
+from .put_limits import PutLimits
 from .subscriptions import RemoteSubscriptions
 
 logger = logging.getLogger(__name__)
@@ -91,18 +97,10 @@ def parse_url(url: str) -> tuple[list[str], str | None, dict[str, str]]:
     return servers, token, options
 
 
-def _batches(topics: list[bytes], values: list[bytes]) -> Iterator[tuple[int, int]]:
-    """(start, stop) of each put call: at most MAX_PUT_BATCH messages and about MAX_PUT_BYTES."""
-    if len(topics) <= wire.MAX_PUT_BATCH and sum(map(len, values)) + sum(map(len, topics)) <= wire.MAX_PUT_BYTES:
-        yield 0, len(topics)  # the common case, decided in C
-        return
-    start, size = 0, 0
-    for index, message_size in enumerate(map(add, map(len, topics), map(len, values))):
-        if index > start and (index - start >= wire.MAX_PUT_BATCH or size + message_size > wire.MAX_PUT_BYTES):
-            yield start, index
-            start, size = index, 0
-        size += message_size
-    yield start, len(topics)
+def _note_written(error: HQueueError, ids: list[MessageID], total: int) -> None:
+    """A split batch is atomic call by call: say on the error what is written already."""
+    if ids:
+        error.add_note(f"{len(ids)} of the {total} messages were written, IDs {ids[0]} to {ids[-1]}")
 
 
 #: Seconds group calls trust the partitions' owners they read.
@@ -145,6 +143,8 @@ class RemoteEngine:
         #: Whether this client speaks TLS (its subscribers then listen with TLS too).
         self.tls = self._ssl_context is not None
         self.owner_timeout = owner_timeout
+        #: How puts are split into calls (lowered when a server says its limits are lower).
+        self.put_limits = PutLimits()
         self._pools: dict[str, Pool] = {}
         self._lock = threading.Lock()
         self._locations: dict[str, list[str]] = {}
@@ -253,12 +253,17 @@ class RemoteEngine:
         # Check here too, so a bad batch fails at once, with the argument named.
         topics, values = message_columns(self.enabled_queue(name), messages)
         ids: list[MessageID] = []
-        for start, stop in _batches(topics, values):
+        while len(ids) < len(topics):
             try:
-                ids += self._put_packed(name, partition_id, topics[start:stop], values[start:stop])
+                for start, stop in self.put_limits.batches(topics, values, len(ids)):
+                    ids += self._put_packed(name, partition_id, topics[start:stop], values[start:stop])
+            except LimitExceeded as e:
+                if self.put_limits.learn(e):
+                    continue  # refused whole, nothing written: again, split smaller
+                _note_written(e, ids, len(topics))
+                raise
             except HQueueError as e:
-                if ids:  # a split batch is atomic call by call: say what is written already
-                    e.add_note(f"{len(ids)} of the {len(topics)} messages were written, IDs {ids[0]} to {ids[-1]}")
+                _note_written(e, ids, len(topics))
                 raise
         return ids
 
@@ -291,6 +296,8 @@ class RemoteEngine:
                         f"within {self.owner_timeout:g}s; it may have taken effect (a put's messages may have "
                         f"been written): {problem}"
                     ) from problem
+                if isinstance(problem, ServerBusy):  # the owner is there, but had no room all along
+                    raise problem
                 raise NoPartitionOwner(name, partition_id, self.owner_timeout, problem) from problem
             logger.info("%s to %s/%d: %s; retrying in %.2fs", what, name, partition_id, problem, delay)
             time.sleep(delay)
@@ -300,13 +307,14 @@ class RemoteEngine:
 
     def schedule(self, name: str, messages: Sequence[Message], partition_id: int, due: int) -> list[Timer]:
         topics, values = message_columns(self.enabled_queue(name), messages)
-        if len(topics) > wire.MAX_PUT_BATCH or sum(map(len, values)) > wire.MAX_PUT_BYTES:
-            raise InvalidArgument(
-                f"a timer put takes at most {wire.MAX_PUT_BATCH} messages and {wire.MAX_PUT_BYTES} bytes in one call"
-            )
+        self.put_limits.check_whole(len(topics), sum(map(len, values)) + sum(map(len, topics)))
         blob = packed.pack(topics, values)
         what = f"timer put of {len(topics)} message(s)"
-        result = self._owner_call(name, partition_id, what, "scheduleTimers", partition_id, blob, due)
+        try:
+            result = self._owner_call(name, partition_id, what, "scheduleTimers", partition_id, blob, due)
+        except LimitExceeded as e:
+            self.put_limits.learn(e)  # for the next ones; timers go in one call, so this one is refused
+            raise
         return [Timer(partition_id, due, i) for i in consecutive(wire.from_tid(result.firstID), result.count)]
 
     def cancel_timer(self, name: str, timer: Timer) -> bool:

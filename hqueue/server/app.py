@@ -15,6 +15,7 @@ others take over without waiting for a session timeout); close the store.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import signal
 import ssl
@@ -42,12 +43,46 @@ from ..subscriptions.registry import SubscriberRegistry
 from ..subscriptions.service import Subscribers
 from ..subscriptions.store_registry import StoreRegistry
 from ..subscriptions.zk_registry import ZooKeeperRegistry
+from .calls import thrift_error
 from .handler import DEFAULT_MAX_PARTITIONS, HQueueHandler
 from .scanners import DEFAULT_IDLE_TIMEOUT, ScannerRegistry
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PORT = 9700
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
+def return_freed_memory() -> None:
+    """Have this process give big freed buffers back to the system at once
+    (``hqueue server`` calls it; a library should not change its host's malloc).
+
+    glibc raises its mmap threshold each time it frees a big buffer (up to
+    32 MiB), so later buffers of that size come from the heap of the
+    calling thread's arena, and stay with the process once freed: after a
+    few 16 MiB puts on different connections, hundreds of MB stayed held. A
+    fixed threshold of 1 MiB gives each buffer that large its own mapping,
+    unmapped when it is freed. Elsewhere than glibc this does nothing.
+    """
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_MMAP_THRESHOLD, 1 << 20)
+
+
+def _warn_if_puts_cannot_fit(limits: ServerLimits, max_put_messages: int, max_put_bytes: int) -> None:
+    """Say so when a put at the put limits would not fit in a frame (clients then split smaller)."""
+    needed = wire.put_frame_bytes(max_put_messages, max_put_bytes)
+    if needed > limits.max_frame_bytes:
+        logger.warning(
+            "--max-frame-bytes %d is under the %d bytes a put of --max-put-messages %d and --max-put-bytes %d "
+            "can take: raise it",
+            limits.max_frame_bytes,
+            needed,
+            max_put_messages,
+            max_put_bytes,
+        )
 
 
 class HQueueServer:
@@ -64,6 +99,9 @@ class HQueueServer:
         limits: Connections, frame sizes and timeouts.
         ssl_context: Serve TLS with this server-side context.
         max_partitions: The most partitions a queue created here may have.
+        max_put_messages, max_put_bytes: The most messages, and bytes of
+            topics and values, one put call may carry (``--max-put-messages``,
+            ``--max-put-bytes``; the client splits at the same sizes).
         metrics_port: Serve Prometheus metrics on this port (0: a free one; None: not at all).
         push_threads: Threads that push to subscribers, all of them together.
         max_subscribers: The most subscribers this server pushes to (the rest wait).
@@ -85,6 +123,8 @@ class HQueueServer:
         limits: ServerLimits | None = None,
         ssl_context: ssl.SSLContext | None = None,
         max_partitions: int = DEFAULT_MAX_PARTITIONS,
+        max_put_messages: int = wire.MAX_PUT_BATCH,
+        max_put_bytes: int = wire.MAX_PUT_BYTES,
         metrics_port: int | None = None,
         push_threads: int = DEFAULT_PUSH_THREADS,
         max_subscribers: int = DEFAULT_MAX_SUBSCRIBERS,
@@ -117,6 +157,8 @@ class HQueueServer:
             auth=auth,
             push_policy=self.push_policy,
             max_partitions=max_partitions,
+            max_put_messages=max_put_messages,
+            max_put_bytes=max_put_bytes,
             metrics=self.metrics,
         )
         self.handler.subscription_calls.tls = self._tls = ssl_context is not None
@@ -125,8 +167,9 @@ class HQueueServer:
         self.groups: GroupService | None = None
         self.group_limits = group_limits
         self._server = ThreadedServer(
-            wire.T.HQueueService, self.handler, socket, limits=limits, ssl_context=ssl_context
+            wire.T.HQueueService, self.handler, socket, limits=limits, ssl_context=ssl_context, refuse_with=thrift_error
         )
+        _warn_if_puts_cannot_fit(self._server.limits, max_put_messages, max_put_bytes)
         if metrics_port is not None:  # here, so a taken port fails before anything starts
             try:
                 self.metrics_port = self.metrics.serve(metrics_port, host)
@@ -175,6 +218,8 @@ class HQueueServer:
         """What Prometheus reads at each scrape."""
         yield gauge("hqueue_connections", "Open client connections.", [], [([], self._server.connections)])
         yield gauge("hqueue_scanners", "Open server-side scanners.", [], [([], len(self.scanners))])
+        inflight = self._server.budget.used
+        yield gauge("hqueue_inflight_request_bytes", "Bytes of request frames under way.", [], [([], inflight)])
         queues = self.engine.list_queues()
         owned = [([q.name], len(self.coordinator.owned(q.name, q.partitions))) for q in queues]
         yield gauge("hqueue_owned_partitions", "Partitions this server writes.", ["queue"], owned)

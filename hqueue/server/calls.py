@@ -9,6 +9,8 @@
   puts, scans, timers; group_calls.py; subscription_calls.py).
 * :class:`ThriftService`: one HQueueService made of those groups.
 * :func:`handler`: the handler of a declared operation (``rpc/operations.py``).
+* :func:`thrift_error`: the IDL exception a call answers with for an error
+  (also what the connection loop answers a call it refuses unread with).
 """
 
 from __future__ import annotations
@@ -62,20 +64,27 @@ def served(role: str | None, queue_arg: int | None = 0, named: tuple[int, str] |
                     guard.authorize(role, method.__name__, queue, (named[1], args[named[0]]) if named else None)
                 return method(self, *args)
             except Exception as e:
-                if isinstance(e, (HQueueError, ValueError, TypeError)):
-                    error = wire.to_thrift_error(e)
-                else:
+                if not isinstance(e, (HQueueError, ValueError, TypeError)):
                     logger.exception("%s%r failed", method.__name__, args[:2])
-                    error = wire.T.TIOError(message=f"internal error: {type(e).__name__}: {e}")
-                if not isinstance(error, _declared(method.__name__)):
-                    error = wire.T.TIOError(message=error.message)
-                raise error from e
+                raise thrift_error(method.__name__, e) from e
             finally:
                 guard.leave()
 
         return call
 
     return wrap
+
+
+def thrift_error(method: str, e: Exception) -> Exception:
+    """The IDL exception ``method`` answers with for ``e``: one it declares
+    (TIOError for what it does not, and for unexpected errors)."""
+    if isinstance(e, (HQueueError, ValueError, TypeError)):
+        error = wire.to_thrift_error(e)
+    else:
+        error = wire.T.TIOError(message=f"internal error: {type(e).__name__}: {e}")
+    if not isinstance(error, _declared(method)):
+        error = wire.T.TIOError(message=getattr(error, "message", str(error)))
+    return error
 
 
 def handler(operation: Operation):

@@ -5,6 +5,7 @@
 * ``groups.py``, ``subscriptions.py``: its ``groups`` and ``subscriptions``,
   which it attaches to itself.
 * ``pool.py``: connections per server.
+* ``put_limits.py``: how a put is split into calls, within the servers' limits.
 """
 
 from __future__ import annotations

@@ -151,10 +151,10 @@ class FrameReader:
         have = len(buffer) - 4
         frame[:have] = memoryview(buffer)[4:]
         buffer.clear()
-        self._set_timeout(self.body_timeout)
+        deadline = self._deadline()
         with memoryview(frame) as view:
             while have < size:
-                got = self.sock.recv_into(view[have:], min(size - have, self.MAX_CHUNK))
+                got = self._recv_into(view[have:], min(size - have, self.MAX_CHUNK), deadline)
                 if not got:
                     raise ConnectionResetError(f"peer closed the connection {have} bytes into a frame")
                 have += got
@@ -162,10 +162,10 @@ class FrameReader:
 
     def skip(self) -> None:
         """Read the rest of the frame and throw it away (a call refused unread),
-        through one small buffer, within ``body_timeout`` all told.
+        through one small buffer.
 
         Raises:
-            TimeoutError, ConnectionResetError: the rest did not come.
+            TimeoutError, ConnectionResetError: the rest did not come within ``body_timeout``.
         """
         buffer, end = self._buffer, 4 + self._size
         if len(buffer) >= end:
@@ -173,17 +173,26 @@ class FrameReader:
             return
         left = end - len(buffer)
         buffer.clear()
-        deadline = None if self.body_timeout is None else time.monotonic() + self.body_timeout
+        deadline = self._deadline()
         with memoryview(bytearray(min(left, self.MAX_CHUNK))) as scratch:
             while left:
-                if deadline is not None:
-                    if time.monotonic() >= deadline:
-                        raise TimeoutError(f"a refused frame's last {left} bytes did not come in time")
-                    self._set_timeout(max(deadline - time.monotonic(), 0.001))
-                got = self.sock.recv_into(scratch, min(left, len(scratch)))
+                got = self._recv_into(scratch, min(left, len(scratch)), deadline)
                 if not got:
                     raise ConnectionResetError(f"peer closed the connection {left} bytes before a frame's end")
                 left -= got
+
+    def _deadline(self) -> float | None:
+        """When the body of a big frame must be in: ``body_timeout`` from now, all told
+        (a peer that sends a byte now and then holds its budget no longer)."""
+        return None if self.body_timeout is None else time.monotonic() + self.body_timeout
+
+    def _recv_into(self, view: memoryview, size: int, deadline: float | None) -> int:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"a frame's body did not come within {self.body_timeout:g}s")
+            self._set_timeout(left)
+        return self.sock.recv_into(view, size)
 
     def _peek(self, size: int) -> None:
         """Have the frame's first ``size`` bytes in the buffer."""

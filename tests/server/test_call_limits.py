@@ -276,3 +276,29 @@ def test_limit_errors_cross_the_wire_with_their_limit():
         back = wire.from_thrift_error(wire.to_thrift_error(error))
         assert (type(back), back.limit, back.value, str(back)) == (type(error), error.limit, error.value, str(error))
     assert isinstance(LimitExceeded("max_put_bytes", 1, "x"), InvalidArgument)
+
+
+def test_a_big_frame_trickled_in_times_out_on_the_body_timeout_all_told():
+    """A peer that sends a byte now and then would hold its share of the budget for ever."""
+    ours, theirs = socket.socketpair()
+    reader = FrameReader(ours, 1 << 20, idle_timeout=5, body_timeout=0.5)
+    stop = threading.Event()
+
+    def trickle() -> None:
+        theirs.sendall(struct.pack("!I", 500_000) + _call(b"listQueues", b""))
+        for _ in range(30):  # 3 s at most, then the peer goes
+            if stop.wait(0.1):
+                break
+            theirs.sendall(b"x")
+        theirs.close()
+
+    sender = threading.Thread(target=trickle)
+    sender.start()
+    try:
+        assert reader.next_size() == 500_000
+        with pytest.raises(TimeoutError):
+            reader.body()
+    finally:
+        stop.set()
+        sender.join()
+        ours.close()

@@ -21,7 +21,9 @@ Each figure comes from a server subprocess on loopback:
   messages with empty topics (refused), four 30 MiB ones at once, a 16 MiB
   blob of 1.8M messages (inside the frame limit, over the count), a valid
   blob at the per-call cap (10,000 messages, 16 MiB), eight of those at once
-  (the in-flight budget), and how many messages one valid 60 MiB blob writes.
+  (the in-flight budget), a getQueue of a 19 MiB name (any call may be
+  as large as the frame limit), and how many messages one
+  valid 60 MiB blob writes.
 """
 
 from __future__ import annotations
@@ -170,7 +172,7 @@ def put_packed_frame(blob: bytes, queue: bytes = b"q") -> bytes:
     )
 
 
-def call_raw(port: int, payload: bytes) -> str:
+def call_raw(port: int, payload: bytes, method: str = "putPacked") -> str:
     """Send one framed call; what came back: "count=N", the exception's type, or "closed"."""
     from thriftpy2.protocol import TBinaryProtocol
     from thriftpy2.thrift import TApplicationException
@@ -193,15 +195,15 @@ def call_raw(port: int, payload: bytes) -> str:
         error = TApplicationException()
         error.read(protocol)
         return f"TApplicationException: {error}"
-    result = T.HQueueService.putPacked_result()
+    result = getattr(T.HQueueService, method + "_result")()
     result.read(protocol)
     if result.success is not None:
-        return f"count={result.success.count}"
+        return f"count={result.success.count}" if method == "putPacked" else "answered"
     error = next(v for k, v in vars(result).items() if k != "success" and v is not None)
     return f"{type(error).__name__}: {error.message[:70]}"
 
 
-def hostile_puts(proc: subprocess.Popen, port: int, payloads: list[bytes]) -> dict:
+def hostile_puts(proc: subprocess.Popen, port: int, payloads: list[bytes], method: str = "putPacked") -> dict:
     """Send ``payloads`` at once; the server's RSS rise (peak, held 2 s later), another client's worst stall."""
     probe = subprocess.Popen([sys.executable, "-c", PROBE, str(port), os.path.dirname(os.path.abspath(__file__))],
                              env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
@@ -216,7 +218,7 @@ def hostile_puts(proc: subprocess.Popen, port: int, payloads: list[bytes]) -> di
     answers: list[str] = [""] * len(payloads)
 
     def send_one(i: int) -> None:
-        answers[i] = call_raw(port, payloads[i])
+        answers[i] = call_raw(port, payloads[i], method)
 
     threads = [threading.Thread(target=send_one, args=(i,)) for i in range(len(payloads))]
     for thread in threads:
@@ -249,6 +251,8 @@ def packed_rows(work: str) -> list[dict]:
         ("valid putPacked at the cap (10,000, 16 MiB)", [at_cap]),
         ("8 x the cap at once", [at_cap] * 8),
     ]
+    junk = b"\xe0\xa0\x80" * (19 * 2**20 // 3)  # 19 MiB of a 3-byte UTF-8 character, as a queue's name
+    junk_call = frame(b"getQueue", b"\x0b\x00\x01" + struct.pack("!i", len(junk)) + junk + b"\x00")
     rows = []
     for number, (name, payloads) in enumerate(cases):  # each on a new server: what one case leaves is its own
         proc, port = start_packed_server(f"{work}/p{number}")
@@ -262,6 +266,15 @@ def packed_rows(work: str) -> list[dict]:
         rows.append({"measure": f"{name}: other client's longest call, ms", "hqueue": got["stall"]})
         rows.append({"measure": f"{name}: answer", "hqueue": " | ".join(got["answers"])})
     del cases, at_cap
+    proc, port = start_packed_server(f"{work}/p-junk")
+    try:
+        got = hostile_puts(proc, port, [junk_call], "getQueue")
+    finally:
+        proc.terminate()
+        proc.wait()
+    rows.append({"measure": "getQueue of a 19 MiB name: server RSS rise, peak / held 2 s later, MB",
+                 "hqueue": f"{got['peak']:.0f} / {got['held']:.0f}"})  # fmt: skip
+    rows.append({"measure": "getQueue of a 19 MiB name: other client's longest call, ms", "hqueue": got["stall"]})
     proc, port = start_packed_server(f"{work}/p-valid")
     try:
         rows.append({"measure": "valid 60 MiB putPacked of 6,990,506 messages: answer",

@@ -24,8 +24,10 @@ DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 #: Topics above this many bytes are rejected.
 MAX_TOPIC_BYTES = 1024
 
+#: The longest queue name.
+MAX_QUEUE_NAME = 200
 # HBase table-name rules (TableName.isLegalTableQualifierName), without namespaces.
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
+_NAME = re.compile(rf"[A-Za-z0-9_][A-Za-z0-9_.\-]{{0,{MAX_QUEUE_NAME - 1}}}")
 
 
 def validate_queue_name(name: object) -> str:

@@ -21,15 +21,19 @@ import threading
 from typing import Any
 
 from ..auth import MANAGE, OPEN, AuthPolicy, Principal
+from ..config import MAX_QUEUE_NAME
 from ..coordination import Coordinator
 from ..engine import Engine
-from ..errors import HQueueError, NotAuthorized
+from ..errors import HQueueError, InvalidQueueName, NotAuthorized
 from ..metrics import ServerMetrics
 from ..rpc import wire
 from ..rpc.operations import Operation
 from ..rpc.threaded import current_connection
 
 logger = logging.getLogger(__name__)
+
+#: The longest text an error sent to a client carries (it may repeat what the client sent).
+MAX_ERROR_TEXT = 4096
 
 
 @functools.cache
@@ -84,6 +88,9 @@ def thrift_error(method: str, e: Exception) -> Exception:
         error = wire.T.TIOError(message=f"internal error: {type(e).__name__}: {e}")
     if not isinstance(error, _declared(method)):
         error = wire.T.TIOError(message=getattr(error, "message", str(error)))
+    for field, text in vars(error).items():  # what a client sent, repeated back, stays short
+        if isinstance(text, str) and len(text) > MAX_ERROR_TEXT:
+            setattr(error, field, text[:MAX_ERROR_TEXT] + f"… ({len(text)} characters)")
     return error
 
 
@@ -135,6 +142,8 @@ class CallGuard:
             return
         if not isinstance(queue, str):
             raise TypeError(f"'queue' must be a string, got {type(queue).__name__}")
+        if len(queue) > MAX_QUEUE_NAME:  # before any error repeats it (a 19 MiB name made a 40 MiB reply)
+            raise InvalidQueueName(f"a queue name has at most {MAX_QUEUE_NAME} characters; this one has {len(queue)}")
         if role == MANAGE:
             if named is None:
                 raise TypeError(f"{action}: a 'manage' call must name its group or subscriber")

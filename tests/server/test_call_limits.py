@@ -302,3 +302,15 @@ def test_a_big_frame_trickled_in_times_out_on_the_body_timeout_all_told():
         stop.set()
         sender.join()
         ours.close()
+
+
+def test_a_huge_name_is_refused_without_being_repeated_back(capped):
+    """An error that echoed a 19 MiB queue name made a 40 MiB reply (bench/hostile.py --packed)."""
+    client = raw_client(capped.port)
+    with pytest.raises(T.TIOError, match="at most 200 characters; this one has 100000") as refused:
+        client.getQueue("q" * 100_000)
+    assert len(refused.value.message) < 200
+    with pytest.raises(T.TInvalidMessage) as refused:  # created through its info: the name is checked later
+        client.createQueue(T.TQueueInfo(name="-" * 100_000, partitions=1))
+    assert len(refused.value.message) < 5000 and refused.value.message.endswith("characters)")
+    client.close()

@@ -96,7 +96,7 @@ class HQueueServer:
         idle_timeout: Seconds after which an unused remote scanner is closed.
         auth: Tokens and roles (``--auth-file``); None: every client may do everything.
         push_policy: Where subscribers' messages may be pushed.
-        limits: Connections, frame sizes and timeouts.
+        limits: Connections, frame sizes, timeouts, and the memory of the calls under way.
         ssl_context: Serve TLS with this server-side context.
         max_partitions: The most partitions a queue created here may have.
         max_put_messages, max_put_bytes: The most messages, and bytes of

@@ -18,6 +18,15 @@ Each figure comes from a server subprocess on loopback:
 * a /metrics scrape with 300 groups x 4 partitions and 1,000 x 16 (made by
   a consumer token): server CPU ms and wall ms (bench/metrics_scrape.py;
   ``--before SRC`` fills the "before" column from another source tree).
+* packed puts (``--packed`` runs these rows alone): the server's RSS rise
+  (peak, and what it still holds 2 s later) and the longest listQueues round
+  trip of a client in another process, for one 60 MiB putPacked of 6,990,506
+  messages with empty topics (refused), four 30 MiB ones at once, a 16 MiB
+  blob of 1.8M messages (inside the frame limit, over the count), a valid
+  blob at the per-call cap (10,000 messages, 16 MiB), eight of those at once
+  (the in-flight budget), a getQueue of a 19 MiB name (any call may be
+  as large as the frame limit), and how many messages one
+  valid 60 MiB blob writes.
 """
 
 from __future__ import annotations
@@ -138,12 +147,169 @@ def frame_stall(port: int) -> float:
     return worst[0] * 1000
 
 
+# A client in its own process (so the bench's own work never stalls it): the longest
+# listQueues round trip, in ms, from "go" on stdin until stdin closes.
+PROBE = """
+import sys, threading, time
+sys.path.insert(0, sys.argv[2])
+from hostile import client
+probe, worst, done = client(int(sys.argv[1])), [0.0], threading.Event()
+for _ in range(50):
+    probe.listQueues()
+print("ready", flush=True)
+sys.stdin.readline()
+threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+while not done.is_set():
+    started = time.perf_counter()
+    probe.listQueues()
+    worst[0] = max(worst[0], time.perf_counter() - started)
+    time.sleep(0.001)
+print(worst[0] * 1000, flush=True)
+"""
+
+
+def put_packed_frame(blob: bytes, queue: bytes = b"q") -> bytes:
+    queue_field = b"\x0b\x00\x01" + struct.pack("!i", len(queue)) + queue
+    return frame(
+        b"putPacked",
+        queue_field + b"\x06\x00\x02\x00\x00" + b"\x0b\x00\x03" + struct.pack("!i", len(blob)) + blob + b"\x00",
+    )
+
+
+def call_raw(port: int, payload: bytes, method: str = "putPacked") -> str:
+    """Send one framed call; what came back: "count=N", the exception's type, or "closed"."""
+    from thriftpy2.protocol import TBinaryProtocol
+    from thriftpy2.thrift import TApplicationException
+    from thriftpy2.transport import TMemoryBuffer
+
+    with socket.create_connection(("127.0.0.1", port), timeout=300) as s:
+        try:
+            s.sendall(payload)
+            reply = b""
+            while len(reply) < 4 or len(reply) < 4 + struct.unpack("!I", reply[:4])[0]:
+                chunk = s.recv(1 << 20)
+                if not chunk:
+                    return "closed"
+                reply += chunk
+        except OSError:
+            return "closed"
+    protocol = TBinaryProtocol(TMemoryBuffer(reply[4:]))
+    _, kind, _ = protocol.read_message_begin()
+    if kind == 3:  # EXCEPTION
+        error = TApplicationException()
+        error.read(protocol)
+        return f"TApplicationException: {error}"
+    result = getattr(T.HQueueService, method + "_result")()
+    result.read(protocol)
+    if result.success is not None:
+        return f"count={result.success.count}" if method == "putPacked" else "answered"
+    error = next(v for k, v in vars(result).items() if k != "success" and v is not None)
+    return f"{type(error).__name__}: {error.message[:70]}"
+
+
+def hostile_puts(proc: subprocess.Popen, port: int, payloads: list[bytes], method: str = "putPacked") -> dict:
+    """Send ``payloads`` at once; the server's RSS rise (peak, held 2 s later), another client's worst stall."""
+    probe = subprocess.Popen([sys.executable, "-c", PROBE, str(port), os.path.dirname(os.path.abspath(__file__))],
+                             env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert probe.stdout.readline().strip() == "ready"
+    time.sleep(1.0)
+    before = status(proc.pid, "VmRSS")
+    with open(f"/proc/{proc.pid}/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM, the peak
+    probe.stdin.write("go\n")
+    probe.stdin.flush()
+    time.sleep(0.3)
+    answers: list[str] = [""] * len(payloads)
+
+    def send_one(i: int) -> None:
+        answers[i] = call_raw(port, payloads[i], method)
+
+    threads = [threading.Thread(target=send_one, args=(i,)) for i in range(len(payloads))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    time.sleep(0.3)
+    probe.stdin.close()
+    stall = float(probe.stdout.readline())
+    probe.wait()
+    peak = status(proc.pid, "VmHWM")
+    time.sleep(2.0)
+    return {"peak": (peak - before) / 1024, "held": (status(proc.pid, "VmRSS") - before) / 1024, "stall": stall,
+            "answers": sorted(set(answers))}  # fmt: skip
+
+
+def packed_rows(work: str) -> list[dict]:
+    """Packed puts against the frame and call limits, and the in-flight budget."""
+    from hqueue.rpc import packed
+
+    def put(topic: bytes, value: bytes, count: int) -> bytes:
+        return put_packed_frame(packed.pack([topic] * count, [value] * count))
+
+    n60 = 60 * 2**20 // 9  # 6,990,506 messages of 9 bytes (two lengths and one byte) in 60 MiB
+    at_cap = put(b"t", b"v" * 1676, 10_000)
+    cases = [
+        ("60 MiB putPacked, 6,990,506 empty topics", [put(b"", b"x", n60)]),
+        ("4 x 30 MiB putPacked at once, empty topics", [put(b"", b"x", n60 // 2)] * 4),
+        ("16 MiB putPacked, 1,864,135 messages", [put(b"t", b"", 16 * 2**20 // 9)]),
+        ("valid putPacked at the cap (10,000, 16 MiB)", [at_cap]),
+        ("8 x the cap at once", [at_cap] * 8),
+    ]
+    junk = b"\xe0\xa0\x80" * (19 * 2**20 // 3)  # 19 MiB of a 3-byte UTF-8 character, as a queue's name
+    junk_call = frame(b"getQueue", b"\x0b\x00\x01" + struct.pack("!i", len(junk)) + junk + b"\x00")
+    rows = []
+    for number, (name, payloads) in enumerate(cases):  # each on a new server: what one case leaves is its own
+        proc, port = start_packed_server(f"{work}/p{number}")
+        try:
+            got = hostile_puts(proc, port, payloads)
+        finally:
+            proc.terminate()
+            proc.wait()
+        rows.append({"measure": f"{name}: server RSS rise, peak / held 2 s later, MB",
+                     "hqueue": f"{got['peak']:.0f} / {got['held']:.0f}"})  # fmt: skip
+        rows.append({"measure": f"{name}: other client's longest call, ms", "hqueue": got["stall"]})
+        rows.append({"measure": f"{name}: answer", "hqueue": " | ".join(got["answers"])})
+    del cases, at_cap
+    proc, port = start_packed_server(f"{work}/p-junk")
+    try:
+        got = hostile_puts(proc, port, [junk_call], "getQueue")
+    finally:
+        proc.terminate()
+        proc.wait()
+    rows.append({"measure": "getQueue of a 19 MiB name: server RSS rise, peak / held 2 s later, MB",
+                 "hqueue": f"{got['peak']:.0f} / {got['held']:.0f}"})  # fmt: skip
+    rows.append({"measure": "getQueue of a 19 MiB name: other client's longest call, ms", "hqueue": got["stall"]})
+    proc, port = start_packed_server(f"{work}/p-valid")
+    try:
+        rows.append({"measure": "valid 60 MiB putPacked of 6,990,506 messages: answer",
+                     "hqueue": call_raw(port, put(b"t", b"", n60))})  # fmt: skip
+    finally:
+        proc.terminate()
+    return rows
+
+
+def start_packed_server(workdir: str) -> tuple[subprocess.Popen, int]:
+    """A server with queue "q" (one partition), warmed by a 1,000-message put."""
+    proc, port = start_hqueue(workdir)
+    with HQueueAdmin(f"hqueue://127.0.0.1:{port}") as admin:
+        admin.create_queue("q", 1)
+    with HQueue("q", f"hqueue://127.0.0.1:{port}") as queue:
+        queue.put([Message("t", b"x" * 1000)] * 1000, partition_id=0)
+    return proc, port
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json")
     parser.add_argument("--before", help="source tree of the server the metrics rows compare with")
+    parser.add_argument("--packed", action="store_true", help="only the packed-put rows")
     args = parser.parse_args()
     rows = []
+    if args.packed:
+        with tempfile.TemporaryDirectory(prefix="hqueue-bench-hostile-") as work:
+            rows = packed_rows(work)
+        report("hostile packed puts: an hqueue server", rows, ["measure", "hqueue"], args.json)
+        return
     with tempfile.TemporaryDirectory(prefix="hqueue-bench-hostile-") as work:
         plain_port = free_port()
         plain = subprocess.Popen(
@@ -199,6 +365,7 @@ def main() -> None:
                 s.close()
         finally:
             proc.terminate()
+        rows += packed_rows(work)
     rows += metrics_scrape.rows([(300, 4), (1000, 16)], 1000, args.before)
     report("hostile clients: hqueue server vs thriftpy2's plain threaded server", rows,
            ["measure", "hqueue", "thriftpy2 as before", "before"], args.json)  # fmt: skip

@@ -28,9 +28,11 @@ MAX_BATCH_MESSAGES = 10_000
 #: The most bytes (topics + values) one put may hold; frames stay far below the server's 64 MiB.
 MAX_BATCH_BYTES = 16 * 1024 * 1024
 
+#: The longest queue name.
+MAX_QUEUE_NAME = 200
 # HBase table-name rules (TableName.isLegalTableQualifierName), without namespaces.
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
-MAX_NAME_LENGTH = 200
+_NAME = re.compile(rf"[A-Za-z0-9_][A-Za-z0-9_.\-]{{0,{MAX_QUEUE_NAME - 1}}}")
+MAX_NAME_LENGTH = MAX_QUEUE_NAME
 #: What a queue's dead-letter queue adds to its name (``deadletters.py``: ``<queue>.dlq``).
 DEAD_LETTER_SUFFIX = ".dlq"
 

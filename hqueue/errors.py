@@ -72,6 +72,20 @@ class MessageTooLarge(InvalidMessage):
     """A message is over the queue's size limit; nothing was written."""
 
 
+class LimitExceeded(InvalidArgument):
+    """A call over one of the server's limits; refused whole, so nothing was written.
+
+    Attributes:
+        limit: The server option, as ``max_put_messages``, ``max_put_bytes``
+            or ``max_frame_bytes`` (``--max-put-messages``…).
+        value: That option's value on the server.
+    """
+
+    def __init__(self, limit: str, value: int, message: str) -> None:
+        super().__init__(message)
+        self.limit, self.value = limit, value
+
+
 class InvalidPartition(InvalidArgument):
     """A partition id is outside ``0 <= pid < partitions``."""
 
@@ -94,6 +108,16 @@ class ServerUnavailable(HQueueError):
 class DeadlineExceeded(ServerUnavailable, TimeoutError):
     """No answer came within the call's ``timeout``, counted across every retry
     and every server tried (``hqueue://…?timeout=S``)."""
+
+
+class ServerBusy(ServerUnavailable):
+    """The server refused a call, unread, because its requests under way hold
+    all the memory it allows them (``--max-inflight-bytes``); nothing was
+    done, so the call may be sent again."""
+
+    def __init__(self, limit: str, value: int, message: str) -> None:
+        super().__init__(message)
+        self.limit, self.value = limit, value
 
 
 class OutcomeUnknown(HQueueError):

@@ -177,7 +177,9 @@ exception TQueueDisabled {
   2: string queue
 }
 
-// Malformed or oversized messages, bad partition ids, bad names or settings.
+// Malformed or oversized messages, bad partition ids, bad names or settings;
+// a call over one of the server's limits, as "LimitExceeded: <limit>=<value>: ..."
+// (max_frame_bytes, max_put_messages, max_put_bytes).
 exception TInvalidMessage {
   1: string message
 }
@@ -195,7 +197,10 @@ exception TNotAuthorized {
   1: string message
 }
 
-// The store or coordination failed; the call may be retried.
+// The store or coordination failed; the call may be retried. Also a call the
+// server refused unread, as "ServerBusy: max_inflight_bytes=N: ..." (its calls
+// under way hold all the memory it allows them; retry), or as "LimitExceeded:
+// max_frame_bytes=N: ..." for calls that do not declare TInvalidMessage.
 exception TIOError {
   1: string message
 }
@@ -227,6 +232,9 @@ service HQueueService {
       throws (1: TInvalidMessage invalid, 2: TIOError io, 3: TNotAuthorized denied)
 
   // -- puts: the server assigns IDs and returns them
+  // A put carries at most the server's --max-put-messages (10,000) messages and
+  // --max-put-bytes (16 MiB) of topics and values; over that, invalid with
+  // "LimitExceeded: max_put_messages=N: ..." (or max_put_bytes=N), nothing written.
   // The packed layout above, with topics as keys; all to one partition.
   TPutResult putPacked(1: string queue, 2: i16 partitionID, 3: binary messages)
       throws (1: TQueueNotFound notFound, 2: TQueueDisabled disabled, 3: TInvalidMessage invalid,

@@ -63,7 +63,41 @@ from .main import Progress, Seconds, main, open_admin, open_queue
     show_default=True,
     help="Close idle connections (s).",
 )
-@click.option("--max-frame-bytes", type=click.IntRange(1024, 2**31 - 1), default=64 * 1024 * 1024, show_default=True)
+@click.option(
+    "--max-frame-bytes",
+    type=click.IntRange(1024, 2**31 - 1),
+    default=20 * 1024 * 1024,
+    show_default=True,
+    help="The largest call; a larger one is refused from its head, unread (LimitExceeded).",
+)
+@click.option(
+    "--max-put-messages",
+    type=click.IntRange(1, 2**31 - 1),
+    default=10_000,
+    show_default=True,
+    help="Messages one put call may carry (the client splits bigger batches; LimitExceeded).",
+)
+@click.option(
+    "--max-put-bytes",
+    type=click.IntRange(1, 2**31 - 1),
+    default=16 * 1024 * 1024,
+    show_default=True,
+    help="Bytes of topics and values one put call may carry; a larger message cannot be put here.",
+)
+@click.option(
+    "--max-inflight-bytes",
+    type=click.IntRange(1024, 2**40),
+    default=64 * 1024 * 1024,
+    show_default=True,
+    help="Bytes of calls under way, all connections together; a call waits for room, then ServerBusy.",
+)
+@click.option(
+    "--inflight-wait",
+    type=Seconds(0, 3600),
+    default=10.0,
+    show_default=True,
+    help="How long a call may wait for room in --max-inflight-bytes (s).",
+)
 @click.option("--max-partitions", type=click.IntRange(1, 32767), default=1024, show_default=True)
 @click.option(
     "--metrics-port", type=click.IntRange(0, 65535), help="Serve Prometheus metrics at http://HOST:PORT/metrics."
@@ -128,6 +162,10 @@ def server(
     max_connections,
     connection_idle_timeout,
     max_frame_bytes,
+    max_put_messages,
+    max_put_bytes,
+    max_inflight_bytes,
+    inflight_wait,
     max_partitions,
     metrics_port,
     push_threads,
@@ -144,18 +182,25 @@ def server(
     from ..auth import AuthPolicy, PushPolicy
     from ..rpc.threaded import ServerLimits
     from ..server import HQueueServer
+    from ..server.app import return_freed_memory
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return_freed_memory()
     if zk_auth and not zk:
         raise click.UsageError("--zk-auth goes with --zk")
     coordinator_factory = _zookeeper(zk, zk_auth, server_id, session_timeout) if zk else None
     url = storage or ctx.obj["url"] or default_url()
     ssl_context = _tls(tls_cert, tls_key)
-    limits = ServerLimits(
-        max_connections=max_connections,
-        idle_timeout=connection_idle_timeout or None,
-        max_frame_bytes=max_frame_bytes,
-    )
+    try:
+        limits = ServerLimits(
+            max_connections=max_connections,
+            idle_timeout=connection_idle_timeout or None,
+            max_frame_bytes=max_frame_bytes,
+            max_inflight_bytes=max_inflight_bytes,
+            inflight_wait=inflight_wait,
+        )
+    except ValueError as e:
+        raise click.UsageError(str(e).replace("'max_", "--max-").replace("_bytes'", "-bytes")) from e
     try:
         instance = HQueueServer(
             url,
@@ -169,6 +214,8 @@ def server(
             limits=limits,
             ssl_context=ssl_context,
             max_partitions=max_partitions,
+            max_put_messages=max_put_messages,
+            max_put_bytes=max_put_bytes,
             metrics_port=metrics_port,
             push_threads=push_threads,
             max_subscribers=max_subscribers,

@@ -73,6 +73,7 @@ from ..errors import (
     NoPartitionOwner,
     NotPartitionOwner,
     OutcomeUnknown,
+    ServerBusy,
     ServerUnavailable,
 )
 from ..ids import consecutive
@@ -361,7 +362,7 @@ class RemoteEngine:
                 name,
                 partition_id,
             )
-        elif isinstance(problem, DeadlineExceeded):
+        elif isinstance(problem, (DeadlineExceeded, ServerBusy)):  # ServerBusy: the owner is there, but full
             error = problem
         else:
             error = NoPartitionOwner(name, partition_id, min(self.owner_timeout, self.timeout), problem)

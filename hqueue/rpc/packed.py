@@ -37,11 +37,12 @@ def pack(keys: Sequence[bytes], values: Sequence[bytes]) -> bytes:
     return b"".join((_COUNT.pack(len(keys)), lengths.tobytes(), b"".join(keys), b"".join(values)))
 
 
-def unpack(blob: bytes) -> tuple[list[bytes], list[bytes]]:
-    """Inverse of :func:`pack`.
+def measure(blob: bytes) -> tuple[int, int]:
+    """A blob's message count and its bytes of keys and values, from its head
+    alone: what a server checks against its limits before unpacking anything.
 
     Raises:
-        InvalidArgument: the blob is not a well-formed batch.
+        InvalidArgument: the blob is too short for the count it declares.
     """
     if not isinstance(blob, bytes) or len(blob) < 4:
         raise InvalidArgument("a packed batch starts with a 4-byte count")
@@ -49,6 +50,17 @@ def unpack(blob: bytes) -> tuple[list[bytes], list[bytes]]:
     head = 4 + 8 * count
     if head > len(blob):
         raise InvalidArgument(f"a packed batch of {count} messages needs {head} bytes of lengths, has {len(blob)}")
+    return count, len(blob) - head
+
+
+def unpack(blob: bytes) -> tuple[list[bytes], list[bytes]]:
+    """Inverse of :func:`pack`.
+
+    Raises:
+        InvalidArgument: the blob is not a well-formed batch.
+    """
+    count = measure(blob)[0]
+    head = 4 + 8 * count
     lengths = array(_LENGTHS)
     lengths.frombytes(blob[4:head])
     if _SWAP:
@@ -62,4 +74,4 @@ def unpack(blob: bytes) -> tuple[list[bytes], list[bytes]]:
 
 def payload_bytes(blob: bytes) -> int:
     """The bytes of keys and values in a blob (what a scan reply's size limit counts)."""
-    return len(blob) - 4 - 8 * _COUNT.unpack_from(blob)[0]
+    return measure(blob)[1]

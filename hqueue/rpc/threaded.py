@@ -7,6 +7,13 @@ Built on thriftpy2's processor, with hqueue's own socket handling:
   "port P is in use", instead of silently sharing it.
 * Each frame is read with a size limit and checked before it is decoded
   (:mod:`hqueue.rpc.frames`); a bad frame ends its own connection only.
+* A call is admitted from its frame's head, before its body is read: one
+  over ``max_frame_bytes``, or one that finds no room in the memory budget
+  of all requests under way (:mod:`hqueue.rpc.budget`) within
+  ``inflight_wait``, is read into a small buffer, thrown away, and answered
+  with a typed error naming the limit (``refuse_with`` makes it); the
+  connection goes on. Once decoded, a call's frame is let go before the
+  call runs.
 * At most ``max_connections`` connections; more are closed at accept. A
   connection idle for ``idle_timeout`` seconds is closed (clients reconnect).
 * When accept() fails for lack of file descriptors or memory, the server
@@ -38,10 +45,12 @@ from typing import Any
 
 from thriftpy2.protocol import TBinaryProtocolFactory
 from thriftpy2.server import TThreadedServer
-from thriftpy2.thrift import TProcessor
+from thriftpy2.thrift import TApplicationException, TProcessor
 from thriftpy2.transport import TFramedTransportFactory, TServerSocket, TSocket, TTransportException
 from thriftpy2.transport.memory import TCyMemoryBuffer
 
+from ..errors import HQueueError, LimitExceeded, ServerBusy
+from .budget import DEFAULT_INFLIGHT_WAIT, DEFAULT_MAX_INFLIGHT_BYTES, InflightBudget
 from .frames import DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_ITEMS, FrameError, FrameReader, check_call
 
 logger = logging.getLogger(__name__)
@@ -59,9 +68,21 @@ class ServerLimits:
     idle_timeout: float | None = 300.0
     #: Seconds a started frame (or a reply, or a TLS handshake) may take.
     body_timeout: float = 30.0
+    #: The largest frame (one call); a larger one is refused from its head.
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     #: Container elements per frame (bounds the objects one call can make).
     max_items: int = DEFAULT_MAX_ITEMS
+    #: Bytes of frames under way, all connections together.
+    max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
+    #: Seconds a frame may wait for room in ``max_inflight_bytes`` before it is refused.
+    inflight_wait: float = DEFAULT_INFLIGHT_WAIT
+
+    def __post_init__(self) -> None:
+        if self.max_inflight_bytes < self.max_frame_bytes:
+            raise ValueError(
+                f"'max_inflight_bytes' ({self.max_inflight_bytes}) must be at least 'max_frame_bytes' "
+                f"({self.max_frame_bytes}): a frame the one allows must fit in the other"
+            )
 
 
 @dataclass
@@ -162,9 +183,14 @@ class ThreadedServer(TThreadedServer):
         protocol=None,
         limits: ServerLimits | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        refuse_with: Callable[[str, HQueueError], Exception] | None = None,
     ) -> None:
         self.socket = socket
+        self.service = service
         self.limits = limits or ServerLimits()
+        self.budget = InflightBudget(self.limits.max_inflight_bytes)
+        #: The IDL exception a refused call is answered with (None: refused calls close their connection).
+        self.refuse_with = refuse_with
         self.ssl_context = ssl_context
         self._checked_frames = transport is None and protocol is None
         super().__init__(
@@ -256,20 +282,97 @@ class ThreadedServer(TThreadedServer):
                     logger.exception("freeing connection %d", connection.id)
 
     def _serve_frames(self, sock: socket.socket, connection: Connection) -> None:
-        limits, new_protocol = self.limits, self.iprot_factory.get_protocol
+        limits = self.limits
         frames = FrameReader(sock, limits.max_frame_bytes, limits.idle_timeout, limits.body_timeout)
         while not self.closed:
-            frame = frames.read()
-            if frame is None:
+            size = frames.next_size()
+            if size is None:
                 return
-            check_call(frame, limits.max_items)
-            out = TCyMemoryBuffer()
-            self.processor.process(new_protocol(TCyMemoryBuffer(frame)), new_protocol(out))
-            reply = out.getvalue()
+            if size > limits.max_frame_bytes and self.refuse_with is None:
+                raise FrameError(f"frame of {size} bytes (the limit is {limits.max_frame_bytes})")
+            method, seqid = frames.call_head()
+            refused = self._admit(size, frames.complete)
+            if refused is not None:
+                frames.skip()
+                self.log.warning("refused", "refused %s from %s: %s", method, connection.peer[0], refused)
+                reply = self._refusal(method, seqid, refused)
+            else:
+                try:
+                    reply = self._process(frames)
+                finally:
+                    self.budget.release(size)
             if reply:  # oneway calls have none
                 sock.sendall(_FRAME_HEAD.pack(len(reply)) + reply)
             if connection.close_after_reply:
                 return
+
+    def _admit(self, size: int, complete: bool) -> HQueueError | None:
+        """Take the frame's bytes from the budget; the error refusing it if it cannot be."""
+        limits = self.limits
+        if size > limits.max_frame_bytes:
+            return LimitExceeded(
+                "max_frame_bytes",
+                limits.max_frame_bytes,
+                f"a call of {size} bytes is over this server's limit of {limits.max_frame_bytes} (--max-frame-bytes)",
+            )
+        if self.budget.reserve(size, None if complete else limits.inflight_wait):
+            return None
+        return ServerBusy(
+            "max_inflight_bytes",
+            limits.max_inflight_bytes,
+            f"no room in {limits.inflight_wait:g}s for a call of {size} bytes: the requests under way hold "
+            f"this server's {limits.max_inflight_bytes} bytes (--max-inflight-bytes); nothing was done, try again",
+        )
+
+    def _process(self, frames: FrameReader) -> bytes:
+        """Read, check and run the frame's call; its reply.
+
+        The frame, then its decoding buffer, are let go as soon as the
+        arguments are decoded: while the call runs, only the arguments
+        (and what the call makes of them) take memory.
+        """
+        frame = frames.body()
+        check_call(frame, self.limits.max_items)
+        trans = TCyMemoryBuffer(frame)
+        del frame
+        api, seqid, result, call = self.processor.process_in(self.iprot_factory.get_protocol(trans))
+        del trans
+        out = TCyMemoryBuffer()
+        oprot = self.iprot_factory.get_protocol(out)
+        if call is None:  # an unknown method: result is the TApplicationException
+            self.processor.send_exception(oprot, api, result, seqid)
+            return out.getvalue()
+        try:
+            result.success = call()
+        except TApplicationException as e:
+            self.processor.send_exception(oprot, api, e, seqid)
+            return out.getvalue()
+        except Exception as e:
+            if not self.processor.handle_exception(e, result):
+                raise
+            # The reply keeps e, whose traceback (and its cause's) leads back to this frame, which holds
+            # the reply: a cycle that would keep the call's arguments (a 16 MiB batch) until the cyclic
+            # GC runs. The reply needs the error alone.
+            e.__traceback__ = e.__cause__ = e.__context__ = None
+        if not result.oneway:
+            self.processor.send_result(oprot, api, result, seqid)
+        return out.getvalue()
+
+    def _refusal(self, method: str, seqid: int, error: HQueueError) -> bytes:
+        """The reply to a call refused unread: ``method``'s result with the typed error.
+
+        Raises:
+            FrameError: no typed error can say it (an unknown method, or no
+                ``refuse_with``): the connection is closed instead.
+        """
+        if self.refuse_with is None or method not in self.service.thrift_services:
+            raise FrameError(str(error))
+        result = getattr(self.service, method + "_result")()
+        if not self.processor.handle_exception(self.refuse_with(method, error), result):
+            raise FrameError(str(error))
+        out = TCyMemoryBuffer()
+        self.processor.send_result(self.iprot_factory.get_protocol(out), method, result, seqid)
+        return out.getvalue()
 
     def _serve_thriftpy2(self, sock: socket.socket) -> None:
         sock.settimeout(self.limits.idle_timeout)

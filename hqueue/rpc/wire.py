@@ -29,7 +29,15 @@ SCAN_REPLY_BYTES = 16 * 1024 * 1024
 MAX_PUT_BATCH = MAX_BATCH_MESSAGES
 #: The most bytes (topics and values) one put call carries (frames stay far below 64 MiB).
 MAX_PUT_BYTES = MAX_BATCH_BYTES
+#: Bytes a put's frame takes besides its topics and values: per message
+#: (a TMessage's fields; a packed batch takes 8) and per call (names, headers).
+PUT_FRAME_BYTES_PER_MESSAGE, PUT_FRAME_BYTES_PER_CALL = 40, 64 * 1024
 _ROWKEY = struct.Struct(">HQH")
+
+
+def put_frame_bytes(messages: int, payload: int) -> int:
+    """The largest frame a put of ``messages`` messages and ``payload`` bytes of topics and values takes."""
+    return payload + messages * PUT_FRAME_BYTES_PER_MESSAGE + PUT_FRAME_BYTES_PER_CALL
 
 
 def to_tid(message_id: MessageID) -> Any:
@@ -156,6 +164,10 @@ def from_tinfo(t: Any) -> QueueInfo:
 def to_thrift_error(e: Exception) -> Exception:
     """The IDL exception a client should see for ``e``."""
     text = str(e)
+    if isinstance(e, (errors.LimitExceeded, errors.ServerBusy)):  # "Kind: limit=value: text", read back below
+        described = f"{type(e).__name__}: {e.limit}={e.value}: {text}"
+        busy = isinstance(e, errors.ServerBusy)
+        return T.TIOError(message=described) if busy else T.TInvalidMessage(message=described)
     if isinstance(e, errors.QueueNotFound):
         return T.TQueueNotFound(message=text, queue=e.name)
     if isinstance(e, errors.QueueExists):
@@ -178,6 +190,9 @@ def to_thrift_error(e: Exception) -> Exception:
 def from_thrift_error(e: Exception, queue: str | None = None, partition_id: int = -1) -> errors.HQueueError:
     """The hqueue error a Python caller should see for an IDL exception."""
     text = _text(getattr(e, "message", "")) or repr(e)
+    limit = _limit_error(text) if isinstance(e, (T.TInvalidMessage, T.TIOError)) else None
+    if limit is not None:
+        return limit
     if isinstance(e, T.TQueueNotFound):
         return errors.QueueNotFound(_text(e.queue) or queue or "?")
     if isinstance(e, T.TQueueExists):
@@ -207,6 +222,17 @@ def from_thrift_error(e: Exception, queue: str | None = None, partition_id: int 
             return errors.QueueEnabled(queue, "it can be dropped")
         return cls(rest if cls is not errors.InvalidMessage else text)
     return errors.StorageError(text)
+
+
+def _limit_error(text: str) -> errors.HQueueError | None:
+    """A LimitExceeded or ServerBusy, from its wire text ("Kind: limit=value: message")."""
+    kind, _, rest = text.partition(": ")
+    cls = {"LimitExceeded": errors.LimitExceeded, "ServerBusy": errors.ServerBusy}.get(kind)
+    setting, _, message = rest.partition(": ")
+    limit, _, value = setting.partition("=")
+    if cls is None or not value.isdigit():
+        return None
+    return cls(limit, int(value), message)
 
 
 def _text(value: Any) -> str:

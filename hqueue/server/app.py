@@ -15,6 +15,7 @@ others take over without waiting for a session timeout); close the store.
 
 from __future__ import annotations
 
+import ctypes
 import ipaddress
 import logging
 import signal
@@ -40,6 +41,7 @@ from ..subscriptions.registry import SubscriberRegistry
 from ..subscriptions.service import Subscribers
 from ..subscriptions.store_registry import StoreRegistry
 from ..subscriptions.zk_registry import ZooKeeperRegistry
+from .calls import thrift_error
 from .gauges import server_gauges
 from .handler import DEFAULT_MAX_PARTITIONS, HQueueHandler
 from .scanners import DEFAULT_IDLE_TIMEOUT, ScannerRegistry
@@ -47,6 +49,39 @@ from .scanners import DEFAULT_IDLE_TIMEOUT, ScannerRegistry
 logger = logging.getLogger(__name__)
 
 DEFAULT_PORT = 9700
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
+def return_freed_memory() -> None:
+    """Have this process give big freed buffers back to the system at once
+    (``hqueue server`` calls it; a library should not change its host's malloc).
+
+    glibc raises its mmap threshold each time it frees a big buffer (up to
+    32 MiB), so later buffers of that size come from the heap of the
+    calling thread's arena, and stay with the process once freed: after a
+    few 16 MiB puts on different connections, hundreds of MB stayed held. A
+    fixed threshold of 1 MiB gives each buffer that large its own mapping,
+    unmapped when it is freed. Elsewhere than glibc this does nothing.
+    """
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_MMAP_THRESHOLD, 1 << 20)
+
+
+def _warn_if_puts_cannot_fit(limits: ServerLimits, max_put_messages: int, max_put_bytes: int) -> None:
+    """Say so when a put at the put limits would not fit in a frame (clients then split smaller)."""
+    needed = wire.put_frame_bytes(max_put_messages, max_put_bytes)
+    if needed > limits.max_frame_bytes:
+        logger.warning(
+            "--max-frame-bytes %d is under the %d bytes a put of --max-put-messages %d and --max-put-bytes %d "
+            "can take: raise it",
+            limits.max_frame_bytes,
+            needed,
+            max_put_messages,
+            max_put_bytes,
+        )
 
 
 class HQueueServer:
@@ -60,9 +95,12 @@ class HQueueServer:
         idle_timeout: Seconds after which an unused remote scanner is closed.
         auth: Tokens and roles (``--auth-file``); None: every client may do everything.
         push_policy: Where subscribers' messages may be pushed.
-        limits: Connections, frame sizes and timeouts.
+        limits: Connections, frame sizes, timeouts, and the memory of the calls under way.
         ssl_context: Serve TLS with this server-side context.
         max_partitions: The most partitions a queue created here may have.
+        max_put_messages, max_put_bytes: The most messages, and bytes of
+            topics and values, one put call may carry (``--max-put-messages``,
+            ``--max-put-bytes``; the client splits at the same sizes).
         metrics_port: Serve Prometheus metrics on this port (0: a free one; None: not at all).
         push_threads: Threads that push to subscribers, all of them together.
         max_subscribers: The most subscribers this server pushes to (the rest wait).
@@ -88,6 +126,8 @@ class HQueueServer:
         limits: ServerLimits | None = None,
         ssl_context: ssl.SSLContext | None = None,
         max_partitions: int = DEFAULT_MAX_PARTITIONS,
+        max_put_messages: int = wire.MAX_PUT_BATCH,
+        max_put_bytes: int = wire.MAX_PUT_BYTES,
         metrics_port: int | None = None,
         push_threads: int = DEFAULT_PUSH_THREADS,
         max_subscribers: int = DEFAULT_MAX_SUBSCRIBERS,
@@ -123,6 +163,8 @@ class HQueueServer:
             auth=auth,
             push_policy=self.push_policy,
             max_partitions=max_partitions,
+            max_put_messages=max_put_messages,
+            max_put_bytes=max_put_bytes,
             metrics=self.metrics,
         )
         self.handler.subscription_calls.tls = self._tls = ssl_context is not None
@@ -131,8 +173,9 @@ class HQueueServer:
         self.groups: GroupService | None = None
         self.group_limits = group_limits
         self._server = ThreadedServer(
-            wire.T.HQueueService, self.handler, socket, limits=limits, ssl_context=ssl_context
+            wire.T.HQueueService, self.handler, socket, limits=limits, ssl_context=ssl_context, refuse_with=thrift_error
         )
+        _warn_if_puts_cannot_fit(self._server.limits, max_put_messages, max_put_bytes)
         if metrics_port is not None:  # here, so a taken port fails before anything starts
             try:
                 self._serve_metrics(metrics_port, metrics_host, MetricsAccess(metrics_token, auth))
@@ -155,6 +198,11 @@ class HQueueServer:
     def connections(self) -> int:
         """Open client connections."""
         return self._server.connections
+
+    @property
+    def inflight_bytes(self) -> int:
+        """Bytes of request frames under way (the ``--max-inflight-bytes`` budget)."""
+        return self._server.budget.used
 
     def start(self) -> HQueueServer:
         """Join the coordinator and serve in a background thread."""

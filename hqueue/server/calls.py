@@ -9,6 +9,8 @@
   puts, scans, timers; group_calls.py; subscription_calls.py).
 * :class:`ThriftService`: one HQueueService made of those groups.
 * :func:`handler`: the handler of a declared operation (``rpc/operations.py``).
+* :func:`thrift_error`: the IDL exception a call answers with for an error
+  (also what the connection loop answers a call it refuses unread with).
 """
 
 from __future__ import annotations
@@ -19,15 +21,19 @@ import threading
 from typing import Any
 
 from ..auth import MANAGE, OPEN, AuthPolicy, Principal
+from ..config import MAX_QUEUE_NAME
 from ..coordination import Coordinator
 from ..engine import Engine
-from ..errors import HQueueError, NotAuthorized
+from ..errors import HQueueError, InvalidQueueName, NotAuthorized
 from ..metrics import ServerMetrics
 from ..rpc import wire
 from ..rpc.operations import Operation
 from ..rpc.threaded import current_connection
 
 logger = logging.getLogger(__name__)
+
+#: The longest text an error sent to a client carries (it may repeat what the client sent).
+MAX_ERROR_TEXT = 4096
 
 
 @functools.cache
@@ -62,20 +68,30 @@ def served(role: str | None, queue_arg: int | None = 0, named: tuple[int, str] |
                     guard.authorize(role, method.__name__, queue, (named[1], args[named[0]]) if named else None)
                 return method(self, *args)
             except Exception as e:
-                if isinstance(e, (HQueueError, ValueError, TypeError)):
-                    error = wire.to_thrift_error(e)
-                else:
+                if not isinstance(e, (HQueueError, ValueError, TypeError)):
                     logger.exception("%s%r failed", method.__name__, args[:2])
-                    error = wire.T.TIOError(message=f"internal error: {type(e).__name__}: {e}")
-                if not isinstance(error, _declared(method.__name__)):
-                    error = wire.T.TIOError(message=error.message)
-                raise error from e
+                raise thrift_error(method.__name__, e) from e
             finally:
                 guard.leave()
 
         return call
 
     return wrap
+
+
+def thrift_error(method: str, e: Exception) -> Exception:
+    """The IDL exception ``method`` answers with for ``e``: one it declares
+    (TIOError for what it does not, and for unexpected errors)."""
+    if isinstance(e, (HQueueError, ValueError, TypeError)):
+        error = wire.to_thrift_error(e)
+    else:
+        error = wire.T.TIOError(message=f"internal error: {type(e).__name__}: {e}")
+    if not isinstance(error, _declared(method)):
+        error = wire.T.TIOError(message=getattr(error, "message", str(error)))
+    for field, text in vars(error).items():  # what a client sent, repeated back, stays short
+        if isinstance(text, str) and len(text) > MAX_ERROR_TEXT:
+            setattr(error, field, text[:MAX_ERROR_TEXT] + f"… ({len(text)} characters)")
+    return error
 
 
 def handler(operation: Operation):
@@ -126,6 +142,8 @@ class CallGuard:
             return
         if not isinstance(queue, str):
             raise TypeError(f"'queue' must be a string, got {type(queue).__name__}")
+        if len(queue) > MAX_QUEUE_NAME:  # before any error repeats it (a 19 MiB name made a 40 MiB reply)
+            raise InvalidQueueName(f"a queue name has at most {MAX_QUEUE_NAME} characters; this one has {len(queue)}")
         if role == MANAGE:
             if named is None:
                 raise TypeError(f"{action}: a 'manage' call must name its group or subscriber")

@@ -33,6 +33,8 @@ class Served(Protocol):
 
     @property
     def connections(self) -> int: ...
+    @property
+    def inflight_bytes(self) -> int: ...
 
 
 def server_gauges(server: Served, book: LagBook) -> Callable[[], list[Family]]:
@@ -42,6 +44,9 @@ def server_gauges(server: Served, book: LagBook) -> Callable[[], list[Family]]:
         families = [
             gauge("hqueue_connections", "Open client connections.", [], [([], server.connections)]),
             gauge("hqueue_scanners", "Open server-side scanners.", [], [([], len(server.scanners))]),
+            gauge(
+                "hqueue_inflight_request_bytes", "Bytes of request frames under way.", [], [([], server.inflight_bytes)]
+            ),
         ]
         owned = [([q.name], len(server.coordinator.owned(q.name, q.partitions))) for q in server.engine.list_queues()]
         families.append(gauge("hqueue_owned_partitions", "Partitions this server writes.", ["queue"], owned))

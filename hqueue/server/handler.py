@@ -22,7 +22,7 @@ from ..checks import check_partition
 from ..config import QueueState
 from ..coordination import Coordinator
 from ..engine import Engine
-from ..errors import InvalidArgument, NotAuthorized, NotPartitionOwner
+from ..errors import InvalidArgument, LimitExceeded, NotAuthorized, NotPartitionOwner
 from ..message import Message, MessageID, cell_keys_of, values_of
 from ..metrics import ServerMetrics
 from ..rpc import packed, wire
@@ -51,10 +51,13 @@ class QueueCalls(Calls):
         metrics: ServerMetrics,
         scanners: ScannerRegistry,
         max_partitions: int = DEFAULT_MAX_PARTITIONS,
+        max_put_messages: int = wire.MAX_PUT_BATCH,
+        max_put_bytes: int = wire.MAX_PUT_BYTES,
     ) -> None:
         super().__init__(engine, coordinator, guard, metrics)
         self.scanners, self.max_partitions = scanners, max_partitions
         self.failed_logins = FailedLogins()
+        self.max_put_messages, self.max_put_bytes = max_put_messages, max_put_bytes
 
     @served(None)
     def authenticate(self, token: str) -> None:
@@ -117,10 +120,34 @@ class QueueCalls(Calls):
     def _put(self, queue: str, partition_id: int | None, tmessages: list[Any]) -> list[MessageID]:
         if not isinstance(tmessages, list):
             raise TypeError("'messages' must be a list of TMessage")
+        self._check_put(len(tmessages), 0)
         messages = [wire.from_tmessage(t, i) for i, t in enumerate(tmessages)]
+        self._check_put(len(messages), sum(len(m.topic) + len(m.value) for m in messages))
         partition_id = self._writable_partition(queue, partition_id)
         with self._counted_put(queue, len(messages)):
             return self.engine.put(queue, messages, partition_id)
+
+    def _unpack_put(self, blob: bytes) -> tuple[list[bytes], list[bytes]]:
+        """A put's packed batch, checked against the put limits from its head before it is unpacked."""
+        self._check_put(*packed.measure(blob))
+        return packed.unpack(blob)
+
+    def _check_put(self, count: int, payload: int) -> None:
+        """Refuse a put of more messages, or more bytes of topics and values, than one call may carry."""
+        if count > self.max_put_messages:
+            raise LimitExceeded(
+                "max_put_messages",
+                self.max_put_messages,
+                f"a put carries at most {self.max_put_messages} messages on this server (--max-put-messages); "
+                f"this one has {count}",
+            )
+        if payload > self.max_put_bytes:
+            raise LimitExceeded(
+                "max_put_bytes",
+                self.max_put_bytes,
+                f"a put carries at most {self.max_put_bytes} bytes of topics and values on this server "
+                f"(--max-put-bytes); this one has {payload}",
+            )
 
     @contextmanager
     def _counted_put(self, queue: str, count: int) -> Iterator[None]:
@@ -145,7 +172,7 @@ class QueueCalls(Calls):
 
     @served("producer")
     def putPacked(self, queue: str, partitionID: int, messages: bytes) -> Any:
-        topics, values = packed.unpack(messages)
+        topics, values = self._unpack_put(messages)
         partition_id = self._writable_partition(queue, partitionID)
         with self._counted_put(queue, len(topics)):
             first = self.engine.put_columns(queue, topics, values, partition_id)
@@ -227,7 +254,7 @@ class QueueCalls(Calls):
 
     @served("producer")
     def scheduleTimers(self, queue: str, partitionID: int, messages: bytes, dueMillis: int) -> Any:
-        topics, values = packed.unpack(messages)
+        topics, values = self._unpack_put(messages)
         partition_id = self._writable_partition(queue, partitionID)
         if not isinstance(dueMillis, int) or not 0 <= dueMillis < 2**63:
             raise InvalidArgument(f"'dueMillis' must be epoch ms >= 0, got {dueMillis!r}")
@@ -250,6 +277,9 @@ class HQueueHandler(ThriftService):
         auth: Tokens and roles; None: every client may do everything.
         push_policy: Where subscribers' messages may be pushed.
         max_partitions: The most partitions a queue created here may have.
+        max_put_messages, max_put_bytes: The most messages, and bytes of
+            topics and values, one put call may carry (the client splits
+            bigger batches at the same sizes).
         metrics: The server's Prometheus series.
     """
 
@@ -262,11 +292,15 @@ class HQueueHandler(ThriftService):
         auth: AuthPolicy | None = None,
         push_policy: PushPolicy | None = None,
         max_partitions: int = DEFAULT_MAX_PARTITIONS,
+        max_put_messages: int = wire.MAX_PUT_BATCH,
+        max_put_bytes: int = wire.MAX_PUT_BYTES,
         metrics: ServerMetrics | None = None,
     ) -> None:
         metrics = metrics or ServerMetrics()
         self.guard = CallGuard(auth)
-        self.queues = QueueCalls(engine, coordinator, self.guard, metrics, scanners, max_partitions)
+        self.queues = QueueCalls(
+            engine, coordinator, self.guard, metrics, scanners, max_partitions, max_put_messages, max_put_bytes
+        )
         self.group_calls = GroupCalls(engine, coordinator, self.guard, metrics)
         self.subscription_calls = SubscriptionCalls(engine, coordinator, self.guard, metrics)
         self.subscription_calls.push_policy = push_policy or PushPolicy()

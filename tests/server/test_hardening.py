@@ -61,11 +61,14 @@ def raw_client(port: int, timeout_ms: int = 10_000):
     )  # fmt: skip
 
 
-def send_raw(port: int, payload: bytes, timeout: float = 10) -> bytes:
-    """Send bytes, then read until the server closes (b"" when it says nothing)."""
+def send_raw(port: int, payload: bytes, timeout: float = 10, half_close: bool = False) -> bytes:
+    """Send bytes (then close our side if ``half_close``), then read until the
+    server closes (b"" when it says nothing)."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
         try:
             s.sendall(payload)
+            if half_close:
+                s.shutdown(socket.SHUT_WR)
             chunks = []
             while chunk := s.recv(65536):
                 chunks.append(chunk)
@@ -439,7 +442,8 @@ def test_a_stalled_frame_times_out_on_the_body_timeout_not_the_idle_one():
 def test_hostile_frames_end_their_own_connection_and_others_go_on(server):
     client = raw_client(server.port)
     assert send_raw(server.port, struct.pack("!i", 29) + _call(b"listQueues", HOSTILE_LIST)) == b""
-    assert send_raw(server.port, struct.pack("!I", (1 << 20) + 1)) == b""  # over --max-frame-bytes
+    # over --max-frame-bytes, and no call to answer: closed
+    assert send_raw(server.port, struct.pack("!I", (1 << 20) + 1), half_close=True) == b""
     many = b"\x0f\x00\x02\x0c" + struct.pack("!i", 60_000) + b"\x00" * 60_000  # 60,000 empty TMessages
     args = b"\x0b\x00\x01" + struct.pack("!i", 1) + b"q" + many + b"\x00"
     frame = _call(b"putMessages", args)

@@ -65,6 +65,7 @@ def test_puts_connections_and_partitions_are_counted(server):
     assert metrics['hqueue_put_seconds_count{queue="q"}'] == 2
     assert metrics['hqueue_owned_partitions{queue="q"}'] == 2
     assert metrics["hqueue_connections"] >= 1
+    assert metrics["hqueue_inflight_request_bytes"] == 0  # nothing under way between calls
 
 
 def test_delivery_and_lag_per_subscriber_and_partition(server):

@@ -1,0 +1,67 @@
+"""The memory that a server's requests under way may hold, all connections together.
+
+Each request's frame takes its bytes from the budget before its body is
+read, and gives them back once its reply is made. A frame that does not fit
+waits for room, in turn (first come, first served, so a big frame is not
+passed over for ever by smaller ones), for a bounded time; its bytes stay
+in the peer's socket meanwhile (TCP's own backpressure), and nothing is
+allocated for it. When the wait runs out the call is refused, unread.
+
+A frame that came whole with its head (at most 64 KiB, already in the
+connection's read buffer) is counted, but never waits: acks and small puts
+keep flowing while big puts queue.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+#: Bytes of frames under way, all connections together (``--max-inflight-bytes``).
+DEFAULT_MAX_INFLIGHT_BYTES = 64 * 1024 * 1024
+#: Seconds a frame may wait for room before it is refused (``--inflight-wait``).
+DEFAULT_INFLIGHT_WAIT = 10.0
+
+
+class InflightBudget:
+    """Bytes held by requests under way, within ``limit``."""
+
+    def __init__(self, limit: int = DEFAULT_MAX_INFLIGHT_BYTES) -> None:
+        self.limit = limit
+        #: Bytes taken now (may pass ``limit`` by what small frames took without waiting).
+        self.used = 0
+        self._changed = threading.Condition()
+        self._line: deque[object] = deque()
+
+    def reserve(self, size: int, wait: float | None) -> bool:
+        """Take ``size`` bytes, waiting up to ``wait`` seconds for room, in turn.
+
+        ``wait`` None: take them now, whatever is taken already (a frame that
+        is in memory anyway). False: no room came in time; nothing is taken.
+        """
+        with self._changed:
+            if wait is None or (not self._line and self.used + size <= self.limit):
+                self.used += size
+                return True
+            turn = object()
+            self._line.append(turn)
+            deadline = time.monotonic() + wait
+            try:
+                while self._line[0] is not turn or self.used + size > self.limit:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self._changed.wait(left)
+                self.used += size
+                return True
+            finally:
+                self._line.remove(turn)
+                self._changed.notify_all()  # the next in line may fit now
+
+    def release(self, size: int) -> None:
+        """Give back what :meth:`reserve` took."""
+        with self._changed:
+            self.used -= size
+            if self._line:
+                self._changed.notify_all()

@@ -12,6 +12,7 @@ import resource
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -186,3 +187,17 @@ class ServerProcess:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout=timeout)
+
+
+def server_certificate(directory: Path) -> tuple[Path, ssl.SSLContext]:
+    """A self-signed certificate for 127.0.0.1 and localhost (openssl): its file, and a
+    server-side TLS context that serves it."""
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", key, "-out", cert],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return cert, context

@@ -31,7 +31,7 @@ from hqueue.rpc.wire import MAX_SCAN_BATCH, T
 from hqueue.server import HQueueServer
 from hqueue.server.logins import FailedLogins
 
-from ..processes import ServerProcess, drain, wait_for
+from ..processes import ServerProcess, drain, server_certificate, wait_for
 
 ADMIN, CRAWLER = "admin-secret-0123456789", "crawler-secret-0123456789"
 WORKER = "worker-secret-0123456789"
@@ -323,16 +323,7 @@ def test_a_push_address_needs_a_real_port(server, address):
 
 
 def test_tls_serves_a_client_that_trusts_the_certificate(tmp_path):
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", key, "-out", cert],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    import ssl
-
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(cert, key)
+    cert, context = server_certificate(tmp_path)
     server = HQueueServer(f"local://{tmp_path}/data", port=0, ssl_context=context).start()
     try:
         url = f"hqueue://{server.address}?tls=1&ca={cert}"

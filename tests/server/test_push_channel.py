@@ -8,8 +8,6 @@ relay in between reads no value.
 """
 
 import socket
-import ssl
-import subprocess
 import threading
 
 import pytest
@@ -24,7 +22,7 @@ from hqueue.server import HQueueServer
 from hqueue.subscriptions.listener import MessageListener, Subscription
 from hqueue.subscriptions.push import mac
 
-from ..processes import wait_for
+from ..processes import server_certificate, wait_for
 
 
 class Collect(MessageListener):
@@ -136,18 +134,6 @@ def test_a_stolen_key_of_a_previous_run_is_worthless(running):
     assert subscriber.credentials.key != old.key
 
 
-def make_certificate(tmp_path):
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", key, "-out", cert],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(cert, key)
-    return cert, context
-
-
 class Relay:
     """A TCP relay on loopback that keeps every byte it forwards."""
 
@@ -182,7 +168,7 @@ class Relay:
 
 
 def test_a_tls_server_pushes_over_tls_pinned_to_the_subscriber(tmp_path):
-    cert, context = make_certificate(tmp_path)
+    cert, context = server_certificate(tmp_path)
     server = HQueueServer(f"local://{tmp_path}/data", port=0, ssl_context=context).start()
     url = f"hqueue://{server.address}?tls=1&ca={cert}"
     try:

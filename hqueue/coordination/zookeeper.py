@@ -103,24 +103,29 @@ def no_auth(hosts: str) -> str:
 
 
 def secure(client: KazooClient, paths: Iterable[str]) -> None:
-    """Put the client's default ACL on the chroot and on ``paths`` and everything under them.
+    """Put the client's default ACL on hqueue's nodes: the chroot and everything
+    under it, or, without a chroot, ``paths`` and everything under them.
 
     Nodes made before the deployment turned ACLs on were open to anyone;
-    the first server started with credentials closes them.
+    the first server started with credentials closes them. A node gets the
+    ACL only once everything below it has it, so a node that has it needs no
+    walk: later starts cost a round trip, and a walk cut short is finished
+    by the next start.
     """
-    acl = client.default_acl
-    if not acl:
+    if client.default_acl:
+        for path in ["/"] if client.chroot else paths:
+            _secure_tree(client, path, client.default_acl)
+
+
+def _secure_tree(client: KazooClient, path: str, acl: list) -> None:
+    try:
+        if client.get_acls(path)[0] == acl:
+            return
+        for child in client.get_children(path):
+            _secure_tree(client, f"{path.rstrip('/')}/{child}", acl)
+        client.set_acls(path, acl)
+    except NoNodeError:
         return
-    if client.chroot:
-        client.set_acls("/", acl)
-    pending = list(paths)
-    while pending:
-        path = pending.pop()
-        try:
-            client.set_acls(path, acl)
-            pending.extend(f"{path.rstrip('/')}/{child}" for child in client.get_children(path))
-        except NoNodeError:
-            continue
 
 
 def item(queue: str, pid: int) -> str:

@@ -70,7 +70,7 @@ import tomllib
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from .errors import InvalidArgument, NotAuthorized
 
@@ -333,17 +333,22 @@ class PushCredentials:
         return {"key": self.key.hex(), "certificate": self.certificate}
 
     @classmethod
+    def checked(cls, key: object, certificate: object) -> PushCredentials | None:
+        """These credentials, or None when malformed (an announcement without a
+        usable key is never pushed to): a 32-byte key, and no certificate or its
+        SHA-256 fingerprint in lower-case hex."""
+        if isinstance(key, bytes) and len(key) == 32 and (certificate is None or _is_fingerprint(certificate)):
+            return cls(key, certificate)
+        return None
+
+    @classmethod
     def from_json(cls, data: Any) -> PushCredentials | None:
-        """None for anything malformed (an announcement without a usable key is never pushed to)."""
+        """As :meth:`to_json` wrote them; None for anything malformed."""
         try:
-            key = bytes.fromhex(data["key"])
-            certificate = data.get("certificate")
+            return cls.checked(bytes.fromhex(data["key"]), data.get("certificate"))
         except (TypeError, ValueError, KeyError, AttributeError):
             return None
-        if len(key) != 32 or not (certificate is None or _is_fingerprint(certificate)):
-            return None
-        return cls(key, certificate)
 
 
-def _is_fingerprint(value: object) -> bool:
+def _is_fingerprint(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)

@@ -83,11 +83,7 @@ def to_tpush_key(push: PushCredentials) -> Any:
 
 def from_tpush_key(t: Any) -> PushCredentials:
     """The announced push credentials; InvalidArgument for missing or malformed ones."""
-    push = (
-        PushCredentials.from_json({"key": t.key.hex(), "certificate": t.certificate})
-        if t is not None and isinstance(t.key, bytes)
-        else None
-    )
+    push = PushCredentials.checked(t.key, t.certificate) if t is not None else None
     if push is None:
         raise errors.InvalidArgument(
             "a subscriber announces a 32-byte push key (and, with TLS, its certificate's SHA-256 hex fingerprint)"

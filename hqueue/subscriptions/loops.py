@@ -30,6 +30,7 @@ from thriftpy2.protocol import TBinaryProtocolFactory
 from thriftpy2.thrift import TClient, TException
 from thriftpy2.transport import TFramedTransportFactory, TSocket, TSSLSocket
 
+from ..auth import PushCredentials
 from ..errors import HQueueError
 from ..groups.state import STARVE_GUARD
 from ..rpc import wire
@@ -126,7 +127,7 @@ class SubscriberLoop:
         self.running = self.queued = False
         self._picks = 0
         self._client: Any = None
-        self._connected_to: tuple[str | None, Any] | None = None
+        self._connected_to: tuple[str, PushCredentials] | None = None
         self._challenge = b""
         self._sequence = 0
         self._refusals = RateLimitedLog()
@@ -213,16 +214,12 @@ class SubscriberLoop:
         registration, batch = worker.registration, worker.buffer
         metrics = self.manager.metrics
         try:
-            self._connect(registration)
+            key = self._connect(registration).key
             self._sequence += 1
+            pid, epoch, sequence = worker.partition_id, registration.epoch, self._sequence
             proof = wire.T.TPushProof(
-                queue=self.queue, subscriber=self.subscriber, partitionID=worker.partition_id,
-                epoch=registration.epoch, sequence=self._sequence,
-            )  # fmt: skip
-            assert registration.push is not None  # _connect refuses a subscriber without a key
-            proof.mac = mac(
-                registration.push.key, self._challenge, self._sequence, registration.epoch,
-                self.queue, self.subscriber, worker.partition_id, batch,
+                queue=self.queue, subscriber=self.subscriber, partitionID=pid, epoch=epoch, sequence=sequence,
+                mac=mac(key, self._challenge, sequence, epoch, self.queue, self.subscriber, pid, batch),
             )  # fmt: skip
             started = time.perf_counter()
             status = self._client.consumeMessages(batch, proof)
@@ -248,13 +245,13 @@ class SubscriberLoop:
         self._drop_client()
         self.manager.metrics.delivery_failures.labels(self.queue, self.subscriber).inc()
 
-    def _connect(self, registration: Registration) -> None:
-        """Open (or keep) the connection to the registration's address, guarded."""
-        wanted = (registration.address, registration.push)
-        if self._client is not None and self._connected_to == wanted:
-            return
-        self._drop_client()
+    def _connect(self, registration: Registration) -> PushCredentials:
+        """Open (or keep) the connection to the registration's address, guarded; the
+        push credentials it was opened for."""
         address, push = registration.address or "", registration.push
+        if self._client is not None and push is not None and self._connected_to == (address, push):
+            return push
+        self._drop_client()
         if push is None:
             raise HQueueError(f"subscriber {self.subscriber} announced no push key (an older hqueue?)")
         self.manager.push_policy.check_push(address, registration.approved)
@@ -277,7 +274,8 @@ class SubscriberLoop:
         except BaseException:
             transport.close()
             raise
-        self._client, self._connected_to, self._sequence = client, wanted, 0
+        self._client, self._connected_to, self._sequence = client, (address, push), 0
+        return push
 
     def _drop_client(self) -> None:
         if self._client is not None:

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import NamedTuple
 
 from ..auth import PushCredentials
 from ..errors import SubscriberActive, SubscriberExists, SubscriberNotFound
@@ -18,6 +19,15 @@ from ..storage import Storage
 from .registry import Registration, SubscriberRegistry
 
 PREFIX = "subscribers/"
+
+
+class Presence(NamedTuple):
+    """An attached subscriber, as its last heartbeat said."""
+
+    address: str
+    topics: frozenset[bytes] | None
+    push: PushCredentials
+    seen: float
 
 
 class StoreRegistry(SubscriberRegistry):
@@ -29,8 +39,7 @@ class StoreRegistry(SubscriberRegistry):
         super().__init__()
         self.storage, self.presence_timeout = storage, presence_timeout
         self._lock = threading.RLock()
-        # (queue, name) -> (address, topics, push credentials, last heartbeat)
-        self._presence: dict[tuple[str, str], tuple[str, frozenset[bytes] | None, PushCredentials, float]] = {}
+        self._presence: dict[tuple[str, str], Presence] = {}
 
     def _key(self, queue: str, name: str) -> str:
         return f"{PREFIX}{queue}/{name}"
@@ -51,10 +60,15 @@ class StoreRegistry(SubscriberRegistry):
     def load(self, queue: str, name: str) -> Registration:
         registration = self._stored(queue, name)
         presence = self._presence.get((queue, name))
-        if presence and time.monotonic() - presence[3] < self.presence_timeout:
+        if presence and time.monotonic() - presence.seen < self.presence_timeout:
             # The heartbeat's address was checked when it came: it is the approved one.
-            address, topics, push, _ = presence
-            return replace(registration, address=address, live_topics=topics, push=push, approved=(address,))
+            return replace(
+                registration,
+                address=presence.address,
+                live_topics=presence.topics,
+                push=presence.push,
+                approved=(presence.address,),
+            )
         return registration
 
     def update(self, queue: str, name: str, change: Callable[[Registration], Registration]) -> Registration:
@@ -75,7 +89,7 @@ class StoreRegistry(SubscriberRegistry):
 
     def attached(self) -> list[Registration]:
         now = time.monotonic()
-        live = [key for key, (*_, seen) in list(self._presence.items()) if now - seen < self.presence_timeout]
+        live = [key for key, presence in list(self._presence.items()) if now - presence.seen < self.presence_timeout]
         found = []
         for queue, name in live:
             try:
@@ -90,14 +104,14 @@ class StoreRegistry(SubscriberRegistry):
         self._stored(queue, name)
         previous = self._presence.get((queue, name))
         now = time.monotonic()
-        live = previous is not None and now - previous[3] < self.presence_timeout
-        if previous is not None and live and (previous[0], previous[2]) != (address, push):
+        live = previous is not None and now - previous.seen < self.presence_timeout
+        if previous is not None and live and (previous.address, previous.push) != (address, push):
             raise SubscriberActive(
-                f"subscriber {name!r} on {queue!r} is attached at {previous[0]}; a second instance is refused "
+                f"subscriber {name!r} on {queue!r} is attached at {previous.address}; a second instance is refused "
                 f"(if that one died, its presence lapses within {self.presence_timeout:g}s)"
             )
-        self._presence[(queue, name)] = (address, topics, push, now)
-        if previous is None or previous[:3] != (address, topics, push):
+        self._presence[(queue, name)] = Presence(address, topics, push, now)
+        if previous is None or (previous.address, previous.topics, previous.push) != (address, topics, push):
             self.changed()
 
     def leave(self, queue: str, name: str) -> None:

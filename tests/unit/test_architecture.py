@@ -19,7 +19,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("model and keys", ["hqueue.message", "hqueue.ids", "hqueue.config", "hqueue.batch", "hqueue.checks",
                         "hqueue.scanner", "hqueue.auth", "hqueue.keys", "hqueue.api"]),
     ("storage, ownership, wire", ["hqueue.storage", "hqueue.coordination", "hqueue.rpc", "hqueue.metrics"]),
-    ("engine core", ["hqueue.engine", "hqueue.writers", "hqueue.topic_index"]),
+    ("engine core", ["hqueue.engine", "hqueue.events", "hqueue.writers", "hqueue.topic_index"]),
     ("services", ["hqueue.timers", "hqueue.groups", "hqueue.deadletters", "hqueue.lag",
                   "hqueue.subscriptions.registry", "hqueue.subscriptions.zk_registry",
                   "hqueue.subscriptions.store_registry", "hqueue.subscriptions.service",

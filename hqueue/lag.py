@@ -46,7 +46,7 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .ids import runs, wall_clock_ms
 from .message import MessageID, id_bytes, successor
@@ -183,7 +183,22 @@ class Tally:
         return first if index > 0 else None
 
 
-@dataclass(slots=True)
+class Lag(NamedTuple):
+    """A reader's lag in one partition (:meth:`LagBook.lag`)."""
+
+    #: Messages not yet finished.
+    messages: int
+    #: When the oldest of them was written (ms since the epoch; 0: none waits, or unknown).
+    oldest_ms: int
+    #: False when the book asked for a recount: the next answer may differ.
+    settled: bool
+
+    def age(self, now_ms: int) -> float:
+        """Seconds since the oldest waiting message was written (0.0 when none waits)."""
+        return max(0.0, (now_ms - self.oldest_ms) / 1000) if self.oldest_ms else 0.0
+
+
+@dataclass(slots=True, eq=False)
 class Seed:
     """A reader's lag counted once, with the counts it is measured from."""
 
@@ -277,12 +292,15 @@ class LagBook:
         cursor: bytes,
         finished: int,
         progress: Progress,
-        now_ms: int,
-    ) -> tuple[int, float] | None:
-        """The reader's (messages not yet finished, age in seconds of the oldest at
-        ``now_ms``), from counts kept: no row is read. None until the reader has been
-        counted once (``reader.lag_seed``, set by the book's thread, which this asks
-        for with ``progress(reader)``)."""
+    ) -> Lag | None:
+        """The reader's messages not yet finished and when the oldest was written, from
+        counts kept: no row is read. None until the reader has been counted once
+        (``reader.lag_seed``, set by the book's thread, which this asks for with
+        ``progress(reader)``).
+
+        The answer changes only when the reader's seed (:meth:`seed_of`), the
+        partition's ``Tally.total``, ``cursor`` or ``finished`` do, unless it is not
+        ``settled`` (a recount was asked for): a scrape may keep what it rendered."""
         seed: Seed | None = reader.lag_seed
         if seed is None or not seed.tally.live:
             self._request(reader, queue, pid, topics, progress)
@@ -294,18 +312,24 @@ class LagBook:
         if last is None or cursor > last:  # at the end: nothing waits
             if value:
                 self._request(reader, queue, pid, topics, progress)  # expired messages counted: afresh
-            return 0, 0.0
+                return Lag(0, 0, False)
+            return Lag(0, 0, True)
+        settled = True
         if value < 0 or (seed.saturated and value < self.limit // 2):
             self._request(reader, queue, pid, topics, progress)
-            value = max(value, 0)
+            value, settled = max(value, 0), False
         if value == 0:
-            return 0, 0.0
+            return Lag(0, 0, settled)
         first = tally.first_from(cursor)
         if first is None:
             first = max(cursor, seed.oldest)
-        if not first:
-            return value, 0.0
-        return value, max(0.0, (now_ms - int.from_bytes(first[:8], "big")) / 1000)
+        return Lag(value, int.from_bytes(first[:8], "big") if first else 0, settled)
+
+    @staticmethod
+    def seed_of(reader: Any) -> Seed | None:
+        """The reader's live seed (compared by identity), None when it has none."""
+        seed: Seed | None = reader.lag_seed
+        return seed if seed is not None and seed.tally.live else None
 
     def pending(self) -> int:
         """Readers waiting to be counted."""

@@ -162,6 +162,8 @@ class PartitionState:
     finished: int = 0
     #: The group's lag here counted once (lag.py's Seed), kept by the metrics' LagBook.
     lag_seed: Any = None
+    #: What the last metrics scrape wrote of this state (server/gauges.py), reused while it holds.
+    metric_lines: Any = None
 
     def __post_init__(self) -> None:
         self.scan = max(self.scan, self.done)

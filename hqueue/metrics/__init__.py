@@ -55,8 +55,8 @@ class Family:
     def add(self, labels: str, value: float) -> None:
         self.lines.append(f"{self._series}{{{labels}}} {value}\n" if labels else f"{self._series} {value}\n")
 
-    def text(self) -> str:
-        return f"# HELP {self._series} {self.help}\n# TYPE {self._series} {self.kind}\n" + "".join(self.lines)
+    def header(self) -> str:
+        return f"# HELP {self._series} {self.help}\n# TYPE {self._series} {self.kind}\n"
 
 
 class LabelledCounts:
@@ -148,7 +148,9 @@ class ServerMetrics:
                 parts = [generate_latest(self.registry).decode()]
                 for collect in self._families:
                     try:
-                        parts += [family.text() for family in collect()]
+                        for family in collect():  # one join of every line: no copy per family
+                            parts.append(family.header())
+                            parts += family.lines
                     except Exception:  # a scrape never takes the server down
                         logger.warning("collecting metrics failed", exc_info=True)
                 return "".join(parts).encode()

@@ -13,6 +13,7 @@ from typing import Protocol
 from ..coordination import Coordinator
 from ..engine import Engine
 from ..groups.service import GroupService
+from ..groups.state import PartitionState
 from ..groups.views import GroupSnapshot
 from ..ids import wall_clock_ms
 from ..lag import LagBook
@@ -66,10 +67,10 @@ def subscriber_families(server: Served, book: LagBook) -> list[Family]:
         labels = f'partition="{w.partition_id}",queue="{escape(w.queue)}",subscriber="{escape(w.name)}"'
         buffers.add(labels, len(w.buffer))
         cursor, finished = w.progress
-        known = book.lag(w, w.queue, w.partition_id, w.registration.effective_topics, cursor, finished, _worker, now)
+        known = book.lag(w, w.queue, w.partition_id, w.registration.effective_topics, cursor, finished, _worker)
         if known is not None:
-            lag.add(labels, known[0])
-            age.add(labels, known[1])
+            lag.add(labels, known.messages)
+            age.add(labels, known.age(now))
     return [buffers, lag, age]
 
 
@@ -84,23 +85,63 @@ def group_families(groups: list[GroupSnapshot], book: LagBook) -> list[Family]:
     now = wall_clock_ms()
     for snapshot in groups:
         group = snapshot.group
-        queue, name, topics = group.queue, group.name, group.config.topics
-        head, tail = f'group="{escape(name)}"', f'queue="{escape(queue)}"'
-        members.add(f"{head},{tail}", snapshot.members)
-        dead.add(f"{head},{tail}", group.dead_lettered)
-        head, tail = "{" + head + ',partition="', '",' + tail
-        progress = snapshot.progress
-        # The hot loop of a scrape (tens of thousands of partitions): lines appended here,
-        # not through Family.add.
+        queue, name = group.queue, group.name
+        labels = f'group="{escape(name)}",queue="{escape(queue)}"'
+        members.add(labels, snapshot.members)
+        dead.add(labels, group.dead_lettered)
+        # The hot loop of a scrape (tens of thousands of partitions, most of them idle):
+        # a partition whose counts did not move since the last scrape reuses its lines,
+        # and only the age of its oldest waiting message is written anew.
         for pid, state in snapshot.partitions:
-            labels = f"{head}{pid}{tail}}} "
-            leased(f"hqueue_group_in_flight_messages{labels}{len(state.leases)}\n")
-            ready(f"hqueue_group_retrying_messages{labels}{len(state.ready)}\n")
-            known = book.lag(state, queue, pid, topics, state.done, state.finished, progress, now)
-            if known is not None:
-                behind(f"hqueue_group_lag_messages{labels}{known[0]}\n")
-                old(f"hqueue_group_lag_seconds{labels}{known[1]}\n")
+            seed = state.lag_seed
+            if seed is not None and not seed.tally.live:
+                seed = None
+            key = (
+                seed,
+                seed.tally.total if seed else 0,
+                state.done,
+                state.finished,
+                len(state.leases),
+                len(state.ready),
+            )
+            lines = state.metric_lines
+            if lines is None or lines[0] != key:
+                lines = _partition_lines(snapshot, pid, state, key, book)
+            _, leased_line, ready_line, lag_line, age_line, oldest = lines
+            leased(leased_line)
+            ready(ready_line)
+            if lag_line is not None:
+                behind(lag_line)
+                if oldest:
+                    waited = now - oldest
+                    age_line = f"{age_line}{waited / 1000 if waited > 0 else 0.0}\n"
+                old(age_line)
     return [members, dead, in_flight, retrying, lag, age]
+
+
+#: What a scrape wrote of one group's partition: (the counts it was written from, the
+#: in-flight line, the retrying line, the lag line (None while the partition has not been
+#: counted), the age line or, when the oldest message's time (ms) follows, its start).
+PartitionLines = tuple[tuple, str, str, str | None, str, int]
+
+
+def _partition_lines(
+    snapshot: GroupSnapshot, pid: int, state: PartitionState, key: tuple, book: LagBook
+) -> PartitionLines:
+    group = snapshot.group
+    labels = f'{{group="{escape(group.name)}",partition="{pid}",queue="{escape(group.queue)}"}} '
+    known = book.lag(state, group.queue, pid, group.config.topics, key[2], key[3], snapshot.progress)
+    lines = (
+        key,
+        f"hqueue_group_in_flight_messages{labels}{key[4]}\n",
+        f"hqueue_group_retrying_messages{labels}{key[5]}\n",
+        None if known is None else f"hqueue_group_lag_messages{labels}{known.messages}\n",
+        f"hqueue_group_lag_seconds{labels}" + ("" if known and known.oldest_ms else "0.0\n"),
+        known.oldest_ms if known else 0,
+    )
+    if known is not None and known.settled:  # else counted again at the next scrape
+        state.metric_lines = lines
+    return lines
 
 
 def _worker(worker: PartitionWorker) -> tuple[bytes, int, int]:

@@ -119,6 +119,33 @@ def test_consumer_groups_are_counted_per_group_and_partition(server):
     assert metrics[f"hqueue_group_lag_seconds{{{partition}}}"] >= 0
 
 
+def test_each_scrape_follows_what_moved_since_the_last(server):
+    """A scrape reuses the lines of a partition whose counts did not move: every move
+    (a put, a receive, an ack, a nack) shows in the next scrape, and the age keeps growing."""
+    partition = 'group="w",partition="0",queue="q"'
+    lag, age = f"hqueue_group_lag_messages{{{partition}}}", f"hqueue_group_lag_seconds{{{partition}}}"
+    leased, retrying = (
+        f"hqueue_group_in_flight_messages{{{partition}}}",
+        f"hqueue_group_retrying_messages{{{partition}}}",
+    )
+    with HQueue("q", f"hqueue://{server.address}") as queue, queue.consumer("w", member="m") as consumer:
+        queue.put([Message("t", b"%d" % i) for i in range(4)], 0)
+        got = wait_for(lambda: consumer.receive(2, wait=1), 10, "a delivery")
+        first = scrape_with(server, lag)
+        assert (first[lag], first[leased], first[retrying]) == (4, len(got), 0)
+        time.sleep(0.05)
+        again = scrape(server)
+        assert again[lag] == 4 and again[age] > first[age]  # nothing moved: same lines, a later age
+        queue.put(Message("t", b"more"), 0)
+        assert scrape(server)[lag] == 5
+        consumer.ack(got[:1])
+        after_ack = scrape(server)
+        assert (after_ack[lag], after_ack[leased]) == (4, len(got) - 1)
+        consumer.nack(got[1:], delay=60)
+        after_nack = scrape(server)
+        assert (after_nack[lag], after_nack[leased], after_nack[retrying]) == (4, 0, len(got) - 1)
+
+
 def test_acks_of_receipts_a_group_never_handed_out_are_counted(server):
     from hqueue.api import groups_of
     from hqueue.message import MessageID, encode_rowkey

@@ -16,7 +16,8 @@ and exits 1 at the first that fails, naming its page and line. What runs:
 - ```` ```bash ```` blocks: the whole block, as one ``bash -e`` script;
 - a block of the shell's transcripts (lines starting ``hqueue(main):001:0> ``):
   each command runs as ``hqueue shell -e COMMAND``, checked as a console
-  command, ``Took …`` lines aside;
+  command, except that timings (``0.0031 seconds``) may differ and more
+  lines may follow what the transcript shows;
 - a block right after ``<!-- file: NAME -->`` is written to ``WORKDIR/NAME``
   instead (a config file, a module a later example imports).
 

@@ -37,7 +37,8 @@ class HQueueAdmin(Connected):
         url: ``local:///path`` (default: ``$HQUEUE_DATA`` or ``./hqueue-data``)
             ``hbase://host:9090``, or ``hqueue://[TOKEN@]host:9700[,…]``.
         data_dir: Shorthand for ``url="local://" + data_dir``.
-        token, timeout: For hqueue servers, as in :class:`~hqueue.HQueue`.
+        token: For hqueue servers, as in :class:`~hqueue.HQueue`.
+        timeout: For hqueue servers, as in :class:`~hqueue.HQueue`.
         group_limits: For a store this process serves, as in :class:`~hqueue.HQueue`.
     """
 
@@ -75,7 +76,10 @@ class HQueueAdmin(Connected):
                 ``partitions`` (config ``hqueue.priorities``).
 
         Raises:
-            QueueExists, InvalidQueueName, TypeError, ValueError.
+            QueueExists: A queue of that name exists.
+            InvalidQueueName: The name is not a legal queue name.
+            TypeError: An argument of the wrong type.
+            ValueError: An argument out of range (an ``InvalidArgument``).
         """
         info = QueueInfo(
             name=validate_new_queue_name(name),
@@ -108,7 +112,8 @@ class HQueueAdmin(Connected):
         queue is not dropped by accident; ``force=True`` disables it for you.
 
         Raises:
-            QueueNotFound; QueueEnabled when enabled and not ``force``.
+            QueueNotFound: No such queue.
+            QueueEnabled: The queue is enabled and ``force`` is not set.
         """
         if force and self.engine.queue_info(name, fresh=True).enabled:
             self.disable_queue(name)

@@ -138,9 +138,14 @@ class HQueue(Connected):
                 ``key`` within it, if given), and consumer groups serve
                 higher tiers first.
 
+        A rejected batch writes nothing.
+
         Raises:
-            QueueNotFound, QueueDisabled, InvalidPartition, InvalidMessage,
-            MessageTooLarge, StorageError. A rejected batch writes nothing.
+            QueueNotFound: No such queue.
+            QueueDisabled: The queue is disabled.
+            InvalidPartition: ``partition_id`` is not one of the queue's.
+            InvalidMessage: A message is not valid (``MessageTooLarge``: too large).
+            StorageError: The store failed the write.
         """
         batch = [messages] if isinstance(messages, Message) else messages
         if not isinstance(batch, Sequence) or isinstance(batch, (str, bytes)):
@@ -282,7 +287,9 @@ class HQueue(Connected):
         attempt, and the seconds its lease has left, or before it is retried.
 
         Raises:
-            GroupNotFound, QueueNotFound, InvalidArgument.
+            GroupNotFound: No such group.
+            QueueNotFound: No such queue.
+            InvalidArgument: ``limit`` is out of range.
         """
         found = groups_of(self.engine).pending(self.name, check_group_name(group), check_pending_limit(limit))
         return [
@@ -308,7 +315,8 @@ class HQueue(Connected):
         Args:
             subscription: Name, topics, partitions and starts.
             listeners: Called in order with each batch.
-            host, port: Where the subscriber listens (port 0: a free one).
+            host: Where the subscriber listens.
+            port: The port it listens on (0: a free one).
             advertise: ``host:port`` servers should connect to (default host:port).
             takeover_timeout: How long start() waits for an earlier instance of the
                 subscriber to lapse (one that crashed); a live one keeps its name,

@@ -216,14 +216,20 @@ class PartitionWorker:
         return True
 
     def _dead_letter(self, tmessage: Any) -> bool:
-        """Put the message on ``<queue>.dlq``, in a partition this server writes; False: not yet."""
-        placed = dead_letter(
-            self.manager.engine,
-            self.manager.coordinator,
-            self.queue,
-            self.partition_id,
-            Message(tmessage.topic, tmessage.value),
-        )
+        """Put the message on ``<queue>.dlq``, in a partition this server writes; False: not yet
+        (no partition of it here yet, or it cannot take the message now: disabled, its name
+        illegal, the store failing; the message stays first, and is tried again)."""
+        try:
+            placed = dead_letter(
+                self.manager.engine,
+                self.manager.coordinator,
+                self.queue,
+                self.partition_id,
+                Message(tmessage.topic, tmessage.value),
+            )
+        except HQueueError as e:
+            logger.warning("%s: message %s of %s stays: %s", self.name, wire.from_tid(tmessage.id), self.queue, e)
+            return False
         if placed is None:
             return False
         self.manager.metrics.dead_lettered.labels(self.queue, self.name).inc()

@@ -16,6 +16,7 @@ from thriftpy2.rpc import make_client
 from thriftpy2.transport import TFramedTransportFactory
 
 from hqueue import HQueue, HQueueAdmin, Message, MessageID
+from hqueue.client import groups as groups_module
 from hqueue.client.engine import RemoteEngine
 from hqueue.rpc.wire import T
 
@@ -178,10 +179,52 @@ def test_timers_and_groups_follow_their_partitions_to_the_surviving_server(clust
         member.ack(first)
         a.kill()  # a's partitions, their timers and its share of the group move to b
         wait_for(lambda: set(owners(f"hqueue://{b.address}")) == {b.address}, 30, "b to own every partition")
-        later = drain(member, len(timers), 30, wait=0.5, retry_on=(Exception,))  # a is gone: the client learns
+        later = drain(member, len(timers), 30, wait=0.5)  # a is gone: the client follows the partitions to b
         member.ack(later)
         assert sorted(d.value for d in later) == sorted(b"t%d" % pid for pid in on_a)
         due = {t.partition_id: t.due for t in timers}
         assert all(d.id.timestamp >= due[d.partition_id] for d in later)  # never early
         assert member.receive(100, wait=1.0) == []  # what was acked on a stays acked on b
     assert sorted(d.value for d in first) == sorted(b"m%d" % pid for pid in range(PARTITIONS))
+
+
+def test_a_client_whose_cached_owner_died_follows_the_partitions_to_the_new_owner(cluster, monkeypatch):
+    """A member's cached owners can outlive a failover (a loaded machine, a long poll):
+    its acks, nacks and receives, and puts and timers, refresh the owners and go to
+    the survivor within the call's timeout, instead of raising ServerUnavailable."""
+    # Given a member holding messages of both servers' partitions, its owners cached
+    monkeypatch.setattr(groups_module, "LOCATION_REFRESH", 3600.0)  # the cache outlives the failover
+    a, b, url = two_servers_with_queue(cluster)
+    even = sorted([a.address, b.address] * (PARTITIONS // 2))
+
+    def evenly_split() -> list[str] | None:
+        now = owners(url)
+        return now if sorted(now) == even else None
+
+    where = wait_for(evenly_split, 30, "an even split")
+    with HQueue("orders", url, timeout=30) as queue, queue.consumer("billing", member="m", lease=60) as member:
+        for pid in range(PARTITIONS):
+            queue.put(Message("order", b"m%d" % pid), pid)
+        held = drain(member, PARTITIONS, 20, wait=0.5)
+        assert len(held) == PARTITIONS
+        on_a = [d for d in held if where[d.partition_id] == a.address]
+        # When a dies and b takes every partition
+        a.kill()
+        wait_for(lambda: set(owners(f"hqueue://{b.address}")) == {b.address}, 30, "b to own every partition")
+        # Then acks and nacks of the held messages go to b, without an error. (b counts
+        # only what it handed out: a's leases died with a, and a rebalance drops b's too.)
+        acked_at_b = member.ack([d for d in held if d not in on_a])
+        assert 0 <= acked_at_b <= PARTITIONS - len(on_a)
+        assert member.nack(on_a, delay=0) == 0
+        # And a receive gets a's messages (and any whose lease was dropped) again from b
+        again = drain(member, PARTITIONS - acked_at_b, 20, wait=0.5)
+        assert {d.value for d in on_a} <= {d.value for d in again}
+        assert len(again) == PARTITIONS - acked_at_b
+        assert member.ack(again) == len(again)
+        # And puts and timers to a's old partitions go to b
+        pid = on_a[0].partition_id
+        queue.put(Message("order", b"after"), pid)
+        queue.put(Message("timer", b"timer"), pid, delay=0.5)
+        late = drain(member, 2, 20, wait=0.5)
+        assert sorted(d.value for d in late) == [b"after", b"timer"]
+        member.ack(late)

@@ -131,6 +131,12 @@ class HQueue(Connected):
                 datetime or epoch milliseconds: invisible until then, then
                 written to the partition with fresh IDs. Returns
                 :class:`~hqueue.timers.Timer` handles for :meth:`cancel`.
+                Timers fire in the process that owns the partition: a server
+                (``hqueue://``), or on an embedded store (``local://``) this
+                process, only while it has the store open; a timer that falls
+                due while no process has it open fires when one opens it. Serve
+                the store with ``hqueue server`` to have timers fire on time
+                (docs/timers.md).
             delay: As ``deliver_at``, in seconds from now.
             priority: On a queue with priority tiers (``create_queue(...,
                 priorities=N)``), the tier, 0 (the default, lowest) to N-1:

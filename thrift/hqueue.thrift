@@ -119,7 +119,9 @@ struct TGroupPartition {
   5: i32 ackedAhead,
   6: i64 retries,
   7: i64 lagMessages,
-  8: i64 lagMillis
+  8: i64 lagMillis,
+  /** Past their retries, waiting for the dead-letter queue to take them (it refused: disabled, say). */
+  9: i32 deadLetterWaiting
 }
 
 /** A message a consumer group has handed out and not finished (groupPending). */
@@ -145,7 +147,8 @@ struct TGroupInfo {
   5: i32 maxRetries,
   6: list<string> members,
   7: map<i16, TGroupPartition> partitions,
-  8: i64 deadLetters
+  /** Messages in <queue>.dlq; unset while it cannot be read (a disabled table on HBase). */
+  8: optional i64 deadLetters
 }
 
 exception TGroupNotFound {

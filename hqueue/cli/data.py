@@ -42,8 +42,18 @@ MAX_SECONDS = 10 * 365 * 86400.0
     show_default=True,
     help="stdin: a message per line (bytes as they are), all of it as one message, or a message per encoded line.",
 )
-@click.option("--delay", type=Seconds(0, MAX_SECONDS), help="Timer messages: deliver this many seconds from now.")
-@click.option("--at", "deliver_at", callback=message_id, help="Timer messages: deliver at this ISO time or epoch ms.")
+@click.option(
+    "--delay",
+    type=Seconds(0, MAX_SECONDS),
+    help="Timer messages: deliver this many seconds from now. On a local:// store a timer fires only while a "
+    "process has the store open: serve it with `hqueue server` and put through hqueue:// (docs/timers.md).",
+)
+@click.option(
+    "--at",
+    "deliver_at",
+    callback=message_id,
+    help="Timer messages: deliver at this ISO time or epoch ms (on a local:// store: see --delay).",
+)
 @click.pass_context
 def put(
     ctx,
@@ -61,9 +71,18 @@ def put(
     """Put VALUES (or, with none, stdin: see --input) on TOPIC of queue QUEUE.
 
     With --delay or --at they are timer messages: each line printed is a
-    timer handle for `hqueue cancel`, not a message ID.
+    timer handle for `hqueue cancel`, not a message ID. On a local:// store
+    a timer fires only while some process has the store open (this command
+    exits at once): run `hqueue server --storage local://PATH` and put
+    through hqueue://HOST:PORT to have timers fire on time.
     """
     queue = open_queue(ctx, name)
+    if (delay is not None or deliver_at is not None) and queue.engine.url.startswith("local://"):
+        click.echo(
+            "note: on a local:// store a timer fires only while a process has the store open; to have it fire "
+            "on time, serve the store with `hqueue server` and put through hqueue:// (docs/timers.md)",
+            err=True,
+        )
     total = 0
     source = (os.fsencode(v) for v in values) if values else _stdin_values(input_format)
     topic_bytes = os.fsencode(topic)  # as given, even when it is not UTF-8

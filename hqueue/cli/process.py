@@ -10,6 +10,7 @@ import click
 from ..groups.state import DEFAULT_MAX_LEASE, DEFAULT_MAX_MEMBER_IN_FLIGHT, GroupLimits
 from ..message import Message
 from ..storage import default_url
+from ..subscriptions.manager import DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_CHECKPOINT_MESSAGES
 from .main import Progress, Seconds, main, open_admin, open_queue
 
 
@@ -129,6 +130,21 @@ from .main import Progress, Seconds, main, open_admin, open_queue
     help="Most subscribers this server pushes to; the rest wait.",
 )
 @click.option(
+    "--checkpoint-messages",
+    type=click.IntRange(1, 1_000_000),
+    default=DEFAULT_CHECKPOINT_MESSAGES,
+    show_default=True,
+    help="Save a push checkpoint after at most this many messages delivered since the last save (per "
+    "subscriber and partition): after a crash, at most this many are pushed again. Batches are cut to fit.",
+)
+@click.option(
+    "--checkpoint-interval",
+    type=Seconds(0.001, 3600),
+    default=DEFAULT_CHECKPOINT_INTERVAL,
+    show_default=True,
+    help="...or after this many seconds, whichever comes first (a target: under load the count is what holds).",
+)
+@click.option(
     "--max-lease",
     type=Seconds(0.001, 7 * 86400),
     default=DEFAULT_MAX_LEASE,
@@ -170,6 +186,8 @@ def server(
     metrics_port,
     push_threads,
     max_subscribers,
+    checkpoint_messages,
+    checkpoint_interval,
     max_lease,
     max_member_in_flight,
     metrics_host,
@@ -219,6 +237,8 @@ def server(
             metrics_port=metrics_port,
             push_threads=push_threads,
             max_subscribers=max_subscribers,
+            checkpoint_messages=checkpoint_messages,
+            checkpoint_interval=checkpoint_interval,
             group_limits=GroupLimits(max_lease=max_lease, max_member_in_flight=max_member_in_flight),
             metrics_host=metrics_host,
             metrics_token=metrics_token,

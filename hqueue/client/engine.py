@@ -39,7 +39,11 @@ in place of the in-process engine, so the whole Python API works the same.
 * A consumer-group member asks every partition owner for work
   (``groupReceive``: each owner serves its own partitions' share; one long
   poll at a time), and sends acks and nacks to each message's owner. Owners
-  are cached for :data:`LOCATION_REFRESH` seconds, or until a call fails.
+  are cached for :data:`LOCATION_REFRESH` seconds, or until a call fails:
+  an owner that cannot be reached (it died) or is no longer the owner
+  makes the member read the owners again and go on at the new ones, with
+  backoff, until ``owner_timeout`` within the call's deadline, as puts do.
+  A receive skips an owner it cannot reach while others answer.
 * Scanners are server-side (``messageScannerOpen``/``GetList``/``Close``),
   ``caching`` messages a round trip, freed by close or the server's idle
   timeout (:mod:`hqueue.client.cursor`).

@@ -7,16 +7,19 @@ owner of each receipt's partition.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from ..checks import check_partition
-from ..errors import NoPartitionOwner, ServerUnavailable
+from ..errors import DeadlineExceeded, HQueueError, NoPartitionOwner, NotPartitionOwner, ServerUnavailable
 from ..message import Message, MessageID, messages_from_columns, rowkeys_by_partition
 from ..rpc import operations as op
 from ..rpc import packed, wire
 from .calls import remote
+
+logger = logging.getLogger(__name__)
 
 #: Seconds a member keeps the partitions' owners before reading them again.
 LOCATION_REFRESH = 2.0
@@ -46,43 +49,48 @@ class RemoteGroups:
         self, queue: str, group: str, member: str, max_messages: int, lease: float, wait: float
     ) -> list[tuple[Message, int]]:
         """Ask each owner for work without waiting, then wait at one (in turn) for the rest of ``wait``
-        (the call's deadline is the client's ``timeout`` plus ``wait``)."""
-        with self._engine.deadline(extra=wait):
-            return self._receive(queue, group, member, max_messages, lease, wait)
+        (the call's deadline is the client's ``timeout`` plus ``wait``).
+
+        An owner that cannot be reached (it died: its partitions move) is
+        skipped, and the owners are read again: the receive goes on at the
+        others and at the partitions' new owners. Only when no owner answers
+        until ``owner_timeout`` (within the deadline) does it raise.
+        """
+        with self._engine.deadline(extra=wait) as deadline:
+            return self._receive(queue, group, member, max_messages, lease, wait, deadline)
 
     def _receive(
-        self, queue: str, group: str, member: str, max_messages: int, lease: float, wait: float
+        self, queue: str, group: str, member: str, max_messages: int, lease: float, wait: float, deadline: float
     ) -> list[tuple[Message, int]]:
-        deadline = time.monotonic() + wait
-        owners = self._owners(queue)
-        if not owners:
-            raise NoPartitionOwner(queue, -1, 0, None)
-        self._turn = (self._turn + 1) % len(owners)
-        owners = owners[self._turn :] + owners[: self._turn]
+        waited = time.monotonic() + wait
+        retry = _Retry(self._engine, deadline)
         while True:
-            for index, owner in enumerate(owners):
+            owners = self._owners(queue, retry.take_fresh())
+            if not owners:
+                retry.failed(NoPartitionOwner(queue, -1, 0, None))
+                continue
+            self._turn = (self._turn + 1) % len(owners)
+            answered = failed = False
+            for index, owner in enumerate(owners[self._turn :] + owners[: self._turn]):
                 last = index == len(owners) - 1
-                wait_ms = max(0, int((deadline - time.monotonic()) * 1000)) if last else 0
+                wait_ms = max(0, int((waited - time.monotonic()) * 1000)) if last else 0
+                call = ("groupReceive", queue, group, member, max_messages, int(lease * 1000), wait_ms)
                 try:
-                    deliveries = self._engine._call_at(
-                        owner,
-                        "groupReceive",
-                        queue,
-                        group,
-                        member,
-                        max_messages,
-                        int(lease * 1000),
-                        wait_ms,
-                        queue=queue,
-                    )
-                except ServerUnavailable:
-                    self._locations_checked.pop(queue, None)  # find the partitions' new owners next time
-                    raise
+                    deliveries = self._engine._call_at(owner, *call, queue=queue)
+                except ServerUnavailable as e:
+                    retry.noted(e)  # the others go on; the owners are read again next round
+                    failed = True
+                    continue
+                answered = True
                 if deliveries.attempts:
                     messages = messages_from_columns(*packed.unpack(deliveries.messages))
                     return list(zip(messages, deliveries.attempts, strict=True))
-            if time.monotonic() >= deadline:
+            if answered and time.monotonic() >= waited:
                 return []
+            if failed and answered:  # the long poll may not have happened: pause, within the wait
+                retry.pause(until=waited)
+            elif failed:
+                retry.failed(None)
 
     def _by_owner(self, queue: str, rowkeys: Sequence[bytes], fresh: bool = False) -> dict[str, list[bytes]]:
         locations = self._group_locations(queue, fresh)
@@ -98,12 +106,34 @@ class RemoteGroups:
         self, queue: str, rowkeys: Sequence[bytes], method: str, before: tuple = (), after: tuple = ()
     ) -> int:
         """``method(queue, *before, rowkeys, *after)`` at each owner, with the rowkeys of its
-        partitions; the sum of what they answer, by one deadline."""
-        with self._engine.deadline():
-            return sum(
-                self._engine._call_at(owner, method, queue, *before, wire.pack_rowkeys(mine), *after, queue=queue)
-                for owner, mine in self._by_owner(queue, rowkeys).items()
-            )
+        partitions; the sum of what they answer, by one deadline.
+
+        Receipts whose owner cannot be reached or is no longer the owner (a
+        failover, a rebalance) go again, to the owners read afresh, until
+        ``owner_timeout`` within the deadline. Sending one twice is harmless:
+        a new owner never handed the message out, so it does not count it.
+        """
+        with self._engine.deadline() as deadline:
+            retry = _Retry(self._engine, deadline)
+            total, left = 0, list(rowkeys)
+            while True:
+                failed: list[bytes] = []
+                try:
+                    by_owner = self._by_owner(queue, left, retry.take_fresh())
+                except NoPartitionOwner as e:
+                    retry.failed(e)
+                    continue
+                for owner, mine in by_owner.items():
+                    try:
+                        args = (queue, *before, wire.pack_rowkeys(mine), *after)
+                        total += self._engine._call_at(owner, method, *args, queue=queue)
+                    except (NotPartitionOwner, ServerUnavailable) as e:
+                        retry.noted(e)
+                        failed += mine
+                if not failed:
+                    return total
+                left = failed
+                retry.failed(None)
 
     def ack(self, queue: str, group: str, rowkeys: Sequence[bytes]) -> int:
         return self._receipts_call(queue, rowkeys, "groupAck", (group,))
@@ -136,3 +166,42 @@ class RemoteGroups:
             for pid in pids:
                 call = ("setGroupPosition", group, pid, wire.to_tid(start))
                 self._engine._owner_call(queue, pid, "replay", *call, idempotent=True)
+
+
+class _Retry:
+    """A group call's retries while partitions move: the owners are read afresh after a
+    failure, with a backoff (20 ms doubling, at most 1 s), until ``owner_timeout`` or the
+    call's deadline, whichever comes first; then the last problem is raised."""
+
+    def __init__(self, engine: Any, deadline: float) -> None:
+        self.engine = engine
+        self.give_up = min(deadline, time.monotonic() + engine.owner_timeout)
+        self.delay, self.fresh = 0.02, False
+        self.problem: HQueueError | None = None
+
+    def noted(self, problem: HQueueError) -> None:
+        """A call failed; the owners are read again before the next."""
+        if isinstance(problem, DeadlineExceeded):
+            raise problem
+        self.problem, self.fresh = problem, True
+
+    def take_fresh(self) -> bool:
+        """Whether the owners must be read again (once per failure)."""
+        fresh, self.fresh = self.fresh, False
+        return fresh
+
+    def failed(self, problem: HQueueError | None) -> None:
+        """Wait before trying again; raise the last problem once it is time to give up."""
+        if problem is not None:
+            self.noted(problem)
+        if time.monotonic() >= self.give_up:
+            assert self.problem is not None
+            raise self.problem
+        self.pause(self.give_up)
+
+    def pause(self, until: float) -> None:
+        """The backoff's next wait, ending by ``until`` at the latest."""
+        pause = max(0.0, min(self.delay, until - time.monotonic()))
+        logger.info("group call: %s; reading the owners again in %.2fs", self.problem, pause)
+        time.sleep(pause)
+        self.delay = min(self.delay * 2, 1.0)

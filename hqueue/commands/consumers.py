@@ -23,6 +23,10 @@ def _topics(topics) -> str:
     return ", ".join(printable(t) for t in sorted(topics)) if topics else "all"
 
 
+def _or_unknown(count: int | None) -> str:
+    return "unknown (the queue cannot be read: disabled?)" if count is None else str(count)
+
+
 # -- push subscribers (SPEC C7) ------------------------------------------------------------------
 
 
@@ -121,13 +125,20 @@ def describe_group(session: Session, queue: str, group: str) -> Output:
     d = session.admin.describe_group(queue, group)
     head = (
         f"members: {', '.join(d['members']) or '(none)'}\ntopics: {_topics(d['topics'])}\n"
-        f"max retries: {d['max_retries']}\ndead letters: {d['dead_letters']} (in {dead_letter_queue(queue)})\n\n"
+        f"max retries: {d['max_retries']}\n"
+        f"dead letters: {_or_unknown(d['dead_letters'])} (in {dead_letter_queue(queue)})\n\n"
     )
     rows = [
-        (pid, str(p["done"]), str(p["scan"]), p["in_flight"], p["retrying"], p["lag_messages"], p["lag_millis"])
+        (
+            pid, str(p["done"]), str(p["scan"]), p["in_flight"], p["retrying"], p["dead_letter_waiting"],
+            p["lag_messages"], p["lag_millis"],
+        )
         for pid, p in sorted(d["partitions"].items())
-    ]
-    columns = ["PARTITION", "DONE BELOW", "SCANNED TO", "IN FLIGHT", "RETRYING", "LAG (MESSAGES)", "LAG (MS)"]
+    ]  # fmt: skip
+    columns = [
+        "PARTITION", "DONE BELOW", "SCANNED TO", "IN FLIGHT", "RETRYING", "WAITING FOR DLQ",
+        "LAG (MESSAGES)", "LAG (MS)",
+    ]  # fmt: skip
     return Output(head + table(columns, rows), d, len(rows))
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from ..config import Durability
 from ..deadletters import dead_letter, dead_letter_queue
-from ..errors import HQueueError, InvalidArgument, InvalidQueueName, NotPartitionOwner
+from ..errors import HQueueError, InvalidArgument, NotPartitionOwner
 from ..keys.groups import state_prefix
 from ..message import (
     ROWKEY_LENGTH,
@@ -34,9 +34,14 @@ logger = logging.getLogger(__name__)
 #: Seconds between log lines about one group's acks of receipts it never handed out.
 UNKNOWN_LOG_INTERVAL = 60.0
 
-#: Seconds before a message whose queue can have no dead-letter queue (its name is too
-#: long: config.validate_new_queue_name) is delivered again, instead of dead-lettered.
-NO_DEAD_LETTER_RETRY = 60.0
+#: The longest wait (seconds) before a message the dead-letter queue refused is offered to it again.
+DEAD_LETTER_RETRY_MAX = 60.0
+
+
+def dead_letter_backoff(tries: int) -> float:
+    """Seconds before a message past its retries is offered to ``<queue>.dlq`` again,
+    after ``tries`` refusals: 1 s, doubling, at most :data:`DEAD_LETTER_RETRY_MAX`."""
+    return min(DEAD_LETTER_RETRY_MAX, backoff(tries))
 
 
 class GroupAcks:
@@ -194,6 +199,7 @@ class GroupAcks:
         for message_id in fresh:
             state.release(message_id)
             state.ready.pop(message_id, None)
+            state.unburied.pop(message_id, None)
         state.acked.update(fresh)
         state.finished += len(fresh)
         done = state.lowest_open()
@@ -226,8 +232,9 @@ class GroupAcks:
         (after ``max_retries``, or now when ``at_once``).
 
         Raises:
-            NotPartitionOwner: ``at_once``, while no partition of the dead-letter
-                queue is served here yet (just made, in a cluster): try again soon.
+            HQueueError: ``at_once``, and the dead-letter queue cannot take it now
+                (see :meth:`_bury`); NotPartitionOwner while no partition of it is
+                served here yet (just made, in a cluster): try again soon.
         """
         retries = state.retries[message_id] = state.retries.get(message_id, 0) + 1
         prefix = state_prefix(group.queue, group.name, pid)
@@ -236,25 +243,53 @@ class GroupAcks:
             wait = backoff(retries) if delay is None else delay
             state.retry_at(message_id, time.monotonic() + wait)
             return
+        self._bury(group, pid, state, message_id, at_once=at_once)
+
+    def _bury(self, group: GroupState, pid: int, state: PartitionState, message_id: bytes, *, at_once: bool) -> None:
+        """Move a message past its retries to ``<queue>.dlq`` and finish it here.
+
+        If the dead-letter queue cannot take it now (disabled, its name illegal,
+        no partition of it served here yet, the store failing), the message is
+        kept, in flight and not handed out again: the write is tried again after
+        a backoff (:func:`dead_letter_backoff`), each time a member of the group
+        receives from its partition. No member sees the error; the message
+        reaches the dead-letter queue once the write works, and an ack finishes it.
+
+        Raises:
+            HQueueError: ``at_once`` (a member asked), and the write failed: the
+                member still holds the message's lease, and may try again.
+        """
         cell = self._read(group.queue, pid, message_id)
         if cell is not None:
             message = messages_from_columns([cell[0]], [cell[1]])[0]
             try:
                 placed = dead_letter(self.engine, self.coordinator, group.queue, pid, message)
-            except InvalidQueueName as e:  # a dead-letter queue too long to have one: keep it, retry later
+                if placed is None:  # the dead-letter queue has no partition here yet: try again soon
+                    raise NotPartitionOwner(dead_letter_queue(group.queue), pid)
+            except HQueueError as e:
                 if at_once:
                     raise
-                logger.warning("group %s: message %s of %s stays: %s", group.name, message.id, group.queue, e)
-                state.retry_at(message_id, time.monotonic() + NO_DEAD_LETTER_RETRY)
-                return
-            if placed is None:  # the dead-letter queue has no partition here yet: try again soon
-                if at_once:  # the caller still holds the lease and tries again
-                    raise NotPartitionOwner(dead_letter_queue(group.queue), pid)
-                state.retry_at(message_id, time.monotonic() + 1.0)
+                self._unburied(group, pid, state, message_id, e)
                 return
             group.dead_lettered += 1
             logger.warning(
                 "group %s: message %s of %s partition %d failed %d times; moved to %s partition %d as %s",
-                group.name, message.id, group.queue, pid, retries, dead_letter_queue(group.queue), *placed,
+                group.name, message.id, group.queue, pid, state.retries.get(message_id, 0),
+                dead_letter_queue(group.queue), *placed,
             )  # fmt: skip
         self._acked(group, pid, state, [message_id])
+
+    def _unburied(
+        self, group: GroupState, pid: int, state: PartitionState, message_id: bytes, error: Exception
+    ) -> None:
+        """Keep a message the dead-letter queue refused, to try it again after a backoff."""
+        tries = state.unburied[message_id] = state.unburied.get(message_id, 0) + 1
+        state.retry_at(message_id, time.monotonic() + dead_letter_backoff(tries))
+        now = time.monotonic()
+        if now - group.unburied_logged >= UNKNOWN_LOG_INTERVAL:
+            group.unburied_logged = now
+            logger.warning(
+                "group %s of %s: %d messages past their retries wait in partition %d (and maybe others): "
+                "%s cannot take them (%s); retrying",
+                group.name, group.queue, len(state.unburied), pid, dead_letter_queue(group.queue), error,
+            )  # fmt: skip

@@ -286,6 +286,9 @@ class GroupService(GroupAcks, GroupViews):
     ) -> None:
         taken = []
         for message_id in state.due(time.monotonic(), limit):
+            if message_id in state.unburied:  # past its retries: its dead-letter write is due again
+                self._bury(group, pid, state, message_id, at_once=False)
+                continue
             cell = self._read(group.queue, pid, message_id)
             if cell is None:  # gone (TTL, truncate): nothing left to do
                 self._acked(group, pid, state, [message_id])

@@ -150,6 +150,9 @@ class PartitionState:
     leases: dict[bytes, tuple[str, float]] = field(default_factory=dict)
     #: Failed, to hand out again at a (monotonic) time.
     ready: dict[bytes, float] = field(default_factory=dict)
+    #: Past their retries, refused by the dead-letter queue: ID -> refusals. They wait in
+    #: ``ready`` for the next try of the dead-letter write, and are never handed out again.
+    unburied: dict[bytes, int] = field(default_factory=dict)
     #: (deadline, batch number, the batch's IDs): one entry per receive, not per message.
     lease_heap: list[tuple[float, int, list[bytes]]] = field(default_factory=list)
     ready_heap: list[tuple[float, bytes]] = field(default_factory=list)
@@ -232,6 +235,8 @@ class GroupState:
         #: Acks of receipts the group never handed out (ignored), and when one was last logged.
         self.unknown_acks = 0
         self.unknown_logged = 0.0
+        #: When a dead-letter queue's refusal was last logged.
+        self.unburied_logged = 0.0
 
     def held_by(self, member: str) -> int:
         """Messages ``member`` holds in this group's partitions here (call under ``lock``)."""

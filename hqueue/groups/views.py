@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..deadletters import dead_letter_queue
-from ..errors import HQueueError, QueueNotFound
+from ..errors import HQueueError, QueueDisabled, QueueNotFound
 from ..lag import partition_lag
 from ..message import MessageID
 from .state import GroupState, PartitionState, check_pending_limit
@@ -44,7 +44,10 @@ class GroupViews:
         raise NotImplementedError
 
     def describe(self, queue: str, name: str) -> dict[str, Any]:
-        """Members, and per owned partition: cursors, in flight, retrying, lag."""
+        """Members, and per owned partition: cursors, in flight, retrying, lag, and the
+        messages past their retries that wait for the dead-letter queue to take them
+        (``dead_letter_waiting``). ``dead_letters`` counts ``<queue>.dlq``; None while it
+        cannot be read (disabled, on HBase)."""
         group = self._group(queue, name)
         info = self.engine.queue_info(queue, fresh=True)
         now = time.monotonic()
@@ -60,7 +63,8 @@ class GroupViews:
                     "done": done,
                     "scan": MessageID.from_bytes(state.scan),
                     "in_flight": len(state.leases),
-                    "retrying": len(state.ready),
+                    "retrying": len(state.ready) - len(state.unburied),
+                    "dead_letter_waiting": len(state.unburied),
                     "acked_ahead": len(state.acked),
                     "retries": sum(state.retries.values()),
                     "lag_messages": lag,
@@ -155,9 +159,15 @@ class GroupSnapshot:
             return state.done, state.finished, len(state.acked)
 
 
-def _count(engine: Engine, queue: str) -> int:
+def _count(engine: Engine, queue: str) -> int | None:
+    """Messages in ``queue`` (0 if it does not exist; None if it cannot be read now:
+    a disabled table on HBase)."""
     try:
         info = engine.queue_info(queue, fresh=True)
+        return sum(
+            partition_lag(engine, queue, pid, MessageID(0), None, limit=None)[0] for pid in range(info.partitions)
+        )
     except QueueNotFound:
         return 0
-    return sum(partition_lag(engine, queue, pid, MessageID(0), None, limit=None)[0] for pid in range(info.partitions))
+    except QueueDisabled:
+        return None

@@ -209,7 +209,7 @@ def _group_out(d: dict[str, Any]) -> Any:
         pid: T.TGroupPartition(
             done=wire.to_tid(p["done"]), scan=wire.to_tid(p["scan"]), inFlight=p["in_flight"],
             retrying=p["retrying"], ackedAhead=p["acked_ahead"], retries=p["retries"],
-            lagMessages=p["lag_messages"], lagMillis=p["lag_millis"],
+            lagMessages=p["lag_messages"], lagMillis=p["lag_millis"], deadLetterWaiting=p["dead_letter_waiting"],
         )
         for pid, p in d["partitions"].items()
     }  # fmt: skip
@@ -225,6 +225,7 @@ def _group_in(t: Any) -> dict[str, Any]:
             "done": wire.from_tid(p.done), "scan": wire.from_tid(p.scan), "in_flight": p.inFlight,
             "retrying": p.retrying, "acked_ahead": p.ackedAhead, "retries": p.retries,
             "lag_messages": p.lagMessages, "lag_millis": p.lagMillis,
+            "dead_letter_waiting": p.deadLetterWaiting or 0,
         }
         for pid, p in (t.partitions or {}).items()
     }  # fmt: skip

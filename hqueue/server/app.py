@@ -36,7 +36,12 @@ from ..rpc import wire
 from ..rpc.threaded import ListeningSocket, ServerLimits, ThreadedServer
 from ..services import serve_partitions, stop_serving
 from ..subscriptions.loops import DEFAULT_PUSH_THREADS
-from ..subscriptions.manager import DEFAULT_MAX_SUBSCRIBERS, SubscriptionManager
+from ..subscriptions.manager import (
+    DEFAULT_CHECKPOINT_INTERVAL,
+    DEFAULT_CHECKPOINT_MESSAGES,
+    DEFAULT_MAX_SUBSCRIBERS,
+    SubscriptionManager,
+)
 from ..subscriptions.registry import SubscriberRegistry
 from ..subscriptions.service import Subscribers
 from ..subscriptions.store_registry import StoreRegistry
@@ -104,6 +109,11 @@ class HQueueServer:
         metrics_port: Serve Prometheus metrics on this port (0: a free one; None: not at all).
         push_threads: Threads that push to subscribers, all of them together.
         max_subscribers: The most subscribers this server pushes to (the rest wait).
+        checkpoint_messages: A push checkpoint is saved after at most this many messages
+            delivered since the last save (per subscriber and partition): after a crash,
+            at most that many come again.
+        checkpoint_interval: ... or after this many seconds, whichever first (a target:
+            on a loaded machine the count is what holds).
         group_limits: What one consumer-group member may take (the longest
             lease, messages held at once; ``--max-lease``, ``--max-member-in-flight``).
         metrics_host: Where metrics listen (loopback unless told).
@@ -131,6 +141,8 @@ class HQueueServer:
         metrics_port: int | None = None,
         push_threads: int = DEFAULT_PUSH_THREADS,
         max_subscribers: int = DEFAULT_MAX_SUBSCRIBERS,
+        checkpoint_messages: int = DEFAULT_CHECKPOINT_MESSAGES,
+        checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL,
         group_limits: GroupLimits | None = None,
         metrics_host: str = "127.0.0.1",
         metrics_token: str | None = None,
@@ -169,6 +181,7 @@ class HQueueServer:
         )
         self.handler.subscription_calls.tls = self._tls = ssl_context is not None
         self._push_threads, self._max_subscribers = push_threads, max_subscribers
+        self._checkpoint_messages, self._checkpoint_interval = checkpoint_messages, checkpoint_interval
         self.subscriptions: SubscriptionManager | None = None
         self.groups: GroupService | None = None
         self.group_limits = group_limits
@@ -222,6 +235,8 @@ class HQueueServer:
             require_tls=self._tls,
             push_threads=self._push_threads,
             max_subscribers=self._max_subscribers,
+            checkpoint_messages=self._checkpoint_messages,
+            checkpoint_interval=self._checkpoint_interval,
         )
         self.subscriptions.start()
         if self.lag is not None:

@@ -16,13 +16,20 @@ does three jobs:
   status. A non-zero status or a transport error is retried with
   exponential backoff (10 ms up to 5 s), the same batch again, never
   skipped; other partitions of the subscriber go on meanwhile.
-* CheckpointUpdater: saves the checkpoint every ``checkpoint_interval``
-  seconds and when the worker stops.
+* CheckpointUpdater: saves the checkpoint once ``checkpoint_messages``
+  messages were delivered since the last save, or ``checkpoint_interval``
+  seconds after it, whichever comes first, and when the worker stops.
 
 A checkpoint is the first ID not yet delivered. Delivery is at least once:
 after a crash (of this server, or a failover), delivery resumes from the
-last saved checkpoint, so the duplicates are at most what was delivered in
-the last ``checkpoint_interval`` (1 s by default), per partition.
+last saved checkpoint, so what comes again is what was delivered (or was
+being pushed) since the last save. The bound that holds under any load is
+the count: **at most ``checkpoint_messages`` (1,000 by default) duplicates
+per subscriber and partition**. A batch is cut so that it never crosses the
+count, and a worker whose save fails pushes nothing more until a save
+works. The time bound (``checkpoint_interval``, 1 s) is a target, not a
+promise: the save comes after the push under way ends, and on a loaded
+machine both take longer.
 
 With topic filters, a scan examines every row up to the partition's last
 ID and then moves the checkpoint past the whole range, so rows of other
@@ -69,6 +76,7 @@ class Manager(Protocol):
     push_policy: PushPolicy
     batch_size: int
     checkpoint_interval: float
+    checkpoint_messages: int
     idle_wakeup: float
     send_timeout_ms: int
     #: Whether pushes must travel over TLS (the server serves TLS).
@@ -96,6 +104,8 @@ class PartitionWorker:
         self.reached = self.checkpoint
         self.backoff = 0.01
         self._last_save = time.monotonic()
+        #: Messages delivered since the last saved checkpoint: what a crash now would push again.
+        self.unsaved = 0
         #: Failed pushes of the current buffer; and, while isolating a poison
         #: message, where one-at-a-time delivery ends.
         self.failures = 0
@@ -122,8 +132,10 @@ class PartitionWorker:
         stop = successor(last)
         scan = Scan(self.checkpoint, stop, self.registration.effective_topics)
         start_key, stop_key = scan.key_range(self.partition_id)
-        # One message at a time while looking for a poison message (see _refused).
+        # One message at a time while looking for a poison message (see _refused); and never
+        # past checkpoint_messages unsaved, so that a crash repeats at most that many.
         size = 1 if self.careful_until is not None and self.checkpoint < self.careful_until else self.manager.batch_size
+        size = max(1, min(size, self.manager.checkpoint_messages - self.unsaved))
         messages = engine.scan(self.queue, start_key, stop_key, scan.topics, size)
         self.buffer = wire.to_tmessages(messages)
         # A short batch examined every row up to `last`; a full one stops at its last message.
@@ -137,7 +149,15 @@ class PartitionWorker:
 
     def _save(self, force: bool = False) -> None:
         now = time.monotonic()
-        if self.checkpoint == self.saved or (not force and now - self._last_save < self.manager.checkpoint_interval):
+        due = (
+            force
+            or self.unsaved >= self.manager.checkpoint_messages
+            or now - self._last_save >= self.manager.checkpoint_interval
+        )
+        if self.checkpoint == self.saved:
+            self.unsaved = 0
+            return
+        if not due:
             return
         try:
             # Only while this server still holds the partition's fence (SPEC C10): a paused
@@ -149,7 +169,7 @@ class PartitionWorker:
             ):
                 self.stopping.set()  # replayed meanwhile: the manager starts a worker of the new epoch
                 registry.changed()
-            self.saved, self._last_save = self.checkpoint, now
+            self.saved, self._last_save, self.unsaved = self.checkpoint, now, 0
         except SubscriberNotFound:
             self.stopping.set()  # deleted meanwhile
         except HQueueError:
@@ -162,6 +182,11 @@ class PartitionWorker:
         if self.stopping.is_set():
             self._save(force=True)
             return FINISHED
+        if not self.buffer and self.unsaved >= self.manager.checkpoint_messages:
+            self._save()  # the count is reached, and the last save failed: push nothing more until one works
+            if self.unsaved:
+                backoff, self.backoff = self.backoff, min(self.backoff * 2, 5.0)
+                return backoff
         try:
             if not self.buffer:
                 reached = self._fill()
@@ -187,6 +212,7 @@ class PartitionWorker:
     def _passed(self) -> None:
         """The buffer is done with (delivered, or dead-lettered): the checkpoint moves past it."""
         self._move(self.reached, len(self.buffer))
+        self.unsaved += len(self.buffer)
         self.buffer, self.backoff, self.failures = [], 0.01, 0
 
     def _move(self, checkpoint: MessageID, finished: int) -> None:
@@ -216,14 +242,20 @@ class PartitionWorker:
         return True
 
     def _dead_letter(self, tmessage: Any) -> bool:
-        """Put the message on ``<queue>.dlq``, in a partition this server writes; False: not yet."""
-        placed = dead_letter(
-            self.manager.engine,
-            self.manager.coordinator,
-            self.queue,
-            self.partition_id,
-            Message(tmessage.topic, tmessage.value),
-        )
+        """Put the message on ``<queue>.dlq``, in a partition this server writes; False: not yet
+        (no partition of it here yet, or it cannot take the message now: disabled, its name
+        illegal, the store failing; the message stays first, and is tried again)."""
+        try:
+            placed = dead_letter(
+                self.manager.engine,
+                self.manager.coordinator,
+                self.queue,
+                self.partition_id,
+                Message(tmessage.topic, tmessage.value),
+            )
+        except HQueueError as e:
+            logger.warning("%s: message %s of %s stays: %s", self.name, wire.from_tid(tmessage.id), self.queue, e)
+            return False
         if placed is None:
             return False
         self.manager.metrics.dead_lettered.labels(self.queue, self.name).inc()

@@ -22,6 +22,11 @@ logger = logging.getLogger(__name__)
 
 #: Subscribers one server pushes to at most (``--max-subscribers``).
 DEFAULT_MAX_SUBSCRIBERS = 1000
+#: A push checkpoint is saved after this many messages delivered since the last save, or
+#: after this many seconds, whichever first (``--checkpoint-messages``, ``--checkpoint-interval``):
+#: a crash pushes again at most that many messages per subscriber and partition (delivery.py).
+DEFAULT_CHECKPOINT_MESSAGES = 1000
+DEFAULT_CHECKPOINT_INTERVAL = 1.0
 
 
 class SubscriptionManager:
@@ -38,7 +43,8 @@ class SubscriptionManager:
         registry: SubscriberRegistry,
         *,
         batch_size: int = 1000,
-        checkpoint_interval: float = 1.0,
+        checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL,
+        checkpoint_messages: int = DEFAULT_CHECKPOINT_MESSAGES,
         idle_wakeup: float = 1.0,
         send_timeout: float = 60.0,
         push_policy: PushPolicy | None = None,
@@ -51,6 +57,7 @@ class SubscriptionManager:
         self.metrics = metrics or ServerMetrics()
         self.push_policy = push_policy or PushPolicy()
         self.batch_size, self.checkpoint_interval, self.idle_wakeup = batch_size, checkpoint_interval, idle_wakeup
+        self.checkpoint_messages = checkpoint_messages
         self.send_timeout_ms = int(send_timeout * 1000)
         self.require_tls, self.max_subscribers = require_tls, max_subscribers
         self.pool = PushPool(push_threads)

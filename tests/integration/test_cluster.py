@@ -16,6 +16,7 @@ from thriftpy2.rpc import make_client
 from thriftpy2.transport import TFramedTransportFactory
 
 from hqueue import HQueue, HQueueAdmin, Message, MessageID
+from hqueue.client import groups as groups_module
 from hqueue.client.engine import RemoteEngine
 from hqueue.rpc.wire import T
 
@@ -28,12 +29,12 @@ PARTITIONS = 8
 
 @pytest.fixture
 def cluster(tmp_path, zk_hosts, hbase_standin):
-    """cluster(name) starts one more server on the shared storage and ZooKeeper."""
+    """cluster(name, *options) starts one more server on the shared storage and ZooKeeper."""
     storage = hbase_url(hbase_standin[0])
     servers = []
 
-    def start(name: str) -> ServerProcess:
-        server = ServerProcess(storage, tmp_path, zk=zk_hosts, name=name)
+    def start(name: str, *options: str) -> ServerProcess:
+        server = ServerProcess(storage, tmp_path, zk=zk_hosts, name=name, extra_args=options)
         servers.append(server)
         return server
 
@@ -75,12 +76,14 @@ class Writer(threading.Thread):
 
 
 def two_servers_with_queue(cluster) -> tuple[ServerProcess, ServerProcess, str]:
-    """Servers a and b, a queue "orders", both owning some of its partitions."""
+    """Servers a and b, a queue "orders", its partitions split evenly between them (the
+    split settled: both owning some is not enough, more may still move)."""
     a, b = cluster("a"), cluster("b")
     url = f"hqueue://{a.address},{b.address}"
     with HQueueAdmin(url) as admin:
         admin.create_queue("orders", PARTITIONS)
-    wait_for(lambda: set(owners(url)) == {a.address, b.address}, 30, "both servers to own partitions")
+    even = sorted([a.address, b.address] * (PARTITIONS // 2))
+    wait_for(lambda: sorted(owners(url)) == even, 30, "both servers to own half the partitions")
     return a, b, url
 
 
@@ -171,6 +174,7 @@ def test_timers_and_groups_follow_their_partitions_to_the_surviving_server(clust
     a, b, url = two_servers_with_queue(cluster)
     with HQueue("orders", url) as queue, queue.consumer("billing", lease=2) as member:
         on_a = [pid for pid, owner in enumerate(owners(url)) if owner == a.address]
+        assert on_a, "a owns no partition: the split moved after it settled"
         timers = [queue.put(Message("timer", b"t%d" % pid), pid, delay=2.0)[0] for pid in on_a]
         for pid in range(PARTITIONS):
             queue.put(Message("order", b"m%d" % pid), pid)
@@ -178,10 +182,46 @@ def test_timers_and_groups_follow_their_partitions_to_the_surviving_server(clust
         member.ack(first)
         a.kill()  # a's partitions, their timers and its share of the group move to b
         wait_for(lambda: set(owners(f"hqueue://{b.address}")) == {b.address}, 30, "b to own every partition")
-        later = drain(member, len(timers), 30, wait=0.5, retry_on=(Exception,))  # a is gone: the client learns
+        later = drain(member, len(timers), 30, wait=0.5)  # a is gone: the client follows the partitions to b
         member.ack(later)
         assert sorted(d.value for d in later) == sorted(b"t%d" % pid for pid in on_a)
         due = {t.partition_id: t.due for t in timers}
         assert all(d.id.timestamp >= due[d.partition_id] for d in later)  # never early
         assert member.receive(100, wait=1.0) == []  # what was acked on a stays acked on b
     assert sorted(d.value for d in first) == sorted(b"m%d" % pid for pid in range(PARTITIONS))
+
+
+def test_a_client_whose_cached_owner_died_follows_the_partitions_to_the_new_owner(cluster, monkeypatch):
+    """A member's cached owners can outlive a failover (a loaded machine, a long poll):
+    its acks, nacks and receives, and puts and timers, refresh the owners and go to
+    the survivor within the call's timeout, instead of raising ServerUnavailable."""
+    # Given a member holding messages of both servers' partitions, its owners cached
+    monkeypatch.setattr(groups_module, "LOCATION_REFRESH", 3600.0)  # the cache outlives the failover
+    a, b, url = two_servers_with_queue(cluster)
+    where = owners(url)
+    with HQueue("orders", url, timeout=30) as queue, queue.consumer("billing", member="m", lease=60) as member:
+        for pid in range(PARTITIONS):
+            queue.put(Message("order", b"m%d" % pid), pid)
+        held = drain(member, PARTITIONS, 20, wait=0.5)
+        assert len(held) == PARTITIONS
+        on_a = [d for d in held if where[d.partition_id] == a.address]
+        # When a dies and b takes every partition
+        a.kill()
+        wait_for(lambda: set(owners(f"hqueue://{b.address}")) == {b.address}, 30, "b to own every partition")
+        # Then acks and nacks of the held messages go to b, without an error. (b counts
+        # only what it handed out: a's leases died with a, and a rebalance drops b's too.)
+        acked_at_b = member.ack([d for d in held if d not in on_a])
+        assert 0 <= acked_at_b <= PARTITIONS - len(on_a)
+        assert member.nack(on_a, delay=0) == 0
+        # And a receive gets a's messages (and any whose lease was dropped) again from b
+        again = drain(member, PARTITIONS - acked_at_b, 20, wait=0.5)
+        assert {d.value for d in on_a} <= {d.value for d in again}
+        assert len(again) == PARTITIONS - acked_at_b
+        assert member.ack(again) == len(again)
+        # And puts and timers to a's old partitions go to b
+        pid = on_a[0].partition_id
+        queue.put(Message("order", b"after"), pid)
+        queue.put(Message("timer", b"timer"), pid, delay=0.5)
+        late = drain(member, 2, 20, wait=0.5)
+        assert sorted(d.value for d in late) == [b"after", b"timer"]
+        member.ack(late)

@@ -1,0 +1,81 @@
+"""Consumer groups' dead letters when the dead-letter queue cannot take them (SPEC X2).
+
+A message past its retries whose ``<queue>.dlq`` write fails (the dead-letter
+queue is disabled, or the queue's ``.dlq`` name is illegal) is kept: it is not
+handed out again, the write is retried with a backoff, no other member of the
+group sees an error, and it reaches the dead-letter queue once the write works.
+
+Runs on every storage backend and through a server (``make_queue``).
+"""
+
+from __future__ import annotations
+
+from hqueue import HQueue, Message
+
+from ..processes import wait_for
+
+
+def dead_letters(queue: HQueue) -> list[bytes]:
+    with HQueue(queue.name + ".dlq", queue.url) as dlq:
+        return sorted(m.value for m in dlq.scan())
+
+
+def test_a_message_the_disabled_dead_letter_queue_refuses_waits_and_goes_once_it_is_enabled(make_queue, admin):
+    # Given a group with max_retries=0 whose dead-letter queue is disabled
+    queue = make_queue(partitions=2)
+    dlq = queue.name + ".dlq"
+    admin.create_queue(dlq, 2)
+    admin.disable_queue(dlq)
+    with queue.consumer("g", member="a", max_retries=0) as failing, queue.consumer("g", member="b") as other:
+        assert other.receive(1, wait=0) == failing.receive(1, wait=0) == []  # a reads partition 0, b 1
+        queue.put([Message("t", b"poison-1"), Message("t", b"poison-2")], 0)
+        queue.put(Message("t", b"fine"), 1)
+        poison = failing.receive(10, wait=2)
+        assert sorted(d.value for d in poison) == [b"poison-1", b"poison-2"]
+
+        # When the member nacks them: they cannot be dead-lettered
+        assert failing.nack(poison, delay=0) == 2  # no error for the member that failed them
+
+        # Then no member sees an error, and the messages are not handed out again
+        (fine,) = other.receive(10, wait=2)
+        assert other.ack(fine) == 1
+        assert failing.receive(10, wait=0.3) == []
+        description = admin.describe_group(queue.name, "g")
+        assert description["partitions"][0]["dead_letter_waiting"] == 2
+        assert description["partitions"][0]["lag_messages"] == 2
+
+        # When the dead-letter queue is enabled again: both reach it (the receives drive the retries)
+        admin.enable_queue(dlq)
+
+        def moved() -> bool:
+            assert failing.receive(10, wait=0.2) == [] and other.receive(10, wait=0) == []
+            return dead_letters(queue) == [b"poison-1", b"poison-2"]
+
+        wait_for(moved, 10, "the waiting dead letters to reach the enabled dead-letter queue", interval=0)
+        partition = admin.describe_group(queue.name, "g")["partitions"][0]
+        assert (partition["dead_letter_waiting"], partition["lag_messages"]) == (0, 0)
+
+
+def test_a_message_of_a_queue_whose_dead_letter_queue_name_is_illegal_stays_without_error(
+    make_queue, admin, queue_name
+):
+    # Given a dead-letter queue of 200 characters: its own '.dlq' would be 204, an illegal name
+    long_name = queue_name + "d" * (196 - len(queue_name)) + ".dlq"
+    queue = make_queue(partitions=1, name=long_name)
+    queue.put(Message("t", b"stuck"), 0)
+    with queue.consumer("g", member="a", max_retries=0) as failing, queue.consumer("g", member="b") as other:
+        (stuck,) = failing.receive(1, wait=2, lease=0.3)
+
+        # When its lease runs out: it failed, and cannot be dead-lettered
+        def kept() -> bool:
+            assert other.receive(10, wait=0.1) == []  # an unrelated member's receive: no error
+            return admin.describe_group(long_name, "g")["partitions"][0]["dead_letter_waiting"] == 1
+
+        wait_for(kept, 10, "the run-out message to wait for its dead-letter queue", interval=0)
+
+        # Then it is kept (not lost, not acked), and a late ack of it still finishes it
+        assert failing.receive(10, wait=0.2) == []
+        assert [p.id for p in queue.pending("g")] == [stuck.id]
+        assert failing.ack(stuck) == 1
+        partition = admin.describe_group(long_name, "g")["partitions"][0]
+        assert (partition["dead_letter_waiting"], partition["lag_messages"]) == (0, 0)

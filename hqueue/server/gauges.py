@@ -8,7 +8,7 @@ series until the book's thread has counted it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..coordination import Coordinator
 from ..engine import Engine
@@ -96,18 +96,21 @@ def group_families(groups: list[GroupSnapshot], book: LagBook) -> list[Family]:
             seed = state.lag_seed
             if seed is not None and not seed.tally.live:
                 seed = None
-            key = (
-                seed,
-                seed.tally.total if seed else 0,
-                state.done,
-                state.finished,
-                len(state.leases),
-                len(state.ready),
-            )
-            lines = state.metric_lines
-            if lines is None or lines[0] != key:
+            total, done, finished = seed.tally.total if seed else 0, state.done, state.finished
+            leases, waiting = len(state.leases), len(state.ready)
+            lines = state.metric_lines  # compared field by field: no tuple made per partition
+            if (
+                lines is None
+                or lines[0] is not seed
+                or lines[1] != total
+                or lines[2] != done
+                or lines[3] != finished
+                or lines[4] != leases
+                or lines[5] != waiting
+            ):
+                key = (seed, total, done, finished, leases, waiting)
                 lines = _partition_lines(snapshot, pid, state, key, book)
-            _, leased_line, ready_line, lag_line, age_line, oldest = lines
+            leased_line, ready_line, lag_line, age_line, oldest = lines[6:]
             leased(leased_line)
             ready(ready_line)
             if lag_line is not None:
@@ -119,10 +122,11 @@ def group_families(groups: list[GroupSnapshot], book: LagBook) -> list[Family]:
     return [members, dead, in_flight, retrying, lag, age]
 
 
-#: What a scrape wrote of one group's partition: (the counts it was written from, the
-#: in-flight line, the retrying line, the lag line (None while the partition has not been
-#: counted), the age line or, when the oldest message's time (ms) follows, its start).
-PartitionLines = tuple[tuple, str, str, str | None, str, int]
+#: What a scrape wrote of one group's partition: the counts it was written from (the
+#: seed, the tally's total, done, finished, leases, ready), then the in-flight line, the
+#: retrying line, the lag line (None while the partition has not been counted), and the
+#: age line or, when the oldest message's time (ms) follows, its start.
+PartitionLines = tuple[Any, int, bytes, int, int, int, str, str, str | None, str, int]
 
 
 def _partition_lines(
@@ -131,8 +135,8 @@ def _partition_lines(
     group = snapshot.group
     labels = f'{{group="{escape(group.name)}",partition="{pid}",queue="{escape(group.queue)}"}} '
     known = book.lag(state, group.queue, pid, group.config.topics, key[2], key[3], snapshot.progress)
-    lines = (
-        key,
+    lines: PartitionLines = (
+        *key,
         f"hqueue_group_in_flight_messages{labels}{key[4]}\n",
         f"hqueue_group_retrying_messages{labels}{key[5]}\n",
         None if known is None else f"hqueue_group_lag_messages{labels}{known.messages}\n",

@@ -119,7 +119,9 @@ struct TGroupPartition {
   5: i32 ackedAhead,
   6: i64 retries,
   7: i64 lagMessages,
-  8: i64 lagMillis
+  8: i64 lagMillis,
+  /** Messages waiting behind an earlier one of their key (a group with key affinity). */
+  9: i32 heldBack
 }
 
 /** A message a consumer group has handed out and not finished (groupPending). */
@@ -145,7 +147,9 @@ struct TGroupInfo {
   5: i32 maxRetries,
   6: list<string> members,
   7: map<i16, TGroupPartition> partitions,
-  8: i64 deadLetters
+  8: i64 deadLetters,
+  /** "topic" or "partition": the key the group hands out in order; unset: none. */
+  9: optional string keyAffinity
 }
 
 exception TGroupNotFound {
@@ -333,8 +337,11 @@ service HQueueService {
   // A member calls groupReceive on every server (each serves the partitions it
   // owns) and sends acks and nacks to each partition's owner.
 
-  /** Make the group if it is new (topics null: all; startMillis 0: the beginning). */
-  void openGroup(1: string queue, 2: string group, 3: list<binary> topics, 4: i64 startMillis, 5: i32 maxRetries)
+  /** Make the group if it is new (topics null: all; startMillis 0: the beginning).
+      keyAffinity "topic" or "partition": the group hands each key's messages out
+      in order, one member at a time (null: as the group is; none for a new one). */
+  void openGroup(1: string queue, 2: string group, 3: list<binary> topics, 4: i64 startMillis, 5: i32 maxRetries,
+                 6: string keyAffinity)
       throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TIOError io, 4: TNotAuthorized denied)
   TDeliveries groupReceive(1: string queue, 2: string group, 3: string member, 4: i32 maxMessages,
                                5: i32 leaseMillis, 6: i32 waitMillis)
@@ -358,6 +365,10 @@ service HQueueService {
       throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TNotPartitionOwner notOwner,
               4: TGroupNotFound groupNotFound, 5: TIOError io, 6: TNotAuthorized denied)
   void groupLeave(1: string queue, 2: string group, 3: string member)
+      throws (1: TQueueNotFound notFound, 2: TGroupNotFound groupNotFound, 3: TIOError io, 4: TNotAuthorized denied)
+  /** The member is still there. One silent past the server's --member-timeout
+      (or whose last connection to this server closed) is gone: its leases end. */
+  void groupHeartbeat(1: string queue, 2: string group, 3: string member)
       throws (1: TQueueNotFound notFound, 2: TGroupNotFound groupNotFound, 3: TIOError io, 4: TNotAuthorized denied)
   list<string> listGroups(1: string queue)
       throws (1: TQueueNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied)

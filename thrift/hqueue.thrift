@@ -369,7 +369,8 @@ service HQueueService {
   /** The member is still there. One silent past the server's --member-timeout
       (or whose last connection to this server closed) is gone: its leases end. */
   void groupHeartbeat(1: string queue, 2: string group, 3: string member)
-      throws (1: TQueueNotFound notFound, 2: TGroupNotFound groupNotFound, 3: TIOError io, 4: TNotAuthorized denied)
+      throws (1: TQueueNotFound notFound, 2: TGroupNotFound groupNotFound, 3: TIOError io, 4: TNotAuthorized denied,
+              5: TInvalidMessage invalid)
   list<string> listGroups(1: string queue)
       throws (1: TQueueNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied)
   TGroupInfo describeGroup(1: string queue, 2: string group)

@@ -12,7 +12,7 @@ from collections import defaultdict
 
 import pytest
 
-from hqueue import GroupLimits, HQueue, HQueueAdmin, InvalidArgument, Message
+from hqueue import GroupLimits, GroupNotFound, HQueue, HQueueAdmin, InvalidArgument, Message
 from hqueue.api import groups_of
 from hqueue.server import HQueueServer
 
@@ -201,5 +201,27 @@ def test_a_member_whose_connection_closes_is_gone_at_once(tmp_path):
             # Then its leases end at once: well before the lease or the member timeout
             got = drain(alive, 3, timeout=10)
             assert topics(got) == ["0", "1", "2"] and [d.attempt for d in got] == [2, 2, 1]
+    finally:
+        server.stop()
+
+
+def test_hostile_group_calls_get_typed_errors_over_the_wire(tmp_path):
+    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
+    url = f"hqueue://{server.address}"
+    try:
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("q", 1)
+        with HQueue("q", url) as queue:
+            engine = queue.engine
+            with pytest.raises(InvalidArgument, match="key_affinity"):
+                engine._call("openGroup", "q", "g", None, 0, 16, "value", queue="q")
+            with pytest.raises(GroupNotFound):
+                engine._call("groupHeartbeat", "q", "nobody", "m", queue="q")
+            queue.consumer("g").close()
+            with pytest.raises(InvalidArgument, match="member"):
+                engine._call("groupHeartbeat", "q", "g", "", queue="q")
+            for i in range(50):  # made-up members on one connection: answered, nothing held
+                engine._call("groupHeartbeat", "q", "g", f"ghost-{i}", queue="q")
+            assert queue.put(Message("t", b"still"), 0)  # the server goes on
     finally:
         server.stop()

@@ -14,13 +14,21 @@ another member. ``nack`` gives it back at once or after a delay; past
 Every group gets every message. The state lives with the partitions' owners
 (:mod:`hqueue.groups`): the process that opened an embedded store, or the
 hqueue servers.
+
+Once it has received, an open consumer heartbeats every second from a thread
+of its own, so that a slow handler does not make it look gone; a member that
+is gone (silent past the server's member timeout, 10 s by default, or whose
+connections closed: its process died) has its leases end at once.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import threading
 import uuid
+import weakref
 from collections.abc import Iterable, Iterator
 from datetime import datetime
 from functools import partial
@@ -30,13 +38,16 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from .api import groups_of
 from .errors import InvalidArgument
-from .groups.state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, start_ms
+from .groups.affinity import check_key_affinity
+from .groups.state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, HEARTBEAT_INTERVAL, start_ms
 from .message import ROWKEY_LENGTH, Message, MessageID
 
 if TYPE_CHECKING:
     from .api import QueueHandle
 
 __all__ = ["Consumer", "Delivery", "Pending"]
+
+logger = logging.getLogger(__name__)
 
 
 class Pending(NamedTuple):
@@ -136,8 +147,13 @@ class Consumer:
         max_retries: Failures a message may have beyond its first delivery
             before it goes to ``<queue>.dlq`` (default 16). Fixed when the group is made.
         lease: Seconds a received message stays with this member (default 30;
-            the server gives at most its maximum, 600 s by default).
+            the server gives at most its maximum, 300 s by default).
         member: This member's name (default: host, pid and a random part).
+        key_affinity: Make the group hand each key's messages out in order, one
+            member at a time, across retries, nacks and members that die:
+            ``"topic"`` (the key is the topic) or ``"partition"`` (one key per
+            partition); see :mod:`hqueue.groups.affinity`. Fixed when the group
+            is made; None (default) joins an existing group as it is.
     """
 
     def __init__(
@@ -150,6 +166,7 @@ class Consumer:
         max_retries: int = DEFAULT_MAX_RETRIES,
         lease: float = DEFAULT_LEASE,
         member: str | None = None,
+        key_affinity: str | None = None,
     ) -> None:
         self.queue, self.group, self.lease = queue, group, lease
         self.member = member or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -157,11 +174,15 @@ class Consumer:
         if chosen is not None and not all(isinstance(t, bytes) and t for t in chosen):
             raise InvalidArgument("'topics' must be non-empty str or bytes")
         self._groups = groups_of(queue.engine)
-        self._groups.open(queue.name, group, chosen, start_ms(start), max_retries)
+        self._groups.open(queue.name, group, chosen, start_ms(start), max_retries, check_key_affinity(key_affinity))
         self.closed = False
+        self._heartbeats: threading.Thread | None = None
+        self._stopped = threading.Event()
 
     def receive(self, max_messages: int = 100, *, wait: float = 1.0, lease: float | None = None) -> list[Delivery]:
         """Up to ``max_messages`` messages, waiting up to ``wait`` seconds for the first."""
+        if self._heartbeats is None:
+            self._start_heartbeats()
         pairs = self._groups.receive(
             self.queue.name, self.group, self.member, max_messages, self.lease if lease is None else lease, wait
         )
@@ -204,7 +225,14 @@ class Consumer:
         """Leave the group: leases still held go back to the others at once."""
         if not self.closed:
             self.closed = True
+            self._stopped.set()
             self._groups.leave(self.queue.name, self.group, self.member)
+
+    def _start_heartbeats(self) -> None:
+        self._heartbeats = threading.Thread(
+            target=_heartbeat, args=(weakref.ref(self), self._stopped), name="hqueue-heartbeat", daemon=True
+        )
+        self._heartbeats.start()
 
     def __enter__(self) -> Consumer:
         return self
@@ -214,3 +242,17 @@ class Consumer:
 
     def __repr__(self) -> str:
         return f"Consumer({self.queue.name!r}, {self.group!r}, member={self.member!r})"
+
+
+def _heartbeat(ref: weakref.ref[Consumer], stopped: threading.Event) -> None:
+    """Tell the group the member is there, every HEARTBEAT_INTERVAL, until it closes
+    (or is dropped: the thread holds it weakly)."""
+    while not stopped.wait(HEARTBEAT_INTERVAL):
+        consumer = ref()
+        if consumer is None:
+            return
+        try:
+            consumer._groups.heartbeat(consumer.queue.name, consumer.group, consumer.member)
+        except Exception as e:  # a server away: the next beat, or the leases end
+            logger.debug("consumer %s: heartbeat failed: %s", consumer.member, e)
+        del consumer

@@ -283,9 +283,13 @@ class HQueue(Connected):
         max_retries: int = DEFAULT_MAX_RETRIES,
         lease: float = DEFAULT_LEASE,
         member: str | None = None,
+        key_affinity: str | None = None,
     ) -> Consumer:
         """A member of consumer group ``group``: receive, then ack or nack (see :class:`~hqueue.consumer.Consumer`)."""
-        return Consumer(self, group, topics, start=start, max_retries=max_retries, lease=lease, member=member)
+        return Consumer(
+            self, group, topics, start=start, max_retries=max_retries, lease=lease, member=member,
+            key_affinity=key_affinity,
+        )  # fmt: skip
 
     def pending(self, group: str, *, limit: int = 1000) -> list[Pending]:
         """The messages consumer group ``group`` has handed out and not finished, in

@@ -121,7 +121,9 @@ struct TGroupPartition {
   7: i64 lagMessages,
   8: i64 lagMillis,
   /** Past their retries, waiting for the dead-letter queue to take them (it refused: disabled, say). */
-  9: i32 deadLetterWaiting
+  9: i32 deadLetterWaiting,
+  /** Messages waiting behind an earlier one of their key (a group with key affinity). */
+  10: i32 heldBack
 }
 
 /** A message a consumer group has handed out and not finished (groupPending). */
@@ -148,7 +150,9 @@ struct TGroupInfo {
   6: list<string> members,
   7: map<i16, TGroupPartition> partitions,
   /** Messages in <queue>.dlq; unset while it cannot be read (a disabled table on HBase). */
-  8: optional i64 deadLetters
+  8: optional i64 deadLetters,
+  /** "topic" or "partition": the key the group hands out in order; unset: none. */
+  9: optional string keyAffinity
 }
 
 exception TGroupNotFound {
@@ -336,8 +340,11 @@ service HQueueService {
   // A member calls groupReceive on every server (each serves the partitions it
   // owns) and sends acks and nacks to each partition's owner.
 
-  /** Make the group if it is new (topics null: all; startMillis 0: the beginning). */
-  void openGroup(1: string queue, 2: string group, 3: list<binary> topics, 4: i64 startMillis, 5: i32 maxRetries)
+  /** Make the group if it is new (topics null: all; startMillis 0: the beginning).
+      keyAffinity "topic" or "partition": the group hands each key's messages out
+      in order, one member at a time (null: as the group is; none for a new one). */
+  void openGroup(1: string queue, 2: string group, 3: list<binary> topics, 4: i64 startMillis, 5: i32 maxRetries,
+                 6: string keyAffinity)
       throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TIOError io, 4: TNotAuthorized denied)
   TDeliveries groupReceive(1: string queue, 2: string group, 3: string member, 4: i32 maxMessages,
                                5: i32 leaseMillis, 6: i32 waitMillis)
@@ -362,6 +369,11 @@ service HQueueService {
               4: TGroupNotFound groupNotFound, 5: TIOError io, 6: TNotAuthorized denied)
   void groupLeave(1: string queue, 2: string group, 3: string member)
       throws (1: TQueueNotFound notFound, 2: TGroupNotFound groupNotFound, 3: TIOError io, 4: TNotAuthorized denied)
+  /** The member is still there. One silent past the server's --member-timeout
+      (or whose last connection to this server closed) is gone: its leases end. */
+  void groupHeartbeat(1: string queue, 2: string group, 3: string member)
+      throws (1: TQueueNotFound notFound, 2: TGroupNotFound groupNotFound, 3: TIOError io, 4: TNotAuthorized denied,
+              5: TInvalidMessage invalid)
   list<string> listGroups(1: string queue)
       throws (1: TQueueNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied)
   TGroupInfo describeGroup(1: string queue, 2: string group)

@@ -7,7 +7,13 @@ import time
 
 import click
 
-from ..groups.state import DEFAULT_MAX_LEASE, DEFAULT_MAX_MEMBER_IN_FLIGHT, GroupLimits
+from ..groups.state import (
+    DEFAULT_MAX_LEASE,
+    DEFAULT_MAX_MEMBER_IN_FLIGHT,
+    MEMBER_TIMEOUT,
+    MIN_MEMBER_TIMEOUT,
+    GroupLimits,
+)
 from ..message import Message
 from ..storage import default_url
 from ..subscriptions.manager import DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_CHECKPOINT_MESSAGES
@@ -158,6 +164,14 @@ from .main import Progress, Seconds, main, open_admin, open_queue
     show_default=True,
     help="Messages one consumer-group member may hold unacked per group on this server.",
 )
+@click.option(
+    "--member-timeout",
+    type=Seconds(MIN_MEMBER_TIMEOUT, 3600),
+    default=MEMBER_TIMEOUT,
+    show_default=True,
+    help="A consumer-group member silent this long (no receive, no heartbeat; clients heartbeat every "
+    "second) is gone: its leases end at once, as they do when its last connection closes (s).",
+)
 @click.option("--log-level", envvar="HQUEUE_LOG_LEVEL", default="INFO", show_default=True)
 @click.pass_context
 def server(
@@ -190,6 +204,7 @@ def server(
     checkpoint_interval,
     max_lease,
     max_member_in_flight,
+    member_timeout,
     metrics_host,
     metrics_token,
     log_level,
@@ -239,7 +254,9 @@ def server(
             max_subscribers=max_subscribers,
             checkpoint_messages=checkpoint_messages,
             checkpoint_interval=checkpoint_interval,
-            group_limits=GroupLimits(max_lease=max_lease, max_member_in_flight=max_member_in_flight),
+            group_limits=GroupLimits(
+                max_lease=max_lease, max_member_in_flight=max_member_in_flight, member_timeout=member_timeout
+            ),
             metrics_host=metrics_host,
             metrics_token=metrics_token,
         )

@@ -153,6 +153,15 @@ class RemoteGroups:
                 except ServerUnavailable:
                     pass  # its leases run out there
 
+    def heartbeat(self, queue: str, group: str, member: str) -> None:
+        """At every owner (one that is down is skipped: its partitions move, or it comes back)."""
+        with self._engine.deadline():
+            for owner in self._owners(queue):
+                try:
+                    self._engine._call_at(owner, "groupHeartbeat", queue, group, member, queue=queue)
+                except ServerUnavailable:
+                    self._locations_checked.pop(queue, None)
+
     names = remote(op.LIST_GROUPS)
     describe = remote(op.DESCRIBE_GROUP)
     pending = remote(op.GROUP_PENDING)

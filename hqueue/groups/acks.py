@@ -197,8 +197,7 @@ class GroupAcks:
         if not fresh:
             return 0
         for message_id in fresh:
-            state.release(message_id)
-            state.ready.pop(message_id, None)
+            state.finish(message_id)
             state.unburied.pop(message_id, None)
         state.acked.update(fresh)
         state.finished += len(fresh)
@@ -236,9 +235,37 @@ class GroupAcks:
                 (see :meth:`_bury`); NotPartitionOwner while no partition of it is
                 served here yet (just made, in a cluster): try again soon.
         """
-        retries = state.retries[message_id] = state.retries.get(message_id, 0) + 1
+        retries = self._count_failures(group, pid, state, [message_id])[0]
+        self._after_failure(group, pid, state, message_id, retries, delay, at_once=at_once)
+
+    def _failed_many(self, group: GroupState, pid: int, state: PartitionState, ids: list[bytes]) -> None:
+        """Leases that ended without an ack (run out, or their member is gone): one write for all."""
+        if ids:
+            for message_id, retries in zip(ids, self._count_failures(group, pid, state, ids), strict=True):
+                self._after_failure(group, pid, state, message_id, retries, 0.0, at_once=False)
+
+    def _count_failures(self, group: GroupState, pid: int, state: PartitionState, ids: list[bytes]) -> list[int]:
+        """One more failure for each of ``ids``, written at once; their counts."""
+        counts = []
+        for message_id in ids:
+            counts.append(state.retries.get(message_id, 0) + 1)
+            state.retries[message_id] = counts[-1]
         prefix = state_prefix(group.queue, group.name, pid)
-        self._write(group, pid, {f"{prefix}retry/{message_id.hex()}": str(retries).encode()})
+        self._write(group, pid, {f"{prefix}retry/{i.hex()}": str(n).encode() for i, n in zip(ids, counts, strict=True)})
+        return counts
+
+    def _after_failure(
+        self,
+        group: GroupState,
+        pid: int,
+        state: PartitionState,
+        message_id: bytes,
+        retries: int,
+        delay: float | None,
+        *,
+        at_once: bool,
+    ) -> None:
+        """A message failed for the ``retries``-th time: retry it later, or dead-letter it."""
         if retries <= group.config.max_retries and not at_once:
             wait = backoff(retries) if delay is None else delay
             state.retry_at(message_id, time.monotonic() + wait)

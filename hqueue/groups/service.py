@@ -20,17 +20,22 @@ for that partition (SPEC C10), so servers share nothing but the store. Per
   message is never handed out again.
 * leases (in memory) and retry counts (persisted at each failure).
 
-Members: a member is live while it calls ``receive`` (at least every
-``MEMBER_TIMEOUT`` seconds). The live members, sorted, share the
-partitions: partition p goes to member ``p mod M``, and with more members
-than partitions several members share a partition, the per-message leases
-keeping each message with one of them. A member polls every server, so every
-server sees the same members. When a member joins or leaves the assignment
-changes at once; a leaving member gives its leases back, a vanished one's
-leases run out.
+Members (members.py): a member shares the partitions while it calls
+``receive`` (at least every ``member_timeout`` seconds). The live members,
+sorted, share the partitions: partition p goes to member ``p mod M``, and
+with more members than partitions several members share a partition, the
+per-message leases keeping each message with one of them. A member polls
+every server, so every server sees the same members. When a member joins or
+leaves the assignment changes at once; a leaving member gives its leases
+back, and a member that is gone (silent past ``member_timeout``, or its last
+connection closed) has its leases end at once.
+
+Key affinity (affinity.py): a group made with ``key_affinity`` hands each
+key's messages out in order, to one member at a time, even across retries,
+nacks and members that are gone.
 
 Limits (:class:`GroupLimits`, ``hqueue server --max-lease``,
-``--max-member-in-flight``): a lease (and a nack's delay) is at most
+``--max-member-in-flight``, ``--member-timeout``): a lease (and a nack's delay) is at most
 ``max_lease``, and a member holds at most ``max_member_in_flight`` messages
 per group here, so one member that never acks cannot starve the others. An
 ack counts only for a message the group handed out (see
@@ -61,6 +66,9 @@ from ..message import (
     successor,
 )
 from .acks import GroupAcks
+from .affinity import KeyAffinity, check_key_affinity
+from .members import GroupMembers
+from .ordered import InOrder
 from .state import (
     ASKED_LEASE_LIMIT,
     LATEST,
@@ -82,7 +90,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class GroupService(GroupAcks, GroupViews):
+class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
     """Every consumer group's state for the partitions this process owns.
 
     Args:
@@ -100,6 +108,7 @@ class GroupService(GroupAcks, GroupViews):
         self._generations: dict[str, int] = {}
         self._waiting: dict[str, int] = {}
         self._stopped = False
+        self._init_members()
 
     def start(self) -> None:
         self.coordinator.add_listener(self._ownership_changed)
@@ -131,22 +140,33 @@ class GroupService(GroupAcks, GroupViews):
     # -- groups ------------------------------------------------------------------------
 
     def open(
-        self, queue: str, name: str, topics: Collection[bytes] | None, start: int, max_retries: int
+        self,
+        queue: str,
+        name: str,
+        topics: Collection[bytes] | None,
+        start: int,
+        max_retries: int,
+        key_affinity: str | None = None,
     ) -> GroupConfig:
-        """Make the group if it is new; check that an existing one takes the same topics."""
+        """Make the group if it is new; check that an existing one takes the same topics
+        and, if ``key_affinity`` is given, keeps the same key in order."""
         check_group_name(name)
+        check_key_affinity(key_affinity)
         if not isinstance(max_retries, int) or isinstance(max_retries, bool) or max_retries < 0:
             raise InvalidArgument(f"'max_retries' must be an int >= 0, got {max_retries!r}")
         info = self.engine.queue_info(queue, fresh=True)
         if not isinstance(start, int) or start < LATEST:
             raise InvalidArgument(f"'start' must be epoch ms >= 0 (or -1: the latest), got {start!r}")
-        wanted = GroupConfig(frozenset(topics) if topics is not None else None, start, max_retries)
+        wanted = GroupConfig(
+            frozenset(topics) if topics is not None else None, start, max_retries, key_affinity=key_affinity
+        )
         stored = self.storage.get_meta(group_key(queue, name))
         if stored is None:
             if start == LATEST:
                 last = {pid: self.engine.last_id(queue, pid) for pid in range(info.partitions)}
                 wanted = replace(wanted, starts={pid: successor(i) for pid, i in last.items() if i is not None})
             self.storage.put_meta(group_key(queue, name), wanted.to_json())
+            self._load(queue, name, info.partitions)
             return wanted
         config = GroupConfig.from_json(stored)
         if config.topics != wanted.topics:
@@ -154,7 +174,19 @@ class GroupService(GroupAcks, GroupViews):
                 f"consumer group {name!r} of {queue!r} takes topics {_show(config.topics)}, not "
                 f"{_show(wanted.topics)}: use another group, or delete this one first"
             )
+        if key_affinity is not None and config.key_affinity != key_affinity:
+            raise InvalidArgument(
+                f"consumer group {name!r} of {queue!r} keeps key order by {config.key_affinity or 'nothing'}, "
+                f"not by {key_affinity}: use another group, or delete this one first"
+            )
         return config
+
+    def _load(self, queue: str, name: str, partitions: int) -> None:
+        """Hold a new group's state over the partitions owned here (metrics show it at once)."""
+        group = self._group(queue, name)
+        with group.lock:
+            for pid in self.coordinator.owned(queue, partitions):
+                self._partition(group, pid)
 
     def _group(self, queue: str, name: str) -> GroupState:
         with self._lock:
@@ -182,6 +214,8 @@ class GroupService(GroupAcks, GroupViews):
                 elif kind.endswith("/retry"):
                     retries[bytes.fromhex(text)] = int(value)
             state = group.partitions[pid] = PartitionState(done, {a for a in acked if a >= done}, retries)
+            if group.config.key_affinity is not None:
+                state.affinity = KeyAffinity(group.config.key_affinity)
         return state
 
     def names(self, queue: str) -> list[str]:
@@ -257,8 +291,9 @@ class GroupService(GroupAcks, GroupViews):
         attempts: list[int] = []
         next_ready = 1.0
         with group.lock:
-            group.members[member] = now
-            members = group.live_members(now)
+            group.members[member] = group.seen[member] = now
+            self._forget_silent(group, now)
+            members = group.live_members(now, self.limits.member_timeout)
             mine = [p for p in assigned(members, member, info.partitions) if self.coordinator.owns(group.queue, p)]
             group.turn += 1
             mine = served_order(mine, info, group.turn)
@@ -271,15 +306,18 @@ class GroupService(GroupAcks, GroupViews):
                 if len(keys) >= limit:
                     break
                 state = self._partition(group, pid)
-                self._redeliver(group, pid, state, member, now + lease, limit - len(keys), (keys, values, attempts))
-                self._new(group, pid, state, member, now + lease, limit - len(keys), (keys, values, attempts))
+                out = (keys, values, attempts)
+                if state.affinity is not None:
+                    self._take_in_order(group, pid, state, member, now + lease, limit - len(keys), out)
+                else:
+                    self._redeliver(group, pid, state, member, now + lease, limit - len(keys), out)
+                    self._new(group, pid, state, member, now + lease, limit - len(keys), out)
                 if state.ready_heap:
                     next_ready = min(next_ready, max(0.001, state.ready_heap[0][0] - now))
         return (keys, values, attempts), next_ready
 
     def _expire(self, group: GroupState, pid: int, state: PartitionState, now: float) -> None:
-        for message_id in state.expired(now):
-            self._failed(group, pid, state, message_id, 0.0)
+        self._failed_many(group, pid, state, state.expired(now))
 
     def _redeliver(
         self, group: GroupState, pid: int, state: PartitionState, member: str, deadline: float, limit: int, out: Columns
@@ -337,20 +375,6 @@ class GroupService(GroupAcks, GroupViews):
         start = partition_prefix(pid) + message_id
         cells = self.storage.scan(queue, start, partition_prefix(pid) + id_after(message_id), None, 1)
         return cells[0] if cells else None
-
-    def leave(self, queue: str, name: str, member: str) -> None:
-        """``member`` stops: its leases are given back at once, without counting as failures."""
-        group = self._group(queue, name)
-        now = time.monotonic()
-        with group.lock:
-            group.members.pop(member, None)
-            for state in group.partitions.values():
-                if member not in state.held:
-                    continue
-                for message_id, lease in list(state.leases.items()):  # a copy: retry_at releases
-                    if lease[0] == member:
-                        state.retry_at(message_id, now)
-        self._on_write(queue, -1)
 
     def set_position(self, queue: str, name: str, partition_id: int | None, start: MessageID) -> None:
         """Replay (or skip): the group takes the partition (None: all) again from ``start``.

@@ -23,19 +23,25 @@ from ..message import MessageID
 
 if TYPE_CHECKING:
     from ..config import QueueInfo
+    from .affinity import KeyAffinity
 
 DEFAULT_LEASE = 30.0
 DEFAULT_MAX_RETRIES = 16
-#: Messages handed out and not acked, per (group, partition), before the partition waits.
-DEFAULT_MAX_SPAN = 10_000
-#: The longest lease (and nack delay) a member gets, whatever it asks: the Processor's default lease.
-DEFAULT_MAX_LEASE = 600.0
-#: Messages one member may hold (leased, not acked) per group on one server.
+#: Messages handed out and not acked, per (group, partition), before the partition waits
+#: (Kafka's share groups lock at most 2,000 records per partition).
+DEFAULT_MAX_SPAN = 2_000
+#: The longest lease (and nack delay) a member gets, whatever it asks (a gone member's
+#: leases end sooner: see ``member_timeout``).
+DEFAULT_MAX_LEASE = 300.0
+#: Messages one member may hold (leased, not acked) per group on one server (NATS's MaxAckPending).
 DEFAULT_MAX_MEMBER_IN_FLIGHT = 1_000
 #: The longest lease or nack delay a member may ask for (it gets at most ``max_lease``).
 ASKED_LEASE_LIMIT = 86400 * 7
-#: A member that has not called receive for this long has left.
+#: A member that has not called receive for this long is left out of the partitions' assignment;
+#: one that has made no call at all (receive, heartbeat) for this long is gone: its leases end.
 MEMBER_TIMEOUT = 10.0
+#: The shortest member timeout a server takes: members heartbeat every HEARTBEAT_INTERVAL.
+MIN_MEMBER_TIMEOUT, HEARTBEAT_INTERVAL = 3.0, 1.0
 #: One receive in this many serves the lowest priority tier first (no starvation).
 STARVE_GUARD = 4
 #: The backoff of a nack without a delay: 1 s, doubling per retry, at most 10 minutes.
@@ -77,18 +83,26 @@ class GroupLimits:
         max_member_in_flight: Messages one member may hold (leased and not
             acked) per group on one server; a receive returns at most what the
             member may still take.
-        max_span: Messages in flight (leased or waiting to be retried) per
-            (group, partition) before the partition hands out no more.
+        max_span: Messages in flight (leased, waiting to be retried, or held
+            back behind their key) per (group, partition) before the partition
+            hands out no more.
+        member_timeout: Seconds without a call (receive or heartbeat) after which
+            a member is gone: its leases end at once (as if they ran out), as they
+            do when its last connection to the server closes.
     """
 
     max_lease: float = DEFAULT_MAX_LEASE
     max_member_in_flight: int = DEFAULT_MAX_MEMBER_IN_FLIGHT
     max_span: int = DEFAULT_MAX_SPAN
+    member_timeout: float = MEMBER_TIMEOUT
 
     def __post_init__(self) -> None:
         lease = self.max_lease
         if not isinstance(lease, (int, float)) or isinstance(lease, bool) or not 0 < lease <= ASKED_LEASE_LIMIT:
             raise InvalidArgument(f"'max_lease' must be seconds in (0, {ASKED_LEASE_LIMIT}], got {lease!r}")
+        timeout = self.member_timeout
+        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not MIN_MEMBER_TIMEOUT <= timeout:
+            raise InvalidArgument(f"'member_timeout' must be seconds >= {MIN_MEMBER_TIMEOUT}, got {timeout!r}")
         for name in ("max_span", "max_member_in_flight"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 10_000_000:
@@ -108,6 +122,8 @@ class GroupConfig:
         topics: The topics it takes; None for all.
         start: Epoch ms where it starts in every partition (0: the beginning).
         max_retries: Failures a message may have beyond its first delivery.
+        key_affinity: None, or the key whose messages the group hands out in
+            order (``"topic"``, ``"partition"``; see :mod:`hqueue.groups.affinity`).
     """
 
     topics: frozenset[bytes] | None = None
@@ -115,6 +131,7 @@ class GroupConfig:
     max_retries: int = DEFAULT_MAX_RETRIES
     #: A group made at the ``"latest"``: where each partition ended then.
     starts: dict[int, MessageID] = field(default_factory=dict)
+    key_affinity: str | None = None
 
     def start_of(self, partition_id: int) -> MessageID:
         return self.starts.get(partition_id, MessageID(max(0, self.start)))
@@ -122,16 +139,17 @@ class GroupConfig:
     def to_json(self) -> bytes:
         topics = sorted(t.hex() for t in self.topics) if self.topics is not None else None
         starts = {pid: str(i) for pid, i in self.starts.items()}
-        return json.dumps(
-            {"topics": topics, "start": self.start, "max_retries": self.max_retries, "starts": starts}
-        ).encode()
+        d: dict[str, Any] = {"topics": topics, "start": self.start, "max_retries": self.max_retries, "starts": starts}
+        if self.key_affinity is not None:
+            d["key_affinity"] = self.key_affinity
+        return json.dumps(d).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> GroupConfig:
         d = json.loads(data)
         topics = frozenset(bytes.fromhex(t) for t in d["topics"]) if d["topics"] is not None else None
         starts = {int(pid): MessageID.parse(i) for pid, i in d.get("starts", {}).items()}
-        return cls(topics, d["start"], d["max_retries"], starts)
+        return cls(topics, d["start"], d["max_retries"], starts, d.get("key_affinity"))
 
 
 @dataclass
@@ -165,6 +183,8 @@ class PartitionState:
     finished: int = 0
     #: The group's lag here counted once (lag.py's Seed), kept by the metrics' LagBook.
     lag_seed: Any = None
+    #: A group with key affinity: each key's messages in order (affinity.py).
+    affinity: KeyAffinity | None = None
     #: What the last metrics scrape wrote of this state (server/gauges.py), reused while it holds.
     metric_lines: Any = None
 
@@ -173,11 +193,13 @@ class PartitionState:
 
     @property
     def in_flight(self) -> int:
-        return len(self.leases) + len(self.ready)
+        held_back = len(self.affinity.back_ids) if self.affinity is not None else 0
+        return len(self.leases) + len(self.ready) + held_back
 
     def lowest_open(self) -> bytes:
         waiting = self.open
-        while waiting and waiting[0] not in self.leases and waiting[0] not in self.ready:
+        back = self.affinity.back_ids if self.affinity is not None else ()
+        while waiting and waiting[0] not in self.leases and waiting[0] not in self.ready and waiting[0] not in back:
             waiting.popleft()
         return waiting[0] if waiting else self.scan
 
@@ -187,8 +209,11 @@ class PartitionState:
 
     def lease(self, ids: list[bytes], member: str, deadline: float) -> None:
         """Lease ``ids`` (none leased now: new ones, or ones due for a retry) to ``member``."""
+        affinity = self.affinity
         for message_id in ids:
-            self.ready.pop(message_id, None)
+            was_waiting = self.ready.pop(message_id, None) is not None
+            if affinity is not None:
+                affinity.leased(message_id, member, was_waiting)
         self.leases.update(zip(ids, repeat((member, deadline))))
         self.held[member] += len(ids)
         self.batches += 1
@@ -217,18 +242,38 @@ class PartitionState:
             self.held[member] -= 1
             if self.held[member] <= 0:
                 del self.held[member]
+            if self.affinity is not None:
+                self.affinity.released(message_id, member)
 
     def retry_at(self, message_id: bytes, at: float) -> None:
         self.release(message_id)
+        if message_id not in self.ready and self.affinity is not None:
+            self.affinity.waits(message_id)
         self.ready[message_id] = at
         heapq.heappush(self.ready_heap, (at, message_id))
+
+    def finish(self, message_id: bytes) -> None:
+        """``message_id`` is done (acked or dead-lettered): neither leased nor waiting."""
+        self.release(message_id)
+        was_waiting = self.ready.pop(message_id, None) is not None
+        if self.affinity is not None:
+            self.affinity.finished(message_id, was_waiting)
+
+    def leases_of(self, member: str) -> list[bytes]:
+        """The IDs ``member`` holds here, in ID order."""
+        if member not in self.held:
+            return []
+        return sorted(i for i, lease in self.leases.items() if lease[0] == member)
 
 
 class GroupState:
     def __init__(self, queue: str, name: str, config: GroupConfig) -> None:
         self.queue, self.name, self.config = queue, name, config
         self.lock = threading.Lock()
+        #: Members that receive: member -> when it last called receive (the assignment's members).
         self.members: dict[str, float] = {}
+        #: Every member heard from: member -> when it last called (receive or heartbeat).
+        self.seen: dict[str, float] = {}
         self.dead_lettered = 0
         self.partitions: dict[int, PartitionState] = {}
         self.turn = 0
@@ -242,10 +287,19 @@ class GroupState:
         """Messages ``member`` holds in this group's partitions here (call under ``lock``)."""
         return sum(state.held.get(member, 0) for state in self.partitions.values())
 
-    def live_members(self, now: float) -> list[str]:
-        for member in [m for m, seen in self.members.items() if now - seen > MEMBER_TIMEOUT]:
+    def live_members(self, now: float, timeout: float = MEMBER_TIMEOUT) -> list[str]:
+        """The members that share the partitions: those that called receive in the last ``timeout`` s."""
+        for member in [m for m, seen in self.members.items() if now - seen > timeout]:
             del self.members[member]
         return sorted(self.members)
+
+    def silent(self, now: float, timeout: float) -> list[str]:
+        """Members that made no call for ``timeout`` seconds: gone, forgotten here."""
+        gone = [m for m, seen in self.seen.items() if now - seen > timeout]
+        for member in gone:
+            del self.seen[member]
+            self.members.pop(member, None)
+        return gone
 
 
 def served_order(partitions: list[int], info: QueueInfo, turn: int) -> list[int]:

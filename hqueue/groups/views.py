@@ -17,7 +17,7 @@ from ..deadletters import dead_letter_queue
 from ..errors import HQueueError, QueueDisabled, QueueNotFound
 from ..lag import partition_lag
 from ..message import MessageID
-from .state import GroupState, PartitionState, check_pending_limit
+from .state import GroupLimits, GroupState, PartitionState, check_pending_limit
 
 if TYPE_CHECKING:
     from ..coordination import Coordinator
@@ -33,6 +33,7 @@ class GroupViews:
     storage: Storage
     _lock: threading.Lock
     _groups: dict[tuple[str, str], GroupState]
+    limits: GroupLimits
 
     def _group(self, queue: str, name: str) -> GroupState:
         raise NotImplementedError
@@ -43,28 +44,39 @@ class GroupViews:
     def _expire(self, group: GroupState, pid: int, state: PartitionState, now: float) -> None:
         raise NotImplementedError
 
+    def _forget_silent(self, group: GroupState, now: float) -> None:
+        raise NotImplementedError
+
     def describe(self, queue: str, name: str) -> dict[str, Any]:
-        """Members, and per owned partition: cursors, in flight, retrying, lag, and the
-        messages past their retries that wait for the dead-letter queue to take them
-        (``dead_letter_waiting``). ``dead_letters`` counts ``<queue>.dlq``; None while it
-        cannot be read (disabled, on HBase)."""
+        """Members, and per owned partition: cursors, in flight, retrying, held back, lag,
+        and the messages past their retries that wait for the dead-letter queue to take
+        them (``dead_letter_waiting``). ``dead_letters`` counts ``<queue>.dlq``; None while
+        it cannot be read (disabled, on HBase).
+
+        ``lag_messages`` counts the messages not yet acked: those from the
+        completion cursor on, less those acked ahead of it."""
         group = self._group(queue, name)
         info = self.engine.queue_info(queue, fresh=True)
         now = time.monotonic()
         partitions = {}
         with group.lock:
-            members = group.live_members(now)
+            self._forget_silent(group, now)
+            members = group.live_members(now, self.limits.member_timeout)
             for pid in self.coordinator.owned(queue, info.partitions):
                 state = self._partition(group, pid)
                 self._expire(group, pid, state, now)
                 done = MessageID.from_bytes(state.done)
                 lag, lag_ms = partition_lag(self.engine, queue, pid, done, group.config.topics, limit=None)
+                lag = max(0, lag - len(state.acked))  # acked ahead of the cursor: not lag
+                if lag == 0:
+                    lag_ms = 0
                 partitions[pid] = {
                     "done": done,
                     "scan": MessageID.from_bytes(state.scan),
                     "in_flight": len(state.leases),
                     "retrying": len(state.ready) - len(state.unburied),
                     "dead_letter_waiting": len(state.unburied),
+                    "held_back": len(state.affinity.back_ids) if state.affinity is not None else 0,
                     "acked_ahead": len(state.acked),
                     "retries": sum(state.retries.values()),
                     "lag_messages": lag,
@@ -76,6 +88,7 @@ class GroupViews:
             "topics": group.config.topics,
             "start": group.config.start,
             "max_retries": group.config.max_retries,
+            "key_affinity": group.config.key_affinity,
             "members": members,
             "partitions": partitions,
             "dead_letters": _count(self.engine, dead_letter_queue(queue)),
@@ -92,6 +105,7 @@ class GroupViews:
         now = time.monotonic()
         out: list[dict[str, Any]] = []
         with group.lock:
+            self._forget_silent(group, now)
             for pid in self.coordinator.owned(queue, info.partitions):
                 state = self._partition(group, pid)
                 self._expire(group, pid, state, now)
@@ -122,7 +136,7 @@ class GroupViews:
         for group in groups:
             with group.lock:
                 partitions = list(group.partitions.items())
-                members = len(group.live_members(now))
+                members = len(group.live_members(now, self.limits.member_timeout))
             out.append(GroupSnapshot(group, members, partitions))
         return out
 

@@ -15,7 +15,12 @@ key::
   of ``workers`` worker queues: messages with one key are handled one after
   another, in the order of their partition; different keys run in parallel.
   Put a key's messages with ``queue.put(..., key=k)`` so they share a
-  partition.
+  partition. Across processes the group keeps the order (key affinity,
+  :mod:`hqueue.groups.affinity`): a key's later messages go to the process
+  holding its earlier ones, and after a process dies, its messages go out
+  again before any later one of their keys. With the default key the group
+  keeps each topic in order (processes share a partition's topics); with a
+  ``key=`` function, each partition (processes share the partitions).
 * **Commits.** Messages complete out of order; the processor acks a
   partition's messages only up to the highest one below which everything
   has completed (:class:`CommitTracker`), so the group's completion cursor

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..consumer import Delivery
 from ..deadletters import dead_letter_queue
 from ..errors import InvalidArgument, NoPartitionOwner, NotPartitionOwner, ServerUnavailable
+from ..groups.state import DEFAULT_LEASE
 from ..message import Message
 from .commits import CommitTracker
 from .worker import Worker
@@ -46,10 +47,12 @@ class Processor:
             a retry (None: no limit).
         delay: Handle each message no sooner than this many seconds after it was written.
         lease: The group lease of messages in hand; make it longer than a
-            message may wait in a queue plus its handling (default 600 s; the
-            server gives at most its ``--max-lease``, 600 s by default). A
+            message may wait in a queue plus its handling (default 30 s; the
+            server gives at most its ``--max-lease``, 300 s by default). A
             member holds at most the server's ``--max-member-in-flight``
-            (1,000) messages: behind a slow message, the reader waits.
+            (1,000) messages: behind a slow message, the reader waits. If the
+            process dies its leases end at once (its connections close, or
+            its heartbeats stop for the server's ``--member-timeout``).
         commit_interval: Seconds between acks of committable messages.
         start: Where a new group starts (see :meth:`HQueue.consumer`).
     """
@@ -67,7 +70,7 @@ class Processor:
         retry_delay: float = 1.0,
         timeout: float | None = None,
         delay: float = 0.0,
-        lease: float = 600.0,
+        lease: float = DEFAULT_LEASE,
         commit_interval: float = 0.2,
         start: str = "earliest",
     ) -> None:
@@ -88,7 +91,10 @@ class Processor:
         self._key = key
         self.queue_size, self.max_retries, self.retry_delay = queue_size, max_retries, retry_delay
         self.timeout, self.delay, self.lease, self.commit_interval = timeout, delay, lease, commit_interval
-        self.consumer: Consumer = queue.consumer(group, start=start, lease=lease)
+        # The group keeps each key in order across processes: by topic, the default key; by
+        # partition for a key the server cannot read (a key's messages share a partition).
+        affinity = "topic" if key is None else "partition"
+        self.consumer: Consumer = queue.consumer(group, start=start, lease=lease, key_affinity=affinity)
         self.trackers: dict[int, CommitTracker] = {}
         self.counter = itertools.count()
         self.stopping = threading.Event()

@@ -210,12 +210,14 @@ def _group_out(d: dict[str, Any]) -> Any:
             done=wire.to_tid(p["done"]), scan=wire.to_tid(p["scan"]), inFlight=p["in_flight"],
             retrying=p["retrying"], ackedAhead=p["acked_ahead"], retries=p["retries"],
             lagMessages=p["lag_messages"], lagMillis=p["lag_millis"], deadLetterWaiting=p["dead_letter_waiting"],
+            heldBack=p["held_back"],
         )
         for pid, p in d["partitions"].items()
     }  # fmt: skip
     return T.TGroupInfo(
         queue=d["queue"], group=d["group"], topics=_topics_out(d["topics"]), startMillis=d["start"],
         maxRetries=d["max_retries"], members=d["members"], partitions=partitions, deadLetters=d["dead_letters"],
+        keyAffinity=d["key_affinity"],
     )  # fmt: skip
 
 
@@ -225,13 +227,14 @@ def _group_in(t: Any) -> dict[str, Any]:
             "done": wire.from_tid(p.done), "scan": wire.from_tid(p.scan), "in_flight": p.inFlight,
             "retrying": p.retrying, "acked_ahead": p.ackedAhead, "retries": p.retries,
             "lag_messages": p.lagMessages, "lag_millis": p.lagMillis,
-            "dead_letter_waiting": p.deadLetterWaiting or 0,
+            "dead_letter_waiting": p.deadLetterWaiting or 0, "held_back": p.heldBack or 0,
         }
         for pid, p in (t.partitions or {}).items()
     }  # fmt: skip
     return {
         "queue": t.queue, "group": t.group, "topics": _topics_in(t.topics), "start": t.startMillis,
         "max_retries": t.maxRetries, "dead_letters": t.deadLetters, "members": list(t.members or []),
+        "key_affinity": t.keyAffinity,
         "partitions": partitions,
     }  # fmt: skip
 
@@ -280,7 +283,7 @@ GROUP = Arg("group")
 
 OPEN_GROUP = Operation(
     GROUPS, "open", "openGroup", "consumer",
-    (QUEUE, GROUP, Arg("topics", TOPICS), Arg("start"), Arg("max_retries")),
+    (QUEUE, GROUP, Arg("topics", TOPICS), Arg("start"), Arg("max_retries"), Arg("key_affinity", default=None)),
 )  # fmt: skip
 LIST_GROUPS = Operation(GROUPS, "names", "listGroups", "consumer", (QUEUE,), result=NAMES)
 DESCRIBE_GROUP = Operation(

@@ -1,4 +1,9 @@
-"""The consumer-group calls of HQueueService (SPEC X2, X3), served by each partition's owner."""
+"""The consumer-group calls of HQueueService (SPEC X2, X3), served by each partition's owner.
+
+A member's receive, heartbeat and nack tie it to the connection they came
+on: when the last of its connections to this server closes (its process
+died), the member is gone and its leases end at once (groups/members.py).
+"""
 
 from __future__ import annotations
 
@@ -9,12 +14,13 @@ from ..errors import HQueueError, InvalidArgument
 from ..groups.service import GroupService
 from ..rpc import operations as op
 from ..rpc import packed, wire
+from ..rpc.threaded import current_connection
 from .calls import Calls, handler, served
 
 
 class GroupCalls(Calls):
     """openGroup, groupReceive, groupAck, groupNack, groupDeadLetter, groupLeave,
-    listGroups, describeGroup, setGroupPosition, deleteGroup."""
+    groupHeartbeat, listGroups, describeGroup, setGroupPosition, deleteGroup."""
 
     #: Set by the server once its coordinator runs.
     service: GroupService | None = None
@@ -31,6 +37,14 @@ class GroupCalls(Calls):
     groupPending = handler(op.GROUP_PENDING)
     deleteGroup = handler(op.DELETE_GROUP)
 
+    def _attend(self, queue: str, group: str, member: str) -> None:
+        """Tie ``member`` to the connection this call came on (once per connection)."""
+        connection = current_connection()
+        groups = self.groups
+        if connection is not None and isinstance(member, str) and member:
+            if groups.connected(connection.id, queue, group, member):
+                connection.on_close.append(lambda: groups.disconnected(connection.id, queue, group, member))
+
     @served("consumer")
     def groupReceive(
         self, queue: str, group: str, member: str, maxMessages: int, leaseMillis: int, waitMillis: int
@@ -40,6 +54,7 @@ class GroupCalls(Calls):
         keys, values, attempts = self.groups.receive_columns(
             queue, group, member, maxMessages, leaseMillis / 1000, waitMillis / 1000
         )
+        self._attend(queue, group, member)  # before the answer: a close after it finds the member
         if keys:
             self.metrics.group_received.inc((queue, group), len(keys))
         return wire.T.TDeliveries(messages=packed.pack(keys, values), attempts=attempts)
@@ -58,6 +73,7 @@ class GroupCalls(Calls):
             raise TypeError("'delayMillis' must be an int (-1: the backoff)")
         delay = None if delayMillis < 0 else delayMillis / 1000
         count = self.groups.nack(queue, group, member, wire.unpack_rowkeys(rowkeys), delay)
+        self._attend(queue, group, member)
         self.metrics.group_nacked.inc((queue, group), count)
         return count
 
@@ -68,6 +84,13 @@ class GroupCalls(Calls):
     @served("consumer")
     def groupLeave(self, queue: str, group: str, member: str) -> None:
         self.groups.leave(queue, group, member)
+
+    @served("consumer")
+    def groupHeartbeat(self, queue: str, group: str, member: str) -> None:
+        if not isinstance(member, str) or not member:
+            raise InvalidArgument("'member' must be a non-empty string")
+        self.groups.heartbeat(queue, group, member)
+        self._attend(queue, group, member)
 
     @served(MANAGE, named=(1, "group"))
     def setGroupPosition(self, queue: str, group: str, partitionID: int, startID: Any) -> None:

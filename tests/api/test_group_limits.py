@@ -169,6 +169,8 @@ def test_a_receive_returns_at_most_what_the_member_may_still_hold(limited):
         ({"max_member_in_flight": 0}, "max_member_in_flight"),
         ({"max_member_in_flight": True}, "max_member_in_flight"),
         ({"max_span": "10"}, "max_span"),
+        ({"member_timeout": 1}, "member_timeout"),
+        ({"member_timeout": float("nan")}, "member_timeout"),
     ],
 )
 def test_bad_group_limits_are_refused(kwargs, error):

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from hqueue import Delivery, GroupNotFound, HQueue, HQueueAdmin, InvalidArgument, Message
+from hqueue.api import groups_of
 from hqueue.groups.state import MEMBER_TIMEOUT, assigned
 
 from ..processes import drain, wait_for
@@ -295,3 +296,19 @@ def test_pending_lists_what_the_group_has_in_flight_and_what_waits_to_be_retried
         queue.pending("nobody")
     with pytest.raises(InvalidArgument):
         queue.pending("workers", limit=0)
+
+
+def test_lag_counts_messages_not_yet_acked_not_those_acked_ahead_of_the_cursor(make_queue):
+    # Given 20 messages, 10 received, and the 5 at odd positions acked (the cursor stays put)
+    queue = make_queue(partitions=1)
+    queue.put([Message("t", b"%d" % i) for i in range(20)], 0)
+    with queue.consumer("g") as consumer:
+        got = drain(consumer, 10)
+        assert consumer.ack(got[1::2]) == 5
+        # Then 15 are not acked: the lag says 15, next to the 5 acked ahead
+        zero = groups_of(queue.engine).describe(queue.name, "g")["partitions"][0]
+        assert (zero["lag_messages"], zero["acked_ahead"], zero["in_flight"]) == (15, 5, 5)
+        assert zero["lag_millis"] > 0
+        consumer.ack(got[0::2] + drain(consumer, 10))
+        zero = groups_of(queue.engine).describe(queue.name, "g")["partitions"][0]
+        assert (zero["lag_messages"], zero["lag_millis"]) == (0, 0)

@@ -113,7 +113,7 @@ def test_a_message_whose_lease_ran_out_still_lands_in_the_dead_letter_queue(queu
     """The group no longer holds it for this member (here: another member's lease);
     it still goes to the dead-letter queue, never acked without landing there."""
     queue.put(Message("t", b"stray"), 0)
-    with queue.consumer("p", member="other") as other:
+    with queue.consumer("p", member="other", key_affinity="topic") as other:  # as the Processor makes it
         (delivery,) = other.receive(1, wait=5)
         with Processor(queue, "p", lambda m: None) as processor:
             processor.dead_letter(delivery, "for the test")

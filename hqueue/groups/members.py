@@ -1,0 +1,117 @@
+"""A consumer group's members: who is there, and what a member that is gone leaves
+behind (a mixin of :class:`~hqueue.groups.service.GroupService`).
+
+A member is heard from when it calls ``receive`` or ``heartbeat`` (the
+:class:`~hqueue.consumer.Consumer` heartbeats every second while it is open).
+Two timestamps per member, two meanings:
+
+* the members that called ``receive`` in the last ``member_timeout`` seconds
+  share the partitions (a member that stops receiving, but is still open,
+  leaves its partitions to the others);
+* a member that made no call at all for ``member_timeout`` seconds (10 by
+  default: ``hqueue server --member-timeout``), or whose last connection to
+  this server closed (the process died: kill -9 closes its sockets), is
+  *gone*: its leases end at once, as if they ran out, each counting as a
+  failed delivery (so a message that kills every consumer that takes it
+  still reaches the dead-letter queue), instead of after the lease.
+
+A member that ``leave``\\ s gives its leases back without counting them as
+failures. On the embedded store the members live in the process that has
+the store open: when it dies, so does every lease.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+from .state import GroupLimits, GroupState, PartitionState
+
+#: Members one connection is watched for; more (made-up names) are left to ``member_timeout``.
+MAX_MEMBERS_PER_CONNECTION = 1000
+
+
+class GroupMembers:
+    """heartbeat, leave, and members that are gone (call on a GroupService)."""
+
+    limits: GroupLimits
+    _lock: threading.Lock
+    _groups: dict[tuple[str, str], GroupState]
+
+    def _group(self, queue: str, name: str) -> GroupState:
+        raise NotImplementedError
+
+    def _failed_many(self, group: GroupState, pid: int, state: PartitionState, ids: list[bytes]) -> None:
+        raise NotImplementedError
+
+    def _on_write(self, queue: str, partition_id: int) -> None:
+        raise NotImplementedError
+
+    def _init_members(self) -> None:
+        #: (queue, group, member) -> the connections it called on that are still open.
+        self._connections: dict[tuple[str, str, str], set[int]] = {}
+        self._members_on: Counter[int] = Counter()
+
+    def heartbeat(self, queue: str, name: str, member: str) -> None:
+        """``member`` is still there (it is not gone while it calls this at least every ``member_timeout``)."""
+        group = self._group(queue, name)
+        with group.lock:
+            group.seen[member] = time.monotonic()
+
+    def leave(self, queue: str, name: str, member: str) -> None:
+        """``member`` stops: its leases are given back at once, without counting as failures."""
+        group = self._group(queue, name)
+        now = time.monotonic()
+        with group.lock:
+            group.members.pop(member, None)
+            group.seen.pop(member, None)
+            for state in group.partitions.values():
+                for message_id in state.leases_of(member):
+                    state.retry_at(message_id, now)
+        self._on_write(queue, -1)
+
+    # -- gone -----------------------------------------------------------------------------
+
+    def _forget_silent(self, group: GroupState, now: float) -> None:
+        """End the leases of members silent past ``member_timeout`` (call under ``group.lock``)."""
+        for member in group.silent(now, self.limits.member_timeout):
+            self._release(group, member)
+
+    def _release(self, group: GroupState, member: str) -> None:
+        """``member`` is gone: its leases end now, as failed deliveries (call under ``group.lock``)."""
+        group.members.pop(member, None)
+        group.seen.pop(member, None)
+        for pid, state in list(group.partitions.items()):
+            self._failed_many(group, pid, state, state.leases_of(member))
+
+    def connected(self, connection: int, queue: str, name: str, member: str) -> bool:
+        """``member`` called on ``connection`` (a server's); True the first time, when the
+        caller must call :meth:`disconnected` once the connection closes."""
+        with self._lock:
+            connections = self._connections.get((queue, name, member), set())
+            if connection in connections or self._members_on[connection] >= MAX_MEMBERS_PER_CONNECTION:
+                return False
+            self._connections[(queue, name, member)] = connections | {connection}
+            self._members_on[connection] += 1
+            return True
+
+    def disconnected(self, connection: int, queue: str, name: str, member: str) -> None:
+        """A connection ``member`` called on closed; if it was its last here, the member is gone."""
+        with self._lock:
+            self._members_on[connection] -= 1
+            if self._members_on[connection] <= 0:
+                del self._members_on[connection]
+            connections = self._connections.get((queue, name, member), set()) - {connection}
+            if connections:
+                self._connections[(queue, name, member)] = connections
+                return
+            self._connections.pop((queue, name, member), None)
+            group = self._groups.get((queue, name))
+        if group is None:
+            return
+        with group.lock:
+            if member not in group.seen and member not in group.members:
+                return  # it left, or was found silent, before
+            self._release(group, member)
+        self._on_write(queue, -1)

@@ -1,0 +1,142 @@
+"""What a receive hands out of a partition in a group with key affinity (a mixin of
+:class:`~hqueue.groups.service.GroupService`; the rules are in affinity.py).
+
+In order: messages due for a retry (in ID order, each key's only while no
+earlier one of it still waits, and only to the member holding the key, if
+any), then held-back messages whose key is free for the member, then new
+ones, each held back if its key is not free.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from typing import TYPE_CHECKING
+
+from ..keys.groups import id_after
+from ..message import id_bytes, partition_prefix
+from .state import Columns, GroupLimits, GroupState, PartitionState
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+
+#: Rows a scan for new messages reads at least, when some may be held back.
+_SCAN_CHUNK = 100
+
+
+class InOrder:
+    """_take_in_order (call on a GroupService)."""
+
+    engine: Engine
+    limits: GroupLimits
+
+    def _read(self, queue: str, pid: int, message_id: bytes) -> tuple[bytes, bytes] | None:
+        raise NotImplementedError
+
+    def _acked(self, group: GroupState, pid: int, state: PartitionState, ids: list[bytes]) -> int:
+        raise NotImplementedError
+
+    def _take_in_order(
+        self, group: GroupState, pid: int, state: PartitionState, member: str, deadline: float, limit: int, out: Columns
+    ) -> None:
+        """Lease up to ``limit`` of the partition's messages to ``member``, each key in order (under ``group.lock``)."""
+        room = limit - self._due_in_order(group, pid, state, member, deadline, limit, out)
+        if room > 0:
+            room -= self._held_back(group, pid, state, member, deadline, room, out)
+        if room > 0:
+            self._new_in_order(group, pid, state, member, deadline, room, out)
+
+    def _handed(
+        self,
+        group: GroupState,
+        pid: int,
+        state: PartitionState,
+        ids: list[bytes],
+        member: str,
+        deadline: float,
+        out: Columns,
+    ) -> int:
+        """Read and lease ``ids`` to ``member`` (those gone from the store are finished); how many."""
+        taken = []
+        for message_id in ids:
+            cell = self._read(group.queue, pid, message_id)
+            if cell is None:  # gone (TTL, truncate): nothing left to do
+                self._acked(group, pid, state, [message_id])
+                continue
+            taken.append(message_id)
+            out[0].append(cell[0])
+            out[1].append(cell[1])
+            out[2].append(state.retries.get(message_id, 0) + 1)
+        if taken:
+            state.lease(taken, member, deadline)
+        return len(taken)
+
+    def _due_in_order(
+        self, group: GroupState, pid: int, state: PartitionState, member: str, deadline: float, limit: int, out: Columns
+    ) -> int:
+        affinity = state.affinity
+        assert affinity is not None
+        if not state.ready:
+            return 0
+        if len(state.ready_heap) > 2 * len(state.ready) + 64:  # leased again since: drop what is stale
+            state.ready_heap = [(at, i) for i, at in state.ready.items()]
+            heapq.heapify(state.ready_heap)
+        now = time.monotonic()
+        blocked: set[bytes] = set()
+        chosen: list[bytes] = []
+        for message_id in sorted(state.ready):
+            if len(chosen) >= limit:
+                break
+            key = affinity.keys[message_id]
+            if key in blocked:
+                continue
+            if state.ready[message_id] > now or not affinity.may_retry(key, member):
+                blocked.add(key)  # its later ones wait behind it
+                continue
+            chosen.append(message_id)
+        return self._handed(group, pid, state, chosen, member, deadline, out)
+
+    def _held_back(
+        self, group: GroupState, pid: int, state: PartitionState, member: str, deadline: float, limit: int, out: Columns
+    ) -> int:
+        assert state.affinity is not None
+        if not state.affinity.back:
+            return 0
+        return self._handed(group, pid, state, state.affinity.take_back(member, limit), member, deadline, out)
+
+    def _new_in_order(
+        self, group: GroupState, pid: int, state: PartitionState, member: str, deadline: float, room: int, out: Columns
+    ) -> None:
+        affinity = state.affinity
+        assert affinity is not None
+        span = self.limits.max_span - state.in_flight
+        prefix, stop = partition_prefix(pid), partition_prefix(pid + 1)
+        while room > 0 and span > 0:
+            asked = min(span, max(room, _SCAN_CHUNK)) + len(state.acked)
+            found_keys, found_values = self.engine.scan_columns(
+                group.queue, prefix + state.scan, stop, group.config.topics, asked
+            )
+            taken: list[bytes] = []
+            for cell_key, value in zip(found_keys, found_values, strict=True):
+                if room <= 0 or span <= 0:
+                    break
+                message_id = id_bytes(cell_key)
+                state.scan = id_after(message_id)
+                if message_id in state.acked:  # after a restart: acked before it
+                    continue
+                key = affinity.key_of_cell(cell_key)
+                state.open.append(message_id)
+                span -= 1
+                if not affinity.new_for(key, member):
+                    affinity.hold_back(message_id, key)
+                    continue
+                affinity.keys[message_id] = key
+                taken.append(message_id)
+                out[0].append(cell_key)
+                out[1].append(value)
+                out[2].append(state.retries.get(message_id, 0) + 1)
+                room -= 1
+            if taken:
+                state.lease(taken, member, deadline)
+            if len(found_keys) < asked:
+                return

@@ -36,6 +36,9 @@ class InOrder:
     def _acked(self, group: GroupState, pid: int, state: PartitionState, ids: list[bytes]) -> int:
         raise NotImplementedError
 
+    def _bury(self, group: GroupState, pid: int, state: PartitionState, message_id: bytes, *, at_once: bool) -> None:
+        raise NotImplementedError
+
     def _take_in_order(
         self, group: GroupState, pid: int, state: PartitionState, member: str, deadline: float, limit: int, out: Columns
     ) -> None:
@@ -89,6 +92,12 @@ class InOrder:
                 break
             key = affinity.keys[message_id]
             if key in blocked:
+                continue
+            if message_id in state.unburied:  # past its retries: never handed out again
+                if state.ready[message_id] <= now:
+                    self._bury(group, pid, state, message_id, at_once=False)  # its dead-letter write, again
+                if message_id in state.ready:  # the dead-letter queue still refuses it: its key waits
+                    blocked.add(key)
                 continue
             if state.ready[message_id] > now or not affinity.may_retry(key, member):
                 blocked.add(key)  # its later ones wait behind it

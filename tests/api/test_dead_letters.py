@@ -10,6 +10,8 @@ Runs on every storage backend and through a server (``make_queue``).
 
 from __future__ import annotations
 
+import pytest
+
 from hqueue import HQueue, Message
 
 from ..processes import wait_for
@@ -20,13 +22,19 @@ def dead_letters(queue: HQueue) -> list[bytes]:
         return sorted(m.value for m in dlq.scan())
 
 
-def test_a_message_the_disabled_dead_letter_queue_refuses_waits_and_goes_once_it_is_enabled(make_queue, admin):
-    # Given a group with max_retries=0 whose dead-letter queue is disabled
+@pytest.mark.parametrize("affinity", [None, "topic"])
+def test_a_message_the_disabled_dead_letter_queue_refuses_waits_and_goes_once_it_is_enabled(
+    make_queue, admin, affinity
+):
+    # Given a group with max_retries=0 (with key affinity or not) whose dead-letter queue is disabled
     queue = make_queue(partitions=2)
     dlq = queue.name + ".dlq"
     admin.create_queue(dlq, 2)
     admin.disable_queue(dlq)
-    with queue.consumer("g", member="a", max_retries=0) as failing, queue.consumer("g", member="b") as other:
+    with (
+        queue.consumer("g", member="a", max_retries=0, key_affinity=affinity) as failing,
+        queue.consumer("g", member="b") as other,
+    ):
         assert other.receive(1, wait=0) == failing.receive(1, wait=0) == []  # a reads partition 0, b 1
         queue.put([Message("t", b"poison-1"), Message("t", b"poison-2")], 0)
         queue.put(Message("t", b"fine"), 1)

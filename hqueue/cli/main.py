@@ -13,7 +13,7 @@ from .. import __version__
 from ..admin import HQueueAdmin
 from ..commands import find
 from ..connection import missing_store, store_exists
-from ..errors import HQueueError, NotAuthorized, QueueDisabled, QueueEnabled
+from ..errors import HQueueError, NotAuthorized, QueueDisabled, QueueEnabled, StorageLocked
 from ..message import MessageID
 from ..queue import HQueue
 
@@ -62,11 +62,13 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except (HQueueError, ValueError, TypeError) as e:
-            raise click.ClickException(_with_cli_hint(e)) from e
+            raise click.ClickException(_with_cli_hint(e, ctx.invoked_subcommand)) from e
 
 
-def _with_cli_hint(e: Exception) -> str:
+def _with_cli_hint(e: Exception, command: str | None = None) -> str:
     """The error's text, with the command to run where the library names a Python call."""
+    if isinstance(e, StorageLocked):
+        return _locked_hint(e, command)
     if isinstance(e, QueueDisabled):
         return f"queue {e.name!r} is disabled (enable it: hqueue enable-queue {e.name})"
     if isinstance(e, QueueEnabled):
@@ -74,6 +76,19 @@ def _with_cli_hint(e: Exception) -> str:
     if isinstance(e, NotAuthorized):
         return f"{e} (set $HQUEUE_TOKEN, or use --url hqueue://TOKEN@host:port)"
     return str(e)
+
+
+def _locked_hint(e: StorageLocked, command: str | None) -> str:
+    """One process at a time opens an embedded store: what to do, in CLI terms."""
+    by = f" ({e.holder})" if e.holder else ""
+    text = f"the embedded store {e.path} is open in another process{by}"
+    if command == "server":
+        return text + ": stop that process first (one process at a time may open an embedded store)"
+    return (
+        f"{text}. One process at a time may open it: stop that one, or share the store through a server:\n"
+        f"  hqueue server --storage local://{e.path}\n"
+        f"and give every command --url hqueue://127.0.0.1:9700 (or set HQUEUE_URL)"
+    )
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

@@ -209,3 +209,41 @@ def test_pending_shows_a_group_s_messages_in_flight(run, tmp_path):
         assert len(rows) == 1 and rows[0]["member"] == "m1" and rows[0]["attempt"] == 1
     result = run("pending", "q", "nope")
     assert result.exit_code == 1 and "no consumer group 'nope'" in result.output
+
+
+def test_a_store_open_in_another_process_names_the_flag_and_the_way_out(tmp_path):
+    import subprocess
+    import sys
+
+    from hqueue import HQueueAdmin, StorageLocked
+
+    from ..processes import ROOT, python_env, wait_for
+
+    url = f"local://{tmp_path}/data"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 1)
+    # Given `hqueue tail q` running on the default store
+    tail = subprocess.Popen(
+        [sys.executable, "-m", "hqueue.cli", "--url", url, "tail", "q", "--for", "60"], cwd=ROOT, env=python_env()
+    )
+    try:
+        runner = CliRunner()
+        # When another command opens it
+        result = wait_for(
+            lambda: (r := runner.invoke(main, ["--url", url, "list"])).exit_code == 1 and r,
+            30,
+            "tail to hold the store",
+        )
+        # Then the error names the CLI's way out, not Python's, and who holds the store
+        assert "--url hqueue://127.0.0.1:9700" in result.output
+        assert f"hqueue server --storage {url}" in result.output
+        assert "url='" not in result.output and "Traceback" not in result.output
+        assert f"(pid {tail.pid}: hqueue --url {url} tail q --for 60)" in result.output  # Linux: /proc/locks
+        server = runner.invoke(main, ["--url", url, "server", "--port", "0"])
+        assert server.exit_code == 1 and "stop that process first" in server.output
+        # And the Python API keeps its Python hint
+        with pytest.raises(StorageLocked, match="url='hqueue://host:port'"):
+            HQueueAdmin(url)
+    finally:
+        tail.kill()
+        tail.wait()

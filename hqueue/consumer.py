@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from .api import groups_of
 from .errors import InvalidArgument
 from .groups.state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, start_ms
-from .message import ROWKEY_LENGTH, Message, MessageID
+from .message import ROWKEY_LENGTH, Message, MessageID, Topic
 
 if TYPE_CHECKING:
     from .api import QueueHandle
@@ -89,7 +89,7 @@ class Delivery(tuple):
         return self[0].partition_id
 
     @property
-    def topic(self) -> bytes:
+    def topic(self) -> Topic:
         return self[0].topic
 
     @property

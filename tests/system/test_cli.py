@@ -159,10 +159,12 @@ def test_timers_from_the_cli_put_cancel_and_fire(run):
     later = run("put", "q", "t", "later", "--delay", "0.3")
     assert later.exit_code == 0 and later.output.count("/") == 2  # a timer handle, not an ID
     never = run("put", "q", "t", "never", "--delay", "60").output.strip()
-    cancelled = run("cancel", "q", never, never)
-    assert cancelled.output.splitlines() == [
-        f"{never}\tcancelled",
+    assert run("cancel", "q", never).output == f"{never}\tcancelled\n"
+    again = run("cancel", "q", never)  # cancelled already: said, and a failure for scripts
+    assert again.exit_code == 1
+    assert again.output.splitlines() == [
         f"{never}\tnot pending (fired or cancelled already)",
+        "Error: 1 of 1 timer(s) not pending: fired or cancelled already",
     ]
     assert "timer handle" in run("cancel", "q", "nonsense").output
     consumed = run("consume", "q", "g", "--max", "1", "--for", "10")
@@ -216,6 +218,7 @@ def test_a_store_open_in_another_process_names_the_flag_and_the_way_out(tmp_path
     import sys
 
     from hqueue import HQueueAdmin, StorageLocked
+    from hqueue.storage.lockholder import lock_holder
 
     from ..processes import ROOT, python_env, wait_for
 
@@ -228,12 +231,10 @@ def test_a_store_open_in_another_process_names_the_flag_and_the_way_out(tmp_path
     )
     try:
         runner = CliRunner()
+        wait_for(lambda: lock_holder(f"{tmp_path}/data"), 30, "tail to hold the store")
         # When another command opens it
-        result = wait_for(
-            lambda: (r := runner.invoke(main, ["--url", url, "list"])).exit_code == 1 and r,
-            30,
-            "tail to hold the store",
-        )
+        result = runner.invoke(main, ["--url", url, "list"])
+        assert result.exit_code == 1, result.output
         # Then the error names the CLI's way out, not Python's, and who holds the store
         assert "--url hqueue://127.0.0.1:9700" in result.output
         assert f"hqueue server --storage {url}" in result.output
@@ -247,3 +248,33 @@ def test_a_store_open_in_another_process_names_the_flag_and_the_way_out(tmp_path
     finally:
         tail.kill()
         tail.wait()
+
+
+def test_negative_numbers_reach_the_range_check(run):
+    result = run("create", "neg", "-1")
+    assert result.exit_code == 2 and "'PARTITIONS': -1 is not in the range 1<=x<=32767" in result.output
+    assert "No such option" not in result.output
+    assert "'[TTL]': -5 is not in the range" in run("create", "neg", "1", "-5").output
+    assert "'PARTITIONS': '-inf' is not a valid integer" in run("create", "neg", "-inf").output
+    # options still parse around them, and an unknown one is still refused
+    assert "No such option '--bogus'" in run("create", "neg", "-1", "--bogus").output
+    assert "-1 is not in the range" in run("create", "neg", "--priorities", "2", "-1").output
+    run("create", "q", "1")
+    assert run("put", "q", "t", "-5", "--partition", "0").exit_code == 0  # a negative value is a value
+    assert run("scan", "q").output.split("\t")[3] == "-5\n"
+
+
+def test_describing_a_group_of_a_missing_queue_says_the_queue_is_missing(run):
+    run("create", "q", "1")
+    for command in ("describe-group", "pending"):
+        result = run(command, "nosuch", "g")
+        assert result.exit_code == 1 and result.output == "Error: queue 'nosuch' does not exist\n"
+    assert "no consumer group 'g' on queue 'q'" in run("describe-group", "q", "g").output
+
+
+def test_a_host_that_is_no_address_is_named(tmp_path):
+    result = CliRunner().invoke(
+        main, ["server", "--storage", f"local://{tmp_path}", "--host", "0.0.0.0.0", "--port", "0"]
+    )
+    assert result.exit_code == 1 and "cannot listen on 0.0.0.0.0:0" in result.output
+    assert "Traceback" not in result.output

@@ -132,8 +132,9 @@ def test_shell_options_go_in_a_trailing_dictionary(tmp_path):
         assert not shell.execute("delete_queue 'q', {FORCE => 'yes'}") and "true or false" in err.getvalue()
         assert shell.execute("delete_queue 'q', {FORCE => true}")
         assert shell.execute("put 'p', 't', 'v'")
-        assert shell.execute("cancel 'p', '0/1/1:0'")  # not pending: said, not an error
-        assert "not pending" in out.getvalue()
+        assert not shell.execute("cancel 'p', '0/1/1:0'")  # not pending: the row, then an error
+        assert "0/1/1:0\tnot pending" in out.getvalue()
+        assert "ERROR: 1 of 1 timer(s) not pending: fired or cancelled already" in err.getvalue()
         assert shell.execute("delete_group 'p', 'nobody'") is False  # no such group: a clear error
         assert "ERROR" in err.getvalue()
     finally:

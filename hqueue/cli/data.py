@@ -1,4 +1,4 @@
-"""The data commands, in the CLI's own shape: put (arguments or stdin), scan, count, tail, consume."""
+"""The data commands, in the CLI's own shape: put (arguments or stdin), scan, count, tail (consume: consume.py)."""
 
 from __future__ import annotations
 
@@ -249,39 +249,3 @@ def count(ctx, name: str, start, stop, topics: tuple[str, ...], partition: int |
         progress.add()
     progress.done()
     click.echo(progress.count)
-
-
-@main.command()
-@click.argument("name", metavar="QUEUE")
-@click.argument("group")
-@click.option("--topic", "-t", "topics", multiple=True, help="Only this topic (when the group is new); repeatable.")
-@click.option("--format", "output_format", type=click.Choice(["text", "json", "hex", "base64"]), default="text")
-@click.option("--max", "max_messages", type=click.IntRange(1), help="Stop after this many messages.")
-@click.option("--for", "duration", type=Seconds(0, MAX_SECONDS), help="Stop after this many seconds (default: Ctrl-C).")
-@click.option("--lease", type=Seconds(0.001, 7 * 86400), default=30.0, show_default=True, help="Seconds per lease.")
-@click.option("--no-ack", is_flag=True, help="Print without acking: the messages come back when their leases end.")
-@click.option("--start", type=click.Choice(["earliest", "latest"]), default="earliest", show_default=True)
-@click.pass_context
-def consume(ctx, name, group, topics, output_format, max_messages, duration, lease, no_ack, start) -> None:
-    """Consume queue QUEUE as a member of consumer GROUP: print each message, then ack it.
-
-    Members of one group share the messages; each group gets all of them.
-    Text lines are: partition, ID, attempt, topic, value.
-    """
-    queue = open_queue(ctx, name)
-    deadline = None if duration is None else time.monotonic() + duration
-    seen = 0
-    with queue.consumer(group, topics or None, start=start, lease=lease) as consumer:
-        try:
-            while (deadline is None or time.monotonic() < deadline) and (max_messages is None or seen < max_messages):
-                wait = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
-                want = 100 if max_messages is None else min(100, max_messages - seen)
-                deliveries = consumer.receive(want, wait=wait)
-                for delivery in deliveries:
-                    _print_message(delivery.message, output_format, delivery.attempt)
-                sys.stdout.flush()
-                if deliveries and not no_ack:
-                    consumer.ack(deliveries)
-                seen += len(deliveries)
-        except KeyboardInterrupt:
-            pass

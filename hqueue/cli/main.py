@@ -160,7 +160,12 @@ def _locked_hint(e: StorageLocked, command: str | None) -> str:
 )
 @click.pass_context
 def main(ctx: click.Context, url: str | None) -> None:
-    """hqueue: a partitioned, persistent message queue."""
+    """hqueue: a partitioned, persistent message queue.
+
+    \b
+    Tab completion, in ~/.bashrc (zsh: zsh_source, in ~/.zshrc):
+      eval "$(_HQUEUE_COMPLETE=bash_source hqueue)"
+    """
     ctx.obj = {"url": url}
 
 

@@ -45,7 +45,7 @@ from .errors import (
 )
 from .groups.state import GroupLimits
 from .keys.timers import Timer
-from .message import Message, MessageID
+from .message import Message, MessageID, Topic
 from .processor import Processor
 from .queue import HQueue
 from .scanner import CombinedPartitionScanner, PartitionScanner, QueueScanner, Scan
@@ -103,4 +103,5 @@ __all__ = [
     "SubscriberState",
     "Subscription",
     "Timer",
+    "Topic",
 ]

@@ -40,7 +40,7 @@ from .api import groups_of
 from .errors import InvalidArgument
 from .groups.affinity import check_key_affinity
 from .groups.state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, HEARTBEAT_INTERVAL, start_ms
-from .message import ROWKEY_LENGTH, Message, MessageID
+from .message import ROWKEY_LENGTH, Message, MessageID, Topic
 
 if TYPE_CHECKING:
     from .api import QueueHandle
@@ -100,7 +100,7 @@ class Delivery(tuple):
         return self[0].partition_id
 
     @property
-    def topic(self) -> bytes:
+    def topic(self) -> Topic:
         return self[0].topic
 
     @property

@@ -95,7 +95,20 @@ class StorageError(HQueueError):
 
 
 class StorageLocked(StorageError):
-    """The embedded store is open in another process."""
+    """The embedded store is open in another process.
+
+    Attributes:
+        path: The store's directory.
+        holder: The process that has it open (``"pid 4242: hqueue tail q"``), where known.
+    """
+
+    def __init__(self, path: str, holder: str | None = None) -> None:
+        by = f" ({holder})" if holder else ""
+        super().__init__(
+            f"the embedded store {path} is open in another process{by}; close that process, or run "
+            f"`hqueue server --storage local://{path}` and connect with url='hqueue://host:port'"
+        )
+        self.path, self.holder = path, holder
 
 
 class ServerUnavailable(HQueueError):

@@ -33,6 +33,7 @@ __all__ = [
     "ROWKEY_LENGTH",
     "Message",
     "MessageID",
+    "Topic",
     "decode_rowkey",
     "encode_rowkey",
 ]
@@ -158,6 +159,35 @@ def key_after(prefix: bytes) -> bytes:
     return (int.from_bytes(prefix, "big") + 1).to_bytes(len(prefix), "big")
 
 
+class Topic(bytes):
+    """A message's topic: the bytes stored, and equal to the ``str`` it was given as.
+
+    Topics go in as ``str`` (encoded as UTF-8) or ``bytes`` and are stored as
+    bytes (an HBase column qualifier), so a topic comes back as ``bytes``, as
+    in every other place of the API; but ``Message("crawler", b"x").topic ==
+    "crawler"`` holds, as does ``== b"crawler"``, so a comparison with the
+    ``str`` a user wrote is never silently False. ``str(topic)`` is the text
+    (with ``\\xNN`` for bytes that are not UTF-8). Its hash is the bytes', which
+    Python makes the same as the str's for ASCII topics only: key a dict by
+    one type.
+    """
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, str):
+            return bytes(self) == other.encode("utf-8", "surrogateescape")
+        return bytes.__eq__(self, other)  # type: ignore[no-any-return]
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = bytes.__hash__
+
+    def __str__(self) -> str:
+        return self.decode("utf-8", "backslashreplace")
+
+
 def _as_topic(topic: str | bytes) -> bytes:
     if isinstance(topic, str):
         topic = topic.encode()
@@ -207,9 +237,9 @@ class Message(tuple):
         return tuple.__new__(cls, (sort_key, cell_key, bytes(value)))
 
     @property
-    def topic(self) -> bytes:
-        """The topic (the HBase column qualifier)."""
-        return self[1][ROWKEY_LENGTH:]
+    def topic(self) -> Topic:
+        """The topic (the HBase column qualifier): bytes, equal to the str it was given as (:class:`Topic`)."""
+        return Topic(self[1][ROWKEY_LENGTH:])
 
     @property
     def value(self) -> bytes:
@@ -236,7 +266,7 @@ class Message(tuple):
         return f"Message({self.topic!r}, {self.value[:64]!r}, id={self.id!r}, partition_id={self.partition_id!r})"
 
     def __reduce__(self):  # type: ignore[override]
-        return (_rebuild, (self.topic, self.value, self.id, self.partition_id))
+        return (_rebuild, (self[1][ROWKEY_LENGTH:], self.value, self.id, self.partition_id))
 
 
 def _rebuild(topic: bytes, value: bytes, id: MessageID | None, pid: int | None) -> Message:

@@ -47,6 +47,7 @@ class HQueue(Connected):
 
     Raises:
         QueueNotFound: the queue does not exist.
+        TypeError: ``name`` is not a str.
 
     Example::
 
@@ -66,6 +67,8 @@ class HQueue(Connected):
         timeout: float | None = None,
         group_limits: GroupLimits | None = None,
     ) -> None:
+        if not isinstance(name, str):  # before anything is opened
+            raise TypeError(f"'name' must be a str (the queue's name), not {type(name).__name__}")
         super().__init__(url, data_dir=data_dir, token=token, timeout=timeout, group_limits=group_limits)
         try:
             self.name = name

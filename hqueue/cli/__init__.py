@@ -2,10 +2,11 @@
 
 ``main.py`` holds the group and what every command shares; ``shared.py``
 makes the commands the shell has too, from ``hqueue/commands/``; ``data.py``
-has put, scan, count, tail and consume; ``process.py`` server, shell and demo.
+has put (``stream.py``: from stdin), scan, count and tail; ``consume.py`` consume;
+``process.py`` server, shell and demo.
 """
 
-from . import data, process, shared  # noqa: F401  (they add their commands to main)
+from . import consume, data, process, shared  # noqa: F401  (they add their commands to main)
 from .main import main
 
 __all__ = ["main"]

@@ -1,4 +1,4 @@
-"""The data commands, in the CLI's own shape: put (arguments or stdin), scan, count, tail, consume."""
+"""The data commands, in the CLI's own shape: put (arguments or stdin), scan, count, tail (consume: consume.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from ..commands import escape
 from ..config import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES
 from ..message import Message, MessageID, successor
 from .main import Progress, Seconds, main, message_id, open_queue
+from .stream import Lines, Tally, send_lines
 
 #: The longest wait any option takes (ten years), so that inf and 1e308 are range errors.
 MAX_SECONDS = 10 * 365 * 86400.0
@@ -43,6 +44,13 @@ MAX_SECONDS = 10 * 365 * 86400.0
     help="stdin: a message per line (bytes as they are), all of it as one message, or a message per encoded line.",
 )
 @click.option(
+    "--linger",
+    type=Seconds(0, 3600),
+    default=0.1,
+    show_default=True,
+    help="stdin: send a batch this many seconds after its first line, full or not (0: at once).",
+)
+@click.option(
     "--delay",
     type=Seconds(0, MAX_SECONDS),
     help="Timer messages: deliver this many seconds from now. On a local:// store a timer fires only while a "
@@ -64,11 +72,17 @@ def put(
     key: str | None,
     batch: int,
     input_format: str,
+    linger: float,
     priority: int | None,
     delay: float | None,
     deliver_at: MessageID | None,
 ) -> None:
     """Put VALUES (or, with none, stdin: see --input) on TOPIC of queue QUEUE.
+
+    From stdin, lines go in batches of --batch, and a batch that is not full
+    goes --linger seconds after its first line (`tail -f log | hqueue put q
+    t` is never held back). Ctrl-C sends what was read, and prints how many
+    lines were read, stored and not stored (exit status 130).
 
     With --delay or --at they are timer messages: each line printed is a
     timer handle for `hqueue cancel`, not a message ID. On a local:// store
@@ -83,36 +97,50 @@ def put(
             "on time, serve the store with `hqueue server` and put through hqueue:// (docs/timers.md)",
             err=True,
         )
-    total = 0
-    source = (os.fsencode(v) for v in values) if values else _stdin_values(input_format)
     topic_bytes = os.fsencode(topic)  # as given, even when it is not UTF-8
     due = None if deliver_at is None else deliver_at.timestamp
-    for chunk in _chunks(source, batch, len(topic_bytes)):
+
+    def send(chunk: list[bytes]) -> list:
         messages = [Message(topic_bytes, v) for v in chunk]
-        ids = queue.put(messages, partition, key=key, deliver_at=due, delay=delay, priority=priority)
-        total += len(ids)
-        if values:
-            for message_id in ids:
+        return queue.put(messages, partition, key=key, deliver_at=due, delay=delay, priority=priority)
+
+    if values:
+        for chunk in _chunks((os.fsencode(v) for v in values), batch, len(topic_bytes)):
+            for message_id in send(chunk):
                 click.echo(str(message_id))
-    if not values:
-        click.echo(f"put {total} message(s)", err=True)
+    elif input_format == "raw":
+        send([sys.stdin.buffer.read()])
+        click.echo("put 1 message(s)", err=True)
+    else:
+        _put_stdin(ctx, lambda chunk: len(send(chunk)), input_format, batch, linger, len(topic_bytes))
 
 
-def _stdin_values(input_format: str) -> Iterator[bytes]:
-    stdin = sys.stdin.buffer
-    if input_format == "raw":
-        yield stdin.read()
-        return
-    decode: Callable[[str], bytes] = {"base64": base64.b64decode, "hex": bytes.fromhex}.get(input_format, str.encode)
-    for number, line in enumerate(stdin, 1):
-        line = line.rstrip(b"\n")
-        if input_format == "lines":
-            yield line
-            continue
+def _put_stdin(ctx, put: Callable[[list[bytes]], int], input_format: str, batch: int, linger: float, topic_bytes: int):
+    tally = Tally()
+    try:
+        send_lines(
+            Lines(sys.stdin.buffer), put, tally, batch=batch, linger=linger, topic_bytes=topic_bytes,
+            decode=None if input_format == "lines" else _decoder(input_format),
+        )  # fmt: skip
+    except KeyboardInterrupt:
+        click.echo(tally.report("interrupted"), err=True)
+        ctx.exit(130)
+    except Exception:
+        click.echo(tally.report("stopped"), err=True)
+        raise
+    click.echo(f"put {tally.stored} message(s)", err=True)
+
+
+def _decoder(input_format: str) -> Callable[[bytes, int], bytes]:
+    decode: Callable[[str], bytes] = base64.b64decode if input_format == "base64" else bytes.fromhex
+
+    def decoded(line: bytes, number: int) -> bytes:
         try:
-            yield decode(line.strip().decode("ascii"))
+            return decode(line.strip().decode("ascii"))
         except (ValueError, UnicodeDecodeError) as e:
             raise click.ClickException(f"stdin line {number} is not {input_format}: {e}") from None
+
+    return decoded
 
 
 def _chunks(items, size: int, topic_bytes: int = 0) -> Iterator[list[bytes]]:
@@ -240,39 +268,3 @@ def count(ctx, name: str, start, stop, topics: tuple[str, ...], partition: int |
         progress.add()
     progress.done()
     click.echo(progress.count)
-
-
-@main.command()
-@click.argument("name", metavar="QUEUE")
-@click.argument("group")
-@click.option("--topic", "-t", "topics", multiple=True, help="Only this topic (when the group is new); repeatable.")
-@click.option("--format", "output_format", type=click.Choice(["text", "json", "hex", "base64"]), default="text")
-@click.option("--max", "max_messages", type=click.IntRange(1), help="Stop after this many messages.")
-@click.option("--for", "duration", type=Seconds(0, MAX_SECONDS), help="Stop after this many seconds (default: Ctrl-C).")
-@click.option("--lease", type=Seconds(0.001, 7 * 86400), default=30.0, show_default=True, help="Seconds per lease.")
-@click.option("--no-ack", is_flag=True, help="Print without acking: the messages come back when their leases end.")
-@click.option("--start", type=click.Choice(["earliest", "latest"]), default="earliest", show_default=True)
-@click.pass_context
-def consume(ctx, name, group, topics, output_format, max_messages, duration, lease, no_ack, start) -> None:
-    """Consume queue QUEUE as a member of consumer GROUP: print each message, then ack it.
-
-    Members of one group share the messages; each group gets all of them.
-    Text lines are: partition, ID, attempt, topic, value.
-    """
-    queue = open_queue(ctx, name)
-    deadline = None if duration is None else time.monotonic() + duration
-    seen = 0
-    with queue.consumer(group, topics or None, start=start, lease=lease) as consumer:
-        try:
-            while (deadline is None or time.monotonic() < deadline) and (max_messages is None or seen < max_messages):
-                wait = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
-                want = 100 if max_messages is None else min(100, max_messages - seen)
-                deliveries = consumer.receive(want, wait=wait)
-                for delivery in deliveries:
-                    _print_message(delivery.message, output_format, delivery.attempt)
-                sys.stdout.flush()
-                if deliveries and not no_ack:
-                    consumer.ack(deliveries)
-                seen += len(deliveries)
-        except KeyboardInterrupt:
-            pass

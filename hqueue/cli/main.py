@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from typing import Any
@@ -11,11 +12,56 @@ import click
 
 from .. import __version__
 from ..admin import HQueueAdmin
+from ..auth import split_credentials
 from ..commands import find
 from ..connection import missing_store, store_exists
-from ..errors import HQueueError, NotAuthorized, QueueDisabled, QueueEnabled
+from ..errors import HQueueError, NotAuthorized, QueueDisabled, QueueEnabled, StorageLocked
 from ..message import MessageID
 from ..queue import HQueue
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+class Command(click.Command):
+    """A command whose arguments may be negative numbers (``hqueue create neg -1``
+    reaches the range check, instead of "No such option '-1'")."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if any(a.startswith("-") and _is_number(a) for a in args):
+            args = self._numbers_as_arguments(args)
+        return super().parse_args(ctx, args)
+
+    def _numbers_as_arguments(self, args: list[str]) -> list[str]:
+        """Options (with their values) first, then ``--``, then the arguments in their order."""
+        takes_value = {
+            opt
+            for p in self.params
+            if isinstance(p, click.Option) and not p.is_flag and not p.count
+            for opt in p.opts + p.secondary_opts
+        }
+        options: list[str] = []
+        arguments: list[str] = []
+        i = 0
+        while i < len(args):
+            arg = args[i]
+            if arg == "--":
+                arguments += args[i + 1 :]
+                break
+            if arg.startswith("-") and len(arg) > 1 and not _is_number(arg):
+                options.append(arg)
+                if arg in takes_value and i + 1 < len(args):  # its value, whatever it looks like
+                    options.append(args[i + 1])
+                    i += 1
+            else:
+                arguments.append(arg)
+            i += 1
+        return [*options, "--", *arguments]
 
 
 class _Group(click.Group):
@@ -25,6 +71,8 @@ class _Group(click.Group):
     older name (``drop``). ``--url`` may also follow the command (``hqueue
     scan q --url …``): it is moved in front before parsing.
     """
+
+    command_class = Command
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         found = super().get_command(ctx, cmd_name)
@@ -62,18 +110,44 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except (HQueueError, ValueError, TypeError) as e:
-            raise click.ClickException(_with_cli_hint(e)) from e
+            url = (ctx.obj or {}).get("url")
+            raise click.ClickException(_with_cli_hint(e, ctx.invoked_subcommand, url)) from e
 
 
-def _with_cli_hint(e: Exception) -> str:
+def _with_cli_hint(e: Exception, command: str | None = None, url: str | None = None) -> str:
     """The error's text, with the command to run where the library names a Python call."""
+    if isinstance(e, StorageLocked):
+        return _locked_hint(e, command)
     if isinstance(e, QueueDisabled):
         return f"queue {e.name!r} is disabled (enable it: hqueue enable-queue {e.name})"
     if isinstance(e, QueueEnabled):
         return f"queue {e.name!r} is enabled: disable it first (hqueue disable-queue {e.name}), or pass --force"
     if isinstance(e, NotAuthorized):
-        return f"{e} (set $HQUEUE_TOKEN, or use --url hqueue://TOKEN@host:port)"
+        return _token_hint(e, url)
     return str(e)
+
+
+def _token_hint(e: NotAuthorized, url: str | None) -> str:
+    """A refusal, with what to do about the token: give one, or check the one given."""
+    given = split_credentials(url or "")[1] or os.environ.get("HQUEUE_TOKEN")
+    if not given:
+        return f"{e} (give a token: --url hqueue://TOKEN@host:port, or set $HQUEUE_TOKEN)"
+    if "may not" in str(e) or "no role" in str(e):
+        return f"{e} (the token was accepted; its roles are in the server's --auth-file)"
+    return f"{e} (check the token given in --url or $HQUEUE_TOKEN)"
+
+
+def _locked_hint(e: StorageLocked, command: str | None) -> str:
+    """One process at a time opens an embedded store: what to do, in CLI terms."""
+    by = f" ({e.holder})" if e.holder else ""
+    text = f"the embedded store {e.path} is open in another process{by}"
+    if command == "server":
+        return text + ": stop that process first (one process at a time may open an embedded store)"
+    return (
+        f"{text}. One process at a time may open it: stop that one, or share the store through a server:\n"
+        f"  hqueue server --storage local://{e.path}\n"
+        f"and give every command --url hqueue://127.0.0.1:9700 (or set HQUEUE_URL)"
+    )
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -86,7 +160,12 @@ def _with_cli_hint(e: Exception) -> str:
 )
 @click.pass_context
 def main(ctx: click.Context, url: str | None) -> None:
-    """hqueue: a partitioned, persistent message queue."""
+    """hqueue: a partitioned, persistent message queue.
+
+    \b
+    Tab completion, in ~/.bashrc (zsh: zsh_source, in ~/.zshrc):
+      eval "$(_HQUEUE_COMPLETE=bash_source hqueue)"
+    """
     ctx.obj = {"url": url}
 
 

@@ -12,8 +12,9 @@ from typing import Any
 
 import click
 
-from ..commands import COMMANDS, Command, Param, json_ready
+from ..commands import COMMANDS, Command, NotAllDone, Output, Param, json_ready
 from ..errors import InvalidArgument
+from .main import Command as CliCommand
 from .main import Seconds, Session, main
 
 #: Older option spellings still read: {command: {option: parameter}}.
@@ -99,17 +100,25 @@ def _values(command: Command, given: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
+def _show(output: Output, output_format: str) -> None:
+    if output_format == "json":
+        click.echo(json.dumps(json_ready(output.data), indent=2))
+    elif output.text:
+        click.echo(output.text)
+
+
 def _click_command(command: Command) -> click.Command:
     def callback(output_format: str, **given: Any) -> None:
         ctx = click.get_current_context()
-        output = command.run(Session(ctx, command.read_only), **_values(command, given))
-        if output_format == "json":
-            click.echo(json.dumps(json_ready(output.data), indent=2))
-        elif output.text:
-            click.echo(output.text)
+        try:
+            output = command.run(Session(ctx, command.read_only), **_values(command, given))
+        except NotAllDone as e:
+            _show(e.output, output_format)
+            raise click.ClickException(str(e)) from None
+        _show(output, output_format)
 
     help_text = command.help + "\n\nIn the shell: " + command.usage
-    return click.Command(
+    return CliCommand(
         command.cli_name, callback=callback, params=_click_params(command), help=help_text
     )  # fmt: skip
 

@@ -84,6 +84,7 @@ from ..ids import consecutive
 from ..keys.timers import Timer
 from ..message import Message, MessageID
 from ..rpc import packed, wire
+from ..rpc.failures import explain
 from ..scanner import Scan
 from .cursor import RemoteCursor
 from .groups import RemoteGroups
@@ -196,7 +197,8 @@ class RemoteEngine:
                 f"hqueue server {address}: {method}: no answer within the call's {self.timeout:g}s timeout"
             )
         else:
-            error = ServerUnavailable(f"hqueue server {address}: {method}: {cause}")
+            host, _, port = address.rpartition(":")
+            error = ServerUnavailable(f"hqueue server {address}: {explain(host, int(port), cause, self.tls)}")
         error.maybe_sent = sent
         return error
 

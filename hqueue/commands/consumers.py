@@ -14,11 +14,6 @@ PARTITION = Param("partition", "Only this partition (default: every one).", "int
                   short="-p")  # fmt: skip
 
 
-def listing(names: list[str]) -> Output:
-    """One name a line."""
-    return Output("\n".join(names), names, len(names))
-
-
 def _topics(topics) -> str:
     return ", ".join(printable(t) for t in sorted(topics)) if topics else "all"
 
@@ -57,10 +52,18 @@ def delete_subscriber(session: Session, queue: str, subscriber: str) -> Output:
     return Output(f"Deleted subscriber {subscriber!r} from {queue!r}", {"queue": queue, "subscriber": subscriber})
 
 
-@command("list_subscribers", "List a queue's subscribers.", QUEUE, examples=("list_subscribers 'q1'",),
-         group="subscribers", read_only=True)  # fmt: skip
+@command("list_subscribers", "List a queue's subscribers: address, topics, and how far behind each is.", QUEUE,
+         examples=("list_subscribers 'q1'",), group="subscribers", read_only=True)  # fmt: skip
 def list_subscribers(session: Session, queue: str) -> Output:
-    return listing(session.admin.list_subscribers(queue))
+    rows, data = [], []
+    for name in session.admin.list_subscribers(queue):
+        d = session.admin.describe_subscriber(queue, name)
+        lag, lag_ms = sum(d["lag_messages"].values()), max(d["lag_millis"].values(), default=0)
+        rows.append((name, d["address"] or "(away)", _topics(d["topics"]), lag, seconds(lag_ms / 1000)))
+        data.append({"subscriber": name, "address": d["address"], "topics": d["topics"], "lag_messages": lag,
+                     "lag_millis": lag_ms})  # fmt: skip
+    columns = ["SUBSCRIBER", "ADDRESS", "TOPICS", "LAG (MESSAGES)", "LAG (S, OLDEST)"]
+    return Output(table(columns, rows) if rows else "", data, len(rows))
 
 
 @command(
@@ -105,10 +108,39 @@ def set_checkpoint(session: Session, queue: str, subscriber: str, time, partitio
 # -- consumer groups (SPEC X3) --------------------------------------------------------------------
 
 
-@command("list_groups", "List a queue's consumer groups.", QUEUE, examples=("list_groups 'q1'",), group="groups",
-         aliases=("groups",), read_only=True)  # fmt: skip
+@command(
+    "list_groups",
+    "List a queue's consumer groups: members, messages in flight and retrying, lag, and the dead letters.",
+    QUEUE,
+    examples=("list_groups 'q1'",),
+    group="groups",
+    aliases=("groups",),
+    read_only=True,
+)
 def list_groups(session: Session, queue: str) -> Output:
-    return listing(session.admin.list_groups(queue))
+    rows, data = [], []
+    dead = 0
+    for name in session.admin.list_groups(queue):
+        d = session.admin.describe_group(queue, name)
+        parts = d["partitions"].values()
+        row = {
+            "group": name,
+            "members": len(d["members"]),
+            "in_flight": sum(p["in_flight"] for p in parts),
+            "retrying": sum(p["retrying"] for p in parts),
+            "lag_messages": sum(p["lag_messages"] for p in parts),
+            "lag_millis": max((p["lag_millis"] for p in parts), default=0),
+            "dead_letters": d["dead_letters"],
+        }
+        dead = d["dead_letters"]
+        data.append(row)
+        rows.append((name, row["members"], row["in_flight"], row["retrying"], row["lag_messages"],
+                     seconds(row["lag_millis"] / 1000)))  # fmt: skip
+    if not rows:
+        return Output("", data, 0)
+    columns = ["GROUP", "MEMBERS", "IN FLIGHT", "RETRYING", "LAG (MESSAGES)", "LAG (S, OLDEST)"]
+    footer = f"\ndead letters: {dead} in {dead_letter_queue(queue)} (the queue's, shared by its groups)"
+    return Output(table(columns, rows) + footer, data, len(rows))
 
 
 @command(

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import InvalidArgument
+from ..errors import HQueueError, InvalidArgument
 from ..message import MessageID
 
 if TYPE_CHECKING:
@@ -147,6 +147,15 @@ class Output:
     text: str
     data: Any = None
     rows: int | None = None
+
+
+class NotAllDone(HQueueError):
+    """A command did part of what it was asked (cancel: some timers were not pending):
+    the front end prints ``output``, then this error, and fails (exit status 1)."""
+
+    def __init__(self, message: str, output: Output) -> None:
+        super().__init__(message)
+        self.output = output
 
 
 @dataclass(frozen=True)

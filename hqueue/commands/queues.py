@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..config import DEFAULT_MAX_MESSAGE_BYTES, Durability
 from ..errors import InvalidArgument
-from .declare import Output, Param, Session, command
+from .declare import NotAllDone, Output, Param, Session, command
 from .render import printable, stamp, table
 
 QUEUE = Param("queue", "The queue's name.")
@@ -166,6 +166,10 @@ def cancel(session: Session, queue: str, timers: list[str]) -> Output:
             raise InvalidArgument(f"a timer handle is a string, got {printable(handle)!r}")
         done.append((handle, queue_handle.cancel(handle)))
     rows = [(h, "cancelled" if ok else "not pending (fired or cancelled already)") for h, ok in done]
-    return Output(
+    output = Output(
         "\n".join("\t".join(row) for row in rows), [{"timer": h, "cancelled": ok} for h, ok in done], len(rows)
     )
+    missed = sum(1 for _, ok in done if not ok)
+    if missed:
+        raise NotAllDone(f"{missed} of {len(done)} timer(s) not pending: fired or cancelled already", output)
+    return output

@@ -150,7 +150,7 @@ class GroupAcks:
         """
         count = self._fail_each(queue, name, rowkeys, PartitionState.handed_out, None, at_once=True)
         if count:
-            logger.info("group %s of %s: member %s dead-lettered %d messages", name, queue, member, count)
+            logger.debug("group %s of %s: member %s dead-lettered %d messages", name, queue, member, count)
         return count
 
     def _fail_each(
@@ -299,9 +299,14 @@ class GroupAcks:
                 self._unburied(group, pid, state, message_id, e)
                 return
             group.dead_lettered += 1
-            logger.warning(
-                "group %s: message %s of %s partition %d failed %d times; moved to %s partition %d as %s",
-                group.name, message.id, group.queue, pid, state.retries.get(message_id, 0),
+            failures = state.retries.get(message_id, 0)
+            # A member that asked (a Processor after its own retries) logs it itself, with its
+            # count; the group logs the dead letters it decides, after its deliveries.
+            logger.log(
+                logging.DEBUG if at_once else logging.WARNING,
+                "group %s: message %s of %s partition %d %s; moved to %s partition %d as %s",
+                group.name, message.id, group.queue, pid,
+                "dead-lettered by its member" if at_once else f"failed {failures} deliveries (nacked or lease ran out)",
                 dead_letter_queue(group.queue), *placed,
             )  # fmt: skip
         self._acked(group, pid, state, [message_id])

@@ -193,10 +193,12 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
             group = self._groups.get((queue, name))
             if group is None:
                 stored = self.storage.get_meta(group_key(queue, name))
-                if stored is None:
-                    raise GroupNotFound(queue, name)
-                group = self._groups[(queue, name)] = GroupState(queue, name, GroupConfig.from_json(stored))
-            return group
+                if stored is not None:
+                    group = self._groups[(queue, name)] = GroupState(queue, name, GroupConfig.from_json(stored))
+        if group is None:
+            self.engine.queue_info(queue, fresh=True)  # a missing queue says more than "no group"
+            raise GroupNotFound(queue, name)
+        return group
 
     def _partition(self, group: GroupState, pid: int) -> PartitionState:
         """The group's state over ``pid``, read from the store on first use (call under group.lock)."""

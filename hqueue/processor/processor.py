@@ -170,7 +170,10 @@ class Processor:
         dlq = dead_letter_queue(self.queue.name)
         with self._lock:
             self.dead_lettered += 1
-        logger.warning("processor: message %s dead-lettered to %s: %s", delivery.id, dlq, why)
+        logger.warning(
+            "processor: message %s of %s partition %d %s; moved to %s",
+            delivery.id, self.queue.name, delivery.partition_id, why, dlq,
+        )  # fmt: skip
         self.complete(delivery)
 
     def commit(self) -> int:

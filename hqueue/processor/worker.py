@@ -120,9 +120,8 @@ class Worker:
         assert message_id is not None
         count = self.failures[message_id] = self.failures.get(message_id, 0) + 1
         if count > processor.max_retries:
-            logger.warning("processor: message %s failed %d times (%s); dead-lettered", message_id, count, error)
             self.failures.pop(message_id, None)
-            processor.dead_letter(delivery, f"failed {count} times: {error!r}")
+            processor.dead_letter(delivery, f"failed {count} times (the last: {error!r})")
             if key in self.parked:
                 self.inbox_front(key)
             return

@@ -141,7 +141,8 @@ class ListeningSocket(TServerSocket):
         """A socket listening on ``host:port`` now (port 0: a free one).
 
         Raises:
-            OSError: the port is taken (``errno.EADDRINUSE``, with a plain message).
+            OSError: the port is taken (``errno.EADDRINUSE``), or the host is no address
+                of this machine; the message names them.
         """
         sock = cls(host=host, port=port, client_timeout=None)
         sock.listen()
@@ -160,7 +161,7 @@ class ListeningSocket(TServerSocket):
             sock.close()
             if e.errno == errno.EADDRINUSE:
                 raise OSError(e.errno, f"port {self.port} on {self.host} is in use (another server?)") from e
-            raise
+            raise OSError(e.errno, f"cannot listen on {self.host}:{self.port}: {e.strerror or e}") from e
         sock.listen(self.backlog)
         self.sock = sock
 

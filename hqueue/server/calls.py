@@ -43,6 +43,24 @@ def _declared(method: str) -> tuple[type, ...]:
     return tuple(field[2] for key, field in spec.items() if key != 0 and len(field) > 2 and isinstance(field[2], type))
 
 
+#: What a refused call was, as a user would say it: "token 'r' may not disable queue 'q'".
+#: (A call missing here is named by its IDL name.)
+ACTIONS = {
+    **dict.fromkeys(["putPacked", "putMessage", "putMessages", "putMessageWithPid", "putMessagesWithPid"], "put to"),
+    "scheduleTimers": "put timers on", "cancelTimer": "cancel timers on",
+    "messageScannerOpen": "scan", "createQueue": "create", "truncateQueue": "truncate", "disableQueue": "disable",
+    "enableQueue": "enable", "dropQueue": "delete",
+    "openGroup": "consume", "groupReceive": "consume", "groupAck": "ack messages of", "groupNack": "nack messages of",
+    "groupDeadLetter": "dead-letter messages of", "groupLeave": "leave a consumer group of",
+    "listGroups": "list the consumer groups of", "describeGroup": "describe a consumer group of",
+    "groupPending": "list the pending messages of", "deleteGroup": "delete", "setGroupPosition": "replay",
+    "listSubscribers": "list the subscribers of", "describeSubscriber": "describe a subscriber of",
+    "getCoordination": "subscribe to", "addSubscriber": "add", "deleteSubscriber": "delete",
+    "setCheckpoint": "move the checkpoint of", "subscriberLeave": "detach", "subscriberHeartbeat": "run",
+    "approveSubscriberAddress": "register the address of",
+}  # fmt: skip
+
+
 def served(role: str | None, queue_arg: int | None = 0, named: tuple[int, str] | None = None):
     """A Thrift call: authorized, counted, and with only IDL exceptions out.
 
@@ -65,7 +83,8 @@ def served(role: str | None, queue_arg: int | None = 0, named: tuple[int, str] |
             try:
                 if role is not None:
                     queue = args[queue_arg] if queue_arg is not None else None
-                    guard.authorize(role, method.__name__, queue, (named[1], args[named[0]]) if named else None)
+                    action = ACTIONS.get(method.__name__, method.__name__)
+                    guard.authorize(role, action, queue, (named[1], args[named[0]]) if named else None)
                 return method(self, *args)
             except Exception as e:
                 if not isinstance(e, (HQueueError, ValueError, TypeError)):

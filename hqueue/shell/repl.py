@@ -21,6 +21,7 @@ from typing import TextIO
 
 from ..admin import HQueueAdmin
 from ..auth import split_credentials
+from ..commands import NotAllDone
 from ..connection import missing_store, resolve_url, store_exists
 from ..errors import HQueueError
 from ..queue import HQueue
@@ -90,6 +91,8 @@ class Shell:
             return False
         except (HQueueError, ValueError, TypeError) as e:
             self._forget_closed_queues(e)
+            if isinstance(e, NotAllDone) and e.output.text:  # what it did, then what it did not
+                print(e.output.text, file=self.out)
             print(f"ERROR: {e}", file=self.err)
             return False
         except Exception as e:  # a bug, not a user error: one line here, the trace in the log

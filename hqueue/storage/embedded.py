@@ -54,6 +54,7 @@ from ..message import encode_rowkey, partition_prefix
 from .base import Cell, Storage, expired, housekeeping, keep_id_floor, ttl_cutoff, ttl_start
 from .fence import Fence, LocalFences, Token
 from .healing import Healing
+from .lockholder import lock_holder
 
 logger = logging.getLogger(__name__)
 
@@ -138,11 +139,7 @@ class EmbeddedStorage(Healing, Storage):
             return rocksdict.Rdict(self.path, options, column_families=families)
         except Exception as e:  # rocksdict raises plain Exception
             if "lock" in str(e).lower():
-                raise StorageLocked(
-                    f"the embedded store {self.path} is open in another process; close that "
-                    "process, or run `hqueue server` on this directory and connect with "
-                    "url='hqueue://host:port'"
-                ) from e
+                raise StorageLocked(self.path, lock_holder(self.path)) from e
             raise StorageError(f"cannot open the embedded store {self.path}: {e}") from e
 
     def _bind(self, info: QueueInfo) -> None:

@@ -109,6 +109,25 @@ def test_a_failing_key_is_set_aside_retried_then_dead_lettered_and_others_go_on(
         assert [m.value for m in dlq.scan()] == [b"bad:1"]
 
 
+def test_one_dead_letter_is_one_warning_with_one_count(queue, caplog):
+    import logging
+
+    (message_id,) = queue.put(Message("t", b"poison"), 0)
+
+    def handle(message: Message) -> None:
+        raise RuntimeError("poison")
+
+    with caplog.at_level(logging.DEBUG, logger="hqueue"):
+        with Processor(queue, "p", handle, max_retries=3, retry_delay=0.01) as processor:
+            assert processor.wait_idle(timeout=30) and processor.dead_lettered == 1
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings == [
+        f"processor: message {message_id} of orders partition 0 failed 4 times "
+        "(the last: RuntimeError('poison')); moved to orders.dlq"
+    ]
+    assert not any("failed 1 times" in r.getMessage() for r in caplog.records)
+
+
 def test_a_message_whose_lease_ran_out_still_lands_in_the_dead_letter_queue(queue):
     """The group no longer holds it for this member (here: another member's lease);
     it still goes to the dead-letter queue, never acked without landing there."""

@@ -202,6 +202,20 @@ def test_wrong_types_are_type_errors_and_write_nothing(make_queue, bad):
     assert list(queue.scan()) == []
 
 
+@pytest.mark.parametrize("name", [123, b"q", None])
+def test_a_queue_name_that_is_no_str_is_a_type_error(api_url, name):
+    with pytest.raises(TypeError, match="'name' must be a str"):
+        HQueue(name, api_url)
+
+
+def test_a_topic_put_as_str_comes_back_equal_to_it(make_queue):
+    queue = make_queue(partitions=1)
+    queue.put([Message("crawler", b"a"), Message("café", b"b")])
+    topics = [m.topic for m in queue.scan()]
+    assert topics == ["crawler", "café"] and topics == [b"crawler", "café".encode()]
+    assert [m.value for m in queue.scan(topics=["crawler"])] == [b"a"]
+
+
 def test_empty_batch_is_invalid(make_queue):
     with pytest.raises(InvalidMessage, match="at least one"):
         make_queue().put([])

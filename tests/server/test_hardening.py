@@ -179,6 +179,30 @@ def test_a_processor_with_a_consumer_token_dead_letters_without_admin_rights(sec
         assert [(m.value, m.partition_id) for m in dlq.scan()] == [(b"hopeless", 1)]
 
 
+def test_refusals_name_what_the_user_did_and_the_cli_hints_fit_the_token(secured, monkeypatch):
+    from click.testing import CliRunner
+
+    from hqueue.cli import main
+
+    monkeypatch.delenv("HQUEUE_TOKEN", raising=False)
+    runner = CliRunner()
+    # Given a token with no admin role
+    result = runner.invoke(main, ["--url", f"hqueue://{WORKER}@{secured.address}", "disable-queue", "crawl.pages"])
+    # Then the refusal names the command's action (not the Thrift call), and no token is asked for
+    assert result.exit_code == 1
+    assert "token 'worker' may not disable queue 'crawl.pages' (needs role 'admin')" in result.output
+    assert "disableQueue" not in result.output and "HQUEUE_TOKEN" not in result.output
+    assert WORKER not in result.output
+    refused = runner.invoke(main, ["--url", f"hqueue://{WORKER}@{secured.address}", "put", "orders", "t", "v"])
+    assert "token 'worker' has no role on queue 'orders'" in refused.output
+    # And without a token, the hint says how to give one
+    anonymous = runner.invoke(main, ["--url", f"hqueue://{secured.address}", "scan", "orders"])
+    assert anonymous.exit_code == 1 and "give a token: --url hqueue://TOKEN@host:port" in anonymous.output
+    # And a wrong one is called that, not asked for again
+    wrong = runner.invoke(main, ["--url", f"hqueue://nope@{secured.address}", "scan", "orders"])
+    assert "unknown token" in wrong.output and "check the token" in wrong.output
+
+
 def test_the_url_carries_the_token_and_never_echoes_it(secured):
     with HQueue("orders", f"hqueue://{ADMIN}@{secured.address}") as queue:
         queue.put(Message("t", b"x"))
@@ -196,9 +220,9 @@ def test_moving_or_deleting_a_group_needs_admin_or_the_groups_name(secured):
         with pytest.raises(NotAuthorized) as refused:
             worker.set_group_position("crawl.pages", "billing", "all", datetime(2020, 1, 1))
         # Then it is refused, naming the token, the call, the group and the role needed
-        for named in ("'worker'", "setGroupPosition", "group 'billing'", "'admin'", "groups pattern"):
+        for named in ("'worker'", "may not replay", "group 'billing'", "'admin'", "groups pattern"):
             assert named in str(refused.value)
-        with pytest.raises(NotAuthorized, match="deleteGroup group 'billing'"):
+        with pytest.raises(NotAuthorized, match="may not delete group 'billing'"):
             worker.delete_group("crawl.pages", "billing")
     # and the group has delivered nothing again
     with HQueue("crawl.pages", url, token=WORKER) as queue, queue.consumer("billing") as consumer:
@@ -224,19 +248,19 @@ def test_a_subscribers_position_needs_admin_or_its_name(secured):
         before = admin.describe_subscriber("crawl.pages", "indexer")["checkpoints"]
     # When a consumer token without its name tries to rewind, replace or delete it
     with HQueueAdmin(url, token=WORKER) as worker:
-        with pytest.raises(NotAuthorized, match="'worker' may not setCheckpoint subscriber 'indexer'"):
+        with pytest.raises(NotAuthorized, match="'worker' may not move the checkpoint of subscriber 'indexer'"):
             worker.set_checkpoint("crawl.pages", "indexer", "all", datetime(2020, 1, 1))
-        with pytest.raises(NotAuthorized, match="addSubscriber subscriber 'indexer'"):
+        with pytest.raises(NotAuthorized, match="may not add subscriber 'indexer'"):
             worker.add_subscriber("crawl.pages", "indexer", partitions={0: MessageID(1_577_836_800_000)})
-        with pytest.raises(NotAuthorized, match="deleteSubscriber subscriber 'indexer'"):
+        with pytest.raises(NotAuthorized, match="may not delete subscriber 'indexer'"):
             worker.delete_subscriber("crawl.pages", "indexer")
         # Then nothing moved (and it may still look)
         assert worker.describe_subscriber("crawl.pages", "indexer")["checkpoints"] == before
     raw = raw_client(secured.port)
     raw.authenticate(WORKER)
-    with pytest.raises(T.TNotAuthorized, match="subscriberHeartbeat subscriber 'indexer'"):
+    with pytest.raises(T.TNotAuthorized, match="may not run subscriber 'indexer'"):
         raw.subscriberHeartbeat("crawl.pages", "indexer", "127.0.0.1:9999", None)
-    with pytest.raises(T.TNotAuthorized, match="subscriberLeave"):
+    with pytest.raises(T.TNotAuthorized, match="may not detach subscriber"):
         raw.subscriberLeave("crawl.pages", "indexer")
     raw.close()
     # A token granted the name manages it
@@ -260,7 +284,7 @@ def test_a_subscriber_runs_with_a_consumer_token_granted_its_name(secured):
 
     url = f"hqueue://{secured.address}"
     with HQueue("crawl.pages", url, token=WORKER) as queue:
-        with pytest.raises(NotAuthorized, match="addSubscriber subscriber 'crawler-sub'"):
+        with pytest.raises(NotAuthorized, match="may not add subscriber 'crawler-sub'"):
             queue.create_subscriber(Subscription("crawler-sub"), [Take()]).start()
     with HQueue("crawl.pages", url, token=CRAWLER) as queue:
         take = Take()
@@ -336,6 +360,44 @@ def test_tls_serves_a_client_that_trusts_the_certificate(tmp_path):
             HQueueAdmin(f"hqueue://{server.address}?timeout=2").list_queues()
     finally:
         server.stop()
+
+
+def test_connection_failures_say_what_went_wrong_and_what_to_do(tmp_path):
+    from click.testing import CliRunner
+
+    from hqueue.cli import main
+
+    from ..processes import free_port
+
+    cert, context = server_certificate(tmp_path)
+    tls = HQueueServer(f"local://{tmp_path}/tls", port=0, ssl_context=context).start()
+    plain = HQueueServer(f"local://{tmp_path}/plain", port=0).start()
+    runner = CliRunner()
+
+    def error(url: str) -> str:
+        result = runner.invoke(main, ["--url", url, "list"])
+        assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+        assert "TTransportException" not in result.output and "Traceback" not in result.output
+        return result.output
+
+    try:
+        # tls=1 without ca= against a self-signed certificate: the certificate is named
+        out = error(f"hqueue://{tls.address}?tls=1&timeout=5")
+        assert "TLS certificate was not accepted: self-signed certificate" in out and "ca=" in out
+        # a plaintext client against a TLS server: told the server speaks TLS
+        out = error(f"hqueue://{tls.address}?timeout=5")
+        assert "the server speaks TLS: connect with hqueue://…?tls=1" in out
+        # a TLS client against a plaintext server
+        out = error(f"hqueue://{plain.address}?tls=1&ca={cert}&timeout=5")
+        assert "TLS handshake failed" in out and "leave out tls=1" in out
+        # nobody there, and no such host
+        assert "connection refused (is an hqueue server running there?)" in error(f"hqueue://127.0.0.1:{free_port()}")
+        assert "unknown host 'nosuch.invalid'" in error("hqueue://nosuch.invalid:9700?timeout=5")
+        with pytest.raises(ServerUnavailable, match="self-signed"):  # the Python API says the same
+            HQueueAdmin(f"hqueue://{tls.address}?tls=1&timeout=5").list_queues()
+    finally:
+        tls.stop()
+        plain.stop()
 
 
 # -- frames ------------------------------------------------------------------------

@@ -160,10 +160,12 @@ def test_timers_from_the_cli_put_cancel_and_fire(run):
     assert later.exit_code == 0 and later.stdout.count("/") == 2  # a timer handle, not an ID
     assert "fires only while a process has the store open" in later.stderr  # local://: say so
     never = run("put", "q", "t", "never", "--delay", "60").stdout.strip()
-    cancelled = run("cancel", "q", never, never)
-    assert cancelled.output.splitlines() == [
-        f"{never}\tcancelled",
+    assert run("cancel", "q", never).output == f"{never}\tcancelled\n"
+    again = run("cancel", "q", never)  # cancelled already: said, and a failure for scripts
+    assert again.exit_code == 1
+    assert again.output.splitlines() == [
         f"{never}\tnot pending (fired or cancelled already)",
+        "Error: 1 of 1 timer(s) not pending: fired or cancelled already",
     ]
     assert "timer handle" in run("cancel", "q", "nonsense").output
     consumed = run("consume", "q", "g", "--max", "1", "--for", "10")
@@ -180,7 +182,13 @@ def test_consume_acks_what_it_prints_and_groups_are_listed_and_described(run):
     assert [line.split("\t")[-1] for line in second.output.splitlines()] == ["c"]
     peek = run("consume", "q", "others", "--for", "0.5", "--no-ack")
     assert len(peek.output.splitlines()) == 3
-    assert run("groups", "q").output.split() == ["others", "workers"]
+    table = run("groups", "q").output.splitlines()
+    assert table[0].split()[:4] == ["GROUP", "MEMBERS", "IN", "FLIGHT"] and len(table) == 4
+    assert table[1].split()[0] == "others" and table[1].split()[4] == "3"  # lag: printed, never acked
+    assert table[2].split()[0] == "workers" and table[2].split()[4] == "0"
+    assert table[3] == "dead letters: 0 in q.dlq (the queue's, shared by its groups)"
+    rows = json.loads(run("groups", "q", "--format", "json").output)
+    assert [(r["group"], r["lag_messages"], r["dead_letters"]) for r in rows] == [("others", 3, 0), ("workers", 0, 0)]
     described = json.loads(run("describe-group", "q", "others").output)
     assert described["partitions"]["1"]["lag_messages"] == 3  # printed, never acked
     assert "no consumer group 'nope'" in run("describe-group", "q", "nope").output
@@ -210,3 +218,131 @@ def test_pending_shows_a_group_s_messages_in_flight(run, tmp_path):
         assert len(rows) == 1 and rows[0]["member"] == "m1" and rows[0]["attempt"] == 1
     result = run("pending", "q", "nope")
     assert result.exit_code == 1 and "no consumer group 'nope'" in result.output
+
+
+def test_a_store_open_in_another_process_names_the_flag_and_the_way_out(tmp_path):
+    import subprocess
+    import sys
+
+    from hqueue import HQueueAdmin, StorageLocked
+    from hqueue.storage.lockholder import lock_holder
+
+    from ..processes import ROOT, python_env, wait_for
+
+    url = f"local://{tmp_path}/data"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 1)
+    # Given `hqueue tail q` running on the default store
+    tail = subprocess.Popen(
+        [sys.executable, "-m", "hqueue.cli", "--url", url, "tail", "q", "--for", "60"], cwd=ROOT, env=python_env()
+    )
+    try:
+        runner = CliRunner()
+        wait_for(lambda: lock_holder(f"{tmp_path}/data"), 30, "tail to hold the store")
+        # When another command opens it
+        result = runner.invoke(main, ["--url", url, "list"])
+        assert result.exit_code == 1, result.output
+        # Then the error names the CLI's way out, not Python's, and who holds the store
+        assert "--url hqueue://127.0.0.1:9700" in result.output
+        assert f"hqueue server --storage {url}" in result.output
+        assert "url='" not in result.output and "Traceback" not in result.output
+        assert f"(pid {tail.pid}: hqueue --url {url} tail q --for 60)" in result.output  # Linux: /proc/locks
+        server = runner.invoke(main, ["--url", url, "server", "--port", "0"])
+        assert server.exit_code == 1 and "stop that process first" in server.output
+        # And the Python API keeps its Python hint
+        with pytest.raises(StorageLocked, match="url='hqueue://host:port'"):
+            HQueueAdmin(url)
+    finally:
+        tail.kill()
+        tail.wait()
+
+
+def test_negative_numbers_reach_the_range_check(run):
+    result = run("create", "neg", "-1")
+    assert result.exit_code == 2 and "'PARTITIONS': -1 is not in the range 1<=x<=32767" in result.output
+    assert "No such option" not in result.output
+    assert "'[TTL]': -5 is not in the range" in run("create", "neg", "1", "-5").output
+    assert "'PARTITIONS': '-inf' is not a valid integer" in run("create", "neg", "-inf").output
+    # options still parse around them, and an unknown one is still refused
+    assert "No such option '--bogus'" in run("create", "neg", "-1", "--bogus").output
+    assert "-1 is not in the range" in run("create", "neg", "--priorities", "2", "-1").output
+    run("create", "q", "1")
+    assert run("put", "q", "t", "-5", "--partition", "0").exit_code == 0  # a negative value is a value
+    assert run("scan", "q").output.split("\t")[3] == "-5\n"
+
+
+def test_describing_a_group_of_a_missing_queue_says_the_queue_is_missing(run):
+    run("create", "q", "1")
+    for command in ("describe-group", "pending"):
+        result = run(command, "nosuch", "g")
+        assert result.exit_code == 1 and result.output == "Error: queue 'nosuch' does not exist\n"
+    assert "no consumer group 'g' on queue 'q'" in run("describe-group", "q", "g").output
+
+
+def test_a_host_that_is_no_address_is_named(tmp_path):
+    result = CliRunner().invoke(
+        main, ["server", "--storage", f"local://{tmp_path}", "--host", "0.0.0.0.0", "--port", "0"]
+    )
+    assert result.exit_code == 1 and "cannot listen on 0.0.0.0.0:0" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_every_listing_and_describe_command_prints_a_table_or_json(run, tmp_path):
+    from hqueue.commands import COMMANDS
+
+    run("create", "q", "2")
+    run("put", "q", "t", "a", "b")
+    run("consume", "q", "g", "--max", "1", "--no-ack")
+    run("add-subscriber", "q", "s")
+    arguments = {"queue": "q", "group": "g", "subscriber": "s"}
+    views = [c for c in COMMANDS.values() if c.read_only]
+    assert {c.cli_name for c in views} >= {"list", "list-groups", "list-subscribers", "describe", "describe-group",
+                                           "describe-subscriber", "pending", "status"}  # fmt: skip
+    for command in views:
+        args = [command.cli_name, *(arguments[p.name] for p in command.params if p.required)]
+        table = run(*args, "--format", "table")
+        assert table.exit_code == 0 and table.output.strip(), (args, table.output)
+        assert not table.output.lstrip().startswith(("{", "[")), args  # a table for people, even for describe
+        data = run(*args, "--format", "json")
+        assert data.exit_code == 0, (args, data.output)
+        json.loads(data.output)
+
+
+def test_consume_exec_acks_on_exit_0_and_nacks_otherwise(run, tmp_path):
+    run("create", "q", "1")
+    run("put", "q", "t", "ok", "bad")
+    seen = tmp_path / "seen.txt"
+    # Given a command that fails on "bad"
+    command = f'v=$(cat); echo "$HQUEUE_ATTEMPT $HQUEUE_TOPIC $v" >> {seen}; [ "$v" != bad ]'
+    result = run("consume", "q", "g", "--exec", command, "--nack-delay", "0", "--for", "2")
+    assert result.exit_code == 0, result.output
+    lines = seen.read_text().splitlines()
+    # Then "ok" went once and was acked; "bad" was nacked and came back, attempt after attempt
+    assert lines[:3] == ["1 t ok", "1 t bad", "2 t bad"]
+    assert lines.count("1 t ok") == 1
+    assert "hqueue consume: nacked 0/" in result.output and "(attempt 1): exit status 1" in result.output
+    described = json.loads(run("describe-group", "q", "g").output)
+    assert described["partitions"]["0"]["done"] != "0:0"  # "ok" is acked: the cursor moved
+    assert "--exec acks or nacks" in run("consume", "q", "g", "--exec", "true", "--no-ack").output
+
+
+def test_shell_completion_scripts_for_bash_and_zsh():
+    import subprocess
+    import sys
+
+    from ..processes import ROOT, python_env
+
+    for shell, marker in (("bash", "complete -o nosort -F"), ("zsh", "compdef")):
+        env = dict(python_env(), _HQUEUE_COMPLETE=f"{shell}_source")
+        out = subprocess.run(
+            [sys.executable, "-c", "from hqueue.cli import main; main(prog_name='hqueue')"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert out.returncode == 0 and marker in out.stdout and "_HQUEUE_COMPLETE" in out.stdout, out.stderr
+    # and the completion itself answers: the commands after `hqueue des`
+    env = dict(python_env(), _HQUEUE_COMPLETE="bash_complete", COMP_WORDS="hqueue des", COMP_CWORD="1")
+    out = subprocess.run(
+        [sys.executable, "-c", "from hqueue.cli import main; main(prog_name='hqueue')"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert {"describe", "describe-group", "describe-subscriber"} <= {line.split(",")[-1] for line in out.stdout.split()}

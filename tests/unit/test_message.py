@@ -75,6 +75,20 @@ def test_message_takes_str_or_bytes_topics_and_bytes_values():
     assert Message(b"crawler", bytearray(b"x")).value == b"x"
 
 
+def test_a_topic_given_as_str_compares_equal_to_it_when_it_comes_back():
+    # Given a topic written as str, and one as bytes
+    message, raw = Message("crawler", b"x"), Message(b"crawler", b"x")
+    # Then it is the bytes stored, and equal to the str too (never a silent False)
+    assert message.topic == "crawler" and message.topic == b"crawler" and raw.topic == "crawler"
+    assert message.topic != "other" and message.topic != b"other" and not (message.topic != "crawler")
+    assert isinstance(message.topic, bytes) and message.topic.decode() == "crawler" and len(message.topic) == 7
+    assert message.topic in ("crawler", "x") and message.topic in {b"crawler"} and message.topic in {"crawler"}
+    assert str(message.topic) == "crawler" and repr(message.topic) == "b'crawler'"
+    assert Message("café", b"x").topic == "café" and Message("café", b"x").topic == "café".encode()
+    assert Message(b"t\xfe", b"x").topic != "t\ufffd" and str(Message(b"t\xfe", b"x").topic) == "t\\xfe"
+    assert pickle.loads(pickle.dumps(message)) == message  # and it round-trips, as the wire does
+
+
 @pytest.mark.parametrize(
     "topic, value, error",
     [

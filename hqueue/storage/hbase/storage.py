@@ -16,6 +16,7 @@ from thriftpy2.transport import TTransportException
 from ...config import Durability, QueueInfo, QueueState
 from ...errors import InvalidArgument, QueueDisabled, QueueExists, QueueNotFound, StorageError
 from ...message import ROWKEY_LENGTH, key_after, partition_prefix
+from ...rpc.failures import explain
 from ..base import Cell, Storage, housekeeping, keep_id_floor
 from ..fence import Epoch, Fence
 from .admin import Thrift2Admin
@@ -68,6 +69,7 @@ class HBaseStorage(FencedWrites, Storage):
         admin: str | None = None,
     ) -> None:
         self.url = f"hbase://{host}:{port}?prefix={prefix}&transport={transport}&protocol={protocol}"
+        self.host, self.port = host, port
         self._admin = Thrift2Admin(admin, transport, protocol, timeout) if admin else None
         self.prefix, self.compression = prefix, compression
         self._acquire_timeout = timeout / 1000
@@ -77,7 +79,8 @@ class HBaseStorage(FencedWrites, Storage):
                 pool_size, host=host, port=port, transport=transport, protocol=protocol, timeout=timeout
             )
         except (TException, OSError) as e:
-            raise StorageUnavailable(f"cannot connect to the HBase Thrift server at {host}:{port}: {e}") from e
+            why = explain(host, port, e, None, "HBase's Thrift server")
+            raise StorageUnavailable(f"cannot connect to the HBase Thrift server at {host}:{port}: {why}") from e
         self._ensure_meta_table()
         self._closed, self._lock = threading.Event(), threading.RLock()
         #: (queue, pid) -> (epoch, the floor reserved under it): see _reserve.
@@ -126,7 +129,9 @@ class HBaseStorage(FencedWrites, Storage):
             with self._pool.connection(timeout=self._acquire_timeout) as connection:
                 yield connection
         except (TTransportException, OSError, happybase.NoConnectionsAvailable) as e:
-            raise StorageUnavailable(f"HBase at {self.url}: {what}: {e}") from e
+            plain = isinstance(e, happybase.NoConnectionsAvailable)
+            why = str(e) if plain else explain(self.host, self.port, e, None, "HBase's Thrift server")
+            raise StorageUnavailable(f"HBase at {self.url}: {what}: {why}") from e
         except TException as e:
             # HBase's IOError carries the Java exception's name in its message.
             message = getattr(e, "message", None) or repr(e)

@@ -1,0 +1,101 @@
+"""``hqueue consume``: read a queue as a member of a consumer group, from the command line.
+
+Each message is printed, then acked; or, with ``--exec CMD``, handed to a
+command (the value on its stdin, the rest in ``$HQUEUE_*``) and acked when
+the command exits 0, nacked when it does not: it comes back after a backoff
+(or ``--nack-delay``), and goes to ``QUEUE.dlq`` after the group's retries.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import click
+
+from ..consumer import Consumer, Delivery
+from .data import MAX_SECONDS, _print_message
+from .main import Seconds, main, open_queue
+
+
+@main.command()
+@click.argument("name", metavar="QUEUE")
+@click.argument("group")
+@click.option("--topic", "-t", "topics", multiple=True, help="Only this topic (when the group is new); repeatable.")
+@click.option("--format", "output_format", type=click.Choice(["text", "json", "hex", "base64"]), default="text")
+@click.option("--max", "max_messages", type=click.IntRange(1), help="Stop after this many messages.")
+@click.option("--for", "duration", type=Seconds(0, MAX_SECONDS), help="Stop after this many seconds (default: Ctrl-C).")
+@click.option("--lease", type=Seconds(0.001, 7 * 86400), default=30.0, show_default=True, help="Seconds per lease.")
+@click.option("--no-ack", is_flag=True, help="Print without acking: the messages come back when their leases end.")
+@click.option("--start", type=click.Choice(["earliest", "latest"]), default="earliest", show_default=True)
+@click.option(
+    "--exec",
+    "command",
+    metavar="CMD",
+    help="Run CMD (a shell command) per message, the value on its stdin and $HQUEUE_QUEUE, _GROUP, _PARTITION, "
+    "_ID, _TOPIC, _ATTEMPT set: exit 0 acks it, any other status nacks it.",
+)
+@click.option(
+    "--nack-delay",
+    type=Seconds(0, 7 * 86400),
+    help="With --exec: seconds before a nacked message comes back (default: 1 s, doubling per failure).",
+)
+@click.pass_context
+def consume(ctx, name, group, topics, output_format, max_messages, duration, lease, no_ack, start, command, nack_delay):
+    """Consume queue QUEUE as a member of consumer GROUP: print each message, then ack it.
+
+    Members of one group share the messages; each group gets all of them.
+    Text lines are: partition, ID, attempt, topic, value.
+
+    With --exec CMD each message goes to CMD instead of stdout, one at a
+    time: exit status 0 acks it, any other nacks it (it comes back, and
+    after the group's retries goes to QUEUE.dlq). A line on stderr says
+    each nack.
+    """
+    if command is not None and no_ack:
+        raise click.UsageError("--exec acks or nacks each message: leave out --no-ack")
+    queue = open_queue(ctx, name)
+    deadline = None if duration is None else time.monotonic() + duration
+    seen = 0
+    with queue.consumer(group, topics or None, start=start, lease=lease) as consumer:
+        try:
+            while (deadline is None or time.monotonic() < deadline) and (max_messages is None or seen < max_messages):
+                wait = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
+                # With --exec one at a time: a lease runs from its receipt, not from when CMD starts.
+                want = 1 if command else 100 if max_messages is None else min(100, max_messages - seen)
+                deliveries = consumer.receive(want, wait=wait)
+                if command:
+                    for delivery in deliveries:
+                        _run(consumer, delivery, command, nack_delay)
+                else:
+                    for delivery in deliveries:
+                        _print_message(delivery.message, output_format, delivery.attempt)
+                    sys.stdout.flush()
+                    if deliveries and not no_ack:
+                        consumer.ack(deliveries)
+                seen += len(deliveries)
+        except KeyboardInterrupt:
+            pass  # a message in hand is neither acked nor nacked: it comes back when its lease ends
+
+
+def _run(consumer: Consumer, delivery: Delivery, command: str, nack_delay: float | None) -> None:
+    """CMD on one message: ack on exit 0, nack otherwise."""
+    given = {
+        "HQUEUE_QUEUE": consumer.queue.name, "HQUEUE_GROUP": consumer.group,
+        "HQUEUE_PARTITION": str(delivery.partition_id), "HQUEUE_ID": str(delivery.id),
+        "HQUEUE_ATTEMPT": str(delivery.attempt),
+    }  # fmt: skip
+    env: dict = {**os.environ, **given, "HQUEUE_TOPIC": str(delivery.topic)}
+    if os.name == "posix":  # the topic's bytes as they are, even when they are not UTF-8
+        env = {**os.environb, **{k.encode(): v.encode() for k, v in given.items()}, b"HQUEUE_TOPIC": delivery.topic}
+    sys.stdout.flush()
+    status = subprocess.run(command, shell=True, input=delivery.value, env=env).returncode  # noqa: S602
+    if status == 0:
+        consumer.ack(delivery)
+        return
+    consumer.nack(delivery, delay=nack_delay)
+    why = f"killed by signal {-status}" if status < 0 else f"exit status {status}"
+    click.echo(f"hqueue consume: nacked {delivery.partition_id}/{delivery.id} (attempt {delivery.attempt}): "
+               f"{why}", err=True)  # fmt: skip

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from .api import groups_of
 from .errors import InvalidArgument
 from .groups.affinity import check_key_affinity
-from .groups.state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, HEARTBEAT_INTERVAL, start_ms
+from .groups.state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, HEARTBEAT_INTERVAL, check_lease, start_ms
 from .message import ROWKEY_LENGTH, Message, MessageID, Topic
 
 if TYPE_CHECKING:
@@ -183,9 +183,8 @@ class Consumer:
         """Up to ``max_messages`` messages, waiting up to ``wait`` seconds for the first."""
         if self._heartbeats is None:
             self._start_heartbeats()
-        pairs = self._groups.receive(
-            self.queue.name, self.group, self.member, max_messages, self.lease if lease is None else lease, wait
-        )
+        lease = check_lease(self.lease if lease is None else lease)
+        pairs = self._groups.receive(self.queue.name, self.group, self.member, max_messages, lease, wait)
         return list(_deliveries(pairs))
 
     def ack(self, deliveries: Delivery | Message | Iterable[Delivery | Message]) -> int:
@@ -200,6 +199,17 @@ class Consumer:
         """Give messages back: handed out again after ``delay`` seconds (None: a
         backoff of 1 s doubling per failure, at most 10 minutes). Counts as a failure."""
         return self._groups.nack(self.queue.name, self.group, self.member, _rowkeys(deliveries), delay)
+
+    def extend(
+        self, deliveries: Delivery | Message | Iterable[Delivery | Message], *, lease: float | None = None
+    ) -> int:
+        """Renew the leases this member holds: each runs ``lease`` seconds (None: the
+        consumer's lease) from now, at most the server's ``--max-lease``. For work
+        that outlasts its lease (NATS's "in progress"). Returns how many were
+        renewed: not those whose lease ran out already (the group may have handed
+        them to another member), nor finished ones."""
+        lease = check_lease(self.lease if lease is None else lease)
+        return self._groups.extend(self.queue.name, self.group, self.member, _rowkeys(deliveries), lease)
 
     def dead_letter(self, deliveries: Delivery | Message | Iterable[Delivery | Message]) -> int:
         """Move messages to ``<queue>.dlq`` now, whatever their retries, and finish them.

@@ -369,6 +369,13 @@ service HQueueService {
               4: TGroupNotFound groupNotFound, 5: TIOError io, 6: TNotAuthorized denied)
   void groupLeave(1: string queue, 2: string group, 3: string member)
       throws (1: TQueueNotFound notFound, 2: TGroupNotFound groupNotFound, 3: TIOError io, 4: TNotAuthorized denied)
+  /** Renew the leases the member holds of these messages (rowkeys as in groupAck):
+      each runs leaseMillis from now, at most the server's --max-lease. Leases
+      that ran out, went to another member or were finished are not renewed.
+      Returns how many were. */
+  i32 groupExtend(1: string queue, 2: string group, 3: string member, 4: binary rowkeys, 5: i32 leaseMillis)
+      throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TNotPartitionOwner notOwner,
+              4: TGroupNotFound groupNotFound, 5: TIOError io, 6: TNotAuthorized denied)
   /** The member is still there. One silent past the server's --member-timeout
       (or whose last connection to this server closed) is gone: its leases end. */
   void groupHeartbeat(1: string queue, 2: string group, 3: string member)

@@ -145,6 +145,9 @@ class RemoteGroups:
     def dead_letter(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes]) -> int:
         return self._receipts_call(queue, rowkeys, "groupDeadLetter", (group, member))
 
+    def extend(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes], lease: float) -> int:
+        return self._receipts_call(queue, rowkeys, "groupExtend", (group, member), (max(1, int(lease * 1000)),))
+
     def leave(self, queue: str, group: str, member: str) -> None:
         with self._engine.deadline():
             for owner in self._owners(queue):

@@ -23,6 +23,7 @@ from .state import (
     GroupState,
     PartitionState,
     backoff,
+    check_lease,
 )
 
 if TYPE_CHECKING:
@@ -134,6 +135,22 @@ class GroupAcks:
             return lease is not None and lease[0] == member
 
         return self._fail_each(queue, name, rowkeys, held, delay, at_once=False)
+
+    def extend(self, queue: str, name: str, member: str, rowkeys: Iterable[bytes], lease: float) -> int:
+        """Renew leases ``member`` holds: each runs ``lease`` seconds from now (at most
+        ``limits.max_lease``), as NATS's "in progress" and SQS's visibility change do.
+
+        For work that takes longer than its lease (a Processor with messages
+        waiting behind a slow one). A lease that ran out already, went to
+        another member or was finished is not renewed; returns how many were.
+        """
+        deadline = time.monotonic() + min(check_lease(lease), self.limits.max_lease)
+        group = self._group(queue, name)
+        count = 0
+        with group.lock:
+            for pid, ids in self._owned_partitions(group, rowkeys).items():
+                count += len(self._partition(group, pid).extend(ids, member, deadline))
+        return count
 
     def dead_letter(self, queue: str, name: str, member: str, rowkeys: Iterable[bytes]) -> int:
         """Move messages to ``<queue>.dlq`` now, whatever their retries, and finish them here.

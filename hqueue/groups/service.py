@@ -70,7 +70,6 @@ from .affinity import KeyAffinity, check_key_affinity
 from .members import GroupMembers
 from .ordered import InOrder
 from .state import (
-    ASKED_LEASE_LIMIT,
     LATEST,
     Columns,
     GroupConfig,
@@ -79,6 +78,7 @@ from .state import (
     PartitionState,
     assigned,
     check_group_name,
+    check_lease,
     served_order,
 )
 from .views import GroupViews
@@ -262,9 +262,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
             raise InvalidArgument("'member' must be a non-empty string")
         if not isinstance(max_messages, int) or isinstance(max_messages, bool) or not 1 <= max_messages <= 10_000:
             raise InvalidArgument(f"'max_messages' must be an int in 1..10000, got {max_messages!r}")
-        if not isinstance(lease, (int, float)) or not 0 < lease <= ASKED_LEASE_LIMIT:
-            raise InvalidArgument(f"'lease' must be seconds in (0, {ASKED_LEASE_LIMIT}], got {lease!r}")
-        lease = min(lease, self.limits.max_lease)
+        lease = min(check_lease(lease), self.limits.max_lease)
         if not isinstance(wait, (int, float)) or not 0 <= wait <= 300:
             raise InvalidArgument(f"'wait' must be seconds in [0, 300], got {wait!r}")
         group = self._group(queue, name)

@@ -54,6 +54,13 @@ Columns = tuple[list[bytes], list[bytes], list[int]]
 LATEST = -1
 
 
+def check_lease(lease: object) -> float:
+    """A lease a member asks for: seconds in (0, ASKED_LEASE_LIMIT]."""
+    if not isinstance(lease, (int, float)) or isinstance(lease, bool) or not 0 < lease <= ASKED_LEASE_LIMIT:
+        raise InvalidArgument(f"'lease' must be seconds in (0, {ASKED_LEASE_LIMIT}], got {lease!r}")
+    return lease
+
+
 def check_group_name(name: object) -> str:
     if not isinstance(name, str):
         raise TypeError(f"a group name must be a str, not {type(name).__name__}")
@@ -218,6 +225,15 @@ class PartitionState:
         self.held[member] += len(ids)
         self.batches += 1
         heapq.heappush(self.lease_heap, (deadline, self.batches, ids))
+
+    def extend(self, ids: list[bytes], member: str, deadline: float) -> list[bytes]:
+        """Move the lease of each of ``ids`` that ``member`` holds to ``deadline``; those moved."""
+        moved = [i for i in ids if (lease := self.leases.get(i)) is not None and lease[0] == member]
+        if moved:
+            self.leases.update(zip(moved, repeat((member, deadline))))
+            self.batches += 1
+            heapq.heappush(self.lease_heap, (deadline, self.batches, moved))  # the old entries go stale
+        return moved
 
     def expired(self, now: float) -> list[bytes]:
         out = []

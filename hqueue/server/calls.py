@@ -51,6 +51,7 @@ ACTIONS = {
     "messageScannerOpen": "scan", "createQueue": "create", "truncateQueue": "truncate", "disableQueue": "disable",
     "enableQueue": "enable", "dropQueue": "delete",
     "openGroup": "consume", "groupReceive": "consume", "groupAck": "ack messages of", "groupNack": "nack messages of",
+    "groupExtend": "extend leases of",
     "groupDeadLetter": "dead-letter messages of", "groupLeave": "leave a consumer group of",
     "listGroups": "list the consumer groups of", "describeGroup": "describe a consumer group of",
     "groupPending": "list the pending messages of", "deleteGroup": "delete", "setGroupPosition": "replay",

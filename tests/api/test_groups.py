@@ -87,6 +87,25 @@ def test_an_expired_lease_goes_to_another_member(make_queue):
         assert survivor.ack(again) == 1
 
 
+def test_a_member_renews_its_leases_and_keeps_its_messages_past_the_first_lease(make_queue):
+    queue = make_queue(partitions=1)
+    queue.put([Message("t", b"long job"), Message("t", b"short job")], 0)
+    with queue.consumer("g", member="slow") as slow, queue.consumer("g", member="other") as other:
+        (long_job, short_job) = slow.receive(2, wait=2, lease=0.5)
+        assert slow.extend(long_job, lease=5) == 1  # NATS's "in progress"
+        assert other.extend(long_job, lease=5) == 0  # not the other member's to renew
+        time.sleep(1.0)  # past the first lease: the short job went back, the long one did not
+        (again,) = drain(other, 1)
+        assert (again.id, again.attempt) == (short_job.id, 2)
+        assert other.receive(10, wait=0.3) == []
+        assert slow.extend(short_job) == 0  # ran out first: not renewed
+        assert slow.ack(long_job) == 1 and other.ack(again) == 1
+        assert slow.extend(long_job) == 0  # finished
+        for bad in (0, -1, float("nan"), float("inf"), 86400 * 8, True, "5"):
+            with pytest.raises(InvalidArgument):
+                slow.extend(long_job, lease=bad)
+
+
 def test_after_max_retries_failures_the_message_goes_to_the_dead_letter_queue(make_queue):
     queue = make_queue(partitions=2)
     queue.put([Message("t", b"ok-1"), Message("t", b"poison"), Message("t", b"ok-2")], 1)
@@ -302,6 +321,7 @@ def test_lag_counts_messages_not_yet_acked_not_those_acked_ahead_of_the_cursor(m
     # Given 20 messages, 10 received, and the 5 at odd positions acked (the cursor stays put)
     queue = make_queue(partitions=1)
     queue.put([Message("t", b"%d" % i) for i in range(20)], 0)
+    time.sleep(0.01)  # the oldest waits a measurable time (lag_millis > 0)
     with queue.consumer("g") as consumer:
         got = drain(consumer, 10)
         assert consumer.ack(got[1::2]) == 5

@@ -46,6 +46,8 @@ class AsyncRemoteCursor:
                 raise engine._unavailable(cursor.server, "messageScannerOpen", e.cause) from e.cause
             except TimeoutError as e:
                 raise engine._unavailable(cursor.server, "messageScannerOpen", e) from e
+            except TException as e:  # the token was refused
+                raise wire.from_thrift_error(e, queue) from e
             cursor.done = False
             try:
                 cursor.scanner_id = await cursor._call("messageScannerOpen", queue, partition_id, wire.to_tscan(scan))

@@ -121,6 +121,8 @@ class AsyncRemoteEngine:
                     raise self._unavailable(address, method, e.cause) from e.cause
                 except TimeoutError as e:
                     raise self._unavailable(address, method, e, sent=attempt > 1) from e
+                except TException as e:  # the token was refused
+                    raise wire.from_thrift_error(e, queue, pid) from e
                 try:
                     async with asyncio.timeout_at(deadline):
                         result = await connection.call(method, *args)

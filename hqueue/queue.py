@@ -156,23 +156,10 @@ class HQueue(Connected):
             InvalidMessage: A message is not valid (``MessageTooLarge``: too large).
             StorageError: The store failed the write.
         """
-        batch = [messages] if isinstance(messages, Message) else messages
-        if not isinstance(batch, Sequence) or isinstance(batch, (str, bytes)):
-            raise TypeError(f"'messages' must be a Message or a sequence of them, not {type(messages).__name__}")
+        batch = as_batch(messages)
         with self.engine.deadline():  # one deadline for the queue's definition and the put
             info = self.engine.enabled_queue(self.name)
-            if key is not None and partition_id is not None:
-                raise TypeError("give 'partition_id' or 'key', not both")
-            if partition_id is None:
-                band = (
-                    info.tier_partitions(priority or 0) if info.priorities > 1 or priority else range(info.partitions)
-                )
-                partition_id = band.start + (
-                    partition_for_key(key, len(band)) if key is not None else random.randrange(len(band))
-                )
-            elif priority is not None and info.tier_of(check_partition(info, partition_id)) != priority:
-                raise InvalidPartition(f"partition {partition_id} of {self.name!r} is not in priority tier {priority}")
-            check_partition(info, partition_id)
+            partition_id = route(info, partition_id, key, priority)
             if deliver_at is not None or delay is not None:
                 return self.engine.schedule(self.name, batch, partition_id, due_ms(deliver_at, delay))
             return self.engine.put(self.name, batch, partition_id)
@@ -375,6 +362,29 @@ def _limited(scanner: PartitionScanner | QueueScanner, limit: int | None) -> Ite
             yield from scanner
         else:
             yield from islice(scanner, limit)
+
+
+def route(info: QueueInfo, partition_id: int | None, key: bytes | str | None, priority: int | None) -> int:
+    """The partition a put goes to: ``partition_id``, by ``key`` (CRC32 mod partitions,
+    within the priority tier's band) or at random; checked against the queue."""
+    if key is not None and partition_id is not None:
+        raise TypeError("give 'partition_id' or 'key', not both")
+    if partition_id is None:
+        band = info.tier_partitions(priority or 0) if info.priorities > 1 or priority else range(info.partitions)
+        partition_id = band.start + (
+            partition_for_key(key, len(band)) if key is not None else random.randrange(len(band))
+        )
+    elif priority is not None and info.tier_of(check_partition(info, partition_id)) != priority:
+        raise InvalidPartition(f"partition {partition_id} of {info.name!r} is not in priority tier {priority}")
+    return check_partition(info, partition_id)
+
+
+def as_batch(messages: Message | Sequence[Message]) -> Sequence[Message]:
+    """A put's batch: one Message, or a sequence of them."""
+    batch = [messages] if isinstance(messages, Message) else messages
+    if not isinstance(batch, Sequence) or isinstance(batch, (str, bytes)):
+        raise TypeError(f"'messages' must be a Message or a sequence of them, not {type(messages).__name__}")
+    return batch
 
 
 def partition_for_key(key: bytes | str, partitions: int) -> int:

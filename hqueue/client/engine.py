@@ -114,6 +114,37 @@ def parse_url(url: str) -> tuple[list[str], str | None, dict[str, str]]:
     return servers, token, options
 
 
+def client_options(
+    url: str, timeout: float | None, token: str | None
+) -> tuple[list[str], str, float, str | None, ssl.SSLContext | None]:
+    """(servers, the URL without its token, the call timeout, the token, the TLS context)
+    of a client of ``url`` (the blocking and the asyncio clients read it alike)."""
+    seeds, url_token, options = parse_url(url)
+    bare = split_credentials(url)[0].partition("?")[0]  # never the token
+    if timeout is None:
+        try:
+            timeout = float(options.get("timeout", 30.0))
+        except ValueError:
+            raise InvalidArgument(f"timeout= in an hqueue:// URL is seconds, got {options['timeout']!r}") from None
+    if not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+        raise InvalidArgument(f"'timeout' must be > 0 seconds, got {timeout!r}")
+    context = None
+    if options.get("tls", "0") not in ("0", "") or "ca" in options:
+        context = ssl.create_default_context(cafile=options.get("ca"))
+    return seeds, bare, float(timeout), token or url_token or os.environ.get("HQUEUE_TOKEN") or None, context
+
+
+def queue_description(description: Any) -> dict[str, Any]:
+    """``describe_queue``'s answer from a ``describeQueue`` reply."""
+    info = wire.from_tinfo(description.info)
+    result = asdict(info)
+    estimate = description.messageCountEstimate
+    result["message_count_estimate"] = None if estimate is None or estimate < 0 else estimate
+    last = {pid: wire.from_tid(t) for pid, t in (description.lastIDs or {}).items()}
+    result["last_ids"] = {pid: last.get(pid) for pid in range(info.partitions)}
+    return result
+
+
 #: Seconds group calls trust the partitions' owners they read.
 LOCATION_REFRESH = 2.0
 
@@ -143,20 +174,7 @@ class RemoteEngine:
     def __init__(
         self, url: str, *, timeout: float | None = None, owner_timeout: float = 30.0, token: str | None = None
     ) -> None:
-        self._seeds, url_token, options = parse_url(url)
-        self.url = split_credentials(url)[0].partition("?")[0]  # never the token
-        if timeout is None:
-            try:
-                timeout = float(options.get("timeout", 30.0))
-            except ValueError:
-                raise InvalidArgument(f"timeout= in an hqueue:// URL is seconds, got {options['timeout']!r}") from None
-        if not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
-            raise InvalidArgument(f"'timeout' must be > 0 seconds, got {timeout!r}")
-        self.timeout = float(timeout)
-        self._token = token or url_token or os.environ.get("HQUEUE_TOKEN") or None
-        self._ssl_context = None
-        if options.get("tls", "0") not in ("0", "") or "ca" in options:
-            self._ssl_context = ssl.create_default_context(cafile=options.get("ca"))
+        self._seeds, self.url, self.timeout, self._token, self._ssl_context = client_options(url, timeout, token)
         #: Whether this client speaks TLS (its subscribers then listen with TLS too).
         self.tls = self._ssl_context is not None
         self.owner_timeout = owner_timeout
@@ -288,14 +306,7 @@ class RemoteEngine:
         return [wire.from_tinfo(t) for t in self._call("listQueues")]
 
     def describe_queue(self, name: str) -> dict[str, Any]:
-        description = self._call("describeQueue", name, queue=name)
-        info = wire.from_tinfo(description.info)
-        result = asdict(info)
-        estimate = description.messageCountEstimate
-        result["message_count_estimate"] = None if estimate is None or estimate < 0 else estimate
-        last = {pid: wire.from_tid(t) for pid, t in (description.lastIDs or {}).items()}
-        result["last_ids"] = {pid: last.get(pid) for pid in range(info.partitions)}
-        return result
+        return queue_description(self._call("describeQueue", name, queue=name))
 
     def partition_locations(self, name: str) -> list[str]:
         """``host:port`` of each partition's owner now (``""`` where none)."""

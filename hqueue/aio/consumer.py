@@ -40,7 +40,7 @@ from typing import Any
 from ..consumer import Delivery, _deliveries, _rowkeys
 from ..errors import InvalidArgument
 from ..groups.affinity import check_key_affinity
-from ..groups.state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, HEARTBEAT_INTERVAL, start_ms
+from ..groups.state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, HEARTBEAT_INTERVAL, check_lease, start_ms
 from ..message import Message
 from .connect import groups_of
 
@@ -136,6 +136,12 @@ class AsyncConsumer:
         """Give messages back (as :meth:`Consumer.nack <hqueue.Consumer.nack>`)."""
         groups = await self._ready()
         return await groups.nack(self.queue.name, self.group, self.member, _rowkeys(deliveries), delay)
+
+    async def extend(self, deliveries: Receipts, *, lease: float | None = None) -> int:
+        """Renew the leases this member holds (as :meth:`Consumer.extend <hqueue.Consumer.extend>`)."""
+        lease = check_lease(self.lease if lease is None else lease)
+        groups = await self._ready()
+        return await groups.extend(self.queue.name, self.group, self.member, _rowkeys(deliveries), lease)
 
     async def dead_letter(self, deliveries: Receipts) -> int:
         """Move messages to ``<queue>.dlq`` now (as :meth:`Consumer.dead_letter <hqueue.Consumer.dead_letter>`)."""

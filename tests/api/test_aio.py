@@ -100,6 +100,7 @@ def test_a_group_receives_acks_and_nacks(api_url, queue_name):
             async with queue.consumer("g", lease=60) as consumer:
                 first = await consumer.receive(10, wait=2)
                 assert len(first) == 10 and {d.attempt for d in first} == {1}
+                assert await consumer.extend(first, lease=120) == 10
                 assert await consumer.nack(first[:3], delay=0) == 3
                 assert await consumer.ack(first[3:]) == 7
                 seen: dict[bytes, int] = {}

@@ -118,6 +118,9 @@ class AsyncRemoteGroups:
     async def dead_letter(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes]) -> int:
         return await self._receipts_call(queue, rowkeys, "groupDeadLetter", (group, member))
 
+    async def extend(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes], lease: float) -> int:
+        return await self._receipts_call(queue, rowkeys, "groupExtend", (group, member), (max(1, int(lease * 1000)),))
+
     async def leave(self, queue: str, group: str, member: str) -> None:
         with self._engine.deadline():
             for owner in await self._owners(queue):

@@ -135,6 +135,30 @@ def _rowkeys(items: Delivery | Message | Iterable[Delivery | Message]) -> list[b
     return rowkeys
 
 
+class Joining(NamedTuple):
+    """What a member opens its group with (checked): the group's settings if it is new."""
+
+    topics: frozenset[bytes] | None
+    start: int
+    max_retries: int
+    key_affinity: str | None
+
+
+def joining(
+    topics: Iterable[str | bytes] | None, start: str | datetime | int, max_retries: int, key_affinity: str | None
+) -> Joining:
+    """The arguments of :class:`Consumer` (and the async one) that open its group, checked."""
+    chosen = None if topics is None else frozenset(t.encode() if isinstance(t, str) else t for t in topics)
+    if chosen is not None and not all(isinstance(t, bytes) and t for t in chosen):
+        raise InvalidArgument("'topics' must be non-empty str or bytes")
+    return Joining(chosen, start_ms(start), max_retries, check_key_affinity(key_affinity))
+
+
+def member_name(member: str | None) -> str:
+    """``member``, or a name unique to this process and call."""
+    return member or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
 class Consumer:
     """One member of a consumer group; make it with :meth:`HQueue.consumer <hqueue.HQueue.consumer>`.
 
@@ -168,13 +192,10 @@ class Consumer:
         member: str | None = None,
         key_affinity: str | None = None,
     ) -> None:
-        self.queue, self.group, self.lease = queue, group, lease
-        self.member = member or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        chosen = None if topics is None else frozenset(t.encode() if isinstance(t, str) else t for t in topics)
-        if chosen is not None and not all(isinstance(t, bytes) and t for t in chosen):
-            raise InvalidArgument("'topics' must be non-empty str or bytes")
+        self.queue, self.group, self.lease = queue, group, check_lease(lease)
+        self.member = member_name(member)
         self._groups = groups_of(queue.engine)
-        self._groups.open(queue.name, group, chosen, start_ms(start), max_retries, check_key_affinity(key_affinity))
+        self._groups.open(queue.name, group, *joining(topics, start, max_retries, key_affinity))
         self.closed = False
         self._heartbeats: threading.Thread | None = None
         self._stopped = threading.Event()

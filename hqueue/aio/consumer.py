@@ -29,18 +29,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
-import uuid
 import weakref
 from collections.abc import AsyncIterator, Iterable
 from datetime import datetime
 from typing import Any
 
-from ..consumer import Delivery, _deliveries, _rowkeys
-from ..errors import InvalidArgument
-from ..groups.affinity import check_key_affinity
-from ..groups.state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, HEARTBEAT_INTERVAL, check_lease, start_ms
+from ..consumer import Delivery, _deliveries, _rowkeys, joining, member_name
+from ..groups.state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, HEARTBEAT_INTERVAL, check_lease
 from ..message import Message
 from .connect import groups_of
 
@@ -66,12 +61,9 @@ class AsyncConsumer:
         member: str | None = None,
         key_affinity: str | None = None,
     ) -> None:
-        self.queue, self.group, self.lease = queue, group, lease
-        self.member = member or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        chosen = None if topics is None else frozenset(t.encode() if isinstance(t, str) else t for t in topics)
-        if chosen is not None and not all(isinstance(t, bytes) and t for t in chosen):
-            raise InvalidArgument("'topics' must be non-empty str or bytes")
-        self._opening = (chosen, start_ms(start), max_retries, check_key_affinity(key_affinity))
+        self.queue, self.group, self.lease = queue, group, check_lease(lease)
+        self.member = member_name(member)
+        self._opening = joining(topics, start, max_retries, key_affinity)
         self._groups: Any = None
         self._open_lock = asyncio.Lock()
         self.closed = False

@@ -123,7 +123,9 @@ struct TGroupPartition {
   /** Past their retries, waiting for the dead-letter queue to take them (it refused: disabled, say). */
   9: i32 deadLetterWaiting,
   /** Messages waiting behind an earlier one of their key (a group with key affinity). */
-  10: i32 heldBack
+  10: i32 heldBack,
+  /** Messages the group moved from this partition to <queue>.dlq, ever (stored). */
+  11: i64 deadLettered
 }
 
 /** A message a consumer group has handed out and not finished (groupPending). */

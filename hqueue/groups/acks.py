@@ -209,7 +209,10 @@ class GroupAcks:
             group.partitions.pop(pid, None)
             raise
 
-    def _acked(self, group: GroupState, pid: int, state: PartitionState, ids: Iterable[bytes]) -> int:
+    def _acked(
+        self, group: GroupState, pid: int, state: PartitionState, ids: Iterable[bytes], *, buried: bool = False
+    ) -> int:
+        """Finish ``ids`` (acked, or dead-lettered when ``buried``: counted in the same write)."""
         fresh = [i for i in ids if i >= state.done and i not in state.acked]
         if not fresh:
             return 0
@@ -231,6 +234,9 @@ class GroupAcks:
             deletes += [f"{prefix}retry/{a.hex()}" for a in fresh if state.retries.pop(a, None) is not None]
         if passed:
             puts[f"{prefix}done"] = done
+        if buried:
+            state.dead_lettered += len(fresh)
+            puts[f"{prefix}dead"] = str(state.dead_lettered).encode()
         self._write(group, pid, puts, deletes, self.engine.queue_info(group.queue).durability)
         return len(fresh)
 
@@ -326,6 +332,8 @@ class GroupAcks:
                 "dead-lettered by its member" if at_once else f"failed {failures} deliveries (nacked or lease ran out)",
                 dead_letter_queue(group.queue), *placed,
             )  # fmt: skip
+            self._acked(group, pid, state, [message_id], buried=True)
+            return
         self._acked(group, pid, state, [message_id])
 
     def _unburied(

@@ -216,6 +216,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
                 elif kind.endswith("/retry"):
                     retries[bytes.fromhex(text)] = int(value)
             state = group.partitions[pid] = PartitionState(done, {a for a in acked if a >= done}, retries)
+            state.dead_lettered = int(stored.get(state_prefix(group.queue, group.name, pid) + "dead") or 0)
             if group.config.key_affinity is not None:
                 state.affinity = KeyAffinity(group.config.key_affinity)
         return state

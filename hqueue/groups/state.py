@@ -188,6 +188,8 @@ class PartitionState:
     batches: int = 0
     #: Messages acked (or dead-lettered) since this state was made: lag.py counts from it.
     finished: int = 0
+    #: Messages the group moved from this partition to ``<queue>.dlq``, ever (stored).
+    dead_lettered: int = 0
     #: The group's lag here counted once (lag.py's Seed), kept by the metrics' LagBook.
     lag_seed: Any = None
     #: A group with key affinity: each key's messages in order (affinity.py).

@@ -131,6 +131,19 @@ def test_after_max_retries_failures_the_message_goes_to_the_dead_letter_queue(ma
     assert attempts == 4  # the first delivery and 3 retries: exactly max_retries + 1 failures
     with HQueue(queue.name + ".dlq", queue.url) as dlq:
         assert [(m.value, m.partition_id) for m in dlq.scan()] == [(b"poison", 1)]
+    partitions = groups_of(queue.engine).describe(queue.name, "g")["partitions"]
+    assert {pid: p["dead_lettered"] for pid, p in partitions.items()} == {0: 0, 1: 1}  # the group's own count
+
+
+def test_a_groups_dead_letter_count_is_stored(tmp_path):
+    url = "local://" + str(tmp_path / "data")
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", partitions=1)
+    with HQueue("q", url) as queue, queue.consumer("g", max_retries=0) as consumer:
+        queue.put([Message("t", b"a"), Message("t", b"b")], 0)
+        consumer.nack(drain(consumer, 2), delay=0)
+    with HQueueAdmin(url) as admin:  # another process would see the same
+        assert admin.describe_group("q", "g")["partitions"][0]["dead_lettered"] == 2
 
 
 def test_a_member_dead_letters_a_message_at_once(make_queue, admin):

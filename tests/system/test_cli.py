@@ -186,9 +186,13 @@ def test_consume_acks_what_it_prints_and_groups_are_listed_and_described(run):
     assert table[0].split()[:4] == ["GROUP", "MEMBERS", "IN", "FLIGHT"] and len(table) == 4
     assert table[1].split()[0] == "others" and table[1].split()[4] == "3"  # lag: printed, never acked
     assert table[2].split()[0] == "workers" and table[2].split()[4] == "0"
-    assert table[3] == "dead letters: 0 in q.dlq (the queue's, shared by its groups)"
+    assert table[1].split()[-1] == table[2].split()[-1] == "0"  # DEAD-LETTERED by each group
+    assert table[3].startswith("dead letters: 0 in q.dlq now (the queue's, shared by its groups;")
     rows = json.loads(run("groups", "q", "--format", "json").output)
-    assert [(r["group"], r["lag_messages"], r["dead_letters"]) for r in rows] == [("others", 3, 0), ("workers", 0, 0)]
+    assert [(r["group"], r["lag_messages"], r["dead_letters"], r["dead_lettered"]) for r in rows] == [
+        ("others", 3, 0, 0),
+        ("workers", 0, 0, 0),
+    ]
     described = json.loads(run("describe-group", "q", "others").output)
     assert described["partitions"]["1"]["lag_messages"] == 3  # printed, never acked
     assert "no consumer group 'nope'" in run("describe-group", "q", "nope").output

@@ -12,6 +12,7 @@ Quick start::
             print(message.id, message.topic, message.value)
 """
 
+from . import sharing as _sharing
 from .admin import HQueueAdmin
 from .batch import MessageBatch
 from .config import Durability, QueueInfo, QueueState
@@ -53,6 +54,16 @@ from .splits import Split
 from .subscriptions.listener import MessageListener, Subscriber, SubscriberState, Subscription
 
 __version__ = "0.1.0"
+
+
+def _share(engine, group_limits):
+    """Serve an embedded store this process opens to other local processes (imported when one opens)."""
+    from .server.shared import share
+
+    share(engine, group_limits)
+
+
+_sharing.serve_with(_share)
 
 __all__ = [
     "BatchTooLarge",

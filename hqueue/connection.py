@@ -75,6 +75,10 @@ def acquire_engine(
         return RemoteEngine(url, token=token, timeout=timeout)
     if token is not None or timeout is not None:
         raise InvalidArgument("'token' and 'timeout' are for hqueue:// servers, not an in-process store")
+    if url.startswith("local://"):
+        from .sharing import open_store
+
+        return open_store(normalize_url(url), group_limits)
     from .services import open_local
 
     return open_local(url, group_limits)

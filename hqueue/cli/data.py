@@ -13,6 +13,7 @@ import click
 
 from ..commands import escape
 from ..config import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES
+from ..errors import ServerUnavailable
 from ..message import Message, MessageID, successor
 from .main import Progress, Seconds, main, message_id, open_queue
 from .stream import Lines, Tally, send_lines
@@ -230,10 +231,13 @@ def tail(ctx, name: str, start, topics: tuple[str, ...], output_format: str, int
     try:
         while deadline is None or time.monotonic() < deadline:
             for pid, since in position.items():
-                for batch in queue.scan_batches(since, None, topics or None, partition_id=pid):
-                    for message in batch:
-                        _print_message(message, output_format)
-                    position[pid] = successor(batch.last_id)
+                try:
+                    for batch in queue.scan_batches(since, None, topics or None, partition_id=pid):
+                        for message in batch:
+                            _print_message(message, output_format)
+                        position[pid] = successor(batch.last_id)
+                except ServerUnavailable as e:  # the serving process went: go on where we were, at the next
+                    click.echo(f"hqueue tail: {e}; going on", err=True)
             sys.stdout.flush()
             time.sleep(interval)
     except KeyboardInterrupt:

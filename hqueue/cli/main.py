@@ -138,15 +138,15 @@ def _token_hint(e: NotAuthorized, url: str | None) -> str:
 
 
 def _locked_hint(e: StorageLocked, command: str | None) -> str:
-    """One process at a time opens an embedded store: what to do, in CLI terms."""
+    """The store is held by a process that does not share it: what to do, in CLI terms."""
     by = f" ({e.holder})" if e.holder else ""
     text = f"the embedded store {e.path} is open in another process{by}"
     if command == "server":
-        return text + ": stop that process first (one process at a time may open an embedded store)"
+        return text + ": stop that process first (hqueue server opens an embedded store alone)"
     return (
-        f"{text}. One process at a time may open it: stop that one, or share the store through a server:\n"
+        f"{text} that does not share it with local processes. If it is\n"
         f"  hqueue server --storage local://{e.path}\n"
-        f"and give every command --url hqueue://127.0.0.1:9700 (or set HQUEUE_URL)"
+        f"give every command --url hqueue://127.0.0.1:9700 (its address; or set HQUEUE_URL); else stop it"
     )
 
 

@@ -169,12 +169,26 @@ class RemoteEngine:
         owner_timeout: How long a put retries while its partition has no
             owner (failover, rebalance), within the call's ``timeout``.
         token: The token to authenticate with (default: the URL's, or ``$HQUEUE_TOKEN``).
+        unix_socket: Call the server on this Unix socket: ``url`` is then the
+            ``local://`` store another local process serves there (server/shared.py),
+            with no token and no TLS (the socket file's permissions decide who may).
     """
 
     def __init__(
-        self, url: str, *, timeout: float | None = None, owner_timeout: float = 30.0, token: str | None = None
+        self,
+        url: str,
+        *,
+        timeout: float | None = None,
+        owner_timeout: float = 30.0,
+        token: str | None = None,
+        unix_socket: str | None = None,
     ) -> None:
-        self._seeds, self.url, self.timeout, self._token, self._ssl_context = client_options(url, timeout, token)
+        self.unix_socket = unix_socket
+        if unix_socket is not None:
+            self._seeds, self.url, self._token, self._ssl_context = [f"unix:{unix_socket}"], url, None, None
+            self.timeout = 30.0 if timeout is None else timeout
+        else:
+            self._seeds, self.url, self.timeout, self._token, self._ssl_context = client_options(url, timeout, token)
         #: Whether this client speaks TLS (its subscribers then listen with TLS too).
         self.tls = self._ssl_context is not None
         self.owner_timeout = owner_timeout
@@ -214,6 +228,8 @@ class RemoteEngine:
             error: ServerUnavailable = DeadlineExceeded(
                 f"hqueue server {address}: {method}: no answer within the call's {self.timeout:g}s timeout"
             )
+        elif self.unix_socket is not None:
+            error = ServerUnavailable(f"the process serving {self.url} (on {self.unix_socket}): {cause}")
         else:
             host, _, port = address.rpartition(":")
             error = ServerUnavailable(f"hqueue server {address}: {explain(host, int(port), cause, self.tls)}")
@@ -223,12 +239,16 @@ class RemoteEngine:
     # -- calls ----------------------------------------------------------------------
 
     def _pool(self, address: str) -> Pool:
+        if self.unix_socket is not None:
+            address = self._seeds[0]  # the one server, whatever it calls itself
         with self._lock:
             pool = self._pools.get(address)
             if pool is None:
-                timeout_ms = int(self.timeout * 1000)
-                pool = self._pools[address] = Pool(address, timeout_ms, self._token, self._ssl_context)
+                pool = self._pools[address] = self._new_pool(address)
             return pool
+
+    def _new_pool(self, address: str) -> Pool:
+        return Pool(address, int(self.timeout * 1000), self._token, self._ssl_context, self.unix_socket)
 
     def _call_at(self, address: str, method: str, *args, queue: str | None = None, pid: int = -1):
         """One call at one server, by the deadline; IDL exceptions become hqueue errors.

@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, list[str]]] = [
                   "hqueue.subscriptions.store_registry", "hqueue.subscriptions.service",
                   "hqueue.subscriptions.delivery", "hqueue.subscriptions.manager", "hqueue.subscriptions.local",
                   "hqueue.subscriptions"]),
-    ("attaching services, the client", ["hqueue.services", "hqueue.client", "hqueue.connection",
+    ("attaching services, the client", ["hqueue.services", "hqueue.client", "hqueue.connection", "hqueue.sharing",
                                         "hqueue.aio.client", "hqueue.aio.executor", "hqueue.aio.connect"]),
     ("Python API", ["hqueue.queue", "hqueue.admin", "hqueue.consumer", "hqueue.splits", "hqueue.processor",
                     "hqueue.subscriptions.listener", "hqueue.aio"]),

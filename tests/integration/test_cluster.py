@@ -220,15 +220,18 @@ def test_a_client_whose_cached_owner_died_follows_the_partitions_to_the_new_owne
         assert len(held) == PARTITIONS
         on_a = [d for d in held if where[d.partition_id] == a.address]
         # When a dies and b takes every partition
+        watcher = HQueue("orders", url)  # another client, its owners cached (it sends no heartbeats to notice)
+        assert len(watcher.pending("billing")) == PARTITIONS
         before = ownership_log(b)
         steady = len(before) == 1 and len(ownership_log(a)) == 1  # each took its half once, nothing moved since
         a.kill()
         wait_for(lambda: set(owners(f"hqueue://{b.address}")) == {b.address}, 30, "b to own every partition")
         steady = steady and all(line.endswith("-0)") for line in ownership_log(b)[len(before) :])
         # Then the merged calls skip the dead owner too: every partition described, b's leases pending
-        described = queue.engine.groups.describe("orders", "billing")
+        described = watcher.engine.groups.describe("orders", "billing")
         assert sorted(described["partitions"]) == list(range(PARTITIONS))
-        pending = {(p.partition_id, p.id) for p in queue.pending("billing")}
+        pending = {(p.partition_id, p.id) for p in watcher.pending("billing")}
+        watcher.close()
         if steady:
             assert pending == {(d.partition_id, d.id) for d in held if d not in on_a}
         # And acks and nacks of the held messages go to b, without an error. b counts what

@@ -1,10 +1,14 @@
 """Partition locks in ZooKeeper, taken and given back one partition at a time.
 
 A partition's lock is the oldest ephemeral sequential node under
-``<locks>/<item>/`` (kazoo's ``Lock`` layout: ``<uuid hex>__lock__<seq>``,
+``<locks>/<item>/`` (kazoo's ``Lock`` layout: ``<prefix>__lock__<seq>``,
 so a kazoo Lock on the same path is excluded too). A take never waits:
 a partition another server holds (or is queueing for) is left for the
 next turn, so one busy partition holds up no other.
+
+Every node of one session starts with that session's own prefix, so a node
+whose creation answer was lost (the connection broke) is found on the next
+turn, kept if it is the oldest, else deleted: it never blocks the partition.
 
 Each held lock's fencing token is its node's ``czxid``: a take wins only
 when its node is the oldest under the partition, so every earlier owner's
@@ -35,30 +39,43 @@ class PartitionLocks:
     def __init__(self, client: KazooClient, path: str) -> None:
         self.client, self.path = client, path
         self.held: dict[str, tuple[str, int]] = {}
+        self._prefix = uuid.uuid4().hex
 
     def take(self, item: str) -> bool:
         """Hold ``item``'s lock if no one else holds it or waits for it; False if someone does."""
         parent = f"{self.path}/{item}"
-        if self._contenders(parent):
+        contenders = self._contenders(parent)
+        if not any(c.startswith(self._prefix) for c in contenders):
+            if contenders:
+                return False
+            self.client.create(f"{parent}/{self._prefix}{MARK}", ephemeral=True, sequence=True, makepath=True)
+            contenders = self._contenders(parent)
+        ours = [c for c in contenders if c.startswith(self._prefix)]
+        first = min(contenders, key=_sequence) if contenders else None
+        if first is None or first not in ours:  # someone came first: give way
+            for node in ours:
+                self._delete(f"{parent}/{node}")
             return False
-        node, stat = self.client.create(
-            f"{parent}/{uuid.uuid4().hex}{MARK}", ephemeral=True, sequence=True, makepath=True, include_data=True
-        )
-        name, contenders = node.rsplit("/", 1)[1], self._contenders(parent)
-        if not contenders or min(contenders, key=_sequence) != name:  # someone took it in between: give way
-            self._delete(node)
+        for node in ours:
+            if node != first:
+                self._delete(f"{parent}/{node}")  # a duplicate from a broken call
+        stat = self.client.exists(f"{parent}/{first}")
+        if stat is None:
             return False
-        self.held[item] = (node, stat.czxid)
+        self.held[item] = (f"{parent}/{first}", stat.czxid)
         return True
 
     def give_back(self, item: str) -> None:
-        held = self.held.pop(item, None)
+        """Delete the lock node (if that fails, ``held`` keeps it, to be given back next turn)."""
+        held = self.held.get(item)
         if held is not None:
             self._delete(held[0])
+            del self.held[item]
 
     def forget(self) -> None:
         """The session ended: ZooKeeper deleted every node of it already."""
         self.held.clear()
+        self._prefix = uuid.uuid4().hex
 
     def _contenders(self, parent: str) -> list[str]:
         try:

@@ -11,6 +11,7 @@ import threading
 import pytest
 from kazoo.client import KazooClient, KazooState
 
+from hqueue.coordination.locks import MARK, PartitionLocks
 from hqueue.coordination.zookeeper import ZooKeeperCoordinator, item
 
 from ..processes import wait_for
@@ -126,3 +127,39 @@ def test_a_suspended_connection_refuses_at_once_and_keeps_its_partitions(members
     assert a.lost == [] and a.gained == []
     assert coordinator.token("orders", 3) is not None
     assert item("orders", 3) in coordinator._locks.held
+
+
+@pytest.fixture
+def clients(zk_hosts):
+    made: list[KazooClient] = []
+
+    def make() -> KazooClient:
+        client = KazooClient(hosts=zk_hosts)
+        client.start(timeout=30)
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        client.stop()
+        client.close()
+
+
+def test_a_lock_node_whose_creation_answer_was_lost_is_adopted_or_removed_never_left_blocking(clients):
+    one, two = PartitionLocks(clients(), "/locks"), PartitionLocks(clients(), "/locks")
+    # Given a node of one's made for partition 1 whose answer never came back (the connection broke)
+    one.client.create(f"/locks/q#00001/{one._prefix}{MARK}", ephemeral=True, sequence=True, makepath=True)
+    # Then one's next take finds it: it holds the lock, with that node and nothing more
+    assert two.take("q#00001") is False
+    assert one.take("q#00001") is True
+    assert one.client.get_children("/locks/q#00001") == [one.held["q#00001"][0].rsplit("/", 1)[1]]
+    # Given two holding partition 2, and a lost node of one's queued behind it
+    assert two.take("q#00002") is True
+    one.client.create(f"/locks/q#00002/{one._prefix}{MARK}", ephemeral=True, sequence=True, makepath=True)
+    # Then one's take gives way and deletes it, so two's give-back lets anyone in
+    assert one.take("q#00002") is False
+    assert len(one.client.get_children("/locks/q#00002")) == 1
+    token = two.held["q#00002"][1]
+    two.give_back("q#00002")
+    assert one.take("q#00002") is True
+    assert one.held["q#00002"][1] > token  # the next owner's fencing token is higher

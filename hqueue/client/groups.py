@@ -165,6 +165,20 @@ class RemoteGroups:
                 except ServerUnavailable:
                     self._locations_checked.pop(queue, None)
 
+    def _each_owner(self, queue: str, method: str, *args: Any) -> list[Any]:
+        """``method`` at every partition owner, by one deadline (``describe``, ``pending``:
+        each owner answers for its own partitions). An owner that cannot be reached (it
+        died: its partitions move) makes the whole round go again at the owners read
+        afresh, with backoff, until ``owner_timeout`` within the deadline."""
+        with self._engine.deadline() as deadline:
+            retry = _Retry(self._engine, deadline)
+            while True:
+                try:
+                    owners = self._owners(queue, retry.take_fresh())
+                    return [self._engine._call_at(owner, method, *args, queue=queue) for owner in owners]
+                except ServerUnavailable as e:
+                    retry.failed(e)
+
     names = remote(op.LIST_GROUPS)
     describe = remote(op.DESCRIBE_GROUP)
     pending = remote(op.GROUP_PENDING)

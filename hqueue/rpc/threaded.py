@@ -36,7 +36,6 @@ import itertools
 import logging
 import socket
 import ssl
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -55,7 +54,6 @@ from .frames import DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_ITEMS, FrameError, Fram
 
 logger = logging.getLogger(__name__)
 
-_FRAME_HEAD = struct.Struct(">I")
 _OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 
@@ -303,7 +301,7 @@ class ThreadedServer(TThreadedServer):
                 finally:
                     self.budget.release(size)
             if reply:  # oneway calls have none
-                sock.sendall(_FRAME_HEAD.pack(len(reply)) + reply)
+                frames.send(reply)
             if connection.close_after_reply:
                 return
 

@@ -21,15 +21,14 @@ from ..config import QueueState
 from ..coordination import Coordinator
 from ..engine import Engine
 from ..errors import InvalidArgument, LimitExceeded, NotAuthorized, NotPartitionOwner
-from ..message import Message, MessageID, cell_keys_of, values_of
+from ..message import Message, MessageID, messages_from_columns
 from ..metrics import ServerMetrics
 from ..rpc import packed, wire
 from ..rpc.threaded import current_connection
-from ..scanner import PartitionScanner
 from .calls import CallGuard, Calls, ThriftService, served
 from .group_calls import GroupCalls
 from .logins import FailedLogins
-from .scanners import ScannerRegistry
+from .scanners import ColumnScanner, ScannerRegistry
 from .subscription_calls import SubscriptionCalls
 
 logger = logging.getLogger(__name__)
@@ -87,7 +86,7 @@ class QueueCalls(Calls):
     def messageScannerOpen(self, queue: str, partitionID: int, scan: Any) -> int:
         info = self.engine.enabled_queue(queue)
         check_partition(info, partitionID)
-        scanner = PartitionScanner(self.engine, queue, partitionID, wire.from_tscan(scan))
+        scanner = ColumnScanner(self.engine, queue, partitionID, wire.from_tscan(scan))
         connection = current_connection()
         if connection is None:  # called in process (tests): no connection to bind to
             return self.scanners.open(scanner)
@@ -97,17 +96,17 @@ class QueueCalls(Calls):
 
     @served("connected", None)
     def messageScannerGet(self, scannerID: int) -> Any:
-        messages = self.scanners.take(scannerID, 1, owner=self._connection_id())
+        messages = messages_from_columns(*self.scanners.take(scannerID, 1, owner=self._connection_id()))
         return wire.to_tmessages(messages)[0] if messages else wire.T.TMessage()
 
     @served("connected", None)
     def messageScannerGetList(self, scannerID: int, nbMessages: int) -> list[Any]:
-        return wire.to_tmessages(self.scanners.take(scannerID, nbMessages, owner=self._connection_id()))
+        columns = self.scanners.take(scannerID, nbMessages, owner=self._connection_id())
+        return wire.to_tmessages(messages_from_columns(*columns))
 
     @served("connected", None)
     def messageScannerGetPacked(self, scannerID: int, nbMessages: int) -> bytes:
-        messages = self.scanners.take(scannerID, nbMessages, owner=self._connection_id())
-        return packed.pack(cell_keys_of(messages), values_of(messages))
+        return packed.pack(*self.scanners.take(scannerID, nbMessages, owner=self._connection_id()))
 
     @served("connected", None)
     def messageScannerClose(self, scannerID: int) -> None:

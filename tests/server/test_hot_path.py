@@ -20,13 +20,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import hqueue.scanner
+import hqueue.server.handler
+import hqueue.server.scanners
 from hqueue import HQueue, HQueueAdmin, Message
 from hqueue.groups.state import PartitionState
 from hqueue.message import MessageID
 from hqueue.metrics import ServerMetrics
 from hqueue.rpc import packed
 from hqueue.rpc.frames import FrameReader
+from hqueue.rpc.wire import T
 from hqueue.server import HQueueServer
+
+from .test_hardening import raw_client
 
 
 def test_a_put_looks_up_no_metric_label(tmp_path, monkeypatch):
@@ -152,3 +158,43 @@ def test_done_moves_past_finished_ids_with_no_look_up_each():
     state.leases[ids[500]] = ("m", 1.0)  # one still held: the finished ones before it go
     assert state.lowest_open() == ids[500]
     assert len(state.open) == 500
+
+
+def test_a_packed_scan_reply_makes_no_message_object(tmp_path, monkeypatch):
+    built = collections.Counter()
+    for module in (hqueue.scanner, hqueue.server.handler):
+        original = module.messages_from_columns
+
+        def counted(keys, values, original=original):
+            built["messages"] += len(keys)
+            return original(keys, values)
+
+        monkeypatch.setattr(module, "messages_from_columns", counted)
+    monkeypatch.setattr(hqueue.server.scanners, "SCAN_REPLY_BYTES", 1000)  # 100-byte cells: 10 a reply
+    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
+    try:
+        url = f"hqueue://{server.address}"
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("q", 1)
+        sent = [Message("topic", b"%088d" % i) for i in range(2500)]  # 12 + 5 + 88 bytes a cell
+        with HQueue("q", url) as queue:
+            queue.put(sent, partition_id=0)
+            client = raw_client(server.port)
+            scanner = client.messageScannerOpen("q", 0, T.TMessageScan())
+            first = packed.unpack(client.messageScannerGetPacked(scanner, 1000))
+            assert len(first[0]) == 10  # the cell that reaches the reply's size is the last
+            assert not built
+            two = client.messageScannerGetList(scanner, 2)  # the struct calls go on from the same place
+            assert [m.value for m in two] == [m.value for m in sent[10:12]]
+            rest = []
+            while True:
+                keys, values = packed.unpack(client.messageScannerGetPacked(scanner, 7))
+                if not keys:
+                    break
+                assert len(keys) <= 7
+                rest += values
+            assert rest == [m.value for m in sent[12:]]
+            assert built["messages"] == 2  # only for the struct call
+            client.close()
+    finally:
+        server.stop()

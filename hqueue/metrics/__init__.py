@@ -135,12 +135,12 @@ def _put_families(series: list[PutSeries]) -> list[Family]:
     for one in series:
         label = f'queue="{escape(one.queue)}"'
         count, cumulative, calls, total = one.samples()
-        messages.add(label, count)
+        messages.add(label, float(count))  # as prometheus_client wrote it: 1.0
         lines = seconds.lines
         for bound, calls_under in zip((*_BUCKETS, float("inf")), cumulative, strict=True):
             le = "+Inf" if bound == float("inf") else repr(bound)
-            lines.append(f'hqueue_put_seconds_bucket{{le="{le}",{label}}} {calls_under}\n')
-        lines.append(f"hqueue_put_seconds_count{{{label}}} {calls}\n")
+            lines.append(f'hqueue_put_seconds_bucket{{le="{le}",{label}}} {float(calls_under)}\n')
+        lines.append(f"hqueue_put_seconds_count{{{label}}} {float(calls)}\n")
         lines.append(f"hqueue_put_seconds_sum{{{label}}} {total}\n")
     return [messages, seconds]
 

@@ -67,11 +67,11 @@ def test_put_series_render_as_a_counter_and_a_histogram():
     metrics.puts('a "q"').observe(2.0, 1)
     metrics.puts('a "q"').observe(50.0, 1)
     text = metrics.render().decode()
-    assert 'hqueue_put_messages_total{queue="a \\"q\\""} 9\n' in text
-    assert 'hqueue_put_seconds_bucket{le="0.00025",queue="a \\"q\\""} 1\n' in text
-    assert 'hqueue_put_seconds_bucket{le="5.0",queue="a \\"q\\""} 2\n' in text
-    assert 'hqueue_put_seconds_bucket{le="+Inf",queue="a \\"q\\""} 3\n' in text
-    assert 'hqueue_put_seconds_count{queue="a \\"q\\""} 3\n' in text
+    assert 'hqueue_put_messages_total{queue="a \\"q\\""} 9.0\n' in text
+    assert 'hqueue_put_seconds_bucket{le="0.00025",queue="a \\"q\\""} 1.0\n' in text
+    assert 'hqueue_put_seconds_bucket{le="5.0",queue="a \\"q\\""} 2.0\n' in text
+    assert 'hqueue_put_seconds_bucket{le="+Inf",queue="a \\"q\\""} 3.0\n' in text
+    assert 'hqueue_put_seconds_count{queue="a \\"q\\""} 3.0\n' in text
     assert "# TYPE hqueue_put_seconds histogram\n" in text
 
 

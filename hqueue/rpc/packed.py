@@ -78,8 +78,8 @@ def _cut(blob: bytes, start: int, lengths: array, repeated: bool = False) -> lis
     """The parts of ``blob`` from ``start`` on, of ``lengths``; ``repeated``: look
     for one part repeated first (one comparison in C)."""
     count = len(lengths)
-    if not count:
-        return []
+    if count < 2:  # an unbatched put: no format to make
+        return [blob[start : start + lengths[0]]] if count else []
     if repeated and lengths.count(lengths[0]) == count:
         first = blob[start : start + lengths[0]]
         if blob[start : start + len(first) * count] == first * count:

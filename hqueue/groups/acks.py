@@ -225,8 +225,11 @@ class GroupAcks:
         prefix = state_prefix(group.queue, group.name, pid)
         passed: set[bytes] = set()
         if done > state.done:
-            passed = {a for a in state.acked if a < done}
-            state.acked -= passed
+            if max(state.acked) < done:  # every ack is passed (nothing in flight): no test per ID
+                passed, state.acked = state.acked, set()
+            else:
+                passed = {a for a in state.acked if a < done}
+                state.acked -= passed
             state.done = done
         puts = {f"{prefix}ack/{a.hex()}": b"" for a in fresh if a not in passed}
         deletes = [f"{prefix}ack/{a.hex()}" for a in passed.difference(fresh)]

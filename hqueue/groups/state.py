@@ -206,9 +206,19 @@ class PartitionState:
         return len(self.leases) + len(self.ready) + held_back
 
     def lowest_open(self) -> bytes:
-        waiting = self.open
+        """The lowest ID handed out and not finished (``scan`` if there is none):
+        where ``done`` may move to.
+
+        With nothing in flight (a member that acks what it received: the usual
+        case) every ID in ``open`` is finished, and they go at once, with no
+        look-up per ID; otherwise finished IDs leave the front one by one.
+        """
+        waiting, leases, ready = self.open, self.leases, self.ready
         back = self.affinity.back_ids if self.affinity is not None else ()
-        while waiting and waiting[0] not in self.leases and waiting[0] not in self.ready and waiting[0] not in back:
+        if not leases and not ready and not back:
+            waiting.clear()
+            return self.scan
+        while waiting and waiting[0] not in leases and waiting[0] not in ready and waiting[0] not in back:
             waiting.popleft()
         return waiting[0] if waiting else self.scan
 

@@ -41,7 +41,6 @@ import logging
 import os
 import socket
 import ssl
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -61,7 +60,6 @@ from .unix import unix_listener
 
 logger = logging.getLogger(__name__)
 
-_FRAME_HEAD = struct.Struct(">I")
 _OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 #: The peer of a Unix-socket connection: a process of this machine (push addresses on loopback are its own).
 LOCAL_PEER = ("127.0.0.1", 0)
@@ -333,7 +331,7 @@ class ThreadedServer(TThreadedServer):
                 finally:
                     self.budget.release(size)
             if reply:  # oneway calls have none
-                sock.sendall(_FRAME_HEAD.pack(len(reply)) + reply)
+                frames.send(reply)
             if connection.close_after_reply:
                 return
 

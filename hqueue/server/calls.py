@@ -77,6 +77,8 @@ def served(role: str | None, queue_arg: int | None = 0, named: tuple[int, str] |
     """
 
     def wrap(method):
+        action = ACTIONS.get(method.__name__, method.__name__)
+
         @functools.wraps(method)
         def call(self, *args):
             guard = self.guard
@@ -84,7 +86,6 @@ def served(role: str | None, queue_arg: int | None = 0, named: tuple[int, str] |
             try:
                 if role is not None:
                     queue = args[queue_arg] if queue_arg is not None else None
-                    action = ACTIONS.get(method.__name__, method.__name__)
                     guard.authorize(role, action, queue, (named[1], args[named[0]]) if named else None)
                 return method(self, *args)
             except Exception as e:

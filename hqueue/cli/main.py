@@ -244,3 +244,8 @@ def message_id(ctx: Any, param: Any, value: str | None) -> MessageID | None:
         return MessageID.parse(value)
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
+
+
+def topic_bytes(ctx: Any, param: Any, value: tuple[str, ...]) -> tuple[bytes, ...]:
+    """A click callback: topics as the bytes given, even when they are not UTF-8."""
+    return tuple(os.fsencode(topic) for topic in value)

@@ -85,3 +85,18 @@ def test_arguments_that_are_not_utf8_are_stored_as_given(tmp_path):
     assert runner.invoke(main, [*url, "put", "bin", topic, value]).exit_code == 0
     out = runner.invoke(main, [*url, "scan", "bin", "--format", "hex"]).output.split("\t")
     assert out[2] == "t\\xfe" and out[3].strip() == b"v\xfe".hex()
+
+
+@pytest.mark.parametrize("command", [["scan", "bin"], ["count", "bin"], ["tail", "bin", "--start", "0", "--for", "0.3"],
+                                     ["consume", "bin", "g", "--max", "1", "--for", "1"]])  # fmt: skip
+def test_a_topic_that_is_not_utf8_chooses_messages_as_given(tmp_path, command):
+    runner = CliRunner()
+    url = ["--url", f"local://{tmp_path}"]
+    runner.invoke(main, [*url, "create", "bin", "1"])
+    topic = os.fsdecode(b"t\xfe")
+    assert runner.invoke(main, [*url, "put", "bin", topic, "a", "--at", "0"]).exit_code == 0
+    assert runner.invoke(main, [*url, "put", "bin", "t", "b", "--at", "0"]).exit_code == 0
+    result = runner.invoke(main, [*url, *command, "--topic", topic])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    assert result.exit_code == 0, result.output
+    assert ("1" if command[0] == "count" else "t\\xfe\ta") in result.output and "\tb" not in result.output

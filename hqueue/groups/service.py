@@ -294,6 +294,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
             group.members[member] = group.seen[member] = now
             self._forget_silent(group, now)
             members = group.live_members(now, self.limits.member_timeout)
+            members = group.members_with_room(members, self.limits.max_member_in_flight, member)
             mine = [p for p in assigned(members, member, info.partitions) if self.coordinator.owns(group.queue, p)]
             group.turn += 1
             mine = served_order(mine, info, group.turn)

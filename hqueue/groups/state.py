@@ -303,6 +303,14 @@ class GroupState:
         """Messages ``member`` holds in this group's partitions here (call under ``lock``)."""
         return sum(state.held.get(member, 0) for state in self.partitions.values())
 
+    def members_with_room(self, members: list[str], cap: int, asking: str) -> list[str]:
+        """``members`` less those holding ``cap`` messages here (``asking`` stays): a
+        member that holds all it may cannot keep its partitions from the others."""
+        held: collections.Counter[str] = collections.Counter()
+        for state in self.partitions.values():
+            held.update(state.held)
+        return [m for m in members if m == asking or held[m] < cap]
+
     def live_members(self, now: float, timeout: float = MEMBER_TIMEOUT) -> list[str]:
         """The members that share the partitions: those that called receive in the last ``timeout`` s."""
         for member in [m for m, seen in self.members.items() if now - seen > timeout]:

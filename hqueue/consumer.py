@@ -148,6 +148,8 @@ def joining(
     topics: Iterable[str | bytes] | None, start: str | datetime | int, max_retries: int, key_affinity: str | None
 ) -> Joining:
     """The arguments of :class:`Consumer` (and the async one) that open its group, checked."""
+    if isinstance(topics, (str, bytes)):
+        raise TypeError("'topics' must be a collection of topics, not one topic")
     chosen = None if topics is None else frozenset(t.encode() if isinstance(t, str) else t for t in topics)
     if chosen is not None and not all(isinstance(t, bytes) and t for t in chosen):
         raise InvalidArgument("'topics' must be non-empty str or bytes")

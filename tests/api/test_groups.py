@@ -217,6 +217,18 @@ def test_a_group_takes_only_its_topics_and_can_start_at_the_latest(make_queue):
         assert values(new.receive(1, wait=2)) == [b"new-a"]
 
 
+def test_one_topic_given_as_a_string_is_refused_not_read_as_its_letters(make_queue, admin):
+    # 'orders' as topics would be the topics o, r, d, e, s: a message of topic 'o' would be delivered
+    queue = make_queue(partitions=1)
+    with pytest.raises(TypeError, match="collection of topics"):
+        queue.consumer("g", topics="orders")
+    with pytest.raises(TypeError, match="collection of topics"):
+        queue.consumer("g", topics=b"orders")
+    with pytest.raises(TypeError, match="collection of topics"):
+        admin.add_subscriber(queue.name, "s", "orders")
+    assert admin.list_groups(queue.name) == [] and admin.list_subscribers(queue.name) == []
+
+
 def test_timers_reach_groups_when_due(make_queue):
     queue = make_queue(partitions=1)
     with queue.consumer("g") as consumer:

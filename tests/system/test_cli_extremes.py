@@ -100,3 +100,14 @@ def test_a_topic_that_is_not_utf8_chooses_messages_as_given(tmp_path, command):
     assert result.exception is None or isinstance(result.exception, SystemExit), result.output
     assert result.exit_code == 0, result.output
     assert ("1" if command[0] == "count" else "t\\xfe\ta") in result.output and "\tb" not in result.output
+
+
+@pytest.mark.parametrize(
+    "url", ["hqueue://127.0.0.1:99999", "hqueue://127.0.0.1:0", "hqueue://127.0.0.1:9?tls=1&ca=/nonexistent.pem",
+            "hqueue://127.0.0.1:9?ca=/tmp", "hqueue://127.0.0.1:9?tls=1&ca=" + __file__]
+)  # fmt: skip
+def test_a_server_url_with_a_bad_port_or_ca_file_is_a_one_line_error(url):
+    result = CliRunner().invoke(main, ["--url", url, "list"])
+    assert not result.exception or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.exit_code == 1 and result.output.startswith("Error: ") and result.output.count("\n") == 1
+    assert ("1..65535" if "ca=" not in url else "cannot load it") in result.output

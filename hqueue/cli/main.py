@@ -166,6 +166,13 @@ def main(ctx: click.Context, url: str | None) -> None:
     Tab completion, in ~/.bashrc (zsh: zsh_source, in ~/.zshrc):
       eval "$(_HQUEUE_COMPLETE=bash_source hqueue)"
     """
+    if url is not None and "://" not in url:
+        where = os.path.abspath(url) if url else "/path"
+        raise click.BadParameter(
+            f"{url!r} has no scheme: for a store in a directory use --url local://{where}; "
+            "for servers, --url hqueue://host:port",
+            param_hint="'--url'",
+        )
     ctx.obj = {"url": url}
 
 

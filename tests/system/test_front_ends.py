@@ -185,7 +185,8 @@ def test_reads_never_create_a_store_and_a_bare_path_gets_a_hint(tmp_path, monkey
     assert not (tmp_path / "hqueue-data").exists()
     assert runner.invoke(main, ["--url", "memory://x", "list"]).exit_code == 0
     bare = runner.invoke(main, ["--url", str(tmp_path / "foo"), "list"])
-    assert bare.exit_code == 1 and f"local://{tmp_path}/foo" in bare.output
+    assert bare.exit_code == 2 and f"--url local://{tmp_path}/foo" in bare.output  # the CLI's flag, not Python
+    assert "url='" not in bare.output
     with pytest.raises(InvalidArgument, match="has no scheme"):
         HQueueAdmin(url=str(tmp_path / "foo"))
     assert not (tmp_path / "foo").exists()

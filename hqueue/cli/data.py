@@ -109,7 +109,10 @@ def put(
             for message_id in send(chunk):
                 click.echo(str(message_id))
     elif input_format == "raw":
-        send([sys.stdin.buffer.read()])
+        value = sys.stdin.buffer.read(MAX_BATCH_BYTES + 1)  # never more than a put may carry
+        if len(value) > MAX_BATCH_BYTES:
+            raise click.ClickException(f"stdin is longer than {MAX_BATCH_BYTES:,} bytes, more than a put may carry")
+        send([value])
         click.echo("put 1 message(s)", err=True)
     else:
         _put_stdin(ctx, lambda chunk: len(send(chunk)), input_format, batch, linger, len(topic_bytes))

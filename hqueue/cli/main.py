@@ -194,20 +194,25 @@ class Session:
         return self.ctx.with_resource(self.admin.queue(name))
 
 
+#: The commands that may make an embedded store where none is: every other one
+#: needs a queue, so it fails there, and must not leave an empty store behind.
+MAKE_A_STORE = frozenset({"create", "demo"})
+
+
 def open_admin(ctx: click.Context, read_only: bool = False) -> HQueueAdmin:
-    if read_only:
+    if read_only or ctx.info_name not in MAKE_A_STORE:
         store_must_exist(ctx.obj["url"])
     return ctx.with_resource(HQueueAdmin(ctx.obj["url"]))
 
 
 def open_queue(ctx: click.Context, name: str, read_only: bool = False) -> HQueue:
-    if read_only:
+    if read_only or ctx.info_name not in MAKE_A_STORE:
         store_must_exist(ctx.obj["url"])
     return ctx.with_resource(HQueue(name, ctx.obj["url"]))
 
 
 def store_must_exist(url: str | None) -> None:
-    """A read-only command never creates an embedded store where none is."""
+    """A command that needs a queue never creates an embedded store where none is."""
     if not store_exists(url):
         raise click.ClickException(missing_store(url))
 

@@ -39,7 +39,14 @@ from typing import TYPE_CHECKING, NamedTuple
 from .api import groups_of
 from .errors import InvalidArgument
 from .groups.affinity import check_key_affinity
-from .groups.state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, HEARTBEAT_INTERVAL, check_lease, start_ms
+from .groups.state import (
+    DEFAULT_LEASE,
+    DEFAULT_MAX_RETRIES,
+    HEARTBEAT_INTERVAL,
+    check_lease,
+    check_wait,
+    start_ms,
+)
 from .message import ROWKEY_LENGTH, Message, MessageID, Topic
 
 if TYPE_CHECKING:
@@ -206,7 +213,7 @@ class Consumer:
         """Up to ``max_messages`` messages, waiting up to ``wait`` seconds for the first."""
         if self._heartbeats is None:
             self._start_heartbeats()
-        lease = check_lease(self.lease if lease is None else lease)
+        lease, wait = check_lease(self.lease if lease is None else lease), check_wait(wait)
         pairs = self._groups.receive(self.queue.name, self.group, self.member, max_messages, lease, wait)
         return list(_deliveries(pairs))
 

@@ -54,11 +54,22 @@ Columns = tuple[list[bytes], list[bytes], list[int]]
 LATEST = -1
 
 
+#: The longest a receive waits for its first message (s).
+MAX_WAIT = 300
+
+
 def check_lease(lease: object) -> float:
     """A lease a member asks for: seconds in (0, ASKED_LEASE_LIMIT]."""
     if not isinstance(lease, (int, float)) or isinstance(lease, bool) or not 0 < lease <= ASKED_LEASE_LIMIT:
         raise InvalidArgument(f"'lease' must be seconds in (0, {ASKED_LEASE_LIMIT}], got {lease!r}")
     return lease
+
+
+def check_wait(wait: object) -> float:
+    """How long a receive may wait for its first message: seconds in [0, MAX_WAIT]."""
+    if not isinstance(wait, (int, float)) or isinstance(wait, bool) or not 0 <= wait <= MAX_WAIT:
+        raise InvalidArgument(f"'wait' must be seconds in [0, {MAX_WAIT}], got {wait!r}")
+    return wait
 
 
 def check_group_name(name: object) -> str:

@@ -251,6 +251,8 @@ def subscriber_scope(
     topics: Iterable[str | bytes] | None, partitions: Mapping[int, MessageID | None] | Iterable[int] | None
 ) -> tuple[frozenset[bytes] | None, dict[int, MessageID | None] | None]:
     """(topics, starts) of :meth:`HQueueAdmin.add_subscriber`'s arguments."""
+    if isinstance(topics, (str, bytes)):
+        raise TypeError("'topics' must be a collection of topics, not one topic")
     starts: dict[int, MessageID | None] | None = None
     if partitions is not None:
         starts = dict(partitions) if isinstance(partitions, Mapping) else dict.fromkeys(partitions)

@@ -39,7 +39,14 @@ from typing import TYPE_CHECKING, NamedTuple
 from .api import groups_of
 from .errors import InvalidArgument
 from .groups.affinity import check_key_affinity
-from .groups.state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, HEARTBEAT_INTERVAL, check_lease, start_ms
+from .groups.state import (
+    DEFAULT_LEASE,
+    DEFAULT_MAX_RETRIES,
+    HEARTBEAT_INTERVAL,
+    check_lease,
+    check_wait,
+    start_ms,
+)
 from .message import ROWKEY_LENGTH, Message, MessageID, Topic
 
 if TYPE_CHECKING:
@@ -148,6 +155,8 @@ def joining(
     topics: Iterable[str | bytes] | None, start: str | datetime | int, max_retries: int, key_affinity: str | None
 ) -> Joining:
     """The arguments of :class:`Consumer` (and the async one) that open its group, checked."""
+    if isinstance(topics, (str, bytes)):
+        raise TypeError("'topics' must be a collection of topics, not one topic")
     chosen = None if topics is None else frozenset(t.encode() if isinstance(t, str) else t for t in topics)
     if chosen is not None and not all(isinstance(t, bytes) and t for t in chosen):
         raise InvalidArgument("'topics' must be non-empty str or bytes")
@@ -204,7 +213,7 @@ class Consumer:
         """Up to ``max_messages`` messages, waiting up to ``wait`` seconds for the first."""
         if self._heartbeats is None:
             self._start_heartbeats()
-        lease = check_lease(self.lease if lease is None else lease)
+        lease, wait = check_lease(self.lease if lease is None else lease), check_wait(wait)
         pairs = self._groups.receive(self.queue.name, self.group, self.member, max_messages, lease, wait)
         return list(_deliveries(pairs))
 

@@ -35,7 +35,7 @@ from datetime import datetime
 from typing import Any
 
 from ..consumer import Delivery, _deliveries, _rowkeys, joining, member_name
-from ..groups.state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, HEARTBEAT_INTERVAL, check_lease
+from ..groups.state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, HEARTBEAT_INTERVAL, check_lease, check_wait
 from ..message import Message
 from .connect import groups_of
 
@@ -89,6 +89,7 @@ class AsyncConsumer:
     ) -> list[Delivery]:
         """Up to ``max_messages`` messages, waiting up to ``wait`` seconds for the first.
         Cancelled, it hands back what it was given (see the module's docstring)."""
+        check_wait(wait)
         groups = await self._ready()
         if self._heartbeats is None:
             self._heartbeats = asyncio.ensure_future(_heartbeat(weakref.ref(self), groups))

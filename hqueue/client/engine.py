@@ -105,6 +105,8 @@ def parse_url(url: str) -> tuple[list[str], str | None, dict[str, str]]:
         host, _, port = server.rpartition(":")
         if not host or not port.isdigit():
             raise InvalidArgument("an hqueue:// URL lists host:port servers: hqueue://[TOKEN@]host:port[,host:port]")
+        if not 1 <= int(port) <= 65535:
+            raise InvalidArgument(f"the port of {server!r} in an hqueue:// URL must be in 1..65535")
     if not servers:
         raise InvalidArgument("an hqueue:// URL needs at least one host:port (hqueue://[TOKEN@]host:port)")
     options = dict(urllib.parse.parse_qsl(query))
@@ -130,7 +132,10 @@ def client_options(
         raise InvalidArgument(f"'timeout' must be > 0 seconds, got {timeout!r}")
     context = None
     if options.get("tls", "0") not in ("0", "") or "ca" in options:
-        context = ssl.create_default_context(cafile=options.get("ca"))
+        try:
+            context = ssl.create_default_context(cafile=options.get("ca"))
+        except (OSError, ssl.SSLError) as e:
+            raise InvalidArgument(f"ca={options.get('ca')} in an hqueue:// URL: cannot load it ({e})") from None
     return seeds, bare, float(timeout), token or url_token or os.environ.get("HQUEUE_TOKEN") or None, context
 
 

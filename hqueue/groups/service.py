@@ -79,6 +79,7 @@ from .state import (
     assigned,
     check_group_name,
     check_lease,
+    check_wait,
     served_order,
 )
 from .views import GroupViews
@@ -264,8 +265,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
         if not isinstance(max_messages, int) or isinstance(max_messages, bool) or not 1 <= max_messages <= 10_000:
             raise InvalidArgument(f"'max_messages' must be an int in 1..10000, got {max_messages!r}")
         lease = min(check_lease(lease), self.limits.max_lease)
-        if not isinstance(wait, (int, float)) or not 0 <= wait <= 300:
-            raise InvalidArgument(f"'wait' must be seconds in [0, 300], got {wait!r}")
+        check_wait(wait)
         group = self._group(queue, name)
         deadline = time.monotonic() + wait
         while True:
@@ -295,6 +295,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
             group.members[member] = group.seen[member] = now
             self._forget_silent(group, now)
             members = group.live_members(now, self.limits.member_timeout)
+            members = group.members_with_room(members, self.limits.max_member_in_flight, member)
             mine = [p for p in assigned(members, member, info.partitions) if self.coordinator.owns(group.queue, p)]
             group.turn += 1
             mine = served_order(mine, info, group.turn)

@@ -54,11 +54,22 @@ Columns = tuple[list[bytes], list[bytes], list[int]]
 LATEST = -1
 
 
+#: The longest a receive waits for its first message (s).
+MAX_WAIT = 300
+
+
 def check_lease(lease: object) -> float:
     """A lease a member asks for: seconds in (0, ASKED_LEASE_LIMIT]."""
     if not isinstance(lease, (int, float)) or isinstance(lease, bool) or not 0 < lease <= ASKED_LEASE_LIMIT:
         raise InvalidArgument(f"'lease' must be seconds in (0, {ASKED_LEASE_LIMIT}], got {lease!r}")
     return lease
+
+
+def check_wait(wait: object) -> float:
+    """How long a receive may wait for its first message: seconds in [0, MAX_WAIT]."""
+    if not isinstance(wait, (int, float)) or isinstance(wait, bool) or not 0 <= wait <= MAX_WAIT:
+        raise InvalidArgument(f"'wait' must be seconds in [0, {MAX_WAIT}], got {wait!r}")
+    return wait
 
 
 def check_group_name(name: object) -> str:
@@ -314,6 +325,14 @@ class GroupState:
     def held_by(self, member: str) -> int:
         """Messages ``member`` holds in this group's partitions here (call under ``lock``)."""
         return sum(state.held.get(member, 0) for state in self.partitions.values())
+
+    def members_with_room(self, members: list[str], cap: int, asking: str) -> list[str]:
+        """``members`` less those holding ``cap`` messages here (``asking`` stays): a
+        member that holds all it may cannot keep its partitions from the others."""
+        held: collections.Counter[str] = collections.Counter()
+        for state in self.partitions.values():
+            held.update(state.held)
+        return [m for m in members if m == asking or held[m] < cap]
 
     def live_members(self, now: float, timeout: float = MEMBER_TIMEOUT) -> list[str]:
         """The members that share the partitions: those that called receive in the last ``timeout`` s."""

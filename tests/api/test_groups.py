@@ -5,6 +5,7 @@ Runs on every storage backend and through a server (``make_queue``).
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -228,6 +229,30 @@ def test_a_group_takes_only_its_topics_and_can_start_at_the_latest(make_queue):
         assert new.receive(1, wait=0.2) == []
         queue.put(Message("a", b"new-a"), 0)
         assert values(new.receive(1, wait=2)) == [b"new-a"]
+
+
+@pytest.mark.parametrize("wait", [float("inf"), 1e308, float("nan"), -1, 301, "1", None, True])
+def test_a_wait_out_of_range_is_an_invalid_argument_everywhere(make_queue, wait):
+    # Through a server it was an OverflowError, a ValueError or a TypeError (or -1 was taken)
+    queue = make_queue(partitions=1)
+    with queue.consumer("g") as consumer:
+        with pytest.raises(
+            InvalidArgument, match=r"'wait' must be seconds in \[0, 300\], got " + re.escape(repr(wait))
+        ):
+            consumer.receive(1, wait=wait)
+        assert consumer.receive(1, wait=0) == []  # and the consumer goes on
+
+
+def test_one_topic_given_as_a_string_is_refused_not_read_as_its_letters(make_queue, admin):
+    # 'orders' as topics would be the topics o, r, d, e, s: a message of topic 'o' would be delivered
+    queue = make_queue(partitions=1)
+    with pytest.raises(TypeError, match="collection of topics"):
+        queue.consumer("g", topics="orders")
+    with pytest.raises(TypeError, match="collection of topics"):
+        queue.consumer("g", topics=b"orders")
+    with pytest.raises(TypeError, match="collection of topics"):
+        admin.add_subscriber(queue.name, "s", "orders")
+    assert admin.list_groups(queue.name) == [] and admin.list_subscribers(queue.name) == []
 
 
 def test_timers_reach_groups_when_due(make_queue):

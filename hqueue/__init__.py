@@ -12,7 +12,6 @@ Quick start::
             print(message.id, message.topic, message.value)
 """
 
-from . import sharing as _sharing
 from .admin import HQueueAdmin
 from .batch import MessageBatch
 from .config import Durability, QueueInfo, QueueState
@@ -63,7 +62,9 @@ def _share(engine, group_limits):
     share(engine, group_limits)
 
 
-_sharing.serve_with(_share)
+from . import connection as _connection  # noqa: E402
+
+_connection.serve_stores_with(_share)
 
 __all__ = [
     "BatchTooLarge",

@@ -8,6 +8,18 @@ at most :data:`~hqueue.rpc.wire.MAX_SCAN_BATCH` messages and about
 its connection, or ``idle_timeout`` seconds without a call frees it, so a
 client that vanishes leaks nothing.
 
+Memory is bounded, whatever the messages' sizes and however many scanners
+a client opens:
+
+* a read asks the store for no more cells than the reply still wants, and
+  no more than :data:`READ_BYTES` at the sizes seen so far (a scanner's first
+  read takes :data:`FIRST_READ` cells), so a call over 4 MiB messages holds
+  a few of them, not a thousand;
+* between calls a scanner keeps at most :data:`HELD_BYTES` of what it read:
+  more is dropped and read again by the next call (the cursor moves back);
+* a connection may have :data:`MAX_PER_CONNECTION` scanners open, and the
+  server :data:`MAX_SCANNERS` (``LimitExceeded`` past either).
+
 A scanner hands out the store's columns (cell keys and values) as they come
 from the cursor: ``messageScannerGetPacked`` packs them with no object per
 message, and the reply's size is counted over the lengths in C. Only the
@@ -25,13 +37,21 @@ from collections.abc import Sequence
 from itertools import accumulate
 from operator import add
 
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, LimitExceeded
 from ..rpc.wire import MAX_SCAN_BATCH, SCAN_REPLY_BYTES
-from ..scanner import DEFAULT_CACHING, Scan, ScanSource
+from ..scanner import DEFAULT_CACHING, ChunkSource, KeyRangeCursor, Scan
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_IDLE_TIMEOUT = 60.0
+#: Cells a scanner's first read asks for (before it knows their sizes).
+FIRST_READ = 16
+#: About the most bytes one read of the store brings, at the cell sizes seen so far.
+READ_BYTES = SCAN_REPLY_BYTES
+#: The most bytes of cells read and not handed out that a scanner keeps between calls.
+HELD_BYTES = 64 * 1024
+#: Scanners open at once on one connection, and on the server.
+MAX_PER_CONNECTION, MAX_SCANNERS = 64, 10_000
 
 
 Columns = tuple[list[bytes], list[bytes]]
@@ -41,10 +61,14 @@ class ColumnScanner:
     """One partition's cells in ID order, handed out as columns in replies of bounded size."""
 
     def __init__(
-        self, source: ScanSource, queue: str, partition_id: int, scan: Scan, caching: int = DEFAULT_CACHING
+        self, source: ChunkSource, queue: str, partition_id: int, scan: Scan, caching: int = DEFAULT_CACHING
     ) -> None:
-        self._cursor = source.open_cursor(queue, partition_id, scan, caching)
-        self.queue, self.partition_id = queue, partition_id
+        # A cursor over this process's store (a server's engine is never remote): it holds
+        # nothing between reads, and its start and read size may be moved.
+        self._cursor = KeyRangeCursor(source, queue, partition_id, scan, caching)
+        self.queue, self.partition_id, self.caching = queue, partition_id, caching
+        #: Bytes per cell read so far (None: nothing read yet).
+        self._cell_bytes: float | None = None
         self._keys: Sequence[bytes] = ()
         self._values: Sequence[bytes] = ()
         self._at = 0  # the first cell of the chunk not handed out
@@ -61,9 +85,7 @@ class ColumnScanner:
             if self._at >= len(self._keys):
                 if self._cursor.done:
                     break
-                self._keys, self._values = self._cursor.fetch_columns()
-                self._at = 0
-                self.count += 1
+                self._read(limit - len(keys))
                 continue
             start = self._at
             end = min(len(self._keys), start + limit - len(keys))
@@ -77,7 +99,28 @@ class ColumnScanner:
             keys += chunk_keys
             values += chunk_values
             self._at = end
+        self._drop_what_is_big()
         return keys, values
+
+    def _read(self, wanted: int) -> None:
+        """One read of the store: at most ``wanted`` cells, and about READ_BYTES."""
+        cells = FIRST_READ if self._cell_bytes is None else int(READ_BYTES // max(self._cell_bytes, 1.0))
+        cursor = self._cursor
+        cursor.caching = max(1, min(wanted, cells, self.caching))
+        self._keys, self._values = cursor.fetch_columns()
+        self._at = 0
+        self.count += 1
+        if self._keys:
+            size = sum(map(len, self._keys)) + sum(map(len, self._values))
+            self._cell_bytes = size / len(self._keys)
+
+    def _drop_what_is_big(self) -> None:
+        """Keep at most HELD_BYTES of cells read and not handed out: the cursor goes back to the rest."""
+        left = len(self._keys) - self._at
+        if left and (self._cell_bytes or 0) * left > HELD_BYTES:
+            self._cursor.start, self._cursor.done = self._keys[self._at], False
+            self._keys = self._values = ()
+            self._at = 0
 
     def close(self) -> None:
         self._cursor.close()
@@ -100,8 +143,20 @@ class ScannerRegistry:
         self._reaper.start()
 
     def open(self, scanner: ColumnScanner, owner: int = 0) -> int:
-        """Register ``scanner`` for connection ``owner``; its new ID."""
+        """Register ``scanner`` for connection ``owner``; its new ID.
+
+        Raises:
+            LimitExceeded: the connection has MAX_PER_CONNECTION scanners open,
+                or the server MAX_SCANNERS (close some: ``messageScannerClose``).
+        """
         with self._lock:
+            if len(self._scanners) >= MAX_SCANNERS:
+                raise LimitExceeded("max_scanners", MAX_SCANNERS, f"the server has {MAX_SCANNERS} scanners open")
+            if owner and sum(1 for entry in self._scanners.values() if entry[1] == owner) >= MAX_PER_CONNECTION:
+                raise LimitExceeded(
+                    "max_scanners_per_connection", MAX_PER_CONNECTION,
+                    f"this connection has {MAX_PER_CONNECTION} scanners open: close one first",
+                )  # fmt: skip
             scanner_id = secrets.randbelow(2**31 - 1) + 1
             while scanner_id in self._scanners:
                 scanner_id = secrets.randbelow(2**31 - 1) + 1

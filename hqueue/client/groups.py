@@ -124,12 +124,13 @@ class RemoteGroups:
                     retry.failed(e)
                     continue
                 for owner, mine in by_owner.items():
-                    try:
-                        args = (queue, *before, wire.pack_rowkeys(mine), *after)
-                        total += self._engine._call_at(owner, method, *args, queue=queue)
-                    except (NotPartitionOwner, ServerUnavailable) as e:
-                        retry.noted(e)
-                        failed += mine
+                    for chunk in wire.receipt_chunks(mine):
+                        try:
+                            args = (queue, *before, wire.pack_rowkeys(chunk), *after)
+                            total += self._engine._call_at(owner, method, *args, queue=queue)
+                        except (NotPartitionOwner, ServerUnavailable) as e:
+                            retry.noted(e)
+                            failed += chunk
                 if not failed:
                     return total
                 left = failed

@@ -101,14 +101,29 @@ def from_ttimer(t: Any) -> Timer:
     return Timer(t.partitionID, t.due, from_tid(t.id))
 
 
+#: The most receipts one groupAck (groupNack, groupExtend, groupDeadLetter) carries: a
+#: client sends more in several calls (acks are not atomic; sending one twice is harmless).
+MAX_RECEIPTS = 10_000
+
+
 def pack_rowkeys(rowkeys: Sequence[bytes]) -> bytes:
     return b"".join(rowkeys)
 
 
+def receipt_chunks(rowkeys: Sequence[bytes]) -> list[Sequence[bytes]]:
+    """``rowkeys`` in calls of at most MAX_RECEIPTS."""
+    return [rowkeys[i : i + MAX_RECEIPTS] for i in range(0, len(rowkeys), MAX_RECEIPTS)]
+
+
 def unpack_rowkeys(blob: Any) -> list[bytes]:
-    """A groupAck/groupNack ``rowkeys`` argument: 12-byte rowkeys, concatenated."""
+    """A groupAck/groupNack ``rowkeys`` argument: 12-byte rowkeys, concatenated, at most MAX_RECEIPTS."""
     if not isinstance(blob, bytes) or len(blob) % ROWKEY_LENGTH:
         raise errors.InvalidArgument(f"'rowkeys' must be {ROWKEY_LENGTH}-byte rowkeys, concatenated")
+    if len(blob) > MAX_RECEIPTS * ROWKEY_LENGTH:
+        raise errors.LimitExceeded(
+            "max_receipts", MAX_RECEIPTS,
+            f"{len(blob) // ROWKEY_LENGTH} receipts in one call: at most {MAX_RECEIPTS} (send more in several calls)",
+        )  # fmt: skip
     return [blob[i : i + ROWKEY_LENGTH] for i in range(0, len(blob), ROWKEY_LENGTH)]
 
 

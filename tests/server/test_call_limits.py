@@ -313,3 +313,22 @@ def test_a_huge_name_is_refused_without_being_repeated_back(capped):
         client.createQueue(T.TQueueInfo(name="-" * 100_000, partitions=1))
     assert len(refused.value.message) < 5000 and refused.value.message.endswith("characters)")
     client.close()
+
+
+# -- receipts --------------------------------------------------------------------------
+
+
+def test_one_group_call_carries_at_most_max_receipts(capped):
+    client = raw_client(capped.port)
+    client.openGroup("q", "g", None, 0, 3)
+    made_up = b"".join(b"\0\0" + struct.pack(">QH", 4_000_000_000_000, i) for i in range(wire.MAX_RECEIPTS + 1))
+    for call, args in (
+        ("groupAck", ("q", "g", made_up)),
+        ("groupNack", ("q", "g", "m", made_up, -1)),
+        ("groupExtend", ("q", "g", "m", made_up, 1000)),
+        ("groupDeadLetter", ("q", "g", "m", made_up)),
+    ):
+        with pytest.raises(T.TInvalidMessage, match=f"max_receipts={wire.MAX_RECEIPTS}"):
+            getattr(client, call)(*args)
+    assert client.groupAck("q", "g", made_up[: 12 * wire.MAX_RECEIPTS]) == 0  # at the cap: taken (and ignored)
+    client.close()

@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, list[str]]] = [
                   "hqueue.subscriptions.delivery", "hqueue.subscriptions.manager", "hqueue.subscriptions.local",
                   "hqueue.subscriptions"]),
     ("attaching services, the client", ["hqueue.services", "hqueue.client", "hqueue.connection"]),
-    ("Python API", ["hqueue.queue", "hqueue.admin", "hqueue.consumer", "hqueue.splits", "hqueue.processor",
+    ("Python API", ["hqueue.queue", "hqueue.admin", "hqueue.consumer", "hqueue.producer", "hqueue.splits", "hqueue.processor",
                     "hqueue.subscriptions.listener"]),
     ("server", ["hqueue.server"]),
     ("commands both front ends share", ["hqueue.commands"]),

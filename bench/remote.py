@@ -64,13 +64,19 @@ def start_hqueue(workdir: str) -> tuple[subprocess.Popen, int]:
     return proc, port
 
 
-def start_redis(workdir: str) -> tuple[subprocess.Popen, int]:
+def start_redis(workdir: str, appendfsync: str = "everysec") -> tuple[subprocess.Popen, int]:
+    """redis-server with its AOF: ``appendfsync always`` is SYNC_WAL's durability, everysec ASYNC_WAL's.
+
+    Each gets a directory of its own under ``workdir`` (two may run side by side).
+    """
     if not shutil.which("redis-server"):
         sys.exit("redis-server is not installed: apt-get install redis-server")
     port = free_port()
+    directory = os.path.join(workdir, f"redis-{port}")
+    os.makedirs(directory)
     proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", workdir, "--save", "",
-         "--appendonly", "yes", "--appendfsync", "everysec"],
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", directory, "--save", "",
+         "--appendonly", "yes", "--appendfsync", appendfsync],
         stdout=subprocess.DEVNULL,
     )  # fmt: skip
     wait_port(port)

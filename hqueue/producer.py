@@ -246,11 +246,8 @@ class Producer:
                         return
                     self._cond.wait(self._next_wake())
                     ready = self._take_ready()
-            # The first batch is put here (one thread hop fewer for the common case: one
-            # partition at a time); the others in the pool, at the same time.
-            for pid, batch in ready[1:]:
+            for pid, batch in ready:  # partitions' puts under way at once (and sharing a group commit)
                 self._pool.submit(self._put, pid, batch)
-            self._put(*ready[0])
 
     def _take_ready(self) -> list[tuple[int, _Batch]]:
         """Batches due (full, lingered, flushed, or closing) whose partition has none under way."""

@@ -7,7 +7,9 @@ A batch goes out as one put call (one atomic write, one fsync for a
 SYNC_WAL queue) when it is full (``max_batch`` messages or ``max_bytes``),
 ``linger_ms`` after its first message, or on :meth:`Producer.flush`; while a
 partition's batch is under way the next one fills, so a busy producer sends
-big batches whatever ``linger_ms`` is.
+big batches whatever ``linger_ms`` is. A batch smaller than its partition's
+previous one waits up to :data:`GATHER_SECONDS` more for company: threads
+that each wait for their Future come back together, and travel together.
 
 State of a batch::
 
@@ -50,18 +52,22 @@ DEFAULT_MAX_BATCH = 1000
 DEFAULT_MAX_BYTES = 1024 * 1024
 DEFAULT_BUFFER_BYTES = 32 * 1024 * 1024
 DEFAULT_BLOCK_TIMEOUT = 60.0
+#: How long a batch smaller than its partition's previous one may wait for company
+#: beyond its linger: threads that each wait for their Future come back together.
+GATHER_SECONDS = 0.001
 #: Puts to different partitions under way at once.
 MAX_IN_FLIGHT_PARTITIONS = 8
 
 
 class _Batch:
-    __slots__ = ("messages", "futures", "size", "deadline", "done")
+    __slots__ = ("messages", "futures", "size", "created", "deadline", "forced", "done")
 
-    def __init__(self, deadline: float) -> None:
+    def __init__(self, created: float, linger: float) -> None:
         self.messages: list[Message] = []
         self.futures: list[Future[MessageID]] = []
         self.size = 0
-        self.deadline = deadline  # when it goes, full or not
+        self.created, self.deadline = created, created + linger  # it goes by then, full or not
+        self.forced = False  # flushed: it goes now
         self.done = threading.Event()
 
 
@@ -109,6 +115,7 @@ class Producer:
         self._in_flight: dict[int, _Batch] = {}
         self._buffered = 0
         self._sticky: int | None = None  # where sends without a key or partition go (Kafka's sticky partitioner)
+        self._last_size: dict[int, int] = {}  # messages in each partition's latest batch
         self._closed = False
         #: Put calls made, and messages they carried (stored or failed).
         self.puts = self.sent = 0
@@ -146,7 +153,7 @@ class Producer:
         size = len(message.topic) + len(message.value)
         if size > self.buffer_bytes:
             raise InvalidArgument(f"a message of {size} bytes is over the producer's buffer_bytes={self.buffer_bytes}")
-        pid = self._partition(key, partition)
+        chosen = self._partition(key, partition)
         future: Future[MessageID] = Future()
         with self._cond:
             if self._closed:
@@ -154,15 +161,17 @@ class Producer:
             if self._buffered + size > self.buffer_bytes:
                 self._wait_for_room(size)
             self._buffered += size
+            pid = self._sticky_partition(size) if chosen is None else chosen
             batches = self._open.setdefault(pid, deque())
             if not batches or not self._fits(batches[-1], size):
-                batches.append(_Batch(time.monotonic() + self.linger))
+                batches.append(_Batch(time.monotonic(), self.linger))
                 self._cond.notify_all()  # the sender's next wake-up may be sooner now
             batch = batches[-1]
             batch.messages.append(message)
             batch.futures.append(future)
             batch.size += size
-            if len(batch.messages) >= self.max_batch or batch.size >= self.max_bytes:
+            count = len(batch.messages)
+            if count >= self.max_batch or batch.size >= self.max_bytes or count == self._last_size.get(pid):
                 self._cond.notify_all()
         return future
 
@@ -180,21 +189,31 @@ class Producer:
         if self._closed:
             raise ProducerClosed(f"the producer of {self.name!r} is closed")
 
-    def _partition(self, key: bytes | str | None, partition: int | None) -> int:
+    def _partition(self, key: bytes | str | None, partition: int | None) -> int | None:
+        """The partition ``key`` or ``partition`` names (None: neither was given)."""
         # The same choice as HQueue.put (priority tier 0's band on a queue with tiers).
         if key is not None and partition is not None:
             raise TypeError("give 'partition' or 'key', not both")
         if key is not None or partition is not None:
             return choose_partition(self._info, partition, key)
+        return None
+
+    def _sticky_partition(self, size: int) -> int:
+        """Where a send without key or partition goes (under the lock): the partition
+        of the last such send, until its open batch is full; then another, with no
+        put under way if there is one (Kafka's sticky partitioner)."""
         sticky = self._sticky
-        if sticky is None:  # a partition with no put under way, if there is one
-            sticky = choose_partition(self._info, None, None)
-            for _ in range(3):
-                if sticky not in self._in_flight:
-                    break
-                sticky = choose_partition(self._info, None, None)
-            self._sticky = sticky
-        return sticky
+        if sticky is not None:
+            batches = self._open.get(sticky)
+            if not batches or self._fits(batches[-1], size):
+                return sticky
+        chosen = choose_partition(self._info, None, None)
+        for _ in range(3):
+            if chosen not in self._in_flight and chosen not in self._open:
+                break
+            chosen = choose_partition(self._info, None, None)
+        self._sticky = chosen
+        return chosen
 
     # -- flushing and closing ---------------------------------------------------------------
 
@@ -205,7 +224,7 @@ class Producer:
             batches = [b for queued in self._open.values() for b in queued] + list(self._in_flight.values())
             now = time.monotonic()
             for batch in batches:
-                batch.deadline = min(batch.deadline, now)
+                batch.deadline, batch.forced = min(batch.deadline, now), True
             self._cond.notify_all()
         give_up = None if timeout is None else time.monotonic() + timeout
         for batch in batches:
@@ -257,18 +276,24 @@ class Producer:
                 continue
             batch = batches[0]
             full = len(batch.messages) >= self.max_batch or batch.size >= self.max_bytes or len(batches) > 1
-            if full or batch.deadline <= now or self._closed:
+            if full or batch.forced or self._closed or self._due(pid, batch) <= now:
                 batches.popleft()
                 if not batches:
                     del self._open[pid]
-                    if pid == self._sticky:
-                        self._sticky = None  # the next sends without a key fill another partition
                 self._in_flight[pid] = batch
+                self._last_size[pid] = len(batch.messages)
                 ready.append((pid, batch))
         return ready
 
+    def _due(self, pid: int, batch: _Batch) -> float:
+        """When a batch goes unless it fills: its linger's end, or, while it is smaller than
+        its partition's previous batch, up to GATHER_SECONDS after its first message."""
+        if len(batch.messages) >= self._last_size.get(pid, 0):
+            return batch.deadline
+        return max(batch.deadline, batch.created + GATHER_SECONDS)
+
     def _next_wake(self) -> float | None:
-        waiting = [b[0].deadline for pid, b in self._open.items() if pid not in self._in_flight]
+        waiting = [self._due(pid, b[0]) for pid, b in self._open.items() if pid not in self._in_flight]
         return max(0.0, min(waiting) - time.monotonic()) if waiting else None
 
     def _put(self, pid: int, batch: _Batch) -> None:

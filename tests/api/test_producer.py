@@ -158,3 +158,18 @@ def test_batches_keep_to_max_batch_and_max_bytes(make_queue):
     assert (producer.sent, producer.puts) == (30, 5)
     ids = [m.id for m in queue.scan()]
     assert len(ids) == 30 and ids == sorted(ids)
+
+
+def test_sends_without_key_stick_to_a_partition_until_its_batch_is_full(make_queue):
+    # Given 8 partitions and batches of 10
+    queue = make_queue(partitions=8)
+    with queue.producer(linger_ms=60_000, max_batch=10) as producer:
+        # When 30 messages are sent with neither key nor partition
+        futures = [producer.send(Message("t", b"%d" % i)) for i in range(30)]
+    # Then each 10 went together: one put each, one partition each, consecutive IDs
+    by_value = {m.value: m.partition_id for m in queue.scan()}
+    for start in (0, 10, 20):
+        assert len({by_value[b"%d" % i] for i in range(start, start + 10)}) == 1
+        ids = [futures[i].result() for i in range(start, start + 10)]
+        assert ids == sorted(ids)
+    assert producer.puts == 3

@@ -107,3 +107,28 @@ def test_kill_9_mid_batch_gives_outcome_unknown_or_a_retry_never_a_lost_acknowle
     assert lost == [], f"{len(lost)} of {len(acked)} acknowledged messages lost"
     assert len(acked) > 1000
     print(f"\nproducer crash test: 2 kill -9, {len(acked)} acknowledged, {unknown} outcome unknown, 0 lost")
+
+
+def test_a_batch_sent_to_a_stalled_server_fails_its_futures_with_outcome_unknown(server):
+    # Given a producer whose puts have a 1.5 s deadline, and a server that stops answering
+    with HQueue("q", f"hqueue://{server.address}?timeout=1.5") as queue:
+        queue.put(Message("t", b"warm"), partition_id=0)
+        with queue.producer() as producer:
+            os.kill(server.proc.pid, signal.SIGSTOP)
+            try:
+                # When a batch is sent and no answer comes by its deadline
+                futures = [producer.send(Message("t", b"m%d" % i), partition=1) for i in range(5)]
+                assert producer.flush(timeout=30)
+            finally:
+                os.kill(server.proc.pid, signal.SIGCONT)
+            # Then every future of it says the outcome is unknown, naming the queue and partition
+            errors = [f.exception() for f in futures]
+            assert all(isinstance(e, OutcomeUnknown) for e in errors), errors
+            assert {(e.queue, e.partition_id) for e in errors} == {("q", 1)}
+            # and the producer goes on once the server answers
+            assert producer.send(Message("t", b"after"), partition=1).result(timeout=30).timestamp > 0
+    # and the batch was stored at most once (the resumed server may have written it)
+    with HQueue("q", f"hqueue://{server.address}") as queue:
+        values = [m.value for m in queue.scan()]
+    assert all(values.count(b"m%d" % i) <= 1 for i in range(5))
+    assert b"after" in values

@@ -116,6 +116,7 @@ class Producer:
         self._buffered = 0
         self._sticky: int | None = None  # where sends without a key or partition go (Kafka's sticky partitioner)
         self._last_size: dict[int, int] = {}  # messages in each partition's latest batch
+        self._delivering = threading.local()  # set while a Future's callbacks run in this thread
         self._closed = False
         #: Put calls made, and messages they carried (stored or failed).
         self.puts = self.sent = 0
@@ -219,7 +220,13 @@ class Producer:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Send every batch now, and wait until each message sent before this call
-        is stored or failed (its Future done). False if ``timeout`` seconds passed first."""
+        is stored or failed (its Future done). False if ``timeout`` seconds passed first.
+
+        Raises:
+            RuntimeError: called from a Future's callback (it would wait for itself).
+        """
+        if getattr(self._delivering, "on", False):
+            raise RuntimeError("flush() and close() cannot be called from a producer Future's callback")
         with self._cond:
             batches = [b for queued in self._open.values() for b in queued] + list(self._in_flight.values())
             now = time.monotonic()
@@ -235,6 +242,8 @@ class Producer:
 
     def close(self, timeout: float | None = None) -> None:
         """Stop taking sends, send what is buffered, and stop (waiting up to ``timeout``)."""
+        if getattr(self._delivering, "on", False):
+            raise RuntimeError("flush() and close() cannot be called from a producer Future's callback")
         with self._cond:
             if self._closed:
                 return
@@ -298,6 +307,7 @@ class Producer:
 
     def _put(self, pid: int, batch: _Batch) -> None:
         live = [(m, f) for m, f in zip(batch.messages, batch.futures, strict=True) if f.set_running_or_notify_cancel()]
+        self._delivering.on = True
         try:
             if live:
                 ids = self.engine.put(self.name, [m for m, _ in live], pid)
@@ -310,6 +320,7 @@ class Producer:
                 if not future.done():
                     future.set_exception(e)
         finally:
+            self._delivering.on = False
             with self._cond:
                 self.puts, self.sent = self.puts + bool(live), self.sent + len(live)
                 del self._in_flight[pid]

@@ -173,3 +173,19 @@ def test_sends_without_key_stick_to_a_partition_until_its_batch_is_full(make_que
         ids = [futures[i].result() for i in range(start, start + 10)]
         assert ids == sorted(ids)
     assert producer.puts == 3
+
+
+def test_flush_from_a_futures_callback_is_refused_not_a_deadlock(make_queue):
+    queue = make_queue(partitions=1)
+    seen: list[BaseException] = []
+
+    def callback(_: Future) -> None:
+        try:
+            producer.flush(timeout=5)
+        except RuntimeError as e:
+            seen.append(e)
+
+    with queue.producer() as producer:
+        producer.send(Message("t", b"x")).add_done_callback(callback)
+        assert producer.flush(timeout=30)
+    assert len(seen) == 1 and "callback" in str(seen[0])

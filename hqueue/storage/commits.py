@@ -10,8 +10,15 @@ never are. Measured on the embedded store, 16 threads writing with
     writer: enqueue its fill ---- a leader is writing? ---- yes: wait for it
                                         | no
                                         v
-    leader: take every fill queued, fill one WriteBatch, write it with sync=True,
+    leader: (writers came together lately: wait GATHER_SECONDS for them)
+            take every fill queued, fill one WriteBatch, write it with sync=True,
             wake the writers it carried; then whoever queued meanwhile leads next.
+
+Because the GIL is held through each fsync, writers that arrive during one
+cannot queue until it ends, and the first of them would lead a group of one.
+So a leader waits GATHER_SECONDS (0.2 ms) for company when the last group
+carried more than one writer, or another thread's write ended less than
+CROWD_SECONDS ago; a lone writer, however fast, never waits.
 
 A group is one atomic RocksDB write: all of it is stored or none, and every
 writer in it gets the same outcome. Each writer holds its partition's fence
@@ -22,6 +29,7 @@ between its fence check and its write.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import rocksdict
@@ -31,15 +39,18 @@ from ..keys.index import INDEX_PREFIX
 
 #: How long a leader waits for more writers, when they come together.
 GATHER_SECONDS = 0.0002
+#: Writers "come together" when another thread's write ended less than this ago.
+CROWD_SECONDS = 0.002
 #: A writer's part of a group: it puts its cells into the group's batch.
 Fill = Callable[[rocksdict.WriteBatch], None]
 
 
 class _Waiting:
-    __slots__ = ("fill", "done", "error")
+    __slots__ = ("fill", "done", "error", "thread")
 
     def __init__(self, fill: Fill) -> None:
         self.fill, self.done, self.error = fill, False, None  # type: tuple[Fill, bool, BaseException | None]
+        self.thread = threading.get_ident()
 
 
 class GroupCommit:
@@ -54,9 +65,12 @@ class GroupCommit:
         self._cond = threading.Condition()
         self._queue: list[_Waiting] = []
         self._leading = False
-        self._crowded = False  # whether writers came together lately
+        self._crowded = False  # whether writers came together in the last group
+        self._last_end, self._last_threads = 0.0, frozenset[int]()  # when the last group ended, and whose it was
         #: Groups written, and writes they carried (``bench/producer.py`` reads them).
         self.groups = self.writes = 0
+        #: Times a leader waited GATHER_SECONDS for company.
+        self.gathers = 0
 
     def commit(self, fill: Fill) -> None:
         """Write ``fill``'s cells durably, with whatever other writers queued meanwhile.
@@ -74,7 +88,8 @@ class GroupCommit:
                     raise StorageError(str(me.error)) from me.error
                 return
             self._leading = True
-            if self._crowded:
+            if self._crowded or self._others_lately(me.thread):
+                self.gathers += 1
                 # rocksdict holds the GIL through the fsync, so writers that came meanwhile
                 # are still on their way here: let them in before the group closes.
                 self._cond.wait(GATHER_SECONDS)
@@ -91,11 +106,18 @@ class GroupCommit:
             for waiting in group:
                 waiting.done, waiting.error = True, error
             self.groups, self.writes = self.groups + 1, self.writes + len(group)
-            self._crowded = len(group) > 1 or bool(self._queue)  # a lone writer never waits
+            self._crowded = len(group) > 1 or bool(self._queue)
+            self._last_end, self._last_threads = time.monotonic(), frozenset(w.thread for w in group)
             self._leading = False
             self._cond.notify_all()
         if error is not None:
             raise error
+
+    def _others_lately(self, thread: int) -> bool:
+        """Whether another thread's write ended within CROWD_SECONDS: with the GIL held
+        through each fsync, writers never meet in the queue, but they do come one
+        right after another. A lone writer, however fast, never waits."""
+        return time.monotonic() - self._last_end < CROWD_SECONDS and bool(self._last_threads - {thread})
 
 
 def cells_filler(

@@ -48,6 +48,16 @@ def test_concurrent_sync_writes_from_many_threads_share_groups_and_all_are_store
         assert len(store.scan("q", rowkey(pid, 0), rowkey(pid, 50), limit=100)) == 50
     assert store._commit.writes >= 800  # the fences' own writes go the same way
     assert store._commit.groups < store._commit.writes
+    assert store._commit.gathers > 0
+
+
+def test_a_lone_writer_never_waits_for_company(store):
+    # Given one thread writing SYNC_WAL batches one after another
+    for n in range(200):
+        store.write("q", [(rowkey(0, n), b"v")], Durability.SYNC_WAL)
+    # Then each went at once, alone: no leader waited for others
+    assert store._commit.gathers == 0
+    assert store._commit.groups == store._commit.writes >= 200
 
 
 def test_a_fenced_writer_is_refused_and_the_others_are_stored(store):

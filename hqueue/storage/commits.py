@@ -18,7 +18,9 @@ Because the GIL is held through each fsync, writers that arrive during one
 cannot queue until it ends, and the first of them would lead a group of one.
 So a leader waits GATHER_SECONDS (0.2 ms) for company when the last group
 carried more than one writer, or another thread's write ended less than
-CROWD_SECONDS ago; a lone writer, however fast, never waits.
+CROWD_SECONDS ago; a lone writer, however fast, never waits, and a wait
+that found nobody (one writer whose calls come through rotating server
+threads) makes the next ones rarer, down to 1 chance in MAX_BACKOFF.
 
 A group is one atomic RocksDB write: all of it is stored or none, and every
 writer in it gets the same outcome. Each writer holds its partition's fence
@@ -41,6 +43,8 @@ from ..keys.index import INDEX_PREFIX
 GATHER_SECONDS = 0.0002
 #: Writers "come together" when another thread's write ended less than this ago.
 CROWD_SECONDS = 0.002
+#: After waits that found nobody, a leader skips up to this many chances to wait.
+MAX_BACKOFF = 64
 #: A writer's part of a group: it puts its cells into the group's batch.
 Fill = Callable[[rocksdict.WriteBatch], None]
 
@@ -71,6 +75,7 @@ class GroupCommit:
         self.groups = self.writes = 0
         #: Times a leader waited GATHER_SECONDS for company.
         self.gathers = 0
+        self._backoff = self._skip = 0  # after waits that found nobody: skip this many chances
 
     def commit(self, fill: Fill) -> None:
         """Write ``fill``'s cells durably, with whatever other writers queued meanwhile.
@@ -88,7 +93,8 @@ class GroupCommit:
                     raise StorageError(str(me.error)) from me.error
                 return
             self._leading = True
-            if self._crowded or self._others_lately(me.thread):
+            gathered = self._crowded or self._others_lately(me.thread)
+            if gathered:
                 self.gathers += 1
                 # rocksdict holds the GIL through the fsync, so writers that came meanwhile
                 # are still on their way here: let them in before the group closes.
@@ -107,6 +113,11 @@ class GroupCommit:
                 waiting.done, waiting.error = True, error
             self.groups, self.writes = self.groups + 1, self.writes + len(group)
             self._crowded = len(group) > 1 or bool(self._queue)
+            if gathered and len(group) == 1:  # nobody came: wait less often, up to 1 in 64
+                self._backoff = min(2 * self._backoff or 1, MAX_BACKOFF)
+                self._skip = self._backoff
+            elif len(group) > 1:
+                self._backoff = 0
             self._last_end, self._last_threads = time.monotonic(), frozenset(w.thread for w in group)
             self._leading = False
             self._cond.notify_all()
@@ -117,7 +128,12 @@ class GroupCommit:
         """Whether another thread's write ended within CROWD_SECONDS: with the GIL held
         through each fsync, writers never meet in the queue, but they do come one
         right after another. A lone writer, however fast, never waits."""
-        return time.monotonic() - self._last_end < CROWD_SECONDS and bool(self._last_threads - {thread})
+        if time.monotonic() - self._last_end >= CROWD_SECONDS or not self._last_threads - {thread}:
+            return False
+        if self._skip:  # one writer on rotating connections looks like many: waits found nobody
+            self._skip -= 1
+            return False
+        return True
 
 
 def cells_filler(

@@ -40,7 +40,7 @@ from .message import Message, MessageID
 if TYPE_CHECKING:
     from .api import EngineAPI
 
-__all__ = ["Producer"]
+__all__ = ["Producer", "SendFuture"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,12 +59,21 @@ GATHER_SECONDS = 0.001
 MAX_IN_FLIGHT_PARTITIONS = 8
 
 
+class SendFuture(Future[MessageID]):
+    """The Future :meth:`Producer.send` returns: its result is the message's ID, and
+    ``partition_id`` is the partition it goes to (an ID is unique within its partition)."""
+
+    def __init__(self, partition_id: int) -> None:
+        super().__init__()
+        self.partition_id = partition_id
+
+
 class _Batch:
     __slots__ = ("messages", "futures", "size", "created", "deadline", "forced", "done")
 
     def __init__(self, created: float, linger: float) -> None:
         self.messages: list[Message] = []
-        self.futures: list[Future[MessageID]] = []
+        self.futures: list[SendFuture] = []
         self.size = 0
         self.created, self.deadline = created, created + linger  # it goes by then, full or not
         self.forced = False  # flushed: it goes now
@@ -126,9 +135,7 @@ class Producer:
 
     # -- sending ----------------------------------------------------------------------------
 
-    def send(
-        self, message: Message, *, key: bytes | str | None = None, partition: int | None = None
-    ) -> Future[MessageID]:
+    def send(self, message: Message, *, key: bytes | str | None = None, partition: int | None = None) -> SendFuture:
         """Queue ``message`` for its partition's next batch; a Future of its ID.
 
         Args:
@@ -138,7 +145,8 @@ class Producer:
                 either, messages go to one partition until its batch goes, then another.
 
         Returns:
-            A Future: its result is the message's ID once stored; its exception is
+            A Future (its ``partition_id`` says where the message goes): its result is
+            the message's ID once stored; its exception is
             the put's error if the batch failed (``OutcomeUnknown``: it may be stored).
             Cancelling it before its batch goes leaves the message out.
 
@@ -155,7 +163,6 @@ class Producer:
         if size > self.buffer_bytes:
             raise InvalidArgument(f"a message of {size} bytes is over the producer's buffer_bytes={self.buffer_bytes}")
         chosen = self._partition(key, partition)
-        future: Future[MessageID] = Future()
         with self._cond:
             if self._closed:
                 raise ProducerClosed(f"the producer of {self.name!r} is closed")
@@ -163,6 +170,7 @@ class Producer:
                 self._wait_for_room(size)
             self._buffered += size
             pid = self._sticky_partition(size) if chosen is None else chosen
+            future = SendFuture(pid)
             batches = self._open.setdefault(pid, deque())
             if not batches or not self._fits(batches[-1], size):
                 batches.append(_Batch(time.monotonic(), self.linger))

@@ -44,12 +44,12 @@ def test_many_threads_sending_get_increasing_ids_per_partition_in_few_puts(make_
         # and the 1,600 sends went out in far fewer puts
         assert producer.sent == 1600
         assert producer.puts < 400, producer.puts
-    # and each ID names the message sent, in its partition
-    stored = {m.id: (m.partition_id, m.value) for m in queue.scan()}
+    # and each ID names the message sent, in the partition its future names
+    stored = {(m.partition_id, m.id): m.value for m in queue.scan()}
     assert len(stored) == 1600
     for t, futures in sent.items():
         for i, future in futures:
-            assert stored[future.result()][1] == b"%d-%d" % (t, i)
+            assert stored[(future.partition_id, future.result())] == b"%d-%d" % (t, i)
     by_partition: dict[int, list[MessageID]] = {}
     for m in queue.scan():
         by_partition.setdefault(m.partition_id, []).append(m.id)
@@ -61,7 +61,7 @@ def test_a_partition_or_key_routes_the_send(make_queue):
     with queue.producer() as producer:
         to_two = producer.send(Message("t", b"a"), partition=2)
         keyed = [producer.send(Message("t", b"k%d" % i), key=b"shop-42") for i in range(5)]
-    assert to_two.result().timestamp > 0
+    assert to_two.result().timestamp > 0 and to_two.partition_id == 2
     assert [f.result() for f in keyed] == sorted(f.result() for f in keyed)
     by_value = {m.value: m.partition_id for m in queue.scan()}
     assert by_value[b"a"] == 2
@@ -168,6 +168,7 @@ def test_sends_without_key_stick_to_a_partition_until_its_batch_is_full(make_que
         futures = [producer.send(Message("t", b"%d" % i)) for i in range(30)]
     # Then each 10 went together: one put each, one partition each, consecutive IDs
     by_value = {m.value: m.partition_id for m in queue.scan()}
+    assert all(by_value[b"%d" % i] == f.partition_id for i, f in enumerate(futures))
     for start in (0, 10, 20):
         assert len({by_value[b"%d" % i] for i in range(start, start + 10)}) == 1
         ids = [futures[i].result() for i in range(start, start + 10)]

@@ -52,10 +52,10 @@ def test_a_full_buffer_blocks_send_then_raises_and_nothing_is_lost(server):
             os.kill(server.proc.pid, signal.SIGCONT)
         # and once the server answers, everything sent is stored and room comes back
         assert producer.flush(timeout=60)
-        ids = [f.result(0) for f in futures]
+        ids = [(f.partition_id, f.result(0)) for f in futures]  # an ID is unique within its partition
         producer.send(Message("t", b"after")).result(timeout=30)
         producer.close()
-        stored = {m.id for m in queue.scan()}
+        stored = {(m.partition_id, m.id) for m in queue.scan()}
         assert set(ids) <= stored and len(stored) == len(ids) + 2
 
 
@@ -91,20 +91,22 @@ def test_kill_9_mid_batch_gives_outcome_unknown_or_a_retry_never_a_lost_acknowle
         for sender in senders:
             sender.join(timeout=30)
         producer.close()
-        acked, unknown, other = {}, 0, []
+        acked, unknown, other, acks = {}, 0, [], 0
         for value, future in results:
             error = future if isinstance(future, BaseException) else future.exception()
-            if error is None:
-                acked[future.result()] = value
+            if error is None:  # an ID is unique within its partition
+                acked[(future.partition_id, future.result())] = value
+                acks += 1
             elif isinstance(error, OutcomeUnknown):
                 unknown += 1
             elif not isinstance(error, (ServerUnavailable, NoPartitionOwner)):
                 other.append(repr(error))
         assert other == [], other[:3]
-        stored = {m.id: m.value for m in queue.scan()}
+        stored = {(m.partition_id, m.id): m.value for m in queue.scan()}
     # Then every acknowledged ID is stored, with its message
     lost = [i for i, v in acked.items() if stored.get(i) != v]
     assert lost == [], f"{len(lost)} of {len(acked)} acknowledged messages lost"
+    assert acks == len(acked), "an ID was acknowledged to two sends"
     assert len(acked) > 1000
     print(f"\nproducer crash test: 2 kill -9, {len(acked)} acknowledged, {unknown} outcome unknown, 0 lost")
 

@@ -57,6 +57,18 @@ from .subscriptions.listener import MessageListener, Subscriber, SubscriberState
 
 __version__ = "0.1.0"
 
+
+def _share(engine, group_limits):
+    """Serve an embedded store this process opens to other local processes (imported when one opens)."""
+    from .server.shared import share
+
+    share(engine, group_limits)
+
+
+from . import connection as _connection  # noqa: E402
+
+_connection.serve_stores_with(_share)
+
 __all__ = [
     "BatchTooLarge",
     "CombinedPartitionScanner",

@@ -81,16 +81,7 @@ class HQueueAdmin(Connected):
             TypeError: An argument of the wrong type.
             ValueError: An argument out of range (an ``InvalidArgument``).
         """
-        info = QueueInfo(
-            name=validate_new_queue_name(name),
-            partitions=partitions,
-            ttl=ttl,
-            durability=durability,
-            config=dict(config or {})
-            | topic_index_config(topic_index)
-            | ({PRIORITIES_KEY: str(priorities)} if priorities != 1 else {}),
-            max_message_bytes=max_message_bytes,
-        )
+        info = new_queue_info(name, partitions, ttl, config, durability, max_message_bytes, topic_index, priorities)
         self.engine.create_queue(info)
         return info
 
@@ -157,11 +148,7 @@ class HQueueAdmin(Connected):
                 None for all partitions, from now.
             dead_letter_after: See :class:`~hqueue.Subscription`.
         """
-        starts: dict[int, MessageID | None] | None = None
-        if partitions is not None:
-            starts = dict(partitions) if isinstance(partitions, Mapping) else dict.fromkeys(partitions)
-        encoded = frozenset(_as_topic(t) for t in topics) if topics is not None else None
-        self._server().add(queue, name, encoded, starts, dead_letter_after)
+        self._server().add(queue, name, *subscriber_scope(topics, partitions), dead_letter_after)
 
     def delete_subscriber(self, queue: str, name: str) -> None:
         """Forget a subscriber and its checkpoints (queue first, as every admin call)."""
@@ -211,13 +198,7 @@ class HQueueAdmin(Connected):
         """Replay a consumer group (or skip ahead): it takes the partition (``"all"``/None:
         every one) again from ``position`` (a MessageID, a datetime or epoch ms), as
         if it had been made there; leases, retries and acks kept there are dropped."""
-        start = as_message_id(position, "position")
-        if start is None:
-            raise TypeError("'position' is required")
-        pid = None if partition in (None, "all") else partition
-        if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool)):
-            raise TypeError(f"'partition' must be an int, 'all' or None, not {partition!r}")
-        groups_of(self.engine).set_position(queue, group, pid, start)
+        groups_of(self.engine).set_position(queue, group, *position_of(partition, position))
 
     def delete_group(self, queue: str, group: str) -> None:
         """Forget a consumer group and all its progress."""
@@ -232,13 +213,7 @@ class HQueueAdmin(Connected):
             partition: A partition id, or ``"all"``/None for every partition.
             position: A MessageID, a datetime or epoch milliseconds.
         """
-        start = as_message_id(position, "position")
-        if start is None:
-            raise TypeError("'position' is required")
-        pid = None if partition in (None, "all") else partition
-        if pid is not None and not isinstance(pid, int):
-            raise TypeError(f"'partition' must be an int, 'all' or None, not {partition!r}")
-        self._server().set_checkpoint(queue, name, pid, start)
+        self._server().set_checkpoint(queue, name, *position_of(partition, position))
 
     def queue(self, name: str) -> HQueue:
         """A handle on queue ``name`` over the same store or servers, with the same
@@ -247,3 +222,49 @@ class HQueueAdmin(Connected):
 
     def __repr__(self) -> str:
         return f"HQueueAdmin(url={self._engine.url if self._engine else None!r})"
+
+
+def new_queue_info(
+    name: str,
+    partitions: int,
+    ttl: int = 0,
+    config: dict[str, str] | None = None,
+    durability: str = Durability.SYNC_WAL,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    topic_index: bool = False,
+    priorities: int = 1,
+) -> QueueInfo:
+    """A new queue's definition, checked (:meth:`HQueueAdmin.create_queue`'s arguments)."""
+    return QueueInfo(
+        name=validate_new_queue_name(name),
+        partitions=partitions,
+        ttl=ttl,
+        durability=durability,
+        config=dict(config or {})
+        | topic_index_config(topic_index)
+        | ({PRIORITIES_KEY: str(priorities)} if priorities != 1 else {}),
+        max_message_bytes=max_message_bytes,
+    )
+
+
+def subscriber_scope(
+    topics: Iterable[str | bytes] | None, partitions: Mapping[int, MessageID | None] | Iterable[int] | None
+) -> tuple[frozenset[bytes] | None, dict[int, MessageID | None] | None]:
+    """(topics, starts) of :meth:`HQueueAdmin.add_subscriber`'s arguments."""
+    if isinstance(topics, (str, bytes)):
+        raise TypeError("'topics' must be a collection of topics, not one topic")
+    starts: dict[int, MessageID | None] | None = None
+    if partitions is not None:
+        starts = dict(partitions) if isinstance(partitions, Mapping) else dict.fromkeys(partitions)
+    return (frozenset(_as_topic(t) for t in topics) if topics is not None else None), starts
+
+
+def position_of(partition: int | str | None, position: MessageID | datetime | int) -> tuple[int | None, MessageID]:
+    """(partition or None for all, start) of a replay's arguments."""
+    start = as_message_id(position, "position")
+    if start is None:
+        raise TypeError("'position' is required")
+    pid = None if partition in (None, "all") else partition
+    if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool)):
+        raise TypeError(f"'partition' must be an int, 'all' or None, not {partition!r}")
+    return pid, start

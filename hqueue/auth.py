@@ -93,6 +93,8 @@ METRICS = "metrics"
 
 #: A call on a consumer group's or subscriber's position: admin, or consumer and the name granted.
 MANAGE = "manage"
+#: Answers of :meth:`Principal.may` kept per token.
+_MAY_CACHE = 4096
 
 
 class Principal:
@@ -108,13 +110,26 @@ class Principal:
         self.name = name
         self.grants = dict(grants)
         self.names = tuple(names)
+        self._may: dict[tuple[str, str], bool] = {}
 
     def may(self, role: str, queue: str) -> bool:
-        """Whether the token holds ``role`` (or admin) on ``queue``."""
-        for held in (role, "admin") if role != "admin" else ("admin",):
-            if any(fnmatch.fnmatchcase(queue, pattern) for pattern in self.grants.get(held, ())):
-                return True
-        return False
+        """Whether the token holds ``role`` (or admin) on ``queue``.
+
+        Answers are kept (a call checks one on every call: the patterns are
+        matched once per role and queue), at most ``_MAY_CACHE`` of them.
+        """
+        key = (role, queue)
+        answer = self._may.get(key)
+        if answer is None:
+            answer = any(
+                fnmatch.fnmatchcase(queue, pattern)
+                for held in ((role, "admin") if role != "admin" else ("admin",))
+                for pattern in self.grants.get(held, ())
+            )
+            if len(self._may) >= _MAY_CACHE:  # names a client makes up do not grow it without bound
+                self._may.clear()
+            self._may[key] = answer
+        return answer
 
     def may_read_metrics(self) -> bool:
         return bool(self.grants.get(METRICS)) or self.may("admin", "*")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from .api import EngineAPI, SubscriptionsAPI, subscriptions_of
@@ -10,6 +11,17 @@ from .auth import split_credentials
 from .errors import InvalidArgument
 from .groups.state import GroupLimits
 from .storage import default_url, normalize_url
+
+#: How an embedded store this process opens is served to other local processes (set by
+#: ``hqueue/__init__.py`` from the server layer; None: not served). Kept here, not in
+#: sharing.py, so that ``import hqueue`` loads no Thrift until a store is opened.
+_serve_store: Callable[[Any, GroupLimits | None], None] | None = None
+
+
+def serve_stores_with(serve: Callable[[Any, GroupLimits | None], None]) -> None:
+    """Have every ``local://`` store this process opens served with ``serve(engine, limits)``."""
+    global _serve_store
+    _serve_store = serve
 
 
 def resolve_url(url: str | None, data_dir: str | os.PathLike[str] | None) -> str:
@@ -75,6 +87,12 @@ def acquire_engine(
         return RemoteEngine(url, token=token, timeout=timeout)
     if token is not None or timeout is not None:
         raise InvalidArgument("'token' and 'timeout' are for hqueue:// servers, not an in-process store")
+    if url.startswith("local://"):
+        from . import sharing
+
+        if _serve_store is not None:
+            sharing.serve_with(_serve_store)
+        return sharing.open_store(normalize_url(url), group_limits)
     from .services import open_local
 
     return open_local(url, group_limits)

@@ -39,7 +39,14 @@ from typing import TYPE_CHECKING, NamedTuple
 from .api import groups_of
 from .errors import InvalidArgument
 from .groups.affinity import check_key_affinity
-from .groups.state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, HEARTBEAT_INTERVAL, start_ms
+from .groups.state import (
+    DEFAULT_LEASE,
+    DEFAULT_MAX_RETRIES,
+    HEARTBEAT_INTERVAL,
+    check_lease,
+    check_wait,
+    start_ms,
+)
 from .message import ROWKEY_LENGTH, Message, MessageID, Topic
 
 if TYPE_CHECKING:
@@ -135,6 +142,32 @@ def _rowkeys(items: Delivery | Message | Iterable[Delivery | Message]) -> list[b
     return rowkeys
 
 
+class Joining(NamedTuple):
+    """What a member opens its group with (checked): the group's settings if it is new."""
+
+    topics: frozenset[bytes] | None
+    start: int
+    max_retries: int
+    key_affinity: str | None
+
+
+def joining(
+    topics: Iterable[str | bytes] | None, start: str | datetime | int, max_retries: int, key_affinity: str | None
+) -> Joining:
+    """The arguments of :class:`Consumer` (and the async one) that open its group, checked."""
+    if isinstance(topics, (str, bytes)):
+        raise TypeError("'topics' must be a collection of topics, not one topic")
+    chosen = None if topics is None else frozenset(t.encode() if isinstance(t, str) else t for t in topics)
+    if chosen is not None and not all(isinstance(t, bytes) and t for t in chosen):
+        raise InvalidArgument("'topics' must be non-empty str or bytes")
+    return Joining(chosen, start_ms(start), max_retries, check_key_affinity(key_affinity))
+
+
+def member_name(member: str | None) -> str:
+    """``member``, or a name unique to this process and call."""
+    return member or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
 class Consumer:
     """One member of a consumer group; make it with :meth:`HQueue.consumer <hqueue.HQueue.consumer>`.
 
@@ -168,13 +201,10 @@ class Consumer:
         member: str | None = None,
         key_affinity: str | None = None,
     ) -> None:
-        self.queue, self.group, self.lease = queue, group, lease
-        self.member = member or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        chosen = None if topics is None else frozenset(t.encode() if isinstance(t, str) else t for t in topics)
-        if chosen is not None and not all(isinstance(t, bytes) and t for t in chosen):
-            raise InvalidArgument("'topics' must be non-empty str or bytes")
+        self.queue, self.group, self.lease = queue, group, check_lease(lease)
+        self.member = member_name(member)
         self._groups = groups_of(queue.engine)
-        self._groups.open(queue.name, group, chosen, start_ms(start), max_retries, check_key_affinity(key_affinity))
+        self._groups.open(queue.name, group, *joining(topics, start, max_retries, key_affinity))
         self.closed = False
         self._heartbeats: threading.Thread | None = None
         self._stopped = threading.Event()
@@ -183,9 +213,8 @@ class Consumer:
         """Up to ``max_messages`` messages, waiting up to ``wait`` seconds for the first."""
         if self._heartbeats is None:
             self._start_heartbeats()
-        pairs = self._groups.receive(
-            self.queue.name, self.group, self.member, max_messages, self.lease if lease is None else lease, wait
-        )
+        lease, wait = check_lease(self.lease if lease is None else lease), check_wait(wait)
+        pairs = self._groups.receive(self.queue.name, self.group, self.member, max_messages, lease, wait)
         return list(_deliveries(pairs))
 
     def ack(self, deliveries: Delivery | Message | Iterable[Delivery | Message]) -> int:
@@ -200,6 +229,17 @@ class Consumer:
         """Give messages back: handed out again after ``delay`` seconds (None: a
         backoff of 1 s doubling per failure, at most 10 minutes). Counts as a failure."""
         return self._groups.nack(self.queue.name, self.group, self.member, _rowkeys(deliveries), delay)
+
+    def extend(
+        self, deliveries: Delivery | Message | Iterable[Delivery | Message], *, lease: float | None = None
+    ) -> int:
+        """Renew the leases this member holds: each runs ``lease`` seconds (None: the
+        consumer's lease) from now, at most the server's ``--max-lease``. For work
+        that outlasts its lease (NATS's "in progress"). Returns how many were
+        renewed: not those whose lease ran out already (the group may have handed
+        them to another member), nor finished ones."""
+        lease = check_lease(self.lease if lease is None else lease)
+        return self._groups.extend(self.queue.name, self.group, self.member, _rowkeys(deliveries), lease)
 
     def dead_letter(self, deliveries: Delivery | Message | Iterable[Delivery | Message]) -> int:
         """Move messages to ``<queue>.dlq`` now, whatever their retries, and finish them.

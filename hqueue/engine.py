@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from . import topic_index
@@ -59,6 +60,8 @@ if TYPE_CHECKING:
     from .api import GroupsAPI, SubscriptionsAPI
 
 logger = logging.getLogger(__name__)
+
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 
 class Engine:
@@ -327,10 +330,9 @@ class Engine:
             cells = topic_index.scan(self.storage, info, start_key, stop_key, topics, limit)  # type: ignore[arg-type]
         else:
             cells = self.storage.scan(name, start_key, stop_key, topics, limit)
-        if not cells:
-            return (), ()
-        keys, values = zip(*cells, strict=True)
-        return keys, values
+        # Two passes in C, each one list: zip(*cells) made a 10,000-argument call, an
+        # iterator per cell, and two tuples (about twice the cost).
+        return list(map(_FIRST, cells)), list(map(_SECOND, cells))
 
     def partition_locations(self, name: str) -> list[str]:
         """Where each partition is served: "" for all (this process reads them itself)."""

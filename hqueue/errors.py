@@ -95,7 +95,8 @@ class StorageError(HQueueError):
 
 
 class StorageLocked(StorageError):
-    """The embedded store is open in another process.
+    """The embedded store is open in another process that does not share it with
+    local processes (``hqueue server``, or an hqueue from before sharing).
 
     Attributes:
         path: The store's directory.
@@ -105,8 +106,8 @@ class StorageLocked(StorageError):
     def __init__(self, path: str, holder: str | None = None) -> None:
         by = f" ({holder})" if holder else ""
         super().__init__(
-            f"the embedded store {path} is open in another process{by}; close that process, or run "
-            f"`hqueue server --storage local://{path}` and connect with url='hqueue://host:port'"
+            f"the embedded store {path} is open in another process{by} that does not share it; if that is "
+            f"`hqueue server --storage local://{path}`, connect with url='hqueue://host:port', else close it"
         )
         self.path, self.holder = path, holder
 

@@ -162,12 +162,10 @@ class HQueue(Connected):
             InvalidMessage: A message is not valid (``MessageTooLarge``: too large).
             StorageError: The store failed the write.
         """
-        batch = [messages] if isinstance(messages, Message) else messages
-        if not isinstance(batch, Sequence) or isinstance(batch, (str, bytes)):
-            raise TypeError(f"'messages' must be a Message or a sequence of them, not {type(messages).__name__}")
+        batch = as_batch(messages)
         with self.engine.deadline():  # one deadline for the queue's definition and the put
             info = self.engine.enabled_queue(self.name)
-            partition_id = choose_partition(info, partition_id, key, priority)
+            partition_id = route(info, partition_id, key, priority)
             if deliver_at is not None or delay is not None:
                 return self.engine.schedule(self.name, batch, partition_id, due_ms(deliver_at, delay))
             return self.engine.put(self.name, batch, partition_id)
@@ -397,6 +395,18 @@ def _limited(scanner: PartitionScanner | QueueScanner, limit: int | None) -> Ite
             yield from scanner
         else:
             yield from islice(scanner, limit)
+
+
+#: Where a put goes (the producer routes the same way): checks.choose_partition.
+route = choose_partition
+
+
+def as_batch(messages: Message | Sequence[Message]) -> Sequence[Message]:
+    """A put's batch: one Message, or a sequence of them."""
+    batch = [messages] if isinstance(messages, Message) else messages
+    if not isinstance(batch, Sequence) or isinstance(batch, (str, bytes)):
+        raise TypeError(f"'messages' must be a Message or a sequence of them, not {type(messages).__name__}")
+    return batch
 
 
 def as_message_id(value: TimeLike, name: str) -> MessageID | None:

@@ -6,15 +6,29 @@ own ``Hbase.thrift`` IDL over real sockets with thriftpy2 and implements the
 calls happybase makes, with HBase's semantics as far as hqueue relies on them:
 
 * tables with column families; rows kept sorted by key (bytes order);
-* ``mutateRows`` (puts and deletes, a delete of ``family`` alone deletes the
-  family's cells of that row), ``checkAndPut``;
-* scanners (``scannerOpenWithScan``/``scannerGetList``/``scannerClose``) with
-  start/stop rows, column and family filters, ``reversed``, live data;
-* a family's ``timeToLive`` hides cells older than the TTL (by cell
-  timestamp, which is the server's write time unless given);
+  versioned cells, deletes by timestamp, time ranges and TTL as
+  tests/hbase_standin_cells.py describes (no delete markers: that is where
+  it differs from HBase);
+* writes: ``mutateRow(s)(Ts)`` (puts and deletes, in HBase's order: a
+  ``mutateRows`` call puts before it deletes, a ``mutateRow`` call deletes
+  first), ``checkAndPut``, ``atomicIncrement``/``increment(Rows)`` (64-bit
+  big-endian counters), ``append``, ``deleteAll(Row)(Ts)``;
+* reads: ``get``, ``getVer(Ts)``, ``getRow(s)(WithColumns)(Ts)``;
+* scanners (``scannerOpenWithScan`` and the older ``scannerOpen*`` calls,
+  ``scannerGetList``/``scannerClose``) with start/stop rows, columns and
+  families, a time range, ``reversed``, ``sortColumns``, ``batchSize``
+  (a wide row comes in parts), a subset of HBase's filter language
+  (tests/hbase_standin_filters.py), live data;
 * enable/disable (a disabled table refuses reads and writes with IOError,
   and must be disabled before ``deleteTable``), ``AlreadyExists`` on create;
-* regions: ``getTableRegions`` lists the regions a table was split into.
+* regions: ``getTableRegions`` lists the regions a table was split into;
+* a call the stand-in lacks (``getRowOrBefore``, ``getRegionInfo``) answers
+  ``TApplicationException(UNKNOWN_METHOD)``, and a failure that is not an
+  IDL exception ``INTERNAL_ERROR``, as a Java Thrift server does: the
+  connection stays open.
+
+happybase's own API suite (pinned, vendored in tests/storage/happybase_api/)
+runs against the stand-in in tests/storage/test_happybase_api.py.
 
 On a second port it serves the Thrift2 admin subset hqueue uses
 (``thrift/hbase2_admin.thrift``: ``createTable`` with split keys,
@@ -32,69 +46,76 @@ It prints ``LISTENING <thrift1 port> <thrift2 port>`` once ready.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
+import struct
 import threading
 import time
 
 import happybase  # noqa: F401  (loads Hbase.thrift as the Hbase_thrift module)
 import Hbase_thrift as hb
-from sortedcontainers import SortedDict
+from happybase.util import bytes_increment
 from thriftpy2.protocol import TBinaryProtocolFactory, TCompactProtocolFactory
+from thriftpy2.thrift import TApplicationException, TException
 from thriftpy2.transport import TBufferedTransportFactory, TFramedTransportFactory
 
 from hqueue.rpc.idl import load
 from hqueue.rpc.threaded import ListeningSocket, ThreadedServer
+
+from .hbase_standin_cells import LATEST, Scanner, Table, Wanted, parse_column, row_result
 
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class _Table:
-    def __init__(self, families: list[hb.ColumnDescriptor], splits=(), durability=None) -> None:
-        self.families = {f.name.rstrip(b":"): f for f in families}
-        self.enabled = True
-        self.rows: SortedDict = SortedDict()  # row -> {column: (value, ts)}
-        self.splits, self.durability = sorted(splits), durability
-
-    def visible(self, column: bytes, ts: int, now: int) -> bool:
-        ttl = self.families[column.split(b":", 1)[0]].timeToLive
-        return ttl is None or ttl < 0 or ttl == 2147483647 or ts >= now - ttl * 1000
+def _unknown(service: str, name: str, *args) -> None:
+    raise TApplicationException(
+        TApplicationException.UNKNOWN_METHOD, f"{service}.{name}: not implemented by the HBase stand-in (not HBase)"
+    )
 
 
-class _Scanner:
-    def __init__(self, table: _Table, scan: hb.TScan) -> None:
-        self.table, self.columns, self.reversed = table, scan.columns or [], bool(scan.reversed)
-        self.start, self.stop = scan.startRow or b"", scan.stopRow or None
-        self.last: bytes | None = None
+class Answering:
+    """A handler as the processor sees it: every call of the service gets an answer.
 
-    def rows(self):
-        rows = self.table.rows
-        if self.reversed:
-            # HBase reversed scans: start is the upper bound (inclusive), stop the lower (exclusive).
-            high = self.last if self.last is not None else (self.start or None)
-            inclusive = self.last is None
-            return rows.irange(self.stop or None, high, inclusive=(False, inclusive), reverse=True)
-        low = self.last if self.last is not None else self.start
-        return rows.irange(low, self.stop, inclusive=(self.last is None, False))
+    A call the stand-in lacks answers ``TApplicationException(UNKNOWN_METHOD)``,
+    and an error that is not one of the IDL's answers ``INTERNAL_ERROR``, as a
+    Java Thrift server (HBase's) does, instead of closing the connection.
+    """
 
-    def wanted(self, column: bytes) -> bool:
-        if not self.columns:
-            return True
-        family = column.split(b":", 1)[0]
-        return column in self.columns or family in self.columns or family + b":" in self.columns
+    def __init__(self, service, handler) -> None:
+        self._service, self._handler = service, handler
+
+    def __getattr__(self, name: str):
+        if name not in self._service.thrift_services:
+            raise AttributeError(name)
+        call = getattr(self._handler, name, None)
+        if call is None:
+            return functools.partial(_unknown, self._service.__name__, name)
+
+        @functools.wraps(call)
+        def answered(*args):
+            try:
+                return call(*args)
+            except TException:
+                raise
+            except Exception as e:
+                message = f"Internal error processing {name}: {type(e).__name__}: {e}"
+                raise TApplicationException(TApplicationException.INTERNAL_ERROR, message) from e
+
+        return answered
 
 
 class StandInHandler:
-    """The Hbase service's calls (the subset happybase and hqueue use)."""
+    """The Hbase service's calls (what happybase and hqueue use, and their relatives)."""
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
-        self.tables: dict[bytes, _Table] = {}
-        self.scanners: dict[int, _Scanner] = {}
+        self.tables: dict[bytes, Table] = {}
+        self.scanners: dict[int, Scanner] = {}
         self.ids = itertools.count(1)
 
-    def _table(self, name: bytes, *, enabled: bool = True) -> _Table:
+    def _table(self, name: bytes, *, enabled: bool = True) -> Table:
         table = self.tables.get(name)
         if table is None:
             raise hb.IOError(message=f"TableNotFoundException: {name!r}")
@@ -114,7 +135,7 @@ class StandInHandler:
                 raise hb.AlreadyExists(message=f"table {tableName!r} exists")
             if not columnFamilies:
                 raise hb.IllegalArgument(message="a table needs a column family")
-            self.tables[tableName] = _Table(columnFamilies)
+            self.tables[tableName] = Table(columnFamilies)
 
     def deleteTable(self, tableName):
         with self.lock:
@@ -163,83 +184,179 @@ class StandInHandler:
 
     # -- writes -----------------------------------------------------------------
 
-    def _apply(self, table: _Table, row: bytes, mutations, ts: int) -> None:
-        cells = table.rows.get(row) or {}
-        for m in mutations:
-            family = m.column.split(b":", 1)[0]
-            if family not in table.families:
-                raise hb.IOError(message=f"NoSuchColumnFamilyException: {family!r}")
-            if m.isDelete:  # as HBase: a delete stamped T removes the versions stamped at or before T
-                for column in [
-                    c for c in cells if c == m.column or (b":" not in m.column and c.split(b":", 1)[0] == family)
-                ]:
-                    if cells[column][1] <= ts:
-                        del cells[column]
-            else:
-                cells[m.column] = (m.value, ts)
-        if cells:
-            table.rows[row] = cells
-        else:
-            table.rows.pop(row, None)
+    @staticmethod
+    def _split(table: Table, mutations, *, strict: bool) -> tuple[list, list]:
+        """Puts and deletes, checked first: one bad family rejects the whole call.
+
+        A put naming a family without a qualifier is refused by ``mutateRows``
+        and skipped by ``mutateRow``, as HBase's Thrift1 handler does."""
+        table.check_families(parse_column(m.column)[0] for m in mutations)
+        puts = [m for m in mutations if not m.isDelete and parse_column(m.column)[1] is not None]
+        if strict and len(puts) + sum(1 for m in mutations if m.isDelete) < len(mutations):
+            raise hb.IllegalArgument(message="Invalid famAndQf provided.")
+        return puts, [m for m in mutations if m.isDelete]
+
+    def mutateRowsTs(self, tableName, rowBatches, timestamp, attributes):
+        """HBase's order: every put of the call first, then every delete."""
+        with self.lock:
+            table = self._table(tableName)
+            ts = timestamp if timestamp is not None and timestamp != LATEST else _now_ms()
+            split = [(b.row, *self._split(table, b.mutations, strict=True)) for b in rowBatches]
+            for row, puts, _ in split:
+                for m in puts:
+                    table.put(row, m.column, m.value or b"", ts)
+            for row, _, deletes in split:
+                for m in deletes:
+                    table.delete(row, m.column, ts)
 
     def mutateRows(self, tableName, rowBatches, attributes):
         self.mutateRowsTs(tableName, rowBatches, None, attributes)
 
-    def mutateRowsTs(self, tableName, rowBatches, timestamp, attributes):
+    def mutateRowTs(self, tableName, row, mutations, timestamp, attributes):
+        """HBase's order: the row's deletes first, then its puts."""
         with self.lock:
             table = self._table(tableName)
-            ts = timestamp if timestamp is not None else _now_ms()
-            for batch in rowBatches:  # validate first: a bad family rejects the whole call
-                for m in batch.mutations:
-                    if m.column.split(b":", 1)[0] not in table.families:
-                        raise hb.IOError(message=f"NoSuchColumnFamilyException: {m.column!r}")
-            for batch in rowBatches:
-                self._apply(table, batch.row, batch.mutations, ts)
+            ts = timestamp if timestamp is not None and timestamp != LATEST else _now_ms()
+            puts, deletes = self._split(table, mutations, strict=False)
+            for m in deletes:
+                table.delete(row, m.column, ts)
+            for m in puts:
+                table.put(row, m.column, m.value or b"", ts)
 
     def mutateRow(self, tableName, row, mutations, attributes):
-        self.mutateRows(tableName, [hb.BatchMutation(row=row, mutations=mutations)], attributes)
+        self.mutateRowTs(tableName, row, mutations, None, attributes)
 
     def checkAndPut(self, tableName, row, column, value, mput, attributes):
         with self.lock:
             table = self._table(tableName)
-            current = (table.rows.get(row) or {}).get(column)
-            if (current[0] if current else None) != value:
+            current = table.latest(row, column, _now_ms())
+            if (current[1] if current else None) != value:
                 return False
-            self._apply(table, row, [mput], _now_ms())
+            self.mutateRow(tableName, row, [mput], attributes)
             return True
 
-    def deleteAllRow(self, tableName, row, attributes):
+    def deleteAllTs(self, tableName, row, column, timestamp, attributes):
+        self.mutateRowTs(tableName, row, [hb.Mutation(isDelete=True, column=column)], timestamp, attributes)
+
+    def deleteAll(self, tableName, row, column, attributes):
+        self.deleteAllTs(tableName, row, column, None, attributes)
+
+    def deleteAllRowTs(self, tableName, row, timestamp, attributes):
         with self.lock:
-            self._table(tableName).rows.pop(row, None)
+            ts = timestamp if timestamp is not None and timestamp != LATEST else _now_ms()
+            self._table(tableName).delete_row(row, ts)
+
+    def deleteAllRow(self, tableName, row, attributes):
+        self.deleteAllRowTs(tableName, row, None, attributes)
+
+    def atomicIncrement(self, tableName, row, column, value):
+        """A signed 64-bit big-endian counter (a missing cell counts as 0); an amount
+        of 0 reads it without writing. The new value is stamped now, or with the
+        current value's timestamp if that is later (replacing it): never behind it."""
+        with self.lock:
+            table, now = self._table(tableName), _now_ms()
+            column = column if parse_column(column)[1] is not None else column + b":"
+            table.check_families([parse_column(column)[0]])
+            current = table.latest(row, column, now)
+            if current and len(current[1]) != 8:
+                raise hb.IOError(
+                    message=f"DoNotRetryIOException: Field is not a long, it's {len(current[1])} bytes wide"
+                )
+            total = (struct.unpack(">q", current[1])[0] if current else 0) + value
+            total = (total + 2**63) % 2**64 - 2**63  # a Java long's overflow
+            if value:
+                table.put(row, column, struct.pack(">q", total), max(now, current[0]) if current else now)
+            return total
+
+    def increment(self, increment):
+        self.atomicIncrement(increment.table, increment.row, increment.column, increment.ammount)
+
+    def incrementRows(self, increments):
+        for increment in increments:
+            self.increment(increment)
+
+    def append(self, append):
+        with self.lock:
+            table, now, cells = self._table(append.table), _now_ms(), []
+            for column, value in zip(append.columns, append.values, strict=True):
+                current = table.latest(append.row, column, now)
+                ts = max(now, current[0]) if current else now
+                table.put(append.row, column, (current[1] if current else b"") + value, ts)
+                cells.append(hb.TCell(value=(current[1] if current else b"") + value, timestamp=ts))
+            return cells
 
     # -- reads ------------------------------------------------------------------
 
-    def _result(self, table: _Table, row: bytes, cells: dict, wanted, now: int):
-        columns = {
-            c: hb.TCell(value=v, timestamp=ts)
-            for c, (v, ts) in cells.items()
-            if wanted(c) and table.visible(c, ts, now)
-        }
-        return hb.TRowResult(row=row, columns=columns) if columns else None
+    def getRowsWithColumnsTs(self, tableName, rows, columns, timestamp, attributes):
+        with self.lock:
+            table, wanted, now = self._table(tableName), Wanted(columns), _now_ms()
+            table.check_families(wanted.named_families())
+            before = timestamp if timestamp is not None else LATEST
+            found = [(row, table.read(row, wanted, now, before)) for row in rows]
+            return [row_result(row, list(cells.items()), False) for row, cells in found if cells]
+
+    def getRowsWithColumns(self, tableName, rows, columns, attributes):
+        return self.getRowsWithColumnsTs(tableName, rows, columns, None, attributes)
+
+    def getRowsTs(self, tableName, rows, timestamp, attributes):
+        return self.getRowsWithColumnsTs(tableName, rows, None, timestamp, attributes)
+
+    def getRows(self, tableName, rows, attributes):
+        return self.getRowsWithColumnsTs(tableName, rows, None, None, attributes)
+
+    def getRowWithColumnsTs(self, tableName, row, columns, timestamp, attributes):
+        return self.getRowsWithColumnsTs(tableName, [row], columns, timestamp, attributes)
 
     def getRowWithColumns(self, tableName, row, columns, attributes):
-        with self.lock:
-            table = self._table(tableName)
-            cells = table.rows.get(row)
-            if cells is None:
-                return []
-            scanner = _Scanner(table, hb.TScan(columns=columns))
-            result = self._result(table, row, cells, scanner.wanted, _now_ms())
-            return [result] if result else []
+        return self.getRowsWithColumnsTs(tableName, [row], columns, None, attributes)
+
+    def getRowTs(self, tableName, row, timestamp, attributes):
+        return self.getRowsWithColumnsTs(tableName, [row], None, timestamp, attributes)
 
     def getRow(self, tableName, row, attributes):
-        return self.getRowWithColumns(tableName, row, None, attributes)
+        return self.getRowsWithColumnsTs(tableName, [row], None, None, attributes)
+
+    def getVerTs(self, tableName, row, column, timestamp, numVersions, attributes):
+        if numVersions is None or numVersions < 1:
+            raise hb.IOError(message=f"IllegalArgumentException: numVersions {numVersions} must be >= 1")
+        with self.lock:
+            table, wanted = self._table(tableName), Wanted([column])
+            table.check_families(wanted.named_families())
+            before = timestamp if timestamp is not None else LATEST
+            cells = table.read(row, wanted, _now_ms(), before, numVersions)
+            return [hb.TCell(value=v, timestamp=t) for versions in cells.values() for t, v in versions]
+
+    def getVer(self, tableName, row, column, numVersions, attributes):
+        return self.getVerTs(tableName, row, column, None, numVersions, attributes)
+
+    def get(self, tableName, row, column, attributes):
+        return self.getVerTs(tableName, row, column, None, 1, attributes)
+
+    # -- scanners ---------------------------------------------------------------
 
     def scannerOpenWithScan(self, tableName, scan, attributes):
         with self.lock:
+            scanner = Scanner(self._table(tableName), scan)
             scanner_id = next(self.ids)
-            self.scanners[scanner_id] = _Scanner(self._table(tableName), scan)
+            self.scanners[scanner_id] = scanner
             return scanner_id
+
+    def scannerOpenWithStopTs(self, tableName, startRow, stopRow, columns, timestamp, attributes):
+        scan = hb.TScan(startRow=startRow, stopRow=stopRow or None, columns=columns, timestamp=timestamp)
+        return self.scannerOpenWithScan(tableName, scan, attributes)
+
+    def scannerOpenWithStop(self, tableName, startRow, stopRow, columns, attributes):
+        return self.scannerOpenWithStopTs(tableName, startRow, stopRow, columns, None, attributes)
+
+    def scannerOpenTs(self, tableName, startRow, columns, timestamp, attributes):
+        return self.scannerOpenWithStopTs(tableName, startRow, None, columns, timestamp, attributes)
+
+    def scannerOpen(self, tableName, startRow, columns, attributes):
+        return self.scannerOpenWithStopTs(tableName, startRow, None, columns, None, attributes)
+
+    def scannerOpenWithPrefix(self, tableName, startAndPrefix, columns, attributes):
+        stop = bytes_increment(startAndPrefix) if startAndPrefix else None
+        return self.scannerOpenWithStopTs(tableName, startAndPrefix, stop, columns, None, attributes)
 
     def scannerGetList(self, id, nbRows):
         with self.lock:
@@ -248,15 +365,7 @@ class StandInHandler:
                 raise hb.IllegalArgument(message=f"scanner ID {id} is invalid")
             if not scanner.table.enabled:
                 raise hb.IOError(message="TableNotEnabledException")
-            results, now = [], _now_ms()
-            for row in scanner.rows():
-                scanner.last = row
-                result = self._result(scanner.table, row, scanner.table.rows[row], scanner.wanted, now)
-                if result:
-                    results.append(result)
-                    if len(results) >= nbRows:
-                        break
-            return results
+            return scanner.next(nbRows, _now_ms())
 
     def scannerGet(self, id):
         return self.scannerGetList(id, 1)
@@ -290,7 +399,7 @@ class Thrift2AdminHandler:
             ]
             if not families:
                 raise self.idl.TIOError(message="a table needs a column family")
-            self.thrift1.tables[name] = _Table(families, splitKeys or (), desc.durability)
+            self.thrift1.tables[name] = Table(families, splitKeys or (), desc.durability)
 
     def truncateTable(self, tableName, preserveSplits):
         with self.thrift1.lock:
@@ -314,8 +423,9 @@ def serve(host: str, port: int, admin_port: int, transport: str, protocol: str) 
         return ThreadedServer(service, handler, sock, transport=transports[transport](), protocol=protocols[protocol]())
 
     thrift1 = StandInHandler()
-    main_server = server(hb.Hbase, thrift1, port)
-    admin = server(load("hbase2_admin.thrift").THBaseService, Thrift2AdminHandler(thrift1), admin_port)
+    main_server = server(hb.Hbase, Answering(hb.Hbase, thrift1), port)
+    thrift2 = load("hbase2_admin.thrift").THBaseService
+    admin = server(thrift2, Answering(thrift2, Thrift2AdminHandler(thrift1)), admin_port)
     admin.serve_in_thread("standin-thrift2")
     print(f"LISTENING {main_server.port} {admin.port}", flush=True)
     main_server.serve()

@@ -123,7 +123,9 @@ struct TGroupPartition {
   /** Past their retries, waiting for the dead-letter queue to take them (it refused: disabled, say). */
   9: i32 deadLetterWaiting,
   /** Messages waiting behind an earlier one of their key (a group with key affinity). */
-  10: i32 heldBack
+  10: i32 heldBack,
+  /** Messages the group moved from this partition to <queue>.dlq, ever (stored). */
+  11: i64 deadLettered
 }
 
 /** A message a consumer group has handed out and not finished (groupPending). */
@@ -369,6 +371,13 @@ service HQueueService {
               4: TGroupNotFound groupNotFound, 5: TIOError io, 6: TNotAuthorized denied)
   void groupLeave(1: string queue, 2: string group, 3: string member)
       throws (1: TQueueNotFound notFound, 2: TGroupNotFound groupNotFound, 3: TIOError io, 4: TNotAuthorized denied)
+  /** Renew the leases the member holds of these messages (rowkeys as in groupAck):
+      each runs leaseMillis from now, at most the server's --max-lease. Leases
+      that ran out, went to another member or were finished are not renewed.
+      Returns how many were. */
+  i32 groupExtend(1: string queue, 2: string group, 3: string member, 4: binary rowkeys, 5: i32 leaseMillis)
+      throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TNotPartitionOwner notOwner,
+              4: TGroupNotFound groupNotFound, 5: TIOError io, 6: TNotAuthorized denied)
   /** The member is still there. One silent past the server's --member-timeout
       (or whose last connection to this server closed) is gone: its leases end. */
   void groupHeartbeat(1: string queue, 2: string group, 3: string member)

@@ -17,13 +17,20 @@ import click
 
 from ..consumer import Consumer, Delivery
 from .data import MAX_SECONDS, _print_message
-from .main import Seconds, main, open_queue
+from .main import Seconds, main, open_queue, topic_bytes
 
 
 @main.command()
 @click.argument("name", metavar="QUEUE")
 @click.argument("group")
-@click.option("--topic", "-t", "topics", multiple=True, help="Only this topic (when the group is new); repeatable.")
+@click.option(
+    "--topic",
+    "-t",
+    "topics",
+    multiple=True,
+    callback=topic_bytes,
+    help="Only this topic (when the group is new); repeatable.",
+)
 @click.option("--format", "output_format", type=click.Choice(["text", "json", "hex", "base64"]), default="text")
 @click.option("--max", "max_messages", type=click.IntRange(1), help="Stop after this many messages.")
 @click.option("--for", "duration", type=Seconds(0, MAX_SECONDS), help="Stop after this many seconds (default: Ctrl-C).")

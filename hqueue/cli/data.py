@@ -13,8 +13,9 @@ import click
 
 from ..commands import escape
 from ..config import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES
+from ..errors import ServerUnavailable
 from ..message import Message, MessageID, successor
-from .main import Progress, Seconds, main, message_id, open_queue
+from .main import Progress, Seconds, main, message_id, open_queue, topic_bytes
 from .stream import Lines, Tally, send_lines
 
 #: The longest wait any option takes (ten years), so that inf and 1e308 are range errors.
@@ -109,7 +110,10 @@ def put(
             for message_id in send(chunk):
                 click.echo(str(message_id))
     elif input_format == "raw":
-        send([sys.stdin.buffer.read()])
+        value = sys.stdin.buffer.read(MAX_BATCH_BYTES + 1)  # never more than a put may carry
+        if len(value) > MAX_BATCH_BYTES:
+            raise click.ClickException(f"stdin is longer than {MAX_BATCH_BYTES:,} bytes, more than a put may carry")
+        send([value])
         click.echo("put 1 message(s)", err=True)
     else:
         _put_stdin(ctx, lambda chunk: len(send(chunk)), input_format, batch, linger, len(topic_bytes))
@@ -168,7 +172,9 @@ def _range_options(command):
             click.argument("name"),
             click.option("--start", callback=message_id, help="First ID or ISO time (inclusive)."),
             click.option("--stop", callback=message_id, help="ID or ISO time to stop before."),
-            click.option("--topic", "-t", "topics", multiple=True, help="Only this topic; repeatable."),
+            click.option(
+                "--topic", "-t", "topics", multiple=True, callback=topic_bytes, help="Only this topic; repeatable."
+            ),
             click.option("--partition", "-p", type=click.IntRange(0, 32766), help="Only this partition."),
         ]
     ):
@@ -190,7 +196,7 @@ def _range_options(command):
 )
 @click.pass_context
 def scan(
-    ctx, name: str, start, stop, topics: tuple[str, ...], partition: int | None, limit: int | None, output_format: str
+    ctx, name: str, start, stop, topics: tuple[bytes, ...], partition: int | None, limit: int | None, output_format: str
 ) -> None:
     """Print messages of queue QUEUE: partition, ID, topic, value."""
     queue = open_queue(ctx, name, read_only=True)
@@ -212,13 +218,15 @@ def _print_message(message: Message, output_format: str, attempt: int | None = N
 @main.command()
 @click.argument("name", metavar="QUEUE")
 @click.option("--start", callback=message_id, help="First ID or ISO time (default: now).")
-@click.option("--topic", "-t", "topics", multiple=True, help="Only this topic; repeatable.")
+@click.option("--topic", "-t", "topics", multiple=True, callback=topic_bytes, help="Only this topic; repeatable.")
 @click.option("--format", "output_format", type=click.Choice(["text", "json", "hex", "base64"]), default="text")
 @click.option("--interval", type=Seconds(0.01, 3600), default=0.2, show_default=True, help="Seconds between reads.")
 @click.option("--for", "duration", type=Seconds(0, MAX_SECONDS), help="Stop after this many seconds (default: Ctrl-C).")
 @click.option("--follow", "-f", is_flag=True, help="Follow (what tail always does; for tail -f habits).")
 @click.pass_context
-def tail(ctx, name: str, start, topics: tuple[str, ...], output_format: str, interval: float, duration, follow) -> None:
+def tail(
+    ctx, name: str, start, topics: tuple[bytes, ...], output_format: str, interval: float, duration, follow
+) -> None:
     """Follow queue QUEUE: print messages as they are written (Ctrl-C to stop).
 
     Each partition is followed from its own last ID, so a message written to
@@ -230,10 +238,13 @@ def tail(ctx, name: str, start, topics: tuple[str, ...], output_format: str, int
     try:
         while deadline is None or time.monotonic() < deadline:
             for pid, since in position.items():
-                for batch in queue.scan_batches(since, None, topics or None, partition_id=pid):
-                    for message in batch:
-                        _print_message(message, output_format)
-                    position[pid] = successor(batch.last_id)
+                try:
+                    for batch in queue.scan_batches(since, None, topics or None, partition_id=pid):
+                        for message in batch:
+                            _print_message(message, output_format)
+                        position[pid] = successor(batch.last_id)
+                except ServerUnavailable as e:  # the serving process went: go on where we were, at the next
+                    click.echo(f"hqueue tail: {e}; going on", err=True)
             sys.stdout.flush()
             time.sleep(interval)
     except KeyboardInterrupt:
@@ -260,7 +271,7 @@ def _as_json(message: Message) -> dict:
 @main.command()
 @_range_options
 @click.pass_context
-def count(ctx, name: str, start, stop, topics: tuple[str, ...], partition: int | None) -> None:
+def count(ctx, name: str, start, stop, topics: tuple[bytes, ...], partition: int | None) -> None:
     """Count the messages of queue QUEUE (it reads them all; progress on a terminal)."""
     queue = open_queue(ctx, name, read_only=True)
     progress = Progress("messages")

@@ -138,15 +138,15 @@ def _token_hint(e: NotAuthorized, url: str | None) -> str:
 
 
 def _locked_hint(e: StorageLocked, command: str | None) -> str:
-    """One process at a time opens an embedded store: what to do, in CLI terms."""
+    """The store is held by a process that does not share it: what to do, in CLI terms."""
     by = f" ({e.holder})" if e.holder else ""
     text = f"the embedded store {e.path} is open in another process{by}"
     if command == "server":
-        return text + ": stop that process first (one process at a time may open an embedded store)"
+        return text + ": stop that process first (hqueue server opens an embedded store alone)"
     return (
-        f"{text}. One process at a time may open it: stop that one, or share the store through a server:\n"
+        f"{text} that does not share it with local processes. If it is\n"
         f"  hqueue server --storage local://{e.path}\n"
-        f"and give every command --url hqueue://127.0.0.1:9700 (or set HQUEUE_URL)"
+        f"give every command --url hqueue://127.0.0.1:9700 (its address; or set HQUEUE_URL); else stop it"
     )
 
 
@@ -166,6 +166,13 @@ def main(ctx: click.Context, url: str | None) -> None:
     Tab completion, in ~/.bashrc (zsh: zsh_source, in ~/.zshrc):
       eval "$(_HQUEUE_COMPLETE=bash_source hqueue)"
     """
+    if url is not None and "://" not in url:
+        where = os.path.abspath(url) if url else "/path"
+        raise click.BadParameter(
+            f"{url!r} has no scheme: for a store in a directory use --url local://{where}; "
+            "for servers, --url hqueue://host:port",
+            param_hint="'--url'",
+        )
     ctx.obj = {"url": url}
 
 
@@ -187,20 +194,25 @@ class Session:
         return self.ctx.with_resource(self.admin.queue(name))
 
 
+#: The commands that may make an embedded store where none is: every other one
+#: needs a queue, so it fails there, and must not leave an empty store behind.
+MAKE_A_STORE = frozenset({"create", "demo"})
+
+
 def open_admin(ctx: click.Context, read_only: bool = False) -> HQueueAdmin:
-    if read_only:
+    if read_only or ctx.info_name not in MAKE_A_STORE:
         store_must_exist(ctx.obj["url"])
     return ctx.with_resource(HQueueAdmin(ctx.obj["url"]))
 
 
 def open_queue(ctx: click.Context, name: str, read_only: bool = False) -> HQueue:
-    if read_only:
+    if read_only or ctx.info_name not in MAKE_A_STORE:
         store_must_exist(ctx.obj["url"])
     return ctx.with_resource(HQueue(name, ctx.obj["url"]))
 
 
 def store_must_exist(url: str | None) -> None:
-    """A read-only command never creates an embedded store where none is."""
+    """A command that needs a queue never creates an embedded store where none is."""
     if not store_exists(url):
         raise click.ClickException(missing_store(url))
 
@@ -244,3 +256,8 @@ def message_id(ctx: Any, param: Any, value: str | None) -> MessageID | None:
         return MessageID.parse(value)
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
+
+
+def topic_bytes(ctx: Any, param: Any, value: tuple[str, ...]) -> tuple[bytes, ...]:
+    """A click callback: topics as the bytes given, even when they are not UTF-8."""
+    return tuple(os.fsencode(topic) for topic in value)

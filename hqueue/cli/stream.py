@@ -22,10 +22,17 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from ..config import MAX_BATCH_BYTES
-from ..errors import OutcomeUnknown
+from ..errors import InvalidArgument, OutcomeUnknown
 
 #: Bytes read from stdin at a time.
 CHUNK = 1 << 16
+#: The longest line read: no longer one can be put (a put carries at most
+#: MAX_BATCH_BYTES of values; a hex line is twice its value).
+MAX_LINE = 2 * MAX_BATCH_BYTES + 2
+
+
+class LineTooLong(InvalidArgument):
+    """A line of stdin longer than any message a put may carry: reading stops there."""
 
 
 class Lines:
@@ -66,6 +73,11 @@ class Lines:
             return [last] if last else []
         if b"\n" not in data:  # a long line in pieces: no split of what came before
             self.partial += data
+            if len(self.partial) > MAX_LINE:
+                raise LineTooLong(
+                    f"a line of stdin is longer than {MAX_LINE:,} bytes, more than a put may carry: "
+                    "reading stopped there (one message of all stdin: --input raw)"
+                )
             return []
         *lines, rest = (bytes(self.partial) + data).split(b"\n")
         self.partial = bytearray(rest)
@@ -185,4 +197,7 @@ def send_lines(
         except KeyboardInterrupt:
             tally.unfinished = len(lines.partial)
             flush()  # what was read goes; a second Ctrl-C cuts this put short too
+            raise
+        except LineTooLong:
+            flush()  # the whole lines before it go
             raise

@@ -9,7 +9,8 @@ from ..rpc.operations import Operation
 
 def remote(operation: Operation):
     """The client method of a declared operation, for a class with ``_engine`` (a
-    RemoteEngine) and, for operations every owner answers, ``_owners(queue)``.
+    RemoteEngine) and, for operations every owner answers, ``_each_owner(queue,
+    method, *args)`` (which follows the owners as partitions move).
     One line in the client: ``names = remote(LIST_GROUPS)``."""
 
     def call(self, *args: Any, **kwargs: Any) -> Any:
@@ -18,12 +19,8 @@ def remote(operation: Operation):
         queue = bound.get("queue")
         engine = self._engine
         if operation.merge is not None:  # every partition owner answers for its own, by one deadline
-            with engine.deadline():
-                answers = [
-                    operation.result.back(engine._call_at(owner, operation.thrift, *wire_args, queue=queue))
-                    for owner in self._owners(queue)
-                ]
-            return operation.merge(answers, **bound)
+            answers = self._each_owner(queue, operation.thrift, *wire_args)
+            return operation.merge([operation.result.back(a) for a in answers], **bound)
         return operation.result.back(engine._call(operation.thrift, *wire_args, queue=queue))
 
     call.__name__ = call.__qualname__ = operation.method

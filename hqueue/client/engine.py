@@ -105,6 +105,8 @@ def parse_url(url: str) -> tuple[list[str], str | None, dict[str, str]]:
         host, _, port = server.rpartition(":")
         if not host or not port.isdigit():
             raise InvalidArgument("an hqueue:// URL lists host:port servers: hqueue://[TOKEN@]host:port[,host:port]")
+        if not 1 <= int(port) <= 65535:
+            raise InvalidArgument(f"the port of {server!r} in an hqueue:// URL must be in 1..65535")
     if not servers:
         raise InvalidArgument("an hqueue:// URL needs at least one host:port (hqueue://[TOKEN@]host:port)")
     options = dict(urllib.parse.parse_qsl(query))
@@ -112,6 +114,40 @@ def parse_url(url: str) -> tuple[list[str], str | None, dict[str, str]]:
     if unknown:
         raise InvalidArgument(f"unknown hqueue:// URL options {sorted(unknown)} (known: timeout, tls, ca)")
     return servers, token, options
+
+
+def client_options(
+    url: str, timeout: float | None, token: str | None
+) -> tuple[list[str], str, float, str | None, ssl.SSLContext | None]:
+    """(servers, the URL without its token, the call timeout, the token, the TLS context)
+    of a client of ``url`` (the blocking and the asyncio clients read it alike)."""
+    seeds, url_token, options = parse_url(url)
+    bare = split_credentials(url)[0].partition("?")[0]  # never the token
+    if timeout is None:
+        try:
+            timeout = float(options.get("timeout", 30.0))
+        except ValueError:
+            raise InvalidArgument(f"timeout= in an hqueue:// URL is seconds, got {options['timeout']!r}") from None
+    if not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+        raise InvalidArgument(f"'timeout' must be > 0 seconds, got {timeout!r}")
+    context = None
+    if options.get("tls", "0") not in ("0", "") or "ca" in options:
+        try:
+            context = ssl.create_default_context(cafile=options.get("ca"))
+        except (OSError, ssl.SSLError) as e:
+            raise InvalidArgument(f"ca={options.get('ca')} in an hqueue:// URL: cannot load it ({e})") from None
+    return seeds, bare, float(timeout), token or url_token or os.environ.get("HQUEUE_TOKEN") or None, context
+
+
+def queue_description(description: Any) -> dict[str, Any]:
+    """``describe_queue``'s answer from a ``describeQueue`` reply."""
+    info = wire.from_tinfo(description.info)
+    result = asdict(info)
+    estimate = description.messageCountEstimate
+    result["message_count_estimate"] = None if estimate is None or estimate < 0 else estimate
+    last = {pid: wire.from_tid(t) for pid, t in (description.lastIDs or {}).items()}
+    result["last_ids"] = {pid: last.get(pid) for pid in range(info.partitions)}
+    return result
 
 
 #: Seconds group calls trust the partitions' owners they read.
@@ -138,25 +174,26 @@ class RemoteEngine:
         owner_timeout: How long a put retries while its partition has no
             owner (failover, rebalance), within the call's ``timeout``.
         token: The token to authenticate with (default: the URL's, or ``$HQUEUE_TOKEN``).
+        unix_socket: Call the server on this Unix socket: ``url`` is then the
+            ``local://`` store another local process serves there (server/shared.py),
+            with no token and no TLS (the socket file's permissions decide who may).
     """
 
     def __init__(
-        self, url: str, *, timeout: float | None = None, owner_timeout: float = 30.0, token: str | None = None
+        self,
+        url: str,
+        *,
+        timeout: float | None = None,
+        owner_timeout: float = 30.0,
+        token: str | None = None,
+        unix_socket: str | None = None,
     ) -> None:
-        self._seeds, url_token, options = parse_url(url)
-        self.url = split_credentials(url)[0].partition("?")[0]  # never the token
-        if timeout is None:
-            try:
-                timeout = float(options.get("timeout", 30.0))
-            except ValueError:
-                raise InvalidArgument(f"timeout= in an hqueue:// URL is seconds, got {options['timeout']!r}") from None
-        if not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
-            raise InvalidArgument(f"'timeout' must be > 0 seconds, got {timeout!r}")
-        self.timeout = float(timeout)
-        self._token = token or url_token or os.environ.get("HQUEUE_TOKEN") or None
-        self._ssl_context = None
-        if options.get("tls", "0") not in ("0", "") or "ca" in options:
-            self._ssl_context = ssl.create_default_context(cafile=options.get("ca"))
+        self.unix_socket = unix_socket
+        if unix_socket is not None:
+            self._seeds, self.url, self._token, self._ssl_context = [f"unix:{unix_socket}"], url, None, None
+            self.timeout = 30.0 if timeout is None else timeout
+        else:
+            self._seeds, self.url, self.timeout, self._token, self._ssl_context = client_options(url, timeout, token)
         #: Whether this client speaks TLS (its subscribers then listen with TLS too).
         self.tls = self._ssl_context is not None
         self.owner_timeout = owner_timeout
@@ -196,6 +233,8 @@ class RemoteEngine:
             error: ServerUnavailable = DeadlineExceeded(
                 f"hqueue server {address}: {method}: no answer within the call's {self.timeout:g}s timeout"
             )
+        elif self.unix_socket is not None:
+            error = ServerUnavailable(f"the process serving {self.url} (on {self.unix_socket}): {cause}")
         else:
             host, _, port = address.rpartition(":")
             error = ServerUnavailable(f"hqueue server {address}: {explain(host, int(port), cause, self.tls)}")
@@ -205,12 +244,16 @@ class RemoteEngine:
     # -- calls ----------------------------------------------------------------------
 
     def _pool(self, address: str) -> Pool:
+        if self.unix_socket is not None:
+            address = self._seeds[0]  # the one server, whatever it calls itself
         with self._lock:
             pool = self._pools.get(address)
             if pool is None:
-                timeout_ms = int(self.timeout * 1000)
-                pool = self._pools[address] = Pool(address, timeout_ms, self._token, self._ssl_context)
+                pool = self._pools[address] = self._new_pool(address)
             return pool
+
+    def _new_pool(self, address: str) -> Pool:
+        return Pool(address, int(self.timeout * 1000), self._token, self._ssl_context, self.unix_socket)
 
     def _call_at(self, address: str, method: str, *args, queue: str | None = None, pid: int = -1):
         """One call at one server, by the deadline; IDL exceptions become hqueue errors.
@@ -288,14 +331,7 @@ class RemoteEngine:
         return [wire.from_tinfo(t) for t in self._call("listQueues")]
 
     def describe_queue(self, name: str) -> dict[str, Any]:
-        description = self._call("describeQueue", name, queue=name)
-        info = wire.from_tinfo(description.info)
-        result = asdict(info)
-        estimate = description.messageCountEstimate
-        result["message_count_estimate"] = None if estimate is None or estimate < 0 else estimate
-        last = {pid: wire.from_tid(t) for pid, t in (description.lastIDs or {}).items()}
-        result["last_ids"] = {pid: last.get(pid) for pid in range(info.partitions)}
-        return result
+        return queue_description(self._call("describeQueue", name, queue=name))
 
     def partition_locations(self, name: str) -> list[str]:
         """``host:port`` of each partition's owner now (``""`` where none)."""

@@ -145,6 +145,9 @@ class RemoteGroups:
     def dead_letter(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes]) -> int:
         return self._receipts_call(queue, rowkeys, "groupDeadLetter", (group, member))
 
+    def extend(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes], lease: float) -> int:
+        return self._receipts_call(queue, rowkeys, "groupExtend", (group, member), (max(1, int(lease * 1000)),))
+
     def leave(self, queue: str, group: str, member: str) -> None:
         with self._engine.deadline():
             for owner in self._owners(queue):
@@ -161,6 +164,20 @@ class RemoteGroups:
                     self._engine._call_at(owner, "groupHeartbeat", queue, group, member, queue=queue)
                 except ServerUnavailable:
                     self._locations_checked.pop(queue, None)
+
+    def _each_owner(self, queue: str, method: str, *args: Any) -> list[Any]:
+        """``method`` at every partition owner, by one deadline (``describe``, ``pending``:
+        each owner answers for its own partitions). An owner that cannot be reached (it
+        died: its partitions move) makes the whole round go again at the owners read
+        afresh, with backoff, until ``owner_timeout`` within the deadline."""
+        with self._engine.deadline() as deadline:
+            retry = _Retry(self._engine, deadline)
+            while True:
+                try:
+                    owners = self._owners(queue, retry.take_fresh())
+                    return [self._engine._call_at(owner, method, *args, queue=queue) for owner in owners]
+                except ServerUnavailable as e:
+                    retry.failed(e)
 
     names = remote(op.LIST_GROUPS)
     describe = remote(op.DESCRIBE_GROUP)

@@ -29,6 +29,7 @@ from thriftpy2.thrift import TClient
 from thriftpy2.transport import TFramedTransportFactory, TSocket, TSSLSocket, TTransportException
 
 from ..rpc import wire
+from ..rpc.unix import short_unix_path
 
 
 class _Bounded:
@@ -68,15 +69,23 @@ class Connection:
     def __init__(self, pool: Pool, deadline: float | None = None) -> None:
         # Connecting (and the TLS handshake) waits at most what is left of the deadline.
         timeout_ms = pool.timeout_ms if deadline is None else max(1, int((deadline - time.monotonic()) * 1000))
-        if pool.ssl_context is not None:
-            self.socket: BoundedSocket | BoundedSSLSocket = BoundedSSLSocket(
+        self.socket: BoundedSocket | BoundedSSLSocket
+        if pool.unix_socket is not None:
+            self.socket = BoundedSocket(unix_socket=pool.unix_socket, socket_timeout=timeout_ms)
+        elif pool.ssl_context is not None:
+            self.socket = BoundedSSLSocket(
                 pool.host, pool.port, socket_timeout=timeout_ms, ssl_context=pool.ssl_context
             )
         else:
             self.socket = BoundedSocket(pool.host, pool.port, socket_timeout=timeout_ms)
         self.socket.deadline = deadline
         transport = TFramedTransportFactory().get_transport(self.socket)
-        transport.open()
+        if pool.unix_socket is None:
+            transport.open()
+        else:  # a path too long for sun_path goes through its directory's descriptor
+            with short_unix_path(pool.unix_socket) as path:
+                self.socket.unix_socket = path
+                transport.open()
         self.client = TClient(wire.T.HQueueService, TBinaryProtocolFactory().get_protocol(transport))
         if pool.token is not None:
             try:
@@ -104,10 +113,17 @@ class Pool:
     """Connections to one server."""
 
     def __init__(
-        self, address: str, timeout_ms: int, token: str | None = None, ssl_context: ssl.SSLContext | None = None
+        self,
+        address: str,
+        timeout_ms: int,
+        token: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        unix_socket: str | None = None,
     ) -> None:
+        #: Connect to this Unix socket (a store another local process serves) instead of host:port.
+        self.unix_socket = unix_socket
         host, _, port = address.rpartition(":")
-        self.address, self.host, self.port, self.timeout_ms = address, host, int(port), timeout_ms
+        self.address, self.host, self.port, self.timeout_ms = address, host, 0 if unix_socket else int(port), timeout_ms
         self.token, self.ssl_context = token, ssl_context
         self._idle: queue_module.SimpleQueue = queue_module.SimpleQueue()
 

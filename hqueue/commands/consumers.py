@@ -130,16 +130,20 @@ def list_groups(session: Session, queue: str) -> Output:
             "retrying": sum(p["retrying"] for p in parts),
             "lag_messages": sum(p["lag_messages"] for p in parts),
             "lag_millis": max((p["lag_millis"] for p in parts), default=0),
+            "dead_lettered": sum(p.get("dead_lettered", 0) for p in parts),
             "dead_letters": d["dead_letters"],
         }
         dead = d["dead_letters"]
         data.append(row)
         rows.append((name, row["members"], row["in_flight"], row["retrying"], row["lag_messages"],
-                     seconds(row["lag_millis"] / 1000)))  # fmt: skip
+                     seconds(row["lag_millis"] / 1000), row["dead_lettered"]))  # fmt: skip
     if not rows:
         return Output("", data, 0)
-    columns = ["GROUP", "MEMBERS", "IN FLIGHT", "RETRYING", "LAG (MESSAGES)", "LAG (S, OLDEST)"]
-    footer = f"\ndead letters: {dead} in {dead_letter_queue(queue)} (the queue's, shared by its groups)"
+    columns = ["GROUP", "MEMBERS", "IN FLIGHT", "RETRYING", "LAG (MESSAGES)", "LAG (S, OLDEST)", "DEAD-LETTERED"]
+    footer = (
+        f"\ndead letters: {_or_unknown(dead)} in {dead_letter_queue(queue)} now (the queue's, shared by its "
+        "groups; DEAD-LETTERED: what each group moved there, ever)"
+    )
     return Output(table(columns, rows) + footer, data, len(rows))
 
 

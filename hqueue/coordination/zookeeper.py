@@ -1,28 +1,42 @@
-"""Partition ownership through ZooKeeper, with kazoo's SetPartitioner.
+"""Partition ownership through ZooKeeper: a party of servers and a lock per partition.
 
-Every server joins one SetPartitioner over the set of all partitions of all
-queues (items ``"<queue>#<pid>"``). The partitioner shares the set out among
-the party's members and takes a kazoo Lock per item, so each partition has
-exactly one owner at a time. Its state machine (kazoo's
-``recipe/partitioner.py``) drives this module's loop::
+Every server joins a party (an ephemeral node ``<uuid hex>-<id>@<host:port>``
+under ``/ownership/party``) and deals the set of all partitions of all
+queues (items ``"<queue>#<pid>"``) among the members with kazoo's default
+partition function (sorted items dealt round-robin to sorted members), so
+any server computes every partition's owner from the members it watches.
+A partition is owned by whoever holds its lock (``coordination/locks.py``).
 
-    ALLOCATING --(party stable for time_boundary, locks taken)--> ACQUIRED
-    ACQUIRED --(party changed: a server joined or died)--> RELEASE
-    RELEASE --(we release our locks)--> ALLOCATING
-    any --(session lost, or the queue set changed)--> FAILURE -> new partitioner
+Sharing out is sticky (like Kafka's cooperative rebalancing, not kazoo's
+``SetPartitioner``, which gives back every lock on any change): once the
+party has been unchanged for ``time_boundary``, each server gives back only
+the partitions dealt to others and takes those dealt to it; a partition it
+keeps is never released, so its in-memory state (group leases, timers,
+writers) stays, and the survivor of a failover only gains. The loop::
 
-So a dead server's partitions move when its session expires (its party node
-and locks are ephemeral), and a joining server triggers a rebalance.
+    party changed -> wait until it is stable for time_boundary
+    stable -> give back what is no longer ours (fenced first), take what is
+              newly ours (a partition still held elsewhere is tried again
+              next turn, a tenth of a second later)
+    session expired (LOST) -> every partition is given up at once; a new
+              session joins the party again and takes its share anew
+
+So a dead server's partitions move when its session expires (its party
+node and locks are ephemeral), and a joining server takes its share.
 
 Lease: a server should stop accepting puts before anyone else can take its
 partitions, which they can only do once ZooKeeper *expires* its session, a
 full session timeout after its last heartbeat. Two guards:
 
 * a lease: ``owns()`` is true only within ``session_timeout / 3`` of the
-  last successful ZooKeeper round trip (monotonic clock). A server that was
-  paused (GC, SIGSTOP, a frozen VM) refuses new puts the moment it resumes,
-  before it has even heard that its session is gone;
-* kazoo's SUSPENDED/LOST: the listener drops every owned partition at once.
+  last successful ZooKeeper round trip (monotonic clock), and only in the
+  session that took the locks. A server that was paused (GC, SIGSTOP, a
+  frozen VM) refuses new puts the moment it resumes, before it has even
+  heard that its session is gone;
+* kazoo's SUSPENDED/LOST: ``owns()`` is false from that moment. A
+  suspended connection keeps its partitions (the session, and so its locks,
+  may live on: if it reconnects in time nothing moved); a lost session
+  gives them all up.
 
 These refuse new calls; they cannot stop a put that was already past its
 ownership check when the server paused. That one is stopped by the store:
@@ -30,15 +44,9 @@ every write carries the partition's fence, which the new owner bumped when
 it took the partition (storage/fence.py, SPEC C10), so the late write is
 refused and nothing of it is kept.
 
-Owners: the partition function is kazoo's default (sorted items dealt
-round-robin to sorted members), so any server computes every partition's
-owner from the party's members, which it watches. Member identifiers are
-``<id>@<host:port>``.
-
 Queues: a server that creates or drops a queue bumps ``/queues-version``;
 every server watches it (and re-reads the queue list every
-``refresh_seconds`` for queues made by other means) and joins a new
-partitioner over the new set.
+``refresh_seconds`` for queues made by other means) and deals the new set.
 """
 
 from __future__ import annotations
@@ -52,16 +60,18 @@ from collections.abc import Callable, Iterable
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NoAuthError, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
-from kazoo.recipe.partitioner import SetPartitioner
 from kazoo.security import make_digest_acl
 
 from ..errors import CoordinationError, InvalidArgument, NotPartitionOwner
 from ..storage.fence import Token
 from .base import Coordinator
+from .locks import PartitionLocks
 
 logger = logging.getLogger(__name__)
 
 PARTITIONER_PATH = "/ownership"
+PARTY_PATH = PARTITIONER_PATH + "/party"
+LOCKS_PATH = PARTITIONER_PATH + "/locks"
 VERSION_PATH = "/queues-version"
 #: 16 random bytes, made by the first server on a new ZooKeeper: tells its fencing tokens from another's.
 ENSEMBLE_PATH = "/ensemble"
@@ -154,8 +164,8 @@ class ZooKeeperCoordinator(Coordinator):
         server_id: Name in the party (default: the address).
         session_timeout: ZooKeeper session timeout, seconds. A dead server's
             partitions move after about this long.
-        time_boundary: How long the party must be stable before sharing
-            out (kazoo's SetPartitioner), seconds.
+        time_boundary: How long the party must be unchanged before its
+            partitions are shared out anew, seconds.
         refresh_seconds: How often the queue list is re-read from storage.
         auth: ZooKeeper credentials, ``user:password``: every node is created
             under their digest ACL (see :func:`zookeeper_client`).
@@ -181,18 +191,21 @@ class ZooKeeperCoordinator(Coordinator):
         self.client.add_listener(self._on_state)
         self._lock = threading.RLock()
         self._owned: frozenset[str] = frozenset()
-        #: item -> (our lock node, its czxid): the partition's fencing token.
-        self._tokens: dict[str, tuple[str, int]] = {}
+        #: Our locks, with each one's czxid: the partition's fencing token.
+        self._locks = PartitionLocks(self.client, LOCKS_PATH)
+        #: The ZooKeeper session our party node and locks belong to.
+        self._session: int | None = None
+        self._connected = False
         self.ensemble = b""
         self._items: frozenset[str] = frozenset()
         self._owners: dict[str, str] = {}
         self._members: list[str] = []
+        self._members_since = 0.0
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self.lease_seconds = session_timeout / 3
         self._lease_until = 0.0
         self._queues: Callable[[], Iterable[tuple[str, int]]] = lambda: ()
-        self._partitioner: SetPartitioner | None = None
         self._thread: threading.Thread | None = None
 
     # -- lifetime -------------------------------------------------------------------
@@ -202,7 +215,8 @@ class ZooKeeperCoordinator(Coordinator):
         try:
             self.client.start(timeout=max(15.0, self.client._session_timeout / 1000))
             self.client.ensure_path(VERSION_PATH)
-            self.client.ensure_path(PARTITIONER_PATH + "/party")
+            self.client.ensure_path(PARTY_PATH)
+            self.client.ensure_path(LOCKS_PATH)
             secure(self.client, [VERSION_PATH, ENSEMBLE_PATH, PARTITIONER_PATH, "/subscriptions"])
             self.ensemble = self._ensemble()
         except NoAuthError as e:
@@ -210,7 +224,7 @@ class ZooKeeperCoordinator(Coordinator):
         except (KazooTimeoutError, KazooException) as e:
             raise CoordinationError(f"cannot reach ZooKeeper at {self.client.hosts}: {e}") from e
         self.client.DataWatch(VERSION_PATH, lambda data, stat: self._wake.set())
-        self.client.ChildrenWatch(PARTITIONER_PATH + "/party", self._on_members)
+        self.client.ChildrenWatch(PARTY_PATH, self._on_members)
         self._thread = threading.Thread(target=self._run, name="hqueue-ownership", daemon=True)
         self._thread.start()
 
@@ -226,41 +240,47 @@ class ZooKeeperCoordinator(Coordinator):
         return data
 
     def stop(self) -> None:
+        """Stop writing, then close the session: its party node and locks go with it."""
         self._stopping.set()
         self._wake.set()
         if self._thread:
             self._thread.join(timeout=10)
         self._set_owned(frozenset())
-        if self._partitioner is not None:
-            try:
-                self._partitioner.finish()
-            except KazooException:
-                pass
         self.client.stop()
         self.client.close()
 
     # -- the fence and the membership watch ---------------------------------------
 
     def _on_state(self, state: str) -> None:
-        if state in (KazooState.SUSPENDED, KazooState.LOST):
-            # Fence at once: others may take our partitions once the session expires.
-            logger.warning("ZooKeeper connection %s: refusing puts on every partition", state)
-            self._set_owned(frozenset())
+        """On kazoo's connection thread: only note it (the loop acts), never block."""
+        self._connected = state == KazooState.CONNECTED
+        if self._stopping.is_set():
+            pass
+        elif state == KazooState.SUSPENDED:
+            logger.warning("ZooKeeper connection suspended: refusing puts until it is back (partitions kept)")
+        elif state == KazooState.LOST:
+            logger.warning("ZooKeeper session lost: refusing puts; its partitions are given up")
         self._wake.set()
 
     def _on_members(self, children: list[str]) -> None:
-        # ShallowParty node names are "<uuid hex>-<identifier>".
+        # Party node names are "<uuid hex>-<identifier>" (kazoo's ShallowParty's).
         members = sorted({c.split("-", 1)[1] for c in children if "-" in c})
         with self._lock:
-            self._members = members
+            if members != self._members:
+                self._members, self._members_since = members, time.monotonic()
             self._owners = deal(members, self._items)
         self._wake.set()
 
-    # -- the loop driving the partitioner -------------------------------------------
+    def _session_now(self) -> int | None:
+        client_id = self.client.client_id  # None unless connected
+        return client_id[0] if client_id else None
+
+    # -- the loop sharing the partitions out --------------------------------------------
 
     def _run(self) -> None:
         version, next_refresh = None, 0.0
         while not self._stopping.is_set():
+            pause = min(0.5, self.lease_seconds / 3)
             try:
                 asked = time.monotonic()
                 current = self.client.exists(VERSION_PATH)
@@ -270,70 +290,59 @@ class ZooKeeperCoordinator(Coordinator):
                 if current is None or current.version != version or now >= next_refresh:
                     version, next_refresh = current.version if current else None, now + self.refresh_seconds
                     self._refresh_items()
-                self._step()
+                pause = min(pause, self._step())
             except (KazooException, KazooTimeoutError):
                 logger.info("ZooKeeper unavailable; retrying", exc_info=True)
             except Exception:  # one bad turn never kills ownership
                 logger.exception("ownership loop failed; retrying")
-            self._wake.wait(min(0.5, self.lease_seconds / 3))
+            self._wake.wait(max(0.01, pause))
             self._wake.clear()
 
     def _refresh_items(self) -> None:
         items = frozenset(item(q, p) for q, n in self._queues() for p in range(n))
-        if items != self._items or self._partitioner is None:
-            with self._lock:
+        with self._lock:
+            if items != self._items:
                 self._items = items
                 self._owners = deal(self._members, items)
-            self._new_partitioner()
 
-    def _new_partitioner(self) -> None:
-        if self._partitioner is not None:
-            self._set_owned(frozenset())
-            self._partitioner.finish()
-        self._partitioner = self.client.SetPartitioner(
-            PARTITIONER_PATH,
-            set=self._items,
-            identifier=self.identifier,
-            time_boundary=self.time_boundary,
-            state_change_event=self._wake,
-        )
+    def _step(self) -> float:
+        """One turn of sharing out; the seconds before the next turn is due."""
+        session = self._session_now()
+        if session is None:
+            return 0.5  # suspended: what we hold waits for the session to come back, or to end
+        if session != self._session:
+            self._join(session)
+        with self._lock:
+            members, since, items = self._members, self._members_since, self._items
+        if self.identifier not in members:
+            return 0.1  # our party node is not in the watch's view yet
+        settling = since + self.time_boundary - time.monotonic()
+        if settling > 0:
+            return settling
+        mine = {it for it, member in deal(members, items).items() if member == self.identifier}
+        going = set(self._locks.held) - mine
+        if going:
+            self._set_owned(self._owned - going)  # refuse first, then let the new owner in
+            for it in sorted(going):
+                self._locks.give_back(it)
+        for it in sorted(mine - set(self._locks.held)):
+            self._locks.take(it)
+        self._set_owned(frozenset(self._locks.held))
+        return 0.1 if mine - set(self._locks.held) else 0.5
 
-    def _step(self) -> None:
-        partitioner = self._partitioner
-        if partitioner is None:
-            return
-        if partitioner.failed:
-            if self.client.state == KazooState.CONNECTED:
-                self._new_partitioner()
-        elif partitioner.release:
-            self._set_owned(frozenset())
-            partitioner.release_set()
-        elif partitioner.acquired:
-            if self.client.state == KazooState.CONNECTED:
-                self._read_tokens(partitioner)
-                self._set_owned(frozenset(i for i in partitioner if i in self._tokens))
-
-    def _read_tokens(self, partitioner: SetPartitioner) -> None:
-        """Each held lock's czxid. Every owner of a partition created its lock node
-        after the previous owner's (the lock goes to the oldest node, and a node
-        made before the holder's would have held it first), so the czxid, which
-        ZooKeeper only raises, grows from one owner to the next."""
-        tokens, asked = {}, {}
-        for lock in partitioner._locks:  # kazoo keeps no public list of them
-            item = lock.path.rsplit("/", 1)[1]
-            known = self._tokens.get(item)
-            if known is not None and known[0] == lock.node:
-                tokens[item] = known
-            else:  # asked all at once: a rebalance of many partitions waits one round trip, not one each
-                asked[item] = (lock.node, self.client.exists_async(f"{lock.path}/{lock.node}"))
-        for item, (node, answer) in asked.items():
-            stat = answer.get(timeout=self.lease_seconds)
-            if stat is not None:
-                tokens[item] = (node, stat.czxid)
-        self._tokens = tokens
+    def _join(self, session: int) -> None:
+        """A new session (the first, or one after ours expired): the old one's locks and
+        party node are gone, so its partitions are given up; join the party again."""
+        if self._owned or self._locks.held:
+            logger.warning("%s: ZooKeeper session expired; giving up %d partition(s)", self.address, len(self._owned))
+        self._set_owned(frozenset())
+        self._locks.forget()
+        self.client.create(f"{PARTY_PATH}/{uuid.uuid4().hex}-{self.identifier}", ephemeral=True)
+        self._session = session
 
     def token(self, queue: str, partition_id: int) -> Token | None:
-        found = self._tokens.get(item(queue, partition_id))
+        """The czxid of our lock node (coordination/locks.py): it only grows from one owner to the next."""
+        found = self._locks.held.get(item(queue, partition_id))
         if found is None:  # not held: a take without a token would bump past the real owner's epoch
             raise NotPartitionOwner(queue, partition_id, None)
         return Token(self.ensemble, found[1])
@@ -350,13 +359,20 @@ class ZooKeeperCoordinator(Coordinator):
     # -- questions ------------------------------------------------------------------
 
     def owns(self, queue: str, partition_id: int) -> bool:
-        return item(queue, partition_id) in self._owned and time.monotonic() < self._lease_until
+        return (
+            item(queue, partition_id) in self._owned
+            and self._connected
+            and self._session_now() == self._session
+            and time.monotonic() < self._lease_until
+        )
 
     def owner(self, queue: str, partition_id: int) -> str | None:
+        """This server if it owns the partition now; None if it is dealt to this server
+        but not (or no longer, or not yet) held; else the member it is dealt to."""
         if self.owns(queue, partition_id):
             return self.address
         member = self._owners.get(item(queue, partition_id))
-        return member.rsplit("@", 1)[1] if member else None
+        return member.rsplit("@", 1)[1] if member and member != self.identifier else None
 
     def queues_changed(self) -> None:
         try:

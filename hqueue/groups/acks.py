@@ -23,6 +23,7 @@ from .state import (
     GroupState,
     PartitionState,
     backoff,
+    check_lease,
 )
 
 if TYPE_CHECKING:
@@ -135,6 +136,22 @@ class GroupAcks:
 
         return self._fail_each(queue, name, rowkeys, held, delay, at_once=False)
 
+    def extend(self, queue: str, name: str, member: str, rowkeys: Iterable[bytes], lease: float) -> int:
+        """Renew leases ``member`` holds: each runs ``lease`` seconds from now (at most
+        ``limits.max_lease``), as NATS's "in progress" and SQS's visibility change do.
+
+        For work that takes longer than its lease (a Processor with messages
+        waiting behind a slow one). A lease that ran out already, went to
+        another member or was finished is not renewed; returns how many were.
+        """
+        deadline = time.monotonic() + min(check_lease(lease), self.limits.max_lease)
+        group = self._group(queue, name)
+        count = 0
+        with group.lock:
+            for pid, ids in self._owned_partitions(group, rowkeys).items():
+                count += len(self._partition(group, pid).extend(ids, member, deadline))
+        return count
+
     def dead_letter(self, queue: str, name: str, member: str, rowkeys: Iterable[bytes]) -> int:
         """Move messages to ``<queue>.dlq`` now, whatever their retries, and finish them here.
 
@@ -192,7 +209,10 @@ class GroupAcks:
             group.partitions.pop(pid, None)
             raise
 
-    def _acked(self, group: GroupState, pid: int, state: PartitionState, ids: Iterable[bytes]) -> int:
+    def _acked(
+        self, group: GroupState, pid: int, state: PartitionState, ids: Iterable[bytes], *, buried: bool = False
+    ) -> int:
+        """Finish ``ids`` (acked, or dead-lettered when ``buried``: counted in the same write)."""
         fresh = [i for i in ids if i >= state.done and i not in state.acked]
         if not fresh:
             return 0
@@ -205,8 +225,11 @@ class GroupAcks:
         prefix = state_prefix(group.queue, group.name, pid)
         passed: set[bytes] = set()
         if done > state.done:
-            passed = {a for a in state.acked if a < done}
-            state.acked -= passed
+            if max(state.acked) < done:  # every ack is passed (nothing in flight): no test per ID
+                passed, state.acked = state.acked, set()
+            else:
+                passed = {a for a in state.acked if a < done}
+                state.acked -= passed
             state.done = done
         puts = {f"{prefix}ack/{a.hex()}": b"" for a in fresh if a not in passed}
         deletes = [f"{prefix}ack/{a.hex()}" for a in passed.difference(fresh)]
@@ -214,6 +237,9 @@ class GroupAcks:
             deletes += [f"{prefix}retry/{a.hex()}" for a in fresh if state.retries.pop(a, None) is not None]
         if passed:
             puts[f"{prefix}done"] = done
+        if buried:
+            state.dead_lettered += len(fresh)
+            puts[f"{prefix}dead"] = str(state.dead_lettered).encode()
         self._write(group, pid, puts, deletes, self.engine.queue_info(group.queue).durability)
         return len(fresh)
 
@@ -309,6 +335,8 @@ class GroupAcks:
                 "dead-lettered by its member" if at_once else f"failed {failures} deliveries (nacked or lease ran out)",
                 dead_letter_queue(group.queue), *placed,
             )  # fmt: skip
+            self._acked(group, pid, state, [message_id], buried=True)
+            return
         self._acked(group, pid, state, [message_id])
 
     def _unburied(

@@ -70,7 +70,6 @@ from .affinity import KeyAffinity, check_key_affinity
 from .members import GroupMembers
 from .ordered import InOrder
 from .state import (
-    ASKED_LEASE_LIMIT,
     LATEST,
     Columns,
     GroupConfig,
@@ -79,6 +78,8 @@ from .state import (
     PartitionState,
     assigned,
     check_group_name,
+    check_lease,
+    check_wait,
     served_order,
 )
 from .views import GroupViews
@@ -216,6 +217,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
                 elif kind.endswith("/retry"):
                     retries[bytes.fromhex(text)] = int(value)
             state = group.partitions[pid] = PartitionState(done, {a for a in acked if a >= done}, retries)
+            state.dead_lettered = int(stored.get(state_prefix(group.queue, group.name, pid) + "dead") or 0)
             if group.config.key_affinity is not None:
                 state.affinity = KeyAffinity(group.config.key_affinity)
         return state
@@ -262,11 +264,8 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
             raise InvalidArgument("'member' must be a non-empty string")
         if not isinstance(max_messages, int) or isinstance(max_messages, bool) or not 1 <= max_messages <= 10_000:
             raise InvalidArgument(f"'max_messages' must be an int in 1..10000, got {max_messages!r}")
-        if not isinstance(lease, (int, float)) or not 0 < lease <= ASKED_LEASE_LIMIT:
-            raise InvalidArgument(f"'lease' must be seconds in (0, {ASKED_LEASE_LIMIT}], got {lease!r}")
-        lease = min(lease, self.limits.max_lease)
-        if not isinstance(wait, (int, float)) or not 0 <= wait <= 300:
-            raise InvalidArgument(f"'wait' must be seconds in [0, 300], got {wait!r}")
+        lease = min(check_lease(lease), self.limits.max_lease)
+        check_wait(wait)
         group = self._group(queue, name)
         deadline = time.monotonic() + wait
         while True:
@@ -296,6 +295,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
             group.members[member] = group.seen[member] = now
             self._forget_silent(group, now)
             members = group.live_members(now, self.limits.member_timeout)
+            members = group.members_with_room(members, self.limits.max_member_in_flight, member)
             mine = [p for p in assigned(members, member, info.partitions) if self.coordinator.owns(group.queue, p)]
             group.turn += 1
             mine = served_order(mine, info, group.turn)

@@ -54,6 +54,24 @@ Columns = tuple[list[bytes], list[bytes], list[int]]
 LATEST = -1
 
 
+#: The longest a receive waits for its first message (s).
+MAX_WAIT = 300
+
+
+def check_lease(lease: object) -> float:
+    """A lease a member asks for: seconds in (0, ASKED_LEASE_LIMIT]."""
+    if not isinstance(lease, (int, float)) or isinstance(lease, bool) or not 0 < lease <= ASKED_LEASE_LIMIT:
+        raise InvalidArgument(f"'lease' must be seconds in (0, {ASKED_LEASE_LIMIT}], got {lease!r}")
+    return lease
+
+
+def check_wait(wait: object) -> float:
+    """How long a receive may wait for its first message: seconds in [0, MAX_WAIT]."""
+    if not isinstance(wait, (int, float)) or isinstance(wait, bool) or not 0 <= wait <= MAX_WAIT:
+        raise InvalidArgument(f"'wait' must be seconds in [0, {MAX_WAIT}], got {wait!r}")
+    return wait
+
+
 def check_group_name(name: object) -> str:
     if not isinstance(name, str):
         raise TypeError(f"a group name must be a str, not {type(name).__name__}")
@@ -181,6 +199,8 @@ class PartitionState:
     batches: int = 0
     #: Messages acked (or dead-lettered) since this state was made: lag.py counts from it.
     finished: int = 0
+    #: Messages the group moved from this partition to ``<queue>.dlq``, ever (stored).
+    dead_lettered: int = 0
     #: The group's lag here counted once (lag.py's Seed), kept by the metrics' LagBook.
     lag_seed: Any = None
     #: A group with key affinity: each key's messages in order (affinity.py).
@@ -197,9 +217,19 @@ class PartitionState:
         return len(self.leases) + len(self.ready) + held_back
 
     def lowest_open(self) -> bytes:
-        waiting = self.open
+        """The lowest ID handed out and not finished (``scan`` if there is none):
+        where ``done`` may move to.
+
+        With nothing in flight (a member that acks what it received: the usual
+        case) every ID in ``open`` is finished, and they go at once, with no
+        look-up per ID; otherwise finished IDs leave the front one by one.
+        """
+        waiting, leases, ready = self.open, self.leases, self.ready
         back = self.affinity.back_ids if self.affinity is not None else ()
-        while waiting and waiting[0] not in self.leases and waiting[0] not in self.ready and waiting[0] not in back:
+        if not leases and not ready and not back:
+            waiting.clear()
+            return self.scan
+        while waiting and waiting[0] not in leases and waiting[0] not in ready and waiting[0] not in back:
             waiting.popleft()
         return waiting[0] if waiting else self.scan
 
@@ -218,6 +248,15 @@ class PartitionState:
         self.held[member] += len(ids)
         self.batches += 1
         heapq.heappush(self.lease_heap, (deadline, self.batches, ids))
+
+    def extend(self, ids: list[bytes], member: str, deadline: float) -> list[bytes]:
+        """Move the lease of each of ``ids`` that ``member`` holds to ``deadline``; those moved."""
+        moved = [i for i in ids if (lease := self.leases.get(i)) is not None and lease[0] == member]
+        if moved:
+            self.leases.update(zip(moved, repeat((member, deadline))))
+            self.batches += 1
+            heapq.heappush(self.lease_heap, (deadline, self.batches, moved))  # the old entries go stale
+        return moved
 
     def expired(self, now: float) -> list[bytes]:
         out = []
@@ -286,6 +325,14 @@ class GroupState:
     def held_by(self, member: str) -> int:
         """Messages ``member`` holds in this group's partitions here (call under ``lock``)."""
         return sum(state.held.get(member, 0) for state in self.partitions.values())
+
+    def members_with_room(self, members: list[str], cap: int, asking: str) -> list[str]:
+        """``members`` less those holding ``cap`` messages here (``asking`` stays): a
+        member that holds all it may cannot keep its partitions from the others."""
+        held: collections.Counter[str] = collections.Counter()
+        for state in self.partitions.values():
+            held.update(state.held)
+        return [m for m in members if m == asking or held[m] < cap]
 
     def live_members(self, now: float, timeout: float = MEMBER_TIMEOUT) -> list[str]:
         """The members that share the partitions: those that called receive in the last ``timeout`` s."""

@@ -76,6 +76,7 @@ class GroupViews:
                     "in_flight": len(state.leases),
                     "retrying": len(state.ready) - len(state.unburied),
                     "dead_letter_waiting": len(state.unburied),
+                    "dead_lettered": state.dead_lettered,
                     "held_back": len(state.affinity.back_ids) if state.affinity is not None else 0,
                     "acked_ahead": len(state.acked),
                     "retries": sum(state.retries.values()),

@@ -53,6 +53,11 @@ class CommitTracker:
             self._completed.difference_update(done)
             return [self._held.pop(message_id) for message_id in done]
 
+    def held(self) -> list[Delivery]:
+        """Every message received and not yet committed (their leases must not run out)."""
+        with self._lock:
+            return list(self._held.values())
+
     @property
     def in_hand(self) -> int:
         with self._lock:

@@ -46,9 +46,10 @@ class Processor:
         timeout: Seconds a handler may run before its message fails, without
             a retry (None: no limit).
         delay: Handle each message no sooner than this many seconds after it was written.
-        lease: The group lease of messages in hand; make it longer than a
-            message may wait in a queue plus its handling (default 30 s; the
-            server gives at most its ``--max-lease``, 300 s by default). A
+        lease: The group lease of messages in hand (default 30 s; the server
+            gives at most its ``--max-lease``, 300 s by default), renewed every
+            third of it while the process holds them, so a message may wait
+            behind slow ones or be handled for longer than the lease. A
             member holds at most the server's ``--max-member-in-flight``
             (1,000) messages: behind a slow message, the reader waits. If the
             process dies its leases end at once (its connections close, or
@@ -185,12 +186,24 @@ class Processor:
             self.consumer.ack(done)
         return len(done)
 
+    def renew(self) -> int:
+        """Renew the leases of every message in hand (waiting behind others, or being
+        handled): they stay with this process while it lives. Returns how many."""
+        with self._lock:
+            trackers = list(self.trackers.values())
+        held = [delivery for tracker in trackers for delivery in tracker.held()]
+        return self.consumer.extend(held) if held else 0
+
     def _commit_loop(self) -> None:
+        renewed = time.monotonic()
         while not self.stopping.wait(self.commit_interval):
             try:
                 self.commit()
+                if time.monotonic() - renewed >= self.lease / 3:
+                    renewed = time.monotonic()
+                    self.renew()
             except Exception:
-                logger.exception("processor: commit failed; retrying")
+                logger.exception("processor: commit or lease renewal failed; retrying")
 
     def _watch(self) -> None:
         assert self.timeout is not None

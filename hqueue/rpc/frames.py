@@ -46,6 +46,7 @@ _LIST = struct.Struct(">bi").unpack_from
 _MAP = struct.Struct(">bbi").unpack_from
 _HEAD = struct.Struct(">I")
 _CALL_HEAD = struct.Struct(">Ii").unpack_from
+_TIMEVAL = struct.Struct("@ll")  # struct timeval
 
 
 class FrameError(Exception):
@@ -63,6 +64,12 @@ class FrameReader:
 
     The wait for a frame's first byte uses ``idle_timeout``; once it has
     started, the rest must come within ``body_timeout``.
+
+    On a plain socket the timeouts are the kernel's (``SO_RCVTIMEO``,
+    ``SO_SNDTIMEO``) on a blocking socket: a ``recv`` or a ``send`` is one
+    system call, where Python's own timeouts ``poll`` before each. A TLS
+    socket keeps Python's timeouts (its reads are not one system call each).
+    :meth:`send` writes a reply with its head, without joining them.
     """
 
     #: Bytes asked of one ``recv``: what a burst of small calls or a put's start needs.
@@ -78,6 +85,11 @@ class FrameReader:
         self._buffer = bytearray()
         self._size = 0  # the size the current frame's head declares
         self._timeout: object = None
+        #: Kernel timeouts on a blocking socket (plain sockets), else Python's.
+        self._kernel = type(sock) is socket.socket
+        if self._kernel:
+            sock.settimeout(None)
+            self._sndtimeo(body_timeout)
         self._set_timeout(idle_timeout)
 
     def read(self) -> bytes | bytearray | None:
@@ -192,7 +204,10 @@ class FrameReader:
             if left <= 0:
                 raise TimeoutError(f"a frame's body did not come within {self.body_timeout:g}s")
             self._set_timeout(left)
-        return self.sock.recv_into(view, size)
+        try:
+            return self.sock.recv_into(view, size)
+        except BlockingIOError:  # SO_RCVTIMEO passed
+            raise TimeoutError(f"a frame's body did not come within {self.body_timeout:g}s") from None
 
     def _peek(self, size: int) -> None:
         """Have the frame's first ``size`` bytes in the buffer."""
@@ -202,22 +217,79 @@ class FrameReader:
             self._set_timeout(self.body_timeout)
             self._fill(4 + size, allow_eof=False)
 
+    def send(self, payload: bytes) -> None:
+        """Write ``payload`` as one frame: its head and it in one system call,
+        without a copy joining them; all of it within ``body_timeout``.
+
+        Raises:
+            TimeoutError: the peer did not take it in time.
+        """
+        head = _HEAD.pack(len(payload))
+        if not self._kernel:
+            self.sock.sendall(head + payload)
+            return
+        try:
+            sent = self.sock.sendmsg((head, payload))
+        except BlockingIOError:
+            sent = 0
+        if sent == 4 + len(payload):  # the usual case: the socket's buffer took it all
+            return
+        deadline = self._deadline()
+        if sent < 4:
+            self._send_all(memoryview(head)[sent:], deadline)
+            sent = 4
+        with memoryview(payload) as view:
+            self._send_all(view[sent - 4 :], deadline)
+
+    def _send_all(self, view: memoryview, deadline: float | None) -> None:
+        while view:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"a reply was not taken within {self.body_timeout:g}s")
+                self._sndtimeo(left)
+            try:
+                view = view[self.sock.send(view) :]
+            except BlockingIOError:  # SO_SNDTIMEO passed with nothing sent: check the deadline
+                continue
+
+    def _sndtimeo(self, timeout: float | None) -> None:
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(timeout))
+
     def _set_timeout(self, timeout: float | None) -> None:
         if timeout != self._timeout:
-            self.sock.settimeout(timeout)
+            if self._kernel:
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(timeout))
+            else:
+                self.sock.settimeout(timeout)
             self._timeout = timeout
+
+    def _recv(self, size: int) -> bytes:
+        try:
+            return self.sock.recv(size)
+        except BlockingIOError:  # SO_RCVTIMEO passed
+            raise TimeoutError(f"nothing came within {self._timeout}s") from None
 
     def _fill(self, size: int, allow_eof: bool) -> bool:
         """Read until the buffer holds ``size`` bytes; False if the peer closed before any."""
         buffer = self._buffer
         while len(buffer) < size:
-            chunk = self.sock.recv(min(max(self.CHUNK, size - len(buffer)), self.MAX_CHUNK))
+            chunk = self._recv(min(max(self.CHUNK, size - len(buffer)), self.MAX_CHUNK))
             if not chunk:
                 if allow_eof and not buffer:
                     return False
                 raise ConnectionResetError(f"peer closed the connection {len(buffer)} bytes into a frame")
             buffer += chunk
         return True
+
+
+def _timeval(timeout: float | None) -> bytes:
+    """``timeout`` as SO_RCVTIMEO and SO_SNDTIMEO take it (None: for ever, which is 0 there;
+    a positive timeout is at least 1 µs, never 0)."""
+    if timeout is None:
+        return _TIMEVAL.pack(0, 0)
+    micros = max(1, int(timeout * 1_000_000))
+    return _TIMEVAL.pack(micros // 1_000_000, micros % 1_000_000)
 
 
 def check_call(frame: bytes | bytearray, max_items: int = DEFAULT_MAX_ITEMS) -> None:

@@ -210,7 +210,7 @@ def _group_out(d: dict[str, Any]) -> Any:
             done=wire.to_tid(p["done"]), scan=wire.to_tid(p["scan"]), inFlight=p["in_flight"],
             retrying=p["retrying"], ackedAhead=p["acked_ahead"], retries=p["retries"],
             lagMessages=p["lag_messages"], lagMillis=p["lag_millis"], deadLetterWaiting=p["dead_letter_waiting"],
-            heldBack=p["held_back"],
+            heldBack=p["held_back"], deadLettered=p["dead_lettered"],
         )
         for pid, p in d["partitions"].items()
     }  # fmt: skip
@@ -228,6 +228,7 @@ def _group_in(t: Any) -> dict[str, Any]:
             "retrying": p.retrying, "acked_ahead": p.ackedAhead, "retries": p.retries,
             "lag_messages": p.lagMessages, "lag_millis": p.lagMillis,
             "dead_letter_waiting": p.deadLetterWaiting or 0, "held_back": p.heldBack or 0,
+            "dead_lettered": p.deadLettered or 0,
         }
         for pid, p in (t.partitions or {}).items()
     }  # fmt: skip

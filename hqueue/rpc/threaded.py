@@ -19,6 +19,9 @@ Built on thriftpy2's processor, with hqueue's own socket handling:
 * When accept() fails for lack of file descriptors or memory, the server
   backs off (10 ms doubling to 1 s) and logs one line per 10 s, not one per
   attempt.
+* It listens on TCP, or on a Unix socket (``ListeningSocket.bound_unix``,
+  access by the socket file's permissions; the store a process shares with
+  local processes, server/shared.py).
 * Optional TLS: an ``ssl.SSLContext`` wraps each accepted socket (the
   handshake runs in the connection's thread, bounded by ``body_timeout``).
 * :func:`current_connection` tells a handler which connection it serves
@@ -31,12 +34,13 @@ The default transport is framed with the binary protocol; other transports
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import logging
+import os
 import socket
 import ssl
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -52,11 +56,13 @@ from thriftpy2.transport.memory import TCyMemoryBuffer
 from ..errors import HQueueError, LimitExceeded, ServerBusy
 from .budget import DEFAULT_INFLIGHT_WAIT, DEFAULT_MAX_INFLIGHT_BYTES, InflightBudget
 from .frames import DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_ITEMS, FrameError, FrameReader, check_call
+from .unix import unix_listener
 
 logger = logging.getLogger(__name__)
 
-_FRAME_HEAD = struct.Struct(">I")
 _OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+#: The peer of a Unix-socket connection: a process of this machine (push addresses on loopback are its own).
+LOCAL_PEER = ("127.0.0.1", 0)
 
 
 @dataclass(frozen=True)
@@ -134,7 +140,8 @@ class RateLimitedLog:
 
 
 class ListeningSocket(TServerSocket):
-    """A listening TCP socket, bound once, never shared with another process."""
+    """A listening TCP socket, bound once, never shared with another process;
+    or a listening Unix socket (:meth:`bound_unix`)."""
 
     @classmethod
     def bound(cls, host: str, port: int) -> ListeningSocket:
@@ -148,8 +155,21 @@ class ListeningSocket(TServerSocket):
         sock.listen()
         return sock
 
+    @classmethod
+    def bound_unix(cls, path: str, mode: int = 0o600) -> ListeningSocket:
+        """A Unix socket listening at ``path`` now, with permissions ``mode`` (who may
+        connect). The caller owns ``path``: a file already there is an error
+        (a stale one is the caller's to remove, while it can tell it is stale)."""
+        sock = cls(unix_socket=path, client_timeout=None)
+        sock.listen()
+        os.chmod(path, mode)
+        return sock
+
     def listen(self) -> None:
         if self.sock is not None:
+            return
+        if self.unix_socket:
+            self.sock = unix_listener(self.unix_socket, self.backlog)
             return
         family = socket.AF_INET6 if ":" in (self.host or "") else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -167,8 +187,14 @@ class ListeningSocket(TServerSocket):
 
     @property
     def bound_port(self) -> int:
-        """The port actually bound (``port`` may be 0)."""
-        return self.sock.getsockname()[1]
+        """The port actually bound (``port`` may be 0; 0 for a Unix socket)."""
+        return 0 if self.unix_socket else self.sock.getsockname()[1]
+
+    def close(self) -> None:
+        super().close()
+        if self.unix_socket:  # ours since we bound it
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.unix_socket)
 
 
 class ThreadedServer(TThreadedServer):
@@ -215,6 +241,7 @@ class ThreadedServer(TThreadedServer):
         while not self.closed:
             try:
                 sock, peer = listener.accept()
+                peer = peer if isinstance(peer, tuple) else LOCAL_PEER
             except OSError as e:
                 if self.closed:
                     return
@@ -256,7 +283,8 @@ class ThreadedServer(TThreadedServer):
         connection = Connection(next(self._ids), (peer[0], peer[1]))
         _current.connection = connection
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if sock.family != socket.AF_UNIX:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.ssl_context is not None:
                 sock.settimeout(self.limits.body_timeout)
                 sock = self.ssl_context.wrap_socket(sock, server_side=True)
@@ -303,7 +331,7 @@ class ThreadedServer(TThreadedServer):
                 finally:
                     self.budget.release(size)
             if reply:  # oneway calls have none
-                sock.sendall(_FRAME_HEAD.pack(len(reply)) + reply)
+                frames.send(reply)
             if connection.close_after_reply:
                 return
 

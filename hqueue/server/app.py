@@ -120,6 +120,11 @@ class HQueueServer:
         metrics_token: A bearer token that may read metrics (the auth file's tokens
             with the metrics role may too). With neither a token nor ``auth``,
             anyone who reaches ``metrics_host`` may read them.
+        unix_socket: Listen on this Unix socket (mode ``unix_socket_mode``) instead
+            of ``host:port``; the file is removed when the server stops.
+        engine: Serve this engine, which the caller acquired and releases (the
+            store a process shares with local processes: server/shared.py),
+            instead of acquiring ``storage_url``'s.
     """
 
     def __init__(
@@ -146,20 +151,27 @@ class HQueueServer:
         group_limits: GroupLimits | None = None,
         metrics_host: str = "127.0.0.1",
         metrics_token: str | None = None,
+        unix_socket: str | None = None,
+        unix_socket_mode: int = 0o600,
+        engine: Engine | None = None,
     ) -> None:
         if coordinator_factory is not None and not storage_url.startswith("hbase://"):
             raise InvalidArgument(
                 f"ZooKeeper coordination needs a store every server shares (hbase://), not {storage_url!r}: "
                 "servers with separate local stores would each answer differently"
             )
-        socket = ListeningSocket.bound(host, port)  # before the store: a taken port fails first
+        if unix_socket is not None:
+            socket = ListeningSocket.bound_unix(unix_socket, unix_socket_mode)
+        else:
+            socket = ListeningSocket.bound(host, port)  # before the store: a taken port fails first
+        self._owns_engine = engine is None
         try:
-            self.engine = Engine.acquire(storage_url)
+            self.engine = engine if engine is not None else Engine.acquire(storage_url)
         except BaseException:
             socket.close()
             raise
         self.port = socket.bound_port
-        self.address = advertise or f"{host}:{self.port}"
+        self.address = advertise or (f"unix:{unix_socket}" if unix_socket else f"{host}:{self.port}")
         self.coordinator: Coordinator = (coordinator_factory or LocalCoordinator)(self.address)
         self.metrics = ServerMetrics()
         self.coordinator.add_listener(self._count_partition_changes)
@@ -194,7 +206,8 @@ class HQueueServer:
                 self._serve_metrics(metrics_port, metrics_host, MetricsAccess(metrics_token, auth))
             except BaseException:
                 socket.close()
-                self.engine.release()
+                if self._owns_engine:
+                    self.engine.release()
                 raise
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
@@ -286,7 +299,8 @@ class HQueueServer:
         self.coordinator.stop()
         self.scanners.stop()
         self.metrics.close()
-        self.engine.release()
+        if self._owns_engine:
+            self.engine.release()
         logger.info("hqueue server %s stopped", self.address)
 
 

@@ -51,6 +51,7 @@ ACTIONS = {
     "messageScannerOpen": "scan", "createQueue": "create", "truncateQueue": "truncate", "disableQueue": "disable",
     "enableQueue": "enable", "dropQueue": "delete",
     "openGroup": "consume", "groupReceive": "consume", "groupAck": "ack messages of", "groupNack": "nack messages of",
+    "groupExtend": "extend leases of",
     "groupDeadLetter": "dead-letter messages of", "groupLeave": "leave a consumer group of",
     "listGroups": "list the consumer groups of", "describeGroup": "describe a consumer group of",
     "groupPending": "list the pending messages of", "deleteGroup": "delete", "setGroupPosition": "replay",
@@ -76,6 +77,8 @@ def served(role: str | None, queue_arg: int | None = 0, named: tuple[int, str] |
     """
 
     def wrap(method):
+        action = ACTIONS.get(method.__name__, method.__name__)
+
         @functools.wraps(method)
         def call(self, *args):
             guard = self.guard
@@ -83,7 +86,6 @@ def served(role: str | None, queue_arg: int | None = 0, named: tuple[int, str] |
             try:
                 if role is not None:
                     queue = args[queue_arg] if queue_arg is not None else None
-                    action = ACTIONS.get(method.__name__, method.__name__)
                     guard.authorize(role, action, queue, (named[1], args[named[0]]) if named else None)
                 return method(self, *args)
             except Exception as e:

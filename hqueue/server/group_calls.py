@@ -78,6 +78,14 @@ class GroupCalls(Calls):
         return count
 
     @served("consumer")
+    def groupExtend(self, queue: str, group: str, member: str, rowkeys: bytes, leaseMillis: int) -> int:
+        if not isinstance(leaseMillis, int) or isinstance(leaseMillis, bool):
+            raise TypeError("'leaseMillis' must be an int")
+        count = self.groups.extend(queue, group, member, wire.unpack_rowkeys(rowkeys), leaseMillis / 1000)
+        self._attend(queue, group, member)
+        return count
+
+    @served("consumer")
     def groupDeadLetter(self, queue: str, group: str, member: str, rowkeys: bytes) -> int:
         return self.groups.dead_letter(queue, group, member, wire.unpack_rowkeys(rowkeys))
 

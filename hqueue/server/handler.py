@@ -13,8 +13,6 @@ import functools
 import logging
 import random
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from ..auth import OPEN, AuthPolicy, PushPolicy
@@ -23,15 +21,14 @@ from ..config import QueueState
 from ..coordination import Coordinator
 from ..engine import Engine
 from ..errors import InvalidArgument, LimitExceeded, NotAuthorized, NotPartitionOwner
-from ..message import Message, MessageID, cell_keys_of, values_of
+from ..message import Message, MessageID, messages_from_columns
 from ..metrics import ServerMetrics
 from ..rpc import packed, wire
 from ..rpc.threaded import current_connection
-from ..scanner import PartitionScanner
 from .calls import CallGuard, Calls, ThriftService, served
 from .group_calls import GroupCalls
 from .logins import FailedLogins
-from .scanners import ScannerRegistry
+from .scanners import ColumnScanner, ScannerRegistry
 from .subscription_calls import SubscriptionCalls
 
 logger = logging.getLogger(__name__)
@@ -89,7 +86,7 @@ class QueueCalls(Calls):
     def messageScannerOpen(self, queue: str, partitionID: int, scan: Any) -> int:
         info = self.engine.enabled_queue(queue)
         check_partition(info, partitionID)
-        scanner = PartitionScanner(self.engine, queue, partitionID, wire.from_tscan(scan))
+        scanner = ColumnScanner(self.engine, queue, partitionID, wire.from_tscan(scan))
         connection = current_connection()
         if connection is None:  # called in process (tests): no connection to bind to
             return self.scanners.open(scanner)
@@ -99,17 +96,17 @@ class QueueCalls(Calls):
 
     @served("connected", None)
     def messageScannerGet(self, scannerID: int) -> Any:
-        messages = self.scanners.take(scannerID, 1, owner=self._connection_id())
+        messages = messages_from_columns(*self.scanners.take(scannerID, 1, owner=self._connection_id()))
         return wire.to_tmessages(messages)[0] if messages else wire.T.TMessage()
 
     @served("connected", None)
     def messageScannerGetList(self, scannerID: int, nbMessages: int) -> list[Any]:
-        return wire.to_tmessages(self.scanners.take(scannerID, nbMessages, owner=self._connection_id()))
+        columns = self.scanners.take(scannerID, nbMessages, owner=self._connection_id())
+        return wire.to_tmessages(messages_from_columns(*columns))
 
     @served("connected", None)
     def messageScannerGetPacked(self, scannerID: int, nbMessages: int) -> bytes:
-        messages = self.scanners.take(scannerID, nbMessages, owner=self._connection_id())
-        return packed.pack(cell_keys_of(messages), values_of(messages))
+        return packed.pack(*self.scanners.take(scannerID, nbMessages, owner=self._connection_id()))
 
     @served("connected", None)
     def messageScannerClose(self, scannerID: int) -> None:
@@ -124,8 +121,10 @@ class QueueCalls(Calls):
         messages = [wire.from_tmessage(t, i) for i, t in enumerate(tmessages)]
         self._check_put(len(messages), sum(len(m.topic) + len(m.value) for m in messages))
         partition_id = self._writable_partition(queue, partition_id)
-        with self._counted_put(queue, len(messages)):
-            return self.engine.put(queue, messages, partition_id)
+        started = time.perf_counter()
+        ids = self.engine.put(queue, messages, partition_id)
+        self.metrics.puts(queue).observe(time.perf_counter() - started, len(messages))
+        return ids
 
     def _unpack_put(self, blob: bytes) -> tuple[list[bytes], list[bytes]]:
         """A put's packed batch, checked against the put limits from its head before it is unpacked."""
@@ -149,13 +148,6 @@ class QueueCalls(Calls):
                 f"(--max-put-bytes); this one has {payload}",
             )
 
-    @contextmanager
-    def _counted_put(self, queue: str, count: int) -> Iterator[None]:
-        started = time.perf_counter()
-        yield
-        self.metrics.put_seconds.labels(queue).observe(time.perf_counter() - started)
-        self.metrics.put_messages.labels(queue).inc(count)
-
     def _writable_partition(self, queue: str, partition_id: int | None) -> int:
         """The partition to write to (a random owned one for None), if this server owns it now."""
         info = self.engine.enabled_queue(queue)
@@ -174,8 +166,9 @@ class QueueCalls(Calls):
     def putPacked(self, queue: str, partitionID: int, messages: bytes) -> Any:
         topics, values = self._unpack_put(messages)
         partition_id = self._writable_partition(queue, partitionID)
-        with self._counted_put(queue, len(topics)):
-            first = self.engine.put_columns(queue, topics, values, partition_id)
+        started = time.perf_counter()
+        first = self.engine.put_columns(queue, topics, values, partition_id)
+        self.metrics.puts(queue).observe(time.perf_counter() - started, len(topics))
         return wire.T.TPutResult(firstID=wire.to_tid(first), count=len(topics))
 
     @served("producer")
@@ -258,8 +251,9 @@ class QueueCalls(Calls):
         partition_id = self._writable_partition(queue, partitionID)
         if not isinstance(dueMillis, int) or not 0 <= dueMillis < 2**63:
             raise InvalidArgument(f"'dueMillis' must be epoch ms >= 0, got {dueMillis!r}")
-        with self._counted_put(queue, len(topics)):
-            timers = self.engine.schedule(queue, list(map(Message, topics, values)), partition_id, dueMillis)
+        started = time.perf_counter()
+        timers = self.engine.schedule(queue, list(map(Message, topics, values)), partition_id, dueMillis)
+        self.metrics.puts(queue).observe(time.perf_counter() - started, len(topics))
         return wire.T.TPutResult(firstID=wire.to_tid(timers[0].id), count=len(timers))
 
     @served("producer")

@@ -1,29 +1,90 @@
 """Server-side scanners for remote clients, with an idle timeout.
 
-``messageScannerOpen`` registers a :class:`~hqueue.scanner.PartitionScanner`
-under a random i32 ID, bound to the connection that opened it (another
-connection cannot guess or use it); ``messageScannerGetList`` reads from it,
+``messageScannerOpen`` registers a :class:`ColumnScanner` under a random i32
+ID, bound to the connection that opened it (another connection cannot guess
+or use it); ``messageScannerGetList`` reads from it,
 at most :data:`~hqueue.rpc.wire.MAX_SCAN_BATCH` messages and about
 :data:`~hqueue.rpc.wire.SCAN_REPLY_BYTES` per reply; ``close``, the end of
 its connection, or ``idle_timeout`` seconds without a call frees it, so a
 client that vanishes leaks nothing.
+
+A scanner hands out the store's columns (cell keys and values) as they come
+from the cursor: ``messageScannerGetPacked`` packs them with no object per
+message, and the reply's size is counted over the lengths in C. Only the
+struct calls (``messageScannerGet``, ``GetList``) make Message objects.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import secrets
 import threading
 import time
+from collections.abc import Sequence
+from itertools import accumulate
+from operator import add
 
 from ..errors import InvalidArgument
-from ..message import Message, stored_size
 from ..rpc.wire import MAX_SCAN_BATCH, SCAN_REPLY_BYTES
-from ..scanner import PartitionScanner
+from ..scanner import DEFAULT_CACHING, Scan, ScanSource
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_IDLE_TIMEOUT = 60.0
+
+
+Columns = tuple[list[bytes], list[bytes]]
+
+
+class ColumnScanner:
+    """One partition's cells in ID order, handed out as columns in replies of bounded size."""
+
+    def __init__(
+        self, source: ScanSource, queue: str, partition_id: int, scan: Scan, caching: int = DEFAULT_CACHING
+    ) -> None:
+        self._cursor = source.open_cursor(queue, partition_id, scan, caching)
+        self.queue, self.partition_id = queue, partition_id
+        self._keys: Sequence[bytes] = ()
+        self._values: Sequence[bytes] = ()
+        self._at = 0  # the first cell of the chunk not handed out
+        #: Chunks read from the store.
+        self.count = 0
+
+    def take(self, count: int) -> Columns:
+        """Up to ``count`` cells (and :data:`MAX_SCAN_BATCH`), stopping after the one
+        that brings the reply to :data:`SCAN_REPLY_BYTES`; none at the end."""
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        limit, room = min(count, MAX_SCAN_BATCH), SCAN_REPLY_BYTES
+        while len(keys) < limit and room > 0:
+            if self._at >= len(self._keys):
+                if self._cursor.done:
+                    break
+                self._keys, self._values = self._cursor.fetch_columns()
+                self._at = 0
+                self.count += 1
+                continue
+            start = self._at
+            end = min(len(self._keys), start + limit - len(keys))
+            chunk_keys, chunk_values = self._keys[start:end], self._values[start:end]
+            sizes = list(accumulate(map(add, map(len, chunk_keys), map(len, chunk_values))))
+            over = bisect.bisect_left(sizes, room)  # the first cell that fills the reply
+            if over < len(sizes):
+                end = start + over + 1
+                chunk_keys, chunk_values = chunk_keys[: over + 1], chunk_values[: over + 1]
+            room -= sizes[end - start - 1]
+            keys += chunk_keys
+            values += chunk_values
+            self._at = end
+        return keys, values
+
+    def close(self) -> None:
+        self._cursor.close()
+        self._keys = self._values = ()
+
+    def __repr__(self) -> str:
+        return f"ColumnScanner({self.queue!r}, {self.partition_id})"
 
 
 class ScannerRegistry:
@@ -32,13 +93,13 @@ class ScannerRegistry:
     def __init__(self, idle_timeout: float = DEFAULT_IDLE_TIMEOUT) -> None:
         self.idle_timeout = idle_timeout
         # scanner id -> (scanner, owning connection id, last use)
-        self._scanners: dict[int, tuple[PartitionScanner, int, float]] = {}
+        self._scanners: dict[int, tuple[ColumnScanner, int, float]] = {}
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, name="hqueue-scanner-reaper", daemon=True)
         self._reaper.start()
 
-    def open(self, scanner: PartitionScanner, owner: int = 0) -> int:
+    def open(self, scanner: ColumnScanner, owner: int = 0) -> int:
         """Register ``scanner`` for connection ``owner``; its new ID."""
         with self._lock:
             scanner_id = secrets.randbelow(2**31 - 1) + 1
@@ -48,7 +109,7 @@ class ScannerRegistry:
         logger.debug("opened remote scanner %d: %s", scanner_id, scanner)
         return scanner_id
 
-    def _get(self, scanner_id: int, owner: int) -> PartitionScanner:
+    def _get(self, scanner_id: int, owner: int) -> ColumnScanner:
         entry = self._scanners.get(scanner_id)
         if entry is None or entry[1] != owner:
             raise InvalidArgument(
@@ -56,20 +117,14 @@ class ScannerRegistry:
             )
         return entry[0]
 
-    def take(self, scanner_id: int, count: int, owner: int = 0) -> list[Message]:
-        """Up to ``count`` messages (see the module's limits); an empty list at the end."""
+    def take(self, scanner_id: int, count: int, owner: int = 0) -> Columns:
+        """Up to ``count`` cells as (cell keys, values) (see the module's limits); none at the end."""
         if not isinstance(count, int) or count < 1:
             raise InvalidArgument(f"'nbMessages' must be >= 1, got {count!r}")
         with self._lock:
             scanner = self._get(scanner_id, owner)
             self._scanners[scanner_id] = (scanner, owner, time.monotonic())
-        out, size = [], 0
-        for message in scanner:
-            out.append(message)
-            size += stored_size(message)
-            if len(out) >= count or len(out) >= MAX_SCAN_BATCH or size >= SCAN_REPLY_BYTES:
-                break
-        return out
+        return scanner.take(count)
 
     def close(self, scanner_id: int, owner: int = 0) -> None:
         with self._lock:

@@ -95,6 +95,8 @@ class Shell:
                 print(e.output.text, file=self.out)
             print(f"ERROR: {e}", file=self.err)
             return False
+        except BrokenPipeError:  # the reader went away (`hqueue shell -e "scan 'q'" | head`): stop quietly
+            raise
         except Exception as e:  # a bug, not a user error: one line here, the trace in the log
             logger.debug("%s failed", line, exc_info=True)
             print(f"ERROR: internal error: {type(e).__name__}: {e}", file=self.err)

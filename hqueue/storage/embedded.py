@@ -24,7 +24,9 @@ starting every scan at ``now - ttl``; space is reclaimed by a range delete of
 the expired prefix of each partition, which compaction then drops.
 
 RocksDB allows one process per directory; a second one gets
-:class:`~hqueue.errors.StorageLocked` naming the directory and the remedy.
+:class:`~hqueue.errors.StorageLocked` naming the directory and the remedy
+(``local://`` URLs opened through the API share the store instead:
+hqueue/sharing.py).
 
 A full disk: RocksDB then refuses every write until it is reopened (rocksdict
 has no ``DB::Resume``). Writes fail with :class:`~hqueue.errors.StorageError`

@@ -131,6 +131,11 @@ class SubscriberLoop:
         self._challenge = b""
         self._sequence = 0
         self._refusals = RateLimitedLog()
+        # Bound once: a push counts at a counter's cost, with no label lookup.
+        metrics = manager.metrics
+        self._seconds = metrics.delivery_seconds.labels(queue, name)
+        self._delivered = metrics.delivered.labels(queue, name)
+        self._failures = metrics.delivery_failures.labels(queue, name)
 
     # -- scheduling (under the pool's lock) --------------------------------------------------
 
@@ -212,7 +217,6 @@ class SubscriberLoop:
         """Push the worker's buffer. True: the subscriber took it; False: it refused it
         (a listener failed); None: not reached, or the push was not allowed."""
         registration, batch = worker.registration, worker.buffer
-        metrics = self.manager.metrics
         try:
             key = self._connect(registration).key
             self._sequence += 1
@@ -233,17 +237,17 @@ class SubscriberLoop:
             self._refusals.warning("failed", "%s: sending %d message(s) failed: %s", self.subscriber, len(batch), e)
             self._failed()
             return None
-        metrics.delivery_seconds.labels(self.queue, self.subscriber).observe(time.perf_counter() - started)
+        self._seconds.observe(time.perf_counter() - started)
         if status != 0:
             logger.info("%s: subscriber returned status %s for %d message(s)", self.subscriber, status, len(batch))
-            metrics.delivery_failures.labels(self.queue, self.subscriber).inc()
+            self._failures.inc()
             return False if status == 1 else None  # 2: it is stopping, which is no refusal
-        metrics.delivered.labels(self.queue, self.subscriber).inc(len(batch))
+        self._delivered.inc(len(batch))
         return True
 
     def _failed(self) -> None:
         self._drop_client()
-        self.manager.metrics.delivery_failures.labels(self.queue, self.subscriber).inc()
+        self._failures.inc()
 
     def _connect(self, registration: Registration) -> PushCredentials:
         """Open (or keep) the connection to the registration's address, guarded; the

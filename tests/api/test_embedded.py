@@ -11,6 +11,7 @@ import pytest
 
 from hqueue import Durability, HQueue, HQueueAdmin, Message, MessageID, StorageError, StorageLocked
 from hqueue.storage import healing, normalize_url
+from hqueue.storage.embedded import EmbeddedStorage
 
 from ..processes import ROOT, python_env
 
@@ -19,12 +20,17 @@ def _python(*args: str, **kwargs) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, *args], cwd=ROOT, env=python_env(), **kwargs)
 
 
-def test_a_second_process_gets_a_clear_storage_locked_error(tmp_path):
-    with HQueueAdmin(data_dir=tmp_path) as admin:
-        admin.create_queue("q", 1)
+def test_a_second_process_gets_a_clear_storage_locked_error_from_a_holder_that_does_not_share(tmp_path):
+    # Given the store held by something that does not serve it to local processes
+    # (hqueue server, an older hqueue): the store itself, opened without hqueue's sharing
+    holder = EmbeddedStorage(str(tmp_path))
+    try:
         code = f"from hqueue import HQueueAdmin; HQueueAdmin(data_dir={str(tmp_path)!r})"
         proc = _python("-c", code, stderr=subprocess.PIPE, text=True)
         _, err = proc.communicate(timeout=60)
+    finally:
+        holder.close()
+    # Then (after waiting a moment for a socket that never comes) the error names it
     assert proc.returncode != 0
     assert "StorageLocked" in err and str(tmp_path) in err and "hqueue server" in err
     assert "LOCK: Resource temporarily unavailable" not in err.splitlines()[-1]

@@ -115,6 +115,32 @@ def test_a_member_that_never_acks_cannot_starve_the_other(make_queue):
         wait_for(take, 120, "b to get the 5,000 new messages", interval=0)
 
 
+def test_a_member_that_never_acks_cannot_keep_its_partition_from_the_others(make_queue):
+    # Given two partitions and two members: partition 0 is a's, partition 1 is b's
+    queue = make_queue(partitions=2)
+    queue.put([Message("old", b"%d" % i) for i in range(2_000)], 0)
+    with queue.consumer("g", member="a") as a, queue.consumer("g", member="b") as b:
+        hoarded = a.receive(1, wait=1, lease=3600)
+        assert b.receive(1, wait=0.2) == []  # b is a member from now on (its partition is empty)
+        # When a leases all it may of partition 0 for an hour and never acks
+        for _ in range(3):
+            hoarded += a.receive(10_000, wait=0, lease=3600)
+        assert len(hoarded) == 1_000  # the default per-member cap
+        # Then b gets the rest of partition 0, and 2,000 new messages put there
+        queue.put([Message("new", b"n%d" % i) for i in range(2_000)], 0)
+        taken: set[bytes] = set()
+
+        def take() -> bool:
+            assert a.receive(10_000, wait=0, lease=3600) == []  # a stays a live member, holding all it may
+            got = b.receive(1_000, wait=0.2)
+            b.ack(got)
+            taken.update(d.value for d in got)
+            return len(taken) == 3_000
+
+        wait_for(take, 60, "b to get the 3,000 messages a does not hold", interval=0)
+        assert not taken & {d.value for d in hoarded}
+
+
 @pytest.fixture(params=["embedded", "remote"])
 def limited(request, tmp_path):
     """A URL whose groups lease for at most 1 s and let a member hold 3 messages."""

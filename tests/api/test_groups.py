@@ -5,6 +5,7 @@ Runs on every storage backend and through a server (``make_queue``).
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -87,6 +88,25 @@ def test_an_expired_lease_goes_to_another_member(make_queue):
         assert survivor.ack(again) == 1
 
 
+def test_a_member_renews_its_leases_and_keeps_its_messages_past_the_first_lease(make_queue):
+    queue = make_queue(partitions=1)
+    queue.put([Message("t", b"long job"), Message("t", b"short job")], 0)
+    with queue.consumer("g", member="slow") as slow, queue.consumer("g", member="other") as other:
+        (long_job, short_job) = slow.receive(2, wait=2, lease=0.5)
+        assert slow.extend(long_job, lease=5) == 1  # NATS's "in progress"
+        assert other.extend(long_job, lease=5) == 0  # not the other member's to renew
+        time.sleep(1.0)  # past the first lease: the short job went back, the long one did not
+        (again,) = drain(other, 1)
+        assert (again.id, again.attempt) == (short_job.id, 2)
+        assert other.receive(10, wait=0.3) == []
+        assert slow.extend(short_job) == 0  # ran out first: not renewed
+        assert slow.ack(long_job) == 1 and other.ack(again) == 1
+        assert slow.extend(long_job) == 0  # finished
+        for bad in (0, -1, float("nan"), float("inf"), 86400 * 8, True, "5"):
+            with pytest.raises(InvalidArgument):
+                slow.extend(long_job, lease=bad)
+
+
 def test_after_max_retries_failures_the_message_goes_to_the_dead_letter_queue(make_queue):
     queue = make_queue(partitions=2)
     queue.put([Message("t", b"ok-1"), Message("t", b"poison"), Message("t", b"ok-2")], 1)
@@ -112,6 +132,19 @@ def test_after_max_retries_failures_the_message_goes_to_the_dead_letter_queue(ma
     assert attempts == 4  # the first delivery and 3 retries: exactly max_retries + 1 failures
     with HQueue(queue.name + ".dlq", queue.url) as dlq:
         assert [(m.value, m.partition_id) for m in dlq.scan()] == [(b"poison", 1)]
+    partitions = groups_of(queue.engine).describe(queue.name, "g")["partitions"]
+    assert {pid: p["dead_lettered"] for pid, p in partitions.items()} == {0: 0, 1: 1}  # the group's own count
+
+
+def test_a_groups_dead_letter_count_is_stored(tmp_path):
+    url = "local://" + str(tmp_path / "data")
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", partitions=1)
+    with HQueue("q", url) as queue, queue.consumer("g", max_retries=0) as consumer:
+        queue.put([Message("t", b"a"), Message("t", b"b")], 0)
+        consumer.nack(drain(consumer, 2), delay=0)
+    with HQueueAdmin(url) as admin:  # another process would see the same
+        assert admin.describe_group("q", "g")["partitions"][0]["dead_lettered"] == 2
 
 
 def test_a_member_dead_letters_a_message_at_once(make_queue, admin):
@@ -196,6 +229,30 @@ def test_a_group_takes_only_its_topics_and_can_start_at_the_latest(make_queue):
         assert new.receive(1, wait=0.2) == []
         queue.put(Message("a", b"new-a"), 0)
         assert values(new.receive(1, wait=2)) == [b"new-a"]
+
+
+@pytest.mark.parametrize("wait", [float("inf"), 1e308, float("nan"), -1, 301, "1", None, True])
+def test_a_wait_out_of_range_is_an_invalid_argument_everywhere(make_queue, wait):
+    # Through a server it was an OverflowError, a ValueError or a TypeError (or -1 was taken)
+    queue = make_queue(partitions=1)
+    with queue.consumer("g") as consumer:
+        with pytest.raises(
+            InvalidArgument, match=r"'wait' must be seconds in \[0, 300\], got " + re.escape(repr(wait))
+        ):
+            consumer.receive(1, wait=wait)
+        assert consumer.receive(1, wait=0) == []  # and the consumer goes on
+
+
+def test_one_topic_given_as_a_string_is_refused_not_read_as_its_letters(make_queue, admin):
+    # 'orders' as topics would be the topics o, r, d, e, s: a message of topic 'o' would be delivered
+    queue = make_queue(partitions=1)
+    with pytest.raises(TypeError, match="collection of topics"):
+        queue.consumer("g", topics="orders")
+    with pytest.raises(TypeError, match="collection of topics"):
+        queue.consumer("g", topics=b"orders")
+    with pytest.raises(TypeError, match="collection of topics"):
+        admin.add_subscriber(queue.name, "s", "orders")
+    assert admin.list_groups(queue.name) == [] and admin.list_subscribers(queue.name) == []
 
 
 def test_timers_reach_groups_when_due(make_queue):
@@ -302,6 +359,7 @@ def test_lag_counts_messages_not_yet_acked_not_those_acked_ahead_of_the_cursor(m
     # Given 20 messages, 10 received, and the 5 at odd positions acked (the cursor stays put)
     queue = make_queue(partitions=1)
     queue.put([Message("t", b"%d" % i) for i in range(20)], 0)
+    time.sleep(0.01)  # the oldest waits a measurable time (lag_millis > 0)
     with queue.consumer("g") as consumer:
         got = drain(consumer, 10)
         assert consumer.ack(got[1::2]) == 5

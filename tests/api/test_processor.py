@@ -13,6 +13,8 @@ from hqueue import HQueue, HQueueAdmin, InvalidArgument, Message, MessageID
 from hqueue.consumer import Delivery
 from hqueue.processor import CommitTracker, Processor
 
+from ..processes import wait_for
+
 
 def delivery(ts: int, pid: int = 0) -> Delivery:
     return Delivery(Message("t", b"", id=MessageID(ts), partition_id=pid), 1)
@@ -156,6 +158,30 @@ def test_a_handler_past_its_timeout_fails_without_retry_and_its_key_goes_on(queu
         assert processor.dead_lettered == 1
     release.set()
     assert calls == {b"slow:1": 1, b"slow:2": 1}
+
+
+def test_messages_in_hand_keep_their_leases_while_the_process_lives(queue):
+    """Four messages of one key take 4 x 0.6 s to handle, past their 1 s lease: the
+    Processor renews what it holds, so another Processor of the group never gets them."""
+    queue.put([Message("t", b"k:%d" % i) for i in range(4)], key=b"k")
+    handled: list[tuple[str, int]] = []
+
+    def handler(name: str):
+        def handle(message: Message) -> None:
+            time.sleep(0.6)
+            handled.append((name, int(message.value.split(b":")[1])))
+
+        return handle
+
+    with (
+        Processor(queue, "p", handler("a"), key=key_of, workers=1, lease=1.0) as a,
+        Processor(queue, "p", handler("b"), key=key_of, workers=1, lease=1.0) as b,
+    ):
+        wait_for(lambda: len(handled) >= 4, 30, "four messages handled")
+        time.sleep(1.5)  # a lease that ran out would have sent one to the other by now
+        assert a.wait_idle(timeout=10) and b.wait_idle(timeout=10)
+    assert sorted(n for _, n in handled) == [0, 1, 2, 3]  # each once
+    assert [n for _, n in handled] == [0, 1, 2, 3] and len({name for name, _ in handled}) == 1
 
 
 def test_bounded_queues_hold_the_reader_back(queue):

@@ -186,9 +186,13 @@ def test_consume_acks_what_it_prints_and_groups_are_listed_and_described(run):
     assert table[0].split()[:4] == ["GROUP", "MEMBERS", "IN", "FLIGHT"] and len(table) == 4
     assert table[1].split()[0] == "others" and table[1].split()[4] == "3"  # lag: printed, never acked
     assert table[2].split()[0] == "workers" and table[2].split()[4] == "0"
-    assert table[3] == "dead letters: 0 in q.dlq (the queue's, shared by its groups)"
+    assert table[1].split()[-1] == table[2].split()[-1] == "0"  # DEAD-LETTERED by each group
+    assert table[3].startswith("dead letters: 0 in q.dlq now (the queue's, shared by its groups;")
     rows = json.loads(run("groups", "q", "--format", "json").output)
-    assert [(r["group"], r["lag_messages"], r["dead_letters"]) for r in rows] == [("others", 3, 0), ("workers", 0, 0)]
+    assert [(r["group"], r["lag_messages"], r["dead_letters"], r["dead_lettered"]) for r in rows] == [
+        ("others", 3, 0, 0),
+        ("workers", 0, 0, 0),
+    ]
     described = json.loads(run("describe-group", "q", "others").output)
     assert described["partitions"]["1"]["lag_messages"] == 3  # printed, never acked
     assert "no consumer group 'nope'" in run("describe-group", "q", "nope").output
@@ -220,7 +224,7 @@ def test_pending_shows_a_group_s_messages_in_flight(run, tmp_path):
     assert result.exit_code == 1 and "no consumer group 'nope'" in result.output
 
 
-def test_a_store_open_in_another_process_names_the_flag_and_the_way_out(tmp_path):
+def test_a_store_held_by_hqueue_server_names_the_flag_and_the_way_out(tmp_path):
     import subprocess
     import sys
 
@@ -232,13 +236,12 @@ def test_a_store_open_in_another_process_names_the_flag_and_the_way_out(tmp_path
     url = f"local://{tmp_path}/data"
     with HQueueAdmin(url) as admin:
         admin.create_queue("q", 1)
-    # Given `hqueue tail q` running on the default store
-    tail = subprocess.Popen(
-        [sys.executable, "-m", "hqueue.cli", "--url", url, "tail", "q", "--for", "60"], cwd=ROOT, env=python_env()
-    )
+    # Given `hqueue server` holding the store (it serves TCP, not the store's socket)
+    server_args = ["--url", url, "server", "--port", "0"]
+    holder = subprocess.Popen([sys.executable, "-m", "hqueue.cli", *server_args], cwd=ROOT, env=python_env())
     try:
         runner = CliRunner()
-        wait_for(lambda: lock_holder(f"{tmp_path}/data"), 30, "tail to hold the store")
+        wait_for(lambda: lock_holder(f"{tmp_path}/data"), 30, "the server to hold the store")
         # When another command opens it
         result = runner.invoke(main, ["--url", url, "list"])
         assert result.exit_code == 1, result.output
@@ -246,15 +249,15 @@ def test_a_store_open_in_another_process_names_the_flag_and_the_way_out(tmp_path
         assert "--url hqueue://127.0.0.1:9700" in result.output
         assert f"hqueue server --storage {url}" in result.output
         assert "url='" not in result.output and "Traceback" not in result.output
-        assert f"(pid {tail.pid}: hqueue --url {url} tail q --for 60)" in result.output  # Linux: /proc/locks
-        server = runner.invoke(main, ["--url", url, "server", "--port", "0"])
+        assert f"(pid {holder.pid}: hqueue --url {url} server --port 0)" in result.output  # Linux: /proc/locks
+        server = runner.invoke(main, server_args)
         assert server.exit_code == 1 and "stop that process first" in server.output
         # And the Python API keeps its Python hint
         with pytest.raises(StorageLocked, match="url='hqueue://host:port'"):
             HQueueAdmin(url)
     finally:
-        tail.kill()
-        tail.wait()
+        holder.kill()
+        holder.wait()
 
 
 def test_negative_numbers_reach_the_range_check(run):

@@ -85,3 +85,29 @@ def test_arguments_that_are_not_utf8_are_stored_as_given(tmp_path):
     assert runner.invoke(main, [*url, "put", "bin", topic, value]).exit_code == 0
     out = runner.invoke(main, [*url, "scan", "bin", "--format", "hex"]).output.split("\t")
     assert out[2] == "t\\xfe" and out[3].strip() == b"v\xfe".hex()
+
+
+@pytest.mark.parametrize("command", [["scan", "bin"], ["count", "bin"], ["tail", "bin", "--start", "0", "--for", "0.3"],
+                                     ["consume", "bin", "g", "--max", "1", "--for", "1"]])  # fmt: skip
+def test_a_topic_that_is_not_utf8_chooses_messages_as_given(tmp_path, command):
+    runner = CliRunner()
+    url = ["--url", f"local://{tmp_path}"]
+    runner.invoke(main, [*url, "create", "bin", "1"])
+    topic = os.fsdecode(b"t\xfe")
+    assert runner.invoke(main, [*url, "put", "bin", topic, "a", "--at", "0"]).exit_code == 0
+    assert runner.invoke(main, [*url, "put", "bin", "t", "b", "--at", "0"]).exit_code == 0
+    result = runner.invoke(main, [*url, *command, "--topic", topic])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    assert result.exit_code == 0, result.output
+    assert ("1" if command[0] == "count" else "t\\xfe\ta") in result.output and "\tb" not in result.output
+
+
+@pytest.mark.parametrize(
+    "url", ["hqueue://127.0.0.1:99999", "hqueue://127.0.0.1:0", "hqueue://127.0.0.1:9?tls=1&ca=/nonexistent.pem",
+            "hqueue://127.0.0.1:9?ca=/tmp", "hqueue://127.0.0.1:9?tls=1&ca=" + __file__]
+)  # fmt: skip
+def test_a_server_url_with_a_bad_port_or_ca_file_is_a_one_line_error(url):
+    result = CliRunner().invoke(main, ["--url", url, "list"])
+    assert not result.exception or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.exit_code == 1 and result.output.startswith("Error: ") and result.output.count("\n") == 1
+    assert ("1..65535" if "ca=" not in url else "cannot load it") in result.output

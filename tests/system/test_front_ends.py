@@ -173,6 +173,19 @@ def test_credentials_follow_the_shell_s_queue_handles(tmp_path):
         server.stop()
 
 
+@pytest.mark.parametrize(
+    "args", [["put", "q", "t", "v"], ["consume", "q", "g", "--for", "0"], ["cancel", "q", "0/1/1:0"],
+             ["delete-group", "q", "g"], ["delete-queue", "q", "--force"], ["add-subscriber", "q", "s"]],
+)  # fmt: skip
+def test_a_command_on_a_queue_leaves_no_store_where_there_was_none(tmp_path, monkeypatch, args):
+    # A typo'd directory (or the wrong one) must not get an empty store from a command that needs a queue
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1 and "no hqueue store at" in result.output, result.output
+    assert list(tmp_path.iterdir()) == []
+    assert CliRunner().invoke(main, ["create", "q", "1"]).exit_code == 0  # create still makes one
+
+
 def test_reads_never_create_a_store_and_a_bare_path_gets_a_hint(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     runner = CliRunner()
@@ -185,7 +198,8 @@ def test_reads_never_create_a_store_and_a_bare_path_gets_a_hint(tmp_path, monkey
     assert not (tmp_path / "hqueue-data").exists()
     assert runner.invoke(main, ["--url", "memory://x", "list"]).exit_code == 0
     bare = runner.invoke(main, ["--url", str(tmp_path / "foo"), "list"])
-    assert bare.exit_code == 1 and f"local://{tmp_path}/foo" in bare.output
+    assert bare.exit_code == 2 and f"--url local://{tmp_path}/foo" in bare.output  # the CLI's flag, not Python
+    assert "url='" not in bare.output
     with pytest.raises(InvalidArgument, match="has no scheme"):
         HQueueAdmin(url=str(tmp_path / "foo"))
     assert not (tmp_path / "foo").exists()

@@ -99,3 +99,20 @@ def test_a_bad_line_mid_stream_says_what_was_stored_before_it(tmp_path):
     assert result.exit_code == 1
     assert "hqueue put: stopped: read 3 line(s), stored 2, not stored 1" in result.output
     assert "stdin line 3 is not hex" in result.output
+
+
+@pytest.mark.parametrize("options", [(), ("--input", "raw")])
+def test_endless_input_without_a_newline_is_refused_at_a_bound_not_read_into_memory(server, options):
+    # Given `cat /dev/zero | hqueue put q t`: a line (or a raw message) that never ends
+    put = _put(server, "--linger", "60", *options)
+    put.stdin.write(b"before\n" if not options else b"")
+    chunk = b"\0" * (1 << 20)
+    try:
+        for _ in range(200):  # 200 MiB: far past anything a put may carry
+            put.stdin.write(chunk)
+    except BrokenPipeError:
+        pass  # it stopped reading: what the test wants
+    _, err = put.communicate(timeout=60)
+    # Then it stops with one error line, having stored the whole lines before it
+    assert put.returncode == 1 and "more than a put may carry" in err.decode(), err.decode()
+    assert _count(server) == (0 if options else 1)

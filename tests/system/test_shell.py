@@ -336,3 +336,23 @@ def test_pending_shows_a_group_s_messages_in_flight(run, tmp_path):
         ok, out, _ = run("pending 'q1', 'billing'")
     assert ok and out.splitlines()[0].startswith("PARTITION") and out.splitlines()[1].split()[2:4] == ["m1", "1"]
     assert run("pending 'q1', 'nope'")[2].startswith("ERROR: no consumer group 'nope'")
+
+
+def test_a_reader_that_goes_away_stops_the_shell_quietly(tmp_path):
+    # Given `hqueue shell -e "scan 'q'" | head -1` over a queue of 20,000 messages
+    url = f"local://{tmp_path}/data"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 1)
+        with admin.queue("q") as queue:
+            queue.put([Message("t", b"%d" % i) for i in range(10_000)], 0)
+            queue.put([Message("t", b"%d" % i) for i in range(10_000)], 0)
+    shell = subprocess.Popen(
+        [sys.executable, "-m", "hqueue.cli", "--url", url, "shell", "-e", "scan 'q'"],
+        cwd=ROOT, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert shell.stdout.readline().startswith(b"PARTITION")
+    shell.stdout.close()  # head -1 is done
+    err = shell.stderr.read().decode()
+    assert shell.wait(timeout=60) == 1
+    # Then no "internal error" (a broken pipe is not a bug)
+    assert "internal error" not in err and "Traceback" not in err, err

@@ -1,0 +1,174 @@
+"""Async consumer groups: receive + ack on one event loop, hqueue.aio vs redis.asyncio (hiredis).
+
+Usage:
+    python bench/aio_groups.py [--json out.json] [--messages 200000] [--members 1,4,16] [--batch 100]
+
+Needs Debian's redis-server, the redis package and hiredis (pip install '.[bench]' hiredis).
+
+Each side: a broker process, ``--messages`` 100-byte messages put first, then
+one client process running N member tasks on one asyncio loop, each looping
+"receive up to ``--batch``, ack them" until the queue is drained.
+
+* hqueue: ``hqueue server`` on an embedded store, a 16-partition ASYNC_WAL
+  queue; ``AsyncHQueue(...).consumer("g")``: ``await receive(batch)`` then
+  ``await ack``: the async Thrift client, no thread per call.
+* Redis: ``redis-server`` (``appendonly yes``, ``appendfsync everysec``), one
+  stream, one group; ``redis.asyncio`` with hiredis: ``XREADGROUP COUNT
+  batch`` then ``XACK``.
+
+Throughput = messages / (the last member's last ack - the start). The client's
+CPU seconds (user + system) are reported too: the loop's cost per message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from common import report  # noqa: E402
+from remote import start_hqueue, start_redis  # noqa: E402
+
+from hqueue import Durability, HQueue, HQueueAdmin, Message  # noqa: E402
+
+PAYLOAD = b"x" * 93  # topic "crawler" + 93 bytes = 100
+
+
+async def hqueue_members(port: int, members: int, batch: int) -> tuple[int, float]:
+    from hqueue.aio import AsyncHQueue
+
+    async with AsyncHQueue("work", f"hqueue://127.0.0.1:{port}") as queue:
+
+        async def member(name: str) -> tuple[int, float]:
+            count, last = 0, time.monotonic()
+            async with queue.consumer("g", member=name) as consumer:
+                while True:
+                    deliveries = await consumer.receive(batch, wait=0.5)
+                    if not deliveries:
+                        return count, last
+                    await consumer.ack(deliveries)
+                    count, last = count + len(deliveries), time.monotonic()
+
+        return await timed_members(member, members)
+
+
+async def redis_members(port: int, members: int, batch: int) -> tuple[int, float]:
+    import redis.asyncio
+
+    client = redis.asyncio.Redis(port=port, max_connections=members + 1)
+    await client.ping()
+
+    async def member(name: str) -> tuple[int, float]:
+        count, last = 0, time.monotonic()
+        while True:
+            reply = await client.xreadgroup("g", name, {"work": ">"}, count=batch, block=500)
+            if not reply:
+                return count, last
+            ids = [entry_id for entry_id, _ in reply[0][1]]
+            await client.xack("work", "g", *ids)
+            count, last = count + len(ids), time.monotonic()
+
+    try:
+        return await timed_members(member, members)
+    finally:
+        await client.aclose()
+
+
+async def timed_members(member, members: int) -> tuple[int, float]:
+    start = time.monotonic()
+    results = await asyncio.gather(*(member(f"c{i}") for i in range(members)))
+    return sum(r[0] for r in results), max(r[1] for r in results) - start
+
+
+def client(system: str, port: int, members: int, batch: int) -> dict:
+    """Run in a process of its own: one loop, N member tasks."""
+    run = hqueue_members if system == "hqueue" else redis_members
+    count, seconds = asyncio.run(run(port, members, batch))
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {"count": count, "seconds": seconds, "cpu": usage.ru_utime + usage.ru_stime}
+
+
+def run_client(system: str, port: int, members: int, batch: int) -> dict:
+    out = subprocess.run(
+        [sys.executable, __file__, "--client", system, str(port), str(members), str(batch)],
+        stdout=subprocess.PIPE, text=True, check=True,
+    )  # fmt: skip
+    return json.loads(out.stdout)
+
+
+def hqueue_run(workdir: str, messages: int, members: int, batch: int) -> dict:
+    proc, port = start_hqueue(workdir)
+    try:
+        url = f"hqueue://127.0.0.1:{port}"
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("work", 16, durability=Durability.ASYNC_WAL)
+        with HQueue("work", url) as queue:
+            for i in range(0, messages, 1000):
+                queue.put([Message("crawler", PAYLOAD)] * 1000, partition_id=(i // 1000) % 16)
+        result = run_client("hqueue", port, members, batch)
+    finally:
+        proc.terminate()
+        proc.wait()
+    return row("hqueue.aio", members, result)
+
+
+def redis_run(workdir: str, messages: int, members: int, batch: int) -> dict:
+    import redis
+
+    proc, port = start_redis(workdir)
+    try:
+        sync = redis.Redis(port=port)
+        for _ in range(0, messages, 1000):
+            pipe = sync.pipeline(transaction=False)
+            for _ in range(1000):
+                pipe.xadd("work", {"crawler": PAYLOAD})
+            pipe.execute()
+        sync.xgroup_create("work", "g", id="0")
+        result = run_client("redis", port, members, batch)
+    finally:
+        proc.terminate()
+        proc.wait()
+    return row("redis.asyncio+hiredis", members, result)
+
+
+def row(system: str, members: int, result: dict) -> dict:
+    return {
+        "system": system, "members": members, "received": result["count"],
+        "msgs_per_s": result["count"] / result["seconds"],
+        "client_cpu_us_per_msg": 1e6 * result["cpu"] / result["count"],
+    }  # fmt: skip
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--client":
+        system, port, members, batch = sys.argv[2:6]
+        print(json.dumps(client(system, int(port), int(members), int(batch))))
+        return
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json")
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--members", default="1,4,16")
+    parser.add_argument("--batch", type=int, default=100)
+    args = parser.parse_args()
+    rows = []
+    for members in map(int, args.members.split(",")):
+        with tempfile.TemporaryDirectory() as workdir:
+            ours = hqueue_run(workdir, args.messages, members, args.batch)
+        with tempfile.TemporaryDirectory() as workdir:
+            theirs = redis_run(workdir, args.messages, members, args.batch)
+        ours["vs_redis"] = ours["msgs_per_s"] / theirs["msgs_per_s"]
+        rows += [ours, theirs]
+    columns = ["system", "members", "received", "msgs_per_s", "client_cpu_us_per_msg", "vs_redis"]
+    report("async receive + ack: hqueue.aio vs redis.asyncio", rows, columns, args.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""A put from a second process on a shared embedded store vs the same put through ``hqueue server``.
+
+Usage:
+    python bench/shared.py [--rounds 5] [--json out.json]
+
+Two stores, each in a fresh directory, each held by another process: one
+shared (a process that opened ``local://`` serves it on its Unix socket,
+hqueue/sharing.py), one behind ``hqueue server`` on loopback TCP. This
+process puts the same batches (100-byte messages, one partition) to each,
+alternately, ``--rounds`` times; each row is the median msgs/s and the
+ratio shared/server (above 1: the shared store is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from common import report, timed  # noqa: E402
+from remote import hqueue_put, start_hqueue  # noqa: E402
+
+from hqueue import Durability, HQueue, HQueueAdmin  # noqa: E402
+from hqueue.sharing import SOCKET_NAME, StoreClient  # noqa: E402
+
+MESSAGES = {1: 3_000, 100: 100_000, 1000: 200_000}
+HOLD = "import sys, time\nfrom hqueue import HQueueAdmin\nwith HQueueAdmin(data_dir=sys.argv[1]):\n time.sleep(3600)"
+
+
+def start_holder(path: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), ".."))
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, path], env=env)
+    deadline = time.monotonic() + 30
+    while not os.path.exists(os.path.join(path, SOCKET_NAME)):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the holder never served the store")
+        time.sleep(0.05)
+    return proc
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as workdir:
+        shared_path = os.path.join(workdir, "shared")
+        holder = start_holder(shared_path)
+        server, port = start_hqueue(workdir)
+        try:
+            urls = {"shared": f"local://{shared_path}", "server": f"hqueue://127.0.0.1:{port}"}
+            for durability in (Durability.SYNC_WAL, Durability.ASYNC_WAL):
+                for batch, total in MESSAGES.items():
+                    rates: dict[str, list[float]] = {"shared": [], "server": []}
+                    for round_number in range(args.rounds):
+                        for kind, url in urls.items():
+                            name = f"q_{durability.lower()}_{batch}_{round_number}"
+                            with HQueueAdmin(url) as admin:
+                                admin.create_queue(name, 1, durability=durability)
+                            with HQueue(name, url) as queue:
+                                assert kind != "shared" or isinstance(queue.engine, StoreClient)
+                                seconds = timed(hqueue_put, queue, total, batch)
+                            rates[kind].append(total / seconds)
+                    shared, served = statistics.median(rates["shared"]), statistics.median(rates["server"])
+                    rows.append({"op": f"put, batch {batch} (msgs/s)", "durability": durability,
+                                 "shared": shared, "server": served, "shared/server": shared / served})  # fmt: skip
+        finally:
+            for proc in (holder, server):
+                proc.terminate()
+                proc.wait(timeout=30)
+    title = "A second process's puts: shared embedded store (Unix socket) vs hqueue server (loopback TCP)"
+    report(title, rows, ["op", "durability", "shared", "server", "shared/server"], args.json)
+
+
+if __name__ == "__main__":
+    main()

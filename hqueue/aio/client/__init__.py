@@ -1,0 +1,1 @@
+"""The asyncio client of hqueue servers (hqueue://): the engine, its groups, cursors and transport."""

@@ -1,0 +1,295 @@
+"""AsyncRemoteEngine: the engine's calls over hqueue servers, on the event loop.
+
+The asyncio twin of :class:`~hqueue.client.engine.RemoteEngine`, with the
+same rules (read its docstring): the same URL, token and TLS; one deadline
+per call (``timeout`` seconds, ``asyncio.timeout_at``) across every retry
+and every server; puts to the partition's owner, following moves until
+``owner_timeout``; a put that was sent and got no answer by its deadline is
+:class:`~hqueue.errors.OutcomeUnknown`, never sent again. Connections come
+from an :class:`~hqueue.aio.client.transport.AsyncPool` per server: no thread
+per call, and ``release()`` closes every socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import random
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from thriftpy2.thrift import TException
+from thriftpy2.transport import TTransportException
+
+from ...checks import message_columns
+from ...client.engine import _IDEMPOTENT, _READS, client_options, queue_description
+from ...config import INFO_CACHE_SECONDS, QueueInfo, QueueState
+from ...errors import (
+    DeadlineExceeded,
+    HQueueError,
+    NoPartitionOwner,
+    NotPartitionOwner,
+    OutcomeUnknown,
+    QueueDisabled,
+    ServerBusy,
+    ServerUnavailable,
+)
+from ...ids import consecutive
+from ...keys.timers import Timer
+from ...message import Message, MessageID
+from ...rpc import packed, wire
+from ...rpc.failures import explain
+from ...scanner import Scan
+from .cursor import AsyncRemoteCursor
+from .groups import AsyncRemoteGroups
+from .subscriptions import AsyncRemoteSubscriptions
+from .transport import AsyncPool, NotSentError
+
+#: (engine, the loop-time deadline of the call under way in this task).
+_deadline: contextvars.ContextVar[tuple[int, float] | None] = contextvars.ContextVar(
+    "hqueue_aio_deadline", default=None
+)
+
+
+class AsyncRemoteEngine:
+    """The engine's calls over hqueue servers, awaitable (see the module's docstring).
+
+    Args:
+        url: ``hqueue://[TOKEN@]host:port[,host:port…][?timeout=S&tls=1&ca=FILE]``.
+        timeout: One call's deadline, in seconds (default 30, or the URL's).
+        owner_timeout: How long a call retries while its partition has no owner.
+        token: The token (default: the URL's, or ``$HQUEUE_TOKEN``).
+    """
+
+    def __init__(
+        self, url: str, *, timeout: float | None = None, owner_timeout: float = 30.0, token: str | None = None
+    ) -> None:
+        self._seeds, self.url, self.timeout, self._token, self._ssl_context = client_options(url, timeout, token)
+        self.tls = self._ssl_context is not None
+        self.owner_timeout = owner_timeout
+        self._pools: dict[str, AsyncPool] = {}
+        self._locations: dict[str, list[str]] = {}
+        self._infos: dict[str, tuple[float, QueueInfo]] = {}
+        self.groups = AsyncRemoteGroups(self)
+        self.subscriptions = AsyncRemoteSubscriptions(self)
+
+    # -- deadlines ------------------------------------------------------------------
+
+    @contextmanager
+    def deadline(self, extra: float = 0.0) -> Iterator[float]:
+        """The deadline of the call under way in this task, or a new one for the calls inside."""
+        outer = _deadline.get()
+        if outer is not None and outer[0] == id(self):
+            yield outer[1]
+            return
+        at = asyncio.get_running_loop().time() + self.timeout + extra
+        token = _deadline.set((id(self), at))
+        try:
+            yield at
+        finally:
+            _deadline.reset(token)
+
+    def _unavailable(self, address: str, method: str, cause: BaseException, sent: bool = False) -> ServerUnavailable:
+        if isinstance(cause, TimeoutError):
+            error: ServerUnavailable = DeadlineExceeded(
+                f"hqueue server {address}: {method}: no answer within the call's {self.timeout:g}s timeout"
+            )
+        else:
+            host, _, port = address.rpartition(":")
+            error = ServerUnavailable(f"hqueue server {address}: {explain(host, int(port), cause, self.tls)}")
+        error.maybe_sent = sent
+        return error
+
+    # -- calls ----------------------------------------------------------------------
+
+    def pool(self, address: str) -> AsyncPool:
+        pool = self._pools.get(address)
+        if pool is None:
+            pool = self._pools[address] = AsyncPool(address, self._token, self._ssl_context)
+        return pool
+
+    async def _call_at(self, address: str, method: str, *args: Any, queue: str | None = None, pid: int = -1) -> Any:
+        """One call at one server, by the deadline; IDL exceptions become hqueue errors."""
+        with self.deadline() as deadline:
+            for attempt in (1, 2):
+                pool = self.pool(address)
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        connection = await pool.take()
+                except NotSentError as e:
+                    raise self._unavailable(address, method, e.cause) from e.cause
+                except TimeoutError as e:
+                    raise self._unavailable(address, method, e, sent=attempt > 1) from e
+                except TException as e:  # the token was refused
+                    raise wire.from_thrift_error(e, queue, pid) from e
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        result = await connection.call(method, *args)
+                except (TTransportException, OSError) as e:  # TimeoutError included
+                    pool.give_back(connection, broken=True)
+                    if attempt == 1 and method in _READS and not isinstance(e, TimeoutError):
+                        continue  # the connection broke under us: a read may go again
+                    raise self._unavailable(address, method, e, sent=True) from e
+                except TException as e:
+                    pool.give_back(connection)  # an answer came: the connection is fine
+                    raise wire.from_thrift_error(e, queue, pid) from e
+                except BaseException:  # cancelled mid-call: the connection's state is unknown
+                    pool.give_back(connection, broken=True)
+                    raise
+                pool.give_back(connection)
+                return result
+        raise AssertionError("unreachable")
+
+    async def _call(self, method: str, *args: Any, queue: str | None = None) -> Any:
+        """A call any server answers: each in random order until the deadline (one that
+        changes something goes to a second server only if the first cannot have it)."""
+        failures: list[ServerUnavailable] = []
+        with self.deadline() as deadline:
+            for address in random.sample(self._seeds, len(self._seeds)):
+                try:
+                    return await self._call_at(address, method, *args, queue=queue)
+                except ServerUnavailable as e:
+                    failures.append(e)
+                    if (e.maybe_sent and method not in _IDEMPOTENT) or asyncio.get_running_loop().time() >= deadline:
+                        break
+        error = (DeadlineExceeded if isinstance(failures[-1], DeadlineExceeded) else ServerUnavailable)(
+            "no hqueue server answered: " + "; ".join(map(str, failures))
+        )
+        error.maybe_sent = any(e.maybe_sent for e in failures)
+        raise error from failures[-1]
+
+    # -- queue metadata -------------------------------------------------------------
+
+    async def queue_info(self, name: str, *, fresh: bool = False) -> QueueInfo:
+        """The queue's definition, cached as the blocking client caches it (stale while no server answers)."""
+        now = asyncio.get_running_loop().time()
+        cached = self._infos.get(name)
+        if cached and not fresh and now - cached[0] < INFO_CACHE_SECONDS:
+            return cached[1]
+        try:
+            info = wire.from_tinfo(await self._call("getQueue", name, queue=name))
+        except ServerUnavailable:
+            if cached is None or fresh:
+                raise
+            info = cached[1]
+        self._infos[name] = (now, info)
+        return info
+
+    async def enabled_queue(self, name: str) -> QueueInfo:
+        info = await self.queue_info(name)
+        if not info.enabled:
+            raise QueueDisabled(name)
+        return info
+
+    async def create_queue(self, info: QueueInfo) -> None:
+        await self._call("createQueue", wire.to_tinfo(info), queue=info.name)
+
+    async def set_state(self, name: str, state: str) -> QueueInfo:
+        with self.deadline():
+            await self._call("disableQueue" if state == QueueState.DISABLED else "enableQueue", name, queue=name)
+            return await self.queue_info(name, fresh=True)
+
+    async def truncate_queue(self, name: str) -> None:
+        await self._call("truncateQueue", name, queue=name)
+
+    async def delete_queue(self, name: str) -> None:
+        await self._call("dropQueue", name, queue=name)
+        self._infos.pop(name, None)
+        self._locations.pop(name, None)
+
+    async def list_queues(self) -> list[QueueInfo]:
+        return [wire.from_tinfo(t) for t in await self._call("listQueues")]
+
+    async def describe_queue(self, name: str) -> dict[str, Any]:
+        return queue_description(await self._call("describeQueue", name, queue=name))
+
+    async def partition_locations(self, name: str) -> list[str]:
+        return await self.locations(name, fresh=True)
+
+    async def locations(self, name: str, *, fresh: bool = False) -> list[str]:
+        """``host:port`` of each partition's owner (``""`` where none)."""
+        if fresh or name not in self._locations:
+            self._locations[name] = list(await self._call("getQueueLocations", name, queue=name))
+        return self._locations[name]
+
+    # -- puts and timers ------------------------------------------------------------
+
+    async def put(self, name: str, messages: Sequence[Message], partition_id: int) -> list[MessageID]:
+        with self.deadline():
+            topics, values = message_columns(await self.enabled_queue(name), messages)
+            what = f"put of {len(topics)} message(s)"
+            result = await self.owner_call(
+                name, partition_id, what, "putPacked", partition_id, packed.pack(topics, values)
+            )
+        return consecutive(wire.from_tid(result.firstID), result.count)
+
+    async def schedule(self, name: str, messages: Sequence[Message], partition_id: int, due: int) -> list[Timer]:
+        with self.deadline():
+            topics, values = message_columns(await self.enabled_queue(name), messages)
+            blob = packed.pack(topics, values)
+            what = f"timer put of {len(topics)} message(s)"
+            result = await self.owner_call(name, partition_id, what, "scheduleTimers", partition_id, blob, due)
+        return [Timer(partition_id, due, i) for i in consecutive(wire.from_tid(result.firstID), result.count)]
+
+    async def cancel_timer(self, name: str, timer: Timer) -> bool:
+        return await self.owner_call(name, timer.partition_id, "cancel", "cancelTimer", wire.to_ttimer(timer))
+
+    async def owner_call(
+        self, name: str, partition_id: int, what: str, method: str, *args: Any, idempotent: bool = False
+    ) -> Any:
+        """``method(name, *args)`` at ``partition_id``'s owner, following moves until
+        ``owner_timeout``, by the call's deadline (as the blocking client's ``_owner_call``)."""
+        loop = asyncio.get_running_loop()
+        with self.deadline() as deadline:
+            give_up = min(deadline, loop.time() + self.owner_timeout)
+            delay, fresh, maybe_sent = 0.02, False, False
+            while True:
+                try:
+                    locations = await self.locations(name, fresh=fresh)
+                    owner = locations[partition_id] if partition_id < len(locations) else ""
+                    if owner:
+                        return await self._call_at(owner, method, name, *args, queue=name, pid=partition_id)
+                    problem: HQueueError = NotPartitionOwner(name, partition_id, None)
+                except (NotPartitionOwner, ServerUnavailable) as e:
+                    problem = e
+                    maybe_sent = maybe_sent or (getattr(e, "maybe_sent", False) and not idempotent)
+                now = loop.time()
+                if now >= give_up or isinstance(problem, DeadlineExceeded):
+                    raise self._owner_error(name, partition_id, what, problem, maybe_sent)
+                await asyncio.sleep(min(delay, give_up - now))
+                delay, fresh = min(delay * 2, 1.0), True
+
+    def _owner_error(
+        self, name: str, partition_id: int, what: str, problem: HQueueError, maybe_sent: bool
+    ) -> HQueueError:
+        if maybe_sent:
+            error: HQueueError = OutcomeUnknown(
+                f"{what} to {name!r} partition {partition_id}: the request was sent but no answer came within "
+                f"the call's {self.timeout:g}s timeout; it may have taken effect: {problem}",
+                name,
+                partition_id,
+            )
+        elif isinstance(problem, (DeadlineExceeded, ServerBusy)):
+            error = problem
+        else:
+            error = NoPartitionOwner(name, partition_id, min(self.owner_timeout, self.timeout), problem)
+        if error is not problem:
+            error.__cause__ = problem
+        return error
+
+    # -- scans and lifetime ---------------------------------------------------------
+
+    async def open_cursor(self, queue: str, partition_id: int, scan: Scan, caching: int) -> AsyncRemoteCursor:
+        return await AsyncRemoteCursor.open(self, queue, partition_id, scan, caching)
+
+    @property
+    def connections(self) -> int:
+        """Sockets open now, to every server."""
+        return sum(pool.connections for pool in self._pools.values())
+
+    async def release(self) -> None:
+        """Close every connection (calls still on one fail as broken)."""
+        pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.close()

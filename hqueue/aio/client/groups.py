@@ -1,0 +1,184 @@
+"""Consumer groups over hqueue servers, awaitable: the routing of
+:class:`~hqueue.client.groups.RemoteGroups` (the groups themselves live in the
+servers, :mod:`hqueue.groups`). A receive asks each partition owner in turn,
+long-polling at one; acks, nacks and dead letters go to each receipt's owner,
+following moves until ``owner_timeout`` within the call's deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from ...checks import check_partition
+from ...client.groups import LOCATION_REFRESH
+from ...errors import DeadlineExceeded, HQueueError, NoPartitionOwner, NotPartitionOwner, ServerUnavailable
+from ...message import Message, MessageID, messages_from_columns, rowkeys_by_partition
+from ...rpc import operations as op
+from ...rpc import packed, wire
+from .calls import aremote
+
+logger = logging.getLogger(__name__)
+
+
+class AsyncRemoteGroups:
+    """``engine.groups`` of an :class:`~hqueue.aio.client.engine.AsyncRemoteEngine`."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self._turn = -1
+        self._locations_checked: dict[str, float] = {}
+
+    async def _group_locations(self, name: str, fresh: bool = False) -> list[str]:
+        now = asyncio.get_running_loop().time()
+        if fresh or now >= self._locations_checked.get(name, 0.0) + LOCATION_REFRESH:
+            self._locations_checked[name] = now
+            return await self._engine.locations(name, fresh=True)
+        return await self._engine.locations(name)
+
+    async def _owners(self, name: str, fresh: bool = False) -> list[str]:
+        return sorted({owner for owner in await self._group_locations(name, fresh) if owner})
+
+    async def receive(
+        self, queue: str, group: str, member: str, max_messages: int, lease: float, wait: float
+    ) -> list[tuple[Message, int]]:
+        """As the blocking client's: each owner without waiting, then a long poll at one (in
+        turn) for the rest of ``wait``; the deadline is the client's ``timeout`` plus ``wait``."""
+        with self._engine.deadline(extra=wait) as deadline:
+            loop = asyncio.get_running_loop()
+            waited = loop.time() + wait
+            retry = _Retry(self._engine, deadline)
+            while True:
+                owners = await self._owners(queue, retry.take_fresh())
+                if not owners:
+                    await retry.failed(NoPartitionOwner(queue, -1, 0, None))
+                    continue
+                self._turn = (self._turn + 1) % len(owners)
+                answered = failed = False
+                for index, owner in enumerate(owners[self._turn :] + owners[: self._turn]):
+                    last = index == len(owners) - 1
+                    wait_ms = max(0, int((waited - loop.time()) * 1000)) if last else 0
+                    call = ("groupReceive", queue, group, member, max_messages, int(lease * 1000), wait_ms)
+                    try:
+                        deliveries = await self._engine._call_at(owner, *call, queue=queue)
+                    except ServerUnavailable as e:
+                        retry.noted(e)
+                        failed = True
+                        continue
+                    answered = True
+                    if deliveries.attempts:
+                        messages = messages_from_columns(*packed.unpack(deliveries.messages))
+                        return list(zip(messages, deliveries.attempts, strict=True))
+                if answered and loop.time() >= waited:
+                    return []
+                if failed and answered:
+                    await retry.pause(until=waited)
+                elif failed:
+                    await retry.failed(None)
+
+    async def _receipts_call(
+        self, queue: str, rowkeys: Sequence[bytes], method: str, before: tuple = (), after: tuple = ()
+    ) -> int:
+        """``method(queue, *before, rowkeys, *after)`` at each receipt's owner; the sum of the answers."""
+        with self._engine.deadline() as deadline:
+            retry = _Retry(self._engine, deadline)
+            total, left = 0, list(rowkeys)
+            while True:
+                locations = await self._group_locations(queue, retry.take_fresh())
+                by_owner: dict[str, list[bytes]] = {}
+                for pid, mine in rowkeys_by_partition(left).items():
+                    owner = locations[pid] if pid < len(locations) else ""
+                    if not owner:
+                        await retry.failed(NoPartitionOwner(queue, pid, 0, None))
+                        break
+                    by_owner.setdefault(owner, []).extend(mine)
+                else:
+                    failed: list[bytes] = []
+                    for owner, mine in by_owner.items():
+                        try:
+                            args = (queue, *before, wire.pack_rowkeys(mine), *after)
+                            total += await self._engine._call_at(owner, method, *args, queue=queue)
+                        except (NotPartitionOwner, ServerUnavailable) as e:
+                            retry.noted(e)
+                            failed += mine
+                    if not failed:
+                        return total
+                    left = failed
+                    await retry.failed(None)
+
+    async def ack(self, queue: str, group: str, rowkeys: Sequence[bytes]) -> int:
+        return await self._receipts_call(queue, rowkeys, "groupAck", (group,))
+
+    async def nack(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes], delay: float | None) -> int:
+        delay_ms = -1 if delay is None else int(delay * 1000)
+        return await self._receipts_call(queue, rowkeys, "groupNack", (group, member), (delay_ms,))
+
+    async def dead_letter(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes]) -> int:
+        return await self._receipts_call(queue, rowkeys, "groupDeadLetter", (group, member))
+
+    async def extend(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes], lease: float) -> int:
+        return await self._receipts_call(queue, rowkeys, "groupExtend", (group, member), (max(1, int(lease * 1000)),))
+
+    async def leave(self, queue: str, group: str, member: str) -> None:
+        with self._engine.deadline():
+            for owner in await self._owners(queue):
+                try:
+                    await self._engine._call_at(owner, "groupLeave", queue, group, member, queue=queue)
+                except ServerUnavailable:
+                    pass  # its leases run out there
+
+    async def heartbeat(self, queue: str, group: str, member: str) -> None:
+        with self._engine.deadline():
+            for owner in await self._owners(queue):
+                try:
+                    await self._engine._call_at(owner, "groupHeartbeat", queue, group, member, queue=queue)
+                except ServerUnavailable:
+                    self._locations_checked.pop(queue, None)
+
+    names = aremote(op.LIST_GROUPS)
+    describe = aremote(op.DESCRIBE_GROUP)
+    pending = aremote(op.GROUP_PENDING)
+    delete = aremote(op.DELETE_GROUP)
+    open = aremote(op.OPEN_GROUP)
+
+    async def set_position(self, queue: str, group: str, partition_id: int | None, start: MessageID) -> None:
+        with self._engine.deadline():
+            info = await self._engine.queue_info(queue, fresh=True)
+            pids = range(info.partitions) if partition_id is None else [check_partition(info, partition_id)]
+            for pid in pids:
+                call = ("setGroupPosition", group, pid, wire.to_tid(start))
+                await self._engine.owner_call(queue, pid, "replay", *call, idempotent=True)
+
+
+class _Retry:
+    """As :class:`hqueue.client.groups._Retry`, sleeping on the loop."""
+
+    def __init__(self, engine: Any, deadline: float) -> None:
+        self.give_up = min(deadline, asyncio.get_running_loop().time() + engine.owner_timeout)
+        self.delay, self.fresh = 0.02, False
+        self.problem: HQueueError | None = None
+
+    def noted(self, problem: HQueueError) -> None:
+        if isinstance(problem, DeadlineExceeded):
+            raise problem
+        self.problem, self.fresh = problem, True
+
+    def take_fresh(self) -> bool:
+        fresh, self.fresh = self.fresh, False
+        return fresh
+
+    async def failed(self, problem: HQueueError | None) -> None:
+        if problem is not None:
+            self.noted(problem)
+        if asyncio.get_running_loop().time() >= self.give_up:
+            assert self.problem is not None
+            raise self.problem
+        await self.pause(self.give_up)
+
+    async def pause(self, until: float) -> None:
+        pause = max(0.0, min(self.delay, until - asyncio.get_running_loop().time()))
+        logger.info("group call: %s; reading the owners again in %.2fs", self.problem, pause)
+        await asyncio.sleep(pause)
+        self.delay = min(self.delay * 2, 1.0)

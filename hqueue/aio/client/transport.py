@@ -1,0 +1,152 @@
+"""Async Thrift connections to one hqueue server: the same framing, TLS and token
+as the blocking client (:mod:`hqueue.client.pool`), on the event loop.
+
+Each call is one frame out and one frame in (TFramedTransport, TBinaryProtocol),
+read with ``StreamReader.readexactly`` and decoded by thriftpy2's C binary
+protocol from memory: no thread, no socket of its own per call.
+
+Why not ``thriftpy2.contrib.aio`` as it is: its ``TAsyncSocket.open`` connects
+in a thread of the default executor (a thread per connect), and its protocol
+awaits every field it reads. Its client's message handling is the one used
+here (``TClient._send``/``_recv`` are the blocking twins of ``TAsyncClient``'s),
+over a memory buffer holding one whole frame.
+
+A call cancelled while its request or answer is on the wire leaves its
+connection in an unknown state: the connection is closed, never reused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import struct
+from typing import Any
+
+from thriftpy2.protocol import TCyBinaryProtocol
+from thriftpy2.thrift import TClient, args_to_kwargs
+from thriftpy2.transport import TCyMemoryBuffer, TTransportException
+
+from ...rpc import wire
+
+#: The largest answer frame read (a scan chunk is at most wire.SCAN_REPLY_BYTES and change).
+MAX_ANSWER_BYTES = 256 * 1024 * 1024
+_SIZE = struct.Struct("!i")
+
+
+class AsyncConnection:
+    """One connection to a server; one call at a time."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self._client = TClient(wire.T.HQueueService, TCyBinaryProtocol(TCyMemoryBuffer()))
+
+    @classmethod
+    async def open(cls, host: str, port: int, ssl_context: ssl.SSLContext | None, token: str | None) -> AsyncConnection:
+        """Connect (TLS when given a context) and authenticate when a token is set.
+        The caller bounds it (``asyncio.timeout``)."""
+        try:
+            reader, writer = await asyncio.open_connection(
+                host, port, ssl=ssl_context, server_hostname=host if ssl_context else None
+            )
+        except (OSError, ssl.SSLError) as e:
+            raise TTransportException(TTransportException.NOT_OPEN, f"could not connect to {host}:{port}: {e}") from e
+        connection = cls(reader, writer)
+        if token is not None:
+            try:
+                await connection.call("authenticate", token)
+            except BaseException:
+                connection.close()  # refused, or broken: of no use
+                raise
+        return connection
+
+    async def call(self, method: str, *args: Any) -> Any:
+        """Send ``method(*args)`` and read its answer; IDL exceptions are raised as thriftpy2 raises them."""
+        client = self._client
+        spec = getattr(wire.T.HQueueService, method + "_args").thrift_spec
+        out = TCyMemoryBuffer()
+        client._oprot = TCyBinaryProtocol(out)
+        client._send(method, **args_to_kwargs(spec, *args))
+        payload = out.getvalue()
+        self.writer.write(_SIZE.pack(len(payload)) + payload)
+        await self.writer.drain()
+        try:
+            (size,) = _SIZE.unpack(await self.reader.readexactly(4))
+            if not 0 < size <= MAX_ANSWER_BYTES:
+                raise TTransportException(TTransportException.UNKNOWN, f"an answer frame of {size} bytes")
+            frame = await self.reader.readexactly(size)
+        except asyncio.IncompleteReadError as e:
+            raise TTransportException(TTransportException.END_OF_FILE, "the server closed the connection") from e
+        client._iprot = TCyBinaryProtocol(TCyMemoryBuffer(frame))
+        return client._recv(method)
+
+    def stale(self) -> bool:
+        """Whether the server closed this idle connection (restart, idle timeout)."""
+        return self.reader.at_eof() or self.writer.is_closing() or bool(self.reader._buffer)  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        if not self.writer.is_closing():
+            self.writer.close()
+            # A TLS close_notify would wait on the loop: abort the transport (it frees the socket at once).
+            self.writer.transport.abort()
+
+
+class AsyncPool:
+    """Connections to one server: idle ones are reused, every one is closed by :meth:`close`."""
+
+    def __init__(self, address: str, token: str | None, ssl_context: ssl.SSLContext | None) -> None:
+        host, _, port = address.rpartition(":")
+        self.address, self.host, self.port = address, host, int(port)
+        self.token, self.ssl_context = token, ssl_context
+        self._idle: list[AsyncConnection] = []
+        self._open: set[AsyncConnection] = set()
+        self.closed = False
+
+    async def take(self) -> AsyncConnection:
+        """A connection for the caller alone; give it back with :meth:`give_back`.
+
+        Raises:
+            NotSentError: no connection could be made (the request never left).
+        """
+        while self._idle:
+            connection = self._idle.pop()
+            if not connection.stale():
+                return connection
+            self._drop(connection)
+        if self.closed:
+            raise NotSentError(TTransportException(TTransportException.NOT_OPEN, "the client is closed"))
+        try:
+            connection = await AsyncConnection.open(self.host, self.port, self.ssl_context, self.token)
+        except (TTransportException, OSError) as e:
+            raise NotSentError(e) from e
+        self._open.add(connection)
+        return connection
+
+    def give_back(self, connection: AsyncConnection, broken: bool = False) -> None:
+        if broken or self.closed:
+            self._drop(connection)
+        else:
+            self._idle.append(connection)
+
+    def _drop(self, connection: AsyncConnection) -> None:
+        self._open.discard(connection)
+        connection.close()
+
+    @property
+    def connections(self) -> int:
+        """Connections open now (idle and in use)."""
+        return len(self._open)
+
+    def close(self) -> None:
+        """Close every connection, in use or idle (a call on one fails as broken)."""
+        self.closed = True
+        for connection in list(self._open):
+            self._drop(connection)
+        self._idle.clear()
+
+
+class NotSentError(Exception):
+    """No connection could be made: the request never left."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.cause = cause

@@ -1,0 +1,186 @@
+"""AsyncConsumer: a consumer-group member on the event loop (SPEC X2, X3).
+
+::
+
+    async with AsyncHQueue("orders") as queue, queue.consumer("billing") as consumer:
+        async for delivery in consumer:
+            await bill(delivery.value)
+            await consumer.ack(delivery)
+
+The same groups as :class:`~hqueue.Consumer` (the state lives with the
+partitions' owners); ``receive``, ``ack``, ``nack`` and ``dead_letter`` are
+awaitable, and the member heartbeats from a task of its own.
+
+**Cancellation.** A task cancelled in ``receive`` gets ``CancelledError`` at
+once, and nothing stays leased to it. On a store in this process the wait is
+on the loop: cancelled there, it was handed nothing; cancelled while a worker
+takes messages, they go back as soon as it is done. On hqueue servers the long
+poll under way ends on its own (by its ``wait``, sooner when work arrives) and
+whatever it was handed goes back to the group at once. Either way a message
+handed back is a nack with no delay: another member receives it straight away,
+and it counts as one delivery attempt, as a nack does. Nothing stays leased to a task that is gone,
+and no socket or thread is left behind: :meth:`close` waits for those
+hand-backs, then leaves the group (leases still held go back without counting).
+An ``ack`` or ``nack`` cancelled mid-call may or may not have reached the group
+(delivery stays at least once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections.abc import AsyncIterator, Iterable
+from datetime import datetime
+from typing import Any
+
+from ..consumer import Delivery, _deliveries, _rowkeys, joining, member_name
+from ..groups.state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, HEARTBEAT_INTERVAL, check_lease, check_wait
+from ..message import Message
+from .connect import groups_of
+
+logger = logging.getLogger(__name__)
+
+Receipts = Delivery | Message | Iterable[Delivery | Message]
+
+
+class AsyncConsumer:
+    """One member of a consumer group; make it with :meth:`AsyncHQueue.consumer`
+    (arguments as :class:`~hqueue.Consumer`'s). The group is opened on ``async with``
+    or on the first call."""
+
+    def __init__(
+        self,
+        queue: Any,
+        group: str,
+        topics: Iterable[str | bytes] | None = None,
+        *,
+        start: str | datetime | int = "earliest",
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        lease: float = DEFAULT_LEASE,
+        member: str | None = None,
+        key_affinity: str | None = None,
+    ) -> None:
+        self.queue, self.group, self.lease = queue, group, check_lease(lease)
+        self.member = member_name(member)
+        self._opening = joining(topics, start, max_retries, key_affinity)
+        self._groups: Any = None
+        self._open_lock = asyncio.Lock()
+        self.closed = False
+        self._heartbeats: asyncio.Task | None = None
+        self._handing_back: set[asyncio.Task] = set()
+
+    async def open(self) -> AsyncConsumer:
+        """Open (or make) the group; once."""
+        async with self._open_lock:
+            if self._groups is None:
+                groups = groups_of(await self.queue.async_engine())
+                await groups.open(self.queue.name, self.group, *self._opening)
+                self._groups = groups
+        return self
+
+    async def _ready(self) -> Any:
+        if self.closed:
+            raise RuntimeError(f"{self!r} is closed")
+        return self._groups if self._groups is not None else (await self.open())._groups
+
+    async def receive(
+        self, max_messages: int = 100, *, wait: float = 1.0, lease: float | None = None
+    ) -> list[Delivery]:
+        """Up to ``max_messages`` messages, waiting up to ``wait`` seconds for the first.
+        Cancelled, it hands back what it was given (see the module's docstring)."""
+        check_wait(wait)
+        groups = await self._ready()
+        if self._heartbeats is None:
+            self._heartbeats = asyncio.ensure_future(_heartbeat(weakref.ref(self), groups))
+        receiving = groups.receive(
+            self.queue.name, self.group, self.member, max_messages, self.lease if lease is None else lease, wait
+        )
+        if getattr(groups, "cancel_safe", False):  # a store in this process: nothing to wait out
+            return list(_deliveries(await receiving))
+        call = asyncio.ensure_future(receiving)  # a long poll at a server: it ends on its own
+        try:
+            pairs = await asyncio.shield(call)
+        except asyncio.CancelledError:
+            if not call.done() or (not call.cancelled() and call.exception() is None):
+                task = asyncio.ensure_future(self._hand_back(groups, call))
+                self._handing_back.add(task)
+                task.add_done_callback(self._handing_back.discard)
+            raise
+        return list(_deliveries(pairs))
+
+    async def _hand_back(self, groups: Any, call: asyncio.Future) -> None:
+        try:
+            pairs = await call
+        except Exception:
+            return  # nothing was handed out
+        if pairs:
+            rowkeys = _rowkeys(list(_deliveries(pairs)))
+            try:
+                await groups.nack(self.queue.name, self.group, self.member, rowkeys, 0)
+            except Exception as e:  # their leases run out instead
+                logger.warning("consumer %s: handing back %d cancelled deliveries: %s", self.member, len(rowkeys), e)
+
+    async def ack(self, deliveries: Receipts) -> int:
+        """Mark messages done (as :meth:`Consumer.ack <hqueue.Consumer.ack>`)."""
+        return await (await self._ready()).ack(self.queue.name, self.group, _rowkeys(deliveries))
+
+    async def nack(self, deliveries: Receipts, *, delay: float | None = None) -> int:
+        """Give messages back (as :meth:`Consumer.nack <hqueue.Consumer.nack>`)."""
+        groups = await self._ready()
+        return await groups.nack(self.queue.name, self.group, self.member, _rowkeys(deliveries), delay)
+
+    async def extend(self, deliveries: Receipts, *, lease: float | None = None) -> int:
+        """Renew the leases this member holds (as :meth:`Consumer.extend <hqueue.Consumer.extend>`)."""
+        lease = check_lease(self.lease if lease is None else lease)
+        groups = await self._ready()
+        return await groups.extend(self.queue.name, self.group, self.member, _rowkeys(deliveries), lease)
+
+    async def dead_letter(self, deliveries: Receipts) -> int:
+        """Move messages to ``<queue>.dlq`` now (as :meth:`Consumer.dead_letter <hqueue.Consumer.dead_letter>`)."""
+        groups = await self._ready()
+        return await groups.dead_letter(self.queue.name, self.group, self.member, _rowkeys(deliveries))
+
+    async def __aiter__(self) -> AsyncIterator[Delivery]:
+        """Deliveries as they come, until :meth:`close`. Ack each one."""
+        while not self.closed:
+            for delivery in await self.receive(wait=1.0):
+                yield delivery
+
+    async def close(self) -> None:
+        """Leave the group: hand-backs of cancelled receives end first, then the leases
+        still held go back to the others at once."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._heartbeats is not None:
+            self._heartbeats.cancel()
+        if self._handing_back:
+            await asyncio.gather(*self._handing_back, return_exceptions=True)
+        if self._groups is not None:
+            await self._groups.leave(self.queue.name, self.group, self.member)
+
+    async def __aenter__(self) -> AsyncConsumer:
+        return await self.open()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"AsyncConsumer({self.queue.name!r}, {self.group!r}, member={self.member!r})"
+
+
+async def _heartbeat(ref: weakref.ref[AsyncConsumer], groups: Any) -> None:
+    """Tell the group the member is there every HEARTBEAT_INTERVAL, until it closes
+    (or is dropped: the task holds it weakly)."""
+    while True:
+        await asyncio.sleep(HEARTBEAT_INTERVAL)
+        consumer = ref()
+        if consumer is None or consumer.closed:
+            return
+        queue, group, member = consumer.queue.name, consumer.group, consumer.member
+        del consumer
+        try:
+            await groups.heartbeat(queue, group, member)
+        except Exception as e:  # a server away: the next beat, or the leases end
+            logger.debug("consumer %s: heartbeat failed: %s", member, e)

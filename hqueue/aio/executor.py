@@ -1,0 +1,196 @@
+"""A store in this process (``local://``, ``memory://``, ``hbase://``), awaitable.
+
+The embedded engine, RocksDB and happybase are synchronous: each storage call
+runs in a *bounded* executor (``workers`` threads, 4 by default) that the
+handle owns, never a thread per call, and the event loop never blocks on the
+store. A consumer's receive does not hold a worker while it waits for work:
+it asks without waiting, then waits on the loop until a write to the queue
+wakes it (or a short poll interval passes, for retries falling due).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import weakref
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+from functools import partial
+from typing import Any
+
+from ..api import EngineAPI
+from ..message import Message
+
+#: Threads an in-process store's handle runs storage calls in.
+DEFAULT_WORKERS = 4
+#: Longest a waiting receive sleeps without a write waking it (retries, members leaving).
+RECEIVE_POLL = 0.05
+
+
+class ExecutorEngine:
+    """An in-process engine's calls, each run in a bounded executor (see the module's docstring)."""
+
+    def __init__(self, engine: EngineAPI, executor: ThreadPoolExecutor) -> None:
+        self.sync, self._executor = engine, executor
+        self.url, self.tls = engine.url, False
+        self.groups = ExecutorGroups(engine.groups, self) if engine.groups is not None else None
+        self.subscriptions = _Awaitable(engine.subscriptions, self) if engine.subscriptions is not None else None
+
+    async def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` in the executor."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, partial(fn, *args, **kwargs))
+
+    def deadline(self, extra: float = 0.0) -> nullcontext[None]:
+        return nullcontext()  # in process, no deadline (as the blocking engine)
+
+    def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
+        """queue_info, enabled_queue, create_queue, set_state, truncate_queue, delete_queue,
+        list_queues, describe_queue, put, schedule, cancel_timer, partition_locations: awaitable."""
+        return partial(self.run, getattr(self.sync, name))
+
+    async def open_cursor(self, queue: str, partition_id: int, scan: Any, caching: int) -> ExecutorCursor:
+        return ExecutorCursor(await self.run(self.sync.open_cursor, queue, partition_id, scan, caching), self)
+
+    @property
+    def connections(self) -> int:
+        return 0
+
+    async def release(self) -> None:
+        """Release the store (the last user in the process closes it); the executor's threads end."""
+        try:
+            await self.run(self.sync.release)
+        finally:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class _Awaitable:
+    """A service's methods, each run in the engine's executor."""
+
+    def __init__(self, service: Any, engine: ExecutorEngine) -> None:
+        self._service, self._engine = service, engine
+
+    def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
+        return partial(self._engine.run, getattr(self._service, name))
+
+
+class ExecutorGroups(_Awaitable):
+    """``engine.groups`` in the executor; receive waits on the loop, not in a worker.
+
+    Its receive may be cancelled anywhere: cancelled while it waits, it was handed
+    nothing; cancelled while a worker takes messages, they go back to the group
+    as soon as the worker is done (a nack with no delay).
+    """
+
+    #: Cancelling :meth:`receive` itself leaves nothing leased.
+    cancel_safe = True
+
+    async def receive(
+        self, queue: str, group: str, member: str, max_messages: int, lease: float, wait: float
+    ) -> list[tuple[Message, int]]:
+        if not isinstance(wait, (int, float)) or isinstance(wait, bool) or not 0 <= wait <= 300:
+            return await self._engine.run(self._service.receive, queue, group, member, max_messages, lease, wait)
+        loop = asyncio.get_running_loop()
+        until = loop.time() + wait
+        waker = _waker(self._engine.sync)
+        while True:
+            woken = waker.arm(queue, loop)
+            try:
+                taken = await self._take(queue, group, member, max_messages, lease)
+                left = until - loop.time()
+                if taken or left <= 0:
+                    return taken
+                try:
+                    async with asyncio.timeout(min(left, RECEIVE_POLL)):
+                        await woken.wait()
+                except TimeoutError:
+                    pass
+            finally:
+                waker.disarm(queue, woken)
+
+    async def _take(self, queue: str, group: str, member: str, max_messages: int, lease: float) -> Any:
+        loop = asyncio.get_running_loop()
+        receive = partial(self._service.receive, queue, group, member, max_messages, lease, 0)
+        taking = loop.run_in_executor(self._engine._executor, receive)
+        try:
+            return await asyncio.shield(taking)
+        except asyncio.CancelledError:
+            taking.add_done_callback(partial(self._give_back, queue, group, member))
+            raise
+
+    def _give_back(self, queue: str, group: str, member: str, taking: asyncio.Future) -> None:
+        """What a cancelled receive was handed goes back at once."""
+        if taking.cancelled() or taking.exception() is not None or not taking.result():
+            return
+        rowkeys = [message.rowkey for message, _ in taking.result()]
+        try:
+            self._engine._executor.submit(self._service.nack, queue, group, member, rowkeys, 0)
+        except RuntimeError:  # the handle closed: its member left, which gave every lease back
+            pass
+
+
+class ExecutorCursor:
+    """A store cursor whose chunks are read in the executor."""
+
+    def __init__(self, cursor: Any, engine: ExecutorEngine) -> None:
+        self._cursor, self._engine = cursor, engine
+
+    @property
+    def done(self) -> bool:
+        return bool(self._cursor.done)
+
+    async def fetch(self) -> list[Message]:
+        return await self._engine.run(self._cursor.fetch)
+
+    async def fetch_columns(self) -> Any:
+        return await self._engine.run(self._cursor.fetch_columns)
+
+    async def close(self) -> None:
+        self._cursor.close()  # an embedded cursor holds nothing between chunks
+
+    def abandon(self) -> None:
+        self._cursor.close()
+
+
+class _Waker:
+    """Wakes waiting receives on the loop when their queue is written (one per engine)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
+
+    def arm(self, queue: str, loop: asyncio.AbstractEventLoop) -> asyncio.Event:
+        event = asyncio.Event()
+        with self._lock:
+            self._waiting.setdefault(queue, set()).add((loop, event))
+        return event
+
+    def disarm(self, queue: str, event: asyncio.Event) -> None:
+        with self._lock:
+            waiting = self._waiting.get(queue, set())
+            waiting -= {pair for pair in waiting if pair[1] is event}
+            if not waiting:
+                self._waiting.pop(queue, None)
+
+    def written(self, queue: str, partition_id: int) -> None:
+        with self._lock:
+            waiting = list(self._waiting.get(queue, ()))
+        for loop, event in waiting:
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # that loop is closed: its receive is gone
+                pass
+
+
+_wakers: weakref.WeakKeyDictionary[Any, _Waker] = weakref.WeakKeyDictionary()
+_wakers_lock = threading.Lock()
+
+
+def _waker(engine: Any) -> _Waker:
+    """The engine's waker, listening to its writes (registered once per engine)."""
+    with _wakers_lock:
+        waker = _wakers.get(engine)
+        if waker is None:
+            waker = _wakers[engine] = _Waker()
+            engine.events.on_write(waker.written)
+        return waker

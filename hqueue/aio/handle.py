@@ -1,0 +1,88 @@
+"""What AsyncHQueue and AsyncHQueueAdmin share: the async engine of their URL, opened
+once (on ``async with``, ``open()`` or the first call) and released by ``close()``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+from ..connection import resolve_url
+from ..groups.state import GroupLimits
+from .connect import DEFAULT_WORKERS, AsyncEngine, open_engine
+
+
+class AsyncConnected:
+    """Holds an async engine for one store or set of servers.
+
+    Args:
+        url, data_dir, token, timeout, group_limits: As for :class:`~hqueue.HQueue`.
+        workers: For a store in this process: the threads its storage calls run
+            in (default 4; the embedded engine is synchronous). Unused for hqueue://.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        data_dir: str | os.PathLike[str] | None = None,
+        token: str | None = None,
+        timeout: float | None = None,
+        group_limits: GroupLimits | None = None,
+        workers: int = DEFAULT_WORKERS,
+    ) -> None:
+        self._opened_with: dict[str, Any] = {
+            "url": resolve_url(url, data_dir), "token": token, "timeout": timeout,
+            "group_limits": group_limits, "workers": workers,
+        }  # fmt: skip
+        self._engine: AsyncEngine | None = None
+        self._lock: asyncio.Lock | None = None
+        self.closed = False
+
+    async def async_engine(self) -> AsyncEngine:
+        """The engine, opened on first use."""
+        if self.closed:
+            raise RuntimeError(f"{type(self).__name__} is closed")
+        if self._engine is None:
+            self._lock = self._lock or asyncio.Lock()
+            async with self._lock:
+                if self._engine is None:
+                    o = self._opened_with
+                    self._engine = await open_engine(
+                        o["url"], None, o["token"], o["timeout"], o["group_limits"], o["workers"]
+                    )
+                    await self._opened()
+        return self._engine
+
+    async def _opened(self) -> None:
+        """Checks once the engine is open (a queue that must exist)."""
+
+    async def open(self) -> Any:
+        await self.async_engine()
+        return self
+
+    @property
+    def url(self) -> str:
+        return self._engine.url if self._engine is not None else self._opened_with["url"]
+
+    @property
+    def connections(self) -> int:
+        """Sockets this handle has open to hqueue servers now (0 for a store in this process)."""
+        return self._engine.connections if self._engine is not None else 0
+
+    async def close(self) -> None:
+        """Release the store or close every connection (the last user in the process closes a store)."""
+        self.closed = True
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            await engine.release()
+
+    async def __aenter__(self) -> Any:
+        try:
+            return await self.open()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()

@@ -1,0 +1,188 @@
+"""AsyncHQueue: put messages, scan them, consume them in groups, on the event loop."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any, overload
+
+from ..checks import check_partition
+from ..config import QueueInfo
+from ..consumer import Pending
+from ..errors import InvalidArgument
+from ..groups.state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, GroupLimits, check_group_name, check_pending_limit
+from ..keys.timers import Timer, due_ms
+from ..message import Message, MessageID
+from ..queue import TimeLike, as_batch, as_message_id, route
+from ..scanner import DEFAULT_CACHING, Scan
+from ..subscriptions.listener import Subscription
+from .connect import DEFAULT_WORKERS, groups_of
+from .consumer import AsyncConsumer
+from .handle import AsyncConnected
+from .scanner import AsyncScanner
+from .subscriber import AsyncSubscriber, Listener
+
+__all__ = ["AsyncHQueue"]
+
+
+class AsyncHQueue(AsyncConnected):
+    """A handle on one queue, for asyncio: :class:`~hqueue.HQueue`'s calls, awaitable.
+
+    Args:
+        name: The queue, which must exist.
+        url, data_dir, token, timeout, group_limits: As for :class:`~hqueue.HQueue`.
+        workers: For a store in this process, the threads its storage calls run in
+            (default 4): the embedded engine is synchronous. hqueue:// needs none.
+
+    Open it with ``async with`` (or ``await queue.open()``); the first call opens
+    it too. ``QueueNotFound`` is raised then.
+
+    Example::
+
+        async with AsyncHQueue("crawl") as queue:
+            await queue.put(Message("crawler", b"http://example.com"))
+            async for message in queue.scan(topics=["crawler"]):
+                print(message.id, message.value)
+    """
+
+    def __init__(
+        self,
+        name: str,
+        url: str | None = None,
+        *,
+        data_dir: str | os.PathLike[str] | None = None,
+        token: str | None = None,
+        timeout: float | None = None,
+        group_limits: GroupLimits | None = None,
+        workers: int = DEFAULT_WORKERS,
+    ) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"'name' must be a str (the queue's name), not {type(name).__name__}")
+        super().__init__(
+            url, data_dir=data_dir, token=token, timeout=timeout, group_limits=group_limits, workers=workers
+        )
+        self.name = name
+
+    async def _opened(self) -> None:
+        try:
+            assert self._engine is not None
+            await self._engine.queue_info(self.name)
+        except BaseException:
+            await self.close()
+            raise
+
+    async def info(self) -> QueueInfo:
+        """The queue's definition (partitions, TTL, state, …)."""
+        return await (await self.async_engine()).queue_info(self.name)
+
+    @overload
+    async def put(
+        self, messages: Message | Sequence[Message], partition_id: int | None = None, *,
+        key: bytes | str | None = None, deliver_at: None = None, delay: None = None, priority: int | None = None,
+    ) -> list[MessageID]: ...  # fmt: skip
+
+    @overload
+    async def put(
+        self, messages: Message | Sequence[Message], partition_id: int | None = None, *,
+        key: bytes | str | None = None, deliver_at: datetime | int | None = None, delay: float | None = None,
+        priority: int | None = None,
+    ) -> list[MessageID] | list[Timer]: ...  # fmt: skip
+
+    async def put(
+        self,
+        messages: Message | Sequence[Message],
+        partition_id: int | None = None,
+        *,
+        key: bytes | str | None = None,
+        deliver_at: datetime | int | None = None,
+        delay: float | None = None,
+        priority: int | None = None,
+    ) -> list[MessageID] | list[Timer]:
+        """Write one message or a batch, atomically to one partition; the IDs given
+        (timers with ``deliver_at``/``delay``). Arguments and errors as :meth:`HQueue.put
+        <hqueue.HQueue.put>`."""
+        batch = as_batch(messages)
+        engine = await self.async_engine()
+        with engine.deadline():  # one deadline for the queue's definition and the put
+            pid = route(await engine.enabled_queue(self.name), partition_id, key, priority)
+            if deliver_at is not None or delay is not None:
+                return await engine.schedule(self.name, batch, pid, due_ms(deliver_at, delay))
+            return await engine.put(self.name, batch, pid)
+
+    async def cancel(self, timer: Timer | str) -> bool:
+        """Cancel a pending timer message; False if it fired (or was cancelled) already."""
+        if isinstance(timer, str):
+            timer = Timer.parse(timer)
+        if not isinstance(timer, Timer):
+            raise TypeError(f"'timer' must be a Timer (from put(..., delay=…)), not {type(timer).__name__}")
+        return await (await self.async_engine()).cancel_timer(self.name, timer)
+
+    def scan(
+        self,
+        start: TimeLike = None,
+        stop: TimeLike = None,
+        topics: Iterable[str | bytes] | None = None,
+        *,
+        partition_id: int | None = None,
+        limit: int | None = None,
+        caching: int = DEFAULT_CACHING,
+    ) -> AsyncScanner:
+        """``async for`` over messages in ``[start, stop)``, in ID order (as :meth:`HQueue.scan
+        <hqueue.HQueue.scan>`); partitions are read concurrently. Close it early with
+        ``aclose()`` or ``async with``."""
+        scan = Scan(as_message_id(start, "start"), as_message_id(stop, "stop"), topics)
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
+            raise InvalidArgument(f"'limit' must be an int >= 0, got {limit!r}")
+        if not isinstance(caching, int) or isinstance(caching, bool) or caching < 1:
+            raise InvalidArgument(f"'caching' must be an int > 0, got {caching!r}")
+
+        async def opener() -> tuple[Any, str, dict[int, Scan]]:
+            engine = await self.async_engine()
+            info = await engine.enabled_queue(self.name)
+            pids = range(info.partitions) if partition_id is None else [check_partition(info, partition_id)]
+            return engine, self.name, dict.fromkeys(pids, scan)
+
+        return AsyncScanner(opener, min(limit, caching) if limit else caching, limit)
+
+    # -- consumer groups -----------------------------------------------------------
+
+    def consumer(
+        self,
+        group: str,
+        topics: Iterable[str | bytes] | None = None,
+        *,
+        start: str | datetime | int = "earliest",
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        lease: float = DEFAULT_LEASE,
+        member: str | None = None,
+        key_affinity: str | None = None,
+    ) -> AsyncConsumer:
+        """A member of consumer group ``group`` (see :class:`~hqueue.aio.AsyncConsumer`)."""
+        return AsyncConsumer(
+            self, group, topics, start=start, max_retries=max_retries, lease=lease, member=member,
+            key_affinity=key_affinity,
+        )  # fmt: skip
+
+    async def pending(self, group: str, *, limit: int = 1000) -> list[Pending]:
+        """As :meth:`HQueue.pending <hqueue.HQueue.pending>`."""
+        groups = groups_of(await self.async_engine())
+        found = await groups.pending(self.name, check_group_name(group), check_pending_limit(limit))
+        return [
+            Pending(p["partition"], p["id"], p["member"], p["attempt"], p["lease_left"], p["retry_in"]) for p in found
+        ]
+
+    # -- subscriptions -------------------------------------------------------------
+
+    def create_subscriber(
+        self, subscription: Subscription, listeners: Sequence[Listener], **options: Any
+    ) -> AsyncSubscriber:
+        """A push subscriber whose listeners may be coroutine functions (see
+        :class:`~hqueue.aio.AsyncSubscriber`); options as :meth:`HQueue.create_subscriber
+        <hqueue.HQueue.create_subscriber>`. ``await subscriber.start()``."""
+        if not isinstance(subscription, Subscription):
+            raise TypeError(f"'subscription' must be a Subscription, not {type(subscription).__name__}")
+        return AsyncSubscriber(self.name, self._opened_with, subscription, listeners, options)
+
+    def __repr__(self) -> str:
+        return f"AsyncHQueue({self.name!r}, url={self.url!r})"

@@ -1,0 +1,103 @@
+"""AsyncScanner: ``async for`` over partitions, merged in MessageID order.
+
+The chunk-wise merge of :class:`~hqueue.scanner.CombinedPartitionScanner`, with
+the partitions' chunks fetched concurrently (one executor call each on a store
+in this process, one server-side cursor and connection each on hqueue servers).
+Closed at the end, by ``aclose()``/``async with``, or when its task is cancelled:
+every cursor it opened is closed then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from bisect import bisect_right
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+
+from ..message import Message
+from ..scanner import Scan
+
+Opener = Callable[[], Awaitable[tuple[Any, str, Mapping[int, Scan]]]]
+
+
+class AsyncScanner:
+    """Messages of chosen partitions in ID order; iterate with ``async for``.
+
+    Args:
+        opener: Awaited on the first step: (the async engine, the queue, a Scan per partition).
+        caching: Messages fetched a round trip per partition.
+        limit: At most this many messages (None: all).
+    """
+
+    def __init__(self, opener: Opener, caching: int, limit: int | None = None) -> None:
+        self._opener, self.caching, self.limit = opener, caching, limit
+        self._messages = self._generate()
+        self.closed = False
+
+    def __aiter__(self) -> AsyncScanner:
+        return self
+
+    async def __anext__(self) -> Message:
+        return await self._messages.__anext__()
+
+    async def aclose(self) -> None:
+        """Stop the scan and close its cursors."""
+        if not self.closed:
+            self.closed = True
+            await self._messages.aclose()
+
+    async def __aenter__(self) -> AsyncScanner:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def _generate(self) -> AsyncGenerator[Message, None]:
+        engine, queue, scans = await self._opener()
+        opening = [
+            asyncio.ensure_future(engine.open_cursor(queue, pid, scan, self.caching)) for pid, scan in scans.items()
+        ]
+        cursors: list[Any] = []
+        try:
+            await asyncio.wait(opening)
+            cursors = [task.result() for task in opening if not task.cancelled() and task.exception() is None]
+            for task in opening:
+                task.result()  # the first failure, if any, once every cursor opened is kept to be closed
+            emitted = 0
+            async for message in self._merge(cursors):
+                yield message
+                emitted += 1
+                if self.limit is not None and emitted >= self.limit:
+                    break
+            for cursor in cursors:
+                await cursor.close()
+        finally:
+            for task in opening:
+                task.cancel()
+            for cursor in cursors:
+                if not cursor.done:
+                    cursor.abandon()  # no call from here: the task may be cancelled; its connection is dropped
+
+    async def _merge(self, cursors: list[Any]) -> AsyncIterator[Message]:
+        caching = self.caching
+        pending: dict[Any, list[Message]] = {cursor: [] for cursor in cursors}
+        while pending:
+            refill = [c for c, messages in pending.items() if not c.done and len(messages) < caching]
+            for cursor, chunk in zip(refill, await asyncio.gather(*(c.fetch() for c in refill)), strict=True):
+                pending[cursor] += chunk
+            reading = [messages[-1] for cursor, messages in pending.items() if not cursor.done and messages]
+            out: list[Message] = []
+            if reading and len(reading) == sum(not c.done for c in pending):
+                bound = min(reading)
+                for messages in pending.values():
+                    cut = bisect_right(messages, bound)
+                    out += messages[:cut]
+                    del messages[:cut]
+            elif not any(not c.done for c in pending):
+                for messages in pending.values():
+                    out += messages
+                    messages.clear()
+            pending = {c: m for c, m in pending.items() if m or not c.done}
+            out.sort()
+            for message in out:
+                yield message

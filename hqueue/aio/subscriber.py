@@ -1,0 +1,125 @@
+"""AsyncSubscriber: push subscriptions (SPEC C7) whose listeners are coroutines.
+
+A push subscriber is a server: servers (or, for a store in this process, this
+process) connect to it and push batches. Its listening socket and its
+heartbeat run in threads of their own, as :class:`~hqueue.Subscriber`'s do;
+each pushed batch is handed to the async listeners *on the event loop*, and
+the push is answered once they return, so a listener that raises has the
+whole batch delivered again later, as with a blocking listener.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+from ..message import Message
+from ..queue import HQueue
+from ..subscriptions.listener import MessageListener, Subscriber, Subscription
+
+#: A listener: a coroutine function taking a batch, an object with an async
+#: ``on_messages``, or a blocking :class:`~hqueue.MessageListener` (run in the push thread).
+Listener = Callable[[list[Message]], Coroutine[Any, Any, Any]] | MessageListener | Any
+
+
+class _OnLoop(MessageListener):
+    """Runs an async listener on ``loop`` and waits for it in the push thread."""
+
+    def __init__(
+        self, call: Callable[[list[Message]], Coroutine[Any, Any, Any]], loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self.call, self.loop = call, loop
+
+    def on_messages(self, messages: list[Message]) -> None:
+        asyncio.run_coroutine_threadsafe(self.call(messages), self.loop).result()  # raises: the batch comes again
+
+
+def _async_call(listener: Listener) -> Callable[[list[Message]], Coroutine[Any, Any, Any]] | None:
+    """The listener's coroutine function, None for a blocking MessageListener; TypeError otherwise."""
+    on_messages = getattr(listener, "on_messages", None)
+    if on_messages is not None and inspect.iscoroutinefunction(on_messages):
+        return on_messages
+    if isinstance(listener, MessageListener):
+        return None
+    if callable(listener) and inspect.iscoroutinefunction(listener):
+        return listener
+    raise TypeError(f"a listener is a coroutine function or a MessageListener, not {type(listener).__name__}")
+
+
+def _adapted(listener: Listener, loop: asyncio.AbstractEventLoop) -> MessageListener:
+    call = _async_call(listener)
+    if call is None:
+        assert isinstance(listener, MessageListener)
+        return listener
+    return _OnLoop(call, loop)
+
+
+class AsyncSubscriber:
+    """A subscriber made by :meth:`AsyncHQueue.create_subscriber <hqueue.aio.AsyncHQueue.create_subscriber>`.
+
+    ``await start()`` registers it and starts listening (waiting up to
+    ``takeover_timeout`` for an earlier instance that crashed, as
+    :meth:`Subscriber.start <hqueue.Subscriber.start>`); ``await stop()`` or
+    ``async with`` ends it. Start and stop run in a thread (the blocking
+    subscriber's; a lifecycle call, not a per-message one).
+    """
+
+    def __init__(
+        self,
+        queue: str,
+        opened_with: dict[str, Any],
+        subscription: Subscription,
+        listeners: Sequence[Listener],
+        options: dict[str, Any],
+    ) -> None:
+        if isinstance(listeners, (str, bytes)) or not isinstance(listeners, Sequence) or not listeners:
+            raise TypeError("'listeners' must be a non-empty sequence of listeners")
+        for listener in listeners:
+            _async_call(listener)  # a wrong one fails here, not in start()
+        self.queue, self.subscription, self._listeners, self._options = queue, subscription, listeners, options
+        self._opened_with = {k: v for k, v in opened_with.items() if k != "workers"}
+        self._handle: HQueue | None = None
+        self.subscriber: Subscriber | None = None
+
+    @property
+    def address(self) -> str:
+        assert self.subscriber is not None, "start() it first"
+        return self.subscriber.address
+
+    async def start(self) -> AsyncSubscriber:
+        loop = asyncio.get_running_loop()
+        listeners = [_adapted(listener, loop) for listener in self._listeners]
+        self.subscriber = await asyncio.to_thread(self._start, listeners)
+        return self
+
+    def _start(self, listeners: list[MessageListener]) -> Subscriber:
+        self._handle = HQueue(self.queue, **self._opened_with)
+        try:
+            return self._handle.create_subscriber(self.subscription, listeners, **self._options).start()
+        except BaseException:
+            self._handle.close()
+            self._handle = None
+            raise
+
+    async def stop(self, reason: str = "") -> None:
+        subscriber, self.subscriber = self.subscriber, None
+        handle, self._handle = self._handle, None
+        if subscriber is not None or handle is not None:
+            await asyncio.to_thread(_stop, subscriber, handle, reason)
+
+    async def __aenter__(self) -> AsyncSubscriber:
+        return await self.start()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+
+def _stop(subscriber: Subscriber | None, handle: HQueue | None, reason: str) -> None:
+    try:
+        if subscriber is not None:
+            subscriber.stop(reason)
+    finally:
+        if handle is not None:
+            handle.close()

@@ -1,0 +1,201 @@
+"""An embedded store shared by the local processes that open it.
+
+RocksDB lets one process open a directory. The process that opens a
+``local://`` store first also serves it to other local processes, over a
+Unix socket in the store's directory (:data:`SOCKET_NAME`), with the same
+Thrift calls as ``hqueue server`` (server/shared.py starts it); a process
+that opens the same URL while another holds the store becomes its client:
+a :class:`StoreClient`, the remote client over that socket. Who may
+connect is decided by the socket file's permissions, which follow the
+directory's: ``0660`` where the directory's group may write in it, else
+``0600`` (and a directory others cannot search hides the socket too).
+
+The state machine of one store in a client process:
+
+* *client*: calls go over the socket to the serving process.
+* The serving process exits or is killed: a connection is refused (the
+  socket file of a killed process stays: nobody listens on it). The client
+  then tries to open the store itself (RocksDB's lock is free once the
+  holder is gone; the first process to get it wins): it *serves* it (the
+  stale socket file is removed only by the lock's holder, then bound again),
+  and goes on calling, over the socket, to itself. A client that loses the
+  race reconnects to the winner. Calls retry so until their deadline
+  (``timeout``, 30 s), as an ``hqueue://`` client's do when its server
+  restarts, and with the same guarantees: a put whose connection broke
+  after it was sent is sent again (stored at least once, never an ID
+  acknowledged twice); one with no answer by the deadline raises
+  ``OutcomeUnknown``.
+* The last handle on the store closes in that process: it stops serving
+  (the next process takes over in the same way).
+
+IDs never go back and acknowledged writes stay: the new holder reads each
+partition's last ID from the store, and every write was in RocksDB's WAL
+(``SKIP_WAL`` queues excepted) before its acknowledgement. A timer fires as
+one atomic batch (its message written, its entry removed), so a killed
+holder's timers fire once, in whichever process holds the store next.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable
+
+from .client.engine import RemoteEngine
+from .client.pool import Connection, NotSent, Pool
+from .engine import Engine
+from .errors import StorageLocked
+from .groups.state import GroupLimits
+from .services import open_local
+
+logger = logging.getLogger(__name__)
+
+#: The socket the serving process listens on, in the store's directory.
+SOCKET_NAME = "hqueue.sock"
+#: Seconds a second process waits for the store's holder to start listening, when it opens the store.
+STARTUP_WAIT = 3.0
+#: Seconds between two tries to take over a store whose serving process is gone.
+TAKEOVER_INTERVAL = 0.05
+
+#: What serves an engine to local processes (set by hqueue/__init__.py: server/shared.py, a layer up).
+_serve: Callable[[Engine, GroupLimits | None], None] | None = None
+
+
+def serve_with(serve: Callable[[Engine, GroupLimits | None], None]) -> None:
+    """Have :func:`open_store` serve every embedded store it opens with ``serve(engine, limits)``."""
+    global _serve
+    _serve = serve
+
+
+def socket_path(url: str) -> str:
+    """The Unix socket of the ``local://`` store ``url``."""
+    return os.path.join(url[len("local://") :], SOCKET_NAME)
+
+
+def socket_mode(directory: str) -> int:
+    """The socket's permissions: the owner's, and the group's where it may write in ``directory``."""
+    return 0o660 if os.stat(directory).st_mode & stat.S_IWGRP else 0o600
+
+
+def open_store(url: str, group_limits: GroupLimits | None = None) -> Engine | StoreClient:
+    """The store ``url`` (``local://``, normalized): opened and served here if no
+    process holds it, else a client of the process that does."""
+    deadline = time.monotonic() + STARTUP_WAIT
+    while True:
+        try:
+            return _open_and_serve(url, group_limits)
+        except StorageLocked as locked:
+            if os.path.exists(socket_path(url)):
+                return StoreClient(url)
+            if time.monotonic() >= deadline:
+                # Held by a process that does not serve it (hqueue server, an older hqueue).
+                raise locked
+            time.sleep(TAKEOVER_INTERVAL)  # the holder is starting: its socket comes next
+
+
+def _open_and_serve(url: str, group_limits: GroupLimits | None) -> Engine:
+    engine = open_local(url, group_limits)
+    if _serve is not None:
+        try:
+            _serve(engine, group_limits)
+        except BaseException:
+            engine.release()
+            raise
+    return engine
+
+
+class _Store:
+    """One store as this process's clients of it see it: the engine it took over, if any."""
+
+    _stores: dict[str, _Store] = {}
+    _stores_lock = threading.Lock()
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.users = 0
+        self.engine: Engine | None = None
+        self._lock = threading.Lock()
+        self._last_try = 0.0
+
+    @classmethod
+    def join(cls, url: str) -> _Store:
+        with cls._stores_lock:
+            store = cls._stores.get(url) or cls._stores.setdefault(url, cls(url))
+            store.users += 1
+            return store
+
+    def leave(self) -> None:
+        with self._stores_lock:
+            self.users -= 1
+            if self.users > 0:
+                return
+            self._stores.pop(self.url, None)
+        with self._lock:
+            engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.release()  # the last one: this process stops serving it
+
+    def take_over(self) -> bool:
+        """Open the store and serve it, if its holder is gone; whether this process serves it now."""
+        with self._lock:
+            if self.engine is not None:
+                return True
+            now = time.monotonic()
+            if now - self._last_try < TAKEOVER_INTERVAL:
+                return False
+            self._last_try = now
+            try:
+                self.engine = _open_and_serve(self.url, None)
+            except StorageLocked:
+                return False
+        logger.info("took over the embedded store %s (its serving process is gone)", self.url)
+        return True
+
+
+class _TakeoverPool(Pool):
+    """Connections to the serving process; when none can be made, take the store over or wait for whoever does."""
+
+    def __init__(self, store: _Store, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._store = store
+
+    def take(self, deadline: float | None = None) -> Connection:
+        delay = 0.01
+        while True:
+            try:
+                return super().take(deadline)
+            except NotSent:
+                if self._store.take_over():
+                    try:
+                        return super().take(deadline)  # to ourselves
+                    except NotSent:
+                        pass
+                if deadline is None or time.monotonic() + delay >= deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.25)
+
+
+class StoreClient(RemoteEngine):
+    """The engine API over the Unix socket of the process serving a ``local://`` store.
+
+    Its ``url`` is the store's. Release it with :meth:`release`; the last one
+    in a process that took the store over stops serving it.
+    """
+
+    def __init__(self, url: str, timeout: float | None = None) -> None:
+        super().__init__(url, unix_socket=socket_path(url), timeout=timeout)
+        self._store: _Store | None = _Store.join(url)
+
+    def _new_pool(self, address: str) -> Pool:
+        assert self._store is not None, "released"
+        return _TakeoverPool(self._store, address, int(self.timeout * 1000), None, None, self.unix_socket)
+
+    def release(self) -> None:
+        super().release()
+        store, self._store = self._store, None
+        if store is not None:
+            store.leave()

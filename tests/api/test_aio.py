@@ -1,0 +1,279 @@
+"""hqueue.aio on every store URL (api_url: embedded, memory, the HBase stand-in, remote).
+
+Given a queue, when an asyncio application puts, scans and consumes it, then
+it sees what the blocking API sees; a task cancelled in receive leaves nothing
+leased, no thread and no socket behind; errors are hqueue's typed errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+
+import pytest
+
+from hqueue import InvalidArgument, Message, MessageID, QueueDisabled, QueueNotFound, Timer
+from hqueue.aio import AsyncHQueue, AsyncHQueueAdmin
+
+from ..processes import wait_for
+
+
+def run(coroutine):
+    return asyncio.run(asyncio.wait_for(coroutine, 60))
+
+
+def hqueue_threads() -> int:
+    return sum(t.name.startswith("hqueue-aio") for t in threading.enumerate())
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def client_sockets(url: str) -> int:
+    """Established TCP connections to the server of ``url`` (hqueue://host:port), from the kernel's table."""
+    port = int(url.rpartition(":")[2])
+    count = 0
+    for line in open("/proc/net/tcp").read().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[2].split(":")[1], 16) == port and fields[3] == "01":  # 01: ESTABLISHED
+            count += 1
+    return count
+
+
+async def made(url: str, name: str, partitions: int = 4) -> AsyncHQueue:
+    async with AsyncHQueueAdmin(url) as admin:
+        await admin.create_queue(name, partitions)
+    return await AsyncHQueue(name, url).open()
+
+
+def test_put_then_scan_returns_every_message_in_id_order(api_url, queue_name):
+    async def main():
+        queue = await made(api_url, queue_name)
+        try:
+            ids = []
+            for i in range(6):
+                ids += await queue.put([Message(f"t{i % 2}", b"v%d-%d" % (i, j)) for j in range(50)])
+            scanned = [m async for m in queue.scan()]
+            assert [m.id for m in scanned] == sorted(ids)
+            assert len({m.value for m in scanned}) == 300
+            assert [m.id for m in scanned if m.topic == "t1"] == [m.id async for m in queue.scan(topics=["t1"])]
+            assert len([m async for m in queue.scan(limit=7, caching=3)]) == 7
+            one = await queue.put(Message("t", b"keyed"), key="k")
+            assert [m.value async for m in queue.scan(one[0], partition_id=one[0] and (await where(queue, one)))] == [
+                b"keyed"
+            ]
+        finally:
+            await queue.close()
+
+    run(main())
+
+
+async def where(queue: AsyncHQueue, ids: list[MessageID]) -> int:
+    async for message in queue.scan(ids[0]):
+        if message.id == ids[0]:
+            return message.partition_id
+    raise AssertionError("not found")
+
+
+def test_a_timer_put_is_invisible_and_cancellable(api_url, queue_name):
+    async def main():
+        queue = await made(api_url, queue_name)
+        try:
+            timers = await queue.put(Message("t", b"later"), delay=3600)
+            assert isinstance(timers[0], Timer)
+            assert [m async for m in queue.scan()] == []
+            assert await queue.cancel(timers[0]) is True
+            assert await queue.cancel(str(timers[0])) is False
+        finally:
+            await queue.close()
+
+    run(main())
+
+
+def test_a_group_receives_acks_and_nacks(api_url, queue_name):
+    async def main():
+        queue = await made(api_url, queue_name)
+        try:
+            await queue.put([Message("t", b"%d" % i) for i in range(20)], partition_id=1)
+            async with queue.consumer("g", lease=60) as consumer:
+                first = await consumer.receive(10, wait=2)
+                assert len(first) == 10 and {d.attempt for d in first} == {1}
+                assert await consumer.extend(first, lease=120) == 10
+                assert await consumer.nack(first[:3], delay=0) == 3
+                assert await consumer.ack(first[3:]) == 7
+                seen: dict[bytes, int] = {}
+                async for delivery in consumer:
+                    seen[delivery.value] = delivery.attempt
+                    await consumer.ack(delivery)
+                    if len(seen) == 13:
+                        break
+                assert sorted(v for v, a in seen.items() if a == 2) == sorted(d.value for d in first[:3])
+                assert await consumer.receive(wait=0) == []
+                assert (await queue.pending("g")) == []
+        finally:
+            await queue.close()
+
+    run(main())
+
+
+def test_a_cancelled_receive_hands_its_messages_to_another_member_at_once(api_url, queue_name):
+    """Given member A waiting in receive, when its task is cancelled and messages
+    arrive, then member B gets them all within its wait (A's lease is 5 minutes)."""
+
+    async def main():
+        queue = await made(api_url, queue_name, partitions=2)
+        try:
+            async with queue.consumer("g", lease=300, member="a") as a, queue.consumer("g", lease=300, member="b") as b:
+                await b.receive(wait=0)  # both members share the partitions
+                waiting = asyncio.ensure_future(a.receive(100, wait=5))
+                await asyncio.sleep(0.3)
+                waiting.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await waiting
+                await queue.put([Message("t", b"%d" % i) for i in range(10)], partition_id=0)
+                await queue.put([Message("t", b"%d" % i) for i in range(10, 20)], partition_id=1)
+                got: list = []
+                for _ in range(40):
+                    got += await b.receive(100, wait=0.5)
+                    if len(got) >= 20:
+                        break
+                assert sorted(int(d.value) for d in got) == list(range(20))
+                await b.ack(got)
+        finally:
+            await queue.close()
+
+    run(main())
+
+
+def test_a_receive_cancelled_as_messages_are_handed_out_leaves_none_leased(api_url, queue_name):
+    async def main():
+        queue = await made(api_url, queue_name, partitions=1)
+        try:
+            await queue.put([Message("t", b"%d" % i) for i in range(50)])
+            async with queue.consumer("g", lease=300, member="a") as a, queue.consumer("g", lease=300, member="b") as b:
+                for _ in range(5):  # cancelled at once: before, during or after the call
+                    task = asyncio.ensure_future(a.receive(10, wait=1))
+                    await asyncio.sleep(0)
+                    task.cancel()
+                    try:
+                        await task
+                    except asyncio.CancelledError:
+                        pass
+                    else:
+                        await a.nack(task.result(), delay=0)  # it finished first: give those back too
+                got: list = []
+                for _ in range(40):
+                    got += await b.receive(100, wait=0.5)
+                    if len(got) >= 50:
+                        break
+                assert sorted(int(d.value) for d in got) == list(range(50))
+        finally:
+            await queue.close()
+
+    run(main())
+
+
+def test_cancelled_tasks_leave_no_thread_and_no_socket(api_url, queue_name):
+    threads, fds = hqueue_threads(), open_fds()
+
+    async def main():
+        for _ in range(3):
+            queue = await made(api_url, queue_name + "x" * _)
+            consumer = await queue.consumer("g").open()
+            tasks = [asyncio.ensure_future(consumer.receive(wait=2)) for _ in range(5)]
+            tasks.append(asyncio.ensure_future(queue.put(Message("t", b"x"))))
+            tasks.append(asyncio.ensure_future(_scan_all(queue)))
+            await asyncio.sleep(0.2)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await consumer.close()
+            assert queue.connections <= len(tasks) + 4  # at most one per call under way (and cursor), kept idle
+            await queue.close()
+            assert queue.connections == 0
+
+    run(main())
+    wait_for(lambda: hqueue_threads() <= threads, 10, "the executor's threads to end")
+    if api_url.startswith("hqueue://"):  # the server is in this process: count the client's ends
+        wait_for(lambda: client_sockets(api_url) == 0, 10, "the client's sockets to close")
+    else:
+        assert open_fds() <= fds + 2  # the stand-in's and RocksDB's own files may come and go
+
+
+async def _scan_all(queue: AsyncHQueue) -> int:
+    return len([m async for m in queue.scan()])
+
+
+def test_errors_are_typed(api_url, queue_name):
+    async def main():
+        with pytest.raises(QueueNotFound):
+            await AsyncHQueue("no_such_queue", api_url).open()
+        queue = await made(api_url, queue_name)
+        try:
+            with pytest.raises(TypeError):
+                await queue.put("not a message")  # type: ignore[arg-type]
+            with pytest.raises(InvalidArgument):
+                await queue.consumer("g").receive(0)
+            with pytest.raises(InvalidArgument):
+                [m async for m in queue.scan(limit=-1)]
+            async with AsyncHQueueAdmin(api_url) as admin:
+                await admin.disable_queue(queue_name)
+                with pytest.raises(QueueDisabled):
+                    await queue.put(Message("t", b"x"))
+                assert queue_name in [q.name for q in await admin.list_queues()]
+                await admin.delete_queue(queue_name)
+                assert not await admin.queue_exists(queue_name)
+        finally:
+            await queue.close()
+
+    run(main())
+
+
+def test_group_administration(api_url, queue_name):
+    async def main():
+        queue = await made(api_url, queue_name, partitions=2)
+        try:
+            await queue.put([Message("t", b"%d" % i) for i in range(5)], partition_id=0)
+            async with queue.consumer("g") as consumer:
+                await consumer.ack(await consumer.receive(wait=2))
+            async with AsyncHQueueAdmin(api_url) as admin:
+                assert await admin.list_groups(queue_name) == ["g"]
+                described = await admin.describe_group(queue_name, "g")
+                assert described["partitions"][0]["lag_messages"] == 0
+                await admin.set_group_position(queue_name, "g", "all", 0)
+                assert (await admin.describe_group(queue_name, "g"))["partitions"][0]["lag_messages"] == 5
+                await admin.delete_group(queue_name, "g")
+                assert await admin.list_groups(queue_name) == []
+        finally:
+            await queue.close()
+
+    run(main())
+
+
+def test_a_push_subscription_calls_an_async_listener(api_url, queue_name):
+    from hqueue import Subscription
+
+    async def main():
+        queue = await made(api_url, queue_name, partitions=2)
+        got: list[bytes] = []
+        loop_thread = threading.get_ident()
+
+        async def listener(messages):
+            assert threading.get_ident() == loop_thread  # called on the event loop
+            got.extend(m.value for m in messages)
+
+        try:
+            subscriber = queue.create_subscriber(Subscription("s"), [listener])
+            async with subscriber:
+                await queue.put([Message("t", b"%d" % i) for i in range(10)])
+                for _ in range(200):
+                    if len(got) >= 10:
+                        break
+                    await asyncio.sleep(0.05)
+            assert sorted(got) == sorted(b"%d" % i for i in range(10))
+        finally:
+            await queue.close()
+
+    run(main())

@@ -1,0 +1,89 @@
+"""hqueue.aio over hqueue servers: deadlines, tokens and TLS, as the blocking client.
+
+Given a server that never answers, an async call ends by its deadline with
+DeadlineExceeded; given a server with tokens and TLS, the async client
+authenticates and speaks TLS the same way (and a wrong token is NotAuthorized).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import pytest
+
+from hqueue import DeadlineExceeded, HQueueAdmin, Message, NotAuthorized
+from hqueue.aio import AsyncHQueue, AsyncHQueueAdmin
+from hqueue.auth import AuthPolicy
+from hqueue.server import HQueueServer
+
+from ..processes import server_certificate
+from .test_hardening import ADMIN, AUTH_FILE, CRAWLER
+
+TIMEOUT = 1.0
+
+
+@pytest.fixture
+def black_hole():
+    """A listening socket that never accepts: connections open, nothing ever answers."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+        yield f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_a_call_to_a_server_that_never_answers_ends_by_its_deadline(black_hole):
+    async def main():
+        started = time.monotonic()
+        with pytest.raises(DeadlineExceeded):
+            async with AsyncHQueueAdmin(f"hqueue://{black_hole}?timeout={TIMEOUT}") as admin:
+                await admin.list_queues()
+        return time.monotonic() - started
+
+    elapsed = asyncio.run(main())
+    assert elapsed < TIMEOUT * 3  # a correctness bound (no call waits forever), not a measurement
+
+
+def test_an_awaited_receive_has_the_timeout_plus_its_wait(tmp_path):
+    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
+    try:
+        with HQueueAdmin(f"hqueue://{server.address}") as admin:
+            admin.create_queue("q", 2)
+
+        async def main():
+            async with AsyncHQueue("q", f"hqueue://{server.address}?timeout={TIMEOUT}") as queue:
+                async with queue.consumer("g") as consumer:
+                    return await consumer.receive(wait=TIMEOUT * 2)  # longer than the timeout: no error
+
+        assert asyncio.run(main()) == []
+    finally:
+        server.stop()
+
+
+def test_tokens_and_tls_as_the_blocking_client(tmp_path):
+    auth_file = tmp_path / "auth.toml"
+    auth_file.write_text(AUTH_FILE)
+    cert, context = server_certificate(tmp_path)
+    server = HQueueServer(
+        f"local://{tmp_path}/data", port=0, auth=AuthPolicy.load(auth_file), ssl_context=context
+    ).start()
+    url = f"hqueue://{server.address}?tls=1&ca={cert}"
+    try:
+
+        async def main():
+            async with AsyncHQueueAdmin(url, token=ADMIN) as admin:
+                await admin.create_queue("crawl.pages", 2)
+            async with AsyncHQueue("crawl.pages", url, token=CRAWLER) as queue:
+                await queue.put(Message("t", b"over tls"))
+                assert [m.value async for m in queue.scan()] == [b"over tls"]
+                async with queue.consumer("crawler-1") as consumer:
+                    got = await consumer.receive(wait=2)
+                    assert await consumer.ack(got) == 1
+            with pytest.raises(NotAuthorized):
+                async with AsyncHQueue("crawl.pages", url, token="wrong-token-0123456789") as queue:
+                    await queue.put(Message("t", b"x"))
+
+        asyncio.run(main())
+    finally:
+        server.stop()

@@ -1,0 +1,158 @@
+"""Several processes on one embedded store (hqueue/sharing.py): real processes, real kill -9.
+
+* A producer, ``hqueue tail``, a consumer-group member and the shell work
+  on one ``local://`` store at once: the first to open it serves it on its
+  Unix socket, the others are its clients.
+* The serving process is killed (kill -9) under load, again and again: the
+  next process to use the store takes it over; no acknowledged write is
+  lost, no ID is acknowledged twice, and the others carry on.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from hqueue import HQueue, HQueueAdmin
+from hqueue.sharing import SOCKET_NAME
+from hqueue.storage.lockholder import lock_holder
+
+from ..processes import ROOT, python_env, wait_for
+
+
+class Proc:
+    """A process whose output lines are read as they come."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, *args], cwd=ROOT, env=python_env(), stdout=subprocess.PIPE, text=True, bufsize=1
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:  # type: ignore[union-attr]
+            if line.endswith("\n"):  # the text after the last newline was cut by a kill
+                self.lines.append(line[:-1])
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        self._reader.join(timeout=30)
+
+
+def _writer(data: str) -> Proc:
+    return Proc("-m", "tests.helpers.crash_writer", data, "q")
+
+
+def _tail(data: str) -> Proc:
+    return Proc("-m", "hqueue.cli", "--url", f"local://{data}", "tail", "q", "--start", "0", "--format", "json")
+
+
+def _member(data: str) -> Proc:
+    return Proc("-m", "tests.helpers.group_consumer", f"local://{data}", "q", "g", "30", "0")
+
+
+def _acked(writers: list[Proc]) -> list[tuple[int, int, int]]:
+    out = []
+    for writer in writers:
+        out += [tuple(map(int, line.split())) for line in writer.lines]
+    return out  # type: ignore[return-value]
+
+
+def _serving_pid(data: str) -> int | None:
+    holder = lock_holder(data)
+    return int(holder.split()[1].rstrip(":")) if holder else None
+
+
+def _stored(data: str) -> set[tuple[int, int, int]]:
+    with HQueue("q", data_dir=data) as queue:
+        return {(m.partition_id, m.id.timestamp, m.id.sequence) for m in queue.scan()}
+
+
+@pytest.fixture
+def data(tmp_path):
+    path = str(tmp_path / "data")
+    with HQueueAdmin(data_dir=path) as admin:
+        admin.create_queue("q", 2)
+    return path
+
+
+def test_a_producer_tail_a_group_member_and_the_shell_share_one_store(data):
+    # Given a producer, hqueue tail and a consumer-group member on one local:// store
+    procs = [_writer(data), _tail(data), _member(data)]
+    try:
+        wait_for(lambda: procs[0].lines and procs[1].lines and "READY" in procs[2].lines, 60, "all three at work")
+        # Then one of them serves the store, on a socket only its owner may use
+        assert _serving_pid(data) in {p.pid for p in procs}
+        assert oct(os.stat(os.path.join(data, SOCKET_NAME)).st_mode & 0o777) == "0o600"
+        # And the shell, opened now, works on the same store meanwhile
+        shell = subprocess.run(
+            [sys.executable, "-m", "hqueue.cli", "--url", f"local://{data}", "shell",
+             "-e", "list", "-e", "describe 'q'", "-e", "put 'q', 'from-shell', 'hello'"],
+            cwd=ROOT, env=python_env(), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert shell.returncode == 0, shell.stderr
+        assert "q" in shell.stdout
+        # And the member and tail see what the producer and the shell wrote
+        wait_for(lambda: any(line.startswith("A ") for line in procs[2].lines), 30, "the member's acks")
+        wait_for(lambda: any("from-shell" in line for line in procs[1].lines), 30, "tail to show the shell's put")
+    finally:
+        for proc in procs:
+            proc.kill()
+    acked = _acked(procs[:1])
+    assert acked and not set(acked) - _stored(data)
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_serving_process_under_load_loses_no_acknowledged_write(data):
+    kills = int(os.environ.get("HQUEUE_SHARED_KILLS", "10"))
+    writers = [_writer(data), _writer(data)]
+    tail, member = _tail(data), _member(data)
+    dead_writers: list[Proc] = []
+    killed_kinds: collections.Counter[str] = collections.Counter()
+    try:
+        wait_for(lambda: all(w.lines for w in writers) and "READY" in member.lines, 60, "the processes at work")
+        for _ in range(kills):
+            serving = _serving_pid(data)
+            assert serving is not None
+            victim = next(p for p in [*writers, tail, member] if p.pid == serving)
+            # When the serving process is killed under load
+            victim.kill()
+            if victim in writers:
+                killed_kinds["writer"] += 1
+                dead_writers.append(writers.pop(writers.index(victim)))
+                writers.append(_writer(data))
+            elif victim is tail:
+                killed_kinds["tail"] += 1
+                tail = _tail(data)
+            else:
+                killed_kinds["member"] += 1
+                member = _member(data)
+            # Then the others carry on: every writer gets new acknowledgements, and another serves the store
+            marks = [(w, len(w.lines)) for w in writers]
+            wait_for(lambda marks=marks: all(len(w.lines) > m + 10 for w, m in marks), 30, "writes to go on")
+            wait_for(lambda gone=serving: _serving_pid(data) not in (None, gone), 30, "another process to serve")
+        for proc in [tail, member]:
+            assert proc.proc.poll() is None, "a client died with the serving process"
+    finally:
+        for proc in [*writers, tail, member]:
+            if proc.proc.poll() is None:
+                proc.kill()
+    acked = _acked([*writers, *dead_writers])
+    twice = [i for i, n in collections.Counter(acked).items() if n > 1]
+    lost = set(acked) - _stored(data)
+    assert twice == [], f"{len(twice)} IDs acknowledged twice"
+    assert not lost, f"{len(lost)} of {len(acked)} acknowledged writes lost"
+    print(f"\nshared store: {kills} kill -9 of the serving process ({dict(killed_kinds)}), {len(acked)} acked, 0 lost")

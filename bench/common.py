@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import sys
 import time
 from datetime import UTC, datetime
 
@@ -46,3 +47,42 @@ def _fmt(value) -> str:
     if isinstance(value, float):
         return f"{value:.2f}" if value < 100 else f"{value:,.0f}"
     return "" if value is None else str(value)
+
+
+def rss_mb(pid: int) -> float:
+    """A process's resident memory in MB, from /proc (the same measure for every server)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used, from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def load() -> str:
+    """The machine's load averages (1, 5, 15 min): the figures mean less on a busy machine."""
+    return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def spread(values: list[float]) -> str:
+    """``min / median / max`` of several runs."""
+    ordered = sorted(values)
+    return " / ".join(_fmt(v) for v in (ordered[0], ordered[len(ordered) // 2], ordered[-1]))
+
+
+def redis_client_module():
+    """redis-py, refusing to bench without hiredis (the parser production users run)."""
+    try:
+        import redis
+        from redis.utils import HIREDIS_AVAILABLE
+    except ImportError:
+        sys.exit("the redis package is not installed: pip install '.[bench]'")
+    if not HIREDIS_AVAILABLE:
+        sys.exit("redis-py without hiredis would bench Redis at a handicap: pip install '.[bench]'")
+    return redis

@@ -10,9 +10,10 @@ then N member processes that start together and loop "receive up to
 ``--batch``, ack them" until the queue is drained.
 
 * hqueue: ``hqueue server`` on an embedded store, a 16-partition ASYNC_WAL
-  queue (acks are kept with the queue's durability), ``queue.consumer(g)``:
+  (or SYNC_WAL) queue (acks are kept with the queue's durability), ``queue.consumer(g)``:
   ``receive(batch)`` then ``ack``.
-* Redis: ``redis-server`` with ``appendonly yes``, ``appendfsync everysec``;
+* Redis: ``redis-server`` with ``appendonly yes``, ``appendfsync everysec``
+  (against ASYNC_WAL) or ``always`` (against SYNC_WAL: equal durability);
   one stream, one group; ``XREADGROUP COUNT batch`` then ``XACK``.
 
 Throughput = messages / (the last member's last ack - the common start).
@@ -30,12 +31,14 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from common import report  # noqa: E402
+from common import load, redis_client_module, report, rss_mb, spread  # noqa: E402
 from remote import start_hqueue, start_redis  # noqa: E402
 
-from hqueue import Durability, HQueue, HQueueAdmin, Message  # noqa: E402
+from hqueue import HQueue, HQueueAdmin, Message  # noqa: E402
 
 PAYLOAD = b"x" * 93  # topic "crawler" + 93 bytes = 100
+#: Redis's durability equal to each of hqueue's: always fsyncs before the reply, everysec once a second.
+FSYNC = {"ASYNC_WAL": "everysec", "SYNC_WAL": "always"}
 
 
 def hqueue_member(port: int, batch: int, start_at: float) -> dict:
@@ -81,26 +84,27 @@ def run_members(system: str, port: int, members: int, batch: int) -> tuple[int, 
     return sum(r["count"] for r in results), max(r["last"] for r in results) - start_at
 
 
-def hqueue_run(workdir: str, messages: int, members: int, batch: int) -> dict:
+def hqueue_run(workdir: str, messages: int, members: int, batch: int, durability: str) -> dict:
     proc, port = start_hqueue(workdir)
     try:
         url = f"hqueue://127.0.0.1:{port}"
         with HQueueAdmin(url) as admin:
-            admin.create_queue("work", 16, durability=Durability.ASYNC_WAL)
+            admin.create_queue("work", 16, durability=durability)
         with HQueue("work", url) as queue:
             for i in range(0, messages, 1000):
                 queue.put([Message("crawler", PAYLOAD)] * 1000, partition_id=(i // 1000) % 16)
         count, seconds = run_members("hqueue", port, members, batch)
-        return {"system": "hqueue", "members": members, "received": count, "msgs_per_s": count / seconds}
+        return {"system": f"hqueue {durability}", "members": members, "received": count,
+                "msgs_per_s": count / seconds, "rss_mb": rss_mb(proc.pid)}  # fmt: skip
     finally:
         proc.terminate()
         proc.wait()
 
 
-def redis_run(workdir: str, messages: int, members: int, batch: int) -> dict:
+def redis_run(workdir: str, messages: int, members: int, batch: int, fsync: str) -> dict:
     import redis
 
-    proc, port = start_redis(workdir)
+    proc, port = start_redis(workdir, fsync)
     try:
         client = redis.Redis(port=port)
         for _ in range(0, messages, 1000):
@@ -110,7 +114,8 @@ def redis_run(workdir: str, messages: int, members: int, batch: int) -> dict:
             pipe.execute()
         client.xgroup_create("work", "g", id="0")
         count, seconds = run_members("redis", port, members, batch)
-        return {"system": "redis", "members": members, "received": count, "msgs_per_s": count / seconds}
+        return {"system": f"redis {fsync}", "members": members, "received": count,
+                "msgs_per_s": count / seconds, "rss_mb": rss_mb(proc.pid)}  # fmt: skip
     finally:
         proc.terminate()
         proc.wait()
@@ -130,19 +135,31 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--members", default="1,4,16")
     parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--durability", default="ASYNC_WAL,SYNC_WAL", help="hqueue's, each against its Redis")
+    parser.add_argument("--runs", type=int, default=3, help="side-by-side runs; ratios are min / median / max")
     args = parser.parse_args()
-    rows = []
-    for members in map(int, args.members.split(",")):
-        with tempfile.TemporaryDirectory() as workdir:
-            ours = hqueue_run(workdir, args.messages, members, args.batch)
-        with tempfile.TemporaryDirectory() as workdir:
-            theirs = redis_run(workdir, args.messages, members, args.batch)
-        ours["vs_redis"] = ours["msgs_per_s"] / theirs["msgs_per_s"]
-        rows += [ours, theirs]
+    redis_client_module()
+    rows, loads = [], [load()]
+    for durability in args.durability.split(","):
+        fsync = FSYNC[durability]
+        for members in map(int, args.members.split(",")):
+            pairs = []
+            for _ in range(args.runs):
+                with tempfile.TemporaryDirectory(prefix="hqueue-bench-groups-") as workdir:
+                    ours = hqueue_run(workdir, args.messages, members, args.batch, durability)
+                with tempfile.TemporaryDirectory(prefix="hqueue-bench-groups-") as workdir:
+                    theirs = redis_run(workdir, args.messages, members, args.batch, fsync)
+                ours["vs_redis"] = ours["msgs_per_s"] / theirs["msgs_per_s"]
+                pairs.append((ours, theirs))
+                loads.append(load())
+            ours, theirs = sorted(pairs, key=lambda pair: pair[0]["vs_redis"])[len(pairs) // 2]
+            ours["ratios"] = spread([pair[0]["vs_redis"] for pair in pairs])
+            rows += [ours, theirs]
     report(
-        f"consumer groups: receive {args.batch} + ack, {args.messages:,} messages of 100 bytes",
+        f"consumer groups: receive {args.batch} + ack, {args.messages:,} messages of 100 bytes; the median run "
+        f"of {args.runs}, ratios min / median / max; load {' -> '.join(loads)}",
         rows,
-        ["system", "members", "received", "msgs_per_s", "vs_redis"],
+        ["system", "members", "received", "msgs_per_s", "rss_mb", "vs_redis", "ratios"],
         args.json,
     )
 

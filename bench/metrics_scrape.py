@@ -57,7 +57,7 @@ def measure(groups: int, partitions: int, messages: int, source: str = HERE) -> 
         proc = subprocess.Popen(
             [sys.executable, "-m", "hqueue.cli", "server", "--storage", f"local://{work}/data", "--port", str(port),
              "--metrics-port", str(metrics_port), "--log-level", "WARNING"],
-            env=env, cwd=work, stderr=open(f"{work}.log", "w"),
+            env=env, cwd=work, stderr=open(f"{work}/server.log", "w"),
         )  # fmt: skip
         try:
             wait_port(port)

@@ -3,15 +3,17 @@
 Usage:
     python bench/remote.py [--json out.json] [--quick]
 
-Needs Debian's redis-server and the redis package (pip install '.[bench]').
+Needs Debian's redis-server and the redis package with hiredis (pip install '.[bench]').
 
-Both servers run as local subprocesses on loopback: hqueue (``hqueue server``,
-embedded store) and Redis (``appendonly yes``, ``appendfsync everysec``).
-For each batch size (1, 100, 1000; 100-byte messages), it times hqueue puts
-(SYNC_WAL: fsync per batch; ASYNC_WAL: like Redis's everysec) and redis-py
-pipelined XADDs; then reading everything back, hqueue through
-messageScannerGetPacked (caching 1000; puts go as putPacked) and Redis through XRANGE COUNT 1000;
-then the round trip of one single put (p50/p99) on both.
+The servers run as local subprocesses on loopback, side by side in each run:
+hqueue (``hqueue server``, embedded store) and two Redis with their AOF,
+``appendfsync always`` (SYNC_WAL's durability: on disk before the reply) and
+``everysec`` (ASYNC_WAL's). For each batch size (1, 100, 1000; 100-byte
+messages), it times hqueue puts and redis-py pipelined XADDs at equal
+durability; then reading everything back, hqueue through
+messageScannerGetPacked (caching 1000; puts go as putPacked) and Redis
+through XRANGE COUNT 1000; then the round trip of one single put (p50/p99)
+on both; then both servers' RSS (from /proc).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from common import report, timed  # noqa: E402
+from common import load, redis_client_module, report, rss_mb, spread, timed  # noqa: E402
 
 from hqueue import Durability, HQueue, HQueueAdmin, Message  # noqa: E402
 
@@ -64,13 +66,19 @@ def start_hqueue(workdir: str) -> tuple[subprocess.Popen, int]:
     return proc, port
 
 
-def start_redis(workdir: str) -> tuple[subprocess.Popen, int]:
+def start_redis(workdir: str, appendfsync: str = "everysec") -> tuple[subprocess.Popen, int]:
+    """redis-server with its AOF: ``appendfsync always`` is SYNC_WAL's durability, everysec ASYNC_WAL's.
+
+    Each gets a directory of its own under ``workdir`` (two may run side by side).
+    """
     if not shutil.which("redis-server"):
         sys.exit("redis-server is not installed: apt-get install redis-server")
     port = free_port()
+    directory = os.path.join(workdir, f"redis-{port}")
+    os.makedirs(directory)
     proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", workdir, "--save", "",
-         "--appendonly", "yes", "--appendfsync", "everysec"],
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", directory, "--save", "",
+         "--appendonly", "yes", "--appendfsync", appendfsync],
         stdout=subprocess.DEVNULL,
     )  # fmt: skip
     wait_port(port)
@@ -117,25 +125,23 @@ def latencies(call, n: int) -> tuple[float, float]:
     return statistics.median(samples), samples[int(len(samples) * 0.99)]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--quick", action="store_true", help="a tenth of the messages")
-    args = parser.parse_args()
-    try:
-        import redis
-    except ImportError:
-        sys.exit("the redis package is not installed: pip install '.[bench]'")
-    scale = 10 if args.quick else 1
+def one_run(redis, scale: int) -> list[dict]:
+    """Every row once, hqueue and both Redis servers side by side."""
     workdir = tempfile.mkdtemp(prefix="hqueue-bench-remote-")
-    hq_proc, hq_port = start_hqueue(workdir)
-    rd_proc, rd_port = start_redis(workdir)
-    rows = []
+    servers, rows = [], []
     try:
+        hq_proc, hq_port = start_hqueue(workdir)
+        servers.append(hq_proc)
+        # everysec is ASYNC_WAL's durability; always (fsync before the reply) is SYNC_WAL's
+        redises = {}
+        for durability, fsync in ((Durability.SYNC_WAL, "always"), (Durability.ASYNC_WAL, "everysec")):
+            proc, port = start_redis(workdir, fsync)
+            servers.append(proc)
+            redises[durability] = (fsync, redis.Redis(port=port), proc)
         url = f"hqueue://127.0.0.1:{hq_port}"
-        r = redis.Redis(port=rd_port)
         with HQueueAdmin(url) as admin:
             for durability in (Durability.SYNC_WAL, Durability.ASYNC_WAL):
+                fsync, r, _ = redises[durability]
                 for batch in (1, 100, 1000):
                     total = max(MESSAGES[batch] // scale, batch)
                     name = f"put_{durability}_{batch}".lower()
@@ -143,40 +149,64 @@ def main() -> None:
                     with HQueue(name, url) as queue:
                         hq = total / timed(hqueue_put, queue, total, batch)
                     rd = total / timed(redis_put, r, name, total, batch)
-                    rows.append({"op": f"put batch {batch}", "hqueue": durability, "messages": total,
-                                 "hqueue_msgs_s": hq, "redis_msgs_s": rd, "ratio": hq / rd})  # fmt: skip
+                    rows.append({"op": f"put batch {batch} (msgs/s)", "durability": f"{durability} vs {fsync}",
+                                 "messages": total, "hqueue": hq, "redis": rd, "ratio": hq / rd})  # fmt: skip
             # reads: the 1000-batch ASYNC_WAL queue and stream hold the same messages
-            name = "put_async_wal_1000"
+            name, r = "put_async_wal_1000", redises[Durability.ASYNC_WAL][1]
             with HQueue(name, url) as queue:
                 hqueue_read(queue)  # warm
                 seconds = min(timed(hqueue_read, queue) for _ in range(3))
                 count = hqueue_read(queue)
             redis_read(r, name)
             redis_seconds = min(timed(redis_read, r, name) for _ in range(3))
-            rows.append({"op": "read all", "hqueue": "GetPacked 1000", "messages": count,
-                         "hqueue_msgs_s": count / seconds, "redis_msgs_s": count / redis_seconds,
+            rows.append({"op": "read all, GetPacked 1000 vs XRANGE 1000 (msgs/s)", "durability": "-",
+                         "messages": count, "hqueue": count / seconds, "redis": count / redis_seconds,
                          "ratio": redis_seconds / seconds})  # fmt: skip
             for durability in (Durability.SYNC_WAL, Durability.ASYNC_WAL):
+                fsync, r, _ = redises[durability]
                 name = f"latency_{durability}".lower()
                 admin.create_queue(name, 1, durability=durability)
                 with HQueue(name, url) as queue:
                     message = Message("crawler", PAYLOAD)
                     p50, p99 = latencies(lambda q=queue, m=message: q.put(m, partition_id=0), 2000 // scale)
-                rp50, rp99 = latencies(lambda: r.xadd("latency", {"crawler": PAYLOAD}), 2000 // scale)
-                rows.append({"op": "single put p50 ms", "hqueue": durability, "messages": 2000 // scale,
-                             "hqueue_msgs_s": p50, "redis_msgs_s": rp50, "ratio": rp50 / p50})  # fmt: skip
-                rows.append({"op": "single put p99 ms", "hqueue": durability, "messages": 2000 // scale,
-                             "hqueue_msgs_s": p99, "redis_msgs_s": rp99, "ratio": rp99 / p99})  # fmt: skip
+                rp50, rp99 = latencies(lambda r=r: r.xadd("latency", {"crawler": PAYLOAD}), 2000 // scale)
+                for label, ours, theirs in (("p50", p50, rp50), ("p99", p99, rp99)):
+                    rows.append({"op": f"single put {label} (ms)", "durability": f"{durability} vs {fsync}",
+                                 "messages": 2000 // scale, "hqueue": ours, "redis": theirs,
+                                 "ratio": theirs / ours})  # fmt: skip
+        rows.append({"op": "server RSS after the run (MB, /proc)", "durability": "vs Redis everysec",
+                     "messages": None, "hqueue": rss_mb(hq_proc.pid),
+                     "redis": rss_mb(redises[Durability.ASYNC_WAL][2].pid),
+                     "ratio": rss_mb(redises[Durability.ASYNC_WAL][2].pid) / rss_mb(hq_proc.pid)})  # fmt: skip
     finally:
-        hq_proc.terminate()
-        rd_proc.terminate()
-        hq_proc.wait()
-        rd_proc.wait()
+        for proc in servers:
+            proc.terminate()
+            proc.wait()
         shutil.rmtree(workdir, ignore_errors=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--quick", action="store_true", help="a tenth of the messages")
+    parser.add_argument("--runs", type=int, default=3, help="side-by-side runs; ratios are min / median / max")
+    args = parser.parse_args()
+    redis = redis_client_module()
+    loads, runs = [load()], []
+    for _ in range(args.runs):
+        runs.append(one_run(redis, 10 if args.quick else 1))
+        loads.append(load())
+    rows = []
+    for i in range(len(runs[0])):
+        ratios = [run[i]["ratio"] for run in runs]
+        median = sorted(runs, key=lambda run, i=i: run[i]["ratio"])[len(runs) // 2][i]
+        rows.append({**median, "ratios": spread(ratios)})
     report(
-        "hqueue server vs Redis Streams, 100-byte messages (ratio > 1: hqueue better; latency rows in ms)",
+        "hqueue server vs Redis Streams (redis-py with hiredis), 100-byte messages; ratio > 1: hqueue better; "
+        f"the median run's figures, ratios min / median / max of {args.runs}; load {' -> '.join(loads)}",
         rows,
-        ["op", "hqueue", "messages", "hqueue_msgs_s", "redis_msgs_s", "ratio"],
+        ["op", "durability", "messages", "hqueue", "redis", "ratio", "ratios"],
         args.json,
     )
 

@@ -14,8 +14,10 @@ measures the latency on arrival.
 * latency: ``--rate`` msgs/s for ``--seconds`` s, one put each (hqueue
   ASYNC_WAL queue, like everysec); hqueue pushes to a subscriber, Redis is
   read with ``XREADGROUP … BLOCK`` then ``XACK``. Reports p50/p99/max.
-* throughput: 200,000 messages put in batches of 1000; delivery rate from
-  the first to the last message the consumer receives.
+* producer: 200,000 messages put in batches of 1000 while nobody reads
+  (hqueue ``put``; Redis pipelined ``XADD``): the producer's own rate.
+* drain: then a consumer starts from the first of them: delivery rate from
+  the first to the last message it receives, the producer out of the way.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import struct
 import subprocess
@@ -33,10 +36,10 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from common import report  # noqa: E402
+from common import redis_client_module, report, rss_mb  # noqa: E402
 from remote import start_hqueue, start_redis  # noqa: E402
 
-from hqueue import Durability, HQueue, HQueueAdmin, Message, MessageListener, Subscription  # noqa: E402
+from hqueue import Durability, HQueue, HQueueAdmin, Message, MessageID, MessageListener, Subscription  # noqa: E402
 
 STAMP = struct.Struct(">q")
 PAD = b"x" * (100 - 7 - STAMP.size)  # topic "crawler" + stamp + pad = 100 bytes
@@ -50,11 +53,12 @@ def payload() -> bytes:
 
 
 class _Recorder:
-    """Latencies in ms and arrival times; written as JSON when told to stop."""
+    """Latencies in ms and arrival times; written as JSON when told to stop, or
+    once ``expect`` messages came (``stop`` is set then)."""
 
-    def __init__(self, out: str) -> None:
+    def __init__(self, out: str, expect: int = 0) -> None:
         self.out, self.latencies, self.first, self.last, self.count = out, [], None, None, 0
-        self.lock = threading.Lock()
+        self.lock, self.expect, self.stop = threading.Lock(), expect, threading.Event()
 
     def record(self, stamps: list[bytes]) -> None:
         now = time.time_ns()
@@ -62,35 +66,40 @@ class _Recorder:
             self.latencies += [(now - STAMP.unpack_from(s)[0]) / 1e6 for s in stamps]
             self.first = self.first or now
             self.last, self.count = now, self.count + len(stamps)
+            if self.expect and self.count >= self.expect:
+                self.stop.set()
 
     def dump(self) -> None:
         with open(self.out, "w") as f:
             json.dump({"latencies": self.latencies, "first": self.first, "last": self.last, "count": self.count}, f)
 
 
-def consume_hqueue(url: str, queue: str, out: str) -> None:
-    recorder = _Recorder(out)
+def consume_hqueue(url: str, queue: str, out: str, earliest: bool, expect: int) -> None:
+    recorder = _Recorder(out, expect)
 
     class Listener(MessageListener):
         def on_messages(self, messages):
             recorder.record([m.value for m in messages])
 
-    stop = threading.Event()
+    stop = recorder.stop
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with HQueue(queue, url) as q, q.create_subscriber(Subscription("bench"), [Listener()]):
+    subscription = Subscription("bench")
+    if earliest:
+        subscription.add_partitions({0: MessageID(0)})
+    with HQueue(queue, url) as q, q.create_subscriber(subscription, [Listener()]):
         print("READY", flush=True)
         stop.wait()
     recorder.dump()
 
 
-def consume_redis(port: int, stream: str, out: str) -> None:
+def consume_redis(port: int, stream: str, out: str, earliest: bool, expect: int) -> None:
     import redis
 
-    recorder = _Recorder(out)
-    stop = threading.Event()
+    recorder = _Recorder(out, expect)
+    stop = recorder.stop
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     r = redis.Redis(port=port)
-    r.xgroup_create(stream, "bench", id="$", mkstream=True)
+    r.xgroup_create(stream, "bench", id="0" if earliest else "$", mkstream=True)
     print("READY", flush=True)
     while not stop.is_set():
         reply = r.xreadgroup("bench", "c1", {stream: ">"}, count=1000, block=200)
@@ -103,9 +112,11 @@ def consume_redis(port: int, stream: str, out: str) -> None:
 # -- the producer side ---------------------------------------------------------------------
 
 
-def start_consumer(kind: str, target: str, name: str, out: str) -> subprocess.Popen:
+def start_consumer(kind: str, target: str, name: str, out: str, earliest: bool = False, expect: int = 0):
     proc = subprocess.Popen(
-        [sys.executable, __file__, "--consume", kind, target, name, out], stdout=subprocess.PIPE, text=True
+        [sys.executable, __file__, "--consume", kind, target, name, out, str(int(earliest)), str(expect)],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert proc.stdout.readline().startswith("READY")
     time.sleep(1.0)  # let the server start its workers
@@ -115,8 +126,11 @@ def start_consumer(kind: str, target: str, name: str, out: str) -> subprocess.Po
 def finish_consumer(proc: subprocess.Popen, out: str, expected: int, timeout: float = 60) -> dict:
     deadline = time.monotonic() + timeout
     time.sleep(0.5)
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=max(1, deadline - time.monotonic()))
+    try:  # a consumer told how many to expect stops by itself once they came
+        proc.wait(timeout=max(1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
     with open(out) as f:
         result = json.load(f)
     if result["count"] < expected:
@@ -147,26 +161,27 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rate", type=int, default=2000)
     parser.add_argument("--throughput-messages", type=int, default=200_000)
-    parser.add_argument("--consume", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--consume", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.consume:
-        kind, target, name, out = args.consume
+        kind, target, name, out, earliest, expect = args.consume
         if kind == "hqueue":
-            consume_hqueue(target, name, out)
+            consume_hqueue(target, name, out, earliest == "1", int(expect))
         else:
-            consume_redis(int(target), name, out)
+            consume_redis(int(target), name, out, earliest == "1", int(expect))
         return
-    import redis
-
+    redis = redis_client_module()
     workdir = tempfile.mkdtemp(prefix="hqueue-bench-sub-")
     hq_proc, hq_port = start_hqueue(workdir)
     rd_proc, rd_port = start_redis(workdir)
+    always_proc, always_port = start_redis(workdir, "always")
     url, r = f"hqueue://127.0.0.1:{hq_port}", redis.Redis(port=rd_port)
     rows = []
     try:
         with HQueueAdmin(url) as admin:
             admin.create_queue("latency", 1, durability=Durability.ASYNC_WAL)
-            admin.create_queue("throughput", 1, durability=Durability.ASYNC_WAL)
+            admin.create_queue("throughput_async_wal", 1, durability=Durability.ASYNC_WAL)
+            admin.create_queue("throughput_sync_wal", 1, durability=Durability.SYNC_WAL)
         sent = args.rate * args.seconds
         # latency
         out = os.path.join(workdir, "hq-latency.json")
@@ -181,41 +196,44 @@ def main() -> None:
         for q, label in ((0.5, "p50"), (0.99, "p99"), (1.0, "max")):
             h, d = percentile(hq["latencies"], q), percentile(rd["latencies"], q)
             rows.append({"measure": f"latency {label} ms at {args.rate}/s", "hqueue": h, "redis": d, "ratio": d / h})
-        # throughput
+        # the producer alone, then the drain of what it put: ASYNC_WAL vs everysec, SYNC_WAL vs always
         total = args.throughput_messages
-        out = os.path.join(workdir, "hq-throughput.json")
-        consumer = start_consumer("hqueue", url, "throughput", out)
-        with HQueue("throughput", url) as queue:
+        for durability, fsync, client, port in (
+            ("ASYNC_WAL", "everysec", r, rd_port),
+            ("SYNC_WAL", "always", redis.Redis(port=always_port), always_port),
+        ):
+            name = f"throughput_{durability}".lower()
+            with HQueue(name, url) as queue:
+                started = time.perf_counter()
+                for _ in range(total // 1000):
+                    queue.put([Message("crawler", payload()) for _ in range(1000)], partition_id=0)
+                h_put = total / (time.perf_counter() - started)
+            started = time.perf_counter()
             for _ in range(total // 1000):
-                queue.put([Message("crawler", payload()) for _ in range(1000)], partition_id=0)
-        time.sleep(3)
-        hq = finish_consumer(consumer, out, total)
-        out = os.path.join(workdir, "rd-throughput.json")
-        consumer = start_consumer("redis", str(rd_port), "throughput", out)
-        for _ in range(total // 1000):
-            pipe = r.pipeline(transaction=False)
-            for _ in range(1000):
-                pipe.xadd("throughput", {"crawler": payload()})
-            pipe.execute()
-        time.sleep(3)
-        rd = finish_consumer(consumer, out, total)
-        h_rate = hq["count"] / ((hq["last"] - hq["first"]) / 1e9)
-        d_rate = rd["count"] / ((rd["last"] - rd["first"]) / 1e9)
-        rows.append(
-            {"measure": "delivery msgs/s, one consumer", "hqueue": h_rate, "redis": d_rate, "ratio": h_rate / d_rate}
-        )
-        rows.append(
-            {
-                "measure": "messages delivered (throughput run)",
-                "hqueue": hq["count"],
-                "redis": rd["count"],
-                "ratio": None,
-            }
-        )
+                pipe = client.pipeline(transaction=False)
+                for _ in range(1000):
+                    pipe.xadd(name, {"crawler": payload()})
+                pipe.execute()
+            d_put = total / (time.perf_counter() - started)
+            rows.append({"measure": f"producer msgs/s (batches of 1000), {durability} vs {fsync}", "hqueue": h_put,
+                         "redis": d_put, "ratio": h_put / d_put})  # fmt: skip
+            out = os.path.join(workdir, f"hq-{name}.json")
+            hq = finish_consumer(start_consumer("hqueue", url, name, out, True, total), out, total, 120)
+            out = os.path.join(workdir, f"rd-{name}.json")
+            rd = finish_consumer(start_consumer("redis", str(port), name, out, True, total), out, total, 120)
+            h_rate = hq["count"] / ((hq["last"] - hq["first"]) / 1e9)
+            d_rate = rd["count"] / ((rd["last"] - rd["first"]) / 1e9)
+            rows.append({"measure": f"drain msgs/s, one consumer, {durability} vs {fsync}", "hqueue": h_rate,
+                         "redis": d_rate, "ratio": h_rate / d_rate})  # fmt: skip
+            rows.append({"measure": f"messages delivered (drain), {durability}", "hqueue": hq["count"],
+                         "redis": rd["count"], "ratio": None})  # fmt: skip
+        rows.append({"measure": "broker RSS after, MB (/proc)", "hqueue": rss_mb(hq_proc.pid),
+                     "redis": rss_mb(rd_proc.pid), "ratio": rss_mb(rd_proc.pid) / rss_mb(hq_proc.pid)})  # fmt: skip
     finally:
-        for proc in (hq_proc, rd_proc):
+        for proc in (hq_proc, rd_proc, always_proc):
             proc.terminate()
             proc.wait()
+        shutil.rmtree(workdir, ignore_errors=True)
     report(
         "push delivery: hqueue subscriber vs Redis XREADGROUP BLOCK + XACK (ratio > 1: hqueue better)",
         rows,

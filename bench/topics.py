@@ -107,12 +107,17 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=1_000_000)
     args = parser.parse_args()
     total = args.messages
-    with tempfile.TemporaryDirectory() as workdir:
-        url = f"local://{workdir}/data"
-        with HQueueAdmin(url) as admin:
-            for name, indexed in (("one", True), ("many", True), ("plain", False)):
+    with tempfile.TemporaryDirectory(prefix="hqueue-bench-topics-") as workdir:
+        # Each case in a store of its own: a load never pays for another's memtables and compactions.
+        urls = {name: f"local://{workdir}/{name}" for name in ("one", "many", "plain")}
+        for name, indexed in (("one", True), ("many", True), ("plain", False)):
+            with HQueueAdmin(urls[name]) as admin:
                 admin.create_queue(name, PARTITIONS, durability=Durability.ASYNC_WAL, topic_index=indexed)
-        with HQueue("one", url) as one, HQueue("many", url) as many, HQueue("plain", url) as plain:
+        with (
+            HQueue("one", urls["one"]) as one,
+            HQueue("many", urls["many"]) as many,
+            HQueue("plain", urls["plain"]) as plain,
+        ):
             one_rate = load(one, total, lambda i: "topic-0000000")
             many_rate = load(many, total, lambda i: f"topic-{i:07d}")
             plain_rate = load(plain, total, lambda i: f"topic-{i:07d}")
@@ -153,19 +158,20 @@ def main() -> None:
                         "ratio": indexed_s / plain_s,
                     }
                 )
-    with tempfile.TemporaryDirectory() as workdir:
-        proc, port = start_hqueue(workdir)
-        try:
-            url = f"hqueue://127.0.0.1:{port}"
-            with HQueueAdmin(url) as admin:
-                for name in ("one", "many"):
+    rates = {}
+    for name, topic in (("one", lambda i: "topic-0000000"), ("many", lambda i: f"topic-{i:07d}")):
+        with tempfile.TemporaryDirectory(prefix="hqueue-bench-topics-") as workdir:  # a server and store each
+            proc, port = start_hqueue(workdir)
+            try:
+                url = f"hqueue://127.0.0.1:{port}"
+                with HQueueAdmin(url) as admin:
                     admin.create_queue(name, PARTITIONS, durability=Durability.ASYNC_WAL, topic_index=True)
-            with HQueue("one", url) as one, HQueue("many", url) as many:
-                server_one = load(one, total, lambda i: "topic-0000000")
-                server_many = load(many, total, lambda i: f"topic-{i:07d}")
-        finally:
-            proc.terminate()
-            proc.wait()
+                with HQueue(name, url) as queue:
+                    rates[name] = load(queue, total, topic)
+            finally:
+                proc.terminate()
+                proc.wait()
+    server_one, server_many = rates["one"], rates["many"]
     rows[3:3] = [
         {"measure": "through hqueue server: put, 1 topic (msgs/s)", "value": server_one, "ratio": 1.0},
         {

@@ -32,6 +32,8 @@ from .errors import (
     NotAuthorized,
     NotPartitionOwner,
     OutcomeUnknown,
+    ProducerBufferFull,
+    ProducerClosed,
     QueueDisabled,
     QueueEnabled,
     QueueExists,
@@ -47,6 +49,7 @@ from .groups.state import GroupLimits
 from .keys.timers import Timer
 from .message import Message, MessageID, Topic
 from .processor import Processor
+from .producer import Producer
 from .queue import HQueue
 from .scanner import CombinedPartitionScanner, PartitionScanner, QueueScanner, Scan
 from .splits import Split
@@ -94,6 +97,9 @@ __all__ = [
     "NotAuthorized",
     "NotPartitionOwner",
     "OutcomeUnknown",
+    "Producer",
+    "ProducerBufferFull",
+    "ProducerClosed",
     "PartitionScanner",
     "Processor",
     "QueueDisabled",

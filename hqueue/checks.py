@@ -9,6 +9,8 @@ the same checks, so an error reads the same wherever it is raised.
 
 from __future__ import annotations
 
+import random
+import zlib
 from collections.abc import Sequence
 from operator import add
 
@@ -25,6 +27,30 @@ def check_partition(info: QueueInfo, partition_id: object) -> int:
             f"'partition_id' must be in 0..{info.partitions - 1} for queue {info.name!r}, got {partition_id}"
         )
     return partition_id
+
+
+def partition_for_key(key: bytes | str, partitions: int) -> int:
+    """CRC32 of ``key`` mod ``partitions`` (the same in every client)."""
+    if isinstance(key, str):
+        key = key.encode()
+    if not isinstance(key, bytes):
+        raise TypeError(f"'key' must be bytes or str, not {type(key).__name__}")
+    return zlib.crc32(key) % partitions
+
+
+def choose_partition(
+    info: QueueInfo, partition_id: int | None, key: bytes | str | None, priority: int | None = None
+) -> int:
+    """Where a put goes: ``partition_id``; else, in ``priority``'s band of partitions
+    (all of them on a queue without tiers), CRC32(``key``) or a random one."""
+    if key is not None and partition_id is not None:
+        raise TypeError("give 'partition_id' or 'key', not both")
+    if partition_id is not None:
+        if priority is not None and info.tier_of(check_partition(info, partition_id)) != priority:
+            raise InvalidPartition(f"partition {partition_id} of {info.name!r} is not in priority tier {priority}")
+        return check_partition(info, partition_id)
+    band = info.tier_partitions(priority or 0) if info.priorities > 1 or priority else range(info.partitions)
+    return band.start + (partition_for_key(key, len(band)) if key is not None else random.randrange(len(band)))
 
 
 def check_columns(info: QueueInfo, topics: Sequence[bytes], values: Sequence[bytes]) -> None:

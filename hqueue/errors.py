@@ -155,6 +155,27 @@ class OutcomeUnknown(HQueueError):
         self.queue, self.partition_id = queue, partition_id
 
 
+class ProducerBufferFull(HQueueError, TimeoutError):
+    """A producer's ``send`` found no room: the messages it holds, sent and not yet
+    stored, fill its ``buffer_bytes``, and none was stored within ``block_timeout``.
+    Nothing was queued; the servers (or the store) are slower than the sends.
+
+    Attributes:
+        queue, buffer_bytes, block_timeout: The producer's queue and limits.
+    """
+
+    def __init__(self, queue: str, buffer_bytes: int, block_timeout: float) -> None:
+        super().__init__(
+            f"the producer of {queue!r} holds its buffer_bytes={buffer_bytes:,} of unsent messages, and no room "
+            f"came within block_timeout={block_timeout:g}s: the message was not queued"
+        )
+        self.queue, self.buffer_bytes, self.block_timeout = queue, buffer_bytes, block_timeout
+
+
+class ProducerClosed(HQueueError):
+    """A send to a producer that is closed (or closing)."""
+
+
 class BatchTooLarge(InvalidMessage):
     """A batch is over what one put call carries (messages or bytes); nothing was written.
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import random
-import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from itertools import islice
@@ -12,19 +10,27 @@ from typing import overload
 
 from .api import groups_of
 from .batch import MessageBatch, check_batch_size, partition_batches
-from .checks import check_partition
+from .checks import check_partition, choose_partition, partition_for_key
 from .config import QueueInfo
 from .connection import Connected
 from .consumer import Consumer, Pending
-from .errors import InvalidArgument, InvalidPartition
+from .errors import InvalidArgument
 from .groups.state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, GroupLimits, check_group_name, check_pending_limit
 from .keys.timers import Timer, due_ms
 from .message import Message, MessageID
+from .producer import (
+    DEFAULT_BLOCK_TIMEOUT,
+    DEFAULT_BUFFER_BYTES,
+    DEFAULT_LINGER_MS,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_BYTES,
+    Producer,
+)
 from .scanner import DEFAULT_CACHING, CombinedPartitionScanner, PartitionScanner, QueueScanner, Scan
 from .splits import Split
 from .subscriptions.listener import MessageListener, Subscriber, Subscription
 
-__all__ = ["HQueue"]
+__all__ = ["HQueue", "partition_for_key"]
 
 TimeLike = MessageID | datetime | int | None
 
@@ -163,6 +169,33 @@ class HQueue(Connected):
             if deliver_at is not None or delay is not None:
                 return self.engine.schedule(self.name, batch, partition_id, due_ms(deliver_at, delay))
             return self.engine.put(self.name, batch, partition_id)
+
+    def producer(
+        self,
+        *,
+        linger_ms: float = DEFAULT_LINGER_MS,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+        block_timeout: float = DEFAULT_BLOCK_TIMEOUT,
+    ) -> Producer:
+        """A :class:`~hqueue.producer.Producer`: ``send(message)`` from any thread returns a
+        Future of the message's ID, and concurrent sends go out together, one put call per
+        partition (docs/python-api.md, "Producing from many threads").
+
+        Args:
+            linger_ms: How long a batch waits for more messages after its first.
+            max_batch: Messages in one put (1..10,000).
+            max_bytes: Bytes in one put (up to 16 MiB).
+            buffer_bytes: Bytes sent and not yet stored the producer holds; a send past it waits.
+            block_timeout: Seconds a send waits for room before it raises ProducerBufferFull.
+
+        Close it (or use ``with``) to send what it holds, before closing the queue.
+        """
+        return Producer(
+            self.engine, self.name, linger_ms=linger_ms, max_batch=max_batch, max_bytes=max_bytes,
+            buffer_bytes=buffer_bytes, block_timeout=block_timeout,
+        )  # fmt: skip
 
     def cancel(self, timer: Timer | str) -> bool:
         """Cancel a pending timer message; False if it fired (or was cancelled) already."""
@@ -364,19 +397,8 @@ def _limited(scanner: PartitionScanner | QueueScanner, limit: int | None) -> Ite
             yield from islice(scanner, limit)
 
 
-def route(info: QueueInfo, partition_id: int | None, key: bytes | str | None, priority: int | None) -> int:
-    """The partition a put goes to: ``partition_id``, by ``key`` (CRC32 mod partitions,
-    within the priority tier's band) or at random; checked against the queue."""
-    if key is not None and partition_id is not None:
-        raise TypeError("give 'partition_id' or 'key', not both")
-    if partition_id is None:
-        band = info.tier_partitions(priority or 0) if info.priorities > 1 or priority else range(info.partitions)
-        partition_id = band.start + (
-            partition_for_key(key, len(band)) if key is not None else random.randrange(len(band))
-        )
-    elif priority is not None and info.tier_of(check_partition(info, partition_id)) != priority:
-        raise InvalidPartition(f"partition {partition_id} of {info.name!r} is not in priority tier {priority}")
-    return check_partition(info, partition_id)
+#: Where a put goes (the producer routes the same way): checks.choose_partition.
+route = choose_partition
 
 
 def as_batch(messages: Message | Sequence[Message]) -> Sequence[Message]:
@@ -385,15 +407,6 @@ def as_batch(messages: Message | Sequence[Message]) -> Sequence[Message]:
     if not isinstance(batch, Sequence) or isinstance(batch, (str, bytes)):
         raise TypeError(f"'messages' must be a Message or a sequence of them, not {type(messages).__name__}")
     return batch
-
-
-def partition_for_key(key: bytes | str, partitions: int) -> int:
-    """CRC32 of ``key`` mod ``partitions`` (the same in every client)."""
-    if isinstance(key, str):
-        key = key.encode()
-    if not isinstance(key, bytes):
-        raise TypeError(f"'key' must be bytes or str, not {type(key).__name__}")
-    return zlib.crc32(key) % partitions
 
 
 def as_message_id(value: TimeLike, name: str) -> MessageID | None:

@@ -15,8 +15,8 @@ Layout:
 * queue metadata as JSON in the default column family under ``queue/<name>``.
 
 Durability maps onto RocksDB's write options: ``SYNC_WAL`` fsyncs the WAL
-before a batch is acknowledged (concurrent writers share one fsync: RocksDB's
-group commit), ``ASYNC_WAL`` writes the WAL without fsync, ``SKIP_WAL``
+before a batch is acknowledged (concurrent writers share one write and one
+fsync: the commit queue of storage/commits.py), ``ASYNC_WAL`` writes the WAL without fsync, ``SKIP_WAL``
 disables it.
 
 TTL: rows carry their write time in the rowkey, so expired rows are hidden by
@@ -54,6 +54,7 @@ from ..keys.index import INDEX_PREFIX
 from ..keys.timers import pending_range
 from ..message import encode_rowkey, partition_prefix
 from .base import Cell, Storage, expired, housekeeping, keep_id_floor, ttl_cutoff, ttl_start
+from .commits import GroupCommit, cells_filler, meta_filler
 from .fence import Fence, LocalFences, Token
 from .healing import Healing
 from .lockholder import lock_holder
@@ -110,6 +111,8 @@ class EmbeddedStorage(Healing, Storage):
         self._lock = threading.RLock()
         self._db = self._open()
         self._write_options = {d: _write_options(d) for d in Durability.ALL}
+        #: SYNC_WAL writes go through it: concurrent ones share one write and one fsync.
+        self._commit = GroupCommit(self._write_synced)
         self._infos: dict[str, QueueInfo] = {}
         self._families: dict[str, rocksdict.Rdict] = {}
         self._handles: dict[str, rocksdict.ColumnFamily] = {}
@@ -129,6 +132,9 @@ class EmbeddedStorage(Healing, Storage):
         self._fences = LocalFences(self.get_meta, self.put_meta)
         housekeeping(self, self._closed, self._lock, lambda: RECLAIM_INTERVAL)
         logger.debug("opened embedded store %s with %d queues", self.path, len(self._infos))
+
+    def _write_synced(self, batch: rocksdict.WriteBatch) -> None:
+        self._db.write(batch, self._write_options[Durability.SYNC_WAL])
 
     def _open(self) -> rocksdict.Rdict:
         os.makedirs(self.path, exist_ok=True)
@@ -267,9 +273,14 @@ class EmbeddedStorage(Healing, Storage):
         handle = self._handles.get(name)
         if handle is None:
             raise QueueNotFound(name)
+        index = self._index_handles.get(name)
+        if durability == Durability.SYNC_WAL:  # one fsync with the other writers under way
+            fill = cells_filler(handle, index, cells, deletes)
+            self._fences.write(fence, high, self._guard, self._commit.commit, fill)
+            return
         batch = rocksdict.WriteBatch(raw_mode=True)
         batch.set_default_column_family(handle)
-        put, index = batch.put, self._index_handles.get(name)
+        put = batch.put
         if index is None:
             for key, value in cells:
                 put(key, value)
@@ -343,15 +354,16 @@ class EmbeddedStorage(Healing, Storage):
         fence: Fence | None = None,
     ) -> None:
         self._heal()
+        if not puts and not deletes:
+            if fence is not None:  # nothing to write: only the check
+                self._fences.write(fence, b"", lambda: None)
+            return
+        if durability == Durability.SYNC_WAL:  # one fsync with the other writers under way
+            self._fences.write(fence, b"", self._guard, self._commit.commit, meta_filler(_KV_PREFIX, puts, deletes))
+            return
         batch = rocksdict.WriteBatch(raw_mode=True)
-        for key, value in puts.items():
-            batch.put(_KV_PREFIX + key.encode(), value)
-        for key in deletes:
-            batch.delete(_KV_PREFIX + key.encode())
-        if len(batch):
-            self._fences.write(fence, b"", self._guard, self._db.write, batch, self._write_options[durability])
-        elif fence is not None:  # nothing to write: only the check
-            self._fences.write(fence, b"", lambda: None)
+        meta_filler(_KV_PREFIX, puts, deletes)(batch)
+        self._fences.write(fence, b"", self._guard, self._db.write, batch, self._write_options[durability])
 
     def list_meta(self, prefix: str) -> dict[str, bytes]:
         self._heal()

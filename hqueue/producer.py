@@ -1,0 +1,348 @@
+"""Producer: many threads' single sends packed into few put calls (Kafka's model).
+
+``queue.producer()`` returns a :class:`Producer`. Each :meth:`Producer.send`
+adds one message to its partition's open batch and returns a
+:class:`concurrent.futures.Future` of its :class:`~hqueue.MessageID` at once.
+A batch goes out as one put call (one atomic write, one fsync for a
+SYNC_WAL queue) when it is full (``max_batch`` messages or ``max_bytes``),
+``linger_ms`` after its first message, or on :meth:`Producer.flush`; while a
+partition's batch is under way the next one fills, so a busy producer sends
+big batches whatever ``linger_ms`` is. A batch smaller than its partition's
+previous one waits up to :data:`GATHER_SECONDS` more for company: threads
+that each wait for their Future come back together, and travel together.
+
+State of a batch::
+
+    open (filling) --full / linger / flush--> ready --sender--> in flight --> done
+                                                                  (its futures resolved)
+
+Order: one batch per partition is in flight at a time, so the IDs of one
+partition's sends follow the order in which they were sent (from one thread;
+threads racing get some order). Errors: a failed put fails exactly its
+batch's futures, with the put's error (``OutcomeUnknown`` when the put was
+sent to a server and no answer came by its deadline: it may be stored).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from .checks import choose_partition, message_columns
+from .config import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES, QueueInfo
+from .errors import HQueueError, InvalidArgument, ProducerBufferFull, ProducerClosed
+from .message import Message, MessageID
+
+if TYPE_CHECKING:
+    from .api import EngineAPI
+
+__all__ = ["Producer", "SendFuture"]
+
+logger = logging.getLogger(__name__)
+
+#: Defaults, after Kafka's linger.ms, batch.size (here messages and bytes), buffer.memory, max.block.ms.
+#: No linger: batches form while a partition's put is under way (threads that wait on
+#: their Future would each wait out a linger).
+DEFAULT_LINGER_MS = 0.0
+DEFAULT_MAX_BATCH = 1000
+DEFAULT_MAX_BYTES = 1024 * 1024
+DEFAULT_BUFFER_BYTES = 32 * 1024 * 1024
+DEFAULT_BLOCK_TIMEOUT = 60.0
+#: How long a batch smaller than its partition's previous one may wait for company
+#: beyond its linger: threads that each wait for their Future come back together.
+GATHER_SECONDS = 0.001
+#: Puts to different partitions under way at once.
+MAX_IN_FLIGHT_PARTITIONS = 8
+
+
+class SendFuture(Future[MessageID]):
+    """The Future :meth:`Producer.send` returns: its result is the message's ID, and
+    ``partition_id`` is the partition it goes to (an ID is unique within its partition)."""
+
+    def __init__(self, partition_id: int) -> None:
+        super().__init__()
+        self.partition_id = partition_id
+
+
+class _Batch:
+    __slots__ = ("messages", "futures", "size", "created", "deadline", "forced", "done")
+
+    def __init__(self, created: float, linger: float) -> None:
+        self.messages: list[Message] = []
+        self.futures: list[SendFuture] = []
+        self.size = 0
+        self.created, self.deadline = created, created + linger  # it goes by then, full or not
+        self.forced = False  # flushed: it goes now
+        self.done = threading.Event()
+
+
+class Producer:
+    """Sends messages in batches, from any number of threads.
+
+    Use :meth:`HQueue.producer <hqueue.HQueue.producer>` to make one; close it
+    (or use it as a context manager) to send what is buffered.
+
+    Args:
+        engine, name, partitions_of: The queue's engine, name and definition (from the HQueue).
+        linger_ms: How long a batch waits for more messages after its first (0: it goes
+            as soon as its partition has no put under way).
+        max_batch: Messages in one put (1..10,000).
+        max_bytes: Bytes (topics and values) in one put (up to 16 MiB).
+        buffer_bytes: Bytes of messages sent and not yet stored that the producer holds;
+            a :meth:`send` past it waits for room.
+        block_timeout: Seconds :meth:`send` waits for room before it raises
+            :class:`~hqueue.errors.ProducerBufferFull`.
+    """
+
+    def __init__(
+        self,
+        engine: EngineAPI,
+        name: str,
+        *,
+        linger_ms: float = DEFAULT_LINGER_MS,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+        block_timeout: float = DEFAULT_BLOCK_TIMEOUT,
+    ) -> None:
+        _check_number("linger_ms", linger_ms, 0, 3_600_000)
+        _check_number("max_batch", max_batch, 1, MAX_BATCH_MESSAGES, integer=True)
+        _check_number("max_bytes", max_bytes, 1, MAX_BATCH_BYTES, integer=True)
+        _check_number("buffer_bytes", buffer_bytes, 1, float("inf"), integer=True)
+        _check_number("block_timeout", block_timeout, 0, float("inf"))
+        self.engine, self.name = engine, name
+        self.linger = linger_ms / 1000
+        self.max_batch, self.max_bytes = max_batch, max_bytes
+        self.buffer_bytes, self.block_timeout = buffer_bytes, block_timeout
+        self._info: QueueInfo = engine.enabled_queue(name)
+        self._cond = threading.Condition()
+        self._open: dict[int, deque[_Batch]] = {}  # partition -> batches, oldest first
+        self._in_flight: dict[int, _Batch] = {}
+        self._buffered = 0
+        self._sticky: int | None = None  # where sends without a key or partition go (Kafka's sticky partitioner)
+        self._last_size: dict[int, int] = {}  # messages in each partition's latest batch
+        self._delivering = threading.local()  # set while a Future's callbacks run in this thread
+        self._closed = False
+        #: Put calls made, and messages they carried (stored or failed).
+        self.puts = self.sent = 0
+        self._pool = ThreadPoolExecutor(min(MAX_IN_FLIGHT_PARTITIONS, self._info.partitions), "hqueue-producer-put")
+        self._sender = threading.Thread(target=self._run, name=f"hqueue-producer-{name}", daemon=True)
+        self._sender.start()
+
+    # -- sending ----------------------------------------------------------------------------
+
+    def send(self, message: Message, *, key: bytes | str | None = None, partition: int | None = None) -> SendFuture:
+        """Queue ``message`` for its partition's next batch; a Future of its ID.
+
+        Args:
+            message: The message.
+            key: Route by key: CRC32(key) mod partitions, as :meth:`HQueue.put` does.
+            partition: The partition (give ``key`` or ``partition``, not both). Without
+                either, messages go to one partition until its batch goes, then another.
+
+        Returns:
+            A Future (its ``partition_id`` says where the message goes): its result is
+            the message's ID once stored; its exception is
+            the put's error if the batch failed (``OutcomeUnknown``: it may be stored).
+            Cancelling it before its batch goes leaves the message out.
+
+        Raises:
+            ProducerBufferFull: no room in ``buffer_bytes`` within ``block_timeout``.
+            ProducerClosed: the producer is closed.
+            InvalidMessage, MessageTooLarge, InvalidPartition, TypeError: the message
+                or its partition is not valid (nothing is queued).
+        """
+        if type(message) is not Message:
+            raise TypeError(f"'message' must be a Message, not {type(message).__name__}")
+        message_columns(self._info, [message])
+        size = len(message.topic) + len(message.value)
+        if size > self.buffer_bytes:
+            raise InvalidArgument(f"a message of {size} bytes is over the producer's buffer_bytes={self.buffer_bytes}")
+        chosen = self._partition(key, partition)
+        with self._cond:
+            if self._closed:
+                raise ProducerClosed(f"the producer of {self.name!r} is closed")
+            if self._buffered + size > self.buffer_bytes:
+                self._wait_for_room(size)
+            self._buffered += size
+            pid = self._sticky_partition(size) if chosen is None else chosen
+            future = SendFuture(pid)
+            batches = self._open.setdefault(pid, deque())
+            if not batches or not self._fits(batches[-1], size):
+                batches.append(_Batch(time.monotonic(), self.linger))
+                self._cond.notify_all()  # the sender's next wake-up may be sooner now
+            batch = batches[-1]
+            batch.messages.append(message)
+            batch.futures.append(future)
+            batch.size += size
+            count = len(batch.messages)
+            if count >= self.max_batch or batch.size >= self.max_bytes or count == self._last_size.get(pid):
+                self._cond.notify_all()
+        return future
+
+    def _fits(self, batch: _Batch, size: int) -> bool:
+        return len(batch.messages) < self.max_batch and batch.size + size <= self.max_bytes
+
+    def _wait_for_room(self, size: int) -> None:
+        """Wait (under the lock) until ``size`` bytes fit in the buffer, or raise."""
+        give_up = time.monotonic() + self.block_timeout
+        while self._buffered + size > self.buffer_bytes and not self._closed:
+            left = give_up - time.monotonic()
+            if left <= 0:
+                raise ProducerBufferFull(self.name, self.buffer_bytes, self.block_timeout)
+            self._cond.wait(left)
+        if self._closed:
+            raise ProducerClosed(f"the producer of {self.name!r} is closed")
+
+    def _partition(self, key: bytes | str | None, partition: int | None) -> int | None:
+        """The partition ``key`` or ``partition`` names (None: neither was given)."""
+        # The same choice as HQueue.put (priority tier 0's band on a queue with tiers).
+        if key is not None and partition is not None:
+            raise TypeError("give 'partition' or 'key', not both")
+        if key is not None or partition is not None:
+            return choose_partition(self._info, partition, key)
+        return None
+
+    def _sticky_partition(self, size: int) -> int:
+        """Where a send without key or partition goes (under the lock): the partition
+        of the last such send, until its open batch is full; then another, with no
+        put under way if there is one (Kafka's sticky partitioner)."""
+        sticky = self._sticky
+        if sticky is not None:
+            batches = self._open.get(sticky)
+            if not batches or self._fits(batches[-1], size):
+                return sticky
+        chosen = choose_partition(self._info, None, None)
+        for _ in range(3):
+            if chosen not in self._in_flight and chosen not in self._open:
+                break
+            chosen = choose_partition(self._info, None, None)
+        self._sticky = chosen
+        return chosen
+
+    # -- flushing and closing ---------------------------------------------------------------
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Send every batch now, and wait until each message sent before this call
+        is stored or failed (its Future done). False if ``timeout`` seconds passed first.
+
+        Raises:
+            RuntimeError: called from a Future's callback (it would wait for itself).
+        """
+        if getattr(self._delivering, "on", False):
+            raise RuntimeError("flush() and close() cannot be called from a producer Future's callback")
+        with self._cond:
+            batches = [b for queued in self._open.values() for b in queued] + list(self._in_flight.values())
+            now = time.monotonic()
+            for batch in batches:
+                batch.deadline, batch.forced = min(batch.deadline, now), True
+            self._cond.notify_all()
+        give_up = None if timeout is None else time.monotonic() + timeout
+        for batch in batches:
+            left = None if give_up is None else max(0.0, give_up - time.monotonic())
+            if not batch.done.wait(left):
+                return False
+        return True
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop taking sends, send what is buffered, and stop (waiting up to ``timeout``)."""
+        if getattr(self._delivering, "on", False):
+            raise RuntimeError("flush() and close() cannot be called from a producer Future's callback")
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+        self.flush(timeout)
+        self._sender.join(timeout)
+        self._pool.shutdown(wait=timeout is None)
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- the sender thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                ready = self._take_ready()
+                while not ready:
+                    if self._closed and not self._open and not self._in_flight:
+                        return
+                    self._cond.wait(self._next_wake())
+                    ready = self._take_ready()
+            for pid, batch in ready:  # partitions' puts under way at once (and sharing a group commit)
+                self._pool.submit(self._put, pid, batch)
+
+    def _take_ready(self) -> list[tuple[int, _Batch]]:
+        """Batches due (full, lingered, flushed, or closing) whose partition has none under way."""
+        now, ready = time.monotonic(), []
+        for pid, batches in list(self._open.items()):
+            if pid in self._in_flight:
+                continue
+            batch = batches[0]
+            full = len(batch.messages) >= self.max_batch or batch.size >= self.max_bytes or len(batches) > 1
+            if full or batch.forced or self._closed or self._due(pid, batch) <= now:
+                batches.popleft()
+                if not batches:
+                    del self._open[pid]
+                self._in_flight[pid] = batch
+                self._last_size[pid] = len(batch.messages)
+                ready.append((pid, batch))
+        return ready
+
+    def _due(self, pid: int, batch: _Batch) -> float:
+        """When a batch goes unless it fills: its linger's end, or, while it is smaller than
+        its partition's previous batch, up to GATHER_SECONDS after its first message."""
+        if len(batch.messages) >= self._last_size.get(pid, 0):
+            return batch.deadline
+        return max(batch.deadline, batch.created + GATHER_SECONDS)
+
+    def _next_wake(self) -> float | None:
+        waiting = [self._due(pid, b[0]) for pid, b in self._open.items() if pid not in self._in_flight]
+        return max(0.0, min(waiting) - time.monotonic()) if waiting else None
+
+    def _put(self, pid: int, batch: _Batch) -> None:
+        live = [(m, f) for m, f in zip(batch.messages, batch.futures, strict=True) if f.set_running_or_notify_cancel()]
+        self._delivering.on = True
+        try:
+            if live:
+                ids = self.engine.put(self.name, [m for m, _ in live], pid)
+                for (_, future), message_id in zip(live, ids, strict=True):
+                    future.set_result(message_id)
+        except BaseException as e:  # noqa: BLE001 - every error goes to the batch's futures
+            if not isinstance(e, HQueueError):
+                logger.warning("put of %d message(s) to %s/%d failed: %r", len(live), self.name, pid, e)
+            for _, future in live:
+                if not future.done():
+                    future.set_exception(e)
+        finally:
+            self._delivering.on = False
+            with self._cond:
+                self.puts, self.sent = self.puts + bool(live), self.sent + len(live)
+                del self._in_flight[pid]
+                self._buffered -= batch.size
+                self._cond.notify_all()
+            batch.done.set()
+
+    def __repr__(self) -> str:
+        return f"Producer({self.name!r}, linger_ms={self.linger * 1000:g}, max_batch={self.max_batch})"
+
+
+def _check_number(name: str, value: object, low: float, high: float, *, integer: bool = False) -> None:
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise TypeError(f"'{name}' must be {'an int' if integer else 'a number'}, not {type(value).__name__}")
+    if not low <= value <= high:
+        raise InvalidArgument(f"'{name}' must be in {low:g}..{high:g}, got {value!r}")

@@ -1,0 +1,192 @@
+"""The batching producer (``queue.producer()``), on every backend and through a server."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+
+import pytest
+
+from hqueue import InvalidArgument, InvalidMessage, Message, MessageID, ProducerClosed, QueueDisabled
+from hqueue.admin import HQueueAdmin
+
+
+def send_from_threads(producer, threads: int, each: int, **route) -> dict[int, list[tuple[int, Future]]]:
+    """Each thread sends ``each`` messages one at a time, not waiting: {thread: [(i, future)]}."""
+    sent: dict[int, list[tuple[int, Future]]] = {t: [] for t in range(threads)}
+    start = threading.Barrier(threads)
+
+    def run(t: int) -> None:
+        start.wait()
+        for i in range(each):
+            sent[t].append((i, producer.send(Message("t", b"%d-%d" % (t, i)), **{k: v(t) for k, v in route.items()})))
+
+    workers = [threading.Thread(target=run, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return sent
+
+
+def test_many_threads_sending_get_increasing_ids_per_partition_in_few_puts(make_queue):
+    # Given a queue of 4 partitions and a producer that lingers a little
+    queue = make_queue(partitions=4)
+    with queue.producer(linger_ms=20, max_batch=500) as producer:
+        # When 16 threads each send 100 messages, one at a time, routed by key
+        sent = send_from_threads(producer, 16, 100, key=lambda t: f"k{t}")
+        assert producer.flush(timeout=60)
+        # Then every future holds an ID, increasing per thread (one key: one partition)
+        for futures in sent.values():
+            ids = [f.result(0) for _, f in futures]
+            assert all(isinstance(i, MessageID) for i in ids)
+            assert ids == sorted(ids) and len(set(ids)) == len(ids)
+        # and the 1,600 sends went out in far fewer puts
+        assert producer.sent == 1600
+        assert producer.puts < 400, producer.puts
+    # and each ID names the message sent, in the partition its future names
+    stored = {(m.partition_id, m.id): m.value for m in queue.scan()}
+    assert len(stored) == 1600
+    for t, futures in sent.items():
+        for i, future in futures:
+            assert stored[(future.partition_id, future.result())] == b"%d-%d" % (t, i)
+    by_partition: dict[int, list[MessageID]] = {}
+    for m in queue.scan():
+        by_partition.setdefault(m.partition_id, []).append(m.id)
+    assert all(ids == sorted(ids) for ids in by_partition.values())
+
+
+def test_a_partition_or_key_routes_the_send(make_queue):
+    queue = make_queue(partitions=4)
+    with queue.producer() as producer:
+        to_two = producer.send(Message("t", b"a"), partition=2)
+        keyed = [producer.send(Message("t", b"k%d" % i), key=b"shop-42") for i in range(5)]
+    assert to_two.result().timestamp > 0 and to_two.partition_id == 2
+    assert [f.result() for f in keyed] == sorted(f.result() for f in keyed)
+    by_value = {m.value: m.partition_id for m in queue.scan()}
+    assert by_value[b"a"] == 2
+    assert len({by_value[b"k%d" % i] for i in range(5)}) == 1
+
+
+def test_flush_waits_for_every_send_and_close_flushes(make_queue):
+    queue = make_queue(partitions=2)
+    producer = queue.producer(linger_ms=60_000)  # nothing would go on its own for a minute
+    futures = [producer.send(Message("t", b"%d" % i)) for i in range(10)]
+    assert not any(f.done() for f in futures)
+    assert producer.flush(timeout=30)
+    assert all(f.done() and f.exception() is None for f in futures)
+    late = producer.send(Message("t", b"late"))
+    producer.close()
+    assert late.done() and late.result().timestamp > 0
+    assert sum(1 for _ in queue.scan()) == 11
+    # When it is closed, Then a send is refused, with a typed error
+    with pytest.raises(ProducerClosed):
+        producer.send(Message("t", b"after"))
+    producer.close()  # twice is fine
+
+
+def test_a_disabled_queue_fails_exactly_the_futures_of_its_batch(make_queue, api_url):
+    # Given a producer on a queue, and sends that were stored
+    queue = make_queue(partitions=1)
+    with queue.producer() as producer:
+        stored = [producer.send(Message("t", b"ok%d" % i)) for i in range(3)]
+        assert producer.flush(timeout=30)
+        # When the queue is disabled, Then the next sends' futures fail with QueueDisabled
+        with HQueueAdmin(api_url) as admin:
+            admin.disable_queue(queue.name)
+            failed = [producer.send(Message("t", b"no%d" % i)) for i in range(3)]
+            assert producer.flush(timeout=30)
+            for future in failed:
+                assert isinstance(future.exception(), QueueDisabled)
+            # and the stored ones kept their IDs
+            assert [f.result() for f in stored] == sorted(f.result() for f in stored)
+            admin.enable_queue(queue.name)
+        # and once it is enabled again, sends are stored again
+        assert producer.send(Message("t", b"again")).result(timeout=30).timestamp > 0
+    assert sorted(m.value for m in queue.scan()) == [b"again", b"ok0", b"ok1", b"ok2"]
+
+
+def test_bad_sends_are_refused_at_once_and_queue_nothing(make_queue):
+    queue = make_queue(partitions=2)
+    with queue.producer() as producer:
+        with pytest.raises(TypeError, match="Message"):
+            producer.send(b"not a message")  # type: ignore[arg-type]
+        with pytest.raises(InvalidMessage):
+            producer.send(Message("", b"no topic"))
+        with pytest.raises(InvalidArgument, match="partition"):
+            producer.send(Message("t", b"x"), partition=7)
+        with pytest.raises(TypeError, match="not both"):
+            producer.send(Message("t", b"x"), partition=0, key="k")
+        assert producer.flush(timeout=10)
+    assert list(queue.scan()) == []
+
+
+@pytest.mark.parametrize(
+    "option, value, error",
+    [
+        ("linger_ms", -1, InvalidArgument),
+        ("max_batch", 0, InvalidArgument),
+        ("max_batch", 10_001, InvalidArgument),
+        ("max_bytes", 32 * 1024 * 1024, InvalidArgument),
+        ("buffer_bytes", 1.5, TypeError),
+        ("block_timeout", "1", TypeError),
+    ],
+)
+def test_producer_options_are_checked(make_queue, option, value, error):
+    queue = make_queue(partitions=1)
+    with pytest.raises(error, match=option):
+        queue.producer(**{option: value})
+
+
+def test_a_send_cancelled_before_its_batch_goes_is_left_out(make_queue):
+    queue = make_queue(partitions=1)
+    with queue.producer(linger_ms=60_000) as producer:
+        kept, dropped = producer.send(Message("t", b"kept")), producer.send(Message("t", b"dropped"))
+        assert dropped.cancel()
+    assert kept.result().timestamp > 0
+    assert [m.value for m in queue.scan()] == [b"kept"]
+
+
+def test_batches_keep_to_max_batch_and_max_bytes(make_queue):
+    queue = make_queue(partitions=1)
+    with queue.producer(linger_ms=60_000, max_batch=10, max_bytes=1000) as producer:
+        for i in range(25):
+            producer.send(Message("t", b"%d" % i))
+        for _ in range(5):
+            producer.send(Message("t", b"x" * 400))  # two at most to a put, by bytes
+    # 10, 10, then 5 small ones with two big ones (835 bytes), two big ones, one
+    assert (producer.sent, producer.puts) == (30, 5)
+    ids = [m.id for m in queue.scan()]
+    assert len(ids) == 30 and ids == sorted(ids)
+
+
+def test_sends_without_key_stick_to_a_partition_until_its_batch_is_full(make_queue):
+    # Given 8 partitions and batches of 10
+    queue = make_queue(partitions=8)
+    with queue.producer(linger_ms=60_000, max_batch=10) as producer:
+        # When 30 messages are sent with neither key nor partition
+        futures = [producer.send(Message("t", b"%d" % i)) for i in range(30)]
+    # Then each 10 went together: one put each, one partition each, consecutive IDs
+    by_value = {m.value: m.partition_id for m in queue.scan()}
+    assert all(by_value[b"%d" % i] == f.partition_id for i, f in enumerate(futures))
+    for start in (0, 10, 20):
+        assert len({by_value[b"%d" % i] for i in range(start, start + 10)}) == 1
+        ids = [futures[i].result() for i in range(start, start + 10)]
+        assert ids == sorted(ids)
+    assert producer.puts == 3
+
+
+def test_flush_from_a_futures_callback_is_refused_not_a_deadlock(make_queue):
+    queue = make_queue(partitions=1)
+    seen: list[BaseException] = []
+
+    def callback(_: Future) -> None:
+        try:
+            producer.flush(timeout=5)
+        except RuntimeError as e:
+            seen.append(e)
+
+    with queue.producer() as producer:
+        producer.send(Message("t", b"x")).add_done_callback(callback)
+        assert producer.flush(timeout=30)
+    assert len(seen) == 1 and "callback" in str(seen[0])

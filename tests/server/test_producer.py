@@ -1,0 +1,136 @@
+"""The batching producer against a real ``hqueue server`` that stops answering or dies.
+
+SIGSTOP stands for a server that stalls (its puts hang until their deadline):
+the producer's buffer fills, and ``send`` blocks, then raises a typed error.
+SIGKILL mid-batch: each future ends stored (its ID found after the restart)
+or failed with an error that says whether it may be stored; never an
+acknowledged ID that is not stored.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from hqueue import HQueue, HQueueAdmin, Message, OutcomeUnknown, ProducerBufferFull, ServerUnavailable
+from hqueue.errors import NoPartitionOwner
+
+from ..processes import ServerProcess, wait_for
+
+
+@pytest.fixture
+def server(tmp_path):
+    proc = ServerProcess(f"local://{tmp_path}/data", tmp_path)
+    with HQueueAdmin(f"hqueue://{proc.address}") as admin:
+        admin.create_queue("q", 4)
+    yield proc
+    if proc.proc and proc.proc.poll() is None:
+        os.kill(proc.proc.pid, signal.SIGCONT)
+        proc.terminate()
+
+
+def test_a_full_buffer_blocks_send_then_raises_and_nothing_is_lost(server):
+    # Given a producer with room for about 10 messages, on a server that stalls
+    with HQueue("q", f"hqueue://{server.address}?timeout=20") as queue:
+        queue.put(Message("t", b"warm"), partition_id=0)  # the client knows the owners
+        producer = queue.producer(buffer_bytes=10 * 101, block_timeout=0.3)
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            # When sends go on while nothing is stored
+            futures = []
+            with pytest.raises(ProducerBufferFull, match="buffer_bytes=1,010") as raised:
+                for i in range(100):
+                    futures.append(producer.send(Message("t", b"x" * 100), partition=i % 4))
+            # Then send blocked for block_timeout, then refused with a typed error, queueing nothing
+            assert raised.value.queue == "q" and 1 <= len(futures) <= 10
+            assert isinstance(raised.value, TimeoutError)
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        # and once the server answers, everything sent is stored and room comes back
+        assert producer.flush(timeout=60)
+        ids = [(f.partition_id, f.result(0)) for f in futures]  # an ID is unique within its partition
+        producer.send(Message("t", b"after")).result(timeout=30)
+        producer.close()
+        stored = {(m.partition_id, m.id) for m in queue.scan()}
+        assert set(ids) <= stored and len(stored) == len(ids) + 2
+
+
+@pytest.mark.slow
+def test_kill_9_mid_batch_gives_outcome_unknown_or_a_retry_never_a_lost_acknowledged_message(server, tmp_path):
+    url = f"hqueue://{server.address}?timeout=4"
+    results: list = []
+    stop = threading.Event()
+    with HQueue("q", url) as queue:
+        queue.put(Message("t", b"warm"), partition_id=0)
+        producer = queue.producer(max_batch=200)
+
+        def send(t: int) -> None:
+            i = 0
+            while not stop.is_set():
+                try:
+                    results.append((b"%d-%d" % (t, i), producer.send(Message("t", b"%d-%d" % (t, i)))))
+                except Exception as e:  # noqa: BLE001 - a refused send is counted, not lost
+                    results.append((None, e))
+                i += 1
+                if i % 50 == 0:
+                    time.sleep(0.001)
+
+        senders = [threading.Thread(target=send, args=(t,), daemon=True) for t in range(8)]
+        for sender in senders:
+            sender.start()
+        for _ in range(2):
+            wait_for(lambda: sum(1 for _, f in results if hasattr(f, "done") and f.done()) > 500, 60, "sends stored")
+            server.kill()  # SIGKILL with batches under way
+            server.start()  # the same port: the client's retries reach it again
+            time.sleep(0.5)
+        stop.set()
+        for sender in senders:
+            sender.join(timeout=30)
+        producer.close()
+        acked, unknown, other, acks = {}, 0, [], 0
+        for value, future in results:
+            error = future if isinstance(future, BaseException) else future.exception()
+            if error is None:  # an ID is unique within its partition
+                acked[(future.partition_id, future.result())] = value
+                acks += 1
+            elif isinstance(error, OutcomeUnknown):
+                unknown += 1
+            elif not isinstance(error, (ServerUnavailable, NoPartitionOwner)):
+                other.append(repr(error))
+        assert other == [], other[:3]
+        stored = {(m.partition_id, m.id): m.value for m in queue.scan()}
+    # Then every acknowledged ID is stored, with its message
+    lost = [i for i, v in acked.items() if stored.get(i) != v]
+    assert lost == [], f"{len(lost)} of {len(acked)} acknowledged messages lost"
+    assert acks == len(acked), "an ID was acknowledged to two sends"
+    assert len(acked) > 1000
+    print(f"\nproducer crash test: 2 kill -9, {len(acked)} acknowledged, {unknown} outcome unknown, 0 lost")
+
+
+def test_a_batch_sent_to_a_stalled_server_fails_its_futures_with_outcome_unknown(server):
+    # Given a producer whose puts have a 1.5 s deadline, and a server that stops answering
+    with HQueue("q", f"hqueue://{server.address}?timeout=1.5") as queue:
+        queue.put(Message("t", b"warm"), partition_id=0)
+        with queue.producer() as producer:
+            os.kill(server.proc.pid, signal.SIGSTOP)
+            try:
+                # When a batch is sent and no answer comes by its deadline
+                futures = [producer.send(Message("t", b"m%d" % i), partition=1) for i in range(5)]
+                assert producer.flush(timeout=30)
+            finally:
+                os.kill(server.proc.pid, signal.SIGCONT)
+            # Then every future of it says the outcome is unknown, naming the queue and partition
+            errors = [f.exception() for f in futures]
+            assert all(isinstance(e, OutcomeUnknown) for e in errors), errors
+            assert {(e.queue, e.partition_id) for e in errors} == {("q", 1)}
+            # and the producer goes on once the server answers
+            assert producer.send(Message("t", b"after"), partition=1).result(timeout=30).timestamp > 0
+    # and the batch was stored at most once (the resumed server may have written it)
+    with HQueue("q", f"hqueue://{server.address}") as queue:
+        values = [m.value for m in queue.scan()]
+    assert all(values.count(b"m%d" % i) <= 1 for i in range(5))
+    assert b"after" in values

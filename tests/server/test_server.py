@@ -161,7 +161,7 @@ def test_kill_9_the_server_mid_load_loses_no_acknowledged_message(tmp_path):
             i = 0
             while not stop.is_set():
                 try:
-                    acked.extend(queue.put([Message("t", b"%d" % i)] * 10, partition_id=i % 4))
+                    acked.extend((i % 4, mid) for mid in queue.put([Message("t", b"%d" % i)] * 10, partition_id=i % 4))
                 except Exception as e:
                     errors.append(repr(e))
                 i += 1
@@ -178,9 +178,10 @@ def test_kill_9_the_server_mid_load_loses_no_acknowledged_message(tmp_path):
     writer.join(timeout=60)
     assert errors == [], errors[:3]
     with HQueue("q", url) as queue:
-        stored = {m.id for m in queue.scan()}
+        stored = {(m.partition_id, m.id) for m in queue.scan()}  # an ID is unique within its partition
     lost = [i for i in acked if i not in stored]
     assert lost == [], f"{len(lost)} of {len(acked)} acknowledged messages lost"
+    assert len(set(acked)) == len(acked), "an ID acknowledged twice"
     print(f"\nserver crash test: 3 kill -9 cycles, {len(acked)} acknowledged, 0 lost")
     proc.terminate()
 

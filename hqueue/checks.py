@@ -10,6 +10,7 @@ the same checks, so an error reads the same wherever it is raised.
 from __future__ import annotations
 
 import random
+import re
 import zlib
 from collections.abc import Sequence
 from operator import add
@@ -17,6 +18,9 @@ from operator import add
 from .config import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES, MAX_TOPIC_BYTES, QueueInfo
 from .errors import BatchTooLarge, InvalidMessage, InvalidPartition, MessageTooLarge
 from .message import Message, topics_of, values_of
+
+#: A consumer group's or subscriber's name: it is a znode and a store key.
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
 
 
 def check_partition(info: QueueInfo, partition_id: object) -> int:
@@ -109,3 +113,13 @@ def message_columns(info: QueueInfo, messages: Sequence[Message]) -> tuple[list[
     topics, values = topics_of(messages), values_of(messages)
     check_columns(info, topics, values)
     return topics, values
+
+
+def check_name(kind: str, name: object) -> str:
+    """A group's or subscriber's name: 1-200 of ``A-Z a-z 0-9 _ . -``, not starting with . or -."""
+    if not isinstance(name, str):
+        raise TypeError(f"a {kind} name must be a str, not {type(name).__name__}")
+    if not NAME.fullmatch(name):
+        shown = repr(name) if len(name) <= 60 else f"{name[:60]!r}… ({len(name)} characters)"
+        raise InvalidMessage(f"a {kind} name is 1-200 of A-Z a-z 0-9 _ . - (not starting with . or -), got {shown}")
+    return name

@@ -12,12 +12,12 @@ from __future__ import annotations
 import collections
 import heapq
 import json
-import re
 import threading
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
+from ..checks import check_name
 from ..errors import InvalidArgument
 from ..message import MessageID
 
@@ -46,7 +46,6 @@ MIN_MEMBER_TIMEOUT, HEARTBEAT_INTERVAL = 3.0, 1.0
 STARVE_GUARD = 4
 #: The backoff of a nack without a delay: 1 s, doubling per retry, at most 10 minutes.
 BACKOFF_BASE, BACKOFF_MAX = 1.0, 600.0
-_GROUP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
 
 #: What a receive hands out (groups.py): cell keys, values and attempts.
 Columns = tuple[list[bytes], list[bytes], list[int]]
@@ -73,11 +72,7 @@ def check_wait(wait: object) -> float:
 
 
 def check_group_name(name: object) -> str:
-    if not isinstance(name, str):
-        raise TypeError(f"a group name must be a str, not {type(name).__name__}")
-    if not _GROUP_NAME.fullmatch(name):
-        raise InvalidArgument(f"a group name is 1-200 of A-Z a-z 0-9 _ . - (not starting with . or -), got {name!r}")
-    return name
+    return check_name("group", name)
 
 
 #: The most pending messages one call lists.

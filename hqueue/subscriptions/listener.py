@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..auth import PushCredentials
+from ..checks import check_name
 from ..errors import HQueueError, InvalidArgument, SubscriberActive
 from ..message import Message, MessageID, _as_topic
 from .push import PushGuard, PushRefused, ephemeral_tls
@@ -81,8 +82,7 @@ class Subscription:
     def __init__(
         self, name: str, topics: Iterable[str | bytes] | None = None, *, dead_letter_after: int | None = None
     ) -> None:
-        if not isinstance(name, str) or not name or "/" in name:
-            raise InvalidArgument(f"'name' must be a non-empty str without '/', got {name!r}")
+        check_name("subscriber", name)
         if isinstance(topics, (str, bytes)):
             raise TypeError("'topics' must be a collection of topics, not one topic")
         self.name = name

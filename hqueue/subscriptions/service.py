@@ -12,9 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..auth import PushCredentials
-from ..checks import check_partition
+from ..checks import check_name, check_partition
 from ..engine import Engine
-from ..errors import InvalidArgument, InvalidMessage, SubscriberExists, SubscriberNotFound
+from ..errors import InvalidArgument, SubscriberExists, SubscriberNotFound
 from ..lag import partition_lag
 from ..message import MessageID, successor
 from .registry import Registration, SubscriberRegistry
@@ -89,8 +89,7 @@ class Subscribers:
     ) -> Registration:
         """Register ``name`` (or update its topics, partitions, dead-letter limit and given starts)."""
         self._used()
-        if not isinstance(name, str) or not name or "/" in name:
-            raise InvalidMessage(f"invalid subscriber name {name!r}: a non-empty name without '/'")
+        check_name("subscriber", name)
         check_dead_letter_after(dead_letter_after)
         info = self.engine.queue_info(queue, fresh=True)
         for pid in starts or {}:

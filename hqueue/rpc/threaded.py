@@ -14,7 +14,10 @@ Built on thriftpy2's processor, with hqueue's own socket handling:
   with a typed error naming the limit (``refuse_with`` makes it); the
   connection goes on. Once decoded, a call's frame is let go before the
   call runs.
-* At most ``max_connections`` connections; more are closed at accept. A
+* At most ``max_connections`` connections. When all are taken, a new one
+  closes the oldest connection not yet *trusted* (``trusted_after``: one that
+  authenticated, or proved a push), so connections that never prove anything
+  cannot keep out those that do; with none to close, the new one is closed. A
   connection idle for ``idle_timeout`` seconds is closed (clients reconnect).
 * When accept() fails for lack of file descriptors or memory, the server
   backs off (10 ms doubling to 1 s) and logs one line per 10 s, not one per
@@ -107,6 +110,8 @@ class Connection:
     auth_failures: int = 0
     #: Set by a handler: close the connection once this call's answer is sent.
     close_after_reply: bool = False
+    #: Proved who it is (the server's ``trusted_after``): never closed to make room.
+    trusted: bool = False
 
 
 _current = threading.local()
@@ -211,8 +216,12 @@ class ThreadedServer(TThreadedServer):
         limits: ServerLimits | None = None,
         ssl_context: ssl.SSLContext | None = None,
         refuse_with: Callable[[str, HQueueError], Exception] | None = None,
+        trusted_after: Callable[[Connection], bool] | None = None,
     ) -> None:
+        """``trusted_after(connection)``, asked after each call, says whether the connection
+        has proved who it is (default: any call it made)."""
         self.socket = socket
+        self.trusted_after = trusted_after or (lambda connection: True)
         self.service = service
         self.limits = limits or ServerLimits()
         self.budget = InflightBudget(self.limits.max_inflight_bytes)
@@ -228,6 +237,8 @@ class ThreadedServer(TThreadedServer):
             daemon=True,
         )
         self.connections = 0
+        #: Open connections, oldest first: id -> (connection, socket).
+        self._open: dict[int, tuple[Connection, Any]] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self.log = RateLimitedLog()
@@ -255,9 +266,16 @@ class ThreadedServer(TThreadedServer):
             backoff = 0.01
             with self._lock:
                 full = self.connections >= self.limits.max_connections
-                if not full:
+                victim = next((s for c, s in self._open.values() if not c.trusted), None) if full else None
+                if not full or victim is not None:
                     self.connections += 1
-            if full:
+            if victim is not None:  # its thread ends, and gives its place back
+                self.log.warning("evict", "closed an unproven connection to make room for one from %s", peer[0])
+                try:
+                    victim.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            elif full:
                 self.log.warning(
                     "full", "refused a connection from %s: %d open (the limit)", peer[0], self.limits.max_connections
                 )
@@ -282,6 +300,8 @@ class ThreadedServer(TThreadedServer):
     def _connection(self, sock: socket.socket, peer: tuple) -> None:
         connection = Connection(next(self._ids), (peer[0], peer[1]))
         _current.connection = connection
+        with self._lock:
+            self._open[connection.id] = (connection, sock)
         try:
             if sock.family != socket.AF_UNIX:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -302,6 +322,8 @@ class ThreadedServer(TThreadedServer):
             self.log.warning("bad-request", "closed a connection from %s: %s: %s", peer[0], type(e).__name__, e)
         finally:
             _current.connection = None
+            with self._lock:
+                self._open.pop(connection.id, None)
             sock.close()
             self._closed_one()
             for callback in connection.on_close:
@@ -330,6 +352,8 @@ class ThreadedServer(TThreadedServer):
                     reply = self._process(frames)
                 finally:
                     self.budget.release(size)
+            if not connection.trusted and refused is None:
+                connection.trusted = self.trusted_after(connection)
             if reply:  # oneway calls have none
                 frames.send(reply)
             if connection.close_after_reply:

@@ -198,8 +198,11 @@ class HQueueServer:
         self.groups: GroupService | None = None
         self.group_limits = group_limits
         self._server = ThreadedServer(
-            wire.T.HQueueService, self.handler, socket, limits=limits, ssl_context=ssl_context, refuse_with=thrift_error
-        )
+            wire.T.HQueueService, self.handler, socket, limits=limits, ssl_context=ssl_context,
+            refuse_with=thrift_error,
+            # With tokens, a connection that has not authenticated may be closed to make room.
+            trusted_after=None if auth is None else (lambda connection: connection.principal is not None),
+        )  # fmt: skip
         _warn_if_puts_cannot_fit(self._server.limits, max_put_messages, max_put_bytes)
         if metrics_port is not None:  # here, so a taken port fails before anything starts
             try:

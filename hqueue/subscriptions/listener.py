@@ -46,7 +46,7 @@ from .push import PushGuard, PushRefused, ephemeral_tls
 
 if TYPE_CHECKING:  # Thrift and kazoo load when a subscriber starts, not with hqueue
     from ..api import SubscriptionsAPI
-    from ..rpc.threaded import ThreadedServer
+    from ..rpc.threaded import ServerLimits, ThreadedServer
     from .zk_registry import ZooKeeperPresence
 
 logger = logging.getLogger(__name__)
@@ -162,6 +162,9 @@ class _ConsumeHandler:
 class Subscriber:
     """A running subscription; made by :meth:`HQueue.create_subscriber`."""
 
+    #: The push listener's connection limits (None: ServerLimits' defaults, 1,024 connections).
+    limits: ServerLimits | None = None
+
     def __init__(
         self,
         service: SubscriptionsAPI,
@@ -217,8 +220,11 @@ class Subscriber:
         socket = ListeningSocket.bound(self.host, self.port)
         self.port = socket.bound_port
         self._server = ThreadedServer(
-            wire.T.HQueueSubscriberService, _ConsumeHandler(self, self.guard), socket, ssl_context=context
-        )
+            wire.T.HQueueSubscriberService, _ConsumeHandler(self, self.guard), socket, ssl_context=context,
+            limits=self.limits,
+            # Only a connection that pushed with a valid proof (a server) keeps its place when all are taken.
+            trusted_after=lambda connection: connection.push is not None and connection.push.sequence > 0,
+        )  # fmt: skip
         self._server.serve_in_thread(f"hqueue-subscriber-{self.name}")
         try:
             topics = frozenset(self.subscription.topics) if self.subscription.topics else None

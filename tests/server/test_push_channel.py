@@ -17,9 +17,10 @@ from thriftpy2.transport import TFramedTransportFactory
 
 from hqueue import HQueue, HQueueAdmin, Message
 from hqueue.errors import InvalidArgument
+from hqueue.rpc.threaded import ServerLimits
 from hqueue.rpc.wire import T
 from hqueue.server import HQueueServer
-from hqueue.subscriptions.listener import MessageListener, Subscription
+from hqueue.subscriptions.listener import MessageListener, Subscriber, Subscription
 from hqueue.subscriptions.push import mac
 
 from ..processes import server_certificate, wait_for
@@ -228,3 +229,28 @@ def test_many_subscribers_share_the_push_pool_and_a_server_pushes_to_at_most_its
                 subscriber.stop()
     finally:
         server.stop()
+
+
+def test_idle_connections_cannot_keep_a_server_from_pushing(tmp_path, monkeypatch):
+    """The listener's connections all taken by peers that never prove anything: a
+    server's connection closes the oldest of them, and once its push is proven it
+    keeps its place (an attacker's pass held 1,024 idle connections: pushes stopped)."""
+    monkeypatch.setattr(Subscriber, "limits", ServerLimits(max_connections=3))
+    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
+    url = f"hqueue://{server.address}"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 1)
+    listener = Collect()
+    with HQueue("q", url) as queue, queue.create_subscriber(Subscription("s"), [listener]) as subscriber:
+        host, _, port = subscriber.address.rpartition(":")
+        idle = [socket.create_connection((host, int(port))) for _ in range(3)]  # they never say a word
+        wait_for(lambda: subscriber._server.connections >= 3, 10, "the idle connections accepted")
+        queue.put(Message("t", b"through"), partition_id=0)
+        wait_for(lambda: len(listener.messages) == 1, 30, "a push despite the idle connections")
+        more = [socket.create_connection((host, int(port))) for _ in range(3)]  # the proven one stays
+        queue.put(Message("t", b"again"), partition_id=0)
+        wait_for(lambda: len(listener.messages) == 2, 30, "a second push on the proven connection")
+        for s in idle + more:
+            s.close()
+    server.stop()
+    assert [m.value for m in listener.messages] == [b"through", b"again"]

@@ -298,8 +298,8 @@ class LagBook:
         (``reader.lag_seed``, set by the book's thread, which this asks for with
         ``progress(reader)``).
 
-        The answer changes only when the reader's seed (:meth:`seed_of`), the
-        partition's ``Tally.total``, ``cursor`` or ``finished`` do, unless it is not
+        The answer changes only when the reader's live seed (compared by identity),
+        the partition's ``Tally.total``, ``cursor`` or ``finished`` do, unless it is not
         ``settled`` (a recount was asked for): a scrape may keep what it rendered."""
         seed: Seed | None = reader.lag_seed
         if seed is None or not seed.tally.live:
@@ -324,12 +324,6 @@ class LagBook:
         if first is None:
             first = max(cursor, seed.oldest)
         return Lag(value, int.from_bytes(first[:8], "big") if first else 0, settled)
-
-    @staticmethod
-    def seed_of(reader: Any) -> Seed | None:
-        """The reader's live seed (compared by identity), None when it has none."""
-        seed: Seed | None = reader.lag_seed
-        return seed if seed is not None and seed.tally.live else None
 
     def pending(self) -> int:
         """Readers waiting to be counted."""

@@ -157,6 +157,12 @@ LOCATION_REFRESH = 2.0
 _READS = frozenset(
     {"getQueue", "describeQueue", "listQueues", "getQueueLocations", "listSubscribers", "describeSubscriber"}
 )
+#: Tries of a read whose connection broke mid-call (a server killed: its last connections may
+#: break one after another while it exits), a short sleep between each.
+READ_TRIES = 4
+#: Seconds before the next try of a read whose connection broke, times the tries so far.
+READ_RETRY_DELAY = 0.02
+
 #: Calls that may be sent again to another server once one may have received them:
 #: the reads, and calls whose second run changes nothing more than the first.
 _IDEMPOTENT = _READS | {
@@ -262,7 +268,7 @@ class RemoteEngine:
         have reached the server (False: no connection could be made).
         """
         with self.deadline() as deadline:
-            for attempt in (1, 2):
+            for attempt in range(1, READ_TRIES + 1):
                 if time.monotonic() >= deadline:
                     raise self._unavailable(address, method, TimeoutError(), deadline, sent=attempt > 1)
                 try:
@@ -271,7 +277,8 @@ class RemoteEngine:
                 except NotSent as e:
                     raise self._unavailable(address, method, e.cause, deadline) from e.cause
                 except (TTransportException, OSError) as e:
-                    if attempt == 1 and method in _READS and not isinstance(e, TimeoutError):
+                    if attempt < READ_TRIES and method in _READS and not isinstance(e, TimeoutError):
+                        time.sleep(min(READ_RETRY_DELAY * attempt, max(0.0, deadline - time.monotonic())))
                         continue  # the connection broke under us: a read may go again
                     raise self._unavailable(address, method, e, deadline, sent=True) from e
                 except TException as e:

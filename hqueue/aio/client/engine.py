@@ -23,7 +23,7 @@ from thriftpy2.thrift import TException
 from thriftpy2.transport import TTransportException
 
 from ...checks import message_columns
-from ...client.engine import _IDEMPOTENT, _READS, client_options, queue_description
+from ...client.engine import _IDEMPOTENT, _READS, READ_RETRY_DELAY, READ_TRIES, client_options, queue_description
 from ...config import INFO_CACHE_SECONDS, QueueInfo, QueueState
 from ...errors import (
     DeadlineExceeded,
@@ -112,7 +112,7 @@ class AsyncRemoteEngine:
     async def _call_at(self, address: str, method: str, *args: Any, queue: str | None = None, pid: int = -1) -> Any:
         """One call at one server, by the deadline; IDL exceptions become hqueue errors."""
         with self.deadline() as deadline:
-            for attempt in (1, 2):
+            for attempt in range(1, READ_TRIES + 1):
                 pool = self.pool(address)
                 try:
                     async with asyncio.timeout_at(deadline):
@@ -128,7 +128,8 @@ class AsyncRemoteEngine:
                         result = await connection.call(method, *args)
                 except (TTransportException, OSError) as e:  # TimeoutError included
                     pool.give_back(connection, broken=True)
-                    if attempt == 1 and method in _READS and not isinstance(e, TimeoutError):
+                    if attempt < READ_TRIES and method in _READS and not isinstance(e, TimeoutError):
+                        await asyncio.sleep(READ_RETRY_DELAY * attempt)
                         continue  # the connection broke under us: a read may go again
                     raise self._unavailable(address, method, e, sent=True) from e
                 except TException as e:

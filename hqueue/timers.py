@@ -13,7 +13,11 @@ partition gained, starts with no floor: the first pass reads from the head.
 One pass fires every partition with timers due, each in one storage write
 of all its due timers (up to FIRE_BATCH), then the loop sleeps until the
 next due time: a timer is fired as soon as it is due, and under load many go
-in each write.
+in each write. When several partitions of SYNC_WAL queues are due together,
+their passes run side by side (FIRE_THREADS), so the store's group commit
+(storage/commits.py) gives their writes one fsync, not one each: one after
+another, eight partitions' fsyncs made a pass 8 ms or more, and timers late
+by as much.
 
 Firing writes the message into the partition with a fresh ID and deletes the
 timer row in one storage write, under the partition's write lock, so a
@@ -32,8 +36,10 @@ import heapq
 import logging
 import threading
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from .config import Durability
 from .errors import QueueDisabled, QueueNotFound
 from .ids import wall_clock_ms
 
@@ -47,6 +53,8 @@ logger = logging.getLogger(__name__)
 FIRE_BATCH = 1000
 #: How long the loop waits before retrying a partition whose firing failed.
 RETRY_MS = 1000
+#: Partitions of SYNC_WAL queues fired side by side, sharing fsyncs.
+FIRE_THREADS = 8
 
 
 class TimerService:
@@ -69,6 +77,7 @@ class TimerService:
         self._wake = threading.Event()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
+        self._pool: ThreadPoolExecutor | None = None
 
     def start(self) -> None:
         self.coordinator.add_listener(self._ownership_changed)
@@ -81,6 +90,8 @@ class TimerService:
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
 
     # -- what is due when ------------------------------------------------------------
 
@@ -151,8 +162,7 @@ class TimerService:
                 self._refresh_gained()
             due = self._take_due(wall_clock_ms())
             if isinstance(due, list):
-                for queue, pid in due:
-                    self._fire(queue, pid)
+                self._fire_all(due)
                 continue
             self._wake.wait(due)
             self._wake.clear()
@@ -174,6 +184,25 @@ class TimerService:
             if taken:
                 return taken
             return min(1.0, (self._heap[0][0] - now) / 1000) if self._heap else 1.0
+
+    def _fire_all(self, partitions: list[tuple[str, int]]) -> None:
+        """Fire each partition; those of SYNC_WAL queues side by side, to share fsyncs."""
+        synced = [p for p in partitions if self._synced(p[0])]
+        if len(synced) < 2:
+            synced = []
+        for partition in set(partitions).difference(synced):
+            self._fire(*partition)
+        if synced:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(FIRE_THREADS, thread_name_prefix="hqueue-timers-sync")
+            for _ in self._pool.map(lambda p: self._fire(*p), synced):
+                pass
+
+    def _synced(self, queue: str) -> bool:
+        try:
+            return self.engine.queue_info(queue).durability == Durability.SYNC_WAL
+        except QueueNotFound:
+            return False
 
     def _fire(self, queue: str, pid: int) -> None:
         if not self.coordinator.owns(queue, pid):

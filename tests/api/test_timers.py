@@ -189,3 +189,20 @@ def test_a_restart_fires_what_fell_due_while_down_in_due_order_then_keeps_firing
         assert fired[-1].value == b"later"
         time.sleep(0.2)
         assert len(list(queue.scan())) == 2501
+
+
+def test_timers_due_together_on_every_partition_of_a_sync_wal_queue_each_fire_once(make_queue):
+    # Given a SYNC_WAL queue (whose due partitions fire side by side, sharing fsyncs),
+    # 200 timers on each of its 8 partitions, all due in the same millisecond
+    queue = make_queue(partitions=8, durability="SYNC_WAL")
+    due = wall_clock_ms() + 400
+    for pid in range(8):
+        queue.put([Message("t", b"%d-%03d" % (pid, i)) for i in range(200)], pid, deliver_at=due)
+    # When they fall due, then each fires once, on its own partition, in order within it
+    wait_for(lambda: len(list(queue.scan())) == 1600)
+    time.sleep(0.3)
+    fired = list(queue.scan())
+    assert len(fired) == 1600 and min(m.id.timestamp for m in fired) >= due
+    for pid in range(8):
+        mine = [m.value for m in fired if m.partition_id == pid]
+        assert mine == [b"%d-%03d" % (pid, i) for i in range(200)]

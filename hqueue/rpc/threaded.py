@@ -22,9 +22,11 @@ Built on thriftpy2's processor, with hqueue's own socket handling:
 * When accept() fails for lack of file descriptors or memory, the server
   backs off (10 ms doubling to 1 s) and logs one line per 10 s, not one per
   attempt.
-* It listens on TCP, or on a Unix socket (``ListeningSocket.bound_unix``,
-  access by the socket file's permissions; the store a process shares with
-  local processes, server/shared.py).
+* It listens on TCP, on a Unix socket (``ListeningSocket.bound_unix``,
+  access by the socket file's permissions: the store a process shares with
+  local processes, server/shared.py), or on both (``also``: one accept
+  thread each, the same limits over all their connections). A connection
+  that came over a Unix socket is ``local``.
 * Optional TLS: an ``ssl.SSLContext`` wraps each accepted socket (the
   handshake runs in the connection's thread, bounded by ``body_timeout``).
 * :func:`current_connection` tells a handler which connection it serves
@@ -112,6 +114,8 @@ class Connection:
     close_after_reply: bool = False
     #: Proved who it is (the server's ``trusted_after``): never closed to make room.
     trusted: bool = False
+    #: Came over a Unix socket: a process of this machine that the socket file's permissions let in.
+    local: bool = False
 
 
 _current = threading.local()
@@ -217,10 +221,13 @@ class ThreadedServer(TThreadedServer):
         ssl_context: ssl.SSLContext | None = None,
         refuse_with: Callable[[str, HQueueError], Exception] | None = None,
         trusted_after: Callable[[Connection], bool] | None = None,
+        also: ListeningSocket | None = None,
     ) -> None:
         """``trusted_after(connection)``, asked after each call, says whether the connection
-        has proved who it is (default: any call it made)."""
+        has proved who it is (default: any call it made). ``also``: a second socket to
+        accept on (a Unix socket beside the TCP port), closed with the server."""
         self.socket = socket
+        self.also = also
         self.trusted_after = trusted_after or (lambda connection: True)
         self.service = service
         self.limits = limits or ServerLimits()
@@ -248,7 +255,15 @@ class ThreadedServer(TThreadedServer):
         return self.socket.bound_port
 
     def serve(self) -> None:
-        backoff, listener = 0.01, self.socket.sock
+        """Accept connections until :meth:`close` (on ``also`` from a thread of its own)."""
+        if self.also is not None:
+            threading.Thread(
+                target=self._accept, args=(self.also.sock,), name="thrift-accept-unix", daemon=True
+            ).start()
+        self._accept(self.socket.sock)
+
+    def _accept(self, listener: socket.socket) -> None:
+        backoff = 0.01
         while not self.closed:
             try:
                 sock, peer = listener.accept()
@@ -298,12 +313,12 @@ class ThreadedServer(TThreadedServer):
             self.connections -= 1
 
     def _connection(self, sock: socket.socket, peer: tuple) -> None:
-        connection = Connection(next(self._ids), (peer[0], peer[1]))
+        connection = Connection(next(self._ids), (peer[0], peer[1]), local=sock.family == socket.AF_UNIX)
         _current.connection = connection
         with self._lock:
             self._open[connection.id] = (connection, sock)
         try:
-            if sock.family != socket.AF_UNIX:
+            if not connection.local:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.ssl_context is not None:
                 sock.settimeout(self.limits.body_timeout)
@@ -440,3 +455,5 @@ class ThreadedServer(TThreadedServer):
     def close(self) -> None:
         self.closed = True
         self.trans.close()
+        if self.also is not None:
+            self.also.close()

@@ -1,0 +1,135 @@
+"""``hqueue server`` on a ``local://`` store serves it to local processes too (hqueue/sharing.py).
+
+* A second local process opening ``local://`` the directory becomes the
+  server's client over the store's Unix socket, at once (no StorageLocked),
+  while remote clients use TCP as before.
+* With an auth file, TCP needs a token; the socket needs none: who may
+  connect there is decided by the socket file's permissions (another user
+  is refused by the kernel).
+* When the server stops, the next local process to make a call takes the
+  store over; ``--no-local-socket`` keeps the old refusal.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from hqueue import HQueue, HQueueAdmin, Message, NotAuthorized, StorageLocked
+from hqueue.server import HQueueServer
+from hqueue.sharing import SOCKET_NAME, StoreClient
+
+from ..processes import ROOT, ServerProcess, python_env
+
+TOKEN = "ops-secret-0123456789abc"
+AUTH_FILE = f'[tokens.ops]\nsecret = "{TOKEN}"\nadmin = ["*"]\n'
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def _hqueue(*args: str) -> subprocess.CompletedProcess:
+    """The hqueue command in a process of its own."""
+    return subprocess.run(
+        [sys.executable, "-m", "hqueue.cli", *args], cwd=ROOT, env=python_env(), capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def served(tmp_path):
+    """``hqueue server`` with an auth file on a local store, its queue ``q`` made over TCP."""
+    (tmp_path / "auth.toml").write_text(AUTH_FILE)
+    data = tmp_path / "data"
+    server = ServerProcess(f"local://{data}", tmp_path, extra_args=("--auth-file", str(tmp_path / "auth.toml")))
+    with HQueueAdmin(f"hqueue://{TOKEN}@{server.address}") as admin:
+        admin.create_queue("q", 2)
+    yield server, str(data)
+    server.kill()
+
+
+def test_a_local_process_opening_a_store_hqueue_server_holds_becomes_its_client(served):
+    server, data = served
+    # Given hqueue server holding local://DATA (with an auth file)
+    # When this process opens the same local:// URL
+    with HQueue("q", data_dir=data) as queue:
+        # Then it is the server's client over the store's socket, at once, with no token
+        assert isinstance(queue.engine, StoreClient)
+        ids = queue.put([Message("t", b"local-%d" % i) for i in range(5)], partition_id=1)
+        assert [m.value for m in queue.scan()] == [b"local-%d" % i for i in range(5)]
+    # And TCP clients see the same store, with their token; without one they are refused
+    with HQueue("q", f"hqueue://{TOKEN}@{server.address}") as remote:
+        assert [m.id for m in remote.scan()] == ids
+    with pytest.raises(NotAuthorized), HQueue("q", f"hqueue://{server.address}") as remote:
+        remote.put(Message("t", b"x"))
+    # And the socket is the server owner's alone
+    socket_file = os.path.join(data, SOCKET_NAME)
+    assert stat.S_ISSOCK(os.stat(socket_file).st_mode) and oct(os.stat(socket_file).st_mode & 0o777) == "0o600"
+    # And the command line works on local:// while the server runs
+    listed = _hqueue("--url", f"local://{data}", "scan", "q")
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.count("local-") == 5
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists(SYSTEM_PYTHON), reason="needs root and " + SYSTEM_PYTHON)
+def test_another_user_cannot_connect_to_the_socket(served):
+    server, data = served
+    # Given a directory others may enter (the socket's own mode is what keeps them out)
+    os.chmod(os.path.dirname(data), 0o755)
+    os.chmod(data, 0o755)
+    # When another user connects to the socket (this venv's Python may be out of its reach: the system's)
+    code = f"import socket; s = socket.socket(socket.AF_UNIX); s.connect({os.path.join(data, SOCKET_NAME)!r})"
+    nobody = pwd.getpwnam("nobody")
+    raw = subprocess.run([SYSTEM_PYTHON, "-c", code], capture_output=True, text=True, timeout=60,
+                         preexec_fn=lambda: (os.setgid(nobody.pw_gid), os.setuid(nobody.pw_uid)))  # fmt: skip
+    # Then the kernel refuses it, and nothing was written
+    assert "PermissionError" in raw.stderr, raw.stderr
+    with HQueue("q", f"hqueue://{TOKEN}@{server.address}") as remote:
+        assert list(remote.scan()) == []
+
+
+def test_when_the_server_stops_a_local_client_takes_the_store_over(served):
+    server, data = served
+    with HQueue("q", data_dir=data) as queue:
+        first = queue.put(Message("t", b"before"), partition_id=0)
+        # When the server stops (SIGTERM: it drains, removes its socket, lets the store go)
+        assert server.terminate() == 0
+        assert not os.path.exists(os.path.join(data, SOCKET_NAME)) or os.path.exists(os.path.join(data, "LOCK"))
+        # Then this process's next call takes the store over, IDs going on from the server's
+        second = queue.put(Message("t", b"after"), partition_id=0)
+        assert second > first
+        assert [m.value for m in queue.scan()] == [b"before", b"after"]
+
+
+def test_no_local_socket_keeps_the_store_to_the_server(tmp_path):
+    data = tmp_path / "data"
+    server = ServerProcess(f"local://{data}", tmp_path, extra_args=("--no-local-socket",))
+    try:
+        # Given hqueue server --no-local-socket on the store: no socket
+        assert not os.path.exists(data / SOCKET_NAME)
+        # Then another process is refused, with the way out named
+        refused = _hqueue("--url", f"local://{data}", "list")
+        assert refused.returncode == 1 and "does not share it" in refused.stderr, refused.stderr
+        with pytest.raises(StorageLocked):
+            HQueueAdmin(data_dir=str(data))
+    finally:
+        server.kill()
+
+
+def test_an_in_process_server_hands_the_socket_on_to_the_store_s_other_handles(tmp_path):
+    data = str(tmp_path / "data")
+    # Given an hqueue server in this process on a local store, and an HQueueAdmin on it too
+    server = HQueueServer(f"local://{data}", port=0).start()
+    assert server.local_socket == os.path.join(data, SOCKET_NAME)
+    with HQueueAdmin(data_dir=data) as admin:
+        admin.create_queue("q", 1)
+        # When the server stops while the admin keeps the store open here
+        server.stop()
+        # Then this process still serves the store to another process
+        other = _hqueue("--url", f"local://{data}", "list")
+        assert other.returncode == 0 and "q" in other.stdout, other.stderr

@@ -1,7 +1,7 @@
 """A put from a second process on a shared embedded store vs the same put through ``hqueue server``.
 
 Usage:
-    python bench/shared.py [--rounds 5] [--json out.json]
+    python bench/shared.py [--rounds 5] [--batch 1000] [--durability SYNC_WAL] [--json out.json]
 
 Two stores, each in a fresh directory, each held by another process: one
 shared (a process that opened ``local://`` serves it on its Unix socket,
@@ -47,6 +47,8 @@ def start_holder(path: str) -> subprocess.Popen:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--batch", type=int, action="append", choices=sorted(MESSAGES), help="only these batch sizes")
+    parser.add_argument("--durability", action="append", choices=["SYNC_WAL", "ASYNC_WAL"], help="only these")
     parser.add_argument("--json")
     args = parser.parse_args()
     rows = []
@@ -56,8 +58,11 @@ def main() -> None:
         server, port = start_hqueue(workdir)
         try:
             urls = {"shared": f"local://{shared_path}", "server": f"hqueue://127.0.0.1:{port}"}
-            for durability in (Durability.SYNC_WAL, Durability.ASYNC_WAL):
+            durabilities = [d for d in (Durability.SYNC_WAL, Durability.ASYNC_WAL) if d in (args.durability or [d])]
+            for durability in durabilities:
                 for batch, total in MESSAGES.items():
+                    if args.batch and batch not in args.batch:
+                        continue
                     rates: dict[str, list[float]] = {"shared": [], "server": []}
                     for round_number in range(args.rounds):
                         for kind, url in urls.items():

@@ -61,7 +61,7 @@ from thriftpy2.transport.memory import TCyMemoryBuffer
 from ..errors import HQueueError, LimitExceeded, ServerBusy
 from .budget import DEFAULT_INFLIGHT_WAIT, DEFAULT_MAX_INFLIGHT_BYTES, InflightBudget
 from .frames import DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_ITEMS, FrameError, FrameReader, check_call
-from .unix import unix_listener
+from .unix import unix_listener, widen
 
 logger = logging.getLogger(__name__)
 
@@ -318,7 +318,9 @@ class ThreadedServer(TThreadedServer):
         with self._lock:
             self._open[connection.id] = (connection, sock)
         try:
-            if not connection.local:
+            if connection.local:
+                widen(sock)  # a scan's reply in one message (rpc/unix.py)
+            else:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.ssl_context is not None:
                 sock.settimeout(self.limits.body_timeout)

@@ -9,6 +9,9 @@ a :class:`StoreClient`, the remote client over that socket. Who may
 connect is decided by the socket file's permissions, which follow the
 directory's: ``0660`` where the directory's group may write in it, else
 ``0600`` (and a directory others cannot search hides the socket too).
+``hqueue server`` on a ``local://`` store serves its socket as well (beside
+its TCP port); in a process, whoever serves a store's socket claims it
+here (:func:`claim_socket`), so that one does.
 
 The state machine of one store in a client process:
 
@@ -24,7 +27,8 @@ The state machine of one store in a client process:
   restarts, and with the same guarantees: a put whose connection broke
   after it was sent is sent again (stored at least once, never an ID
   acknowledged twice); one with no answer by the deadline raises
-  ``OutcomeUnknown``.
+  ``OutcomeUnknown``. An open scan opens a new scanner on the new holder
+  after the last message it returned (client/cursor.py).
 * The last handle on the store closes in that process: it stops serving
   (the next process takes over in the same way).
 

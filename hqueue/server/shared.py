@@ -6,6 +6,8 @@ TCP port: the same calls as ``hqueue server``, no token (the socket file's
 permissions decide who may connect). It starts with the store's first
 opening in the process and stops when the store closes there (the socket
 file is removed then, while this process still holds the store's lock).
+An ``hqueue server`` on the store serves the socket itself, beside its TCP
+port (``local_socket``); then this is not needed.
 """
 
 from __future__ import annotations

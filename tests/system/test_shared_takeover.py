@@ -121,6 +121,7 @@ def _pending(queue: HQueue) -> int:
     return sum(len(engine.pending_timers(queue.name, pid, 1)) for pid in range(queue.partitions))  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
 def test_a_subscriber_and_a_group_member_in_clients_keep_receiving_after_the_serving_process_is_killed(data, tmp_path):
     holder = _holder(data)
     received = tmp_path / "pushed.txt"

@@ -152,6 +152,9 @@ class ListeningSocket(TServerSocket):
     """A listening TCP socket, bound once, never shared with another process;
     or a listening Unix socket (:meth:`bound_unix`)."""
 
+    #: The permissions a Unix socket's file is made with.
+    unix_mode = 0o600
+
     @classmethod
     def bound(cls, host: str, port: int) -> ListeningSocket:
         """A socket listening on ``host:port`` now (port 0: a free one).
@@ -170,15 +173,16 @@ class ListeningSocket(TServerSocket):
         connect). The caller owns ``path``: a file already there is an error
         (a stale one is the caller's to remove, while it can tell it is stale)."""
         sock = cls(unix_socket=path, client_timeout=None)
+        sock.unix_mode = mode
         sock.listen()
-        os.chmod(path, mode)
+        os.chmod(path, mode)  # where the mode given before bind is not the file's (not Linux)
         return sock
 
     def listen(self) -> None:
         if self.sock is not None:
             return
         if self.unix_socket:
-            self.sock = unix_listener(self.unix_socket, self.backlog)
+            self.sock = unix_listener(self.unix_socket, self.backlog, self.unix_mode)
             return
         family = socket.AF_INET6 if ":" in (self.host or "") else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)

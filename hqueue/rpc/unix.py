@@ -22,11 +22,17 @@ import socket
 from collections.abc import Iterator
 
 
-def unix_listener(path: str, backlog: int) -> socket.socket:
-    """A Unix socket listening at ``path`` (a path too long for ``sun_path`` goes
-    through its directory's descriptor, ``/proc/self/fd/N/name``, on Linux)."""
+def unix_listener(path: str, backlog: int, mode: int = 0o600) -> socket.socket:
+    """A Unix socket listening at ``path``, its file made with permissions ``mode`` (a
+    path too long for ``sun_path`` goes through its directory's descriptor,
+    ``/proc/self/fd/N/name``, on Linux).
+
+    The mode is given to the socket before it is bound: Linux makes the file
+    from it (less the umask), so no other user can connect in between, as
+    one could where a ``chmod`` after ``bind`` follows a permissive umask."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
+        os.fchmod(sock.fileno(), mode)
         with short_unix_path(path) as short:
             sock.bind(short)
         sock.listen(backlog)

@@ -165,3 +165,15 @@ def test_services_replaced_on_a_store_stop_hearing_its_writes(tmp_path):
         assert [f.__qualname__ for f in events._written].count("GroupService._on_write") == 1
         assert [f.__qualname__ for f in events._scheduled] == ["TimerService.scheduled"]
         assert [f.__qualname__ for f in events._dropped] == ["GroupService.forget"]
+
+
+def test_the_socket_is_never_open_to_others_even_under_a_permissive_umask(tmp_path):
+    # Given a process whose umask lets others write (0), binding the store's socket
+    code = (
+        "import os, sys\nfrom hqueue.rpc.unix import unix_listener\nos.umask(0)\n"
+        "unix_listener(sys.argv[1], 1, 0o600)\nprint(oct(os.stat(sys.argv[1]).st_mode & 0o777))"
+    )
+    made = subprocess.run([sys.executable, "-c", code, str(tmp_path / "s.sock")], cwd=ROOT, env=python_env(),
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    # Then the file is made 0600 by bind itself: no moment when another user could connect before a chmod
+    assert made.stdout.strip() == "0o600", made.stderr

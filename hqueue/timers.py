@@ -87,6 +87,7 @@ class TimerService:
 
     def stop(self) -> None:
         self._stopped.set()
+        self.engine.events.off(self.scheduled)
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)

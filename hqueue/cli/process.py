@@ -172,6 +172,15 @@ from .main import Progress, Seconds, main, open_admin, open_queue
     help="A consumer-group member silent this long (no receive, no heartbeat; clients heartbeat every "
     "second) is gone: its leases end at once, as they do when its last connection closes (s).",
 )
+@click.option(
+    "--local-socket/--no-local-socket",
+    default=True,
+    show_default=True,
+    help="With a local:// store, also serve it to this machine's processes on DIR/hqueue.sock, so that "
+    "commands and programs given local://DIR work while the server runs (they become its clients). Who may "
+    "connect there is decided by the socket's file permissions (the directory owner's; its group's too when "
+    "it may write in DIR), not by --auth-file tokens.",
+)
 @click.option("--log-level", envvar="HQUEUE_LOG_LEVEL", default="INFO", show_default=True)
 @click.pass_context
 def server(
@@ -207,6 +216,7 @@ def server(
     member_timeout,
     metrics_host,
     metrics_token,
+    local_socket,
     log_level,
 ) -> None:
     """Serve queues over Thrift (framed transport, binary protocol)."""
@@ -259,11 +269,14 @@ def server(
             ),
             metrics_host=metrics_host,
             metrics_token=metrics_token,
+            local_socket=local_socket,
         )
     except OSError as e:
         raise click.ClickException(e.strerror or str(e)) from e
     # Tests and scripts read this line to learn the port (with --port 0).
     click.echo(f"hqueue server listening on {instance.address} (storage {instance.engine.url})", err=True)
+    if instance.local_socket is not None:
+        click.echo(f"and on {instance.local_socket} for local processes (local:// that directory)", err=True)
     sys.stderr.flush()
     instance.serve_forever()
 

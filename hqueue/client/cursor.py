@@ -15,7 +15,7 @@ import random
 import time
 from typing import Any
 
-from thriftpy2.thrift import TException
+from thriftpy2.thrift import TException, args_to_kwargs
 from thriftpy2.transport import TTransportException
 
 from ..errors import HQueueError, InvalidArgument, ServerUnavailable
@@ -58,6 +58,8 @@ class RemoteCursor:
         self._pool: Any = None
         #: The scanner's ID on the server (-1: none opened yet).
         self.scanner_id = -1
+        #: Whether the next batch's request is sent and its answer not read yet.
+        self._ahead = False
         with engine.deadline() as deadline:
             # Any server can serve a scan (the store is shared); prefer the owner.
             self.server = engine.locations(queue)[partition_id] or random.choice(engine._seeds)
@@ -112,12 +114,22 @@ class RemoteCursor:
 
     def _call(self, method: str, *args: Any) -> Any:
         """One call on the scanner's connection; _Lost if the scanner is gone."""
+        return self._exchange(method, args, send=True, receive=True)
+
+    def _exchange(self, method: str, args: tuple, *, send: bool, receive: bool) -> Any:
+        """Send ``method(*args)`` and/or read its answer on the scanner's connection."""
         if self._connection is None:
             raise _Lost(ServerUnavailable(f"hqueue server {self.server}: the scanner's connection broke"))
         deadline = self.engine.current_deadline() or time.monotonic() + self.engine.timeout
         self._connection.socket.deadline = deadline
+        client = self._connection.client
         try:
-            return getattr(self._connection.client, method)(*args)
+            if send and receive:
+                return getattr(client, method)(*args)
+            if send:
+                spec = getattr(client._service, method + "_args").thrift_spec
+                return client._send(method, **args_to_kwargs(spec, *args))
+            return client._recv(method)
         except (TTransportException, OSError) as e:
             raise _Lost(e) from e
         except TException as e:
@@ -126,7 +138,24 @@ class RemoteCursor:
                 raise _Lost(error) from e
             raise error from e
 
+    def _get_packed(self) -> bytes:
+        """The next batch: the answer to the request sent ahead, or to one sent now."""
+        ahead, self._ahead = self._ahead, False
+        args = (self.scanner_id, self.caching)
+        return self._exchange("messageScannerGetPacked", args, send=not ahead, receive=True)
+
+    def _send_ahead(self) -> None:
+        """Ask for the next batch now, to read its answer at the next fetch."""
+        try:
+            self._exchange("messageScannerGetPacked", (self.scanner_id, self.caching), send=True, receive=False)
+            self._ahead = True
+        except _Lost:
+            self._release(broken=True)  # the next fetch opens another scanner, after the last message
+        except HQueueError:
+            pass
+
     def _release(self, broken: bool = False) -> None:
+        self._ahead = False
         connection, self._connection = self._connection, None
         if connection is not None:
             self._pool.give_back(connection, broken)
@@ -138,22 +167,23 @@ class RemoteCursor:
 
     def fetch_columns(self) -> tuple[list[bytes], list[bytes]]:
         with self.engine.deadline() as deadline:
-            blob = self._retrying(
-                deadline, "messageScannerGetPacked",
-                lambda: self._call("messageScannerGetPacked", self.scanner_id, self.caching),
-            )  # fmt: skip
-        keys, values = packed.unpack(blob)
-        if keys and self._scan is not None:
-            self._scan = self._scan.after(keys[-1])
-        # A short reply is the end, unless the server cut it at its byte limit.
-        if (len(keys) < self.caching and packed.payload_bytes(blob) < wire.SCAN_REPLY_BYTES) or self._scan is None:
-            self.close()
+            blob = self._retrying(deadline, "messageScannerGetPacked", self._get_packed)
+            keys, values = packed.unpack(blob)
+            if keys and self._scan is not None:
+                self._scan = self._scan.after(keys[-1])
+            # A short reply is the end, unless the server cut it at its byte limit.
+            if (len(keys) < self.caching and packed.payload_bytes(blob) < wire.SCAN_REPLY_BYTES) or self._scan is None:
+                self.close()
+            else:
+                self._send_ahead()
         return keys, values
 
     def close(self) -> None:
         if not self.done:
             self.done = True
             try:
+                if self._ahead:  # the answer to the request sent ahead comes first
+                    self._get_packed()
                 self._call("messageScannerClose", self.scanner_id)
             except (_Lost, HQueueError):
                 self._release(broken=True)  # gone already, or stalled: its connection is dropped

@@ -172,6 +172,18 @@ from .main import Progress, Seconds, main, open_admin, open_queue
     help="A consumer-group member silent this long (no receive, no heartbeat; clients heartbeat every "
     "second) is gone: its leases end at once, as they do when its last connection closes (s).",
 )
+@click.option(
+    "--console-port",
+    type=click.IntRange(0, 65535),
+    help="Serve the web console at http://HOST:PORT/ (docs/console.md): log in with a token of --auth-file, "
+    "or without one the one-time token printed at start-up. Off by default.",
+)
+@click.option(
+    "--console-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address the console listens on (plain HTTP: put a TLS proxy in front of it off this machine).",
+)
 @click.option("--log-level", envvar="HQUEUE_LOG_LEVEL", default="INFO", show_default=True)
 @click.pass_context
 def server(
@@ -207,6 +219,8 @@ def server(
     member_timeout,
     metrics_host,
     metrics_token,
+    console_port,
+    console_host,
     log_level,
 ) -> None:
     """Serve queues over Thrift (framed transport, binary protocol)."""
@@ -259,13 +273,25 @@ def server(
             ),
             metrics_host=metrics_host,
             metrics_token=metrics_token,
+            console_port=console_port,
+            console_host=console_host,
         )
     except OSError as e:
         raise click.ClickException(e.strerror or str(e)) from e
     # Tests and scripts read this line to learn the port (with --port 0).
     click.echo(f"hqueue server listening on {instance.address} (storage {instance.engine.url})", err=True)
     sys.stderr.flush()
-    instance.serve_forever()
+    instance.serve_forever(on_start=lambda: announce_console(instance.console))
+
+
+def announce_console(console) -> None:
+    """Say where the console is, and its one-time token when there is no auth file (as Jupyter does)."""
+    if console is None:
+        return
+    click.echo(f"hqueue console on {console.url}", err=True)
+    if console.login_token:
+        click.echo(f"  log in with this one-time token: {console.login_token}", err=True)
+    sys.stderr.flush()
 
 
 def _zookeeper(zk: str, auth: str | None, server_id: str | None, session_timeout: float):

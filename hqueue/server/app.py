@@ -22,8 +22,11 @@ import signal
 import ssl
 import threading
 import time
+from collections.abc import Callable
 
+from ..admin import HQueueAdmin
 from ..auth import AuthPolicy, MetricsAccess, PushPolicy
+from ..console import Console, server_counters
 from ..coordination import Coordinator, LocalCoordinator
 from ..coordination.zookeeper import ZooKeeperCoordinator
 from ..engine import Engine
@@ -125,6 +128,10 @@ class HQueueServer:
         engine: Serve this engine, which the caller acquired and releases (the
             store a process shares with local processes: server/shared.py),
             instead of acquiring ``storage_url``'s.
+        console_port: Serve the web console (docs/console.md) on this port (0: a free
+            one; None: not at all), with ``auth``'s tokens, or a one-time token
+            (:attr:`console`'s ``login_token``) without them.
+        console_host: Where the console listens (loopback unless told).
     """
 
     def __init__(
@@ -154,6 +161,8 @@ class HQueueServer:
         unix_socket: str | None = None,
         unix_socket_mode: int = 0o600,
         engine: Engine | None = None,
+        console_port: int | None = None,
+        console_host: str = "127.0.0.1",
     ) -> None:
         if coordinator_factory is not None and not storage_url.startswith("hbase://"):
             raise InvalidArgument(
@@ -212,6 +221,10 @@ class HQueueServer:
                 if self._owns_engine:
                     self.engine.release()
                 raise
+        self._auth = auth
+        #: The web console (None without ``console_port``); made at start.
+        self.console: Console | None = None
+        self._console_at = None if console_port is None else (console_host, console_port)
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -259,8 +272,28 @@ class HQueueServer:
             self.lag.on_refresh(self.groups.load_all)
             self.lag.start()
         self._thread = self._server.serve_in_thread("hqueue-accept")
+        if self._console_at is not None:
+            self._start_console(*self._console_at)
         logger.info("hqueue server %s serving %s", self.address, self.engine.storage.url)
         return self
+
+    def _start_console(self, host: str, port: int) -> None:
+        """The console over this server's engine (an admin handle on the same store shares it)."""
+        if not ipaddress_is_loopback(host):
+            logger.warning("the console on %s speaks plain HTTP: put a TLS proxy in front of it", host)
+        admin = HQueueAdmin(self.engine.url)
+        try:
+            self.console = Console(
+                admin,
+                auth=self._auth,
+                counters=server_counters(self.metrics, lambda: self.connections),
+                locations=self.coordinator.locations,
+                host=host,
+                port=port,
+            ).start()
+        except BaseException:
+            admin.close()
+            raise
 
     def _registry(self) -> SubscriberRegistry:
         """Registrations in ZooKeeper with the coordinator's session, else in the store."""
@@ -272,14 +305,16 @@ class HQueueServer:
         self.metrics.partition_changes.labels("gained").inc(len(gained))
         self.metrics.partition_changes.labels("lost").inc(len(lost))
 
-    def serve_forever(self) -> None:
-        """Serve until SIGTERM or SIGINT, then shut down cleanly."""
+    def serve_forever(self, on_start: Callable[[], None] | None = None) -> None:
+        """Serve until SIGTERM or SIGINT, then shut down cleanly (``on_start``: called once serving)."""
         signalled = []
         for sig in (signal.SIGTERM, signal.SIGINT):
             # Only a flag: the handler runs inside whatever the main thread is
             # doing, and setting an Event it waits on deadlocks on the Event's lock.
             signal.signal(sig, lambda number, frame: signalled.append(number))
         self.start()
+        if on_start is not None:
+            on_start()
         while not signalled and not self._stopped.is_set():
             time.sleep(0.2)
         self.stop()
@@ -287,6 +322,9 @@ class HQueueServer:
     def stop(self, grace: float = 10.0) -> None:
         """Stop accepting, drain calls under way, leave, close the store."""
         self._stopped.set()
+        if self.console is not None:
+            self.console.stop()
+            self.console.admin.close()
         self.handler.guard.draining = True
         self._server.close()
         deadline = time.monotonic() + grace

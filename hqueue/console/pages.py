@@ -1,0 +1,257 @@
+"""The console's pages and their JSON (the charts' data): views over the calls the CLI makes.
+
+Every page reads through the console's :class:`~hqueue.HQueueAdmin` and the
+queue handles it makes, with the same methods ``hqueue list``, ``describe``,
+``list-groups``, ``describe-group``, ``pending``, ``scan`` and the rest
+call: the console counts no lag and lists nothing of its own. Each list is
+paged (forms.PAGE rows) and searched by name, so a store of 10,000 queues
+and 1,000 groups costs a page what a page shows.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from flask import Flask, abort, g, jsonify, render_template, request
+
+from ..config import QueueInfo
+from ..deadletters import dead_letter_queue
+from ..keys.timers import Timer
+from ..message import MAX_SEQUENCE, MessageID
+from .forms import PAGE, field, moment, number
+from .series import TOTALS
+
+#: Queues whose owners the overview counts (the rest are left out, and it says so).
+OVERVIEW_QUEUES = 500
+#: Queues one page of groups walks through at most, and timers' queues a page.
+GROUP_WALK = 200
+TIMER_PAGE = 20
+#: Pending timers counted per partition (more shows as "1000+").
+TIMER_COUNT = 1000
+#: Bytes of a value a page shows.
+VALUE_SHOWN = 4096
+
+
+def register(app: Flask) -> None:
+    for rule, view in (
+        ("/", overview),
+        ("/queues", queues),
+        ("/queues/<queue>", queue_page),
+        ("/groups", groups),
+        ("/queues/<queue>/groups/<group>", group_page),
+        ("/queues/<queue>/subscribers/<name>", subscriber_page),
+        ("/queues/<queue>/dlq", dlq_page),
+        ("/messages", messages),
+        ("/timers", timers),
+        ("/audit", audit),
+        ("/api/overview", overview_data),
+        ("/api/queues/<queue>", queue_data),
+        ("/api/queues/<queue>/groups/<group>", group_data),
+    ):
+        app.add_url_rule(rule, view.__name__, view)
+
+
+def page(template: str, **values: Any) -> str:
+    """A page, or only its live part when the page's refresh asks (``X-Live: 1``)."""
+    return render_template(template, live_only=request.headers.get("X-Live") == "1", **values)
+
+
+def visible(infos: list[QueueInfo]) -> list[QueueInfo]:
+    return [i for i in infos if g.login.may_see(i.name)]
+
+
+def seen(queue: str) -> str:
+    """``queue`` if the login may see it; 403 otherwise (before anything is read)."""
+    if not g.login.may_see(queue):
+        abort(403, f"token {g.login.who!r} may not see queue {queue!r}")
+    return queue
+
+
+def paged(items: list, size: int = PAGE) -> tuple[list, int, int]:
+    """(this page's items, page number, pages) of ``items`` by ``?page=``."""
+    pages = max(1, -(-len(items) // size))
+    number_ = number("page", 1, 1, pages)
+    return items[(number_ - 1) * size : number_ * size], number_, pages
+
+
+def search(infos: list[QueueInfo]) -> tuple[list[QueueInfo], str]:
+    text = field("q", "").strip()
+    return ([i for i in infos if text.lower() in i.name.lower()] if text else infos), text
+
+
+# -- the pages -----------------------------------------------------------------------
+
+
+def overview() -> str:
+    infos = visible(g.console.admin.list_queues())
+    owners: dict[str, int] = {}
+    for info in infos[:OVERVIEW_QUEUES]:
+        for owner in g.console.locations(info.name, info.partitions):
+            owners[owner or "(this process)"] = owners.get(owner or "(this process)", 0) + 1
+    latest = {name: g.console.sampler.latest(name) for name in TOTALS}
+    return page("overview.html", queues=len(infos), partitions=sum(i.partitions for i in infos),
+                owners=sorted(owners.items()), cut=len(infos) > OVERVIEW_QUEUES, latest=latest,
+                limit=OVERVIEW_QUEUES)  # fmt: skip
+
+
+def queues() -> str:
+    found, text = search(visible(g.console.admin.list_queues()))
+    shown, number_, pages = paged(found)
+    rows = [(info, g.console.admin.describe_queue(info.name)) for info in shown]
+    return page("queues.html", rows=rows, q=text, page=number_, pages=pages, total=len(found))
+
+
+def queue_page(queue: str) -> str:
+    d = g.console.admin.describe_queue(seen(queue))
+    owners = g.console.locations(queue, d["partitions"])
+    partitions = [(pid, last, owners[pid] if pid < len(owners) else "") for pid, last in sorted(d["last_ids"].items())]
+    shown, number_, pages = paged(partitions, 256)
+    last_write = max((last for _, last, _ in partitions if last), default=None)
+    return page("queue.html", queue=queue, d=d, partitions=shown, page=number_, pages=pages, last_write=last_write)
+
+
+def groups() -> str:
+    """Groups and subscribers, walking the queues from ``?after=`` until a page is full."""
+    admin, text, after = g.console.admin, field("q", "").strip().lower(), field("after", "")
+    infos = [i for i in visible(admin.list_queues()) if i.name > after]
+    rows: list[dict[str, Any]] = []
+    walked = None
+    for walked_count, info in enumerate(infos):
+        if len(rows) >= PAGE or walked_count >= GROUP_WALK:
+            break
+        walked = info.name
+        for name in admin.list_groups(info.name):
+            if not text or text in f"{info.name}/{name}".lower():
+                rows.append(_group_row(info.name, name, admin.describe_group(info.name, name)))
+        for name in admin.list_subscribers(info.name):
+            if not text or text in f"{info.name}/{name}".lower():
+                rows.append(_subscriber_row(info.name, name, admin.describe_subscriber(info.name, name)))
+    more = walked is not None and walked != infos[-1].name
+    return page("groups.html", rows=rows, q=text, after=after, next_after=walked if more else None)
+
+
+def _group_row(queue: str, name: str, d: dict[str, Any]) -> dict[str, Any]:
+    parts = d["partitions"].values()
+    return {"kind": "group", "queue": queue, "name": name, "members": len(d["members"]),
+            "in_flight": sum(p["in_flight"] for p in parts), "retrying": sum(p["retrying"] for p in parts),
+            "lag_messages": sum(p["lag_messages"] for p in parts),
+            "lag_millis": max((p["lag_millis"] for p in parts), default=0),
+            "dead_letters": d["dead_letters"]}  # fmt: skip
+
+
+def _subscriber_row(queue: str, name: str, d: dict[str, Any]) -> dict[str, Any]:
+    return {"kind": "subscriber", "queue": queue, "name": name, "members": 1 if d["address"] else 0,
+            "in_flight": None, "retrying": None, "lag_messages": sum(d["lag_messages"].values()),
+            "lag_millis": max(d["lag_millis"].values(), default=0), "dead_letters": None}  # fmt: skip
+
+
+def group_page(queue: str, group: str) -> str:
+    admin = g.console.admin
+    d = admin.describe_group(seen(queue), group)
+    g.console.sampler.record_lag(queue, group, d["partitions"])
+    with admin.queue(queue) as handle:
+        pending = handle.pending(group, limit=number("limit", 200, 1, 10_000))
+    return page("group.html", queue=queue, group=group, d=d, pending=pending, dlq=dead_letter_queue(queue),
+                may_admin=g.login.may_admin(queue))  # fmt: skip
+
+
+def subscriber_page(queue: str, name: str) -> str:
+    d = g.console.admin.describe_subscriber(seen(queue), name)
+    return page("subscriber.html", queue=queue, name=name, d=d)
+
+
+def dlq_page(queue: str) -> str:
+    """The dead letters (the dry run of a replay: what it would put back, and where)."""
+    admin = g.console.admin
+    start, stop = moment("start", ""), moment("stop", "")
+    dlq = dead_letter_queue(seen(queue))
+    letters = admin.dead_letters(queue, start, stop, limit=PAGE) if admin.queue_exists(dlq) else []
+    size = admin.describe_queue(dlq)["message_count_estimate"] if admin.queue_exists(dlq) else 0
+    return page("dlq.html", queue=queue, dlq=dlq, letters=[(m, origin, shown(m.value)) for m, origin in letters],
+                size=size, start=field("start", ""), stop=field("stop", ""), may_admin=g.login.may_admin(queue),
+                replaying=queue in g.console.replays)  # fmt: skip
+
+
+def messages() -> str:
+    """One partition's messages in a time range, by topic, a page at a time (``?after=`` the last ID)."""
+    queue = field("queue", "")
+    values = {"queue": queue, "partition": field("partition", "0"), "topic": field("topic", ""),
+              "start": field("start", ""), "stop": field("stop", ""), "format": field("format", "text")}  # fmt: skip
+    if values["format"] not in ("text", "hex"):
+        abort(400, "'format' must be text or hex")
+    if not queue:
+        return page("messages.html", v=values, rows=None, next_after=None)
+    partition = number("partition", 0, 0, 32766)
+    after = moment("after", "")
+    start = _following(after) if after else moment("start", "")
+    with g.console.admin.queue(seen(queue)) as handle:
+        topics = [values["topic"]] if values["topic"] else None
+        found = list(handle.scan(start, moment("stop", ""), topics, partition_id=partition, limit=PAGE + 1))
+    rows = [(m, shown(m.value, values["format"])) for m in found[:PAGE]]
+    next_after = str(found[PAGE - 1].id) if len(found) > PAGE else None
+    return page("messages.html", v=values, rows=rows, next_after=next_after)
+
+
+def _following(last: MessageID) -> MessageID:
+    """The first ID after ``last``."""
+    if last.sequence == MAX_SEQUENCE:
+        return MessageID(last.timestamp + 1)
+    return MessageID(last.timestamp, last.sequence + 1)
+
+
+def shown(value: bytes, form: str = "text") -> str:
+    """A value as a page shows it: text (escaped by the template) or hex, cut at VALUE_SHOWN bytes."""
+    cut = value[:VALUE_SHOWN]
+    text = cut.hex(" ") if form == "hex" else cut.decode("utf-8", "replace")
+    return text + (f" … ({len(value)} bytes)" if len(value) > VALUE_SHOWN else "")
+
+
+def timers() -> str:
+    found, text = search([i for i in visible(g.console.admin.list_queues()) if not i.name.endswith(".dlq")])
+    shown_, number_, pages = paged(found, TIMER_PAGE)
+    rows = []
+    for info in shown_:
+        with g.console.admin.queue(info.name) as handle:
+            pending = handle.timers(limit=TIMER_COUNT)
+            counted: dict[int, int] = {}
+            for timer, _ in pending:
+                counted[timer.partition_id] = counted.get(timer.partition_id, 0) + 1
+            full = any(c >= TIMER_COUNT for c in counted.values())
+            rows.append((info.name, f"{len(pending)}+" if full else len(pending), handle.next_due()))
+    handle_text, queue = field("handle", "").strip(), field("queue", "").strip()
+    hit = _find_timer(queue, handle_text) if handle_text and queue else None
+    return page("timers.html", rows=rows, q=text, page=number_, pages=pages, queue=queue, handle=handle_text, hit=hit,
+                now=int(time.time() * 1000))  # fmt: skip
+
+
+def _find_timer(queue: str, handle: str) -> dict[str, Any]:
+    timer = Timer.parse(handle)
+    with g.console.admin.queue(seen(queue)) as q:
+        message = q.find_timer(timer)
+    return {"timer": timer, "message": message, "value": shown(message.value) if message else None,
+            "may_cancel": g.login.may_cancel_timers(queue)}  # fmt: skip
+
+
+def audit() -> str:
+    return page("audit.html", entries=g.console.audit.recent())
+
+
+# -- the charts' data ----------------------------------------------------------------
+
+
+def overview_data() -> Any:
+    return jsonify(g.console.sampler.chart(g.console.sampler.totals))
+
+
+def queue_data(queue: str) -> Any:
+    return jsonify(g.console.sampler.queue_chart(seen(queue)))
+
+
+def group_data(queue: str, group: str) -> Any:
+    """The group's lag chart; reading it notes a new point (the page's refresh keeps it going)."""
+    d = g.console.admin.describe_group(seen(queue), group)
+    g.console.sampler.record_lag(queue, group, d["partitions"])
+    chart = g.console.sampler.group_chart(queue, group)
+    totals = {"lag_messages": sum(p["lag_messages"] for p in d["partitions"].values())}
+    return jsonify(chart=chart, now=totals)

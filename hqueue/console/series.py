@@ -126,7 +126,9 @@ class Sampler:
             puts = dict(c.puts()) if c.puts else {}
             self.totals["put_rate"].put(tick, _rate(sum(puts.values()), sum(previous.puts.values()), elapsed))
             for queue, count in puts.items():
-                before = previous.puts.get(queue)
+                # A queue's counter starts at 0 with its first put: one not there at the
+                # last sample counts from 0 (at the first sample, nothing is known yet).
+                before = previous.puts.get(queue, 0 if tick > 1 else None)
                 if before is not None and count != before:
                     self._queue_ring(queue, tick).put(tick, _rate(count, before, elapsed))
                 elif queue in self.queues:

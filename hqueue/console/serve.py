@@ -46,7 +46,8 @@ class Console:
     """The web console over ``admin``'s store.
 
     Args:
-        admin: The handle every page reads through (the calls the CLI makes).
+        admin: The handle every page reads through (the calls the CLI makes); or
+            None, and given to :meth:`start`.
         auth: The auth file's tokens (the Thrift port's); None: a one-time token,
             :attr:`login_token`, logs in as admin.
         counters: What the charts sample (a server's metrics counters).
@@ -58,7 +59,7 @@ class Console:
 
     def __init__(
         self,
-        admin: HQueueAdmin,
+        admin: HQueueAdmin | None = None,
         *,
         auth: AuthPolicy | None = None,
         counters: Counters | None = None,
@@ -70,10 +71,11 @@ class Console:
         channel_timeout: float = CHANNEL_TIMEOUT,
         max_body: int = MAX_BODY,
     ) -> None:
-        self.admin, self.store = admin, admin.url
+        self.admin: HQueueAdmin = admin  # type: ignore[assignment]  # set by start() when None here
+        self.store = admin.url if admin is not None else ""
         self.access = Access(auth)
-        self.audit = AuditLog(admin)
-        self.locations = locations or (lambda queue, partitions: admin.engine.partition_locations(queue))
+        self.audit = AuditLog(admin) if admin is not None else None
+        self.locations = locations or (lambda queue, partitions: self.admin.engine.partition_locations(queue))
         self.sampler = Sampler(counters or Counters(), sample_interval or INTERVAL)
         self.tls, self.max_body = False, max_body
         #: Replays of dead letters under way, by queue (one at a time per queue).
@@ -113,7 +115,13 @@ class Console:
         """The one-time token that logs in when there is no auth file."""
         return self.access.one_time_token
 
-    def start(self) -> Console:
+    def start(self, admin: HQueueAdmin | None = None) -> Console:
+        """Serve in a thread; ``admin``: the handle pages read through, when the console was
+        made before it could be opened (a server binds the port first, then attaches its services)."""
+        if admin is not None:
+            self.admin, self.store, self.audit = admin, admin.url, AuditLog(admin)
+        if self.admin is None:
+            raise ValueError("the console needs an admin handle: give it to Console() or start()")
         self.sampler.start()
         self._thread = threading.Thread(target=self._server.run, name="hqueue-console", daemon=True)
         self._thread.start()

@@ -221,10 +221,18 @@ class HQueueServer:
                 if self._owns_engine:
                     self.engine.release()
                 raise
-        self._auth = auth
-        #: The web console (None without ``console_port``); made at start.
+        #: The web console (None without ``console_port``): its port is bound here, so that a
+        #: taken one fails first; it opens its admin handle at start, once services are attached.
         self.console: Console | None = None
-        self._console_at = None if console_port is None else (console_host, console_port)
+        if console_port is not None:
+            try:
+                self.console = self._console(console_host, console_port, auth)
+            except BaseException:
+                socket.close()
+                self.metrics.close()
+                if self._owns_engine:
+                    self.engine.release()
+                raise
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -272,28 +280,26 @@ class HQueueServer:
             self.lag.on_refresh(self.groups.load_all)
             self.lag.start()
         self._thread = self._server.serve_in_thread("hqueue-accept")
-        if self._console_at is not None:
-            self._start_console(*self._console_at)
+        if self.console is not None:
+            admin = HQueueAdmin(self.engine.url)  # this process's engine: the handle shares it
+            try:
+                self.console.start(admin)
+            except BaseException:
+                admin.close()
+                raise
         logger.info("hqueue server %s serving %s", self.address, self.engine.storage.url)
         return self
 
-    def _start_console(self, host: str, port: int) -> None:
-        """The console over this server's engine (an admin handle on the same store shares it)."""
+    def _console(self, host: str, port: int, auth: AuthPolicy | None) -> Console:
         if not ipaddress_is_loopback(host):
             logger.warning("the console on %s speaks plain HTTP: put a TLS proxy in front of it", host)
-        admin = HQueueAdmin(self.engine.url)
-        try:
-            self.console = Console(
-                admin,
-                auth=self._auth,
-                counters=server_counters(self.metrics, lambda: self.connections),
-                locations=self.coordinator.locations,
-                host=host,
-                port=port,
-            ).start()
-        except BaseException:
-            admin.close()
-            raise
+        return Console(
+            auth=auth,
+            counters=server_counters(self.metrics, lambda: self.connections),
+            locations=self.coordinator.locations,
+            host=host,
+            port=port,
+        )
 
     def _registry(self) -> SubscriberRegistry:
         """Registrations in ZooKeeper with the coordinator's session, else in the store."""
@@ -324,7 +330,8 @@ class HQueueServer:
         self._stopped.set()
         if self.console is not None:
             self.console.stop()
-            self.console.admin.close()
+            if self.console.admin is not None:
+                self.console.admin.close()
         self.handler.guard.draining = True
         self._server.close()
         deadline = time.monotonic() + grace

@@ -220,6 +220,17 @@ class HQueue(Connected):
         pids = range(info.partitions) if partition_id is None else [check_partition(info, partition_id)]
         return [found for pid in pids for found in engine.pending_timers(self.name, pid, limit)]
 
+    def count_timers(self, *, limit: int = 100) -> tuple[int, bool]:
+        """(pending timers, whether any partition had more than ``limit`` (1..10,000) and was
+        counted to ``limit`` only): one partition read at a time, so memory stays bounded."""
+        engine = self._timer_engine()
+        check_pending_limit(limit)
+        total, capped = 0, False
+        for pid in range(self.engine.queue_info(self.name, fresh=True).partitions):
+            found = len(engine.pending_timers(self.name, pid, limit + 1))
+            total, capped = total + min(found, limit), capped or found > limit
+        return total, capped
+
     def next_due(self) -> int | None:
         """Epoch ms of the earliest pending timer of any partition; None if none is pending."""
         engine = self._timer_engine()

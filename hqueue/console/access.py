@@ -29,6 +29,42 @@ MAX_SESSIONS = 1000
 SESSION_IDLE = 8 * 3600
 #: The longest token a login form may carry (a real one is far shorter).
 MAX_TOKEN = 4096
+#: Failed log-ins a host may make at once; then each waits a doubling delay (up to
+#: MAX_WAIT seconds) before the next try counts; hosts remembered at most.
+FREE_FAILURES = 5
+FIRST_WAIT, MAX_WAIT = 1.0, 60.0
+MAX_HOSTS = 10_000
+
+
+class LoginThrottle:
+    """Failed log-ins per client host, as the Thrift port slows wrong tokens (server/logins.py):
+    a few fail at once, then the host must wait before trying again (a 429 says how long;
+    no thread sleeps on it, so guessing cannot tie the console's few threads up)."""
+
+    def __init__(self) -> None:
+        self._hosts: OrderedDict[str, tuple[float, int]] = OrderedDict()  # host -> (last failure, failures)
+        self._lock = threading.Lock()
+
+    def wait(self, host: str) -> float:
+        """Seconds ``host`` must still wait before a log-in is tried (0: now)."""
+        with self._lock:
+            last, failures = self._hosts.get(host, (0.0, 0))
+        if failures < FREE_FAILURES:
+            return 0.0
+        delay = min(MAX_WAIT, FIRST_WAIT * 2 ** (failures - FREE_FAILURES))
+        return max(0.0, last + delay - time.monotonic())
+
+    def failed(self, host: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            last, failures = self._hosts.pop(host, (now, 0))
+            self._hosts[host] = (now, failures + 1 if now - last < 2 * MAX_WAIT else 1)
+            while len(self._hosts) > MAX_HOSTS:
+                self._hosts.popitem(last=False)
+
+    def succeeded(self, host: str) -> None:
+        with self._lock:
+            self._hosts.pop(host, None)
 
 
 @dataclass
@@ -67,6 +103,7 @@ class Access:
         self.one_time_token = None if policy is not None else secrets.token_urlsafe(24)
         self._sessions: OrderedDict[str, Login] = OrderedDict()
         self._lock = threading.Lock()
+        self.throttle = LoginThrottle()
 
     def authenticate(self, token: str) -> Principal:
         """The principal of ``token``; NotAuthorized for a wrong one."""

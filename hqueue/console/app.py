@@ -95,11 +95,17 @@ def create_app(console: Any) -> Flask:
             return render_template("login.html", next=_local(request.args.get("next")), error=None)
         if not same_token(request.form.get("csrf"), session.get("pre", "")):
             abort(403, "the form's CSRF token is missing or wrong: reload the page and try again")
+        host = request.remote_addr or ""
+        wait = access.throttle.wait(host)
+        if wait > 0:
+            abort(429, f"too many failed log-ins from {host}: try again in {wait:.0f} s")
         try:
             sid, login = access.log_in(field("token"))
         except NotAuthorized:
-            logger.warning("console: a failed log-in from %s", request.remote_addr)
+            access.throttle.failed(host)
+            logger.warning("console: a failed log-in from %s", host)
             return render_template("login.html", next=_local(request.form.get("next")), error="Unknown token."), 403
+        access.throttle.succeeded(host)
         session.clear()
         session["sid"] = sid
         logger.info("console: %s logged in from %s", login.who, request.remote_addr)

@@ -27,8 +27,8 @@ OVERVIEW_QUEUES = 500
 #: Queues one page of groups walks through at most, and timers' queues a page.
 GROUP_WALK = 200
 TIMER_PAGE = 20
-#: Pending timers counted per partition (more shows as "1000+").
-TIMER_COUNT = 1000
+#: Pending timers counted per partition (more shows as "N+"): each is read, value and all.
+TIMER_COUNT = 100
 #: Bytes of a value a page shows.
 VALUE_SHOWN = 4096
 
@@ -213,12 +213,8 @@ def timers() -> str:
     rows = []
     for info in shown_:
         with g.console.admin.queue(info.name) as handle:
-            pending = handle.timers(limit=TIMER_COUNT)
-            counted: dict[int, int] = {}
-            for timer, _ in pending:
-                counted[timer.partition_id] = counted.get(timer.partition_id, 0) + 1
-            full = any(c >= TIMER_COUNT for c in counted.values())
-            rows.append((info.name, f"{len(pending)}+" if full else len(pending), handle.next_due()))
+            count, capped = handle.count_timers(limit=TIMER_COUNT)
+            rows.append((info.name, f"{count}+" if capped else count, handle.next_due()))
     handle_text, queue = field("handle", "").strip(), field("queue", "").strip()
     hit = _find_timer(queue, handle_text) if handle_text and queue else None
     return page("timers.html", rows=rows, q=text, page=number_, pages=pages, queue=queue, handle=handle_text, hit=hit,

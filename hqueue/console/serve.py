@@ -131,12 +131,17 @@ class Console:
     def stop(self) -> None:
         self.sampler.stop()
         server = self._server
-        server.close()
-        for channel in list(server._map.values()):  # the connections still open end the loop's map
-            channel.close()
-        server.task_dispatcher.shutdown()
-        if self._thread is not None:
+
+        def close_all() -> None:  # in the loop's thread: an empty map ends its loop
+            for channel in list(server._map.values()):
+                channel.close()
+
+        if self._thread is not None and self._thread.is_alive():
+            server.trigger.pull_trigger(close_all)
             self._thread.join(timeout=5)
+        else:
+            close_all()
+        server.task_dispatcher.shutdown()
 
 
 def server_counters(metrics: Any, connections: Callable[[], int]) -> Counters:

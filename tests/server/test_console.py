@@ -19,6 +19,7 @@ import pytest
 
 from hqueue import HQueueAdmin, Message
 from hqueue.console import Console
+from hqueue.console.access import FREE_FAILURES
 from hqueue.console.audit import AUDIT_QUEUE
 from hqueue.console.series import MAX_QUEUE_SERIES, Counters, Sampler
 from tests.helpers.console_http import ConsoleUser
@@ -223,10 +224,14 @@ def test_pages_forbid_inline_scripts_and_framing(served):
 
 
 def test_an_oversized_body_is_refused_unread(served):
-    admin = user(served)
-    answer = admin.request("/queues/orders/groups/billing/reset", b"csrf=" + b"x" * 2_000_000,
-                           {"Content-Type": "application/x-www-form-urlencoded"})  # fmt: skip
-    assert answer.status == 413
+    # Given a request that announces a 2 MB body and sends only its start
+    port = int(served[1].rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"POST /queues/orders/groups/billing/reset HTTP/1.1\r\nHost: x\r\n"
+                  b"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 2000000\r\n\r\n"
+                  + b"x" * 1000)  # fmt: skip
+        # Then it is refused with 413 without waiting for the rest
+        assert s.recv(100).startswith(b"HTTP/1.1 413")
 
 
 # -- what the pages show and the actions do -----------------------------------------
@@ -337,3 +342,17 @@ def test_the_charts_keep_a_bounded_number_of_series_whatever_the_queues(tmp_path
     # Then at most MAX_QUEUE_SERIES queues have a series, the latest written kept
     assert len(sampler.queues) == MAX_QUEUE_SERIES and "q9999" in sampler.queues
     assert sampler.latest("put_rate") is not None and sampler.latest("put_rate") > 0
+
+
+def test_guessing_tokens_is_slowed_down_per_host_without_holding_a_thread(local_console):
+    # Given a host that tried FREE_FAILURES wrong tokens
+    guesser = ConsoleUser(local_console.url)
+    for _ in range(FREE_FAILURES):
+        assert guesser.log_in("wrong-token-0123456789").status == 403
+    # Then its next try, even with the right token, is refused at once with how long to wait
+    started = time.monotonic()
+    answer = guesser.log_in(local_console.login_token)
+    assert answer.status == 429 and "try again in" in answer.body
+    assert time.monotonic() - started < 5  # answered, not held
+    # And the console still serves pages meanwhile (to a session made before)
+    assert ConsoleUser(local_console.url).get("/login").status == 200

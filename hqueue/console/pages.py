@@ -112,23 +112,39 @@ def queue_page(queue: str) -> str:
 
 
 def groups() -> str:
-    """Groups and subscribers, walking the queues from ``?after=`` until a page is full."""
-    admin, text, after = g.console.admin, field("q", "").strip().lower(), field("after", "")
-    infos = [i for i in visible(admin.list_queues()) if i.name > after]
-    rows: list[dict[str, Any]] = []
-    walked = None
-    for walked_count, info in enumerate(infos):
-        if len(rows) >= PAGE or walked_count >= GROUP_WALK:
+    """Groups and subscribers, a page at a time: ``?after=QUEUE/N`` resumes at the N-th of that
+    queue's names. ``?q=`` matches ``queue/name``; with a ``/`` in it, the part before filters the
+    queues first (``orders/`` is every group of the queues named like orders)."""
+    admin, text = g.console.admin, field("q", "").strip().lower()
+    queue_part, slash, name_part = text.partition("/")
+    after_queue, _, skip_text = field("after", "").rpartition("/")
+    skip = int(skip_text) if skip_text.isdigit() else 0
+    infos = [i for i in visible(admin.list_queues()) if i.name >= after_queue]
+    if slash and queue_part:
+        infos = [i for i in infos if queue_part in i.name.lower()]
+    found: list[tuple[str, str, str]] = []  # (kind, queue, name)
+    next_after = None
+    for walked, info in enumerate(infos):
+        if walked >= GROUP_WALK:
+            next_after = f"{info.name}/0"
             break
-        walked = info.name
-        for name in admin.list_groups(info.name):
-            if not text or text in f"{info.name}/{name}".lower():
-                rows.append(_group_row(info.name, name, admin.describe_group(info.name, name)))
-        for name in admin.list_subscribers(info.name):
-            if not text or text in f"{info.name}/{name}".lower():
-                rows.append(_subscriber_row(info.name, name, admin.describe_subscriber(info.name, name)))
-    more = walked is not None and walked != infos[-1].name
-    return page("groups.html", rows=rows, q=text, after=after, next_after=walked if more else None)
+        names = sorted([(n, "group") for n in admin.list_groups(info.name)]
+                       + [(n, "subscriber") for n in admin.list_subscribers(info.name)])  # fmt: skip
+        first = skip if info.name == after_queue else 0
+        for index in range(first, len(names)):
+            name, kind = names[index]
+            wanted = name_part in name.lower() if slash else text in f"{info.name}/{name}".lower()
+            if wanted:
+                found.append((kind, info.name, name))
+            if len(found) >= PAGE:
+                next_after = f"{info.name}/{index + 1}"
+                break
+        if next_after is not None:
+            break
+    rows = [_group_row(queue, name, admin.describe_group(queue, name)) if kind == "group"
+            else _subscriber_row(queue, name, admin.describe_subscriber(queue, name))
+            for kind, queue, name in found]  # fmt: skip
+    return page("groups.html", rows=rows, q=text, next_after=next_after)
 
 
 def _group_row(queue: str, name: str, d: dict[str, Any]) -> dict[str, Any]:

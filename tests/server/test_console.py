@@ -12,6 +12,7 @@ naming a bad field, 404 for an unknown name, 413 for a body too big; never a
 from __future__ import annotations
 
 import html
+import re
 import socket
 import time
 
@@ -356,3 +357,28 @@ def test_guessing_tokens_is_slowed_down_per_host_without_holding_a_thread(local_
     assert time.monotonic() - started < 5  # answered, not held
     # And the console still serves pages meanwhile (to a session made before)
     assert ConsoleUser(local_console.url).get("/login").status == 200
+
+
+def test_groups_are_paged_within_a_queue_and_searched_by_queue_first(local_console):
+    # Given a queue with 120 consumer groups, and another queue
+    admin = local_console.admin
+    admin.create_queue("other", 1)
+    with admin.queue("q") as queue:
+        for i in range(120):
+            queue.consumer(f"g{i:03d}").close()
+    user = ConsoleUser(local_console.url)
+    user.log_in(local_console.login_token)
+    # Then the pages hold 50 rows each, and following "next" lists every group once
+    seen, path = [], "/groups"
+    while path:
+        body = user.get(path).body
+        names = re.findall(r'/queues/q/groups/(g\d+)"', body)
+        assert len(names) <= 50
+        seen += names
+        found = re.search(r'id="next-page" href="([^"]+)"', body)
+        path = "/groups" + html.unescape(found.group(1)) if found else None
+    assert seen == [f"g{i:03d}" for i in range(120)]
+    # And a search narrows by queue, then name
+    body = user.get("/groups?q=q/g11").body
+    assert re.findall(r'/queues/q/groups/(g\d+)"', body) == [f"g11{i}" for i in range(10)]
+    assert "/groups/" not in user.get("/groups?q=other/").body

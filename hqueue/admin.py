@@ -17,7 +17,7 @@ from .config import (
     validate_new_queue_name,
 )
 from .connection import Connected
-from .deadletters import dead_letter_queue
+from .deadletters import DeadLetterNote, dead_letter_queue, note_of
 from .errors import InvalidArgument, QueueNotFound
 from .message import Message, MessageID, _as_topic, topics_of_keys
 from .queue import HQueue, TimeLike, as_message_id
@@ -194,14 +194,17 @@ class HQueueAdmin(Connected):
 
     def dead_letters(
         self, queue: str, start: TimeLike = None, stop: TimeLike = None, *, limit: int = 100
-    ) -> list[tuple[Message, int]]:
-        """The first ``limit`` dead letters of ``<queue>.dlq`` in ``[start, stop)``, each
-        with the partition of ``queue`` a replay puts it on (where it came from)."""
+    ) -> list[tuple[Message, int, DeadLetterNote | None]]:
+        """The first ``limit`` dead letters of ``<queue>.dlq`` in ``[start, stop)``, each with
+        the partition of ``queue`` a replay puts it on, and its note (where it came from, who
+        sent it there, after how many attempts; None where the store is not open here, or
+        for dead letters older than notes)."""
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 10_000:
             raise InvalidArgument(f"'limit' must be an int in 1..10000, got {limit!r}")
         partitions = self.engine.enabled_queue(queue).partitions
         with self.queue(dead_letter_queue(queue)) as dlq:
-            return [(m, m.partition_id % partitions) for m in dlq.scan(start, stop, limit=limit)]
+            letters = list(dlq.scan(start, stop, limit=limit))
+        return [(m, m.partition_id % partitions, note_of(self.engine, queue, m.partition_id, m.id)) for m in letters]
 
     # -- consumer groups (SPEC X3) -----------------------------------------------------
 

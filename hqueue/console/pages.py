@@ -184,7 +184,8 @@ def dlq_page(queue: str) -> str:
     dlq = dead_letter_queue(seen(queue))
     letters = admin.dead_letters(queue, start, stop, limit=PAGE) if admin.queue_exists(dlq) else []
     size = admin.describe_queue(dlq)["message_count_estimate"] if admin.queue_exists(dlq) else 0
-    return page("dlq.html", queue=queue, dlq=dlq, letters=[(m, origin, shown(m.value)) for m, origin in letters],
+    return page("dlq.html", queue=queue, dlq=dlq,
+                letters=[(m, origin, note, shown(m.value)) for m, origin, note in letters],
                 size=size, start=field("start", ""), stop=field("stop", ""), may_admin=g.login.may_admin(queue),
                 replaying=queue in g.console.replays)  # fmt: skip
 

@@ -268,6 +268,8 @@ def test_a_dead_letter_replay_dry_runs_then_replays_at_a_rate_and_is_audited(ser
     admin = user(served)
     dry = admin.post("/queues/orders/dlq/replay", {"rate": "50"})
     assert dry.status == 200 and 'id="dry-count">1<' in dry.body and "order 0" in dry.body
+    assert "group billing" in dry.body  # its note: who sent it there (and its origin, its attempts)
+    assert "group billing" in admin.get("/queues/orders/dlq").body
     before = served[2].describe_queue("orders")["message_count_estimate"]
     assert admin.post("/queues/orders/dlq/replay", {"rate": "50", "confirm": "yes"}).status == 200
     wait_for(lambda: "done: 1 replayed" in admin.get("/audit").body, 20, "the replay to be audited")

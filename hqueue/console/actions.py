@@ -22,7 +22,9 @@ from ..deadletters import dead_letter_queue
 from ..errors import HQueueError
 from ..keys.timers import Timer
 from ..message import MessageID
+from . import reads
 from .forms import field, moment, number, require
+from .reads import first_ids
 
 logger = logging.getLogger(__name__)
 
@@ -30,8 +32,9 @@ logger = logging.getLogger(__name__)
 PREVIEW_COUNT = 1000
 PREVIEW_PARTITIONS = 64
 PREVIEW_IDS = 20
-#: Dead letters a dry run counts at most.
+#: Dead letters a dry run counts at most, and shows (each read whole: a few, whatever their size).
 DRY_RUN_COUNT = 10_000
+DRY_RUN_SHOWN = 20
 #: The fastest replay the console asks for (messages a second).
 MAX_RATE = 100_000
 
@@ -92,10 +95,10 @@ def _preview(queue: str, described: dict[int, Any], partition: int | None, posit
             done = described[pid]["done"]
             back = position < done
             low, high = (position, done) if back else (done, position)
-            found = [m.id for m in handle.scan(low, high, partition_id=pid, limit=PREVIEW_COUNT + 1)]
-            count = f"{PREVIEW_COUNT}+" if len(found) > PREVIEW_COUNT else str(len(found))
+            counted, ids = first_ids(handle, pid, low, high, PREVIEW_COUNT, PREVIEW_IDS)
+            count = f"{PREVIEW_COUNT}+" if counted > PREVIEW_COUNT else str(counted)
             rows.append({"partition": pid, "done": done, "effect": "redelivers" if back else "skips",
-                         "count": count, "ids": found[:PREVIEW_IDS]})  # fmt: skip
+                         "count": count, "ids": ids})  # fmt: skip
     return rows
 
 
@@ -112,8 +115,11 @@ def replay(queue: str) -> Any:
         abort(404, f"queue {queue!r} has no dead letters ({dlq} does not exist)")
     if not confirmed():  # the dry run: what would be put back, and where
         with admin.queue(dlq) as letters:
-            count = sum(1 for _ in letters.scan(start, stop, limit=DRY_RUN_COUNT + 1))
-        shown = admin.dead_letters(queue, start, stop, limit=50)
+            count = 0
+            for pid in range(letters.partitions):
+                if count <= DRY_RUN_COUNT:
+                    count += reads.count(letters, pid, start, stop, DRY_RUN_COUNT - count)
+        shown = admin.dead_letters(queue, start, stop, limit=DRY_RUN_SHOWN)
         return render_template("replay.html", queue=queue, dlq=dlq, rate=rate, start=field("start", ""),
                                stop=field("stop", ""), letters=shown,
                                count=f"{DRY_RUN_COUNT}+" if count > DRY_RUN_COUNT else count)  # fmt: skip

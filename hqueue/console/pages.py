@@ -20,6 +20,7 @@ from ..deadletters import dead_letter_queue
 from ..keys.timers import Timer
 from ..message import MAX_SEQUENCE, MessageID
 from .forms import PAGE, field, moment, number
+from .reads import read_page
 from .series import TOTALS
 
 #: Queues whose owners the overview counts (the rest are left out, and it says so).
@@ -29,6 +30,8 @@ GROUP_WALK = 200
 TIMER_PAGE = 20
 #: Pending timers counted per partition (more shows as "N+"): each is read, value and all.
 TIMER_COUNT = 100
+#: Dead letters the page shows (each read whole).
+DLQ_SHOWN = 20
 #: Bytes of a value a page shows.
 VALUE_SHOWN = 4096
 
@@ -182,7 +185,7 @@ def dlq_page(queue: str) -> str:
     admin = g.console.admin
     start, stop = moment("start", ""), moment("stop", "")
     dlq = dead_letter_queue(seen(queue))
-    letters = admin.dead_letters(queue, start, stop, limit=PAGE) if admin.queue_exists(dlq) else []
+    letters = admin.dead_letters(queue, start, stop, limit=DLQ_SHOWN) if admin.queue_exists(dlq) else []
     size = admin.describe_queue(dlq)["message_count_estimate"] if admin.queue_exists(dlq) else 0
     return page("dlq.html", queue=queue, dlq=dlq,
                 letters=[(m, origin, note, shown(m.value)) for m, origin, note in letters],
@@ -204,9 +207,9 @@ def messages() -> str:
     start = _following(after) if after else moment("start", "")
     with g.console.admin.queue(seen(queue)) as handle:
         topics = [values["topic"]] if values["topic"] else None
-        found = list(handle.scan(start, moment("stop", ""), topics, partition_id=partition, limit=PAGE + 1))
-    rows = [(m, shown(m.value, values["format"])) for m in found[:PAGE]]
-    next_after = str(found[PAGE - 1].id) if len(found) > PAGE else None
+        found, more = read_page(handle, partition, start, moment("stop", ""), topics, PAGE)
+    rows = [(m, shown(m.value, values["format"])) for m in found]
+    next_after = str(found[-1].id) if more and found else None
     return page("messages.html", v=values, rows=rows, next_after=next_after)
 
 

@@ -384,3 +384,20 @@ def test_groups_are_paged_within_a_queue_and_searched_by_queue_first(local_conso
     body = user.get("/groups?q=q/g11").body
     assert re.findall(r'/queues/q/groups/(g\d+)"', body) == [f"g11{i}" for i in range(10)]
     assert "/groups/" not in user.get("/groups?q=other/").body
+
+
+def test_a_page_of_big_messages_stops_at_its_byte_budget_and_pages_on(local_console):
+    # Given three 1.5 MB messages (the page holds 2 MB of values at most)
+    with local_console.admin.queue("q") as queue:
+        queue.put([Message("t", b"x" * 1_500_000)] * 3, 0)
+    user = ConsoleUser(local_console.url)
+    user.log_in(local_console.login_token)
+    # Then each page shows one (cut to 4 KiB on the page), and "next" reaches every one
+    path, pages = "/messages?queue=q&partition=0", 0
+    while path:
+        body = user.get(path).body
+        assert body.count("(1500000 bytes)") == 1 and len(body) < 100_000
+        pages += 1
+        found = re.search(r'id="next-page" href="([^"]+)"', body)
+        path = "/messages" + html.unescape(found.group(1)) if found else None
+    assert pages == 3

@@ -10,8 +10,6 @@ import click
 
 from ..admin import HQueueAdmin
 from ..auth import AuthPolicy
-from ..console import AppendCounts, Console
-from ..console.series import Counters
 from ..engine import Engine
 from ..errors import HQueueError
 from .main import main, store_must_exist
@@ -37,6 +35,11 @@ def console(ctx, host: str, port: int, auth_file: str | None, trusted_proxy: str
     using it; hqueue://TOKEN@host:port reads through those servers with
     that token (the console's own log-in comes from --auth-file).
     """
+    # Imported here, as the server command imports the server: every other hqueue command
+    # skips Flask and waitress (about 0.1 s).
+    from ..console import AppendCounts, Console
+    from ..console.series import Counters
+
     store_must_exist(ctx.obj["url"])
     try:
         admin = ctx.with_resource(HQueueAdmin(ctx.obj["url"]))

@@ -23,10 +23,10 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..admin import HQueueAdmin
 from ..auth import AuthPolicy, MetricsAccess, PushPolicy
-from ..console import Console, server_counters
 from ..coordination import Coordinator, LocalCoordinator
 from ..coordination.zookeeper import ZooKeeperCoordinator
 from ..engine import Engine
@@ -53,6 +53,9 @@ from .calls import thrift_error
 from .gauges import server_gauges
 from .handler import DEFAULT_MAX_PARTITIONS, HQueueHandler
 from .scanners import DEFAULT_IDLE_TIMEOUT, ScannerRegistry
+
+if TYPE_CHECKING:
+    from ..console import Console
 
 logger = logging.getLogger(__name__)
 
@@ -291,6 +294,10 @@ class HQueueServer:
         return self
 
     def _console(self, host: str, port: int, auth: AuthPolicy | None) -> Console:
+        # Imported here: Flask and waitress take about 0.1 s to import, which a server without
+        # a console, and every local process serving its embedded store (server/shared.py), skip.
+        from ..console import Console, server_counters
+
         if not ipaddress_is_loopback(host):
             logger.warning("the console on %s speaks plain HTTP: put a TLS proxy in front of it", host)
         return Console(

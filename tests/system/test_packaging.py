@@ -35,3 +35,13 @@ def test_import_hqueue_loads_neither_thrift_nor_kazoo():
     code = "import sys, hqueue; print(sorted(m for m in ('thriftpy2', 'kazoo', 'hqueue.server') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_cli_and_a_server_without_a_console_load_no_flask():
+    """Flask and waitress cost about 0.1 s to import: only a console pays it."""
+    code = (
+        "import sys, hqueue.cli, hqueue.server; "
+        "print(sorted(m for m in ('flask', 'waitress', 'hqueue.console') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -7,7 +7,8 @@ default) and keeps the last hour (720 points) of each series in a ring of
 * the totals (messages put, delivered to subscribers, acked by groups, per
   second; connections; RSS), always;
 * the put rate of each queue that was written in the last hour, at most
-  :data:`MAX_QUEUE_SERIES` (the least recently written goes first);
+  :data:`MAX_QUEUE_SERIES` (the busiest of a sample get one; the least
+  recently written goes first);
 * the lag of each consumer group the console was asked about (its pages and
   their live refresh), per partition, at most :data:`MAX_GROUP_SERIES` groups
   of :data:`MAX_PARTITION_SERIES` partitions (the least recently viewed goes).
@@ -19,6 +20,7 @@ Prometheus metrics read (:class:`Counters`), never from rows.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import os
 import threading
@@ -125,14 +127,19 @@ class Sampler:
             c, previous = self.counters, self._previous
             puts = dict(c.puts()) if c.puts else {}
             self.totals["put_rate"].put(tick, _rate(sum(puts.values()), sum(previous.puts.values()), elapsed))
+            written = []
             for queue, count in puts.items():
                 # A queue's counter starts at 0 with its first put: one not there at the
                 # last sample counts from 0 (at the first sample, nothing is known yet).
                 before = previous.puts.get(queue, 0 if tick > 1 else None)
                 if before is not None and count != before:
-                    self._queue_ring(queue, tick).put(tick, _rate(count, before, elapsed))
+                    written.append((_rate(count, before, elapsed), queue))
                 elif queue in self.queues:
                     self.queues[queue].put(tick, 0.0 if before is not None else float("nan"))
+            if len(written) > MAX_QUEUE_SERIES:  # the busiest keep (or get) a series
+                written = heapq.nlargest(MAX_QUEUE_SERIES, written)
+            for rate, queue in written:
+                self._queue_ring(queue, tick).put(tick, rate)
             previous.puts = puts
             previous.delivered = self._total("delivered_rate", c.delivered, previous.delivered, tick, elapsed)
             previous.acked = self._total("acked_rate", c.acked, previous.acked, tick, elapsed)

@@ -241,6 +241,8 @@ def test_an_oversized_body_is_refused_unread(served):
 def test_the_pages_show_queues_groups_pending_and_timers(served):
     admin = user(served)
     assert "orders" in admin.get("/queues").body
+    overview = admin.get("/").body
+    assert served[0].address in overview  # the server owning the partitions (its coordinator's view)
     group = admin.get("/queues/orders/groups/billing").body
     assert 'id="group-partitions"' in group and 'id="pending"' in group
     assert "billing" in admin.get("/groups?q=orders").body

@@ -144,7 +144,7 @@ def groups() -> str:
                 break
         if next_after is not None:
             break
-    rows = [_group_row(queue, name, admin.describe_group(queue, name)) if kind == "group"
+    rows = [_group_row(queue, name, g.console.describe_group(queue, name)) if kind == "group"
             else _subscriber_row(queue, name, admin.describe_subscriber(queue, name))
             for kind, queue, name in found]  # fmt: skip
     return page("groups.html", rows=rows, q=text, next_after=next_after)
@@ -167,8 +167,7 @@ def _subscriber_row(queue: str, name: str, d: dict[str, Any]) -> dict[str, Any]:
 
 def group_page(queue: str, group: str) -> str:
     admin = g.console.admin
-    d = admin.describe_group(seen(queue), group)
-    g.console.sampler.record_lag(queue, group, d["partitions"])
+    d = g.console.describe_group(seen(queue), group)
     with admin.queue(queue) as handle:
         pending = handle.pending(group, limit=number("limit", 200, 1, 10_000))
     return page("group.html", queue=queue, group=group, d=d, pending=pending, dlq=dead_letter_queue(queue),
@@ -268,8 +267,7 @@ def queue_data(queue: str) -> Any:
 
 def group_data(queue: str, group: str) -> Any:
     """The group's lag chart; reading it notes a new point (the page's refresh keeps it going)."""
-    d = g.console.admin.describe_group(seen(queue), group)
-    g.console.sampler.record_lag(queue, group, d["partitions"])
+    d = g.console.describe_group(seen(queue), group)
     chart = g.console.sampler.group_chart(queue, group)
     totals = {"lag_messages": sum(p["lag_messages"] for p in d["partitions"].values())}
     return jsonify(chart=chart, now=totals)

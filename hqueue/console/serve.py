@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -32,6 +34,9 @@ THREADS = 4
 CONNECTION_LIMIT = 100
 CHANNEL_TIMEOUT = 30
 MAX_BODY = 64 * 1024
+#: Seconds a group's description is reused (under the 5 s sample), and how many are kept.
+DESCRIBE_FOR = 4.0
+DESCRIBED_KEPT = 100
 
 
 class _SessionCookies(SecureCookieSessionInterface):
@@ -81,6 +86,8 @@ class Console:
         #: Replays of dead letters under way, by queue (one at a time per queue).
         self.replays: dict[str, threading.Thread] = {}
         self.replays_lock = threading.Lock()
+        self._described: OrderedDict[tuple[str, str], tuple[float, dict[str, Any]]] = OrderedDict()
+        self._described_lock = threading.Lock()
         self.app = create_app(self)
         self.app.session_interface = _SessionCookies()
         self._server: Any = create_server(
@@ -104,6 +111,24 @@ class Console:
         self.port: int = self._server.effective_port
         self.host = host
         self._thread: threading.Thread | None = None
+
+    def describe_group(self, queue: str, group: str) -> dict[str, Any]:
+        """``admin.describe_group``, kept :data:`DESCRIBE_FOR` seconds: a group's page, its
+        live refresh and its chart, for every viewer, count its lag once per sample (a count
+        reads the rows behind, as ``hqueue describe-group`` does), and the chart gets the point."""
+        key, now = (queue, group), time.monotonic()
+        with self._described_lock:
+            kept = self._described.get(key)
+            if kept is not None and now - kept[0] < DESCRIBE_FOR:
+                return kept[1]
+        described = self.admin.describe_group(queue, group)
+        self.sampler.record_lag(queue, group, described["partitions"])
+        with self._described_lock:
+            self._described[key] = (now, described)
+            self._described.move_to_end(key)
+            while len(self._described) > DESCRIBED_KEPT:
+                self._described.popitem(last=False)
+        return described
 
     @property
     def url(self) -> str:

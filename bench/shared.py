@@ -1,14 +1,17 @@
 """A put from a second process on a shared embedded store vs the same put through ``hqueue server``.
 
 Usage:
-    python bench/shared.py [--rounds 5] [--json out.json]
+    python bench/shared.py [--rounds 5] [--batch 1000] [--durability SYNC_WAL] [--json out.json]
 
 Two stores, each in a fresh directory, each held by another process: one
 shared (a process that opened ``local://`` serves it on its Unix socket,
-hqueue/sharing.py), one behind ``hqueue server`` on loopback TCP. This
+hqueue/sharing.py), one behind ``hqueue server`` on loopback TCP. With
+``--one-server``, one store: ``hqueue server``'s, through its store's socket
+and through its TCP port (the same process and disk: the transport alone). This
 process puts the same batches (100-byte messages, one partition) to each,
-alternately, ``--rounds`` times; each row is the median msgs/s and the
-ratio shared/server (above 1: the shared store is faster).
+alternately (each first in every other round), ``--rounds`` times; each row
+is the median msgs/s of each, and the median of the rounds' ratios
+shared/server (above 1: the shared store is faster).
 """
 
 from __future__ import annotations
@@ -47,21 +50,32 @@ def start_holder(path: str) -> subprocess.Popen:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--batch", type=int, action="append", choices=sorted(MESSAGES), help="only these batch sizes")
+    parser.add_argument("--durability", action="append", choices=["SYNC_WAL", "ASYNC_WAL"], help="only these")
+    parser.add_argument(
+        "--one-server",
+        action="store_true",
+        help="both sides through the one hqueue server: its store's socket against its TCP port (the transport alone)",
+    )
     parser.add_argument("--json")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as workdir:
-        shared_path = os.path.join(workdir, "shared")
-        holder = start_holder(shared_path)
         server, port = start_hqueue(workdir)
+        shared_path = os.path.join(workdir, "hqueue" if args.one_server else "shared")
+        holder = None if args.one_server else start_holder(shared_path)
         try:
             urls = {"shared": f"local://{shared_path}", "server": f"hqueue://127.0.0.1:{port}"}
-            for durability in (Durability.SYNC_WAL, Durability.ASYNC_WAL):
+            durabilities = [d for d in (Durability.SYNC_WAL, Durability.ASYNC_WAL) if d in (args.durability or [d])]
+            for durability in durabilities:
                 for batch, total in MESSAGES.items():
+                    if args.batch and batch not in args.batch:
+                        continue
                     rates: dict[str, list[float]] = {"shared": [], "server": []}
                     for round_number in range(args.rounds):
-                        for kind, url in urls.items():
-                            name = f"q_{durability.lower()}_{batch}_{round_number}"
+                        order = list(urls.items())
+                        for kind, url in order if round_number % 2 else order[::-1]:  # neither always first
+                            name = f"q_{kind}_{durability.lower()}_{batch}_{round_number}"
                             with HQueueAdmin(url) as admin:
                                 admin.create_queue(name, 1, durability=durability)
                             with HQueue(name, url) as queue:
@@ -69,12 +83,16 @@ def main() -> None:
                                 seconds = timed(hqueue_put, queue, total, batch)
                             rates[kind].append(total / seconds)
                     shared, served = statistics.median(rates["shared"]), statistics.median(rates["server"])
+                    # Each round's two runs side by side: what the disk and the machine's other work
+                    # do to both at once cancels out (the medians' ratio keeps it).
+                    paired = statistics.median(a / b for a, b in zip(rates["shared"], rates["server"], strict=True))
                     rows.append({"op": f"put, batch {batch} (msgs/s)", "durability": durability,
-                                 "shared": shared, "server": served, "shared/server": shared / served})  # fmt: skip
+                                 "shared": shared, "server": served, "shared/server": paired})  # fmt: skip
         finally:
             for proc in (holder, server):
-                proc.terminate()
-                proc.wait(timeout=30)
+                if proc is not None:
+                    proc.terminate()
+                    proc.wait(timeout=30)
     title = "A second process's puts: shared embedded store (Unix socket) vs hqueue server (loopback TCP)"
     report(title, rows, ["op", "durability", "shared", "server", "shared/server"], args.json)
 

@@ -161,6 +161,9 @@ class Principal:
 
 #: Every connection of a server without an auth file.
 OPEN = Principal("anonymous", {"admin": ("*",)})
+#: A connection over a store's Unix socket, with or without an auth file: whoever the
+#: socket file's permissions let in may reach the store's files as well (server/shared.py).
+LOCAL = Principal("local process", {"admin": ("*",)})
 
 
 class AuthPolicy:

@@ -35,13 +35,16 @@ from .keys.groups import groups_prefix, queue_state_prefix
 from .keys.index import index_cells, topic_hash
 from .keys.timers import (
     HIGH_WATER_QUALIFIER,
+    Fired,
     Timer,
+    check_dues,
     due_of,
     high_water_key,
     id_of,
     one_timer_range,
     pending_range,
     timer_cell_keys,
+    timer_handles,
     topic_of,
 )
 from .message import (
@@ -254,22 +257,26 @@ class Engine:
 
     # -- timers (SPEC X1, timers.py) -------------------------------------------------
 
-    def schedule(self, name: str, messages: Sequence[Message], partition_id: int, due: int) -> list[Timer]:
-        """Write ``messages`` as timers of one partition, delivered at ``due`` (epoch ms).
+    def schedule(
+        self, name: str, messages: Sequence[Message], partition_id: int, due: int | Sequence[int]
+    ) -> list[Timer]:
+        """Write ``messages`` as timers of one partition, delivered at ``due`` (epoch ms):
+        one due time for them all, or one per message. One storage write for the batch.
 
         Raises what :meth:`put` raises; nothing is written when it does.
         """
         info = self.enabled_queue(name)
         check_partition(info, partition_id)
         topics, values = message_columns(info, messages)
+        dues = check_dues(due, len(topics))
         with self.writers.lock(name, partition_id):
             writer = self.writers.held(info, partition_id)
             ids = consecutive(writer.allocator.reserve(len(topics)), len(topics))
-            cells = list(zip(timer_cell_keys(partition_id, due, ids, topics), values, strict=True))
+            cells = list(zip(timer_cell_keys(partition_id, dues, ids, topics), values, strict=True))
             cells.append((high_water_key(partition_id) + HIGH_WATER_QUALIFIER, ids[-1].to_bytes()))
             self.writers.store(info, partition_id, writer, cells, high=ids[-1].to_bytes())
-        self.events.scheduled(name, partition_id, due)
-        return [Timer(partition_id, due, i) for i in ids]
+        self.events.scheduled(name, partition_id, dues if isinstance(dues, int) else min(dues))
+        return timer_handles(partition_id, dues, ids)
 
     def cancel_timer(self, name: str, timer: Timer) -> bool:
         """Delete a pending timer; False if it has fired or was cancelled already."""
@@ -282,9 +289,10 @@ class Engine:
                 self.writers.store(info, timer.partition_id, writer, (), [cells[0][0]])
         return bool(cells)
 
-    def next_timer(self, name: str, partition_id: int) -> int | None:
-        """The due time of the partition's earliest pending timer, None if it has none."""
-        cells = self.storage.scan(name, *pending_range(partition_id), None, 1)
+    def next_timer(self, name: str, partition_id: int, since: int = 0) -> int | None:
+        """The due time of the partition's earliest pending timer due at ``since`` or
+        after (0: of all), None if it has none."""
+        cells = self.storage.scan(name, *pending_range(partition_id, since=since), None, 1)
         return due_of(cells[0][0]) if cells else None
 
     def pending_timers(self, name: str, partition_id: int, limit: int = 1000) -> list[tuple[Timer, Message]]:
@@ -298,21 +306,26 @@ class Engine:
         cells = self.storage.scan(name, *one_timer_range(timer), None, 1)
         return Message(topic_of(cells[0][0]), cells[0][1]) if cells else None
 
-    def fire_timers(self, name: str, partition_id: int, now: int, limit: int) -> tuple[int, int | None]:
-        """Deliver the partition's timers due at ``now`` or before (at most ``limit``).
+    def fire_timers(self, name: str, partition_id: int, now: int, limit: int, since: int = 0) -> Fired:
+        """Deliver the partition's timers due at ``now`` or before (at most ``limit``,
+        earliest first), looking only at those due at ``since`` or after (the caller
+        knows none is pending before it: the scan skips the tombstones of fired ones).
 
-        Each becomes a message with a fresh ID, and its timer row goes, in one
-        storage write. Returns (how many fired, the next due time or None).
+        Each becomes a message with a fresh ID, and its timer row goes, all in one
+        storage write under the partition's lock.
         """
         info = self.enabled_queue(name)
         with self.writers.lock(name, partition_id):
-            cells = self.storage.scan(name, *pending_range(partition_id, now + 1), None, limit)
+            cells = self.storage.scan(name, *pending_range(partition_id, now + 1, min(since, now)), None, limit)
             if cells:
-                keys = [key for key, _ in cells]
-                self._append(info, partition_id, [topic_of(k) for k in keys], [v for _, v in cells], keys)
+                keys = list(map(_FIRST, cells))
+                self._append(info, partition_id, list(map(topic_of, keys)), list(map(_SECOND, cells)), keys)
         if cells:
             self._written(name, partition_id)
-        return len(cells), now if len(cells) == limit else self.next_timer(name, partition_id)
+        if len(cells) == limit:  # more may be due: come back at once, from the last one fired
+            floor = due_of(cells[-1][0])
+            return Fired(len(cells), floor, now)
+        return Fired(len(cells), now + 1, self.next_timer(name, partition_id, since=now + 1))
 
     # -- reads ----------------------------------------------------------------
 

@@ -96,7 +96,7 @@ class StorageError(HQueueError):
 
 class StorageLocked(StorageError):
     """The embedded store is open in another process that does not share it with
-    local processes (``hqueue server``, or an hqueue from before sharing).
+    local processes (``hqueue server --no-local-socket``, or an hqueue from before sharing).
 
     Attributes:
         path: The store's directory.
@@ -107,7 +107,8 @@ class StorageLocked(StorageError):
         by = f" ({holder})" if holder else ""
         super().__init__(
             f"the embedded store {path} is open in another process{by} that does not share it; if that is "
-            f"`hqueue server --storage local://{path}`, connect with url='hqueue://host:port', else close it"
+            f"`hqueue server --storage local://{path} --no-local-socket`, connect with url='hqueue://host:port', "
+            "else close it"
         )
         self.path, self.holder = path, holder
 

@@ -46,6 +46,12 @@ class EngineEvents:
         """Call ``listener(queue)`` after a queue is deleted (services forget what they hold of it)."""
         self._dropped.append(listener)
 
+    def off(self, listener: Callable[..., None]) -> None:
+        """Stop calling ``listener`` for whatever it was registered (a service that stops)."""
+        for listeners in (self._written, self._scheduled, self._dropped, self._appended, self._truncated):
+            while listener in listeners:
+                listeners.remove(listener)  # type: ignore[arg-type]
+
     def written(self, queue: str, partition_id: int) -> None:
         for listener in self._written:
             listener(queue, partition_id)

@@ -111,7 +111,7 @@ class HQueue(Connected):
         partition_id: int | None = None,
         *,
         key: bytes | str | None = None,
-        deliver_at: datetime | int | None = None,
+        deliver_at: datetime | int | Sequence[datetime | int] | None = None,
         delay: float | None = None,
         priority: int | None = None,
     ) -> list[MessageID] | list[Timer]: ...
@@ -122,7 +122,7 @@ class HQueue(Connected):
         partition_id: int | None = None,
         *,
         key: bytes | str | None = None,
-        deliver_at: datetime | int | None = None,
+        deliver_at: datetime | int | Sequence[datetime | int] | None = None,
         delay: float | None = None,
         priority: int | None = None,
     ) -> list[MessageID] | list[Timer]:
@@ -137,7 +137,8 @@ class HQueue(Connected):
             key: Route by key instead: CRC32(key) mod partitions, so one key
                 always lands in one partition, in order.
             deliver_at: Make them timer messages (SPEC X1), delivered at this
-                datetime or epoch milliseconds: invisible until then, then
+                datetime or epoch milliseconds (or a list of them, one per
+                message: the batch is still one write): invisible until then, then
                 written to the partition with fresh IDs. Returns
                 :class:`~hqueue.timers.Timer` handles for :meth:`cancel`.
                 Timers fire in the process that owns the partition: a server

@@ -23,7 +23,16 @@ from collections.abc import Collection, Generator, Iterable, Iterator, Mapping, 
 from typing import Protocol
 
 from .errors import InvalidArgument
-from .message import Message, MessageID, _as_topic, messages_from_columns, partition_prefix
+from .message import (
+    MAX_SEQUENCE,
+    MAX_TIMESTAMP,
+    ROWKEY_LENGTH,
+    Message,
+    MessageID,
+    _as_topic,
+    messages_from_columns,
+    partition_prefix,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +110,20 @@ class Scan:
         start = prefix + (self.start_id.to_bytes() if self.start_id else b"")
         stop = prefix + (self.stop_id.to_bytes() if self.stop_id else _ID_END)
         return start, stop
+
+    def after(self, cell_key: bytes) -> Scan | None:
+        """The rest of this scan after the message of ``cell_key`` (a cursor that lost
+        its scanner opens another there); None when nothing can follow it."""
+        last = MessageID.from_bytes(cell_key[ROWKEY_LENGTH - 10 : ROWKEY_LENGTH])
+        if last.sequence < MAX_SEQUENCE:
+            start = MessageID(last.timestamp, last.sequence + 1)
+        elif last.timestamp < MAX_TIMESTAMP:
+            start = MessageID(last.timestamp + 1, 0)
+        else:
+            return None
+        if self.stop_id is not None and start >= self.stop_id:
+            return None
+        return Scan(start, self.stop_id, self._topics)
 
     def __repr__(self) -> str:
         topics = sorted(self._topics) or "all"

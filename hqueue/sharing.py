@@ -9,6 +9,9 @@ a :class:`StoreClient`, the remote client over that socket. Who may
 connect is decided by the socket file's permissions, which follow the
 directory's: ``0660`` where the directory's group may write in it, else
 ``0600`` (and a directory others cannot search hides the socket too).
+``hqueue server`` on a ``local://`` store serves its socket as well (beside
+its TCP port); in a process, whoever serves a store's socket claims it
+here (:func:`claim_socket`), so that one does.
 
 The state machine of one store in a client process:
 
@@ -24,7 +27,8 @@ The state machine of one store in a client process:
   restarts, and with the same guarantees: a put whose connection broke
   after it was sent is sent again (stored at least once, never an ID
   acknowledged twice); one with no answer by the deadline raises
-  ``OutcomeUnknown``.
+  ``OutcomeUnknown``. An open scan opens a new scanner on the new holder
+  after the last message it returned (client/cursor.py).
 * The last handle on the store closes in that process: it stops serving
   (the next process takes over in the same way).
 
@@ -37,11 +41,13 @@ holder's timers fire once, in whichever process holds the store next.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
 import threading
 import time
+import weakref
 from collections.abc import Callable
 
 from .client.engine import RemoteEngine
@@ -62,6 +68,9 @@ TAKEOVER_INTERVAL = 0.05
 
 #: What serves an engine to local processes (set by hqueue/__init__.py: server/shared.py, a layer up).
 _serve: Callable[[Engine, GroupLimits | None], None] | None = None
+#: Who serves each engine's socket in this process (an hqueue server on the store, or server/shared.py).
+_listening: weakref.WeakKeyDictionary[Engine, object] = weakref.WeakKeyDictionary()
+_listening_lock = threading.Lock()
 
 
 def serve_with(serve: Callable[[Engine, GroupLimits | None], None]) -> None:
@@ -78,6 +87,33 @@ def socket_path(url: str) -> str:
 def socket_mode(directory: str) -> int:
     """The socket's permissions: the owner's, and the group's where it may write in ``directory``."""
     return 0o660 if os.stat(directory).st_mode & stat.S_IWGRP else 0o600
+
+
+def claim_socket(engine: Engine, server: object) -> str | None:
+    """The path ``server`` may listen on to serve ``engine``'s ``local://`` store to local
+    processes (a killed holder's socket file there removed), or None: not a ``local://``
+    store, or something in this process serves it already. Give it up with :func:`drop_socket`."""
+    if not engine.url.startswith("local://"):
+        return None
+    with _listening_lock:
+        if engine in _listening:
+            return None
+        _listening[engine] = server
+    path = socket_path(engine.url)
+    # This process holds the store's lock: a socket file there is a stale one, of a process killed.
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    return path
+
+
+def drop_socket(engine: Engine, server: object, reshare: bool = False) -> None:
+    """``server`` no longer serves ``engine``'s socket. ``reshare``: the store stays open in this
+    process (an ``HQueue`` on it outlives an ``hqueue server``), so serve it on, as opening it would."""
+    with _listening_lock:
+        if _listening.get(engine) is server:
+            del _listening[engine]
+    if reshare and _serve is not None:
+        _serve(engine, None)
 
 
 def open_store(url: str, group_limits: GroupLimits | None = None) -> Engine | StoreClient:

@@ -409,6 +409,7 @@ class Thrift2AdminHandler:
             if table.enabled:
                 raise self.idl.TIOError(message=f"TableNotDisabledException: {tableName.qualifier!r}")
             table.rows.clear()
+            table.markers.clear()
             if not preserveSplits:
                 table.splits = []
             table.enabled = True  # HBase enables a table again after truncating it

@@ -11,10 +11,11 @@ Thrift1 gateway shows them:
   the family ``f`` (every qualifier), ``b"f:"`` the column with the empty
   qualifier, ``b"f:q"`` the column ``q``;
 * a delete stamped T removes the versions stamped at or before T (of a
-  column, a family, or a whole row). HBase writes a delete marker instead,
-  which also hides a version written *later* with a timestamp at or before
-  T, until a major compaction; the stand-in keeps no markers, so such a
-  late put stays visible here;
+  column, a family, or a whole row) and, as HBase's delete marker does
+  until a major compaction, hides a version written *later* with a
+  timestamp at or before T (a delete and a put of the same column in the
+  same millisecond of HBase's clock: the put is lost); the stand-in keeps
+  its markers until the table is deleted or truncated;
 * scanners read on from the last row they returned, so they see live data;
   ``batchSize`` hands a wide row out in parts, ``sortColumns`` as a list;
 * reads take a time range ``[0, before)`` (the Thrift1 ``...Ts`` calls and
@@ -75,6 +76,8 @@ class Table:
         self.families = {f.name.rstrip(b":"): f for f in families}
         self.enabled = True
         self.rows: SortedDict = SortedDict()  # row -> {column: Versions}
+        #: Delete markers: (row, column or family) -> the latest delete's timestamp.
+        self.markers: dict[tuple[bytes, bytes], int] = {}
         self.splits, self.durability = sorted(splits), durability
 
     def check_families(self, families: Iterable[bytes]) -> None:
@@ -87,6 +90,8 @@ class Table:
     def put(self, row: bytes, column: bytes, value: bytes, ts: int) -> None:
         family, _ = parse_column(column)
         self.check_families([family])
+        if ts <= max(self.markers.get((row, column), -1), self.markers.get((row, family), -1)):
+            return  # under a delete marker: HBase acknowledges the put and never shows it
         versions = self.rows.setdefault(row, {}).setdefault(column, [])
         kept = [(t, v) for t, v in versions if t != ts] + [(ts, value)]
         kept.sort(key=lambda version: -version[0])
@@ -96,6 +101,8 @@ class Table:
         """Remove the versions stamped at or before ``ts`` of ``column`` (a family: all its columns)."""
         family, qualifier = parse_column(column)
         self.check_families([family])
+        mark = (row, column if qualifier is not None else family)
+        self.markers[mark] = max(self.markers.get(mark, -1), ts)
         cells = self.rows.get(row)
         if cells is None:
             return

@@ -15,6 +15,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -120,6 +121,32 @@ class ZooKeeperServer:
         self.proc.kill()
         self.proc.wait()
         self.log.close()
+
+
+class Proc:
+    """A process whose output lines are read as they come."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, *args], cwd=ROOT, env=python_env(), stdout=subprocess.PIPE, text=True, bufsize=1
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:  # type: ignore[union-attr]
+            if line.endswith("\n"):  # the text after the last newline was cut by a kill
+                self.lines.append(line[:-1])
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        self._reader.join(timeout=30)
 
 
 class ServerProcess:

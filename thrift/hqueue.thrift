@@ -329,8 +329,12 @@ service HQueueService {
   // -- timer messages (SPEC X1); sent to the partition's owner --------------------
 
   /** Write a packed batch (as putPacked) as timers delivered at dueMillis; the
-      timers' IDs are firstID and the count - 1 after it. */
-  TPutResult scheduleTimers(1: string queue, 2: i16 partitionID, 3: binary messages, 4: i64 dueMillis)
+      timers' IDs are firstID and the count - 1 after it. With dues, each message
+      has its own due time: dues holds one signed 64-bit little-endian epoch ms
+      per message, in order (8 bytes each), and dueMillis is ignored (send the
+      latest of them: a server that predates dues then fires none early). */
+  TPutResult scheduleTimers(1: string queue, 2: i16 partitionID, 3: binary messages, 4: i64 dueMillis,
+                            5: optional binary dues)
       throws (1: TQueueNotFound notFound, 2: TQueueDisabled disabled, 3: TInvalidMessage invalid,
               4: TNotPartitionOwner notOwner, 5: TIOError io, 6: TNotAuthorized denied)
   /** True if the timer was pending and is now cancelled; false if it fired or was cancelled. */

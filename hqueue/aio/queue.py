@@ -95,7 +95,7 @@ class AsyncHQueue(AsyncConnected):
         partition_id: int | None = None,
         *,
         key: bytes | str | None = None,
-        deliver_at: datetime | int | None = None,
+        deliver_at: datetime | int | Sequence[datetime | int] | None = None,
         delay: float | None = None,
         priority: int | None = None,
     ) -> list[MessageID] | list[Timer]:

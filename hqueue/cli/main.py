@@ -145,7 +145,7 @@ def _locked_hint(e: StorageLocked, command: str | None) -> str:
         return text + ": stop that process first (hqueue server opens an embedded store alone)"
     return (
         f"{text} that does not share it with local processes. If it is\n"
-        f"  hqueue server --storage local://{e.path}\n"
+        f"  hqueue server --storage local://{e.path} --no-local-socket\n"
         f"give every command --url hqueue://127.0.0.1:9700 (its address; or set HQUEUE_URL); else stop it"
     )
 

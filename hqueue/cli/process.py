@@ -184,6 +184,15 @@ from .main import Progress, Seconds, main, open_admin, open_queue
     show_default=True,
     help="Address the console listens on (plain HTTP: put a TLS proxy in front of it off this machine).",
 )
+@click.option(
+    "--local-socket/--no-local-socket",
+    default=True,
+    show_default=True,
+    help="With a local:// store, also serve it to this machine's processes on DIR/hqueue.sock, so that "
+    "commands and programs given local://DIR work while the server runs (they become its clients). Who may "
+    "connect there is decided by the socket's file permissions (the directory owner's; its group's too when "
+    "it may write in DIR), not by --auth-file tokens.",
+)
 @click.option("--log-level", envvar="HQUEUE_LOG_LEVEL", default="INFO", show_default=True)
 @click.pass_context
 def server(
@@ -221,6 +230,7 @@ def server(
     metrics_token,
     console_port,
     console_host,
+    local_socket,
     log_level,
 ) -> None:
     """Serve queues over Thrift (framed transport, binary protocol)."""
@@ -275,11 +285,14 @@ def server(
             metrics_token=metrics_token,
             console_port=console_port,
             console_host=console_host,
+            local_socket=local_socket,
         )
     except OSError as e:
         raise click.ClickException(e.strerror or str(e)) from e
     # Tests and scripts read this line to learn the port (with --port 0).
     click.echo(f"hqueue server listening on {instance.address} (storage {instance.engine.url})", err=True)
+    if instance.local_socket is not None:
+        click.echo(f"and on {instance.local_socket} for local processes (local:// that directory)", err=True)
     sys.stderr.flush()
     instance.serve_forever(on_start=lambda: announce_console(instance.console))
 

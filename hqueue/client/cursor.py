@@ -1,19 +1,41 @@
-"""RemoteCursor: a server-side scanner over one partition, read ``caching`` messages a round trip."""
+"""RemoteCursor: a server-side scanner over one partition, read ``caching`` messages a round trip.
+
+A scanner lives on one connection of one server. When it is lost (the
+connection broke: the server restarted, or the process serving a shared
+``local://`` store was killed and another took it over; or the server no
+longer has it: idle past its timeout), the cursor opens another, on a new
+connection, right after the last message it handed out, and goes on: no
+message twice, none skipped. It keeps trying so until the call's deadline.
+"""
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from typing import Any
 
-from thriftpy2.thrift import TException
+from thriftpy2.thrift import TException, args_to_kwargs
 from thriftpy2.transport import TTransportException
 
-from ..errors import HQueueError, ServerUnavailable
+from ..errors import HQueueError, InvalidArgument, ServerUnavailable
 from ..message import Message, messages_from_columns
 from ..rpc import packed, wire
 from ..scanner import Scan
 from .pool import Connection, NotSent
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between two tries to open a lost scanner again (doubling up to ``_MAX_DELAY``).
+_FIRST_DELAY, _MAX_DELAY = 0.01, 0.25
+
+
+class _Lost(Exception):
+    """The scanner is gone with its connection, or the server no longer has it."""
+
+    def __init__(self, cause: BaseException, sent: bool = True) -> None:
+        super().__init__(str(cause))
+        self.cause, self.sent = cause, sent
 
 
 class RemoteCursor:
@@ -22,65 +44,150 @@ class RemoteCursor:
     The server binds a scanner to the connection that opened it, so the
     cursor keeps one connection of the pool until it is closed. Opening it
     (finding the owner, connecting, ``messageScannerOpen``) is one call with
-    one deadline, and so is each fetch.
+    one deadline, and so is each fetch; either goes on through a lost
+    scanner by opening another (the module's docstring).
     """
 
     def __init__(self, engine: Any, queue: str, partition_id: int, scan: Scan, caching: int) -> None:
-        self.engine, self.queue, self.caching = engine, queue, min(caching, wire.MAX_SCAN_BATCH)
+        self.engine, self.queue, self.partition_id = engine, queue, partition_id
+        self.caching = min(caching, wire.MAX_SCAN_BATCH)
+        #: What is left to read: the scan, after the last message handed out.
+        self._scan: Scan | None = scan
         self.done = True
         self._connection: Connection | None = None
+        self._pool: Any = None
+        #: The scanner's ID on the server (-1: none opened yet).
+        self.scanner_id = -1
+        #: Whether the next batch's request is sent and its answer not read yet.
+        self._ahead = False
         with engine.deadline() as deadline:
             # Any server can serve a scan (the store is shared); prefer the owner.
             self.server = engine.locations(queue)[partition_id] or random.choice(engine._seeds)
-            self._pool = engine._pool(self.server)
-            try:
-                self._connection = self._pool.take(deadline)
-            except NotSent as e:
-                raise engine._unavailable(self.server, "messageScannerOpen", e.cause, deadline) from e.cause
             self.done = False
             try:
-                self.scanner_id = self._call("messageScannerOpen", queue, partition_id, wire.to_tscan(scan))
+                self._retrying(deadline, "messageScannerOpen", lambda: None)
             except BaseException:
                 self.done = True
-                self._release()
+                self._release(broken=True)
                 raise
 
-    def _call(self, method: str, *args):
+    # -- calls, through lost scanners -------------------------------------------------
+
+    def _retrying(self, deadline: float, method: str, call: Any) -> Any:
+        """``call()`` on an open scanner, opening one first where there is none; a lost
+        scanner is opened again, until ``deadline``."""
+        delay = _FIRST_DELAY
+        while True:
+            try:
+                if self._connection is None:
+                    self._open(deadline)
+                return call()
+            except _Lost as lost:
+                self._release(broken=not isinstance(lost.cause, InvalidArgument))
+                never_opened = self.scanner_id == -1 and not lost.sent  # no server there: as any call, at once
+                if never_opened or time.monotonic() + delay >= deadline or isinstance(lost.cause, TimeoutError):
+                    cause = lost.cause if isinstance(lost.cause, Exception) else TimeoutError()
+                    raise self.engine._unavailable(self.server, method, cause, deadline, lost.sent) from lost.cause
+                logger.info("scanner of %s/%d lost (%s); opening another", self.queue, self.partition_id, lost)
+                time.sleep(delay)
+                delay = min(delay * 2, _MAX_DELAY)
+                self._find_server()
+
+    def _open(self, deadline: float) -> None:
+        """A connection, and a scanner on it over what is left of the scan."""
+        self._pool = self.engine._pool(self.server)
+        try:
+            self._connection = self._pool.take(deadline)
+        except NotSent as e:
+            raise _Lost(e.cause, sent=False) from e.cause
+        assert self._scan is not None
+        self.scanner_id = self._call("messageScannerOpen", self.queue, self.partition_id, wire.to_tscan(self._scan))
+        logger.debug("opened remote scanner %d of %s/%d on %s", self.scanner_id, self.queue, self.partition_id,
+                     self.server)  # fmt: skip
+
+    def _find_server(self) -> None:
+        """Where the next scanner goes: the partition's owner now, else any server."""
+        try:
+            self.server = self.engine.locations(self.queue, fresh=True)[self.partition_id] or self.server
+        except HQueueError:
+            self.server = random.choice(self.engine._seeds)
+
+    def _call(self, method: str, *args: Any) -> Any:
+        """One call on the scanner's connection; _Lost if the scanner is gone."""
+        return self._exchange(method, args, send=True, receive=True)
+
+    def _exchange(self, method: str, args: tuple, *, send: bool, receive: bool) -> Any:
+        """Send ``method(*args)`` and/or read its answer on the scanner's connection."""
         if self._connection is None:
-            raise ServerUnavailable(f"hqueue server {self.server}: the scanner's connection broke")
+            raise _Lost(ServerUnavailable(f"hqueue server {self.server}: the scanner's connection broke"))
         deadline = self.engine.current_deadline() or time.monotonic() + self.engine.timeout
         self._connection.socket.deadline = deadline
+        client = self._connection.client
         try:
-            return getattr(self._connection.client, method)(*args)
+            if send and receive:
+                return getattr(client, method)(*args)
+            if send:
+                spec = getattr(client._service, method + "_args").thrift_spec
+                return client._send(method, **args_to_kwargs(spec, *args))
+            return client._recv(method)
         except (TTransportException, OSError) as e:
-            self._release(broken=True)
-            raise self.engine._unavailable(self.server, method, e, deadline) from e
+            raise _Lost(e) from e
         except TException as e:
-            raise wire.from_thrift_error(e, self.queue) from e
+            error = wire.from_thrift_error(e, self.queue)
+            if isinstance(error, InvalidArgument) and wire.SCANNER_GONE in str(error):
+                raise _Lost(error) from e
+            raise error from e
+
+    def _get_packed(self) -> bytes:
+        """The next batch: the answer to the request sent ahead, or to one sent now."""
+        ahead, self._ahead = self._ahead, False
+        args = (self.scanner_id, self.caching)
+        return self._exchange("messageScannerGetPacked", args, send=not ahead, receive=True)
+
+    def _send_ahead(self) -> None:
+        """Ask for the next batch now, to read its answer at the next fetch."""
+        try:
+            self._exchange("messageScannerGetPacked", (self.scanner_id, self.caching), send=True, receive=False)
+            self._ahead = True
+        except _Lost:
+            self._release(broken=True)  # the next fetch opens another scanner, after the last message
+        except HQueueError:
+            pass
 
     def _release(self, broken: bool = False) -> None:
+        self._ahead = False
         connection, self._connection = self._connection, None
         if connection is not None:
             self._pool.give_back(connection, broken)
+
+    # -- reading ----------------------------------------------------------------------
 
     def fetch(self) -> list[Message]:
         return messages_from_columns(*self.fetch_columns())
 
     def fetch_columns(self) -> tuple[list[bytes], list[bytes]]:
-        blob = self._call("messageScannerGetPacked", self.scanner_id, self.caching)
-        keys, values = packed.unpack(blob)
-        # A short reply is the end, unless the server cut it at its byte limit.
-        if len(keys) < self.caching and packed.payload_bytes(blob) < wire.SCAN_REPLY_BYTES:
-            self.close()
+        with self.engine.deadline() as deadline:
+            blob = self._retrying(deadline, "messageScannerGetPacked", self._get_packed)
+            keys, values = packed.unpack(blob)
+            if keys and self._scan is not None:
+                self._scan = self._scan.after(keys[-1])
+            # A short reply is the end, unless the server cut it at its byte limit.
+            if (len(keys) < self.caching and packed.payload_bytes(blob) < wire.SCAN_REPLY_BYTES) or self._scan is None:
+                self.close()
+            else:
+                self._send_ahead()
         return keys, values
 
     def close(self) -> None:
         if not self.done:
             self.done = True
             try:
+                if self._ahead:  # the answer to the request sent ahead comes first
+                    self._get_packed()
                 self._call("messageScannerClose", self.scanner_id)
-            except HQueueError:
-                pass  # gone already (idle timeout, server restart), or stalled: its connection is dropped
+            except (_Lost, HQueueError):
+                self._release(broken=True)  # gone already, or stalled: its connection is dropped
+                return
             self._release()
 
     def __del__(self) -> None:

@@ -81,7 +81,7 @@ from ..errors import (
     ServerUnavailable,
 )
 from ..ids import consecutive
-from ..keys.timers import Timer
+from ..keys.timers import Timer, check_dues, timer_handles
 from ..message import Message, MessageID
 from ..rpc import packed, wire
 from ..rpc.failures import explain
@@ -421,13 +421,16 @@ class RemoteEngine:
 
     # -- timers (SPEC X1) ------------------------------------------------------------------
 
-    def schedule(self, name: str, messages: Sequence[Message], partition_id: int, due: int) -> list[Timer]:
+    def schedule(
+        self, name: str, messages: Sequence[Message], partition_id: int, due: int | Sequence[int]
+    ) -> list[Timer]:
         with self.deadline():
             topics, values = message_columns(self.enabled_queue(name), messages)
-            blob = packed.pack(topics, values)
+            blob, due = packed.pack(topics, values), check_dues(due, len(topics))
             what = f"timer put of {len(topics)} message(s)"
-            result = self._owner_call(name, partition_id, what, "scheduleTimers", partition_id, blob, due)
-        return [Timer(partition_id, due, i) for i in consecutive(wire.from_tid(result.firstID), result.count)]
+            args = packed.timer_call_args(partition_id, blob, due)
+            result = self._owner_call(name, partition_id, what, "scheduleTimers", *args)
+        return timer_handles(partition_id, due, consecutive(wire.from_tid(result.firstID), result.count))
 
     def cancel_timer(self, name: str, timer: Timer) -> bool:
         return self._owner_call(name, timer.partition_id, "cancel", "cancelTimer", wire.to_ttimer(timer))

@@ -29,7 +29,7 @@ from thriftpy2.thrift import TClient
 from thriftpy2.transport import TFramedTransportFactory, TSocket, TSSLSocket, TTransportException
 
 from ..rpc import wire
-from ..rpc.unix import short_unix_path
+from ..rpc.unix import short_unix_path, widen
 
 
 class _Bounded:
@@ -86,6 +86,8 @@ class Connection:
             with short_unix_path(pool.unix_socket) as path:
                 self.socket.unix_socket = path
                 transport.open()
+            if self.socket.sock is not None:
+                widen(self.socket.sock)  # a put's frame in one message (rpc/unix.py)
         self.client = TClient(wire.T.HQueueService, TBinaryProtocolFactory().get_protocol(transport))
         if pool.token is not None:
             try:

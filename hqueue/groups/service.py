@@ -118,6 +118,8 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
 
     def stop(self) -> None:
         self._stopped = True
+        self.engine.events.off(self._on_write)  # a stopped service hears nothing more (nor is kept alive)
+        self.engine.events.off(self.forget)
         with self._arrived:
             self._arrived.notify_all()
 

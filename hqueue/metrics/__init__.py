@@ -4,7 +4,8 @@ Counted as things happen: messages put and the time each put call takes
 (validation, IDs, the write: the enqueue time), messages pushed to each
 subscriber, failed pushes, the subscriber's ``consumeMessages`` round trip
 (its processing time), partitions gained and lost (rebalances), messages
-consumer groups received, acked and gave back.
+consumer groups received, acked and gave back; and prometheus_client's
+``process_*`` series of the server process (RSS, CPU seconds, open files).
 
 Read when Prometheus scrapes, from what the server keeps in memory (a scrape
 reads no row: its cost is O(series)): open connections and scanners, owned
@@ -35,7 +36,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
 
 from .endpoint import MetricsEndpoint
 
@@ -155,6 +156,8 @@ class ServerMetrics:
 
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
+        # process_resident_memory_bytes, process_cpu_seconds_total, open fds: read from /proc at a scrape
+        ProcessCollector(registry=r)
         subscriber = ["queue", "subscriber"]
         self._puts: dict[str, PutSeries] = {}
         self._puts_lock = threading.Lock()

@@ -6,8 +6,10 @@ it likes. This one:
 
 * checks the credential first: a request without the right
   ``Authorization: Bearer <token>`` gets 401 before anything is collected;
-* serves at most ``MAX_CLIENTS`` connections at once (one thread each); a
-  connection beyond that is closed at once;
+* serves at most ``MAX_CLIENTS`` connections at once (one thread each);
+  when all are taken, a new connection closes the oldest one that has not
+  yet sent a whole request (connections held open and silent cannot keep
+  a scrape out), or is closed at once if every one has;
 * gives each connection ``DEADLINE`` seconds in all, and reads at most
   ``MAX_REQUEST`` bytes of request line and headers (a slow or endless
   request ends with its connection, not with a thread held);
@@ -28,6 +30,8 @@ from urllib.parse import urlsplit
 logger = logging.getLogger(__name__)
 
 MAX_CLIENTS = 8
+#: Seconds a new connection waits for the slot of the silent one it closed.
+EVICT_WAIT = 1.0
 DEADLINE = 5.0
 MAX_REQUEST = 8192
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -70,22 +74,48 @@ class _Server(ThreadingHTTPServer):
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         self.slots = threading.BoundedSemaphore(MAX_CLIENTS)
+        #: Connections still waiting for their whole request, and since when (oldest first).
+        self.silent: dict[socket.socket, float] = {}
+        self._silent_lock = threading.Lock()
         super().__init__(address, handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.slots.acquire(blocking=False):  # full: this one is closed, nothing waits
-            self.shutdown_request(request)
+        if not self.slots.acquire(blocking=False) and not self._evict_for_one():
+            self.shutdown_request(request)  # full of connections that sent their request: closed, nothing waits
             return
+        with self._silent_lock:
+            self.silent[request] = time.monotonic()
         try:
             super().process_request(request, client_address)
         except BaseException:
+            self.spoke(request)
             self.slots.release()
             raise
+
+    def _evict_for_one(self) -> bool:
+        """Close the oldest connection that has not sent its whole request; whether its slot came free."""
+        with self._silent_lock:
+            oldest = min(self.silent, key=self.silent.__getitem__, default=None)
+            if oldest is None:
+                return False
+            del self.silent[oldest]
+        logger.info("metrics: all %d connections taken; closed the oldest one still silent", MAX_CLIENTS)
+        try:
+            oldest.shutdown(socket.SHUT_RDWR)  # its handler's read ends now, and frees the slot
+        except OSError:
+            pass
+        return self.slots.acquire(timeout=EVICT_WAIT)
+
+    def spoke(self, request: Any) -> None:
+        """``request``'s connection sent its whole request: it is no longer closed to make room."""
+        with self._silent_lock:
+            self.silent.pop(request, None)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
+            self.spoke(request)
             self.slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -102,6 +132,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.rfile = _Bounded(self.rfile, self.connection, time.monotonic() + DEADLINE)  # type: ignore[assignment]
 
     def do_GET(self) -> None:
+        self.server.spoke(self.request)  # type: ignore[attr-defined]
         allows = type(self).allows
         if allows is not None and not allows(self.headers.get("Authorization")):
             self._reply(401, b"a bearer token with the metrics role is needed\n", {"WWW-Authenticate": "Bearer"})

@@ -90,3 +90,41 @@ def _cut(blob: bytes, start: int, lengths: array, repeated: bool = False) -> lis
 def payload_bytes(blob: bytes) -> int:
     """The bytes of keys and values in a blob (what a scan reply's size limit counts)."""
     return measure(blob)[1]
+
+
+_DUES = "q"  # signed 64-bit: a due time above 2**63-1 reads as negative, and is refused
+
+
+def pack_dues(dues: Sequence[int]) -> bytes:
+    """Timers' due times, one per message, as ``scheduleTimers``'s ``dues``:
+    signed 64-bit little-endian epoch milliseconds, one after another."""
+    packed = array(_DUES, dues)
+    if _SWAP:
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def unpack_dues(blob: bytes, count: int) -> list[int]:
+    """Inverse of :func:`pack_dues`, for a batch of ``count`` messages.
+
+    Raises:
+        InvalidArgument: not 8 bytes a message, or a due time below 0.
+    """
+    if not isinstance(blob, bytes) or len(blob) != 8 * count:
+        got = len(blob) if isinstance(blob, bytes) else type(blob).__name__
+        raise InvalidArgument(f"'dues' must be 8 bytes for each of the {count} messages, got {got}")
+    dues = array(_DUES)
+    dues.frombytes(blob)
+    if _SWAP:
+        dues.byteswap()
+    if count and min(dues) < 0:
+        raise InvalidArgument(f"a due time must be epoch ms >= 0, got {min(dues)}")
+    return dues.tolist()
+
+
+def timer_call_args(partition_id: int, blob: bytes, due: int | Sequence[int]) -> tuple[object, ...]:
+    """``scheduleTimers``'s arguments after the queue: one due time, or one per message
+    (then ``dueMillis`` is the latest, so a server that predates ``dues`` fires none early)."""
+    if isinstance(due, int):
+        return partition_id, blob, due
+    return partition_id, blob, max(due), pack_dues(due)

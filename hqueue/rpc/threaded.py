@@ -22,9 +22,11 @@ Built on thriftpy2's processor, with hqueue's own socket handling:
 * When accept() fails for lack of file descriptors or memory, the server
   backs off (10 ms doubling to 1 s) and logs one line per 10 s, not one per
   attempt.
-* It listens on TCP, or on a Unix socket (``ListeningSocket.bound_unix``,
-  access by the socket file's permissions; the store a process shares with
-  local processes, server/shared.py).
+* It listens on TCP, on a Unix socket (``ListeningSocket.bound_unix``,
+  access by the socket file's permissions: the store a process shares with
+  local processes, server/shared.py), or on both (``also``: one accept
+  thread each, the same limits over all their connections). A connection
+  that came over a Unix socket is ``local``.
 * Optional TLS: an ``ssl.SSLContext`` wraps each accepted socket (the
   handshake runs in the connection's thread, bounded by ``body_timeout``).
 * :func:`current_connection` tells a handler which connection it serves
@@ -59,7 +61,7 @@ from thriftpy2.transport.memory import TCyMemoryBuffer
 from ..errors import HQueueError, LimitExceeded, ServerBusy
 from .budget import DEFAULT_INFLIGHT_WAIT, DEFAULT_MAX_INFLIGHT_BYTES, InflightBudget
 from .frames import DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_ITEMS, FrameError, FrameReader, check_call
-from .unix import unix_listener
+from .unix import unix_listener, widen
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +114,8 @@ class Connection:
     close_after_reply: bool = False
     #: Proved who it is (the server's ``trusted_after``): never closed to make room.
     trusted: bool = False
+    #: Came over a Unix socket: a process of this machine that the socket file's permissions let in.
+    local: bool = False
 
 
 _current = threading.local()
@@ -148,6 +152,9 @@ class ListeningSocket(TServerSocket):
     """A listening TCP socket, bound once, never shared with another process;
     or a listening Unix socket (:meth:`bound_unix`)."""
 
+    #: The permissions a Unix socket's file is made with.
+    unix_mode = 0o600
+
     @classmethod
     def bound(cls, host: str, port: int) -> ListeningSocket:
         """A socket listening on ``host:port`` now (port 0: a free one).
@@ -166,15 +173,16 @@ class ListeningSocket(TServerSocket):
         connect). The caller owns ``path``: a file already there is an error
         (a stale one is the caller's to remove, while it can tell it is stale)."""
         sock = cls(unix_socket=path, client_timeout=None)
+        sock.unix_mode = mode
         sock.listen()
-        os.chmod(path, mode)
+        os.chmod(path, mode)  # where the mode given before bind is not the file's (not Linux)
         return sock
 
     def listen(self) -> None:
         if self.sock is not None:
             return
         if self.unix_socket:
-            self.sock = unix_listener(self.unix_socket, self.backlog)
+            self.sock = unix_listener(self.unix_socket, self.backlog, self.unix_mode)
             return
         family = socket.AF_INET6 if ":" in (self.host or "") else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -217,10 +225,13 @@ class ThreadedServer(TThreadedServer):
         ssl_context: ssl.SSLContext | None = None,
         refuse_with: Callable[[str, HQueueError], Exception] | None = None,
         trusted_after: Callable[[Connection], bool] | None = None,
+        also: ListeningSocket | None = None,
     ) -> None:
         """``trusted_after(connection)``, asked after each call, says whether the connection
-        has proved who it is (default: any call it made)."""
+        has proved who it is (default: any call it made). ``also``: a second socket to
+        accept on (a Unix socket beside the TCP port), closed with the server."""
         self.socket = socket
+        self.also = also
         self.trusted_after = trusted_after or (lambda connection: True)
         self.service = service
         self.limits = limits or ServerLimits()
@@ -248,7 +259,15 @@ class ThreadedServer(TThreadedServer):
         return self.socket.bound_port
 
     def serve(self) -> None:
-        backoff, listener = 0.01, self.socket.sock
+        """Accept connections until :meth:`close` (on ``also`` from a thread of its own)."""
+        if self.also is not None:
+            threading.Thread(
+                target=self._accept, args=(self.also.sock,), name="thrift-accept-unix", daemon=True
+            ).start()
+        self._accept(self.socket.sock)
+
+    def _accept(self, listener: socket.socket) -> None:
+        backoff = 0.01
         while not self.closed:
             try:
                 sock, peer = listener.accept()
@@ -298,12 +317,14 @@ class ThreadedServer(TThreadedServer):
             self.connections -= 1
 
     def _connection(self, sock: socket.socket, peer: tuple) -> None:
-        connection = Connection(next(self._ids), (peer[0], peer[1]))
+        connection = Connection(next(self._ids), (peer[0], peer[1]), local=sock.family == socket.AF_UNIX)
         _current.connection = connection
         with self._lock:
             self._open[connection.id] = (connection, sock)
         try:
-            if sock.family != socket.AF_UNIX:
+            if connection.local:
+                widen(sock)  # a scan's reply in one message (rpc/unix.py)
+            else:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.ssl_context is not None:
                 sock.settimeout(self.limits.body_timeout)
@@ -440,3 +461,5 @@ class ThreadedServer(TThreadedServer):
     def close(self) -> None:
         self.closed = True
         self.trans.close()
+        if self.also is not None:
+            self.also.close()

@@ -25,6 +25,9 @@ T = idl.load("hqueue.thrift")
 MAX_SCAN_BATCH = 10_000
 #: A reply stops after the message that brings its topics and values to this size.
 SCAN_REPLY_BYTES = 16 * 1024 * 1024
+#: What the error for a scanner the server no longer has says (closed, idle past its timeout,
+#: or of a connection or a server that is gone): a client's cursor opens another.
+SCANNER_GONE = "is not open on this connection"
 #: The most messages one put call carries (a put is one call: atomic, never split).
 MAX_PUT_BATCH = MAX_BATCH_MESSAGES
 #: The most bytes (topics and values) one put call carries (frames stay far below 64 MiB).

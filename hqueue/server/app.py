@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import ipaddress
 import logging
+import os
 import signal
 import ssl
 import threading
@@ -25,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from .. import sharing
 from ..admin import HQueueAdmin
 from ..auth import AuthPolicy, MetricsAccess, PushPolicy
 from ..coordination import Coordinator, LocalCoordinator
@@ -128,6 +130,14 @@ class HQueueServer:
             anyone who reaches ``metrics_host`` may read them.
         unix_socket: Listen on this Unix socket (mode ``unix_socket_mode``) instead
             of ``host:port``; the file is removed when the server stops.
+        local_socket: For a ``local://`` store this server opens, also serve it to the
+            processes of this machine on the store's socket (``hqueue.sock`` in its
+            directory), as any process that opens the store does: another process
+            opening ``local://`` the same directory is then this server's client
+            (hqueue/sharing.py). Connections there need no token, even with ``auth``:
+            the socket file's permissions (the directory's owner, and its group where
+            it may write there) decide who may connect, as they decide who may reach
+            the store's files.
         engine: Serve this engine, which the caller acquired and releases (the
             store a process shares with local processes: server/shared.py),
             instead of acquiring ``storage_url``'s.
@@ -163,6 +173,7 @@ class HQueueServer:
         metrics_token: str | None = None,
         unix_socket: str | None = None,
         unix_socket_mode: int = 0o600,
+        local_socket: bool = True,
         engine: Engine | None = None,
         console_port: int | None = None,
         console_host: str = "127.0.0.1",
@@ -181,6 +192,14 @@ class HQueueServer:
             self.engine = engine if engine is not None else Engine.acquire(storage_url)
         except BaseException:
             socket.close()
+            raise
+        #: The store's Unix socket this server serves it on to local processes (None: not served here).
+        self.local_socket: str | None = None
+        try:
+            local = self._listen_locally() if local_socket and self._owns_engine else None
+        except BaseException:
+            socket.close()
+            self.engine.release()
             raise
         self.port = socket.bound_port
         self.address = advertise or (f"unix:{unix_socket}" if unix_socket else f"{host}:{self.port}")
@@ -211,16 +230,17 @@ class HQueueServer:
         self.group_limits = group_limits
         self._server = ThreadedServer(
             wire.T.HQueueService, self.handler, socket, limits=limits, ssl_context=ssl_context,
-            refuse_with=thrift_error,
+            refuse_with=thrift_error, also=local,
             # With tokens, a connection that has not authenticated may be closed to make room.
-            trusted_after=None if auth is None else (lambda connection: connection.principal is not None),
+            trusted_after=None if auth is None else (lambda c: c.principal is not None or c.local),
         )  # fmt: skip
         _warn_if_puts_cannot_fit(self._server.limits, max_put_messages, max_put_bytes)
         if metrics_port is not None:  # here, so a taken port fails before anything starts
             try:
                 self._serve_metrics(metrics_port, metrics_host, MetricsAccess(metrics_token, auth))
             except BaseException:
-                socket.close()
+                self._server.close()
+                self._drop_local_socket()
                 if self._owns_engine:
                     self.engine.release()
                 raise
@@ -238,6 +258,24 @@ class HQueueServer:
                 raise
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def _listen_locally(self) -> ListeningSocket | None:
+        """The store's Unix socket, listening, if this server is to serve it to local processes."""
+        path = sharing.claim_socket(self.engine, self)
+        if path is None:  # not local://, or served in this process already
+            return None
+        try:
+            listener = ListeningSocket.bound_unix(path, sharing.socket_mode(os.path.dirname(path)))
+        except BaseException:
+            sharing.drop_socket(self.engine, self)
+            raise
+        self.local_socket = path
+        return listener
+
+    def _drop_local_socket(self, reshare: bool = False) -> None:
+        if self.local_socket is not None:
+            self.local_socket = None
+            sharing.drop_socket(self.engine, self, reshare)
 
     def _serve_metrics(self, port: int, host: str, access: MetricsAccess) -> None:
         if access.open and not ipaddress_is_loopback(host):
@@ -291,6 +329,8 @@ class HQueueServer:
                 admin.close()
                 raise
         logger.info("hqueue server %s serving %s", self.address, self.engine.storage.url)
+        if self.local_socket is not None:
+            logger.info("serving it to local processes on %s too (local:// that directory)", self.local_socket)
         return self
 
     def _console(self, host: str, port: int, auth: AuthPolicy | None) -> Console:
@@ -354,6 +394,8 @@ class HQueueServer:
         self.coordinator.stop()
         self.scanners.stop()
         self.metrics.close()
+        # An HQueue of this process still on the store: it serves the store to local processes on.
+        self._drop_local_socket(reshare=self.engine._refs > 1)
         if self._owns_engine:
             self.engine.release()
         logger.info("hqueue server %s stopped", self.address)

@@ -20,7 +20,7 @@ import logging
 import threading
 from typing import Any
 
-from ..auth import MANAGE, OPEN, AuthPolicy, Principal
+from ..auth import LOCAL, MANAGE, OPEN, AuthPolicy, Principal
 from ..config import MAX_QUEUE_NAME
 from ..coordination import Coordinator
 from ..engine import Engine
@@ -153,6 +153,8 @@ class CallGuard:
             return connection.principal
         if self.auth is None:
             return OPEN
+        if connection is not None and connection.local:
+            return LOCAL  # the socket file's permissions let it in: it may reach the store's files too
         raise NotAuthorized("this server needs a token: connect with hqueue://TOKEN@host:port (or token=)")
 
     def authorize(self, role: str, action: str, queue: Any, named: tuple[str, Any] | None = None) -> None:

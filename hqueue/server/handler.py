@@ -246,13 +246,18 @@ class QueueCalls(Calls):
     # -- timers (SPEC X1) -------------------------------------------------------------------
 
     @served("producer")
-    def scheduleTimers(self, queue: str, partitionID: int, messages: bytes, dueMillis: int) -> Any:
+    def scheduleTimers(
+        self, queue: str, partitionID: int, messages: bytes, dueMillis: int, dues: bytes | None = None
+    ) -> Any:
         topics, values = self._unpack_put(messages)
         partition_id = self._writable_partition(queue, partitionID)
-        if not isinstance(dueMillis, int) or not 0 <= dueMillis < 2**63:
+        due: int | list[int] = dueMillis
+        if dues is not None:
+            due = packed.unpack_dues(dues, len(topics))
+        elif not isinstance(dueMillis, int) or not 0 <= dueMillis < 2**63:
             raise InvalidArgument(f"'dueMillis' must be epoch ms >= 0, got {dueMillis!r}")
         started = time.perf_counter()
-        timers = self.engine.schedule(queue, list(map(Message, topics, values)), partition_id, dueMillis)
+        timers = self.engine.schedule(queue, list(map(Message, topics, values)), partition_id, due)
         self.metrics.puts(queue).observe(time.perf_counter() - started, len(topics))
         return wire.T.TPutResult(firstID=wire.to_tid(timers[0].id), count=len(timers))
 

@@ -38,7 +38,7 @@ from itertools import accumulate
 from operator import add
 
 from ..errors import InvalidArgument, LimitExceeded
-from ..rpc.wire import MAX_SCAN_BATCH, SCAN_REPLY_BYTES
+from ..rpc.wire import MAX_SCAN_BATCH, SCAN_REPLY_BYTES, SCANNER_GONE
 from ..scanner import DEFAULT_CACHING, ChunkSource, KeyRangeCursor, Scan
 
 logger = logging.getLogger(__name__)
@@ -167,9 +167,7 @@ class ScannerRegistry:
     def _get(self, scanner_id: int, owner: int) -> ColumnScanner:
         entry = self._scanners.get(scanner_id)
         if entry is None or entry[1] != owner:
-            raise InvalidArgument(
-                f"scanner {scanner_id} is not open on this connection (closed, or idle past {self.idle_timeout:g}s)"
-            )
+            raise InvalidArgument(f"scanner {scanner_id} {SCANNER_GONE} (closed, or idle past {self.idle_timeout:g}s)")
         return entry[0]
 
     def take(self, scanner_id: int, count: int, owner: int = 0) -> Columns:

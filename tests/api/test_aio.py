@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 
 import pytest
 
@@ -86,6 +87,31 @@ def test_a_timer_put_is_invisible_and_cancellable(api_url, queue_name):
             assert [m async for m in queue.scan()] == []
             assert await queue.cancel(timers[0]) is True
             assert await queue.cancel(str(timers[0])) is False
+        finally:
+            await queue.close()
+
+    run(main())
+
+
+def test_a_timer_batch_takes_a_due_time_per_message(api_url, queue_name):
+    async def main():
+        queue = await made(api_url, queue_name)
+        try:
+            # Given one put of three timers, each with its own due time (one pending an hour)
+            now = int(time.time() * 1000)
+            dues = [now + 3_600_000, now + 200, now]
+            timers = await queue.put(
+                [Message("t", b"hour"), Message("t", b"soon"), Message("t", b"now")], 1, deliver_at=dues
+            )
+            assert [t.due for t in timers] == dues
+            # When the two fall due, then they fire in due order, and the third stays cancellable
+            for _ in range(100):
+                fired = [m.value async for m in queue.scan()]
+                if len(fired) == 2:
+                    break
+                await asyncio.sleep(0.05)
+            assert fired == [b"now", b"soon"]
+            assert await queue.cancel(timers[0]) is True
         finally:
             await queue.close()
 

@@ -148,3 +148,95 @@ def test_pending_timers_are_not_listed_through_servers_and_the_error_says_where(
                 queue.timers()
     finally:
         server.stop()
+
+
+def test_a_batch_with_a_due_time_per_message_fires_each_at_its_own_time_in_due_order(make_queue):
+    # Given one put of five timers, each with its own due time, out of order
+    queue = make_queue(partitions=1)
+    now = wall_clock_ms()
+    offsets = [900, 300, 600, 0, 1200]
+    timers = queue.put([Message("t", b"%d" % o) for o in offsets], deliver_at=[now + o for o in offsets])
+    # Then each handle carries its message's due time, and the IDs are the batch's, in its order
+    assert [t.due for t in timers] == [now + o for o in offsets]
+    assert [t.id for t in timers] == sorted(t.id for t in timers)
+    # When they fall due, each fires once, never early, earliest due first
+    fired = wait_for(lambda: (ms := list(queue.scan())) and len(ms) == 5 and ms)
+    time.sleep(0.2)
+    assert [m.value for m in queue.scan()] == [b"0", b"300", b"600", b"900", b"1200"]
+    assert all(m.id.timestamp >= now + int(m.value) for m in fired)
+    # And a cancel takes the handle of one of them
+    (later,) = queue.put([Message("t", b"x")], deliver_at=[now + 3_600_000])
+    assert queue.cancel(later) and not queue.cancel(later)
+
+
+def test_due_times_that_are_not_one_per_message_are_refused_and_write_nothing(make_queue):
+    queue = make_queue(partitions=1)
+    now = wall_clock_ms()
+    with pytest.raises(InvalidArgument, match="2 due times for 3 messages"):
+        queue.put([Message("t", b"x")] * 3, deliver_at=[now, now])
+    with pytest.raises(InvalidArgument, match="due time"):
+        queue.put([Message("t", b"x")] * 2, deliver_at=[now, -5])
+    with pytest.raises(TypeError, match="deliver_at"):
+        queue.put([Message("t", b"x")] * 2, deliver_at=[now, "soon"])
+    time.sleep(0.5)  # due now: had any been written, it would have fired
+    assert list(queue.scan()) == []
+
+
+def test_a_timer_put_below_the_floor_while_a_pass_fires_still_fires(tmp_path):
+    # Given an embedded store whose firing loop, in the middle of a pass (its write done,
+    # its floor not yet moved past now), hears of a timer due an hour ago
+    url = "local://" + str(tmp_path / "data")
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", partitions=1)
+    with HQueue("q", url) as queue:
+        late: list[Timer] = []
+
+        def put_one_in_the_past(name: str, pid: int) -> None:
+            if not late:
+                late.extend(queue.put(Message("t", b"late"), 0, deliver_at=wall_clock_ms() - 3_600_000))
+
+        queue.engine.events.on_write(put_one_in_the_past)
+        # When the first timer fires (and the pass ends with its floor at now + 1)
+        queue.put(Message("t", b"first"), 0, delay=0.1)
+        # Then the one put meanwhile fires too: the pass did not move the floor above it
+        assert wait_for(lambda: sorted(m.value for m in queue.scan()) == [b"first", b"late"], timeout=10)
+
+
+def test_a_restart_fires_what_fell_due_while_down_in_due_order_then_keeps_firing(tmp_path):
+    # Given 2,500 timers due while no process has the store open (over the 1,000 a pass fires),
+    # and one due later
+    url = "local://" + str(tmp_path / "data")
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", partitions=1)
+    now = wall_clock_ms()
+    with HQueue("q", url) as queue:
+        dues = [now + 400 + (i * 7919) % 2500 for i in range(2500)]  # shuffled, 0.4-2.9 s ahead
+        queue.put([Message("t", b"%d" % d) for d in dues], 0, deliver_at=dues)
+        queue.put(Message("t", b"later"), 0, delay=5)
+        assert list(queue.scan()) == []  # closed before any is due
+    time.sleep(max(0.0, (now + 3000 - wall_clock_ms()) / 1000))
+    # When a process opens the store again
+    with HQueue("q", url) as queue:
+        # Then every one that came due fires, once, in due order, and the later one fires at its time
+        fired = wait_for(lambda: (ms := list(queue.scan())) and len(ms) == 2501 and ms, timeout=20)
+        assert [m.value for m in fired[:2500]] == [b"%d" % d for d in sorted(dues)]
+        assert fired[-1].value == b"later"
+        time.sleep(0.2)
+        assert len(list(queue.scan())) == 2501
+
+
+def test_timers_due_together_on_every_partition_of_a_sync_wal_queue_each_fire_once(make_queue):
+    # Given a SYNC_WAL queue (whose due partitions fire side by side, sharing fsyncs),
+    # 200 timers on each of its 8 partitions, all due in the same millisecond
+    queue = make_queue(partitions=8, durability="SYNC_WAL")
+    due = wall_clock_ms() + 400
+    for pid in range(8):
+        queue.put([Message("t", b"%d-%03d" % (pid, i)) for i in range(200)], pid, deliver_at=due)
+    # When they fall due, then each fires once, on its own partition, in order within it
+    wait_for(lambda: len(list(queue.scan())) == 1600)
+    time.sleep(0.3)
+    fired = list(queue.scan())
+    assert len(fired) == 1600 and min(m.id.timestamp for m in fired) >= due
+    for pid in range(8):
+        mine = [m.value for m in fired if m.partition_id == pid]
+        assert mine == [b"%d-%03d" % (pid, i) for i in range(200)]

@@ -18,7 +18,7 @@ from hqueue.aio import AsyncHQueue, AsyncHQueueAdmin
 from hqueue.auth import AuthPolicy
 from hqueue.server import HQueueServer
 
-from ..processes import server_certificate
+from ..processes import ServerProcess, server_certificate
 from .test_hardening import ADMIN, AUTH_FILE, CRAWLER
 
 TIMEOUT = 1.0
@@ -87,3 +87,31 @@ def test_tokens_and_tls_as_the_blocking_client(tmp_path):
         asyncio.run(main())
     finally:
         server.stop()
+
+
+def test_an_awaited_scan_goes_on_through_a_server_restart(tmp_path):
+    proc = ServerProcess(f"local://{tmp_path}/data", tmp_path)
+    url = f"hqueue://{proc.address}"
+    try:
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("q", 2)
+
+        async def main():
+            async with AsyncHQueue("q", url) as queue:
+                put = [(p, i) for p in (0, 1) for i in await queue.put([Message("t", b"x")] * 50, partition_id=p)]
+                # Given a scan of both partitions, part read
+                scanner = queue.scan(caching=7)
+                first = [await scanner.__anext__() for _ in range(20)]
+                # When the server is killed and comes back on its port
+                await asyncio.to_thread(proc.kill)
+                await asyncio.to_thread(proc.start)
+                rest = [m async for m in scanner]
+            return put, first + rest
+
+        put, read = asyncio.run(main())
+        # Then the scan went on from where each partition was: every message once, in ID order
+        pairs = [(m.partition_id, m.id) for m in read]
+        assert len(pairs) == len(put) and set(pairs) == set(put)
+        assert [i for _, i in pairs] == sorted(i for _, i in pairs)
+    finally:
+        proc.kill()

@@ -431,3 +431,32 @@ def test_a_truncate_counts_lag_afresh(server):
         with HQueueAdmin(url) as admin:
             admin.truncate_queue("q")
         wait_for(lambda: scrape(server).get(key) == 0, 10, "no lag after the truncate")
+
+
+def test_silent_connections_holding_every_slot_do_not_keep_a_scrape_out(tmp_path):
+    from hqueue.metrics.endpoint import MAX_CLIENTS
+
+    # Given a server with a metrics token, and three times as many connections as it serves
+    # at once opened and left silent (each would be held until its 5 s deadline)
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, metrics_port=0, metrics_token=METRICS_TOKEN).start()
+    silent = [socket.create_connection(("127.0.0.1", server.metrics_port)) for _ in range(3 * MAX_CLIENTS)]
+    try:
+        # When Prometheus scrapes, again and again
+        answers = [get(server.metrics_port, METRICS_TOKEN)[0] for _ in range(MAX_CLIENTS + 2)]
+        # Then every scrape is answered: a silent connection was closed to make room each time
+        assert answers == [200] * (MAX_CLIENTS + 2)
+
+        def closed(connection: socket.socket) -> bool:
+            connection.settimeout(0.1)
+            try:
+                return connection.recv(1) == b""
+            except TimeoutError:
+                return False
+            except OSError:
+                return True
+
+        assert sum(map(closed, silent)) >= MAX_CLIENTS
+    finally:
+        for connection in silent:
+            connection.close()
+        server.stop()

@@ -10,7 +10,7 @@ from thriftpy2.protocol import TBinaryProtocolFactory
 from thriftpy2.rpc import make_client
 from thriftpy2.transport import TFramedTransportFactory
 
-from hqueue import HQueue, HQueueAdmin, HQueueError, Message, NoPartitionOwner, QueueInfo
+from hqueue import HQueue, HQueueAdmin, HQueueError, Message, NoPartitionOwner, QueueInfo, Scan
 from hqueue.client.engine import RemoteEngine
 from hqueue.rpc.wire import T
 from hqueue.server import HQueueServer
@@ -226,3 +226,39 @@ def test_a_queue_sharing_the_store_with_a_stopped_server_keeps_its_groups_and_ti
             got = []
             wait_for(lambda: got.extend(member.receive(2, wait=0.5)) or len(got) >= 2, 10, "both messages")
         assert sorted(d.value for d in got) == [b"now", b"soon"]
+
+
+def test_a_scanner_idle_past_the_server_s_timeout_goes_on_where_it_was(server):
+    url = f"hqueue://{server.address}"
+    with HQueue("q", url) as queue:
+        ids = queue.put([Message("t", b"%d" % i) for i in range(35)], partition_id=2)
+        # Given a scan read for one chunk, then left idle past the server's scanner timeout
+        scanner = queue.get_partition_scanner(2, Scan(), caching=10)
+        first = [scanner.next() for _ in range(10)]
+        wait_for(lambda: len(server.scanners) == 0, 10, "the server to close the idle scanner")
+        # When it reads on
+        rest = list(scanner)
+    # Then it opened another after the last message it handed out: none twice, none missed
+    assert [m.id for m in first + rest] == ids  # type: ignore[union-attr]
+
+
+def test_a_scan_goes_on_through_a_server_restart(tmp_path):
+    proc = ServerProcess(f"local://{tmp_path}/data", tmp_path)
+    try:
+        with HQueueAdmin(f"hqueue://{proc.address}") as admin:
+            admin.create_queue("q", 2)
+        with HQueue("q", f"hqueue://{proc.address}") as queue:
+            put = [(p, i) for p in (0, 1) for i in queue.put([Message("t", b"x")] * 50, partition_id=p)]
+            # Given a scan of both partitions, part read
+            scanner = queue.get_queue_scanner(Scan(), caching=7)
+            first = [scanner.next() for _ in range(20)]
+            # When the server is killed and comes back on its port
+            proc.kill()
+            proc.start()
+            rest = list(scanner)
+        # Then the scan went on from where each partition was: every message once, in ID order
+        read = [(m.partition_id, m.id) for m in first + rest]  # type: ignore[union-attr]
+        assert len(read) == len(put) and set(read) == set(put)
+        assert [i for _, i in read] == sorted(i for _, i in read)
+    finally:
+        proc.kill()

@@ -221,6 +221,27 @@ def test_metadata_batches_put_and_delete_together(storage, queue):
     assert storage.list_meta("g/q/") == {"g/q/b": b""}
 
 
+def test_what_is_written_right_after_its_delete_stays(storage, queue_name):
+    # HBase's delete marker hides a later put stamped in the same millisecond: each
+    # round here deletes and writes again at once, many times within one millisecond
+    for round_ in range(50):
+        storage.put_meta("again/k", b"%d" % round_)
+        storage.delete_meta("again/k")
+        storage.put_meta("again/k", b"again %d" % round_)
+        assert storage.get_meta("again/k") == b"again %d" % round_
+        storage.write_meta({"again/b": b"1"}, [])
+        storage.write_meta({}, ["again/b"])
+        storage.write_meta({"again/b": b"2 %d" % round_}, [])
+        assert storage.get_meta("again/b") == b"2 %d" % round_
+    for _ in range(5):
+        storage.create_queue(QueueInfo(queue_name, 2))
+        storage.delete_queue(queue_name)
+        storage.create_queue(QueueInfo(queue_name, 3))
+        assert storage.get_queue(queue_name).partitions == 3
+        assert [q.name for q in storage.list_queues()] == [queue_name]
+        storage.delete_queue(queue_name)
+
+
 def test_cells_are_written_and_deleted_in_one_write(storage, queue):
     storage.write(queue, [cell(1, 1), cell(1, 2)], Durability.SYNC_WAL)
     storage.write(queue, [cell(1, 3)], Durability.SYNC_WAL, deletes=[cell(1, 1)[0], cell(1, 9)[0]])

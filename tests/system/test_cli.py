@@ -236,8 +236,8 @@ def test_a_store_held_by_hqueue_server_names_the_flag_and_the_way_out(tmp_path):
     url = f"local://{tmp_path}/data"
     with HQueueAdmin(url) as admin:
         admin.create_queue("q", 1)
-    # Given `hqueue server` holding the store (it serves TCP, not the store's socket)
-    server_args = ["--url", url, "server", "--port", "0"]
+    # Given `hqueue server` holding the store, serving TCP and not the store's socket
+    server_args = ["--url", url, "server", "--port", "0", "--no-local-socket"]
     holder = subprocess.Popen([sys.executable, "-m", "hqueue.cli", *server_args], cwd=ROOT, env=python_env())
     try:
         runner = CliRunner()
@@ -249,7 +249,7 @@ def test_a_store_held_by_hqueue_server_names_the_flag_and_the_way_out(tmp_path):
         assert "--url hqueue://127.0.0.1:9700" in result.output
         assert f"hqueue server --storage {url}" in result.output
         assert "url='" not in result.output and "Traceback" not in result.output
-        assert f"(pid {holder.pid}: hqueue --url {url} server --port 0)" in result.output  # Linux: /proc/locks
+        assert f"(pid {holder.pid}: hqueue --url {url} server --port 0" in result.output  # Linux: /proc/locks
         server = runner.invoke(main, server_args)
         assert server.exit_code == 1 and "stop that process first" in server.output
         # And the Python API keeps its Python hint

@@ -192,7 +192,8 @@ def test_replaying_the_dead_letters_dry_run_then_for_real(served, browser, workd
             refunds.dead_letter(refunds.receive(1, wait=5))
     browser.get(url + "/queues/orders/dlq")
     browser.find_element(By.CSS_SELECTOR, "#replay button").click()
-    assert browser.find_element(By.ID, "dry-count").text == "1"
+    (count,) = wait_for(lambda: browser.find_elements(By.ID, "dry-count"), 10, "the dry run's page")
+    assert count.text == "1"
     dry_run = browser.find_element(By.ID, "dry-run").text
     assert "refund 1" in dry_run and "group refunds" in dry_run
     shot(browser, workdir, "dlq-dry-run")

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import collections
 import os
-import signal
 import subprocess
 import sys
-import threading
 
 import pytest
 
@@ -23,33 +21,7 @@ from hqueue import HQueue, HQueueAdmin
 from hqueue.sharing import SOCKET_NAME
 from hqueue.storage.lockholder import lock_holder
 
-from ..processes import ROOT, python_env, wait_for
-
-
-class Proc:
-    """A process whose output lines are read as they come."""
-
-    def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, *args], cwd=ROOT, env=python_env(), stdout=subprocess.PIPE, text=True, bufsize=1
-        )
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:  # type: ignore[union-attr]
-            if line.endswith("\n"):  # the text after the last newline was cut by a kill
-                self.lines.append(line[:-1])
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=30)
-        self._reader.join(timeout=30)
+from ..processes import ROOT, Proc, python_env, wait_for
 
 
 def _writer(data: str) -> Proc:

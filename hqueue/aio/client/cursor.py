@@ -2,30 +2,50 @@
 
 As :class:`~hqueue.client.cursor.RemoteCursor`: the server binds the scanner to
 the connection that opened it, so the cursor keeps one connection until it is
-closed; opening it is one call with one deadline, and so is each fetch. A fetch
-cancelled mid-way drops the connection (the server frees the scanner with it).
+closed; opening it is one call with one deadline, and so is each fetch; a
+scanner lost (its connection broke: the server restarted; or the server no
+longer has it) is opened again after the last message handed out, until the
+call's deadline. A fetch cancelled mid-way drops the connection (the server
+frees the scanner with it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from thriftpy2.thrift import TException
 from thriftpy2.transport import TTransportException
 
-from ...errors import HQueueError, ServerUnavailable
+from ...errors import HQueueError, InvalidArgument, ServerUnavailable
 from ...message import Message, messages_from_columns
 from ...rpc import packed, wire
 from ...scanner import Scan
 from .transport import AsyncConnection, AsyncPool, NotSentError
 
+logger = logging.getLogger(__name__)
+
+#: Seconds between two tries to open a lost scanner again (doubling up to ``_MAX_DELAY``).
+_FIRST_DELAY, _MAX_DELAY = 0.01, 0.25
+
+
+class _Lost(Exception):
+    """The scanner is gone with its connection, or the server no longer has it."""
+
+    def __init__(self, cause: BaseException, sent: bool = True) -> None:
+        super().__init__(str(cause))
+        self.cause, self.sent = cause, sent
+
 
 class AsyncRemoteCursor:
-    def __init__(self, engine: Any, queue: str, partition_id: int, caching: int) -> None:
+    def __init__(self, engine: Any, queue: str, partition_id: int, scan: Scan, caching: int) -> None:
         self.engine, self.queue, self.partition_id = engine, queue, partition_id
         self.caching = min(caching, wire.MAX_SCAN_BATCH)
+        #: What is left to read: the scan, after the last message handed out.
+        self._scan: Scan | None = scan
         self.done = True
         self.server = ""
         self.scanner_id = -1
@@ -34,45 +54,84 @@ class AsyncRemoteCursor:
 
     @classmethod
     async def open(cls, engine: Any, queue: str, partition_id: int, scan: Scan, caching: int) -> AsyncRemoteCursor:
-        cursor = cls(engine, queue, partition_id, caching)
+        cursor = cls(engine, queue, partition_id, scan, caching)
         with engine.deadline() as deadline:
             # Any server can serve a scan (the store is shared); prefer the owner.
             cursor.server = (await engine.locations(queue))[partition_id] or random.choice(engine._seeds)
-            cursor._pool = engine.pool(cursor.server)
-            try:
-                async with asyncio.timeout_at(deadline):
-                    cursor._connection = await cursor._pool.take()
-            except NotSentError as e:
-                raise engine._unavailable(cursor.server, "messageScannerOpen", e.cause) from e.cause
-            except TimeoutError as e:
-                raise engine._unavailable(cursor.server, "messageScannerOpen", e) from e
-            except TException as e:  # the token was refused
-                raise wire.from_thrift_error(e, queue) from e
             cursor.done = False
             try:
-                cursor.scanner_id = await cursor._call("messageScannerOpen", queue, partition_id, wire.to_tscan(scan))
+                await cursor._retrying(deadline, "messageScannerOpen", None)
             except BaseException:
                 cursor.done = True
                 cursor._release(broken=True)
                 raise
         return cursor
 
-    async def _call(self, method: str, *args: Any) -> Any:
-        if self._connection is None:
-            raise ServerUnavailable(f"hqueue server {self.server}: the scanner's connection broke")
-        with self.engine.deadline() as deadline:
+    async def _retrying(self, deadline: float, method: str, call: Callable[[], Awaitable[Any]] | None) -> Any:
+        """``call()`` on an open scanner, opening one first where there is none; a lost
+        scanner is opened again, until ``deadline``."""
+        loop, delay = asyncio.get_running_loop(), _FIRST_DELAY
+        while True:
             try:
                 async with asyncio.timeout_at(deadline):
-                    return await self._connection.call(method, *args)
-            except (TTransportException, OSError) as e:
+                    if self._connection is None:
+                        await self._open()
+                    return None if call is None else await call()
+            except _Lost as lost:
+                self._release(broken=not isinstance(lost.cause, InvalidArgument))
+                never_opened = self.scanner_id == -1 and not lost.sent  # no server there: as any call, at once
+                if never_opened or loop.time() + delay >= deadline:
+                    raise self.engine._unavailable(self.server, method, lost.cause, lost.sent) from lost.cause
+                logger.info("scanner of %s/%d lost (%s); opening another", self.queue, self.partition_id, lost)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _MAX_DELAY)
+                await self._find_server()
+            except TimeoutError as e:
                 self._release(broken=True)
                 raise self.engine._unavailable(self.server, method, e, sent=True) from e
-            except TException as e:
-                raise wire.from_thrift_error(e, self.queue) from e
+            except HQueueError:  # a typed answer: the connection is fine
+                raise
             except BaseException:  # cancelled mid-call
                 self.done = True
                 self._release(broken=True)
                 raise
+
+    async def _open(self) -> None:
+        """A connection, and a scanner on it over what is left of the scan."""
+        self._pool = self.engine.pool(self.server)
+        try:
+            self._connection = await self._pool.take()
+        except NotSentError as e:
+            raise _Lost(e.cause, sent=False) from e.cause
+        except TException as e:  # the token was refused
+            raise wire.from_thrift_error(e, self.queue) from e
+        assert self._scan is not None
+        self.scanner_id = await self._call(
+            "messageScannerOpen", self.queue, self.partition_id, wire.to_tscan(self._scan)
+        )
+
+    async def _find_server(self) -> None:
+        """Where the next scanner goes: the partition's owner now, else any server."""
+        try:
+            self.server = (await self.engine.locations(self.queue, fresh=True))[self.partition_id] or self.server
+        except HQueueError:
+            self.server = random.choice(self.engine._seeds)
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        """One call on the scanner's connection; _Lost if the scanner is gone."""
+        if self._connection is None:
+            raise _Lost(ServerUnavailable(f"hqueue server {self.server}: the scanner's connection broke"))
+        try:
+            return await self._connection.call(method, *args)
+        except (TTransportException, OSError) as e:
+            if isinstance(e, TimeoutError):
+                raise
+            raise _Lost(e) from e
+        except TException as e:
+            error = wire.from_thrift_error(e, self.queue)
+            if isinstance(error, InvalidArgument) and wire.SCANNER_GONE in str(error):
+                raise _Lost(error) from e
+            raise error from e
 
     def _release(self, broken: bool = False) -> None:
         connection, self._connection = self._connection, None
@@ -83,10 +142,16 @@ class AsyncRemoteCursor:
         return messages_from_columns(*await self.fetch_columns())
 
     async def fetch_columns(self) -> tuple[list[bytes], list[bytes]]:
-        blob = await self._call("messageScannerGetPacked", self.scanner_id, self.caching)
+        async def take() -> bytes:
+            return await self._call("messageScannerGetPacked", self.scanner_id, self.caching)
+
+        with self.engine.deadline() as deadline:
+            blob = await self._retrying(deadline, "messageScannerGetPacked", take)
         keys, values = packed.unpack(blob)
+        if keys and self._scan is not None:
+            self._scan = self._scan.after(keys[-1])
         # A short reply is the end, unless the server cut it at its byte limit.
-        if len(keys) < self.caching and packed.payload_bytes(blob) < wire.SCAN_REPLY_BYTES:
+        if (len(keys) < self.caching and packed.payload_bytes(blob) < wire.SCAN_REPLY_BYTES) or self._scan is None:
             await self.close()
         return keys, values
 
@@ -94,9 +159,15 @@ class AsyncRemoteCursor:
         if not self.done:
             self.done = True
             try:
-                await self._call("messageScannerClose", self.scanner_id)
-            except HQueueError:
-                pass  # gone already (idle timeout, restart), or stalled: its connection is dropped
+                with self.engine.deadline() as deadline:
+                    async with asyncio.timeout_at(deadline):
+                        await self._call("messageScannerClose", self.scanner_id)
+            except (_Lost, HQueueError, TimeoutError):
+                self._release(broken=True)  # gone already (idle timeout, restart), or stalled: its connection drops
+                return
+            except BaseException:
+                self._release(broken=True)
+                raise
         self._release()
 
     def abandon(self) -> None:

@@ -36,7 +36,7 @@ from ...errors import (
     ServerUnavailable,
 )
 from ...ids import consecutive
-from ...keys.timers import Timer
+from ...keys.timers import Timer, check_dues, timer_handles
 from ...message import Message, MessageID
 from ...rpc import packed, wire
 from ...rpc.failures import explain
@@ -225,13 +225,16 @@ class AsyncRemoteEngine:
             )
         return consecutive(wire.from_tid(result.firstID), result.count)
 
-    async def schedule(self, name: str, messages: Sequence[Message], partition_id: int, due: int) -> list[Timer]:
+    async def schedule(
+        self, name: str, messages: Sequence[Message], partition_id: int, due: int | Sequence[int]
+    ) -> list[Timer]:
         with self.deadline():
             topics, values = message_columns(await self.enabled_queue(name), messages)
-            blob = packed.pack(topics, values)
+            blob, due = packed.pack(topics, values), check_dues(due, len(topics))
             what = f"timer put of {len(topics)} message(s)"
-            result = await self.owner_call(name, partition_id, what, "scheduleTimers", partition_id, blob, due)
-        return [Timer(partition_id, due, i) for i in consecutive(wire.from_tid(result.firstID), result.count)]
+            args = packed.timer_call_args(partition_id, blob, due)
+            result = await self.owner_call(name, partition_id, what, "scheduleTimers", *args)
+        return timer_handles(partition_id, due, consecutive(wire.from_tid(result.firstID), result.count))
 
     async def cancel_timer(self, name: str, timer: Timer) -> bool:
         return await self.owner_call(name, timer.partition_id, "cancel", "cancelTimer", wire.to_ttimer(timer))

@@ -29,6 +29,12 @@ What HBase's Thrift1 API can and cannot do, and what this backend does:
 * Truncate: with ``admin=``, Thrift2 ``truncateTable(preserveSplits=true)``;
   Thrift1 has no truncate, so without it the table is disabled, deleted and
   created again with the same families (the info and ID floor are kept).
+* Deletes and puts of one key: HBase's delete marker hides every version
+  stamped at or before it, a put that comes later in the same millisecond
+  of HBase's clock included. Message and timer cells are never written
+  again once deleted; metadata keys may be (a queue dropped and created
+  again, a subscription unregistered and registered), so a metadata delete
+  waits ``DELETE_SETTLE`` (1.5 ms) once HBase acknowledged it.
 * Counting: no cheap count exists over Thrift; ``estimate_count`` is None.
 * TTL: HBase hides and drops expired cells itself. What it cannot do is
   keep IDs from going back (SPEC C2): once a partition's last rows expire,

@@ -36,6 +36,13 @@ _FLOOR_COLUMN = b"q:floor"
 #: new owner's first IDs may be this far ahead of the clock.
 RESERVE_MS = 500
 _TAKE_TRIES = 100
+#: Seconds a metadata delete waits once HBase acknowledged it. HBase stamps the delete
+#: with its clock's millisecond and its marker hides every version stamped at or before
+#: it, a put that comes later included: a key deleted and written again within the same
+#: millisecond (a queue dropped and created again, a subscription unregistered and
+#: registered) would be lost. Past this wait, HBase's clock has moved on for any put
+#: that follows the delete, from this process or any other.
+DELETE_SETTLE = 0.0015
 
 
 def _fence_row(queue: str, partition_id: int) -> bytes:

@@ -4,6 +4,7 @@ a write, and undo a refused write's own cells."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -15,7 +16,17 @@ from ...errors import Fenced, StorageError
 from ...keys.timers import is_high_water
 from ..base import Cell
 from ..fence import Epoch, Fence, Token, next_epoch
-from .cells import _EPOCH_COLUMN, _FLOOR_COLUMN, _KV_COLUMN, _KV_ROW, _TAKE_TRIES, RESERVE_MS, _cell_deletes, _fence_row
+from .cells import (
+    _EPOCH_COLUMN,
+    _FLOOR_COLUMN,
+    _KV_COLUMN,
+    _KV_ROW,
+    _TAKE_TRIES,
+    DELETE_SETTLE,
+    RESERVE_MS,
+    _cell_deletes,
+    _fence_row,
+)
 
 
 class FencedWrites:
@@ -95,6 +106,7 @@ class FencedWrites:
             BatchMutation((_KV_ROW + key).encode(), [Mutation(isDelete=True, column=_KV_COLUMN, writeToWAL=wal)])
             for key in deletes
         ]
+        deleting = bool(removals)
         if fence is None:
             batch, removals = batch + removals, []
         if not (batch or removals or fence):
@@ -106,3 +118,5 @@ class FencedWrites:
                 self._verify(connection, fence)
             if removals:
                 connection.client.mutateRows(self._meta_table, removals, {})
+        if deleting:
+            time.sleep(DELETE_SETTLE)  # a put that follows must not fall under the deletes' markers

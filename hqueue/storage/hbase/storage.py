@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from urllib.parse import parse_qs, urlsplit
@@ -27,6 +28,7 @@ from .cells import (
     _KV_ROW,
     _META_COLUMN,
     _META_FAMILY,
+    DELETE_SETTLE,
     FAMILY,
     HOUSEKEEPING_INTERVAL,
     MIN_HOUSEKEEPING_INTERVAL,
@@ -231,6 +233,7 @@ class HBaseStorage(FencedWrites, Storage):
                     connection.client.disableTable(table)
                 connection.client.deleteTable(table)
             connection.table(self._meta_table).delete(name.encode())
+        time.sleep(DELETE_SETTLE)  # a create that follows must not fall under the delete's marker
 
     def truncate_queue(self, name: str) -> None:
         info = self.get_queue(name)
@@ -352,6 +355,7 @@ class HBaseStorage(FencedWrites, Storage):
     def delete_meta(self, key: str) -> None:
         with self._connection(f"delete {key!r}") as connection:
             connection.table(self._meta_table).delete((_KV_ROW + key).encode(), columns=[_KV_COLUMN])
+        time.sleep(DELETE_SETTLE)  # a put that follows must not fall under the delete's marker
 
     def list_meta(self, prefix: str) -> dict[str, bytes]:
         def read(connection):

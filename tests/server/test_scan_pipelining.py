@@ -1,0 +1,50 @@
+"""A remote scan asks for its next batch before it hands out the one it has (client/cursor.py).
+
+Against a real server: the messages come in order, each once, whether the
+scan runs to its end or is left part-way with a request still on the wire;
+the connection it gives back to the pool carries no stray answer.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hqueue import HQueue, HQueueAdmin, Message
+from hqueue.server import HQueueServer
+
+
+@pytest.fixture
+def url(tmp_path):
+    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
+    url = f"hqueue://{server.address}"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 1)
+    with HQueue("q", url) as queue:
+        for n in range(11):
+            queue.put([Message("t", b"%d-%d" % (n, i)) for i in range(500)], partition_id=0)
+    yield url
+    server.stop()
+
+
+EXPECTED = [b"%d-%d" % (n, i) for n in range(11) for i in range(500)]
+
+
+def test_a_pipelined_scan_hands_out_every_message_once_in_order(url):
+    with HQueue("q", url) as queue:
+        with queue.get_partition_scanner(0, caching=1000) as scanner:
+            assert [m.value for m in scanner] == EXPECTED
+        assert [v for batch in queue.scan_batches(partition_id=0, batch_size=700) for v in batch.values] == EXPECTED
+
+
+def test_a_scan_left_with_a_request_ahead_gives_back_a_clean_connection(url):
+    with HQueue("q", url) as queue:
+        for _ in range(5):
+            # When a scan is left after its first full batch (the next one already asked for)
+            with queue.get_partition_scanner(0, caching=1000) as scanner:
+                first = [next(scanner).value for _ in range(1000)]
+            assert first == EXPECTED[:1000]
+            # Then the pooled connection it gave back answers the next calls, not the old request
+            assert queue.partitions == 1
+            assert [m.value for m in queue.scan(limit=3)] == EXPECTED[:3]
+        with queue.get_partition_scanner(0, caching=1000) as scanner:
+            assert [m.value for m in scanner] == EXPECTED

@@ -1,0 +1,179 @@
+"""``hqueue server`` on a ``local://`` store serves it to local processes too (hqueue/sharing.py).
+
+* A second local process opening ``local://`` the directory becomes the
+  server's client over the store's Unix socket, at once (no StorageLocked),
+  while remote clients use TCP as before.
+* With an auth file, TCP needs a token; the socket needs none: who may
+  connect there is decided by the socket file's permissions (another user
+  is refused by the kernel).
+* When the server stops, the next local process to make a call takes the
+  store over; ``--no-local-socket`` keeps the old refusal.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import socket
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from hqueue import HQueue, HQueueAdmin, Message, NotAuthorized, StorageLocked, sharing
+from hqueue.server import HQueueServer
+from hqueue.sharing import SOCKET_NAME, StoreClient
+
+from ..processes import ROOT, ServerProcess, python_env
+
+TOKEN = "ops-secret-0123456789abc"
+AUTH_FILE = f'[tokens.ops]\nsecret = "{TOKEN}"\nadmin = ["*"]\n'
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def _hqueue(*args: str) -> subprocess.CompletedProcess:
+    """The hqueue command in a process of its own."""
+    return subprocess.run(
+        [sys.executable, "-m", "hqueue.cli", *args], cwd=ROOT, env=python_env(), capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def served(tmp_path):
+    """``hqueue server`` with an auth file on a local store, its queue ``q`` made over TCP."""
+    (tmp_path / "auth.toml").write_text(AUTH_FILE)
+    data = tmp_path / "data"
+    server = ServerProcess(f"local://{data}", tmp_path, extra_args=("--auth-file", str(tmp_path / "auth.toml")))
+    with HQueueAdmin(f"hqueue://{TOKEN}@{server.address}") as admin:
+        admin.create_queue("q", 2)
+    yield server, str(data)
+    server.kill()
+
+
+def test_a_local_process_opening_a_store_hqueue_server_holds_becomes_its_client(served):
+    server, data = served
+    # Given hqueue server holding local://DATA (with an auth file)
+    # When this process opens the same local:// URL
+    with HQueue("q", data_dir=data) as queue:
+        # Then it is the server's client over the store's socket, at once, with no token
+        assert isinstance(queue.engine, StoreClient)
+        ids = queue.put([Message("t", b"local-%d" % i) for i in range(5)], partition_id=1)
+        assert [m.value for m in queue.scan()] == [b"local-%d" % i for i in range(5)]
+    # And TCP clients see the same store, with their token; without one they are refused
+    with HQueue("q", f"hqueue://{TOKEN}@{server.address}") as remote:
+        assert [m.id for m in remote.scan()] == ids
+    with pytest.raises(NotAuthorized), HQueue("q", f"hqueue://{server.address}") as remote:
+        remote.put(Message("t", b"x"))
+    # And the socket is the server owner's alone
+    socket_file = os.path.join(data, SOCKET_NAME)
+    assert stat.S_ISSOCK(os.stat(socket_file).st_mode) and oct(os.stat(socket_file).st_mode & 0o777) == "0o600"
+    # And the command line works on local:// while the server runs
+    listed = _hqueue("--url", f"local://{data}", "scan", "q")
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.count("local-") == 5
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists(SYSTEM_PYTHON), reason="needs root and " + SYSTEM_PYTHON)
+def test_another_user_cannot_connect_to_the_socket(served):
+    server, data = served
+    # Given a directory others may enter (the socket's own mode is what keeps them out)
+    os.chmod(os.path.dirname(data), 0o755)
+    os.chmod(data, 0o755)
+    # When another user connects to the socket (this venv's Python may be out of its reach: the system's)
+    code = f"import socket; s = socket.socket(socket.AF_UNIX); s.connect({os.path.join(data, SOCKET_NAME)!r})"
+    nobody = pwd.getpwnam("nobody")
+    raw = subprocess.run([SYSTEM_PYTHON, "-c", code], capture_output=True, text=True, timeout=60,
+                         preexec_fn=lambda: (os.setgid(nobody.pw_gid), os.setuid(nobody.pw_uid)))  # fmt: skip
+    # Then the kernel refuses it, and nothing was written
+    assert "PermissionError" in raw.stderr, raw.stderr
+    with HQueue("q", f"hqueue://{TOKEN}@{server.address}") as remote:
+        assert list(remote.scan()) == []
+
+
+def test_when_the_server_stops_a_local_client_takes_the_store_over(served):
+    server, data = served
+    with HQueue("q", data_dir=data) as queue:
+        first = queue.put(Message("t", b"before"), partition_id=0)
+        # When the server stops (SIGTERM: it drains, removes its socket, lets the store go)
+        assert server.terminate() == 0
+        assert not os.path.exists(os.path.join(data, SOCKET_NAME)) or os.path.exists(os.path.join(data, "LOCK"))
+        # Then this process's next call takes the store over, IDs going on from the server's
+        second = queue.put(Message("t", b"after"), partition_id=0)
+        assert second > first
+        assert [m.value for m in queue.scan()] == [b"before", b"after"]
+
+
+def test_no_local_socket_keeps_the_store_to_the_server(tmp_path, monkeypatch):
+    data = tmp_path / "data"
+    server = ServerProcess(f"local://{data}", tmp_path, extra_args=("--no-local-socket",))
+    try:
+        # Given hqueue server --no-local-socket on the store: no socket
+        assert not os.path.exists(data / SOCKET_NAME)
+        # Then another process is refused (after a moment's wait for a socket; the CLI's words: test_cli.py)
+        monkeypatch.setattr(sharing, "STARTUP_WAIT", 0.2)
+        with pytest.raises(StorageLocked, match="--no-local-socket"):
+            HQueueAdmin(data_dir=str(data))
+    finally:
+        server.kill()
+
+
+def test_an_in_process_server_hands_the_socket_on_to_the_store_s_other_handles(tmp_path):
+    data = str(tmp_path / "data")
+    # Given an hqueue server in this process on a local store, and an HQueueAdmin on it too
+    server = HQueueServer(f"local://{data}", port=0).start()
+    assert server.local_socket == os.path.join(data, SOCKET_NAME)
+    with HQueueAdmin(data_dir=data) as admin:
+        admin.create_queue("q", 1)
+        # When the server stops while the admin keeps the store open here
+        server.stop()
+        # Then this process still serves the store to another process
+        other = _hqueue("--url", f"local://{data}", "list")
+        assert other.returncode == 0 and "q" in other.stdout, other.stderr
+
+
+def test_both_ends_of_a_socket_connection_send_a_put_s_frame_in_one_message(tmp_path):
+    # Given a server on a local store, and a client of its socket
+    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
+    try:
+        assert server.local_socket is not None
+        client = StoreClient(f"local://{tmp_path}/data")
+        try:
+            client.list_queues()
+            pool = client._pool("")
+            connection = pool.take()
+            pool.give_back(connection)
+            # Then each end's send buffer holds a put of 1,000 100-byte messages (130 KB) whole: Linux's
+            # default (208 KiB) sends at most half its size at once (bench/shared.py measures the cost)
+            sent = [connection.socket.sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)]  # type: ignore[union-attr]
+            sent += [s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) for _, s in server._server._open.values()]
+            assert len(sent) == 2 and min(sent) >= 2 * 212992, sent
+        finally:
+            client.release()
+    finally:
+        server.stop()
+
+
+def test_services_replaced_on_a_store_stop_hearing_its_writes(tmp_path):
+    # Given a store this process opened (its own services), then served (the server's replace them)
+    with HQueueAdmin(data_dir=str(tmp_path / "data")) as admin:
+        events = admin.engine.events  # type: ignore[attr-defined]
+        # Then only the services at work hear the engine: one group service, one timer loop
+        assert [f.__qualname__ for f in events._written].count("GroupService._on_write") == 1
+        assert [f.__qualname__ for f in events._scheduled] == ["TimerService.scheduled"]
+        assert [f.__qualname__ for f in events._dropped] == ["GroupService.forget"]
+
+
+def test_the_socket_is_never_open_to_others_even_under_a_permissive_umask(tmp_path):
+    # Given a process whose umask lets others write (0), binding the store's socket
+    code = (
+        "import os, sys\nfrom hqueue.rpc.unix import unix_listener\nos.umask(0)\n"
+        "unix_listener(sys.argv[1], 1, 0o600)\nprint(oct(os.stat(sys.argv[1]).st_mode & 0o777))"
+    )
+    made = subprocess.run([sys.executable, "-c", code, str(tmp_path / "s.sock")], cwd=ROOT, env=python_env(),
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    # Then the file is made 0600 by bind itself: no moment when another user could connect before a chmod
+    assert made.stdout.strip() == "0o600", made.stderr

@@ -1,0 +1,173 @@
+"""What a shared embedded store's clients keep when its serving process is killed (hqueue/sharing.py).
+
+Real processes, real kill -9 of the process that serves the store; the
+next process to make a call takes the store over.
+
+* A scan open in a client goes on from the last message it returned.
+* Timers set through clients fire exactly once, in whichever process holds
+  the store when they fall due.
+* A push subscriber and a consumer-group member in surviving client
+  processes keep receiving: every message comes to them, and what comes
+  again is bounded (the subscriber's deliveries since its last checkpoint;
+  the member's messages held unacked at the kill, after their lease).
+"""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from hqueue import HQueue, HQueueAdmin, Message, Scan
+from hqueue.ids import wall_clock_ms
+from hqueue.sharing import StoreClient
+from hqueue.storage.lockholder import lock_holder
+
+from ..processes import Proc, wait_for
+
+#: A process that opens the store, and so serves it, and does nothing else.
+HOLD = (
+    "import sys, time\nfrom hqueue import HQueueAdmin\n"
+    "with HQueueAdmin(data_dir=sys.argv[1]):\n print('HOLDING', flush=True)\n time.sleep(3600)"
+)
+
+
+def _holder(data: str) -> Proc:
+    holder = Proc("-c", HOLD, data)
+    wait_for(lambda: "HOLDING" in holder.lines, 60, "the holder to serve the store")
+    return holder
+
+
+def _serving_pid(data: str) -> int | None:
+    holder = lock_holder(data)
+    return int(holder.split()[1].rstrip(":")) if holder else None
+
+
+@pytest.fixture
+def data(tmp_path):
+    path = str(tmp_path / "data")
+    with HQueueAdmin(data_dir=path) as admin:
+        admin.create_queue("q", 2)
+    return path
+
+
+def test_a_scan_in_a_client_goes_on_when_the_serving_process_is_killed(data):
+    holder = _holder(data)
+    try:
+        with HQueue("q", data_dir=data) as queue:
+            assert isinstance(queue.engine, StoreClient)
+            put = [(p, i) for p in (0, 1) for i in queue.put([Message("t", b"x")] * 300, partition_id=p)]
+            # Given a scan and a scan in batches, each part read, in a client of the store
+            scanner = queue.get_queue_scanner(Scan(), caching=25)
+            first = [scanner.next() for _ in range(100)]
+            batches = queue.scan_batches(batch_size=40)
+            first_batch = next(batches)
+            # When the serving process is killed
+            holder.kill()
+            # Then both go on from the last message they returned (this process takes the store over)
+            rest = list(scanner)
+            batched = [*first_batch.ids, *(i for batch in batches for i in batch.ids)]
+        read = [(m.partition_id, m.id) for m in first + rest]  # type: ignore[union-attr]
+        assert len(read) == len(put) and set(read) == set(put)
+        assert batched == [i for _, i in put]
+    finally:
+        holder.kill()
+
+
+@pytest.mark.slow
+def test_timers_set_through_clients_fire_exactly_once_across_kill_9_of_the_serving_process(data):
+    # Given timer writers on a store another process serves, their timers falling due all along
+    holder = _holder(data)
+    writers = [Proc("-m", "tests.helpers.timer_writer", data, "q") for _ in range(2)]
+    procs = [holder, *writers]
+    try:
+        wait_for(lambda: all(w.lines for w in writers), 60, "the writers at work")
+        for _ in range(3):
+            # When the serving process is killed (the holder first, then a writer that took over)
+            serving = _serving_pid(data)
+            victim = next(p for p in procs if p.pid == serving)
+            marks = [(w, len(w.lines)) for w in writers if w is not victim]
+            victim.kill()
+            if victim in writers:
+                writers.remove(victim)
+                writers.append(Proc("-m", "tests.helpers.timer_writer", data, "q"))
+                procs.append(writers[-1])
+            # Then the others carry on, one of them serving the store
+            wait_for(lambda marks=marks: all(len(w.lines) > m + 10 for w, m in marks), 30, "timer puts to go on")
+            wait_for(lambda gone=serving: _serving_pid(data) not in (None, gone), 30, "another process to serve")
+    finally:
+        for proc in procs:
+            proc.kill()
+    acked = [line for proc in procs[1:] for line in proc.lines]
+    with HQueue("q", data_dir=data) as queue:  # this process fires what is left
+        assert not isinstance(queue.engine, StoreClient)
+        due = wall_clock_ms() + 1100
+        wait_for(lambda: wall_clock_ms() > due and not _pending(queue), 60, "every timer to fire")
+        fired = collections.Counter(m.value.decode() for m in queue.scan())
+    lost = [v for v in acked if v not in fired]
+    assert acked and lost == [], f"{len(lost)} of {len(acked)} acknowledged timers never fired"
+    # A timer put whose connection broke once sent is sent again, as a put is (scheduled at least once):
+    # its whole batch is then there twice. Anything else there twice would be a timer fired twice.
+    batches = collections.Counter(v.rsplit("-", 1)[0] for v in fired)
+    twice = {v.rsplit("-", 1)[0] for v, n in fired.items() if n > 1}
+    fired_twice = [b for b in twice if any(fired[v] != 2 for v in fired if v.rsplit("-", 1)[0] == b)]
+    assert fired_twice == [], f"timers of {len(fired_twice)} batches fired more than once"
+    print(f"\ntimers over 3 takeovers: {len(acked)} acknowledged, 0 lost, {len(twice)} of {len(batches)} "
+          "batches scheduled twice (a put resent after its connection broke)")  # fmt: skip
+
+
+def _pending(queue: HQueue) -> int:
+    engine = queue.engine
+    return sum(len(engine.pending_timers(queue.name, pid, 1)) for pid in range(queue.partitions))  # type: ignore[attr-defined]
+
+
+@pytest.mark.slow
+def test_a_subscriber_and_a_group_member_in_clients_keep_receiving_after_the_serving_process_is_killed(data, tmp_path):
+    holder = _holder(data)
+    received = tmp_path / "pushed.txt"
+    subscriber = Proc("-m", "tests.helpers.subscriber_process", f"local://{data}", "q", "s", str(received))
+    member = Proc("-m", "tests.helpers.group_consumer", f"local://{data}", "q", "g", "2", "0.5")
+    procs = [holder, subscriber, member]
+    try:
+        wait_for(lambda: subscriber.lines and "READY" in member.lines, 60, "the subscriber and the member")
+        with HQueue("q", data_dir=data) as queue:
+            assert isinstance(queue.engine, StoreClient)
+            put = [(p, i) for p in (0, 1) for i in queue.put([Message("t", b"before")] * 50, partition_id=p)]
+            wait_for(lambda: len(_pushed(received)) >= 50, 30, "pushes before the kill")
+            wait_for(lambda: any(line.startswith("R ") for line in member.lines), 30, "the member to hold messages")
+            # When the serving process is killed, with deliveries under way (the member holds what it got
+            # for half a second before its ack)
+            holder.kill()
+            held = len(_member_received(member) - _member_acked(member))
+            # Then this process's puts go on (one of the processes takes the store over)
+            put += [(p, i) for p in (0, 1) for i in queue.put([Message("t", b"after")] * 50, partition_id=p)]
+            # And the subscriber is pushed every message, and the member gets and acks every one
+            everything = {(p, i.timestamp, i.sequence) for p, i in put}
+            wait_for(lambda: everything <= set(_pushed(received)), 60, "every message pushed")
+            wait_for(lambda: everything <= _member_acked(member), 60, "every message acked by the member")
+        for proc in (subscriber, member):
+            assert proc.proc.poll() is None, "a client died with the serving process"
+    finally:
+        for proc in procs:
+            proc.kill()
+    pushed = collections.Counter(_pushed(received))
+    again = sum(n - 1 for n in pushed.values())
+    redelivered = sum(1 for line in member.lines if line.startswith("R ") and line.split()[4] != "1")
+    print(f"\ntakeover: {len(put)} put; pushed again {again}; the member held {held} at the kill, "
+          f"got {redelivered} again")  # fmt: skip
+    assert again <= 100  # at most what was pushed since the last saved checkpoint
+
+
+def _pushed(path) -> list[tuple[int, int, int]]:
+    if not path.exists():
+        return []
+    lines = path.read_text().split("\n")[:-1]
+    return [tuple(map(int, line.split()[:3])) for line in lines]  # type: ignore[misc]
+
+
+def _member_received(member: Proc) -> set[tuple[int, int, int]]:
+    return {tuple(map(int, line.split()[1:4])) for line in member.lines if line.startswith("R ")}  # type: ignore[misc]
+
+
+def _member_acked(member: Proc) -> set[tuple[int, int, int]]:
+    return {tuple(map(int, line.split()[1:4])) for line in member.lines if line.startswith("A ")}  # type: ignore[misc]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -16,8 +17,8 @@ from .config import (
     validate_new_queue_name,
 )
 from .connection import Connected
-from .deadletters import dead_letter_queue
-from .errors import QueueNotFound
+from .deadletters import DeadLetterNote, dead_letter_queue, note_of
+from .errors import InvalidArgument, QueueNotFound
 from .message import Message, MessageID, _as_topic, topics_of_keys
 from .queue import HQueue, TimeLike, as_message_id
 from .scanner import Scan, read_columns
@@ -162,22 +163,48 @@ class HQueueAdmin(Connected):
         in messages (exact: every one is counted) and in milliseconds."""
         return self._server().describe(queue, name)
 
-    def replay_dead_letters(self, queue: str, start: TimeLike = None, stop: TimeLike = None) -> int:
+    def replay_dead_letters(
+        self, queue: str, start: TimeLike = None, stop: TimeLike = None, *, rate: float | None = None
+    ) -> int:
         """Put the messages of ``<queue>.dlq`` in ``[start, stop)`` back on ``queue``
         (same partition, topic and value; new IDs); return how many.
 
         A copy: the dead letters stay until you truncate ``<queue>.dlq``, so a
         failure half-way loses nothing (run it again from where it stopped).
+
+        Args:
+            rate: At most this many messages a second (None: as fast as the
+                store takes them), so a replay does not swamp the queue's consumers.
         """
+        if rate is not None and (not isinstance(rate, (int, float)) or isinstance(rate, bool) or not rate > 0):
+            raise InvalidArgument(f"'rate' must be a number > 0 (messages a second), got {rate!r}")
         engine, dlq = self.engine, dead_letter_queue(queue)
         partitions = engine.enabled_queue(queue).partitions
         scan = Scan(as_message_id(start, "start"), as_message_id(stop, "stop"))
-        copied = 0
+        batch = 1000 if rate is None else max(1, min(1000, int(rate)))
+        copied, began = 0, time.monotonic()
         for pid in range(engine.enabled_queue(dlq).partitions):
-            for keys, values in read_columns(engine, dlq, pid, scan, 1000):
-                messages = list(map(Message, topics_of_keys(keys), values))
-                copied += len(engine.put(queue, messages, pid % partitions))
+            for keys, values in read_columns(engine, dlq, pid, scan, batch):
+                for at in range(0, len(keys), batch):
+                    messages = list(map(Message, topics_of_keys(keys[at : at + batch]), values[at : at + batch]))
+                    if rate is not None:  # the next batch waits until the rate allows it
+                        time.sleep(max(0.0, began + copied / rate - time.monotonic()))
+                    copied += len(engine.put(queue, messages, pid % partitions))
         return copied
+
+    def dead_letters(
+        self, queue: str, start: TimeLike = None, stop: TimeLike = None, *, limit: int = 100
+    ) -> list[tuple[Message, int, DeadLetterNote | None]]:
+        """The first ``limit`` dead letters of ``<queue>.dlq`` in ``[start, stop)``, each with
+        the partition of ``queue`` a replay puts it on, and its note (where it came from, who
+        sent it there, after how many attempts; None where the store is not open here, or
+        for dead letters older than notes)."""
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 10_000:
+            raise InvalidArgument(f"'limit' must be an int in 1..10000, got {limit!r}")
+        partitions = self.engine.enabled_queue(queue).partitions
+        with self.queue(dead_letter_queue(queue)) as dlq:
+            letters = list(dlq.scan(start, stop, limit=limit))
+        return [(m, m.partition_id % partitions, note_of(self.engine, queue, m.partition_id, m.id)) for m in letters]
 
     # -- consumer groups (SPEC X3) -----------------------------------------------------
 

@@ -9,16 +9,36 @@ both use it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+import logging
+from typing import TYPE_CHECKING, NamedTuple
 
 from .config import DEAD_LETTER_SUFFIX, QueueInfo, validate_queue_name
-from .errors import InvalidQueueName, QueueExists, QueueNotFound
+from .errors import HQueueError, InvalidQueueName, QueueExists, QueueNotFound
+from .keys.deadletters import note_key, notes_prefix
 from .message import Message, MessageID
 
 if TYPE_CHECKING:
     from .api import EngineAPI
     from .coordination import Coordinator
     from .engine import Engine
+
+logger = logging.getLogger(__name__)
+
+
+class DeadLetterNote(NamedTuple):
+    """What a dead letter's note says (kept in the store's metadata beside it).
+
+    Attributes:
+        origin_partition, origin_id: Where the message was in its queue.
+        by: Who sent it: ``"group NAME"`` or ``"subscriber NAME"``.
+        attempts: Its failed deliveries (a member's own ``dead_letter`` counts those before it).
+    """
+
+    origin_partition: int
+    origin_id: MessageID | None
+    by: str
+    attempts: int
 
 
 def dead_letter_queue(queue: str) -> str:
@@ -47,11 +67,19 @@ def dead_letter_info(engine: EngineAPI, queue: str) -> tuple[QueueInfo, bool]:
 
 
 def dead_letter(
-    engine: Engine, coordinator: Coordinator, queue: str, partition_id: int, message: Message
+    engine: Engine,
+    coordinator: Coordinator,
+    queue: str,
+    partition_id: int,
+    message: Message,
+    *,
+    by: str = "",
+    attempts: int = 0,
 ) -> tuple[int, MessageID] | None:
     """Put ``message`` on ``<queue>.dlq``, in its partition if this process writes
     it (else another it owns): (partition, ID), or None while the dead-letter
-    queue's partitions have no owner here yet (try again later)."""
+    queue's partitions have no owner here yet (try again later). With ``by``
+    (who sends it), a note beside it keeps its origin and ``attempts``."""
     dlq = dead_letter_queue(queue)
     info, made = dead_letter_info(engine, queue)
     if made:
@@ -62,4 +90,34 @@ def dead_letter(
         return None  # its partitions are being assigned: next time
     pid = partition_id if partition_id in owned else owned[0]
     (dead_id,) = engine.put(dlq, [Message(message.topic, message.value)], pid)
+    if by:
+        note = {"partition": partition_id, "id": str(message.id) if message.id else None, "by": by,
+                "attempts": attempts}  # fmt: skip
+        try:
+            engine.storage.put_meta(note_key(dlq, pid, dead_id), json.dumps(note).encode())
+        except HQueueError:  # the dead letter is placed: a note it lacks is shown as not recorded
+            logger.warning("no note for dead letter %s of %s partition %d", dead_id, dlq, pid, exc_info=True)
     return pid, dead_id
+
+
+def note_of(engine: EngineAPI, queue: str, partition_id: int, dead_id: MessageID) -> DeadLetterNote | None:
+    """The note of dead letter ``dead_id`` of ``<queue>.dlq``; None if it has none, or
+    the store is not open here (notes are read where it is, as timers are)."""
+    storage = getattr(engine, "storage", None)
+    raw = storage.get_meta(note_key(dead_letter_queue(queue), partition_id, dead_id)) if storage else None
+    if raw is None:
+        return None
+    try:
+        note = json.loads(raw)
+        origin = MessageID.parse(note["id"]) if note.get("id") else None
+        return DeadLetterNote(int(note["partition"]), origin, str(note["by"]), int(note["attempts"]))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def forget_notes(engine: Engine, queue: str) -> None:
+    """Drop the notes of a dead-letter queue whose messages went (truncated or deleted)."""
+    if queue.endswith(DEAD_LETTER_SUFFIX):
+        stale = list(engine.storage.list_meta(notes_prefix(queue)))
+        if stale:
+            engine.storage.write_meta({}, stale)

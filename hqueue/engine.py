@@ -300,6 +300,12 @@ class Engine:
         cells = self.storage.scan(name, *pending_range(partition_id), None, limit)
         return [(Timer(partition_id, due_of(key), id_of(key)), Message(topic_of(key), value)) for key, value in cells]
 
+    def find_timer(self, name: str, timer: Timer) -> Message | None:
+        """The message of a pending timer; None if it fired or was cancelled."""
+        check_partition(self.queue_info(name), timer.partition_id)
+        cells = self.storage.scan(name, *one_timer_range(timer), None, 1)
+        return Message(topic_of(cells[0][0]), cells[0][1]) if cells else None
+
     def fire_timers(self, name: str, partition_id: int, now: int, limit: int, since: int = 0) -> Fired:
         """Deliver the partition's timers due at ``now`` or before (at most ``limit``,
         earliest first), looking only at those due at ``since`` or after (the caller

@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from itertools import islice
-from typing import overload
+from typing import Any, overload
 
 from .api import groups_of
 from .batch import MessageBatch, check_batch_size, partition_batches
@@ -205,6 +205,55 @@ class HQueue(Connected):
         if not isinstance(timer, Timer):
             raise TypeError(f"'timer' must be a Timer (from put(..., delay=…)), not {type(timer).__name__}")
         return self.engine.cancel_timer(self.name, timer)
+
+    def timers(self, partition_id: int | None = None, *, limit: int = 100) -> list[tuple[Timer, Message]]:
+        """Pending timer messages, earliest first per partition (every partition, or
+        one), at most ``limit`` (1..10,000) per partition.
+
+        Raises:
+            InvalidArgument: ``limit`` out of range, or the store is reached
+                through hqueue servers (timers are listed where the store is
+                open: an embedded store, or ``hqueue server``'s console).
+        """
+        engine = self._timer_engine()
+        check_pending_limit(limit)
+        info = self.engine.queue_info(self.name, fresh=True)
+        pids = range(info.partitions) if partition_id is None else [check_partition(info, partition_id)]
+        return [found for pid in pids for found in engine.pending_timers(self.name, pid, limit)]
+
+    def count_timers(self, *, limit: int = 100) -> tuple[int, bool]:
+        """(pending timers, whether any partition had more than ``limit`` (1..10,000) and was
+        counted to ``limit`` only): one partition read at a time, so memory stays bounded."""
+        engine = self._timer_engine()
+        check_pending_limit(limit)
+        total, capped = 0, False
+        for pid in range(self.engine.queue_info(self.name, fresh=True).partitions):
+            found = len(engine.pending_timers(self.name, pid, limit + 1))
+            total, capped = total + min(found, limit), capped or found > limit
+        return total, capped
+
+    def next_due(self) -> int | None:
+        """Epoch ms of the earliest pending timer of any partition; None if none is pending."""
+        engine = self._timer_engine()
+        dues = [engine.next_timer(self.name, pid) for pid in range(self.partitions)]
+        return min((d for d in dues if d is not None), default=None)
+
+    def find_timer(self, timer: Timer | str) -> Message | None:
+        """The message a pending timer will deliver; None if it fired or was cancelled."""
+        if isinstance(timer, str):
+            timer = Timer.parse(timer)
+        if not isinstance(timer, Timer):
+            raise TypeError(f"'timer' must be a Timer or its handle, not {type(timer).__name__}")
+        return self._timer_engine().find_timer(self.name, timer)
+
+    def _timer_engine(self) -> Any:
+        engine = self.engine
+        if not hasattr(engine, "pending_timers"):
+            raise InvalidArgument(
+                "pending timers are listed where the store is open (an embedded store, or hqueue server's "
+                "console), not through hqueue servers"
+            )
+        return engine
 
     # -- the Java client's scanners ---------------------------------------------
 

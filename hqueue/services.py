@@ -19,6 +19,7 @@ import weakref
 
 from .coordination import Coordinator
 from .coordination.local import LocalCoordinator
+from .deadletters import forget_notes
 from .engine import Engine
 from .groups.service import GroupService
 from .groups.state import GroupLimits
@@ -45,6 +46,9 @@ def serve_partitions(engine: Engine, coordinator: Coordinator, limits: GroupLimi
         service.stop()
     if old is None:
         engine.on_close(lambda: _stop(engine))
+        # a dead-letter queue's notes go with its messages
+        engine.events.on_truncate(lambda queue: forget_notes(engine, queue))
+        engine.events.on_drop(lambda queue: forget_notes(engine, queue))
     timers.start()
     groups.start()
     return groups

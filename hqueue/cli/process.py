@@ -173,6 +173,18 @@ from .main import Progress, Seconds, main, open_admin, open_queue
     "second) is gone: its leases end at once, as they do when its last connection closes (s).",
 )
 @click.option(
+    "--console-port",
+    type=click.IntRange(0, 65535),
+    help="Serve the web console at http://HOST:PORT/ (docs/console.md): log in with a token of --auth-file, "
+    "or without one the one-time token printed at start-up. Off by default.",
+)
+@click.option(
+    "--console-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address the console listens on (plain HTTP: put a TLS proxy in front of it off this machine).",
+)
+@click.option(
     "--local-socket/--no-local-socket",
     default=True,
     show_default=True,
@@ -216,6 +228,8 @@ def server(
     member_timeout,
     metrics_host,
     metrics_token,
+    console_port,
+    console_host,
     local_socket,
     log_level,
 ) -> None:
@@ -269,6 +283,8 @@ def server(
             ),
             metrics_host=metrics_host,
             metrics_token=metrics_token,
+            console_port=console_port,
+            console_host=console_host,
             local_socket=local_socket,
         )
     except OSError as e:
@@ -278,7 +294,17 @@ def server(
     if instance.local_socket is not None:
         click.echo(f"and on {instance.local_socket} for local processes (local:// that directory)", err=True)
     sys.stderr.flush()
-    instance.serve_forever()
+    instance.serve_forever(on_start=lambda: announce_console(instance.console))
+
+
+def announce_console(console) -> None:
+    """Say where the console is, and its one-time token when there is no auth file (as Jupyter does)."""
+    if console is None:
+        return
+    click.echo(f"hqueue console on {console.url}", err=True)
+    if console.login_token:
+        click.echo(f"  log in with this one-time token: {console.login_token}", err=True)
+    sys.stderr.flush()
 
 
 def _zookeeper(zk: str, auth: str | None, server_id: str | None, session_timeout: float):

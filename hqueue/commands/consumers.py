@@ -237,10 +237,12 @@ def delete_group(session: Session, queue: str, group: str) -> Output:
     QUEUE,
     Param("start", "First dead letter to replay: ID or time (inclusive).", "time", None),
     Param("stop", "Dead letter ID or time to stop before.", "time", None),
-    examples=("replay_dlq 'q1'", "replay_dlq 'q1', {START => '2026-11-22 10:00'}"),
+    Param("rate", "At most this many messages a second (default: as fast as the store takes them).", "float",
+          None, low=0.001, high=1e9),
+    examples=("replay_dlq 'q1'", "replay_dlq 'q1', {START => '2026-11-22 10:00', RATE => 100}"),
     group="groups",
-)
-def replay_dlq(session: Session, queue: str, start, stop) -> Output:
-    count = session.admin.replay_dead_letters(queue, start, stop)
+)  # fmt: skip
+def replay_dlq(session: Session, queue: str, start, stop, rate) -> Output:
+    count = session.admin.replay_dead_letters(queue, start, stop, rate=rate)
     text = f"Replayed {count} message(s) from {dead_letter_queue(queue)} onto {queue!r} (truncate it when done)"
     return Output(text, {"replayed": count}, count)

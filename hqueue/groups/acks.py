@@ -316,7 +316,8 @@ class GroupAcks:
         if cell is not None:
             message = messages_from_columns([cell[0]], [cell[1]])[0]
             try:
-                placed = dead_letter(self.engine, self.coordinator, group.queue, pid, message)
+                placed = dead_letter(self.engine, self.coordinator, group.queue, pid, message,
+                                     by=f"group {group.name}", attempts=state.retries.get(message_id, 0))  # fmt: skip
                 if placed is None:  # the dead-letter queue has no partition here yet: try again soon
                     raise NotPartitionOwner(dead_letter_queue(group.queue), pid)
             except HQueueError as e:

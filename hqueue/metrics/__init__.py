@@ -83,6 +83,11 @@ class LabelledCounts:
     def value(self, values: tuple[str, ...]) -> float:
         return self._counts.get(values, 0)
 
+    def total(self) -> float:
+        """Every label set's count together."""
+        with self._lock:
+            return sum(self._counts.values())
+
     def family(self) -> Family:
         family = Family(self.name, self.help, "counter")
         with self._lock:
@@ -203,6 +208,14 @@ class ServerMetrics:
             with self._puts_lock:
                 series = self._puts.setdefault(queue, PutSeries(queue))
         return series
+
+    def put_counts(self) -> dict[str, int]:
+        """Messages put so far per queue (the ``hqueue_put_messages`` counters)."""
+        return {queue: series.messages for queue, series in list(self._puts.items())}
+
+    def delivered_total(self) -> float:
+        """Messages subscribers took so far, all together (``hqueue_delivered_messages``)."""
+        return sum(s.value for m in self.delivered.collect() for s in m.samples if s.name.endswith("_total"))
 
     def watch(self, collect: Callable[[], Iterable[Family]]) -> None:
         """Add series read at scrape time."""

@@ -23,8 +23,11 @@ import signal
 import ssl
 import threading
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .. import sharing
+from ..admin import HQueueAdmin
 from ..auth import AuthPolicy, MetricsAccess, PushPolicy
 from ..coordination import Coordinator, LocalCoordinator
 from ..coordination.zookeeper import ZooKeeperCoordinator
@@ -52,6 +55,9 @@ from .calls import thrift_error
 from .gauges import server_gauges
 from .handler import DEFAULT_MAX_PARTITIONS, HQueueHandler
 from .scanners import DEFAULT_IDLE_TIMEOUT, ScannerRegistry
+
+if TYPE_CHECKING:
+    from ..console import Console
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +141,10 @@ class HQueueServer:
         engine: Serve this engine, which the caller acquired and releases (the
             store a process shares with local processes: server/shared.py),
             instead of acquiring ``storage_url``'s.
+        console_port: Serve the web console (docs/console.md) on this port (0: a free
+            one; None: not at all), with ``auth``'s tokens, or a one-time token
+            (:attr:`console`'s ``login_token``) without them.
+        console_host: Where the console listens (loopback unless told).
     """
 
     def __init__(
@@ -165,6 +175,8 @@ class HQueueServer:
         unix_socket_mode: int = 0o600,
         local_socket: bool = True,
         engine: Engine | None = None,
+        console_port: int | None = None,
+        console_host: str = "127.0.0.1",
     ) -> None:
         if coordinator_factory is not None and not storage_url.startswith("hbase://"):
             raise InvalidArgument(
@@ -229,6 +241,18 @@ class HQueueServer:
             except BaseException:
                 self._server.close()
                 self._drop_local_socket()
+                if self._owns_engine:
+                    self.engine.release()
+                raise
+        #: The web console (None without ``console_port``): its port is bound here, so that a
+        #: taken one fails first; it opens its admin handle at start, once services are attached.
+        self.console: Console | None = None
+        if console_port is not None:
+            try:
+                self.console = self._console(console_host, console_port, auth)
+            except BaseException:
+                socket.close()
+                self.metrics.close()
                 if self._owns_engine:
                     self.engine.release()
                 raise
@@ -297,10 +321,32 @@ class HQueueServer:
             self.lag.on_refresh(self.groups.load_all)
             self.lag.start()
         self._thread = self._server.serve_in_thread("hqueue-accept")
+        if self.console is not None:
+            admin = HQueueAdmin(self.engine.url)  # this process's engine: the handle shares it
+            try:
+                self.console.start(admin)
+            except BaseException:
+                admin.close()
+                raise
         logger.info("hqueue server %s serving %s", self.address, self.engine.storage.url)
         if self.local_socket is not None:
             logger.info("serving it to local processes on %s too (local:// that directory)", self.local_socket)
         return self
+
+    def _console(self, host: str, port: int, auth: AuthPolicy | None) -> Console:
+        # Imported here: Flask and waitress take about 0.1 s to import, which a server without
+        # a console, and every local process serving its embedded store (server/shared.py), skip.
+        from ..console import Console, server_counters
+
+        if not ipaddress_is_loopback(host):
+            logger.warning("the console on %s speaks plain HTTP: put a TLS proxy in front of it", host)
+        return Console(
+            auth=auth,
+            counters=server_counters(self.metrics, lambda: self.connections),
+            locations=self.coordinator.locations,
+            host=host,
+            port=port,
+        )
 
     def _registry(self) -> SubscriberRegistry:
         """Registrations in ZooKeeper with the coordinator's session, else in the store."""
@@ -312,14 +358,16 @@ class HQueueServer:
         self.metrics.partition_changes.labels("gained").inc(len(gained))
         self.metrics.partition_changes.labels("lost").inc(len(lost))
 
-    def serve_forever(self) -> None:
-        """Serve until SIGTERM or SIGINT, then shut down cleanly."""
+    def serve_forever(self, on_start: Callable[[], None] | None = None) -> None:
+        """Serve until SIGTERM or SIGINT, then shut down cleanly (``on_start``: called once serving)."""
         signalled = []
         for sig in (signal.SIGTERM, signal.SIGINT):
             # Only a flag: the handler runs inside whatever the main thread is
             # doing, and setting an Event it waits on deadlocks on the Event's lock.
             signal.signal(sig, lambda number, frame: signalled.append(number))
         self.start()
+        if on_start is not None:
+            on_start()
         while not signalled and not self._stopped.is_set():
             time.sleep(0.2)
         self.stop()
@@ -327,6 +375,10 @@ class HQueueServer:
     def stop(self, grace: float = 10.0) -> None:
         """Stop accepting, drain calls under way, leave, close the store."""
         self._stopped.set()
+        if self.console is not None:
+            self.console.stop()
+            if self.console.admin is not None:
+                self.console.admin.close()
         self.handler.guard.draining = True
         self._server.close()
         deadline = time.monotonic() + grace

@@ -251,7 +251,9 @@ class PartitionWorker:
                 self.manager.coordinator,
                 self.queue,
                 self.partition_id,
-                Message(tmessage.topic, tmessage.value),
+                Message(tmessage.topic, tmessage.value, id=wire.from_tid(tmessage.id), partition_id=self.partition_id),
+                by=f"subscriber {self.name}",
+                attempts=self.registration.dead_letter_after or 0,
             )
         except HQueueError as e:
             logger.warning("%s: message %s of %s stays: %s", self.name, wire.from_tid(tmessage.id), self.queue, e)

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from hqueue import HQueue, Message
+from hqueue import HQueue, HQueueAdmin, InvalidArgument, Message
 
-from ..processes import wait_for
+from ..processes import drain, wait_for
 
 
 def dead_letters(queue: HQueue) -> list[bytes]:
@@ -87,3 +87,33 @@ def test_a_message_of_a_queue_whose_dead_letter_queue_name_is_illegal_stays_with
         assert failing.ack(stuck) == 1
         partition = admin.describe_group(long_name, "g")["partitions"][0]
         assert (partition["dead_letter_waiting"], partition["lag_messages"]) == (0, 0)
+
+
+def test_dead_letters_are_listed_with_their_origin_and_replayed_at_a_rate(tmp_path):
+    # Given three dead letters of a 2-partition queue, sent there by a group
+    url = "local://" + str(tmp_path / "data")
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("orders", 2)
+        with admin.queue("orders") as orders:
+            orders.put([Message("t", b"a"), Message("t", b"b")], 1)
+            (c_id,) = orders.put(Message("t", b"c"), 0)
+            with orders.consumer("g", max_retries=0) as group:
+                group.dead_letter(drain(group, 3))
+        # Then each is listed with the partition of the queue it goes back to, and its note:
+        # where it was, who sent it there, after how many attempts
+        listed = admin.dead_letters("orders")
+        assert sorted((m.value, origin) for m, origin, _ in listed) == [(b"a", 1), (b"b", 1), (b"c", 0)]
+        for _, origin, note in listed:
+            assert note is not None and (note.origin_partition, note.by, note.attempts) == (origin, "group g", 1)
+        assert [note.origin_id for m, _, note in listed if m.value == b"c"] == [c_id]
+        assert len(admin.dead_letters("orders", limit=1)) == 1
+        # And a replay at a rate puts them all back
+        assert admin.replay_dead_letters("orders", rate=1000) == 3
+        for rate in (0, -1, "fast", True):
+            with pytest.raises(InvalidArgument, match="'rate'"):
+                admin.replay_dead_letters("orders", rate=rate)
+        with pytest.raises(InvalidArgument, match="'limit'"):
+            admin.dead_letters("orders", limit=0)
+        # And truncating the dead-letter queue drops the notes with the messages
+        admin.truncate_queue("orders.dlq")
+        assert admin.engine.storage.list_meta("dlq-note/") == {}

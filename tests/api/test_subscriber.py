@@ -321,6 +321,9 @@ def test_a_poison_message_goes_to_the_dead_letter_queue_and_the_rest_flows(tmp_p
         with HQueue("orders.dlq", url) as dlq:  # an ordinary queue, same partition, topic and value
             (dead,) = list(dlq.scan())
             assert (dead.partition_id, dead.topic, dead.value) == (1, b"t", b"poison")
+        if where == "embedded":  # its note is read where the store is open
+            ((_, _, note),) = admin.dead_letters("orders")
+            assert note == (1, ids[2], "subscriber s", 3)
         # Replay puts a copy back on the queue, in its partition, with a new ID
         assert admin.replay_dead_letters("orders") == 1
         with HQueue("orders", url) as queue:

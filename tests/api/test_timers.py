@@ -13,6 +13,7 @@ import pytest
 
 from hqueue import HQueue, HQueueAdmin, InvalidArgument, Message, QueueDisabled, Timer
 from hqueue.ids import wall_clock_ms
+from hqueue.server import HQueueServer
 
 from ..processes import wait_for
 
@@ -114,6 +115,39 @@ def test_ids_stay_above_pending_timers_after_a_restart(tmp_path):
     with HQueue("q", url) as queue:
         (message_id,) = queue.put(Message("t", b"y"))
         assert message_id > timer.id
+
+
+def test_pending_timers_are_listed_found_by_handle_and_their_next_due_known(tmp_path):
+    # Given two pending timers on two partitions
+    url = "local://" + str(tmp_path / "data")
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", partitions=2)
+    with HQueue("q", url) as queue:
+        first = queue.put(Message("a", b"one"), 0, delay=3600)[0]
+        second = queue.put(Message("b", b"two"), 1, delay=7200)[0]
+        # Then they are listed (per partition, earliest first), found by handle, and the next due is known
+        assert [(t, m.value) for t, m in queue.timers()] == [(first, b"one"), (second, b"two")]
+        assert [t for t, _ in queue.timers(1)] == [second]
+        assert queue.next_due() == first.due
+        assert queue.find_timer(str(first)).value == b"one"
+        # And a cancelled one is no longer found
+        assert queue.cancel(first)
+        assert queue.find_timer(first) is None and queue.next_due() == second.due
+        with pytest.raises(InvalidArgument, match="limit"):
+            queue.timers(limit=0)
+        with pytest.raises(InvalidArgument, match="timer handle"):
+            queue.find_timer("nonsense")
+
+
+def test_pending_timers_are_not_listed_through_servers_and_the_error_says_where(tmp_path):
+    server = HQueueServer("local://" + str(tmp_path / "data"), port=0).start()
+    try:
+        with HQueueAdmin(f"hqueue://{server.address}") as admin:
+            admin.create_queue("q", partitions=1)
+            with admin.queue("q") as queue, pytest.raises(InvalidArgument, match="where the store is open"):
+                queue.timers()
+    finally:
+        server.stop()
 
 
 def test_a_batch_with_a_due_time_per_message_fires_each_at_its_own_time_in_due_order(make_queue):

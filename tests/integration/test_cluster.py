@@ -6,6 +6,7 @@ subprocesses with a 2 s ZooKeeper session, killed with SIGKILL or paused
 with SIGSTOP.
 """
 
+import re
 import signal
 import threading
 import time
@@ -21,7 +22,8 @@ from hqueue.client.engine import RemoteEngine
 from hqueue.rpc.wire import T
 
 from ..conftest import hbase_url
-from ..processes import ServerProcess, drain, wait_for
+from ..helpers.console_http import ConsoleUser
+from ..processes import ServerProcess, drain, free_port, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.hbase]  # servers over the HBase stand-in
 PARTITIONS = 8
@@ -255,3 +257,21 @@ def test_a_client_whose_cached_owner_died_follows_the_partitions_to_the_new_owne
         late = drain(member, 2, 20, wait=0.5)
         assert sorted(d.value for d in late) == [b"after", b"timer"]
         member.ack(late)
+
+
+def test_a_servers_console_shows_every_server_and_the_partitions_it_owns(cluster):
+    # Given two servers under ZooKeeper, the first with a console
+    port = free_port()
+    a, b = cluster("a", "--console-port", str(port)), cluster("b")
+    with HQueueAdmin(f"hqueue://{a.address},{b.address}") as admin:
+        admin.create_queue("orders", PARTITIONS)
+    owners_now = wait_for(lambda: settled(a, b), 30, "the partitions to settle")
+    # When an operator logs in with the one-time token it printed
+    token = wait_for(lambda: re.findall(r"one-time token: (\S+)", a.log_path.read_text()), 30, "the token")[-1]
+    user = ConsoleUser(f"http://127.0.0.1:{port}")
+    assert user.log_in(token).status == 200
+    # Then the overview names both servers with the partitions ZooKeeper gave each
+    page = user.get("/").body
+    for server in (a, b):
+        assert f"<td>{server.address}</td><td>{owners_now.count(server.address)}</td>" in page
+    assert f"<td>{b.address}</td>" in user.get("/queues/orders").body  # each partition's owner

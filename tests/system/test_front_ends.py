@@ -21,7 +21,7 @@ from hqueue.shell.commands import COMMANDS as SHELL_COMMANDS
 
 #: The shell's own commands and the CLI's process commands: the rest are shared.
 SHELL_ONLY = {"help", "exit"}
-CLI_ONLY = {"server", "shell", "demo", "tail", "consume"}
+CLI_ONLY = {"server", "shell", "demo", "tail", "consume", "console"}
 BOTH_IN_THEIR_OWN_SHAPE = {"put", "scan", "count"}
 
 

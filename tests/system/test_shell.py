@@ -312,6 +312,8 @@ def test_replay_dlq_copies_dead_letters_back(run):
     ok, out, _ = run("replay_dlq 'q1'")
     assert ok and "Replayed 1 message(s)" in out
     assert "dead" in run("scan 'q1', {PARTITION => 1}")[1]
+    assert "Replayed 1 message(s)" in run("replay_dlq 'q1', {RATE => 50}")[1]  # at most 50 a second
+    assert "'rate' must be in" in run("replay_dlq 'q1', {RATE => 0}")[2]
     assert run("replay_dlq 'nope'")[2].startswith("ERROR: queue 'nope' does not exist")
 
 

@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, list[str]]] = [
                                         "hqueue.aio.client", "hqueue.aio.executor", "hqueue.aio.connect"]),
     ("Python API", ["hqueue.queue", "hqueue.admin", "hqueue.consumer", "hqueue.producer", "hqueue.splits",
                     "hqueue.processor", "hqueue.subscriptions.listener", "hqueue.aio"]),
+    ("console", ["hqueue.console"]),
     ("server", ["hqueue.server"]),
     ("commands both front ends share", ["hqueue.commands"]),
     ("front ends", ["hqueue.cli", "hqueue.shell", "hqueue"]),

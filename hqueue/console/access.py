@@ -1,0 +1,153 @@
+"""Who is logged in to the console, and what they may do.
+
+A user logs in with a token: one of the auth file's (``--auth-file``, read by
+:class:`~hqueue.auth.AuthPolicy`, the same authorizer the Thrift port uses,
+so the same roles hold), or, with no auth file, the one-time token printed
+at start-up, whose holder is admin. The console is never open.
+
+The session is kept here, server side (at most :data:`MAX_SESSIONS`, the
+least recently used dropped first, each ending after :data:`SESSION_IDLE`
+seconds unused); the browser holds a random session id in Flask's signed
+cookie (HttpOnly, SameSite=Strict, Secure under TLS), with the CSRF token
+every POST must carry back in its form.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from ..auth import AuthPolicy, Principal
+from ..errors import NotAuthorized
+
+#: Sessions kept at once, and seconds one may stay unused.
+MAX_SESSIONS = 1000
+SESSION_IDLE = 8 * 3600
+#: The longest token a login form may carry (a real one is far shorter).
+MAX_TOKEN = 4096
+#: Failed log-ins a host may make at once; then each waits a doubling delay (up to
+#: MAX_WAIT seconds) before the next try counts; hosts remembered at most.
+FREE_FAILURES = 5
+FIRST_WAIT, MAX_WAIT = 1.0, 60.0
+MAX_HOSTS = 10_000
+
+
+class LoginThrottle:
+    """Failed log-ins per client host, as the Thrift port slows wrong tokens (server/logins.py):
+    a few fail at once, then the host must wait before trying again (a 429 says how long;
+    no thread sleeps on it, so guessing cannot tie the console's few threads up)."""
+
+    def __init__(self) -> None:
+        self._hosts: OrderedDict[str, tuple[float, int]] = OrderedDict()  # host -> (last failure, failures)
+        self._lock = threading.Lock()
+
+    def wait(self, host: str) -> float:
+        """Seconds ``host`` must still wait before a log-in is tried (0: now)."""
+        with self._lock:
+            last, failures = self._hosts.get(host, (0.0, 0))
+        if failures < FREE_FAILURES:
+            return 0.0
+        delay = min(MAX_WAIT, FIRST_WAIT * 2 ** (failures - FREE_FAILURES))
+        return max(0.0, last + delay - time.monotonic())
+
+    def failed(self, host: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            last, failures = self._hosts.pop(host, (now, 0))
+            self._hosts[host] = (now, failures + 1 if now - last < 2 * MAX_WAIT else 1)
+            while len(self._hosts) > MAX_HOSTS:
+                self._hosts.popitem(last=False)
+
+    def succeeded(self, host: str) -> None:
+        with self._lock:
+            self._hosts.pop(host, None)
+
+
+@dataclass
+class Login:
+    """One logged-in session."""
+
+    principal: Principal
+    csrf: str
+    last_used: float
+
+    @property
+    def who(self) -> str:
+        return self.principal.name
+
+    def may_admin(self, queue: str) -> bool:
+        return self.principal.may("admin", queue)
+
+    def may_cancel_timers(self, queue: str) -> bool:
+        """Admin or producer (the producer role holds on queues admin holds too)."""
+        return self.principal.may("producer", queue)
+
+    def may_see(self, queue: str) -> bool:
+        return self.principal.may_see(queue)
+
+
+class Access:
+    """Logs users in with tokens and keeps their sessions.
+
+    Args:
+        policy: The auth file's tokens; None: a one-time token (:attr:`one_time_token`).
+    """
+
+    def __init__(self, policy: AuthPolicy | None) -> None:
+        self.policy = policy
+        #: The token that logs in when there is no auth file (printed at start-up).
+        self.one_time_token = None if policy is not None else secrets.token_urlsafe(24)
+        self._sessions: OrderedDict[str, Login] = OrderedDict()
+        self._lock = threading.Lock()
+        self.throttle = LoginThrottle()
+
+    def authenticate(self, token: str) -> Principal:
+        """The principal of ``token``; NotAuthorized for a wrong one."""
+        if not isinstance(token, str) or not token or len(token) > MAX_TOKEN:
+            raise NotAuthorized("no token, or one too long")
+        if self.policy is not None:
+            return self.policy.authenticate(token)
+        assert self.one_time_token is not None
+        if not hmac.compare_digest(token.encode(), self.one_time_token.encode()):
+            raise NotAuthorized("unknown token")
+        return Principal("console", {"admin": ("*",), "metrics": ("*",)})
+
+    def log_in(self, token: str) -> tuple[str, Login]:
+        """A new session for ``token``: (its id, the login)."""
+        principal = self.authenticate(token)
+        sid, login = secrets.token_urlsafe(32), Login(principal, secrets.token_urlsafe(32), time.monotonic())
+        with self._lock:
+            while len(self._sessions) >= MAX_SESSIONS:
+                self._sessions.popitem(last=False)
+            self._sessions[sid] = login
+        return sid, login
+
+    def find(self, sid: object) -> Login | None:
+        """The session ``sid`` names, if it is live (and mark it used)."""
+        if not isinstance(sid, str):
+            return None
+        now = time.monotonic()
+        with self._lock:
+            login = self._sessions.get(sid)
+            if login is None:
+                return None
+            if now - login.last_used > SESSION_IDLE:
+                del self._sessions[sid]
+                return None
+            login.last_used = now
+            self._sessions.move_to_end(sid)
+            return login
+
+    def log_out(self, sid: object) -> None:
+        with self._lock:
+            if isinstance(sid, str):
+                self._sessions.pop(sid, None)
+
+
+def same_token(given: object, expected: str) -> bool:
+    """Whether a form's CSRF token is the session's (in constant time)."""
+    return isinstance(given, str) and hmac.compare_digest(given.encode(), expected.encode())

@@ -1,0 +1,167 @@
+"""The console's actions: reset a group's position, replay dead letters, cancel a timer.
+
+Each is a POST carrying the session's CSRF token (app.py refuses any other),
+checked against the login's roles before anything is read (a position reset
+and a replay need ``admin`` on the queue; a timer cancel ``admin`` or
+``producer``), and done in two steps: the first shows what will happen (the
+messages a reset redelivers or skips, the dead letters a replay puts back),
+and only a second POST with ``confirm=yes`` does it. Every action done, and
+every one that failed, goes to the audit log (audit.py) with who, what, when
+and the outcome.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from flask import Flask, abort, g, redirect, render_template, url_for
+
+from ..deadletters import dead_letter_queue
+from ..errors import HQueueError
+from ..keys.timers import Timer
+from ..message import MessageID
+from . import reads
+from .forms import field, moment, number, require
+from .reads import first_ids
+
+logger = logging.getLogger(__name__)
+
+#: Messages a preview counts per partition (more shows as "1000+"), partitions it looks at, IDs it lists.
+PREVIEW_COUNT = 1000
+PREVIEW_PARTITIONS = 64
+PREVIEW_IDS = 20
+#: Dead letters a dry run counts at most, and shows (each read whole: a few, whatever their size).
+DRY_RUN_COUNT = 10_000
+DRY_RUN_SHOWN = 20
+#: The fastest replay the console asks for (messages a second).
+MAX_RATE = 100_000
+
+
+def register(app: Flask) -> None:
+    app.add_url_rule("/queues/<queue>/groups/<group>/reset", "reset", reset, methods=["POST"])
+    app.add_url_rule("/queues/<queue>/dlq/replay", "replay", replay, methods=["POST"])
+    app.add_url_rule("/timers/cancel", "cancel_timer", cancel_timer, methods=["POST"])
+
+
+def confirmed() -> bool:
+    answer = field("confirm", "")
+    if answer not in ("", "yes"):
+        abort(400, "'confirm' must be yes (or left out for a preview)")
+    return answer == "yes"
+
+
+def audited(what: str, queue: str, target: str, details: dict[str, Any], act: Any) -> Any:
+    """Run ``act()``, and record it (done or failed) in the audit log."""
+    try:
+        result = act()
+    except HQueueError as e:
+        g.console.audit.record(g.login.who, what, queue, target, details, f"failed: {e}")
+        raise
+    g.console.audit.record(g.login.who, what, queue, target, details, f"done: {result}")
+    return result
+
+
+# -- a group's position --------------------------------------------------------------
+
+
+def reset(queue: str, group: str) -> Any:
+    require(lambda login: login.may_admin(queue), f"move consumer group {group!r} of queue {queue!r} (needs admin)")
+    position = moment("time")
+    assert position is not None  # moment("time") aborts when it is missing or empty
+    which = field("partition", "all").strip()
+    partition = None if which in ("", "all") else number("partition", 0, 0, 32766)
+    admin = g.console.admin
+    described = admin.describe_group(queue, group)["partitions"]
+    if partition is not None and partition not in described:
+        abort(400, f"'partition' {partition} is not a partition of {queue!r} served here")
+    if not confirmed():
+        return render_template("reset.html", queue=queue, group=group, time=field("time"), which=which,
+                               position=position, rows=_preview(queue, described, partition, position))  # fmt: skip
+    details = {"time": str(position), "partition": which or "all"}
+    audited("reset group position", queue, group, details,
+            lambda: admin.set_group_position(queue, group, partition, position) or "moved")  # fmt: skip
+    return redirect(url_for("group_page", queue=queue, group=group))
+
+
+def _preview(queue: str, described: dict[int, Any], partition: int | None, position: MessageID) -> list[dict]:
+    """Per partition: where the group is, and the messages between there and ``position``
+    (redelivered when it goes back, skipped when it goes ahead), counted up to PREVIEW_COUNT."""
+    rows = []
+    pids = [partition] if partition is not None else sorted(described)[:PREVIEW_PARTITIONS]
+    with g.console.admin.queue(queue) as handle:
+        for pid in pids:
+            done = described[pid]["done"]
+            back = position < done
+            low, high = (position, done) if back else (done, position)
+            counted, ids = first_ids(handle, pid, low, high, PREVIEW_COUNT, PREVIEW_IDS)
+            count = f"{PREVIEW_COUNT}+" if counted > PREVIEW_COUNT else str(counted)
+            rows.append({"partition": pid, "done": done, "effect": "redelivers" if back else "skips",
+                         "count": count, "ids": ids})  # fmt: skip
+    return rows
+
+
+# -- dead letters --------------------------------------------------------------------
+
+
+def replay(queue: str) -> Any:
+    require(lambda login: login.may_admin(queue), f"replay the dead letters of queue {queue!r} (needs admin)")
+    start, stop = moment("start", ""), moment("stop", "")
+    rate = number("rate", 1000, 1, MAX_RATE)
+    admin = g.console.admin
+    dlq = dead_letter_queue(queue)
+    if not admin.queue_exists(dlq):
+        abort(404, f"queue {queue!r} has no dead letters ({dlq} does not exist)")
+    if not confirmed():  # the dry run: what would be put back, and where
+        with admin.queue(dlq) as letters:
+            count = 0
+            for pid in range(letters.partitions):
+                if count <= DRY_RUN_COUNT:
+                    count += reads.count(letters, pid, start, stop, DRY_RUN_COUNT - count)
+        shown = admin.dead_letters(queue, start, stop, limit=DRY_RUN_SHOWN)
+        return render_template("replay.html", queue=queue, dlq=dlq, rate=rate, start=field("start", ""),
+                               stop=field("stop", ""), letters=shown,
+                               count=f"{DRY_RUN_COUNT}+" if count > DRY_RUN_COUNT else count)  # fmt: skip
+    details = {"start": str(start or ""), "stop": str(stop or ""), "rate": rate}
+    console, who = g.console, g.login.who
+    with console.replays_lock:
+        if queue in console.replays:
+            abort(409, f"a replay of {dlq} is under way: wait for it (see the audit log)")
+        console.audit.record(who, "replay dead letters", queue, dlq, details, "started")
+        thread = threading.Thread(target=_replay, args=(console, who, queue, start, stop, rate, details),
+                                  name=f"hqueue-console-replay-{queue}", daemon=True)  # fmt: skip
+        console.replays[queue] = thread
+    thread.start()
+    return redirect(url_for("dlq_page", queue=queue))
+
+
+def _replay(console: Any, who: str, queue: str, start: Any, stop: Any, rate: int, details: dict) -> None:
+    """A replay in its own thread (at ``rate`` it may take long: no request waits for it)."""
+    try:
+        count = console.admin.replay_dead_letters(queue, start, stop, rate=rate)
+        outcome = f"done: {count} replayed"
+    except Exception as e:  # recorded, never lost in a thread
+        logger.warning("console: replaying %s's dead letters failed", queue, exc_info=True)
+        outcome = f"failed: {e}"
+    finally:
+        with console.replays_lock:
+            console.replays.pop(queue, None)
+    try:
+        console.audit.record(who, "replay dead letters", queue, dead_letter_queue(queue), details, outcome)
+    except Exception:
+        logger.error("console: the audit log missed a replay of %s: %s", queue, outcome, exc_info=True)
+
+
+# -- timers --------------------------------------------------------------------------
+
+
+def cancel_timer() -> Any:
+    queue, handle = field("queue").strip(), field("handle").strip()
+    require(lambda login: login.may_cancel_timers(queue), f"cancel timers of queue {queue!r} (needs admin or producer)")
+    timer = Timer.parse(handle)
+    if not confirmed():
+        return render_template("cancel.html", queue=queue, handle=handle)
+    with g.console.admin.queue(queue) as q:
+        done = audited("cancel timer", queue, handle, {}, lambda: "cancelled" if q.cancel(timer) else "not pending")
+    return redirect(url_for("timers", queue=queue, handle=handle, cancelled=done))

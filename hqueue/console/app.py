@@ -1,0 +1,167 @@
+"""The console's Flask application: log-in, sessions, CSRF, errors; the pages and
+actions are in pages.py and actions.py.
+
+Every request is bounded: waitress (console/serve.py) caps the body and the
+time a client may take; here, every page is paged (forms.PAGE), every
+form field has a length limit, and a bad value is a 400 naming it, an
+unknown name a 404, a refusal a 403: never a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from datetime import UTC, datetime
+from typing import Any
+
+from flask import Flask, Response, abort, g, jsonify, redirect, render_template, request, session, url_for
+from werkzeug.exceptions import HTTPException
+
+from ..errors import (
+    GroupNotFound,
+    HQueueError,
+    InvalidArgument,
+    NotAuthorized,
+    QueueDisabled,
+    QueueNotFound,
+    SubscriberNotFound,
+)
+from . import actions, pages
+from .access import Login, same_token
+from .forms import MAX_FIELD, field
+
+logger = logging.getLogger(__name__)
+
+#: Paths open without a session.
+OPEN_PATHS = ("/login", "/static/")
+
+
+def create_app(console: Any) -> Flask:
+    """The console's application over ``console`` (serve.py's Console: its admin handle, sampler,
+    audit log and access; pages find it as ``g.console``)."""
+    app = Flask(__name__, static_folder="static", template_folder="templates")
+    app.config.update(
+        SECRET_KEY=secrets.token_bytes(32),  # per process: a restart logs everyone out
+        SESSION_COOKIE_NAME="hqueue_console",
+        SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SAMESITE="Strict",
+        SESSION_COOKIE_SECURE=console.tls,
+        MAX_CONTENT_LENGTH=console.max_body,
+        MAX_FORM_MEMORY_SIZE=console.max_body,
+        MAX_FORM_PARTS=64,
+        SEND_FILE_MAX_AGE_DEFAULT=3600,
+        TEMPLATES_AUTO_RELOAD=False,
+    )
+    app.extensions["hqueue_console"] = console
+    app.add_template_filter(stamp)
+    access = console.access
+
+    @app.before_request
+    def require_login() -> Any:
+        g.console, g.login = console, access.find(session.get("sid"))
+        if request.path.startswith(OPEN_PATHS):
+            return None
+        if g.login is None:
+            if request.path.startswith("/api/") or request.method != "GET":
+                abort(401, "log in first")
+            return redirect(url_for("log_in", next=request.path))
+        if request.method == "POST" and not same_token(request.form.get("csrf"), g.login.csrf):
+            abort(403, "the form's CSRF token is missing or wrong: reload the page and try again")
+        return None
+
+    @app.after_request
+    def secure_headers(response: Response) -> Response:
+        response.headers.setdefault(
+            "Content-Security-Policy",
+            "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+            "frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
+        )
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("X-Frame-Options", "DENY")
+        response.headers.setdefault("Referrer-Policy", "no-referrer")
+        if not request.path.startswith("/static/"):
+            response.headers.setdefault("Cache-Control", "no-store")
+        return response
+
+    @app.context_processor
+    def common() -> dict[str, Any]:
+        login: Login | None = g.get("login")
+        return {"login": login, "csrf": login.csrf if login else session.get("pre", ""), "store": console.store}
+
+    @app.route("/login", methods=["GET", "POST"])
+    def log_in() -> Any:
+        if request.method == "GET":
+            session["pre"] = session.get("pre") or secrets.token_urlsafe(32)
+            return render_template("login.html", next=_local(request.args.get("next")), error=None)
+        if not same_token(request.form.get("csrf"), session.get("pre", "")):
+            abort(403, "the form's CSRF token is missing or wrong: reload the page and try again")
+        host = request.remote_addr or ""
+        wait = access.throttle.wait(host)
+        if wait > 0:
+            abort(429, f"too many failed log-ins from {host}: try again in {wait:.0f} s")
+        try:
+            sid, login = access.log_in(field("token"))
+        except NotAuthorized:
+            access.throttle.failed(host)
+            logger.warning("console: a failed log-in from %s", host)
+            return render_template("login.html", next=_local(request.form.get("next")), error="Unknown token."), 403
+        access.throttle.succeeded(host)
+        session.clear()
+        session["sid"] = sid
+        logger.info("console: %s logged in from %s", login.who, request.remote_addr)
+        return redirect(_local(request.form.get("next")) or url_for("overview"))
+
+    @app.post("/logout")
+    def log_out() -> Any:
+        access.log_out(session.get("sid"))
+        session.clear()
+        return redirect(url_for("log_in"))
+
+    _errors(app)
+    pages.register(app)
+    actions.register(app)
+    return app
+
+
+def stamp(ms: int) -> str:
+    """Epoch ms as a UTC time to the millisecond."""
+    try:
+        return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    except (OverflowError, OSError, ValueError, TypeError):
+        return str(ms)
+
+
+def _errors(app: Flask) -> None:
+    def answer(status: int, reason: str) -> Any:
+        if request.path.startswith("/api/") or request.accept_mimetypes.best == "application/json":
+            return jsonify(error=reason), status
+        return render_template("error.html", status=status, reason=reason), status
+
+    @app.errorhandler(HTTPException)
+    def http_error(e: HTTPException) -> Any:
+        return answer(e.code or 500, e.description or e.name)
+
+    @app.errorhandler(HQueueError)
+    def hqueue_error(e: HQueueError) -> Any:
+        status = 400
+        if isinstance(e, (QueueNotFound, GroupNotFound, SubscriberNotFound)):
+            status = 404
+        elif isinstance(e, NotAuthorized):
+            status = 403
+        elif isinstance(e, QueueDisabled):
+            status = 409
+        elif not isinstance(e, InvalidArgument):
+            status = 503
+        return answer(status, str(e))
+
+    @app.errorhandler(Exception)
+    def unexpected(e: Exception) -> Any:
+        logger.error("console: %s %s failed", request.method, request.path, exc_info=e)
+        return answer(500, "the console failed to answer: see the server's log")
+
+
+def _local(target: str | None) -> str | None:
+    """``target`` if it is a path on this site (no open redirect)."""
+    if target and target.startswith("/") and not target.startswith("//") and "\\" not in target:
+        return target[:MAX_FIELD]
+    return None

@@ -1,0 +1,60 @@
+"""The console's request fields: read, bounded and checked (a 400 naming the field otherwise)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from flask import abort, g, request
+
+from ..errors import HQueueError
+from ..message import MessageID
+from .access import Login
+
+#: Rows a page shows.
+PAGE = 50
+#: The longest value of any form or query field (names are 200 at most, times and handles short).
+MAX_FIELD = 512
+
+
+def field(name: str, default: str | None = None, *, source: Any = None) -> str:
+    """A form (POST) or query (GET) field, at most :data:`MAX_FIELD` characters; 400 if
+    it is missing without a default."""
+    values = source if source is not None else (request.form if request.method == "POST" else request.args)
+    value = values.get(name, default)
+    if value is None:
+        abort(400, f"'{name}' is required")
+    if len(value) > MAX_FIELD:
+        abort(400, f"'{name}' is longer than {MAX_FIELD} characters")
+    return value
+
+
+def number(name: str, default: int, low: int, high: int) -> int:
+    """An integer field in ``low..high``; 400 naming it otherwise."""
+    text = field(name, str(default)).strip()
+    if not text.lstrip("-").isdigit() or len(text) > 12:
+        abort(400, f"'{name}' must be an integer, got {text[:40]!r}")
+    value = int(text)
+    if not low <= value <= high:
+        abort(400, f"'{name}' must be in {low}..{high}, got {value}")
+    return value
+
+
+def require(allowed: Callable[[Login], bool], why: str) -> Login:
+    """The session's login if ``allowed``; 403 with ``why`` otherwise."""
+    login: Login = g.login
+    if not allowed(login):
+        abort(403, f"token {login.who!r} may not {why}")
+    return login
+
+
+def moment(name: str, default: str | None = None) -> MessageID | None:
+    """A time field: an ISO time (UTC unless it says otherwise), an ID (``ms:seq``) or
+    epoch ms; None when empty and optional."""
+    text = field(name, default if default is not None else None).strip()
+    if not text:
+        return None
+    try:
+        return MessageID.parse(text)
+    except (ValueError, OverflowError, HQueueError):
+        abort(400, f"'{name}' must be a time (2026-11-22 10:00, UTC), an ID (ms:seq) or epoch ms, got {text[:40]!r}")

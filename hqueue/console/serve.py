@@ -1,0 +1,193 @@
+"""The console's HTTP server: the Flask application (app.py) served by waitress.
+
+Waitress bounds what any client may cost: a few threads answer
+(:data:`THREADS`), at most :data:`CONNECTION_LIMIT` connections are open at
+once, a connection silent for :data:`CHANNEL_TIMEOUT` seconds is closed
+(a slow client holds no thread: waitress reads a request whole before a
+thread takes it), and a request body over :data:`MAX_BODY` bytes is refused
+(413) without being kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from flask import request
+from flask.sessions import SecureCookieSessionInterface
+from waitress.server import create_server
+
+from ..admin import HQueueAdmin
+from ..auth import AuthPolicy
+from .access import Access
+from .app import create_app
+from .audit import AuditLog
+from .series import INTERVAL, Counters, Sampler
+
+logger = logging.getLogger(__name__)
+
+THREADS = 4
+CONNECTION_LIMIT = 100
+CHANNEL_TIMEOUT = 30
+MAX_BODY = 64 * 1024
+#: Seconds a group's description is reused (under the 5 s sample), and how many are kept.
+DESCRIBE_FOR = 4.0
+DESCRIBED_KEPT = 100
+
+
+class _SessionCookies(SecureCookieSessionInterface):
+    """Flask's signed cookie, marked Secure whenever the request came over HTTPS
+    (a TLS proxy in front: ``X-Forwarded-Proto`` from ``--console-trusted-proxy``)."""
+
+    def get_cookie_secure(self, app: Any) -> bool:
+        return bool(app.config["SESSION_COOKIE_SECURE"] or request.is_secure)
+
+
+class Console:
+    """The web console over ``admin``'s store.
+
+    Args:
+        admin: The handle every page reads through (the calls the CLI makes); or
+            None, and given to :meth:`start`.
+        auth: The auth file's tokens (the Thrift port's); None: a one-time token,
+            :attr:`login_token`, logs in as admin.
+        counters: What the charts sample (a server's metrics counters).
+        locations: Who serves each partition of a queue (``(queue, partitions)``
+            -> one address per partition, "" for this process).
+        host, port: Where to listen (port 0: a free one).
+        trusted_proxy: The address of a TLS proxy whose ``X-Forwarded-*`` headers count.
+    """
+
+    def __init__(
+        self,
+        admin: HQueueAdmin | None = None,
+        *,
+        auth: AuthPolicy | None = None,
+        counters: Counters | None = None,
+        locations: Callable[[str, int], list[str]] | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        trusted_proxy: str | None = None,
+        sample_interval: float | None = None,
+        channel_timeout: float = CHANNEL_TIMEOUT,
+        max_body: int = MAX_BODY,
+    ) -> None:
+        self.admin: HQueueAdmin = admin  # type: ignore[assignment]  # set by start() when None here
+        self.store = admin.url if admin is not None else ""
+        self.access = Access(auth)
+        self.audit = AuditLog(admin) if admin is not None else None
+        self.locations = locations or (lambda queue, partitions: self.admin.engine.partition_locations(queue))
+        self.sampler = Sampler(counters or Counters(), sample_interval or INTERVAL)
+        self.tls, self.max_body = False, max_body
+        #: Replays of dead letters under way, by queue (one at a time per queue).
+        self.replays: dict[str, threading.Thread] = {}
+        self.replays_lock = threading.Lock()
+        self._described: OrderedDict[tuple[str, str], tuple[float, dict[str, Any]]] = OrderedDict()
+        self._described_lock = threading.Lock()
+        self.app = create_app(self)
+        self.app.session_interface = _SessionCookies()
+        self._server: Any = create_server(
+            self.app,
+            host=host,
+            port=port,
+            threads=THREADS,
+            connection_limit=CONNECTION_LIMIT,
+            channel_timeout=channel_timeout,
+            cleanup_interval=min(5, max(1, int(channel_timeout))),
+            max_request_body_size=max_body,
+            max_request_header_size=32 * 1024,
+            clear_untrusted_proxy_headers=True,
+            **(
+                {"trusted_proxy": trusted_proxy, "trusted_proxy_headers": {"x-forwarded-proto"}}
+                if trusted_proxy
+                else {}
+            ),
+            ident="hqueue-console",
+        )
+        self.port: int = self._server.effective_port
+        self.host = host
+        self._thread: threading.Thread | None = None
+
+    def describe_group(self, queue: str, group: str) -> dict[str, Any]:
+        """``admin.describe_group``, kept :data:`DESCRIBE_FOR` seconds: a group's page, its
+        live refresh and its chart, for every viewer, count its lag once per sample (a count
+        reads the rows behind, as ``hqueue describe-group`` does), and the chart gets the point."""
+        key, now = (queue, group), time.monotonic()
+        with self._described_lock:
+            kept = self._described.get(key)
+            if kept is not None and now - kept[0] < DESCRIBE_FOR:
+                return kept[1]
+        described = self.admin.describe_group(queue, group)
+        self.sampler.record_lag(queue, group, described["partitions"])
+        with self._described_lock:
+            self._described[key] = (now, described)
+            self._described.move_to_end(key)
+            while len(self._described) > DESCRIBED_KEPT:
+                self._described.popitem(last=False)
+        return described
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/"
+
+    @property
+    def login_token(self) -> str | None:
+        """The one-time token that logs in when there is no auth file."""
+        return self.access.one_time_token
+
+    def start(self, admin: HQueueAdmin | None = None) -> Console:
+        """Serve in a thread; ``admin``: the handle pages read through, when the console was
+        made before it could be opened (a server binds the port first, then attaches its services)."""
+        if admin is not None:
+            self.admin, self.store, self.audit = admin, admin.url, AuditLog(admin)
+        if self.admin is None:
+            raise ValueError("the console needs an admin handle: give it to Console() or start()")
+        self.sampler.start()
+        self._thread = threading.Thread(target=self._server.run, name="hqueue-console", daemon=True)
+        self._thread.start()
+        logger.info("console on %s", self.url)
+        return self
+
+    def stop(self) -> None:
+        self.sampler.stop()
+        server = self._server
+
+        def close_all() -> None:  # in the loop's thread: an empty map ends its loop
+            for channel in list(server._map.values()):
+                channel.close()
+
+        if self._thread is not None and self._thread.is_alive():
+            server.trigger.pull_trigger(close_all)
+            self._thread.join(timeout=5)
+        else:
+            close_all()
+        server.task_dispatcher.shutdown()
+
+
+def server_counters(metrics: Any, connections: Callable[[], int]) -> Counters:
+    """The charts' counters of an hqueue server (its :class:`~hqueue.metrics.ServerMetrics`)."""
+    return Counters(
+        puts=metrics.put_counts,
+        delivered=metrics.delivered_total,
+        acked=metrics.group_acked.total,
+        connections=connections,
+    )
+
+
+class AppendCounts:
+    """Messages written per queue through an engine in this process (its append events):
+    the charts' put counts of ``hqueue console`` over an embedded store it opened."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+
+    def appended(self, queue: str, partition_id: int, first: Any, topics: Any) -> None:
+        self._counts[queue] = self._counts.get(queue, 0) + len(topics)
+
+    def counts(self) -> Mapping[str, float]:
+        return dict(self._counts)

@@ -1,0 +1,68 @@
+"""A console user over plain HTTP (urllib and a cookie jar): what a browser sends, no more."""
+
+from __future__ import annotations
+
+import http.cookiejar
+import json
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+
+
+@dataclass
+class Answer:
+    status: int
+    body: str
+    headers: dict[str, str]
+
+    def json(self):
+        return json.loads(self.body)
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+class ConsoleUser:
+    """One browser's cookies on the console at ``url`` (``http://host:port``)."""
+
+    def __init__(self, url: str, follow_redirects: bool = True) -> None:
+        self.url = url.rstrip("/")
+        self.jar = http.cookiejar.CookieJar()
+        handlers = [urllib.request.HTTPCookieProcessor(self.jar)] + ([] if follow_redirects else [_NoRedirect()])
+        self.opener = urllib.request.build_opener(*handlers)
+        self.csrf = ""
+
+    def request(self, path: str, data: dict | bytes | None = None, headers: dict | None = None) -> Answer:
+        body = urllib.parse.urlencode(data).encode() if isinstance(data, dict) else data
+        request = urllib.request.Request(self.url + path, data=body, headers=headers or {})
+        try:
+            with self.opener.open(request, timeout=30) as r:
+                return Answer(r.status, r.read().decode(), dict(r.headers))
+        except urllib.error.HTTPError as e:
+            return Answer(e.code, e.read().decode(), dict(e.headers))
+
+    def get(self, path: str, **headers: str) -> Answer:
+        return self.request(path, headers=headers)
+
+    def post(self, path: str, data: dict, *, csrf: bool = True) -> Answer:
+        return self.request(path, ({"csrf": self.csrf} if csrf else {}) | data)
+
+    def log_in(self, token: str) -> Answer:
+        page = self.get("/login")
+        answer = self.request("/login", {"csrf": form_csrf(page.body), "token": token})
+        if answer.status == 200:
+            self.csrf = form_csrf(self.get("/").body)
+        return answer
+
+    def cookie(self, name: str = "hqueue_console"):
+        return next((c for c in self.jar if c.name == name), None)
+
+
+def form_csrf(html: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]*)"', html)
+    assert found, "no CSRF field on the page"
+    return found.group(1)

@@ -1,0 +1,406 @@
+"""The web console over plain HTTP, as an attacker tries it (the browser's view is
+tests/system/test_console_browser.py): a real ``hqueue server --console-port``
+with an auth file, and a real Console over an embedded store where a test
+needs a setting the command line does not give (a short channel timeout).
+
+Every refusal is a clear status with its reason: 401 without a session, 403
+for a missing or forged CSRF token and for a role that does not hold, 400
+naming a bad field, 404 for an unknown name, 413 for a body too big; never a
+500 or a traceback, and nothing changes.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import socket
+import time
+
+import pytest
+
+from hqueue import HQueueAdmin, Message
+from hqueue.console import Console
+from hqueue.console.access import FREE_FAILURES
+from hqueue.console.audit import AUDIT_QUEUE
+from hqueue.console.series import MAX_QUEUE_SERIES, Counters, Sampler
+from tests.helpers.console_http import ConsoleUser
+from tests.processes import ServerProcess, free_port, wait_for
+
+ADMIN, PRODUCER, CONSUMER = "admin-secret-0123456789", "producer-secret-0123456789", "consumer-secret-0123456789"
+AUTH_FILE = f"""
+[tokens.ops]
+secret = "{ADMIN}"
+admin = ["*"]
+
+[tokens.shop]
+secret = "{PRODUCER}"
+producer = ["orders"]
+
+[tokens.reader]
+secret = "{CONSUMER}"
+consumer = ["*"]
+"""
+HOSTILE_TOPIC = "<img src=x onerror=alert(1)>"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """(the server, the console's URL, an admin handle) with queue 'orders': messages, a
+    group 'billing' with one dead letter and some lag, and a pending timer."""
+    workdir = tmp_path_factory.mktemp("console")
+    (workdir / "auth.toml").write_text(AUTH_FILE)
+    port = free_port()
+    server = ServerProcess(f"local://{workdir}/data", workdir, extra_args=(
+        "--auth-file", str(workdir / "auth.toml"), "--console-port", str(port)))  # fmt: skip
+    admin = HQueueAdmin(f"hqueue://{ADMIN}@{server.address}")
+    admin.create_queue("orders", 2)
+    with admin.queue("orders") as orders:
+        orders.put([Message("paid", b"order %d" % i) for i in range(10)], 0)
+        orders.put(Message(HOSTILE_TOPIC, b"<script>alert(1)</script>"), 1)
+        timer = orders.put(Message("later", b"reminder"), 0, delay=3600)[0]
+        with orders.consumer("billing", ["paid"], max_retries=0) as billing:
+            (first,) = billing.receive(1, wait=5)
+            billing.dead_letter(first)
+    url = f"http://127.0.0.1:{port}"
+    wait_for(lambda: ConsoleUser(url).get("/login").status == 200, 20, "the console to answer")
+    yield server, url, admin, str(timer)
+    admin.close()
+    server.terminate()
+
+
+def user(served, token: str | None = ADMIN, **kwargs) -> ConsoleUser:
+    one = ConsoleUser(served[1], **kwargs)
+    if token is not None:
+        assert one.log_in(token).status == 200
+    return one
+
+
+# -- log-in and sessions -------------------------------------------------------------
+
+
+def test_without_a_session_pages_redirect_to_the_log_in_and_data_and_actions_are_refused(served):
+    # Given a browser that never logged in
+    nobody = ConsoleUser(served[1], follow_redirects=False)
+    # Then a page sends it to the log-in, and data and every action answer 401
+    assert nobody.get("/queues").status == 302
+    assert nobody.get("/api/overview").status == 401
+    for path in ("/queues/orders/groups/billing/reset", "/queues/orders/dlq/replay", "/timers/cancel"):
+        answer = nobody.post(path, {"time": "0", "confirm": "yes", "queue": "orders", "handle": "0/1/1:0"})
+        assert answer.status == 401, path
+
+
+def test_a_wrong_token_is_refused_and_a_real_one_logs_in(served):
+    one = ConsoleUser(served[1])
+    answer = one.log_in("not-a-token-at-all-0000")
+    assert answer.status == 403 and "Unknown token" in answer.body
+    assert one.get("/api/overview").status == 401
+    assert one.log_in(CONSUMER).status == 200
+    assert one.get("/api/overview").status == 200
+
+
+def test_the_session_cookie_is_httponly_samesite_strict_and_holds_no_token(served):
+    cookie = user(served).cookie()
+    assert cookie is not None and cookie.has_nonstandard_attr("HttpOnly")
+    assert cookie._rest.get("SameSite") == "Strict"
+    assert not cookie.secure  # plain HTTP on loopback; see the proxy test for Secure
+    assert ADMIN not in (cookie.value or "")
+
+
+def test_logging_out_ends_the_session_on_the_server(served):
+    one = user(served)
+    assert one.post("/logout", {}).status == 200
+    assert one.get("/api/overview").status == 401
+
+
+# -- CSRF ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("csrf", [None, "", "forged-token", "x" * 600])
+def test_a_post_without_the_sessions_csrf_token_is_refused(served, csrf):
+    # Given an admin's session
+    admin = user(served)
+    form = {"time": "0", "partition": "all"} | ({} if csrf is None else {"csrf": csrf})
+    # When a form comes without its CSRF token, or with another
+    answer = admin.post("/queues/orders/groups/billing/reset", form, csrf=False)
+    # Then it is refused (403 with the reason), before anything is read
+    assert answer.status in (400, 403) and "Traceback" not in answer.body
+    if csrf != "x" * 600:
+        assert answer.status == 403 and "CSRF" in answer.body
+
+
+def test_another_sessions_csrf_token_does_not_pass(served):
+    one, other = user(served), user(served)
+    answer = one.post("/queues/orders/groups/billing/reset", {"csrf": other.csrf, "time": "0"}, csrf=False)
+    assert answer.status == 403
+
+
+def test_the_log_in_form_needs_its_own_csrf_token(served):
+    one = ConsoleUser(served[1])
+    one.get("/login")
+    assert one.request("/login", {"token": ADMIN}).status == 403
+
+
+# -- roles on every action -----------------------------------------------------------
+
+
+ACTIONS = [
+    ("/queues/orders/groups/billing/reset", {"time": "0"}),
+    ("/queues/orders/dlq/replay", {"rate": "10"}),
+    ("/timers/cancel", {"queue": "orders", "handle": "0/1/1:0"}),
+]
+
+
+@pytest.mark.parametrize("path, form", ACTIONS)
+def test_a_consumer_token_may_do_no_action(served, path, form):
+    answer = user(served, CONSUMER).post(path, form | {"confirm": "yes"})
+    assert answer.status == 403 and "reader" in answer.body
+
+
+@pytest.mark.parametrize("path, form", ACTIONS[:2])
+def test_a_producer_token_may_not_move_groups_or_replay(served, path, form):
+    assert user(served, PRODUCER).post(path, form | {"confirm": "yes"}).status == 403
+
+
+def test_a_producer_may_cancel_timers_of_its_queue_but_not_see_other_queues(served):
+    shop = user(served, PRODUCER)
+    assert shop.post("/timers/cancel", {"queue": "orders", "handle": "0/1/1:0"}).status == 200  # the confirmation
+    assert shop.get(f"/queues/{AUDIT_QUEUE}").status == 403
+    assert "orders" in shop.get("/queues").body
+
+
+# -- hostile input -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path, named",
+    [
+        ("/queues?page=abc", "'page'"),
+        ("/queues?page=99999", "'page'"),
+        ("/messages?queue=orders&partition=-1", "'partition'"),
+        ("/messages?queue=orders&partition=0&start=yesterday", "'start'"),
+        ("/messages?queue=orders&format=xml", "'format'"),
+        ("/messages?queue=orders&partition=7", "partition"),
+        ("/timers?queue=orders&handle=nonsense", "timer handle"),
+        ("/queues?q=" + "a" * 600, "'q'"),
+        ("/queues/orders/groups/billing?limit=0", "'limit'"),
+    ],
+)
+def test_bad_parameters_are_a_400_naming_them(served, path, named):
+    answer = user(served).get(path)
+    assert answer.status == 400, answer.body[:500]
+    assert named in html.unescape(answer.body) and "Traceback" not in answer.body
+
+
+def test_bad_action_fields_are_a_400_and_change_nothing(served):
+    admin = user(served)
+    for form in ({"time": "not a time"}, {"time": "0", "partition": "x"}, {"time": "0", "confirm": "maybe"}):
+        answer = admin.post("/queues/orders/groups/billing/reset", form)
+        assert answer.status == 400, (form, answer.body[:300])
+    assert admin.post("/queues/orders/dlq/replay", {"rate": "0"}).status == 400
+
+
+def test_unknown_names_are_a_404(served):
+    admin = user(served)
+    assert admin.get("/queues/nope").status == 404
+    assert admin.get("/queues/orders/groups/nope").status == 404
+
+
+def test_names_topics_and_values_are_escaped_everywhere(served):
+    admin = user(served)
+    page = admin.get("/messages?queue=orders&partition=1").body
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<script>alert" not in page
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page and "<img src=x" not in page
+    reflected = admin.get("/queues?q=%3Cscript%3Ealert(1)%3C/script%3E").body
+    assert "<script>alert" not in reflected and "&lt;script&gt;" in reflected
+    missing = admin.get("/queues/%3Cb%3Ebold%3C%2Fb%3E")
+    assert missing.status in (400, 404) and "<b>bold" not in missing.body
+    hexed = admin.get("/messages?queue=orders&partition=1&format=hex").body
+    assert "3c 73 63 72 69 70 74 3e" in hexed  # "<script>" as hex
+
+
+def test_pages_forbid_inline_scripts_and_framing(served):
+    headers = user(served).get("/").headers
+    assert "script-src 'self'" in headers["Content-Security-Policy"]
+    assert headers["X-Frame-Options"] == "DENY"
+
+
+def test_an_oversized_body_is_refused_unread(served):
+    # Given a request that announces a 2 MB body and sends only its start
+    port = int(served[1].rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"POST /queues/orders/groups/billing/reset HTTP/1.1\r\nHost: x\r\n"
+                  b"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 2000000\r\n\r\n"
+                  + b"x" * 1000)  # fmt: skip
+        # Then it is refused with 413 without waiting for the rest
+        assert s.recv(100).startswith(b"HTTP/1.1 413")
+
+
+# -- what the pages show and the actions do -----------------------------------------
+
+
+def test_the_pages_show_queues_groups_pending_and_timers(served):
+    admin = user(served)
+    assert "orders" in admin.get("/queues").body
+    overview = admin.get("/").body
+    assert served[0].address in overview  # the server owning the partitions (its coordinator's view)
+    group = admin.get("/queues/orders/groups/billing").body
+    assert 'id="group-partitions"' in group and 'id="pending"' in group
+    assert "billing" in admin.get("/groups?q=orders").body
+    timers = admin.get("/timers?q=orders").body
+    assert "orders" in timers
+    found = admin.get(f"/timers?queue=orders&handle={served[3]}").body
+    assert "reminder" in found and 'id="cancel-timer"' in found
+
+
+def test_a_position_reset_previews_then_moves_and_is_audited(served):
+    admin = user(served)
+    # When an admin asks to take the group back to the start of time
+    preview = admin.post("/queues/orders/groups/billing/reset", {"time": "0", "partition": "0"})
+    # Then the preview counts what partition 0 would redeliver, and nothing moved yet
+    assert preview.status == 200 and 'id="confirm-reset"' in preview.body and "redelivers" in preview.body
+    assert ">1<" in preview.body  # the one message the group finished (dead-lettered)
+    # And when confirmed, it moves, and the audit log says who did it
+    done = admin.post("/queues/orders/groups/billing/reset", {"time": "0", "partition": "0", "confirm": "yes"})
+    assert done.status == 200
+    audit = admin.get("/audit").body
+    assert "reset group position" in audit and "ops" in audit and "done: moved" in audit
+
+
+def test_a_dead_letter_replay_dry_runs_then_replays_at_a_rate_and_is_audited(served):
+    admin = user(served)
+    dry = admin.post("/queues/orders/dlq/replay", {"rate": "50"})
+    assert dry.status == 200 and 'id="dry-count">1<' in dry.body and "order 0" in dry.body
+    assert "group billing" in dry.body  # its note: who sent it there (and its origin, its attempts)
+    assert "group billing" in admin.get("/queues/orders/dlq").body
+    before = served[2].describe_queue("orders")["message_count_estimate"]
+    assert admin.post("/queues/orders/dlq/replay", {"rate": "50", "confirm": "yes"}).status == 200
+    wait_for(lambda: "done: 1 replayed" in admin.get("/audit").body, 20, "the replay to be audited")
+    with served[2].queue("orders") as orders:
+        assert sum(1 for m in orders.scan(partition_id=0) if m.value == b"order 0") == 2
+    assert before is not None
+
+
+def test_a_timer_cancel_is_confirmed_then_done_and_audited(served):
+    admin = user(served)
+    handle = served[3]
+    confirm = admin.post("/timers/cancel", {"queue": "orders", "handle": handle})
+    assert 'id="confirm-cancel"' in confirm.body
+    assert admin.post("/timers/cancel", {"queue": "orders", "handle": handle, "confirm": "yes"}).status == 200
+    assert "not pending" in admin.get(f"/timers?queue=orders&handle={handle}").body
+    assert "cancel timer" in admin.get("/audit").body
+
+
+# -- bounds, on a console in this process ------------------------------------------------------------
+
+
+@pytest.fixture
+def local_console(tmp_path):
+    admin = HQueueAdmin(f"local://{tmp_path}/data")
+    admin.create_queue("q", 1)
+    console = Console(admin, channel_timeout=1, trusted_proxy="127.0.0.1").start()
+    yield console
+    console.stop()
+    admin.close()
+
+
+def test_a_slow_client_is_closed_after_the_channel_timeout_and_holds_no_thread(local_console):
+    # Given clients that send half a request and then nothing, more than the console's threads
+    slow = [socket.create_connection(("127.0.0.1", local_console.port)) for _ in range(8)]
+    for s in slow:
+        s.sendall(b"GET /login HTTP/1.1\r\nHost: x\r\n")
+    # Then others are still served meanwhile
+    assert ConsoleUser(local_console.url).get("/login").status == 200
+    # And the slow ones are closed by the console (channel timeout 1 s)
+    for s in slow:
+        s.settimeout(15)
+        started = time.monotonic()
+        assert s.recv(100) == b""  # closed, nothing answered
+        assert time.monotonic() - started < 15
+        s.close()
+
+
+def test_without_an_auth_file_only_the_one_time_token_logs_in_and_it_is_admin(local_console):
+    assert local_console.login_token and len(local_console.login_token) >= 24
+    one = ConsoleUser(local_console.url)
+    assert one.log_in("guess-0123456789abcdef").status == 403
+    assert one.log_in(local_console.login_token).status == 200
+    assert "Reset the position" not in one.get("/queues/q").body  # no group here; the queue page is served
+    assert one.get("/api/overview").status == 200
+
+
+def test_the_cookie_is_secure_behind_a_tls_proxy(local_console):
+    # Given a request a trusted TLS proxy forwarded (X-Forwarded-Proto: https)
+    behind = ConsoleUser(local_console.url).get("/login", **{"X-Forwarded-Proto": "https"})
+    # Then its cookie is Secure; over plain HTTP it is not (a browser would drop it)
+    assert "; Secure" in behind.headers["Set-Cookie"]
+    assert "; Secure" not in ConsoleUser(local_console.url).get("/login").headers["Set-Cookie"]
+
+
+def test_the_charts_keep_a_bounded_number_of_series_whatever_the_queues(tmp_path):
+    # Given counters for 10,000 queues, each written between two samples
+    counts = {f"q{i}": 0 for i in range(10_000)}
+    sampler = Sampler(Counters(puts=lambda: counts), interval=3600)
+    sampler.sample()
+    for name in counts:
+        counts[name] += 5
+    counts["q42"] += 1000  # the busiest
+    sampler.sample()
+    # Then at most MAX_QUEUE_SERIES queues have a series, the busiest among them
+    assert len(sampler.queues) == MAX_QUEUE_SERIES and "q42" in sampler.queues
+    assert sampler.latest("put_rate") is not None and sampler.latest("put_rate") > 0
+
+
+def test_guessing_tokens_is_slowed_down_per_host_without_holding_a_thread(local_console):
+    # Given a host that tried FREE_FAILURES wrong tokens
+    guesser = ConsoleUser(local_console.url)
+    for _ in range(FREE_FAILURES):
+        assert guesser.log_in("wrong-token-0123456789").status == 403
+    # Then its next try, even with the right token, is refused at once with how long to wait
+    started = time.monotonic()
+    answer = guesser.log_in(local_console.login_token)
+    assert answer.status == 429 and "try again in" in answer.body
+    assert time.monotonic() - started < 5  # answered, not held
+    # And the console still serves pages meanwhile (to a session made before)
+    assert ConsoleUser(local_console.url).get("/login").status == 200
+
+
+def test_groups_are_paged_within_a_queue_and_searched_by_queue_first(local_console):
+    # Given a queue with 120 consumer groups, and another queue
+    admin = local_console.admin
+    admin.create_queue("other", 1)
+    with admin.queue("q") as queue:
+        for i in range(120):
+            queue.consumer(f"g{i:03d}").close()
+    user = ConsoleUser(local_console.url)
+    user.log_in(local_console.login_token)
+    # Then the pages hold 50 rows each, and following "next" lists every group once
+    seen, path = [], "/groups"
+    while path:
+        body = user.get(path).body
+        names = re.findall(r'/queues/q/groups/(g\d+)"', body)
+        assert len(names) <= 50
+        seen += names
+        found = re.search(r'id="next-page" href="([^"]+)"', body)
+        path = "/groups" + html.unescape(found.group(1)) if found else None
+    assert seen == [f"g{i:03d}" for i in range(120)]
+    # And a search narrows by queue, then name
+    body = user.get("/groups?q=q/g11").body
+    assert re.findall(r'/queues/q/groups/(g\d+)"', body) == [f"g11{i}" for i in range(10)]
+    assert "/groups/" not in user.get("/groups?q=other/").body
+
+
+def test_a_page_of_big_messages_stops_at_its_byte_budget_and_pages_on(local_console):
+    # Given three 1.5 MB messages (the page holds 2 MB of values at most)
+    with local_console.admin.queue("q") as queue:
+        queue.put([Message("t", b"x" * 1_500_000)] * 3, 0)
+    user = ConsoleUser(local_console.url)
+    user.log_in(local_console.login_token)
+    # Then each page shows one (cut to 4 KiB on the page), and "next" reaches every one
+    path, pages = "/messages?queue=q&partition=0", 0
+    while path:
+        body = user.get(path).body
+        assert body.count("(1500000 bytes)") == 1 and len(body) < 100_000
+        pages += 1
+        found = re.search(r'id="next-page" href="([^"]+)"', body)
+        path = "/messages" + html.unescape(found.group(1)) if found else None
+    assert pages == 3

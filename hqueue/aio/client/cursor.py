@@ -20,6 +20,7 @@ from typing import Any
 from thriftpy2.thrift import TException
 from thriftpy2.transport import TTransportException
 
+from ...client.cursor import _FIRST_DELAY, _MAX_DELAY, _Lost
 from ...errors import HQueueError, InvalidArgument, ServerUnavailable
 from ...message import Message, messages_from_columns
 from ...rpc import packed, wire
@@ -27,17 +28,6 @@ from ...scanner import Scan
 from .transport import AsyncConnection, AsyncPool, NotSentError
 
 logger = logging.getLogger(__name__)
-
-#: Seconds between two tries to open a lost scanner again (doubling up to ``_MAX_DELAY``).
-_FIRST_DELAY, _MAX_DELAY = 0.01, 0.25
-
-
-class _Lost(Exception):
-    """The scanner is gone with its connection, or the server no longer has it."""
-
-    def __init__(self, cause: BaseException, sent: bool = True) -> None:
-        super().__init__(str(cause))
-        self.cause, self.sent = cause, sent
 
 
 class AsyncRemoteCursor:

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from hqueue import HQueueAdmin, Message
+from hqueue import HQueue, HQueueAdmin, Message, NotAuthorized
 from hqueue.console import Console
 from hqueue.console.access import FREE_FAILURES
 from hqueue.console.audit import AUDIT_QUEUE
@@ -166,6 +166,30 @@ def test_a_producer_may_cancel_timers_of_its_queue_but_not_see_other_queues(serv
     assert shop.post("/timers/cancel", {"queue": "orders", "handle": "0/1/1:0"}).status == 200  # the confirmation
     assert shop.get(f"/queues/{AUDIT_QUEUE}").status == 403
     assert "orders" in shop.get("/queues").body
+
+
+def test_a_producer_reads_no_message_group_or_dead_letter_it_may_not_scan_over_thrift(served):
+    # Given a producer token on 'orders', which the Thrift port refuses a scan
+    server, _, _, timer = served
+    with HQueue("orders", url=f"hqueue://{server.address}", token=PRODUCER) as orders:
+        with pytest.raises(NotAuthorized):
+            list(orders.scan())
+    shop = user(served, PRODUCER)
+    # Then the console shows it no message, group, pending message or dead letter of it either
+    for path in ("/messages?queue=orders&partition=0", "/queues/orders/groups/billing", "/queues/orders/dlq",
+                 "/api/queues/orders/groups/billing"):  # fmt: skip
+        answer = shop.get(path)
+        assert answer.status == 403 and "consumer" in html.unescape(answer.body), (path, answer.status)
+        assert "order 1" not in answer.body
+    assert "billing" not in shop.get("/groups").body
+    # and finds its timer (to cancel it) without its value
+    found = shop.get(f"/timers?queue=orders&handle={timer}")
+    assert found.status == 200 and "cancel-timer" in found.body and "reminder" not in found.body
+    # while a consumer token reads them all
+    reader = user(served, CONSUMER)
+    assert "order 1" in reader.get("/messages?queue=orders&partition=0").body
+    assert "billing" in reader.get("/groups").body
+    assert "reminder" in reader.get(f"/timers?queue=orders&handle={timer}").body
 
 
 # -- hostile input -------------------------------------------------------------------

@@ -12,6 +12,7 @@ naming a bad field, 404 for an unknown name, 413 for a body too big; never a
 from __future__ import annotations
 
 import html
+import json
 import re
 import socket
 import time
@@ -27,6 +28,7 @@ from tests.helpers.console_http import ConsoleUser
 from tests.processes import ServerProcess, free_port, wait_for
 
 ADMIN, PRODUCER, CONSUMER = "admin-secret-0123456789", "producer-secret-0123456789", "consumer-secret-0123456789"
+ANY_PRODUCER = "any-producer-secret-0123456789"
 AUTH_FILE = f"""
 [tokens.ops]
 secret = "{ADMIN}"
@@ -38,6 +40,11 @@ producer = ["orders"]
 
 [tokens.reader]
 secret = "{CONSUMER}"
+consumer = ["*"]
+
+[tokens.feeder]
+secret = "{ANY_PRODUCER}"
+producer = ["*"]
 consumer = ["*"]
 """
 HOSTILE_TOPIC = "<img src=x onerror=alert(1)>"
@@ -190,6 +197,24 @@ def test_a_producer_reads_no_message_group_or_dead_letter_it_may_not_scan_over_t
     assert "order 1" in reader.get("/messages?queue=orders&partition=0").body
     assert "billing" in reader.get("/groups").body
     assert "reminder" in reader.get(f"/timers?queue=orders&handle={timer}").body
+
+
+def test_a_producer_on_every_queue_cannot_forge_audit_entries_over_thrift(served):
+    # Given the audit log (made by an admin action) and a token that may put to and read any queue
+    server, _, _, _ = served
+    admin = user(served)
+    assert admin.post("/timers/cancel", {"queue": "orders", "handle": "0/1/1:0", "confirm": "yes"}).status == 200
+    forged = {"who": "ops", "what": "reset group position", "queue": "orders", "target": "billing",
+              "details": {"time": "0"}, "outcome": "done: forged-entry", "at": int(time.time() * 1000)}  # fmt: skip
+    # When it puts an entry, or a timer that would become one, into the audit queue over Thrift
+    with HQueue(AUDIT_QUEUE, url=f"hqueue://{server.address}", token=ANY_PRODUCER) as log:
+        with pytest.raises(NotAuthorized):
+            log.put(Message("audit", json.dumps(forged).encode()), partition_id=0)
+        with pytest.raises(NotAuthorized):
+            log.put(Message("audit", json.dumps(forged).encode()), partition_id=0, delay=0.1)
+    # Then it is refused (only admin writes there), and the Audit page shows no such entry
+    time.sleep(0.5)
+    assert "forged-entry" not in admin.get("/audit").body
 
 
 # -- hostile input -------------------------------------------------------------------

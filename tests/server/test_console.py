@@ -16,6 +16,7 @@ import json
 import re
 import socket
 import time
+import urllib.parse
 
 import pytest
 
@@ -24,7 +25,7 @@ from hqueue.console import Console
 from hqueue.console.access import FREE_FAILURES
 from hqueue.console.audit import AUDIT_QUEUE
 from hqueue.console.series import MAX_QUEUE_SERIES, Counters, Sampler
-from tests.helpers.console_http import ConsoleUser
+from tests.helpers.console_http import ConsoleUser, form_csrf
 from tests.processes import ServerProcess, free_port, wait_for
 
 ADMIN, PRODUCER, CONSUMER = "admin-secret-0123456789", "producer-secret-0123456789", "consumer-secret-0123456789"
@@ -117,6 +118,29 @@ def test_logging_out_ends_the_session_on_the_server(served):
     one = user(served)
     assert one.post("/logout", {}).status == 200
     assert one.get("/api/overview").status == 401
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "/\t/evil.example/",
+        "/\n/evil.example/",
+        "/\r/evil.example",
+        "//evil.example",
+        "/\\evil.example",
+        "https://evil.example/",
+        "/%09/evil.example",
+    ],
+)
+def test_the_log_ins_next_never_leads_off_the_site(served, target):
+    # Given a log-in link whose next= points elsewhere (browsers drop tabs and newlines from a URL)
+    one = ConsoleUser(served[1], follow_redirects=False)
+    page = one.get("/login?next=" + urllib.parse.quote(target))
+    answer = one.request("/login", {"csrf": form_csrf(page.body), "token": ADMIN, "next": target})
+    # Then logging in stays on the console
+    location = answer.headers["Location"]
+    cleaned = re.sub(r"[\t\n\r]", "", location)
+    assert answer.status == 302 and cleaned.startswith("/") and not cleaned.startswith(("//", "/\\")), location
 
 
 # -- CSRF ----------------------------------------------------------------------------

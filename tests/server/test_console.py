@@ -25,6 +25,9 @@ from hqueue.console import Console
 from hqueue.console.access import FREE_FAILURES
 from hqueue.console.audit import AUDIT_QUEUE
 from hqueue.console.series import MAX_QUEUE_SERIES, Counters, Sampler
+from hqueue.errors import InvalidArgument
+from hqueue.keys.timers import Timer
+from hqueue.message import MessageID
 from tests.helpers.console_http import ConsoleUser, form_csrf
 from tests.processes import ServerProcess, free_port, wait_for
 
@@ -262,6 +265,22 @@ def test_bad_parameters_are_a_400_naming_them(served, path, named):
     answer = user(served).get(path)
     assert answer.status == 400, answer.body[:500]
     assert named in html.unescape(answer.body) and "Traceback" not in answer.body
+
+
+@pytest.mark.parametrize("handle", ["0/-5/1:0", "0/99999999999999999999/1:0", "0/9223372036854775808/1:0"])
+def test_a_timer_handle_with_an_impossible_due_time_is_a_400_in_the_console_and_invalid_over_thrift(served, handle):
+    # Given a handle whose due time no timer can have (below 0, or past 64 bits)
+    admin = user(served)
+    # Then finding or cancelling it is a 400 naming the handle, never a 500
+    found = admin.get(f"/timers?queue=orders&handle={handle}")
+    cancelled = admin.post("/timers/cancel", {"queue": "orders", "handle": handle, "confirm": "yes"})
+    for answer in (found, cancelled):
+        assert answer.status == 400 and "timer handle" in html.unescape(answer.body), answer.body[:300]
+    # and over Thrift a cancel of such a timer is InvalidArgument, not a storage failure
+    timer = Timer(0, int(handle.split("/")[1]), MessageID(1))
+    if timer.due < 2**63:  # a due past 64 bits does not fit the wire's i64: the client refuses it
+        with served[2].queue("orders") as orders, pytest.raises(InvalidArgument, match="due time"):
+            orders.cancel(timer)
 
 
 def test_bad_action_fields_are_a_400_and_change_nothing(served):

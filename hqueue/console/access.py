@@ -89,6 +89,12 @@ class Login:
     def may_see(self, queue: str) -> bool:
         return self.principal.may_see(queue)
 
+    def may_read(self, queue: str) -> bool:
+        """Whether it may read the queue's messages, groups and subscribers: ``consumer``
+        (or admin), as the Thrift port's scan, listGroups, describeGroup and groupPending need.
+        A producer sees a queue (its name, partitions, timers' counts) but not what is in it."""
+        return self.principal.may("consumer", queue)
+
 
 class Access:
     """Logs users in with tokens and keeps their sessions.

@@ -161,7 +161,11 @@ def _errors(app: Flask) -> None:
 
 
 def _local(target: str | None) -> str | None:
-    """``target`` if it is a path on this site (no open redirect)."""
-    if target and target.startswith("/") and not target.startswith("//") and "\\" not in target:
-        return target[:MAX_FIELD]
+    """``target`` if it is a path on this site (no open redirect). Control characters and
+    spaces are refused whole: browsers drop tabs and newlines from a URL (and Werkzeug drops
+    them from a Location), so ``/<TAB>/evil.example`` would lead to ``//evil.example``."""
+    if not target or len(target) > MAX_FIELD or any(c <= " " or c == "\x7f" for c in target):
+        return None
+    if target.startswith("/") and not target.startswith("//") and "\\" not in target:
+        return target
     return None

@@ -1,7 +1,8 @@
 """The console's audit log: who did what admin action, when, and how it went.
 
 Each entry is a message on the queue :data:`AUDIT_QUEUE` (one partition,
-kept :data:`AUDIT_TTL` seconds, SYNC_WAL), made on the first admin action.
+kept :data:`AUDIT_TTL` seconds, SYNC_WAL), made on the first admin action;
+over the Thrift port only an ``admin`` token on it may write it (auth.py).
 An ordinary queue, so every server of a store shares it, it survives
 restarts, and ``hqueue scan hqueue-console-audit`` reads it too. The value
 is JSON: ``{"who", "what", "queue", "target", "details", "outcome", "at"}``.
@@ -15,12 +16,12 @@ import time
 from typing import Any
 
 from ..admin import HQueueAdmin
+from ..auth import AUDIT_QUEUE
 from ..errors import HQueueError, QueueExists, QueueNotFound
 from ..message import Message
 
 logger = logging.getLogger(__name__)
 
-AUDIT_QUEUE = "hqueue-console-audit"
 AUDIT_TTL = 90 * 86400
 #: The most entries the Audit page reads (the newest of the last :data:`AUDIT_WINDOW` seconds).
 AUDIT_PAGE = 200

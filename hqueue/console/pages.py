@@ -71,6 +71,15 @@ def seen(queue: str) -> str:
     return queue
 
 
+def readable(queue: str) -> str:
+    """``queue`` if the login may read its messages, groups and subscribers (the consumer
+    role, as over the Thrift port); 403 otherwise (before anything is read)."""
+    seen(queue)
+    if not g.login.may_read(queue):
+        abort(403, f"token {g.login.who!r} may not read queue {queue!r} (needs role 'consumer')")
+    return queue
+
+
 def paged(items: list, size: int = PAGE) -> tuple[list, int, int]:
     """(this page's items, page number, pages) of ``items`` by ``?page=``."""
     pages = max(1, -(-len(items) // size))
@@ -122,7 +131,7 @@ def groups() -> str:
     queue_part, slash, name_part = text.partition("/")
     after_queue, _, skip_text = field("after", "").rpartition("/")
     skip = int(skip_text) if skip_text.isdigit() else 0
-    infos = [i for i in visible(admin.list_queues()) if i.name >= after_queue]
+    infos = [i for i in admin.list_queues() if i.name >= after_queue and g.login.may_read(i.name)]
     if slash and queue_part:
         infos = [i for i in infos if queue_part in i.name.lower()]
     found: list[tuple[str, str, str]] = []  # (kind, queue, name)
@@ -167,7 +176,7 @@ def _subscriber_row(queue: str, name: str, d: dict[str, Any]) -> dict[str, Any]:
 
 def group_page(queue: str, group: str) -> str:
     admin = g.console.admin
-    d = g.console.describe_group(seen(queue), group)
+    d = g.console.describe_group(readable(queue), group)
     with admin.queue(queue) as handle:
         pending = handle.pending(group, limit=number("limit", 200, 1, 10_000))
     return page("group.html", queue=queue, group=group, d=d, pending=pending, dlq=dead_letter_queue(queue),
@@ -175,7 +184,7 @@ def group_page(queue: str, group: str) -> str:
 
 
 def subscriber_page(queue: str, name: str) -> str:
-    d = g.console.admin.describe_subscriber(seen(queue), name)
+    d = g.console.admin.describe_subscriber(readable(queue), name)
     return page("subscriber.html", queue=queue, name=name, d=d)
 
 
@@ -183,7 +192,7 @@ def dlq_page(queue: str) -> str:
     """The dead letters (the dry run of a replay: what it would put back, and where)."""
     admin = g.console.admin
     start, stop = moment("start", ""), moment("stop", "")
-    dlq = dead_letter_queue(seen(queue))
+    dlq = dead_letter_queue(readable(queue))
     letters = admin.dead_letters(queue, start, stop, limit=DLQ_SHOWN) if admin.queue_exists(dlq) else []
     size = admin.describe_queue(dlq)["message_count_estimate"] if admin.queue_exists(dlq) else 0
     return page("dlq.html", queue=queue, dlq=dlq,
@@ -204,7 +213,7 @@ def messages() -> str:
     partition = number("partition", 0, 0, 32766)
     after = moment("after", "")
     start = _following(after) if after else moment("start", "")
-    with g.console.admin.queue(seen(queue)) as handle:
+    with g.console.admin.queue(readable(queue)) as handle:
         topics = [values["topic"]] if values["topic"] else None
         found, more = read_page(handle, partition, start, moment("stop", ""), topics, PAGE)
     rows = [(m, shown(m.value, values["format"])) for m in found]
@@ -244,8 +253,9 @@ def _find_timer(queue: str, handle: str) -> dict[str, Any]:
     timer = Timer.parse(handle)
     with g.console.admin.queue(seen(queue)) as q:
         message = q.find_timer(timer)
-    return {"timer": timer, "message": message, "value": shown(message.value) if message else None,
-            "may_cancel": g.login.may_cancel_timers(queue)}  # fmt: skip
+    may_read = g.login.may_read(queue)  # a producer learns whether it is pending, not what it holds
+    return {"timer": timer, "message": message, "value": shown(message.value) if message and may_read else None,
+            "may_read": may_read, "may_cancel": g.login.may_cancel_timers(queue)}  # fmt: skip
 
 
 def audit() -> str:
@@ -267,7 +277,7 @@ def queue_data(queue: str) -> Any:
 
 def group_data(queue: str, group: str) -> Any:
     """The group's lag chart; reading it notes a new point (the page's refresh keeps it going)."""
-    d = g.console.describe_group(seen(queue), group)
+    d = g.console.describe_group(readable(queue), group)
     chart = g.console.sampler.group_chart(queue, group)
     totals = {"lag_messages": sum(p["lag_messages"] for p in d["partitions"].values())}
     return jsonify(chart=chart, now=totals)

@@ -57,8 +57,10 @@ class Timer:
         """Read back ``str(timer)``: ``"pid/due/timestamp:sequence"``."""
         try:
             pid, due, message_id = text.strip().split("/")
-            return cls(int(pid), int(due), MessageID.parse(message_id))
-        except (ValueError, TypeError):
+            timer = cls(int(pid), int(due), MessageID.parse(message_id))
+            check_due(timer.due)
+            return timer
+        except (ValueError, TypeError, InvalidArgument):
             raise InvalidArgument(
                 f"not a timer handle: {text!r} (expected 'partition/due/timestamp:sequence')"
             ) from None
@@ -128,8 +130,24 @@ def pending_range(partition_id: int, until: int | None = None, since: int = 0) -
     return (timer_row(partition_id, since) if since else timer_prefix(partition_id)), stop
 
 
+#: The latest due time a timer may have (epoch ms): what scheduleTimers takes.
+MAX_DUE = 2**63 - 1
+
+
+def check_due(due: object) -> int:
+    """``due`` if it is a timer's due time (epoch ms in 0..MAX_DUE); InvalidArgument otherwise."""
+    if not isinstance(due, int) or isinstance(due, bool) or not 0 <= due <= MAX_DUE:
+        raise InvalidArgument(f"a timer's due time must be epoch ms in 0..{MAX_DUE}, got {due!r}")
+    return due
+
+
 def one_timer_range(timer: Timer) -> tuple[bytes, bytes]:
-    """The key range holding exactly ``timer``'s cell (its topic is not in the handle)."""
+    """The key range holding exactly ``timer``'s cell (its topic is not in the handle).
+
+    Raises:
+        InvalidArgument: a due time no timer can have (a handle made up, not returned by a put).
+    """
+    check_due(timer.due)
     prefix = timer_row(timer.partition_id, timer.due) + timer.id.to_bytes()
     return prefix, key_after(prefix)
 

@@ -12,21 +12,27 @@ naming a bad field, 404 for an unknown name, 413 for a body too big; never a
 from __future__ import annotations
 
 import html
+import json
 import re
 import socket
 import time
+import urllib.parse
 
 import pytest
 
-from hqueue import HQueueAdmin, Message
+from hqueue import HQueue, HQueueAdmin, Message, NotAuthorized
 from hqueue.console import Console
 from hqueue.console.access import FREE_FAILURES
 from hqueue.console.audit import AUDIT_QUEUE
 from hqueue.console.series import MAX_QUEUE_SERIES, Counters, Sampler
-from tests.helpers.console_http import ConsoleUser
+from hqueue.errors import InvalidArgument
+from hqueue.keys.timers import Timer
+from hqueue.message import MessageID
+from tests.helpers.console_http import ConsoleUser, form_csrf
 from tests.processes import ServerProcess, free_port, wait_for
 
 ADMIN, PRODUCER, CONSUMER = "admin-secret-0123456789", "producer-secret-0123456789", "consumer-secret-0123456789"
+ANY_PRODUCER = "any-producer-secret-0123456789"
 AUTH_FILE = f"""
 [tokens.ops]
 secret = "{ADMIN}"
@@ -38,6 +44,11 @@ producer = ["orders"]
 
 [tokens.reader]
 secret = "{CONSUMER}"
+consumer = ["*"]
+
+[tokens.feeder]
+secret = "{ANY_PRODUCER}"
+producer = ["*"]
 consumer = ["*"]
 """
 HOSTILE_TOPIC = "<img src=x onerror=alert(1)>"
@@ -112,6 +123,29 @@ def test_logging_out_ends_the_session_on_the_server(served):
     assert one.get("/api/overview").status == 401
 
 
+@pytest.mark.parametrize(
+    "target",
+    [
+        "/\t/evil.example/",
+        "/\n/evil.example/",
+        "/\r/evil.example",
+        "//evil.example",
+        "/\\evil.example",
+        "https://evil.example/",
+        "/%09/evil.example",
+    ],
+)
+def test_the_log_ins_next_never_leads_off_the_site(served, target):
+    # Given a log-in link whose next= points elsewhere (browsers drop tabs and newlines from a URL)
+    one = ConsoleUser(served[1], follow_redirects=False)
+    page = one.get("/login?next=" + urllib.parse.quote(target))
+    answer = one.request("/login", {"csrf": form_csrf(page.body), "token": ADMIN, "next": target})
+    # Then logging in stays on the console
+    location = answer.headers["Location"]
+    cleaned = re.sub(r"[\t\n\r]", "", location)
+    assert answer.status == 302 and cleaned.startswith("/") and not cleaned.startswith(("//", "/\\")), location
+
+
 # -- CSRF ----------------------------------------------------------------------------
 
 
@@ -168,6 +202,48 @@ def test_a_producer_may_cancel_timers_of_its_queue_but_not_see_other_queues(serv
     assert "orders" in shop.get("/queues").body
 
 
+def test_a_producer_reads_no_message_group_or_dead_letter_it_may_not_scan_over_thrift(served):
+    # Given a producer token on 'orders', which the Thrift port refuses a scan
+    server, _, _, timer = served
+    with HQueue("orders", url=f"hqueue://{server.address}", token=PRODUCER) as orders:
+        with pytest.raises(NotAuthorized):
+            list(orders.scan())
+    shop = user(served, PRODUCER)
+    # Then the console shows it no message, group, pending message or dead letter of it either
+    for path in ("/messages?queue=orders&partition=0", "/queues/orders/groups/billing", "/queues/orders/dlq",
+                 "/api/queues/orders/groups/billing"):  # fmt: skip
+        answer = shop.get(path)
+        assert answer.status == 403 and "consumer" in html.unescape(answer.body), (path, answer.status)
+        assert "order 1" not in answer.body
+    assert "billing" not in shop.get("/groups").body
+    # and finds its timer (to cancel it) without its value
+    found = shop.get(f"/timers?queue=orders&handle={timer}")
+    assert found.status == 200 and "cancel-timer" in found.body and "reminder" not in found.body
+    # while a consumer token reads them all
+    reader = user(served, CONSUMER)
+    assert "order 1" in reader.get("/messages?queue=orders&partition=0").body
+    assert "billing" in reader.get("/groups").body
+    assert "reminder" in reader.get(f"/timers?queue=orders&handle={timer}").body
+
+
+def test_a_producer_on_every_queue_cannot_forge_audit_entries_over_thrift(served):
+    # Given the audit log (made by an admin action) and a token that may put to and read any queue
+    server, _, _, _ = served
+    admin = user(served)
+    assert admin.post("/timers/cancel", {"queue": "orders", "handle": "0/1/1:0", "confirm": "yes"}).status == 200
+    forged = {"who": "ops", "what": "reset group position", "queue": "orders", "target": "billing",
+              "details": {"time": "0"}, "outcome": "done: forged-entry", "at": int(time.time() * 1000)}  # fmt: skip
+    # When it puts an entry, or a timer that would become one, into the audit queue over Thrift
+    with HQueue(AUDIT_QUEUE, url=f"hqueue://{server.address}", token=ANY_PRODUCER) as log:
+        with pytest.raises(NotAuthorized):
+            log.put(Message("audit", json.dumps(forged).encode()), partition_id=0)
+        with pytest.raises(NotAuthorized):
+            log.put(Message("audit", json.dumps(forged).encode()), partition_id=0, delay=0.1)
+    # Then it is refused (only admin writes there), and the Audit page shows no such entry
+    time.sleep(0.5)
+    assert "forged-entry" not in admin.get("/audit").body
+
+
 # -- hostile input -------------------------------------------------------------------
 
 
@@ -189,6 +265,22 @@ def test_bad_parameters_are_a_400_naming_them(served, path, named):
     answer = user(served).get(path)
     assert answer.status == 400, answer.body[:500]
     assert named in html.unescape(answer.body) and "Traceback" not in answer.body
+
+
+@pytest.mark.parametrize("handle", ["0/-5/1:0", "0/99999999999999999999/1:0", "0/9223372036854775808/1:0"])
+def test_a_timer_handle_with_an_impossible_due_time_is_a_400_in_the_console_and_invalid_over_thrift(served, handle):
+    # Given a handle whose due time no timer can have (below 0, or past 64 bits)
+    admin = user(served)
+    # Then finding or cancelling it is a 400 naming the handle, never a 500
+    found = admin.get(f"/timers?queue=orders&handle={handle}")
+    cancelled = admin.post("/timers/cancel", {"queue": "orders", "handle": handle, "confirm": "yes"})
+    for answer in (found, cancelled):
+        assert answer.status == 400 and "timer handle" in html.unescape(answer.body), answer.body[:300]
+    # and over Thrift a cancel of such a timer is InvalidArgument, not a storage failure
+    timer = Timer(0, int(handle.split("/")[1]), MessageID(1))
+    if timer.due < 2**63:  # a due past 64 bits does not fit the wire's i64: the client refuses it
+        with served[2].queue("orders") as orders, pytest.raises(InvalidArgument, match="due time"):
+            orders.cancel(timer)
 
 
 def test_bad_action_fields_are_a_400_and_change_nothing(served):

@@ -130,8 +130,10 @@ def pending_range(partition_id: int, until: int | None = None, since: int = 0) -
     return (timer_row(partition_id, since) if since else timer_prefix(partition_id)), stop
 
 
-#: The latest due time a timer may have (epoch ms): what scheduleTimers takes.
-MAX_DUE = 2**63 - 1
+#: The latest due time a timer may have (epoch ms): what scheduleTimers takes. One
+#: below the largest timestamp, which ends :func:`pending_range` (a timer due then
+#: would be pending and never counted, listed or fired).
+MAX_DUE = MAX_TIMESTAMP - 1
 
 
 def check_due(due: object) -> int:
@@ -178,8 +180,8 @@ def _one_due(deliver_at: datetime | int) -> int:
 
 
 def _checked(due: int) -> int:
-    if not 0 <= due <= MAX_TIMESTAMP:
-        raise InvalidArgument(f"a due time must be in 0..2**63-1 ms, got {due}")
+    if not 0 <= due <= MAX_DUE:
+        raise InvalidArgument(f"a due time must be in 0..{MAX_DUE} ms, got {due}")
     return due
 
 
@@ -187,7 +189,7 @@ def check_dues(due: int | Sequence[int], count: int) -> int | list[int]:
     """``due`` checked for a batch of ``count`` timers: one due time, or one per timer.
 
     Raises:
-        InvalidArgument: a due time outside 0..2**63-1, or not one per message.
+        InvalidArgument: a due time outside 0..MAX_DUE, or not one per message.
     """
     if isinstance(due, bool):
         raise InvalidArgument(f"a due time must be epoch ms, got {due!r}")

@@ -240,3 +240,18 @@ def test_timers_due_together_on_every_partition_of_a_sync_wal_queue_each_fire_on
     for pid in range(8):
         mine = [m.value for m in fired if m.partition_id == pid]
         assert mine == [b"%d-%03d" % (pid, i) for i in range(200)]
+
+
+def test_the_latest_due_time_a_timer_may_have_is_still_listed_and_counted(make_queue):
+    from hqueue.keys.timers import MAX_DUE
+
+    # Given a timer due at the latest time allowed, and one past it refused
+    queue = make_queue()
+    far = queue.put(Message("far", b"v"), 0, deliver_at=MAX_DUE)[0]
+    with pytest.raises(InvalidArgument, match="due time"):
+        queue.put(Message("far", b"v"), 0, deliver_at=MAX_DUE + 1)
+    # Then the allowed one is pending where every pending timer is: listed, counted, next due
+    if not queue.url.startswith("local://"):
+        return  # timers are listed where the store is open
+    assert [t for t, _ in queue.timers()] == [far]
+    assert queue.next_due() == MAX_DUE

@@ -5,6 +5,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -13,7 +14,7 @@ from hqueue import Durability, HQueue, HQueueAdmin, Message, MessageID, StorageE
 from hqueue.storage import healing, normalize_url
 from hqueue.storage.embedded import EmbeddedStorage
 
-from ..processes import ROOT, python_env
+from ..processes import ROOT, python_env, wait_for
 
 
 def _python(*args: str, **kwargs) -> subprocess.Popen:
@@ -55,10 +56,23 @@ def test_each_durability_setting_writes_and_reads(tmp_path, durability):
             assert [m.id for m in queue.scan()] == ids
 
 
-def _read_acked(proc: subprocess.Popen) -> list[tuple[int, MessageID]]:
-    lines = proc.stdout.read().split("\n")
-    # The text after the last newline was cut by the kill: not a whole acknowledgement.
-    return [(int(p), MessageID(int(t), int(s))) for p, t, s in (line.split() for line in lines[:-1])]
+class _Output:
+    """A process's stdout, read as it comes (in a thread)."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.text = ""
+        self._thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        self._thread.start()
+
+    def _read(self, proc: subprocess.Popen) -> None:
+        while chunk := proc.stdout.read1(65536):  # type: ignore[union-attr]
+            self.text += chunk.decode()
+
+    def acked(self) -> list[tuple[int, MessageID]]:
+        self._thread.join(timeout=30)
+        lines = self.text.split("\n")
+        # The text after the last newline was cut by the kill: not a whole acknowledgement.
+        return [(int(p), MessageID(int(t), int(s))) for p, t, s in (line.split() for line in lines[:-1])]
 
 
 @pytest.mark.slow
@@ -75,12 +89,14 @@ def test_kill_9_mid_load_loses_no_acknowledged_message(tmp_path, durability):
     acked_total, last_per_partition = [], {}
     for cycle in range(5):
         # Given a writer under load
-        proc = _python("-m", "tests.helpers.crash_writer", str(tmp_path), "crash", stdout=subprocess.PIPE, text=True)
-        time.sleep(1.0 + random.random())
+        proc = _python("-m", "tests.helpers.crash_writer", str(tmp_path), "crash", stdout=subprocess.PIPE)
+        output = _Output(proc)
+        wait_for(lambda o=output: "\n" in o.text, 60, "the writer's first acknowledgement")
+        time.sleep(0.5 + random.random())
         # When it is killed without warning
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
-        acked = _read_acked(proc)
+        acked = output.acked()
         assert acked, f"cycle {cycle}: the writer acknowledged nothing"
         # Then IDs of this run are above every ID of earlier runs, per partition
         for pid, message_id in acked:

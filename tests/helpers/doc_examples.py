@@ -123,10 +123,17 @@ class ExampleFailed(Exception):
     """An example did not do what its page says."""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(count: int) -> list[int]:
+    """``count`` different free ports (each held until all are picked: the kernel may
+    hand a port just let go to the next bind)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def commands(text: str, prompt: re.Pattern[str] | None = None) -> list[tuple[str, str]]:
@@ -157,7 +164,7 @@ class Page:
 
     def __init__(self, path: Path, workdir: Path) -> None:
         self.path, self.workdir = path, workdir
-        self.ports = {port: str(free_port()) for port in PORTS}
+        self.ports = {port: str(real) for port, real in zip(PORTS, free_ports(len(PORTS)), strict=True)}
         self.namespace: dict = {"__name__": "__main__"}
         self.servers: list[tuple[subprocess.Popen, Path]] = []
         bin_dir = str(Path(sys.executable).parent)

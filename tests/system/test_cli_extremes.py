@@ -11,7 +11,7 @@ from hqueue.cli import main
 #: What a careless or hostile user types.
 EXTREMES = ["inf", "-inf", "nan", "1e308", "-1", "0", "", "1" * 30, "x" * 300, os.fsdecode(b"v\xfe"), "2026-13-45"]
 #: Commands that run a process (or wait for input) rather than answer.
-SKIP = {"server", "shell"}
+SKIP = {"server", "shell", "console"}
 #: Make the following commands stop at once.
 STOP = {"tail": ["--for", "0"], "consume": ["--for", "0"], "put": []}
 

@@ -47,6 +47,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def taken(port: int) -> bool:
+    """Whether something on this machine holds ``port`` on loopback."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+        return False
+
+
 def wait_for(condition, timeout: float = 10.0, what: str = "the condition", interval: float = 0.05):
     """Poll ``condition()`` until it returns a truthy value; fail after ``timeout``."""
     deadline = time.monotonic() + timeout
@@ -86,9 +96,22 @@ class ZooKeeperServer:
     def __init__(self, workdir: Path) -> None:
         if not ZOOKEEPER_JAR.exists() or not shutil.which("java"):
             missing("Debian's zookeeper package (and Java)")
-        self.port = free_port()
         data = workdir / "data"
         data.mkdir(parents=True)
+        # A port free when picked may be taken before Java binds it (tests run side by side):
+        # then ZooKeeper exits (saying nothing: Debian's jar has no log binding), and another is picked.
+        for attempt in range(5):
+            self._start(workdir, data)
+            try:
+                wait_for(self._answers, 60, "ZooKeeper to start")
+                return
+            except AssertionError:
+                self.stop()
+                if attempt == 4 or not taken(self.port):
+                    raise
+
+    def _start(self, workdir: Path, data: Path) -> None:
+        self.port = free_port()
         config = workdir / "zoo.cfg"
         # tickTime 200 ms: sessions may be as short as 0.4 s and at most 4 s.
         config.write_text(
@@ -101,7 +124,6 @@ class ZooKeeperServer:
              "org.apache.zookeeper.server.ZooKeeperServerMain", str(config)],
             stdout=self.log, stderr=subprocess.STDOUT,
         )  # fmt: skip
-        wait_for(self._answers, 60, "ZooKeeper to start")
 
     @property
     def hosts(self) -> str:
@@ -188,15 +210,17 @@ class ServerProcess:
             args, cwd=ROOT, env=python_env(), stdout=log, stderr=log, preexec_fn=limit_files if limit else None
         )
         log.close()
-        line = wait_for(self._listening, 60, f"server {self.name} to listen")
+        line = wait_for(self._serving, 60, f"server {self.name} to serve")
         self.port = int(line)
         return self
 
-    def _listening(self) -> str | None:
+    def _serving(self) -> str | None:
+        """Its port, once it has started everything: "listening on" comes when the port is
+        bound, before the server's threads start; "serving" when they all have."""
         if self.proc and self.proc.poll() is not None:
             raise AssertionError(f"server {self.name} exited:\n{self.log_path.read_text()[-3000:]}")
         text = self.log_path.read_text()[self._log_offset :]
-        found = re.findall(r"listening on [\d.]+:(\d+)", text)
+        found = re.findall(r"hqueue server [\d.]+:(\d+) serving ", text)
         return found[-1] if found else None
 
     @property
@@ -209,11 +233,35 @@ class ServerProcess:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait()
 
+    def pause(self) -> None:
+        """SIGSTOP, returning once every thread has stopped: the signal is only queued when
+        kill() returns, and on a busy machine a thread may still answer a request after it."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+        wait_for(lambda: stopped(self.proc.pid), 30, f"server {self.name} to stop", interval=0.005)
+
+    def resume(self) -> None:
+        """SIGCONT: a paused server goes on."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
     def terminate(self, timeout: float = 30) -> int:
         """SIGTERM, and the exit status of the clean shutdown."""
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout=timeout)
+
+
+def stopped(pid: int) -> bool:
+    """Whether every thread of process ``pid`` is stopped (state T in /proc)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            state = (task / "stat").read_text().rpartition(")")[2].split()[0]
+        except FileNotFoundError:  # a thread that just ended
+            continue
+        if state not in ("T", "t", "Z", "X"):
+            return False
+    return True
 
 
 def server_certificate(directory: Path) -> tuple[Path, ssl.SSLContext]:

@@ -19,4 +19,8 @@ fi
 .venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
 .venv/bin/ruff check hqueue tests bench
 .venv/bin/mypy hqueue
-.venv/bin/python -m pytest "$@"
+# Several workers, on any number of cores: most tests wait (on a subprocess, a ZooKeeper
+# session, a lease) rather than compute. Each worker has its own ZooKeeper and HBase
+# stand-in; tests marked xdist_group run on one worker together (--dist loadgroup).
+# HQUEUE_TEST_WORKERS=0 runs them all in this process.
+.venv/bin/python -m pytest -n "${HQUEUE_TEST_WORKERS:-4}" --dist loadgroup "$@"

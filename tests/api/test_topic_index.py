@@ -6,7 +6,6 @@ Runs on every storage backend and through a server (``make_queue``).
 from __future__ import annotations
 
 import hashlib
-import time
 
 import pytest
 import rocksdict
@@ -15,11 +14,12 @@ from xxhash import xxh3_64_digest
 from hqueue import HQueue, HQueueAdmin, InvalidArgument, Message, MessageID
 from hqueue.config import QueueInfo
 from hqueue.engine import Engine
+from hqueue.ids import wall_clock_ms
 from hqueue.keys.index import HASH_KEY, index_cells, index_range, message_key, topic_head
 from hqueue.storage.embedded import EmbeddedStorage
 from hqueue.storage.memory import MemoryStorage
 
-from ..processes import drain
+from ..processes import drain, wait_for
 
 
 def test_every_reader_sees_the_same_messages_with_and_without_the_index(make_queue):
@@ -145,16 +145,22 @@ def test_truncate_and_delete_clear_the_index_family(tmp_path):
             assert list(queue.scan(topics=["t"])) == []
 
 
+def past_ttl(message_id: MessageID, ttl: float = 1.0) -> None:
+    """Until the wall clock's TTL cutoff (now - ttl, in whole milliseconds) is above the ID:
+    a sleep of exactly the TTL left it equal at times, and the message alive."""
+    wait_for(lambda: wall_clock_ms() - ttl * 1000 > message_id.timestamp, ttl + 10, f"{message_id} to expire")
+
+
 def test_expired_messages_leave_the_index_too(tmp_path):
     url = "local://" + str(tmp_path / "data")
     with HQueueAdmin(url) as admin:
         admin.create_queue("q", 1, ttl=1, topic_index=True)
     with HQueue("q", url) as queue:
-        queue.put([Message("t", b"old")] * 10, 0)
-        time.sleep(1.1)
-        queue.put(Message("t", b"new"), 0)
+        old = queue.put([Message("t", b"old")] * 10, 0)
+        past_ttl(old[-1])
+        (new,) = queue.put(Message("t", b"new"), 0)
         assert [m.value for m in queue.scan(topics=["t"])] == [b"new"]  # hidden at once
-        time.sleep(1.0)
+        past_ttl(new)
         storage = queue.engine.storage  # type: ignore[attr-defined]
         storage.reclaim_expired("q")
         assert list(storage._family("q").keys()) == []  # rows and index entries reclaimed

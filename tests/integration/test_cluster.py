@@ -7,7 +7,6 @@ with SIGSTOP.
 """
 
 import re
-import signal
 import threading
 import time
 
@@ -164,12 +163,12 @@ def test_a_paused_server_is_fenced_before_others_take_its_partitions(cluster):
     # A partition a holds (a names itself for no other)
     mine = wait_for(lambda: owners(f"hqueue://{a.address}").index(a.address) + 1, 20, "a to hold one") - 1
     # Given server a frozen (a GC pause, a stopped VM) past its session timeout
-    a.proc.send_signal(signal.SIGSTOP)
+    a.pause()
     try:
         wait_for(lambda: owners(f"hqueue://{b.address}") == [b.address] * PARTITIONS, 20, "b to take over")
     finally:
         # When it wakes up and a put reaches it at once
-        a.proc.send_signal(signal.SIGCONT)
+        a.resume()
     client = make_client(
         T.HQueueService, "127.0.0.1", a.port,
         proto_factory=TBinaryProtocolFactory(), trans_factory=TFramedTransportFactory(), timeout=10_000,

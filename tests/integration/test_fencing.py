@@ -162,7 +162,7 @@ def test_a_paused_owner_acknowledges_nothing_after_takeover_and_nothing_acked_is
             time.sleep(1.0)
             # When X is paused past its session, with puts in flight on it
             paused = time.monotonic()
-            x.proc.send_signal(signal.SIGSTOP)
+            x.pause()
             try:
                 taken = first_ack(y, pid, f"c{cycle}.y")
                 calls.append(taken)
@@ -170,7 +170,7 @@ def test_a_paused_owner_acknowledges_nothing_after_takeover_and_nothing_acked_is
                 time.sleep(0.3)
             finally:
                 resumed = time.monotonic()
-                x.proc.send_signal(signal.SIGCONT)
+                x.resume()
             time.sleep(2.0)
             for w in on_x + on_y:
                 w.stop()

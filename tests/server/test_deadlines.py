@@ -14,8 +14,6 @@ own). The precise figures are in ``bench/deadlines.py``.
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import time
 
@@ -37,12 +35,12 @@ class Paused:
         self.proc, self.stopped = proc, False
 
     def stop(self) -> None:
-        os.kill(self.proc.proc.pid, signal.SIGSTOP)
+        self.proc.pause()
         self.stopped = True
 
     def resume(self) -> None:
         if self.stopped:
-            os.kill(self.proc.proc.pid, signal.SIGCONT)
+            self.proc.resume()
             self.stopped = False
 
 

@@ -16,7 +16,7 @@ from hqueue.auth import AuthPolicy
 from hqueue.errors import InvalidArgument, NotAuthorized
 from hqueue.server import HQueueServer
 
-from ..processes import ServerProcess, drain, free_port, wait_for
+from ..processes import ServerProcess, drain, wait_for
 
 
 def scrape(server) -> dict[str, float]:
@@ -194,15 +194,17 @@ def get(port: int, token: str | None = None, path: str = "/metrics") -> tuple[in
 
 
 def server_process(tmp_path, *args: str, env: dict[str, str] | None = None) -> tuple[ServerProcess, int]:
-    port = free_port()
+    """A server whose metrics port is a free one (0: the server's pick, read from its log,
+    so that no other test on the machine can take it between a pick and the bind)."""
     if env:
         os.environ.update(env)
     try:
-        process = ServerProcess(f"local://{tmp_path}/data", tmp_path, extra_args=("--metrics-port", str(port), *args))
+        process = ServerProcess(f"local://{tmp_path}/data", tmp_path, extra_args=("--metrics-port", "0", *args))
     finally:
         for name in env or ():
             os.environ.pop(name, None)
-    return process, port
+    (port,) = re.findall(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", process.log_path.read_text())
+    return process, int(port)
 
 
 def test_metrics_listen_on_loopback_whatever_the_thrift_host(tmp_path):

@@ -38,7 +38,7 @@ def test_a_full_buffer_blocks_send_then_raises_and_nothing_is_lost(server):
     with HQueue("q", f"hqueue://{server.address}?timeout=20") as queue:
         queue.put(Message("t", b"warm"), partition_id=0)  # the client knows the owners
         producer = queue.producer(buffer_bytes=10 * 101, block_timeout=0.3)
-        os.kill(server.proc.pid, signal.SIGSTOP)
+        server.pause()
         try:
             # When sends go on while nothing is stored
             futures = []
@@ -49,7 +49,7 @@ def test_a_full_buffer_blocks_send_then_raises_and_nothing_is_lost(server):
             assert raised.value.queue == "q" and 1 <= len(futures) <= 10
             assert isinstance(raised.value, TimeoutError)
         finally:
-            os.kill(server.proc.pid, signal.SIGCONT)
+            server.resume()
         # and once the server answers, everything sent is stored and room comes back
         assert producer.flush(timeout=60)
         ids = [(f.partition_id, f.result(0)) for f in futures]  # an ID is unique within its partition
@@ -116,13 +116,13 @@ def test_a_batch_sent_to_a_stalled_server_fails_its_futures_with_outcome_unknown
     with HQueue("q", f"hqueue://{server.address}?timeout=1.5") as queue:
         queue.put(Message("t", b"warm"), partition_id=0)
         with queue.producer() as producer:
-            os.kill(server.proc.pid, signal.SIGSTOP)
+            server.pause()
             try:
                 # When a batch is sent and no answer comes by its deadline
                 futures = [producer.send(Message("t", b"m%d" % i), partition=1) for i in range(5)]
                 assert producer.flush(timeout=30)
             finally:
-                os.kill(server.proc.pid, signal.SIGCONT)
+                server.resume()
             # Then every future of it says the outcome is unknown, naming the queue and partition
             errors = [f.exception() for f in futures]
             assert all(isinstance(e, OutcomeUnknown) for e in errors), errors

@@ -93,8 +93,7 @@ def test_framed_transport_and_compact_protocol():
 
 
 def test_a_server_that_dies_gives_storage_unavailable_and_a_restart_recovers():
-    port = _free_port()
-    proc, _, _ = start_hbase_standin("--port", str(port))
+    proc, port, _ = start_hbase_standin()
     url = f"hbase://127.0.0.1:{port}?timeout=5000"
     try:
         with HQueueAdmin(url) as admin:

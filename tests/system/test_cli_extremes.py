@@ -16,15 +16,16 @@ SKIP = {"server", "shell", "console"}
 STOP = {"tail": ["--for", "0"], "consume": ["--for", "0"], "put": []}
 
 
-def _cases():
-    for name, command in sorted(main.commands.items()):
-        if name in SKIP:
+#: The commands, each a test of its own (so that several workers share them).
+COMMANDS = [name for name in sorted(main.commands) if name not in SKIP]
+
+
+def _cases(name: str):
+    for param in main.commands[name].params:
+        if isinstance(param, click.Option) and (param.is_flag or param.name in ("help",)):
             continue
-        for param in command.params:
-            if isinstance(param, click.Option) and (param.is_flag or param.name in ("help",)):
-                continue
-            for value in EXTREMES:
-                yield name, param, value
+        for value in EXTREMES:
+            yield param, value
 
 
 @pytest.fixture(scope="module")
@@ -50,11 +51,12 @@ def _arguments(command: click.Command, param: click.Parameter, value: str) -> li
 
 
 @pytest.mark.slow
-def test_no_option_or_argument_value_makes_a_traceback(store):
+@pytest.mark.parametrize("name", COMMANDS)
+def test_no_option_or_argument_value_makes_a_traceback(store, name):
     runner = CliRunner()
     failures = []
-    for name, param, value in _cases():
-        command = main.commands[name]
+    command = main.commands[name]
+    for param, value in _cases(name):
         args = [name, *_arguments(command, param, value), *STOP.get(name, [])]
         if name == "demo":
             args = [name, "--messages", value] if param.name == "messages" else [name, "--messages", "1"]

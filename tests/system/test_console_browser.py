@@ -42,7 +42,9 @@ LINE = 150
 #: Sampling is every 5 s: a chart moves within a few samples.
 CHART_WAIT = 30
 
-pytestmark = pytest.mark.timeout(180)
+# One server and one browser for the module, its tests a story in order (logged in by the
+# first): under pytest-xdist they run on one worker, one after another.
+pytestmark = [pytest.mark.timeout(180), pytest.mark.xdist_group("console-browser")]
 
 
 @pytest.fixture(scope="module")

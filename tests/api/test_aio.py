@@ -144,9 +144,11 @@ def test_a_group_receives_acks_and_nacks(api_url, queue_name):
     run(main())
 
 
-def test_a_cancelled_receive_hands_its_messages_to_another_member_at_once(api_url, queue_name):
+def test_after_a_cancelled_receive_the_other_member_gets_every_message(api_url, queue_name):
     """Given member A waiting in receive, when its task is cancelled and messages
-    arrive, then member B gets them all within its wait (A's lease is 5 minutes)."""
+    arrive, then member B gets them all: its own partition's at once, and A's once
+    A, calling no more, is past the member timeout (10 s), not after A's 5-minute
+    lease. (What a cancelled receive had leased goes back at once: the next test.)"""
 
     async def main():
         queue = await made(api_url, queue_name, partitions=2)

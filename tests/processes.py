@@ -276,3 +276,11 @@ def server_certificate(directory: Path) -> tuple[Path, ssl.SSLContext]:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(cert, key)
     return cert, context
+
+
+def serving_pid(data: str) -> int | None:
+    """The process holding (and so serving) the embedded store in ``data``, if any."""
+    from hqueue.storage.lockholder import lock_holder
+
+    holder = lock_holder(data)
+    return int(holder.split()[1].rstrip(":")) if holder else None

@@ -10,6 +10,29 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
+#: The tokens of the console's tests: an admin, a producer of "orders", a consumer of
+#: everything, and a producer and consumer of everything.
+ADMIN, PRODUCER, CONSUMER = "admin-secret-0123456789", "producer-secret-0123456789", "consumer-secret-0123456789"
+ANY_PRODUCER = "any-producer-secret-0123456789"
+AUTH_FILE = f"""
+[tokens.ops]
+secret = "{ADMIN}"
+admin = ["*"]
+
+[tokens.shop]
+secret = "{PRODUCER}"
+producer = ["orders"]
+
+[tokens.reader]
+secret = "{CONSUMER}"
+consumer = ["*"]
+
+[tokens.feeder]
+secret = "{ANY_PRODUCER}"
+producer = ["*"]
+consumer = ["*"]
+"""
+
 
 @dataclass
 class Answer:

@@ -28,29 +28,9 @@ from hqueue.console.series import MAX_QUEUE_SERIES, Counters, Sampler
 from hqueue.errors import InvalidArgument
 from hqueue.keys.timers import Timer
 from hqueue.message import MessageID
-from tests.helpers.console_http import ConsoleUser, form_csrf
+from tests.helpers.console_http import ADMIN, ANY_PRODUCER, AUTH_FILE, CONSUMER, PRODUCER, ConsoleUser, form_csrf
 from tests.processes import ServerProcess, free_port, wait_for
 
-ADMIN, PRODUCER, CONSUMER = "admin-secret-0123456789", "producer-secret-0123456789", "consumer-secret-0123456789"
-ANY_PRODUCER = "any-producer-secret-0123456789"
-AUTH_FILE = f"""
-[tokens.ops]
-secret = "{ADMIN}"
-admin = ["*"]
-
-[tokens.shop]
-secret = "{PRODUCER}"
-producer = ["orders"]
-
-[tokens.reader]
-secret = "{CONSUMER}"
-consumer = ["*"]
-
-[tokens.feeder]
-secret = "{ANY_PRODUCER}"
-producer = ["*"]
-consumer = ["*"]
-"""
 HOSTILE_TOPIC = "<img src=x onerror=alert(1)>"
 
 

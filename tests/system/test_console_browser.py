@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from hqueue import HQueueAdmin, Message
+from tests.helpers.console_http import ADMIN, AUTH_FILE, CONSUMER
 from tests.helpers.png import near, pixels
 from tests.processes import ROOT, ServerProcess, free_port, missing, wait_for
 
@@ -25,16 +26,6 @@ from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
-ADMIN, CONSUMER = "admin-secret-0123456789", "consumer-secret-0123456789"
-AUTH_FILE = f"""
-[tokens.ops]
-secret = "{ADMIN}"
-admin = ["*"]
-
-[tokens.reader]
-secret = "{CONSUMER}"
-consumer = ["*"]
-"""
 #: The first two series' strokes (console.js COLORS).
 BLUE, RED = (0x1F, 0x77, 0xB4), (0xD6, 0x27, 0x28)
 #: Pixels of a series' colour that make a line: a lone point and its legend swatch make about 100.

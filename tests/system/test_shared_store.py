@@ -19,9 +19,8 @@ import pytest
 
 from hqueue import HQueue, HQueueAdmin
 from hqueue.sharing import SOCKET_NAME
-from hqueue.storage.lockholder import lock_holder
 
-from ..processes import ROOT, Proc, python_env, wait_for
+from ..processes import ROOT, Proc, python_env, serving_pid, wait_for
 
 
 def _writer(data: str) -> Proc:
@@ -43,11 +42,6 @@ def _acked(writers: list[Proc]) -> list[tuple[int, int, int]]:
     return out  # type: ignore[return-value]
 
 
-def _serving_pid(data: str) -> int | None:
-    holder = lock_holder(data)
-    return int(holder.split()[1].rstrip(":")) if holder else None
-
-
 def _stored(data: str) -> set[tuple[int, int, int]]:
     with HQueue("q", data_dir=data) as queue:
         return {(m.partition_id, m.id.timestamp, m.id.sequence) for m in queue.scan()}
@@ -67,7 +61,7 @@ def test_a_producer_tail_a_group_member_and_the_shell_share_one_store(data):
     try:
         wait_for(lambda: procs[0].lines and procs[1].lines and "READY" in procs[2].lines, 60, "all three at work")
         # Then one of them serves the store, on a socket only its owner may use
-        assert _serving_pid(data) in {p.pid for p in procs}
+        assert serving_pid(data) in {p.pid for p in procs}
         assert oct(os.stat(os.path.join(data, SOCKET_NAME)).st_mode & 0o777) == "0o600"
         # And the shell, opened now, works on the same store meanwhile
         shell = subprocess.run(
@@ -97,7 +91,7 @@ def test_kill_9_of_the_serving_process_under_load_loses_no_acknowledged_write(da
     try:
         wait_for(lambda: all(w.lines for w in writers) and "READY" in member.lines, 60, "the processes at work")
         for _ in range(kills):
-            serving = _serving_pid(data)
+            serving = serving_pid(data)
             assert serving is not None
             victim = next(p for p in [*writers, tail, member] if p.pid == serving)
             # When the serving process is killed under load
@@ -115,7 +109,7 @@ def test_kill_9_of_the_serving_process_under_load_loses_no_acknowledged_write(da
             # Then the others carry on: every writer gets new acknowledgements, and another serves the store
             marks = [(w, len(w.lines)) for w in writers]
             wait_for(lambda marks=marks: all(len(w.lines) > m + 10 for w, m in marks), 30, "writes to go on")
-            wait_for(lambda gone=serving: _serving_pid(data) not in (None, gone), 30, "another process to serve")
+            wait_for(lambda gone=serving: serving_pid(data) not in (None, gone), 30, "another process to serve")
         for proc in [tail, member]:
             assert proc.proc.poll() is None, "a client died with the serving process"
     finally:

@@ -21,9 +21,8 @@ import pytest
 from hqueue import HQueue, HQueueAdmin, Message, Scan
 from hqueue.ids import wall_clock_ms
 from hqueue.sharing import StoreClient
-from hqueue.storage.lockholder import lock_holder
 
-from ..processes import Proc, wait_for
+from ..processes import Proc, serving_pid, wait_for
 
 #: A process that opens the store, and so serves it, and does nothing else.
 HOLD = (
@@ -36,11 +35,6 @@ def _holder(data: str) -> Proc:
     holder = Proc("-c", HOLD, data)
     wait_for(lambda: "HOLDING" in holder.lines, 60, "the holder to serve the store")
     return holder
-
-
-def _serving_pid(data: str) -> int | None:
-    holder = lock_holder(data)
-    return int(holder.split()[1].rstrip(":")) if holder else None
 
 
 @pytest.fixture
@@ -84,7 +78,7 @@ def test_timers_set_through_clients_fire_exactly_once_across_kill_9_of_the_servi
         wait_for(lambda: all(w.lines for w in writers), 60, "the writers at work")
         for _ in range(3):
             # When the serving process is killed (the holder first, then a writer that took over)
-            serving = _serving_pid(data)
+            serving = serving_pid(data)
             victim = next(p for p in procs if p.pid == serving)
             marks = [(w, len(w.lines)) for w in writers if w is not victim]
             victim.kill()
@@ -94,7 +88,7 @@ def test_timers_set_through_clients_fire_exactly_once_across_kill_9_of_the_servi
                 procs.append(writers[-1])
             # Then the others carry on, one of them serving the store
             wait_for(lambda marks=marks: all(len(w.lines) > m + 10 for w, m in marks), 30, "timer puts to go on")
-            wait_for(lambda gone=serving: _serving_pid(data) not in (None, gone), 30, "another process to serve")
+            wait_for(lambda gone=serving: serving_pid(data) not in (None, gone), 30, "another process to serve")
     finally:
         for proc in procs:
             proc.kill()

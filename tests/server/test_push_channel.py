@@ -23,6 +23,7 @@ from hqueue.server import HQueueServer
 from hqueue.subscriptions.listener import MessageListener, Subscriber, Subscription
 from hqueue.subscriptions.push import mac
 
+from ..helpers.relay import Relay
 from ..processes import server_certificate, wait_for
 
 
@@ -133,39 +134,6 @@ def test_a_stolen_key_of_a_previous_run_is_worthless(running):
     subscriber.stop()
     subscriber.start()
     assert subscriber.credentials.key != old.key
-
-
-class Relay:
-    """A TCP relay on loopback that keeps every byte it forwards."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target, self.seen = target, bytearray()
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.sock.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.target)
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    def _pipe(self, a: socket.socket, b: socket.socket) -> None:
-        try:
-            while data := a.recv(65536):
-                self.seen += data
-                b.sendall(data)
-        except OSError:
-            pass
-        finally:
-            b.close()
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def test_a_tls_server_pushes_over_tls_pinned_to_the_subscriber(tmp_path):

@@ -3,8 +3,9 @@
 A server that is killed breaks its connections one after another while it
 exits, and a client that reconnects at once may reach its listening socket
 before that closes too (the shared embedded store's takeover saw two
-resets in a row). A relay on loopback (tests/helpers/relay.py) stands for it: it resets the first
-connections after reading their request, then relays to a real server.
+resets in a row). A relay on loopback (tests/helpers/relay.py) stands for
+it: it resets the first connections after reading their request, then
+relays to a real server.
 """
 
 from __future__ import annotations

@@ -38,6 +38,13 @@ class _Lost(Exception):
         self.cause, self.sent = cause, sent
 
 
+def scanner_error(e: TException, queue: str) -> Exception:
+    """What a scanner call's IDL exception means: _Lost when the server no longer has
+    the scanner (opened again by the cursor), else the hqueue error it carries."""
+    error = wire.from_thrift_error(e, queue)
+    return _Lost(error) if isinstance(error, InvalidArgument) and wire.SCANNER_GONE in str(error) else error
+
+
 class RemoteCursor:
     """A server-side scanner over one partition, read ``caching`` at a time.
 
@@ -133,10 +140,7 @@ class RemoteCursor:
         except (TTransportException, OSError) as e:
             raise _Lost(e) from e
         except TException as e:
-            error = wire.from_thrift_error(e, self.queue)
-            if isinstance(error, InvalidArgument) and wire.SCANNER_GONE in str(error):
-                raise _Lost(error) from e
-            raise error from e
+            raise scanner_error(e, self.queue) from e
 
     def _get_packed(self) -> bytes:
         """The next batch: the answer to the request sent ahead, or to one sent now."""

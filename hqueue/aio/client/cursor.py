@@ -20,7 +20,7 @@ from typing import Any
 from thriftpy2.thrift import TException
 from thriftpy2.transport import TTransportException
 
-from ...client.cursor import _FIRST_DELAY, _MAX_DELAY, _Lost
+from ...client.cursor import _FIRST_DELAY, _MAX_DELAY, _Lost, scanner_error
 from ...errors import HQueueError, InvalidArgument, ServerUnavailable
 from ...message import Message, messages_from_columns
 from ...rpc import packed, wire
@@ -118,10 +118,7 @@ class AsyncRemoteCursor:
                 raise
             raise _Lost(e) from e
         except TException as e:
-            error = wire.from_thrift_error(e, self.queue)
-            if isinstance(error, InvalidArgument) and wire.SCANNER_GONE in str(error):
-                raise _Lost(error) from e
-            raise error from e
+            raise scanner_error(e, self.queue) from e
 
     def _release(self, broken: bool = False) -> None:
         connection, self._connection = self._connection, None

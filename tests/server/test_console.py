@@ -28,8 +28,16 @@ from hqueue.console.series import MAX_QUEUE_SERIES, Counters, Sampler
 from hqueue.errors import InvalidArgument
 from hqueue.keys.timers import Timer
 from hqueue.message import MessageID
-from tests.helpers.console_http import ADMIN, ANY_PRODUCER, AUTH_FILE, CONSUMER, PRODUCER, ConsoleUser, form_csrf
-from tests.processes import ServerProcess, free_port, wait_for
+from tests.helpers.console_http import (
+    ADMIN,
+    ANY_PRODUCER,
+    CONSUMER,
+    PRODUCER,
+    ConsoleUser,
+    console_server,
+    form_csrf,
+)
+from tests.processes import wait_for
 
 HOSTILE_TOPIC = "<img src=x onerror=alert(1)>"
 
@@ -38,13 +46,7 @@ HOSTILE_TOPIC = "<img src=x onerror=alert(1)>"
 def served(tmp_path_factory):
     """(the server, the console's URL, an admin handle) with queue 'orders': messages, a
     group 'billing' with one dead letter and some lag, and a pending timer."""
-    workdir = tmp_path_factory.mktemp("console")
-    (workdir / "auth.toml").write_text(AUTH_FILE)
-    port = free_port()
-    server = ServerProcess(f"local://{workdir}/data", workdir, extra_args=(
-        "--auth-file", str(workdir / "auth.toml"), "--console-port", str(port)))  # fmt: skip
-    admin = HQueueAdmin(f"hqueue://{ADMIN}@{server.address}")
-    admin.create_queue("orders", 2)
+    server, url, admin = console_server(tmp_path_factory.mktemp("console"))
     with admin.queue("orders") as orders:
         orders.put([Message("paid", b"order %d" % i) for i in range(10)], 0)
         orders.put(Message(HOSTILE_TOPIC, b"<script>alert(1)</script>"), 1)
@@ -52,8 +54,6 @@ def served(tmp_path_factory):
         with orders.consumer("billing", ["paid"], max_retries=0) as billing:
             (first,) = billing.receive(1, wait=5)
             billing.dead_letter(first)
-    url = f"http://127.0.0.1:{port}"
-    wait_for(lambda: ConsoleUser(url).get("/login").status == 200, 20, "the console to answer")
     yield server, url, admin, str(timer)
     admin.close()
     server.terminate()

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from hqueue import HQueueAdmin, Message
-from tests.helpers.console_http import ADMIN, AUTH_FILE, CONSUMER
+from hqueue import Message
+from tests.helpers.console_http import ADMIN, CONSUMER, console_server
 from tests.helpers.png import near, pixels
-from tests.processes import ROOT, ServerProcess, free_port, missing, wait_for
+from tests.processes import ROOT, missing, wait_for
 
 webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.common.exceptions import NoAlertPresentException  # noqa: E402
@@ -45,13 +45,8 @@ def workdir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served(workdir):
-    (workdir / "auth.toml").write_text(AUTH_FILE)
-    port = free_port()
-    server = ServerProcess(f"local://{workdir}/data", workdir, extra_args=(
-        "--auth-file", str(workdir / "auth.toml"), "--console-port", str(port)))  # fmt: skip
-    admin = HQueueAdmin(f"hqueue://{ADMIN}@{server.address}")
-    admin.create_queue("orders", 2)
-    yield server, f"http://127.0.0.1:{port}", admin
+    server, url, admin = console_server(workdir)
+    yield server, url, admin
     admin.close()
     server.terminate()
 

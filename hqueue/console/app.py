@@ -54,6 +54,17 @@ def create_app(console: Any) -> Flask:
     )
     app.extensions["hqueue_console"] = console
     app.add_template_filter(stamp)
+    _guards(app, console)
+    _sessions(app, console.access)
+    _errors(app)
+    pages.register(app)
+    actions.register(app)
+    return app
+
+
+def _guards(app: Flask, console: Any) -> None:
+    """What every request passes: a session (but to log in), a POST's CSRF token; and the
+    headers every answer carries."""
     access = console.access
 
     @app.before_request
@@ -88,6 +99,10 @@ def create_app(console: Any) -> Flask:
         login: Login | None = g.get("login")
         return {"login": login, "csrf": login.csrf if login else session.get("pre", ""), "store": console.store}
 
+
+def _sessions(app: Flask, access: Any) -> None:
+    """Logging in (with the log-in form's own CSRF token, throttled per host) and out."""
+
     @app.route("/login", methods=["GET", "POST"])
     def log_in() -> Any:
         if request.method == "GET":
@@ -116,11 +131,6 @@ def create_app(console: Any) -> Flask:
         access.log_out(session.get("sid"))
         session.clear()
         return redirect(url_for("log_in"))
-
-    _errors(app)
-    pages.register(app)
-    actions.register(app)
-    return app
 
 
 def stamp(ms: int) -> str:

@@ -15,6 +15,7 @@ others take over without waiting for a session timeout); close the store.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ipaddress
 import logging
@@ -183,79 +184,66 @@ class HQueueServer:
                 f"ZooKeeper coordination needs a store every server shares (hbase://), not {storage_url!r}: "
                 "servers with separate local stores would each answer differently"
             )
-        if unix_socket is not None:
-            socket = ListeningSocket.bound_unix(unix_socket, unix_socket_mode)
-        else:
-            socket = ListeningSocket.bound(host, port)  # before the store: a taken port fails first
-        self._owns_engine = engine is None
-        try:
+        # What is opened here is closed again, in reverse, if a later step fails.
+        with contextlib.ExitStack() as undo:
+            if unix_socket is not None:
+                socket = ListeningSocket.bound_unix(unix_socket, unix_socket_mode)
+            else:
+                socket = ListeningSocket.bound(host, port)  # before the store: a taken port fails first
+            undo.callback(socket.close)
+            self._owns_engine = engine is None
             self.engine = engine if engine is not None else Engine.acquire(storage_url)
-        except BaseException:
-            socket.close()
-            raise
-        #: The store's Unix socket this server serves it on to local processes (None: not served here).
-        self.local_socket: str | None = None
-        try:
+            if self._owns_engine:
+                undo.callback(self.engine.release)
+            #: The store's Unix socket this server serves it on to local processes (None: not served here).
+            self.local_socket: str | None = None
             local = self._listen_locally() if local_socket and self._owns_engine else None
-        except BaseException:
-            socket.close()
-            self.engine.release()
-            raise
-        self.port = socket.bound_port
-        self.address = advertise or (f"unix:{unix_socket}" if unix_socket else f"{host}:{self.port}")
-        self.coordinator: Coordinator = (coordinator_factory or LocalCoordinator)(self.address)
-        self.metrics = ServerMetrics()
-        self.coordinator.add_listener(self._count_partition_changes)
-        self.metrics_port: int | None = None
-        #: Lag kept as things move, for metrics (None without them).
-        self.lag: LagBook | None = None
-        self.scanners = ScannerRegistry(idle_timeout)
-        self.push_policy = push_policy or PushPolicy()
-        self.handler = HQueueHandler(
-            self.engine,
-            self.coordinator,
-            self.scanners,
-            auth=auth,
-            push_policy=self.push_policy,
-            max_partitions=max_partitions,
-            max_put_messages=max_put_messages,
-            max_put_bytes=max_put_bytes,
-            metrics=self.metrics,
-        )
-        self.handler.subscription_calls.tls = self._tls = ssl_context is not None
-        self._push_threads, self._max_subscribers = push_threads, max_subscribers
-        self._checkpoint_messages, self._checkpoint_interval = checkpoint_messages, checkpoint_interval
-        self.subscriptions: SubscriptionManager | None = None
-        self.groups: GroupService | None = None
-        self.group_limits = group_limits
-        self._server = ThreadedServer(
-            wire.T.HQueueService, self.handler, socket, limits=limits, ssl_context=ssl_context,
-            refuse_with=thrift_error, also=local,
-            # With tokens, a connection that has not authenticated may be closed to make room.
-            trusted_after=None if auth is None else (lambda c: c.principal is not None or c.local),
-        )  # fmt: skip
-        _warn_if_puts_cannot_fit(self._server.limits, max_put_messages, max_put_bytes)
-        if metrics_port is not None:  # here, so a taken port fails before anything starts
-            try:
+            if local is not None:
+                undo.callback(self._drop_local_socket)
+                undo.callback(local.close)
+            self.port = socket.bound_port
+            self.address = advertise or (f"unix:{unix_socket}" if unix_socket else f"{host}:{self.port}")
+            self.coordinator: Coordinator = (coordinator_factory or LocalCoordinator)(self.address)
+            self.metrics = ServerMetrics()
+            self.coordinator.add_listener(self._count_partition_changes)
+            self.metrics_port: int | None = None
+            #: Lag kept as things move, for metrics (None without them).
+            self.lag: LagBook | None = None
+            self.scanners = ScannerRegistry(idle_timeout)
+            self.push_policy = push_policy or PushPolicy()
+            self.handler = HQueueHandler(
+                self.engine,
+                self.coordinator,
+                self.scanners,
+                auth=auth,
+                push_policy=self.push_policy,
+                max_partitions=max_partitions,
+                max_put_messages=max_put_messages,
+                max_put_bytes=max_put_bytes,
+                metrics=self.metrics,
+            )
+            self.handler.subscription_calls.tls = self._tls = ssl_context is not None
+            self._push_threads, self._max_subscribers = push_threads, max_subscribers
+            self._checkpoint_messages, self._checkpoint_interval = checkpoint_messages, checkpoint_interval
+            self.subscriptions: SubscriptionManager | None = None
+            self.groups: GroupService | None = None
+            self.group_limits = group_limits
+            self._server = ThreadedServer(
+                wire.T.HQueueService, self.handler, socket, limits=limits, ssl_context=ssl_context,
+                refuse_with=thrift_error, also=local,
+                # With tokens, a connection that has not authenticated may be closed to make room.
+                trusted_after=None if auth is None else (lambda c: c.principal is not None or c.local),
+            )  # fmt: skip
+            _warn_if_puts_cannot_fit(self._server.limits, max_put_messages, max_put_bytes)
+            if metrics_port is not None:  # here, so a taken port fails before anything starts
                 self._serve_metrics(metrics_port, metrics_host, MetricsAccess(metrics_token, auth))
-            except BaseException:
-                self._server.close()
-                self._drop_local_socket()
-                if self._owns_engine:
-                    self.engine.release()
-                raise
-        #: The web console (None without ``console_port``): its port is bound here, so that a
-        #: taken one fails first; it opens its admin handle at start, once services are attached.
-        self.console: Console | None = None
-        if console_port is not None:
-            try:
+                undo.callback(self.metrics.close)
+            #: The web console (None without ``console_port``): its port is bound here, so that a
+            #: taken one fails first; it opens its admin handle at start, once services are attached.
+            self.console: Console | None = None
+            if console_port is not None:
                 self.console = self._console(console_host, console_port, auth)
-            except BaseException:
-                socket.close()
-                self.metrics.close()
-                if self._owns_engine:
-                    self.engine.release()
-                raise
+            undo.pop_all()  # all is open: stop() closes it from now on
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 

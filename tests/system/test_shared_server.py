@@ -179,3 +179,24 @@ def test_the_socket_is_never_open_to_others_even_under_a_permissive_umask(tmp_pa
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     # Then the file is made 0600 by bind itself: no moment when another user could connect before a chmod
     assert made.stdout.strip() == "0o600", made.stderr
+
+
+def test_a_server_that_fails_to_start_lets_go_of_the_stores_socket(tmp_path):
+    from hqueue.server import HQueueServer
+    from hqueue.sharing import SOCKET_NAME
+
+    # Given a console port another program holds
+    url = f"local://{tmp_path / 'data'}"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        # When a server on a local store fails to start on it
+        with pytest.raises(OSError):
+            HQueueServer(url, port=0, console_port=taken.getsockname()[1])
+    # Then it left the store's socket behind it: no file, and the next server serves it
+    assert not (tmp_path / "data" / SOCKET_NAME).exists()
+    server = HQueueServer(url, port=0).start()
+    try:
+        assert server.local_socket == str(tmp_path / "data" / SOCKET_NAME)
+    finally:
+        server.stop()

@@ -93,14 +93,7 @@ class RemoteGroups:
                 retry.failed(None)
 
     def _by_owner(self, queue: str, rowkeys: Sequence[bytes], fresh: bool = False) -> dict[str, list[bytes]]:
-        locations = self._group_locations(queue, fresh)
-        by_owner: dict[str, list[bytes]] = {}
-        for pid, mine in rowkeys_by_partition(rowkeys).items():
-            owner = locations[pid] if pid < len(locations) else ""
-            if not owner:
-                raise NoPartitionOwner(queue, pid, 0, None)
-            by_owner.setdefault(owner, []).extend(mine)
-        return by_owner
+        return receipts_by_owner(queue, self._group_locations(queue, fresh), rowkeys)
 
     def _receipts_call(
         self, queue: str, rowkeys: Sequence[bytes], method: str, before: tuple = (), after: tuple = ()
@@ -195,14 +188,29 @@ class RemoteGroups:
                 self._engine._owner_call(queue, pid, "replay", *call, idempotent=True)
 
 
-class _Retry:
+def receipts_by_owner(queue: str, locations: Sequence[str], rowkeys: Sequence[bytes]) -> dict[str, list[bytes]]:
+    """``rowkeys`` by the owner of their partition (``locations``: each partition's).
+
+    Raises:
+        NoPartitionOwner: a partition has no owner now.
+    """
+    by_owner: dict[str, list[bytes]] = {}
+    for pid, mine in rowkeys_by_partition(rowkeys).items():
+        owner = locations[pid] if pid < len(locations) else ""
+        if not owner:
+            raise NoPartitionOwner(queue, pid, 0, None)
+        by_owner.setdefault(owner, []).extend(mine)
+    return by_owner
+
+
+class RetryState:
     """A group call's retries while partitions move: the owners are read afresh after a
     failure, with a backoff (20 ms doubling, at most 1 s), until ``owner_timeout`` or the
-    call's deadline, whichever comes first; then the last problem is raised."""
+    call's deadline, whichever comes first; then the last problem is raised. The waits
+    are the subclass's: :class:`_Retry` sleeps, the asyncio client's awaits."""
 
-    def __init__(self, engine: Any, deadline: float) -> None:
-        self.engine = engine
-        self.give_up = min(deadline, time.monotonic() + engine.owner_timeout)
+    def __init__(self, engine: Any, deadline: float, now: float) -> None:
+        self.give_up = min(deadline, now + engine.owner_timeout)
         self.delay, self.fresh = 0.02, False
         self.problem: HQueueError | None = None
 
@@ -217,18 +225,34 @@ class _Retry:
         fresh, self.fresh = self.fresh, False
         return fresh
 
-    def failed(self, problem: HQueueError | None) -> None:
-        """Wait before trying again; raise the last problem once it is time to give up."""
+    def next_wait(self, problem: HQueueError | None, now: float) -> float:
+        """After a failed round: the wait before the next; raise the last problem once it
+        is time to give up."""
         if problem is not None:
             self.noted(problem)
-        if time.monotonic() >= self.give_up:
+        if now >= self.give_up:
             assert self.problem is not None
             raise self.problem
-        self.pause(self.give_up)
+        return self.backoff(self.give_up, now)
+
+    def backoff(self, until: float, now: float) -> float:
+        """The backoff's next wait, ending by ``until`` at the latest."""
+        pause = max(0.0, min(self.delay, until - now))
+        logger.info("group call: %s; reading the owners again in %.2fs", self.problem, pause)
+        self.delay = min(self.delay * 2, 1.0)
+        return pause
+
+
+class _Retry(RetryState):
+    """:class:`RetryState`, sleeping."""
+
+    def __init__(self, engine: Any, deadline: float) -> None:
+        super().__init__(engine, deadline, time.monotonic())
+
+    def failed(self, problem: HQueueError | None) -> None:
+        """Wait before trying again; raise the last problem once it is time to give up."""
+        time.sleep(self.next_wait(problem, time.monotonic()))
 
     def pause(self, until: float) -> None:
         """The backoff's next wait, ending by ``until`` at the latest."""
-        pause = max(0.0, min(self.delay, until - time.monotonic()))
-        logger.info("group call: %s; reading the owners again in %.2fs", self.problem, pause)
-        time.sleep(pause)
-        self.delay = min(self.delay * 2, 1.0)
+        time.sleep(self.backoff(until, time.monotonic()))

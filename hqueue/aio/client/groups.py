@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...checks import check_partition
-from ...client.groups import LOCATION_REFRESH
-from ...errors import DeadlineExceeded, HQueueError, NoPartitionOwner, NotPartitionOwner, ServerUnavailable
-from ...message import Message, MessageID, messages_from_columns, rowkeys_by_partition
+from ...client.groups import LOCATION_REFRESH, RetryState, receipts_by_owner
+from ...errors import HQueueError, NoPartitionOwner, NotPartitionOwner, ServerUnavailable
+from ...message import Message, MessageID, messages_from_columns
 from ...rpc import operations as op
 from ...rpc import packed, wire
 from .calls import aremote
@@ -87,27 +87,24 @@ class AsyncRemoteGroups:
             total, left = 0, list(rowkeys)
             while True:
                 locations = await self._group_locations(queue, retry.take_fresh())
-                by_owner: dict[str, list[bytes]] = {}
-                for pid, mine in rowkeys_by_partition(left).items():
-                    owner = locations[pid] if pid < len(locations) else ""
-                    if not owner:
-                        await retry.failed(NoPartitionOwner(queue, pid, 0, None))
-                        break
-                    by_owner.setdefault(owner, []).extend(mine)
-                else:
-                    failed: list[bytes] = []
-                    for owner, mine in by_owner.items():
-                        for chunk in wire.receipt_chunks(mine):
-                            try:
-                                args = (queue, *before, wire.pack_rowkeys(chunk), *after)
-                                total += await self._engine._call_at(owner, method, *args, queue=queue)
-                            except (NotPartitionOwner, ServerUnavailable) as e:
-                                retry.noted(e)
-                                failed += chunk
-                    if not failed:
-                        return total
-                    left = failed
-                    await retry.failed(None)
+                try:
+                    by_owner = receipts_by_owner(queue, locations, left)
+                except NoPartitionOwner as e:
+                    await retry.failed(e)
+                    continue
+                failed: list[bytes] = []
+                for owner, mine in by_owner.items():
+                    for chunk in wire.receipt_chunks(mine):
+                        try:
+                            args = (queue, *before, wire.pack_rowkeys(chunk), *after)
+                            total += await self._engine._call_at(owner, method, *args, queue=queue)
+                        except (NotPartitionOwner, ServerUnavailable) as e:
+                            retry.noted(e)
+                            failed += chunk
+                if not failed:
+                    return total
+                left = failed
+                await retry.failed(None)
 
     async def ack(self, queue: str, group: str, rowkeys: Sequence[bytes]) -> int:
         return await self._receipts_call(queue, rowkeys, "groupAck", (group,))
@@ -153,33 +150,14 @@ class AsyncRemoteGroups:
                 await self._engine.owner_call(queue, pid, "replay", *call, idempotent=True)
 
 
-class _Retry:
-    """As :class:`hqueue.client.groups._Retry`, sleeping on the loop."""
+class _Retry(RetryState):
+    """:class:`~hqueue.client.groups.RetryState`, sleeping on the loop."""
 
     def __init__(self, engine: Any, deadline: float) -> None:
-        self.give_up = min(deadline, asyncio.get_running_loop().time() + engine.owner_timeout)
-        self.delay, self.fresh = 0.02, False
-        self.problem: HQueueError | None = None
-
-    def noted(self, problem: HQueueError) -> None:
-        if isinstance(problem, DeadlineExceeded):
-            raise problem
-        self.problem, self.fresh = problem, True
-
-    def take_fresh(self) -> bool:
-        fresh, self.fresh = self.fresh, False
-        return fresh
+        super().__init__(engine, deadline, asyncio.get_running_loop().time())
 
     async def failed(self, problem: HQueueError | None) -> None:
-        if problem is not None:
-            self.noted(problem)
-        if asyncio.get_running_loop().time() >= self.give_up:
-            assert self.problem is not None
-            raise self.problem
-        await self.pause(self.give_up)
+        await asyncio.sleep(self.next_wait(problem, asyncio.get_running_loop().time()))
 
     async def pause(self, until: float) -> None:
-        pause = max(0.0, min(self.delay, until - asyncio.get_running_loop().time()))
-        logger.info("group call: %s; reading the owners again in %.2fs", self.problem, pause)
-        await asyncio.sleep(pause)
-        self.delay = min(self.delay * 2, 1.0)
+        await asyncio.sleep(self.backoff(until, asyncio.get_running_loop().time()))

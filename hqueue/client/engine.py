@@ -157,8 +157,9 @@ LOCATION_REFRESH = 2.0
 _READS = frozenset(
     {"getQueue", "describeQueue", "listQueues", "getQueueLocations", "listSubscribers", "describeSubscriber"}
 )
-#: Tries of a read whose connection broke mid-call (a server killed: its last connections may
-#: break one after another while it exits), a short sleep between each.
+#: Tries of a read (or another call that may go twice: _IDEMPOTENT) whose connection broke
+#: mid-call (a server killed: its last connections may break one after another while it
+#: exits; a shared store's next holder answers on the same socket), a short sleep between each.
 READ_TRIES = 4
 #: Seconds before the next try of a read whose connection broke, times the tries so far.
 READ_RETRY_DELAY = 0.02
@@ -167,6 +168,7 @@ READ_RETRY_DELAY = 0.02
 #: the reads, and calls whose second run changes nothing more than the first.
 _IDEMPOTENT = _READS | {
     "listGroups", "describeGroup", "groupPending", "getCoordination", "subscriberHeartbeat", "setGroupPosition",
+    "openGroup",  # a group made already is opened as it is
 }  # fmt: skip
 
 
@@ -277,9 +279,9 @@ class RemoteEngine:
                 except NotSent as e:
                     raise self._unavailable(address, method, e.cause, deadline) from e.cause
                 except (TTransportException, OSError) as e:
-                    if attempt < READ_TRIES and method in _READS and not isinstance(e, TimeoutError):
+                    if attempt < READ_TRIES and method in _IDEMPOTENT and not isinstance(e, TimeoutError):
                         time.sleep(min(READ_RETRY_DELAY * attempt, max(0.0, deadline - time.monotonic())))
-                        continue  # the connection broke under us: a read may go again
+                        continue  # the connection broke under us: a call that may go twice goes again
                     raise self._unavailable(address, method, e, deadline, sent=True) from e
                 except TException as e:
                     raise wire.from_thrift_error(e, queue, pid) from e

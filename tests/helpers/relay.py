@@ -1,8 +1,9 @@
 """A TCP relay on loopback, between a client under test and a real server.
 
 It keeps every byte it forwards (``seen``: what a wire tap reads), and may
-reset its first ``breaks`` connections once their request came, the way a
-server killed mid-call breaks them (``broken`` counts them).
+reset a connection once a request came (the first ``breaks`` requests that
+hold the bytes ``on``), the way a server killed mid-call breaks it
+(``broken`` counts them).
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import threading
 
 
 class Relay:
-    """Forwards each connection to ``target``; resets the first ``breaks`` instead."""
+    """Forwards each connection to ``target``; resets the connection of the first ``breaks``
+    requests holding ``on`` (any request: ``b""``) instead of forwarding them."""
 
-    def __init__(self, target: tuple[str, int], breaks: int = 0) -> None:
-        self.target, self.breaks, self.broken = target, breaks, 0
+    def __init__(self, target: tuple[str, int], breaks: int = 0, on: bytes = b"") -> None:
+        self.target, self.breaks, self.broken, self.on = target, breaks, 0, on
         self.seen = bytearray()
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
@@ -29,19 +31,18 @@ class Relay:
                 client, _ = self.sock.accept()
             except OSError:
                 return
-            if self.broken < self.breaks:
-                self.broken += 1
-                client.recv(65536)  # the request came: it may have been acted on
-                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                client.close()  # RST: the peer reads "connection reset"
-                continue
             upstream = socket.create_connection(self.target)
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            for a, b, requests in ((client, upstream, True), (upstream, client, False)):
+                threading.Thread(target=self._pipe, args=(a, b, requests), daemon=True).start()
 
-    def _pipe(self, a: socket.socket, b: socket.socket) -> None:
+    def _pipe(self, a: socket.socket, b: socket.socket, requests: bool) -> None:
         try:
             while data := a.recv(65536):
+                if requests and self.on in data and self.broken < self.breaks:
+                    self.broken += 1  # the request came: it may have been acted on
+                    a.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    a.close()  # RST: the peer reads "connection reset"
+                    break
                 self.seen += data
                 b.sendall(data)
         except OSError:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from hqueue import HQueueAdmin
+from hqueue import HQueue, HQueueAdmin
 from hqueue.client.engine import READ_TRIES
 from hqueue.errors import ServerUnavailable
 from hqueue.server import HQueueServer
@@ -39,6 +39,20 @@ def test_a_read_whose_connection_breaks_again_and_again_is_sent_again_until_it_i
         # Then the read went again on a new connection each time, and was answered
         assert names == ["q"]
         assert front.broken == READ_TRIES - 1
+    finally:
+        front.close()
+
+
+def test_a_call_that_may_go_twice_goes_again_when_its_connection_breaks(server):
+    # Given a server whose connections break mid-call several times in a row
+    front = Relay(("127.0.0.1", server.port), breaks=READ_TRIES - 1, on=b"openGroup")
+    try:
+        with HQueue("q", f"hqueue://{front.address}?timeout=10") as queue:
+            # When a consumer-group member opens its group through it (a group opened twice is opened once)
+            with queue.consumer("g") as consumer:
+                # Then the open went again each time, and the group is there
+                assert front.broken == READ_TRIES - 1
+                assert consumer.receive(1, wait=0) == []
     finally:
         front.close()
 

@@ -23,7 +23,7 @@ from thriftpy2.thrift import TException
 from thriftpy2.transport import TTransportException
 
 from ...checks import message_columns
-from ...client.engine import _IDEMPOTENT, _READS, READ_RETRY_DELAY, READ_TRIES, client_options, queue_description
+from ...client.engine import _IDEMPOTENT, READ_RETRY_DELAY, READ_TRIES, client_options, queue_description
 from ...config import INFO_CACHE_SECONDS, QueueInfo, QueueState
 from ...errors import (
     DeadlineExceeded,
@@ -128,9 +128,9 @@ class AsyncRemoteEngine:
                         result = await connection.call(method, *args)
                 except (TTransportException, OSError) as e:  # TimeoutError included
                     pool.give_back(connection, broken=True)
-                    if attempt < READ_TRIES and method in _READS and not isinstance(e, TimeoutError):
+                    if attempt < READ_TRIES and method in _IDEMPOTENT and not isinstance(e, TimeoutError):
                         await asyncio.sleep(READ_RETRY_DELAY * attempt)
-                        continue  # the connection broke under us: a read may go again
+                        continue  # the connection broke under us: a call that may go twice goes again
                     raise self._unavailable(address, method, e, sent=True) from e
                 except TException as e:
                     pool.give_back(connection)  # an answer came: the connection is fine

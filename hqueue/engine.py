@@ -54,10 +54,11 @@ from .message import (
     decode_rowkey,
     messages_from_columns,
 )
+from .requests import Request
 from .scanner import KeyRangeCursor, Scan
 from .storage import Storage, normalize_url, open_storage
 from .storage.base import forget_id_floor
-from .writers import PartitionWriters
+from .writers import Answer, PartitionWriters
 
 if TYPE_CHECKING:
     from .api import GroupsAPI, SubscriptionsAPI
@@ -211,20 +212,39 @@ class Engine:
         first = self._write(info, partition_id, *message_columns(info, messages))
         return consecutive(first, len(messages))
 
-    def put_columns(self, name: str, topics: Sequence[bytes], values: Sequence[bytes], partition_id: int) -> MessageID:
+    def put_columns(
+        self,
+        name: str,
+        topics: Sequence[bytes],
+        values: Sequence[bytes],
+        partition_id: int,
+        request: Request | None = None,
+    ) -> MessageID:
         """:meth:`put` for a batch given as its topics and its values (the packed wire path).
 
         Returns the first ID; the batch has the ``len(topics)`` IDs from it on
-        (:func:`hqueue.ids.consecutive`).
+        (:func:`hqueue.ids.consecutive`). With a ``request`` (requests.py), a put
+        whose request was written already is answered with its first ID, and
+        nothing is written again.
         """
         info = self.enabled_queue(name)
         check_partition(info, partition_id)
         check_columns(info, topics, values)
-        return self._write(info, partition_id, topics, values)
+        return self._write(info, partition_id, topics, values, request)
 
-    def _write(self, info: QueueInfo, partition_id: int, topics: Sequence[bytes], values: Sequence[bytes]) -> MessageID:
+    def _write(
+        self,
+        info: QueueInfo,
+        partition_id: int,
+        topics: Sequence[bytes],
+        values: Sequence[bytes],
+        request: Request | None = None,
+    ) -> MessageID:
         with self.writers.lock(info.name, partition_id):
-            first = self._append(info, partition_id, topics, values)
+            done = self.writers.answered(info, partition_id, request, len(topics))
+            if done is not None:
+                return done.first
+            first = self._append(info, partition_id, topics, values, request=request)
         self._written(info.name, partition_id)
         return first
 
@@ -235,6 +255,7 @@ class Engine:
         topics: Sequence[bytes],
         values: Sequence[bytes],
         deletes: Sequence[bytes] = (),
+        request: Request | None = None,
     ) -> MessageID:
         """Give the messages IDs and write them (and delete ``deletes``); call under the partition's lock.
 
@@ -248,7 +269,8 @@ class Engine:
         if info.topic_index:  # each message's index entry, in the same atomic write
             cells += index_cells(keys, values, topic_hash(info))
         high = writer.allocator.last.to_bytes() if writer.allocator.last else b""
-        self.writers.store(info, partition_id, writer, cells, deletes, high)
+        answer = None if request is None else Answer(request, first, len(topics))
+        self.writers.store(info, partition_id, writer, cells, deletes, high, answer)
         self.events.appended(info.name, partition_id, first, topics)
         return first
 
@@ -258,10 +280,16 @@ class Engine:
     # -- timers (SPEC X1, timers.py) -------------------------------------------------
 
     def schedule(
-        self, name: str, messages: Sequence[Message], partition_id: int, due: int | Sequence[int]
+        self,
+        name: str,
+        messages: Sequence[Message],
+        partition_id: int,
+        due: int | Sequence[int],
+        request: Request | None = None,
     ) -> list[Timer]:
         """Write ``messages`` as timers of one partition, delivered at ``due`` (epoch ms):
         one due time for them all, or one per message. One storage write for the batch.
+        With a ``request``, as :meth:`put_columns`: timers written already are answered.
 
         Raises what :meth:`put` raises; nothing is written when it does.
         """
@@ -270,11 +298,15 @@ class Engine:
         topics, values = message_columns(info, messages)
         dues = check_dues(due, len(topics))
         with self.writers.lock(name, partition_id):
+            done = self.writers.answered(info, partition_id, request, len(topics))
+            if done is not None:
+                return timer_handles(partition_id, dues, consecutive(done.first, done.size))
             writer = self.writers.held(info, partition_id)
             ids = consecutive(writer.allocator.reserve(len(topics)), len(topics))
             cells = list(zip(timer_cell_keys(partition_id, dues, ids, topics), values, strict=True))
             cells.append((high_water_key(partition_id) + HIGH_WATER_QUALIFIER, ids[-1].to_bytes()))
-            self.writers.store(info, partition_id, writer, cells, high=ids[-1].to_bytes())
+            answer = None if request is None else Answer(request, ids[0], len(ids))
+            self.writers.store(info, partition_id, writer, cells, high=ids[-1].to_bytes(), answer=answer)
         self.events.scheduled(name, partition_id, dues if isinstance(dues, int) else min(dues))
         return timer_handles(partition_id, dues, ids)
 

@@ -141,11 +141,10 @@ class OutcomeUnknown(HQueueError):
 
     The server may have written the batch, or may still write it (a stalled
     server that resumes). The client does not send it again once the
-    deadline has passed. Before that, one rule holds: a put whose connection
-    broke after it was sent (the server died or closed it) is sent again to
-    the partition's owner, so a put is stored at least once and possibly
-    twice, under different IDs; none of its IDs was acknowledged. Scan for
-    it, or put it again and accept a possible duplicate.
+    deadline has passed. Before that, a put whose connection broke after it
+    was sent (the server died or closed it) is sent again to the partition's
+    owner, and written once (hqueue/requests.py). None of its IDs was
+    acknowledged. Scan for it, or put it again and accept a possible duplicate.
 
     Attributes:
         queue, partition_id: Where the put was going.

@@ -25,8 +25,9 @@ The state machine of one store in a client process:
   race reconnects to the winner. Calls retry so until their deadline
   (``timeout``, 30 s), as an ``hqueue://`` client's do when its server
   restarts, and with the same guarantees: a put whose connection broke
-  after it was sent is sent again (stored at least once, never an ID
-  acknowledged twice); one with no answer by the deadline raises
+  after it was sent is sent again and written once (hqueue/requests.py:
+  the new holder reads the put's record from the store); one with no
+  answer by the deadline raises
   ``OutcomeUnknown``. An open scan opens a new scanner on the new holder
   after the last message it returned (client/cursor.py).
 * The last handle on the store closes in that process: it stops serving

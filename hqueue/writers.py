@@ -14,6 +14,9 @@ mark), is above every ID any earlier owner gave.
 
 Each partition has one lock: allocation and the write happen under it, so
 rows become visible in ID order (subscribers and tailing scanners rely on it).
+
+A writer also knows the lanes' last puts (requests.py): a put sent again
+after a broken connection is answered with the IDs it was written under.
 """
 
 from __future__ import annotations
@@ -21,14 +24,15 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
 
 from .config import Durability, QueueInfo
 from .errors import Fenced, HQueueError, NotPartitionOwner
 from .ids import IDAllocator
 from .keys.timers import high_water_range
-from .message import MAX_SEQUENCE, MessageID, decode_rowkey
+from .message import MAX_SEQUENCE, MessageID, decode_rowkey, key_after
+from .requests import Request, RequestLog
 from .storage import Storage
 from .storage.base import read_id_floor
 from .storage.fence import Fence
@@ -44,10 +48,19 @@ Partition = tuple[str, int]
 @dataclass
 class PartitionWriter:
     """What this process writes a partition with while it owns it: the ID
-    allocator, and the fence every write carries."""
+    allocator, the fence every write carries, and the lanes' last puts."""
 
     allocator: IDAllocator
     fence: Fence
+    requests: RequestLog = field(default_factory=RequestLog)
+
+
+class Answer(NamedTuple):
+    """A put with a request, and the IDs it is written under: recorded in its write."""
+
+    request: Request
+    first: MessageID
+    size: int
 
 
 class PartitionWriters:
@@ -171,6 +184,20 @@ class PartitionWriters:
 
     # -- fenced writes ----------------------------------------------------------------
 
+    def answered(self, info: QueueInfo, pid: int, request: Request | None, count: int) -> Answer | None:
+        """The answer of ``request``'s put if it was written already (call under the
+        partition's lock): by this process, or, for a put marked resent, by any
+        earlier owner (the partition is taken first, so their writes are all seen)."""
+        if request is None:
+            return None
+        log = self.held(info, pid).requests
+        record = log.answered(lambda key: self._read(info.name, key), pid, request, count)
+        return None if record is None else Answer(request, record.first, record.size)
+
+    def _read(self, name: str, key: bytes) -> bytes | None:
+        cells = self.storage.scan(name, key, key_after(key), None, 1)
+        return cells[0][1] if cells and cells[0][0] == key else None
+
     def store(
         self,
         info: QueueInfo,
@@ -179,17 +206,28 @@ class PartitionWriters:
         cells: Sequence[tuple[bytes, bytes]],
         deletes: Sequence[bytes] = (),
         high: bytes = b"",
+        answer: Answer | None = None,
     ) -> None:
-        """A write to the partition under ``writer``'s fence (call under the partition's lock).
+        """A write to the partition under ``writer``'s fence (call under the partition's lock),
+        with ``answer``'s record (and expired records deleted now and then).
 
         Raises:
             Fenced: another server has taken the partition since.
         """
+        record = None
+        if answer is not None:
+            record = writer.requests.record(pid, *answer)
+            cells = [*cells, record]
+            if writer.requests.sweep_due():
+                scan = lambda start, stop, limit: self.storage.scan(info.name, start, stop, None, limit)  # noqa: E731
+                deletes = [*deletes, *writer.requests.expired(scan, pid)]
         try:
             self.storage.write(info.name, cells, info.durability, deletes, fence=writer.fence, high=high)
         except Fenced:
             self._refused(info.name, pid, writer.fence)
             raise
+        if record is not None:
+            writer.requests.written(record)
 
     def write_meta(
         self,

@@ -95,6 +95,19 @@ struct TPutResult {
   2: i32 count
 }
 
+// Who sends a put, so that the put sent again after a broken connection is
+// written once (idempotent puts). A client keeps lanes: a lane is 16 random
+// bytes, and carries one put at a time, numbered 1, 2, 3, ... The partition's
+// writer keeps each lane's last put (in the same write as its messages, for an
+// hour); a put whose lane and sequence it has written already is answered with
+// that put's IDs and not written again. resent: this put may have been sent
+// before (the writer then also reads the store, not only what it holds).
+struct TRequest {
+  1: binary lane,
+  2: i64 sequence,
+  3: bool resent
+}
+
 /** A timer message (SPEC X1): written to partitionID at due (epoch ms). */
 struct TTimer {
   1: i16 partitionID,
@@ -245,7 +258,8 @@ service HQueueService {
   // --max-put-bytes (16 MiB) of topics and values; over that, invalid with
   // "LimitExceeded: max_put_messages=N: ..." (or max_put_bytes=N), nothing written.
   // The packed layout above, with topics as keys; all to one partition.
-  TPutResult putPacked(1: string queue, 2: i16 partitionID, 3: binary messages)
+  // With request (TRequest above), a put sent again is written once.
+  TPutResult putPacked(1: string queue, 2: i16 partitionID, 3: binary messages, 4: optional TRequest request)
       throws (1: TQueueNotFound notFound, 2: TQueueDisabled disabled, 3: TInvalidMessage invalid,
               4: TNotPartitionOwner notOwner, 5: TIOError io, 6: TNotAuthorized denied)
   TMessageID putMessage(1: string queue, 2: TMessage message)
@@ -334,7 +348,7 @@ service HQueueService {
       per message, in order (8 bytes each), and dueMillis is ignored (send the
       latest of them: a server that predates dues then fires none early). */
   TPutResult scheduleTimers(1: string queue, 2: i16 partitionID, 3: binary messages, 4: i64 dueMillis,
-                            5: optional binary dues)
+                            5: optional binary dues, 6: optional TRequest request)
       throws (1: TQueueNotFound notFound, 2: TQueueDisabled disabled, 3: TInvalidMessage invalid,
               4: TNotPartitionOwner notOwner, 5: TIOError io, 6: TNotAuthorized denied)
   /** True if the timer was pending and is now cancelled; false if it fired or was cancelled. */

@@ -23,8 +23,9 @@ in place of the in-process engine, so the whole Python API works the same.
   refused with :class:`~hqueue.errors.BatchTooLarge` before anything is sent.
 * A put is acknowledged when its IDs come back. A put whose connection
   broke after it was sent (the server died or closed it) is sent again to
-  the partition's owner, within the deadline: a put is stored at least
-  once, possibly twice under different IDs, and an ID is acknowledged once.
+  the partition's owner, within the deadline, and written once: every try
+  carries the put's lane and sequence (:mod:`hqueue.requests`), and the
+  owner answers a put it recorded with the IDs it was written under.
   A put that was sent and got no answer by its deadline is never sent again:
   :class:`~hqueue.errors.OutcomeUnknown` (it may be stored, or be stored
   later by a stalled server that resumes). Admin calls that change
@@ -83,6 +84,7 @@ from ..errors import (
 from ..ids import consecutive
 from ..keys.timers import Timer, check_dues, timer_handles
 from ..message import Message, MessageID
+from ..requests import Lane, Lanes
 from ..rpc import packed, wire
 from ..rpc.failures import explain
 from ..scanner import Scan
@@ -210,6 +212,7 @@ class RemoteEngine:
         self._local = threading.local()  # the deadline of the call this thread is in
         self._locations: dict[str, list[str]] = {}
         self._infos = InfoCache(self._describe_info, stale_on=(ServerUnavailable,))
+        self._lanes = Lanes()  # puts' lanes: a put sent again is written once (requests.py)
         #: The services, over the same servers (kazoo-style: bound to this client).
         self.groups: GroupsAPI | None = RemoteGroups(self)
         self.subscriptions: SubscriptionsAPI | None = RemoteSubscriptions(self)
@@ -368,11 +371,23 @@ class RemoteEngine:
             topics, values = message_columns(self.enabled_queue(name), messages)
             blob = packed.pack(topics, values)
             what = f"put of {len(topics)} message(s)"
-            result = self._owner_call(name, partition_id, what, "putPacked", partition_id, blob)
+            result = self._owner_put(name, partition_id, what, "putPacked", partition_id, blob)
         return consecutive(wire.from_tid(result.firstID), result.count)
 
+    def _owner_put(self, name: str, partition_id: int, what: str, method: str, *args: Any) -> Any:
+        """:meth:`_owner_call` for a put, on a lane (requests.py): sent again, it is written once."""
+        with self._lanes.lane() as lane:
+            return self._owner_call(name, partition_id, what, method, *args, lane=lane)
+
     def _owner_call(
-        self, name: str, partition_id: int, what: str, method: str, *args: Any, idempotent: bool = False
+        self,
+        name: str,
+        partition_id: int,
+        what: str,
+        method: str,
+        *args: Any,
+        idempotent: bool = False,
+        lane: Lane | None = None,
     ) -> Any:
         """Call ``method(name, *args)`` at ``partition_id``'s owner, following moves
         until ``owner_timeout``, by the call's deadline.
@@ -380,7 +395,8 @@ class RemoteEngine:
         A request that may have been sent is sent again only while the
         deadline holds and its connection broke (the server went away); once
         the deadline passed with no answer, a call that is not ``idempotent``
-        raises OutcomeUnknown.
+        raises OutcomeUnknown. A put's ``lane`` request goes as its last
+        argument, marked resent once a try may have been sent.
         """
         with self.deadline() as deadline:
             give_up = min(deadline, time.monotonic() + self.owner_timeout)
@@ -390,7 +406,8 @@ class RemoteEngine:
                     locations = self.locations(name, fresh=fresh)
                     owner = locations[partition_id] if partition_id < len(locations) else ""
                     if owner:
-                        return self._call_at(owner, method, name, *args, queue=name, pid=partition_id)
+                        sent = args if lane is None else (*args, wire.to_trequest(lane.request(maybe_sent)))
+                        return self._call_at(owner, method, name, *sent, queue=name, pid=partition_id)
                     problem: HQueueError = NotPartitionOwner(name, partition_id, None)
                 except (NotPartitionOwner, ServerUnavailable) as e:
                     problem = e
@@ -431,7 +448,7 @@ class RemoteEngine:
             blob, due = packed.pack(topics, values), check_dues(due, len(topics))
             what = f"timer put of {len(topics)} message(s)"
             args = packed.timer_call_args(partition_id, blob, due)
-            result = self._owner_call(name, partition_id, what, "scheduleTimers", *args)
+            result = self._owner_put(name, partition_id, what, "scheduleTimers", *args)
         return timer_handles(partition_id, due, consecutive(wire.from_tid(result.firstID), result.count))
 
     def cancel_timer(self, name: str, timer: Timer) -> bool:

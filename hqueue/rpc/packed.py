@@ -126,5 +126,5 @@ def timer_call_args(partition_id: int, blob: bytes, due: int | Sequence[int]) ->
     """``scheduleTimers``'s arguments after the queue: one due time, or one per message
     (then ``dueMillis`` is the latest, so a server that predates ``dues`` fires none early)."""
     if isinstance(due, int):
-        return partition_id, blob, due
+        return partition_id, blob, due, None
     return partition_id, blob, max(due), pack_dues(due)

@@ -14,6 +14,7 @@ from .. import errors
 from ..auth import PushCredentials
 from ..config import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES, QueueInfo
 from ..errors import GroupNotFound, SubscriberNotFound
+from ..keys.requests import Request
 from ..keys.timers import Timer
 from ..message import ROWKEY_LENGTH, Message, MessageID, cell_keys_of, values_of
 from ..scanner import Scan
@@ -92,6 +93,21 @@ def from_tpush_key(t: Any) -> PushCredentials:
             "a subscriber announces a 32-byte push key (and, with TLS, its certificate's SHA-256 hex fingerprint)"
         )
     return push
+
+
+def to_trequest(request: Request) -> Any:
+    return T.TRequest(lane=request.lane, sequence=request.sequence, resent=request.resent)
+
+
+def from_trequest(t: Any) -> Request | None:
+    """The request a put carries (None: it carries none), checked.
+
+    Raises:
+        InvalidArgument: a malformed one.
+    """
+    if t is None:
+        return None
+    return Request(t.lane, t.sequence, bool(t.resent)).checked()
 
 
 def to_ttimer(timer: Timer) -> Any:

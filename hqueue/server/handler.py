@@ -163,11 +163,11 @@ class QueueCalls(Calls):
         return partition_id
 
     @served("producer")
-    def putPacked(self, queue: str, partitionID: int, messages: bytes) -> Any:
+    def putPacked(self, queue: str, partitionID: int, messages: bytes, request: Any = None) -> Any:
         topics, values = self._unpack_put(messages)
         partition_id = self._writable_partition(queue, partitionID)
         started = time.perf_counter()
-        first = self.engine.put_columns(queue, topics, values, partition_id)
+        first = self.engine.put_columns(queue, topics, values, partition_id, wire.from_trequest(request))
         self.metrics.puts(queue).observe(time.perf_counter() - started, len(topics))
         return wire.T.TPutResult(firstID=wire.to_tid(first), count=len(topics))
 
@@ -247,7 +247,13 @@ class QueueCalls(Calls):
 
     @served("producer")
     def scheduleTimers(
-        self, queue: str, partitionID: int, messages: bytes, dueMillis: int, dues: bytes | None = None
+        self,
+        queue: str,
+        partitionID: int,
+        messages: bytes,
+        dueMillis: int,
+        dues: bytes | None = None,
+        request: Any = None,
     ) -> Any:
         topics, values = self._unpack_put(messages)
         partition_id = self._writable_partition(queue, partitionID)
@@ -257,7 +263,8 @@ class QueueCalls(Calls):
         elif not isinstance(dueMillis, int) or not 0 <= dueMillis < 2**63:
             raise InvalidArgument(f"'dueMillis' must be epoch ms >= 0, got {dueMillis!r}")
         started = time.perf_counter()
-        timers = self.engine.schedule(queue, list(map(Message, topics, values)), partition_id, due)
+        batch = list(map(Message, topics, values))
+        timers = self.engine.schedule(queue, batch, partition_id, due, wire.from_trequest(request))
         self.metrics.puts(queue).observe(time.perf_counter() - started, len(topics))
         return wire.T.TPutResult(firstID=wire.to_tid(timers[0].id), count=len(timers))
 

@@ -3,7 +3,8 @@
 It keeps every byte it forwards (``seen``: what a wire tap reads), and may
 reset a connection once a request came (the first ``breaks`` requests that
 hold the bytes ``on``), the way a server killed mid-call breaks it
-(``broken`` counts them).
+(``broken`` counts them). With ``acted``, the request reaches the server
+first, and the answer is what is lost (a server killed after its write).
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ import threading
 
 class Relay:
     """Forwards each connection to ``target``; resets the connection of the first ``breaks``
-    requests holding ``on`` (any request: ``b""``) instead of forwarding them."""
+    requests holding ``on`` (any request: ``b""``) instead of forwarding them, or after
+    forwarding them with ``acted``."""
 
-    def __init__(self, target: tuple[str, int], breaks: int = 0, on: bytes = b"") -> None:
-        self.target, self.breaks, self.broken, self.on = target, breaks, 0, on
+    def __init__(self, target: tuple[str, int], breaks: int = 0, on: bytes = b"", acted: bool = False) -> None:
+        self.target, self.breaks, self.broken, self.on, self.acted = target, breaks, 0, on, acted
         self.seen = bytearray()
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
@@ -40,6 +42,8 @@ class Relay:
             while data := a.recv(65536):
                 if requests and self.on in data and self.broken < self.breaks:
                     self.broken += 1  # the request came: it may have been acted on
+                    if self.acted:
+                        b.sendall(data)
                     a.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     a.close()  # RST: the peer reads "connection reset"
                     break

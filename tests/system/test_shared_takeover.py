@@ -100,14 +100,11 @@ def test_timers_set_through_clients_fire_exactly_once_across_kill_9_of_the_servi
         fired = collections.Counter(m.value.decode() for m in queue.scan())
     lost = [v for v in acked if v not in fired]
     assert acked and lost == [], f"{len(lost)} of {len(acked)} acknowledged timers never fired"
-    # A timer put whose connection broke once sent is sent again, as a put is (scheduled at least once):
-    # its whole batch is then there twice. Anything else there twice would be a timer fired twice.
-    batches = collections.Counter(v.rsplit("-", 1)[0] for v in fired)
-    twice = {v.rsplit("-", 1)[0] for v, n in fired.items() if n > 1}
-    fired_twice = [b for b in twice if any(fired[v] != 2 for v in fired if v.rsplit("-", 1)[0] == b)]
-    assert fired_twice == [], f"timers of {len(fired_twice)} batches fired more than once"
-    print(f"\ntimers over 3 takeovers: {len(acked)} acknowledged, 0 lost, {len(twice)} of {len(batches)} "
-          "batches scheduled twice (a put resent after its connection broke)")  # fmt: skip
+    # A timer put whose connection broke once sent is sent again, and written once (hqueue/requests.py):
+    # anything there twice is a timer scheduled or fired twice.
+    twice = [v for v, n in fired.items() if n > 1]
+    assert twice == [], f"{len(twice)} timers fired more than once, e.g. {twice[:3]}"
+    print(f"\ntimers over 3 takeovers: {len(acked)} acknowledged, 0 lost, 0 fired twice")
 
 
 def _pending(queue: HQueue) -> int:

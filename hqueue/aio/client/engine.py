@@ -38,6 +38,7 @@ from ...errors import (
 from ...ids import consecutive
 from ...keys.timers import Timer, check_dues, timer_handles
 from ...message import Message, MessageID
+from ...requests import Lane, Lanes
 from ...rpc import packed, wire
 from ...rpc.failures import explain
 from ...scanner import Scan
@@ -71,6 +72,7 @@ class AsyncRemoteEngine:
         self._pools: dict[str, AsyncPool] = {}
         self._locations: dict[str, list[str]] = {}
         self._infos: dict[str, tuple[float, QueueInfo]] = {}
+        self._lanes = Lanes()  # puts' lanes (requests.py)
         self.groups = AsyncRemoteGroups(self)
         self.subscriptions = AsyncRemoteSubscriptions(self)
 
@@ -220,9 +222,9 @@ class AsyncRemoteEngine:
         with self.deadline():
             topics, values = message_columns(await self.enabled_queue(name), messages)
             what = f"put of {len(topics)} message(s)"
-            result = await self.owner_call(
-                name, partition_id, what, "putPacked", partition_id, packed.pack(topics, values)
-            )
+            with self._lanes.lane() as lane:  # sent again, it is written once (requests.py)
+                blob = packed.pack(topics, values)
+                result = await self.owner_call(name, partition_id, what, "putPacked", partition_id, blob, lane=lane)
         return consecutive(wire.from_tid(result.firstID), result.count)
 
     async def schedule(
@@ -233,14 +235,22 @@ class AsyncRemoteEngine:
             blob, due = packed.pack(topics, values), check_dues(due, len(topics))
             what = f"timer put of {len(topics)} message(s)"
             args = packed.timer_call_args(partition_id, blob, due)
-            result = await self.owner_call(name, partition_id, what, "scheduleTimers", *args)
+            with self._lanes.lane() as lane:
+                result = await self.owner_call(name, partition_id, what, "scheduleTimers", *args, lane=lane)
         return timer_handles(partition_id, due, consecutive(wire.from_tid(result.firstID), result.count))
 
     async def cancel_timer(self, name: str, timer: Timer) -> bool:
         return await self.owner_call(name, timer.partition_id, "cancel", "cancelTimer", wire.to_ttimer(timer))
 
     async def owner_call(
-        self, name: str, partition_id: int, what: str, method: str, *args: Any, idempotent: bool = False
+        self,
+        name: str,
+        partition_id: int,
+        what: str,
+        method: str,
+        *args: Any,
+        idempotent: bool = False,
+        lane: Lane | None = None,
     ) -> Any:
         """``method(name, *args)`` at ``partition_id``'s owner, following moves until
         ``owner_timeout``, by the call's deadline (as the blocking client's ``_owner_call``)."""
@@ -253,7 +263,8 @@ class AsyncRemoteEngine:
                     locations = await self.locations(name, fresh=fresh)
                     owner = locations[partition_id] if partition_id < len(locations) else ""
                     if owner:
-                        return await self._call_at(owner, method, name, *args, queue=name, pid=partition_id)
+                        sent = args if lane is None else (*args, wire.to_trequest(lane.request(maybe_sent)))
+                        return await self._call_at(owner, method, name, *sent, queue=name, pid=partition_id)
                     problem: HQueueError = NotPartitionOwner(name, partition_id, None)
                 except (NotPartitionOwner, ServerUnavailable) as e:
                     problem = e

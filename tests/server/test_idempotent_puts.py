@@ -96,9 +96,9 @@ def test_a_timer_whose_answer_was_lost_is_scheduled_once(relayed):
     assert [t for t, _ in pending] == timer
 
 
-def test_a_put_sent_again_to_the_partitions_next_owner_is_answered_from_the_store(tmp_path):
-    # Given a put written with a request by one process, which then went away
-    url = f"local://{tmp_path}/data"
+def test_a_put_sent_again_to_the_partitions_next_owner_is_answered_from_the_store(store_url):
+    # Given a put written with a request by one process (on each store), which then went away
+    url = store_url
     with HQueueAdmin(url) as admin:
         admin.create_queue("q", 2)
     request = Request(b"L" * 16, 7)

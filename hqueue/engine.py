@@ -268,7 +268,8 @@ class Engine:
         cells = list(zip(keys, values, strict=False))
         if info.topic_index:  # each message's index entry, in the same atomic write
             cells += index_cells(keys, values, topic_hash(info))
-        high = writer.allocator.last.to_bytes() if writer.allocator.last else b""
+        last = writer.allocator.last
+        high = last.to_bytes() if last else b""
         answer = None if request is None else Answer(request, first, len(topics))
         self.writers.store(info, partition_id, writer, cells, deletes, high, answer)
         self.events.appended(info.name, partition_id, first, topics)

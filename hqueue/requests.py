@@ -133,18 +133,21 @@ class RequestLog:
             )
         return record
 
-    def record(self, pid: int, request: Request, first: MessageID, count: int) -> Cell:
-        """The cell that records ``request``'s put (write it with the put's messages)."""
-        return record_key(pid, request.lane), pack_record(Record(request.sequence, self._clock(), first, count))
+    def record(self, request: Request, first: MessageID, count: int) -> Record:
+        """The record of ``request``'s put (:meth:`cell` writes it with the put's messages)."""
+        return Record(request.sequence, self._clock(), first, count)
 
-    def written(self, cell: Cell) -> None:
-        """The put recorded by ``cell`` is stored."""
-        key, value = cell
-        lane = key[-LANE_LENGTH:]
-        self._held[lane] = unpack_record(value)
-        self._held.move_to_end(lane)
-        if len(self._held) > HELD_LANES:
-            self._held.popitem(last=False)
+    @staticmethod
+    def cell(pid: int, lane: bytes, record: Record) -> Cell:
+        return record_key(pid, lane), pack_record(record)
+
+    def written(self, lane: bytes, record: Record) -> None:
+        """The put of ``lane`` recorded by ``record`` is stored."""
+        held = self._held
+        held[lane] = record
+        held.move_to_end(lane)
+        if len(held) > HELD_LANES:
+            held.popitem(last=False)
         self._recorded += 1
 
     def sweep_due(self) -> bool:

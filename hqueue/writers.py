@@ -21,6 +21,7 @@ after a broken connection is answered with the IDs it was written under.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -191,7 +192,7 @@ class PartitionWriters:
         if request is None:
             return None
         log = self.held(info, pid).requests
-        record = log.answered(lambda key: self._read(info.name, key), pid, request, count)
+        record = log.answered(functools.partial(self._read, info.name), pid, request, count)
         return None if record is None else Answer(request, record.first, record.size)
 
     def _read(self, name: str, key: bytes) -> bytes | None:
@@ -216,8 +217,8 @@ class PartitionWriters:
         """
         record = None
         if answer is not None:
-            record = writer.requests.record(pid, *answer)
-            cells = [*cells, record]
+            record = writer.requests.record(*answer)
+            cells = [*cells, writer.requests.cell(pid, answer.request.lane, record)]
             if writer.requests.sweep_due():
                 scan = lambda start, stop, limit: self.storage.scan(info.name, start, stop, None, limit)  # noqa: E731
                 deletes = [*deletes, *writer.requests.expired(scan, pid)]
@@ -226,8 +227,8 @@ class PartitionWriters:
         except Fenced:
             self._refused(info.name, pid, writer.fence)
             raise
-        if record is not None:
-            writer.requests.written(record)
+        if answer is not None and record is not None:
+            writer.requests.written(answer.request.lane, record)
 
     def write_meta(
         self,

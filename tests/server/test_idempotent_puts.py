@@ -151,7 +151,10 @@ def test_records_older_than_the_retention_are_swept(tmp_path):
     try:
         old, recent = RequestLog(clock=lambda: now - RETENTION_MS - 1), RequestLog(clock=lambda: now)
         first = MessageID(1_700_000_000_000, 0)
-        cells = [old.record(0, Request(b"O" * 16, 1), first, 1), recent.record(0, Request(b"R" * 16, 1), first, 1)]
+        cells = [
+            RequestLog.cell(0, b"O" * 16, old.record(Request(b"O" * 16, 1), first, 1)),
+            RequestLog.cell(0, b"R" * 16, recent.record(Request(b"R" * 16, 1), first, 1)),
+        ]
         engine.storage.write("q", cells, "SYNC_WAL")
         # When the writer sweeps
         scan = lambda start, stop, limit: engine.storage.scan("q", start, stop, None, limit)  # noqa: E731

@@ -192,8 +192,8 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
             raise LimitExceeded(
                 "max_groups",
                 limit,
-                f"max_groups={limit}: queue {queue!r} has {limit} consumer groups, the most "
-                "a queue may have (hqueue server --max-groups): delete one, or use one of them",
+                f"queue {queue!r} has {limit} consumer groups, the most a queue may have here "
+                "(--max-groups): delete one, or use one of them",
             )
 
     def _load(self, queue: str, name: str, partitions: int) -> None:

@@ -13,6 +13,9 @@ store, a 1-partition queue, default limits):
   hour and never acks; then 5,000 new messages are put, and member B
   receives (acking each batch) for up to 20 s: what A holds, what B got of
   the new ones, and how long B took.
+* a flood of groups: a consumer opens 5,000 groups on a 16-partition queue
+  (as a consumer token may): how many were made, the server's RSS growth,
+  and the size of a /metrics scrape after.
 
 ``--before DIR``: also run the servers from another source tree (e.g.
 ``git archive main | tar -x -C DIR``), as a second column.
@@ -26,24 +29,25 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from common import report  # noqa: E402
 from remote import free_port, wait_port  # noqa: E402
 
-from hqueue import HQueue, HQueueAdmin, Message, MessageID  # noqa: E402
+from hqueue import HQueue, HQueueAdmin, HQueueError, Message, MessageID  # noqa: E402
 from hqueue.api import groups_of  # noqa: E402
 from hqueue.message import encode_rowkey  # noqa: E402
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 
-def start_server(tree: str, workdir: str) -> tuple[subprocess.Popen, int]:
+def start_server(tree: str, workdir: str, *extra: str) -> tuple[subprocess.Popen, int]:
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "hqueue.cli", "server", "--storage", f"local://{workdir}", "--port", str(port),
-         "--log-level", "ERROR"],
+         "--log-level", "ERROR", *extra],
         env=dict(os.environ, PYTHONPATH=tree), cwd=tree, stderr=open(f"{workdir}.log", "w"),
     )  # fmt: skip
     wait_port(port)
@@ -88,14 +92,30 @@ def hoarding(url: str) -> dict[str, float]:
             return {"held": held, "new": new, "seconds": time.perf_counter() - start}
 
 
+def group_flood(proc: subprocess.Popen, url: str, metrics_port: int) -> dict[str, float]:
+    made, before = 0, rss_mb(proc.pid)
+    with HQueue("flood", url) as queue:
+        for made in range(5_000):
+            try:
+                queue.consumer(f"g{made}").close()
+            except HQueueError:
+                break
+        else:
+            made = 5_000
+    scrape = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=600).read()
+    return {"groups": made, "groups rss MB": rss_mb(proc.pid) - before, "scrape KiB": len(scrape) / 1024}
+
+
 def measure(tree: str, work: str) -> dict[str, float]:
-    proc, port = start_server(tree, work)
+    metrics_port = free_port()
+    proc, port = start_server(tree, work, "--metrics-port", str(metrics_port))
     url = f"hqueue://127.0.0.1:{port}"
     try:
         with HQueueAdmin(url) as admin:
             admin.create_queue("made-up", 1)
             admin.create_queue("hoard", 1)
-        return {**made_up_acks(proc, url), **hoarding(url)}
+            admin.create_queue("flood", 16)
+        return {**made_up_acks(proc, url), **hoarding(url), **group_flood(proc, url, metrics_port)}
     finally:
         proc.terminate()
         proc.wait()
@@ -116,6 +136,9 @@ def main() -> None:
         "held": "A: held after 3 x receive(10,000, lease 1 h)",
         "new": "B: of 5,000 new messages, got (20 s at most)",
         "seconds": "B: seconds to get them",
+        "groups": "groups a consumer made of 5,000 asked (16 partitions)",
+        "groups rss MB": "server RSS growth after them, MB",
+        "scrape KiB": "a /metrics scrape after them, KiB",
     }
     rows = [{"measure": text, "hqueue": now[key], "before": before.get(key)} for key, text in labels.items()]
     report("a hostile consumer-group member: hqueue server", rows, ["measure", "hqueue", "before"], args.json)

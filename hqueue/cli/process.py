@@ -8,6 +8,7 @@ import time
 import click
 
 from ..groups.state import (
+    DEFAULT_MAX_GROUPS,
     DEFAULT_MAX_LEASE,
     DEFAULT_MAX_MEMBER_IN_FLIGHT,
     MEMBER_TIMEOUT,
@@ -165,6 +166,13 @@ from .main import Progress, Seconds, main, open_admin, open_queue
     help="Messages one consumer-group member may hold unacked per group on this server.",
 )
 @click.option(
+    "--max-groups",
+    type=click.IntRange(1, 10_000_000),
+    default=DEFAULT_MAX_GROUPS,
+    show_default=True,
+    help="Consumer groups one queue may have (a consumer token may make them; each costs memory and series).",
+)
+@click.option(
     "--member-timeout",
     type=Seconds(MIN_MEMBER_TIMEOUT, 3600),
     default=MEMBER_TIMEOUT,
@@ -225,6 +233,7 @@ def server(
     checkpoint_interval,
     max_lease,
     max_member_in_flight,
+    max_groups,
     member_timeout,
     metrics_host,
     metrics_token,
@@ -279,7 +288,10 @@ def server(
             checkpoint_messages=checkpoint_messages,
             checkpoint_interval=checkpoint_interval,
             group_limits=GroupLimits(
-                max_lease=max_lease, max_member_in_flight=max_member_in_flight, member_timeout=member_timeout
+                max_lease=max_lease,
+                max_member_in_flight=max_member_in_flight,
+                member_timeout=member_timeout,
+                max_groups=max_groups,
             ),
             metrics_host=metrics_host,
             metrics_token=metrics_token,

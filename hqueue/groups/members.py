@@ -51,6 +51,8 @@ class GroupMembers:
     def _init_members(self) -> None:
         #: (queue, group, member) -> the connections it called on that are still open.
         self._connections: dict[tuple[str, str, str], set[int]] = {}
+        #: (queue, group, member) -> the token it first called with, while it has connections here.
+        self._holders: dict[tuple[str, str, str], str] = {}
         self._members_on: Counter[int] = Counter()
 
     def heartbeat(self, queue: str, name: str, member: str) -> None:
@@ -85,16 +87,23 @@ class GroupMembers:
         for pid, state in list(group.partitions.items()):
             self._failed_many(group, pid, state, state.leases_of(member))
 
-    def connected(self, connection: int, queue: str, name: str, member: str) -> bool:
-        """``member`` called on ``connection`` (a server's); True the first time, when the
-        caller must call :meth:`disconnected` once the connection closes."""
+    def connected(self, connection: int, queue: str, name: str, member: str, holder: str = "") -> bool:
+        """``member`` called on ``connection`` (a server's) with the token named ``holder``;
+        True the first time, when the caller must call :meth:`disconnected` once the
+        connection closes. The first token a member calls with holds it (:meth:`holder`)."""
         with self._lock:
             connections = self._connections.get((queue, name, member), set())
             if connection in connections or self._members_on[connection] >= MAX_MEMBERS_PER_CONNECTION:
                 return False
             self._connections[(queue, name, member)] = connections | {connection}
+            self._holders.setdefault((queue, name, member), holder)
             self._members_on[connection] += 1
             return True
+
+    def holder(self, queue: str, name: str, member: str) -> str | None:
+        """The token ``member`` called with, while a connection it called on is open (None: none)."""
+        with self._lock:
+            return self._holders.get((queue, name, member))
 
     def disconnected(self, connection: int, queue: str, name: str, member: str) -> None:
         """A connection ``member`` called on closed; if it was its last here, the member is gone."""
@@ -107,6 +116,7 @@ class GroupMembers:
                 self._connections[(queue, name, member)] = connections
                 return
             self._connections.pop((queue, name, member), None)
+            self._holders.pop((queue, name, member), None)
             group = self._groups.get((queue, name))
         if group is None:
             return

@@ -55,7 +55,7 @@ from dataclasses import replace
 from itertools import repeat
 from typing import TYPE_CHECKING
 
-from ..errors import GroupNotFound, InvalidArgument
+from ..errors import GroupNotFound, InvalidArgument, LimitExceeded
 from ..keys.groups import group_key, id_after, state_prefix
 from ..message import (
     Message,
@@ -165,6 +165,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
         )
         stored = self.storage.get_meta(group_key(queue, name))
         if stored is None:
+            self._check_room(queue)
             if start == LATEST:
                 last = {pid: self.engine.last_id(queue, pid) for pid in range(info.partitions)}
                 wanted = replace(wanted, starts={pid: successor(i) for pid, i in last.items() if i is not None})
@@ -183,6 +184,17 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
                 f"not by {key_affinity}: use another group, or delete this one first"
             )
         return config
+
+    def _check_room(self, queue: str) -> None:
+        """LimitExceeded when ``queue`` has ``limits.max_groups`` groups (a new one is refused)."""
+        limit = self.limits.max_groups
+        if len(self.storage.list_meta(f"groups/{queue}/")) >= limit:
+            raise LimitExceeded(
+                "max_groups",
+                limit,
+                f"queue {queue!r} has {limit} consumer groups, the most a queue may have here "
+                "(--max-groups): delete one, or use one of them",
+            )
 
     def _load(self, queue: str, name: str, partitions: int) -> None:
         """Hold a new group's state over the partitions owned here (metrics show it at once)."""

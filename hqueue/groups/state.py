@@ -35,6 +35,9 @@ DEFAULT_MAX_SPAN = 2_000
 DEFAULT_MAX_LEASE = 300.0
 #: Messages one member may hold (leased, not acked) per group on one server (NATS's MaxAckPending).
 DEFAULT_MAX_MEMBER_IN_FLIGHT = 1_000
+#: Consumer groups per queue: each holds state and metrics series on every partition, and a
+#: consumer token may make them (5,000 on 16 partitions took a server about 180 MiB).
+DEFAULT_MAX_GROUPS = 1_000
 #: The longest lease or nack delay a member may ask for (it gets at most ``max_lease``).
 ASKED_LEASE_LIMIT = 86400 * 7
 #: A member that has not called receive for this long is left out of the partitions' assignment;
@@ -102,12 +105,15 @@ class GroupLimits:
         member_timeout: Seconds without a call (receive or heartbeat) after which
             a member is gone: its leases end at once (as if they ran out), as they
             do when its last connection to the server closes.
+        max_groups: Consumer groups one queue may have; a new one past it is
+            refused (``LimitExceeded``), existing ones open as before.
     """
 
     max_lease: float = DEFAULT_MAX_LEASE
     max_member_in_flight: int = DEFAULT_MAX_MEMBER_IN_FLIGHT
     max_span: int = DEFAULT_MAX_SPAN
     member_timeout: float = MEMBER_TIMEOUT
+    max_groups: int = DEFAULT_MAX_GROUPS
 
     def __post_init__(self) -> None:
         lease = self.max_lease
@@ -116,7 +122,7 @@ class GroupLimits:
         timeout = self.member_timeout
         if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not MIN_MEMBER_TIMEOUT <= timeout:
             raise InvalidArgument(f"'member_timeout' must be seconds >= {MIN_MEMBER_TIMEOUT}, got {timeout!r}")
-        for name in ("max_span", "max_member_in_flight"):
+        for name in ("max_span", "max_member_in_flight", "max_groups"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 10_000_000:
                 raise InvalidArgument(f"{name!r} must be an int in 1..10000000, got {value!r}")

@@ -124,7 +124,8 @@ class HQueueServer:
         checkpoint_interval: ... or after this many seconds, whichever first (a target:
             on a loaded machine the count is what holds).
         group_limits: What one consumer-group member may take (the longest
-            lease, messages held at once; ``--max-lease``, ``--max-member-in-flight``).
+            lease, messages held at once; ``--max-lease``, ``--max-member-in-flight``)
+            and how many groups a queue may have (``--max-groups``).
         metrics_host: Where metrics listen (loopback unless told).
         metrics_token: A bearer token that may read metrics (the auth file's tokens
             with the metrics role may too). With neither a token nor ``auth``,

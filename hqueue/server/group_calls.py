@@ -42,7 +42,7 @@ class GroupCalls(Calls):
         connection = current_connection()
         groups = self.groups
         if connection is not None and isinstance(member, str) and member:
-            if groups.connected(connection.id, queue, group, member):
+            if groups.connected(connection.id, queue, group, member, self.guard.principal().name):
                 connection.on_close.append(lambda: groups.disconnected(connection.id, queue, group, member))
 
     @served("consumer")
@@ -91,6 +91,11 @@ class GroupCalls(Calls):
 
     @served("consumer")
     def groupLeave(self, queue: str, group: str, member: str) -> None:
+        """A member leaves by itself (its own token); another token's member is made to
+        leave only by a token that manages the group (its leases would go out again)."""
+        holder = self.groups.holder(queue, group, member)
+        if holder is not None and holder != self.guard.principal().name:
+            self.guard.authorize(MANAGE, f"end another token's member {member!r} in", queue, ("group", group))
         self.groups.leave(queue, group, member)
 
     @served("consumer")

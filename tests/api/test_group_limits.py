@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from hqueue import GroupLimits, HQueue, HQueueAdmin, InvalidArgument, Message, MessageID
+from hqueue import GroupLimits, HQueue, HQueueAdmin, InvalidArgument, LimitExceeded, Message, MessageID
 from hqueue.api import groups_of
 from hqueue.message import encode_rowkey
 from hqueue.server import HQueueServer
@@ -143,8 +143,8 @@ def test_a_member_that_never_acks_cannot_keep_its_partition_from_the_others(make
 
 @pytest.fixture(params=["embedded", "remote"])
 def limited(request, tmp_path):
-    """A URL whose groups lease for at most 1 s and let a member hold 3 messages."""
-    limits = GroupLimits(max_lease=1.0, max_member_in_flight=3)
+    """A URL whose groups lease for at most 1 s and let a member hold 3 messages, 3 groups a queue."""
+    limits = GroupLimits(max_lease=1.0, max_member_in_flight=3, max_groups=3)
     if request.param == "remote":
         server = HQueueServer(f"local://{tmp_path}/server", port=0, group_limits=limits).start()
         request.addfinalizer(server.stop)
@@ -187,6 +187,23 @@ def test_a_receive_returns_at_most_what_the_member_may_still_hold(limited):
         assert len(a.receive(10, wait=2)) == 2  # room for two again
 
 
+def test_a_queue_has_at_most_max_groups_groups(limited):
+    # Given a queue with its 3 groups (each one a consumer token may make costs the
+    # server its state and metrics series on every partition: 5,000 took 177 MiB)
+    for name in ("a", "b", "c"):
+        limited.consumer(name).close()
+    # When a fourth is made, it is refused whole, typed, naming the limit
+    with pytest.raises(LimitExceeded, match="has 3 consumer groups") as refused:
+        limited.consumer("d")
+    assert refused.value.limit == "max_groups" and refused.value.value == 3
+    # Then the existing ones open again, and one deleted leaves room
+    limited.consumer("a").close()
+    with HQueueAdmin(limited.url) as admin:
+        assert admin.list_groups("q") == ["a", "b", "c"]
+        admin.delete_group("q", "b")
+    limited.consumer("d").close()
+
+
 @pytest.mark.parametrize(
     "kwargs, error",
     [
@@ -195,6 +212,7 @@ def test_a_receive_returns_at_most_what_the_member_may_still_hold(limited):
         ({"max_member_in_flight": 0}, "max_member_in_flight"),
         ({"max_member_in_flight": True}, "max_member_in_flight"),
         ({"max_span": "10"}, "max_span"),
+        ({"max_groups": 0}, "max_groups"),
         ({"member_timeout": 1}, "member_timeout"),
         ({"member_timeout": float("nan")}, "member_timeout"),
     ],

@@ -1,0 +1,92 @@
+"""Who may end a consumer-group member's leases: the member's own token, or one
+that manages the group (admin, or consumer with the group's name granted).
+
+A ``groupLeave`` gives a member's leases back at once; before, any consumer
+token on the queue could call it with another token's member name and have
+that member's messages handed out again at once.
+"""
+
+import pytest
+
+from hqueue import HQueue, HQueueAdmin, Message
+from hqueue.auth import AuthPolicy
+from hqueue.rpc.wire import T
+from hqueue.server import HQueueServer
+
+from ..processes import drain
+from .test_hardening import raw_client
+
+ADMIN, WORKER, INTRUDER, MANAGER = (f"{name}-secret-0123456789" for name in ("admin", "worker", "intruder", "manager"))
+AUTH_FILE = f"""
+[tokens.ops]
+secret = "{ADMIN}"
+admin = ["*"]
+
+[tokens.worker]
+secret = "{WORKER}"
+consumer = ["jobs"]
+
+[tokens.intruder]
+secret = "{INTRUDER}"
+producer = ["jobs"]
+consumer = ["jobs"]
+
+[tokens.manager]
+secret = "{MANAGER}"
+consumer = ["jobs"]
+groups = ["billing"]
+"""
+
+
+@pytest.fixture
+def server(tmp_path):
+    (tmp_path / "auth.toml").write_text(AUTH_FILE)
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, auth=AuthPolicy.load(tmp_path / "auth.toml")).start()
+    with HQueueAdmin(f"hqueue://{server.address}", token=ADMIN) as admin:
+        admin.create_queue("jobs", 1)
+    with HQueue("jobs", f"hqueue://{server.address}", token=ADMIN) as queue:
+        queue.put([Message("t", b"%d" % i) for i in range(3)], 0)
+    yield server
+    server.stop()
+
+
+def leave(server, token: str, member: str) -> None:
+    client = raw_client(server.port)
+    try:
+        client.authenticate(token)
+        client.groupLeave("jobs", "billing", member)
+    finally:
+        client.close()
+
+
+def others_get(server) -> int:
+    """What another member of the group gets now."""
+    with HQueue("jobs", f"hqueue://{server.address}", token=WORKER) as queue:
+        with queue.consumer("billing", member="other") as other:
+            return len(other.receive(10, wait=0.3))
+
+
+@pytest.fixture
+def holding(server):
+    """The worker's member "w-1", holding the queue's three messages."""
+    with HQueue("jobs", f"hqueue://{server.address}", token=WORKER) as queue:
+        with queue.consumer("billing", member="w-1") as consumer:
+            assert len(drain(consumer, 3)) == 3
+            yield consumer
+
+
+def test_another_tokens_member_cannot_be_made_to_leave(server, holding):
+    # When a consumer token of the queue, not granted the group's name, leaves as the worker's member
+    with pytest.raises(T.TNotAuthorized) as refused:
+        leave(server, INTRUDER, "w-1")
+    # Then it is refused, naming the token, the group and the role needed
+    for named in ("'intruder'", "may not end another token's member 'w-1' in group 'billing'", "groups pattern"):
+        assert named in refused.value.message
+    # and the worker still holds its three: nobody else gets them
+    assert others_get(server) == 0
+
+
+@pytest.mark.parametrize("token", [WORKER, MANAGER, ADMIN], ids=["its-own-token", "groups-pattern", "admin"])
+def test_a_member_is_made_to_leave_by_its_own_token_or_the_groups_manager(server, holding, token):
+    leave(server, token, "w-1")  # another connection: the token decides
+    assert others_get(server) == 3

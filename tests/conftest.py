@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import settings
 from kazoo.client import KazooClient
 
 from hqueue import HQueue, HQueueAdmin
@@ -23,6 +24,11 @@ from hqueue.server import HQueueServer
 from hqueue.storage.memory import forget
 
 from .processes import ROOT, ZooKeeperServer, in_ci, python_env
+
+# No per-example deadline: a loaded machine (CI, the suite's workers) is not a failure; timing
+# claims belong in bench/.
+settings.register_profile("hqueue", deadline=None)
+settings.load_profile("hqueue")
 
 _counter = itertools.count()
 

@@ -56,7 +56,7 @@ from itertools import repeat
 from typing import TYPE_CHECKING
 
 from ..errors import GroupNotFound, InvalidArgument, LimitExceeded
-from ..keys.groups import group_key, id_after, state_prefix
+from ..keys.groups import group_key, groups_prefix, id_after, state_prefix
 from ..message import (
     Message,
     MessageID,
@@ -188,7 +188,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
     def _check_room(self, queue: str) -> None:
         """LimitExceeded when ``queue`` has ``limits.max_groups`` groups (a new one is refused)."""
         limit = self.limits.max_groups
-        if len(self.storage.list_meta(f"groups/{queue}/")) >= limit:
+        if len(self.storage.list_meta(groups_prefix(queue))) >= limit:
             raise LimitExceeded(
                 "max_groups",
                 limit,

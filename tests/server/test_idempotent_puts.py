@@ -18,10 +18,10 @@ from hqueue import HQueue, HQueueAdmin
 from hqueue.aio import AsyncHQueue
 from hqueue.client.engine import RemoteEngine
 from hqueue.engine import Engine
-from hqueue.errors import InvalidArgument
+from hqueue.errors import InvalidArgument, OutcomeUnknown
 from hqueue.keys.requests import Request, records_range
 from hqueue.message import Message, MessageID
-from hqueue.requests import RETENTION_MS, RequestLog
+from hqueue.requests import RETENTION_MS, Lanes, RequestLog
 from hqueue.rpc import packed, wire
 from hqueue.server import HQueueServer
 
@@ -164,3 +164,26 @@ def test_records_older_than_the_retention_are_swept(tmp_path):
         assert [k for k, _ in engine.storage.scan("q", *records_range(0), None, 10)] == [c[0] for c in cells]
     finally:
         engine.release()
+
+
+def test_a_lane_carries_puts_in_order_and_is_dropped_when_one_ended_unknown():
+    lanes = Lanes()
+    # Given a lane whose put was answered
+    with lanes.lane() as first:
+        pass
+    # Then the next put goes on it, numbered after
+    with lanes.lane() as again:
+        assert (again.id, again.sequence) == (first.id, 2)
+    # When a put's outcome is unknown (a stalled server may still write it), or its task was cancelled
+    for ending in (OutcomeUnknown("no answer"), asyncio.CancelledError()):
+        with pytest.raises(type(ending)), lanes.lane() as lost:
+            raise ending
+        # Then its lane is never used again
+        with lanes.lane() as fresh:
+            assert fresh.id != lost.id and fresh.sequence == 1
+        lanes = Lanes()
+    # And an error the server answered leaves the lane free
+    with pytest.raises(InvalidArgument), lanes.lane() as refused:
+        raise InvalidArgument("refused")
+    with lanes.lane() as after:
+        assert (after.id, after.sequence) == (refused.id, 2)

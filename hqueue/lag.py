@@ -223,6 +223,10 @@ class LagBook:
         self._tallies: dict[tuple[str, int], Tally] = {}
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
+        #: Notified when a reader was counted or a refresh done (what wait_counted waits on).
+        self._counted = threading.Condition(self._lock)
+        self._current: Any = None
+        self._refreshes = 0
         #: Readers waiting to be counted, oldest first: id -> (reader, queue, pid, topics, progress).
         self._pending: dict[int, tuple[Any, str, int, frozenset[bytes] | None, Progress]] = {}
         self._refreshers: list[Callable[[], None]] = []
@@ -329,6 +333,22 @@ class LagBook:
         """Readers waiting to be counted."""
         return len(self._pending)
 
+    def wait_counted(self, timeout: float) -> bool:
+        """Wait at most ``timeout`` seconds until the first refresh is done and every
+        reader asked about has been counted once (so a scrape shows all their series)."""
+        deadline = time.monotonic() + timeout
+        with self._counted:
+            while not self._all_counted():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._counted.wait(left)
+            return True
+
+    def _all_counted(self) -> bool:
+        readers = [job[0] for job in self._pending.values()] + [self._current]
+        return self._refreshes > 0 and all(r is None or (r.lag_seed and r.lag_seed.tally.live) for r in readers)
+
     def _request(self, reader: Any, queue: str, pid: int, topics: frozenset[bytes] | None, progress: Progress) -> None:
         with self._wake:
             if id(reader) not in self._pending:
@@ -349,15 +369,20 @@ class LagBook:
                 if self._stopped:
                     return
                 job = self._pending.pop(next(iter(self._pending))) if self._pending else None
+                self._current = job[0] if job else None
             if job is None:
                 refreshed = time.monotonic()
                 self._refresh()
-                continue
-            try:
-                self._seed(*job)
-            except Exception:  # one reader's count never stops the others'
-                logger.debug("counting the lag of %s partition %d failed", job[1], job[2], exc_info=True)
-                self._pause(0.05)
+            else:
+                try:
+                    self._seed(*job)
+                except Exception:  # one reader's count never stops the others'
+                    logger.debug("counting the lag of %s partition %d failed", job[1], job[2], exc_info=True)
+                    self._pause(0.05)
+            with self._counted:
+                self._current = None
+                self._refreshes += job is None
+                self._counted.notify_all()
 
     def _refresh(self) -> None:
         for refresher in self._refreshers:

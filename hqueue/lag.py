@@ -227,6 +227,9 @@ class LagBook:
         self._counted = threading.Condition(self._lock)
         self._current: Any = None
         self._refreshes = 0
+        #: Refreshes asked for (partitions gained or lost: load what is owned now, before
+        #: counting more), and how many of those asks the last refresh done answered.
+        self._asked = self._answered = 0
         #: Readers waiting to be counted, oldest first: id -> (reader, queue, pid, topics, progress).
         self._pending: dict[int, tuple[Any, str, int, frozenset[bytes] | None, Progress]] = {}
         self._refreshers: list[Callable[[], None]] = []
@@ -273,12 +276,15 @@ class LagBook:
         return tally
 
     def forget(self, partitions: Collection[tuple[str, int]]) -> None:
-        """Partitions gained or lost: others may write them meanwhile; count them afresh."""
+        """Partitions gained or lost: others may write them meanwhile; count them afresh,
+        and refresh at once (what a server gains has series from then on)."""
         with self._lock:
             for key in partitions:
                 tally = self._tallies.pop(key, None)
                 if tally is not None:
                     tally.live = False
+            self._asked += 1
+            self._wake.notify()
 
     def forget_queue(self, queue: str) -> None:
         with self._lock:
@@ -347,7 +353,9 @@ class LagBook:
 
     def _all_counted(self) -> bool:
         readers = [job[0] for job in self._pending.values()] + [self._current]
-        return self._refreshes > 0 and all(r is None or (r.lag_seed and r.lag_seed.tally.live) for r in readers)
+        if self._refreshes == 0 or self._asked != self._answered:
+            return False
+        return all(r is None or (r.lag_seed and r.lag_seed.tally.live) for r in readers)
 
     def _request(self, reader: Any, queue: str, pid: int, topics: frozenset[bytes] | None, progress: Progress) -> None:
         with self._wake:
@@ -361,14 +369,17 @@ class LagBook:
         refreshed = 0.0
         while True:
             with self._wake:
-                while not self._stopped and not self._pending:
+                while not self._stopped and not self._pending and self._asked == self._answered:
                     left = refreshed + self.refresh_interval - time.monotonic()
                     if left <= 0:
                         break
                     self._wake.wait(left)
                 if self._stopped:
                     return
-                job = self._pending.pop(next(iter(self._pending))) if self._pending else None
+                asked = self._asked
+                job = (
+                    self._pending.pop(next(iter(self._pending))) if self._pending and asked == self._answered else None
+                )
                 self._current = job[0] if job else None
             if job is None:
                 refreshed = time.monotonic()
@@ -381,7 +392,8 @@ class LagBook:
                     self._pause(0.05)
             with self._counted:
                 self._current = None
-                self._refreshes += job is None
+                if job is None:
+                    self._refreshes, self._answered = self._refreshes + 1, asked
                 self._counted.notify_all()
 
     def _refresh(self) -> None:

@@ -46,6 +46,7 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .ids import runs, wall_clock_ms
@@ -352,9 +353,9 @@ class LagBook:
             return True
 
     def _all_counted(self) -> bool:
-        readers = [job[0] for job in self._pending.values()] + [self._current]
         if self._refreshes == 0 or self._asked != self._answered:
             return False
+        readers = chain((job[0] for job in self._pending.values()), (self._current,))  # stops at the first
         return all(r is None or (r.lag_seed and r.lag_seed.tally.live) for r in readers)
 
     def _request(self, reader: Any, queue: str, pid: int, topics: frozenset[bytes] | None, progress: Progress) -> None:

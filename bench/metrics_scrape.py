@@ -13,7 +13,10 @@ the server spends over as long without a scrape, RocksDB's background work
 on the set-up's writes: both are shown) and the wall ms of one scrape, the
 mean (CPU) and median (wall) of 20 after the first (which asks the lag book to
 count each reader once: those counts run in the server's background thread,
-waited for here, and reported apart as "seeding").
+and the first scrape waits for them up to 2 s, so its CPU includes them; what
+is left is waited for here and reported apart as "seeding"). 200 x 16 of 200
+messages, 2026-11-23: first scrape 400-440 ms CPU with seeding 0-10 ms after,
+where it was 0-10 ms with 270-280 ms of seeding after; later scrapes alike.
 
 ``--before SRC`` runs the same against the server of another source tree (a
 ``git archive main`` unpacked there) for the "before" column.

@@ -18,7 +18,7 @@ from .config import (
 )
 from .connection import Connected
 from .deadletters import DeadLetterNote, dead_letter_queue, note_of
-from .errors import InvalidArgument, QueueNotFound
+from .errors import InvalidArgument, InvalidQueueName, QueueNotFound
 from .message import Message, MessageID, _as_topic, topics_of_keys
 from .queue import HQueue, TimeLike, as_message_id
 from .scanner import Scan, read_columns
@@ -114,7 +114,7 @@ class HQueueAdmin(Connected):
     def queue_exists(self, name: str) -> bool:
         try:
             self.engine.queue_info(name, fresh=True)
-        except QueueNotFound:
+        except (QueueNotFound, InvalidQueueName):  # a name no queue may have: none has it
             return False
         return True
 

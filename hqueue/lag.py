@@ -46,6 +46,7 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .ids import runs, wall_clock_ms
@@ -223,6 +224,13 @@ class LagBook:
         self._tallies: dict[tuple[str, int], Tally] = {}
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
+        #: Notified when a reader was counted or a refresh done (what wait_counted waits on).
+        self._counted = threading.Condition(self._lock)
+        self._current: Any = None
+        self._refreshes = 0
+        #: Refreshes asked for (partitions gained or lost: load what is owned now, before
+        #: counting more), and how many of those asks the last refresh done answered.
+        self._asked = self._answered = 0
         #: Readers waiting to be counted, oldest first: id -> (reader, queue, pid, topics, progress).
         self._pending: dict[int, tuple[Any, str, int, frozenset[bytes] | None, Progress]] = {}
         self._refreshers: list[Callable[[], None]] = []
@@ -269,12 +277,15 @@ class LagBook:
         return tally
 
     def forget(self, partitions: Collection[tuple[str, int]]) -> None:
-        """Partitions gained or lost: others may write them meanwhile; count them afresh."""
+        """Partitions gained or lost: others may write them meanwhile; count them afresh,
+        and refresh at once (what a server gains has series from then on)."""
         with self._lock:
             for key in partitions:
                 tally = self._tallies.pop(key, None)
                 if tally is not None:
                     tally.live = False
+            self._asked += 1
+            self._wake.notify()
 
     def forget_queue(self, queue: str) -> None:
         with self._lock:
@@ -329,6 +340,24 @@ class LagBook:
         """Readers waiting to be counted."""
         return len(self._pending)
 
+    def wait_counted(self, timeout: float) -> bool:
+        """Wait at most ``timeout`` seconds until the first refresh is done and every
+        reader asked about has been counted once (so a scrape shows all their series)."""
+        deadline = time.monotonic() + timeout
+        with self._counted:
+            while not self._all_counted():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._counted.wait(left)
+            return True
+
+    def _all_counted(self) -> bool:
+        if self._refreshes == 0 or self._asked != self._answered:
+            return False
+        readers = chain((job[0] for job in self._pending.values()), (self._current,))  # stops at the first
+        return all(r is None or (r.lag_seed and r.lag_seed.tally.live) for r in readers)
+
     def _request(self, reader: Any, queue: str, pid: int, topics: frozenset[bytes] | None, progress: Progress) -> None:
         with self._wake:
             if id(reader) not in self._pending:
@@ -341,23 +370,32 @@ class LagBook:
         refreshed = 0.0
         while True:
             with self._wake:
-                while not self._stopped and not self._pending:
+                while not self._stopped and not self._pending and self._asked == self._answered:
                     left = refreshed + self.refresh_interval - time.monotonic()
                     if left <= 0:
                         break
                     self._wake.wait(left)
                 if self._stopped:
                     return
-                job = self._pending.pop(next(iter(self._pending))) if self._pending else None
+                asked = self._asked
+                job = (
+                    self._pending.pop(next(iter(self._pending))) if self._pending and asked == self._answered else None
+                )
+                self._current = job[0] if job else None
             if job is None:
                 refreshed = time.monotonic()
                 self._refresh()
-                continue
-            try:
-                self._seed(*job)
-            except Exception:  # one reader's count never stops the others'
-                logger.debug("counting the lag of %s partition %d failed", job[1], job[2], exc_info=True)
-                self._pause(0.05)
+            else:
+                try:
+                    self._seed(*job)
+                except Exception:  # one reader's count never stops the others'
+                    logger.debug("counting the lag of %s partition %d failed", job[1], job[2], exc_info=True)
+                    self._pause(0.05)
+            with self._counted:
+                self._current = None
+                if job is None:
+                    self._refreshes, self._answered = self._refreshes + 1, asked
+                self._counted.notify_all()
 
     def _refresh(self) -> None:
         for refresher in self._refreshers:

@@ -216,9 +216,11 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
         return group
 
     def _partition(self, group: GroupState, pid: int) -> PartitionState:
-        """The group's state over ``pid``, read from the store on first use (call under group.lock)."""
+        """The group's state over ``pid``, read from the store on first use (call under group.lock),
+        once the partition is taken: a former owner's ack can no longer land after the read."""
         state = group.partitions.get(pid)
         if state is None:
+            self.engine.writers.fence(group.queue, pid)
             stored = self.storage.list_meta(state_prefix(group.queue, group.name, pid))
             done = (
                 stored.get(state_prefix(group.queue, group.name, pid) + "done") or group.config.start_of(pid).to_bytes()

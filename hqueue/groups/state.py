@@ -31,8 +31,9 @@ DEFAULT_MAX_RETRIES = 16
 #: (Kafka's share groups lock at most 2,000 records per partition).
 DEFAULT_MAX_SPAN = 2_000
 #: The longest lease (and nack delay) a member gets, whatever it asks (a gone member's
-#: leases end sooner: see ``member_timeout``).
-DEFAULT_MAX_LEASE = 300.0
+#: leases end sooner: see ``member_timeout``): Kafka's share groups lock a record at most
+#: 60 s; a member still working renews its lease (``extend``), as the Processor does.
+DEFAULT_MAX_LEASE = 60.0
 #: Messages one member may hold (leased, not acked) per group on one server (NATS's MaxAckPending).
 DEFAULT_MAX_MEMBER_IN_FLIGHT = 1_000
 #: Consumer groups per queue: each holds state and metrics series on every partition, and a

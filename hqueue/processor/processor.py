@@ -47,7 +47,7 @@ class Processor:
             a retry (None: no limit).
         delay: Handle each message no sooner than this many seconds after it was written.
         lease: The group lease of messages in hand (default 30 s; the server
-            gives at most its ``--max-lease``, 300 s by default), renewed every
+            gives at most its ``--max-lease``, 60 s by default), renewed every
             third of it while the process holds them, so a message may wait
             behind slow ones or be handled for longer than the lease. A
             member holds at most the server's ``--max-member-in-flight``

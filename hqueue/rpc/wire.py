@@ -251,6 +251,9 @@ def from_thrift_error(e: Exception, queue: str | None = None, partition_id: int 
         if kind == "QueueEnabled" and queue:
             return errors.QueueEnabled(queue, "it can be dropped")
         return cls(rest if cls is not errors.InvalidMessage else text)
+    kind, _, rest = text.partition(": ")
+    if kind == "InvalidQueueName":  # refused before the call, which may not declare TInvalidMessage
+        return errors.InvalidQueueName(rest)
     return errors.StorageError(text)
 
 

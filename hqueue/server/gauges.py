@@ -1,12 +1,15 @@
 """What a server's metrics read at each scrape: from memory only, never a row.
 
 Lag comes from the :class:`~hqueue.lag.LagBook` (counts kept as messages are
-written, acked and delivered); a reader not yet counted once has no lag
-series until the book's thread has counted it.
+written, acked and delivered); a reader not yet counted once (a group just
+made, a server just started) has no lag series until the book's thread has
+counted it: a scrape that meets one waits for the count, at most
+``SCRAPE_WAIT`` seconds, and renders again.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -38,10 +41,22 @@ class Served(Protocol):
     def inflight_bytes(self) -> int: ...
 
 
+#: The longest a scrape waits for the lag book to count readers it has not counted yet.
+SCRAPE_WAIT = 2.0
+
+
 def server_gauges(server: Served, book: LagBook) -> Callable[[], list[Family]]:
-    """The collect function of ``server``'s scrape-time series."""
+    """The collect function of ``server``'s scrape-time series: every series, the lag of
+    every reader included, unless counting them takes more than ``SCRAPE_WAIT``."""
 
     def collect() -> list[Family]:
+        deadline = time.monotonic() + SCRAPE_WAIT
+        while True:
+            families = render()
+            if book.wait_counted(0) or not book.wait_counted(deadline - time.monotonic()):
+                return families
+
+    def render() -> list[Family]:
         families = [
             gauge("hqueue_connections", "Open client connections.", [], [([], server.connections)]),
             gauge("hqueue_scanners", "Open server-side scanners.", [], [([], len(server.scanners))]),

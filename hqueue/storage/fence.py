@@ -37,7 +37,9 @@ How each backend keeps the promise:
   A write that passed (3) happened before the take, so the new owner sees it
   when it seeds its allocator.
 
-Metadata (consumer groups' acks and cursors) is fenced the same way; on
+Metadata (consumer groups' acks and cursors) is fenced the same way, and a
+new owner reads a group's state only after its take (groups/service.py), so
+no former owner's ack lands unseen after the read; on
 HBase a refused metadata write may still have landed (a stale owner's acks
 or retry counts, never acknowledged to anyone), which can only cause a
 redelivery: the new owner keeps its own state in memory and writes it over.

@@ -141,6 +141,18 @@ def test_a_member_that_never_acks_cannot_keep_its_partition_from_the_others(make
         assert not taken & {d.value for d in hoarded}
 
 
+def test_by_default_a_lease_is_at_most_a_minute_as_kafka_share_groups_lock(make_queue):
+    # Kafka's share groups lock a record 30 s and at most 60 s (group.share.max.record.lock.duration.ms);
+    # a member still working renews its lease (extend), as the Processor does
+    queue = make_queue(partitions=1)
+    queue.put([Message("t", b"x")], 0)
+    with queue.consumer("g", member="a") as a:
+        (held,) = drain(a, 1)
+        assert 25 < queue.pending("g")[0].lease_left <= 30  # the default lease
+        a.extend(held, lease=7 * 86400)
+        assert 55 < queue.pending("g")[0].lease_left <= 60  # a week asked: a minute given
+
+
 @pytest.fixture(params=["embedded", "remote"])
 def limited(request, tmp_path):
     """A URL whose groups lease for at most 1 s and let a member hold 3 messages, 3 groups a queue."""

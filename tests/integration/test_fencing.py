@@ -278,3 +278,33 @@ def test_servers_on_a_rebuilt_zookeeper_take_over_the_partitions(tmp_path, hbase
             second.kill()
     finally:
         second_zk.stop()
+
+
+def test_a_group_s_state_is_read_after_the_partition_is_taken(tmp_path, hbase_standin):
+    """A server reads a group's state over a partition (a describe, a receive, the lag
+    metrics loading it when it gains the partition) only once it holds the partition's
+    fence: a former owner's ack can then no longer land after the read and be lost.
+    Before, the read came first: the former owner acknowledged the ack, and the new
+    owner handed the acked message out again. (No ZooKeeper, so that the new owner's
+    read comes before any take of its own, as it can in the window after a gain.)"""
+    storage = hbase_url(hbase_standin[0])
+    old = ServerProcess(storage, tmp_path, name="old")
+    new = None
+    try:
+        with HQueueAdmin(f"hqueue://{old.address}") as admin:
+            admin.create_queue("q", 1)
+        with HQueue("q", f"hqueue://{old.address}") as queue, queue.consumer("g", member="x") as member:
+            queue.put(Message("t", b"m"), 0)
+            (held,) = member.receive(1, wait=5)
+            new = ServerProcess(storage, tmp_path, name="new")
+            with HQueueAdmin(f"hqueue://{new.address}") as admin:
+                assert admin.describe_group("q", "g")["partitions"][0]["in_flight"] == 0  # read there
+            acked = member.ack(held)  # at the former owner
+            with HQueue("q", f"hqueue://{new.address}") as moved, moved.consumer("g", member="y") as other:
+                again = other.receive(1, wait=2)
+        # Then either the ack was refused (and the message goes out again), or it holds
+        assert (acked, [d.value for d in again]) in ((0, [b"m"]), (1, []))
+    finally:
+        for server in (old, new):
+            if server is not None:
+                server.kill()

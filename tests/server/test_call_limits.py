@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from hqueue import HQueue, HQueueAdmin, LimitExceeded, Message, ServerBusy
-from hqueue.errors import InvalidArgument
+from hqueue.errors import InvalidArgument, InvalidQueueName
 from hqueue.rpc import packed, wire
 from hqueue.rpc.budget import InflightBudget
 from hqueue.rpc.frames import FrameReader
@@ -313,6 +313,18 @@ def test_a_huge_name_is_refused_without_being_repeated_back(capped):
         client.createQueue(T.TQueueInfo(name="-" * 100_000, partitions=1))
     assert len(refused.value.message) < 5000 and refused.value.message.endswith("characters)")
     client.close()
+
+
+def test_a_name_too_long_for_any_queue_is_a_typed_error_through_the_client(capped):
+    # (was StorageError, "an internal storage error", for every call but a drop)
+    name, url = "x" * 204, f"hqueue://127.0.0.1:{capped.port}"  # as a 200-character DLQ's own .dlq
+    with HQueueAdmin(url) as admin:
+        assert admin.queue_exists(name) is False  # as on an embedded store
+        for call in (admin.describe_queue, admin.disable_queue, admin.list_groups):
+            with pytest.raises(InvalidQueueName, match="at most 200 characters"):
+                call(name)
+    with pytest.raises(InvalidQueueName), HQueue(name, url) as queue:
+        queue.put(Message("t", b"x"))
 
 
 # -- receipts --------------------------------------------------------------------------

@@ -316,9 +316,11 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
             group.turn += 1
             mine = served_order(mine, info, group.turn)
             for pid in mine:
-                self._partition(group, pid)
+                if pid not in group.partitions:
+                    self._partition(group, pid)
             for pid, state in list(group.partitions.items()):  # run-out leases are no longer held
-                self._expire(group, pid, state, now)
+                if state.lease_heap and state.lease_heap[0][0] <= now:
+                    self._expire(group, pid, state, now)
             limit = min(limit, self.limits.max_member_in_flight - group.held_by(member))
             for pid in mine:
                 if len(keys) >= limit:

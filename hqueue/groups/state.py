@@ -15,6 +15,7 @@ import json
 import threading
 from dataclasses import dataclass, field
 from itertools import repeat
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from ..checks import check_name
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from .affinity import KeyAffinity
 
 DEFAULT_LEASE = 30.0
+_MEMBER = itemgetter(0)  # of a lease: (member, deadline)
 DEFAULT_MAX_RETRIES = 16
 #: Messages handed out and not acked, per (group, partition), before the partition waits
 #: (Kafka's share groups lock at most 2,000 records per partition).
@@ -300,6 +302,30 @@ class PartitionState:
         if self.affinity is not None:
             self.affinity.finished(message_id, was_waiting)
 
+    def finish_many(self, ids: list[bytes]) -> None:
+        """:meth:`finish` each of ``ids``: at a few calls' cost for a batch when no key order is kept."""
+        if self.affinity is not None:
+            for message_id in ids:
+                self.finish(message_id)
+            return
+        held = self.held
+        ended = list(filter(None, map(self.leases.pop, ids, repeat(None))))
+        members = set(map(_MEMBER, ended))
+        if len(members) == 1:  # the usual case: one member's acks
+            holders = {members.pop(): len(ended)}
+        else:
+            holders = collections.Counter(map(_MEMBER, ended))
+        for member, count in holders.items():
+            left = held[member] - count
+            if left > 0:
+                held[member] = left
+            else:
+                held.pop(member, None)
+        if self.ready:
+            pop = self.ready.pop
+            for message_id in ids:
+                pop(message_id, None)
+
     def leases_of(self, member: str) -> list[bytes]:
         """The IDs ``member`` holds here, in ID order."""
         if member not in self.held:
@@ -331,6 +357,8 @@ class GroupState:
     def members_with_room(self, members: list[str], cap: int, asking: str) -> list[str]:
         """``members`` less those holding ``cap`` messages here (``asking`` stays): a
         member that holds all it may cannot keep its partitions from the others."""
+        if len(members) == 1 and members[0] == asking:
+            return members
         held: collections.Counter[str] = collections.Counter()
         for state in self.partitions.values():
             held.update(state.held)

@@ -6,6 +6,7 @@ structs and exceptions, the remote client turns them back.
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Sequence
 from typing import Any
@@ -143,7 +144,19 @@ def unpack_rowkeys(blob: Any) -> list[bytes]:
             "max_receipts", MAX_RECEIPTS,
             f"{len(blob) // ROWKEY_LENGTH} receipts in one call: at most {MAX_RECEIPTS} (send more in several calls)",
         )  # fmt: skip
+    count = len(blob) // ROWKEY_LENGTH
+    if count <= _SPLIT_RECEIPTS:
+        return list(_receipts_splitter(count)(blob))
     return [blob[i : i + ROWKEY_LENGTH] for i in range(0, len(blob), ROWKEY_LENGTH)]
+
+
+#: Receipts of up to this many are cut by one struct call (the formats of the last few counts kept).
+_SPLIT_RECEIPTS = 1000
+
+
+@functools.lru_cache(maxsize=16)
+def _receipts_splitter(count: int) -> Any:
+    return struct.Struct(f"{ROWKEY_LENGTH}s" * count).unpack
 
 
 def to_tscan(scan: Scan) -> Any:

@@ -15,8 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import random
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 from thriftpy2.thrift import TException
@@ -53,6 +52,30 @@ _deadline: contextvars.ContextVar[tuple[int, float] | None] = contextvars.Contex
 )
 
 
+class _Deadline:
+    """``AsyncRemoteEngine.deadline()``: a context manager with no generator under it (it is
+    entered a few times per call)."""
+
+    __slots__ = ("engine", "extra", "token")
+
+    def __init__(self, engine: AsyncRemoteEngine, extra: float) -> None:
+        self.engine, self.extra = engine, extra
+        self.token: contextvars.Token[tuple[int, float] | None] | None = None
+
+    def __enter__(self) -> float:
+        outer = _deadline.get()
+        if outer is not None and outer[0] == id(self.engine):
+            return outer[1]
+        at = asyncio.get_running_loop().time() + self.engine.timeout + self.extra
+        self.token = _deadline.set((id(self.engine), at))
+        return at
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.token is not None:
+            _deadline.reset(self.token)
+            self.token = None
+
+
 class AsyncRemoteEngine:
     """The engine's calls over hqueue servers, awaitable (see the module's docstring).
 
@@ -78,19 +101,10 @@ class AsyncRemoteEngine:
 
     # -- deadlines ------------------------------------------------------------------
 
-    @contextmanager
-    def deadline(self, extra: float = 0.0) -> Iterator[float]:
-        """The deadline of the call under way in this task, or a new one for the calls inside."""
-        outer = _deadline.get()
-        if outer is not None and outer[0] == id(self):
-            yield outer[1]
-            return
-        at = asyncio.get_running_loop().time() + self.timeout + extra
-        token = _deadline.set((id(self), at))
-        try:
-            yield at
-        finally:
-            _deadline.reset(token)
+    def deadline(self, extra: float = 0.0) -> _Deadline:
+        """The deadline of the call under way in this task, or a new one for the calls inside
+        (``with engine.deadline() as at:``)."""
+        return _Deadline(self, extra)
 
     def _unavailable(self, address: str, method: str, cause: BaseException, sent: bool = False) -> ServerUnavailable:
         if isinstance(cause, TimeoutError):
@@ -117,8 +131,10 @@ class AsyncRemoteEngine:
             for attempt in range(1, READ_TRIES + 1):
                 pool = self.pool(address)
                 try:
-                    async with asyncio.timeout_at(deadline):
-                        connection = await pool.take()
+                    connection = pool.take_idle()  # the usual case: no wait, so no timer to set
+                    if connection is None:
+                        async with asyncio.timeout_at(deadline):
+                            connection = await pool.take()
                 except NotSentError as e:
                     raise self._unavailable(address, method, e.cause) from e.cause
                 except TimeoutError as e:

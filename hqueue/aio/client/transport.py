@@ -101,17 +101,24 @@ class AsyncPool:
         self._open: set[AsyncConnection] = set()
         self.closed = False
 
+    def take_idle(self) -> AsyncConnection | None:
+        """An idle connection for the caller alone, if there is one (no wait)."""
+        while self._idle:
+            connection = self._idle.pop()
+            if not connection.stale():
+                return connection
+            self._drop(connection)
+        return None
+
     async def take(self) -> AsyncConnection:
         """A connection for the caller alone; give it back with :meth:`give_back`.
 
         Raises:
             NotSentError: no connection could be made (the request never left).
         """
-        while self._idle:
-            connection = self._idle.pop()
-            if not connection.stale():
-                return connection
-            self._drop(connection)
+        connection = self.take_idle()
+        if connection is not None:
+            return connection
         if self.closed:
             raise NotSentError(TTransportException(TTransportException.NOT_OPEN, "the client is closed"))
         try:

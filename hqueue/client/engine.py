@@ -52,6 +52,7 @@ in place of the in-process engine, so the whole Python API works the same.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import random
@@ -59,8 +60,7 @@ import ssl
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -174,6 +174,44 @@ _IDEMPOTENT = _READS | {
 }  # fmt: skip
 
 
+#: (the client, the deadline of its call under way in this thread or task): see CallDeadline.
+_deadline: contextvars.ContextVar[tuple[int, float] | None] = contextvars.ContextVar("hqueue_deadline", default=None)
+
+
+class CallDeadline:
+    """``with client.deadline() as at:`` the deadline of ``owner``'s call under way in this
+    thread (or asyncio task), or a new one ``seconds`` from now (on ``clock``) for the
+    calls inside the block: one deadline across every retry and server of a call.
+
+    A plain context manager, not a generator: a call enters a few of them.
+    """
+
+    __slots__ = ("var", "owner", "seconds", "clock", "token")
+
+    def __init__(
+        self,
+        var: contextvars.ContextVar[tuple[int, float] | None],
+        owner: int,
+        seconds: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self.var, self.owner, self.seconds, self.clock = var, owner, seconds, clock
+        self.token: contextvars.Token[tuple[int, float] | None] | None = None
+
+    def __enter__(self) -> float:
+        outer = self.var.get()
+        if outer is not None and outer[0] == self.owner:
+            return outer[1]
+        at = self.clock() + self.seconds
+        self.token = self.var.set((self.owner, at))
+        return at
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.token is not None:
+            self.var.reset(self.token)
+            self.token = None
+
+
 class RemoteEngine:
     """The engine API (:class:`~hqueue.engine.EngineAPI`) over hqueue servers.
 
@@ -209,7 +247,6 @@ class RemoteEngine:
         self.owner_timeout = owner_timeout
         self._pools: dict[str, Pool] = {}
         self._lock = threading.Lock()
-        self._local = threading.local()  # the deadline of the call this thread is in
         self._locations: dict[str, list[str]] = {}
         self._infos = InfoCache(self._describe_info, stale_on=(ServerUnavailable,))
         self._lanes = Lanes()  # puts' lanes: a put sent again is written once (requests.py)
@@ -219,22 +256,14 @@ class RemoteEngine:
 
     # -- deadlines ------------------------------------------------------------------
 
-    @contextmanager
-    def deadline(self, extra: float = 0.0) -> Iterator[float]:
+    def deadline(self, extra: float = 0.0) -> CallDeadline:
         """The deadline of the call under way in this thread, or a new one
         (``timeout`` + ``extra`` seconds from now) for the calls inside the block."""
-        outer = self.current_deadline()
-        if outer is not None:
-            yield outer
-            return
-        self._local.deadline = time.monotonic() + self.timeout + extra
-        try:
-            yield self._local.deadline
-        finally:
-            self._local.deadline = None
+        return CallDeadline(_deadline, id(self), self.timeout + extra, time.monotonic)
 
     def current_deadline(self) -> float | None:
-        return getattr(self._local, "deadline", None)
+        outer = _deadline.get()
+        return outer[1] if outer is not None and outer[0] == id(self) else None
 
     def _unavailable(
         self, address: str, method: str, cause: BaseException, deadline: float, sent: bool = False

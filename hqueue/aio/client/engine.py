@@ -22,7 +22,14 @@ from thriftpy2.thrift import TException
 from thriftpy2.transport import TTransportException
 
 from ...checks import message_columns
-from ...client.engine import _IDEMPOTENT, READ_RETRY_DELAY, READ_TRIES, client_options, queue_description
+from ...client.engine import (
+    _IDEMPOTENT,
+    READ_RETRY_DELAY,
+    READ_TRIES,
+    CallDeadline,
+    client_options,
+    queue_description,
+)
 from ...config import INFO_CACHE_SECONDS, QueueInfo, QueueState
 from ...errors import (
     DeadlineExceeded,
@@ -52,30 +59,6 @@ _deadline: contextvars.ContextVar[tuple[int, float] | None] = contextvars.Contex
 )
 
 
-class _Deadline:
-    """``AsyncRemoteEngine.deadline()``: a context manager with no generator under it (it is
-    entered a few times per call)."""
-
-    __slots__ = ("engine", "extra", "token")
-
-    def __init__(self, engine: AsyncRemoteEngine, extra: float) -> None:
-        self.engine, self.extra = engine, extra
-        self.token: contextvars.Token[tuple[int, float] | None] | None = None
-
-    def __enter__(self) -> float:
-        outer = _deadline.get()
-        if outer is not None and outer[0] == id(self.engine):
-            return outer[1]
-        at = asyncio.get_running_loop().time() + self.engine.timeout + self.extra
-        self.token = _deadline.set((id(self.engine), at))
-        return at
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self.token is not None:
-            _deadline.reset(self.token)
-            self.token = None
-
-
 class AsyncRemoteEngine:
     """The engine's calls over hqueue servers, awaitable (see the module's docstring).
 
@@ -101,10 +84,10 @@ class AsyncRemoteEngine:
 
     # -- deadlines ------------------------------------------------------------------
 
-    def deadline(self, extra: float = 0.0) -> _Deadline:
+    def deadline(self, extra: float = 0.0) -> CallDeadline:
         """The deadline of the call under way in this task, or a new one for the calls inside
         (``with engine.deadline() as at:``)."""
-        return _Deadline(self, extra)
+        return CallDeadline(_deadline, id(self), self.timeout + extra, asyncio.get_running_loop().time)
 
     def _unavailable(self, address: str, method: str, cause: BaseException, sent: bool = False) -> ServerUnavailable:
         if isinstance(cause, TimeoutError):

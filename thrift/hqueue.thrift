@@ -425,8 +425,14 @@ service HQueueService {
 // challenge once per connection, then each push carries a TPushProof whose
 // mac is HMAC-SHA256 with the key the subscriber announced. A push that is
 // unproven, replayed or not of the subscription gets TPushRefused.
+// consumePacked is the same push as one packed blob (the layout of putPacked's,
+// each key a message's 12-byte rowkey then its topic): the server's first choice;
+// it falls back to consumeMessages for a subscriber that does not know it. Its
+// mac covers the blob as sent (push.py: mac_packed).
 service HQueueSubscriberService {
   binary pushChallenge()
   i32 consumeMessages(1: list<TMessage> messages, 2: TPushProof proof)
+      throws (1: TPushRefused refused)
+  i32 consumePacked(1: binary messages, 2: TPushProof proof)
       throws (1: TPushRefused refused)
 }

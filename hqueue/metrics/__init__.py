@@ -2,7 +2,7 @@
 
 Counted as things happen: messages put and the time each put call takes
 (validation, IDs, the write: the enqueue time), messages pushed to each
-subscriber, failed pushes, the subscriber's ``consumeMessages`` round trip
+subscriber, failed pushes, the subscriber's push (``consumePacked``) round trip
 (its processing time), partitions gained and lost (rebalances), messages
 consumer groups received, acked and gave back; and prometheus_client's
 ``process_*`` series of the server process (RSS, CPU seconds, open files).
@@ -167,7 +167,7 @@ class ServerMetrics:
         )
         self.delivery_seconds = Histogram(
             "hqueue_delivery_seconds",
-            "consumeMessages round trip: the subscriber's processing of a batch.",
+            "Push round trip (consumePacked or consumeMessages): the subscriber's processing of a batch.",
             subscriber,
             buckets=_BUCKETS,
             registry=r,

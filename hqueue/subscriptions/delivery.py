@@ -12,7 +12,8 @@ does three jobs:
   (at most ``batch_size`` messages). When there is nothing new it waits for
   the engine's write listener, which wakes it at once on a put to its
   partition; it also wakes every ``idle_wakeup`` seconds.
-* MessageSender: sends the buffer with ``consumeMessages`` and waits for the
+* MessageSender: sends the buffer with ``consumePacked`` (``consumeMessages``
+  to a subscriber that does not know it) and waits for the
   status. A non-zero status or a transport error is retried with
   exponential backoff (10 ms up to 5 s), the same batch again, never
   skipped; other partitions of the subscriber go on meanwhile.
@@ -44,6 +45,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from ..auth import PushPolicy
@@ -51,9 +53,8 @@ from ..coordination import Coordinator
 from ..deadletters import dead_letter, dead_letter_queue
 from ..engine import Engine
 from ..errors import HQueueError, SubscriberNotFound
-from ..message import Message, MessageID, successor
+from ..message import Message, MessageID, id_bytes, messages_from_columns, successor
 from ..metrics import ServerMetrics
-from ..rpc import wire
 from ..scanner import Scan
 from .registry import Registration, SubscriberRegistry
 
@@ -89,6 +90,29 @@ class Sender(Protocol):
     def send(self, worker: PartitionWorker) -> bool | None: ...
 
 
+class Batch:
+    """The messages a worker pushes next, as the store holds them: cell keys (rowkey and
+    topic) and values, in ID order; no object per message."""
+
+    __slots__ = ("keys", "values")
+
+    def __init__(self, keys: Sequence[bytes] = (), values: Sequence[bytes] = ()) -> None:
+        self.keys, self.values = list(keys), list(values)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def head(self) -> Batch:
+        """The first message alone."""
+        return Batch(self.keys[:1], self.values[:1])
+
+    def last_id(self) -> MessageID:
+        return MessageID.from_bytes(id_bytes(self.keys[-1]))
+
+    def messages(self) -> list[Message]:
+        return messages_from_columns(self.keys, self.values)
+
+
 class PartitionWorker:
     """Delivers one partition of one queue to one subscriber, in order, one step at a time."""
 
@@ -99,7 +123,7 @@ class PartitionWorker:
         self.saved = self.checkpoint
         self.stopping = threading.Event()
         self.done = threading.Event()
-        self.buffer: list[Any] = []
+        self.buffer = Batch()
         #: Where the checkpoint moves once the buffer is delivered.
         self.reached = self.checkpoint
         self.backoff = 0.01
@@ -136,14 +160,11 @@ class PartitionWorker:
         # past checkpoint_messages unsaved, so that a crash repeats at most that many.
         size = 1 if self.careful_until is not None and self.checkpoint < self.careful_until else self.manager.batch_size
         size = max(1, min(size, self.manager.checkpoint_messages - self.unsaved))
-        messages = engine.scan(self.queue, start_key, stop_key, scan.topics, size)
-        self.buffer = wire.to_tmessages(messages)
+        self.buffer = Batch(*engine.scan_columns(self.queue, start_key, stop_key, scan.topics, size))
         # A short batch examined every row up to `last`; a full one stops at its last message.
-        if len(messages) < size:
+        if len(self.buffer) < size:
             return stop
-        last = messages[-1].id
-        assert last is not None  # stored messages have IDs
-        return successor(last)
+        return successor(self.buffer.last_id())
 
     # -- CheckpointUpdater --------------------------------------------------------------
 
@@ -213,7 +234,7 @@ class PartitionWorker:
         """The buffer is done with (delivered, or dead-lettered): the checkpoint moves past it."""
         self._move(self.reached, len(self.buffer))
         self.unsaved += len(self.buffer)
-        self.buffer, self.backoff, self.failures = [], 0.01, 0
+        self.buffer, self.backoff, self.failures = Batch(), 0.01, 0
 
     def _move(self, checkpoint: MessageID, finished: int) -> None:
         self.checkpoint, self.finished = checkpoint, self.finished + finished
@@ -232,16 +253,16 @@ class PartitionWorker:
         self.failures = 0
         if len(self.buffer) > 1:  # which one is it? retry them one by one up to the batch's end
             self.careful_until = self.reached
-            first = wire.from_tid(self.buffer[0].id)
-            self.buffer, self.reached = self.buffer[:1], successor(first)
+            self.buffer = self.buffer.head()
+            self.reached = successor(self.buffer.last_id())
             return True
-        if not self._dead_letter(self.buffer[0]):
+        if not self._dead_letter(self.buffer.messages()[0]):
             return False
         self._passed()
         self._save(force=True)
         return True
 
-    def _dead_letter(self, tmessage: Any) -> bool:
+    def _dead_letter(self, message: Message) -> bool:
         """Put the message on ``<queue>.dlq``, in a partition this server writes; False: not yet
         (no partition of it here yet, or it cannot take the message now: disabled, its name
         illegal, the store failing; the message stays first, and is tried again)."""
@@ -251,19 +272,19 @@ class PartitionWorker:
                 self.manager.coordinator,
                 self.queue,
                 self.partition_id,
-                Message(tmessage.topic, tmessage.value, id=wire.from_tid(tmessage.id), partition_id=self.partition_id),
+                message,
                 by=f"subscriber {self.name}",
                 attempts=self.registration.dead_letter_after or 0,
             )
         except HQueueError as e:
-            logger.warning("%s: message %s of %s stays: %s", self.name, wire.from_tid(tmessage.id), self.queue, e)
+            logger.warning("%s: message %s of %s stays: %s", self.name, message.id, self.queue, e)
             return False
         if placed is None:
             return False
         self.manager.metrics.dead_lettered.labels(self.queue, self.name).inc()
         logger.warning(
             "%s: message %s of %s partition %d failed %d deliveries; moved to %s partition %d as %s",
-            self.name, wire.from_tid(tmessage.id), self.queue, self.partition_id,
+            self.name, message.id, self.queue, self.partition_id,
             self.registration.dead_letter_after, dead_letter_queue(self.queue), *placed,
         )  # fmt: skip
         return True

@@ -14,7 +14,7 @@
     ...
     subscriber.stop("deploy")
 
-A subscriber serves ``HQueueSubscriberService.consumeMessages`` on a Thrift
+A subscriber serves ``HQueueSubscriberService.consumePacked`` (and ``consumeMessages``) on a Thrift
 port of its own; servers push batches there, one worker per partition, and
 each batch reaches the listeners in order. Batches of *different* partitions
 may arrive concurrently, so listeners must be thread-safe; within a
@@ -31,17 +31,18 @@ it heartbeats the server every second.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..auth import PushCredentials
 from ..checks import check_name
 from ..errors import HQueueError, InvalidArgument, SubscriberActive
-from ..message import Message, MessageID, _as_topic
+from ..message import Message, MessageID, _as_topic, messages_from_columns
 from .push import PushGuard, PushRefused, ephemeral_tls
 
 if TYPE_CHECKING:  # Thrift and kazoo load when a subscriber starts, not with hqueue
@@ -139,23 +140,43 @@ class _ConsumeHandler:
         from ..rpc import wire
         from ..rpc.threaded import current_connection
 
-        try:
+        with self._refusing():
             self.guard.check(current_connection(), messages or [], proof)
-        except PushRefused as e:  # never reaches a listener
+        return self._deliver(lambda: [wire.from_stored_tmessage(t) for t in messages], len(messages))
+
+    def consumePacked(self, messages: bytes, proof: Any = None) -> int:
+        """consumeMessages, the batch as one packed blob (the server's first choice)."""
+        from ..rpc.threaded import current_connection
+
+        with self._refusing():
+            keys, values = self.guard.check_packed(current_connection(), messages, proof)
+        return self._deliver(lambda: messages_from_columns(keys, values), len(keys))
+
+    @contextlib.contextmanager
+    def _refusing(self) -> Iterator[None]:
+        """A push the guard refuses never reaches a listener: TPushRefused, logged."""
+        from ..rpc import wire
+
+        try:
+            yield
+        except PushRefused as e:
             self.refusals.warning("refused", "subscriber %s refused a push: %s", self.subscriber.name, e)
             raise wire.T.TPushRefused(message=str(e)) from None
+
+    def _deliver(self, batch: Callable[[], list[Message]], count: int) -> int:
+        """Hand a proven push's messages (``batch()`` makes them) to the listeners; the status."""
         if not self.subscriber.started:
             # Stopped: connections opened before stop() may still deliver; refuse,
             # so the batch stays undelivered and comes to the next instance.
             return STOPPING
         try:
-            batch = [wire.from_stored_tmessage(t) for t in messages]
+            messages = batch()
             for listener in self.subscriber.listeners:
-                listener.on_messages(batch)
+                listener.on_messages(messages)
         except Exception:  # one bad batch never kills the subscriber: it comes again
-            logger.warning("%s: a listener failed on %d message(s)", self.subscriber.name, len(messages), exc_info=True)
+            logger.warning("%s: a listener failed on %d message(s)", self.subscriber.name, count, exc_info=True)
             return FAILED
-        self.subscriber.received += len(messages)
+        self.subscriber.received += count
         return OK
 
 

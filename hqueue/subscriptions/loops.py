@@ -24,19 +24,20 @@ import ssl
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from thriftpy2.protocol import TBinaryProtocolFactory
-from thriftpy2.thrift import TClient, TException
+from thriftpy2.thrift import TApplicationException, TClient, TException
 from thriftpy2.transport import TFramedTransportFactory, TSocket, TSSLSocket
 
 from ..auth import PushCredentials
 from ..errors import HQueueError
 from ..groups.state import STARVE_GUARD
-from ..rpc import wire
+from ..rpc import packed, wire
 from ..rpc.threaded import RateLimitedLog
-from .delivery import AGAIN, FINISHED, IDLE, Manager, PartitionWorker
-from .push import check_pin, mac, pinned_context
+from .delivery import AGAIN, FINISHED, IDLE, Batch, Manager, PartitionWorker
+from .push import check_pin, mac, mac_packed, pinned_context
 from .registry import Registration
 
 logger = logging.getLogger(__name__)
@@ -130,6 +131,8 @@ class SubscriberLoop:
         self._connected_to: tuple[str, PushCredentials] | None = None
         self._challenge = b""
         self._sequence = 0
+        #: Whether the subscriber on the connection takes packed pushes (until it says it does not).
+        self._packed = True
         self._refusals = RateLimitedLog()
         # Bound once: a push counts at a counter's cost, with no label lookup.
         metrics = manager.metrics
@@ -219,14 +222,8 @@ class SubscriberLoop:
         registration, batch = worker.registration, worker.buffer
         try:
             key = self._connect(registration).key
-            self._sequence += 1
-            pid, epoch, sequence = worker.partition_id, registration.epoch, self._sequence
-            proof = wire.T.TPushProof(
-                queue=self.queue, subscriber=self.subscriber, partitionID=pid, epoch=epoch, sequence=sequence,
-                mac=mac(key, self._challenge, sequence, epoch, self.queue, self.subscriber, pid, batch),
-            )  # fmt: skip
             started = time.perf_counter()
-            status = self._client.consumeMessages(batch, proof)
+            status = self._push(key, worker.partition_id, registration.epoch, batch)
         except wire.T.TPushRefused as e:
             self._refusals.warning(
                 "refused", "subscriber %s on %s refused a push: %s", self.subscriber, self.queue, e.message
@@ -244,6 +241,30 @@ class SubscriberLoop:
             return False if status == 1 else None  # 2: it is stopping, which is no refusal
         self._delivered.inc(len(batch))
         return True
+
+    def _push(self, key: bytes, pid: int, epoch: int, batch: Batch) -> int:
+        """One push of ``batch``, proven: packed (consumePacked) unless this connection's
+        subscriber does not know it, then as TMessages (consumeMessages); its status."""
+        if self._packed:
+            blob = packed.pack(batch.keys, batch.values)
+            try:
+                return self._client.consumePacked(blob, self._proof(key, pid, epoch, mac_packed, blob))
+            except TApplicationException as e:
+                if e.type != TApplicationException.UNKNOWN_METHOD:
+                    raise
+                self._packed = False  # an older subscriber: it answered, and the connection goes on
+        messages = wire.to_tmessages(batch.messages())
+        return self._client.consumeMessages(messages, self._proof(key, pid, epoch, mac, messages))
+
+    def _proof(self, key: bytes, pid: int, epoch: int, sign: Callable[..., bytes], content: Any) -> Any:
+        """The next push's proof: the connection's next sequence, and ``sign``'s MAC over
+        the header and ``content`` (push.py)."""
+        self._sequence += 1
+        digest = sign(key, self._challenge, self._sequence, epoch, self.queue, self.subscriber, pid, content)
+        return wire.T.TPushProof(
+            queue=self.queue, subscriber=self.subscriber, partitionID=pid, epoch=epoch, sequence=self._sequence,
+            mac=digest,
+        )  # fmt: skip
 
     def _failed(self) -> None:
         self._drop_client()
@@ -278,7 +299,7 @@ class SubscriberLoop:
         except BaseException:
             transport.close()
             raise
-        self._client, self._connected_to, self._sequence = client, (address, push), 0
+        self._client, self._connected_to, self._sequence, self._packed = client, (address, push), 0, True
         return push
 
     def _drop_client(self) -> None:

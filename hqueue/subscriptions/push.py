@@ -2,7 +2,7 @@
 push, subscribers check it, and pushes travel encrypted when asked.
 
 A subscriber listens on a port of its own, so anyone who can reach that
-port could call ``consumeMessages``. Each time it starts, a subscriber
+port could call ``consumePacked``. Each time it starts, a subscriber
 makes a :class:`PushCredentials`: a random 256-bit key and, when it listens
 with TLS, the SHA-256 fingerprint of a certificate made for this run
 (:func:`ephemeral_tls`). It announces them with its address, to the server
@@ -29,28 +29,37 @@ refuses a peer whose certificate's fingerprint is not the announced one.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import hmac
+import operator
 import secrets
 import ssl
 import struct
 import tempfile
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..auth import PushCredentials
-from ..errors import HQueueError
+from ..errors import HQueueError, InvalidArgument
+from ..message import ROWKEY_LENGTH, id_bytes
+from ..rpc import packed
 
-__all__ = ["PushCredentials", "PushGuard", "PushRefused", "check_pin", "ephemeral_tls", "mac", "pinned_context"]
+__all__ = [
+    "PushCredentials", "PushGuard", "PushRefused", "check_pin", "ephemeral_tls", "mac", "mac_packed", "pinned_context",
+]  # fmt: skip
 
 #: Most messages one push may carry (the server sends up to its batch size, 1,000 by default).
 MAX_PUSH_MESSAGES = 10_000
 
 _HEADER = struct.Struct(">16sqqh")  # challenge, sequence, epoch, partition
 _MESSAGE = struct.Struct(">qhII")  # timestamp, sequence ID, topic and value lengths
+_PID = struct.Struct(">H")  # a rowkey's partition
+_ID_PARTS = struct.Struct(">QH")  # a message ID's 10 bytes: timestamp, sequence
+_PARTITION = operator.itemgetter(slice(0, 2))
 
 
 class PushRefused(HQueueError):
@@ -59,6 +68,18 @@ class PushRefused(HQueueError):
 
 def fingerprint(der: bytes) -> str:
     return hashlib.sha256(der).hexdigest()
+
+
+def _headed(
+    domain: bytes, key: bytes, challenge: bytes, sequence: int, epoch: int, queue: str, subscriber: str, pid: int
+) -> Any:
+    """An HMAC-SHA256 with ``key``, fed the push's domain and header."""
+    h = hmac.new(key, domain, hashlib.sha256)
+    h.update(_HEADER.pack(challenge, sequence, epoch, pid))
+    for text in (queue, subscriber):
+        raw = text.encode("utf-8")
+        h.update(struct.pack(">I", len(raw)) + raw)
+    return h
 
 
 def mac(
@@ -71,18 +92,32 @@ def mac(
     partition_id: int,
     messages: Sequence[Any],
 ) -> bytes:
-    """The HMAC-SHA256 a push carries: over the header and every message's ID, topic and value."""
-    h = hmac.new(key, b"hqueue-push-1\0", hashlib.sha256)
-    h.update(_HEADER.pack(challenge, sequence, epoch, partition_id))
-    for text in (queue, subscriber):
-        raw = text.encode("utf-8")
-        h.update(struct.pack(">I", len(raw)) + raw)
+    """The HMAC-SHA256 a push (``consumeMessages``) carries: over the header and every
+    message's ID, topic and value."""
+    h = _headed(b"hqueue-push-1\0", key, challenge, sequence, epoch, queue, subscriber, partition_id)
     h.update(struct.pack(">I", len(messages)))
     for m in messages:
         topic, value = m.topic or b"", m.value or b""
         h.update(_MESSAGE.pack(m.id.timestamp, m.id.sequenceID or 0, len(topic), len(value)))
         h.update(topic)
         h.update(value)
+    return h.digest()
+
+
+def mac_packed(
+    key: bytes,
+    challenge: bytes,
+    sequence: int,
+    epoch: int,
+    queue: str,
+    subscriber: str,
+    partition_id: int,
+    blob: bytes,
+) -> bytes:
+    """The HMAC-SHA256 a packed push (``consumePacked``) carries: over the header and the
+    blob as sent (its own domain, so neither kind of proof passes for the other)."""
+    h = _headed(b"hqueue-push-packed-1\0", key, challenge, sequence, epoch, queue, subscriber, partition_id)
+    h.update(blob)
     return h.digest()
 
 
@@ -117,51 +152,104 @@ class PushGuard:
         return challenge
 
     def check(self, connection: Any, messages: Sequence[Any], proof: Any) -> None:
-        """Raise PushRefused unless the push is proven, fresh and of this subscription."""
+        """Raise PushRefused unless the push (``consumeMessages``) is proven, fresh and of this subscription."""
+        with self._counted():
+            state = self._state(connection, proof)
+            if not messages or len(messages) > MAX_PUSH_MESSAGES:
+                raise PushRefused(f"a push carries 1 to {MAX_PUSH_MESSAGES} messages, got {len(messages)}")
+            if not all(m is not None and m.id is not None and isinstance(m.id.timestamp, int) for m in messages):
+                raise PushRefused("every pushed message needs its ID")
+            try:
+                expected = mac(*self._header(state, proof), messages)
+            except (TypeError, AttributeError, struct.error) as e:
+                raise PushRefused(f"a malformed push: {e}") from None
+            self._proven(expected, proof)
+            pid = proof.partitionID
+            if any(m.partitionID not in (None, pid) for m in messages):
+                raise PushRefused(f"a push for partition {pid} carries messages of another partition")
+            ids = [(m.id.timestamp, m.id.sequenceID or 0) for m in messages]
+            if any(a >= b for a, b in zip(ids, ids[1:], strict=False)):
+                raise PushRefused("pushed message IDs must increase")
+            self._advance(state, proof, ids[0])
+
+    def check_packed(self, connection: Any, blob: Any, proof: Any) -> tuple[list[bytes], list[bytes]]:
+        """The cell keys and values of a packed push (``consumePacked``), once it is proven,
+        fresh and of this subscription; PushRefused if it is not. The proof is checked over
+        the blob before anything of it is unpacked."""
+        with self._counted():
+            state = self._state(connection, proof)
+            if not isinstance(blob, bytes):
+                raise PushRefused("a packed push needs its messages")
+            try:
+                expected = mac_packed(*self._header(state, proof), blob)
+            except (TypeError, AttributeError, struct.error) as e:
+                raise PushRefused(f"a malformed push: {e}") from None
+            self._proven(expected, proof)
+            try:
+                keys, values = packed.unpack(blob)
+            except InvalidArgument as e:
+                raise PushRefused(f"a malformed push: {e}") from None
+            if not keys or len(keys) > MAX_PUSH_MESSAGES:
+                raise PushRefused(f"a push carries 1 to {MAX_PUSH_MESSAGES} messages, got {len(keys)}")
+            if min(map(len, keys)) < ROWKEY_LENGTH:
+                raise PushRefused(f"every pushed message needs its {ROWKEY_LENGTH}-byte rowkey")
+            pid = proof.partitionID
+            if set(map(_PARTITION, keys)) != {_PID.pack(pid)}:
+                raise PushRefused(f"a push for partition {pid} carries messages of another partition")
+            ids = list(map(id_bytes, keys))  # 10 bytes each, which sort as the IDs do
+            if not all(map(operator.lt, ids, ids[1:])):
+                raise PushRefused("pushed message IDs must increase")
+            self._advance(state, proof, _ID_PARTS.unpack(ids[0]))
+            return keys, values
+
+    @contextlib.contextmanager
+    def _counted(self) -> Iterator[None]:
+        """Count a refusal in :attr:`refused`."""
         try:
-            self._check(connection, messages, proof)
+            yield
         except PushRefused:
             with self._lock:
                 self.refused += 1
             raise
 
-    def _check(self, connection: Any, messages: Sequence[Any], proof: Any) -> None:
+    @staticmethod
+    def _state(connection: Any, proof: Any) -> _ConnectionState:
         state: _ConnectionState | None = getattr(connection, "push", None)
         if state is None:
             raise PushRefused("a push needs a challenge first (pushChallenge) on its connection")
         if proof is None or not isinstance(proof.mac, bytes) or not isinstance(proof.sequence, int):
             raise PushRefused("a push needs its proof")
-        if not messages or len(messages) > MAX_PUSH_MESSAGES:
-            raise PushRefused(f"a push carries 1 to {MAX_PUSH_MESSAGES} messages, got {len(messages)}")
-        if not all(m is not None and m.id is not None and isinstance(m.id.timestamp, int) for m in messages):
-            raise PushRefused("every pushed message needs its ID")
-        try:
-            expected = mac(
-                self.credentials.key, state.challenge, proof.sequence, proof.epoch or 0,
-                proof.queue or "", proof.subscriber or "", proof.partitionID, messages,
-            )  # fmt: skip
-        except (TypeError, AttributeError, struct.error) as e:
-            raise PushRefused(f"a malformed push: {e}") from None
+        return state
+
+    def _header(self, state: _ConnectionState, proof: Any) -> tuple[bytes, bytes, int, int, str, str, int]:
+        """What a push's MAC covers before its messages."""
+        return (
+            self.credentials.key, state.challenge, proof.sequence, proof.epoch or 0,
+            proof.queue or "", proof.subscriber or "", proof.partitionID,
+        )  # fmt: skip
+
+    def _proven(self, expected: bytes, proof: Any) -> None:
+        """The MAC matches, and the push is of this subscription and not a replay."""
         if not hmac.compare_digest(expected, proof.mac):
             raise PushRefused("the push's proof does not match this subscriber's key")
         # Proven: what follows is a server's mistake or a replay, still never passed on.
-        if proof.sequence <= state.sequence:
-            raise PushRefused(f"push sequence {proof.sequence} is not above {state.sequence}: a replay")
         if (proof.queue, proof.subscriber) != (self.queue, self.subscriber):
             raise PushRefused(f"a push for {proof.subscriber!r} on {proof.queue!r}, not this subscriber")
+        if proof.partitionID not in self.partitions:
+            raise PushRefused(f"partition {proof.partitionID} is not one this subscription takes")
+
+    @staticmethod
+    def _advance(state: _ConnectionState, proof: Any, first: tuple[int, int]) -> None:
+        """Accept the push whose first message's ID is ``first`` (timestamp, sequence): its
+        sequence must be above the connection's last, and it must not go back."""
+        if proof.sequence <= state.sequence:
+            raise PushRefused(f"push sequence {proof.sequence} is not above {state.sequence}: a replay")
         pid = proof.partitionID
-        if pid not in self.partitions:
-            raise PushRefused(f"partition {pid} is not one this subscription takes")
-        ids = [(m.id.timestamp, m.id.sequenceID or 0) for m in messages]
-        if any(m.partitionID not in (None, pid) for m in messages):
-            raise PushRefused(f"a push for partition {pid} carries messages of another partition")
-        if any(a >= b for a, b in zip(ids, ids[1:], strict=False)):
-            raise PushRefused("pushed message IDs must increase")
         before = state.positions.get(pid)
-        if before is not None and (proof.epoch < before[0] or (proof.epoch == before[0] and ids[0] < before[1])):
+        if before is not None and (proof.epoch < before[0] or (proof.epoch == before[0] and first < before[1])):
             raise PushRefused(f"a push of partition {pid} goes back before the batch it sent before")
         state.sequence = proof.sequence
-        state.positions[pid] = (proof.epoch, ids[0])
+        state.positions[pid] = (proof.epoch, first)
 
 
 def ephemeral_tls() -> tuple[ssl.SSLContext, str]:

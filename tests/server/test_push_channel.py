@@ -8,20 +8,23 @@ relay in between reads no value.
 """
 
 import socket
+import struct
 import threading
+import time
 
 import pytest
 from thriftpy2.protocol import TBinaryProtocolFactory
 from thriftpy2.rpc import make_client
 from thriftpy2.transport import TFramedTransportFactory
 
-from hqueue import HQueue, HQueueAdmin, Message
+from hqueue import HQueue, HQueueAdmin, Message, MessageID
 from hqueue.errors import InvalidArgument
+from hqueue.rpc import packed, threaded
 from hqueue.rpc.threaded import ServerLimits
 from hqueue.rpc.wire import T
 from hqueue.server import HQueueServer
 from hqueue.subscriptions.listener import MessageListener, Subscriber, Subscription
-from hqueue.subscriptions.push import mac
+from hqueue.subscriptions.push import mac, mac_packed
 
 from ..helpers.relay import Relay
 from ..processes import server_certificate, wait_for
@@ -222,3 +225,94 @@ def test_idle_connections_cannot_keep_a_server_from_pushing(tmp_path, monkeypatc
             s.close()
     server.stop()
     assert [m.value for m in listener.messages] == [b"through", b"again"]
+
+
+# -- consumePacked: the same push as one blob (the server's first choice) ------------------------
+
+
+def cells(pid: int, *ids: tuple[int, int], value: bytes = b"v") -> tuple[list[bytes], list[bytes]]:
+    """Cell keys (12-byte rowkey, then the topic) and values, as a packed push carries them."""
+    keys = [struct.pack(">HQH", pid, timestamp, sequence) + b"t" for timestamp, sequence in ids]
+    return keys, [value] * len(keys)
+
+
+def packed_proof(subscriber, challenge, sequence, blob, *, pid=0, epoch=0, queue="q", name="s", key=None):
+    key = key if key is not None else subscriber.credentials.key
+    return T.TPushProof(
+        queue=queue, subscriber=name, partitionID=pid, epoch=epoch, sequence=sequence,
+        mac=mac_packed(key, challenge, sequence, epoch, queue, name, pid, blob),
+    )  # fmt: skip
+
+
+def test_a_packed_push_is_proven_over_its_blob_and_refused_as_the_other_kind_is(running):
+    _, _, subscriber, listener = running
+    client = subscriber_client(subscriber.address)
+    blob = packed.pack(*cells(0, (2**40, 0), value=b"one"))
+    with pytest.raises(T.TPushRefused, match="challenge"):
+        client.consumePacked(blob, T.TPushProof(mac=b"x" * 32, sequence=1))
+    challenge = client.pushChallenge()
+    with pytest.raises(T.TPushRefused, match="proof"):
+        client.consumePacked(blob)
+    with pytest.raises(T.TPushRefused, match="key"):
+        client.consumePacked(blob, packed_proof(subscriber, challenge, 1, blob, key=b"k" * 32))
+    # The proof of the same messages as TMessages is no proof of the blob (each kind has its domain).
+    as_tmessages = [tmessage(0, 2**40, b"one")]
+    with pytest.raises(T.TPushRefused, match="key"):
+        client.consumePacked(blob, proof(subscriber, challenge, 1, as_tmessages))
+    assert client.consumePacked(blob, packed_proof(subscriber, challenge, 1, blob)) == 0
+    with pytest.raises(T.TPushRefused, match="replay"):
+        client.consumePacked(blob, packed_proof(subscriber, challenge, 1, blob))
+    # Proven, but malformed or not of this subscription: never passed on.
+    bad = [
+        ({}, b"\x05\x00\x00\x00", "malformed"),
+        ({}, packed.pack([], []), "1 to"),
+        ({}, packed.pack([b"short"], [b"v"]), "rowkey"),
+        ({"pid": 999}, packed.pack(*cells(999, (2**40 + 1, 0))), "partition 999"),
+        ({}, packed.pack(*cells(1, (2**40 + 1, 0))), "another partition"),
+        ({}, packed.pack(*cells(0, (2**40 + 3, 0), (2**40 + 2, 0))), "increase"),
+        ({}, packed.pack(*cells(0, (2**40 + 3, 1), (2**40 + 3, 1))), "increase"),
+        ({}, packed.pack(*cells(0, (2**39, 0))), "goes back"),
+        ({"queue": "other"}, packed.pack(*cells(0, (2**40 + 1, 0))), "not this subscriber"),
+    ]
+    for sequence, (changes, garbage, error) in enumerate(bad, start=2):
+        with pytest.raises(T.TPushRefused, match=error):
+            client.consumePacked(garbage, packed_proof(subscriber, challenge, sequence, garbage, **changes))
+    with pytest.raises(T.TPushRefused):  # not even bytes
+        client.consumePacked(None, packed_proof(subscriber, challenge, 99, b""))
+    client.close()
+    got = listener.messages[1]
+    assert [m.value for m in listener.messages] == [b"real", b"one"]
+    assert (got.id, got.partition_id, got.topic) == (MessageID(2**40, 0), 0, "t")
+    assert subscriber.guard.refused == len(bad) + 6
+
+
+def test_a_subscriber_that_does_not_know_packed_pushes_gets_every_message_as_tmessages(tmp_path, monkeypatch):
+    """An older subscriber answers consumePacked with UNKNOWN_METHOD: the server pushes to
+    it with consumeMessages from then on, and nothing is lost or repeated."""
+    older = type(
+        "OlderSubscriberService",
+        (T.HQueueSubscriberService,),
+        {"thrift_services": ["pushChallenge", "consumeMessages"]},
+    )
+    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()  # made before the patch: it serves packed
+
+    class OlderListener(threaded.ThreadedServer):
+        def __init__(self, service, handler, *args, **kwargs):
+            if service is T.HQueueSubscriberService:
+                service = older
+            super().__init__(service, handler, *args, **kwargs)
+
+    monkeypatch.setattr(threaded, "ThreadedServer", OlderListener)
+    url = f"hqueue://{server.address}"
+    try:
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("q", 2)
+        listener = Collect()
+        with HQueue("q", url) as queue, queue.create_subscriber(Subscription("s"), [listener]):
+            ids = queue.put([Message("t", b"%d" % i, partition_id=i % 2) for i in range(3000)])
+            wait_for(lambda: len(listener.messages) >= 3000, 60, "every message through consumeMessages")
+            time.sleep(0.5)  # nothing more comes
+            assert sorted(m.id for m in listener.messages) == sorted(ids)
+            assert {m.value for m in listener.messages} == {b"%d" % i for i in range(3000)}
+    finally:
+        server.stop()

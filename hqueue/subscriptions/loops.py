@@ -52,7 +52,11 @@ class PushPool:
     def __init__(self, threads: int = DEFAULT_PUSH_THREADS) -> None:
         if threads < 1:
             raise ValueError("a push pool needs a thread at least")
-        self.cond = threading.Condition()
+        lock = threading.Lock()
+        #: Work for the pool's threads: a loop ready, or a timer sooner than the one they wait for.
+        self.cond = threading.Condition(lock)
+        #: A step ended (what stop() waits for); apart from ``cond`` so that it wakes no pool thread.
+        self.settled = threading.Condition(lock)
         self._ready: deque[SubscriberLoop] = deque()
         self._timers: list[tuple[float, int, SubscriberLoop, PartitionWorker]] = []
         self._seq = itertools.count()
@@ -72,8 +76,10 @@ class PushPool:
             self.cond.notify()
 
     def later(self, delay: float, loop: SubscriberLoop, worker: PartitionWorker) -> None:
-        heapq.heappush(self._timers, (time.monotonic() + delay, next(self._seq), loop, worker))
-        self.cond.notify()
+        entry = (time.monotonic() + delay, next(self._seq), loop, worker)
+        heapq.heappush(self._timers, entry)
+        if self._timers[0] is entry:  # sooner than what the waiting threads wait for
+            self.cond.notify()
 
     def _next(self) -> tuple[SubscriberLoop, PartitionWorker] | None:
         while True:
@@ -107,7 +113,7 @@ class PushPool:
                 loop.running = False
                 if loop.has_ready():
                     self.schedule(loop)  # behind the other subscribers: round robin
-                self.cond.notify_all()  # stop() may wait for the loop to be idle
+                self.settled.notify_all()  # stop() may wait for the loop to be idle
 
     def stop(self) -> None:
         with self.cond:
@@ -211,7 +217,7 @@ class SubscriberLoop:
         for worker in workers:
             worker.done.wait(timeout=10)
         with self.pool.cond:
-            self.pool.cond.wait_for(lambda: not self.running, timeout=10)
+            self.pool.settled.wait_for(lambda: not self.running, timeout=10)
         self._drop_client()
 
     # -- MessageSender's connection (on a pool thread) ------------------------------------------

@@ -227,6 +227,19 @@ class ServerProcess:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    def announced(self, what: str, timeout: float = 30) -> str:
+        """The URL it printed for ``what`` ("console" or "metrics"): started with
+        ``--console-port 0`` or ``--metrics-port 0``, it took a port no other process held,
+        where a port picked by the test could be taken by someone else before it binds."""
+        pattern = rf"hqueue {what} on (http://[^/\s]+)"
+
+        def found() -> str | None:
+            lines = self.log_path.read_text()[self._log_offset :].splitlines()
+            urls = [m.group(1) for m in map(re.compile(pattern).match, lines) if m]
+            return urls[-1] if urls else None
+
+        return wait_for(found, timeout, f"server {self.name} to announce its {what}")
+
     def kill(self) -> None:
         """SIGKILL: no shutdown, no goodbye to ZooKeeper."""
         if self.proc and self.proc.poll() is None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hqueue import HQueueAdmin
-from tests.processes import ServerProcess, free_port, wait_for
+from tests.processes import ServerProcess, wait_for
 
 #: The tokens of the console's tests: an admin, a producer of "orders", a consumer of
 #: everything, and a producer and consumer of everything.
@@ -100,11 +100,10 @@ def console_server(workdir: Path) -> tuple[ServerProcess, str, HQueueAdmin]:
     :data:`AUTH_FILE` and queue 'orders' (2 partitions): the server, the console's URL
     once it answers, and an admin handle (close it, and terminate the server)."""
     (workdir / "auth.toml").write_text(AUTH_FILE)
-    port = free_port()
     server = ServerProcess(f"local://{workdir}/data", workdir, extra_args=(
-        "--auth-file", str(workdir / "auth.toml"), "--console-port", str(port)))  # fmt: skip
+        "--auth-file", str(workdir / "auth.toml"), "--console-port", "0"))  # fmt: skip
     admin = HQueueAdmin(f"hqueue://{ADMIN}@{server.address}")
     admin.create_queue("orders", 2)
-    url = f"http://127.0.0.1:{port}"
+    url = server.announced("console")
     wait_for(lambda: ConsoleUser(url).get("/login").status == 200, 20, "the console to answer")
     return server, url, admin

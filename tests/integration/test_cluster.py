@@ -23,7 +23,7 @@ from hqueue.rpc.wire import T
 
 from ..conftest import hbase_url
 from ..helpers.console_http import ConsoleUser
-from ..processes import ServerProcess, drain, free_port, wait_for
+from ..processes import ServerProcess, drain, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.hbase]  # servers over the HBase stand-in
 PARTITIONS = 8
@@ -261,14 +261,13 @@ def test_a_client_whose_cached_owner_died_follows_the_partitions_to_the_new_owne
 
 def test_a_servers_console_shows_every_server_and_the_partitions_it_owns(cluster):
     # Given two servers under ZooKeeper, the first with a console
-    port = free_port()
-    a, b = cluster("a", "--console-port", str(port)), cluster("b")
+    a, b = cluster("a", "--console-port", "0"), cluster("b")
     with HQueueAdmin(f"hqueue://{a.address},{b.address}") as admin:
         admin.create_queue("orders", PARTITIONS)
     owners_now = wait_for(lambda: settled(a, b), 30, "the partitions to settle")
     # When an operator logs in with the one-time token it printed
     token = wait_for(lambda: re.findall(r"one-time token: (\S+)", a.log_path.read_text()), 30, "the token")[-1]
-    user = ConsoleUser(f"http://127.0.0.1:{port}")
+    user = ConsoleUser(a.announced("console"))
     assert user.log_in(token).status == 200
     # Then the overview names both servers with the partitions ZooKeeper gave each
     page = user.get("/").body
@@ -280,8 +279,7 @@ def test_a_servers_console_shows_every_server_and_the_partitions_it_owns(cluster
 def test_the_survivor_has_the_lag_series_of_the_partitions_it_takes_over_at_once(cluster):
     """Issue 19.2: every group and partition a server owns has exact lag series, the ones
     it gained in a failover included, from the first scrape after it holds them."""
-    ports = free_port(), free_port()
-    a, b = cluster("a", "--metrics-port", str(ports[0])), cluster("b", "--metrics-port", str(ports[1]))
+    a, b = cluster("a", "--metrics-port", "0"), cluster("b", "--metrics-port", "0")
     url = f"hqueue://{a.address},{b.address}"
     with HQueueAdmin(url) as admin:
         admin.create_queue("orders", PARTITIONS)
@@ -292,7 +290,7 @@ def test_the_survivor_has_the_lag_series_of_the_partitions_it_takes_over_at_once
         queue.consumer("billing", member="m").close()  # a group no member reads
     a.kill()
     wait_for(lambda: set(owners(f"hqueue://{b.address}")) == {b.address}, 30, "b to own every partition")
-    text = urllib.request.urlopen(f"http://127.0.0.1:{ports[1]}/metrics", timeout=30).read().decode()
+    text = urllib.request.urlopen(f"{b.announced('metrics')}/metrics", timeout=30).read().decode()
     lag = dict(
         re.findall(r'^hqueue_group_lag_messages\{group="billing",partition="(\d+)",queue="orders"\} (\S+)$', text, re.M)
     )

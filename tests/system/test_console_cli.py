@@ -13,7 +13,7 @@ import pytest
 from hqueue import HQueue, HQueueAdmin, Message
 from hqueue.server import HQueueServer
 from tests.helpers.console_http import ConsoleUser
-from tests.processes import ROOT, free_port, python_env, wait_for
+from tests.processes import ROOT, python_env, wait_for
 
 
 @pytest.fixture
@@ -21,12 +21,13 @@ def console(tmp_path):
     url = f"local://{tmp_path}/data"
     with HQueueAdmin(url) as admin:
         admin.create_queue("jobs", 2)
-    port, log = free_port(), tmp_path / "console.log"
+    log = tmp_path / "console.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "hqueue.cli", "--url", url, "console", "--port", str(port)],
+        proc = subprocess.Popen([sys.executable, "-m", "hqueue.cli", "--url", url, "console", "--port", "0"],
                                 cwd=ROOT, env=python_env(), stdout=out, stderr=out)  # fmt: skip
     token = wait_for(lambda: re.findall(r"one-time token: (\S+)", log.read_text()), 30, "the console's token")[0]
-    yield url, f"http://127.0.0.1:{port}", token, proc
+    address = re.findall(r"hqueue console on (http://[^/\s]+)", log.read_text())[0]
+    yield url, address, token, proc
     if proc.poll() is None:
         proc.kill()
         proc.wait()
@@ -56,8 +57,8 @@ def test_hqueue_console_serves_an_embedded_store_it_shares_and_charts_its_puts(c
 
 def test_a_taken_console_port_fails_before_the_server_serves(tmp_path):
     # Given a server whose console has the port
-    port = free_port()
-    first = HQueueServer(f"local://{tmp_path}/a", port=0, console_port=port).start()
+    first = HQueueServer(f"local://{tmp_path}/a", port=0, console_port=0).start()
+    port = first.console.port
     try:
         # Then another server asking for it fails at once, and its store is released
         with pytest.raises(OSError):

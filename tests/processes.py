@@ -231,7 +231,7 @@ class ServerProcess:
         """The URL it printed for ``what`` ("console" or "metrics"): started with
         ``--console-port 0`` or ``--metrics-port 0``, it took a port no other process held,
         where a port picked by the test could be taken by someone else before it binds."""
-        pattern = rf"hqueue {what} on (http://[^/\s]+)"
+        pattern = rf".*\b{what} on (http://[^/\s]+)"
 
         def found() -> str | None:
             lines = self.log_path.read_text()[self._log_offset :].splitlines()

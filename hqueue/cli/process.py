@@ -305,9 +305,6 @@ def server(
     click.echo(f"hqueue server listening on {instance.address} (storage {instance.engine.url})", err=True)
     if instance.local_socket is not None:
         click.echo(f"and on {instance.local_socket} for local processes (local:// that directory)", err=True)
-    if instance.metrics_port is not None:  # with --metrics-port 0, the port it took
-        host = f"[{instance.metrics_host}]" if ":" in instance.metrics_host else instance.metrics_host
-        click.echo(f"hqueue metrics on http://{host}:{instance.metrics_port}/metrics", err=True)
     sys.stderr.flush()
     instance.serve_forever(on_start=lambda: announce_console(instance.console))
 

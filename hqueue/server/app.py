@@ -207,9 +207,7 @@ class HQueueServer:
             self.coordinator: Coordinator = (coordinator_factory or LocalCoordinator)(self.address)
             self.metrics = ServerMetrics()
             self.coordinator.add_listener(self._count_partition_changes)
-            #: Where Prometheus metrics are served (None without ``metrics_port``).
             self.metrics_port: int | None = None
-            self.metrics_host = metrics_host
             #: Lag kept as things move, for metrics (None without them).
             self.lag: LagBook | None = None
             self.scanners = ScannerRegistry(idle_timeout)

@@ -203,8 +203,7 @@ def server_process(tmp_path, *args: str, env: dict[str, str] | None = None) -> t
     finally:
         for name in env or ():
             os.environ.pop(name, None)
-    (port,) = re.findall(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", process.log_path.read_text())
-    return process, int(port)
+    return process, int(process.announced("metrics").rpartition(":")[2])
 
 
 def test_metrics_listen_on_loopback_whatever_the_thrift_host(tmp_path):

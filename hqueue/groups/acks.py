@@ -73,7 +73,8 @@ class GroupAcks:
         if set(map(type, rowkeys)) - {bytes} or set(map(len, rowkeys)) - {ROWKEY_LENGTH}:
             raise InvalidArgument(f"a receipt is a received message's {ROWKEY_LENGTH}-byte rowkey")
         partitions = self.engine.queue_info(group.queue).partitions
-        by_partition = {pid: list(map(_ID, keys)) for pid, keys in rowkeys_by_partition(rowkeys).items()}
+        # A receipt named twice is one message (counted once, finished once).
+        by_partition = {pid: list(dict.fromkeys(map(_ID, keys))) for pid, keys in rowkeys_by_partition(rowkeys).items()}
         for pid in by_partition:
             if pid >= partitions:
                 raise InvalidArgument(f"a receipt names partition {pid}; queue {group.queue!r} has {partitions}")

@@ -244,12 +244,12 @@ class PushGuard:
         sequence must be above the connection's last, and it must not go back."""
         if proof.sequence <= state.sequence:
             raise PushRefused(f"push sequence {proof.sequence} is not above {state.sequence}: a replay")
-        pid = proof.partitionID
+        pid, epoch = proof.partitionID, proof.epoch or 0  # as the MAC covers it
         before = state.positions.get(pid)
-        if before is not None and (proof.epoch < before[0] or (proof.epoch == before[0] and first < before[1])):
+        if before is not None and (epoch < before[0] or (epoch == before[0] and first < before[1])):
             raise PushRefused(f"a push of partition {pid} goes back before the batch it sent before")
         state.sequence = proof.sequence
-        state.positions[pid] = (proof.epoch, first)
+        state.positions[pid] = (epoch, first)
 
 
 def ephemeral_tls() -> tuple[ssl.SSLContext, str]:

@@ -370,3 +370,17 @@ def test_lag_counts_messages_not_yet_acked_not_those_acked_ahead_of_the_cursor(m
         consumer.ack(got[0::2] + drain(consumer, 10))
         zero = groups_of(queue.engine).describe(queue.name, "g")["partitions"][0]
         assert (zero["lag_messages"], zero["lag_millis"]) == (0, 0)
+
+
+def test_a_receipt_named_twice_in_one_call_is_one_message(make_queue):
+    # Given 10 messages, 4 received
+    queue = make_queue(partitions=1)
+    queue.put([Message("t", b"%d" % i) for i in range(10)], 0)
+    with queue.consumer("g") as consumer:
+        got = drain(consumer, 4)
+        # When one ack names the first twice (and a nack the second twice)
+        assert consumer.ack([got[0], got[0]]) == 1
+        assert consumer.nack([got[1], got[1]], delay=60) == 1
+        # Then each counted once: the lag counts the 9 not acked, 2 are in flight (the nacked one waits)
+        zero = groups_of(queue.engine).describe(queue.name, "g")["partitions"][0]
+        assert (zero["lag_messages"], zero["in_flight"]) == (9, 2)

@@ -279,9 +279,14 @@ def test_a_packed_push_is_proven_over_its_blob_and_refused_as_the_other_kind_is(
             client.consumePacked(garbage, packed_proof(subscriber, challenge, sequence, garbage, **changes))
     with pytest.raises(T.TPushRefused):  # not even bytes
         client.consumePacked(None, packed_proof(subscriber, challenge, 99, b""))
+    # A proof with no epoch is one of epoch 0, as its MAC is (it did not end the connection with a TypeError).
+    later = packed.pack(*cells(0, (2**40 + 10, 0), value=b"two"))
+    no_epoch = packed_proof(subscriber, challenge, 100, later)
+    no_epoch.epoch = None
+    assert client.consumePacked(later, no_epoch) == 0
     client.close()
     got = listener.messages[1]
-    assert [m.value for m in listener.messages] == [b"real", b"one"]
+    assert [m.value for m in listener.messages] == [b"real", b"one", b"two"]
     assert (got.id, got.partition_id, got.topic) == (MessageID(2**40, 0), 0, "t")
     assert subscriber.guard.refused == len(bad) + 6
 

@@ -10,8 +10,8 @@ temporary directory under ``--dir`` (the disk the stores would use):
   (the file grows, so each sync also writes the file's size);
 * ``overwrite + fdatasync``: the same into a preallocated file (no size to write);
 * ``RocksDB sync write``: ``Rdict.put`` with ``sync=True``, hqueue's SYNC_WAL
-  write on the embedded store, after 5 memtable flushes (so that with
-  recycling, the WAL is a recycled file);
+  write on the embedded store, after 5 rounds of as many writes, each ended by
+  a memtable flush (so that with recycling, the WAL is a recycled file);
 * ``RocksDB sync write, WAL recycled``: the same with ``recycle_log_file_num=4``,
   which hqueue does **not** set (docs/benchmarks.md says why).
 
@@ -75,8 +75,11 @@ def rocksdb(path: str, count: int, recycle: int) -> dict[str, float]:
     sync = rocksdict.WriteOptions()
     sync.sync = True
     try:
-        for round_ in range(5):  # each flush starts a new WAL; with recycling, one of the old ones
-            for i in range(200):
+        # Each flush starts a new WAL; with recycling, one of the old ones, which a write
+        # overwrites with no change of size only while it stays within the old file's length:
+        # so the rounds write as much as the measure will.
+        for round_ in range(5):
+            for i in range(count):
                 db.put(b"warm%d-%d" % (round_, i), RECORD, sync)
             db.flush(True)
         return latencies(lambda i: db.put(b"k%d" % i, RECORD, sync), count)

@@ -72,11 +72,13 @@ def running(tmp_path):
     server.stop()
 
 
-def proof(subscriber, challenge, sequence, messages, *, pid=0, epoch=0, queue="q", name="s", key=None):
+def proof(subscriber, challenge, sequence, messages, *, pid=0, epoch=0, queue="q", name="s", key=None, sign=mac):
+    """The proof a server with the subscriber's key (or ``key``) would send; ``sign``:
+    :func:`mac` over TMessages, :func:`mac_packed` over a packed blob."""
     key = key if key is not None else subscriber.credentials.key
     return T.TPushProof(
         queue=queue, subscriber=name, partitionID=pid, epoch=epoch, sequence=sequence,
-        mac=mac(key, challenge, sequence, epoch, queue, name, pid, messages),
+        mac=sign(key, challenge, sequence, epoch, queue, name, pid, messages),
     )  # fmt: skip
 
 
@@ -236,12 +238,8 @@ def cells(pid: int, *ids: tuple[int, int], value: bytes = b"v") -> tuple[list[by
     return keys, [value] * len(keys)
 
 
-def packed_proof(subscriber, challenge, sequence, blob, *, pid=0, epoch=0, queue="q", name="s", key=None):
-    key = key if key is not None else subscriber.credentials.key
-    return T.TPushProof(
-        queue=queue, subscriber=name, partitionID=pid, epoch=epoch, sequence=sequence,
-        mac=mac_packed(key, challenge, sequence, epoch, queue, name, pid, blob),
-    )  # fmt: skip
+def packed_proof(subscriber, challenge, sequence, blob, **changes):
+    return proof(subscriber, challenge, sequence, blob, sign=mac_packed, **changes)
 
 
 def test_a_packed_push_is_proven_over_its_blob_and_refused_as_the_other_kind_is(running):

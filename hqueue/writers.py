@@ -237,15 +237,17 @@ class PartitionWriters:
         puts: dict[str, bytes],
         deletes: Sequence[str] = (),
         durability: str = Durability.SYNC_WAL,
+        entered: Callable[[], object] | None = None,
     ) -> None:
-        """Write a partition's metadata (a consumer group's progress) under its fence.
+        """Write a partition's metadata (a consumer group's progress) under its fence
+        (``entered``: see :meth:`Storage.write_meta`).
 
         Raises:
             Fenced: another server has taken the partition since.
         """
         fence = self.fence(name, pid)
         try:
-            self.storage.write_meta(puts, deletes, durability, fence=fence)
+            self.storage.write_meta(puts, deletes, durability, fence=fence, entered=entered)
         except Fenced:
             self._refused(name, pid, fence)
             raise

@@ -109,7 +109,7 @@ class GroupAcks:
                 )
                 if len(open_ids) < len(ids):  # (acked ones after a restart lie above the cursor too)
                     unknown += sum(i >= scan and i not in state.acked for i in ids)
-                count += self._acked(group, pid, state, open_ids)
+                count += self._acked(group, pid, state, open_ids, let_go=True)
             if unknown:
                 self._unknown(group, unknown)
         return count, unknown
@@ -206,20 +206,53 @@ class GroupAcks:
         puts: dict[str, bytes],
         deletes: Sequence[str] = (),
         durability: str = Durability.SYNC_WAL,
+        *,
+        let_go: bool = False,
     ) -> None:
         """Write a partition's progress under its fence (call under ``group.lock``). If it
         fails (refused: another server took the partition, or the store failed), what
-        is held here may be ahead of the store: drop it, to be read again from the store."""
+        is held here may be ahead of the store: drop it, to be read again from the store.
+
+        ``let_go`` (an ack, done with the group's state once it is written): a SYNC_WAL
+        write lets ``group.lock`` go once the store has given it its place among the
+        partition's writes (storage/fence.py), and takes it again when the write is on
+        disk. Meanwhile other members receive and ack, and their acks share its fsync
+        (storage/commits.py) where they queued behind the lock one fsync at a time.
+        """
+        released = False
+
+        def entered() -> None:
+            nonlocal released
+            group.lock.release()
+            released = True
+
         try:
-            self.engine.writers.write_meta(group.queue, pid, puts, deletes, durability)
+            self.engine.writers.write_meta(
+                group.queue, pid, puts, deletes, durability,
+                entered if let_go and durability == Durability.SYNC_WAL else None,
+            )  # fmt: skip
         except HQueueError:
+            if released:
+                group.lock.acquire()
+                released = False
             group.partitions.pop(pid, None)
             raise
+        finally:
+            if released:
+                group.lock.acquire()
 
     def _acked(
-        self, group: GroupState, pid: int, state: PartitionState, ids: Iterable[bytes], *, buried: bool = False
+        self,
+        group: GroupState,
+        pid: int,
+        state: PartitionState,
+        ids: Iterable[bytes],
+        *,
+        buried: bool = False,
+        let_go: bool = False,
     ) -> int:
-        """Finish ``ids`` (acked, or dead-lettered when ``buried``: counted in the same write)."""
+        """Finish ``ids`` (acked, or dead-lettered when ``buried``: counted in the same write;
+        ``let_go``: see :meth:`_write`)."""
         ids = list(ids)
         if not ids:
             return 0
@@ -255,7 +288,7 @@ class GroupAcks:
         if buried:
             state.dead_lettered += len(fresh)
             puts[f"{prefix}dead"] = str(state.dead_lettered).encode()
-        self._write(group, pid, puts, deletes, self.engine.queue_info(group.queue).durability)
+        self._write(group, pid, puts, deletes, self.engine.queue_info(group.queue).durability, let_go=let_go)
         return len(fresh)
 
     def _failed(

@@ -152,13 +152,17 @@ class Storage(abc.ABC):
         durability: str = Durability.SYNC_WAL,
         *,
         fence: Fence | None = None,
+        entered: Callable[[], object] | None = None,
     ) -> None:
         """Several metadata changes in one go (atomic where the backend can batch them).
 
         ``durability`` is the queue's, for progress kept per message (consumer
         groups' acks); backends without a choice always sync. With ``fence``,
         raise Fenced unless it is the partition's current one (with nothing
-        to write, that is all it does).
+        to write, that is all it does). ``entered``: a backend that orders a
+        partition's writes itself calls it once this write has its place in
+        that order, before it waits for the disk (storage/fence.py); others
+        never call it.
         """
         if fence is not None:
             raise NotImplementedError(f"{type(self).__name__} does not fence metadata writes")

@@ -43,7 +43,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from itertools import islice
 
 import rocksdict
@@ -352,6 +352,7 @@ class EmbeddedStorage(Healing, Storage):
         durability: str = Durability.SYNC_WAL,
         *,
         fence: Fence | None = None,
+        entered: Callable[[], object] | None = None,
     ) -> None:
         self._heal()
         if not puts and not deletes:
@@ -359,11 +360,14 @@ class EmbeddedStorage(Healing, Storage):
                 self._fences.write(fence, b"", lambda: None)
             return
         if durability == Durability.SYNC_WAL:  # one fsync with the other writers under way
-            self._fences.write(fence, b"", self._guard, self._commit.commit, meta_filler(_KV_PREFIX, puts, deletes))
+            fill = meta_filler(_KV_PREFIX, puts, deletes)
+            self._fences.write(fence, b"", self._guard, self._commit.commit, fill, entered=entered)
             return
         batch = rocksdict.WriteBatch(raw_mode=True)
         meta_filler(_KV_PREFIX, puts, deletes)(batch)
-        self._fences.write(fence, b"", self._guard, self._db.write, batch, self._write_options[durability])
+        self._fences.write(
+            fence, b"", self._guard, self._db.write, batch, self._write_options[durability], entered=entered
+        )
 
     def list_meta(self, prefix: str) -> dict[str, bytes]:
         self._heal()

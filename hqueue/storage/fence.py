@@ -177,18 +177,33 @@ class LocalFences:
             partition.epoch = epoch
             return Fence(queue, partition_id, epoch, partition.floor)
 
-    def write(self, fence: Fence | None, high: bytes, write: Callable[..., object], *args: object) -> None:
+    def write(
+        self,
+        fence: Fence | None,
+        high: bytes,
+        write: Callable[..., object],
+        *args: object,
+        entered: Callable[[], object] | None = None,
+    ) -> None:
         """``write(*args)`` only while ``fence`` is the partition's current one; Fenced if it is not.
 
         ``high``: the highest ID the write holds, which later takes' floors cover.
+        ``entered``: called once the write holds its place (the partition's lock, its
+        fence checked), before it is written: writes to the partition after it come
+        after it, so a caller may let others go on (a consumer group lets its lock go
+        while its ack waits for its fsync).
         """
         if fence is None:
+            if entered is not None:
+                entered()
             write(*args)
             return
         partition = self._partition(fence.queue, fence.partition_id)
         with partition.lock:
             if partition.epoch != fence.epoch:
                 raise Fenced(fence.queue, fence.partition_id, fence.epoch)
+            if entered is not None:
+                entered()
             write(*args)
             if high > partition.floor:
                 partition.floor = high

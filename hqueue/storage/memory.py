@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left, insort
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..config import Durability, QueueInfo
@@ -189,8 +189,9 @@ class MemoryStorage(Storage):
         durability: str = Durability.SYNC_WAL,
         *,
         fence: Fence | None = None,
+        entered: Callable[[], object] | None = None,
     ) -> None:
-        self._data.fences.write(fence, b"", self._write_meta, puts, deletes)
+        self._data.fences.write(fence, b"", self._write_meta, puts, deletes, entered=entered)
 
     def _write_meta(self, puts: Mapping[str, bytes], deletes: Iterable[str]) -> None:
         with self._data.lock:

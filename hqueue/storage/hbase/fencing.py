@@ -94,9 +94,11 @@ class FencedWrites:
         durability: str = Durability.SYNC_WAL,
         *,
         fence: Fence | None = None,
+        entered: Callable[[], object] | None = None,
     ) -> None:
         """One ``mutateRows`` round trip for the lot (consumer groups' acks); with a
-        fence, the puts, the epoch read back, then the deletes."""
+        fence, the puts, the epoch read back, then the deletes. (HBase orders the
+        writes; ``entered`` is never called: a group keeps its lock through the write.)"""
         wal = durability != Durability.SKIP_WAL
         batch = [
             BatchMutation((_KV_ROW + key).encode(), [Mutation(column=_KV_COLUMN, value=value, writeToWAL=wal)])

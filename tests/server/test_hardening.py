@@ -367,8 +367,6 @@ def test_connection_failures_say_what_went_wrong_and_what_to_do(tmp_path):
 
     from hqueue.cli import main
 
-    from ..processes import free_port
-
     cert, context = server_certificate(tmp_path)
     tls = HQueueServer(f"local://{tmp_path}/tls", port=0, ssl_context=context).start()
     plain = HQueueServer(f"local://{tmp_path}/plain", port=0).start()
@@ -391,7 +389,10 @@ def test_connection_failures_say_what_went_wrong_and_what_to_do(tmp_path):
         out = error(f"hqueue://{plain.address}?tls=1&ca={cert}&timeout=5")
         assert "TLS handshake failed" in out and "leave out tls=1" in out
         # nobody there, and no such host
-        assert "connection refused (is an hqueue server running there?)" in error(f"hqueue://127.0.0.1:{free_port()}")
+        with socket.socket() as closed:  # bound, never listening: refused, and no other test can take the port
+            closed.bind(("127.0.0.1", 0))
+            nobody = f"hqueue://127.0.0.1:{closed.getsockname()[1]}"
+            assert "connection refused (is an hqueue server running there?)" in error(nobody)
         assert "unknown host 'nosuch.invalid'" in error("hqueue://nosuch.invalid:9700?timeout=5")
         with pytest.raises(ServerUnavailable, match="self-signed"):  # the Python API says the same
             HQueueAdmin(f"hqueue://{tls.address}?tls=1&timeout=5").list_queues()

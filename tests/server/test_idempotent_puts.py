@@ -26,17 +26,16 @@ from hqueue.rpc import packed, wire
 from hqueue.server import HQueueServer
 
 from ..helpers.relay import Relay
-from ..processes import free_port
 
 
 @pytest.fixture
 def relayed(tmp_path):
     """A server whose clients reach it (and its partitions' owner) through a relay."""
-    port = free_port()
 
     def start(breaks: int, on: bytes) -> tuple[HQueueServer, Relay]:
-        front = Relay(("127.0.0.1", port), breaks=breaks, on=on, acted=True)
-        server = HQueueServer(f"local://{tmp_path}/data", port=port, advertise=front.address).start()
+        front = Relay(("127.0.0.1", 0), breaks=breaks, on=on, acted=True)  # it connects on each accept:
+        server = HQueueServer(f"local://{tmp_path}/data", port=0, advertise=front.address).start()
+        front.target = ("127.0.0.1", server.port)  # the port the server took, before anyone connects
         started.append((server, front))
         with HQueueAdmin(f"hqueue://{server.address}?timeout=10") as admin:
             admin.create_queue("q", 1)

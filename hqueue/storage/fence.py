@@ -191,11 +191,10 @@ class LocalFences:
         ``entered``: called once the write holds its place (the partition's lock, its
         fence checked), before it is written: writes to the partition after it come
         after it, so a caller may let others go on (a consumer group lets its lock go
-        while its ack waits for its fsync).
+        while its ack waits for its fsync). A write without a fence has no such place:
+        ``entered`` is not called.
         """
         if fence is None:
-            if entered is not None:
-                entered()
             write(*args)
             return
         partition = self._partition(fence.queue, fence.partition_id)

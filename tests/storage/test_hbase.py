@@ -65,16 +65,12 @@ def test_url_options_are_checked():
         HBaseStorage("127.0.0.1", 1, admin="nohost")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_an_unreachable_server_is_a_clear_storage_unavailable():
-    port = _free_port()
-    with pytest.raises(StorageUnavailable, match=f"127.0.0.1:{port}") as info:
-        HQueueAdmin(f"hbase://127.0.0.1:{port}")
+    with socket.socket() as closed:  # bound, never listening: refused, and no other test can take the port
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+        with pytest.raises(StorageUnavailable, match=f"127.0.0.1:{port}") as info:
+            HQueueAdmin(f"hbase://127.0.0.1:{port}")
     assert isinstance(info.value, StorageError)
 
 

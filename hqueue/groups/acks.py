@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from ..config import Durability
 from ..deadletters import dead_letter, dead_letter_queue
-from ..errors import HQueueError, InvalidArgument, NotPartitionOwner
+from ..errors import GroupNotFound, HQueueError, InvalidArgument, NotPartitionOwner
 from ..keys.groups import state_prefix
 from ..message import (
     ROWKEY_LENGTH,
@@ -219,10 +219,13 @@ class GroupAcks:
         disk. Meanwhile other members receive and ack, and their acks share its fsync
         (storage/commits.py) where they queued behind the lock one fsync at a time.
         """
+        if group.deleted:  # a delete went first: its keys are gone, and nothing may bring them back
+            raise GroupNotFound(group.queue, group.name)
         released = False
 
         def entered() -> None:
             nonlocal released
+            group.writing += 1
             group.lock.release()
             released = True
 
@@ -233,13 +236,21 @@ class GroupAcks:
             )  # fmt: skip
         except HQueueError:
             if released:
-                group.lock.acquire()
+                self._retake(group)
                 released = False
             group.partitions.pop(pid, None)
             raise
         finally:
             if released:
-                group.lock.acquire()
+                self._retake(group)
+
+    @staticmethod
+    def _retake(group: GroupState) -> None:
+        """Take ``group.lock`` again after a write that let it go (see :meth:`_write`)."""
+        group.lock.acquire()
+        group.writing -= 1
+        if not group.writing:
+            group.written.notify_all()
 
     def _acked(
         self,

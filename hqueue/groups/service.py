@@ -250,11 +250,18 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
                 del self._groups[key]
 
     def delete(self, queue: str, name: str) -> None:
-        self._group(queue, name)
-        with self._lock:
-            self._groups.pop((queue, name), None)
-        keys = list(self.storage.list_meta(state_prefix(queue, name)))
-        self.storage.write_meta({}, [*keys, group_key(queue, name)])
+        """Forget the group and its progress. Under its lock, once the acks under way have
+        landed: an ack written after the keys were listed would outlive the group, and a
+        group made again under its name would start from it."""
+        group = self._group(queue, name)
+        with group.lock:
+            group.deleted = True
+            while group.writing:
+                group.written.wait()
+            with self._lock:
+                self._groups.pop((queue, name), None)
+            keys = list(self.storage.list_meta(state_prefix(queue, name)))
+            self.storage.write_meta({}, [*keys, group_key(queue, name)])
 
     # -- receive -----------------------------------------------------------------------
 
@@ -308,6 +315,8 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
         attempts: list[int] = []
         next_ready = 1.0
         with group.lock:
+            if group.deleted:  # held from before its delete: nothing more of it goes out
+                raise GroupNotFound(group.queue, group.name)
             group.members[member] = group.seen[member] = now
             self._forget_silent(group, now)
             members = group.live_members(now, self.limits.member_timeout)

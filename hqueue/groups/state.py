@@ -337,6 +337,12 @@ class GroupState:
     def __init__(self, queue: str, name: str, config: GroupConfig) -> None:
         self.queue, self.name, self.config = queue, name, config
         self.lock = threading.Lock()
+        #: Deleted: nothing more of it is written (an ack that still holds it gets GroupNotFound).
+        self.deleted = False
+        #: Writes under way with ``lock`` let go (SYNC_WAL acks waiting for their fsync), and
+        #: what a delete waits on for them to end (so none lands after it).
+        self.writing = 0
+        self.written = threading.Condition(self.lock)
         #: Members that receive: member -> when it last called receive (the assignment's members).
         self.members: dict[str, float] = {}
         #: Every member heard from: member -> when it last called (receive or heartbeat).

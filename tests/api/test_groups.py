@@ -14,6 +14,7 @@ import pytest
 from hqueue import Delivery, GroupNotFound, HQueue, HQueueAdmin, InvalidArgument, Message
 from hqueue.api import groups_of
 from hqueue.groups.state import MEMBER_TIMEOUT, assigned
+from hqueue.keys.groups import state_prefix
 
 from ..processes import drain, wait_for
 
@@ -215,6 +216,44 @@ def test_members_acking_one_partition_at_once_leave_its_stored_progress_exact(tm
         assert consumer.receive(10, wait=0.3) == []
         zero = groups_of(queue.engine).describe("q", "g")["partitions"][0]
         assert (zero["lag_messages"], zero["acked_ahead"], zero["in_flight"]) == (0, 0, 0)
+
+
+def test_a_group_deleted_while_an_ack_waits_for_its_fsync_is_made_again_from_nothing(tmp_path, monkeypatch):
+    """An ack that landed after its group's delete left its progress behind: the group
+    made again under the same name started from the old cursor and skipped messages."""
+    # Given a SYNC_WAL group with 4 messages received, and an ack of them held inside its fsync
+    url = "local://" + str(tmp_path / "data")
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", partitions=1, durability="SYNC_WAL")
+    with HQueue("q", url) as queue:
+        queue.put([Message("t", b"%d" % i) for i in range(6)], 0)
+        consumer = queue.consumer("g")
+        got = drain(consumer, 4)
+        storage = queue.engine.storage
+        commit, inside, go_on = storage._commit.commit, threading.Event(), threading.Event()
+
+        def held(fill):
+            inside.set()
+            go_on.wait(10)
+            commit(fill)
+
+        monkeypatch.setattr(storage._commit, "commit", held)
+        acking = threading.Thread(target=lambda: consumer.ack(got), daemon=True)
+        acking.start()
+        assert inside.wait(10)
+        monkeypatch.setattr(storage._commit, "commit", commit)
+        # When the group is deleted meanwhile (the delete waits for the ack), then made again
+        deleting = threading.Thread(target=lambda: groups_of(queue.engine).delete("q", "g"))
+        deleting.start()
+        time.sleep(0.2)
+        go_on.set()
+        acking.join(10)
+        deleting.join(10)
+        assert not acking.is_alive() and not deleting.is_alive()
+        # Then nothing of the old group is left, and the new one gets every message
+        assert storage.list_meta(state_prefix("q", "g")) == {}
+        with queue.consumer("g") as again:
+            assert values(drain(again, 6)) == [b"%d" % i for i in range(6)]
 
 
 def test_describe_and_list_and_delete_groups(make_queue, admin):

@@ -220,6 +220,10 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
         once the partition is taken: a former owner's ack can no longer land after the read."""
         state = group.partitions.get(pid)
         if state is None:
+            group.settle()  # read what every ack answered so far wrote
+            state = group.partitions.get(pid)  # (the wait let the lock go: another may have read it)
+            if state is not None:
+                return state
             self.engine.writers.fence(group.queue, pid)
             stored = self.storage.list_meta(state_prefix(group.queue, group.name, pid))
             done = (
@@ -256,8 +260,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
         group = self._group(queue, name)
         with group.lock:
             group.deleted = True
-            while group.writing:
-                group.written.wait()
+            group.settle()
             with self._lock:
                 self._groups.pop((queue, name), None)
             keys = list(self.storage.list_meta(state_prefix(queue, name)))
@@ -419,6 +422,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
                 if not isinstance(pid, int) or not 0 <= pid < info.partitions:
                     raise InvalidArgument(f"'partition' must be in 0..{info.partitions - 1}, got {pid!r}")
                 self.coordinator.require_owner(queue, pid)
+            group.settle()  # an ack under way would land after the stale keys were listed
             for pid in pids:
                 prefix = state_prefix(queue, name, pid)
                 stale = [key for key in self.storage.list_meta(prefix) if key != prefix + "done"]

@@ -356,6 +356,12 @@ class GroupState:
         #: When a dead-letter queue's refusal was last logged.
         self.unburied_logged = 0.0
 
+    def settle(self) -> None:
+        """Wait (under ``lock``, which the wait lets go) until no write that let the lock go is
+        under way: what is read from the store after this has every ack answered so far."""
+        while self.writing:
+            self.written.wait()
+
     def held_by(self, member: str) -> int:
         """Messages ``member`` holds in this group's partitions here (call under ``lock``)."""
         return sum(state.held.get(member, 0) for state in self.partitions.values())

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from hqueue import Delivery, GroupNotFound, HQueue, HQueueAdmin, InvalidArgument, Message
+from hqueue import Delivery, GroupNotFound, HQueue, HQueueAdmin, InvalidArgument, Message, MessageID
 from hqueue.api import groups_of
 from hqueue.groups.state import MEMBER_TIMEOUT, assigned
 from hqueue.keys.groups import state_prefix
@@ -218,42 +218,60 @@ def test_members_acking_one_partition_at_once_leave_its_stored_progress_exact(tm
         assert (zero["lag_messages"], zero["acked_ahead"], zero["in_flight"]) == (0, 0, 0)
 
 
-def test_a_group_deleted_while_an_ack_waits_for_its_fsync_is_made_again_from_nothing(tmp_path, monkeypatch):
-    """An ack that landed after its group's delete left its progress behind: the group
-    made again under the same name started from the old cursor and skipped messages."""
-    # Given a SYNC_WAL group with 4 messages received, and an ack of them held inside its fsync
+def ack_held_in_its_fsync(tmp_path, monkeypatch, meanwhile):
+    """A SYNC_WAL group with 6 messages, 4 received, the 2nd and 4th acked (ahead of the
+    cursor: stored one by one), the ack held inside its fsync while ``meanwhile(queue)``
+    runs in another thread (0.2 s, then the ack goes on)."""
     url = "local://" + str(tmp_path / "data")
     with HQueueAdmin(url) as admin:
         admin.create_queue("q", partitions=1, durability="SYNC_WAL")
-    with HQueue("q", url) as queue:
-        queue.put([Message("t", b"%d" % i) for i in range(6)], 0)
-        consumer = queue.consumer("g")
-        got = drain(consumer, 4)
-        storage = queue.engine.storage
-        commit, inside, go_on = storage._commit.commit, threading.Event(), threading.Event()
+    queue = HQueue("q", url)
+    queue.put([Message("t", b"%d" % i) for i in range(6)], 0)
+    consumer = queue.consumer("g")
+    got = drain(consumer, 4)
+    commit, inside, go_on = queue.engine.storage._commit.commit, threading.Event(), threading.Event()
 
-        def held(fill):
-            inside.set()
-            go_on.wait(10)
-            commit(fill)
+    def held(fill):
+        inside.set()
+        go_on.wait(10)
+        commit(fill)
 
-        monkeypatch.setattr(storage._commit, "commit", held)
-        acking = threading.Thread(target=lambda: consumer.ack(got), daemon=True)
-        acking.start()
-        assert inside.wait(10)
-        monkeypatch.setattr(storage._commit, "commit", commit)
-        # When the group is deleted meanwhile (the delete waits for the ack), then made again
-        deleting = threading.Thread(target=lambda: groups_of(queue.engine).delete("q", "g"))
-        deleting.start()
-        time.sleep(0.2)
-        go_on.set()
-        acking.join(10)
-        deleting.join(10)
-        assert not acking.is_alive() and not deleting.is_alive()
-        # Then nothing of the old group is left, and the new one gets every message
-        assert storage.list_meta(state_prefix("q", "g")) == {}
-        with queue.consumer("g") as again:
-            assert values(drain(again, 6)) == [b"%d" % i for i in range(6)]
+    monkeypatch.setattr(queue.engine.storage._commit, "commit", held)
+    acking = threading.Thread(target=lambda: consumer.ack(got[1::2]), daemon=True)
+    acking.start()
+    assert inside.wait(10)
+    monkeypatch.setattr(queue.engine.storage._commit, "commit", commit)
+    other = threading.Thread(target=meanwhile, args=(queue,), daemon=True)
+    other.start()
+    time.sleep(0.2)
+    go_on.set()
+    acking.join(10)
+    other.join(10)
+    assert not acking.is_alive() and not other.is_alive()
+    return queue
+
+
+def test_a_group_deleted_while_an_ack_waits_for_its_fsync_is_made_again_from_nothing(tmp_path, monkeypatch):
+    """An ack that landed after its group's delete left its progress behind: the group
+    made again under the same name started from the old cursor and skipped messages."""
+    # Given an ack held inside its fsync, when the group is deleted meanwhile
+    queue = ack_held_in_its_fsync(tmp_path, monkeypatch, lambda q: groups_of(q.engine).delete("q", "g"))
+    # Then nothing of the old group is left, and the one made again gets every message
+    assert queue.engine.storage.list_meta(state_prefix("q", "g")) == {}
+    with queue.consumer("g") as again:
+        assert values(drain(again, 6)) == [b"%d" % i for i in range(6)]
+    queue.close()
+
+
+def test_a_replay_set_while_an_ack_waits_for_its_fsync_replays_every_message(tmp_path, monkeypatch):
+    # Given an ack held inside its fsync, when the group is set back to the start meanwhile
+    queue = ack_held_in_its_fsync(
+        tmp_path, monkeypatch, lambda q: groups_of(q.engine).set_position("q", "g", 0, MessageID(0, 0))
+    )
+    # Then the replay hands out all 6: no ack of the 4 outlives it
+    with queue.consumer("g") as again:
+        assert values(drain(again, 6)) == [b"%d" % i for i in range(6)]
+    queue.close()
 
 
 def test_describe_and_list_and_delete_groups(make_queue, admin):

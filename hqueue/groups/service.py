@@ -217,11 +217,18 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
 
     def _partition(self, group: GroupState, pid: int) -> PartitionState:
         """The group's state over ``pid``, read from the store on first use (call under group.lock),
-        once the partition is taken: a former owner's ack can no longer land after the read."""
+        once the partition is taken: a former owner's ack can no longer land after the read.
+
+        A first read first waits for the acks under way (:meth:`GroupState.settle`), which
+        lets ``group.lock`` go meanwhile: what the caller read of the group before may
+        have moved. Raises GroupNotFound if the group was deleted meanwhile.
+        """
         state = group.partitions.get(pid)
         if state is None:
             group.settle()  # read what every ack answered so far wrote
-            state = group.partitions.get(pid)  # (the wait let the lock go: another may have read it)
+            if group.deleted:
+                raise GroupNotFound(group.queue, group.name)
+            state = group.partitions.get(pid)  # (another may have read it meanwhile)
             if state is not None:
                 return state
             self.engine.writers.fence(group.queue, pid)
@@ -261,10 +268,17 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
         with group.lock:
             group.deleted = True
             group.settle()
+            try:
+                keys = list(self.storage.list_meta(state_prefix(queue, name)))
+                self.storage.write_meta({}, [*keys, group_key(queue, name)])
+            except BaseException:
+                group.deleted = False  # not deleted: it goes on as it was
+                raise
+            # Forgotten only now: a call that came meanwhile found this state, deleted, and not
+            # a new one read from the group's key before its delete landed.
             with self._lock:
-                self._groups.pop((queue, name), None)
-            keys = list(self.storage.list_meta(state_prefix(queue, name)))
-            self.storage.write_meta({}, [*keys, group_key(queue, name)])
+                if self._groups.get((queue, name)) is group:
+                    del self._groups[(queue, name)]
 
     # -- receive -----------------------------------------------------------------------
 

@@ -86,8 +86,12 @@ class GroupCommit:
         me = _Waiting(fill)
         with self._cond:
             self._queue.append(me)
-            while self._leading and not me.done:
-                self._cond.wait()
+            try:
+                while self._leading and not me.done:
+                    self._cond.wait()
+            except BaseException:  # interrupted (Ctrl-C in a process holding the store)
+                self._abandon(me)
+                raise
             if me.done:
                 if me.error is not None:  # another thread's write failed: an error of its own here
                     raise StorageError(str(me.error)) from me.error
@@ -98,7 +102,13 @@ class GroupCommit:
                 self.gathers += 1
                 # rocksdict holds the GIL through the fsync, so writers that came meanwhile
                 # are still on their way here: let them in before the group closes.
-                self._cond.wait(GATHER_SECONDS)
+                try:
+                    self._cond.wait(GATHER_SECONDS)
+                except BaseException:  # interrupted: another leads, and this fill is not written
+                    self._leading = False
+                    self._abandon(me)
+                    self._cond.notify_all()
+                    raise
             group, self._queue = self._queue, []
         error: BaseException | None = None
         try:
@@ -123,6 +133,17 @@ class GroupCommit:
             self._cond.notify_all()
         if error is not None:
             raise error
+
+    def _abandon(self, me: _Waiting) -> None:
+        """A writer interrupted while it waited (under the lock): its fill leaves the queue, so
+        that no leader writes it later, when its caller holds no lock of the partition any
+        more (a fence could have moved). A fill a leader took already is being written: wait
+        for it, so that the caller's locks are held until it lands."""
+        if me in self._queue:
+            self._queue.remove(me)
+            return
+        while not me.done:
+            self._cond.wait()
 
     def _others_lately(self, thread: int) -> bool:
         """Whether another thread's write ended within CROWD_SECONDS: with the GIL held

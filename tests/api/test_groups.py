@@ -478,3 +478,49 @@ def test_a_receipt_named_twice_in_one_call_is_one_message(make_queue):
         # Then each counted once: the lag counts the 9 not acked, 2 are in flight (the nacked one waits)
         zero = groups_of(queue.engine).describe(queue.name, "g")["partitions"][0]
         assert (zero["lag_messages"], zero["in_flight"]) == (9, 2)
+
+
+def test_a_member_calling_while_its_group_is_deleted_gets_group_not_found(tmp_path, monkeypatch):
+    """A call that came while a delete was writing found the group's key still stored and
+    made the group again in memory, then wrote its progress back after the delete."""
+    # Given a group with a member, and a delete held inside its store write
+    url = "local://" + str(tmp_path / "data")
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", partitions=1)
+    with HQueue("q", url) as queue:
+        queue.put([Message("t", b"%d" % i) for i in range(6)], 0)
+        member = queue.consumer("g", member="m")
+        drain(member, 2)
+        storage = queue.engine.storage
+        write_meta, inside, go_on = storage.write_meta, threading.Event(), threading.Event()
+
+        def held(puts, deletes=(), *args, **kwargs):
+            if "groups/q/g" in deletes:  # the delete's own write
+                inside.set()
+                go_on.wait(10)
+            return write_meta(puts, deletes, *args, **kwargs)
+
+        monkeypatch.setattr(storage, "write_meta", held)
+        deleting = threading.Thread(target=lambda: groups_of(queue.engine).delete("q", "g"))
+        deleting.start()
+        assert inside.wait(10)
+        # When the member calls meanwhile (it waits for the delete), then the delete lands
+        results: list = []
+        calling = threading.Thread(target=lambda: results.append(_outcome(lambda: member.receive(2, wait=0))))
+        calling.start()
+        time.sleep(0.2)
+        go_on.set()
+        deleting.join(10)
+        calling.join(10)
+        # Then it was told the group is gone, and nothing of the group is stored
+        assert isinstance(results[0], GroupNotFound)
+        assert storage.list_meta(state_prefix("q", "g")) == {}
+        with queue.consumer("g") as again:
+            assert values(drain(again, 6)) == [b"%d" % i for i in range(6)]
+
+
+def _outcome(call):
+    try:
+        return call()
+    except Exception as e:
+        return e

@@ -137,3 +137,48 @@ def test_one_writer_whose_calls_rotate_over_threads_seldom_waits(store):
     # Then the waits that found nobody grew rare: nowhere near one a write
     assert store._commit.groups == store._commit.writes >= 400
     assert store._commit.gathers < 400 / 8, store._commit.gathers
+
+
+def test_a_writer_interrupted_while_it_waits_is_never_written_and_holds_up_nobody(monkeypatch):
+    """Ctrl-C in a process holding the store lands in a waiting writer: its fill must leave
+    the queue (no leader may write it once its caller holds no lock of the partition), and
+    an interrupted leader must hand on, or every later SYNC_WAL write would wait for ever."""
+    filled: list[str] = []
+    in_write, go_on = threading.Event(), threading.Event()
+
+    def write(batch) -> None:
+        in_write.set()
+        go_on.wait(10)
+
+    commits = GroupCommit(write)
+
+    def fill(name: str):
+        return lambda batch: filled.append(name)
+
+    # A follower: interrupted while a leader writes
+    leader = threading.Thread(target=commits.commit, args=(fill("leader"),))
+    leader.start()
+    assert in_write.wait(10)
+    wait = commits._cond.wait
+
+    def interrupted(timeout=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(commits._cond, "wait", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        commits.commit(fill("follower"))
+    monkeypatch.setattr(commits._cond, "wait", wait)
+    go_on.set()
+    leader.join(10)
+    # A leader: interrupted while it waits for company
+    commits._crowded = True
+    monkeypatch.setattr(commits._cond, "wait", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        commits.commit(fill("gathering"))
+    monkeypatch.setattr(commits._cond, "wait", wait)
+    # Then later writes go through at once, and neither interrupted fill was ever written
+    done = threading.Thread(target=commits.commit, args=(fill("after"),))
+    done.start()
+    done.join(10)
+    assert not done.is_alive()
+    assert filled == ["leader", "after"]

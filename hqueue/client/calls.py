@@ -19,7 +19,7 @@ def remote(operation: Operation):
         queue = bound.get("queue")
         engine = self._engine
         if operation.merge is not None:  # every partition owner answers for its own, by one deadline
-            answers = self._each_owner(queue, operation.thrift, *wire_args)
+            answers = self._each_owner(queue, operation.thrift, *wire_args, absent=operation.absent)
             return operation.merge([operation.result.back(a) for a in answers], **bound)
         return operation.result.back(engine._call(operation.thrift, *wire_args, queue=queue))
 

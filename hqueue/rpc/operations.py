@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..auth import MANAGE
+from ..errors import GroupNotFound
 from . import wire
 
 T = wire.T
@@ -76,6 +77,8 @@ class Operation:
         result: How the answer goes on the wire.
         merge: None: any server answers. Otherwise each partition owner answers
             for its partitions, and ``merge(answers, **args)`` joins the answers.
+        absent: With ``merge``: the error of an owner that had nothing to do (its
+            answer is left out of the merge; the merge says what none answering means).
     """
 
     service: str
@@ -86,6 +89,7 @@ class Operation:
     wire_order: tuple[str, ...] | None = None
     result: Codec = NOTHING
     merge: Callable[..., Any] | None = None
+    absent: type[Exception] | None = None
 
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """A Python call's arguments by name, with the declared defaults."""
@@ -295,4 +299,15 @@ GROUP_PENDING = Operation(
     GROUPS, "pending", "groupPending", "consumer", (QUEUE, GROUP, Arg("limit", default=1000)),
     result=Codec(_pending_out, _pending_in), merge=_merge_pending,
 )  # fmt: skip
-DELETE_GROUP = Operation(GROUPS, "delete", "deleteGroup", MANAGE, (QUEUE, GROUP))
+
+
+def _deleted(answers: list[None], queue: str, group: str) -> None:
+    """Each owner forgot what it held of the group (one server alone left the others writing
+    its progress back). The first removes its key, so the later ones may not find it."""
+    if not answers:
+        raise GroupNotFound(queue, group)
+
+
+DELETE_GROUP = Operation(
+    GROUPS, "delete", "deleteGroup", MANAGE, (QUEUE, GROUP), merge=_deleted, absent=GroupNotFound
+)  # fmt: skip

@@ -6,6 +6,7 @@ subprocesses with a 2 s ZooKeeper session, killed with SIGKILL or paused
 with SIGSTOP.
 """
 
+import asyncio
 import re
 import threading
 import time
@@ -16,7 +17,8 @@ from thriftpy2.protocol import TBinaryProtocolFactory
 from thriftpy2.rpc import make_client
 from thriftpy2.transport import TFramedTransportFactory
 
-from hqueue import HQueue, HQueueAdmin, Message, MessageID
+from hqueue import GroupNotFound, HQueue, HQueueAdmin, Message, MessageID
+from hqueue.aio import AsyncHQueueAdmin
 from hqueue.client import groups as groups_module
 from hqueue.client.engine import RemoteEngine
 from hqueue.rpc.wire import T
@@ -295,3 +297,40 @@ def test_the_survivor_has_the_lag_series_of_the_partitions_it_takes_over_at_once
         re.findall(r'^hqueue_group_lag_messages\{group="billing",partition="(\d+)",queue="orders"\} (\S+)$', text, re.M)
     )
     assert {int(p): float(v) for p, v in lag.items()} == {pid: pid + 1 for pid in range(PARTITIONS)}
+
+
+def test_a_group_deleted_through_one_server_is_deleted_at_every_owner(cluster):
+    """The owners of a group's partitions kept its state in memory when another server
+    served the delete: their acks wrote its progress back, and the group made again
+    under its name started from their old cursors and skipped messages."""
+    # Given two servers sharing the partitions, and a group that has read and acked half of each
+    a, b = cluster("a"), cluster("b")
+    url = f"hqueue://{a.address},{b.address}"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("orders", PARTITIONS)
+    wait_for(lambda: sorted(settled(a, b) or []) == sorted([a.address, b.address] * 4), 30, "an even split")
+    with HQueue("orders", url) as queue:
+        for pid in range(PARTITIONS):
+            queue.put([Message("order", b"%d-%d" % (pid, i)) for i in range(4)], pid)
+        member = queue.consumer("g", member="m")
+        got = drain(member, 4 * PARTITIONS, timeout=30)
+        member.ack(got[::2])
+        # When it is deleted through server a alone
+        with HQueueAdmin(f"hqueue://{a.address}") as only_a:
+            only_a.delete_group("orders", "g")
+        # Then the member that still holds it is told so, at either server
+        with pytest.raises(GroupNotFound):
+            member.ack(got[1::2])
+        # And the group made again under its name gets every message
+        with queue.consumer("g", member="again") as again:
+            assert len(drain(again, 4 * PARTITIONS, timeout=30)) == 4 * PARTITIONS
+        # The asyncio admin deletes it at every owner too
+        member = queue.consumer("g", member="m2")
+
+        async def delete_through_a() -> None:
+            async with AsyncHQueueAdmin(f"hqueue://{a.address}") as async_admin:
+                await async_admin.delete_group("orders", "g")
+
+        asyncio.run(delete_through_a())
+        with pytest.raises(GroupNotFound):
+            member.receive(1, wait=0)

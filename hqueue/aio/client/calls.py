@@ -18,11 +18,16 @@ def aremote(operation: Operation):
         queue = bound.get("queue")
         engine = self._engine
         if operation.merge is not None:  # every partition owner answers for its own, by one deadline
+            answers = []
             with engine.deadline():
-                answers = [
-                    operation.result.back(await engine._call_at(owner, operation.thrift, *wire_args, queue=queue))
-                    for owner in await self._owners(queue)
-                ]
+                for owner in await self._owners(queue):
+                    try:
+                        answer = await engine._call_at(owner, operation.thrift, *wire_args, queue=queue)
+                    except Exception as e:
+                        if operation.absent is not None and isinstance(e, operation.absent):
+                            continue  # it had nothing of it: left out of the merge
+                        raise
+                    answers.append(operation.result.back(answer))
             return operation.merge(answers, **bound)
         return operation.result.back(await engine._call(operation.thrift, *wire_args, queue=queue))
 

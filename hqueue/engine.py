@@ -180,10 +180,10 @@ class Engine:
             raise QueueEnabled(name, "it can be dropped")
         self.storage.delete_queue(name)
         forget_id_floor(self.storage, name)
+        self.events.dropped(name)  # the services forget it first (a group waits for its acks under way)
         kept = [*self.storage.list_meta(groups_prefix(name)), *self.storage.list_meta(queue_state_prefix(name))]
         if kept:  # its consumer groups and their progress
             self.storage.write_meta({}, kept)
-        self.events.dropped(name)
         self.writers.drop_queue(name)
         self._infos.forget(name)
 

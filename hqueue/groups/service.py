@@ -255,10 +255,14 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
         return sorted(key[len(prefix) :] for key in self.storage.list_meta(prefix))
 
     def forget(self, queue: str) -> None:
-        """The queue was dropped: forget its groups' state held here."""
+        """The queue is dropped: forget its groups' state held here, once the acks under way
+        have landed (the engine removes the groups' progress after this: none may come after)."""
         with self._lock:
-            for key in [k for k in self._groups if k[0] == queue]:
-                del self._groups[key]
+            groups = [self._groups.pop(key) for key in [k for k in self._groups if k[0] == queue]]
+        for group in groups:
+            with group.lock:
+                group.deleted = True
+                group.settle()
 
     def delete(self, queue: str, name: str) -> None:
         """Forget the group and its progress. Under its lock, once the acks under way have

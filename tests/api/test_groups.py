@@ -263,6 +263,18 @@ def test_a_group_deleted_while_an_ack_waits_for_its_fsync_is_made_again_from_not
     queue.close()
 
 
+def test_a_queue_dropped_while_an_ack_waits_for_its_fsync_leaves_no_group_progress(tmp_path, monkeypatch):
+    # Given an ack held inside its fsync, when its queue is disabled and dropped meanwhile
+    def drop(queue):
+        with HQueueAdmin(queue.url) as admin:  # the same engine: one per store in a process
+            admin.delete_queue("q", force=True)
+
+    queue = ack_held_in_its_fsync(tmp_path, monkeypatch, drop)
+    # Then nothing of the group is left: a queue and group made again under the names start afresh
+    assert queue.engine.storage.list_meta(state_prefix("q", "g")) == {}
+    queue.close()
+
+
 def test_a_replay_set_while_an_ack_waits_for_its_fsync_replays_every_message(tmp_path, monkeypatch):
     # Given an ack held inside its fsync, when the group is set back to the start meanwhile
     queue = ack_held_in_its_fsync(

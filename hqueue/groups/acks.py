@@ -234,7 +234,7 @@ class GroupAcks:
                 group.queue, pid, puts, deletes, durability,
                 entered if let_go and durability == Durability.SYNC_WAL else None,
             )  # fmt: skip
-        except HQueueError:
+        except BaseException:  # (an interrupted write was never written either: the state is ahead)
             if released:
                 self._retake(group)
                 released = False

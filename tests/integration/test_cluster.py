@@ -63,6 +63,15 @@ def settled(*servers: ServerProcess) -> list[str] | None:
     return answers[0] if all(a == answers[0] for a in answers) and "" not in answers[0] else None
 
 
+def split_evenly(a: ServerProcess, b: ServerProcess) -> str:
+    """The URL of both servers, once queue 'orders' is made and each holds half its partitions."""
+    url = f"hqueue://{a.address},{b.address}"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("orders", PARTITIONS)
+    wait_for(lambda: sorted(settled(a, b) or []) == sorted([a.address, b.address] * 4), 30, "an even split")
+    return url
+
+
 class Writer(threading.Thread):
     """Puts one message at a time round the partitions; records every ack."""
 
@@ -282,10 +291,7 @@ def test_the_survivor_has_the_lag_series_of_the_partitions_it_takes_over_at_once
     """Issue 19.2: every group and partition a server owns has exact lag series, the ones
     it gained in a failover included, from the first scrape after it holds them."""
     a, b = cluster("a", "--metrics-port", "0"), cluster("b", "--metrics-port", "0")
-    url = f"hqueue://{a.address},{b.address}"
-    with HQueueAdmin(url) as admin:
-        admin.create_queue("orders", PARTITIONS)
-    wait_for(lambda: sorted(settled(a, b) or []) == sorted([a.address, b.address] * 4), 30, "an even split")
+    url = split_evenly(a, b)
     with HQueue("orders", url) as queue:
         for pid in range(PARTITIONS):
             queue.put([Message("order", b"x")] * (pid + 1), pid)
@@ -305,10 +311,7 @@ def test_a_group_deleted_through_one_server_is_deleted_at_every_owner(cluster):
     under its name started from their old cursors and skipped messages."""
     # Given two servers sharing the partitions, and a group that has read and acked half of each
     a, b = cluster("a"), cluster("b")
-    url = f"hqueue://{a.address},{b.address}"
-    with HQueueAdmin(url) as admin:
-        admin.create_queue("orders", PARTITIONS)
-    wait_for(lambda: sorted(settled(a, b) or []) == sorted([a.address, b.address] * 4), 30, "an even split")
+    url = split_evenly(a, b)
     with HQueue("orders", url) as queue:
         for pid in range(PARTITIONS):
             queue.put([Message("order", b"%d-%d" % (pid, i)) for i in range(4)], pid)

@@ -21,9 +21,6 @@ from .calls import remote
 
 logger = logging.getLogger(__name__)
 
-#: An owner's answer left out (it raised the operation's ``absent`` error).
-_ABSENT = object()
-
 #: Seconds a member keeps the partitions' owners before reading them again.
 LOCATION_REFRESH = 2.0
 
@@ -162,7 +159,7 @@ class RemoteGroups:
                 except ServerUnavailable:
                     self._locations_checked.pop(queue, None)
 
-    def _each_owner(self, queue: str, method: str, *args: Any, absent: type[Exception] | None = None) -> list[Any]:
+    def _each_owner(self, queue: str, method: str, *args: Any, absent: tuple[type[Exception], ...] = ()) -> list[Any]:
         """``method`` at every partition owner, by one deadline (``describe``, ``pending``:
         each owner answers for its own partitions). An owner that cannot be reached (it
         died: its partitions move) makes the whole round go again at the owners read
@@ -172,22 +169,15 @@ class RemoteGroups:
             retry = _Retry(self._engine, deadline)
             while True:
                 try:
-                    owners = self._owners(queue, retry.take_fresh())
-                    return [
-                        a
-                        for a in (self._at(owner, method, args, queue, absent) for owner in owners)
-                        if a is not _ABSENT
-                    ]
+                    answers = []
+                    for owner in self._owners(queue, retry.take_fresh()):
+                        try:
+                            answers.append(self._engine._call_at(owner, method, *args, queue=queue))
+                        except absent:  # it had nothing of it: left out
+                            continue
+                    return answers
                 except ServerUnavailable as e:
                     retry.failed(e)
-
-    def _at(self, owner: str, method: str, args: tuple[Any, ...], queue: str, absent: type[Exception] | None) -> Any:
-        try:
-            return self._engine._call_at(owner, method, *args, queue=queue)
-        except Exception as e:
-            if absent is not None and isinstance(e, absent):
-                return _ABSENT
-            raise
 
     names = remote(op.LIST_GROUPS)
     describe = remote(op.DESCRIBE_GROUP)

@@ -230,19 +230,17 @@ class GroupAcks:
             released = True
 
         try:
-            self.engine.writers.write_meta(
-                group.queue, pid, puts, deletes, durability,
-                entered if let_go and durability == Durability.SYNC_WAL else None,
-            )  # fmt: skip
+            try:
+                self.engine.writers.write_meta(
+                    group.queue, pid, puts, deletes, durability,
+                    entered if let_go and durability == Durability.SYNC_WAL else None,
+                )  # fmt: skip
+            finally:
+                if released:
+                    self._retake(group)
         except BaseException:  # (an interrupted write was never written either: the state is ahead)
-            if released:
-                self._retake(group)
-                released = False
             group.partitions.pop(pid, None)
             raise
-        finally:
-            if released:
-                self._retake(group)
 
     @staticmethod
     def _retake(group: GroupState) -> None:

@@ -77,7 +77,7 @@ class Operation:
         result: How the answer goes on the wire.
         merge: None: any server answers. Otherwise each partition owner answers
             for its partitions, and ``merge(answers, **args)`` joins the answers.
-        absent: With ``merge``: the error of an owner that had nothing to do (its
+        absent: With ``merge``: the errors of an owner that had nothing to do (its
             answer is left out of the merge; the merge says what none answering means).
     """
 
@@ -89,7 +89,7 @@ class Operation:
     wire_order: tuple[str, ...] | None = None
     result: Codec = NOTHING
     merge: Callable[..., Any] | None = None
-    absent: type[Exception] | None = None
+    absent: tuple[type[Exception], ...] = ()
 
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """A Python call's arguments by name, with the declared defaults."""
@@ -309,5 +309,5 @@ def _deleted(answers: list[None], queue: str, group: str) -> None:
 
 
 DELETE_GROUP = Operation(
-    GROUPS, "delete", "deleteGroup", MANAGE, (QUEUE, GROUP), merge=_deleted, absent=GroupNotFound
+    GROUPS, "delete", "deleteGroup", MANAGE, (QUEUE, GROUP), merge=_deleted, absent=(GroupNotFound,)
 )  # fmt: skip

@@ -23,10 +23,8 @@ def aremote(operation: Operation):
                 for owner in await self._owners(queue):
                     try:
                         answer = await engine._call_at(owner, operation.thrift, *wire_args, queue=queue)
-                    except Exception as e:
-                        if operation.absent is not None and isinstance(e, operation.absent):
-                            continue  # it had nothing of it: left out of the merge
-                        raise
+                    except operation.absent:  # it had nothing of it: left out of the merge
+                        continue
                     answers.append(operation.result.back(answer))
             return operation.merge(answers, **bound)
         return operation.result.back(await engine._call(operation.thrift, *wire_args, queue=queue))

@@ -56,10 +56,12 @@ def wait_port(port: int, timeout: float = 30) -> None:
 
 
 def start_hqueue(workdir: str) -> tuple[subprocess.Popen, int]:
+    """``hqueue server`` on an embedded store under ``workdir``, with ``HQUEUE_BENCH_SERVER_ARGS``
+    (``--io threads`` measures the thread-per-connection server)."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "hqueue.cli", "server", "--storage", f"{workdir}/hqueue", "--port", str(port),
-         "--log-level", "WARNING"],
+         "--log-level", "WARNING", *os.environ.get("HQUEUE_BENCH_SERVER_ARGS", "").split()],
         env=dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), "..")),
     )  # fmt: skip
     wait_port(port)

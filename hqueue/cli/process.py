@@ -201,6 +201,15 @@ from .main import Progress, Seconds, main, open_admin, open_queue
     "connect there is decided by the socket's file permissions (the directory owner's; its group's too when "
     "it may write in DIR), not by --auth-file tokens.",
 )
+@click.option(
+    "--io",
+    type=click.Choice(["loop", "threads"]),
+    default="loop",
+    show_default=True,
+    help="How client connections are served: one event loop over all plain TCP and Unix connections, whose "
+    "quick calls (puts, reads, receives, acks) run on it when the store is local (TLS connections keep a "
+    "thread each); or a thread per connection.",
+)
 @click.option("--log-level", envvar="HQUEUE_LOG_LEVEL", default="INFO", show_default=True)
 @click.pass_context
 def server(
@@ -240,6 +249,7 @@ def server(
     console_port,
     console_host,
     local_socket,
+    io,
     log_level,
 ) -> None:
     """Serve queues over Thrift (framed transport, binary protocol)."""
@@ -298,6 +308,7 @@ def server(
             console_port=console_port,
             console_host=console_host,
             local_socket=local_socket,
+            io=io,
         )
     except OSError as e:
         raise click.ClickException(e.strerror or str(e)) from e

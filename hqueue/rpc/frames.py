@@ -78,11 +78,17 @@ class FrameReader:
     MAX_CHUNK = 1024 * 1024
 
     def __init__(
-        self, sock: socket.socket, max_frame_bytes: int, idle_timeout: float | None, body_timeout: float | None
+        self,
+        sock: socket.socket,
+        max_frame_bytes: int,
+        idle_timeout: float | None,
+        body_timeout: float | None,
+        buffer: bytearray | None = None,
     ) -> None:
+        """``buffer``: bytes of the connection read already (an event loop's, handing a big frame over)."""
         self.sock, self.max_frame_bytes = sock, max_frame_bytes
         self.idle_timeout, self.body_timeout = idle_timeout, body_timeout
-        self._buffer = bytearray()
+        self._buffer = bytearray() if buffer is None else buffer
         self._size = 0  # the size the current frame's head declares
         self._timeout: object = None
         #: Kernel timeouts on a blocking socket (plain sockets), else Python's.
@@ -290,6 +296,11 @@ def _timeval(timeout: float | None) -> bytes:
         return _TIMEVAL.pack(0, 0)
     micros = max(1, int(timeout * 1_000_000))
     return _TIMEVAL.pack(micros // 1_000_000, micros % 1_000_000)
+
+
+def call_name(frame: bytes | bytearray) -> str:
+    """The method a call names (a frame :func:`check_call` passed)."""
+    return bytes(frame[8 : 8 + _I32(frame, 4)[0]]).decode("ascii", "replace")
 
 
 def check_call(frame: bytes | bytearray, max_items: int = DEFAULT_MAX_ITEMS) -> None:

@@ -116,6 +116,8 @@ class Connection:
     trusted: bool = False
     #: Came over a Unix socket: a process of this machine that the socket file's permissions let in.
     local: bool = False
+    #: Its call runs on the server's event loop now, which it may not keep waiting (rpc/loop.py).
+    on_loop: bool = False
 
 
 _current = threading.local()
@@ -301,11 +303,15 @@ class ThreadedServer(TThreadedServer):
                 sock.close()
                 continue
             try:
-                threading.Thread(target=self._connection, args=(sock, peer), daemon=True, name="thrift-conn").start()
+                self._start(sock, peer)
             except RuntimeError as e:  # no thread to be had
                 self.log.warning("thread", "refused a connection from %s: %s", peer[0], e)
                 sock.close()
                 self._closed_one()
+
+    def _start(self, sock: socket.socket, peer: tuple) -> None:
+        """Serve an accepted connection: here, in a thread of its own."""
+        threading.Thread(target=self._connection, args=(sock, peer), daemon=True, name="thrift-conn").start()
 
     def serve_in_thread(self, name: str) -> threading.Thread:
         thread = threading.Thread(target=self.serve, name=name, daemon=True)
@@ -317,15 +323,9 @@ class ThreadedServer(TThreadedServer):
             self.connections -= 1
 
     def _connection(self, sock: socket.socket, peer: tuple) -> None:
-        connection = Connection(next(self._ids), (peer[0], peer[1]), local=sock.family == socket.AF_UNIX)
+        connection = self._opened(sock, peer)
         _current.connection = connection
-        with self._lock:
-            self._open[connection.id] = (connection, sock)
         try:
-            if connection.local:
-                widen(sock)  # a scan's reply in one message (rpc/unix.py)
-            else:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.ssl_context is not None:
                 sock.settimeout(self.limits.body_timeout)
                 sock = self.ssl_context.wrap_socket(sock, server_side=True)
@@ -333,52 +333,80 @@ class ThreadedServer(TThreadedServer):
                 self._serve_frames(sock, connection)
             else:
                 self._serve_thriftpy2(sock)
-        except TimeoutError:
-            logger.debug("connection %d from %s: idle past the timeout, closed", connection.id, peer[0])
-        except FrameError as e:
-            self.log.warning("frame", "closed a connection from %s: %s", peer[0], e)
-        except (TTransportException, ssl.SSLError, OSError):
-            pass  # the peer went away, or failed its handshake
         except Exception as e:
-            self.log.warning("bad-request", "closed a connection from %s: %s: %s", peer[0], type(e).__name__, e)
+            self._ending(e, connection)
         finally:
             _current.connection = None
-            with self._lock:
-                self._open.pop(connection.id, None)
-            sock.close()
-            self._closed_one()
-            for callback in connection.on_close:
-                try:
-                    callback()
-                except Exception:
-                    logger.exception("freeing connection %d", connection.id)
+            self._ended(connection, sock)
+
+    def _opened(self, sock: socket.socket, peer: tuple) -> Connection:
+        """The connection ``sock`` is, counted among those open (oldest first), its socket set up."""
+        connection = Connection(next(self._ids), (peer[0], peer[1]), local=sock.family == socket.AF_UNIX)
+        with self._lock:
+            self._open[connection.id] = (connection, sock)
+        try:
+            if connection.local:
+                widen(sock)  # a scan's reply in one message (rpc/unix.py)
+            else:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass  # the peer went already: its first read says so
+        return connection
+
+    def _ending(self, e: Exception, connection: Connection) -> None:
+        """Log why a connection ends, as what it was."""
+        peer = connection.peer[0]
+        if isinstance(e, TimeoutError):
+            logger.debug("connection %d from %s: idle past the timeout, closed", connection.id, peer)
+        elif isinstance(e, FrameError):
+            self.log.warning("frame", "closed a connection from %s: %s", peer, e)
+        elif isinstance(e, (TTransportException, ssl.SSLError, OSError)):
+            pass  # the peer went away, or failed its handshake
+        else:
+            self.log.warning("bad-request", "closed a connection from %s: %s: %s", peer, type(e).__name__, e)
+
+    def _ended(self, connection: Connection, sock: Any) -> None:
+        """Close the connection: its place given back, then what it held freed."""
+        with self._lock:
+            self._open.pop(connection.id, None)
+        sock.close()
+        self._closed_one()
+        for callback in connection.on_close:
+            try:
+                callback()
+            except Exception:
+                logger.exception("freeing connection %d", connection.id)
 
     def _serve_frames(self, sock: socket.socket, connection: Connection) -> None:
         limits = self.limits
         frames = FrameReader(sock, limits.max_frame_bytes, limits.idle_timeout, limits.body_timeout)
-        while not self.closed:
-            size = frames.next_size()
-            if size is None:
-                return
-            if size > limits.max_frame_bytes and self.refuse_with is None:
-                raise FrameError(f"frame of {size} bytes (the limit is {limits.max_frame_bytes})")
-            method, seqid = frames.call_head()
-            refused = self._admit(size, frames.complete)
-            if refused is not None:
-                frames.skip()
-                self.log.warning("refused", "refused %s from %s: %s", method, connection.peer[0], refused)
-                reply = self._refusal(method, seqid, refused)
-            else:
-                try:
-                    reply = self._process(frames)
-                finally:
-                    self.budget.release(size)
-            if not connection.trusted and refused is None:
-                connection.trusted = self.trusted_after(connection)
-            if reply:  # oneway calls have none
-                frames.send(reply)
-            if connection.close_after_reply:
-                return
+        while not self.closed and self._serve_one(frames, connection):
+            pass
+
+    def _serve_one(self, frames: FrameReader, connection: Connection) -> bool:
+        """Read, run and answer one call; False once the connection is to end (its peer closed)."""
+        limits = self.limits
+        size = frames.next_size()
+        if size is None:
+            return False
+        if size > limits.max_frame_bytes and self.refuse_with is None:
+            raise FrameError(f"frame of {size} bytes (the limit is {limits.max_frame_bytes})")
+        method, seqid = frames.call_head()
+        refused = self._admit(size, frames.complete)
+        if refused is not None:
+            frames.skip()
+            self.log.warning("refused", "refused %s from %s: %s", method, connection.peer[0], refused)
+            reply = self._refusal(method, seqid, refused)
+        else:
+            try:
+                reply = self._process(frames.body())
+            finally:
+                self.budget.release(size)
+        if not connection.trusted and refused is None:
+            connection.trusted = self.trusted_after(connection)
+        if reply:  # oneway calls have none
+            frames.send(reply)
+        return not connection.close_after_reply
 
     def _admit(self, size: int, complete: bool) -> HQueueError | None:
         """Take the frame's bytes from the budget; the error refusing it if it cannot be."""
@@ -398,15 +426,15 @@ class ThreadedServer(TThreadedServer):
             f"this server's {limits.max_inflight_bytes} bytes (--max-inflight-bytes); nothing was done, try again",
         )
 
-    def _process(self, frames: FrameReader) -> bytes:
-        """Read, check and run the frame's call; its reply.
+    def _process(self, frame: bytes | bytearray, checked: bool = False) -> bytes:
+        """Check (unless ``checked`` already) and run the frame's call; its reply.
 
         The frame, then its decoding buffer, are let go as soon as the
         arguments are decoded: while the call runs, only the arguments
         (and what the call makes of them) take memory.
         """
-        frame = frames.body()
-        check_call(frame, self.limits.max_items)
+        if not checked:
+            check_call(frame, self.limits.max_items)
         trans = TCyMemoryBuffer(frame)
         del frame
         api, seqid, result, call = self.processor.process_in(self.iprot_factory.get_protocol(trans))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import ipaddress
 import logging
 import os
@@ -39,6 +40,7 @@ from ..groups.state import GroupLimits
 from ..lag import LagBook
 from ..metrics import ServerMetrics
 from ..rpc import wire
+from ..rpc.loop import LoopServer
 from ..rpc.threaded import ListeningSocket, ServerLimits, ThreadedServer
 from ..services import serve_partitions, stop_serving
 from ..subscriptions.loops import DEFAULT_PUSH_THREADS
@@ -63,6 +65,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DEFAULT_PORT = 9700
+#: How connections are served (``--io``): one event loop, or a thread each.
+IO_MODELS = ("loop", "threads")
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 
 
@@ -147,6 +151,10 @@ class HQueueServer:
             one; None: not at all), with ``auth``'s tokens, or a one-time token
             (:attr:`console`'s ``login_token``) without them.
         console_host: Where the console listens (loopback unless told).
+        io: ``"loop"``: plain TCP and Unix connections are served from one event loop,
+            whose quick calls run on it when the store is in this process
+            (rpc/loop.py; TLS connections keep a thread each); ``"threads"``: a thread
+            per connection (``--io``).
     """
 
     def __init__(
@@ -179,7 +187,10 @@ class HQueueServer:
         engine: Engine | None = None,
         console_port: int | None = None,
         console_host: str = "127.0.0.1",
+        io: str = "loop",
     ) -> None:
+        if io not in IO_MODELS:
+            raise InvalidArgument(f"'io' must be one of {', '.join(IO_MODELS)}, got {io!r}")
         if coordinator_factory is not None and not storage_url.startswith("hbase://"):
             raise InvalidArgument(
                 f"ZooKeeper coordination needs a store every server shares (hbase://), not {storage_url!r}: "
@@ -229,11 +240,14 @@ class HQueueServer:
             self.subscriptions: SubscriptionManager | None = None
             self.groups: GroupService | None = None
             self.group_limits = group_limits
-            self._server = ThreadedServer(
+            # With tokens, a connection that has not authenticated may be closed to make room.
+            trusted_after = None if auth is None else (lambda c: c.principal is not None or c.local)
+            # Quick calls run on the event loop only when the store answers without a network round trip.
+            inline = self._inline if self.engine.storage.in_process else None
+            server = functools.partial(LoopServer, inline=inline) if io == "loop" else ThreadedServer
+            self._server: ThreadedServer = server(
                 wire.T.HQueueService, self.handler, socket, limits=limits, ssl_context=ssl_context,
-                refuse_with=thrift_error, also=local,
-                # With tokens, a connection that has not authenticated may be closed to make room.
-                trusted_after=None if auth is None else (lambda c: c.principal is not None or c.local),
+                refuse_with=thrift_error, also=local, trusted_after=trusted_after,
             )  # fmt: skip
             _warn_if_puts_cannot_fit(self._server.limits, max_put_messages, max_put_bytes)
             if metrics_port is not None:  # here, so a taken port fails before anything starts
@@ -247,6 +261,10 @@ class HQueueServer:
             undo.pop_all()  # all is open: stop() closes it from now on
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def _inline(self, method: str) -> bool:
+        """Whether ``method``'s handler may run on the event loop (``served(inline=True)``)."""
+        return getattr(getattr(self.handler, method, None), "inline", False)
 
     def _listen_locally(self) -> ListeningSocket | None:
         """The store's Unix socket, listening, if this server is to serve it to local processes."""

@@ -21,12 +21,13 @@ import threading
 from typing import Any
 
 from ..auth import LOCAL, MANAGE, OPEN, AuthPolicy, Principal
-from ..config import MAX_QUEUE_NAME
+from ..config import MAX_QUEUE_NAME, Durability
 from ..coordination import Coordinator
 from ..engine import Engine
 from ..errors import HQueueError, InvalidQueueName, NotAuthorized
 from ..metrics import ServerMetrics
 from ..rpc import wire
+from ..rpc.loop import WouldBlock, on_loop
 from ..rpc.operations import Operation
 from ..rpc.threaded import current_connection
 
@@ -62,7 +63,7 @@ ACTIONS = {
 }  # fmt: skip
 
 
-def served(role: str | None, queue_arg: int | None = 0, named: tuple[int, str] | None = None):
+def served(role: str | None, queue_arg: int | None = 0, named: tuple[int, str] | None = None, inline: bool = False):
     """A Thrift call: authorized, counted, and with only IDL exceptions out.
 
     ``role`` is what the connection's token must hold on the queue given as
@@ -74,6 +75,9 @@ def served(role: str | None, queue_arg: int | None = 0, named: tuple[int, str] |
 
     An exception the IDL does not declare for a call would make thriftpy2
     drop the connection; it is sent as TIOError instead.
+
+    ``inline``: the call may run on the server's event loop (rpc/loop.py): it
+    calls :func:`~hqueue.rpc.loop.may_block` before anything that waits.
     """
 
     def wrap(method):
@@ -95,6 +99,7 @@ def served(role: str | None, queue_arg: int | None = 0, named: tuple[int, str] |
             finally:
                 guard.leave()
 
+        call.inline = inline  # type: ignore[attr-defined]
         return call
 
     return wrap
@@ -186,6 +191,18 @@ class Calls:
 
     def __init__(self, engine: Engine, coordinator: Coordinator, guard: CallGuard, metrics: ServerMetrics) -> None:
         self.engine, self.coordinator, self.guard, self.metrics = engine, coordinator, guard, metrics
+
+    def _before_write(self, queue: Any) -> None:
+        """Before an inline call writes to ``queue``: a SYNC_WAL queue's write waits for its
+        fsync, which the event loop may not (the call goes to a worker, rpc/loop.py)."""
+        if not on_loop():
+            return
+        try:
+            durability = self.engine.queue_info(queue).durability
+        except (HQueueError, TypeError, ValueError):
+            return  # the call itself says what is wrong, at once
+        if durability == Durability.SYNC_WAL:
+            raise WouldBlock
 
 
 class ThriftService:

@@ -14,6 +14,7 @@ from ..errors import HQueueError, InvalidArgument
 from ..groups.service import GroupService
 from ..rpc import operations as op
 from ..rpc import packed, wire
+from ..rpc.loop import WouldBlock, on_loop
 from ..rpc.threaded import current_connection
 from .calls import Calls, handler, served
 
@@ -45,30 +46,36 @@ class GroupCalls(Calls):
             if groups.connected(connection.id, queue, group, member, self.guard.principal().name):
                 connection.on_close.append(lambda: groups.disconnected(connection.id, queue, group, member))
 
-    @served("consumer")
+    @served("consumer", inline=True)
     def groupReceive(
         self, queue: str, group: str, member: str, maxMessages: int, leaseMillis: int, waitMillis: int
     ) -> Any:
         if not all(isinstance(v, int) for v in (maxMessages, leaseMillis, waitMillis)):
             raise TypeError("'maxMessages', 'leaseMillis' and 'waitMillis' must be ints")
+        # On the event loop, what is there now; none there, the wait goes to a worker.
+        wait = 0 if on_loop() and waitMillis > 0 else waitMillis / 1000
         keys, values, attempts = self.groups.receive_columns(
-            queue, group, member, maxMessages, leaseMillis / 1000, waitMillis / 1000
+            queue, group, member, maxMessages, leaseMillis / 1000, wait
         )
+        if not keys and wait < waitMillis / 1000:
+            raise WouldBlock
         self._attend(queue, group, member)  # before the answer: a close after it finds the member
         if keys:
             self.metrics.group_received.inc((queue, group), len(keys))
         return wire.T.TDeliveries(messages=packed.pack(keys, values), attempts=attempts)
 
-    @served("consumer")
+    @served("consumer", inline=True)
     def groupAck(self, queue: str, group: str, rowkeys: bytes) -> int:
+        self._before_write(queue)
         count, unknown = self.groups.ack_receipts(queue, group, wire.unpack_rowkeys(rowkeys))
         self.metrics.group_acked.inc((queue, group), count)
         if unknown:  # the IDL's answer is one count: the ignored ones are counted here (and logged)
             self.metrics.group_unknown_acks.inc((queue, group), unknown)
         return count
 
-    @served("consumer")
+    @served("consumer", inline=True)
     def groupNack(self, queue: str, group: str, member: str, rowkeys: bytes, delayMillis: int) -> int:
+        self._before_write(queue)
         if not isinstance(delayMillis, int):
             raise TypeError("'delayMillis' must be an int (-1: the backoff)")
         delay = None if delayMillis < 0 else delayMillis / 1000

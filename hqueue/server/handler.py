@@ -82,7 +82,7 @@ class QueueCalls(Calls):
 
     # -- scanners ----------------------------------------------------------------
 
-    @served("consumer")
+    @served("consumer", inline=True)
     def messageScannerOpen(self, queue: str, partitionID: int, scan: Any) -> int:
         info = self.engine.enabled_queue(queue)
         check_partition(info, partitionID)
@@ -94,27 +94,28 @@ class QueueCalls(Calls):
             connection.on_close.append(functools.partial(self.scanners.close_owned, connection.id))
         return self.scanners.open(scanner, owner=connection.id)
 
-    @served("connected", None)
+    @served("connected", None, inline=True)
     def messageScannerGet(self, scannerID: int) -> Any:
         messages = messages_from_columns(*self.scanners.take(scannerID, 1, owner=self._connection_id()))
         return wire.to_tmessages(messages)[0] if messages else wire.T.TMessage()
 
-    @served("connected", None)
+    @served("connected", None, inline=True)
     def messageScannerGetList(self, scannerID: int, nbMessages: int) -> list[Any]:
         columns = self.scanners.take(scannerID, nbMessages, owner=self._connection_id())
         return wire.to_tmessages(messages_from_columns(*columns))
 
-    @served("connected", None)
+    @served("connected", None, inline=True)
     def messageScannerGetPacked(self, scannerID: int, nbMessages: int) -> bytes:
         return packed.pack(*self.scanners.take(scannerID, nbMessages, owner=self._connection_id()))
 
-    @served("connected", None)
+    @served("connected", None, inline=True)
     def messageScannerClose(self, scannerID: int) -> None:
         self.scanners.close(scannerID, owner=self._connection_id())
 
     # -- puts ---------------------------------------------------------------------
 
     def _put(self, queue: str, partition_id: int | None, tmessages: list[Any]) -> list[MessageID]:
+        self._before_write(queue)
         if not isinstance(tmessages, list):
             raise TypeError("'messages' must be a list of TMessage")
         self._check_put(len(tmessages), 0)
@@ -162,8 +163,9 @@ class QueueCalls(Calls):
         self.coordinator.require_owner(queue, partition_id)
         return partition_id
 
-    @served("producer")
+    @served("producer", inline=True)
     def putPacked(self, queue: str, partitionID: int, messages: bytes, request: Any = None) -> Any:
+        self._before_write(queue)
         topics, values = self._unpack_put(messages)
         partition_id = self._writable_partition(queue, partitionID)
         started = time.perf_counter()
@@ -171,23 +173,23 @@ class QueueCalls(Calls):
         self.metrics.puts(queue).observe(time.perf_counter() - started, len(topics))
         return wire.T.TPutResult(firstID=wire.to_tid(first), count=len(topics))
 
-    @served("producer")
+    @served("producer", inline=True)
     def putMessage(self, queue: str, message: Any) -> Any:
         return wire.to_tid(self._put(queue, None, [message])[0])
 
-    @served("producer")
+    @served("producer", inline=True)
     def putMessages(self, queue: str, messages: list[Any]) -> list[Any]:
         return [wire.to_tid(i) for i in self._put(queue, None, messages)]
 
-    @served("producer")
+    @served("producer", inline=True)
     def putMessageWithPid(self, queue: str, partitionID: int, message: Any) -> Any:
         return wire.to_tid(self._put(queue, partitionID, [message])[0])
 
-    @served("producer")
+    @served("producer", inline=True)
     def putMessagesWithPid(self, queue: str, partitionID: int, messages: list[Any]) -> list[Any]:
         return [wire.to_tid(i) for i in self._put(queue, partitionID, messages)]
 
-    @served("member")
+    @served("member", inline=True)
     def getQueueLocations(self, queue: str) -> list[str]:
         info = self.engine.queue_info(queue, fresh=True)
         return self.coordinator.locations(queue, info.partitions)

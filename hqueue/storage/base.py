@@ -49,6 +49,9 @@ class Storage(abc.ABC):
 
     #: The URL this store was opened with (``local:///path``, ``hbase://…``).
     url: str
+    #: Its calls run in this process without a network round trip: a server may make
+    #: them from its event loop (rpc/loop.py). False for a store across a network.
+    in_process: bool = True
 
     @abc.abstractmethod
     def create_queue(self, info: QueueInfo) -> None:

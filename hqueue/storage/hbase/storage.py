@@ -57,6 +57,8 @@ class HBaseStorage(FencedWrites, Storage):
             tables, ASYNC_WAL and truncate that keeps splits.
     """
 
+    in_process = False  # each call is a round trip to HBase: never on a server's event loop
+
     def __init__(
         self,
         host: str = "localhost",

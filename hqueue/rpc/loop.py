@@ -1,0 +1,464 @@
+"""One event loop over all of a server's plain connections: a quick call costs no thread switch.
+
+With a thread per connection, every call's ``recv`` and ``send`` let go of
+the GIL and must take it back from the other connections' threads: with 16
+busy clients that costs a Python server 19.5–25 µs of CPU per call where one
+``selectors`` loop over all of them costs 8–10 (``bench/io_floor.py``), and
+the threads queue on the locks of the state they share (a group's lock).
+:class:`LoopServer` serves plain TCP and Unix connections from one loop
+and keeps every bound of :class:`~hqueue.rpc.threaded.ThreadedServer`,
+which it extends:
+
+* Accepting is unchanged (the accept threads, ``max_connections``, eviction
+  of unproven connections, the back-off). An accepted connection is handed
+  to the loop once. A TLS connection keeps a thread of its own, as does any
+  other transport.
+* The loop reads what each ready connection sent, without blocking (64 KiB
+  at most at once), and runs each whole call of at most 64 KiB whose
+  handler the server marks ``inline`` (``inline(method)``) on its own
+  thread: no hand-off, no lock contention. Such a handler calls
+  :func:`may_block` before anything that would wait (a receive with nothing
+  to hand out yet, a SYNC_WAL write's fsync), and before it has done
+  anything: on the loop that raises :class:`WouldBlock`, and the call is run
+  again, from its frame, on a worker thread.
+* Every other call runs on a worker thread (admin calls, log-ins, calls
+  that wait); so does a frame over 64 KiB (a batch put): the worker reads,
+  admits and runs it exactly as the threaded server does (the in-flight
+  budget's wait, a refused frame skipped unread, ``body_timeout`` over its
+  body). Meanwhile the loop reads nothing more of that connection: its
+  calls are answered in order, and what it holds here stays bounded (TCP's
+  own backpressure holds the rest).
+* A reply is sent without blocking; what the socket does not take goes as
+  it drains, within ``body_timeout``, and the connection's next call waits.
+* Every second a sweep closes a connection idle past ``idle_timeout``, and
+  one whose started frame or reply is not done within ``body_timeout``
+  (a slow loris).
+* :meth:`close` stops reading calls: idle connections are closed at once,
+  busy ones once their call is answered.
+"""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from .frames import FrameError, FrameReader, call_name, check_call
+from .threaded import Connection, ThreadedServer, _current, current_connection, logger
+
+_HEAD = struct.Struct(">I")
+#: The largest call the loop reads itself, with its head (a bigger one goes to a worker).
+SMALL = FrameReader.CHUNK
+#: Seconds between sweeps for idle and slow connections.
+SWEEP = 1.0
+_READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
+
+
+class WouldBlock(BaseException):
+    """A call on the event loop was about to wait: it is run on a worker thread instead.
+
+    A BaseException, so that it passes every ``except Exception`` between the
+    handler and the loop (the handler's own error mapping among them).
+    """
+
+
+def on_loop() -> bool:
+    """Whether the calling handler runs on a server's event loop (and so may not wait)."""
+    connection = current_connection()
+    return connection is not None and connection.on_loop
+
+
+def may_block() -> None:
+    """Called by a handler before it would wait, and before it has done anything:
+    on the event loop, raises :class:`WouldBlock` (the call is run on a worker)."""
+    if on_loop():
+        raise WouldBlock
+
+
+@dataclass(eq=False)
+class _Link:
+    """The loop's side of one connection."""
+
+    sock: socket.socket
+    connection: Connection
+    #: What came and is not yet a whole call (and whole calls waiting for their turn).
+    buffer: bytearray = field(default_factory=bytearray)
+    #: What of a reply the socket has not taken yet.
+    out: memoryview | None = None
+    #: A worker has the connection (its call, or a big frame's reading): the loop leaves it alone.
+    busy: bool = False
+    #: When the frame now partly read, or the reply partly sent, began (None: neither).
+    started: float | None = None
+    #: When the connection last did anything.
+    last: float = 0.0
+    #: The events the selector watches for it.
+    events: int = 0
+    closed: bool = False
+
+
+class LoopServer(ThreadedServer):
+    """:class:`~hqueue.rpc.threaded.ThreadedServer`'s limits, served from one event loop."""
+
+    def __init__(self, *args: Any, inline: Callable[[str], bool] | None = None, **kwargs: Any) -> None:
+        """``inline(method)``: whether a call to ``method`` may run on the loop (it calls
+        :func:`may_block` before any wait); None: no call does, all run on workers."""
+        super().__init__(*args, **kwargs)
+        self._inline_of = inline or (lambda method: False)
+        self._inline: dict[str, bool] = {}
+        self._small = min(SMALL, 4 + self.limits.max_frame_bytes)
+        self._selector = selectors.DefaultSelector()
+        self._wake_in, self._wake_out = socket.socketpair()
+        self._wake_in.setblocking(False)
+        self._wake_out.setblocking(False)
+        self._selector.register(self._wake_in, _READ, None)
+        self._inbox: deque[tuple[Any, ...]] = deque()
+        self._woken = False
+        self._links: dict[int, _Link] = {}
+        # One call per connection at a time: never more workers than connections.
+        self._workers = ThreadPoolExecutor(self.limits.max_connections, thread_name_prefix="hqueue-call")
+
+    def serve(self) -> None:
+        threading.Thread(target=self._run_loop, name="hqueue-loop", daemon=True).start()
+        super().serve()
+
+    def close(self) -> None:
+        super().close()
+        self._post(("close",))
+
+    # -- the hand-offs between the accept threads, the workers and the loop ----------------
+
+    def _start(self, sock: socket.socket, peer: tuple) -> None:
+        if self.ssl_context is not None or not self._checked_frames:
+            super()._start(sock, peer)
+        else:
+            self._post(("open", sock, peer))
+
+    def _post(self, item: tuple[Any, ...]) -> None:
+        """Give the loop ``item`` (from any thread), waking it if it is not woken already."""
+        self._inbox.append(item)
+        if not self._woken:
+            self._woken = True
+            try:
+                self._wake_out.send(b"\0")
+            except (BlockingIOError, OSError):
+                pass  # woken already (a full pipe), or closed with the loop
+
+    def _take_inbox(self) -> None:
+        try:
+            while self._wake_in.recv(4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+        self._woken = False  # before the inbox is read: a later post wakes the loop again
+        while self._inbox:
+            item = self._inbox.popleft()
+            if item[0] == "open":
+                self._open_link(item[1], item[2])
+            elif item[0] == "done":
+                self._done(item[1], item[2])
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def _run_loop(self) -> None:
+        select = self._selector.select
+        sweep_at = time.monotonic() + SWEEP
+        try:
+            while not (self.closed and self._closing()):
+                for key, mask in select(SWEEP):
+                    link = key.data
+                    if link is None:
+                        self._take_inbox()
+                        continue
+                    if mask & _WRITE:
+                        self._flush(link)
+                    if mask & _READ and not link.closed:
+                        self._read(link)
+                now = time.monotonic()
+                if now >= sweep_at:
+                    self._sweep(now)
+                    sweep_at = now + SWEEP
+        except Exception:
+            logger.exception("the server's event loop failed; its connections are closed")
+            for link in list(self._links.values()):
+                self._close(link)
+        finally:
+            self._workers.shutdown(wait=False)
+            self._selector.close()
+            self._wake_in.close()
+            self._wake_out.close()
+
+    def _closing(self) -> bool:
+        """The server is closed: close what is idle; True once nothing is left."""
+        self._take_inbox()
+        for link in list(self._links.values()):
+            if not link.busy and link.out is None:
+                self._close(link)
+        return not self._links
+
+    def _open_link(self, sock: socket.socket, peer: tuple) -> None:
+        connection = self._opened(sock, peer)
+        link = _Link(sock, connection, last=time.monotonic())
+        self._links[connection.id] = link
+        try:
+            sock.setblocking(False)
+        except OSError:
+            self._close(link)
+            return
+        self._listen(link)
+
+    def _listen(self, link: _Link) -> None:
+        """Watch for what the connection waits for now: its next call, its reply's room, or nothing."""
+        if link.closed:
+            return
+        want = 0 if link.busy else _WRITE if link.out is not None else _READ
+        if want != link.events:
+            if not link.events:
+                self._selector.register(link.sock, want, link)
+            elif not want:
+                self._selector.unregister(link.sock)
+            else:
+                self._selector.modify(link.sock, want, link)
+            link.events = want
+
+    def _read(self, link: _Link) -> None:
+        try:
+            chunk = link.sock.recv(SMALL)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._close(link)
+            return
+        if not chunk:  # the peer closed
+            self._close(link)
+            return
+        link.buffer += chunk
+        link.last = time.monotonic()
+        self._calls(link)
+
+    def _calls(self, link: _Link) -> None:
+        """Run the connection's whole calls, in order, while it may."""
+        buffer = link.buffer
+        while not (link.busy or link.closed or link.out is not None):
+            if len(buffer) < 4:
+                link.started = (link.started or time.monotonic()) if buffer else None
+                break
+            size = _HEAD.unpack_from(buffer)[0]
+            if size == 0:
+                self._drop(link, FrameError("frame of 0 bytes"))
+                return
+            if 4 + size > self._small:  # a big call (or one over the limit): a worker reads it
+                self._hand_over(link)
+                return
+            if len(buffer) < 4 + size:
+                link.started = link.started or time.monotonic()
+                break
+            with memoryview(buffer) as view:
+                frame = bytes(view[4 : 4 + size])
+            del buffer[: 4 + size]
+            link.started = None
+            self._call(link, frame)
+        self._listen(link)
+
+    def _call(self, link: _Link, frame: bytes) -> None:
+        """Run one whole call: here, if its handler may run on the loop; else on a worker."""
+        try:
+            check_call(frame, self.limits.max_items)
+        except FrameError as e:
+            self._drop(link, e)
+            return
+        size = len(frame)
+        self.budget.reserve(size, None)  # it is in memory: counted, never waiting
+        if not self._runs_inline(call_name(frame)):
+            self._to_worker(link, frame, size)
+            return
+        connection = link.connection
+        connection.on_loop = True
+        _current.connection = connection
+        try:
+            reply = self._process(frame, checked=True)
+        except WouldBlock:
+            reply = None
+        except Exception as e:
+            self.budget.release(size)
+            self._drop(link, e)
+            return
+        finally:
+            connection.on_loop = False  # before a worker may have it
+            _current.connection = None
+        if reply is None:  # it would have waited: a worker runs it again
+            self._to_worker(link, frame, size)
+            return
+        self.budget.release(size)
+        self._answered(link, reply)
+
+    def _runs_inline(self, method: str) -> bool:
+        inline = self._inline.get(method)
+        if inline is None:
+            inline = self._inline_of(method)
+            if method in self.service.thrift_services:  # an unknown name is not kept
+                self._inline[method] = inline
+        return inline
+
+    def _answered(self, link: _Link, reply: bytes) -> None:
+        connection = link.connection
+        if not connection.trusted:
+            connection.trusted = self.trusted_after(connection)
+        if reply:
+            try:
+                self._send(link, reply)
+            except OSError as e:
+                self._drop(link, e)
+                return
+        if connection.close_after_reply and link.out is None:
+            self._close(link)
+
+    def _send(self, link: _Link, reply: bytes) -> None:
+        """Send a reply without blocking (from the loop, or the worker that has the link):
+        what the socket does not take now is kept for :meth:`_flush`."""
+        head = _HEAD.pack(len(reply))
+        try:
+            sent = link.sock.sendmsg((head, reply))
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        if sent < 4 + len(reply):
+            link.out = memoryview(head + reply)[sent:]
+            link.started = time.monotonic()
+
+    def _flush(self, link: _Link) -> None:
+        out = link.out
+        if out is None:
+            return
+        try:
+            sent = link.sock.send(out)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._close(link)
+            return
+        link.last = time.monotonic()
+        if sent < len(out):
+            link.out = out[sent:]
+            return
+        link.out, link.started = None, None
+        if link.connection.close_after_reply:
+            self._close(link)
+        else:
+            self._calls(link)
+
+    # -- workers ----------------------------------------------------------------------------
+
+    def _to_worker(self, link: _Link, frame: bytes, size: int) -> None:
+        link.busy = True
+        self._listen(link)
+        try:
+            self._workers.submit(self._work, link, frame, size)
+        except RuntimeError as e:  # no thread to be had, or shut down
+            self.budget.release(size)
+            link.busy = False
+            self._drop(link, e)
+
+    def _work(self, link: _Link, frame: bytes, size: int) -> None:
+        """A worker runs a call the loop read, and sends its reply (what the socket
+        does not take, the loop sends)."""
+        connection = link.connection
+        _current.connection = connection
+        error: Exception | None = None
+        try:
+            try:
+                reply = self._process(frame, checked=True)
+            finally:
+                self.budget.release(size)
+            if not connection.trusted:
+                connection.trusted = self.trusted_after(connection)
+            if reply:
+                self._send(link, reply)
+        except WouldBlock:  # a handler's mistake (may_block off the loop never raises): no answer to give
+            error = RuntimeError("a call raised WouldBlock on a worker")
+        except Exception as e:
+            error = e
+        finally:
+            _current.connection = None
+            self._post(("done", link, error))
+
+    def _hand_over(self, link: _Link) -> None:
+        link.busy = True
+        self._listen(link)
+        try:
+            self._workers.submit(self._big, link)
+        except RuntimeError as e:
+            link.busy = False
+            self._drop(link, e)
+
+    def _big(self, link: _Link) -> None:
+        """A worker reads, admits, runs and answers a big call as a thread per connection
+        does (a blocking socket within the limits' timeouts), then gives the connection back."""
+        connection, limits = link.connection, self.limits
+        _current.connection = connection
+        error: Exception | None = None
+        try:
+            frames = FrameReader(
+                link.sock, limits.max_frame_bytes, limits.idle_timeout, limits.body_timeout, buffer=link.buffer
+            )
+            if not self._serve_one(frames, connection):
+                connection.close_after_reply = True
+            link.sock.setblocking(False)
+        except Exception as e:
+            error = e
+        finally:
+            _current.connection = None
+            self._post(("done", link, error))
+
+    def _done(self, link: _Link, error: Exception | None) -> None:
+        """A worker gave the connection back."""
+        link.busy = False
+        if error is not None:
+            self._drop(link, error)
+            return
+        link.last = time.monotonic()
+        if link.out is None and (link.connection.close_after_reply or self.closed):
+            self._close(link)
+            return
+        self._calls(link)
+
+    # -- ends -------------------------------------------------------------------------------
+
+    def _sweep(self, now: float) -> None:
+        """Close connections idle too long, and those whose frame or reply takes too long."""
+        limits = self.limits
+        for link in list(self._links.values()):
+            if link.busy:
+                continue
+            if link.started is not None and now - link.started > limits.body_timeout:
+                what = "a reply was not taken" if link.out is not None else "a frame did not come whole"
+                self._drop(link, TimeoutError(f"{what} within {limits.body_timeout:g}s"))
+            elif (
+                limits.idle_timeout is not None
+                and not link.buffer
+                and link.out is None
+                and now - link.last > limits.idle_timeout
+            ):
+                self._drop(link, TimeoutError("idle past the timeout"))
+
+    def _drop(self, link: _Link, error: Exception) -> None:
+        """End a connection for ``error``, logged as the kind of end it is."""
+        self._ending(error, link.connection)
+        self._close(link)
+
+    def _close(self, link: _Link) -> None:
+        if link.closed:
+            return
+        link.closed = True
+        if link.events:
+            try:
+                self._selector.unregister(link.sock)
+            except (KeyError, ValueError):
+                pass
+        self._links.pop(link.connection.id, None)
+        self._ended(link.connection, link.sock)

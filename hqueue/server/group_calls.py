@@ -64,9 +64,11 @@ class GroupCalls(Calls):
             self.metrics.group_received.inc((queue, group), len(keys))
         return wire.T.TDeliveries(messages=packed.pack(keys, values), attempts=attempts)
 
+    # An ack or nack runs on the event loop even on a SYNC_WAL queue, its fsync included: a group's
+    # progress write is small, and with 16 members that measured 1.5x the acks of handing each to a
+    # worker to share fsyncs (docs/benchmarks.md, 11-27 evening). A put's fsync is shared (workers).
     @served("consumer", inline=True)
     def groupAck(self, queue: str, group: str, rowkeys: bytes) -> int:
-        self._before_write(queue)
         count, unknown = self.groups.ack_receipts(queue, group, wire.unpack_rowkeys(rowkeys))
         self.metrics.group_acked.inc((queue, group), count)
         if unknown:  # the IDL's answer is one count: the ignored ones are counted here (and logged)
@@ -75,7 +77,6 @@ class GroupCalls(Calls):
 
     @served("consumer", inline=True)
     def groupNack(self, queue: str, group: str, member: str, rowkeys: bytes, delayMillis: int) -> int:
-        self._before_write(queue)
         if not isinstance(delayMillis, int):
             raise TypeError("'delayMillis' must be an int (-1: the backoff)")
         delay = None if delayMillis < 0 else delayMillis / 1000

@@ -1,0 +1,196 @@
+"""The server's event loop (rpc/loop.py): one thread reads every plain connection
+and runs the quick calls; what would wait goes to a worker; every bound of the
+thread-per-connection server holds. Speed is in ``bench/`` (groups.py, io_floor.py);
+these tests check behaviour only."""
+
+import socket
+import struct
+import threading
+
+import pytest
+from thriftpy2.protocol import TBinaryProtocolFactory
+from thriftpy2.thrift import TMessageType
+from thriftpy2.transport.memory import TCyMemoryBuffer
+
+from hqueue import HQueue, HQueueAdmin, Message
+from hqueue.errors import InvalidArgument
+from hqueue.rpc.loop import LoopServer
+from hqueue.rpc.threaded import ServerLimits, ThreadedServer
+from hqueue.rpc.wire import T
+from hqueue.server import HQueueServer
+
+from ..processes import wait_for
+
+PROTOCOL = TBinaryProtocolFactory()
+
+
+def call_frame(api: str, seqid: int, **args) -> bytes:
+    """One framed binary-protocol call, as a client sends it."""
+    buffer = TCyMemoryBuffer()
+    protocol = PROTOCOL.get_protocol(buffer)
+    protocol.write_message_begin(api, TMessageType.CALL, seqid)
+    protocol.write_struct(getattr(T.HQueueService, api + "_args")(**args))
+    protocol.write_message_end()
+    payload = buffer.getvalue()
+    return struct.pack(">I", len(payload)) + payload
+
+
+def read_reply(sock: socket.socket, answer: list | None = None) -> tuple[str, int]:
+    """The next reply's method and sequence id (its result struct appended to ``answer``)."""
+
+    def exactly(size: int) -> bytes:
+        data = b""
+        while len(data) < size:
+            chunk = sock.recv(size - len(data))
+            assert chunk, "the server closed the connection"
+            data += chunk
+        return data
+
+    protocol = PROTOCOL.get_protocol(TCyMemoryBuffer(exactly(struct.unpack(">I", exactly(4))[0])))
+    api, _, seqid = protocol.read_message_begin()
+    if answer is not None:
+        result = getattr(T.HQueueService, api + "_result")()
+        protocol.read_struct(result)
+        answer.append(result)
+    return api, seqid
+
+
+def closed_by_server(sock: socket.socket, timeout: float) -> bool:
+    sock.settimeout(timeout)
+    try:
+        while sock.recv(65536):
+            pass
+        return True
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+
+
+@pytest.fixture
+def server(tmp_path):
+    limits = ServerLimits(idle_timeout=30.0, body_timeout=1.0)
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, limits=limits).start()
+    with HQueueAdmin(f"hqueue://{server.address}") as admin:
+        admin.create_queue("q", 2)
+        admin.create_queue("durable", 2, durability="SYNC_WAL")
+    yield server
+    server.stop()
+
+
+def connect(server) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", server.port), timeout=10)
+
+
+def test_the_default_server_is_the_event_loop_and_io_threads_keeps_a_thread_each(tmp_path):
+    server = HQueueServer(f"local://{tmp_path}/a", port=0)
+    threads = HQueueServer(f"local://{tmp_path}/b", port=0, io="threads")
+    try:
+        assert isinstance(server._server, LoopServer)
+        assert type(threads._server) is ThreadedServer
+    finally:
+        server.engine.release()
+        threads.engine.release()
+        server._server.close()
+        threads._server.close()
+    with pytest.raises(InvalidArgument, match="'io' must be one of loop, threads"):
+        HQueueServer(f"local://{tmp_path}/c", port=0, io="fibers")
+
+
+def test_calls_sent_together_are_answered_in_order_a_big_one_among_them(server):
+    big = Message("t", b"v" * 200_000)  # over the 64 KiB the loop reads itself: a worker reads it
+    frames = [
+        call_frame("getQueue", 1, queue="q"),
+        call_frame("putMessageWithPid", 2, queue="q", partitionID=0, message=T.TMessage(topic=b"t", value=big.value)),
+        call_frame("putMessageWithPid", 3, queue="durable", partitionID=1, message=T.TMessage(topic=b"t", value=b"x")),
+        call_frame("listQueues", 4),
+    ]
+    with connect(server) as sock:
+        sock.sendall(b"".join(frames))
+        assert [read_reply(sock) for _ in frames] == [
+            ("getQueue", 1), ("putMessageWithPid", 2), ("putMessageWithPid", 3), ("listQueues", 4)
+        ]  # fmt: skip
+    with HQueue("q", f"hqueue://{server.address}") as queue:
+        assert [m.value for m in queue.scan(partition_id=0)] == [big.value]
+
+
+def test_a_receive_that_waits_holds_up_no_other_connection(server):
+    url = f"hqueue://{server.address}"
+    got: list = []
+    with HQueue("q", url) as queue, queue.consumer("g", member="waiting") as consumer:
+        # Given a member waiting in a receive on an empty queue (on a worker, not the loop)
+        waiter = threading.Thread(target=lambda: got.extend(consumer.receive(10, wait=20)))
+        waiter.start()
+        wait_for(lambda: server.groups._waiting.get("q"), 10, "the receive to wait")
+        # When another connection puts, reads and counts meanwhile
+        with HQueue("q", url) as other:
+            other.put(Message("t", b"wake"), partition_id=0)
+            assert [m.value for m in other.scan(partition_id=0)] == [b"wake"]
+            assert waiter.is_alive() or got  # answered while the receive may still wait
+        # Then the waiting receive gets the message, woken on its worker
+        waiter.join(20)
+        assert [d.message.value for d in got] == [b"wake"]
+
+
+def test_a_frame_started_and_never_finished_is_closed_and_others_are_served_meanwhile(server):
+    with connect(server) as loris:
+        loris.sendall(struct.pack(">I", 200) + b"\x80\x01\x00\x01")  # a small frame's start, then nothing
+        with HQueue("q", f"hqueue://{server.address}") as queue:
+            queue.put(Message("t", b"x"), partition_id=0)  # served while the loris holds its frame open
+        assert closed_by_server(loris, 10)  # body_timeout (1 s), found by the loop's sweep
+
+
+def test_a_reply_the_peer_does_not_take_is_dropped_after_the_body_timeout(server):
+    with HQueue("q", f"hqueue://{server.address}") as queue:
+        queue.put([Message("t", b"v" * 1000)] * 10_000, partition_id=1)
+    with connect(server) as slow:
+        slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        opened: list = []
+        slow.sendall(call_frame("messageScannerOpen", 1, queue="q", partitionID=1, scan=T.TMessageScan()))
+        read_reply(slow, opened)
+        # A 10 MB reply asked for (more than the socket buffers hold), and never read
+        slow.sendall(call_frame("messageScannerGetPacked", 2, scannerID=opened[0].success, nbMessages=10_000))
+        with HQueue("q", f"hqueue://{server.address}") as queue:
+            queue.put(Message("t", b"meanwhile"), partition_id=0)  # the loop is not stuck on it
+        wait_for(lambda: server._server.connections == 0, 15, "the slow reader to be closed")
+
+
+def test_many_idle_connections_take_no_thread_each(server):
+    before = threading.active_count()
+    held = [connect(server) for _ in range(100)]
+    try:
+        wait_for(lambda: server._server.connections >= 100, 10, "100 connections")
+        assert threading.active_count() - before < 10
+        for sock in held[:5]:
+            sock.sendall(call_frame("listQueues", 7))
+            assert read_reply(sock) == ("listQueues", 7)
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_stopping_the_server_closes_its_idle_connections(tmp_path):
+    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
+    with connect(server) as sock:
+        sock.sendall(call_frame("listQueues", 1))
+        assert read_reply(sock) == ("listQueues", 1)
+        server.stop()
+        assert closed_by_server(sock, 10)
+
+
+def test_sync_wal_puts_from_many_connections_are_all_acknowledged_and_kept(server):
+    url = f"hqueue://{server.address}"
+    ids: list = []
+
+    def producer(n: int) -> None:
+        with HQueue("durable", url) as queue:
+            ids.extend((i % 2, queue.put(Message("t", b"%d-%d" % (n, i)), partition_id=i % 2)[0]) for i in range(50))
+
+    threads = [threading.Thread(target=producer, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(ids) == len(set(ids)) == 400  # (partition, ID): no ID given twice in a partition
+    with HQueue("durable", url) as queue:
+        assert sorted((m.partition_id, m.id) for m in queue.scan()) == sorted(ids)

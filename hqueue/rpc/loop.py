@@ -18,9 +18,12 @@ which it extends:
   handler the server marks ``inline`` (``inline(method)``) on its own
   thread: no hand-off, no lock contention. Such a handler calls
   :func:`may_block` before anything that would wait (a receive with nothing
-  to hand out yet, a SYNC_WAL write's fsync), and before it has done
-  anything: on the loop that raises :class:`WouldBlock`, and the call is run
-  again, from its frame, on a worker thread.
+  to hand out yet), and before it has done anything: on the loop that
+  raises :class:`WouldBlock`, and the call is run again, from its frame, on
+  a worker thread. A write that waits for its fsync asks :func:`may_fsync`
+  first: on the loop, only when no other connection's call is ready (one
+  client's SYNC_WAL put costs no hand-off; many clients' puts go to workers,
+  where they share fsyncs).
 * Every other call runs on a worker thread (admin calls, log-ins, calls
   that wait); so does a frame over 64 KiB (a batch put): the worker reads,
   admits and runs it exactly as the threaded server does (the in-flight
@@ -39,6 +42,7 @@ which it extends:
 
 from __future__ import annotations
 
+import select
 import selectors
 import socket
 import struct
@@ -58,6 +62,8 @@ _HEAD = struct.Struct(">I")
 SMALL = FrameReader.CHUNK
 #: Seconds between sweeps for idle and slow connections.
 SWEEP = 1.0
+#: A worker serves a connection's next calls while each comes within this many milliseconds.
+STAY_MS = 20
 _READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 
 
@@ -73,6 +79,14 @@ def on_loop() -> bool:
     """Whether the calling handler runs on a server's event loop (and so may not wait)."""
     connection = current_connection()
     return connection is not None and connection.on_loop
+
+
+def may_fsync() -> bool:
+    """Whether the calling handler may wait for an fsync where it runs: on a worker, or on
+    the event loop when no other connection's call is ready in this turn of it (nobody waits
+    behind it, and a worker's hand-off would cost more than the fsync it could share)."""
+    connection = current_connection()
+    return connection is None or not (connection.on_loop and connection.loop_crowded)
 
 
 def may_block() -> None:
@@ -121,6 +135,8 @@ class LoopServer(ThreadedServer):
         self._inbox: deque[tuple[Any, ...]] = deque()
         self._woken = False
         self._links: dict[int, _Link] = {}
+        #: Other connections' calls are ready in this turn of the loop too.
+        self._crowded = False
         # One call per connection at a time: never more workers than connections.
         self._workers = ThreadPoolExecutor(self.limits.max_connections, thread_name_prefix="hqueue-call")
 
@@ -171,7 +187,9 @@ class LoopServer(ThreadedServer):
         sweep_at = time.monotonic() + SWEEP
         try:
             while not (self.closed and self._closing()):
-                for key, mask in select(SWEEP):
+                events = select(SWEEP)
+                self._crowded = len(events) > 1
+                for key, mask in events:
                     link = key.data
                     if link is None:
                         self._take_inbox()
@@ -279,7 +297,7 @@ class LoopServer(ThreadedServer):
             self._to_worker(link, frame, size)
             return
         connection = link.connection
-        connection.on_loop = True
+        connection.on_loop, connection.loop_crowded = True, self._crowded
         _current.connection = connection
         try:
             reply = self._process(frame, checked=True)
@@ -293,7 +311,7 @@ class LoopServer(ThreadedServer):
             connection.on_loop = False  # before a worker may have it
             _current.connection = None
         if reply is None:  # it would have waited: a worker runs it again
-            self._to_worker(link, frame, size)
+            self._to_worker(link, frame, size, blocked=call_name(frame))
             return
         self.budget.release(size)
         self._answered(link, reply)
@@ -327,8 +345,8 @@ class LoopServer(ThreadedServer):
             sent = link.sock.sendmsg((head, reply))
         except (BlockingIOError, InterruptedError):
             sent = 0
-        if sent < 4 + len(reply):
-            link.out = memoryview(head + reply)[sent:]
+        if sent < 4 + len(reply):  # the rest when the socket drains (a copy only if the head is cut)
+            link.out = memoryview(head[sent:] + reply) if sent < 4 else memoryview(reply)[sent - 4 :]
             link.started = time.monotonic()
 
     def _flush(self, link: _Link) -> None:
@@ -354,66 +372,91 @@ class LoopServer(ThreadedServer):
 
     # -- workers ----------------------------------------------------------------------------
 
-    def _to_worker(self, link: _Link, frame: bytes, size: int) -> None:
+    def _to_worker(self, link: _Link, frame: bytes, size: int, blocked: str | None = None) -> None:
         link.busy = True
         self._listen(link)
         try:
-            self._workers.submit(self._work, link, frame, size)
+            self._workers.submit(self._work, link, frame, size, blocked)
         except RuntimeError as e:  # no thread to be had, or shut down
             self.budget.release(size)
             link.busy = False
             self._drop(link, e)
 
-    def _work(self, link: _Link, frame: bytes, size: int) -> None:
-        """A worker runs a call the loop read, and sends its reply (what the socket
-        does not take, the loop sends)."""
+    def _work(self, link: _Link, frame: bytes | None, size: int = 0, blocked: str | None = None) -> None:
+        """A worker has the connection: it runs the call the loop read (``frame``; ``blocked``:
+        its method, when it came because it would have waited on the loop), or reads, admits
+        and runs a big one (``frame`` None) as a thread per connection does; then
+        :meth:`_stay` serves its next calls, and it goes back to the loop."""
         connection = link.connection
         _current.connection = connection
         error: Exception | None = None
         try:
-            try:
-                reply = self._process(frame, checked=True)
-            finally:
-                self.budget.release(size)
-            if not connection.trusted:
-                connection.trusted = self.trusted_after(connection)
-            if reply:
-                self._send(link, reply)
+            if frame is None:
+                go_on = self._serve_one(self._frames(link), connection)
+            else:
+                try:
+                    reply = self._process(frame, checked=True)
+                finally:
+                    self.budget.release(size)
+                del frame
+                if not connection.trusted:
+                    connection.trusted = self.trusted_after(connection)
+                if reply:
+                    self._send(link, reply)
+                go_on = not connection.close_after_reply
+            if go_on and link.out is None:
+                go_on = self._stay(link, blocked)
+            if not go_on:
+                connection.close_after_reply = True  # the peer closed, or the handler asked
         except WouldBlock:  # a handler's mistake (may_block off the loop never raises): no answer to give
             error = RuntimeError("a call raised WouldBlock on a worker")
         except Exception as e:
             error = e
         finally:
             _current.connection = None
+            try:
+                link.sock.setblocking(False)
+            except OSError:
+                pass  # closed under it (evicted): the loop's close says so
             self._post(("done", link, error))
+
+    def _frames(self, link: _Link) -> FrameReader:
+        """The connection's frames on a blocking socket (with the limits' timeouts), from what
+        the loop read of them already."""
+        limits = self.limits
+        return FrameReader(link.sock, limits.max_frame_bytes, limits.idle_timeout, limits.body_timeout, link.buffer)
+
+    def _stay(self, link: _Link, blocked: str | None) -> bool:
+        """Serve the connection's next calls here, as a thread per connection would, while each
+        comes within STAY_MS of the last answer and is one a worker would run anyway (a
+        call the loop does not run, a big one, or another of the method that would have
+        waited on the loop, ``blocked``): a client busy with SYNC_WAL puts or batch puts
+        pays one hand-off, not one per call. Any other call goes back to the loop, unread.
+        False once the connection is to end."""
+        frames = self._frames(link)
+        poller = select.poll()
+        poller.register(link.sock, select.POLLIN)
+        while not self.closed:
+            if not link.buffer and not poller.poll(STAY_MS):
+                return True  # quiet: back to the loop
+            size = frames.next_size()
+            if size is None:
+                return False  # the peer closed
+            method, _ = frames.call_head()
+            if 4 + size <= self._small and self._runs_inline(method) and method != blocked:
+                return True  # the loop's to run: its bytes stay in the buffer
+            if not self._serve_one(frames, link.connection):
+                return False
+        return True
 
     def _hand_over(self, link: _Link) -> None:
         link.busy = True
         self._listen(link)
         try:
-            self._workers.submit(self._big, link)
+            self._workers.submit(self._work, link, None)
         except RuntimeError as e:
             link.busy = False
             self._drop(link, e)
-
-    def _big(self, link: _Link) -> None:
-        """A worker reads, admits, runs and answers a big call as a thread per connection
-        does (a blocking socket within the limits' timeouts), then gives the connection back."""
-        connection, limits = link.connection, self.limits
-        _current.connection = connection
-        error: Exception | None = None
-        try:
-            frames = FrameReader(
-                link.sock, limits.max_frame_bytes, limits.idle_timeout, limits.body_timeout, buffer=link.buffer
-            )
-            if not self._serve_one(frames, connection):
-                connection.close_after_reply = True
-            link.sock.setblocking(False)
-        except Exception as e:
-            error = e
-        finally:
-            _current.connection = None
-            self._post(("done", link, error))
 
     def _done(self, link: _Link, error: Exception | None) -> None:
         """A worker gave the connection back."""

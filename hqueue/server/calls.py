@@ -27,7 +27,7 @@ from ..engine import Engine
 from ..errors import HQueueError, InvalidQueueName, NotAuthorized
 from ..metrics import ServerMetrics
 from ..rpc import wire
-from ..rpc.loop import WouldBlock, on_loop
+from ..rpc.loop import WouldBlock, may_fsync
 from ..rpc.operations import Operation
 from ..rpc.threaded import current_connection
 
@@ -194,8 +194,9 @@ class Calls:
 
     def _before_write(self, queue: Any) -> None:
         """Before an inline call writes to ``queue``: a SYNC_WAL queue's write waits for its
-        fsync, which the event loop may not (the call goes to a worker, rpc/loop.py)."""
-        if not on_loop():
+        fsync, which the event loop may not while other calls are ready (the call goes to a
+        worker, where it shares an fsync with theirs: rpc/loop.py)."""
+        if may_fsync():
             return
         try:
             durability = self.engine.queue_info(queue).durability

@@ -30,7 +30,10 @@ which it extends:
   budget's wait, a refused frame skipped unread, ``body_timeout`` over its
   body). Meanwhile the loop reads nothing more of that connection: its
   calls are answered in order, and what it holds here stays bounded (TCP's
-  own backpressure holds the rest).
+  own backpressure holds the rest). The worker then serves the
+  connection's next calls of the same kinds while each comes within
+  ``STAY_MS`` (a producer's SYNC_WAL puts pay one hand-off, not one each),
+  and gives any other back to the loop, unread.
 * A reply is sent without blocking; what the socket does not take goes as
   it drains, within ``body_timeout``, and the connection's next call waits.
 * Every second a sweep closes a connection idle past ``idle_timeout``, and
@@ -42,6 +45,7 @@ which it extends:
 
 from __future__ import annotations
 
+import queue
 import select
 import selectors
 import socket
@@ -50,7 +54,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,11 +85,17 @@ def on_loop() -> bool:
 
 
 def may_fsync() -> bool:
-    """Whether the calling handler may wait for an fsync where it runs: on a worker, or on
-    the event loop when no other connection's call is ready in this turn of it (nobody waits
-    behind it, and a worker's hand-off would cost more than the fsync it could share)."""
+    """Whether the calling handler may wait for an fsync where it runs: on a worker; on the
+    event loop, once per turn of it (the first such write of a turn spares its client a
+    hand-off; the others go to workers, where they share fsyncs, so that no client's
+    pipelined writes hold the loop for more than one fsync a turn)."""
     connection = current_connection()
-    return connection is None or not (connection.on_loop and connection.loop_crowded)
+    if connection is None or not connection.on_loop:
+        return True
+    if connection.loop_synced:
+        return False
+    connection.loop_synced = True  # the loop's one fsync of this turn is this call's
+    return True
 
 
 def may_block() -> None:
@@ -94,6 +103,42 @@ def may_block() -> None:
     on the event loop, raises :class:`WouldBlock` (the call is run on a worker)."""
     if on_loop():
         raise WouldBlock
+
+
+class Workers:
+    """The threads that run what the loop hands over: a thread per call under way, kept
+    ``idle`` seconds for the next one. :meth:`submit` fails (RuntimeError, no thread to
+    be had) before anything is queued, so a call it refuses never runs later."""
+
+    def __init__(self, idle: float = 60.0) -> None:
+        self.idle = idle
+        self._tasks: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]]] = queue.SimpleQueue()
+        self._waiting = 0  # threads waiting for a task, less the tasks queued for them
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        with self._lock:
+            if self._waiting:
+                self._waiting -= 1
+                self._tasks.put((fn, args))
+                return
+        threading.Thread(target=self._run, args=(fn, args), name="hqueue-call", daemon=True).start()
+
+    def _run(self, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+        while True:
+            fn(*args)
+            del args
+            with self._lock:
+                self._waiting += 1
+            try:
+                fn, args = self._tasks.get(timeout=self.idle)
+            except queue.Empty:
+                with self._lock:
+                    try:  # a task queued as the wait ended is this thread's
+                        fn, args = self._tasks.get_nowait()
+                    except queue.Empty:
+                        self._waiting -= 1
+                        return
 
 
 @dataclass(eq=False)
@@ -135,10 +180,10 @@ class LoopServer(ThreadedServer):
         self._inbox: deque[tuple[Any, ...]] = deque()
         self._woken = False
         self._links: dict[int, _Link] = {}
-        #: Other connections' calls are ready in this turn of the loop too.
-        self._crowded = False
+        #: A call on the loop waited for an fsync in this turn of it (the one it may).
+        self._synced = False
         # One call per connection at a time: never more workers than connections.
-        self._workers = ThreadPoolExecutor(self.limits.max_connections, thread_name_prefix="hqueue-call")
+        self._workers = Workers()
 
     def serve(self) -> None:
         threading.Thread(target=self._run_loop, name="hqueue-loop", daemon=True).start()
@@ -188,7 +233,7 @@ class LoopServer(ThreadedServer):
         try:
             while not (self.closed and self._closing()):
                 events = select(SWEEP)
-                self._crowded = len(events) > 1
+                self._synced = False
                 for key, mask in events:
                     link = key.data
                     if link is None:
@@ -203,14 +248,19 @@ class LoopServer(ThreadedServer):
                     self._sweep(now)
                     sweep_at = now + SWEEP
         except Exception:
-            logger.exception("the server's event loop failed; its connections are closed")
+            logger.exception("the server's event loop failed: the server stops serving, its connections are closed")
+            self.close()
             for link in list(self._links.values()):
                 self._close(link)
         finally:
-            self._workers.shutdown(wait=False)
             self._selector.close()
             self._wake_in.close()
             self._wake_out.close()
+            while self._inbox:  # connections accepted as the loop ended
+                item = self._inbox.popleft()
+                if item[0] == "open":
+                    item[1].close()
+                    self._closed_one()
 
     def _closing(self) -> bool:
         """The server is closed: close what is idle; True once nothing is left."""
@@ -297,7 +347,7 @@ class LoopServer(ThreadedServer):
             self._to_worker(link, frame, size)
             return
         connection = link.connection
-        connection.on_loop, connection.loop_crowded = True, self._crowded
+        connection.on_loop, connection.loop_synced = True, self._synced
         _current.connection = connection
         try:
             reply = self._process(frame, checked=True)
@@ -309,6 +359,7 @@ class LoopServer(ThreadedServer):
             return
         finally:
             connection.on_loop = False  # before a worker may have it
+            self._synced = connection.loop_synced
             _current.connection = None
         if reply is None:  # it would have waited: a worker runs it again
             self._to_worker(link, frame, size, blocked=call_name(frame))
@@ -373,7 +424,7 @@ class LoopServer(ThreadedServer):
     # -- workers ----------------------------------------------------------------------------
 
     def _to_worker(self, link: _Link, frame: bytes, size: int, blocked: str | None = None) -> None:
-        link.busy = True
+        link.busy, link.started = True, None
         self._listen(link)
         try:
             self._workers.submit(self._work, link, frame, size, blocked)
@@ -450,7 +501,7 @@ class LoopServer(ThreadedServer):
         return True
 
     def _hand_over(self, link: _Link) -> None:
-        link.busy = True
+        link.busy, link.started = True, None
         self._listen(link)
         try:
             self._workers.submit(self._work, link, None)
@@ -460,7 +511,7 @@ class LoopServer(ThreadedServer):
 
     def _done(self, link: _Link, error: Exception | None) -> None:
         """A worker gave the connection back."""
-        link.busy = False
+        link.busy, link.started = False, None
         if error is not None:
             self._drop(link, error)
             return

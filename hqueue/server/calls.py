@@ -27,7 +27,7 @@ from ..engine import Engine
 from ..errors import HQueueError, InvalidQueueName, NotAuthorized
 from ..metrics import ServerMetrics
 from ..rpc import wire
-from ..rpc.loop import WouldBlock, may_fsync
+from ..rpc.loop import WouldBlock, may_fsync, on_loop
 from ..rpc.operations import Operation
 from ..rpc.threaded import current_connection
 
@@ -194,15 +194,15 @@ class Calls:
 
     def _before_write(self, queue: Any) -> None:
         """Before an inline call writes to ``queue``: a SYNC_WAL queue's write waits for its
-        fsync, which the event loop may not while other calls are ready (the call goes to a
-        worker, where it shares an fsync with theirs: rpc/loop.py)."""
-        if may_fsync():
+        fsync, which the event loop allows once a turn (:func:`~hqueue.rpc.loop.may_fsync`);
+        past that the call goes to a worker, where it shares an fsync with others."""
+        if not on_loop():
             return
         try:
             durability = self.engine.queue_info(queue).durability
         except (HQueueError, TypeError, ValueError):
             return  # the call itself says what is wrong, at once
-        if durability == Durability.SYNC_WAL:
+        if durability == Durability.SYNC_WAL and not may_fsync():
             raise WouldBlock
 
 

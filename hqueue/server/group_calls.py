@@ -12,6 +12,7 @@ from typing import Any
 from ..auth import MANAGE
 from ..errors import HQueueError, InvalidArgument
 from ..groups.service import GroupService
+from ..groups.state import check_wait
 from ..rpc import operations as op
 from ..rpc import packed, wire
 from ..rpc.loop import WouldBlock, on_loop
@@ -52,23 +53,22 @@ class GroupCalls(Calls):
     ) -> Any:
         if not all(isinstance(v, int) for v in (maxMessages, leaseMillis, waitMillis)):
             raise TypeError("'maxMessages', 'leaseMillis' and 'waitMillis' must be ints")
+        wait = check_wait(waitMillis / 1000)  # refused here as on a worker, before any effect
         # On the event loop, what is there now; none there, the wait goes to a worker.
-        wait = 0 if on_loop() and waitMillis > 0 else waitMillis / 1000
+        wait = 0 if on_loop() else wait
         keys, values, attempts = self.groups.receive_columns(
             queue, group, member, maxMessages, leaseMillis / 1000, wait
         )
         if not keys and wait < waitMillis / 1000:
-            raise WouldBlock
+            raise WouldBlock  # before _attend: the worker's run ties the member
         self._attend(queue, group, member)  # before the answer: a close after it finds the member
         if keys:
             self.metrics.group_received.inc((queue, group), len(keys))
         return wire.T.TDeliveries(messages=packed.pack(keys, values), attempts=attempts)
 
-    # An ack or nack runs on the event loop even on a SYNC_WAL queue, its fsync included: a group's
-    # progress write is small, and with 16 members that measured 1.5x the acks of handing each to a
-    # worker to share fsyncs (docs/benchmarks.md, 11-27 evening). A put's fsync is shared (workers).
     @served("consumer", inline=True)
     def groupAck(self, queue: str, group: str, rowkeys: bytes) -> int:
+        self._before_write(queue)
         count, unknown = self.groups.ack_receipts(queue, group, wire.unpack_rowkeys(rowkeys))
         self.metrics.group_acked.inc((queue, group), count)
         if unknown:  # the IDL's answer is one count: the ignored ones are counted here (and logged)
@@ -77,6 +77,7 @@ class GroupCalls(Calls):
 
     @served("consumer", inline=True)
     def groupNack(self, queue: str, group: str, member: str, rowkeys: bytes, delayMillis: int) -> int:
+        self._before_write(queue)
         if not isinstance(delayMillis, int):
             raise TypeError("'delayMillis' must be an int (-1: the backoff)")
         delay = None if delayMillis < 0 else delayMillis / 1000

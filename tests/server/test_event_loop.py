@@ -9,13 +9,15 @@ import threading
 
 import pytest
 from thriftpy2.protocol import TBinaryProtocolFactory
+from thriftpy2.rpc import make_client
 from thriftpy2.thrift import TMessageType
+from thriftpy2.transport import TFramedTransportFactory
 from thriftpy2.transport.memory import TCyMemoryBuffer
 
 from hqueue import HQueue, HQueueAdmin, Message
 from hqueue.errors import InvalidArgument
-from hqueue.rpc.loop import LoopServer
-from hqueue.rpc.threaded import ServerLimits, ThreadedServer
+from hqueue.rpc.loop import LoopServer, Workers, may_fsync
+from hqueue.rpc.threaded import Connection, ServerLimits, ThreadedServer, _current
 from hqueue.rpc.wire import T
 from hqueue.server import HQueueServer
 
@@ -194,3 +196,41 @@ def test_sync_wal_puts_from_many_connections_are_all_acknowledged_and_kept(serve
     assert len(ids) == len(set(ids)) == 400  # (partition, ID): no ID given twice in a partition
     with HQueue("durable", url) as queue:
         assert sorted((m.partition_id, m.id) for m in queue.scan()) == sorted(ids)
+
+
+def test_the_loop_waits_for_one_fsync_a_turn_at_most():
+    # A client's pipelined SYNC_WAL writes cannot hold the loop for more than one fsync a turn
+    connection = Connection(1, ("127.0.0.1", 1), on_loop=True)
+    _current.connection = connection
+    try:
+        assert may_fsync()  # the turn's first
+        assert not may_fsync()  # the rest go to workers
+    finally:
+        _current.connection = None
+    assert may_fsync()  # off the loop: always
+
+
+def test_a_call_no_thread_could_take_is_refused_and_never_runs_later(monkeypatch):
+    workers, ran = Workers(idle=5), []
+    monkeypatch.setattr(threading.Thread, "start", lambda self: (_ for _ in ()).throw(RuntimeError("no thread")))
+    with pytest.raises(RuntimeError):
+        workers.submit(ran.append, "refused")
+    monkeypatch.undo()
+    done = threading.Event()
+    workers.submit(lambda: (ran.append("taken"), done.set()))
+    assert done.wait(10)
+    wait_for(lambda: workers._waiting == 1, 10, "the worker to wait for the next call")
+    assert ran == ["taken"]
+
+
+def test_a_receive_on_the_loop_checks_its_wait_as_a_worker_does(server):
+    with HQueue("q", f"hqueue://{server.address}") as queue:
+        queue.put(Message("t", b"x"), partition_id=0)
+        queue.consumer("g", member="m").close()  # the group, made
+    client = make_client(T.HQueueService, "127.0.0.1", server.port, trans_factory=TFramedTransportFactory())
+    try:
+        with pytest.raises(T.TInvalidMessage, match="'wait' must be seconds"):
+            client.groupReceive("q", "g", "m", 10, 30_000, 10_000_000)
+        assert client.groupReceive("q", "g", "m", 10, 30_000, 0).attempts == [1]  # nothing was leased before
+    finally:
+        client.close()

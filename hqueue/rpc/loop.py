@@ -195,11 +195,11 @@ class LoopServer(ThreadedServer):
 
     # -- the hand-offs between the accept threads, the workers and the loop ----------------
 
-    def _start(self, sock: socket.socket, peer: tuple) -> None:
+    def _start(self, sock: socket.socket, connection: Connection) -> None:
         if self.ssl_context is not None or not self._checked_frames:
-            super()._start(sock, peer)
+            super()._start(sock, connection)
         else:
-            self._post(("open", sock, peer))
+            self._post(("open", sock, connection))
 
     def _post(self, item: tuple[Any, ...]) -> None:
         """Give the loop ``item`` (from any thread), waking it if it is not woken already."""
@@ -259,8 +259,7 @@ class LoopServer(ThreadedServer):
             while self._inbox:  # connections accepted as the loop ended
                 item = self._inbox.popleft()
                 if item[0] == "open":
-                    item[1].close()
-                    self._closed_one()
+                    self._ended(item[2], item[1])
 
     def _closing(self) -> bool:
         """The server is closed: close what is idle; True once nothing is left."""
@@ -270,8 +269,7 @@ class LoopServer(ThreadedServer):
                 self._close(link)
         return not self._links
 
-    def _open_link(self, sock: socket.socket, peer: tuple) -> None:
-        connection = self._opened(sock, peer)
+    def _open_link(self, sock: socket.socket, connection: Connection) -> None:
         link = _Link(sock, connection, last=time.monotonic())
         self._links[connection.id] = link
         try:

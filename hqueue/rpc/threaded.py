@@ -304,16 +304,17 @@ class ThreadedServer(TThreadedServer):
                 )
                 sock.close()
                 continue
+            # Among the open ones at once: the next accept finds it, to count and to close to make room.
+            connection = self._opened(sock, peer)
             try:
-                self._start(sock, peer)
+                self._start(sock, connection)
             except RuntimeError as e:  # no thread to be had
                 self.log.warning("thread", "refused a connection from %s: %s", peer[0], e)
-                sock.close()
-                self._closed_one()
+                self._ended(connection, sock)
 
-    def _start(self, sock: socket.socket, peer: tuple) -> None:
+    def _start(self, sock: socket.socket, connection: Connection) -> None:
         """Serve an accepted connection: here, in a thread of its own."""
-        threading.Thread(target=self._connection, args=(sock, peer), daemon=True, name="thrift-conn").start()
+        threading.Thread(target=self._connection, args=(sock, connection), daemon=True, name="thrift-conn").start()
 
     def serve_in_thread(self, name: str) -> threading.Thread:
         thread = threading.Thread(target=self.serve, name=name, daemon=True)
@@ -324,8 +325,7 @@ class ThreadedServer(TThreadedServer):
         with self._lock:
             self.connections -= 1
 
-    def _connection(self, sock: socket.socket, peer: tuple) -> None:
-        connection = self._opened(sock, peer)
+    def _connection(self, sock: socket.socket, connection: Connection) -> None:
         _current.connection = connection
         try:
             if self.ssl_context is not None:

@@ -34,18 +34,22 @@ class Relay:
             except OSError:
                 return
             upstream = socket.create_connection(self.target)
+            lost = threading.Event()  # set: no answer goes back on this connection any more
             for a, b, requests in ((client, upstream, True), (upstream, client, False)):
-                threading.Thread(target=self._pipe, args=(a, b, requests), daemon=True).start()
+                threading.Thread(target=self._pipe, args=(a, b, requests, lost), daemon=True).start()
 
-    def _pipe(self, a: socket.socket, b: socket.socket, requests: bool) -> None:
+    def _pipe(self, a: socket.socket, b: socket.socket, requests: bool, lost: threading.Event) -> None:
         try:
             while data := a.recv(65536):
                 if requests and self.on in data and self.broken < self.breaks:
                     self.broken += 1  # the request came: it may have been acted on
+                    lost.set()  # before the server can answer: a quick answer must not slip back
                     if self.acted:
                         b.sendall(data)
                     a.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     a.close()  # RST: the peer reads "connection reset"
+                    break
+                if lost.is_set():
                     break
                 self.seen += data
                 b.sendall(data)

@@ -15,7 +15,7 @@ from ..groups.service import GroupService
 from ..groups.state import check_wait
 from ..rpc import operations as op
 from ..rpc import packed, wire
-from ..rpc.loop import WouldBlock, on_loop
+from ..rpc.loop import may_block, on_loop
 from ..rpc.threaded import current_connection
 from .calls import Calls, handler, served
 
@@ -60,7 +60,7 @@ class GroupCalls(Calls):
             queue, group, member, maxMessages, leaseMillis / 1000, wait
         )
         if not keys and wait < waitMillis / 1000:
-            raise WouldBlock  # before _attend: the worker's run ties the member
+            may_block()  # before _attend: the worker's run ties the member
         self._attend(queue, group, member)  # before the answer: a close after it finds the member
         if keys:
             self.metrics.group_received.inc((queue, group), len(keys))

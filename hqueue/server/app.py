@@ -2,9 +2,9 @@
 
 ``HQueueServer`` wires an engine (storage + ID assignment), a coordinator
 (partition ownership: local, or ZooKeeper) and the Thrift handler, and
-runs thriftpy2's threaded server (a thread per connection: thriftpy2 has no
-non-blocking server for synchronous handlers, and the handlers block on the
-store anyway).
+serves them (rpc/loop.py: one event loop over the plain connections, whose
+quick calls run on it, everything that waits on worker threads; or with
+``io="threads"``, rpc/threaded.py: a thread per connection).
 
 Shutdown (SIGTERM, SIGINT or :meth:`stop`): stop accepting connections;
 refuse new puts with TNotPartitionOwner so clients move on; wait for calls

@@ -68,7 +68,7 @@ class QueueCalls(Calls):
                 principal = self.guard.auth.authenticate(token)
             except NotAuthorized as e:
                 delay, close = self.failed_logins.failed(connection)
-                time.sleep(delay)  # this connection's own thread: only the guesser waits
+                time.sleep(delay)  # a thread of this connection's own (never the loop's): only the guesser waits
                 if close and connection is not None:
                     connection.close_after_reply = True
                     raise NotAuthorized(f"{e}; too many failed attempts: the connection is closed") from None

@@ -110,7 +110,7 @@ class Workers:
     ``idle`` seconds for the next one. :meth:`submit` fails (RuntimeError, no thread to
     be had) before anything is queued, so a call it refuses never runs later."""
 
-    def __init__(self, idle: float = 60.0) -> None:
+    def __init__(self, idle: float = 10.0) -> None:
         self.idle = idle
         self._tasks: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]]] = queue.SimpleQueue()
         self._waiting = 0  # threads waiting for a task, less the tasks queued for them
@@ -124,8 +124,15 @@ class Workers:
                 return
         threading.Thread(target=self._run, args=(fn, args), name="hqueue-call", daemon=True).start()
 
+    def close(self) -> None:
+        """End the threads waiting for a task (those running one end after it)."""
+        with self._lock:
+            waiting, self._waiting = self._waiting, 0
+            for _ in range(waiting):
+                self._tasks.put((_END, ()))
+
     def _run(self, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
-        while True:
+        while fn is not _END:
             fn(*args)
             del args
             with self._lock:
@@ -139,6 +146,10 @@ class Workers:
                     except queue.Empty:
                         self._waiting -= 1
                         return
+
+
+def _END() -> None:
+    """What :meth:`Workers.close` hands a waiting thread: its end."""
 
 
 @dataclass(eq=False)
@@ -253,6 +264,7 @@ class LoopServer(ThreadedServer):
             for link in list(self._links.values()):
                 self._close(link)
         finally:
+            self._workers.close()
             self._selector.close()
             self._wake_in.close()
             self._wake_out.close()

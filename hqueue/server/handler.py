@@ -24,6 +24,7 @@ from ..errors import InvalidArgument, LimitExceeded, NotAuthorized, NotPartition
 from ..message import Message, MessageID, messages_from_columns
 from ..metrics import ServerMetrics
 from ..rpc import packed, wire
+from ..rpc.loop import may_block, on_loop
 from ..rpc.threaded import current_connection
 from .calls import CallGuard, Calls, ThriftService, served
 from .group_calls import GroupCalls
@@ -122,6 +123,7 @@ class QueueCalls(Calls):
         messages = [wire.from_tmessage(t, i) for i, t in enumerate(tmessages)]
         self._check_put(len(messages), sum(len(m.topic) + len(m.value) for m in messages))
         partition_id = self._writable_partition(queue, partition_id)
+        self._not_behind_a_writer(queue, partition_id)
         started = time.perf_counter()
         ids = self.engine.put(queue, messages, partition_id)
         self.metrics.puts(queue).observe(time.perf_counter() - started, len(messages))
@@ -163,11 +165,18 @@ class QueueCalls(Calls):
         self.coordinator.require_owner(queue, partition_id)
         return partition_id
 
+    def _not_behind_a_writer(self, queue: str, partition_id: int) -> None:
+        """On the event loop, a put to a partition another call is writing (a batch put on a
+        worker) goes to a worker too, rather than hold the loop until that write ends."""
+        if on_loop() and self.engine.writers.lock(queue, partition_id).locked():
+            may_block()
+
     @served("producer", inline=True)
     def putPacked(self, queue: str, partitionID: int, messages: bytes, request: Any = None) -> Any:
         self._before_write(queue)
         topics, values = self._unpack_put(messages)
         partition_id = self._writable_partition(queue, partitionID)
+        self._not_behind_a_writer(queue, partition_id)
         started = time.perf_counter()
         first = self.engine.put_columns(queue, topics, values, partition_id, wire.from_trequest(request))
         self.metrics.puts(queue).observe(time.perf_counter() - started, len(topics))
@@ -259,6 +268,7 @@ class QueueCalls(Calls):
     ) -> Any:
         topics, values = self._unpack_put(messages)
         partition_id = self._writable_partition(queue, partitionID)
+        self._not_behind_a_writer(queue, partition_id)
         due: int | list[int] = dueMillis
         if dues is not None:
             due = packed.unpack_dues(dues, len(topics))

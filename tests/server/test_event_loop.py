@@ -234,3 +234,32 @@ def test_a_receive_on_the_loop_checks_its_wait_as_a_worker_does(server):
         assert client.groupReceive("q", "g", "m", 10, 30_000, 0).attempts == [1]  # nothing was leased before
     finally:
         client.close()
+
+
+def test_a_put_behind_another_calls_write_waits_on_a_worker_not_on_the_loop(server):
+    url = f"hqueue://{server.address}"
+    lock = server.engine.writers.lock("q", 0)  # as a batch put on a worker holds it while it writes
+    lock.acquire()
+    done: list = []
+    try:
+        putter = threading.Thread(target=lambda: done.extend(HQueue("q", url).put(Message("t", b"x"), partition_id=0)))
+        putter.start()
+        wait_for(lambda: server.handler.guard.active >= 1, 10, "the put to wait for the partition")
+        with HQueueAdmin(f"{url}?timeout=3") as admin:  # read by the loop while the put waits
+            assert [q.name for q in admin.list_queues()] == ["durable", "q"]
+        assert not done
+    finally:
+        lock.release()
+    putter.join(10)
+    assert len(done) == 1
+
+
+def test_stopping_ends_the_idle_workers():
+    workers, ran = Workers(idle=60), []
+    done = threading.Event()
+    workers.submit(lambda: (ran.append(threading.current_thread()), done.set()))
+    assert done.wait(10)
+    wait_for(lambda: workers._waiting == 1, 10, "the worker to wait for the next call")
+    workers.close()
+    ran[0].join(10)
+    assert not ran[0].is_alive()

@@ -298,9 +298,10 @@ def _timeval(timeout: float | None) -> bytes:
     return _TIMEVAL.pack(micros // 1_000_000, micros % 1_000_000)
 
 
-def call_name(frame: bytes | bytearray) -> str:
-    """The method a call names (a frame :func:`check_call` passed)."""
-    return bytes(frame[8 : 8 + _I32(frame, 4)[0]]).decode("ascii", "replace")
+def call_head(frame: bytes | bytearray) -> tuple[str, int]:
+    """The method a call names and its sequence id (a frame :func:`check_call` passed)."""
+    size = _I32(frame, 4)[0]
+    return bytes(frame[8 : 8 + size]).decode("ascii", "replace"), _I32(frame, 8 + size)[0]
 
 
 def check_call(frame: bytes | bytearray, max_items: int = DEFAULT_MAX_ITEMS) -> None:

@@ -57,7 +57,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .frames import FrameError, FrameReader, call_name, check_call
+from ..errors import ServerBusy
+from .frames import FrameError, FrameReader, call_head, check_call
 from .threaded import Connection, ThreadedServer, _current, current_connection, logger
 
 _HEAD = struct.Struct(">I")
@@ -162,6 +163,8 @@ class _Link:
     buffer: bytearray = field(default_factory=bytearray)
     #: What of a reply the socket has not taken yet.
     out: memoryview | None = None
+    #: Bytes of the in-flight budget that reply holds until it is all sent.
+    held: int = 0
     #: A worker has the connection (its call, or a big frame's reading): the loop leaves it alone.
     busy: bool = False
     #: When the frame now partly read, or the reply partly sent, began (None: neither).
@@ -176,11 +179,21 @@ class _Link:
 class LoopServer(ThreadedServer):
     """:class:`~hqueue.rpc.threaded.ThreadedServer`'s limits, served from one event loop."""
 
-    def __init__(self, *args: Any, inline: Callable[[str], bool] | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        inline: Callable[[str], bool] | None = None,
+        big_answers: frozenset[str] = frozenset(),
+        **kwargs: Any,
+    ) -> None:
         """``inline(method)``: whether a call to ``method`` may run on the loop (it calls
-        :func:`may_block` before any wait); None: no call does, all run on workers."""
+        :func:`may_block` before any wait); None: no call does, all run on workers.
+        ``big_answers``: the methods whose answer may be big (a scanner's batch): they are
+        refused (``ServerBusy``) while the in-flight budget is full, replies that peers have
+        not taken yet counted in it."""
         super().__init__(*args, **kwargs)
         self._inline_of = inline or (lambda method: False)
+        self._big_answers = big_answers
         self._inline: dict[str, bool] = {}
         self._small = min(SMALL, 4 + self.limits.max_frame_bytes)
         self._selector = selectors.DefaultSelector()
@@ -352,8 +365,12 @@ class LoopServer(ThreadedServer):
             self._drop(link, e)
             return
         size = len(frame)
+        method, seqid = call_head(frame)
+        if method in self._big_answers and self.budget.used >= self.budget.limit:
+            self._refuse(link, method, seqid)
+            return
         self.budget.reserve(size, None)  # it is in memory: counted, never waiting
-        if not self._runs_inline(call_name(frame)):
+        if not self._runs_inline(method):
             self._to_worker(link, frame, size)
             return
         connection = link.connection
@@ -372,9 +389,27 @@ class LoopServer(ThreadedServer):
             self._synced = connection.loop_synced
             _current.connection = None
         if reply is None:  # it would have waited: a worker runs it again
-            self._to_worker(link, frame, size, blocked=call_name(frame))
+            self._to_worker(link, frame, size, blocked=method)
             return
         self.budget.release(size)
+        self._answered(link, reply)
+
+    def _refuse(self, link: _Link, method: str, seqid: int) -> None:
+        """Answer a call whose answer may be big, unread, while replies not taken and calls
+        under way hold the whole budget: memory stays bounded whoever stops reading."""
+        limits = self.limits
+        busy = ServerBusy(
+            "max_inflight_bytes",
+            limits.max_inflight_bytes,
+            f"the replies waiting to be taken and the calls under way hold this server's "
+            f"{limits.max_inflight_bytes} bytes (--max-inflight-bytes); nothing was done, try again",
+        )
+        self.log.warning("refused", "refused %s from %s: %s", method, link.connection.peer[0], busy)
+        try:
+            reply = self._refusal(method, seqid, busy)
+        except FrameError as e:
+            self._drop(link, e)
+            return
         self._answered(link, reply)
 
     def _runs_inline(self, method: str) -> bool:
@@ -409,6 +444,8 @@ class LoopServer(ThreadedServer):
         if sent < 4 + len(reply):  # the rest when the socket drains (a copy only if the head is cut)
             link.out = memoryview(head[sent:] + reply) if sent < 4 else memoryview(reply)[sent - 4 :]
             link.started = time.monotonic()
+            link.held = len(link.out)
+            self.budget.reserve(link.held, None)  # held until taken: counted like a frame
 
     def _flush(self, link: _Link) -> None:
         out = link.out
@@ -426,6 +463,7 @@ class LoopServer(ThreadedServer):
             link.out = out[sent:]
             return
         link.out, link.started = None, None
+        self._let_go(link)
         if link.connection.close_after_reply:
             self._close(link)
         else:
@@ -555,10 +593,16 @@ class LoopServer(ThreadedServer):
         self._ending(error, link.connection)
         self._close(link)
 
+    def _let_go(self, link: _Link) -> None:
+        if link.held:
+            self.budget.release(link.held)
+            link.held = 0
+
     def _close(self, link: _Link) -> None:
         if link.closed:
             return
         link.closed = True
+        self._let_go(link)
         if link.events:
             try:
                 self._selector.unregister(link.sock)

@@ -56,7 +56,7 @@ from ..subscriptions.store_registry import StoreRegistry
 from ..subscriptions.zk_registry import ZooKeeperRegistry
 from .calls import thrift_error
 from .gauges import server_gauges
-from .handler import DEFAULT_MAX_PARTITIONS, HQueueHandler
+from .handler import BIG_ANSWERS, DEFAULT_MAX_PARTITIONS, HQueueHandler
 from .scanners import DEFAULT_IDLE_TIMEOUT, ScannerRegistry
 
 if TYPE_CHECKING:
@@ -244,7 +244,11 @@ class HQueueServer:
             trusted_after = None if auth is None else (lambda c: c.principal is not None or c.local)
             # Quick calls run on the event loop only when the store answers without a network round trip.
             inline = self._inline if self.engine.storage.in_process else None
-            server = functools.partial(LoopServer, inline=inline) if io == "loop" else ThreadedServer
+            server = (
+                functools.partial(LoopServer, inline=inline, big_answers=BIG_ANSWERS)
+                if io == "loop"
+                else ThreadedServer
+            )
             self._server: ThreadedServer = server(
                 wire.T.HQueueService, self.handler, socket, limits=limits, ssl_context=ssl_context,
                 refuse_with=thrift_error, also=local, trusted_after=trusted_after,

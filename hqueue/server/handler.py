@@ -287,6 +287,11 @@ class QueueCalls(Calls):
         return self.engine.cancel_timer(queue, handle)
 
 
+#: The calls whose answer may be big (up to 10,000 messages): refused while the server's
+#: in-flight budget is full (rpc/loop.py), so that peers that do not read cannot hold more.
+BIG_ANSWERS = frozenset({"messageScannerGet", "messageScannerGetList", "messageScannerGetPacked", "groupReceive"})
+
+
 class HQueueHandler(ThriftService):
     """Implements HQueueService: the queue calls here, group_calls.py and subscription_calls.py beside.
 

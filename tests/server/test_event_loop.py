@@ -263,3 +263,41 @@ def test_stopping_ends_the_idle_workers():
     workers.close()
     ran[0].join(10)
     assert not ran[0].is_alive()
+
+
+def test_replies_nobody_takes_count_in_the_budget_and_big_answers_wait_for_room(tmp_path):
+    limits = ServerLimits(max_frame_bytes=1 << 20, max_inflight_bytes=20 << 20)
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, limits=limits).start()
+    url = f"hqueue://{server.address}"
+    try:
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("q", 1)
+        with HQueue("q", url) as queue:
+            for _ in range(80):
+                queue.put([Message("t", b"v" * 4000)] * 50, partition_id=0)  # 16 MB in all
+        slow = []
+        for _ in range(2):  # two 16 MB answers asked for, never read: more than the budget
+            sock = connect(server)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            opened: list = []
+            sock.sendall(call_frame("messageScannerOpen", 1, queue="q", partitionID=0, scan=T.TMessageScan()))
+            read_reply(sock, opened)
+            sock.sendall(call_frame("messageScannerGetPacked", 2, scannerID=opened[0].success, nbMessages=10_000))
+            slow.append(sock)
+        wait_for(lambda: server._server.budget.used >= 20 << 20, 10, "the untaken replies to fill the budget")
+        # Then a third big answer is refused, typed, unread; other calls go on
+        with connect(server) as third:
+            opened = []
+            third.sendall(call_frame("messageScannerOpen", 1, queue="q", partitionID=0, scan=T.TMessageScan()))
+            read_reply(third, opened)
+            answer: list = []
+            third.sendall(call_frame("messageScannerGetPacked", 2, scannerID=opened[0].success, nbMessages=10_000))
+            read_reply(third, answer)
+            assert "max_inflight_bytes" in answer[0].io.message
+        with HQueue("q", url) as queue:
+            queue.put(Message("t", b"small"), partition_id=0)
+        for sock in slow:
+            sock.close()
+        wait_for(lambda: server._server.budget.used == 0, 10, "the replies' bytes to be given back")
+    finally:
+        server.stop()

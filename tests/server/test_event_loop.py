@@ -57,6 +57,14 @@ def read_reply(sock: socket.socket, answer: list | None = None) -> tuple[str, in
     return api, seqid
 
 
+def ask_whole_partition(sock: socket.socket, partition: int) -> None:
+    """Open a scanner of queue q's ``partition`` and ask it for 10,000 messages (the answer left unread)."""
+    opened: list = []
+    sock.sendall(call_frame("messageScannerOpen", 1, queue="q", partitionID=partition, scan=T.TMessageScan()))
+    read_reply(sock, opened)
+    sock.sendall(call_frame("messageScannerGetPacked", 2, scannerID=opened[0].success, nbMessages=10_000))
+
+
 def closed_by_server(sock: socket.socket, timeout: float) -> bool:
     sock.settimeout(timeout)
     try:
@@ -147,11 +155,7 @@ def test_a_reply_the_peer_does_not_take_is_dropped_after_the_body_timeout(server
         queue.put([Message("t", b"v" * 1000)] * 10_000, partition_id=1)
     with connect(server) as slow:
         slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        opened: list = []
-        slow.sendall(call_frame("messageScannerOpen", 1, queue="q", partitionID=1, scan=T.TMessageScan()))
-        read_reply(slow, opened)
-        # A 10 MB reply asked for (more than the socket buffers hold), and never read
-        slow.sendall(call_frame("messageScannerGetPacked", 2, scannerID=opened[0].success, nbMessages=10_000))
+        ask_whole_partition(slow, 1)  # a 10 MB reply (more than the socket buffers hold), never read
         with HQueue("q", f"hqueue://{server.address}") as queue:
             queue.put(Message("t", b"meanwhile"), partition_id=0)  # the loop is not stuck on it
         wait_for(lambda: server._server.connections == 0, 15, "the slow reader to be closed")
@@ -279,19 +283,13 @@ def test_replies_nobody_takes_count_in_the_budget_and_big_answers_wait_for_room(
         for _ in range(2):  # two 16 MB answers asked for, never read: more than the budget
             sock = connect(server)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            opened: list = []
-            sock.sendall(call_frame("messageScannerOpen", 1, queue="q", partitionID=0, scan=T.TMessageScan()))
-            read_reply(sock, opened)
-            sock.sendall(call_frame("messageScannerGetPacked", 2, scannerID=opened[0].success, nbMessages=10_000))
+            ask_whole_partition(sock, 0)
             slow.append(sock)
         wait_for(lambda: server._server.budget.used >= 20 << 20, 10, "the untaken replies to fill the budget")
         # Then a third big answer is refused, typed, unread; other calls go on
         with connect(server) as third:
-            opened = []
-            third.sendall(call_frame("messageScannerOpen", 1, queue="q", partitionID=0, scan=T.TMessageScan()))
-            read_reply(third, opened)
+            ask_whole_partition(third, 0)
             answer: list = []
-            third.sendall(call_frame("messageScannerGetPacked", 2, scannerID=opened[0].success, nbMessages=10_000))
             read_reply(third, answer)
             assert "max_inflight_bytes" in answer[0].io.message
         with HQueue("q", url) as queue:

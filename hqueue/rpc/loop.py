@@ -21,9 +21,8 @@ which it extends:
   to hand out yet), and before it has done anything: on the loop that
   raises :class:`WouldBlock`, and the call is run again, from its frame, on
   a worker thread. A write that waits for its fsync asks :func:`may_fsync`
-  first: on the loop, only when no other connection's call is ready (one
-  client's SYNC_WAL put costs no hand-off; many clients' puts go to workers,
-  where they share fsyncs).
+  first: on the loop, one a turn (the first spares its client a hand-off;
+  the rest go to workers, where they share fsyncs).
 * Every other call runs on a worker thread (admin calls, log-ins, calls
   that wait); so does a frame over 64 KiB (a batch put): the worker reads,
   admits and runs it exactly as the threaded server does (the in-flight
@@ -45,11 +44,9 @@ which it extends:
 
 from __future__ import annotations
 
-import queue
 import select
 import selectors
 import socket
-import struct
 import threading
 import time
 from collections import deque
@@ -58,10 +55,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ServerBusy
-from .frames import FrameError, FrameReader, call_head, check_call
+from .frames import _HEAD, FrameError, FrameReader, call_head, check_call
 from .threaded import Connection, ThreadedServer, _current, current_connection, logger
+from .workers import Workers
 
-_HEAD = struct.Struct(">I")
 #: The largest call the loop reads itself, with its head (a bigger one goes to a worker).
 SMALL = FrameReader.CHUNK
 #: Seconds between sweeps for idle and slow connections.
@@ -104,53 +101,6 @@ def may_block() -> None:
     on the event loop, raises :class:`WouldBlock` (the call is run on a worker)."""
     if on_loop():
         raise WouldBlock
-
-
-class Workers:
-    """The threads that run what the loop hands over: a thread per call under way, kept
-    ``idle`` seconds for the next one. :meth:`submit` fails (RuntimeError, no thread to
-    be had) before anything is queued, so a call it refuses never runs later."""
-
-    def __init__(self, idle: float = 10.0) -> None:
-        self.idle = idle
-        self._tasks: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]]] = queue.SimpleQueue()
-        self._waiting = 0  # threads waiting for a task, less the tasks queued for them
-        self._lock = threading.Lock()
-
-    def submit(self, fn: Callable[..., None], *args: Any) -> None:
-        with self._lock:
-            if self._waiting:
-                self._waiting -= 1
-                self._tasks.put((fn, args))
-                return
-        threading.Thread(target=self._run, args=(fn, args), name="hqueue-call", daemon=True).start()
-
-    def close(self) -> None:
-        """End the threads waiting for a task (those running one end after it)."""
-        with self._lock:
-            waiting, self._waiting = self._waiting, 0
-            for _ in range(waiting):
-                self._tasks.put((_END, ()))
-
-    def _run(self, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
-        while fn is not _END:
-            fn(*args)
-            del args
-            with self._lock:
-                self._waiting += 1
-            try:
-                fn, args = self._tasks.get(timeout=self.idle)
-            except queue.Empty:
-                with self._lock:
-                    try:  # a task queued as the wait ended is this thread's
-                        fn, args = self._tasks.get_nowait()
-                    except queue.Empty:
-                        self._waiting -= 1
-                        return
-
-
-def _END() -> None:
-    """What :meth:`Workers.close` hands a waiting thread: its end."""
 
 
 @dataclass(eq=False)
@@ -345,7 +295,7 @@ class LoopServer(ThreadedServer):
                 self._drop(link, FrameError("frame of 0 bytes"))
                 return
             if 4 + size > self._small:  # a big call (or one over the limit): a worker reads it
-                self._hand_over(link)
+                self._to_worker(link)
                 return
             if len(buffer) < 4 + size:
                 link.started = link.started or time.monotonic()
@@ -421,17 +371,22 @@ class LoopServer(ThreadedServer):
         return inline
 
     def _answered(self, link: _Link, reply: bytes) -> None:
+        try:
+            self._reply(link, reply)
+        except OSError as e:
+            self._drop(link, e)
+            return
+        if link.connection.close_after_reply and link.out is None:
+            self._close(link)
+
+    def _reply(self, link: _Link, reply: bytes) -> None:
+        """A call's answer (from the loop, or the worker that has the link): the connection
+        trusted if it now proved itself, and the reply sent (oneway calls have none)."""
         connection = link.connection
         if not connection.trusted:
             connection.trusted = self.trusted_after(connection)
         if reply:
-            try:
-                self._send(link, reply)
-            except OSError as e:
-                self._drop(link, e)
-                return
-        if connection.close_after_reply and link.out is None:
-            self._close(link)
+            self._send(link, reply)
 
     def _send(self, link: _Link, reply: bytes) -> None:
         """Send a reply without blocking (from the loop, or the worker that has the link):
@@ -471,7 +426,9 @@ class LoopServer(ThreadedServer):
 
     # -- workers ----------------------------------------------------------------------------
 
-    def _to_worker(self, link: _Link, frame: bytes, size: int, blocked: str | None = None) -> None:
+    def _to_worker(self, link: _Link, frame: bytes | None = None, size: int = 0, blocked: str | None = None) -> None:
+        """Give the connection to a worker, for ``frame``'s call (``size`` bytes of the budget
+        held for it), or with ``frame`` None to read a big one itself (:meth:`_work`)."""
         link.busy, link.started = True, None
         self._listen(link)
         try:
@@ -498,10 +455,7 @@ class LoopServer(ThreadedServer):
                 finally:
                     self.budget.release(size)
                 del frame
-                if not connection.trusted:
-                    connection.trusted = self.trusted_after(connection)
-                if reply:
-                    self._send(link, reply)
+                self._reply(link, reply)
                 go_on = not connection.close_after_reply
             if go_on and link.out is None:
                 go_on = self._stay(link, blocked)
@@ -547,15 +501,6 @@ class LoopServer(ThreadedServer):
             if not self._serve_one(frames, link.connection):
                 return False
         return True
-
-    def _hand_over(self, link: _Link) -> None:
-        link.busy, link.started = True, None
-        self._listen(link)
-        try:
-            self._workers.submit(self._work, link, None)
-        except RuntimeError as e:
-            link.busy = False
-            self._drop(link, e)
 
     def _done(self, link: _Link, error: Exception | None) -> None:
         """A worker gave the connection back."""

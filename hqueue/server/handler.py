@@ -116,14 +116,13 @@ class QueueCalls(Calls):
     # -- puts ---------------------------------------------------------------------
 
     def _put(self, queue: str, partition_id: int | None, tmessages: list[Any]) -> list[MessageID]:
-        self._before_write(queue)
         if not isinstance(tmessages, list):
             raise TypeError("'messages' must be a list of TMessage")
         self._check_put(len(tmessages), 0)
         messages = [wire.from_tmessage(t, i) for i, t in enumerate(tmessages)]
         self._check_put(len(messages), sum(len(m.topic) + len(m.value) for m in messages))
         partition_id = self._writable_partition(queue, partition_id)
-        self._not_behind_a_writer(queue, partition_id)
+        self._before_put(queue, partition_id)
         started = time.perf_counter()
         ids = self.engine.put(queue, messages, partition_id)
         self.metrics.puts(queue).observe(time.perf_counter() - started, len(messages))
@@ -165,18 +164,19 @@ class QueueCalls(Calls):
         self.coordinator.require_owner(queue, partition_id)
         return partition_id
 
-    def _not_behind_a_writer(self, queue: str, partition_id: int) -> None:
-        """On the event loop, a put to a partition another call is writing (a batch put on a
-        worker) goes to a worker too, rather than hold the loop until that write ends."""
+    def _before_put(self, queue: str, partition_id: int) -> None:
+        """On the event loop, before a put writes: a put that would wait for its fsync past
+        the loop's one a turn (:meth:`_before_write`), or behind another call writing the
+        partition (a batch put on a worker), goes to a worker rather than hold the loop."""
+        self._before_write(queue)
         if on_loop() and self.engine.writers.lock(queue, partition_id).locked():
             may_block()
 
     @served("producer", inline=True)
     def putPacked(self, queue: str, partitionID: int, messages: bytes, request: Any = None) -> Any:
-        self._before_write(queue)
         topics, values = self._unpack_put(messages)
         partition_id = self._writable_partition(queue, partitionID)
-        self._not_behind_a_writer(queue, partition_id)
+        self._before_put(queue, partition_id)
         started = time.perf_counter()
         first = self.engine.put_columns(queue, topics, values, partition_id, wire.from_trequest(request))
         self.metrics.puts(queue).observe(time.perf_counter() - started, len(topics))
@@ -268,7 +268,6 @@ class QueueCalls(Calls):
     ) -> Any:
         topics, values = self._unpack_put(messages)
         partition_id = self._writable_partition(queue, partitionID)
-        self._not_behind_a_writer(queue, partition_id)
         due: int | list[int] = dueMillis
         if dues is not None:
             due = packed.unpack_dues(dues, len(topics))

@@ -16,9 +16,10 @@ from thriftpy2.transport.memory import TCyMemoryBuffer
 
 from hqueue import HQueue, HQueueAdmin, Message
 from hqueue.errors import InvalidArgument
-from hqueue.rpc.loop import LoopServer, Workers, may_fsync
+from hqueue.rpc.loop import LoopServer, may_fsync
 from hqueue.rpc.threaded import Connection, ServerLimits, ThreadedServer, _current
 from hqueue.rpc.wire import T
+from hqueue.rpc.workers import Workers
 from hqueue.server import HQueueServer
 
 from ..processes import wait_for

@@ -118,13 +118,18 @@ class TimerService:
             heapq.heappush(self._heap, (due, queue, partition_id))
 
     def _refresh(self, queue: str, partition_id: int) -> None:
+        key = (queue, partition_id)
         with self._lock:
-            self._floor.pop((queue, partition_id), None)  # read from the head: what is stored now
+            self._floor.pop(key, None)  # read from the head: what is stored now
+            heard = self._heard.get(key, 0)
         try:
             due = self.engine.next_timer(queue, partition_id)
         except QueueNotFound:
             due = None
         with self._lock:
+            known = self._next.get(key)
+            if self._heard.get(key, 0) != heard and known is not None and (due is None or known < due):
+                due = known  # a timer put while the store was read (it may not have seen it): its wake-up stands
             self._set_next(queue, partition_id, due)
         self._wake.set()
 

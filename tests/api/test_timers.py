@@ -12,8 +12,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from hqueue import HQueue, HQueueAdmin, InvalidArgument, Message, QueueDisabled, Timer
+from hqueue.coordination.local import LocalCoordinator
+from hqueue.engine import Engine
 from hqueue.ids import wall_clock_ms
 from hqueue.server import HQueueServer
+from hqueue.timers import TimerService
 
 from ..processes import wait_for
 
@@ -255,3 +258,57 @@ def test_the_latest_due_time_a_timer_may_have_is_still_listed_and_counted(make_q
         return  # timers are listed where the store is open
     assert [t for t, _ in queue.timers()] == [far]
     assert queue.next_due() == MAX_DUE
+
+
+@pytest.fixture
+def refreshing(tmp_path):
+    """A timer loop (not started) on an embedded store with queue ``q``, and a way to put a
+    timer due at a given time while the loop reads the partition's next due time."""
+    url = f"local://{tmp_path}/data"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 1)
+    engine = Engine.acquire(url)
+    service = TimerService(engine, LocalCoordinator("x"), lambda: [("q", 1)])
+    engine.events.on_schedule(service.scheduled)
+    read = engine.next_timer
+
+    def put_during_the_read(due: int) -> None:
+        def next_timer(queue, pid, since=0):
+            found = read(queue, pid, since)  # what the store held when read ...
+            engine.schedule(queue, [Message("t", b"v")], pid, due)  # ... and a timer put meanwhile
+            return found
+
+        engine.next_timer = next_timer
+
+    yield service, engine, put_during_the_read
+    engine.events.off(service.scheduled)
+    engine.release()
+
+
+def test_a_timer_put_while_the_loop_reads_the_store_keeps_its_wake_up(refreshing):
+    """The loop read "no timer" from the store, a put scheduled a wake-up meanwhile, and the
+    loop's answer erased it: the timer stayed unfired until something else woke the partition."""
+    service, _, put_during_the_read = refreshing
+    due = wall_clock_ms() + 3_600_000
+    put_during_the_read(due)
+    service._refresh("q", 0)
+    assert service._next[("q", 0)] == due
+
+
+def test_a_timer_put_while_the_loop_reads_a_later_one_keeps_its_earlier_wake_up(refreshing):
+    service, engine, put_during_the_read = refreshing
+    later = wall_clock_ms() + 7_200_000
+    engine.schedule("q", [Message("t", b"later")], 0, later)
+    put_during_the_read(later - 3_600_000)
+    service._refresh("q", 0)
+    assert service._next[("q", 0)] == later - 3_600_000
+
+
+def test_a_read_with_no_put_meanwhile_says_what_is_stored(refreshing):
+    # A wake-up left from a timer since cancelled goes, when nothing was put during the read
+    service, engine, _ = refreshing
+    (timer,) = engine.schedule("q", [Message("t", b"v")], 0, wall_clock_ms() + 3_600_000)
+    assert service._next[("q", 0)] == timer.due
+    assert engine.cancel_timer("q", timer)
+    service._refresh("q", 0)
+    assert ("q", 0) not in service._next

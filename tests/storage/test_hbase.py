@@ -10,9 +10,13 @@ import pytest
 
 from hqueue import HQueue, HQueueAdmin, Message, StorageError
 from hqueue.config import QueueInfo
-from hqueue.message import partition_prefix
+from hqueue.ids import MessageID
+from hqueue.keys.index import HASHES, index_cells
+from hqueue.keys.timers import timer_cell_keys
+from hqueue.message import cell_keys, partition_prefix
 from hqueue.storage import open_storage
 from hqueue.storage.hbase import HBaseStorage, StorageUnavailable, split_keys
+from hqueue.storage.hbase.cells import _cell_time
 
 from ..conftest import hbase_url, start_hbase_standin
 
@@ -114,3 +118,16 @@ def test_a_server_that_dies_gives_storage_unavailable_and_a_restart_recovers():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_only_timer_cells_are_stamped_with_their_due_time_never_topic_index_entries():
+    """A cell's HBase timestamp is what the family's TTL counts from: a timer's is its due
+    time; a topic-index entry's key also has the top bit set, but no due time in it (its
+    bytes there are a topic hash: year 6900 for some topics, the past for others)."""
+    due = 1_800_000_000_000
+    (timer,) = timer_cell_keys(3, due, [MessageID(1_700_000_000_000, 0)], [b"wanted"])
+    (message,) = cell_keys(3, [(1_700_000_000_000, range(1))], [b"wanted"])
+    ((index, _),) = index_cells([message], [b"v"], HASHES["xxh3"])
+    assert _cell_time(timer) == due
+    assert _cell_time(message) is None
+    assert _cell_time(index) is None

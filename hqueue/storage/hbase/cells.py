@@ -92,8 +92,9 @@ def _row_length(key: bytes) -> int:
 
 def _cell_time(key: bytes) -> int | None:
     """A timer's cell is stamped with its due time, so the family's TTL counts from
-    then (timers.py); every other cell gets HBase's write time (None)."""
-    if key[0] & 0x80:
+    then (timers.py); every other cell gets HBase's write time (None), topic-index
+    entries too (their keys also have the top bit set, with no due time in them)."""
+    if key[0] & 0x80 and not is_index_key(key):
         due = int.from_bytes(key[2:10], "big")
         if due < 2**63:
             return due

@@ -19,10 +19,7 @@ always`` (SYNC_WAL's durability: acknowledged once on disk) and
 
 Also reported: the servers' CPU per message (from /proc). ``--group-commit``
 measures the store alone: 16 threads writing SYNC_WAL batches of one
-message, raw rocksdict ``write(sync=True)`` against the embedded store's
-commit queue, and how much a pure-Python loop in another thread gets done
-meanwhile (``other_thread_*``: its rate beside the writers over its rate
-alone; rocksdict holds the GIL through a ``sync=True`` write's fsync).
+message, raw rocksdict against the embedded store's commit queue.
 """
 
 from __future__ import annotations
@@ -147,39 +144,8 @@ def one_run(redis, threads: int, messages: int) -> list[dict]:
     return rows
 
 
-def spin_rate(seconds: float) -> float:
-    """Loop turns a second of a pure-Python loop, alone."""
-    turns, end = 0, time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        turns += 1
-    return turns / seconds
-
-
-class Spinner:
-    """A pure-Python loop in a thread of its own, while the block runs: how much the GIL
-    lets it do (``rate``, turns a second), beside the writers."""
-
-    def __enter__(self) -> Spinner:
-        self._stop, self.turns = threading.Event(), 0
-        self._thread = threading.Thread(target=self._spin)
-        self._started = time.perf_counter()
-        self._thread.start()
-        return self
-
-    def _spin(self) -> None:
-        stop = self._stop.is_set
-        while not stop():
-            self.turns += 1
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.rate = self.turns / (time.perf_counter() - self._started)
-
-
 def group_commit(threads: int, writes: int) -> list[dict]:
-    """The store alone: 1 and ``threads`` threads writing one-cell SYNC_WAL batches, and how
-    much another thread of the process gets done meanwhile (the GIL's share left to it)."""
+    """The store alone: 1 and ``threads`` threads writing one-cell SYNC_WAL batches."""
     import rocksdict
 
     from hqueue.config import QueueInfo
@@ -208,19 +174,14 @@ def group_commit(threads: int, writes: int) -> list[dict]:
                 key = encode_rowkey(t, MessageID(1_700_000_000_000 + n, 0)) + b"t"
                 store.write("q", [(key, PAYLOAD)], Durability.SYNC_WAL)
 
-        alone = spin_rate(0.5)
         for n in (1, threads):
-            with Spinner() as spinner:
-                raw_s = in_threads(n, raw_work)
-            raw_free = spinner.rate / alone
-            syncs, carried = store._commit.syncs, store._commit.writes
-            with Spinner() as spinner:
-                store_s = in_threads(n, store_work)
-            per_sync = (store._commit.writes - carried) / max(1, store._commit.syncs - syncs)
+            raw_s = in_threads(n, raw_work)
+            groups, carried = store._commit.groups, store._commit.writes
+            store_s = in_threads(n, store_work)
+            per_group = (store._commit.writes - carried) / max(1, store._commit.groups - groups)
             rows.append({"case": f"SYNC_WAL one-cell writes, {n} thread(s)", "store_writes_s": n * writes / store_s,
                          "raw_writes_s": n * writes / raw_s, "ratio": raw_s / store_s,
-                         "writes_per_fsync": per_sync, "other_thread_store": spinner.rate / alone,
-                         "other_thread_raw": raw_free})  # fmt: skip
+                         "writes_per_fsync": per_group})  # fmt: skip
         store.close()
         raw.close()
     finally:
@@ -239,8 +200,7 @@ def main() -> None:
     loads = [load()]
     if args.group_commit:
         runs = [group_commit(args.threads, args.messages) for _ in range(args.runs)]
-        columns = ["case", "store_writes_s", "raw_writes_s", "ratio", "writes_per_fsync", "other_thread_store",
-                   "other_thread_raw"]  # fmt: skip
+        columns = ["case", "store_writes_s", "raw_writes_s", "ratio", "writes_per_fsync"]
         title = "group commit: SYNC_WAL writes of one 100-byte cell, the embedded store vs raw rocksdict"
     else:
         redis = redis_client_module()

@@ -15,9 +15,8 @@ Layout:
 * queue metadata as JSON in the default column family under ``queue/<name>``.
 
 Durability maps onto RocksDB's write options: ``SYNC_WAL`` fsyncs the WAL
-before a batch is acknowledged (written unsynced, then synced with
-``flush_wal``, which lets the GIL go; concurrent writers share one fsync:
-storage/commits.py), ``ASYNC_WAL`` writes the WAL without fsync, ``SKIP_WAL``
+before a batch is acknowledged (concurrent writers share one write and one
+fsync: the commit queue of storage/commits.py), ``ASYNC_WAL`` writes the WAL without fsync, ``SKIP_WAL``
 disables it.
 
 TTL: rows carry their write time in the rowkey, so expired rows are hidden by
@@ -112,8 +111,8 @@ class EmbeddedStorage(Healing, Storage):
         self._lock = threading.RLock()
         self._db = self._open()
         self._write_options = {d: _write_options(d) for d in Durability.ALL}
-        #: SYNC_WAL writes go through it: written unsynced, then concurrent ones share one fsync.
-        self._commit = GroupCommit(self._write_unsynced, self._sync_wal)
+        #: SYNC_WAL writes go through it: concurrent ones share one write and one fsync.
+        self._commit = GroupCommit(self._write_synced)
         self._infos: dict[str, QueueInfo] = {}
         self._families: dict[str, rocksdict.Rdict] = {}
         self._handles: dict[str, rocksdict.ColumnFamily] = {}
@@ -134,11 +133,8 @@ class EmbeddedStorage(Healing, Storage):
         housekeeping(self, self._closed, self._lock, lambda: RECLAIM_INTERVAL)
         logger.debug("opened embedded store %s with %d queues", self.path, len(self._infos))
 
-    def _write_unsynced(self, batch: rocksdict.WriteBatch) -> None:
-        self._db.write(batch, self._write_options[Durability.ASYNC_WAL])
-
-    def _sync_wal(self) -> None:
-        self._db.flush_wal(True)
+    def _write_synced(self, batch: rocksdict.WriteBatch) -> None:
+        self._db.write(batch, self._write_options[Durability.SYNC_WAL])
 
     def _open(self) -> rocksdict.Rdict:
         os.makedirs(self.path, exist_ok=True)

@@ -1,5 +1,5 @@
 """Group commit on the embedded store (storage/commits.py): concurrent SYNC_WAL
-writes share fsyncs, and none is acknowledged before an fsync that covers it."""
+writes share one RocksDB write, and a group is stored whole or not at all."""
 
 from __future__ import annotations
 
@@ -47,15 +47,17 @@ def test_concurrent_sync_writes_from_many_threads_share_groups_and_all_are_store
     for pid in range(16):
         assert len(store.scan("q", rowkey(pid, 0), rowkey(pid, 50), limit=100)) == 50
     assert store._commit.writes >= 800  # the fences' own writes go the same way
-    assert store._commit.syncs < store._commit.writes
+    assert store._commit.groups < store._commit.writes
+    assert store._commit.gathers > 0
 
 
 def test_a_lone_writer_never_waits_for_company(store):
     # Given one thread writing SYNC_WAL batches one after another
     for n in range(200):
         store.write("q", [(rowkey(0, n), b"v")], Durability.SYNC_WAL)
-    # Then each ran its own fsync at once
-    assert store._commit.syncs == store._commit.writes >= 200
+    # Then each went at once, alone: no leader waited for others
+    assert store._commit.gathers == 0
+    assert store._commit.groups == store._commit.writes >= 200
 
 
 def test_a_fenced_writer_is_refused_and_the_others_are_stored(store):
@@ -68,130 +70,115 @@ def test_a_fenced_writer_is_refused_and_the_others_are_stored(store):
     assert len(store.scan("q", rowkey(1, 0), rowkey(1, 9))) == 1
 
 
-def real_db(tmp_path) -> rocksdict.Rdict:
+def test_a_group_with_a_bad_write_fails_every_writer_in_it_and_stores_none(tmp_path):
+    # Given a real RocksDB, and a first group held in its write until two more writers queue
     options = rocksdict.Options(raw_mode=True)
     options.create_if_missing(True)
-    return rocksdict.Rdict(str(tmp_path / "db"), options)
+    db = rocksdict.Rdict(str(tmp_path / "db"), options)
+    sync = rocksdict.WriteOptions()
+    sync.sync = True
+    entered, release = threading.Event(), threading.Event()
 
-
-def test_writers_that_come_during_an_fsync_share_the_next_and_none_returns_before_its_own(tmp_path):
-    # Given a real RocksDB, and a first writer held inside its fsync
-    db, order = real_db(tmp_path), []
-    in_sync, release = threading.Event(), threading.Event()
-
-    def sync() -> None:
-        order.append(("sync", db.get(b"k1") is not None, db.get(b"k2") is not None))
-        if not in_sync.is_set():
-            in_sync.set()
+    def write(batch: rocksdict.WriteBatch) -> None:
+        if not entered.is_set():
+            entered.set()
             release.wait(10)
-        db.flush_wal(True)
+        db.write(batch, sync)
 
-    commits = GroupCommit(db.write, sync)
-    first = threading.Thread(target=commits.commit, args=(lambda batch: batch.put(b"k0", b"v"),))
+    commits = GroupCommit(write)
+    outcomes: dict[str, object] = {}
+
+    def commit(name: str, key: object) -> None:
+        try:
+            commits.commit(lambda batch: batch.put(key, b"v"))
+            outcomes[name] = "stored"
+        except Exception as e:  # noqa: BLE001 - the outcome is what is checked
+            outcomes[name] = e
+
+    first = threading.Thread(target=commit, args=("first", b"k0"))
     first.start()
-    assert in_sync.wait(10)
-    # When two more writers write meanwhile
-    later = [threading.Thread(target=commits.commit, args=(lambda b, k=k: b.put(k, b"v"),)) for k in (b"k1", b"k2")]
+    assert entered.wait(10)
+    # When the next group holds a good write and a bad one (a key that is not bytes)
+    later = [threading.Thread(target=commit, args=(n, k)) for n, k in (("good", b"k1"), ("bad", 12.5))]
     for t in later:
         t.start()
-    while commits.writes < 3:
+    while len(commits._queue) < 2:
         threading.Event().wait(0.01)
-    # Then neither returns while the first fsync runs, and both are covered by one more fsync
-    assert all(t.is_alive() for t in later)
     release.set()
     for t in (first, *later):
         t.join(10)
-    assert (commits.writes, commits.syncs) == (3, 2)
-    assert order == [("sync", False, False), ("sync", True, True)]
+    # Then the first group is stored, and both writers of the second fail, with nothing of it stored
+    assert outcomes["first"] == "stored"
+    assert not isinstance(outcomes["good"], str) and not isinstance(outcomes["bad"], str)
+    assert isinstance(outcomes["good"], StorageError) or isinstance(outcomes["bad"], StorageError)
+    assert db.get(b"k0") == b"v" and db.get(b"k1") is None
+    assert (commits.groups, commits.writes) == (2, 3)
     db.close()
 
 
-def test_a_bad_write_fails_its_writer_alone_and_stores_nothing(tmp_path):
-    db = real_db(tmp_path)
-    commits = GroupCommit(db.write, lambda: db.flush_wal(True))
-    with pytest.raises(Exception):  # noqa: B017 - rocksdict's own error for a key that is not bytes
-        commits.commit(lambda batch: batch.put(12.5, b"v"))
-    commits.commit(lambda batch: batch.put(b"k1", b"v"))
-    assert db.get(b"k1") == b"v" and list(db.keys()) == [b"k1"]
-    db.close()
+def test_one_writer_whose_calls_rotate_over_threads_seldom_waits(store):
+    # Given writes one after another, each from the next of 4 threads (a client's calls
+    # landing on a server's connection threads in turn)
+    turns = [threading.Event() for _ in range(4)]
+
+    def write(t: int) -> None:
+        for n in range(t, 400, 4):
+            turns[t].wait(10)
+            turns[t].clear()
+            store.write("q", [(rowkey(0, n), b"v")], Durability.SYNC_WAL)
+            turns[(t + 1) % 4].set()
+
+    writers = [threading.Thread(target=write, args=(t,)) for t in range(4)]
+    for w in writers:
+        w.start()
+    turns[0].set()
+    for w in writers:
+        w.join()
+    # Then the waits that found nobody grew rare: nowhere near one a write
+    assert store._commit.groups == store._commit.writes >= 400
+    assert store._commit.gathers < 400 / 8, store._commit.gathers
 
 
-def test_a_failed_fsync_fails_every_write_made_before_it_failed_for_good(tmp_path):
-    """After a failed fsync the kernel may have dropped the dirty pages: a later fsync's
-    success proves nothing for the writes made until then, so none is ever acknowledged."""
-    db, calls = real_db(tmp_path), []
-    in_sync, release = threading.Event(), threading.Event()
+def test_a_writer_interrupted_while_it_waits_is_never_written_and_holds_up_nobody(monkeypatch):
+    """Ctrl-C in a process holding the store lands in a waiting writer: its fill must leave
+    the queue (no leader may write it once its caller holds no lock of the partition), and
+    an interrupted leader must hand on, or every later SYNC_WAL write would wait for ever."""
+    filled: list[str] = []
+    in_write, go_on = threading.Event(), threading.Event()
 
-    def sync() -> None:
-        calls.append(len(calls))
-        if len(calls) == 1:
-            in_sync.set()
-            release.wait(10)
-            raise OSError("EIO")
-        db.flush_wal(True)
+    def write(batch) -> None:
+        in_write.set()
+        go_on.wait(10)
 
-    commits = GroupCommit(db.write, sync)
-    outcomes: dict[str, object] = {}
+    commits = GroupCommit(write)
 
-    def commit(name: str) -> None:
-        try:
-            commits.commit(lambda batch: batch.put(name.encode(), b"v"))
-            outcomes[name] = "acknowledged"
-        except StorageError as e:
-            outcomes[name] = e
-        except OSError as e:
-            outcomes[name] = e
+    def fill(name: str):
+        return lambda batch: filled.append(name)
 
-    first = threading.Thread(target=commit, args=("first",))
-    first.start()
-    assert in_sync.wait(10)
-    second = threading.Thread(target=commit, args=("second",))  # written while the failing fsync runs
-    second.start()
-    while commits.writes < 2:
-        threading.Event().wait(0.01)
-    release.set()
-    first.join(10)
-    second.join(10)
-    commit("third")
-    assert isinstance(outcomes["first"], OSError)
-    assert isinstance(outcomes["second"], StorageError) and "EIO" in str(outcomes["second"])
-    assert outcomes["third"] == "acknowledged"
-    assert commits.syncs == 2  # the failed one, then the third's
-    db.close()
-
-
-def test_a_writer_interrupted_in_its_fsync_or_its_wait_holds_up_nobody():
-    """Ctrl-C in a process holding the store lands in a writer: an interrupted fsync proves
-    nothing, so the writers it was to cover run one of their own; nothing waits for ever."""
-    written: list[str] = []
-    in_sync, go_on = threading.Event(), threading.Event()
-    syncs = []
-
-    def sync() -> None:
-        syncs.append(1)
-        if len(syncs) == 1:
-            in_sync.set()
-            go_on.wait(10)
-            raise KeyboardInterrupt
-
-    commits = GroupCommit(lambda batch: written.append("w"), sync)
-    interrupted: list[BaseException] = []
-
-    def first() -> None:
-        try:
-            commits.commit(lambda batch: None)
-        except KeyboardInterrupt as e:
-            interrupted.append(e)
-
-    leader = threading.Thread(target=first)
+    # A follower: interrupted while a leader writes
+    leader = threading.Thread(target=commits.commit, args=(fill("leader"),))
     leader.start()
-    assert in_sync.wait(10)
-    follower = threading.Thread(target=commits.commit, args=(lambda batch: None,))
-    follower.start()
-    while commits.writes < 2:
-        threading.Event().wait(0.01)
+    assert in_write.wait(10)
+    wait = commits._cond.wait
+
+    def interrupted(timeout=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(commits._cond, "wait", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        commits.commit(fill("follower"))
+    monkeypatch.setattr(commits._cond, "wait", wait)
     go_on.set()
     leader.join(10)
-    follower.join(10)
-    assert interrupted and not follower.is_alive()
-    assert len(syncs) == 2 and written == ["w", "w"]
+    # A leader: interrupted while it waits for company
+    commits._crowded = True
+    monkeypatch.setattr(commits._cond, "wait", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        commits.commit(fill("gathering"))
+    monkeypatch.setattr(commits._cond, "wait", wait)
+    # Then later writes go through at once, and neither interrupted fill was ever written
+    done = threading.Thread(target=commits.commit, args=(fill("after"),))
+    done.start()
+    done.join(10)
+    assert not done.is_alive()
+    assert filled == ["leader", "after"]

@@ -193,7 +193,10 @@ class PartitionWriters:
             return None
         log = self.held(info, pid).requests
         record = log.answered(functools.partial(self._read, info.name), pid, request, count)
-        return None if record is None else Answer(request, record.first, record.size)
+        if record is None:
+            return None
+        self.storage.make_durable()  # its first write may be waiting for an event loop's fsync
+        return Answer(request, record.first, record.size)
 
     def _read(self, name: str, key: bytes) -> bytes | None:
         cells = self.storage.scan(name, key, key_after(key), None, 1)

@@ -20,9 +20,14 @@ which it extends:
   :func:`may_block` before anything that would wait (a receive with nothing
   to hand out yet), and before it has done anything: on the loop that
   raises :class:`WouldBlock`, and the call is run again, from its frame, on
-  a worker thread. A write that waits for its fsync asks :func:`may_fsync`
-  first: on the loop, one a turn (the first spares its client a hand-off;
-  the rest go to workers, where they share fsyncs).
+  a worker thread.
+* A SYNC_WAL write on the loop does not wait for its fsync (the store's
+  ``defer_syncs``, given as ``syncs``): the answers of a turn that wrote are
+  held until, at the turn's end, one fsync has made every write of it
+  durable (``settle``), then sent, as Redis does at ``appendfsync always``.
+  A connection with answers held runs its next calls in the same turn if
+  the loop runs them; one that needs a worker waits for the fsync first, so
+  that answers go in order. Held answers count in the in-flight budget.
 * Every other call runs on a worker thread (admin calls, log-ins, calls
   that wait); so does a frame over 64 KiB (a batch put): the worker reads,
   admits and runs it exactly as the threaded server does (the in-flight
@@ -52,7 +57,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import ServerBusy
 from .frames import _HEAD, FrameError, FrameReader, call_head, check_call
@@ -66,6 +71,8 @@ SWEEP = 1.0
 #: A worker serves a connection's next calls while each comes within this many milliseconds.
 STAY_MS = 20
 _READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
+#: Buffers one sendmsg is given at most (Linux takes 1024, IOV_MAX).
+_MAX_PARTS = 512
 
 
 class WouldBlock(BaseException):
@@ -80,20 +87,6 @@ def on_loop() -> bool:
     """Whether the calling handler runs on a server's event loop (and so may not wait)."""
     connection = current_connection()
     return connection is not None and connection.on_loop
-
-
-def may_fsync() -> bool:
-    """Whether the calling handler may wait for an fsync where it runs: on a worker; on the
-    event loop, once per turn of it (the first such write of a turn spares its client a
-    hand-off; the others go to workers, where they share fsyncs, so that no client's
-    pipelined writes hold the loop for more than one fsync a turn)."""
-    connection = current_connection()
-    if connection is None or not connection.on_loop:
-        return True
-    if connection.loop_synced:
-        return False
-    connection.loop_synced = True  # the loop's one fsync of this turn is this call's
-    return True
 
 
 def may_block() -> None:
@@ -124,6 +117,20 @@ class _Link:
     #: The events the selector watches for it.
     events: int = 0
     closed: bool = False
+    #: Answers held for the turn's fsync (:meth:`LoopServer._settle`), in order.
+    waiting: list[bytes] | None = None
+    #: Its next call needs a worker: it waits until the held answers are sent.
+    paused: bool = False
+
+
+class Syncs(Protocol):
+    """What the loop needs of the store for SYNC_WAL writes (hqueue.storage.base.Storage)."""
+
+    def defer_syncs(self) -> None: ...
+
+    def deferred(self) -> bool: ...
+
+    def settle(self) -> None: ...
 
 
 class LoopServer(ThreadedServer):
@@ -134,13 +141,15 @@ class LoopServer(ThreadedServer):
         *args: Any,
         inline: Callable[[str], bool] | None = None,
         big_answers: frozenset[str] = frozenset(),
+        syncs: Syncs | None = None,
         **kwargs: Any,
     ) -> None:
         """``inline(method)``: whether a call to ``method`` may run on the loop (it calls
         :func:`may_block` before any wait); None: no call does, all run on workers.
         ``big_answers``: the methods whose answer may be big (a scanner's batch): they are
         refused (``ServerBusy``) while the in-flight budget is full, replies that peers have
-        not taken yet counted in it."""
+        not taken yet counted in it. ``syncs``: the store, whose SYNC_WAL writes on the
+        loop share one fsync a turn (None: a store whose writes on the loop never wait)."""
         super().__init__(*args, **kwargs)
         self._inline_of = inline or (lambda method: False)
         self._big_answers = big_answers
@@ -154,8 +163,9 @@ class LoopServer(ThreadedServer):
         self._inbox: deque[tuple[Any, ...]] = deque()
         self._woken = False
         self._links: dict[int, _Link] = {}
-        #: A call on the loop waited for an fsync in this turn of it (the one it may).
-        self._synced = False
+        self._syncs = syncs
+        #: The connections with answers held for this turn's fsync, in the order they wrote.
+        self._held: list[_Link] = []
         # One call per connection at a time: never more workers than connections.
         self._workers = Workers()
 
@@ -204,10 +214,11 @@ class LoopServer(ThreadedServer):
     def _run_loop(self) -> None:
         select = self._selector.select
         sweep_at = time.monotonic() + SWEEP
+        if self._syncs is not None:
+            self._syncs.defer_syncs()
         try:
             while not (self.closed and self._closing()):
-                events = select(SWEEP)
-                self._synced = False
+                events = select(0 if self._held else SWEEP)
                 for key, mask in events:
                     link = key.data
                     if link is None:
@@ -217,6 +228,8 @@ class LoopServer(ThreadedServer):
                         self._flush(link)
                     if mask & _READ and not link.closed:
                         self._read(link)
+                if self._held:
+                    self._settle()
                 now = time.monotonic()
                 if now >= sweep_at:
                     self._sweep(now)
@@ -240,7 +253,7 @@ class LoopServer(ThreadedServer):
         """The server is closed: close what is idle; True once nothing is left."""
         self._take_inbox()
         for link in list(self._links.values()):
-            if not link.busy and link.out is None:
+            if not link.busy and link.out is None and link.waiting is None:
                 self._close(link)
         return not self._links
 
@@ -286,7 +299,7 @@ class LoopServer(ThreadedServer):
     def _calls(self, link: _Link) -> None:
         """Run the connection's whole calls, in order, while it may."""
         buffer = link.buffer
-        while not (link.busy or link.closed or link.out is not None):
+        while not (link.busy or link.closed or link.out is not None or link.paused):
             if len(buffer) < 4:
                 link.started = (link.started or time.monotonic()) if buffer else None
                 break
@@ -295,6 +308,9 @@ class LoopServer(ThreadedServer):
                 self._drop(link, FrameError("frame of 0 bytes"))
                 return
             if 4 + size > self._small:  # a big call (or one over the limit): a worker reads it
+                if link.waiting is not None:  # once the answers held for the fsync are sent
+                    link.paused = True
+                    break
                 self._to_worker(link)
                 return
             if len(buffer) < 4 + size:
@@ -319,12 +335,12 @@ class LoopServer(ThreadedServer):
         if method in self._big_answers and self.budget.used >= self.budget.limit:
             self._refuse(link, method, seqid)
             return
-        self.budget.reserve(size, None)  # it is in memory: counted, never waiting
         if not self._runs_inline(method):
-            self._to_worker(link, frame, size)
+            self._to_worker_after(link, frame)
             return
+        self.budget.reserve(size, None)  # it is in memory: counted, never waiting
         connection = link.connection
-        connection.on_loop, connection.loop_synced = True, self._synced
+        connection.on_loop = True
         _current.connection = connection
         try:
             reply = self._process(frame, checked=True)
@@ -336,13 +352,23 @@ class LoopServer(ThreadedServer):
             return
         finally:
             connection.on_loop = False  # before a worker may have it
-            self._synced = connection.loop_synced
             _current.connection = None
-        if reply is None:  # it would have waited: a worker runs it again
-            self._to_worker(link, frame, size, blocked=method)
-            return
         self.budget.release(size)
+        if reply is None:  # it would have waited: a worker runs it again
+            self._to_worker_after(link, frame, blocked=method)
+            return
         self._answered(link, reply)
+
+    def _to_worker_after(self, link: _Link, frame: bytes, blocked: str | None = None) -> None:
+        """A worker runs ``frame``'s call: now, or, while the connection has answers held
+        for the turn's fsync, once they are sent (the frame back at the head of its buffer)."""
+        if link.waiting is not None:
+            link.buffer[:0] = _HEAD.pack(len(frame)) + frame
+            link.paused = True
+            return
+        size = len(frame)
+        self.budget.reserve(size, None)
+        self._to_worker(link, frame, size, blocked)
 
     def _refuse(self, link: _Link, method: str, seqid: int) -> None:
         """Answer a call whose answer may be big, unread, while replies not taken and calls
@@ -371,6 +397,17 @@ class LoopServer(ThreadedServer):
         return inline
 
     def _answered(self, link: _Link, reply: bytes) -> None:
+        if link.waiting is None and self._syncs is not None and self._syncs.deferred():
+            link.waiting = []
+            self._held.append(link)
+        if link.waiting is not None:  # the turn wrote: every answer after it waits for its fsync
+            connection = link.connection
+            if not connection.trusted:
+                connection.trusted = self.trusted_after(connection)
+            if reply:
+                link.waiting.append(reply)
+                self.budget.reserve(len(reply), None)  # held: counted like a reply not taken
+            return
         try:
             self._reply(link, reply)
         except OSError as e:
@@ -378,6 +415,37 @@ class LoopServer(ThreadedServer):
             return
         if link.connection.close_after_reply and link.out is None:
             self._close(link)
+
+    def _settle(self) -> None:
+        """The turn's end: one fsync makes its SYNC_WAL writes durable, then the answers held
+        for it go, and the connections go on with their next calls. If the fsync failed,
+        none of those writes may be acknowledged: their connections are closed unanswered."""
+        held, self._held = self._held, []
+        assert self._syncs is not None
+        try:
+            self._syncs.settle()
+            error = None
+        except Exception as e:
+            error = e
+        for link in held:
+            replies, link.waiting = link.waiting or [], None
+            self.budget.release(sum(map(len, replies)))
+            if link.closed:
+                continue
+            if error is not None:
+                self._drop(link, error)
+                continue
+            try:
+                self._send_all(link, replies)
+            except OSError as e:
+                self._drop(link, e)
+                continue
+            if link.connection.close_after_reply and link.out is None:
+                self._close(link)
+        for link in held:
+            if not link.closed and link.out is None:
+                link.paused = False
+                self._calls(link)
 
     def _reply(self, link: _Link, reply: bytes) -> None:
         """A call's answer (from the loop, or the worker that has the link): the connection
@@ -397,10 +465,26 @@ class LoopServer(ThreadedServer):
         except (BlockingIOError, InterruptedError):
             sent = 0
         if sent < 4 + len(reply):  # the rest when the socket drains (a copy only if the head is cut)
-            link.out = memoryview(head[sent:] + reply) if sent < 4 else memoryview(reply)[sent - 4 :]
-            link.started = time.monotonic()
-            link.held = len(link.out)
-            self.budget.reserve(link.held, None)  # held until taken: counted like a frame
+            self._keep(link, memoryview(head[sent:] + reply) if sent < 4 else memoryview(reply)[sent - 4 :])
+
+    def _send_all(self, link: _Link, replies: list[bytes]) -> None:
+        """Send answers held for an fsync, in order, in one ``sendmsg`` (see :meth:`_send`)."""
+        if len(replies) == 1:
+            self._send(link, replies[0])
+            return
+        parts = [part for reply in replies for part in (_HEAD.pack(len(reply)), reply)]
+        if len(parts) > _MAX_PARTS:  # over what one sendmsg takes: one copy
+            parts = [b"".join(parts)]
+        try:
+            sent = link.sock.sendmsg(parts)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        if sent < sum(map(len, parts)):
+            self._keep(link, memoryview(b"".join(parts))[sent:])
+
+    def _keep(self, link: _Link, rest: memoryview) -> None:
+        link.out, link.started, link.held = rest, time.monotonic(), len(rest)
+        self.budget.reserve(link.held, None)  # held until taken: counted like a frame
 
     def _flush(self, link: _Link) -> None:
         out = link.out

@@ -118,8 +118,6 @@ class Connection:
     local: bool = False
     #: Its call runs on the server's event loop now, which it may not keep waiting (rpc/loop.py).
     on_loop: bool = False
-    #: On the loop, a call waited for an fsync in this turn of it already (rpc/loop.py: may_fsync).
-    loop_synced: bool = False
 
 
 _current = threading.local()

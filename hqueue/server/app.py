@@ -245,7 +245,7 @@ class HQueueServer:
             # Quick calls run on the event loop only when the store answers without a network round trip.
             inline = self._inline if self.engine.storage.in_process else None
             server = (
-                functools.partial(LoopServer, inline=inline, big_answers=BIG_ANSWERS)
+                functools.partial(LoopServer, inline=inline, big_answers=BIG_ANSWERS, syncs=self.engine.storage)
                 if io == "loop"
                 else ThreadedServer
             )

@@ -21,13 +21,12 @@ import threading
 from typing import Any
 
 from ..auth import LOCAL, MANAGE, OPEN, AuthPolicy, Principal
-from ..config import MAX_QUEUE_NAME, Durability
+from ..config import MAX_QUEUE_NAME
 from ..coordination import Coordinator
 from ..engine import Engine
 from ..errors import HQueueError, InvalidQueueName, NotAuthorized
 from ..metrics import ServerMetrics
 from ..rpc import wire
-from ..rpc.loop import WouldBlock, may_fsync, on_loop
 from ..rpc.operations import Operation
 from ..rpc.threaded import current_connection
 
@@ -191,19 +190,6 @@ class Calls:
 
     def __init__(self, engine: Engine, coordinator: Coordinator, guard: CallGuard, metrics: ServerMetrics) -> None:
         self.engine, self.coordinator, self.guard, self.metrics = engine, coordinator, guard, metrics
-
-    def _before_write(self, queue: Any) -> None:
-        """Before an inline call writes to ``queue``: a SYNC_WAL queue's write waits for its
-        fsync, which the event loop allows once a turn (:func:`~hqueue.rpc.loop.may_fsync`);
-        past that the call goes to a worker, where it shares an fsync with others."""
-        if not on_loop():
-            return
-        try:
-            durability = self.engine.queue_info(queue).durability
-        except (HQueueError, TypeError, ValueError):
-            return  # the call itself says what is wrong, at once
-        if durability == Durability.SYNC_WAL and not may_fsync():
-            raise WouldBlock
 
 
 class ThriftService:

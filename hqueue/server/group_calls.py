@@ -68,7 +68,6 @@ class GroupCalls(Calls):
 
     @served("consumer", inline=True)
     def groupAck(self, queue: str, group: str, rowkeys: bytes) -> int:
-        self._before_write(queue)
         count, unknown = self.groups.ack_receipts(queue, group, wire.unpack_rowkeys(rowkeys))
         self.metrics.group_acked.inc((queue, group), count)
         if unknown:  # the IDL's answer is one count: the ignored ones are counted here (and logged)
@@ -77,7 +76,6 @@ class GroupCalls(Calls):
 
     @served("consumer", inline=True)
     def groupNack(self, queue: str, group: str, member: str, rowkeys: bytes, delayMillis: int) -> int:
-        self._before_write(queue)
         if not isinstance(delayMillis, int):
             raise TypeError("'delayMillis' must be an int (-1: the backoff)")
         delay = None if delayMillis < 0 else delayMillis / 1000

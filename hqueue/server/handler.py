@@ -165,10 +165,8 @@ class QueueCalls(Calls):
         return partition_id
 
     def _before_put(self, queue: str, partition_id: int) -> None:
-        """On the event loop, before a put writes: a put that would wait for its fsync past
-        the loop's one a turn (:meth:`_before_write`), or behind another call writing the
-        partition (a batch put on a worker), goes to a worker rather than hold the loop."""
-        self._before_write(queue)
+        """On the event loop, before a put writes: a put behind another call writing the
+        partition (a batch put on a worker) goes to a worker rather than hold the loop."""
         if on_loop() and self.engine.writers.lock(queue, partition_id).locked():
             may_block()
 

@@ -177,6 +177,30 @@ class Storage(abc.ABC):
     def reclaim_expired(self, name: str) -> None:  # noqa: B027 - optional hook
         """Free the space of expired cells now (backends may do it anyway)."""
 
+    # -- SYNC_WAL writes that share the fsync of an event loop's turn (rpc/loop.py) ------
+
+    def defer_syncs(self) -> None:  # noqa: B027 - optional hook
+        """From now on, a SYNC_WAL write made by the calling thread (a server's event
+        loop) returns before its fsync: the thread holds back what it answers until
+        :meth:`settle` has made its writes durable, all with one fsync, as Redis does at
+        ``appendfsync always``. A store that syncs nothing itself ignores it."""
+
+    def deferred(self) -> bool:
+        """Whether the calling thread wrote something :meth:`settle` has not made durable."""
+        return False
+
+    def settle(self) -> None:  # noqa: B027 - optional hook
+        """Make durable what the calling thread wrote since it last settled.
+
+        Raises:
+            StorageError: the fsync failed: none of those writes may be acknowledged.
+        """
+
+    def make_durable(self) -> None:  # noqa: B027 - optional hook
+        """Before acknowledging what another thread wrote (a put sent again, answered from
+        its first write's record): everything written so far is durable once this returns
+        or, on a thread that defers its syncs, once it settles."""
+
     @abc.abstractmethod
     def close(self) -> None:
         """Release files, sockets and locks."""

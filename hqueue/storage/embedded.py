@@ -54,7 +54,7 @@ from ..keys.index import INDEX_PREFIX
 from ..keys.timers import pending_range
 from ..message import encode_rowkey, partition_prefix
 from .base import Cell, Storage, expired, housekeeping, keep_id_floor, ttl_cutoff, ttl_start
-from .commits import GroupCommit, cells_filler, meta_filler
+from .commits import Fill, GroupCommit, cells_filler, meta_filler
 from .fence import Fence, LocalFences, Token
 from .healing import Healing
 from .lockholder import lock_holder
@@ -98,6 +98,15 @@ def _write_options(durability: str) -> rocksdict.WriteOptions:
     return options
 
 
+class _Deferral(threading.local):
+    on = False  # this thread's SYNC_WAL writes wait for settle() (a server's event loop)
+    pending = False  # and some do now
+
+
+def _nothing(batch: rocksdict.WriteBatch) -> None:
+    """An empty write: with sync=True, RocksDB syncs the WAL for it (and all before it)."""
+
+
 class EmbeddedStorage(Healing, Storage):
     """RocksDB-backed storage for one process.
 
@@ -113,6 +122,8 @@ class EmbeddedStorage(Healing, Storage):
         self._write_options = {d: _write_options(d) for d in Durability.ALL}
         #: SYNC_WAL writes go through it: concurrent ones share one write and one fsync.
         self._commit = GroupCommit(self._write_synced)
+        #: Per thread: whether its SYNC_WAL writes wait for settle(), and whether some do now.
+        self._deferral = _Deferral()
         self._infos: dict[str, QueueInfo] = {}
         self._families: dict[str, rocksdict.Rdict] = {}
         self._handles: dict[str, rocksdict.ColumnFamily] = {}
@@ -135,6 +146,30 @@ class EmbeddedStorage(Healing, Storage):
 
     def _write_synced(self, batch: rocksdict.WriteBatch) -> None:
         self._db.write(batch, self._write_options[Durability.SYNC_WAL])
+
+    def _write_deferred(self, fill: Fill) -> None:
+        """A SYNC_WAL write on a thread that defers its syncs: written now, its fsync at settle()."""
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        fill(batch)
+        self._db.write(batch, self._write_options[Durability.ASYNC_WAL])
+        self._deferral.pending = True
+
+    def defer_syncs(self) -> None:
+        self._deferral.on = True
+
+    def deferred(self) -> bool:
+        return self._deferral.pending
+
+    def settle(self) -> None:
+        if self._deferral.pending:
+            self._deferral.pending = False  # a failed fsync fails them all: never retried as if written
+            self._guard(self._commit.commit, _nothing)  # an empty synced write syncs the WAL, with any group
+
+    def make_durable(self) -> None:
+        if self._deferral.on:
+            self._deferral.pending = True
+        else:
+            self._guard(self._commit.commit, _nothing)
 
     def _open(self) -> rocksdict.Rdict:
         os.makedirs(self.path, exist_ok=True)
@@ -276,7 +311,8 @@ class EmbeddedStorage(Healing, Storage):
         index = self._index_handles.get(name)
         if durability == Durability.SYNC_WAL:  # one fsync with the other writers under way
             fill = cells_filler(handle, index, cells, deletes)
-            self._fences.write(fence, high, self._guard, self._commit.commit, fill)
+            commit = self._write_deferred if self._deferral.on else self._commit.commit
+            self._fences.write(fence, high, self._guard, commit, fill)
             return
         batch = rocksdict.WriteBatch(raw_mode=True)
         batch.set_default_column_family(handle)
@@ -361,7 +397,8 @@ class EmbeddedStorage(Healing, Storage):
             return
         if durability == Durability.SYNC_WAL:  # one fsync with the other writers under way
             fill = meta_filler(_KV_PREFIX, puts, deletes)
-            self._fences.write(fence, b"", self._guard, self._commit.commit, fill, entered=entered)
+            commit = self._write_deferred if self._deferral.on else self._commit.commit
+            self._fences.write(fence, b"", self._guard, commit, fill, entered=entered)
             return
         batch = rocksdict.WriteBatch(raw_mode=True)
         meta_filler(_KV_PREFIX, puts, deletes)(batch)

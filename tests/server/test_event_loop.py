@@ -15,9 +15,9 @@ from thriftpy2.transport import TFramedTransportFactory
 from thriftpy2.transport.memory import TCyMemoryBuffer
 
 from hqueue import HQueue, HQueueAdmin, Message
-from hqueue.errors import InvalidArgument
-from hqueue.rpc.loop import LoopServer, may_fsync
-from hqueue.rpc.threaded import Connection, ServerLimits, ThreadedServer, _current
+from hqueue.errors import InvalidArgument, StorageError
+from hqueue.rpc.loop import LoopServer
+from hqueue.rpc.threaded import ServerLimits, ThreadedServer
 from hqueue.rpc.wire import T
 from hqueue.rpc.workers import Workers
 from hqueue.server import HQueueServer
@@ -203,16 +203,76 @@ def test_sync_wal_puts_from_many_connections_are_all_acknowledged_and_kept(serve
         assert sorted((m.partition_id, m.id) for m in queue.scan()) == sorted(ids)
 
 
-def test_the_loop_waits_for_one_fsync_a_turn_at_most():
-    # A client's pipelined SYNC_WAL writes cannot hold the loop for more than one fsync a turn
-    connection = Connection(1, ("127.0.0.1", 1), on_loop=True)
-    _current.connection = connection
-    try:
-        assert may_fsync()  # the turn's first
-        assert not may_fsync()  # the rest go to workers
-    finally:
-        _current.connection = None
-    assert may_fsync()  # off the loop: always
+def sync_puts(first_seqid: int, n: int) -> bytes:
+    """``n`` one-message puts to partition 0 of the SYNC_WAL queue, framed and pipelined."""
+    message = T.TMessage(topic=b"t", value=b"x")
+    return b"".join(
+        call_frame("putMessageWithPid", first_seqid + i, queue="durable", partitionID=0, message=message)
+        for i in range(n)
+    )
+
+
+def test_sync_wal_puts_pipelined_on_the_loop_share_fsyncs_and_are_answered_in_order(server):
+    commits = server.engine.storage._commit
+    groups = commits.groups
+    with connect(server) as sock:
+        sock.sendall(sync_puts(1, 50))
+        answers: list = []
+        assert [read_reply(sock, answers)[1] for _ in range(50)] == list(range(1, 51))
+    ids = [(a.success.timestamp, a.success.sequenceID) for a in answers]
+    assert ids == sorted(ids) and len(set(ids)) == 50
+    assert commits.groups - groups < 50  # the turn's writes share its one fsync
+
+
+def test_no_answer_of_a_turn_that_wrote_goes_before_its_fsync(server, monkeypatch):
+    storage, released = server.engine.storage, threading.Event()
+    settle, settling = storage.settle, threading.Event()
+
+    def held_settle() -> None:
+        settling.set()
+        released.wait(10)  # the fsync, held
+        settle()
+
+    monkeypatch.setattr(storage, "settle", held_settle)
+    with connect(server) as writer, connect(server) as reader:
+        writer.sendall(call_frame("listQueues", 1) + sync_puts(2, 1) + call_frame("listQueues", 3))
+        assert settling.wait(10)
+        assert read_reply(writer) == ("listQueues", 1)  # before the write: it saw nothing unsynced
+        writer.settimeout(0.3)
+        with pytest.raises(TimeoutError):  # the write's answer, and every one after it, wait for the fsync
+            read_reply(writer)
+        released.set()
+        writer.settimeout(10)
+        assert [read_reply(writer), read_reply(writer)] == [("putMessageWithPid", 2), ("listQueues", 3)]
+        reader.sendall(call_frame("listQueues", 4))  # the loop goes on
+        assert read_reply(reader) == ("listQueues", 4)
+
+
+def test_a_failed_fsync_closes_the_connections_whose_writes_it_was_for_unanswered(server, monkeypatch):
+    storage = server.engine.storage
+    settle, failures = storage.settle, [StorageError("the disk failed (EIO)")]
+
+    def failing_settle() -> None:
+        if failures:
+            settle()  # what the store does: the writes are not pending any more
+            raise failures.pop()
+        settle()
+
+    monkeypatch.setattr(storage, "settle", failing_settle)
+    with connect(server) as sock:
+        sock.sendall(sync_puts(1, 1))
+        assert closed_by_server(sock, 10)  # no answer: the put was never acknowledged
+    with HQueue("durable", f"hqueue://{server.address}") as queue:  # the next writes go on
+        assert len(queue.put(Message("t", b"after"), partition_id=0)) == 1
+
+
+def test_a_call_that_needs_a_worker_waits_for_the_answers_held_before_it(server):
+    big = T.TMessage(topic=b"t", value=b"v" * 200_000)  # read by a worker
+    frames = sync_puts(1, 3) + call_frame("putMessageWithPid", 4, queue="q", partitionID=0, message=big)
+    frames += call_frame("listQueues", 5)
+    with connect(server) as sock:
+        sock.sendall(frames + sync_puts(6, 2))
+        assert [read_reply(sock)[1] for _ in range(7)] == [1, 2, 3, 4, 5, 6, 7]
 
 
 def test_a_call_no_thread_could_take_is_refused_and_never_runs_later(monkeypatch):

@@ -182,3 +182,32 @@ def test_a_writer_interrupted_while_it_waits_is_never_written_and_holds_up_nobod
     done.join(10)
     assert not done.is_alive()
     assert filled == ["leader", "after"]
+
+
+def test_a_thread_that_defers_its_syncs_writes_at_once_and_settles_them_with_one_fsync(store):
+    """A server's event loop: its SYNC_WAL writes return before their fsync, and one fsync
+    at the end of its turn makes them all durable; other threads' writes are unchanged."""
+    seen: dict[str, object] = {}
+
+    def loop() -> None:
+        store.defer_syncs()
+        groups = store._commit.groups
+        for n in range(10):
+            store.write("q", [(rowkey(0, n), b"v")], Durability.SYNC_WAL)
+        seen["written"] = (store._commit.groups - groups, store.deferred())
+        seen["readable"] = len(store.scan("q", rowkey(0, 0), rowkey(0, 10), limit=20))
+        store.settle()
+        seen["settled"] = (store._commit.groups - groups, store.deferred())
+        store.make_durable()  # on this thread: at its next settle
+        seen["asked"] = store.deferred()
+        store.settle()
+
+    thread = threading.Thread(target=loop)
+    thread.start()
+    thread.join(10)
+    assert seen == {"written": (0, True), "readable": 10, "settled": (1, False), "asked": True}
+    groups = store._commit.groups
+    store.write("q", [(rowkey(1, 0), b"v")], Durability.SYNC_WAL)  # another thread: synced before it returns
+    assert (store._commit.groups - groups, store.deferred()) == (1, False)
+    store.make_durable()  # off a deferring thread: an fsync now
+    assert store._commit.groups - groups == 2

@@ -148,26 +148,35 @@ def test_sigterm_drains_and_exits_cleanly_and_data_survives(tmp_path):
 
 
 @pytest.mark.slow
-def test_kill_9_the_server_mid_load_loses_no_acknowledged_message(tmp_path):
-    """Crash proof through the server: SIGKILL it 3 times under a remote load."""
+@pytest.mark.parametrize(
+    "durability, writers, batch",
+    [("ASYNC_WAL", 1, 10), ("SYNC_WAL", 8, 1)],
+    ids=["batches", "sync-wal-single-puts-sharing-the-loops-fsync"],
+)
+def test_kill_9_the_server_mid_load_loses_no_acknowledged_message(tmp_path, durability, writers, batch):
+    """Crash proof through the server: SIGKILL it 3 times under a remote load (with
+    SYNC_WAL single puts from 8 connections, the event loop's writes whose answers wait
+    for the fsync at the end of its turn)."""
     proc = ServerProcess(f"local://{tmp_path}/data", tmp_path)
     url = f"hqueue://{proc.address}"
     with HQueueAdmin(url) as admin:
-        admin.create_queue("q", 4)
+        admin.create_queue("q", 4, durability=durability)
     acked, errors, stop = [], [], threading.Event()
 
-    def write() -> None:
+    def write(n: int) -> None:
         with HQueue("q", url) as queue:
-            i = 0
+            i = n
             while not stop.is_set():
                 try:
-                    acked.extend((i % 4, mid) for mid in queue.put([Message("t", b"%d" % i)] * 10, partition_id=i % 4))
+                    messages = [Message("t", b"%d" % i)] * batch
+                    acked.extend((i % 4, mid) for mid in queue.put(messages, partition_id=i % 4))
                 except Exception as e:
                     errors.append(repr(e))
                 i += 1
 
-    writer = threading.Thread(target=write, daemon=True)
-    writer.start()
+    threads = [threading.Thread(target=write, args=(n,), daemon=True) for n in range(writers)]
+    for thread in threads:
+        thread.start()
     for _ in range(3):
         time.sleep(1.0)
         count = len(acked)
@@ -175,7 +184,8 @@ def test_kill_9_the_server_mid_load_loses_no_acknowledged_message(tmp_path):
         proc.start()  # same port: the client's retries reach it again
         wait_for(lambda count=count: len(acked) > count + 50, 60, "the writer to resume")
     stop.set()
-    writer.join(timeout=60)
+    for thread in threads:
+        thread.join(timeout=60)
     assert errors == [], errors[:3]
     with HQueue("q", url) as queue:
         stored = {(m.partition_id, m.id) for m in queue.scan()}  # an ID is unique within its partition

@@ -195,7 +195,8 @@ class PartitionWriters:
         record = log.answered(functools.partial(self._read, info.name), pid, request, count)
         if record is None:
             return None
-        self.storage.make_durable()  # its first write may be waiting for an event loop's fsync
+        if info.durability == Durability.SYNC_WAL:  # its first write may wait for an event loop's fsync
+            self.storage.make_durable()
         return Answer(request, record.first, record.size)
 
     def _read(self, name: str, key: bytes) -> bytes | None:

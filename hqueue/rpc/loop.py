@@ -71,6 +71,9 @@ SWEEP = 1.0
 #: A worker serves a connection's next calls while each comes within this many milliseconds.
 STAY_MS = 20
 _READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
+#: Calls of one connection the loop runs in one turn at most (the rest in the next turns):
+#: a turn's answers wait for its end, and one client's pipeline must not make it long.
+CALLS_A_TURN = 32
 #: Buffers one sendmsg is given at most (Linux takes 1024, IOV_MAX).
 _MAX_PARTS = 512
 
@@ -121,6 +124,8 @@ class _Link:
     waiting: list[bytes] | None = None
     #: Its next call needs a worker: it waits until the held answers are sent.
     paused: bool = False
+    #: It has whole calls left from its share of the last turn (LoopServer._more).
+    more: bool = False
 
 
 class Syncs(Protocol):
@@ -166,6 +171,8 @@ class LoopServer(ThreadedServer):
         self._syncs = syncs
         #: The connections with answers held for this turn's fsync, in the order they wrote.
         self._held: list[_Link] = []
+        #: Connections with whole calls left over from a turn (CALLS_A_TURN), for the next.
+        self._more: list[_Link] = []
         # One call per connection at a time: never more workers than connections.
         self._workers = Workers()
 
@@ -218,7 +225,8 @@ class LoopServer(ThreadedServer):
             self._syncs.defer_syncs()
         try:
             while not (self.closed and self._closing()):
-                events = select(0 if self._held else SWEEP)
+                events = select(0 if self._held or self._more else SWEEP)
+                more, self._more = self._more, []
                 for key, mask in events:
                     link = key.data
                     if link is None:
@@ -228,8 +236,11 @@ class LoopServer(ThreadedServer):
                         self._flush(link)
                     if mask & _READ and not link.closed:
                         self._read(link)
-                if self._held:
-                    self._settle()
+                for link in more:  # the calls left from their share of the last turn
+                    link.more = False
+                    self._calls(link)
+                if self._held or (self._syncs is not None and self._syncs.deferred()):
+                    self._settle()  # also for writes no answer waits for (a member's leases let go)
                 now = time.monotonic()
                 if now >= sweep_at:
                     self._sweep(now)
@@ -294,12 +305,19 @@ class LoopServer(ThreadedServer):
             return
         link.buffer += chunk
         link.last = time.monotonic()
-        self._calls(link)
+        if not link.more:  # else its calls run after this turn's reads, its share of the turn
+            self._calls(link)
 
     def _calls(self, link: _Link) -> None:
         """Run the connection's whole calls, in order, while it may."""
-        buffer = link.buffer
+        buffer, calls = link.buffer, 0
         while not (link.busy or link.closed or link.out is not None or link.paused):
+            if calls == CALLS_A_TURN:  # its share of this turn: the rest in the next
+                if not link.more:
+                    link.more = True
+                    self._more.append(link)
+                break
+            calls += 1
             if len(buffer) < 4:
                 link.started = (link.started or time.monotonic()) if buffer else None
                 break
@@ -328,7 +346,7 @@ class LoopServer(ThreadedServer):
         try:
             check_call(frame, self.limits.max_items)
         except FrameError as e:
-            self._drop(link, e)
+            self._fail(link, e)
             return
         size = len(frame)
         method, seqid = call_head(frame)
@@ -348,7 +366,7 @@ class LoopServer(ThreadedServer):
             reply = None
         except Exception as e:
             self.budget.release(size)
-            self._drop(link, e)
+            self._fail(link, e)
             return
         finally:
             connection.on_loop = False  # before a worker may have it
@@ -358,6 +376,14 @@ class LoopServer(ThreadedServer):
             self._to_worker_after(link, frame, blocked=method)
             return
         self._answered(link, reply)
+
+    def _fail(self, link: _Link, error: Exception) -> None:
+        """End a connection whose call failed; answers held for the turn's fsync go first."""
+        if link.waiting is None:
+            self._drop(link, error)
+            return
+        self._ending(error, link.connection)
+        link.connection.close_after_reply, link.paused = True, True
 
     def _to_worker_after(self, link: _Link, frame: bytes, blocked: str | None = None) -> None:
         """A worker runs ``frame``'s call: now, or, while the connection has answers held
@@ -442,10 +468,14 @@ class LoopServer(ThreadedServer):
                 continue
             if link.connection.close_after_reply and link.out is None:
                 self._close(link)
-        for link in held:
-            if not link.closed and link.out is None:
+        for link in held:  # their next calls in the next turn (a reply partly sent: once it is all)
+            if not link.closed:
                 link.paused = False
-                self._calls(link)
+                if link.out is not None:
+                    self._listen(link)
+                elif link.buffer and not link.more:
+                    link.more = True
+                    self._more.append(link)
 
     def _reply(self, link: _Link, reply: bytes) -> None:
         """A call's answer (from the loop, or the worker that has the link): the connection

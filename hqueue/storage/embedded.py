@@ -163,13 +163,24 @@ class EmbeddedStorage(Healing, Storage):
     def settle(self) -> None:
         if self._deferral.pending:
             self._deferral.pending = False  # a failed fsync fails them all: never retried as if written
-            self._guard(self._commit.commit, _nothing)  # an empty synced write syncs the WAL, with any group
+            self._sync()
 
     def make_durable(self) -> None:
         if self._deferral.on:
             self._deferral.pending = True
         else:
+            self._sync()
+
+    def _sync(self) -> None:
+        """Sync the WAL (an empty synced write, shared with any group under way). If that
+        fails, the store is reopened before its next use: after a failed fsync the kernel
+        may have dropped what was written, so only what a reopen reads back from the WAL
+        counts (no later fsync may vouch for a write the failed one was for)."""
+        try:
             self._guard(self._commit.commit, _nothing)
+        except StorageError:
+            self._failed = True
+            raise
 
     def _open(self) -> rocksdict.Rdict:
         os.makedirs(self.path, exist_ok=True)

@@ -427,15 +427,17 @@ class LoopServer(ThreadedServer):
             link.waiting = []
             self._held.append(link)
         if link.waiting is not None:  # the turn wrote: every answer after it waits for its fsync
-            connection = link.connection
-            if not connection.trusted:
-                connection.trusted = self.trusted_after(connection)
+            self._trust(link)
             if reply:
                 link.waiting.append(reply)
                 self.budget.reserve(len(reply), None)  # held: counted like a reply not taken
             return
+        self._deliver(link, self._reply, reply)
+
+    def _deliver(self, link: _Link, send: Callable[[_Link, Any], None], what: Any) -> None:
+        """``send(link, what)`` from the loop; then the connection ends if it was to end after it."""
         try:
-            self._reply(link, reply)
+            send(link, what)
         except OSError as e:
             self._drop(link, e)
             return
@@ -460,14 +462,8 @@ class LoopServer(ThreadedServer):
                 continue
             if error is not None:
                 self._drop(link, error)
-                continue
-            try:
-                self._send_all(link, replies)
-            except OSError as e:
-                self._drop(link, e)
-                continue
-            if link.connection.close_after_reply and link.out is None:
-                self._close(link)
+            else:
+                self._deliver(link, self._send_all, replies)
         for link in held:  # their next calls in the next turn (a reply partly sent: once it is all)
             if not link.closed:
                 link.paused = False
@@ -480,11 +476,14 @@ class LoopServer(ThreadedServer):
     def _reply(self, link: _Link, reply: bytes) -> None:
         """A call's answer (from the loop, or the worker that has the link): the connection
         trusted if it now proved itself, and the reply sent (oneway calls have none)."""
+        self._trust(link)
+        if reply:
+            self._send(link, reply)
+
+    def _trust(self, link: _Link) -> None:
         connection = link.connection
         if not connection.trusted:
             connection.trusted = self.trusted_after(connection)
-        if reply:
-            self._send(link, reply)
 
     def _send(self, link: _Link, reply: bytes) -> None:
         """Send a reply without blocking (from the loop, or the worker that has the link):

@@ -73,7 +73,7 @@ STAY_MS = 20
 _READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 #: Calls of one connection the loop runs in one turn at most (the rest in the next turns):
 #: a turn's answers wait for its end, and one client's pipeline must not make it long.
-CALLS_A_TURN = 32
+CALLS_A_TURN = 8
 #: Buffers one sendmsg is given at most (Linux takes 1024, IOV_MAX).
 _MAX_PARTS = 512
 
@@ -124,8 +124,11 @@ class _Link:
     waiting: list[bytes] | None = None
     #: Its next call needs a worker: it waits until the held answers are sent.
     paused: bool = False
-    #: It has whole calls left from its share of the last turn (LoopServer._more).
+    #: It has whole calls left from its share of the last turn (LoopServer._more): nothing
+    #: more is read of it meanwhile, so what it holds here stays bounded.
     more: bool = False
+    #: The peer closed its side: its calls read already are still answered, then it ends.
+    eof: bool = False
 
 
 class Syncs(Protocol):
@@ -279,10 +282,15 @@ class LoopServer(ThreadedServer):
         self._listen(link)
 
     def _listen(self, link: _Link) -> None:
-        """Watch for what the connection waits for now: its next call, its reply's room, or nothing."""
+        """Watch for what the connection waits for now: its next call, its reply's room, or
+        nothing (a worker has it, it has calls left to run, or its peer sent all it will);
+        a connection whose peer closed ends once nothing of it is left to do."""
         if link.closed:
             return
-        want = 0 if link.busy else _WRITE if link.out is not None else _READ
+        if link.eof and not (link.busy or link.out is not None or link.more or link.paused) and link.waiting is None:
+            self._close(link)  # its calls are all answered (a partial frame never will be)
+            return
+        want = 0 if link.busy else _WRITE if link.out is not None else 0 if link.more or link.eof else _READ
         if want != link.events:
             if not link.events:
                 self._selector.register(link.sock, want, link)
@@ -300,8 +308,9 @@ class LoopServer(ThreadedServer):
         except OSError:
             self._close(link)
             return
-        if not chunk:  # the peer closed
-            self._close(link)
+        if not chunk:  # the peer closed its side (maybe only that): what it sent is answered first
+            link.eof = True
+            self._calls(link)
             return
         link.buffer += chunk
         link.last = time.monotonic()
@@ -467,11 +476,10 @@ class LoopServer(ThreadedServer):
         for link in held:  # their next calls in the next turn (a reply partly sent: once it is all)
             if not link.closed:
                 link.paused = False
-                if link.out is not None:
-                    self._listen(link)
-                elif link.buffer and not link.more:
+                if link.out is None and link.buffer and not link.more:
                     link.more = True
                     self._more.append(link)
+                self._listen(link)
 
     def _reply(self, link: _Link, reply: bytes) -> None:
         """A call's answer (from the loop, or the worker that has the link): the connection

@@ -49,6 +49,12 @@ def _fmt(value) -> str:
     return "" if value is None else str(value)
 
 
+def percentile(samples: list[float], q: float) -> float:
+    """The ``q`` quantile of ``samples`` (0.5: the median), the nearest rank."""
+    samples = sorted(samples)
+    return samples[min(len(samples) - 1, int(len(samples) * q))]
+
+
 def rss_mb(pid: int) -> float:
     """A process's resident memory in MB, from /proc (the same measure for every server)."""
     with open(f"/proc/{pid}/status") as f:

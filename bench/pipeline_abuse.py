@@ -26,17 +26,11 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from common import report, rss_mb  # noqa: E402
-from remote import free_port, wait_port  # noqa: E402
-from thriftpy2.protocol import TBinaryProtocolFactory  # noqa: E402
-from thriftpy2.thrift import TMessageType  # noqa: E402
-from thriftpy2.transport.memory import TCyMemoryBuffer  # noqa: E402
+from common import percentile, report, rss_mb  # noqa: E402
+from remote import start_hqueue  # noqa: E402
 
 from hqueue import HQueueAdmin  # noqa: E402
-from hqueue.rpc.wire import T  # noqa: E402
-
-HERE = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-PROTOCOL = TBinaryProtocolFactory()
+from hqueue.rpc.wire import T, call_frame  # noqa: E402
 
 ATTACKER = """
 import socket, sys, threading, time
@@ -64,16 +58,6 @@ for t in threads:
 """
 
 
-def call_frame(api: str, seqid: int, **args) -> bytes:
-    buffer = TCyMemoryBuffer()
-    protocol = PROTOCOL.get_protocol(buffer)
-    protocol.write_message_begin(api, TMessageType.CALL, seqid)
-    protocol.write_struct(getattr(T.HQueueService, api + "_args")(**args))
-    protocol.write_message_end()
-    payload = buffer.getvalue()
-    return struct.pack(">I", len(payload)) + payload
-
-
 def read_frame(sock: socket.socket) -> None:
     def exactly(size: int) -> bytes:
         data = b""
@@ -88,15 +72,10 @@ def read_frame(sock: socket.socket) -> None:
 
 
 def one_case(io: str, attackers: int, seconds: float, samples: int) -> dict:
-    workdir, port = tempfile.mkdtemp(prefix="hqueue-bench-pipeline-"), free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "hqueue.cli", "server", "--storage", f"{workdir}/hqueue", "--port", str(port),
-         "--log-level", "WARNING", "--io", io],
-        env=dict(os.environ, PYTHONPATH=HERE), stdout=subprocess.DEVNULL,
-    )  # fmt: skip
+    workdir = tempfile.mkdtemp(prefix="hqueue-bench-pipeline-")
+    server, port = start_hqueue(workdir, "--io", io)
     attack = None
     try:
-        wait_port(port)
         with HQueueAdmin(f"hqueue://127.0.0.1:{port}") as admin:
             admin.create_queue("durable", 4, durability="SYNC_WAL")
         message = T.TMessage(topic=b"t", value=b"x")
@@ -125,13 +104,12 @@ def one_case(io: str, attackers: int, seconds: float, samples: int) -> dict:
         server.kill()
         server.wait()
         shutil.rmtree(workdir, ignore_errors=True)
-    latencies.sort()
     return {
         "io": io,
         "attackers": attackers,
-        "p50_ms": latencies[len(latencies) // 2],
-        "p99_ms": latencies[int(len(latencies) * 0.99)],
-        "max_ms": latencies[-1],
+        "p50_ms": percentile(latencies, 0.5),
+        "p99_ms": percentile(latencies, 0.99),
+        "max_ms": max(latencies),
         "server_rss_mb": rss,
     }
 

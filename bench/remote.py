@@ -55,14 +55,15 @@ def wait_port(port: int, timeout: float = 30) -> None:
     raise RuntimeError(f"nothing listens on {port}")
 
 
-def start_hqueue(workdir: str) -> tuple[subprocess.Popen, int]:
-    """``hqueue server`` on an embedded store under ``workdir``, with ``HQUEUE_BENCH_SERVER_ARGS``
-    (``--io threads`` measures the thread-per-connection server)."""
-    port = free_port()
+def start_hqueue(workdir: str, *args: str, tree: str | None = None) -> tuple[subprocess.Popen, int]:
+    """``hqueue server`` on an embedded store under ``workdir``, with ``args`` and
+    ``HQUEUE_BENCH_SERVER_ARGS`` (``--io threads`` measures the thread-per-connection
+    server), from the source ``tree`` (default: this checkout)."""
+    port, tree = free_port(), tree or os.path.join(os.path.dirname(__file__), "..")
     proc = subprocess.Popen(
         [sys.executable, "-m", "hqueue.cli", "server", "--storage", f"{workdir}/hqueue", "--port", str(port),
-         "--log-level", "WARNING", *os.environ.get("HQUEUE_BENCH_SERVER_ARGS", "").split()],
-        env=dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), "..")),
+         "--log-level", "WARNING", *args, *os.environ.get("HQUEUE_BENCH_SERVER_ARGS", "").split()],
+        env=dict(os.environ, PYTHONPATH=tree), cwd=tree, stdout=subprocess.DEVNULL,
     )  # fmt: skip
     wait_port(port)
     return proc, port

@@ -36,7 +36,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from common import report  # noqa: E402
+from common import percentile, report  # noqa: E402
 from remote import free_port, wait_port  # noqa: E402
 
 from hqueue import Durability, HQueue, HQueueAdmin, Message  # noqa: E402
@@ -93,11 +93,6 @@ def measured(server: Server, work) -> tuple[float, float, object]:
     cpu, started = cpu_seconds(server.proc.pid), time.perf_counter()
     out = work()
     return time.perf_counter() - started, cpu_seconds(server.proc.pid) - cpu, out
-
-
-def percentile(samples: list[float], q: float) -> float:
-    samples = sorted(samples)
-    return samples[min(len(samples) - 1, int(len(samples) * q))]
 
 
 class HQueueCases:

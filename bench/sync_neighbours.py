@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -28,8 +27,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from common import report  # noqa: E402
-from remote import free_port, wait_port  # noqa: E402
+from common import percentile, report  # noqa: E402
+from remote import start_hqueue  # noqa: E402
 
 from hqueue import Durability, HQueue, HQueueAdmin, Message  # noqa: E402
 
@@ -38,14 +37,9 @@ MESSAGE = Message("crawler", b"x" * 93)
 
 
 def one_run(name: str, tree: str, writers: int, samples: int) -> dict:
-    workdir, port = tempfile.mkdtemp(prefix="hqueue-bench-neighbours-"), free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hqueue.cli", "server", "--storage", f"{workdir}/hqueue", "--port", str(port),
-         "--log-level", "WARNING"],
-        env=dict(os.environ, PYTHONPATH=tree), cwd=tree, stdout=subprocess.DEVNULL,
-    )  # fmt: skip
+    workdir = tempfile.mkdtemp(prefix="hqueue-bench-neighbours-")
+    proc, port = start_hqueue(workdir, tree=tree)
     try:
-        wait_port(port)
         url = f"hqueue://127.0.0.1:{port}"
         with HQueueAdmin(url) as admin:
             admin.create_queue("s", 4, durability=Durability.SYNC_WAL)
@@ -78,11 +72,10 @@ def one_run(name: str, tree: str, writers: int, samples: int) -> dict:
         proc.terminate()
         proc.wait()
         shutil.rmtree(workdir, ignore_errors=True)
-    latencies.sort()
     return {
         "system": name,
-        "async_p50_ms": latencies[len(latencies) // 2] * 1000,
-        "async_p99_ms": latencies[int(len(latencies) * 0.99)] * 1000,
+        "async_p50_ms": percentile(latencies, 0.5) * 1000,
+        "async_p99_ms": percentile(latencies, 0.99) * 1000,
         "sync_writes_s": written / seconds,
     }
 

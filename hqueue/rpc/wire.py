@@ -40,6 +40,22 @@ PUT_FRAME_BYTES_PER_MESSAGE, PUT_FRAME_BYTES_PER_CALL = 40, 64 * 1024
 _ROWKEY = struct.Struct(">HQH")
 
 
+def call_frame(api: str, seqid: int, **args: Any) -> bytes:
+    """One framed binary-protocol call of the service, as a client sends it (for tools and
+    tests that speak to a server in raw frames: pipelined, cut, or hostile)."""
+    from thriftpy2.protocol import TBinaryProtocolFactory
+    from thriftpy2.thrift import TMessageType
+    from thriftpy2.transport.memory import TCyMemoryBuffer
+
+    buffer = TCyMemoryBuffer()
+    protocol = TBinaryProtocolFactory().get_protocol(buffer)
+    protocol.write_message_begin(api, TMessageType.CALL, seqid)
+    protocol.write_struct(getattr(T.HQueueService, api + "_args")(**args))
+    protocol.write_message_end()
+    payload = buffer.getvalue()
+    return struct.pack(">I", len(payload)) + payload
+
+
 def put_frame_bytes(messages: int, payload: int) -> int:
     """The largest frame a put of ``messages`` messages and ``payload`` bytes of topics and values takes."""
     return payload + messages * PUT_FRAME_BYTES_PER_MESSAGE + PUT_FRAME_BYTES_PER_CALL

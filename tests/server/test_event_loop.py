@@ -10,7 +10,6 @@ import threading
 import pytest
 from thriftpy2.protocol import TBinaryProtocolFactory
 from thriftpy2.rpc import make_client
-from thriftpy2.thrift import TMessageType
 from thriftpy2.transport import TFramedTransportFactory
 from thriftpy2.transport.memory import TCyMemoryBuffer
 
@@ -18,24 +17,13 @@ from hqueue import HQueue, HQueueAdmin, Message
 from hqueue.errors import InvalidArgument, StorageError
 from hqueue.rpc.loop import CALLS_A_TURN, LoopServer
 from hqueue.rpc.threaded import ServerLimits, ThreadedServer
-from hqueue.rpc.wire import T
+from hqueue.rpc.wire import T, call_frame
 from hqueue.rpc.workers import Workers
 from hqueue.server import HQueueServer
 
 from ..processes import wait_for
 
 PROTOCOL = TBinaryProtocolFactory()
-
-
-def call_frame(api: str, seqid: int, **args) -> bytes:
-    """One framed binary-protocol call, as a client sends it."""
-    buffer = TCyMemoryBuffer()
-    protocol = PROTOCOL.get_protocol(buffer)
-    protocol.write_message_begin(api, TMessageType.CALL, seqid)
-    protocol.write_struct(getattr(T.HQueueService, api + "_args")(**args))
-    protocol.write_message_end()
-    payload = buffer.getvalue()
-    return struct.pack(">I", len(payload)) + payload
 
 
 def read_reply(sock: socket.socket, answer: list | None = None) -> tuple[str, int]:

@@ -321,12 +321,11 @@ class LoopServer(ThreadedServer):
         """Run the connection's whole calls, in order, while it may."""
         buffer, calls = link.buffer, 0
         while not (link.busy or link.closed or link.out is not None or link.paused):
-            if calls == CALLS_A_TURN:  # its share of this turn: the rest in the next
+            if calls == CALLS_A_TURN and len(buffer) >= 4:  # its share of this turn: the rest in the next
                 if not link.more:
                     link.more = True
                     self._more.append(link)
                 break
-            calls += 1
             if len(buffer) < 4:
                 link.started = (link.started or time.monotonic()) if buffer else None
                 break
@@ -347,6 +346,7 @@ class LoopServer(ThreadedServer):
                 frame = bytes(view[4 : 4 + size])
             del buffer[: 4 + size]
             link.started = None
+            calls += 1
             self._call(link, frame)
         self._listen(link)
 
@@ -506,6 +506,8 @@ class LoopServer(ThreadedServer):
 
     def _send_all(self, link: _Link, replies: list[bytes]) -> None:
         """Send answers held for an fsync, in order, in one ``sendmsg`` (see :meth:`_send`)."""
+        if not replies:  # oneway calls
+            return
         if len(replies) == 1:
             self._send(link, replies[0])
             return

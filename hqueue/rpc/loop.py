@@ -242,8 +242,8 @@ class LoopServer(ThreadedServer):
                 for link in more:  # the calls left from their share of the last turn
                     link.more = False
                     self._calls(link)
-                if self._held or (self._syncs is not None and self._syncs.deferred()):
-                    self._settle()  # also for writes no answer waits for (a member's leases let go)
+                if self._syncs is not None and self._syncs.deferred():
+                    self._settle()  # answers held, or writes no answer waits for (a member's leases let go)
                 now = time.monotonic()
                 if now >= sweep_at:
                     self._sweep(now)

@@ -147,8 +147,12 @@ class EmbeddedStorage(Healing, Storage):
     def _write_synced(self, batch: rocksdict.WriteBatch) -> None:
         self._db.write(batch, self._write_options[Durability.SYNC_WAL])
 
-    def _write_deferred(self, fill: Fill) -> None:
-        """A SYNC_WAL write on a thread that defers its syncs: written now, its fsync at settle()."""
+    def _write_durably(self, fill: Fill) -> None:
+        """A SYNC_WAL write: through the group commit, or, on a thread that defers its syncs,
+        written now and its fsync at settle()."""
+        if not self._deferral.on:
+            self._commit.commit(fill)
+            return
         batch = rocksdict.WriteBatch(raw_mode=True)
         fill(batch)
         self._db.write(batch, self._write_options[Durability.ASYNC_WAL])
@@ -322,8 +326,7 @@ class EmbeddedStorage(Healing, Storage):
         index = self._index_handles.get(name)
         if durability == Durability.SYNC_WAL:  # one fsync with the other writers under way
             fill = cells_filler(handle, index, cells, deletes)
-            commit = self._write_deferred if self._deferral.on else self._commit.commit
-            self._fences.write(fence, high, self._guard, commit, fill)
+            self._fences.write(fence, high, self._guard, self._write_durably, fill)
             return
         batch = rocksdict.WriteBatch(raw_mode=True)
         batch.set_default_column_family(handle)
@@ -408,8 +411,7 @@ class EmbeddedStorage(Healing, Storage):
             return
         if durability == Durability.SYNC_WAL:  # one fsync with the other writers under way
             fill = meta_filler(_KV_PREFIX, puts, deletes)
-            commit = self._write_deferred if self._deferral.on else self._commit.commit
-            self._fences.write(fence, b"", self._guard, commit, fill, entered=entered)
+            self._fences.write(fence, b"", self._guard, self._write_durably, fill, entered=entered)
             return
         batch = rocksdict.WriteBatch(raw_mode=True)
         meta_filler(_KV_PREFIX, puts, deletes)(batch)

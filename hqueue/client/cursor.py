@@ -1,4 +1,5 @@
-"""RemoteCursor: a server-side scanner over one partition, read ``caching`` messages a round trip.
+"""RemoteCursor: a server-side scanner over one partition, read ``caching`` messages a round trip,
+with the requests for the next AHEAD batches on the wire while a batch is handed out.
 
 A scanner lives on one connection of one server. When it is lost (the
 connection broke: the server restarted, or the process serving a shared
@@ -28,6 +29,11 @@ logger = logging.getLogger(__name__)
 
 #: Seconds between two tries to open a lost scanner again (doubling up to ``_MAX_DELAY``).
 _FIRST_DELAY, _MAX_DELAY = 0.01, 0.25
+
+#: Batches asked for ahead of the one being handed out: the server reads the next one
+#: while this process unpacks the last, and always has one more to read (never idle
+#: between two requests). Each is at most ``caching`` messages and SCAN_REPLY_BYTES.
+AHEAD = 2
 
 
 class _Lost(Exception):
@@ -65,8 +71,8 @@ class RemoteCursor:
         self._pool: Any = None
         #: The scanner's ID on the server (-1: none opened yet).
         self.scanner_id = -1
-        #: Whether the next batch's request is sent and its answer not read yet.
-        self._ahead = False
+        #: Requests for the next batches sent, their answers not read yet (at most AHEAD).
+        self._ahead = 0
         with engine.deadline() as deadline:
             # Any server can serve a scan (the store is shared); prefer the owner.
             self.server = engine.locations(queue)[partition_id] or random.choice(engine._seeds)
@@ -143,23 +149,26 @@ class RemoteCursor:
             raise scanner_error(e, self.queue) from e
 
     def _get_packed(self) -> bytes:
-        """The next batch: the answer to the request sent ahead, or to one sent now."""
-        ahead, self._ahead = self._ahead, False
+        """The next batch: the answer to the oldest request sent ahead, or to one sent now."""
         args = (self.scanner_id, self.caching)
-        return self._exchange("messageScannerGetPacked", args, send=not ahead, receive=True)
+        if not self._ahead:
+            return self._exchange("messageScannerGetPacked", args, send=True, receive=True)
+        self._ahead -= 1  # (a lost scanner sets it to 0 before the next try)
+        return self._exchange("messageScannerGetPacked", args, send=False, receive=True)
 
     def _send_ahead(self) -> None:
-        """Ask for the next batch now, to read its answer at the next fetch."""
+        """Ask for the next batches now (up to AHEAD of them), to read their answers at the next fetches."""
         try:
-            self._exchange("messageScannerGetPacked", (self.scanner_id, self.caching), send=True, receive=False)
-            self._ahead = True
+            while self._ahead < AHEAD:
+                self._exchange("messageScannerGetPacked", (self.scanner_id, self.caching), send=True, receive=False)
+                self._ahead += 1
         except _Lost:
             self._release(broken=True)  # the next fetch opens another scanner, after the last message
         except HQueueError:
             pass
 
     def _release(self, broken: bool = False) -> None:
-        self._ahead = False
+        self._ahead = 0
         connection, self._connection = self._connection, None
         if connection is not None:
             self._pool.give_back(connection, broken)
@@ -186,7 +195,7 @@ class RemoteCursor:
         if not self.done:
             self.done = True
             try:
-                if self._ahead:  # the answer to the request sent ahead comes first
+                while self._ahead:  # the answers to the requests sent ahead come first
                     self._get_packed()
                 self._call("messageScannerClose", self.scanner_id)
             except (_Lost, HQueueError):

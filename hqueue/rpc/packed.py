@@ -14,6 +14,7 @@ build and read it; the struct calls stay for clients that prefer them.
 
 from __future__ import annotations
 
+import functools
 import struct
 import sys
 from array import array
@@ -80,11 +81,30 @@ def _cut(blob: bytes, start: int, lengths: array, repeated: bool = False) -> lis
     count = len(lengths)
     if count < 2:  # an unbatched put: no format to make
         return [blob[start : start + lengths[0]]] if count else []
-    if repeated and lengths.count(lengths[0]) == count:
-        first = blob[start : start + lengths[0]]
-        if blob[start : start + len(first) * count] == first * count:
+    size = lengths[0]
+    if lengths.count(size) != count:
+        return list(struct.unpack_from("%ds" * count % tuple(lengths), blob, start))
+    if repeated:
+        first = blob[start : start + size]
+        if blob[start : start + size * count] == first * count:
             return [first] * count
-    return list(struct.unpack_from("%ds" * count % tuple(lengths), blob, start))
+    # All of one size (a scan's cell keys of one topic, fixed-size values): a format made
+    # once (making one is 3/4 of the cost of a cut), for up to _EQUAL_RUN parts at a time.
+    parts: list[bytes] = []
+    while count > _EQUAL_RUN:
+        parts += _equal_parts(size, _EQUAL_RUN)(blob, start)
+        start, count = start + size * _EQUAL_RUN, count - _EQUAL_RUN
+    parts += _equal_parts(size, count)(blob, start)
+    return parts
+
+
+#: The most parts of one size a cached format cuts in one call (its Struct: ~24 bytes a part).
+_EQUAL_RUN = 1000
+
+
+@functools.lru_cache(maxsize=32)
+def _equal_parts(size: int, count: int):
+    return struct.Struct(f"{size}s" * count).unpack_from
 
 
 def payload_bytes(blob: bytes) -> int:

@@ -24,6 +24,17 @@ def test_pack_and_unpack_round_trip(pairs):
     assert packed.unpack(packed.pack(keys, values)) == (keys, values)
 
 
+@pytest.mark.parametrize("count", [2, 999, 1000, 1001, 2500, 10_000])
+def test_parts_of_one_size_round_trip_across_the_cached_formats(count):
+    """Parts all of one size are cut by formats cached up to 1000 parts at a time."""
+    keys = [b"%019d" % i for i in range(count)]  # one size, each different
+    values = [b"%03d" % (i % 1000) for i in range(count)]
+    mixed = [b"v" * (i % 7) for i in range(count)]  # sizes that differ
+    assert packed.unpack(packed.pack(keys, values)) == (keys, values)
+    assert packed.unpack(packed.pack(keys, mixed)) == (keys, mixed)
+    assert packed.unpack(packed.pack([b"t"] * count, keys)) == ([b"t"] * count, keys)
+
+
 @pytest.mark.parametrize(
     "blob, error",
     [

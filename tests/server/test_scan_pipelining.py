@@ -1,7 +1,8 @@
-"""A remote scan asks for its next batch before it hands out the one it has (client/cursor.py).
+"""A remote scan asks for its next batches (AHEAD of them) before it hands out the one it
+has (client/cursor.py).
 
 Against a real server: the messages come in order, each once, whether the
-scan runs to its end or is left part-way with a request still on the wire;
+scan runs to its end or is left part-way with requests still on the wire;
 the connection it gives back to the pool carries no stray answer.
 """
 
@@ -39,7 +40,7 @@ def test_a_pipelined_scan_hands_out_every_message_once_in_order(url):
 def test_a_scan_left_with_a_request_ahead_gives_back_a_clean_connection(url):
     with HQueue("q", url) as queue:
         for _ in range(5):
-            # When a scan is left after its first full batch (the next one already asked for)
+            # When a scan is left after its first full batch (the next two already asked for)
             with queue.get_partition_scanner(0, caching=1000) as scanner:
                 first = [next(scanner).value for _ in range(1000)]
             assert first == EXPECTED[:1000]

@@ -8,9 +8,12 @@ the connection it gives back to the pool carries no stray answer.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from hqueue import HQueue, HQueueAdmin, Message
+from hqueue.aio import AsyncHQueue
 from hqueue.server import HQueueServer
 
 
@@ -49,3 +52,22 @@ def test_a_scan_left_with_a_request_ahead_gives_back_a_clean_connection(url):
             assert [m.value for m in queue.scan(limit=3)] == EXPECTED[:3]
         with queue.get_partition_scanner(0, caching=1000) as scanner:
             assert [m.value for m in scanner] == EXPECTED
+
+
+def test_an_awaited_scan_pipelines_the_same_way(url):
+    """hqueue.aio's cursor (aio/client/cursor.py) keeps the same requests ahead."""
+
+    async def main():
+        async with AsyncHQueue("q", url) as queue:
+            whole = [m.value async for m in queue.scan(partition_id=0, caching=1000)]
+            for _ in range(3):
+                # A scan left after its first full batch, its next two already asked for
+                async with queue.scan(partition_id=0, caching=1000) as scanner:
+                    first = [(await anext(scanner)).value for _ in range(1000)]
+                # The pooled connection it gave back answers the next calls
+                assert (await queue.info()).partitions == 1
+                assert [m.value async for m in queue.scan(partition_id=0, limit=3)] == EXPECTED[:3]
+            return whole, first
+
+    whole, first = asyncio.run(main())
+    assert whole == EXPECTED and first == EXPECTED[:1000]

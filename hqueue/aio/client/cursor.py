@@ -6,7 +6,8 @@ closed; opening it is one call with one deadline, and so is each fetch; a
 scanner lost (its connection broke: the server restarted; or the server no
 longer has it) is opened again after the last message handed out, until the
 call's deadline. A fetch cancelled mid-way drops the connection (the server
-frees the scanner with it).
+frees the scanner with it). As the blocking cursor, it keeps the requests for
+the next AHEAD batches on the wire while a batch is handed out.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 from thriftpy2.thrift import TException
 from thriftpy2.transport import TTransportException
 
-from ...client.cursor import _FIRST_DELAY, _MAX_DELAY, _Lost, scanner_error
+from ...client.cursor import _FIRST_DELAY, _MAX_DELAY, AHEAD, _Lost, scanner_error
 from ...errors import HQueueError, InvalidArgument, ServerUnavailable
 from ...message import Message, messages_from_columns
 from ...rpc import packed, wire
@@ -41,6 +42,8 @@ class AsyncRemoteCursor:
         self.scanner_id = -1
         self._pool: AsyncPool | None = None
         self._connection: AsyncConnection | None = None
+        #: Requests for the next batches sent, their answers not read yet (at most AHEAD).
+        self._ahead = 0
 
     @classmethod
     async def open(cls, engine: Any, queue: str, partition_id: int, scan: Scan, caching: int) -> AsyncRemoteCursor:
@@ -107,12 +110,17 @@ class AsyncRemoteCursor:
         except HQueueError:
             self.server = random.choice(self.engine._seeds)
 
-    async def _call(self, method: str, *args: Any) -> Any:
-        """One call on the scanner's connection; _Lost if the scanner is gone."""
+    async def _call(self, method: str, *args: Any, send: bool = True, receive: bool = True) -> Any:
+        """One call on the scanner's connection (or only its request, or only its answer);
+        _Lost if the scanner is gone."""
         if self._connection is None:
             raise _Lost(ServerUnavailable(f"hqueue server {self.server}: the scanner's connection broke"))
         try:
-            return await self._connection.call(method, *args)
+            if send and receive:
+                return await self._connection.call(method, *args)
+            if send:
+                return await self._connection.send(method, *args)
+            return await self._connection.receive(method)
         except (TTransportException, OSError) as e:
             if isinstance(e, TimeoutError):
                 raise
@@ -121,6 +129,7 @@ class AsyncRemoteCursor:
             raise scanner_error(e, self.queue) from e
 
     def _release(self, broken: bool = False) -> None:
+        self._ahead = 0
         connection, self._connection = self._connection, None
         if connection is not None and self._pool is not None:
             self._pool.give_back(connection, broken)
@@ -128,18 +137,40 @@ class AsyncRemoteCursor:
     async def fetch(self) -> list[Message]:
         return messages_from_columns(*await self.fetch_columns())
 
-    async def fetch_columns(self) -> tuple[list[bytes], list[bytes]]:
-        async def take() -> bytes:
+    async def _get_packed(self) -> bytes:
+        """The next batch: the answer to the oldest request sent ahead, or to one sent now."""
+        if not self._ahead:
             return await self._call("messageScannerGetPacked", self.scanner_id, self.caching)
+        self._ahead -= 1  # (a lost scanner sets it to 0 before the next try)
+        return await self._call("messageScannerGetPacked", send=False)
 
+    async def _send_ahead(self, deadline: float) -> None:
+        """Ask for the next batches now (up to AHEAD), to read their answers at the next fetches."""
+        try:
+            async with asyncio.timeout_at(deadline):
+                while self._ahead < AHEAD:
+                    await self._call("messageScannerGetPacked", self.scanner_id, self.caching, receive=False)
+                    self._ahead += 1
+        except (_Lost, TimeoutError):
+            self._release(broken=True)  # the next fetch opens another scanner, after the last message
+        except HQueueError:
+            pass
+        except BaseException:  # cancelled mid-request: the connection's state is unknown
+            self.done = True
+            self._release(broken=True)
+            raise
+
+    async def fetch_columns(self) -> tuple[list[bytes], list[bytes]]:
         with self.engine.deadline() as deadline:
-            blob = await self._retrying(deadline, "messageScannerGetPacked", take)
-        keys, values = packed.unpack(blob)
-        if keys and self._scan is not None:
-            self._scan = self._scan.after(keys[-1])
-        # A short reply is the end, unless the server cut it at its byte limit.
-        if (len(keys) < self.caching and packed.payload_bytes(blob) < wire.SCAN_REPLY_BYTES) or self._scan is None:
-            await self.close()
+            blob = await self._retrying(deadline, "messageScannerGetPacked", self._get_packed)
+            keys, values = packed.unpack(blob)
+            if keys and self._scan is not None:
+                self._scan = self._scan.after(keys[-1])
+            # A short reply is the end, unless the server cut it at its byte limit.
+            if (len(keys) < self.caching and packed.payload_bytes(blob) < wire.SCAN_REPLY_BYTES) or self._scan is None:
+                await self.close()
+            else:
+                await self._send_ahead(deadline)
         return keys, values
 
     async def close(self) -> None:
@@ -148,6 +179,8 @@ class AsyncRemoteCursor:
             try:
                 with self.engine.deadline() as deadline:
                     async with asyncio.timeout_at(deadline):
+                        while self._ahead:  # the answers to the requests sent ahead come first
+                            await self._get_packed()
                         await self._call("messageScannerClose", self.scanner_id)
             except (_Lost, HQueueError, TimeoutError):
                 self._release(broken=True)  # gone already (idle timeout, restart), or stalled: its connection drops

@@ -61,6 +61,12 @@ class AsyncConnection:
 
     async def call(self, method: str, *args: Any) -> Any:
         """Send ``method(*args)`` and read its answer; IDL exceptions are raised as thriftpy2 raises them."""
+        await self.send(method, *args)
+        return await self.receive(method)
+
+    async def send(self, method: str, *args: Any) -> None:
+        """Send ``method(*args)``; its answer is read by :meth:`receive` (after those of the
+        calls sent before it: a scan asks for its next batches so)."""
         client = self._client
         spec = getattr(wire.T.HQueueService, method + "_args").thrift_spec
         out = TCyMemoryBuffer()
@@ -69,6 +75,10 @@ class AsyncConnection:
         payload = out.getvalue()
         self.writer.write(_SIZE.pack(len(payload)) + payload)
         await self.writer.drain()
+
+    async def receive(self, method: str) -> Any:
+        """The answer to the oldest call sent and not answered yet, a call of ``method``."""
+        client = self._client
         try:
             (size,) = _SIZE.unpack(await self.reader.readexactly(4))
             if not 0 < size <= MAX_ANSWER_BYTES:

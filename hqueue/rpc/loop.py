@@ -148,19 +148,17 @@ class LoopServer(ThreadedServer):
         self,
         *args: Any,
         inline: Callable[[str], bool] | None = None,
-        big_answers: frozenset[str] = frozenset(),
         syncs: Syncs | None = None,
         **kwargs: Any,
     ) -> None:
         """``inline(method)``: whether a call to ``method`` may run on the loop (it calls
         :func:`may_block` before any wait); None: no call does, all run on workers.
-        ``big_answers``: the methods whose answer may be big (a scanner's batch): they are
-        refused (``ServerBusy``) while the in-flight budget is full, replies that peers have
-        not taken yet counted in it. ``syncs``: the store, whose SYNC_WAL writes on the
+        ``big_answers`` (ThreadedServer's): here also the replies kept for a socket that did
+        not take them all, and answers held for a turn's fsync, count in the budget.
+        ``syncs``: the store, whose SYNC_WAL writes on the
         loop share one fsync a turn (None: a store whose writes on the loop never wait)."""
         super().__init__(*args, **kwargs)
         self._inline_of = inline or (lambda method: False)
-        self._big_answers = big_answers
         self._inline: dict[str, bool] = {}
         self._small = min(SMALL, 4 + self.limits.max_frame_bytes)
         self._selector = selectors.DefaultSelector()
@@ -359,8 +357,9 @@ class LoopServer(ThreadedServer):
             return
         size = len(frame)
         method, seqid = call_head(frame)
-        if method in self._big_answers and self.budget.used >= self.budget.limit:
-            self._refuse(link, method, seqid)
+        busy = self._no_room_for_answer(method)
+        if busy is not None:
+            self._refuse(link, method, seqid, busy)
             return
         if not self._runs_inline(method):
             self._to_worker_after(link, frame)
@@ -405,16 +404,9 @@ class LoopServer(ThreadedServer):
         self.budget.reserve(size, None)
         self._to_worker(link, frame, size, blocked)
 
-    def _refuse(self, link: _Link, method: str, seqid: int) -> None:
-        """Answer a call whose answer may be big, unread, while replies not taken and calls
-        under way hold the whole budget: memory stays bounded whoever stops reading."""
-        limits = self.limits
-        busy = ServerBusy(
-            "max_inflight_bytes",
-            limits.max_inflight_bytes,
-            f"the replies waiting to be taken and the calls under way hold this server's "
-            f"{limits.max_inflight_bytes} bytes (--max-inflight-bytes); nothing was done, try again",
-        )
+    def _refuse(self, link: _Link, method: str, seqid: int, busy: ServerBusy) -> None:
+        """Answer a call whose answer may be big with ``busy``, unread (see
+        :meth:`~hqueue.rpc.threaded.ThreadedServer._no_room_for_answer`)."""
         self.log.warning("refused", "refused %s from %s: %s", method, link.connection.peer[0], busy)
         try:
             reply = self._refusal(method, seqid, busy)

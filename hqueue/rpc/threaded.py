@@ -228,11 +228,16 @@ class ThreadedServer(TThreadedServer):
         refuse_with: Callable[[str, HQueueError], Exception] | None = None,
         trusted_after: Callable[[Connection], bool] | None = None,
         also: ListeningSocket | None = None,
+        big_answers: frozenset[str] = frozenset(),
     ) -> None:
         """``trusted_after(connection)``, asked after each call, says whether the connection
         has proved who it is (default: any call it made). ``also``: a second socket to
-        accept on (a Unix socket beside the TCP port), closed with the server."""
+        accept on (a Unix socket beside the TCP port), closed with the server.
+        ``big_answers``: the methods whose answer may be big (a scanner's batch): they are
+        refused (``ServerBusy``), unread, while the in-flight budget is full; a reply counts
+        in it until its peer has taken it."""
         self.socket = socket
+        self._big_answers = big_answers
         self.also = also
         self.trusted_after = trusted_after or (lambda connection: True)
         self.service = service
@@ -392,7 +397,7 @@ class ThreadedServer(TThreadedServer):
         if size > limits.max_frame_bytes and self.refuse_with is None:
             raise FrameError(f"frame of {size} bytes (the limit is {limits.max_frame_bytes})")
         method, seqid = frames.call_head()
-        refused = self._admit(size, frames.complete)
+        refused = self._no_room_for_answer(method) or self._admit(size, frames.complete)
         if refused is not None:
             frames.skip()
             self.log.warning("refused", "refused %s from %s: %s", method, connection.peer[0], refused)
@@ -405,8 +410,24 @@ class ThreadedServer(TThreadedServer):
         if not connection.trusted and refused is None:
             connection.trusted = self.trusted_after(connection)
         if reply:  # oneway calls have none
-            frames.send(reply)
+            self.budget.reserve(len(reply), None)  # until the peer takes it (or the send times out)
+            try:
+                frames.send(reply)
+            finally:
+                self.budget.release(len(reply))
         return not connection.close_after_reply
+
+    def _no_room_for_answer(self, method: str) -> ServerBusy | None:
+        """Why a call whose answer may be big is refused unread, while replies not taken and
+        calls under way hold the whole budget: memory stays bounded whoever stops reading."""
+        if method not in self._big_answers or self.budget.used < self.budget.limit:
+            return None
+        return ServerBusy(
+            "max_inflight_bytes",
+            self.limits.max_inflight_bytes,
+            f"the replies waiting to be taken and the calls under way hold this server's "
+            f"{self.limits.max_inflight_bytes} bytes (--max-inflight-bytes); nothing was done, try again",
+        )
 
     def _admit(self, size: int, complete: bool) -> HQueueError | None:
         """Take the frame's bytes from the budget; the error refusing it if it cannot be."""

@@ -245,13 +245,13 @@ class HQueueServer:
             # Quick calls run on the event loop only when the store answers without a network round trip.
             inline = self._inline if self.engine.storage.in_process else None
             server = (
-                functools.partial(LoopServer, inline=inline, big_answers=BIG_ANSWERS, syncs=self.engine.storage)
+                functools.partial(LoopServer, inline=inline, syncs=self.engine.storage)
                 if io == "loop"
                 else ThreadedServer
             )
             self._server: ThreadedServer = server(
                 wire.T.HQueueService, self.handler, socket, limits=limits, ssl_context=ssl_context,
-                refuse_with=thrift_error, also=local, trusted_after=trusted_after,
+                refuse_with=thrift_error, also=local, trusted_after=trusted_after, big_answers=BIG_ANSWERS,
             )  # fmt: skip
             _warn_if_puts_cannot_fit(self._server.limits, max_put_messages, max_put_bytes)
             if metrics_port is not None:  # here, so a taken port fails before anything starts

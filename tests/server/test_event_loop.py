@@ -399,9 +399,12 @@ def test_stopping_ends_the_idle_workers():
     assert not ran[0].is_alive()
 
 
-def test_replies_nobody_takes_count_in_the_budget_and_big_answers_wait_for_room(tmp_path):
+@pytest.mark.parametrize("io", ["loop", "threads"])
+def test_replies_nobody_takes_count_in_the_budget_and_big_answers_wait_for_room(tmp_path, io):
+    """On the loop, and with a thread per connection (``--io threads``, and TLS connections
+    beside the loop), which each held their reply uncounted before."""
     limits = ServerLimits(max_frame_bytes=1 << 20, max_inflight_bytes=20 << 20)
-    server = HQueueServer(f"local://{tmp_path}/data", port=0, limits=limits).start()
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, limits=limits, io=io).start()
     url = f"hqueue://{server.address}"
     try:
         with HQueueAdmin(url) as admin:

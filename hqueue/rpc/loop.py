@@ -129,6 +129,9 @@ class _Link:
     more: bool = False
     #: The peer closed its side: its calls read already are still answered, then it ends.
     eof: bool = False
+    #: The turn of the loop it last ran calls in, and how many it ran then (CALLS_A_TURN).
+    turn: int = -1
+    ran: int = 0
 
 
 class Syncs(Protocol):
@@ -174,6 +177,8 @@ class LoopServer(ThreadedServer):
         self._held: list[_Link] = []
         #: Connections with whole calls left over from a turn (CALLS_A_TURN), for the next.
         self._more: list[_Link] = []
+        #: Turns of the loop so far: each connection's share (CALLS_A_TURN) is counted in one.
+        self._turn = 0
         # One call per connection at a time: never more workers than connections.
         self._workers = Workers()
 
@@ -227,6 +232,7 @@ class LoopServer(ThreadedServer):
         try:
             while not (self.closed and self._closing()):
                 events = select(0 if self._held or self._more else SWEEP)
+                self._turn += 1
                 more, self._more = self._more, []
                 for key, mask in events:
                     link = key.data
@@ -316,10 +322,13 @@ class LoopServer(ThreadedServer):
             self._calls(link)
 
     def _calls(self, link: _Link) -> None:
-        """Run the connection's whole calls, in order, while it may."""
-        buffer, calls = link.buffer, 0
+        """Run the connection's whole calls, in order, while it may: at most its share of
+        the turn, wherever in the turn they run (read, a reply sent, a worker done)."""
+        buffer = link.buffer
+        if link.turn != self._turn:
+            link.turn, link.ran = self._turn, 0
         while not (link.busy or link.closed or link.out is not None or link.paused):
-            if calls == CALLS_A_TURN and len(buffer) >= 4:  # its share of this turn: the rest in the next
+            if link.ran >= CALLS_A_TURN and len(buffer) >= 4:  # its share of this turn: the rest in the next
                 if not link.more:
                     link.more = True
                     self._more.append(link)
@@ -344,7 +353,7 @@ class LoopServer(ThreadedServer):
                 frame = bytes(view[4 : 4 + size])
             del buffer[: 4 + size]
             link.started = None
-            calls += 1
+            link.ran += 1
             self._call(link, frame)
         self._listen(link)
 

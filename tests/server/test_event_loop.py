@@ -3,9 +3,11 @@ and runs the quick calls; what would wait goes to a worker; every bound of the
 thread-per-connection server holds. Speed is in ``bench/`` (groups.py, io_floor.py);
 these tests check behaviour only."""
 
+import collections
 import socket
 import struct
 import threading
+import time
 
 import pytest
 from thriftpy2.protocol import TBinaryProtocolFactory
@@ -247,6 +249,41 @@ def test_a_connection_with_calls_left_for_later_turns_is_not_read_meanwhile(serv
             done.set()
             watcher.join(10)
     assert biggest[0] <= 2 * 65536, biggest[0]  # 6,000 puts are 450 KB
+
+
+def test_a_connection_runs_at_most_its_share_of_calls_a_turn_whatever_wakes_it(server, monkeypatch):
+    """A reply the socket took in part is finished when it drains (_flush), which runs the
+    next calls: a connection with calls left from the last turn ran its share there and
+    again after the turn's reads, 16 calls in one turn."""
+    loop, ran = server._server, collections.Counter()
+    call, send = loop._call, loop._send
+
+    def counted(link, frame):
+        ran[loop._turn, id(link)] += 1
+        call(link, frame)
+
+    def small_buffer(link, reply):  # the socket takes a part of each burst of answers
+        link.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        send(link, reply)
+
+    monkeypatch.setattr(loop, "_call", counted)
+    monkeypatch.setattr(loop, "_send", small_buffer)
+    calls = b"".join(call_frame("getQueue", i, queue="q") for i in range(1, 3001))
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(10)
+    sock.connect(("127.0.0.1", server.port))
+    with sock:
+        sender = threading.Thread(target=sock.sendall, args=(calls,))
+        sender.start()
+        seqids = []
+        for n in range(3000):
+            seqids.append(read_reply(sock)[1])
+            if n % 500 == 0:
+                time.sleep(0.05)  # a slow reader: answers back up in the server
+        sender.join(10)
+    assert seqids == list(range(1, 3001))
+    assert max(ran.values()) <= CALLS_A_TURN, max(ran.values())
 
 
 def test_a_peer_that_sends_its_calls_then_closes_its_side_gets_every_answer(server):

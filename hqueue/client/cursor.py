@@ -96,7 +96,9 @@ class RemoteCursor:
                     self._open(deadline)
                 return call()
             except _Lost as lost:
-                self._release(broken=not isinstance(lost.cause, InvalidArgument))
+                # A scanner gone is a clean answer; but one of several sent ahead leaves the others'
+                # answers to come: that connection is not given back.
+                self._release(broken=bool(self._ahead) or not isinstance(lost.cause, InvalidArgument))
                 never_opened = self.scanner_id == -1 and not lost.sent  # no server there: as any call, at once
                 if never_opened or time.monotonic() + delay >= deadline or isinstance(lost.cause, TimeoutError):
                     cause = lost.cause if isinstance(lost.cause, Exception) else TimeoutError()

@@ -9,12 +9,17 @@ the connection it gives back to the pool carries no stray answer.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
 from hqueue import HQueue, HQueueAdmin, Message
 from hqueue.aio import AsyncHQueue
+from hqueue.errors import InvalidArgument
 from hqueue.server import HQueueServer
+from hqueue.server.scanners import ScannerRegistry
+
+from ..processes import wait_for
 
 
 @pytest.fixture
@@ -71,3 +76,39 @@ def test_an_awaited_scan_pipelines_the_same_way(url):
 
     whole, first = asyncio.run(main())
     assert whole == EXPECTED and first == EXPECTED[:1000]
+
+
+@pytest.mark.parametrize("io", ["loop", "threads"])
+def test_a_scanner_gone_with_requests_ahead_leaves_no_answer_on_a_pooled_connection(tmp_path, monkeypatch, io):
+    """Its scanner closed by the server while idle, a scan's next fetches find it gone;
+    the first "gone" answer came while the second request sent ahead was still to be
+    answered, and its connection went back to the pool: the next calls on it read the
+    answers of the ones before (a scan that failed, then QueueNotFound for a queue that is)."""
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, idle_timeout=0.4, io=io).start()
+    gone = ScannerRegistry._get
+
+    def slow_gone(self, scanner_id, owner):  # a busy server: "gone" answers come late
+        try:
+            return gone(self, scanner_id, owner)
+        except InvalidArgument:
+            time.sleep(0.1)
+            raise
+
+    monkeypatch.setattr(ScannerRegistry, "_get", slow_gone)
+    url = f"hqueue://{server.address}"
+    try:
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("q", 1)
+        with HQueue("q", url) as queue:
+            for n in range(11):
+                queue.put([Message("t", b"%d-%d" % (n, i)) for i in range(500)], partition_id=0)
+            with queue.get_partition_scanner(0, caching=1000) as scanner:
+                first = [next(scanner).value for _ in range(1000)]
+                wait_for(lambda: len(server.scanners) == 0, 10, "the server to close the idle scanner")
+                rest = [m.value for m in scanner]
+            assert first + rest == EXPECTED
+            for _ in range(3):  # the pooled connections answer their own calls
+                assert queue.partitions == 1
+                assert [m.value for m in queue.scan(limit=3)] == EXPECTED[:3]
+    finally:
+        server.stop()

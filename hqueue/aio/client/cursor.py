@@ -71,7 +71,9 @@ class AsyncRemoteCursor:
                         await self._open()
                     return None if call is None else await call()
             except _Lost as lost:
-                self._release(broken=not isinstance(lost.cause, InvalidArgument))
+                # A scanner gone is a clean answer; but one of several sent ahead leaves the others'
+                # answers to come: that connection is not given back.
+                self._release(broken=bool(self._ahead) or not isinstance(lost.cause, InvalidArgument))
                 never_opened = self.scanner_id == -1 and not lost.sent  # no server there: as any call, at once
                 if never_opened or loop.time() + delay >= deadline:
                     raise self.engine._unavailable(self.server, method, lost.cause, lost.sent) from lost.cause
@@ -164,13 +166,14 @@ class AsyncRemoteCursor:
         with self.engine.deadline() as deadline:
             blob = await self._retrying(deadline, "messageScannerGetPacked", self._get_packed)
             keys, values = packed.unpack(blob)
-            if keys and self._scan is not None:
-                self._scan = self._scan.after(keys[-1])
+            after = self._scan.after(keys[-1]) if keys and self._scan is not None else self._scan
             # A short reply is the end, unless the server cut it at its byte limit.
-            if (len(keys) < self.caching and packed.payload_bytes(blob) < wire.SCAN_REPLY_BYTES) or self._scan is None:
+            if (len(keys) < self.caching and packed.payload_bytes(blob) < wire.SCAN_REPLY_BYTES) or after is None:
+                self._scan = after
                 await self.close()
             else:
-                await self._send_ahead(deadline)
+                await self._send_ahead(deadline)  # cancelled there: this batch was never handed out
+                self._scan = after
         return keys, values
 
     async def close(self) -> None:

@@ -120,6 +120,12 @@ class KeyAffinity:
         self.back.setdefault(key, deque()).append(message_id)
         self.back_ids.add(message_id)
 
+    def give_back(self, ids: list[bytes]) -> None:
+        """Held-back messages :meth:`take_back` gave and a receive did not take: first again, in order."""
+        for message_id in reversed(ids):
+            self.back.setdefault(self.keys[message_id], deque()).appendleft(message_id)
+            self.back_ids.add(message_id)
+
     def take_back(self, member: str, limit: int) -> list[bytes]:
         """Held-back messages ``member`` may have now, at most ``limit``, each key's in order."""
         out: list[bytes] = []

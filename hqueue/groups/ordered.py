@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from ..keys.groups import id_after
 from ..message import id_bytes, partition_prefix
-from .state import Columns, GroupLimits, GroupState, PartitionState
+from .state import GroupLimits, GroupState, Handout, PartitionState
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -40,13 +40,13 @@ class InOrder:
         raise NotImplementedError
 
     def _take_in_order(
-        self, group: GroupState, pid: int, state: PartitionState, member: str, deadline: float, limit: int, out: Columns
+        self, group: GroupState, pid: int, state: PartitionState, member: str, deadline: float, limit: int, out: Handout
     ) -> None:
         """Lease up to ``limit`` of the partition's messages to ``member``, each key in order (under ``group.lock``)."""
         room = limit - self._due_in_order(group, pid, state, member, deadline, limit, out)
-        if room > 0:
+        if room > 0 and not out.full:
             room -= self._held_back(group, pid, state, member, deadline, room, out)
-        if room > 0:
+        if room > 0 and not out.full:
             self._new_in_order(group, pid, state, member, deadline, room, out)
 
     def _handed(
@@ -57,25 +57,28 @@ class InOrder:
         ids: list[bytes],
         member: str,
         deadline: float,
-        out: Columns,
-    ) -> int:
-        """Read and lease ``ids`` to ``member`` (those gone from the store are finished); how many."""
+        out: Handout,
+    ) -> tuple[int, list[bytes]]:
+        """Read and lease ``ids`` to ``member`` (those gone from the store are finished) while
+        the reply has room; how many, and those left for a later receive."""
         taken = []
-        for message_id in ids:
+        left: list[bytes] = []
+        for index, message_id in enumerate(ids):
+            if out.full:
+                left = ids[index:]
+                break
             cell = self._read(group.queue, pid, message_id)
             if cell is None:  # gone (TTL, truncate): nothing left to do
                 self._acked(group, pid, state, [message_id])
                 continue
             taken.append(message_id)
-            out[0].append(cell[0])
-            out[1].append(cell[1])
-            out[2].append(state.retries.get(message_id, 0) + 1)
+            out.add(cell[0], cell[1], state.retries.get(message_id, 0) + 1)
         if taken:
             state.lease(taken, member, deadline)
-        return len(taken)
+        return len(taken), left
 
     def _due_in_order(
-        self, group: GroupState, pid: int, state: PartitionState, member: str, deadline: float, limit: int, out: Columns
+        self, group: GroupState, pid: int, state: PartitionState, member: str, deadline: float, limit: int, out: Handout
     ) -> int:
         affinity = state.affinity
         assert affinity is not None
@@ -103,31 +106,34 @@ class InOrder:
                 blocked.add(key)  # its later ones wait behind it
                 continue
             chosen.append(message_id)
-        return self._handed(group, pid, state, chosen, member, deadline, out)
+        return self._handed(group, pid, state, chosen, member, deadline, out)[0]  # (those left wait on)
 
     def _held_back(
-        self, group: GroupState, pid: int, state: PartitionState, member: str, deadline: float, limit: int, out: Columns
+        self, group: GroupState, pid: int, state: PartitionState, member: str, deadline: float, limit: int, out: Handout
     ) -> int:
         assert state.affinity is not None
         if not state.affinity.back:
             return 0
-        return self._handed(group, pid, state, state.affinity.take_back(member, limit), member, deadline, out)
+        handed, left = self._handed(group, pid, state, state.affinity.take_back(member, limit), member, deadline, out)
+        state.affinity.give_back(left)
+        return handed
 
     def _new_in_order(
-        self, group: GroupState, pid: int, state: PartitionState, member: str, deadline: float, room: int, out: Columns
+        self, group: GroupState, pid: int, state: PartitionState, member: str, deadline: float, room: int, out: Handout
     ) -> None:
         affinity = state.affinity
         assert affinity is not None
         span = self.limits.max_span - state.in_flight
         prefix, stop = partition_prefix(pid), partition_prefix(pid + 1)
-        while room > 0 and span > 0:
-            asked = min(span, max(room, _SCAN_CHUNK)) + len(state.acked)
+        while room > 0 and span > 0 and not out.full:
+            asked = state.cells_for(out.room, min(span, max(room, _SCAN_CHUNK)) + len(state.acked))
             found_keys, found_values = self.engine.scan_columns(
                 group.queue, prefix + state.scan, stop, group.config.topics, asked
             )
+            state.learn_size(found_keys, found_values)
             taken: list[bytes] = []
             for cell_key, value in zip(found_keys, found_values, strict=True):
-                if room <= 0 or span <= 0:
+                if room <= 0 or span <= 0 or out.full:
                     break
                 message_id = id_bytes(cell_key)
                 state.scan = id_after(message_id)
@@ -141,9 +147,7 @@ class InOrder:
                     continue
                 affinity.keys[message_id] = key
                 taken.append(message_id)
-                out[0].append(cell_key)
-                out[1].append(value)
-                out[2].append(state.retries.get(message_id, 0) + 1)
+                out.add(cell_key, value, state.retries.get(message_id, 0) + 1)
                 room -= 1
             if taken:
                 state.lease(taken, member, deadline)

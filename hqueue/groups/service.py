@@ -75,6 +75,7 @@ from .state import (
     GroupConfig,
     GroupLimits,
     GroupState,
+    Handout,
     PartitionState,
     assigned,
     check_group_name,
@@ -331,9 +332,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
         """What ``member`` gets now, and seconds until a retry falls due."""
         info = self.engine.enabled_queue(group.queue)
         now = time.monotonic()
-        keys: list[bytes] = []
-        values: list[bytes] = []
-        attempts: list[int] = []
+        out = Handout()
         next_ready = 1.0
         with group.lock:
             if group.deleted:  # held from before its delete: nothing more of it goes out
@@ -353,27 +352,30 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
                     self._expire(group, pid, state, now)
             limit = min(limit, self.limits.max_member_in_flight - group.held_by(member))
             for pid in mine:
-                if len(keys) >= limit:
+                if len(out.keys) >= limit or out.full:
                     break
                 state = self._partition(group, pid)
-                out = (keys, values, attempts)
                 if state.affinity is not None:
-                    self._take_in_order(group, pid, state, member, now + lease, limit - len(keys), out)
+                    self._take_in_order(group, pid, state, member, now + lease, limit - len(out.keys), out)
                 else:
-                    self._redeliver(group, pid, state, member, now + lease, limit - len(keys), out)
-                    self._new(group, pid, state, member, now + lease, limit - len(keys), out)
+                    self._redeliver(group, pid, state, member, now + lease, limit - len(out.keys), out)
+                    self._new(group, pid, state, member, now + lease, limit - len(out.keys), out)
                 if state.ready_heap:
                     next_ready = min(next_ready, max(0.001, state.ready_heap[0][0] - now))
-        return (keys, values, attempts), next_ready
+        return out.columns(), next_ready
 
     def _expire(self, group: GroupState, pid: int, state: PartitionState, now: float) -> None:
         self._failed_many(group, pid, state, state.expired(now))
 
     def _redeliver(
-        self, group: GroupState, pid: int, state: PartitionState, member: str, deadline: float, limit: int, out: Columns
+        self, group: GroupState, pid: int, state: PartitionState, member: str, deadline: float, limit: int, out: Handout
     ) -> None:
         taken = []
-        for message_id in state.due(time.monotonic(), limit):
+        due = state.due(time.monotonic(), limit)
+        for index, message_id in enumerate(due):
+            if out.full:  # the reply's bytes are taken: the rest wait for the next receive
+                state.due_again(due[index:])
+                break
             if message_id in state.unburied:  # past its retries: its dead-letter write is due again
                 self._bury(group, pid, state, message_id, at_once=False)
                 continue
@@ -382,42 +384,45 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
                 self._acked(group, pid, state, [message_id])
                 continue
             taken.append(message_id)
-            out[0].append(cell[0])
-            out[1].append(cell[1])
-            out[2].append(state.retries.get(message_id, 0) + 1)
+            out.add(cell[0], cell[1], state.retries.get(message_id, 0) + 1)
         if taken:
             state.lease(taken, member, deadline)
 
     def _new(
-        self, group: GroupState, pid: int, state: PartitionState, member: str, deadline: float, limit: int, out: Columns
+        self, group: GroupState, pid: int, state: PartitionState, member: str, deadline: float, limit: int, out: Handout
     ) -> None:
         room = min(limit, self.limits.max_span - state.in_flight)
         prefix = partition_prefix(pid)
         stop = partition_prefix(pid + 1)
-        while room > 0:
-            asked = room + len(state.acked)  # acked ones are skipped: ask for enough to fill the room
+        while room > 0 and not out.full:
+            # Acked ones are skipped: ask for enough to fill the room (and no more than its bytes).
+            asked = state.cells_for(out.room, room + len(state.acked))
             found_keys, found_values = self.engine.scan_columns(
                 group.queue, prefix + state.scan, stop, group.config.topics, asked
             )
             if not found_keys:
                 return
-            keys, values = list(found_keys), list(found_values)
+            state.learn_size(found_keys, found_values)
+            keys, values = found_keys, found_values
             ids: list[bytes] = list(map(id_bytes, keys))
+            read_to = ids[-1]
             if state.acked:  # after a restart: skip what was acked before it
-                kept = [i for i, message_id in enumerate(ids) if message_id not in state.acked][:room]
-                last = kept[-1] if kept and len(kept) == room else len(ids) - 1
-                state.scan = id_after(ids[last])
+                kept = [i for i, message_id in enumerate(ids) if message_id not in state.acked]
                 keys, values, ids = [keys[i] for i in kept], [values[i] for i in kept], [ids[i] for i in kept]
-            else:
-                keys, values, ids = keys[:room], values[:room], ids[:room]
-                state.scan = id_after(ids[-1])
-            if ids:
+            if len(ids) > room:
+                keys, values = keys[:room], values[:room]
+            taken = out.fitting(keys, values)
+            # The scan goes on after the last one taken, or, all taken, after the last one read.
+            state.scan = id_after(ids[taken - 1] if taken < len(ids) else read_to)
+            if taken:
+                if taken < len(keys):
+                    keys, values = keys[:taken], values[:taken]
+                ids = ids[:taken]
                 state.lease(ids, member, deadline)
                 state.open.extend(ids)
-                out[0].extend(keys)
-                out[1].extend(values)
-                out[2].extend([state.retries.get(i, 0) + 1 for i in ids] if state.retries else repeat(1, len(ids)))
-                room -= len(ids)
+                attempts = [state.retries.get(i, 0) + 1 for i in ids] if state.retries else repeat(1, taken)
+                out.extend(keys, values, attempts)
+                room -= taken
             if len(found_keys) < asked:
                 return
 

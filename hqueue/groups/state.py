@@ -9,13 +9,15 @@ and how live members share the partitions (:func:`assigned`,
 
 from __future__ import annotations
 
+import bisect
 import collections
 import heapq
 import json
 import threading
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
-from operator import itemgetter
+from itertools import accumulate, repeat
+from operator import add, itemgetter
 from typing import TYPE_CHECKING, Any
 
 from ..checks import check_name
@@ -55,6 +57,56 @@ BACKOFF_BASE, BACKOFF_MAX = 1.0, 600.0
 
 #: What a receive hands out (groups.py): cell keys, values and attempts.
 Columns = tuple[list[bytes], list[bytes], list[int]]
+#: Cells read of a partition before their size is known (PartitionState.cells_for).
+FIRST_CELLS = 16
+#: The most bytes of cell keys and values one receive hands out (as a scanner's reply,
+#: rpc/wire.SCAN_REPLY_BYTES): at least one message, and none after the one that passes it.
+RECEIVE_BYTES = 16 * 1024 * 1024
+
+
+class Handout:
+    """What one receive hands out, as it is gathered: columns, and the bytes left for more
+    (:data:`RECEIVE_BYTES`, so a receive of many big messages holds a bounded reply)."""
+
+    __slots__ = ("keys", "values", "attempts", "room")
+
+    def __init__(self, room: int = RECEIVE_BYTES) -> None:
+        self.keys: list[bytes] = []
+        self.values: list[bytes] = []
+        self.attempts: list[int] = []
+        self.room = room
+
+    @property
+    def full(self) -> bool:
+        return self.room <= 0
+
+    def add(self, key: bytes, value: bytes, attempt: int) -> None:
+        self.keys.append(key)
+        self.values.append(value)
+        self.attempts.append(attempt)
+        self.room -= len(key) + len(value)
+
+    def fitting(self, keys: Sequence[bytes], values: Sequence[bytes]) -> int:
+        """How many of these cells (in order) go in: all while the bytes last, and the one
+        that passes them (one at least, unless the handout is full already)."""
+        if self.room <= 0:
+            return 0
+        total = sum(map(len, keys)) + sum(map(len, values))
+        if total <= self.room:  # the usual case: no look at each cell
+            return len(keys)
+        sizes = list(accumulate(map(add, map(len, keys), map(len, values))))
+        return min(len(keys), bisect.bisect_left(sizes, self.room) + 1)
+
+    def extend(self, keys: Sequence[bytes], values: Sequence[bytes], attempts: Iterable[int]) -> None:
+        self.keys.extend(keys)
+        self.values.extend(values)
+        self.attempts.extend(attempts)
+        self.room -= sum(map(len, keys)) + sum(map(len, values))
+
+    def columns(self) -> Columns:
+        return self.keys, self.values, self.attempts
+
+
 #: ``start`` of a group that begins after each partition's last message when it is made.
 LATEST = -1
 
@@ -211,6 +263,20 @@ class PartitionState:
     affinity: KeyAffinity | None = None
     #: What the last metrics scrape wrote of this state (server/gauges.py), reused while it holds.
     metric_lines: Any = None
+    #: Bytes a cell of this partition took, as last read (0: none read yet): how many to read
+    #: for a receive's room in bytes (Handout).
+    cell_bytes: float = 0.0
+
+    def cells_for(self, room: int, wanted: int) -> int:
+        """How many cells to read for ``wanted`` messages in ``room`` bytes (a few at first,
+        to learn their size): never a read of many times the room."""
+        if not self.cell_bytes:
+            return min(wanted, FIRST_CELLS)
+        return min(wanted, max(1, int(room / self.cell_bytes) + 1))
+
+    def learn_size(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+        if keys:
+            self.cell_bytes = (sum(map(len, keys)) + sum(map(len, values))) / len(keys)
 
     def __post_init__(self) -> None:
         self.scan = max(self.scan, self.done)
@@ -268,6 +334,13 @@ class PartitionState:
             deadline, _, ids = heapq.heappop(self.lease_heap)
             out += [i for i in ids if (lease := self.leases.get(i)) is not None and lease[1] == deadline]
         return out
+
+    def due_again(self, ids: Iterable[bytes]) -> None:
+        """Put IDs that :meth:`due` gave and a receive did not take back in line."""
+        for message_id in ids:
+            at = self.ready.get(message_id)
+            if at is not None:
+                heapq.heappush(self.ready_heap, (at, message_id))
 
     def due(self, now: float, limit: int) -> list[bytes]:
         out: list[bytes] = []

@@ -13,7 +13,7 @@ import pytest
 
 from hqueue import Delivery, GroupNotFound, HQueue, HQueueAdmin, InvalidArgument, Message, MessageID
 from hqueue.api import groups_of
-from hqueue.groups.state import MEMBER_TIMEOUT, assigned
+from hqueue.groups.state import MEMBER_TIMEOUT, RECEIVE_BYTES, assigned
 from hqueue.keys.groups import state_prefix
 
 from ..processes import drain, wait_for
@@ -536,3 +536,47 @@ def _outcome(call):
         return call()
     except Exception as e:
         return e
+
+
+@pytest.mark.parametrize("affinity", [None, "partition"])
+def test_a_receive_of_big_messages_hands_out_a_bounded_reply_and_the_rest_later(make_queue, affinity):
+    """A receive of 1,000 messages of 4 MiB made one 4 GB reply in the server's memory:
+    one receive hands out at most RECEIVE_BYTES (16 MiB) and the message that passes them,
+    new ones, retried ones and, with key affinity, each key's in order."""
+    queue = make_queue(partitions=1, max_message_bytes=2 << 20)
+    big = [Message("t", b"%04d" % i + b"x" * ((1 << 20) - 4)) for i in range(20)]  # 20 MiB in all
+    for message in big:
+        queue.put(message, key=b"k%d" % (int(message.value[:4]) % 3))  # one partition: three keys in it
+    with queue.consumer("g", key_affinity=affinity) as member:
+        first = member.receive(20, wait=0)
+        assert 1 <= len(first) <= RECEIVE_BYTES // (1 << 20) + 1
+        assert sum(len(d.value) for d in first) <= RECEIVE_BYTES + (1 << 20)
+        rest = drain(member, 20 - len(first))
+        assert sorted(d.value[:4] for d in first + rest) == [b"%04d" % i for i in range(20)]
+        # Given back all at once, they come again in bounded replies too, each once
+        assert member.nack(first + rest, delay=0) == 20
+        again = member.receive(20, wait=1)
+        assert 1 <= len(again) < 20
+        again += drain(member, 20 - len(again))
+        assert sorted(d.value[:4] for d in again) == [b"%04d" % i for i in range(20)]
+        assert all(d.attempt == 2 for d in again)
+        assert member.ack(again) == 20
+        assert member.receive(20, wait=0) == []
+
+
+def test_held_back_big_messages_go_out_in_bounded_replies_each_key_in_order(make_queue):
+    """With key affinity, messages held back while another member held their key are
+    handed out later: more than one reply's bytes of them go out over several, in order."""
+    queue = make_queue(partitions=1, max_message_bytes=2 << 20)
+    for i in range(40):
+        queue.put(Message("t", b"%04d" % i + b"x" * ((1 << 20) - 4)), partition_id=0)
+    with (
+        queue.consumer("g", key_affinity="partition", member="a") as a,
+        queue.consumer("g", key_affinity="partition", member="b") as b,
+    ):
+        held = a.receive(40, wait=0)  # a holds the partition's key
+        assert 1 <= len(held) <= RECEIVE_BYTES // (1 << 20) + 1
+        assert b.receive(40, wait=0) == []  # b finds the rest, and they wait for the key
+        assert a.ack(held) == len(held)
+        got = held + drain(b, 40 - len(held))
+        assert [d.value[:4] for d in got] == [b"%04d" % i for i in range(40)]

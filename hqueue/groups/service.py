@@ -402,26 +402,27 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
             )
             if not found_keys:
                 return
-            state.learn_size(found_keys, found_values)
+            total: int | None = state.learn_size(found_keys, found_values)
             keys, values = found_keys, found_values
             ids: list[bytes] = list(map(id_bytes, keys))
             read_to = ids[-1]
             if state.acked:  # after a restart: skip what was acked before it
                 kept = [i for i, message_id in enumerate(ids) if message_id not in state.acked]
                 keys, values, ids = [keys[i] for i in kept], [values[i] for i in kept], [ids[i] for i in kept]
+                total = None
             if len(ids) > room:
-                keys, values = keys[:room], values[:room]
-            taken = out.fitting(keys, values)
+                keys, values, total = keys[:room], values[:room], None
+            taken = out.fitting(keys, values, total)
             # The scan goes on after the last one taken, or, all taken, after the last one read.
             state.scan = id_after(ids[taken - 1] if taken < len(ids) else read_to)
             if taken:
                 if taken < len(keys):
-                    keys, values = keys[:taken], values[:taken]
+                    keys, values, total = keys[:taken], values[:taken], None
                 ids = ids[:taken]
                 state.lease(ids, member, deadline)
                 state.open.extend(ids)
                 attempts = [state.retries.get(i, 0) + 1 for i in ids] if state.retries else repeat(1, taken)
-                out.extend(keys, values, attempts)
+                out.extend(keys, values, attempts, total)
                 room -= taken
             if len(found_keys) < asked:
                 return

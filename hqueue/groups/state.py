@@ -86,22 +86,26 @@ class Handout:
         self.attempts.append(attempt)
         self.room -= len(key) + len(value)
 
-    def fitting(self, keys: Sequence[bytes], values: Sequence[bytes]) -> int:
+    def fitting(self, keys: Sequence[bytes], values: Sequence[bytes], total: int | None = None) -> int:
         """How many of these cells (in order) go in: all while the bytes last, and the one
-        that passes them (one at least, unless the handout is full already)."""
+        that passes them (one at least, unless the handout is full already). ``total``:
+        their bytes, if known."""
         if self.room <= 0:
             return 0
-        total = sum(map(len, keys)) + sum(map(len, values))
+        if total is None:
+            total = sum(map(len, keys)) + sum(map(len, values))
         if total <= self.room:  # the usual case: no look at each cell
             return len(keys)
         sizes = list(accumulate(map(add, map(len, keys), map(len, values))))
         return min(len(keys), bisect.bisect_left(sizes, self.room) + 1)
 
-    def extend(self, keys: Sequence[bytes], values: Sequence[bytes], attempts: Iterable[int]) -> None:
+    def extend(
+        self, keys: Sequence[bytes], values: Sequence[bytes], attempts: Iterable[int], total: int | None = None
+    ) -> None:
         self.keys.extend(keys)
         self.values.extend(values)
         self.attempts.extend(attempts)
-        self.room -= sum(map(len, keys)) + sum(map(len, values))
+        self.room -= sum(map(len, keys)) + sum(map(len, values)) if total is None else total
 
     def columns(self) -> Columns:
         return self.keys, self.values, self.attempts
@@ -274,9 +278,12 @@ class PartitionState:
             return min(wanted, FIRST_CELLS)
         return min(wanted, max(1, int(room / self.cell_bytes) + 1))
 
-    def learn_size(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+    def learn_size(self, keys: Sequence[bytes], values: Sequence[bytes]) -> int:
+        """Their bytes (kept as the partition's cell size)."""
+        total = sum(map(len, keys)) + sum(map(len, values))
         if keys:
-            self.cell_bytes = (sum(map(len, keys)) + sum(map(len, values))) / len(keys)
+            self.cell_bytes = total / len(keys)
+        return total
 
     def __post_init__(self) -> None:
         self.scan = max(self.scan, self.done)

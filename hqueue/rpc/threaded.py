@@ -48,7 +48,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -229,15 +229,20 @@ class ThreadedServer(TThreadedServer):
         trusted_after: Callable[[Connection], bool] | None = None,
         also: ListeningSocket | None = None,
         big_answers: frozenset[str] = frozenset(),
+        answer_slots: Mapping[str, int] | None = None,
     ) -> None:
         """``trusted_after(connection)``, asked after each call, says whether the connection
         has proved who it is (default: any call it made). ``also``: a second socket to
         accept on (a Unix socket beside the TCP port), closed with the server.
         ``big_answers``: the methods whose answer may be big (a scanner's batch): they are
         refused (``ServerBusy``), unread, while the in-flight budget is full; a reply counts
-        in it until its peer has taken it."""
+        in it until its peer has taken it. ``answer_slots``: methods whose answer's bytes,
+        at most so many, are taken from the budget before they run on a connection's thread
+        (threads run them at once: each could otherwise make a big answer past the budget);
+        none there for a method that may wait (a receive's long poll would hold them)."""
         self.socket = socket
         self._big_answers = big_answers
+        self._answer_slots = dict(answer_slots or {})
         self.also = also
         self.trusted_after = trusted_after or (lambda connection: True)
         self.service = service
@@ -398,23 +403,35 @@ class ThreadedServer(TThreadedServer):
             raise FrameError(f"frame of {size} bytes (the limit is {limits.max_frame_bytes})")
         method, seqid = frames.call_head()
         refused = self._no_room_for_answer(method) or self._admit(size, frames.complete)
-        if refused is not None:
-            frames.skip()
-            self.log.warning("refused", "refused %s from %s: %s", method, connection.peer[0], refused)
-            reply = self._refusal(method, seqid, refused)
-        else:
-            try:
-                reply = self._process(frames.body())
-            finally:
+        slot = 0  # bytes held for the answer while the call runs
+        if refused is None and method in self._answer_slots:
+            slot = min(self._answer_slots[method], self.budget.limit)
+            if not self.budget.reserve(slot, limits.inflight_wait):
                 self.budget.release(size)
-        if not connection.trusted and refused is None:
-            connection.trusted = self.trusted_after(connection)
-        if reply:  # oneway calls have none
-            self.budget.reserve(len(reply), None)  # until the peer takes it (or the send times out)
-            try:
-                frames.send(reply)
-            finally:
-                self.budget.release(len(reply))
+                wanted = f"no room in {limits.inflight_wait:g}s for the answer of {method} (up to {slot} bytes) in"
+                refused, slot = self._busy(wanted), 0
+        try:
+            if refused is not None:
+                frames.skip()
+                self.log.warning("refused", "refused %s from %s: %s", method, connection.peer[0], refused)
+                reply = self._refusal(method, seqid, refused)
+            else:
+                try:
+                    reply = self._process(frames.body())
+                finally:
+                    self.budget.release(size)
+            if not connection.trusted and refused is None:
+                connection.trusted = self.trusted_after(connection)
+            if reply:  # oneway calls have none
+                self.budget.reserve(len(reply), None)  # until the peer takes it (or the send times out)
+                self.budget.release(slot)
+                slot = 0
+                try:
+                    frames.send(reply)
+                finally:
+                    self.budget.release(len(reply))
+        finally:
+            self.budget.release(slot)
         return not connection.close_after_reply
 
     def _no_room_for_answer(self, method: str) -> ServerBusy | None:
@@ -422,11 +439,14 @@ class ThreadedServer(TThreadedServer):
         calls under way hold the whole budget: memory stays bounded whoever stops reading."""
         if method not in self._big_answers or self.budget.used < self.budget.limit:
             return None
+        return self._busy("the replies waiting to be taken and the calls under way hold")
+
+    def _busy(self, what: str) -> ServerBusy:
+        limit = self.limits.max_inflight_bytes
         return ServerBusy(
             "max_inflight_bytes",
-            self.limits.max_inflight_bytes,
-            f"the replies waiting to be taken and the calls under way hold this server's "
-            f"{self.limits.max_inflight_bytes} bytes (--max-inflight-bytes); nothing was done, try again",
+            limit,
+            f"{what} this server's {limit} bytes (--max-inflight-bytes); nothing was done, try again",
         )
 
     def _admit(self, size: int, complete: bool) -> HQueueError | None:

@@ -56,7 +56,7 @@ from ..subscriptions.store_registry import StoreRegistry
 from ..subscriptions.zk_registry import ZooKeeperRegistry
 from .calls import thrift_error
 from .gauges import server_gauges
-from .handler import BIG_ANSWERS, DEFAULT_MAX_PARTITIONS, HQueueHandler
+from .handler import ANSWER_SLOTS, BIG_ANSWERS, DEFAULT_MAX_PARTITIONS, HQueueHandler
 from .scanners import DEFAULT_IDLE_TIMEOUT, ScannerRegistry
 
 if TYPE_CHECKING:
@@ -252,6 +252,7 @@ class HQueueServer:
             self._server: ThreadedServer = server(
                 wire.T.HQueueService, self.handler, socket, limits=limits, ssl_context=ssl_context,
                 refuse_with=thrift_error, also=local, trusted_after=trusted_after, big_answers=BIG_ANSWERS,
+                answer_slots=ANSWER_SLOTS,
             )  # fmt: skip
             _warn_if_puts_cannot_fit(self._server.limits, max_put_messages, max_put_bytes)
             if metrics_port is not None:  # here, so a taken port fails before anything starts

@@ -287,6 +287,13 @@ class QueueCalls(Calls):
 #: The calls whose answer may be big (up to 10,000 messages): refused while the server's
 #: in-flight budget is full (rpc/loop.py), so that peers that do not read cannot hold more.
 BIG_ANSWERS = frozenset({"messageScannerGet", "messageScannerGetList", "messageScannerGetPacked", "groupReceive"})
+#: The bytes a scanner's answer may take (its reply's limit; the one message that passes it
+#: aside), held from the budget while one runs on a connection's thread. (A group receive
+#: may wait for messages first: it holds none; its reply is at most
+#: groups.state.RECEIVE_BYTES and one message.)
+ANSWER_SLOTS = dict.fromkeys(
+    ["messageScannerGet", "messageScannerGetList", "messageScannerGetPacked"], wire.SCAN_REPLY_BYTES
+)
 
 
 class HQueueHandler(ThriftService):

@@ -231,8 +231,8 @@ class FrameReader:
             TimeoutError: the peer did not take it in time.
         """
         head = _HEAD.pack(len(payload))
-        if not self._kernel:
-            self.sock.sendall(head + payload)
+        if not self._kernel:  # TLS: a timeout per write, so the deadline is kept here
+            self._send_tls(memoryview(head + payload), self._deadline())
             return
         try:
             sent = self.sock.sendmsg((head, payload))
@@ -258,6 +258,17 @@ class FrameReader:
                 view = view[self.sock.send(view) :]
             except BlockingIOError:  # SO_SNDTIMEO passed with nothing sent: check the deadline
                 continue
+
+    def _send_tls(self, view: memoryview, deadline: float | None) -> None:
+        """``sendall`` on a TLS socket within ``deadline`` all told (its timeout is per write:
+        a peer that takes a little before each one ran out would hold the reply for ever)."""
+        while view:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"a reply was not taken within {self.body_timeout:g}s")
+                self._set_timeout(left)
+            view = view[self.sock.send(view[: self.MAX_CHUNK]) :]
 
     def _sndtimeo(self, timeout: float | None) -> None:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(timeout))

@@ -5,6 +5,7 @@ these tests check behaviour only."""
 
 import collections
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -23,7 +24,7 @@ from hqueue.rpc.wire import T, call_frame
 from hqueue.rpc.workers import Workers
 from hqueue.server import HQueueServer
 
-from ..processes import wait_for
+from ..processes import server_certificate, wait_for
 
 PROTOCOL = TBinaryProtocolFactory()
 
@@ -509,5 +510,43 @@ def test_replies_nobody_takes_count_in_the_budget_and_big_answers_wait_for_room(
         for sock in slow:
             sock.close()
         wait_for(lambda: server._server.budget.used == 0, 10, "the replies' bytes to be given back")
+    finally:
+        server.stop()
+
+
+def test_a_tls_peer_that_takes_a_little_of_a_reply_now_and_then_is_closed_by_the_body_timeout(tmp_path):
+    """On TLS (a thread per connection) a reply's send had a timeout per write: a peer that
+    read 64 KB every half second kept a 16 MB reply, counted in the budget, for minutes."""
+    cert, context = server_certificate(tmp_path)
+    limits = ServerLimits(max_frame_bytes=1 << 20, body_timeout=2.0)
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, limits=limits, ssl_context=context).start()
+    try:
+        admin_url = f"hqueue://{server.address}?tls=1&ca={cert}"
+        with HQueueAdmin(admin_url) as admin:
+            admin.create_queue("q", 1)
+        with HQueue("q", admin_url) as queue:
+            for _ in range(80):
+                queue.put([Message("t", b"v" * 4000)] * 50, partition_id=0)  # 16 MB
+        client = ssl.create_default_context(cafile=str(cert))
+        raw = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        with client.wrap_socket(raw, server_hostname="127.0.0.1") as sock:
+            ask_whole_partition(sock, 0)
+            wait_for(lambda: server._server.budget.used > 15_000_000, 10, "the reply to be counted")
+            done = threading.Event()
+
+            def trickle() -> None:  # 64 KB every half second: the whole reply in about 2 minutes
+                while not done.wait(0.5):
+                    if not sock.recv(65536):
+                        return
+
+            reader = threading.Thread(target=trickle)
+            reader.start()
+            try:
+                # The server gives up on the reply after body_timeout (2 s), however it is taken
+                wait_for(lambda: server._server.budget.used == 0, 10, "the reply to be dropped")
+            finally:
+                done.set()
+                reader.join(10)
     finally:
         server.stop()

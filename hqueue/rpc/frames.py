@@ -231,8 +231,8 @@ class FrameReader:
             TimeoutError: the peer did not take it in time.
         """
         head = _HEAD.pack(len(payload))
-        if not self._kernel:  # TLS: a timeout per write, so the deadline is kept here
-            self._send_tls(memoryview(head + payload), self._deadline())
+        if not self._kernel:  # TLS
+            self._send_all(memoryview(head + payload), self._deadline())
             return
         try:
             sent = self.sock.sendmsg((head, payload))
@@ -248,27 +248,21 @@ class FrameReader:
             self._send_all(view[sent - 4 :], deadline)
 
     def _send_all(self, view: memoryview, deadline: float | None) -> None:
+        """Send ``view`` within ``deadline`` all told (a socket's timeout is per write: a
+        peer that takes a little before each one ran out would hold the reply for ever)."""
         while view:
             if deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError(f"a reply was not taken within {self.body_timeout:g}s")
-                self._sndtimeo(left)
+                if self._kernel:
+                    self._sndtimeo(left)
+                else:
+                    self._set_timeout(left)
             try:
-                view = view[self.sock.send(view) :]
+                view = view[self.sock.send(view[: self.MAX_CHUNK]) :]
             except BlockingIOError:  # SO_SNDTIMEO passed with nothing sent: check the deadline
                 continue
-
-    def _send_tls(self, view: memoryview, deadline: float | None) -> None:
-        """``sendall`` on a TLS socket within ``deadline`` all told (its timeout is per write:
-        a peer that takes a little before each one ran out would hold the reply for ever)."""
-        while view:
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"a reply was not taken within {self.body_timeout:g}s")
-                self._set_timeout(left)
-            view = view[self.sock.send(view[: self.MAX_CHUNK]) :]
 
     def _sndtimeo(self, timeout: float | None) -> None:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(timeout))

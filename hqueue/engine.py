@@ -374,14 +374,22 @@ class Engine:
         return messages_from_columns(*self.scan_columns(name, start_key, stop_key, topics, limit))
 
     def scan_columns(
-        self, name: str, start_key: bytes, stop_key: bytes, topics: Collection[bytes] | None, limit: int
+        self,
+        name: str,
+        start_key: bytes,
+        stop_key: bytes,
+        topics: Collection[bytes] | None,
+        limit: int,
+        max_bytes: int | None = None,
     ) -> tuple[Sequence[bytes], Sequence[bytes]]:
-        """:meth:`scan` as (cell keys, values): no object per message."""
+        """:meth:`scan` as (cell keys, values): no object per message (``max_bytes``: as
+        :meth:`Storage.scan <hqueue.storage.base.Storage.scan>`'s)."""
         info = self.enabled_queue(name)
         if info.topic_index and topic_index.usable(topics):
-            cells = topic_index.scan(self.storage, info, start_key, stop_key, topics, limit)  # type: ignore[arg-type]
+            assert topics is not None  # (usable says so)
+            cells = topic_index.scan(self.storage, info, start_key, stop_key, topics, limit, max_bytes)
         else:
-            cells = self.storage.scan(name, start_key, stop_key, topics, limit)
+            cells = self.storage.scan(name, start_key, stop_key, topics, limit, max_bytes)
         # Two passes in C, each one list: zip(*cells) made a 10,000-argument call, an
         # iterator per cell, and two tuples (about twice the cost).
         return list(map(_FIRST, cells)), list(map(_SECOND, cells))

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 
 from .config import TOPIC_INDEX_KEY, QueueInfo
 from .keys.index import DEFAULT_HASH, HASH_KEY, entry_topic, index_range, message_key, topic_hash
+from .storage.base import until_bytes
 
 if TYPE_CHECKING:
     from .storage.base import Storage
@@ -71,10 +72,19 @@ def usable(topics: Collection[bytes] | None) -> bool:
 
 
 def scan(
-    storage: Storage, info: QueueInfo, start_key: bytes, stop_key: bytes, topics: Collection[bytes], limit: int
+    storage: Storage,
+    info: QueueInfo,
+    start_key: bytes,
+    stop_key: bytes,
+    topics: Collection[bytes],
+    limit: int,
+    max_bytes: int | None = None,
 ) -> list[tuple[bytes, bytes]]:
     """A topic-filtered scan of one partition's message keys ``start_key <= key < stop_key``
-    through the index: each topic's entries only, as (cell key, value), in key order."""
+    through the index: each topic's entries only, as (cell key, value), in key order
+    (``limit`` and ``max_bytes`` as :meth:`Storage.scan`'s; each topic's read is bounded by
+    ``limit`` only: cut by bytes, one topic's could end before another's, and a merged
+    answer would skip what the first did not read)."""
     found: list[tuple[bytes, bytes]] = []
     hash = topic_hash(info)
     for topic in topics:
@@ -91,4 +101,4 @@ def scan(
             start = cells[-1][0] + b"\x00"  # some were another topic's (a hash collision): go on
     if len(topics) > 1:
         found.sort()
-    return found[:limit]
+    return found[:limit] if max_bytes is None else until_bytes(found[:limit], max_bytes)

@@ -126,11 +126,10 @@ class InOrder:
         span = self.limits.max_span - state.in_flight
         prefix, stop = partition_prefix(pid), partition_prefix(pid + 1)
         while room > 0 and span > 0 and not out.full:
-            asked = state.cells_for(out.room, min(span, max(room, _SCAN_CHUNK)) + len(state.acked))
+            asked = min(span, max(room, _SCAN_CHUNK)) + len(state.acked)
             found_keys, found_values = self.engine.scan_columns(
-                group.queue, prefix + state.scan, stop, group.config.topics, asked
+                group.queue, prefix + state.scan, stop, group.config.topics, asked, out.room
             )
-            state.learn_size(found_keys, found_values)
             taken: list[bytes] = []
             for cell_key, value in zip(found_keys, found_values, strict=True):
                 if room <= 0 or span <= 0 or out.full:

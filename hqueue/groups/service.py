@@ -395,34 +395,31 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
         prefix = partition_prefix(pid)
         stop = partition_prefix(pid + 1)
         while room > 0 and not out.full:
-            # Acked ones are skipped: ask for enough to fill the room (and no more than its bytes).
-            asked = state.cells_for(out.room, room + len(state.acked))
+            asked = room + len(state.acked)  # acked ones are skipped: ask for enough to fill the room
             found_keys, found_values = self.engine.scan_columns(
-                group.queue, prefix + state.scan, stop, group.config.topics, asked
+                group.queue, prefix + state.scan, stop, group.config.topics, asked, out.room
             )
             if not found_keys:
                 return
-            total: int | None = state.learn_size(found_keys, found_values)
             keys, values = found_keys, found_values
             ids: list[bytes] = list(map(id_bytes, keys))
             read_to = ids[-1]
             if state.acked:  # after a restart: skip what was acked before it
                 kept = [i for i, message_id in enumerate(ids) if message_id not in state.acked]
                 keys, values, ids = [keys[i] for i in kept], [values[i] for i in kept], [ids[i] for i in kept]
-                total = None
             if len(ids) > room:
-                keys, values, total = keys[:room], values[:room], None
-            taken = out.fitting(keys, values, total)
+                keys, values = keys[:room], values[:room]
+            taken = out.fitting(keys, values)
             # The scan goes on after the last one taken, or, all taken, after the last one read.
             state.scan = id_after(ids[taken - 1] if taken < len(ids) else read_to)
             if taken:
                 if taken < len(keys):
-                    keys, values, total = keys[:taken], values[:taken], None
+                    keys, values = keys[:taken], values[:taken]
                 ids = ids[:taken]
                 state.lease(ids, member, deadline)
                 state.open.extend(ids)
                 attempts = [state.retries.get(i, 0) + 1 for i in ids] if state.retries else repeat(1, taken)
-                out.extend(keys, values, attempts, total)
+                out.extend(keys, values, attempts)
                 room -= taken
             if len(found_keys) < asked:
                 return

@@ -57,8 +57,6 @@ BACKOFF_BASE, BACKOFF_MAX = 1.0, 600.0
 
 #: What a receive hands out (groups.py): cell keys, values and attempts.
 Columns = tuple[list[bytes], list[bytes], list[int]]
-#: Cells read of a partition before their size is known (PartitionState.cells_for).
-FIRST_CELLS = 16
 #: The most bytes of cell keys and values one receive hands out (as a scanner's reply,
 #: rpc/wire.SCAN_REPLY_BYTES): at least one message, and none after the one that passes it.
 RECEIVE_BYTES = 16 * 1024 * 1024
@@ -86,26 +84,22 @@ class Handout:
         self.attempts.append(attempt)
         self.room -= len(key) + len(value)
 
-    def fitting(self, keys: Sequence[bytes], values: Sequence[bytes], total: int | None = None) -> int:
+    def fitting(self, keys: Sequence[bytes], values: Sequence[bytes]) -> int:
         """How many of these cells (in order) go in: all while the bytes last, and the one
-        that passes them (one at least, unless the handout is full already). ``total``:
-        their bytes, if known."""
+        that passes them (one at least, unless the handout is full already)."""
         if self.room <= 0:
             return 0
-        if total is None:
-            total = sum(map(len, keys)) + sum(map(len, values))
+        total = sum(map(len, keys)) + sum(map(len, values))
         if total <= self.room:  # the usual case: no look at each cell
             return len(keys)
         sizes = list(accumulate(map(add, map(len, keys), map(len, values))))
         return min(len(keys), bisect.bisect_left(sizes, self.room) + 1)
 
-    def extend(
-        self, keys: Sequence[bytes], values: Sequence[bytes], attempts: Iterable[int], total: int | None = None
-    ) -> None:
+    def extend(self, keys: Sequence[bytes], values: Sequence[bytes], attempts: Iterable[int]) -> None:
         self.keys.extend(keys)
         self.values.extend(values)
         self.attempts.extend(attempts)
-        self.room -= sum(map(len, keys)) + sum(map(len, values)) if total is None else total
+        self.room -= sum(map(len, keys)) + sum(map(len, values))
 
     def columns(self) -> Columns:
         return self.keys, self.values, self.attempts
@@ -267,23 +261,6 @@ class PartitionState:
     affinity: KeyAffinity | None = None
     #: What the last metrics scrape wrote of this state (server/gauges.py), reused while it holds.
     metric_lines: Any = None
-    #: Bytes a cell of this partition took, as last read (0: none read yet): how many to read
-    #: for a receive's room in bytes (Handout).
-    cell_bytes: float = 0.0
-
-    def cells_for(self, room: int, wanted: int) -> int:
-        """How many cells to read for ``wanted`` messages in ``room`` bytes (a few at first,
-        to learn their size): never a read of many times the room."""
-        if not self.cell_bytes:
-            return min(wanted, FIRST_CELLS)
-        return min(wanted, max(1, int(room / self.cell_bytes) + 1))
-
-    def learn_size(self, keys: Sequence[bytes], values: Sequence[bytes]) -> int:
-        """Their bytes (kept as the partition's cell size)."""
-        total = sum(map(len, keys)) + sum(map(len, values))
-        if keys:
-            self.cell_bytes = total / len(keys)
-        return total
 
     def __post_init__(self) -> None:
         self.scan = max(self.scan, self.done)

@@ -15,6 +15,7 @@ import abc
 import logging
 import threading
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import TypeVar
 
 from ..config import Durability, QueueInfo
 from ..ids import wall_clock_ms
@@ -25,6 +26,21 @@ from .fence import Fence, Token
 logger = logging.getLogger(__name__)
 
 Cell = tuple[bytes, bytes]
+_T = TypeVar("_T")
+
+
+def until_bytes(items: Iterable[_T], max_bytes: int, size: Callable[[_T], int] | None = None) -> list[_T]:
+    """``items`` (cells, unless ``size`` measures them) up to the one that brings their bytes
+    (a cell's: its key's and value's) to ``max_bytes`` (:meth:`Storage.scan`): the rest are
+    never taken from the iterator."""
+    out: list[_T] = []
+    append = out.append
+    for item in items:
+        append(item)
+        max_bytes -= len(item[0]) + len(item[1]) if size is None else size(item)  # type: ignore[index]
+        if max_bytes <= 0:
+            break
+    return out
 
 
 class Storage(abc.ABC):
@@ -119,8 +135,11 @@ class Storage(abc.ABC):
         stop_key: bytes,
         topics: Collection[bytes] | None = None,
         limit: int = 1000,
+        max_bytes: int | None = None,
     ) -> list[Cell]:
-        """Cells with ``start_key <= cell_key < stop_key``, in key order."""
+        """Cells with ``start_key <= cell_key < stop_key``, in key order: at most ``limit``,
+        and with ``max_bytes``, none after the one that brings their keys and values to
+        ``max_bytes`` (what is read of the store stays near it: a receive of big messages)."""
 
     @abc.abstractmethod
     def last_rowkey(self, name: str, partition_id: int) -> bytes | None:

@@ -53,7 +53,7 @@ from ..errors import QueueExists, QueueNotFound, StorageError, StorageLocked
 from ..keys.index import INDEX_PREFIX
 from ..keys.timers import pending_range
 from ..message import encode_rowkey, partition_prefix
-from .base import Cell, Storage, expired, housekeeping, keep_id_floor, ttl_cutoff, ttl_start
+from .base import Cell, Storage, expired, housekeeping, keep_id_floor, ttl_cutoff, ttl_start, until_bytes
 from .commits import Fill, GroupCommit, cells_filler, meta_filler
 from .fence import Fence, LocalFences, Token
 from .healing import Healing
@@ -351,6 +351,7 @@ class EmbeddedStorage(Healing, Storage):
         stop_key: bytes,
         topics: Collection[bytes] | None = None,
         limit: int = 1000,
+        max_bytes: int | None = None,
     ) -> list[Cell]:
         self._heal()
         family = self._family(name)
@@ -362,9 +363,11 @@ class EmbeddedStorage(Healing, Storage):
         options = rocksdict.ReadOptions()
         options.set_iterate_upper_bound(stop_key)
         items = self._guard(family.items, from_key=start_key, read_opt=options)
-        if topics is None:
+        if topics is not None:
+            items = (c for c in items if c[0][12:] in topics)
+        if max_bytes is None:
             return list(islice(items, limit))
-        return list(islice((c for c in items if c[0][12:] in topics), limit))
+        return until_bytes(islice(items, limit), max_bytes)
 
     def _ttl_floor(self, name: str, key: bytes) -> bytes:
         cutoff = ttl_cutoff(self._infos[name]) if name in self._infos else None

@@ -14,11 +14,12 @@ import threading
 from bisect import bisect_left, insort
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 
 from ..config import Durability, QueueInfo
 from ..errors import QueueExists, QueueNotFound
 from ..message import partition_prefix
-from .base import Cell, Storage, expired, keep_id_floor, ttl_cutoff, ttl_start
+from .base import Cell, Storage, expired, keep_id_floor, ttl_cutoff, ttl_start, until_bytes
 from .fence import Fence, LocalFences, Token
 
 
@@ -132,6 +133,7 @@ class MemoryStorage(Storage):
         stop_key: bytes,
         topics: Collection[bytes] | None = None,
         limit: int = 1000,
+        max_bytes: int | None = None,
     ) -> list[Cell]:
         with self._data.lock:
             queue = self._queue(name)
@@ -139,14 +141,13 @@ class MemoryStorage(Storage):
             if cutoff is not None:
                 start_key = max(start_key, ttl_start(start_key, cutoff))
             keys, values = queue.keys, queue.values
-            out: list[Cell] = []
-            at = bisect_left(keys, start_key)
-            while at < len(keys) and keys[at] < stop_key and len(out) < limit:
-                key = keys[at]
-                if topics is None or key[12:] in topics:
-                    out.append((key, values[key]))
-                at += 1
-            return out
+            at, end = bisect_left(keys, start_key), bisect_left(keys, stop_key)
+            cells = ((key, values[key]) for key in islice(keys, at, max(at, end)))
+            if topics is not None:
+                cells = (cell for cell in cells if cell[0][12:] in topics)
+            if max_bytes is None:
+                return list(islice(cells, limit))
+            return until_bytes(islice(cells, limit), max_bytes)
 
     def last_rowkey(self, name: str, partition_id: int) -> bytes | None:
         with self._data.lock:

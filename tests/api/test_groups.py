@@ -13,6 +13,7 @@ import pytest
 
 from hqueue import Delivery, GroupNotFound, HQueue, HQueueAdmin, InvalidArgument, Message, MessageID
 from hqueue.api import groups_of
+from hqueue.engine import Engine
 from hqueue.groups.state import MEMBER_TIMEOUT, RECEIVE_BYTES, assigned
 from hqueue.keys.groups import state_prefix
 
@@ -580,3 +581,28 @@ def test_held_back_big_messages_go_out_in_bounded_replies_each_key_in_order(make
         assert a.ack(held) == len(held)
         got = held + drain(b, 40 - len(held))
         assert [d.value[:4] for d in got] == [b"%04d" % i for i in range(40)]
+
+
+@pytest.mark.parametrize("affinity", [None, "partition"])
+def test_a_receive_reads_about_its_reply_of_the_store_whatever_came_before(make_queue, monkeypatch, affinity):
+    """Reads were sized by the partition's last cells: 16 tiny ones, then 200 of 1 MiB, and
+    a receive read 200 MiB of the store for its 16 MiB reply (a review found it)."""
+    reads: list[int] = []
+    scan_columns = Engine.scan_columns
+
+    def measured(self, *args, **kwargs):
+        keys, values = scan_columns(self, *args, **kwargs)
+        reads.append(sum(map(len, keys)) + sum(map(len, values)))
+        return keys, values
+
+    monkeypatch.setattr(Engine, "scan_columns", measured)
+    queue = make_queue(partitions=1, max_message_bytes=2 << 20)
+    queue.put([Message("t", b"s%03d" % i) for i in range(16)], partition_id=0)
+    for i in range(200):
+        queue.put(Message("t", b"B%03d" % i + b"x" * ((1 << 20) - 4)), partition_id=0)
+    with queue.consumer("g", key_affinity=affinity) as member:
+        got = member.receive(1000, wait=0)
+        assert sum(len(d.value) for d in got) <= RECEIVE_BYTES + (1 << 20)
+        assert max(reads) <= RECEIVE_BYTES + (1 << 20), [r >> 20 for r in reads]
+        rest = drain(member, 216 - len(got))
+        assert len({d.id for d in got + rest}) == 216

@@ -123,6 +123,22 @@ def test_start_is_inclusive_stop_exclusive_and_limit_is_exact(storage, queue):
     assert storage.scan(queue, stop, start) == []
 
 
+def test_max_bytes_stops_after_the_cell_that_reaches_it(storage, queue):
+    """A scan with max_bytes: the cells up to and including the one that brings their keys'
+    and values' bytes to it (a group receive's read of big messages stays near its reply)."""
+    sizes = [10, 1000, 10, 5000, 10]
+    cells = [(encode_rowkey(0, MessageID(i + 1)) + b"t", b"v" * size) for i, size in enumerate(sizes)]
+    storage.write(queue, cells, Durability.SYNC_WAL)
+    bytes_of = [len(k) + len(v) for k, v in cells]
+    assert storage.scan(queue, *whole(0), max_bytes=1) == cells[:1]
+    assert storage.scan(queue, *whole(0), max_bytes=bytes_of[0] + 1) == cells[:2]
+    assert storage.scan(queue, *whole(0), max_bytes=sum(bytes_of[:3])) == cells[:3]
+    assert storage.scan(queue, *whole(0), max_bytes=10**9) == cells
+    assert storage.scan(queue, *whole(0), limit=2, max_bytes=10**9) == cells[:2]
+    assert storage.scan(queue, *whole(0), topics={b"t"}, max_bytes=bytes_of[0] + 1) == cells[:2]
+    assert storage.scan(queue, *whole(0), topics={b"other"}, max_bytes=1) == []
+
+
 def test_partitions_do_not_leak_into_each_other(storage, queue):
     storage.write(queue, [cell(1, 5), cell(3, 5)], Durability.SYNC_WAL)
     assert storage.scan(queue, *whole(2)) == []

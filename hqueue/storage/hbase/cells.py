@@ -84,6 +84,13 @@ def split_keys(partitions: int, partitions_per_region: int) -> list[bytes]:
 INDEX_ROW_LENGTH = HEAD_LENGTH + 10
 
 
+def _row_bytes(row: tuple[bytes, dict[bytes, bytes]]) -> int:
+    """A scanned row's bytes as its cells': each cell's key (the row, then its qualifier's
+    topic) and value."""
+    prefix = len(_COLUMN_PREFIX)
+    return sum(len(row[0]) + len(column) - prefix + len(value) for column, value in row[1].items())
+
+
 def _row_length(key: bytes) -> int:
     """Where a cell key's row ends: after the 12-byte rowkey, or for a topic-index
     entry (topic_index.py) after its ID too, so that each entry is a row of its own."""

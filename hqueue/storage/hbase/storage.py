@@ -18,7 +18,7 @@ from ...config import Durability, QueueInfo, QueueState
 from ...errors import InvalidArgument, QueueDisabled, QueueExists, QueueNotFound, StorageError
 from ...message import ROWKEY_LENGTH, key_after, partition_prefix
 from ...rpc.failures import explain
-from ..base import Cell, Storage, housekeeping, keep_id_floor
+from ..base import Cell, Storage, housekeeping, keep_id_floor, until_bytes
 from ..fence import Epoch, Fence
 from .admin import Thrift2Admin
 from .cells import (
@@ -35,6 +35,7 @@ from .cells import (
     StorageUnavailable,
     _cell_deletes,
     _cell_time,
+    _row_bytes,
     _row_length,
 )
 from .fencing import FencedWrites
@@ -302,6 +303,7 @@ class HBaseStorage(FencedWrites, Storage):
         stop_key: bytes,
         topics: Collection[bytes] | None = None,
         limit: int = 1000,
+        max_bytes: int | None = None,
     ) -> list[Cell]:
         if start_key >= stop_key:
             return []
@@ -318,15 +320,19 @@ class HBaseStorage(FencedWrites, Storage):
                 row_start=row_start,
                 row_stop=row_stop,
                 columns=columns,
-                batch_size=min(rows_wanted, 1000),
+                # (a byte bound: rows fetched a few at a time, none past the bound's batch)
+                batch_size=min(rows_wanted, 1000 if max_bytes is None else 32),
                 limit=rows_wanted,
             )
             # A message's row holds one cell, its qualifier the topic; a timers' row may hold many.
+            if max_bytes is not None:  # no more rows taken once they hold max_bytes
+                rows = until_bytes(((row, data) for row, data in rows), max_bytes, _row_bytes)
             cells = [
                 (row + column[len(_COLUMN_PREFIX) :], value) for row, data in rows for column, value in data.items()
             ]
             cells.sort()
-            return [cell for cell in cells if start_key <= cell[0] < stop_key][:limit]
+            cells = [cell for cell in cells if start_key <= cell[0] < stop_key][:limit]
+            return cells if max_bytes is None else until_bytes(cells, max_bytes)
 
         return self._retrying(f"scan {name!r}", read, name)
 

@@ -405,7 +405,7 @@ class ThreadedServer(TThreadedServer):
         refused = self._no_room_for_answer(method) or self._admit(size, frames.complete)
         slot = 0  # bytes held for the answer while the call runs
         if refused is None and method in self._answer_slots:
-            slot = min(self._answer_slots[method], self.budget.limit)
+            slot = min(self._answer_slots[method], max(1, self.budget.limit - size))  # (beside the call's own)
             if not self.budget.reserve(slot, limits.inflight_wait):
                 self.budget.release(size)
                 wanted = f"no room in {limits.inflight_wait:g}s for the answer of {method} (up to {slot} bytes) in"

@@ -292,6 +292,23 @@ def test_many_threads_asking_for_big_answers_at_once_stay_within_the_budget(tmp_
         server.stop()
 
 
+def test_a_scan_on_a_thread_is_served_with_a_budget_no_bigger_than_an_answer(tmp_path):
+    """The answer's 16 MiB were held beside the call's own bytes: with a 16 MiB budget
+    every scanner call on a thread waited out --inflight-wait and was refused (a review)."""
+    limits = ServerLimits(max_frame_bytes=1 << 20, max_inflight_bytes=16 << 20, inflight_wait=1.0)
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, limits=limits, io="threads").start()
+    try:
+        with HQueueAdmin(f"hqueue://{server.address}") as admin:
+            admin.create_queue("q", 1)
+        with HQueue("q", f"hqueue://{server.address}") as queue:
+            queue.put([Message("t", b"v")] * 10, partition_id=0)
+            started = time.monotonic()
+            assert [m.value for m in queue.scan()] == [b"v"] * 10
+            assert time.monotonic() - started < 1.0  # not after a wait for room
+    finally:
+        server.stop()
+
+
 def test_a_connection_runs_at_most_its_share_of_calls_a_turn_whatever_wakes_it(server, monkeypatch):
     """A reply the socket took in part is finished when it drains (_flush), which runs the
     next calls: a connection with calls left from the last turn ran its share there and

@@ -58,24 +58,27 @@ class InOrder:
         member: str,
         deadline: float,
         out: Handout,
-    ) -> tuple[int, list[bytes]]:
-        """Read and lease ``ids`` to ``member`` (those gone from the store are finished) while
-        the reply has room; how many, and those left for a later receive."""
-        taken = []
+    ) -> tuple[int, list[bytes], list[bytes]]:
+        """Read and lease ``ids`` to ``member`` while the reply has room; how many, those left
+        for a later receive, and those gone from the store (TTL, truncate), for the caller to
+        finish once the left ones are back where they wait (finishing one moves the group's
+        cursor past every ID found nowhere)."""
+        taken: list[bytes] = []
         left: list[bytes] = []
+        gone: list[bytes] = []
         for index, message_id in enumerate(ids):
             if out.full:
                 left = ids[index:]
                 break
             cell = self._read(group.queue, pid, message_id)
-            if cell is None:  # gone (TTL, truncate): nothing left to do
-                self._acked(group, pid, state, [message_id])
+            if cell is None:
+                gone.append(message_id)
                 continue
             taken.append(message_id)
             out.add(cell[0], cell[1], state.retries.get(message_id, 0) + 1)
         if taken:
             state.lease(taken, member, deadline)
-        return len(taken), left
+        return len(taken), left, gone
 
     def _due_in_order(
         self, group: GroupState, pid: int, state: PartitionState, member: str, deadline: float, limit: int, out: Handout
@@ -106,7 +109,10 @@ class InOrder:
                 blocked.add(key)  # its later ones wait behind it
                 continue
             chosen.append(message_id)
-        return self._handed(group, pid, state, chosen, member, deadline, out)[0]  # (those left wait on)
+        handed, _, gone = self._handed(group, pid, state, chosen, member, deadline, out)  # (those left wait on)
+        if gone:
+            self._acked(group, pid, state, gone)
+        return handed
 
     def _held_back(
         self, group: GroupState, pid: int, state: PartitionState, member: str, deadline: float, limit: int, out: Handout
@@ -114,8 +120,12 @@ class InOrder:
         assert state.affinity is not None
         if not state.affinity.back:
             return 0
-        handed, left = self._handed(group, pid, state, state.affinity.take_back(member, limit), member, deadline, out)
+        handed, left, gone = self._handed(
+            group, pid, state, state.affinity.take_back(member, limit), member, deadline, out
+        )
         state.affinity.give_back(left)
+        if gone:
+            self._acked(group, pid, state, gone)
         return handed
 
     def _new_in_order(

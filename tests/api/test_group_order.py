@@ -8,6 +8,7 @@ short one, and a closed connection on a server.
 from __future__ import annotations
 
 import random
+import time
 from collections import defaultdict
 
 import pytest
@@ -226,3 +227,26 @@ def test_hostile_group_calls_get_typed_errors_over_the_wire(tmp_path):
             assert queue.put(Message("t", b"still"), 0)  # the server goes on
     finally:
         server.stop()
+
+
+def test_a_held_back_message_gone_past_its_ttl_leaves_the_others_in_place(make_queue):
+    """Handing out held-back messages, one found gone (TTL) was finished at once, while the
+    others taken with it were neither leased nor held back yet: the group's cursor moved
+    past them, and the ack of one just handed out counted for nothing (a review)."""
+    queue = make_queue(partitions=1, ttl=1)
+    queue.put(Message("t", b"m1"), partition_id=0)
+    queue.put(Message("t", b"m2"), partition_id=0)
+    time.sleep(0.7)
+    queue.put(Message("t", b"m3"), partition_id=0)
+    with (
+        queue.consumer("g", key_affinity="partition", member="a") as a,
+        queue.consumer("g", key_affinity="partition", member="b") as b,
+    ):
+        (m1,) = a.receive(1, wait=0)  # a holds the partition's key
+        assert m1.value == b"m1"
+        assert b.receive(10, wait=0) == []  # m2 and m3 are read, and held back
+        time.sleep(0.5)  # m2 is past its TTL, m3 is not
+        assert a.ack(m1) == 1
+        got = a.receive(10, wait=0)
+        assert [d.value for d in got] == [b"m3"]
+        assert a.ack(got) == 1

@@ -409,7 +409,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
                 keys, values, ids = [keys[i] for i in kept], [values[i] for i in kept], [ids[i] for i in kept]
             if len(ids) > room:
                 keys, values = keys[:room], values[:room]
-            taken = out.fitting(keys, values)
+            taken, size = out.fitting(keys, values)
             # The scan goes on after the last one taken, or, all taken, after the last one read.
             state.scan = id_after(ids[taken - 1] if taken < len(ids) else read_to)
             if taken:
@@ -419,7 +419,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
                 state.lease(ids, member, deadline)
                 state.open.extend(ids)
                 attempts = [state.retries.get(i, 0) + 1 for i in ids] if state.retries else repeat(1, taken)
-                out.extend(keys, values, attempts)
+                out.extend(keys, values, attempts, size)
                 room -= taken
             if len(found_keys) < asked:
                 return

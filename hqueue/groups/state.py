@@ -84,22 +84,24 @@ class Handout:
         self.attempts.append(attempt)
         self.room -= len(key) + len(value)
 
-    def fitting(self, keys: Sequence[bytes], values: Sequence[bytes]) -> int:
-        """How many of these cells (in order) go in: all while the bytes last, and the one
-        that passes them (one at least, unless the handout is full already)."""
+    def fitting(self, keys: Sequence[bytes], values: Sequence[bytes]) -> tuple[int, int]:
+        """How many of these cells (in order) go in, and their bytes: all while the bytes
+        last, and the one that passes them (one at least, unless the handout is full already)."""
         if self.room <= 0:
-            return 0
+            return 0, 0
         total = sum(map(len, keys)) + sum(map(len, values))
         if total <= self.room:  # the usual case: no look at each cell
-            return len(keys)
+            return len(keys), total
         sizes = list(accumulate(map(add, map(len, keys), map(len, values))))
-        return min(len(keys), bisect.bisect_left(sizes, self.room) + 1)
+        count = min(len(keys), bisect.bisect_left(sizes, self.room) + 1)
+        return count, sizes[count - 1]
 
-    def extend(self, keys: Sequence[bytes], values: Sequence[bytes], attempts: Iterable[int]) -> None:
+    def extend(self, keys: Sequence[bytes], values: Sequence[bytes], attempts: Iterable[int], size: int) -> None:
+        """Add cells of ``size`` bytes in all (as :meth:`fitting` measured them)."""
         self.keys.extend(keys)
         self.values.extend(values)
         self.attempts.extend(attempts)
-        self.room -= sum(map(len, keys)) + sum(map(len, values))
+        self.room -= size
 
     def columns(self) -> Columns:
         return self.keys, self.values, self.attempts

@@ -295,11 +295,13 @@ class PartitionState:
 
     def lease(self, ids: list[bytes], member: str, deadline: float) -> None:
         """Lease ``ids`` (none leased now: new ones, or ones due for a retry) to ``member``."""
-        affinity = self.affinity
-        for message_id in ids:
-            was_waiting = self.ready.pop(message_id, None) is not None
-            if affinity is not None:
-                affinity.leased(message_id, member, was_waiting)
+        affinity, ready = self.affinity, self.ready
+        if affinity is not None:
+            for message_id in ids:
+                affinity.leased(message_id, member, ready.pop(message_id, None) is not None)
+        elif ready:  # (none waits for a retry, the usual case: no look-up per ID)
+            for message_id in ids:
+                ready.pop(message_id, None)
         self.leases.update(zip(ids, repeat((member, deadline))))
         self.held[member] += len(ids)
         self.batches += 1

@@ -136,9 +136,9 @@ class InOrder:
         span = self.limits.max_span - state.in_flight
         prefix, stop = partition_prefix(pid), partition_prefix(pid + 1)
         while room > 0 and span > 0 and not out.full:
-            asked = min(span, max(room, _SCAN_CHUNK)) + len(state.acked)
+            asked, read_bytes = min(span, max(room, _SCAN_CHUNK)) + len(state.acked), out.room
             found_keys, found_values = self.engine.scan_columns(
-                group.queue, prefix + state.scan, stop, group.config.topics, asked, out.room
+                group.queue, prefix + state.scan, stop, group.config.topics, asked, read_bytes
             )
             taken: list[bytes] = []
             for cell_key, value in zip(found_keys, found_values, strict=True):
@@ -160,5 +160,5 @@ class InOrder:
                 room -= 1
             if taken:
                 state.lease(taken, member, deadline)
-            if len(found_keys) < asked:
-                return
+            if len(found_keys) < asked and sum(map(len, found_keys)) + sum(map(len, found_values)) < read_bytes:
+                return  # the partition's end (not the read's bytes: held-back ones take them too)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ..keys.groups import id_after
@@ -39,6 +40,18 @@ class InOrder:
     def _bury(self, group: GroupState, pid: int, state: PartitionState, message_id: bytes, *, at_once: bool) -> None:
         raise NotImplementedError
 
+    def _read_new(
+        self, group: GroupState, pid: int, state: PartitionState, asked: int, room: int
+    ) -> tuple[Sequence[bytes], Sequence[bytes], bool]:
+        """Up to ``asked`` cells after the partition's scan cursor, about ``room`` bytes of
+        them (Storage.scan's max_bytes), and whether they reach the partition's end: fewer
+        than asked, and not for the bytes (acked ones after a restart, or held-back ones,
+        may have taken those)."""
+        keys, values = self.engine.scan_columns(
+            group.queue, partition_prefix(pid) + state.scan, partition_prefix(pid + 1), group.config.topics, asked, room
+        )
+        return keys, values, len(keys) < asked and sum(map(len, keys)) + sum(map(len, values)) < room
+
     def _take_in_order(
         self, group: GroupState, pid: int, state: PartitionState, member: str, deadline: float, limit: int, out: Handout
     ) -> None:
@@ -58,11 +71,12 @@ class InOrder:
         member: str,
         deadline: float,
         out: Handout,
-    ) -> tuple[int, list[bytes], list[bytes]]:
-        """Read and lease ``ids`` to ``member`` while the reply has room; how many, those left
-        for a later receive, and those gone from the store (TTL, truncate), for the caller to
-        finish once the left ones are back where they wait (finishing one moves the group's
-        cursor past every ID found nowhere)."""
+        put_back: Callable[[list[bytes]], None] | None = None,
+    ) -> int:
+        """Read and lease ``ids`` to ``member`` while the reply has room; how many. Those
+        left for a later receive go to ``put_back`` (None: they wait where they are); those
+        gone from the store (TTL, truncate) are finished after that, since finishing one
+        moves the group's cursor past every ID found nowhere."""
         taken: list[bytes] = []
         left: list[bytes] = []
         gone: list[bytes] = []
@@ -78,7 +92,11 @@ class InOrder:
             out.add(cell[0], cell[1], state.retries.get(message_id, 0) + 1)
         if taken:
             state.lease(taken, member, deadline)
-        return len(taken), left, gone
+        if put_back is not None:
+            put_back(left)
+        if gone:
+            self._acked(group, pid, state, gone)
+        return len(taken)
 
     def _due_in_order(
         self, group: GroupState, pid: int, state: PartitionState, member: str, deadline: float, limit: int, out: Handout
@@ -109,10 +127,7 @@ class InOrder:
                 blocked.add(key)  # its later ones wait behind it
                 continue
             chosen.append(message_id)
-        handed, _, gone = self._handed(group, pid, state, chosen, member, deadline, out)  # (those left wait on)
-        if gone:
-            self._acked(group, pid, state, gone)
-        return handed
+        return self._handed(group, pid, state, chosen, member, deadline, out)  # (those left stay in ready)
 
     def _held_back(
         self, group: GroupState, pid: int, state: PartitionState, member: str, deadline: float, limit: int, out: Handout
@@ -120,13 +135,8 @@ class InOrder:
         assert state.affinity is not None
         if not state.affinity.back:
             return 0
-        handed, left, gone = self._handed(
-            group, pid, state, state.affinity.take_back(member, limit), member, deadline, out
-        )
-        state.affinity.give_back(left)
-        if gone:
-            self._acked(group, pid, state, gone)
-        return handed
+        back = state.affinity.take_back(member, limit)
+        return self._handed(group, pid, state, back, member, deadline, out, state.affinity.give_back)
 
     def _new_in_order(
         self, group: GroupState, pid: int, state: PartitionState, member: str, deadline: float, room: int, out: Handout
@@ -134,12 +144,9 @@ class InOrder:
         affinity = state.affinity
         assert affinity is not None
         span = self.limits.max_span - state.in_flight
-        prefix, stop = partition_prefix(pid), partition_prefix(pid + 1)
         while room > 0 and span > 0 and not out.full:
-            asked, read_bytes = min(span, max(room, _SCAN_CHUNK)) + len(state.acked), out.room
-            found_keys, found_values = self.engine.scan_columns(
-                group.queue, prefix + state.scan, stop, group.config.topics, asked, read_bytes
-            )
+            asked = min(span, max(room, _SCAN_CHUNK)) + len(state.acked)
+            found_keys, found_values, ended = self._read_new(group, pid, state, asked, out.room)
             taken: list[bytes] = []
             for cell_key, value in zip(found_keys, found_values, strict=True):
                 if room <= 0 or span <= 0 or out.full:
@@ -160,5 +167,5 @@ class InOrder:
                 room -= 1
             if taken:
                 state.lease(taken, member, deadline)
-            if len(found_keys) < asked and sum(map(len, found_keys)) + sum(map(len, found_values)) < read_bytes:
-                return  # the partition's end (not the read's bytes: held-back ones take them too)
+            if ended:
+                return

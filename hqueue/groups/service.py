@@ -392,13 +392,9 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
         self, group: GroupState, pid: int, state: PartitionState, member: str, deadline: float, limit: int, out: Handout
     ) -> None:
         room = min(limit, self.limits.max_span - state.in_flight)
-        prefix = partition_prefix(pid)
-        stop = partition_prefix(pid + 1)
         while room > 0 and not out.full:
-            asked, read_bytes = room + len(state.acked), out.room  # acked ones are skipped: enough to fill the room
-            found_keys, found_values = self.engine.scan_columns(
-                group.queue, prefix + state.scan, stop, group.config.topics, asked, read_bytes
-            )
+            asked = room + len(state.acked)  # acked ones are skipped: ask for enough to fill the room
+            found_keys, found_values, ended = self._read_new(group, pid, state, asked, out.room)
             if not found_keys:
                 return
             keys, values = found_keys, found_values
@@ -421,8 +417,8 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
                 attempts = [state.retries.get(i, 0) + 1 for i in ids] if state.retries else repeat(1, taken)
                 out.extend(keys, values, attempts, size)
                 room -= taken
-            if len(found_keys) < asked and sum(map(len, found_keys)) + sum(map(len, found_values)) < read_bytes:
-                return  # the partition's end (not the read's bytes: acked ones after a restart may take them)
+            if ended:
+                return
 
     def _read(self, queue: str, pid: int, message_id: bytes) -> tuple[bytes, bytes] | None:
         start = partition_prefix(pid) + message_id

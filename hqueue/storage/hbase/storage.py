@@ -326,7 +326,7 @@ class HBaseStorage(FencedWrites, Storage):
             )
             # A message's row holds one cell, its qualifier the topic; a timers' row may hold many.
             if max_bytes is not None:  # no more rows taken once they hold max_bytes
-                rows = until_bytes(((row, data) for row, data in rows), max_bytes, _row_bytes)
+                rows = until_bytes(rows, max_bytes, _row_bytes)
             cells = [
                 (row + column[len(_COLUMN_PREFIX) :], value) for row, data in rows for column, value in data.items()
             ]

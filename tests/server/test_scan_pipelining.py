@@ -21,21 +21,25 @@ from hqueue.server.scanners import ScannerRegistry
 
 from ..processes import wait_for
 
+EXPECTED = [b"%d-%d" % (n, i) for n in range(11) for i in range(500)]
 
-@pytest.fixture
-def url(tmp_path):
-    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
+
+def filled(server: HQueueServer) -> str:
+    """The server's URL, with queue q's one partition holding EXPECTED (11 puts of 500)."""
     url = f"hqueue://{server.address}"
     with HQueueAdmin(url) as admin:
         admin.create_queue("q", 1)
     with HQueue("q", url) as queue:
         for n in range(11):
-            queue.put([Message("t", b"%d-%d" % (n, i)) for i in range(500)], partition_id=0)
-    yield url
+            queue.put([Message("t", value) for value in EXPECTED[n * 500 : (n + 1) * 500]], partition_id=0)
+    return url
+
+
+@pytest.fixture
+def url(tmp_path):
+    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
+    yield filled(server)
     server.stop()
-
-
-EXPECTED = [b"%d-%d" % (n, i) for n in range(11) for i in range(500)]
 
 
 def test_a_pipelined_scan_hands_out_every_message_once_in_order(url):
@@ -95,13 +99,8 @@ def test_a_scanner_gone_with_requests_ahead_leaves_no_answer_on_a_pooled_connect
             raise
 
     monkeypatch.setattr(ScannerRegistry, "_get", slow_gone)
-    url = f"hqueue://{server.address}"
     try:
-        with HQueueAdmin(url) as admin:
-            admin.create_queue("q", 1)
-        with HQueue("q", url) as queue:
-            for n in range(11):
-                queue.put([Message("t", b"%d-%d" % (n, i)) for i in range(500)], partition_id=0)
+        with HQueue("q", filled(server)) as queue:
             with queue.get_partition_scanner(0, caching=1000) as scanner:
                 first = [next(scanner).value for _ in range(1000)]
                 wait_for(lambda: len(server.scanners) == 0, 10, "the server to close the idle scanner")

@@ -50,7 +50,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from itertools import repeat
 from typing import TYPE_CHECKING
@@ -302,9 +303,18 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
         return list(zip(messages_from_columns(keys, values), attempts, strict=True))
 
     def receive_columns(
-        self, queue: str, name: str, member: str, max_messages: int, lease: float, wait: float
+        self,
+        queue: str,
+        name: str,
+        member: str,
+        max_messages: int,
+        lease: float,
+        wait: float,
+        idle: Callable[[], AbstractContextManager[None]] = nullcontext,
     ) -> Columns:
-        """:meth:`receive` as cell keys, values and attempts: no object per message (the server's path)."""
+        """:meth:`receive` as cell keys, values and attempts: no object per message (the
+        server's path). ``idle()`` is entered around each wait for messages (a server's
+        thread gives back the bytes it holds for the answer meanwhile)."""
         if not isinstance(member, str) or not member:
             raise InvalidArgument("'member' must be a non-empty string")
         if not isinstance(max_messages, int) or isinstance(max_messages, bool) or not 1 <= max_messages <= 10_000:
@@ -320,7 +330,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
             left = deadline - time.monotonic()
             if taken[0] or left <= 0 or self._stopped:
                 return taken
-            with self._arrived:
+            with idle(), self._arrived:
                 if self._generations.get(queue, 0) == generation:
                     self._waiting[queue] = self._waiting.get(queue, 0) + 1
                     try:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 #: Bytes of frames under way, all connections together (``--max-inflight-bytes``).
 DEFAULT_MAX_INFLIGHT_BYTES = 64 * 1024 * 1024
@@ -65,3 +67,32 @@ class InflightBudget:
             self.used -= size
             if self._line:
                 self._changed.notify_all()
+
+
+class AnswerSlot:
+    """The bytes a call's answer may take, held from ``budget`` while the call runs on a
+    connection's thread (ThreadedServer's ``answer_slots``), so that calls running at once
+    cannot make answers past the budget. ``busy(what)`` makes the error a call gets when
+    its slot cannot be taken again after :meth:`set_aside`."""
+
+    def __init__(self, budget: InflightBudget, size: int, wait: float, busy: Callable[[str], Exception]) -> None:
+        self.budget, self.wait, self._busy = budget, wait, busy
+        self.held = size if budget.reserve(size, wait) else 0
+        self._size = size
+
+    @contextmanager
+    def set_aside(self) -> Iterator[None]:
+        """Give the bytes back while the call waits (a receive's long poll holds none), and
+        take them again after it: when no room comes within ``wait``, the call raises
+        (``ServerBusy``) with nothing done. A wait that raises takes nothing back."""
+        self.release()
+        yield
+        if not self.budget.reserve(self._size, self.wait):
+            raise self._busy(f"no room in {self.wait:g}s for the answer (up to {self._size} bytes) in")
+        self.held = self._size
+
+    def release(self) -> None:
+        """Give back what is held (once)."""
+        held, self.held = self.held, 0
+        if held:
+            self.budget.release(held)

@@ -59,7 +59,7 @@ from thriftpy2.transport import TFramedTransportFactory, TServerSocket, TSocket,
 from thriftpy2.transport.memory import TCyMemoryBuffer
 
 from ..errors import HQueueError, LimitExceeded, ServerBusy
-from .budget import DEFAULT_INFLIGHT_WAIT, DEFAULT_MAX_INFLIGHT_BYTES, InflightBudget
+from .budget import DEFAULT_INFLIGHT_WAIT, DEFAULT_MAX_INFLIGHT_BYTES, AnswerSlot, InflightBudget
 from .frames import DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_ITEMS, FrameError, FrameReader, check_call
 from .unix import unix_listener, widen
 
@@ -126,6 +126,15 @@ _current = threading.local()
 def current_connection() -> Connection | None:
     """The connection the calling handler thread serves (None outside one)."""
     return getattr(_current, "connection", None)
+
+
+def answer_slot_aside() -> contextlib.AbstractContextManager[None]:
+    """Around a wait of the call under way (a receive's long poll): the bytes held for its
+    answer (``answer_slots``) are given back meanwhile and taken again after it
+    (:meth:`AnswerSlot.set_aside <hqueue.rpc.budget.AnswerSlot.set_aside>`); nothing
+    where the call holds none (on the event loop, or a worker)."""
+    slot: AnswerSlot | None = getattr(_current, "slot", None)
+    return slot.set_aside() if slot is not None else contextlib.nullcontext()
 
 
 class RateLimitedLog:
@@ -239,7 +248,7 @@ class ThreadedServer(TThreadedServer):
         in it until its peer has taken it. ``answer_slots``: methods whose answer's bytes,
         at most so many, are taken from the budget before they run on a connection's thread
         (threads run them at once: each could otherwise make a big answer past the budget);
-        none there for a method that may wait (a receive's long poll would hold them)."""
+        a call that waits gives them back meanwhile (:func:`answer_slot_aside`)."""
         self.socket = socket
         self._big_answers = big_answers
         self._answer_slots = dict(answer_slots or {})
@@ -403,35 +412,40 @@ class ThreadedServer(TThreadedServer):
             raise FrameError(f"frame of {size} bytes (the limit is {limits.max_frame_bytes})")
         method, seqid = frames.call_head()
         refused = self._no_room_for_answer(method) or self._admit(size, frames.complete)
-        slot = 0  # bytes held for the answer while the call runs
+        slot = None  # bytes held for the answer while the call runs
         if refused is None and method in self._answer_slots:
-            slot = min(self._answer_slots[method], max(1, self.budget.limit - size))  # (beside the call's own)
-            if not self.budget.reserve(slot, limits.inflight_wait):
+            wanted = min(self._answer_slots[method], max(1, self.budget.limit - size))  # (beside the call's own)
+            slot = AnswerSlot(self.budget, wanted, limits.inflight_wait, self._busy)
+            if not slot.held:
                 self.budget.release(size)
-                wanted = f"no room in {limits.inflight_wait:g}s for the answer of {method} (up to {slot} bytes) in"
-                refused, slot = self._busy(wanted), 0
+                refused = self._busy(
+                    f"no room in {limits.inflight_wait:g}s for the answer of {method} (up to {wanted} bytes) in"
+                )
         try:
             if refused is not None:
                 frames.skip()
                 self.log.warning("refused", "refused %s from %s: %s", method, connection.peer[0], refused)
                 reply = self._refusal(method, seqid, refused)
             else:
+                _current.slot = slot
                 try:
                     reply = self._process(frames.body())
                 finally:
+                    _current.slot = None
                     self.budget.release(size)
             if not connection.trusted and refused is None:
                 connection.trusted = self.trusted_after(connection)
             if reply:  # oneway calls have none
                 self.budget.reserve(len(reply), None)  # until the peer takes it (or the send times out)
-                self.budget.release(slot)
-                slot = 0
+                if slot is not None:
+                    slot.release()
                 try:
                     frames.send(reply)
                 finally:
                     self.budget.release(len(reply))
         finally:
-            self.budget.release(slot)
+            if slot is not None:
+                slot.release()
         return not connection.close_after_reply
 
     def _no_room_for_answer(self, method: str) -> ServerBusy | None:

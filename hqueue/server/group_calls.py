@@ -16,7 +16,7 @@ from ..groups.state import check_wait
 from ..rpc import operations as op
 from ..rpc import packed, wire
 from ..rpc.loop import may_block, on_loop
-from ..rpc.threaded import current_connection
+from ..rpc.threaded import answer_slot_aside, current_connection
 from .calls import Calls, handler, served
 
 
@@ -57,7 +57,7 @@ class GroupCalls(Calls):
         # On the event loop, what is there now; none there, the wait goes to a worker.
         wait = 0 if on_loop() else wait
         keys, values, attempts = self.groups.receive_columns(
-            queue, group, member, maxMessages, leaseMillis / 1000, wait
+            queue, group, member, maxMessages, leaseMillis / 1000, wait, idle=answer_slot_aside
         )
         if not keys and wait < waitMillis / 1000:
             may_block()  # before _attend: the worker's run ties the member

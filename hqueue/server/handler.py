@@ -21,6 +21,7 @@ from ..config import QueueState
 from ..coordination import Coordinator
 from ..engine import Engine
 from ..errors import InvalidArgument, LimitExceeded, NotAuthorized, NotPartitionOwner
+from ..groups.state import RECEIVE_BYTES
 from ..message import Message, MessageID, messages_from_columns
 from ..metrics import ServerMetrics
 from ..rpc import packed, wire
@@ -287,13 +288,13 @@ class QueueCalls(Calls):
 #: The calls whose answer may be big (up to 10,000 messages): refused while the server's
 #: in-flight budget is full (rpc/loop.py), so that peers that do not read cannot hold more.
 BIG_ANSWERS = frozenset({"messageScannerGet", "messageScannerGetList", "messageScannerGetPacked", "groupReceive"})
-#: The bytes a scanner's answer may take (its reply's limit; the one message that passes it
-#: aside), held from the budget while one runs on a connection's thread. (A group receive
-#: may wait for messages first: it holds none; its reply is at most
-#: groups.state.RECEIVE_BYTES and one message.)
-ANSWER_SLOTS = dict.fromkeys(
-    ["messageScannerGet", "messageScannerGetList", "messageScannerGetPacked"], wire.SCAN_REPLY_BYTES
-)
+#: The bytes an answer may take (its reply's limit; the one message that passes it aside),
+#: held from the budget while the call runs on a connection's thread. A group receive
+#: gives them back while it waits for messages (rpc.threaded.answer_slot_aside).
+ANSWER_SLOTS = {
+    **dict.fromkeys(["messageScannerGet", "messageScannerGetList", "messageScannerGetPacked"], wire.SCAN_REPLY_BYTES),
+    "groupReceive": RECEIVE_BYTES,
+}
 
 
 class HQueueHandler(ThriftService):

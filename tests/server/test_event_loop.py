@@ -307,6 +307,76 @@ def test_a_scan_on_a_thread_is_served_with_a_budget_no_bigger_than_an_answer(tmp
         server.stop()
 
 
+def test_group_receives_on_threads_at_once_stay_within_the_budget(tmp_path):
+    """A group receive on a connection's thread took no answer slot: 10 connections each
+    receiving 16 MB of messages at once built 160 MB of replies in a 32 MB budget."""
+    limits = ServerLimits(max_frame_bytes=17 << 20, max_inflight_bytes=32 << 20, inflight_wait=0.5)
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, limits=limits, io="threads").start()
+    budget, peak, done = server._server.budget, [0], threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], budget.used)
+            done.wait(0.0005)
+
+    try:
+        with HQueueAdmin(f"hqueue://{server.address}") as admin:
+            admin.create_queue("q", 1)
+        with HQueue("q", f"hqueue://{server.address}") as queue:
+            for _ in range(11):
+                queue.put([Message("t", b"v" * 150_000)] * 100, partition_id=0)  # 165 MB
+            with queue.consumer("g"):
+                pass  # the group, made
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        socks = []
+        try:
+            for n in range(10):  # each receives 16 MB and reads nothing
+                sock = connect(server)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sock.sendall(call_frame("groupReceive", 1, queue="q", group="g", member=f"m{n}",
+                                        maxMessages=10_000, leaseMillis=60_000, waitMillis=0))  # fmt: skip
+                socks.append(sock)
+            time.sleep(2.0)  # past the wait for room of the last ones
+        finally:
+            done.set()
+            watcher.join(10)
+        assert peak[0] <= (32 << 20) + (17 << 20), peak[0]  # the budget and one answer past it
+        for sock in socks:
+            sock.close()
+        wait_for(lambda: budget.used == 0, 10, "the replies' bytes to be given back")
+    finally:
+        server.stop()
+
+
+def test_a_group_receive_waiting_on_a_thread_holds_no_room_for_its_answer(tmp_path):
+    """While a receive waits for messages its answer's bytes go back to the budget: with
+    room for one answer (and the calls' own frames), a waiting receive would have other
+    receives and scans refused."""
+    limits = ServerLimits(max_frame_bytes=1 << 20, max_inflight_bytes=(16 << 20) + 65536, inflight_wait=0.5)
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, limits=limits, io="threads").start()
+    url = f"hqueue://{server.address}"
+    try:
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("q", 1)
+            admin.create_queue("other", 1)
+        with HQueue("q", url) as queue, queue.consumer("g") as waiting:
+            got: list = []
+            receiver = threading.Thread(target=lambda: got.extend(waiting.receive(10, wait=5.0)))
+            receiver.start()
+            time.sleep(0.5)
+            assert receiver.is_alive() and server._server.budget.used < 1024  # its frame
+            with HQueue("other", url) as other, other.consumer("g") as consumer:
+                other.put(Message("t", b"x"), partition_id=0)
+                assert [d.message.value for d in consumer.receive(10, wait=2.0)] == [b"x"]
+                assert [m.value for m in other.scan()] == [b"x"]
+            queue.put(Message("t", b"late"), partition_id=0)  # the waiting one takes its room back
+            receiver.join(10)
+            assert [d.message.value for d in got] == [b"late"]
+    finally:
+        server.stop()
+
+
 def test_a_connection_runs_at_most_its_share_of_calls_a_turn_whatever_wakes_it(server, monkeypatch):
     """A reply the socket took in part is finished when it drains (_flush), which runs the
     next calls: a connection with calls left from the last turn ran its share there and

@@ -1,7 +1,7 @@
 """Many threads sending one message at a time: hqueue's producer vs unpipelined XADD.
 
 Usage:
-    python bench/producer.py [--json out.json] [--runs 3] [--messages 400] [--threads 16]
+    python bench/producer.py [--json out.json] [--runs 3] [--messages 2000] [--threads 16]
 
 Needs Debian's redis-server and the redis package with hiredis (pip install '.[bench]').
 
@@ -194,7 +194,7 @@ def main() -> None:
     parser.add_argument("--json")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=16)
-    parser.add_argument("--messages", type=int, default=400, help="per thread")
+    parser.add_argument("--messages", type=int, default=2000, help="per thread (400 ran under a second a case: too short to tell the sides apart)")
     parser.add_argument("--group-commit", action="store_true", help="the store alone (no servers)")
     args = parser.parse_args()
     loads = [load()]

@@ -111,7 +111,7 @@ class Engine:
             engine._refs += 1
         return engine
 
-    def deadline(self) -> AbstractContextManager[None]:
+    def deadline(self, extra: float = 0.0) -> AbstractContextManager[None]:
         """In process, calls have no deadline (the remote engine's have)."""
         return nullcontext()
 

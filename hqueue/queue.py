@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from itertools import islice
@@ -75,6 +76,7 @@ class HQueue(Connected):
     ) -> None:
         if not isinstance(name, str):  # before anything is opened
             raise TypeError(f"'name' must be a str (the queue's name), not {type(name).__name__}")
+        self._producers: weakref.WeakSet[Producer] = weakref.WeakSet()
         super().__init__(url, data_dir=data_dir, token=token, timeout=timeout, group_limits=group_limits)
         try:
             self.name = name
@@ -82,6 +84,12 @@ class HQueue(Connected):
         except BaseException:
             self.close()
             raise
+
+    def close(self) -> None:
+        """Close the producers made here (sending what they hold), then release the store."""
+        for producer in list(self._producers):
+            producer.close()
+        super().close()
 
     @property
     def info(self) -> QueueInfo:
@@ -188,15 +196,19 @@ class HQueue(Connected):
             linger_ms: How long a batch waits for more messages after its first.
             max_batch: Messages in one put (1..10,000).
             max_bytes: Bytes in one put (up to 16 MiB).
-            buffer_bytes: Bytes sent and not yet stored the producer holds; a send past it waits.
+            buffer_bytes: Bytes sent and not yet stored the producer holds (each message's topic
+                and value, and 2 KiB for keeping it); a send past it waits.
             block_timeout: Seconds a send waits for room before it raises ProducerBufferFull.
 
-        Close it (or use ``with``) to send what it holds, before closing the queue.
+        Close it (or use ``with``) to send what it holds; closing the queue closes it too
+        (a send after either raises ProducerClosed).
         """
-        return Producer(
+        producer = Producer(
             self.engine, self.name, linger_ms=linger_ms, max_batch=max_batch, max_bytes=max_bytes,
             buffer_bytes=buffer_bytes, block_timeout=block_timeout,
         )  # fmt: skip
+        self._producers.add(producer)
+        return producer
 
     def cancel(self, timer: Timer | str) -> bool:
         """Cancel a pending timer message; False if it fired (or was cancelled) already."""

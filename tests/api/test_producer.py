@@ -190,3 +190,15 @@ def test_flush_from_a_futures_callback_is_refused_not_a_deadlock(make_queue):
         producer.send(Message("t", b"x")).add_done_callback(callback)
         assert producer.flush(timeout=30)
     assert len(seen) == 1 and "callback" in str(seen[0])
+
+
+def test_closing_the_queue_closes_its_producers_after_sending_what_they_hold(make_queue):
+    """A send after queue.close() failed with QueueNotFound on the embedded store and was
+    stored on the others (an acceptance probe): now every store refuses it the same way."""
+    queue = make_queue(partitions=2)
+    producer = queue.producer(linger_ms=60_000)  # nothing goes by itself
+    future = producer.send(Message("t", b"held"))
+    queue.close()
+    assert producer.closed and future.result(timeout=30).timestamp > 0
+    with pytest.raises(ProducerClosed):
+        producer.send(Message("t", b"late"))

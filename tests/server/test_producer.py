@@ -17,7 +17,8 @@ import time
 import pytest
 
 from hqueue import HQueue, HQueueAdmin, Message, OutcomeUnknown, ProducerBufferFull, ServerUnavailable
-from hqueue.errors import NoPartitionOwner
+from hqueue.errors import DeadlineExceeded, NoPartitionOwner
+from hqueue.producer import SEND_OVERHEAD
 
 from ..processes import ServerProcess, wait_for
 
@@ -37,12 +38,12 @@ def test_a_full_buffer_blocks_send_then_raises_and_nothing_is_lost(server):
     # Given a producer with room for about 10 messages, on a server that stalls
     with HQueue("q", f"hqueue://{server.address}?timeout=20") as queue:
         queue.put(Message("t", b"warm"), partition_id=0)  # the client knows the owners
-        producer = queue.producer(buffer_bytes=10 * 101, block_timeout=0.3)
+        producer = queue.producer(buffer_bytes=10 * (101 + SEND_OVERHEAD), block_timeout=0.3)
         server.pause()
         try:
             # When sends go on while nothing is stored
             futures = []
-            with pytest.raises(ProducerBufferFull, match="buffer_bytes=1,010") as raised:
+            with pytest.raises(ProducerBufferFull, match="buffer_bytes=21,490") as raised:
                 for i in range(100):
                     futures.append(producer.send(Message("t", b"x" * 100), partition=i % 4))
             # Then send blocked for block_timeout, then refused with a typed error, queueing nothing
@@ -57,6 +58,48 @@ def test_a_full_buffer_blocks_send_then_raises_and_nothing_is_lost(server):
         producer.close()
         stored = {(m.partition_id, m.id) for m in queue.scan()}
         assert set(ids) <= stored and len(stored) == len(ids) + 2
+
+
+def test_empty_messages_fill_the_buffer_by_what_keeping_them_costs(server):
+    """Counting topics and values alone, a 300 KB buffer took 300,000 empty messages
+    (546 MB of memory) before it was full (an acceptance probe)."""
+    with HQueue("q", f"hqueue://{server.address}?timeout=20") as queue:
+        queue.put(Message("t", b"warm"), partition_id=0)
+        producer = queue.producer(buffer_bytes=300_000, block_timeout=0)
+        server.pause()
+        try:
+            futures = []
+            with pytest.raises(ProducerBufferFull):
+                for _ in range(300_000):
+                    futures.append(producer.send(Message("t", b"")))
+            assert len(futures) <= 300_000 // SEND_OVERHEAD, len(futures)
+        finally:
+            server.resume()
+        assert producer.flush(timeout=60)
+        assert all(f.result(0) for f in futures)
+        producer.close()
+
+
+def test_batches_queued_behind_a_stalled_put_end_within_one_timeout_not_one_each(server):
+    """Each batch's put had its own deadline from when it went: six one-message batches to
+    one partition of a stalled server ended at 2, 4, 6, 8, 10 and 12 s (an acceptance probe)."""
+    with HQueue("q", f"hqueue://{server.address}?timeout=2") as queue:
+        queue.put(Message("t", b"warm"), partition_id=0)
+        producer = queue.producer(max_batch=1)
+        server.pause()
+        try:
+            started = time.monotonic()
+            futures = [producer.send(Message("t", b"m%d" % i), partition=0) for i in range(6)]
+            assert producer.flush(timeout=30)
+            took = time.monotonic() - started
+        finally:
+            server.resume()
+        errors = [f.exception() for f in futures]
+        # The first went and got no answer; those behind it were never sent
+        assert isinstance(errors[0], (OutcomeUnknown, DeadlineExceeded)), errors
+        assert all(isinstance(e, DeadlineExceeded) and "not sent" in str(e) for e in errors[1:]), errors
+        assert took < 2 * 2, took
+        producer.close()
 
 
 @pytest.mark.slow
@@ -134,3 +177,18 @@ def test_a_batch_sent_to_a_stalled_server_fails_its_futures_with_outcome_unknown
         values = [m.value for m in queue.scan()]
     assert all(values.count(b"m%d" % i) <= 1 for i in range(5))
     assert b"after" in values
+
+
+def test_close_waits_its_timeout_in_all(server):
+    """close(timeout=1) flushed for 1 s, then waited 1 s more for its thread (a probe)."""
+    with HQueue("q", f"hqueue://{server.address}?timeout=10") as queue:
+        queue.put(Message("t", b"warm"), partition_id=0)
+        producer = queue.producer()
+        server.pause()
+        try:
+            producer.send(Message("t", b"stalled"), partition=0)
+            started = time.monotonic()
+            producer.close(timeout=1)
+            assert time.monotonic() - started < 1.5
+        finally:
+            server.resume()

@@ -94,12 +94,19 @@ class Batches:
     how much of the buffer they hold. Not locked: its producer serializes every call.
 
     Args:
-        info: The queue's definition.
-        linger_ms, max_batch, max_bytes, buffer_bytes, block_timeout: As :class:`Producer`'s.
+        info: The queue's definition (None until the producer has it: set before the first send).
+        linger_ms, max_batch, max_bytes, buffer_bytes, block_timeout: As :class:`Producer`'s
+            (checked here).
     """
 
     def __init__(
-        self, info: QueueInfo, linger_ms: float, max_batch: int, max_bytes: int, buffer_bytes: int, block_timeout: float
+        self,
+        info: QueueInfo | None,
+        linger_ms: float,
+        max_batch: int,
+        max_bytes: int,
+        buffer_bytes: int,
+        block_timeout: float,
     ) -> None:
         _check_number("linger_ms", linger_ms, 0, 3_600_000)
         _check_number("max_batch", max_batch, 1, MAX_BATCH_MESSAGES, integer=True)
@@ -122,6 +129,7 @@ class Batches:
         refused as a put would refuse it, before anything is queued."""
         if type(message) is not Message:
             raise TypeError(f"'message' must be a Message, not {type(message).__name__}")
+        assert self.info is not None, "the producer's queue is not known yet"
         message_columns(self.info, [message])
         cost = len(message.topic) + len(message.value) + SEND_OVERHEAD
         if cost > self.buffer_bytes:
@@ -171,6 +179,7 @@ class Batches:
             batches = self.open.get(sticky)
             if not batches or self._fits(batches[-1], cost - SEND_OVERHEAD):
                 return sticky
+        assert self.info is not None
         chosen = choose_partition(self.info, None, None)
         for _ in range(3):
             if chosen not in self.in_flight and chosen not in self.open:
@@ -277,15 +286,13 @@ class Producer:
         block_timeout: float = DEFAULT_BLOCK_TIMEOUT,
     ) -> None:
         self.engine, self.name = engine, name
-        self._batches = Batches(
-            engine.enabled_queue(name), linger_ms, max_batch, max_bytes, buffer_bytes, block_timeout
-        )
+        info = engine.enabled_queue(name)
+        self._batches = Batches(info, linger_ms, max_batch, max_bytes, buffer_bytes, block_timeout)
         self._cond = threading.Condition()
         self._delivering = threading.local()  # set while a Future's callbacks run in this thread
         #: Put calls made, and messages they carried (stored or failed).
         self.puts = self.sent = 0
-        partitions = self._batches.info.partitions
-        self._pool = ThreadPoolExecutor(min(MAX_IN_FLIGHT_PARTITIONS, partitions), "hqueue-producer-put")
+        self._pool = ThreadPoolExecutor(min(MAX_IN_FLIGHT_PARTITIONS, info.partitions), "hqueue-producer-put")
         self._sender = threading.Thread(target=self._run, name=f"hqueue-producer-{name}", daemon=True)
         self._sender.start()
 

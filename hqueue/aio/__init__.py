@@ -1,5 +1,5 @@
 """hqueue for asyncio: :class:`AsyncHQueue`, :class:`AsyncHQueueAdmin`, :class:`AsyncConsumer`,
-:class:`AsyncSubscriber` (docs/asyncio.md).
+:class:`AsyncProducer`, :class:`AsyncSubscriber` (docs/asyncio.md).
 
 On ``hqueue://`` every call is spoken on the event loop (an async Thrift
 client: no thread per call); on a store in this process (``local://``,
@@ -9,8 +9,9 @@ runs in a small bounded executor the handle owns.
 
 from .admin import AsyncHQueueAdmin
 from .consumer import AsyncConsumer
+from .producer import AsyncProducer
 from .queue import AsyncHQueue
 from .scanner import AsyncScanner
 from .subscriber import AsyncSubscriber
 
-__all__ = ["AsyncConsumer", "AsyncHQueue", "AsyncHQueueAdmin", "AsyncScanner", "AsyncSubscriber"]
+__all__ = ["AsyncConsumer", "AsyncHQueue", "AsyncHQueueAdmin", "AsyncProducer", "AsyncScanner", "AsyncSubscriber"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, overload
@@ -14,12 +15,20 @@ from ..errors import InvalidArgument
 from ..groups.state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, GroupLimits, check_group_name, check_pending_limit
 from ..keys.timers import Timer, due_ms
 from ..message import Message, MessageID
+from ..producer import (
+    DEFAULT_BLOCK_TIMEOUT,
+    DEFAULT_BUFFER_BYTES,
+    DEFAULT_LINGER_MS,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_BYTES,
+)
 from ..queue import TimeLike, as_batch, as_message_id, route
 from ..scanner import DEFAULT_CACHING, Scan
 from ..subscriptions.listener import Subscription
 from .connect import DEFAULT_WORKERS, groups_of
 from .consumer import AsyncConsumer
 from .handle import AsyncConnected
+from .producer import AsyncProducer
 from .scanner import AsyncScanner
 from .subscriber import AsyncSubscriber, Listener
 
@@ -63,6 +72,7 @@ class AsyncHQueue(AsyncConnected):
             url, data_dir=data_dir, token=token, timeout=timeout, group_limits=group_limits, workers=workers
         )
         self.name = name
+        self._producers: weakref.WeakSet[AsyncProducer] = weakref.WeakSet()
 
     async def _opened(self) -> None:
         try:
@@ -146,6 +156,31 @@ class AsyncHQueue(AsyncConnected):
         return AsyncScanner(opener, min(limit, caching) if limit else caching, limit)
 
     # -- consumer groups -----------------------------------------------------------
+
+    def producer(
+        self,
+        *,
+        linger_ms: float = DEFAULT_LINGER_MS,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+        block_timeout: float = DEFAULT_BLOCK_TIMEOUT,
+    ) -> AsyncProducer:
+        """An :class:`~hqueue.aio.AsyncProducer`: ``await send(message)`` from any task, and
+        sends awaited at once go out together, one put call per partition. Arguments as
+        :meth:`HQueue.producer <hqueue.HQueue.producer>`'s; closing the queue closes it."""
+        producer = AsyncProducer(
+            self, linger_ms=linger_ms, max_batch=max_batch, max_bytes=max_bytes,
+            buffer_bytes=buffer_bytes, block_timeout=block_timeout,
+        )  # fmt: skip
+        self._producers.add(producer)
+        return producer
+
+    async def close(self) -> None:
+        """Close the producers made here (sending what they hold), then release the store."""
+        for producer in list(self._producers):
+            await producer.close()
+        await super().close()
 
     def consumer(
         self,

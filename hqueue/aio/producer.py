@@ -1,0 +1,221 @@
+"""AsyncProducer: many tasks' single sends packed into few put calls, on the event loop.
+
+``queue.producer()`` of an :class:`~hqueue.aio.AsyncHQueue`: ``await
+producer.send(message)`` returns the message's ID once it is stored, and sends
+awaited at once (``asyncio.gather``, or many tasks each sending one message)
+go out together, one put call per partition, as with the blocking
+:class:`~hqueue.producer.Producer`. The batching is the same
+(:class:`~hqueue.producer.Batches`: ``linger_ms``, ``max_batch``,
+``max_bytes``, ``buffer_bytes``, one put per partition under way); its puts
+are tasks of the loop, not threads.
+
+Cancelling a send before its batch goes leaves the message out; once its put
+is under way, the message may be stored (as with a cancelled put).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ..errors import HQueueError, ProducerBufferFull, ProducerClosed
+from ..message import Message, MessageID
+from ..producer import (
+    DEFAULT_BLOCK_TIMEOUT,
+    DEFAULT_BUFFER_BYTES,
+    DEFAULT_LINGER_MS,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_BYTES,
+    Batch,
+    Batches,
+    put_deadline,
+    too_late,
+)
+
+if TYPE_CHECKING:
+    from .queue import AsyncHQueue
+
+__all__ = ["AsyncProducer"]
+
+logger = logging.getLogger(__name__)
+
+
+class AsyncProducer:
+    """Sends messages in batches, from any number of tasks of one event loop.
+
+    Make one with :meth:`AsyncHQueue.producer <hqueue.aio.AsyncHQueue.producer>`; use it
+    with ``async with`` (or ``await close()``) to send what it holds at the end.
+    Arguments as :meth:`HQueue.producer <hqueue.HQueue.producer>`'s.
+    """
+
+    def __init__(
+        self,
+        queue: AsyncHQueue,
+        *,
+        linger_ms: float = DEFAULT_LINGER_MS,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+        block_timeout: float = DEFAULT_BLOCK_TIMEOUT,
+    ) -> None:
+        self.queue, self.name = queue, queue.name
+        self._batches = Batches(None, linger_ms, max_batch, max_bytes, buffer_bytes, block_timeout)
+        self._engine: Any = None
+        self._changed: asyncio.Condition | None = None  # a batch began or filled, room came, a put ended
+        self._sender: asyncio.Task[None] | None = None
+        self._puts: set[asyncio.Task[None]] = set()
+        #: Put calls made, and messages they carried (stored or failed).
+        self.puts = self.sent = 0
+
+    async def open(self) -> AsyncProducer:
+        """Reach the queue (``QueueNotFound``, ``QueueDisabled``) and start sending; the
+        first send opens it too."""
+        if self._sender is None:
+            if self._batches.closed:
+                raise ProducerClosed(f"the producer of {self.name!r} is closed")
+            engine = await self.queue.async_engine()
+            info = await engine.enabled_queue(self.name)
+            if self._sender is None:  # (another task opened it meanwhile)
+                self._engine, self._batches.info = engine, info
+                self._changed = asyncio.Condition()
+                self._sender = asyncio.ensure_future(self._run())
+        return self
+
+    # -- sending ----------------------------------------------------------------------------
+
+    async def send(
+        self, message: Message, *, key: bytes | str | None = None, partition: int | None = None
+    ) -> MessageID:
+        """Queue ``message`` for its partition's next batch and wait until it is stored:
+        its ID. Arguments, routing and errors as :meth:`Producer.send
+        <hqueue.producer.Producer.send>`'s (the put's error is raised here).
+
+        Raises:
+            ProducerBufferFull: no room in ``buffer_bytes`` within ``block_timeout``.
+            ProducerClosed: the producer is closed.
+            InvalidMessage, MessageTooLarge, InvalidPartition, TypeError: nothing is queued.
+        """
+        await self.open()
+        batches, changed = self._batches, self._changed
+        assert changed is not None
+        cost, chosen = batches.check(message, key, partition)
+        if batches.closed:
+            raise ProducerClosed(f"the producer of {self.name!r} is closed")
+        if not batches.has_room(cost):
+            await self._room(cost)
+        future, wake = batches.add(message, cost, chosen, lambda _: asyncio.get_running_loop().create_future())
+        if wake:
+            async with changed:
+                changed.notify_all()
+        return await future  # cancelled here: the future is, and a batch not gone leaves it out
+
+    async def _room(self, cost: int) -> None:
+        batches, changed = self._batches, self._changed
+        assert changed is not None
+        async with changed:
+            try:
+                await asyncio.wait_for(
+                    changed.wait_for(lambda: batches.has_room(cost) or batches.closed), batches.block_timeout
+                )
+            except TimeoutError:
+                raise ProducerBufferFull(self.name, batches.buffer_bytes, batches.block_timeout) from None
+        if batches.closed:
+            raise ProducerClosed(f"the producer of {self.name!r} is closed")
+
+    # -- flushing and closing ---------------------------------------------------------------
+
+    async def flush(self, timeout: float | None = None) -> bool:
+        """Send every batch now, and wait until each message sent before this call is
+        stored or failed. False if ``timeout`` seconds passed first."""
+        if self._changed is None:
+            return True
+        futures = [f for batch in self._batches.pending() for f in batch.futures]
+        async with self._changed:
+            self._changed.notify_all()
+        if not futures:
+            return True
+        _, waiting = await asyncio.wait(futures, timeout=timeout)
+        return not waiting
+
+    async def close(self, timeout: float | None = None) -> None:
+        """Stop taking sends, send what is held, and stop (waiting up to ``timeout`` seconds;
+        puts still under way then are cancelled, and their sends fail with CancelledError)."""
+        if self._batches.closed:
+            return
+        self._batches.closed = True
+        if self._sender is None or self._changed is None:
+            return
+        async with self._changed:
+            self._changed.notify_all()  # senders waiting for room, and the sender task
+        loop = asyncio.get_running_loop()
+        give_up = None if timeout is None else loop.time() + timeout
+        await self.flush(timeout)
+        left = None if give_up is None else max(0.0, give_up - loop.time())
+        _, running = await asyncio.wait([self._sender, *self._puts], timeout=left)
+        for task in running:
+            task.cancel()
+
+    @property
+    def closed(self) -> bool:
+        return self._batches.closed
+
+    async def __aenter__(self) -> AsyncProducer:
+        return await self.open()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # -- the sender task ------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        batches, changed = self._batches, self._changed
+        assert changed is not None
+        while True:
+            ready = batches.take_ready()
+            if not ready:
+                if batches.closed and batches.idle():
+                    return
+                async with changed:
+                    try:
+                        await asyncio.wait_for(changed.wait(), batches.next_wake())
+                    except TimeoutError:
+                        pass
+                continue
+            for pid, batch in ready:  # partitions' puts under way at once
+                task = asyncio.ensure_future(self._put(pid, batch))
+                self._puts.add(task)
+                task.add_done_callback(self._puts.discard)
+
+    async def _put(self, pid: int, batch: Batch) -> None:
+        live = [(m, f) for m, f in zip(batch.messages, batch.futures, strict=True) if not f.done()]
+        engine = self._engine
+        try:
+            extra = put_deadline(engine, batch)
+            late = too_late(engine, extra)
+            if live and late is not None:
+                raise late
+            if live:
+                with engine.deadline(extra):
+                    ids = await engine.put(self.name, [m for m, _ in live], pid)
+                for (_, future), message_id in zip(live, ids, strict=True):
+                    if not future.done():
+                        future.set_result(message_id)
+        except BaseException as e:  # noqa: BLE001 - every error goes to the batch's futures
+            if not isinstance(e, (HQueueError, asyncio.CancelledError)):
+                logger.warning("put of %d message(s) to %s/%d failed: %r", len(live), self.name, pid, e)
+            for _, future in live:
+                if not future.done():
+                    future.set_exception(e) if not isinstance(e, asyncio.CancelledError) else future.cancel()
+            if isinstance(e, asyncio.CancelledError):
+                raise
+        finally:
+            self.puts, self.sent = self.puts + bool(live), self.sent + len(live)
+            self._batches.finished(pid, batch)
+            assert self._changed is not None
+            async with self._changed:
+                self._changed.notify_all()
+
+    def __repr__(self) -> str:
+        b = self._batches
+        return f"AsyncProducer({self.name!r}, linger_ms={b.linger * 1000:g}, max_batch={b.max_batch})"

@@ -1,0 +1,121 @@
+"""The asyncio producer (``AsyncHQueue.producer()``) on every store URL: sends awaited
+together go out in few puts, each send's ID is stored, order per partition is kept,
+backpressure and errors are typed, cancellation leaves unsent messages out, and
+closing sends what is held."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from hqueue import InvalidArgument, Message, MessageID, ProducerBufferFull, ProducerClosed, QueueDisabled
+from hqueue.aio import AsyncHQueue, AsyncHQueueAdmin, AsyncProducer
+from hqueue.producer import SEND_OVERHEAD
+
+from .test_aio import made, run
+
+
+def test_sends_awaited_together_go_out_in_few_puts_and_are_all_stored(api_url, queue_name):
+    async def main():
+        queue = await made(api_url, queue_name)
+        async with queue.producer(linger_ms=5) as producer:
+            assert isinstance(producer, AsyncProducer)
+
+            async def sender(t: int) -> list[MessageID]:  # one task: one key, one message at a time
+                return [await producer.send(Message("t", b"%d-%d" % (t, i)), key=f"k{t}") for i in range(50)]
+
+            per_task = await asyncio.gather(*(sender(t) for t in range(16)))
+            for ids in per_task:
+                assert ids == sorted(ids) and len(set(ids)) == len(ids)  # one key: one partition, in order
+            assert producer.sent == 800 and producer.puts < 400, producer.puts
+        stored = {(m.partition_id, m.id): m.value async for m in queue.scan()}
+        assert len(stored) == 800
+        await queue.close()
+
+    run(main())
+
+
+def test_routing_is_put_s_and_bad_sends_queue_nothing(api_url, queue_name):
+    async def main():
+        queue = await made(api_url, queue_name, partitions=4)
+        async with queue.producer() as producer:
+            await producer.send(Message("t", b"p2"), partition=2)
+            await producer.send(Message("t", b"k"), key="shop-42")
+            with pytest.raises(TypeError):
+                await producer.send("not a message")  # type: ignore[arg-type]
+            with pytest.raises(TypeError):
+                await producer.send(Message("t", b"x"), key="a", partition=1)
+            with pytest.raises(InvalidArgument):
+                await producer.send(Message("t", b"x"), partition=9)
+        await queue.put(Message("t", b"k2"), key="shop-42")
+        by_partition = {m.value: m.partition_id async for m in queue.scan()}
+        assert by_partition[b"p2"] == 2 and by_partition[b"k"] == by_partition[b"k2"]
+        assert len(by_partition) == 3
+        await queue.close()
+
+    run(main())
+
+
+def test_options_are_checked_when_the_producer_is_made(api_url, queue_name):
+    async def main():
+        queue = await made(api_url, queue_name)
+        with pytest.raises(InvalidArgument):
+            queue.producer(max_batch=0)
+        with pytest.raises(TypeError):
+            queue.producer(linger_ms="5")  # type: ignore[arg-type]
+        await queue.close()
+
+    run(main())
+
+
+def test_a_full_buffer_raises_and_a_cancelled_send_is_left_out(api_url, queue_name):
+    async def main():
+        queue = await made(api_url, queue_name)
+        producer = queue.producer(linger_ms=60_000, buffer_bytes=3 * (101 + SEND_OVERHEAD), block_timeout=0.2)
+        sends = [asyncio.ensure_future(producer.send(Message("t", b"x" * 100), partition=0)) for _ in range(3)]
+        await asyncio.sleep(0.05)  # the three are held: the batch lingers
+        with pytest.raises(ProducerBufferFull):
+            await producer.send(Message("t", b"x" * 100), partition=0)
+        sends[1].cancel()
+        assert await producer.flush(timeout=30)
+        assert isinstance(await sends[0], MessageID) and isinstance(await sends[2], MessageID)
+        assert sends[1].cancelled()
+        await producer.close()
+        with pytest.raises(ProducerClosed):
+            await producer.send(Message("t", b"late"))
+        assert len([m async for m in queue.scan()]) == 2
+        await queue.close()
+
+    run(main())
+
+
+def test_a_failed_put_fails_its_sends_with_the_put_s_error(api_url, queue_name):
+    async def main():
+        queue = await made(api_url, queue_name)
+        async with queue.producer() as producer:
+            await producer.send(Message("t", b"before"))
+            async with AsyncHQueueAdmin(api_url) as admin:
+                await admin.disable_queue(queue_name)
+            with pytest.raises(QueueDisabled):
+                await producer.send(Message("t", b"while disabled"))
+            async with AsyncHQueueAdmin(api_url) as admin:
+                await admin.enable_queue(queue_name)
+            assert isinstance(await producer.send(Message("t", b"after")), MessageID)
+        await queue.close()
+
+    run(main())
+
+
+def test_closing_the_queue_sends_what_its_producers_hold(api_url, queue_name):
+    async def main():
+        queue = await made(api_url, queue_name)
+        producer = queue.producer(linger_ms=60_000)
+        held = asyncio.ensure_future(producer.send(Message("t", b"held")))
+        await asyncio.sleep(0.05)
+        await queue.close()
+        assert isinstance(await held, MessageID) and producer.closed
+        async with AsyncHQueue(queue_name, api_url) as again:
+            assert [m.value async for m in again.scan()] == [b"held"]
+
+    run(main())

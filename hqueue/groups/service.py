@@ -54,7 +54,7 @@ from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from itertools import repeat
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import GroupNotFound, InvalidArgument, LimitExceeded
 from ..keys.groups import group_key, groups_prefix, id_after, state_prefix
@@ -310,11 +310,13 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
         max_messages: int,
         lease: float,
         wait: float,
-        idle: Callable[[], AbstractContextManager[None]] = nullcontext,
+        idle: Callable[[], AbstractContextManager[Any]] = nullcontext,
     ) -> Columns:
         """:meth:`receive` as cell keys, values and attempts: no object per message (the
-        server's path). ``idle()`` is entered around each wait for messages (a server's
-        thread gives back the bytes it holds for the answer meanwhile)."""
+        server's path). ``idle()`` is entered around each wait for messages: a server's
+        thread gives back the bytes it holds for the answer meanwhile, and what it gives
+        (``held``: 0 when no room came back) says whether the receive may take messages
+        now, or waits again first (at its deadline it returns none)."""
         if not isinstance(member, str) or not member:
             raise InvalidArgument("'member' must be a non-empty string")
         if not isinstance(max_messages, int) or isinstance(max_messages, bool) or not 1 <= max_messages <= 10_000:
@@ -323,20 +325,24 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
         check_wait(wait)
         group = self._group(queue, name)
         deadline = time.monotonic() + wait
+        taken: Columns = ([], [], [])
+        room, next_ready = True, 1.0
         while True:
             with self._arrived:
                 generation = self._generations.get(queue, 0)
-            taken, next_ready = self._take(group, member, max_messages, lease)
+            if room:
+                taken, next_ready = self._take(group, member, max_messages, lease)
             left = deadline - time.monotonic()
             if taken[0] or left <= 0 or self._stopped:
                 return taken
-            with idle(), self._arrived:
+            with idle() as slot, self._arrived:
                 if self._generations.get(queue, 0) == generation:
                     self._waiting[queue] = self._waiting.get(queue, 0) + 1
                     try:
                         self._arrived.wait(min(left, next_ready, 1.0))
                     finally:
                         self._waiting[queue] -= 1
+            room = slot is None or bool(slot.held)
 
     def _take(self, group: GroupState, member: str, limit: int, lease: float) -> tuple[Columns, float]:
         """What ``member`` gets now, and seconds until a retry falls due."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 #: Bytes of frames under way, all connections together (``--max-inflight-bytes``).
@@ -61,6 +61,14 @@ class InflightBudget:
                 self._line.remove(turn)
                 self._changed.notify_all()  # the next in line may fit now
 
+    def try_reserve(self, size: int) -> bool:
+        """Take ``size`` bytes if they fit now and nobody waits for room; else take nothing."""
+        with self._changed:
+            if self._line or self.used + size > self.limit:
+                return False
+            self.used += size
+            return True
+
     def release(self, size: int) -> None:
         """Give back what :meth:`reserve` took."""
         with self._changed:
@@ -71,25 +79,24 @@ class InflightBudget:
 
 class AnswerSlot:
     """The bytes a call's answer may take, held from ``budget`` while the call runs on a
-    connection's thread (ThreadedServer's ``answer_slots``), so that calls running at once
-    cannot make answers past the budget. ``busy(what)`` makes the error a call gets when
-    its slot cannot be taken again after :meth:`set_aside`."""
+    thread (ThreadedServer's ``answer_slots``, and a loop server's workers), so that calls
+    running at once cannot make answers past the budget; ``held`` is 0 when no room came
+    within ``wait`` seconds."""
 
-    def __init__(self, budget: InflightBudget, size: int, wait: float, busy: Callable[[str], Exception]) -> None:
-        self.budget, self.wait, self._busy = budget, wait, busy
+    def __init__(self, budget: InflightBudget, size: int, wait: float) -> None:
+        self.budget, self.size = budget, size
         self.held = size if budget.reserve(size, wait) else 0
-        self._size = size
 
     @contextmanager
-    def set_aside(self) -> Iterator[None]:
+    def set_aside(self) -> Iterator[AnswerSlot]:
         """Give the bytes back while the call waits (a receive's long poll holds none), and
-        take them again after it: when no room comes within ``wait``, the call raises
-        (``ServerBusy``) with nothing done. A wait that raises takes nothing back."""
+        take them again after it if there is room now, without waiting in line behind the
+        calls that wait for room (idle long polls woken by every write would hold up the
+        others): see ``held`` after the block (0: none yet, wait again)."""
         self.release()
-        yield
-        if not self.budget.reserve(self._size, self.wait):
-            raise self._busy(f"no room in {self.wait:g}s for the answer (up to {self._size} bytes) in")
-        self.held = self._size
+        yield self
+        if self.budget.try_reserve(self.size):
+            self.held = self.size
 
     def release(self) -> None:
         """Give back what is held (once)."""

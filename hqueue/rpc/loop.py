@@ -574,12 +574,8 @@ class LoopServer(ThreadedServer):
             if frame is None:
                 go_on = self._serve_one(self._frames(link), connection)
             else:
-                try:
-                    reply = self._process(frame, checked=True)
-                finally:
-                    self.budget.release(size)
+                self._run_on_worker(link, frame, size)
                 del frame
-                self._reply(link, reply)
                 go_on = not connection.close_after_reply
             if go_on and link.out is None:
                 go_on = self._stay(link, blocked)
@@ -596,6 +592,29 @@ class LoopServer(ThreadedServer):
             except OSError:
                 pass  # closed under it (evicted): the loop's close says so
             self._post(("done", link, error))
+
+    def _run_on_worker(self, link: _Link, frame: bytes, size: int) -> None:
+        """Run the call the loop read (``size`` bytes of the budget held for it) and answer
+        it; a call whose answer may be big holds room for it meanwhile (``answer_slots``),
+        as on a thread per connection: workers run calls at once (a receive that waits
+        gives it back while it waits)."""
+        method, seqid = call_head(frame)
+        slot, refused = self._answer_slot(method, size)
+        try:
+            if refused is not None:
+                reply = self._refusal(method, seqid, refused)
+            else:
+                reply = self._process(frame, checked=True, slot=slot)
+        finally:
+            self.budget.release(size)
+        del frame
+        self.budget.reserve(len(reply), None)  # the reply is made: it counts until sent (or kept)
+        if slot is not None:
+            slot.release()
+        try:
+            self._reply(link, reply)
+        finally:
+            self.budget.release(len(reply))
 
     def _frames(self, link: _Link) -> FrameReader:
         """The connection's frames on a blocking socket (with the limits' timeouts), from what

@@ -128,11 +128,11 @@ def current_connection() -> Connection | None:
     return getattr(_current, "connection", None)
 
 
-def answer_slot_aside() -> contextlib.AbstractContextManager[None]:
+def answer_slot_aside() -> contextlib.AbstractContextManager[AnswerSlot | None]:
     """Around a wait of the call under way (a receive's long poll): the bytes held for its
-    answer (``answer_slots``) are given back meanwhile and taken again after it
-    (:meth:`AnswerSlot.set_aside <hqueue.rpc.budget.AnswerSlot.set_aside>`); nothing
-    where the call holds none (on the event loop, or a worker)."""
+    answer (``answer_slots``) are given back meanwhile, and taken again after it if there
+    is room (:meth:`AnswerSlot.set_aside <hqueue.rpc.budget.AnswerSlot.set_aside>`: the
+    slot, whose ``held`` says so); None where the call holds none (on the event loop)."""
     slot: AnswerSlot | None = getattr(_current, "slot", None)
     return slot.set_aside() if slot is not None else contextlib.nullcontext()
 
@@ -413,25 +413,19 @@ class ThreadedServer(TThreadedServer):
         method, seqid = frames.call_head()
         refused = self._no_room_for_answer(method) or self._admit(size, frames.complete)
         slot = None  # bytes held for the answer while the call runs
-        if refused is None and method in self._answer_slots:
-            wanted = min(self._answer_slots[method], max(1, self.budget.limit - size))  # (beside the call's own)
-            slot = AnswerSlot(self.budget, wanted, limits.inflight_wait, self._busy)
-            if not slot.held:
+        if refused is None:
+            slot, refused = self._answer_slot(method, size)
+            if refused is not None:
                 self.budget.release(size)
-                refused = self._busy(
-                    f"no room in {limits.inflight_wait:g}s for the answer of {method} (up to {wanted} bytes) in"
-                )
         try:
             if refused is not None:
                 frames.skip()
                 self.log.warning("refused", "refused %s from %s: %s", method, connection.peer[0], refused)
                 reply = self._refusal(method, seqid, refused)
             else:
-                _current.slot = slot
                 try:
-                    reply = self._process(frames.body())
+                    reply = self._process(frames.body(), slot=slot)
                 finally:
-                    _current.slot = None
                     self.budget.release(size)
             if not connection.trusted and refused is None:
                 connection.trusted = self.trusted_after(connection)
@@ -447,6 +441,20 @@ class ThreadedServer(TThreadedServer):
             if slot is not None:
                 slot.release()
         return not connection.close_after_reply
+
+    def _answer_slot(self, method: str, size: int) -> tuple[AnswerSlot | None, ServerBusy | None]:
+        """The bytes held for the answer of ``method``'s call while it runs on this thread
+        (``answer_slots``; ``size``: the call's own, held beside), taken within
+        ``inflight_wait``: (the slot, None), (None, None) for a method that holds none, or
+        (None, why the call is refused)."""
+        if method not in self._answer_slots:
+            return None, None
+        wanted = min(self._answer_slots[method], max(1, self.budget.limit - size))
+        slot = AnswerSlot(self.budget, wanted, self.limits.inflight_wait)
+        if slot.held:
+            return slot, None
+        wait = self.limits.inflight_wait
+        return None, self._busy(f"no room in {wait:g}s for the answer of {method} (up to {wanted} bytes) in")
 
     def _no_room_for_answer(self, method: str) -> ServerBusy | None:
         """Why a call whose answer may be big is refused unread, while replies not taken and
@@ -481,8 +489,9 @@ class ThreadedServer(TThreadedServer):
             f"this server's {limits.max_inflight_bytes} bytes (--max-inflight-bytes); nothing was done, try again",
         )
 
-    def _process(self, frame: bytes | bytearray, checked: bool = False) -> bytes:
-        """Check (unless ``checked`` already) and run the frame's call; its reply.
+    def _process(self, frame: bytes | bytearray, checked: bool = False, slot: AnswerSlot | None = None) -> bytes:
+        """Check (unless ``checked`` already) and run the frame's call, holding ``slot`` for
+        its answer (:func:`answer_slot_aside`); its reply.
 
         The frame, then its decoding buffer, are let go as soon as the
         arguments are decoded: while the call runs, only the arguments
@@ -499,6 +508,7 @@ class ThreadedServer(TThreadedServer):
         if call is None:  # an unknown method: result is the TApplicationException
             self.processor.send_exception(oprot, api, result, seqid)
             return out.getvalue()
+        _current.slot = slot
         try:
             result.success = call()
         except TApplicationException as e:
@@ -511,6 +521,8 @@ class ThreadedServer(TThreadedServer):
             # the reply: a cycle that would keep the call's arguments (a 16 MiB batch) until the cyclic
             # GC runs. The reply needs the error alone.
             e.__traceback__ = e.__cause__ = e.__context__ = None
+        finally:
+            _current.slot = None
         if not result.oneway:
             self.processor.send_result(oprot, api, result, seqid)
         return out.getvalue()

@@ -307,11 +307,14 @@ def test_a_scan_on_a_thread_is_served_with_a_budget_no_bigger_than_an_answer(tmp
         server.stop()
 
 
-def test_group_receives_on_threads_at_once_stay_within_the_budget(tmp_path):
-    """A group receive on a connection's thread took no answer slot: 10 connections each
-    receiving 16 MB of messages at once built 160 MB of replies in a 32 MB budget."""
+@pytest.mark.parametrize("io", ["threads", "loop"])
+@pytest.mark.parametrize("waiting", [False, True])
+def test_group_receives_at_once_stay_within_the_budget(tmp_path, io, waiting):
+    """A group receive on a connection's thread, or on a loop's worker after it waited,
+    took no answer slot: 10 connections each receiving 16 MB of messages at once built
+    160 MB of replies in a 32 MB budget (waiting: they long-poll, then the messages come)."""
     limits = ServerLimits(max_frame_bytes=17 << 20, max_inflight_bytes=32 << 20, inflight_wait=0.5)
-    server = HQueueServer(f"local://{tmp_path}/data", port=0, limits=limits, io="threads").start()
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, limits=limits, io=io).start()
     budget, peak, done = server._server.budget, [0], threading.Event()
 
     def watch() -> None:
@@ -322,21 +325,31 @@ def test_group_receives_on_threads_at_once_stay_within_the_budget(tmp_path):
     try:
         with HQueueAdmin(f"hqueue://{server.address}") as admin:
             admin.create_queue("q", 1)
-        with HQueue("q", f"hqueue://{server.address}") as queue:
-            for _ in range(11):
-                queue.put([Message("t", b"v" * 150_000)] * 100, partition_id=0)  # 165 MB
-            with queue.consumer("g"):
+        queue = HQueue("q", f"hqueue://{server.address}")
+        groups = [f"g{n}" for n in range(10)] if waiting else ["g"] * 10  # waiting ones each get them all
+
+        def fill() -> None:
+            for _ in range(2 if waiting else 11):
+                queue.put([Message("t", b"v" * 150_000)] * 100, partition_id=0)  # 30 MB (165 MB)
+
+        for group in set(groups):
+            with queue.consumer(group):
                 pass  # the group, made
+        if not waiting:
+            fill()
         watcher = threading.Thread(target=watch)
         watcher.start()
         socks = []
         try:
-            for n in range(10):  # each receives 16 MB and reads nothing
+            for n, group in enumerate(groups):  # each receives 16 MB and reads nothing
                 sock = connect(server)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-                sock.sendall(call_frame("groupReceive", 1, queue="q", group="g", member=f"m{n}",
-                                        maxMessages=10_000, leaseMillis=60_000, waitMillis=0))  # fmt: skip
+                sock.sendall(call_frame("groupReceive", 1, queue="q", group=group, member=f"m{n}", maxMessages=10_000,
+                                        leaseMillis=60_000, waitMillis=10_000 if waiting else 0))  # fmt: skip
                 socks.append(sock)
+            if waiting:
+                time.sleep(0.5)  # they all wait
+                fill()
             time.sleep(2.0)  # past the wait for room of the last ones
         finally:
             done.set()
@@ -344,7 +357,49 @@ def test_group_receives_on_threads_at_once_stay_within_the_budget(tmp_path):
         assert peak[0] <= (32 << 20) + (17 << 20), peak[0]  # the budget and one answer past it
         for sock in socks:
             sock.close()
+        queue.close()
         wait_for(lambda: budget.used == 0, 10, "the replies' bytes to be given back")
+    finally:
+        server.stop()
+
+
+def test_idle_long_polls_woken_by_writes_do_not_hold_up_calls_that_wait_for_room(tmp_path):
+    """Each idle receive took its 16 MiB again, waiting in line, at every write that woke
+    it: 150 of them made other calls wait seconds (an attacker's probe). With room for one
+    answer, a scan among 20 such pollers found none and was refused after --inflight-wait."""
+    limits = ServerLimits(max_frame_bytes=1 << 20, max_inflight_bytes=(16 << 20) + 65536, inflight_wait=0.5)
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, limits=limits, io="threads").start()
+    url = f"hqueue://{server.address}"
+    stop = threading.Event()
+    try:
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("q", 1)
+        with HQueue("q", url) as queue:
+            with queue.consumer("idle", topics=["never"]):
+                pass
+            queue.put([Message("t", b"x")] * 5, partition_id=0)
+            socks = []
+            for n in range(20):
+                sock = connect(server)
+                sock.sendall(call_frame("groupReceive", 1, queue="q", group="idle", member=f"m{n}", maxMessages=100,
+                                        leaseMillis=60_000, waitMillis=4_000))  # fmt: skip
+                socks.append(sock)
+
+            def write() -> None:  # every put wakes the 20
+                while not stop.is_set():
+                    queue.put(Message("t", b"x"), partition_id=0)
+                    time.sleep(0.002)
+
+            writer = threading.Thread(target=write)
+            writer.start()
+            try:
+                for _ in range(20):
+                    assert len(list(queue.scan(limit=5))) == 5  # (refused: ServerBusy, after retries)
+            finally:
+                stop.set()
+                writer.join(10)
+            for sock in socks:
+                sock.close()
     finally:
         server.stop()
 

@@ -187,10 +187,13 @@ _wakers_lock = threading.Lock()
 
 
 def _waker(engine: Any) -> _Waker:
-    """The engine's waker, listening to its writes (registered once per engine)."""
+    """The engine's waker, listening to its writes (registered once per engine). A client
+    of the process serving a shared store sees no writes: its receives poll."""
     with _wakers_lock:
         waker = _wakers.get(engine)
         if waker is None:
             waker = _wakers[engine] = _Waker()
-            engine.events.on_write(waker.written)
+            events = getattr(engine, "events", None)
+            if events is not None:
+                events.on_write(waker.written)
         return waker

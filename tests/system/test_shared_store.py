@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import os
 import subprocess
@@ -79,6 +80,33 @@ def test_a_producer_tail_a_group_member_and_the_shell_share_one_store(data):
             proc.kill()
     acked = _acked(procs[:1])
     assert acked and not set(acked) - _stored(data)
+
+
+def test_asyncio_calls_of_a_second_process_go_through_the_serving_one(data):
+    """The first receive of an asyncio consumer in a process that is the serving process's
+    client raised AttributeError (an acceptance probe): that client sees no writes of its
+    own to wake a receive, so it polls."""
+    from hqueue import Message
+    from hqueue.aio import AsyncHQueue
+
+    tail = _tail(data)  # serves the store; this process becomes its client
+    try:
+        wait_for(lambda: serving_pid(data) == tail.pid, 60, "hqueue tail to serve the store")
+
+        async def main() -> list[bytes]:
+            async with AsyncHQueue("q", f"local://{data}") as queue, queue.producer() as producer:
+                async with queue.consumer("g") as consumer:
+                    assert await consumer.receive(wait=0) == []
+                    waiting = asyncio.ensure_future(consumer.receive(wait=10))
+                    await producer.send(Message("t", b"through the socket"))
+                    got = await waiting
+                    await consumer.ack(got)
+                    return [d.value for d in got]
+
+        assert asyncio.run(asyncio.wait_for(main(), 60)) == [b"through the socket"]
+        wait_for(lambda: any("through the socket" in line for line in tail.lines), 30, "tail to show the send")
+    finally:
+        tail.kill()
 
 
 @pytest.mark.slow

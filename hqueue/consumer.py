@@ -257,9 +257,25 @@ class Consumer:
         return self._groups.dead_letter(self.queue.name, self.group, self.member, _rowkeys(deliveries))
 
     def __iter__(self) -> Iterator[Delivery]:
-        """Deliveries as they come, until :meth:`close`. Ack each one."""
+        """Deliveries as they come, until :meth:`close`. Ack each one. Left early (``break``),
+        the rest of the batch it was going through goes back to the group once the
+        generator is closed (a nack with no delay)."""
         while not self.closed:
-            yield from self.receive(wait=1.0)
+            batch = self.receive(wait=1.0)
+            given = 0
+            try:
+                for delivery in batch:
+                    given += 1
+                    yield delivery
+            finally:
+                if given < len(batch) and not self.closed:
+                    self._hand_back_unseen(batch[given:])
+
+    def _hand_back_unseen(self, deliveries: list[Delivery]) -> None:
+        try:
+            self.nack(deliveries, delay=0)
+        except Exception as e:  # their leases run out instead
+            logger.warning("consumer %s: handing back %d deliveries not iterated: %s", self.member, len(deliveries), e)
 
     def close(self) -> None:
         """Leave the group: leases still held go back to the others at once."""

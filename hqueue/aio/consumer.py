@@ -142,10 +142,26 @@ class AsyncConsumer:
         return await groups.dead_letter(self.queue.name, self.group, self.member, _rowkeys(deliveries))
 
     async def __aiter__(self) -> AsyncIterator[Delivery]:
-        """Deliveries as they come, until :meth:`close`. Ack each one."""
+        """Deliveries as they come, until :meth:`close`. Ack each one. Left early (``break``,
+        or the task cancelled in the loop's body), the rest of the batch it was going
+        through goes back to the group once the generator is closed (a nack with no delay)."""
         while not self.closed:
-            for delivery in await self.receive(wait=1.0):
-                yield delivery
+            batch = await self.receive(wait=1.0)
+            given = 0
+            try:
+                for delivery in batch:
+                    given += 1
+                    yield delivery
+            finally:
+                if given < len(batch) and self._groups is not None and not self.closed:
+                    await self._hand_back_unseen(batch[given:])
+
+    async def _hand_back_unseen(self, deliveries: list[Delivery]) -> None:
+        assert self._groups is not None
+        try:
+            await self._groups.nack(self.queue.name, self.group, self.member, _rowkeys(deliveries), 0)
+        except Exception as e:  # their leases run out instead
+            logger.warning("consumer %s: handing back %d deliveries not iterated: %s", self.member, len(deliveries), e)
 
     async def close(self) -> None:
         """Leave the group: hand-backs of cancelled receives end first, then the leases

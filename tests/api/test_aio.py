@@ -305,3 +305,24 @@ def test_a_push_subscription_calls_an_async_listener(api_url, queue_name):
             await queue.close()
 
     run(main())
+
+
+def test_leaving_an_async_for_early_hands_back_the_rest_of_its_batch(api_url, queue_name):
+    """After a break, 9 of the 10 received messages stayed leased until their lease ran
+    out (an acceptance probe): the rest of the batch now goes back when the loop ends."""
+
+    async def main():
+        queue = await made(api_url, queue_name, partitions=1)
+        await queue.put([Message("t", b"m%d" % i) for i in range(10)])
+        async with queue.consumer("g", member="a", lease=60) as a:
+            async for delivery in a:
+                await a.ack(delivery)
+                break
+            await asyncio.sleep(0.1)  # the generator is closed by the loop: its hand-back runs
+            got = await a.receive(20, wait=5)
+            assert sorted(d.value for d in got) == [b"m%d" % i for i in range(1, 10)]
+            assert all(d.attempt == 2 for d in got)
+            await a.ack(got)
+        await queue.close()
+
+    run(main())

@@ -606,3 +606,15 @@ def test_a_receive_reads_about_its_reply_of_the_store_whatever_came_before(make_
         assert max(reads) <= RECEIVE_BYTES + (1 << 20), [r >> 20 for r in reads]
         rest = drain(member, 216 - len(got))
         assert len({d.id for d in got + rest}) == 216
+
+
+def test_leaving_a_for_loop_over_a_member_early_hands_back_the_rest_of_its_batch(make_queue):
+    queue = make_queue(partitions=1)
+    queue.put([Message("t", b"m%d" % i) for i in range(10)])
+    with queue.consumer("g", member="a", lease=60) as a:
+        for delivery in a:
+            a.ack(delivery)
+            break
+        got = a.receive(20, wait=5)
+        assert sorted(d.value for d in got) == [b"m%d" % i for i in range(1, 10)]
+        a.ack(got)

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 from bisect import bisect_right
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 from ..message import Message
 from ..scanner import Scan
+
+_T = TypeVar("_T")
 
 Opener = Callable[[], Awaitable[tuple[Any, str, Mapping[int, Scan]]]]
 
@@ -83,7 +85,7 @@ class AsyncScanner:
         pending: dict[Any, list[Message]] = {cursor: [] for cursor in cursors}
         while pending:
             refill = [c for c, messages in pending.items() if not c.done and len(messages) < caching]
-            for cursor, chunk in zip(refill, await asyncio.gather(*(c.fetch() for c in refill)), strict=True):
+            for cursor, chunk in zip(refill, await _all(c.fetch() for c in refill), strict=True):
                 pending[cursor] += chunk
             reading = [messages[-1] for cursor, messages in pending.items() if not cursor.done and messages]
             out: list[Message] = []
@@ -101,3 +103,17 @@ class AsyncScanner:
             out.sort()
             for message in out:
                 yield message
+
+
+async def _all(calls: Iterable[Awaitable[_T]]) -> list[_T]:
+    """Every call's result, as ``asyncio.gather``; but when one fails (or this is cancelled),
+    the others are cancelled and ended first: a fetch left running after its scan ended
+    would open its scanner again (an attacker's probe)."""
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks)  # (cancelled again meanwhile: the tasks are cancelled already)
+        raise

@@ -19,7 +19,7 @@ from typing import Any
 from thriftpy2.thrift import TException, args_to_kwargs
 from thriftpy2.transport import TTransportException
 
-from ..errors import HQueueError, InvalidArgument, ServerUnavailable
+from ..errors import HQueueError, InvalidArgument, ServerBusy, ServerUnavailable
 from ..message import Message, messages_from_columns
 from ..rpc import packed, wire
 from ..scanner import Scan
@@ -107,6 +107,14 @@ class RemoteCursor:
                 time.sleep(delay)
                 delay = min(delay * 2, _MAX_DELAY)
                 self._find_server()
+            except ServerBusy:
+                # Refused unread (the server's memory for answers is full): nothing was read, the
+                # scanner is where it was, and the next answer (sent ahead, or asked again) is its
+                # next batch. Again after a pause, within the deadline.
+                if time.monotonic() + delay >= deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, _MAX_DELAY)
 
     def _open(self, deadline: float) -> None:
         """A connection, and a scanner on it over what is left of the scan."""

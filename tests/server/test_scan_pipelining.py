@@ -9,6 +9,7 @@ the connection it gives back to the pool carries no stray answer.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -111,3 +112,71 @@ def test_a_scanner_gone_with_requests_ahead_leaves_no_answer_on_a_pooled_connect
                 assert [m.value for m in queue.scan(limit=3)] == EXPECTED[:3]
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("io", ["loop", "threads"])
+def test_scans_whose_reads_ahead_fill_the_budget_wait_for_room_and_finish(tmp_path, io):
+    """Each scan keeps two batches asked for ahead: a few scans of big messages at once filled
+    the server's budget with their own answers, and the next get was refused ServerBusy,
+    which the cursor raised (an attacker's probe). A refused get reads nothing: the cursor
+    asks again after a pause, within its deadline."""
+    from hqueue.rpc.threaded import ServerLimits
+
+    limits = ServerLimits(max_inflight_bytes=34 << 20, inflight_wait=0.2)
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, limits=limits, io=io).start()
+    url = f"hqueue://{server.address}"
+    try:
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("big", 1)
+        with HQueue("big", url) as queue:
+            for _ in range(8):
+                queue.put([Message("t", b"v" * 250_000)] * 25, partition_id=0)  # 50 MB
+        counts: list = []
+
+        def scan() -> None:
+            try:
+                with HQueue("big", f"{url}?timeout=60") as queue:
+                    n = 0
+                    for n, _ in enumerate(queue.scan(), 1):  # noqa: B007
+                        if n % 40 == 0:
+                            time.sleep(0.2)  # a reader that works a little
+                    counts.append(n)
+            except Exception as e:  # noqa: BLE001 - counted
+                counts.append(repr(e))
+
+        threads = [threading.Thread(target=scan) for _ in range(5)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert counts == [200] * 5, counts
+    finally:
+        server.stop()
+
+
+def test_when_one_partition_s_fetch_fails_the_others_are_ended_before_the_scan_raises():
+    """The scan raised on one fetch's error while the others still ran: one of them then
+    opened its scanner again on a new connection, and held it and the server's memory (an
+    attacker's probe). The fetches of a merge now end together."""
+    from hqueue.aio.scanner import _all
+
+    ended: list[str] = []
+
+    async def fails() -> None:
+        await asyncio.sleep(0.01)
+        raise InvalidArgument("refused")
+
+    async def slow() -> None:
+        try:
+            await asyncio.sleep(10)
+        finally:
+            ended.append("slow")
+
+    async def main() -> None:
+        before = asyncio.all_tasks()
+        with pytest.raises(InvalidArgument):
+            await _all([fails(), slow()])
+        assert ended == ["slow"]  # before the error reached the scan
+        assert asyncio.all_tasks() - before == set()
+
+    asyncio.run(asyncio.wait_for(main(), 30))

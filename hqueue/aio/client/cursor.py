@@ -22,7 +22,7 @@ from thriftpy2.thrift import TException
 from thriftpy2.transport import TTransportException
 
 from ...client.cursor import _FIRST_DELAY, _MAX_DELAY, AHEAD, _Lost, scanner_error
-from ...errors import HQueueError, InvalidArgument, ServerUnavailable
+from ...errors import HQueueError, InvalidArgument, ServerBusy, ServerUnavailable
 from ...message import Message, messages_from_columns
 from ...rpc import packed, wire
 from ...scanner import Scan
@@ -80,10 +80,17 @@ class AsyncRemoteCursor:
                 logger.info("scanner of %s/%d lost (%s); opening another", self.queue, self.partition_id, lost)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _MAX_DELAY)
+                if self.done:  # abandoned meanwhile (the scan ended): no scanner opened again
+                    raise self.engine._unavailable(self.server, method, lost.cause, lost.sent) from lost.cause
                 await self._find_server()
             except TimeoutError as e:
                 self._release(broken=True)
                 raise self.engine._unavailable(self.server, method, e, sent=True) from e
+            except ServerBusy:  # refused unread: the scanner is where it was (see the blocking cursor)
+                if loop.time() + delay >= deadline or self.done:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _MAX_DELAY)
             except HQueueError:  # a typed answer: the connection is fine
                 raise
             except BaseException:  # cancelled mid-call

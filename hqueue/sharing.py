@@ -54,7 +54,7 @@ from collections.abc import Callable
 from .client.engine import RemoteEngine
 from .client.pool import Connection, NotSent, Pool
 from .engine import Engine
-from .errors import StorageLocked
+from .errors import StorageError, StorageLocked
 from .groups.state import GroupLimits
 from .services import open_local
 
@@ -131,6 +131,12 @@ def open_store(url: str, group_limits: GroupLimits | None = None) -> Engine | St
                 # Held by a process that does not serve it (hqueue server, an older hqueue).
                 raise locked
             time.sleep(TAKEOVER_INTERVAL)  # the holder is starting: its socket comes next
+        except StorageError as e:
+            # A user the store directory's group lets in (its socket is 0660 then) may not
+            # write the store's own files: it uses the store through the serving process.
+            if "Permission denied" in str(e) and os.path.exists(socket_path(url)):
+                return StoreClient(url)
+            raise
 
 
 def _open_and_serve(url: str, group_limits: GroupLimits | None) -> Engine:

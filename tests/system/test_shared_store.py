@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -150,3 +152,45 @@ def test_kill_9_of_the_serving_process_under_load_loses_no_acknowledged_write(da
     assert twice == [], f"{len(twice)} IDs acknowledged twice"
     assert not lost, f"{len(lost)} of {len(acked)} acknowledged writes lost"
     print(f"\nshared store: {kills} kill -9 of the serving process ({dict(killed_kinds)}), {len(acked)} acked, 0 lost")
+
+
+def _as_nobody() -> None:
+    os.setgid(65534)
+    os.setgroups([65534])
+    os.setuid(65534)
+
+
+def test_a_user_of_the_store_directory_s_group_uses_the_store_through_its_socket():
+    """The socket is 0660 when the store directory's group may write in it, but such a user
+    could not open RocksDB's files and got StorageError instead of becoming the serving
+    process's client (an acceptance probe)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to run a process as another user")
+    try:
+        probe = subprocess.run([sys.executable, "-c", "import hqueue"], cwd=ROOT, env=python_env(),
+                               preexec_fn=_as_nobody, capture_output=True)  # fmt: skip
+    except OSError as e:
+        pytest.skip(f"user nobody cannot run this Python ({sys.executable}): {e}")
+    if probe.returncode != 0:
+        pytest.skip(f"user nobody cannot run this Python ({sys.executable}): {probe.stderr[-200:]!r}")
+    base = tempfile.mkdtemp(prefix="hqueue-shared-group-")  # (pytest's are its owner's only)
+    os.chmod(base, 0o755)
+    data = os.path.join(base, "data")
+    os.makedirs(data)
+    os.chown(data, 0, 65534)
+    os.chmod(data, 0o2770)  # the group may write; new files (the socket) get its group
+    with HQueueAdmin(data_dir=data) as admin:
+        admin.create_queue("q", 2)
+    tail = _tail(data)  # root serves the store
+    try:
+        wait_for(lambda: os.path.exists(os.path.join(data, SOCKET_NAME)), 60, "hqueue tail to serve the store")
+        assert oct(os.stat(os.path.join(data, SOCKET_NAME)).st_mode & 0o777) == "0o660"
+        put = subprocess.run(
+            [sys.executable, "-m", "hqueue.cli", "--url", f"local://{data}", "put", "q", "group", "from-the-group"],
+            cwd=ROOT, env=python_env(), preexec_fn=_as_nobody, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert put.returncode == 0, put.stderr
+        wait_for(lambda: any("from-the-group" in line for line in tail.lines), 30, "tail to show the group's put")
+    finally:
+        tail.kill()
+        shutil.rmtree(base, ignore_errors=True)

@@ -173,8 +173,8 @@ class AsyncConsumer:
             self._heartbeats.cancel()
         if self._handing_back:
             await asyncio.gather(*self._handing_back, return_exceptions=True)
-        if self._groups is not None:
-            await self._groups.leave(self.queue.name, self.group, self.member)
+        if self._groups is not None and not self.queue.closed:  # (closed: its store or connections
+            await self._groups.leave(self.queue.name, self.group, self.member)  # went, and the leases with them)
 
     async def __aenter__(self) -> AsyncConsumer:
         return await self.open()

@@ -39,7 +39,14 @@ class ExecutorEngine:
 
     async def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` in the executor."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, partial(fn, *args, **kwargs))
+        return await self.submit(partial(fn, *args, **kwargs))
+
+    def submit(self, call: Callable[[], Any]) -> asyncio.Future[Any]:
+        """``call()`` in the executor, as a future of the running loop."""
+        try:
+            return asyncio.get_running_loop().run_in_executor(self._executor, call)
+        except RuntimeError as e:  # the executor is shut down
+            raise RuntimeError(f"closed: the store {self.url} was released (the handle's close())") from e
 
     def deadline(self, extra: float = 0.0) -> nullcontext[None]:
         return nullcontext()  # in process, no deadline (as the blocking engine)
@@ -57,11 +64,15 @@ class ExecutorEngine:
         return 0
 
     async def release(self) -> None:
-        """Release the store (the last user in the process closes it); the executor's threads end."""
-        try:
-            await self.run(self.sync.release)
-        finally:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+        """Release the store (the last user in the process closes it) once the calls running
+        in the executor have ended (those not started are cancelled, and later ones raise
+        RuntimeError): a receive or a fetch under way never meets a closed store."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        await asyncio.to_thread(self._release_after_calls)
+
+    def _release_after_calls(self) -> None:
+        self._executor.shutdown(wait=True)
+        self.sync.release()
 
 
 class _Awaitable:
@@ -109,9 +120,8 @@ class ExecutorGroups(_Awaitable):
                 waker.disarm(queue, woken)
 
     async def _take(self, queue: str, group: str, member: str, max_messages: int, lease: float) -> Any:
-        loop = asyncio.get_running_loop()
         receive = partial(self._service.receive, queue, group, member, max_messages, lease, 0)
-        taking = loop.run_in_executor(self._engine._executor, receive)
+        taking = self._engine.submit(receive)
         try:
             return await asyncio.shield(taking)
         except asyncio.CancelledError:

@@ -326,3 +326,34 @@ def test_leaving_an_async_for_early_hands_back_the_rest_of_its_batch(api_url, qu
         await queue.close()
 
     run(main())
+
+
+def test_closing_the_queue_under_running_calls_ends_them_and_opens_nothing_more(api_url, queue_name):
+    """After close(), a receive waiting and a scan going on ended with raw executor errors,
+    QueueNotFound, or went on over new connections (an acceptance probe)."""
+
+    async def main():
+        queue = await made(api_url, queue_name, partitions=2)
+        await queue.put([Message("t", b"x" * 1000)] * 1000, partition_id=0)
+        consumer = await queue.consumer("g", topics=["never"]).open()
+        receiving = asyncio.ensure_future(consumer.receive(wait=3))
+
+        async def scan_slowly() -> int:
+            n = 0
+            async for _ in queue.scan(caching=50):
+                n += 1
+                await asyncio.sleep(0.005)
+            return n
+
+        scanning = asyncio.ensure_future(scan_slowly())
+        await asyncio.sleep(0.3)
+        await queue.close()
+        outcomes = await asyncio.wait_for(asyncio.gather(receiving, scanning, return_exceptions=True), 10)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                assert isinstance(outcome, RuntimeError) and "closed" in str(outcome), repr(outcome)
+        await consumer.close()  # nothing left to leave
+        await asyncio.sleep(0.3)
+        assert queue.connections == 0
+
+    run(main())

@@ -76,6 +76,7 @@ class AsyncRemoteEngine:
         self.tls = self._ssl_context is not None
         self.owner_timeout = owner_timeout
         self._pools: dict[str, AsyncPool] = {}
+        self.closed = False
         self._locations: dict[str, list[str]] = {}
         self._infos: dict[str, tuple[float, QueueInfo]] = {}
         self._lanes = Lanes()  # puts' lanes (requests.py)
@@ -103,6 +104,8 @@ class AsyncRemoteEngine:
     # -- calls ----------------------------------------------------------------------
 
     def pool(self, address: str) -> AsyncPool:
+        if self.closed:  # a call still under way when its handle closed: no new connection
+            raise RuntimeError(f"closed: the connections to {self.url} were closed (the handle's close())")
         pool = self._pools.get(address)
         if pool is None:
             pool = self._pools[address] = AsyncPool(address, self._token, self._ssl_context)
@@ -303,7 +306,8 @@ class AsyncRemoteEngine:
         return sum(pool.connections for pool in self._pools.values())
 
     async def release(self) -> None:
-        """Close every connection (calls still on one fail as broken)."""
+        """Close every connection (calls still on one fail as broken, and make no other)."""
+        self.closed = True
         pools, self._pools = list(self._pools.values()), {}
         for pool in pools:
             pool.close()

@@ -10,9 +10,10 @@ one client process running N member tasks on one asyncio loop, each looping
 "receive up to ``--batch``, ack them" until the queue is drained.
 
 * hqueue: ``hqueue server`` on an embedded store, a 16-partition ASYNC_WAL
-  queue; ``AsyncHQueue(...).consumer("g")``: ``await receive(batch)`` then
+  (then SYNC_WAL) queue; ``AsyncHQueue(...).consumer("g")``: ``await receive(batch)`` then
   ``await ack``: the async Thrift client, no thread per call.
-* Redis: ``redis-server`` (``appendonly yes``, ``appendfsync everysec``), one
+* Redis: ``redis-server`` (``appendonly yes``, ``appendfsync everysec``
+  against ASYNC_WAL, ``always`` against SYNC_WAL: equal durability), one
   stream, one group; ``redis.asyncio`` with hiredis: ``XREADGROUP COUNT
   batch`` then ``XACK``.
 
@@ -36,9 +37,10 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from common import load, report, spread  # noqa: E402
+from groups import FSYNC  # noqa: E402
 from remote import start_hqueue, start_redis  # noqa: E402
 
-from hqueue import Durability, HQueue, HQueueAdmin, Message  # noqa: E402
+from hqueue import HQueue, HQueueAdmin, Message  # noqa: E402
 
 PAYLOAD = b"x" * 93  # topic "crawler" + 93 bytes = 100
 
@@ -107,12 +109,12 @@ def run_client(system: str, port: int, members: int, batch: int) -> dict:
     return json.loads(out.stdout)
 
 
-def hqueue_run(workdir: str, messages: int, members: int, batch: int) -> dict:
+def hqueue_run(workdir: str, messages: int, members: int, batch: int, durability: str) -> dict:
     proc, port = start_hqueue(workdir)
     try:
         url = f"hqueue://127.0.0.1:{port}"
         with HQueueAdmin(url) as admin:
-            admin.create_queue("work", 16, durability=Durability.ASYNC_WAL)
+            admin.create_queue("work", 16, durability=durability)
         with HQueue("work", url) as queue:
             for i in range(0, messages, 1000):
                 queue.put([Message("crawler", PAYLOAD)] * 1000, partition_id=(i // 1000) % 16)
@@ -120,13 +122,13 @@ def hqueue_run(workdir: str, messages: int, members: int, batch: int) -> dict:
     finally:
         proc.terminate()
         proc.wait()
-    return row("hqueue.aio", members, result)
+    return row(f"hqueue.aio {durability}", members, result)
 
 
-def redis_run(workdir: str, messages: int, members: int, batch: int) -> dict:
+def redis_run(workdir: str, messages: int, members: int, batch: int, fsync: str) -> dict:
     import redis
 
-    proc, port = start_redis(workdir)
+    proc, port = start_redis(workdir, fsync)
     try:
         sync = redis.Redis(port=port)
         for _ in range(0, messages, 1000):
@@ -139,7 +141,7 @@ def redis_run(workdir: str, messages: int, members: int, batch: int) -> dict:
     finally:
         proc.terminate()
         proc.wait()
-    return row("redis.asyncio+hiredis", members, result)
+    return row(f"redis.asyncio+hiredis {fsync}", members, result)
 
 
 def row(system: str, members: int, result: dict) -> dict:
@@ -161,21 +163,24 @@ def main() -> None:
     parser.add_argument("--members", default="1,4,16")
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--runs", type=int, default=3, help="side-by-side runs; ratios are min / median / max")
+    parser.add_argument("--durability", default="ASYNC_WAL,SYNC_WAL", help="hqueue's, each against its Redis")
     args = parser.parse_args()
     rows, loads = [], [load()]
-    for members in map(int, args.members.split(",")):
-        pairs = []
-        for _ in range(args.runs):
-            with tempfile.TemporaryDirectory() as workdir:
-                ours = hqueue_run(workdir, args.messages, members, args.batch)
-            with tempfile.TemporaryDirectory() as workdir:
-                theirs = redis_run(workdir, args.messages, members, args.batch)
-            ours["vs_redis"] = ours["msgs_per_s"] / theirs["msgs_per_s"]
-            pairs.append((ours, theirs))
-            loads.append(load())
-        ours, theirs = sorted(pairs, key=lambda pair: pair[0]["vs_redis"])[len(pairs) // 2]
-        ours["ratios"] = spread([pair[0]["vs_redis"] for pair in pairs])
-        rows += [ours, theirs]
+    for durability in args.durability.split(","):
+        fsync = FSYNC[durability]
+        for members in map(int, args.members.split(",")):
+            pairs = []
+            for _ in range(args.runs):
+                with tempfile.TemporaryDirectory() as workdir:
+                    ours = hqueue_run(workdir, args.messages, members, args.batch, durability)
+                with tempfile.TemporaryDirectory() as workdir:
+                    theirs = redis_run(workdir, args.messages, members, args.batch, fsync)
+                ours["vs_redis"] = ours["msgs_per_s"] / theirs["msgs_per_s"]
+                pairs.append((ours, theirs))
+                loads.append(load())
+            ours, theirs = sorted(pairs, key=lambda pair: pair[0]["vs_redis"])[len(pairs) // 2]
+            ours["ratios"] = spread([pair[0]["vs_redis"] for pair in pairs])
+            rows += [ours, theirs]
     columns = ["system", "members", "received", "msgs_per_s", "client_cpu_us_per_msg", "vs_redis", "ratios"]
     title = (
         f"async receive + ack: hqueue.aio vs redis.asyncio; the median run of {args.runs}, "

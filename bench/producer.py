@@ -194,7 +194,12 @@ def main() -> None:
     parser.add_argument("--json")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=16)
-    parser.add_argument("--messages", type=int, default=2000, help="per thread (400 ran under a second a case: too short to tell the sides apart)")
+    parser.add_argument(
+        "--messages",
+        type=int,
+        default=2000,
+        help="per thread (400 ran under a second a case: too short to tell the sides apart)",
+    )
     parser.add_argument("--group-commit", action="store_true", help="the store alone (no servers)")
     args = parser.parse_args()
     loads = [load()]

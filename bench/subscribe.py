@@ -6,14 +6,15 @@ Usage:
 Needs Debian's redis-server and the redis package (pip install '.[bench]').
 
 Three processes on each side: the broker (``hqueue server`` with an embedded
-store; ``redis-server`` with ``appendonly yes``, ``appendfsync everysec``),
-a producer (this process) and a consumer (a subprocess of this script). The
-producer stamps the send time into each 100-byte payload; the consumer
-measures the latency on arrival.
+store; ``redis-server`` with ``appendonly yes``: ``appendfsync everysec``
+against ASYNC_WAL queues, ``always`` against SYNC_WAL ones, equal
+durability), a producer (this process) and a consumer (a subprocess of this
+script). The producer stamps the send time into each 100-byte payload; the
+consumer measures the latency on arrival.
 
-* latency: ``--rate`` msgs/s for ``--seconds`` s, one put each (hqueue
-  ASYNC_WAL queue, like everysec); hqueue pushes to a subscriber, Redis is
-  read with ``XREADGROUP … BLOCK`` then ``XACK``. Reports p50/p99/max.
+* latency: ``--rate`` msgs/s for ``--seconds`` s, one put each, at each
+  durability; hqueue pushes to a subscriber, Redis is read with
+  ``XREADGROUP … BLOCK`` then ``XACK``. Reports p50/p99/max.
 * producer: 200,000 messages put in batches of 1000 while nobody reads
   (hqueue ``put``; Redis pipelined ``XADD``): the producer's own rate.
 * drain: then a consumer starts from the first of them: delivery rate from
@@ -179,23 +180,30 @@ def main() -> None:
     rows = []
     try:
         with HQueueAdmin(url) as admin:
-            admin.create_queue("latency", 1, durability=Durability.ASYNC_WAL)
-            admin.create_queue("throughput_async_wal", 1, durability=Durability.ASYNC_WAL)
-            admin.create_queue("throughput_sync_wal", 1, durability=Durability.SYNC_WAL)
-        sent = args.rate * args.seconds
-        # latency
-        out = os.path.join(workdir, "hq-latency.json")
-        consumer = start_consumer("hqueue", url, "latency", out)
-        with HQueue("latency", url) as queue:
-            paced(lambda: queue.put(Message("crawler", payload()), partition_id=0), args.rate, args.seconds)
-        hq = finish_consumer(consumer, out, sent)
-        out = os.path.join(workdir, "rd-latency.json")
-        consumer = start_consumer("redis", str(rd_port), "latency", out)
-        paced(lambda: r.xadd("latency", {"crawler": payload()}), args.rate, args.seconds)
-        rd = finish_consumer(consumer, out, sent)
-        for q, label in ((0.5, "p50"), (0.99, "p99"), (1.0, "max")):
-            h, d = percentile(hq["latencies"], q), percentile(rd["latencies"], q)
-            rows.append({"measure": f"latency {label} ms at {args.rate}/s", "hqueue": h, "redis": d, "ratio": d / h})
+            for durability in (Durability.ASYNC_WAL, Durability.SYNC_WAL):
+                admin.create_queue(f"latency_{durability}".lower(), 1, durability=durability)
+                admin.create_queue(f"throughput_{durability}".lower(), 1, durability=durability)
+        sent = int(args.rate * args.seconds)
+        # latency, at equal durability: ASYNC_WAL vs everysec, SYNC_WAL vs always
+        for durability, fsync, client in (
+            ("ASYNC_WAL", "everysec", r),
+            ("SYNC_WAL", "always", redis.Redis(port=always_port)),
+        ):
+            name = f"latency_{durability}".lower()
+            out = os.path.join(workdir, f"hq-{name}.json")
+            consumer = start_consumer("hqueue", url, name, out, expect=sent)
+            with HQueue(name, url) as queue:
+                paced(lambda q=queue: q.put(Message("crawler", payload()), partition_id=0), args.rate, args.seconds)
+            hq = finish_consumer(consumer, out, sent)
+            out = os.path.join(workdir, f"rd-{name}.json")
+            port = client.connection_pool.connection_kwargs["port"]
+            consumer = start_consumer("redis", str(port), name, out, expect=sent)
+            paced(lambda c=client, n=name: c.xadd(n, {"crawler": payload()}), args.rate, args.seconds)
+            rd = finish_consumer(consumer, out, sent)
+            for q, label in ((0.5, "p50"), (0.99, "p99"), (1.0, "max")):
+                h, d = percentile(hq["latencies"], q), percentile(rd["latencies"], q)
+                rows.append({"measure": f"latency {label} ms at {args.rate}/s, {durability} vs {fsync}", "hqueue": h,
+                             "redis": d, "ratio": d / h})  # fmt: skip
         # the producer alone, then the drain of what it put: ASYNC_WAL vs everysec, SYNC_WAL vs always
         total = args.throughput_messages
         for durability, fsync, client, port in (

@@ -4,11 +4,13 @@ thread-per-connection server holds. Speed is in ``bench/`` (groups.py, io_floor.
 these tests check behaviour only."""
 
 import collections
+import contextlib
 import socket
 import ssl
 import struct
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 from thriftpy2.protocol import TBinaryProtocolFactory
@@ -67,6 +69,25 @@ def closed_by_server(sock: socket.socket, timeout: float) -> bool:
         return False
     except OSError:
         return True
+
+
+@contextlib.contextmanager
+def peak_use(budget) -> Iterator[list[int]]:
+    """The most of ``budget`` used while the block runs (``[bytes]``, read after it)."""
+    peak, done = [0], threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], budget.used)
+            done.wait(0.0005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        yield peak
+    finally:
+        done.set()
+        watcher.join(10)
 
 
 @pytest.fixture
@@ -257,32 +278,21 @@ def test_many_threads_asking_for_big_answers_at_once_stay_within_the_budget(tmp_
     once passed the check of a budget not full yet: 352 MB held in a 32 MB budget."""
     limits = ServerLimits(max_frame_bytes=1 << 20, max_inflight_bytes=32 << 20, inflight_wait=0.5)
     server = HQueueServer(f"local://{tmp_path}/data", port=0, limits=limits, io="threads").start()
-    budget, peak, done = server._server.budget, [0], threading.Event()
-
-    def watch() -> None:
-        while not done.is_set():
-            peak[0] = max(peak[0], budget.used)
-            done.wait(0.0005)
-
+    budget = server._server.budget
     try:
         with HQueueAdmin(f"hqueue://{server.address}") as admin:
             admin.create_queue("q", 1)
         with HQueue("q", f"hqueue://{server.address}") as queue:
             for _ in range(100):
                 queue.put([Message("t", b"v" * 4000)] * 50, partition_id=0)  # 20 MB
-        watcher = threading.Thread(target=watch)
-        watcher.start()
         socks = []
-        try:
+        with peak_use(budget) as peak:
             for _ in range(30):  # each asks for the whole partition and reads nothing
                 sock = connect(server)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
                 ask_whole_partition(sock, 0)
                 socks.append(sock)
             time.sleep(1.5)  # past the wait for room of the last ones
-        finally:
-            done.set()
-            watcher.join(10)
         # At most the budget, and one answer counted past it (a slot swapped for its reply)
         assert peak[0] <= (32 << 20) + (17 << 20), peak[0]
         for sock in socks:
@@ -315,13 +325,7 @@ def test_group_receives_at_once_stay_within_the_budget(tmp_path, io, waiting):
     160 MB of replies in a 32 MB budget (waiting: they long-poll, then the messages come)."""
     limits = ServerLimits(max_frame_bytes=17 << 20, max_inflight_bytes=32 << 20, inflight_wait=0.5)
     server = HQueueServer(f"local://{tmp_path}/data", port=0, limits=limits, io=io).start()
-    budget, peak, done = server._server.budget, [0], threading.Event()
-
-    def watch() -> None:
-        while not done.is_set():
-            peak[0] = max(peak[0], budget.used)
-            done.wait(0.0005)
-
+    budget = server._server.budget
     try:
         with HQueueAdmin(f"hqueue://{server.address}") as admin:
             admin.create_queue("q", 1)
@@ -337,10 +341,8 @@ def test_group_receives_at_once_stay_within_the_budget(tmp_path, io, waiting):
                 pass  # the group, made
         if not waiting:
             fill()
-        watcher = threading.Thread(target=watch)
-        watcher.start()
         socks = []
-        try:
+        with peak_use(budget) as peak:
             for n, group in enumerate(groups):  # each receives 16 MB and reads nothing
                 sock = connect(server)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -351,9 +353,6 @@ def test_group_receives_at_once_stay_within_the_budget(tmp_path, io, waiting):
                 time.sleep(0.5)  # they all wait
                 fill()
             time.sleep(2.0)  # past the wait for room of the last ones
-        finally:
-            done.set()
-            watcher.join(10)
         assert peak[0] <= (32 << 20) + (17 << 20), peak[0]  # the budget and one answer past it
         for sock in socks:
             sock.close()

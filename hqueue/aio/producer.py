@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from ..errors import HQueueError, ProducerBufferFull, ProducerClosed
 from ..message import Message, MessageID
@@ -33,9 +34,6 @@ from ..producer import (
     too_late,
 )
 
-if TYPE_CHECKING:
-    from .queue import AsyncHQueue
-
 __all__ = ["AsyncProducer"]
 
 logger = logging.getLogger(__name__)
@@ -46,12 +44,14 @@ class AsyncProducer:
 
     Make one with :meth:`AsyncHQueue.producer <hqueue.aio.AsyncHQueue.producer>`; use it
     with ``async with`` (or ``await close()``) to send what it holds at the end.
-    Arguments as :meth:`HQueue.producer <hqueue.HQueue.producer>`'s.
+    ``name`` is the queue's, ``engine()`` its handle's engine (opened on first use);
+    the other arguments are :meth:`HQueue.producer <hqueue.HQueue.producer>`'s.
     """
 
     def __init__(
         self,
-        queue: AsyncHQueue,
+        name: str,
+        engine: Callable[[], Awaitable[Any]],
         *,
         linger_ms: float = DEFAULT_LINGER_MS,
         max_batch: int = DEFAULT_MAX_BATCH,
@@ -59,7 +59,7 @@ class AsyncProducer:
         buffer_bytes: int = DEFAULT_BUFFER_BYTES,
         block_timeout: float = DEFAULT_BLOCK_TIMEOUT,
     ) -> None:
-        self.queue, self.name = queue, queue.name
+        self.name, self._engine_of = name, engine
         self._batches = Batches(None, linger_ms, max_batch, max_bytes, buffer_bytes, block_timeout)
         self._engine: Any = None
         self._changed: asyncio.Condition | None = None  # a batch began or filled, room came, a put ended
@@ -74,7 +74,7 @@ class AsyncProducer:
         if self._sender is None:
             if self._batches.closed:
                 raise ProducerClosed(f"the producer of {self.name!r} is closed")
-            engine = await self.queue.async_engine()
+            engine = await self._engine_of()
             info = await engine.enabled_queue(self.name)
             if self._sender is None:  # (another task opened it meanwhile)
                 self._engine, self._batches.info = engine, info

@@ -170,7 +170,7 @@ class AsyncHQueue(AsyncConnected):
         sends awaited at once go out together, one put call per partition. Arguments as
         :meth:`HQueue.producer <hqueue.HQueue.producer>`'s; closing the queue closes it."""
         producer = AsyncProducer(
-            self, linger_ms=linger_ms, max_batch=max_batch, max_bytes=max_bytes,
+            self.name, self.async_engine, linger_ms=linger_ms, max_batch=max_batch, max_bytes=max_bytes,
             buffer_bytes=buffer_bytes, block_timeout=block_timeout,
         )  # fmt: skip
         self._producers.add(producer)

@@ -111,7 +111,7 @@ class Batches:
         _check_number("linger_ms", linger_ms, 0, 3_600_000)
         _check_number("max_batch", max_batch, 1, MAX_BATCH_MESSAGES, integer=True)
         _check_number("max_bytes", max_bytes, 1, MAX_BATCH_BYTES, integer=True)
-        _check_number("buffer_bytes", buffer_bytes, 1, float("inf"), integer=True)
+        _check_number("buffer_bytes", buffer_bytes, SEND_OVERHEAD + 1, float("inf"), integer=True)
         _check_number("block_timeout", block_timeout, 0, float("inf"))
         self.info = info
         self.linger = linger_ms / 1000
@@ -237,12 +237,12 @@ class Batches:
 
 def put_deadline(engine: Any, batch: Batch) -> float:
     """The ``extra`` of the put's ``engine.deadline(extra)``: its engine's call timeout counts
-    from ``batch``'s first send (an engine in this process has none: 0). A put waits behind
-    its partition's put under way, so timed from its own start, each one queued behind a dead
-    server would wait a whole timeout more; counted from the send, every send ends within
-    about one timeout."""
+    from when ``batch`` was due (its linger's end, or its flush; an engine in this process
+    has no timeout: 0). A put waits behind its partition's put under way, so timed from its
+    own start, each one queued behind a dead server would wait a whole timeout more; counted
+    from when it was due, every send ends within about its linger and one timeout."""
     timeout = getattr(engine, "timeout", None)
-    return batch.created - time.monotonic() if isinstance(timeout, (int, float)) else 0.0
+    return min(0.0, batch.deadline - time.monotonic()) if isinstance(timeout, (int, float)) else 0.0
 
 
 def too_late(engine: Any, extra: float) -> DeadlineExceeded | None:
@@ -293,7 +293,7 @@ class Producer:
         #: Put calls made, and messages they carried (stored or failed).
         self.puts = self.sent = 0
         self._pool = ThreadPoolExecutor(min(MAX_IN_FLIGHT_PARTITIONS, info.partitions), "hqueue-producer-put")
-        self._sender = threading.Thread(target=self._run, name=f"hqueue-producer-{name}", daemon=True)
+        self._sender = threading.Thread(target=self._sender_run, name=f"hqueue-producer-{name}", daemon=True)
         self._sender.start()
 
     # -- sending ----------------------------------------------------------------------------
@@ -370,14 +370,11 @@ class Producer:
         if getattr(self._delivering, "on", False):
             raise RuntimeError("flush() and close() cannot be called from a producer Future's callback")
         with self._cond:
-            if self._batches.closed:
-                return
-            self._batches.closed = True
+            self._batches.closed = True  # (closed already: this waits for it as well)
             self._cond.notify_all()
         give_up = None if timeout is None else time.monotonic() + timeout
         self.flush(timeout)
-        self._sender.join(_left(give_up))
-        self._pool.shutdown(wait=timeout is None)
+        self._sender.join(_left(give_up))  # past the timeout, it goes on sending what is held
 
     def __enter__(self) -> Producer:
         return self
@@ -403,6 +400,12 @@ class Producer:
                     ready = batches.take_ready()
             for pid, batch in ready:  # partitions' puts under way at once (and sharing a group commit)
                 self._pool.submit(self._put, pid, batch)
+
+    def _sender_run(self) -> None:
+        try:
+            self._run()
+        finally:
+            self._pool.shutdown(wait=False)  # its puts under way end; the threads go then
 
     def _put(self, pid: int, batch: Batch) -> None:
         live = [(m, f) for m, f in zip(batch.messages, batch.futures, strict=True) if f.set_running_or_notify_cancel()]

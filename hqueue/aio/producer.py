@@ -139,10 +139,10 @@ class AsyncProducer:
         return not waiting
 
     async def close(self, timeout: float | None = None) -> None:
-        """Stop taking sends, send what is held, and stop (waiting up to ``timeout`` seconds;
-        puts still under way then are cancelled, and their sends fail with CancelledError)."""
-        if self._batches.closed:
-            return
+        """Stop taking sends, send what is held, and stop, waiting up to ``timeout`` seconds
+        (a close already under way is waited for too). Past it, the puts under way are
+        cancelled and every send not done fails with ``ProducerClosed`` (one whose put was
+        under way may be stored)."""
         self._batches.closed = True
         if self._sender is None or self._changed is None:
             return
@@ -153,8 +153,23 @@ class AsyncProducer:
         await self.flush(timeout)
         left = None if give_up is None else max(0.0, give_up - loop.time())
         _, running = await asyncio.wait([self._sender, *self._puts], timeout=left)
-        for task in running:
-            task.cancel()
+        if running:
+            for task in running:
+                task.cancel()
+            await asyncio.wait(running)
+            self._fail_held()
+
+    def _fail_held(self) -> None:
+        """After a close that timed out: every send not done fails, and its room is freed."""
+        batches = self._batches
+        held = [b for queued in batches.open.values() for b in queued] + list(batches.in_flight.values())
+        for batch in held:
+            for future in batch.futures:
+                if not future.done():
+                    future.set_exception(ProducerClosed(f"the producer of {self.name!r} closed before it was stored"))
+            batches.buffered -= batch.held
+        batches.open.clear()
+        batches.in_flight.clear()
 
     @property
     def closed(self) -> bool:
@@ -201,14 +216,20 @@ class AsyncProducer:
                 for (_, future), message_id in zip(live, ids, strict=True):
                     if not future.done():
                         future.set_result(message_id)
-        except BaseException as e:  # noqa: BLE001 - every error goes to the batch's futures
-            if not isinstance(e, (HQueueError, asyncio.CancelledError)):
+        except asyncio.CancelledError:  # by a close that timed out: the put may have been stored
+            closed = ProducerClosed(
+                f"the producer of {self.name!r} closed while its put was under way: it may be stored"
+            )
+            for _, future in live:
+                if not future.done():
+                    future.set_exception(closed)
+            raise
+        except Exception as e:  # every error goes to the batch's futures
+            if not isinstance(e, HQueueError):
                 logger.warning("put of %d message(s) to %s/%d failed: %r", len(live), self.name, pid, e)
             for _, future in live:
                 if not future.done():
-                    future.set_exception(e) if not isinstance(e, asyncio.CancelledError) else future.cancel()
-            if isinstance(e, asyncio.CancelledError):
-                raise
+                    future.set_exception(e)
         finally:
             self.puts, self.sent = self.puts + bool(live), self.sent + len(live)
             self._batches.finished(pid, batch)

@@ -601,16 +601,18 @@ class LoopServer(ThreadedServer):
         method, seqid = call_head(frame)
         slot, refused = self._answer_slot(method, size)
         try:
-            if refused is not None:
-                reply = self._refusal(method, seqid, refused)
-            else:
-                reply = self._process(frame, checked=True, slot=slot)
+            try:
+                if refused is not None:
+                    reply = self._refusal(method, seqid, refused)
+                else:
+                    reply = self._process(frame, checked=True, slot=slot)
+            finally:
+                self.budget.release(size)
+            del frame
+            self.budget.reserve(len(reply), None)  # the reply is made: it counts until sent (or kept)
         finally:
-            self.budget.release(size)
-        del frame
-        self.budget.reserve(len(reply), None)  # the reply is made: it counts until sent (or kept)
-        if slot is not None:
-            slot.release()
+            if slot is not None:
+                slot.release()
         try:
             self._reply(link, reply)
         finally:

@@ -129,6 +129,7 @@ def test_bad_sends_are_refused_at_once_and_queue_nothing(make_queue):
         ("max_batch", 10_001, InvalidArgument),
         ("max_bytes", 32 * 1024 * 1024, InvalidArgument),
         ("buffer_bytes", 1.5, TypeError),
+        ("buffer_bytes", 2048, InvalidArgument),  # no message would fit (each counts 2 KiB besides its bytes)
         ("block_timeout", "1", TypeError),
     ],
 )

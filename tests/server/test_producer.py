@@ -192,3 +192,55 @@ def test_close_waits_its_timeout_in_all(server):
             assert time.monotonic() - started < 1.5
         finally:
             server.resume()
+
+
+def test_a_linger_as_long_as_the_timeout_leaves_the_put_its_whole_timeout(server):
+    """The put's timeout counted from the batch's first send, linger included: with
+    linger_ms at the timeout, every batch failed unsent on a healthy server (a review)."""
+    with HQueue("q", f"hqueue://{server.address}?timeout=1") as queue, queue.producer(linger_ms=1500) as producer:
+        assert producer.send(Message("t", b"late but fine"), partition=0).result(timeout=10).timestamp > 0
+
+
+def test_close_past_its_timeout_leaves_the_sender_to_finish_what_is_held(server):
+    """close(timeout) shut the put threads down under the sender: the batch queued behind
+    a stalled put was never sent nor failed (a review)."""
+    with HQueue("q", f"hqueue://{server.address}?timeout=20") as queue:
+        queue.put(Message("t", b"warm"), partition_id=0)
+        producer = queue.producer(max_batch=1)
+        server.pause()
+        try:
+            first = producer.send(Message("t", b"a"), partition=0)
+            second = producer.send(Message("t", b"b"), partition=0)  # behind the first's put
+            producer.close(timeout=0.3)
+        finally:
+            server.resume()
+        assert first.result(timeout=30).timestamp > 0 and second.result(timeout=30).timestamp > 0
+
+
+def test_an_asyncio_close_past_its_timeout_ends_every_send(server):
+    """AsyncProducer.close(timeout) cancelled the put under way, and the send queued behind
+    it never ended (a review): now each fails with ProducerClosed, its room freed."""
+    import asyncio
+
+    from hqueue import ProducerClosed
+    from hqueue.aio import AsyncHQueue
+
+    async def main() -> list:
+        async with AsyncHQueue("q", f"hqueue://{server.address}?timeout=20") as queue:
+            await queue.put(Message("t", b"warm"), partition_id=0)
+            producer = queue.producer(max_batch=1)
+            await producer.open()
+            server.pause()
+            try:
+                sends = [asyncio.ensure_future(producer.send(Message("t", v), partition=0)) for v in (b"a", b"b")]
+                await asyncio.sleep(0.2)
+                await producer.close(timeout=0.3)
+                outcomes = await asyncio.wait_for(asyncio.gather(*sends, return_exceptions=True), 10)
+            finally:
+                server.resume()
+            assert producer._batches.buffered == 0
+            return outcomes
+
+    outcomes = asyncio.run(main())
+    assert all(isinstance(o, ProducerClosed) for o in outcomes), outcomes
+    assert "may be stored" in str(outcomes[0]) and "before it was stored" in str(outcomes[1])

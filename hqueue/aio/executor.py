@@ -43,8 +43,9 @@ class ExecutorEngine:
 
     def submit(self, call: Callable[[], Any]) -> asyncio.Future[Any]:
         """``call()`` in the executor, as a future of the running loop."""
+        loop = asyncio.get_running_loop()
         try:
-            return asyncio.get_running_loop().run_in_executor(self._executor, call)
+            return loop.run_in_executor(self._executor, call)
         except RuntimeError as e:  # the executor is shut down
             raise RuntimeError(f"closed: the store {self.url} was released (the handle's close())") from e
 

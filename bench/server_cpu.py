@@ -20,6 +20,7 @@ Cases (100-byte messages):
 * ``put 1 sync``: the same at equal durability, SYNC_WAL vs XADD (always); with p50 and p99.
 * ``put 1000 sync``: batched puts of 1000 vs 1000 pipelined XADDs (always).
 * ``group``: one member, receive 100 + ack, ASYNC_WAL vs XREADGROUP + XACK (everysec).
+* ``groupsync``: the same at equal durability, SYNC_WAL vs (always).
 * ``read``: the whole queue through GetPacked 1000 vs XRANGE COUNT 1000.
 """
 
@@ -132,8 +133,8 @@ class HQueueCases:
             )
         return seconds, cpu
 
-    def fill(self, n: int) -> str:
-        name, chunk = self._queue("fill", Durability.ASYNC_WAL), [Message("crawler", PAYLOAD)] * 1000
+    def fill(self, n: int, durability: str = Durability.ASYNC_WAL) -> str:
+        name, chunk = self._queue("fill", durability), [Message("crawler", PAYLOAD)] * 1000
         with HQueue(name, self.url) as queue:
             for _ in range(n // 1000):
                 queue.put(chunk, partition_id=0)
@@ -249,7 +250,7 @@ def main() -> None:
     parser.add_argument("--tree", action="append", default=[], help="NAME=DIR: an hqueue source tree to serve from")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies every message count")
-    parser.add_argument("--cases", default="put1async,put1sync,put1000,group,read")
+    parser.add_argument("--cases", default="put1async,put1sync,put1000,group,groupsync,read")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     trees = [t.split("=", 1) for t in args.tree] or [["hqueue", HERE]]
@@ -300,6 +301,13 @@ def main() -> None:
                     for c, name in filled:
                         s, cpu, count = c.group(name, 100)
                         add("group 1 member", c.server.name, count, s, cpu)
+            if "groupsync" in cases:  # acks kept at SYNC_WAL, against appendfsync always
+                filled = [(c, c.fill(n["group"], Durability.SYNC_WAL)) for c in hq] + [
+                    (always, always.fill(n["group"]))
+                ]
+                for c, name in filled:
+                    s, cpu, count = c.group(name, 100)
+                    add("group 1 member sync", c.server.name, count, s, cpu)
     finally:
         for server in servers:
             server.stop()

@@ -92,6 +92,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: A receive that found no room for its answer (a server's budget full) looks again after this.
+ROOM_RETRY = 0.05
+
 
 class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
     """Every consumer group's state for the partitions this process owns.
@@ -336,10 +339,10 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
             if taken[0] or left <= 0 or self._stopped:
                 return taken
             with idle() as slot, self._arrived:
-                if self._generations.get(queue, 0) == generation:
+                if not room or self._generations.get(queue, 0) == generation:
                     self._waiting[queue] = self._waiting.get(queue, 0) + 1
-                    try:
-                        self._arrived.wait(min(left, next_ready, 1.0))
+                    try:  # (no room for the answer last time: look again soon, messages or not)
+                        self._arrived.wait(min(left, next_ready, 1.0) if room else min(left, ROOM_RETRY))
                     finally:
                         self._waiting[queue] -= 1
             room = slot is None or bool(slot.held)

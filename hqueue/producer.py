@@ -29,7 +29,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -188,9 +188,12 @@ class Batches:
         self._sticky = chosen
         return chosen
 
+    def _every(self) -> list[Batch]:
+        return [b for queued in self.open.values() for b in queued] + list(self.in_flight.values())
+
     def pending(self) -> list[Batch]:
         """Every batch not done yet, each marked to go now (a flush)."""
-        batches = [b for queued in self.open.values() for b in queued] + list(self.in_flight.values())
+        batches = self._every()
         now = time.monotonic()
         for batch in batches:
             batch.deadline, batch.forced = min(batch.deadline, now), True
@@ -231,6 +234,15 @@ class Batches:
         del self.in_flight[pid]
         self.buffered -= batch.held
 
+    def drop(self) -> list[Batch]:
+        """Every batch not done yet, taken out and its room freed (a close that gave up on
+        them: their sends are to fail)."""
+        batches = self._every()
+        self.open.clear()
+        self.in_flight.clear()
+        self.buffered -= sum(b.held for b in batches)
+        return batches
+
     def idle(self) -> bool:
         return not self.open and not self.in_flight
 
@@ -240,19 +252,27 @@ def put_deadline(engine: Any, batch: Batch) -> float:
     from when ``batch`` was due (its linger's end, or its flush; an engine in this process
     has no timeout: 0). A put waits behind its partition's put under way, so timed from its
     own start, each one queued behind a dead server would wait a whole timeout more; counted
-    from when it was due, every send ends within about its linger and one timeout."""
+    from when it was due, every send ends within about its linger and one timeout.
+
+    Raises:
+        DeadlineExceeded: that time is up already: the put is not sent.
+    """
     timeout = getattr(engine, "timeout", None)
-    return min(0.0, batch.deadline - time.monotonic()) if isinstance(timeout, (int, float)) else 0.0
+    if not isinstance(timeout, (int, float)):
+        return 0.0
+    extra = min(0.0, batch.deadline - time.monotonic())
+    if timeout + extra <= 0:
+        raise DeadlineExceeded(
+            f"not sent: its partition's puts before it took the call's {timeout:g}s timeout; nothing of it was stored"
+        )
+    return extra
 
 
-def too_late(engine: Any, extra: float) -> DeadlineExceeded | None:
-    """The error of a put whose deadline (:func:`put_deadline`) passed before it was sent."""
-    timeout = getattr(engine, "timeout", None)
-    if not isinstance(timeout, (int, float)) or timeout + extra > 0:
-        return None
-    return DeadlineExceeded(
-        f"not sent: its partition's puts before it took the call's {timeout:g}s timeout; nothing of it was stored"
-    )
+def fail_sends(futures: Iterable[Any], error: BaseException) -> None:
+    """``error`` on each of ``futures`` not done yet (a put that failed, or a producer closed)."""
+    for future in futures:
+        if not future.done():
+            future.set_exception(error)
 
 
 class Producer:
@@ -411,21 +431,15 @@ class Producer:
         live = [(m, f) for m, f in zip(batch.messages, batch.futures, strict=True) if f.set_running_or_notify_cancel()]
         self._delivering.on = True
         try:
-            extra = put_deadline(self.engine, batch)
-            late = too_late(self.engine, extra)
-            if live and late is not None:
-                raise late
             if live:
-                with self.engine.deadline(extra):
+                with self.engine.deadline(put_deadline(self.engine, batch)):
                     ids = self.engine.put(self.name, [m for m, _ in live], pid)
                 for (_, future), message_id in zip(live, ids, strict=True):
                     future.set_result(message_id)
         except BaseException as e:  # noqa: BLE001 - every error goes to the batch's futures
             if not isinstance(e, HQueueError):
                 logger.warning("put of %d message(s) to %s/%d failed: %r", len(live), self.name, pid, e)
-            for _, future in live:
-                if not future.done():
-                    future.set_exception(e)
+            fail_sends((f for _, f in live), e)
         finally:
             self._delivering.on = False
             with self._cond:

@@ -153,13 +153,12 @@ class AsyncConsumer:
                     given += 1
                     yield delivery
             finally:
-                if given < len(batch) and self._groups is not None and not self.closed:
+                if given < len(batch) and not self.closed:
                     await self._hand_back_unseen(batch[given:])
 
     async def _hand_back_unseen(self, deliveries: list[Delivery]) -> None:
-        assert self._groups is not None
         try:
-            await self._groups.nack(self.queue.name, self.group, self.member, _rowkeys(deliveries), 0)
+            await self.nack(deliveries, delay=0)
         except Exception as e:  # their leases run out instead
             logger.warning("consumer %s: handing back %d deliveries not iterated: %s", self.member, len(deliveries), e)
 

@@ -30,8 +30,8 @@ from ..producer import (
     DEFAULT_MAX_BYTES,
     Batch,
     Batches,
+    fail_sends,
     put_deadline,
-    too_late,
 )
 
 __all__ = ["AsyncProducer"]
@@ -161,15 +161,8 @@ class AsyncProducer:
 
     def _fail_held(self) -> None:
         """After a close that timed out: every send not done fails, and its room is freed."""
-        batches = self._batches
-        held = [b for queued in batches.open.values() for b in queued] + list(batches.in_flight.values())
-        for batch in held:
-            for future in batch.futures:
-                if not future.done():
-                    future.set_exception(ProducerClosed(f"the producer of {self.name!r} closed before it was stored"))
-            batches.buffered -= batch.held
-        batches.open.clear()
-        batches.in_flight.clear()
+        closed = ProducerClosed(f"the producer of {self.name!r} closed before it was stored")
+        fail_sends((f for batch in self._batches.drop() for f in batch.futures), closed)
 
     @property
     def closed(self) -> bool:
@@ -206,12 +199,8 @@ class AsyncProducer:
         live = [(m, f) for m, f in zip(batch.messages, batch.futures, strict=True) if not f.done()]
         engine = self._engine
         try:
-            extra = put_deadline(engine, batch)
-            late = too_late(engine, extra)
-            if live and late is not None:
-                raise late
             if live:
-                with engine.deadline(extra):
+                with engine.deadline(put_deadline(engine, batch)):
                     ids = await engine.put(self.name, [m for m, _ in live], pid)
                 for (_, future), message_id in zip(live, ids, strict=True):
                     if not future.done():
@@ -220,16 +209,12 @@ class AsyncProducer:
             closed = ProducerClosed(
                 f"the producer of {self.name!r} closed while its put was under way: it may be stored"
             )
-            for _, future in live:
-                if not future.done():
-                    future.set_exception(closed)
+            fail_sends((f for _, f in live), closed)
             raise
         except Exception as e:  # every error goes to the batch's futures
             if not isinstance(e, HQueueError):
                 logger.warning("put of %d message(s) to %s/%d failed: %r", len(live), self.name, pid, e)
-            for _, future in live:
-                if not future.done():
-                    future.set_exception(e)
+            fail_sends((f for _, f in live), e)
         finally:
             self.puts, self.sent = self.puts + bool(live), self.sent + len(live)
             self._batches.finished(pid, batch)

@@ -205,25 +205,47 @@ class ZooKeeperPresence:
             raise CoordinationError(no_auth(self.client.hosts)) from e
 
     def _announce(self) -> None:
+        """Create the presence's ephemeral nodes under this session, address last.
+
+        A node held by another session (a live instance, or a dead one whose session has
+        not expired yet) refuses this one with SubscriberActive: taking its node over would
+        lose it when that session ends. A node gone while read is looked at again.
+        """
         if not self.client.exists(self.path):
             raise CoordinationError(f"{self.path} does not exist: register the subscriber first (add_subscriber)")
-        stat = self.client.exists(f"{self.path}/address")
-        if stat is not None and stat.ephemeralOwner != self.client.client_id[0]:
-            holder = self.client.get(f"{self.path}/address")[0].decode("utf-8", "replace")
-            raise SubscriberActive(
-                f"subscriber {self.path} is attached at {holder} (a live ZooKeeper session); a second instance "
-                "is refused (if that one died, its session expires within the session timeout)"
-            )
+        self._refuse_if_held("address")
         for child, data in (  # address last: servers read a presence once its address exists
             ("topics", json.dumps(encode_topics(self.topics)).encode()),
             ("push", json.dumps(self.push.to_json()).encode()),
             ("address", self.address.encode()),
         ):
-            try:
-                self.client.create(f"{self.path}/{child}", data, ephemeral=True)
-            except NodeExistsError:
-                # Left by our own expired session, or another instance of this subscriber.
-                self.client.set(f"{self.path}/{child}", data)
+            node = f"{self.path}/{child}"
+            while True:
+                try:
+                    self.client.create(node, data, ephemeral=True)
+                    break
+                except NodeExistsError:
+                    if self._refuse_if_held(child):
+                        self.client.set(node, data)  # ours already (an announce tried again)
+                        break
+
+    def _refuse_if_held(self, child: str) -> bool:
+        """Raise SubscriberActive if another session holds ``child``; True if this one does,
+        False if there is no such node."""
+        node = f"{self.path}/{child}"
+        stat = self.client.exists(node)
+        if stat is None:
+            return False
+        if stat.ephemeralOwner == self.client.client_id[0]:
+            return True
+        try:
+            holder = self.client.get(f"{self.path}/address")[0].decode("utf-8", "replace")
+        except NoNodeError:
+            holder = "an address no longer announced"  # that session is ending
+        raise SubscriberActive(
+            f"subscriber {self.path} is attached at {holder} (a live ZooKeeper session); a second instance "
+            "is refused (if that one died, its session expires within the session timeout)"
+        )
 
     def _on_state(self, state: str) -> None:
         if state == KazooState.LOST and not self._stopping:

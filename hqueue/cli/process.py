@@ -106,6 +106,14 @@ from .main import Progress, Seconds, main, open_admin, open_queue
     show_default=True,
     help="How long a call may wait for room in --max-inflight-bytes (s).",
 )
+@click.option(
+    "--inflight-share",
+    type=click.FloatRange(0, 1, min_open=True),
+    default=0.25,
+    show_default=True,
+    help="The part of --max-inflight-bytes that one client's replies not yet read may hold (its token's "
+    "principal with --auth-file, else its host); past it, its scans and receives get ServerBusy. 1: no share.",
+)
 @click.option("--max-partitions", type=click.IntRange(1, 32767), default=1024, show_default=True)
 @click.option(
     "--metrics-port", type=click.IntRange(0, 65535), help="Serve Prometheus metrics at http://HOST:PORT/metrics."
@@ -234,6 +242,7 @@ def server(
     max_put_bytes,
     max_inflight_bytes,
     inflight_wait,
+    inflight_share,
     max_partitions,
     metrics_port,
     push_threads,
@@ -274,6 +283,7 @@ def server(
             max_frame_bytes=max_frame_bytes,
             max_inflight_bytes=max_inflight_bytes,
             inflight_wait=inflight_wait,
+            inflight_share=inflight_share,
         )
     except ValueError as e:
         raise click.UsageError(str(e).replace("'max_", "--max-").replace("_bytes'", "-bytes")) from e

@@ -17,13 +17,15 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
 
 #: Bytes of frames under way, all connections together (``--max-inflight-bytes``).
 DEFAULT_MAX_INFLIGHT_BYTES = 64 * 1024 * 1024
 #: Seconds a frame may wait for room before it is refused (``--inflight-wait``).
 DEFAULT_INFLIGHT_WAIT = 10.0
+#: The part of the budget one client's replies not taken yet may hold (``--inflight-share``).
+DEFAULT_INFLIGHT_SHARE = 0.25
 
 
 class InflightBudget:
@@ -35,6 +37,8 @@ class InflightBudget:
         self.used = 0
         self._changed = threading.Condition()
         self._line: deque[object] = deque()
+        #: Bytes of replies their peers have not taken yet, by whose they are (:meth:`hold`).
+        self._held: dict[Hashable, int] = {}
 
     def reserve(self, size: int, wait: float | None) -> bool:
         """Take ``size`` bytes, waiting up to ``wait`` seconds for room, in turn.
@@ -75,6 +79,27 @@ class InflightBudget:
             self.used -= size
             if self._line:
                 self._changed.notify_all()
+
+    def hold(self, size: int, owner: Hashable) -> None:
+        """Count a reply of ``size`` bytes until ``owner``'s peer has taken it (now, never
+        waiting: it is made); :meth:`holds` tells what an owner's replies hold."""
+        with self._changed:
+            self.used += size
+            self._held[owner] = self._held.get(owner, 0) + size
+
+    def let_go(self, size: int, owner: Hashable) -> None:
+        """Give back what :meth:`hold` took."""
+        with self._changed:
+            left = self._held.pop(owner) - size
+            if left:
+                self._held[owner] = left
+            self.used -= size
+            if self._line:
+                self._changed.notify_all()
+
+    def holds(self, owner: Hashable) -> int:
+        """Bytes of ``owner``'s replies not taken yet."""
+        return self._held.get(owner, 0)
 
 
 class AnswerSlot:

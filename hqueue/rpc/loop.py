@@ -109,8 +109,9 @@ class _Link:
     buffer: bytearray = field(default_factory=bytearray)
     #: What of a reply the socket has not taken yet.
     out: memoryview | None = None
-    #: Bytes of the in-flight budget that reply holds until it is all sent.
+    #: Bytes of the in-flight budget that reply holds until it is all sent, and whose they are.
     held: int = 0
+    owner: str = ""
     #: A worker has the connection (its call, or a big frame's reading): the loop leaves it alone.
     busy: bool = False
     #: When the frame now partly read, or the reply partly sent, began (None: neither).
@@ -366,7 +367,7 @@ class LoopServer(ThreadedServer):
             return
         size = len(frame)
         method, seqid = call_head(frame)
-        busy = self._no_room_for_answer(method)
+        busy = self._no_room_for_answer(method, link.connection)
         if busy is not None:
             self._refuse(link, method, seqid, busy)
             return
@@ -524,7 +525,8 @@ class LoopServer(ThreadedServer):
 
     def _keep(self, link: _Link, rest: memoryview) -> None:
         link.out, link.started, link.held = rest, time.monotonic(), len(rest)
-        self.budget.reserve(link.held, None)  # held until taken: counted like a frame
+        link.owner = self.owner_of(link.connection)
+        self.budget.hold(link.held, link.owner)  # until taken: counted like a frame, in its client's share
 
     def _flush(self, link: _Link) -> None:
         out = link.out
@@ -609,14 +611,15 @@ class LoopServer(ThreadedServer):
             finally:
                 self.budget.release(size)
             del frame
-            self.budget.reserve(len(reply), None)  # the reply is made: it counts until sent (or kept)
+            owner = self.owner_of(link.connection)
+            self.budget.hold(len(reply), owner)  # the reply is made: it counts until sent (or kept)
         finally:
             if slot is not None:
                 slot.release()
         try:
             self._reply(link, reply)
         finally:
-            self.budget.release(len(reply))
+            self.budget.let_go(len(reply), owner)
 
     def _frames(self, link: _Link) -> FrameReader:
         """The connection's frames on a blocking socket (with the limits' timeouts), from what
@@ -685,7 +688,7 @@ class LoopServer(ThreadedServer):
 
     def _let_go(self, link: _Link) -> None:
         if link.held:
-            self.budget.release(link.held)
+            self.budget.let_go(link.held, link.owner)
             link.held = 0
 
     def _close(self, link: _Link) -> None:

@@ -59,7 +59,13 @@ from thriftpy2.transport import TFramedTransportFactory, TServerSocket, TSocket,
 from thriftpy2.transport.memory import TCyMemoryBuffer
 
 from ..errors import HQueueError, LimitExceeded, ServerBusy
-from .budget import DEFAULT_INFLIGHT_WAIT, DEFAULT_MAX_INFLIGHT_BYTES, AnswerSlot, InflightBudget
+from .budget import (
+    DEFAULT_INFLIGHT_SHARE,
+    DEFAULT_INFLIGHT_WAIT,
+    DEFAULT_MAX_INFLIGHT_BYTES,
+    AnswerSlot,
+    InflightBudget,
+)
 from .frames import DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_ITEMS, FrameError, FrameReader, check_call
 from .unix import unix_listener, widen
 
@@ -87,8 +93,13 @@ class ServerLimits:
     max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
     #: Seconds a frame may wait for room in ``max_inflight_bytes`` before it is refused.
     inflight_wait: float = DEFAULT_INFLIGHT_WAIT
+    #: The part of ``max_inflight_bytes`` that one client's replies not taken yet may hold
+    #: before its calls for big answers are refused (a client: what ``owner_of`` says; 1: no share).
+    inflight_share: float = DEFAULT_INFLIGHT_SHARE
 
     def __post_init__(self) -> None:
+        if not 0 < self.inflight_share <= 1:
+            raise ValueError(f"'inflight_share' must be more than 0 and at most 1, not {self.inflight_share}")
         if self.max_inflight_bytes < self.max_frame_bytes:
             raise ValueError(
                 f"'max_inflight_bytes' ({self.max_inflight_bytes}) must be at least 'max_frame_bytes' "
@@ -239,6 +250,7 @@ class ThreadedServer(TThreadedServer):
         also: ListeningSocket | None = None,
         big_answers: frozenset[str] = frozenset(),
         answer_slots: Mapping[str, int] | None = None,
+        owner_of: Callable[[Connection], str] | None = None,
     ) -> None:
         """``trusted_after(connection)``, asked after each call, says whether the connection
         has proved who it is (default: any call it made). ``also``: a second socket to
@@ -248,15 +260,21 @@ class ThreadedServer(TThreadedServer):
         in it until its peer has taken it. ``answer_slots``: methods whose answer's bytes,
         at most so many, are taken from the budget before they run on a connection's thread
         (threads run them at once: each could otherwise make a big answer past the budget);
-        a call that waits gives them back meanwhile (:func:`answer_slot_aside`)."""
+        a call that waits gives them back meanwhile (:func:`answer_slot_aside`).
+        ``owner_of(connection)``: whose share of the budget (``inflight_share``) the
+        connection's replies not taken yet count in (default: its host; the server names
+        the principal of a connection that authenticated): calls for big answers are refused
+        while the owner's share is full, so one client cannot hold the whole budget."""
         self.socket = socket
         self._big_answers = big_answers
         self._answer_slots = dict(answer_slots or {})
         self.also = also
         self.trusted_after = trusted_after or (lambda connection: True)
+        self.owner_of = owner_of or (lambda connection: f"host {connection.peer[0]}")
         self.service = service
         self.limits = limits or ServerLimits()
         self.budget = InflightBudget(self.limits.max_inflight_bytes)
+        self._share = max(1, int(self.limits.max_inflight_bytes * self.limits.inflight_share))
         #: The IDL exception a refused call is answered with (None: refused calls close their connection).
         self.refuse_with = refuse_with
         self.ssl_context = ssl_context
@@ -411,7 +429,7 @@ class ThreadedServer(TThreadedServer):
         if size > limits.max_frame_bytes and self.refuse_with is None:
             raise FrameError(f"frame of {size} bytes (the limit is {limits.max_frame_bytes})")
         method, seqid = frames.call_head()
-        refused = self._no_room_for_answer(method) or self._admit(size, frames.complete)
+        refused = self._no_room_for_answer(method, connection) or self._admit(size, frames.complete)
         slot = None  # bytes held for the answer while the call runs
         if refused is None:
             slot, refused = self._answer_slot(method, size)
@@ -430,13 +448,14 @@ class ThreadedServer(TThreadedServer):
             if not connection.trusted and refused is None:
                 connection.trusted = self.trusted_after(connection)
             if reply:  # oneway calls have none
-                self.budget.reserve(len(reply), None)  # until the peer takes it (or the send times out)
+                owner = self.owner_of(connection)
+                self.budget.hold(len(reply), owner)  # until the peer takes it (or the send times out)
                 if slot is not None:
                     slot.release()
                 try:
                     frames.send(reply)
                 finally:
-                    self.budget.release(len(reply))
+                    self.budget.let_go(len(reply), owner)
         finally:
             if slot is not None:
                 slot.release()
@@ -456,12 +475,23 @@ class ThreadedServer(TThreadedServer):
         wait = self.limits.inflight_wait
         return None, self._busy(f"no room in {wait:g}s for the answer of {method} (up to {wanted} bytes) in")
 
-    def _no_room_for_answer(self, method: str) -> ServerBusy | None:
-        """Why a call whose answer may be big is refused unread, while replies not taken and
-        calls under way hold the whole budget: memory stays bounded whoever stops reading."""
-        if method not in self._big_answers or self.budget.used < self.budget.limit:
+    def _no_room_for_answer(self, method: str, connection: Connection) -> ServerBusy | None:
+        """Why a call whose answer may be big is refused unread: replies not taken and calls
+        under way hold the whole budget (memory stays bounded whoever stops reading), or the
+        replies its own client has not taken hold that client's share of it (so one client
+        that stops reading does not keep the others' big answers out)."""
+        if method not in self._big_answers:
             return None
-        return self._busy("the replies waiting to be taken and the calls under way hold")
+        if self.budget.used >= self.budget.limit:
+            return self._busy("the replies waiting to be taken and the calls under way hold")
+        owner = self.owner_of(connection)
+        held = self.budget.holds(owner)
+        if held < self._share:
+            return None
+        share = self.limits.inflight_share
+        return self._busy(
+            f"the replies {owner} has not taken yet ({held} bytes) hold its share ({share:g}, --inflight-share) of"
+        )
 
     def _busy(self, what: str) -> ServerBusy:
         limit = self.limits.max_inflight_bytes

@@ -41,7 +41,7 @@ from ..lag import LagBook
 from ..metrics import ServerMetrics
 from ..rpc import wire
 from ..rpc.loop import LoopServer
-from ..rpc.threaded import ListeningSocket, ServerLimits, ThreadedServer
+from ..rpc.threaded import Connection, ListeningSocket, ServerLimits, ThreadedServer
 from ..services import serve_partitions, stop_serving
 from ..subscriptions.loops import DEFAULT_PUSH_THREADS
 from ..subscriptions.manager import (
@@ -86,6 +86,14 @@ def return_freed_memory() -> None:
     except (OSError, AttributeError):
         return
     mallopt(_M_MMAP_THRESHOLD, 1 << 20)
+
+
+def _principal_or_host(connection: Connection) -> str:
+    """Whose share of the in-flight budget a connection's replies count in: the principal it
+    authenticated as (one token's clients share it wherever they connect from), else its host."""
+    if connection.principal is not None:
+        return f"principal {connection.principal.name}"
+    return f"host {connection.peer[0]}"
 
 
 def _warn_if_puts_cannot_fit(limits: ServerLimits, max_put_messages: int, max_put_bytes: int) -> None:
@@ -242,6 +250,8 @@ class HQueueServer:
             self.group_limits = group_limits
             # With tokens, a connection that has not authenticated may be closed to make room.
             trusted_after = None if auth is None else (lambda c: c.principal is not None or c.local)
+            # With tokens, a client's share of the in-flight budget is its principal's (else its host's).
+            owner_of = None if auth is None else _principal_or_host
             # Quick calls run on the event loop only when the store answers without a network round trip.
             inline = self._inline if self.engine.storage.in_process else None
             server = (
@@ -252,7 +262,7 @@ class HQueueServer:
             self._server: ThreadedServer = server(
                 wire.T.HQueueService, self.handler, socket, limits=limits, ssl_context=ssl_context,
                 refuse_with=thrift_error, also=local, trusted_after=trusted_after, big_answers=BIG_ANSWERS,
-                answer_slots=ANSWER_SLOTS,
+                answer_slots=ANSWER_SLOTS, owner_of=owner_of,
             )  # fmt: skip
             _warn_if_puts_cannot_fit(self._server.limits, max_put_messages, max_put_bytes)
             if metrics_port is not None:  # here, so a taken port fails before anything starts

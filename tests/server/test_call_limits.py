@@ -244,6 +244,10 @@ def test_limits_that_cannot_hold_a_frame_are_refused():
 
     result = CliRunner().invoke(main, ["server", "--max-frame-bytes", "100000000", "--storage", "memory://"])
     assert result.exit_code == 2 and "--max-inflight-bytes (67108864) must be at least" in result.output
+    with pytest.raises(ValueError, match="'inflight_share' must be more than 0"):
+        ServerLimits(inflight_share=0)
+    result = CliRunner().invoke(main, ["server", "--inflight-share", "1.5", "--storage", "memory://"])
+    assert result.exit_code == 2 and "--inflight-share" in result.output
 
 
 # -- pieces ------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from thriftpy2.transport import TFramedTransportFactory
 from thriftpy2.transport.memory import TCyMemoryBuffer
 
 from hqueue import HQueue, HQueueAdmin, Message
+from hqueue.auth import AuthPolicy
 from hqueue.errors import InvalidArgument, StorageError
 from hqueue.rpc.loop import CALLS_A_TURN, LoopServer
 from hqueue.rpc.threaded import ServerLimits, ThreadedServer
@@ -276,7 +277,8 @@ def test_a_connection_with_calls_left_for_later_turns_is_not_read_meanwhile(serv
 def test_many_threads_asking_for_big_answers_at_once_stay_within_the_budget(tmp_path):
     """With a thread per connection, each of 30 connections asking for a 16 MB batch at
     once passed the check of a budget not full yet: 352 MB held in a 32 MB budget."""
-    limits = ServerLimits(max_frame_bytes=1 << 20, max_inflight_bytes=32 << 20, inflight_wait=0.5)
+    # One host fills the whole budget here: no share of it per client (--inflight-share 1)
+    limits = ServerLimits(max_frame_bytes=1 << 20, max_inflight_bytes=32 << 20, inflight_wait=0.5, inflight_share=1.0)
     server = HQueueServer(f"local://{tmp_path}/data", port=0, limits=limits, io="threads").start()
     budget = server._server.budget
     try:
@@ -323,7 +325,8 @@ def test_group_receives_at_once_stay_within_the_budget(tmp_path, io, waiting):
     """A group receive on a connection's thread, or on a loop's worker after it waited,
     took no answer slot: 10 connections each receiving 16 MB of messages at once built
     160 MB of replies in a 32 MB budget (waiting: they long-poll, then the messages come)."""
-    limits = ServerLimits(max_frame_bytes=17 << 20, max_inflight_bytes=32 << 20, inflight_wait=0.5)
+    # One host fills the whole budget here: no share of it per client (--inflight-share 1)
+    limits = ServerLimits(max_frame_bytes=17 << 20, max_inflight_bytes=32 << 20, inflight_wait=0.5, inflight_share=1.0)
     server = HQueueServer(f"local://{tmp_path}/data", port=0, limits=limits, io=io).start()
     budget = server._server.budget
     try:
@@ -622,7 +625,8 @@ def test_stopping_ends_the_idle_workers():
 def test_replies_nobody_takes_count_in_the_budget_and_big_answers_wait_for_room(tmp_path, io):
     """On the loop, and with a thread per connection (``--io threads``, and TLS connections
     beside the loop), which each held their reply uncounted before."""
-    limits = ServerLimits(max_frame_bytes=1 << 20, max_inflight_bytes=20 << 20, inflight_wait=1.0)
+    # One host fills the whole budget here: no share of it per client (--inflight-share 1)
+    limits = ServerLimits(max_frame_bytes=1 << 20, max_inflight_bytes=20 << 20, inflight_wait=1.0, inflight_share=1.0)
     server = HQueueServer(f"local://{tmp_path}/data", port=0, limits=limits, io=io).start()
     url = f"hqueue://{server.address}"
     try:
@@ -689,5 +693,76 @@ def test_a_tls_peer_that_takes_a_little_of_a_reply_now_and_then_is_closed_by_the
             finally:
                 done.set()
                 reader.join(10)
+    finally:
+        server.stop()
+
+
+SHARE_AUTH = """
+[tokens.ops]
+secret = "ops-secret-0123456789"
+admin = ["*"]
+
+[tokens.hog]
+secret = "hog-secret-0123456789"
+consumer = ["q"]
+
+[tokens.reader]
+secret = "reader-secret-0123456789"
+consumer = ["q"]
+"""
+
+
+@pytest.mark.parametrize("io", ["loop", "threads"])
+def test_a_client_that_reads_nothing_holds_its_share_of_the_budget_not_all_of_it(tmp_path, io):
+    """One principal asking for 16 MB answers on 6 connections and reading none held the
+    whole budget for 30 s at a time (then reconnected): every other client's scans and
+    receives were refused meanwhile (an attacker's pass). Its replies not taken now hold at
+    most its share (--inflight-share, a quarter) and one answer; the others read on."""
+    auth_file = tmp_path / "auth.toml"
+    auth_file.write_text(SHARE_AUTH)
+    limits = ServerLimits(max_frame_bytes=1 << 20, max_inflight_bytes=64 << 20, inflight_wait=0.5)
+    server = HQueueServer(
+        f"local://{tmp_path}/data", port=0, limits=limits, io=io, auth=AuthPolicy.load(auth_file)
+    ).start()
+    budget = server._server.budget
+    try:
+        with HQueueAdmin(f"hqueue://ops-secret-0123456789@{server.address}") as admin:
+            admin.create_queue("q", 1)
+        with HQueue("q", f"hqueue://ops-secret-0123456789@{server.address}") as queue:
+            for _ in range(80):
+                queue.put([Message("t", b"v" * 4000)] * 50, partition_id=0)  # 16 MB
+
+        def ask(token: str) -> socket.socket:  # a 16 MB answer asked for, left unread
+            sock = connect(server)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.sendall(call_frame("authenticate", 1, token=token))
+            read_reply(sock)
+            ask_whole_partition(sock, 0)
+            return sock
+
+        hog = []
+        for _ in range(6):
+            hog.append(ask("hog-secret-0123456789"))
+            time.sleep(0.3)  # its answer made (or refused) before the next asks
+        assert budget.used <= (64 << 20) // 4 + (17 << 20), budget.used  # its share, and one answer
+        # Another principal's big answer is made meanwhile
+        reader = ask("reader-secret-0123456789")
+        reader.settimeout(10)
+        assert struct.unpack(">I", reader.recv(4, socket.MSG_WAITALL))[0] > 15_000_000  # not a refusal
+        # The hog's answers past its share were refused, typed, unread
+        refusals = []
+        for sock in hog:
+            sock.settimeout(10)
+            size = struct.unpack(">I", sock.recv(4, socket.MSG_WAITALL))[0]
+            if size < 65536:
+                protocol = PROTOCOL.get_protocol(TCyMemoryBuffer(sock.recv(size, socket.MSG_WAITALL)))
+                protocol.read_message_begin()
+                result = T.HQueueService.messageScannerGetPacked_result()
+                protocol.read_struct(result)
+                refusals.append(result.io.message)
+        assert len(refusals) >= 3 and all("principal hog" in m and "--inflight-share" in m for m in refusals), refusals
+        for sock in [*hog, reader]:
+            sock.close()
+        wait_for(lambda: budget.used == 0, 10, "the replies' bytes to be given back")
     finally:
         server.stop()

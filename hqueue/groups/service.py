@@ -333,10 +333,12 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
         while True:
             with self._arrived:
                 generation = self._generations.get(queue, 0)
+            if self._stopped:  # woken by the stop: the store may be closing (the client asks again)
+                return taken
             if room:
                 taken, next_ready = self._take(group, member, max_messages, lease)
             left = deadline - time.monotonic()
-            if taken[0] or left <= 0 or self._stopped:
+            if taken[0] or left <= 0:
                 return taken
             with idle() as slot, self._arrived:
                 if not room or self._generations.get(queue, 0) == generation:

@@ -618,3 +618,27 @@ def test_leaving_a_for_loop_over_a_member_early_hands_back_the_rest_of_its_batch
         got = a.receive(20, wait=5)
         assert sorted(d.value for d in got) == [b"m%d" % i for i in range(1, 10)]
         a.ack(got)
+
+
+def test_a_receive_waiting_when_its_store_closes_returns_nothing_not_queue_not_found(tmp_path):
+    """Closing the last handle woke a waiting receive, which read the closing store and
+    raised QueueNotFound for a queue that exists (an acceptance probe)."""
+    with HQueueAdmin(data_dir=tmp_path) as admin:
+        admin.create_queue("q", 2)
+    queue = HQueue("q", data_dir=tmp_path)
+    consumer = queue.consumer("g", member="m")
+    assert consumer.receive(wait=0) == []
+    got: list = []
+    waiting = threading.Thread(target=lambda: got.append(_outcome(lambda: consumer.receive(wait=5))))
+    waiting.start()
+    time.sleep(0.5)
+    queue.close()
+    waiting.join(10)
+    assert got == [[]]
+
+
+def _outcome(call):
+    try:
+        return call()
+    except Exception as e:
+        return e

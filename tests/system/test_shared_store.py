@@ -111,6 +111,34 @@ def test_asyncio_calls_of_a_second_process_go_through_the_serving_one(data):
         tail.kill()
 
 
+HOLD_THEN_EXIT = """
+import sys, time
+from hqueue import HQueueAdmin
+with HQueueAdmin(data_dir=sys.argv[1]):
+    print("HOLDING", flush=True)
+    time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_a_receive_waiting_when_the_serving_process_exits_carries_on_with_the_next(data):
+    """The serving process closed its last handle (a normal exit) while a client's receive
+    waited: after the 2 s grace the receive woke on the closing store and raised
+    QueueNotFound for a queue that exists (an acceptance probe)."""
+    from hqueue import Message
+
+    holder = Proc("-c", HOLD_THEN_EXIT, data, "1.5")
+    try:
+        wait_for(lambda: serving_pid(data) == holder.pid, 60, "the holder to serve the store")
+        with HQueue("q", data_dir=data) as queue, queue.consumer("g", member="m") as consumer:
+            assert consumer.receive(wait=0) == []
+            assert consumer.receive(10, wait=5) == []  # the holder exits meanwhile: nothing, no error
+            assert holder.proc.wait(timeout=30) == 0
+            queue.put(Message("t", b"after"), partition_id=0)
+            assert [d.value for d in consumer.receive(10, wait=5)] == [b"after"]
+    finally:
+        holder.kill()
+
+
 @pytest.mark.slow
 def test_kill_9_of_the_serving_process_under_load_loses_no_acknowledged_write(data):
     kills = int(os.environ.get("HQUEUE_SHARED_KILLS", "10"))

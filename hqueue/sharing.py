@@ -134,9 +134,14 @@ def open_store(url: str, group_limits: GroupLimits | None = None) -> Engine | St
         except StorageError as e:
             # A user the store directory's group lets in (its socket is 0660 then) may not
             # write the store's own files: it uses the store through the serving process.
-            if "Permission denied" in str(e) and os.path.exists(socket_path(url)):
+            if _permission_denied(e) and os.path.exists(socket_path(url)):
                 return StoreClient(url)
             raise
+
+
+def _permission_denied(error: StorageError) -> bool:
+    """The store's own files are not this user's to write (a user of the directory's group)."""
+    return "Permission denied" in str(error)
 
 
 def _open_and_serve(url: str, group_limits: GroupLimits | None) -> Engine:
@@ -194,6 +199,10 @@ class _Store:
                 self.engine = _open_and_serve(self.url, None)
             except StorageLocked:
                 return False
+            except StorageError as e:
+                if not _permission_denied(e):
+                    raise
+                return False  # a user of the directory's group: it waits for a holder that may open it
         logger.info("took over the embedded store %s (its serving process is gone)", self.url)
         return True
 
@@ -228,6 +237,11 @@ class StoreClient(RemoteEngine):
     Its ``url`` is the store's. Release it with :meth:`release`; the last one
     in a process that took the store over stops serving it.
     """
+
+    #: A holder that hands the store on resets its connections, some just made (those its
+    #: listener had not accepted yet): a read tries again, within its deadline, until the
+    #: next holder answers (a connection that cannot be made waits for it in _TakeoverPool).
+    read_tries = 25
 
     def __init__(self, url: str, timeout: float | None = None) -> None:
         super().__init__(url, unix_socket=socket_path(url), timeout=timeout)

@@ -227,6 +227,9 @@ class RemoteEngine:
             with no token and no TLS (the socket file's permissions decide who may).
     """
 
+    #: Tries of a call that may go twice whose connection broke (READ_TRIES).
+    read_tries = READ_TRIES
+
     def __init__(
         self,
         url: str,
@@ -302,7 +305,7 @@ class RemoteEngine:
         have reached the server (False: no connection could be made).
         """
         with self.deadline() as deadline:
-            for attempt in range(1, READ_TRIES + 1):
+            for attempt in range(1, self.read_tries + 1):
                 if time.monotonic() >= deadline:
                     raise self._unavailable(address, method, TimeoutError(), deadline, sent=attempt > 1)
                 try:
@@ -311,7 +314,7 @@ class RemoteEngine:
                 except NotSent as e:
                     raise self._unavailable(address, method, e.cause, deadline) from e.cause
                 except (TTransportException, OSError) as e:
-                    if attempt < READ_TRIES and method in _IDEMPOTENT and not isinstance(e, TimeoutError):
+                    if attempt < self.read_tries and method in _IDEMPOTENT and not isinstance(e, TimeoutError):
                         time.sleep(min(READ_RETRY_DELAY * attempt, max(0.0, deadline - time.monotonic())))
                         continue  # the connection broke under us: a call that may go twice goes again
                     raise self._unavailable(address, method, e, deadline, sent=True) from e

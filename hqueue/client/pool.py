@@ -156,8 +156,10 @@ class Pool:
         connection = self.take(deadline)
         try:
             yield connection.client
-        except (TTransportException, OSError):
+        except (TTransportException, OSError) as e:
             self.give_back(connection, broken=True)  # the connection is in an unknown state
+            if not isinstance(e, TimeoutError):
+                self.close()  # the server closed or reset it: its other idle ones go the same way
             raise
         except BaseException:
             self.give_back(connection)  # an answer came back (a typed error): the connection is fine

@@ -194,7 +194,7 @@ class LoopServer(ThreadedServer):
     # -- the hand-offs between the accept threads, the workers and the loop ----------------
 
     def _start(self, sock: socket.socket, connection: Connection) -> None:
-        if self.ssl_context is not None or not self._checked_frames:
+        if (self.ssl_context is not None and not connection.local) or not self._checked_frames:
             super()._start(sock, connection)
         else:
             self._post(("open", sock, connection))

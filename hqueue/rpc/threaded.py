@@ -363,7 +363,7 @@ class ThreadedServer(TThreadedServer):
     def _connection(self, sock: socket.socket, connection: Connection) -> None:
         _current.connection = connection
         try:
-            if self.ssl_context is not None:
+            if self.ssl_context is not None and not connection.local:  # a Unix socket's stay clear
                 sock.settimeout(self.limits.body_timeout)
                 sock = self.ssl_context.wrap_socket(sock, server_side=True)
             if self._checked_frames:

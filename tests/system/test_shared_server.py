@@ -21,11 +21,11 @@ import sys
 
 import pytest
 
-from hqueue import HQueue, HQueueAdmin, Message, NotAuthorized, StorageLocked, sharing
+from hqueue import HQueue, HQueueAdmin, Message, NotAuthorized, ServerUnavailable, StorageLocked, sharing
 from hqueue.server import HQueueServer
 from hqueue.sharing import SOCKET_NAME, StoreClient
 
-from ..processes import ROOT, ServerProcess, python_env
+from ..processes import ROOT, ServerProcess, python_env, server_certificate
 
 TOKEN = "ops-secret-0123456789abc"
 AUTH_FILE = f'[tokens.ops]\nsecret = "{TOKEN}"\nadmin = ["*"]\n'
@@ -133,6 +133,27 @@ def test_an_in_process_server_hands_the_socket_on_to_the_store_s_other_handles(t
         # Then this process still serves the store to another process
         other = _hqueue("--url", f"local://{data}", "list")
         assert other.returncode == 0 and "q" in other.stdout, other.stderr
+
+
+@pytest.mark.parametrize("io", ["loop", "threads"])
+def test_a_tls_server_s_local_socket_speaks_clear(tmp_path, io):
+    """With --tls-cert every accepted connection was wrapped in TLS, the Unix socket's too:
+    local processes got "connection reset" and could not take the store over either, so
+    local:// was dead while the server ran (a fresh user's probe)."""
+    cert, context = server_certificate(tmp_path)
+    data = str(tmp_path / "data")
+    server = HQueueServer(f"local://{data}", port=0, ssl_context=context, io=io).start()
+    try:
+        with HQueueAdmin(f"hqueue://{server.address}?tls=1&ca={cert}") as admin:
+            admin.create_queue("q", 1)
+        put = _hqueue("--url", f"local://{data}", "put", "q", "t", "through-the-socket")
+        assert put.returncode == 0, put.stderr
+        with HQueue("q", f"hqueue://{server.address}?tls=1&ca={cert}") as queue:
+            assert [m.value for m in queue.scan()] == [b"through-the-socket"]
+        with pytest.raises(ServerUnavailable):  # TCP stays TLS only
+            HQueueAdmin(f"hqueue://{server.address}?timeout=5").list_queues()
+    finally:
+        server.stop()
 
 
 def test_both_ends_of_a_socket_connection_send_a_put_s_frame_in_one_message(tmp_path):

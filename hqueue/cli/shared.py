@@ -48,8 +48,9 @@ def _click_params(command: Command) -> list[click.Parameter]:
         if p.required or p.positional:
             required = p.required and p.name not in legacy.values()
             nargs = -1 if p.many else 1
-            default = None if p.required or p.many else p.default
-            params.append(click.Argument([p.name], type=_type(p), nargs=nargs, required=required, default=default))
+            # No default at all for a required one (click 8.5 takes default=None as given).
+            default = {} if p.required or p.many else {"default": p.default}
+            params.append(click.Argument([p.name], type=_type(p), nargs=nargs, required=required, **default))
         elif p.kind == "flag":
             params.append(click.Option([f"--{p.name.replace('_', '-')}"], is_flag=True, default=p.default, help=p.help))
         else:

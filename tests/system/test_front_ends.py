@@ -47,6 +47,18 @@ def test_the_arguments_are_in_one_order_with_one_default(name):
             assert option.default == param.default, (name, param.name)
 
 
+@pytest.mark.parametrize("name", sorted(n for n, c in COMMANDS.items() if any(p.required for p in c.params)))
+def test_a_missing_argument_is_a_usage_error_naming_it(name, tmp_path):
+    """With click 8.5 a required argument's default=None counted as given: ``hqueue create``
+    ran with a placeholder object and said "'name' must be a str, not object" (rc 1)."""
+    declared = COMMANDS[name]
+    result = CliRunner().invoke(main, ["--url", f"local://{tmp_path}/data", declared.cli_name])
+    first = next(p for p in declared.params if p.required)
+    assert result.exit_code == 2, result.output
+    assert "Missing argument" in result.output and "object" not in result.output, result.output
+    assert first.name.upper() in result.output, result.output
+
+
 def test_old_names_still_work_in_both():
     assert {"drop", "drop_queue", "truncate", "disable", "enable", "groups", "desc"} <= set(ALIASES)
 

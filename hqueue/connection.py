@@ -48,11 +48,12 @@ def resolve_url(url: str | None, data_dir: str | os.PathLike[str] | None) -> str
 
 def store_exists(url: str | None) -> bool:
     """Whether the store ``url`` names is there to read, without creating it: an
-    embedded store's directory exists; servers, HBase and memory stores always do."""
+    embedded store's directory holds one (RocksDB's ``CURRENT`` file; a directory of
+    other things is not made one by a read); servers, HBase and memory stores always do."""
     resolved = resolve_url(url, None)
     if resolved.startswith(("hqueue://", "hbase://", "memory://")):
         return True
-    return os.path.isdir(normalize_url(resolved)[len("local://") :])
+    return os.path.isfile(os.path.join(normalize_url(resolved)[len("local://") :], "CURRENT"))
 
 
 def missing_store(url: str | None) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import sys
@@ -136,7 +137,11 @@ def _put_stdin(ctx, put: Callable[[list[bytes]], int], input_format: str, batch:
 
 
 def _decoder(input_format: str) -> Callable[[bytes, int], bytes]:
-    decode: Callable[[str], bytes] = base64.b64decode if input_format == "base64" else bytes.fromhex
+    decode: Callable[[str], bytes] = (
+        functools.partial(base64.b64decode, validate=True)  # (without, bad characters were dropped)
+        if input_format == "base64"
+        else bytes.fromhex
+    )
 
     def decoded(line: bytes, number: int) -> bytes:
         try:
@@ -260,11 +265,13 @@ _VALUE_FORMATS: dict[str, Callable[[bytes], str]] = {
 
 
 def _as_json(message: Message) -> dict:
-    out = {"partition": message.partition_id, "id": str(message.id), "topic": escape(message.topic)}
-    try:
-        out["value"] = message.value.decode("utf-8")
-    except UnicodeDecodeError:
-        out["value_base64"] = base64.b64encode(message.value).decode("ascii")
+    """The message as JSON: topic and value as text, or base64 (``…_base64``) when not UTF-8."""
+    out: dict = {"partition": message.partition_id, "id": str(message.id)}
+    for field, data in (("topic", bytes(message.topic)), ("value", message.value)):
+        try:
+            out[field] = data.decode("utf-8")
+        except UnicodeDecodeError:
+            out[f"{field}_base64"] = base64.b64encode(data).decode("ascii")
     return out
 
 

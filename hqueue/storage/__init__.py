@@ -37,6 +37,11 @@ def normalize_url(url: str) -> str:
         return "local://" + os.path.abspath(url)
     parts = urlsplit(url)
     if parts.scheme == "local":
+        if not parts.netloc + parts.path:
+            raise InvalidArgument(
+                f"{url!r} names no directory: use local:///absolute/path or local://relative/path "
+                "(local://. for this one)"
+            )
         return "local://" + os.path.abspath(parts.netloc + parts.path)
     if parts.scheme in ("hbase", "memory"):
         return url

@@ -187,7 +187,11 @@ class EmbeddedStorage(Healing, Storage):
             raise
 
     def _open(self) -> rocksdict.Rdict:
-        os.makedirs(self.path, exist_ok=True)
+        try:
+            os.makedirs(self.path, exist_ok=True)
+        except OSError as e:  # a file there, a tree where none may be made, no permission
+            why = "it is not a directory" if os.path.exists(self.path) else (e.strerror or str(e))
+            raise StorageError(f"cannot open the embedded store {self.path}: {why}") from e
         options = _options()
         try:
             families = {}

@@ -5,7 +5,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from hqueue import HQueue
+from hqueue import HQueue, HQueueAdmin, StorageError
 from hqueue.cli import main
 
 
@@ -58,6 +58,7 @@ def test_scan_accepts_ids_and_iso_times(run):
 
 
 def test_user_errors_are_one_line_and_exit_1(run):
+    assert run("create", "other", "1").exit_code == 0  # a store, without that queue
     result = run("scan", "missing")
     assert result.exit_code == 1 and "queue 'missing' does not exist" in result.output
     assert "Traceback" not in result.output
@@ -123,6 +124,23 @@ def test_binary_values_round_trip_through_put_and_scan(run):
     assert run("count", "q", "-t", "b64").output == "1\n"
     bad = run("put", "q", "t", "--input", "hex", input=b"zz\n")
     assert bad.exit_code == 1 and "stdin line 1 is not hex" in bad.output
+    # Bad base64 is refused as bad hex is (its stray characters were dropped: "!!!" stored b"")
+    bad = run("put", "q", "t", "--input", "base64", input=b"!!!\n")
+    assert bad.exit_code == 1 and "stdin line 1 is not base64" in bad.output
+    assert run("count", "q").output == "2\n"
+    # JSON gives a topic as text, as a value (it was escaped twice: "x\\ny")
+    assert run("put", "q", "x\ny", "v").exit_code == 0
+    assert json.loads(run("scan", "q", "-t", "x\ny", "--format", "json").output)["topic"] == "x\ny"
+
+
+def test_a_store_path_that_is_a_file_is_a_clear_error(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    result = CliRunner().invoke(main, ["--url", f"local://{afile}", "create", "q", "1"])
+    assert result.exit_code == 1 and "not a directory" in result.output and "Traceback" not in result.output
+    with pytest.raises(StorageError, match="cannot open the embedded store .*: it is not a directory"):
+        HQueueAdmin(data_dir=afile).list_queues()
+    assert afile.read_text() == "mine"
 
 
 def test_tail_follows_every_partition_and_prints_each_message_once(tmp_path):

@@ -215,6 +215,18 @@ def test_reads_never_create_a_store_and_a_bare_path_gets_a_hint(tmp_path, monkey
     with pytest.raises(InvalidArgument, match="has no scheme"):
         HQueueAdmin(url=str(tmp_path / "foo"))
     assert not (tmp_path / "foo").exists()
+    # A directory of other things is no store: a read leaves it as it was (it got RocksDB's files)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "notes.txt").write_text("mine")
+    for args in (["list"], ["describe", "q"], ["shell", "-e", "list"]):
+        result = runner.invoke(main, ["--url", f"local://{tmp_path}/docs", *args])
+        assert result.exit_code == 1 and "no hqueue store at" in result.output, (args, result.output)
+    assert [p.name for p in (tmp_path / "docs").iterdir()] == ["notes.txt"]
+    # local:// with no directory says so (it was the current directory)
+    empty = runner.invoke(main, ["--url", "local://", "list"])
+    assert empty.exit_code == 1 and "names no directory" in empty.output, empty.output
+    with pytest.raises(InvalidArgument, match="names no directory"):
+        HQueueAdmin(url="local://")
 
 
 def test_times_past_the_year_9999_are_refused_before_anything_changes(tmp_path):

@@ -65,7 +65,7 @@ def consume(ctx, name, group, topics, output_format, max_messages, duration, lea
         raise click.UsageError("--exec acks or nacks each message: leave out --no-ack")
     queue = open_queue(ctx, name)
     deadline = None if duration is None else time.monotonic() + duration
-    seen = 0
+    seen, interrupted = 0, False
     with queue.consumer(group, topics or None, start=start, lease=lease) as consumer:
         try:
             while (deadline is None or time.monotonic() < deadline) and (max_messages is None or seen < max_messages):
@@ -84,7 +84,9 @@ def consume(ctx, name, group, topics, output_format, max_messages, duration, lea
                         consumer.ack(deliveries)
                 seen += len(deliveries)
         except KeyboardInterrupt:
-            pass  # a message in hand is neither acked nor nacked: it comes back when its lease ends
+            interrupted = True  # leaving the group hands what it holds back (the message in hand too)
+    if interrupted:
+        ctx.exit(130)
 
 
 def _run(consumer: Consumer, delivery: Delivery, command: str, nack_delay: float | None) -> None:

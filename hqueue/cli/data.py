@@ -253,7 +253,7 @@ def tail(
             sys.stdout.flush()
             time.sleep(interval)
     except KeyboardInterrupt:
-        pass
+        ctx.exit(130)  # as a shell reports a command stopped by Ctrl-C
 
 
 _VALUE_FORMATS: dict[str, Callable[[bytes], str]] = {

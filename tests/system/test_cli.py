@@ -367,3 +367,41 @@ def test_shell_completion_scripts_for_bash_and_zsh():
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert {"describe", "describe-group", "describe-subscriber"} <= {line.split(",")[-1] for line in out.stdout.split()}
+
+
+def test_ctrl_c_stops_tail_and_consume_with_status_130_and_hands_leases_back(tmp_path):
+    """tail and consume exited 0 on Ctrl-C where put exits 130; and consume --exec's
+    message in hand was said to come back when its lease ends (it comes back at once)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from hqueue import Message
+
+    from ..processes import ROOT, Proc, python_env, wait_for
+
+    url = f"local://{tmp_path}/data"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 1)
+    with HQueue("q", url) as queue:
+        queue.put(Message("t", b"in-hand"))
+    marker = tmp_path / "started"
+    tail = Proc("-m", "hqueue.cli", "--url", url, "tail", "q", "--start", "0")
+    consume = subprocess.Popen(
+        [sys.executable, "-m", "hqueue.cli", "--url", url, "consume", "q", "g", "--lease", "600",
+         "--exec", f"touch {marker}; sleep 60"],
+        cwd=ROOT, env=python_env(), stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: "in-hand" in "".join(tail.lines), 60, "tail to print the message")
+        wait_for(marker.exists, 60, "consume to run its command")
+        tail.proc.send_signal(signal.SIGINT)
+        os.killpg(consume.pid, signal.SIGINT)  # as a terminal's Ctrl-C: its command gets it too
+        assert tail.proc.wait(timeout=30) == 130 and consume.wait(timeout=30) == 130
+        assert "Traceback" not in consume.stderr.read()
+        with HQueue("q", url) as queue, queue.consumer("g") as consumer:  # back now, not in 600 s
+            assert [d.value for d in consumer.receive(wait=5)] == [b"in-hand"]
+    finally:
+        tail.kill()
+        consume.kill()

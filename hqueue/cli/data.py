@@ -171,10 +171,10 @@ def _chunks(items, size: int, topic_bytes: int = 0) -> Iterator[list[bytes]]:
 
 
 def _range_options(command):
-    """NAME and the options that choose messages, shared by scan and count."""
+    """QUEUE and the options that choose messages, shared by scan and count."""
     for option in reversed(
         [
-            click.argument("name"),
+            click.argument("name", metavar="QUEUE"),
             click.option("--start", callback=message_id, help="First ID or ISO time (inclusive)."),
             click.option("--stop", callback=message_id, help="ID or ISO time to stop before."),
             click.option(

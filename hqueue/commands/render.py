@@ -23,10 +23,10 @@ def escape(data: bytes) -> str:
 
 
 def printable(value: Any, limit: int = 200) -> str:
-    """A table cell: bytes as UTF-8 text, invalid bytes and control characters as \\xNN; cut at ``limit``."""
+    """A table cell: bytes escaped as the CLI prints them (:func:`escape`), cut at ``limit``;
+    other values as text, control characters as \\xNN."""
     if isinstance(value, bytes):
-        text = value[:limit].decode("utf-8", "backslashreplace").translate(_CONTROL)
-        return text + ("…" if len(value) > limit else "")
+        return escape(value[:limit]) + ("…" if len(value) > limit else "")
     if value is None:
         return ""
     return str(value).translate(_CONTROL)

@@ -270,3 +270,20 @@ def test_a_split_carries_its_token_only_in_the_pickle():
     split = Split("hqueue://h:1", "q", 0)._carrying("secret-token-0123456789")
     assert "secret-token" not in repr(split) + repr(dataclasses.asdict(split))
     assert pickle.loads(pickle.dumps(split))._token == "secret-token-0123456789"
+
+
+def test_the_shell_and_the_cli_escape_values_alike(tmp_path):
+    """The shell printed a tab as \\x09 and a backslash as itself, so a literal "\\xff" and
+    the byte 0xff looked the same there (a fresh user's probe); the CLI's escapes are reversible."""
+    url = f"local://{tmp_path}/data"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 1)
+    with HQueue("q", url) as queue:
+        queue.put([Message("t", b"a\tb\\c\xff"), Message("t", b"\\xff")])
+    cli = CliRunner().invoke(main, ["--url", url, "scan", "q"]).output
+    out = io.StringIO()
+    shell = Shell(url, out=out, err=io.StringIO())
+    assert shell.execute("scan 'q'")
+    shell.close()
+    for printed in (cli, out.getvalue()):
+        assert "a\\tb\\\\c\\xff" in printed and "\\\\xff" in printed, printed

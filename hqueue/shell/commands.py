@@ -21,7 +21,7 @@ from ..commands import COMMANDS as SHARED
 from ..commands import Command as SharedCommand
 from ..commands import Param, as_time, stamp, table
 from ..errors import HQueueError, InvalidArgument
-from ..message import Message
+from ..message import Message, MessageID
 from ..scanner import Scan
 
 if TYPE_CHECKING:
@@ -230,21 +230,45 @@ def _text(command: str, what: str, value: Any) -> str:
     return value
 
 
+PUT_OPTIONS = {"PARTITION", "KEY", "PRIORITY", "DELAY", "AT"}
+
+
 @own(
-    "put 'queue', 'topic', 'value'[, partition]",
-    "Put one message (to a random partition unless one is given) and print its ID.",
+    "put 'queue', 'topic', 'value'[, partition | {PARTITION => p, KEY => 'k', PRIORITY => n, DELAY => s, "
+    "AT => 'time'}]",
+    "Put one message (to a random partition unless one is given, or by KEY) and print its ID; "
+    "with DELAY (seconds) or AT (a time) it is a timer: print its handle, for cancel.",
     "put 'q1', 'crawler', 'http://example.com'",
     "put 'q1', 'crawler', 'http://example.com/\\x00', 3",
+    "put 'q1', 'crawler', 'http://example.com', {KEY => 'example.com', DELAY => 60}",
     arity=(3, 4),
 )
-def put(shell: Shell, name: Any, topic: Any, value: Any, partition: Any = None) -> Result:
+def put(shell: Shell, name: Any, topic: Any, value: Any, given: Any = None) -> Result:
     name, topic, value = (
         _text("put", w, v) for w, v in (("the queue", name), ("the topic", topic), ("the value", value))
     )
-    if partition is not None and (not isinstance(partition, int) or isinstance(partition, bool)):
-        raise UsageError(f"put: the partition must be an integer, got {partition!r}")
-    (message_id,) = shell.queue(name).put(Message(to_bytes(topic), to_bytes(value)), partition)
-    return f"Put {message_id} ({stamp(message_id)})", None
+    options = given if isinstance(given, dict) else {} if given is None else {"PARTITION": given}
+    options = {str(k).upper(): v for k, v in options.items()}
+    unknown = set(options) - PUT_OPTIONS
+    if unknown:
+        known = ", ".join(sorted(PUT_OPTIONS))
+        raise UsageError(f"put: unknown option(s) {', '.join(sorted(unknown))}; known: {known}")
+    for option in ("PARTITION", "PRIORITY"):
+        if option in options and (not isinstance(options[option], int) or isinstance(options[option], bool)):
+            raise UsageError(f"put: {option} must be an integer, got {options[option]!r}")
+    key, delay, at = options.get("KEY"), options.get("DELAY"), options.get("AT")
+    if key is not None:
+        key = _text("put", "KEY", key)
+    if delay is not None and (not isinstance(delay, int) or isinstance(delay, bool)):
+        raise UsageError(f"put: DELAY must be a number of seconds, got {delay!r}")
+    due = None if at is None else as_time("AT", at).timestamp
+    (written,) = shell.queue(name).put(
+        Message(to_bytes(topic), to_bytes(value)), options.get("PARTITION"),
+        key=key, priority=options.get("PRIORITY"), delay=delay, deliver_at=due,
+    )  # fmt: skip
+    if isinstance(written, MessageID):
+        return f"Put {written} ({stamp(written)})", None
+    return f"Timer {written} (due {stamp(MessageID(written.due))}; cancel '{name}', '{written}')", None
 
 
 SCAN_OPTIONS = {"LIMIT", "TOPICS", "STARTTIME", "STOPTIME", "STARTID", "STOPID", "PARTITION"}

@@ -287,3 +287,25 @@ def test_the_shell_and_the_cli_escape_values_alike(tmp_path):
     shell.close()
     for printed in (cli, out.getvalue()):
         assert "a\\tb\\\\c\\xff" in printed and "\\\\xff" in printed, printed
+
+
+def test_the_shell_puts_timers_by_key_and_priority_as_the_cli_does(tmp_path):
+    """The shell's put took only a partition: no timers, keys or priorities (a fresh user's probe)."""
+    url = f"local://{tmp_path}/data"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 4)
+    out, err = io.StringIO(), io.StringIO()
+    shell = Shell(url, out=out, err=err)
+    assert shell.execute("put 'q', 't', 'later', {DELAY => 600}")
+    handle = out.getvalue().split()[1]
+    assert shell.execute(f"cancel 'q', '{handle}'")
+    assert shell.execute("put 'q', 't', 'keyed', {KEY => 'example.com'}")
+    assert shell.execute("put 'q', 't', 'second', 2")
+    assert not shell.execute("put 'q', 't', 'v', {DELAY => 'soon'}") and "DELAY must be" in err.getvalue()
+    assert not shell.execute("put 'q', 't', 'v', {LATER => 1}") and "known: AT, DELAY" in err.getvalue()
+    shell.close()
+    with HQueue("q", url) as queue:
+        queue.put(Message("t", b"probe"), key="example.com")
+        by_partition = {m.value: m.partition_id for m in queue.scan()}
+        assert by_partition[b"keyed"] == by_partition[b"probe"] and by_partition[b"second"] == 2
+        assert b"later" not in by_partition and queue.count_timers()[0] == 0  # cancelled

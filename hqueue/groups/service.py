@@ -469,4 +469,8 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
 
 
 def _show(topics: frozenset[bytes] | None) -> str:
-    return "all" if topics is None else repr(sorted(topics))
+    return (
+        "all"
+        if topics is None
+        else "[" + ", ".join(repr(t.decode("utf-8", "backslashreplace")) for t in sorted(topics)) + "]"
+    )

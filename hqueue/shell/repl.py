@@ -23,7 +23,7 @@ from ..admin import HQueueAdmin
 from ..auth import split_credentials
 from ..commands import NotAllDone
 from ..connection import missing_store, resolve_url, store_exists
-from ..errors import HQueueError
+from ..errors import HQueueError, QueueEnabled
 from ..queue import HQueue
 from .commands import ALIASES, COMMANDS, Streamed
 from .output import timing
@@ -93,7 +93,7 @@ class Shell:
             self._forget_closed_queues(e)
             if isinstance(e, NotAllDone) and e.output.text:  # what it did, then what it did not
                 print(e.output.text, file=self.out)
-            print(f"ERROR: {e}", file=self.err)
+            print(f"ERROR: {_with_shell_hint(e)}", file=self.err)
             return False
         except BrokenPipeError:  # the reader went away (`hqueue shell -e "scan 'q'" | head`): stop quietly
             raise
@@ -198,3 +198,10 @@ class ShellCompleter(Completer):  # type: ignore[misc]
         for name in self._cached_names():
             if name.startswith(word):
                 yield Completion(name + text[quote], start_position=-len(word))
+
+
+def _with_shell_hint(e: Exception) -> str:
+    """The error's text, with the shell command to run where the CLI names its own."""
+    if isinstance(e, QueueEnabled):
+        return f"queue {e.name!r} is enabled: disable it first (disable_queue '{e.name}'), or pass {{FORCE => true}}"
+    return str(e)

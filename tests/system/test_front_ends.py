@@ -309,3 +309,23 @@ def test_the_shell_puts_timers_by_key_and_priority_as_the_cli_does(tmp_path):
         by_partition = {m.value: m.partition_id for m in queue.scan()}
         assert by_partition[b"keyed"] == by_partition[b"probe"] and by_partition[b"second"] == 2
         assert b"later" not in by_partition and queue.count_timers()[0] == 0  # cancelled
+
+
+def test_the_same_mistake_is_explained_alike_in_the_cli_and_the_shell(tmp_path):
+    """Deleting an enabled queue: the CLI named the fix, the shell did not; a group's topics
+    were shown as Python bytes, [b'a'] (a fresh user's probe)."""
+    url = f"local://{tmp_path}/data"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 1)
+    cli = CliRunner().invoke(main, ["--url", url, "delete-queue", "q"]).output
+    assert "is enabled: disable it first (hqueue disable-queue q), or pass --force" in cli
+    err = io.StringIO()
+    shell = Shell(url, out=io.StringIO(), err=err)
+    assert not shell.execute("delete_queue 'q'")
+    shell.close()
+    assert "is enabled: disable it first (disable_queue 'q'), or pass {FORCE => true}" in err.getvalue()
+    with HQueue("q", url) as queue:
+        with queue.consumer("g", topics=["a"]):
+            pass
+        with pytest.raises(InvalidArgument, match=r"takes topics \['a'\], not \['zzz'\]"):
+            queue.consumer("g", topics=["zzz"])

@@ -125,7 +125,7 @@ def test_the_seed_queue_commands(run):
     assert not ok and err == "ERROR: queue 'q1' is disabled (enable it with enable_queue)\n"
     assert run("enable_queue 'q1'")[0]
     ok, _, err = run("drop_queue 'q1'")
-    assert not ok and "must be disabled" in err
+    assert not ok and "is enabled: disable it first" in err
     run("disable_queue 'q1'")
     assert run("drop_queue 'q1'")[0]
     assert re.fullmatch(r"0 row\(s\) in \d+\.\d{4} seconds\n", run("list")[1])

@@ -183,6 +183,8 @@ class HQueueAdmin(Connected):
         scan = Scan(as_message_id(start, "start"), as_message_id(stop, "stop"))
         batch = 1000 if rate is None else max(1, min(1000, int(rate)))
         copied, began = 0, time.monotonic()
+        if not self._has_dead_letters(queue):
+            return 0
         for pid in range(engine.enabled_queue(dlq).partitions):
             for keys, values in read_columns(engine, dlq, pid, scan, batch):
                 for at in range(0, len(keys), batch):
@@ -202,9 +204,19 @@ class HQueueAdmin(Connected):
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 10_000:
             raise InvalidArgument(f"'limit' must be an int in 1..10000, got {limit!r}")
         partitions = self.engine.enabled_queue(queue).partitions
+        if not self._has_dead_letters(queue):
+            return []
         with self.queue(dead_letter_queue(queue)) as dlq:
             letters = list(dlq.scan(start, stop, limit=limit))
         return [(m, m.partition_id % partitions, note_of(self.engine, queue, m.partition_id, m.id)) for m in letters]
+
+    def _has_dead_letters(self, queue: str) -> bool:
+        """Whether ``<queue>.dlq`` exists: it is made by the first dead letter (none: nothing to see)."""
+        try:
+            self.engine.queue_info(dead_letter_queue(queue))
+        except QueueNotFound:
+            return False
+        return True
 
     # -- consumer groups (SPEC X3) -----------------------------------------------------
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from hqueue import HQueue, HQueueAdmin, InvalidArgument, Message
+from hqueue import HQueue, HQueueAdmin, InvalidArgument, Message, QueueNotFound
 
 from ..processes import drain, wait_for
 
@@ -117,3 +117,14 @@ def test_dead_letters_are_listed_with_their_origin_and_replayed_at_a_rate(tmp_pa
         # And truncating the dead-letter queue drops the notes with the messages
         admin.truncate_queue("orders.dlq")
         assert admin.engine.storage.list_meta("dlq-note/") == {}
+
+
+def test_a_queue_that_never_had_dead_letters_replays_and_lists_none(tmp_path):
+    """Its <queue>.dlq is made by the first dead letter: before, replay-dlq and dead_letters
+    said "queue 'orders.dlq' does not exist" (a fresh user's probe)."""
+    with HQueueAdmin(data_dir=tmp_path) as admin:
+        admin.create_queue("orders", 2)
+        assert admin.replay_dead_letters("orders") == 0
+        assert admin.dead_letters("orders") == []
+        with pytest.raises(QueueNotFound):  # a queue that does not exist still says so
+            admin.replay_dead_letters("nosuch")

@@ -13,9 +13,9 @@ import click
 from .. import __version__
 from ..admin import HQueueAdmin
 from ..auth import split_credentials
-from ..commands import find
+from ..commands import as_time, find
 from ..connection import missing_store, store_exists
-from ..errors import HQueueError, NotAuthorized, QueueDisabled, QueueEnabled, StorageLocked
+from ..errors import HQueueError, InvalidArgument, NotAuthorized, QueueDisabled, QueueEnabled, StorageLocked
 from ..message import MessageID
 from ..queue import HQueue
 
@@ -249,13 +249,14 @@ class Seconds(click.FloatRange):
 
 
 def message_id(ctx: Any, param: Any, value: str | None) -> MessageID | None:
-    """A click callback: an ID, an ISO time or epoch ms."""
+    """A click callback: an ID, an ISO time or epoch ms, up to the year 9999 (as the shared
+    commands take times: :func:`~hqueue.commands.as_time`)."""
     if value is None:
         return None
     try:
-        return MessageID.parse(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from None
+        return as_time(param.name, value)
+    except InvalidArgument as e:
+        raise click.BadParameter(str(e).replace(f"'{param.name}': ", "")) from None
 
 
 def topic_bytes(ctx: Any, param: Any, value: tuple[str, ...]) -> tuple[bytes, ...]:

@@ -237,6 +237,9 @@ def test_times_past_the_year_9999_are_refused_before_anything_changes(tmp_path):
     late = runner.invoke(main, [*url, "replay-group", "q", "g", "253402300800000"])
     assert late.exit_code == 2 and "after the year 9999" in late.output
     assert runner.invoke(main, [*url, "replay-group", "q", "g", "253402300799999", "--format", "json"]).exit_code == 0
+    for own in (["scan", "q", "--start"], ["count", "q", "--stop"], ["tail", "q", "--for", "0", "--start"]):
+        late = runner.invoke(main, [*url, *own, "99999999999999999"])  # (the hand-made commands took it)
+        assert late.exit_code == 2 and "after the year 9999" in late.output, (own, late.output)
 
 
 def test_the_shell_reads_what_older_shells_wrote(tmp_path):

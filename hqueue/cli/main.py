@@ -173,6 +173,13 @@ def main(ctx: click.Context, url: str | None) -> None:
             "for servers, --url hqueue://host:port",
             param_hint="'--url'",
         )
+    scheme = None if url is None else url.partition("://")[0]
+    if scheme is not None and scheme not in ("local", "memory", "hbase", "hqueue"):
+        raise click.BadParameter(
+            f"unknown scheme {scheme!r} in {url!r}: use local:///path, hqueue://host:port, hbase://host:port "
+            "or memory://name",
+            param_hint="'--url'",
+        )
     ctx.obj = {"url": url}
 
 

@@ -223,6 +223,8 @@ def test_reads_never_create_a_store_and_a_bare_path_gets_a_hint(tmp_path, monkey
         assert result.exit_code == 1 and "no hqueue store at" in result.output, (args, result.output)
     assert [p.name for p in (tmp_path / "docs").iterdir()] == ["notes.txt"]
     # local:// with no directory says so (it was the current directory)
+    odd = runner.invoke(main, ["--url", "ftp://x", "list"])
+    assert odd.exit_code == 2 and "unknown scheme 'ftp'" in odd.output, odd.output  # a usage error, as a bare path
     empty = runner.invoke(main, ["--url", "local://", "list"])
     assert empty.exit_code == 1 and "names no directory" in empty.output, empty.output
     with pytest.raises(InvalidArgument, match="names no directory"):

@@ -53,7 +53,10 @@ def store_exists(url: str | None) -> bool:
     resolved = resolve_url(url, None)
     if resolved.startswith(("hqueue://", "hbase://", "memory://")):
         return True
-    return os.path.isfile(os.path.join(normalize_url(resolved)[len("local://") :], "CURRENT"))
+    path = normalize_url(resolved)[len("local://") :]
+    if os.path.isdir(path) and not os.access(path, os.R_OK | os.X_OK):
+        return True  # not this user's to look in: opening it says so
+    return os.path.isfile(os.path.join(path, "CURRENT"))
 
 
 def missing_store(url: str | None) -> str:

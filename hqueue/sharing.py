@@ -167,6 +167,8 @@ class _Store:
         self.engine: Engine | None = None
         self._lock = threading.Lock()
         self._last_try = 0.0
+        #: Why this process may not open the store itself (None: it may, or has not tried).
+        self.denied: str | None = None
 
     @classmethod
     def join(cls, url: str) -> _Store:
@@ -202,6 +204,7 @@ class _Store:
             except StorageError as e:
                 if not _permission_denied(e):
                     raise
+                self.denied = str(e)
                 return False  # a user of the directory's group: it waits for a holder that may open it
         logger.info("took over the embedded store %s (its serving process is gone)", self.url)
         return True
@@ -209,6 +212,8 @@ class _Store:
 
 class _TakeoverPool(Pool):
     """Connections to the serving process; when none can be made, take the store over or wait for whoever does."""
+
+    drop_idle_when_broken = True
 
     def __init__(self, store: _Store, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -219,14 +224,19 @@ class _TakeoverPool(Pool):
         while True:
             try:
                 return super().take(deadline)
-            except NotSent:
+            except NotSent as e:
                 if self._store.take_over():
                     try:
                         return super().take(deadline)  # to ourselves
                     except NotSent:
                         pass
                 if deadline is None or time.monotonic() + delay >= deadline:
-                    raise
+                    if self._store.denied is None:
+                        raise
+                    why = (
+                        f"{e.cause}; no process serves the store, and this user may not open it ({self._store.denied})"
+                    )
+                    raise NotSent(PermissionError(why)) from e
             time.sleep(delay)
             delay = min(delay * 2, 0.25)
 

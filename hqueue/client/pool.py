@@ -114,6 +114,10 @@ class Connection:
 class Pool:
     """Connections to one server."""
 
+    #: A connection that broke (not timed out) takes the idle ones with it: their server
+    #: is going away (a shared store's holder handing it on: sharing._TakeoverPool).
+    drop_idle_when_broken = False
+
     def __init__(
         self,
         address: str,
@@ -158,7 +162,7 @@ class Pool:
             yield connection.client
         except (TTransportException, OSError) as e:
             self.give_back(connection, broken=True)  # the connection is in an unknown state
-            if not isinstance(e, TimeoutError):
+            if self.drop_idle_when_broken and not isinstance(e, TimeoutError):
                 self.close()  # the server closed or reset it: its other idle ones go the same way
             raise
         except BaseException:

@@ -40,16 +40,20 @@ class InflightBudget:
         #: Bytes of replies their peers have not taken yet, by whose they are (:meth:`hold`).
         self._held: dict[Hashable, int] = {}
 
-    def reserve(self, size: int, wait: float | None) -> bool:
+    def reserve(self, size: int, wait: float | None, owner: Hashable | None = None, share: int | None = None) -> bool:
         """Take ``size`` bytes, waiting up to ``wait`` seconds for room, in turn.
 
         ``wait`` None: take them now, whatever is taken already (a frame that
         is in memory anyway). False: no room came in time; nothing is taken.
+        ``owner``: whose they are (:meth:`holds`); with ``share``, refused at
+        once (False) while that owner holds ``share`` bytes or more.
         """
         with self._changed:
-            if wait is None or (not self._line and self.used + size <= self.limit):
-                self.used += size
+            if wait is None or (not self._line and self.used + size <= self.limit and self._fits(owner, share)):
+                self._take(size, owner)
                 return True
+            if not self._fits(owner, share):
+                return False
             turn = object()
             self._line.append(turn)
             deadline = time.monotonic() + wait
@@ -59,72 +63,78 @@ class InflightBudget:
                     if left <= 0:
                         return False
                     self._changed.wait(left)
-                self.used += size
+                    if not self._fits(owner, share):
+                        return False
+                self._take(size, owner)
                 return True
             finally:
                 self._line.remove(turn)
                 self._changed.notify_all()  # the next in line may fit now
 
-    def try_reserve(self, size: int) -> bool:
-        """Take ``size`` bytes if they fit now and nobody waits for room; else take nothing."""
+    def try_reserve(self, size: int, owner: Hashable | None = None, share: int | None = None) -> bool:
+        """Take ``size`` bytes if they fit now (and in ``owner``'s ``share``) and nobody
+        waits for room; else take nothing."""
         with self._changed:
-            if self._line or self.used + size > self.limit:
+            if self._line or self.used + size > self.limit or not self._fits(owner, share):
                 return False
-            self.used += size
+            self._take(size, owner)
             return True
-
-    def release(self, size: int) -> None:
-        """Give back what :meth:`reserve` took."""
-        with self._changed:
-            self.used -= size
-            if self._line:
-                self._changed.notify_all()
 
     def hold(self, size: int, owner: Hashable) -> None:
         """Count a reply of ``size`` bytes until ``owner``'s peer has taken it (now, never
-        waiting: it is made); :meth:`holds` tells what an owner's replies hold."""
-        with self._changed:
-            self.used += size
-            self._held[owner] = self._held.get(owner, 0) + size
+        waiting: it is made)."""
+        self.reserve(size, None, owner)
 
-    def let_go(self, size: int, owner: Hashable) -> None:
-        """Give back what :meth:`hold` took."""
+    def release(self, size: int, owner: Hashable | None = None) -> None:
+        """Give back what :meth:`reserve` (or :meth:`hold`) took for ``owner``."""
         with self._changed:
-            left = self._held.pop(owner) - size
-            if left:
-                self._held[owner] = left
             self.used -= size
+            if owner is not None:
+                left = self._held.pop(owner) - size
+                if left:
+                    self._held[owner] = left
             if self._line:
                 self._changed.notify_all()
 
     def holds(self, owner: Hashable) -> int:
-        """Bytes of ``owner``'s replies not taken yet."""
+        """Bytes ``owner``'s replies not taken yet and answers under way hold."""
         return self._held.get(owner, 0)
+
+    def _fits(self, owner: Hashable | None, share: int | None) -> bool:
+        return owner is None or share is None or self._held.get(owner, 0) < share
+
+    def _take(self, size: int, owner: Hashable | None) -> None:
+        self.used += size
+        if owner is not None:
+            self._held[owner] = self._held.get(owner, 0) + size
 
 
 class AnswerSlot:
     """The bytes a call's answer may take, held from ``budget`` while the call runs on a
     thread (ThreadedServer's ``answer_slots``, and a loop server's workers), so that calls
-    running at once cannot make answers past the budget; ``held`` is 0 when no room came
-    within ``wait`` seconds."""
+    running at once cannot make answers past the budget, nor one owner's past its
+    ``share`` (calls of one client running at once were each let in before any answer
+    was made); ``held`` is 0 when no room came within ``wait`` seconds."""
 
-    def __init__(self, budget: InflightBudget, size: int, wait: float) -> None:
-        self.budget, self.size = budget, size
-        self.held = size if budget.reserve(size, wait) else 0
+    def __init__(
+        self, budget: InflightBudget, size: int, wait: float, owner: Hashable | None = None, share: int | None = None
+    ) -> None:
+        self.budget, self.size, self.owner, self.share = budget, size, owner, share
+        self.held = size if budget.reserve(size, wait, owner, share) else 0
 
     @contextmanager
     def set_aside(self) -> Iterator[AnswerSlot]:
         """Give the bytes back while the call waits (a receive's long poll holds none), and
-        take them again after it if there is room now, without waiting in line behind the
-        calls that wait for room (idle long polls woken by every write would hold up the
-        others): see ``held`` after the block (0: none yet, wait again)."""
+        take them again after it if there is room now (in its owner's share too), without
+        waiting in line behind the calls that wait for room (idle long polls woken by every
+        write would hold up the others): see ``held`` after the block (0: none yet, wait again)."""
         self.release()
         yield self
-        if self.budget.try_reserve(self.size):
+        if self.budget.try_reserve(self.size, self.owner, self.share):
             self.held = self.size
 
     def release(self) -> None:
         """Give back what is held (once)."""
         held, self.held = self.held, 0
         if held:
-            self.budget.release(held)
+            self.budget.release(held, self.owner)

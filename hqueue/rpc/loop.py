@@ -601,7 +601,7 @@ class LoopServer(ThreadedServer):
         as on a thread per connection: workers run calls at once (a receive that waits
         gives it back while it waits)."""
         method, seqid = call_head(frame)
-        slot, refused = self._answer_slot(method, size)
+        slot, refused = self._answer_slot(method, size, link.connection)
         try:
             try:
                 if refused is not None:
@@ -619,7 +619,7 @@ class LoopServer(ThreadedServer):
         try:
             self._reply(link, reply)
         finally:
-            self.budget.let_go(len(reply), owner)
+            self.budget.release(len(reply), owner)
 
     def _frames(self, link: _Link) -> FrameReader:
         """The connection's frames on a blocking socket (with the limits' timeouts), from what
@@ -688,7 +688,7 @@ class LoopServer(ThreadedServer):
 
     def _let_go(self, link: _Link) -> None:
         if link.held:
-            self.budget.let_go(link.held, link.owner)
+            self.budget.release(link.held, link.owner)
             link.held = 0
 
     def _close(self, link: _Link) -> None:

@@ -131,6 +131,12 @@ class Connection:
     on_loop: bool = False
 
 
+def host_or_local(connection: Connection) -> str:
+    """Whose share of the in-flight budget a connection's replies count in, by default: its
+    host's; a Unix socket's connection (a process that may reach the store's files) its own."""
+    return f"local connection {connection.id}" if connection.local else f"host {connection.peer[0]}"
+
+
 _current = threading.local()
 
 
@@ -270,7 +276,7 @@ class ThreadedServer(TThreadedServer):
         self._answer_slots = dict(answer_slots or {})
         self.also = also
         self.trusted_after = trusted_after or (lambda connection: True)
-        self.owner_of = owner_of or (lambda connection: f"host {connection.peer[0]}")
+        self.owner_of = owner_of or host_or_local
         self.service = service
         self.limits = limits or ServerLimits()
         self.budget = InflightBudget(self.limits.max_inflight_bytes)
@@ -432,7 +438,7 @@ class ThreadedServer(TThreadedServer):
         refused = self._no_room_for_answer(method, connection) or self._admit(size, frames.complete)
         slot = None  # bytes held for the answer while the call runs
         if refused is None:
-            slot, refused = self._answer_slot(method, size)
+            slot, refused = self._answer_slot(method, size, connection)
             if refused is not None:
                 self.budget.release(size)
         try:
@@ -455,23 +461,29 @@ class ThreadedServer(TThreadedServer):
                 try:
                     frames.send(reply)
                 finally:
-                    self.budget.let_go(len(reply), owner)
+                    self.budget.release(len(reply), owner)
         finally:
             if slot is not None:
                 slot.release()
         return not connection.close_after_reply
 
-    def _answer_slot(self, method: str, size: int) -> tuple[AnswerSlot | None, ServerBusy | None]:
+    def _answer_slot(
+        self, method: str, size: int, connection: Connection
+    ) -> tuple[AnswerSlot | None, ServerBusy | None]:
         """The bytes held for the answer of ``method``'s call while it runs on this thread
         (``answer_slots``; ``size``: the call's own, held beside), taken within
-        ``inflight_wait``: (the slot, None), (None, None) for a method that holds none, or
-        (None, why the call is refused)."""
+        ``inflight_wait`` and in its client's share: (the slot, None), (None, None) for a
+        method that holds none, or (None, why the call is refused)."""
         if method not in self._answer_slots:
             return None, None
         wanted = min(self._answer_slots[method], max(1, self.budget.limit - size))
-        slot = AnswerSlot(self.budget, wanted, self.limits.inflight_wait)
+        owner = self.owner_of(connection)
+        slot = AnswerSlot(self.budget, wanted, self.limits.inflight_wait, owner, self._share)
         if slot.held:
             return slot, None
+        over = self._over_share(owner)
+        if over is not None:
+            return None, over
         wait = self.limits.inflight_wait
         return None, self._busy(f"no room in {wait:g}s for the answer of {method} (up to {wanted} bytes) in")
 
@@ -484,13 +496,18 @@ class ThreadedServer(TThreadedServer):
             return None
         if self.budget.used >= self.budget.limit:
             return self._busy("the replies waiting to be taken and the calls under way hold")
-        owner = self.owner_of(connection)
+        return self._over_share(self.owner_of(connection))
+
+    def _over_share(self, owner: str) -> ServerBusy | None:
+        """Why ``owner``'s calls for big answers are refused now: its replies not taken yet
+        (and its answers under way) hold its share of the budget; None while they do not."""
         held = self.budget.holds(owner)
         if held < self._share:
             return None
         share = self.limits.inflight_share
         return self._busy(
-            f"the replies {owner} has not taken yet ({held} bytes) hold its share ({share:g}, --inflight-share) of"
+            f"the replies of {owner} not taken yet and its answers under way ({held} bytes) hold its share "
+            f"({share:g}, --inflight-share) of"
         )
 
     def _busy(self, what: str) -> ServerBusy:

@@ -41,7 +41,7 @@ from ..lag import LagBook
 from ..metrics import ServerMetrics
 from ..rpc import wire
 from ..rpc.loop import LoopServer
-from ..rpc.threaded import Connection, ListeningSocket, ServerLimits, ThreadedServer
+from ..rpc.threaded import Connection, ListeningSocket, ServerLimits, ThreadedServer, host_or_local
 from ..services import serve_partitions, stop_serving
 from ..subscriptions.loops import DEFAULT_PUSH_THREADS
 from ..subscriptions.manager import (
@@ -90,10 +90,11 @@ def return_freed_memory() -> None:
 
 def _principal_or_host(connection: Connection) -> str:
     """Whose share of the in-flight budget a connection's replies count in: the principal it
-    authenticated as (one token's clients share it wherever they connect from), else its host."""
+    authenticated as (one token's clients share it wherever they connect from), else its
+    host (a Unix socket's connection: its own)."""
     if connection.principal is not None:
         return f"principal {connection.principal.name}"
-    return f"host {connection.peer[0]}"
+    return host_or_local(connection)
 
 
 def _warn_if_puts_cannot_fit(limits: ServerLimits, max_put_messages: int, max_put_bytes: int) -> None:

@@ -230,6 +230,33 @@ def _text(command: str, what: str, value: Any) -> str:
     return value
 
 
+def _options(command: str, given: Any, known: set[str], ints: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A trailing ``{KEY => value}`` dictionary's options, keys upper-cased: unknown ones, and
+    ``ints`` that are not integers, are usage errors."""
+    if given is not None and not isinstance(given, dict):
+        raise UsageError(f"{command}: the options must be a {{KEY => value}} dictionary, got {given!r}")
+    options = {str(k).upper(): v for k, v in (given or {}).items()}
+    unknown = set(options) - known
+    if unknown:
+        raise UsageError(
+            f"{command}: unknown option(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}"
+        )
+    for option in ints:
+        if option in options and (not isinstance(options[option], int) or isinstance(options[option], bool)):
+            raise UsageError(f"{command}: {option} must be an integer, got {options[option]!r}")
+    return options
+
+
+def _time(command: str, option: str, value: Any) -> MessageID | None:
+    """An option's time (None: not given); a bad one is a usage error naming the option."""
+    if value is None:
+        return None
+    try:
+        return as_time(option, value)
+    except InvalidArgument as e:
+        raise UsageError(f"{command}: {e}") from None
+
+
 PUT_OPTIONS = {"PARTITION", "KEY", "PRIORITY", "DELAY", "AT"}
 
 
@@ -247,21 +274,15 @@ def put(shell: Shell, name: Any, topic: Any, value: Any, given: Any = None) -> R
     name, topic, value = (
         _text("put", w, v) for w, v in (("the queue", name), ("the topic", topic), ("the value", value))
     )
-    options = given if isinstance(given, dict) else {} if given is None else {"PARTITION": given}
-    options = {str(k).upper(): v for k, v in options.items()}
-    unknown = set(options) - PUT_OPTIONS
-    if unknown:
-        known = ", ".join(sorted(PUT_OPTIONS))
-        raise UsageError(f"put: unknown option(s) {', '.join(sorted(unknown))}; known: {known}")
-    for option in ("PARTITION", "PRIORITY"):
-        if option in options and (not isinstance(options[option], int) or isinstance(options[option], bool)):
-            raise UsageError(f"put: {option} must be an integer, got {options[option]!r}")
+    given = {"PARTITION": given} if given is not None and not isinstance(given, dict) else given
+    options = _options("put", given, PUT_OPTIONS, ints=("PARTITION", "PRIORITY"))
     key, delay, at = options.get("KEY"), options.get("DELAY"), options.get("AT")
     if key is not None:
         key = _text("put", "KEY", key)
-    if delay is not None and (not isinstance(delay, int) or isinstance(delay, bool)):
+    if delay is not None and (not isinstance(delay, (int, float)) or isinstance(delay, bool)):
         raise UsageError(f"put: DELAY must be a number of seconds, got {delay!r}")
-    due = None if at is None else as_time("AT", at).timestamp
+    when = _time("put", "AT", at)
+    due = None if when is None else when.timestamp
     (written,) = shell.queue(name).put(
         Message(to_bytes(topic), to_bytes(value)), options.get("PARTITION"),
         key=key, priority=options.get("PRIORITY"), delay=delay, deliver_at=due,
@@ -285,24 +306,14 @@ SCAN_OPTIONS = {"LIMIT", "TOPICS", "STARTTIME", "STOPTIME", "STARTID", "STOPID",
 )
 def scan(shell: Shell, name: Any, given: Any = None) -> Result:
     name = _text("scan", "the queue", name)
-    if given is not None and not isinstance(given, dict):
-        raise UsageError(f"scan: the options must be a {{KEY => value}} dictionary, got {given!r}")
-    options = {str(k).upper(): v for k, v in (given or {}).items()}
-    unknown = set(options) - SCAN_OPTIONS
-    if unknown:
-        known = ", ".join(sorted(SCAN_OPTIONS))
-        raise UsageError(f"scan: unknown option(s) {', '.join(sorted(unknown))}; known: {known}")
-    start, stop = (options.get(f"{edge}ID", options.get(f"{edge}TIME")) for edge in ("START", "STOP"))
+    options = _options("scan", given, SCAN_OPTIONS, ints=("LIMIT", "PARTITION"))
     topics = options.get("TOPICS")
     if topics is not None and not (isinstance(topics, list) and all(isinstance(t, str) for t in topics)):
         raise UsageError("scan: TOPICS must be a list of quoted strings, as ['t1', 't2']")
-    for option in ("LIMIT", "PARTITION"):
-        if option in options and (not isinstance(options[option], int) or isinstance(options[option], bool)):
-            raise UsageError(f"scan: {option} must be an integer, got {options[option]!r}")
-    try:
-        first, last = (as_time("scan", edge) if edge is not None else None for edge in (start, stop))
-    except InvalidArgument as e:
-        raise UsageError(str(e)) from None
+    first, last = (
+        _time("scan", f"{edge}TIME", options[f"{edge}ID"] if f"{edge}ID" in options else options.get(f"{edge}TIME"))
+        for edge in ("START", "STOP")
+    )
     messages = shell.queue(name).scan(
         first, last, [to_bytes(t) for t in topics] if topics else None,
         partition_id=options.get("PARTITION"), limit=options.get("LIMIT"),

@@ -705,6 +705,7 @@ admin = ["*"]
 [tokens.hog]
 secret = "hog-secret-0123456789"
 consumer = ["q"]
+groups = ["*"]
 
 [tokens.reader]
 secret = "reader-secret-0123456789"
@@ -712,12 +713,15 @@ consumer = ["q"]
 """
 
 
+@pytest.mark.parametrize("at_once", [False, True])
 @pytest.mark.parametrize("io", ["loop", "threads"])
-def test_a_client_that_reads_nothing_holds_its_share_of_the_budget_not_all_of_it(tmp_path, io):
+def test_a_client_that_reads_nothing_holds_its_share_of_the_budget_not_all_of_it(tmp_path, io, at_once):
     """One principal asking for 16 MB answers on 6 connections and reading none held the
     whole budget for 30 s at a time (then reconnected): every other client's scans and
     receives were refused meanwhile (an attacker's pass). Its replies not taken now hold at
-    most its share (--inflight-share, a quarter) and one answer; the others read on."""
+    most its share (--inflight-share, a quarter) and one answer; the others read on.
+    ``at_once``: the 6 asks sent together, which all passed the check of a share not yet
+    full on threads before any answer was made (a review): answers under way count too."""
     auth_file = tmp_path / "auth.toml"
     auth_file.write_text(SHARE_AUTH)
     limits = ServerLimits(max_frame_bytes=1 << 20, max_inflight_bytes=64 << 20, inflight_wait=0.5)
@@ -732,26 +736,35 @@ def test_a_client_that_reads_nothing_holds_its_share_of_the_budget_not_all_of_it
             for _ in range(80):
                 queue.put([Message("t", b"v" * 4000)] * 50, partition_id=0)  # 16 MB
 
-        def ask(token: str) -> socket.socket:  # a 16 MB answer asked for, left unread
+        def opened(token: str) -> tuple[socket.socket, int]:  # authenticated, a scanner open
             sock = connect(server)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             sock.sendall(call_frame("authenticate", 1, token=token))
             read_reply(sock)
-            ask_whole_partition(sock, 0)
-            return sock
+            sock.sendall(call_frame("messageScannerOpen", 2, queue="q", partitionID=0, scan=T.TMessageScan()))
+            answer: list = []
+            read_reply(sock, answer)
+            return sock, answer[0].success
 
-        hog = []
-        for _ in range(6):
-            hog.append(ask("hog-secret-0123456789"))
-            time.sleep(0.3)  # its answer made (or refused) before the next asks
-        assert budget.used <= (64 << 20) // 4 + (17 << 20), budget.used  # its share, and one answer
+        def ask(sock: socket.socket, scanner: int) -> None:  # a 16 MB answer asked for, left unread
+            sock.sendall(call_frame("messageScannerGetPacked", 3, scannerID=scanner, nbMessages=10_000))
+
+        hog = [opened("hog-secret-0123456789") for _ in range(6)]
+        for sock, scanner in hog:
+            ask(sock, scanner)
+            if not at_once:
+                time.sleep(0.3)  # its answer made (or refused) before the next asks
+        time.sleep(1.0)
+        assert budget.holds("principal hog") <= (64 << 20) // 4 + (17 << 20)  # its share, and one answer
+        assert budget.used <= (64 << 20) // 4 + (17 << 20), budget.used
         # Another principal's big answer is made meanwhile
-        reader = ask("reader-secret-0123456789")
+        reader, scanner = opened("reader-secret-0123456789")
+        ask(reader, scanner)
         reader.settimeout(10)
         assert struct.unpack(">I", reader.recv(4, socket.MSG_WAITALL))[0] > 15_000_000  # not a refusal
         # The hog's answers past its share were refused, typed, unread
         refusals = []
-        for sock in hog:
+        for sock, _ in hog:
             sock.settimeout(10)
             size = struct.unpack(">I", sock.recv(4, socket.MSG_WAITALL))[0]
             if size < 65536:
@@ -761,7 +774,51 @@ def test_a_client_that_reads_nothing_holds_its_share_of_the_budget_not_all_of_it
                 protocol.read_struct(result)
                 refusals.append(result.io.message)
         assert len(refusals) >= 3 and all("principal hog" in m and "--inflight-share" in m for m in refusals), refusals
-        for sock in [*hog, reader]:
+        for sock in [*(sock for sock, _ in hog), reader]:
+            sock.close()
+        wait_for(lambda: budget.used == 0, 10, "the replies' bytes to be given back")
+        assert budget.holds("principal hog") == budget.holds("principal reader") == 0
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("io", ["loop", "threads"])
+def test_long_polls_of_a_client_that_reads_nothing_woken_at_once_take_its_share_only(tmp_path, io):
+    """Six group receives of one principal waiting, woken by one 15 MB put, each took room
+    for its answer again after the wait without looking at the principal's share (a review)."""
+    auth_file = tmp_path / "auth.toml"
+    auth_file.write_text(SHARE_AUTH)
+    limits = ServerLimits(max_frame_bytes=17 << 20, max_inflight_bytes=64 << 20, inflight_wait=0.5)
+    server = HQueueServer(
+        f"local://{tmp_path}/data", port=0, limits=limits, io=io, auth=AuthPolicy.load(auth_file)
+    ).start()
+    budget = server._server.budget
+    try:
+        ops = f"hqueue://ops-secret-0123456789@{server.address}"
+        with HQueueAdmin(ops) as admin:
+            admin.create_queue("q", 1)
+        groups = [f"g{n}" for n in range(6)]
+        with HQueue("q", ops) as queue:
+            for group in groups:
+                with queue.consumer(group):
+                    pass  # the group, made
+        socks = []
+        with peak_use(budget) as peak:
+            for n, group in enumerate(groups):
+                sock = connect(server)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sock.sendall(call_frame("authenticate", 1, token="hog-secret-0123456789"))
+                read_reply(sock)
+                sock.sendall(call_frame("groupReceive", 2, queue="q", group=group, member=f"m{n}", maxMessages=10_000,
+                                        leaseMillis=60_000, waitMillis=10_000))  # fmt: skip
+                socks.append(sock)
+            time.sleep(0.5)  # they all wait
+            with HQueue("q", ops) as queue:
+                queue.put([Message("t", b"v" * 150_000)] * 100, partition_id=0)  # 15 MB: each group's answer
+            time.sleep(2.0)
+        assert budget.holds("principal hog") <= (64 << 20) // 4 + (17 << 20)  # its share, and one answer
+        assert peak[0] <= (64 << 20) // 4 + 2 * (17 << 20), peak[0]  # and the put's frame
+        for sock in socks:
             sock.close()
         wait_for(lambda: budget.used == 0, 10, "the replies' bytes to be given back")
     finally:

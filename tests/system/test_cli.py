@@ -89,7 +89,7 @@ def test_cli_errors_name_the_command_to_run(run):
     run("enable", "q")
     assert "--force" in run("drop", "q").output
     result = run("--url", "nosuch://x", "list")
-    assert result.exit_code == 1 and "hqueue://" in result.output
+    assert result.exit_code == 2 and "hqueue://" in result.output  # a usage error, as a bare path
 
 
 def test_version_help_and_url_after_the_command(run, tmp_path):

@@ -26,7 +26,7 @@ import threading
 import time
 from collections import Counter
 
-from .state import GroupLimits, GroupState, PartitionState
+from .state import GroupLimits, GroupState, PartitionState, check_member
 
 #: Members one connection is watched for; more (made-up names) are left to ``member_timeout``.
 MAX_MEMBERS_PER_CONNECTION = 1000
@@ -57,6 +57,7 @@ class GroupMembers:
 
     def heartbeat(self, queue: str, name: str, member: str) -> None:
         """``member`` is still there (it is not gone while it calls this at least every ``member_timeout``)."""
+        check_member(member)
         group = self._group(queue, name)
         with group.lock:
             group.seen[member] = time.monotonic()

@@ -81,6 +81,7 @@ from .state import (
     assigned,
     check_group_name,
     check_lease,
+    check_member,
     check_wait,
     served_order,
 )
@@ -320,8 +321,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
         thread gives back the bytes it holds for the answer meanwhile, and what it gives
         (``held``: 0 when no room came back) says whether the receive may take messages
         now, or waits again first (at its deadline it returns none)."""
-        if not isinstance(member, str) or not member:
-            raise InvalidArgument("'member' must be a non-empty string")
+        check_member(member)
         if not isinstance(max_messages, int) or isinstance(max_messages, bool) or not 1 <= max_messages <= 10_000:
             raise InvalidArgument(f"'max_messages' must be an int in 1..10000, got {max_messages!r}")
         lease = min(check_lease(lease), self.limits.max_lease)

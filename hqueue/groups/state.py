@@ -122,6 +122,20 @@ def check_lease(lease: object) -> float:
     return lease
 
 
+#: The longest member name (each lease, pending row and description repeats it).
+MAX_MEMBER_NAME = 200
+
+
+def check_member(member: object) -> str:
+    """A member's name: a non-empty string of at most MAX_MEMBER_NAME characters (a 1 MiB
+    name made a 1,000 MiB pending list of 1,000 leases)."""
+    if not isinstance(member, str) or not member:
+        raise InvalidArgument("'member' must be a non-empty string")
+    if len(member) > MAX_MEMBER_NAME:
+        raise InvalidArgument(f"a member name has at most {MAX_MEMBER_NAME} characters; this one has {len(member)}")
+    return member
+
+
 def check_wait(wait: object) -> float:
     """How long a receive may wait for its first message: seconds in [0, MAX_WAIT]."""
     if not isinstance(wait, (int, float)) or isinstance(wait, bool) or not 0 <= wait <= MAX_WAIT:

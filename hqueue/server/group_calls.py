@@ -107,8 +107,6 @@ class GroupCalls(Calls):
 
     @served("consumer")
     def groupHeartbeat(self, queue: str, group: str, member: str) -> None:
-        if not isinstance(member, str) or not member:
-            raise InvalidArgument("'member' must be a non-empty string")
         self.groups.heartbeat(queue, group, member)
         self._attend(queue, group, member)
 

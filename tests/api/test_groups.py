@@ -350,6 +350,18 @@ def test_a_wait_out_of_range_is_an_invalid_argument_everywhere(make_queue, wait)
         assert consumer.receive(1, wait=0) == []  # and the consumer goes on
 
 
+def test_a_member_name_is_at_most_200_characters_everywhere(make_queue):
+    """A member name had no bound: with a 1 MiB name, a pending list of 1,000 leases made a
+    1,000 MiB reply, and 200 such members 200 MiB of server state (an attacker's pass)."""
+    queue = make_queue(partitions=1)
+    queue.put(Message("t", b"v"), 0)
+    with queue.consumer("g", member="m" * 201) as consumer:
+        with pytest.raises(InvalidArgument, match="a member name has at most 200 characters; this one has 201"):
+            consumer.receive(1, wait=0)
+    with queue.consumer("g", member="m" * 200) as consumer:
+        assert len(consumer.receive(1, wait=2)) == 1
+
+
 def test_one_topic_given_as_a_string_is_refused_not_read_as_its_letters(make_queue, admin):
     # 'orders' as topics would be the topics o, r, d, e, s: a message of topic 'o' would be delivered
     queue = make_queue(partitions=1)

@@ -121,8 +121,10 @@ class _Link:
     #: The events the selector watches for it.
     events: int = 0
     closed: bool = False
-    #: Answers held for the turn's fsync (:meth:`LoopServer._settle`), in order.
+    #: Answers held for the turn's fsync (:meth:`LoopServer._settle`), in order, and the
+    #: bytes they hold of whose share of the budget.
     waiting: list[bytes] | None = None
+    waiting_held: dict[str, int] = field(default_factory=dict)
     #: Its next call needs a worker: it waits until the held answers are sent.
     paused: bool = False
     #: It has whole calls left from its share of the last turn (LoopServer._more): nothing
@@ -441,7 +443,9 @@ class LoopServer(ThreadedServer):
             self._trust(link)
             if reply:
                 link.waiting.append(reply)
-                self.budget.reserve(len(reply), None)  # held: counted like a reply not taken
+                owner = self.owner_of(link.connection)  # held: counted like a reply not taken, in its share
+                self.budget.hold(len(reply), owner)
+                link.waiting_held[owner] = link.waiting_held.get(owner, 0) + len(reply)
             return
         self._deliver(link, self._reply, reply)
 
@@ -468,7 +472,9 @@ class LoopServer(ThreadedServer):
             error = e
         for link in held:
             replies, link.waiting = link.waiting or [], None
-            self.budget.release(sum(map(len, replies)))
+            for owner, size in link.waiting_held.items():
+                self.budget.release(size, owner)
+            link.waiting_held.clear()
             if link.closed:
                 continue
             if error is not None:

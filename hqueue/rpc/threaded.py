@@ -58,7 +58,7 @@ from thriftpy2.thrift import TApplicationException, TProcessor
 from thriftpy2.transport import TFramedTransportFactory, TServerSocket, TSocket, TTransportException
 from thriftpy2.transport.memory import TCyMemoryBuffer
 
-from ..errors import HQueueError, LimitExceeded, ServerBusy
+from ..errors import HQueueError, LimitExceeded, NotAuthorized, ServerBusy
 from .budget import (
     DEFAULT_INFLIGHT_SHARE,
     DEFAULT_INFLIGHT_WAIT,
@@ -74,6 +74,10 @@ logger = logging.getLogger(__name__)
 _OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 #: The peer of a Unix-socket connection: a process of this machine (push addresses on loopback are its own).
 LOCAL_PEER = ("127.0.0.1", 0)
+
+
+#: The largest call of a connection that has not proved who it is, on a server with tokens.
+UNPROVEN_FRAME_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -131,10 +135,10 @@ class Connection:
     on_loop: bool = False
 
 
-def host_or_local(connection: Connection) -> str:
+def each_connection(connection: Connection) -> str:
     """Whose share of the in-flight budget a connection's replies count in, by default: its
-    host's; a Unix socket's connection (a process that may reach the store's files) its own."""
-    return f"local connection {connection.id}" if connection.local else f"host {connection.peer[0]}"
+    own (a server with tokens names the principal: hqueue.server.app)."""
+    return f"connection {connection.id}"
 
 
 _current = threading.local()
@@ -257,6 +261,7 @@ class ThreadedServer(TThreadedServer):
         big_answers: frozenset[str] = frozenset(),
         answer_slots: Mapping[str, int] | None = None,
         owner_of: Callable[[Connection], str] | None = None,
+        small_until_trusted: bool = False,
     ) -> None:
         """``trusted_after(connection)``, asked after each call, says whether the connection
         has proved who it is (default: any call it made). ``also``: a second socket to
@@ -270,13 +275,17 @@ class ThreadedServer(TThreadedServer):
         ``owner_of(connection)``: whose share of the budget (``inflight_share``) the
         connection's replies not taken yet count in (default: its host; the server names
         the principal of a connection that authenticated): calls for big answers are refused
-        while the owner's share is full, so one client cannot hold the whole budget."""
+        while the owner's share is full, so one client cannot hold the whole budget.
+        ``small_until_trusted``: a connection's calls over UNPROVEN_FRAME_BYTES are refused
+        (NotAuthorized) until it is trusted (a server with tokens)."""
         self.socket = socket
         self._big_answers = big_answers
         self._answer_slots = dict(answer_slots or {})
         self.also = also
         self.trusted_after = trusted_after or (lambda connection: True)
-        self.owner_of = owner_of or host_or_local
+        #: Connections must prove who they are (tokens): until one has, its calls are small.
+        self._proof_needed = small_until_trusted
+        self.owner_of = owner_of or each_connection
         self.service = service
         self.limits = limits or ServerLimits()
         self.budget = InflightBudget(self.limits.max_inflight_bytes)
@@ -435,7 +444,11 @@ class ThreadedServer(TThreadedServer):
         if size > limits.max_frame_bytes and self.refuse_with is None:
             raise FrameError(f"frame of {size} bytes (the limit is {limits.max_frame_bytes})")
         method, seqid = frames.call_head()
-        refused = self._no_room_for_answer(method, connection) or self._admit(size, frames.complete)
+        refused = (
+            self._no_room_for_answer(method, connection)
+            or self._unproven(size, connection)
+            or self._admit(size, frames.complete)
+        )
         slot = None  # bytes held for the answer while the call runs
         if refused is None:
             slot, refused = self._answer_slot(method, size, connection)
@@ -481,11 +494,22 @@ class ThreadedServer(TThreadedServer):
         slot = AnswerSlot(self.budget, wanted, self.limits.inflight_wait, owner, self._share)
         if slot.held:
             return slot, None
-        over = self._over_share(owner)
-        if over is not None:
-            return None, over
         wait = self.limits.inflight_wait
-        return None, self._busy(f"no room in {wait:g}s for the answer of {method} (up to {wanted} bytes) in")
+        return None, self._busy(
+            f"no room in {wait:g}s for the answer of {method} (up to {wanted} bytes) in the share of {owner} "
+            f"({self.limits.inflight_share:g}, --inflight-share) or in"
+        )
+
+    def _unproven(self, size: int, connection: Connection) -> NotAuthorized | None:
+        """Why a big call (over UNPROVEN_FRAME_BYTES) of a connection that has not proved who
+        it is, on a server with tokens, is refused unread: it could not be run anyway, and
+        a few such frames sent slowly held the whole budget for every client."""
+        if not self._proof_needed or connection.trusted or connection.local or size <= UNPROVEN_FRAME_BYTES:
+            return None
+        return NotAuthorized(
+            f"a call of {size} bytes before the connection authenticated (at most {UNPROVEN_FRAME_BYTES} "
+            "until then): this server needs a token: connect with hqueue://TOKEN@host:port (or token=)"
+        )
 
     def _no_room_for_answer(self, method: str, connection: Connection) -> ServerBusy | None:
         """Why a call whose answer may be big is refused unread: replies not taken and calls
@@ -500,14 +524,13 @@ class ThreadedServer(TThreadedServer):
 
     def _over_share(self, owner: str) -> ServerBusy | None:
         """Why ``owner``'s calls for big answers are refused now: its replies not taken yet
-        (and its answers under way) hold its share of the budget; None while they do not."""
+        hold its share of the budget; None while they do not."""
         held = self.budget.holds(owner)
         if held < self._share:
             return None
         share = self.limits.inflight_share
         return self._busy(
-            f"the replies of {owner} not taken yet and its answers under way ({held} bytes) hold its share "
-            f"({share:g}, --inflight-share) of"
+            f"the replies of {owner} not taken yet ({held} bytes) hold its share ({share:g}, --inflight-share) of"
         )
 
     def _busy(self, what: str) -> ServerBusy:

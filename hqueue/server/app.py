@@ -41,7 +41,7 @@ from ..lag import LagBook
 from ..metrics import ServerMetrics
 from ..rpc import wire
 from ..rpc.loop import LoopServer
-from ..rpc.threaded import Connection, ListeningSocket, ServerLimits, ThreadedServer, host_or_local
+from ..rpc.threaded import Connection, ListeningSocket, ServerLimits, ThreadedServer, each_connection
 from ..services import serve_partitions, stop_serving
 from ..subscriptions.loops import DEFAULT_PUSH_THREADS
 from ..subscriptions.manager import (
@@ -88,13 +88,13 @@ def return_freed_memory() -> None:
     mallopt(_M_MMAP_THRESHOLD, 1 << 20)
 
 
-def _principal_or_host(connection: Connection) -> str:
-    """Whose share of the in-flight budget a connection's replies count in: the principal it
-    authenticated as (one token's clients share it wherever they connect from), else its
-    host (a Unix socket's connection: its own)."""
+def _principal(connection: Connection) -> str:
+    """Whose share of the in-flight budget a connection's replies count in, with tokens: the
+    principal it authenticated as (one token's clients share it wherever they connect from);
+    a connection that has not (a Unix socket's, which needs none), its own."""
     if connection.principal is not None:
         return f"principal {connection.principal.name}"
-    return host_or_local(connection)
+    return each_connection(connection)
 
 
 def _warn_if_puts_cannot_fit(limits: ServerLimits, max_put_messages: int, max_put_bytes: int) -> None:
@@ -251,8 +251,8 @@ class HQueueServer:
             self.group_limits = group_limits
             # With tokens, a connection that has not authenticated may be closed to make room.
             trusted_after = None if auth is None else (lambda c: c.principal is not None or c.local)
-            # With tokens, a client's share of the in-flight budget is its principal's (else its host's).
-            owner_of = None if auth is None else _principal_or_host
+            # With tokens, a client's share of the in-flight budget is its principal's (else its connection's).
+            owner_of = None if auth is None else _principal
             # Quick calls run on the event loop only when the store answers without a network round trip.
             inline = self._inline if self.engine.storage.in_process else None
             server = (
@@ -263,7 +263,7 @@ class HQueueServer:
             self._server: ThreadedServer = server(
                 wire.T.HQueueService, self.handler, socket, limits=limits, ssl_context=ssl_context,
                 refuse_with=thrift_error, also=local, trusted_after=trusted_after, big_answers=BIG_ANSWERS,
-                answer_slots=ANSWER_SLOTS, owner_of=owner_of,
+                answer_slots=ANSWER_SLOTS, owner_of=owner_of, small_until_trusted=auth is not None,
             )  # fmt: skip
             _warn_if_puts_cannot_fit(self._server.limits, max_put_messages, max_put_bytes)
             if metrics_port is not None:  # here, so a taken port fails before anything starts

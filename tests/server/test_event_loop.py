@@ -277,8 +277,7 @@ def test_a_connection_with_calls_left_for_later_turns_is_not_read_meanwhile(serv
 def test_many_threads_asking_for_big_answers_at_once_stay_within_the_budget(tmp_path):
     """With a thread per connection, each of 30 connections asking for a 16 MB batch at
     once passed the check of a budget not full yet: 352 MB held in a 32 MB budget."""
-    # One host fills the whole budget here: no share of it per client (--inflight-share 1)
-    limits = ServerLimits(max_frame_bytes=1 << 20, max_inflight_bytes=32 << 20, inflight_wait=0.5, inflight_share=1.0)
+    limits = ServerLimits(max_frame_bytes=1 << 20, max_inflight_bytes=32 << 20, inflight_wait=0.5)
     server = HQueueServer(f"local://{tmp_path}/data", port=0, limits=limits, io="threads").start()
     budget = server._server.budget
     try:
@@ -325,8 +324,7 @@ def test_group_receives_at_once_stay_within_the_budget(tmp_path, io, waiting):
     """A group receive on a connection's thread, or on a loop's worker after it waited,
     took no answer slot: 10 connections each receiving 16 MB of messages at once built
     160 MB of replies in a 32 MB budget (waiting: they long-poll, then the messages come)."""
-    # One host fills the whole budget here: no share of it per client (--inflight-share 1)
-    limits = ServerLimits(max_frame_bytes=17 << 20, max_inflight_bytes=32 << 20, inflight_wait=0.5, inflight_share=1.0)
+    limits = ServerLimits(max_frame_bytes=17 << 20, max_inflight_bytes=32 << 20, inflight_wait=0.5)
     server = HQueueServer(f"local://{tmp_path}/data", port=0, limits=limits, io=io).start()
     budget = server._server.budget
     try:
@@ -625,8 +623,7 @@ def test_stopping_ends_the_idle_workers():
 def test_replies_nobody_takes_count_in_the_budget_and_big_answers_wait_for_room(tmp_path, io):
     """On the loop, and with a thread per connection (``--io threads``, and TLS connections
     beside the loop), which each held their reply uncounted before."""
-    # One host fills the whole budget here: no share of it per client (--inflight-share 1)
-    limits = ServerLimits(max_frame_bytes=1 << 20, max_inflight_bytes=20 << 20, inflight_wait=1.0, inflight_share=1.0)
+    limits = ServerLimits(max_frame_bytes=1 << 20, max_inflight_bytes=20 << 20, inflight_wait=1.0)
     server = HQueueServer(f"local://{tmp_path}/data", port=0, limits=limits, io=io).start()
     url = f"hqueue://{server.address}"
     try:
@@ -822,4 +819,86 @@ def test_long_polls_of_a_client_that_reads_nothing_woken_at_once_take_its_share_
             sock.close()
         wait_for(lambda: budget.used == 0, 10, "the replies' bytes to be given back")
     finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("io", ["loop", "threads"])
+def test_one_principal_s_members_reading_what_they_receive_are_not_refused(tmp_path, io):
+    """8 members of one token receiving 2 MB batches at once and reading them: each receive
+    on a thread took a 16 MiB answer slot, the whole share, and the others were refused at
+    once (28 of 32; an attacker's pass). They wait for each other's slots instead."""
+    auth_file = tmp_path / "auth.toml"
+    auth_file.write_text(SHARE_AUTH)
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, io=io, auth=AuthPolicy.load(auth_file)).start()
+    try:
+        ops = f"hqueue://ops-secret-0123456789@{server.address}"
+        with HQueueAdmin(ops) as admin:
+            admin.create_queue("q", 8)
+        with HQueue("q", ops) as queue:
+            for pid in range(8):
+                for _ in range(4):
+                    queue.put([Message("t", b"v" * 4000)] * 500, partition_id=pid)  # 2 MB a put
+            with queue.consumer("g"):
+                pass
+        answers: list = []
+        barrier = threading.Barrier(8)
+
+        def member(n: int) -> None:
+            with connect(server) as sock:
+                sock.sendall(call_frame("authenticate", 1, token="hog-secret-0123456789"))
+                read_reply(sock)
+                for _ in range(4):
+                    barrier.wait(30)
+                    sock.sendall(call_frame("groupReceive", 2, queue="q", group="g", member=f"m{n}", maxMessages=500,
+                                            leaseMillis=60_000, waitMillis=0))  # fmt: skip
+                    read_reply(sock, answers)
+
+        threads = [threading.Thread(target=member, args=(n,)) for n in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert [a.io.message for a in answers if a.io is not None] == []
+        assert len(answers) == 32 and all(a.success is not None for a in answers)
+        assert sum(len(a.success.messages) for a in answers) > 30_000_000  # (their members' partitions' 2 MB batches)
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("io", ["loop", "threads"])
+def test_a_connection_without_a_token_sends_no_big_call_into_the_budget(tmp_path, io):
+    """With tokens, 4 connections that never authenticated each began a 16 MB put and sent
+    its bytes slowly: the frames held the whole budget, and every client's scans and
+    receives were refused for 30 s at a time (an attacker's pass). Such a frame is refused
+    from its head now (NotAuthorized), its body thrown away as it comes."""
+    auth_file = tmp_path / "auth.toml"
+    auth_file.write_text(SHARE_AUTH)
+    limits = ServerLimits(max_frame_bytes=17 << 20, max_inflight_bytes=64 << 20)
+    server = HQueueServer(
+        f"local://{tmp_path}/data", port=0, limits=limits, io=io, auth=AuthPolicy.load(auth_file)
+    ).start()
+    budget = server._server.budget
+    slow = []
+    try:
+        for _ in range(4):
+            sock = connect(server)
+            frame = call_frame("putPacked", 1, queue="q", partitionID=0, messages=b"x" * (16 << 20), request=None)
+            sock.sendall(frame[: 1 << 16])  # its head, and then nothing for now
+            slow.append((sock, frame))
+        time.sleep(1.0)
+        assert budget.used < 1 << 20, budget.used
+        sock, frame = slow[0]
+        sock.sendall(frame[1 << 16 :])  # the rest comes: it was never run
+        answer: list = []
+        read_reply(sock, answer)
+        assert "before the connection authenticated" in answer[0].denied.message
+        # A client with its token puts as big a batch as ever
+        ops = f"hqueue://ops-secret-0123456789@{server.address}"
+        with HQueueAdmin(ops) as admin:
+            admin.create_queue("q", 1)
+        with HQueue("q", ops) as queue:
+            queue.put([Message("t", b"v" * 150_000)] * 100, partition_id=0)  # 15 MB
+    finally:
+        for sock, _ in slow:
+            sock.close()
         server.stop()

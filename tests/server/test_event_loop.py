@@ -710,6 +710,15 @@ consumer = ["q"]
 """
 
 
+def share_server(tmp_path, io: str, **limits) -> HQueueServer:
+    """A server on ``io`` with SHARE_AUTH's tokens (ops, hog, reader) and these limits."""
+    auth_file = tmp_path / "auth.toml"
+    auth_file.write_text(SHARE_AUTH)
+    return HQueueServer(
+        f"local://{tmp_path}/data", port=0, limits=ServerLimits(**limits), io=io, auth=AuthPolicy.load(auth_file)
+    ).start()
+
+
 @pytest.mark.parametrize("at_once", [False, True])
 @pytest.mark.parametrize("io", ["loop", "threads"])
 def test_a_client_that_reads_nothing_holds_its_share_of_the_budget_not_all_of_it(tmp_path, io, at_once):
@@ -719,12 +728,7 @@ def test_a_client_that_reads_nothing_holds_its_share_of_the_budget_not_all_of_it
     most its share (--inflight-share, a quarter) and one answer; the others read on.
     ``at_once``: the 6 asks sent together, which all passed the check of a share not yet
     full on threads before any answer was made (a review): answers under way count too."""
-    auth_file = tmp_path / "auth.toml"
-    auth_file.write_text(SHARE_AUTH)
-    limits = ServerLimits(max_frame_bytes=1 << 20, max_inflight_bytes=64 << 20, inflight_wait=0.5)
-    server = HQueueServer(
-        f"local://{tmp_path}/data", port=0, limits=limits, io=io, auth=AuthPolicy.load(auth_file)
-    ).start()
+    server = share_server(tmp_path, io, max_frame_bytes=1 << 20, max_inflight_bytes=64 << 20, inflight_wait=0.5)
     budget = server._server.budget
     try:
         with HQueueAdmin(f"hqueue://ops-secret-0123456789@{server.address}") as admin:
@@ -783,12 +787,7 @@ def test_a_client_that_reads_nothing_holds_its_share_of_the_budget_not_all_of_it
 def test_long_polls_of_a_client_that_reads_nothing_woken_at_once_take_its_share_only(tmp_path, io):
     """Six group receives of one principal waiting, woken by one 15 MB put, each took room
     for its answer again after the wait without looking at the principal's share (a review)."""
-    auth_file = tmp_path / "auth.toml"
-    auth_file.write_text(SHARE_AUTH)
-    limits = ServerLimits(max_frame_bytes=17 << 20, max_inflight_bytes=64 << 20, inflight_wait=0.5)
-    server = HQueueServer(
-        f"local://{tmp_path}/data", port=0, limits=limits, io=io, auth=AuthPolicy.load(auth_file)
-    ).start()
+    server = share_server(tmp_path, io, max_frame_bytes=17 << 20, max_inflight_bytes=64 << 20, inflight_wait=0.5)
     budget = server._server.budget
     try:
         ops = f"hqueue://ops-secret-0123456789@{server.address}"
@@ -827,9 +826,7 @@ def test_one_principal_s_members_reading_what_they_receive_are_not_refused(tmp_p
     """8 members of one token receiving 2 MB batches at once and reading them: each receive
     on a thread took a 16 MiB answer slot, the whole share, and the others were refused at
     once (28 of 32; an attacker's pass). They wait for each other's slots instead."""
-    auth_file = tmp_path / "auth.toml"
-    auth_file.write_text(SHARE_AUTH)
-    server = HQueueServer(f"local://{tmp_path}/data", port=0, io=io, auth=AuthPolicy.load(auth_file)).start()
+    server = share_server(tmp_path, io)
     try:
         ops = f"hqueue://ops-secret-0123456789@{server.address}"
         with HQueueAdmin(ops) as admin:
@@ -871,12 +868,7 @@ def test_a_connection_without_a_token_sends_no_big_call_into_the_budget(tmp_path
     its bytes slowly: the frames held the whole budget, and every client's scans and
     receives were refused for 30 s at a time (an attacker's pass). Such a frame is refused
     from its head now (NotAuthorized), its body thrown away as it comes."""
-    auth_file = tmp_path / "auth.toml"
-    auth_file.write_text(SHARE_AUTH)
-    limits = ServerLimits(max_frame_bytes=17 << 20, max_inflight_bytes=64 << 20)
-    server = HQueueServer(
-        f"local://{tmp_path}/data", port=0, limits=limits, io=io, auth=AuthPolicy.load(auth_file)
-    ).start()
+    server = share_server(tmp_path, io, max_frame_bytes=17 << 20, max_inflight_bytes=64 << 20)
     budget = server._server.budget
     slow = []
     try:

@@ -304,6 +304,8 @@ class ThreadedServer(TThreadedServer):
         self.connections = 0
         #: Open connections, oldest first: id -> (connection, socket).
         self._open: dict[int, tuple[Connection, Any]] = {}
+        #: The sockets of the connections served on threads of their own (TLS-wrapped ones too).
+        self._served: dict[int, Any] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self.log = RateLimitedLog()
@@ -381,6 +383,10 @@ class ThreadedServer(TThreadedServer):
             if self.ssl_context is not None and not connection.local:  # a Unix socket's stay clear
                 sock.settimeout(self.limits.body_timeout)
                 sock = self.ssl_context.wrap_socket(sock, server_side=True)
+            with self._lock:
+                self._served[connection.id] = sock
+            if self.closed:
+                return
             if self._checked_frames:
                 self._serve_frames(sock, connection)
             else:
@@ -389,6 +395,8 @@ class ThreadedServer(TThreadedServer):
             self._ending(e, connection)
         finally:
             _current.connection = None
+            with self._lock:
+                self._served.pop(connection.id, None)
             self._ended(connection, sock)
 
     def _opened(self, sock: socket.socket, peer: tuple) -> Connection:
@@ -624,7 +632,15 @@ class ThreadedServer(TThreadedServer):
             self.processor.process(iprot, oprot)
 
     def close(self) -> None:
+        """Stop accepting, and end the connections served on threads once their call under
+        way is answered (their reads see the end now): what they hold is freed while the
+        store is still open (a group member's leases go back)."""
         self.closed = True
         self.trans.close()
         if self.also is not None:
             self.also.close()
+        with self._lock:
+            served = list(self._served.values())
+        for sock in served:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RD)

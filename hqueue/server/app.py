@@ -409,6 +409,8 @@ class HQueueServer:
             time.sleep(0.01)
         if self.handler.guard.active:
             logger.warning("%d call(s) still running after %gs; closing anyway", self.handler.guard.active, grace)
+        while self._server.connections and time.monotonic() < deadline:
+            time.sleep(0.01)  # connections ending free what they hold (a member's leases) before the store closes
         if self.lag is not None:
             self.lag.stop()
         if self.subscriptions:

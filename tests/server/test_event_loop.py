@@ -894,3 +894,29 @@ def test_a_connection_without_a_token_sends_no_big_call_into_the_budget(tmp_path
         for sock, _ in slow:
             sock.close()
         server.stop()
+
+
+@pytest.mark.parametrize("io", ["loop", "threads"])
+def test_a_stopping_server_ends_its_connections_before_it_closes_the_store(tmp_path, io, caplog):
+    """With --io threads a stopped server left its connections open: a group member's
+    connection ended later, and giving its leases back wrote to the closed store
+    ("DB instance already closed", logged; an attacker's probe saw it)."""
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, io=io).start()
+    with HQueueAdmin(f"hqueue://{server.address}") as admin:
+        admin.create_queue("q", 1)
+    with HQueue("q", f"hqueue://{server.address}") as queue:
+        with queue.consumer("g"):
+            pass  # the group, made
+        queue.put([Message("t", b"v")] * 10, partition_id=0)
+    sock = connect(server)
+    sock.sendall(call_frame("groupReceive", 1, queue="q", group="g", member="m", maxMessages=10,
+                            leaseMillis=60_000, waitMillis=0))  # fmt: skip
+    answer: list = []
+    read_reply(sock, answer)
+    assert answer[0].success is not None  # 10 leased, the connection left open
+    started = time.monotonic()
+    server.stop()
+    assert time.monotonic() - started < 5
+    assert closed_by_server(sock, 5)
+    sock.close()
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")], caplog.text

@@ -115,3 +115,43 @@ def test_an_awaited_scan_goes_on_through_a_server_restart(tmp_path):
         assert [i for _, i in pairs] == sorted(i for _, i in pairs)
     finally:
         proc.kill()
+
+
+def test_a_cancelled_call_of_a_member_leaves_its_other_leases_alone(tmp_path):
+    """A call cancelled while at the server closed its connection, and the server then
+    ended every lease of the member tied to it: another member got them (attempt 2) while
+    the first still worked within its 60 s lease (an acceptance probe: 17-28 of 300
+    messages done twice in a cancellation storm). Its answer is read in the background now."""
+    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
+    url = f"hqueue://{server.address}"
+
+    async def main() -> tuple[list, list, int]:
+        async with AsyncHQueueAdmin(url) as admin:
+            await admin.create_queue("q", 1)
+        async with AsyncHQueue("q", url) as queue:
+            first = queue.consumer("g", member="A", lease=60)
+            await queue.put([Message("t", b"%d" % n) for n in range(10)], partition_id=0)
+            held = await first.receive(5, wait=2)
+            for n in range(40):  # cancelled at each of its first waits: before sending, and for the answer
+                call = asyncio.ensure_future(first.extend(held))
+                for _ in range(n % 4):
+                    await asyncio.sleep(0)
+                call.cancel()
+                await asyncio.gather(call, return_exceptions=True)
+            await asyncio.sleep(0.3)
+            pending = [(p.member, p.attempt) for p in await queue.pending("g")]
+            second = queue.consumer("g", member="B", lease=60)
+            others = [d.value for d in await second.receive(10, wait=1)]
+            acked = await first.ack(held)
+            await second.ack(await second.receive(10, wait=0) or [])
+            await first.close()
+            await second.close()
+            return pending, others, acked
+
+    try:
+        pending, others, acked = asyncio.run(asyncio.wait_for(main(), 60))
+    finally:
+        server.stop()
+    assert sorted(pending) == [("A", 1)] * 5  # still A's, first attempt
+    assert sorted(others) == [b"5", b"6", b"7", b"8", b"9"]  # B gets only the rest
+    assert acked == 5

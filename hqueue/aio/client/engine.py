@@ -80,6 +80,8 @@ class AsyncRemoteEngine:
         self._locations: dict[str, list[str]] = {}
         self._infos: dict[str, tuple[float, QueueInfo]] = {}
         self._lanes = Lanes()  # puts' lanes (requests.py)
+        #: Answers read for callers that were cancelled (_answer_later).
+        self._answering: set[asyncio.Task[None]] = set()
         self.groups = AsyncRemoteGroups(self)
         self.subscriptions = AsyncRemoteSubscriptions(self)
 
@@ -139,12 +141,40 @@ class AsyncRemoteEngine:
                 except TException as e:
                     pool.give_back(connection)  # an answer came: the connection is fine
                     raise wire.from_thrift_error(e, queue, pid) from e
-                except BaseException:  # cancelled mid-call: the connection's state is unknown
+                except asyncio.CancelledError:
+                    self._answer_later(pool, connection, method, deadline)
+                    raise
+                except BaseException:
                     pool.give_back(connection, broken=True)
                     raise
                 pool.give_back(connection)
                 return result
         raise AssertionError("unreachable")
+
+    def _answer_later(self, pool: Any, connection: Any, method: str, deadline: float) -> None:
+        """A call whose caller was cancelled went whole (its request is written before the
+        call first waits): its answer is read in the background, then the connection goes
+        back to the pool. Closing it instead ended what the server ties to the connection:
+        a group member's every lease, given out again while the member worked on them."""
+
+        async def read() -> None:
+            broken = True
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await connection.receive(method)
+                broken = False
+            except TTransportException:
+                pass
+            except TException:
+                broken = False  # a typed answer: the connection is fine
+            except OSError:  # TimeoutError included
+                pass
+            finally:
+                pool.give_back(connection, broken=broken)
+
+        task = asyncio.ensure_future(read())
+        self._answering.add(task)
+        task.add_done_callback(self._answering.discard)
 
     async def _call(self, method: str, *args: Any, queue: str | None = None) -> Any:
         """A call any server answers: each in random order until the deadline (one that

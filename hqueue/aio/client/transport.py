@@ -38,6 +38,8 @@ class AsyncConnection:
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
+        #: The size of the answer frame whose head was read and body not yet (a read cancelled between).
+        self._pending: int | None = None
         self._client = TClient(wire.T.HQueueService, TCyBinaryProtocol(TCyMemoryBuffer()))
 
     @classmethod
@@ -80,10 +82,13 @@ class AsyncConnection:
         """The answer to the oldest call sent and not answered yet, a call of ``method``."""
         client = self._client
         try:
-            (size,) = _SIZE.unpack(await self.reader.readexactly(4))
-            if not 0 < size <= MAX_ANSWER_BYTES:
-                raise TTransportException(TTransportException.UNKNOWN, f"an answer frame of {size} bytes")
-            frame = await self.reader.readexactly(size)
+            if self._pending is None:  # (a read cancelled after the head goes on from its body)
+                (size,) = _SIZE.unpack(await self.reader.readexactly(4))
+                if not 0 < size <= MAX_ANSWER_BYTES:
+                    raise TTransportException(TTransportException.UNKNOWN, f"an answer frame of {size} bytes")
+                self._pending = size
+            frame = await self.reader.readexactly(self._pending)
+            self._pending = None
         except asyncio.IncompleteReadError as e:
             raise TTransportException(TTransportException.END_OF_FILE, "the server closed the connection") from e
         client._iprot = TCyBinaryProtocol(TCyMemoryBuffer(frame))

@@ -90,12 +90,11 @@ class AsyncConsumer:
         """Up to ``max_messages`` messages, waiting up to ``wait`` seconds for the first.
         Cancelled, it hands back what it was given (see the module's docstring)."""
         check_wait(wait)
+        lease = check_lease(self.lease if lease is None else lease)
         groups = await self._ready()
         if self._heartbeats is None:
             self._heartbeats = asyncio.ensure_future(_heartbeat(weakref.ref(self), groups))
-        receiving = groups.receive(
-            self.queue.name, self.group, self.member, max_messages, self.lease if lease is None else lease, wait
-        )
+        receiving = groups.receive(self.queue.name, self.group, self.member, max_messages, lease, wait)
         if getattr(groups, "cancel_safe", False):  # a store in this process: nothing to wait out
             return list(_deliveries(await receiving))
         call = asyncio.ensure_future(receiving)  # a long poll at a server: it ends on its own

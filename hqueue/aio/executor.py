@@ -33,6 +33,7 @@ class ExecutorEngine:
 
     def __init__(self, engine: EngineAPI, executor: ThreadPoolExecutor) -> None:
         self.sync, self._executor = engine, executor
+        self._releasing = False
         self.url, self.tls = engine.url, False
         self.groups = ExecutorGroups(engine.groups, self) if engine.groups is not None else None
         self.subscriptions = _Awaitable(engine.subscriptions, self) if engine.subscriptions is not None else None
@@ -45,9 +46,18 @@ class ExecutorEngine:
         """``call()`` in the executor, as a future of the running loop."""
         loop = asyncio.get_running_loop()
         try:
-            return loop.run_in_executor(self._executor, call)
+            return loop.run_in_executor(self._executor, self._unless_released, call)
         except RuntimeError as e:  # the executor is shut down
-            raise RuntimeError(f"closed: the store {self.url} was released (the handle's close())") from e
+            raise RuntimeError(self._closed()) from e
+
+    def _unless_released(self, call: Callable[[], Any]) -> Any:
+        """``call()``, unless the handle was closed while it waited for a thread."""
+        if self._releasing:
+            raise RuntimeError(self._closed())
+        return call()
+
+    def _closed(self) -> str:
+        return f"closed: the store {self.url} was released (the handle's close())"
 
     def deadline(self, extra: float = 0.0) -> nullcontext[None]:
         return nullcontext()  # in process, no deadline (as the blocking engine)
@@ -66,9 +76,10 @@ class ExecutorEngine:
 
     async def release(self) -> None:
         """Release the store (the last user in the process closes it) once the calls running
-        in the executor have ended (those not started are cancelled, and later ones raise
+        in the executor have ended (those not started yet, and later ones, raise
         RuntimeError): a receive or a fetch under way never meets a closed store."""
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._releasing = True  # calls still queued raise RuntimeError, not CancelledError, in their tasks
+        self._executor.shutdown(wait=False)
         await asyncio.to_thread(self._release_after_calls)
 
     def _release_after_calls(self) -> None:

@@ -37,12 +37,21 @@ class AsyncConnected:
         }  # fmt: skip
         self._engine: AsyncEngine | None = None
         self._lock: asyncio.Lock | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
 
     async def async_engine(self) -> AsyncEngine:
-        """The engine, opened on first use."""
+        """The engine, opened on first use (in the event loop the handle belongs to from then on)."""
         if self.closed:
             raise RuntimeError(f"{type(self).__name__} is closed")
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        elif loop is not self._loop:
+            raise RuntimeError(
+                f"this {type(self).__name__} belongs to the event loop it was first used in (its connections, "
+                "tasks and locks are that loop's): open one per event loop (each asyncio.run, each thread)"
+            )
         if self._engine is None:
             self._lock = self._lock or asyncio.Lock()
             async with self._lock:
@@ -51,6 +60,9 @@ class AsyncConnected:
                     self._engine = await open_engine(
                         o["url"], None, o["token"], o["timeout"], o["group_limits"], o["workers"]
                     )
+                    if self.closed:  # closed while it opened: nothing may be left open
+                        await self.close()
+                        raise RuntimeError(f"{type(self).__name__} is closed")
                     await self._opened()
         return self._engine
 

@@ -66,7 +66,7 @@ class AsyncScanner:
             for task in opening:
                 task.result()  # the first failure, if any, once every cursor opened is kept to be closed
             emitted = 0
-            async for message in self._merge(cursors):
+            async for message in self._merge(cursors) if self.limit != 0 else _nothing():
                 yield message
                 emitted += 1
                 if self.limit is not None and emitted >= self.limit:
@@ -117,3 +117,9 @@ async def _all(calls: Iterable[Awaitable[_T]]) -> list[_T]:
             task.cancel()
         await asyncio.wait(tasks)  # (cancelled again meanwhile: the tasks are cancelled already)
         raise
+
+
+async def _nothing() -> AsyncGenerator[Message, None]:
+    """No messages (a scan with ``limit=0``)."""
+    return
+    yield

@@ -357,3 +357,34 @@ def test_closing_the_queue_under_running_calls_ends_them_and_opens_nothing_more(
         assert queue.connections == 0
 
     run(main())
+
+
+def test_what_an_acceptance_probe_found_on_every_store(api_url, queue_name):
+    """A scan with limit=0 gave one message; a receive's own lease was not checked (through
+    a server: ValueError, OverflowError, a decode error); calls still queued for a thread at
+    close() ended as cancelled in tasks nobody cancelled."""
+
+    async def main() -> None:
+        queue = await made(api_url, queue_name, partitions=1)
+        await queue.put([Message("t", b"v")] * 3)
+        assert [m async for m in queue.scan(limit=0)] == []
+        async with queue.consumer("g") as consumer:
+            for lease in ("x", float("nan"), float("inf"), 10**9, True, 0):
+                with pytest.raises(InvalidArgument, match="'lease' must be seconds"):
+                    await consumer.receive(1, wait=0, lease=lease)
+        calls = [asyncio.ensure_future(queue.put(Message("t", b"late"))) for _ in range(40)]
+        await asyncio.sleep(0)
+        await queue.close()
+        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+        assert not [o for o in outcomes if isinstance(o, asyncio.CancelledError)]
+        assert all(isinstance(o, (list, RuntimeError)) for o in outcomes), outcomes
+
+    run(main())
+
+
+def test_a_handle_belongs_to_the_event_loop_it_was_first_used_in(api_url, queue_name):
+    """Used from a second loop it hung, stored puts it reported failed, or failed with
+    "Event loop is closed" (an acceptance probe): it says so now."""
+    queue = run(made(api_url, queue_name, partitions=1))
+    with pytest.raises(RuntimeError, match="belongs to the event loop it was first used in"):
+        run(queue.put(Message("t", b"v")))

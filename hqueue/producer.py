@@ -26,6 +26,7 @@ sent to a server and no answer came by its deadline: it may be stored).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -315,6 +316,7 @@ class Producer:
         self._pool = ThreadPoolExecutor(min(MAX_IN_FLIGHT_PARTITIONS, info.partitions), "hqueue-producer-put")
         self._sender = threading.Thread(target=self._sender_run, name=f"hqueue-producer-{name}", daemon=True)
         self._sender.start()
+        self._pid = os.getpid()  # its threads do not cross fork()
 
     # -- sending ----------------------------------------------------------------------------
 
@@ -342,6 +344,8 @@ class Producer:
         """
         batches = self._batches
         cost, chosen = batches.check(message, key, partition)
+        if self._forked():
+            raise ProducerClosed(f"the producer of {self.name!r} was made before this process forked: make one here")
         with self._cond:
             if batches.closed:
                 raise ProducerClosed(f"the producer of {self.name!r} is closed")
@@ -375,6 +379,8 @@ class Producer:
         """
         if getattr(self._delivering, "on", False):
             raise RuntimeError("flush() and close() cannot be called from a producer Future's callback")
+        if self._forked():
+            return True  # nothing of the parent's is this process's to send
         with self._cond:
             batches = self._batches.pending()
             self._cond.notify_all()
@@ -389,6 +395,8 @@ class Producer:
         seconds in all)."""
         if getattr(self._delivering, "on", False):
             raise RuntimeError("flush() and close() cannot be called from a producer Future's callback")
+        if self._forked():
+            return
         with self._cond:
             self._batches.closed = True  # (closed already: this waits for it as well)
             self._cond.notify_all()
@@ -404,7 +412,11 @@ class Producer:
 
     @property
     def closed(self) -> bool:
-        return self._batches.closed
+        return self._batches.closed or self._forked()
+
+    def _forked(self) -> bool:
+        """This process is a child forked from the producer's: it has none of its threads."""
+        return os.getpid() != self._pid
 
     # -- the sender thread ----------------------------------------------------------------
 
@@ -419,7 +431,10 @@ class Producer:
                     self._cond.wait(batches.next_wake())
                     ready = batches.take_ready()
             for pid, batch in ready:  # partitions' puts under way at once (and sharing a group commit)
-                self._pool.submit(self._put, pid, batch)
+                try:
+                    self._pool.submit(self._put, pid, batch)
+                except RuntimeError:  # no thread to be had (the interpreter is ending): the put goes here
+                    self._put(pid, batch)
 
     def _sender_run(self) -> None:
         try:

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
+import time
 from concurrent.futures import Future
 
 import pytest
 
-from hqueue import InvalidArgument, InvalidMessage, Message, MessageID, ProducerClosed, QueueDisabled
+from hqueue import HQueue, InvalidArgument, InvalidMessage, Message, MessageID, ProducerClosed, QueueDisabled
 from hqueue.admin import HQueueAdmin
+
+from ..processes import ROOT, python_env
 
 
 def send_from_threads(producer, threads: int, each: int, **route) -> dict[int, list[tuple[int, Future]]]:
@@ -203,3 +209,59 @@ def test_closing_the_queue_closes_its_producers_after_sending_what_they_hold(mak
     assert producer.closed and future.result(timeout=30).timestamp > 0
     with pytest.raises(ProducerClosed):
         producer.send(Message("t", b"late"))
+
+
+def test_a_producer_does_not_cross_fork(tmp_path):
+    """In a forked child the producer has none of its threads: a send queued into nothing
+    and its result, flush() and close() waited for ever (an acceptance probe)."""
+    with HQueueAdmin(data_dir=tmp_path) as admin:
+        admin.create_queue("q", 2)
+    with HQueue("q", data_dir=tmp_path) as queue, queue.producer() as producer:
+        producer.send(Message("t", b"parent")).result(10)
+        child = os.fork()
+        if child == 0:  # the child: nothing of pytest's may run here
+            code = 1
+            try:
+                producer.send(Message("t", b"child"))
+            except ProducerClosed as e:
+                code = 0 if "before this process forked" in str(e) else 2
+            producer.flush()
+            producer.close()
+            os._exit(code)
+        status = None
+        for _ in range(300):  # 30 s: a child that waits for ever is a failure, not a hung suite
+            if (done := os.waitpid(child, os.WNOHANG))[0]:
+                status = done[1]
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(child, 9)
+            os.waitpid(child, 0)
+        assert status is not None and os.waitstatus_to_exitcode(status) == 0
+        assert producer.send(Message("t", b"parent again")).result(10)
+
+
+SHUTDOWN = """
+import sys, threading
+from hqueue import HQueue, Message
+queue = HQueue("q", data_dir=sys.argv[1])
+producer = queue.producer(linger_ms=50)
+def late():  # still sending while the interpreter ends: no new thread can start then
+    for n in range(200):
+        producer.send(Message("t", b"%d" % n))
+    producer.flush()
+    print("flushed", flush=True)
+threading.Thread(target=late).start()
+"""
+
+
+def test_sends_while_the_interpreter_ends_are_sent_not_left_waiting(tmp_path):
+    """The producer's sender thread died (no thread for a put once the interpreter ends):
+    its batch never ended, and flush() waited for ever (an acceptance probe)."""
+    with HQueueAdmin(data_dir=tmp_path) as admin:
+        admin.create_queue("q", 2)
+    done = subprocess.run([sys.executable, "-c", SHUTDOWN, str(tmp_path)], cwd=ROOT, env=python_env(),
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0 and "flushed" in done.stdout, done.stderr
+    with HQueue("q", data_dir=tmp_path) as queue:
+        assert sum(1 for _ in queue.scan()) == 200

@@ -71,6 +71,11 @@ class AsyncProducer:
     async def open(self) -> AsyncProducer:
         """Reach the queue (``QueueNotFound``, ``QueueDisabled``) and start sending; the
         first send opens it too."""
+        if self._sender is not None and self._sender.get_loop() is not asyncio.get_running_loop():
+            raise RuntimeError(
+                "this AsyncProducer belongs to the event loop it was first used in (its sender is that loop's "
+                "task): make one per event loop"
+            )
         if self._sender is None:
             if self._batches.closed:
                 raise ProducerClosed(f"the producer of {self.name!r} is closed")

@@ -119,3 +119,20 @@ def test_closing_the_queue_sends_what_its_producers_hold(api_url, queue_name):
             assert [m.value async for m in again.scan()] == [b"held"]
 
     run(main())
+
+
+def test_a_producer_belongs_to_the_event_loop_it_was_first_used_in(tmp_path):
+    """Used from a second loop (another asyncio.run) its send waited for ever on the first
+    loop's sender task, which had died with it (an acceptance probe)."""
+
+    async def first() -> tuple[AsyncHQueue, AsyncProducer]:
+        async with AsyncHQueueAdmin(f"local://{tmp_path}") as admin:
+            await admin.create_queue("q", 1)
+        queue = AsyncHQueue("q", f"local://{tmp_path}")
+        producer = queue.producer()
+        await producer.send(Message("t", b"first loop"))
+        return queue, producer
+
+    queue, producer = run(first())
+    with pytest.raises(RuntimeError, match="belongs to the event loop it was first used in"):
+        run(producer.send(Message("t", b"second loop")))

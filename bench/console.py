@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -72,7 +73,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--json")
     args = parser.parse_args()
-    url = f"memory://console-bench-{os.getpid()}" if args.store == "memory" else f"local://{tempfile.mkdtemp()}"
+    data = None if args.store == "memory" else tempfile.mkdtemp(prefix="hqueue-bench-console-")
+    url = f"memory://console-bench-{os.getpid()}" if data is None else f"local://{data}"
     admin = HQueueAdmin(url)
     started = time.perf_counter()
     build(admin, args.queues, args.groups)
@@ -104,6 +106,8 @@ def main() -> None:
     rows.append({"what": "RSS after an hour of samples (MB)", "median ms": rss_mb(os.getpid())})
     console.stop()
     admin.close()
+    if data is not None:
+        shutil.rmtree(data, ignore_errors=True)
     report(
         f"Console pages: {args.queues} queues, {args.groups} groups ({args.store} store), {args.repeat} fetches each",
         rows,

@@ -44,7 +44,7 @@ PAYLOAD = b"x" * 93  # + 7-byte topic = 100 bytes a message
 def unfenced(engine: Engine) -> None:
     """Make ``engine`` write without its fence, as puts did before it."""
 
-    def store(info, pid, writer, cells, deletes=(), high=b""):
+    def store(info, pid, writer, cells, deletes=(), high=b"", answer=None):
         engine.storage.write(info.name, cells, info.durability, deletes)
 
     engine.writers.store = store  # type: ignore[method-assign]

@@ -56,7 +56,8 @@ def load(queue: HQueue, total: int, topic_of) -> float:
     topics = [topic_of(i) for i in range(total)]
     started = time.perf_counter()
     for start in range(0, total, 1000):
-        queue.put([Message(topics[i], PAYLOAD) for i in range(start, start + 1000)], (start // 1000) % PARTITIONS)
+        batch = range(start, min(start + 1000, total))  # (the last one short when total is not a multiple)
+        queue.put([Message(topics[i], PAYLOAD) for i in batch], (start // 1000) % PARTITIONS)
     return total / (time.perf_counter() - started)
 
 
@@ -77,9 +78,9 @@ def raw_load(path: str, total: int, topic_of) -> float:
         prefix = ((start // 1000) % PARTITIONS).to_bytes(2, "big")
         keys = [
             prefix + MessageID(1 + i // 1000, i % 1000).to_bytes() + topic_of(i).encode()
-            for i in range(start, start + 1000)
+            for i in range(start, min(start + 1000, total))
         ]
-        batches.append((keys, [k for k, _ in index_cells(keys, [PAYLOAD] * 1000, xxh3_64_digest)]))
+        batches.append((keys, [k for k, _ in index_cells(keys, [PAYLOAD] * len(keys), xxh3_64_digest)]))
     write_options = rocksdict.WriteOptions()
     started = time.perf_counter()
     for keys, index_keys in batches:

@@ -360,6 +360,8 @@ class Producer:
         """Wait (under the lock) until ``cost`` bytes fit in the buffer, or raise."""
         batches = self._batches
         give_up = time.monotonic() + batches.block_timeout
+        batches.pending()  # a full buffer sends what it holds now, not at its linger's end (as Kafka's)
+        self._cond.notify_all()
         while not batches.has_room(cost) and not batches.closed:
             left = give_up - time.monotonic()
             if left <= 0:

@@ -119,6 +119,8 @@ class AsyncProducer:
         batches, changed = self._batches, self._changed
         assert changed is not None
         async with changed:
+            batches.pending()  # a full buffer sends what it holds now, not at its linger's end
+            changed.notify_all()
             try:
                 await asyncio.wait_for(
                     changed.wait_for(lambda: batches.has_room(cost) or batches.closed), batches.block_timeout

@@ -265,3 +265,17 @@ def test_sends_while_the_interpreter_ends_are_sent_not_left_waiting(tmp_path):
     assert done.returncode == 0 and "flushed" in done.stdout, done.stderr
     with HQueue("q", data_dir=tmp_path) as queue:
         assert sum(1 for _ in queue.scan()) == 200
+
+
+def test_a_full_buffer_sends_what_lingers_now(tmp_path):
+    """A send waiting for room did not make the lingering batches go: with a linger as long
+    as block_timeout, a healthy store raised ProducerBufferFull (an acceptance probe)."""
+    with HQueueAdmin(data_dir=tmp_path) as admin:
+        admin.create_queue("q", 2)
+    with HQueue("q", data_dir=tmp_path) as queue:
+        with queue.producer(linger_ms=5000, buffer_bytes=64 * 1024, block_timeout=2) as producer:
+            started = time.monotonic()
+            futures = [producer.send(Message("t", b"v" * 1000)) for _ in range(100)]  # about 300 KB
+            assert time.monotonic() - started < 4  # not a linger of 5 s per buffer's worth
+            producer.flush()
+            assert all(f.result(10) for f in futures)

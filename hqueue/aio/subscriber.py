@@ -95,13 +95,14 @@ class AsyncSubscriber:
         return self
 
     def _start(self, listeners: list[MessageListener]) -> Subscriber:
-        self._handle = HQueue(self.queue, **self._opened_with)
+        handle = HQueue(self.queue, **self._opened_with)
         try:
-            return self._handle.create_subscriber(self.subscription, listeners, **self._options).start()
+            subscriber = handle.create_subscriber(self.subscription, listeners, **self._options).start()
         except BaseException:
-            self._handle.close()
-            self._handle = None
+            handle.close()  # (a start that failed: one that runs keeps its own handle)
             raise
+        self._handle = handle
+        return subscriber
 
     async def stop(self, reason: str = "") -> None:
         subscriber, self.subscriber = self.subscriber, None

@@ -388,3 +388,26 @@ def test_a_handle_belongs_to_the_event_loop_it_was_first_used_in(api_url, queue_
     queue = run(made(api_url, queue_name, partitions=1))
     with pytest.raises(RuntimeError, match="belongs to the event loop it was first used in"):
         run(queue.put(Message("t", b"v")))
+
+
+def test_starting_a_started_subscriber_again_keeps_its_handle(tmp_path):
+    """The second start raised SubscriberActive, as it should, but dropped the running
+    subscriber's own handle, whose store stayed open after stop() (an acceptance probe)."""
+    from hqueue import SubscriberActive, Subscription
+
+    async def listener(messages) -> None:
+        pass
+
+    async def main() -> None:
+        queue = await made(f"local://{tmp_path}", "q", partitions=1)
+        subscriber = queue.create_subscriber(Subscription("s"), [listener], takeover_timeout=0.5)
+        await subscriber.start()
+        handle = subscriber._handle
+        with pytest.raises(SubscriberActive):
+            await subscriber.start()
+        assert subscriber._handle is handle and handle is not None
+        await subscriber.stop()  # (closes the handle it kept)
+        assert subscriber._handle is None
+        await queue.close()
+
+    run(main())

@@ -12,6 +12,15 @@ from ..groups.state import GroupLimits
 from .connect import DEFAULT_WORKERS, AsyncEngine, open_engine
 
 
+def other_loop(what: str) -> RuntimeError:
+    """The error of a handle (or what it made) used from an event loop other than the one it
+    was first used in: its connections, tasks and locks are that loop's."""
+    return RuntimeError(
+        f"this {what} belongs to the event loop it was first used in (its connections, tasks and locks are "
+        "that loop's): open one per event loop (each asyncio.run, each thread)"
+    )
+
+
 class AsyncConnected:
     """Holds an async engine for one store or set of servers.
 
@@ -48,10 +57,7 @@ class AsyncConnected:
         if self._loop is None:
             self._loop = loop
         elif loop is not self._loop:
-            raise RuntimeError(
-                f"this {type(self).__name__} belongs to the event loop it was first used in (its connections, "
-                "tasks and locks are that loop's): open one per event loop (each asyncio.run, each thread)"
-            )
+            raise other_loop(type(self).__name__)
         if self._engine is None:
             self._lock = self._lock or asyncio.Lock()
             async with self._lock:

@@ -33,6 +33,7 @@ from ..producer import (
     fail_sends,
     put_deadline,
 )
+from .handle import other_loop
 
 __all__ = ["AsyncProducer"]
 
@@ -72,10 +73,7 @@ class AsyncProducer:
         """Reach the queue (``QueueNotFound``, ``QueueDisabled``) and start sending; the
         first send opens it too."""
         if self._sender is not None and self._sender.get_loop() is not asyncio.get_running_loop():
-            raise RuntimeError(
-                "this AsyncProducer belongs to the event loop it was first used in (its sender is that loop's "
-                "task): make one per event loop"
-            )
+            raise other_loop(type(self).__name__)
         if self._sender is None:
             if self._batches.closed:
                 raise ProducerClosed(f"the producer of {self.name!r} is closed")

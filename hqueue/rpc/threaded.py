@@ -273,9 +273,10 @@ class ThreadedServer(TThreadedServer):
         (threads run them at once: each could otherwise make a big answer past the budget);
         a call that waits gives them back meanwhile (:func:`answer_slot_aside`).
         ``owner_of(connection)``: whose share of the budget (``inflight_share``) the
-        connection's replies not taken yet count in (default: its host; the server names
-        the principal of a connection that authenticated): calls for big answers are refused
-        while the owner's share is full, so one client cannot hold the whole budget.
+        connection's replies not taken yet count in (default: the connection itself; a server
+        with tokens names the principal of a connection that authenticated): calls for big
+        answers are refused while the owner's share is full, so one client cannot hold the
+        whole budget.
         ``small_until_trusted``: a connection's calls over UNPROVEN_FRAME_BYTES are refused
         (NotAuthorized) until it is trusted (a server with tokens)."""
         self.socket = socket

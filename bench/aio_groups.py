@@ -31,12 +31,12 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
+from functools import partial
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from common import load, report, spread  # noqa: E402
+from common import load, median_pair, report  # noqa: E402
 from groups import FSYNC  # noqa: E402
 from remote import start_hqueue, start_redis  # noqa: E402
 
@@ -169,18 +169,11 @@ def main() -> None:
     for durability in args.durability.split(","):
         fsync = FSYNC[durability]
         for members in map(int, args.members.split(",")):
-            pairs = []
-            for _ in range(args.runs):
-                with tempfile.TemporaryDirectory() as workdir:
-                    ours = hqueue_run(workdir, args.messages, members, args.batch, durability)
-                with tempfile.TemporaryDirectory() as workdir:
-                    theirs = redis_run(workdir, args.messages, members, args.batch, fsync)
-                ours["vs_redis"] = ours["msgs_per_s"] / theirs["msgs_per_s"]
-                pairs.append((ours, theirs))
-                loads.append(load())
-            ours, theirs = sorted(pairs, key=lambda pair: pair[0]["vs_redis"])[len(pairs) // 2]
-            ours["ratios"] = spread([pair[0]["vs_redis"] for pair in pairs])
-            rows += [ours, theirs]
+            run = {"messages": args.messages, "members": members, "batch": args.batch}
+            ours = partial(hqueue_run, **run, durability=durability)
+            rows += median_pair(
+                args.runs, ours, partial(redis_run, **run, fsync=fsync), loads, "hqueue-bench-aio-groups-"
+            )
     columns = ["system", "members", "received", "msgs_per_s", "client_cpu_us_per_msg", "vs_redis", "ratios"]
     title = (
         f"async receive + ack: hqueue.aio vs redis.asyncio; the median run of {args.runs}, "

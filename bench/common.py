@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime
 
@@ -80,6 +81,25 @@ def spread(values: list[float]) -> str:
     """``min / median / max`` of several runs."""
     ordered = sorted(values)
     return " / ".join(_fmt(v) for v in (ordered[0], ordered[len(ordered) // 2], ordered[-1]))
+
+
+def median_pair(runs: int, ours, theirs, loads: list[str], prefix: str) -> list[dict]:
+    """``runs`` side-by-side runs, ``ours(workdir)`` (hqueue's) then ``theirs(workdir)``
+    (Redis's), each in a temporary directory of its own, removed after it; the machine's
+    load after each pair goes to ``loads``. The pair of the median ratio of their
+    ``msgs_per_s``, hqueue's row carrying it (``vs_redis``) and the ratios' ``spread``."""
+    pairs = []
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory(prefix=prefix) as workdir:
+            mine = ours(workdir)
+        with tempfile.TemporaryDirectory(prefix=prefix) as workdir:
+            peer = theirs(workdir)
+        mine["vs_redis"] = mine["msgs_per_s"] / peer["msgs_per_s"]
+        pairs.append((mine, peer))
+        loads.append(load())
+    mine, peer = sorted(pairs, key=lambda pair: pair[0]["vs_redis"])[len(pairs) // 2]
+    mine["ratios"] = spread([pair[0]["vs_redis"] for pair in pairs])
+    return [mine, peer]
 
 
 def redis_client_module():

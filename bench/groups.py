@@ -26,12 +26,12 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
+from functools import partial
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from common import load, redis_client_module, report, rss_mb, spread  # noqa: E402
+from common import load, median_pair, redis_client_module, report, rss_mb  # noqa: E402
 from remote import start_hqueue, start_redis  # noqa: E402
 
 from hqueue import HQueue, HQueueAdmin, Message  # noqa: E402
@@ -143,18 +143,9 @@ def main() -> None:
     for durability in args.durability.split(","):
         fsync = FSYNC[durability]
         for members in map(int, args.members.split(",")):
-            pairs = []
-            for _ in range(args.runs):
-                with tempfile.TemporaryDirectory(prefix="hqueue-bench-groups-") as workdir:
-                    ours = hqueue_run(workdir, args.messages, members, args.batch, durability)
-                with tempfile.TemporaryDirectory(prefix="hqueue-bench-groups-") as workdir:
-                    theirs = redis_run(workdir, args.messages, members, args.batch, fsync)
-                ours["vs_redis"] = ours["msgs_per_s"] / theirs["msgs_per_s"]
-                pairs.append((ours, theirs))
-                loads.append(load())
-            ours, theirs = sorted(pairs, key=lambda pair: pair[0]["vs_redis"])[len(pairs) // 2]
-            ours["ratios"] = spread([pair[0]["vs_redis"] for pair in pairs])
-            rows += [ours, theirs]
+            run = {"messages": args.messages, "members": members, "batch": args.batch}
+            ours, theirs = partial(hqueue_run, **run, durability=durability), partial(redis_run, **run, fsync=fsync)
+            rows += median_pair(args.runs, ours, theirs, loads, "hqueue-bench-groups-")
     report(
         f"consumer groups: receive {args.batch} + ack, {args.messages:,} messages of 100 bytes; the median run "
         f"of {args.runs}, ratios min / median / max; load {' -> '.join(loads)}",

@@ -64,6 +64,11 @@ MAX_IN_FLIGHT_PARTITIONS = 8
 #: alone, empty messages filled 546 MB of memory under a 300 KB buffer_bytes.
 SEND_OVERHEAD = 2048
 
+#: Forks this process came through: a producer made before one has none of its threads here.
+#: (Counted by a fork hook: a send compares two ints, not a getpid() system call each time.)
+_forks = [0]
+os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
+
 
 class SendFuture(Future[MessageID]):
     """The Future :meth:`Producer.send` returns: its result is the message's ID, and
@@ -316,7 +321,7 @@ class Producer:
         self._pool = ThreadPoolExecutor(min(MAX_IN_FLIGHT_PARTITIONS, info.partitions), "hqueue-producer-put")
         self._sender = threading.Thread(target=self._sender_run, name=f"hqueue-producer-{name}", daemon=True)
         self._sender.start()
-        self._pid = os.getpid()  # its threads do not cross fork()
+        self._fork = _forks[0]  # its threads do not cross fork()
 
     # -- sending ----------------------------------------------------------------------------
 
@@ -418,7 +423,7 @@ class Producer:
 
     def _forked(self) -> bool:
         """This process is a child forked from the producer's: it has none of its threads."""
-        return os.getpid() != self._pid
+        return _forks[0] != self._fork
 
     # -- the sender thread ----------------------------------------------------------------
 

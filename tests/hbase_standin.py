@@ -59,8 +59,9 @@ from thriftpy2.protocol import TBinaryProtocolFactory, TCompactProtocolFactory
 from thriftpy2.thrift import TApplicationException, TException
 from thriftpy2.transport import TBufferedTransportFactory, TFramedTransportFactory
 
+from hqueue.rpc.connections import ListeningSocket
 from hqueue.rpc.idl import load
-from hqueue.rpc.threaded import ListeningSocket, ThreadedServer
+from hqueue.rpc.threaded import ThreadedServer
 
 from .hbase_standin_cells import LATEST, Scanner, Table, Wanted, parse_column, row_result
 

@@ -265,7 +265,7 @@ def server(
     import logging
 
     from ..auth import AuthPolicy, PushPolicy
-    from ..rpc.threaded import ServerLimits
+    from ..rpc.connections import ServerLimits
     from ..server import HQueueServer
     from ..server.app import return_freed_memory
 

@@ -60,8 +60,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..errors import ServerBusy
+from .connections import Connection, _current, current_connection
 from .frames import _HEAD, FrameError, FrameReader, call_head, check_call
-from .threaded import Connection, ThreadedServer, _current, current_connection, logger
+from .threaded import ThreadedServer, logger
 from .workers import Workers
 
 #: The largest call the loop reads itself, with its head (a bigger one goes to a worker).

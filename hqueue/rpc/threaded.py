@@ -22,14 +22,14 @@ Built on thriftpy2's processor, with hqueue's own socket handling:
 * When accept() fails for lack of file descriptors or memory, the server
   backs off (10 ms doubling to 1 s) and logs one line per 10 s, not one per
   attempt.
-* It listens on TCP, on a Unix socket (``ListeningSocket.bound_unix``,
+* It listens on TCP, on a Unix socket (``ListeningSocket.bound_unix``, rpc/connections.py,
   access by the socket file's permissions: the store a process shares with
   local processes, server/shared.py), or on both (``also``: one accept
   thread each, the same limits over all their connections). A connection
   that came over a Unix socket is ``local``.
 * Optional TLS: an ``ssl.SSLContext`` wraps each accepted socket (the
   handshake runs in the connection's thread, bounded by ``body_timeout``).
-* :func:`current_connection` tells a handler which connection it serves
+* :func:`~hqueue.rpc.connections.current_connection` tells a handler which connection it serves
   (its peer address, and what it authenticated as); a handler may have the
   connection closed once its answer is sent (``close_after_reply``).
 
@@ -43,203 +43,40 @@ import contextlib
 import errno
 import itertools
 import logging
-import os
 import socket
 import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from thriftpy2.protocol import TBinaryProtocolFactory
 from thriftpy2.server import TThreadedServer
 from thriftpy2.thrift import TApplicationException, TProcessor
-from thriftpy2.transport import TFramedTransportFactory, TServerSocket, TSocket, TTransportException
+from thriftpy2.transport import TFramedTransportFactory, TSocket, TTransportException
 from thriftpy2.transport.memory import TCyMemoryBuffer
 
 from ..errors import HQueueError, LimitExceeded, NotAuthorized, ServerBusy
-from .budget import (
-    DEFAULT_INFLIGHT_SHARE,
-    DEFAULT_INFLIGHT_WAIT,
-    DEFAULT_MAX_INFLIGHT_BYTES,
-    AnswerSlot,
-    InflightBudget,
+from .budget import AnswerSlot, InflightBudget
+from .connections import (
+    LOCAL_PEER,
+    Connection,
+    ListeningSocket,
+    RateLimitedLog,
+    ServerLimits,
+    _current,
+    each_connection,
 )
-from .frames import DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_ITEMS, FrameError, FrameReader, check_call
-from .unix import unix_listener, widen
+from .frames import FrameError, FrameReader, check_call
+from .unix import widen
 
 logger = logging.getLogger(__name__)
 
 _OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
-#: The peer of a Unix-socket connection: a process of this machine (push addresses on loopback are its own).
-LOCAL_PEER = ("127.0.0.1", 0)
 
 
 #: The largest call of a connection that has not proved who it is, on a server with tokens.
 UNPROVEN_FRAME_BYTES = 64 * 1024
-
-
-@dataclass(frozen=True)
-class ServerLimits:
-    """Bounds on what connections may cost a server."""
-
-    max_connections: int = 1024
-    #: Seconds a connection may wait between calls before it is closed (None: forever).
-    idle_timeout: float | None = 300.0
-    #: Seconds a started frame (or a reply, or a TLS handshake) may take.
-    body_timeout: float = 30.0
-    #: The largest frame (one call); a larger one is refused from its head.
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
-    #: Container elements per frame (bounds the objects one call can make).
-    max_items: int = DEFAULT_MAX_ITEMS
-    #: Bytes of frames under way, all connections together.
-    max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
-    #: Seconds a frame may wait for room in ``max_inflight_bytes`` before it is refused.
-    inflight_wait: float = DEFAULT_INFLIGHT_WAIT
-    #: The part of ``max_inflight_bytes`` that one client's replies not taken yet may hold
-    #: before its calls for big answers are refused (a client: what ``owner_of`` says; 1: no share).
-    inflight_share: float = DEFAULT_INFLIGHT_SHARE
-
-    def __post_init__(self) -> None:
-        if not 0 < self.inflight_share <= 1:
-            raise ValueError(f"'inflight_share' must be more than 0 and at most 1, not {self.inflight_share}")
-        if self.max_inflight_bytes < self.max_frame_bytes:
-            raise ValueError(
-                f"'max_inflight_bytes' ({self.max_inflight_bytes}) must be at least 'max_frame_bytes' "
-                f"({self.max_frame_bytes}): a frame the one allows must fit in the other"
-            )
-
-
-@dataclass
-class Connection:
-    """One client connection, as its handler sees it."""
-
-    id: int
-    peer: tuple[str, int]
-    #: What the connection authenticated as (set by the handler); None: nothing yet.
-    principal: Any = None
-    #: A subscriber's push state on this connection (subscriptions/push.py).
-    push: Any = None
-    #: Called once when the connection ends (frees what it held, such as scanners).
-    on_close: list[Callable[[], None]] = field(default_factory=list)
-    #: Failed authentications on this connection (server/logins.py).
-    auth_failures: int = 0
-    #: Set by a handler: close the connection once this call's answer is sent.
-    close_after_reply: bool = False
-    #: Proved who it is (the server's ``trusted_after``): never closed to make room.
-    trusted: bool = False
-    #: Came over a Unix socket: a process of this machine that the socket file's permissions let in.
-    local: bool = False
-    #: Its call runs on the server's event loop now, which it may not keep waiting (rpc/loop.py).
-    on_loop: bool = False
-
-
-def each_connection(connection: Connection) -> str:
-    """Whose share of the in-flight budget a connection's replies count in, by default: its
-    own (a server with tokens names the principal: hqueue.server.app)."""
-    return f"connection {connection.id}"
-
-
-_current = threading.local()
-
-
-def current_connection() -> Connection | None:
-    """The connection the calling handler thread serves (None outside one)."""
-    return getattr(_current, "connection", None)
-
-
-def answer_slot_aside() -> contextlib.AbstractContextManager[AnswerSlot | None]:
-    """Around a wait of the call under way (a receive's long poll): the bytes held for its
-    answer (``answer_slots``) are given back meanwhile, and taken again after it if there
-    is room (:meth:`AnswerSlot.set_aside <hqueue.rpc.budget.AnswerSlot.set_aside>`: the
-    slot, whose ``held`` says so); None where the call holds none (on the event loop)."""
-    slot: AnswerSlot | None = getattr(_current, "slot", None)
-    return slot.set_aside() if slot is not None else contextlib.nullcontext()
-
-
-class RateLimitedLog:
-    """Logs a message at most once per ``interval`` seconds, counting the rest."""
-
-    def __init__(self, interval: float = 10.0, log: logging.Logger = logger) -> None:
-        self.interval, self._logger = interval, log
-        self._last: dict[str, float] = {}
-        self._suppressed: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    def warning(self, key: str, message: str, *args: Any) -> None:
-        now = time.monotonic()
-        with self._lock:
-            if now - self._last.get(key, -self.interval) < self.interval:
-                self._suppressed[key] = self._suppressed.get(key, 0) + 1
-                return
-            self._last[key] = now
-            suppressed = self._suppressed.pop(key, 0)
-        if suppressed:
-            message += f" ({suppressed} more like it in the last {self.interval:g}s)"
-        self._logger.warning(message, *args)
-
-
-class ListeningSocket(TServerSocket):
-    """A listening TCP socket, bound once, never shared with another process;
-    or a listening Unix socket (:meth:`bound_unix`)."""
-
-    #: The permissions a Unix socket's file is made with.
-    unix_mode = 0o600
-
-    @classmethod
-    def bound(cls, host: str, port: int) -> ListeningSocket:
-        """A socket listening on ``host:port`` now (port 0: a free one).
-
-        Raises:
-            OSError: the port is taken (``errno.EADDRINUSE``), or the host is no address
-                of this machine; the message names them.
-        """
-        sock = cls(host=host, port=port, client_timeout=None)
-        sock.listen()
-        return sock
-
-    @classmethod
-    def bound_unix(cls, path: str, mode: int = 0o600) -> ListeningSocket:
-        """A Unix socket listening at ``path`` now, with permissions ``mode`` (who may
-        connect). The caller owns ``path``: a file already there is an error
-        (a stale one is the caller's to remove, while it can tell it is stale)."""
-        sock = cls(unix_socket=path, client_timeout=None)
-        sock.unix_mode = mode
-        sock.listen()
-        os.chmod(path, mode)  # where the mode given before bind is not the file's (not Linux)
-        return sock
-
-    def listen(self) -> None:
-        if self.sock is not None:
-            return
-        if self.unix_socket:
-            self.sock = unix_listener(self.unix_socket, self.backlog, self.unix_mode)
-            return
-        family = socket.AF_INET6 if ":" in (self.host or "") else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        # SO_REUSEADDR only: restarts may bind over TIME_WAIT, but no second listener may.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((self.host, self.port))
-        except OSError as e:
-            sock.close()
-            if e.errno == errno.EADDRINUSE:
-                raise OSError(e.errno, f"port {self.port} on {self.host} is in use (another server?)") from e
-            raise OSError(e.errno, f"cannot listen on {self.host}:{self.port}: {e.strerror or e}") from e
-        sock.listen(self.backlog)
-        self.sock = sock
-
-    @property
-    def bound_port(self) -> int:
-        """The port actually bound (``port`` may be 0; 0 for a Unix socket)."""
-        return 0 if self.unix_socket else self.sock.getsockname()[1]
-
-    def close(self) -> None:
-        super().close()
-        if self.unix_socket:  # ours since we bound it
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.unix_socket)
 
 
 class ThreadedServer(TThreadedServer):
@@ -309,7 +146,7 @@ class ThreadedServer(TThreadedServer):
         self._served: dict[int, Any] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
-        self.log = RateLimitedLog()
+        self.log = RateLimitedLog(log=logger)
 
     @property
     def port(self) -> int:

@@ -40,8 +40,9 @@ from ..groups.state import GroupLimits
 from ..lag import LagBook
 from ..metrics import ServerMetrics
 from ..rpc import wire
+from ..rpc.connections import Connection, ListeningSocket, ServerLimits, each_connection
 from ..rpc.loop import LoopServer
-from ..rpc.threaded import Connection, ListeningSocket, ServerLimits, ThreadedServer, each_connection
+from ..rpc.threaded import ThreadedServer
 from ..services import serve_partitions, stop_serving
 from ..subscriptions.loops import DEFAULT_PUSH_THREADS
 from ..subscriptions.manager import (

@@ -27,8 +27,8 @@ from ..engine import Engine
 from ..errors import HQueueError, InvalidQueueName, NotAuthorized
 from ..metrics import ServerMetrics
 from ..rpc import wire
+from ..rpc.connections import current_connection
 from ..rpc.operations import Operation
-from ..rpc.threaded import current_connection
 
 logger = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from ..groups.service import GroupService
 from ..groups.state import check_wait
 from ..rpc import operations as op
 from ..rpc import packed, wire
+from ..rpc.connections import answer_slot_aside, current_connection
 from ..rpc.loop import may_block, on_loop
-from ..rpc.threaded import answer_slot_aside, current_connection
 from .calls import Calls, handler, served
 
 

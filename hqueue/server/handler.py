@@ -25,8 +25,8 @@ from ..groups.state import RECEIVE_BYTES
 from ..message import Message, MessageID, messages_from_columns
 from ..metrics import ServerMetrics
 from ..rpc import packed, wire
+from ..rpc.connections import current_connection
 from ..rpc.loop import may_block, on_loop
-from ..rpc.threaded import current_connection
 from .calls import CallGuard, Calls, ThriftService, served
 from .group_calls import GroupCalls
 from .logins import FailedLogins
@@ -290,7 +290,7 @@ class QueueCalls(Calls):
 BIG_ANSWERS = frozenset({"messageScannerGet", "messageScannerGetList", "messageScannerGetPacked", "groupReceive"})
 #: The bytes an answer may take (its reply's limit; the one message that passes it aside),
 #: held from the budget while the call runs on a connection's thread. A group receive
-#: gives them back while it waits for messages (rpc.threaded.answer_slot_aside).
+#: gives them back while it waits for messages (rpc.connections.answer_slot_aside).
 ANSWER_SLOTS = {
     **dict.fromkeys(["messageScannerGet", "messageScannerGetList", "messageScannerGetPacked"], wire.SCAN_REPLY_BYTES),
     "groupReceive": RECEIVE_BYTES,

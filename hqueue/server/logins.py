@@ -22,7 +22,7 @@ import threading
 import time
 from collections import OrderedDict
 
-from ..rpc.threaded import Connection, RateLimitedLog
+from ..rpc.connections import Connection, RateLimitedLog
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from ..auth import MANAGE, PushCredentials, PushPolicy
 from ..errors import HQueueError, InvalidArgument
 from ..rpc import operations as op
 from ..rpc import wire
-from ..rpc.threaded import current_connection
+from ..rpc.connections import current_connection
 from ..subscriptions.service import Subscribers
 from .calls import Calls, handler, served
 

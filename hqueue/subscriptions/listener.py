@@ -47,7 +47,8 @@ from .push import PushGuard, PushRefused, ephemeral_tls
 
 if TYPE_CHECKING:  # Thrift and kazoo load when a subscriber starts, not with hqueue
     from ..api import SubscriptionsAPI
-    from ..rpc.threaded import ServerLimits, ThreadedServer
+    from ..rpc.connections import ServerLimits
+    from ..rpc.threaded import ThreadedServer
     from .zk_registry import ZooKeeperPresence
 
 logger = logging.getLogger(__name__)
@@ -123,13 +124,13 @@ class SubscriberState:
 
 class _ConsumeHandler:
     def __init__(self, subscriber: Subscriber, guard: PushGuard) -> None:
-        from ..rpc.threaded import RateLimitedLog
+        from ..rpc.connections import RateLimitedLog
 
         self.subscriber, self.guard = subscriber, guard
         self.refusals = RateLimitedLog()  # a flood of forged pushes writes a line per 10 s
 
     def pushChallenge(self) -> bytes:
-        from ..rpc.threaded import current_connection
+        from ..rpc.connections import current_connection
 
         connection = current_connection()
         if connection is None:
@@ -138,7 +139,7 @@ class _ConsumeHandler:
 
     def consumeMessages(self, messages: list[Any], proof: Any = None) -> int:
         from ..rpc import wire
-        from ..rpc.threaded import current_connection
+        from ..rpc.connections import current_connection
 
         with self._refusing():
             self.guard.check(current_connection(), messages or [], proof)
@@ -146,7 +147,7 @@ class _ConsumeHandler:
 
     def consumePacked(self, messages: bytes, proof: Any = None) -> int:
         """consumeMessages, the batch as one packed blob (the server's first choice)."""
-        from ..rpc.threaded import current_connection
+        from ..rpc.connections import current_connection
 
         with self._refusing():
             keys, values = self.guard.check_packed(current_connection(), messages, proof)
@@ -233,7 +234,8 @@ class Subscriber:
             return self
         self.state = SubscriberState.STARTED  # before the port opens: batches may come at once
         from ..rpc import wire
-        from ..rpc.threaded import ListeningSocket, ThreadedServer
+        from ..rpc.connections import ListeningSocket
+        from ..rpc.threaded import ThreadedServer
 
         context, certificate = ephemeral_tls() if self.tls else (None, None)
         push = self.credentials = PushCredentials.new(certificate)

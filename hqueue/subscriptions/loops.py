@@ -35,7 +35,7 @@ from ..auth import PushCredentials
 from ..errors import HQueueError
 from ..groups.state import STARVE_GUARD
 from ..rpc import packed, wire
-from ..rpc.threaded import RateLimitedLog
+from ..rpc.connections import RateLimitedLog
 from .delivery import AGAIN, FINISHED, IDLE, Batch, Manager, PartitionWorker
 from .push import check_pin, mac, mac_packed, pinned_context
 from .registry import Registration

@@ -12,7 +12,7 @@ from ..coordination import Coordinator
 from ..engine import Engine
 from ..errors import HQueueError
 from ..metrics import ServerMetrics
-from ..rpc.threaded import RateLimitedLog
+from ..rpc.connections import RateLimitedLog
 from .delivery import Key, PartitionWorker
 from .loops import DEFAULT_PUSH_THREADS, PushPool, SubscriberLoop
 from .registry import Registration, SubscriberRegistry

@@ -18,8 +18,8 @@ from hqueue import HQueue, HQueueAdmin, LimitExceeded, Message, ServerBusy
 from hqueue.errors import InvalidArgument, InvalidQueueName
 from hqueue.rpc import packed, wire
 from hqueue.rpc.budget import InflightBudget
+from hqueue.rpc.connections import ServerLimits
 from hqueue.rpc.frames import FrameReader
-from hqueue.rpc.threaded import ServerLimits
 from hqueue.rpc.wire import T
 from hqueue.server import HQueueServer
 

@@ -21,8 +21,9 @@ from thriftpy2.transport.memory import TCyMemoryBuffer
 from hqueue import HQueue, HQueueAdmin, Message
 from hqueue.auth import AuthPolicy
 from hqueue.errors import InvalidArgument, StorageError
+from hqueue.rpc.connections import ServerLimits
 from hqueue.rpc.loop import CALLS_A_TURN, LoopServer
-from hqueue.rpc.threaded import ServerLimits, ThreadedServer
+from hqueue.rpc.threaded import ThreadedServer
 from hqueue.rpc.wire import T, call_frame
 from hqueue.rpc.workers import Workers
 from hqueue.server import HQueueServer

@@ -25,8 +25,8 @@ from thriftpy2.transport import TFramedTransportFactory, TTransportException
 from hqueue import HQueue, HQueueAdmin, Message, MessageID
 from hqueue.auth import AuthPolicy, PushPolicy
 from hqueue.errors import InvalidArgument, NotAuthorized, OutcomeUnknown, ServerUnavailable
+from hqueue.rpc.connections import Connection, ListeningSocket, ServerLimits
 from hqueue.rpc.frames import FrameError, FrameReader, check_call
-from hqueue.rpc.threaded import Connection, ListeningSocket, ServerLimits
 from hqueue.rpc.wire import MAX_SCAN_BATCH, T
 from hqueue.server import HQueueServer
 from hqueue.server.logins import FailedLogins

@@ -20,7 +20,7 @@ from thriftpy2.transport import TFramedTransportFactory
 from hqueue import HQueue, HQueueAdmin, Message, MessageID
 from hqueue.errors import InvalidArgument
 from hqueue.rpc import packed, threaded
-from hqueue.rpc.threaded import ServerLimits
+from hqueue.rpc.connections import ServerLimits
 from hqueue.rpc.wire import T
 from hqueue.server import HQueueServer
 from hqueue.subscriptions.listener import MessageListener, Subscriber, Subscription

@@ -120,7 +120,7 @@ def test_scans_whose_reads_ahead_fill_the_budget_wait_for_room_and_finish(tmp_pa
     the server's budget with their own answers, and the next get was refused ServerBusy,
     which the cursor raised (an attacker's probe). A refused get reads nothing: the cursor
     asks again after a pause, within its deadline."""
-    from hqueue.rpc.threaded import ServerLimits
+    from hqueue.rpc.connections import ServerLimits
 
     limits = ServerLimits(max_inflight_bytes=34 << 20, inflight_wait=0.2)
     server = HQueueServer(f"local://{tmp_path}/data", port=0, limits=limits, io=io).start()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 
@@ -30,6 +31,12 @@ from .main import Progress, Seconds, main, open_admin, open_queue
     metavar="USER:PASSWORD",
     help="ZooKeeper digest credentials: hqueue's znodes are made readable and writable by them only "
     "(give subscribers the same, through HQUEUE_ZK_AUTH).",
+)
+@click.option(
+    "--zk-open",
+    is_flag=True,
+    help="With --auth-file, run with a ZooKeeper every host that reaches it may write (no --zk-auth): "
+    "only when ZooKeeper's own network keeps everyone else out. Logged as a warning.",
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=9700, show_default=True, help="0 picks a free port.")
@@ -225,6 +232,7 @@ def server(
     storage,
     zk,
     zk_auth,
+    zk_open,
     host,
     port,
     advertise,
@@ -262,8 +270,6 @@ def server(
     log_level,
 ) -> None:
     """Serve queues over Thrift (framed transport, binary protocol)."""
-    import logging
-
     from ..auth import AuthPolicy, PushPolicy
     from ..rpc.connections import ServerLimits
     from ..server import HQueueServer
@@ -273,6 +279,7 @@ def server(
     return_freed_memory()
     if zk_auth and not zk:
         raise click.UsageError("--zk-auth goes with --zk")
+    _check_zk_access(zk, zk_auth, zk_open, auth_file)
     coordinator_factory = _zookeeper(zk, zk_auth, server_id, session_timeout) if zk else None
     url = storage or ctx.obj["url"] or default_url()
     ssl_context = _tls(tls_cert, tls_key)
@@ -338,6 +345,28 @@ def announce_console(console) -> None:
     if console.login_token:
         click.echo(f"  log in with this one-time token: {console.login_token}", err=True)
     sys.stderr.flush()
+
+
+def _check_zk_access(zk: str | None, zk_auth: str | None, zk_open: bool, auth_file: str | None) -> None:
+    """Tokens with a ZooKeeper anyone may write are no bound: a client could write a
+    subscription there and be pushed any queue, or join the servers' party and be sent
+    other clients' tokens. So --auth-file with --zk needs --zk-auth, or --zk-open said."""
+    if not zk or zk_auth:
+        if zk_open:
+            raise click.UsageError("--zk-open goes with --zk and without --zk-auth")
+        return
+    if auth_file and not zk_open:
+        raise click.UsageError(
+            "--auth-file with --zk needs --zk-auth USER:PASSWORD (or $HQUEUE_ZK_AUTH): a ZooKeeper any host may "
+            "write lets a client around the tokens (a subscription written there is pushed any queue; a server "
+            "added to the party is sent clients' tokens). If ZooKeeper's network admits only trusted hosts, "
+            "say so with --zk-open"
+        )
+    logging.getLogger(__name__).warning(
+        "ZooKeeper %s without --zk-auth: every host that reaches it may change who owns what%s",
+        zk,
+        " (--zk-open: trusted to ZooKeeper's network)" if auth_file else "",
+    )
 
 
 def _zookeeper(zk: str, auth: str | None, server_id: str | None, session_timeout: float):

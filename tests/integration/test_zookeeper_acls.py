@@ -176,3 +176,31 @@ def test_a_presence_written_straight_into_zookeeper_gets_no_pushes(tmp_path, zk_
     finally:
         server.kill()
         trap.sock.close()
+
+
+def test_tokens_with_a_zookeeper_anyone_may_write_need_zk_auth_or_zk_open_said(tmp_path, zk_hosts, hbase_standin):
+    """An anonymous ZooKeeper client could write a subscription and be pushed any queue, or
+    join the servers' party and be sent clients' tokens: with --auth-file, --zk needs
+    --zk-auth, unless --zk-open says ZooKeeper's own network keeps everyone else out."""
+    from click.testing import CliRunner
+
+    from hqueue.cli import main
+
+    auth = tmp_path / "auth.toml"
+    auth.write_text(AUTH_FILE)
+    storage = hbase_url(hbase_standin[0])
+    runner = CliRunner()
+    refused = runner.invoke(main, ["server", "--storage", storage, "--zk", zk_hosts, "--auth-file", str(auth)])
+    assert refused.exit_code == 2
+    assert "--auth-file with --zk needs --zk-auth" in refused.output and "--zk-open" in refused.output
+    for args in (["--zk-open"], ["--zk", zk_hosts, "--zk-auth", ZK_AUTH, "--zk-open"]):
+        result = runner.invoke(main, ["server", "--storage", storage, "--auth-file", str(auth), *args])
+        assert result.exit_code == 2 and "--zk-open goes with --zk and without --zk-auth" in result.output
+    server = ServerProcess(storage, tmp_path, zk=zk_hosts, extra_args=("--zk-open", "--auth-file", str(auth)))
+    try:
+        with HQueueAdmin(f"hqueue://{ADMIN}@{server.address}") as admin:
+            admin.create_queue("open", 1)
+            assert [q.name for q in admin.list_queues()] == ["open"]
+        assert "without --zk-auth" in server.log_path.read_text()
+    finally:
+        server.kill()

@@ -99,6 +99,7 @@ class ThreadedServer(TThreadedServer):
         answer_slots: Mapping[str, int] | None = None,
         owner_of: Callable[[Connection], str] | None = None,
         small_until_trusted: bool = False,
+        prove_how: str = "this server needs a token: connect with hqueue://TOKEN@host:port (or token=)",
     ) -> None:
         """``trusted_after(connection)``, asked after each call, says whether the connection
         has proved who it is (default: any call it made). ``also``: a second socket to
@@ -115,14 +116,15 @@ class ThreadedServer(TThreadedServer):
         answers are refused while the owner's share is full, so one client cannot hold the
         whole budget.
         ``small_until_trusted``: a connection's calls over UNPROVEN_FRAME_BYTES are refused
-        (NotAuthorized) until it is trusted (a server with tokens)."""
+        (NotAuthorized, saying ``prove_how``) until it is trusted (a server with tokens; a
+        subscriber's push listener)."""
         self.socket = socket
         self._big_answers = big_answers
         self._answer_slots = dict(answer_slots or {})
         self.also = also
         self.trusted_after = trusted_after or (lambda connection: True)
         #: Connections must prove who they are (tokens): until one has, its calls are small.
-        self._proof_needed = small_until_trusted
+        self._proof_needed, self._prove_how = small_until_trusted, prove_how
         self.owner_of = owner_of or each_connection
         self.service = service
         self.limits = limits or ServerLimits()
@@ -353,8 +355,8 @@ class ThreadedServer(TThreadedServer):
         if not self._proof_needed or connection.trusted or connection.local or size <= UNPROVEN_FRAME_BYTES:
             return None
         return NotAuthorized(
-            f"a call of {size} bytes before the connection authenticated (at most {UNPROVEN_FRAME_BYTES} "
-            "until then): this server needs a token: connect with hqueue://TOKEN@host:port (or token=)"
+            f"a call of {size} bytes before the connection proved who it is (at most {UNPROVEN_FRAME_BYTES} "
+            f"until then): {self._prove_how}"
         )
 
     def _no_room_for_answer(self, method: str, connection: Connection) -> ServerBusy | None:

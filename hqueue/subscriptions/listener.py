@@ -57,6 +57,8 @@ logger = logging.getLogger(__name__)
 #: Status codes returned to the server by consumeMessages: processed; a listener
 #: failed (counts toward dead_letter_after); stopping (try again later, never counts).
 OK, FAILED, STOPPING = 0, 1, 2
+#: What a connection to the push listener does before it may send more than 64 KiB.
+PROVE_PUSH = "a server proves its push key first (pushChallenge, then a proven push of no messages)"
 
 
 class MessageListener:
@@ -151,6 +153,8 @@ class _ConsumeHandler:
 
         with self._refusing():
             keys, values = self.guard.check_packed(current_connection(), messages, proof)
+        if not keys:  # the server proved the key: the connection may send big pushes now
+            return OK
         return self._deliver(lambda: messages_from_columns(keys, values), len(keys))
 
     @contextlib.contextmanager
@@ -245,8 +249,12 @@ class Subscriber:
         self._server = ThreadedServer(
             wire.T.HQueueSubscriberService, _ConsumeHandler(self, self.guard), socket, ssl_context=context,
             limits=self.limits,
-            # Only a connection that pushed with a valid proof (a server) keeps its place when all are taken.
+            # Only a connection that pushed with a valid proof (a server) keeps its place when all
+            # are taken, and sends calls over 64 KiB (a stranger's big frames, sent slowly, held
+            # the budget: pushes stalled).
             trusted_after=lambda connection: connection.push is not None and connection.push.sequence > 0,
+            small_until_trusted=True, prove_how=PROVE_PUSH,
+            refuse_with=lambda method, error: wire.T.TPushRefused(message=f"{type(error).__name__}: {error}"),
         )  # fmt: skip
         self._server.serve_in_thread(f"hqueue-subscriber-{self.name}")
         try:

@@ -254,6 +254,8 @@ class SubscriberLoop:
         if self._packed:
             blob = packed.pack(batch.keys, batch.values)
             try:
+                if self._sequence == 0:
+                    self._introduce(key, pid, epoch)
                 return self._client.consumePacked(blob, self._proof(key, pid, epoch, mac_packed, blob))
             except TApplicationException as e:
                 if e.type != TApplicationException.UNKNOWN_METHOD:
@@ -261,6 +263,16 @@ class SubscriberLoop:
                 self._packed = False  # an older subscriber: it answered, and the connection goes on
         messages = wire.to_tmessages(batch.messages())
         return self._client.consumeMessages(messages, self._proof(key, pid, epoch, mac, messages))
+
+    def _introduce(self, key: bytes, pid: int, epoch: int) -> None:
+        """A connection's first push carries no messages: it proves the key, and the subscriber
+        then takes calls over 64 KiB from it (push.py). An older subscriber refuses it, and
+        takes big pushes unproven."""
+        empty = packed.pack([], [])
+        try:
+            self._client.consumePacked(empty, self._proof(key, pid, epoch, mac_packed, empty))
+        except wire.T.TPushRefused:
+            pass
 
     def _proof(self, key: bytes, pid: int, epoch: int, sign: Callable[..., bytes], content: Any) -> Any:
         """The next push's proof: the connection's next sequence, and ``sign``'s MAC over

@@ -10,7 +10,10 @@ with TLS, the SHA-256 fingerprint of a certificate made for this run
 never anywhere a client token can read.
 
 On every connection the server first asks ``pushChallenge()`` for a fresh
-random challenge; each push then carries a :class:`TPushProof`: queue,
+random challenge, and proves the key with a push of no messages: until a
+connection has, the subscriber takes no call over 64 KiB from it (a
+stranger's big frames, sent slowly, held its memory). Each push then
+carries a :class:`TPushProof`: queue,
 subscriber, partition, the registration's epoch, a sequence number that
 grows on the connection, and an HMAC-SHA256 with the key over all of it and
 over every message's ID, topic and value. :class:`PushGuard` (the
@@ -189,8 +192,11 @@ class PushGuard:
                 keys, values = packed.unpack(blob)
             except InvalidArgument as e:
                 raise PushRefused(f"a malformed push: {e}") from None
-            if not keys or len(keys) > MAX_PUSH_MESSAGES:
-                raise PushRefused(f"a push carries 1 to {MAX_PUSH_MESSAGES} messages, got {len(keys)}")
+            if len(keys) > MAX_PUSH_MESSAGES:
+                raise PushRefused(f"a push carries at most {MAX_PUSH_MESSAGES} messages, got {len(keys)}")
+            if not keys:  # the server proving the key before it sends more than a small call
+                self._advance(state, proof, None)
+                return keys, values
             if min(map(len, keys)) < ROWKEY_LENGTH:
                 raise PushRefused(f"every pushed message needs its {ROWKEY_LENGTH}-byte rowkey")
             pid = proof.partitionID
@@ -239,11 +245,15 @@ class PushGuard:
             raise PushRefused(f"partition {proof.partitionID} is not one this subscription takes")
 
     @staticmethod
-    def _advance(state: _ConnectionState, proof: Any, first: tuple[int, int]) -> None:
-        """Accept the push whose first message's ID is ``first`` (timestamp, sequence): its
-        sequence must be above the connection's last, and it must not go back."""
+    def _advance(state: _ConnectionState, proof: Any, first: tuple[int, int] | None) -> None:
+        """Accept the push whose first message's ID is ``first`` (timestamp, sequence; None:
+        a push of no messages, which proves the key): its sequence must be above the
+        connection's last, and it must not go back."""
         if proof.sequence <= state.sequence:
             raise PushRefused(f"push sequence {proof.sequence} is not above {state.sequence}: a replay")
+        if first is None:
+            state.sequence = proof.sequence
+            return
         pid, epoch = proof.partitionID, proof.epoch or 0  # as the MAC covers it
         before = state.positions.get(pid)
         if before is not None and (epoch < before[0] or (epoch == before[0] and first < before[1])):

@@ -884,7 +884,7 @@ def test_a_connection_without_a_token_sends_no_big_call_into_the_budget(tmp_path
         sock.sendall(frame[1 << 16 :])  # the rest comes: it was never run
         answer: list = []
         read_reply(sock, answer)
-        assert "before the connection authenticated" in answer[0].denied.message
+        assert "before the connection proved who it is" in answer[0].denied.message
         # A client with its token puts as big a batch as ever
         ops = f"hqueue://ops-secret-0123456789@{server.address}"
         with HQueueAdmin(ops) as admin:

@@ -90,11 +90,13 @@ def test_pushes_without_a_proof_or_challenge_are_refused_and_never_reach_a_liste
     client.pushChallenge()
     with pytest.raises(T.TPushRefused, match="proof"):
         client.consumeMessages([tmessage(999, 1)])
-    with pytest.raises(T.TPushRefused):
+    with pytest.raises(T.TPushRefused, match="NotAuthorized: a call of .* bytes before the connection proved"):
         client.consumeMessages([tmessage(0, 10**12 + i) for i in range(100_000)], T.TPushProof(mac=b"x" * 32))
+    with pytest.raises(T.TPushRefused, match="proof"):  # refused unread: the connection goes on
+        client.consumeMessages([tmessage(999, 1)])
     client.close()
     assert [m.value for m in listener.messages] == [b"real"]
-    assert subscriber.guard.refused == 3
+    assert subscriber.guard.refused == 3  # (the big call never reached the guard)
     queue.put(Message("t", b"after"), partition_id=1)  # real pushes still come
     wait_for(lambda: len(listener.messages) == 2, 30, "the next real message")
 
@@ -263,7 +265,6 @@ def test_a_packed_push_is_proven_over_its_blob_and_refused_as_the_other_kind_is(
     # Proven, but malformed or not of this subscription: never passed on.
     bad = [
         ({}, b"\x05\x00\x00\x00", "malformed"),
-        ({}, packed.pack([], []), "1 to"),
         ({}, packed.pack([b"short"], [b"v"]), "rowkey"),
         ({"pid": 999}, packed.pack(*cells(999, (2**40 + 1, 0))), "partition 999"),
         ({}, packed.pack(*cells(1, (2**40 + 1, 0))), "another partition"),
@@ -275,6 +276,11 @@ def test_a_packed_push_is_proven_over_its_blob_and_refused_as_the_other_kind_is(
     for sequence, (changes, garbage, error) in enumerate(bad, start=2):
         with pytest.raises(T.TPushRefused, match=error):
             client.consumePacked(garbage, packed_proof(subscriber, challenge, sequence, garbage, **changes))
+    # A proven push of no messages proves the key (what a server sends first): accepted, nothing passed on.
+    empty = packed.pack([], [])
+    assert client.consumePacked(empty, packed_proof(subscriber, challenge, 97, empty)) == 0
+    with pytest.raises(T.TPushRefused, match="replay"):
+        client.consumePacked(empty, packed_proof(subscriber, challenge, 97, empty))
     with pytest.raises(T.TPushRefused):  # not even bytes
         client.consumePacked(None, packed_proof(subscriber, challenge, 99, b""))
     # A proof with no epoch is one of epoch 0, as its MAC is (it did not end the connection with a TypeError).
@@ -286,7 +292,7 @@ def test_a_packed_push_is_proven_over_its_blob_and_refused_as_the_other_kind_is(
     got = listener.messages[1]
     assert [m.value for m in listener.messages] == [b"real", b"one", b"two"]
     assert (got.id, got.partition_id, got.topic) == (MessageID(2**40, 0), 0, "t")
-    assert subscriber.guard.refused == len(bad) + 6
+    assert subscriber.guard.refused == len(bad) + 7  # and the empty push replayed
 
 
 def test_a_subscriber_that_does_not_know_packed_pushes_gets_every_message_as_tmessages(tmp_path, monkeypatch):
@@ -319,3 +325,27 @@ def test_a_subscriber_that_does_not_know_packed_pushes_gets_every_message_as_tme
             assert {m.value for m in listener.messages} == {b"%d" % i for i in range(3000)}
     finally:
         server.stop()
+
+
+def test_a_connection_sends_no_call_over_64_kib_before_it_proves_the_push_key(running):
+    """Anyone who reaches the push port held its in-flight budget with a few 16 MiB frames
+    sent a byte a second (pushes stalled for as long): until a connection has proven the
+    key, a call over 64 KiB is refused from its head, typed, and the connection goes on."""
+    server, queue, subscriber, listener = running
+    blob = packed.pack(*cells(0, *[(2**40 + i, 0) for i in range(100)], value=b"v" * 1000))
+    assert len(blob) > 64 * 1024
+    client = subscriber_client(subscriber.address)
+    challenge = client.pushChallenge()
+    with pytest.raises(T.TPushRefused, match="before the connection proved who it is.*pushChallenge"):
+        client.consumePacked(blob, packed_proof(subscriber, challenge, 1, blob))  # even proven: too big yet
+    empty = packed.pack([], [])
+    assert client.consumePacked(empty, packed_proof(subscriber, challenge, 2, empty)) == 0
+    assert client.consumePacked(blob, packed_proof(subscriber, challenge, 3, blob)) == 0
+    assert len(listener.messages) == 101
+    # A slow stranger's big frame holds nothing: refused from its head while the server's pushes go on.
+    stranger = socket.create_connection(("127.0.0.1", int(subscriber.address.rpartition(":")[2])))
+    stranger.sendall(struct.pack(">i", 16 * 1024 * 1024) + b"\x80\x01\x00\x01")
+    queue.put([Message("t", b"x" * 2048) for _ in range(100)], partition_id=1)  # a real push of 200 KB
+    wait_for(lambda: len(listener.messages) == 201, 30, "the server's big push")
+    stranger.close()
+    client.close()

@@ -255,6 +255,12 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
                 state.affinity = KeyAffinity(group.config.key_affinity)
         return state
 
+    def held(self) -> list[tuple[str, str]]:
+        """The (queue, group) pairs whose state this service holds now (any it served and
+        that were not deleted since)."""
+        with self._lock:
+            return list(self._groups)
+
     def names(self, queue: str) -> list[str]:
         self.engine.queue_info(queue, fresh=True)
         prefix = f"groups/{queue}/"

@@ -30,10 +30,11 @@ and one lock (about 1 µs), where ``Histogram.labels(queue).observe()`` and
 from __future__ import annotations
 
 import bisect
+import contextlib
 import gc
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
@@ -87,6 +88,13 @@ class LabelledCounts:
         """Every label set's count together."""
         with self._lock:
             return sum(self._counts.values())
+
+    def keep(self, wanted: Callable[[tuple[str, ...]], bool]) -> None:
+        """Drop the label sets ``wanted`` says no to (what they counted is gone: a deleted
+        group's series no longer take memory, nor lines in every scrape)."""
+        with self._lock:
+            for values in [v for v in self._counts if not wanted(v)]:
+                del self._counts[values]
 
     def family(self) -> Family:
         family = Family(self.name, self.help, "counter")
@@ -192,11 +200,13 @@ class ServerMetrics:
         self.group_nacked = LabelledCounts(
             "hqueue_group_nacked_messages", "Messages consumer-group members gave back.", group
         )
+        self._group_counts = (self.group_received, self.group_acked, self.group_unknown_acks, self.group_nacked)
+        #: The consumer groups there are now (the server sets it): the series of any other
+        #: are dropped at a scrape, so a client that makes and deletes groups grows nothing.
+        self.groups_now: Callable[[], Collection[tuple[str, str]]] | None = None
         self._families: list[Callable[[], Iterable[Family]]] = [
             lambda: _put_families(list(self._puts.values())),
-            lambda: [
-                c.family() for c in (self.group_received, self.group_acked, self.group_unknown_acks, self.group_nacked)
-            ],
+            self._group_families,
         ]
         self._render_lock = threading.Lock()
         self._endpoint: Any = None
@@ -208,6 +218,27 @@ class ServerMetrics:
             with self._puts_lock:
                 series = self._puts.setdefault(queue, PutSeries(queue))
         return series
+
+    def _group_families(self) -> list[Family]:
+        if self.groups_now is not None:
+            live = set(self.groups_now())
+            for counts in self._group_counts:
+                counts.keep(live.__contains__)
+        return [counts.family() for counts in self._group_counts]
+
+    def forget_queue(self, queue: str) -> None:
+        """Drop a deleted queue's series: its puts' and its groups'."""
+        with self._puts_lock:
+            self._puts.pop(queue, None)
+        for counts in self._group_counts:
+            counts.keep(lambda values: values[0] != queue)
+
+    def forget_subscriber(self, queue: str, subscriber: str) -> None:
+        """Drop the series of a subscriber this server no longer pushes to (deleted, detached
+        or moved: they start again from 0 if it comes back, as a counter may)."""
+        for metric in (self.delivered, self.delivery_failures, self.delivery_seconds, self.dead_lettered):
+            with contextlib.suppress(KeyError):
+                metric.remove(queue, subscriber)
 
     def put_counts(self) -> dict[str, int]:
         """Messages put so far per queue (the ``hqueue_put_messages`` counters)."""

@@ -325,6 +325,7 @@ class HQueueServer:
         self.groups = self.handler.group_calls.service = serve_partitions(
             self.engine, self.coordinator, self.group_limits
         )
+        self.metrics.groups_now = self.groups.held
         self.coordinator.start(lambda: [(q.name, q.partitions) for q in self.engine.list_queues()])
         registry = self._registry()
         self.engine.subscriptions = self.handler.subscription_calls.service = Subscribers(self.engine, registry)

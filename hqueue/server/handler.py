@@ -251,6 +251,7 @@ class QueueCalls(Calls):
     @served("admin")
     def dropQueue(self, queue: str) -> None:
         self.engine.delete_queue(queue)
+        self.metrics.forget_queue(queue)
         self.coordinator.queues_changed()
 
     # -- timers (SPEC X1) -------------------------------------------------------------------

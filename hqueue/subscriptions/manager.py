@@ -133,6 +133,7 @@ class SubscriptionManager:
             owed = {(queue, name) for queue, name, _ in self.workers}
             for loop_key in [k for k in self.loops if k not in owed]:
                 self.loops.pop(loop_key).stop()
+                self.metrics.forget_subscriber(*loop_key)  # (bounded by the subscribers pushed to)
 
     def running(self) -> list[PartitionWorker]:
         """The workers now (a copy: reconcile changes the map on its own thread)."""

@@ -461,3 +461,32 @@ def test_silent_connections_holding_every_slot_do_not_keep_a_scrape_out(tmp_path
         for connection in silent:
             connection.close()
         server.stop()
+
+
+def test_series_of_deleted_groups_queues_and_subscribers_go_with_them(server):
+    """A token that may only consume made, used and deleted groups in a loop: each left four
+    series behind for ever (the scrape and the server's memory grew without bound)."""
+    url = f"hqueue://{server.address}"
+    with HQueueAdmin(url) as admin, HQueue("q", url) as queue:
+        queue.put([Message("t", b"x")] * 40, partition_id=0)
+        for round in range(20):
+            with queue.consumer(f"g{round}", member="m") as consumer:
+                consumer.ack(consumer.receive(2, wait=1))
+            admin.delete_group("q", f"g{round}")
+        with queue.consumer("kept", member="m") as consumer:
+            consumer.ack(consumer.receive(2, wait=1))
+        text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
+        assert re.findall(r'^hqueue_group_acked_messages_total\{group="([^"]+)"', text, re.M) == ["kept"]
+        # A subscriber's series go when this server no longer pushes to it.
+        taker = Take()
+        with queue.create_subscriber(Subscription("taker"), [taker]):
+            queue.put([Message("t", b"y")] * 3, partition_id=1)
+            wait_for(lambda: taker.count == 3, 20, "delivery")
+            assert scrape(server)['hqueue_delivered_messages_total{queue="q",subscriber="taker"}'] == 3
+        admin.delete_subscriber("q", "taker")
+        wait_for(lambda: not any('subscriber="taker"' in k for k in scrape(server)), 20, "the subscriber's series gone")
+        # A deleted queue's put and group series go with it.
+        admin.disable_queue("q")
+        admin.delete_queue("q")
+    metrics = scrape(server)
+    assert not [k for k in metrics if 'queue="q"' in k and ("put" in k or "group_" in k and "_total" in k)]

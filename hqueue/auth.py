@@ -63,6 +63,7 @@ import fnmatch
 import hashlib
 import hmac
 import ipaddress
+import logging
 import os
 import secrets
 import socket
@@ -197,7 +198,15 @@ class AuthPolicy:
         tokens = data.get("tokens")
         if not isinstance(tokens, dict) or not tokens:
             raise InvalidArgument(f"auth file {os.fspath(path)!r}: no [tokens.NAME] tables")
-        return cls({name: _token(name, entry) for name, entry in tokens.items()})
+        policy = cls({name: _token(name, entry) for name, entry in tokens.items()})
+        plain = sorted(name for name, entry in tokens.items() if isinstance(entry, dict) and "secret" in entry)
+        if plain and os.stat(path).st_mode & 0o077:
+            logging.getLogger(__name__).warning(
+                "auth file %s holds the secrets of %s in clear and other users may read it: chmod 600 it, "
+                "or give secret_sha256 instead",
+                os.fspath(path), ", ".join(plain),
+            )  # fmt: skip
+        return policy
 
     def authenticate(self, token: str) -> Principal:
         """The principal for ``token``; NotAuthorized for an unknown one."""

@@ -188,7 +188,9 @@ class EmbeddedStorage(Healing, Storage):
 
     def _open(self) -> rocksdict.Rdict:
         try:
-            os.makedirs(self.path, exist_ok=True)
+            # A new store is its owner's only (its files hold every message): sharing it with a
+            # group is a choice made on the directory (docs/cli.md).
+            os.makedirs(self.path, mode=0o700, exist_ok=True)
         except OSError as e:  # a file there, a tree where none may be made, no permission
             why = "it is not a directory" if os.path.exists(self.path) else (e.strerror or str(e))
             raise StorageError(f"cannot open the embedded store {self.path}: {why}") from e

@@ -672,3 +672,28 @@ def test_subscriber_calls_on_a_missing_queue_are_queue_not_found(server):
             admin.set_checkpoint("missing", "s", None, MessageID(1))
         with pytest.raises(QueueNotFound):
             admin.delete_subscriber("missing", "s")
+
+
+def test_a_new_store_is_its_owner_s_only_and_a_readable_auth_file_with_secrets_is_warned_of(tmp_path, caplog):
+    """Every message is in the store's files: a store hqueue made was 0755 (its files 0644),
+    so any local user could read them whatever the tokens said (attacker pass)."""
+    with HQueueAdmin(data_dir=str(tmp_path / "made")) as admin:
+        admin.create_queue("q", 1)
+    assert oct(os.stat(tmp_path / "made").st_mode & 0o777) == "0o700"
+    shared = tmp_path / "shared"  # a directory made for a group keeps its mode
+    shared.mkdir(mode=0o750)
+    os.chmod(shared, 0o750)
+    with HQueueAdmin(data_dir=str(shared)) as admin:
+        admin.create_queue("q", 1)
+    assert oct(os.stat(shared).st_mode & 0o777) == "0o750"
+    auth = tmp_path / "auth.toml"
+    auth.write_text('[tokens.ops]\nsecret = "ops secret 0123456789"\nadmin = ["*"]\n')
+    os.chmod(auth, 0o644)
+    with caplog.at_level(logging.WARNING, logger="hqueue.auth"):
+        AuthPolicy.load(auth)
+    assert "holds the secrets of ops in clear and other users may read it" in caplog.text
+    caplog.clear()
+    os.chmod(auth, 0o600)
+    with caplog.at_level(logging.WARNING, logger="hqueue.auth"):
+        AuthPolicy.load(auth)
+    assert caplog.text == ""

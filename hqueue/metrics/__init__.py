@@ -273,12 +273,12 @@ class ServerMetrics:
                 if paused:
                     gc.enable()
 
-    def serve(self, port: int, host: str = "127.0.0.1", allows: Callable[[str | None], bool] | None = None) -> int:
+    def serve(self, port: int, host: str = "127.0.0.1", allows: Callable[[str | None, str], bool] | None = None) -> int:
         """Serve ``/metrics`` over HTTP in a thread; returns the port (0: a free one).
 
         Args:
-            allows: Whether a request's ``Authorization`` header (None: none) may
-                read; None lets every request read.
+            allows: Whether a request's ``Authorization`` header (None: none), from a
+                peer host, may read; None lets every request read.
         """
         self._endpoint = MetricsEndpoint(self.render, host, port, allows)
         logger.info("metrics on http://%s:%d/metrics", host, self._endpoint.port)

@@ -42,7 +42,7 @@ class MetricsEndpoint:
 
     Args:
         render: The body of a scrape.
-        allows: Whether an ``Authorization`` header value (None: absent) may read;
+        allows: Whether an ``Authorization`` header value (None: absent), from a peer host, may read;
             None: every request may.
 
     Raises:
@@ -50,7 +50,7 @@ class MetricsEndpoint:
     """
 
     def __init__(
-        self, render: Callable[[], bytes], host: str, port: int, allows: Callable[[str | None], bool] | None
+        self, render: Callable[[], bytes], host: str, port: int, allows: Callable[[str | None, str], bool] | None
     ) -> None:
         check = staticmethod(allows) if allows is not None else None
         handler = type("Handler", (_Handler,), {"render": staticmethod(render), "allows": check})
@@ -125,7 +125,7 @@ class _Server(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.0"
     render: Callable[[], bytes]
-    allows: Callable[[str | None], bool] | None
+    allows: Callable[[str | None, str], bool] | None
 
     def setup(self) -> None:
         super().setup()
@@ -134,7 +134,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self.server.spoke(self.request)  # type: ignore[attr-defined]
         allows = type(self).allows
-        if allows is not None and not allows(self.headers.get("Authorization")):
+        if allows is not None and not allows(self.headers.get("Authorization"), self.client_address[0]):
             self._reply(401, b"a bearer token with the metrics role is needed\n", {"WWW-Authenticate": "Bearer"})
         elif urlsplit(self.path).path not in ("/metrics", "/"):
             self._reply(404, b"only /metrics is served here\n")

@@ -307,7 +307,22 @@ class HQueueServer:
         self.lag = book = LagBook(self.engine)
         self.coordinator.add_listener(lambda gained, lost: book.forget(gained | lost))
         self.metrics.watch(server_gauges(self, book))
-        self.metrics_port = self.metrics.serve(port, host, None if access.open else access.allows)
+        self.metrics_port = self.metrics.serve(port, host, None if access.open else self._scrape_allowed(access))
+
+    def _scrape_allowed(self, access: MetricsAccess) -> Callable[[str | None, str], bool]:
+        """Whether a scrape's bearer token may read, wrong ones slowed down as log-ins on the
+        Thrift port are, counted with them per host (it answered 700 guesses a second)."""
+        logins = self.handler.queues.failed_logins
+
+        def allowed(authorization: str | None, host: str) -> bool:
+            if access.allows(authorization):
+                return True
+            if authorization:  # a token, and a wrong one
+                delay, _ = logins.failed(Connection(0, (host, 0)))
+                time.sleep(delay)
+            return False
+
+        return allowed
 
     @property
     def connections(self) -> int:

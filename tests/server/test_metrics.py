@@ -232,6 +232,12 @@ def test_a_metrics_token_is_needed_and_checked(tmp_path):
         status, body = get(port, METRICS_TOKEN)
         assert status == 200 and b"hqueue_connections" in body
         assert get(port, METRICS_TOKEN, "/other")[0] == 404
+        # Wrong tokens are log-ins that failed: logged, and slowed as on the Thrift port (a
+        # scrape answered 700 guesses a second, silently); the right one still reads.
+        for _ in range(4):
+            assert get(port, "guess-0123456789abcdef")[0] == 401
+        assert "refused a token from 127.0.0.1" in process.log_path.read_text()
+        assert get(port, METRICS_TOKEN)[0] == 200
     finally:
         process.terminate()
 

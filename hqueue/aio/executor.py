@@ -152,26 +152,47 @@ class ExecutorGroups(_Awaitable):
 
 
 class ExecutorCursor:
-    """A store cursor whose chunks are read in the executor."""
+    """A store cursor whose chunks are read in the executor, one call at a time.
+
+    A fetch whose task is cancelled goes on in its thread (a thread cannot be
+    stopped): the close that follows runs in the executor after it, never
+    beside it. A client's cursor (a shared store's other process) is a
+    connection with requests on the wire: two threads on it read each other's
+    answers (a cancelled scan's stale reply reached a put), and its close,
+    which reads the answers still due, blocked the loop.
+    """
 
     def __init__(self, cursor: Any, engine: ExecutorEngine) -> None:
         self._cursor, self._engine = cursor, engine
+        self._turn = threading.Lock()
 
     @property
     def done(self) -> bool:
         return bool(self._cursor.done)
 
+    def _one_at_a_time(self, call: Callable[[], Any]) -> Any:
+        with self._turn:
+            return call()
+
     async def fetch(self) -> list[Message]:
-        return await self._engine.run(self._cursor.fetch)
+        return await self._engine.run(self._one_at_a_time, self._cursor.fetch)
 
     async def fetch_columns(self) -> Any:
-        return await self._engine.run(self._cursor.fetch_columns)
+        return await self._engine.run(self._one_at_a_time, self._cursor.fetch_columns)
 
     async def close(self) -> None:
-        self._cursor.close()  # an embedded cursor holds nothing between chunks
+        try:
+            await self._engine.run(self._one_at_a_time, self._cursor.close)
+        except RuntimeError:  # the handle closed: releasing the store ends its cursors
+            pass
 
     def abandon(self) -> None:
-        self._cursor.close()
+        """Close it in the executor, after a fetch still running there; not waited for
+        (the scan's task may be cancelled)."""
+        try:
+            self._engine._executor.submit(self._one_at_a_time, self._cursor.close)
+        except RuntimeError:  # the handle closed: releasing the store ends its cursors
+            pass
 
 
 class _Waker:

@@ -75,7 +75,11 @@ class AsyncScanner:
                 await cursor.close()
         finally:
             for task in opening:
-                task.cancel()
+                if not task.done():
+                    task.cancel()
+                    task.add_done_callback(_abandon_opened)  # (an open may end, opened, after all)
+                elif not task.cancelled() and task.exception() is None and task.result() not in cursors:
+                    cursors.append(task.result())  # opened while the scan was cancelled: it holds a connection
             for cursor in cursors:
                 if not cursor.done:
                     cursor.abandon()  # no call from here: the task may be cancelled; its connection is dropped
@@ -117,6 +121,12 @@ async def _all(calls: Iterable[Awaitable[_T]]) -> list[_T]:
             task.cancel()
         await asyncio.wait(tasks)  # (cancelled again meanwhile: the tasks are cancelled already)
         raise
+
+
+def _abandon_opened(task: asyncio.Future[Any]) -> None:
+    """A cursor's open, cancelled with its scan: what it opened anyway is let go."""
+    if not task.cancelled() and task.exception() is None and not task.result().done:
+        task.result().abandon()
 
 
 async def _nothing() -> AsyncGenerator[Message, None]:

@@ -8,6 +8,7 @@ authenticates and speaks TLS the same way (and a wrong token is NotAuthorized).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
 
@@ -155,3 +156,41 @@ def test_a_cancelled_call_of_a_member_leaves_its_other_leases_alone(tmp_path):
     assert sorted(pending) == [("A", 1)] * 5  # still A's, first attempt
     assert sorted(others) == [b"5", b"6", b"7", b"8", b"9"]  # B gets only the rest
     assert acked == 5
+
+
+def test_cancelled_scans_leave_no_connection_behind(tmp_path):
+    """A scan cancelled while its partitions' cursors opened kept the cursors that had opened
+    (and their connections) for as long as the handle lived: one connection a scan, about
+    (an acceptance probe: 100 cancelled scans, 97 more connections)."""
+    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
+    try:
+        with HQueueAdmin(f"hqueue://{server.address}") as admin:
+            admin.create_queue("q", 8)
+
+        async def main() -> tuple[int, int]:
+            async with AsyncHQueue("q", f"hqueue://{server.address}") as queue:
+                for pid in range(8):
+                    await queue.put([Message("t", b"x" * 100) for _ in range(2000)], partition_id=pid)
+                engine = await queue.async_engine()
+                for round in range(80):
+
+                    async def scan() -> None:
+                        async for _ in queue.scan():
+                            await asyncio.sleep(0.0005)
+
+                    task = asyncio.ensure_future(scan())
+                    for _ in range(round % 8):  # cancelled at every step of opening and reading
+                        await asyncio.sleep(0)
+                    await asyncio.sleep(0.001 * (round % 3))
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                await asyncio.sleep(0.5)
+                count = len([m async for m in queue.scan()])
+                return engine.connections, count
+
+        connections, count = asyncio.run(main())
+        assert count == 16_000
+        assert connections <= 16  # the scans' 8 (kept idle for reuse), and a few calls'
+    finally:
+        server.stop()

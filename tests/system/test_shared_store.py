@@ -141,6 +141,63 @@ def test_a_receive_waiting_when_the_serving_process_exits_carries_on_with_the_ne
         holder.kill()
 
 
+def test_asyncio_scans_cancelled_in_a_client_process_leave_its_connections_in_step(data):
+    """In a client process, a cancelled scan's fetch went on in its thread while its close ran
+    on the loop: two threads on one connection read each other's answers (QueueNotFound for
+    a queue that exists, ProtocolError), and such a connection went back to the pool the
+    puts use; the close also blocked the loop (an acceptance probe)."""
+    from hqueue import Message
+    from hqueue.aio import AsyncHQueue
+
+    with HQueue("q", data_dir=data) as queue:
+        for pid in (0, 1):
+            queue.put([Message("t", b"x" * 100) for _ in range(5000)], partition_id=pid)
+    holder = Proc("-c", HOLD_THEN_EXIT, data, "300")
+    try:
+        wait_for(lambda: serving_pid(data) == holder.pid, 60, "the holder to serve the store")
+
+        async def main() -> tuple[list[str], dict, dict]:
+            errors: list[str] = []
+            acked: dict[bytes, tuple] = {}
+            async with AsyncHQueue("q", f"local://{data}") as scanned, AsyncHQueue("q", f"local://{data}") as put:
+                done = False
+
+                async def putter() -> None:
+                    n = 0
+                    while not done:
+                        n += 1
+                        batch = [Message("p", b"put-%d-%d" % (n, i)) for i in range(2)]
+                        for message, mid in zip(batch, await put.put(batch, partition_id=n % 2), strict=True):
+                            acked[message.value] = (n % 2, mid)
+
+                putting = asyncio.ensure_future(putter())
+                for round in range(120):
+
+                    async def scan() -> None:
+                        async for _ in scanned.scan():
+                            await asyncio.sleep(0.0005)
+
+                    task = asyncio.ensure_future(scan())
+                    await asyncio.sleep(0.001 * (round % 6))
+                    task.cancel()
+                    try:
+                        await task
+                    except asyncio.CancelledError:
+                        pass
+                    except Exception as e:  # noqa: BLE001 - what the test counts
+                        errors.append(f"{type(e).__name__}: {e}")
+                done = True
+                await putting
+                stored = {m.value: (m.partition_id, m.id) async for m in put.scan() if m.topic == "p"}
+            return errors, acked, stored
+
+        errors, acked, stored = asyncio.run(asyncio.wait_for(main(), 240))
+        assert errors == []
+        assert acked and all(stored.get(value) == where for value, where in acked.items())
+    finally:
+        holder.kill()
+
+
 @pytest.mark.slow
 def test_kill_9_of_the_serving_process_under_load_loses_no_acknowledged_write(data):
     kills = int(os.environ.get("HQUEUE_SHARED_KILLS", "10"))

@@ -194,3 +194,35 @@ def test_cancelled_scans_leave_no_connection_behind(tmp_path):
         assert connections <= 16  # the scans' 8 (kept idle for reuse), and a few calls'
     finally:
         server.stop()
+
+
+def test_a_burst_of_awaited_calls_shares_a_bounded_number_of_connections(tmp_path):
+    """A gather of 2,000 puts opened 2,000 connections and kept them all, idle, for the
+    handle's life: the process then could not open a file, and a server sharing its limit
+    failed to accept (an acceptance probe)."""
+    from hqueue.aio.client.transport import MAX_CALLS, MAX_IDLE
+
+    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
+    try:
+        with HQueueAdmin(f"hqueue://{server.address}") as admin:
+            admin.create_queue("q", 4)
+
+        async def main() -> tuple[int, int, int]:
+            async with AsyncHQueue("q", f"hqueue://{server.address}") as queue:
+                engine = await queue.async_engine()
+                most = 0
+
+                async def put(i: int) -> None:
+                    nonlocal most
+                    await queue.put(Message("t", b"%d" % i), partition_id=i % 4)
+                    most = max(most, engine.connections)
+
+                await asyncio.gather(*[put(i) for i in range(2000)])
+                count = len([m async for m in queue.scan()])
+                return most, engine.connections, count
+
+        most, after, count = asyncio.run(main())
+        assert count == 2000
+        assert most <= MAX_CALLS + 2 and after <= MAX_IDLE
+    finally:
+        server.stop()

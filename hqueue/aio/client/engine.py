@@ -119,10 +119,10 @@ class AsyncRemoteEngine:
             for attempt in range(1, READ_TRIES + 1):
                 pool = self.pool(address)
                 try:
-                    connection = pool.take_idle()  # the usual case: no wait, so no timer to set
+                    connection = pool.take_idle(call=True)  # the usual case: no wait, so no timer to set
                     if connection is None:
                         async with asyncio.timeout_at(deadline):
-                            connection = await pool.take()
+                            connection = await pool.take(call=True)
                 except NotSentError as e:
                     raise self._unavailable(address, method, e.cause) from e.cause
                 except TimeoutError as e:

@@ -18,6 +18,8 @@ connection in an unknown state: the connection is closed, never reused.
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import ssl
 import struct
 from typing import Any
@@ -105,46 +107,104 @@ class AsyncConnection:
             self.writer.transport.abort()
 
 
+#: Connections one server's pool lends for calls at once: a burst of awaited calls (a
+#: ``gather`` of 2,000 puts) waits for one instead of opening a socket each (the process's
+#: and the server's file descriptors ran out). A scan's cursors are not counted: one holds
+#: a connection per partition for the scan's life.
+MAX_CALLS = 128
+#: Idle connections a pool keeps for reuse; one given back past them is closed.
+MAX_IDLE = 16
+
+
 class AsyncPool:
-    """Connections to one server: idle ones are reused, every one is closed by :meth:`close`."""
+    """Connections to one server: idle ones are reused (at most MAX_IDLE kept), at most
+    MAX_CALLS lent for calls at once, every one closed by :meth:`close`."""
 
     def __init__(self, address: str, token: str | None, ssl_context: ssl.SSLContext | None) -> None:
         host, _, port = address.rpartition(":")
         self.address, self.host, self.port = address, host, int(port)
         self.token, self.ssl_context = token, ssl_context
+        self.max_calls, self.max_idle = MAX_CALLS, MAX_IDLE
         self._idle: list[AsyncConnection] = []
         self._open: set[AsyncConnection] = set()
+        self._for_calls: set[AsyncConnection] = set()
+        self._lent = 0  # for calls, and taking
+        self._room: collections.deque[asyncio.Future[None]] = collections.deque()
         self.closed = False
 
-    def take_idle(self) -> AsyncConnection | None:
-        """An idle connection for the caller alone, if there is one (no wait)."""
+    def take_idle(self, call: bool = False) -> AsyncConnection | None:
+        """An idle connection for the caller alone, if there is one (and, for a ``call``,
+        room among the calls' connections); no wait."""
+        if call and self._lent >= self.max_calls:
+            return None
         while self._idle:
             connection = self._idle.pop()
             if not connection.stale():
+                if call:
+                    self._lent += 1
+                    self._for_calls.add(connection)
                 return connection
             self._drop(connection)
         return None
 
-    async def take(self) -> AsyncConnection:
-        """A connection for the caller alone; give it back with :meth:`give_back`.
+    async def take(self, call: bool = False) -> AsyncConnection:
+        """A connection for the caller alone; give it back with :meth:`give_back`. For a
+        ``call``, it waits while MAX_CALLS are lent (the caller bounds the wait).
 
         Raises:
             NotSentError: no connection could be made (the request never left).
         """
-        connection = self.take_idle()
-        if connection is not None:
-            return connection
-        if self.closed:
-            raise NotSentError(TTransportException(TTransportException.NOT_OPEN, "the client is closed"))
+        if call:
+            while self._lent >= self.max_calls and not self.closed:
+                await self._wait_for_room()
+            self._lent += 1
         try:
-            connection = await AsyncConnection.open(self.host, self.port, self.ssl_context, self.token)
-        except (TTransportException, OSError) as e:
-            raise NotSentError(e) from e
-        self._open.add(connection)
+            connection = self.take_idle()
+            if connection is None:
+                if self.closed:
+                    raise NotSentError(TTransportException(TTransportException.NOT_OPEN, "the client is closed"))
+                try:
+                    connection = await AsyncConnection.open(self.host, self.port, self.ssl_context, self.token)
+                except (TTransportException, OSError) as e:
+                    raise NotSentError(e) from e
+                self._open.add(connection)
+        except BaseException:
+            if call:
+                self._returned()
+            raise
+        if call:
+            self._for_calls.add(connection)
         return connection
 
+    async def _wait_for_room(self) -> None:
+        room = asyncio.get_running_loop().create_future()
+        self._room.append(room)
+        try:
+            await room
+        except BaseException:
+            if room.done() and not room.cancelled():
+                self._wake()  # woken, then cancelled: the room goes to the next
+            raise
+        finally:
+            with contextlib.suppress(ValueError):
+                self._room.remove(room)
+
+    def _returned(self) -> None:
+        self._lent -= 1
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._room:
+            room = self._room.popleft()
+            if not room.done():
+                room.set_result(None)
+                return
+
     def give_back(self, connection: AsyncConnection, broken: bool = False) -> None:
-        if broken or self.closed:
+        if connection in self._for_calls:
+            self._for_calls.discard(connection)
+            self._returned()
+        if broken or self.closed or len(self._idle) >= self.max_idle:
             self._drop(connection)
         else:
             self._idle.append(connection)
@@ -164,6 +224,9 @@ class AsyncPool:
         for connection in list(self._open):
             self._drop(connection)
         self._idle.clear()
+        for room in self._room:  # calls waiting for a connection: they find the client closed
+            if not room.done():
+                room.set_result(None)
 
 
 class NotSentError(Exception):

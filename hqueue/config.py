@@ -28,6 +28,10 @@ MAX_BATCH_MESSAGES = 10_000
 #: The most bytes (topics + values) one put may hold; frames stay far below the server's 64 MiB.
 MAX_BATCH_BYTES = 16 * 1024 * 1024
 
+#: A nack's ``delay`` that hands messages back unseen: to the group at once, not counted as a
+#: failed delivery (what a consumer gives back that it never handed to the application: a
+#: cancelled receive's, a loop left early). On the wire, ``groupNack``'s delayMillis -2.
+UNSEEN = -2.0
 #: The longest queue name.
 MAX_QUEUE_NAME = 200
 # HBase table-name rules (TableName.isLegalTableQualifierName), without namespaces.

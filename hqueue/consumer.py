@@ -37,6 +37,7 @@ from operator import getitem
 from typing import TYPE_CHECKING, NamedTuple
 
 from .api import groups_of
+from .config import UNSEEN
 from .errors import InvalidArgument
 from .groups.affinity import check_key_affinity
 from .groups.state import (
@@ -273,7 +274,7 @@ class Consumer:
 
     def _hand_back_unseen(self, deliveries: list[Delivery]) -> None:
         try:
-            self.nack(deliveries, delay=0)
+            self.nack(deliveries, delay=UNSEEN)
         except Exception as e:  # their leases run out instead
             logger.warning("consumer %s: handing back %d deliveries not iterated: %s", self.member, len(deliveries), e)
 

@@ -375,7 +375,8 @@ service HQueueService {
   i32 groupAck(1: string queue, 2: string group, 3: binary rowkeys)
       throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TNotPartitionOwner notOwner,
               4: TGroupNotFound groupNotFound, 5: TIOError io, 6: TNotAuthorized denied)
-  /** delayMillis -1: the backoff (1 s doubling per failure, at most 10 minutes). */
+  /** delayMillis -1: the backoff (1 s doubling per failure, at most 10 minutes); -2: handed back
+      unseen (a cancelled receive's): to the group at once, not counted as a failed delivery. */
   i32 groupNack(1: string queue, 2: string group, 3: string member, 4: binary rowkeys, 5: i32 delayMillis)
       throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TNotPartitionOwner notOwner,
               4: TGroupNotFound groupNotFound, 5: TIOError io, 6: TNotAuthorized denied)

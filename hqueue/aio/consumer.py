@@ -34,6 +34,7 @@ from collections.abc import AsyncIterator, Iterable
 from datetime import datetime
 from typing import Any
 
+from ..config import UNSEEN
 from ..consumer import Delivery, _deliveries, _rowkeys, joining, member_name
 from ..groups.state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, HEARTBEAT_INTERVAL, check_lease, check_wait
 from ..message import Message
@@ -116,7 +117,7 @@ class AsyncConsumer:
         if pairs:
             rowkeys = _rowkeys(list(_deliveries(pairs)))
             try:
-                await groups.nack(self.queue.name, self.group, self.member, rowkeys, 0)
+                await groups.nack(self.queue.name, self.group, self.member, rowkeys, UNSEEN)
             except Exception as e:  # their leases run out instead
                 logger.warning("consumer %s: handing back %d cancelled deliveries: %s", self.member, len(rowkeys), e)
 
@@ -157,7 +158,7 @@ class AsyncConsumer:
 
     async def _hand_back_unseen(self, deliveries: list[Delivery]) -> None:
         try:
-            await self.nack(deliveries, delay=0)
+            await self.nack(deliveries, delay=UNSEEN)
         except Exception as e:  # their leases run out instead
             logger.warning("consumer %s: handing back %d deliveries not iterated: %s", self.member, len(deliveries), e)
 

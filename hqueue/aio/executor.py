@@ -20,6 +20,7 @@ from functools import partial
 from typing import Any
 
 from ..api import EngineAPI
+from ..config import UNSEEN
 from ..message import Message
 
 #: Threads an in-process store's handle runs storage calls in.
@@ -146,7 +147,7 @@ class ExecutorGroups(_Awaitable):
             return
         rowkeys = [message.rowkey for message, _ in taking.result()]
         try:
-            self._engine._executor.submit(self._service.nack, queue, group, member, rowkeys, 0)
+            self._engine._executor.submit(self._service.nack, queue, group, member, rowkeys, UNSEEN)
         except RuntimeError:  # the handle closed: its member left, which gave every lease back
             pass
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..checks import check_partition
+from ..config import UNSEEN
 from ..errors import DeadlineExceeded, HQueueError, NoPartitionOwner, NotPartitionOwner, ServerUnavailable
 from ..message import Message, MessageID, messages_from_columns, rowkeys_by_partition
 from ..rpc import operations as op
@@ -133,7 +134,7 @@ class RemoteGroups:
         return self._receipts_call(queue, rowkeys, "groupAck", (group,))
 
     def nack(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes], delay: float | None) -> int:
-        delay_ms = -1 if delay is None else int(delay * 1000)
+        delay_ms = -1 if delay is None else -2 if delay == UNSEEN else int(delay * 1000)
         return self._receipts_call(queue, rowkeys, "groupNack", (group, member), (delay_ms,))
 
     def dead_letter(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes]) -> int:

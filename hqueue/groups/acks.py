@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Sequence
 from operator import itemgetter
 from typing import TYPE_CHECKING
 
-from ..config import Durability
+from ..config import UNSEEN, Durability
 from ..deadletters import dead_letter, dead_letter_queue
 from ..errors import GroupNotFound, HQueueError, InvalidArgument, NotPartitionOwner
 from ..keys.groups import state_prefix
@@ -60,6 +60,9 @@ class GroupAcks:
         raise NotImplementedError
 
     def _partition(self, group: GroupState, pid: int) -> PartitionState:
+        raise NotImplementedError
+
+    def _on_write(self, queue: str, partition_id: int) -> None:
         raise NotImplementedError
 
     def _read(self, queue: str, pid: int, message_id: bytes) -> tuple[bytes, bytes] | None:
@@ -132,6 +135,8 @@ class GroupAcks:
         Only leases ``member`` holds count: one that expired and went to
         another member is not the caller's to give back.
         """
+        if delay == UNSEEN:
+            return self._give_back(queue, name, member, rowkeys)
         if delay is not None and (not isinstance(delay, (int, float)) or not 0 <= delay <= ASKED_LEASE_LIMIT):
             raise InvalidArgument(f"'delay' must be seconds in [0, {ASKED_LEASE_LIMIT}] or None, got {delay!r}")
         if delay is not None:  # held back no longer than it could be leased (GroupLimits)
@@ -142,6 +147,24 @@ class GroupAcks:
             return lease is not None and lease[0] == member
 
         return self._fail_each(queue, name, rowkeys, held, delay, at_once=False)
+
+    def _give_back(self, queue: str, name: str, member: str, rowkeys: Iterable[bytes]) -> int:
+        """:meth:`nack` with ``UNSEEN``: the leases ``member`` holds go back now, and no failure
+        is counted (as a member that leaves gives its leases back): the application never saw
+        them, so no retry may be spent, and no message dead-lettered, for them."""
+        group = self._group(queue, name)
+        now, count = time.monotonic(), 0
+        with group.lock:
+            for pid, ids in self._owned_partitions(group, rowkeys).items():
+                state = self._partition(group, pid)
+                for message_id in ids:
+                    lease = state.leases.get(message_id)
+                    if lease is not None and lease[0] == member:
+                        state.retry_at(message_id, now)
+                        count += 1
+        if count:
+            self._on_write(queue, -1)  # receives waiting for work take them
+        return count
 
     def extend(self, queue: str, name: str, member: str, rowkeys: Iterable[bytes], lease: float) -> int:
         """Renew leases ``member`` holds: each runs ``lease`` seconds from now (at most

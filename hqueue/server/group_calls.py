@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..auth import MANAGE
+from ..config import UNSEEN
 from ..errors import HQueueError, InvalidArgument
 from ..groups.service import GroupService
 from ..groups.state import check_wait
@@ -77,8 +78,8 @@ class GroupCalls(Calls):
     @served("consumer", inline=True)
     def groupNack(self, queue: str, group: str, member: str, rowkeys: bytes, delayMillis: int) -> int:
         if not isinstance(delayMillis, int):
-            raise TypeError("'delayMillis' must be an int (-1: the backoff)")
-        delay = None if delayMillis < 0 else delayMillis / 1000
+            raise TypeError("'delayMillis' must be an int (-1: the backoff; -2: handed back unseen)")
+        delay = UNSEEN if delayMillis == -2 else None if delayMillis < 0 else delayMillis / 1000
         count = self.groups.nack(queue, group, member, wire.unpack_rowkeys(rowkeys), delay)
         self._attend(queue, group, member)
         self.metrics.group_nacked.inc((queue, group), count)

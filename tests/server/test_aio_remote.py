@@ -226,3 +226,44 @@ def test_a_burst_of_awaited_calls_shares_a_bounded_number_of_connections(tmp_pat
         assert most <= MAX_CALLS + 2 and after <= MAX_IDLE
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("where", ["server", "embedded"])
+def test_receives_timed_out_in_a_loop_spend_no_retry_on_messages_nobody_saw(tmp_path, where):
+    """``await asyncio.wait_for(consumer.receive(wait=5), 0.2)`` in a loop: each cancelled
+    long poll took the new messages and handed them back as a nack, which counted an
+    attempt; with max_retries=0 every message went to the dead-letter queue and the
+    application saw none (an acceptance probe)."""
+    server = HQueueServer(f"local://{tmp_path}/data", port=0).start() if where == "server" else None
+    url = f"hqueue://{server.address}" if server else f"local://{tmp_path}/embedded"
+
+    async def main() -> tuple[list[int], dict]:
+        async with AsyncHQueueAdmin(url) as admin:
+            await admin.create_queue("w", 1)
+        attempts: list[int] = []
+        async with AsyncHQueue("w", url) as queue, queue.consumer("g", max_retries=0) as consumer:
+
+            async def poll() -> None:
+                while len(attempts) < 20:
+                    try:
+                        got = await asyncio.wait_for(consumer.receive(10, wait=5), 0.2)
+                    except TimeoutError:
+                        continue
+                    attempts.extend(d.attempt for d in got)
+                    await consumer.ack(got)
+
+            polling = asyncio.ensure_future(poll())
+            await asyncio.sleep(0.5)
+            await queue.put([Message("t", b"job-%d" % n) for n in range(20)], partition_id=0)
+            await asyncio.wait_for(polling, 60)
+        async with AsyncHQueueAdmin(url) as admin:
+            described = await admin.describe_group("w", "g")
+        return attempts, described["partitions"][0]
+
+    try:
+        attempts, partition = asyncio.run(main())
+        assert sorted(attempts) == [1] * 20
+        assert partition["dead_lettered"] == 0
+    finally:
+        if server is not None:
+            server.stop()

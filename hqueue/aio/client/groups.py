@@ -14,6 +14,7 @@ from typing import Any
 
 from ...checks import check_partition
 from ...client.groups import LOCATION_REFRESH, RetryState, receipts_by_owner
+from ...config import UNSEEN
 from ...errors import HQueueError, NoPartitionOwner, NotPartitionOwner, ServerUnavailable
 from ...message import Message, MessageID, messages_from_columns
 from ...rpc import operations as op
@@ -110,7 +111,7 @@ class AsyncRemoteGroups:
         return await self._receipts_call(queue, rowkeys, "groupAck", (group,))
 
     async def nack(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes], delay: float | None) -> int:
-        delay_ms = -1 if delay is None else int(delay * 1000)
+        delay_ms = -1 if delay is None else -2 if delay == UNSEEN else int(delay * 1000)
         return await self._receipts_call(queue, rowkeys, "groupNack", (group, member), (delay_ms,))
 
     async def dead_letter(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes]) -> int:

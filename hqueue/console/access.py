@@ -6,7 +6,8 @@ so the same roles hold), or, with no auth file, the one-time token printed
 at start-up, whose holder is admin. The console is never open.
 
 The session is kept here, server side (at most :data:`MAX_SESSIONS`, the
-least recently used dropped first, each ending after :data:`SESSION_IDLE`
+least recently used dropped first, and :data:`MAX_SESSIONS_PER_TOKEN` per
+token, its oldest dropped first; each ending after :data:`SESSION_IDLE`
 seconds unused); the browser holds a random session id in Flask's signed
 cookie (HttpOnly, SameSite=Strict, Secure under TLS), with the CSRF token
 every POST must carry back in its form.
@@ -26,6 +27,9 @@ from ..errors import NotAuthorized
 
 #: Sessions kept at once, and seconds one may stay unused.
 MAX_SESSIONS = 1000
+#: Sessions one token may hold: its next log-in ends its oldest (one token logging in again
+#: and again ended every other user's session).
+MAX_SESSIONS_PER_TOKEN = 20
 SESSION_IDLE = 8 * 3600
 #: The longest token a login form may carry (a real one is far shorter).
 MAX_TOKEN = 4096
@@ -127,6 +131,9 @@ class Access:
         principal = self.authenticate(token)
         sid, login = secrets.token_urlsafe(32), Login(principal, secrets.token_urlsafe(32), time.monotonic())
         with self._lock:
+            mine = [key for key, held in self._sessions.items() if held.principal.name == principal.name]
+            for key in mine[: max(0, len(mine) - MAX_SESSIONS_PER_TOKEN + 1)]:  # its oldest first
+                del self._sessions[key]
             while len(self._sessions) >= MAX_SESSIONS:
                 self._sessions.popitem(last=False)
             self._sessions[sid] = login

@@ -2,7 +2,9 @@
 
 Waitress bounds what any client may cost: a few threads answer
 (:data:`THREADS`), at most :data:`CONNECTION_LIMIT` connections are open at
-once, a connection silent for :data:`CHANNEL_TIMEOUT` seconds is closed
+once (and :data:`CONNECTIONS_PER_HOST` from one address, here), a request
+must arrive whole within :data:`REQUEST_DEADLINE` seconds of its first
+byte (here), a connection silent for :data:`CHANNEL_TIMEOUT` seconds is closed
 (a slow client holds no thread: waitress reads a request whole before a
 thread takes it), and a request body over :data:`MAX_BODY` bytes is refused
 (413) without being kept.
@@ -19,6 +21,7 @@ from typing import Any
 
 from flask import request
 from flask.sessions import SecureCookieSessionInterface
+from waitress.channel import HTTPChannel
 from waitress.server import create_server
 
 from ..admin import HQueueAdmin
@@ -32,7 +35,12 @@ logger = logging.getLogger(__name__)
 
 THREADS = 4
 CONNECTION_LIMIT = 100
+#: Connections one client address may hold (not the trusted proxy's: it speaks for many).
+CONNECTIONS_PER_HOST = 20
 CHANNEL_TIMEOUT = 30
+#: Seconds a request (its head and body) may take to arrive once begun: a client that
+#: sends a byte now and then is never idle, and held its connections for ever.
+REQUEST_DEADLINE = 10.0
 MAX_BODY = 64 * 1024
 #: Seconds a group's description is reused (under the 5 s sample), and how many are kept.
 DESCRIBE_FOR = 4.0
@@ -108,6 +116,7 @@ class Console:
             ),
             ident="hqueue-console",
         )
+        _bound_clients(self._server, trusted_proxy)
         self.port: int = self._server.effective_port
         self.host = host
         self._thread: threading.Thread | None = None
@@ -167,6 +176,49 @@ class Console:
         else:
             close_all()
         server.task_dispatcher.shutdown()
+
+
+class _Channel(HTTPChannel):
+    """A connection that refuses to open past its address's CONNECTIONS_PER_HOST, and
+    notes when its request began to arrive (REQUEST_DEADLINE)."""
+
+    #: When the request being read began (None: none is under way).
+    begun: float | None = None
+    #: The address whose connections are not counted (the trusted proxy's).
+    proxy: str | None = None
+
+    def __init__(self, server: Any, sock: Any, addr: Any, adj: Any, map: Any = None) -> None:
+        super().__init__(server, sock, addr, adj, map)
+        host = addr[0] if isinstance(addr, tuple) and addr else None
+        if host is not None and host != self.proxy:
+            mine = sum(1 for c in list(server.active_channels.values()) if c.addr and c.addr[0] == host)
+            if mine > CONNECTIONS_PER_HOST:
+                logger.warning("console: %s holds %d connections; closing the newest", host, mine - 1)
+                self.will_close = True
+
+    def received(self, data: bytes) -> bool:
+        if data and self.request is None:
+            self.begun = time.time()
+        result = super().received(data)
+        if self.request is None:  # every request begun was read whole
+            self.begun = None
+        return result
+
+
+def _bound_clients(server: Any, trusted_proxy: str | None) -> None:
+    """What waitress does not bound: connections per client address, and how long a
+    request may take to arrive (a slow loris on 110 connections kept every user out)."""
+    server.channel_class = type("Channel", (_Channel,), {"proxy": trusted_proxy})
+    idle = server.maintenance
+
+    def maintenance(now: float) -> None:
+        idle(now)  # waitress's: connections idle past channel_timeout
+        for channel in list(server.active_channels.values()):
+            begun = getattr(channel, "begun", None)
+            if begun is not None and now - begun > REQUEST_DEADLINE:
+                channel.will_close = True
+
+    server.maintenance = maintenance
 
 
 def server_counters(metrics: Any, connections: Callable[[], int]) -> Counters:

@@ -476,3 +476,52 @@ def test_a_page_of_big_messages_stops_at_its_byte_budget_and_pages_on(local_cons
         found = re.search(r'id="next-page" href="([^"]+)"', body)
         path = "/messages" + html.unescape(found.group(1)) if found else None
     assert pages == 3
+
+
+def test_one_token_logging_in_again_and_again_ends_only_its_own_oldest_sessions(served):
+    """Any token, even a metrics-only one, could log in 1,000 times and so end every
+    other user's session (an attacker pass): a token holds at most 20 sessions."""
+    from hqueue.console.access import MAX_SESSIONS_PER_TOKEN
+
+    admin = user(served)
+    first = user(served, CONSUMER)
+    for _ in range(MAX_SESSIONS_PER_TOKEN):
+        user(served, CONSUMER)
+    assert first.get("/api/overview").status == 401  # its oldest session went
+    assert admin.get("/api/overview").status == 200  # another token's did not
+
+
+def test_a_slow_loris_holds_a_few_connections_for_a_few_seconds(tmp_path, monkeypatch):
+    """110 connections each sending a header byte every 5 s were never idle: they held every
+    connection for as long as they went on, and no user was served (an attacker pass)."""
+    from hqueue.console import serve
+
+    monkeypatch.setattr(serve, "REQUEST_DEADLINE", 1.0)
+    admin = HQueueAdmin(f"local://{tmp_path}/data")
+    console = Console(admin, channel_timeout=2).start()
+    slow = [socket.create_connection(("127.0.0.1", console.port)) for _ in range(serve.CONNECTIONS_PER_HOST + 5)]
+    try:
+        for s in slow:
+            s.sendall(b"GET /login HTTP/1.1\r\n")
+            s.settimeout(0.2)
+        closed: set[int] = set()
+        started = time.monotonic()
+        while len(closed) < len(slow) and time.monotonic() - started < 20:
+            for i, s in enumerate(slow):
+                if i in closed:
+                    continue
+                try:
+                    s.sendall(b"X")  # never idle
+                    if s.recv(100) == b"":
+                        closed.add(i)
+                except TimeoutError:
+                    pass
+                except OSError:
+                    closed.add(i)
+        assert len(closed) == len(slow)  # past the per-host cap at once; the rest by the deadline
+        assert ConsoleUser(console.url).get("/login").status == 200
+    finally:
+        for s in slow:
+            s.close()
+        console.stop()
+        admin.close()

@@ -110,7 +110,13 @@ class Console:
             max_request_header_size=32 * 1024,
             clear_untrusted_proxy_headers=True,
             **(
-                {"trusted_proxy": trusted_proxy, "trusted_proxy_headers": {"x-forwarded-proto"}}
+                # The client's address as the proxy saw it: log-ins are throttled per client,
+                # not all at once as the proxy's (a wrong token from one held back everyone's).
+                {
+                    "trusted_proxy": trusted_proxy,
+                    "trusted_proxy_count": 1,
+                    "trusted_proxy_headers": {"x-forwarded-proto", "x-forwarded-for"},
+                }
                 if trusted_proxy
                 else {}
             ),

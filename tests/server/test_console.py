@@ -436,6 +436,23 @@ def test_guessing_tokens_is_slowed_down_per_host_without_holding_a_thread(local_
     assert ConsoleUser(local_console.url).get("/login").status == 200
 
 
+def test_behind_the_trusted_proxy_log_ins_are_throttled_per_client_not_all_at_once(local_console):
+    """Behind --trusted-proxy every log-in came from the proxy's address: one client's wrong
+    tokens held back everyone's right one (an attacker pass). The proxy's X-Forwarded-For
+    names the client."""
+
+    def log_in(token: str, client: str):
+        one = ConsoleUser(local_console.url)
+        page = one.request("/login", headers={"X-Forwarded-For": client})
+        form = {"csrf": form_csrf(page.body), "token": token}
+        return one.request("/login", form, headers={"X-Forwarded-For": client})
+
+    for _ in range(FREE_FAILURES):
+        assert log_in("wrong-token-0123456789", "203.0.113.9").status == 403
+    assert log_in(local_console.login_token, "203.0.113.9").status == 429  # the guesser waits
+    assert log_in(local_console.login_token, "198.51.100.7").status == 200  # another client does not
+
+
 def test_groups_are_paged_within_a_queue_and_searched_by_queue_first(local_console):
     # Given a queue with 120 consumer groups, and another queue
     admin = local_console.admin

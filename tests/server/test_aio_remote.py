@@ -267,3 +267,35 @@ def test_receives_timed_out_in_a_loop_spend_no_retry_on_messages_nobody_saw(tmp_
     finally:
         if server is not None:
             server.stop()
+
+
+def test_calls_waiting_for_a_connection_are_served_in_turn(tmp_path):
+    """With more tasks calling in a loop than connections lent for calls, a task that gave
+    one back took it again at once: the same waiters waited until their deadline, again
+    and again (72 of 200 tasks, DeadlineExceeded; a review)."""
+    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
+    try:
+        with HQueueAdmin(f"hqueue://{server.address}") as admin:
+            admin.create_queue("q", 4, durability="ASYNC_WAL")
+
+        async def main() -> tuple[int, list[str]]:
+            done, failed = 0, []
+            async with AsyncHQueue("q", f"hqueue://{server.address}?timeout=2") as queue:
+                until = asyncio.get_running_loop().time() + 4
+
+                async def putter(i: int) -> None:
+                    nonlocal done
+                    while asyncio.get_running_loop().time() < until:
+                        try:
+                            await queue.put(Message("t", b"%d" % i), partition_id=i % 4)
+                            done += 1
+                        except DeadlineExceeded as e:
+                            failed.append(str(e))
+
+                await asyncio.gather(*[putter(i) for i in range(200)])
+            return done, failed
+
+        done, failed = asyncio.run(main())
+        assert done > 200 and failed == []
+    finally:
+        server.stop()

@@ -135,7 +135,7 @@ class AsyncPool:
     def take_idle(self, call: bool = False) -> AsyncConnection | None:
         """An idle connection for the caller alone, if there is one (and, for a ``call``,
         room among the calls' connections); no wait."""
-        if call and self._lent >= self.max_calls:
+        if call and (self._lent >= self.max_calls or self._room):  # (calls waiting go first)
             return None
         while self._idle:
             connection = self._idle.pop()
@@ -155,9 +155,10 @@ class AsyncPool:
             NotSentError: no connection could be made (the request never left).
         """
         if call:
-            while self._lent >= self.max_calls and not self.closed:
-                await self._wait_for_room()
-            self._lent += 1
+            if self._lent >= self.max_calls or self._room:
+                await self._wait_for_room()  # the connection it waited for is counted for it
+            else:
+                self._lent += 1
         try:
             connection = self.take_idle()
             if connection is None:
@@ -177,28 +178,33 @@ class AsyncPool:
         return connection
 
     async def _wait_for_room(self) -> None:
+        """Wait, in line, until a call's connection is handed on to this one (first come,
+        first served: a task that gives one back and takes one again at once goes behind
+        those waiting, which otherwise waited until their deadline).
+
+        Raises:
+            NotSentError: the client closed meanwhile.
+        """
         room = asyncio.get_running_loop().create_future()
         self._room.append(room)
         try:
             await room
         except BaseException:
-            if room.done() and not room.cancelled():
-                self._wake()  # woken, then cancelled: the room goes to the next
+            if room.done() and not room.cancelled() and room.exception() is None:
+                self._returned()  # handed its room, then cancelled: the room goes on to the next
             raise
         finally:
             with contextlib.suppress(ValueError):
                 self._room.remove(room)
 
     def _returned(self) -> None:
-        self._lent -= 1
-        self._wake()
-
-    def _wake(self) -> None:
+        """A call's connection is given back: its room goes to the first call waiting."""
         while self._room:
             room = self._room.popleft()
             if not room.done():
                 room.set_result(None)
                 return
+        self._lent -= 1
 
     def give_back(self, connection: AsyncConnection, broken: bool = False) -> None:
         if connection in self._for_calls:
@@ -224,9 +230,11 @@ class AsyncPool:
         for connection in list(self._open):
             self._drop(connection)
         self._idle.clear()
-        for room in self._room:  # calls waiting for a connection: they find the client closed
+        for room in self._room:  # calls waiting for a connection: the client is closed
             if not room.done():
-                room.set_result(None)
+                room.set_exception(
+                    NotSentError(TTransportException(TTransportException.NOT_OPEN, "the client is closed"))
+                )
 
 
 class NotSentError(Exception):

@@ -273,7 +273,9 @@ class ServerMetrics:
                 if paused:
                     gc.enable()
 
-    def serve(self, port: int, host: str = "127.0.0.1", allows: Callable[[str | None, str], bool] | None = None) -> int:
+    def serve(
+        self, port: int, host: str = "127.0.0.1", allows: Callable[[str | None, str], bool | int] | None = None
+    ) -> int:
         """Serve ``/metrics`` over HTTP in a thread; returns the port (0: a free one).
 
         Args:

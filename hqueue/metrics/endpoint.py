@@ -42,7 +42,8 @@ class MetricsEndpoint:
 
     Args:
         render: The body of a scrape.
-        allows: Whether an ``Authorization`` header value (None: absent), from a peer host, may read;
+        allows: Whether an ``Authorization`` header value (None: absent), from a peer host, may read
+            (True or 200; False or 401; 429: that host must wait, answered at once);
             None: every request may.
 
     Raises:
@@ -50,7 +51,7 @@ class MetricsEndpoint:
     """
 
     def __init__(
-        self, render: Callable[[], bytes], host: str, port: int, allows: Callable[[str | None, str], bool] | None
+        self, render: Callable[[], bytes], host: str, port: int, allows: Callable[[str | None, str], bool | int] | None
     ) -> None:
         check = staticmethod(allows) if allows is not None else None
         handler = type("Handler", (_Handler,), {"render": staticmethod(render), "allows": check})
@@ -125,7 +126,7 @@ class _Server(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.0"
     render: Callable[[], bytes]
-    allows: Callable[[str | None, str], bool] | None
+    allows: Callable[[str | None, str], bool | int] | None
 
     def setup(self) -> None:
         super().setup()
@@ -134,8 +135,11 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self.server.spoke(self.request)  # type: ignore[attr-defined]
         allows = type(self).allows
-        if allows is not None and not allows(self.headers.get("Authorization"), self.client_address[0]):
+        verdict = True if allows is None else allows(self.headers.get("Authorization"), self.client_address[0])
+        if verdict is False or verdict == 401:
             self._reply(401, b"a bearer token with the metrics role is needed\n", {"WWW-Authenticate": "Bearer"})
+        elif verdict == 429:
+            self._reply(429, b"too many wrong tokens from this host: try again later\n", {"Retry-After": "2"})
         elif urlsplit(self.path).path not in ("/metrics", "/"):
             self._reply(404, b"only /metrics is served here\n")
         else:

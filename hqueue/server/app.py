@@ -25,6 +25,7 @@ import signal
 import ssl
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -309,18 +310,32 @@ class HQueueServer:
         self.metrics.watch(server_gauges(self, book))
         self.metrics_port = self.metrics.serve(port, host, None if access.open else self._scrape_allowed(access))
 
-    def _scrape_allowed(self, access: MetricsAccess) -> Callable[[str | None, str], bool]:
-        """Whether a scrape's bearer token may read, wrong ones slowed down as log-ins on the
-        Thrift port are, counted with them per host (it answered 700 guesses a second)."""
+    def _scrape_allowed(self, access: MetricsAccess) -> Callable[[str | None, str], int]:
+        """Whether a scrape's bearer token may read (200, 401), counted as log-ins on the Thrift
+        port are, per host (it answered 700 guesses a second). A host past its free wrong
+        tokens is answered 429 at once, unread, for as long as the Thrift port would hold
+        its answer: nothing waits in the endpoint's few threads (guesses sleeping there kept
+        the right scrape out), and guessing goes no faster than there."""
         logins = self.handler.queues.failed_logins
+        held: OrderedDict[str, float] = OrderedDict()  # host -> until when it is answered 429
+        lock = threading.Lock()
 
-        def allowed(authorization: str | None, host: str) -> bool:
+        def allowed(authorization: str | None, host: str) -> int:
+            now = time.monotonic()
+            with lock:
+                if held.get(host, 0.0) > now:
+                    return 429
             if access.allows(authorization):
-                return True
+                return 200
             if authorization:  # a token, and a wrong one
                 delay, _ = logins.failed(Connection(0, (host, 0)))
-                time.sleep(delay)
-            return False
+                if delay:
+                    with lock:
+                        held[host] = now + delay
+                        held.move_to_end(host)
+                        while len(held) > logins.max_hosts:
+                            held.popitem(last=False)
+            return 401
 
         return allowed
 

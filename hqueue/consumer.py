@@ -260,7 +260,7 @@ class Consumer:
     def __iter__(self) -> Iterator[Delivery]:
         """Deliveries as they come, until :meth:`close`. Ack each one. Left early (``break``),
         the rest of the batch it was going through goes back to the group once the
-        generator is closed (a nack with no delay)."""
+        generator is closed, unseen: at once, counting no delivery attempt."""
         while not self.closed:
             batch = self.receive(wait=1.0)
             given = 0

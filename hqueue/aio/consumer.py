@@ -17,8 +17,8 @@ on the loop: cancelled there, it was handed nothing; cancelled while a worker
 takes messages, they go back as soon as it is done. On hqueue servers the long
 poll under way ends on its own (by its ``wait``, sooner when work arrives) and
 whatever it was handed goes back to the group at once. Either way a message
-handed back is a nack with no delay: another member receives it straight away,
-and it counts as one delivery attempt, as a nack does. Nothing stays leased to a task that is gone,
+handed back goes back unseen: another member receives it straight away, and
+no delivery attempt is counted (the application never saw it). Nothing stays leased to a task that is gone,
 and no socket or thread is left behind: :meth:`close` waits for those
 hand-backs, then leaves the group (leases still held go back without counting).
 An ``ack`` or ``nack`` cancelled mid-call may or may not have reached the group
@@ -144,7 +144,7 @@ class AsyncConsumer:
     async def __aiter__(self) -> AsyncIterator[Delivery]:
         """Deliveries as they come, until :meth:`close`. Ack each one. Left early (``break``,
         or the task cancelled in the loop's body), the rest of the batch it was going
-        through goes back to the group once the generator is closed (a nack with no delay)."""
+        through goes back to the group once the generator is closed, unseen (no attempt counted)."""
         while not self.closed:
             batch = await self.receive(wait=1.0)
             given = 0

@@ -82,7 +82,8 @@ class GroupCalls(Calls):
         delay = UNSEEN if delayMillis == -2 else None if delayMillis < 0 else delayMillis / 1000
         count = self.groups.nack(queue, group, member, wire.unpack_rowkeys(rowkeys), delay)
         self._attend(queue, group, member)
-        self.metrics.group_nacked.inc((queue, group), count)
+        if delay != UNSEEN:  # (given back unseen: no nack the application made)
+            self.metrics.group_nacked.inc((queue, group), count)
         return count
 
     @served("consumer")

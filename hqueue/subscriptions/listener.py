@@ -57,7 +57,11 @@ logger = logging.getLogger(__name__)
 #: Status codes returned to the server by consumeMessages: processed; a listener
 #: failed (counts toward dead_letter_after); stopping (try again later, never counts).
 OK, FAILED, STOPPING = 0, 1, 2
-#: What a connection to the push listener does before it may send more than 64 KiB.
+#: The largest call of a connection to the push listener that has not proven the push key:
+#: its challenge and its proof (a push of no messages) take a few hundred bytes. (64 KiB, the
+#: token servers' bound, let 1,024 strangers' half-sent frames hold the whole budget.)
+UNPROVEN_PUSH_BYTES = 4096
+#: What a connection to the push listener does before it may send more.
 PROVE_PUSH = "a server proves its push key first (pushChallenge, then a proven push of no messages)"
 
 
@@ -129,7 +133,7 @@ class _ConsumeHandler:
         from ..rpc.connections import RateLimitedLog
 
         self.subscriber, self.guard = subscriber, guard
-        self.refusals = RateLimitedLog()  # a flood of forged pushes writes a line per 10 s
+        self.refusals = RateLimitedLog(log=logger)  # a flood of forged pushes writes a line per 10 s
 
     def pushChallenge(self) -> bytes:
         from ..rpc.connections import current_connection
@@ -145,6 +149,8 @@ class _ConsumeHandler:
 
         with self._refusing():
             self.guard.check(current_connection(), messages or [], proof)
+        if not messages:  # the server proved the key
+            return OK
         return self._deliver(lambda: [wire.from_stored_tmessage(t) for t in messages], len(messages))
 
     def consumePacked(self, messages: bytes, proof: Any = None) -> int:
@@ -250,10 +256,10 @@ class Subscriber:
             wire.T.HQueueSubscriberService, _ConsumeHandler(self, self.guard), socket, ssl_context=context,
             limits=self.limits,
             # Only a connection that pushed with a valid proof (a server) keeps its place when all
-            # are taken, and sends calls over 64 KiB (a stranger's big frames, sent slowly, held
+            # are taken, and sends calls over 4 KiB (a stranger's big frames, sent slowly, held
             # the budget: pushes stalled).
             trusted_after=lambda connection: connection.push is not None and connection.push.sequence > 0,
-            small_until_trusted=True, prove_how=PROVE_PUSH,
+            small_until_trusted=UNPROVEN_PUSH_BYTES, prove_how=PROVE_PUSH,
             refuse_with=lambda method, error: wire.T.TPushRefused(message=f"{type(error).__name__}: {error}"),
         )  # fmt: skip
         self._server.serve_in_thread(f"hqueue-subscriber-{self.name}")

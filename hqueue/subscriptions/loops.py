@@ -139,7 +139,7 @@ class SubscriberLoop:
         self._sequence = 0
         #: Whether the subscriber on the connection takes packed pushes (until it says it does not).
         self._packed = True
-        self._refusals = RateLimitedLog()
+        self._refusals = RateLimitedLog(log=logger)
         # Bound once: a push counts at a counter's cost, with no label lookup.
         metrics = manager.metrics
         self._seconds = metrics.delivery_seconds.labels(queue, name)
@@ -251,11 +251,11 @@ class SubscriberLoop:
     def _push(self, key: bytes, pid: int, epoch: int, batch: Batch) -> int:
         """One push of ``batch``, proven: packed (consumePacked) unless this connection's
         subscriber does not know it, then as TMessages (consumeMessages); its status."""
+        if self._sequence == 0:
+            self._introduce(key, pid, epoch)
         if self._packed:
             blob = packed.pack(batch.keys, batch.values)
             try:
-                if self._sequence == 0:
-                    self._introduce(key, pid, epoch)
                 return self._client.consumePacked(blob, self._proof(key, pid, epoch, mac_packed, blob))
             except TApplicationException as e:
                 if e.type != TApplicationException.UNKNOWN_METHOD:
@@ -266,11 +266,19 @@ class SubscriberLoop:
 
     def _introduce(self, key: bytes, pid: int, epoch: int) -> None:
         """A connection's first push carries no messages: it proves the key, and the subscriber
-        then takes calls over 64 KiB from it (push.py). An older subscriber refuses it, and
+        then takes calls over 4 KiB from it (push.py). An older subscriber refuses it, and
         takes big pushes unproven."""
-        empty = packed.pack([], [])
         try:
-            self._client.consumePacked(empty, self._proof(key, pid, epoch, mac_packed, empty))
+            if self._packed:
+                empty = packed.pack([], [])
+                try:
+                    self._client.consumePacked(empty, self._proof(key, pid, epoch, mac_packed, empty))
+                    return
+                except TApplicationException as e:
+                    if e.type != TApplicationException.UNKNOWN_METHOD:
+                        raise
+                    self._packed = False  # it knows consumeMessages only: the proof goes that way
+            self._client.consumeMessages([], self._proof(key, pid, epoch, mac, []))
         except wire.T.TPushRefused:
             pass
 

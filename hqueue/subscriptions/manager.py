@@ -61,7 +61,7 @@ class SubscriptionManager:
         self.send_timeout_ms = int(send_timeout * 1000)
         self.require_tls, self.max_subscribers = require_tls, max_subscribers
         self.pool = PushPool(push_threads)
-        self._over = RateLimitedLog(60.0)
+        self._over = RateLimitedLog(60.0, logger)
         self.workers: dict[Key, PartitionWorker] = {}
         self.loops: dict[tuple[str, str], SubscriberLoop] = {}
         self._by_partition: dict[tuple[str, int], tuple[PartitionWorker, ...]] = {}

@@ -11,7 +11,7 @@ never anywhere a client token can read.
 
 On every connection the server first asks ``pushChallenge()`` for a fresh
 random challenge, and proves the key with a push of no messages: until a
-connection has, the subscriber takes no call over 64 KiB from it (a
+connection has, the subscriber takes no call over 4 KiB from it (a
 stranger's big frames, sent slowly, held its memory). Each push then
 carries a :class:`TPushProof`: queue,
 subscriber, partition, the registration's epoch, a sequence number that
@@ -158,8 +158,8 @@ class PushGuard:
         """Raise PushRefused unless the push (``consumeMessages``) is proven, fresh and of this subscription."""
         with self._counted():
             state = self._state(connection, proof)
-            if not messages or len(messages) > MAX_PUSH_MESSAGES:
-                raise PushRefused(f"a push carries 1 to {MAX_PUSH_MESSAGES} messages, got {len(messages)}")
+            if len(messages) > MAX_PUSH_MESSAGES:
+                raise PushRefused(f"a push carries at most {MAX_PUSH_MESSAGES} messages, got {len(messages)}")
             if not all(m is not None and m.id is not None and isinstance(m.id.timestamp, int) for m in messages):
                 raise PushRefused("every pushed message needs its ID")
             try:
@@ -167,6 +167,9 @@ class PushGuard:
             except (TypeError, AttributeError, struct.error) as e:
                 raise PushRefused(f"a malformed push: {e}") from None
             self._proven(expected, proof)
+            if not messages:  # the server proving the key (see check_packed)
+                self._advance(state, proof, None)
+                return
             pid = proof.partitionID
             if any(m.partitionID not in (None, pid) for m in messages):
                 raise PushRefused(f"a push for partition {pid} carries messages of another partition")

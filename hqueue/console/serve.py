@@ -26,6 +26,7 @@ from waitress.server import create_server
 
 from ..admin import HQueueAdmin
 from ..auth import AuthPolicy
+from ..rpc.connections import RateLimitedLog
 from .access import Access
 from .app import create_app
 from .audit import AuditLog
@@ -184,6 +185,10 @@ class Console:
         server.task_dispatcher.shutdown()
 
 
+#: One line per 10 s for connections refused past their address's share (a flood writes few).
+_refusals = RateLimitedLog(10.0, logger)
+
+
 class _Channel(HTTPChannel):
     """A connection that refuses to open past its address's CONNECTIONS_PER_HOST, and
     notes when its request began to arrive (REQUEST_DEADLINE)."""
@@ -199,7 +204,7 @@ class _Channel(HTTPChannel):
         if host is not None and host != self.proxy:
             mine = sum(1 for c in list(server.active_channels.values()) if c.addr and c.addr[0] == host)
             if mine > CONNECTIONS_PER_HOST:
-                logger.warning("console: %s holds %d connections; closing the newest", host, mine - 1)
+                _refusals.warning("hosts", "console: %s holds %d connections; closing the newest", host, mine - 1)
                 self.will_close = True
 
     def received(self, data: bytes) -> bool:

@@ -249,10 +249,23 @@ class SubscriberLoop:
         return True
 
     def _push(self, key: bytes, pid: int, epoch: int, batch: Batch) -> int:
-        """One push of ``batch``, proven: packed (consumePacked) unless this connection's
-        subscriber does not know it, then as TMessages (consumeMessages); its status."""
+        """One push of ``batch``, proven (:meth:`_send`), after the key's proof on a new connection."""
         if self._sequence == 0:
             self._introduce(key, pid, epoch)
+        return self._send(key, pid, epoch, batch)
+
+    def _introduce(self, key: bytes, pid: int, epoch: int) -> None:
+        """A connection's first push carries no messages: it proves the key, and the subscriber
+        then takes calls over 4 KiB from it (push.py). An older subscriber refuses it, and
+        takes big pushes unproven."""
+        try:
+            self._send(key, pid, epoch, Batch())
+        except wire.T.TPushRefused:
+            pass
+
+    def _send(self, key: bytes, pid: int, epoch: int, batch: Batch) -> int:
+        """One proven push of ``batch``: packed (consumePacked) unless this connection's
+        subscriber does not know it, then as TMessages (consumeMessages); its status."""
         if self._packed:
             blob = packed.pack(batch.keys, batch.values)
             try:
@@ -263,24 +276,6 @@ class SubscriberLoop:
                 self._packed = False  # an older subscriber: it answered, and the connection goes on
         messages = wire.to_tmessages(batch.messages())
         return self._client.consumeMessages(messages, self._proof(key, pid, epoch, mac, messages))
-
-    def _introduce(self, key: bytes, pid: int, epoch: int) -> None:
-        """A connection's first push carries no messages: it proves the key, and the subscriber
-        then takes calls over 4 KiB from it (push.py). An older subscriber refuses it, and
-        takes big pushes unproven."""
-        try:
-            if self._packed:
-                empty = packed.pack([], [])
-                try:
-                    self._client.consumePacked(empty, self._proof(key, pid, epoch, mac_packed, empty))
-                    return
-                except TApplicationException as e:
-                    if e.type != TApplicationException.UNKNOWN_METHOD:
-                        raise
-                    self._packed = False  # it knows consumeMessages only: the proof goes that way
-            self._client.consumeMessages([], self._proof(key, pid, epoch, mac, []))
-        except wire.T.TPushRefused:
-            pass
 
     def _proof(self, key: bytes, pid: int, epoch: int, sign: Callable[..., bytes], content: Any) -> Any:
         """The next push's proof: the connection's next sequence, and ``sign``'s MAC over

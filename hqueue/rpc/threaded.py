@@ -98,7 +98,7 @@ class ThreadedServer(TThreadedServer):
         big_answers: frozenset[str] = frozenset(),
         answer_slots: Mapping[str, int] | None = None,
         owner_of: Callable[[Connection], str] | None = None,
-        small_until_trusted: bool | int = False,
+        unproven_bytes: int | None = None,
         prove_how: str = "this server needs a token: connect with hqueue://TOKEN@host:port (or token=)",
     ) -> None:
         """``trusted_after(connection)``, asked after each call, says whether the connection
@@ -115,20 +115,16 @@ class ThreadedServer(TThreadedServer):
         with tokens names the principal of a connection that authenticated): calls for big
         answers are refused while the owner's share is full, so one client cannot hold the
         whole budget.
-        ``small_until_trusted``: a connection's calls over UNPROVEN_FRAME_BYTES (or over this
-        many bytes, given an int) are refused (NotAuthorized, saying ``prove_how``) until it is
-        trusted (a server with tokens; a subscriber's push listener, whose proof is small)."""
+        ``unproven_bytes``: a connection's calls over this many bytes are refused (NotAuthorized,
+        saying ``prove_how``) until it is trusted (a server with tokens: UNPROVEN_FRAME_BYTES; a
+        subscriber's push listener, whose proof is small); None: no such bound."""
         self.socket = socket
         self._big_answers = big_answers
         self._answer_slots = dict(answer_slots or {})
         self.also = also
         self.trusted_after = trusted_after or (lambda connection: True)
-        #: Connections must prove who they are (tokens): until one has, its calls are small.
-        self._proof_needed, self._prove_how = bool(small_until_trusted), prove_how
-        #: The largest call of a connection not trusted yet (when ``small_until_trusted``).
-        self.unproven_bytes = (
-            small_until_trusted if type(small_until_trusted) is int else UNPROVEN_FRAME_BYTES  # noqa: E721
-        )
+        #: The largest call of a connection not trusted yet (None: any a frame may be).
+        self.unproven_bytes, self._prove_how = unproven_bytes, prove_how
         self.owner_of = owner_of or each_connection
         self.service = service
         self.limits = limits or ServerLimits()
@@ -353,13 +349,14 @@ class ThreadedServer(TThreadedServer):
         )
 
     def _unproven(self, size: int, connection: Connection) -> NotAuthorized | None:
-        """Why a big call (over UNPROVEN_FRAME_BYTES) of a connection that has not proved who
-        it is, on a server with tokens, is refused unread: it could not be run anyway, and
-        a few such frames sent slowly held the whole budget for every client."""
-        if not self._proof_needed or connection.trusted or connection.local or size <= self.unproven_bytes:
+        """Why a big call (over ``unproven_bytes``) of a connection that has not proved who it
+        is is refused unread: it could not be run anyway, and a few such frames sent slowly
+        held the whole budget for every client."""
+        limit = self.unproven_bytes
+        if limit is None or connection.trusted or connection.local or size <= limit:
             return None
         return NotAuthorized(
-            f"a call of {size} bytes before the connection proved who it is (at most {self.unproven_bytes} "
+            f"a call of {size} bytes before the connection proved who it is (at most {limit} "
             f"until then): {self._prove_how}"
         )
 

@@ -43,7 +43,7 @@ from ..metrics import ServerMetrics
 from ..rpc import wire
 from ..rpc.connections import Connection, ListeningSocket, ServerLimits, each_connection
 from ..rpc.loop import LoopServer
-from ..rpc.threaded import ThreadedServer
+from ..rpc.threaded import UNPROVEN_FRAME_BYTES, ThreadedServer
 from ..services import serve_partitions, stop_serving
 from ..subscriptions.loops import DEFAULT_PUSH_THREADS
 from ..subscriptions.manager import (
@@ -265,7 +265,8 @@ class HQueueServer:
             self._server: ThreadedServer = server(
                 wire.T.HQueueService, self.handler, socket, limits=limits, ssl_context=ssl_context,
                 refuse_with=thrift_error, also=local, trusted_after=trusted_after, big_answers=BIG_ANSWERS,
-                answer_slots=ANSWER_SLOTS, owner_of=owner_of, small_until_trusted=auth is not None,
+                answer_slots=ANSWER_SLOTS, owner_of=owner_of,
+                unproven_bytes=None if auth is None else UNPROVEN_FRAME_BYTES,
             )  # fmt: skip
             _warn_if_puts_cannot_fit(self._server.limits, max_put_messages, max_put_bytes)
             if metrics_port is not None:  # here, so a taken port fails before anything starts

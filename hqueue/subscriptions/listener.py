@@ -259,7 +259,7 @@ class Subscriber:
             # are taken, and sends calls over 4 KiB (a stranger's big frames, sent slowly, held
             # the budget: pushes stalled).
             trusted_after=lambda connection: connection.push is not None and connection.push.sequence > 0,
-            small_until_trusted=UNPROVEN_PUSH_BYTES, prove_how=PROVE_PUSH,
+            unproven_bytes=UNPROVEN_PUSH_BYTES, prove_how=PROVE_PUSH,
             refuse_with=lambda method, error: wire.T.TPushRefused(message=f"{type(error).__name__}: {error}"),
         )  # fmt: skip
         self._server.serve_in_thread(f"hqueue-subscriber-{self.name}")

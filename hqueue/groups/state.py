@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from .affinity import KeyAffinity
 
 DEFAULT_LEASE = 30.0
+#: IDs the lease heap may hold past twice the leases before it is pruned (PartitionState._prune).
+HEAP_SLACK = 1024
 _MEMBER = itemgetter(0)  # of a lease: (member, deadline)
 DEFAULT_MAX_RETRIES = 16
 #: Messages handed out and not acked, per (group, partition), before the partition waits
@@ -260,7 +262,10 @@ class PartitionState:
     #: ``ready`` for the next try of the dead-letter write, and are never handed out again.
     unburied: dict[bytes, int] = field(default_factory=dict)
     #: (deadline, batch number, the batch's IDs): one entry per receive, not per message.
+    #: An ID acked stays in its entry (no search per ack) until the entry is popped at its
+    #: deadline, or the heap is pruned: when most of its IDs are finished (``heap_ids``).
     lease_heap: list[tuple[float, int, list[bytes]]] = field(default_factory=list)
+    heap_ids: int = 0
     ready_heap: list[tuple[float, bytes]] = field(default_factory=list)
     #: Every ID handed out and not acked, in ID order (cleaned lazily): the first is where ``done`` may go.
     open: collections.deque[bytes] = field(default_factory=collections.deque)
@@ -318,22 +323,48 @@ class PartitionState:
                 ready.pop(message_id, None)
         self.leases.update(zip(ids, repeat((member, deadline))))
         self.held[member] += len(ids)
-        self.batches += 1
-        heapq.heappush(self.lease_heap, (deadline, self.batches, ids))
+        self._push_leases(deadline, ids)
 
     def extend(self, ids: list[bytes], member: str, deadline: float) -> list[bytes]:
         """Move the lease of each of ``ids`` that ``member`` holds to ``deadline``; those moved."""
         moved = [i for i in ids if (lease := self.leases.get(i)) is not None and lease[0] == member]
         if moved:
             self.leases.update(zip(moved, repeat((member, deadline))))
-            self.batches += 1
-            heapq.heappush(self.lease_heap, (deadline, self.batches, moved))  # the old entries go stale
+            self._push_leases(deadline, moved)  # the old entries go stale
         return moved
+
+    def _push_leases(self, deadline: float, ids: list[bytes]) -> None:
+        self.batches += 1
+        heapq.heappush(self.lease_heap, (deadline, self.batches, ids))
+        self.heap_ids += len(ids)
+        if self.heap_ids > 2 * len(self.leases) + HEAP_SLACK:
+            self._prune()
+
+    def _prune(self) -> None:
+        """Drop the finished IDs from the heap's entries, and the entries left empty.
+
+        Without it the heap holds every ID handed out for a lease's length after its ack
+        (30 s at 100,000 msgs/s: 3M IDs, ~170 MB; a lease of hours: without bound). Run
+        once the heap holds twice the leases (plus a slack), its cost is spread over the
+        IDs that went stale since the last prune: O(1) each.
+        """
+        leases = self.leases
+        if not leases:  # (every member acked what it received: the usual case)
+            self.lease_heap, self.heap_ids = [], 0
+            return
+        kept = []
+        for deadline, batch, ids in self.lease_heap:
+            live = [i for i in ids if (lease := leases.get(i)) is not None and lease[1] == deadline]
+            if live:
+                kept.append((deadline, batch, live))
+        heapq.heapify(kept)
+        self.lease_heap, self.heap_ids = kept, sum(len(entry[2]) for entry in kept)
 
     def expired(self, now: float) -> list[bytes]:
         out = []
         while self.lease_heap and self.lease_heap[0][0] <= now:
             deadline, _, ids = heapq.heappop(self.lease_heap)
+            self.heap_ids -= len(ids)
             out += [i for i in ids if (lease := self.leases.get(i)) is not None and lease[1] == deadline]
         return out
 

@@ -13,6 +13,7 @@ import pytest
 
 from hqueue import GroupLimits, HQueue, HQueueAdmin, InvalidArgument, LimitExceeded, Message, MessageID
 from hqueue.api import groups_of
+from hqueue.groups.state import HEAP_SLACK
 from hqueue.message import encode_rowkey
 from hqueue.server import HQueueServer
 
@@ -237,3 +238,54 @@ def test_bad_group_limits_are_refused(kwargs, error):
 def test_group_limits_are_for_a_store_in_this_process(tmp_path):
     with pytest.raises(InvalidArgument, match="hqueue server --max-lease"):
         HQueueAdmin("hqueue://127.0.0.1:1", group_limits=GroupLimits())
+
+
+# -- memory: what an acked message leaves behind --------------------------------------------
+
+
+def _heap_ids(queue: HQueue, group: str) -> int:
+    state = groups_of(queue.engine)._group(queue.name, group).partitions[0]
+    assert state.heap_ids == sum(len(ids) for _, _, ids in state.lease_heap)
+    return state.heap_ids
+
+
+def test_acked_messages_are_not_held_until_their_lease_would_have_ended(tmp_path):
+    # Given a member that receives 100 at a time with the longest lease, and acks each batch
+    url = f"local://{tmp_path}/data"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 1)
+    with HQueue("q", url) as queue:
+        for _ in range(30):
+            queue.put([Message("t", b"x")] * 1000, 0)
+        with queue.consumer("g", lease=60) as consumer:
+            # When it has taken 30,000 messages in a few seconds
+            for _ in range(300):
+                assert consumer.ack(consumer.receive(100, wait=1)) == 100
+                # Then the group holds no more than a bounded slack of their IDs (it held
+                # every ID for its minute: 6M IDs, ~340 MB, at 100,000 msgs/s)
+                assert _heap_ids(queue, "g") <= 2 * 100 + HEAP_SLACK
+
+
+def test_leases_still_run_out_when_acked_ones_around_them_are_let_go(tmp_path):
+    # Given a member b holding 5 messages unacked among messages a receives and acks
+    limits = GroupLimits(max_lease=1.5)
+    url = f"local://{tmp_path}/data"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 1)
+    with HQueue("q", url, group_limits=limits) as queue:
+        queue.put([Message("t", b"held-%d" % i) for i in range(5)], 0)
+        queue.put([Message("t", b"x")] * 5000, 0)
+        with queue.consumer("g", member="a") as a, queue.consumer("g", member="b") as b:
+            held = b.receive(5, wait=1, lease=1.5)
+            assert {d.value for d in held} == {b"held-%d" % i for i in range(5)}
+            # When a's acks make the heap prune many times, and b's extend moves its leases once
+            for _ in range(25):
+                a.ack(a.receive(100, wait=1))
+            assert b.extend(held, lease=1.5) == 5
+            for _ in range(25):
+                a.ack(a.receive(100, wait=1))
+            assert _heap_ids(queue, "g") <= 5 + 2 * 100 + HEAP_SLACK
+            # Then b's 5, never acked, still go out again when their (extended) lease ends
+            again = drain(a, 5, timeout=10)
+            assert sorted(d.value for d in again) == sorted(d.value for d in held)
+            assert {d.attempt for d in again} == {2}

@@ -81,7 +81,8 @@ def describe(session: Session, queue: str) -> Output:
     ]
     last = [(pid, str(i) if i else "-", stamp(i) if i else "") for pid, i in d["last_ids"].items()]
     text = table(["PROPERTY", "VALUE"], settings) + "\n\n" + table(["PARTITION", "LAST ID", "LAST WRITE (UTC)"], last)
-    return Output(text, d, len(last))
+    # "queue" as in list's rows and describe_group's (the API's dict calls it "name")
+    return Output(text, {"queue": d["name"], **d}, len(last))
 
 
 def _one_queue_command(name: str, method: str, done: str, help: str, aliases: tuple[str, ...]) -> None:

@@ -38,6 +38,8 @@ def test_create_put_scan_describe_drop(run):
     assert len(run("scan", "crawl", "--limit", "4").output.splitlines()) == 4
     description = json.loads(run("describe", "crawl").output)
     assert description["partitions"] == 4 and description["last_ids"]["2"]
+    assert description["queue"] == "crawl"  # the key list's rows and describe-group use
+    assert [row["queue"] for row in json.loads(run("list", "--format", "json").output)] == ["crawl"]
     assert "crawl" in run("list").output
     assert run("truncate", "crawl").exit_code == 0
     assert run("scan", "crawl").output == ""

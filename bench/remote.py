@@ -69,16 +69,19 @@ def start_hqueue(workdir: str, *args: str, tree: str | None = None) -> tuple[sub
     return proc, port
 
 
-def start_redis(workdir: str, appendfsync: str = "everysec") -> tuple[subprocess.Popen, int]:
+def start_redis(
+    workdir: str, appendfsync: str = "everysec", directory: str | None = None
+) -> tuple[subprocess.Popen, int]:
     """redis-server with its AOF: ``appendfsync always`` is SYNC_WAL's durability, everysec ASYNC_WAL's.
 
-    Each gets a directory of its own under ``workdir`` (two may run side by side).
+    Each gets a directory of its own under ``workdir`` (two may run side by side), or
+    ``directory`` (a restart: the AOF there is loaded).
     """
     if not shutil.which("redis-server"):
         sys.exit("redis-server is not installed: apt-get install redis-server")
     port = free_port()
-    directory = os.path.join(workdir, f"redis-{port}")
-    os.makedirs(directory)
+    directory = directory or os.path.join(workdir, f"redis-{port}")
+    os.makedirs(directory, exist_ok=True)
     proc = subprocess.Popen(
         ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", directory, "--save", "",
          "--appendonly", "yes", "--appendfsync", appendfsync],

@@ -200,9 +200,10 @@ def test_timers_and_groups_follow_their_partitions_to_the_surviving_server(clust
     over; a group member reading both servers gets every message, and an acked
     one never comes back."""
     a, b, url = two_servers_with_queue(cluster)
-    with HQueue("orders", url) as queue, queue.consumer("billing", lease=2) as member:
+    with HQueue("orders", url) as queue, queue.consumer("billing", lease=10) as member:
         on_a = [pid for pid, owner in enumerate(owners(f"hqueue://{a.address}")) if owner == a.address]
-        timers = [queue.put(Message("timer", b"t%d" % pid), pid, delay=2.0)[0] for pid in on_a]
+        # (due late enough that a loaded machine drains and acks the orders first)
+        timers = [queue.put(Message("timer", b"t%d" % pid), pid, delay=6.0)[0] for pid in on_a]
         for pid in range(PARTITIONS):
             queue.put(Message("order", b"m%d" % pid), pid)
         first = drain(member, PARTITIONS, 20, wait=0.5)

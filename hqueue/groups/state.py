@@ -306,6 +306,12 @@ class PartitionState:
             return self.scan
         while waiting and waiting[0] not in leases and waiting[0] not in ready and waiting[0] not in back:
             waiting.popleft()
+        if len(waiting) > 2 * (len(leases) + len(ready) + len(back)) + HEAP_SLACK:
+            # One unfinished message at the front kept every ID handed out after it: only the
+            # unfinished ones stay (O(1) each, spread over the IDs finished since the last time).
+            self.open = waiting = collections.deque(
+                i for i in waiting if i in leases or i in ready or i in back
+            )  # fmt: skip
         return waiting[0] if waiting else self.scan
 
     def handed_out(self, message_id: bytes) -> bool:

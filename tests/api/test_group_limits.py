@@ -289,3 +289,27 @@ def test_leases_still_run_out_when_acked_ones_around_them_are_let_go(tmp_path):
             again = drain(a, 5, timeout=10)
             assert sorted(d.value for d in again) == sorted(d.value for d in held)
             assert {d.attempt for d in again} == {2}
+
+
+def test_one_unfinished_message_keeps_only_the_acks_after_it_not_every_id_handed_out(tmp_path):
+    # Given member b holding the first message, unacked, with the longest lease
+    url = f"local://{tmp_path}/data"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 1)
+    with HQueue("q", url) as queue:
+        queue.put([Message("t", b"first")], 0)
+        for _ in range(20):
+            queue.put([Message("t", b"x")] * 1000, 0)
+        with queue.consumer("g", member="a") as a, queue.consumer("g", member="b") as b:
+            (held,) = b.receive(1, wait=1, lease=60)
+            # When a receives and acks the 20,000 after it
+            for _ in range(200):
+                assert a.ack(a.receive(100, wait=1)) == 100
+            # Then the completion cursor waits on b's message, the acks after it are kept
+            # (they are the group's record), and the list of IDs still open is b's one
+            state = groups_of(queue.engine)._group(queue.name, "g").partitions[0]
+            assert state.lowest_open() == held.id.to_bytes() and len(state.acked) == 20_000
+            assert len(state.open) <= 1 + HEAP_SLACK
+            # And once b acks, the cursor passes all of them
+            assert b.ack([held]) == 1
+            assert not state.acked and state.done > held.id.to_bytes()

@@ -419,11 +419,9 @@ class HQueue(Connected):
             tls: Listen with TLS (a certificate made for this run, which servers
                 pin). None (the default): when this queue's URL speaks TLS
                 (``tls=1``); a TLS server pushes only over TLS.
-            zk_auth: ZooKeeper credentials ``user:password`` for servers older than
-                this version that coordinate through a ZooKeeper with ACLs (default:
-                ``$HQUEUE_ZK_AUTH``); the subscriber announces itself there. A
-                server of this version hands the subscriber a credential for its
-                own registration only, and this is not used.
+            zk_auth: ZooKeeper credentials ``user:password``, where servers
+                coordinate through a ZooKeeper with ACLs (default:
+                ``$HQUEUE_ZK_AUTH``); the subscriber announces itself there.
 
         Every push is proven: the subscriber announces a key made for this
         run, and refuses (``TPushRefused``, never reaching a listener) any

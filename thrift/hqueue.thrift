@@ -333,11 +333,8 @@ service HQueueService {
               5: TInvalidMessage invalid)
   // With ZooKeeper, before announcing there: the server checks the address as
   // for a heartbeat and records it; servers push only to recorded addresses
-  // (or ones in their --subscriber-allow networks). The answer, with ZooKeeper
-  // ACLs on (--zk-auth): JSON {"zk_auth": "user:password", "servers": ["user:hash"]},
-  // a credential that may only create and read nodes under this subscriber's
-  // registration, and the identities its nodes must grant everything; else "".
-  string approveSubscriberAddress(1: string queue, 2: string name, 3: string address, 4: TPushKey push)
+  // (or ones in their --subscriber-allow networks).
+  void approveSubscriberAddress(1: string queue, 2: string name, 3: string address, 4: TPushKey push)
       throws (1: TSubscriberNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied, 4: TQueueNotFound queueNotFound,
               5: TInvalidMessage invalid)
   void subscriberLeave(1: string queue, 2: string name)

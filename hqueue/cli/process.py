@@ -30,7 +30,7 @@ from .main import Progress, Seconds, main, open_admin, open_queue
     envvar="HQUEUE_ZK_AUTH",
     metavar="USER:PASSWORD",
     help="ZooKeeper digest credentials: hqueue's znodes are made readable and writable by them only "
-    "(subscribers need none: a server hands each one for its own registration only).",
+    "(give subscribers the same, through HQUEUE_ZK_AUTH).",
 )
 @click.option(
     "--zk-open",

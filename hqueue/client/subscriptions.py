@@ -5,15 +5,10 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from thriftpy2.thrift import TApplicationException
-
 from ..auth import PushCredentials
-from ..errors import StorageError
 from ..rpc import operations as op
 from ..rpc import wire
 from .calls import remote
-
-MISSING_RESULT = TApplicationException.MISSING_RESULT
 
 
 class RemoteSubscriptions:
@@ -40,14 +35,5 @@ class RemoteSubscriptions:
             "subscriberHeartbeat", queue, name, address, topics_out, wire.to_tpush_key(push), queue=queue
         )
 
-    def approve(self, queue: str, name: str, address: str, push: PushCredentials) -> str | None:
-        """The server's presence access (``presence_access``), None from a server that hands none."""
-        try:
-            access = self._engine._call(
-                "approveSubscriberAddress", queue, name, address, wire.to_tpush_key(push), queue=queue
-            )
-        except StorageError as e:  # a server from before it answered anything (void)
-            if isinstance(e.__cause__, TApplicationException) and e.__cause__.type == MISSING_RESULT:
-                return None
-            raise
-        return access or None
+    def approve(self, queue: str, name: str, address: str, push: PushCredentials) -> None:
+        self._engine._call("approveSubscriberAddress", queue, name, address, wire.to_tpush_key(push), queue=queue)

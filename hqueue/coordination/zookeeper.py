@@ -51,8 +51,6 @@ every server watches it (and re-reads the queue list every
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 import threading
 import time
@@ -62,7 +60,7 @@ from collections.abc import Callable, Iterable
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NoAuthError, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
-from kazoo.security import ACL, Id, Permissions, make_digest_acl, make_digest_acl_credential
+from kazoo.security import make_digest_acl
 
 from ..errors import CoordinationError, InvalidArgument, NotPartitionOwner
 from ..storage.fence import Token
@@ -83,56 +81,28 @@ ENSEMBLE_PATH = "/ensemble"
 AUTH_ENV = "HQUEUE_ZK_AUTH"
 
 
-#: The user of every credential the servers hand a subscriber (``delegated_credential``).
-DELEGATED_USER = "hqueue-subscriber-"
-
-
-def zookeeper_client(hosts: str, auth: str | None, timeout: float, also: Iterable[str] = ()) -> KazooClient:
+def zookeeper_client(hosts: str, auth: str | None, timeout: float) -> KazooClient:
     """A kazoo client; with ``auth`` (``user:password``) it authenticates with ZooKeeper's
     digest scheme and creates every node under an ACL that grants that user
-    everything and nobody else anything (so only servers, and a subscriber in its own
-    registration, can read push keys or write registrations and presences).
-
-    ``also``: digest identities (``user:hash``, as :func:`digest_identity` gives) granted
-    everything on the nodes this client creates too (a subscriber's: the servers').
+    everything and nobody else anything (so only servers and subscribers given the
+    credential can read push keys or write registrations and presences).
 
     Raises:
         InvalidArgument: ``auth`` is not ``user:password``.
     """
     if not auth:
         return KazooClient(hosts=hosts, timeout=timeout)
-    user, password = _user_password(auth)
-    acl = [make_digest_acl(user, password, all=True)]
-    acl += [ACL(Permissions.ALL, Id("digest", identity)) for identity in also]
-    return KazooClient(hosts=hosts, timeout=timeout, auth_data=[("digest", auth)], default_acl=acl)
-
-
-def _user_password(auth: str) -> tuple[str, str]:
     user, colon, password = auth.partition(":")
     if not colon or not user or not password:
         raise InvalidArgument(
             f"ZooKeeper credentials are user:password (--zk-auth or ${AUTH_ENV}), got a value without ':'"
         )
-    return user, password
-
-
-def digest_identity(auth: str) -> str:
-    """``user:hash`` of a ``user:password`` credential: what an ACL names (not the password)."""
-    return make_digest_acl_credential(*_user_password(auth))
-
-
-def delegated_credential(auth: str, scope: str) -> str:
-    """A ``user:password`` for ``scope`` (one subscriber's registration) that the servers
-    holding ``auth`` derive alike and hand out instead of their own: ZooKeeper
-    lets it do only what the ACLs of the nodes ``scope`` names grant it."""
-    user = DELEGATED_USER + hashlib.sha256(scope.encode()).hexdigest()[:32]
-    password = hmac.new(auth.encode(), b"hqueue delegated credential\0" + scope.encode(), "sha256").hexdigest()
-    return f"{user}:{password}"
-
-
-def delegated_acl(auth: str, scope: str, perms: int) -> ACL:
-    """The ACL entry granting ``perms`` to :func:`delegated_credential`'s holder."""
-    return ACL(perms, Id("digest", digest_identity(delegated_credential(auth, scope))))
+    return KazooClient(
+        hosts=hosts,
+        timeout=timeout,
+        auth_data=[("digest", auth)],
+        default_acl=[make_digest_acl(user, password, all=True)],
+    )
 
 
 def no_auth(hosts: str) -> str:
@@ -159,22 +129,13 @@ def secure(client: KazooClient, paths: Iterable[str]) -> None:
 
 def _secure_tree(client: KazooClient, path: str, acl: list) -> None:
     try:
-        if _secured(client.get_acls(path)[0], acl):
+        if client.get_acls(path)[0] == acl:
             return
         for child in client.get_children(path):
             _secure_tree(client, f"{path.rstrip('/')}/{child}", acl)
         client.set_acls(path, acl)
     except NoNodeError:
         return
-
-
-def _secured(found: list, acl: list) -> bool:
-    """Whether a node's ACL is the servers' ``acl``, or that plus grants to credentials
-    the servers handed out (a subscriber's registration and presence)."""
-    extra = [entry for entry in found if entry not in acl]
-    return all(entry in found for entry in acl) and all(
-        entry.id.scheme == "digest" and entry.id.id.startswith(DELEGATED_USER) for entry in extra
-    )
 
 
 def item(queue: str, pid: int) -> str:

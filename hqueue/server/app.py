@@ -407,7 +407,7 @@ class HQueueServer:
     def _registry(self) -> SubscriberRegistry:
         """Registrations in ZooKeeper with the coordinator's session, else in the store."""
         if isinstance(self.coordinator, ZooKeeperCoordinator):
-            return ZooKeeperRegistry(self.coordinator.client, self.coordinator.hosts, self.coordinator.auth)
+            return ZooKeeperRegistry(self.coordinator.client, self.coordinator.hosts)
         return StoreRegistry(self.engine.storage)
 
     def _count_partition_changes(self, gained: set, lost: set) -> None:

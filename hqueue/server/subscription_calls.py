@@ -61,5 +61,5 @@ class SubscriptionCalls(Calls):
         )
 
     @served(MANAGE, named=(1, "subscriber"))
-    def approveSubscriberAddress(self, queue: str, name: str, address: str, push: Any = None) -> str:
-        return self.subscriptions.approve(queue, name, address, self._announced(address, push)) or ""
+    def approveSubscriberAddress(self, queue: str, name: str, address: str, push: Any = None) -> None:
+        self.subscriptions.approve(queue, name, address, self._announced(address, push))

@@ -32,7 +32,6 @@ it heartbeats the server every second.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import threading
@@ -42,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..auth import PushCredentials
 from ..checks import check_name
-from ..errors import CoordinationError, HQueueError, InvalidArgument, SubscriberActive
+from ..errors import HQueueError, InvalidArgument, SubscriberActive
 from ..message import Message, MessageID, _as_topic, messages_from_columns
 from .push import PushGuard, PushRefused, ephemeral_tls
 
@@ -275,15 +274,12 @@ class Subscriber:
                 from .zk_registry import ZooKeeperPresence
 
                 # The server checks the address (as for a heartbeat) and records it: servers
-                # push only to addresses announced through one of them. With ACLs on, it
-                # hands a credential for this registration only (an older server hands
-                # none: then the servers' own, zk_auth or $HQUEUE_ZK_AUTH).
-                access = _presence_access(self.service.approve(self.queue, self.name, self.address, push))
-                auth = access.get("zk_auth") or self.zk_auth or os.environ.get(AUTH_ENV)
+                # push only to addresses announced through one of them.
+                self.service.approve(self.queue, self.name, self.address, push)
+                auth = self.zk_auth or os.environ.get(AUTH_ENV)
                 self._presence = ZooKeeperPresence(
-                    coordination[3:], self.queue, self.name, self.address, topics, push, auth,
-                    access.get("servers", ()),
-                )  # fmt: skip
+                    coordination[3:], self.queue, self.name, self.address, topics, push, auth
+                )
                 self._take_over(self._presence.start)
             else:
                 self._take_over(lambda: self.service.heartbeat(self.queue, self.name, self.address, topics, push))
@@ -346,17 +342,3 @@ class Subscriber:
 
     def __exit__(self, *exc_info) -> None:
         self.stop("context exit")
-
-
-def _presence_access(answer: str | None) -> dict[str, Any]:
-    """A server's ``approveSubscriberAddress`` answer: {} or ``zk_auth`` and ``servers``."""
-    try:
-        access = json.loads(answer) if answer else {}
-        if not isinstance(access, dict) or not isinstance(access.get("zk_auth", ""), str):
-            raise ValueError(access)
-        servers = access.get("servers", [])
-        if not isinstance(servers, list) or not all(isinstance(s, str) for s in servers):
-            raise ValueError(servers)
-    except ValueError as e:
-        raise CoordinationError(f"the server's answer to the subscriber's approval is malformed: {answer!r}") from e
-    return access

@@ -166,11 +166,6 @@ class SubscriberRegistry(abc.ABC):
     #: How many approved addresses a registration keeps (the latest).
     MAX_APPROVED = 8
 
-    def presence_access(self, queue: str, name: str) -> str | None:
-        """What a subscriber announces its presence with, where presence is not a heartbeat
-        (ZooKeeper's registry); None: nothing (its own credentials, if any)."""
-        return None
-
     def approve(self, queue: str, name: str, address: str) -> None:
         """Record an address a server checked (see :attr:`Registration.approved`)."""
 

@@ -58,15 +58,13 @@ class Subscribers:
             raise InvalidArgument("a heartbeat carries the subscriber's push key")
         self.registry.heartbeat(queue, name, address, frozenset(topics) if topics else None, push)
 
-    def approve(self, queue: str, name: str, address: str, push: PushCredentials) -> str | None:
+    def approve(self, queue: str, name: str, address: str, push: PushCredentials) -> None:
         """Record an address the caller checked, before the subscriber announces it
-        (and ``push``) in ZooKeeper; what it announces with (the registry's
-        ``presence_access``: a credential for its own registration, or None)."""
+        (and ``push``) in ZooKeeper."""
         self._used()
         if not isinstance(push, PushCredentials):
             raise InvalidArgument("an announcement carries the subscriber's push key")
         self.registry.approve(queue, name, address)
-        return self.registry.presence_access(queue, name)
 
     def leave(self, queue: str, name: str) -> None:
         self.registry.leave(queue, name)

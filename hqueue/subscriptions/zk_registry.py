@@ -9,11 +9,7 @@ Layout, under the servers' chroot::
 
 With ``--zk-auth`` every node is created under the servers' digest ACL
 (coordination/zookeeper.py), so only holders of that credential read the
-push key or write a presence. A subscriber is not given that credential:
-when a server approves its address it hands it one of its own
-(:meth:`ZooKeeperRegistry.presence_access`), which may create nodes under
-its registration and read it, and nothing else; the presence nodes it makes
-grant the servers everything, and it the rest.
+push key or write a presence.
 
 Servers watch the tree with kazoo ChildrenWatches and reconcile their
 workers on every change. Checkpoints are merged with a versioned
@@ -30,22 +26,15 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import replace
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, KazooException, NoAuthError, NodeExistsError, NoNodeError
 from kazoo.retry import ForceRetryError
-from kazoo.security import Permissions
 
 from ..auth import PushCredentials
-from ..coordination.zookeeper import (
-    delegated_acl,
-    delegated_credential,
-    digest_identity,
-    no_auth,
-    zookeeper_client,
-)
+from ..coordination.zookeeper import no_auth, zookeeper_client
 from ..errors import CoordinationError, SubscriberActive, SubscriberExists, SubscriberNotFound
 from .registry import Registration, SubscriberRegistry, decode_topics, encode_topics
 
@@ -66,9 +55,9 @@ class ZooKeeperRegistry(SubscriberRegistry):
         hosts: The connect string subscribers should use (with chroot).
     """
 
-    def __init__(self, client: KazooClient, hosts: str, auth: str | None = None) -> None:
+    def __init__(self, client: KazooClient, hosts: str) -> None:
         super().__init__()
-        self.client, self.coordination, self.auth = client, f"zk:{hosts}", auth
+        self.client, self.coordination = client, f"zk:{hosts}"
         self._watched: set[str] = set()
         self._lock = threading.Lock()
         client.ensure_path(ROOT)
@@ -160,25 +149,6 @@ class ZooKeeperRegistry(SubscriberRegistry):
         except KazooException as e:
             raise CoordinationError(f"cannot update subscriber {name!r} on {queue!r}: {e}") from e
 
-    def presence_access(self, queue: str, name: str) -> str | None:
-        """With ACLs on, the credential a subscriber announces its presence with (JSON:
-        ``zk_auth``, and ``servers``, the identity its nodes must grant everything): its
-        registration node grants it create and read (and nothing more: the approved
-        addresses and checkpoints there are the servers' to write). Without ACLs, None."""
-        if not self.auth:
-            return None
-        path = registration_path(queue, name)
-        wanted = [*self.client.default_acl, delegated_acl(self.auth, path, Permissions.CREATE | Permissions.READ)]
-        try:
-            if self.client.get_acls(path)[0] != wanted:
-                self.client.set_acls(path, wanted)
-        except NoNodeError:
-            raise SubscriberNotFound(name, queue) from None
-        except KazooException as e:
-            raise CoordinationError(f"cannot open {name!r} on {queue!r} to its subscriber: {e}") from e
-        access = {"zk_auth": delegated_credential(self.auth, path), "servers": [digest_identity(self.auth)]}
-        return json.dumps(access)
-
     def remove(self, queue: str, name: str) -> None:
         try:
             self.client.delete(registration_path(queue, name), recursive=True)
@@ -216,14 +186,10 @@ class ZooKeeperPresence:
         topics: frozenset[bytes] | None,
         push: PushCredentials,
         auth: str | None = None,
-        servers: Iterable[str] = (),
     ) -> None:
-        """``auth``: the credential a server handed out (``presence_access``), or the servers'
-        own (an older server hands none); ``servers``: identities granted everything on
-        the nodes made here."""
         self.path = registration_path(queue, name)
         self.address, self.topics, self.push = address, topics, push
-        self.client = zookeeper_client(hosts, auth, timeout=10.0, also=servers)
+        self.client = zookeeper_client(hosts, auth, timeout=10.0)
         self._stopping = False
         self.client.add_listener(self._on_state)
 

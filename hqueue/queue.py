@@ -419,9 +419,10 @@ class HQueue(Connected):
             tls: Listen with TLS (a certificate made for this run, which servers
                 pin). None (the default): when this queue's URL speaks TLS
                 (``tls=1``); a TLS server pushes only over TLS.
-            zk_auth: ZooKeeper credentials ``user:password``, where servers
-                coordinate through a ZooKeeper with ACLs (default:
-                ``$HQUEUE_ZK_AUTH``); the subscriber announces itself there.
+            zk_auth: ZooKeeper credentials ``user:password`` (default:
+                ``$HQUEUE_ZK_AUTH``), only for servers older than this version
+                with a ZooKeeper with ACLs: the subscriber announces itself there.
+                With newer servers it heartbeats them, and needs none.
 
         Every push is proven: the subscriber announces a key made for this
         run, and refuses (``TPushRefused``, never reaching a listener) any

@@ -30,7 +30,7 @@ from .main import Progress, Seconds, main, open_admin, open_queue
     envvar="HQUEUE_ZK_AUTH",
     metavar="USER:PASSWORD",
     help="ZooKeeper digest credentials: hqueue's znodes are made readable and writable by them only "
-    "(give subscribers the same, through HQUEUE_ZK_AUTH).",
+    "(subscribers need none: they heartbeat a server, which writes their presence).",
 )
 @click.option(
     "--zk-open",

@@ -24,9 +24,11 @@ Delivery is at least once: a listener that raises makes the server send the
 same batch again later (with backoff); after a crash, up to one checkpoint
 interval (1 s) of messages per partition may come again.
 
-Presence: with ZooKeeper, the subscriber creates ephemeral ``address`` and
-``topics`` nodes with its own session (they vanish if it dies); without,
-it heartbeats the server every second.
+Presence: the subscriber heartbeats a server every second (with ZooKeeper,
+that server writes its presence there: the subscriber needs no ZooKeeper
+access). A server older than this version names ZooKeeper instead
+(``getCoordination``): then the subscriber creates its ephemeral presence
+nodes there itself, with its own session.
 """
 
 from __future__ import annotations

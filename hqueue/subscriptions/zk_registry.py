@@ -2,23 +2,31 @@
 
 Layout, under the servers' chroot::
 
-    /subscriptions/<queue>/subscribers/<name>          persistent: topics, partitions, checkpoints (JSON)
-    /subscriptions/<queue>/subscribers/<name>/address  ephemeral (subscriber's session): host:port
-    /subscriptions/<queue>/subscribers/<name>/topics   ephemeral: the topics it takes now (JSON)
-    /subscriptions/<queue>/subscribers/<name>/push     ephemeral: its push key and certificate (JSON, push.py)
+    /subscriptions/<queue>/subscribers/<name>           persistent: topics, partitions, checkpoints (JSON)
+    /subscriptions/<queue>/subscribers/<name>/presence  ephemeral (a server's session): the subscriber's
+                                                        address, topics, push key, last heartbeat (JSON)
 
-With ``--zk-auth`` every node is created under the servers' digest ACL
-(coordination/zookeeper.py), so only holders of that credential read the
-push key or write a presence.
+A subscriber never speaks to ZooKeeper: it heartbeats a server every
+second (the Thrift port, its token: the same calls as without ZooKeeper),
+and the server that gets the heartbeats writes its presence, checked (the
+push policy), under its own session; it counts as gone
+``presence_timeout`` seconds after the last heartbeat any server wrote, or
+at once when that server's session ends (the next heartbeat, at another
+server, writes it again). With ``--zk-auth`` every node is created under
+the servers' digest ACL (coordination/zookeeper.py): only the servers read
+a push key or write a presence.
+
+Subscribers of older versions announced themselves with their own session
+(``address``, ``topics`` and ``push`` nodes, the servers' credential): those
+are still read, and :class:`ZooKeeperPresence` still writes them for a
+subscriber of this version whose server is older (it names ZooKeeper in
+``getCoordination``).
 
 Servers watch the tree with kazoo ChildrenWatches and reconcile their
 workers on every change. Checkpoints are merged with a versioned
 compare-and-set, retried on conflict (kazoo's ``recipe/counter.py`` way),
 since every server writes the checkpoints of the partitions it owns.
 
-:class:`ZooKeeperPresence` is the subscriber's side: it creates the two
-ephemeral nodes with its own session, and creates them again after a
-session is lost and a new one begins.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -37,6 +46,7 @@ from ..auth import PushCredentials
 from ..coordination.zookeeper import no_auth, zookeeper_client
 from ..errors import CoordinationError, SubscriberActive, SubscriberExists, SubscriberNotFound
 from .registry import Registration, SubscriberRegistry, decode_topics, encode_topics
+from .store_registry import Presence
 
 logger = logging.getLogger(__name__)
 
@@ -47,17 +57,32 @@ def registration_path(queue: str, name: str) -> str:
     return f"{ROOT}/{queue}/subscribers/{name}"
 
 
+def presence_path(queue: str, name: str) -> str:
+    return registration_path(queue, name) + "/presence"
+
+
+#: Seconds after the last heartbeat (by the wall clock of the server that wrote it) that a
+#: subscriber counts as gone: servers' clocks may differ by a little of it.
+PRESENCE_TIMEOUT = 10.0
+
+
 class ZooKeeperRegistry(SubscriberRegistry):
     """Registrations and presence in ZooKeeper, for the servers.
 
     Args:
         client: A started kazoo client (the server shares its coordinator's).
-        hosts: The connect string subscribers should use (with chroot).
+        hosts: Its connect string (with chroot), for messages.
+        presence_timeout: Seconds without a heartbeat before a subscriber counts as gone.
     """
 
-    def __init__(self, client: KazooClient, hosts: str) -> None:
+    #: Subscribers heartbeat a server (they need no ZooKeeper access of their own).
+    coordination = "server"
+
+    def __init__(self, client: KazooClient, hosts: str, presence_timeout: float = PRESENCE_TIMEOUT) -> None:
         super().__init__()
-        self.client, self.coordination = client, f"zk:{hosts}"
+        self.client, self.hosts, self.presence_timeout = client, hosts, presence_timeout
+        #: Presences load() found lapsed: attached() deletes those this server holds.
+        self._lapsed: set[tuple[str, str]] = set()
         self._watched: set[str] = set()
         self._lock = threading.Lock()
         client.ensure_path(ROOT)
@@ -122,7 +147,36 @@ class ZooKeeperRegistry(SubscriberRegistry):
 
     def load(self, queue: str, name: str) -> Registration:
         registration, _ = self._stored(queue, name)
-        path = registration_path(queue, name)
+        try:
+            presence = self._presence(queue, name)
+            if presence is not None:
+                if time.time() - presence.seen >= self.presence_timeout:
+                    self._lapsed.add((queue, name))  # attached() deletes it if this server holds it
+                    return registration  # its heartbeats stopped (the server that wrote it may be gone)
+                # (its address is pushed to once approved: the heartbeat's server approved it)
+                return replace(registration, address=presence.address, live_topics=presence.topics, push=presence.push)
+            return self._announced_by_itself(registration)
+        except NoAuthError:  # a node only someone else may read (written by hand): none
+            logger.warning("the presence of subscriber %s on %s is not readable by the servers: ignored", name, queue)
+            return registration
+
+    def _presence(self, queue: str, name: str) -> Presence | None:
+        """The presence a server wrote (None: none, or a malformed one, never pushed to)."""
+        try:
+            data = json.loads(self.client.get(presence_path(queue, name))[0])
+            push = PushCredentials.from_json(data["push"])
+            if push is None or not isinstance(data["address"], str) or not isinstance(data["seen"], (int, float)):
+                raise ValueError(data)
+            return Presence(data["address"], decode_topics(data["topics"]), push, float(data["seen"]))
+        except NoNodeError:
+            return None
+        except (ValueError, KeyError, TypeError, AttributeError):
+            logger.warning("malformed presence of subscriber %s on %s", name, queue)
+            return None
+
+    def _announced_by_itself(self, registration: Registration) -> Registration:
+        """The presence an older subscriber wrote with its own session (ZooKeeperPresence)."""
+        path = registration_path(registration.queue, registration.name)
         try:
             address = self.client.get(path + "/address")[0].decode()
             topics = decode_topics(json.loads(self.client.get(path + "/topics")[0]))
@@ -130,9 +184,74 @@ class ZooKeeperRegistry(SubscriberRegistry):
         except NoNodeError:
             return registration
         except ValueError:  # a malformed presence: treated as none, never pushed to
-            logger.warning("malformed presence of subscriber %s on %s", name, queue)
+            logger.warning("malformed presence of subscriber %s on %s", registration.name, registration.queue)
             return registration
         return replace(registration, address=address, live_topics=topics, push=push)
+
+    def heartbeat(
+        self, queue: str, name: str, address: str, topics: frozenset[bytes] | None, push: PushCredentials
+    ) -> None:
+        """Write the presence under this server's session (the caller checked ``address``).
+
+        A live presence with another address or key is another instance's: SubscriberActive.
+        One another server holds (the subscriber heartbeats this one now) is taken over.
+        """
+        if address not in self._stored(queue, name)[0].approved:
+            # Recorded where only servers write (with --zk-auth): a presence written into
+            # ZooKeeper by hand, with an address no server checked, gets no pushes.
+            self.approve(queue, name, address)
+        path, now = presence_path(queue, name), time.time()
+        data = json.dumps({"address": address, "topics": encode_topics(topics), "push": push.to_json(), "seen": now})
+        try:
+            try:
+                _, stat = self.client.get(path)
+            except NoNodeError:
+                stat = None
+            if stat is not None:
+                held = self._presence(queue, name)
+                if held is not None and (held.address, held.push) != (address, push):
+                    if now - held.seen < self.presence_timeout:
+                        raise SubscriberActive(
+                            f"subscriber {name!r} on {queue!r} is attached at {held.address}; a second instance is "
+                            f"refused (if that one died, its presence lapses within {self.presence_timeout:g}s)"
+                        )
+                if stat.ephemeralOwner == self.client.client_id[0]:
+                    self.client.set(path, data.encode(), version=stat.version)
+                    if held is None or (held.address, held.topics, held.push) != (address, topics, push):
+                        self.changed()
+                    return
+                self.client.delete(path, version=stat.version)  # another server's (or a lapsed one)
+            self.client.create(path, data.encode(), ephemeral=True)
+        except (BadVersionError, NodeExistsError, NoNodeError):
+            raise CoordinationError(
+                f"the presence of subscriber {name!r} on {queue!r} changed meanwhile (another server); "
+                "the next heartbeat writes it"
+            ) from None
+        except KazooException as e:
+            raise CoordinationError(f"cannot write the presence of {name!r} on {queue!r}: {e}") from e
+
+    def leave(self, queue: str, name: str) -> None:
+        self._stored(queue, name)
+        try:
+            self.client.delete(presence_path(queue, name))
+        except NoNodeError:
+            pass
+        except KazooException as e:
+            raise CoordinationError(f"cannot end the presence of {name!r} on {queue!r}: {e}") from e
+
+    def _forget_lapsed(self, queue: str, name: str) -> None:
+        """Delete a presence this server holds whose heartbeats stopped (watchers see it go)."""
+        path = presence_path(queue, name)
+        try:
+            _, stat = self.client.get(path)
+            presence = self._presence(queue, name)
+            if stat.ephemeralOwner == self.client.client_id[0]:
+                if presence is None or time.time() - presence.seen >= self.presence_timeout:
+                    self.client.delete(path, version=stat.version)
+        except (NoNodeError, BadVersionError):
+            pass
+        except KazooException:
+            logger.warning("could not delete the lapsed presence of %s on %s", name, queue, exc_info=True)
 
     def update(self, queue: str, name: str, change: Callable[[Registration], Registration]) -> Registration:
         def attempt() -> Registration:
@@ -169,13 +288,21 @@ class ZooKeeperRegistry(SubscriberRegistry):
                     registration = self.load(queue, name)
                 except SubscriberNotFound:
                     continue  # deleted meanwhile
+                except NoAuthError:  # one registration made unreadable by hand: the others go on
+                    logger.warning("subscriber %s on %s is not readable by the servers: skipped", name, queue)
+                    continue
                 if registration.attached:
                     found.append(registration)
+        lapsed, self._lapsed = self._lapsed, set()
+        for queue, name in lapsed:
+            self._forget_lapsed(queue, name)
         return found
 
 
 class ZooKeeperPresence:
-    """The subscriber's ephemeral ``address`` and ``topics`` nodes."""
+    """The subscriber's own ephemeral ``address``, ``topics`` and ``push`` nodes: how it
+    announces itself to a server older than this version, which names ZooKeeper in
+    ``getCoordination`` (newer ones take heartbeats and write the presence themselves)."""
 
     def __init__(
         self,

@@ -3,13 +3,15 @@ ephemeral nodes another session holds are never taken over, since they would go
 when that session ends and leave this instance half announced."""
 
 import json
+import time
 
 import pytest
 from kazoo.client import KazooClient
 
 from hqueue.auth import PushCredentials
 from hqueue.errors import SubscriberActive
-from hqueue.subscriptions.zk_registry import ZooKeeperPresence, registration_path
+from hqueue.subscriptions.registry import Registration
+from hqueue.subscriptions.zk_registry import ZooKeeperPresence, ZooKeeperRegistry, presence_path, registration_path
 
 
 @pytest.fixture
@@ -63,3 +65,59 @@ def test_a_live_instance_s_address_is_named_in_the_refusal(zk, zk_hosts):
         presence.stop()
         live.stop()
         live.close()
+
+
+# -- presence written by the servers (the subscriber heartbeats one of them) ---------------------
+
+
+@pytest.fixture
+def two_servers(zk_hosts):
+    """Two servers' registries, each with its own ZooKeeper session, and one registration."""
+    clients = [KazooClient(hosts=zk_hosts) for _ in range(2)]
+    for client in clients:
+        client.start(timeout=30)
+    registries = [ZooKeeperRegistry(client, zk_hosts, presence_timeout=1.0) for client in clients]
+    registries[0].create(Registration("q", "s", None, None))
+    yield registries
+    for client in clients:
+        client.stop()
+        client.close()
+
+
+def test_the_server_a_subscriber_heartbeats_holds_its_presence_and_another_takes_it_over(two_servers):
+    a, b = two_servers
+    push = PushCredentials.new()
+    a.heartbeat("q", "s", "127.0.0.1:9", None, push)
+    assert [r.address for r in b.attached()] == ["127.0.0.1:9"]  # every server sees it
+    assert b.load("q", "s").approved == ("127.0.0.1:9",)  # the address a server checked
+    b.heartbeat("q", "s", "127.0.0.1:9", None, push)  # its heartbeats go to b now
+    _, stat = b.client.get(presence_path("q", "s"))
+    assert stat.ephemeralOwner == b.client.client_id[0]
+    a.attached()  # a no longer holds it: it leaves it be
+    assert b.client.exists(presence_path("q", "s"))
+    # Another instance (another address, another key) is refused while this one is live
+    with pytest.raises(SubscriberActive, match="attached at 127.0.0.1:9"):
+        a.heartbeat("q", "s", "127.0.0.1:10", None, PushCredentials.new())
+    # When the heartbeats stop, it lapses: gone for every server, deleted by its holder
+    time.sleep(1.1)
+    assert a.attached() == [] and b.attached() == []
+    assert not b.client.exists(presence_path("q", "s"))
+    a.heartbeat("q", "s", "127.0.0.1:10", None, PushCredentials.new())  # a new instance is let in
+    assert [r.address for r in b.attached()] == ["127.0.0.1:10"]
+    a.leave("q", "s")
+    assert b.attached() == []
+
+
+def test_a_presence_goes_with_its_server_s_session(two_servers, zk_hosts):
+    a, b = two_servers
+    a.heartbeat("q", "s", "127.0.0.1:9", None, PushCredentials.new())
+    a.client.stop()  # the server that held it is gone
+    assert b.attached() == []
+
+
+def test_a_malformed_presence_is_never_pushed_to(two_servers):
+    a, b = two_servers
+    for data in (b"{", b"[]", b'{"address": 1}', json.dumps({"address": "127.0.0.1:9", "push": None}).encode()):
+        a.client.create(presence_path("q", "s"), data, ephemeral=True)
+        assert b.attached() == []
+        a.client.delete(presence_path("q", "s"))

@@ -141,7 +141,7 @@ def test_a_second_live_instance_is_refused_in_zookeeper_mode(cluster):
     with HQueue("orders", url) as queue:
         with queue.create_subscriber(Subscription("s"), [Nothing()]):
             second = queue.create_subscriber(Subscription("s"), [Nothing()], takeover_timeout=1.0)
-            with pytest.raises(SubscriberActive, match="live ZooKeeper session"):
+            with pytest.raises(SubscriberActive, match="is attached at .* a second instance is refused"):
                 second.start()
         with queue.create_subscriber(Subscription("s"), [Nothing()], takeover_timeout=5.0) as again:
             assert again.started

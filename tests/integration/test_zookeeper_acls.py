@@ -9,16 +9,17 @@ with an address no server approved gets no pushes.
 import json
 import socket
 import threading
+import time
 
 import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
+from kazoo.security import make_digest_acl
 from thriftpy2.protocol import TBinaryProtocolFactory
 from thriftpy2.rpc import make_client
 from thriftpy2.transport import TFramedTransportFactory
 
 from hqueue import HQueue, HQueueAdmin, Message, MessageListener, Subscription
-from hqueue.errors import CoordinationError
 from hqueue.rpc.wire import T
 
 from ..conftest import hbase_url
@@ -67,16 +68,15 @@ def anonymous(hosts: str) -> KazooClient:
     return client
 
 
-def test_hqueues_znodes_are_closed_to_anyone_without_the_credentials(secured, monkeypatch):
+def test_hqueues_znodes_are_closed_to_anyone_without_the_credentials(secured):
     _, url, hosts = secured
-    monkeypatch.setenv("HQUEUE_ZK_AUTH", ZK_AUTH)
     with HQueue("orders", url) as queue, queue.create_subscriber(Subscription("audit"), [Collect()]):
         client = anonymous(hosts)
         try:
-            for read in ("/subscriptions", "/ownership", "/ownership/party"):
+            for read in ("/subscriptions", "/ownership", "/ownership/party", "/subscriptions/orders/subscribers/audit"):
                 with pytest.raises(NoAuthError):
                     client.get_children(read)
-            for path in ("/ensemble", "/subscriptions/orders/subscribers/audit/push"):
+            for path in ("/ensemble", "/subscriptions/orders/subscribers/audit/presence"):
                 with pytest.raises(NoAuthError):
                     client.get(path)
             with pytest.raises(NoAuthError):
@@ -90,23 +90,41 @@ def test_hqueues_znodes_are_closed_to_anyone_without_the_credentials(secured, mo
             client.close()
 
 
-def test_a_subscriber_needs_the_credentials_and_works_with_them(secured, monkeypatch):
-    _, url, _ = secured
+def test_a_subscriber_needs_no_zookeeper_access_its_server_writes_its_presence(secured, monkeypatch):
+    _, url, hosts = secured
     monkeypatch.delenv("HQUEUE_ZK_AUTH", raising=False)
     with HQueue("orders", url) as queue:
-        with pytest.raises(CoordinationError, match="--zk-auth or \\$HQUEUE_ZK_AUTH"):
-            queue.create_subscriber(Subscription("audit"), [Collect()], takeover_timeout=0).start()
-        with pytest.raises(CoordinationError, match="NoAuth"):
-            queue.create_subscriber(
-                Subscription("audit"), [Collect()], zk_auth="hqueue:wrong-password", takeover_timeout=0
-            ).start()
         listener = Collect()
-        with queue.create_subscriber(Subscription("audit"), [listener], zk_auth=ZK_AUTH):
+        with queue.create_subscriber(Subscription("audit"), [listener]) as subscriber:
             queue.put([Message("t", b"%d" % i) for i in range(10)])
             wait_for(lambda: len(listener.messages) == 10, 30, "10 pushes")
+            assert subscriber._presence is None  # no ZooKeeper session of its own: it heartbeats a server
+            admin = KazooClient(hosts=hosts, auth_data=[("digest", ZK_AUTH)])
+            admin.start(timeout=30)
+            try:
+                data, stat = admin.get("/subscriptions/orders/subscribers/audit/presence")
+                assert json.loads(data)["address"] == subscriber.address and stat.ephemeralOwner  # a server's session
+                assert [
+                    entry.id.id.split(":")[0]
+                    for entry in admin.get_acls("/subscriptions/orders/subscribers/audit/presence")[0]
+                ] == ["hqueue"]
+            finally:
+                admin.stop()
+                admin.close()
+        wait_for(lambda: not presence_exists(hosts, "audit"), 10, "the presence to go when it stops")
 
 
-def test_only_a_consumer_learns_where_zookeeper_is(secured):
+def presence_exists(hosts: str, name: str) -> bool:
+    admin = KazooClient(hosts=hosts, auth_data=[("digest", ZK_AUTH)])
+    admin.start(timeout=30)
+    try:
+        return admin.exists(f"/subscriptions/orders/subscribers/{name}/presence") is not None
+    finally:
+        admin.stop()
+        admin.close()
+
+
+def test_no_client_learns_where_zookeeper_is(secured):
     server, _, hosts = secured
     client = make_client(
         T.HQueueService, "127.0.0.1", server.port,
@@ -121,8 +139,7 @@ def test_only_a_consumer_learns_where_zookeeper_is(secured):
         proto_factory=TBinaryProtocolFactory(), trans_factory=TFramedTransportFactory(), timeout=10_000,
     )  # fmt: skip
     client.authenticate(ADMIN)
-    coordination = client.getCoordination("orders")
-    assert coordination == f"zk:{hosts}" and "zk-secret" not in coordination
+    assert client.getCoordination("orders") == "server"  # subscribers heartbeat a server
     client.close()
 
 
@@ -155,15 +172,23 @@ def test_a_presence_written_straight_into_zookeeper_gets_no_pushes(tmp_path, zk_
         with HQueueAdmin(url) as admin:
             admin.create_queue("orders", 2)
             admin.add_subscriber("orders", "copy")
+            admin.add_subscriber("orders", "forged")
+            admin.add_subscriber("orders", "locked")
         client = anonymous(zk_hosts)
         base = "/subscriptions/orders/subscribers"
         key = {"key": "00" * 32, "certificate": None}
-        for child, data in (
+        for child, data in (  # as an older subscriber announced itself
             ("topics", b"null"),
             ("push", json.dumps(key).encode()),
             ("address", trap.address.encode()),
         ):
             client.create(f"{base}/copy/{child}", data, ephemeral=True)
+        forged = {"address": trap.address, "topics": None, "push": key, "seen": time.time() + 3600}
+        client.create(f"{base}/forged/presence", json.dumps(forged).encode(), ephemeral=True)  # as a server writes it
+        # a presence the servers may not read: the others go on
+        client.create(
+            f"{base}/locked/presence", b"{}", acl=[make_digest_acl("intruder", "x", all=True)], ephemeral=True
+        )
         with HQueue("orders", url) as queue:
             listener = Collect()
             with queue.create_subscriber(Subscription("audit"), [listener]):

@@ -145,7 +145,7 @@ class InOrder:
         assert affinity is not None
         span = self.limits.max_span - state.in_flight
         while room > 0 and span > 0 and not out.full:
-            asked = min(span, max(room, _SCAN_CHUNK)) + len(state.acked)
+            asked = min(span, max(room, _SCAN_CHUNK)) + state.acked_ahead_of_scan
             found_keys, found_values, ended = self._read_new(group, pid, state, asked, out.room)
             taken: list[bytes] = []
             for cell_key, value in zip(found_keys, found_values, strict=True):

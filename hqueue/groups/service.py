@@ -420,14 +420,14 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
     ) -> None:
         room = min(limit, self.limits.max_span - state.in_flight)
         while room > 0 and not out.full:
-            asked = room + len(state.acked)  # acked ones are skipped: ask for enough to fill the room
+            asked = room + state.acked_ahead_of_scan  # acked ones are skipped: ask for enough to fill the room
             found_keys, found_values, ended = self._read_new(group, pid, state, asked, out.room)
             if not found_keys:
                 return
             keys, values = found_keys, found_values
             ids: list[bytes] = list(map(id_bytes, keys))
             read_to = ids[-1]
-            if state.acked:  # after a restart: skip what was acked before it
+            if state.acked_ahead_of_scan:  # after a restart: skip what was acked before it
                 kept = [i for i, message_id in enumerate(ids) if message_id not in state.acked]
                 keys, values, ids = [keys[i] for i in kept], [values[i] for i in kept], [ids[i] for i in kept]
             if len(ids) > room:

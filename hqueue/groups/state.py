@@ -254,6 +254,10 @@ class PartitionState:
     acked: set[bytes] = field(default_factory=set)
     retries: dict[bytes, int] = field(default_factory=dict)
     scan: bytes = b""
+    #: The highest ID of ``acked`` as the store had it (after a restart or a move): while the
+    #: scan is not past it, what it reads may be acked already (skipped). Acks made since
+    #: are of messages it read: none ahead of it.
+    acked_top: bytes = b""
     #: Handed out now: ID -> (member, lease deadline).
     leases: dict[bytes, tuple[str, float]] = field(default_factory=dict)
     #: Failed, to hand out again at a (monotonic) time.
@@ -285,6 +289,16 @@ class PartitionState:
 
     def __post_init__(self) -> None:
         self.scan = max(self.scan, self.done)
+        if self.acked and not self.acked_top:
+            self.acked_top = max(self.acked)
+
+    @property
+    def acked_ahead_of_scan(self) -> int:
+        """How many acked IDs a read from the scan cursor may meet (at most): those loaded
+        from the store, until the scan passes the highest; then none. (Counting every ack
+        kept made a receive read that many more cells: with one message unfinished and
+        100,000 acked after it, 13 MB a receive.)"""
+        return len(self.acked) if self.acked and self.scan <= self.acked_top else 0
 
     @property
     def in_flight(self) -> int:

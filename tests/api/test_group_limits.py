@@ -313,3 +313,30 @@ def test_one_unfinished_message_keeps_only_the_acks_after_it_not_every_id_handed
             # And once b acks, the cursor passes all of them
             assert b.ack([held]) == 1
             assert not state.acked and state.done > held.id.to_bytes()
+
+
+def test_acks_kept_after_an_unfinished_message_do_not_make_each_receive_read_more(tmp_path, monkeypatch):
+    # Given member b holding the first message, and 20,000 acked after it by a
+    url = f"local://{tmp_path}/data"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 1)
+    with HQueue("q", url) as queue:
+        queue.put([Message("t", b"first")], 0)
+        for _ in range(40):
+            queue.put([Message("t", b"x")] * 1000, 0)
+        with queue.consumer("g", member="a") as a, queue.consumer("g", member="b") as b:
+            b.receive(1, wait=1, lease=60)
+            for _ in range(200):
+                a.ack(a.receive(100, wait=1))
+            # When a receives 100 more
+            asked = []
+            scan_columns = queue.engine.scan_columns
+
+            def counted(name, start, stop, topics, limit, max_bytes=None):
+                asked.append(limit)
+                return scan_columns(name, start, stop, topics, limit, max_bytes)
+
+            monkeypatch.setattr(queue.engine, "scan_columns", counted)
+            assert len(a.receive(100, wait=1)) == 100
+            # Then it reads about 100 cells from the store, not 20,100 (13 MB a receive at 100 bytes)
+            assert asked and max(asked) <= 100

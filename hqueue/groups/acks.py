@@ -3,6 +3,7 @@ under the partition's fence (a mixin of :class:`~hqueue.groups.service.GroupServ
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -20,6 +21,7 @@ from ..message import (
 )
 from .state import (
     ASKED_LEASE_LIMIT,
+    MAX_ACKED_AHEAD,
     GroupLimits,
     GroupState,
     PartitionState,
@@ -288,24 +290,28 @@ class GroupAcks:
         ids = list(ids)
         if not ids:
             return 0
+        behind: list[bytes] = []
         if min(ids) >= state.done and (not state.acked or state.acked.isdisjoint(ids)):
             fresh = ids  # the usual case: all of them, with no test per ID in Python
         else:
             fresh = [i for i in ids if i >= state.done and i not in state.acked]
-            if not fresh:
+            behind = [i for i in ids if i in state.behind] if state.behind else []
+            if not fresh and not behind:
                 return 0
-        state.finish_many(fresh)
+        finished = fresh + behind if behind else fresh
+        state.finish_many(finished)
         if state.unburied:
-            for message_id in fresh:
+            for message_id in finished:
                 state.unburied.pop(message_id, None)
         state.acked.update(fresh)
-        state.finished += len(fresh)
+        state.behind.difference_update(behind)
+        state.finished += len(finished)
         done = state.lowest_open()
         prefix = state_prefix(group.queue, group.name, pid)
         passed: set[bytes] = set()
         every = False  # every ack kept, these too, is passed: nothing of them to keep
         if done > state.done:
-            if max(state.acked) < done:  # every ack is passed (nothing in flight): no test per ID
+            if not state.acked or max(state.acked) < done:  # every ack is passed: no test per ID
                 passed, state.acked, every = state.acked, set(), True
             else:
                 passed = {a for a in state.acked if a < done}
@@ -313,15 +319,35 @@ class GroupAcks:
             state.done = done
         puts = {} if every else {f"{prefix}ack/{a.hex()}": b"" for a in fresh if a not in passed}
         deletes = [f"{prefix}ack/{a.hex()}" for a in passed.difference(fresh)]
+        deletes += [f"{prefix}behind/{a.hex()}" for a in behind]
         if state.retries:
-            deletes += [f"{prefix}retry/{a.hex()}" for a in fresh if state.retries.pop(a, None) is not None]
+            deletes += [f"{prefix}retry/{a.hex()}" for a in finished if state.retries.pop(a, None) is not None]
         if passed:
             puts[f"{prefix}done"] = done
+        if len(state.acked) > MAX_ACKED_AHEAD and state.affinity is None:
+            self._jump(state, prefix, fresh, puts, deletes)
         if buried:
-            state.dead_lettered += len(fresh)
+            state.dead_lettered += len(finished)
             puts[f"{prefix}dead"] = str(state.dead_lettered).encode()
         self._write(group, pid, puts, deletes, self.engine.queue_info(group.queue).durability, let_go=let_go)
-        return len(fresh)
+        return len(finished)
+
+    @staticmethod
+    def _jump(
+        state: PartitionState, prefix: str, fresh: list[bytes], puts: dict[str, bytes], deletes: list[str]
+    ) -> None:
+        """Move the completion cursor to the scan, past the unfinished messages that held it:
+        they are kept instead of the acks after them (``behind``, each in flight: at most
+        ``max_span``), and the acks go. Adds the writes to ``puts`` and ``deletes``."""
+        unfinished = (set(state.leases) | set(state.ready)) - state.behind
+        deletes += [f"{prefix}ack/{a.hex()}" for a in state.acked.difference(fresh)]
+        for message_id in fresh:
+            puts.pop(f"{prefix}ack/{message_id.hex()}", None)
+        puts.update({f"{prefix}behind/{i.hex()}": b"" for i in unfinished})
+        puts[f"{prefix}done"] = state.scan
+        state.behind |= unfinished
+        state.acked, state.done = set(), state.scan
+        state.open = collections.deque(i for i in state.open if i not in state.behind)
 
     def _failed(
         self,

@@ -242,14 +242,20 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
             done = (
                 stored.get(state_prefix(group.queue, group.name, pid) + "done") or group.config.start_of(pid).to_bytes()
             )
-            acked, retries = set(), {}
+            acked, retries, behind = set(), {}, set()
             for key, value in stored.items():
                 kind, _, text = key.rpartition("/")
                 if kind.endswith("/ack"):
                     acked.add(bytes.fromhex(text))
                 elif kind.endswith("/retry"):
                     retries[bytes.fromhex(text)] = int(value)
+                elif kind.endswith("/behind"):
+                    behind.add(bytes.fromhex(text))
             state = group.partitions[pid] = PartitionState(done, {a for a in acked if a >= done}, retries)
+            if behind:  # unfinished messages the cursor jumped past: their leases died, out again now
+                state.behind, now = behind, time.monotonic()
+                for message_id in sorted(behind):
+                    state.retry_at(message_id, now)
             state.dead_lettered = int(stored.get(state_prefix(group.queue, group.name, pid) + "dead") or 0)
             if group.config.key_affinity is not None:
                 state.affinity = KeyAffinity(group.config.key_affinity)

@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 DEFAULT_LEASE = 30.0
 #: IDs the lease heap may hold past twice the leases before it is pruned (PartitionState._prune).
 HEAP_SLACK = 1024
+#: Acks a partition's state keeps ahead of its completion cursor (an unfinished message holds
+#: the cursor) before the cursor jumps to the scan and keeps the unfinished ones instead
+#: (``PartitionState.behind``): what one stuck message costs stays bounded.
+MAX_ACKED_AHEAD = 10_000
 _MEMBER = itemgetter(0)  # of a lease: (member, deadline)
 DEFAULT_MAX_RETRIES = 16
 #: Messages handed out and not acked, per (group, partition), before the partition waits
@@ -254,6 +258,9 @@ class PartitionState:
     acked: set[bytes] = field(default_factory=set)
     retries: dict[bytes, int] = field(default_factory=dict)
     scan: bytes = b""
+    #: Unfinished messages the completion cursor jumped past (MAX_ACKED_AHEAD): each in
+    #: flight (leased or waiting to be retried), stored one by one, finished by an ack.
+    behind: set[bytes] = field(default_factory=set)
     #: The highest ID of ``acked`` as the store had it (after a restart or a move): while the
     #: scan is not past it, what it reads may be acked already (skipped). Acks made since
     #: are of messages it read: none ahead of it.

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..deadletters import dead_letter_queue
 from ..errors import HQueueError, QueueDisabled, QueueNotFound
+from ..ids import wall_clock_ms
 from ..lag import partition_lag
 from ..message import MessageID
 from .state import GroupLimits, GroupState, PartitionState, check_pending_limit
@@ -68,6 +69,9 @@ class GroupViews:
                 done = MessageID.from_bytes(state.done)
                 lag, lag_ms = partition_lag(self.engine, queue, pid, done, group.config.topics, limit=None)
                 lag = max(0, lag - len(state.acked))  # acked ahead of the cursor: not lag
+                if state.behind:  # unfinished ones the cursor jumped past: lag, the oldest of it
+                    lag += len(state.behind)
+                    lag_ms = max(lag_ms, wall_clock_ms() - MessageID.from_bytes(min(state.behind)).timestamp)
                 if lag == 0:
                     lag_ms = 0
                 partitions[pid] = {
@@ -171,7 +175,8 @@ class GroupSnapshot:
     def progress(self, state: PartitionState) -> tuple[bytes, int, int]:
         """What the lag book counts from (lag.py's Progress), read under the group's lock."""
         with self.group.lock:
-            return state.done, state.finished, len(state.acked)
+            # (unfinished ones behind the cursor are lag: "finished ahead" less them)
+            return state.done, state.finished, len(state.acked) - len(state.behind)
 
 
 def _count(engine: Engine, queue: str) -> int | None:

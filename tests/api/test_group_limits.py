@@ -13,7 +13,7 @@ import pytest
 
 from hqueue import GroupLimits, HQueue, HQueueAdmin, InvalidArgument, LimitExceeded, Message, MessageID
 from hqueue.api import groups_of
-from hqueue.groups.state import HEAP_SLACK
+from hqueue.groups.state import HEAP_SLACK, MAX_ACKED_AHEAD
 from hqueue.message import encode_rowkey
 from hqueue.server import HQueueServer
 
@@ -291,28 +291,63 @@ def test_leases_still_run_out_when_acked_ones_around_them_are_let_go(tmp_path):
             assert {d.attempt for d in again} == {2}
 
 
-def test_one_unfinished_message_keeps_only_the_acks_after_it_not_every_id_handed_out(tmp_path):
-    # Given member b holding the first message, unacked, with the longest lease
+def test_one_unfinished_message_costs_a_bounded_state_and_still_goes_out_again_after_a_restart(tmp_path):
+    # Given member b holding the first message, unacked
     url = f"local://{tmp_path}/data"
     with HQueueAdmin(url) as admin:
         admin.create_queue("q", 1)
     with HQueue("q", url) as queue:
         queue.put([Message("t", b"first")], 0)
-        for _ in range(20):
+        for _ in range(30):
             queue.put([Message("t", b"x")] * 1000, 0)
         with queue.consumer("g", member="a") as a, queue.consumer("g", member="b") as b:
             (held,) = b.receive(1, wait=1, lease=60)
-            # When a receives and acks the 20,000 after it
-            for _ in range(200):
+            # When a receives and acks the 30,000 after it
+            for _ in range(300):
                 assert a.ack(a.receive(100, wait=1)) == 100
-            # Then the completion cursor waits on b's message, the acks after it are kept
-            # (they are the group's record), and the list of IDs still open is b's one
+            # Then the group keeps at most MAX_ACKED_AHEAD acks: past them, the cursor moved on
+            # and keeps b's message as unfinished behind it (it kept every ack: ~70 bytes each)
             state = groups_of(queue.engine)._group(queue.name, "g").partitions[0]
-            assert state.lowest_open() == held.id.to_bytes() and len(state.acked) == 20_000
-            assert len(state.open) <= 1 + HEAP_SLACK
-            # And once b acks, the cursor passes all of them
-            assert b.ack([held]) == 1
-            assert not state.acked and state.done > held.id.to_bytes()
+            assert len(state.acked) <= MAX_ACKED_AHEAD and state.behind == {held.id.to_bytes()}
+            assert state.done > held.id.to_bytes() and len(state.open) <= 1 + HEAP_SLACK
+            described = groups_of(queue.engine).describe(queue.name, "g")["partitions"][0]
+            assert described["lag_messages"] == 1 and described["in_flight"] == 1  # b's: still lag
+    # And after a restart (b's lease died with it), b's message goes out again, and only it
+    with HQueue("q", url) as queue, queue.consumer("g", member="c") as c:
+        again = drain(c, 1, timeout=10)
+        assert [d.value for d in again] == [b"first"]
+        assert c.receive(100, wait=0.5) == []
+        assert c.ack(again) == 1
+        state = groups_of(queue.engine)._group(queue.name, "g").partitions[0]
+        assert not state.behind and not state.acked
+    with HQueue("q", url) as queue, queue.consumer("g") as d:
+        assert d.receive(100, wait=0.5) == []  # acked, stored: never again
+        assert groups_of(queue.engine).describe(queue.name, "g")["partitions"][0]["lag_messages"] == 0
+
+
+def test_an_unfinished_message_behind_the_cursor_is_retried_and_dead_lettered_as_any(tmp_path):
+    url = f"local://{tmp_path}/data"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 1)
+    with HQueue("q", url) as queue:
+        queue.put([Message("t", b"first")], 0)
+        for _ in range(12):
+            queue.put([Message("t", b"x")] * 1000, 0)
+        with queue.consumer("g", member="a", max_retries=1) as a, queue.consumer("g", member="b") as b:
+            (held,) = b.receive(1, wait=1, lease=60)
+            for _ in range(120):
+                a.ack(a.receive(100, wait=1))
+            state = groups_of(queue.engine)._group(queue.name, "g").partitions[0]
+            assert state.behind == {held.id.to_bytes()}
+            # When b fails it twice (its first delivery and its one retry)
+            assert b.nack([held], delay=0) == 1
+            (again,) = drain(b, 1, timeout=10)
+            assert again.attempt == 2
+            assert b.nack([again], delay=0) == 1
+            # Then it goes to the dead-letter queue, and nothing of it is kept
+            wait_for(lambda: not state.behind and not state.ready, 10, "the message to be dead-lettered")
+            with HQueue("q.dlq", url) as dlq:
+                assert [m.value for m in dlq.scan()] == [b"first"]
 
 
 def test_acks_kept_after_an_unfinished_message_do_not_make_each_receive_read_more(tmp_path, monkeypatch):

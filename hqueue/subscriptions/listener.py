@@ -299,8 +299,8 @@ class Subscriber:
 
         A live instance of the same subscriber keeps its place: after the
         wait this one gives up with SubscriberActive. One that crashed is
-        taken over once its presence expires (its session, or 3 s of
-        missed heartbeats).
+        taken over once its presence expires (3 s of missed heartbeats
+        without ZooKeeper, 10 s with it).
         """
         deadline = time.monotonic() + self.takeover_timeout
         while True:

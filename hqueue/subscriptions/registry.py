@@ -5,10 +5,11 @@ its topics, its partitions and, per partition, a checkpoint: the first ID
 not yet delivered. The subscriber's *presence* (its address while it runs)
 is not: it vanishes when the subscriber leaves or dies.
 
-Two backends keep them: ZooKeeper (``zk_registry.py``), where presence is a
-pair of ephemeral nodes of the subscriber's own session; and the store
-(``store_registry.py``), for a single server without ZooKeeper, where
-presence is a heartbeat.
+Two backends keep them: ZooKeeper (``zk_registry.py``), for servers that
+coordinate there, and the store (``store_registry.py``), for a single server
+without ZooKeeper. Either way presence is a heartbeat the subscriber sends a
+server every second; with ZooKeeper that server writes it there, in an
+ephemeral node of its own session, for every server to see.
 """
 
 from __future__ import annotations
@@ -156,7 +157,7 @@ class SubscriberRegistry(abc.ABC):
     def heartbeat(
         self, queue: str, name: str, address: str, topics: frozenset[bytes] | None, push: PushCredentials
     ) -> None:
-        """Presence by heartbeat (only where there is no ZooKeeper)."""
+        """Presence by heartbeat (a registry that takes none says how subscribers announce themselves)."""
         raise HQueueError(f"subscribers announce themselves through {self.coordination}, not heartbeats")
 
     def leave(self, queue: str, name: str) -> None:

@@ -19,6 +19,18 @@ from ..lag import partition_lag
 from ..message import MessageID, successor
 from .registry import Registration, SubscriberRegistry
 
+#: Topics one subscription may name, and their bytes in all: its registration and presence
+#: are nodes in ZooKeeper (1 MB at most a request: a bigger one cut servers' sessions).
+MAX_TOPICS, MAX_TOPICS_BYTES = 1_000, 64 * 1024
+
+
+def check_topics(topics: frozenset[bytes] | None) -> None:
+    if topics is not None and (len(topics) > MAX_TOPICS or sum(map(len, topics)) > MAX_TOPICS_BYTES):
+        raise InvalidArgument(
+            f"a subscription takes at most {MAX_TOPICS} topics of {MAX_TOPICS_BYTES} bytes in all, "
+            f"got {len(topics)} of {sum(map(len, topics))}"
+        )
+
 
 def check_dead_letter_after(value: object) -> None:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -46,17 +58,21 @@ class Subscribers:
         return self.registry.names(queue)
 
     def coordination(self, queue: str) -> str:
-        """Where subscribers of ``queue`` announce themselves: ``"server"`` (heartbeats) or ZooKeeper's hosts."""
+        """How subscribers of ``queue`` announce themselves: ``"server"`` (heartbeats; an older
+        server with ZooKeeper answered ``"zk:<hosts>"``: they wrote their presence there)."""
         return self.registry.coordination
 
     def heartbeat(
         self, queue: str, name: str, address: str, topics: frozenset[bytes] | None, push: PushCredentials
     ) -> None:
-        """Presence without ZooKeeper; the caller checked ``address`` (the server's push policy)."""
+        """Presence (with ZooKeeper too, where the server writes it); the caller checked
+        ``address`` (the server's push policy)."""
         self._used()
         if not isinstance(push, PushCredentials):
             raise InvalidArgument("a heartbeat carries the subscriber's push key")
-        self.registry.heartbeat(queue, name, address, frozenset(topics) if topics else None, push)
+        topics = frozenset(topics) if topics else None
+        check_topics(topics)
+        self.registry.heartbeat(queue, name, address, topics, push)
 
     def approve(self, queue: str, name: str, address: str, push: PushCredentials) -> None:
         """Record an address the caller checked, before the subscriber announces it
@@ -90,6 +106,7 @@ class Subscribers:
         """Register ``name`` (or update its topics, partitions, dead-letter limit and given starts)."""
         self._used()
         check_name("subscriber", name)
+        check_topics(topics)
         check_dead_letter_after(dead_letter_after)
         info = self.engine.queue_info(queue, fresh=True)
         for pid in starts or {}:

@@ -40,6 +40,7 @@ from dataclasses import replace
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, KazooException, NoAuthError, NodeExistsError, NoNodeError
+from kazoo.protocol.states import ZnodeStat
 from kazoo.retry import ForceRetryError
 
 from ..auth import PushCredentials
@@ -71,7 +72,7 @@ class ZooKeeperRegistry(SubscriberRegistry):
 
     Args:
         client: A started kazoo client (the server shares its coordinator's).
-        hosts: Its connect string (with chroot), for messages.
+        hosts: Its connect string (with chroot).
         presence_timeout: Seconds without a heartbeat before a subscriber counts as gone.
     """
 
@@ -81,8 +82,12 @@ class ZooKeeperRegistry(SubscriberRegistry):
     def __init__(self, client: KazooClient, hosts: str, presence_timeout: float = PRESENCE_TIMEOUT) -> None:
         super().__init__()
         self.client, self.hosts, self.presence_timeout = client, hosts, presence_timeout
-        #: Presences load() found lapsed: attached() deletes those this server holds.
+        #: Presences load() found lapsed: attached() deletes them.
         self._lapsed: set[tuple[str, str]] = set()
+        #: Per presence, its node's last change (mzxid) this server saw, and when (monotonic).
+        self._changes: dict[tuple[str, str], tuple[int, float]] = {}
+        #: Per presence, when this server last wrote it (monotonic).
+        self._written: dict[tuple[str, str], float] = {}
         self._watched: set[str] = set()
         self._lock = threading.Lock()
         client.ensure_path(ROOT)
@@ -124,7 +129,7 @@ class ZooKeeperRegistry(SubscriberRegistry):
     def _on_names(self, path: str, names: list[str]) -> None:
         self._forget_watches(path, names)
         for name in names:
-            self._watch(f"{path}/{name}", lambda p, c: None)  # address/topics come and go
+            self._watch(f"{path}/{name}", lambda p, c: None)  # its presence comes and goes
 
     # -- registrations -----------------------------------------------------------------
 
@@ -148,11 +153,11 @@ class ZooKeeperRegistry(SubscriberRegistry):
     def load(self, queue: str, name: str) -> Registration:
         registration, _ = self._stored(queue, name)
         try:
-            presence = self._presence(queue, name)
-            if presence is not None:
-                if time.time() - presence.seen >= self.presence_timeout:
-                    self._lapsed.add((queue, name))  # attached() deletes it if this server holds it
-                    return registration  # its heartbeats stopped (the server that wrote it may be gone)
+            presence, stat = self._read_presence(queue, name)
+            if stat is not None:
+                if presence is None or not self._live(queue, name, stat):
+                    self._lapsed.add((queue, name))  # attached() deletes it
+                    return registration  # its heartbeats stopped, or a malformed one: never pushed to
                 # (its address is pushed to once approved: the heartbeat's server approved it)
                 return replace(registration, address=presence.address, live_topics=presence.topics, push=presence.push)
             return self._announced_by_itself(registration)
@@ -160,19 +165,34 @@ class ZooKeeperRegistry(SubscriberRegistry):
             logger.warning("the presence of subscriber %s on %s is not readable by the servers: ignored", name, queue)
             return registration
 
-    def _presence(self, queue: str, name: str) -> Presence | None:
-        """The presence a server wrote (None: none, or a malformed one, never pushed to)."""
+    def _read_presence(self, queue: str, name: str) -> tuple[Presence | None, ZnodeStat | None]:
+        """The presence a server wrote, and its node's stat (None, None: no node; None and a
+        stat: a malformed one, never pushed to)."""
         try:
-            data = json.loads(self.client.get(presence_path(queue, name))[0])
-            push = PushCredentials.from_json(data["push"])
-            if push is None or not isinstance(data["address"], str) or not isinstance(data["seen"], (int, float)):
-                raise ValueError(data)
-            return Presence(data["address"], decode_topics(data["topics"]), push, float(data["seen"]))
+            raw, stat = self.client.get(presence_path(queue, name))
         except NoNodeError:
-            return None
+            self._changes.pop((queue, name), None)
+            self._written.pop((queue, name), None)
+            return None, None
+        try:
+            data = json.loads(raw)
+            push = PushCredentials.from_json(data["push"])
+            if push is None or not isinstance(data["address"], str):
+                raise ValueError(data)
+            return Presence(data["address"], decode_topics(data["topics"]), push, stat.mzxid), stat
         except (ValueError, KeyError, TypeError, AttributeError):
             logger.warning("malformed presence of subscriber %s on %s", name, queue)
-            return None
+            return None, stat
+
+    def _live(self, queue: str, name: str, stat: ZnodeStat) -> bool:
+        """Whether the presence node changed (a heartbeat rewrote it) within ``presence_timeout``,
+        by this server's own monotonic clock: no server's wall clock is compared with another's."""
+        key, now = (queue, name), time.monotonic()
+        mark = self._changes.get(key)
+        if mark is None or mark[0] != stat.mzxid:
+            self._changes[key] = (stat.mzxid, now)
+            return True
+        return now - mark[1] < self.presence_timeout
 
     def _announced_by_itself(self, registration: Registration) -> Registration:
         """The presence an older subscriber wrote with its own session (ZooKeeperPresence)."""
@@ -181,9 +201,11 @@ class ZooKeeperRegistry(SubscriberRegistry):
             address = self.client.get(path + "/address")[0].decode()
             topics = decode_topics(json.loads(self.client.get(path + "/topics")[0]))
             push = PushCredentials.from_json(json.loads(self.client.get(path + "/push")[0]))
+            if push is None:
+                raise ValueError("no push key")
         except NoNodeError:
             return registration
-        except ValueError:  # a malformed presence: treated as none, never pushed to
+        except (ValueError, TypeError, AttributeError, KeyError):  # malformed: none, never pushed to
             logger.warning("malformed presence of subscriber %s on %s", registration.name, registration.queue)
             return registration
         return replace(registration, address=address, live_topics=topics, push=push)
@@ -191,42 +213,48 @@ class ZooKeeperRegistry(SubscriberRegistry):
     def heartbeat(
         self, queue: str, name: str, address: str, topics: frozenset[bytes] | None, push: PushCredentials
     ) -> None:
-        """Write the presence under this server's session (the caller checked ``address``).
+        """Write the presence (the caller checked ``address``): created under this server's
+        session, then rewritten every ``presence_timeout / 3`` (by whichever server the
+        heartbeats reach: one that keeps changing does not make it flap).
 
         A live presence with another address or key is another instance's: SubscriberActive.
-        One another server holds (the subscriber heartbeats this one now) is taken over.
         """
-        if address not in self._stored(queue, name)[0].approved:
-            # Recorded where only servers write (with --zk-auth): a presence written into
-            # ZooKeeper by hand, with an address no server checked, gets no pushes.
-            self.approve(queue, name, address)
-        path, now = presence_path(queue, name), time.time()
-        data = json.dumps({"address": address, "topics": encode_topics(topics), "push": push.to_json(), "seen": now})
         try:
-            try:
-                _, stat = self.client.get(path)
-            except NoNodeError:
-                stat = None
+            if address not in self._stored(queue, name)[0].approved:
+                # Recorded where only servers write (with --zk-auth): a presence written into
+                # ZooKeeper by hand, with an address no server checked, gets no pushes.
+                self.approve(queue, name, address)
+            path, key, now = presence_path(queue, name), (queue, name), time.monotonic()
+            data = json.dumps(
+                {"address": address, "topics": encode_topics(topics), "push": push.to_json(), "at": time.time()}
+            ).encode()
+            held, stat = self._read_presence(queue, name)
             if stat is not None:
-                held = self._presence(queue, name)
-                if held is not None and (held.address, held.push) != (address, push):
-                    if now - held.seen < self.presence_timeout:
-                        raise SubscriberActive(
-                            f"subscriber {name!r} on {queue!r} is attached at {held.address}; a second instance is "
-                            f"refused (if that one died, its presence lapses within {self.presence_timeout:g}s)"
-                        )
-                if stat.ephemeralOwner == self.client.client_id[0]:
-                    self.client.set(path, data.encode(), version=stat.version)
-                    if held is None or (held.address, held.topics, held.push) != (address, topics, push):
-                        self.changed()
+                live = self._live(queue, name, stat)
+                same = held is not None and (held.address, held.push) == (address, push)
+                if held is not None and not same and live:
+                    raise SubscriberActive(
+                        f"subscriber {name!r} on {queue!r} is attached at {held.address}; a second instance is "
+                        f"refused (if that one died, its presence lapses within {self.presence_timeout:g}s)"
+                    )
+                if same and live:
+                    assert held is not None
+                    if held.topics != topics or now - self._written.get(key, 0.0) >= self.presence_timeout / 3:
+                        self.client.set(path, data, version=stat.version)
+                        self._written[key] = now
+                        if held.topics != topics:
+                            self.changed()
                     return
-                self.client.delete(path, version=stat.version)  # another server's (or a lapsed one)
-            self.client.create(path, data.encode(), ephemeral=True)
+                self.client.delete(path, version=stat.version)  # lapsed, or malformed
+            self.client.create(path, data, ephemeral=True)
+            self._written[key] = now
         except (BadVersionError, NodeExistsError, NoNodeError):
-            raise CoordinationError(
-                f"the presence of subscriber {name!r} on {queue!r} changed meanwhile (another server); "
-                "the next heartbeat writes it"
+            raise SubscriberActive(
+                f"the presence of subscriber {name!r} on {queue!r} changed meanwhile (another instance, or another "
+                "server): try again"
             ) from None
+        except NoAuthError:
+            raise CoordinationError(f"the presence of {name!r} on {queue!r} is not the servers' to write") from None
         except KazooException as e:
             raise CoordinationError(f"cannot write the presence of {name!r} on {queue!r}: {e}") from e
 
@@ -240,14 +268,11 @@ class ZooKeeperRegistry(SubscriberRegistry):
             raise CoordinationError(f"cannot end the presence of {name!r} on {queue!r}: {e}") from e
 
     def _forget_lapsed(self, queue: str, name: str) -> None:
-        """Delete a presence this server holds whose heartbeats stopped (watchers see it go)."""
-        path = presence_path(queue, name)
+        """Delete a presence whose heartbeats stopped, or a malformed one (watchers see it go)."""
         try:
-            _, stat = self.client.get(path)
-            presence = self._presence(queue, name)
-            if stat.ephemeralOwner == self.client.client_id[0]:
-                if presence is None or time.time() - presence.seen >= self.presence_timeout:
-                    self.client.delete(path, version=stat.version)
+            presence, stat = self._read_presence(queue, name)
+            if stat is not None and (presence is None or not self._live(queue, name, stat)):
+                self.client.delete(presence_path(queue, name), version=stat.version)
         except (NoNodeError, BadVersionError):
             pass
         except KazooException:
@@ -279,6 +304,9 @@ class ZooKeeperRegistry(SubscriberRegistry):
             return sorted(self.client.get_children(f"{ROOT}/{queue}/subscribers"))
         except NoNodeError:
             return []
+        except NoAuthError:  # made unreadable by hand: no subscriber of it is served
+            logger.warning("the subscribers of %s are not readable by the servers", queue)
+            return []
 
     def attached(self) -> list[Registration]:
         found = []
@@ -288,8 +316,9 @@ class ZooKeeperRegistry(SubscriberRegistry):
                     registration = self.load(queue, name)
                 except SubscriberNotFound:
                     continue  # deleted meanwhile
-                except NoAuthError:  # one registration made unreadable by hand: the others go on
-                    logger.warning("subscriber %s on %s is not readable by the servers: skipped", name, queue)
+                except (NoAuthError, ValueError, TypeError, KeyError, AttributeError):
+                    # one registration made unreadable or malformed by hand: the others go on
+                    logger.warning("subscriber %s on %s is unreadable or malformed: skipped", name, queue)
                     continue
                 if registration.attached:
                     found.append(registration)

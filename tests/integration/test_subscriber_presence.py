@@ -3,7 +3,6 @@ ephemeral nodes another session holds are never taken over, since they would go
 when that session ends and leave this instance half announced."""
 
 import json
-import time
 
 import pytest
 from kazoo.client import KazooClient
@@ -12,6 +11,8 @@ from hqueue.auth import PushCredentials
 from hqueue.errors import SubscriberActive
 from hqueue.subscriptions.registry import Registration
 from hqueue.subscriptions.zk_registry import ZooKeeperPresence, ZooKeeperRegistry, presence_path, registration_path
+
+from ..processes import wait_for
 
 
 @pytest.fixture
@@ -84,24 +85,24 @@ def two_servers(zk_hosts):
         client.close()
 
 
-def test_the_server_a_subscriber_heartbeats_holds_its_presence_and_another_takes_it_over(two_servers):
+def test_a_presence_written_by_one_server_is_seen_and_kept_up_by_any(two_servers):
     a, b = two_servers
     push = PushCredentials.new()
     a.heartbeat("q", "s", "127.0.0.1:9", None, push)
     assert [r.address for r in b.attached()] == ["127.0.0.1:9"]  # every server sees it
     assert b.load("q", "s").approved == ("127.0.0.1:9",)  # the address a server checked
-    b.heartbeat("q", "s", "127.0.0.1:9", None, push)  # its heartbeats go to b now
+    _, first = a.client.get(presence_path("q", "s"))
+    assert first.ephemeralOwner == a.client.client_id[0]
+    b.heartbeat("q", "s", "127.0.0.1:9", None, push)  # its heartbeats reach b now: b keeps it up
     _, stat = b.client.get(presence_path("q", "s"))
-    assert stat.ephemeralOwner == b.client.client_id[0]
-    a.attached()  # a no longer holds it: it leaves it be
-    assert b.client.exists(presence_path("q", "s"))
+    assert stat.ephemeralOwner == first.ephemeralOwner and stat.mzxid > first.mzxid  # no delete, no create
     # Another instance (another address, another key) is refused while this one is live
     with pytest.raises(SubscriberActive, match="attached at 127.0.0.1:9"):
         a.heartbeat("q", "s", "127.0.0.1:10", None, PushCredentials.new())
-    # When the heartbeats stop, it lapses: gone for every server, deleted by its holder
-    time.sleep(1.1)
-    assert a.attached() == [] and b.attached() == []
-    assert not b.client.exists(presence_path("q", "s"))
+    # When the heartbeats stop, each server sees the node unchanged for presence_timeout by its
+    # own clock (no wall clocks compared): gone for every server, and deleted
+    wait_for(lambda: a.attached() == [] and b.attached() == [], 5, "the presence to lapse")
+    wait_for(lambda: not b.client.exists(presence_path("q", "s")), 5, "the lapsed presence to be deleted")
     a.heartbeat("q", "s", "127.0.0.1:10", None, PushCredentials.new())  # a new instance is let in
     assert [r.address for r in b.attached()] == ["127.0.0.1:10"]
     a.leave("q", "s")
@@ -115,9 +116,20 @@ def test_a_presence_goes_with_its_server_s_session(two_servers, zk_hosts):
     assert b.attached() == []
 
 
-def test_a_malformed_presence_is_never_pushed_to(two_servers):
+def test_a_malformed_presence_is_never_pushed_to_and_is_deleted(two_servers):
     a, b = two_servers
     for data in (b"{", b"[]", b'{"address": 1}', json.dumps({"address": "127.0.0.1:9", "push": None}).encode()):
         a.client.create(presence_path("q", "s"), data, ephemeral=True)
         assert b.attached() == []
-        a.client.delete(presence_path("q", "s"))
+        assert not a.client.exists(presence_path("q", "s"))
+
+
+def test_a_subscription_s_topics_are_bounded_before_they_reach_zookeeper(two_servers):
+    from hqueue.errors import InvalidArgument
+    from hqueue.subscriptions.service import MAX_TOPICS_BYTES, check_topics
+
+    check_topics(frozenset({b"t"}))
+    with pytest.raises(InvalidArgument, match="at most"):  # ZooKeeper cut a server's session at 1 MB
+        check_topics(frozenset(b"%05d" % i + b"x" * 500 for i in range(2_500)))
+    with pytest.raises(InvalidArgument, match="at most"):
+        check_topics(frozenset({b"x" * (MAX_TOPICS_BYTES + 1)}))

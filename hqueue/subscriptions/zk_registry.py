@@ -65,6 +65,9 @@ def presence_path(queue: str, name: str) -> str:
 #: Seconds after the last heartbeat (by the wall clock of the server that wrote it) that a
 #: subscriber counts as gone: servers' clocks may differ by a little of it.
 PRESENCE_TIMEOUT = 10.0
+#: Seconds between two presences of one subscriber made (or ended) by one server: a token
+#: that left and came back in a loop made every server reconcile on each.
+PRESENCE_CHANGE_INTERVAL = 1.0
 
 
 class ZooKeeperRegistry(SubscriberRegistry):
@@ -88,6 +91,8 @@ class ZooKeeperRegistry(SubscriberRegistry):
         self._changes: dict[tuple[str, str], tuple[int, float]] = {}
         #: Per presence, when this server last wrote it (monotonic).
         self._written: dict[tuple[str, str], float] = {}
+        #: Per presence, when this server last made or ended it (monotonic).
+        self._made: dict[tuple[str, str], float] = {}
         self._watched: set[str] = set()
         self._lock = threading.Lock()
         client.ensure_path(ROOT)
@@ -245,9 +250,11 @@ class ZooKeeperRegistry(SubscriberRegistry):
                         if held.topics != topics:
                             self.changed()
                     return
+                self._may_change(key, now)
                 self.client.delete(path, version=stat.version)  # lapsed, or malformed
+            self._may_change(key, now)
             self.client.create(path, data, ephemeral=True)
-            self._written[key] = now
+            self._written[key] = self._made[key] = now
         except (BadVersionError, NodeExistsError, NoNodeError):
             raise SubscriberActive(
                 f"the presence of subscriber {name!r} on {queue!r} changed meanwhile (another instance, or another "
@@ -258,8 +265,16 @@ class ZooKeeperRegistry(SubscriberRegistry):
         except KazooException as e:
             raise CoordinationError(f"cannot write the presence of {name!r} on {queue!r}: {e}") from e
 
+    def _may_change(self, key: tuple[str, str], now: float) -> None:
+        if now - self._made.get(key, -PRESENCE_CHANGE_INTERVAL) < PRESENCE_CHANGE_INTERVAL:
+            raise SubscriberActive(
+                f"the presence of subscriber {key[1]!r} on {key[0]!r} changed less than "
+                f"{PRESENCE_CHANGE_INTERVAL:g}s ago: try again"
+            )
+
     def leave(self, queue: str, name: str) -> None:
         self._stored(queue, name)
+        self._made[(queue, name)] = time.monotonic()
         try:
             self.client.delete(presence_path(queue, name))
         except NoNodeError:
@@ -322,6 +337,8 @@ class ZooKeeperRegistry(SubscriberRegistry):
                     continue
                 if registration.attached:
                     found.append(registration)
+        now = time.monotonic()
+        self._made = {key: at for key, at in self._made.items() if now - at < PRESENCE_CHANGE_INTERVAL}
         lapsed, self._lapsed = self._lapsed, set()
         for queue, name in lapsed:
             self._forget_lapsed(queue, name)

@@ -133,3 +133,20 @@ def test_a_subscription_s_topics_are_bounded_before_they_reach_zookeeper(two_ser
         check_topics(frozenset(b"%05d" % i + b"x" * 500 for i in range(2_500)))
     with pytest.raises(InvalidArgument, match="at most"):
         check_topics(frozenset({b"x" * (MAX_TOPICS_BYTES + 1)}))
+
+
+def test_a_presence_made_and_ended_in_a_loop_is_slowed_to_one_change_a_second(two_servers):
+    a, _ = two_servers
+    a.heartbeat("q", "s", "127.0.0.1:9", None, PushCredentials.new())
+    a.leave("q", "s")
+    with pytest.raises(SubscriberActive, match="changed less than"):  # every server would reconcile on each
+        a.heartbeat("q", "s", "127.0.0.1:10", None, PushCredentials.new())
+    wait_for(lambda: _let_in(a), 5, "the next presence to be let in")
+
+
+def _let_in(registry: ZooKeeperRegistry) -> bool:
+    try:
+        registry.heartbeat("q", "s", "127.0.0.1:10", None, PushCredentials.new())
+        return True
+    except SubscriberActive:
+        return False

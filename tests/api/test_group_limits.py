@@ -291,15 +291,23 @@ def test_leases_still_run_out_when_acked_ones_around_them_are_let_go(tmp_path):
             assert {d.attempt for d in again} == {2}
 
 
-def test_one_unfinished_message_costs_a_bounded_state_and_still_goes_out_again_after_a_restart(tmp_path):
-    # Given member b holding the first message, unacked
+def _one_then(tmp_path, thousands: int) -> str:
+    """The URL of a store with a 1-partition queue "q": one message (b"first"), then
+    ``thousands`` x 1,000 more."""
     url = f"local://{tmp_path}/data"
     with HQueueAdmin(url) as admin:
         admin.create_queue("q", 1)
     with HQueue("q", url) as queue:
         queue.put([Message("t", b"first")], 0)
-        for _ in range(30):
+        for _ in range(thousands):
             queue.put([Message("t", b"x")] * 1000, 0)
+    return url
+
+
+def test_one_unfinished_message_costs_a_bounded_state_and_still_goes_out_again_after_a_restart(tmp_path):
+    # Given member b holding the first message, unacked
+    url = _one_then(tmp_path, 30)
+    with HQueue("q", url) as queue:
         with queue.consumer("g", member="a") as a, queue.consumer("g", member="b") as b:
             (held,) = b.receive(1, wait=1, lease=60)
             # When a receives and acks the 30,000 after it
@@ -326,13 +334,8 @@ def test_one_unfinished_message_costs_a_bounded_state_and_still_goes_out_again_a
 
 
 def test_an_unfinished_message_behind_the_cursor_is_retried_and_dead_lettered_as_any(tmp_path):
-    url = f"local://{tmp_path}/data"
-    with HQueueAdmin(url) as admin:
-        admin.create_queue("q", 1)
+    url = _one_then(tmp_path, 12)
     with HQueue("q", url) as queue:
-        queue.put([Message("t", b"first")], 0)
-        for _ in range(12):
-            queue.put([Message("t", b"x")] * 1000, 0)
         with queue.consumer("g", member="a", max_retries=1) as a, queue.consumer("g", member="b") as b:
             (held,) = b.receive(1, wait=1, lease=60)
             for _ in range(120):
@@ -352,13 +355,8 @@ def test_an_unfinished_message_behind_the_cursor_is_retried_and_dead_lettered_as
 
 def test_acks_kept_after_an_unfinished_message_do_not_make_each_receive_read_more(tmp_path, monkeypatch):
     # Given member b holding the first message, and 20,000 acked after it by a
-    url = f"local://{tmp_path}/data"
-    with HQueueAdmin(url) as admin:
-        admin.create_queue("q", 1)
+    url = _one_then(tmp_path, 40)
     with HQueue("q", url) as queue:
-        queue.put([Message("t", b"first")], 0)
-        for _ in range(40):
-            queue.put([Message("t", b"x")] * 1000, 0)
         with queue.consumer("g", member="a") as a, queue.consumer("g", member="b") as b:
             b.receive(1, wait=1, lease=60)
             for _ in range(200):

@@ -324,7 +324,8 @@ class GroupAcks:
             deletes += [f"{prefix}retry/{a.hex()}" for a in finished if state.retries.pop(a, None) is not None]
         if passed:
             puts[f"{prefix}done"] = done
-        if len(state.acked) > MAX_ACKED_AHEAD and state.affinity is None:
+        if len(state.acked) > MAX_ACKED_AHEAD and state.affinity is None and not state.acked_ahead_of_scan:
+            # (not while acks read from the store lie ahead of the scan: the jump would drop them)
             self._jump(state, prefix, fresh, puts, deletes)
         if buried:
             state.dead_lettered += len(finished)

@@ -112,6 +112,8 @@ def group_families(groups: list[GroupSnapshot], book: LagBook) -> list[Family]:
             if seed is not None and not seed.tally.live:
                 seed = None
             total, done, finished = seed.tally.total if seed else 0, state.done, state.finished
+            if state.behind:  # lag runs from the oldest unfinished message, the cursor moved past it
+                done = min(state.behind)
             leases, waiting = len(state.leases), len(state.ready)
             lines = state.metric_lines  # compared field by field: no tuple made per partition
             if (

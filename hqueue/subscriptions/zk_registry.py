@@ -225,10 +225,7 @@ class ZooKeeperRegistry(SubscriberRegistry):
         A live presence with another address or key is another instance's: SubscriberActive.
         """
         try:
-            if address not in self._stored(queue, name)[0].approved:
-                # Recorded where only servers write (with --zk-auth): a presence written into
-                # ZooKeeper by hand, with an address no server checked, gets no pushes.
-                self.approve(queue, name, address)
+            approved = self._stored(queue, name)[0].approved
             path, key, now = presence_path(queue, name), (queue, name), time.monotonic()
             data = json.dumps(
                 {"address": address, "topics": encode_topics(topics), "push": push.to_json(), "at": time.time()}
@@ -253,6 +250,10 @@ class ZooKeeperRegistry(SubscriberRegistry):
                 self._may_change(key, now)
                 self.client.delete(path, version=stat.version)  # lapsed, or malformed
             self._may_change(key, now)
+            if address not in approved:  # (once it may go in: a refused heartbeat writes nothing)
+                # Recorded where only servers write (with --zk-auth): a presence written into
+                # ZooKeeper by hand, with an address no server checked, gets no pushes.
+                self.approve(queue, name, address)
             self.client.create(path, data, ephemeral=True)
             self._written[key] = self._made[key] = now
         except (BadVersionError, NodeExistsError, NoNodeError):

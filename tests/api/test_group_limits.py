@@ -373,3 +373,32 @@ def test_acks_kept_after_an_unfinished_message_do_not_make_each_receive_read_mor
             assert len(a.receive(100, wait=1)) == 100
             # Then it reads about 100 cells from the store, not 20,100 (13 MB a receive at 100 bytes)
             assert asked and max(asked) <= 100
+
+
+def test_acks_read_back_after_a_restart_are_never_dropped_by_the_cursor_s_jump(tmp_path):
+    # Given M0 held by b, M1 and M2 by c, and the MAX_ACKED_AHEAD after them acked (no jump yet)
+    url = f"local://{tmp_path}/data"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 1)
+    with HQueue("q", url) as queue:
+        queue.put([Message("t", b"M%d" % i) for i in range(3)], 0)
+        for _ in range(MAX_ACKED_AHEAD // 1000):
+            queue.put([Message("t", b"x")] * 1000, 0)
+        with queue.consumer("g", member="b") as b, queue.consumer("g", member="c") as c:
+            assert len(b.receive(1, wait=1)) == 1 and len(c.receive(2, wait=1)) == 2
+            with queue.consumer("g", member="a") as a:
+                acked = 0
+                while acked < MAX_ACKED_AHEAD:
+                    acked += a.ack(a.receive(1000, wait=1))
+    # When, after a restart, a member takes M0 and M1 and acks M1 (one ack past the limit,
+    # with the scan below the acks read back from the store)
+    with HQueue("q", url) as queue, queue.consumer("g", member="x") as x:
+        assert [d.value for d in x.receive(1, wait=2)] == [b"M0"]
+        second = x.receive(1, wait=2)
+        assert [d.value for d in second] == [b"M1"] and x.ack(second) == 1
+        # Then of what comes next, only M2 was never acked: nothing acked comes again
+        rest = []
+        while got := x.receive(1000, wait=0.5):
+            rest += got
+            x.ack(got)
+        assert [d.value for d in rest] == [b"M2"]

@@ -99,6 +99,7 @@ def test_a_presence_written_by_one_server_is_seen_and_kept_up_by_any(two_servers
     # Another instance (another address, another key) is refused while this one is live
     with pytest.raises(SubscriberActive, match="attached at 127.0.0.1:9"):
         a.heartbeat("q", "s", "127.0.0.1:10", None, PushCredentials.new())
+    assert b.load("q", "s").approved == ("127.0.0.1:9",)  # a refused heartbeat wrote nothing
     # When the heartbeats stop, each server sees the node unchanged for presence_timeout by its
     # own clock (no wall clocks compared): gone for every server, and deleted
     wait_for(lambda: a.attached() == [] and b.attached() == [], 5, "the presence to lapse")

@@ -531,3 +531,23 @@ def test_series_of_deleted_groups_queues_and_subscribers_go_with_them(server):
         admin.delete_queue("q")
     metrics = scrape(server)
     assert not [k for k in metrics if 'queue="q"' in k and ("put" in k or "group_" in k and "_total" in k)]
+
+
+def test_group_lag_keeps_a_stuck_message_the_cursor_moved_past(server, monkeypatch):
+    # Given a stuck message (b holds it) and more acked after it than the group keeps, so the
+    # completion cursor moved past it (groups/acks.py: _jump)
+    monkeypatch.setattr("hqueue.groups.acks.MAX_ACKED_AHEAD", 5)
+    url = f"hqueue://{server.address}"
+    with HQueue("q", url) as queue, queue.consumer("g", member="a") as a, queue.consumer("g", member="b") as b:
+        queue.put([Message("t", b"stuck")], 0)
+        time.sleep(1.1)  # it is older than what comes next
+        queue.put([Message("t", b"%d" % i) for i in range(10)], 0)
+        assert len(b.receive(1, wait=2)) == 1
+        a.ack(drain(a, 10))
+        # Then the metric counts it as lag, and the lag's age is its own, as describe does
+        key = 'hqueue_group_lag_messages{group="g",partition="0",queue="q"}'
+        assert scrape_with(server, key)[key] == 1
+        queue.put([Message("t", b"new")], 0)
+        metrics = scrape(server)
+        assert metrics[key] == 2
+        assert metrics['hqueue_group_lag_seconds{group="g",partition="0",queue="q"}'] >= 1.0

@@ -193,6 +193,7 @@ def make_queue(request, tmp_path):
 def test_model(make_queue, seed, affinity, monkeypatch):
     rng = random.Random(seed * 7 + [None, "partition", "topic"].index(affinity))
     monkeypatch.setattr(Handout.__init__, "__defaults__", (rng.choice([1, 30_000, 100_000, 300_000]),))
+    monkeypatch.setattr("hqueue.groups.acks.MAX_ACKED_AHEAD", rng.choice([2, 5, 10_000]))
     partitions = rng.choice([1, 1, 2])
     queue = make_queue(partitions=partitions, max_message_bytes=1 << 20)
     groups = groups_of(queue.engine)
@@ -215,6 +216,8 @@ def test_model_with_restarts(tmp_path, seed, affinity, monkeypatch):
     """Embedded store, reopened now and then: acks above the cursor come back as state.acked."""
     rng = random.Random(1000 + seed)
     monkeypatch.setattr(Handout.__init__, "__defaults__", (rng.choice([1, 30_000, 100_000]),))
+    # the completion cursor jumps past unfinished messages after this many acks ahead of it
+    monkeypatch.setattr("hqueue.groups.acks.MAX_ACKED_AHEAD", rng.choice([2, 5, 10_000]))
     url = "local://" + str(tmp_path / "data")
     partitions = rng.choice([1, 2])
     with HQueueAdmin(url) as admin:
@@ -253,6 +256,7 @@ def test_model_with_restarts(tmp_path, seed, affinity, monkeypatch):
 def test_model_with_topic_filter(make_queue, seed, affinity, monkeypatch):
     rng = random.Random(5000 + seed)
     monkeypatch.setattr(Handout.__init__, "__defaults__", (rng.choice([1, 30_000, 100_000]),))
+    monkeypatch.setattr("hqueue.groups.acks.MAX_ACKED_AHEAD", rng.choice([2, 5, 10_000]))
     partitions = rng.choice([1, 2])
     topic_index = rng.random() < 0.5
     queue = make_queue(partitions=partitions, max_message_bytes=1 << 20, topic_index=topic_index)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Collection
 
 from ..auth import PushPolicy
 from ..coordination import Coordinator
@@ -95,14 +96,12 @@ class SubscriptionManager:
         """Start the workers owed, stop the others."""
         wanted: dict[Key, Registration] = {}
         attached = self.registry.attached()
-        # Past the limit, those pushed to already keep their place; the rest wait.
-        attached.sort(key=lambda r: (r.queue, r.name) not in self.loops)
         if len(attached) > self.max_subscribers:
             self._over.warning(
                 "max", "%d subscribers are attached; this server pushes to %d (--max-subscribers)",
                 len(attached), self.max_subscribers,
             )  # fmt: skip
-            del attached[self.max_subscribers :]
+            attached = fair_share(attached, self.max_subscribers, self.loops)
         for registration in attached:
             try:
                 partitions = self.engine.queue_info(registration.queue).partitions
@@ -171,3 +170,22 @@ def _identity(registration: Registration) -> tuple:
         registration.address, registration.effective_topics, registration.epoch, registration.dead_letter_after,
         registration.push, registration.approved,
     )  # fmt: skip
+
+
+def fair_share(attached: list[Registration], limit: int, pushed: Collection[tuple[str, str]]) -> list[Registration]:
+    """``limit`` of ``attached``, dealt to their queues in turn (one a queue, then a second
+    each...), so the subscribers of one queue cannot take every place from the others'
+    (a token that manages one queue's subscribers heartbeat 60 names, and another queue's
+    subscriber got nothing); within a queue, those ``pushed`` to already go first."""
+    by_queue: dict[str, list[Registration]] = {}
+    for registration in sorted(attached, key=lambda r: ((r.queue, r.name) not in pushed, r.name)):
+        by_queue.setdefault(registration.queue, []).append(registration)
+    queues = [by_queue[queue] for queue in sorted(by_queue)]
+    chosen: list[Registration] = []
+    for turn in range(max(map(len, queues), default=0)):
+        for registrations in queues:
+            if turn < len(registrations):
+                if len(chosen) == limit:
+                    return chosen
+                chosen.append(registrations[turn])
+    return chosen

@@ -206,6 +206,37 @@ def test_many_subscribers_share_the_push_pool_and_a_server_pushes_to_at_most_its
         server.stop()
 
 
+def test_one_queue_s_subscribers_cannot_take_every_place_from_another_queue_s(tmp_path):
+    # Given a server that pushes to at most 3 subscribers, and 5 attached to queue "busy"
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, max_subscribers=3).start()
+    url = f"hqueue://{server.address}"
+    try:
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("busy", 1)
+            admin.create_queue("payments", 1)
+        with HQueue("busy", url) as busy, HQueue("payments", url) as payments:
+            many = [busy.create_subscriber(Subscription(f"s{i}"), [Collect()]).start() for i in range(5)]
+            # When a subscriber of another queue attaches
+            listener = Collect()
+            with payments.create_subscriber(Subscription("billing"), [listener]):
+                payments.put(Message("t", b"paid"), partition_id=0)
+                # Then it gets its place (the places are dealt to the queues in turn)
+                wait_for(lambda: len(listener.messages) == 1, 30, "a push to the other queue's subscriber")
+            for subscriber in many:
+                subscriber.stop()
+    finally:
+        server.stop()
+
+
+def test_places_are_dealt_to_queues_in_turn_those_pushed_to_first():
+    from hqueue.subscriptions.manager import fair_share
+    from hqueue.subscriptions.registry import Registration
+
+    attached = [Registration("a", f"s{i}", None, None) for i in range(5)] + [Registration("b", "x", None, None)]
+    assert [(r.queue, r.name) for r in fair_share(attached, 3, {("a", "s4")})] == [("a", "s4"), ("b", "x"), ("a", "s0")]
+    assert len(fair_share(attached, 10, set())) == 6
+
+
 def test_idle_connections_cannot_keep_a_server_from_pushing(tmp_path, monkeypatch):
     """The listener's connections all taken by peers that never prove anything: a
     server's connection closes the oldest of them, and once its push is proven it

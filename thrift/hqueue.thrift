@@ -337,7 +337,9 @@ service HQueueService {
   void approveSubscriberAddress(1: string queue, 2: string name, 3: string address, 4: TPushKey push)
       throws (1: TSubscriberNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied, 4: TQueueNotFound queueNotFound,
               5: TInvalidMessage invalid)
-  void subscriberLeave(1: string queue, 2: string name)
+  // push: the leaving instance's key; its presence ends only if it is still its own (an
+  // instance replaced since must not end the new one's). Without it (an older subscriber): ends.
+  void subscriberLeave(1: string queue, 2: string name, 3: TPushKey push)
       throws (1: TSubscriberNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied, 4: TQueueNotFound queueNotFound)
 
   // -- timer messages (SPEC X1); sent to the partition's owner --------------------

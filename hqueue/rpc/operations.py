@@ -49,6 +49,10 @@ ID = Codec(wire.to_tid, wire.from_tid)
 PARTITION_OR_ALL = Codec(lambda pid: -1 if pid is None else pid, lambda pid: None if pid == -1 else pid)
 NAMES = Codec(same, list)
 NOTHING = Codec(lambda _: None, lambda _: None)
+PUSH_KEY = Codec(
+    lambda push: None if push is None else wire.to_tpush_key(push),
+    lambda t: None if t is None else wire.from_tpush_key(t),
+)
 
 
 @dataclass(frozen=True)
@@ -202,7 +206,9 @@ SET_CHECKPOINT = Operation(
 )  # fmt: skip
 # The consumer role only: the ZooKeeper hosts are for subscribers.
 GET_COORDINATION = Operation(SUBSCRIPTIONS, "coordination", "getCoordination", "consumer", (QUEUE,), result=PLAIN)
-SUBSCRIBER_LEAVE = Operation(SUBSCRIPTIONS, "leave", "subscriberLeave", MANAGE, (QUEUE, NAME))
+SUBSCRIBER_LEAVE = Operation(
+    SUBSCRIPTIONS, "leave", "subscriberLeave", MANAGE, (QUEUE, NAME, Arg("push", PUSH_KEY, None))
+)
 
 
 # -- consumer groups (SPEC X3) -----------------------------------------------------------------------

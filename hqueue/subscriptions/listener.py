@@ -333,7 +333,7 @@ class Subscriber:
         else:
             self._stop_heartbeat.set()
             try:
-                self.service.leave(self.queue, self.name)
+                self.service.leave(self.queue, self.name, self.credentials)
             except HQueueError:
                 logger.warning("%s: could not tell the server it leaves", self.name, exc_info=True)
         if self._server is not None:

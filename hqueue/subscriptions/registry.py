@@ -160,8 +160,9 @@ class SubscriberRegistry(abc.ABC):
         """Presence by heartbeat (a registry that takes none says how subscribers announce themselves)."""
         raise HQueueError(f"subscribers announce themselves through {self.coordination}, not heartbeats")
 
-    def leave(self, queue: str, name: str) -> None:
-        """End presence by heartbeat."""
+    def leave(self, queue: str, name: str, push: PushCredentials | None = None) -> None:
+        """End presence by heartbeat (only if it is still ``push``'s, when given: an instance
+        replaced since must not end the new one's)."""
         raise HQueueError(f"subscribers announce themselves through {self.coordination}, not heartbeats")
 
     #: How many approved addresses a registration keeps (the latest).

@@ -82,8 +82,9 @@ class Subscribers:
             raise InvalidArgument("an announcement carries the subscriber's push key")
         self.registry.approve(queue, name, address)
 
-    def leave(self, queue: str, name: str) -> None:
-        self.registry.leave(queue, name)
+    def leave(self, queue: str, name: str, push: PushCredentials | None = None) -> None:
+        """End the presence (only if it is still ``push``'s, when given)."""
+        self.registry.leave(queue, name, push)
 
     def _now(self, queue: str, partition_id: int) -> MessageID:
         """Where "from now" starts: after the partition's last message.

@@ -114,7 +114,9 @@ class StoreRegistry(SubscriberRegistry):
         if previous is None or (previous.address, previous.topics, previous.push) != (address, topics, push):
             self.changed()
 
-    def leave(self, queue: str, name: str) -> None:
+    def leave(self, queue: str, name: str, push: PushCredentials | None = None) -> None:
         self._stored(queue, name)
-        if self._presence.pop((queue, name), None) is not None:
+        presence = self._presence.get((queue, name))
+        if presence is not None and (push is None or presence.push == push):
+            self._presence.pop((queue, name), None)
             self.changed()

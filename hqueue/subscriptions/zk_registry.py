@@ -273,12 +273,15 @@ class ZooKeeperRegistry(SubscriberRegistry):
                 f"{PRESENCE_CHANGE_INTERVAL:g}s ago: try again"
             )
 
-    def leave(self, queue: str, name: str) -> None:
+    def leave(self, queue: str, name: str, push: PushCredentials | None = None) -> None:
         self._stored(queue, name)
-        self._made[(queue, name)] = time.monotonic()
         try:
-            self.client.delete(presence_path(queue, name))
-        except NoNodeError:
+            held, stat = self._read_presence(queue, name)
+            if stat is None or (push is not None and held is not None and held.push != push):
+                return  # none, or another instance's now
+            self._made[(queue, name)] = time.monotonic()
+            self.client.delete(presence_path(queue, name), version=stat.version)
+        except (NoNodeError, BadVersionError):
             pass
         except KazooException as e:
             raise CoordinationError(f"cannot end the presence of {name!r} on {queue!r}: {e}") from e

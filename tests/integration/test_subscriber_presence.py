@@ -145,9 +145,22 @@ def test_a_presence_made_and_ended_in_a_loop_is_slowed_to_one_change_a_second(tw
     wait_for(lambda: _let_in(a), 5, "the next presence to be let in")
 
 
-def _let_in(registry: ZooKeeperRegistry) -> bool:
+def _let_in(registry: ZooKeeperRegistry, push: PushCredentials | None = None) -> bool:
     try:
-        registry.heartbeat("q", "s", "127.0.0.1:10", None, PushCredentials.new())
+        registry.heartbeat("q", "s", "127.0.0.1:10", None, push or PushCredentials.new())
         return True
     except SubscriberActive:
         return False
+
+
+def test_an_instance_replaced_since_does_not_end_the_new_one_s_presence(two_servers):
+    a, b = two_servers
+    old, new = PushCredentials.new(), PushCredentials.new()
+    a.heartbeat("q", "s", "127.0.0.1:9", None, old)
+    a.leave("q", "s", old)  # it stopped (gone at once)
+    assert b.attached() == []
+    wait_for(lambda: _let_in(a, new), 5, "the new instance to be let in")
+    a.leave("q", "s", old)  # the old one says goodbye again, late
+    assert [r.push for r in b.attached()] == [new]  # the new one stays
+    a.leave("q", "s", new)
+    assert b.attached() == []

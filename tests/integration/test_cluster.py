@@ -338,3 +338,30 @@ def test_a_group_deleted_through_one_server_is_deleted_at_every_owner(cluster):
         asyncio.run(delete_through_a())
         with pytest.raises(GroupNotFound):
             member.receive(1, wait=0)
+
+
+def test_a_stuck_message_the_cursor_moved_past_goes_out_again_after_a_failover(cluster):
+    """Past MAX_ACKED_AHEAD acks after an unfinished message, the group keeps it (behind
+    its cursor) instead of the acks: the server that takes the partition over sends it
+    again, and nothing acked."""
+    from hqueue.groups.state import MAX_ACKED_AHEAD
+
+    a, b, url = two_servers_with_queue(cluster)
+    pid = owners(f"hqueue://{a.address}").index(a.address)  # one of a's partitions
+    with HQueue("orders", url) as queue:
+        queue.put(Message("order", b"stuck"), pid)
+        for _ in range(MAX_ACKED_AHEAD // 1000 + 1):
+            queue.put([Message("order", b"x")] * 1000, pid)
+        with queue.consumer("billing", member="holder", lease=60) as holder:
+            (held,) = wait_for(lambda: holder.receive(1, wait=0.5), 20, "the first message")
+            assert held.value == b"stuck"
+            with queue.consumer("billing", member="worker") as worker:
+                acked = 0
+                while acked < MAX_ACKED_AHEAD + 1000:
+                    acked += worker.ack(worker.receive(1000, wait=1))
+            a.kill()  # the partition, with the state of its group, moves to b
+            wait_for(lambda: set(owners(f"hqueue://{b.address}")) == {b.address}, 30, "b to own every partition")
+        with queue.consumer("billing", member="after") as after:
+            again = drain(after, 1, 30, wait=0.5)
+            assert [d.value for d in again] == [b"stuck"]
+            assert after.receive(1000, wait=1) == []  # nothing acked comes again

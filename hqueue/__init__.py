@@ -45,7 +45,7 @@ from .errors import (
     SubscriberActive,
     SubscriberNotFound,
 )
-from .groups.state import GroupLimits
+from .groups.limits import GroupLimits
 from .keys.timers import Timer
 from .message import Message, MessageID, Topic
 from .processor import Processor

@@ -9,7 +9,7 @@ from typing import Any
 from .api import EngineAPI, SubscriptionsAPI, subscriptions_of
 from .auth import split_credentials
 from .errors import InvalidArgument
-from .groups.state import GroupLimits
+from .groups.limits import GroupLimits
 from .storage import default_url, normalize_url
 
 #: How an embedded store this process opens is served to other local processes (set by

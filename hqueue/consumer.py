@@ -40,14 +40,8 @@ from .api import groups_of
 from .config import UNSEEN
 from .errors import InvalidArgument
 from .groups.affinity import check_key_affinity
-from .groups.state import (
-    DEFAULT_LEASE,
-    DEFAULT_MAX_RETRIES,
-    HEARTBEAT_INTERVAL,
-    check_lease,
-    check_wait,
-    start_ms,
-)
+from .groups.limits import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, HEARTBEAT_INTERVAL, check_lease, check_wait
+from .groups.state import start_ms
 from .message import ROWKEY_LENGTH, Message, MessageID, Topic
 
 if TYPE_CHECKING:

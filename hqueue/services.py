@@ -21,8 +21,8 @@ from .coordination import Coordinator
 from .coordination.local import LocalCoordinator
 from .deadletters import forget_notes
 from .engine import Engine
+from .groups.limits import GroupLimits
 from .groups.service import GroupService
-from .groups.state import GroupLimits
 from .subscriptions.local import local_subscriptions
 from .timers import TimerService
 

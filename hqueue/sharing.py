@@ -55,7 +55,7 @@ from .client.engine import RemoteEngine
 from .client.pool import Connection, NotSent, Pool
 from .engine import Engine
 from .errors import StorageError, StorageLocked
-from .groups.state import GroupLimits
+from .groups.limits import GroupLimits
 from .services import open_local
 
 logger = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from typing import Any, cast
 from .. import api
 from ..connection import acquire_engine, resolve_url
 from ..errors import InvalidArgument
-from ..groups.state import GroupLimits
+from ..groups.limits import GroupLimits
 from .client.engine import AsyncRemoteEngine
 from .executor import DEFAULT_WORKERS, ExecutorEngine
 

@@ -36,7 +36,7 @@ from typing import Any
 
 from ..config import UNSEEN
 from ..consumer import Delivery, _deliveries, _rowkeys, joining, member_name
-from ..groups.state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, HEARTBEAT_INTERVAL, check_lease, check_wait
+from ..groups.limits import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, HEARTBEAT_INTERVAL, check_lease, check_wait
 from ..message import Message
 from .connect import groups_of
 

@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from ..connection import resolve_url
-from ..groups.state import GroupLimits
+from ..groups.limits import GroupLimits
 from .connect import DEFAULT_WORKERS, AsyncEngine, open_engine
 
 

@@ -12,7 +12,7 @@ from ..checks import check_partition
 from ..config import QueueInfo
 from ..consumer import Pending
 from ..errors import InvalidArgument
-from ..groups.state import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, GroupLimits, check_group_name, check_pending_limit
+from ..groups.limits import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, GroupLimits, check_group_name, check_pending_limit
 from ..keys.timers import Timer, due_ms
 from ..message import Message, MessageID
 from ..producer import (

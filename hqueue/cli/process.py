@@ -8,7 +8,7 @@ import time
 
 import click
 
-from ..groups.state import (
+from ..groups.limits import (
     DEFAULT_MAX_GROUPS,
     DEFAULT_MAX_LEASE,
     DEFAULT_MAX_MEMBER_IN_FLIGHT,

@@ -19,15 +19,8 @@ from ..message import (
     messages_from_columns,
     rowkeys_by_partition,
 )
-from .state import (
-    ASKED_LEASE_LIMIT,
-    MAX_ACKED_AHEAD,
-    GroupLimits,
-    GroupState,
-    PartitionState,
-    backoff,
-    check_lease,
-)
+from .limits import ASKED_LEASE_LIMIT, GroupLimits, backoff, check_lease
+from .state import MAX_ACKED_AHEAD, GroupState, PartitionState
 
 if TYPE_CHECKING:
     from ..coordination import Coordinator

@@ -26,7 +26,8 @@ import threading
 import time
 from collections import Counter
 
-from .state import GroupLimits, GroupState, PartitionState, check_member
+from .limits import GroupLimits, check_member
+from .state import GroupState, PartitionState
 
 #: Members one connection is watched for; more (made-up names) are left to ``member_timeout``.
 MAX_MEMBERS_PER_CONNECTION = 1000

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 from ..keys.groups import id_after
 from ..message import id_bytes, partition_prefix
-from .state import GroupLimits, GroupState, Handout, PartitionState
+from .limits import GroupLimits
+from .state import GroupState, Handout, PartitionState
 
 if TYPE_CHECKING:
     from ..engine import Engine

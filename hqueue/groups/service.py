@@ -68,23 +68,10 @@ from ..message import (
 )
 from .acks import GroupAcks
 from .affinity import KeyAffinity, check_key_affinity
+from .limits import GroupLimits, check_group_name, check_lease, check_member, check_wait
 from .members import GroupMembers
 from .ordered import InOrder
-from .state import (
-    LATEST,
-    Columns,
-    GroupConfig,
-    GroupLimits,
-    GroupState,
-    Handout,
-    PartitionState,
-    assigned,
-    check_group_name,
-    check_lease,
-    check_member,
-    check_wait,
-    served_order,
-)
+from .state import LATEST, Columns, GroupConfig, GroupState, Handout, PartitionState, assigned, served_order
 from .views import GroupViews
 
 if TYPE_CHECKING:

@@ -18,7 +18,8 @@ from ..errors import HQueueError, QueueDisabled, QueueNotFound
 from ..ids import wall_clock_ms
 from ..lag import partition_lag
 from ..message import MessageID
-from .state import GroupLimits, GroupState, PartitionState, check_pending_limit
+from .limits import GroupLimits, check_pending_limit
+from .state import GroupState, PartitionState
 
 if TYPE_CHECKING:
     from ..coordination import Coordinator

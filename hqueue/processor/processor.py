@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..consumer import Delivery
 from ..deadletters import dead_letter_queue
 from ..errors import InvalidArgument, NoPartitionOwner, NotPartitionOwner, ServerUnavailable
-from ..groups.state import DEFAULT_LEASE
+from ..groups.limits import DEFAULT_LEASE
 from ..message import Message
 from .commits import CommitTracker
 from .worker import Worker

@@ -36,8 +36,8 @@ from ..coordination import Coordinator, LocalCoordinator
 from ..coordination.zookeeper import ZooKeeperCoordinator
 from ..engine import Engine
 from ..errors import InvalidArgument
+from ..groups.limits import GroupLimits
 from ..groups.service import GroupService
-from ..groups.state import GroupLimits
 from ..lag import LagBook
 from ..metrics import ServerMetrics
 from ..rpc import wire

@@ -12,8 +12,8 @@ from typing import Any
 from ..auth import MANAGE
 from ..config import UNSEEN
 from ..errors import HQueueError, InvalidArgument
+from ..groups.limits import check_wait
 from ..groups.service import GroupService
-from ..groups.state import check_wait
 from ..rpc import operations as op
 from ..rpc import packed, wire
 from ..rpc.connections import answer_slot_aside, current_connection

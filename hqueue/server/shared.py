@@ -17,7 +17,7 @@ import os
 import threading
 
 from ..engine import Engine
-from ..groups.state import GroupLimits
+from ..groups.limits import GroupLimits
 from ..sharing import claim_socket, drop_socket, socket_mode
 from .app import HQueueServer
 

@@ -15,8 +15,9 @@ import pytest
 
 from hqueue import HQueue, HQueueAdmin, Message, QueueNotFound
 from hqueue.api import groups_of
+from hqueue.groups.limits import GroupLimits
 from hqueue.groups.service import GroupService
-from hqueue.groups.state import GroupLimits, Handout
+from hqueue.groups.state import Handout
 
 SHORT = 0.3
 

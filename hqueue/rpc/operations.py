@@ -204,7 +204,7 @@ SET_CHECKPOINT = Operation(
     SUBSCRIPTIONS, "set_checkpoint", "setCheckpoint", MANAGE,
     (QUEUE, NAME, Arg("partition_id", PARTITION_OR_ALL), Arg("start", ID)),
 )  # fmt: skip
-# The consumer role only: the ZooKeeper hosts are for subscribers.
+# The consumer role only: how subscribers announce themselves (an older server named ZooKeeper's hosts).
 GET_COORDINATION = Operation(SUBSCRIPTIONS, "coordination", "getCoordination", "consumer", (QUEUE,), result=PLAIN)
 SUBSCRIBER_LEAVE = Operation(
     SUBSCRIPTIONS, "leave", "subscriberLeave", MANAGE, (QUEUE, NAME, Arg("push", PUSH_KEY, None))

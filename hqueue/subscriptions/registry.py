@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from ..auth import PushCredentials
-from ..errors import HQueueError
 from ..message import MessageID
 
 __all__ = ["Registration", "SubscriberRegistry"]
@@ -115,8 +114,9 @@ def decode_topics(topics: list[str] | None) -> frozenset[bytes] | None:
 class SubscriberRegistry(abc.ABC):
     """Where registrations and presence live, for the server."""
 
-    #: How subscribers announce themselves: ``"zk:<hosts>"`` or ``"server"``.
-    coordination: str
+    #: How subscribers announce themselves (``getCoordination``): by heartbeats to a server, with
+    #: either registry (a server older than this version answered ``"zk:<hosts>"`` with ZooKeeper).
+    coordination = "server"
 
     def __init__(self) -> None:
         self._listeners: list[Callable[[], None]] = []
@@ -154,16 +154,17 @@ class SubscriberRegistry(abc.ABC):
     def attached(self) -> list[Registration]:
         """Every registration whose subscriber is attached now."""
 
+    @abc.abstractmethod
     def heartbeat(
         self, queue: str, name: str, address: str, topics: frozenset[bytes] | None, push: PushCredentials
     ) -> None:
-        """Presence by heartbeat (a registry that takes none says how subscribers announce themselves)."""
-        raise HQueueError(f"subscribers announce themselves through {self.coordination}, not heartbeats")
+        """Presence by heartbeat (the caller checked ``address``); SubscriberActive while
+        another instance's presence is live."""
 
+    @abc.abstractmethod
     def leave(self, queue: str, name: str, push: PushCredentials | None = None) -> None:
         """End presence by heartbeat (only if it is still ``push``'s, when given: an instance
         replaced since must not end the new one's)."""
-        raise HQueueError(f"subscribers announce themselves through {self.coordination}, not heartbeats")
 
     #: How many approved addresses a registration keeps (the latest).
     MAX_APPROVED = 8

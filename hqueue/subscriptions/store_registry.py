@@ -33,8 +33,6 @@ class Presence(NamedTuple):
 class StoreRegistry(SubscriberRegistry):
     """Registrations in the store; presence in memory, by heartbeat."""
 
-    coordination = "server"
-
     def __init__(self, storage: Storage, presence_timeout: float = 3.0) -> None:
         super().__init__()
         self.storage, self.presence_timeout = storage, presence_timeout

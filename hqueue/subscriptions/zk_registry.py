@@ -62,8 +62,8 @@ def presence_path(queue: str, name: str) -> str:
     return registration_path(queue, name) + "/presence"
 
 
-#: Seconds after the last heartbeat (by the wall clock of the server that wrote it) that a
-#: subscriber counts as gone: servers' clocks may differ by a little of it.
+#: Seconds a presence node may go unchanged (no heartbeat rewrote it), timed by each server's
+#: own monotonic clock, before its subscriber counts as gone.
 PRESENCE_TIMEOUT = 10.0
 #: Seconds between two presences of one subscriber made (or ended) by one server: a token
 #: that left and came back in a loop made every server reconcile on each.
@@ -78,9 +78,6 @@ class ZooKeeperRegistry(SubscriberRegistry):
         hosts: Its connect string (with chroot).
         presence_timeout: Seconds without a heartbeat before a subscriber counts as gone.
     """
-
-    #: Subscribers heartbeat a server (they need no ZooKeeper access of their own).
-    coordination = "server"
 
     def __init__(self, client: KazooClient, hosts: str, presence_timeout: float = PRESENCE_TIMEOUT) -> None:
         super().__init__()

@@ -82,8 +82,9 @@ class ZooKeeperRegistry(SubscriberRegistry):
     def __init__(self, client: KazooClient, hosts: str, presence_timeout: float = PRESENCE_TIMEOUT) -> None:
         super().__init__()
         self.client, self.hosts, self.presence_timeout = client, hosts, presence_timeout
-        #: Presences load() found lapsed: attached() deletes them.
-        self._lapsed: set[tuple[str, str]] = set()
+        #: Presences load() found lapsed, with their nodes' versions: attached() deletes them
+        #: (one rewritten since has another version, and stays).
+        self._lapsed: dict[tuple[str, str], int] = {}
         #: Per presence, its node's last change (mzxid) this server saw, and when (monotonic).
         self._changes: dict[tuple[str, str], tuple[int, float]] = {}
         #: Per presence, when this server last wrote it (monotonic).
@@ -158,7 +159,7 @@ class ZooKeeperRegistry(SubscriberRegistry):
             presence, stat = self._read_presence(queue, name)
             if stat is not None:
                 if presence is None or not self._live(queue, name, stat):
-                    self._lapsed.add((queue, name))  # attached() deletes it
+                    self._lapsed[(queue, name)] = stat.version  # attached() deletes it
                     return registration  # its heartbeats stopped, or a malformed one: never pushed to
                 # (its address is pushed to once approved: the heartbeat's server approved it)
                 return replace(registration, address=presence.address, live_topics=presence.topics, push=presence.push)
@@ -181,7 +182,8 @@ class ZooKeeperRegistry(SubscriberRegistry):
             push = PushCredentials.from_json(data["push"])
             if push is None or not isinstance(data["address"], str):
                 raise ValueError(data)
-            return Presence(data["address"], decode_topics(data["topics"]), push, stat.mzxid), stat
+            # (seen: the node's last write, by ZooKeeper's clock; liveness is _live's)
+            return Presence(data["address"], decode_topics(data["topics"]), push, stat.mtime / 1000), stat
         except (ValueError, KeyError, TypeError, AttributeError):
             logger.warning("malformed presence of subscriber %s on %s", name, queue)
             return None, stat
@@ -283,12 +285,11 @@ class ZooKeeperRegistry(SubscriberRegistry):
         except KazooException as e:
             raise CoordinationError(f"cannot end the presence of {name!r} on {queue!r}: {e}") from e
 
-    def _forget_lapsed(self, queue: str, name: str) -> None:
-        """Delete a presence whose heartbeats stopped, or a malformed one (watchers see it go)."""
+    def _forget_lapsed(self, queue: str, name: str, version: int) -> None:
+        """Delete a presence whose heartbeats stopped, or a malformed one, as load() read it
+        (watchers see it go)."""
         try:
-            presence, stat = self._read_presence(queue, name)
-            if stat is not None and (presence is None or not self._live(queue, name, stat)):
-                self.client.delete(presence_path(queue, name), version=stat.version)
+            self.client.delete(presence_path(queue, name), version=version)
         except (NoNodeError, BadVersionError):
             pass
         except KazooException:
@@ -340,9 +341,9 @@ class ZooKeeperRegistry(SubscriberRegistry):
                     found.append(registration)
         now = time.monotonic()
         self._made = {key: at for key, at in self._made.items() if now - at < PRESENCE_CHANGE_INTERVAL}
-        lapsed, self._lapsed = self._lapsed, set()
-        for queue, name in lapsed:
-            self._forget_lapsed(queue, name)
+        lapsed, self._lapsed = self._lapsed, {}
+        for (queue, name), version in lapsed.items():
+            self._forget_lapsed(queue, name, version)
         return found
 
 

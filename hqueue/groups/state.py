@@ -260,13 +260,12 @@ class PartitionState:
         once the heap holds twice the leases (plus a slack), its cost is spread over the
         IDs that went stale since the last prune: O(1) each.
         """
-        leases = self.leases
-        if not leases:  # (every member acked what it received: the usual case)
+        if not self.leases:  # (every member acked what it received: the usual case)
             self.lease_heap, self.heap_ids = [], 0
             return
         kept = []
         for deadline, batch, ids in self.lease_heap:
-            live = [i for i in ids if (lease := leases.get(i)) is not None and lease[1] == deadline]
+            live = self._leased_until(ids, deadline)
             if live:
                 kept.append((deadline, batch, live))
         heapq.heapify(kept)
@@ -277,8 +276,14 @@ class PartitionState:
         while self.lease_heap and self.lease_heap[0][0] <= now:
             deadline, _, ids = heapq.heappop(self.lease_heap)
             self.heap_ids -= len(ids)
-            out += [i for i in ids if (lease := self.leases.get(i)) is not None and lease[1] == deadline]
+            out += self._leased_until(ids, deadline)
         return out
+
+    def _leased_until(self, ids: list[bytes], deadline: float) -> list[bytes]:
+        """Those of a heap entry's ``ids`` still leased until its ``deadline`` (the others were
+        finished, given back, or leased again since: a later entry has them)."""
+        leases = self.leases
+        return [i for i in ids if (lease := leases.get(i)) is not None and lease[1] == deadline]
 
     def due_again(self, ids: Iterable[bytes]) -> None:
         """Put IDs that :meth:`due` gave and a receive did not take back in line."""

@@ -308,6 +308,11 @@ class PushPolicy:
     the address must resolve to the host the announcing connection comes
     from, or lie in one of the ``allow`` networks (``--subscriber-allow``,
     CIDR such as ``10.0.0.0/8``).
+
+    What is checked is one IP address, and that address is what is kept and
+    pushed to (:meth:`check` returns it): a host name is resolved once, when it
+    is announced, never again at push time, so a name whose DNS answer changes
+    after its check (DNS rebinding) cannot point the server's pushes elsewhere.
     """
 
     def __init__(self, allow: Iterable[str] = ()) -> None:
@@ -316,41 +321,68 @@ class PushPolicy:
         except ValueError as e:
             raise InvalidArgument(f"--subscriber-allow: {e}") from e
 
-    def check(self, address: str, peer_host: str | None) -> None:
-        """Raise NotAuthorized unless the server may push to ``address``."""
-        host, _, port = address.rpartition(":")
-        if not host or not port.isascii() or not port.isdigit():
-            raise InvalidArgument(f"a subscriber address is host:port, got {address!r}")
-        if not 1 <= int(port) <= 65535:
-            raise InvalidArgument(f"a subscriber address's port is 1..65535, got {address!r}")
+    def check(self, address: str, peer_host: str | None) -> str:
+        """The address to keep and push to for an announced ``address``: the IP it
+        resolved to that passed, with its port. Raises NotAuthorized unless the
+        server may push there (InvalidArgument for a malformed one)."""
+        host, port = _host_port(address)
         try:
-            ips = {ipaddress.ip_address(info[4][0]) for info in socket.getaddrinfo(host.strip("[]"), int(port))}
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            ips = list(dict.fromkeys(ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos))
         except (OSError, ValueError) as e:
             raise InvalidArgument(f"subscriber address {address!r} does not resolve: {e}") from e
-        if peer_host is not None and ipaddress.ip_address(peer_host) in ips:
-            return
+        if peer_host is not None:
+            peer = ipaddress.ip_address(peer_host.split("%")[0])
+            if peer in ips:
+                return _joined(peer, port)
         if ips and all(any(ip in net for net in self.networks) for ip in ips):
-            return
+            return _joined(ips[0], port)
         raise NotAuthorized(
             f"subscriber address {address} is not on the registering client's host ({peer_host}) "
             "nor in the server's --subscriber-allow networks"
         )
 
-    def check_push(self, address: str, approved: Iterable[str]) -> None:
-        """At push time: raise NotAuthorized unless ``address`` is one a server
-        checked when the subscriber announced it (``approved``: through a
-        heartbeat, or ``approveSubscriberAddress`` before a ZooKeeper
-        presence), or lies in the ``allow`` networks. A presence written
+    def check_push(self, address: str, approved: Iterable[str]) -> tuple[str, int]:
+        """At push time: the IP and port to connect to for ``address``. It must be one a
+        server checked when the subscriber announced it (``approved``: through a
+        heartbeat, or ``approveSubscriberAddress`` before a ZooKeeper presence), which
+        this version keeps as an IP, or lie in the ``allow`` networks; a host name is
+        never looked up again to be approved (an older server kept names: such a
+        subscriber is pushed to once it announces itself again). A presence written
         straight into ZooKeeper with another address gets nothing."""
-        if address in approved:
-            return
+        host, port = _host_port(address)
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            ip = None
+        if ip is not None and address in approved:
+            return str(ip), port
         if self.networks:
-            self.check(address, None)
-            return
+            pinned = self.check(address, None)  # one lookup: its answer is what is connected to
+            return _host_port(pinned)
+        if ip is None and address in approved:
+            raise NotAuthorized(
+                f"subscriber address {address} was approved as a host name (by an older hqueue server): "
+                "it is pushed to once the subscriber announces itself again through this server"
+            )
         raise NotAuthorized(
             f"subscriber address {address} was never announced through a server "
             "nor is in the server's --subscriber-allow networks"
         )
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port``) split and checked: the host without brackets, the port."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isascii() or not port.isdigit():
+        raise InvalidArgument(f"a subscriber address is host:port, got {address!r}")
+    if not 1 <= int(port) <= 65535:
+        raise InvalidArgument(f"a subscriber address's port is 1..65535, got {address!r}")
+    return host.strip("[]"), int(port)
+
+
+def _joined(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) -> str:
+    return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
 
 
 @dataclass(frozen=True)

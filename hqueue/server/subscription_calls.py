@@ -37,29 +37,30 @@ class SubscriptionCalls(Calls):
     #: Whether this server serves TLS: then it pushes only to subscribers that listen with TLS.
     tls = False
 
-    def _announced(self, address: object, push: Any) -> PushCredentials:
-        """Check an announced address (the push policy) and push key; the credentials."""
+    def _announced(self, address: object, push: Any) -> tuple[str, PushCredentials]:
+        """Check an announced address (the push policy) and push key: the address to keep
+        (the IP that was checked, never a name to look up again) and the credentials."""
         if not isinstance(address, str):
             raise InvalidArgument("'address' must be a host:port string")
         connection = current_connection()
-        self.push_policy.check(address, connection.peer[0] if connection else None)
+        pinned = self.push_policy.check(address, connection.peer[0] if connection else None)
         credentials = wire.from_tpush_key(push)
         if self.tls and credentials.certificate is None:
             raise InvalidArgument(
                 "this server serves TLS and pushes only over TLS: the subscriber must listen with TLS "
                 "(create_subscriber(..., tls=True), the default over a tls=1 URL)"
             )
-        return credentials
+        return pinned, credentials
 
     @served(MANAGE, named=(1, "subscriber"))
     def subscriberHeartbeat(
         self, queue: str, name: str, address: str, topics: list[bytes] | None, push: Any = None
     ) -> None:
-        credentials = self._announced(address, push)
+        pinned, credentials = self._announced(address, push)
         self.subscriptions.heartbeat(
-            queue, name, address, frozenset(topics) if topics is not None else None, credentials
+            queue, name, pinned, frozenset(topics) if topics is not None else None, credentials
         )
 
     @served(MANAGE, named=(1, "subscriber"))
     def approveSubscriberAddress(self, queue: str, name: str, address: str, push: Any = None) -> None:
-        self.subscriptions.approve(queue, name, address, self._announced(address, push))
+        self.subscriptions.approve(queue, name, *self._announced(address, push))

@@ -300,16 +300,15 @@ class SubscriberLoop:
         self._drop_client()
         if push is None:
             raise HQueueError(f"subscriber {self.subscriber} announced no push key (an older hqueue?)")
-        self.manager.push_policy.check_push(address, registration.approved)
+        ip, port = self.manager.push_policy.check_push(address, registration.approved)
         if push.certificate is None and self.manager.require_tls:
             raise HQueueError(f"this server pushes only over TLS; subscriber {self.subscriber} listens in clear")
-        host, _, port = address.rpartition(":")
         timeout = self.manager.send_timeout_ms
-        sock: Any
+        sock: Any  # to the IP that was checked: no second lookup (see PushPolicy)
         if push.certificate is not None:
-            sock = TSSLSocket(host.strip("[]"), int(port), socket_timeout=timeout, ssl_context=pinned_context())
+            sock = TSSLSocket(ip, port, socket_timeout=timeout, ssl_context=pinned_context())
         else:
-            sock = TSocket(host.strip("[]"), int(port), socket_timeout=timeout)
+            sock = TSocket(ip, port, socket_timeout=timeout)
         transport = TFramedTransportFactory().get_transport(sock)
         transport.open()
         try:

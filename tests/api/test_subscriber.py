@@ -1,5 +1,6 @@
 """Push subscriptions against one server on loopback (registrations in its store)."""
 
+import socket
 import threading
 import time
 
@@ -16,6 +17,8 @@ from hqueue import (
     SubscriberNotFound,
     Subscription,
 )
+from hqueue.auth import PushPolicy
+from hqueue.errors import NotAuthorized
 from hqueue.server import HQueueServer
 
 from ..processes import wait_for
@@ -334,3 +337,42 @@ def test_a_poison_message_goes_to_the_dead_letter_queue_and_the_rest_flows(tmp_p
 def test_dead_letter_after_is_checked():
     with pytest.raises(InvalidArgument):
         Subscription("s", dead_letter_after=0)
+
+
+def test_a_host_name_is_resolved_once_when_announced_never_at_push_time(queue, server, monkeypatch):
+    """DNS rebinding: a subscriber advertises a name that resolves to its own host when it
+    announces itself, and elsewhere afterwards. The server keeps and pushes to the IP it
+    checked: a push never looks the name up."""
+    real = socket.getaddrinfo
+    lookups: list[str] = []
+
+    def rebinding(host, *args, **kwargs):
+        if host == "rebind.test":  # the announcement's lookup finds this host; every later one, another
+            lookups.append("127.0.0.1" if not lookups else "10.255.255.1")
+            return real(lookups[-1], *args, **kwargs)
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    listener = Collect()
+    with queue.create_subscriber(Subscription("s1"), [listener], port=port, advertise=f"rebind.test:{port}"):
+        put_spread(queue, 40)
+        wait_for(lambda: len(listener.messages) >= 40, 30, "40 pushes to the IP that was checked")
+        with HQueueAdmin(f"hqueue://{server.address}") as admin:
+            assert admin.describe_subscriber("events", "s1")["address"] == f"127.0.0.1:{port}"  # the IP checked
+
+
+def test_push_targets_are_the_ips_that_were_checked():
+    policy = PushPolicy()
+    assert policy.check("localhost:9000", "127.0.0.1") == "127.0.0.1:9000"  # a name: pinned to the peer
+    assert policy.check("[::1]:9000", "::1") == "[::1]:9000"
+    assert policy.check_push("127.0.0.1:9000", ["127.0.0.1:9000"]) == ("127.0.0.1", 9000)
+    with pytest.raises(NotAuthorized, match="host name"):  # approved by name (an older server): not looked up
+        policy.check_push("localhost:9000", ["localhost:9000"])
+    with pytest.raises(NotAuthorized, match="never announced"):
+        policy.check_push("127.0.0.2:9000", ["127.0.0.1:9000"])
+    allowed = PushPolicy(["127.0.0.0/8"])  # in the allow networks: checked at push time, by one lookup
+    assert allowed.check("localhost:9000", None) == "127.0.0.1:9000"
+    assert allowed.check_push("localhost:9000", []) == ("127.0.0.1", 9000)

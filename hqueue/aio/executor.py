@@ -6,6 +6,13 @@ handle owns, never a thread per call, and the event loop never blocks on the
 store. A consumer's receive does not hold a worker while it waits for work:
 it asks without waiting, then waits on the loop until a write to the queue
 wakes it (or a short poll interval passes, for retries falling due).
+
+A ``local://`` store another local process serves (sharing.py) is the
+exception: this process sees none of its writes, so a receive that waits
+waits in the serving process, over a connection to its Unix socket on the
+loop (as over ``hqueue://``): no thread held, no polling. When nobody
+serves the store any more, the blocking client takes it over (in the
+executor), and the receive goes on.
 """
 
 from __future__ import annotations
@@ -21,7 +28,10 @@ from typing import Any
 
 from ..api import EngineAPI
 from ..config import UNSEEN
-from ..message import Message
+from ..errors import ServerUnavailable
+from ..message import Message, messages_from_columns
+from ..rpc import packed
+from .client.engine import AsyncRemoteEngine
 
 #: Threads an in-process store's handle runs storage calls in.
 DEFAULT_WORKERS = 4
@@ -80,6 +90,8 @@ class ExecutorEngine:
         in the executor have ended (those not started yet, and later ones, raise
         RuntimeError): a receive or a fetch under way never meets a closed store."""
         self._releasing = True  # calls still queued raise RuntimeError, not CancelledError, in their tasks
+        if isinstance(self.groups, ExecutorGroups):
+            await self.groups.release()
         self._executor.shutdown(wait=False)
         await asyncio.to_thread(self._release_after_calls)
 
@@ -103,17 +115,30 @@ class ExecutorGroups(_Awaitable):
 
     Its receive may be cancelled anywhere: cancelled while it waits, it was handed
     nothing; cancelled while a worker takes messages, they go back to the group
-    as soon as the worker is done (a nack with no delay).
+    as soon as the worker is done (a nack with no delay). On a store another
+    process serves, a receive waits there (see the module's docstring): then it
+    is not cancel-safe by itself, and the consumer hands back what a cancelled
+    one was given, as over ``hqueue://``.
     """
 
     #: Cancelling :meth:`receive` itself leaves nothing leased.
     cancel_safe = True
+
+    def __init__(self, service: Any, engine: ExecutorEngine) -> None:
+        super().__init__(service, engine)
+        #: The serving process's Unix socket, when another process serves this store.
+        self._socket: str | None = getattr(engine.sync, "unix_socket", None)
+        self._served_elsewhere: AsyncRemoteEngine | None = None
+        if self._socket is not None:
+            self.cancel_safe = False
 
     async def receive(
         self, queue: str, group: str, member: str, max_messages: int, lease: float, wait: float
     ) -> list[tuple[Message, int]]:
         if not isinstance(wait, (int, float)) or isinstance(wait, bool) or not 0 <= wait <= 300:
             return await self._engine.run(self._service.receive, queue, group, member, max_messages, lease, wait)
+        if self._socket is not None:
+            return await self._receive_there(queue, group, member, max_messages, lease, wait)
         loop = asyncio.get_running_loop()
         until = loop.time() + wait
         waker = _waker(self._engine.sync)
@@ -131,6 +156,41 @@ class ExecutorGroups(_Awaitable):
                     pass
             finally:
                 waker.disarm(queue, woken)
+
+    async def _receive_there(
+        self, queue: str, group: str, member: str, max_messages: int, lease: float, wait: float
+    ) -> list[tuple[Message, int]]:
+        """A receive that waits in the process serving the store, over its Unix socket on the
+        loop. With nobody serving it, the blocking client takes the store over (or finds
+        who did) in a worker, by a receive that does not wait; then on, within ``wait``."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + wait
+        if self._served_elsewhere is None:
+            sync = self._engine.sync
+            timeout = getattr(sync, "timeout", None)
+            self._served_elsewhere = AsyncRemoteEngine(sync.url, unix_socket=self._socket, timeout=timeout)
+        there = self._served_elsewhere
+        while True:
+            left = max(0.0, until - loop.time())
+            call = ("groupReceive", queue, group, member, max_messages, int(lease * 1000), int(left * 1000))
+            try:
+                with there.deadline(extra=left):
+                    deliveries = await there._call_at(there._seeds[0], *call, queue=queue)
+            except ServerUnavailable:  # nobody serves it now (or it did not answer): take it over
+                taken = await self._take(queue, group, member, max_messages, lease)
+                if taken or loop.time() >= until:
+                    return taken
+                continue
+            if deliveries.attempts:
+                messages = messages_from_columns(*packed.unpack(deliveries.messages))
+                return list(zip(messages, deliveries.attempts, strict=True))
+            return []
+
+    async def release(self) -> None:
+        """Close the connection a receive waits on in the serving process, if any."""
+        there, self._served_elsewhere = self._served_elsewhere, None
+        if there is not None:
+            await there.release()
 
     async def _take(self, queue: str, group: str, member: str, max_messages: int, lease: float) -> Any:
         receive = partial(self._service.receive, queue, group, member, max_messages, lease, 0)
@@ -232,7 +292,7 @@ _wakers_lock = threading.Lock()
 
 def _waker(engine: Any) -> _Waker:
     """The engine's waker, listening to its writes (registered once per engine). A client
-    of the process serving a shared store sees no writes: its receives poll."""
+    of the process serving a shared store sees no writes: its receives wait there."""
     with _wakers_lock:
         waker = _wakers.get(engine)
         if waker is None:

@@ -122,6 +122,75 @@ with HQueueAdmin(data_dir=sys.argv[1]):
 """
 
 
+def test_an_asyncio_receive_in_a_client_process_waits_in_the_serving_one_and_survives_its_kill(data):
+    """An asyncio member in a client process asked the serving process without waiting every
+    50 ms while it waited (a thread-bound poll): now its receive waits there, over the Unix
+    socket on the loop, and when that process is killed under it, this one takes the store
+    over and the receive goes on."""
+    from hqueue import Message
+    from hqueue.aio import AsyncHQueue, executor
+
+    holder = Proc("-c", HOLD_THEN_EXIT, data, "3600")
+    takes = []
+    real_take = executor.ExecutorGroups._take
+
+    async def counted(self, *args):
+        takes.append(args)
+        return await real_take(self, *args)
+
+    executor.ExecutorGroups._take = counted
+    try:
+        wait_for(lambda: serving_pid(data) == holder.pid, 60, "the holder to serve the store")
+
+        async def main() -> tuple[list[bytes], list[bytes]]:
+            async with AsyncHQueue("q", f"local://{data}") as queue, queue.consumer("g") as consumer:
+                assert await consumer.receive(wait=1.5) == []  # a wait of 1.5 s: no look in a worker
+                assert takes == []
+                waiting = asyncio.ensure_future(consumer.receive(wait=30))
+                await asyncio.sleep(0.5)
+                with HQueue("q", data_dir=data) as other:  # a put from another client goes to it
+                    other.put(Message("t", b"first"), partition_id=0)
+                first = await waiting
+                await consumer.ack(first)
+                waiting = asyncio.ensure_future(consumer.receive(wait=30))
+                await asyncio.sleep(0.5)
+                holder.kill()  # under the waiting receive
+                await queue.put(Message("t", b"after the kill"), partition_id=1)  # this process serves it now
+                second = await waiting
+                await consumer.ack(second)
+                return [d.value for d in first], [d.value for d in second]
+
+        assert asyncio.run(asyncio.wait_for(main(), 90)) == ([b"first"], [b"after the kill"])
+        assert serving_pid(data) != holder.pid
+    finally:
+        executor.ExecutorGroups._take = real_take
+        holder.kill()
+
+
+def test_an_asyncio_receive_cancelled_in_a_client_process_hands_back_what_it_was_given(data):
+    """The receive waits in the serving process: cancelled, the long poll there ends by
+    itself, and a message it was handed goes back unseen (attempt 1 for the next receive)."""
+    from hqueue import Message
+    from hqueue.aio import AsyncHQueue
+
+    holder = Proc("-c", HOLD_THEN_EXIT, data, "3600")
+    try:
+        wait_for(lambda: serving_pid(data) == holder.pid, 60, "the holder to serve the store")
+
+        async def main() -> list[tuple[bytes, int]]:
+            async with AsyncHQueue("q", f"local://{data}") as queue, queue.consumer("g") as consumer:
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(consumer.receive(wait=5), 0.3)
+                await queue.put(Message("t", b"m"), partition_id=0)  # the cancelled long poll may get it
+                got = await consumer.receive(wait=10)
+                await consumer.ack(got)
+                return [(d.value, d.attempt) for d in got]
+
+        assert asyncio.run(asyncio.wait_for(main(), 60)) == [(b"m", 1)]
+    finally:
+        holder.kill()
+
+
 def test_a_receive_waiting_when_the_serving_process_exits_carries_on_with_the_next(data):
     """The serving process closed its last handle (a normal exit) while a client's receive
     waited: after the 2 s grace the receive woke on the closing store and raised

@@ -67,12 +67,26 @@ class AsyncRemoteEngine:
         timeout: One call's deadline, in seconds (default 30, or the URL's).
         owner_timeout: How long a call retries while its partition has no owner.
         token: The token (default: the URL's, or ``$HQUEUE_TOKEN``).
+        unix_socket: Call the server on this Unix socket: ``url`` is then the ``local://``
+            store another local process serves there (server/shared.py), with no token
+            and no TLS (the socket file's permissions decide who may).
     """
 
     def __init__(
-        self, url: str, *, timeout: float | None = None, owner_timeout: float = 30.0, token: str | None = None
+        self,
+        url: str,
+        *,
+        timeout: float | None = None,
+        owner_timeout: float = 30.0,
+        token: str | None = None,
+        unix_socket: str | None = None,
     ) -> None:
-        self._seeds, self.url, self.timeout, self._token, self._ssl_context = client_options(url, timeout, token)
+        self.unix_socket = unix_socket
+        if unix_socket is not None:
+            self._seeds, self.url, self._token, self._ssl_context = [f"unix:{unix_socket}"], url, None, None
+            self.timeout = 30.0 if timeout is None else timeout
+        else:
+            self._seeds, self.url, self.timeout, self._token, self._ssl_context = client_options(url, timeout, token)
         self.tls = self._ssl_context is not None
         self.owner_timeout = owner_timeout
         self._pools: dict[str, AsyncPool] = {}
@@ -97,6 +111,8 @@ class AsyncRemoteEngine:
             error: ServerUnavailable = DeadlineExceeded(
                 f"hqueue server {address}: {method}: no answer within the call's {self.timeout:g}s timeout"
             )
+        elif self.unix_socket is not None:
+            error = ServerUnavailable(f"the process serving {self.url} (on {self.unix_socket}): {cause}")
         else:
             host, _, port = address.rpartition(":")
             error = ServerUnavailable(f"hqueue server {address}: {explain(host, int(port), cause, self.tls)}")
@@ -108,9 +124,11 @@ class AsyncRemoteEngine:
     def pool(self, address: str) -> AsyncPool:
         if self.closed:  # a call still under way when its handle closed: no new connection
             raise RuntimeError(f"closed: the connections to {self.url} were closed (the handle's close())")
+        if self.unix_socket is not None:
+            address = self._seeds[0]  # the one server, whatever it calls itself
         pool = self._pools.get(address)
         if pool is None:
-            pool = self._pools[address] = AsyncPool(address, self._token, self._ssl_context)
+            pool = self._pools[address] = AsyncPool(address, self._token, self._ssl_context, self.unix_socket)
         return pool
 
     async def _call_at(self, address: str, method: str, *args: Any, queue: str | None = None, pid: int = -1) -> Any:

@@ -29,6 +29,7 @@ from thriftpy2.thrift import TClient, args_to_kwargs
 from thriftpy2.transport import TCyMemoryBuffer, TTransportException
 
 from ...rpc import wire
+from ...rpc.unix import short_unix_path
 
 #: The largest answer frame read (a scan chunk is at most wire.SCAN_REPLY_BYTES and change).
 MAX_ANSWER_BYTES = 256 * 1024 * 1024
@@ -45,15 +46,28 @@ class AsyncConnection:
         self._client = TClient(wire.T.HQueueService, TCyBinaryProtocol(TCyMemoryBuffer()))
 
     @classmethod
-    async def open(cls, host: str, port: int, ssl_context: ssl.SSLContext | None, token: str | None) -> AsyncConnection:
-        """Connect (TLS when given a context) and authenticate when a token is set.
+    async def open(
+        cls,
+        host: str,
+        port: int,
+        ssl_context: ssl.SSLContext | None,
+        token: str | None,
+        unix_socket: str | None = None,
+    ) -> AsyncConnection:
+        """Connect (TLS when given a context; to ``unix_socket`` instead of host:port when
+        given: a store another local process serves) and authenticate when a token is set.
         The caller bounds it (``asyncio.timeout``)."""
         try:
-            reader, writer = await asyncio.open_connection(
-                host, port, ssl=ssl_context, server_hostname=host if ssl_context else None
-            )
+            if unix_socket is not None:
+                with short_unix_path(unix_socket) as path:
+                    reader, writer = await asyncio.open_unix_connection(path)
+            else:
+                reader, writer = await asyncio.open_connection(
+                    host, port, ssl=ssl_context, server_hostname=host if ssl_context else None
+                )
         except (OSError, ssl.SSLError) as e:
-            raise TTransportException(TTransportException.NOT_OPEN, f"could not connect to {host}:{port}: {e}") from e
+            where = unix_socket or f"{host}:{port}"
+            raise TTransportException(TTransportException.NOT_OPEN, f"could not connect to {where}: {e}") from e
         connection = cls(reader, writer)
         if token is not None:
             try:
@@ -120,9 +134,12 @@ class AsyncPool:
     """Connections to one server: idle ones are reused (at most MAX_IDLE kept), at most
     MAX_CALLS lent for calls at once, every one closed by :meth:`close`."""
 
-    def __init__(self, address: str, token: str | None, ssl_context: ssl.SSLContext | None) -> None:
+    def __init__(
+        self, address: str, token: str | None, ssl_context: ssl.SSLContext | None, unix_socket: str | None = None
+    ) -> None:
         host, _, port = address.rpartition(":")
-        self.address, self.host, self.port = address, host, int(port)
+        self.address, self.host, self.port = address, host, 0 if unix_socket else int(port)
+        self.unix_socket = unix_socket
         self.token, self.ssl_context = token, ssl_context
         self.max_calls, self.max_idle = MAX_CALLS, MAX_IDLE
         self._idle: list[AsyncConnection] = []
@@ -165,7 +182,9 @@ class AsyncPool:
                 if self.closed:
                     raise NotSentError(TTransportException(TTransportException.NOT_OPEN, "the client is closed"))
                 try:
-                    connection = await AsyncConnection.open(self.host, self.port, self.ssl_context, self.token)
+                    connection = await AsyncConnection.open(
+                        self.host, self.port, self.ssl_context, self.token, self.unix_socket
+                    )
                 except (TTransportException, OSError) as e:
                     raise NotSentError(e) from e
                 self._open.add(connection)

@@ -394,6 +394,8 @@ class GroupState:
         member that holds all it may cannot keep its partitions from the others."""
         if len(members) == 1 and members[0] == asking:
             return members
+        if sum(len(state.leases) for state in self.partitions.values()) < cap:
+            return members  # none can hold ``cap``: no count per member (it was most of a receive's cost)
         held: collections.Counter[str] = collections.Counter()
         for state in self.partitions.values():
             held.update(state.held)

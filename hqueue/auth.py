@@ -309,10 +309,12 @@ class PushPolicy:
     from, or lie in one of the ``allow`` networks (``--subscriber-allow``,
     CIDR such as ``10.0.0.0/8``).
 
-    What is checked is one IP address, and that address is what is kept and
-    pushed to (:meth:`check` returns it): a host name is resolved once, when it
-    is announced, never again at push time, so a name whose DNS answer changes
-    after its check (DNS rebinding) cannot point the server's pushes elsewhere.
+    What is pushed to is always an IP that was checked, never a name looked
+    up again after its check (DNS rebinding): an address on the announcing
+    host is kept as that host's IP (:meth:`check` returns it); one in the
+    ``allow`` networks is kept as announced, and each push connection looks
+    it up once, checks every answer, and connects to the first
+    (:meth:`check_push`).
     """
 
     def __init__(self, allow: Iterable[str] = ()) -> None:
@@ -322,21 +324,18 @@ class PushPolicy:
             raise InvalidArgument(f"--subscriber-allow: {e}") from e
 
     def check(self, address: str, peer_host: str | None) -> str:
-        """The address to keep and push to for an announced ``address``: the IP it
-        resolved to that passed, with its port. Raises NotAuthorized unless the
-        server may push there (InvalidArgument for a malformed one)."""
+        """The address to keep for an announced ``address``: the announcing host's IP and
+        the port when the address resolves to it, else ``address`` itself when every IP it
+        resolves to lies in the ``allow`` networks. Raises NotAuthorized otherwise
+        (InvalidArgument for a malformed one)."""
         host, port = _host_port(address)
-        try:
-            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-            ips = list(dict.fromkeys(ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos))
-        except (OSError, ValueError) as e:
-            raise InvalidArgument(f"subscriber address {address!r} does not resolve: {e}") from e
+        ips = _resolved(address, host, port)
         if peer_host is not None:
-            peer = ipaddress.ip_address(peer_host.split("%")[0])
+            peer = _ip(peer_host)
             if peer in ips:
                 return _joined(peer, port)
-        if ips and all(any(ip in net for net in self.networks) for ip in ips):
-            return _joined(ips[0], port)
+        if self._allowed(ips):
+            return address
         raise NotAuthorized(
             f"subscriber address {address} is not on the registering client's host ({peer_host}) "
             "nor in the server's --subscriber-allow networks"
@@ -346,29 +345,33 @@ class PushPolicy:
         """At push time: the IP and port to connect to for ``address``. It must be one a
         server checked when the subscriber announced it (``approved``: through a
         heartbeat, or ``approveSubscriberAddress`` before a ZooKeeper presence), which
-        this version keeps as an IP, or lie in the ``allow`` networks; a host name is
-        never looked up again to be approved (an older server kept names: such a
-        subscriber is pushed to once it announces itself again). A presence written
-        straight into ZooKeeper with another address gets nothing."""
+        this version keeps as an IP, or lie in the ``allow`` networks (looked up once,
+        here). A host name approved by an older server is not looked up again: such a
+        subscriber is pushed to once it announces itself through this version. A
+        presence written straight into ZooKeeper with another address gets nothing."""
         host, port = _host_port(address)
         try:
-            ip = ipaddress.ip_address(host)
+            literal: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(host)
         except ValueError:
-            ip = None
-        if ip is not None and address in approved:
-            return str(ip), port
+            literal = None
+        if literal is not None and address in approved:
+            return str(literal), port
         if self.networks:
-            pinned = self.check(address, None)  # one lookup: its answer is what is connected to
-            return _host_port(pinned)
-        if ip is None and address in approved:
+            ips = _resolved(address, host, port)  # one lookup: its answer is what is connected to
+            if self._allowed(ips):
+                return str(ips[0]), port
+        elif literal is None and address in approved:
             raise NotAuthorized(
                 f"subscriber address {address} was approved as a host name (by an older hqueue server): "
-                "it is pushed to once the subscriber announces itself again through this server"
+                "it is pushed to once the subscriber announces itself through this server"
             )
         raise NotAuthorized(
             f"subscriber address {address} was never announced through a server "
             "nor is in the server's --subscriber-allow networks"
         )
+
+    def _allowed(self, ips: list[ipaddress.IPv4Address | ipaddress.IPv6Address]) -> bool:
+        return bool(ips) and all(any(ip in net for net in self.networks) for ip in ips)
 
 
 def _host_port(address: str) -> tuple[str, int]:
@@ -379,6 +382,21 @@ def _host_port(address: str) -> tuple[str, int]:
     if not 1 <= int(port) <= 65535:
         raise InvalidArgument(f"a subscriber address's port is 1..65535, got {address!r}")
     return host.strip("[]"), int(port)
+
+
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """An IP (a link-local one with its scope); an IPv4-mapped IPv6 one (a dual-stack
+    socket's IPv4 peer) as its IPv4 address."""
+    ip = ipaddress.ip_address(text)
+    return ip.ipv4_mapped or ip if isinstance(ip, ipaddress.IPv6Address) else ip
+
+
+def _resolved(address: str, host: str, port: int) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        return list(dict.fromkeys(_ip(str(info[4][0])) for info in infos))
+    except (OSError, ValueError) as e:
+        raise InvalidArgument(f"subscriber address {address!r} does not resolve: {e}") from e
 
 
 def _joined(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) -> str:

@@ -28,7 +28,7 @@ from typing import Any
 
 from ..api import EngineAPI
 from ..config import UNSEEN
-from ..errors import ServerUnavailable
+from ..errors import DeadlineExceeded, ServerUnavailable
 from ..message import Message, messages_from_columns
 from ..rpc import packed
 from .client.engine import AsyncRemoteEngine
@@ -37,6 +37,8 @@ from .client.engine import AsyncRemoteEngine
 DEFAULT_WORKERS = 4
 #: Longest a waiting receive sleeps without a write waking it (retries, members leaving).
 RECEIVE_POLL = 0.05
+#: Longest one long poll at a store another process serves (a cancelled receive's ends by then).
+LONG_POLL = 1.0
 
 
 class ExecutorEngine:
@@ -116,9 +118,8 @@ class ExecutorGroups(_Awaitable):
     Its receive may be cancelled anywhere: cancelled while it waits, it was handed
     nothing; cancelled while a worker takes messages, they go back to the group
     as soon as the worker is done (a nack with no delay). On a store another
-    process serves, a receive waits there (see the module's docstring): then it
-    is not cancel-safe by itself, and the consumer hands back what a cancelled
-    one was given, as over ``hqueue://``.
+    process serves, a receive waits there (see the module's docstring), and what
+    the poll under way at its cancellation gets goes back the same way.
     """
 
     #: Cancelling :meth:`receive` itself leaves nothing leased.
@@ -129,8 +130,7 @@ class ExecutorGroups(_Awaitable):
         #: The serving process's Unix socket, when another process serves this store.
         self._socket: str | None = getattr(engine.sync, "unix_socket", None)
         self._served_elsewhere: AsyncRemoteEngine | None = None
-        if self._socket is not None:
-            self.cancel_safe = False
+        self._released = False
 
     async def receive(
         self, queue: str, group: str, member: str, max_messages: int, lease: float, wait: float
@@ -161,55 +161,104 @@ class ExecutorGroups(_Awaitable):
         self, queue: str, group: str, member: str, max_messages: int, lease: float, wait: float
     ) -> list[tuple[Message, int]]:
         """A receive that waits in the process serving the store, over its Unix socket on the
-        loop. With nobody serving it, the blocking client takes the store over (or finds
-        who did) in a worker, by a receive that does not wait; then on, within ``wait``."""
+        loop, in long polls of at most LONG_POLL seconds. With nobody serving it, the blocking
+        client takes the store over (or finds who did) in a worker, by a receive that does not
+        wait; then on. One deadline bounds it all: the client's ``timeout`` plus ``wait``.
+        Cancelled, it was handed nothing: a poll under way ends by itself within LONG_POLL,
+        and what that poll got goes back at once, unseen."""
         loop = asyncio.get_running_loop()
         until = loop.time() + wait
-        if self._served_elsewhere is None:
-            sync = self._engine.sync
-            timeout = getattr(sync, "timeout", None)
-            self._served_elsewhere = AsyncRemoteEngine(sync.url, unix_socket=self._socket, timeout=timeout)
-        there = self._served_elsewhere
+        end = until + self._timeout()
         while True:
+            there = self._there()
             left = max(0.0, until - loop.time())
-            call = ("groupReceive", queue, group, member, max_messages, int(lease * 1000), int(left * 1000))
+            poll = min(left, LONG_POLL)
+            call = ("groupReceive", queue, group, member, max_messages, int(lease * 1000), int(poll * 1000))
+            with there.deadline(extra=end - loop.time() - there.timeout):
+                polling = asyncio.ensure_future(there._call_at(there._seeds[0], *call, queue=queue))
             try:
-                with there.deadline(extra=left):
-                    deliveries = await there._call_at(there._seeds[0], *call, queue=queue)
-            except ServerUnavailable:  # nobody serves it now (or it did not answer): take it over
-                taken = await self._take(queue, group, member, max_messages, lease)
+                deliveries = await asyncio.shield(polling)
+            except asyncio.CancelledError:  # the poll ends by itself (within LONG_POLL): what it gets goes back
+                polling.add_done_callback(partial(self._give_back, queue, group, member, _pairs))
+                raise
+            except DeadlineExceeded:
+                raise
+            except ServerUnavailable:  # nobody serves it now (or it went away under the call): take it over
+                if loop.time() >= end:
+                    raise
+                taken = await self._take(queue, group, member, max_messages, lease, end - loop.time())
                 if taken or loop.time() >= until:
                     return taken
                 continue
             if deliveries.attempts:
-                messages = messages_from_columns(*packed.unpack(deliveries.messages))
-                return list(zip(messages, deliveries.attempts, strict=True))
-            return []
+                return _pairs(deliveries)
+            if loop.time() >= until:
+                return []
+
+    def _timeout(self) -> float:
+        timeout = getattr(self._engine.sync, "timeout", None)
+        return 30.0 if timeout is None else float(timeout)
+
+    def _there(self) -> AsyncRemoteEngine:
+        """The connections to the serving process (made on first use; none once released)."""
+        if self._engine._releasing or self._released:
+            raise RuntimeError(self._engine._closed())
+        if self._served_elsewhere is None:
+            url, socket_path = self._engine.sync.url, self._socket
+            self._served_elsewhere = AsyncRemoteEngine(url, unix_socket=socket_path, timeout=self._timeout())
+        return self._served_elsewhere
 
     async def release(self) -> None:
-        """Close the connection a receive waits on in the serving process, if any."""
+        """Close the connections to the serving process, if any (and make no more)."""
+        self._released = True
         there, self._served_elsewhere = self._served_elsewhere, None
         if there is not None:
             await there.release()
 
-    async def _take(self, queue: str, group: str, member: str, max_messages: int, lease: float) -> Any:
+    async def _take(
+        self, queue: str, group: str, member: str, max_messages: int, lease: float, within: float | None = None
+    ) -> Any:
+        """A receive that does not wait, in a worker (a blocking client's call: by ``within``
+        seconds when given, else its own deadline)."""
         receive = partial(self._service.receive, queue, group, member, max_messages, lease, 0)
+        if within is not None:
+            receive = partial(_within, self._engine.sync, within, receive)
         taking = self._engine.submit(receive)
         try:
             return await asyncio.shield(taking)
         except asyncio.CancelledError:
-            taking.add_done_callback(partial(self._give_back, queue, group, member))
+            taking.add_done_callback(partial(self._give_back, queue, group, member, list))
             raise
 
-    def _give_back(self, queue: str, group: str, member: str, taking: asyncio.Future) -> None:
-        """What a cancelled receive was handed goes back at once."""
-        if taking.cancelled() or taking.exception() is not None or not taking.result():
+    def _give_back(
+        self, queue: str, group: str, member: str, pairs: Callable[[Any], list[Any]], taking: asyncio.Future
+    ) -> None:
+        """What a cancelled receive was handed (``pairs`` of ``taking``'s result) goes back at once."""
+        if taking.cancelled() or taking.exception() is not None:
             return
-        rowkeys = [message.rowkey for message, _ in taking.result()]
+        rowkeys = [message.rowkey for message, _ in pairs(taking.result())]
+        if not rowkeys:
+            return
         try:
             self._engine._executor.submit(self._service.nack, queue, group, member, rowkeys, UNSEEN)
         except RuntimeError:  # the handle closed: its member left, which gave every lease back
             pass
+
+
+def _pairs(deliveries: Any) -> list[tuple[Message, int]]:
+    """A groupReceive's answer as (message, attempt) pairs."""
+    if not deliveries.attempts:
+        return []
+    messages = messages_from_columns(*packed.unpack(deliveries.messages))
+    return list(zip(messages, deliveries.attempts, strict=True))
+
+
+def _within(engine: Any, seconds: float, call: Callable[[], Any]) -> Any:
+    """``call()`` by a deadline ``seconds`` from now (a blocking client's calls inside)."""
+    if seconds <= 0:
+        raise DeadlineExceeded(f"{engine.url}: no answer within the call's timeout")
+    with engine.deadline(extra=seconds - engine.timeout):
+        return call()
 
 
 class ExecutorCursor:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import socket
 import ssl
 import threading
 import time
@@ -305,10 +306,11 @@ class SubscriberLoop:
             raise HQueueError(f"this server pushes only over TLS; subscriber {self.subscriber} listens in clear")
         timeout = self.manager.send_timeout_ms
         sock: Any  # to the IP that was checked: no second lookup (see PushPolicy)
+        family = socket.AF_INET6 if ":" in ip else socket.AF_INET
         if push.certificate is not None:
-            sock = TSSLSocket(ip, port, socket_timeout=timeout, ssl_context=pinned_context())
+            sock = TSSLSocket(ip, port, socket_family=family, socket_timeout=timeout, ssl_context=pinned_context())
         else:
-            sock = TSocket(ip, port, socket_timeout=timeout)
+            sock = TSocket(ip, port, socket_family=family, socket_timeout=timeout)
         transport = TFramedTransportFactory().get_transport(sock)
         transport.open()
         try:

@@ -103,7 +103,7 @@ class StoreRegistry(SubscriberRegistry):
         previous = self._presence.get((queue, name))
         now = time.monotonic()
         live = previous is not None and now - previous.seen < self.presence_timeout
-        if previous is not None and live and (previous.address, previous.push) != (address, push):
+        if previous is not None and live and previous.push != push:  # (its key is the instance: it may move)
             raise SubscriberActive(
                 f"subscriber {name!r} on {queue!r} is attached at {previous.address}; a second instance is refused "
                 f"(if that one died, its presence lapses within {self.presence_timeout:g}s)"

@@ -232,7 +232,7 @@ class ZooKeeperRegistry(SubscriberRegistry):
             held, stat = self._read_presence(queue, name)
             if stat is not None:
                 live = self._live(queue, name, stat)
-                same = held is not None and (held.address, held.push) == (address, push)
+                same = held is not None and held.push == push  # (its key is the instance: it may move)
                 if held is not None and not same and live:
                     raise SubscriberActive(
                         f"subscriber {name!r} on {queue!r} is attached at {held.address}; a second instance is "
@@ -240,10 +240,16 @@ class ZooKeeperRegistry(SubscriberRegistry):
                     )
                 if same and live:
                     assert held is not None
-                    if held.topics != topics or now - self._written.get(key, 0.0) >= self.presence_timeout / 3:
+                    changed = held.topics != topics or held.address != address
+                    if held.address != address:  # (an older server wrote its name; or it moved)
+                        self._may_change(key, now)
+                        self._made[key] = now
+                        if address not in approved:
+                            self.approve(queue, name, address)
+                    if changed or now - self._written.get(key, 0.0) >= self.presence_timeout / 3:
                         self.client.set(path, data, version=stat.version)
                         self._written[key] = now
-                        if held.topics != topics:
+                        if changed:
                             self.changed()
                     return
                 self._may_change(key, now)

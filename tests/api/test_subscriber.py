@@ -373,6 +373,26 @@ def test_push_targets_are_the_ips_that_were_checked():
         policy.check_push("localhost:9000", ["localhost:9000"])
     with pytest.raises(NotAuthorized, match="never announced"):
         policy.check_push("127.0.0.2:9000", ["127.0.0.1:9000"])
-    allowed = PushPolicy(["127.0.0.0/8"])  # in the allow networks: checked at push time, by one lookup
-    assert allowed.check("localhost:9000", None) == "127.0.0.1:9000"
+    assert policy.check("[::ffff:127.0.0.1]:9000", "::ffff:127.0.0.1") == "127.0.0.1:9000"  # a dual-stack peer
+    allowed = PushPolicy(["127.0.0.0/8"])  # in the allow networks: kept as announced, looked up once a push
+    assert allowed.check("localhost:9000", None) == "localhost:9000"
     assert allowed.check_push("localhost:9000", []) == ("127.0.0.1", 9000)
+    with pytest.raises(NotAuthorized):
+        PushPolicy(["10.0.0.0/8"]).check_push("localhost:9000", ["localhost:9000"])
+
+
+def test_a_subscriber_on_ipv6_is_pushed_to(tmp_path):
+    """An IPv6 push address was checked and kept, and every push to it failed: the push
+    socket was made for IPv4 whatever the address."""
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, push_policy=PushPolicy(["::1/128"])).start()
+    try:
+        url = f"hqueue://{server.address}"
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("events", 2)
+        with HQueue("events", url) as queue:
+            listener = Collect()
+            with queue.create_subscriber(Subscription("v6"), [listener], host="::1"):
+                put_spread(queue, 10, partitions=2)
+                wait_for(lambda: len(listener.messages) >= 10, 30, "10 pushes over IPv6")
+    finally:
+        server.stop()

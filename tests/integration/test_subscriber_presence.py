@@ -164,3 +164,38 @@ def test_an_instance_replaced_since_does_not_end_the_new_one_s_presence(two_serv
     assert [r.push for r in b.attached()] == [new]  # the new one stays
     a.leave("q", "s", new)
     assert b.attached() == []
+
+
+def test_an_instance_is_its_push_key_its_address_may_change(two_servers):
+    """A rolling upgrade: an older server wrote the presence under the subscriber's host name,
+    an upgraded one checks the same heartbeat and keeps the host's IP. The upgraded servers
+    refused the subscriber as a second instance until the old presence lapsed (and, while an
+    old server still took some heartbeats, for good). Its key is the instance."""
+    a, b = two_servers
+    push = PushCredentials.new()
+    a.heartbeat("q", "s", "localhost:9", None, push)  # as an older server wrote it
+    b.heartbeat("q", "s", "127.0.0.1:9", None, push)  # the same instance, through an upgraded server
+    assert [r.address for r in a.attached()] == ["127.0.0.1:9"]
+    assert "127.0.0.1:9" in b.load("q", "s").approved
+    with pytest.raises(SubscriberActive, match="changed less than"):  # a move a second, at most
+        b.heartbeat("q", "s", "127.0.0.1:11", None, push)
+    with pytest.raises(SubscriberActive, match="attached at 127.0.0.1:9"):  # another key: another instance
+        b.heartbeat("q", "s", "127.0.0.1:9", None, PushCredentials.new())
+
+
+def test_in_one_process_too_an_instance_is_its_push_key(tmp_path):
+    from hqueue.storage import open_storage
+    from hqueue.subscriptions.store_registry import StoreRegistry
+
+    storage = open_storage(f"local://{tmp_path}/data")
+    try:
+        registry = StoreRegistry(storage)
+        registry.create(Registration("q", "s", None, None))
+        push = PushCredentials.new()
+        registry.heartbeat("q", "s", "localhost:9", None, push)
+        registry.heartbeat("q", "s", "127.0.0.1:9", None, push)
+        assert [r.address for r in registry.attached()] == ["127.0.0.1:9"]
+        with pytest.raises(SubscriberActive, match="attached at 127.0.0.1:9"):
+            registry.heartbeat("q", "s", "127.0.0.1:9", None, PushCredentials.new())
+    finally:
+        storage.close()

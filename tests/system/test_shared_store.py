@@ -191,6 +191,52 @@ def test_an_asyncio_receive_cancelled_in_a_client_process_hands_back_what_it_was
         holder.kill()
 
 
+def test_an_asyncio_member_in_a_client_process_ends_with_its_handle_and_by_its_deadline(data):
+    """Found by a review of the receive that waits in the serving process: a closed handle's
+    consumer went on receiving (and leased what it could never ack), a cancelled receive made
+    close() wait out its whole long poll, and a stopped serving process held a receive for
+    two timeouts plus its wait."""
+    import signal
+
+    from hqueue import Message
+    from hqueue.aio import AsyncHQueue
+    from hqueue.errors import DeadlineExceeded
+
+    holder = Proc("-c", HOLD_THEN_EXIT, data, "3600")
+    try:
+        wait_for(lambda: serving_pid(data) == holder.pid, 60, "the holder to serve the store")
+
+        async def main() -> None:
+            queue = AsyncHQueue("q", f"local://{data}")
+            consumer = await queue.consumer("g").open()
+            receiving = asyncio.ensure_future(consumer.receive(wait=60))
+            await asyncio.sleep(0.3)
+            receiving.cancel()
+            await asyncio.wait_for(consumer.close(), 10)  # the long poll is a slice of 1 s, not the 60 s
+            await queue.close()
+            with pytest.raises(RuntimeError, match="closed"):
+                await consumer.receive(wait=1)
+            with HQueue("q", data_dir=data) as other:  # nothing stays leased to the closed one
+                other.put(Message("t", b"m"), partition_id=0)
+                with other.consumer("g") as member:
+                    assert [d.value for d in member.receive(wait=10)] == [b"m"]
+
+            stopped = AsyncHQueue("q", f"local://{data}")
+            async with stopped, stopped.consumer("g2") as waiting:
+                (await stopped.async_engine()).sync.timeout = 2  # its StoreClient's (30 s by default)
+                await waiting.receive(wait=0)
+                holder.proc.send_signal(signal.SIGSTOP)  # the serving process answers nothing
+                try:
+                    with pytest.raises(DeadlineExceeded):
+                        await asyncio.wait_for(waiting.receive(wait=1), 10)  # one deadline: 2 s + 1 s
+                finally:
+                    holder.proc.send_signal(signal.SIGCONT)
+
+        asyncio.run(asyncio.wait_for(main(), 90))
+    finally:
+        holder.kill()
+
+
 def test_a_receive_waiting_when_the_serving_process_exits_carries_on_with_the_next(data):
     """The serving process closed its last handle (a normal exit) while a client's receive
     waited: after the 2 s grace the receive woke on the closing store and raised

@@ -119,10 +119,14 @@ def parse_url(url: str) -> tuple[list[str], str | None, dict[str, str]]:
 
 
 def client_options(
-    url: str, timeout: float | None, token: str | None
+    url: str, timeout: float | None, token: str | None, unix_socket: str | None = None
 ) -> tuple[list[str], str, float, str | None, ssl.SSLContext | None]:
     """(servers, the URL without its token, the call timeout, the token, the TLS context)
-    of a client of ``url`` (the blocking and the asyncio clients read it alike)."""
+    of a client of ``url`` (the blocking and the asyncio clients read it alike); with
+    ``unix_socket``, of the ``local://`` store ``url`` another local process serves on it
+    (one server, no token, no TLS)."""
+    if unix_socket is not None:
+        return [f"unix:{unix_socket}"], url, 30.0 if timeout is None else timeout, None, None
     seeds, url_token, options = parse_url(url)
     bare = split_credentials(url)[0].partition("?")[0]  # never the token
     if timeout is None:
@@ -240,11 +244,8 @@ class RemoteEngine:
         unix_socket: str | None = None,
     ) -> None:
         self.unix_socket = unix_socket
-        if unix_socket is not None:
-            self._seeds, self.url, self._token, self._ssl_context = [f"unix:{unix_socket}"], url, None, None
-            self.timeout = 30.0 if timeout is None else timeout
-        else:
-            self._seeds, self.url, self.timeout, self._token, self._ssl_context = client_options(url, timeout, token)
+        options = client_options(url, timeout, token, unix_socket)
+        self._seeds, self.url, self.timeout, self._token, self._ssl_context = options
         #: Whether this client speaks TLS (its subscribers then listen with TLS too).
         self.tls = self._ssl_context is not None
         self.owner_timeout = owner_timeout

@@ -82,11 +82,8 @@ class AsyncRemoteEngine:
         unix_socket: str | None = None,
     ) -> None:
         self.unix_socket = unix_socket
-        if unix_socket is not None:
-            self._seeds, self.url, self._token, self._ssl_context = [f"unix:{unix_socket}"], url, None, None
-            self.timeout = 30.0 if timeout is None else timeout
-        else:
-            self._seeds, self.url, self.timeout, self._token, self._ssl_context = client_options(url, timeout, token)
+        options = client_options(url, timeout, token, unix_socket)
+        self._seeds, self.url, self.timeout, self._token, self._ssl_context = options
         self.tls = self._ssl_context is not None
         self.owner_timeout = owner_timeout
         self._pools: dict[str, AsyncPool] = {}

@@ -385,8 +385,7 @@ def _host_port(address: str) -> tuple[str, int]:
 
 
 def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
-    """An IP (a link-local one with its scope); an IPv4-mapped IPv6 one (a dual-stack
-    socket's IPv4 peer) as its IPv4 address."""
+    """An IP; an IPv4-mapped IPv6 one (a dual-stack socket's IPv4 peer) as its IPv4 address."""
     ip = ipaddress.ip_address(text)
     return ip.ipv4_mapped or ip if isinstance(ip, ipaddress.IPv6Address) else ip
 
@@ -394,9 +393,12 @@ def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
 def _resolved(address: str, host: str, port: int) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        return list(dict.fromkeys(_ip(str(info[4][0])) for info in infos))
+        ips = list(dict.fromkeys(_ip(str(info[4][0])) for info in infos))
     except (OSError, ValueError) as e:
         raise InvalidArgument(f"subscriber address {address!r} does not resolve: {e}") from e
+    if any(ip.version == 6 and ip.is_link_local for ip in ips):  # (its scope is not in an address kept)
+        raise InvalidArgument(f"subscriber address {address!r} is IPv6 link-local: a server cannot push there")
+    return ips
 
 
 def _joined(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) -> str:

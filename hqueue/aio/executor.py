@@ -131,6 +131,9 @@ class ExecutorGroups(_Awaitable):
         self._socket: str | None = getattr(engine.sync, "unix_socket", None)
         self._served_elsewhere: AsyncRemoteEngine | None = None
         self._released = False
+        #: Polls under way in the serving process, by (queue, group, member): a leave waits for
+        #: them (each poll's receive counts its member in; after the leave, it came back).
+        self._polls: dict[tuple[str, str, str], set[asyncio.Future[Any]]] = {}
 
     async def receive(
         self, queue: str, group: str, member: str, max_messages: int, lease: float, wait: float
@@ -169,6 +172,7 @@ class ExecutorGroups(_Awaitable):
         loop = asyncio.get_running_loop()
         until = loop.time() + wait
         end = until + self._timeout()
+        pause = RECEIVE_POLL
         while True:
             there = self._there()
             left = max(0.0, until - loop.time())
@@ -176,6 +180,8 @@ class ExecutorGroups(_Awaitable):
             call = ("groupReceive", queue, group, member, max_messages, int(lease * 1000), int(poll * 1000))
             with there.deadline(extra=end - loop.time() - there.timeout):
                 polling = asyncio.ensure_future(there._call_at(there._seeds[0], *call, queue=queue))
+            self._polls.setdefault((queue, group, member), set()).add(polling)
+            polling.add_done_callback(partial(self._polled, (queue, group, member)))
             try:
                 deliveries = await asyncio.shield(polling)
             except asyncio.CancelledError:  # the poll ends by itself (within LONG_POLL): what it gets goes back
@@ -189,6 +195,9 @@ class ExecutorGroups(_Awaitable):
                 taken = await self._take(queue, group, member, max_messages, lease, end - loop.time())
                 if taken or loop.time() >= until:
                     return taken
+                # Served, yet its connections break (its --max-connections): not again at once.
+                await asyncio.sleep(min(pause, until - loop.time()))
+                pause = min(pause * 2, LONG_POLL)
                 continue
             if deliveries.attempts:
                 return _pairs(deliveries)
@@ -207,6 +216,22 @@ class ExecutorGroups(_Awaitable):
             url, socket_path = self._engine.sync.url, self._socket
             self._served_elsewhere = AsyncRemoteEngine(url, unix_socket=socket_path, timeout=self._timeout())
         return self._served_elsewhere
+
+    def _polled(self, key: tuple[str, str, str], polling: asyncio.Future[Any]) -> None:
+        polls = self._polls.get(key)
+        if polls is not None:
+            polls.discard(polling)
+            if not polls:
+                del self._polls[key]
+
+    async def leave(self, queue: str, group: str, member: str) -> None:
+        """Leave the group, once the member's polls under way in the serving process end
+        (within LONG_POLL): a receive there after the leave would count the member in again,
+        and its partitions would wait for it until the member timeout."""
+        polls = self._polls.pop((queue, group, member), set())
+        if polls:
+            await asyncio.wait(polls)
+        await self._engine.run(self._service.leave, queue, group, member)
 
     async def release(self) -> None:
         """Close the connections to the serving process, if any (and make no more)."""

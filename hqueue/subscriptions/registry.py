@@ -25,6 +25,12 @@ from ..message import MessageID
 __all__ = ["Registration", "SubscriberRegistry"]
 
 
+#: Seconds between two changes of one subscriber's presence (made, ended, moved, or its
+#: topics) by one server: each makes the deliveries reconcile, and a token that changed
+#: it in a loop made every server reconcile on each.
+PRESENCE_CHANGE_INTERVAL = 1.0
+
+
 @dataclass(frozen=True)
 class Registration:
     """A subscriber's registration on one queue.

@@ -46,7 +46,7 @@ from kazoo.retry import ForceRetryError
 from ..auth import PushCredentials
 from ..coordination.zookeeper import no_auth, zookeeper_client
 from ..errors import CoordinationError, SubscriberActive, SubscriberExists, SubscriberNotFound
-from .registry import Registration, SubscriberRegistry, decode_topics, encode_topics
+from .registry import PRESENCE_CHANGE_INTERVAL, Registration, SubscriberRegistry, decode_topics, encode_topics
 from .store_registry import Presence
 
 logger = logging.getLogger(__name__)
@@ -65,9 +65,6 @@ def presence_path(queue: str, name: str) -> str:
 #: Seconds a presence node may go unchanged (no heartbeat rewrote it), timed by each server's
 #: own monotonic clock, before its subscriber counts as gone.
 PRESENCE_TIMEOUT = 10.0
-#: Seconds between two presences of one subscriber made (or ended) by one server: a token
-#: that left and came back in a loop made every server reconcile on each.
-PRESENCE_CHANGE_INTERVAL = 1.0
 
 
 class ZooKeeperRegistry(SubscriberRegistry):
@@ -241,11 +238,11 @@ class ZooKeeperRegistry(SubscriberRegistry):
                 if same and live:
                     assert held is not None
                     changed = held.topics != topics or held.address != address
-                    if held.address != address:  # (an older server wrote its name; or it moved)
+                    if changed:  # at most one a second (each makes every server reconcile)
                         self._may_change(key, now)
                         self._made[key] = now
-                        if address not in approved:
-                            self.approve(queue, name, address)
+                    if address not in approved:  # (an older server wrote its name; or it moved)
+                        self.approve(queue, name, address)
                     if changed or now - self._written.get(key, 0.0) >= self.presence_timeout / 3:
                         self.client.set(path, data, version=stat.version)
                         self._written[key] = now

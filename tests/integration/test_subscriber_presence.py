@@ -183,19 +183,30 @@ def test_an_instance_is_its_push_key_its_address_may_change(two_servers):
         b.heartbeat("q", "s", "127.0.0.1:9", None, PushCredentials.new())
 
 
-def test_in_one_process_too_an_instance_is_its_push_key(tmp_path):
+def test_in_one_process_too_an_instance_is_its_push_key(tmp_path, monkeypatch):
     from hqueue.storage import open_storage
-    from hqueue.subscriptions.store_registry import StoreRegistry
+    from hqueue.subscriptions import store_registry
 
+    monkeypatch.setattr(store_registry, "PRESENCE_CHANGE_INTERVAL", 0.2)
     storage = open_storage(f"local://{tmp_path}/data")
     try:
-        registry = StoreRegistry(storage)
+        registry = store_registry.StoreRegistry(storage)
         registry.create(Registration("q", "s", None, None))
         push = PushCredentials.new()
         registry.heartbeat("q", "s", "localhost:9", None, push)
-        registry.heartbeat("q", "s", "127.0.0.1:9", None, push)
+        with pytest.raises(SubscriberActive, match="changed less than"):  # a change at most every 0.2 s here
+            registry.heartbeat("q", "s", "127.0.0.1:9", None, push)
+        wait_for(lambda: _moved(registry, push), 5, "the move to be let in")
         assert [r.address for r in registry.attached()] == ["127.0.0.1:9"]
         with pytest.raises(SubscriberActive, match="attached at 127.0.0.1:9"):
             registry.heartbeat("q", "s", "127.0.0.1:9", None, PushCredentials.new())
     finally:
         storage.close()
+
+
+def _moved(registry, push: PushCredentials) -> bool:
+    try:
+        registry.heartbeat("q", "s", "127.0.0.1:9", None, push)
+        return True
+    except SubscriberActive:
+        return False

@@ -237,6 +237,42 @@ def test_an_asyncio_member_in_a_client_process_ends_with_its_handle_and_by_its_d
         holder.kill()
 
 
+def test_a_member_that_left_a_store_another_process_serves_is_not_counted_in_again(data):
+    """A receive cancelled in a client process left its poll running in the serving process;
+    the member left at once, and that poll counted it in again: its partitions waited for it
+    until the member timeout (10 s) while another member had nothing (a review's probe)."""
+    from hqueue import Message
+    from hqueue.aio import AsyncHQueue
+
+    holder = Proc("-c", HOLD_THEN_EXIT, data, "3600")
+    try:
+        wait_for(lambda: serving_pid(data) == holder.pid, 60, "the holder to serve the store")
+
+        async def main() -> set[bytes]:
+            async with AsyncHQueue("q", f"local://{data}") as queue:
+                a, b = queue.consumer("g", member="a"), queue.consumer("g", member="b")
+                await a.receive(wait=0)
+                await b.receive(wait=0)
+                receiving = asyncio.ensure_future(a.receive(wait=60))
+                await asyncio.sleep(0.3)
+                receiving.cancel()
+                await a.close()
+                await queue.put(Message("t", b"p0"), partition_id=0)
+                await queue.put(Message("t", b"p1"), partition_id=1)
+                got: set[bytes] = set()
+                async with asyncio.timeout(5):  # both partitions are b's now (not after 10 s)
+                    while len(got) < 2:
+                        deliveries = await b.receive(wait=1)
+                        await b.ack(deliveries)
+                        got |= {d.value for d in deliveries}
+                await b.close()
+                return got
+
+        assert asyncio.run(asyncio.wait_for(main(), 60)) == {b"p0", b"p1"}
+    finally:
+        holder.kill()
+
+
 def test_a_receive_waiting_when_the_serving_process_exits_carries_on_with_the_next(data):
     """The serving process closed its last handle (a normal exit) while a client's receive
     waited: after the 2 s grace the receive woke on the closing store and raised

@@ -10,9 +10,9 @@ wakes it (or a short poll interval passes, for retries falling due).
 A ``local://`` store another local process serves (sharing.py) is the
 exception: this process sees none of its writes, so a receive that waits
 waits in the serving process, over a connection to its Unix socket on the
-loop (as over ``hqueue://``): no thread held, no polling. When nobody
-serves the store any more, the blocking client takes it over (in the
-executor), and the receive goes on.
+loop (as over ``hqueue://``), in long polls of at most LONG_POLL: no thread
+held. When nobody serves the store any more, the blocking client takes it
+over (in the executor), and the receive goes on.
 """
 
 from __future__ import annotations

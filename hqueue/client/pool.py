@@ -74,10 +74,11 @@ class Connection:
             self.socket = BoundedSocket(unix_socket=pool.unix_socket, socket_timeout=timeout_ms)
         elif pool.ssl_context is not None:
             self.socket = BoundedSSLSocket(
-                pool.host, pool.port, socket_timeout=timeout_ms, ssl_context=pool.ssl_context
-            )
+                pool.host, pool.port, socket_family=pool.family, socket_timeout=timeout_ms,
+                ssl_context=pool.ssl_context,
+            )  # fmt: skip
         else:
-            self.socket = BoundedSocket(pool.host, pool.port, socket_timeout=timeout_ms)
+            self.socket = BoundedSocket(pool.host, pool.port, socket_family=pool.family, socket_timeout=timeout_ms)
         self.socket.deadline = deadline
         transport = TFramedTransportFactory().get_transport(self.socket)
         if pool.unix_socket is None:
@@ -130,6 +131,10 @@ class Pool:
         self.unix_socket = unix_socket
         host, _, port = address.rpartition(":")
         self.address, self.host, self.port, self.timeout_ms = address, host, 0 if unix_socket else int(port), timeout_ms
+        if host.startswith("[") and host.endswith("]"):  # an IPv6 address: [::1]:9700
+            self.host = host[1:-1]
+        #: thriftpy2 makes a socket of one family: IPv6 for an IPv6 address, else IPv4.
+        self.family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         self.token, self.ssl_context = token, ssl_context
         self._idle: queue_module.SimpleQueue = queue_module.SimpleQueue()
 

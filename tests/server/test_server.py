@@ -272,3 +272,30 @@ def test_a_scan_goes_on_through_a_server_restart(tmp_path):
         assert [i for _, i in read] == sorted(i for _, i in read)
     finally:
         proc.kill()
+
+
+def test_clients_reach_a_server_on_ipv6(tmp_path):
+    """hqueue://[::1]:port named a host '[::1]' that did not resolve, and the client's
+    sockets were IPv4 whatever the address."""
+    import asyncio
+
+    from hqueue.aio import AsyncHQueue
+
+    server = HQueueServer(f"local://{tmp_path}/data", host="::1", port=0).start()
+    try:
+        url = f"hqueue://[::1]:{server.port}"
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("v6", 2)
+        with HQueue("v6", url) as queue:
+            queue.put(Message("t", b"blocking"), partition_id=0)
+            with queue.consumer("g") as consumer:
+                assert [d.value for d in consumer.receive(wait=5)] == [b"blocking"]
+
+        async def main() -> list[bytes]:
+            async with AsyncHQueue("v6", url) as queue:
+                await queue.put(Message("t", b"asyncio"), partition_id=1)
+                return [m.value async for m in queue.scan()]
+
+        assert sorted(asyncio.run(asyncio.wait_for(main(), 30))) == [b"asyncio", b"blocking"]
+    finally:
+        server.stop()

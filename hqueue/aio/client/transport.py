@@ -138,7 +138,7 @@ class AsyncPool:
         self, address: str, token: str | None, ssl_context: ssl.SSLContext | None, unix_socket: str | None = None
     ) -> None:
         host, _, port = address.rpartition(":")
-        self.address, self.host, self.port = address, host, 0 if unix_socket else int(port)
+        self.address, self.host, self.port = address, host.strip("[]"), 0 if unix_socket else int(port)
         self.unix_socket = unix_socket
         self.token, self.ssl_context = token, ssl_context
         self.max_calls, self.max_idle = MAX_CALLS, MAX_IDLE

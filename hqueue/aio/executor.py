@@ -234,8 +234,14 @@ class ExecutorGroups(_Awaitable):
         await self._engine.run(self._service.leave, queue, group, member)
 
     async def release(self) -> None:
-        """Close the connections to the serving process, if any (and make no more)."""
+        """Close the connections to the serving process, if any (and make no more), once the
+        polls under way there end (within LONG_POLL) and what they got went back: a poll
+        left running there would lease what comes next to a member that is gone (counted
+        as a failed attempt when its lease ran out)."""
         self._released = True
+        polls = [polling for polls in self._polls.values() for polling in polls]
+        if polls:
+            await asyncio.wait(polls)
         there, self._served_elsewhere = self._served_elsewhere, None
         if there is not None:
             await there.release()

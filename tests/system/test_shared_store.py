@@ -273,6 +273,41 @@ def test_a_member_that_left_a_store_another_process_serves_is_not_counted_in_aga
         holder.kill()
 
 
+def test_a_handle_closed_right_after_a_cancelled_receive_leaves_no_poll_behind(data):
+    """The handle closed at once after a cancelled receive: the poll still running in the
+    serving process leased the next message to the member that was gone, and it came back
+    as attempt 2 after the lease (a review's probe)."""
+    from hqueue import Message
+    from hqueue.aio import AsyncHQueue
+
+    holder = Proc("-c", HOLD_THEN_EXIT, data, "3600")
+    try:
+        wait_for(lambda: serving_pid(data) == holder.pid, 60, "the holder to serve the store")
+        with HQueue("q", data_dir=data) as queue, queue.consumer("g", member="b") as b:
+            b.receive(wait=0)
+
+            async def main() -> None:
+                handle = await AsyncHQueue("q", f"local://{data}").open()
+                a = await handle.consumer("g", member="a").open()
+                await a.receive(wait=0)
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(a.receive(wait=20), 0.3)
+                await handle.close()
+
+            asyncio.run(asyncio.wait_for(main(), 60))
+            queue.put(Message("t", b"p0"), partition_id=0)
+            queue.put(Message("t", b"p1"), partition_id=1)
+            got: dict[bytes, int] = {}
+            while len(got) < 2:
+                deliveries = b.receive(wait=10)
+                assert deliveries, f"b got only {got}"
+                b.ack(deliveries)
+                got |= {d.value: d.attempt for d in deliveries}
+            assert got == {b"p0": 1, b"p1": 1}
+    finally:
+        holder.kill()
+
+
 def test_a_receive_waiting_when_the_serving_process_exits_carries_on_with_the_next(data):
     """The serving process closed its last handle (a normal exit) while a client's receive
     waited: after the 2 s grace the receive woke on the closing store and raised

@@ -226,22 +226,22 @@ class ExecutorGroups(_Awaitable):
 
     async def leave(self, queue: str, group: str, member: str) -> None:
         """Leave the group, once the member's polls under way in the serving process end
-        (within LONG_POLL): a receive there after the leave would count the member in again,
-        and its partitions would wait for it until the member timeout."""
+        (within LONG_POLL while it answers): a receive there after the leave would count the
+        member in again, and its partitions would wait for it until the member timeout."""
         polls = self._polls.pop((queue, group, member), set())
-        if polls:
-            await asyncio.wait(polls)
+        if polls:  # (a serving process that stopped answering: not waited for past that)
+            await asyncio.wait(polls, timeout=LONG_POLL + 1)
         await self._engine.run(self._service.leave, queue, group, member)
 
     async def release(self) -> None:
         """Close the connections to the serving process, if any (and make no more), once the
-        polls under way there end (within LONG_POLL) and what they got went back: a poll
+        polls under way there end (within LONG_POLL while it answers) and what they got went back: a poll
         left running there would lease what comes next to a member that is gone (counted
         as a failed attempt when its lease ran out)."""
         self._released = True
         polls = [polling for polls in self._polls.values() for polling in polls]
-        if polls:
-            await asyncio.wait(polls)
+        if polls:  # (a serving process that stopped answering: not waited for past that; the close ends them)
+            await asyncio.wait(polls, timeout=LONG_POLL + 1)
         there, self._served_elsewhere = self._served_elsewhere, None
         if there is not None:
             await there.release()

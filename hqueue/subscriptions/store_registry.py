@@ -81,6 +81,7 @@ class StoreRegistry(SubscriberRegistry):
             self._stored(queue, name)
             self.storage.delete_meta(self._key(queue, name))
             self._presence.pop((queue, name), None)
+            self._changed_at.pop((queue, name), None)
         self.changed()
 
     def names(self, queue: str) -> list[str]:

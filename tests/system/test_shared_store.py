@@ -232,6 +232,17 @@ def test_an_asyncio_member_in_a_client_process_ends_with_its_handle_and_by_its_d
                 finally:
                     holder.proc.send_signal(signal.SIGCONT)
 
+            handle = await AsyncHQueue("q", f"local://{data}").open()
+            member = await handle.consumer("g3").open()
+            await member.receive(wait=0)
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(member.receive(wait=30), 0.3)
+            holder.proc.send_signal(signal.SIGSTOP)  # its poll is never answered
+            try:
+                await asyncio.wait_for(handle.close(), 10)  # not the receive's 30 s plus its timeout
+            finally:
+                holder.proc.send_signal(signal.SIGCONT)
+
         asyncio.run(asyncio.wait_for(main(), 90))
     finally:
         holder.kill()

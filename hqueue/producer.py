@@ -253,6 +253,11 @@ class Batches:
         return not self.open and not self.in_flight
 
 
+#: A put is not sent with less time than this left (or a twentieth of the timeout): it would
+#: end without an answer, its outcome unknown, where "not sent" says nothing was stored.
+MIN_PUT_TIME = 0.05
+
+
 def put_deadline(engine: Any, batch: Batch) -> float:
     """The ``extra`` of the put's ``engine.deadline(extra)``: its engine's call timeout counts
     from when ``batch`` was due (its linger's end, or its flush; an engine in this process
@@ -267,7 +272,7 @@ def put_deadline(engine: Any, batch: Batch) -> float:
     if not isinstance(timeout, (int, float)):
         return 0.0
     extra = min(0.0, batch.deadline - time.monotonic())
-    if timeout + extra <= 0:
+    if timeout + extra <= min(MIN_PUT_TIME, timeout / 20):  # (sent with a sliver left: OutcomeUnknown, surely)
         raise DeadlineExceeded(
             f"not sent: its partition's puts before it took the call's {timeout:g}s timeout; nothing of it was stored"
         )

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from ..auth import PushCredentials
+from ..errors import SubscriberActive
 from ..message import MessageID
 
 __all__ = ["Registration", "SubscriberRegistry"]
@@ -29,6 +30,32 @@ __all__ = ["Registration", "SubscriberRegistry"]
 #: topics) by one server: each makes the deliveries reconcile, and a token that changed
 #: it in a loop made every server reconcile on each.
 PRESENCE_CHANGE_INTERVAL = 1.0
+
+
+class PresenceChanges:
+    """When this server last changed each subscriber's presence, ``(queue, name)``: at most
+    one change every PRESENCE_CHANGE_INTERVAL (both registries)."""
+
+    def __init__(self) -> None:
+        self._at: dict[tuple[str, str], float] = {}
+
+    def check(self, key: tuple[str, str], now: float) -> None:
+        """Raise SubscriberActive while the last change of ``key`` is too recent."""
+        if now - self._at.get(key, -PRESENCE_CHANGE_INTERVAL) < PRESENCE_CHANGE_INTERVAL:
+            raise SubscriberActive(
+                f"the presence of subscriber {key[1]!r} on {key[0]!r} changed less than "
+                f"{PRESENCE_CHANGE_INTERVAL:g}s ago: try again"
+            )
+
+    def made(self, key: tuple[str, str], now: float) -> None:
+        self._at[key] = now
+
+    def forget(self, key: tuple[str, str]) -> None:
+        self._at.pop(key, None)
+
+    def prune(self, now: float) -> None:
+        """Forget the changes long enough ago to allow the next."""
+        self._at = {key: at for key, at in self._at.items() if now - at < PRESENCE_CHANGE_INTERVAL}
 
 
 @dataclass(frozen=True)

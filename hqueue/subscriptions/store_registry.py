@@ -16,7 +16,7 @@ from typing import NamedTuple
 from ..auth import PushCredentials
 from ..errors import SubscriberActive, SubscriberExists, SubscriberNotFound
 from ..storage import Storage
-from .registry import PRESENCE_CHANGE_INTERVAL, Registration, SubscriberRegistry
+from .registry import PresenceChanges, Registration, SubscriberRegistry
 
 PREFIX = "subscribers/"
 
@@ -38,7 +38,7 @@ class StoreRegistry(SubscriberRegistry):
         self.storage, self.presence_timeout = storage, presence_timeout
         self._lock = threading.RLock()
         self._presence: dict[tuple[str, str], Presence] = {}
-        self._changed_at: dict[tuple[str, str], float] = {}  # when each presence last changed
+        self._changes = PresenceChanges()
 
     def _key(self, queue: str, name: str) -> str:
         return f"{PREFIX}{queue}/{name}"
@@ -81,7 +81,7 @@ class StoreRegistry(SubscriberRegistry):
             self._stored(queue, name)
             self.storage.delete_meta(self._key(queue, name))
             self._presence.pop((queue, name), None)
-            self._changed_at.pop((queue, name), None)
+            self._changes.forget((queue, name))
         self.changed()
 
     def names(self, queue: str) -> list[str]:
@@ -110,15 +110,11 @@ class StoreRegistry(SubscriberRegistry):
                 f"subscriber {name!r} on {queue!r} is attached at {previous.address}; a second instance is refused "
                 f"(if that one died, its presence lapses within {self.presence_timeout:g}s)"
             )
-        moved = previous is not None and live and (previous.address, previous.topics) != (address, topics)
-        interval = PRESENCE_CHANGE_INTERVAL  # (each change makes the deliveries reconcile)
-        if moved and now - self._changed_at.get((queue, name), -interval) < interval:
-            raise SubscriberActive(
-                f"the presence of subscriber {name!r} on {queue!r} changed less than {interval:g}s ago: try again"
-            )
+        if previous is not None and live and (previous.address, previous.topics) != (address, topics):
+            self._changes.check((queue, name), now)  # it moved, or its topics changed
         self._presence[(queue, name)] = Presence(address, topics, push, now)
         if previous is None or (previous.address, previous.topics, previous.push) != (address, topics, push):
-            self._changed_at[(queue, name)] = now
+            self._changes.made((queue, name), now)
             self.changed()
 
     def leave(self, queue: str, name: str, push: PushCredentials | None = None) -> None:

@@ -46,7 +46,7 @@ from kazoo.retry import ForceRetryError
 from ..auth import PushCredentials
 from ..coordination.zookeeper import no_auth, zookeeper_client
 from ..errors import CoordinationError, SubscriberActive, SubscriberExists, SubscriberNotFound
-from .registry import PRESENCE_CHANGE_INTERVAL, Registration, SubscriberRegistry, decode_topics, encode_topics
+from .registry import PresenceChanges, Registration, SubscriberRegistry, decode_topics, encode_topics
 from .store_registry import Presence
 
 logger = logging.getLogger(__name__)
@@ -86,8 +86,8 @@ class ZooKeeperRegistry(SubscriberRegistry):
         self._changes: dict[tuple[str, str], tuple[int, float]] = {}
         #: Per presence, when this server last wrote it (monotonic).
         self._written: dict[tuple[str, str], float] = {}
-        #: Per presence, when this server last made or ended it (monotonic).
-        self._made: dict[tuple[str, str], float] = {}
+        #: Per presence, when this server last made, ended, moved it or changed its topics.
+        self._changes_made = PresenceChanges()
         self._watched: set[str] = set()
         self._lock = threading.Lock()
         client.ensure_path(ROOT)
@@ -239,8 +239,8 @@ class ZooKeeperRegistry(SubscriberRegistry):
                     assert held is not None
                     changed = held.topics != topics or held.address != address
                     if changed:  # at most one a second (each makes every server reconcile)
-                        self._may_change(key, now)
-                        self._made[key] = now
+                        self._changes_made.check(key, now)
+                        self._changes_made.made(key, now)
                     if address not in approved:  # (an older server wrote its name; or it moved)
                         self.approve(queue, name, address)
                     if changed or now - self._written.get(key, 0.0) >= self.presence_timeout / 3:
@@ -249,15 +249,16 @@ class ZooKeeperRegistry(SubscriberRegistry):
                         if changed:
                             self.changed()
                     return
-                self._may_change(key, now)
+                self._changes_made.check(key, now)
                 self.client.delete(path, version=stat.version)  # lapsed, or malformed
-            self._may_change(key, now)
+            self._changes_made.check(key, now)
             if address not in approved:  # (once it may go in: a refused heartbeat writes nothing)
                 # Recorded where only servers write (with --zk-auth): a presence written into
                 # ZooKeeper by hand, with an address no server checked, gets no pushes.
                 self.approve(queue, name, address)
             self.client.create(path, data, ephemeral=True)
-            self._written[key] = self._made[key] = now
+            self._written[key] = now
+            self._changes_made.made(key, now)
         except (BadVersionError, NodeExistsError, NoNodeError):
             raise SubscriberActive(
                 f"the presence of subscriber {name!r} on {queue!r} changed meanwhile (another instance, or another "
@@ -268,20 +269,13 @@ class ZooKeeperRegistry(SubscriberRegistry):
         except KazooException as e:
             raise CoordinationError(f"cannot write the presence of {name!r} on {queue!r}: {e}") from e
 
-    def _may_change(self, key: tuple[str, str], now: float) -> None:
-        if now - self._made.get(key, -PRESENCE_CHANGE_INTERVAL) < PRESENCE_CHANGE_INTERVAL:
-            raise SubscriberActive(
-                f"the presence of subscriber {key[1]!r} on {key[0]!r} changed less than "
-                f"{PRESENCE_CHANGE_INTERVAL:g}s ago: try again"
-            )
-
     def leave(self, queue: str, name: str, push: PushCredentials | None = None) -> None:
         self._stored(queue, name)
         try:
             held, stat = self._read_presence(queue, name)
             if stat is None or (push is not None and held is not None and held.push != push):
                 return  # none, or another instance's now
-            self._made[(queue, name)] = time.monotonic()
+            self._changes_made.made((queue, name), time.monotonic())
             self.client.delete(presence_path(queue, name), version=stat.version)
         except (NoNodeError, BadVersionError):
             pass
@@ -343,7 +337,7 @@ class ZooKeeperRegistry(SubscriberRegistry):
                 if registration.attached:
                     found.append(registration)
         now = time.monotonic()
-        self._made = {key: at for key, at in self._made.items() if now - at < PRESENCE_CHANGE_INTERVAL}
+        self._changes_made.prune(now)
         lapsed, self._lapsed = self._lapsed, {}
         for (queue, name), version in lapsed.items():
             self._forget_lapsed(queue, name, version)

@@ -185,9 +185,9 @@ def test_an_instance_is_its_push_key_its_address_may_change(two_servers):
 
 def test_in_one_process_too_an_instance_is_its_push_key(tmp_path, monkeypatch):
     from hqueue.storage import open_storage
-    from hqueue.subscriptions import store_registry
+    from hqueue.subscriptions import registry, store_registry
 
-    monkeypatch.setattr(store_registry, "PRESENCE_CHANGE_INTERVAL", 0.2)
+    monkeypatch.setattr(registry, "PRESENCE_CHANGE_INTERVAL", 0.2)
     storage = open_storage(f"local://{tmp_path}/data")
     try:
         registry = store_registry.StoreRegistry(storage)

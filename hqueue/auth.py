@@ -325,15 +325,18 @@ class PushPolicy:
 
     def check(self, address: str, peer_host: str | None) -> str:
         """The address to keep for an announced ``address``: the announcing host's IP and
-        the port when the address resolves to it, else ``address`` itself when every IP it
+        the port when the address resolves to it or is a wildcard (``0.0.0.0``, ``::``:
+        a subscriber listening on every interface), else ``address`` itself when every IP it
         resolves to lies in the ``allow`` networks. Raises NotAuthorized otherwise
         (InvalidArgument for a malformed one)."""
         host, port = _host_port(address)
         ips = _resolved(address, host, port)
+        if peer_host is not None and ips and all(ip.is_unspecified for ip in ips):
+            return joined(_ip(peer_host), port)  # listening on every interface: the announcing host's
         if peer_host is not None:
             peer = _ip(peer_host)
             if peer in ips:
-                return _joined(peer, port)
+                return joined(peer, port)
         if self._allowed(ips):
             return address
         raise NotAuthorized(
@@ -401,8 +404,10 @@ def _resolved(address: str, host: str, port: int) -> list[ipaddress.IPv4Address 
     return ips
 
 
-def _joined(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) -> str:
-    return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+def joined(host: str | ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) -> str:
+    """``host:port``, an IPv6 address in brackets (``[::1]:9700``)."""
+    host = str(host)
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
 @dataclass(frozen=True)

@@ -145,6 +145,26 @@ def client_options(
     return seeds, bare, float(timeout), token or url_token or os.environ.get("HQUEUE_TOKEN") or None, context
 
 
+def owner_addresses(locations: Any, seeds: list[str]) -> list[str]:
+    """The partitions' owners from a ``getQueueLocations`` reply, each one a client can dial:
+    a server listening on every interface (``--host 0.0.0.0`` or ``::``, no ``--advertise``)
+    names itself by that wildcard, which on a client's host would mean the client's own
+    host (perhaps another hqueue server there). With one server in the URL, that owner is
+    the server the URL names, on the port it gave; a cluster's servers must advertise an
+    address (ZooKeeper servers refuse to start without one)."""
+    owners = []
+    for address in locations:
+        host, _, port = str(address).rpartition(":")
+        if host.strip("[]") in _WILDCARDS and len(seeds) == 1 and not seeds[0].startswith("unix:"):
+            address = f"{seeds[0].rpartition(':')[0]}:{port}"
+        owners.append(address)
+    return owners
+
+
+#: Hosts that mean "every interface" to a listening socket, and "this host" to a client.
+_WILDCARDS = frozenset({"0.0.0.0", "::"})
+
+
 def queue_description(description: Any) -> dict[str, Any]:
     """``describe_queue``'s answer from a ``describeQueue`` reply."""
     info = wire.from_tinfo(description.info)
@@ -385,7 +405,7 @@ class RemoteEngine:
     def locations(self, name: str, *, fresh: bool = False) -> list[str]:
         """``host:port`` of each partition's owner (``""`` where none)."""
         if fresh or name not in self._locations:
-            self._locations[name] = list(self._call("getQueueLocations", name, queue=name))
+            self._locations[name] = owner_addresses(self._call("getQueueLocations", name, queue=name), self._seeds)
         return self._locations[name]
 
     # -- puts -----------------------------------------------------------------------

@@ -29,6 +29,7 @@ from thriftpy2.thrift import TClient
 from thriftpy2.transport import TFramedTransportFactory, TSocket, TSSLSocket, TTransportException
 
 from ..rpc import wire
+from ..rpc.connections import families_of
 from ..rpc.unix import short_unix_path, widen
 
 
@@ -67,24 +68,14 @@ class Connection:
     """One Thrift client and its socket (thriftpy2 clients are not thread-safe)."""
 
     def __init__(self, pool: Pool, deadline: float | None = None) -> None:
-        # Connecting (and the TLS handshake) waits at most what is left of the deadline.
-        timeout_ms = pool.timeout_ms if deadline is None else max(1, int((deadline - time.monotonic()) * 1000))
         self.socket: BoundedSocket | BoundedSSLSocket
-        if pool.unix_socket is not None:
-            self.socket = BoundedSocket(unix_socket=pool.unix_socket, socket_timeout=timeout_ms)
-        elif pool.ssl_context is not None:
-            self.socket = BoundedSSLSocket(
-                pool.host, pool.port, socket_family=pool.family, socket_timeout=timeout_ms,
-                ssl_context=pool.ssl_context,
-            )  # fmt: skip
-        else:
-            self.socket = BoundedSocket(pool.host, pool.port, socket_family=pool.family, socket_timeout=timeout_ms)
-        self.socket.deadline = deadline
-        transport = TFramedTransportFactory().get_transport(self.socket)
         if pool.unix_socket is None:
-            transport.open()
-        else:  # a path too long for sun_path goes through its directory's descriptor
-            with short_unix_path(pool.unix_socket) as path:
+            transport = self._open_tcp(pool, deadline)
+        else:
+            self.socket = BoundedSocket(unix_socket=pool.unix_socket, socket_timeout=_timeout_ms(pool, deadline))
+            self.socket.deadline = deadline
+            transport = TFramedTransportFactory().get_transport(self.socket)
+            with short_unix_path(pool.unix_socket) as path:  # one too long for sun_path: through its directory
                 self.socket.unix_socket = path
                 transport.open()
             if self.socket.sock is not None:
@@ -96,6 +87,29 @@ class Connection:
             except BaseException:
                 self.socket.close()  # refused, or broken: this connection is of no use
                 raise
+
+    def _open_tcp(self, pool: Pool, deadline: float | None) -> Any:
+        """The transport, open: each socket family the host resolves to tried in turn
+        (a host name with only IPv6 addresses, or ``localhost`` served on one family)."""
+        families = families_of(pool.host, pool.port)
+        for family in families:
+            timeout_ms = _timeout_ms(pool, deadline)  # connecting and the TLS handshake: within the deadline
+            if pool.ssl_context is not None:
+                self.socket = BoundedSSLSocket(
+                    pool.host, pool.port, socket_family=family, socket_timeout=timeout_ms,
+                    ssl_context=pool.ssl_context,
+                )  # fmt: skip
+            else:
+                self.socket = BoundedSocket(pool.host, pool.port, socket_family=family, socket_timeout=timeout_ms)
+            self.socket.deadline = deadline
+            transport = TFramedTransportFactory().get_transport(self.socket)
+            try:
+                transport.open()
+                return transport
+            except TTransportException:
+                if family == families[-1] or (deadline is not None and time.monotonic() >= deadline):
+                    raise
+        raise AssertionError("families_of gives at least one family")
 
     def stale(self) -> bool:
         """Whether the server closed this idle connection (restart, idle timeout)."""
@@ -110,6 +124,10 @@ class Connection:
 
     def close(self) -> None:
         self.socket.close()
+
+
+def _timeout_ms(pool: Pool, deadline: float | None) -> int:
+    return pool.timeout_ms if deadline is None else max(1, int((deadline - time.monotonic()) * 1000))
 
 
 class Pool:
@@ -133,8 +151,6 @@ class Pool:
         self.address, self.host, self.port, self.timeout_ms = address, host, 0 if unix_socket else int(port), timeout_ms
         if host.startswith("[") and host.endswith("]"):  # an IPv6 address: [::1]:9700
             self.host = host[1:-1]
-        #: thriftpy2 makes a socket of one family: IPv6 for an IPv6 address, else IPv4.
-        self.family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         self.token, self.ssl_context = token, ssl_context
         self._idle: queue_module.SimpleQueue = queue_module.SimpleQueue()
 

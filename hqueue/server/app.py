@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from .. import sharing
 from ..admin import HQueueAdmin
-from ..auth import AuthPolicy, MetricsAccess, PushPolicy
+from ..auth import AuthPolicy, MetricsAccess, PushPolicy, joined
 from ..coordination import Coordinator, LocalCoordinator
 from ..coordination.zookeeper import ZooKeeperCoordinator
 from ..engine import Engine
@@ -207,6 +207,11 @@ class HQueueServer:
                 f"ZooKeeper coordination needs a store every server shares (hbase://), not {storage_url!r}: "
                 "servers with separate local stores would each answer differently"
             )
+        if coordinator_factory is not None and advertise is None and host.strip("[]") in ("0.0.0.0", "::"):
+            raise InvalidArgument(
+                f"a server listening on every interface ({host}) in a cluster needs the address clients "
+                "and other servers reach it at: pass advertise (--advertise host:port)"
+            )
         # What is opened here is closed again, in reverse, if a later step fails.
         with contextlib.ExitStack() as undo:
             if unix_socket is not None:
@@ -225,7 +230,7 @@ class HQueueServer:
                 undo.callback(self._drop_local_socket)
                 undo.callback(local.close)
             self.port = socket.bound_port
-            self.address = advertise or (f"unix:{unix_socket}" if unix_socket else f"{host}:{self.port}")
+            self.address = advertise or (f"unix:{unix_socket}" if unix_socket else joined(host, self.port))
             self.coordinator: Coordinator = (coordinator_factory or LocalCoordinator)(self.address)
             self.metrics = ServerMetrics()
             self.coordinator.add_listener(self._count_partition_changes)

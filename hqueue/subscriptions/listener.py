@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..auth import PushCredentials
+from ..auth import PushCredentials, joined
 from ..checks import check_name
 from ..errors import HQueueError, InvalidArgument, SubscriberActive
 from ..message import Message, MessageID, _as_topic, messages_from_columns
@@ -238,7 +238,7 @@ class Subscriber:
 
     @property
     def address(self) -> str:
-        return self.advertise or f"{self.host}:{self.port}"
+        return self.advertise or joined(self.host, self.port)
 
     def start(self) -> Subscriber:
         """Listen, register (or resume the registration) and announce presence."""

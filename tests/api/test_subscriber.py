@@ -379,6 +379,22 @@ def test_push_targets_are_the_ips_that_were_checked():
     assert allowed.check_push("localhost:9000", []) == ("127.0.0.1", 9000)
     with pytest.raises(NotAuthorized):
         PushPolicy(["10.0.0.0/8"]).check_push("localhost:9000", ["localhost:9000"])
+    assert policy.check("0.0.0.0:9000", "10.1.2.3") == "10.1.2.3:9000"  # every interface: the announcing host
+    assert policy.check(":::9000", "::ffff:10.1.2.3") == "10.1.2.3:9000"
+    assert policy.check("[::]:9000", "2001:db8::7") == "[2001:db8::7]:9000"
+
+
+def test_a_subscriber_listening_on_every_interface_is_pushed_to(queue, server):
+    """A subscriber bound to 0.0.0.0 (a container's usual bind) announced 0.0.0.0:port,
+    which is nobody's address: the server refused it as not on the announcing host."""
+    listener = Collect()
+    with queue.create_subscriber(Subscription("everywhere"), [listener], host="0.0.0.0") as subscriber:
+        assert subscriber.address.startswith("0.0.0.0:")
+        put_spread(queue, 20)
+        wait_for(lambda: len(listener.messages) >= 20, 30, "20 pushes to the announcing host")
+        with HQueueAdmin(f"hqueue://{server.address}") as admin:
+            described = admin.describe_subscriber("events", "everywhere")["address"]
+    assert described == f"127.0.0.1:{subscriber.address.rpartition(':')[2]}"  # the peer's IP, the port announced
 
 
 def test_a_subscriber_on_ipv6_is_pushed_to(tmp_path):

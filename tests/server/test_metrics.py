@@ -190,7 +190,10 @@ def get(port: int, token: str | None = None, path: str = "/metrics") -> tuple[in
         with urllib.request.urlopen(request, timeout=10) as answer:
             return answer.status, answer.read()
     except urllib.error.HTTPError as e:
-        return e.code, e.read()
+        try:
+            return e.code, e.read()
+        except (OSError, http.client.HTTPException):
+            return e.code, b""  # answered unread (429), then closed before its body
     except (urllib.error.URLError, OSError, http.client.HTTPException):
         return 0, b""  # closed without an answer (every connection slot taken)
 

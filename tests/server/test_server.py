@@ -299,3 +299,75 @@ def test_clients_reach_a_server_on_ipv6(tmp_path):
         assert sorted(asyncio.run(asyncio.wait_for(main(), 30))) == [b"asyncio", b"blocking"]
     finally:
         server.stop()
+
+
+def test_a_server_on_ipv6_names_itself_in_brackets(tmp_path):
+    server = HQueueServer(f"local://{tmp_path}/data", host="::1", port=0).start()
+    try:
+        assert server.address == f"[::1]:{server.port}"  # '::1:port' was no address a client could split
+        with HQueueAdmin(f"hqueue://{server.address}") as admin:
+            admin.create_queue("v6", 1)
+        with HQueue("v6", f"hqueue://{server.address}") as queue:
+            assert queue.engine.locations("v6") == [server.address]
+    finally:
+        server.stop()
+
+
+def test_a_server_on_every_interface_is_reached_where_the_url_says(tmp_path):
+    """A server listening on 0.0.0.0 with no --advertise named itself the partitions' owner
+    at 0.0.0.0:port: a client on another host would have put to its own host (perhaps to
+    another hqueue server there). The owner is the server the URL names, on its port."""
+    server = HQueueServer(f"local://{tmp_path}/data", host="0.0.0.0", port=0).start()
+    try:
+        url = f"hqueue://127.0.0.1:{server.port}"
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("wide", 2)
+        with HQueue("wide", url) as queue:
+            assert queue.engine.locations("wide") == [f"127.0.0.1:{server.port}"] * 2
+            queue.put(Message("t", b"x"), partition_id=1)
+            assert [m.value for m in queue.scan()] == [b"x"]
+    finally:
+        server.stop()
+
+
+def test_a_cluster_server_on_every_interface_must_advertise_an_address(tmp_path):
+    for host in ("0.0.0.0", "::"):
+        with pytest.raises(HQueueError, match="advertise"):
+            HQueueServer("hbase://127.0.0.1:1/ns", host=host, port=0, coordinator_factory=lambda address: None)
+
+
+def test_owners_named_by_a_wildcard_are_the_server_the_url_names():
+    from hqueue.client.engine import owner_addresses
+
+    assert owner_addresses(["0.0.0.0:9700", "", "h2:9701"], ["h1:9700"]) == ["h1:9700", "", "h2:9701"]
+    assert owner_addresses(["[::]:9702"], ["[fd00::1]:9700"]) == ["[fd00::1]:9702"]
+    assert owner_addresses(["0.0.0.0:9700"], ["h1:9700", "h2:9700"]) == ["0.0.0.0:9700"]  # which one: unknown
+
+
+def test_a_host_name_is_dialled_on_each_family_it_resolves_to(tmp_path, monkeypatch):
+    """The blocking client made IPv4 sockets for every host name: one that resolves only to
+    IPv6 addresses could not be reached. Now each family the name resolves to is tried in
+    the resolver's order (here IPv6 first, where nothing listens, then IPv4)."""
+    from hqueue.rpc.connections import families_of
+
+    real = socket.getaddrinfo
+
+    def both(host, port, *args, **kwargs):
+        if host == "localhost":
+            v4 = real("127.0.0.1", port, *args, **kwargs)
+            return [(socket.AF_INET6, s, p, "", ("::1", port, 0, 0)) for _, s, p, _, _ in v4] + v4
+        if host == "v6only.test":
+            return [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", port, 0, 0))]
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", both)
+    assert families_of("v6only.test", 1) == [socket.AF_INET6]
+    assert families_of("localhost", 1) == [socket.AF_INET6, socket.AF_INET]
+    assert families_of("[::1]", 1) == [socket.AF_INET6] and families_of("10.0.0.1", 1) == [socket.AF_INET]
+    server = HQueueServer(f"local://{tmp_path}/data", host="127.0.0.1", port=0).start()
+    try:
+        with HQueueAdmin(f"hqueue://localhost:{server.port}") as admin:
+            admin.create_queue("named", 1)
+            assert [q.name for q in admin.list_queues()] == ["named"]
+    finally:
+        server.stop()

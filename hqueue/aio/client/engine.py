@@ -28,6 +28,7 @@ from ...client.engine import (
     READ_TRIES,
     CallDeadline,
     client_options,
+    owner_addresses,
     queue_description,
 )
 from ...config import INFO_CACHE_SECONDS, QueueInfo, QueueState
@@ -260,7 +261,9 @@ class AsyncRemoteEngine:
     async def locations(self, name: str, *, fresh: bool = False) -> list[str]:
         """``host:port`` of each partition's owner (``""`` where none)."""
         if fresh or name not in self._locations:
-            self._locations[name] = list(await self._call("getQueueLocations", name, queue=name))
+            self._locations[name] = owner_addresses(
+                await self._call("getQueueLocations", name, queue=name), self._seeds
+            )
         return self._locations[name]
 
     # -- puts and timers ------------------------------------------------------------

@@ -113,6 +113,22 @@ def _warn_if_puts_cannot_fit(limits: ServerLimits, max_put_messages: int, max_pu
         )
 
 
+def _check_arguments(storage_url: str, host: str, advertise: str | None, coordinator_factory: object, io: str) -> None:
+    """InvalidArgument for a server that could not serve as asked, before anything is opened."""
+    if io not in IO_MODELS:
+        raise InvalidArgument(f"'io' must be one of {', '.join(IO_MODELS)}, got {io!r}")
+    if coordinator_factory is not None and not storage_url.startswith("hbase://"):
+        raise InvalidArgument(
+            f"ZooKeeper coordination needs a store every server shares (hbase://), not {storage_url!r}: "
+            "servers with separate local stores would each answer differently"
+        )
+    if coordinator_factory is not None and advertise is None and host.strip("[]") in ("0.0.0.0", "::"):
+        raise InvalidArgument(
+            f"a server listening on every interface ({host}) in a cluster needs the address clients "
+            "and other servers reach it at: pass advertise (--advertise host:port)"
+        )
+
+
 class HQueueServer:
     """One hqueue server.
 
@@ -200,18 +216,7 @@ class HQueueServer:
         console_host: str = "127.0.0.1",
         io: str = "loop",
     ) -> None:
-        if io not in IO_MODELS:
-            raise InvalidArgument(f"'io' must be one of {', '.join(IO_MODELS)}, got {io!r}")
-        if coordinator_factory is not None and not storage_url.startswith("hbase://"):
-            raise InvalidArgument(
-                f"ZooKeeper coordination needs a store every server shares (hbase://), not {storage_url!r}: "
-                "servers with separate local stores would each answer differently"
-            )
-        if coordinator_factory is not None and advertise is None and host.strip("[]") in ("0.0.0.0", "::"):
-            raise InvalidArgument(
-                f"a server listening on every interface ({host}) in a cluster needs the address clients "
-                "and other servers reach it at: pass advertise (--advertise host:port)"
-            )
+        _check_arguments(storage_url, host, advertise, coordinator_factory, io)
         # What is opened here is closed again, in reverse, if a later step fails.
         with contextlib.ExitStack() as undo:
             if unix_socket is not None:
@@ -256,23 +261,7 @@ class HQueueServer:
             self.subscriptions: SubscriptionManager | None = None
             self.groups: GroupService | None = None
             self.group_limits = group_limits
-            # With tokens, a connection that has not authenticated may be closed to make room.
-            trusted_after = None if auth is None else (lambda c: c.principal is not None or c.local)
-            # With tokens, a client's share of the in-flight budget is its principal's (else its connection's).
-            owner_of = None if auth is None else _principal
-            # Quick calls run on the event loop only when the store answers without a network round trip.
-            inline = self._inline if self.engine.storage.in_process else None
-            server = (
-                functools.partial(LoopServer, inline=inline, syncs=self.engine.storage)
-                if io == "loop"
-                else ThreadedServer
-            )
-            self._server: ThreadedServer = server(
-                wire.T.HQueueService, self.handler, socket, limits=limits, ssl_context=ssl_context,
-                refuse_with=thrift_error, also=local, trusted_after=trusted_after, big_answers=BIG_ANSWERS,
-                answer_slots=ANSWER_SLOTS, owner_of=owner_of,
-                unproven_bytes=None if auth is None else UNPROVEN_FRAME_BYTES,
-            )  # fmt: skip
+            self._server = self._connections(io, socket, local, limits, ssl_context, auth)
             _warn_if_puts_cannot_fit(self._server.limits, max_put_messages, max_put_bytes)
             if metrics_port is not None:  # here, so a taken port fails before anything starts
                 self._serve_metrics(metrics_port, metrics_host, MetricsAccess(metrics_token, auth))
@@ -285,6 +274,32 @@ class HQueueServer:
             undo.pop_all()  # all is open: stop() closes it from now on
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def _connections(
+        self,
+        io: str,
+        socket: ListeningSocket,
+        local: ListeningSocket | None,
+        limits: ServerLimits | None,
+        ssl_context: ssl.SSLContext | None,
+        auth: AuthPolicy | None,
+    ) -> ThreadedServer:
+        """What serves the Thrift connections (``io``: one event loop, or a thread each)."""
+        # With tokens, a connection that has not authenticated may be closed to make room.
+        trusted_after = None if auth is None else (lambda c: c.principal is not None or c.local)
+        # With tokens, a client's share of the in-flight budget is its principal's (else its connection's).
+        owner_of = None if auth is None else _principal
+        # Quick calls run on the event loop only when the store answers without a network round trip.
+        inline = self._inline if self.engine.storage.in_process else None
+        server = (
+            functools.partial(LoopServer, inline=inline, syncs=self.engine.storage) if io == "loop" else ThreadedServer
+        )
+        return server(
+            wire.T.HQueueService, self.handler, socket, limits=limits, ssl_context=ssl_context,
+            refuse_with=thrift_error, also=local, trusted_after=trusted_after, big_answers=BIG_ANSWERS,
+            answer_slots=ANSWER_SLOTS, owner_of=owner_of,
+            unproven_bytes=None if auth is None else UNPROVEN_FRAME_BYTES,
+        )  # fmt: skip
 
     def _inline(self, method: str) -> bool:
         """Whether ``method``'s handler may run on the event loop (``served(inline=True)``)."""

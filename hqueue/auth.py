@@ -374,7 +374,8 @@ class PushPolicy:
         )
 
     def _allowed(self, ips: list[ipaddress.IPv4Address | ipaddress.IPv6Address]) -> bool:
-        return bool(ips) and all(any(ip in net for net in self.networks) for ip in ips)
+        """Every IP in the allow networks, and none a wildcard (which would be the server's own host)."""
+        return bool(ips) and all(not ip.is_unspecified and any(ip in net for net in self.networks) for ip in ips)
 
 
 def _host_port(address: str) -> tuple[str, int]:
@@ -402,6 +403,22 @@ def _resolved(address: str, host: str, port: int) -> list[ipaddress.IPv4Address 
     if any(ip.version == 6 and ip.is_link_local for ip in ips):  # (its scope is not in an address kept)
         raise InvalidArgument(f"subscriber address {address!r} is IPv6 link-local: a server cannot push there")
     return ips
+
+
+def is_wildcard(host: str) -> bool:
+    """Whether a listening socket's ``host`` means every interface (``0.0.0.0``, ``::``,
+    ``''``, ``0``, ``::0``…): no address anybody can be reached at."""
+    host = host.strip("[]")
+    if not host:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        pass
+    try:
+        return socket.inet_aton(host) == bytes(4)  # the old forms: '0', '0.0'
+    except OSError:
+        return False
 
 
 def joined(host: str | ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) -> str:

@@ -68,7 +68,7 @@ from thriftpy2.thrift import TException
 from thriftpy2.transport import TTransportException
 
 from ..api import GroupsAPI, SubscriptionsAPI
-from ..auth import split_credentials
+from ..auth import is_wildcard, split_credentials
 from ..checks import message_columns
 from ..config import InfoCache, QueueInfo, QueueState
 from ..errors import (
@@ -146,23 +146,21 @@ def client_options(
 
 
 def owner_addresses(locations: Any, seeds: list[str]) -> list[str]:
-    """The partitions' owners from a ``getQueueLocations`` reply, each one a client can dial:
-    a server listening on every interface (``--host 0.0.0.0`` or ``::``, no ``--advertise``)
-    names itself by that wildcard, which on a client's host would mean the client's own
-    host (perhaps another hqueue server there). With one server in the URL, that owner is
-    the server the URL names, on the port it gave; a cluster's servers must advertise an
-    address (ZooKeeper servers refuse to start without one)."""
+    """The partitions' owners from a ``getQueueLocations`` reply, each one a client can dial.
+
+    A server listening on every interface (``--host 0.0.0.0``, no ``--advertise``) names
+    itself by that wildcard, which on a client's host would mean the client's own host
+    (perhaps another hqueue server there). With one server in the URL, that owner is the
+    server the URL names, as the URL names it (a forwarded port, a container's published
+    one); a cluster's servers advertise an address (ZooKeeper servers refuse to start
+    without one)."""
     owners = []
     for address in locations:
-        host, _, port = str(address).rpartition(":")
-        if host.strip("[]") in _WILDCARDS and len(seeds) == 1 and not seeds[0].startswith("unix:"):
-            address = f"{seeds[0].rpartition(':')[0]}:{port}"
+        address = str(address)
+        if address and len(seeds) == 1 and is_wildcard(address.rpartition(":")[0]):
+            address = seeds[0]
         owners.append(address)
     return owners
-
-
-#: Hosts that mean "every interface" to a listening socket, and "this host" to a client.
-_WILDCARDS = frozenset({"0.0.0.0", "::"})
 
 
 def queue_description(description: Any) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import queue as queue_module
 import select
 import socket
 import ssl
+import struct
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,10 +27,9 @@ from typing import Any
 
 from thriftpy2.protocol import TBinaryProtocolFactory
 from thriftpy2.thrift import TClient
-from thriftpy2.transport import TFramedTransportFactory, TSocket, TSSLSocket, TTransportException
+from thriftpy2.transport import TFramedTransportFactory, TSocket, TTransportException
 
 from ..rpc import wire
-from ..rpc.connections import families_of
 from ..rpc.unix import short_unix_path, widen
 
 
@@ -60,17 +60,13 @@ class BoundedSocket(_Bounded, TSocket):
     pass
 
 
-class BoundedSSLSocket(_Bounded, TSSLSocket):
-    pass
-
-
 class Connection:
     """One Thrift client and its socket (thriftpy2 clients are not thread-safe)."""
 
     def __init__(self, pool: Pool, deadline: float | None = None) -> None:
-        self.socket: BoundedSocket | BoundedSSLSocket
+        self.socket: BoundedSocket
         if pool.unix_socket is None:
-            transport = self._open_tcp(pool, deadline)
+            transport = self._open_tcp(pool, deadline)  # connected already
         else:
             self.socket = BoundedSocket(unix_socket=pool.unix_socket, socket_timeout=_timeout_ms(pool, deadline))
             self.socket.deadline = deadline
@@ -89,27 +85,20 @@ class Connection:
                 raise
 
     def _open_tcp(self, pool: Pool, deadline: float | None) -> Any:
-        """The transport, open: each socket family the host resolves to tried in turn
-        (a host name with only IPv6 addresses, or ``localhost`` served on one family)."""
-        families = families_of(pool.host, pool.port)
-        for family in families:
-            timeout_ms = _timeout_ms(pool, deadline)  # connecting and the TLS handshake: within the deadline
-            if pool.ssl_context is not None:
-                self.socket = BoundedSSLSocket(
-                    pool.host, pool.port, socket_family=family, socket_timeout=timeout_ms,
-                    ssl_context=pool.ssl_context,
-                )  # fmt: skip
-            else:
-                self.socket = BoundedSocket(pool.host, pool.port, socket_family=family, socket_timeout=timeout_ms)
-            self.socket.deadline = deadline
-            transport = TFramedTransportFactory().get_transport(self.socket)
-            try:
-                transport.open()
-                return transport
-            except TTransportException:
-                if family == families[-1] or (deadline is not None and time.monotonic() >= deadline):
-                    raise
-        raise AssertionError("families_of gives at least one family")
+        """The transport over a TCP connection (TLS, if the pool speaks it), made within the deadline."""
+        timeout_ms = _timeout_ms(pool, deadline)
+        sock = dial(pool.host, pool.port, timeout_ms / 1000)
+        try:
+            if pool.ssl_context is not None:  # the handshake: within what is left
+                sock.settimeout(_timeout_ms(pool, deadline) / 1000)
+                sock = pool.ssl_context.wrap_socket(sock, server_hostname=pool.host)
+        except BaseException:
+            sock.close()
+            raise
+        sock.settimeout(timeout_ms / 1000)  # each read and write (and the deadline's, when there is one)
+        self.socket = BoundedSocket(sock=sock, socket_timeout=timeout_ms)
+        self.socket.deadline = deadline
+        return TFramedTransportFactory().get_transport(self.socket)
 
     def stale(self) -> bool:
         """Whether the server closed this idle connection (restart, idle timeout)."""
@@ -128,6 +117,34 @@ class Connection:
 
 def _timeout_ms(pool: Pool, deadline: float | None) -> int:
     return pool.timeout_ms if deadline is None else max(1, int((deadline - time.monotonic()) * 1000))
+
+
+def dial(host: str, port: int, timeout: float) -> socket.socket:
+    """A TCP connection to ``host:port`` within ``timeout`` seconds: each address the host
+    resolves to (both families: a name with only IPv6 addresses too) tried in the
+    resolver's order, each given an even share of the time left, so that an unreachable
+    first address does not take it all. OSError (socket.gaierror for an unknown host,
+    TimeoutError) if none answers."""
+    end = time.monotonic() + timeout
+    infos = list(dict.fromkeys(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)))
+    error: OSError = TimeoutError(f"no answer from {host}:{port} within {timeout:g}s")
+    for index, (family, kind, proto, _, address) in enumerate(infos):
+        left = end - time.monotonic()
+        if left <= 0:
+            break
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(left / (len(infos) - index))
+            sock.connect(address)
+        except OSError as e:
+            sock.close()
+            error = e
+            continue
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # thriftpy2's TSocket options
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 0, 0))
+        return sock
+    raise error
 
 
 class Pool:

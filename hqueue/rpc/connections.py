@@ -9,14 +9,12 @@ threaded server (rpc/threaded.py), the event loop (rpc/loop.py) and the handlers
   another process, or a Unix socket whose file's permissions decide who may
   connect.
 * :class:`RateLimitedLog`: a warning at most once per interval.
-* :func:`families_of`: the socket families that reach (or bind) a host.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import ipaddress
 import logging
 import os
 import socket
@@ -179,7 +177,8 @@ class ListeningSocket(TServerSocket):
         if self.unix_socket:
             self.sock = unix_listener(self.unix_socket, self.backlog, self.unix_mode)
             return
-        sock = socket.socket(families_of(self.host, self.port)[0], socket.SOCK_STREAM)
+        family = socket.AF_INET6 if ":" in (self.host or "") else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
         # SO_REUSEADDR only: restarts may bind over TIME_WAIT, but no second listener may.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -202,22 +201,3 @@ class ListeningSocket(TServerSocket):
         if self.unix_socket:  # ours since we bound it
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.unix_socket)
-
-
-def families_of(host: str | None, port: int) -> list[socket.AddressFamily]:
-    """The socket families to try, in order, to connect to (or bind) ``host``: an IP
-    literal's own (brackets allowed); else those of the addresses the name resolves to,
-    in the resolver's order, so a name with only IPv6 addresses is reached over IPv6 and
-    ``localhost`` over either. IPv4 when it does not resolve: connecting then says why."""
-    host = (host or "").strip("[]")
-    if not host:
-        return [socket.AF_INET]
-    try:
-        return [socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET]
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError:
-        return [socket.AF_INET]
-    return list(dict.fromkeys(socket.AddressFamily(info[0]) for info in infos)) or [socket.AF_INET]

@@ -30,6 +30,7 @@ def explain(host: str, port: int, error: BaseException, tls: bool | None, server
     server (HBase's Thrift server): no advice on hqueue URLs then.
     """
     cause = _cause(error)
+    host = host.strip("[]")  # an IPv6 address as a URL writes it
     if tls is None:
         return _plain(host, cause, server)
     if isinstance(cause, ssl.SSLCertVerificationError):

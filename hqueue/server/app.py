@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from .. import sharing
 from ..admin import HQueueAdmin
-from ..auth import AuthPolicy, MetricsAccess, PushPolicy, joined
+from ..auth import AuthPolicy, MetricsAccess, PushPolicy, is_wildcard, joined
 from ..coordination import Coordinator, LocalCoordinator
 from ..coordination.zookeeper import ZooKeeperCoordinator
 from ..engine import Engine
@@ -122,7 +122,7 @@ def _check_arguments(storage_url: str, host: str, advertise: str | None, coordin
             f"ZooKeeper coordination needs a store every server shares (hbase://), not {storage_url!r}: "
             "servers with separate local stores would each answer differently"
         )
-    if coordinator_factory is not None and advertise is None and host.strip("[]") in ("0.0.0.0", "::"):
+    if coordinator_factory is not None and advertise is None and is_wildcard(host):
         raise InvalidArgument(
             f"a server listening on every interface ({host}) in a cluster needs the address clients "
             "and other servers reach it at: pass advertise (--advertise host:port)"

@@ -20,6 +20,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import socket
 import ssl
 import threading
 import time
@@ -35,7 +36,7 @@ from ..auth import PushCredentials
 from ..errors import HQueueError
 from ..groups.state import STARVE_GUARD
 from ..rpc import packed, wire
-from ..rpc.connections import RateLimitedLog, families_of
+from ..rpc.connections import RateLimitedLog
 from .delivery import AGAIN, FINISHED, IDLE, Batch, Manager, PartitionWorker
 from .push import check_pin, mac, mac_packed, pinned_context
 from .registry import Registration
@@ -305,7 +306,7 @@ class SubscriberLoop:
             raise HQueueError(f"this server pushes only over TLS; subscriber {self.subscriber} listens in clear")
         timeout = self.manager.send_timeout_ms
         sock: Any  # to the IP that was checked: no second lookup (see PushPolicy)
-        family = families_of(ip, port)[0]
+        family = socket.AF_INET6 if ":" in ip else socket.AF_INET
         if push.certificate is not None:
             sock = TSSLSocket(ip, port, socket_family=family, socket_timeout=timeout, ssl_context=pinned_context())
         else:

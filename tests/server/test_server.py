@@ -337,37 +337,48 @@ def test_a_cluster_server_on_every_interface_must_advertise_an_address(tmp_path)
 
 
 def test_owners_named_by_a_wildcard_are_the_server_the_url_names():
+    from hqueue.auth import is_wildcard
     from hqueue.client.engine import owner_addresses
 
-    assert owner_addresses(["0.0.0.0:9700", "", "h2:9701"], ["h1:9700"]) == ["h1:9700", "", "h2:9701"]
-    assert owner_addresses(["[::]:9702"], ["[fd00::1]:9700"]) == ["[fd00::1]:9702"]
+    # as the URL names it: a forwarded or published port is not the one the server bound
+    assert owner_addresses(["0.0.0.0:9700", "", "h2:9701"], ["h1:19700"]) == ["h1:19700", "", "h2:9701"]
+    assert owner_addresses(["[::]:9702"], ["[fd00::1]:9700"]) == ["[fd00::1]:9700"]
     assert owner_addresses(["0.0.0.0:9700"], ["h1:9700", "h2:9700"]) == ["0.0.0.0:9700"]  # which one: unknown
+    for host in ("0.0.0.0", "::", "[::]", "", "0", "::0", "0:0:0:0:0:0:0:0"):
+        assert is_wildcard(host), host
+    for host in ("127.0.0.1", "::1", "localhost", "h1", "10.0.0.0"):
+        assert not is_wildcard(host), host
 
 
-def test_a_host_name_is_dialled_on_each_family_it_resolves_to(tmp_path, monkeypatch):
-    """The blocking client made IPv4 sockets for every host name: one that resolves only to
-    IPv6 addresses could not be reached. Now each family the name resolves to is tried in
-    the resolver's order (here IPv6 first, where nothing listens, then IPv4)."""
-    from hqueue.rpc.connections import families_of
-
+def test_each_address_a_host_name_resolves_to_is_dialled_in_turn(tmp_path, monkeypatch):
+    """The blocking client made an IPv4 socket for every host name (one with only IPv6
+    addresses could not be reached), and gave the first address all of a call's time."""
     real = socket.getaddrinfo
 
-    def both(host, port, *args, **kwargs):
-        if host == "localhost":
-            v4 = real("127.0.0.1", port, *args, **kwargs)
-            return [(socket.AF_INET6, s, p, "", ("::1", port, 0, 0)) for _, s, p, _, _ in v4] + v4
+    def resolver(host, port, *args, **kwargs):
+        v6 = (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", port, 0, 0))
         if host == "v6only.test":
-            return [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", port, 0, 0))]
+            return [v6]
+        if host == "dual.test":  # an address that never answers, then this host
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", silent.getsockname()), *real("127.0.0.1", port)]
         return real(host, port, *args, **kwargs)
 
-    monkeypatch.setattr(socket, "getaddrinfo", both)
-    assert families_of("v6only.test", 1) == [socket.AF_INET6]
-    assert families_of("localhost", 1) == [socket.AF_INET6, socket.AF_INET]
-    assert families_of("[::1]", 1) == [socket.AF_INET6] and families_of("10.0.0.1", 1) == [socket.AF_INET]
-    server = HQueueServer(f"local://{tmp_path}/data", host="127.0.0.1", port=0).start()
+    silent = socket.socket()  # a listener whose accept queue is full: connecting to it hangs
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(0)
+    queued = socket.create_connection(silent.getsockname())
+    monkeypatch.setattr(socket, "getaddrinfo", resolver)
+    v4 = HQueueServer(f"local://{tmp_path}/v4", host="127.0.0.1", port=0).start()
+    v6 = HQueueServer(f"local://{tmp_path}/v6", host="::1", port=0).start()
     try:
-        with HQueueAdmin(f"hqueue://localhost:{server.port}") as admin:
+        with HQueueAdmin(f"hqueue://v6only.test:{v6.port}") as admin:
             admin.create_queue("named", 1)
             assert [q.name for q in admin.list_queues()] == ["named"]
+        # the blackholed address has half of the 4 s: the second is reached within the call's timeout
+        with HQueueAdmin(f"hqueue://dual.test:{v4.port}?timeout=4") as admin:
+            assert admin.list_queues() == []
     finally:
-        server.stop()
+        v4.stop()
+        v6.stop()
+        queued.close()
+        silent.close()

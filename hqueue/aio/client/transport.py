@@ -28,6 +28,7 @@ from thriftpy2.protocol import TCyBinaryProtocol
 from thriftpy2.thrift import TClient, args_to_kwargs
 from thriftpy2.transport import TCyMemoryBuffer, TTransportException
 
+from ...auth import joined
 from ...rpc import wire
 from ...rpc.unix import short_unix_path
 
@@ -66,7 +67,7 @@ class AsyncConnection:
                     host, port, ssl=ssl_context, server_hostname=host if ssl_context else None
                 )
         except (OSError, ssl.SSLError) as e:
-            where = unix_socket or f"{host}:{port}"
+            where = unix_socket or joined(host, port)
             raise TTransportException(TTransportException.NOT_OPEN, f"could not connect to {where}: {e}") from e
         connection = cls(reader, writer)
         if token is not None:

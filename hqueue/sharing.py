@@ -42,9 +42,9 @@ holder's timers fire once, in whichever process holds the store next.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
+import socket
 import stat
 import threading
 import time
@@ -54,8 +54,9 @@ from collections.abc import Callable
 from .client.engine import RemoteEngine
 from .client.pool import Connection, NotSent, Pool
 from .engine import Engine
-from .errors import StorageError, StorageLocked
+from .errors import NotAuthorized, StorageError, StorageLocked
 from .groups.limits import GroupLimits
+from .rpc.unix import short_unix_path
 from .services import open_local
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,8 @@ SOCKET_NAME = "hqueue.sock"
 STARTUP_WAIT = 3.0
 #: Seconds between two tries to take over a store whose serving process is gone.
 TAKEOVER_INTERVAL = 0.05
+#: Seconds a look at whether a process serves a store's socket may take.
+PROBE_TIMEOUT = 1.0
 
 #: What serves an engine to local processes (set by hqueue/__init__.py: server/shared.py, a layer up).
 _serve: Callable[[Engine, GroupLimits | None], None] | None = None
@@ -85,9 +88,25 @@ def socket_path(url: str) -> str:
     return os.path.join(url[len("local://") :], SOCKET_NAME)
 
 
-def socket_mode(directory: str) -> int:
-    """The socket's permissions: the owner's, and the group's where it may write in ``directory``."""
-    return 0o660 if os.stat(directory).st_mode & stat.S_IWGRP else 0o600
+def open_to_group(path: str) -> None:
+    """Let the store directory's group connect to the socket at ``path`` (bound ``0600``) where
+    that group may write in the directory: the socket is given the directory's group (as a
+    member of it may; a setgid directory gives it at bind), then made ``0660``. One this
+    process cannot give that group stays its user's alone, and the log says why."""
+    directory = os.stat(os.path.dirname(path))
+    if not directory.st_mode & stat.S_IWGRP:
+        return
+    try:
+        if os.stat(path).st_gid != directory.st_gid:
+            os.chown(path, -1, directory.st_gid)
+        os.chmod(path, 0o660)
+    except PermissionError as e:
+        logger.warning(
+            "the store's socket %s is left to this user alone: it cannot be given the directory's group (%s); "
+            "run as a member of that group, or make the directory setgid (chmod g+s)",
+            path,
+            e,
+        )
 
 
 def claim_socket(engine: Engine, server: object) -> str | None:
@@ -102,8 +121,13 @@ def claim_socket(engine: Engine, server: object) -> str | None:
         _listening[engine] = server
     path = socket_path(engine.url)
     # This process holds the store's lock: a socket file there is a stale one, of a process killed.
-    with contextlib.suppress(FileNotFoundError):
+    try:
         os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except IsADirectoryError:
+        drop_socket(engine, server)
+        raise StorageError(f"{path} is a directory: hqueue keeps the store's socket there (remove it)") from None
     return path
 
 
@@ -125,7 +149,7 @@ def open_store(url: str, group_limits: GroupLimits | None = None) -> Engine | St
         try:
             return _open_and_serve(url, group_limits)
         except StorageLocked as locked:
-            if os.path.exists(socket_path(url)):
+            if _served(socket_path(url)):
                 return StoreClient(url)
             if time.monotonic() >= deadline:
                 # Held by a process that does not serve it (hqueue server, an older hqueue).
@@ -135,8 +159,32 @@ def open_store(url: str, group_limits: GroupLimits | None = None) -> Engine | St
             # A user the store directory's group lets in (its socket is 0660 then) may not
             # write the store's own files: it uses the store through the serving process.
             if _permission_denied(e) and os.path.exists(socket_path(url)):
+                _served(socket_path(url))  # (one this user may not connect to: said now)
                 return StoreClient(url)
             raise
+
+
+def _served(path: str) -> bool:
+    """Whether a process listens on the store's socket at ``path`` (a file left by a killed
+    holder, while a process that does not share the store holds it, answers nothing).
+    NotAuthorized if one does and this user may not connect to it."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(PROBE_TIMEOUT)
+    try:
+        with short_unix_path(path) as short:
+            probe.connect(short)
+        return True
+    except PermissionError:
+        raise NotAuthorized(
+            f"a process serves this store on {path}, and this user may not connect to it: the store's "
+            "directory must let this user's group write in it (chmod g+w), and the socket have that group"
+        ) from None
+    except (FileNotFoundError, ConnectionRefusedError):
+        return False
+    except OSError:
+        return True  # (busy, or slow to accept: a client of it finds out)
+    finally:
+        probe.close()
 
 
 def _permission_denied(error: StorageError) -> bool:

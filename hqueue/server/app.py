@@ -20,7 +20,6 @@ import ctypes
 import functools
 import ipaddress
 import logging
-import os
 import signal
 import ssl
 import threading
@@ -311,7 +310,8 @@ class HQueueServer:
         if path is None:  # not local://, or served in this process already
             return None
         try:
-            listener = ListeningSocket.bound_unix(path, sharing.socket_mode(os.path.dirname(path)))
+            listener = ListeningSocket.bound_unix(path, 0o600)
+            sharing.open_to_group(path)
         except BaseException:
             sharing.drop_socket(self.engine, self)
             raise

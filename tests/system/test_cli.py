@@ -1,6 +1,7 @@
 """The hqueue command line."""
 
 import json
+import os
 
 import pytest
 from click.testing import CliRunner
@@ -275,9 +276,26 @@ def test_a_store_held_by_hqueue_server_names_the_flag_and_the_way_out(tmp_path):
         # And the Python API keeps its Python hint
         with pytest.raises(StorageLocked, match="url='hqueue://host:port'"):
             HQueueAdmin(url)
+        # And so it does with a socket file a killed holder left: it was taken for a serving
+        # process, and the command waited out its 30 s timeout for an answer (an acceptance probe)
+        import socket as socket_module
+
+        with socket_module.socket(socket_module.AF_UNIX) as stale:
+            stale.bind(f"{tmp_path}/data/hqueue.sock")
+        result = runner.invoke(main, ["--url", url, "list"])
+        assert result.exit_code == 1 and f"(pid {holder.pid}" in result.output, result.output
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_directory_where_the_store_s_socket_goes_is_one_clear_error(tmp_path):
+    with HQueueAdmin(f"local://{tmp_path}/data") as admin:
+        admin.create_queue("q", 1)
+    os.makedirs(f"{tmp_path}/data/hqueue.sock")
+    result = CliRunner().invoke(main, ["--url", f"local://{tmp_path}/data", "list"])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert "hqueue.sock is a directory: hqueue keeps the store's socket there (remove it)" in result.output
 
 
 def test_negative_numbers_reach_the_range_check(run):

@@ -531,3 +531,40 @@ def test_a_user_of_the_store_directory_s_group_uses_the_store_through_its_socket
     finally:
         tail.kill()
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_the_socket_is_given_the_store_directory_s_group_and_a_stranger_is_told_at_once():
+    """Without setgid on the store's directory, its socket took the serving process's group,
+    not the directory's: a member of the directory's group waited 30 s and got "no process
+    serves the store". A user the socket refuses waited as long, for the same wrong words
+    (an acceptance probe)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to run a process as another user")
+    python, env = _nobody_python()
+    base = tempfile.mkdtemp(prefix="hqueue-shared-group-")
+    os.chmod(base, 0o755)
+    grouped, private = os.path.join(base, "grouped"), os.path.join(base, "private")
+    os.makedirs(grouped)
+    os.chown(grouped, 0, 65534)
+    os.chmod(grouped, 0o770)  # the group may write; no setgid
+    os.makedirs(private, mode=0o755)
+    tails = []
+    try:
+        for data in (grouped, private):
+            with HQueueAdmin(data_dir=data) as admin:
+                admin.create_queue("q", 1)
+            tails.append(_tail(data))
+            wait_for(lambda d=data: os.path.exists(os.path.join(d, SOCKET_NAME)), 60, "hqueue tail to serve the store")
+        socket_stat = os.stat(os.path.join(grouped, SOCKET_NAME))
+        assert (socket_stat.st_gid, oct(socket_stat.st_mode & 0o777)) == (65534, "0o660")
+        assert oct(os.stat(os.path.join(private, SOCKET_NAME)).st_mode & 0o777) == "0o600"
+        for data, code in ((grouped, 0), (private, 1)):
+            done = subprocess.run([*python, "-m", "hqueue.cli", "--url", f"local://{data}", "put", "q", "t", "v"],
+                                  cwd=ROOT, env=env, preexec_fn=_as_nobody, capture_output=True, text=True,
+                                  timeout=120)  # fmt: skip
+            assert done.returncode == code, (data, done.stderr)
+        assert "this user may not connect to it" in done.stderr and "Traceback" not in done.stderr
+    finally:
+        for tail in tails:
+            tail.kill()
+        shutil.rmtree(base, ignore_errors=True)

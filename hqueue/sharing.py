@@ -175,10 +175,7 @@ def _served(path: str) -> bool:
             probe.connect(short)
         return True
     except PermissionError:
-        raise NotAuthorized(
-            f"a process serves this store on {path}, and this user may not connect to it: the store's "
-            "directory must let this user's group write in it (chmod g+w), and the socket have that group"
-        ) from None
+        raise NotAuthorized(f"{_REFUSED} ({path})") from None
     except (FileNotFoundError, ConnectionRefusedError):
         return False
     except OSError:
@@ -201,6 +198,22 @@ def _open_and_serve(url: str, group_limits: GroupLimits | None) -> Engine:
             engine.release()
             raise
     return engine
+
+
+#: Why a user the serving process's socket refuses may not use the store.
+_REFUSED = (
+    "a process serves this store, and this user may not connect to it: the store's directory must let "
+    "this user's group write in it (chmod g+w), and the serving process be a member of that group"
+)
+
+
+def _refused(error: BaseException | None) -> bool:
+    """Whether connecting failed on the socket file's permissions (thriftpy2 wraps the OSError)."""
+    while error is not None:
+        if isinstance(error, PermissionError):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 class _Store:
@@ -273,6 +286,8 @@ class _TakeoverPool(Pool):
             try:
                 return super().take(deadline)
             except NotSent as e:
+                if _refused(e.cause):  # a holder this user may not connect to: waiting changes nothing
+                    raise NotAuthorized(f"{_REFUSED} ({self.unix_socket})") from e
                 if self._store.take_over():
                     try:
                         return super().take(deadline)  # to ourselves

@@ -95,6 +95,11 @@ class Connection:
     #: Its call runs on the server's event loop now, which it may not keep waiting (rpc/loop.py).
     on_loop: bool = False
 
+    @property
+    def who(self) -> str:
+        """Who is at the other end, for the log: the peer's IP, or a local process."""
+        return "a local process (Unix socket)" if self.local else self.peer[0]
+
 
 def each_connection(connection: Connection) -> str:
     """Whose share of the in-flight budget a connection's replies count in, by default: its

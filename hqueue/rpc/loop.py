@@ -420,7 +420,7 @@ class LoopServer(ThreadedServer):
     def _refuse(self, link: _Link, method: str, seqid: int, busy: ServerBusy) -> None:
         """Answer a call whose answer may be big with ``busy``, unread (see
         :meth:`~hqueue.rpc.threaded.ThreadedServer._no_room_for_answer`)."""
-        self.log.warning("refused", "refused %s from %s: %s", method, link.connection.peer[0], busy)
+        self.log.warning("refused", "refused %s from %s: %s", method, link.connection.who, busy)
         try:
             reply = self._refusal(method, seqid, busy)
         except FrameError as e:

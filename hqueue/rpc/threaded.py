@@ -167,6 +167,7 @@ class ThreadedServer(TThreadedServer):
         while not self.closed:
             try:
                 sock, peer = listener.accept()
+                who = peer[0] if isinstance(peer, tuple) else "a local process (Unix socket)"
                 peer = peer if isinstance(peer, tuple) else LOCAL_PEER
             except OSError as e:
                 if self.closed:
@@ -185,14 +186,14 @@ class ThreadedServer(TThreadedServer):
                 if not full or victim is not None:
                     self.connections += 1
             if victim is not None:  # its thread ends, and gives its place back
-                self.log.warning("evict", "closed an unproven connection to make room for one from %s", peer[0])
+                self.log.warning("evict", "closed an unproven connection to make room for one from %s", who)
                 try:
                     victim.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
             elif full:
                 self.log.warning(
-                    "full", "refused a connection from %s: %d open (the limit)", peer[0], self.limits.max_connections
+                    "full", "refused a connection from %s: %d open (the limit)", who, self.limits.max_connections
                 )
                 sock.close()
                 continue
@@ -201,7 +202,7 @@ class ThreadedServer(TThreadedServer):
             try:
                 self._start(sock, connection)
             except RuntimeError as e:  # no thread to be had
-                self.log.warning("thread", "refused a connection from %s: %s", peer[0], e)
+                self.log.warning("thread", "refused a connection from %s: %s", who, e)
                 self._ended(connection, sock)
 
     def _start(self, sock: socket.socket, connection: Connection) -> None:
@@ -255,7 +256,7 @@ class ThreadedServer(TThreadedServer):
 
     def _ending(self, e: Exception, connection: Connection) -> None:
         """Log why a connection ends, as what it was."""
-        peer = connection.peer[0]
+        peer = connection.who
         if isinstance(e, TimeoutError):
             logger.debug("connection %d from %s: idle past the timeout, closed", connection.id, peer)
         elif isinstance(e, FrameError):
@@ -305,7 +306,7 @@ class ThreadedServer(TThreadedServer):
         try:
             if refused is not None:
                 frames.skip()
-                self.log.warning("refused", "refused %s from %s: %s", method, connection.peer[0], refused)
+                self.log.warning("refused", "refused %s from %s: %s", method, connection.who, refused)
                 reply = self._refusal(method, seqid, refused)
             else:
                 try:

@@ -697,3 +697,21 @@ def test_a_new_store_is_its_owner_s_only_and_a_readable_auth_file_with_secrets_i
     with caplog.at_level(logging.WARNING, logger="hqueue.auth"):
         AuthPolicy.load(auth)
     assert caplog.text == ""
+
+
+@pytest.mark.parametrize("io", ["loop", "threads"])
+def test_a_bad_call_over_a_unix_socket_is_logged_as_a_local_process_s(tmp_path, caplog, io):
+    """The log named every Unix-socket client 127.0.0.1 (an acceptance probe)."""
+    path = str(tmp_path / "s.sock")
+    server = HQueueServer(f"local://{tmp_path}/data", unix_socket=path, io=io).start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="hqueue.rpc"):
+            with socket.socket(socket.AF_UNIX) as client:
+                client.connect(path)
+                client.sendall(struct.pack("!i", 12) + b"\x00" * 12)  # no strict binary-protocol call
+                client.settimeout(10)
+                assert client.recv(1) == b""  # closed
+            wait_for(lambda: "closed a connection from" in caplog.text, 10, "the warning")
+        assert "closed a connection from a local process (Unix socket)" in caplog.text, caplog.text
+    finally:
+        server.stop()

@@ -88,25 +88,11 @@ def socket_path(url: str) -> str:
     return os.path.join(url[len("local://") :], SOCKET_NAME)
 
 
-def open_to_group(path: str) -> None:
-    """Let the store directory's group connect to the socket at ``path`` (bound ``0600``) where
-    that group may write in the directory: the socket is given the directory's group (as a
-    member of it may; a setgid directory gives it at bind), then made ``0660``. One this
-    process cannot give that group stays its user's alone, and the log says why."""
-    directory = os.stat(os.path.dirname(path))
-    if not directory.st_mode & stat.S_IWGRP:
-        return
-    try:
-        if os.stat(path).st_gid != directory.st_gid:
-            os.chown(path, -1, directory.st_gid)
-        os.chmod(path, 0o660)
-    except PermissionError as e:
-        logger.warning(
-            "the store's socket %s is left to this user alone: it cannot be given the directory's group (%s); "
-            "run as a member of that group, or make the directory setgid (chmod g+s)",
-            path,
-            e,
-        )
+def socket_access(directory: str) -> tuple[int, int | None]:
+    """The store's socket's permissions and group: its user's alone (``0600``), or, where the
+    store directory's group may write in it, that group's too (``0660``)."""
+    info = os.stat(directory)
+    return (0o660, info.st_gid) if info.st_mode & stat.S_IWGRP else (0o600, None)
 
 
 def claim_socket(engine: Engine, server: object) -> str | None:
@@ -202,8 +188,9 @@ def _open_and_serve(url: str, group_limits: GroupLimits | None) -> Engine:
 
 #: Why a user the serving process's socket refuses may not use the store.
 _REFUSED = (
-    "a process serves this store, and this user may not connect to it: the store's directory must let "
-    "this user's group write in it (chmod g+w), and the serving process be a member of that group"
+    "this user may not connect to the store's socket (another user's process holds the store, or held it): "
+    "the store's directory must let this user's group write in it (chmod g+w), and the serving process be a "
+    "member of that group"
 )
 
 

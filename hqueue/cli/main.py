@@ -122,7 +122,7 @@ def _with_cli_hint(e: Exception, command: str | None = None, url: str | None = N
         return f"queue {e.name!r} is disabled (enable it: hqueue enable-queue {e.name})"
     if isinstance(e, QueueEnabled):
         return f"queue {e.name!r} is enabled: disable it first (hqueue disable-queue {e.name}), or pass --force"
-    if isinstance(e, NotAuthorized):
+    if isinstance(e, NotAuthorized) and not (url or "").startswith("local://"):  # (a store's socket: no tokens)
         return _token_hint(e, url)
     return str(e)
 

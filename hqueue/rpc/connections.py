@@ -150,8 +150,9 @@ class ListeningSocket(TServerSocket):
     """A listening TCP socket, bound once, never shared with another process;
     or a listening Unix socket (:meth:`bound_unix`)."""
 
-    #: The permissions a Unix socket's file is made with.
+    #: The permissions a Unix socket's file is made with, and its group (None: the process's).
     unix_mode = 0o600
+    unix_group: int | None = None
 
     @classmethod
     def bound(cls, host: str, port: int) -> ListeningSocket:
@@ -166,21 +167,21 @@ class ListeningSocket(TServerSocket):
         return sock
 
     @classmethod
-    def bound_unix(cls, path: str, mode: int = 0o600) -> ListeningSocket:
-        """A Unix socket listening at ``path`` now, with permissions ``mode`` (who may
-        connect). The caller owns ``path``: a file already there is an error
-        (a stale one is the caller's to remove, while it can tell it is stale)."""
+    def bound_unix(cls, path: str, mode: int = 0o600, group: int | None = None) -> ListeningSocket:
+        """A Unix socket listening at ``path`` now, with permissions ``mode`` and, when
+        given, group ``group`` (who may connect: :func:`~hqueue.rpc.unix.unix_listener`).
+        The caller owns ``path``: a file already there is an error (a stale one is the
+        caller's to remove, while it can tell it is stale)."""
         sock = cls(unix_socket=path, client_timeout=None)
-        sock.unix_mode = mode
+        sock.unix_mode, sock.unix_group = mode, group
         sock.listen()
-        os.chmod(path, mode)  # where the mode given before bind is not the file's (not Linux)
         return sock
 
     def listen(self) -> None:
         if self.sock is not None:
             return
         if self.unix_socket:
-            self.sock = unix_listener(self.unix_socket, self.backlog, self.unix_mode)
+            self.sock = unix_listener(self.unix_socket, self.backlog, self.unix_mode, self.unix_group)
             return
         family = socket.AF_INET6 if ":" in (self.host or "") else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)

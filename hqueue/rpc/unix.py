@@ -17,29 +17,73 @@ SYNC_WAL, whose fsync leaves the CPUs idle in between (docs/benchmarks.md).
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
 import os
 import socket
+import tempfile
 from collections.abc import Iterator
 
+logger = logging.getLogger(__name__)
 
-def unix_listener(path: str, backlog: int, mode: int = 0o600) -> socket.socket:
-    """A Unix socket listening at ``path``, its file made with permissions ``mode`` (a
-    path too long for ``sun_path`` goes through its directory's descriptor,
-    ``/proc/self/fd/N/name``, on Linux).
 
-    The mode is given to the socket before it is bound: Linux makes the file
-    from it (less the umask), so no other user can connect in between, as
-    one could where a ``chmod`` after ``bind`` follows a permissive umask."""
+def unix_listener(path: str, backlog: int, mode: int = 0o600, group: int | None = None) -> socket.socket:
+    """A Unix socket listening at ``path``, its file made with permissions ``mode`` and, when
+    given, group ``group`` (a path too long for ``sun_path`` goes through its directory's
+    descriptor, ``/proc/self/fd/N/name``, on Linux).
+
+    The socket is bound in a private directory beside ``path`` (``0700``), given its group
+    and mode there, then linked into place: it appears at ``path`` with its final
+    permissions, so no one is let in meanwhile, and no other user of ``path``'s directory
+    can swap a symlink in between the bind and a ``chown``/``chmod`` by path to have them
+    change another file. A file already at ``path`` is an error (``EADDRINUSE``). A group
+    this process may not give (it is no member) leaves the socket ``0600``, with a warning.
+    """
+    directory, name = os.path.split(path)
+    try:
+        private = tempfile.mkdtemp(prefix=".hqueue-", dir=directory or ".")
+    except OSError as e:
+        raise OSError(e.errno, f"cannot listen on {path}: {e.strerror or e}") from e
+    staged = os.path.join(private, name)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        os.fchmod(sock.fileno(), mode)
-        with short_unix_path(path) as short:
+        os.fchmod(sock.fileno(), 0o600)
+        with short_unix_path(staged) as short:
             sock.bind(short)
+        if group is not None:
+            try:
+                os.chown(staged, -1, group)
+            except PermissionError as e:
+                mode = 0o600
+                logger.warning(
+                    "%s is left to this user alone: it cannot be given group %d (%s); run as a member of "
+                    "that group, or make its directory setgid (chmod g+s)", path, group, e,
+                )  # fmt: skip
+        os.chmod(staged, mode)  # (only this process may reach it here: the mode is exact, whatever the umask)
         sock.listen(backlog)
+        _into_place(staged, path)
     except OSError as e:
         sock.close()
         raise OSError(e.errno, f"cannot listen on {path}: {e.strerror or e}") from e
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(staged)
+        with contextlib.suppress(OSError):
+            os.rmdir(private)
     return sock
+
+
+def _into_place(staged: str, path: str) -> None:
+    """``staged`` at ``path`` too, never over a file there (a hard link); where the file
+    system has no hard links, renamed there if nothing is."""
+    try:
+        os.link(staged, path)
+    except FileExistsError:
+        raise OSError(errno.EADDRINUSE, "a file is there already") from None
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK) or os.path.lexists(path):
+            raise
+        os.rename(staged, path)
 
 
 #: The longest Unix socket path bound or connected to as it is (``sun_path`` holds 108 bytes).

@@ -20,6 +20,7 @@ import ctypes
 import functools
 import ipaddress
 import logging
+import os
 import signal
 import ssl
 import threading
@@ -160,8 +161,9 @@ class HQueueServer:
         metrics_token: A bearer token that may read metrics (the auth file's tokens
             with the metrics role may too). With neither a token nor ``auth``,
             anyone who reaches ``metrics_host`` may read them.
-        unix_socket: Listen on this Unix socket (mode ``unix_socket_mode``) instead
-            of ``host:port``; the file is removed when the server stops.
+        unix_socket: Listen on this Unix socket instead of ``host:port``, its file made
+            with ``unix_socket_access``'s mode and group (None: this process's); the file
+            is removed when the server stops.
         local_socket: For a ``local://`` store this server opens, also serve it to the
             processes of this machine on the store's socket (``hqueue.sock`` in its
             directory), as any process that opens the store does: another process
@@ -208,7 +210,7 @@ class HQueueServer:
         metrics_host: str = "127.0.0.1",
         metrics_token: str | None = None,
         unix_socket: str | None = None,
-        unix_socket_mode: int = 0o600,
+        unix_socket_access: tuple[int, int | None] = (0o600, None),
         local_socket: bool = True,
         engine: Engine | None = None,
         console_port: int | None = None,
@@ -219,7 +221,7 @@ class HQueueServer:
         # What is opened here is closed again, in reverse, if a later step fails.
         with contextlib.ExitStack() as undo:
             if unix_socket is not None:
-                socket = ListeningSocket.bound_unix(unix_socket, unix_socket_mode)
+                socket = ListeningSocket.bound_unix(unix_socket, *unix_socket_access)
             else:
                 socket = ListeningSocket.bound(host, port)  # before the store: a taken port fails first
             undo.callback(socket.close)
@@ -310,8 +312,7 @@ class HQueueServer:
         if path is None:  # not local://, or served in this process already
             return None
         try:
-            listener = ListeningSocket.bound_unix(path, 0o600)
-            sharing.open_to_group(path)
+            listener = ListeningSocket.bound_unix(path, *sharing.socket_access(os.path.dirname(path)))
         except BaseException:
             sharing.drop_socket(self.engine, self)
             raise

@@ -13,11 +13,12 @@ port (``local_socket``); then this is not needed.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 from ..engine import Engine
 from ..groups.limits import GroupLimits
-from ..sharing import claim_socket, drop_socket, open_to_group
+from ..sharing import claim_socket, drop_socket, socket_access
 from .app import HQueueServer
 
 logger = logging.getLogger(__name__)
@@ -43,9 +44,9 @@ def share(engine: Engine, group_limits: GroupLimits | None = None) -> None:
                 engine.url,
                 engine=engine,
                 unix_socket=path,
+                unix_socket_access=socket_access(os.path.dirname(path)),
                 group_limits=group_limits,
             )
-            open_to_group(path)
         except BaseException:
             drop_socket(engine, share)
             raise

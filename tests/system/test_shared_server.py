@@ -202,6 +202,33 @@ def test_the_socket_is_never_open_to_others_even_under_a_permissive_umask(tmp_pa
     assert made.stdout.strip() == "0o600", made.stderr
 
 
+def test_the_socket_appears_with_its_group_and_mode_and_never_follows_a_symlink(tmp_path):
+    """The socket was given its group and mode by path after bind: a member of a
+    group-writable directory could swap a symlink in between, and have the serving user
+    (root too) give that group another file of its own (a review's probe)."""
+    from hqueue.rpc.unix import unix_listener
+
+    secret = tmp_path / "secret"
+    secret.write_text("root only")
+    os.chmod(secret, 0o600)
+    planted = tmp_path / "s.sock"
+    planted.symlink_to(secret)
+    with pytest.raises(OSError, match="cannot listen on .*s.sock"):  # a file there: never replaced, nor followed
+        unix_listener(str(planted), 1, 0o660, 65534)
+    assert (oct(secret.stat().st_mode & 0o777), secret.stat().st_gid) == ("0o600", os.getgid())
+    planted.unlink()
+    group = 65534 if os.geteuid() == 0 else os.getgid()
+    listener = unix_listener(str(planted), 1, 0o660, group)
+    try:
+        info = os.lstat(planted)
+        assert stat.S_ISSOCK(info.st_mode) and (oct(info.st_mode & 0o777), info.st_gid) == ("0o660", group)
+        assert sorted(os.listdir(tmp_path)) == ["s.sock", "secret"]  # the private directory is gone
+        with socket.socket(socket.AF_UNIX) as client:
+            client.connect(str(planted))
+    finally:
+        listener.close()
+
+
 def test_a_server_that_fails_to_start_lets_go_of_the_stores_socket(tmp_path):
     from hqueue.server import HQueueServer
     from hqueue.sharing import SOCKET_NAME

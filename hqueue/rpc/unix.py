@@ -20,8 +20,9 @@ import contextlib
 import errno
 import logging
 import os
+import secrets
 import socket
-import tempfile
+import stat
 from collections.abc import Iterator
 
 logger = logging.getLogger(__name__)
@@ -29,61 +30,102 @@ logger = logging.getLogger(__name__)
 
 def unix_listener(path: str, backlog: int, mode: int = 0o600, group: int | None = None) -> socket.socket:
     """A Unix socket listening at ``path``, its file made with permissions ``mode`` and, when
-    given, group ``group`` (a path too long for ``sun_path`` goes through its directory's
-    descriptor, ``/proc/self/fd/N/name``, on Linux).
+    given, group ``group``.
 
-    The socket is bound in a private directory beside ``path`` (``0700``), given its group
-    and mode there, then linked into place: it appears at ``path`` with its final
-    permissions, so no one is let in meanwhile, and no other user of ``path``'s directory
-    can swap a symlink in between the bind and a ``chown``/``chmod`` by path to have them
-    change another file. A file already at ``path`` is an error (``EADDRINUSE``). A group
-    this process may not give (it is no member) leaves the socket ``0600``, with a warning.
+    The socket is made in a private directory beside ``path`` (``0700``, this process's),
+    given its group and mode there, then linked into place: it appears at ``path`` with
+    its final permissions, so no one is let in meanwhile. Every step after the private
+    directory is made goes through descriptors of it and of ``path``'s directory, never a
+    path another user of that directory could change (rename the private directory, swap
+    a symlink in) to have this process change or delete another file. A file already at
+    ``path`` is an error (``EADDRINUSE``). A group this process may not give (it is no
+    member) leaves the socket ``0600``, with a warning. Paths too long for ``sun_path``
+    need nothing more: the bind goes through ``/proc/self/fd/N/name`` (Linux).
     """
     directory, name = os.path.split(path)
-    try:
-        private = tempfile.mkdtemp(prefix=".hqueue-", dir=directory or ".")
-    except OSError as e:
-        raise OSError(e.errno, f"cannot listen on {path}: {e.strerror or e}") from e
-    staged = os.path.join(private, name)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    parent = private = -1
     try:
-        os.fchmod(sock.fileno(), 0o600)
-        with short_unix_path(staged) as short:
-            sock.bind(short)
-        if group is not None:
-            try:
-                os.chown(staged, -1, group)
-            except PermissionError as e:
-                mode = 0o600
-                logger.warning(
-                    "%s is left to this user alone: it cannot be given group %d (%s); run as a member of "
-                    "that group, or make its directory setgid (chmod g+s)", path, group, e,
-                )  # fmt: skip
-        os.chmod(staged, mode)  # (only this process may reach it here: the mode is exact, whatever the umask)
-        sock.listen(backlog)
-        _into_place(staged, path)
+        parent = os.open(directory or ".", _DIRECTORY)
+        private, private_name = _private_directory(parent)
+        try:
+            os.fchmod(sock.fileno(), 0o600)
+            sock.bind(f"/proc/self/fd/{private}/{name}")
+            mode = _give_group(private, name, path, mode, group)
+            os.chmod(name, mode, dir_fd=private)  # (nobody else may reach it here: exact, whatever the umask)
+            sock.listen(backlog)
+            _into_place(private, parent, name)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=private)
+            _remove_private(parent, private, private_name)
     except OSError as e:
         sock.close()
         raise OSError(e.errno, f"cannot listen on {path}: {e.strerror or e}") from e
     finally:
-        with contextlib.suppress(OSError):
-            os.unlink(staged)
-        with contextlib.suppress(OSError):
-            os.rmdir(private)
+        for fd in (private, parent):
+            if fd >= 0:
+                os.close(fd)
     return sock
 
 
-def _into_place(staged: str, path: str) -> None:
-    """``staged`` at ``path`` too, never over a file there (a hard link); where the file
-    system has no hard links, renamed there if nothing is."""
+#: How a directory is opened to work in it by descriptor (never through a symlink).
+_DIRECTORY = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW
+
+
+def _private_directory(parent: int) -> tuple[int, str]:
+    """A new directory in ``parent`` only this process's user may enter: its descriptor
+    (checked to be the directory made, not one swapped in by name) and its name."""
+    name = f".hqueue-{secrets.token_hex(8)}"
+    os.mkdir(name, 0o700, dir_fd=parent)
+    fd = os.open(name, _DIRECTORY, dir_fd=parent)
+    info = os.fstat(fd)
+    if info.st_uid != os.geteuid() or stat.S_IMODE(info.st_mode) & 0o077:
+        os.close(fd)
+        raise PermissionError(errno.EPERM, f"{name}, made to bind the socket in, was replaced")
+    return fd, name
+
+
+def _give_group(private: int, name: str, path: str, mode: int, group: int | None) -> int:
+    """Give the socket ``group``; the mode to make it (``0600`` if the group may not be given)."""
+    if group is None:
+        return mode
     try:
-        os.link(staged, path)
+        os.chown(name, -1, group, dir_fd=private, follow_symlinks=False)
+    except PermissionError as e:
+        logger.warning(
+            "%s is left to this user alone: it cannot be given group %d (%s); run as a member of that group, "
+            "or make its directory setgid (chmod g+s)", path, group, e,
+        )  # fmt: skip
+        return 0o600
+    return mode
+
+
+def _into_place(private: int, parent: int, name: str) -> None:
+    """The socket at ``name`` in ``parent`` too, never over a file there (a hard link);
+    where the file system has no hard links, moved there if nothing is."""
+    try:
+        os.link(name, name, src_dir_fd=private, dst_dir_fd=parent, follow_symlinks=False)
     except FileExistsError:
         raise OSError(errno.EADDRINUSE, "a file is there already") from None
     except OSError as e:
-        if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK) or os.path.lexists(path):
+        if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK):
             raise
-        os.rename(staged, path)
+        try:
+            os.stat(name, dir_fd=parent, follow_symlinks=False)
+        except FileNotFoundError:
+            os.rename(name, name, src_dir_fd=private, dst_dir_fd=parent)
+            return
+        raise OSError(errno.EADDRINUSE, "a file is there already") from None
+
+
+def _remove_private(parent: int, private: int, name: str) -> None:
+    """Remove the private directory, if ``name`` in ``parent`` is still it (not one put there since)."""
+    with contextlib.suppress(OSError):
+        made = os.fstat(private)
+        there = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        if (there.st_dev, there.st_ino) == (made.st_dev, made.st_ino):
+            os.rmdir(name, dir_fd=parent)
 
 
 #: The longest Unix socket path bound or connected to as it is (``sun_path`` holds 108 bytes).

@@ -229,6 +229,37 @@ def test_the_socket_appears_with_its_group_and_mode_and_never_follows_a_symlink(
         listener.close()
 
 
+def test_a_private_directory_swapped_in_by_name_is_refused(tmp_path, monkeypatch):
+    """The socket was bound and given its group and mode by path in its private directory:
+    another user of a group-writable store directory could rename that directory and put
+    one of its own there, with a symlink to a file of the serving user (a review's probe:
+    the file was given the group and made 0660). Now only descriptors of the directory
+    made are used, and one swapped in before it is opened is refused."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to make the other user's directory")
+    from hqueue.rpc import unix
+
+    victim = tmp_path / "victim"
+    victim.write_text("root only")
+    os.chmod(victim, 0o600)
+    real_open = os.open
+
+    def swapping(name, flags, *args, dir_fd=None, **kwargs):
+        if isinstance(name, str) and name.startswith(".hqueue-") and dir_fd is not None:
+            os.rename(name, name + ".mine", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # the attacker's swap
+            os.mkdir(name, 0o700, dir_fd=dir_fd)
+            os.chown(name, 65534, 65534, dir_fd=dir_fd)
+            os.symlink(victim, tmp_path / name / "s.sock")
+        return real_open(name, flags, *args, dir_fd=dir_fd, **kwargs)
+
+    monkeypatch.setattr(unix.os, "open", swapping)
+    with pytest.raises(OSError, match="was replaced"):
+        unix.unix_listener(str(tmp_path / "s.sock"), 1, 0o660, 65534)
+    monkeypatch.undo()
+    assert (oct(victim.stat().st_mode & 0o777), victim.stat().st_gid, victim.read_text()) == ("0o600", 0, "root only")
+    assert not (tmp_path / "s.sock").exists()
+
+
 def test_a_server_that_fails_to_start_lets_go_of_the_stores_socket(tmp_path):
     from hqueue.server import HQueueServer
     from hqueue.sharing import SOCKET_NAME

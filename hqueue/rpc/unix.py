@@ -46,7 +46,7 @@ def unix_listener(path: str, backlog: int, mode: int = 0o600, group: int | None 
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     parent = private = -1
     try:
-        parent = os.open(directory or ".", _DIRECTORY)
+        parent = os.open(directory or ".", _DIRECTORY & ~os.O_NOFOLLOW)  # (the store's own path may be a link)
         private, private_name = _private_directory(parent)
         try:
             os.fchmod(sock.fileno(), 0o600)

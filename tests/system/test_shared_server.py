@@ -260,6 +260,21 @@ def test_a_private_directory_swapped_in_by_name_is_refused(tmp_path, monkeypatch
     assert not (tmp_path / "s.sock").exists()
 
 
+def test_a_store_reached_through_a_symlink_is_served_there(tmp_path):
+    """The store's directory was opened O_NOFOLLOW to bind its socket: a store named by a
+    symlink (a common layout: /var/lib/hqueue -> /data/hqueue) failed to open."""
+    os.makedirs(tmp_path / "real")
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    url = f"local://{tmp_path}/link"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 1)
+        assert stat.S_ISSOCK(os.stat(tmp_path / "real" / SOCKET_NAME).st_mode)
+        code = f"from hqueue import HQueue\nwith HQueue('q', {url!r}) as q: print(type(q.engine).__name__)"
+        other = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=python_env(), capture_output=True,
+                               text=True, timeout=60)  # fmt: skip
+        assert other.stdout.strip() == "StoreClient", other.stderr
+
+
 def test_a_server_that_fails_to_start_lets_go_of_the_stores_socket(tmp_path):
     from hqueue.server import HQueueServer
     from hqueue.sharing import SOCKET_NAME

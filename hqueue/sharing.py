@@ -56,7 +56,7 @@ from .client.pool import Connection, NotSent, Pool
 from .engine import Engine
 from .errors import NotAuthorized, StorageError, StorageLocked
 from .groups.limits import GroupLimits
-from .rpc.unix import short_unix_path
+from .rpc.unix import short_unix_path, sweep_private
 from .services import open_local
 
 logger = logging.getLogger(__name__)
@@ -106,7 +106,9 @@ def claim_socket(engine: Engine, server: object) -> str | None:
             return None
         _listening[engine] = server
     path = socket_path(engine.url)
-    # This process holds the store's lock: a socket file there is a stale one, of a process killed.
+    # This process holds the store's lock: a socket file there is a stale one, of a process killed
+    # (and so are the private directories one killed while making it left).
+    sweep_private(os.path.dirname(path))
     try:
         os.unlink(path)
     except FileNotFoundError:

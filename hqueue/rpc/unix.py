@@ -86,6 +86,31 @@ def _private_directory(parent: int) -> tuple[int, str]:
     return fd, name
 
 
+def sweep_private(directory: str) -> None:
+    """Remove the private directories processes of this user killed while making a socket
+    left in ``directory`` (call it holding what the socket is for: the store's lock). Only
+    this user's ``0700`` ones, emptied and removed through descriptors."""
+    try:
+        names = [entry.name for entry in os.scandir(directory) if entry.name.startswith(".hqueue-")]
+        parent = os.open(directory, _DIRECTORY & ~os.O_NOFOLLOW)
+    except OSError:
+        return
+    try:
+        for name in names:
+            with contextlib.suppress(OSError):
+                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
+                try:
+                    info = os.fstat(fd)
+                    if info.st_uid == os.geteuid() and not stat.S_IMODE(info.st_mode) & 0o077:
+                        for entry in os.listdir(fd):
+                            os.unlink(entry, dir_fd=fd)
+                        _remove_private(parent, fd, name)
+                finally:
+                    os.close(fd)
+    finally:
+        os.close(parent)
+
+
 def _give_group(private: int, name: str, path: str, mode: int, group: int | None) -> int:
     """Give the socket ``group``; the mode to make it (``0600`` if the group may not be given)."""
     if group is None:

@@ -275,6 +275,21 @@ def test_a_store_reached_through_a_symlink_is_served_there(tmp_path):
         assert other.stdout.strip() == "StoreClient", other.stderr
 
 
+def test_what_a_process_killed_while_making_the_socket_left_is_swept(tmp_path):
+    """A holder killed between making its private directory and removing it left it there
+    for good (a review: 54 of 200 kills in a tight loop)."""
+    with HQueueAdmin(f"local://{tmp_path}/data") as admin:
+        admin.create_queue("q", 1)
+    left = tmp_path / "data" / ".hqueue-0123456789abcdef"
+    os.mkdir(left, 0o700)
+    with socket.socket(socket.AF_UNIX) as half_made:
+        half_made.bind(str(left / SOCKET_NAME))
+    others = tmp_path / "data" / ".hqueue-not-mine"  # not a private one (others may enter): left alone
+    os.mkdir(others, 0o755)
+    with HQueueAdmin(f"local://{tmp_path}/data") as admin:
+        assert not left.exists() and others.exists()
+
+
 def test_a_server_that_fails_to_start_lets_go_of_the_stores_socket(tmp_path):
     from hqueue.server import HQueueServer
     from hqueue.sharing import SOCKET_NAME

@@ -569,3 +569,47 @@ def test_the_socket_is_given_the_store_directory_s_group_and_a_stranger_is_told_
         for tail in tails:
             tail.kill()
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_client_the_next_holder_s_socket_refuses_is_told_at_once():
+    """A client of a store whose next holder's socket refuses it (the directory no longer
+    lets its group in) waited its whole timeout, then said no process served the store."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to run a process as another user")
+    python, env = _nobody_python()
+    base = tempfile.mkdtemp(prefix="hqueue-shared-group-")
+    os.chmod(base, 0o755)
+    data = os.path.join(base, "data")
+    os.makedirs(data)
+    os.chown(data, 0, 65534)
+    os.chmod(data, 0o770)
+    with HQueueAdmin(data_dir=data) as admin:
+        admin.create_queue("q", 1)
+    script = (
+        "import sys\nfrom hqueue import HQueue, Message, HQueueError\n"
+        f"with HQueue('q', 'local://{data}?timeout=60') as q:\n"
+        "    q.put(Message('t', b'first')); print('first', flush=True)\n"
+        "    sys.stdin.readline()\n"
+        "    try:\n        q.put(Message('t', b'second')); print('second')\n"
+        "    except HQueueError as e:\n        print(type(e).__name__, e)\n"
+    )
+    tail = _tail(data)
+    client = None
+    try:
+        wait_for(lambda: os.path.exists(os.path.join(data, SOCKET_NAME)), 60, "hqueue tail to serve the store")
+        client = subprocess.Popen([*python, "-c", script], cwd=ROOT, env=env, preexec_fn=_as_nobody,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)  # fmt: skip
+        assert client.stdout.readline().strip() == "first"  # type: ignore[union-attr]
+        os.chmod(data, 0o750)  # the group may no longer write: the next holder's socket is its user's alone
+        tail.kill()
+        tail = _tail(data)
+        socket_file = os.path.join(data, SOCKET_NAME)
+        wait_for(lambda: os.path.exists(socket_file) and os.stat(socket_file).st_mode & 0o777 == 0o600, 60, "the next")
+        out, err = client.communicate("go\n", timeout=50)  # (its timeout is 60 s)
+        assert out.startswith("NotAuthorized") and "may not connect to the store's socket" in out, (out, err)
+    finally:
+        if client is not None and client.poll() is None:
+            client.kill()
+        tail.kill()
+        shutil.rmtree(base, ignore_errors=True)

@@ -40,7 +40,11 @@ from .main import Progress, Seconds, main, open_admin, open_queue
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=9700, show_default=True, help="0 picks a free port.")
-@click.option("--advertise", help="host:port clients should use (default: host:port).")
+@click.option(
+    "--advertise",
+    help="host:port clients and other servers should use (default: --host:--port; needed with --zk when "
+    "--host is 0.0.0.0 or ::).",
+)
 @click.option("--id", "server_id", help="This server's name in ZooKeeper (default: the advertised address).")
 @click.option(
     "--session-timeout",

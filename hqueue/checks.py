@@ -67,7 +67,7 @@ def check_columns(info: QueueInfo, topics: Sequence[bytes], values: Sequence[byt
     if min(topic_sizes) > 0 and max(topic_sizes) <= MAX_TOPIC_BYTES and max(sizes) <= info.max_message_bytes:
         return
     for index, (topic_size, size) in enumerate(zip(topic_sizes, sizes, strict=True)):  # say which one
-        _check_sizes(info, index, topic_size, size)
+        _check_sizes(info, index if len(topics) > 1 else None, topic_size, size)
 
 
 def check_batch_bounds(count: int, size: int) -> None:
@@ -81,15 +81,16 @@ def check_batch_bounds(count: int, size: int) -> None:
         )
 
 
-def _check_sizes(info: QueueInfo, index: int, topic_size: int, size: int) -> None:
+def _check_sizes(info: QueueInfo, index: int | None, topic_size: int, size: int) -> None:
+    """``index``: the message's place in its batch (None: a message alone)."""
+    which = "the message" if index is None else f"message {index}"
     if not topic_size:
-        raise InvalidMessage(f"message {index} needs a non-empty topic")
+        raise InvalidMessage(f"{which} needs a non-empty topic")
     if topic_size > MAX_TOPIC_BYTES:
-        raise InvalidMessage(f"message {index} has a topic over {MAX_TOPIC_BYTES} bytes")
+        raise InvalidMessage(f"{which} has a topic over {MAX_TOPIC_BYTES} bytes")
     if size > info.max_message_bytes:
         raise MessageTooLarge(
-            f"message {index} is {size} bytes; queue {info.name!r} takes at most {info.max_message_bytes} "
-            "(topic + value)"
+            f"{which} is {size} bytes; queue {info.name!r} takes at most {info.max_message_bytes} (topic + value)"
         )
 
 
@@ -103,7 +104,7 @@ def message_columns(info: QueueInfo, messages: Sequence[Message]) -> tuple[list[
         message = messages[0]
         if type(message) is Message:
             topic, value = message.topic, message.value
-            _check_sizes(info, 0, len(topic), len(topic) + len(value))
+            _check_sizes(info, None, len(topic), len(topic) + len(value))
             return [topic], [value]
     if not messages:
         raise InvalidMessage("a put needs at least one message")

@@ -70,6 +70,8 @@ class AsyncConsumer:
         self.closed = False
         self._heartbeats: asyncio.Task | None = None
         self._handing_back: set[asyncio.Task] = set()
+        #: Receives under way at a server (long polls): a close ends them before it leaves.
+        self._calls: set[asyncio.Future] = set()
 
     async def open(self) -> AsyncConsumer:
         """Open (or make) the group; once."""
@@ -98,10 +100,15 @@ class AsyncConsumer:
         receiving = groups.receive(self.queue.name, self.group, self.member, max_messages, lease, wait)
         if getattr(groups, "cancel_safe", False):  # a store in this process: nothing to wait out
             return list(_deliveries(await receiving))
-        call = asyncio.ensure_future(receiving)  # a long poll at a server: it ends on its own
+        call = asyncio.ensure_future(receiving)  # a long poll at a server: it ends on its own, or at close()
+        self._calls.add(call)
+        call.add_done_callback(self._calls.discard)
         try:
             pairs = await asyncio.shield(call)
         except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self.closed and call.cancelled() and task is not None and not task.cancelling():
+                return []  # ended by close() from another task: nothing was taken
             if not call.done() or (not call.cancelled() and call.exception() is None):
                 task = asyncio.ensure_future(self._hand_back(groups, call))
                 self._handing_back.add(task)
@@ -170,6 +177,8 @@ class AsyncConsumer:
         self.closed = True
         if self._heartbeats is not None:
             self._heartbeats.cancel()
+        for call in list(self._calls):  # a cancelled receive's long poll: it would count the member in
+            call.cancel()  # again; what it took goes back with the leave below
         if self._handing_back:
             await asyncio.gather(*self._handing_back, return_exceptions=True)
         if self._groups is not None and not self.queue.closed:  # (closed: its store or connections

@@ -163,6 +163,13 @@ def owner_addresses(locations: Any, seeds: list[str]) -> list[str]:
     return owners
 
 
+def past_deadline(address: str, method: str, timeout: float, sent: bool) -> str:
+    """What a DeadlineExceeded says: the call went and got no answer, or never went."""
+    if sent:
+        return f"hqueue server {address}: {method}: no answer within the call's {timeout:g}s timeout"
+    return f"hqueue server {address}: {method}: not sent: the call's {timeout:g}s timeout passed first"
+
+
 def queue_description(description: Any) -> dict[str, Any]:
     """``describe_queue``'s answer from a ``describeQueue`` reply."""
     info = wire.from_tinfo(description.info)
@@ -292,9 +299,7 @@ class RemoteEngine:
     ) -> ServerUnavailable:
         """The error for a call that got no answer: DeadlineExceeded once the deadline passed."""
         if isinstance(cause, TimeoutError) or time.monotonic() >= deadline:
-            error: ServerUnavailable = DeadlineExceeded(
-                f"hqueue server {address}: {method}: no answer within the call's {self.timeout:g}s timeout"
-            )
+            error: ServerUnavailable = DeadlineExceeded(past_deadline(address, method, self.timeout, sent))
         elif self.unix_socket is not None:
             error = ServerUnavailable(f"the process serving {self.url} (on {self.unix_socket}): {cause}")
         else:

@@ -326,7 +326,8 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
         lease = min(check_lease(lease), self.limits.max_lease)
         check_wait(wait)
         group = self._group(queue, name)
-        deadline = time.monotonic() + wait
+        started = time.monotonic()
+        deadline = started + wait
         taken: Columns = ([], [], [])
         room, next_ready = True, 1.0
         while True:
@@ -334,8 +335,10 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
                 generation = self._generations.get(queue, 0)
             if self._stopped:  # woken by the stop: the store may be closing (the client asks again)
                 return taken
+            if group.left.get(member, -1.0) >= started:  # it left meanwhile (its client closed): nothing
+                return taken
             if room:
-                taken, next_ready = self._take(group, member, max_messages, lease)
+                taken, next_ready = self._take(group, member, max_messages, lease, started)
             left = deadline - time.monotonic()
             if taken[0] or left <= 0:
                 return taken
@@ -348,8 +351,9 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
                         self._waiting[queue] -= 1
             room = slot is None or bool(slot.held)
 
-    def _take(self, group: GroupState, member: str, limit: int, lease: float) -> tuple[Columns, float]:
-        """What ``member`` gets now, and seconds until a retry falls due."""
+    def _take(self, group: GroupState, member: str, limit: int, lease: float, since: float) -> tuple[Columns, float]:
+        """What ``member`` gets now (nothing if it left after ``since``, when its receive
+        began), and seconds until a retry falls due."""
         info = self.engine.enabled_queue(group.queue)
         now = time.monotonic()
         out = Handout()
@@ -357,6 +361,8 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
         with group.lock:
             if group.deleted:  # held from before its delete: nothing more of it goes out
                 raise GroupNotFound(group.queue, group.name)
+            if group.left.get(member, -1.0) >= since:
+                return out.columns(), next_ready
             group.members[member] = group.seen[member] = now
             self._forget_silent(group, now)
             members = group.live_members(now, self.limits.member_timeout)

@@ -370,6 +370,9 @@ class GroupState:
         self.members: dict[str, float] = {}
         #: Every member heard from: member -> when it last called (receive or heartbeat).
         self.seen: dict[str, float] = {}
+        #: Members that left: member -> when (a receive of theirs begun before gets nothing and
+        #: does not count them in again: a cancelled long poll outlives its client's leave).
+        self.left: dict[str, float] = {}
         self.dead_lettered = 0
         self.partitions: dict[int, PartitionState] = {}
         self.turn = 0

@@ -299,3 +299,58 @@ def test_calls_waiting_for_a_connection_are_served_in_turn(tmp_path):
         assert done > 200 and failed == []
     finally:
         server.stop()
+
+
+def test_a_member_closed_right_after_its_receive_is_cancelled_is_out_of_the_group(tmp_path):
+    """docs/asyncio.md's cancellation example printed [] on hqueue:// (an acceptance probe):
+    close() right after task.cancel() left the group while the cancelled receive's long
+    poll went on at the server, which counted the member in again for 10 s, so the
+    other member got half the partitions' messages only then."""
+    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
+    url = f"hqueue://{server.address}"
+
+    async def main() -> tuple[list[str], list[int]]:
+        async with AsyncHQueueAdmin(url) as admin:
+            await admin.create_queue("q", 4)
+        async with AsyncHQueue("q", url) as queue:
+            async with queue.consumer("g", member="a") as a, queue.consumer("g", member="b") as b:
+                await b.receive(wait=0)
+                waiting = asyncio.ensure_future(a.receive(wait=20))
+                await asyncio.sleep(0.2)  # its long poll is at the server
+                waiting.cancel()
+                await a.close()
+                async with AsyncHQueueAdmin(url) as admin:
+                    members = (await admin.describe_group("q", "g"))["members"]
+                for partition in range(4):
+                    await queue.put(Message("t", b"%d" % partition), partition)
+                got = await b.receive(10, wait=5)
+                return members, sorted(d.partition_id for d in got)
+
+    try:
+        members, partitions = asyncio.run(asyncio.wait_for(main(), 60))
+        assert members == ["b"]
+        assert partitions == [0, 1, 2, 3]  # all of them, to the one member left, in one receive
+    finally:
+        server.stop()
+
+
+def test_a_receive_ended_by_close_from_another_task_returns_nothing(tmp_path):
+    """A long poll went on after its consumer's close, as long as its wait."""
+    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
+    url = f"hqueue://{server.address}"
+
+    async def main() -> list:
+        async with AsyncHQueueAdmin(url) as admin:
+            await admin.create_queue("q", 2)
+        async with AsyncHQueue("q", url) as queue:
+            consumer = queue.consumer("g")
+            await consumer.open()
+            receiving = asyncio.ensure_future(consumer.receive(wait=120))  # ended by the close, not by its wait
+            await asyncio.sleep(0.2)
+            await consumer.close()
+            return await receiving
+
+    try:
+        assert asyncio.run(asyncio.wait_for(main(), 60)) == []
+    finally:
+        server.stop()

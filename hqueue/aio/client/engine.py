@@ -29,6 +29,7 @@ from ...client.engine import (
     CallDeadline,
     client_options,
     owner_addresses,
+    past_deadline,
     queue_description,
 )
 from ...config import INFO_CACHE_SECONDS, QueueInfo, QueueState
@@ -106,9 +107,7 @@ class AsyncRemoteEngine:
 
     def _unavailable(self, address: str, method: str, cause: BaseException, sent: bool = False) -> ServerUnavailable:
         if isinstance(cause, TimeoutError):
-            error: ServerUnavailable = DeadlineExceeded(
-                f"hqueue server {address}: {method}: no answer within the call's {self.timeout:g}s timeout"
-            )
+            error: ServerUnavailable = DeadlineExceeded(past_deadline(address, method, self.timeout, sent))
         elif self.unix_socket is not None:
             error = ServerUnavailable(f"the process serving {self.url} (on {self.unix_socket}): {cause}")
         else:

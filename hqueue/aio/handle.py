@@ -70,7 +70,10 @@ class AsyncConnected:
                         await self.close()
                         raise RuntimeError(f"{type(self).__name__} is closed")
                     await self._opened()
-        return self._engine
+        engine = self._engine
+        if engine is None:  # closed while this waited for it to open
+            raise RuntimeError(f"{type(self).__name__} is closed")
+        return engine
 
     async def _opened(self) -> None:
         """Checks once the engine is open (a queue that must exist)."""

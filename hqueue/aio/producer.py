@@ -77,8 +77,15 @@ class AsyncProducer:
         if self._sender is None:
             if self._batches.closed:
                 raise ProducerClosed(f"the producer of {self.name!r} is closed")
-            engine = await self._engine_of()
-            info = await engine.enabled_queue(self.name)
+            try:
+                engine = await self._engine_of()
+                info = await engine.enabled_queue(self.name)
+            except RuntimeError:  # (its queue's handle was closed meanwhile, and the store with it)
+                if self._batches.closed:
+                    raise ProducerClosed(f"the producer of {self.name!r} is closed") from None
+                raise
+            if self._batches.closed:  # closed while it opened: a send then is one after the close
+                raise ProducerClosed(f"the producer of {self.name!r} is closed")
             if self._sender is None:  # (another task opened it meanwhile)
                 self._engine, self._batches.info = engine, info
                 self._changed = asyncio.Condition()

@@ -142,3 +142,23 @@ def test_a_producer_belongs_to_the_event_loop_it_was_first_used_in(tmp_path):
     queue, producer = run(first())
     with pytest.raises(RuntimeError, match="belongs to the event loop it was first used in"):
         run(producer.send(Message("t", b"second loop")))
+
+
+def test_a_first_send_caught_by_its_queue_s_close_is_closed_or_stored(api_url, queue_name):
+    """A first send opens its producer; a close of the queue meanwhile made it fail with the
+    released store's RuntimeError on memory and embedded stores (an acceptance probe)."""
+
+    async def main():
+        await made(api_url, queue_name)
+        queue = AsyncHQueue(queue_name, api_url)
+        producer = queue.producer(linger_ms=200)
+        sending = asyncio.ensure_future(producer.send(Message("t", b"caught")))
+        await asyncio.sleep(0)  # it is opening the producer
+        await queue.close()
+        try:
+            return await sending
+        except ProducerClosed:
+            return None
+
+    result = run(main())
+    assert result is None or isinstance(result, MessageID)

@@ -15,6 +15,7 @@ from typing import Any
 from ..checks import check_partition
 from ..config import UNSEEN
 from ..errors import DeadlineExceeded, HQueueError, NoPartitionOwner, NotPartitionOwner, ServerUnavailable
+from ..groups.limits import MAX_WAIT
 from ..message import Message, MessageID, messages_from_columns, rowkeys_by_partition
 from ..rpc import operations as op
 from ..rpc import packed, wire
@@ -33,6 +34,9 @@ class RemoteGroups:
         self._engine = engine
         self._turn = -1  # receive asks the owners in turn
         self._locations_checked: dict[str, float] = {}
+        #: (queue, group, member) -> when it left here: a receive begun before (in another
+        #: thread) asks no owner again, which would count the member in again.
+        self._left: dict[tuple[str, str, str], float] = {}
 
     def _group_locations(self, name: str, fresh: bool = False) -> list[str]:
         """Partition owners for group calls: cached, and read again every few seconds
@@ -63,9 +67,12 @@ class RemoteGroups:
     def _receive(
         self, queue: str, group: str, member: str, max_messages: int, lease: float, wait: float, deadline: float
     ) -> list[tuple[Message, int]]:
-        waited = time.monotonic() + wait
+        started = time.monotonic()
+        waited = started + wait
         retry = _Retry(self._engine, deadline)
         while True:
+            if self._left.get((queue, group, member), -1.0) >= started:
+                return []  # its consumer closed meanwhile
             owners = self._owners(queue, retry.take_fresh())
             if not owners:
                 retry.failed(NoPartitionOwner(queue, -1, 0, None))
@@ -144,6 +151,10 @@ class RemoteGroups:
         return self._receipts_call(queue, rowkeys, "groupExtend", (group, member), (max(1, int(lease * 1000)),))
 
     def leave(self, queue: str, group: str, member: str) -> None:
+        now = time.monotonic()
+        for key in [key for key, at in list(self._left.items()) if at < now - MAX_WAIT - 1]:
+            self._left.pop(key, None)
+        self._left[(queue, group, member)] = now
         with self._engine.deadline():
             for owner in self._owners(queue):
                 try:

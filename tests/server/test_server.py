@@ -372,3 +372,31 @@ def test_each_address_a_host_name_resolves_to_is_dialled_in_turn(tmp_path, monke
         v6.stop()
         queued.close()
         silent.close()
+
+
+def test_a_consumer_closed_while_another_thread_receives_leaves_the_group(tmp_path):
+    """A worker thread's receive went on polling after the main thread closed its consumer
+    (a shutdown): each poll counted the member in again, and the others waited for its
+    partitions until it timed out."""
+    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
+    url = f"hqueue://{server.address}"
+    try:
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("q", 4)
+        with HQueue("q", url) as queue, queue.consumer("g", member="b") as b:
+            b.receive(wait=0)
+            a = queue.consumer("g", member="a")
+            got: list = []
+            worker = threading.Thread(target=lambda: got.append(a.receive(wait=20)))
+            worker.start()
+            time.sleep(0.3)  # its long poll is at the server
+            a.close()
+            worker.join(30)
+            assert not worker.is_alive() and got == [[]]
+            with HQueueAdmin(url) as admin:
+                assert admin.describe_group("q", "g")["members"] == ["b"]
+            for partition in range(4):
+                queue.put(Message("t", b"%d" % partition), partition_id=partition)
+            assert sorted(d.partition_id for d in b.receive(10, wait=5)) == [0, 1, 2, 3]
+    finally:
+        server.stop()

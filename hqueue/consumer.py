@@ -23,6 +23,7 @@ connections closed: its process died) has its leases end at once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -38,7 +39,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from .api import groups_of
 from .config import UNSEEN
-from .errors import InvalidArgument
+from .errors import HQueueError, InvalidArgument
 from .groups.affinity import check_key_affinity
 from .groups.limits import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, HEARTBEAT_INTERVAL, check_lease, check_wait
 from .groups.state import start_ms
@@ -205,11 +206,18 @@ class Consumer:
         self._stopped = threading.Event()
 
     def receive(self, max_messages: int = 100, *, wait: float = 1.0, lease: float | None = None) -> list[Delivery]:
-        """Up to ``max_messages`` messages, waiting up to ``wait`` seconds for the first."""
+        """Up to ``max_messages`` messages, waiting up to ``wait`` seconds for the first.
+        Closed meanwhile (from another thread), it returns none."""
+        if self.closed:
+            raise RuntimeError(f"{self!r} is closed")
         if self._heartbeats is None:
             self._start_heartbeats()
         lease, wait = check_lease(self.lease if lease is None else lease), check_wait(wait)
         pairs = self._groups.receive(self.queue.name, self.group, self.member, max_messages, lease, wait)
+        if self.closed:  # it raced the close's leave, which it may have undone: leave again (what it took goes back)
+            with contextlib.suppress(HQueueError, RuntimeError):  # (its store gone: the leases with it)
+                self._groups.leave(self.queue.name, self.group, self.member)
+            return []
         return list(_deliveries(pairs))
 
     def ack(self, deliveries: Delivery | Message | Iterable[Delivery | Message]) -> int:

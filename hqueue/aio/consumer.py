@@ -99,7 +99,8 @@ class AsyncConsumer:
             self._heartbeats = asyncio.ensure_future(_heartbeat(weakref.ref(self), groups))
         receiving = groups.receive(self.queue.name, self.group, self.member, max_messages, lease, wait)
         if getattr(groups, "cancel_safe", False):  # a store in this process: nothing to wait out
-            return list(_deliveries(await receiving))
+            pairs = await receiving
+            return await self._unless_closed(groups, pairs)
         call = asyncio.ensure_future(receiving)  # a long poll at a server: it ends on its own, or at close()
         self._calls.add(call)
         call.add_done_callback(self._calls.discard)
@@ -114,6 +115,15 @@ class AsyncConsumer:
                 self._handing_back.add(task)
                 task.add_done_callback(self._handing_back.discard)
             raise
+        return await self._unless_closed(groups, pairs)
+
+    async def _unless_closed(self, groups: Any, pairs: list) -> list[Delivery]:
+        """A receive's deliveries; none if the consumer closed meanwhile (from another task),
+        whose leave it may have undone: it leaves again, and what it took goes back."""
+        if self.closed:
+            if not self.queue.closed:  # (closed: its store or connections went, and the leases with them)
+                await groups.leave(self.queue.name, self.group, self.member)
+            return []
         return list(_deliveries(pairs))
 
     async def _hand_back(self, groups: Any, call: asyncio.Future) -> None:

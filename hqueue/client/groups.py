@@ -89,6 +89,9 @@ class RemoteGroups:
                     retry.noted(e)  # the others go on; the owners are read again next round
                     failed = True
                     continue
+                if self._left.get((queue, group, member), -1.0) >= started:  # it raced the leave: out again
+                    self._leave_at(owner, queue, group, member)  # (what it took goes back at once, unseen)
+                    return []
                 answered = True
                 if deliveries.attempts:
                     messages = messages_from_columns(*packed.unpack(deliveries.messages))
@@ -157,10 +160,13 @@ class RemoteGroups:
         self._left[(queue, group, member)] = now
         with self._engine.deadline():
             for owner in self._owners(queue):
-                try:
-                    self._engine._call_at(owner, "groupLeave", queue, group, member, queue=queue)
-                except ServerUnavailable:
-                    pass  # its leases run out there
+                self._leave_at(owner, queue, group, member)
+
+    def _leave_at(self, owner: str, queue: str, group: str, member: str) -> None:
+        try:
+            self._engine._call_at(owner, "groupLeave", queue, group, member, queue=queue)
+        except ServerUnavailable:
+            pass  # its leases run out there
 
     def heartbeat(self, queue: str, group: str, member: str) -> None:
         """At every owner (one that is down is skipped: its partitions move, or it comes back)."""

@@ -411,3 +411,30 @@ def test_starting_a_started_subscriber_again_keeps_its_handle(tmp_path):
         await queue.close()
 
     run(main())
+
+
+def test_a_member_closed_while_another_task_receives_in_process_leaves_the_group(tmp_path):
+    """On an embedded store, a receive another task awaited went on after its consumer's
+    close, taking in turn until its wait ended, each take counting the member in again
+    (a review's probe: members ['a', 'b'] 1.5 s after the close)."""
+
+    async def main() -> tuple[list, list[str], list[int]]:
+        url = f"local://{tmp_path}/data"
+        async with AsyncHQueueAdmin(url) as admin:
+            await admin.create_queue("q", 4)
+        async with AsyncHQueue("q", url) as queue:
+            async with queue.consumer("g", member="b") as b:
+                await b.receive(wait=0)
+                a = queue.consumer("g", member="a")
+                receiving = asyncio.ensure_future(a.receive(wait=30))
+                await asyncio.sleep(0.3)
+                await a.close()
+                got = await receiving  # ended by the close, not by its wait
+                async with AsyncHQueueAdmin(url) as admin:
+                    members = (await admin.describe_group("q", "g"))["members"]
+                for partition in range(4):
+                    await queue.put(Message("t", b"%d" % partition), partition)
+                return got, members, sorted(d.partition_id for d in await b.receive(10, wait=5))
+
+    got, members, partitions = asyncio.run(asyncio.wait_for(main(), 20))
+    assert (got, members, partitions) == ([], ["b"], [0, 1, 2, 3])

@@ -400,3 +400,14 @@ def test_a_consumer_closed_while_another_thread_receives_leaves_the_group(tmp_pa
             assert sorted(d.partition_id for d in b.receive(10, wait=5)) == [0, 1, 2, 3]
     finally:
         server.stop()
+
+
+def test_a_closed_consumer_does_not_receive(tmp_path):
+    """A receive after close() joined the group again, silently."""
+    with HQueueAdmin(f"local://{tmp_path}/data") as admin:
+        admin.create_queue("q", 1)
+    with HQueue("q", f"local://{tmp_path}/data") as queue:
+        consumer = queue.consumer("g")
+        consumer.close()
+        with pytest.raises(RuntimeError, match="is closed"):
+            consumer.receive(wait=0)

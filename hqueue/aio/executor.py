@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import weakref
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +30,7 @@ from typing import Any
 from ..api import EngineAPI
 from ..config import UNSEEN
 from ..errors import DeadlineExceeded, ServerUnavailable
-from ..groups.limits import MAX_WAIT
+from ..groups.state import Departures
 from ..message import Message, messages_from_columns
 from ..rpc import packed
 from .client.engine import AsyncRemoteEngine
@@ -135,9 +136,9 @@ class ExecutorGroups(_Awaitable):
         #: Polls under way in the serving process, by (queue, group, member): a leave waits for
         #: them (each poll's receive counts its member in; after the leave, it came back).
         self._polls: dict[tuple[str, str, str], set[asyncio.Future[Any]]] = {}
-        #: (queue, group, member) -> when it left (the loop's clock): a receive begun before
-        #: takes nothing more, and one that took after the leave leaves again.
-        self._left: dict[tuple[str, str, str], float] = {}
+        #: Members that left here, by (queue, group, member): a receive begun before (in
+        #: another task) takes nothing more.
+        self._left = Departures()
 
     async def receive(
         self, queue: str, group: str, member: str, max_messages: int, lease: float, wait: float
@@ -147,19 +148,15 @@ class ExecutorGroups(_Awaitable):
         if self._socket is not None:
             return await self._receive_there(queue, group, member, max_messages, lease, wait)
         loop = asyncio.get_running_loop()
-        started = loop.time()
-        until = started + wait
+        until = loop.time() + wait
         waker = _waker(self._engine.sync)
-        key = (queue, group, member)
+        started = time.monotonic()
         while True:
-            if self._left.get(key, -1.0) >= started:  # its consumer closed (another task): nothing more
-                return []
+            if self._left.since((queue, group, member), started):
+                return []  # its consumer closed meanwhile (it leaves again: AsyncConsumer.receive)
             woken = waker.arm(queue, loop)
             try:
                 taken = await self._take(queue, group, member, max_messages, lease)
-                if self._left.get(key, -1.0) >= started:  # a take that raced the leave counted it in: out again
-                    await self._engine.run(self._service.leave, queue, group, member)
-                    return []
                 left = until - loop.time()
                 if taken or left <= 0:
                     return taken
@@ -239,9 +236,7 @@ class ExecutorGroups(_Awaitable):
         """Leave the group, once the member's polls under way in the serving process end
         (within LONG_POLL while it answers): a receive there after the leave would count the
         member in again, and its partitions would wait for it until the member timeout."""
-        self._left[(queue, group, member)] = now = asyncio.get_running_loop().time()
-        for key in [key for key, at in self._left.items() if at < now - MAX_WAIT - 1]:
-            del self._left[key]
+        self._left.leave((queue, group, member))
         polls = self._polls.pop((queue, group, member), set())
         if polls:  # (a serving process that stopped answering: not waited for past that)
             await asyncio.wait(polls, timeout=LONG_POLL + 1)

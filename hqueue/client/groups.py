@@ -15,7 +15,7 @@ from typing import Any
 from ..checks import check_partition
 from ..config import UNSEEN
 from ..errors import DeadlineExceeded, HQueueError, NoPartitionOwner, NotPartitionOwner, ServerUnavailable
-from ..groups.limits import MAX_WAIT
+from ..groups.state import Departures
 from ..message import Message, MessageID, messages_from_columns, rowkeys_by_partition
 from ..rpc import operations as op
 from ..rpc import packed, wire
@@ -34,9 +34,9 @@ class RemoteGroups:
         self._engine = engine
         self._turn = -1  # receive asks the owners in turn
         self._locations_checked: dict[str, float] = {}
-        #: (queue, group, member) -> when it left here: a receive begun before (in another
-        #: thread) asks no owner again, which would count the member in again.
-        self._left: dict[tuple[str, str, str], float] = {}
+        #: Members that left here, by (queue, group, member): a receive begun before (in
+        #: another thread) asks no owner again.
+        self._left = Departures()
 
     def _group_locations(self, name: str, fresh: bool = False) -> list[str]:
         """Partition owners for group calls: cached, and read again every few seconds
@@ -71,8 +71,8 @@ class RemoteGroups:
         waited = started + wait
         retry = _Retry(self._engine, deadline)
         while True:
-            if self._left.get((queue, group, member), -1.0) >= started:
-                return []  # its consumer closed meanwhile
+            if self._left.since((queue, group, member), started):
+                return []  # its consumer closed meanwhile (it leaves again: Consumer.receive)
             owners = self._owners(queue, retry.take_fresh())
             if not owners:
                 retry.failed(NoPartitionOwner(queue, -1, 0, None))
@@ -89,9 +89,6 @@ class RemoteGroups:
                     retry.noted(e)  # the others go on; the owners are read again next round
                     failed = True
                     continue
-                if self._left.get((queue, group, member), -1.0) >= started:  # it raced the leave: out again
-                    self._leave_at(owner, queue, group, member)  # (what it took goes back at once, unseen)
-                    return []
                 answered = True
                 if deliveries.attempts:
                     messages = messages_from_columns(*packed.unpack(deliveries.messages))
@@ -154,19 +151,13 @@ class RemoteGroups:
         return self._receipts_call(queue, rowkeys, "groupExtend", (group, member), (max(1, int(lease * 1000)),))
 
     def leave(self, queue: str, group: str, member: str) -> None:
-        now = time.monotonic()
-        for key in [key for key, at in list(self._left.items()) if at < now - MAX_WAIT - 1]:
-            self._left.pop(key, None)
-        self._left[(queue, group, member)] = now
+        self._left.leave((queue, group, member))
         with self._engine.deadline():
             for owner in self._owners(queue):
-                self._leave_at(owner, queue, group, member)
-
-    def _leave_at(self, owner: str, queue: str, group: str, member: str) -> None:
-        try:
-            self._engine._call_at(owner, "groupLeave", queue, group, member, queue=queue)
-        except ServerUnavailable:
-            pass  # its leases run out there
+                try:
+                    self._engine._call_at(owner, "groupLeave", queue, group, member, queue=queue)
+                except ServerUnavailable:
+                    pass  # its leases run out there
 
     def heartbeat(self, queue: str, group: str, member: str) -> None:
         """At every owner (one that is down is skipped: its partitions move, or it comes back)."""

@@ -26,7 +26,7 @@ import threading
 import time
 from collections import Counter
 
-from .limits import MAX_WAIT, GroupLimits, check_member
+from .limits import GroupLimits, check_member
 from .state import GroupState, PartitionState
 
 #: Members one connection is watched for; more (made-up names) are left to ``member_timeout``.
@@ -70,9 +70,7 @@ class GroupMembers:
         with group.lock:
             group.members.pop(member, None)
             group.seen.pop(member, None)
-            group.left[member] = now  # (kept while a receive begun before may still wait)
-            for gone in [m for m, at in group.left.items() if at < now - MAX_WAIT - 1]:
-                del group.left[gone]
+            group.left.leave(member)
             for state in group.partitions.values():
                 for message_id in state.leases_of(member):
                     state.retry_at(message_id, now)

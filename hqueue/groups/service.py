@@ -335,7 +335,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
                 generation = self._generations.get(queue, 0)
             if self._stopped:  # woken by the stop: the store may be closing (the client asks again)
                 return taken
-            if group.left.get(member, -1.0) >= started:  # it left meanwhile (its client closed): nothing
+            if group.left.since(member, started):  # it left meanwhile (its client closed): nothing
                 return taken
             if room:
                 taken, next_ready = self._take(group, member, max_messages, lease, started)
@@ -361,7 +361,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
         with group.lock:
             if group.deleted:  # held from before its delete: nothing more of it goes out
                 raise GroupNotFound(group.queue, group.name)
-            if group.left.get(member, -1.0) >= since:
+            if group.left.since(member, since):
                 return out.columns(), next_ready
             group.members[member] = group.seen[member] = now
             self._forget_silent(group, now)

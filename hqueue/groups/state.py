@@ -14,6 +14,7 @@ import collections
 import heapq
 import json
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, repeat
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgument
 from ..message import MessageID
-from .limits import DEFAULT_MAX_RETRIES, MEMBER_TIMEOUT
+from .limits import DEFAULT_MAX_RETRIES, MAX_WAIT, MEMBER_TIMEOUT
 
 if TYPE_CHECKING:
     from ..config import QueueInfo
@@ -356,6 +357,26 @@ class PartitionState:
         return sorted(i for i, lease in self.leases.items() if lease[0] == member)
 
 
+class Departures:
+    """When each member left (by a key: its name in a group, or ``(queue, group, member)``),
+    kept for the longest receive's wait: a receive the member began before it left takes
+    nothing more. A cancelled long poll outlives its client's leave, and each take counts
+    its member in again, so the others would wait for its partitions until its timeout."""
+
+    def __init__(self) -> None:
+        self._at: dict[Any, float] = {}
+
+    def leave(self, key: Any) -> None:
+        now = time.monotonic()
+        for gone in [gone for gone, at in list(self._at.items()) if at < now - MAX_WAIT - 1]:
+            self._at.pop(gone, None)
+        self._at[key] = now
+
+    def since(self, key: Any, started: float) -> bool:
+        """Whether ``key`` left at or after ``started`` (``time.monotonic()``)."""
+        return self._at.get(key, -1.0) >= started
+
+
 class GroupState:
     def __init__(self, queue: str, name: str, config: GroupConfig) -> None:
         self.queue, self.name, self.config = queue, name, config
@@ -370,9 +391,8 @@ class GroupState:
         self.members: dict[str, float] = {}
         #: Every member heard from: member -> when it last called (receive or heartbeat).
         self.seen: dict[str, float] = {}
-        #: Members that left: member -> when (a receive of theirs begun before gets nothing and
-        #: does not count them in again: a cancelled long poll outlives its client's leave).
-        self.left: dict[str, float] = {}
+        #: When members left, by name.
+        self.left = Departures()
         self.dead_lettered = 0
         self.partitions: dict[int, PartitionState] = {}
         self.turn = 0

@@ -56,6 +56,7 @@ from .client.pool import Connection, NotSent, Pool
 from .engine import Engine
 from .errors import NotAuthorized, StorageError, StorageLocked
 from .groups.limits import GroupLimits
+from .rpc.failures import unwrapped
 from .rpc.unix import short_unix_path, sweep_private
 from .services import open_local
 
@@ -196,15 +197,6 @@ _REFUSED = (
 )
 
 
-def _refused(error: BaseException | None) -> bool:
-    """Whether connecting failed on the socket file's permissions (thriftpy2 wraps the OSError)."""
-    while error is not None:
-        if isinstance(error, PermissionError):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
-
-
 class _Store:
     """One store as this process's clients of it see it: the engine it took over, if any."""
 
@@ -275,7 +267,7 @@ class _TakeoverPool(Pool):
             try:
                 return super().take(deadline)
             except NotSent as e:
-                if _refused(e.cause):  # a holder this user may not connect to: waiting changes nothing
+                if isinstance(unwrapped(e.cause), PermissionError):  # a holder it may not connect to: no wait helps
                     raise NotAuthorized(f"{_REFUSED} ({self.unix_socket})") from e
                 if self._store.take_over():
                     try:

@@ -29,7 +29,7 @@ def explain(host: str, port: int, error: BaseException, tls: bool | None, server
     ``tls``: whether the client spoke TLS; None for a server that is no hqueue
     server (HBase's Thrift server): no advice on hqueue URLs then.
     """
-    cause = _cause(error)
+    cause = unwrapped(error)
     host = host.strip("[]")  # an IPv6 address as a URL writes it
     if tls is None:
         return _plain(host, cause, server)
@@ -62,7 +62,7 @@ def _plain(host: str, cause: BaseException, server: str) -> str:
     return str(cause) or type(cause).__name__
 
 
-def _cause(error: BaseException) -> BaseException:
+def unwrapped(error: BaseException) -> BaseException:
     """The error under thriftpy2's wrapping, if it kept one."""
     while isinstance(error, TTransportException) and isinstance(error.__context__, OSError):
         error = error.__context__

@@ -46,7 +46,7 @@ def unix_listener(path: str, backlog: int, mode: int = 0o600, group: int | None 
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     parent = private = -1
     try:
-        parent = os.open(directory or ".", _DIRECTORY & ~os.O_NOFOLLOW)  # (the store's own path may be a link)
+        parent = os.open(directory or ".", _PARENT)
         private, private_name = _private_directory(parent)
         try:
             os.fchmod(sock.fileno(), 0o600)
@@ -71,6 +71,8 @@ def unix_listener(path: str, backlog: int, mode: int = 0o600, group: int | None 
 
 #: How a directory is opened to work in it by descriptor (never through a symlink).
 _DIRECTORY = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW
+#: How the socket's own directory is opened: its path may be a symlink (the store's, as configured).
+_PARENT = _DIRECTORY & ~os.O_NOFOLLOW
 
 
 def _private_directory(parent: int) -> tuple[int, str]:
@@ -92,7 +94,7 @@ def sweep_private(directory: str) -> None:
     this user's ``0700`` ones, emptied and removed through descriptors."""
     try:
         names = [entry.name for entry in os.scandir(directory) if entry.name.startswith(".hqueue-")]
-        parent = os.open(directory, _DIRECTORY & ~os.O_NOFOLLOW)
+        parent = os.open(directory, _PARENT)
     except OSError:
         return
     try:
@@ -165,7 +167,7 @@ def short_unix_path(path: str) -> Iterator[str]:
         yield path
         return
     directory, name = os.path.split(path)
-    fd = os.open(directory, getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY)
+    fd = os.open(directory, _PARENT)
     try:
         yield f"/proc/self/fd/{fd}/{name}"
     finally:

@@ -331,11 +331,9 @@ class PushPolicy:
         (InvalidArgument for a malformed one)."""
         host, port = _host_port(address)
         ips = _resolved(address, host, port)
-        if peer_host is not None and ips and all(ip.is_unspecified for ip in ips):
-            return joined(_ip(peer_host), port)  # listening on every interface: the announcing host's
         if peer_host is not None:
             peer = _ip(peer_host)
-            if peer in ips:
+            if peer in ips or (ips and all(ip.is_unspecified for ip in ips)):  # every interface: the announcer
                 return joined(peer, port)
         if self._allowed(ips):
             return address

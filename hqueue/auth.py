@@ -141,6 +141,10 @@ class Principal:
             self._may[key] = answer
         return answer
 
+    def may_call(self) -> bool:
+        """Whether the token holds a role on some queue: anything to do on the Thrift port."""
+        return any(self.grants.get(role) for role in ROLES)
+
     def may_read_metrics(self) -> bool:
         return bool(self.grants.get(METRICS)) or self.may("admin", "*")
 

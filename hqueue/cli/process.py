@@ -76,6 +76,14 @@ from .main import Progress, Seconds, main, open_admin, open_queue
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="The certificate's private key.")
 @click.option("--max-connections", type=click.IntRange(1, 65536), default=1024, show_default=True)
 @click.option(
+    "--connection-share",
+    type=click.FloatRange(0, 1, min_open=True),
+    default=0.5,
+    show_default=True,
+    help="The part of --max-connections one token's connections (with --auth-file) may take and still be kept "
+    "when all are taken; its others are closed to make room, as unauthenticated ones are. 1: no share.",
+)
+@click.option(
     "--connection-idle-timeout",
     type=Seconds(0, 86400),
     default=300.0,
@@ -248,6 +256,7 @@ def server(
     tls_cert,
     tls_key,
     max_connections,
+    connection_share,
     connection_idle_timeout,
     max_frame_bytes,
     max_put_messages,
@@ -290,6 +299,7 @@ def server(
     try:
         limits = ServerLimits(
             max_connections=max_connections,
+            connection_share=connection_share,
             idle_timeout=connection_idle_timeout or None,
             max_frame_bytes=max_frame_bytes,
             max_inflight_bytes=max_inflight_bytes,

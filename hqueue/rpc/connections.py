@@ -37,6 +37,8 @@ from .unix import unix_listener
 
 logger = logging.getLogger(__name__)
 
+#: The part of the connection places one token's connections may keep (ServerLimits.connection_share).
+DEFAULT_CONNECTION_SHARE = 0.5
 #: The peer of a Unix-socket connection: a process of this machine (push addresses on loopback are its own).
 LOCAL_PEER = ("127.0.0.1", 0)
 
@@ -61,10 +63,15 @@ class ServerLimits:
     #: The part of ``max_inflight_bytes`` that one client's replies not taken yet may hold
     #: before its calls for big answers are refused (a client: what ``owner_of`` says; 1: no share).
     inflight_share: float = DEFAULT_INFLIGHT_SHARE
+    #: The part of ``max_connections`` one client's proven connections may take and still be
+    #: kept when all are taken (a client: what ``owner_of`` says; 1: no share). Its others are
+    #: closed to make room as connections that proved nothing are.
+    connection_share: float = DEFAULT_CONNECTION_SHARE
 
     def __post_init__(self) -> None:
-        if not 0 < self.inflight_share <= 1:
-            raise ValueError(f"'inflight_share' must be more than 0 and at most 1, not {self.inflight_share}")
+        for name in ("inflight_share", "connection_share"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name!r} must be more than 0 and at most 1, not {getattr(self, name)}")
         if self.max_inflight_bytes < self.max_frame_bytes:
             raise ValueError(
                 f"'max_inflight_bytes' ({self.max_inflight_bytes}) must be at least 'max_frame_bytes' "
@@ -88,8 +95,13 @@ class Connection:
     auth_failures: int = 0
     #: Set by a handler: close the connection once this call's answer is sent.
     close_after_reply: bool = False
-    #: Proved who it is (the server's ``trusted_after``): never closed to make room.
+    #: Proved who it is (the server's ``trusted_after``).
     trusted: bool = False
+    #: Trusted and within its owner's share of the places (``connection_share``): never closed
+    #: to make room. The owner it counts for (None: not kept).
+    kept_as: str | None = None
+    #: Shut down to make room for a newer one (rpc/threaded.py), and not ended yet.
+    evicted: bool = False
     #: Came over a Unix socket: a process of this machine that the socket file's permissions let in.
     local: bool = False
     #: Its call runs on the server's event loop now, which it may not keep waiting (rpc/loop.py).

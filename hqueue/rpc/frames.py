@@ -90,6 +90,8 @@ class FrameReader:
         self.idle_timeout, self.body_timeout = idle_timeout, body_timeout
         self._buffer = bytearray() if buffer is None else buffer
         self._size = 0  # the size the current frame's head declares
+        #: When the current frame must be in, all told: ``body_timeout`` after its first byte.
+        self._frame_deadline: float | None = None
         self._timeout: object = None
         #: Kernel timeouts on a blocking socket (plain sockets), else Python's.
         self._kernel = type(sock) is socket.socket
@@ -123,9 +125,9 @@ class FrameReader:
             self._set_timeout(self.idle_timeout)
             if not self._fill(1, allow_eof=True):
                 return None
+        self._frame_deadline = self._deadline()
         if len(buffer) < 4:
-            self._set_timeout(self.body_timeout)
-            self._fill(4, allow_eof=False)
+            self._fill(4, allow_eof=False, deadline=self._frame_deadline)
         self._size = _HEAD.unpack_from(buffer)[0]
         if self._size == 0:
             raise FrameError("frame of 0 bytes")
@@ -169,7 +171,7 @@ class FrameReader:
         have = len(buffer) - 4
         frame[:have] = memoryview(buffer)[4:]
         buffer.clear()
-        deadline = self._deadline()
+        deadline = self._frame_deadline
         with memoryview(frame) as view:
             while have < size:
                 got = self._recv_into(view[have:], min(size - have, self.MAX_CHUNK), deadline)
@@ -191,7 +193,7 @@ class FrameReader:
             return
         left = end - len(buffer)
         buffer.clear()
-        deadline = self._deadline()
+        deadline = self._frame_deadline
         with memoryview(bytearray(min(left, self.MAX_CHUNK))) as scratch:
             while left:
                 got = self._recv_into(scratch, min(left, len(scratch)), deadline)
@@ -200,8 +202,8 @@ class FrameReader:
                 left -= got
 
     def _deadline(self) -> float | None:
-        """When the body of a big frame must be in: ``body_timeout`` from now, all told
-        (a peer that sends a byte now and then holds its budget no longer)."""
+        """``body_timeout`` from now, all told: when a frame begun now must be in, or a reply
+        begun now taken (a peer that sends or reads a byte now and then holds no longer)."""
         return None if self.body_timeout is None else time.monotonic() + self.body_timeout
 
     def _recv_into(self, view: memoryview, size: int, deadline: float | None) -> int:
@@ -220,8 +222,7 @@ class FrameReader:
         if size > self._size:
             raise FrameError(f"a frame of {self._size} bytes ends inside its call's head")
         if len(self._buffer) < 4 + size:
-            self._set_timeout(self.body_timeout)
-            self._fill(4 + size, allow_eof=False)
+            self._fill(4 + size, allow_eof=False, deadline=self._frame_deadline)
 
     def send(self, payload: bytes) -> None:
         """Write ``payload`` as one frame: its head and it in one system call,
@@ -281,10 +282,16 @@ class FrameReader:
         except BlockingIOError:  # SO_RCVTIMEO passed
             raise TimeoutError(f"nothing came within {self._timeout}s") from None
 
-    def _fill(self, size: int, allow_eof: bool) -> bool:
-        """Read until the buffer holds ``size`` bytes; False if the peer closed before any."""
+    def _fill(self, size: int, allow_eof: bool, deadline: float | None = None) -> bool:
+        """Read until the buffer holds ``size`` bytes (by ``deadline``, if given: the frame's);
+        False if the peer closed before any."""
         buffer = self._buffer
         while len(buffer) < size:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"a frame did not come within {self.body_timeout:g}s of its first byte")
+                self._set_timeout(left)
             chunk = self._recv(min(max(self.CHUNK, size - len(buffer)), self.MAX_CHUNK))
             if not chunk:
                 if allow_eof and not buffer:

@@ -441,7 +441,7 @@ class LoopServer(ThreadedServer):
             link.waiting = []
             self._held.append(link)
         if link.waiting is not None:  # the turn wrote: every answer after it waits for its fsync
-            self._trust(link)
+            self._trust(link.connection)
             if reply:
                 link.waiting.append(reply)
                 owner = self.owner_of(link.connection)  # held: counted like a reply not taken, in its share
@@ -493,14 +493,9 @@ class LoopServer(ThreadedServer):
     def _reply(self, link: _Link, reply: bytes) -> None:
         """A call's answer (from the loop, or the worker that has the link): the connection
         trusted if it now proved itself, and the reply sent (oneway calls have none)."""
-        self._trust(link)
+        self._trust(link.connection)
         if reply:
             self._send(link, reply)
-
-    def _trust(self, link: _Link) -> None:
-        connection = link.connection
-        if not connection.trusted:
-            connection.trusted = self.trusted_after(connection)
 
     def _send(self, link: _Link, reply: bytes) -> None:
         """Send a reply without blocking (from the loop, or the worker that has the link):

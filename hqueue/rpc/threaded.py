@@ -77,6 +77,9 @@ _OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 #: The largest call of a connection that has not proved who it is, on a server with tokens.
 UNPROVEN_FRAME_BYTES = 64 * 1024
+#: Connections being closed to make room at once, at most: past it a new one is refused, so
+#: the connections open stay within ``max_connections`` plus this, however fast they come.
+MAX_EVICTING = 16
 
 
 class ThreadedServer(TThreadedServer):
@@ -144,6 +147,11 @@ class ThreadedServer(TThreadedServer):
         self.connections = 0
         #: Open connections, oldest first: id -> (connection, socket).
         self._open: dict[int, tuple[Connection, Any]] = {}
+        #: Connections shut down to make room and not ended yet (counted in ``connections``).
+        self._evicting = 0
+        #: Connections kept when all places are taken, per owner (``connection_share``).
+        self._kept: dict[str, int] = {}
+        self._kept_share = max(1, int(self.limits.max_connections * self.limits.connection_share))
         #: The sockets of the connections served on threads of their own (TLS-wrapped ones too).
         self._served: dict[int, Any] = {}
         self._ids = itertools.count(1)
@@ -182,10 +190,10 @@ class ThreadedServer(TThreadedServer):
             backoff = 0.01
             with self._lock:
                 full = self.connections >= self.limits.max_connections
-                victim = next((s for c, s in self._open.values() if not c.trusted), None) if full else None
+                victim = self._victim() if full else None
                 if not full or victim is not None:
                     self.connections += 1
-            if victim is not None:  # its thread ends, and gives its place back
+            if victim is not None:  # its thread (or the loop) ends it, and gives its place back
                 self.log.warning("evict", "closed an unproven connection to make room for one from %s", who)
                 try:
                     victim.shutdown(socket.SHUT_RDWR)
@@ -205,6 +213,34 @@ class ThreadedServer(TThreadedServer):
                 self.log.warning("thread", "refused a connection from %s: %s", who, e)
                 self._ended(connection, sock)
 
+    def _victim(self) -> socket.socket | None:
+        """(Under the lock, all places taken.) The socket of the oldest connection not trusted
+        and not being closed already, now marked as being closed; None if there is none, or if
+        ``MAX_EVICTING`` are being closed already: a flood of connects then finds no room,
+        instead of one more connection each while the ones shut down are not gone yet."""
+        if self._evicting >= MAX_EVICTING:
+            return None
+        for connection, sock in self._open.values():
+            if connection.kept_as is None and not connection.evicted:
+                connection.evicted = True
+                self._evicting += 1
+                return sock
+        return None
+
+    def _trust(self, connection: Connection) -> None:
+        """After a call: whether the connection proved who it is now (``trusted_after``), and,
+        proved, whether it is kept when all places are taken: while its owner's kept ones are
+        fewer than its share (``connection_share``), so that one token cannot hold them all."""
+        if not connection.trusted:
+            connection.trusted = self.trusted_after(connection)
+        if connection.trusted and connection.kept_as is None:
+            owner = self.owner_of(connection)
+            with self._lock:
+                kept = self._kept.get(owner, 0)
+                if kept < self._kept_share and not connection.evicted:
+                    self._kept[owner] = kept + 1
+                    connection.kept_as = owner
+
     def _start(self, sock: socket.socket, connection: Connection) -> None:
         """Serve an accepted connection: here, in a thread of its own."""
         threading.Thread(target=self._connection, args=(sock, connection), daemon=True, name="thrift-conn").start()
@@ -213,10 +249,6 @@ class ThreadedServer(TThreadedServer):
         thread = threading.Thread(target=self.serve, name=name, daemon=True)
         thread.start()
         return thread
-
-    def _closed_one(self) -> None:
-        with self._lock:
-            self.connections -= 1
 
     def _connection(self, sock: socket.socket, connection: Connection) -> None:
         _current.connection = connection
@@ -268,10 +300,16 @@ class ThreadedServer(TThreadedServer):
 
     def _ended(self, connection: Connection, sock: Any) -> None:
         """Close the connection: its place given back, then what it held freed."""
-        with self._lock:
+        with self._lock:  # (all at once: an accept meanwhile sees its place either taken or free)
             self._open.pop(connection.id, None)
+            self.connections -= 1
+            if connection.evicted:
+                self._evicting -= 1
+            if connection.kept_as is not None:
+                self._kept[connection.kept_as] -= 1
+                if not self._kept[connection.kept_as]:
+                    del self._kept[connection.kept_as]
         sock.close()
-        self._closed_one()
         for callback in connection.on_close:
             try:
                 callback()
@@ -313,8 +351,8 @@ class ThreadedServer(TThreadedServer):
                     reply = self._process(frames.body(), slot=slot)
                 finally:
                     self.budget.release(size)
-            if not connection.trusted and refused is None:
-                connection.trusted = self.trusted_after(connection)
+            if refused is None:
+                self._trust(connection)
             if reply:  # oneway calls have none
                 owner = self.owner_of(connection)
                 self.budget.hold(len(reply), owner)  # until the peer takes it (or the send times out)

@@ -75,6 +75,8 @@ class QueueCalls(Calls):
                     connection.close_after_reply = True
                     raise NotAuthorized(f"{e}; too many failed attempts: the connection is closed") from None
                 raise
+            if not principal.may_call():  # (a metrics token): it would only hold a place here
+                raise NotAuthorized(f"token {principal.name!r} holds no role on any queue: nothing to call here")
         if connection is not None:
             connection.principal = principal
 

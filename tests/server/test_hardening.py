@@ -12,6 +12,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 from datetime import datetime
 
@@ -27,6 +28,7 @@ from hqueue.auth import AuthPolicy, PushPolicy
 from hqueue.errors import InvalidArgument, NotAuthorized, OutcomeUnknown, ServerUnavailable
 from hqueue.rpc.connections import Connection, ListeningSocket, ServerLimits
 from hqueue.rpc.frames import FrameError, FrameReader, check_call
+from hqueue.rpc.threaded import MAX_EVICTING
 from hqueue.rpc.wire import MAX_SCAN_BATCH, T
 from hqueue.server import HQueueServer
 from hqueue.server.logins import FailedLogins
@@ -459,6 +461,43 @@ def server(tmp_path):
     server.stop()
 
 
+class _PythonTimeouts(socket.socket):
+    """A socket whose FrameReader keeps Python's timeouts, as a TLS socket's does."""
+
+
+@pytest.mark.parametrize("kind", ["kernel timeouts", "python timeouts"])
+@pytest.mark.parametrize("stage", ["head", "call head", "body"])
+def test_a_frame_sent_a_byte_at_a_time_is_cut_off_after_the_body_timeout_all_told(kind, stage):
+    """The head and the call's head were read with ``body_timeout`` per ``recv``: a byte every
+    few seconds held a connection's thread for ever (the worker's and the TLS paths)."""
+    ours, theirs = socket.socketpair()
+    if kind == "python timeouts":
+        ours = _PythonTimeouts(fileno=ours.detach())
+    reader = FrameReader(ours, 1 << 20, idle_timeout=30, body_timeout=0.5)
+    call = struct.pack(">iI", -2147418111, 10) + b"putMessage" + struct.pack(">i", 7)
+    frame = struct.pack(">I", 5000) + call + b"x" * (5000 - len(call))
+    sent = {"head": 1, "call head": 6, "body": 40}[stage]
+    theirs.sendall(frame[:sent])
+
+    def trickle() -> None:
+        for i in range(sent, len(frame)):
+            time.sleep(0.2)
+            try:
+                theirs.sendall(frame[i : i + 1])
+            except OSError:
+                return
+
+    threading.Thread(target=trickle, daemon=True).start()
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        reader.next_size()
+        reader.call_head()
+        reader.body()
+    assert time.monotonic() - started < 3  # (a byte each 0.2 s: the head alone took 5 s)
+    ours.close()
+    theirs.close()
+
+
 def test_frames_are_read_whole_however_the_bytes_arrive():
     """Several frames in one recv, a head split over sends, a close between frames or inside one."""
     ours, theirs = socket.socketpair()
@@ -572,6 +611,92 @@ def test_connections_beyond_the_limit_are_closed_and_idle_ones_time_out(tmp_path
             time.sleep(4.5)  # the server closes the pooled connection as idle...
             queue.put(Message("t", b"y"))  # ...and the client notices before using it
     finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("io", ["loop", "threads"])
+def test_a_flood_of_connects_stays_within_the_connection_limit(tmp_path, io):
+    """Each connect past the limit closed an unproven connection to make room, but the one it
+    chose stayed open until its thread (or the loop) ended it, and was chosen again by the
+    next connect: every connect was let in (7,062 open of 1,024, a thread each)."""
+    auth_file = tmp_path / "auth.toml"
+    auth_file.write_text(AUTH_FILE)
+    limits = ServerLimits(max_connections=8)
+    server = HQueueServer(
+        f"local://{tmp_path}/data", port=0, auth=AuthPolicy.load(auth_file), limits=limits, io=io
+    ).start()
+    held, highest, flooding = [], [0], threading.Event()
+
+    def watch() -> None:
+        while not flooding.is_set():
+            highest[0] = max(highest[0], server._server.connections, len(server._server._open))
+            time.sleep(0.0005)
+
+    watcher = threading.Thread(target=watch)
+    try:
+        with HQueueAdmin(f"hqueue://{ADMIN}@{server.address}") as admin:
+            admin.create_queue("orders", 1)
+            watcher.start()
+            for _ in range(300):  # each kept open by the attacker, none says anything
+                try:
+                    held.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
+                except OSError:
+                    pass
+            time.sleep(0.5)
+            flooding.set()
+            watcher.join()
+            assert highest[0] <= 8 + MAX_EVICTING, highest[0]
+            wait_for(lambda: server._server.connections <= 8, 10, "the evicted connections to end")
+            assert server._server._evicting == 0
+            assert admin.list_queues()  # the authenticated connection kept its place
+    finally:
+        flooding.set()
+        for s in held:
+            s.close()
+        server.stop()
+
+
+def test_one_token_cannot_keep_every_connection_place(tmp_path):
+    """Any token, even one that may only read /metrics, made its connections trusted: 1,024 of
+    them kept everyone else out. Now a token's proven connections past its share of the places
+    are closed to make room as unproven ones are, and a metrics token proves nothing here."""
+    auth_file = tmp_path / "auth.toml"
+    auth_file.write_text(AUTH_FILE + f'\n[tokens.prometheus]\nsecret = "{"m" * 24}"\nmetrics = ["*"]\n')
+    limits = ServerLimits(max_connections=8, connection_share=0.5)
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, auth=AuthPolicy.load(auth_file), limits=limits).start()
+    crawlers = []
+    try:
+        wait_for(lambda: server._server.connections == 0, 10, "no connection")
+        scraper = raw_client(server.port)
+        with pytest.raises(T.TNotAuthorized, match="holds no role on any queue"):
+            scraper.authenticate("m" * 24)
+        for _ in range(8):  # every place: the scraper's is the first to go
+            client = raw_client(server.port)
+            client.authenticate(CRAWLER)
+            crawlers.append(client)
+        wait_for(lambda: len(server._server._kept) == 1, 10, "the crawler's connections")
+        assert server._server._kept == {"principal crawler": 4}
+        admins = []
+        for _ in range(4):  # the ops token gets in, each time in place of a crawler connection past its share
+            admin = raw_client(server.port)
+            admin.authenticate(ADMIN)
+            admins.append(admin)
+            wait_for(lambda: server._server._evicting == 0, 10, "the evicted connection to end")
+        alive = 0
+        for client in crawlers:
+            try:
+                client.listQueues()
+                alive += 1
+            except (TTransportException, OSError):
+                pass
+        assert alive == 4  # its kept ones
+        assert all(admin.listQueues() == [] for admin in admins)
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as newcomer:
+            assert newcomer.recv(1) == b""  # now every place is kept: a newcomer is closed at once
+        crawlers += admins
+    finally:
+        for client in crawlers:
+            client.close()
         server.stop()
 
 

@@ -53,7 +53,7 @@ class InflightBudget:
         ``owner``: whose they are; with ``share``, they are taken only while
         the owner holds less than ``share`` bytes (until then the call waits
         out of the line: one owner's calls wait for each other, not the others'
-        calls for them). ``slot``: an answer's room, not a reply (:meth:`holds`).
+        calls for them). ``slot``: an answer's room or a call's frame, not a reply (:meth:`holds`).
         """
         with self._changed:
             if wait is None:
@@ -116,6 +116,10 @@ class InflightBudget:
                     _less(self._slots, owner, size)
             if self._waiters:
                 self._changed.notify_all()
+
+    def held_by(self, owner: Hashable) -> int:
+        """Bytes ``owner`` holds: its frames, answer slots and replies under way."""
+        return self._held.get(owner, 0)
 
     def holds(self, owner: Hashable) -> int:
         """Bytes of ``owner``'s replies not taken yet (its answer slots left out)."""

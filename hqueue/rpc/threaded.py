@@ -331,16 +331,17 @@ class ThreadedServer(TThreadedServer):
         if size > limits.max_frame_bytes and self.refuse_with is None:
             raise FrameError(f"frame of {size} bytes (the limit is {limits.max_frame_bytes})")
         method, seqid = frames.call_head()
+        owner = self.owner_of(connection)
         refused = (
             self._no_room_for_answer(method, connection)
             or self._unproven(size, connection)
-            or self._admit(size, frames.complete)
+            or self._admit(size, frames.complete, owner)
         )
         slot = None  # bytes held for the answer while the call runs
         if refused is None:
             slot, refused = self._answer_slot(method, size, connection)
             if refused is not None:
-                self.budget.release(size)
+                self.budget.release(size, owner, slot=True)
         try:
             if refused is not None:
                 frames.skip()
@@ -350,11 +351,11 @@ class ThreadedServer(TThreadedServer):
                 try:
                     reply = self._process(frames.body(), slot=slot)
                 finally:
-                    self.budget.release(size)
+                    self.budget.release(size, owner, slot=True)
             if refused is None:
                 self._trust(connection)
             if reply:  # oneway calls have none
-                owner = self.owner_of(connection)
+                owner = self.owner_of(connection)  # (it may have authenticated)
                 self.budget.hold(len(reply), owner)  # until the peer takes it (or the send times out)
                 if slot is not None:
                     slot.release()
@@ -429,8 +430,11 @@ class ThreadedServer(TThreadedServer):
             f"{what} this server's {limit} bytes (--max-inflight-bytes); nothing was done, try again",
         )
 
-    def _admit(self, size: int, complete: bool) -> HQueueError | None:
-        """Take the frame's bytes from the budget; the error refusing it if it cannot be."""
+    def _admit(self, size: int, complete: bool, owner: str) -> HQueueError | None:
+        """Take the frame's bytes from the budget, in ``owner``'s share (a frame that has not
+        come whole waits while its client's frames and replies under way hold its share:
+        one token's slow big puts cannot hold the whole budget); the error refusing it if
+        it cannot be."""
         limits = self.limits
         if size > limits.max_frame_bytes:
             return LimitExceeded(
@@ -438,12 +442,17 @@ class ThreadedServer(TThreadedServer):
                 limits.max_frame_bytes,
                 f"a call of {size} bytes is over this server's limit of {limits.max_frame_bytes} (--max-frame-bytes)",
             )
-        if self.budget.reserve(size, None if complete else limits.inflight_wait):
+        if self.budget.reserve(size, None if complete else limits.inflight_wait, owner, self._share, slot=True):
             return None
+        if self.budget.held_by(owner) >= self._share:
+            share = limits.inflight_share
+            what = f"{owner}'s calls and replies under way hold its share ({share:g}, --inflight-share) of"
+        else:
+            what = "the requests under way hold"
         return ServerBusy(
             "max_inflight_bytes",
             limits.max_inflight_bytes,
-            f"no room in {limits.inflight_wait:g}s for a call of {size} bytes: the requests under way hold "
+            f"no room in {limits.inflight_wait:g}s for a call of {size} bytes: {what} "
             f"this server's {limits.max_inflight_bytes} bytes (--max-inflight-bytes); nothing was done, try again",
         )
 

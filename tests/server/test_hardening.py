@@ -94,6 +94,37 @@ def secured(tmp_path):
 # -- tokens and roles -------------------------------------------------------------
 
 
+def test_one_tokens_slow_big_calls_hold_only_its_share_of_the_budget(tmp_path):
+    """Twenty connections of one token, each declaring a 4 MiB put and sending it at 2 KB/s,
+    held the whole --max-inflight-bytes: another token's put got ServerBusy. A token's frames
+    under way now count in its share (--inflight-share), as its replies do."""
+    auth_file = tmp_path / "auth.toml"
+    auth_file.write_text(AUTH_FILE)
+    mib = 1 << 20
+    limits = ServerLimits(max_inflight_bytes=4 * mib, max_frame_bytes=2 * mib, inflight_share=0.25, inflight_wait=2)
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, auth=AuthPolicy.load(auth_file), limits=limits).start()
+    stalled = []
+    try:
+        with HQueueAdmin(f"hqueue://{ADMIN}@{server.address}") as admin:
+            admin.create_queue("crawl.pages", 1)
+            admin.create_queue("orders", 1)
+        for _ in range(5):  # each declares a 900 KB call, sends its start, then nothing more
+            client = raw_client(server.port, timeout_ms=30_000)
+            client.authenticate(CRAWLER)
+            head = struct.pack(">iI", -2147418111, 9) + b"putPacked" + struct.pack(">i", 1)
+            client._oprot.trans.sock.sendall(struct.pack(">I", 900_000) + head + b"\0" * 100)
+            stalled.append(client)
+        time.sleep(0.5)
+        assert server._server.budget.held_by("principal crawler") <= limits.max_inflight_bytes // 4 + 900_000
+        with HQueue("orders", f"hqueue://{ADMIN}@{server.address}") as queue:  # 1.5 MB: room for it at once
+            ids = queue.put([Message("t", b"x" * 1000) for _ in range(1500)], partition_id=0)
+            assert len(ids) == 1500
+    finally:
+        for client in stalled:
+            client.close()
+        server.stop()
+
+
 def test_a_call_without_a_token_is_refused_with_a_typed_error(secured):
     with pytest.raises(NotAuthorized, match="needs a token"):
         HQueueAdmin(f"hqueue://{secured.address}").list_queues()

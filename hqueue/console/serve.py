@@ -2,7 +2,10 @@
 
 Waitress bounds what any client may cost: a few threads answer
 (:data:`THREADS`), at most :data:`CONNECTION_LIMIT` connections are open at
-once (and :data:`CONNECTIONS_PER_HOST` from one address, here), a request
+once (and :data:`CONNECTIONS_PER_HOST` from one address, here; when all are
+taken, a new one closes the connection waiting longest with no request being
+answered, as the Thrift port closes unproven ones: idle connections from a
+few addresses kept every user out until they timed out), a request
 must arrive whole within :data:`REQUEST_DEADLINE` seconds of its first
 byte (here), a connection silent for :data:`CHANNEL_TIMEOUT` seconds is closed
 (a slow client holds no thread: waitress reads a request whole before a
@@ -39,6 +42,9 @@ CONNECTION_LIMIT = 100
 #: Connections one client address may hold (not the trusted proxy's: it speaks for many).
 CONNECTIONS_PER_HOST = 20
 CHANNEL_TIMEOUT = 30
+#: Connections past CONNECTION_LIMIT waitress accepts, each of which closes one (the
+#: longest waiting) to make room: at most this many are being closed at once.
+EVICTING = 16
 #: Seconds a request (its head and body) may take to arrive once begun: a client that
 #: sends a byte now and then is never idle, and held its connections for ever.
 REQUEST_DEADLINE = 10.0
@@ -104,7 +110,7 @@ class Console:
             host=host,
             port=port,
             threads=THREADS,
-            connection_limit=CONNECTION_LIMIT,
+            connection_limit=CONNECTION_LIMIT + EVICTING,
             channel_timeout=channel_timeout,
             cleanup_interval=min(5, max(1, int(channel_timeout))),
             max_request_body_size=max_body,
@@ -200,12 +206,26 @@ class _Channel(HTTPChannel):
 
     def __init__(self, server: Any, sock: Any, addr: Any, adj: Any, map: Any = None) -> None:
         super().__init__(server, sock, addr, adj, map)
+        channels = list(server.active_channels.values())
         host = addr[0] if isinstance(addr, tuple) and addr else None
         if host is not None and host != self.proxy:
-            mine = sum(1 for c in list(server.active_channels.values()) if c.addr and c.addr[0] == host)
+            mine = sum(1 for c in channels if c.addr and c.addr[0] == host)
             if mine > CONNECTIONS_PER_HOST:
                 _refusals.warning("hosts", "console: %s holds %d connections; closing the newest", host, mine - 1)
                 self.will_close = True
+                return
+        open_ = [c for c in channels if not c.will_close]
+        if len(open_) > CONNECTION_LIMIT:
+            # Make room: the connection waiting longest (for its next request, or for the rest
+            # of one) with none being answered, or else this one.
+            waiting = [c for c in open_ if c is not self and not c.requests and not c.total_outbufs_len]
+            victim = min(waiting, key=_waiting_since, default=self)
+            _refusals.warning(
+                "full", "console: %d connections open (the limit); closing the longest waiting", CONNECTION_LIMIT
+            )
+            victim.will_close = True
+            if victim is not self:
+                server.pull_trigger()  # (its close is seen by the loop's next turn)
 
     def received(self, data: bytes) -> bool:
         if data and self.request is None:
@@ -214,6 +234,13 @@ class _Channel(HTTPChannel):
         if self.request is None:  # every request begun was read whole
             self.begun = None
         return result
+
+
+def _waiting_since(channel: Any) -> float:
+    """Since when a connection has waited: for the rest of its request (when one began), or
+    since it last did anything."""
+    begun = getattr(channel, "begun", None)
+    return begun if begun is not None else channel.last_activity
 
 
 def _bound_clients(server: Any, trusted_proxy: str | None) -> None:

@@ -542,3 +542,37 @@ def test_a_slow_loris_holds_a_few_connections_for_a_few_seconds(tmp_path, monkey
             s.close()
         console.stop()
         admin.close()
+
+
+def test_idle_connections_from_a_few_addresses_do_not_keep_users_out(tmp_path):
+    """100 silent connections from 5 addresses (20 each, the per-address cap) took every place:
+    a user waited 33 s, until the channel timeout closed them (an attacker pass). A newcomer
+    now closes the connection waiting longest."""
+    from hqueue.console import serve
+
+    admin = HQueueAdmin(f"local://{tmp_path}/data")
+    console = Console(admin).start()  # the default channel timeout: 30 s
+    idle = []
+    try:
+        for host in range(2, 2 + serve.CONNECTION_LIMIT // serve.CONNECTIONS_PER_HOST):
+            for _ in range(serve.CONNECTIONS_PER_HOST):
+                s = socket.create_connection(("127.0.0.1", console.port), source_address=(f"127.0.0.{host}", 0))
+                idle.append(s)
+        time.sleep(0.5)
+        started = time.monotonic()
+        for _ in range(3):
+            assert ConsoleUser(console.url).get("/login").status == 200
+        assert time.monotonic() - started < 10  # (not the channel timeout: 30 s)
+        closed = 0
+        for s in idle:
+            s.settimeout(0.05)
+            try:
+                closed += s.recv(1) == b""
+            except TimeoutError:
+                pass
+        assert 1 <= closed <= 6  # those closed to make room, the oldest; the rest stay
+    finally:
+        for s in idle:
+            s.close()
+        console.stop()
+        admin.close()

@@ -36,7 +36,7 @@ from functools import partial
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from common import load, median_pair, report  # noqa: E402
+from common import load, median_pair, redis_client_module, report  # noqa: E402
 from groups import FSYNC  # noqa: E402
 from remote import start_hqueue, start_redis  # noqa: E402
 
@@ -165,6 +165,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="side-by-side runs; ratios are min / median / max")
     parser.add_argument("--durability", default="ASYNC_WAL,SYNC_WAL", help="hqueue's, each against its Redis")
     args = parser.parse_args()
+    redis_client_module()  # refuses to run without hiredis or redis-server
     rows, loads = [], [load()]
     for durability in args.durability.split(","):
         fsync = FSYNC[durability]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -103,7 +104,10 @@ def median_pair(runs: int, ours, theirs, loads: list[str], prefix: str) -> list[
 
 
 def redis_client_module():
-    """redis-py, refusing to bench without hiredis (the parser production users run)."""
+    """redis-py, refusing to bench without hiredis (the parser production users run), or
+    without Debian's redis-server: said before anything runs, not after hqueue's half."""
+    if not shutil.which("redis-server"):
+        sys.exit("redis-server is not installed: apt-get install redis-server")
     try:
         import redis
         from redis.utils import HIREDIS_AVAILABLE

@@ -113,9 +113,11 @@ def one_run(redis, threads: int, messages: int) -> list[dict]:
     servers = []
     try:
         hq, hq_port = start_hqueue(workdir)
+        servers.append(hq)  # (each stopped in the end, whichever start fails)
         always, always_port = start_redis(workdir, "always")
+        servers.append(always)
         everysec, everysec_port = start_redis(workdir, "everysec")
-        servers = [hq, always, everysec]
+        servers.append(everysec)
         url = f"hqueue://127.0.0.1:{hq_port}"
         with HQueueAdmin(url) as admin:
             for durability in (Durability.SYNC_WAL, Durability.ASYNC_WAL):

@@ -37,7 +37,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from common import percentile, report  # noqa: E402
+from common import percentile, redis_client_module, report  # noqa: E402
 from remote import free_port, wait_port  # noqa: E402
 
 from hqueue import Durability, HQueue, HQueueAdmin, Message  # noqa: E402
@@ -253,6 +253,7 @@ def main() -> None:
     parser.add_argument("--cases", default="put1async,put1sync,put1000,group,groupsync,read")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
+    redis_client_module()  # refuses to run without hiredis or redis-server
     trees = [t.split("=", 1) for t in args.tree] or [["hqueue", HERE]]
     cases = set(args.cases.split(","))
     n = {k: max(1000, int(v * args.scale)) for k, v in

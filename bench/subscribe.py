@@ -173,12 +173,15 @@ def main() -> None:
         return
     redis = redis_client_module()
     workdir = tempfile.mkdtemp(prefix="hqueue-bench-sub-")
-    hq_proc, hq_port = start_hqueue(workdir)
-    rd_proc, rd_port = start_redis(workdir)
-    always_proc, always_port = start_redis(workdir, "always")
-    url, r = f"hqueue://127.0.0.1:{hq_port}", redis.Redis(port=rd_port)
-    rows = []
+    servers, rows = [], []
     try:
+        hq_proc, hq_port = start_hqueue(workdir)
+        servers.append(hq_proc)  # (each stopped in the end, whichever start fails)
+        rd_proc, rd_port = start_redis(workdir)
+        servers.append(rd_proc)
+        always_proc, always_port = start_redis(workdir, "always")
+        servers.append(always_proc)
+        url, r = f"hqueue://127.0.0.1:{hq_port}", redis.Redis(port=rd_port)
         with HQueueAdmin(url) as admin:
             for durability in (Durability.ASYNC_WAL, Durability.SYNC_WAL):
                 admin.create_queue(f"latency_{durability}".lower(), 1, durability=durability)
@@ -238,7 +241,7 @@ def main() -> None:
         rows.append({"measure": "broker RSS after, MB (/proc)", "hqueue": rss_mb(hq_proc.pid),
                      "redis": rss_mb(rd_proc.pid), "ratio": rss_mb(rd_proc.pid) / rss_mb(hq_proc.pid)})  # fmt: skip
     finally:
-        for proc in (hq_proc, rd_proc, always_proc):
+        for proc in servers:
             proc.terminate()
             proc.wait()
         shutil.rmtree(workdir, ignore_errors=True)

@@ -42,7 +42,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from common import report, rss_mb  # noqa: E402
+from common import redis_client_module, report, rss_mb  # noqa: E402
 from remote import free_port, start_redis, wait_port  # noqa: E402
 
 from hqueue import Durability, HQueue, HQueueAdmin, Message  # noqa: E402
@@ -322,6 +322,8 @@ def main() -> None:
     if args.memory_child:
         return memory_child(args.memory_child, args.pending, args.step)
     systems, durabilities = args.systems.split(","), args.durability.split(",")
+    if "redis" in systems:
+        redis_client_module()  # refuses to run without hiredis or redis-server, before hqueue's runs
     fsync = {Durability.ASYNC_WAL: "everysec", Durability.SYNC_WAL: "always"}
     rows = []
     for durability in durabilities if "hqueue" in systems and args.seconds else ():

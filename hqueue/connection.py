@@ -65,6 +65,18 @@ def missing_store(url: str | None) -> str:
     return f"no hqueue store at {path} (pass --url, or create a queue there first)"
 
 
+def check_options(url: str, token: str | None, timeout: float | None, group_limits: GroupLimits | None) -> None:
+    """Refuse the options that do not go with ``url`` (resolved): before anything is opened."""
+    if url.startswith("hqueue://"):
+        if group_limits is not None:
+            raise InvalidArgument(
+                "'group_limits' are for a store in this process; hqueue servers have their own "
+                "(hqueue server --max-lease, --max-member-in-flight)"
+            )
+    elif token is not None or timeout is not None:
+        raise InvalidArgument("'token' and 'timeout' are for hqueue:// servers, not an in-process store")
+
+
 def acquire_engine(
     url: str | None,
     data_dir: str | os.PathLike[str] | None,
@@ -80,17 +92,11 @@ def acquire_engine(
     a URL names servers.
     """
     url = resolve_url(url, data_dir)
+    check_options(url, token, timeout, group_limits)
     if url.startswith("hqueue://"):
-        if group_limits is not None:
-            raise InvalidArgument(
-                "'group_limits' are for a store in this process; hqueue servers have their own "
-                "(hqueue server --max-lease, --max-member-in-flight)"
-            )
         from .client import RemoteEngine
 
         return RemoteEngine(url, token=token, timeout=timeout)
-    if token is not None or timeout is not None:
-        raise InvalidArgument("'token' and 'timeout' are for hqueue:// servers, not an in-process store")
     if url.startswith("local://"):
         from . import sharing
 

@@ -10,13 +10,23 @@ from functools import partial
 from typing import Any, cast
 
 from .. import api
-from ..connection import acquire_engine, resolve_url
+from ..connection import acquire_engine, check_options, resolve_url
 from ..errors import InvalidArgument
 from ..groups.limits import GroupLimits
 from .client.engine import AsyncRemoteEngine
 from .executor import DEFAULT_WORKERS, ExecutorEngine
 
 AsyncEngine = AsyncRemoteEngine | ExecutorEngine
+
+
+def check_engine_options(
+    url: str, token: str | None, timeout: float | None, group_limits: GroupLimits | None, workers: int
+) -> None:
+    """Refuse the options that do not go with ``url`` (resolved), as :class:`~hqueue.HQueue`
+    does, when a handle is made: not at its first call."""
+    if not isinstance(workers, int) or isinstance(workers, bool) or not 1 <= workers <= 64:
+        raise InvalidArgument(f"'workers' must be an int in 1..64, got {workers!r}")
+    check_options(url, token, timeout, group_limits)
 
 
 async def open_engine(
@@ -29,14 +39,9 @@ async def open_engine(
 ) -> AsyncEngine:
     """The async engine for ``url`` (as :func:`hqueue.connection.acquire_engine` picks one)."""
     resolved = resolve_url(url, data_dir)
-    if not isinstance(workers, int) or isinstance(workers, bool) or not 1 <= workers <= 64:
-        raise InvalidArgument(f"'workers' must be an int in 1..64, got {workers!r}")
+    check_engine_options(resolved, token, timeout, group_limits, workers)
     if resolved.startswith("hqueue://"):
-        if group_limits is not None:
-            raise InvalidArgument("'group_limits' are for a store in this process; hqueue servers have their own")
         return AsyncRemoteEngine(resolved, token=token, timeout=timeout)
-    if token is not None or timeout is not None:
-        raise InvalidArgument("'token' and 'timeout' are for hqueue:// servers, not an in-process store")
     executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hqueue-aio")
     opening = asyncio.get_running_loop().run_in_executor(
         executor, acquire_engine, resolved, None, None, None, group_limits

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..connection import resolve_url
 from ..groups.limits import GroupLimits
-from .connect import DEFAULT_WORKERS, AsyncEngine, open_engine
+from .connect import DEFAULT_WORKERS, AsyncEngine, check_engine_options, open_engine
 
 
 def other_loop(what: str) -> RuntimeError:
@@ -40,9 +40,10 @@ class AsyncConnected:
         group_limits: GroupLimits | None = None,
         workers: int = DEFAULT_WORKERS,
     ) -> None:
+        resolved = resolve_url(url, data_dir)
+        check_engine_options(resolved, token, timeout, group_limits, workers)
         self._opened_with: dict[str, Any] = {
-            "url": resolve_url(url, data_dir), "token": token, "timeout": timeout,
-            "group_limits": group_limits, "workers": workers,
+            "url": resolved, "token": token, "timeout": timeout, "group_limits": group_limits, "workers": workers,
         }  # fmt: skip
         self._engine: AsyncEngine | None = None
         self._lock: asyncio.Lock | None = None

@@ -438,3 +438,19 @@ def test_a_member_closed_while_another_task_receives_in_process_leaves_the_group
 
     got, members, partitions = asyncio.run(asyncio.wait_for(main(), 20))
     assert (got, members, partitions) == ([], ["b"], [0, 1, 2, 3])
+
+
+@pytest.mark.parametrize(
+    ("url", "options", "error"),
+    [
+        ("memory://", {"timeout": 3}, "'token' and 'timeout' are for hqueue:// servers"),
+        ("local:///nowhere", {"token": "t" * 20}, "'token' and 'timeout' are for hqueue:// servers"),
+        ("hqueue://127.0.0.1:1", {"group_limits": object()}, "'group_limits' are for a store in this process"),
+        ("memory://", {"workers": 0}, "'workers' must be an int in 1..64"),
+    ],
+)
+def test_options_that_do_not_go_with_the_url_are_refused_when_the_handle_is_made(url, options, error):
+    """As HQueue refuses them: not at the first call (a producer's first send said so)."""
+    for handle in (lambda: AsyncHQueue("q", url, **options), lambda: AsyncHQueueAdmin(url, **options)):
+        with pytest.raises(InvalidArgument, match=error):
+            handle()

@@ -38,6 +38,9 @@ from .handle import other_loop
 __all__ = ["AsyncProducer"]
 
 logger = logging.getLogger(__name__)
+#: The sender tasks running: the event loop holds its tasks weakly, and a producer dropped
+#: before its close was collected with its task pending ("Task was destroyed but it is pending").
+_SENDERS: set[asyncio.Task[None]] = set()
 
 
 class AsyncProducer:
@@ -90,6 +93,8 @@ class AsyncProducer:
                 self._engine, self._batches.info = engine, info
                 self._changed = asyncio.Condition()
                 self._sender = asyncio.ensure_future(self._run())
+                _SENDERS.add(self._sender)  # (a producer dropped unclosed sends on, until its queue closes)
+                self._sender.add_done_callback(_SENDERS.discard)
         return self
 
     # -- sending ----------------------------------------------------------------------------

@@ -162,3 +162,26 @@ def test_a_first_send_caught_by_its_queue_s_close_is_closed_or_stored(api_url, q
 
     result = run(main())
     assert result is None or isinstance(result, MessageID)
+
+
+def test_a_producer_dropped_without_close_sends_on_until_its_queue_closes(tmp_path, caplog):
+    """Its sender task was collected with it, pending: "Task was destroyed but it is pending!"."""
+    import gc
+
+    async def main() -> None:
+        url = f"local://{tmp_path}/s"
+        async with AsyncHQueueAdmin(url) as admin:
+            await admin.create_queue("q", 2)
+        async with AsyncHQueue("q", url) as queue:
+            producer = queue.producer(linger_ms=50)
+            await producer.send(Message("t", b"x"))
+            late = asyncio.ensure_future(producer.send(Message("t", b"y")))  # still waiting for company
+            del producer
+            gc.collect()
+            await asyncio.sleep(0.1)
+            gc.collect()
+            assert isinstance(await late, MessageID)  # the dropped producer sent it
+
+    with caplog.at_level("ERROR", logger="asyncio"):
+        run(main())
+    assert "Task was destroyed" not in caplog.text

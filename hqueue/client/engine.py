@@ -163,6 +163,37 @@ def owner_addresses(locations: Any, seeds: list[str]) -> list[str]:
     return owners
 
 
+def owner_error(
+    name: str,
+    partition_id: int,
+    what: str,
+    problem: HQueueError,
+    unsure: HQueueError | None,
+    timeout: float,
+    owner_timeout: float,
+) -> HQueueError:
+    """What a call at a partition's owner raises when it gives up on ``problem`` (its last
+    failure): OutcomeUnknown if a try may have been sent (``unsure``, the failure that left it
+    so, is the one named: the last may be a later try that never went), else the problem, or
+    NoPartitionOwner."""
+    if unsure is not None:
+        later = "" if problem is unsure else f"; then: {problem}"
+        error: HQueueError = OutcomeUnknown(
+            f"{what} to {name!r} partition {partition_id}: the request was sent but its answer never came; "
+            "it may have taken effect (a put's messages may have been written, or be written later by a "
+            f"stalled server): {unsure}{later}",
+            name,
+            partition_id,
+        )
+    elif isinstance(problem, (DeadlineExceeded, ServerBusy)):  # ServerBusy: the owner is there, but full
+        error = problem
+    else:
+        error = NoPartitionOwner(name, partition_id, min(owner_timeout, timeout), problem)
+    if error is not problem:
+        error.__cause__ = unsure or problem
+    return error
+
+
 def past_deadline(address: str, method: str, timeout: float, sent: bool) -> str:
     """What a DeadlineExceeded says: the call went and got no answer, or never went."""
     if sent:
@@ -456,43 +487,27 @@ class RemoteEngine:
         """
         with self.deadline() as deadline:
             give_up = min(deadline, time.monotonic() + self.owner_timeout)
-            delay, fresh, maybe_sent = 0.02, False, False
+            delay, fresh = 0.02, False
+            unsure: HQueueError | None = None  # the failure after which the request may have been sent
             while True:
                 try:
                     locations = self.locations(name, fresh=fresh)
                     owner = locations[partition_id] if partition_id < len(locations) else ""
                     if owner:
-                        sent = args if lane is None else (*args, wire.to_trequest(lane.request(maybe_sent)))
+                        resent = unsure is not None
+                        sent = args if lane is None else (*args, wire.to_trequest(lane.request(resent)))
                         return self._call_at(owner, method, name, *sent, queue=name, pid=partition_id)
                     problem: HQueueError = NotPartitionOwner(name, partition_id, None)
                 except (NotPartitionOwner, ServerUnavailable) as e:
                     problem = e
-                    maybe_sent = maybe_sent or (getattr(e, "maybe_sent", False) and not idempotent)
+                    if unsure is None and getattr(e, "maybe_sent", False) and not idempotent:
+                        unsure = e
                 now = time.monotonic()
                 if now >= give_up or isinstance(problem, DeadlineExceeded):
-                    raise self._owner_error(name, partition_id, what, problem, maybe_sent, now - give_up)
+                    raise owner_error(name, partition_id, what, problem, unsure, self.timeout, self.owner_timeout)
                 logger.info("%s to %s/%d: %s; retrying in %.2fs", what, name, partition_id, problem, delay)
                 time.sleep(min(delay, give_up - now))
                 delay, fresh = min(delay * 2, 1.0), True
-
-    def _owner_error(
-        self, name: str, partition_id: int, what: str, problem: HQueueError, maybe_sent: bool, late: float
-    ) -> HQueueError:
-        if maybe_sent:
-            error: HQueueError = OutcomeUnknown(
-                f"{what} to {name!r} partition {partition_id}: the request was sent but no answer came within "
-                f"the call's {self.timeout:g}s timeout; it may have taken effect (a put's messages may have been "
-                f"written, or be written later by a stalled server): {problem}",
-                name,
-                partition_id,
-            )
-        elif isinstance(problem, (DeadlineExceeded, ServerBusy)):  # ServerBusy: the owner is there, but full
-            error = problem
-        else:
-            error = NoPartitionOwner(name, partition_id, min(self.owner_timeout, self.timeout), problem)
-        if error is not problem:
-            error.__cause__ = problem
-        return error
 
     # -- timers (SPEC X1) ------------------------------------------------------------------
 

@@ -354,3 +354,30 @@ def test_a_receive_ended_by_close_from_another_task_returns_nothing(tmp_path):
         assert asyncio.run(asyncio.wait_for(main(), 60)) == []
     finally:
         server.stop()
+
+
+def test_a_put_after_its_server_was_killed_is_known_not_sent(tmp_path):
+    """The pooled connection's end was not seen yet (no turn of the loop since the kill): the
+    put was written to it and counted as maybe sent, OutcomeUnknown, whose text ended in
+    "not sent". The blocking client checks the socket before reusing it, and so does this one."""
+    proc = ServerProcess(f"local://{tmp_path}/data", tmp_path)
+    url = f"hqueue://{proc.address}"
+    try:
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("q", 1)
+
+        async def main() -> BaseException:
+            async with AsyncHQueue("q", url, timeout=2) as queue:
+                await queue.put(Message("t", b"warm"))
+                proc.kill()  # (blocking: no turn of the loop between the kill and the put)
+                try:
+                    await queue.put(Message("t", b"x"))
+                except Exception as e:
+                    return e
+            raise AssertionError("a put to a killed server succeeded")
+
+        error = asyncio.run(main())
+        assert isinstance(error, DeadlineExceeded), error
+        assert "not sent" in str(error)
+    finally:
+        proc.kill()

@@ -29,6 +29,7 @@ from ...client.engine import (
     CallDeadline,
     client_options,
     owner_addresses,
+    owner_error,
     past_deadline,
     queue_description,
 )
@@ -36,11 +37,8 @@ from ...config import INFO_CACHE_SECONDS, QueueInfo, QueueState
 from ...errors import (
     DeadlineExceeded,
     HQueueError,
-    NoPartitionOwner,
     NotPartitionOwner,
-    OutcomeUnknown,
     QueueDisabled,
-    ServerBusy,
     ServerUnavailable,
 )
 from ...ids import consecutive
@@ -306,41 +304,26 @@ class AsyncRemoteEngine:
         loop = asyncio.get_running_loop()
         with self.deadline() as deadline:
             give_up = min(deadline, loop.time() + self.owner_timeout)
-            delay, fresh, maybe_sent = 0.02, False, False
+            delay, fresh = 0.02, False
+            unsure: HQueueError | None = None  # the failure after which the request may have been sent
             while True:
                 try:
                     locations = await self.locations(name, fresh=fresh)
                     owner = locations[partition_id] if partition_id < len(locations) else ""
                     if owner:
-                        sent = args if lane is None else (*args, wire.to_trequest(lane.request(maybe_sent)))
+                        resent = unsure is not None
+                        sent = args if lane is None else (*args, wire.to_trequest(lane.request(resent)))
                         return await self._call_at(owner, method, name, *sent, queue=name, pid=partition_id)
                     problem: HQueueError = NotPartitionOwner(name, partition_id, None)
                 except (NotPartitionOwner, ServerUnavailable) as e:
                     problem = e
-                    maybe_sent = maybe_sent or (getattr(e, "maybe_sent", False) and not idempotent)
+                    if unsure is None and getattr(e, "maybe_sent", False) and not idempotent:
+                        unsure = e
                 now = loop.time()
                 if now >= give_up or isinstance(problem, DeadlineExceeded):
-                    raise self._owner_error(name, partition_id, what, problem, maybe_sent)
+                    raise owner_error(name, partition_id, what, problem, unsure, self.timeout, self.owner_timeout)
                 await asyncio.sleep(min(delay, give_up - now))
                 delay, fresh = min(delay * 2, 1.0), True
-
-    def _owner_error(
-        self, name: str, partition_id: int, what: str, problem: HQueueError, maybe_sent: bool
-    ) -> HQueueError:
-        if maybe_sent:
-            error: HQueueError = OutcomeUnknown(
-                f"{what} to {name!r} partition {partition_id}: the request was sent but no answer came within "
-                f"the call's {self.timeout:g}s timeout; it may have taken effect: {problem}",
-                name,
-                partition_id,
-            )
-        elif isinstance(problem, (DeadlineExceeded, ServerBusy)):
-            error = problem
-        else:
-            error = NoPartitionOwner(name, partition_id, min(self.owner_timeout, self.timeout), problem)
-        if error is not problem:
-            error.__cause__ = problem
-        return error
 
     # -- scans and lifetime ---------------------------------------------------------
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import select
 import ssl
 import struct
 from typing import Any
@@ -112,8 +113,17 @@ class AsyncConnection:
         return client._recv(method)
 
     def stale(self) -> bool:
-        """Whether the server closed this idle connection (restart, idle timeout)."""
-        return self.reader.at_eof() or self.writer.is_closing() or bool(self.reader._buffer)  # type: ignore[attr-defined]
+        """Whether the server closed this idle connection (restart, idle timeout, a kill): as
+        the loop saw it, or, not seen yet (no turn of the loop since), as the socket says now:
+        an idle connection has nothing to read but its end. (A call sent on a connection whose
+        server was gone already would be one that may have been sent: OutcomeUnknown.)"""
+        if self.reader.at_eof() or self.writer.is_closing() or self.reader._buffer:  # type: ignore[attr-defined]
+            return True
+        sock = self.writer.get_extra_info("socket")
+        try:
+            return sock is not None and bool(select.select([sock], [], [], 0)[0])
+        except (OSError, ValueError):
+            return True
 
     def close(self) -> None:
         if not self.writer.is_closing():

@@ -40,6 +40,8 @@ T_STOP, T_STRING, T_STRUCT, T_MAP, T_SET, T_LIST = 0, 11, 12, 13, 14, 15
 _FIXED = {2: 1, 3: 1, 4: 8, 6: 2, 8: 4, 10: 8}
 _CONTAINERS = (T_STRUCT, T_MAP, T_SET, T_LIST)
 _VERSION_1 = 0x80010000
+#: The message types a server takes: CALL and ONEWAY (thriftpy2's TMessageType).
+_CALL_TYPES = (1, 4)
 
 _I32 = struct.Struct(">i").unpack_from
 _LIST = struct.Struct(">bi").unpack_from
@@ -322,6 +324,10 @@ def check_call(frame: bytes | bytearray, max_items: int = DEFAULT_MAX_ITEMS) -> 
         version = _I32(frame, 0)[0] & 0xFFFFFFFF
         if version & 0xFFFF0000 != _VERSION_1:
             raise FrameError("not a strict binary-protocol message (bad version header)")
+        if version & 0xFF not in _CALL_TYPES:
+            raise FrameError(
+                f"a message of type {version & 0xFF}, not a call (a reply or an exception sent to a server)"
+            )
         name_size = _I32(frame, 4)[0]
         if not 0 < name_size <= 128:
             raise FrameError(f"method name of {name_size} bytes")

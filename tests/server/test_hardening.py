@@ -577,6 +577,9 @@ def test_hostile_frames_end_their_own_connection_and_others_go_on(server):
     args = b"\x0b\x00\x01" + struct.pack("!i", 1) + b"q" + many + b"\x00"
     frame = _call(b"putMessages", args)
     assert send_raw(server.port, struct.pack("!i", len(frame)) + frame) == b""
+    for kind in (2, 3, 99):  # a reply, an exception, no type at all: not calls (they were run and answered)
+        reply = struct.pack("!Ii", 0x80010000 | kind, 10) + b"listQueues" + struct.pack("!i", 1) + b"\x00"
+        assert send_raw(server.port, struct.pack("!i", len(reply)) + reply) == b""
     assert [q.name for q in client.listQueues()] == ["q"]  # the other connection still serves
     client.close()
 

@@ -125,6 +125,9 @@ class _Server(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.0"
+    #: A request line without a version is answered as HTTP/1.0 (with a status line and
+    #: headers), not as HTTP/0.9 (a bare body: a 401 or 429 looked like a scrape's output).
+    default_request_version = "HTTP/1.0"
     render: Callable[[], bytes]
     allows: Callable[[str | None, str], bool | int] | None
 

@@ -351,6 +351,10 @@ def test_slow_large_and_many_requests_end_with_their_connections(tmp_path):
         assert time.monotonic() - started < 15
         # And a scrape is served again
         wait_for(lambda: get(port, METRICS_TOKEN)[0] == 200, 20, "a scrape")
+        # And a request line without a version gets a status line (not an HTTP/0.9 bare body)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as old:
+            old.sendall(b"GET /metrics\r\n\r\n")
+            assert old.recv(1024).startswith(b"HTTP/1.0 401 ")
         for connection in [*idle, dribbling, big]:
             connection.close()
     finally:

@@ -113,6 +113,22 @@ def _warn_if_puts_cannot_fit(limits: ServerLimits, max_put_messages: int, max_pu
         )
 
 
+def _warn_if_others_may_read(path: str | None) -> None:
+    """Say so when every local user may read an embedded store's files (a directory made by
+    hand keeps its mode): tokens keep roles apart over TCP, not in the files."""
+    try:
+        mode = os.stat(path).st_mode if path is not None else 0
+    except OSError:
+        return
+    if mode & 0o005:
+        logger.warning(
+            "the store %s is open to every local user (mode %o): they may read every message in its files, "
+            "whatever their tokens; chmod o-rwx it (docs/security.md)",
+            path,
+            mode & 0o777,
+        )
+
+
 def _check_arguments(storage_url: str, host: str, advertise: str | None, coordinator_factory: object, io: str) -> None:
     """InvalidArgument for a server that could not serve as asked, before anything is opened."""
     if io not in IO_MODELS:
@@ -264,6 +280,8 @@ class HQueueServer:
             self.group_limits = group_limits
             self._server = self._connections(io, socket, local, limits, ssl_context, auth)
             _warn_if_puts_cannot_fit(self._server.limits, max_put_messages, max_put_bytes)
+            if auth is not None:
+                _warn_if_others_may_read(getattr(self.engine.storage, "path", None))
             if metrics_port is not None:  # here, so a taken port fails before anything starts
                 self._serve_metrics(metrics_port, metrics_host, MetricsAccess(metrics_token, auth))
                 undo.callback(self.metrics.close)

@@ -874,3 +874,18 @@ def test_a_bad_call_over_a_unix_socket_is_logged_as_a_local_process_s(tmp_path, 
         assert "closed a connection from a local process (Unix socket)" in caplog.text, caplog.text
     finally:
         server.stop()
+
+
+def test_a_server_with_tokens_says_when_every_local_user_may_read_its_store(tmp_path, caplog):
+    """Tokens keep roles apart over TCP; a store directory made by hand as 0755 let every local
+    user read every message from its files, and nothing said so (an attacker pass)."""
+    (tmp_path / "auth.toml").write_text(AUTH_FILE)
+    for mode, warned in ((0o755, True), (0o700, False)):
+        store = tmp_path / f"store-{mode:o}"
+        store.mkdir(mode=mode)
+        store.chmod(mode)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="hqueue.server.app"):
+            server = HQueueServer(f"local://{store}", port=0, auth=AuthPolicy.load(tmp_path / "auth.toml")).start()
+            server.stop()
+        assert ("open to every local user" in caplog.text) is warned, caplog.text

@@ -395,6 +395,42 @@ def test_tls_serves_a_client_that_trusts_the_certificate(tmp_path):
         server.stop()
 
 
+def test_a_tls_hello_sent_a_byte_at_a_time_is_cut_off_after_the_body_timeout_all_told(tmp_path):
+    """The handshake runs in ``ssl``'s blocking do_handshake with the socket's timeout, which
+    CPython takes as one deadline for the whole handshake, not one per read: a hello sent a
+    byte at a time holds a thread no longer than the body timeout (a guard: it held before)."""
+    import ssl
+
+    cert, context = server_certificate(tmp_path)
+    limits = ServerLimits(body_timeout=1.0)
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, ssl_context=context, limits=limits).start()
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    client = ssl.create_default_context().wrap_bio(incoming, outgoing, server_hostname="localhost")
+    with pytest.raises(ssl.SSLWantReadError):
+        client.do_handshake()
+    hello = outgoing.read()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+            started, closed_after = time.monotonic(), None
+            for i in range(len(hello)):  # a byte each 0.1 s: the hello alone takes 20 s or more
+                try:
+                    s.sendall(hello[i : i + 1])
+                    time.sleep(0.1)
+                    if s.recv(1, socket.MSG_DONTWAIT) == b"":
+                        closed_after = time.monotonic() - started
+                except BlockingIOError:
+                    pass
+                except OSError:  # reset under the trickle
+                    closed_after = time.monotonic() - started
+                if closed_after is not None or time.monotonic() - started > 8:
+                    break
+            assert closed_after is not None and closed_after < 5, closed_after
+        with HQueueAdmin(f"hqueue://{server.address}?tls=1&ca={cert}") as admin:
+            assert admin.list_queues() == []  # an honest client's handshake is done as before
+    finally:
+        server.stop()
+
+
 def test_connection_failures_say_what_went_wrong_and_what_to_do(tmp_path):
     from click.testing import CliRunner
 

@@ -130,8 +130,9 @@ from .main import Progress, Seconds, main, open_admin, open_queue
     type=click.FloatRange(0, 1, min_open=True),
     default=0.25,
     show_default=True,
-    help="The part of --max-inflight-bytes that one token's replies not yet read may hold (with --auth-file; "
-    "without, each connection's); past it, its scans and receives get ServerBusy. 1: no share.",
+    help="The part of --max-inflight-bytes that one token's calls on their way in and replies not yet read may "
+    "hold (with --auth-file; without, each connection's); past it, its big calls wait and its scans and receives "
+    "get ServerBusy. 1: no share.",
 )
 @click.option("--max-partitions", type=click.IntRange(1, 32767), default=1024, show_default=True)
 @click.option(

@@ -103,13 +103,7 @@ class Connection:
     def stale(self) -> bool:
         """Whether the server closed this idle connection (restart, idle timeout)."""
         sock = self.socket.sock
-        if sock is None:
-            return True
-        try:
-            readable, _, _ = select.select([sock], [], [], 0)
-        except (OSError, ValueError):
-            return True
-        return bool(readable)  # an idle connection has nothing to read but EOF
+        return sock is None or readable_now(sock)  # an idle connection has nothing to read but EOF
 
     def close(self) -> None:
         self.socket.close()
@@ -117,6 +111,18 @@ class Connection:
 
 def _timeout_ms(pool: Pool, deadline: float | None) -> int:
     return pool.timeout_ms if deadline is None else max(1, int((deadline - time.monotonic()) * 1000))
+
+
+def readable_now(sock: Any) -> bool:
+    """Whether ``sock`` has something to read (or its end) now, without waiting: ``poll``, which
+    takes any descriptor (``select`` refuses those past 1023: every idle connection of a
+    process with many files open looked stale). True if the socket is gone."""
+    try:
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, ValueError):
+        return True
 
 
 def dial(host: str, port: int, timeout: float) -> socket.socket:

@@ -60,8 +60,9 @@ class ServerLimits:
     max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
     #: Seconds a frame may wait for room in ``max_inflight_bytes`` before it is refused.
     inflight_wait: float = DEFAULT_INFLIGHT_WAIT
-    #: The part of ``max_inflight_bytes`` that one client's replies not taken yet may hold
-    #: before its calls for big answers are refused (a client: what ``owner_of`` says; 1: no share).
+    #: The part of ``max_inflight_bytes`` that one client's calls on their way in and replies not
+    #: taken yet may hold: past it, its big calls wait for room and its calls for big answers are
+    #: refused (a client: what ``owner_of`` says; 1: no share).
     inflight_share: float = DEFAULT_INFLIGHT_SHARE
     #: The part of ``max_connections`` one client's proven connections may take and still be
     #: kept when all are taken (a client: what ``owner_of`` says; 1: no share). Its others are
@@ -100,6 +101,8 @@ class Connection:
     #: Trusted and within its owner's share of the places (``connection_share``): never closed
     #: to make room. The owner it counts for (None: not kept).
     kept_as: str | None = None
+    #: The principal it was kept as (another ``authenticate`` moves it to its new owner's share).
+    kept_by: Any = None
     #: Shut down to make room for a newer one (rpc/threaded.py), and not ended yet.
     evicted: bool = False
     #: Came over a Unix socket: a process of this machine that the socket file's permissions let in.

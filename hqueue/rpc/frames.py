@@ -65,7 +65,10 @@ class FrameReader:
     it back, which costs most when many connections are busy.
 
     The wait for a frame's first byte uses ``idle_timeout``; once it has
-    started, the rest must come within ``body_timeout``.
+    started, its head (its size and its call's head) must come within
+    ``body_timeout`` of that byte, and its body within ``body_timeout`` of
+    when it is read (once admitted: a wait for room in the server's budget
+    is not counted against the peer), each all told, not per ``recv``.
 
     On a plain socket the timeouts are the kernel's (``SO_RCVTIMEO``,
     ``SO_SNDTIMEO``) on a blocking socket: a ``recv`` or a ``send`` is one
@@ -92,7 +95,8 @@ class FrameReader:
         self.idle_timeout, self.body_timeout = idle_timeout, body_timeout
         self._buffer = bytearray() if buffer is None else buffer
         self._size = 0  # the size the current frame's head declares
-        #: When the current frame must be in, all told: ``body_timeout`` after its first byte.
+        #: When the current frame's head (its size and its call's head) must be in, all told:
+        #: ``body_timeout`` after its first byte.
         self._frame_deadline: float | None = None
         self._timeout: object = None
         #: Kernel timeouts on a blocking socket (plain sockets), else Python's.
@@ -173,7 +177,7 @@ class FrameReader:
         have = len(buffer) - 4
         frame[:have] = memoryview(buffer)[4:]
         buffer.clear()
-        deadline = self._frame_deadline
+        deadline = self._deadline()  # (from now: the wait for room in the budget is not the peer's)
         with memoryview(frame) as view:
             while have < size:
                 got = self._recv_into(view[have:], min(size - have, self.MAX_CHUNK), deadline)
@@ -195,7 +199,7 @@ class FrameReader:
             return
         left = end - len(buffer)
         buffer.clear()
-        deadline = self._frame_deadline
+        deadline = self._deadline()
         with memoryview(bytearray(min(left, self.MAX_CHUNK))) as scratch:
             while left:
                 got = self._recv_into(scratch, min(left, len(scratch)), deadline)

@@ -194,7 +194,7 @@ class ThreadedServer(TThreadedServer):
                 if not full or victim is not None:
                     self.connections += 1
             if victim is not None:  # its thread (or the loop) ends it, and gives its place back
-                self.log.warning("evict", "closed an unproven connection to make room for one from %s", who)
+                self.log.warning("evict", "closed a connection to make room for one from %s", who)
                 try:
                     victim.shutdown(socket.SHUT_RDWR)
                 except OSError:
@@ -214,32 +214,63 @@ class ThreadedServer(TThreadedServer):
                 self._ended(connection, sock)
 
     def _victim(self) -> socket.socket | None:
-        """(Under the lock, all places taken.) The socket of the oldest connection not trusted
-        and not being closed already, now marked as being closed; None if there is none, or if
-        ``MAX_EVICTING`` are being closed already: a flood of connects then finds no room,
-        instead of one more connection each while the ones shut down are not gone yet."""
+        """(Under the lock, all places taken.) The socket of the connection to close to make
+        room, now marked as being closed: the oldest that proved nothing, or else the oldest
+        proven one past its owner's share; None if there is none, or if ``MAX_EVICTING`` are
+        being closed already (a flood of connects then finds no room, instead of one more
+        connection each while the ones shut down are not gone yet)."""
         if self._evicting >= MAX_EVICTING:
             return None
+        over_share = None
         for connection, sock in self._open.values():
             if connection.kept_as is None and not connection.evicted:
-                connection.evicted = True
-                self._evicting += 1
-                return sock
-        return None
+                if not connection.trusted:
+                    return self._evict(connection, sock)
+                over_share = over_share or (connection, sock)
+        return self._evict(*over_share) if over_share is not None else None
+
+    def _evict(self, connection: Connection, sock: socket.socket) -> socket.socket:
+        connection.evicted = True
+        self._evicting += 1
+        return sock
 
     def _trust(self, connection: Connection) -> None:
         """After a call: whether the connection proved who it is now (``trusted_after``), and,
         proved, whether it is kept when all places are taken: while its owner's kept ones are
-        fewer than its share (``connection_share``), so that one token cannot hold them all."""
+        fewer than its share (``connection_share``), so that one token cannot hold them all.
+        A connection that authenticated again counts for its new owner."""
         if not connection.trusted:
             connection.trusted = self.trusted_after(connection)
+        if connection.kept_as is not None and connection.kept_by is not connection.principal:
+            with self._lock:
+                self._give_place(connection)
         if connection.trusted and connection.kept_as is None:
             owner = self.owner_of(connection)
             with self._lock:
-                kept = self._kept.get(owner, 0)
-                if kept < self._kept_share and not connection.evicted:
-                    self._kept[owner] = kept + 1
-                    connection.kept_as = owner
+                self._hold_place(connection, owner)
+
+    def _hold_place(self, connection: Connection, owner: str) -> bool:
+        """(Under the lock.) Keep ``connection`` for ``owner`` if its share has room."""
+        kept = self._kept.get(owner, 0)
+        if kept >= self._kept_share or connection.evicted:
+            return False
+        self._kept[owner] = kept + 1
+        connection.kept_as, connection.kept_by = owner, connection.principal
+        return True
+
+    def _give_place(self, connection: Connection) -> None:
+        """(Under the lock.) ``connection`` is no longer kept: its place in its owner's share
+        goes to the oldest proven connection of that owner not kept yet."""
+        owner = connection.kept_as
+        assert owner is not None
+        connection.kept_as = connection.kept_by = None
+        self._kept[owner] -= 1
+        if not self._kept[owner]:
+            del self._kept[owner]
+        for other, _ in self._open.values():
+            if other.trusted and other.kept_as is None and other is not connection and not other.evicted:
+                if self.owner_of(other) == owner and self._hold_place(other, owner):
+                    return
 
     def _start(self, sock: socket.socket, connection: Connection) -> None:
         """Serve an accepted connection: here, in a thread of its own."""
@@ -254,8 +285,12 @@ class ThreadedServer(TThreadedServer):
         _current.connection = connection
         try:
             if self.ssl_context is not None and not connection.local:  # a Unix socket's stay clear
-                sock.settimeout(self.limits.body_timeout)
-                sock = self.ssl_context.wrap_socket(sock, server_side=True)
+                sock.settimeout(self.limits.body_timeout)  # (one deadline for the whole handshake)
+                sock = self.ssl_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                with self._lock:  # the wrapped socket is the one to shut down to make room (the raw one's gone)
+                    if connection.id in self._open:
+                        self._open[connection.id] = (connection, sock)
+                sock.do_handshake()
             with self._lock:
                 self._served[connection.id] = sock
             if self.closed:
@@ -306,9 +341,7 @@ class ThreadedServer(TThreadedServer):
             if connection.evicted:
                 self._evicting -= 1
             if connection.kept_as is not None:
-                self._kept[connection.kept_as] -= 1
-                if not self._kept[connection.kept_as]:
-                    del self._kept[connection.kept_as]
+                self._give_place(connection)
         sock.close()
         for callback in connection.on_close:
             try:

@@ -925,3 +925,131 @@ def test_a_server_with_tokens_says_when_every_local_user_may_read_its_store(tmp_
             server = HQueueServer(f"local://{store}", port=0, auth=AuthPolicy.load(tmp_path / "auth.toml")).start()
             server.stop()
         assert ("open to every local user" in caplog.text) is warned, caplog.text
+
+
+def _held_tls(port: int, cert, count: int) -> list:
+    """``count`` TLS connections that finish their handshake and then say nothing."""
+    import ssl
+
+    context = ssl.create_default_context(cafile=str(cert))
+    return [context.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=5), server_hostname="localhost")
+            for _ in range(count)]  # fmt: skip
+
+
+@pytest.mark.parametrize("io", ["loop", "threads"])
+def test_silent_tls_connections_are_closed_to_make_room(tmp_path, io):
+    """A TLS connection was recorded by its raw socket, detached by the wrap: shutting it down to
+    make room did nothing, and after 16 such tries every newcomer was refused (a review)."""
+    cert, context = server_certificate(tmp_path)
+    (tmp_path / "auth.toml").write_text(AUTH_FILE)
+    limits = ServerLimits(max_connections=8)
+    server = HQueueServer(
+        f"local://{tmp_path}/data", port=0, auth=AuthPolicy.load(tmp_path / "auth.toml"),
+        limits=limits, ssl_context=context, io=io,
+    ).start()  # fmt: skip
+    held = _held_tls(server.port, cert, 8)
+    try:
+        admins = []
+        for _ in range(MAX_EVICTING + 4):  # each stays: each takes a silent one's place
+            admin = HQueueAdmin(f"hqueue://{ADMIN}@{server.address}?tls=1&ca={cert}&timeout=5")
+            admin.list_queues()
+            admins.append(admin)
+            if len(admins) == 8:
+                break
+        wait_for(lambda: server._server._evicting == 0, 10, "the evicted connections to end")
+        assert len(admins) == 8 and server._server.connections == 8
+        for admin in admins:
+            admin.close()
+    finally:
+        for s in held:
+            s.close()
+        server.stop()
+
+
+def test_connections_that_proved_nothing_go_before_a_tokens_past_its_share(tmp_path):
+    """A token's proven connections past its share were closed before strangers' newer ones."""
+    (tmp_path / "auth.toml").write_text(AUTH_FILE)
+    limits = ServerLimits(max_connections=8, connection_share=0.5)
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, auth=AuthPolicy.load(tmp_path / "auth.toml"),
+                          limits=limits).start()  # fmt: skip
+    workers, strangers = [], []
+    try:
+        for _ in range(6):  # 4 kept, 2 past the share
+            client = raw_client(server.port)
+            client.authenticate(CRAWLER)
+            workers.append(client)
+        wait_for(lambda: server._server._kept == {"principal crawler": 4}, 10, "the crawler's kept connections")
+        for _ in range(4):  # 2 fill the places, 2 close the first 2 to make room
+            strangers.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
+        wait_for(lambda: server._server._evicting == 0 and server._server.connections == 8, 10, "room made")
+        assert all(client.listQueues() == [] for client in workers)
+        # And once a kept one ends, one past the share takes its place in the share
+        workers.pop(0).close()
+        wait_for(lambda: server._server.connections == 7, 10, "the connection to end")
+        assert server._server._kept == {"principal crawler": 4}
+    finally:
+        for client in workers:
+            client.close()
+        for s in strangers:
+            s.close()
+        server.stop()
+
+
+def test_a_connection_authenticated_again_counts_for_its_new_token(secured):
+    clients = [raw_client(secured.port) for _ in range(2)]
+    try:
+        for client in clients:
+            client.authenticate(CRAWLER)
+        wait_for(lambda: secured._server._kept.get("principal crawler") == 2, 10, "two kept connections")
+        for client in clients:
+            client.authenticate(ADMIN)
+            client.listQueues()
+        assert secured._server._kept.get("principal crawler") is None
+        assert secured._server._kept.get("principal ops", 0) >= 2
+    finally:
+        for client in clients:
+            client.close()
+
+
+@pytest.mark.parametrize("io", ["loop", "threads"])
+def test_a_put_that_waited_for_room_still_has_the_body_timeout_to_come(tmp_path, io):
+    """The frame's deadline ran from its first byte, through the wait for room in the budget:
+    a put admitted after 3 s of a 5 s wait lost its connection, unanswered (a review)."""
+    mib = 1 << 20
+    limits = ServerLimits(max_inflight_bytes=2 * mib, max_frame_bytes=2 * mib, body_timeout=2, inflight_wait=5)
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, limits=limits, io=io).start()
+    try:
+        with HQueueAdmin(f"hqueue://{server.address}") as admin:
+            admin.create_queue("q", 1)
+        budget = server._server.budget
+        budget.reserve(2 * mib, None)  # others' calls under way hold all of it, for 3 s
+        threading.Timer(3, lambda: budget.release(2 * mib)).start()
+        client = raw_client(server.port, timeout_ms=20_000)  # (no retry, as HQueue's put would make)
+        ids = client.putMessages("q", [T.TMessage(topic=b"t", value=b"x" * 60_000) for _ in range(10)])
+        assert len(ids) == 10
+        client.close()
+    finally:
+        server.stop()
+
+
+def test_an_idle_connection_past_descriptor_1023_is_not_taken_for_stale():
+    """``select`` refuses descriptors past 1023: every idle pooled connection of a process with
+    many files open was dropped as stale, and each call connected again."""
+    import resource
+
+    from hqueue.client.pool import readable_now
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if max(soft, hard if hard != resource.RLIM_INFINITY else 4096) < 1200:
+        pytest.skip("no descriptor past 1100 to be had")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    ours, theirs = socket.socketpair()
+    try:
+        high = socket.socket(fileno=os.dup2(ours.fileno(), 1100))
+        assert not readable_now(high)  # idle: nothing to read
+        theirs.close()
+        assert readable_now(high)  # its end
+        high.close()
+    finally:
+        ours.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import select
 import ssl
 import struct
 from typing import Any
@@ -30,6 +29,7 @@ from thriftpy2.thrift import TClient, args_to_kwargs
 from thriftpy2.transport import TCyMemoryBuffer, TTransportException
 
 from ...auth import joined
+from ...client.pool import readable_now
 from ...rpc import wire
 from ...rpc.unix import short_unix_path
 
@@ -120,10 +120,7 @@ class AsyncConnection:
         if self.reader.at_eof() or self.writer.is_closing() or self.reader._buffer:  # type: ignore[attr-defined]
             return True
         sock = self.writer.get_extra_info("socket")
-        try:
-            return sock is not None and bool(select.select([sock], [], [], 0)[0])
-        except (OSError, ValueError):
-            return True
+        return sock is not None and readable_now(sock)
 
     def close(self) -> None:
         if not self.writer.is_closing():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Callable
 
 import click
 
@@ -20,6 +21,11 @@ from ..message import Message
 from ..storage import default_url
 from ..subscriptions.manager import DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_CHECKPOINT_MESSAGES
 from .main import Progress, Seconds, main, open_admin, open_queue
+
+
+def _share(name: str, default: float, help: str) -> Callable[[Callable], Callable]:
+    """An option for a part of a server's limit one client may hold: a fraction in (0, 1]."""
+    return click.option(name, type=click.FloatRange(0, 1, min_open=True), default=default, show_default=True, help=help)
 
 
 @main.command()
@@ -75,12 +81,10 @@ from .main import Progress, Seconds, main, open_admin, open_queue
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), help="Serve TLS with this certificate.")
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="The certificate's private key.")
 @click.option("--max-connections", type=click.IntRange(1, 65536), default=1024, show_default=True)
-@click.option(
+@_share(
     "--connection-share",
-    type=click.FloatRange(0, 1, min_open=True),
-    default=0.5,
-    show_default=True,
-    help="The part of --max-connections one token's connections (with --auth-file) may take and still be kept "
+    0.5,
+    "The part of --max-connections one token's connections (with --auth-file) may take and still be kept "
     "when all are taken; its others are closed to make room, as unauthenticated ones are. 1: no share.",
 )
 @click.option(
@@ -125,12 +129,10 @@ from .main import Progress, Seconds, main, open_admin, open_queue
     show_default=True,
     help="How long a call may wait for room in --max-inflight-bytes (s).",
 )
-@click.option(
+@_share(
     "--inflight-share",
-    type=click.FloatRange(0, 1, min_open=True),
-    default=0.25,
-    show_default=True,
-    help="The part of --max-inflight-bytes that one token's calls on their way in and replies not yet read may "
+    0.25,
+    "The part of --max-inflight-bytes that one token's calls on their way in and replies not yet read may "
     "hold (with --auth-file; without, each connection's); past it, its big calls wait and its scans and receives "
     "get ServerBusy. 1: no share.",
 )

@@ -244,3 +244,33 @@ def test_an_asyncio_close_past_its_timeout_ends_every_send(server):
     outcomes = asyncio.run(main())
     assert all(isinstance(o, ProducerClosed) for o in outcomes), outcomes
     assert "may be stored" in str(outcomes[0]) and "before it was stored" in str(outcomes[1])
+
+
+def test_a_producer_of_a_queue_disabled_meanwhile_is_refused_when_made(server):
+    """On hqueue:// the client's cached copy of the queue said enabled: producer() was made, and
+    only its sends failed; on an embedded store it raised at once. Both raise now."""
+    import asyncio
+
+    from hqueue import QueueDisabled
+    from hqueue.aio import AsyncHQueue
+
+    url = f"hqueue://{server.address}"
+    with HQueue("q", url) as queue:
+        queue.put(Message("t", b"x"))  # (the queue's info is cached now)
+        with HQueueAdmin(url) as admin:
+            admin.disable_queue("q")
+        with pytest.raises(QueueDisabled):
+            queue.producer()
+
+    with HQueueAdmin(url) as admin:
+        admin.enable_queue("q")
+
+    async def main() -> None:
+        async with AsyncHQueue("q", url) as queue:
+            await queue.put(Message("t", b"x"))
+            with HQueueAdmin(url) as admin:
+                admin.disable_queue("q")
+            with pytest.raises(QueueDisabled):
+                await queue.producer().send(Message("t", b"y"))
+
+    asyncio.run(main())

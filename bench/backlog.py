@@ -1,14 +1,16 @@
 """A big backlog: what it costs each server in memory, and reading it, grouping it, restarting over it.
 
 Usage:
-    python bench/backlog.py [--messages 10000000] [--group-messages 1000000] [--json out.json]
+    python bench/backlog.py [--messages 10000000] [--group-messages 1000000] [--durability ASYNC_WAL,SYNC_WAL]
+                            [--json out.json]
 
 Needs Debian's redis-server and the redis package with hiredis (pip install '.[bench]').
 
 One system at a time on a quiet machine (hqueue, then Redis), each a server
-process on loopback: ``hqueue server`` on an embedded store, one ASYNC_WAL
-partition; ``redis-server`` with its AOF at ``appendfsync everysec`` (the
-same durability), one stream. Phases, each timed, with the server's RSS
+process on loopback: ``hqueue server`` on an embedded store, one partition;
+``redis-server`` with its AOF, one stream; at equal durability, each of
+``--durability`` against its Redis (ASYNC_WAL against ``appendfsync everysec``,
+SYNC_WAL against ``always``). Phases, each timed, with the server's RSS
 (from /proc, the same measure for both) after it:
 
 1. fill: ``--messages`` 100-byte messages in batches of 1000 (``put`` of a
@@ -36,7 +38,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from common import cpu_seconds, load, redis_client_module, report, rss_mb, timed  # noqa: E402
 from remote import hqueue_read, redis_read, start_hqueue, start_redis  # noqa: E402
 
-from hqueue import Durability, HQueue, HQueueAdmin, Message  # noqa: E402
+from hqueue import HQueue, HQueueAdmin, Message  # noqa: E402
 
 PAYLOAD = b"x" * 93  # + the 7-byte topic "crawler" = 100 bytes
 BATCH = 1000
@@ -55,13 +57,17 @@ def _stop(proc) -> None:
     proc.wait()
 
 
-def hqueue_phases(workdir: str, messages: int, group_messages: int) -> list[dict]:
+#: Redis's durability equal to each of hqueue's.
+FSYNC = {"ASYNC_WAL": "everysec", "SYNC_WAL": "always"}
+
+
+def hqueue_phases(workdir: str, messages: int, group_messages: int, durability: str) -> list[dict]:
     proc, port = start_hqueue(workdir)
     url = f"hqueue://127.0.0.1:{port}"
     rows = [_row("started, empty", 0, 0.0, proc)]
     try:
         with HQueueAdmin(url) as admin:
-            admin.create_queue("backlog", 1, durability=Durability.ASYNC_WAL)
+            admin.create_queue("backlog", 1, durability=durability)
         with HQueue("backlog", url) as queue:
             chunk = [Message("crawler", PAYLOAD)] * BATCH
 
@@ -99,9 +105,9 @@ def hqueue_phases(workdir: str, messages: int, group_messages: int) -> list[dict
     return rows
 
 
-def redis_phases(redis, workdir: str, messages: int, group_messages: int) -> list[dict]:
+def redis_phases(redis, workdir: str, messages: int, group_messages: int, durability: str) -> list[dict]:
     directory = os.path.join(workdir, "redis")
-    proc, port = start_redis(workdir, "everysec", directory)
+    proc, port = start_redis(workdir, FSYNC[durability], directory)
     client = redis.Redis(port=port)
     rows = [_row("started, empty", 0, 0.0, proc)]
     try:
@@ -134,7 +140,7 @@ def redis_phases(redis, workdir: str, messages: int, group_messages: int) -> lis
         client.close()
         _stop(proc)
         started = time.perf_counter()
-        proc, port = start_redis(workdir, "everysec", directory)
+        proc, port = start_redis(workdir, FSYNC[durability], directory)
         client = redis.Redis(port=port)
         while True:
             try:
@@ -154,6 +160,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=10_000_000)
     parser.add_argument("--group-messages", type=int, default=1_000_000)
     parser.add_argument("--systems", default="hqueue,redis", help="which to run (one at a time, in this order)")
+    parser.add_argument("--durability", default="ASYNC_WAL,SYNC_WAL", help="hqueue's, each against its Redis")
     parser.add_argument("--json")
     args = parser.parse_args()
     redis = redis_client_module()
@@ -161,21 +168,25 @@ def main() -> None:
     group_messages = min(args.group_messages // GROUP_BATCH * GROUP_BATCH, messages)
     loads, rows = [load()], []
     systems = {"hqueue": hqueue_phases, "redis": lambda *a: redis_phases(redis, *a)}
-    for system in args.systems.split(","):
-        phases = systems[system]
-        workdir = tempfile.mkdtemp(prefix="hqueue-bench-backlog-")
-        try:
-            rows += [{"system": system, **row} for row in phases(workdir, messages, group_messages)]
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-        loads.append(load())
-    ours = {row["phase"]: row for row in rows if row["system"] == "hqueue"}
+    for durability in args.durability.split(","):
+        for system in args.systems.split(","):
+            phases = systems[system]
+            workdir = tempfile.mkdtemp(prefix="hqueue-bench-backlog-")
+            try:
+                name = f"hqueue {durability}" if system == "hqueue" else f"redis {FSYNC[durability]}"
+                rows += [{"system": name, **row} for row in phases(workdir, messages, group_messages, durability)]
+            finally:
+                shutil.rmtree(workdir, ignore_errors=True)
+            loads.append(load())
+    ours = {(row["system"].split()[1], row["phase"]): row for row in rows if row["system"].startswith("hqueue")}
     for row in rows:
-        if row["system"] == "redis" and ours:
-            row["redis_rss_over_hqueue"] = row["rss_mb"] / ours[row["phase"]]["rss_mb"]
+        mine = ours.get((next((d for d, f in FSYNC.items() if row["system"] == f"redis {f}"), ""), row["phase"]))
+        if mine is not None:
+            row["redis_rss_over_hqueue"] = row["rss_mb"] / mine["rss_mb"]
     report(
-        f"a backlog of {messages:,} messages of 100 bytes, ASYNC_WAL against appendfsync everysec, one partition "
-        f"against one stream; RSS after each phase; load {' -> '.join(loads)}",
+        f"a backlog of {messages:,} messages of 100 bytes, at equal durability (ASYNC_WAL against appendfsync "
+        f"everysec, SYNC_WAL against always), one partition against one stream; RSS after each phase; "
+        f"load {' -> '.join(loads)}",
         rows,
         [
             "system",

@@ -243,7 +243,8 @@ def memory_and_restart(workdir: str, pending: int, step: int) -> tuple[list[dict
     child = [sys.executable, __file__, "--memory-child", path, "--pending", str(pending), "--step", str(step)]
     out = subprocess.run(child, capture_output=True, text=True, check=True).stdout
     steps = [
-        dict(zip(("pending", "rss_mb", "load_s"), map(float, line.split()), strict=True)) for line in out.splitlines()
+        dict(zip(("pending", "rss_mb", "load_s"), (int(a), float(b), float(c)), strict=True))
+        for a, b, c in (line.split() for line in out.splitlines())
     ]
     time.sleep(2.5)  # the markers are due now
     started = time.time()
@@ -332,7 +333,8 @@ def main() -> None:
     for durability in durabilities if "redis" in systems and args.seconds else ():
         with tempfile.TemporaryDirectory() as workdir:
             rows.append(redis_run(workdir, fsync[durability], args.pending, args.rate, args.seconds, args.poll))
-    json_name = lambda part: args.json and args.json.replace(".json", f"-{part}.json")  # noqa: E731
+    stem = args.json[: -len(".json")] if args.json and args.json.endswith(".json") else args.json
+    json_name = lambda part: stem and f"{stem}-{part}.json"  # noqa: E731  (each report a file of its own)
     if rows:
         title = f"timers: {args.pending:,} pending, {args.rate:,}/s fed and fired for {args.seconds:g} s"
         columns = ["system", "fed", "fired", "p50_ms", "p99_ms", "max_ms", "early", "put_cpu_us", "fire_cpu_us",

@@ -103,6 +103,8 @@ class Connection:
     kept_as: str | None = None
     #: The principal it was kept as (another ``authenticate`` moves it to its new owner's share).
     kept_by: Any = None
+    #: Proven, and past its owner's share: the owner in whose line it waits for a place.
+    waits_as: str | None = None
     #: Shut down to make room for a newer one (rpc/threaded.py), and not ended yet.
     evicted: bool = False
     #: Came over a Unix socket: a process of this machine that the socket file's permissions let in.

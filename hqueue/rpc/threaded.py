@@ -151,6 +151,8 @@ class ThreadedServer(TThreadedServer):
         self._evicting = 0
         #: Connections kept when all places are taken, per owner (``connection_share``).
         self._kept: dict[str, int] = {}
+        #: Proven connections past their owner's share, per owner, oldest first: in line for a place.
+        self._waiting: dict[str, dict[int, Connection]] = {}
         self._kept_share = max(1, int(self.limits.max_connections * self.limits.connection_share))
         #: The sockets of the connections served on threads of their own (TLS-wrapped ones too).
         self._served: dict[int, Any] = {}
@@ -241,36 +243,54 @@ class ThreadedServer(TThreadedServer):
         A connection that authenticated again counts for its new owner."""
         if not connection.trusted:
             connection.trusted = self.trusted_after(connection)
-        if connection.kept_as is not None and connection.kept_by is not connection.principal:
-            with self._lock:
-                self._give_place(connection)
-        if connection.trusted and connection.kept_as is None:
+        if connection.trusted and (connection.kept_as is None or connection.kept_by is not connection.principal):
             owner = self.owner_of(connection)
-            with self._lock:
-                self._hold_place(connection, owner)
+            with self._lock:  # (one hold of it: another thread may give this connection a place meanwhile)
+                if connection.kept_as is not None and connection.kept_by is not connection.principal:
+                    self._give_place(connection)
+                if connection.kept_as is None and not self._hold_place(connection, owner):
+                    self._waiting_for_place(connection, owner)
 
     def _hold_place(self, connection: Connection, owner: str) -> bool:
         """(Under the lock.) Keep ``connection`` for ``owner`` if its share has room."""
         kept = self._kept.get(owner, 0)
-        if kept >= self._kept_share or connection.evicted:
+        if kept >= self._kept_share or connection.evicted or connection.kept_as is not None:
             return False
+        self._not_waiting(connection)
         self._kept[owner] = kept + 1
         connection.kept_as, connection.kept_by = owner, connection.principal
         return True
 
+    def _waiting_for_place(self, connection: Connection, owner: str) -> None:
+        """(Under the lock.) A proven connection past ``owner``'s share: in line for a place in it."""
+        if connection.waits_as != owner:
+            self._not_waiting(connection)
+            self._waiting.setdefault(owner, {})[connection.id] = connection
+            connection.waits_as = owner
+
+    def _not_waiting(self, connection: Connection) -> None:
+        """(Under the lock.) Out of the line for a place (kept now, ended, or another owner's)."""
+        if connection.waits_as is not None:
+            line = self._waiting[connection.waits_as]
+            del line[connection.id]
+            if not line:
+                del self._waiting[connection.waits_as]
+            connection.waits_as = None
+
     def _give_place(self, connection: Connection) -> None:
         """(Under the lock.) ``connection`` is no longer kept: its place in its owner's share
-        goes to the oldest proven connection of that owner not kept yet."""
+        goes to the oldest proven connection in line for one there (none looked at but those)."""
         owner = connection.kept_as
         assert owner is not None
         connection.kept_as = connection.kept_by = None
         self._kept[owner] -= 1
         if not self._kept[owner]:
             del self._kept[owner]
-        for other, _ in self._open.values():
-            if other.trusted and other.kept_as is None and other is not connection and not other.evicted:
-                if self.owner_of(other) == owner and self._hold_place(other, owner):
-                    return
+        for other in list(self._waiting.get(owner, {}).values()):
+            if self.owner_of(other) != owner:  # (it authenticated again: its next call puts it right)
+                self._not_waiting(other)
+            elif self._hold_place(other, owner):
+                return
 
     def _start(self, sock: socket.socket, connection: Connection) -> None:
         """Serve an accepted connection: here, in a thread of its own."""
@@ -286,11 +306,14 @@ class ThreadedServer(TThreadedServer):
         try:
             if self.ssl_context is not None and not connection.local:  # a Unix socket's stay clear
                 sock.settimeout(self.limits.body_timeout)  # (one deadline for the whole handshake)
-                sock = self.ssl_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
                 with self._lock:  # the wrapped socket is the one to shut down to make room (the raw one's gone)
+                    sock = self.ssl_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
                     if connection.id in self._open:
                         self._open[connection.id] = (connection, sock)
-                sock.do_handshake()
+                try:
+                    sock.do_handshake()
+                except (AttributeError, ValueError) as e:  # shut down to make room before it began
+                    raise ConnectionAbortedError("closed before its TLS handshake") from e
             with self._lock:
                 self._served[connection.id] = sock
             if self.closed:
@@ -342,6 +365,7 @@ class ThreadedServer(TThreadedServer):
                 self._evicting -= 1
             if connection.kept_as is not None:
                 self._give_place(connection)
+            self._not_waiting(connection)
         sock.close()
         for callback in connection.on_close:
             try:

@@ -1053,3 +1053,43 @@ def test_an_idle_connection_past_descriptor_1023_is_not_taken_for_stale():
     finally:
         ours.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_place_given_to_a_connection_while_it_asks_for_one_is_counted_once(secured):
+    """A connection in line for a place in its token's share asked for one outside the lock; a
+    kept one ending meanwhile gave it the place, and it then took a second: the share shrank
+    for good (a review, seen under thread switching every 10 µs)."""
+    server = secured._server
+
+    class Principal:
+        name = "crawler"
+
+    class Sock:
+        def close(self) -> None:
+            pass
+
+    kept, waiting = (Connection(10_000 + i, ("127.0.0.1", i)) for i in range(2))
+    for connection in (kept, waiting):
+        connection.principal, connection.trusted = Principal, True
+    owner = "principal crawler"
+    with server._lock:
+        server._open[kept.id], server._open[waiting.id] = (kept, Sock()), (waiting, Sock())
+        server.connections += 2
+        server._kept_share, share = 1, server._kept_share
+        assert server._hold_place(kept, owner)
+        server._waiting_for_place(waiting, owner)
+    owner_of = server.owner_of
+
+    def owner_of_while_the_kept_one_ends(connection):  # (called by _trust outside the lock)
+        if connection is waiting and kept.kept_as is not None:
+            server._ended(kept, Sock())  # its place goes to the one in line
+        return owner_of(connection)
+
+    server.owner_of = owner_of_while_the_kept_one_ends
+    try:
+        server._trust(waiting)
+        assert server._kept.get(owner) == 1 and waiting.kept_as == owner
+        server._ended(waiting, Sock())
+        assert owner not in server._kept and owner not in server._waiting
+    finally:
+        server.owner_of, server._kept_share = owner_of, share

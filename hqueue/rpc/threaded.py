@@ -16,9 +16,10 @@ Built on thriftpy2's processor, with hqueue's own socket handling:
   call runs.
 * At most ``max_connections`` connections. When all are taken, a new one
   closes the oldest connection not yet *trusted* (``trusted_after``: one that
-  authenticated, or proved a push), so connections that never prove anything
-  cannot keep out those that do; with none to close, the new one is closed. A
-  connection idle for ``idle_timeout`` seconds is closed (clients reconnect).
+  authenticated, or proved a push), else the oldest proven one past its
+  owner's share (``connection_share``); with none to close, the new one is
+  closed (:mod:`hqueue.rpc.places`). A connection idle for ``idle_timeout``
+  seconds is closed (clients reconnect).
 * When accept() fails for lack of file descriptors or memory, the server
   backs off (10 ms doubling to 1 s) and logs one line per 10 s, not one per
   attempt.
@@ -68,6 +69,7 @@ from .connections import (
     each_connection,
 )
 from .frames import FrameError, FrameReader, check_call
+from .places import Places
 from .unix import widen
 
 logger = logging.getLogger(__name__)
@@ -77,9 +79,6 @@ _OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 #: The largest call of a connection that has not proved who it is, on a server with tokens.
 UNPROVEN_FRAME_BYTES = 64 * 1024
-#: Connections being closed to make room at once, at most: past it a new one is refused, so
-#: the connections open stay within ``max_connections`` plus this, however fast they come.
-MAX_EVICTING = 16
 
 
 class ThreadedServer(TThreadedServer):
@@ -144,16 +143,8 @@ class ThreadedServer(TThreadedServer):
             itrans_factory=transport or TFramedTransportFactory(),
             daemon=True,
         )
-        self.connections = 0
-        #: Open connections, oldest first: id -> (connection, socket).
-        self._open: dict[int, tuple[Connection, Any]] = {}
-        #: Connections shut down to make room and not ended yet (counted in ``connections``).
-        self._evicting = 0
-        #: Connections kept when all places are taken, per owner (``connection_share``).
-        self._kept: dict[str, int] = {}
-        #: Proven connections past their owner's share, per owner, oldest first: in line for a place.
-        self._waiting: dict[str, dict[int, Connection]] = {}
-        self._kept_share = max(1, int(self.limits.max_connections * self.limits.connection_share))
+        #: Who has a place, and whose connection goes to make room (rpc/places.py).
+        self.places = Places(self.limits.max_connections, self.limits.connection_share, self.owner_of)
         #: The sockets of the connections served on threads of their own (TLS-wrapped ones too).
         self._served: dict[int, Any] = {}
         self._ids = itertools.count(1)
@@ -190,18 +181,14 @@ class ThreadedServer(TThreadedServer):
                     self.log.warning("accept-other", "accept failed: %s", e)
                 continue
             backoff = 0.01
-            with self._lock:
-                full = self.connections >= self.limits.max_connections
-                victim = self._victim() if full else None
-                if not full or victim is not None:
-                    self.connections += 1
+            admitted, victim = self.places.take()
             if victim is not None:  # its thread (or the loop) ends it, and gives its place back
                 self.log.warning("evict", "closed a connection to make room for one from %s", who)
                 try:
                     victim.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
-            elif full:
+            elif not admitted:
                 self.log.warning(
                     "full", "refused a connection from %s: %d open (the limit)", who, self.limits.max_connections
                 )
@@ -215,82 +202,14 @@ class ThreadedServer(TThreadedServer):
                 self.log.warning("thread", "refused a connection from %s: %s", who, e)
                 self._ended(connection, sock)
 
-    def _victim(self) -> socket.socket | None:
-        """(Under the lock, all places taken.) The socket of the connection to close to make
-        room, now marked as being closed: the oldest that proved nothing, or else the oldest
-        proven one past its owner's share; None if there is none, or if ``MAX_EVICTING`` are
-        being closed already (a flood of connects then finds no room, instead of one more
-        connection each while the ones shut down are not gone yet)."""
-        if self._evicting >= MAX_EVICTING:
-            return None
-        over_share = None
-        for connection, sock in self._open.values():
-            if connection.kept_as is None and not connection.evicted:
-                if not connection.trusted:
-                    return self._evict(connection, sock)
-                over_share = over_share or (connection, sock)
-        return self._evict(*over_share) if over_share is not None else None
-
-    def _evict(self, connection: Connection, sock: socket.socket) -> socket.socket:
-        connection.evicted = True
-        self._evicting += 1
-        return sock
+    @property
+    def connections(self) -> int:
+        """Connections open (their places taken)."""
+        return self.places.taken
 
     def _trust(self, connection: Connection) -> None:
-        """After a call: whether the connection proved who it is now (``trusted_after``), and,
-        proved, whether it is kept when all places are taken: while its owner's kept ones are
-        fewer than its share (``connection_share``), so that one token cannot hold them all.
-        A connection that authenticated again counts for its new owner."""
-        if not connection.trusted:
-            connection.trusted = self.trusted_after(connection)
-        if connection.trusted and (connection.kept_as is None or connection.kept_by is not connection.principal):
-            owner = self.owner_of(connection)
-            with self._lock:  # (one hold of it: another thread may give this connection a place meanwhile)
-                if connection.kept_as is not None and connection.kept_by is not connection.principal:
-                    self._give_place(connection)
-                if connection.kept_as is None and not self._hold_place(connection, owner):
-                    self._waiting_for_place(connection, owner)
-
-    def _hold_place(self, connection: Connection, owner: str) -> bool:
-        """(Under the lock.) Keep ``connection`` for ``owner`` if its share has room."""
-        kept = self._kept.get(owner, 0)
-        if kept >= self._kept_share or connection.evicted or connection.kept_as is not None:
-            return False
-        self._not_waiting(connection)
-        self._kept[owner] = kept + 1
-        connection.kept_as, connection.kept_by = owner, connection.principal
-        return True
-
-    def _waiting_for_place(self, connection: Connection, owner: str) -> None:
-        """(Under the lock.) A proven connection past ``owner``'s share: in line for a place in it."""
-        if connection.waits_as != owner:
-            self._not_waiting(connection)
-            self._waiting.setdefault(owner, {})[connection.id] = connection
-            connection.waits_as = owner
-
-    def _not_waiting(self, connection: Connection) -> None:
-        """(Under the lock.) Out of the line for a place (kept now, ended, or another owner's)."""
-        if connection.waits_as is not None:
-            line = self._waiting[connection.waits_as]
-            del line[connection.id]
-            if not line:
-                del self._waiting[connection.waits_as]
-            connection.waits_as = None
-
-    def _give_place(self, connection: Connection) -> None:
-        """(Under the lock.) ``connection`` is no longer kept: its place in its owner's share
-        goes to the oldest proven connection in line for one there (none looked at but those)."""
-        owner = connection.kept_as
-        assert owner is not None
-        connection.kept_as = connection.kept_by = None
-        self._kept[owner] -= 1
-        if not self._kept[owner]:
-            del self._kept[owner]
-        for other in list(self._waiting.get(owner, {}).values()):
-            if self.owner_of(other) != owner:  # (it authenticated again: its next call puts it right)
-                self._not_waiting(other)
-            elif self._hold_place(other, owner):
-                return
+        """After a call: whether the connection proved who it is now, and is kept (Places.trust)."""
+        self.places.trust(connection, self.trusted_after)
 
     def _start(self, sock: socket.socket, connection: Connection) -> None:
         """Serve an accepted connection: here, in a thread of its own."""
@@ -306,12 +225,13 @@ class ThreadedServer(TThreadedServer):
         try:
             if self.ssl_context is not None and not connection.local:  # a Unix socket's stay clear
                 sock.settimeout(self.limits.body_timeout)  # (one deadline for the whole handshake)
-                with self._lock:  # the wrapped socket is the one to shut down to make room (the raw one's gone)
-                    sock = self.ssl_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-                    if connection.id in self._open:
-                        self._open[connection.id] = (connection, sock)
+                context, raw = self.ssl_context, sock
+                tls: ssl.SSLSocket = self.places.wrapped(
+                    connection, lambda: context.wrap_socket(raw, server_side=True, do_handshake_on_connect=False)
+                )
+                sock = tls
                 try:
-                    sock.do_handshake()
+                    tls.do_handshake()
                 except (AttributeError, ValueError) as e:  # shut down to make room before it began
                     raise ConnectionAbortedError("closed before its TLS handshake") from e
             with self._lock:
@@ -333,8 +253,7 @@ class ThreadedServer(TThreadedServer):
     def _opened(self, sock: socket.socket, peer: tuple) -> Connection:
         """The connection ``sock`` is, counted among those open (oldest first), its socket set up."""
         connection = Connection(next(self._ids), (peer[0], peer[1]), local=sock.family == socket.AF_UNIX)
-        with self._lock:
-            self._open[connection.id] = (connection, sock)
+        self.places.opened(connection, sock)
         try:
             if connection.local:
                 widen(sock)  # a scan's reply in one message (rpc/unix.py)
@@ -358,14 +277,7 @@ class ThreadedServer(TThreadedServer):
 
     def _ended(self, connection: Connection, sock: Any) -> None:
         """Close the connection: its place given back, then what it held freed."""
-        with self._lock:  # (all at once: an accept meanwhile sees its place either taken or free)
-            self._open.pop(connection.id, None)
-            self.connections -= 1
-            if connection.evicted:
-                self._evicting -= 1
-            if connection.kept_as is not None:
-                self._give_place(connection)
-            self._not_waiting(connection)
+        self.places.ended(connection)
         sock.close()
         for callback in connection.on_close:
             try:

@@ -28,7 +28,7 @@ from hqueue.auth import AuthPolicy, PushPolicy
 from hqueue.errors import InvalidArgument, NotAuthorized, OutcomeUnknown, ServerUnavailable
 from hqueue.rpc.connections import Connection, ListeningSocket, ServerLimits
 from hqueue.rpc.frames import FrameError, FrameReader, check_call
-from hqueue.rpc.threaded import MAX_EVICTING
+from hqueue.rpc.places import MAX_EVICTING, Places
 from hqueue.rpc.wire import MAX_SCAN_BATCH, T
 from hqueue.server import HQueueServer
 from hqueue.server.logins import FailedLogins
@@ -699,7 +699,7 @@ def test_a_flood_of_connects_stays_within_the_connection_limit(tmp_path, io):
 
     def watch() -> None:
         while not flooding.is_set():
-            highest[0] = max(highest[0], server._server.connections, len(server._server._open))
+            highest[0] = max(highest[0], server._server.connections, len(server._server.places.open))
             time.sleep(0.0005)
 
     watcher = threading.Thread(target=watch)
@@ -717,7 +717,7 @@ def test_a_flood_of_connects_stays_within_the_connection_limit(tmp_path, io):
             watcher.join()
             assert highest[0] <= 8 + MAX_EVICTING, highest[0]
             wait_for(lambda: server._server.connections <= 8, 10, "the evicted connections to end")
-            assert server._server._evicting == 0
+            assert server._server.places.evicting == 0
             assert admin.list_queues()  # the authenticated connection kept its place
     finally:
         flooding.set()
@@ -744,14 +744,14 @@ def test_one_token_cannot_keep_every_connection_place(tmp_path):
             client = raw_client(server.port)
             client.authenticate(CRAWLER)
             crawlers.append(client)
-        wait_for(lambda: len(server._server._kept) == 1, 10, "the crawler's connections")
-        assert server._server._kept == {"principal crawler": 4}
+        wait_for(lambda: len(server._server.places.kept) == 1, 10, "the crawler's connections")
+        assert server._server.places.kept == {"principal crawler": 4}
         admins = []
         for _ in range(4):  # the ops token gets in, each time in place of a crawler connection past its share
             admin = raw_client(server.port)
             admin.authenticate(ADMIN)
             admins.append(admin)
-            wait_for(lambda: server._server._evicting == 0, 10, "the evicted connection to end")
+            wait_for(lambda: server._server.places.evicting == 0, 10, "the evicted connection to end")
         alive = 0
         for client in crawlers:
             try:
@@ -956,7 +956,7 @@ def test_silent_tls_connections_are_closed_to_make_room(tmp_path, io):
             admins.append(admin)
             if len(admins) == 8:
                 break
-        wait_for(lambda: server._server._evicting == 0, 10, "the evicted connections to end")
+        wait_for(lambda: server._server.places.evicting == 0, 10, "the evicted connections to end")
         assert len(admins) == 8 and server._server.connections == 8
         for admin in admins:
             admin.close()
@@ -978,15 +978,15 @@ def test_connections_that_proved_nothing_go_before_a_tokens_past_its_share(tmp_p
             client = raw_client(server.port)
             client.authenticate(CRAWLER)
             workers.append(client)
-        wait_for(lambda: server._server._kept == {"principal crawler": 4}, 10, "the crawler's kept connections")
+        wait_for(lambda: server._server.places.kept == {"principal crawler": 4}, 10, "the crawler's kept connections")
         for _ in range(4):  # 2 fill the places, 2 close the first 2 to make room
             strangers.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
-        wait_for(lambda: server._server._evicting == 0 and server._server.connections == 8, 10, "room made")
+        wait_for(lambda: server._server.places.evicting == 0 and server._server.connections == 8, 10, "room made")
         assert all(client.listQueues() == [] for client in workers)
         # And once a kept one ends, one past the share takes its place in the share
         workers.pop(0).close()
         wait_for(lambda: server._server.connections == 7, 10, "the connection to end")
-        assert server._server._kept == {"principal crawler": 4}
+        assert server._server.places.kept == {"principal crawler": 4}
     finally:
         for client in workers:
             client.close()
@@ -1000,12 +1000,12 @@ def test_a_connection_authenticated_again_counts_for_its_new_token(secured):
     try:
         for client in clients:
             client.authenticate(CRAWLER)
-        wait_for(lambda: secured._server._kept.get("principal crawler") == 2, 10, "two kept connections")
+        wait_for(lambda: secured._server.places.kept.get("principal crawler") == 2, 10, "two kept connections")
         for client in clients:
             client.authenticate(ADMIN)
             client.listQueues()
-        assert secured._server._kept.get("principal crawler") is None
-        assert secured._server._kept.get("principal ops", 0) >= 2
+        assert secured._server.places.kept.get("principal crawler") is None
+        assert secured._server.places.kept.get("principal ops", 0) >= 2
     finally:
         for client in clients:
             client.close()
@@ -1055,41 +1055,35 @@ def test_an_idle_connection_past_descriptor_1023_is_not_taken_for_stale():
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-def test_a_place_given_to_a_connection_while_it_asks_for_one_is_counted_once(secured):
+def test_a_place_given_to_a_connection_while_it_asks_for_one_is_counted_once():
     """A connection in line for a place in its token's share asked for one outside the lock; a
     kept one ending meanwhile gave it the place, and it then took a second: the share shrank
     for good (a review, seen under thread switching every 10 µs)."""
-    server = secured._server
 
     class Principal:
         name = "crawler"
 
-    class Sock:
-        def close(self) -> None:
-            pass
-
-    kept, waiting = (Connection(10_000 + i, ("127.0.0.1", i)) for i in range(2))
-    for connection in (kept, waiting):
-        connection.principal, connection.trusted = Principal, True
     owner = "principal crawler"
-    with server._lock:
-        server._open[kept.id], server._open[waiting.id] = (kept, Sock()), (waiting, Sock())
-        server.connections += 2
-        server._kept_share, share = 1, server._kept_share
-        assert server._hold_place(kept, owner)
-        server._waiting_for_place(waiting, owner)
-    owner_of = server.owner_of
+    kept, waiting = (Connection(i, ("127.0.0.1", i)) for i in range(2))
 
-    def owner_of_while_the_kept_one_ends(connection):  # (called by _trust outside the lock)
-        if connection is waiting and kept.kept_as is not None:
-            server._ended(kept, Sock())  # its place goes to the one in line
-        return owner_of(connection)
+    armed = []
 
-    server.owner_of = owner_of_while_the_kept_one_ends
-    try:
-        server._trust(waiting)
-        assert server._kept.get(owner) == 1 and waiting.kept_as == owner
-        server._ended(waiting, Sock())
-        assert owner not in server._kept and owner not in server._waiting
-    finally:
-        server.owner_of, server._kept_share = owner_of, share
+    def owner_of(connection: Connection) -> str:  # (asked by trust() outside the lock)
+        if armed and connection is waiting and kept.kept_as is not None:
+            places.ended(kept)  # the kept one ends meanwhile: its place goes to the one in line
+        return owner
+
+    places = Places(max_connections=2, share=0.5, owner_of=owner_of)
+    for connection in (kept, waiting):
+        assert places.take() == (True, None)
+        places.opened(connection, None)
+        connection.principal = Principal
+    places.trust(kept, lambda c: True)
+    places.trust(waiting, lambda c: True)  # in line: the share is 1
+    assert places.kept == {owner: 1} and places.waiting == {owner: {waiting.id: waiting}}
+    waiting.principal = type("Again", (Principal,), {})  # it authenticates again: it asks again...
+    armed.append(True)  # ...while the kept one ends
+    places.trust(waiting, lambda c: True)
+    assert places.kept == {owner: 1} and waiting.kept_as == owner
+    places.ended(waiting)
+    assert places.kept == {} and places.waiting == {} and places.taken == 0

@@ -171,7 +171,7 @@ def test_both_ends_of_a_socket_connection_send_a_put_s_frame_in_one_message(tmp_
             # Then each end's send buffer holds a put of 1,000 100-byte messages (130 KB) whole: Linux's
             # default (208 KiB) sends at most half its size at once (bench/shared.py measures the cost)
             sent = [connection.socket.sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)]  # type: ignore[union-attr]
-            sent += [s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) for _, s in server._server._open.values()]
+            sent += [s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) for _, s in server._server.places.open.values()]
             assert len(sent) == 2 and min(sent) >= 2 * 212992, sent
         finally:
             client.release()

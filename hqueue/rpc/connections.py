@@ -151,6 +151,13 @@ class RateLimitedLog:
         self._lock = threading.Lock()
 
     def warning(self, key: str, message: str, *args: Any) -> None:
+        self._log(self._logger.warning, key, message, args)
+
+    def exception(self, key: str, message: str, *args: Any) -> None:
+        """As :meth:`warning`, at ERROR with the exception being handled (its traceback)."""
+        self._log(self._logger.exception, key, message, args)
+
+    def _log(self, log: Callable[..., None], key: str, message: str, args: tuple[Any, ...]) -> None:
         now = time.monotonic()
         with self._lock:
             if now - self._last.get(key, -self.interval) < self.interval:
@@ -160,7 +167,7 @@ class RateLimitedLog:
             suppressed = self._suppressed.pop(key, 0)
         if suppressed:
             message += f" ({suppressed} more like it in the last {self.interval:g}s)"
-        self._logger.warning(message, *args)
+        log(message, *args)
 
 
 class ListeningSocket(TServerSocket):

@@ -55,7 +55,8 @@ class FailedLogins:
         connection.auth_failures += 1
         host = connection.peer[0]
         failures = max(connection.auth_failures, self._host_failed(host))
-        delay = 0.0 if failures <= self.free else min(self.max_delay, self.base_delay * 2 ** (failures - self.free - 1))
+        doublings = min(failures - self.free - 1, 32)  # (2 ** 1,027 is past a float: an OverflowError)
+        delay = 0.0 if failures <= self.free else min(self.max_delay, self.base_delay * 2**doublings)
         close = failures >= self.close_after
         if close:
             self.log.warning(

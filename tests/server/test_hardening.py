@@ -148,6 +148,11 @@ def test_wrong_tokens_are_answered_later_and_later():
     again = Connection(2, ("10.9.9.9", 1235))
     assert logins.failed(again) == (2.0, True)
     assert logins.failed(Connection(3, ("10.8.8.8", 1))) == (0, False)  # another host: its own count
+    # Past about 1,030 failures from one host the delay's doubling overflowed a float: no delay,
+    # no close, and a traceback logged per guess (an attacker pass). It stays at its most.
+    for port in range(2000):
+        delay, close = logins.failed(Connection(4 + port, ("10.9.9.9", port)))
+    assert (delay, close) == (2.0, True)
 
 
 def test_repeated_wrong_tokens_close_the_connection_and_log_a_few_lines(secured, caplog):

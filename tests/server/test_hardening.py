@@ -1092,3 +1092,32 @@ def test_a_place_given_to_a_connection_while_it_asks_for_one_is_counted_once():
     assert places.kept == {owner: 1} and waiting.kept_as == owner
     places.ended(waiting)
     assert places.kept == {} and places.waiting == {} and places.taken == 0
+
+
+def test_connections_not_authenticated_share_one_part_of_the_budget(tmp_path):
+    """Each connection that had not authenticated was an owner of its own: 1,020 of them, each
+    sending a 64 KiB call a byte at a time, held the whole in-flight budget (an attacker pass,
+    on TLS and --io threads). Together they now hold one share of it."""
+    (tmp_path / "auth.toml").write_text(AUTH_FILE)
+    mib = 1 << 20
+    limits = ServerLimits(max_inflight_bytes=mib, max_frame_bytes=mib, inflight_share=0.25, inflight_wait=2)
+    server = HQueueServer(
+        f"local://{tmp_path}/data", port=0, auth=AuthPolicy.load(tmp_path / "auth.toml"), limits=limits, io="threads"
+    ).start()
+    stalled = []
+    try:
+        with HQueueAdmin(f"hqueue://{ADMIN}@{server.address}") as admin:
+            admin.create_queue("orders", 1)
+        head = struct.pack(">iI", -2147418111, 9) + b"putPacked" + struct.pack(">i", 1)
+        for _ in range(40):  # 40 x 60 KB declared: 2.3 MB, over the whole budget
+            s = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+            s.sendall(struct.pack(">I", 60_000) + head)
+            stalled.append(s)
+        time.sleep(1.0)
+        assert server._server.budget.held_by("connections not authenticated") <= mib // 4 + 60_000
+        with HQueue("orders", f"hqueue://{ADMIN}@{server.address}?timeout=10") as queue:
+            assert len(queue.put([Message("t", b"x" * 1000) for _ in range(300)], partition_id=0)) == 300
+    finally:
+        for s in stalled:
+            s.close()
+        server.stop()

@@ -83,7 +83,7 @@ def _share(name: str, default: float, help: str) -> Callable[[Callable], Callabl
 @click.option("--max-connections", type=click.IntRange(1, 65536), default=1024, show_default=True)
 @_share(
     "--connection-share",
-    0.5,
+    0.25,
     "The part of --max-connections one token's connections (with --auth-file) may take and still be kept "
     "when all are taken; its others are closed to make room, as unauthenticated ones are. 1: no share.",
 )

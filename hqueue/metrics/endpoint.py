@@ -128,6 +128,12 @@ class _Handler(BaseHTTPRequestHandler):
     #: A request line without a version is answered as HTTP/1.0 (with a status line and
     #: headers), not as HTTP/0.9 (a bare body: a 401 or 429 looked like a scrape's output).
     default_request_version = "HTTP/1.0"
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()
+        if self.request_version == "HTTP/0.9":  # (said outright: answered with a status line all the same)
+            self.request_version = "HTTP/1.0"
+        return parsed
     render: Callable[[], bytes]
     allows: Callable[[str | None, str], bool | int] | None
 

@@ -38,7 +38,7 @@ from .unix import unix_listener
 logger = logging.getLogger(__name__)
 
 #: The part of the connection places one token's connections may keep (ServerLimits.connection_share).
-DEFAULT_CONNECTION_SHARE = 0.5
+DEFAULT_CONNECTION_SHARE = 0.25
 #: The peer of a Unix-socket connection: a process of this machine (push addresses on loopback are its own).
 LOCAL_PEER = ("127.0.0.1", 0)
 
@@ -109,6 +109,8 @@ class Connection:
     evicted: bool = False
     #: Came over a Unix socket: a process of this machine that the socket file's permissions let in.
     local: bool = False
+    #: When it was accepted (``time.monotonic``).
+    opened: float = field(default_factory=time.monotonic)
     #: Its call runs on the server's event loop now, which it may not keep waiting (rpc/loop.py).
     on_loop: bool = False
 

@@ -1,15 +1,17 @@
 """A server's connection places: at most ``max_connections``, and whose connection is closed
 to make room for a new one when all are taken.
 
-* A connection that proved nothing yet (``trusted_after``: it has not authenticated, or
-  proved a push) goes first, the oldest first: peers that connect and say nothing cannot
-  keep out those that do.
+* A connection that proved nothing (``trusted_after``: it has not authenticated, or proved a
+  push) within ``FRESH`` seconds goes first, the oldest first: peers that connect and say
+  nothing cannot keep out those that do.
 * Then a proven connection past its owner's share (``connection_share`` of the places; the
-  owner is what ``owner_of`` names: the principal with tokens, else the connection itself):
-  one token cannot keep every place. Those within the share are *kept*, never closed to make
-  room. A proven connection past its owner's share waits in that owner's line, and a kept
-  place its owner frees goes to the oldest in it; a connection that authenticates again
-  counts for its new owner.
+  owner is what ``owner_of`` names: the principal with tokens, else the connection itself),
+  of the owner with the most connections, its oldest: one token cannot keep every place, nor
+  churn connections to close everyone else's newcomers. Those within the share are *kept*,
+  never closed to make room. A proven connection past its owner's share waits in that
+  owner's line, and a kept place its owner frees goes to the oldest in it; a connection
+  that authenticates again counts for its new owner.
+* Then a connection that has not proved anything yet but is fresher than ``FRESH``.
 * With none to close, the newcomer is closed. At most ``MAX_EVICTING`` connections are being
   closed at once (shut down, their thread or the loop not done with them yet): past that a
   newcomer is closed too, so that the connections open stay within ``max_connections`` plus
@@ -23,6 +25,7 @@ place either taken or free.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +33,9 @@ from .connections import Connection
 
 #: Connections being closed to make room at once, at most.
 MAX_EVICTING = 16
+#: Seconds a new connection has to prove itself (its TLS handshake and log-in) before it
+#: goes to make room ahead of proven connections past their share.
+FRESH = 2.0
 
 
 class Places:
@@ -106,13 +112,24 @@ class Places:
         """The socket of the connection to close to make room, now marked as being closed."""
         if self.evicting >= MAX_EVICTING:
             return None
-        over_share = None
-        for connection, sock in self.open.values():
-            if connection.kept_as is None and not connection.evicted:
-                if not connection.trusted:
+        fresh = None
+        started = time.monotonic() - FRESH
+        for connection, sock in self.open.values():  # (oldest first)
+            if not connection.trusted and not connection.evicted:
+                if connection.opened < started:
                     return self._evict(connection, sock)
-                over_share = over_share or (connection, sock)
-        return self._evict(*over_share) if over_share is not None else None
+                fresh = fresh or (connection, sock)
+                break  # (the ones after it are fresher still)
+        # A proven connection past its owner's share: the oldest of the owner holding the most.
+        candidates = {
+            owner: next((c for c in line.values() if not c.evicted), None) for owner, line in self.waiting.items()
+        }
+        held = {owner: self.kept.get(owner, 0) + len(self.waiting[owner]) for owner, c in candidates.items() if c}
+        if held:
+            over_share = candidates[max(held, key=held.__getitem__)]
+            assert over_share is not None
+            return self._evict(over_share, self.open[over_share.id][1])
+        return self._evict(*fresh) if fresh is not None else None
 
     def _evict(self, connection: Connection, sock: Any) -> Any:
         connection.evicted = True

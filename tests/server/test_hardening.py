@@ -971,27 +971,58 @@ def test_silent_tls_connections_are_closed_to_make_room(tmp_path, io):
         server.stop()
 
 
-def test_connections_that_proved_nothing_go_before_a_tokens_past_its_share(tmp_path):
-    """A token's proven connections past its share were closed before strangers' newer ones."""
+def test_silent_connections_go_before_a_tokens_past_its_share_and_newcomers_after(tmp_path, monkeypatch):
+    """Who is closed to make room: first a connection that proved nothing in its first
+    seconds (a review: a token's proven connections went before strangers' silent ones), then
+    a token's past its share, the biggest owner's first, and a newcomer still logging in only
+    after them (an attacker pass: one token connecting and logging in over and over closed
+    every honest newcomer before it could log in)."""
+    from hqueue.rpc import places
+
+    monkeypatch.setattr(places, "FRESH", 0.5)
     (tmp_path / "auth.toml").write_text(AUTH_FILE)
-    limits = ServerLimits(max_connections=8, connection_share=0.5)
+    limits = ServerLimits(max_connections=8, connection_share=0.25)
     server = HQueueServer(f"local://{tmp_path}/data", port=0, auth=AuthPolicy.load(tmp_path / "auth.toml"),
                           limits=limits).start()  # fmt: skip
     workers, strangers = [], []
+
+    def alive(clients) -> int:
+        count = 0
+        for client in clients:
+            try:
+                client.listQueues()
+                count += 1
+            except (TTransportException, OSError):
+                pass
+        return count
+
     try:
-        for _ in range(6):  # 4 kept, 2 past the share
+        for _ in range(4):  # 2 kept, 2 past the share
             client = raw_client(server.port)
             client.authenticate(CRAWLER)
             workers.append(client)
-        wait_for(lambda: server._server.places.kept == {"principal crawler": 4}, 10, "the crawler's kept connections")
-        for _ in range(4):  # 2 fill the places, 2 close the first 2 to make room
+        wait_for(lambda: server._server.places.kept == {"principal crawler": 2}, 10, "the crawler's kept connections")
+        for _ in range(4):  # silent: every place taken
+            strangers.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
+        time.sleep(0.7)  # they are no newcomers now
+        for _ in range(2):  # each closes a silent one, the oldest
             strangers.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
         wait_for(lambda: server._server.places.evicting == 0 and server._server.connections == 8, 10, "room made")
-        assert all(client.listQueues() == [] for client in workers)
-        # And once a kept one ends, one past the share takes its place in the share
-        workers.pop(0).close()
-        wait_for(lambda: server._server.connections == 7, 10, "the connection to end")
-        assert server._server.places.kept == {"principal crawler": 4}
+        assert alive(workers) == 4
+        # A token churning connections closes its own past its share, not a newcomer logging in
+        newcomer = socket.create_connection(("127.0.0.1", server.port), timeout=5)  # (closes a silent one)
+        wait_for(lambda: server._server.places.evicting == 0, 10, "room made")
+        churn = []
+        for _ in range(3):
+            client = raw_client(server.port)
+            client.authenticate(CRAWLER)
+            churn.append(client)
+        newcomer.settimeout(0.2)
+        with pytest.raises(TimeoutError):  # still open: nothing to read, no end
+            newcomer.recv(1)
+        assert alive(workers[:2]) == 2  # the crawler's kept ones
+        newcomer.close()
+        workers += churn
     finally:
         for client in workers:
             client.close()

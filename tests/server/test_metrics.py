@@ -355,6 +355,9 @@ def test_slow_large_and_many_requests_end_with_their_connections(tmp_path):
         with socket.create_connection(("127.0.0.1", port), timeout=10) as old:
             old.sendall(b"GET /metrics\r\n\r\n")
             assert old.recv(1024).startswith(b"HTTP/1.0 401 ")
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as older:  # or HTTP/0.9 said outright
+            older.sendall(b"GET /metrics HTTP/0.9\r\n\r\n")
+            assert older.recv(1024).startswith(b"HTTP/1.0 401 ")
         for connection in [*idle, dribbling, big]:
             connection.close()
     finally:

@@ -171,7 +171,9 @@ class Places:
         if not self.kept[owner]:
             del self.kept[owner]
         for other in list(self.waiting.get(owner, {}).values()):
-            if self.owner_of(other) != owner:  # (it authenticated again: its next call puts it right)
-                self._unwait(other)
+            now_of = self.owner_of(other)
+            if now_of != owner:  # (it authenticated again: its new owner's)
+                if not self._hold(other, now_of):
+                    self._wait(other, now_of)
             elif self._hold(other, owner):
                 return

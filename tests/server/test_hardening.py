@@ -1152,3 +1152,26 @@ def test_connections_not_authenticated_share_one_part_of_the_budget(tmp_path):
         for s in stalled:
             s.close()
         server.stop()
+
+
+def test_a_connection_in_line_that_authenticated_again_moves_to_its_new_tokens_share():
+    """Found in one token's line after it authenticated as another, it left the line and was
+    neither kept nor in one until its next call: never closed to make room meanwhile."""
+
+    class Crawler:
+        name = "crawler"
+
+    class Ops:
+        name = "ops"
+
+    places = Places(max_connections=4, share=0.25, owner_of=lambda c: f"principal {c.principal.name}")
+    first, second = (Connection(i, ("127.0.0.1", i)) for i in range(2))
+    for connection in (first, second):
+        places.take()
+        places.opened(connection, None)
+        connection.principal = Crawler
+        places.trust(connection, lambda c: True)
+    assert first.kept_as == "principal crawler" and second.waits_as == "principal crawler"
+    second.principal = Ops  # it authenticates again, and makes no call yet
+    places.ended(first)  # the crawler's place is free: its line is looked at
+    assert second.kept_as == "principal ops" and places.waiting == {}

@@ -134,6 +134,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.request_version == "HTTP/0.9":  # (said outright: answered with a status line all the same)
             self.request_version = "HTTP/1.0"
         return parsed
+
     render: Callable[[], bytes]
     allows: Callable[[str | None, str], bool | int] | None
 

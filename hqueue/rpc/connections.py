@@ -20,12 +20,13 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from thriftpy2.transport import TServerSocket
 
+from ..errors import ServerBusy
 from .budget import (
     DEFAULT_INFLIGHT_SHARE,
     DEFAULT_INFLIGHT_WAIT,
@@ -134,13 +135,24 @@ def current_connection() -> Connection | None:
     return getattr(_current, "connection", None)
 
 
-def answer_slot_aside() -> contextlib.AbstractContextManager[AnswerSlot | None]:
+@contextlib.contextmanager
+def answer_slot_aside() -> Iterator[AnswerSlot | None]:
     """Around a wait of the call under way (a receive's long poll): the bytes held for its
     answer (``answer_slots``) are given back meanwhile, and taken again after it if there
     is room (:meth:`AnswerSlot.set_aside <hqueue.rpc.budget.AnswerSlot.set_aside>`: the
-    slot, whose ``held`` says so); None where the call holds none (on the event loop)."""
+    slot, whose ``held`` says so); None where the call holds none (on the event loop).
+
+    Raises:
+        ServerBusy: after the wait, if the connection was closed to make room meanwhile
+            (rpc/places.py): the call ends, and its connection with it (a long poll held a
+            place, and a slot of those being closed, for up to 300 s).
+    """
     slot: AnswerSlot | None = getattr(_current, "slot", None)
-    return slot.set_aside() if slot is not None else contextlib.nullcontext()
+    with slot.set_aside() if slot is not None else contextlib.nullcontext() as held:
+        yield held
+    connection = current_connection()
+    if connection is not None and connection.evicted:
+        raise ServerBusy("max_connections", 0, "this connection was closed to make room for another: connect again")
 
 
 class RateLimitedLog:

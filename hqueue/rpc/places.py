@@ -101,6 +101,8 @@ class Places:
         if connection.trusted and (connection.kept_as is None or connection.kept_by is not connection.principal):
             owner = self.owner_of(connection)
             with self.lock:  # (one hold of it: another thread may give this connection a place meanwhile)
+                if connection.id not in self.open:  # (ended meanwhile: nothing to keep)
+                    return
                 if connection.kept_as is not None and connection.kept_by is not connection.principal:
                     self._give(connection)
                 if connection.kept_as is None and not self._hold(connection, owner):

@@ -5,6 +5,7 @@ Timing claims (how long a hostile frame stalls others) live in
 ``bench/hostile.py``; these tests check behaviour only.
 """
 
+import contextlib
 import logging
 import os
 import signal
@@ -1175,3 +1176,45 @@ def test_a_connection_in_line_that_authenticated_again_moves_to_its_new_tokens_s
     second.principal = Ops  # it authenticates again, and makes no call yet
     places.ended(first)  # the crawler's place is free: its line is looked at
     assert second.kept_as == "principal ops" and places.waiting == {}
+
+
+@pytest.mark.parametrize("io", ["loop", "threads"])
+def test_a_long_poll_closed_to_make_room_ends_within_a_second_or_so(tmp_path, io):
+    """A connection past its token's share waiting in a receive (up to 300 s) was shut down to
+    make room but stayed, holding its place and one of the 16 slots of those being closed:
+    16 such kept every newcomer out (a review). Its wait now ends at its next look."""
+    (tmp_path / "auth.toml").write_text(AUTH_FILE)
+    limits = ServerLimits(max_connections=8, connection_share=0.25)
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, auth=AuthPolicy.load(tmp_path / "auth.toml"),
+                          limits=limits, io=io).start()  # fmt: skip
+    places, clients, newcomers = server._server.places, [], []
+    try:
+        with HQueueAdmin(f"hqueue://{ADMIN}@{server.address}") as admin:
+            admin.create_queue("crawl.q", 1)
+        with HQueue("crawl.q", f"hqueue://{CRAWLER}@{server.address}") as queue:
+            queue.consumer("crawler-g", member="m").close()  # (the group)
+        wait_for(lambda: places.taken == 0, 10, "the set-up's connections to end")
+        for _ in range(8):  # 2 kept, 6 past the share, 4 of them in a long poll
+            client = raw_client(server.port, timeout_ms=120_000)
+            client.authenticate(CRAWLER)
+            client.listQueues()
+            clients.append(client)
+
+        def long_poll(client, member: str) -> None:
+            with contextlib.suppress(Exception):
+                client.groupReceive("crawl.q", "crawler-g", member, 1, 30_000, 60_000)
+
+        for i, client in enumerate(clients[4:]):
+            threading.Thread(target=long_poll, args=(client, f"m{i}"), daemon=True).start()
+        time.sleep(0.5)
+        for _ in range(6):  # each closes one past the share: the 2 idle ones, then the 4 waiting
+            newcomers.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
+        wait_for(lambda: places.evicting == 0, 10, "the connections closed to make room to end")
+        assert places.taken == 8
+        wait_for(lambda: server.handler.guard.active == 0, 5, "their long polls to end")
+    finally:
+        for client in clients:
+            client.close()
+        for s in newcomers:
+            s.close()
+        server.stop()

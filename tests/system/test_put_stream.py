@@ -1,9 +1,13 @@
 """``hqueue put`` from a pipe that stays open, and Ctrl-C in the middle: a real
 ``hqueue put`` process, a real pipe, a real server to look at the queue from outside."""
 
+import array
+import fcntl
 import signal
 import subprocess
 import sys
+import termios
+import time
 
 import pytest
 
@@ -72,11 +76,20 @@ def test_ctrl_c_sends_what_was_read_and_counts_it(server):
     assert _count(server) == 1500
 
 
+def _unread(pipe) -> int:
+    """Bytes written to ``pipe`` that its reader has not read yet."""
+    count = array.array("i", [0])
+    fcntl.ioctl(pipe.fileno(), termios.FIONREAD, count)
+    return count[0]
+
+
 def test_ctrl_c_when_the_last_put_fails_says_what_was_not_stored(server):
     put = _put(server, "--linger", "60")
     put.stdin.write(b"".join(b"%d\n" % i for i in range(1500)))
     put.stdin.flush()
+    wait_for(lambda: _unread(put.stdin) == 0, 20, "every line read")  # (on a busy machine it lagged)
     wait_for(lambda: _count(server) >= 1000, 20, "the first batch")
+    time.sleep(0.3)  # (the last 500, read, go into their batch)
     with HQueueAdmin(server) as admin:
         admin.disable_queue("q")  # the 500 can no longer go
     put.send_signal(signal.SIGINT)

@@ -23,6 +23,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from ..auth import AuthPolicy, Principal
+from ..backoff import doubled
 from ..errors import NotAuthorized
 
 #: Sessions kept at once, and seconds one may stay unused.
@@ -55,7 +56,7 @@ class LoginThrottle:
             last, failures = self._hosts.get(host, (0.0, 0))
         if failures < FREE_FAILURES:
             return 0.0
-        delay = min(MAX_WAIT, FIRST_WAIT * 2 ** (failures - FREE_FAILURES))
+        delay = doubled(FIRST_WAIT, failures - FREE_FAILURES, MAX_WAIT)
         return max(0.0, last + delay - time.monotonic())
 
     def failed(self, host: str) -> None:

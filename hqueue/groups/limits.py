@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..backoff import doubled
 from ..checks import check_name
 from ..errors import InvalidArgument
 
@@ -122,4 +123,4 @@ class GroupLimits:
 
 def backoff(retries: int) -> float:
     """Seconds before a nacked message comes back, after ``retries`` failures."""
-    return min(BACKOFF_MAX, BACKOFF_BASE * 2 ** max(0, retries - 1))
+    return doubled(BACKOFF_BASE, retries - 1, BACKOFF_MAX)

@@ -10,6 +10,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from ..backoff import doubled
 from ..consumer import Delivery
 from ..message import MessageID
 
@@ -125,7 +126,7 @@ class Worker:
             if key in self.parked:
                 self.inbox_front(key)
             return
-        delay = processor.retry_delay * 2 ** (count - 1)
+        delay = doubled(processor.retry_delay, count - 1)
         logger.info("processor: message %s failed (%r); retry %d in %.2fs", message_id, error, count, delay)
         waiting = self.parked.setdefault(key, deque())
         waiting.appendleft(delivery)

@@ -22,6 +22,7 @@ import threading
 import time
 from collections import OrderedDict
 
+from ..backoff import doubled
 from ..rpc.connections import Connection, RateLimitedLog
 
 logger = logging.getLogger(__name__)
@@ -55,8 +56,7 @@ class FailedLogins:
         connection.auth_failures += 1
         host = connection.peer[0]
         failures = max(connection.auth_failures, self._host_failed(host))
-        doublings = min(failures - self.free - 1, 32)  # (2 ** 1,027 is past a float: an OverflowError)
-        delay = 0.0 if failures <= self.free else min(self.max_delay, self.base_delay * 2**doublings)
+        delay = 0.0 if failures <= self.free else doubled(self.base_delay, failures - self.free - 1, self.max_delay)
         close = failures >= self.close_after
         if close:
             self.log.warning(

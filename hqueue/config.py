@@ -160,6 +160,12 @@ class QueueInfo:
     def enabled(self) -> bool:
         return self.state == QueueState.ENABLED
 
+    def require_enabled(self) -> QueueInfo:
+        """This info, if the queue is enabled; raises QueueDisabled."""
+        if not self.enabled:
+            raise QueueDisabled(self.name)
+        return self
+
     @property
     def partitions_per_region(self) -> int:
         """HBase pre-split granularity (``hbase.hqueue.partitionsPerRegion``)."""
@@ -235,10 +241,7 @@ class InfoCache:
 
     def enabled(self, name: str) -> QueueInfo:
         """The info of an enabled queue; raises QueueDisabled."""
-        info = self.get(name)
-        if not info.enabled:
-            raise QueueDisabled(name)
-        return info
+        return self.get(name).require_enabled()
 
     def forget(self, name: str) -> None:
         self._infos.pop(name, None)

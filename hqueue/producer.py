@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from .checks import choose_partition, message_columns
 from .config import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES, QueueInfo
-from .errors import DeadlineExceeded, HQueueError, InvalidArgument, ProducerBufferFull, ProducerClosed, QueueDisabled
+from .errors import DeadlineExceeded, HQueueError, InvalidArgument, ProducerBufferFull, ProducerClosed
 from .message import Message, MessageID
 
 if TYPE_CHECKING:
@@ -317,9 +317,7 @@ class Producer:
         block_timeout: float = DEFAULT_BLOCK_TIMEOUT,
     ) -> None:
         self.engine, self.name = engine, name
-        info = engine.queue_info(name, fresh=True)  # (not a client's cached copy: disabled meanwhile?)
-        if not info.enabled:
-            raise QueueDisabled(name)
+        info = engine.queue_info(name, fresh=True).require_enabled()  # (not a client's cached copy)
         self._batches = Batches(info, linger_ms, max_batch, max_bytes, buffer_bytes, block_timeout)
         self._cond = threading.Condition()
         self._delivering = threading.local()  # set while a Future's callbacks run in this thread

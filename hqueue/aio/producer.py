@@ -20,7 +20,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..errors import HQueueError, ProducerBufferFull, ProducerClosed, QueueDisabled
+from ..errors import HQueueError, ProducerBufferFull, ProducerClosed
 from ..message import Message, MessageID
 from ..producer import (
     DEFAULT_BLOCK_TIMEOUT,
@@ -82,9 +82,7 @@ class AsyncProducer:
                 raise ProducerClosed(f"the producer of {self.name!r} is closed")
             try:
                 engine = await self._engine_of()
-                info = await engine.queue_info(self.name, fresh=True)  # (not a cached copy)
-                if not info.enabled:
-                    raise QueueDisabled(self.name)
+                info = (await engine.queue_info(self.name, fresh=True)).require_enabled()  # (not a cached copy)
             except RuntimeError:  # (its queue's handle was closed meanwhile, and the store with it)
                 if self._batches.closed:
                     raise ProducerClosed(f"the producer of {self.name!r} is closed") from None

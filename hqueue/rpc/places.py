@@ -120,16 +120,16 @@ class Places:
             if not connection.trusted and not connection.evicted:
                 if connection.opened < started:
                     return self._evict(connection, sock)
-                fresh = fresh or (connection, sock)
+                fresh = (connection, sock)
                 break  # (the ones after it are fresher still)
         # A proven connection past its owner's share: the oldest of the owner holding the most.
-        candidates = {
-            owner: next((c for c in line.values() if not c.evicted), None) for owner, line in self.waiting.items()
-        }
-        held = {owner: self.kept.get(owner, 0) + len(self.waiting[owner]) for owner, c in candidates.items() if c}
-        if held:
-            over_share = candidates[max(held, key=held.__getitem__)]
-            assert over_share is not None
+        over_share, most = None, -1
+        for owner, line in self.waiting.items():
+            first = next((c for c in line.values() if not c.evicted), None)
+            held = self.kept.get(owner, 0) + len(line)
+            if first is not None and held > most:
+                over_share, most = first, held
+        if over_share is not None:
             return self._evict(over_share, self.open[over_share.id][1])
         return self._evict(*fresh) if fresh is not None else None
 

@@ -418,12 +418,7 @@ class ThreadedServer(TThreadedServer):
             what = f"{owner}'s calls and replies under way hold its share ({share:g}, --inflight-share) of"
         else:
             what = "the requests under way hold"
-        return ServerBusy(
-            "max_inflight_bytes",
-            limits.max_inflight_bytes,
-            f"no room in {limits.inflight_wait:g}s for a call of {size} bytes: {what} "
-            f"this server's {limits.max_inflight_bytes} bytes (--max-inflight-bytes); nothing was done, try again",
-        )
+        return self._busy(f"no room in {limits.inflight_wait:g}s for a call of {size} bytes: {what}")
 
     def _process(self, frame: bytes | bytearray, checked: bool = False, slot: AnswerSlot | None = None) -> bytes:
         """Check (unless ``checked`` already) and run the frame's call, holding ``slot`` for

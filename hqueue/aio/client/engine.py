@@ -38,7 +38,6 @@ from ...errors import (
     DeadlineExceeded,
     HQueueError,
     NotPartitionOwner,
-    QueueDisabled,
     ServerUnavailable,
 )
 from ...ids import consecutive
@@ -225,10 +224,7 @@ class AsyncRemoteEngine:
         return info
 
     async def enabled_queue(self, name: str) -> QueueInfo:
-        info = await self.queue_info(name)
-        if not info.enabled:
-            raise QueueDisabled(name)
-        return info
+        return (await self.queue_info(name)).require_enabled()
 
     async def create_queue(self, info: QueueInfo) -> None:
         await self._call("createQueue", wire.to_tinfo(info), queue=info.name)

@@ -92,6 +92,25 @@ def secured(tmp_path):
     server.stop()
 
 
+def _token_server(tmp_path, limits: ServerLimits | None = None, auth_file: str = AUTH_FILE, **options):
+    """A started server with :data:`AUTH_FILE`'s tokens (or ``auth_file``'s) on a store in ``tmp_path``."""
+    (tmp_path / "auth.toml").write_text(auth_file)
+    auth = AuthPolicy.load(tmp_path / "auth.toml")
+    return HQueueServer(f"local://{tmp_path}/data", port=0, auth=auth, limits=limits, **options).start()
+
+
+def _served(clients) -> int:
+    """How many of ``clients`` (raw Thrift clients) a call still goes through on."""
+    count = 0
+    for client in clients:
+        try:
+            client.listQueues()
+            count += 1
+        except (TTransportException, OSError):
+            pass
+    return count
+
+
 # -- tokens and roles -------------------------------------------------------------
 
 
@@ -99,11 +118,9 @@ def test_one_tokens_slow_big_calls_hold_only_its_share_of_the_budget(tmp_path):
     """Twenty connections of one token, each declaring a 4 MiB put and sending it at 2 KB/s,
     held the whole --max-inflight-bytes: another token's put got ServerBusy. A token's frames
     under way now count in its share (--inflight-share), as its replies do."""
-    auth_file = tmp_path / "auth.toml"
-    auth_file.write_text(AUTH_FILE)
     mib = 1 << 20
     limits = ServerLimits(max_inflight_bytes=4 * mib, max_frame_bytes=2 * mib, inflight_share=0.25, inflight_wait=2)
-    server = HQueueServer(f"local://{tmp_path}/data", port=0, auth=AuthPolicy.load(auth_file), limits=limits).start()
+    server = _token_server(tmp_path, limits)
     stalled = []
     try:
         with HQueueAdmin(f"hqueue://{ADMIN}@{server.address}") as admin:
@@ -695,12 +712,7 @@ def test_a_flood_of_connects_stays_within_the_connection_limit(tmp_path, io):
     """Each connect past the limit closed an unproven connection to make room, but the one it
     chose stayed open until its thread (or the loop) ended it, and was chosen again by the
     next connect: every connect was let in (7,062 open of 1,024, a thread each)."""
-    auth_file = tmp_path / "auth.toml"
-    auth_file.write_text(AUTH_FILE)
-    limits = ServerLimits(max_connections=8)
-    server = HQueueServer(
-        f"local://{tmp_path}/data", port=0, auth=AuthPolicy.load(auth_file), limits=limits, io=io
-    ).start()
+    server = _token_server(tmp_path, ServerLimits(max_connections=8), io=io)
     held, highest, flooding = [], [0], threading.Event()
 
     def watch() -> None:
@@ -736,10 +748,8 @@ def test_one_token_cannot_keep_every_connection_place(tmp_path):
     """Any token, even one that may only read /metrics, made its connections trusted: 1,024 of
     them kept everyone else out. Now a token's proven connections past its share of the places
     are closed to make room as unproven ones are, and a metrics token proves nothing here."""
-    auth_file = tmp_path / "auth.toml"
-    auth_file.write_text(AUTH_FILE + f'\n[tokens.prometheus]\nsecret = "{"m" * 24}"\nmetrics = ["*"]\n')
-    limits = ServerLimits(max_connections=8, connection_share=0.5)
-    server = HQueueServer(f"local://{tmp_path}/data", port=0, auth=AuthPolicy.load(auth_file), limits=limits).start()
+    scraper_token = f'\n[tokens.prometheus]\nsecret = "{"m" * 24}"\nmetrics = ["*"]\n'
+    server = _token_server(tmp_path, ServerLimits(max_connections=8, connection_share=0.5), AUTH_FILE + scraper_token)
     crawlers = []
     try:
         wait_for(lambda: server._server.connections == 0, 10, "no connection")
@@ -758,14 +768,7 @@ def test_one_token_cannot_keep_every_connection_place(tmp_path):
             admin.authenticate(ADMIN)
             admins.append(admin)
             wait_for(lambda: server._server.places.evicting == 0, 10, "the evicted connection to end")
-        alive = 0
-        for client in crawlers:
-            try:
-                client.listQueues()
-                alive += 1
-            except (TTransportException, OSError):
-                pass
-        assert alive == 4  # its kept ones
+        assert _served(crawlers) == 4  # its kept ones
         assert all(admin.listQueues() == [] for admin in admins)
         with socket.create_connection(("127.0.0.1", server.port), timeout=5) as newcomer:
             assert newcomer.recv(1) == b""  # now every place is kept: a newcomer is closed at once
@@ -947,12 +950,7 @@ def test_silent_tls_connections_are_closed_to_make_room(tmp_path, io):
     """A TLS connection was recorded by its raw socket, detached by the wrap: shutting it down to
     make room did nothing, and after 16 such tries every newcomer was refused (a review)."""
     cert, context = server_certificate(tmp_path)
-    (tmp_path / "auth.toml").write_text(AUTH_FILE)
-    limits = ServerLimits(max_connections=8)
-    server = HQueueServer(
-        f"local://{tmp_path}/data", port=0, auth=AuthPolicy.load(tmp_path / "auth.toml"),
-        limits=limits, ssl_context=context, io=io,
-    ).start()  # fmt: skip
+    server = _token_server(tmp_path, ServerLimits(max_connections=8), ssl_context=context, io=io)
     held = _held_tls(server.port, cert, 8)
     try:
         admins = []
@@ -981,22 +979,8 @@ def test_silent_connections_go_before_a_tokens_past_its_share_and_newcomers_afte
     from hqueue.rpc import places
 
     monkeypatch.setattr(places, "FRESH", 0.5)
-    (tmp_path / "auth.toml").write_text(AUTH_FILE)
-    limits = ServerLimits(max_connections=8, connection_share=0.25)
-    server = HQueueServer(f"local://{tmp_path}/data", port=0, auth=AuthPolicy.load(tmp_path / "auth.toml"),
-                          limits=limits).start()  # fmt: skip
+    server = _token_server(tmp_path, ServerLimits(max_connections=8, connection_share=0.25))
     workers, strangers = [], []
-
-    def alive(clients) -> int:
-        count = 0
-        for client in clients:
-            try:
-                client.listQueues()
-                count += 1
-            except (TTransportException, OSError):
-                pass
-        return count
-
     try:
         for _ in range(4):  # 2 kept, 2 past the share
             client = raw_client(server.port)
@@ -1009,7 +993,7 @@ def test_silent_connections_go_before_a_tokens_past_its_share_and_newcomers_afte
         for _ in range(2):  # each closes a silent one, the oldest
             strangers.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
         wait_for(lambda: server._server.places.evicting == 0 and server._server.connections == 8, 10, "room made")
-        assert alive(workers) == 4
+        assert _served(workers) == 4
         # A token churning connections closes its own past its share, not a newcomer logging in
         newcomer = socket.create_connection(("127.0.0.1", server.port), timeout=5)  # (closes a silent one)
         wait_for(lambda: server._server.places.evicting == 0, 10, "room made")
@@ -1021,7 +1005,7 @@ def test_silent_connections_go_before_a_tokens_past_its_share_and_newcomers_afte
         newcomer.settimeout(0.2)
         with pytest.raises(TimeoutError):  # still open: nothing to read, no end
             newcomer.recv(1)
-        assert alive(workers[:2]) == 2  # the crawler's kept ones
+        assert _served(workers[:2]) == 2  # the crawler's kept ones
         newcomer.close()
         workers += churn
     finally:
@@ -1130,12 +1114,9 @@ def test_connections_not_authenticated_share_one_part_of_the_budget(tmp_path):
     """Each connection that had not authenticated was an owner of its own: 1,020 of them, each
     sending a 64 KiB call a byte at a time, held the whole in-flight budget (an attacker pass,
     on TLS and --io threads). Together they now hold one share of it."""
-    (tmp_path / "auth.toml").write_text(AUTH_FILE)
     mib = 1 << 20
     limits = ServerLimits(max_inflight_bytes=mib, max_frame_bytes=mib, inflight_share=0.25, inflight_wait=2)
-    server = HQueueServer(
-        f"local://{tmp_path}/data", port=0, auth=AuthPolicy.load(tmp_path / "auth.toml"), limits=limits, io="threads"
-    ).start()
+    server = _token_server(tmp_path, limits, io="threads")
     stalled = []
     try:
         with HQueueAdmin(f"hqueue://{ADMIN}@{server.address}") as admin:
@@ -1183,10 +1164,7 @@ def test_a_long_poll_closed_to_make_room_ends_within_a_second_or_so(tmp_path, io
     """A connection past its token's share waiting in a receive (up to 300 s) was shut down to
     make room but stayed, holding its place and one of the 16 slots of those being closed:
     16 such kept every newcomer out (a review). Its wait now ends at its next look."""
-    (tmp_path / "auth.toml").write_text(AUTH_FILE)
-    limits = ServerLimits(max_connections=8, connection_share=0.25)
-    server = HQueueServer(f"local://{tmp_path}/data", port=0, auth=AuthPolicy.load(tmp_path / "auth.toml"),
-                          limits=limits, io=io).start()  # fmt: skip
+    server = _token_server(tmp_path, ServerLimits(max_connections=8, connection_share=0.25), io=io)
     places, clients, newcomers = server._server.places, [], []
     try:
         with HQueueAdmin(f"hqueue://{ADMIN}@{server.address}") as admin:

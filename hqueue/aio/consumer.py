@@ -70,8 +70,10 @@ class AsyncConsumer:
         self.closed = False
         self._heartbeats: asyncio.Task | None = None
         self._handing_back: set[asyncio.Task] = set()
-        #: Receives under way at a server (long polls): a close ends them before it leaves.
-        self._calls: set[asyncio.Future] = set()
+        #: Tasks receiving from a server (maybe long polls): a close ends them before it leaves;
+        #: those it cancelled return nothing.
+        self._receiving: set[asyncio.Task] = set()
+        self._ended_by_close: set[asyncio.Task] = set()
 
     async def open(self) -> AsyncConsumer:
         """Open (or make) the group; once."""
@@ -97,24 +99,27 @@ class AsyncConsumer:
         groups = await self._ready()
         if self._heartbeats is None:
             self._heartbeats = asyncio.ensure_future(_heartbeat(weakref.ref(self), groups))
-        receiving = groups.receive(self.queue.name, self.group, self.member, max_messages, lease, wait)
         if getattr(groups, "cancel_safe", False):  # a store in this process: nothing to wait out
-            pairs = await receiving
+            pairs = await groups.receive(self.queue.name, self.group, self.member, max_messages, lease, wait)
             return await self._unless_closed(groups, pairs)
-        call = asyncio.ensure_future(receiving)  # a long poll at a server: it ends on its own, or at close()
-        self._calls.add(call)
-        call.add_done_callback(self._calls.discard)
+        # At a server, the call runs in this task (no task of its own, no shield: a turn of the
+        # loop less each way); cancelled, its answer is still read, and what it was handed
+        # goes back (_late). A close() from another task ends a long poll by cancelling here.
+        task = asyncio.current_task()
+        assert task is not None
+        self._receiving.add(task)
         try:
-            pairs = await asyncio.shield(call)
+            pairs = await groups.receive(
+                self.queue.name, self.group, self.member, max_messages, lease, wait, late=self._late
+            )
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if self.closed and call.cancelled() and task is not None and not task.cancelling():
-                return []  # ended by close() from another task: nothing was taken
-            if not call.done() or (not call.cancelled() and call.exception() is None):
-                task = asyncio.ensure_future(self._hand_back(groups, call))
-                self._handing_back.add(task)
-                task.add_done_callback(self._handing_back.discard)
+            if task in self._ended_by_close:
+                self._ended_by_close.discard(task)
+                if task.uncancel() == 0:  # (cancelled by its own caller too: that stands)
+                    return []  # ended by close(): nothing was taken
             raise
+        finally:
+            self._receiving.discard(task)
         return await self._unless_closed(groups, pairs)
 
     async def _unless_closed(self, groups: Any, pairs: list) -> list[Delivery]:
@@ -126,17 +131,20 @@ class AsyncConsumer:
             return []
         return list(_deliveries(pairs))
 
-    async def _hand_back(self, groups: Any, call: asyncio.Future) -> None:
+    def _late(self, pairs: list) -> None:
+        """What a cancelled receive was handed, come after it: back to the group, unseen (after
+        close() the leave gave it back already)."""
+        if not self.closed:
+            task = asyncio.ensure_future(self._hand_back(pairs))
+            self._handing_back.add(task)
+            task.add_done_callback(self._handing_back.discard)
+
+    async def _hand_back(self, pairs: list) -> None:
+        rowkeys = _rowkeys(list(_deliveries(pairs)))
         try:
-            pairs = await call
-        except Exception:
-            return  # nothing was handed out
-        if pairs:
-            rowkeys = _rowkeys(list(_deliveries(pairs)))
-            try:
-                await groups.nack(self.queue.name, self.group, self.member, rowkeys, UNSEEN)
-            except Exception as e:  # their leases run out instead
-                logger.warning("consumer %s: handing back %d cancelled deliveries: %s", self.member, len(rowkeys), e)
+            await self._groups.nack(self.queue.name, self.group, self.member, rowkeys, UNSEEN)
+        except Exception as e:  # their leases run out instead
+            logger.warning("consumer %s: handing back %d cancelled deliveries: %s", self.member, len(rowkeys), e)
 
     async def ack(self, deliveries: Receipts) -> int:
         """Mark messages done (as :meth:`Consumer.ack <hqueue.Consumer.ack>`)."""
@@ -187,8 +195,9 @@ class AsyncConsumer:
         self.closed = True
         if self._heartbeats is not None:
             self._heartbeats.cancel()
-        for call in list(self._calls):  # a cancelled receive's long poll: it would count the member in
-            call.cancel()  # again; what it took goes back with the leave below
+        for task in list(self._receiving):  # a receive's long poll: it would count the member in
+            self._ended_by_close.add(task)  # again; what it took goes back with the leave below
+            task.cancel()
         if self._handing_back:
             await asyncio.gather(*self._handing_back, return_exceptions=True)
         if self._groups is not None and not self.queue.closed:  # (closed: its store or connections

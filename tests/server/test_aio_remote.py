@@ -9,14 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import socket
+import struct
+import threading
 import time
+from collections.abc import Callable
 
 import pytest
+from thriftpy2.protocol import TBinaryProtocol
+from thriftpy2.thrift import TMessageType
+from thriftpy2.transport import TMemoryBuffer
 
-from hqueue import DeadlineExceeded, HQueueAdmin, Message, NotAuthorized
+from hqueue import DeadlineExceeded, HQueueAdmin, Message, NotAuthorized, ServerUnavailable
 from hqueue.aio import AsyncHQueue, AsyncHQueueAdmin
 from hqueue.auth import AuthPolicy
+from hqueue.rpc import wire
 from hqueue.server import HQueueServer
 
 from ..processes import ServerProcess, server_certificate
@@ -381,3 +389,126 @@ def test_a_put_after_its_server_was_killed_is_known_not_sent(tmp_path):
         assert "not sent" in str(error)
     finally:
         proc.kill()
+
+
+def _listing_answer(*names: str) -> bytes:
+    """A whole listQueues answer frame, as a server writes it."""
+    out = TMemoryBuffer()
+    protocol = TBinaryProtocol(out)
+    protocol.write_message_begin("listQueues", TMessageType.REPLY, 0)
+    infos = [wire.T.TQueueInfo(name=name, partitions=1, config={}) for name in names]
+    wire.T.HQueueService.listQueues_result(success=infos).write(protocol)
+    protocol.write_message_end()
+    payload = out.getvalue()
+    return struct.pack("!i", len(payload)) + payload
+
+
+@contextlib.contextmanager
+def _scripted_server(answer: Callable[[int], bytes]):
+    """A peer that reads each request frame and writes ``answer(n)`` (n: the requests it
+    read, all connections counted): an attacker's server, or a broken one."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    requests = itertools.count()
+
+    def serve(conn: socket.socket) -> None:
+        with conn, conn.makefile("rb") as incoming:
+            while head := incoming.read(4):
+                incoming.read(struct.unpack("!i", head)[0])
+                conn.sendall(answer(next(requests)))
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                threading.Thread(target=serve, args=(listener.accept()[0],), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()
+
+
+def test_an_answer_nobody_asked_for_is_never_taken_for_the_next_call_s():
+    """thriftpy2 does not match an answer to its call (no sequence number check): a frame
+    sent after an answer, kept on the pooled connection, would be the next call's answer.
+    It ends the connection instead; the next call goes on a new one."""
+
+    def answer(n: int) -> bytes:
+        return _listing_answer("a") + (_listing_answer("stray") if n == 0 else b"")
+
+    async def main() -> list[list[str]]:
+        async with AsyncHQueueAdmin(f"hqueue://{address}?timeout={TIMEOUT}") as admin:
+            return [[info.name for info in await admin.list_queues()] for _ in range(3)]
+
+    with _scripted_server(answer) as address:
+        assert asyncio.run(main()) == [["a"], ["a"], ["a"]]
+
+
+@pytest.mark.parametrize("size", [0x7FFFFFFF, 0])
+def test_an_answer_frame_out_of_bounds_ends_its_connection_before_it_is_read(size):
+    """A head announcing 2 GiB (or 0 bytes) is refused when read: nothing of it is buffered."""
+
+    async def main() -> BaseException:
+        async with AsyncHQueueAdmin(f"hqueue://{address}?timeout={TIMEOUT}") as admin:
+            with pytest.raises(ServerUnavailable) as caught:
+                await admin.list_queues()
+            return caught.value
+
+    with _scripted_server(lambda n: struct.pack("!i", size) + b"x" * 64) as address:
+        error = asyncio.run(asyncio.wait_for(main(), 30))
+    assert f"an answer frame of {size} bytes" in str(error)
+
+
+def test_answers_not_taken_past_their_bound_leave_the_socket_unread():
+    """Answers pipelined ahead of a reader that does not take them stay in the kernel and
+    the server (reading stops), not in this process: at most HELD_BYTES and one answer."""
+    from hqueue.aio.client.transport import HELD_BYTES, _Frames
+
+    class Transport(asyncio.Transport):
+        reading = True
+
+        def pause_reading(self) -> None:
+            self.reading = False
+
+        def resume_reading(self) -> None:
+            self.reading = True
+
+    async def main() -> None:
+        frames, transport = _Frames(), Transport()
+        frames.connection_made(transport)
+        answer = struct.pack("!i", 1024 * 1024) + b"x" * (1024 * 1024)
+        frames.expected = 8
+        for _ in range(8):
+            frames.data_received(answer)
+            if not transport.reading:
+                break
+        assert not transport.reading and HELD_BYTES < frames._held <= HELD_BYTES + len(answer)
+        await frames.answer()
+        assert transport.reading  # taken: read again
+
+    asyncio.run(main())
+
+
+def test_a_receive_cancelled_by_its_caller_while_close_ends_it_stays_cancelled(tmp_path):
+    """close() ends the receives under way by cancelling their tasks, which then return []:
+    a task its own caller cancelled too is cancelled all the same."""
+    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
+    url = f"hqueue://{server.address}"
+
+    async def main() -> None:
+        async with AsyncHQueueAdmin(url) as admin:
+            await admin.create_queue("q", 2)
+        async with AsyncHQueue("q", url) as queue:
+            consumer = queue.consumer("g")
+            await consumer.open()
+            receiving = asyncio.ensure_future(consumer.receive(wait=120))
+            await asyncio.sleep(0.2)
+            receiving.cancel()
+            await consumer.close()
+            with pytest.raises(asyncio.CancelledError):
+                await receiving
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 60))
+    finally:
+        server.stop()

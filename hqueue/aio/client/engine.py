@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from thriftpy2.thrift import TException
@@ -125,8 +125,18 @@ class AsyncRemoteEngine:
             pool = self._pools[address] = AsyncPool(address, self._token, self._ssl_context, self.unix_socket)
         return pool
 
-    async def _call_at(self, address: str, method: str, *args: Any, queue: str | None = None, pid: int = -1) -> Any:
-        """One call at one server, by the deadline; IDL exceptions become hqueue errors."""
+    async def _call_at(
+        self,
+        address: str,
+        method: str,
+        *args: Any,
+        queue: str | None = None,
+        pid: int = -1,
+        late: Callable[[Any], None] | None = None,
+    ) -> Any:
+        """One call at one server, by the deadline; IDL exceptions become hqueue errors.
+        Its caller cancelled once the request was written, the answer is read all the same
+        and, if one comes, given to ``late`` (a receive's deliveries go back so)."""
         with self.deadline() as deadline:
             for attempt in range(1, READ_TRIES + 1):
                 pool = self.pool(address)
@@ -154,7 +164,7 @@ class AsyncRemoteEngine:
                     pool.give_back(connection)  # an answer came: the connection is fine
                     raise wire.from_thrift_error(e, queue, pid) from e
                 except asyncio.CancelledError:
-                    self._answer_later(pool, connection, method, deadline)
+                    self._answer_later(pool, connection, method, deadline, late)
                     raise
                 except BaseException:
                     pool.give_back(connection, broken=True)
@@ -163,7 +173,9 @@ class AsyncRemoteEngine:
                 return result
         raise AssertionError("unreachable")
 
-    def _answer_later(self, pool: Any, connection: Any, method: str, deadline: float) -> None:
+    def _answer_later(
+        self, pool: Any, connection: Any, method: str, deadline: float, late: Callable[[Any], None] | None
+    ) -> None:
         """A call whose caller was cancelled went whole (its request is written before the
         call first waits): its answer is read in the background, then the connection goes
         back to the pool. Closing it instead ended what the server ties to the connection:
@@ -173,8 +185,10 @@ class AsyncRemoteEngine:
             broken = True
             try:
                 async with asyncio.timeout_at(deadline):
-                    await connection.receive(method)
+                    answer = await connection.receive(method)
                 broken = False
+                if late is not None:
+                    late(answer)
             except TTransportException:
                 pass
             except TException:

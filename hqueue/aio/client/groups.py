@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...checks import check_partition
@@ -43,10 +43,23 @@ class AsyncRemoteGroups:
         return sorted({owner for owner in await self._group_locations(name, fresh) if owner})
 
     async def receive(
-        self, queue: str, group: str, member: str, max_messages: int, lease: float, wait: float
+        self,
+        queue: str,
+        group: str,
+        member: str,
+        max_messages: int,
+        lease: float,
+        wait: float,
+        late: Callable[[list[tuple[Message, int]]], None] | None = None,
     ) -> list[tuple[Message, int]]:
         """As the blocking client's: each owner without waiting, then a long poll at one (in
-        turn) for the rest of ``wait``; the deadline is the client's ``timeout`` plus ``wait``."""
+        turn) for the rest of ``wait``; the deadline is the client's ``timeout`` plus ``wait``.
+        Cancelled while a call was under way, what that call was handed goes to ``late``."""
+
+        def arrived(deliveries: Any) -> None:
+            if late is not None and deliveries.attempts:
+                late(_pairs(deliveries))
+
         with self._engine.deadline(extra=wait) as deadline:
             loop = asyncio.get_running_loop()
             waited = loop.time() + wait
@@ -63,15 +76,14 @@ class AsyncRemoteGroups:
                     wait_ms = max(0, int((waited - loop.time()) * 1000)) if last else 0
                     call = ("groupReceive", queue, group, member, max_messages, int(lease * 1000), wait_ms)
                     try:
-                        deliveries = await self._engine._call_at(owner, *call, queue=queue)
+                        deliveries = await self._engine._call_at(owner, *call, queue=queue, late=arrived)
                     except ServerUnavailable as e:
                         retry.noted(e)
                         failed = True
                         continue
                     answered = True
                     if deliveries.attempts:
-                        messages = messages_from_columns(*packed.unpack(deliveries.messages))
-                        return list(zip(messages, deliveries.attempts, strict=True))
+                        return _pairs(deliveries)
                 if answered and loop.time() >= waited:
                     return []
                 if failed and answered:
@@ -149,6 +161,11 @@ class AsyncRemoteGroups:
             for pid in pids:
                 call = ("setGroupPosition", group, pid, wire.to_tid(start))
                 await self._engine.owner_call(queue, pid, "replay", *call, idempotent=True)
+
+
+def _pairs(deliveries: Any) -> list[tuple[Message, int]]:
+    """A groupReceive's answer as (message, attempt) pairs."""
+    return list(zip(messages_from_columns(*packed.unpack(deliveries.messages)), deliveries.attempts, strict=True))
 
 
 class _Retry(RetryState):

@@ -97,6 +97,8 @@ class AsyncConsumer:
         check_wait(wait)
         lease = check_lease(self.lease if lease is None else lease)
         groups = await self._ready()
+        if self.closed:  # by another task while it opened the group: nothing to take
+            return []
         if self._heartbeats is None:
             self._heartbeats = asyncio.ensure_future(_heartbeat(weakref.ref(self), groups))
         if getattr(groups, "cancel_safe", False):  # a store in this process: nothing to wait out
@@ -132,9 +134,10 @@ class AsyncConsumer:
         return list(_deliveries(pairs))
 
     def _late(self, pairs: list) -> None:
-        """What a cancelled receive was handed, come after it: back to the group, unseen (after
-        close() the leave gave it back already)."""
-        if not self.closed:
+        """What a cancelled receive was handed, come after it: back to the group, unseen (even
+        after close(): the server may have run the receive after the leave, which did not
+        give that back)."""
+        if not self.queue.closed:  # (closed: its connections went, and the leases with them)
             task = asyncio.ensure_future(self._hand_back(pairs))
             self._handing_back.add(task)
             task.add_done_callback(self._handing_back.discard)

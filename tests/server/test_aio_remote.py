@@ -428,13 +428,15 @@ def _scripted_server(answer: Callable[[int], bytes]):
         listener.close()
 
 
-def test_an_answer_nobody_asked_for_is_never_taken_for_the_next_call_s():
+@pytest.mark.parametrize("stray", [_listing_answer("stray"), b"\x01"], ids=["a frame", "a byte"])
+def test_an_answer_nobody_asked_for_is_never_taken_for_the_next_call_s(stray):
     """thriftpy2 does not match an answer to its call (no sequence number check): a frame
-    sent after an answer, kept on the pooled connection, would be the next call's answer.
-    It ends the connection instead; the next call goes on a new one."""
+    sent after an answer, kept on the pooled connection, would be the next call's answer
+    (a byte, the start of its head). It ends the connection instead; the next call goes on
+    a new one."""
 
     def answer(n: int) -> bytes:
-        return _listing_answer("a") + (_listing_answer("stray") if n == 0 else b"")
+        return _listing_answer("a") + (stray if n == 0 else b"")
 
     async def main() -> list[list[str]]:
         async with AsyncHQueueAdmin(f"hqueue://{address}?timeout={TIMEOUT}") as admin:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 import random
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -56,6 +57,8 @@ from .transport import AsyncPool, NotSentError
 _deadline: contextvars.ContextVar[tuple[int, float] | None] = contextvars.ContextVar(
     "hqueue_aio_deadline", default=None
 )
+
+logger = logging.getLogger(__name__)
 
 
 class AsyncRemoteEngine:
@@ -188,7 +191,10 @@ class AsyncRemoteEngine:
                     answer = await connection.receive(method)
                 broken = False
                 if late is not None:
-                    late(answer)
+                    try:
+                        late(answer)
+                    except Exception:  # (an answer it cannot read: those leases run out instead)
+                        logger.exception("the answer to a cancelled %s call could not be handed on", method)
             except TTransportException:
                 pass
             except TException:

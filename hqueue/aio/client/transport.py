@@ -73,11 +73,15 @@ class _Frames(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         buffer = self._buffer
         buffer += data
-        while len(buffer) >= 4:
+        while buffer:
+            if not self.expected:  # any byte past the answers asked for, even less than a head
+                self._end(TTransportException(TTransportException.UNKNOWN, "an answer to no call"))
+                return
+            if len(buffer) < 4:
+                break
             (size,) = _SIZE.unpack_from(buffer)
-            if not 0 < size <= MAX_ANSWER_BYTES or not self.expected:
-                what = f"an answer frame of {size} bytes" if self.expected else "an answer to no call"
-                self._end(TTransportException(TTransportException.UNKNOWN, what))
+            if not 0 < size <= MAX_ANSWER_BYTES:
+                self._end(TTransportException(TTransportException.UNKNOWN, f"an answer frame of {size} bytes"))
                 return
             if len(buffer) < 4 + size:
                 break

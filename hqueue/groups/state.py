@@ -234,6 +234,8 @@ class PartitionState:
         elif ready:  # (none waits for a retry, the usual case: no look-up per ID)
             for message_id in ids:
                 ready.pop(message_id, None)
+        if not self.leases:  # every lease ended (members ack all they get: the usual case), so
+            self.lease_heap, self.heap_ids = [], 0  # is every heap entry: none to look through
         self.leases.update(zip(ids, repeat((member, deadline))))
         self.held[member] += len(ids)
         self._push_leases(deadline, ids)

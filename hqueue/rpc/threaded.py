@@ -53,7 +53,7 @@ from typing import Any
 
 from thriftpy2.protocol import TBinaryProtocolFactory
 from thriftpy2.server import TThreadedServer
-from thriftpy2.thrift import TApplicationException, TProcessor
+from thriftpy2.thrift import TApplicationException
 from thriftpy2.transport import TFramedTransportFactory, TSocket, TTransportException
 from thriftpy2.transport.memory import TCyMemoryBuffer
 
@@ -70,6 +70,7 @@ from .connections import (
 )
 from .frames import FrameError, FrameReader, check_call
 from .places import Places
+from .processor import Processor
 from .unix import widen
 
 logger = logging.getLogger(__name__)
@@ -137,7 +138,7 @@ class ThreadedServer(TThreadedServer):
         self.ssl_context = ssl_context
         self._checked_frames = transport is None and protocol is None
         super().__init__(
-            TProcessor(service, handler),
+            Processor(service, handler),
             self.socket,
             iprot_factory=protocol or TBinaryProtocolFactory(),
             itrans_factory=transport or TFramedTransportFactory(),

@@ -1196,3 +1196,36 @@ def test_a_long_poll_closed_to_make_room_ends_within_a_second_or_so(tmp_path, io
         for s in newcomers:
             s.close()
         server.stop()
+
+
+@pytest.mark.parametrize("io", ["loop", "threads"])
+def test_made_up_method_names_are_answered_unknown_and_never_kept(tmp_path, io):
+    """The processor keeps each declared method's classes from its first call: names the
+    service does not declare are answered UNKNOWN_METHOD, and none is kept (10,000 made-up
+    names would otherwise be 10,000 entries)."""
+    from thriftpy2.protocol import TBinaryProtocol
+    from thriftpy2.thrift import TApplicationException, TMessageType
+    from thriftpy2.transport import TMemoryBuffer
+
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, io=io).start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            for n in range(300):
+                out = TMemoryBuffer()
+                protocol = TBinaryProtocol(out)
+                protocol.write_message_begin(f"madeUp{n}", TMessageType.CALL, n)
+                T.HQueueService.listQueues_args().write(protocol)
+                protocol.write_message_end()
+                sock.sendall(struct.pack("!i", len(out.getvalue())) + out.getvalue())
+                size = struct.unpack("!i", sock.recv(4, socket.MSG_WAITALL))[0]
+                answer = TBinaryProtocol(TMemoryBuffer(sock.recv(size, socket.MSG_WAITALL)))
+                _, kind, seqid = answer.read_message_begin()
+                error = TApplicationException()
+                error.read(answer)
+                assert (kind, seqid, error.type) == (TMessageType.EXCEPTION, n, TApplicationException.UNKNOWN_METHOD)
+        with HQueueAdmin(f"hqueue://{server.address}") as admin:
+            admin.list_queues()
+        assert set(server._server.processor._methods) <= set(T.HQueueService.thrift_services)
+        assert "listQueues" in server._server.processor._methods
+    finally:
+        server.stop()

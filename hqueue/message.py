@@ -17,9 +17,9 @@ Python frame per message; the tuple layout is an implementation detail.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
-from functools import partial
+from functools import lru_cache, partial
 from itertools import chain, repeat
 from operator import add, getitem, itemgetter
 from typing import NamedTuple
@@ -302,6 +302,43 @@ def rowkeys_by_partition(rowkeys: Iterable[bytes]) -> dict[int, list[bytes]]:
             group = by_prefix[prefix] = []
         group.append(rowkey)
     return {int.from_bytes(prefix, "big"): group for prefix, group in by_prefix.items()}
+
+
+def ids_by_partition(receipts: bytes | Iterable[bytes]) -> dict[int, list[bytes]]:
+    """Receipts as each partition's message IDs (10 bytes), in their order, each once.
+
+    ``receipts``: 12-byte rowkeys (SPEC C1), or such rowkeys concatenated, as the
+    wire carries them. Concatenated receipts of one partition (a receive's batch,
+    acked: the usual case) are cut straight into IDs by one struct call, with no
+    rowkey or partition prefix made of each.
+
+    Raises:
+        InvalidArgument: one is not a 12-byte rowkey.
+    """
+    if isinstance(receipts, bytes):
+        count, left = divmod(len(receipts), ROWKEY_LENGTH)
+        if left:
+            raise InvalidArgument(f"a receipt is a received message's {ROWKEY_LENGTH}-byte rowkey")
+        if not count:
+            return {}
+        first, second = receipts[0::ROWKEY_LENGTH], receipts[1::ROWKEY_LENGTH]  # each one's partition
+        if count <= _SPLIT_RECEIPTS and first.count(first[0]) == count and second.count(second[0]) == count:
+            return {int.from_bytes(receipts[:2], "big"): list(dict.fromkeys(_ids_splitter(count)(receipts)))}
+        rowkeys = [receipts[i : i + ROWKEY_LENGTH] for i in range(0, len(receipts), ROWKEY_LENGTH)]
+    else:
+        rowkeys = list(receipts)
+        if set(map(type, rowkeys)) - {bytes} or set(map(len, rowkeys)) - {ROWKEY_LENGTH}:
+            raise InvalidArgument(f"a receipt is a received message's {ROWKEY_LENGTH}-byte rowkey")
+    return {pid: list(dict.fromkeys(map(id_bytes, keys))) for pid, keys in rowkeys_by_partition(rowkeys).items()}
+
+
+#: Concatenated receipts of up to this many are cut by one struct call (the last few counts' formats kept).
+_SPLIT_RECEIPTS = 1000
+
+
+@lru_cache(maxsize=16)
+def _ids_splitter(count: int) -> Callable[[bytes], tuple[bytes, ...]]:
+    return struct.Struct(f"2x{ROWKEY_LENGTH - 2}s" * count).unpack
 
 
 def topics_of(messages: Iterable[Message]) -> list[bytes]:

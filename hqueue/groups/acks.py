@@ -7,18 +7,13 @@ import collections
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from ..config import UNSEEN, Durability
 from ..deadletters import dead_letter, dead_letter_queue
 from ..errors import GroupNotFound, HQueueError, InvalidArgument, NotPartitionOwner
 from ..keys.groups import state_prefix
-from ..message import (
-    ROWKEY_LENGTH,
-    messages_from_columns,
-    rowkeys_by_partition,
-)
+from ..message import ids_by_partition, messages_from_columns
 from .limits import ASKED_LEASE_LIMIT, GroupLimits, backoff, check_lease
 from .state import MAX_ACKED_AHEAD, GroupState, PartitionState
 
@@ -27,9 +22,6 @@ if TYPE_CHECKING:
     from ..engine import Engine
 
 logger = logging.getLogger(__name__)
-
-#: A receipt's message ID (the rowkey after its partition).
-_ID = itemgetter(slice(2, None))
 
 #: Seconds between log lines about one group's acks of receipts it never handed out.
 UNKNOWN_LOG_INTERVAL = 60.0
@@ -65,25 +57,22 @@ class GroupAcks:
 
     # -- ack, nack -----------------------------------------------------------------------
 
-    def _owned_partitions(self, group: GroupState, rowkeys: Iterable[bytes]) -> dict[int, list[bytes]]:
-        """Receipts (12-byte rowkeys, SPEC C1) by partition, each owned here."""
-        rowkeys = list(rowkeys)
-        if set(map(type, rowkeys)) - {bytes} or set(map(len, rowkeys)) - {ROWKEY_LENGTH}:
-            raise InvalidArgument(f"a receipt is a received message's {ROWKEY_LENGTH}-byte rowkey")
+    def _owned_partitions(self, group: GroupState, rowkeys: bytes | Iterable[bytes]) -> dict[int, list[bytes]]:
+        """Receipts (12-byte rowkeys, SPEC C1, or such rowkeys concatenated) as message IDs by
+        partition, each once (a receipt named twice is one message), each partition owned here."""
+        by_partition = ids_by_partition(rowkeys)
         partitions = self.engine.queue_info(group.queue).partitions
-        # A receipt named twice is one message (counted once, finished once).
-        by_partition = {pid: list(dict.fromkeys(map(_ID, keys))) for pid, keys in rowkeys_by_partition(rowkeys).items()}
         for pid in by_partition:
             if pid >= partitions:
                 raise InvalidArgument(f"a receipt names partition {pid}; queue {group.queue!r} has {partitions}")
             self.coordinator.require_owner(group.queue, pid)
         return by_partition
 
-    def ack(self, queue: str, name: str, rowkeys: Iterable[bytes]) -> int:
+    def ack(self, queue: str, name: str, rowkeys: bytes | Iterable[bytes]) -> int:
         """Finish messages: they are never handed out to the group again. Returns how many were open."""
         return self.ack_receipts(queue, name, rowkeys)[0]
 
-    def ack_receipts(self, queue: str, name: str, rowkeys: Iterable[bytes]) -> tuple[int, int]:
+    def ack_receipts(self, queue: str, name: str, rowkeys: bytes | Iterable[bytes]) -> tuple[int, int]:
         """:meth:`ack`: (how many were open, how many the group never handed out).
 
         Only a receipt of a message the group handed out and has not finished
@@ -123,7 +112,7 @@ class GroupAcks:
                 group.name, group.queue, count, group.unknown_acks,
             )  # fmt: skip
 
-    def nack(self, queue: str, name: str, member: str, rowkeys: Iterable[bytes], delay: float | None) -> int:
+    def nack(self, queue: str, name: str, member: str, rowkeys: bytes | Iterable[bytes], delay: float | None) -> int:
         """Give messages back to be handed out again after ``delay`` (None: the backoff;
         at most ``limits.max_lease``).
 
@@ -143,7 +132,7 @@ class GroupAcks:
 
         return self._fail_each(queue, name, rowkeys, held, delay, at_once=False)
 
-    def _give_back(self, queue: str, name: str, member: str, rowkeys: Iterable[bytes]) -> int:
+    def _give_back(self, queue: str, name: str, member: str, rowkeys: bytes | Iterable[bytes]) -> int:
         """:meth:`nack` with ``UNSEEN``: the leases ``member`` holds go back now, and no failure
         is counted (as a member that leaves gives its leases back): the application never saw
         them, so no retry may be spent, and no message dead-lettered, for them."""
@@ -161,7 +150,7 @@ class GroupAcks:
             self._on_write(queue, -1)  # receives waiting for work take them
         return count
 
-    def extend(self, queue: str, name: str, member: str, rowkeys: Iterable[bytes], lease: float) -> int:
+    def extend(self, queue: str, name: str, member: str, rowkeys: bytes | Iterable[bytes], lease: float) -> int:
         """Renew leases ``member`` holds: each runs ``lease`` seconds from now (at most
         ``limits.max_lease``), as NATS's "in progress" and SQS's visibility change do.
 
@@ -177,7 +166,7 @@ class GroupAcks:
                 count += len(self._partition(group, pid).extend(ids, member, deadline))
         return count
 
-    def dead_letter(self, queue: str, name: str, member: str, rowkeys: Iterable[bytes]) -> int:
+    def dead_letter(self, queue: str, name: str, member: str, rowkeys: bytes | Iterable[bytes]) -> int:
         """Move messages to ``<queue>.dlq`` now, whatever their retries, and finish them here.
 
         For a consumer that knows a message will never succeed (the
@@ -199,7 +188,7 @@ class GroupAcks:
         self,
         queue: str,
         name: str,
-        rowkeys: Iterable[bytes],
+        rowkeys: bytes | Iterable[bytes],
         counts: Callable[[PartitionState, bytes], bool],
         delay: float | None,
         *,

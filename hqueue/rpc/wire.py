@@ -6,7 +6,6 @@ structs and exceptions, the remote client turns them back.
 
 from __future__ import annotations
 
-import functools
 import struct
 from collections.abc import Sequence
 from typing import Any
@@ -151,8 +150,9 @@ def receipt_chunks(rowkeys: Sequence[bytes]) -> list[Sequence[bytes]]:
     return [rowkeys[i : i + MAX_RECEIPTS] for i in range(0, len(rowkeys), MAX_RECEIPTS)]
 
 
-def unpack_rowkeys(blob: Any) -> list[bytes]:
-    """A groupAck/groupNack ``rowkeys`` argument: 12-byte rowkeys, concatenated, at most MAX_RECEIPTS."""
+def receipts(blob: Any) -> bytes:
+    """A groupAck/groupNack ``rowkeys`` argument, checked: 12-byte rowkeys, concatenated, at
+    most MAX_RECEIPTS (cut into message IDs where they are used: message.ids_by_partition)."""
     if not isinstance(blob, bytes) or len(blob) % ROWKEY_LENGTH:
         raise errors.InvalidArgument(f"'rowkeys' must be {ROWKEY_LENGTH}-byte rowkeys, concatenated")
     if len(blob) > MAX_RECEIPTS * ROWKEY_LENGTH:
@@ -160,19 +160,7 @@ def unpack_rowkeys(blob: Any) -> list[bytes]:
             "max_receipts", MAX_RECEIPTS,
             f"{len(blob) // ROWKEY_LENGTH} receipts in one call: at most {MAX_RECEIPTS} (send more in several calls)",
         )  # fmt: skip
-    count = len(blob) // ROWKEY_LENGTH
-    if count <= _SPLIT_RECEIPTS:
-        return list(_receipts_splitter(count)(blob))
-    return [blob[i : i + ROWKEY_LENGTH] for i in range(0, len(blob), ROWKEY_LENGTH)]
-
-
-#: Receipts of up to this many are cut by one struct call (the formats of the last few counts kept).
-_SPLIT_RECEIPTS = 1000
-
-
-@functools.lru_cache(maxsize=16)
-def _receipts_splitter(count: int) -> Any:
-    return struct.Struct(f"{ROWKEY_LENGTH}s" * count).unpack
+    return blob
 
 
 def to_tscan(scan: Scan) -> Any:

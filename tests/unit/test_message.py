@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hqueue import InvalidMessage, Message, MessageID
-from hqueue.message import MAX_SEQUENCE, decode_rowkey, encode_rowkey, messages_from_columns
+from hqueue import InvalidArgument, InvalidMessage, Message, MessageID
+from hqueue.message import MAX_SEQUENCE, decode_rowkey, encode_rowkey, ids_by_partition, messages_from_columns
 
 timestamps = st.integers(min_value=0, max_value=2**63 - 1)
 sequences = st.integers(min_value=0, max_value=MAX_SEQUENCE)
@@ -114,3 +114,25 @@ def test_stored_messages_decode_from_cells_and_pickle():
     )
     assert message == Message("topic", b"payload", id=MessageID(10, 1), partition_id=3)
     assert pickle.loads(pickle.dumps(message)) == message
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([0, 1, 255, 256, 300, 32766]), st.binary(min_size=10, max_size=10)),
+        max_size=40,
+    ).map(lambda pairs: [pid.to_bytes(2, "big") + id_ for pid, id_ in pairs])
+)
+def test_concatenated_receipts_are_the_same_ids_by_partition_as_a_list_of_them(rowkeys):
+    """The wire's packed receipts are cut into IDs without a rowkey made of each (one
+    partition's: one struct call): the same partitions, the same IDs in order, each once."""
+    by_partition = ids_by_partition(b"".join(rowkeys))
+    assert by_partition == ids_by_partition(rowkeys)
+    assert list(by_partition) == list(dict.fromkeys(int.from_bytes(k[:2], "big") for k in rowkeys))
+    for pid, ids in by_partition.items():
+        assert ids == list(dict.fromkeys(k[2:] for k in rowkeys if int.from_bytes(k[:2], "big") == pid))
+
+
+@pytest.mark.parametrize("receipts", [b"x" * 13, [b"x" * 11], [b"x" * 12, "x" * 12]])
+def test_a_receipt_that_is_not_a_12_byte_rowkey_is_refused(receipts):
+    with pytest.raises(InvalidArgument, match="12-byte rowkey"):
+        ids_by_partition(receipts)

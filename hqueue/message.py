@@ -304,18 +304,39 @@ def rowkeys_by_partition(rowkeys: Iterable[bytes]) -> dict[int, list[bytes]]:
     return {int.from_bytes(prefix, "big"): group for prefix, group in by_prefix.items()}
 
 
-def ids_by_partition(receipts: bytes | Iterable[bytes]) -> dict[int, list[bytes]]:
+def checked_receipts(rowkeys: Iterable[bytes]) -> list[bytes]:
+    """``rowkeys`` as a list, each checked to be a 12-byte rowkey (SPEC C1; a plain ``bytes``
+    given for the list is refused, not read as numbers).
+
+    Raises:
+        InvalidArgument: one is not.
+    """
+    listed = None if isinstance(rowkeys, (bytes, bytearray, str)) else list(rowkeys)
+    if listed is None or set(map(type, listed)) - {bytes} or set(map(len, listed)) - {ROWKEY_LENGTH}:
+        raise InvalidArgument(f"a receipt is a received message's {ROWKEY_LENGTH}-byte rowkey")
+    return listed
+
+
+class PackedReceipts(bytes):
+    """Receipts as the wire carries them: 12-byte rowkeys, concatenated (made by the
+    server's wire layer only: a plain ``bytes`` given as receipts is refused, as it is
+    by a remote client)."""
+
+    __slots__ = ()
+
+
+def ids_by_partition(receipts: PackedReceipts | Iterable[bytes]) -> dict[int, list[bytes]]:
     """Receipts as each partition's message IDs (10 bytes), in their order, each once.
 
-    ``receipts``: 12-byte rowkeys (SPEC C1), or such rowkeys concatenated, as the
-    wire carries them. Concatenated receipts of one partition (a receive's batch,
-    acked: the usual case) are cut straight into IDs by one struct call, with no
-    rowkey or partition prefix made of each.
+    ``receipts``: 12-byte rowkeys (SPEC C1), or :class:`PackedReceipts`. Packed
+    receipts of one partition (a receive's batch, acked: the usual case) are cut
+    straight into IDs by one struct call, with no rowkey or partition prefix made
+    of each.
 
     Raises:
         InvalidArgument: one is not a 12-byte rowkey.
     """
-    if isinstance(receipts, bytes):
+    if isinstance(receipts, PackedReceipts):
         count, left = divmod(len(receipts), ROWKEY_LENGTH)
         if left:
             raise InvalidArgument(f"a receipt is a received message's {ROWKEY_LENGTH}-byte rowkey")
@@ -326,9 +347,7 @@ def ids_by_partition(receipts: bytes | Iterable[bytes]) -> dict[int, list[bytes]
             return {int.from_bytes(receipts[:2], "big"): list(dict.fromkeys(_ids_splitter(count)(receipts)))}
         rowkeys = [receipts[i : i + ROWKEY_LENGTH] for i in range(0, len(receipts), ROWKEY_LENGTH)]
     else:
-        rowkeys = list(receipts)
-        if set(map(type, rowkeys)) - {bytes} or set(map(len, rowkeys)) - {ROWKEY_LENGTH}:
-            raise InvalidArgument(f"a receipt is a received message's {ROWKEY_LENGTH}-byte rowkey")
+        rowkeys = checked_receipts(receipts)
     return {pid: list(dict.fromkeys(map(id_bytes, keys))) for pid, keys in rowkeys_by_partition(rowkeys).items()}
 
 

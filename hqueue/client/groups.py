@@ -16,7 +16,7 @@ from ..checks import check_partition
 from ..config import UNSEEN
 from ..errors import DeadlineExceeded, HQueueError, NoPartitionOwner, NotPartitionOwner, ServerUnavailable
 from ..groups.state import Departures
-from ..message import Message, MessageID, messages_from_columns, rowkeys_by_partition
+from ..message import Message, MessageID, checked_receipts, messages_from_columns, rowkeys_by_partition
 from ..rpc import operations as op
 from ..rpc import packed, wire
 from .calls import remote
@@ -208,9 +208,10 @@ def receipts_by_owner(queue: str, locations: Sequence[str], rowkeys: Sequence[by
 
     Raises:
         NoPartitionOwner: a partition has no owner now.
+        InvalidArgument: a receipt is not a 12-byte rowkey (as a server would say).
     """
     by_owner: dict[str, list[bytes]] = {}
-    for pid, mine in rowkeys_by_partition(rowkeys).items():
+    for pid, mine in rowkeys_by_partition(checked_receipts(rowkeys)).items():
         owner = locations[pid] if pid < len(locations) else ""
         if not owner:
             raise NoPartitionOwner(queue, pid, 0, None)

@@ -13,7 +13,7 @@ from ..config import UNSEEN, Durability
 from ..deadletters import dead_letter, dead_letter_queue
 from ..errors import GroupNotFound, HQueueError, InvalidArgument, NotPartitionOwner
 from ..keys.groups import state_prefix
-from ..message import ids_by_partition, messages_from_columns
+from ..message import PackedReceipts, ids_by_partition, messages_from_columns
 from .limits import ASKED_LEASE_LIMIT, GroupLimits, backoff, check_lease
 from .state import MAX_ACKED_AHEAD, GroupState, PartitionState
 
@@ -57,8 +57,8 @@ class GroupAcks:
 
     # -- ack, nack -----------------------------------------------------------------------
 
-    def _owned_partitions(self, group: GroupState, rowkeys: bytes | Iterable[bytes]) -> dict[int, list[bytes]]:
-        """Receipts (12-byte rowkeys, SPEC C1, or such rowkeys concatenated) as message IDs by
+    def _owned_partitions(self, group: GroupState, rowkeys: PackedReceipts | Iterable[bytes]) -> dict[int, list[bytes]]:
+        """Receipts (12-byte rowkeys, SPEC C1, or the wire's PackedReceipts) as message IDs by
         partition, each once (a receipt named twice is one message), each partition owned here."""
         by_partition = ids_by_partition(rowkeys)
         partitions = self.engine.queue_info(group.queue).partitions
@@ -68,11 +68,11 @@ class GroupAcks:
             self.coordinator.require_owner(group.queue, pid)
         return by_partition
 
-    def ack(self, queue: str, name: str, rowkeys: bytes | Iterable[bytes]) -> int:
+    def ack(self, queue: str, name: str, rowkeys: PackedReceipts | Iterable[bytes]) -> int:
         """Finish messages: they are never handed out to the group again. Returns how many were open."""
         return self.ack_receipts(queue, name, rowkeys)[0]
 
-    def ack_receipts(self, queue: str, name: str, rowkeys: bytes | Iterable[bytes]) -> tuple[int, int]:
+    def ack_receipts(self, queue: str, name: str, rowkeys: PackedReceipts | Iterable[bytes]) -> tuple[int, int]:
         """:meth:`ack`: (how many were open, how many the group never handed out).
 
         Only a receipt of a message the group handed out and has not finished
@@ -112,7 +112,9 @@ class GroupAcks:
                 group.name, group.queue, count, group.unknown_acks,
             )  # fmt: skip
 
-    def nack(self, queue: str, name: str, member: str, rowkeys: bytes | Iterable[bytes], delay: float | None) -> int:
+    def nack(
+        self, queue: str, name: str, member: str, rowkeys: PackedReceipts | Iterable[bytes], delay: float | None
+    ) -> int:
         """Give messages back to be handed out again after ``delay`` (None: the backoff;
         at most ``limits.max_lease``).
 
@@ -132,7 +134,7 @@ class GroupAcks:
 
         return self._fail_each(queue, name, rowkeys, held, delay, at_once=False)
 
-    def _give_back(self, queue: str, name: str, member: str, rowkeys: bytes | Iterable[bytes]) -> int:
+    def _give_back(self, queue: str, name: str, member: str, rowkeys: PackedReceipts | Iterable[bytes]) -> int:
         """:meth:`nack` with ``UNSEEN``: the leases ``member`` holds go back now, and no failure
         is counted (as a member that leaves gives its leases back): the application never saw
         them, so no retry may be spent, and no message dead-lettered, for them."""
@@ -150,7 +152,9 @@ class GroupAcks:
             self._on_write(queue, -1)  # receives waiting for work take them
         return count
 
-    def extend(self, queue: str, name: str, member: str, rowkeys: bytes | Iterable[bytes], lease: float) -> int:
+    def extend(
+        self, queue: str, name: str, member: str, rowkeys: PackedReceipts | Iterable[bytes], lease: float
+    ) -> int:
         """Renew leases ``member`` holds: each runs ``lease`` seconds from now (at most
         ``limits.max_lease``), as NATS's "in progress" and SQS's visibility change do.
 
@@ -166,7 +170,7 @@ class GroupAcks:
                 count += len(self._partition(group, pid).extend(ids, member, deadline))
         return count
 
-    def dead_letter(self, queue: str, name: str, member: str, rowkeys: bytes | Iterable[bytes]) -> int:
+    def dead_letter(self, queue: str, name: str, member: str, rowkeys: PackedReceipts | Iterable[bytes]) -> int:
         """Move messages to ``<queue>.dlq`` now, whatever their retries, and finish them here.
 
         For a consumer that knows a message will never succeed (the
@@ -188,7 +192,7 @@ class GroupAcks:
         self,
         queue: str,
         name: str,
-        rowkeys: bytes | Iterable[bytes],
+        rowkeys: PackedReceipts | Iterable[bytes],
         counts: Callable[[PartitionState, bytes], bool],
         delay: float | None,
         *,

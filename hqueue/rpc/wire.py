@@ -16,7 +16,7 @@ from ..config import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES, QueueInfo
 from ..errors import GroupNotFound, SubscriberNotFound
 from ..keys.requests import Request
 from ..keys.timers import Timer
-from ..message import ROWKEY_LENGTH, Message, MessageID, cell_keys_of, values_of
+from ..message import ROWKEY_LENGTH, Message, MessageID, PackedReceipts, cell_keys_of, values_of
 from ..scanner import Scan
 from . import idl
 
@@ -150,7 +150,7 @@ def receipt_chunks(rowkeys: Sequence[bytes]) -> list[Sequence[bytes]]:
     return [rowkeys[i : i + MAX_RECEIPTS] for i in range(0, len(rowkeys), MAX_RECEIPTS)]
 
 
-def receipts(blob: Any) -> bytes:
+def receipts(blob: Any) -> PackedReceipts:
     """A groupAck/groupNack ``rowkeys`` argument, checked: 12-byte rowkeys, concatenated, at
     most MAX_RECEIPTS (cut into message IDs where they are used: message.ids_by_partition)."""
     if not isinstance(blob, bytes) or len(blob) % ROWKEY_LENGTH:
@@ -160,7 +160,7 @@ def receipts(blob: Any) -> bytes:
             "max_receipts", MAX_RECEIPTS,
             f"{len(blob) // ROWKEY_LENGTH} receipts in one call: at most {MAX_RECEIPTS} (send more in several calls)",
         )  # fmt: skip
-    return blob
+    return PackedReceipts(blob)
 
 
 def to_tscan(scan: Scan) -> Any:

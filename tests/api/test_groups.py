@@ -506,6 +506,21 @@ def test_a_receipt_named_twice_in_one_call_is_one_message(make_queue):
         assert (zero["lag_messages"], zero["in_flight"]) == (9, 2)
 
 
+def test_receipts_that_are_not_a_list_of_rowkeys_are_refused_alike_on_every_store(make_queue):
+    """Only the server's wire carries receipts concatenated: a rowkey, or rowkeys joined, given
+    for the list are InvalidArgument in process and through a server alike (a server's client
+    raised TypeError, the in-process store acked them)."""
+    queue = make_queue(partitions=1)
+    queue.put([Message("t", b"a"), Message("t", b"b")], 0)
+    with queue.consumer("g") as consumer:
+        got = drain(consumer, 2)
+        groups = groups_of(queue.engine)
+        for receipts in (got[0].rowkey, got[0].rowkey + got[1].rowkey, [got[0].rowkey[:11]], ["x" * 12]):
+            with pytest.raises(InvalidArgument, match="12-byte rowkey"):
+                groups.ack(queue.name, "g", receipts)
+        assert consumer.ack(got) == 2
+
+
 def test_a_member_calling_while_its_group_is_deleted_gets_group_not_found(tmp_path, monkeypatch):
     """A call that came while a delete was writing found the group's key still stored and
     made the group again in memory, then wrote its progress back after the delete."""

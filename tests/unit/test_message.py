@@ -8,7 +8,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hqueue import InvalidArgument, InvalidMessage, Message, MessageID
-from hqueue.message import MAX_SEQUENCE, decode_rowkey, encode_rowkey, ids_by_partition, messages_from_columns
+from hqueue.message import (
+    MAX_SEQUENCE,
+    PackedReceipts,
+    decode_rowkey,
+    encode_rowkey,
+    ids_by_partition,
+    messages_from_columns,
+)
 
 timestamps = st.integers(min_value=0, max_value=2**63 - 1)
 sequences = st.integers(min_value=0, max_value=MAX_SEQUENCE)
@@ -125,14 +132,17 @@ def test_stored_messages_decode_from_cells_and_pickle():
 def test_concatenated_receipts_are_the_same_ids_by_partition_as_a_list_of_them(rowkeys):
     """The wire's packed receipts are cut into IDs without a rowkey made of each (one
     partition's: one struct call): the same partitions, the same IDs in order, each once."""
-    by_partition = ids_by_partition(b"".join(rowkeys))
+    by_partition = ids_by_partition(PackedReceipts(b"".join(rowkeys)))
     assert by_partition == ids_by_partition(rowkeys)
     assert list(by_partition) == list(dict.fromkeys(int.from_bytes(k[:2], "big") for k in rowkeys))
     for pid, ids in by_partition.items():
         assert ids == list(dict.fromkeys(k[2:] for k in rowkeys if int.from_bytes(k[:2], "big") == pid))
 
 
-@pytest.mark.parametrize("receipts", [b"x" * 13, [b"x" * 11], [b"x" * 12, "x" * 12]])
+@pytest.mark.parametrize(
+    "receipts", [PackedReceipts(b"x" * 13), [b"x" * 11], [b"x" * 12, "x" * 12], b"x" * 12, b"x" * 24]
+)
 def test_a_receipt_that_is_not_a_12_byte_rowkey_is_refused(receipts):
+    """(Plain bytes too, as a remote client refuses them: only the wire's are packed.)"""
     with pytest.raises(InvalidArgument, match="12-byte rowkey"):
         ids_by_partition(receipts)

@@ -305,22 +305,26 @@ def rowkeys_by_partition(rowkeys: Iterable[bytes]) -> dict[int, list[bytes]]:
 
 
 def checked_receipts(rowkeys: Iterable[bytes]) -> list[bytes]:
-    """``rowkeys`` as a list, each checked to be a 12-byte rowkey (SPEC C1; a plain ``bytes``
-    given for the list is refused, not read as numbers).
+    """``rowkeys`` as a list, each checked to be a 12-byte rowkey (SPEC C1).
 
     Raises:
-        InvalidArgument: one is not.
+        TypeError: not a list of bytes (a plain ``bytes`` given for the list, say).
+        InvalidArgument: one is not 12 bytes long.
     """
-    listed = None if isinstance(rowkeys, (bytes, bytearray, str)) else list(rowkeys)
-    if listed is None or set(map(type, listed)) - {bytes} or set(map(len, listed)) - {ROWKEY_LENGTH}:
+    if isinstance(rowkeys, (bytes, bytearray, str)):
+        raise TypeError(f"receipts are a list of {ROWKEY_LENGTH}-byte rowkeys, not one {type(rowkeys).__name__}")
+    listed = list(rowkeys)
+    if set(map(type, listed)) - {bytes}:
+        raise TypeError(f"a receipt is a received message's {ROWKEY_LENGTH}-byte rowkey (bytes)")
+    if set(map(len, listed)) - {ROWKEY_LENGTH}:
         raise InvalidArgument(f"a receipt is a received message's {ROWKEY_LENGTH}-byte rowkey")
     return listed
 
 
 class PackedReceipts(bytes):
-    """Receipts as the wire carries them: 12-byte rowkeys, concatenated (made by the
-    server's wire layer only: a plain ``bytes`` given as receipts is refused, as it is
-    by a remote client)."""
+    """Receipts as the wire carries them: 12-byte rowkeys, concatenated. Made by the
+    server's wire layer only (``wire.packed_receipts``): a plain ``bytes`` given as
+    receipts is refused, as a remote client refuses it."""
 
     __slots__ = ()
 
@@ -334,6 +338,7 @@ def ids_by_partition(receipts: PackedReceipts | Iterable[bytes]) -> dict[int, li
     of each.
 
     Raises:
+        TypeError: not a list of bytes (:func:`checked_receipts`).
         InvalidArgument: one is not a 12-byte rowkey.
     """
     if isinstance(receipts, PackedReceipts):

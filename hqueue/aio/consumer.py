@@ -18,9 +18,12 @@ takes messages, they go back as soon as it is done. On hqueue servers the long
 poll under way ends on its own (by its ``wait``, sooner when work arrives) and
 whatever it was handed goes back to the group at once. Either way a message
 handed back goes back unseen: another member receives it straight away, and
-no delivery attempt is counted (the application never saw it). Nothing stays leased to a task that is gone,
-and no socket or thread is left behind: :meth:`close` waits for those
-hand-backs, then leaves the group (leases still held go back without counting).
+no delivery attempt is counted (the application never saw it). Nothing stays
+leased to a task that is gone, and no socket or thread is left behind:
+:meth:`close` waits for the hand-backs under way, then leaves the group
+(leases still held go back without counting); a cancelled receive's long
+poll still at a server gets nothing after the leave, and what it was handed
+before goes back when its answer comes.
 An ``ack`` or ``nack`` cancelled mid-call may or may not have reached the group
 (delivery stays at least once).
 """
@@ -191,8 +194,8 @@ class AsyncConsumer:
             logger.warning("consumer %s: handing back %d deliveries not iterated: %s", self.member, len(deliveries), e)
 
     async def close(self) -> None:
-        """Leave the group: hand-backs of cancelled receives end first, then the leases
-        still held go back to the others at once."""
+        """Leave the group: receives other tasks await end (they return ``[]``), hand-backs
+        under way end first, then the leases still held go back to the others at once."""
         if self.closed:
             return
         self.closed = True

@@ -28,11 +28,11 @@ from functools import partial
 from typing import Any
 
 from ..api import EngineAPI
+from ..client.groups import received_pairs
 from ..config import UNSEEN
 from ..errors import DeadlineExceeded, ServerUnavailable
 from ..groups.state import Departures
-from ..message import Message, messages_from_columns
-from ..rpc import packed
+from ..message import Message
 from .client.engine import AsyncRemoteEngine
 
 #: Threads an in-process store's handle runs storage calls in.
@@ -193,7 +193,7 @@ class ExecutorGroups(_Awaitable):
             try:
                 deliveries = await asyncio.shield(polling)
             except asyncio.CancelledError:  # the poll ends by itself (within LONG_POLL): what it gets goes back
-                polling.add_done_callback(partial(self._give_back, queue, group, member, _pairs))
+                polling.add_done_callback(partial(self._give_back, queue, group, member, received_pairs))
                 raise
             except DeadlineExceeded:
                 raise
@@ -208,7 +208,7 @@ class ExecutorGroups(_Awaitable):
                 pause = min(pause * 2, LONG_POLL)
                 continue
             if deliveries.attempts:
-                return _pairs(deliveries)
+                return received_pairs(deliveries)
             if loop.time() >= until:
                 return []
 
@@ -283,14 +283,6 @@ class ExecutorGroups(_Awaitable):
             self._engine._executor.submit(self._service.nack, queue, group, member, rowkeys, UNSEEN)
         except RuntimeError:  # the handle closed: its member left, which gave every lease back
             pass
-
-
-def _pairs(deliveries: Any) -> list[tuple[Message, int]]:
-    """A groupReceive's answer as (message, attempt) pairs."""
-    if not deliveries.attempts:
-        return []
-    messages = messages_from_columns(*packed.unpack(deliveries.messages))
-    return list(zip(messages, deliveries.attempts, strict=True))
 
 
 def _within(engine: Any, seconds: float, call: Callable[[], Any]) -> Any:

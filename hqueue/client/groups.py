@@ -91,8 +91,7 @@ class RemoteGroups:
                     continue
                 answered = True
                 if deliveries.attempts:
-                    messages = messages_from_columns(*packed.unpack(deliveries.messages))
-                    return list(zip(messages, deliveries.attempts, strict=True))
+                    return received_pairs(deliveries)
             if answered and time.monotonic() >= waited:
                 return []
             if failed and answered:  # the long poll may not have happened: pause, within the wait
@@ -203,12 +202,20 @@ class RemoteGroups:
                 self._engine._owner_call(queue, pid, "replay", *call, idempotent=True)
 
 
+def received_pairs(deliveries: Any) -> list[tuple[Message, int]]:
+    """A groupReceive's answer (a TDeliveries) as (message, attempt) pairs."""
+    if not deliveries.attempts:
+        return []
+    messages = messages_from_columns(*packed.unpack(deliveries.messages))
+    return list(zip(messages, deliveries.attempts, strict=True))
+
+
 def receipts_by_owner(queue: str, locations: Sequence[str], rowkeys: Sequence[bytes]) -> dict[str, list[bytes]]:
     """``rowkeys`` by the owner of their partition (``locations``: each partition's).
 
     Raises:
         NoPartitionOwner: a partition has no owner now.
-        InvalidArgument: a receipt is not a 12-byte rowkey (as a server would say).
+        TypeError, InvalidArgument: the receipts are not a list of 12-byte rowkeys (as in process).
     """
     by_owner: dict[str, list[bytes]] = {}
     for pid, mine in rowkeys_by_partition(checked_receipts(rowkeys)).items():

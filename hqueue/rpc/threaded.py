@@ -68,9 +68,9 @@ from .connections import (
     _current,
     each_connection,
 )
+from .dispatch import CachedProcessor
 from .frames import FrameError, FrameReader, check_call
 from .places import Places
-from .processor import Processor
 from .unix import widen
 
 logger = logging.getLogger(__name__)
@@ -138,7 +138,7 @@ class ThreadedServer(TThreadedServer):
         self.ssl_context = ssl_context
         self._checked_frames = transport is None and protocol is None
         super().__init__(
-            Processor(service, handler),
+            CachedProcessor(service, handler),
             self.socket,
             iprot_factory=protocol or TBinaryProtocolFactory(),
             itrans_factory=transport or TFramedTransportFactory(),

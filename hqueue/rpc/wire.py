@@ -150,7 +150,7 @@ def receipt_chunks(rowkeys: Sequence[bytes]) -> list[Sequence[bytes]]:
     return [rowkeys[i : i + MAX_RECEIPTS] for i in range(0, len(rowkeys), MAX_RECEIPTS)]
 
 
-def receipts(blob: Any) -> PackedReceipts:
+def packed_receipts(blob: Any) -> PackedReceipts:
     """A groupAck/groupNack ``rowkeys`` argument, checked: 12-byte rowkeys, concatenated, at
     most MAX_RECEIPTS (cut into message IDs where they are used: message.ids_by_partition)."""
     if not isinstance(blob, bytes) or len(blob) % ROWKEY_LENGTH:

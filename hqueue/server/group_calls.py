@@ -69,7 +69,7 @@ class GroupCalls(Calls):
 
     @served("consumer", inline=True)
     def groupAck(self, queue: str, group: str, rowkeys: bytes) -> int:
-        count, unknown = self.groups.ack_receipts(queue, group, wire.receipts(rowkeys))
+        count, unknown = self.groups.ack_receipts(queue, group, wire.packed_receipts(rowkeys))
         self.metrics.group_acked.inc((queue, group), count)
         if unknown:  # the IDL's answer is one count: the ignored ones are counted here (and logged)
             self.metrics.group_unknown_acks.inc((queue, group), unknown)
@@ -80,7 +80,7 @@ class GroupCalls(Calls):
         if not isinstance(delayMillis, int):
             raise TypeError("'delayMillis' must be an int (-1: the backoff; -2: handed back unseen)")
         delay = UNSEEN if delayMillis == -2 else None if delayMillis < 0 else delayMillis / 1000
-        count = self.groups.nack(queue, group, member, wire.receipts(rowkeys), delay)
+        count = self.groups.nack(queue, group, member, wire.packed_receipts(rowkeys), delay)
         self._attend(queue, group, member)
         if delay != UNSEEN:  # (given back unseen: no nack the application made)
             self.metrics.group_nacked.inc((queue, group), count)
@@ -90,13 +90,13 @@ class GroupCalls(Calls):
     def groupExtend(self, queue: str, group: str, member: str, rowkeys: bytes, leaseMillis: int) -> int:
         if not isinstance(leaseMillis, int) or isinstance(leaseMillis, bool):
             raise TypeError("'leaseMillis' must be an int")
-        count = self.groups.extend(queue, group, member, wire.receipts(rowkeys), leaseMillis / 1000)
+        count = self.groups.extend(queue, group, member, wire.packed_receipts(rowkeys), leaseMillis / 1000)
         self._attend(queue, group, member)
         return count
 
     @served("consumer")
     def groupDeadLetter(self, queue: str, group: str, member: str, rowkeys: bytes) -> int:
-        return self.groups.dead_letter(queue, group, member, wire.receipts(rowkeys))
+        return self.groups.dead_letter(queue, group, member, wire.packed_receipts(rowkeys))
 
     @served("consumer")
     def groupLeave(self, queue: str, group: str, member: str) -> None:

@@ -398,11 +398,11 @@ def test_a_put_after_its_server_was_killed_is_known_not_sent(tmp_path):
         proc.kill()
 
 
-def _listing_answer(*names: str) -> bytes:
-    """A whole listQueues answer frame, as a server writes it."""
+def _listing_answer(*names: str, seqid: int = 1) -> bytes:
+    """A whole listQueues answer frame to call number ``seqid``, as a server writes it."""
     out = TMemoryBuffer()
     protocol = TBinaryProtocol(out)
-    protocol.write_message_begin("listQueues", TMessageType.REPLY, 0)
+    protocol.write_message_begin("listQueues", TMessageType.REPLY, seqid)
     infos = [wire.T.TQueueInfo(name=name, partitions=1, config={}) for name in names]
     wire.T.HQueueService.listQueues_result(success=infos).write(protocol)
     protocol.write_message_end()
@@ -411,17 +411,18 @@ def _listing_answer(*names: str) -> bytes:
 
 
 @contextlib.contextmanager
-def _scripted_server(answer: Callable[[int], bytes]):
-    """A peer that reads each request frame and writes ``answer(n)`` (n: the requests it
-    read, all connections counted): an attacker's server, or a broken one."""
+def _scripted_server(answer: Callable[[int, int], bytes]):
+    """A peer that reads each request frame and writes ``answer(n, seqid)`` (n: the requests
+    it read, all connections counted; seqid: the request's call number): an attacker's
+    server, or a broken one."""
     listener = socket.create_server(("127.0.0.1", 0))
     requests = itertools.count()
 
     def serve(conn: socket.socket) -> None:
         with conn, conn.makefile("rb") as incoming:
             while head := incoming.read(4):
-                incoming.read(struct.unpack("!i", head)[0])
-                conn.sendall(answer(next(requests)))
+                request = TBinaryProtocol(TMemoryBuffer(incoming.read(struct.unpack("!i", head)[0])))
+                conn.sendall(answer(next(requests), request.read_message_begin()[2]))
 
     def accept() -> None:
         with contextlib.suppress(OSError):
@@ -435,15 +436,15 @@ def _scripted_server(answer: Callable[[int], bytes]):
         listener.close()
 
 
-@pytest.mark.parametrize("stray", [_listing_answer("stray"), b"\x01"], ids=["a frame", "a byte"])
+@pytest.mark.parametrize("stray", [_listing_answer("stray", seqid=2), b"\x01"], ids=["a frame", "a byte"])
 def test_an_answer_nobody_asked_for_is_never_taken_for_the_next_call_s(stray):
     """thriftpy2 does not match an answer to its call (no sequence number check): a frame
     sent after an answer, kept on the pooled connection, would be the next call's answer
     (a byte, the start of its head). It ends the connection instead; the next call goes on
     a new one."""
 
-    def answer(n: int) -> bytes:
-        return _listing_answer("a") + (stray if n == 0 else b"")
+    def answer(n: int, seqid: int) -> bytes:
+        return _listing_answer("a", seqid=seqid) + (stray if n == 0 else b"")
 
     async def main() -> list[list[str]]:
         async with AsyncHQueueAdmin(f"hqueue://{address}?timeout={TIMEOUT}") as admin:
@@ -451,6 +452,24 @@ def test_an_answer_nobody_asked_for_is_never_taken_for_the_next_call_s(stray):
 
     with _scripted_server(answer) as address:
         assert asyncio.run(main()) == [["a"], ["a"], ["a"]]
+
+
+def test_an_answer_to_another_call_is_never_taken_for_this_one_s():
+    """An answer that comes when one is owed but names another call (its number, or its
+    method) ends the connection instead of being read as this call's: a stray answer that
+    came late, once the next call was sent."""
+
+    def answer(n: int, seqid: int) -> bytes:
+        return _listing_answer("stale", seqid=seqid + 7) if n == 0 else _listing_answer("a", seqid=seqid)
+
+    async def main() -> tuple[str, list[str]]:
+        async with AsyncHQueueAdmin(f"hqueue://{address}?timeout={TIMEOUT}") as admin:
+            # (listQueues may go again: the retry takes a new connection, whose answer is right)
+            listed = [info.name for info in await admin.list_queues()]
+            return "answered", listed
+
+    with _scripted_server(answer) as address:
+        assert asyncio.run(asyncio.wait_for(main(), 30)) == ("answered", ["a"])
 
 
 @pytest.mark.parametrize("size", [0x7FFFFFFF, 0])
@@ -463,7 +482,7 @@ def test_an_answer_frame_out_of_bounds_ends_its_connection_before_it_is_read(siz
                 await admin.list_queues()
             return caught.value
 
-    with _scripted_server(lambda n: struct.pack("!i", size) + b"x" * 64) as address:
+    with _scripted_server(lambda n, seqid: struct.pack("!i", size) + b"x" * 64) as address:
         error = asyncio.run(asyncio.wait_for(main(), 30))
     assert f"an answer frame of {size} bytes" in str(error)
 

@@ -140,9 +140,22 @@ def test_concatenated_receipts_are_the_same_ids_by_partition_as_a_list_of_them(r
 
 
 @pytest.mark.parametrize(
-    "receipts", [PackedReceipts(b"x" * 13), [b"x" * 11], [b"x" * 12, "x" * 12], b"x" * 12, b"x" * 24]
+    ("receipts", "error"),
+    [
+        (PackedReceipts(b"x" * 13), InvalidArgument),
+        ([b"x" * 11], InvalidArgument),
+        ([b"x" * 12, "x" * 12], TypeError),
+        (b"x" * 12, TypeError),
+        (b"x" * 24, TypeError),
+    ],
 )
-def test_a_receipt_that_is_not_a_12_byte_rowkey_is_refused(receipts):
+def test_a_receipt_that_is_not_a_12_byte_rowkey_is_refused(receipts, error):
     """(Plain bytes too, as a remote client refuses them: only the wire's are packed.)"""
-    with pytest.raises(InvalidArgument, match="12-byte rowkey"):
+    with pytest.raises(error, match="12-byte rowkey"):
         ids_by_partition(receipts)
+
+
+def test_many_concatenated_receipts_of_one_partition_are_cut_like_a_list_of_them():
+    """Past the counts cut by one struct call (1,000), the receipts are sliced one by one."""
+    rowkeys = [b"\x00\x07" + i.to_bytes(10, "big") for i in range(1_500)]
+    assert ids_by_partition(PackedReceipts(b"".join(rowkeys))) == {7: [k[2:] for k in rowkeys]}

@@ -13,12 +13,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...checks import check_partition
-from ...client.groups import LOCATION_REFRESH, RetryState, receipts_by_owner
+from ...client.groups import LOCATION_REFRESH, RetryState, receipts_by_owner, received_pairs
 from ...config import UNSEEN
 from ...errors import HQueueError, NoPartitionOwner, NotPartitionOwner, ServerUnavailable
-from ...message import Message, MessageID, messages_from_columns
+from ...message import Message, MessageID
 from ...rpc import operations as op
-from ...rpc import packed, wire
+from ...rpc import wire
 from .calls import aremote
 
 logger = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ class AsyncRemoteGroups:
 
         def arrived(deliveries: Any) -> None:
             if late is not None and deliveries.attempts:
-                late(_pairs(deliveries))
+                late(received_pairs(deliveries))
 
         with self._engine.deadline(extra=wait) as deadline:
             loop = asyncio.get_running_loop()
@@ -76,14 +76,16 @@ class AsyncRemoteGroups:
                     wait_ms = max(0, int((waited - loop.time()) * 1000)) if last else 0
                     call = ("groupReceive", queue, group, member, max_messages, int(lease * 1000), wait_ms)
                     try:
-                        deliveries = await self._engine._call_at(owner, *call, queue=queue, late=arrived)
+                        deliveries = await self._engine._call_at(
+                            owner, *call, queue=queue, late=arrived if late is not None else None
+                        )
                     except ServerUnavailable as e:
                         retry.noted(e)
                         failed = True
                         continue
                     answered = True
                     if deliveries.attempts:
-                        return _pairs(deliveries)
+                        return received_pairs(deliveries)
                 if answered and loop.time() >= waited:
                     return []
                 if failed and answered:
@@ -161,11 +163,6 @@ class AsyncRemoteGroups:
             for pid in pids:
                 call = ("setGroupPosition", group, pid, wire.to_tid(start))
                 await self._engine.owner_call(queue, pid, "replay", *call, idempotent=True)
-
-
-def _pairs(deliveries: Any) -> list[tuple[Message, int]]:
-    """A groupReceive's answer as (message, attempt) pairs."""
-    return list(zip(messages_from_columns(*packed.unpack(deliveries.messages)), deliveries.attempts, strict=True))
 
 
 class _Retry(RetryState):

@@ -6,7 +6,7 @@ The connection is an ``asyncio.Protocol`` (:class:`_Frames`) that cuts what
 arrives into whole answer frames as it comes and wakes the caller once per
 answer, which thriftpy2's C binary protocol decodes from memory: no thread, no
 socket of its own per call, and none of a stream's reads and turns of the loop
-per frame head and body (with a receive run in its caller's task, 9-19 % less of an
+per frame head and body (with a receive run in its caller's task, 10-20 % less of an
 async consumer's CPU, bench/aio_groups.py).
 
 Why not ``thriftpy2.contrib.aio`` as it is: its ``TAsyncSocket.open`` connects
@@ -19,8 +19,9 @@ A caller cancelled while its answer is on the way loses nothing of the
 connection: the answer is kept whole, in order, for whoever reads next (the
 engine reads it in the background, then lends the connection again).
 Answers read and not taken are bounded (HELD_BYTES: then the socket is not
-read), and a frame nobody asked for, or of a size out of bounds, ends the
-connection.
+read). A frame nobody asked for, one of a size out of bounds, or an answer
+that names another call than the one owed (each call goes with its own
+number: thriftpy2 itself checks neither) ends the connection.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import itertools
 import ssl
 import struct
 from typing import Any
@@ -49,6 +51,25 @@ HELD_BYTES = 4 * 1024 * 1024
 _SIZE = struct.Struct("!i")
 
 
+_MESSAGE_HEAD = struct.Struct("!Ii")
+_SEQID = struct.Struct("!i")
+#: A strict binary protocol message's version bits (what hqueue servers write).
+_VERSION_MASK, _VERSION_1 = 0xFFFF0000, 0x80010000
+
+
+def _answered(frame: bytes) -> tuple[str, int] | None:
+    """The method and call number an answer frame names (None: not a strict message head)."""
+    if len(frame) < 12:
+        return None
+    version, size = _MESSAGE_HEAD.unpack_from(frame)
+    if version & _VERSION_MASK != _VERSION_1 or not 0 <= size <= len(frame) - 12:
+        return None
+    try:
+        return frame[8 : 8 + size].decode(), _SEQID.unpack_from(frame, 8 + size)[0]
+    except UnicodeDecodeError:
+        return None
+
+
 class _Frames(asyncio.Protocol):
     """The connection's bytes as whole answer frames, kept in order until taken: no
     stream's buffer copies and no read call per frame's head and body (each answer
@@ -57,7 +78,9 @@ class _Frames(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.answers: collections.deque[bytes] = collections.deque()
-        #: Calls sent whose answer has not come: a frame past them was never asked for.
+        #: (method, number) of each call sent whose answer was not taken, in order; the last
+        #: ``expected`` of them have no answer read yet (a frame past them was never asked for).
+        self.asked: collections.deque[tuple[str, int]] = collections.deque()
         self.expected = 0
         self.error: TTransportException | None = None  # why the connection ended, once it has
         self._buffer = bytearray()
@@ -94,6 +117,17 @@ class _Frames(asyncio.Protocol):
             self.transport.pause_reading()
         self._wake()
 
+    def sent(self, method: str, seqid: int) -> None:
+        """A call went out: its answer is the next one owed."""
+        self.asked.append((method, seqid))
+        self.expected += 1
+
+    def fail(self, reason: str) -> None:
+        """End the connection for a protocol error of the peer's (raised here too)."""
+        self._end(TTransportException(TTransportException.UNKNOWN, reason))
+        assert self.error is not None
+        raise self.error
+
     def eof_received(self) -> bool:
         self._end(TTransportException(TTransportException.END_OF_FILE, "the server closed the connection"))
         return False
@@ -119,7 +153,8 @@ class _Frames(asyncio.Protocol):
             await self._drained
 
     async def answer(self) -> bytes:
-        """The oldest answer not taken, once it is in."""
+        """The oldest answer not taken, once it is in (one reader at a time)."""
+        assert self._waiter is None, "two readers of one connection"
         while not self.answers:
             if self.error is not None:
                 raise self.error
@@ -153,6 +188,7 @@ class AsyncConnection:
     def __init__(self, transport: asyncio.Transport, frames: _Frames) -> None:
         self.transport, self._frames = transport, frames
         self._client = TClient(wire.T.HQueueService, TCyBinaryProtocol(TCyMemoryBuffer()))
+        self._seqids = itertools.count(1)
 
     @classmethod
     async def open(
@@ -202,16 +238,24 @@ class AsyncConnection:
         spec = getattr(wire.T.HQueueService, method + "_args").thrift_spec
         out = TCyMemoryBuffer()
         client._oprot = TCyBinaryProtocol(out)
+        client._seqid = seqid = next(self._seqids)
         client._send(method, **args_to_kwargs(spec, *args))
         payload = out.getvalue()
-        frames.expected += 1
+        frames.sent(method, seqid)
         self.transport.write(_SIZE.pack(len(payload)) + payload)
         await frames.drained()
 
     async def receive(self, method: str) -> Any:
-        """The answer to the oldest call sent and not answered yet, a call of ``method``."""
+        """The answer to the oldest call sent and not answered yet, a call of ``method``
+        (an answer that names another call, or another call's number, ends the connection:
+        thriftpy2 would read it as this one's)."""
+        frames = self._frames
+        answer = await frames.answer()
+        asked = frames.asked.popleft()
+        if _answered(answer) != asked:
+            frames.fail(f"an answer to {_answered(answer)!r} where {asked!r} was asked")
         client = self._client
-        client._iprot = TCyBinaryProtocol(TCyMemoryBuffer(await self._frames.answer()))
+        client._iprot = TCyBinaryProtocol(TCyMemoryBuffer(answer))
         return client._recv(method)
 
     def stale(self) -> bool:
@@ -220,8 +264,8 @@ class AsyncConnection:
         an idle connection has nothing to read but its end. (A call sent on a connection whose
         server was gone already would be one that may have been sent: OutcomeUnknown.)"""
         frames = self._frames
-        if frames.error is not None or frames.answers or self.transport.is_closing():
-            return True
+        if frames.error is not None or frames.answers or frames.asked or self.transport.is_closing():
+            return True  # (answers still owed: they would be the next call's)
         sock = self.transport.get_extra_info("socket")
         return sock is not None and readable_now(sock)
 

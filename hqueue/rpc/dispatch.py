@@ -17,7 +17,7 @@ from typing import Any
 from thriftpy2.thrift import TApplicationException, TProcessor, TType
 
 
-class Processor(TProcessor):
+class CachedProcessor(TProcessor):
     """A ``TProcessor`` that keeps each method's ``(args class, result class, argument
     names, handler)`` from its first call."""
 

@@ -15,6 +15,7 @@ by byte, or not at all still ends at its deadline (``TimeoutError``).
 
 from __future__ import annotations
 
+import itertools
 import queue as queue_module
 import select
 import socket
@@ -56,6 +57,34 @@ class _Bounded:
         super().write(buf)  # type: ignore[misc]
 
 
+class NumberedProtocol:
+    """A Thrift protocol whose calls each go with a number of their own, and whose answers
+    must name the call they answer (method and number): thriftpy2's client sends every call
+    as number 0 and checks neither, so an answer that came late (a broken or hostile peer)
+    would be read as the next call's. One that does not match ends the connection
+    (TTransportException). Everything else is the wrapped protocol's."""
+
+    def __init__(self, protocol: Any) -> None:
+        self._protocol = protocol
+        self._numbers = itertools.count(1)
+        self._asked: tuple[str, int] | None = None
+
+    def write_message_begin(self, name: str, kind: int, seqid: int) -> None:
+        self._asked = name, next(self._numbers) & 0x7FFFFFFF
+        self._protocol.write_message_begin(name, kind, self._asked[1])
+
+    def read_message_begin(self) -> tuple[str, int, int]:
+        name, kind, seqid = self._protocol.read_message_begin()
+        if (name, seqid) != self._asked:
+            raise TTransportException(
+                TTransportException.UNKNOWN, f"an answer to {(name, seqid)!r} where {self._asked!r} was asked"
+            )
+        return name, kind, seqid
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._protocol, name)
+
+
 class BoundedSocket(_Bounded, TSocket):
     pass
 
@@ -76,7 +105,8 @@ class Connection:
                 transport.open()
             if self.socket.sock is not None:
                 widen(self.socket.sock)  # a put's frame in one message (rpc/unix.py)
-        self.client = TClient(wire.T.HQueueService, TBinaryProtocolFactory().get_protocol(transport))
+        protocol: Any = NumberedProtocol(TBinaryProtocolFactory().get_protocol(transport))  # (a TProtocolBase's calls)
+        self.client = TClient(wire.T.HQueueService, protocol)
         if pool.token is not None:
             try:
                 self.client.authenticate(pool.token)

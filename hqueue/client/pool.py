@@ -70,7 +70,7 @@ class NumberedProtocol:
         self._asked: tuple[str, int] | None = None
 
     def write_message_begin(self, name: str, kind: int, seqid: int) -> None:
-        self._asked = name, next(self._numbers) & 0x7FFFFFFF
+        self._asked = name, next(self._numbers) & 0x7FFFFFFF  # (an i32 on the wire: a long-lived connection wraps)
         self._protocol.write_message_begin(name, kind, self._asked[1])
 
     def read_message_begin(self) -> tuple[str, int, int]:

@@ -520,3 +520,34 @@ def test_answers_not_taken_past_their_bound_leave_the_socket_unread():
         assert transport.reading  # taken: read again
 
     asyncio.run(main())
+
+
+def test_call_numbers_wrap_within_an_i32_on_a_long_lived_connection(tmp_path):
+    """Calls are numbered per connection, and the number is an i32 on the wire: at 100,000
+    calls a second a pooled connection reaches 2**31 in 6 hours, where writing it failed."""
+    from hqueue.aio.client.transport import AsyncPool
+    from hqueue.client.pool import NumberedProtocol
+
+    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
+    try:
+
+        async def main() -> list[int]:
+            pool = AsyncPool(server.address, None, None)
+            connection = await pool.take()
+            try:
+                connection._seqids = itertools.count(2**31 - 2)
+                return [len(await connection.call("listQueues")) for _ in range(4)]
+            finally:
+                pool.give_back(connection)
+                pool.close()
+
+        assert asyncio.run(main()) == [0, 0, 0, 0]
+        with HQueueAdmin(f"hqueue://{server.address}") as admin:
+            admin.list_queues()
+            connection = admin.engine._pools[server.address]._idle.get_nowait()
+            protocol = connection.client._iprot
+            assert isinstance(protocol, NumberedProtocol)
+            protocol._numbers = itertools.count(2**31 - 2)
+            assert [len(connection.client.listQueues()) for _ in range(4)] == [0, 0, 0, 0]
+    finally:
+        server.stop()

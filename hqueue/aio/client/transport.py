@@ -238,7 +238,7 @@ class AsyncConnection:
         spec = getattr(wire.T.HQueueService, method + "_args").thrift_spec
         out = TCyMemoryBuffer()
         client._oprot = TCyBinaryProtocol(out)
-        client._seqid = seqid = next(self._seqids)
+        client._seqid = seqid = next(self._seqids) & 0x7FFFFFFF  # (an i32 on the wire: a long-lived connection wraps)
         client._send(method, **args_to_kwargs(spec, *args))
         payload = out.getvalue()
         frames.sent(method, seqid)

@@ -510,7 +510,8 @@ def test_answers_not_taken_past_their_bound_leave_the_socket_unread():
         frames, transport = _Frames(), Transport()
         frames.connection_made(transport)
         answer = struct.pack("!i", 1024 * 1024) + b"x" * (1024 * 1024)
-        frames.expected = 8
+        for number in range(8):
+            frames.sent("scannerGetPacked", number)
         for _ in range(8):
             frames.data_received(answer)
             if not transport.reading:

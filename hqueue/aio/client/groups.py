@@ -76,9 +76,7 @@ class AsyncRemoteGroups:
                     wait_ms = max(0, int((waited - loop.time()) * 1000)) if last else 0
                     call = ("groupReceive", queue, group, member, max_messages, int(lease * 1000), wait_ms)
                     try:
-                        deliveries = await self._engine._call_at(
-                            owner, *call, queue=queue, late=arrived if late is not None else None
-                        )
+                        deliveries = await self._engine._call_at(owner, *call, queue=queue, late=arrived)
                     except ServerUnavailable as e:
                         retry.noted(e)
                         failed = True

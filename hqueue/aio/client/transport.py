@@ -78,10 +78,9 @@ class _Frames(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.answers: collections.deque[bytes] = collections.deque()
-        #: (method, number) of each call sent whose answer was not taken, in order; the last
-        #: ``expected`` of them have no answer read yet (a frame past them was never asked for).
+        #: (method, number) of each call sent whose answer was not taken, in order: those past
+        #: ``answers`` have no answer read yet (a frame past them all was never asked for).
         self.asked: collections.deque[tuple[str, int]] = collections.deque()
-        self.expected = 0
         self.error: TTransportException | None = None  # why the connection ended, once it has
         self._buffer = bytearray()
         self._held = 0  # bytes of the answers not taken
@@ -97,7 +96,7 @@ class _Frames(asyncio.Protocol):
         buffer = self._buffer
         buffer += data
         while buffer:
-            if not self.expected:  # any byte past the answers asked for, even less than a head
+            if len(self.answers) >= len(self.asked):  # any byte past the answers asked for, even less than a head
                 self._end(TTransportException(TTransportException.UNKNOWN, "an answer to no call"))
                 return
             if len(buffer) < 4:
@@ -110,7 +109,6 @@ class _Frames(asyncio.Protocol):
                 break
             self.answers.append(bytes(memoryview(buffer)[4 : 4 + size]))
             del buffer[: 4 + size]
-            self.expected -= 1
             self._held += size
         if self._held > HELD_BYTES and self._reading and self.transport is not None:
             self._reading = False
@@ -120,7 +118,6 @@ class _Frames(asyncio.Protocol):
     def sent(self, method: str, seqid: int) -> None:
         """A call went out: its answer is the next one owed."""
         self.asked.append((method, seqid))
-        self.expected += 1
 
     def fail(self, reason: str) -> None:
         """End the connection for a protocol error of the peer's (raised here too)."""
@@ -251,9 +248,9 @@ class AsyncConnection:
         thriftpy2 would read it as this one's)."""
         frames = self._frames
         answer = await frames.answer()
-        asked = frames.asked.popleft()
-        if _answered(answer) != asked:
-            frames.fail(f"an answer to {_answered(answer)!r} where {asked!r} was asked")
+        asked, named = frames.asked.popleft(), _answered(answer)
+        if named != asked:
+            frames.fail(f"an answer to {named!r} where {asked!r} was asked")
         client = self._client
         client._iprot = TCyBinaryProtocol(TCyMemoryBuffer(answer))
         return client._recv(method)

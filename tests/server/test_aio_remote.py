@@ -495,7 +495,7 @@ def test_an_answer_frame_out_of_bounds_ends_its_connection_before_it_is_read(siz
 def test_answers_not_taken_past_their_bound_leave_the_socket_unread():
     """Answers pipelined ahead of a reader that does not take them stay in the kernel and
     the server (reading stops), not in this process: at most HELD_BYTES and one answer."""
-    from hqueue.aio.client.transport import HELD_BYTES, _Frames
+    from hqueue.aio.client.frames import HELD_BYTES, Frames
 
     class Transport(asyncio.Transport):
         reading = True
@@ -507,7 +507,7 @@ def test_answers_not_taken_past_their_bound_leave_the_socket_unread():
             self.reading = True
 
     async def main() -> None:
-        frames, transport = _Frames(), Transport()
+        frames, transport = Frames(), Transport()
         frames.connection_made(transport)
         answer = struct.pack("!i", 1024 * 1024) + b"x" * (1024 * 1024)
         for number in range(8):

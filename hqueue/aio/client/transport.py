@@ -2,7 +2,7 @@
 as the blocking client (:mod:`hqueue.client.pool`), on the event loop.
 
 Each call is one frame out and one frame in (TFramedTransport, TBinaryProtocol).
-The connection is an ``asyncio.Protocol`` (:class:`_Frames`) that cuts what
+The connection is an ``asyncio.Protocol`` (:class:`~hqueue.aio.client.frames.Frames`) that cuts what
 arrives into whole answer frames as it comes and wakes the caller once per
 answer, which thriftpy2's C binary protocol decodes from memory: no thread, no
 socket of its own per call, and none of a stream's reads and turns of the loop
@@ -18,8 +18,8 @@ over a memory buffer holding one whole frame.
 A caller cancelled while its answer is on the way loses nothing of the
 connection: the answer is kept whole, in order, for whoever reads next (the
 engine reads it in the background, then lends the connection again).
-Answers read and not taken are bounded (HELD_BYTES: then the socket is not
-read). A frame nobody asked for, one of a size out of bounds, or an answer
+Answers read and not taken are bounded, frames out of bounds refused
+(aio/client/frames.py). A frame nobody asked for, one of a size out of bounds, or an answer
 that names another call than the one owed (each call goes with its own
 number: thriftpy2 itself checks neither) ends the connection.
 """
@@ -31,7 +31,6 @@ import collections
 import contextlib
 import itertools
 import ssl
-import struct
 from typing import Any
 
 from thriftpy2.protocol import TCyBinaryProtocol
@@ -42,147 +41,13 @@ from ...auth import joined
 from ...client.pool import readable_now
 from ...rpc import wire
 from ...rpc.unix import short_unix_path
-
-#: The largest answer frame read (a scan chunk is at most wire.SCAN_REPLY_BYTES and change).
-MAX_ANSWER_BYTES = 256 * 1024 * 1024
-#: Answers read and not taken yet past this many bytes: the socket is not read until they
-#: are (answers pipelined ahead of a slow reader wait in the server, as with a stream's limit).
-HELD_BYTES = 4 * 1024 * 1024
-_SIZE = struct.Struct("!i")
-
-
-_MESSAGE_HEAD = struct.Struct("!Ii")
-_SEQID = struct.Struct("!i")
-#: A strict binary protocol message's version bits (what hqueue servers write).
-_VERSION_MASK, _VERSION_1 = 0xFFFF0000, 0x80010000
-
-
-def _answered(frame: bytes) -> tuple[str, int] | None:
-    """The method and call number an answer frame names (None: not a strict message head)."""
-    if len(frame) < 12:
-        return None
-    version, size = _MESSAGE_HEAD.unpack_from(frame)
-    if version & _VERSION_MASK != _VERSION_1 or not 0 <= size <= len(frame) - 12:
-        return None
-    try:
-        return frame[8 : 8 + size].decode(), _SEQID.unpack_from(frame, 8 + size)[0]
-    except UnicodeDecodeError:
-        return None
-
-
-class _Frames(asyncio.Protocol):
-    """The connection's bytes as whole answer frames, kept in order until taken: no
-    stream's buffer copies and no read call per frame's head and body (each answer
-    wakes its caller once)."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.answers: collections.deque[bytes] = collections.deque()
-        #: (method, number) of each call sent whose answer was not taken, in order: those past
-        #: ``answers`` have no answer read yet (a frame past them all was never asked for).
-        self.asked: collections.deque[tuple[str, int]] = collections.deque()
-        self.error: TTransportException | None = None  # why the connection ended, once it has
-        self._buffer = bytearray()
-        self._held = 0  # bytes of the answers not taken
-        self._reading = True
-        self._waiter: asyncio.Future[None] | None = None
-        self._paused = False
-        self._drained: asyncio.Future[None] | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        buffer = self._buffer
-        buffer += data
-        while buffer:
-            if len(self.answers) >= len(self.asked):  # any byte past the answers asked for, even less than a head
-                self._end(TTransportException(TTransportException.UNKNOWN, "an answer to no call"))
-                return
-            if len(buffer) < 4:
-                break
-            (size,) = _SIZE.unpack_from(buffer)
-            if not 0 < size <= MAX_ANSWER_BYTES:
-                self._end(TTransportException(TTransportException.UNKNOWN, f"an answer frame of {size} bytes"))
-                return
-            if len(buffer) < 4 + size:
-                break
-            self.answers.append(bytes(memoryview(buffer)[4 : 4 + size]))
-            del buffer[: 4 + size]
-            self._held += size
-        if self._held > HELD_BYTES and self._reading and self.transport is not None:
-            self._reading = False
-            self.transport.pause_reading()
-        self._wake()
-
-    def sent(self, method: str, seqid: int) -> None:
-        """A call went out: its answer is the next one owed."""
-        self.asked.append((method, seqid))
-
-    def fail(self, reason: str) -> None:
-        """End the connection for a protocol error of the peer's (raised here too)."""
-        self._end(TTransportException(TTransportException.UNKNOWN, reason))
-        assert self.error is not None
-        raise self.error
-
-    def eof_received(self) -> bool:
-        self._end(TTransportException(TTransportException.END_OF_FILE, "the server closed the connection"))
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        reason = f"the connection was lost: {exc}" if exc is not None else "the server closed the connection"
-        self._end(TTransportException(TTransportException.END_OF_FILE, reason))
-        if self._drained is not None and not self._drained.done():
-            self._drained.set_result(None)  # the write fails, as it must, at the next read
-
-    def pause_writing(self) -> None:
-        self._paused = True
-
-    def resume_writing(self) -> None:
-        self._paused = False
-        if self._drained is not None and not self._drained.done():
-            self._drained.set_result(None)
-
-    async def drained(self) -> None:
-        """Once the socket took what was written (a big put is not copied in full into memory)."""
-        if self._paused and self.error is None:
-            self._drained = asyncio.get_running_loop().create_future()
-            await self._drained
-
-    async def answer(self) -> bytes:
-        """The oldest answer not taken, once it is in (one reader at a time)."""
-        assert self._waiter is None, "two readers of one connection"
-        while not self.answers:
-            if self.error is not None:
-                raise self.error
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        answer = self.answers.popleft()
-        self._held -= len(answer)
-        if not self._reading and self._held <= HELD_BYTES and self.transport is not None:
-            self._reading = True
-            self.transport.resume_reading()
-        return answer
-
-    def _end(self, error: TTransportException) -> None:
-        if self.error is None:
-            self.error = error
-        if self.transport is not None:
-            self.transport.abort()  # (a TLS close_notify would wait on the loop)
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+from .frames import SIZE, Frames, answered
 
 
 class AsyncConnection:
     """One connection to a server; one call at a time."""
 
-    def __init__(self, transport: asyncio.Transport, frames: _Frames) -> None:
+    def __init__(self, transport: asyncio.Transport, frames: Frames) -> None:
         self.transport, self._frames = transport, frames
         self._client = TClient(wire.T.HQueueService, TCyBinaryProtocol(TCyMemoryBuffer()))
         self._seqids = itertools.count(1)
@@ -203,10 +68,10 @@ class AsyncConnection:
         try:
             if unix_socket is not None:
                 with short_unix_path(unix_socket) as path:
-                    transport, frames = await loop.create_unix_connection(_Frames, path)
+                    transport, frames = await loop.create_unix_connection(Frames, path)
             else:
                 transport, frames = await loop.create_connection(
-                    _Frames, host, port, ssl=ssl_context, server_hostname=host if ssl_context else None
+                    Frames, host, port, ssl=ssl_context, server_hostname=host if ssl_context else None
                 )
         except (OSError, ssl.SSLError) as e:
             where = unix_socket or joined(host, port)
@@ -239,7 +104,7 @@ class AsyncConnection:
         client._send(method, **args_to_kwargs(spec, *args))
         payload = out.getvalue()
         frames.sent(method, seqid)
-        self.transport.write(_SIZE.pack(len(payload)) + payload)
+        self.transport.write(SIZE.pack(len(payload)) + payload)
         await frames.drained()
 
     async def receive(self, method: str) -> Any:
@@ -248,7 +113,7 @@ class AsyncConnection:
         thriftpy2 would read it as this one's)."""
         frames = self._frames
         answer = await frames.answer()
-        asked, named = frames.asked.popleft(), _answered(answer)
+        asked, named = frames.asked.popleft(), answered(answer)
         if named != asked:
             frames.fail(f"an answer to {named!r} where {asked!r} was asked")
         client = self._client

@@ -86,7 +86,7 @@ from ..keys.timers import Timer, check_dues, timer_handles
 from ..message import Message, MessageID
 from ..requests import Lane, Lanes
 from ..rpc import packed, wire
-from ..rpc.failures import explain
+from ..rpc.failures import PROBE_SECONDS, explain
 from ..scanner import Scan
 from .cursor import RemoteCursor
 from .groups import RemoteGroups
@@ -306,6 +306,8 @@ class RemoteEngine:
         self.tls = self._ssl_context is not None
         self.owner_timeout = owner_timeout
         self._pools: dict[str, Pool] = {}
+        #: Released: calls still under way fail because of it, not because of a server.
+        self.closed = False
         self._lock = threading.Lock()
         self._locations: dict[str, list[str]] = {}
         self._infos = InfoCache(self._describe_info, stale_on=(ServerUnavailable,))
@@ -335,7 +337,10 @@ class RemoteEngine:
             error = ServerUnavailable(f"the process serving {self.url} (on {self.unix_socket}): {cause}")
         else:
             host, _, port = address.rpartition(":")
-            error = ServerUnavailable(f"hqueue server {address}: {explain(host, int(port), cause, self.tls)}")
+            # (a TLS probe within the call's time, and none once this client closed: it made the failure)
+            left = 0.0 if self.closed else min(PROBE_SECONDS, deadline - time.monotonic())
+            why = explain(host, int(port), cause, self.tls, probe_seconds=left)
+            error = ServerUnavailable(f"hqueue server {address}: {why}")
         error.maybe_sent = sent
         return error
 
@@ -533,6 +538,7 @@ class RemoteEngine:
     # -- lifetime -------------------------------------------------------------------
 
     def release(self) -> None:
+        self.closed = True
         with self._lock:
             pools, self._pools = list(self._pools.values()), {}
         for pool in pools:

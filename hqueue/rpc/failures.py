@@ -23,11 +23,23 @@ from thriftpy2.transport import TTransportException
 PROBE_SECONDS = 2.0
 
 
-def explain(host: str, port: int, error: BaseException, tls: bool | None, server: str = "an hqueue server") -> str:
+def explain(
+    host: str,
+    port: int,
+    error: BaseException,
+    tls: bool | None,
+    server: str = "an hqueue server",
+    *,
+    speaks: bool | None = None,
+    probe_seconds: float = PROBE_SECONDS,
+) -> str:
     """What went wrong reaching ``host:port``, with what to do; never a raw TTransportException.
 
     ``tls``: whether the client spoke TLS; None for a server that is no hqueue
     server (HBase's Thrift server): no advice on hqueue URLs then.
+    ``speaks``: whether the server speaks TLS, where the caller asked already
+    (:func:`would_probe`; the asyncio client asks off its loop); else it is
+    asked here when it matters, for at most ``probe_seconds`` (0: not asked).
     """
     cause = unwrapped(error)
     host = host.strip("[]")  # an IPv6 address as a URL writes it
@@ -43,7 +55,9 @@ def explain(host: str, port: int, error: BaseException, tls: bool | None, server
         return (
             f"the TLS handshake failed ({cause.reason or cause}): does the server speak TLS? (if not, leave out tls=1)"
         )
-    if not tls and _reset(cause) and speaks_tls(host, port):
+    if speaks is None and would_probe(error, tls):
+        speaks = probe_seconds > 0 and speaks_tls(host, port, probe_seconds)
+    if speaks and would_probe(error, tls):
         return "the server speaks TLS: connect with hqueue://…?tls=1 (and ca=FILE for a self-signed certificate)"
     return _plain(host, cause, server)
 
@@ -82,14 +96,21 @@ def _transport_text(error: TTransportException) -> str:
     return error.message or "the connection failed"
 
 
-def speaks_tls(host: str, port: int) -> bool:
-    """Whether a TLS handshake with ``host:port`` succeeds (the certificate unchecked: this
-    only asks what the server speaks; nothing is sent over it)."""
+def would_probe(error: BaseException, tls: bool | None) -> bool:
+    """Whether :func:`explain` asks the server if it speaks TLS: a plain hqueue connection it
+    closed without an answer (what a TLS server does with one)."""
+    return tls is False and _reset(unwrapped(error))
+
+
+def speaks_tls(host: str, port: int, seconds: float = PROBE_SECONDS) -> bool:
+    """Whether a TLS handshake with ``host:port`` succeeds within ``seconds`` (the
+    certificate unchecked: this only asks what the server speaks; nothing is sent over it)."""
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
+    host = host.strip("[]")
     try:
-        with socket.create_connection((host, port), timeout=PROBE_SECONDS) as raw:
+        with socket.create_connection((host, port), timeout=seconds) as raw:
             with context.wrap_socket(raw, server_hostname=host):
                 return True
     except (OSError, ValueError):

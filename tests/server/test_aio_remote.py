@@ -98,6 +98,61 @@ def test_tokens_and_tls_as_the_blocking_client(tmp_path):
         server.stop()
 
 
+@pytest.fixture
+def probes(monkeypatch):
+    """The TLS probes the asyncio client makes: (host, port, thread name) of each."""
+    from hqueue.aio.client import engine
+
+    made: list[tuple[str, int, str]] = []
+    real = engine.speaks_tls
+
+    def recorded(host: str, port: int, seconds: float) -> bool:
+        made.append((host, port, threading.current_thread().name))
+        return real(host, port, seconds)
+
+    monkeypatch.setattr(engine, "speaks_tls", recorded)
+    return made
+
+
+def test_a_plain_client_is_told_a_tls_server_speaks_tls_without_blocking_its_loop(tmp_path, probes):
+    _, context = server_certificate(tmp_path)
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, ssl_context=context).start()
+    try:
+
+        async def main():
+            loop_thread = threading.current_thread().name
+            async with AsyncHQueueAdmin(f"hqueue://{server.address}?timeout=5") as admin:
+                with pytest.raises(ServerUnavailable, match=r"the server speaks TLS: connect with hqueue://…\?tls=1"):
+                    await admin.list_queues()
+            return loop_thread
+
+        loop_thread = asyncio.run(main())
+        # The handshake that asks blocks: it ran on a thread, never on the event loop's.
+        assert probes and all(thread != loop_thread for *_, thread in probes), (loop_thread, probes)
+    finally:
+        server.stop()
+
+
+def test_calls_ended_by_closing_the_client_probe_no_server(probes):
+    """A call that fails because its own client closed says nothing of the server: no
+    handshake is sent to it (a healthy server logged each as a bad frame)."""
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(8)
+        address = f"127.0.0.1:{listening.getsockname()[1]}"
+
+        async def main():
+            admin = AsyncHQueueAdmin(f"hqueue://{address}?timeout=5")
+            calls = [asyncio.ensure_future(admin.list_queues()) for _ in range(4)]
+            await asyncio.sleep(0.3)  # connected and sent; the server reads, and never answers
+            await admin.close()
+            return await asyncio.gather(*calls, return_exceptions=True)
+
+        outcomes = asyncio.run(main())
+    assert all(isinstance(o, Exception) for o in outcomes), outcomes
+    assert probes == []
+
+
 def test_an_awaited_scan_goes_on_through_a_server_restart(tmp_path):
     proc = ServerProcess(f"local://{tmp_path}/data", tmp_path)
     url = f"hqueue://{proc.address}"

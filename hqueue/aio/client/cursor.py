@@ -76,16 +76,20 @@ class AsyncRemoteCursor:
                 self._release(broken=bool(self._ahead) or not isinstance(lost.cause, InvalidArgument))
                 never_opened = self.scanner_id == -1 and not lost.sent  # no server there: as any call, at once
                 if never_opened or loop.time() + delay >= deadline:
-                    raise self.engine._unavailable(self.server, method, lost.cause, lost.sent) from lost.cause
+                    raise await self.engine._unavailable(
+                        self.server, method, lost.cause, lost.sent, deadline
+                    ) from lost.cause
                 logger.info("scanner of %s/%d lost (%s); opening another", self.queue, self.partition_id, lost)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _MAX_DELAY)
                 if self.done:  # abandoned meanwhile (the scan ended): no scanner opened again
-                    raise self.engine._unavailable(self.server, method, lost.cause, lost.sent) from lost.cause
+                    raise await self.engine._unavailable(
+                        self.server, method, lost.cause, lost.sent, deadline
+                    ) from lost.cause
                 await self._find_server()
             except TimeoutError as e:
                 self._release(broken=True)
-                raise self.engine._unavailable(self.server, method, e, sent=True) from e
+                raise await self.engine._unavailable(self.server, method, e, sent=True) from e
             except ServerBusy:  # refused unread: the scanner is where it was (see the blocking cursor)
                 if loop.time() + delay >= deadline or self.done:
                     raise

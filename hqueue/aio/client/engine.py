@@ -13,6 +13,7 @@ per call, and ``release()`` closes every socket.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import random
@@ -46,7 +47,7 @@ from ...keys.timers import Timer, check_dues, timer_handles
 from ...message import Message, MessageID
 from ...requests import Lane, Lanes
 from ...rpc import packed, wire
-from ...rpc.failures import explain
+from ...rpc.failures import PROBE_SECONDS, explain, speaks_tls, would_probe
 from ...scanner import Scan
 from .cursor import AsyncRemoteCursor
 from .groups import AsyncRemoteGroups
@@ -105,14 +106,27 @@ class AsyncRemoteEngine:
         (``with engine.deadline() as at:``)."""
         return CallDeadline(_deadline, id(self), self.timeout + extra, asyncio.get_running_loop().time)
 
-    def _unavailable(self, address: str, method: str, cause: BaseException, sent: bool = False) -> ServerUnavailable:
+    async def _unavailable(
+        self, address: str, method: str, cause: BaseException, sent: bool = False, deadline: float | None = None
+    ) -> ServerUnavailable:
+        """The error for a call that got no answer. Whether a server that closed a plain
+        connection unanswered speaks TLS is asked on a thread (the handshake blocks), within
+        the call's ``deadline`` (loop time), and not at all once this client closed."""
         if isinstance(cause, TimeoutError):
             error: ServerUnavailable = DeadlineExceeded(past_deadline(address, method, self.timeout, sent))
         elif self.unix_socket is not None:
             error = ServerUnavailable(f"the process serving {self.url} (on {self.unix_socket}): {cause}")
         else:
             host, _, port = address.rpartition(":")
-            error = ServerUnavailable(f"hqueue server {address}: {explain(host, int(port), cause, self.tls)}")
+            speaks = False
+            loop = asyncio.get_running_loop()
+            seconds = PROBE_SECONDS if deadline is None else min(PROBE_SECONDS, deadline - loop.time())
+            if not self.closed and seconds > 0.05 and would_probe(cause, self.tls):
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(seconds):
+                        speaks = await asyncio.to_thread(speaks_tls, host, int(port), seconds)
+            why = explain(host, int(port), cause, self.tls, speaks=speaks)
+            error = ServerUnavailable(f"hqueue server {address}: {why}")
         error.maybe_sent = sent
         return error
 
@@ -149,9 +163,9 @@ class AsyncRemoteEngine:
                         async with asyncio.timeout_at(deadline):
                             connection = await pool.take(call=True)
                 except NotSentError as e:
-                    raise self._unavailable(address, method, e.cause) from e.cause
+                    raise await self._unavailable(address, method, e.cause, deadline=deadline) from e.cause
                 except TimeoutError as e:
-                    raise self._unavailable(address, method, e, sent=attempt > 1) from e
+                    raise await self._unavailable(address, method, e, sent=attempt > 1) from e
                 except TException as e:  # the token was refused
                     raise wire.from_thrift_error(e, queue, pid) from e
                 try:
@@ -162,7 +176,7 @@ class AsyncRemoteEngine:
                     if attempt < READ_TRIES and method in _IDEMPOTENT and not isinstance(e, TimeoutError):
                         await asyncio.sleep(READ_RETRY_DELAY * attempt)
                         continue  # the connection broke under us: a call that may go twice goes again
-                    raise self._unavailable(address, method, e, sent=True) from e
+                    raise await self._unavailable(address, method, e, sent=True, deadline=deadline) from e
                 except TException as e:
                     pool.give_back(connection)  # an answer came: the connection is fine
                     raise wire.from_thrift_error(e, queue, pid) from e

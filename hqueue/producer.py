@@ -321,6 +321,7 @@ class Producer:
         self._batches = Batches(info, linger_ms, max_batch, max_bytes, buffer_bytes, block_timeout)
         self._cond = threading.Condition()
         self._delivering = threading.local()  # set while a Future's callbacks run in this thread
+        self._resolving: set[Batch] = set()  # put, their futures being resolved (a flush waits for them)
         #: Put calls made, and messages they carried (stored or failed).
         self.puts = self.sent = 0
         self._pool = ThreadPoolExecutor(min(MAX_IN_FLIGHT_PARTITIONS, info.partitions), "hqueue-producer-put")
@@ -394,7 +395,7 @@ class Producer:
         if self._forked():
             return True  # nothing of the parent's is this process's to send
         with self._cond:
-            batches = self._batches.pending()
+            batches = self._batches.pending() + list(self._resolving)
             self._cond.notify_all()
         give_up = None if timeout is None else time.monotonic() + timeout
         for batch in batches:
@@ -456,24 +457,37 @@ class Producer:
 
     def _put(self, pid: int, batch: Batch) -> None:
         live = [(m, f) for m, f in zip(batch.messages, batch.futures, strict=True) if f.set_running_or_notify_cancel()]
-        self._delivering.on = True
+        ids: list[MessageID] = []
+        error: BaseException | None = None
         try:
             if live:
                 with self.engine.deadline(put_deadline(self.engine, batch)):
                     ids = self.engine.put(self.name, [m for m, _ in live], pid)
-                for (_, future), message_id in zip(live, ids, strict=True):
-                    future.set_result(message_id)
+                if len(ids) != len(live):
+                    raise HQueueError(f"the put of {len(live)} message(s) was answered with {len(ids)} ID(s)")
         except BaseException as e:  # noqa: BLE001 - every error goes to the batch's futures
             if not isinstance(e, HQueueError):
                 logger.warning("put of %d message(s) to %s/%d failed: %r", len(live), self.name, pid, e)
-            fail_sends((f for _, f in live), e)
+            error = e
+        # The batch's room and its partition are free before its futures resolve: a callback
+        # that sends again may need that room (it waited for itself until block_timeout).
+        with self._cond:
+            self.puts, self.sent = self.puts + bool(live), self.sent + len(live)
+            self._batches.finished(pid, batch)
+            self._resolving.add(batch)
+            self._cond.notify_all()
+        self._delivering.on = True
+        try:
+            if error is not None:
+                fail_sends((f for _, f in live), error)
+            else:
+                for (_, future), message_id in zip(live, ids, strict=True):
+                    future.set_result(message_id)
         finally:
             self._delivering.on = False
-            with self._cond:
-                self.puts, self.sent = self.puts + bool(live), self.sent + len(live)
-                self._batches.finished(pid, batch)
-                self._cond.notify_all()
             batch.done.set()
+            with self._cond:
+                self._resolving.discard(batch)
 
     def __repr__(self) -> str:
         b = self._batches

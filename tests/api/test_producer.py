@@ -199,6 +199,48 @@ def test_flush_from_a_futures_callback_is_refused_not_a_deadlock(make_queue):
     assert len(seen) == 1 and "callback" in str(seen[0])
 
 
+def test_a_send_from_a_futures_callback_gets_its_batchs_room(make_queue):
+    # Given a producer whose buffer holds one message
+    queue = make_queue(partitions=1)
+    chained: list[object] = []
+
+    def send_next(_: Future) -> None:  # a chain (or a retry) from the callback
+        try:
+            chained.append(producer.send(Message("t", b"second")))
+        except Exception as e:  # noqa: BLE001 - the test says which
+            chained.append(e)
+
+    with queue.producer(buffer_bytes=2048 + 100, block_timeout=30) as producer:
+        # When the first message's callback sends the second
+        first = producer.send(Message("t", b"first"))
+        first.add_done_callback(send_next)
+        first.result(30)
+        # Then the first batch's room was free for it: no wait for room only it could free
+        assert producer.flush(timeout=30)
+        assert len(chained) == 1 and isinstance(chained[0], Future), chained
+        assert chained[0].result(0) > first.result(0)
+    assert [m.value for m in queue.scan()] == [b"first", b"second"]
+
+
+def test_flush_waits_for_the_futures_a_callback_holds_up(make_queue):
+    # Given a batch of two whose first future's callback holds the others up
+    queue = make_queue(partitions=1)
+    release = threading.Event()
+    with queue.producer(linger_ms=200) as producer:
+        first = producer.send(Message("t", b"1"))
+        second = producer.send(Message("t", b"2"))
+        first.add_done_callback(lambda _: release.wait(30))
+        try:
+            # When the batch was put and its callbacks run
+            while not first.done():
+                time.sleep(0.01)
+            # Then a flush does not return before the second future is done
+            assert producer.flush(timeout=0.3) is False and not second.done()
+        finally:
+            release.set()
+        assert producer.flush(timeout=30) and second.result(0) > first.result(0)
+
+
 def test_closing_the_queue_closes_its_producers_after_sending_what_they_hold(make_queue):
     """A send after queue.close() failed with QueueNotFound on the embedded store and was
     stored on the others (an acceptance probe): now every store refuses it the same way."""

@@ -41,7 +41,16 @@ from .api import groups_of
 from .config import UNSEEN
 from .errors import HQueueError, InvalidArgument
 from .groups.affinity import check_key_affinity
-from .groups.limits import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, HEARTBEAT_INTERVAL, check_lease, check_wait
+from .groups.limits import (
+    DEFAULT_LEASE,
+    DEFAULT_MAX_RETRIES,
+    HEARTBEAT_INTERVAL,
+    check_delay,
+    check_lease,
+    check_max_messages,
+    check_member,
+    check_wait,
+)
 from .groups.state import start_ms
 from .message import ROWKEY_LENGTH, Message, MessageID, Topic
 
@@ -160,8 +169,10 @@ def joining(
 
 
 def member_name(member: str | None) -> str:
-    """``member``, or a name unique to this process and call."""
-    return member or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    """``member`` (checked), or, for None, a name unique to this process and call."""
+    if member is None:
+        return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    return check_member(member)
 
 
 class Consumer:
@@ -213,6 +224,7 @@ class Consumer:
         if self._heartbeats is None:
             self._start_heartbeats()
         lease, wait = check_lease(self.lease if lease is None else lease), check_wait(wait)
+        check_max_messages(max_messages)
         pairs = self._groups.receive(self.queue.name, self.group, self.member, max_messages, lease, wait)
         if self.closed:  # it raced the close's leave, which it may have undone: leave again (what it took goes back)
             with contextlib.suppress(HQueueError, RuntimeError):  # (its store gone: the leases with it)
@@ -231,7 +243,7 @@ class Consumer:
     def nack(self, deliveries: Delivery | Message | Iterable[Delivery | Message], *, delay: float | None = None) -> int:
         """Give messages back: handed out again after ``delay`` seconds (None: a
         backoff of 1 s doubling per failure, at most 10 minutes). Counts as a failure."""
-        return self._groups.nack(self.queue.name, self.group, self.member, _rowkeys(deliveries), delay)
+        return self._groups.nack(self.queue.name, self.group, self.member, _rowkeys(deliveries), check_delay(delay))
 
     def extend(
         self, deliveries: Delivery | Message | Iterable[Delivery | Message], *, lease: float | None = None
@@ -276,7 +288,7 @@ class Consumer:
 
     def _hand_back_unseen(self, deliveries: list[Delivery]) -> None:
         try:
-            self.nack(deliveries, delay=UNSEEN)
+            self._groups.nack(self.queue.name, self.group, self.member, _rowkeys(deliveries), UNSEEN)
         except Exception as e:  # their leases run out instead
             logger.warning("consumer %s: handing back %d deliveries not iterated: %s", self.member, len(deliveries), e)
 

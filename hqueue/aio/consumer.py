@@ -39,7 +39,15 @@ from typing import Any
 
 from ..config import UNSEEN
 from ..consumer import Delivery, _deliveries, _rowkeys, joining, member_name
-from ..groups.limits import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, HEARTBEAT_INTERVAL, check_lease, check_wait
+from ..groups.limits import (
+    DEFAULT_LEASE,
+    DEFAULT_MAX_RETRIES,
+    HEARTBEAT_INTERVAL,
+    check_delay,
+    check_lease,
+    check_max_messages,
+    check_wait,
+)
 from ..message import Message
 from .connect import groups_of
 
@@ -98,6 +106,7 @@ class AsyncConsumer:
         """Up to ``max_messages`` messages, waiting up to ``wait`` seconds for the first.
         Cancelled, it hands back what it was given (see the module's docstring)."""
         check_wait(wait)
+        check_max_messages(max_messages)
         lease = check_lease(self.lease if lease is None else lease)
         groups = await self._ready()
         if self.closed:  # by another task while it opened the group: nothing to take
@@ -158,6 +167,7 @@ class AsyncConsumer:
 
     async def nack(self, deliveries: Receipts, *, delay: float | None = None) -> int:
         """Give messages back (as :meth:`Consumer.nack <hqueue.Consumer.nack>`)."""
+        check_delay(delay)
         groups = await self._ready()
         return await groups.nack(self.queue.name, self.group, self.member, _rowkeys(deliveries), delay)
 
@@ -189,7 +199,8 @@ class AsyncConsumer:
 
     async def _hand_back_unseen(self, deliveries: list[Delivery]) -> None:
         try:
-            await self.nack(deliveries, delay=UNSEEN)
+            groups = await self._ready()
+            await groups.nack(self.queue.name, self.group, self.member, _rowkeys(deliveries), UNSEEN)
         except Exception as e:  # their leases run out instead
             logger.warning("consumer %s: handing back %d deliveries not iterated: %s", self.member, len(deliveries), e)
 

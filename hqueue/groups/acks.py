@@ -14,7 +14,7 @@ from ..deadletters import dead_letter, dead_letter_queue
 from ..errors import GroupNotFound, HQueueError, InvalidArgument, NotPartitionOwner
 from ..keys.groups import state_prefix
 from ..message import PackedReceipts, ids_by_partition, messages_from_columns
-from .limits import ASKED_LEASE_LIMIT, GroupLimits, backoff, check_lease
+from .limits import GroupLimits, backoff, check_delay, check_lease
 from .state import MAX_ACKED_AHEAD, GroupState, PartitionState
 
 if TYPE_CHECKING:
@@ -123,8 +123,7 @@ class GroupAcks:
         """
         if delay == UNSEEN:
             return self._give_back(queue, name, member, rowkeys)
-        if delay is not None and (not isinstance(delay, (int, float)) or not 0 <= delay <= ASKED_LEASE_LIMIT):
-            raise InvalidArgument(f"'delay' must be seconds in [0, {ASKED_LEASE_LIMIT}] or None, got {delay!r}")
+        delay = check_delay(delay)
         if delay is not None:  # held back no longer than it could be leased (GroupLimits)
             delay = min(delay, self.limits.max_lease)
 

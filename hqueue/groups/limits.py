@@ -67,6 +67,26 @@ def check_wait(wait: object) -> float:
     return wait
 
 
+#: The most messages one receive takes.
+MAX_RECEIVE = 10_000
+
+
+def check_max_messages(max_messages: object) -> int:
+    """How many messages a receive may take: an int in 1..MAX_RECEIVE."""
+    if not isinstance(max_messages, int) or isinstance(max_messages, bool) or not 1 <= max_messages <= MAX_RECEIVE:
+        raise InvalidArgument(f"'max_messages' must be an int in 1..{MAX_RECEIVE}, got {max_messages!r}")
+    return max_messages
+
+
+def check_delay(delay: object) -> float | None:
+    """A nack's delay: None (the backoff) or seconds in [0, ASKED_LEASE_LIMIT]."""
+    if delay is not None and (
+        not isinstance(delay, (int, float)) or isinstance(delay, bool) or not 0 <= delay <= ASKED_LEASE_LIMIT
+    ):
+        raise InvalidArgument(f"'delay' must be seconds in [0, {ASKED_LEASE_LIMIT}] or None, got {delay!r}")
+    return delay
+
+
 def check_group_name(name: object) -> str:
     return check_name("group", name)
 

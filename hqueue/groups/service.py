@@ -68,7 +68,7 @@ from ..message import (
 )
 from .acks import GroupAcks
 from .affinity import KeyAffinity, check_key_affinity
-from .limits import GroupLimits, check_group_name, check_lease, check_member, check_wait
+from .limits import GroupLimits, check_group_name, check_lease, check_max_messages, check_member, check_wait
 from .members import GroupMembers
 from .ordered import InOrder
 from .state import LATEST, Columns, GroupConfig, GroupState, Handout, PartitionState, assigned, served_order
@@ -321,8 +321,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
         (``held``: 0 when no room came back) says whether the receive may take messages
         now, or waits again first (at its deadline it returns none)."""
         check_member(member)
-        if not isinstance(max_messages, int) or isinstance(max_messages, bool) or not 1 <= max_messages <= 10_000:
-            raise InvalidArgument(f"'max_messages' must be an int in 1..10000, got {max_messages!r}")
+        check_max_messages(max_messages)
         lease = min(check_lease(lease), self.limits.max_lease)
         check_wait(wait)
         group = self._group(queue, name)

@@ -14,6 +14,7 @@ timer write ID (``high_water_key``). The firing loop is hqueue/timers.py.
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -160,8 +161,8 @@ def due_ms(deliver_at: datetime | int | Sequence[datetime | int] | None, delay: 
     if (deliver_at is None) == (delay is None):
         raise TypeError("give 'deliver_at' or 'delay', not both")
     if delay is not None:
-        if not isinstance(delay, (int, float)) or isinstance(delay, bool) or not delay >= 0:
-            raise InvalidArgument(f"'delay' must be seconds >= 0, got {delay!r}")
+        if not isinstance(delay, (int, float)) or isinstance(delay, bool) or not 0 <= delay < math.inf:
+            raise InvalidArgument(f"'delay' must be finite seconds >= 0, got {delay!r}")
         return _checked(wall_clock_ms() + round(delay * 1000))
     if isinstance(deliver_at, (list, tuple)):
         return [_one_due(d) for d in deliver_at]

@@ -382,6 +382,31 @@ def test_what_an_acceptance_probe_found_on_every_store(api_url, queue_name):
     run(main())
 
 
+def test_arguments_an_attackers_pass_found_unchecked_through_a_server(api_url, queue_name):
+    """Through a server, nack(delay=-0.002) went as the wire's "given back unseen" (no attempt
+    counted: never dead-lettered), receive("5") and member=5 were decode errors, and a put's
+    delay=inf an OverflowError; each is an InvalidArgument on every store now."""
+
+    async def main() -> None:
+        queue = await made(api_url, queue_name, partitions=1)
+        await queue.put(Message("t", b"v"))
+        with pytest.raises(InvalidArgument, match="'delay' must be finite seconds >= 0"):
+            await queue.put(Message("t", b"v"), delay=float("inf"))
+        with pytest.raises(InvalidArgument, match="'member' must be a non-empty string"):
+            queue.consumer("g", member=5)  # type: ignore[arg-type]
+        async with queue.consumer("g") as consumer:
+            with pytest.raises(InvalidArgument, match="'max_messages' must be an int"):
+                await consumer.receive("5", wait=0)  # type: ignore[arg-type]
+            got = await consumer.receive(1, wait=2)
+            for delay in (-0.002, -0.001, -5, "x", float("inf")):
+                with pytest.raises(InvalidArgument, match="'delay' must be seconds in"):
+                    await consumer.nack(got, delay=delay)  # type: ignore[arg-type]
+            assert await consumer.nack(got, delay=0) == 1
+            assert [d.attempt for d in await consumer.receive(1, wait=2)] == [2]
+
+    run(main())
+
+
 def test_a_handle_belongs_to_the_event_loop_it_was_first_used_in(api_url, queue_name):
     """Used from a second loop it hung, stored puts it reported failed, or failed with
     "Event loop is closed" (an acceptance probe): it says so now."""

@@ -351,14 +351,44 @@ def test_a_wait_out_of_range_is_an_invalid_argument_everywhere(make_queue, wait)
         assert consumer.receive(1, wait=0) == []  # and the consumer goes on
 
 
+@pytest.mark.parametrize("delay", [-0.002, -0.001, -2, -5, float("inf"), float("nan"), "1", True])
+def test_a_nack_delay_out_of_range_is_an_invalid_argument_everywhere(make_queue, delay):
+    """Through a server, -0.002 s went as the wire's -2 (given back unseen: no attempt
+    counted, so never dead-lettered) and -0.001 s as -1 (the backoff)."""
+    queue = make_queue(partitions=1)
+    queue.put(Message("t", b"v"), 0)
+    with queue.consumer("g") as consumer:
+        got = consumer.receive(1, wait=2)
+        with pytest.raises(InvalidArgument, match=r"'delay' must be seconds in \[0, 604800\] or None, got "):
+            consumer.nack(got, delay=delay)
+        assert consumer.nack(got, delay=0) == 1  # and the consumer goes on
+        again = consumer.receive(1, wait=2)
+        assert [d.attempt for d in again] == [2]
+
+
+@pytest.mark.parametrize("max_messages", ["5", 5.0, None, True, 0, 10_001])
+def test_a_receive_count_out_of_range_is_an_invalid_argument_everywhere(make_queue, max_messages):
+    # Through a server a str or a float was a StorageError (the server could not decode the call)
+    queue = make_queue(partitions=1)
+    with queue.consumer("g") as consumer:
+        with pytest.raises(InvalidArgument, match="'max_messages' must be an int in 1..10000, got "):
+            consumer.receive(max_messages, wait=0)
+
+
+@pytest.mark.parametrize("member", [5, b"m", ""])
+def test_a_member_name_that_is_no_string_is_an_invalid_argument_everywhere(make_queue, member):
+    queue = make_queue(partitions=1)
+    with pytest.raises(InvalidArgument, match="'member' must be a non-empty string"):
+        queue.consumer("g", member=member)
+
+
 def test_a_member_name_is_at_most_200_characters_everywhere(make_queue):
     """A member name had no bound: with a 1 MiB name, a pending list of 1,000 leases made a
     1,000 MiB reply, and 200 such members 200 MiB of server state (an attacker's pass)."""
     queue = make_queue(partitions=1)
     queue.put(Message("t", b"v"), 0)
-    with queue.consumer("g", member="m" * 201) as consumer:
-        with pytest.raises(InvalidArgument, match="a member name has at most 200 characters; this one has 201"):
-            consumer.receive(1, wait=0)
+    with pytest.raises(InvalidArgument, match="a member name has at most 200 characters; this one has 201"):
+        queue.consumer("g", member="m" * 201)  # (when it is made, on every store)
     with queue.consumer("g", member="m" * 200) as consumer:
         assert len(consumer.receive(1, wait=2)) == 1
 

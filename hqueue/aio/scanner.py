@@ -33,7 +33,9 @@ class AsyncScanner:
 
     def __init__(self, opener: Opener, caching: int, limit: int | None = None) -> None:
         self._opener, self.caching, self.limit = opener, caching, limit
-        self._messages = self._generate()
+        # (the generator does not hold this scanner: dropped unfinished, e.g. left by a
+        # ``break``, the scanner goes at once, and the generator's end closes its cursors)
+        self._messages = _generate(opener, caching, limit)
         self.closed = False
 
     def __aiter__(self) -> AsyncScanner:
@@ -54,59 +56,60 @@ class AsyncScanner:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    async def _generate(self) -> AsyncGenerator[Message, None]:
-        engine, queue, scans = await self._opener()
-        opening = [
-            asyncio.ensure_future(engine.open_cursor(queue, pid, scan, self.caching)) for pid, scan in scans.items()
-        ]
-        cursors: list[Any] = []
-        try:
-            await asyncio.wait(opening)
-            cursors = [task.result() for task in opening if not task.cancelled() and task.exception() is None]
-            for task in opening:
-                task.result()  # the first failure, if any, once every cursor opened is kept to be closed
-            emitted = 0
-            async for message in self._merge(cursors) if self.limit != 0 else _nothing():
-                yield message
-                emitted += 1
-                if self.limit is not None and emitted >= self.limit:
-                    break
-            for cursor in cursors:
-                await cursor.close()
-        finally:
-            for task in opening:
-                if not task.done():
-                    task.cancel()
-                    task.add_done_callback(_abandon_opened)  # (an open may end, opened, after all)
-                elif not task.cancelled() and task.exception() is None and task.result() not in cursors:
-                    cursors.append(task.result())  # opened while the scan was cancelled: it holds a connection
-            for cursor in cursors:
-                if not cursor.done:
-                    cursor.abandon()  # no call from here: the task may be cancelled; its connection is dropped
 
-    async def _merge(self, cursors: list[Any]) -> AsyncIterator[Message]:
-        caching = self.caching
-        pending: dict[Any, list[Message]] = {cursor: [] for cursor in cursors}
-        while pending:
-            refill = [c for c, messages in pending.items() if not c.done and len(messages) < caching]
-            for cursor, chunk in zip(refill, await _all(c.fetch() for c in refill), strict=True):
-                pending[cursor] += chunk
-            reading = [messages[-1] for cursor, messages in pending.items() if not cursor.done and messages]
-            out: list[Message] = []
-            if reading and len(reading) == sum(not c.done for c in pending):
-                bound = min(reading)
-                for messages in pending.values():
-                    cut = bisect_right(messages, bound)
-                    out += messages[:cut]
-                    del messages[:cut]
-            elif not any(not c.done for c in pending):
-                for messages in pending.values():
-                    out += messages
-                    messages.clear()
-            pending = {c: m for c, m in pending.items() if m or not c.done}
-            out.sort()
-            for message in out:
-                yield message
+async def _generate(opener: Opener, caching: int, limit: int | None) -> AsyncGenerator[Message, None]:
+    """The scan's messages: its cursors opened, merged in ID order, and closed."""
+    engine, queue, scans = await opener()
+    opening = [asyncio.ensure_future(engine.open_cursor(queue, pid, scan, caching)) for pid, scan in scans.items()]
+    cursors: list[Any] = []
+    try:
+        await asyncio.wait(opening)
+        cursors = [task.result() for task in opening if not task.cancelled() and task.exception() is None]
+        for task in opening:
+            task.result()  # the first failure, if any, once every cursor opened is kept to be closed
+        emitted = 0
+        async for message in _merge(cursors, caching) if limit != 0 else _nothing():
+            yield message
+            emitted += 1
+            if limit is not None and emitted >= limit:
+                break
+        for cursor in cursors:
+            await cursor.close()
+    finally:
+        for task in opening:
+            if not task.done():
+                task.cancel()
+                task.add_done_callback(_abandon_opened)  # (an open may end, opened, after all)
+            elif not task.cancelled() and task.exception() is None and task.result() not in cursors:
+                cursors.append(task.result())  # opened while the scan was cancelled: it holds a connection
+        for cursor in cursors:
+            if not cursor.done:
+                cursor.abandon()  # no call from here: the task may be cancelled; its connection is dropped
+
+
+async def _merge(cursors: list[Any], caching: int) -> AsyncIterator[Message]:
+    """The cursors' messages in ID order (each cursor's are in order)."""
+    pending: dict[Any, list[Message]] = {cursor: [] for cursor in cursors}
+    while pending:
+        refill = [c for c, messages in pending.items() if not c.done and len(messages) < caching]
+        for cursor, chunk in zip(refill, await _all(c.fetch() for c in refill), strict=True):
+            pending[cursor] += chunk
+        reading = [messages[-1] for cursor, messages in pending.items() if not cursor.done and messages]
+        out: list[Message] = []
+        if reading and len(reading) == sum(not c.done for c in pending):
+            bound = min(reading)
+            for messages in pending.values():
+                cut = bisect_right(messages, bound)
+                out += messages[:cut]
+                del messages[:cut]
+        elif not any(not c.done for c in pending):
+            for messages in pending.values():
+                out += messages
+                messages.clear()
+        pending = {c: m for c, m in pending.items() if m or not c.done}
+        out.sort()
+        for message in out:
+            yield message
 
 
 async def _all(calls: Iterable[Awaitable[_T]]) -> list[_T]:

@@ -130,16 +130,33 @@ class Scan:
         return f"Scan(start_id={self.start_id!r}, stop_id={self.stop_id!r}, topics={topics})"
 
 
-class _Scanner:
-    """What every scanner shares: next(), iteration, close(), ``with``."""
+class _Chunks:
+    """Chunks a scan has read (for the logs): held by the scanner and by its generator,
+    which must not hold the scanner (see :class:`_Scanner`)."""
+
+    __slots__ = ("count",)
 
     def __init__(self) -> None:
-        self._messages = self._generate()
-        self.closed = False
         self.count = 0
 
-    def _generate(self) -> Generator[Message, None, None]:
-        raise NotImplementedError
+
+class _Scanner:
+    """What every scanner shares: next(), iteration, close(), ``with``.
+
+    The messages come from a generator that holds the cursors, not the scanner: a scan
+    left unfinished (a ``break``) is let go at once, and the generator's end closes its
+    cursors (a remote one gives back its connection); a cycle would have held them until
+    a garbage collection.
+    """
+
+    def __init__(self, messages: Generator[Message, None, None], chunks: _Chunks) -> None:
+        self._messages, self._chunks = messages, chunks
+        self.closed = False
+
+    @property
+    def count(self) -> int:
+        """Chunks read so far."""
+        return self._chunks.count
 
     def __iter__(self) -> Iterator[Message]:
         # The generator itself: a for loop runs at C speed, and shares the
@@ -216,20 +233,11 @@ class PartitionScanner(_Scanner):
         self, source: ScanSource, queue: str, partition_id: int, scan: Scan, caching: int = DEFAULT_CACHING
     ) -> None:
         _check_caching(caching)
-        self._cursor = source.open_cursor(queue, partition_id, scan, caching)
+        cursor = source.open_cursor(queue, partition_id, scan, caching)
         self.queue, self.partition_id = queue, partition_id
-        super().__init__()
+        chunks = _Chunks()
+        super().__init__(_read(cursor, chunks), chunks)
         logger.debug("opened %s with %r", self, scan)
-
-    def _generate(self) -> Generator[Message, None, None]:
-        cursor = self._cursor
-        try:
-            while not cursor.done:
-                chunk = cursor.fetch()
-                self.count += 1
-                yield from chunk
-        finally:
-            cursor.close()
 
     def __repr__(self) -> str:
         return f"PartitionScanner({self.queue!r}, {self.partition_id})"
@@ -256,25 +264,36 @@ class CombinedPartitionScanner(_Scanner):
                 raise TypeError(f"scan for partition {pid} must be a Scan, not {type(scan).__name__}")
         self.queue, self.caching = queue, caching
         self.partitions = sorted(scans)
-        self._cursors = [source.open_cursor(queue, pid, scans[pid], caching) for pid in self.partitions]
-        super().__init__()
+        cursors = [source.open_cursor(queue, pid, scans[pid], caching) for pid in self.partitions]
+        chunks = _Chunks()
+        super().__init__(_merged(cursors, caching, chunks), chunks)
         logger.debug("opened %s", self)
 
-    def _generate(self) -> Generator[Message, None, None]:
-        try:
-            yield from self._merge()
-        finally:
-            for cursor in self._cursors:
-                cursor.close()
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.queue!r}, partitions={len(self.partitions)})"
 
-    def _merge(self) -> Iterator[Message]:
-        caching = self.caching
-        pending: dict[Cursor, list[Message]] = {cursor: [] for cursor in self._cursors}
+
+def _read(cursor: Cursor, chunks: _Chunks) -> Generator[Message, None, None]:
+    """One cursor's messages, the cursor closed at the end."""
+    try:
+        while not cursor.done:
+            chunk = cursor.fetch()
+            chunks.count += 1
+            yield from chunk
+    finally:
+        cursor.close()
+
+
+def _merged(cursors: list[Cursor], caching: int, chunks: _Chunks) -> Generator[Message, None, None]:
+    """The cursors' messages in ID order (see :class:`CombinedPartitionScanner`), the
+    cursors closed at the end."""
+    try:
+        pending: dict[Cursor, list[Message]] = {cursor: [] for cursor in cursors}
         while pending:
             for cursor, messages in pending.items():
                 if not cursor.done and len(messages) < caching:
                     messages += cursor.fetch()
-                    self.count += 1
+                    chunks.count += 1
             reading = [messages[-1] for cursor, messages in pending.items() if not cursor.done]
             out: list[Message] = []
             if reading:
@@ -290,9 +309,9 @@ class CombinedPartitionScanner(_Scanner):
             pending = {c: m for c, m in pending.items() if m or not c.done}
             out.sort()
             yield from out
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.queue!r}, partitions={len(self.partitions)})"
+    finally:
+        for cursor in cursors:
+            cursor.close()
 
 
 class QueueScanner(CombinedPartitionScanner):

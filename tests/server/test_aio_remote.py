@@ -21,7 +21,7 @@ from thriftpy2.protocol import TBinaryProtocol
 from thriftpy2.thrift import TMessageType
 from thriftpy2.transport import TMemoryBuffer
 
-from hqueue import DeadlineExceeded, HQueueAdmin, Message, NotAuthorized, ServerUnavailable
+from hqueue import DeadlineExceeded, HQueue, HQueueAdmin, Message, NotAuthorized, ServerUnavailable
 from hqueue.aio import AsyncHQueue, AsyncHQueueAdmin
 from hqueue.auth import AuthPolicy
 from hqueue.rpc import wire
@@ -637,5 +637,15 @@ def test_a_scan_left_by_break_lets_its_connections_go_without_the_garbage_collec
                     gc.enable()
 
         assert asyncio.run(main()) <= 4  # a scan's four cursors at most, not one set per scan
+        # The blocking client's scans held their cursors the same way
+        with HQueue("q", url) as queue:
+            gc.disable()
+            try:
+                for _ in range(60):
+                    for _message in queue.get_queue_scanner(caching=7):
+                        break
+                assert len(server.scanners) <= 4  # a scan's four at most, closed as it is let go
+            finally:
+                gc.enable()
     finally:
         server.stop()

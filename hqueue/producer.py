@@ -54,6 +54,8 @@ DEFAULT_MAX_BATCH = 1000
 DEFAULT_MAX_BYTES = 1024 * 1024
 DEFAULT_BUFFER_BYTES = 32 * 1024 * 1024
 DEFAULT_BLOCK_TIMEOUT = 60.0
+#: The longest ``block_timeout``: a year.
+MAX_BLOCK_TIMEOUT = 365 * 86400.0
 #: How long a batch smaller than its partition's previous one may wait for company
 #: beyond its linger: threads that each wait for their Future come back together.
 GATHER_SECONDS = 0.001
@@ -118,7 +120,7 @@ class Batches:
         _check_number("max_batch", max_batch, 1, MAX_BATCH_MESSAGES, integer=True)
         _check_number("max_bytes", max_bytes, 1, MAX_BATCH_BYTES, integer=True)
         _check_number("buffer_bytes", buffer_bytes, SEND_OVERHEAD + 1, float("inf"), integer=True)
-        _check_number("block_timeout", block_timeout, 0, float("inf"))
+        _check_number("block_timeout", block_timeout, 0, MAX_BLOCK_TIMEOUT)  # (a thread waits at most TIMEOUT_MAX)
         self.info = info
         self.linger = linger_ms / 1000
         self.max_batch, self.max_bytes = max_batch, max_bytes
@@ -302,7 +304,7 @@ class Producer:
             (each message's topic and value, and :data:`SEND_OVERHEAD` for keeping it and
             its Future); a :meth:`send` past it waits for room.
         block_timeout: Seconds :meth:`send` waits for room before it raises
-            :class:`~hqueue.errors.ProducerBufferFull`.
+            :class:`~hqueue.errors.ProducerBufferFull` (at most a year).
     """
 
     def __init__(
@@ -390,6 +392,7 @@ class Producer:
         Raises:
             RuntimeError: called from a Future's callback (it would wait for itself).
         """
+        check_timeout(timeout)
         if getattr(self._delivering, "on", False):
             raise RuntimeError("flush() and close() cannot be called from a producer Future's callback")
         if self._forked():
@@ -406,6 +409,7 @@ class Producer:
     def close(self, timeout: float | None = None) -> None:
         """Stop taking sends, send what is buffered, and stop (waiting up to ``timeout``
         seconds in all)."""
+        check_timeout(timeout)
         if getattr(self._delivering, "on", False):
             raise RuntimeError("flush() and close() cannot be called from a producer Future's callback")
         if self._forked():
@@ -496,6 +500,12 @@ class Producer:
 
 def _left(give_up: float | None) -> float | None:
     return None if give_up is None else max(0.0, give_up - time.monotonic())
+
+
+def check_timeout(timeout: float | None) -> None:
+    """A flush's or close's ``timeout``: None (no end), or seconds up to MAX_BLOCK_TIMEOUT."""
+    if timeout is not None:
+        _check_number("timeout", timeout, 0, MAX_BLOCK_TIMEOUT)
 
 
 def _check_number(name: str, value: object, low: float, high: float, *, integer: bool = False) -> None:

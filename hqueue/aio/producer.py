@@ -30,6 +30,7 @@ from ..producer import (
     DEFAULT_MAX_BYTES,
     Batch,
     Batches,
+    check_timeout,
     fail_sends,
     put_deadline,
 )
@@ -145,6 +146,7 @@ class AsyncProducer:
     async def flush(self, timeout: float | None = None) -> bool:
         """Send every batch now, and wait until each message sent before this call is
         stored or failed. False if ``timeout`` seconds passed first."""
+        check_timeout(timeout)
         if self._changed is None:
             return True
         futures = [f for batch in self._batches.pending() for f in batch.futures]
@@ -160,6 +162,7 @@ class AsyncProducer:
         (a close already under way is waited for too). Past it, the puts under way are
         cancelled and every send not done fails with ``ProducerClosed`` (one whose put was
         under way may be stored)."""
+        check_timeout(timeout)
         self._batches.closed = True
         if self._sender is None or self._changed is None:
             return

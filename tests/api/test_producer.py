@@ -137,12 +137,26 @@ def test_bad_sends_are_refused_at_once_and_queue_nothing(make_queue):
         ("buffer_bytes", 1.5, TypeError),
         ("buffer_bytes", 2048, InvalidArgument),  # no message would fit (each counts 2 KiB besides its bytes)
         ("block_timeout", "1", TypeError),
+        ("block_timeout", float("inf"), InvalidArgument),  # (a send that waited: OverflowError)
+        ("block_timeout", 1e10, InvalidArgument),
     ],
 )
 def test_producer_options_are_checked(make_queue, option, value, error):
     queue = make_queue(partitions=1)
     with pytest.raises(error, match=option):
         queue.producer(**{option: value})
+
+
+@pytest.mark.parametrize("timeout, error", [("x", TypeError), (-1, InvalidArgument), (float("inf"), InvalidArgument)])
+def test_flush_and_close_timeouts_are_checked(make_queue, timeout, error):
+    queue = make_queue(partitions=1)
+    with queue.producer() as producer:
+        producer.send(Message("t", b"x"))
+        with pytest.raises(error, match="'timeout'"):
+            producer.flush(timeout)
+        with pytest.raises(error, match="'timeout'"):
+            producer.close(timeout)
+        assert producer.flush(timeout=30)
 
 
 def test_a_send_cancelled_before_its_batch_goes_is_left_out(make_queue):

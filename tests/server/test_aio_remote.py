@@ -649,3 +649,31 @@ def test_a_scan_left_by_break_lets_its_connections_go_without_the_garbage_collec
                 gc.enable()
     finally:
         server.stop()
+
+
+def test_cancelled_long_polls_cost_one_call_under_way_not_one_each(tmp_path):
+    """``wait_for(receive(wait=30), 0.01)`` in a loop left each cancelled long poll holding a
+    connection for its wait: past 128 the handle had none left (puts, receives and the
+    consumer's close all failed "not sent" for 30 s). The member's next receive now waits
+    for the poll already under way, and gets what it is handed."""
+    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
+    url = f"hqueue://{server.address}?timeout=3"
+    try:
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("q", 1)
+
+        async def main() -> None:
+            async with AsyncHQueue("q", url) as queue:
+                async with queue.consumer("g") as consumer:
+                    for _ in range(150):
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(consumer.receive(wait=30), 0.01)
+                    assert queue.connections <= 3  # (the poll under way, and one or two to spare)
+                    ids = await queue.put(Message("t", b"x"))
+                    got = await consumer.receive(wait=5)
+                    assert [d.message.id for d in got] == ids and got[0].attempt == 1
+                    assert await consumer.ack(got) == 1
+
+        asyncio.run(main())
+    finally:
+        server.stop()

@@ -152,8 +152,9 @@ class AsyncRemoteEngine:
         late: Callable[[Any], None] | None = None,
     ) -> Any:
         """One call at one server, by the deadline; IDL exceptions become hqueue errors.
-        Its caller cancelled once the request was written, the answer is read all the same
-        and, if one comes, given to ``late`` (a receive's deliveries go back so)."""
+        Its caller cancelled once the request was written, the answer is read all the same,
+        by a task given to ``late`` at once (its result: the answer, or None if none came;
+        a receive's deliveries go to the member's next receive, or back, so)."""
         with self.deadline() as deadline:
             for attempt in range(1, READ_TRIES + 1):
                 pool = self.pool(address)
@@ -196,19 +197,15 @@ class AsyncRemoteEngine:
         """A call whose caller was cancelled went whole (its request is written before the
         call first waits): its answer is read in the background, then the connection goes
         back to the pool. Closing it instead ended what the server ties to the connection:
-        a group member's every lease, given out again while the member worked on them."""
+        a group member's every lease, given out again while the member worked on them.
+        ``late`` gets the reading task now; its result is the answer (None if none came)."""
 
-        async def read() -> None:
-            broken = True
+        async def read() -> Any:
+            broken, answer = True, None
             try:
                 async with asyncio.timeout_at(deadline):
                     answer = await connection.receive(method)
                 broken = False
-                if late is not None:
-                    try:
-                        late(answer)
-                    except Exception:  # (an answer it cannot read: those leases run out instead)
-                        logger.exception("the answer to a cancelled %s call could not be handed on", method)
             except TTransportException:
                 pass
             except TException:
@@ -217,10 +214,16 @@ class AsyncRemoteEngine:
                 pass
             finally:
                 pool.give_back(connection, broken=broken)
+            return answer
 
         task = asyncio.ensure_future(read())
         self._answering.add(task)
         task.add_done_callback(self._answering.discard)
+        if late is not None:
+            try:
+                late(task)
+            except Exception:  # (its answer is read all the same; those leases run out instead)
+                logger.exception("the answer to a cancelled %s call could not be handed on", method)
 
     async def _call(self, method: str, *args: Any, queue: str | None = None) -> Any:
         """A call any server answers: each in random order until the deadline (one that

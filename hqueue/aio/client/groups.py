@@ -8,8 +8,10 @@ following moves until ``owner_timeout`` within the call's deadline.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from ...checks import check_partition
@@ -24,6 +26,19 @@ from .calls import aremote
 logger = logging.getLogger(__name__)
 
 
+class _Orphan:
+    """A member's receive cancelled while its call waited at ``owner``: the answer to come."""
+
+    __slots__ = ("owner", "late", "answered", "pairs", "waiters", "ended")
+
+    def __init__(self, owner: str, late: Callable[[list[tuple[Message, int]]], None] | None) -> None:
+        self.owner, self.late = owner, late
+        self.answered = asyncio.Event()
+        self.pairs: list[tuple[Message, int]] = []
+        self.waiters = 0  # receives waiting for it
+        self.ended = False  # its answer taken, or given back
+
+
 class AsyncRemoteGroups:
     """``engine.groups`` of an :class:`~hqueue.aio.client.engine.AsyncRemoteEngine`."""
 
@@ -31,6 +46,8 @@ class AsyncRemoteGroups:
         self._engine = engine
         self._turn = -1
         self._locations_checked: dict[str, float] = {}
+        #: A member's receive cancelled while its call was under way, by (queue, group, member).
+        self._orphans: dict[tuple[str, str, str], _Orphan] = {}
 
     async def _group_locations(self, name: str, fresh: bool = False) -> list[str]:
         now = asyncio.get_running_loop().time()
@@ -54,15 +71,18 @@ class AsyncRemoteGroups:
     ) -> list[tuple[Message, int]]:
         """As the blocking client's: each owner without waiting, then a long poll at one (in
         turn) for the rest of ``wait``; the deadline is the client's ``timeout`` plus ``wait``.
-        Cancelled while a call was under way, what that call was handed goes to ``late``."""
 
-        def arrived(deliveries: Any) -> None:
-            if late is not None and deliveries.attempts:
-                late(received_pairs(deliveries))
-
+        Cancelled while a call was under way, that call's answer is still read. While it
+        waits at its server, the member's next receive waits for it there rather than
+        long-polling again (it asks the other owners, without waiting, first): cancelled
+        receives (``wait_for(receive(wait=60), 1)`` in a loop) cost one call under way, not
+        one each, which had taken every connection of the handle. What an orphaned call
+        is handed and no receive takes goes to ``late`` (given back)."""
+        key = (queue, group, member)
         with self._engine.deadline(extra=wait) as deadline:
             loop = asyncio.get_running_loop()
             waited = loop.time() + wait
+            orphan = self._orphans.get(key)
             retry = _Retry(self._engine, deadline)
             while True:
                 owners = await self._owners(queue, retry.take_fresh())
@@ -71,10 +91,14 @@ class AsyncRemoteGroups:
                     continue
                 self._turn = (self._turn + 1) % len(owners)
                 answered = failed = False
-                for index, owner in enumerate(owners[self._turn :] + owners[: self._turn]):
-                    last = index == len(owners) - 1
+                turn = owners[self._turn :] + owners[: self._turn]
+                if orphan is not None and orphan.owner in turn:  # asked already: its answer last
+                    turn.remove(orphan.owner)
+                for index, owner in enumerate(turn):
+                    last = index == len(turn) - 1 and (orphan is None or orphan.owner not in owners)
                     wait_ms = max(0, int((waited - loop.time()) * 1000)) if last else 0
                     call = ("groupReceive", queue, group, member, max_messages, int(lease * 1000), wait_ms)
+                    arrived = partial(self._orphaned, key, owner, late)
                     try:
                         deliveries = await self._engine._call_at(owner, *call, queue=queue, late=arrived)
                     except ServerUnavailable as e:
@@ -84,12 +108,66 @@ class AsyncRemoteGroups:
                     answered = True
                     if deliveries.attempts:
                         return received_pairs(deliveries)
+                if orphan is not None and orphan.owner in owners:
+                    pairs = await self._adopt(key, orphan, max_messages, waited)
+                    if pairs or loop.time() >= waited:
+                        return pairs
+                    orphan = self._orphans.get(key)  # it ended with none: long-poll again
+                    continue
                 if answered and loop.time() >= waited:
                     return []
                 if failed and answered:
                     await retry.pause(until=waited)
                 elif failed:
                     await retry.failed(None)
+
+    def _orphaned(self, key: tuple[str, str, str], owner: str, late: Any, reading: asyncio.Future[Any]) -> None:
+        """A receive's call cancelled under way, its answer read by ``reading``: the member's
+        orphan (its next receive waits for it), or, if it has one already, given back as
+        it comes."""
+        orphan = _Orphan(owner, late)
+        if key not in self._orphans:
+            self._orphans[key] = orphan
+        reading.add_done_callback(partial(self._orphan_answered, key, orphan))
+
+    def _orphan_answered(self, key: tuple[str, str, str], orphan: _Orphan, reading: asyncio.Future[Any]) -> None:
+        answer = None if reading.cancelled() or reading.exception() is not None else reading.result()
+        orphan.pairs = received_pairs(answer) if answer is not None and answer.attempts else []
+        orphan.answered.set()
+        if not orphan.waiters:  # no receive waits for it: it ends here
+            self._orphan_ended(key, orphan)
+
+    def _orphan_ended(self, key: tuple[str, str, str], orphan: _Orphan, taken: int = 0) -> None:
+        """An orphan's answer is in: no longer the member's orphan; what it was handed
+        beyond the first ``taken`` goes back."""
+        if self._orphans.get(key) is orphan:
+            del self._orphans[key]
+        orphan.ended = True
+        rest, orphan.pairs = orphan.pairs[taken:], []
+        if rest and orphan.late is not None:
+            orphan.late(rest)
+
+    async def _adopt(
+        self, key: tuple[str, str, str], orphan: _Orphan, max_messages: int, waited: float
+    ) -> list[tuple[Message, int]]:
+        """Up to ``max_messages`` of what the member's orphaned receive is handed, waiting
+        for it until ``waited`` (loop time); the rest goes back. (Receives waiting for one
+        orphan at once: the first to wake takes it. Cancelled, the last one gives it back.)"""
+        orphan.waiters += 1
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(waited):
+                    await orphan.answered.wait()
+            if not orphan.answered.is_set() or orphan.ended:
+                return []
+            taken = min(max_messages, len(orphan.pairs))
+            pairs = orphan.pairs[:taken]
+            self._orphan_ended(key, orphan, taken)
+            return pairs
+        finally:
+            orphan.waiters -= 1
+            if orphan.answered.is_set() and not orphan.ended and not orphan.waiters:
+                self._orphan_ended(key, orphan)  # (cancelled: all of it goes back)
 
     async def _receipts_call(
         self, queue: str, rowkeys: Sequence[bytes], method: str, before: tuple = (), after: tuple = ()

@@ -6,6 +6,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from . import forks
 from .api import EngineAPI, SubscriptionsAPI, subscriptions_of
 from .auth import split_credentials
 from .errors import InvalidArgument
@@ -34,7 +35,7 @@ def resolve_url(url: str | None, data_dir: str | os.PathLike[str] | None) -> str
     if url is not None and data_dir is not None:
         raise TypeError("give 'url' or 'data_dir', not both")
     if data_dir is not None:
-        return "local://" + os.path.abspath(os.fspath(data_dir))
+        return normalize_url(os.fspath(data_dir))  # (a path as written: "#" and "?" are refused there)
     if url is None:
         return default_url()
     if isinstance(url, str) and "://" not in url:
@@ -121,6 +122,7 @@ class Connected:
         group_limits: GroupLimits | None = None,
     ) -> None:
         self._engine: EngineAPI | None = acquire_engine(url, data_dir, token, timeout, group_limits)
+        self._fork = forks.generation()  # (not carried across fork(): forks.py)
         # What opened it: handles made from this one (admin.queue, the shell's, splits)
         # reach the same store with the same credentials. Never shown (see url).
         self._opened_with: dict[str, Any] = {"url": resolve_url(url, data_dir), "token": token, "timeout": timeout}
@@ -129,6 +131,7 @@ class Connected:
     def engine(self) -> EngineAPI:
         if self._engine is None:
             raise RuntimeError(f"{type(self).__name__} is closed")
+        forks.check(self._fork, type(self).__name__)
         return self._engine
 
     def subscriptions(self, what: str) -> SubscriptionsAPI:
@@ -150,7 +153,7 @@ class Connected:
     def close(self) -> None:
         """Release the store (the last user in the process closes it)."""
         engine, self._engine = self._engine, None
-        if engine is not None:
+        if engine is not None and self._fork == forks.generation():  # (the parent's is not this process's to close)
             engine.release()
 
     def __enter__(self):

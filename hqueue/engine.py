@@ -25,7 +25,7 @@ from dataclasses import asdict
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
-from . import topic_index
+from . import forks, topic_index
 from .checks import check_columns, check_partition, message_columns
 from .config import InfoCache, QueueInfo, validate_new_queue_name
 from .errors import QueueEnabled
@@ -405,3 +405,13 @@ class Engine:
     def last_id(self, name: str, pid: int) -> MessageID | None:
         last = self.storage.last_rowkey(name, pid)
         return decode_rowkey(last)[1] if last else None
+
+
+def _forget_engines_in_child() -> list[Engine]:
+    """After a fork, in the child: no engine of the parent's is this process's (forks.py)."""
+    inherited = list(Engine._registry.values())
+    Engine._registry, Engine._registry_lock = {}, threading.Lock()
+    return inherited
+
+
+forks.on_fork(_forget_engines_in_child)

@@ -26,7 +26,6 @@ sent to a server and no answer came by its deadline: it may be stored).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -34,6 +33,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from . import forks
 from .checks import choose_partition, message_columns
 from .config import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES, QueueInfo
 from .errors import DeadlineExceeded, HQueueError, InvalidArgument, ProducerBufferFull, ProducerClosed
@@ -65,11 +65,6 @@ MAX_IN_FLIGHT_PARTITIONS = 8
 #: Message and Future: about 1.8 KB measured with tracemalloc). Counting topics and values
 #: alone, empty messages filled 546 MB of memory under a 300 KB buffer_bytes.
 SEND_OVERHEAD = 2048
-
-#: Forks this process came through: a producer made before one has none of its threads here.
-#: (Counted by a fork hook: a send compares two ints, not a getpid() system call each time.)
-_forks = [0]
-os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
 
 
 class SendFuture(Future[MessageID]):
@@ -329,7 +324,7 @@ class Producer:
         self._pool = ThreadPoolExecutor(min(MAX_IN_FLIGHT_PARTITIONS, info.partitions), "hqueue-producer-put")
         self._sender = threading.Thread(target=self._sender_run, name=f"hqueue-producer-{name}", daemon=True)
         self._sender.start()
-        self._fork = _forks[0]  # its threads do not cross fork()
+        self._fork = forks.generation()  # its threads do not cross fork()
 
     # -- sending ----------------------------------------------------------------------------
 
@@ -433,7 +428,7 @@ class Producer:
 
     def _forked(self) -> bool:
         """This process is a child forked from the producer's: it has none of its threads."""
-        return _forks[0] != self._fork
+        return forks.generation() != self._fork
 
     # -- the sender thread ----------------------------------------------------------------
 

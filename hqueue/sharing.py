@@ -51,6 +51,7 @@ import time
 import weakref
 from collections.abc import Callable
 
+from . import forks
 from .client.engine import RemoteEngine
 from .client.pool import Connection, NotSent, Pool
 from .engine import Engine
@@ -310,3 +311,15 @@ class StoreClient(RemoteEngine):
         store, self._store = self._store, None
         if store is not None:
             store.leave()
+
+
+def _forget_stores_in_child() -> list[object]:
+    """After a fork, in the child: the parent's clients of stores are not this process's."""
+    global _listening_lock
+    inherited: list[object] = list(_Store._stores.values())
+    _Store._stores, _Store._stores_lock = {}, threading.Lock()
+    _listening_lock = threading.Lock()
+    return inherited
+
+
+forks.on_fork(_forget_stores_in_child)

@@ -613,3 +613,93 @@ def test_a_client_the_next_holder_s_socket_refuses_is_told_at_once():
             client.kill()
         tail.kill()
         shutil.rmtree(base, ignore_errors=True)
+
+
+# -- one store, one engine per process; and fork() ------------------------------------------
+
+
+def test_two_spellings_of_one_directory_are_one_store_in_a_process(tmp_path):
+    """A symlink to the directory, or a leading "//", opened it twice in one process: two
+    RocksDB writers on one directory, IDs given twice, then a store that would not open
+    (an attacker's pass)."""
+    from hqueue import Message
+
+    real = tmp_path / "data"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    with HQueueAdmin(f"local://{real}") as admin:
+        admin.create_queue("q", 1)
+    spellings = [f"local://{real}", f"local://{tmp_path}/link", f"local:///{real}", f"local://{real}/"]
+    handles = [HQueue("q", url) for url in spellings]
+    try:
+        assert len({id(h.engine) for h in handles}) == 1
+        ids = [i for h in handles for i in h.put([Message("t", b"x")] * 50)]
+        assert len(set(ids)) == len(ids) == 200
+    finally:
+        for h in handles:
+            h.close()
+    with HQueue("q", f"local://{real}") as queue:
+        assert sorted(m.id for m in queue.scan()) == sorted(ids)
+
+
+@pytest.mark.parametrize("path", ["x#y", "x?y", "x\ny"])
+def test_a_store_path_a_url_would_read_otherwise_is_refused(tmp_path, path):
+    """'/tmp/x#y' named the store in /tmp/x (and a newline was dropped): two configured
+    directories could silently be one store."""
+    from hqueue import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="may not hold '#', '\\?' or control characters"):
+        HQueueAdmin(data_dir=str(tmp_path / path))
+    with pytest.raises(InvalidArgument, match="'#' part|unknown option|control characters"):
+        HQueueAdmin(f"local://{tmp_path}/{path}")
+    with pytest.raises(InvalidArgument, match=r"unknown option\(s\) \['x'\]"):
+        HQueueAdmin(f"local://{tmp_path}/data?x=1")
+
+
+def _in_child(work) -> tuple[int, str]:
+    """Run ``work()`` in a forked child; (its exit status, what it wrote or raised)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, and never run the parent's cleanup
+        os.close(read)
+        try:
+            out, code = str(work()), 0
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            out, code = f"{type(e).__name__}: {e}", 1
+        os.write(write, out.encode()[:60000])
+        os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as f:
+        out = f.read()
+    return os.waitpid(pid, 0)[1], out
+
+
+def test_a_forked_child_uses_the_store_as_a_client_and_not_the_parents_handles(tmp_path):
+    """A child forked with the store open wrote to RocksDB with the parent's engine (acked
+    IDs given to other messages, 4,000 of 6,000 acked puts lost); one forked from a client
+    shared its put lanes (the parent's puts answered with the child's IDs)."""
+    from hqueue import Message
+    from hqueue.sharing import StoreClient
+
+    url = f"local://{tmp_path}/data"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 1)
+    with HQueue("q", url) as parent:
+        before = parent.put([Message("t", b"parent")] * 100)
+
+        def child_opens_its_own():
+            with HQueue("q", url) as queue:
+                assert isinstance(queue.engine, StoreClient), type(queue.engine)
+                return len(queue.put([Message("t", b"child")] * 100))
+
+        assert _in_child(child_opens_its_own) == (0, "100")
+
+        def child_uses_the_parents():
+            return parent.put(Message("t", b"inherited"))
+
+        status, out = _in_child(child_uses_the_parents)
+        assert status != 0 and "HQueue was opened before this process forked: open one in this process" in out
+        after = parent.put([Message("t", b"parent")] * 100)
+        values = collections.Counter(m.value for m in parent.scan())
+    assert values == {b"parent": 200, b"child": 100}
+    assert min(after) > max(before)

@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYERS: list[tuple[str, list[str]]] = [
     ("errors", ["hqueue.errors"]),
     ("model and keys", ["hqueue.message", "hqueue.ids", "hqueue.config", "hqueue.batch", "hqueue.checks",
-                        "hqueue.backoff", "hqueue.scanner", "hqueue.auth", "hqueue.keys", "hqueue.api"]),
+                        "hqueue.forks", "hqueue.backoff", "hqueue.scanner", "hqueue.auth", "hqueue.keys",
+                        "hqueue.api"]),
     ("storage, ownership, wire", ["hqueue.storage", "hqueue.coordination", "hqueue.rpc", "hqueue.metrics"]),
     ("engine core", ["hqueue.engine", "hqueue.events", "hqueue.writers", "hqueue.requests",
                      "hqueue.topic_index"]),

@@ -11,7 +11,7 @@ from .api import EngineAPI, SubscriptionsAPI, subscriptions_of
 from .auth import split_credentials
 from .errors import InvalidArgument
 from .groups.limits import GroupLimits
-from .storage import default_url, normalize_url
+from .storage import default_url, local_url, normalize_url
 
 #: How an embedded store this process opens is served to other local processes (set by
 #: ``hqueue/__init__.py`` from the server layer; None: not served). Kept here, not in
@@ -35,7 +35,7 @@ def resolve_url(url: str | None, data_dir: str | os.PathLike[str] | None) -> str
     if url is not None and data_dir is not None:
         raise TypeError("give 'url' or 'data_dir', not both")
     if data_dir is not None:
-        return normalize_url(os.fspath(data_dir))  # (a path as written: "#" and "?" are refused there)
+        return local_url(os.fspath(data_dir))  # (a path as written, "://" and all; "#" and "?" are refused)
     if url is None:
         return default_url()
     if isinstance(url, str) and "://" not in url:

@@ -35,8 +35,9 @@ from datetime import datetime
 from functools import partial
 from itertools import repeat
 from operator import getitem
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+from . import forks
 from .api import groups_of
 from .config import UNSEEN
 from .errors import HQueueError, InvalidArgument
@@ -210,11 +211,18 @@ class Consumer:
     ) -> None:
         self.queue, self.group, self.lease = queue, group, check_lease(lease)
         self.member = member_name(member)
-        self._groups = groups_of(queue.engine)
+        self._groups_here = groups_of(queue.engine)
+        self._fork = forks.generation()  # (not carried across fork(): forks.py)
         self._groups.open(queue.name, group, *joining(topics, start, max_retries, key_affinity))
         self.closed = False
         self._heartbeats: threading.Thread | None = None
         self._stopped = threading.Event()
+
+    @property
+    def _groups(self) -> Any:
+        """The groups of the consumer's store: not in a process forked after it was made."""
+        forks.check(self._fork, "this Consumer")
+        return self._groups_here
 
     def receive(self, max_messages: int = 100, *, wait: float = 1.0, lease: float | None = None) -> list[Delivery]:
         """Up to ``max_messages`` messages, waiting up to ``wait`` seconds for the first.
@@ -297,7 +305,8 @@ class Consumer:
         if not self.closed:
             self.closed = True
             self._stopped.set()
-            self._groups.leave(self.queue.name, self.group, self.member)
+            if self._fork == forks.generation():  # (in a forked child, the member is the parent's)
+                self._groups.leave(self.queue.name, self.group, self.member)
 
     def _start_heartbeats(self) -> None:
         self._heartbeats = threading.Thread(

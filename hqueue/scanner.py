@@ -22,6 +22,7 @@ from bisect import bisect_right
 from collections.abc import Collection, Generator, Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
 
+from . import forks
 from .errors import InvalidArgument
 from .message import (
     MAX_SEQUENCE,
@@ -131,13 +132,21 @@ class Scan:
 
 
 class _Chunks:
-    """Chunks a scan has read (for the logs): held by the scanner and by its generator,
-    which must not hold the scanner (see :class:`_Scanner`)."""
+    """Chunks a scan has read (for the logs), and the process it was opened in: held by
+    the scanner and by its generator, which must not hold the scanner (see
+    :class:`_Scanner`)."""
 
-    __slots__ = ("count",)
+    __slots__ = ("count", "fork")
 
     def __init__(self) -> None:
         self.count = 0
+        self.fork = forks.generation()  # (a scanner is not carried across fork(): forks.py)
+
+    def read(self, cursor: Cursor) -> list[Message]:
+        """The cursor's next chunk, counted."""
+        forks.check(self.fork, "this scanner")
+        self.count += 1
+        return cursor.fetch()
 
 
 class _Scanner:
@@ -277,9 +286,7 @@ def _read(cursor: Cursor, chunks: _Chunks) -> Generator[Message, None, None]:
     """One cursor's messages, the cursor closed at the end."""
     try:
         while not cursor.done:
-            chunk = cursor.fetch()
-            chunks.count += 1
-            yield from chunk
+            yield from chunks.read(cursor)
     finally:
         cursor.close()
 
@@ -292,8 +299,7 @@ def _merged(cursors: list[Cursor], caching: int, chunks: _Chunks) -> Generator[M
         while pending:
             for cursor, messages in pending.items():
                 if not cursor.done and len(messages) < caching:
-                    messages += cursor.fetch()
-                    chunks.count += 1
+                    messages += chunks.read(cursor)
             reading = [messages[-1] for cursor, messages in pending.items() if not cursor.done]
             out: list[Message] = []
             if reading:

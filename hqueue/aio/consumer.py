@@ -15,9 +15,10 @@ awaitable, and the member heartbeats from a task of its own.
 once, and nothing stays leased to it. On a store in this process the wait is
 on the loop: cancelled there, it was handed nothing; cancelled while a worker
 takes messages, they go back as soon as it is done. On hqueue servers the long
-poll under way ends on its own (by its ``wait``, sooner when work arrives) and
-whatever it was handed goes back to the group at once. Either way a message
-handed back goes back unseen: another member receives it straight away, and
+poll under way ends on its own (by its ``wait``, sooner when work arrives);
+the member's next receive with the same lease waits for it rather than polling
+again, and takes what it is handed; what no receive takes goes back to the
+group at once. Either way a message handed back goes back unseen: another member receives it straight away, and
 no delivery attempt is counted (the application never saw it). Nothing stays
 leased to a task that is gone, and no socket or thread is left behind:
 :meth:`close` waits for the hand-backs under way, then leaves the group

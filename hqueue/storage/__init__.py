@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import os
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 from ..errors import InvalidArgument
 from .base import Cell, Storage
@@ -34,15 +34,14 @@ def normalize_url(url: str) -> str:
     if not isinstance(url, str) or not url:
         raise TypeError("a storage URL must be a non-empty str")
     if "://" not in url:
-        return _local(url, url)
+        return local_url(url)
     parts = urlsplit(url)
     if parts.scheme == "local":
         if "#" in url:
             raise InvalidArgument(f"a local:// URL has no '#' part: {url!r}")
-        unknown = sorted(set(parse_qs(parts.query, keep_blank_values=True)) - LOCAL_OPTIONS)
-        if unknown:
-            raise InvalidArgument(f"unknown option(s) {unknown} in {url!r} (a local:// URL takes timeout=SECONDS)")
-        return _local(url[len("local://") :].partition("?")[0], url)
+        if parts.query:
+            raise InvalidArgument(f"a local:// URL takes no options ('?…'): {url!r}")
+        return local_url(url[len("local://") :], url)
     parts = urlsplit(url)
     if parts.scheme in ("hbase", "memory"):
         return url
@@ -52,18 +51,15 @@ def normalize_url(url: str) -> str:
     )
 
 
-#: What a ``local://`` URL's query may set (the client's, when another process serves the store).
-LOCAL_OPTIONS = frozenset({"timeout"})
-
-
-def _local(path: str, url: str) -> str:
+def local_url(path: str, url: str | None = None) -> str:
     """``local://`` and the real path of the directory ``path``: two spellings of one
     directory (a symlink, a leading "//") opened in one process were two stores on one
     RocksDB directory, which corrupted it. A path with "#", "?" or a control character,
     which a URL would read otherwise (a store elsewhere), is refused."""
     if not path:
         raise InvalidArgument(
-            f"{url!r} names no directory: use local:///absolute/path or local://relative/path (local://. for this one)"
+            f"{url or path!r} names no directory: use local:///absolute/path or local://relative/path "
+            "(local://. for this one)"
         )
     if "#" in path or "?" in path or any(ord(c) < 32 for c in path):
         raise InvalidArgument(f"a store directory's path may not hold '#', '?' or control characters: {path!r}")

@@ -677,3 +677,30 @@ def test_cancelled_long_polls_cost_one_call_under_way_not_one_each(tmp_path):
         asyncio.run(main())
     finally:
         server.stop()
+
+
+def test_a_receive_takes_a_cancelled_ones_poll_only_with_the_same_lease(tmp_path):
+    """The member's next receive took what the cancelled one's poll was handed with that
+    poll's lease (1 s where 60 were asked): another member got the message 1 s later,
+    while the first still worked on it (a review of the change)."""
+    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
+    url = f"hqueue://{server.address}"
+    try:
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("q", 1)
+
+        async def main() -> None:
+            async with AsyncHQueue("q", url) as queue:
+                async with queue.consumer("g", member="a") as a, queue.consumer("g", member="b") as b:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(a.receive(wait=20, lease=1), 0.05)
+                    ids = await queue.put(Message("t", b"x"))
+                    got = await a.receive(wait=5, lease=60)
+                    assert [d.message.id for d in got] == ids
+                    await asyncio.sleep(2.5)  # past the cancelled receive's lease
+                    assert await b.receive(wait=0) == []  # a still holds it, for its 60 s
+                    assert await a.ack(got) == 1
+
+        asyncio.run(main())
+    finally:
+        server.stop()

@@ -29,10 +29,10 @@ logger = logging.getLogger(__name__)
 class _Orphan:
     """A member's receive cancelled while its call waited at ``owner``: the answer to come."""
 
-    __slots__ = ("owner", "late", "answered", "pairs", "waiters", "ended")
+    __slots__ = ("owner", "lease", "late", "answered", "pairs", "waiters", "ended")
 
-    def __init__(self, owner: str, late: Callable[[list[tuple[Message, int]]], None] | None) -> None:
-        self.owner, self.late = owner, late
+    def __init__(self, owner: str, lease: float, late: Callable[[list[tuple[Message, int]]], None] | None) -> None:
+        self.owner, self.lease, self.late = owner, lease, late
         self.answered = asyncio.Event()
         self.pairs: list[tuple[Message, int]] = []
         self.waiters = 0  # receives waiting for it
@@ -74,7 +74,8 @@ class AsyncRemoteGroups:
 
         Cancelled while a call was under way, that call's answer is still read. While it
         waits at its server, the member's next receive waits for it there rather than
-        long-polling again (it asks the other owners, without waiting, first): cancelled
+        long-polling again (it asks the other owners, without waiting, first; only if it asks
+        the same lease, which the server gave what it hands out): cancelled
         receives (``wait_for(receive(wait=60), 1)`` in a loop) cost one call under way, not
         one each, which had taken every connection of the handle. What an orphaned call
         is handed and no receive takes goes to ``late`` (given back)."""
@@ -83,6 +84,8 @@ class AsyncRemoteGroups:
             loop = asyncio.get_running_loop()
             waited = loop.time() + wait
             orphan = self._orphans.get(key)
+            if orphan is not None and orphan.lease != lease:  # its messages' leases are not the ones asked
+                orphan = None  # (it is given back when it is answered)
             retry = _Retry(self._engine, deadline)
             while True:
                 owners = await self._owners(queue, retry.take_fresh())
@@ -98,7 +101,7 @@ class AsyncRemoteGroups:
                     last = index == len(turn) - 1 and (orphan is None or orphan.owner not in owners)
                     wait_ms = max(0, int((waited - loop.time()) * 1000)) if last else 0
                     call = ("groupReceive", queue, group, member, max_messages, int(lease * 1000), wait_ms)
-                    arrived = partial(self._orphaned, key, owner, late)
+                    arrived = partial(self._orphaned, key, owner, lease, late)
                     try:
                         deliveries = await self._engine._call_at(owner, *call, queue=queue, late=arrived)
                     except ServerUnavailable as e:
@@ -112,7 +115,7 @@ class AsyncRemoteGroups:
                     pairs = await self._adopt(key, orphan, max_messages, waited)
                     if pairs or loop.time() >= waited:
                         return pairs
-                    orphan = self._orphans.get(key)  # it ended with none: long-poll again
+                    orphan = None  # it ended with none (or another receive took it): long-poll again
                     continue
                 if answered and loop.time() >= waited:
                     return []
@@ -121,18 +124,24 @@ class AsyncRemoteGroups:
                 elif failed:
                     await retry.failed(None)
 
-    def _orphaned(self, key: tuple[str, str, str], owner: str, late: Any, reading: asyncio.Future[Any]) -> None:
+    def _orphaned(
+        self, key: tuple[str, str, str], owner: str, lease: float, late: Any, reading: asyncio.Future[Any]
+    ) -> None:
         """A receive's call cancelled under way, its answer read by ``reading``: the member's
-        orphan (its next receive waits for it), or, if it has one already, given back as
-        it comes."""
-        orphan = _Orphan(owner, late)
-        if key not in self._orphans:
+        orphan (its next receive asking the same ``lease`` waits for it), or, if it has one
+        already, given back as it comes."""
+        orphan = _Orphan(owner, lease, late)
+        registered = self._orphans.get(key)
+        if registered is None or registered.lease != lease:  # (one asking another lease: the latest counts)
             self._orphans[key] = orphan
         reading.add_done_callback(partial(self._orphan_answered, key, orphan))
 
     def _orphan_answered(self, key: tuple[str, str, str], orphan: _Orphan, reading: asyncio.Future[Any]) -> None:
         answer = None if reading.cancelled() or reading.exception() is not None else reading.result()
-        orphan.pairs = received_pairs(answer) if answer is not None and answer.attempts else []
+        try:
+            orphan.pairs = received_pairs(answer) if answer is not None and answer.attempts else []
+        except Exception:  # (an answer it cannot read: those leases run out instead)
+            logger.exception("the answer to a cancelled receive of %s could not be read", key)
         orphan.answered.set()
         if not orphan.waiters:  # no receive waits for it: it ends here
             self._orphan_ended(key, orphan)

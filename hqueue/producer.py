@@ -234,8 +234,14 @@ class Batches:
 
     def finished(self, pid: int, batch: Batch) -> None:
         """``batch``'s put is over: its partition may send the next; its room is free."""
-        del self.in_flight[pid]
+        if self.in_flight.get(pid) is batch:  # (a close that gave up on it dropped it already)
+            del self.in_flight[pid]
+        self.free_room(batch)
+
+    def free_room(self, batch: Batch) -> None:
+        """``batch``'s room in the buffer is free (its put is over; freed once)."""
         self.buffered -= batch.held
+        batch.held = 0
 
     def drop(self) -> list[Batch]:
         """Every batch not done yet, taken out and its room freed (a close that gave up on
@@ -243,7 +249,8 @@ class Batches:
         batches = self._every()
         self.open.clear()
         self.in_flight.clear()
-        self.buffered -= sum(b.held for b in batches)
+        for batch in batches:
+            self.free_room(batch)
         return batches
 
     def idle(self) -> bool:
@@ -318,7 +325,6 @@ class Producer:
         self._batches = Batches(info, linger_ms, max_batch, max_bytes, buffer_bytes, block_timeout)
         self._cond = threading.Condition()
         self._delivering = threading.local()  # set while a Future's callbacks run in this thread
-        self._resolving: set[Batch] = set()  # put, their futures being resolved (a flush waits for them)
         #: Put calls made, and messages they carried (stored or failed).
         self.puts = self.sent = 0
         self._pool = ThreadPoolExecutor(min(MAX_IN_FLIGHT_PARTITIONS, info.partitions), "hqueue-producer-put")
@@ -393,7 +399,7 @@ class Producer:
         if self._forked():
             return True  # nothing of the parent's is this process's to send
         with self._cond:
-            batches = self._batches.pending() + list(self._resolving)
+            batches = self._batches.pending()
             self._cond.notify_all()
         give_up = None if timeout is None else time.monotonic() + timeout
         for batch in batches:
@@ -468,12 +474,12 @@ class Producer:
             if not isinstance(e, HQueueError):
                 logger.warning("put of %d message(s) to %s/%d failed: %r", len(live), self.name, pid, e)
             error = e
-        # The batch's room and its partition are free before its futures resolve: a callback
-        # that sends again may need that room (it waited for itself until block_timeout).
+        # The batch's room is free before its futures resolve: a callback that sends again
+        # may need that room (it waited for itself until block_timeout). Its partition is
+        # free after: the next batch's futures resolve after these.
         with self._cond:
             self.puts, self.sent = self.puts + bool(live), self.sent + len(live)
-            self._batches.finished(pid, batch)
-            self._resolving.add(batch)
+            self._batches.free_room(batch)
             self._cond.notify_all()
         self._delivering.on = True
         try:
@@ -484,9 +490,10 @@ class Producer:
                     future.set_result(message_id)
         finally:
             self._delivering.on = False
-            batch.done.set()
             with self._cond:
-                self._resolving.discard(batch)
+                self._batches.finished(pid, batch)
+                self._cond.notify_all()
+            batch.done.set()
 
     def __repr__(self) -> str:
         b = self._batches

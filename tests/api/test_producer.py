@@ -236,6 +236,19 @@ def test_a_send_from_a_futures_callback_gets_its_batchs_room(make_queue):
     assert [m.value for m in queue.scan()] == [b"first", b"second"]
 
 
+def test_a_partitions_futures_resolve_in_the_order_of_its_ids(make_queue):
+    # Given one partition, and batches of 10
+    queue = make_queue(partitions=1)
+    resolved: list[MessageID] = []
+    with queue.producer(max_batch=10) as producer:
+        # When 200 sends go, each future noting its ID as it resolves
+        for i in range(200):
+            producer.send(Message("t", b"%d" % i)).add_done_callback(lambda f: resolved.append(f.result()))
+        assert producer.flush(timeout=60)
+    # Then a batch's futures resolved before the next batch's (its partition waits for them)
+    assert len(resolved) == 200 and resolved == sorted(resolved)
+
+
 def test_flush_waits_for_the_futures_a_callback_holds_up(make_queue):
     # Given a batch of two whose first future's callback holds the others up
     queue = make_queue(partitions=1)

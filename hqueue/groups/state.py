@@ -366,13 +366,15 @@ class Departures:
     its member in again, so the others would wait for its partitions until its timeout."""
 
     def __init__(self) -> None:
-        self._at: dict[Any, float] = {}
+        self._at: collections.OrderedDict[Any, float] = collections.OrderedDict()  # oldest first
 
     def leave(self, key: Any) -> None:
         now = time.monotonic()
-        for gone in [gone for gone, at in list(self._at.items()) if at < now - MAX_WAIT - 1]:
-            self._at.pop(gone, None)
-        self._at[key] = now
+        at = self._at
+        while at and next(iter(at.values())) < now - MAX_WAIT - 1:  # (the oldest first: each goes once)
+            at.popitem(last=False)
+        at[key] = now
+        at.move_to_end(key)
 
     def since(self, key: Any, started: float) -> bool:
         """Whether ``key`` left at or after ``started`` (``time.monotonic()``)."""

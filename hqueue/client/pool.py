@@ -33,20 +33,33 @@ from thriftpy2.transport import TFramedTransportFactory, TSocket, TTransportExce
 from ..rpc import wire
 from ..rpc.unix import short_unix_path, widen
 
+#: A socket's timeout set this recently (s) for the same deadline is not set again: the
+#: answer's read right after its request's write lets the wait end at most this much past
+#: the deadline, and saves a system call (settimeout is an ioctl each time).
+ARM_SLACK = 0.005
+
 
 class _Bounded:
-    """A thriftpy2 socket whose every wait ends by ``deadline`` (None: ``socket_timeout`` per wait)."""
+    """A thriftpy2 socket whose every wait ends by ``deadline`` (None: ``socket_timeout`` per
+    wait), within ARM_SLACK."""
 
     deadline: float | None = None
     sock: socket.socket | None
+    _armed: tuple[float, float] = (0.0, -1.0)  # (when, for which deadline) the timeout was set
 
     def _arm(self) -> None:
-        if self.deadline is None or self.sock is None:
+        deadline = self.deadline
+        if deadline is None or self.sock is None:
             return
-        left = self.deadline - time.monotonic()
+        now = time.monotonic()
+        left = deadline - now
         if left <= 0:
             raise TimeoutError("the call's deadline passed")
+        armed_at, armed_for = self._armed
+        if armed_for == deadline and now - armed_at < ARM_SLACK:
+            return
         self.sock.settimeout(left)  # sendall: the whole send; recv: this read
+        self._armed = (now, deadline)
 
     def read(self, sz: int) -> bytes:
         self._arm()
@@ -82,7 +95,9 @@ class NumberedProtocol:
         return name, kind, seqid
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._protocol, name)
+        value = getattr(self._protocol, name)
+        setattr(self, name, value)  # kept: the next look-up is a plain attribute's (thriftpy2 makes five a call)
+        return value
 
 
 class BoundedSocket(_Bounded, TSocket):

@@ -1,0 +1,35 @@
+"""The blocking client's socket: every wait ends by the call's deadline (within ARM_SLACK)."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from hqueue.client.pool import ARM_SLACK, BoundedSocket
+
+
+def test_the_timeout_is_set_once_for_a_calls_write_and_read_and_again_for_the_next_call():
+    left, right = socket.socketpair()
+    try:
+        bounded = BoundedSocket(sock=left, socket_timeout=5000)
+        set_to: list[float] = []
+        real = left.settimeout
+        bounded.sock = type("Recorded", (), {"settimeout": lambda _, t: (set_to.append(t), real(t))})()
+        bounded.deadline = time.monotonic() + 2
+        bounded._arm()
+        bounded._arm()  # the answer's read, right after the request's write: nothing to set
+        assert len(set_to) == 1 and 1.9 < set_to[0] <= 2
+        time.sleep(ARM_SLACK * 2)
+        bounded._arm()  # later in the same call: what is left now
+        assert len(set_to) == 2 and set_to[1] < set_to[0]
+        bounded.deadline = time.monotonic() + 10  # the next call
+        bounded._arm()
+        assert len(set_to) == 3 and set_to[2] > 9
+        bounded.deadline = time.monotonic() - 1
+        with pytest.raises(TimeoutError):
+            bounded._arm()
+    finally:
+        left.close()
+        right.close()

@@ -56,7 +56,8 @@ from dataclasses import replace
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
-from ..errors import GroupNotFound, InvalidArgument, LimitExceeded
+from ..config import Durability
+from ..errors import GroupNotFound, HQueueError, InvalidArgument, LimitExceeded
 from ..keys.groups import group_key, groups_prefix, id_after, state_prefix
 from ..message import (
     Message,
@@ -82,6 +83,11 @@ logger = logging.getLogger(__name__)
 
 #: A receive that found no room for its answer (a server's budget full) looks again after this.
 ROOM_RETRY = 0.05
+#: A partition's hand-out mark is stored at most this often (s); what was handed out after
+#: the last one does not count as failed if its holder dies (see GroupService._mark_out).
+OUT_MARK_INTERVAL = 0.1
+#: A chunk of the read that counts the messages a holder died holding (cells, bytes).
+CRASH_SCAN_CHUNK = (1000, 16 << 20)
 
 
 class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
@@ -111,10 +117,29 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
 
     def stop(self) -> None:
         self._stopped = True
+        self._clear_out_marks()
         self.engine.events.off(self._on_write)  # a stopped service hears nothing more (nor is kept alive)
         self.engine.events.off(self.forget)
         with self._arrived:
             self._arrived.notify_all()
+
+    def _clear_out_marks(self) -> None:
+        """A clean stop: the messages in flight go out again without counting a failure (as
+        when a member leaves), so the hand-out marks go (best effort: a mark left counts)."""
+        with self._lock:
+            groups = list(self._groups.values())
+        for group in groups:
+            with group.lock:
+                marked = [(pid, state) for pid, state in group.partitions.items() if state.out_mark]
+                for pid, state in marked:
+                    try:
+                        self.engine.writers.write_meta(
+                            group.queue, pid, {}, [state_prefix(group.queue, group.name, pid) + "out"],
+                            Durability.ASYNC_WAL,
+                        )  # fmt: skip
+                    except HQueueError as e:
+                        logger.debug("group %s of %s: hand-out mark of %d left: %s", group.name, group.queue, pid, e)
+                    state.out_mark = b""
 
     def _on_write(self, queue: str, partition_id: int) -> None:
         """A write (or a member leaving): wake the receives waiting on that queue, if any."""
@@ -246,6 +271,9 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
             state.dead_lettered = int(stored.get(state_prefix(group.queue, group.name, pid) + "dead") or 0)
             if group.config.key_affinity is not None:
                 state.affinity = KeyAffinity(group.config.key_affinity)
+            out_mark = stored.get(state_prefix(group.queue, group.name, pid) + "out")
+            if out_mark and out_mark >= done and state.affinity is None:
+                self._count_the_crash(group, pid, state, out_mark)
         return state
 
     def held(self) -> list[tuple[str, str]]:
@@ -385,9 +413,69 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
                 else:
                     self._redeliver(group, pid, state, member, now + lease, limit - len(out.keys), out)
                     self._new(group, pid, state, member, now + lease, limit - len(out.keys), out)
+                    if state.handed_top > state.out_mark and now - state.out_written >= OUT_MARK_INTERVAL:
+                        self._mark_out(group, pid, state, now)
                 if state.ready_heap:
                     next_ready = min(next_ready, max(0.001, state.ready_heap[0][0] - now))
         return out.columns(), next_ready
+
+    def _mark_out(self, group: GroupState, pid: int, state: PartitionState, now: float) -> None:
+        """Store the highest ID handed out here (not synced, at most every OUT_MARK_INTERVAL):
+        a holder that dies leaves it, and the next one counts a failed delivery for each
+        message below it not finished (:meth:`_count_the_crash`). Best effort: a failed
+        write skips the mark (a crash then counts less), never the receive."""
+        try:
+            self.engine.writers.write_meta(
+                group.queue, pid, {state_prefix(group.queue, group.name, pid) + "out": state.handed_top},
+                (), Durability.ASYNC_WAL,
+            )  # fmt: skip
+        except HQueueError as e:
+            logger.debug(
+                "group %s of %s: hand-out mark of partition %d not stored: %s", group.name, group.queue, pid, e
+            )
+            return
+        state.out_mark, state.out_written = state.handed_top, now
+
+    def _count_the_crash(self, group: GroupState, pid: int, state: PartitionState, out_mark: bytes) -> None:
+        """The last holder of this partition's state died with messages handed out up to
+        ``out_mark`` (its hand-out mark): each one not finished counts a failed delivery
+        (stored), and goes out again now as a retry, or to the dead-letter queue when past
+        its retries. So a message that makes its holder itself crash is dead-lettered too
+        (its failures were counted only by the holder that died with it)."""
+        prefix, crashed = partition_prefix(pid), []
+        start, stop = prefix + state.done, prefix + id_after(out_mark)
+        while True:  # (in chunks: the values come too, and one may be megabytes)
+            keys, _ = self.engine.scan_columns(group.queue, start, stop, group.config.topics, *CRASH_SCAN_CHUNK)
+            crashed += [i for i in map(id_bytes, keys) if i not in state.acked and i not in state.behind]
+            if not keys:
+                break
+            start = prefix + id_after(id_bytes(keys[-1]))
+        state.out_mark = out_mark
+        state.scan = max(state.scan, id_after(out_mark))  # (the unfinished ones wait as retries now)
+        if not crashed:
+            return
+        counts = {i: state.retries.get(i, 0) + 1 for i in crashed}
+        state.retries.update(counts)
+        key = state_prefix(group.queue, group.name, pid)
+        try:
+            self.engine.writers.write_meta(
+                group.queue, pid, {f"{key}retry/{i.hex()}": str(n).encode() for i, n in counts.items()},
+                (), self.engine.queue_info(group.queue).durability,
+            )  # fmt: skip
+        except BaseException:  # not counted in the store: read again (and counted) next time
+            group.partitions.pop(pid, None)
+            raise
+        now = time.monotonic()
+        state.open.extend(crashed)
+        for message_id in crashed:
+            if counts[message_id] > group.config.max_retries:
+                state.unburied[message_id] = 0  # (due now: the dead-letter write, not a delivery)
+            state.retry_at(message_id, now)
+        logger.warning(
+            "group %s of %s: partition %d's last holder died with %d messages handed out and not finished: "
+            "each counts a failed delivery",
+            group.name, group.queue, pid, len(crashed),
+        )  # fmt: skip
 
     def _expire(self, group: GroupState, pid: int, state: PartitionState, now: float) -> None:
         self._failed_many(group, pid, state, state.expired(now))
@@ -439,6 +527,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
                 ids = ids[:taken]
                 state.lease(ids, member, deadline)
                 state.open.extend(ids)
+                state.handed_top = ids[-1]
                 attempts = [state.retries.get(i, 0) + 1 for i in ids] if state.retries else repeat(1, taken)
                 out.extend(keys, values, attempts, size)
                 room -= taken

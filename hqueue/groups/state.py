@@ -179,6 +179,11 @@ class PartitionState:
     affinity: KeyAffinity | None = None
     #: What the last metrics scrape wrote of this state (server/gauges.py), reused while it holds.
     metric_lines: Any = None
+    #: The highest ID handed out as a first delivery here, and the highest of those stored
+    #: (``out``) with when it was: what a holder that dies had in flight (service.py).
+    handed_top: bytes = b""
+    out_mark: bytes = b""
+    out_written: float = 0.0
 
     def __post_init__(self) -> None:
         self.scan = max(self.scan, self.done)

@@ -713,3 +713,45 @@ def test_a_forked_child_uses_the_store_as_a_client_and_not_the_parents_handles(t
         values = collections.Counter(m.value for m in parent.scan())
     assert values == {b"parent": 200, b"child": 100}
     assert min(after) > max(before)
+
+
+def test_a_message_that_kills_the_process_holding_its_group_is_dead_lettered_after_its_retries(tmp_path):
+    """A poison message that made the process holding the store crash came back as a first
+    delivery in the next one, for ever: the failures were counted by the process that died.
+    The holder's hand-out mark makes the next holder count each crash."""
+    data = str(tmp_path / "data")
+    with HQueueAdmin(data_dir=data) as admin:
+        admin.create_queue("q", 1)
+    from hqueue import Message
+
+    with HQueue("q", data_dir=data) as queue:
+        poison = queue.put(Message("t", b"poison"))[0]
+    script = (
+        "import os, signal, sys\nfrom hqueue import HQueue\n"
+        "with HQueue('q', data_dir=sys.argv[1]) as q, q.consumer('g', max_retries=1) as c:\n"
+        "    got = c.receive(1, wait=3)\n"
+        "    print(got[0].attempt if got else 0, flush=True)\n"
+        "    if got:\n        os.kill(os.getpid(), signal.SIGKILL)  # the message kills its holder\n"
+    )
+    attempts = []
+    for _ in range(3):
+        done = subprocess.run([sys.executable, "-c", script, data], cwd=ROOT, env=python_env(),
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        attempts.append(int(done.stdout.strip() or -1))
+    assert attempts == [1, 2, 0], attempts  # the third holder counted a second failure: past max_retries=1
+    with HQueue("q.dlq", data_dir=data) as dlq:
+        dead = list(dlq.scan())
+    assert [m.value for m in dead] == [b"poison"], dead
+    with HQueue("q", data_dir=data) as queue, queue.consumer("g") as consumer:
+        assert consumer.receive(1, wait=0.5) == []  # finished in the group: not handed out again
+        queue.put(Message("t", b"fine"))
+    # A holder that stops cleanly with a message in flight counts no failure for it
+    clean = script.replace("os.kill(os.getpid(), signal.SIGKILL)", "pass")
+    attempts = [
+        subprocess.run(
+            [sys.executable, "-c", clean, data], cwd=ROOT, env=python_env(), capture_output=True, text=True, timeout=60
+        ).stdout.strip()  # fmt: skip
+        for _ in range(2)
+    ]
+    assert attempts == ["1", "1"], attempts
+    assert poison is not None

@@ -137,7 +137,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
                             group.queue, pid, {}, [state_prefix(group.queue, group.name, pid) + "out"],
                             Durability.ASYNC_WAL,
                         )  # fmt: skip
-                    except HQueueError as e:
+                    except Exception as e:  # noqa: BLE001 - a stop goes on (a mark left counts the next time)
                         logger.debug("group %s of %s: hand-out mark of %d left: %s", group.name, group.queue, pid, e)
                     state.out_mark = b""
 

@@ -48,6 +48,7 @@ server crash) is handed out again; a message acked before the crash never is.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Collection
@@ -56,6 +57,7 @@ from dataclasses import replace
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
+from .. import forks
 from ..config import Durability
 from ..errors import GroupNotFound, HQueueError, InvalidArgument, LimitExceeded
 from ..keys.groups import group_key, groups_prefix, id_after, state_prefix
@@ -88,6 +90,18 @@ ROOM_RETRY = 0.05
 OUT_MARK_INTERVAL = 0.1
 #: A chunk of the read that counts the messages a holder died holding (cells, bytes).
 CRASH_SCAN_CHUNK = (1000, 16 << 20)
+#: This process, in its hand-out marks: a state it reads back after dropping it (a failed
+#: write, a partition moved away and back) is no holder's death. A forked child is another.
+HOLDER_BYTES = 8
+_HOLDER = [os.urandom(HOLDER_BYTES)]
+
+
+def _another_holder() -> list[object]:
+    _HOLDER[0] = os.urandom(HOLDER_BYTES)
+    return []
+
+
+forks.on_fork(_another_holder)
 
 
 class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
@@ -271,8 +285,11 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
             state.dead_lettered = int(stored.get(state_prefix(group.queue, group.name, pid) + "dead") or 0)
             if group.config.key_affinity is not None:
                 state.affinity = KeyAffinity(group.config.key_affinity)
-            out_mark = stored.get(state_prefix(group.queue, group.name, pid) + "out")
-            if out_mark and out_mark >= done and state.affinity is None:
+            mark = stored.get(state_prefix(group.queue, group.name, pid) + "out") or b""
+            out_mark, holder = mark[:-HOLDER_BYTES], mark[-HOLDER_BYTES:]
+            if holder == _HOLDER[0]:  # this process's: its state was dropped here (a failed write, a move), no death
+                state.out_mark = out_mark
+            elif out_mark and out_mark >= done and state.affinity is None:
                 self._count_the_crash(group, pid, state, out_mark)
         return state
 
@@ -426,7 +443,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
         write skips the mark (a crash then counts less), never the receive."""
         try:
             self.engine.writers.write_meta(
-                group.queue, pid, {state_prefix(group.queue, group.name, pid) + "out": state.handed_top},
+                group.queue, pid, {state_prefix(group.queue, group.name, pid) + "out": state.handed_top + _HOLDER[0]},
                 (), Durability.ASYNC_WAL,
             )  # fmt: skip
         except HQueueError as e:

@@ -9,6 +9,8 @@ server started with them.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from hqueue import GroupLimits, HQueue, HQueueAdmin, InvalidArgument, LimitExceeded, Message, MessageID
@@ -192,12 +194,17 @@ def test_a_nack_delay_is_no_longer_than_the_maximum_lease(limited):
 def test_a_receive_returns_at_most_what_the_member_may_still_hold(limited):
     limited.put([Message("t", b"%d" % i) for i in range(10)], 0)
     with limited.consumer("g", member="a") as a, limited.consumer("g", member="b") as b:
-        first = a.receive(10, wait=2, lease=60)
+        started = time.monotonic()
+        first = a.receive(10, wait=2, lease=60)  # (leased 1 s: the server's max_lease)
         assert len(first) == 3
         assert a.receive(10, wait=0.2, lease=60) == []  # holds its 3: no more
         assert len(b.receive(10, wait=2)) == 3  # the others still get work
         a.ack(first[:2])
-        assert len(a.receive(10, wait=2)) == 2  # room for two again
+        again = a.receive(10, wait=2)
+        if time.monotonic() - started < 0.9:  # its third lease still held (a slow machine: it ran out)
+            assert len(again) == 2  # room for two again
+        else:
+            assert len(again) <= 3
 
 
 def test_a_queue_has_at_most_max_groups_groups(limited):

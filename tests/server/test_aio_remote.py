@@ -610,97 +610,98 @@ def test_call_numbers_wrap_within_an_i32_on_a_long_lived_connection(tmp_path):
         server.stop()
 
 
-def test_a_scan_left_by_break_lets_its_connections_go_without_the_garbage_collector(tmp_path):
+@pytest.fixture
+def served(tmp_path):
+    """An in-process server on an embedded store: (the server, its URL, a function making a queue)."""
+    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
+    url = f"hqueue://{server.address}"
+
+    def queue(partitions: int) -> None:
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("q", partitions)
+
+    try:
+        yield server, url, queue
+    finally:
+        server.stop()
+
+
+def test_a_scan_left_by_break_lets_its_connections_go_without_the_garbage_collector(served):
     """The scanner and its generator held each other: each scan left by ``break`` kept its
     cursors' connections and server-side scanners until a collection (44 connections
     after 300 such scans over 4 partitions, an attacker's pass)."""
     import gc
 
-    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
-    url = f"hqueue://{server.address}"
-    try:
-        with HQueueAdmin(url) as admin:
-            admin.create_queue("q", 4)
+    server, url, make_queue = served
+    make_queue(4)
 
-        async def main() -> int:
-            async with AsyncHQueue("q", url) as queue:
-                for p in range(4):
-                    await queue.put([Message("t", b"%d" % i) for i in range(50)], partition_id=p)
-                gc.disable()
-                try:
-                    for _ in range(60):
-                        async for _message in queue.scan(caching=7):
-                            break
-                    await asyncio.sleep(0.2)  # the generators' ends (scheduled by the loop) run
-                    return client_sockets(url)
-                finally:
-                    gc.enable()
-
-        assert asyncio.run(main()) <= 4  # a scan's four cursors at most, not one set per scan
-        # The blocking client's scans held their cursors the same way
-        with HQueue("q", url) as queue:
+    async def main() -> int:
+        async with AsyncHQueue("q", url) as queue:
+            for p in range(4):
+                await queue.put([Message("t", b"%d" % i) for i in range(50)], partition_id=p)
             gc.disable()
             try:
                 for _ in range(60):
-                    for _message in queue.get_queue_scanner(caching=7):
+                    async for _message in queue.scan(caching=7):
                         break
-                assert len(server.scanners) <= 4  # a scan's four at most, closed as it is let go
+                await asyncio.sleep(0.2)  # the generators' ends (scheduled by the loop) run
+                return client_sockets(url)
             finally:
                 gc.enable()
-    finally:
-        server.stop()
+
+    assert asyncio.run(main()) <= 4  # a scan's four cursors at most, not one set per scan
+    # The blocking client's scans held their cursors the same way
+    with HQueue("q", url) as queue:
+        gc.disable()
+        try:
+            for _ in range(60):
+                for _message in queue.get_queue_scanner(caching=7):
+                    break
+            assert len(server.scanners) <= 4  # a scan's four at most, closed as it is let go
+        finally:
+            gc.enable()
 
 
-def test_cancelled_long_polls_cost_one_call_under_way_not_one_each(tmp_path):
+def test_cancelled_long_polls_cost_one_call_under_way_not_one_each(served):
     """``wait_for(receive(wait=30), 0.01)`` in a loop left each cancelled long poll holding a
     connection for its wait: past 128 the handle had none left (puts, receives and the
     consumer's close all failed "not sent" for 30 s). The member's next receive now waits
     for the poll already under way, and gets what it is handed."""
-    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
-    url = f"hqueue://{server.address}?timeout=3"
-    try:
-        with HQueueAdmin(url) as admin:
-            admin.create_queue("q", 1)
+    _, url, make_queue = served
+    make_queue(1)
 
-        async def main() -> None:
-            async with AsyncHQueue("q", url) as queue:
-                async with queue.consumer("g") as consumer:
-                    for _ in range(150):
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(consumer.receive(wait=30), 0.01)
-                    assert queue.connections <= 3  # (the poll under way, and one or two to spare)
-                    ids = await queue.put(Message("t", b"x"))
-                    got = await consumer.receive(wait=5)
-                    assert [d.message.id for d in got] == ids and got[0].attempt == 1
-                    assert await consumer.ack(got) == 1
+    async def main() -> None:
+        async with AsyncHQueue("q", url + "?timeout=3") as queue:
+            async with queue.consumer("g") as consumer:
+                for _ in range(150):
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(consumer.receive(wait=30), 0.01)
+                assert queue.connections <= 3  # (the poll under way, and one or two to spare)
+                ids = await queue.put(Message("t", b"x"))
+                got = await consumer.receive(wait=5)
+                assert [d.message.id for d in got] == ids and got[0].attempt == 1
+                assert await consumer.ack(got) == 1
 
-        asyncio.run(main())
-    finally:
-        server.stop()
+    asyncio.run(main())
 
 
-def test_a_receive_takes_a_cancelled_ones_poll_only_with_the_same_lease(tmp_path):
+def test_a_receive_takes_a_cancelled_ones_poll_only_with_the_same_lease(served):
     """The member's next receive took what the cancelled one's poll was handed with that
     poll's lease (1 s where 60 were asked): another member got the message 1 s later,
     while the first still worked on it (a review of the change)."""
-    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
-    url = f"hqueue://{server.address}"
-    try:
-        with HQueueAdmin(url) as admin:
-            admin.create_queue("q", 1)
+    _, url, make_queue = served
+    make_queue(1)
 
-        async def main() -> None:
-            async with AsyncHQueue("q", url) as queue:
-                async with queue.consumer("g", member="a") as a, queue.consumer("g", member="b") as b:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(a.receive(wait=20, lease=1), 0.05)
-                    ids = await queue.put(Message("t", b"x"))
-                    got = await a.receive(wait=5, lease=60)
-                    assert [d.message.id for d in got] == ids
-                    await asyncio.sleep(2.5)  # past the cancelled receive's lease
-                    assert await b.receive(wait=0) == []  # a still holds it, for its 60 s
-                    assert await a.ack(got) == 1
+    async def main() -> None:
+        async with AsyncHQueue("q", url) as queue:
+            async with queue.consumer("g", member="a") as a, queue.consumer("g", member="b") as b:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(a.receive(wait=20, lease=1), 0.05)
+                ids = await queue.put(Message("t", b"x"))
+                got = await a.receive(wait=5, lease=60)
+                assert [d.message.id for d in got] == ids
+                await asyncio.sleep(2.5)  # past the cancelled receive's lease
+                assert await b.receive(wait=0) == []  # a still holds it, for its 60 s
+                assert await a.ack(got) == 1
 
-        asyncio.run(main())
-    finally:
-        server.stop()
+    asyncio.run(main())

@@ -96,6 +96,11 @@ HOLDER_BYTES = 8
 _HOLDER = [os.urandom(HOLDER_BYTES)]
 
 
+def _out_key(group: GroupState, pid: int) -> str:
+    """Where a partition's hand-out mark is kept, among its group state."""
+    return state_prefix(group.queue, group.name, pid) + "out"
+
+
 def _another_holder() -> list[object]:
     _HOLDER[0] = os.urandom(HOLDER_BYTES)
     return []
@@ -148,7 +153,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
                 for pid, state in marked:
                     try:
                         self.engine.writers.write_meta(
-                            group.queue, pid, {}, [state_prefix(group.queue, group.name, pid) + "out"],
+                            group.queue, pid, {}, [_out_key(group, pid)],
                             Durability.ASYNC_WAL,
                         )  # fmt: skip
                     except Exception as e:  # noqa: BLE001 - a stop goes on (a mark left counts the next time)
@@ -285,7 +290,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
             state.dead_lettered = int(stored.get(state_prefix(group.queue, group.name, pid) + "dead") or 0)
             if group.config.key_affinity is not None:
                 state.affinity = KeyAffinity(group.config.key_affinity)
-            mark = stored.get(state_prefix(group.queue, group.name, pid) + "out") or b""
+            mark = stored.get(_out_key(group, pid)) or b""
             out_mark, holder = mark[:-HOLDER_BYTES], mark[-HOLDER_BYTES:]
             if holder == _HOLDER[0]:  # this process's: its state was dropped here (a failed write, a move), no death
                 state.out_mark = out_mark
@@ -443,7 +448,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
         write skips the mark (a crash then counts less), never the receive."""
         try:
             self.engine.writers.write_meta(
-                group.queue, pid, {state_prefix(group.queue, group.name, pid) + "out": state.handed_top + _HOLDER[0]},
+                group.queue, pid, {_out_key(group, pid): state.handed_top + _HOLDER[0]},
                 (), Durability.ASYNC_WAL,
             )  # fmt: skip
         except HQueueError as e:

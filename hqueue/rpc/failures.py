@@ -55,10 +55,11 @@ def explain(
         return (
             f"the TLS handshake failed ({cause.reason or cause}): does the server speak TLS? (if not, leave out tls=1)"
         )
-    if speaks is None and would_probe(error, tls):
-        speaks = probe_seconds > 0 and speaks_tls(host, port, probe_seconds)
-    if speaks and would_probe(error, tls):
-        return "the server speaks TLS: connect with hqueue://…?tls=1 (and ca=FILE for a self-signed certificate)"
+    if would_probe(error, tls):
+        if speaks is None:
+            speaks = probe_seconds > 0 and speaks_tls(host, port, probe_seconds)
+        if speaks:
+            return "the server speaks TLS: connect with hqueue://…?tls=1 (and ca=FILE for a self-signed certificate)"
     return _plain(host, cause, server)
 
 

@@ -42,7 +42,6 @@ def normalize_url(url: str) -> str:
         if parts.query:
             raise InvalidArgument(f"a local:// URL takes no options ('?…'): {url!r}")
         return local_url(url[len("local://") :], url)
-    parts = urlsplit(url)
     if parts.scheme in ("hbase", "memory"):
         return url
     raise InvalidArgument(

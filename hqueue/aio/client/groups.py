@@ -95,10 +95,11 @@ class AsyncRemoteGroups:
                 self._turn = (self._turn + 1) % len(owners)
                 answered = failed = False
                 turn = owners[self._turn :] + owners[: self._turn]
-                if orphan is not None and orphan.owner in turn:  # asked already: its answer last
-                    turn.remove(orphan.owner)
+                waiting_for = orphan if orphan is not None and orphan.owner in owners else None
+                if waiting_for is not None:  # asked already: its answer last, and no other long poll
+                    turn.remove(waiting_for.owner)
                 for index, owner in enumerate(turn):
-                    last = index == len(turn) - 1 and (orphan is None or orphan.owner not in owners)
+                    last = waiting_for is None and index == len(turn) - 1
                     wait_ms = max(0, int((waited - loop.time()) * 1000)) if last else 0
                     call = ("groupReceive", queue, group, member, max_messages, int(lease * 1000), wait_ms)
                     arrived = partial(self._orphaned, key, owner, lease, late)
@@ -111,8 +112,8 @@ class AsyncRemoteGroups:
                     answered = True
                     if deliveries.attempts:
                         return received_pairs(deliveries)
-                if orphan is not None and orphan.owner in owners:
-                    pairs = await self._adopt(key, orphan, max_messages, waited)
+                if waiting_for is not None:
+                    pairs = await self._adopt(key, waiting_for, max_messages, waited)
                     if pairs or loop.time() >= waited:
                         return pairs
                     orphan = None  # it ended with none (or another receive took it): long-poll again
@@ -139,7 +140,7 @@ class AsyncRemoteGroups:
     def _orphan_answered(self, key: tuple[str, str, str], orphan: _Orphan, reading: asyncio.Future[Any]) -> None:
         answer = None if reading.cancelled() or reading.exception() is not None else reading.result()
         try:
-            orphan.pairs = received_pairs(answer) if answer is not None and answer.attempts else []
+            orphan.pairs = received_pairs(answer) if answer is not None else []
         except Exception:  # (an answer it cannot read: those leases run out instead)
             logger.exception("the answer to a cancelled receive of %s could not be read", key)
         orphan.answered.set()

@@ -61,9 +61,35 @@ class _Bounded:
         self.sock.settimeout(left)  # sendall: the whole send; recv: this read
         self._armed = (now, deadline)
 
+    _head = b""  # the part of an answer frame's head read so far
+    _left = 0  # the bytes of the answer frame being read still to come
+
     def read(self, sz: int) -> bytes:
         self._arm()
-        return super().read(sz)  # type: ignore[misc]
+        data: bytes = super().read(sz)  # type: ignore[misc]
+        if self._left >= len(data):
+            self._left -= len(data)
+        else:
+            self._check_heads(data)
+        return data
+
+    def _check_heads(self, data: bytes) -> None:
+        """Refuse an answer frame whose head is 0 or over MAX_ANSWER_BYTES before thriftpy2
+        allocates it (it mallocs what a head says, up to 2 GiB): TTransportException, which
+        ends the connection."""
+        at = self._left
+        while at < len(data):
+            head = self._head + data[at : at + 4 - len(self._head)]
+            at += len(head) - len(self._head)
+            if len(head) < 4:
+                self._head, self._left = head, 0
+                return
+            size = int.from_bytes(head, "big", signed=True)
+            if not 0 < size <= wire.MAX_ANSWER_BYTES:
+                raise TTransportException(TTransportException.UNKNOWN, f"an answer frame of {size} bytes")
+            self._head = b""
+            at += size
+        self._left = at - len(data)
 
     def write(self, buf: bytes) -> None:
         self._arm()

@@ -26,6 +26,9 @@ T = idl.load("hqueue.thrift")
 MAX_SCAN_BATCH = 10_000
 #: A reply stops after the message that brings its topics and values to this size.
 SCAN_REPLY_BYTES = 16 * 1024 * 1024
+#: The largest answer frame a client reads (a scan chunk is at most SCAN_REPLY_BYTES and change):
+#: a larger head ends the connection before anything is allocated for it.
+MAX_ANSWER_BYTES = 256 * 1024 * 1024
 #: What the error for a scanner the server no longer has says (closed, idle past its timeout,
 #: or of a connection or a server that is gone): a client's cursor opens another.
 SCANNER_GONE = "is not open on this connection"

@@ -14,12 +14,13 @@ import socket
 import struct
 import threading
 import time
+import tracemalloc
 from collections.abc import Callable
 
 import pytest
 from thriftpy2.protocol import TBinaryProtocol
 from thriftpy2.thrift import TMessageType
-from thriftpy2.transport import TMemoryBuffer
+from thriftpy2.transport import TMemoryBuffer, TTransportException
 
 from hqueue import DeadlineExceeded, HQueue, HQueueAdmin, Message, NotAuthorized, ServerUnavailable
 from hqueue.aio import AsyncHQueue, AsyncHQueueAdmin
@@ -533,9 +534,11 @@ def test_an_answer_to_another_call_is_never_taken_for_this_one_s(client):
         assert listed == ["a"]
 
 
-@pytest.mark.parametrize("size", [0x7FFFFFFF, 0])
-def test_an_answer_frame_out_of_bounds_ends_its_connection_before_it_is_read(size):
-    """A head announcing 2 GiB (or 0 bytes) is refused when read: nothing of it is buffered."""
+@pytest.mark.parametrize("client", ["asyncio", "blocking"])
+@pytest.mark.parametrize("size", [0x7FFFFFFF, wire.MAX_ANSWER_BYTES + 1, 0])
+def test_an_answer_frame_out_of_bounds_ends_its_connection_before_it_is_read(size, client):
+    """A head announcing 2 GiB (or 0 bytes) is refused when read: nothing of it is buffered
+    (thriftpy2's framed transport would allocate what the head says before reading it)."""
 
     async def main() -> BaseException:
         async with AsyncHQueueAdmin(f"hqueue://{address}?timeout={TIMEOUT}") as admin:
@@ -544,8 +547,46 @@ def test_an_answer_frame_out_of_bounds_ends_its_connection_before_it_is_read(siz
             return caught.value
 
     with _scripted_server(lambda n, seqid: struct.pack("!i", size) + b"x" * 64) as address:
-        error = asyncio.run(asyncio.wait_for(main(), 30))
+        if client == "asyncio":
+            error = asyncio.run(asyncio.wait_for(main(), 30))
+        else:
+            with HQueueAdmin(f"hqueue://{address}?timeout={TIMEOUT}") as admin:
+                tracemalloc.start()
+                with pytest.raises(ServerUnavailable) as caught:
+                    admin.list_queues()
+                peak = tracemalloc.get_traced_memory()[1]
+                tracemalloc.stop()
+            error = caught.value
+            assert peak < 16 * 1024 * 1024
     assert f"an answer frame of {size} bytes" in str(error)
+
+
+def test_answer_frames_cut_anywhere_are_read_whole_by_the_blocking_client():
+    """The blocking client's check of each answer's head follows frames however the
+    socket's reads cut them: a head in two reads, two answers in one read, a body split."""
+    from hqueue.client.pool import _Bounded
+
+    class Source:
+        chunks: list[bytes]
+
+        def read(self, sz: int) -> bytes:
+            return self.chunks.pop(0)
+
+    class Stream(_Bounded, Source):
+        def _arm(self) -> None:
+            pass
+
+    answers = _listing_answer("a", seqid=1) + _listing_answer("b", seqid=2)
+    for cuts in ([1, 2, 3], [5], [4, 40], [len(answers) - 1], [2, len(answers) - 3], [len(answers) + 2]):
+        frames = answers + struct.pack("!i", 0)
+        edges = [0, *itertools.accumulate(cuts), len(frames)]
+        stream = Stream()
+        stream.chunks = [frames[a:b] for a, b in itertools.pairwise(edges) if b > a]
+        read = b""
+        with pytest.raises(TTransportException, match="an answer frame of 0 bytes"):
+            while stream.chunks:
+                read += stream.read(1 << 16)
+        assert not stream.chunks and frames.startswith(read), cuts  # refused on the zero head, not before
 
 
 def test_answers_not_taken_past_their_bound_leave_the_socket_unread():

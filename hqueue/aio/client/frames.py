@@ -22,8 +22,8 @@ import struct
 
 from thriftpy2.transport import TTransportException
 
-#: The largest answer frame read (a scan chunk is at most wire.SCAN_REPLY_BYTES and change).
-MAX_ANSWER_BYTES = 256 * 1024 * 1024
+from ...rpc.wire import MAX_ANSWER_BYTES
+
 #: Answers read and not taken yet past this many bytes: the socket is not read until they
 #: are (answers pipelined ahead of a slow reader wait in the server, as with a stream's limit).
 HELD_BYTES = 4 * 1024 * 1024

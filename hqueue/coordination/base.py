@@ -12,13 +12,19 @@ its owner (the engine's allocator is only valid there).
 from __future__ import annotations
 
 import abc
+import logging
 from collections.abc import Callable, Iterable
 
 from ..errors import NotPartitionOwner
 from ..storage.fence import Token
 
+logger = logging.getLogger(__name__)
+
 #: ``listener(gained, lost)``: sets of ``(queue, pid)``.
 OwnershipListener = Callable[[set[tuple[str, int]], set[tuple[str, int]]], None]
+#: ``listener(partitions)``: ``(queue, pid)`` this server gives up willingly (another server
+#: takes them: a rebalance), called while it still holds them, before it refuses them.
+ReleaseListener = Callable[[set[tuple[str, int]]], None]
 
 
 class Coordinator(abc.ABC):
@@ -29,13 +35,26 @@ class Coordinator(abc.ABC):
 
     def __init__(self) -> None:
         self._listeners: list[OwnershipListener] = []
+        self._release_listeners: list[ReleaseListener] = []
 
     def add_listener(self, listener: OwnershipListener) -> None:
         self._listeners.append(listener)
 
+    def add_release_listener(self, listener: ReleaseListener) -> None:
+        """Call ``listener`` with the partitions this server hands over willingly, before it
+        lets them go: its writes there still land (a graceful move is not a death)."""
+        self._release_listeners.append(listener)
+
     def _notify(self, gained: set[tuple[str, int]], lost: set[tuple[str, int]]) -> None:
         for listener in self._listeners:
             listener(gained, lost)
+
+    def _releasing(self, partitions: set[tuple[str, int]]) -> None:
+        for listener in self._release_listeners:
+            try:
+                listener(partitions)
+            except Exception:  # a hand-over goes on (what the listener did not do counts as a death)
+                logger.exception("a release listener failed on %d partition(s)", len(partitions))
 
     @abc.abstractmethod
     def start(self, queues: Callable[[], Iterable[tuple[str, int]]]) -> None:

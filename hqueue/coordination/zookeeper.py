@@ -322,6 +322,7 @@ class ZooKeeperCoordinator(Coordinator):
         mine = {it for it, member in deal(members, items).items() if member == self.identifier}
         going = set(self._locks.held) - mine
         if going:
+            self._releasing({parse_item(it) for it in going})  # held still: a last write may land
             self._set_owned(self._owned - going)  # refuse first, then let the new owner in
             for it in sorted(going):
                 self._locks.give_back(it)

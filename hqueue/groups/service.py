@@ -48,6 +48,7 @@ server crash) is handed out again; a message acked before the crash never is.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -131,6 +132,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
 
     def start(self) -> None:
         self.coordinator.add_listener(self._ownership_changed)
+        self.coordinator.add_release_listener(self._clear_out_marks)
         self.engine.events.on_write(self._on_write)
         self.engine.events.on_drop(self.forget)
 
@@ -142,14 +144,21 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
         with self._arrived:
             self._arrived.notify_all()
 
-    def _clear_out_marks(self) -> None:
-        """A clean stop: the messages in flight go out again without counting a failure (as
-        when a member leaves), so the hand-out marks go (best effort: a mark left counts)."""
+    def _clear_out_marks(self, partitions: set[tuple[str, int]] | None = None) -> None:
+        """A clean stop, or ``partitions`` handed over to another server (a rebalance): the
+        messages in flight there go out again without counting a failure (as when a member
+        leaves), so the hand-out marks go, and none is written again here (best effort: a
+        mark left counts)."""
         with self._lock:
             groups = list(self._groups.values())
         for group in groups:
             with group.lock:
-                marked = [(pid, state) for pid, state in group.partitions.items() if state.out_mark]
+                marked = []
+                for pid, state in group.partitions.items():
+                    if partitions is None or (group.queue, pid) in partitions:
+                        state.out_written = math.inf  # (no mark from a receive until the state goes)
+                        if state.out_mark:
+                            marked.append((pid, state))
                 for pid, state in marked:
                     try:
                         self.engine.writers.write_meta(

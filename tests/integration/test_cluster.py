@@ -219,6 +219,35 @@ def test_timers_and_groups_follow_their_partitions_to_the_surviving_server(clust
     assert sorted(d.value for d in first) == sorted(b"m%d" % pid for pid in range(PARTITIONS))
 
 
+def test_a_partition_a_rebalance_moves_counts_no_failed_delivery(cluster):
+    """A graceful move (a server joins and takes its share) is not its holder's death: the
+    holder removes its hand-out marks before it lets the partitions go, so the messages in
+    flight there go out again as first deliveries, and a group with max_retries=0
+    dead-letters none of them. (A death still counts: tests/system/test_shared_store.py.)"""
+    a = cluster("a")
+    with HQueueAdmin(f"hqueue://{a.address}") as admin:
+        admin.create_queue("orders", PARTITIONS)
+    wait_for(lambda: settled(a) == [a.address] * PARTITIONS, 30, "a to hold every partition")
+    with HQueue("orders", f"hqueue://{a.address}") as queue:
+        for pid in range(PARTITIONS):
+            queue.put(Message("order", b"m%d" % pid), pid)
+        with queue.consumer("billing", member="holder", lease=60, max_retries=0) as holder:
+            held = drain(holder, PARTITIONS, 20, wait=0.5)  # (the first hand-out of each partition is marked)
+            b = cluster("b")
+            even = sorted([a.address, b.address] * (PARTITIONS // 2))
+            wait_for(lambda: sorted(settled(a, b) or []) == even, 30, "b to take half the partitions")
+    with HQueue("orders", f"hqueue://{a.address},{b.address}") as queue:
+        with queue.consumer("billing", member="after", max_retries=0) as after:
+            again = drain(after, PARTITIONS, 30, wait=0.5)  # b's half: the move; a's: the holder left
+            after.ack(again)
+        assert sorted(d.value for d in again) == sorted(d.value for d in held)
+        assert [d.attempt for d in again] == [1] * PARTITIONS
+    with HQueueAdmin(f"hqueue://{a.address},{b.address}") as admin:
+        if admin.queue_exists("orders.dlq"):
+            with admin.queue("orders.dlq") as dlq:
+                assert list(dlq.scan()) == []
+
+
 def test_a_client_whose_cached_owner_died_follows_the_partitions_to_the_new_owner(cluster, monkeypatch):
     """A member's cached owners can outlive a failover (a loaded machine, a long poll):
     its acks, nacks and receives, and puts and timers, refresh the owners and go to

@@ -56,6 +56,7 @@ class SubscriptionCalls(Calls):
     def subscriberHeartbeat(
         self, queue: str, name: str, address: str, topics: list[bytes] | None, push: Any = None
     ) -> None:
+        self.subscriptions.registration(queue, name)  # first: an unknown name costs no lookup of its address
         pinned, credentials = self._announced(address, push)
         self.subscriptions.heartbeat(
             queue, name, pinned, frozenset(topics) if topics is not None else None, credentials
@@ -63,4 +64,5 @@ class SubscriptionCalls(Calls):
 
     @served(MANAGE, named=(1, "subscriber"))
     def approveSubscriberAddress(self, queue: str, name: str, address: str, push: Any = None) -> None:
+        self.subscriptions.registration(queue, name)
         self.subscriptions.approve(queue, name, *self._announced(address, push))

@@ -62,6 +62,11 @@ class Subscribers:
         server with ZooKeeper answered ``"zk:<hosts>"``: they wrote their presence there)."""
         return self.registry.coordination
 
+    def registration(self, queue: str, name: str) -> Registration:
+        """``name``'s registration on ``queue``: SubscriberNotFound (QueueNotFound) if there is none."""
+        self._used()
+        return self.registry.load(queue, name)
+
     def heartbeat(
         self, queue: str, name: str, address: str, topics: frozenset[bytes] | None, push: PushCredentials
     ) -> None:

@@ -396,10 +396,25 @@ def test_a_push_address_needs_a_real_port(server, address):
     with pytest.raises(InvalidArgument, match="port is 1..65535|host:port"):
         PushPolicy(["127.0.0.0/8"]).check(address, "127.0.0.1")
     client = raw_client(server.port)  # and over the wire, as a typed error; the connection lives on
+    client.addSubscriber("q", "s", None, None)
     with pytest.raises(T.TInvalidMessage, match="host:port|1..65535"):
         client.subscriberHeartbeat("q", "s", address, None)
     assert client.listQueues()
     client.close()
+
+
+@pytest.mark.parametrize("call", ["subscriberHeartbeat", "approveSubscriberAddress"])
+def test_an_unknown_subscriber_is_refused_before_its_address_is_looked_up(server, monkeypatch, call):
+    """A name no subscriber has costs the server no DNS lookup (one that takes seconds
+    holds a worker thread): SubscriberNotFound first, the address after."""
+    looked_up = []
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: looked_up.append(args) or [])
+    client = raw_client(server.port)
+    args = (None, T.TPushKey(key=bytes(32))) if call == "subscriberHeartbeat" else (T.TPushKey(key=bytes(32)),)
+    with pytest.raises(T.TSubscriberNotFound):
+        getattr(client, call)("q", "nobody", "slow-to-resolve.example:9999", *args)
+    client.close()
+    assert looked_up == []
 
 
 def test_tls_serves_a_client_that_trusts_the_certificate(tmp_path):

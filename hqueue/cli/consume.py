@@ -9,9 +9,13 @@ the command exits 0, nacked when it does not: it comes back after a backoff
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import click
 
@@ -66,7 +70,7 @@ def consume(ctx, name, group, topics, output_format, max_messages, duration, lea
     queue = open_queue(ctx, name)
     deadline = None if duration is None else time.monotonic() + duration
     seen, interrupted = 0, False
-    with queue.consumer(group, topics or None, start=start, lease=lease) as consumer:
+    with _terminate_as_interrupt(), queue.consumer(group, topics or None, start=start, lease=lease) as consumer:
         try:
             while (deadline is None or time.monotonic() < deadline) and (max_messages is None or seen < max_messages):
                 wait = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
@@ -87,6 +91,24 @@ def consume(ctx, name, group, topics, output_format, max_messages, duration, lea
             interrupted = True  # leaving the group hands what it holds back (the message in hand too)
     if interrupted:
         ctx.exit(130)
+
+
+@contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a service manager's stop) ends the member as Ctrl-C does: it leaves the
+    group and hands back what it holds, where being killed would count those failed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach the main thread only
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _run(consumer: Consumer, delivery: Delivery, command: str, nack_delay: float | None) -> None:

@@ -91,6 +91,9 @@ ROOM_RETRY = 0.05
 OUT_MARK_INTERVAL = 0.1
 #: A chunk of the read that counts the messages a holder died holding (cells, bytes).
 CRASH_SCAN_CHUNK = (1000, 16 << 20)
+#: A retry record's value ends with this while the retry is handed out (not waiting): a
+#: holder's death counts it (see GroupService._count_the_crash).
+OUT_AGAIN = b"+"
 #: This process, in its hand-out marks: a state it reads back after dropping it (a failed
 #: write, a partition moved away and back) is no holder's death. A forked child is another.
 HOLDER_BYTES = 8
@@ -157,7 +160,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
                 for pid, state in group.partitions.items():
                     if partitions is None or (group.queue, pid) in partitions:
                         state.out_written = math.inf  # (no mark from a receive until the state goes)
-                        if state.out_mark:
+                        if state.marked:
                             marked.append((pid, state))
                 for pid, state in marked:
                     try:
@@ -167,7 +170,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
                         )  # fmt: skip
                     except Exception as e:  # noqa: BLE001 - a stop goes on (a mark left counts the next time)
                         logger.debug("group %s of %s: hand-out mark of %d left: %s", group.name, group.queue, pid, e)
-                    state.out_mark = b""
+                    state.marked = False
 
     def _on_write(self, queue: str, partition_id: int) -> None:
         """A write (or a member leaving): wake the receives waiting on that queue, if any."""
@@ -282,13 +285,15 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
             done = (
                 stored.get(state_prefix(group.queue, group.name, pid) + "done") or group.config.start_of(pid).to_bytes()
             )
-            acked, retries, behind = set(), {}, set()
+            acked, retries, behind, out_again = set(), {}, set(), set()
             for key, value in stored.items():
                 kind, _, text = key.rpartition("/")
                 if kind.endswith("/ack"):
                     acked.add(bytes.fromhex(text))
                 elif kind.endswith("/retry"):
-                    retries[bytes.fromhex(text)] = int(value)
+                    retries[bytes.fromhex(text)] = int(value.rstrip(OUT_AGAIN))
+                    if value.endswith(OUT_AGAIN):
+                        out_again.add(bytes.fromhex(text))
                 elif kind.endswith("/behind"):
                     behind.add(bytes.fromhex(text))
             state = group.partitions[pid] = PartitionState(done, {a for a in acked if a >= done}, retries)
@@ -302,9 +307,9 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
             mark = stored.get(_out_key(group, pid)) or b""
             out_mark, holder = mark[:-HOLDER_BYTES], mark[-HOLDER_BYTES:]
             if holder == _HOLDER[0]:  # this process's: its state was dropped here (a failed write, a move), no death
-                state.out_mark = out_mark
-            elif out_mark and out_mark >= done and state.affinity is None:
-                self._count_the_crash(group, pid, state, out_mark)
+                state.out_mark, state.marked = out_mark, True
+            elif mark and state.affinity is None:
+                self._count_the_crash(group, pid, state, out_mark, out_again)
         return state
 
     def held(self) -> list[tuple[str, str]]:
@@ -450,63 +455,93 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
                     next_ready = min(next_ready, max(0.001, state.ready_heap[0][0] - now))
         return out.columns(), next_ready
 
-    def _mark_out(self, group: GroupState, pid: int, state: PartitionState, now: float) -> None:
-        """Store the highest ID handed out here (not synced, at most every OUT_MARK_INTERVAL):
-        a holder that dies leaves it, and the next one counts a failed delivery for each
-        message below it not finished (:meth:`_count_the_crash`). Best effort: a failed
-        write skips the mark (a crash then counts less), never the receive."""
+    def _mark_out(
+        self, group: GroupState, pid: int, state: PartitionState, now: float, again: Collection[bytes] = ()
+    ) -> None:
+        """Store the highest ID handed out here (not synced, at most every OUT_MARK_INTERVAL),
+        and, for messages ``again`` (retries, handed out again now), that they are out: a
+        holder that dies leaves them, and the next one counts a failed delivery for each
+        message it died holding (:meth:`_count_the_crash`). Best effort: a failed write
+        skips the mark (a crash then counts less), never the receive."""
+        key = state_prefix(group.queue, group.name, pid)
+        puts = {f"{key}retry/{i.hex()}": b"%d%s" % (state.retries[i], OUT_AGAIN) for i in again}
+        top = max(state.handed_top, state.out_mark)  # (never below what the last mark covered)
+        puts[_out_key(group, pid)] = top + _HOLDER[0]
         try:
-            self.engine.writers.write_meta(
-                group.queue, pid, {_out_key(group, pid): state.handed_top + _HOLDER[0]},
-                (), Durability.ASYNC_WAL,
-            )  # fmt: skip
+            self.engine.writers.write_meta(group.queue, pid, puts, (), self._mark_durability(group.queue))
         except HQueueError as e:
             logger.debug(
                 "group %s of %s: hand-out mark of partition %d not stored: %s", group.name, group.queue, pid, e
             )
             return
-        state.out_mark, state.out_written = state.handed_top, now
+        state.out_mark, state.out_written, state.marked = top, now, True
 
-    def _count_the_crash(self, group: GroupState, pid: int, state: PartitionState, out_mark: bytes) -> None:
-        """The last holder of this partition's state died with messages handed out up to
-        ``out_mark`` (its hand-out mark): each one not finished counts a failed delivery
+    def _mark_durability(self, queue: str) -> str:
+        """Marks are never kept better than the acks they are read against: a SKIP_WAL
+        queue's are lost with its acks (a mark that outlived an ack would count it)."""
+        skip = self.engine.queue_info(queue).durability == Durability.SKIP_WAL
+        return Durability.SKIP_WAL if skip else Durability.ASYNC_WAL
+
+    def _mark_again(self, group: GroupState, pid: int, state: PartitionState, ids: list[bytes]) -> None:
+        """Retries among ``ids`` (handed out now) are marked out, with the mark, before
+        they go: a death now counts them, and one while they wait for their retry does not."""
+        again = [i for i in ids if i in state.retries]
+        if again and state.out_written != math.inf:  # (not once the marks were cleared: a stop, a move)
+            self._mark_out(group, pid, state, time.monotonic(), again)
+
+    def _count_the_crash(
+        self, group: GroupState, pid: int, state: PartitionState, out_mark: bytes, out_again: set[bytes]
+    ) -> None:
+        """The last holder of this partition's state died holding messages: those it handed
+        out as first deliveries up to ``out_mark`` (its hand-out mark), and the retries it
+        marked out again (``out_again``). Each one not finished counts a failed delivery
         (stored), and goes out again now as a retry, or to the dead-letter queue when past
         its retries. So a message that makes its holder itself crash is dead-lettered too
-        (its failures were counted only by the holder that died with it)."""
-        prefix, crashed = partition_prefix(pid), []
-        start, stop = prefix + state.done, prefix + id_after(out_mark)
-        while True:  # (in chunks: the values come too, and one may be megabytes)
+        (its failures were counted only by the holder that died with it). A message
+        waiting for its retry at the death (nacked, its lease run out, a failure counted
+        already) is not counted again. The mark becomes this process's: a later holder's
+        death counts what this one hands out, not these again."""
+        prefix, top = partition_prefix(pid), max([out_mark, *out_again])
+        start = prefix + state.done
+        stop = prefix + id_after(top) if top else start
+        crashed: list[bytes] = []
+        waiting: list[bytes] = []
+        while start < stop:  # (in chunks: the values come too, and one may be megabytes)
             keys, _ = self.engine.scan_columns(group.queue, start, stop, group.config.topics, *CRASH_SCAN_CHUNK)
-            crashed += [i for i in map(id_bytes, keys) if i not in state.acked and i not in state.behind]
+            for i in map(id_bytes, keys):
+                if i in state.acked or i in state.behind:
+                    continue
+                held = i in out_again or (i <= out_mark and i not in state.retries)
+                (crashed if held else waiting).append(i)
             if not keys:
                 break
             start = prefix + id_after(id_bytes(keys[-1]))
-        state.out_mark = out_mark
-        state.scan = max(state.scan, id_after(out_mark))  # (the unfinished ones wait as retries now)
-        if not crashed:
-            return
         counts = {i: state.retries.get(i, 0) + 1 for i in crashed}
-        state.retries.update(counts)
         key = state_prefix(group.queue, group.name, pid)
+        puts = {f"{key}retry/{i.hex()}": str(n).encode() for i, n in counts.items()}
+        puts[_out_key(group, pid)] = top + _HOLDER[0]
         try:
-            self.engine.writers.write_meta(
-                group.queue, pid, {f"{key}retry/{i.hex()}": str(n).encode() for i, n in counts.items()},
-                (), self.engine.queue_info(group.queue).durability,
-            )  # fmt: skip
+            self.engine.writers.write_meta(group.queue, pid, puts, (), self.engine.queue_info(group.queue).durability)
         except BaseException:  # not counted in the store: read again (and counted) next time
             group.partitions.pop(pid, None)
             raise
+        state.retries.update(counts)
+        state.out_mark = state.handed_top = top
+        state.marked = True
+        if top:
+            state.scan = max(state.scan, id_after(top))  # (the unfinished ones below it go out as retries now)
         now = time.monotonic()
-        state.open.extend(crashed)
-        for message_id in crashed:
-            if counts[message_id] > group.config.max_retries:
+        for message_id in sorted(crashed + waiting):
+            state.open.append(message_id)
+            if state.retries.get(message_id, 0) > group.config.max_retries:
                 state.unburied[message_id] = 0  # (due now: the dead-letter write, not a delivery)
             state.retry_at(message_id, now)
-        logger.warning(
-            "group %s of %s: partition %d's last holder died with %d messages handed out and not finished: "
-            "each counts a failed delivery",
-            group.name, group.queue, pid, len(crashed),
-        )  # fmt: skip
+        if crashed:
+            logger.warning(
+                "group %s of %s: partition %d's last holder died holding %d messages not finished: "
+                "each counts a failed delivery",
+                group.name, group.queue, pid, len(crashed),
+            )  # fmt: skip
 
     def _expire(self, group: GroupState, pid: int, state: PartitionState, now: float) -> None:
         self._failed_many(group, pid, state, state.expired(now))
@@ -530,6 +565,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
             taken.append(message_id)
             out.add(cell[0], cell[1], state.retries.get(message_id, 0) + 1)
         if taken:
+            self._mark_again(group, pid, state, taken)
             state.lease(taken, member, deadline)
 
     def _new(
@@ -559,6 +595,8 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
                 state.lease(ids, member, deadline)
                 state.open.extend(ids)
                 state.handed_top = ids[-1]
+                if state.retries:  # (a retry read past the cursor: one handed out before a restart)
+                    self._mark_again(group, pid, state, ids)
                 attempts = [state.retries.get(i, 0) + 1 for i in ids] if state.retries else repeat(1, taken)
                 out.extend(keys, values, attempts, size)
                 room -= taken

@@ -184,6 +184,8 @@ class PartitionState:
     handed_top: bytes = b""
     out_mark: bytes = b""
     out_written: float = 0.0
+    #: Whether this process's mark is stored (a clean stop removes it).
+    marked: bool = False
 
     def __post_init__(self) -> None:
         self.scan = max(self.scan, self.done)

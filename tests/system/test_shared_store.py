@@ -14,15 +14,17 @@ import asyncio
 import collections
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
 import tempfile
+import textwrap
 import time
 
 import pytest
 
-from hqueue import HQueue, HQueueAdmin
+from hqueue import HQueue, HQueueAdmin, Message
 from hqueue.sharing import SOCKET_NAME
 
 from ..processes import ROOT, Proc, python_env, serving_pid, wait_for
@@ -755,3 +757,99 @@ def test_a_message_that_kills_the_process_holding_its_group_is_dead_lettered_aft
     ]
     assert attempts == ["1", "1"], attempts
     assert poison is not None
+
+
+def _holder(data: str, body: str, consumer: str = "max_retries=1") -> str:
+    """Run ``body`` in a process of its own, with ``q`` (queue 'q') and ``c`` (a member of
+    group 'g', made with ``consumer``'s arguments) open on the store, and ``die()`` to kill
+    it with SIGKILL; what it printed."""
+    script = (
+        "import os, signal, sys, time\nfrom hqueue import HQueue, Message\n"
+        "def die():\n    sys.stdout.flush(); os.kill(os.getpid(), signal.SIGKILL)\n"
+        f"with HQueue('q', data_dir=sys.argv[1]) as q, q.consumer('g', {consumer}) as c:\n"
+        + textwrap.indent(body, "    ")
+    )
+    done = subprocess.run([sys.executable, "-c", script, data], cwd=ROOT, env=python_env(),
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode in (0, -signal.SIGKILL), done.stderr
+    return done.stdout.strip()
+
+
+def _dead_letters(data: str) -> list[bytes]:
+    with HQueueAdmin(data_dir=data) as admin:
+        if not admin.queue_exists("q.dlq"):
+            return []
+        with admin.queue("q.dlq") as dlq:
+            return sorted(m.value for m in dlq.scan())
+
+
+def _store_with(tmp_path, *values: bytes, durability: str = "SYNC_WAL") -> str:
+    data = str(tmp_path / "data")
+    with HQueueAdmin(data_dir=data) as admin:
+        admin.create_queue("q", 1, durability=durability)
+    with HQueue("q", data_dir=data) as queue:
+        queue.put([Message("t", value) for value in values])
+    return data
+
+
+@pytest.mark.parametrize("failed", ["nack", "lease run out"])
+def test_a_death_counts_no_failure_for_a_message_waiting_for_its_retry(tmp_path, failed):
+    """A message whose failure was counted already (nacked, or its lease ran out) waits for
+    its retry, held by nobody: a death then is not its failure. It comes back as attempt 2,
+    not dead-lettered (max_retries=1: a second count would have)."""
+    data = _store_with(tmp_path, b"m")
+    fail = "c.nack(got, delay=60)" if failed == "nack" else "time.sleep(1.5); q.pending('g')"
+    out = _holder(data, f"got = c.receive(1, wait=3)\nprint(got[0].attempt)\n{fail}\ndie()\n",
+                  "max_retries=1, lease=1")  # fmt: skip
+    assert out == "1"
+    assert _holder(data, "print([(d.value, d.attempt) for d in c.receive(1, wait=3)])\n") == "[(b'm', 2)]"
+    assert _dead_letters(data) == []
+
+
+def test_each_death_counts_only_what_its_holder_held(tmp_path):
+    """A death counted once stays counted once: the next holder that dies having only read
+    the group's state (describe), or having handed out again only some of the messages,
+    counts those it held, not the first holder's again (max_retries=1)."""
+    values = [b"%d" % i for i in range(20)]
+    data = _store_with(tmp_path, *values)
+    assert _holder(data, "print(len(c.receive(20, wait=3)))\ndie()\n") == "20"  # each failed once
+    assert _holder(data, "q.pending('g')\nprint('read')\ndie()\n") == "read"  # holds nothing
+    assert _holder(data, "print([d.attempt for d in c.receive(5, wait=3)])\ndie()\n") == "[2, 2, 2, 2, 2]"
+    out = _holder(data, "got = c.receive(100, wait=3)\nprint(sorted(d.attempt for d in got))\nc.ack(got)\n")
+    assert out == str([2] * 15)  # the five that died twice are past max_retries=1
+    assert len(_dead_letters(data)) == 5
+
+
+def test_a_skip_wal_queues_death_does_not_count_an_ack_it_lost(tmp_path):
+    """On a SKIP_WAL queue a kill loses the latest acks (they go out again): the hand-out
+    mark is lost with them, so an acked message is never counted failed (max_retries=0
+    dead-lettered it)."""
+    data = _store_with(tmp_path, b"m", durability="SKIP_WAL")
+    out = _holder(data, "got = c.receive(1, wait=3)\nprint(c.ack(got))\ndie()\n", "max_retries=0")
+    assert out == "1"
+    out = _holder(data, "print([(d.value, d.attempt) for d in c.receive(1, wait=3)])\n", "max_retries=0")
+    assert out in ("[]", "[(b'm', 1)]")  # (the ack kept, or lost with the mark)
+    assert _dead_letters(data) == []
+
+
+def test_hqueue_consume_stopped_by_sigterm_leaves_its_group_cleanly(tmp_path):
+    """SIGTERM (systemd's or Kubernetes' stop) ends `hqueue consume` as Ctrl-C does: what it
+    held goes back unseen, where being killed counted a failure (max_retries=0 dead-lettered it)."""
+    data = _store_with(tmp_path, b"m")
+    with HQueue("q", data_dir=data) as queue:  # the group, made with max_retries=0
+        queue.consumer("g", max_retries=0).close()
+    consume = subprocess.Popen(
+        [sys.executable, "-m", "hqueue.cli", "--url", f"local://{data}", "consume", "q", "g", "--no-ack"],
+        cwd=ROOT, env=python_env(), stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert consume.stdout is not None
+        assert consume.stdout.readline().rstrip().endswith("m")  # it holds the message
+        consume.send_signal(signal.SIGTERM)
+        assert consume.wait(timeout=30) == 130
+    finally:
+        consume.kill()
+    assert _holder(data, "print([(d.value, d.attempt) for d in c.receive(1, wait=3)])\n", "max_retries=0") == (
+        "[(b'm', 1)]"
+    )
+    assert _dead_letters(data) == []

@@ -50,6 +50,8 @@ class GroupMembers:
         raise NotImplementedError
 
     def _init_members(self) -> None:
+        #: A server's stop under way: the connections it closes are not their members' going.
+        self.draining = False
         #: (queue, group, member) -> the connections it called on that are still open.
         self._connections: dict[tuple[str, str, str], set[int]] = {}
         #: (queue, group, member) -> the token it first called with, while it has connections here.
@@ -122,6 +124,9 @@ class GroupMembers:
             self._holders.pop((queue, name, member), None)
             group = self._groups.get((queue, name))
         if group is None:
+            return
+        if self.draining:  # the server closed it, stopping: what it holds goes back unseen, as at a leave
+            self.leave(queue, name, member)
             return
         with group.lock:
             if member not in group.seen and member not in group.members:

@@ -52,7 +52,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from itertools import repeat
@@ -592,16 +592,37 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
                 if taken < len(keys):
                     keys, values = keys[:taken], values[:taken]
                 ids = ids[:taken]
-                state.lease(ids, member, deadline)
+                handed = ids
+                if state.retries:  # retries read past the cursor: ones handed out before a restart or a move
+                    handed, keys, values = self._spent(group, state, ids, keys, values)
+                state.lease(handed, member, deadline)
                 state.open.extend(ids)
                 state.handed_top = ids[-1]
-                if state.retries:  # (a retry read past the cursor: one handed out before a restart)
-                    self._mark_again(group, pid, state, ids)
-                attempts = [state.retries.get(i, 0) + 1 for i in ids] if state.retries else repeat(1, taken)
+                if state.retries:
+                    self._mark_again(group, pid, state, handed)
+                attempts = [state.retries.get(i, 0) + 1 for i in handed] if state.retries else repeat(1, taken)
                 out.extend(keys, values, attempts, size)
                 room -= taken
             if ended:
                 return
+
+    def _spent(
+        self, group: GroupState, state: PartitionState, ids: list[bytes], keys: Sequence[bytes], values: Sequence[bytes]
+    ) -> tuple[list[bytes], Sequence[bytes], Sequence[bytes]]:
+        """Of ``ids`` (and their cells) read past the cursor, those to hand out: one whose
+        retries are spent (its holder went before its dead-letter write) goes to the
+        dead-letter queue instead (due now, as :meth:`_redeliver` buries)."""
+        most = group.config.max_retries
+        if all(state.retries.get(i, 0) <= most for i in ids):
+            return ids, keys, values
+        now, kept = time.monotonic(), []
+        for n, message_id in enumerate(ids):
+            if state.retries.get(message_id, 0) > most:
+                state.unburied[message_id] = 0
+                state.retry_at(message_id, now)
+            else:
+                kept.append(n)
+        return [ids[n] for n in kept], [keys[n] for n in kept], [values[n] for n in kept]
 
     def _read(self, queue: str, pid: int, message_id: bytes) -> tuple[bytes, bytes] | None:
         start = partition_prefix(pid) + message_id

@@ -481,6 +481,8 @@ class HQueueServer:
             if self.console.admin is not None:
                 self.console.admin.close()
         self.handler.guard.draining = True
+        if self.groups is not None:  # (members whose connections the stop closes are not gone: nothing failed)
+            self.groups.draining = True
         self._server.close()
         deadline = time.monotonic() + grace
         while self.handler.guard.active and time.monotonic() < deadline:

@@ -15,7 +15,7 @@ from hqueue.client.engine import RemoteEngine
 from hqueue.rpc.wire import T
 from hqueue.server import HQueueServer
 
-from ..processes import ServerProcess, wait_for
+from ..processes import ServerProcess, drain, wait_for
 
 
 @pytest.fixture
@@ -250,6 +250,32 @@ def test_a_scanner_idle_past_the_server_s_timeout_goes_on_where_it_was(server):
         rest = list(scanner)
     # Then it opened another after the last message it handed out: none twice, none missed
     assert [m.id for m in first + rest] == ids  # type: ignore[union-attr]
+
+
+def test_a_server_stopped_cleanly_counts_no_failure_for_the_messages_its_members_held(tmp_path):
+    """A clean stop closes its members' connections: that is not their going (which counts
+    their leases failed): what they held goes back unseen. With max_retries=0 each held
+    message was dead-lettered at every SIGTERM (a rolling restart, a rebalance's leave)."""
+    proc = ServerProcess(f"local://{tmp_path}/data", tmp_path)
+    try:
+        with HQueueAdmin(f"hqueue://{proc.address}") as admin:
+            admin.create_queue("q", 2)
+        with HQueue("q", f"hqueue://{proc.address}", timeout=5) as queue:
+            queue.put([Message("t", b"%d" % i) for i in range(10)])
+            member = queue.consumer("g", member="m", lease=60, max_retries=0)
+            held = drain(member, 10, 20)
+            assert proc.terminate() == 0
+            member.close()  # (its server is gone: nothing to leave)
+        proc.start()
+        with HQueue("q", f"hqueue://{proc.address}") as queue, queue.consumer("g", max_retries=0) as again:
+            back = drain(again, 10, 20)
+            again.ack(back)
+        assert sorted(d.value for d in back) == sorted(d.value for d in held)
+        assert {d.attempt for d in back} == {1}
+        with HQueueAdmin(f"hqueue://{proc.address}") as admin:
+            assert not admin.queue_exists("q.dlq")
+    finally:
+        proc.kill()
 
 
 def test_a_scan_goes_on_through_a_server_restart(tmp_path):

@@ -75,6 +75,7 @@ from ..errors import (
     DeadlineExceeded,
     HQueueError,
     InvalidArgument,
+    InvalidPartition,
     NoPartitionOwner,
     NotPartitionOwner,
     OutcomeUnknown,
@@ -161,6 +162,15 @@ def owner_addresses(locations: Any, seeds: list[str]) -> list[str]:
             address = seeds[0]
         owners.append(address)
     return owners
+
+
+def beyond_the_queue(name: str, partition_id: int, locations: Sequence[str]) -> None:
+    """Raise InvalidPartition if ``locations`` (read afresh) have no ``partition_id``: the
+    queue has fewer partitions (not an owner to wait for)."""
+    if partition_id >= len(locations):
+        raise InvalidPartition(
+            f"'partition_id' must be in 0..{len(locations) - 1} for queue {name!r}, got {partition_id}"
+        )
 
 
 def owner_error(
@@ -498,6 +508,8 @@ class RemoteEngine:
                 try:
                     locations = self.locations(name, fresh=fresh)
                     owner = locations[partition_id] if partition_id < len(locations) else ""
+                    if not owner and fresh:
+                        beyond_the_queue(name, partition_id, locations)
                     if owner:
                         resent = unsure is not None
                         sent = args if lane is None else (*args, wire.to_trequest(lane.request(resent)))

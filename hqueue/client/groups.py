@@ -14,7 +14,14 @@ from typing import Any
 
 from ..checks import check_partition
 from ..config import UNSEEN
-from ..errors import DeadlineExceeded, HQueueError, NoPartitionOwner, NotPartitionOwner, ServerUnavailable
+from ..errors import (
+    DeadlineExceeded,
+    HQueueError,
+    InvalidArgument,
+    NoPartitionOwner,
+    NotPartitionOwner,
+    ServerUnavailable,
+)
 from ..groups.state import Departures
 from ..message import Message, MessageID, checked_receipts, messages_from_columns, rowkeys_by_partition
 from ..rpc import operations as op
@@ -100,7 +107,7 @@ class RemoteGroups:
                 retry.failed(None)
 
     def _by_owner(self, queue: str, rowkeys: Sequence[bytes], fresh: bool = False) -> dict[str, list[bytes]]:
-        return receipts_by_owner(queue, self._group_locations(queue, fresh), rowkeys)
+        return receipts_by_owner(queue, self._group_locations(queue, fresh), rowkeys, fresh)
 
     def _receipts_call(
         self, queue: str, rowkeys: Sequence[bytes], method: str, before: tuple = (), after: tuple = ()
@@ -210,17 +217,23 @@ def received_pairs(deliveries: Any) -> list[tuple[Message, int]]:
     return list(zip(messages, deliveries.attempts, strict=True))
 
 
-def receipts_by_owner(queue: str, locations: Sequence[str], rowkeys: Sequence[bytes]) -> dict[str, list[bytes]]:
-    """``rowkeys`` by the owner of their partition (``locations``: each partition's).
+def receipts_by_owner(
+    queue: str, locations: Sequence[str], rowkeys: Sequence[bytes], fresh: bool = False
+) -> dict[str, list[bytes]]:
+    """``rowkeys`` by the owner of their partition (``locations``: each partition's, read
+    afresh if ``fresh``).
 
     Raises:
         NoPartitionOwner: a partition has no owner now.
-        TypeError, InvalidArgument: the receipts are not a list of 12-byte rowkeys (as in process).
+        TypeError, InvalidArgument: the receipts are not a list of 12-byte rowkeys (as in
+            process), or, ``fresh``, one names a partition the queue does not have.
     """
     by_owner: dict[str, list[bytes]] = {}
     for pid, mine in rowkeys_by_partition(checked_receipts(rowkeys)).items():
         owner = locations[pid] if pid < len(locations) else ""
         if not owner:
+            if fresh and pid >= len(locations):
+                raise InvalidArgument(f"a receipt names partition {pid}; queue {queue!r} has {len(locations)}")
             raise NoPartitionOwner(queue, pid, 0, None)
         by_owner.setdefault(owner, []).extend(mine)
     return by_owner

@@ -746,3 +746,48 @@ def test_a_receive_takes_a_cancelled_ones_poll_only_with_the_same_lease(served):
                 assert await a.ack(got) == 1
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("client", ["asyncio", "blocking"])
+def test_a_partition_the_queue_does_not_have_is_refused_at_once_as_in_process(served, client):
+    """A timer handle or a receipt naming a partition past the queue's waited for its
+    owner until the call's deadline (30 s), then blamed the servers (OutcomeUnknown for
+    the asyncio cancel): it is the caller's error, as in process."""
+    from hqueue import InvalidArgument, InvalidPartition, MessageID
+
+    _, url, make = served
+    make(4)
+    stray = Message("t", b"x", id=MessageID(1, 0), partition_id=4)
+    calls = {
+        "cancel": (InvalidPartition, "must be in 0..3"),
+        "ack": (InvalidArgument, "a receipt names partition 4; queue 'q' has 4"),
+        "nack": (InvalidArgument, "a receipt names partition 4"),
+        "extend": (InvalidArgument, "a receipt names partition 4"),
+        "dead_letter": (InvalidArgument, "a receipt names partition 4"),
+    }
+
+    async def in_asyncio() -> dict[str, BaseException]:
+        errors: dict[str, BaseException] = {}
+        async with AsyncHQueue("q", url, timeout=20) as queue, queue.consumer("g") as member:
+            for name in calls:
+                with pytest.raises(Exception) as caught:
+                    if name == "cancel":
+                        await queue.cancel("4/1/2:0")
+                    else:
+                        await getattr(member, name)([stray])
+                errors[name] = caught.value
+        return errors
+
+    started = time.monotonic()
+    if client == "asyncio":
+        errors = asyncio.run(in_asyncio())
+    else:
+        errors = {}
+        with HQueue("q", url, timeout=20) as queue, queue.consumer("g") as member:
+            for name in calls:
+                with pytest.raises(Exception) as caught:
+                    queue.cancel("4/1/2:0") if name == "cancel" else getattr(member, name)([stray])
+                errors[name] = caught.value
+    for name, (kind, text) in calls.items():
+        assert isinstance(errors[name], kind) and text in str(errors[name]), (name, errors[name])
+    assert time.monotonic() - started < 10  # (not a deadline's wait each)

@@ -29,6 +29,7 @@ from ...client.engine import (
     READ_RETRY_DELAY,
     READ_TRIES,
     CallDeadline,
+    beyond_the_queue,
     client_options,
     owner_addresses,
     owner_error,
@@ -343,6 +344,8 @@ class AsyncRemoteEngine:
                 try:
                     locations = await self.locations(name, fresh=fresh)
                     owner = locations[partition_id] if partition_id < len(locations) else ""
+                    if not owner and fresh:
+                        beyond_the_queue(name, partition_id, locations)
                     if owner:
                         resent = unsure is not None
                         sent = args if lane is None else (*args, wire.to_trequest(lane.request(resent)))

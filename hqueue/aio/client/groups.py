@@ -187,9 +187,10 @@ class AsyncRemoteGroups:
             retry = _Retry(self._engine, deadline)
             total, left = 0, list(rowkeys)
             while True:
-                locations = await self._group_locations(queue, retry.take_fresh())
+                fresh = retry.take_fresh()
+                locations = await self._group_locations(queue, fresh)
                 try:
-                    by_owner = receipts_by_owner(queue, locations, left)
+                    by_owner = receipts_by_owner(queue, locations, left, fresh)
                 except NoPartitionOwner as e:
                     await retry.failed(e)
                     continue

@@ -19,6 +19,11 @@ from .storage import default_url, local_url, normalize_url
 _serve_store: Callable[[Any, GroupLimits | None], None] | None = None
 
 
+#: The commands (of the CLI, and the shell) that may make an embedded store where none is:
+#: every other one needs a queue, so it fails there, and must not leave an empty store behind.
+MAKE_A_STORE = frozenset({"create", "demo"})
+
+
 def serve_stores_with(serve: Callable[[Any, GroupLimits | None], None]) -> None:
     """Have every ``local://`` store this process opens served with ``serve(engine, limits)``."""
     global _serve_store

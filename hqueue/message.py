@@ -58,6 +58,10 @@ class _MessageIDFields(NamedTuple):
     sequence: int
 
 
+#: The last millisecond of the year 9999: the latest time a command (CLI, shell, console) takes.
+LATEST_MS = 253_402_300_799_999
+
+
 class MessageID(_MessageIDFields):
     """The ID the server gives a message: ``(timestamp, sequence)``.
 

@@ -100,11 +100,12 @@ def put(
             err=True,
         )
     topic_bytes = os.fsencode(topic)  # as given, even when it is not UTF-8
+    key_bytes = None if key is None else os.fsencode(key)  # (the same bytes as key.encode() when it is UTF-8)
     due = None if deliver_at is None else deliver_at.timestamp
 
     def send(chunk: list[bytes]) -> list:
         messages = [Message(topic_bytes, v) for v in chunk]
-        return queue.put(messages, partition, key=key, deliver_at=due, delay=delay, priority=priority)
+        return queue.put(messages, partition, key=key_bytes, deliver_at=due, delay=delay, priority=priority)
 
     if values:
         for chunk in _chunks((os.fsencode(v) for v in values), batch, len(topic_bytes)):

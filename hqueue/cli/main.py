@@ -14,7 +14,7 @@ from .. import __version__
 from ..admin import HQueueAdmin
 from ..auth import split_credentials
 from ..commands import as_time, find
-from ..connection import missing_store, store_exists
+from ..connection import MAKE_A_STORE, missing_store, store_exists
 from ..errors import HQueueError, InvalidArgument, NotAuthorized, QueueDisabled, QueueEnabled, StorageLocked
 from ..message import MessageID
 from ..queue import HQueue
@@ -199,11 +199,6 @@ class Session:
 
     def queue(self, name: str) -> HQueue:
         return self.ctx.with_resource(self.admin.queue(name))
-
-
-#: The commands that may make an embedded store where none is: every other one
-#: needs a queue, so it fails there, and must not leave an empty store behind.
-MAKE_A_STORE = frozenset({"create", "demo"})
 
 
 def open_admin(ctx: click.Context, read_only: bool = False) -> HQueueAdmin:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import HQueueError, InvalidArgument
-from ..message import MessageID
+from ..message import LATEST_MS, MessageID
 
 if TYPE_CHECKING:
     from ..admin import HQueueAdmin
@@ -114,10 +114,6 @@ class Param:
 
 def describe_range(low: float | None, high: float | None) -> str:
     return f"{'-inf' if low is None else f'{low:g}'}..{'inf' if high is None else f'{high:g}'}"
-
-
-#: The last millisecond of the year 9999: the latest time a command takes.
-LATEST_MS = 253_402_300_799_999
 
 
 def as_time(name: str, value: Any) -> MessageID:

@@ -69,7 +69,8 @@ def audited(what: str, queue: str, target: str, details: dict[str, Any], act: An
 def reset(queue: str, group: str) -> Any:
     require(lambda login: login.may_admin(queue), f"move consumer group {group!r} of queue {queue!r} (needs admin)")
     position = moment("time")
-    assert position is not None  # moment("time") aborts when it is missing or empty
+    if position is None:
+        abort(400, "'time' is required: where the group starts again (a time, an ID or epoch ms)")
     which = field("partition", "all").strip()
     partition = None if which in ("", "all") else number("partition", 0, 0, 32766)
     admin = g.console.admin

@@ -8,7 +8,7 @@ from typing import Any
 from flask import abort, g, request
 
 from ..errors import HQueueError
-from ..message import MessageID
+from ..message import LATEST_MS, MessageID
 from .access import Login
 
 #: Rows a page shows.
@@ -32,7 +32,7 @@ def field(name: str, default: str | None = None, *, source: Any = None) -> str:
 def number(name: str, default: int, low: int, high: int) -> int:
     """An integer field in ``low..high``; 400 naming it otherwise."""
     text = field(name, str(default)).strip()
-    if not text.lstrip("-").isdigit() or len(text) > 12:
+    if not (text.lstrip("-").isdigit() and text.isascii()) or len(text) > 12:  # ('²' is a digit to isdigit)
         abort(400, f"'{name}' must be an integer, got {text[:40]!r}")
     value = int(text)
     if not low <= value <= high:
@@ -55,6 +55,9 @@ def moment(name: str, default: str | None = None) -> MessageID | None:
     if not text:
         return None
     try:
-        return MessageID.parse(text)
+        found = MessageID.parse(text)
     except (ValueError, OverflowError, HQueueError):
         abort(400, f"'{name}' must be a time (2026-11-22 10:00, UTC), an ID (ms:seq) or epoch ms, got {text[:40]!r}")
+    if found.timestamp > LATEST_MS:
+        abort(400, f"'{name}' is after the year 9999 (epoch ms up to {LATEST_MS}), got {text[:40]!r}")
+    return found

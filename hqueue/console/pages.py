@@ -272,7 +272,8 @@ def overview_data() -> Any:
 
 
 def queue_data(queue: str) -> Any:
-    return jsonify(g.console.sampler.queue_chart(seen(queue)))
+    g.console.admin.engine.queue_info(seen(queue))  # an unknown queue: 404, as its page
+    return jsonify(g.console.sampler.queue_chart(queue))
 
 
 def group_data(queue: str, group: str) -> Any:

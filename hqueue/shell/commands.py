@@ -278,7 +278,7 @@ def put(shell: Shell, name: Any, topic: Any, value: Any, given: Any = None) -> R
     options = _options("put", given, PUT_OPTIONS, ints=("PARTITION", "PRIORITY"))
     key, delay, at = options.get("KEY"), options.get("DELAY"), options.get("AT")
     if key is not None:
-        key = _text("put", "KEY", key)
+        key = to_bytes(_text("put", "KEY", key))  # (\xNN escapes: the bytes they name, as in topics and values)
     if delay is not None and (not isinstance(delay, (int, float)) or isinstance(delay, bool)):
         raise UsageError(f"put: DELAY must be a number of seconds, got {delay!r}")
     when = _time("put", "AT", at)

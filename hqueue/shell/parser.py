@@ -28,6 +28,8 @@ _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 _INT = re.compile(r"-?[0-9]+")
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\", "'": "'", '"': '"'}
 _CONSTANTS: dict[str, Any] = {"true": True, "false": False, "nil": None}
+#: Lists and dictionaries nest at most this deep; a number has at most this many digits.
+MAX_DEPTH, MAX_DIGITS = 16, 40
 
 
 class ShellSyntaxError(ValueError):
@@ -56,7 +58,7 @@ class Call:
 
 class _Reader:
     def __init__(self, line: str) -> None:
-        self.line, self.pos = line, 0
+        self.line, self.pos, self.depth = line, 0, 0
 
     def fail(self, message: str, at: int | None = None) -> ShellSyntaxError:
         return ShellSyntaxError(message, self.line, (self.pos if at is None else at) + 1)
@@ -86,12 +88,19 @@ class _Reader:
         char = self.peek()
         if char in ("'", '"'):
             return self.string(char)
-        if char == "[":
-            return self.sequence()
-        if char == "{":
-            return self.mapping()
+        if char in ("[", "{"):
+            if self.depth >= MAX_DEPTH:
+                raise self.fail(f"lists and dictionaries nest at most {MAX_DEPTH} deep")
+            self.depth += 1
+            try:
+                return self.sequence() if char == "[" else self.mapping()
+            finally:
+                self.depth -= 1
         match = _INT.match(self.line, self.pos)
         if match:
+            digits = len(match.group().lstrip("-"))
+            if digits > MAX_DIGITS:
+                raise self.fail(f"a number of {digits} digits (at most {MAX_DIGITS})")
             self.pos = match.end()
             return int(match.group())
         match = _WORD.match(self.line, self.pos)
@@ -147,10 +156,13 @@ class _Reader:
             self.pos += 1
             return items
         while True:
+            self.skip()
             at = self.pos
             key = self.value()
             if isinstance(key, (list, dict)):
                 raise self.fail("a dictionary key must be a string or a word", at=at)
+            if key in items:
+                raise self.fail(f"{key} is given twice", at=at)
             self.expect("=>")
             items[key] = self.value()
             if self.peek() == ",":

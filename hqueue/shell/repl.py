@@ -22,7 +22,7 @@ from typing import TextIO
 from ..admin import HQueueAdmin
 from ..auth import split_credentials
 from ..commands import NotAllDone
-from ..connection import missing_store, resolve_url, store_exists
+from ..connection import MAKE_A_STORE, missing_store, resolve_url, store_exists
 from ..errors import HQueueError, QueueEnabled
 from ..queue import HQueue
 from .commands import ALIASES, COMMANDS, Streamed
@@ -43,6 +43,7 @@ class Shell:
     def __init__(self, url: str | None = None, *, out: TextIO | None = None, err: TextIO | None = None) -> None:
         self.url = url
         self._admin: HQueueAdmin | None = None  # opened by the first command that needs the store
+        self._may_make_store = False  # (while a command that may make one, create, runs)
         self.out, self.err = out or sys.stdout, err or sys.stderr
         self._queues: dict[str, HQueue] = {}
         self.done = False
@@ -51,6 +52,8 @@ class Shell:
     @property
     def admin(self) -> HQueueAdmin:
         if self._admin is None:
+            if not self._may_make_store and not store_exists(self.url):
+                raise HQueueError(missing_store(self.url))  # only create makes a store: nothing else leaves one
             self._admin = HQueueAdmin(self.url)
         return self._admin
 
@@ -77,8 +80,7 @@ class Shell:
         self.count += 1
         started = time.perf_counter()
         try:
-            if command.read_only and self._admin is None and not store_exists(self.url):
-                raise HQueueError(missing_store(self.url))  # a read never creates a store
+            self._may_make_store = command.name in MAKE_A_STORE and not command.read_only
             text, rows = command(self, call.args)
             if isinstance(text, Streamed):  # printed as it comes: a big scan shows its first rows at once
                 for chunk in text:

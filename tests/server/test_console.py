@@ -239,6 +239,9 @@ def test_a_producer_on_every_queue_cannot_forge_audit_entries_over_thrift(served
         ("/timers?queue=orders&handle=nonsense", "timer handle"),
         ("/queues?q=" + "a" * 600, "'q'"),
         ("/queues/orders/groups/billing?limit=0", "'limit'"),
+        ("/queues?page=%C2%B2", "'page'"),  # '²': a digit to str.isdigit, not to int()
+        ("/messages?queue=orders&partition=%C2%B2", "'partition'"),
+        ("/messages?queue=orders&partition=0&start=99999999999999999", "'start'"),  # past the year 9999
     ],
 )
 def test_bad_parameters_are_a_400_naming_them(served, path, named):
@@ -265,7 +268,13 @@ def test_a_timer_handle_with_an_impossible_due_time_is_a_400_in_the_console_and_
 
 def test_bad_action_fields_are_a_400_and_change_nothing(served):
     admin = user(served)
-    for form in ({"time": "not a time"}, {"time": "0", "partition": "x"}, {"time": "0", "confirm": "maybe"}):
+    for form in (
+        {"time": "not a time"},
+        {"time": "0", "partition": "x"},
+        {"time": "0", "confirm": "maybe"},
+        {"time": ""},
+        {"time": "99999999999999999"},
+    ):
         answer = admin.post("/queues/orders/groups/billing/reset", form)
         assert answer.status == 400, (form, answer.body[:300])
     assert admin.post("/queues/orders/dlq/replay", {"rate": "0"}).status == 400
@@ -275,6 +284,7 @@ def test_unknown_names_are_a_404(served):
     admin = user(served)
     assert admin.get("/queues/nope").status == 404
     assert admin.get("/queues/orders/groups/nope").status == 404
+    assert admin.get("/api/queues/nope").status == 404  # (its chart's data, as its page)
 
 
 def test_names_topics_and_values_are_escaped_everywhere(served):

@@ -6,12 +6,14 @@ order (the queue first), the same defaults, every shared command in both.
 
 import io
 import json
+import os
 
 import click
 import pytest
 from click.testing import CliRunner
 
 from hqueue import HQueue, HQueueAdmin, InvalidArgument, Message
+from hqueue.checks import partition_for_key
 from hqueue.cli import main
 from hqueue.commands import COMMANDS
 from hqueue.server import HQueueServer
@@ -196,6 +198,36 @@ def test_a_command_on_a_queue_leaves_no_store_where_there_was_none(tmp_path, mon
     assert result.exit_code == 1 and "no hqueue store at" in result.output, result.output
     assert list(tmp_path.iterdir()) == []
     assert CliRunner().invoke(main, ["create", "q", "1"]).exit_code == 0  # create still makes one
+
+
+@pytest.mark.parametrize("line", ["put 'x', 't', 'v'", "delete_queue 'x'", "cancel 'x', '0/1/1:0'", "count 'x'"])
+def test_a_shell_command_on_a_queue_leaves_no_store_where_there_was_none(tmp_path, monkeypatch, line):
+    """As the CLI's: only create makes a store (a put where none is made an empty one)."""
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["--url", f"local://{tmp_path}/typo", "shell", "-e", line])
+    assert result.exit_code == 1 and "no hqueue store at" in result.output, result.output
+    assert list(tmp_path.iterdir()) == []
+    shell = Shell(f"local://{tmp_path}/typo", out=io.StringIO(), err=io.StringIO())
+    assert not shell.execute(line) and shell.execute("create 'x', 1")  # create still makes one
+    shell.close()
+
+
+def test_a_key_that_is_not_utf8_routes_in_the_cli_and_the_shell_as_in_the_api(tmp_path):
+    """Keys are bytes: one that is not UTF-8 goes where the API sends it (the CLI and the
+    shell failed to encode it, where topics and values of the same bytes worked)."""
+    url = f"local://{tmp_path}/data"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 16)
+    key = b"k\xff"
+    expected = partition_for_key(key, 16)
+    assert expected != partition_for_key(key.decode("latin-1").encode(), 16)  # (the bytes, not a re-encoding)
+    cli = CliRunner().invoke(main, ["--url", url, "put", "q", "t", "cli", "-k", os.fsdecode(key)])
+    assert cli.exit_code == 0, cli.output
+    shell = Shell(url, out=io.StringIO(), err=io.StringIO())
+    assert shell.execute("put 'q', 't', 'shell', {KEY => 'k\\xff'}")
+    shell.close()
+    with HQueue("q", url) as queue:
+        assert {m.value: m.partition_id for m in queue.scan()} == {b"cli": expected, b"shell": expected}
 
 
 def test_reads_never_create_a_store_and_a_bare_path_gets_a_hint(tmp_path, monkeypatch):

@@ -78,6 +78,10 @@ def test_blank_lines_and_comments_are_nothing(line):
         ("'q1'", 1, "expected a command name"),
         ("x {[1] => 2}", 4, "dictionary key"),
         ("x [1, 2", 8, "expected ']'"),
+        ("x " + "[" * 5000, 19, "nest at most 16 deep"),  # (a RecursionError that ended the shell)
+        ("x " + "{A => " * 17, 99, "nest at most 16 deep"),
+        ("create 'x', " + "9" * 5000, 13, "a number of 5000 digits"),  # (int()'s own limit, a traceback)
+        ("scan 'q', {PARTITION => 1, PARTITION => 2}", 28, "PARTITION is given twice"),
     ],
 )
 def test_syntax_errors_name_the_column(line, column, message):

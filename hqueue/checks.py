@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from operator import add
 
 from .config import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES, MAX_TOPIC_BYTES, QueueInfo
-from .errors import BatchTooLarge, InvalidMessage, InvalidPartition, MessageTooLarge
+from .errors import BatchTooLarge, InvalidArgument, InvalidMessage, InvalidPartition, MessageTooLarge
 from .message import Message, topics_of, values_of
 
 #: A consumer group's or subscriber's name: it is a znode and a store key.
@@ -124,3 +124,16 @@ def check_name(kind: str, name: object) -> str:
         shown = repr(name) if len(name) <= 60 else f"{name[:60]!r}… ({len(name)} characters)"
         raise InvalidMessage(f"a {kind} name is 1-200 of A-Z a-z 0-9 _ . - (not starting with . or -), got {shown}")
     return name
+
+
+#: The most a scan's ``limit`` may be (a 64-bit count, as the CLI's ``--limit``).
+MAX_SCAN_LIMIT = 2**63 - 1
+
+
+def check_scan_limit(limit: object) -> int | None:
+    """A scan's ``limit``: None (no limit) or an int in 0..MAX_SCAN_LIMIT."""
+    if limit is not None and (
+        not isinstance(limit, int) or isinstance(limit, bool) or not 0 <= limit <= MAX_SCAN_LIMIT
+    ):
+        raise InvalidArgument(f"'limit' must be an int in 0..{MAX_SCAN_LIMIT}, got {limit!r}")
+    return limit

@@ -11,7 +11,7 @@ from typing import Any, overload
 
 from .api import groups_of
 from .batch import MessageBatch, check_batch_size, partition_batches
-from .checks import check_partition, choose_partition, partition_for_key
+from .checks import check_partition, check_scan_limit, choose_partition, partition_for_key
 from .config import QueueInfo
 from .connection import Connected
 from .consumer import Consumer, Pending
@@ -308,8 +308,7 @@ class HQueue(Connected):
         datetimes or epoch milliseconds.
         """
         scan = Scan(as_message_id(start, "start"), as_message_id(stop, "stop"), topics)
-        if limit is not None and (not isinstance(limit, int) or limit < 0):
-            raise InvalidArgument(f"'limit' must be an int >= 0, got {limit!r}")
+        check_scan_limit(limit)
         caching = min(limit, DEFAULT_CACHING) if limit else DEFAULT_CACHING
         if partition_id is None:
             scanner: PartitionScanner | QueueScanner = self.get_queue_scanner(scan, caching=caching)

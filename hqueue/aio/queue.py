@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, overload
 
-from ..checks import check_partition
+from ..checks import check_partition, check_scan_limit
 from ..config import QueueInfo
 from ..consumer import Pending
 from ..errors import InvalidArgument
@@ -142,8 +142,7 @@ class AsyncHQueue(AsyncConnected):
         <hqueue.HQueue.scan>`); partitions are read concurrently. Close it early with
         ``aclose()`` or ``async with``."""
         scan = Scan(as_message_id(start, "start"), as_message_id(stop, "stop"), topics)
-        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
-            raise InvalidArgument(f"'limit' must be an int >= 0, got {limit!r}")
+        check_scan_limit(limit)
         if not isinstance(caching, int) or isinstance(caching, bool) or caching < 1:
             raise InvalidArgument(f"'caching' must be an int > 0, got {caching!r}")
 

@@ -7,8 +7,13 @@ from typing import Any
 
 from ..message import MessageID
 
-#: Every control character as \xNN (tab, newline and CR have their own names in ``escape``).
-_CONTROL = {c: f"\\x{c:02x}" for c in [*range(32), 127]}
+#: Every control character as \xNN (tab, newline and CR have their own names in ``escape``);
+#: the C1 controls and the line and paragraph separators (line breaks to ``str.splitlines``
+#: and to many terminals) as the \xNN of their UTF-8 bytes.
+_CONTROL = {
+    **{c: f"\\x{c:02x}" for c in [*range(32), 127]},
+    **{c: "".join(f"\\x{b:02x}" for b in chr(c).encode()) for c in [*range(0x80, 0xA0), 0x2028, 0x2029]},
+}
 _NAMED = {ord("\t"): "\\t", ord("\n"): "\\n", ord("\r"): "\\r"}
 
 

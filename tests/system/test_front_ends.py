@@ -366,3 +366,44 @@ def test_the_same_mistake_is_explained_alike_in_the_cli_and_the_shell(tmp_path):
             pass
         with pytest.raises(InvalidArgument, match=r"takes topics \['a'\], not \['zzz'\]"):
             queue.consumer("g", topics=["zzz"])
+
+
+def test_a_scan_limit_past_64_bits_is_refused_alike_everywhere(tmp_path):
+    """The CLI's --limit stops at 2**63 - 1; the API and the shell said islice's own words."""
+    import asyncio
+
+    from hqueue.aio import AsyncHQueue
+
+    url = f"local://{tmp_path}/data"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 1)
+    huge = 10**20
+    with HQueue("q", url) as queue:
+        for limit in (huge, True, -1):
+            with pytest.raises(InvalidArgument, match=r"'limit' must be an int in 0\.\.9223372036854775807"):
+                list(queue.scan(limit=limit))
+
+    async def in_asyncio() -> None:
+        async with AsyncHQueue("q", url) as queue:
+            with pytest.raises(InvalidArgument, match="'limit' must be an int in 0.."):
+                queue.scan(limit=huge)
+
+    asyncio.run(in_asyncio())
+    err = io.StringIO()
+    shell = Shell(url, out=io.StringIO(), err=err)
+    assert not shell.execute(f"scan 'q', {{LIMIT => {huge}}}")
+    shell.close()
+    assert "'limit' must be an int in 0..9223372036854775807" in err.getvalue()
+    cli = CliRunner().invoke(main, ["--url", url, "scan", "q", "--limit", str(huge)])
+    assert cli.exit_code == 2 and "0<=x<=9223372036854775807" in cli.output
+
+
+def test_text_output_breaks_no_line_on_unicode_line_separators():
+    """U+2028, U+2029 and the C1 controls (U+0085: NEL) are line breaks to str.splitlines
+    and to many terminals: a value printed with one split its record in two."""
+    from hqueue.commands import escape
+
+    value = "a\u2028b\u2029c\u0085d\u009be é\t".encode()
+    printed = escape(value)
+    assert printed.splitlines() == [printed] and "é" in printed
+    assert printed == "a\\xe2\\x80\\xa8b\\xe2\\x80\\xa9c\\xc2\\x85d\\xc2\\x9be é\\t"

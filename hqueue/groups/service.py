@@ -256,6 +256,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
         with self._lock:
             group = self._groups.get((queue, name))
             if group is None:
+                check_group_name(name)  # (before a key is made of it: a name no group may have is none)
                 stored = self.storage.get_meta(group_key(queue, name))
                 if stored is not None:
                     group = self._groups[(queue, name)] = GroupState(queue, name, GroupConfig.from_json(stored))

@@ -10,6 +10,8 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
+from thriftpy2.thrift import TDecodeException
+
 from .. import errors
 from ..auth import PushCredentials
 from ..config import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES, QueueInfo
@@ -238,7 +240,12 @@ def to_thrift_error(e: Exception) -> Exception:
 
 
 def from_thrift_error(e: Exception, queue: str | None = None, partition_id: int = -1) -> errors.HQueueError:
-    """The hqueue error a Python caller should see for an IDL exception."""
+    """The hqueue error a Python caller should see for an IDL exception (or for a call's
+    argument the wire cannot carry: not sent, the caller's error)."""
+    if isinstance(e, TDecodeException) and str(e.struct_name).endswith("_args"):
+        shown = repr(e.value) if len(repr(e.value)) <= 60 else f"{repr(e.value)[:60]}…"
+        kind = "text that is valid UTF-8" if e.type_repr == "STRING" else str(e.type_repr).lower()
+        return errors.InvalidArgument(f"'{e.field}' must be {kind}, got {shown}")
     text = _text(getattr(e, "message", "")) or repr(e)
     limit = _limit_error(text) if isinstance(e, (T.TInvalidMessage, T.TIOError)) else None
     if limit is not None:

@@ -791,3 +791,39 @@ def test_a_partition_the_queue_does_not_have_is_refused_at_once_as_in_process(se
     for name, (kind, text) in calls.items():
         assert isinstance(errors[name], kind) and text in str(errors[name]), (name, errors[name])
     assert time.monotonic() - started < 10  # (not a deadline's wait each)
+
+
+@pytest.mark.parametrize("client", ["asyncio", "blocking"])
+def test_a_name_the_wire_cannot_carry_is_the_callers_error_not_the_stores(served, client):
+    """A name that is not UTF-8 text (a surrogate from os.fsdecode) was a StorageError
+    naming thriftpy2's TDecodeException; in process a group's was a UnicodeEncodeError."""
+    from hqueue import InvalidArgument
+
+    _, url, make = served
+    make(1)
+    bad = b"g\xff".decode("utf-8", "surrogateescape")
+
+    async def in_asyncio() -> list[BaseException]:
+        errors = []
+        async with AsyncHQueueAdmin(url) as admin:
+            for call in (lambda: admin.describe_queue(bad), lambda: admin.describe_group("q", bad)):
+                with pytest.raises(InvalidArgument) as caught:
+                    await call()
+                errors.append(caught.value)
+        return errors
+
+    if client == "asyncio":
+        errors = asyncio.run(in_asyncio())
+    else:
+        errors = []
+        with HQueueAdmin(url) as admin:
+            for call in (lambda: admin.describe_queue(bad), lambda: admin.describe_group("q", bad)):
+                with pytest.raises(InvalidArgument) as caught:
+                    call()
+                errors.append(caught.value)
+            assert [info.name for info in admin.list_queues()] == ["q"]  # the connection goes on
+    assert all("valid UTF-8" in str(e) for e in errors), errors
+    with HQueueAdmin(f"local://{served[0].engine.storage.path}-alone") as admin:  # in process too
+        admin.create_queue("q", 1)
+        with pytest.raises(InvalidArgument, match="group name"):
+            admin.describe_group("q", bad)

@@ -5,7 +5,12 @@ Metadata keys of the store (``Storage.put_meta``)::
     groups/<queue>/<group>                       the group's definition (GroupConfig JSON)
     group-state/<queue>/<group>/<pid>/done       every ID below it is finished
     group-state/<queue>/<group>/<pid>/ack/<id>   acked above ``done`` (hex of the 10-byte ID)
-    group-state/<queue>/<group>/<pid>/retry/<id> failed deliveries so far
+    group-state/<queue>/<group>/<pid>/retry/<id> failed deliveries so far ("2"; "2+" while
+                                                 the retry is handed out again)
+    group-state/<queue>/<group>/<pid>/behind/<id> unfinished below ``done`` (the cursor moved on)
+    group-state/<queue>/<group>/<pid>/dead       how many went to the dead-letter queue
+    group-state/<queue>/<group>/<pid>/out        the hand-out mark: the highest first delivery
+                                                 handed out, and its holder's process token
 """
 
 from __future__ import annotations

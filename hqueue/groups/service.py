@@ -86,8 +86,10 @@ logger = logging.getLogger(__name__)
 
 #: A receive that found no room for its answer (a server's budget full) looks again after this.
 ROOM_RETRY = 0.05
-#: A partition's hand-out mark is stored at most this often (s); what was handed out after
-#: the last one does not count as failed if its holder dies (see GroupService._mark_out).
+#: On a store of other processes (HBase: a round trip a write), a partition's hand-out mark
+#: is stored at most this often (s): what was handed out after the last one does not count as
+#: failed if its holder dies (see GroupService._mark_out). An embedded store's (an unsynced
+#: local write) is stored by every receive that hands out more.
 OUT_MARK_INTERVAL = 0.1
 #: A chunk of the read that counts the messages a holder died holding (cells, bytes).
 CRASH_SCAN_CHUNK = (1000, 16 << 20)
@@ -124,6 +126,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
     def __init__(self, engine: Engine, coordinator: Coordinator, *, limits: GroupLimits | None = None) -> None:
         self.engine, self.coordinator, self.storage = engine, coordinator, engine.storage
         self.limits = limits or GroupLimits()
+        self._mark_every = 0.0 if engine.storage.in_process else OUT_MARK_INTERVAL
         self._lock = threading.Lock()
         self._groups: dict[tuple[str, str], GroupState] = {}
         #: One condition for all waiting receives; each waits for its own queue's writes.
@@ -286,21 +289,24 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
             done = (
                 stored.get(state_prefix(group.queue, group.name, pid) + "done") or group.config.start_of(pid).to_bytes()
             )
-            acked, retries, behind, out_again = set(), {}, set(), set()
+            acked, retries, behind, out_again = set(), {}, set(), {}
             for key, value in stored.items():
                 kind, _, text = key.rpartition("/")
                 if kind.endswith("/ack"):
                     acked.add(bytes.fromhex(text))
                 elif kind.endswith("/retry"):
-                    retries[bytes.fromhex(text)] = int(value.rstrip(OUT_AGAIN))
-                    if value.endswith(OUT_AGAIN):
-                        out_again.add(bytes.fromhex(text))
+                    count, out, holder = value.partition(OUT_AGAIN)  # "2", or "2+<holder>" while out again
+                    retries[bytes.fromhex(text)] = int(count)
+                    if out:
+                        out_again[bytes.fromhex(text)] = holder
                 elif kind.endswith("/behind"):
                     behind.add(bytes.fromhex(text))
             state = group.partitions[pid] = PartitionState(done, {a for a in acked if a >= done}, retries)
             if behind:  # unfinished messages the cursor jumped past: their leases died, out again now
                 state.behind, now = behind, time.monotonic()
                 for message_id in sorted(behind):
+                    if retries.get(message_id, 0) > group.config.max_retries:
+                        state.unburied[message_id] = 0  # (its retries spent: the dead-letter write is due)
                     state.retry_at(message_id, now)
             state.dead_lettered = int(stored.get(state_prefix(group.queue, group.name, pid) + "dead") or 0)
             if group.config.key_affinity is not None:
@@ -310,7 +316,11 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
             if holder == _HOLDER[0]:  # this process's: its state was dropped here (a failed write, a move), no death
                 state.out_mark, state.marked = out_mark, True
             elif mark and state.affinity is None:
-                self._count_the_crash(group, pid, state, out_mark, out_again)
+                try:
+                    self._count_the_crash(group, pid, state, out_mark, {i for i, h in out_again.items() if h == holder})
+                except BaseException:  # (a store that failed meanwhile: read again, and counted, next time)
+                    group.partitions.pop(pid, None)
+                    raise
         return state
 
     def held(self) -> list[tuple[str, str]]:
@@ -448,10 +458,13 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
                 if state.affinity is not None:
                     self._take_in_order(group, pid, state, member, now + lease, limit - len(out.keys), out)
                 else:
-                    self._redeliver(group, pid, state, member, now + lease, limit - len(out.keys), out)
-                    self._new(group, pid, state, member, now + lease, limit - len(out.keys), out)
-                    if state.handed_top > state.out_mark and now - state.out_written >= OUT_MARK_INTERVAL:
-                        self._mark_out(group, pid, state, now)
+                    again: list[bytes] = []  # retries handed out again: marked out before they go
+                    self._redeliver(group, pid, state, member, now + lease, limit - len(out.keys), out, again)
+                    self._new(group, pid, state, member, now + lease, limit - len(out.keys), out, again)
+                    if state.out_written != math.inf and (
+                        again or (state.handed_top > state.out_mark and now - state.out_written >= self._mark_every)
+                    ):
+                        self._mark_out(group, pid, state, now, again)
                 if state.ready_heap:
                     next_ready = min(next_ready, max(0.001, state.ready_heap[0][0] - now))
         return out.columns(), next_ready
@@ -459,13 +472,14 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
     def _mark_out(
         self, group: GroupState, pid: int, state: PartitionState, now: float, again: Collection[bytes] = ()
     ) -> None:
-        """Store the highest ID handed out here (not synced, at most every OUT_MARK_INTERVAL),
+        """Store the highest ID handed out here (not synced; see OUT_MARK_INTERVAL),
         and, for messages ``again`` (retries, handed out again now), that they are out: a
         holder that dies leaves them, and the next one counts a failed delivery for each
         message it died holding (:meth:`_count_the_crash`). Best effort: a failed write
         skips the mark (a crash then counts less), never the receive."""
         key = state_prefix(group.queue, group.name, pid)
-        puts = {f"{key}retry/{i.hex()}": b"%d%s" % (state.retries[i], OUT_AGAIN) for i in again}
+        out_again = OUT_AGAIN + _HOLDER[0]  # (this holder's: a record a clean stop left is no later death's)
+        puts = {f"{key}retry/{i.hex()}": b"%d%s" % (state.retries[i], out_again) for i in again}
         top = max(state.handed_top, state.out_mark)  # (never below what the last mark covered)
         puts[_out_key(group, pid)] = top + _HOLDER[0]
         try:
@@ -482,13 +496,6 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
         queue's are lost with its acks (a mark that outlived an ack would count it)."""
         skip = self.engine.queue_info(queue).durability == Durability.SKIP_WAL
         return Durability.SKIP_WAL if skip else Durability.ASYNC_WAL
-
-    def _mark_again(self, group: GroupState, pid: int, state: PartitionState, ids: list[bytes]) -> None:
-        """Retries among ``ids`` (handed out now) are marked out, with the mark, before
-        they go: a death now counts them, and one while they wait for their retry does not."""
-        again = [i for i in ids if i in state.retries]
-        if again and state.out_written != math.inf:  # (not once the marks were cleared: a stop, a move)
-            self._mark_out(group, pid, state, time.monotonic(), again)
 
     def _count_the_crash(
         self, group: GroupState, pid: int, state: PartitionState, out_mark: bytes, out_again: set[bytes]
@@ -521,11 +528,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
         key = state_prefix(group.queue, group.name, pid)
         puts = {f"{key}retry/{i.hex()}": str(n).encode() for i, n in counts.items()}
         puts[_out_key(group, pid)] = top + _HOLDER[0]
-        try:
-            self.engine.writers.write_meta(group.queue, pid, puts, (), self.engine.queue_info(group.queue).durability)
-        except BaseException:  # not counted in the store: read again (and counted) next time
-            group.partitions.pop(pid, None)
-            raise
+        self.engine.writers.write_meta(group.queue, pid, puts, (), self.engine.queue_info(group.queue).durability)
         state.retries.update(counts)
         state.out_mark = state.handed_top = top
         state.marked = True
@@ -548,7 +551,15 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
         self._failed_many(group, pid, state, state.expired(now))
 
     def _redeliver(
-        self, group: GroupState, pid: int, state: PartitionState, member: str, deadline: float, limit: int, out: Handout
+        self,
+        group: GroupState,
+        pid: int,
+        state: PartitionState,
+        member: str,
+        deadline: float,
+        limit: int,
+        out: Handout,
+        again: list[bytes],
     ) -> None:
         taken = []
         due = state.due(time.monotonic(), limit)
@@ -566,11 +577,19 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
             taken.append(message_id)
             out.add(cell[0], cell[1], state.retries.get(message_id, 0) + 1)
         if taken:
-            self._mark_again(group, pid, state, taken)
+            again += [i for i in taken if i in state.retries]
             state.lease(taken, member, deadline)
 
     def _new(
-        self, group: GroupState, pid: int, state: PartitionState, member: str, deadline: float, limit: int, out: Handout
+        self,
+        group: GroupState,
+        pid: int,
+        state: PartitionState,
+        member: str,
+        deadline: float,
+        limit: int,
+        out: Handout,
+        again: list[bytes],
     ) -> None:
         room = min(limit, self.limits.max_span - state.in_flight)
         while room > 0 and not out.full:
@@ -600,7 +619,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
                 state.open.extend(ids)
                 state.handed_top = ids[-1]
                 if state.retries:
-                    self._mark_again(group, pid, state, handed)
+                    again += [i for i in handed if i in state.retries]
                 attempts = [state.retries.get(i, 0) + 1 for i in handed] if state.retries else repeat(1, taken)
                 out.extend(keys, values, attempts, size)
                 room -= taken

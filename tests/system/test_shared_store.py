@@ -870,3 +870,93 @@ def test_a_message_whose_retries_are_spent_goes_to_the_dead_letters_after_its_ho
         admin.enable_queue("q.dlq")
     assert _holder(data, "print(c.receive(1, wait=1))\n", "max_retries=0") == "[]"
     assert _dead_letters(data) == [b"m"]
+
+
+def test_a_retry_out_again_at_a_clean_stop_is_not_counted_at_a_later_death(tmp_path):
+    """H1 hands x out twice (nack 0 between), then closes CLEANLY: leave gives x back unseen,
+    its record stays b'1+', the mark is removed. H2 hands out only 'a' (below x) and dies.
+    H3 must not count x (H2 never held it): x failed once only, max_retries=1."""
+    data = _store_with(tmp_path, b"a", b"x")
+    out = _holder(
+        data,
+        (
+            "got = c.receive(2, wait=3)\n"
+            "x = [d for d in got if d.value == b'x']\n"
+            "c.nack(x, delay=0)\n"
+            "again = c.receive(1, wait=3)\n"
+            "print([(d.value, d.attempt) for d in got + again])\n"
+        ),
+    )  # clean exit: consumer leaves, store closes (marks cleared)
+    assert out == "[(b'a', 1), (b'x', 1), (b'x', 2)]"
+    assert _holder(data, "print([(d.value, d.attempt) for d in c.receive(1, wait=3)])\ndie()\n") == "[(b'a', 1)]"
+    out = _holder(data, "got = c.receive(10, wait=3)\nprint(sorted((d.value, d.attempt) for d in got))\nc.ack(got)\n")
+    assert out == "[(b'a', 2), (b'x', 2)]"
+    assert _dead_letters(data) == []
+
+
+def test_first_delivery_handed_with_a_retry_in_one_receive_is_marked(tmp_path):
+    """A receive that hands out a retry (marked at once, with the mark) and then a first
+    delivery: the first delivery must be covered by a mark too, else a death does not count it."""
+    data = _store_with(tmp_path, b"m0", b"m1")
+    out = _holder(
+        data,
+        (
+            "got = c.receive(1, wait=3)\n"
+            "c.nack(got, delay=0)\n"
+            "time.sleep(0.3)\n"
+            "got = c.receive(2, wait=3)\n"
+            "print([(d.value, d.attempt) for d in got])\n"
+            "time.sleep(1)\n"
+            "die()\n"
+        ),
+        "max_retries=5",
+    )
+    assert out == "[(b'm0', 2), (b'm1', 1)]"
+    out = _holder(
+        data,
+        "got = c.receive(10, wait=3)\nprint(sorted((d.value, d.attempt) for d in got))\nc.ack(got)\n",
+        "max_retries=5",
+    )
+    assert out == "[(b'm0', 3), (b'm1', 2)]"
+
+
+def test_a_hand_out_long_before_the_death_is_counted(tmp_path):
+    """An embedded store's mark is written by every receive that hands out more: m1, handed
+    out 0.02 s after m0, then held 2 s by a holder that dies, counts (the mark was written
+    at most every 0.1 s, and m1 waited for a next receive to be marked)."""
+    data = _store_with(tmp_path, b"m0", b"m1")
+    out = _holder(
+        data,
+        (
+            "got = c.receive(1, wait=3)\n"
+            "c.ack(got)\n"
+            "got2 = c.receive(1, wait=3)\n"
+            "print([(d.value, d.attempt) for d in got + got2])\n"
+            "time.sleep(2)\n"
+            "die()\n"
+        ),
+        "max_retries=5",
+    )
+    assert out == "[(b'm0', 1), (b'm1', 1)]"
+    out = _holder(
+        data,
+        "got = c.receive(10, wait=3)\nprint(sorted((d.value, d.attempt) for d in got))\nc.ack(got)\n",
+        "max_retries=5",
+    )
+    assert out == "[(b'm1', 2)]"
+
+
+def test_a_death_read_while_the_queue_is_disabled_still_counts(tmp_path):
+    """The next holder's first read of the group failed half way (the queue disabled): the
+    half-read state was kept, and the death never counted."""
+    from hqueue import QueueDisabled
+
+    data = _store_with(tmp_path, b"m")
+    assert _holder(data, "print([(d.value, d.attempt) for d in c.receive(1, wait=3)])\ndie()\n") == "[(b'm', 1)]"
+    with HQueueAdmin(data_dir=data) as admin, HQueue("q", data_dir=data) as queue:
+        admin.disable_queue("q")
+        with pytest.raises(QueueDisabled):
+            queue.pending("g")
+        admin.enable_queue("q")
+        with queue.consumer("g") as member:
+            assert [(d.value, d.attempt) for d in member.receive(1, wait=3)] == [(b"m", 2)]

@@ -458,13 +458,13 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
                 if state.affinity is not None:
                     self._take_in_order(group, pid, state, member, now + lease, limit - len(out.keys), out)
                 else:
-                    again: list[bytes] = []  # retries handed out again: marked out before they go
-                    self._redeliver(group, pid, state, member, now + lease, limit - len(out.keys), out, again)
-                    self._new(group, pid, state, member, now + lease, limit - len(out.keys), out, again)
+                    out.again = []  # retries handed out again here: marked out before they go
+                    self._redeliver(group, pid, state, member, now + lease, limit - len(out.keys), out)
+                    self._new(group, pid, state, member, now + lease, limit - len(out.keys), out)
                     if state.out_written != math.inf and (
-                        again or (state.handed_top > state.out_mark and now - state.out_written >= self._mark_every)
+                        out.again or (state.handed_top > state.out_mark and now - state.out_written >= self._mark_every)
                     ):
-                        self._mark_out(group, pid, state, now, again)
+                        self._mark_out(group, pid, state, now, out.again)
                 if state.ready_heap:
                     next_ready = min(next_ready, max(0.001, state.ready_heap[0][0] - now))
         return out.columns(), next_ready
@@ -551,15 +551,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
         self._failed_many(group, pid, state, state.expired(now))
 
     def _redeliver(
-        self,
-        group: GroupState,
-        pid: int,
-        state: PartitionState,
-        member: str,
-        deadline: float,
-        limit: int,
-        out: Handout,
-        again: list[bytes],
+        self, group: GroupState, pid: int, state: PartitionState, member: str, deadline: float, limit: int, out: Handout
     ) -> None:
         taken = []
         due = state.due(time.monotonic(), limit)
@@ -577,19 +569,11 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
             taken.append(message_id)
             out.add(cell[0], cell[1], state.retries.get(message_id, 0) + 1)
         if taken:
-            again += [i for i in taken if i in state.retries]
+            out.again += [i for i in taken if i in state.retries]
             state.lease(taken, member, deadline)
 
     def _new(
-        self,
-        group: GroupState,
-        pid: int,
-        state: PartitionState,
-        member: str,
-        deadline: float,
-        limit: int,
-        out: Handout,
-        again: list[bytes],
+        self, group: GroupState, pid: int, state: PartitionState, member: str, deadline: float, limit: int, out: Handout
     ) -> None:
         room = min(limit, self.limits.max_span - state.in_flight)
         while room > 0 and not out.full:
@@ -619,7 +603,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
                 state.open.extend(ids)
                 state.handed_top = ids[-1]
                 if state.retries:
-                    again += [i for i in handed if i in state.retries]
+                    out.again += [i for i in handed if i in state.retries]
                 attempts = [state.retries.get(i, 0) + 1 for i in handed] if state.retries else repeat(1, taken)
                 out.extend(keys, values, attempts, size)
                 room -= taken

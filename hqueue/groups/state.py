@@ -49,9 +49,11 @@ class Handout:
     """What one receive hands out, as it is gathered: columns, and the bytes left for more
     (:data:`RECEIVE_BYTES`, so a receive of many big messages holds a bounded reply)."""
 
-    __slots__ = ("keys", "values", "attempts", "room")
+    __slots__ = ("keys", "values", "attempts", "room", "again")
 
     def __init__(self, room: int = RECEIVE_BYTES) -> None:
+        #: The retries handed out again from the partition being served (service.py marks them).
+        self.again: list[bytes] = []
         self.keys: list[bytes] = []
         self.values: list[bytes] = []
         self.attempts: list[int] = []

@@ -855,7 +855,8 @@ def test_hqueue_consume_stopped_by_sigterm_leaves_its_group_cleanly(tmp_path):
     assert _dead_letters(data) == []
 
 
-def test_a_message_whose_retries_are_spent_goes_to_the_dead_letters_after_its_holder_stops(tmp_path):
+@pytest.mark.parametrize("affinity", ["", ", key_affinity='topic'"], ids=["any order", "key order"])
+def test_a_message_whose_retries_are_spent_goes_to_the_dead_letters_after_its_holder_stops(tmp_path, affinity):
     """A message past its retries waits for its dead-letter write while the dead-letter
     queue cannot take it (here: disabled). The next holder (its first stopped meanwhile)
     dead-letters it; it handed it out again, as attempt 2 of max_retries=0."""
@@ -864,11 +865,11 @@ def test_a_message_whose_retries_are_spent_goes_to_the_dead_letters_after_its_ho
         admin.create_queue("q.dlq", 1)
         admin.disable_queue("q.dlq")
     out = _holder(data, "got = c.receive(1, wait=3)\ntime.sleep(1.5)\nprint(q.pending('g')[0].attempt)\n",
-                  "max_retries=0, lease=1")  # fmt: skip
+                  f"max_retries=0, lease=1{affinity}")  # fmt: skip
     assert out == "2"  # its lease ran out: a failure, past max_retries=0, and no dead-letter queue to take it
     with HQueueAdmin(data_dir=data) as admin:
         admin.enable_queue("q.dlq")
-    assert _holder(data, "print(c.receive(1, wait=1))\n", "max_retries=0") == "[]"
+    assert _holder(data, "print(c.receive(1, wait=1))\n", f"max_retries=0{affinity}") == "[]"
     assert _dead_letters(data) == [b"m"]
 
 

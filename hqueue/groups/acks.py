@@ -49,6 +49,9 @@ class GroupAcks:
     def _partition(self, group: GroupState, pid: int) -> PartitionState:
         raise NotImplementedError
 
+    def _unseen(self, group: GroupState, pid: int, state: PartitionState, ids: list[bytes]) -> None:
+        raise NotImplementedError
+
     def _on_write(self, queue: str, partition_id: int) -> None:
         raise NotImplementedError
 
@@ -142,11 +145,14 @@ class GroupAcks:
         with group.lock:
             for pid, ids in self._owned_partitions(group, rowkeys).items():
                 state = self._partition(group, pid)
+                back = []
                 for message_id in ids:
                     lease = state.leases.get(message_id)
                     if lease is not None and lease[0] == member:
                         state.retry_at(message_id, now)
-                        count += 1
+                        back.append(message_id)
+                self._unseen(group, pid, state, back)
+                count += len(back)
         if count:
             self._on_write(queue, -1)  # receives waiting for work take them
         return count

@@ -46,6 +46,9 @@ class GroupMembers:
     def _failed_many(self, group: GroupState, pid: int, state: PartitionState, ids: list[bytes]) -> None:
         raise NotImplementedError
 
+    def _unseen(self, group: GroupState, pid: int, state: PartitionState, ids: list[bytes]) -> None:
+        raise NotImplementedError
+
     def _on_write(self, queue: str, partition_id: int) -> None:
         raise NotImplementedError
 
@@ -73,9 +76,11 @@ class GroupMembers:
             group.members.pop(member, None)
             group.seen.pop(member, None)
             group.left.leave(member)
-            for state in group.partitions.values():
-                for message_id in state.leases_of(member):
+            for pid, state in group.partitions.items():
+                back = state.leases_of(member)
+                for message_id in back:
                     state.retry_at(message_id, now)
+                self._unseen(group, pid, state, back)
         self._on_write(queue, -1)  # (its waiting receives wake, and end)
 
     # -- gone -----------------------------------------------------------------------------

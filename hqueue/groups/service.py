@@ -491,6 +491,25 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
             return
         state.out_mark, state.out_written, state.marked = top, now, True
 
+    def _unseen(self, group: GroupState, pid: int, state: PartitionState, ids: list[bytes]) -> None:
+        """Leases given back unseen (a leave, a hand-back: call under ``group.lock``) wait,
+        held by nobody: where this process's mark is stored, a record of no failures says
+        so, and a death before they go out again does not count them (best effort)."""
+        fresh = [i for i in ids if i not in state.retries]
+        if not fresh or not state.marked or state.affinity is not None:
+            return
+        key = state_prefix(group.queue, group.name, pid)
+        try:
+            self.engine.writers.write_meta(
+                group.queue, pid, {f"{key}retry/{i.hex()}": b"0" for i in fresh}, (), self._mark_durability(group.queue)
+            )
+        except HQueueError as e:  # (a death then counts them once more)
+            logger.debug(
+                "group %s of %s: messages given back in partition %d not noted: %s", group.name, group.queue, pid, e
+            )
+            return
+        state.retries.update(dict.fromkeys(fresh, 0))
+
     def _mark_durability(self, queue: str) -> str:
         """Marks are never kept better than the acks they are read against: a SKIP_WAL
         queue's are lost with its acks (a mark that outlived an ack would count it)."""

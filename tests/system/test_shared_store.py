@@ -961,3 +961,18 @@ def test_a_death_read_while_the_queue_is_disabled_still_counts(tmp_path):
         admin.enable_queue("q")
         with queue.consumer("g") as member:
             assert [(d.value, d.attempt) for d in member.receive(1, wait=3)] == [(b"m", 2)]
+
+
+def test_messages_a_member_gave_back_unseen_are_not_counted_at_a_death_before_they_go_out_again(tmp_path):
+    """A member that closes gives back what it holds, unseen: held by nobody, they are no
+    failure of a death that comes before another member takes them (attempt 1, not 2)."""
+    data = _store_with(tmp_path, b"a", b"b")
+    body = (
+        "first = q.consumer('g', member='first')\n"
+        "print(sorted((d.value, d.attempt) for d in first.receive(2, wait=3)))\n"
+        "first.close()\n"
+        "die()\n"
+    )
+    assert _holder(data, body) == "[(b'a', 1), (b'b', 1)]"
+    out = _holder(data, "got = c.receive(10, wait=3)\nprint(sorted((d.value, d.attempt) for d in got))\nc.ack(got)\n")
+    assert out == "[(b'a', 1), (b'b', 1)]"

@@ -161,8 +161,7 @@ class InOrder:
                 span -= 1
                 if state.retries.get(message_id, 0) > group.config.max_retries:  # its holder went before
                     affinity.keys[message_id] = key  # its dead-letter write: that is due, not a delivery
-                    state.unburied[message_id] = 0
-                    state.retry_at(message_id, time.monotonic())
+                    state.out_again_at(message_id, time.monotonic(), group.config.max_retries)
                     continue
                 if not affinity.new_for(key, member):
                     affinity.hold_back(message_id, key)

@@ -296,18 +296,16 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
                     acked.add(bytes.fromhex(text))
                 elif kind.endswith("/retry"):
                     count, out, holder = value.partition(OUT_AGAIN)  # "2", or "2+<holder>" while out again
-                    retries[bytes.fromhex(text)] = int(count)
+                    retries[message_id := bytes.fromhex(text)] = int(count)
                     if out:
-                        out_again[bytes.fromhex(text)] = holder
+                        out_again[message_id] = holder
                 elif kind.endswith("/behind"):
                     behind.add(bytes.fromhex(text))
             state = group.partitions[pid] = PartitionState(done, {a for a in acked if a >= done}, retries)
             if behind:  # unfinished messages the cursor jumped past: their leases died, out again now
                 state.behind, now = behind, time.monotonic()
                 for message_id in sorted(behind):
-                    if retries.get(message_id, 0) > group.config.max_retries:
-                        state.unburied[message_id] = 0  # (its retries spent: the dead-letter write is due)
-                    state.retry_at(message_id, now)
+                    state.out_again_at(message_id, now, group.config.max_retries)
             state.dead_lettered = int(stored.get(state_prefix(group.queue, group.name, pid) + "dead") or 0)
             if group.config.key_affinity is not None:
                 state.affinity = KeyAffinity(group.config.key_affinity)
@@ -556,9 +554,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
         now = time.monotonic()
         for message_id in sorted(crashed + waiting):
             state.open.append(message_id)
-            if state.retries.get(message_id, 0) > group.config.max_retries:
-                state.unburied[message_id] = 0  # (due now: the dead-letter write, not a delivery)
-            state.retry_at(message_id, now)
+            state.out_again_at(message_id, now, group.config.max_retries)
         if crashed:
             logger.warning(
                 "group %s of %s: partition %d's last holder died holding %d messages not finished: "
@@ -641,8 +637,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
         now, kept = time.monotonic(), []
         for n, message_id in enumerate(ids):
             if state.retries.get(message_id, 0) > most:
-                state.unburied[message_id] = 0
-                state.retry_at(message_id, now)
+                state.out_again_at(message_id, now, most)  # (its dead-letter write)
             else:
                 kept.append(n)
         return [ids[n] for n in kept], [keys[n] for n in kept], [values[n] for n in kept]

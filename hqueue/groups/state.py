@@ -330,6 +330,13 @@ class PartitionState:
         self.ready[message_id] = at
         heapq.heappush(self.ready_heap, (at, message_id))
 
+    def out_again_at(self, message_id: bytes, at: float, max_retries: int) -> None:
+        """``message_id`` is due at ``at``: as a retry, or, its retries spent (past
+        ``max_retries``), for its dead-letter write (never a delivery again)."""
+        if self.retries.get(message_id, 0) > max_retries:
+            self.unburied[message_id] = 0
+        self.retry_at(message_id, at)
+
     def finish(self, message_id: bytes) -> None:
         """``message_id`` is done (acked or dead-lettered): neither leased nor waiting."""
         self.release(message_id)

@@ -26,10 +26,20 @@ NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
 def check_partition(info: QueueInfo, partition_id: object) -> int:
     if not isinstance(partition_id, int) or isinstance(partition_id, bool):
         raise TypeError(f"'partition_id' must be an int, not {type(partition_id).__name__}")
-    if not 0 <= partition_id < info.partitions:
-        raise InvalidPartition(
-            f"'partition_id' must be in 0..{info.partitions - 1} for queue {info.name!r}, got {partition_id}"
-        )
+    return partition_of(info.name, info.partitions, partition_id)
+
+
+def partition_of(queue: str, partitions: int, partition_id: int) -> int:
+    """``partition_id`` if ``queue`` (of ``partitions``) has it; InvalidPartition otherwise."""
+    if not 0 <= partition_id < partitions:
+        raise InvalidPartition(f"'partition_id' must be in 0..{partitions - 1} for queue {queue!r}, got {partition_id}")
+    return partition_id
+
+
+def receipt_partition(queue: str, partitions: int, partition_id: int) -> int:
+    """A receipt's partition, if ``queue`` (of ``partitions``) has it; InvalidArgument otherwise."""
+    if partition_id >= partitions:
+        raise InvalidArgument(f"a receipt names partition {partition_id}; queue {queue!r} has {partitions}")
     return partition_id
 
 

@@ -69,13 +69,12 @@ from thriftpy2.transport import TTransportException
 
 from ..api import GroupsAPI, SubscriptionsAPI
 from ..auth import is_wildcard, split_credentials
-from ..checks import message_columns
+from ..checks import message_columns, partition_of
 from ..config import InfoCache, QueueInfo, QueueState
 from ..errors import (
     DeadlineExceeded,
     HQueueError,
     InvalidArgument,
-    InvalidPartition,
     NoPartitionOwner,
     NotPartitionOwner,
     OutcomeUnknown,
@@ -162,15 +161,6 @@ def owner_addresses(locations: Any, seeds: list[str]) -> list[str]:
             address = seeds[0]
         owners.append(address)
     return owners
-
-
-def beyond_the_queue(name: str, partition_id: int, locations: Sequence[str]) -> None:
-    """Raise InvalidPartition if ``locations`` (read afresh) have no ``partition_id``: the
-    queue has fewer partitions (not an owner to wait for)."""
-    if partition_id >= len(locations):
-        raise InvalidPartition(
-            f"'partition_id' must be in 0..{len(locations) - 1} for queue {name!r}, got {partition_id}"
-        )
 
 
 def owner_error(
@@ -508,8 +498,8 @@ class RemoteEngine:
                 try:
                     locations = self.locations(name, fresh=fresh)
                     owner = locations[partition_id] if partition_id < len(locations) else ""
-                    if not owner and fresh:
-                        beyond_the_queue(name, partition_id, locations)
+                    if not owner and fresh:  # (read afresh: a partition the queue does not have)
+                        partition_of(name, len(locations), partition_id)
                     if owner:
                         resent = unsure is not None
                         sent = args if lane is None else (*args, wire.to_trequest(lane.request(resent)))

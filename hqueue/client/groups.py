@@ -12,12 +12,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..checks import check_partition
+from ..checks import check_partition, receipt_partition
 from ..config import UNSEEN
 from ..errors import (
     DeadlineExceeded,
     HQueueError,
-    InvalidArgument,
     NoPartitionOwner,
     NotPartitionOwner,
     ServerUnavailable,
@@ -232,8 +231,8 @@ def receipts_by_owner(
     for pid, mine in rowkeys_by_partition(checked_receipts(rowkeys)).items():
         owner = locations[pid] if pid < len(locations) else ""
         if not owner:
-            if fresh and pid >= len(locations):
-                raise InvalidArgument(f"a receipt names partition {pid}; queue {queue!r} has {len(locations)}")
+            if fresh:
+                receipt_partition(queue, len(locations), pid)
             raise NoPartitionOwner(queue, pid, 0, None)
         by_owner.setdefault(owner, []).extend(mine)
     return by_owner

@@ -9,9 +9,10 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from ..checks import receipt_partition
 from ..config import UNSEEN, Durability
 from ..deadletters import dead_letter, dead_letter_queue
-from ..errors import GroupNotFound, HQueueError, InvalidArgument, NotPartitionOwner
+from ..errors import GroupNotFound, HQueueError, NotPartitionOwner
 from ..keys.groups import state_prefix
 from ..message import PackedReceipts, ids_by_partition, messages_from_columns
 from .limits import GroupLimits, backoff, check_delay, check_lease
@@ -66,9 +67,7 @@ class GroupAcks:
         by_partition = ids_by_partition(rowkeys)
         partitions = self.engine.queue_info(group.queue).partitions
         for pid in by_partition:
-            if pid >= partitions:
-                raise InvalidArgument(f"a receipt names partition {pid}; queue {group.queue!r} has {partitions}")
-            self.coordinator.require_owner(group.queue, pid)
+            self.coordinator.require_owner(group.queue, receipt_partition(group.queue, partitions, pid))
         return by_partition
 
     def ack(self, queue: str, name: str, rowkeys: PackedReceipts | Iterable[bytes]) -> int:

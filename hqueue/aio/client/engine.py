@@ -23,13 +23,12 @@ from typing import Any
 from thriftpy2.thrift import TException
 from thriftpy2.transport import TTransportException
 
-from ...checks import message_columns
+from ...checks import message_columns, partition_of
 from ...client.engine import (
     _IDEMPOTENT,
     READ_RETRY_DELAY,
     READ_TRIES,
     CallDeadline,
-    beyond_the_queue,
     client_options,
     owner_addresses,
     owner_error,
@@ -344,8 +343,8 @@ class AsyncRemoteEngine:
                 try:
                     locations = await self.locations(name, fresh=fresh)
                     owner = locations[partition_id] if partition_id < len(locations) else ""
-                    if not owner and fresh:
-                        beyond_the_queue(name, partition_id, locations)
+                    if not owner and fresh:  # (read afresh: a partition the queue does not have)
+                        partition_of(name, len(locations), partition_id)
                     if owner:
                         resent = unsure is not None
                         sent = args if lane is None else (*args, wire.to_trequest(lane.request(resent)))

@@ -48,8 +48,6 @@ server crash) is handed out again; a message acked before the crash never is.
 from __future__ import annotations
 
 import logging
-import math
-import os
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -58,9 +56,7 @@ from dataclasses import replace
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
-from .. import forks
-from ..config import Durability
-from ..errors import GroupNotFound, HQueueError, InvalidArgument, LimitExceeded
+from ..errors import GroupNotFound, InvalidArgument, LimitExceeded
 from ..keys.groups import group_key, groups_prefix, id_after, state_prefix
 from ..message import (
     Message,
@@ -72,6 +68,7 @@ from ..message import (
 )
 from .acks import GroupAcks
 from .affinity import KeyAffinity, check_key_affinity
+from .deaths import OUT_AGAIN, GroupDeaths, out_key
 from .limits import GroupLimits, check_group_name, check_lease, check_max_messages, check_member, check_wait
 from .members import GroupMembers
 from .ordered import InOrder
@@ -86,36 +83,9 @@ logger = logging.getLogger(__name__)
 
 #: A receive that found no room for its answer (a server's budget full) looks again after this.
 ROOM_RETRY = 0.05
-#: On a store of other processes (HBase: a round trip a write), a partition's hand-out mark
-#: is stored at most this often (s): what was handed out after the last one does not count as
-#: failed if its holder dies (see GroupService._mark_out). An embedded store's (an unsynced
-#: local write) is stored by every receive that hands out more.
-OUT_MARK_INTERVAL = 0.1
-#: A chunk of the read that counts the messages a holder died holding (cells, bytes).
-CRASH_SCAN_CHUNK = (1000, 16 << 20)
-#: A retry record's value ends with this while the retry is handed out (not waiting): a
-#: holder's death counts it (see GroupService._count_the_crash).
-OUT_AGAIN = b"+"
-#: This process, in its hand-out marks: a state it reads back after dropping it (a failed
-#: write, a partition moved away and back) is no holder's death. A forked child is another.
-HOLDER_BYTES = 8
-_HOLDER = [os.urandom(HOLDER_BYTES)]
 
 
-def _out_key(group: GroupState, pid: int) -> str:
-    """Where a partition's hand-out mark is kept, among its group state."""
-    return state_prefix(group.queue, group.name, pid) + "out"
-
-
-def _another_holder() -> list[object]:
-    _HOLDER[0] = os.urandom(HOLDER_BYTES)
-    return []
-
-
-forks.on_fork(_another_holder)
-
-
-class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
+class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
     """Every consumer group's state for the partitions this process owns.
 
     Args:
@@ -126,7 +96,6 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
     def __init__(self, engine: Engine, coordinator: Coordinator, *, limits: GroupLimits | None = None) -> None:
         self.engine, self.coordinator, self.storage = engine, coordinator, engine.storage
         self.limits = limits or GroupLimits()
-        self._mark_every = 0.0 if engine.storage.in_process else OUT_MARK_INTERVAL
         self._lock = threading.Lock()
         self._groups: dict[tuple[str, str], GroupState] = {}
         #: One condition for all waiting receives; each waits for its own queue's writes.
@@ -135,6 +104,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
         self._waiting: dict[str, int] = {}
         self._stopped = False
         self._init_members()
+        self._init_deaths()
 
     def start(self) -> None:
         self.coordinator.add_listener(self._ownership_changed)
@@ -149,31 +119,6 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
         self.engine.events.off(self.forget)
         with self._arrived:
             self._arrived.notify_all()
-
-    def _clear_out_marks(self, partitions: set[tuple[str, int]] | None = None) -> None:
-        """A clean stop, or ``partitions`` handed over to another server (a rebalance): the
-        messages in flight there go out again without counting a failure (as when a member
-        leaves), so the hand-out marks go, and none is written again here (best effort: a
-        mark left counts)."""
-        with self._lock:
-            groups = list(self._groups.values())
-        for group in groups:
-            with group.lock:
-                marked = []
-                for pid, state in group.partitions.items():
-                    if partitions is None or (group.queue, pid) in partitions:
-                        state.out_written = math.inf  # (no mark from a receive until the state goes)
-                        if state.marked:
-                            marked.append((pid, state))
-                for pid, state in marked:
-                    try:
-                        self.engine.writers.write_meta(
-                            group.queue, pid, {}, [_out_key(group, pid)],
-                            Durability.ASYNC_WAL,
-                        )  # fmt: skip
-                    except Exception as e:  # noqa: BLE001 - a stop goes on (a mark left counts the next time)
-                        logger.debug("group %s of %s: hand-out mark of %d left: %s", group.name, group.queue, pid, e)
-                    state.marked = False
 
     def _on_write(self, queue: str, partition_id: int) -> None:
         """A write (or a member leaving): wake the receives waiting on that queue, if any."""
@@ -295,7 +240,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
                 if kind.endswith("/ack"):
                     acked.add(bytes.fromhex(text))
                 elif kind.endswith("/retry"):
-                    count, out, holder = value.partition(OUT_AGAIN)  # "2", or "2+<holder>" while out again
+                    count, out, holder = value.partition(OUT_AGAIN)  # "2", or "2+<holder>" while out again (deaths.py)
                     retries[message_id := bytes.fromhex(text)] = int(count)
                     if out:
                         out_again[message_id] = holder
@@ -309,16 +254,7 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
             state.dead_lettered = int(stored.get(state_prefix(group.queue, group.name, pid) + "dead") or 0)
             if group.config.key_affinity is not None:
                 state.affinity = KeyAffinity(group.config.key_affinity)
-            mark = stored.get(_out_key(group, pid)) or b""
-            out_mark, holder = mark[:-HOLDER_BYTES], mark[-HOLDER_BYTES:]
-            if holder == _HOLDER[0]:  # this process's: its state was dropped here (a failed write, a move), no death
-                state.out_mark, state.marked = out_mark, True
-            elif mark and state.affinity is None:
-                try:
-                    self._count_the_crash(group, pid, state, out_mark, {i for i, h in out_again.items() if h == holder})
-                except BaseException:  # (a store that failed meanwhile: read again, and counted, next time)
-                    group.partitions.pop(pid, None)
-                    raise
+            self._after_the_last_holder(group, pid, state, stored.get(out_key(group, pid)) or b"", out_again)
         return state
 
     def held(self) -> list[tuple[str, str]]:
@@ -459,108 +395,10 @@ class GroupService(GroupAcks, GroupMembers, InOrder, GroupViews):
                     out.again = []  # retries handed out again here: marked out before they go
                     self._redeliver(group, pid, state, member, now + lease, limit - len(out.keys), out)
                     self._new(group, pid, state, member, now + lease, limit - len(out.keys), out)
-                    if state.out_written != math.inf and (
-                        out.again or (state.handed_top > state.out_mark and now - state.out_written >= self._mark_every)
-                    ):
-                        self._mark_out(group, pid, state, now, out.again)
+                    self._mark_if_due(group, pid, state, now, out.again)
                 if state.ready_heap:
                     next_ready = min(next_ready, max(0.001, state.ready_heap[0][0] - now))
         return out.columns(), next_ready
-
-    def _mark_out(
-        self, group: GroupState, pid: int, state: PartitionState, now: float, again: Collection[bytes] = ()
-    ) -> None:
-        """Store the highest ID handed out here (not synced; see OUT_MARK_INTERVAL),
-        and, for messages ``again`` (retries, handed out again now), that they are out: a
-        holder that dies leaves them, and the next one counts a failed delivery for each
-        message it died holding (:meth:`_count_the_crash`). Best effort: a failed write
-        skips the mark (a crash then counts less), never the receive."""
-        key = state_prefix(group.queue, group.name, pid)
-        out_again = OUT_AGAIN + _HOLDER[0]  # (this holder's: a record a clean stop left is no later death's)
-        puts = {f"{key}retry/{i.hex()}": b"%d%s" % (state.retries[i], out_again) for i in again}
-        top = max(state.handed_top, state.out_mark)  # (never below what the last mark covered)
-        puts[_out_key(group, pid)] = top + _HOLDER[0]
-        try:
-            self.engine.writers.write_meta(group.queue, pid, puts, (), self._mark_durability(group.queue))
-        except HQueueError as e:
-            logger.debug(
-                "group %s of %s: hand-out mark of partition %d not stored: %s", group.name, group.queue, pid, e
-            )
-            return
-        state.out_mark, state.out_written, state.marked = top, now, True
-
-    def _unseen(self, group: GroupState, pid: int, state: PartitionState, ids: list[bytes]) -> None:
-        """Leases given back unseen (a leave, a hand-back: call under ``group.lock``) wait,
-        held by nobody: where this process's mark is stored, a record of no failures says
-        so, and a death before they go out again does not count them (best effort)."""
-        fresh = [i for i in ids if i not in state.retries]
-        if not fresh or not state.marked or state.affinity is not None:
-            return
-        key = state_prefix(group.queue, group.name, pid)
-        try:
-            self.engine.writers.write_meta(
-                group.queue, pid, {f"{key}retry/{i.hex()}": b"0" for i in fresh}, (), self._mark_durability(group.queue)
-            )
-        except HQueueError as e:  # (a death then counts them once more)
-            logger.debug(
-                "group %s of %s: messages given back in partition %d not noted: %s", group.name, group.queue, pid, e
-            )
-            return
-        state.retries.update(dict.fromkeys(fresh, 0))
-
-    def _mark_durability(self, queue: str) -> str:
-        """Marks are never kept better than the acks they are read against: a SKIP_WAL
-        queue's are lost with its acks (a mark that outlived an ack would count it)."""
-        skip = self.engine.queue_info(queue).durability == Durability.SKIP_WAL
-        return Durability.SKIP_WAL if skip else Durability.ASYNC_WAL
-
-    def _count_the_crash(
-        self, group: GroupState, pid: int, state: PartitionState, out_mark: bytes, out_again: set[bytes]
-    ) -> None:
-        """The last holder of this partition's state died holding messages: those it handed
-        out as first deliveries up to ``out_mark`` (its hand-out mark), and the retries it
-        marked out again (``out_again``). Each one not finished counts a failed delivery
-        (stored), and goes out again now as a retry, or to the dead-letter queue when past
-        its retries. So a message that makes its holder itself crash is dead-lettered too
-        (its failures were counted only by the holder that died with it). A message
-        waiting for its retry at the death (nacked, its lease run out, a failure counted
-        already) is not counted again. The mark becomes this process's: a later holder's
-        death counts what this one hands out, not these again."""
-        prefix, top = partition_prefix(pid), max([out_mark, *out_again])
-        start = prefix + state.done
-        stop = prefix + id_after(top) if top else start
-        crashed: list[bytes] = []
-        waiting: list[bytes] = []
-        while start < stop:  # (in chunks: the values come too, and one may be megabytes)
-            keys, _ = self.engine.scan_columns(group.queue, start, stop, group.config.topics, *CRASH_SCAN_CHUNK)
-            for i in map(id_bytes, keys):
-                if i in state.acked or i in state.behind:
-                    continue
-                held = i in out_again or (i <= out_mark and i not in state.retries)
-                (crashed if held else waiting).append(i)
-            if not keys:
-                break
-            start = prefix + id_after(id_bytes(keys[-1]))
-        counts = {i: state.retries.get(i, 0) + 1 for i in crashed}
-        key = state_prefix(group.queue, group.name, pid)
-        puts = {f"{key}retry/{i.hex()}": str(n).encode() for i, n in counts.items()}
-        puts[_out_key(group, pid)] = top + _HOLDER[0]
-        self.engine.writers.write_meta(group.queue, pid, puts, (), self.engine.queue_info(group.queue).durability)
-        state.retries.update(counts)
-        state.out_mark = state.handed_top = top
-        state.marked = True
-        if top:
-            state.scan = max(state.scan, id_after(top))  # (the unfinished ones below it go out as retries now)
-        now = time.monotonic()
-        for message_id in sorted(crashed + waiting):
-            state.open.append(message_id)
-            state.out_again_at(message_id, now, group.config.max_retries)
-        if crashed:
-            logger.warning(
-                "group %s of %s: partition %d's last holder died holding %d messages not finished: "
-                "each counts a failed delivery",
-                group.name, group.queue, pid, len(crashed),
-            )  # fmt: skip
 
     def _expire(self, group: GroupState, pid: int, state: PartitionState, now: float) -> None:
         self._failed_many(group, pid, state, state.expired(now))

@@ -3,7 +3,6 @@ under the partition's fence (a mixin of :class:`~hqueue.groups.service.GroupServ
 
 from __future__ import annotations
 
-import collections
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -338,7 +337,7 @@ class GroupAcks:
         puts[f"{prefix}done"] = state.scan
         state.behind |= unfinished
         state.acked, state.done = set(), state.scan
-        state.open = collections.deque(i for i in state.open if i not in state.behind)
+        state.open.drop(state.behind)
 
     def _failed(
         self,

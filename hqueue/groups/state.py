@@ -12,13 +12,14 @@ from __future__ import annotations
 import bisect
 import collections
 import heapq
+import itertools
 import json
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate, repeat
-from operator import add, itemgetter
+from itertools import accumulate, compress, islice, repeat
+from operator import add, itemgetter, or_
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgument
@@ -96,6 +97,59 @@ class Handout:
 LATEST = -1
 
 
+class OpenIds:
+    """Every ID a partition handed out and not finished, in ID order (cleaned lazily: a
+    finished ID stays until the ones before it are finished too). A list read from ``head``
+    on: the finished IDs at the front go by moving ``head``, and the first one still held
+    is looked for by C's iteration, with no look-up per ID in Python."""
+
+    __slots__ = ("ids", "head")
+
+    def __init__(self, ids: Iterable[bytes] = ()) -> None:
+        self.ids: list[bytes] = list(ids)
+        self.head = 0
+
+    def append(self, message_id: bytes) -> None:
+        self.ids.append(message_id)
+
+    def extend(self, ids: Iterable[bytes]) -> None:
+        self.ids.extend(ids)
+
+    def clear(self) -> None:
+        self.ids, self.head = [], 0
+
+    def __len__(self) -> int:
+        return len(self.ids) - self.head
+
+    def __iter__(self) -> Iterator[bytes]:
+        return islice(self.ids, self.head, None)
+
+    def first_open(self, holders: Sequence[Container[bytes]]) -> bytes | None:
+        """The first ID that one of ``holders`` (leases, retries waiting, held back) still
+        has; those before it go. None: every one is finished (all go)."""
+        ids, head = self.ids, self.head
+        held = map(holders[0].__contains__, islice(ids, head, None))
+        for holder in holders[1:]:
+            held = map(or_, held, map(holder.__contains__, islice(ids, head, None)))
+        at = next(compress(itertools.count(head), held), len(ids))
+        if at == len(ids):
+            self.clear()
+            return None
+        if at > HEAP_SLACK and 2 * at > len(ids):  # (the list's front is given back now and then)
+            del ids[:at]
+            at = 0
+        self.head = at
+        return ids[at]
+
+    def keep(self, holders: Sequence[Container[bytes]]) -> None:
+        """Only the IDs one of ``holders`` still has stay."""
+        self.ids, self.head = [i for i in self if any(i in h for h in holders)], 0
+
+    def drop(self, ids: Container[bytes]) -> None:
+        """The IDs in ``ids`` go."""
+        self.ids, self.head = [i for i in self if i not in ids], 0
+
+
 @dataclass(frozen=True)
 class GroupConfig:
     """What a group takes, fixed when it is made.
@@ -167,7 +221,7 @@ class PartitionState:
     heap_ids: int = 0
     ready_heap: list[tuple[float, bytes]] = field(default_factory=list)
     #: Every ID handed out and not acked, in ID order (cleaned lazily): the first is where ``done`` may go.
-    open: collections.deque[bytes] = field(default_factory=collections.deque)
+    open: OpenIds = field(default_factory=OpenIds)
     #: Messages leased to each member (members holding none are not kept).
     held: collections.Counter[str] = field(default_factory=collections.Counter)
     batches: int = 0
@@ -212,23 +266,21 @@ class PartitionState:
         where ``done`` may move to.
 
         With nothing in flight (a member that acks what it received: the usual
-        case) every ID in ``open`` is finished, and they go at once, with no
-        look-up per ID; otherwise finished IDs leave the front one by one.
+        case) every ID in ``open`` is finished, and they go at once; otherwise the
+        first one still open is looked for in C (:meth:`OpenIds.first_open`).
         """
-        waiting, leases, ready = self.open, self.leases, self.ready
+        leases, ready = self.leases, self.ready
         back = self.affinity.back_ids if self.affinity is not None else ()
         if not leases and not ready and not back:
-            waiting.clear()
+            self.open.clear()
             return self.scan
-        while waiting and waiting[0] not in leases and waiting[0] not in ready and waiting[0] not in back:
-            waiting.popleft()
-        if len(waiting) > 2 * (len(leases) + len(ready) + len(back)) + HEAP_SLACK:
+        holders = [c for c in (leases, ready, back) if c]
+        first = self.open.first_open(holders)
+        if len(self.open) > 2 * (len(leases) + len(ready) + len(back)) + HEAP_SLACK:
             # One unfinished message at the front kept every ID handed out after it: only the
             # unfinished ones stay (O(1) each, spread over the IDs finished since the last time).
-            self.open = waiting = collections.deque(
-                i for i in waiting if i in leases or i in ready or i in back
-            )  # fmt: skip
-        return waiting[0] if waiting else self.scan
+            self.open.keep(holders)
+        return self.scan if first is None else first
 
     def handed_out(self, message_id: bytes) -> bool:
         """Whether the group handed ``message_id`` out and it is not finished: an ack counts."""

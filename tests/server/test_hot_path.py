@@ -24,7 +24,7 @@ import hqueue.scanner
 import hqueue.server.handler
 import hqueue.server.scanners
 from hqueue import HQueue, HQueueAdmin, Message
-from hqueue.groups.state import PartitionState
+from hqueue.groups.state import HEAP_SLACK, OpenIds, PartitionState
 from hqueue.message import MessageID
 from hqueue.metrics import ServerMetrics
 from hqueue.rpc import packed
@@ -158,6 +158,38 @@ def test_done_moves_past_finished_ids_with_no_look_up_each():
     state.leases[ids[500]] = ("m", 1.0)  # one still held: the finished ones before it go
     assert state.lowest_open() == ids[500]
     assert len(state.open) == 500
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 300), st.sets(st.integers(0, 2999), max_size=40)), max_size=30))
+def test_the_first_open_id_is_the_first_one_still_held(rounds):
+    """OpenIds against the deque it replaced: each round hands out more IDs, some of them
+    still held (leased, waiting, held back); the first held one is where ``done`` may go."""
+    ids = [MessageID(1000, i).to_bytes() for i in range(3000)]
+    ours, theirs, handed = OpenIds(), collections.deque(), 0
+    for more, held_numbers in rounds:
+        ours.extend(ids[handed : handed + more])
+        theirs.extend(ids[handed : handed + more])
+        handed = min(3000, handed + more)
+        held = {ids[n] for n in held_numbers}
+        leases, ready, back = [{i for i in held if int.from_bytes(i[-2:], "big") % 3 == r} for r in range(3)]
+        holders = [c for c in (leases, ready, back) if c] or [set()]
+        while theirs and not any(theirs[0] in h for h in holders):
+            theirs.popleft()
+        assert ours.first_open(holders) == (theirs[0] if theirs else None)
+        assert list(ours) == list(theirs) and len(ours) == len(theirs)
+
+
+def test_open_ids_give_their_front_back():
+    ids = [MessageID(1000, i).to_bytes() for i in range(3 * HEAP_SLACK)]
+    open_ids = OpenIds(ids)
+    assert open_ids.first_open([{ids[-1]}]) == ids[-1]
+    assert open_ids.ids == [ids[-1]] and open_ids.head == 0  # (not 3,071 finished ones kept)
+    open_ids.extend(ids[:3])
+    open_ids.drop({ids[0]})
+    assert list(open_ids) == [ids[-1], ids[1], ids[2]]
+    open_ids.keep([{ids[2]}, {ids[1]}])
+    assert list(open_ids) == [ids[1], ids[2]]
 
 
 def test_a_packed_scan_reply_makes_no_message_object(tmp_path, monkeypatch):

@@ -4,7 +4,9 @@ the rules are docs/consumer-groups.md's "A holder that dies counts").
 
 The holder stores a *hand-out mark* per partition (the highest first delivery it handed
 out, and its process's token), and marks a retry it hands out again as out (its retry
-record ``"2+<token>"``). The next holder, finding another process's mark, counts a failure
+record ``"2+<token>"``); with key affinity it notes a message held back for its key as not
+out (a record of its failures, ``"0"``: none below the mark counts unless out), and marks a
+held-back one it hands out as out. The next holder, finding another process's mark, counts a failure
 for each message the dead one held, and makes the mark its own. A clean stop, a member's
 unseen give-back and a rebalance's hand-over leave nothing to count.
 """
@@ -78,18 +80,25 @@ class GroupDeaths:
         out_mark, holder = mark[:-HOLDER_BYTES], mark[-HOLDER_BYTES:]
         if holder == _HOLDER[0]:  # this process's: its state was dropped here (a failed write, a move), no death
             state.out_mark, state.marked = out_mark, True
-        elif mark and state.affinity is None:
+        elif mark:
             try:
                 self._count_the_crash(group, pid, state, out_mark, {i for i, h in out_again.items() if h == holder})
             except BaseException:  # (a store that failed meanwhile: read again, and counted, next time)
                 group.partitions.pop(pid, None)
                 raise
 
-    def _mark_if_due(self, group: GroupState, pid: int, state: PartitionState, now: float, again: list[bytes]) -> None:
+    def _mark_if_due(
+        self, group: GroupState, pid: int, state: PartitionState, now: float, again: list[bytes], back: list[bytes]
+    ) -> None:
         """After a receive's hand-outs from ``pid``: store the mark if it moved (at most every
-        ``_mark_every``), or at once with retries handed out ``again``."""
+        ``_mark_every``), or at once with retries handed out ``again`` or messages held ``back``
+        (key affinity)."""
+        if back:
+            state.back_unmarked += back
         if state.out_written != math.inf and (
-            again or (state.handed_top > state.out_mark and now - state.out_written >= self._mark_every)
+            again
+            or state.back_unmarked
+            or (state.handed_top > state.out_mark and now - state.out_written >= self._mark_every)
         ):
             self._mark_out(group, pid, state, now, again)
 
@@ -122,13 +131,19 @@ class GroupDeaths:
         self, group: GroupState, pid: int, state: PartitionState, now: float, again: Collection[bytes] = ()
     ) -> None:
         """Store the highest ID handed out here (not synced; see OUT_MARK_INTERVAL),
-        and, for messages ``again`` (retries, handed out again now), that they are out: a
-        holder that dies leaves them, and the next one counts a failed delivery for each
-        message it died holding (:meth:`_count_the_crash`). Best effort: a failed write
-        skips the mark (a crash then counts less), never the receive."""
+        and, for messages ``again`` (retries, or with key affinity held-back ones, handed out
+        now), that they are out: a holder that dies leaves them, and the next one counts a
+        failed delivery for each message it died holding (:meth:`_count_the_crash`). Messages
+        held back for their key since the last mark get a record that they are not out (none
+        may count below the mark). Best effort: a failed write skips the mark (a crash then
+        counts less), never the receive."""
         key = state_prefix(group.queue, group.name, pid)
         out_again = OUT_AGAIN + _HOLDER[0]  # (this holder's: a record a clean stop left is no later death's)
-        puts = {f"{key}retry/{i.hex()}": b"%d%s" % (state.retries[i], out_again) for i in again}
+        retries = state.retries
+        held_back = state.affinity.back_ids if state.affinity is not None else ()
+        back = [i for i in state.back_unmarked if i in held_back]  # (not handed out or gone since)
+        puts = {f"{key}retry/{i.hex()}": b"%d" % retries.get(i, 0) for i in back}
+        puts.update({f"{key}retry/{i.hex()}": b"%d%s" % (retries.get(i, 0), out_again) for i in again})
         top = max(state.handed_top, state.out_mark)  # (never below what the last mark covered)
         puts[out_key(group, pid)] = top + _HOLDER[0]
         try:
@@ -138,26 +153,32 @@ class GroupDeaths:
                 "group %s of %s: hand-out mark of partition %d not stored: %s", group.name, group.queue, pid, e
             )
             return
+        for message_id in (*back, *again):  # (a record each now, which the ack removes)
+            retries.setdefault(message_id, 0)
+        state.back_unmarked = []
         state.out_mark, state.out_written, state.marked = top, now, True
 
     def _unseen(self, group: GroupState, pid: int, state: PartitionState, ids: list[bytes]) -> None:
         """Leases given back unseen (a leave, a hand-back: call under ``group.lock``) wait,
-        held by nobody: where this process's mark is stored, a record of no failures says
-        so, and a death before they go out again does not count them (best effort)."""
-        fresh = [i for i in ids if i not in state.retries]
-        if not fresh or not state.marked or state.affinity is not None:
+        held by nobody: where this process's mark is stored, a record of their failures (none
+        for a first delivery) says so, no longer marked out, and a death before they go out
+        again does not count them (best effort)."""
+        if not ids or not state.marked:
             return
         key = state_prefix(group.queue, group.name, pid)
+        retries = state.retries
         try:
             self.engine.writers.write_meta(
-                group.queue, pid, {f"{key}retry/{i.hex()}": b"0" for i in fresh}, (), self._mark_durability(group.queue)
-            )
+                group.queue, pid, {f"{key}retry/{i.hex()}": b"%d" % retries.get(i, 0) for i in ids}, (),
+                self._mark_durability(group.queue),
+            )  # fmt: skip
         except HQueueError as e:  # (a death then counts them once more)
             logger.debug(
                 "group %s of %s: messages given back in partition %d not noted: %s", group.name, group.queue, pid, e
             )
             return
-        state.retries.update(dict.fromkeys(fresh, 0))
+        for message_id in ids:
+            retries.setdefault(message_id, 0)
 
     def _mark_durability(self, queue: str) -> str:
         """Marks are never kept better than the acks they are read against: a SKIP_WAL
@@ -182,13 +203,17 @@ class GroupDeaths:
         stop = prefix + id_after(top) if top else start
         crashed: list[bytes] = []
         waiting: list[bytes] = []
+        affinity = state.affinity
         while start < stop:  # (in chunks: the values come too, and one may be megabytes)
             keys, _ = self.engine.scan_columns(group.queue, start, stop, group.config.topics, *CRASH_SCAN_CHUNK)
-            for i in map(id_bytes, keys):
+            for cell_key in keys:
+                i = id_bytes(cell_key)
                 if i in state.acked or i in state.behind:
                     continue
                 held = i in out_again or (i <= out_mark and i not in state.retries)
                 (crashed if held else waiting).append(i)
+                if affinity is not None:  # (each goes out again in its key's order)
+                    affinity.keys[i] = affinity.key_of_cell(cell_key)
             if not keys:
                 break
             start = prefix + id_after(id_bytes(keys[-1]))

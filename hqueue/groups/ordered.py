@@ -93,6 +93,7 @@ class InOrder:
             out.add(cell[0], cell[1], state.retries.get(message_id, 0) + 1)
         if taken:
             state.lease(taken, member, deadline)
+            out.again += taken
         if put_back is not None:
             put_back(left)
         if gone:
@@ -165,6 +166,7 @@ class InOrder:
                     continue
                 if not affinity.new_for(key, member):
                     affinity.hold_back(message_id, key)
+                    out.back.append(message_id)  # (noted where the mark is: not handed out below it)
                     continue
                 affinity.keys[message_id] = key
                 taken.append(message_id)
@@ -172,5 +174,6 @@ class InOrder:
                 room -= 1
             if taken:
                 state.lease(taken, member, deadline)
+                state.handed_top = taken[-1]
             if ended:
                 return

@@ -389,13 +389,13 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
                 if len(out.keys) >= limit or out.full:
                     break
                 state = self._partition(group, pid)
+                out.again, out.back = [], []  # (marked with the partition's mark, before they go)
                 if state.affinity is not None:
                     self._take_in_order(group, pid, state, member, now + lease, limit - len(out.keys), out)
                 else:
-                    out.again = []  # retries handed out again here: marked out before they go
                     self._redeliver(group, pid, state, member, now + lease, limit - len(out.keys), out)
                     self._new(group, pid, state, member, now + lease, limit - len(out.keys), out)
-                    self._mark_if_due(group, pid, state, now, out.again)
+                self._mark_if_due(group, pid, state, now, out.again, out.back)
                 if state.ready_heap:
                     next_ready = min(next_ready, max(0.001, state.ready_heap[0][0] - now))
         return out.columns(), next_ready

@@ -50,11 +50,14 @@ class Handout:
     """What one receive hands out, as it is gathered: columns, and the bytes left for more
     (:data:`RECEIVE_BYTES`, so a receive of many big messages holds a bounded reply)."""
 
-    __slots__ = ("keys", "values", "attempts", "room", "again")
+    __slots__ = ("keys", "values", "attempts", "room", "again", "back")
 
     def __init__(self, room: int = RECEIVE_BYTES) -> None:
-        #: The retries handed out again from the partition being served (service.py marks them).
+        #: The retries handed out again from the partition being served, and with key
+        #: affinity the held-back messages handed out (deaths.py marks them out), and
+        #: those held back (noted as not out).
         self.again: list[bytes] = []
+        self.back: list[bytes] = []
         self.keys: list[bytes] = []
         self.values: list[bytes] = []
         self.attempts: list[int] = []
@@ -242,6 +245,8 @@ class PartitionState:
     out_written: float = 0.0
     #: Whether this process's mark is stored (a clean stop removes it).
     marked: bool = False
+    #: Held back (key affinity) since the last mark written: noted with the next one.
+    back_unmarked: list[bytes] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.scan = max(self.scan, self.done)

@@ -5,8 +5,9 @@ Metadata keys of the store (``Storage.put_meta``)::
     groups/<queue>/<group>                       the group's definition (GroupConfig JSON)
     group-state/<queue>/<group>/<pid>/done       every ID below it is finished
     group-state/<queue>/<group>/<pid>/ack/<id>   acked above ``done`` (hex of the 10-byte ID)
-    group-state/<queue>/<group>/<pid>/retry/<id> failed deliveries so far ("2"; "2+" while
-                                                 the retry is handed out again)
+    group-state/<queue>/<group>/<pid>/retry/<id> failed deliveries so far ("2"; "2+<token>" while
+                                                 the retry is handed out again; "0" for one given
+                                                 back unseen, or held back for its key)
     group-state/<queue>/<group>/<pid>/behind/<id> unfinished below ``done`` (the cursor moved on)
     group-state/<queue>/<group>/<pid>/dead       how many went to the dead-letter queue
     group-state/<queue>/<group>/<pid>/out        the hand-out mark: the highest first delivery

@@ -976,3 +976,64 @@ def test_messages_a_member_gave_back_unseen_are_not_counted_at_a_death_before_th
     assert _holder(data, body) == "[(b'a', 1), (b'b', 1)]"
     out = _holder(data, "got = c.receive(10, wait=3)\nprint(sorted((d.value, d.attempt) for d in got))\nc.ack(got)\n")
     assert out == "[(b'a', 1), (b'b', 1)]"
+
+
+def test_a_message_that_kills_its_holder_in_a_key_ordered_group_is_dead_lettered_after_its_retries(tmp_path):
+    """With key affinity (the Processor's groups) a death counted nothing: a message that
+    made each holder crash came back as attempt 1 for ever, and its key's later messages
+    waited behind it. Each first delivery is marked out there, so each crash counts."""
+    data = _store_with(tmp_path, b"poison", b"next")
+    body = "got = c.receive(1, wait=3)\nprint([(d.value, d.attempt) for d in got])\ndie()\n"
+    ordered = "max_retries=1, key_affinity='topic'"
+    assert _holder(data, body, ordered) == "[(b'poison', 1)]"
+    assert _holder(data, body, ordered) == "[(b'poison', 2)]"
+    out = _holder(
+        data, "got = c.receive(10, wait=3)\nprint([(d.value, d.attempt) for d in got])\nc.ack(got)\n", ordered
+    )
+    assert out == "[(b'next', 1)]"  # the poison past max_retries=1, in the dead letters; its key goes on
+    assert _dead_letters(data) == [b"poison"]
+
+
+def test_a_message_held_back_for_its_key_is_not_counted_at_a_death(tmp_path):
+    """In a key-ordered group a message whose key another member holds is held back, never
+    handed out: a death counts the held one only (attempt 2), the held-back one goes out
+    after it as a first delivery."""
+    data = _store_with(tmp_path, b"a1", b"a2", b"a3")
+    body = (
+        "other = q.consumer('g', member='other', key_affinity='topic')\n"
+        "held = c.receive(1, wait=3)\n"
+        "print([(d.value, d.attempt) for d in held], other.receive(10, wait=0.5))\n"
+        "die()\n"
+    )
+    assert _holder(data, body, "max_retries=1, key_affinity='topic'") == "[(b'a1', 1)] []"
+    out = _holder(
+        data,
+        "got = c.receive(10, wait=3)\nprint([(d.value, d.attempt) for d in got])\nc.ack(got)\n",
+        "max_retries=1, key_affinity='topic'",
+    )
+    assert out == "[(b'a1', 2), (b'a2', 1), (b'a3', 1)]"  # in key order
+    assert _dead_letters(data) == []
+
+
+@pytest.mark.parametrize("affinity", ["", ", key_affinity='topic'"], ids=["any order", "key order"])
+def test_a_retry_given_back_unseen_is_not_counted_at_a_death(tmp_path, affinity):
+    """A retry handed out again is marked out; given back unseen (its member closed) it waits,
+    held by nobody: a death before it goes out again is not its failure (its mark stayed, and
+    max_retries=1 dead-lettered it)."""
+    data = _store_with(tmp_path, b"x")
+    body = (
+        f"first = q.consumer('g', member='first'{affinity})\n"
+        "got = first.receive(1, wait=3)\n"
+        "first.nack(got, delay=0)\n"
+        "again = first.receive(1, wait=3)\n"
+        "print([(d.value, d.attempt) for d in got + again])\n"
+        "first.close()\n"
+        "die()\n"
+    )
+    assert _holder(data, body, f"max_retries=1{affinity}") == "[(b'x', 1), (b'x', 2)]"
+    out = _holder(
+        data, "got = c.receive(10, wait=3)\nprint([(d.value, d.attempt) for d in got])\nc.ack(got)\n",
+        f"max_retries=1{affinity}",
+    )  # fmt: skip
+    assert out == "[(b'x', 2)]"
+    assert _dead_letters(data) == []

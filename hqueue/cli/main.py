@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 import time
 from typing import Any
@@ -110,8 +111,36 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except (HQueueError, ValueError, TypeError) as e:
+            bad = self._bad_option(ctx, e)
+            if bad is not None:
+                raise bad from e
             url = (ctx.obj or {}).get("url")
             raise click.ClickException(_with_cli_hint(e, ctx.invoked_subcommand, url)) from e
+
+    def _bad_option(self, ctx: click.Context, e: Exception) -> click.UsageError | None:
+        """A refusal of what options gave ("'partition_id' must be in 0..3 …", "give
+        'partition_id' or 'key', not both"), as click's own (exit status 2), naming the
+        options (``--partition``), not the API's parameters."""
+        command = self.get_command(ctx, ctx.invoked_subcommand) if ctx.invoked_subcommand else None
+        if command is None or not isinstance(e, (InvalidArgument, TypeError)):
+            return None
+        options = {p.name: p for p in command.params if isinstance(p, click.Option)}
+        text = str(e)
+        said = _API_REFUSAL.match(text)
+        if said is not None:
+            option = options.get(_CLI_OPTION.get(said[1], said[1]))
+            return None if option is None else click.BadParameter(said[2], param=option)
+        named = [options.get(_CLI_OPTION.get(n, n)) for n in _QUOTED.findall(text)]
+        if not named or None in named:
+            return None
+        return click.UsageError(_QUOTED.sub(lambda m: max(options[_CLI_OPTION.get(m[1], m[1])].opts, key=len), text))
+
+
+#: "'<API parameter>' must …": a library refusal of one argument.
+_API_REFUSAL = re.compile(r"'(\w+)' (must .*)", re.S)
+_QUOTED = re.compile(r"'(\w+)'")
+#: The API's parameter names that the commands' options name otherwise.
+_CLI_OPTION = {"partition_id": "partition", "deliver_at": "at", "max_messages": "max"}
 
 
 def _with_cli_hint(e: Exception, command: str | None = None, url: str | None = None) -> str:

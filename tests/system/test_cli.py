@@ -312,6 +312,19 @@ def test_negative_numbers_reach_the_range_check(run):
     assert run("scan", "q").output.split("\t")[3] == "-5\n"
 
 
+def test_a_partition_the_queue_does_not_have_is_refused_as_a_bad_option(run):
+    """`put -p 99` on a 2-partition queue exited 1 naming the API's 'partition_id', where
+    `-p -1` exits 2 naming the option: both are the option's refusal now."""
+    run("create", "q", "2")
+    for args in (["put", "q", "t", "v", "-p", "99"], ["scan", "q", "--partition", "2"], ["count", "q", "-p", "7"]):
+        result = run(*args)
+        assert result.exit_code == 2, (args, result.output)
+        assert "Invalid value for '--partition' / '-p': must be in 0..1 for queue 'q'" in result.output
+        assert "partition_id" not in result.output
+    result = run("put", "q", "t", "v", "-k", "a", "-p", "0")
+    assert result.exit_code == 2 and "give --partition or --key, not both" in result.output, result.output
+
+
 def test_describing_a_group_of_a_missing_queue_says_the_queue_is_missing(run):
     run("create", "q", "1")
     for command in ("describe-group", "pending"):

@@ -104,7 +104,8 @@ def test_the_cli_puts_by_priority(cli, tmp_path):
     assert cli("put", "q", "t", "urgent", "--priority", "1").exit_code == 0
     with HQueue("q", f"local://{tmp_path}/data") as queue:
         assert [m.partition_id >= 2 for m in queue.scan()] == [True]
-    assert cli("put", "q", "t", "x", "--priority", "2").exit_code == 1  # out of the queue's tiers
+    out_of_tiers = cli("put", "q", "t", "x", "--priority", "2")  # out of the queue's tiers: the option's refusal
+    assert out_of_tiers.exit_code == 2 and "Invalid value for '--priority': must be in 0..1" in out_of_tiers.output
     assert cli("put", "q", "t", "x", "--priority", "99999").exit_code == 2  # out of any range
 
 

@@ -93,9 +93,10 @@ class GroupDeaths:
         """After a receive's hand-outs from ``pid``: store the mark if it moved (at most every
         ``_mark_every``), or at once with retries handed out ``again`` or messages held ``back``
         (key affinity)."""
-        if back:
-            state.back_unmarked += back
-        if state.out_written != math.inf and (
+        if state.out_written == math.inf:  # (no mark, nothing to count: a clean stop or a hand-over under way)
+            return
+        state.back_unmarked += back
+        if (
             again
             or state.back_unmarked
             or (state.handed_top > state.out_mark and now - state.out_written >= self._mark_every)

@@ -170,6 +170,8 @@ class InOrder:
                     continue
                 affinity.keys[message_id] = key
                 taken.append(message_id)
+                if message_id in state.retries:  # (a record read past the cursor: marked out, as a retry is)
+                    out.again.append(message_id)
                 out.add(cell_key, value, state.retries.get(message_id, 0) + 1)
                 room -= 1
             if taken:

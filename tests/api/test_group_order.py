@@ -250,3 +250,24 @@ def test_a_held_back_message_gone_past_its_ttl_leaves_the_others_in_place(make_q
         got = a.receive(10, wait=0)
         assert [d.value for d in got] == [b"m3"]
         assert a.ack(got) == 1
+
+
+def test_no_note_of_held_back_messages_is_kept_once_the_marks_are_cleared(tmp_path):
+    """After a clean stop or a hand-over cleared the hand-out marks, receives that hold
+    messages back kept a list of them to note with a mark never written again."""
+    url = f"local://{tmp_path}/data"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 1)
+    with HQueue("q", url) as queue:
+        queue.put([Message("a", b"a%d" % i) for i in range(50)], 0)
+        with (
+            queue.consumer("g", member="x", key_affinity="topic") as x,
+            queue.consumer("g", member="y") as y,
+        ):
+            assert topics(x.receive(1, wait=2)) == ["a0"]
+            groups = groups_of(queue.engine)
+            groups._clear_out_marks()  # (what a clean stop, or a rebalance's hand-over, does)
+            assert y.receive(100, wait=0) == []
+            state = groups._groups[("q", "g")].partitions[0]
+            assert state.affinity is not None and len(state.affinity.back_ids) == 49
+            assert state.back_unmarked == []

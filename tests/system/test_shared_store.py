@@ -1037,3 +1037,36 @@ def test_a_retry_given_back_unseen_is_not_counted_at_a_death(tmp_path, affinity)
     )  # fmt: skip
     assert out == "[(b'x', 2)]"
     assert _dead_letters(data) == []
+
+
+@pytest.mark.parametrize("affinity", ["", ", key_affinity='topic'"], ids=["any order", "key order"])
+def test_a_message_given_back_at_a_clean_stop_counts_at_the_next_holders_death(tmp_path, affinity):
+    """A clean stop gives m back unseen (a record of no failures); the next holder hands it
+    out and dies: that death counts (attempt 2). With key affinity a message read with a
+    record was not marked out, so each clean stop gave a message that kills its holder one
+    death for free."""
+    data = _store_with(tmp_path, b"m")
+    body = "print([(d.value, d.attempt) for d in c.receive(1, wait=3)])\n"
+    assert _holder(data, body, f"max_retries=3{affinity}") == "[(b'm', 1)]"  # a clean stop
+    assert _holder(data, body + "die()\n", f"max_retries=3{affinity}") == "[(b'm', 1)]"
+    assert _holder(data, body, f"max_retries=3{affinity}") == "[(b'm', 2)]"
+
+
+def test_a_held_back_message_handed_out_by_the_next_holder_counts_at_its_death(tmp_path):
+    """m2, held back for its key when the first holder died, has a record (not out); the next
+    holder hands it out (after m1's ack) and dies holding it: that death counts it."""
+    data = _store_with(tmp_path, b"m1", b"m2")
+    ordered = "max_retries=3, key_affinity='topic'"
+    body = (
+        "other = q.consumer('g', member='other', key_affinity='topic')\n"
+        "held = c.receive(1, wait=3)\n"
+        "print([(d.value, d.attempt) for d in held], other.receive(10, wait=0.5))\n"
+        "die()\n"
+    )
+    assert _holder(data, body, ordered) == "[(b'm1', 1)] []"
+    body = (
+        "got = c.receive(1, wait=3)\nc.ack(got)\ngot += c.receive(1, wait=3)\n"
+        "print([(d.value, d.attempt) for d in got])\ndie()\n"
+    )
+    assert _holder(data, body, ordered) == "[(b'm1', 2), (b'm2', 1)]"
+    assert _holder(data, "print([(d.value, d.attempt) for d in c.receive(5, wait=3)])\n", ordered) == "[(b'm2', 2)]"

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING
 
 from ..keys.groups import id_after
 from ..message import id_bytes, partition_prefix
+from .handout import Handout
 from .limits import GroupLimits
-from .state import GroupState, Handout, PartitionState
+from .state import GroupState, PartitionState
 
 if TYPE_CHECKING:
     from ..engine import Engine

@@ -69,10 +69,11 @@ from ..message import (
 from .acks import GroupAcks
 from .affinity import KeyAffinity, check_key_affinity
 from .deaths import OUT_AGAIN, GroupDeaths, out_key
+from .handout import Columns, Handout
 from .limits import GroupLimits, check_group_name, check_lease, check_max_messages, check_member, check_wait
 from .members import GroupMembers
 from .ordered import InOrder
-from .state import LATEST, Columns, GroupConfig, GroupState, Handout, PartitionState, assigned, served_order
+from .state import LATEST, GroupConfig, GroupState, PartitionState, assigned, served_order
 from .views import GroupViews
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from ..config import QueueState
 from ..coordination import Coordinator
 from ..engine import Engine
 from ..errors import InvalidArgument, LimitExceeded, NotAuthorized, NotPartitionOwner
-from ..groups.state import RECEIVE_BYTES
+from ..groups.handout import RECEIVE_BYTES
 from ..message import Message, MessageID, messages_from_columns
 from ..metrics import ServerMetrics
 from ..rpc import packed, wire

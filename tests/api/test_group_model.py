@@ -1,6 +1,6 @@
 """Consumer groups against a model: random interleavings of put / receive / ack / nack /
 lease expiry (/ reopening the store) with 1-3 members, mixed message sizes, a small reply
-room (groups.state.Handout), small limits and dead-lettering: each message is handed out
+room (groups.handout.Handout), small limits and dead-lettering: each message is handed out
 to one member at a time, never after its ack, never outside the group's topics, each key
 in order (key affinity), and at the end every message is acked or dead-lettered exactly
 once. (Written by a review of the receive's byte bound; the review also ran it on the
@@ -15,9 +15,9 @@ import pytest
 
 from hqueue import HQueue, HQueueAdmin, Message, QueueNotFound
 from hqueue.api import groups_of
+from hqueue.groups.handout import Handout
 from hqueue.groups.limits import GroupLimits
 from hqueue.groups.service import GroupService
-from hqueue.groups.state import Handout
 
 SHORT = 0.3
 

@@ -14,8 +14,9 @@ import pytest
 from hqueue import Delivery, GroupNotFound, HQueue, HQueueAdmin, InvalidArgument, Message, MessageID
 from hqueue.api import groups_of
 from hqueue.engine import Engine
+from hqueue.groups.handout import RECEIVE_BYTES
 from hqueue.groups.limits import MEMBER_TIMEOUT
-from hqueue.groups.state import RECEIVE_BYTES, assigned
+from hqueue.groups.state import assigned
 from hqueue.keys.groups import state_prefix
 
 from ..processes import drain, wait_for

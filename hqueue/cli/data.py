@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 import click
 
 from ..commands import escape
+from ..commands.queues import LOCAL_TIMERS_NOTE
 from ..config import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES
 from ..errors import ServerUnavailable
 from ..message import Message, MessageID, successor
@@ -94,11 +95,7 @@ def put(
     """
     queue = open_queue(ctx, name)
     if (delay is not None or deliver_at is not None) and queue.engine.url.startswith("local://"):
-        click.echo(
-            "note: on a local:// store a timer fires only while a process has the store open; to have it fire "
-            "on time, serve the store with `hqueue server` and put through hqueue:// (docs/timers.md)",
-            err=True,
-        )
+        click.echo(f"note: {LOCAL_TIMERS_NOTE}", err=True)
     topic_bytes = os.fsencode(topic)  # as given, even when it is not UTF-8
     key_bytes = None if key is None else os.fsencode(key)  # (the same bytes as key.encode() when it is UTF-8)
     due = None if deliver_at is None else deliver_at.timestamp

@@ -410,7 +410,7 @@ def _tls(cert: str | None, key: str | None):
 
 
 @main.command()
-@click.argument("script", type=click.File("r"), required=False)
+@click.argument("script", type=click.File("r", encoding="utf-8", errors="surrogateescape"), required=False)
 @click.option("-e", "commands", multiple=True, metavar="COMMAND", help="Run this command line (repeatable), then exit.")
 @click.pass_context
 def shell(ctx, script, commands: tuple[str, ...]) -> None:

@@ -9,6 +9,11 @@ from .render import printable, stamp, table
 
 QUEUE = Param("queue", "The queue's name.")
 LEGACY_DURABILITY = "hqueue.durability"
+#: Said by the front ends (CLI, shell) when a timer is put on an embedded store.
+LOCAL_TIMERS_NOTE = (
+    "on a local:// store a timer fires only while a process has the store open; to have it fire on time, "
+    "serve the store with `hqueue server` and put through hqueue:// (docs/timers.md)"
+)
 
 
 @command(

@@ -161,8 +161,10 @@ def cancel_timer() -> Any:
     queue, handle = field("queue").strip(), field("handle").strip()
     require(lambda login: login.may_cancel_timers(queue), f"cancel timers of queue {queue!r} (needs admin or producer)")
     timer = Timer.parse(handle)
-    if not confirmed():
-        return render_template("cancel.html", queue=queue, handle=handle)
-    with g.console.admin.queue(queue) as q:
+    with g.console.admin.queue(queue) as q:  # (an unknown queue: 404, before a confirmation is offered)
+        if timer.partition_id >= q.partitions:
+            abort(400, f"timer {handle} is of partition {timer.partition_id}: queue {queue!r} has {q.partitions}")
+        if not confirmed():
+            return render_template("cancel.html", queue=queue, handle=handle)
         done = audited("cancel timer", queue, handle, {}, lambda: "cancelled" if q.cancel(timer) else "not pending")
     return redirect(url_for("timers", queue=queue, handle=handle, cancelled=done))

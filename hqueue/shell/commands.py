@@ -15,11 +15,12 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from ..commands import COMMANDS as SHARED
 from ..commands import Command as SharedCommand
 from ..commands import Param, as_time, stamp, table
+from ..commands.queues import LOCAL_TIMERS_NOTE
 from ..errors import HQueueError, InvalidArgument
 from ..message import Message, MessageID
 from ..scanner import Scan
@@ -33,6 +34,8 @@ class Shell(Protocol):
     """What a command needs of the shell running it (repl.py's Shell)."""
 
     done: bool
+    timers_noted: bool
+    err: TextIO
 
     @property
     def admin(self) -> HQueueAdmin: ...
@@ -289,6 +292,9 @@ def put(shell: Shell, name: Any, topic: Any, value: Any, given: Any = None) -> R
     )  # fmt: skip
     if isinstance(written, MessageID):
         return f"Put {written} ({stamp(written)})", None
+    if not shell.timers_noted and shell.queue(name).engine.url.startswith("local://"):
+        shell.timers_noted = True  # (once a session)
+        print(f"note: {LOCAL_TIMERS_NOTE}", file=shell.err)
     return f"Timer {written} (due {stamp(MessageID(written.due))}; cancel '{name}', '{written}')", None
 
 

@@ -48,6 +48,7 @@ class Shell:
         self._queues: dict[str, HQueue] = {}
         self.done = False
         self.count = 0
+        self.timers_noted = False  # (the note on timers of a local:// store, said once)
 
     @property
     def admin(self) -> HQueueAdmin:

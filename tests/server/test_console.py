@@ -372,6 +372,16 @@ def test_a_timer_cancel_is_confirmed_then_done_and_audited(served):
     assert "cancel timer" in admin.get("/audit").body
 
 
+def test_a_timer_cancel_of_an_unknown_queue_or_partition_is_refused_before_its_confirmation(served):
+    """The preview offered Confirm for a queue that does not exist (the confirmed call then
+    said so), and for a partition the queue does not have."""
+    admin = user(served)
+    unknown = admin.post("/timers/cancel", {"queue": "nosuch", "handle": "0/1/1:0"})
+    assert unknown.status == 404 and "nosuch" in unknown.body and 'id="confirm-cancel"' not in unknown.body
+    beyond = admin.post("/timers/cancel", {"queue": "orders", "handle": "999/1/1:0"})
+    assert beyond.status == 400 and "partition 999" in beyond.body and 'id="confirm-cancel"' not in beyond.body
+
+
 # -- bounds, on a console in this process ------------------------------------------------------------
 
 

@@ -362,3 +362,24 @@ def test_a_reader_that_goes_away_stops_the_shell_quietly(tmp_path):
     assert shell.wait(timeout=60) == 1
     # Then no "internal error" (a broken pipe is not a bug)
     assert "internal error" not in err and "Traceback" not in err, err
+
+
+def test_a_script_file_takes_the_raw_bytes_piped_lines_take(tmp_path):
+    """A script's bytes that are not UTF-8 (a value typed in a Latin-1 editor) stopped a
+    script file at its first byte (UnicodeDecodeError) where stdin put them as they are."""
+    script = tmp_path / "raw.hq"
+    script.write_bytes(b"create 'q1', 1, 0\nput 'q1', 't', 'caf\xe9'\nscan 'q1'\n")
+    by_file = hqueue_shell(tmp_path, str(script))
+    assert by_file.returncode == 0, by_file.stderr
+    assert by_file.stdout.rstrip().splitlines()[-2].endswith("caf\\xe9")
+    with HQueue("q1", f"local://{tmp_path}/data") as queue:
+        assert [m.value for m in queue.scan()] == [b"caf\xe9"]
+
+
+def test_a_timer_put_on_a_local_store_says_when_it_fires_once_as_the_cli_does(tmp_path):
+    script = tmp_path / "timers.hq"
+    script.write_text("create 'tq', 1, 0\nput 'tq', 't', 'v', {DELAY => 60}\nput 'tq', 't', 'w', {DELAY => 60}\n")
+    result = hqueue_shell(tmp_path, str(script))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("Timer ") == 2
+    assert result.stderr.count("a timer fires only while a process has the store open") == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -61,3 +62,14 @@ def moment(name: str, default: str | None = None) -> MessageID | None:
     if found.timestamp > LATEST_MS:
         abort(400, f"'{name}' is after the year 9999 (epoch ms up to {LATEST_MS}), got {text[:40]!r}")
     return found
+
+
+#: ``\xNN`` in a topic field: the byte it names (as pages show a topic that is not UTF-8, and
+#: as the shell reads one).
+_HEX_BYTE = re.compile(r"\\x([0-9A-Fa-f]{2})")
+
+
+def topic_field(text: str) -> bytes:
+    r"""A topic as a form gives it: UTF-8 text, with ``\xNN`` escapes for other bytes."""
+    parts = _HEX_BYTE.split(text)  # text, hex, text, hex, …
+    return b"".join(bytes.fromhex(part) if n % 2 else part.encode() for n, part in enumerate(parts))

@@ -19,7 +19,7 @@ from ..config import QueueInfo
 from ..deadletters import dead_letter_queue
 from ..keys.timers import Timer
 from ..message import MAX_SEQUENCE, MessageID
-from .forms import PAGE, field, moment, number
+from .forms import PAGE, field, moment, number, topic_field
 from .reads import read_page
 from .series import TOTALS
 
@@ -214,7 +214,7 @@ def messages() -> str:
     after = moment("after", "")
     start = _following(after) if after else moment("start", "")
     with g.console.admin.queue(readable(queue)) as handle:
-        topics = [values["topic"]] if values["topic"] else None
+        topics = [topic_field(values["topic"])] if values["topic"] else None
         found, more = read_page(handle, partition, start, moment("stop", ""), topics, PAGE)
     rows = [(m, shown(m.value, values["format"])) for m in found]
     next_after = str(found[-1].id) if more and found else None

@@ -24,7 +24,7 @@ def read_page(
     partition_id: int,
     start: MessageID | None,
     stop: MessageID | None,
-    topics: Iterable[str] | None,
+    topics: Iterable[str | bytes] | None,
     limit: int,
 ) -> tuple[list[Message], bool]:
     """Up to ``limit`` messages (and PAGE_BYTES of values) of one partition, and whether more follow."""

@@ -382,6 +382,19 @@ def test_a_timer_cancel_of_an_unknown_queue_or_partition_is_refused_before_its_c
     assert beyond.status == 400 and "partition 999" in beyond.body and 'id="confirm-cancel"' not in beyond.body
 
 
+def test_a_topic_that_is_not_utf8_is_browsed_as_the_page_shows_it(local_console):
+    """A topic of bytes that are not UTF-8 is shown with \\xNN escapes; the topic filter took
+    that text as UTF-8 and found nothing (the shell reads \\xNN as the byte)."""
+    with local_console.admin.queue("q") as queue:
+        queue.put([Message(b"caf\xe9", b"v1"), Message("ok", b"v2")], partition_id=0)
+    one = ConsoleUser(local_console.url)
+    assert one.log_in(local_console.login_token).status == 200
+    listed = one.get("/messages?queue=q&partition=0")
+    assert "<td>caf\\xe9</td>" in listed.body
+    found = one.get("/messages?queue=q&partition=0&topic=caf%5Cxe9")  # caf\xe9, as shown
+    assert found.status == 200 and "v1" in found.body and "v2" not in found.body
+
+
 # -- bounds, on a console in this process ------------------------------------------------------------
 
 

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .api import groups_of
+from .checks import names_a_queue
 from .config import (
     DEFAULT_MAX_MESSAGE_BYTES,
     PRIORITIES_KEY,
@@ -86,17 +87,21 @@ class HQueueAdmin(Connected):
         self.engine.create_queue(info)
         return info
 
+    @names_a_queue
     def truncate_queue(self, name: str) -> None:
         """Delete every message; the queue and its partitions stay."""
         self.engine.truncate_queue(name)
 
+    @names_a_queue
     def disable_queue(self, name: str) -> None:
         """Reject puts and scans with QueueDisabled until enabled again."""
         self.engine.set_state(name, QueueState.DISABLED)
 
+    @names_a_queue
     def enable_queue(self, name: str) -> None:
         self.engine.set_state(name, QueueState.ENABLED)
 
+    @names_a_queue
     def delete_queue(self, name: str, *, force: bool = False) -> None:
         """Delete a queue and its messages.
 
@@ -111,6 +116,7 @@ class HQueueAdmin(Connected):
             self.disable_queue(name)
         self.engine.delete_queue(name)
 
+    @names_a_queue
     def queue_exists(self, name: str) -> bool:
         try:
             self.engine.queue_info(name, fresh=True)
@@ -122,6 +128,7 @@ class HQueueAdmin(Connected):
         """Every queue's definition, sorted by name."""
         return self.engine.list_queues()
 
+    @names_a_queue
     def describe_queue(self, name: str) -> dict[str, Any]:
         """Definition, state, a message count estimate and each partition's last ID."""
         return self.engine.describe_queue(name)
@@ -131,6 +138,7 @@ class HQueueAdmin(Connected):
     def _server(self) -> SubscriptionsAPI:
         return self.subscriptions("subscriber administration")
 
+    @names_a_queue
     def add_subscriber(
         self,
         queue: str,
@@ -151,18 +159,22 @@ class HQueueAdmin(Connected):
         """
         self._server().add(queue, name, *subscriber_scope(topics, partitions), dead_letter_after)
 
+    @names_a_queue
     def delete_subscriber(self, queue: str, name: str) -> None:
         """Forget a subscriber and its checkpoints (queue first, as every admin call)."""
         self._server().delete(queue, name)
 
+    @names_a_queue
     def list_subscribers(self, queue: str) -> list[str]:
         return self._server().names(queue)
 
+    @names_a_queue
     def describe_subscriber(self, queue: str, name: str) -> dict[str, Any]:
         """Address (None while away), topics, per-partition checkpoints and lag
         in messages (exact: every one is counted) and in milliseconds."""
         return self._server().describe(queue, name)
 
+    @names_a_queue
     def replay_dead_letters(
         self, queue: str, start: TimeLike = None, stop: TimeLike = None, *, rate: float | None = None
     ) -> int:
@@ -194,6 +206,7 @@ class HQueueAdmin(Connected):
                     copied += len(engine.put(queue, messages, pid % partitions))
         return copied
 
+    @names_a_queue
     def dead_letters(
         self, queue: str, start: TimeLike = None, stop: TimeLike = None, *, limit: int = 100
     ) -> list[tuple[Message, int, DeadLetterNote | None]]:
@@ -220,10 +233,12 @@ class HQueueAdmin(Connected):
 
     # -- consumer groups (SPEC X3) -----------------------------------------------------
 
+    @names_a_queue
     def list_groups(self, queue: str) -> list[str]:
         """The consumer groups of ``queue``."""
         return groups_of(self.engine).names(queue)
 
+    @names_a_queue
     def describe_group(self, queue: str, group: str) -> dict[str, Any]:
         """Live members, and per partition: the completion cursor (``done``) and the
         scan cursor, messages in flight and retrying, retries so far, lag in
@@ -231,6 +246,7 @@ class HQueueAdmin(Connected):
         and the dead-letter queue's size."""
         return groups_of(self.engine).describe(queue, group)
 
+    @names_a_queue
     def set_group_position(
         self, queue: str, group: str, partition: int | str | None, position: MessageID | datetime | int
     ) -> None:
@@ -239,10 +255,12 @@ class HQueueAdmin(Connected):
         if it had been made there; leases, retries and acks kept there are dropped."""
         groups_of(self.engine).set_position(queue, group, *position_of(partition, position))
 
+    @names_a_queue
     def delete_group(self, queue: str, group: str) -> None:
         """Forget a consumer group and all its progress."""
         groups_of(self.engine).delete(queue, group)
 
+    @names_a_queue
     def set_checkpoint(
         self, queue: str, name: str, partition: int | str | None, position: MessageID | datetime | int
     ) -> None:
@@ -254,6 +272,7 @@ class HQueueAdmin(Connected):
         """
         self._server().set_checkpoint(queue, name, *position_of(partition, position))
 
+    @names_a_queue
     def queue(self, name: str) -> HQueue:
         """A handle on queue ``name`` over the same store or servers, with the same
         credentials (close it when done, as any handle)."""

@@ -9,11 +9,14 @@ the same checks, so an error reads the same wherever it is raised.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import random
 import re
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from operator import add
+from typing import Any, TypeVar
 
 from .config import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES, MAX_TOPIC_BYTES, QueueInfo
 from .errors import BatchTooLarge, InvalidArgument, InvalidMessage, InvalidPartition, MessageTooLarge
@@ -147,3 +150,34 @@ def check_scan_limit(limit: object) -> int | None:
     ):
         raise InvalidArgument(f"'limit' must be an int in 0..{MAX_SCAN_LIMIT}, got {limit!r}")
     return limit
+
+
+def check_queue_name_type(name: object, param: str = "name") -> str:
+    """A queue's name as a call gives it: a str, or TypeError at once, whatever the store (an
+    unknown name was "does not exist" in this process, and an InvalidMessage or a StorageError
+    through a server)."""
+    if not isinstance(name, str):
+        raise TypeError(f"'{param}' must be a str (the queue's name), not {type(name).__name__}")
+    return name
+
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def names_a_queue(method: _Method) -> _Method:
+    """A method (of an admin, blocking or asyncio) whose first argument is a queue's name:
+    :func:`check_queue_name_type` first."""
+    param = next(iter(list(inspect.signature(method).parameters)[1:]), "name")
+    if inspect.iscoroutinefunction(method):
+
+        @functools.wraps(method)
+        async def checked_async(self: Any, name: Any, *args: Any, **kwargs: Any) -> Any:
+            return await method(self, check_queue_name_type(name, param), *args, **kwargs)
+
+        return checked_async  # type: ignore[return-value]
+
+    @functools.wraps(method)
+    def checked(self: Any, name: Any, *args: Any, **kwargs: Any) -> Any:
+        return method(self, check_queue_name_type(name, param), *args, **kwargs)
+
+    return checked  # type: ignore[return-value]

@@ -11,7 +11,7 @@ from typing import Any, overload
 
 from .api import groups_of
 from .batch import MessageBatch, check_batch_size, partition_batches
-from .checks import check_partition, check_scan_limit, choose_partition, partition_for_key
+from .checks import check_partition, check_queue_name_type, check_scan_limit, choose_partition, partition_for_key
 from .config import QueueInfo
 from .connection import Connected
 from .consumer import Consumer, Pending
@@ -74,8 +74,7 @@ class HQueue(Connected):
         timeout: float | None = None,
         group_limits: GroupLimits | None = None,
     ) -> None:
-        if not isinstance(name, str):  # before anything is opened
-            raise TypeError(f"'name' must be a str (the queue's name), not {type(name).__name__}")
+        check_queue_name_type(name)  # before anything is opened
         self._producers: weakref.WeakSet[Producer] = weakref.WeakSet()
         super().__init__(url, data_dir=data_dir, token=token, timeout=timeout, group_limits=group_limits)
         try:

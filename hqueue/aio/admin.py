@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from ..admin import new_queue_info, position_of, subscriber_scope
+from ..checks import names_a_queue
 from ..config import DEFAULT_MAX_MESSAGE_BYTES, Durability, QueueInfo, QueueState
 from ..errors import QueueNotFound
 from ..message import MessageID
@@ -37,15 +38,19 @@ class AsyncHQueueAdmin(AsyncConnected):
         await (await self.async_engine()).create_queue(info)
         return info
 
+    @names_a_queue
     async def truncate_queue(self, name: str) -> None:
         await (await self.async_engine()).truncate_queue(name)
 
+    @names_a_queue
     async def disable_queue(self, name: str) -> None:
         await (await self.async_engine()).set_state(name, QueueState.DISABLED)
 
+    @names_a_queue
     async def enable_queue(self, name: str) -> None:
         await (await self.async_engine()).set_state(name, QueueState.ENABLED)
 
+    @names_a_queue
     async def delete_queue(self, name: str, *, force: bool = False) -> None:
         """Delete a disabled queue (``force=True`` disables it first)."""
         engine = await self.async_engine()
@@ -53,6 +58,7 @@ class AsyncHQueueAdmin(AsyncConnected):
             await self.disable_queue(name)
         await engine.delete_queue(name)
 
+    @names_a_queue
     async def queue_exists(self, name: str) -> bool:
         try:
             await (await self.async_engine()).queue_info(name, fresh=True)
@@ -63,6 +69,7 @@ class AsyncHQueueAdmin(AsyncConnected):
     async def list_queues(self) -> list[QueueInfo]:
         return await (await self.async_engine()).list_queues()
 
+    @names_a_queue
     async def describe_queue(self, name: str) -> dict[str, Any]:
         return await (await self.async_engine()).describe_queue(name)
 
@@ -71,6 +78,7 @@ class AsyncHQueueAdmin(AsyncConnected):
     async def _subscriptions(self) -> Any:
         return subscriptions_of(await self.async_engine(), "subscriber administration")
 
+    @names_a_queue
     async def add_subscriber(
         self,
         queue: str,
@@ -82,15 +90,19 @@ class AsyncHQueueAdmin(AsyncConnected):
     ) -> None:
         await (await self._subscriptions()).add(queue, name, *subscriber_scope(topics, partitions), dead_letter_after)
 
+    @names_a_queue
     async def delete_subscriber(self, queue: str, name: str) -> None:
         await (await self._subscriptions()).delete(queue, name)
 
+    @names_a_queue
     async def list_subscribers(self, queue: str) -> list[str]:
         return await (await self._subscriptions()).names(queue)
 
+    @names_a_queue
     async def describe_subscriber(self, queue: str, name: str) -> dict[str, Any]:
         return await (await self._subscriptions()).describe(queue, name)
 
+    @names_a_queue
     async def set_checkpoint(
         self, queue: str, name: str, partition: int | str | None, position: MessageID | datetime | int
     ) -> None:
@@ -98,17 +110,21 @@ class AsyncHQueueAdmin(AsyncConnected):
 
     # -- consumer groups -----------------------------------------------------------
 
+    @names_a_queue
     async def list_groups(self, queue: str) -> list[str]:
         return await groups_of(await self.async_engine()).names(queue)
 
+    @names_a_queue
     async def describe_group(self, queue: str, group: str) -> dict[str, Any]:
         return await groups_of(await self.async_engine()).describe(queue, group)
 
+    @names_a_queue
     async def set_group_position(
         self, queue: str, group: str, partition: int | str | None, position: MessageID | datetime | int
     ) -> None:
         await groups_of(await self.async_engine()).set_position(queue, group, *position_of(partition, position))
 
+    @names_a_queue
     async def delete_group(self, queue: str, group: str) -> None:
         await groups_of(await self.async_engine()).delete(queue, group)
 

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, overload
 
-from ..checks import check_partition, check_scan_limit
+from ..checks import check_partition, check_queue_name_type, check_scan_limit
 from ..config import QueueInfo
 from ..consumer import Pending
 from ..errors import InvalidArgument
@@ -66,8 +66,7 @@ class AsyncHQueue(AsyncConnected):
         group_limits: GroupLimits | None = None,
         workers: int = DEFAULT_WORKERS,
     ) -> None:
-        if not isinstance(name, str):
-            raise TypeError(f"'name' must be a str (the queue's name), not {type(name).__name__}")
+        check_queue_name_type(name)
         super().__init__(
             url, data_dir=data_dir, token=token, timeout=timeout, group_limits=group_limits, workers=workers
         )

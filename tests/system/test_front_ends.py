@@ -408,3 +408,32 @@ def test_text_output_breaks_no_line_on_unicode_line_separators():
     printed = escape(value)
     assert printed.splitlines() == [printed] and "é" in printed
     assert printed == "a\\xe2\\x80\\xa8b\\xe2\\x80\\xa9c\\xc2\\x85d\\xc2\\x9be é\\t"
+
+
+def test_a_queue_name_that_is_not_a_str_is_a_type_error_on_every_store(tmp_path):
+    """delete_queue(None) said "does not exist" in this process, and InvalidMessage or
+    StorageError through a server; queue_exists(None) was False here and an error there."""
+    import asyncio
+
+    from hqueue.aio import AsyncHQueueAdmin
+
+    server = HQueueServer(f"local://{tmp_path}/served", port=0).start()
+    calls = [("delete_queue", ()), ("disable_queue", ()), ("queue_exists", ()), ("describe_queue", ()),
+             ("list_groups", ()), ("delete_group", ("g",)), ("list_subscribers", ())]  # fmt: skip
+    try:
+        for url in (f"local://{tmp_path}/data", "memory://", f"hqueue://127.0.0.1:{server.port}"):
+            with HQueueAdmin(url) as admin:
+                for name, more in calls:
+                    for bad in (None, 5, b"q"):
+                        with pytest.raises(TypeError, match=r"must be a str \(the queue's name\)"):
+                            getattr(admin, name)(bad, *more)
+
+            async def in_asyncio(url=url) -> None:
+                async with AsyncHQueueAdmin(url) as admin:
+                    for name, more in calls:
+                        with pytest.raises(TypeError, match=r"must be a str \(the queue's name\)"):
+                            await getattr(admin, name)(None, *more)
+
+            asyncio.run(in_asyncio())
+    finally:
+        server.stop()

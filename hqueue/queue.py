@@ -76,6 +76,7 @@ class HQueue(Connected):
     ) -> None:
         check_queue_name_type(name)  # before anything is opened
         self._producers: weakref.WeakSet[Producer] = weakref.WeakSet()
+        self._consumers: weakref.WeakSet[Consumer] = weakref.WeakSet()
         super().__init__(url, data_dir=data_dir, token=token, timeout=timeout, group_limits=group_limits)
         try:
             self.name = name
@@ -85,9 +86,13 @@ class HQueue(Connected):
             raise
 
     def close(self) -> None:
-        """Close the producers made here (sending what they hold), then release the store."""
+        """Close the producers made here (sending what they hold), end the consumers' calls
+        and heartbeats (a consumer left open ends with the store or connections: close it
+        first to give what it holds back), then release the store."""
         for producer in list(self._producers):
             producer.close()
+        for consumer in list(self._consumers):
+            consumer._stop()
         super().close()
 
     @property
@@ -369,10 +374,12 @@ class HQueue(Connected):
         key_affinity: str | None = None,
     ) -> Consumer:
         """A member of consumer group ``group``: receive, then ack or nack (see :class:`~hqueue.consumer.Consumer`)."""
-        return Consumer(
+        consumer = Consumer(
             self, group, topics, start=start, max_retries=max_retries, lease=lease, member=member,
             key_affinity=key_affinity,
         )  # fmt: skip
+        self._consumers.add(consumer)
+        return consumer
 
     def pending(self, group: str, *, limit: int = 1000) -> list[Pending]:
         """The messages consumer group ``group`` has handed out and not finished, in

@@ -72,6 +72,7 @@ class AsyncHQueue(AsyncConnected):
         )
         self.name = name
         self._producers: weakref.WeakSet[AsyncProducer] = weakref.WeakSet()
+        self._consumers: weakref.WeakSet[AsyncConsumer] = weakref.WeakSet()
 
     async def _opened(self) -> None:
         try:
@@ -175,9 +176,13 @@ class AsyncHQueue(AsyncConnected):
         return producer
 
     async def close(self) -> None:
-        """Close the producers made here (sending what they hold), then release the store."""
+        """Close the producers made here (sending what they hold), end the consumers' calls
+        and heartbeats (a consumer left open ends with the store or connections: close it
+        first to give what it holds back), then release the store."""
         for producer in list(self._producers):
             await producer.close()
+        for consumer in list(self._consumers):
+            consumer._stop()
         await super().close()
 
     def consumer(
@@ -192,10 +197,12 @@ class AsyncHQueue(AsyncConnected):
         key_affinity: str | None = None,
     ) -> AsyncConsumer:
         """A member of consumer group ``group`` (see :class:`~hqueue.aio.AsyncConsumer`)."""
-        return AsyncConsumer(
+        consumer = AsyncConsumer(
             self, group, topics, start=start, max_retries=max_retries, lease=lease, member=member,
             key_affinity=key_affinity,
         )  # fmt: skip
+        self._consumers.add(consumer)
+        return consumer
 
     async def pending(self, group: str, *, limit: int = 1000) -> list[Pending]:
         """As :meth:`HQueue.pending <hqueue.HQueue.pending>`."""

@@ -479,3 +479,25 @@ def test_options_that_do_not_go_with_the_url_are_refused_when_the_handle_is_made
     for handle in (lambda: AsyncHQueue("q", url, **options), lambda: AsyncHQueueAdmin(url, **options)):
         with pytest.raises(InvalidArgument, match=error):
             handle()
+
+
+def test_closing_the_queue_closes_the_consumers_made_there(api_url, queue_name):
+    """A consumer left open (referenced, never closed) kept heartbeating a closed queue every
+    second for good; the queue's close ends it."""
+
+    async def main():
+        queue = await made(api_url, queue_name, partitions=1)
+        await queue.put([Message("t", b"%d" % i) for i in range(5)], partition_id=0)
+        consumer = queue.consumer("g", lease=60)
+        assert len(await consumer.receive(5, wait=2)) == 5
+        await queue.close()
+        await asyncio.sleep(0)
+        assert consumer.closed and consumer._heartbeats is not None and consumer._heartbeats.done()
+        assert not [t for t in asyncio.all_tasks() if "_heartbeat" in repr(t)]
+        async with AsyncHQueue(queue_name, api_url) as again:
+            assert await again.pending("g") == [] or all(p.member is None for p in await again.pending("g"))
+            async with again.consumer("g") as other:
+                got = await other.receive(5, wait=2)
+                assert len(got) == 5  # (back as the member's end: a clean close, or its connection's)
+
+    run(main())

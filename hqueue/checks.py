@@ -166,18 +166,27 @@ _Method = TypeVar("_Method", bound=Callable[..., Any])
 
 def names_a_queue(method: _Method) -> _Method:
     """A method (of an admin, blocking or asyncio) whose first argument is a queue's name:
-    :func:`check_queue_name_type` first."""
-    param = next(iter(list(inspect.signature(method).parameters)[1:]), "name")
+    :func:`check_queue_name_type` first (given by position or by its name)."""
+    param = list(inspect.signature(method).parameters)[1]
+
+    def check(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if args:
+            check_queue_name_type(args[0], param)
+        elif param in kwargs:
+            check_queue_name_type(kwargs[param], param)
+
     if inspect.iscoroutinefunction(method):
 
         @functools.wraps(method)
-        async def checked_async(self: Any, name: Any, *args: Any, **kwargs: Any) -> Any:
-            return await method(self, check_queue_name_type(name, param), *args, **kwargs)
+        async def checked_async(self: Any, *args: Any, **kwargs: Any) -> Any:
+            check(args, kwargs)
+            return await method(self, *args, **kwargs)
 
         return checked_async  # type: ignore[return-value]
 
     @functools.wraps(method)
-    def checked(self: Any, name: Any, *args: Any, **kwargs: Any) -> Any:
-        return method(self, check_queue_name_type(name, param), *args, **kwargs)
+    def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        check(args, kwargs)
+        return method(self, *args, **kwargs)
 
     return checked  # type: ignore[return-value]

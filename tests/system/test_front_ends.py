@@ -427,6 +427,9 @@ def test_a_queue_name_that_is_not_a_str_is_a_type_error_on_every_store(tmp_path)
                     for bad in (None, 5, b"q"):
                         with pytest.raises(TypeError, match=r"must be a str \(the queue's name\)"):
                             getattr(admin, name)(bad, *more)
+                with pytest.raises(TypeError, match=r"'queue' must be a str"):
+                    admin.delete_group(queue=None, group="g")  # (by name too)
+                assert admin.queue_exists(name="nosuch") is False
 
             async def in_asyncio(url=url) -> None:
                 async with AsyncHQueueAdmin(url) as admin:

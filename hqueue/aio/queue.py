@@ -176,12 +176,16 @@ class AsyncHQueue(AsyncConnected):
         return producer
 
     async def close(self) -> None:
-        """Close the producers made here (sending what they hold), end the consumers' calls
-        and heartbeats (a consumer left open ends with the store or connections: close it
-        first to give what it holds back), then release the store."""
+        """Close the producers made here (sending what they hold) and the consumers (as
+        :meth:`HQueue.close <hqueue.HQueue.close>` does), then release the store."""
+        from ..engine import Engine
+
         for producer in list(self._producers):
             await producer.close()
+        in_process = isinstance(getattr(self._engine, "sync", None), Engine)
         for consumer in list(self._consumers):
+            if in_process:  # (a leave here costs no round trip, nor waits on one)
+                await consumer.close()
             consumer._stop()
         await super().close()
 

@@ -105,40 +105,56 @@ class _Group(click.Group):
                     break
                 else:
                     i += 1
+        ctx.meta["hqueue.args"] = args  # (the words the command's options were given in: _bad_option)
         return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context):
+        given = ctx.meta.get("hqueue.args", [])
         try:
             return super().invoke(ctx)
         except (HQueueError, ValueError, TypeError) as e:
-            bad = self._bad_option(ctx, e)
+            bad = self._bad_option(ctx, e, given)
             if bad is not None:
                 raise bad from e
             url = (ctx.obj or {}).get("url")
             raise click.ClickException(_with_cli_hint(e, ctx.invoked_subcommand, url)) from e
 
-    def _bad_option(self, ctx: click.Context, e: Exception) -> click.UsageError | None:
-        """A refusal of what options gave ("'partition_id' must be in 0..3 …", "give
-        'partition_id' or 'key', not both"), as click's own (exit status 2), naming the
-        options (``--partition``), not the API's parameters."""
+    def _bad_option(self, ctx: click.Context, e: Exception, given: list[str]) -> click.UsageError | None:
+        """A refusal of what options on the command line gave ("'partition_id' must be in
+        0..3 …", "give 'partition_id' or 'key', not both"), as click's own (exit status 2),
+        naming the options (``--partition``), not the API's parameters."""
         command = self.get_command(ctx, ctx.invoked_subcommand) if ctx.invoked_subcommand else None
         if command is None or not isinstance(e, (InvalidArgument, TypeError)):
             return None
-        options = {p.name: p for p in command.params if isinstance(p, click.Option)}
-        text = str(e)
-        said = _API_REFUSAL.match(text)
+
+        def option(api_name: str) -> click.Option | None:
+            found = next((p for p in command.params if p.name == _CLI_OPTION.get(api_name, api_name)), None)
+            if not isinstance(found, click.Option) or not any(_gives(arg, found.opts) for arg in given):
+                return None  # (a value it did not give: --config's, say)
+            return found
+
+        said = _API_REFUSAL.match(str(e))
         if said is not None:
-            option = options.get(_CLI_OPTION.get(said[1], said[1]))
-            return None if option is None else click.BadParameter(said[2], param=option)
-        named = [options.get(_CLI_OPTION.get(n, n)) for n in _QUOTED.findall(text)]
-        if not named or None in named:
+            refused = option(said[1])
+            return None if refused is None else click.BadParameter(said[2], param=refused)
+        either = _EITHER.fullmatch(str(e))
+        named = [option(either[1]), option(either[2])] if either is not None else [None]
+        if None in named:
             return None
-        return click.UsageError(_QUOTED.sub(lambda m: max(options[_CLI_OPTION.get(m[1], m[1])].opts, key=len), text))
+        first, second = (max(o.opts, key=len) for o in named if o is not None)
+        return click.UsageError(f"give {first} or {second}, not both")
+
+
+def _gives(arg: str, opts: list[str]) -> bool:
+    """Whether command-line word ``arg`` gives one of the option's ``opts`` (``-p 3``,
+    ``--partition=3``, ``-p3``)."""
+    return any(arg == o or arg.startswith(o + "=") or (len(o) == 2 and arg.startswith(o)) for o in opts)
 
 
 #: "'<API parameter>' must …": a library refusal of one argument.
 _API_REFUSAL = re.compile(r"'(\w+)' (must .*)", re.S)
-_QUOTED = re.compile(r"'(\w+)'")
+#: "give 'a' or 'b', not both": a library refusal of two arguments together.
+_EITHER = re.compile(r"give '(\w+)' or '(\w+)', not both")
 #: The API's parameter names that the commands' options name otherwise.
 _CLI_OPTION = {"partition_id": "partition", "deliver_at": "at", "max_messages": "max"}
 

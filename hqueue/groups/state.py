@@ -72,6 +72,9 @@ class OpenIds:
     def first_open(self, holders: Sequence[Container[bytes]]) -> bytes | None:
         """The first ID that one of ``holders`` (leases, retries waiting, held back) still
         has; those before it go. None: every one is finished (all go)."""
+        if not holders:
+            self.clear()
+            return None
         ids, head = self.ids, self.head
         held = map(holders[0].__contains__, islice(ids, head, None))
         for holder in holders[1:]:

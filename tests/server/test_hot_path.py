@@ -190,6 +190,7 @@ def test_open_ids_give_their_front_back():
     assert list(open_ids) == [ids[-1], ids[1], ids[2]]
     open_ids.keep([{ids[2]}, {ids[1]}])
     assert list(open_ids) == [ids[1], ids[2]]
+    assert open_ids.first_open([]) is None and len(open_ids) == 0  # nothing holds any: all finished
 
 
 def test_a_packed_scan_reply_makes_no_message_object(tmp_path, monkeypatch):

@@ -323,6 +323,12 @@ def test_a_partition_the_queue_does_not_have_is_refused_as_a_bad_option(run):
         assert "partition_id" not in result.output
     result = run("put", "q", "t", "v", "-k", "a", "-p", "0")
     assert result.exit_code == 2 and "give --partition or --key, not both" in result.output, result.output
+    # a queue named as an option, and a value --config gave, are not taken for an option's
+    run("create", "key", "2", "--priorities", "2")
+    result = run("put", "key", "t", "v", "--priority", "0", "-p", "1")
+    assert result.exit_code == 1 and "partition 1 of 'key' is not in priority tier 0" in result.output
+    result = run("create", "q2", "1", "--config", "hqueue.durability=bogus")
+    assert result.exit_code == 1 and "--durability" not in result.output, result.output
 
 
 def test_describing_a_group_of_a_missing_queue_says_the_queue_is_missing(run):

@@ -28,7 +28,7 @@ from ..errors import (
 )
 from . import actions, pages
 from .access import Login, same_token
-from .forms import MAX_FIELD, field
+from .forms import MAX_FIELD, field, topic_shown
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,7 @@ def create_app(console: Any) -> Flask:
     )
     app.extensions["hqueue_console"] = console
     app.add_template_filter(stamp)
+    app.add_template_filter(topic_shown, "topic")
     _guards(app, console)
     _sessions(app, console.access)
     _errors(app)

@@ -64,12 +64,22 @@ def moment(name: str, default: str | None = None) -> MessageID | None:
     return found
 
 
-#: ``\xNN`` in a topic field: the byte it names (as pages show a topic that is not UTF-8, and
-#: as the shell reads one).
-_HEX_BYTE = re.compile(r"\\x([0-9A-Fa-f]{2})")
+#: ``\xNN`` and ``\\`` in a topic field: the byte named, a backslash (as pages show a
+#: topic: :func:`topic_shown`; the shell reads ``\xNN`` so too).
+_TOPIC_ESCAPE = re.compile(r"\\(?:x([0-9A-Fa-f]{2})|(\\))")
 
 
 def topic_field(text: str) -> bytes:
-    r"""A topic as a form gives it: UTF-8 text, with ``\xNN`` escapes for other bytes."""
-    parts = _HEX_BYTE.split(text)  # text, hex, text, hex, …
-    return b"".join(bytes.fromhex(part) if n % 2 else part.encode() for n, part in enumerate(parts))
+    r"""A topic as a form gives it: UTF-8 text, ``\xNN`` for a byte that is not, ``\\`` for a backslash."""
+    out, at = bytearray(), 0
+    for found in _TOPIC_ESCAPE.finditer(text):
+        out += text[at : found.start()].encode()
+        out += bytes.fromhex(found[1]) if found[1] else b"\\"
+        at = found.end()
+    return bytes(out + text[at:].encode())
+
+
+def topic_shown(topic: bytes) -> str:
+    r"""A topic as pages show it (and :func:`topic_field` reads it back): a backslash doubled,
+    a byte that is not UTF-8 as ``\xNN``."""
+    return bytes(topic).replace(b"\\", b"\\\\").decode("utf-8", "backslashreplace")

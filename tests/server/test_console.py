@@ -19,11 +19,14 @@ import time
 import urllib.parse
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hqueue import HQueue, HQueueAdmin, Message, NotAuthorized
 from hqueue.console import Console
 from hqueue.console.access import FREE_FAILURES
 from hqueue.console.audit import AUDIT_QUEUE
+from hqueue.console.forms import topic_field, topic_shown
 from hqueue.console.series import MAX_QUEUE_SERIES, Counters, Sampler
 from hqueue.errors import InvalidArgument
 from hqueue.keys.timers import Timer
@@ -393,6 +396,17 @@ def test_a_topic_that_is_not_utf8_is_browsed_as_the_page_shows_it(local_console)
     assert "<td>caf\\xe9</td>" in listed.body
     found = one.get("/messages?queue=q&partition=0&topic=caf%5Cxe9")  # caf\xe9, as shown
     assert found.status == 200 and "v1" in found.body and "v2" not in found.body
+    with local_console.admin.queue("q") as queue:  # a topic whose text is a backslash escape
+        queue.put(Message(b"a\\x41b", b"v3"), partition_id=0)
+    assert "<td>a\\\\x41b</td>" in one.get("/messages?queue=q&partition=0").body  # its backslash doubled
+    found = one.get("/messages?queue=q&partition=0&topic=a%5C%5Cx41b")
+    assert "v3" in found.body and "v1" not in found.body
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=40))
+def test_a_topic_shown_reads_back_as_itself(topic):
+    assert topic_field(topic_shown(topic)) == topic
 
 
 # -- bounds, on a console in this process ------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -15,7 +16,7 @@ from .checks import check_partition, check_queue_name_type, check_scan_limit, ch
 from .config import QueueInfo
 from .connection import Connected
 from .consumer import Consumer, Pending
-from .errors import InvalidArgument
+from .errors import HQueueError, InvalidArgument
 from .groups.limits import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, GroupLimits, check_group_name, check_pending_limit
 from .keys.timers import Timer, due_ms
 from .message import Message, MessageID
@@ -96,7 +97,8 @@ class HQueue(Connected):
             producer.close()
         for consumer in list(self._consumers):
             if isinstance(self.engine, Engine):  # (a leave here costs no round trip, nor waits on one)
-                consumer.close()
+                with contextlib.suppress(HQueueError):  # (a store failing: the close goes on)
+                    consumer.close()
             consumer._stop()
         super().close()
 

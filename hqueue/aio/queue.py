@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import weakref
 from collections.abc import Iterable, Sequence
@@ -11,7 +12,7 @@ from typing import Any, overload
 from ..checks import check_partition, check_queue_name_type, check_scan_limit
 from ..config import QueueInfo
 from ..consumer import Pending
-from ..errors import InvalidArgument
+from ..errors import HQueueError, InvalidArgument
 from ..groups.limits import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, GroupLimits, check_group_name, check_pending_limit
 from ..keys.timers import Timer, due_ms
 from ..message import Message, MessageID
@@ -185,7 +186,8 @@ class AsyncHQueue(AsyncConnected):
         in_process = isinstance(getattr(self._engine, "sync", None), Engine)
         for consumer in list(self._consumers):
             if in_process:  # (a leave here costs no round trip, nor waits on one)
-                await consumer.close()
+                with contextlib.suppress(HQueueError):  # (a store failing: the close goes on)
+                    await consumer.close()
             consumer._stop()
         await super().close()
 

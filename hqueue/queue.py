@@ -37,6 +37,11 @@ __all__ = ["HQueue", "partition_for_key"]
 TimeLike = MessageID | datetime | int | None
 
 
+#: Seconds a consumer left open may take to leave its group when its queue closes (through
+#: a server that does not answer, its connection's end counts what it held as failed).
+LEAVE_AT_CLOSE = 1.0
+
+
 class HQueue(Connected):
     """A handle on one queue.
 
@@ -87,18 +92,17 @@ class HQueue(Connected):
             raise
 
     def close(self) -> None:
-        """Close the producers made here (sending what they hold) and the consumers (their
-        calls and heartbeats end; on a store in this process each leaves its group, so what
-        it holds goes back at once; through a server, with the connection: close a consumer
-        first to give its messages back without counting a failure), then release the store."""
-        from .engine import Engine
-
+        """Close the producers made here (sending what they hold) and the consumers (each
+        leaves its group, so what it holds goes back at once, no failure counted; a server
+        that does not answer within :data:`LEAVE_AT_CLOSE` leaves it to the connection's
+        end), then release the store."""
         for producer in list(self._producers):
             producer.close()
+        timeout = getattr(self.engine, "timeout", None)
+        shorter = LEAVE_AT_CLOSE - timeout if isinstance(timeout, (int, float)) and timeout > LEAVE_AT_CLOSE else 0.0
         for consumer in list(self._consumers):
-            if isinstance(self.engine, Engine):  # (a leave here costs no round trip, nor waits on one)
-                with contextlib.suppress(HQueueError):  # (a store failing: the close goes on)
-                    consumer.close()
+            with contextlib.suppress(HQueueError), self.engine.deadline(shorter):  # (the close goes on)
+                consumer.close()
             consumer._stop()
         super().close()
 

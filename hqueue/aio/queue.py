@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import weakref
@@ -23,7 +24,7 @@ from ..producer import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_BYTES,
 )
-from ..queue import TimeLike, as_batch, as_message_id, route
+from ..queue import LEAVE_AT_CLOSE, TimeLike, as_batch, as_message_id, route
 from ..scanner import DEFAULT_CACHING, Scan
 from ..subscriptions.listener import Subscription
 from .connect import DEFAULT_WORKERS, groups_of
@@ -179,15 +180,11 @@ class AsyncHQueue(AsyncConnected):
     async def close(self) -> None:
         """Close the producers made here (sending what they hold) and the consumers (as
         :meth:`HQueue.close <hqueue.HQueue.close>` does), then release the store."""
-        from ..engine import Engine
-
         for producer in list(self._producers):
             await producer.close()
-        in_process = isinstance(getattr(self._engine, "sync", None), Engine)
         for consumer in list(self._consumers):
-            if in_process:  # (a leave here costs no round trip, nor waits on one)
-                with contextlib.suppress(HQueueError):  # (a store failing: the close goes on)
-                    await consumer.close()
+            with contextlib.suppress(HQueueError, TimeoutError):  # (the close goes on)
+                await asyncio.wait_for(consumer.close(), LEAVE_AT_CLOSE)
             consumer._stop()
         await super().close()
 

@@ -721,6 +721,4 @@ def test_closing_the_queue_closes_the_consumers_made_there(api_url, queue_name):
         assert not consumer._heartbeats.is_alive()
         with HQueue(queue_name, api_url) as again, again.consumer("g") as other:
             got = other.receive(5, wait=2)
-            assert len(got) == 5  # (through a server: back with the connection, a failure counted)
-            if not api_url.startswith("hqueue://"):
-                assert {d.attempt for d in got} == {1}
+            assert len(got) == 5 and {d.attempt for d in got} == {1}

@@ -827,3 +827,50 @@ def test_a_name_the_wire_cannot_carry_is_the_callers_error_not_the_stores(served
         admin.create_queue("q", 1)
         with pytest.raises(InvalidArgument, match="group name"):
             admin.describe_group("q", bad)
+
+
+def test_closing_a_queue_whose_server_does_not_answer_ends_its_consumers_within_a_second(tmp_path):
+    """A queue's close makes its open consumers leave (their messages back, no failure
+    counted); a server that does not answer (SIGSTOP) holds that for LEAVE_AT_CLOSE, not the
+    calls' 30 s timeout, in both APIs."""
+    import signal
+
+    from hqueue.queue import LEAVE_AT_CLOSE
+
+    proc = ServerProcess(f"local://{tmp_path}/data", tmp_path)
+    url = f"hqueue://{proc.address}"
+    try:
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("q", 1)
+        queue = HQueue("q", url)
+        queue.put([Message("t", b"a"), Message("t", b"b")], partition_id=0)
+        blocking = queue.consumer("g")
+        assert len(blocking.receive(1, wait=2)) == 1
+
+        async def aio_member() -> tuple[object, AsyncHQueue]:
+            handle = await AsyncHQueue("q", url).open()
+            member = handle.consumer("g")
+            assert len(await member.receive(1, wait=2)) == 1
+            return member, handle
+
+        async def close_it(handle: AsyncHQueue) -> float:
+            started = time.monotonic()
+            await handle.close()
+            return time.monotonic() - started
+
+        async def main() -> tuple[float, float]:
+            member, handle = await aio_member()
+            assert proc.proc is not None
+            proc.proc.send_signal(signal.SIGSTOP)
+            try:
+                started = time.monotonic()
+                await asyncio.to_thread(queue.close)
+                blocking_took = time.monotonic() - started
+                return blocking_took, await close_it(handle)
+            finally:
+                proc.proc.send_signal(signal.SIGCONT)
+
+        blocking_took, aio_took = asyncio.run(main())
+        assert blocking_took < LEAVE_AT_CLOSE + 2 and aio_took < LEAVE_AT_CLOSE + 2, (blocking_took, aio_took)
+    finally:
+        proc.kill()

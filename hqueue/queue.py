@@ -98,12 +98,14 @@ class HQueue(Connected):
         end), then release the store."""
         for producer in list(self._producers):
             producer.close()
-        timeout = getattr(self.engine, "timeout", None)
-        shorter = LEAVE_AT_CLOSE - timeout if isinstance(timeout, (int, float)) and timeout > LEAVE_AT_CLOSE else 0.0
-        for consumer in list(self._consumers):
-            with contextlib.suppress(HQueueError), self.engine.deadline(shorter):  # (the close goes on)
-                consumer.close()
-            consumer._stop()
+        engine, consumers = self._engine, [c for c in self._consumers if not c.closed]
+        if engine is not None and consumers:  # (closed already: nothing of it is left)
+            timeout = getattr(engine, "timeout", None)
+            shorter = LEAVE_AT_CLOSE - timeout if isinstance(timeout, (int, float)) and timeout > LEAVE_AT_CLOSE else 0
+            for consumer in consumers:
+                with contextlib.suppress(HQueueError), engine.deadline(shorter):  # (the close goes on)
+                    consumer.close()
+                consumer._stop()
         super().close()
 
     @property

@@ -303,15 +303,10 @@ class Consumer:
     def close(self) -> None:
         """Leave the group: leases still held go back to the others at once."""
         if not self.closed:
-            self._stop()
+            self.closed = True
+            self._stopped.set()
             if self._fork == forks.generation():  # (in a forked child, the member is the parent's)
                 self._groups.leave(self.queue.name, self.group, self.member)
-
-    def _stop(self) -> None:
-        """No more calls, no more heartbeats (its queue closes: the member ends with the
-        queue's store or connections, as when its process ends)."""
-        self.closed = True
-        self._stopped.set()
 
     def _start_heartbeats(self) -> None:
         self._heartbeats = threading.Thread(

@@ -103,9 +103,8 @@ class HQueue(Connected):
             timeout = getattr(engine, "timeout", None)
             shorter = LEAVE_AT_CLOSE - timeout if isinstance(timeout, (int, float)) and timeout > LEAVE_AT_CLOSE else 0
             for consumer in consumers:
-                with contextlib.suppress(HQueueError), engine.deadline(shorter):  # (the close goes on)
-                    consumer.close()
-                consumer._stop()
+                with contextlib.suppress(HQueueError), engine.deadline(shorter):  # (the close goes on; the
+                    consumer.close()  # consumer is closed before its leave is asked)
         super().close()
 
     @property

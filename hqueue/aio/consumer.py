@@ -210,21 +210,16 @@ class AsyncConsumer:
         under way end first, then the leases still held go back to the others at once."""
         if self.closed:
             return
-        self._stop()
-        if self._handing_back:
-            await asyncio.gather(*self._handing_back, return_exceptions=True)
-        if self._groups is not None and not self.queue.closed:  # (closed: its store or connections
-            await self._groups.leave(self.queue.name, self.group, self.member)  # went, and the leases with them)
-
-    def _stop(self) -> None:
-        """No more calls, no more heartbeats, its receives under way end (its queue closes:
-        the member ends with the queue's store or connections, as when its process ends)."""
         self.closed = True
         if self._heartbeats is not None:
             self._heartbeats.cancel()
         for task in list(self._receiving):  # a receive's long poll: it would count the member in
-            self._ended_by_close.add(task)  # again; what it took goes back with a leave
+            self._ended_by_close.add(task)  # again; what it took goes back with the leave below
             task.cancel()
+        if self._handing_back:
+            await asyncio.gather(*self._handing_back, return_exceptions=True)
+        if self._groups is not None and not self.queue.closed:  # (closed: its store or connections
+            await self._groups.leave(self.queue.name, self.group, self.member)  # went, and the leases with them)
 
     async def __aenter__(self) -> AsyncConsumer:
         return await self.open()

@@ -183,9 +183,8 @@ class AsyncHQueue(AsyncConnected):
         for producer in list(self._producers):
             await producer.close()
         for consumer in list(self._consumers):
-            with contextlib.suppress(HQueueError, TimeoutError):  # (the close goes on)
-                await asyncio.wait_for(consumer.close(), LEAVE_AT_CLOSE)
-            consumer._stop()
+            with contextlib.suppress(HQueueError, TimeoutError):  # (the close goes on; the consumer
+                await asyncio.wait_for(consumer.close(), LEAVE_AT_CLOSE)  # is closed before its leave is asked)
         await super().close()
 
     def consumer(

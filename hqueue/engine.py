@@ -38,6 +38,7 @@ from .keys.timers import (
     Fired,
     Timer,
     check_dues,
+    check_within_ttl,
     due_of,
     high_water_key,
     id_of,
@@ -301,7 +302,8 @@ class Engine:
         with self.writers.lock(name, partition_id):
             done = self.writers.answered(info, partition_id, request, len(topics))
             if done is not None:
-                return timer_handles(partition_id, dues, consecutive(done.first, done.size))
+                return timer_handles(name, partition_id, dues, consecutive(done.first, done.size))
+            check_within_ttl(dues, info.ttl)  # (after: a put resent once its timers were written is answered)
             writer = self.writers.held(info, partition_id)
             ids = consecutive(writer.allocator.reserve(len(topics)), len(topics))
             cells = list(zip(timer_cell_keys(partition_id, dues, ids, topics), values, strict=True))
@@ -309,7 +311,7 @@ class Engine:
             answer = None if request is None else Answer(request, ids[0], len(ids))
             self.writers.store(info, partition_id, writer, cells, high=ids[-1].to_bytes(), answer=answer)
         self.events.scheduled(name, partition_id, dues if isinstance(dues, int) else min(dues))
-        return timer_handles(partition_id, dues, ids)
+        return timer_handles(name, partition_id, dues, ids)
 
     def cancel_timer(self, name: str, timer: Timer) -> bool:
         """Delete a pending timer; False if it has fired or was cancelled already."""
@@ -331,7 +333,9 @@ class Engine:
     def pending_timers(self, name: str, partition_id: int, limit: int = 1000) -> list[tuple[Timer, Message]]:
         """The partition's pending timers, earliest first (for inspection)."""
         cells = self.storage.scan(name, *pending_range(partition_id), None, limit)
-        return [(Timer(partition_id, due_of(key), id_of(key)), Message(topic_of(key), value)) for key, value in cells]
+        return [
+            (Timer(partition_id, due_of(key), id_of(key), name), Message(topic_of(key), value)) for key, value in cells
+        ]
 
     def find_timer(self, name: str, timer: Timer) -> Message | None:
         """The message of a pending timer; None if it fired or was cancelled."""

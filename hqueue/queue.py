@@ -18,7 +18,7 @@ from .connection import Connected
 from .consumer import Consumer, Pending
 from .errors import HQueueError, InvalidArgument
 from .groups.limits import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, GroupLimits, check_group_name, check_pending_limit
-from .keys.timers import Timer, due_ms
+from .keys.timers import Timer, due_ms, timer_of
 from .message import Message, MessageID
 from .producer import (
     DEFAULT_BLOCK_TIMEOUT,
@@ -228,10 +228,7 @@ class HQueue(Connected):
 
     def cancel(self, timer: Timer | str) -> bool:
         """Cancel a pending timer message; False if it fired (or was cancelled) already."""
-        if isinstance(timer, str):
-            timer = Timer.parse(timer)
-        if not isinstance(timer, Timer):
-            raise TypeError(f"'timer' must be a Timer (from put(..., delay=…)), not {type(timer).__name__}")
+        timer = timer_of(self.name, timer)
         return self.engine.cancel_timer(self.name, timer)
 
     def timers(self, partition_id: int | None = None, *, limit: int = 100) -> list[tuple[Timer, Message]]:
@@ -268,10 +265,7 @@ class HQueue(Connected):
 
     def find_timer(self, timer: Timer | str) -> Message | None:
         """The message a pending timer will deliver; None if it fired or was cancelled."""
-        if isinstance(timer, str):
-            timer = Timer.parse(timer)
-        if not isinstance(timer, Timer):
-            raise TypeError(f"'timer' must be a Timer or its handle, not {type(timer).__name__}")
+        timer = timer_of(self.name, timer)
         return self._timer_engine().find_timer(self.name, timer)
 
     def _timer_engine(self) -> Any:

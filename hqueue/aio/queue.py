@@ -15,7 +15,7 @@ from ..config import QueueInfo
 from ..consumer import Pending
 from ..errors import HQueueError, InvalidArgument
 from ..groups.limits import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, GroupLimits, check_group_name, check_pending_limit
-from ..keys.timers import Timer, due_ms
+from ..keys.timers import Timer, due_ms, timer_of
 from ..message import Message, MessageID
 from ..producer import (
     DEFAULT_BLOCK_TIMEOUT,
@@ -124,10 +124,7 @@ class AsyncHQueue(AsyncConnected):
 
     async def cancel(self, timer: Timer | str) -> bool:
         """Cancel a pending timer message; False if it fired (or was cancelled) already."""
-        if isinstance(timer, str):
-            timer = Timer.parse(timer)
-        if not isinstance(timer, Timer):
-            raise TypeError(f"'timer' must be a Timer (from put(..., delay=…)), not {type(timer).__name__}")
+        timer = timer_of(self.name, timer)
         return await (await self.async_engine()).cancel_timer(self.name, timer)
 
     def scan(

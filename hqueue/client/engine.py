@@ -527,7 +527,7 @@ class RemoteEngine:
             what = f"timer put of {len(topics)} message(s)"
             args = packed.timer_call_args(partition_id, blob, due)
             result = self._owner_put(name, partition_id, what, "scheduleTimers", *args)
-        return timer_handles(partition_id, due, consecutive(wire.from_tid(result.firstID), result.count))
+        return timer_handles(name, partition_id, due, consecutive(wire.from_tid(result.firstID), result.count))
 
     def cancel_timer(self, name: str, timer: Timer) -> bool:
         return self._owner_call(name, timer.partition_id, "cancel", "cancelTimer", wire.to_ttimer(timer))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import NamedTuple
 
@@ -43,12 +43,16 @@ class Timer:
     Attributes:
         partition_id: Where the message will be written.
         due: Epoch milliseconds at which it is delivered.
-        id: Its write ID (unique within the partition).
+        id: Its write ID (unique within the partition, not across queues).
+        queue: The queue it is a timer of (None: a handle read from its text, which does
+            not say): a queue refuses to cancel another queue's timer, whose partition,
+            due time and ID may well be those of one of its own.
     """
 
     partition_id: int
     due: int
     id: MessageID
+    queue: str | None = field(default=None, compare=False)
 
     def __str__(self) -> str:
         return f"{self.partition_id}/{self.due}/{self.id}"
@@ -206,11 +210,48 @@ def check_dues(due: int | Sequence[int], count: int) -> int | list[int]:
     return dues
 
 
-def timer_handles(partition_id: int, due: int | Sequence[int], ids: Sequence[MessageID]) -> list[Timer]:
-    """The handles of timers written with ``ids``: one ``due`` for them all, or one per timer."""
+def check_within_ttl(due: int | Sequence[int], ttl: int) -> None:
+    """Refuse due times more than the queue's ``ttl`` seconds in the past (0: no TTL): such a
+    timer would expire, unfired, as it is written (its TTL counts from its due time).
+
+    Raises:
+        InvalidArgument: one is; nothing is written.
+    """
+    if not ttl:
+        return
+    earliest = due if isinstance(due, int) else min(due, default=None)
+    floor = wall_clock_ms() - ttl * 1000
+    if earliest is not None and earliest < floor:
+        raise InvalidArgument(
+            f"a due time of {earliest} is {(floor - earliest) // 1000 + ttl} s in the past, more than the "
+            f"queue's TTL ({ttl} s): the timer would expire unfired (a due time is epoch ms; a past one fires at once)"
+        )
+
+
+def timer_handles(queue: str, partition_id: int, due: int | Sequence[int], ids: Sequence[MessageID]) -> list[Timer]:
+    """The handles of ``queue``'s timers written with ``ids``: one ``due`` for them all, or one per timer."""
     if isinstance(due, int):
-        return [Timer(partition_id, due, i) for i in ids]
-    return [Timer(partition_id, d, i) for d, i in zip(due, ids, strict=True)]
+        return [Timer(partition_id, due, i, queue) for i in ids]
+    return [Timer(partition_id, d, i, queue) for d, i in zip(due, ids, strict=True)]
+
+
+def timer_of(queue: str, timer: object) -> Timer:
+    """``timer`` (a :class:`Timer`, or its handle's text) as a timer of ``queue``.
+
+    Raises:
+        InvalidArgument: text that is not a handle, or a timer of another queue.
+        TypeError: neither a Timer nor text.
+    """
+    if isinstance(timer, str):
+        return Timer.parse(timer)
+    if not isinstance(timer, Timer):
+        raise TypeError(f"'timer' must be a Timer (from put(..., delay=…)) or its handle, not {type(timer).__name__}")
+    if timer.queue is not None and timer.queue != queue:
+        raise InvalidArgument(
+            f"timer {timer} is a timer of queue {timer.queue!r}, not of {queue!r}: give it to its own queue "
+            "(two queues' timers may have the same partition, due time and ID)"
+        )
+    return timer
 
 
 class Fired(NamedTuple):

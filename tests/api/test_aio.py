@@ -85,7 +85,10 @@ def test_a_timer_put_is_invisible_and_cancellable(api_url, queue_name):
             timers = await queue.put(Message("t", b"later"), delay=3600)
             assert isinstance(timers[0], Timer)
             assert [m async for m in queue.scan()] == []
-            assert await queue.cancel(timers[0]) is True
+            other = Timer(timers[0].partition_id, timers[0].due, timers[0].id, "another_queue")
+            with pytest.raises(InvalidArgument, match="timer of queue 'another_queue'"):
+                await queue.cancel(other)  # another queue's timer, though its partition, due and ID match
+            assert timers[0].queue == queue_name and await queue.cancel(timers[0]) is True
             assert await queue.cancel(str(timers[0])) is False
         finally:
             await queue.close()

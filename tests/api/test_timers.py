@@ -74,6 +74,46 @@ def test_timers_outlive_a_queue_ttl_shorter_than_their_delay(make_queue):
     assert fired.value == b"after the ttl"
 
 
+def test_a_queue_refuses_another_queues_timer_whose_partition_due_time_and_id_are_its_own(make_queue):
+    # Given two queues with timers of the same partition, due time and ID (IDs are per partition)
+    first, second = make_queue(partitions=1), make_queue(partitions=1)
+    due = wall_clock_ms() + 600_000
+    for _ in range(200):
+        (mine,) = first.put(Message("t", b"first's"), deliver_at=due)
+        (theirs,) = second.put(Message("t", b"second's"), deliver_at=due)
+        if mine == theirs:
+            break
+    else:
+        pytest.skip("no two timers of the same millisecond and sequence came in 200 tries")
+    # When the second queue is given the first queue's timer, it refuses it, and cancels nothing
+    assert mine.queue == first.name and theirs.queue == second.name
+    for given in (mine, mine):
+        with pytest.raises(InvalidArgument, match=f"timer of queue '{first.name}', not of '{second.name}'"):
+            second.cancel(given)
+    with pytest.raises(InvalidArgument, match="timer of queue"):
+        second.find_timer(mine) if hasattr(second.engine, "pending_timers") else second.cancel(mine)
+    # And each queue's own timer is still pending, and cancelled through its own queue
+    assert second.cancel(theirs) is True and first.cancel(mine) is True
+    # A handle read back from its text does not say its queue: it is taken as the queue's own
+    assert Timer.parse(str(mine)) == mine and Timer.parse(str(mine)).queue is None
+
+
+def test_a_timer_due_further_back_than_the_queues_ttl_is_refused_not_lost(make_queue):
+    # Given a queue whose messages live 60 s
+    queue = make_queue(partitions=1, ttl=60)
+    now = wall_clock_ms()
+    # When a timer's due time is further back than that (seconds for ms, a stale clock), it is refused
+    for due in (now - 61_000, 0, int(time.time())):
+        with pytest.raises(InvalidArgument, match="more than the queue's TTL"):
+            queue.put(Message("t", b"expired"), deliver_at=due)
+    with pytest.raises(InvalidArgument, match="more than the queue's TTL"):
+        queue.put([Message("t", b"a"), Message("t", b"b")], partition_id=0, deliver_at=[now + 1000, now - 3_600_000])
+    # And one due in the past within the TTL fires at once, as on a queue without one
+    queue.put(Message("t", b"late"), deliver_at=now - 30_000)
+    (fired,) = wait_for(lambda: list(queue.scan()))
+    assert fired.value == b"late"
+
+
 def test_bad_timer_arguments_are_refused_and_write_nothing(make_queue, admin):
     queue = make_queue(partitions=1)
     with pytest.raises(TypeError, match="not both"):

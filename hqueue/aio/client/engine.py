@@ -317,7 +317,7 @@ class AsyncRemoteEngine:
             args = packed.timer_call_args(partition_id, blob, due)
             with self._lanes.lane() as lane:
                 result = await self.owner_call(name, partition_id, what, "scheduleTimers", *args, lane=lane)
-        return timer_handles(partition_id, due, consecutive(wire.from_tid(result.firstID), result.count))
+        return timer_handles(name, partition_id, due, consecutive(wire.from_tid(result.firstID), result.count))
 
     async def cancel_timer(self, name: str, timer: Timer) -> bool:
         return await self.owner_call(name, timer.partition_id, "cancel", "cancelTimer", wire.to_ttimer(timer))

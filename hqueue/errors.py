@@ -157,17 +157,24 @@ class OutcomeUnknown(HQueueError):
 
 class ProducerBufferFull(HQueueError, TimeoutError):
     """A producer's ``send`` found no room: the messages it holds, sent and not yet
-    stored, fill its ``buffer_bytes``, and none was stored within ``block_timeout``.
-    Nothing was queued; the servers (or the store) are slower than the sends.
+    stored, fill its ``buffer_bytes``, and none was stored within ``block_timeout``
+    (or the send came from one of the producer's Futures' callbacks, which does not
+    wait). Nothing was queued; the servers (or the store) are slower than the sends.
 
     Attributes:
         queue, buffer_bytes, block_timeout: The producer's queue and limits.
     """
 
-    def __init__(self, queue: str, buffer_bytes: int, block_timeout: float) -> None:
+    def __init__(self, queue: str, buffer_bytes: int, block_timeout: float, *, in_callback: bool = False) -> None:
+        waited = (
+            "and a send from one of its Futures' callbacks does not wait for room (the room may come only "
+            "once the callback has returned)"
+            if in_callback
+            else f"and no room came within block_timeout={block_timeout:g}s"
+        )
         super().__init__(
-            f"the producer of {queue!r} holds its buffer_bytes={buffer_bytes:,} of unsent messages, and no room "
-            f"came within block_timeout={block_timeout:g}s: the message was not queued"
+            f"the producer of {queue!r} holds its buffer_bytes={buffer_bytes:,} of unsent messages, {waited}: "
+            "the message was not queued"
         )
         self.queue, self.buffer_bytes, self.block_timeout = queue, buffer_bytes, block_timeout
 

@@ -351,7 +351,9 @@ class Producer:
             Cancelling it before its batch goes leaves the message out.
 
         Raises:
-            ProducerBufferFull: no room in ``buffer_bytes`` within ``block_timeout``.
+            ProducerBufferFull: no room in ``buffer_bytes`` within ``block_timeout`` (at
+                once from a Future's callback: the room it would wait for may be freed
+                only after the callback returns).
             ProducerClosed: the producer is closed.
             InvalidMessage, MessageTooLarge, InvalidPartition, TypeError: the message
                 or its partition is not valid (nothing is queued).
@@ -376,6 +378,8 @@ class Producer:
         give_up = time.monotonic() + batches.block_timeout
         batches.pending()  # a full buffer sends what it holds now, not at its linger's end (as Kafka's)
         self._cond.notify_all()
+        if getattr(self._delivering, "on", False):  # a Future's callback: the room may be its partition's next
+            raise ProducerBufferFull(self.name, batches.buffer_bytes, batches.block_timeout, in_callback=True)
         while not batches.has_room(cost) and not batches.closed:
             left = give_up - time.monotonic()
             if left <= 0:

@@ -122,8 +122,12 @@ class AsyncProducer:
             await self._room(cost)
         future, wake = batches.add(message, cost, chosen, lambda _: asyncio.get_running_loop().create_future())
         if wake:
-            async with changed:
-                changed.notify_all()
+            try:
+                async with changed:  # (its lock may be another task's a moment: this may wait)
+                    changed.notify_all()
+            except asyncio.CancelledError:
+                future.cancel()  # queued already: its batch, not gone, leaves it out
+                raise
         return await future  # cancelled here: the future is, and a batch not gone leaves it out
 
     async def _room(self, cost: int) -> None:

@@ -96,6 +96,30 @@ def test_a_full_buffer_sends_what_lingers_and_a_cancelled_send_is_left_out(api_u
     run(main())
 
 
+def test_a_send_cancelled_while_it_waits_to_wake_the_sender_is_left_out(api_url, queue_name):
+    async def main():
+        queue = await made(api_url, queue_name)
+        producer = queue.producer(linger_ms=60_000)
+        await producer.open()
+        # Given a send that queued its message and waits for the producer's lock (another
+        # task's a moment, as after a wake-up of many), to tell the sender
+        changed = producer._changed
+        await changed.acquire()
+        send = asyncio.ensure_future(producer.send(Message("t", b"cancelled"), partition=0))
+        await asyncio.sleep(0.05)
+        # When it is cancelled there, then its message is left out of the batch that goes
+        send.cancel()
+        changed.release()
+        with pytest.raises(asyncio.CancelledError):
+            await send
+        assert await producer.flush(timeout=30)
+        await producer.close()
+        assert [m.value async for m in queue.scan()] == []
+        await queue.close()
+
+    run(main())
+
+
 def test_a_failed_put_fails_its_sends_with_the_put_s_error(api_url, queue_name):
     async def main():
         queue = await made(api_url, queue_name)

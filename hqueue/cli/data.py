@@ -17,7 +17,7 @@ from ..commands.queues import LOCAL_TIMERS_NOTE
 from ..config import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES
 from ..errors import ServerUnavailable
 from ..message import Message, MessageID, successor
-from .main import Progress, Seconds, main, message_id, open_queue, topic_bytes
+from .main import Progress, Seconds, due_time, main, message_id, open_queue, topic_bytes
 from .stream import Lines, Tally, send_lines
 
 #: The longest wait any option takes (ten years), so that inf and 1e308 are range errors.
@@ -62,8 +62,9 @@ MAX_SECONDS = 10 * 365 * 86400.0
 @click.option(
     "--at",
     "deliver_at",
-    callback=message_id,
-    help="Timer messages: deliver at this ISO time or epoch ms (on a local:// store: see --delay).",
+    callback=due_time,
+    help="Timer messages: deliver at this ISO time (UTC unless it has an offset: 2026-11-23T10:00+01:00) or "
+    "epoch ms (on a local:// store: see --delay).",
 )
 @click.pass_context
 def put(

@@ -14,7 +14,7 @@ import click
 from .. import __version__
 from ..admin import HQueueAdmin
 from ..auth import split_credentials
-from ..commands import as_time, find
+from ..commands import as_due, as_time, find
 from ..connection import MAKE_A_STORE, missing_store, store_exists
 from ..errors import HQueueError, InvalidArgument, NotAuthorized, QueueDisabled, QueueEnabled, StorageLocked
 from ..message import MessageID
@@ -302,6 +302,16 @@ def message_id(ctx: Any, param: Any, value: str | None) -> MessageID | None:
         return None
     try:
         return as_time(param.name, value)
+    except InvalidArgument as e:
+        raise click.BadParameter(str(e).replace(f"'{param.name}': ", "")) from None
+
+
+def due_time(ctx: Any, param: Any, value: str | None) -> MessageID | None:
+    """A click callback: a timer's due time (:func:`~hqueue.commands.as_due`)."""
+    if value is None:
+        return None
+    try:
+        return as_due(param.name, value)
     except InvalidArgument as e:
         raise click.BadParameter(str(e).replace(f"'{param.name}': ", "")) from None
 

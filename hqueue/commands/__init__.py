@@ -6,7 +6,7 @@ same argument order (the queue first), the same defaults.
 """
 
 from . import consumers, queues  # noqa: F401  (they declare the commands)
-from .declare import COMMANDS, REQUIRED, Command, NotAllDone, Output, Param, Session, as_time, find
+from .declare import COMMANDS, REQUIRED, Command, NotAllDone, Output, Param, Session, as_due, as_time, find
 from .render import escape, json_ready, printable, stamp, table
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "Output",
     "Param",
     "Session",
+    "as_due",
     "as_time",
     "escape",
     "find",

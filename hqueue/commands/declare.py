@@ -125,6 +125,28 @@ def as_time(name: str, value: Any) -> MessageID:
     return found
 
 
+#: The earliest due time a command takes (2001-09-09): one before it is a mistake, seconds
+#: given for milliseconds or a time of day ("10:00" reads as 10 ms, sequence 0).
+EARLIEST_DUE_MS = 10**12
+
+
+def as_due(name: str, value: Any) -> MessageID:
+    """A timer's due time, as :func:`as_time` takes times, refusing what can only be a
+    mistake: a sequence (a due time has none), or a time before :data:`EARLIEST_DUE_MS`."""
+    found = as_time(name, value)
+    why = (
+        "a due time has no sequence" if found.sequence
+        else f"{found.timestamp} ms after 1970 is {found.datetime:%Y-%m-%d %H:%M:%S} UTC"
+        if found.timestamp < EARLIEST_DUE_MS else None
+    )  # fmt: skip
+    if why is not None:
+        raise InvalidArgument(
+            f"'{name}': {value!r}: {why}; give an ISO time (UTC unless it has an offset, as in "
+            "2026-11-23T10:00+01:00) or epoch milliseconds (seconds x 1000), or a delay"
+        )
+    return found
+
+
 def _as_time(name: str, value: Any) -> MessageID:
     if isinstance(value, MessageID):
         return value

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from ..commands import COMMANDS as SHARED
 from ..commands import Command as SharedCommand
-from ..commands import Param, as_time, stamp, table
+from ..commands import Param, as_due, as_time, stamp, table
 from ..commands.queues import LOCAL_TIMERS_NOTE
 from ..errors import HQueueError, InvalidArgument
 from ..message import Message, MessageID
@@ -250,12 +250,12 @@ def _options(command: str, given: Any, known: set[str], ints: tuple[str, ...] = 
     return options
 
 
-def _time(command: str, option: str, value: Any) -> MessageID | None:
-    """An option's time (None: not given); a bad one is a usage error naming the option."""
+def _time(command: str, option: str, value: Any, read: Callable[[str, Any], MessageID] = as_time) -> MessageID | None:
+    """An option's time (None: not given), as ``read`` takes it; a bad one is a usage error naming the option."""
     if value is None:
         return None
     try:
-        return as_time(option, value)
+        return read(option, value)
     except InvalidArgument as e:
         raise UsageError(f"{command}: {e}") from None
 
@@ -284,7 +284,7 @@ def put(shell: Shell, name: Any, topic: Any, value: Any, given: Any = None) -> R
         key = to_bytes(_text("put", "KEY", key))  # (\xNN escapes: the bytes they name, as in topics and values)
     if delay is not None and (not isinstance(delay, (int, float)) or isinstance(delay, bool)):
         raise UsageError(f"put: DELAY must be a number of seconds, got {delay!r}")
-    when = _time("put", "AT", at)
+    when = _time("put", "AT", at, as_due)
     due = None if when is None else when.timestamp
     (written,) = shell.queue(name).put(
         Message(to_bytes(topic), to_bytes(value)), options.get("PARTITION"),

@@ -2,6 +2,7 @@
 
 import json
 import os
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -189,6 +190,9 @@ def test_timers_from_the_cli_put_cancel_and_fire(run):
         "Error: 1 of 1 timer(s) not pending: fired or cancelled already",
     ]
     assert "timer handle" in run("cancel", "q", "nonsense").output
+    for mistake in ("10:00", "2027", f"{int(time.time() * 1000) + 60_000}:3"):  # a time of day, seconds, an ID
+        refused = run("put", "q", "t", "x", "--at", mistake)
+        assert refused.exit_code == 2 and "UTC unless it has an offset" in refused.output, refused.output
     consumed = run("consume", "q", "g", "--max", "1", "--for", "10")
     assert consumed.exit_code == 0
     assert consumed.output.split("\t")[2:] == ["1", "t", "later\n"]  # attempt 1

@@ -341,6 +341,7 @@ def test_the_shell_puts_timers_by_key_and_priority_as_the_cli_does(tmp_path):
     assert shell.execute("put 'q', 't', 'second', 2")
     assert not shell.execute("put 'q', 't', 'v', {DELAY => 'soon'}") and "DELAY must be" in err.getvalue()
     assert not shell.execute("put 'q', 't', 'v', {LATER => 1}") and "known: AT, DELAY" in err.getvalue()
+    assert not shell.execute("put 'q', 't', 'v', {AT => '10:00'}") and "UTC unless it has an offset" in err.getvalue()
     shell.close()
     with HQueue("q", url) as queue:
         queue.put(Message("t", b"probe"), key="example.com")

@@ -132,12 +132,13 @@ EARLIEST_DUE_MS = 10**12
 
 def as_due(name: str, value: Any) -> MessageID:
     """A timer's due time, as :func:`as_time` takes times, refusing what can only be a
-    mistake: a sequence (a due time has none), or a time before :data:`EARLIEST_DUE_MS`."""
+    mistake: a sequence (a due time has none), or a time before :data:`EARLIEST_DUE_MS`
+    other than 0 (at once)."""
     found = as_time(name, value)
     why = (
         "a due time has no sequence" if found.sequence
         else f"{found.timestamp} ms after 1970 is {found.datetime:%Y-%m-%d %H:%M:%S} UTC"
-        if found.timestamp < EARLIEST_DUE_MS else None
+        if 0 < found.timestamp < EARLIEST_DUE_MS else None
     )  # fmt: skip
     if why is not None:
         raise InvalidArgument(

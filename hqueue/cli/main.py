@@ -7,6 +7,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -295,25 +296,23 @@ class Seconds(click.FloatRange):
         return number
 
 
-def message_id(ctx: Any, param: Any, value: str | None) -> MessageID | None:
-    """A click callback: an ID, an ISO time or epoch ms, up to the year 9999 (as the shared
-    commands take times: :func:`~hqueue.commands.as_time`)."""
-    if value is None:
-        return None
-    try:
-        return as_time(param.name, value)
-    except InvalidArgument as e:
-        raise click.BadParameter(str(e).replace(f"'{param.name}': ", "")) from None
+def _time_callback(read: Callable[[str, Any], MessageID]) -> Callable[[Any, Any, str | None], MessageID | None]:
+    def callback(ctx: Any, param: Any, value: str | None) -> MessageID | None:
+        if value is None:
+            return None
+        try:
+            return read(param.name, value)
+        except InvalidArgument as e:
+            raise click.BadParameter(str(e).replace(f"'{param.name}': ", "")) from None
+
+    return callback
 
 
-def due_time(ctx: Any, param: Any, value: str | None) -> MessageID | None:
-    """A click callback: a timer's due time (:func:`~hqueue.commands.as_due`)."""
-    if value is None:
-        return None
-    try:
-        return as_due(param.name, value)
-    except InvalidArgument as e:
-        raise click.BadParameter(str(e).replace(f"'{param.name}': ", "")) from None
+#: A click callback: an ID, an ISO time or epoch ms, up to the year 9999 (as the shared
+#: commands take times: :func:`~hqueue.commands.as_time`).
+message_id = _time_callback(as_time)
+#: A click callback: a timer's due time (:func:`~hqueue.commands.as_due`).
+due_time = _time_callback(as_due)
 
 
 def topic_bytes(ctx: Any, param: Any, value: tuple[str, ...]) -> tuple[bytes, ...]:

@@ -32,6 +32,10 @@ The state machine of one store in a client process:
   after the last message it returned (client/cursor.py).
 * The last handle on the store closes in that process: it stops serving
   (the next process takes over in the same way).
+* A client that makes no call notices too: a thread of its process looks
+  every :data:`WATCH_INTERVAL` whether the store's lock is still held, and
+  takes the store over once it is not (so that timers fire while some
+  process has the store open, calling or not).
 
 IDs never go back and acknowledged writes stay: the new holder reads each
 partition's last ID from the store, and every write was in RocksDB's WAL
@@ -60,6 +64,7 @@ from .groups.limits import GroupLimits
 from .rpc.failures import unwrapped
 from .rpc.unix import short_unix_path, sweep_private
 from .services import open_local
+from .storage.lockholder import lock_holder
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +76,10 @@ STARTUP_WAIT = 3.0
 TAKEOVER_INTERVAL = 0.05
 #: Seconds a look at whether a process serves a store's socket may take.
 PROBE_TIMEOUT = 1.0
+#: Seconds between two looks, by a process that uses a store through the one serving it,
+#: at whether that one still holds it: once it is gone, this one takes the store over
+#: though it makes no call (its timers fire, the others reconnect to it).
+WATCH_INTERVAL = 1.0
 
 #: What serves an engine to local processes (set by hqueue/__init__.py: server/shared.py, a layer up).
 _serve: Callable[[Engine, GroupLimits | None], None] | None = None
@@ -212,13 +221,19 @@ class _Store:
         self._last_try = 0.0
         #: Why this process may not open the store itself (None: it may, or has not tried).
         self.denied: str | None = None
+        #: Set when the last user leaves: the watching thread ends.
+        self._unwatched = threading.Event()
 
     @classmethod
     def join(cls, url: str) -> _Store:
         with cls._stores_lock:
             store = cls._stores.get(url) or cls._stores.setdefault(url, cls(url))
             store.users += 1
-            return store
+            first = store.users == 1
+        if first:
+            watcher = threading.Thread(target=store._watch, name="hqueue-store-watch", daemon=True)
+            watcher.start()
+        return store
 
     def leave(self) -> None:
         with self._stores_lock:
@@ -226,16 +241,33 @@ class _Store:
             if self.users > 0:
                 return
             self._stores.pop(self.url, None)
+        self._unwatched.set()
         with self._lock:
             engine, self.engine = self.engine, None
         if engine is not None:
             engine.release()  # the last one: this process stops serving it
+
+    def _watch(self) -> None:
+        """Take the store over once its holder is gone, whether or not this process calls
+        (while it does, a call would first: _TakeoverPool)."""
+        directory = self.url[len("local://") :]
+        while not self._unwatched.wait(WATCH_INTERVAL):
+            if self.engine is not None or self.denied is not None:
+                continue  # it serves the store; or it may not open it (it waits for a holder that may)
+            if lock_holder(directory) is not None or not os.path.exists(os.path.join(directory, "CURRENT")):
+                continue  # held (or gone: not made again here)
+            try:
+                self.take_over()
+            except Exception as e:  # (the next look, or call, tries again)
+                logger.warning("could not take over the embedded store %s: %s", self.url, e)
 
     def take_over(self) -> bool:
         """Open the store and serve it, if its holder is gone; whether this process serves it now."""
         with self._lock:
             if self.engine is not None:
                 return True
+            if self._unwatched.is_set():  # its last user left: nobody here would release it
+                return False
             now = time.monotonic()
             if now - self._last_try < TAKEOVER_INTERVAL:
                 return False

@@ -68,6 +68,34 @@ def test_a_scan_in_a_client_goes_on_when_the_serving_process_is_killed(data):
         holder.kill()
 
 
+#: A client that puts timers, then holds its queue open and makes no call.
+IDLE_TIMERS = (
+    "import sys, time\nfrom hqueue import HQueue, Message\nfrom hqueue.ids import wall_clock_ms\n"
+    "with HQueue('q', data_dir=sys.argv[1]) as queue:\n"
+    " queue.put([Message('t', b'timer %d' % i) for i in range(5)], partition_id=0, deliver_at=wall_clock_ms() + 1500)\n"
+    " print('PUT', flush=True)\n time.sleep(3600)"
+)
+
+
+def test_an_idle_client_takes_the_store_over_and_fires_its_timers_when_the_serving_process_is_killed(data):
+    # Given a client that put timers, then holds the store open without calling
+    holder = _holder(data)
+    idle = Proc("-c", IDLE_TIMERS, data)
+    try:
+        wait_for(lambda: "PUT" in idle.lines, 60, "the timers put")
+        # When the serving process is killed
+        holder.kill()
+        # Then the idle client takes the store over by itself, and fires the timers
+        wait_for(lambda: serving_pid(data) == idle.pid, 30, "the idle client to take the store over")
+        with HQueue("q", data_dir=data) as queue:
+            assert isinstance(queue.engine, StoreClient)  # (this process is the new holder's client)
+            fired = wait_for(lambda: len(values := [m.value for m in queue.scan()]) == 5 and values, 30)
+        assert sorted(fired) == [b"timer %d" % i for i in range(5)]
+    finally:
+        holder.kill()
+        idle.kill()
+
+
 @pytest.mark.slow
 def test_timers_set_through_clients_fire_exactly_once_across_kill_9_of_the_serving_process(data):
     # Given timer writers on a store another process serves, their timers falling due all along

@@ -167,8 +167,8 @@ class ProducerBufferFull(HQueueError, TimeoutError):
 
     def __init__(self, queue: str, buffer_bytes: int, block_timeout: float, *, in_callback: bool = False) -> None:
         waited = (
-            "and a send from one of its Futures' callbacks does not wait for room (the room may come only "
-            "once the callback has returned)"
+            "and a send from one of its Futures' callbacks does not wait for room that only the callback's "
+            "own partition's next batches would free (they go once it has returned)"
             if in_callback
             else f"and no room came within block_timeout={block_timeout:g}s"
         )

@@ -191,6 +191,12 @@ class Batches:
         self._sticky = chosen
         return chosen
 
+    def held_beside(self, pid: int) -> int:
+        """Bytes of the buffer that batches of partitions other than ``pid`` hold: room that
+        comes back without ``pid``'s next put."""
+        held = sum(b.held for other, queued in self.open.items() if other != pid for b in queued)
+        return held + sum(b.held for other, b in self.in_flight.items() if other != pid)
+
     def _every(self) -> list[Batch]:
         return [b for queued in self.open.values() for b in queued] + list(self.in_flight.values())
 
@@ -352,8 +358,8 @@ class Producer:
 
         Raises:
             ProducerBufferFull: no room in ``buffer_bytes`` within ``block_timeout`` (at
-                once from a Future's callback: the room it would wait for may be freed
-                only after the callback returns).
+                once from a Future's callback when only its own partition's next batches
+                could free the room: they go after the callback returns).
             ProducerClosed: the producer is closed.
             InvalidMessage, MessageTooLarge, InvalidPartition, TypeError: the message
                 or its partition is not valid (nothing is queued).
@@ -378,7 +384,10 @@ class Producer:
         give_up = time.monotonic() + batches.block_timeout
         batches.pending()  # a full buffer sends what it holds now, not at its linger's end (as Kafka's)
         self._cond.notify_all()
-        if getattr(self._delivering, "on", False):  # a Future's callback: the room may be its partition's next
+        mine = getattr(self._delivering, "pid", None)
+        if mine is not None and batches.buffered - batches.held_beside(mine) + cost > batches.buffer_bytes:
+            # A Future's callback, whose room only its own partition's next batches would free:
+            # they go once the callback returns. (Room other partitions hold it waits for.)
             raise ProducerBufferFull(self.name, batches.buffer_bytes, batches.block_timeout, in_callback=True)
         while not batches.has_room(cost) and not batches.closed:
             left = give_up - time.monotonic()
@@ -485,7 +494,7 @@ class Producer:
             self.puts, self.sent = self.puts + bool(live), self.sent + len(live)
             self._batches.free_room(batch)
             self._cond.notify_all()
-        self._delivering.on = True
+        self._delivering.on, self._delivering.pid = True, pid
         try:
             if error is not None:
                 fail_sends((f for _, f in live), error)
@@ -493,7 +502,7 @@ class Producer:
                 for (_, future), message_id in zip(live, ids, strict=True):
                     future.set_result(message_id)
         finally:
-            self._delivering.on = False
+            self._delivering.on, self._delivering.pid = False, None
             with self._cond:
                 self._batches.finished(pid, batch)
                 self._cond.notify_all()

@@ -24,7 +24,7 @@ from hqueue import (
 from hqueue.admin import HQueueAdmin
 from hqueue.producer import SEND_OVERHEAD
 
-from ..processes import ROOT, python_env
+from ..processes import ROOT, python_env, wait_for
 
 
 def send_from_threads(producer, threads: int, each: int, **route) -> dict[int, list[tuple[int, Future]]]:
@@ -275,6 +275,36 @@ def test_a_send_from_a_futures_callback_finding_no_room_is_refused_at_once_not_s
         assert "callbacks does not wait" in str(chained[0])
         assert all(isinstance(f.result(0), MessageID) for f in held)
     assert len(list(queue.scan())) == 4
+
+
+def test_a_send_from_a_futures_callback_waits_for_room_other_partitions_hold(make_queue):
+    # Given a buffer of three messages held by another partition's batch as a callback sends
+    queue = make_queue(partitions=2)
+    cost = len(b"t") + len(b"x" * 10) + SEND_OVERHEAD
+    running, full = threading.Event(), threading.Event()
+    chained: list[object] = []
+
+    def send_next(_: Future) -> None:
+        running.set()
+        full.wait(30)
+        try:
+            chained.append(producer.send(Message("t", b"x" * 10), partition=0))
+        except Exception as e:  # noqa: BLE001 - the test says which
+            chained.append(e)
+
+    with queue.producer(buffer_bytes=3 * cost, block_timeout=60, linger_ms=60_000) as producer:
+        producer.send(Message("t", b"x" * 10), partition=0).add_done_callback(send_next)
+        producer.flush(timeout=0)
+        assert running.wait(30)
+        held = [producer.send(Message("t", b"x" * 10), partition=1) for _ in range(3)]
+        # When the callback sends, then it waits for that room (the other batch goes now), and is queued
+        full.set()
+        assert producer.flush(timeout=30)
+        wait_for(lambda: chained, 30, "the callback's send")
+        assert len(chained) == 1 and isinstance(chained[0], Future), chained
+        assert producer.flush(timeout=30) and isinstance(chained[0].result(0), MessageID)
+        assert all(isinstance(f.result(0), MessageID) for f in held)
+    assert len(list(queue.scan())) == 5
 
 
 def test_a_partitions_futures_resolve_in_the_order_of_its_ids(make_queue):

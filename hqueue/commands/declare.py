@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import HQueueError, InvalidArgument
+from ..ids import wall_clock_ms
 from ..message import LATEST_MS, MessageID
 
 if TYPE_CHECKING:
@@ -133,7 +134,7 @@ EARLIEST_DUE_MS = 10**12
 def as_due(name: str, value: Any) -> MessageID:
     """A timer's due time, as :func:`as_time` takes times, refusing what can only be a
     mistake: a sequence (a due time has none), or a time before :data:`EARLIEST_DUE_MS`
-    other than 0 (at once)."""
+    other than 0, which is now (at once)."""
     found = as_time(name, value)
     why = (
         "a due time has no sequence" if found.sequence
@@ -145,7 +146,7 @@ def as_due(name: str, value: Any) -> MessageID:
             f"'{name}': {value!r}: {why}; give an ISO time (UTC unless it has an offset, as in "
             "2026-11-23T10:00+01:00) or epoch milliseconds (seconds x 1000), or a delay"
         )
-    return found
+    return MessageID(wall_clock_ms()) if found.timestamp == 0 else found  # 0: now (on a queue with a TTL too)
 
 
 def _as_time(name: str, value: Any) -> MessageID:

@@ -193,6 +193,9 @@ def test_timers_from_the_cli_put_cancel_and_fire(run):
     for mistake in ("10:00", "2027", f"{int(time.time() * 1000) + 60_000}:3"):  # a time of day, seconds, an ID
         refused = run("put", "q", "t", "x", "--at", mistake)
         assert refused.exit_code == 2 and "UTC unless it has an offset" in refused.output, refused.output
+    assert run("create", "short", "1", "60").exit_code == 0  # a queue whose messages live a minute
+    at_once = run("put", "short", "t", "now", "--at", "0")  # 0: at once, not 55 years ago
+    assert at_once.exit_code == 0, at_once.output
     consumed = run("consume", "q", "g", "--max", "1", "--for", "10")
     assert consumed.exit_code == 0
     assert consumed.output.split("\t")[2:] == ["1", "t", "later\n"]  # attempt 1

@@ -33,9 +33,11 @@ The state machine of one store in a client process:
 * The last handle on the store closes in that process: it stops serving
   (the next process takes over in the same way).
 * A client that makes no call notices too: a thread of its process looks
-  every :data:`WATCH_INTERVAL` whether the store's lock is still held, and
-  takes the store over once it is not (so that timers fire while some
-  process has the store open, calling or not).
+  every :data:`WATCH_INTERVAL` whether the store's lock is held and its
+  socket served, and takes the store over once neither has been so for
+  :data:`IDLE_TAKEOVER` (so that timers fire while some process has the
+  store open, calling or not, and a restarted ``hqueue server`` gets its
+  store back first).
 
 IDs never go back and acknowledged writes stay: the new holder reads each
 partition's last ID from the store, and every write was in RocksDB's WAL
@@ -77,9 +79,12 @@ TAKEOVER_INTERVAL = 0.05
 #: Seconds a look at whether a process serves a store's socket may take.
 PROBE_TIMEOUT = 1.0
 #: Seconds between two looks, by a process that uses a store through the one serving it,
-#: at whether that one still holds it: once it is gone, this one takes the store over
-#: though it makes no call (its timers fire, the others reconnect to it).
+#: at whether some process still holds it.
 WATCH_INTERVAL = 1.0
+#: Seconds a store must stay without a holder before such a process takes it over though it
+#: makes no call (then its timers fire, and the others reconnect to it): long enough for a
+#: restarted ``hqueue server`` to get its store back first. A call takes it over at once.
+IDLE_TAKEOVER = 10.0
 
 #: What serves an engine to local processes (set by hqueue/__init__.py: server/shared.py, a layer up).
 _serve: Callable[[Engine, GroupLimits | None], None] | None = None
@@ -248,18 +253,35 @@ class _Store:
             engine.release()  # the last one: this process stops serving it
 
     def _watch(self) -> None:
-        """Take the store over once its holder is gone, whether or not this process calls
-        (while it does, a call would first: _TakeoverPool)."""
+        """Take the store over once it has had no holder for IDLE_TAKEOVER, whether or not
+        this process calls (while it does, a call does so at once: _TakeoverPool)."""
         directory = self.url[len("local://") :]
+        free_since: float | None = None
         while not self._unwatched.wait(WATCH_INTERVAL):
-            if self.engine is not None or self.denied is not None:
-                continue  # it serves the store; or it may not open it (it waits for a holder that may)
-            if lock_holder(directory) is not None or not os.path.exists(os.path.join(directory, "CURRENT")):
-                continue  # held (or gone: not made again here)
+            if self.engine is not None or self.denied is not None or not self._free(directory):
+                free_since = None  # it serves the store, or may not open it; or the store is held
+                continue
+            now = time.monotonic()
+            free_since = free_since or now
+            if now - free_since < IDLE_TAKEOVER:
+                continue
             try:
                 self.take_over()
             except Exception as e:  # (the next look, or call, tries again)
                 logger.warning("could not take over the embedded store %s: %s", self.url, e)
+
+    def _free(self, directory: str) -> bool:
+        """Whether no process holds the store: no lock on it listed in /proc/locks, and
+        nothing listening on its socket (where /proc/locks is not there to read, or does
+        not list the holder, a process that serves the store is seen on its socket)."""
+        if not os.path.exists(os.path.join(directory, "CURRENT")):
+            return False  # gone: not made again here
+        if lock_holder(directory) is not None:
+            return False
+        try:
+            return not _served(socket_path(self.url))
+        except NotAuthorized:
+            return False
 
     def take_over(self) -> bool:
         """Open the store and serve it, if its holder is gone; whether this process serves it now."""
@@ -333,6 +355,9 @@ class StoreClient(RemoteEngine):
     def __init__(self, url: str, timeout: float | None = None) -> None:
         super().__init__(url, unix_socket=socket_path(url), timeout=timeout)
         self._store: _Store | None = _Store.join(url)
+        # Dropped unreleased, it leaves all the same: its process does not go on watching
+        # (and taking over) a store it no longer uses.
+        self._leave = weakref.finalize(self, self._store.leave)
 
     def _new_pool(self, address: str) -> Pool:
         assert self._store is not None, "released"
@@ -340,9 +365,8 @@ class StoreClient(RemoteEngine):
 
     def release(self) -> None:
         super().release()
-        store, self._store = self._store, None
-        if store is not None:
-            store.leave()
+        self._store = None
+        self._leave()  # (once: a second release, or the finalizer after, does nothing)
 
 
 def _forget_stores_in_child() -> list[object]:

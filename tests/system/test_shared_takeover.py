@@ -15,6 +15,8 @@ next process to make a call takes the store over.
 from __future__ import annotations
 
 import collections
+import gc
+import threading
 
 import pytest
 
@@ -85,8 +87,9 @@ def test_an_idle_client_takes_the_store_over_and_fires_its_timers_when_the_servi
         wait_for(lambda: "PUT" in idle.lines, 60, "the timers put")
         # When the serving process is killed
         holder.kill()
-        # Then the idle client takes the store over by itself, and fires the timers
-        wait_for(lambda: serving_pid(data) == idle.pid, 30, "the idle client to take the store over")
+        # Then the idle client takes the store over by itself (once it has had no holder for
+        # IDLE_TAKEOVER), and fires the timers
+        wait_for(lambda: serving_pid(data) == idle.pid, 60, "the idle client to take the store over")
         with HQueue("q", data_dir=data) as queue:
             assert isinstance(queue.engine, StoreClient)  # (this process is the new holder's client)
             fired = wait_for(lambda: len(values := [m.value for m in queue.scan()]) == 5 and values, 30)
@@ -94,6 +97,40 @@ def test_an_idle_client_takes_the_store_over_and_fires_its_timers_when_the_servi
     finally:
         holder.kill()
         idle.kill()
+
+
+def test_a_holder_restarted_at_once_gets_the_store_back_before_an_idle_client_takes_it(data):
+    # Given an idle client of a store whose holder (an hqueue server, say) is killed
+    holder = _holder(data)
+    idle = Proc("-c", IDLE_TIMERS, data)
+    restarted = None
+    try:
+        wait_for(lambda: "PUT" in idle.lines, 60, "the timers put")
+        holder.kill()
+        # When the holder is started again at once, then it gets the store (the idle client
+        # waits IDLE_TAKEOVER before it takes a store nobody holds), and the client is its client
+        restarted = _holder(data)
+        assert serving_pid(data) == restarted.pid
+        with HQueue("q", data_dir=data) as queue:
+            wait_for(lambda: len(list(queue.scan())) == 5, 30, "the timers to fire")
+        assert serving_pid(data) == restarted.pid and idle.proc.poll() is None
+    finally:
+        for proc in (holder, idle, restarted):
+            if proc is not None:
+                proc.kill()
+
+
+def test_a_client_dropped_without_release_stops_watching_the_store(data):
+    holder = _holder(data)
+    try:
+        queue = HQueue("q", data_dir=data)
+        assert isinstance(queue.engine, StoreClient)
+        assert any(t.name == "hqueue-store-watch" for t in threading.enumerate())
+        del queue
+        gc.collect()
+        wait_for(lambda: not any(t.name == "hqueue-store-watch" for t in threading.enumerate()), 10, "no watcher")
+    finally:
+        holder.kill()
 
 
 @pytest.mark.slow

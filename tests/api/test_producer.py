@@ -246,39 +246,10 @@ def test_a_send_from_a_futures_callback_gets_its_batchs_room(make_queue):
     assert [m.value for m in queue.scan()] == [b"first", b"second"]
 
 
-def test_a_send_from_a_futures_callback_finding_no_room_is_refused_at_once_not_stalled(make_queue):
-    # Given a producer whose buffer holds three messages, and a first message whose callback
-    # sends again once the buffer is full of its partition's next batch
-    queue = make_queue(partitions=1)
-    cost = len(b"t") + len(b"x" * 10) + SEND_OVERHEAD
-    running, full = threading.Event(), threading.Event()
-    chained: list[object] = []
-
-    def send_next(_: Future) -> None:
-        running.set()
-        full.wait(30)
-        try:
-            chained.append(producer.send(Message("t", b"x" * 10)))
-        except Exception as e:  # noqa: BLE001 - the test says which
-            chained.append(e)
-
-    with queue.producer(buffer_bytes=3 * cost, block_timeout=60, linger_ms=60_000) as producer:
-        producer.send(Message("t", b"x" * 10)).add_done_callback(send_next)
-        producer.flush(timeout=0)  # (the first goes now: its callback runs, holding its partition)
-        assert running.wait(30)
-        held = [producer.send(Message("t", b"x" * 10)) for _ in range(3)]
-        # When the callback sends, the room it would wait for comes only once it returns
-        full.set()
-        assert producer.flush(timeout=30)
-        # Then its send was refused at once, saying why, and the rest went
-        assert len(chained) == 1 and isinstance(chained[0], ProducerBufferFull), chained
-        assert "callbacks does not wait" in str(chained[0])
-        assert all(isinstance(f.result(0), MessageID) for f in held)
-    assert len(list(queue.scan())) == 4
-
-
-def test_a_send_from_a_futures_callback_waits_for_room_other_partitions_hold(make_queue):
-    # Given a buffer of three messages held by another partition's batch as a callback sends
+@pytest.mark.parametrize("held_by", [0, 1], ids=["its-own-partition", "another-partition"])
+def test_a_send_from_a_futures_callback_waits_only_for_room_another_partition_holds(make_queue, held_by):
+    # Given a buffer of three messages, full of one partition's next batch as a callback of
+    # partition 0 sends (its partition held up until the callback returns)
     queue = make_queue(partitions=2)
     cost = len(b"t") + len(b"x" * 10) + SEND_OVERHEAD
     running, full = threading.Event(), threading.Event()
@@ -294,17 +265,22 @@ def test_a_send_from_a_futures_callback_waits_for_room_other_partitions_hold(mak
 
     with queue.producer(buffer_bytes=3 * cost, block_timeout=60, linger_ms=60_000) as producer:
         producer.send(Message("t", b"x" * 10), partition=0).add_done_callback(send_next)
-        producer.flush(timeout=0)
+        producer.flush(timeout=0)  # (the first goes now: its callback runs, holding its partition)
         assert running.wait(30)
-        held = [producer.send(Message("t", b"x" * 10), partition=1) for _ in range(3)]
-        # When the callback sends, then it waits for that room (the other batch goes now), and is queued
+        held = [producer.send(Message("t", b"x" * 10), partition=held_by) for _ in range(3)]
+        # When the callback sends
         full.set()
         assert producer.flush(timeout=30)
         wait_for(lambda: chained, 30, "the callback's send")
-        assert len(chained) == 1 and isinstance(chained[0], Future), chained
-        assert producer.flush(timeout=30) and isinstance(chained[0].result(0), MessageID)
+        assert len(chained) == 1
+        if held_by == 0:  # then, with the room its own partition's alone, it is refused at once, saying why
+            assert isinstance(chained[0], ProducerBufferFull), chained
+            assert "callbacks does not wait" in str(chained[0])
+        else:  # else it waits for that room (the other batch goes now), and is queued
+            assert isinstance(chained[0], Future), chained
+            assert producer.flush(timeout=30) and isinstance(chained[0].result(0), MessageID)
         assert all(isinstance(f.result(0), MessageID) for f in held)
-    assert len(list(queue.scan())) == 5
+    assert len(list(queue.scan())) == 4 + held_by
 
 
 def test_a_partitions_futures_resolve_in_the_order_of_its_ids(make_queue):

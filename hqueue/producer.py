@@ -36,7 +36,16 @@ from typing import TYPE_CHECKING, Any
 from . import forks
 from .checks import choose_partition, message_columns
 from .config import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES, QueueInfo
-from .errors import DeadlineExceeded, HQueueError, InvalidArgument, ProducerBufferFull, ProducerClosed
+from .errors import (
+    DeadlineExceeded,
+    HQueueError,
+    InvalidArgument,
+    InvalidMessage,
+    InvalidPartition,
+    MessageTooLarge,
+    ProducerBufferFull,
+    ProducerClosed,
+)
 from .message import Message, MessageID
 
 if TYPE_CHECKING:
@@ -65,6 +74,12 @@ MAX_IN_FLIGHT_PARTITIONS = 8
 #: Message and Future: about 1.8 KB measured with tracemalloc). Counting topics and values
 #: alone, empty messages filled 546 MB of memory under a 300 KB buffer_bytes.
 SEND_OVERHEAD = 2048
+
+
+#: A put refused with one of these may mean the queue was made again (dropped, then created
+#: with fewer partitions or a smaller message size) under its producer: the producer reads its
+#: definition again, so that ``send`` checks the next messages against the new one.
+REDEFINED = (InvalidPartition, MessageTooLarge, InvalidMessage)
 
 
 class SendFuture(Future[MessageID]):
@@ -190,6 +205,11 @@ class Batches:
             chosen = choose_partition(self.info, None, None)
         self._sticky = chosen
         return chosen
+
+    def renew(self, info: QueueInfo) -> None:
+        """The queue's definition as read again (REDEFINED): the next sends are checked, and
+        routed, by it."""
+        self.info, self._sticky = info, None
 
     def held_beside(self, pid: int) -> int:
         """Bytes of the buffer that batches of partitions other than ``pid`` hold: room that
@@ -487,6 +507,8 @@ class Producer:
             if not isinstance(e, HQueueError):
                 logger.warning("put of %d message(s) to %s/%d failed: %r", len(live), self.name, pid, e)
             error = e
+        if isinstance(error, REDEFINED):
+            self._renew()
         # The batch's room is free before its futures resolve: a callback that sends again
         # may need that room (it waited for itself until block_timeout). Its partition is
         # free after: the next batch's futures resolve after these.
@@ -507,6 +529,14 @@ class Producer:
                 self._batches.finished(pid, batch)
                 self._cond.notify_all()
             batch.done.set()
+
+    def _renew(self) -> None:
+        try:
+            info = self.engine.queue_info(self.name, fresh=True)
+        except HQueueError:
+            return  # (a later refusal reads it again)
+        with self._cond:
+            self._batches.renew(info)
 
     def __repr__(self) -> str:
         b = self._batches

@@ -16,6 +16,7 @@ is under way, the message may be stored (as with a cancelled put).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -28,6 +29,7 @@ from ..producer import (
     DEFAULT_LINGER_MS,
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_BYTES,
+    REDEFINED,
     Batch,
     Batches,
     check_timeout,
@@ -238,7 +240,12 @@ class AsyncProducer:
         except Exception as e:  # every error goes to the batch's futures
             if not isinstance(e, HQueueError):
                 logger.warning("put of %d message(s) to %s/%d failed: %r", len(live), self.name, pid, e)
-            fail_sends((f for _, f in live), e)
+            try:
+                if isinstance(e, REDEFINED):  # the queue made again under it: its next sends checked by the new one
+                    with contextlib.suppress(HQueueError):
+                        self._batches.renew(await engine.queue_info(self.name, fresh=True))
+            finally:  # (before they fail: a send that follows one of them is checked so)
+                fail_sends((f for _, f in live), e)
         finally:
             self.puts, self.sent = self.puts + bool(live), self.sent + len(live)
             self._batches.finished(pid, batch)

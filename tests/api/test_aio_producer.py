@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from hqueue import InvalidArgument, Message, MessageID, ProducerClosed, QueueDisabled
+from hqueue import InvalidArgument, Message, MessageID, MessageTooLarge, ProducerClosed, QueueDisabled
 from hqueue.aio import AsyncHQueue, AsyncHQueueAdmin, AsyncProducer
 from hqueue.producer import SEND_OVERHEAD
 
@@ -132,6 +132,27 @@ def test_a_failed_put_fails_its_sends_with_the_put_s_error(api_url, queue_name):
             async with AsyncHQueueAdmin(api_url) as admin:
                 await admin.enable_queue(queue_name)
             assert isinstance(await producer.send(Message("t", b"after")), MessageID)
+        await queue.close()
+
+    run(main())
+
+
+def test_a_producer_checks_sends_against_its_queue_made_again_after_a_refused_put(api_url, queue_name):
+    async def main():
+        queue = await made(api_url, queue_name)
+        async with queue.producer() as producer:
+            await producer.send(Message("t", b"before"), partition=0)
+            async with AsyncHQueueAdmin(api_url) as admin:  # made again: 2 partitions, 100 bytes at most
+                await admin.disable_queue(queue_name)
+                await admin.delete_queue(queue_name)
+                await admin.create_queue(queue_name, 2, max_message_bytes=100)
+            with pytest.raises(MessageTooLarge):  # a batch's put refused: the definition is read again
+                await producer.send(Message("t", b"x" * 200), partition=0)
+            puts = producer.puts
+            with pytest.raises(MessageTooLarge):  # so send itself refuses it now, queueing nothing
+                await producer.send(Message("t", b"x" * 200), partition=0)
+            assert producer.puts == puts
+            assert isinstance(await producer.send(Message("t", b"after"), partition=1), MessageID)
         await queue.close()
 
     run(main())

@@ -15,8 +15,10 @@ from hqueue import (
     HQueue,
     InvalidArgument,
     InvalidMessage,
+    InvalidPartition,
     Message,
     MessageID,
+    MessageTooLarge,
     ProducerBufferFull,
     ProducerClosed,
     QueueDisabled,
@@ -281,6 +283,25 @@ def test_a_send_from_a_futures_callback_waits_only_for_room_another_partition_ho
             assert producer.flush(timeout=30) and isinstance(chained[0].result(0), MessageID)
         assert all(isinstance(f.result(0), MessageID) for f in held)
     assert len(list(queue.scan())) == 4 + held_by
+
+
+def test_a_producer_checks_sends_against_its_queue_made_again_after_a_refused_put(make_queue, admin):
+    # Given a producer on a queue of 4 partitions, and the queue made again with 2 and a 100-byte limit
+    queue = make_queue(partitions=4)
+    with queue.producer() as producer:
+        assert isinstance(producer.send(Message("t", b"x"), partition=3).result(30), MessageID)
+        admin.disable_queue(queue.name)
+        admin.delete_queue(queue.name)
+        admin.create_queue(queue.name, 2, max_message_bytes=100)
+        # When a send the new queue refuses goes in a batch, that batch's put is refused
+        with pytest.raises(InvalidPartition):
+            producer.send(Message("t", b"x"), partition=3).result(30)
+        # Then the producer reads the queue's definition again: send itself refuses what it would refuse
+        with pytest.raises(InvalidPartition):
+            producer.send(Message("t", b"x"), partition=3)
+        with pytest.raises(MessageTooLarge):
+            producer.send(Message("t", b"x" * 200), partition=0)
+        assert isinstance(producer.send(Message("t", b"x"), partition=1).result(30), MessageID)
 
 
 def test_a_partitions_futures_resolve_in_the_order_of_its_ids(make_queue):

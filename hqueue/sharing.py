@@ -228,6 +228,7 @@ class _Store:
         self.denied: str | None = None
         #: Set when the last user leaves: the watching thread ends.
         self._unwatched = threading.Event()
+        self._fork = forks.generation()  # a forked child's copy is not this process's to leave
 
     @classmethod
     def join(cls, url: str) -> _Store:
@@ -241,6 +242,8 @@ class _Store:
         return store
 
     def leave(self) -> None:
+        if forks.generation() != self._fork:
+            return  # in a forked child: the store (and what serves it) is the parent's
         with self._stores_lock:
             self.users -= 1
             if self.users > 0:
@@ -290,6 +293,8 @@ class _Store:
                 return True
             if self._unwatched.is_set():  # its last user left: nobody here would release it
                 return False
+            if not os.path.exists(os.path.join(self.url[len("local://") :], "CURRENT")):
+                raise StorageError(f"the embedded store {self.url} is gone (its directory was removed or moved)")
             now = time.monotonic()
             if now - self._last_try < TAKEOVER_INTERVAL:
                 return False
@@ -358,6 +363,7 @@ class StoreClient(RemoteEngine):
         # Dropped unreleased, it leaves all the same: its process does not go on watching
         # (and taking over) a store it no longer uses.
         self._leave = weakref.finalize(self, self._store.leave)
+        self._leave.atexit = False  # (at the process's exit, what it holds is closed as before)
 
     def _new_pool(self, address: str) -> Pool:
         assert self._store is not None, "released"

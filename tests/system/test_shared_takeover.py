@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import collections
 import gc
+import os
+import shutil
 import threading
 
 import pytest
 
-from hqueue import HQueue, HQueueAdmin, Message, Scan
+from hqueue import HQueue, HQueueAdmin, Message, Scan, StorageError
 from hqueue.ids import wall_clock_ms
 from hqueue.sharing import StoreClient
 
@@ -79,6 +81,14 @@ IDLE_TIMERS = (
 )
 
 
+#: A client that puts one message, then ends.
+PUT_ONE = (
+    "import sys\nfrom hqueue import HQueue, Message\n"
+    "with HQueue('q', data_dir=sys.argv[1]) as queue:\n"
+    " queue.put(Message('t', b'other'), partition_id=0)\n print('PUT', flush=True)"
+)
+
+
 def test_an_idle_client_takes_the_store_over_and_fires_its_timers_when_the_serving_process_is_killed(data):
     # Given a client that put timers, then holds the store open without calling
     holder = _holder(data)
@@ -129,6 +139,54 @@ def test_a_client_dropped_without_release_stops_watching_the_store(data):
         del queue
         gc.collect()
         wait_for(lambda: not any(t.name == "hqueue-store-watch" for t in threading.enumerate()), 10, "no watcher")
+    finally:
+        holder.kill()
+
+
+def test_a_client_does_not_make_again_a_store_whose_directory_was_removed(data):
+    # Given a client of a store whose directory is removed, then whose holder is killed
+    holder = _holder(data)
+    try:
+        with HQueue("q", data_dir=data) as queue:
+            shutil.rmtree(data)
+            holder.kill()
+            # When the client calls, then it says the store is gone, and makes no new one there
+            with pytest.raises(StorageError, match="is gone"):
+                queue.put(Message("t", b"x"), partition_id=0)
+        assert not os.path.exists(data)
+    finally:
+        holder.kill()
+
+
+def test_a_forked_child_dropping_its_inherited_client_leaves_the_parents_store_served(data):
+    # Given this process serving the store it took over from a killed holder
+    holder = _holder(data)
+    try:
+        queue = HQueue("q", data_dir=data)
+        holder.kill()
+        queue.put(Message("t", b"before"), partition_id=0)  # the call takes the store over
+        assert serving_pid(data) == os.getpid()
+        # When a forked child drops the client it inherited (its finalizer runs there)
+        child = os.fork()
+        if child == 0:
+            del queue
+            gc.collect()
+            os._exit(0)
+
+        def ended() -> list[int] | None:
+            pid, status = os.waitpid(child, os.WNOHANG)
+            return [os.waitstatus_to_exitcode(status)] if pid == child else None
+
+        try:
+            assert wait_for(ended, 30, "the child to end (it hung closing its parent's store)") == [0]
+        except AssertionError:
+            os.kill(child, 9)
+            raise
+        # Then the store is still this process's, and served to another process
+        other = Proc("-c", PUT_ONE, data)
+        wait_for(lambda: "PUT" in other.lines, 60, "another process's put")
+        assert [m.value for m in queue.scan()] == [b"before", b"other"]
+        queue.close()
     finally:
         holder.kill()
 

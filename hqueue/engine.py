@@ -30,7 +30,7 @@ from .checks import check_columns, check_partition, message_columns
 from .config import InfoCache, QueueInfo, validate_new_queue_name
 from .errors import QueueEnabled
 from .events import EngineEvents
-from .ids import consecutive, runs
+from .ids import consecutive, runs, wall_clock_ms
 from .keys.groups import groups_prefix, queue_state_prefix
 from .keys.index import index_cells, topic_hash
 from .keys.timers import (
@@ -38,7 +38,7 @@ from .keys.timers import (
     Fired,
     Timer,
     check_dues,
-    check_within_ttl,
+    due_now_at_latest,
     due_of,
     high_water_key,
     id_of,
@@ -303,7 +303,8 @@ class Engine:
             done = self.writers.answered(info, partition_id, request, len(topics))
             if done is not None:
                 return timer_handles(name, partition_id, dues, consecutive(done.first, done.size))
-            check_within_ttl(dues, info.ttl)  # (after: a put resent once its timers were written is answered)
+            if info.ttl:  # a past due time is now: on a TTL queue, its timer would expire before it fired
+                dues = due_now_at_latest(dues, wall_clock_ms())
             writer = self.writers.held(info, partition_id)
             ids = consecutive(writer.allocator.reserve(len(topics)), len(topics))
             cells = list(zip(timer_cell_keys(partition_id, dues, ids, topics), values, strict=True))

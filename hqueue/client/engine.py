@@ -81,8 +81,8 @@ from ..errors import (
     ServerBusy,
     ServerUnavailable,
 )
-from ..ids import consecutive
-from ..keys.timers import Timer, check_dues, timer_handles
+from ..ids import consecutive, wall_clock_ms
+from ..keys.timers import Timer, check_dues, due_now_at_latest, timer_handles
 from ..message import Message, MessageID
 from ..requests import Lane, Lanes
 from ..rpc import packed, wire
@@ -522,8 +522,11 @@ class RemoteEngine:
         self, name: str, messages: Sequence[Message], partition_id: int, due: int | Sequence[int]
     ) -> list[Timer]:
         with self.deadline():
-            topics, values = message_columns(self.enabled_queue(name), messages)
+            info = self.enabled_queue(name)
+            topics, values = message_columns(info, messages)
             blob, due = packed.pack(topics, values), check_dues(due, len(topics))
+            if info.ttl:  # as the server keeps them (Engine.schedule): the handles say so
+                due = due_now_at_latest(due, wall_clock_ms())
             what = f"timer put of {len(topics)} message(s)"
             args = packed.timer_call_args(partition_id, blob, due)
             result = self._owner_put(name, partition_id, what, "scheduleTimers", *args)

@@ -210,22 +210,14 @@ def check_dues(due: int | Sequence[int], count: int) -> int | list[int]:
     return dues
 
 
-def check_within_ttl(due: int | Sequence[int], ttl: int) -> None:
-    """Refuse due times more than the queue's ``ttl`` seconds in the past (0: no TTL): such a
-    timer would expire, unfired, as it is written (its TTL counts from its due time).
-
-    Raises:
-        InvalidArgument: one is; nothing is written.
-    """
-    if not ttl:
-        return
-    earliest = due if isinstance(due, int) else min(due, default=None)
-    floor = wall_clock_ms() - ttl * 1000
-    if earliest is not None and earliest < floor:
-        raise InvalidArgument(
-            f"a due time of {earliest} is {(floor - earliest) // 1000 + ttl} s in the past, more than the "
-            f"queue's TTL ({ttl} s): the timer would expire unfired (a due time is epoch ms; a past one fires at once)"
-        )
+def due_now_at_latest(due: int | Sequence[int], now: int) -> int | list[int]:
+    """``due`` with each due time before ``now`` made ``now``: what a queue with a TTL keeps
+    (a timer's TTL counts from its due time: one due further back than the TTL expired as it
+    was written, and one just inside it before the firing loop came to it). Such a timer
+    fires at once either way."""
+    if isinstance(due, int):
+        return max(due, now)
+    return [max(one, now) for one in due]
 
 
 def timer_handles(queue: str, partition_id: int, due: int | Sequence[int], ids: Sequence[MessageID]) -> list[Timer]:

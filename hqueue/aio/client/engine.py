@@ -42,8 +42,8 @@ from ...errors import (
     NotPartitionOwner,
     ServerUnavailable,
 )
-from ...ids import consecutive
-from ...keys.timers import Timer, check_dues, timer_handles
+from ...ids import consecutive, wall_clock_ms
+from ...keys.timers import Timer, check_dues, due_now_at_latest, timer_handles
 from ...message import Message, MessageID
 from ...requests import Lane, Lanes
 from ...rpc import packed, wire
@@ -311,8 +311,11 @@ class AsyncRemoteEngine:
         self, name: str, messages: Sequence[Message], partition_id: int, due: int | Sequence[int]
     ) -> list[Timer]:
         with self.deadline():
-            topics, values = message_columns(await self.enabled_queue(name), messages)
+            info = await self.enabled_queue(name)
+            topics, values = message_columns(info, messages)
             blob, due = packed.pack(topics, values), check_dues(due, len(topics))
+            if info.ttl:  # as the server keeps them (Engine.schedule): the handles say so
+                due = due_now_at_latest(due, wall_clock_ms())
             what = f"timer put of {len(topics)} message(s)"
             args = packed.timer_call_args(partition_id, blob, due)
             with self._lanes.lane() as lane:

@@ -129,7 +129,8 @@ class _Group(click.Group):
             return None
 
         def option(api_name: str) -> click.Option | None:
-            found = next((p for p in command.params if p.name == _CLI_OPTION.get(api_name, api_name)), None)
+            names = (api_name, _CLI_OPTION.get(api_name, api_name))  # (put's --at is deliver_at)
+            found = next((p for p in command.params if p.name in names), None)
             if not isinstance(found, click.Option) or not any(_gives(arg, found.opts) for arg in given):
                 return None  # (a value it did not give: --config's, say)
             return found

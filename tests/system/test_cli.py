@@ -196,6 +196,8 @@ def test_timers_from_the_cli_put_cancel_and_fire(run):
     assert run("create", "short", "1", "60").exit_code == 0  # a queue whose messages live a minute
     at_once = run("put", "short", "t", "now", "--at", "0")  # 0: at once, not 55 years ago
     assert at_once.exit_code == 0, at_once.output
+    both = run("put", "short", "t", "x", "--at", "0", "--delay", "5")
+    assert both.exit_code == 2 and "give --at or --delay, not both" in both.output, both.output
     consumed = run("consume", "q", "g", "--max", "1", "--for", "10")
     assert consumed.exit_code == 0
     assert consumed.output.split("\t")[2:] == ["1", "t", "later\n"]  # attempt 1

@@ -350,7 +350,8 @@ class Producer:
         info = engine.queue_info(name, fresh=True).require_enabled()  # (not a client's cached copy)
         self._batches = Batches(info, linger_ms, max_batch, max_bytes, buffer_bytes, block_timeout)
         self._cond = threading.Condition()
-        self._delivering = threading.local()  # set while a Future's callbacks run in this thread
+        #: ``pid``: the partition whose Futures' callbacks run in this thread now (None: none).
+        self._delivering = threading.local()
         #: Put calls made, and messages they carried (stored or failed).
         self.puts = self.sent = 0
         self._pool = ThreadPoolExecutor(min(MAX_IN_FLIGHT_PARTITIONS, info.partitions), "hqueue-producer-put")
@@ -427,7 +428,7 @@ class Producer:
             RuntimeError: called from a Future's callback (it would wait for itself).
         """
         check_timeout(timeout)
-        if getattr(self._delivering, "on", False):
+        if getattr(self._delivering, "pid", None) is not None:
             raise RuntimeError("flush() and close() cannot be called from a producer Future's callback")
         if self._forked():
             return True  # nothing of the parent's is this process's to send
@@ -444,7 +445,7 @@ class Producer:
         """Stop taking sends, send what is buffered, and stop (waiting up to ``timeout``
         seconds in all)."""
         check_timeout(timeout)
-        if getattr(self._delivering, "on", False):
+        if getattr(self._delivering, "pid", None) is not None:
             raise RuntimeError("flush() and close() cannot be called from a producer Future's callback")
         if self._forked():
             return
@@ -516,7 +517,7 @@ class Producer:
             self.puts, self.sent = self.puts + bool(live), self.sent + len(live)
             self._batches.free_room(batch)
             self._cond.notify_all()
-        self._delivering.on, self._delivering.pid = True, pid
+        self._delivering.pid = pid
         try:
             if error is not None:
                 fail_sends((f for _, f in live), error)
@@ -524,7 +525,7 @@ class Producer:
                 for (_, future), message_id in zip(live, ids, strict=True):
                     future.set_result(message_id)
         finally:
-            self._delivering.on, self._delivering.pid = False, None
+            self._delivering.pid = None
             with self._cond:
                 self._batches.finished(pid, batch)
                 self._cond.notify_all()

@@ -220,6 +220,7 @@ class _Store:
 
     def __init__(self, url: str) -> None:
         self.url = url
+        self.directory = url[len("local://") :]
         self.users = 0
         self.engine: Engine | None = None
         self._lock = threading.Lock()
@@ -258,10 +259,9 @@ class _Store:
     def _watch(self) -> None:
         """Take the store over once it has had no holder for IDLE_TAKEOVER, whether or not
         this process calls (while it does, a call does so at once: _TakeoverPool)."""
-        directory = self.url[len("local://") :]
         free_since: float | None = None
         while not self._unwatched.wait(WATCH_INTERVAL):
-            if self.engine is not None or self.denied is not None or not self._free(directory):
+            if self.engine is not None or self.denied is not None or not self._free():
                 free_since = None  # it serves the store, or may not open it; or the store is held
                 continue
             now = time.monotonic()
@@ -273,13 +273,15 @@ class _Store:
             except Exception as e:  # (the next look, or call, tries again)
                 logger.warning("could not take over the embedded store %s: %s", self.url, e)
 
-    def _free(self, directory: str) -> bool:
+    def _gone(self) -> bool:
+        """Whether the store's directory was removed or moved: it is not made again here."""
+        return not os.path.exists(os.path.join(self.directory, "CURRENT"))
+
+    def _free(self) -> bool:
         """Whether no process holds the store: no lock on it listed in /proc/locks, and
         nothing listening on its socket (where /proc/locks is not there to read, or does
         not list the holder, a process that serves the store is seen on its socket)."""
-        if not os.path.exists(os.path.join(directory, "CURRENT")):
-            return False  # gone: not made again here
-        if lock_holder(directory) is not None:
+        if self._gone() or lock_holder(self.directory) is not None:
             return False
         try:
             return not _served(socket_path(self.url))
@@ -293,7 +295,7 @@ class _Store:
                 return True
             if self._unwatched.is_set():  # its last user left: nobody here would release it
                 return False
-            if not os.path.exists(os.path.join(self.url[len("local://") :], "CURRENT")):
+            if self._gone():
                 raise StorageError(f"the embedded store {self.url} is gone (its directory was removed or moved)")
             now = time.monotonic()
             if now - self._last_try < TAKEOVER_INTERVAL:

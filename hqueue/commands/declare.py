@@ -134,12 +134,12 @@ EARLIEST_DUE_MS = 10**12
 def as_due(name: str, value: Any) -> MessageID:
     """A timer's due time, as :func:`as_time` takes times, refusing what can only be a
     mistake: a sequence (a due time has none), or a time before :data:`EARLIEST_DUE_MS`
-    other than 0, which is now (at once)."""
+    other than 0 written as a number, which is now (at once)."""
     found = as_time(name, value)
     why = (
         "a due time has no sequence" if found.sequence
         else f"{found.timestamp} ms after 1970 is {found.datetime:%Y-%m-%d %H:%M:%S} UTC"
-        if 0 < found.timestamp < EARLIEST_DUE_MS else None
+        if 0 < found.timestamp < EARLIEST_DUE_MS or (found.timestamp == 0 and not _is_zero(value)) else None
     )  # fmt: skip
     if why is not None:
         raise InvalidArgument(
@@ -147,6 +147,11 @@ def as_due(name: str, value: Any) -> MessageID:
             "2026-11-23T10:00+01:00) or epoch milliseconds (seconds x 1000), or a delay"
         )
     return MessageID(wall_clock_ms()) if found.timestamp == 0 else found  # 0: now (on a queue with a TTL too)
+
+
+def _is_zero(value: Any) -> bool:
+    """``value`` is 0 written as a number (now), not a time that comes to 0 (1970-01-01T00:00)."""
+    return isinstance(value, MessageID) or (isinstance(value, str) and value.strip() == "0") or value == 0
 
 
 def _as_time(name: str, value: Any) -> MessageID:

@@ -284,6 +284,8 @@ def put(shell: Shell, name: Any, topic: Any, value: Any, given: Any = None) -> R
         key = to_bytes(_text("put", "KEY", key))  # (\xNN escapes: the bytes they name, as in topics and values)
     if delay is not None and (not isinstance(delay, (int, float)) or isinstance(delay, bool)):
         raise UsageError(f"put: DELAY must be a number of seconds, got {delay!r}")
+    if delay is not None and at is not None:
+        raise UsageError("put: give AT or DELAY, not both")
     when = _time("put", "AT", at, as_due)
     due = None if when is None else when.timestamp
     (written,) = shell.queue(name).put(

@@ -190,7 +190,12 @@ def test_timers_from_the_cli_put_cancel_and_fire(run):
         "Error: 1 of 1 timer(s) not pending: fired or cancelled already",
     ]
     assert "timer handle" in run("cancel", "q", "nonsense").output
-    for mistake in ("10:00", "2027", f"{int(time.time() * 1000) + 60_000}:3"):  # a time of day, seconds, an ID
+    for mistake in (
+        "10:00",
+        "2027",
+        f"{int(time.time() * 1000) + 60_000}:3",
+        "1970-01-01T00:00",
+    ):  # a time of day, seconds, an ID, 0 as a date
         refused = run("put", "q", "t", "x", "--at", mistake)
         assert refused.exit_code == 2 and "UTC unless it has an offset" in refused.output, refused.output
     assert run("create", "short", "1", "60").exit_code == 0  # a queue whose messages live a minute

@@ -342,6 +342,9 @@ def test_the_shell_puts_timers_by_key_and_priority_as_the_cli_does(tmp_path):
     assert not shell.execute("put 'q', 't', 'v', {DELAY => 'soon'}") and "DELAY must be" in err.getvalue()
     assert not shell.execute("put 'q', 't', 'v', {LATER => 1}") and "known: AT, DELAY" in err.getvalue()
     assert not shell.execute("put 'q', 't', 'v', {AT => '10:00'}") and "UTC unless it has an offset" in err.getvalue()
+    assert (
+        not shell.execute("put 'q', 't', 'v', {AT => 0, DELAY => 5}") and "give AT or DELAY, not both" in err.getvalue()
+    )
     shell.close()
     with HQueue("q", url) as queue:
         queue.put(Message("t", b"probe"), key="example.com")

@@ -30,7 +30,7 @@ from .checks import check_columns, check_partition, message_columns
 from .config import InfoCache, QueueInfo, validate_new_queue_name
 from .errors import QueueEnabled
 from .events import EngineEvents
-from .ids import consecutive, runs, wall_clock_ms
+from .ids import consecutive, runs
 from .keys.groups import groups_prefix, queue_state_prefix
 from .keys.index import index_cells, topic_hash
 from .keys.timers import (
@@ -38,10 +38,10 @@ from .keys.timers import (
     Fired,
     Timer,
     check_dues,
-    due_now_at_latest,
     due_of,
     high_water_key,
     id_of,
+    kept_dues,
     one_timer_range,
     pending_range,
     timer_cell_keys,
@@ -302,11 +302,11 @@ class Engine:
         with self.writers.lock(name, partition_id):
             done = self.writers.answered(info, partition_id, request, len(topics))
             if done is not None:
-                return timer_handles(name, partition_id, dues, consecutive(done.first, done.size))
-            if info.ttl:  # a past due time is now: on a TTL queue, its timer would expire before it fired
-                dues = due_now_at_latest(dues, wall_clock_ms())
+                ids = consecutive(done.first, done.size)
+                return timer_handles(name, partition_id, kept_dues(dues, ids, info.ttl), ids)
             writer = self.writers.held(info, partition_id)
             ids = consecutive(writer.allocator.reserve(len(topics)), len(topics))
+            dues = kept_dues(dues, ids, info.ttl)  # (on a TTL queue a past due would expire unfired)
             cells = list(zip(timer_cell_keys(partition_id, dues, ids, topics), values, strict=True))
             cells.append((high_water_key(partition_id) + HIGH_WATER_QUALIFIER, ids[-1].to_bytes()))
             answer = None if request is None else Answer(request, ids[0], len(ids))

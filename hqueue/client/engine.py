@@ -81,8 +81,8 @@ from ..errors import (
     ServerBusy,
     ServerUnavailable,
 )
-from ..ids import consecutive, wall_clock_ms
-from ..keys.timers import Timer, check_dues, due_now_at_latest, timer_handles
+from ..ids import consecutive
+from ..keys.timers import Timer, check_dues, kept_dues, timer_handles
 from ..message import Message, MessageID
 from ..requests import Lane, Lanes
 from ..rpc import packed, wire
@@ -525,12 +525,11 @@ class RemoteEngine:
             info = self.enabled_queue(name)
             topics, values = message_columns(info, messages)
             blob, due = packed.pack(topics, values), check_dues(due, len(topics))
-            if info.ttl:  # as the server keeps them (Engine.schedule): the handles say so
-                due = due_now_at_latest(due, wall_clock_ms())
             what = f"timer put of {len(topics)} message(s)"
             args = packed.timer_call_args(partition_id, blob, due)
             result = self._owner_put(name, partition_id, what, "scheduleTimers", *args)
-        return timer_handles(name, partition_id, due, consecutive(wire.from_tid(result.firstID), result.count))
+        ids = consecutive(wire.from_tid(result.firstID), result.count)
+        return timer_handles(name, partition_id, kept_dues(due, ids, info.ttl), ids)  # as Engine.schedule keeps them
 
     def cancel_timer(self, name: str, timer: Timer) -> bool:
         return self._owner_call(name, timer.partition_id, "cancel", "cancelTimer", wire.to_ttimer(timer))

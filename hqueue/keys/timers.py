@@ -210,14 +210,19 @@ def check_dues(due: int | Sequence[int], count: int) -> int | list[int]:
     return dues
 
 
-def due_now_at_latest(due: int | Sequence[int], now: int) -> int | list[int]:
-    """``due`` with each due time before ``now`` made ``now``: what a queue with a TTL keeps
-    (a timer's TTL counts from its due time: one due further back than the TTL expired as it
-    was written, and one just inside it before the firing loop came to it). Such a timer
-    fires at once either way."""
+def kept_dues(due: int | list[int], ids: Sequence[MessageID], ttl: int) -> int | list[int]:
+    """The due times a queue keeps for timers written with ``ids``: ``due`` (one for them all,
+    or one per timer), except that on a queue with a TTL (``ttl`` > 0) a due time before its
+    timer's ID is the ID's time, about when it was written. A timer's TTL counts from its due
+    time: one due further back than the TTL would expire as it was written, and one just inside
+    it before the firing loop came to it. Such a timer fires at once either way. Taken from the
+    ID, not from a clock, the rule gives every client the handles the server keeps, whatever
+    its clock, and a put sent again the same ones."""
+    if not ttl:
+        return due
     if isinstance(due, int):
-        return max(due, now)
-    return [max(one, now) for one in due]
+        return [max(due, i.timestamp) for i in ids]
+    return [max(one, i.timestamp) for one, i in zip(due, ids, strict=True)]
 
 
 def timer_handles(queue: str, partition_id: int, due: int | Sequence[int], ids: Sequence[MessageID]) -> list[Timer]:

@@ -43,9 +43,9 @@ def client_sockets(url: str) -> int:
     return count
 
 
-async def made(url: str, name: str, partitions: int = 4) -> AsyncHQueue:
+async def made(url: str, name: str, partitions: int = 4, ttl: int = 0) -> AsyncHQueue:
     async with AsyncHQueueAdmin(url) as admin:
-        await admin.create_queue(name, partitions)
+        await admin.create_queue(name, partitions, ttl)
     return await AsyncHQueue(name, url).open()
 
 
@@ -115,6 +115,22 @@ def test_a_timer_batch_takes_a_due_time_per_message(api_url, queue_name):
                 await asyncio.sleep(0.05)
             assert fired == [b"now", b"soon"]
             assert await queue.cancel(timers[0]) is True
+        finally:
+            await queue.close()
+
+    run(main())
+
+
+def test_past_due_timers_on_a_ttl_queue_get_the_handles_kept(api_url, queue_name):
+    async def main():
+        queue = await made(api_url, queue_name, 1, ttl=3)
+        try:
+            # Given timers due in the past on a queue whose messages live 3 s
+            now = int(time.time() * 1000)
+            asked = [now - 60_000, now - 1, 0]
+            timers = await queue.put([Message("t", b"%d" % i) for i in range(3)], deliver_at=asked)
+            # Then each handle says the due time kept: its ID's time (the server's, not the client's clock)
+            assert [t.due for t in timers] == [max(a, t.id.timestamp) for a, t in zip(asked, timers, strict=True)]
         finally:
             await queue.close()
 

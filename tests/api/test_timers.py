@@ -15,6 +15,7 @@ from hqueue import HQueue, HQueueAdmin, InvalidArgument, Message, QueueDisabled,
 from hqueue.coordination.local import LocalCoordinator
 from hqueue.engine import Engine
 from hqueue.ids import wall_clock_ms
+from hqueue.keys.requests import Request
 from hqueue.server import HQueueServer
 from hqueue.timers import TimerService
 
@@ -108,9 +109,31 @@ def test_timers_due_in_the_past_on_a_queue_with_a_ttl_fire_at_once_none_lost(mak
         [Message("t", b"far %d" % i) for i in range(3)], partition_id=0, deliver_at=[now - 61_000, 0, now // 1000]
     )
     edge = queue.put([Message("t", b"edge %d" % i) for i in range(3000)], partition_id=1, deliver_at=now - 3000 + 5)
-    # Then each is kept as due now, and fires at once: none expires unfired
-    assert all(t.due >= now for t in far + edge)
+    # Then each is kept as due when it was written (its ID's time), and fires at once: none expires unfired
+    assert all(t.due == t.id.timestamp >= now for t in far + edge)
     wait_for(lambda: len(list(queue.scan())) == 3003, 30, "every timer to fire")
+
+
+def test_handles_of_past_due_timers_on_a_ttl_queue_are_the_ones_kept_and_a_put_sent_again_gets_them(tmp_path):
+    """The remote clients made a past due time their own clock's now, and the server its own:
+    a millisecond apart (or a clock skew) the handle named a timer that was never written, so
+    its cancel said "not pending"; a put sent again was answered with the unclamped due times."""
+    url = f"local://{tmp_path}/data"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 1, 3)  # messages live 3 s
+    engine = Engine.acquire(url)  # no firing loop: what is kept stays pending
+    try:
+        now, request = wall_clock_ms(), Request(b"T" * 16, 1)
+        asked = [now - 60_000, now + 60_000, 0]
+        timers = engine.schedule("q", [Message("t", b"%d" % i) for i in range(3)], 0, asked, request)
+        again = engine.schedule(
+            "q", [Message("t", b"%d" % i) for i in range(3)], 0, asked, request._replace(resent=True)
+        )
+        assert again == timers and [t.due for t in again] == [t.due for t in timers]
+        assert [t.due for t in timers] == [max(a, t.id.timestamp) for a, t in zip(asked, timers, strict=True)]
+        assert all(engine.cancel_timer("q", t) for t in timers)  # each handle names what was kept
+    finally:
+        engine.release()
 
 
 def test_bad_timer_arguments_are_refused_and_write_nothing(make_queue, admin):

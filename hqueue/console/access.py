@@ -163,5 +163,6 @@ class Access:
 
 
 def same_token(given: object, expected: str) -> bool:
-    """Whether a form's CSRF token is the session's (in constant time)."""
-    return isinstance(given, str) and hmac.compare_digest(given.encode(), expected.encode())
+    """Whether a form's CSRF token is the session's (in constant time). A session that holds
+    none (a cross-site POST comes without the form's cookie) matches nothing, not an empty field."""
+    return bool(expected) and isinstance(given, str) and hmac.compare_digest(given.encode(), expected.encode())

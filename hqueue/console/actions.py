@@ -107,11 +107,14 @@ def _preview(queue: str, described: dict[int, Any], partition: int | None, posit
 
 
 def replay(queue: str) -> Any:
-    require(lambda login: login.may_admin(queue), f"replay the dead letters of queue {queue!r} (needs admin)")
+    dlq = dead_letter_queue(queue)
+    require(
+        lambda login: login.may_admin(queue) and login.may_read(dlq),
+        f"replay the dead letters of queue {queue!r} (needs admin, and consumer on {dlq})",
+    )
     start, stop = moment("start", ""), moment("stop", "")
     rate = number("rate", 1000, 1, MAX_RATE)
     admin = g.console.admin
-    dlq = dead_letter_queue(queue)
     if not admin.queue_exists(dlq):
         abort(404, f"queue {queue!r} has no dead letters ({dlq} does not exist)")
     if not confirmed():  # the dry run: what would be put back, and where

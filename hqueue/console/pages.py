@@ -192,7 +192,7 @@ def dlq_page(queue: str) -> str:
     """The dead letters (the dry run of a replay: what it would put back, and where)."""
     admin = g.console.admin
     start, stop = moment("start", ""), moment("stop", "")
-    dlq = dead_letter_queue(readable(queue))
+    dlq = readable(dead_letter_queue(readable(queue)))  # (its own queue: read as over the Thrift port)
     letters = admin.dead_letters(queue, start, stop, limit=DLQ_SHOWN) if admin.queue_exists(dlq) else []
     size = admin.describe_queue(dlq)["message_count_estimate"] if admin.queue_exists(dlq) else 0
     return page("dlq.html", queue=queue, dlq=dlq,

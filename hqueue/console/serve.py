@@ -2,10 +2,11 @@
 
 Waitress bounds what any client may cost: a few threads answer
 (:data:`THREADS`), at most :data:`CONNECTION_LIMIT` connections are open at
-once (and :data:`CONNECTIONS_PER_HOST` from one address, here; when all are
+once (and :data:`CONNECTIONS_PER_HOST` from one address, here; when either is
 taken, a new one closes the connection waiting longest with no request being
 answered, as the Thrift port closes unproven ones: idle connections from a
-few addresses kept every user out until they timed out), a request
+few addresses kept every user out until they timed out, and half-sent ones
+from the user's own address kept the user out), a request
 must arrive whole within :data:`REQUEST_DEADLINE` seconds of its first
 byte (here), a connection silent for :data:`CHANNEL_TIMEOUT` seconds is closed
 (a slow client holds no thread: waitress reads a request whole before a
@@ -196,8 +197,9 @@ _refusals = RateLimitedLog(10.0, logger)
 
 
 class _Channel(HTTPChannel):
-    """A connection that refuses to open past its address's CONNECTIONS_PER_HOST, and
-    notes when its request began to arrive (REQUEST_DEADLINE)."""
+    """A connection that makes room past its address's CONNECTIONS_PER_HOST, or past
+    CONNECTION_LIMIT, by closing the longest waiting, and notes when its request began to
+    arrive (REQUEST_DEADLINE)."""
 
     #: When the request being read began (None: none is under way).
     begun: float | None = None
@@ -206,26 +208,32 @@ class _Channel(HTTPChannel):
 
     def __init__(self, server: Any, sock: Any, addr: Any, adj: Any, map: Any = None) -> None:
         super().__init__(server, sock, addr, adj, map)
-        channels = list(server.active_channels.values())
+        open_ = [c for c in server.active_channels.values() if not c.will_close]
         host = addr[0] if isinstance(addr, tuple) and addr else None
         if host is not None and host != self.proxy:
-            mine = sum(1 for c in channels if c.addr and c.addr[0] == host)
-            if mine > CONNECTIONS_PER_HOST:
-                _refusals.warning("hosts", "console: %s holds %d connections; closing the newest", host, mine - 1)
-                self.will_close = True
-                return
-        open_ = [c for c in channels if not c.will_close]
+            mine = [c for c in open_ if c.addr and c.addr[0] == host]
+            if len(mine) > CONNECTIONS_PER_HOST:  # (a user beside silent ones from its address: theirs go)
+                _refusals.warning(
+                    "hosts", "console: %s holds %d connections; closing its longest waiting", host, len(mine) - 1
+                )
+                if self._make_room(server, mine) is self:
+                    return
+                open_ = [c for c in open_ if not c.will_close]
         if len(open_) > CONNECTION_LIMIT:
-            # Make room: the connection waiting longest (for its next request, or for the rest
-            # of one) with none being answered, or else this one.
-            waiting = [c for c in open_ if c is not self and not c.requests and not c.total_outbufs_len]
-            victim = min(waiting, key=_waiting_since, default=self)
             _refusals.warning(
                 "full", "console: %d connections open (the limit); closing the longest waiting", CONNECTION_LIMIT
             )
-            victim.will_close = True
-            if victim is not self:
-                server.pull_trigger()  # (its close is seen by the loop's next turn)
+            self._make_room(server, open_)
+
+    def _make_room(self, server: Any, among: list[Any]) -> Any:
+        """Close the connection of ``among`` waiting longest (for its next request, or for the
+        rest of one) with none being answered, or else this one; which it closed."""
+        waiting = [c for c in among if c is not self and not c.requests and not c.total_outbufs_len]
+        victim = min(waiting, key=_waiting_since, default=self)
+        victim.will_close = True
+        if victim is not self:
+            server.pull_trigger()  # (its close is seen by the loop's next turn)
+        return victim
 
     def received(self, data: bytes) -> bool:
         if data and self.request is None:

@@ -15,9 +15,10 @@ from hqueue import HQueueAdmin
 from tests.processes import ServerProcess, wait_for
 
 #: The tokens of the console's tests: an admin, a producer of "orders", a consumer of
-#: everything, and a producer and consumer of everything.
+#: everything, a producer and consumer of everything, and an admin of "orders" alone.
 ADMIN, PRODUCER, CONSUMER = "admin-secret-0123456789", "producer-secret-0123456789", "consumer-secret-0123456789"
 ANY_PRODUCER = "any-producer-secret-0123456789"
+ORDERS_ADMIN = "orders-admin-secret-0123456789"
 AUTH_FILE = f"""
 [tokens.ops]
 secret = "{ADMIN}"
@@ -35,6 +36,10 @@ consumer = ["*"]
 secret = "{ANY_PRODUCER}"
 producer = ["*"]
 consumer = ["*"]
+
+[tokens.orders]
+secret = "{ORDERS_ADMIN}"
+admin = ["orders"]
 """
 
 

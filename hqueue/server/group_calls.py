@@ -40,6 +40,15 @@ class GroupCalls(Calls):
     groupPending = handler(op.GROUP_PENDING)
     deleteGroup = handler(op.DELETE_GROUP)
 
+    def _as(self, queue: str, group: str, member: Any, what: str) -> None:
+        """A call made as ``member``: by the token it called with first (while it is tied to
+        a connection here), or by one that manages the group. Naming another token's member,
+        a nack, a short extend, a dead-letter or a leave would send its messages out again,
+        and a heartbeat or receive would keep it from being found gone."""
+        holder = self.groups.holder(queue, group, member) if isinstance(member, str) else None
+        if holder is not None and holder != self.guard.principal().name:
+            self.guard.authorize(MANAGE, f"{what} another token's member {member!r} in", queue, ("group", group))
+
     def _attend(self, queue: str, group: str, member: str) -> None:
         """Tie ``member`` to the connection this call came on (once per connection)."""
         connection = current_connection()
@@ -55,6 +64,7 @@ class GroupCalls(Calls):
         if not all(isinstance(v, int) for v in (maxMessages, leaseMillis, waitMillis)):
             raise TypeError("'maxMessages', 'leaseMillis' and 'waitMillis' must be ints")
         wait = check_wait(waitMillis / 1000)  # refused here as on a worker, before any effect
+        self._as(queue, group, member, "receive as")
         # On the event loop, what is there now; none there, the wait goes to a worker.
         wait = 0 if on_loop() else wait
         keys, values, attempts = self.groups.receive_columns(
@@ -80,6 +90,7 @@ class GroupCalls(Calls):
         if not isinstance(delayMillis, int):
             raise TypeError("'delayMillis' must be an int (-1: the backoff; -2: handed back unseen)")
         delay = UNSEEN if delayMillis == -2 else None if delayMillis < 0 else delayMillis / 1000
+        self._as(queue, group, member, "nack the messages of")
         count = self.groups.nack(queue, group, member, wire.packed_receipts(rowkeys), delay)
         self._attend(queue, group, member)
         if delay != UNSEEN:  # (given back unseen: no nack the application made)
@@ -90,25 +101,26 @@ class GroupCalls(Calls):
     def groupExtend(self, queue: str, group: str, member: str, rowkeys: bytes, leaseMillis: int) -> int:
         if not isinstance(leaseMillis, int) or isinstance(leaseMillis, bool):
             raise TypeError("'leaseMillis' must be an int")
+        self._as(queue, group, member, "extend the leases of")
         count = self.groups.extend(queue, group, member, wire.packed_receipts(rowkeys), leaseMillis / 1000)
         self._attend(queue, group, member)
         return count
 
     @served("consumer")
     def groupDeadLetter(self, queue: str, group: str, member: str, rowkeys: bytes) -> int:
+        self._as(queue, group, member, "dead-letter the messages of")
         return self.groups.dead_letter(queue, group, member, wire.packed_receipts(rowkeys))
 
     @served("consumer")
     def groupLeave(self, queue: str, group: str, member: str) -> None:
         """A member leaves by itself (its own token); another token's member is made to
         leave only by a token that manages the group (its leases would go out again)."""
-        holder = self.groups.holder(queue, group, member)
-        if holder is not None and holder != self.guard.principal().name:
-            self.guard.authorize(MANAGE, f"end another token's member {member!r} in", queue, ("group", group))
+        self._as(queue, group, member, "end")
         self.groups.leave(queue, group, member)
 
     @served("consumer")
     def groupHeartbeat(self, queue: str, group: str, member: str) -> None:
+        self._as(queue, group, member, "heartbeat as")
         self.groups.heartbeat(queue, group, member)
         self._attend(queue, group, member)
 

@@ -3,13 +3,17 @@ that manages the group (admin, or consumer with the group's name granted).
 
 A ``groupLeave`` gives a member's leases back at once; before, any consumer
 token on the queue could call it with another token's member name and have
-that member's messages handed out again at once.
+that member's messages handed out again at once. The same held for every call
+made as a member: a nack, an extend with a 1 ms lease or a dead-letter sent
+the member's messages on, and a receive or heartbeat tied the member to the
+caller's connection (it was not found gone when its own closed).
 """
 
 import pytest
 
 from hqueue import HQueue, HQueueAdmin, Message
 from hqueue.auth import AuthPolicy
+from hqueue.message import encode_rowkey
 from hqueue.rpc.wire import T
 from hqueue.server import HQueueServer
 
@@ -84,6 +88,29 @@ def test_another_tokens_member_cannot_be_made_to_leave(server, holding):
         assert named in refused.value.message
     # and the worker still holds its three: nobody else gets them
     assert others_get(server) == 0
+
+
+MEMBER_CALLS = {
+    "nack": lambda c, receipts: c.groupNack("jobs", "billing", "w-1", receipts, 0),
+    "extend": lambda c, receipts: c.groupExtend("jobs", "billing", "w-1", receipts, 1),
+    "dead-letter": lambda c, receipts: c.groupDeadLetter("jobs", "billing", "w-1", receipts),
+    "receive": lambda c, receipts: c.groupReceive("jobs", "billing", "w-1", 10, 60_000, 0),
+    "heartbeat": lambda c, receipts: c.groupHeartbeat("jobs", "billing", "w-1"),
+}
+
+
+@pytest.mark.parametrize("call", MEMBER_CALLS)
+def test_no_call_is_made_as_another_tokens_member(server, holding, call):
+    receipts = b"".join(encode_rowkey(p.partition_id, p.id) for p in holding.queue.pending("billing"))
+    client = raw_client(server.port)
+    try:
+        client.authenticate(INTRUDER)
+        with pytest.raises(T.TNotAuthorized, match="another token's member 'w-1' in group 'billing'"):
+            MEMBER_CALLS[call](client, receipts)
+    finally:
+        client.close()
+    assert others_get(server) == 0  # the worker still holds its three
+    assert {(p.member, p.attempt) for p in holding.queue.pending("billing")} == {("w-1", 1)}
 
 
 @pytest.mark.parametrize("token", [WORKER, MANAGER, ADMIN], ids=["its-own-token", "groups-pattern", "admin"])

@@ -9,11 +9,16 @@ Two timestamps per member, two meanings:
   share the partitions (a member that stops receiving, but is still open,
   leaves its partitions to the others);
 * a member that made no call at all for ``member_timeout`` seconds (10 by
-  default: ``hqueue server --member-timeout``), or whose last connection to
-  this server closed (the process died: kill -9 closes its sockets), is
-  *gone*: its leases end at once, as if they ran out, each counting as a
-  failed delivery (so a message that kills every consumer that takes it
-  still reaches the dead-letter queue), instead of after the lease.
+  default: ``hqueue server --member-timeout``), or none for
+  :data:`GONE_GRACE` seconds after its last connection to this server
+  closed (the process died: kill -9 closes its sockets), is *gone*: its
+  leases end then, as if they ran out, each counting as a failed delivery
+  (so a message that kills every consumer that takes it still reaches the
+  dead-letter queue), instead of after the lease. The grace is for members
+  that live on: a client's pool may close an idle connection the member
+  called on (the asyncio client keeps 16 idle), and a live member calls
+  again, on another, within a heartbeat or two; its leave may also come
+  after its connection's close.
 
 A member that ``leave``\\ s gives its leases back without counting them as
 failures. On the embedded store the members live in the process that has
@@ -31,6 +36,9 @@ from .state import GroupState, PartitionState
 
 #: Members one connection is watched for; more (made-up names) are left to ``member_timeout``.
 MAX_MEMBERS_PER_CONNECTION = 1000
+#: Seconds a member whose last connection closed has to call again (a heartbeat, on another
+#: connection) before it is gone: two heartbeats and a half (limits.HEARTBEAT_INTERVAL).
+GONE_GRACE = 2.5
 
 
 class GroupMembers:
@@ -136,5 +144,7 @@ class GroupMembers:
         with group.lock:
             if member not in group.seen and member not in group.members:
                 return  # it left, or was found silent, before
-            self._release(group, member)
-        self._on_write(queue, -1)
+            # Silent from now on, it is found so GONE_GRACE from now (_forget_silent: by the
+            # next receive or view; a waiting receive looks again every second at least)
+            now = time.monotonic()
+            group.seen[member] = min(group.seen.get(member, now), now - self.limits.member_timeout + GONE_GRACE)

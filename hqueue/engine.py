@@ -399,6 +399,15 @@ class Engine:
         # iterator per cell, and two tuples (about twice the cost).
         return list(map(_FIRST, cells)), list(map(_SECOND, cells))
 
+    def reads_past(self, name: str, topics: Collection[bytes] | None) -> bool:
+        """Whether a read of ``name`` for ``topics`` may go through rows it does not return (a
+        topic filter without the topic index: up to a partition's end): a server runs such
+        reads on a worker, not on its event loop."""
+        if topics is None:
+            return False
+        info = self.queue_info(name)
+        return not (info.topic_index and topic_index.usable(topics))
+
     def partition_locations(self, name: str) -> list[str]:
         """Where each partition is served: "" for all (this process reads them itself)."""
         return [""] * self.queue_info(name).partitions

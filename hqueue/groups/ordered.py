@@ -44,15 +44,25 @@ class InOrder:
 
     def _read_new(
         self, group: GroupState, pid: int, state: PartitionState, asked: int, room: int
-    ) -> tuple[Sequence[bytes], Sequence[bytes], bool]:
+    ) -> tuple[Sequence[bytes], Sequence[bytes], bool, bytes | None]:
         """Up to ``asked`` cells after the partition's scan cursor, about ``room`` bytes of
-        them (Storage.scan's max_bytes), and whether they reach the partition's end: fewer
+        them (Storage.scan's max_bytes); whether they reach the partition's end: fewer
         than asked, and not for the bytes (acked ones after a restart, or held-back ones,
-        may have taken those)."""
+        may have taken those); and, when they do and the group reads some topics only,
+        where the scan cursor may go once all of them are taken: past the partition's last
+        row when the read began (rows are seen in ID order), not past the last one of the
+        group's topics. Without it, each receive read again every row of other topics after
+        that one, to the partition's end (1.3 s a receive over 5M rows: an attacker pass)."""
+        topics = group.config.topics
+        last = self.engine.storage.last_rowkey(group.queue, pid) if topics is not None else None
         keys, values = self.engine.scan_columns(
-            group.queue, partition_prefix(pid) + state.scan, partition_prefix(pid + 1), group.config.topics, asked, room
+            group.queue, partition_prefix(pid) + state.scan, partition_prefix(pid + 1), topics, asked, room
         )
-        return keys, values, len(keys) < asked and sum(map(len, keys)) + sum(map(len, values)) < room
+        ended = len(keys) < asked and sum(map(len, keys)) + sum(map(len, values)) < room
+        past = id_after(id_bytes(last)) if ended and last is not None else None
+        if past is not None and past <= state.scan:
+            past = None
+        return keys, values, ended, past
 
     def _take_in_order(
         self, group: GroupState, pid: int, state: PartitionState, member: str, deadline: float, limit: int, out: Handout
@@ -149,7 +159,7 @@ class InOrder:
         span = self.limits.max_span - state.in_flight
         while room > 0 and span > 0 and not out.full:
             asked = min(span, max(room, _SCAN_CHUNK)) + state.acked_ahead_of_scan
-            found_keys, found_values, ended = self._read_new(group, pid, state, asked, out.room)
+            found_keys, found_values, ended, past = self._read_new(group, pid, state, asked, out.room)
             taken: list[bytes] = []
             for cell_key, value in zip(found_keys, found_values, strict=True):
                 if room <= 0 or span <= 0 or out.full:
@@ -175,6 +185,9 @@ class InOrder:
                     out.again.append(message_id)
                 out.add(cell_key, value, state.retries.get(message_id, 0) + 1)
                 room -= 1
+            else:  # every one read was gone through: rows of other topics after them too
+                if past is not None:
+                    state.scan = past
             if taken:
                 state.lease(taken, member, deadline)
                 state.handed_top = taken[-1]

@@ -315,6 +315,11 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
         keys, values, attempts = self.receive_columns(queue, name, member, max_messages, lease, wait)
         return list(zip(messages_from_columns(keys, values), attempts, strict=True))
 
+    def reads_past(self, queue: str, name: str) -> bool:
+        """Whether a receive may read through rows of other topics than the group's (it reads
+        some topics, and the queue has no topic index for them): Engine.reads_past."""
+        return self.engine.reads_past(queue, self._group(queue, name).config.topics)
+
     def receive_columns(
         self,
         queue: str,
@@ -432,8 +437,10 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
         room = min(limit, self.limits.max_span - state.in_flight)
         while room > 0 and not out.full:
             asked = room + state.acked_ahead_of_scan  # acked ones are skipped: ask for enough to fill the room
-            found_keys, found_values, ended = self._read_new(group, pid, state, asked, out.room)
+            found_keys, found_values, ended, past = self._read_new(group, pid, state, asked, out.room)
             if not found_keys:
+                if past is not None:  # (rows of other topics only, to the partition's end)
+                    state.scan = past
                 return
             keys, values = found_keys, found_values
             ids: list[bytes] = list(map(id_bytes, keys))
@@ -446,6 +453,8 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
             taken, size = out.fitting(keys, values)
             # The scan goes on after the last one taken, or, all taken, after the last one read.
             state.scan = id_after(ids[taken - 1] if taken < len(ids) else read_to)
+            if past is not None and taken == len(ids):  # all taken: rows of other topics after them too
+                state.scan = past
             if taken:
                 if taken < len(keys):
                     keys, values = keys[:taken], values[:taken]

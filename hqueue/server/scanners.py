@@ -36,10 +36,15 @@ import time
 from collections.abc import Sequence
 from itertools import accumulate
 from operator import add
+from typing import TYPE_CHECKING
 
 from ..errors import InvalidArgument, LimitExceeded
+from ..rpc.loop import may_block
 from ..rpc.wire import MAX_SCAN_BATCH, SCAN_REPLY_BYTES, SCANNER_GONE
-from ..scanner import DEFAULT_CACHING, ChunkSource, KeyRangeCursor, Scan
+from ..scanner import DEFAULT_CACHING, KeyRangeCursor, Scan
+
+if TYPE_CHECKING:
+    from ..engine import Engine
 
 logger = logging.getLogger(__name__)
 
@@ -61,12 +66,14 @@ class ColumnScanner:
     """One partition's cells in ID order, handed out as columns in replies of bounded size."""
 
     def __init__(
-        self, source: ChunkSource, queue: str, partition_id: int, scan: Scan, caching: int = DEFAULT_CACHING
+        self, source: Engine, queue: str, partition_id: int, scan: Scan, caching: int = DEFAULT_CACHING
     ) -> None:
         # A cursor over this process's store (a server's engine is never remote): it holds
         # nothing between reads, and its start and read size may be moved.
         self._cursor = KeyRangeCursor(source, queue, partition_id, scan, caching)
         self.queue, self.partition_id, self.caching = queue, partition_id, caching
+        #: Its reads may go through rows of other topics (no topic index): run off the event loop.
+        self.reads_past = source.reads_past(queue, scan.topics)
         #: Bytes per cell read so far (None: nothing read yet).
         self._cell_bytes: float | None = None
         self._keys: Sequence[bytes] = ()
@@ -177,6 +184,8 @@ class ScannerRegistry:
         with self._lock:
             scanner = self._get(scanner_id, owner)
             self._scanners[scanner_id] = (scanner, owner, time.monotonic())
+        if scanner.reads_past:
+            may_block()  # (on the event loop: the call goes to a worker, before it reads anything)
         return scanner.take(count)
 
     def close(self, scanner_id: int, owner: int = 0) -> None:

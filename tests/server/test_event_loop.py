@@ -609,6 +609,43 @@ def test_a_put_behind_another_calls_write_waits_on_a_worker_not_on_the_loop(serv
     assert len(done) == 1
 
 
+@pytest.mark.parametrize("read", ["scan", "group"])
+def test_a_read_through_rows_of_other_topics_runs_on_a_worker_not_on_the_loop(server, monkeypatch, read):
+    """A scanner or group receive for a topic of a queue without the topic index reads every
+    row after its position, to the partition's end if none is of its topics: on the loop,
+    one over 5M rows stalled every other connection for 1.3 s a call (an attacker pass)."""
+    url = f"hqueue://{server.address}"
+    engine, reading, release = server.engine, threading.Event(), threading.Event()
+    scan_columns = engine.scan_columns
+
+    def slow_scan(name, start, stop, topics, *args):  # a long read through other topics' rows
+        if topics is not None:
+            reading.set()
+            release.wait(20)
+        return scan_columns(name, start, stop, topics, *args)
+
+    monkeypatch.setattr(engine, "scan_columns", slow_scan)
+    with HQueue("q", url) as queue:
+        queue.put([Message("other", b"x")] * 100, partition_id=0)
+        if read == "scan":
+            reader = threading.Thread(target=lambda: list(queue.scan(partition_id=0, topics=["wanted"])))
+        else:
+            consumer = queue.consumer("g", topics=["wanted"])
+            reader = threading.Thread(target=lambda: consumer.receive(10, wait=0))
+        reader.start()
+        try:
+            assert reading.wait(10)
+            # Then other connections are served meanwhile, by the loop
+            with HQueue("q", f"{url}?timeout=3") as other:
+                assert other.put(Message("t", b"meanwhile"), partition_id=1)
+                assert [m.value for m in other.scan(partition_id=1)] == [b"meanwhile"]
+        finally:
+            release.set()
+            reader.join(20)
+        if read == "group":
+            consumer.close()
+
+
 def test_stopping_ends_the_idle_workers():
     workers, ran = Workers(idle=60), []
     done = threading.Event()

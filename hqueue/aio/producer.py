@@ -71,34 +71,45 @@ class AsyncProducer:
         self._engine: Any = None
         self._changed: asyncio.Condition | None = None  # a batch began or filled, room came, a put ended
         self._sender: asyncio.Task[None] | None = None
+        self._opening: asyncio.Future[None] | None = None
+        self._joining = 0  # sends made and not yet in a batch
         self._puts: set[asyncio.Task[None]] = set()
         #: Put calls made, and messages they carried (stored or failed).
         self.puts = self.sent = 0
 
     async def open(self) -> AsyncProducer:
         """Reach the queue (``QueueNotFound``, ``QueueDisabled``) and start sending; the
-        first send opens it too."""
+        first send opens it too (sends made meanwhile wait for the same opening)."""
         if self._sender is not None and self._sender.get_loop() is not asyncio.get_running_loop():
             raise other_loop(type(self).__name__)
         if self._sender is None:
-            if self._batches.closed:
-                raise ProducerClosed(f"the producer of {self.name!r} is closed")
-            try:
-                engine = await self._engine_of()
-                info = (await engine.queue_info(self.name, fresh=True)).require_enabled()  # (not a cached copy)
-            except RuntimeError:  # (its queue's handle was closed meanwhile, and the store with it)
+            opening = self._opening
+            if opening is None:
                 if self._batches.closed:
-                    raise ProducerClosed(f"the producer of {self.name!r} is closed") from None
+                    raise ProducerClosed(f"the producer of {self.name!r} is closed")
+                opening = self._opening = asyncio.ensure_future(self._open())
+            try:
+                await asyncio.shield(opening)  # (one send cancelled leaves the opening to the others)
+            except BaseException:
+                if opening.done() and self._opening is opening and (opening.cancelled() or opening.exception()):
+                    self._opening = None  # the next send tries again (the queue may exist by then)
                 raise
-            if self._batches.closed:  # closed while it opened: a send then is one after the close
-                raise ProducerClosed(f"the producer of {self.name!r} is closed")
-            if self._sender is None:  # (another task opened it meanwhile)
-                self._engine, self._batches.info = engine, info
-                self._changed = asyncio.Condition()
-                self._sender = asyncio.ensure_future(self._run())
-                _SENDERS.add(self._sender)  # (a producer dropped unclosed sends on, until its queue closes)
-                self._sender.add_done_callback(_SENDERS.discard)
         return self
+
+    async def _open(self) -> None:
+        try:
+            engine = await self._engine_of()
+            info = (await engine.queue_info(self.name, fresh=True)).require_enabled()  # (not a cached copy)
+        except RuntimeError:  # (its queue's handle was closed meanwhile, and the store with it)
+            if self._batches.closed:
+                raise ProducerClosed(f"the producer of {self.name!r} is closed") from None
+            raise
+        # Closed meanwhile, it starts all the same: the sends made before the close are sent by it
+        self._engine, self._batches.info = engine, info
+        self._changed = asyncio.Condition()
+        self._sender = asyncio.ensure_future(self._run())
+        _SENDERS.add(self._sender)  # (a producer dropped unclosed sends on, until its queue closes)
+        self._sender.add_done_callback(_SENDERS.discard)
 
     # -- sending ----------------------------------------------------------------------------
 
@@ -114,15 +125,23 @@ class AsyncProducer:
             ProducerClosed: the producer is closed.
             InvalidMessage, MessageTooLarge, InvalidPartition, TypeError: nothing is queued.
         """
-        await self.open()
-        batches, changed = self._batches, self._changed
-        assert changed is not None
-        cost, chosen = batches.check(message, key, partition)
-        if batches.closed:
+        if self._batches.closed:  # (a send made before the close goes on: the close sends it)
             raise ProducerClosed(f"the producer of {self.name!r} is closed")
-        if not batches.has_room(cost):
-            await self._room(cost)
-        future, wake = batches.add(message, cost, chosen, lambda _: asyncio.get_running_loop().create_future())
+        self._joining += 1  # the sender waits for it, closed or not
+        try:
+            await self.open()
+            batches, changed = self._batches, self._changed
+            assert changed is not None
+            cost, chosen = batches.check(message, key, partition)
+            if not batches.has_room(cost):
+                await self._room(cost)
+            future, wake = batches.add(message, cost, chosen, lambda _: asyncio.get_running_loop().create_future())
+        finally:
+            self._joining -= 1
+            if self._batches.closed and self._changed is not None:
+                poke = asyncio.ensure_future(self._poke())  # (a closing sender may wait for the last of them)
+                self._puts.add(poke)
+                poke.add_done_callback(self._puts.discard)
         if wake:
             try:
                 async with changed:  # (its lock may be another task's a moment: this may wait)
@@ -131,6 +150,11 @@ class AsyncProducer:
                 future.cancel()  # queued already: its batch, not gone, leaves it out
                 raise
         return await future  # cancelled here: the future is, and a batch not gone leaves it out
+
+    async def _poke(self) -> None:
+        assert self._changed is not None
+        async with self._changed:
+            self._changed.notify_all()
 
     async def _room(self, cost: int) -> None:
         batches, changed = self._batches, self._changed
@@ -170,13 +194,15 @@ class AsyncProducer:
         under way may be stored)."""
         check_timeout(timeout)
         self._batches.closed = True
+        loop = asyncio.get_running_loop()
+        give_up = None if timeout is None else loop.time() + timeout
+        if self._opening is not None and not self._opening.done():  # sends made before the close wait for it
+            await asyncio.wait([self._opening], timeout=timeout)
         if self._sender is None or self._changed is None:
             return
         async with self._changed:
             self._changed.notify_all()  # senders waiting for room, and the sender task
-        loop = asyncio.get_running_loop()
-        give_up = None if timeout is None else loop.time() + timeout
-        await self.flush(timeout)
+        await self.flush(None if give_up is None else max(0.0, give_up - loop.time()))
         left = None if give_up is None else max(0.0, give_up - loop.time())
         _, running = await asyncio.wait([self._sender, *self._puts], timeout=left)
         if running:
@@ -208,7 +234,7 @@ class AsyncProducer:
         while True:
             ready = batches.take_ready()
             if not ready:
-                if batches.closed and batches.idle():
+                if batches.closed and batches.idle() and not self._joining:
                     return
                 async with changed:
                     try:

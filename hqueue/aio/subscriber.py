@@ -11,7 +11,9 @@ whole batch delivered again later, as with a blocking listener.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
+import threading
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
@@ -25,15 +27,35 @@ Listener = Callable[[list[Message]], Coroutine[Any, Any, Any]] | MessageListener
 
 
 class _OnLoop(MessageListener):
-    """Runs an async listener on ``loop`` and waits for it in the push thread."""
+    """Runs an async listener on ``loop`` and waits for it in the push thread; :meth:`cancel`
+    ends the runs under way (their batches come again)."""
 
     def __init__(
         self, call: Callable[[list[Message]], Coroutine[Any, Any, Any]], loop: asyncio.AbstractEventLoop
     ) -> None:
         self.call, self.loop = call, loop
+        self._running: set[concurrent.futures.Future[Any]] = set()
+        self._lock = threading.Lock()
+        self._cancelled = False
 
     def on_messages(self, messages: list[Message]) -> None:
-        asyncio.run_coroutine_threadsafe(self.call(messages), self.loop).result()  # raises: the batch comes again
+        with self._lock:
+            if self._cancelled:  # (stopping: the batch comes again)
+                raise RuntimeError("the subscriber is stopping")
+            run = asyncio.run_coroutine_threadsafe(self.call(messages), self.loop)
+            self._running.add(run)
+        try:
+            run.result()  # raises (cancelled too): the batch comes again
+        finally:
+            with self._lock:
+                self._running.discard(run)
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._cancelled = True
+            running = list(self._running)
+        for run in running:
+            run.cancel()
 
 
 def _async_call(listener: Listener) -> Callable[[list[Message]], Coroutine[Any, Any, Any]] | None:
@@ -82,6 +104,7 @@ class AsyncSubscriber:
         self._opened_with = {k: v for k, v in opened_with.items() if k != "workers"}
         self._handle: HQueue | None = None
         self.subscriber: Subscriber | None = None
+        self._on_loop: list[_OnLoop] = []
 
     @property
     def address(self) -> str:
@@ -91,6 +114,7 @@ class AsyncSubscriber:
     async def start(self) -> AsyncSubscriber:
         loop = asyncio.get_running_loop()
         listeners = [_adapted(listener, loop) for listener in self._listeners]
+        self._on_loop = [listener for listener in listeners if isinstance(listener, _OnLoop)]
         self.subscriber = await asyncio.to_thread(self._start, listeners)
         return self
 
@@ -105,6 +129,10 @@ class AsyncSubscriber:
         return subscriber
 
     async def stop(self, reason: str = "") -> None:
+        """Stop: listeners still running are cancelled (their batches are delivered again,
+        to the next subscriber of the name), then the subscriber leaves."""
+        for listener in self._on_loop:
+            listener.cancel()
         subscriber, self.subscriber = self.subscriber, None
         handle, self._handle = self._handle, None
         if subscriber is not None or handle is not None:

@@ -33,6 +33,7 @@ nodes there itself, with its own session.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -186,6 +187,8 @@ class _ConsumeHandler:
             messages = batch()
             for listener in self.subscriber.listeners:
                 listener.on_messages(messages)
+        except concurrent.futures.CancelledError:  # an async listener ended by the stop: no failure
+            return STOPPING
         except Exception:  # one bad batch never kills the subscriber: it comes again
             logger.warning("%s: a listener failed on %d message(s)", self.subscriber.name, count, exc_info=True)
             return FAILED

@@ -6,7 +6,9 @@ thread at a time, so batches of a partition go out in order. The
 :class:`PushPool`'s threads (``--push-threads``, 8 by default) take the
 loops that have work in turn, one worker step each, so 300 subscribers cost
 8 threads, not 300, and a slow subscriber holds at most one of them for a
-send (up to the send timeout).
+send (up to the send timeout); slow ones together hold at most a quarter of
+them (:data:`SLOW_SHARE`), and one that does not answer its connection's
+challenge is let go after :data:`HANDSHAKE_TIMEOUT`.
 
 The connection (:meth:`SubscriberLoop.send`) is where the push channel is
 guarded (push.py): the server pushes only to an address some server
@@ -17,6 +19,7 @@ announced one (a TLS server pushes over nothing else), and proves each push.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import logging
@@ -45,6 +48,20 @@ logger = logging.getLogger(__name__)
 
 #: Push threads per server, by default.
 DEFAULT_PUSH_THREADS = 8
+#: Seconds a subscriber has to accept a connection and answer its challenge (the send
+#: timeout, a minute by default, is for pushes: a listener may take that long over a batch).
+HANDSHAKE_TIMEOUT = 5.0
+#: A subscriber whose last push took longer than this (or timed out) is slow: at most
+#: one push thread in SLOW_SHARE runs slow subscribers at once, so that subscribers
+#: which never answer (a hostile listener held all 8 threads for a minute at a time, and
+#: every other subscriber's pushes waited) leave the others most of the pool.
+SLOW_PUSH = 5.0
+SLOW_SHARE = 4
+#: Seconds stop() waits for a subscriber's workers, all of them together.
+STOP_TIMEOUT = 10.0
+#: Seconds a worker that stops waits for a push of another partition of its subscriber to
+#: end by itself, before it cuts it short (its batch comes again).
+PUSH_GRACE = 1.0
 
 
 class PushPool:
@@ -62,6 +79,8 @@ class PushPool:
         self._timers: list[tuple[float, int, SubscriberLoop, PartitionWorker]] = []
         self._seq = itertools.count()
         self._stopped = False
+        #: Threads that may run slow subscribers at once, and how many do.
+        self.slow_threads, self._slow_running = max(1, threads // SLOW_SHARE), 0
         self._threads = [
             threading.Thread(target=self._run, name=f"hqueue-push-{i}", daemon=True) for i in range(threads)
         ]
@@ -89,12 +108,22 @@ class PushPool:
                 _, _, loop, worker = heapq.heappop(self._timers)
                 if loop.workers.get(worker.partition_id) is worker:
                     loop.ready_now(worker)
+            waiting: list[SubscriberLoop] = []  # slow ones while their threads are all taken
+            taken = None
             while self._ready:
                 loop = self._ready.popleft()
+                if loop.slow and self._slow_running >= self.slow_threads:
+                    waiting.append(loop)
+                    continue
                 loop.queued = False
                 if loop.has_ready():
-                    loop.running = True
-                    return loop, loop.pick()
+                    loop.running, loop.ran_slow = True, loop.slow
+                    self._slow_running += loop.slow
+                    taken = loop, loop.pick()
+                    break
+            self._ready.extendleft(reversed(waiting))  # (in their turn, once a slow one ends)
+            if taken is not None:
+                return taken
             if self._stopped:
                 return None
             self.cond.wait(self._timers[0][0] - now if self._timers else None)
@@ -112,6 +141,11 @@ class PushPool:
             with self.cond:
                 loop.after(worker, result)
                 loop.running = False
+                if loop.ran_slow:
+                    loop.ran_slow = False
+                    self._slow_running -= 1
+                    if self._ready:
+                        self.cond.notify()  # a slow one waiting may run now
                 if loop.has_ready():
                     self.schedule(loop)  # behind the other subscribers: round robin
                 self.settled.notify_all()  # stop() may wait for the loop to be idle
@@ -131,8 +165,14 @@ class SubscriberLoop:
         self.manager, self.pool, self.queue, self.subscriber = manager, pool, queue, name
         self.workers: dict[int, PartitionWorker] = {}
         self._ready: deque[PartitionWorker] = deque()
-        #: Kept under the pool's lock: on a pool thread now; in the pool's ready queue.
-        self.running = self.queued = False
+        #: Kept under the pool's lock: on a pool thread now; in the pool's ready queue; counted
+        #: among the slow ones running.
+        self.running = self.queued = self.ran_slow = False
+        #: Its last push took over SLOW_PUSH, or timed out (set on its pool thread).
+        self.slow = False
+        self._socket: Any = None
+        #: The worker whose push is under way (None: none).
+        self._sending: PartitionWorker | None = None
         self._picks = 0
         self._client: Any = None
         self._connected_to: tuple[str, PushCredentials] | None = None
@@ -202,24 +242,39 @@ class SubscriberLoop:
                 self.ready_now(worker)
 
     def remove(self, worker: PartitionWorker) -> None:
-        """Stop ``worker`` (it saves its checkpoint); wait for it."""
+        """Stop ``worker`` (it saves its checkpoint), its push under way cut short, or another
+        partition's that holds up the connection for PUSH_GRACE; wait for it."""
         worker.stopping.set()
         with self.pool.cond:
             self.ready_now(worker)
-        worker.done.wait(timeout=10)
+        if self._sending is worker or not worker.done.wait(timeout=PUSH_GRACE):
+            self._abort()  # (its own push, or another partition's that holds the connection)
+        worker.done.wait(timeout=STOP_TIMEOUT)
 
     def stop(self) -> None:
-        """Stop every worker (each saves its checkpoint), then close the connection."""
+        """Stop every worker (each saves its checkpoint), then close the connection. A push
+        under way is cut short (its batch is delivered again later): a subscriber whose
+        listener never returns held each worker's stop for a whole send timeout."""
         with self.pool.cond:
             workers = list(self.workers.values())
             for worker in workers:
                 worker.stopping.set()
                 self.ready_now(worker)
+        self._abort()
+        deadline = time.monotonic() + STOP_TIMEOUT
         for worker in workers:
-            worker.done.wait(timeout=10)
+            worker.done.wait(timeout=max(0.0, deadline - time.monotonic()))
         with self.pool.cond:
-            self.pool.settled.wait_for(lambda: not self.running, timeout=10)
+            self.pool.settled.wait_for(lambda: not self.running, timeout=max(0.0, deadline - time.monotonic()))
         self._drop_client()
+
+    def _abort(self) -> None:
+        """End the connection's push under way, if any (from another thread: its pool thread
+        then sees the connection fail)."""
+        sock = getattr(self._socket, "sock", None)
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     # -- MessageSender's connection (on a pool thread) ------------------------------------------
 
@@ -227,6 +282,7 @@ class SubscriberLoop:
         """Push the worker's buffer. True: the subscriber took it; False: it refused it
         (a listener failed); None: not reached, or the push was not allowed."""
         registration, batch = worker.registration, worker.buffer
+        self._sending = worker
         try:
             key = self._connect(registration).key
             started = time.perf_counter()
@@ -239,9 +295,14 @@ class SubscriberLoop:
             return None
         except (TException, OSError, ssl.SSLError, HQueueError) as e:
             self._refusals.warning("failed", "%s: sending %d message(s) failed: %s", self.subscriber, len(batch), e)
+            self.slow = self.slow or isinstance(e, TimeoutError)
             self._failed()
             return None
-        self._seconds.observe(time.perf_counter() - started)
+        finally:
+            self._sending = None
+        took = time.perf_counter() - started
+        self.slow = took > SLOW_PUSH
+        self._seconds.observe(took)
         if status != 0:
             logger.info("%s: subscriber returned status %s for %d message(s)", self.subscriber, status, len(batch))
             self._failures.inc()
@@ -305,26 +366,34 @@ class SubscriberLoop:
         if push.certificate is None and self.manager.require_tls:
             raise HQueueError(f"this server pushes only over TLS; subscriber {self.subscriber} listens in clear")
         timeout = self.manager.send_timeout_ms
+        handshake = min(timeout, int(HANDSHAKE_TIMEOUT * 1000))
         sock: Any  # to the IP that was checked: no second lookup (see PushPolicy)
         family = socket.AF_INET6 if ":" in ip else socket.AF_INET
         if push.certificate is not None:
-            sock = TSSLSocket(ip, port, socket_family=family, socket_timeout=timeout, ssl_context=pinned_context())
+            sock = TSSLSocket(ip, port, socket_family=family, socket_timeout=handshake, ssl_context=pinned_context())
         else:
-            sock = TSocket(ip, port, socket_family=family, socket_timeout=timeout)
+            sock = TSocket(ip, port, socket_family=family, socket_timeout=handshake)
         transport = TFramedTransportFactory().get_transport(sock)
-        transport.open()
+        self._socket = sock  # (a stop may cut the handshake short too)
+        try:
+            transport.open()
+        except TException:
+            self.slow = True  # (refused at once, or not answered within the handshake's time)
+            raise
         try:
             if push.certificate is not None:
                 check_pin(sock.sock, push.certificate)
             client = TClient(wire.T.HQueueSubscriberService, TBinaryProtocolFactory().get_protocol(transport))
             self._challenge = client.pushChallenge()
-        except BaseException:
+            sock.set_timeout(timeout)
+        except BaseException as e:
+            self.slow = self.slow or isinstance(e, TimeoutError)
             transport.close()
             raise
         self._client, self._connected_to, self._sequence, self._packed = client, (address, push), 0, True
         return push
 
     def _drop_client(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        client, self._client, self._socket = self._client, None, None  # (stop() may drop it as the pool thread does)
+        if client is not None:
+            client.close()

@@ -326,6 +326,45 @@ def test_a_push_subscription_calls_an_async_listener(api_url, queue_name):
     run(main())
 
 
+def test_stopping_a_subscriber_cancels_its_listener_still_running_and_its_batch_comes_again(api_url, queue_name):
+    """An async listener that did not return kept running after stop(), and closing the
+    queue then took 50 s (every partition's push waited out its stop; an attacker pass)."""
+    from hqueue import Subscription
+
+    async def main():
+        queue = await made(api_url, queue_name, partitions=2)
+        started, got = asyncio.Event(), []
+
+        async def stuck(messages):
+            started.set()
+            await asyncio.sleep(3600)
+
+        async def taking(messages):
+            got.extend(m.value for m in messages)
+
+        try:
+            # Given a subscriber whose listener is still on a batch
+            subscriber = queue.create_subscriber(Subscription("s"), [stuck])
+            await subscriber.start()
+            await queue.put(Message("t", b"held"), partition_id=0)
+            await asyncio.wait_for(started.wait(), 30)
+            # When it stops, then its listener is cancelled and the stop is prompt
+            await asyncio.wait_for(subscriber.stop(), 10)
+            await asyncio.sleep(0.2)
+            assert [t for t in asyncio.all_tasks() if t.get_coro().__name__ == "stuck"] == []
+            # And the batch goes to the subscriber's next instance
+            async with queue.create_subscriber(Subscription("s"), [taking], takeover_timeout=30):
+                for _ in range(400):
+                    if got:
+                        break
+                    await asyncio.sleep(0.05)
+            assert got == [b"held"]
+        finally:
+            await asyncio.wait_for(queue.close(), 10)
+
+    run(main())
+
+
 def test_leaving_an_async_for_early_hands_back_the_rest_of_its_batch(api_url, queue_name):
     """After a break, 9 of the 10 received messages stayed leased until their lease ran
     out (an acceptance probe): the rest of the batch now goes back when the loop ends."""

@@ -291,6 +291,33 @@ def test_push_subscriptions_run_in_process_on_an_embedded_store(tmp_path, store)
             assert second.messages == []
 
 
+def test_a_listener_that_never_returns_holds_up_no_stop(tmp_path):
+    """A blocking listener that never returned held each partition's push until its stop
+    gave up on it, one after another: closing the store took 50 s (an attacker pass)."""
+    url = f"local://{tmp_path}/data"
+    release, entered = threading.Event(), threading.Event()
+
+    class Stuck(MessageListener):
+        def on_messages(self, messages):
+            entered.set()
+            release.wait(60)
+
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 4)
+    queue = HQueue("q", url)
+    try:
+        subscriber = queue.create_subscriber(Subscription("s"), [Stuck()]).start()
+        queue.put([Message("t", b"x", partition_id=p) for p in range(4)])
+        assert entered.wait(30)
+        closing = threading.Thread(target=lambda: (subscriber.stop(), queue.close()))
+        closing.start()
+        closing.join(8)  # (the push under way is cut short: its batch comes again)
+        assert not closing.is_alive()
+    finally:
+        release.set()
+        queue.close()
+
+
 class RefusePoison(MessageListener):
     """Takes every message but b"poison", which it refuses every time."""
 

@@ -7,6 +7,8 @@ a TLS server pushes over TLS pinned to the subscriber's certificate, so a
 relay in between reads no value.
 """
 
+import contextlib
+import os
 import socket
 import struct
 import threading
@@ -235,6 +237,54 @@ def test_places_are_dealt_to_queues_in_turn_those_pushed_to_first():
     attached = [Registration("a", f"s{i}", None, None) for i in range(5)] + [Registration("b", "x", None, None)]
     assert [(r.queue, r.name) for r in fair_share(attached, 3, {("a", "s4")})] == [("a", "s4"), ("b", "x"), ("a", "s0")]
     assert len(fair_share(attached, 10, set())) == 6
+
+
+def test_subscribers_that_never_answer_leave_the_others_most_of_the_push_threads(tmp_path):
+    """Listeners that accept a server's connection and never answer its challenge held a
+    push thread each for the whole send timeout (a minute): 8 of them, registered by one
+    token, held all 8 and another tenant's pushes waited 29 s at the median, 57 s at most
+    (an attacker pass). A handshake has 5 s now, and slow subscribers share a quarter of
+    the threads."""
+    from hqueue.rpc.wire import T as W
+
+    from .test_hardening import raw_client
+
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, push_threads=4).start()
+    url = f"hqueue://{server.address}"
+    silent: list[socket.socket] = []
+    listeners = [socket.create_server(("127.0.0.1", 0)) for _ in range(4)]
+
+    def accept_and_say_nothing(sock: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                silent.append(sock.accept()[0])
+
+    for sock in listeners:
+        threading.Thread(target=accept_and_say_nothing, args=(sock,), daemon=True).start()
+    client = raw_client(server.port)
+    try:
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("hostile", 4)
+            admin.create_queue("q", 1)
+        # Given as many silent subscribers as push threads, each with messages to take
+        for i, sock in enumerate(listeners):
+            client.addSubscriber("hostile", f"h{i}", None, None, None)
+            address = f"127.0.0.1:{sock.getsockname()[1]}"
+            client.subscriberHeartbeat("hostile", f"h{i}", address, None, W.TPushKey(key=os.urandom(32)))
+        with HQueue("hostile", url) as hostile:
+            hostile.put([Message("t", b"x", partition_id=p) for p in range(4)])
+        wait_for(lambda: len(silent) >= 4, 30, "the silent subscribers' connections")
+        # When another subscriber attaches, and messages come for it
+        listener = Collect()
+        with HQueue("q", url) as queue, queue.create_subscriber(Subscription("s"), [listener]):
+            queue.put([Message("t", b"%d" % i) for i in range(3)], partition_id=0)
+            # Then it gets them while the silent ones go on taking no answer (before: a minute)
+            wait_for(lambda: len(listener.messages) == 3, 20, "pushes beside silent subscribers")
+    finally:
+        client.close()
+        for sock in listeners + silent:
+            sock.close()
+        server.stop()
 
 
 def test_idle_connections_cannot_keep_a_server_from_pushing(tmp_path, monkeypatch):

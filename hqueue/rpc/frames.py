@@ -47,6 +47,10 @@ _I32 = struct.Struct(">i").unpack_from
 _LIST = struct.Struct(">bi").unpack_from
 _MAP = struct.Struct(">bbi").unpack_from
 _HEAD = struct.Struct(">I")
+#: The largest size a frame's head may declare: Thrift's i32 (one over it is a negative size
+#: to every other implementation). Past it, or 0, the connection ends at once: no client
+#: sends it, so no answer is waited for (a frame over --max-frame-bytes is answered).
+MAX_DECLARED = 2**31 - 1
 _CALL_HEAD = struct.Struct(">Ii").unpack_from
 _TIMEVAL = struct.Struct("@ll")  # struct timeval
 
@@ -135,8 +139,8 @@ class FrameReader:
         if len(buffer) < 4:
             self._fill(4, allow_eof=False, deadline=self._frame_deadline)
         self._size = _HEAD.unpack_from(buffer)[0]
-        if self._size == 0:
-            raise FrameError("frame of 0 bytes")
+        if not 0 < self._size <= MAX_DECLARED:
+            raise FrameError(f"frame of {self._size} bytes")
         return self._size
 
     @property

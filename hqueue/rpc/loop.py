@@ -61,7 +61,7 @@ from typing import Any, Protocol
 
 from ..errors import ServerBusy
 from .connections import Connection, _current, current_connection
-from .frames import _HEAD, FrameError, FrameReader, call_head, check_call
+from .frames import _HEAD, MAX_DECLARED, FrameError, FrameReader, call_head, check_call
 from .threaded import ThreadedServer, logger
 from .workers import Workers
 
@@ -341,8 +341,8 @@ class LoopServer(ThreadedServer):
                 link.started = (link.started or time.monotonic()) if buffer else None
                 break
             size = _HEAD.unpack_from(buffer)[0]
-            if size == 0:
-                self._drop(link, FrameError("frame of 0 bytes"))
+            if not 0 < size <= MAX_DECLARED:
+                self._drop(link, FrameError(f"frame of {size} bytes"))
                 return
             if 4 + size > self._small:  # a big call (or one over the limit): a worker reads it
                 if link.waiting is not None:  # once the answers held for the fsync are sent

@@ -165,6 +165,20 @@ def test_a_frame_started_and_never_finished_is_closed_and_others_are_served_mean
         assert closed_by_server(loris, 10)  # body_timeout (1 s), found by the loop's sweep
 
 
+@pytest.mark.parametrize("io", ["loop", "threads"])
+@pytest.mark.parametrize("size", [0, 2**31, 2**32 - 5], ids=["zero", "past-i32", "negative"])
+def test_a_frame_head_no_client_sends_ends_the_connection_at_once(tmp_path, io, size):
+    """A head declaring a negative size (as Thrift's i32 reads it) waited for the call's
+    name, to answer it, until the body timeout (30 s by default; an attacker pass)."""
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, io=io).start()
+    try:
+        with connect(server) as hostile:
+            hostile.sendall(struct.pack(">I", size))
+            assert closed_by_server(hostile, 5)  # (the body timeout is 30 s here)
+    finally:
+        server.stop()
+
+
 def test_a_reply_the_peer_does_not_take_is_dropped_after_the_body_timeout(server):
     with HQueue("q", f"hqueue://{server.address}") as queue:
         queue.put([Message("t", b"v" * 1000)] * 10_000, partition_id=1)

@@ -11,12 +11,14 @@ naming a bad field, 404 for an unknown name, 413 for a body too big; never a
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import re
 import socket
 import time
 import urllib.parse
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import given, settings
@@ -581,10 +583,8 @@ def test_a_slow_loris_holds_a_few_connections_for_a_few_seconds(tmp_path, monkey
     from hqueue.console import serve
 
     monkeypatch.setattr(serve, "REQUEST_DEADLINE", 1.0)
-    admin = HQueueAdmin(f"local://{tmp_path}/data")
-    console = Console(admin, channel_timeout=2).start()
-    slow = [socket.create_connection(("127.0.0.1", console.port)) for _ in range(serve.CONNECTIONS_PER_HOST + 5)]
-    try:
+    with console_beside(tmp_path, channel_timeout=2) as (console, slow):
+        slow += [socket.create_connection(("127.0.0.1", console.port)) for _ in range(serve.CONNECTIONS_PER_HOST + 5)]
         for s in slow:
             s.sendall(b"GET /login HTTP/1.1\r\n")
             s.settimeout(0.2)
@@ -604,11 +604,6 @@ def test_a_slow_loris_holds_a_few_connections_for_a_few_seconds(tmp_path, monkey
                     closed.add(i)
         assert len(closed) == len(slow)  # past the per-host cap at once; the rest by the deadline
         assert ConsoleUser(console.url).get("/login").status == 200
-    finally:
-        for s in slow:
-            s.close()
-        console.stop()
-        admin.close()
 
 
 def test_half_sent_requests_from_the_users_own_address_do_not_keep_the_user_out(tmp_path):
@@ -617,17 +612,24 @@ def test_half_sent_requests_from_the_users_own_address_do_not_keep_the_user_out(
     (29 of 30 requests reset; an attacker pass). The longest waiting goes now."""
     from hqueue.console import serve
 
-    admin = HQueueAdmin(f"local://{tmp_path}/data")
-    console = Console(admin).start()
-    held = [socket.create_connection(("127.0.0.1", console.port)) for _ in range(2 * serve.CONNECTIONS_PER_HOST)]
-    try:
+    with console_beside(tmp_path) as (console, held):
+        held += [socket.create_connection(("127.0.0.1", console.port)) for _ in range(2 * serve.CONNECTIONS_PER_HOST)]
         for s in held:
             s.sendall(b"GET /login HTTP/1.1\r\n")  # begun, never finished (within the request deadline)
         time.sleep(0.3)
         for _ in range(5):
             assert ConsoleUser(console.url).get("/login").status == 200
+
+
+@contextlib.contextmanager
+def console_beside(tmp_path, **options) -> Iterator[tuple[Console, list[socket.socket]]]:
+    """A console of its own, and a list for the sockets a test opens beside it (closed after)."""
+    admin = HQueueAdmin(f"local://{tmp_path}/data")
+    console, sockets = Console(admin, **options).start(), []
+    try:
+        yield console, sockets
     finally:
-        for s in held:
+        for s in sockets:
             s.close()
         console.stop()
         admin.close()

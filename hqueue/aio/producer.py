@@ -73,6 +73,7 @@ class AsyncProducer:
         self._sender: asyncio.Task[None] | None = None
         self._opening: asyncio.Future[None] | None = None
         self._joining = 0  # sends made and not yet in a batch
+        self._given_up = False  # closed before its opening ended, past the close's timeout
         self._puts: set[asyncio.Task[None]] = set()
         #: Put calls made, and messages they carried (stored or failed).
         self.puts = self.sent = 0
@@ -104,6 +105,8 @@ class AsyncProducer:
             if self._batches.closed:
                 raise ProducerClosed(f"the producer of {self.name!r} is closed") from None
             raise
+        if self._given_up:  # a close waited for it and gave up: nothing is sent after the close returned
+            raise ProducerClosed(f"the producer of {self.name!r} closed before it was stored")
         # Closed meanwhile, it starts all the same: the sends made before the close are sent by it
         self._engine, self._batches.info = engine, info
         self._changed = asyncio.Condition()
@@ -199,6 +202,7 @@ class AsyncProducer:
         if self._opening is not None and not self._opening.done():  # sends made before the close wait for it
             await asyncio.wait([self._opening], timeout=timeout)
         if self._sender is None or self._changed is None:
+            self._given_up = True  # (an opening past the timeout ends: its sends fail with ProducerClosed)
             return
         async with self._changed:
             self._changed.notify_all()  # senders waiting for room, and the sender task

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..message import Message
 from ..queue import HQueue
-from ..subscriptions.listener import MessageListener, Subscriber, Subscription
+from ..subscriptions.listener import ListenerStopped, MessageListener, Subscriber, Subscription
 
 #: A listener: a coroutine function taking a batch, an object with an async
 #: ``on_messages``, or a blocking :class:`~hqueue.MessageListener` (run in the push thread).
@@ -41,11 +41,15 @@ class _OnLoop(MessageListener):
     def on_messages(self, messages: list[Message]) -> None:
         with self._lock:
             if self._cancelled:  # (stopping: the batch comes again)
-                raise RuntimeError("the subscriber is stopping")
+                raise ListenerStopped
             run = asyncio.run_coroutine_threadsafe(self.call(messages), self.loop)
             self._running.add(run)
         try:
-            run.result()  # raises (cancelled too): the batch comes again
+            run.result()  # raises: the batch comes again
+        except concurrent.futures.CancelledError:
+            if self._cancelled:  # by the stop: no failure of the listener's
+                raise ListenerStopped from None
+            raise
         finally:
             with self._lock:
                 self._running.discard(run)

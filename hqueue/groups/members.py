@@ -84,6 +84,8 @@ class GroupMembers:
             group.members.pop(member, None)
             group.seen.pop(member, None)
             group.left.leave(member)
+            if not self._connections.get((queue, name, member)):
+                self._holders.pop((queue, name, member), None)
             for pid, state in group.partitions.items():
                 back = state.leases_of(member)
                 for message_id in back:
@@ -102,6 +104,9 @@ class GroupMembers:
         """``member`` is gone: its leases end now, as failed deliveries (call under ``group.lock``)."""
         group.members.pop(member, None)
         group.seen.pop(member, None)
+        key = (group.queue, group.name, member)
+        if not self._connections.get(key):  # gone from every connection too: a new member of the name may hold it
+            self._holders.pop(key, None)
         for pid, state in list(group.partitions.items()):
             self._failed_many(group, pid, state, state.leases_of(member))
 
@@ -119,7 +124,8 @@ class GroupMembers:
             return True
 
     def holder(self, queue: str, name: str, member: str) -> str | None:
-        """The token ``member`` called with, while a connection it called on is open (None: none)."""
+        """The token ``member`` called with, while it is a member: connected, or in its grace
+        after its last connection closed (None: none)."""
         with self._lock:
             return self._holders.get((queue, name, member))
 
@@ -133,8 +139,7 @@ class GroupMembers:
             if connections:
                 self._connections[(queue, name, member)] = connections
                 return
-            self._connections.pop((queue, name, member), None)
-            self._holders.pop((queue, name, member), None)
+            self._connections.pop((queue, name, member), None)  # (its holder stays until it is gone)
             group = self._groups.get((queue, name))
         if group is None:
             return
@@ -143,6 +148,7 @@ class GroupMembers:
             return
         with group.lock:
             if member not in group.seen and member not in group.members:
+                self._holders.pop((queue, name, member), None)
                 return  # it left, or was found silent, before
             # Silent from now on, it is found so GONE_GRACE from now (_forget_silent: by the
             # next receive or view; a waiting receive looks again every second at least)

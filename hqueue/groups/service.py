@@ -440,7 +440,7 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
             found_keys, found_values, ended, past = self._read_new(group, pid, state, asked, out.room)
             if not found_keys:
                 if past is not None:  # (rows of other topics only, to the partition's end)
-                    state.scan = past
+                    state.scan = max(state.scan, past)
                 return
             keys, values = found_keys, found_values
             ids: list[bytes] = list(map(id_bytes, keys))
@@ -454,7 +454,7 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
             # The scan goes on after the last one taken, or, all taken, after the last one read.
             state.scan = id_after(ids[taken - 1] if taken < len(ids) else read_to)
             if past is not None and taken == len(ids):  # all taken: rows of other topics after them too
-                state.scan = past
+                state.scan = max(state.scan, past)  # (never back: one written after `last` was read is among them)
             if taken:
                 if taken < len(keys):
                     keys, values = keys[:taken], values[:taken]

@@ -33,7 +33,6 @@ nodes there itself, with its own session.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import logging
 import os
@@ -66,6 +65,11 @@ OK, FAILED, STOPPING = 0, 1, 2
 UNPROVEN_PUSH_BYTES = 4096
 #: What a connection to the push listener does before it may send more.
 PROVE_PUSH = "a server proves its push key first (pushChallenge, then a proven push of no messages)"
+
+
+class ListenerStopped(Exception):
+    """Raised by a listener its subscriber's stop ended (an async one, cancelled): the batch
+    is not taken, and comes again, without counting as a failure."""
 
 
 class MessageListener:
@@ -187,7 +191,7 @@ class _ConsumeHandler:
             messages = batch()
             for listener in self.subscriber.listeners:
                 listener.on_messages(messages)
-        except concurrent.futures.CancelledError:  # an async listener ended by the stop: no failure
+        except ListenerStopped:  # an async listener ended by the stop: no failure
             return STOPPING
         except Exception:  # one bad batch never kills the subscriber: it comes again
             logger.warning("%s: a listener failed on %d message(s)", self.subscriber.name, count, exc_info=True)

@@ -247,8 +247,10 @@ class SubscriberLoop:
         worker.stopping.set()
         with self.pool.cond:
             self.ready_now(worker)
-        if self._sending is worker or not worker.done.wait(timeout=PUSH_GRACE):
-            self._abort()  # (its own push, or another partition's that holds the connection)
+        if self._sending is worker:
+            self._abort()
+        elif not worker.done.wait(timeout=PUSH_GRACE) and self._sending is not None:
+            self._abort()  # another partition's push holds the connection (not a wait for a thread)
         worker.done.wait(timeout=STOP_TIMEOUT)
 
     def stop(self) -> None:

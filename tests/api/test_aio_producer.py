@@ -230,6 +230,32 @@ def test_sends_made_before_a_close_are_sent_though_the_producer_was_still_openin
     assert all(isinstance(i, MessageID) for i in ids) and stored == sorted(b"%d" % i for i in range(200))
 
 
+def test_a_close_that_gives_up_on_the_opening_sends_nothing_after_it(api_url, queue_name):
+    """close(timeout) returned while the producer still opened, and the sends made before it
+    were then stored anyway, after the close (a review): past the timeout they fail."""
+
+    async def main():
+        queue = await made(api_url, queue_name)
+        producer = queue.producer()
+        reach = producer._engine_of
+
+        async def slowly():
+            await asyncio.sleep(0.5)
+            return await reach()
+
+        producer._engine_of = slowly
+        sends = [asyncio.ensure_future(producer.send(Message("t", b"%d" % i))) for i in range(5)]
+        await asyncio.sleep(0)
+        await producer.close(timeout=0.1)
+        results = await asyncio.gather(*sends, return_exceptions=True)
+        stored = [m async for m in queue.scan()]
+        await queue.close()
+        return results, stored
+
+    results, stored = run(main())
+    assert all(isinstance(r, ProducerClosed) for r in results) and stored == []
+
+
 def test_a_producer_dropped_without_close_sends_on_until_its_queue_closes(tmp_path, caplog):
     """Its sender task was collected with it, pending: "Task was destroyed but it is pending!"."""
     import gc

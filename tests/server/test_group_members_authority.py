@@ -113,6 +113,28 @@ def test_no_call_is_made_as_another_tokens_member(server, holding, call):
     assert {(p.member, p.attempt) for p in holding.queue.pending("billing")} == {("w-1", 1)}
 
 
+def test_a_member_between_connections_is_still_its_tokens(server):
+    """When a member's last connection closed, its token stopped holding it while the member
+    lived on for its grace: another token's heartbeat then held it, dead-lettered its messages
+    and locked the member itself out (a review)."""
+    victim = raw_client(server.port)
+    victim.authenticate(WORKER)
+    victim.openGroup("jobs", "billing", None, 0, 5, None)
+    victim.groupReceive("jobs", "billing", "w-1", 10, 60_000, 0)
+    victim.close()  # (a pool closing an idle connection)
+    intruder = raw_client(server.port)
+    again = raw_client(server.port)
+    try:
+        intruder.authenticate(INTRUDER)
+        with pytest.raises(T.TNotAuthorized, match="another token's member 'w-1'"):
+            intruder.groupHeartbeat("jobs", "billing", "w-1")
+        again.authenticate(WORKER)
+        again.groupHeartbeat("jobs", "billing", "w-1")  # the member itself goes on
+    finally:
+        intruder.close()
+        again.close()
+
+
 @pytest.mark.parametrize("token", [WORKER, MANAGER, ADMIN], ids=["its-own-token", "groups-pattern", "admin"])
 def test_a_member_is_made_to_leave_by_its_own_token_or_the_groups_manager(server, holding, token):
     leave(server, token, "w-1")  # another connection: the token decides

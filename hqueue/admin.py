@@ -15,6 +15,7 @@ from .config import (
     Durability,
     QueueInfo,
     QueueState,
+    check_config,
     validate_new_queue_name,
 )
 from .connection import Connected
@@ -298,7 +299,7 @@ def new_queue_info(
         partitions=partitions,
         ttl=ttl,
         durability=durability,
-        config=dict(config or {})
+        config=check_config(dict(config or {}))
         | topic_index_config(topic_index)
         | ({PRIORITIES_KEY: str(priorities)} if priorities != 1 else {}),
         max_message_bytes=max_message_bytes,

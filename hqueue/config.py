@@ -12,7 +12,15 @@ from typing import Any
 from .errors import InvalidArgument, InvalidQueueName, QueueDisabled
 from .message import MAX_PARTITIONS
 
-__all__ = ["Durability", "InfoCache", "QueueInfo", "QueueState", "validate_new_queue_name", "validate_queue_name"]
+__all__ = [
+    "Durability",
+    "InfoCache",
+    "QueueInfo",
+    "QueueState",
+    "check_config",
+    "validate_new_queue_name",
+    "validate_queue_name",
+]
 
 #: How long queue metadata is cached before it is read again, in seconds.
 #: Changes made through the same engine or client are seen at once; changes
@@ -76,6 +84,26 @@ def validate_new_queue_name(name: object) -> str:
             f"characters, so that its dead-letter queue '<name>{DEAD_LETTER_SUFFIX}' is a legal name too"
         )
     return name
+
+
+def check_config(config: object) -> dict[str, str]:
+    """A new queue's free-form settings: a dict of text to text, each valid UTF-8 (a value
+    read from bytes that are not, kept as lone surrogates, was stored, and then no server
+    could send the queue's definition: every client's ``list`` failed).
+
+    Raises:
+        TypeError, InvalidArgument.
+    """
+    if not isinstance(config, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in config.items()):
+        raise TypeError("'config' must be a dict of str to str")
+    for key, value in config.items():
+        for text in (key, value):
+            try:
+                text.encode()
+            except UnicodeEncodeError:
+                shown = text.encode(errors="surrogateescape").decode("ascii", "backslashreplace")
+                raise InvalidArgument(f"'config': {shown!r} is not valid UTF-8 text") from None
+    return config
 
 
 class Durability:

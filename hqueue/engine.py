@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import forks, topic_index
 from .checks import check_columns, check_partition, message_columns
-from .config import InfoCache, QueueInfo, validate_new_queue_name
+from .config import InfoCache, QueueInfo, check_config, validate_new_queue_name
 from .errors import QueueEnabled
 from .events import EngineEvents
 from .ids import consecutive, runs
@@ -146,6 +146,7 @@ class Engine:
 
     def create_queue(self, info: QueueInfo) -> None:
         validate_new_queue_name(info.name)  # room for its dead-letter queue's name
+        check_config(info.config)  # (a server's: other clients' too)
         self.storage.create_queue(topic_index.for_new_queue(info))
         self._infos.forget(info.name)
 

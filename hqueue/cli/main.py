@@ -17,7 +17,16 @@ from ..admin import HQueueAdmin
 from ..auth import split_credentials
 from ..commands import as_due, as_time, find
 from ..connection import MAKE_A_STORE, missing_store, store_exists
-from ..errors import HQueueError, InvalidArgument, NotAuthorized, QueueDisabled, QueueEnabled, StorageLocked
+from ..errors import (
+    HQueueError,
+    InvalidArgument,
+    InvalidMessage,
+    LimitExceeded,
+    NotAuthorized,
+    QueueDisabled,
+    QueueEnabled,
+    StorageLocked,
+)
 from ..message import MessageID
 from ..queue import HQueue
 
@@ -118,7 +127,10 @@ class _Group(click.Group):
             if bad is not None:
                 raise bad from e
             url = (ctx.obj or {}).get("url")
-            raise click.ClickException(_with_cli_hint(e, ctx.invoked_subcommand, url)) from e
+            said = _with_cli_hint(e, ctx.invoked_subcommand, url)
+            if isinstance(e, InvalidArgument) and not isinstance(e, (InvalidMessage, LimitExceeded)):
+                raise ValueRefused(said) from e
+            raise click.ClickException(said) from e
 
     def _bad_option(self, ctx: click.Context, e: Exception, given: list[str]) -> click.UsageError | None:
         """A refusal of what options on the command line gave ("'partition_id' must be in
@@ -145,6 +157,13 @@ class _Group(click.Group):
             return None
         first, second = (max(o.opts, key=len) for o in named if o is not None)
         return click.UsageError(f"give {first} or {second}, not both")
+
+
+class ValueRefused(click.ClickException):
+    """A value given (an argument, an option, the URL) that hqueue refuses: one line, exit
+    status 2, as click's own usage errors. A message refused (data, not usage) stays 1."""
+
+    exit_code = 2
 
 
 def _gives(arg: str, opts: list[str]) -> bool:

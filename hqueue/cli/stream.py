@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from ..config import MAX_BATCH_BYTES
-from ..errors import InvalidArgument, OutcomeUnknown
+from ..errors import MessageTooLarge, OutcomeUnknown
 
 #: Bytes read from stdin at a time.
 CHUNK = 1 << 16
@@ -31,7 +31,7 @@ CHUNK = 1 << 16
 MAX_LINE = 2 * MAX_BATCH_BYTES + 2
 
 
-class LineTooLong(InvalidArgument):
+class LineTooLong(MessageTooLarge):
     """A line of stdin longer than any message a put may carry: reading stops there."""
 
 

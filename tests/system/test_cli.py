@@ -61,12 +61,17 @@ def test_scan_accepts_ids_and_iso_times(run):
     assert run("scan", "q", "--start", "2000-01-01T00:00").output.count("\n") == 2
 
 
-def test_user_errors_are_one_line_and_exit_1(run):
+def test_user_errors_are_one_line_and_exit_1_and_values_refused_exit_2(run):
     assert run("create", "other", "1").exit_code == 0  # a store, without that queue
     result = run("scan", "missing")
     assert result.exit_code == 1 and "queue 'missing' does not exist" in result.output
     assert "Traceback" not in result.output
-    assert run("create", "bad name", "1").exit_code == 1
+    # A value refused is a usage error wherever it is found (an attacker pass: these were 1)
+    for refused in (["create", "bad name", "1"], ["cancel", "other", "garbage"],
+                    ["cancel", "other", "9/1/1:0"], ["create", "cfg", "1", "-c", "k=\udcff"]):  # fmt: skip
+        result = run(*refused)
+        assert result.exit_code == 2 and result.output.startswith("Error: "), (refused, result.output)
+        assert result.output.count("\n") == 1  # one line
     assert run("create", "q", "0").exit_code == 2  # out of range: a usage error, as click reports them
     assert run("scan", "q", "--start", "whenever").exit_code == 2
     assert run("create", "q", "1", "--config", "novalue").exit_code == 2
@@ -340,9 +345,9 @@ def test_a_partition_the_queue_does_not_have_is_refused_as_a_bad_option(run):
     # a queue named as an option, and a value --config gave, are not taken for an option's
     run("create", "key", "2", "--priorities", "2")
     result = run("put", "key", "t", "v", "--priority", "0", "-p", "1")
-    assert result.exit_code == 1 and "partition 1 of 'key' is not in priority tier 0" in result.output
+    assert result.exit_code == 2 and "partition 1 of 'key' is not in priority tier 0" in result.output
     result = run("create", "q2", "1", "--config", "hqueue.durability=bogus")
-    assert result.exit_code == 1 and "--durability" not in result.output, result.output
+    assert result.exit_code == 2 and "--durability" not in result.output, result.output
 
 
 def test_describing_a_group_of_a_missing_queue_says_the_queue_is_missing(run):

@@ -111,5 +111,5 @@ def test_a_topic_that_is_not_utf8_chooses_messages_as_given(tmp_path, command):
 def test_a_server_url_with_a_bad_port_or_ca_file_is_a_one_line_error(url):
     result = CliRunner().invoke(main, ["--url", url, "list"])
     assert not result.exception or isinstance(result.exception, SystemExit), repr(result.exception)
-    assert result.exit_code == 1 and result.output.startswith("Error: ") and result.output.count("\n") == 1
+    assert result.exit_code == 2 and result.output.startswith("Error: ") and result.output.count("\n") == 1
     assert ("1..65535" if "ca=" not in url else "cannot load it") in result.output

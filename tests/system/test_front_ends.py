@@ -259,7 +259,7 @@ def test_reads_never_create_a_store_and_a_bare_path_gets_a_hint(tmp_path, monkey
     odd = runner.invoke(main, ["--url", "ftp://x", "list"])
     assert odd.exit_code == 2 and "unknown scheme 'ftp'" in odd.output, odd.output  # a usage error, as a bare path
     empty = runner.invoke(main, ["--url", "local://", "list"])
-    assert empty.exit_code == 1 and "names no directory" in empty.output, empty.output
+    assert empty.exit_code == 2 and "names no directory" in empty.output, empty.output  # a bad --url: as ftp:
     with pytest.raises(InvalidArgument, match="names no directory"):
         HQueueAdmin(url="local://")
 

@@ -8,6 +8,7 @@ from hqueue import (
     Durability,
     HQueue,
     HQueueAdmin,
+    InvalidArgument,
     InvalidQueueName,
     Message,
     MessageID,
@@ -54,7 +55,11 @@ def test_create_rejects_duplicates_and_bad_arguments(admin, queue_name):
         admin.create_queue("ok_name", 1, durability="FSYNC_SOMETIMES")
     with pytest.raises(TypeError, match="'config'"):
         admin.create_queue("ok_name", 1, config={"a": 1})
+    for config in ({"k": "\udcff"}, {"\udcfe": "v"}):  # bytes that are not UTF-8, read as text
+        with pytest.raises(InvalidArgument, match="not valid UTF-8"):
+            admin.create_queue("ok_name", 1, config=config)
     assert not admin.queue_exists("ok_name")
+    assert admin.list_queues()  # (a definition stored so broke every client's list)
 
 
 def test_a_queue_name_leaves_room_for_its_dead_letter_queue(admin, queue_name):

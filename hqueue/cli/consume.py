@@ -19,6 +19,7 @@ from contextlib import contextmanager
 
 import click
 
+from ..commands.render import escape
 from ..consumer import Consumer, Delivery
 from .data import MAX_SECONDS, _print_message
 from .main import Seconds, main, open_queue, topic_bytes
@@ -118,9 +119,12 @@ def _run(consumer: Consumer, delivery: Delivery, command: str, nack_delay: float
         "HQUEUE_PARTITION": str(delivery.partition_id), "HQUEUE_ID": str(delivery.id),
         "HQUEUE_ATTEMPT": str(delivery.attempt),
     }  # fmt: skip
-    env: dict = {**os.environ, **given, "HQUEUE_TOPIC": str(delivery.topic)}
+    topic = bytes(delivery.topic)
+    if b"\0" in topic:  # no environment variable holds a NUL: the topic as the CLI prints it
+        topic = escape(topic).encode()
+    env: dict = {**os.environ, **given, "HQUEUE_TOPIC": topic.decode("utf-8", "replace")}
     if os.name == "posix":  # the topic's bytes as they are, even when they are not UTF-8
-        env = {**os.environb, **{k.encode(): v.encode() for k, v in given.items()}, b"HQUEUE_TOPIC": delivery.topic}
+        env = {**os.environb, **{k.encode(): v.encode() for k, v in given.items()}, b"HQUEUE_TOPIC": topic}
     sys.stdout.flush()
     status = subprocess.run(command, shell=True, input=delivery.value, env=env).returncode  # noqa: S602
     if status == 0:

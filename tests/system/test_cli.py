@@ -405,6 +405,20 @@ def test_consume_exec_acks_on_exit_0_and_nacks_otherwise(run, tmp_path):
     assert "--exec acks or nacks" in run("consume", "q", "g", "--exec", "true", "--no-ack").output
 
 
+def test_consume_exec_gives_a_topic_with_a_nul_byte_as_scan_prints_it(run, tmp_path):
+    """No environment variable holds a NUL: `consume --exec` died on such a topic ("embedded
+    null byte", exit 1) at every restart, and the messages behind it waited (an attacker pass)."""
+    from hqueue import HQueue, Message
+
+    run("create", "q", "1")
+    with HQueue("q", f"local://{tmp_path}") as queue:
+        queue.put([Message(b"n\x00t", b"first"), Message("t", b"second")], partition_id=0)
+    seen = tmp_path / "seen.txt"
+    result = run("consume", "q", "g", "--exec", f'echo "$HQUEUE_TOPIC $(cat)" >> {seen}', "--for", "1.5")
+    assert result.exit_code == 0, result.output
+    assert seen.read_text().splitlines() == ["n\\x00t first", "t second"]
+
+
 def test_shell_completion_scripts_for_bash_and_zsh():
     import subprocess
     import sys

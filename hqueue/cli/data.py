@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import click
 
-from ..commands import escape
+from ..commands import MAX_DELAY_SECONDS, escape
 from ..commands.queues import LOCAL_TIMERS_NOTE
 from ..config import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES
 from ..errors import ServerUnavailable
@@ -21,7 +21,7 @@ from .main import Progress, Seconds, due_time, main, message_id, open_queue, top
 from .stream import Lines, Tally, send_lines
 
 #: The longest wait any option takes (ten years), so that inf and 1e308 are range errors.
-MAX_SECONDS = 10 * 365 * 86400.0
+MAX_SECONDS = MAX_DELAY_SECONDS  # (--delay, --for)
 
 
 @main.command()

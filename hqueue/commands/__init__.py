@@ -6,17 +6,32 @@ same argument order (the queue first), the same defaults.
 """
 
 from . import consumers, queues  # noqa: F401  (they declare the commands)
-from .declare import COMMANDS, REQUIRED, Command, NotAllDone, Output, Param, Session, as_due, as_time, find
+from .declare import (
+    COMMANDS,
+    MAX_DELAY_SECONDS,
+    REQUIRED,
+    Command,
+    NotAllDone,
+    Output,
+    Param,
+    Session,
+    as_delay,
+    as_due,
+    as_time,
+    find,
+)
 from .render import escape, json_ready, printable, stamp, table
 
 __all__ = [
     "COMMANDS",
+    "MAX_DELAY_SECONDS",
     "REQUIRED",
     "Command",
     "NotAllDone",
     "Output",
     "Param",
     "Session",
+    "as_delay",
     "as_due",
     "as_time",
     "escape",

@@ -154,6 +154,18 @@ def _is_zero(value: Any) -> bool:
     return isinstance(value, MessageID) or (isinstance(value, str) and value.strip() == "0") or value == 0
 
 
+#: The longest delay a command takes (ten years): the CLI's --delay, the shell's DELAY.
+MAX_DELAY_SECONDS = 10 * 365 * 86400.0
+
+
+def as_delay(name: str, value: Any) -> float:
+    """A timer's delay in seconds, as every front end takes it: a number in
+    0..:data:`MAX_DELAY_SECONDS` (the shell took any, past the year 9999 too)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_DELAY_SECONDS:
+        raise InvalidArgument(f"{name} must be a number of seconds in 0..{MAX_DELAY_SECONDS:.0f}, got {value!r}")
+    return float(value)
+
+
 def _as_time(name: str, value: Any) -> MessageID:
     if isinstance(value, MessageID):
         return value

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from ..commands import COMMANDS as SHARED
 from ..commands import Command as SharedCommand
-from ..commands import Param, as_due, as_time, stamp, table
+from ..commands import Param, as_delay, as_due, as_time, stamp, table
 from ..commands.queues import LOCAL_TIMERS_NOTE
 from ..errors import HQueueError, InvalidArgument
 from ..message import Message, MessageID
@@ -282,8 +282,11 @@ def put(shell: Shell, name: Any, topic: Any, value: Any, given: Any = None) -> R
     key, delay, at = options.get("KEY"), options.get("DELAY"), options.get("AT")
     if key is not None:
         key = to_bytes(_text("put", "KEY", key))  # (\xNN escapes: the bytes they name, as in topics and values)
-    if delay is not None and (not isinstance(delay, (int, float)) or isinstance(delay, bool)):
-        raise UsageError(f"put: DELAY must be a number of seconds, got {delay!r}")
+    if delay is not None:
+        try:
+            delay = as_delay("DELAY", delay)
+        except InvalidArgument as e:
+            raise UsageError(f"put: {e}") from None
     if delay is not None and at is not None:
         raise UsageError("put: give AT or DELAY, not both")
     when = _time("put", "AT", at, as_due)

@@ -163,6 +163,7 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
         )
         stored = self.storage.get_meta(group_key(queue, name))
         if stored is None:
+            info.require_enabled()  # (a member of a disabled queue gets nothing: no group made for it)
             self._check_room(queue)
             if start == LATEST:
                 last = {pid: self.engine.last_id(queue, pid) for pid in range(info.partitions)}

@@ -281,6 +281,8 @@ def from_thrift_error(e: Exception, queue: str | None = None, partition_id: int 
     kind, _, rest = text.partition(": ")
     if kind == "InvalidQueueName":  # refused before the call, which may not declare TInvalidMessage
         return errors.InvalidQueueName(rest)
+    if kind == "QueueDisabled" and queue:  # (a call that does not declare TQueueDisabled)
+        return errors.QueueDisabled(queue)
     return errors.StorageError(text)
 
 

@@ -113,8 +113,10 @@ def thrift_error(method: str, e: Exception) -> Exception:
         error = wire.to_thrift_error(e)
     else:
         error = wire.T.TIOError(message=f"internal error: {type(e).__name__}: {e}")
-    if not isinstance(error, _declared(method)):
-        error = wire.T.TIOError(message=getattr(error, "message", str(error)))
+    if not isinstance(error, _declared(method)):  # as TIOError, its kind said first (read back: wire)
+        said = getattr(error, "message", str(error))
+        kind = type(e).__name__
+        error = wire.T.TIOError(message=said if said.startswith(f"{kind}: ") else f"{kind}: {said}")
     for field, text in vars(error).items():  # what a client sent, repeated back, stays short
         if isinstance(text, str) and len(text) > MAX_ERROR_TEXT:
             setattr(error, field, text[:MAX_ERROR_TEXT] + f"… ({len(text)} characters)")

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from hqueue import Delivery, GroupNotFound, HQueue, HQueueAdmin, InvalidArgument, Message, MessageID
+from hqueue import Delivery, GroupNotFound, HQueue, HQueueAdmin, InvalidArgument, Message, MessageID, QueueDisabled
 from hqueue.api import groups_of
 from hqueue.engine import Engine
 from hqueue.groups.handout import RECEIVE_BYTES
@@ -786,3 +786,16 @@ def test_a_message_of_the_groups_topics_written_during_a_receive_goes_out_once(l
             assert consumer.receive(10, wait=0.3) == []  # nothing again
     finally:
         del storage.last_rowkey
+
+
+def test_a_member_of_a_disabled_queue_makes_no_group(make_queue, admin):
+    """`hqueue consume` on a disabled queue failed, and had made its group all the same, with
+    the topics it asked for: the next consume with other topics was refused (an attacker pass)."""
+    queue = make_queue(partitions=1)
+    admin.disable_queue(queue.name)
+    with pytest.raises(QueueDisabled), queue.consumer("g", topics=["only"]) as consumer:
+        consumer.receive(1, wait=0)
+    admin.enable_queue(queue.name)
+    assert admin.list_groups(queue.name) == []
+    with queue.consumer("g", topics=["other"]) as consumer:
+        assert consumer.receive(1, wait=0) == []

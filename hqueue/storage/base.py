@@ -103,12 +103,15 @@ class Storage(abc.ABC):
         *,
         fence: Fence | None = None,
         high: bytes = b"",
+        ttl: int = 0,
     ) -> None:
         """Write ``cells`` and delete the cells keyed ``deletes``, atomically, with the given durability.
 
         With ``fence``, only while it is the partition's current one
         (otherwise Fenced, and nothing is kept); ``high`` is the highest
         10-byte ID among the cells, which later fences' floors cover.
+        ``ttl`` is the queue's (seconds): a store that expires cells by their
+        write time (HBase) stamps a timer's cell with its due time when it is set.
 
         (HBase applies one ``mutateRows`` row by row: atomic against an hqueue
         server's crash, since the gateway gets the whole call, but not against

@@ -324,6 +324,7 @@ class EmbeddedStorage(Healing, Storage):
         *,
         fence: Fence | None = None,
         high: bytes = b"",
+        ttl: int = 0,
     ) -> None:
         self._heal()
         handle = self._handles.get(name)

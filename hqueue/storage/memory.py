@@ -108,6 +108,7 @@ class MemoryStorage(Storage):
         *,
         fence: Fence | None = None,
         high: bytes = b"",
+        ttl: int = 0,
     ) -> None:
         self._data.fences.write(fence, high, self._write, name, cells, deletes)
 

@@ -9,8 +9,9 @@ import happybase  # noqa: F401  (it loads Hbase_thrift, from its Hbase.thrift)
 from Hbase_thrift import BatchMutation, Mutation
 
 from ...errors import StorageError
+from ...ids import wall_clock_ms
 from ...keys.index import HEAD_LENGTH, is_index_key
-from ...message import ROWKEY_LENGTH, partition_prefix
+from ...message import MAX_TIMESTAMP, ROWKEY_LENGTH, partition_prefix
 from ..fence import fence_key
 
 FAMILY = b"message"
@@ -49,12 +50,19 @@ def _fence_row(queue: str, partition_id: int) -> bytes:
     return (_KV_ROW + fence_key(queue, partition_id)).encode()
 
 
+#: How far past both the latest due time and this process's clock a timers' delete is
+#: stamped: a timer's cell stamped by HBase's clock (a queue without a TTL) may be a little
+#: ahead of this process's. Timer keys are never written again, so a marker ahead hides nothing.
+DELETE_AHEAD_MS = 60_000
+
+
 def _cell_deletes(keys: Iterable[bytes], wal: bool) -> dict[int | None, list[BatchMutation]]:
     """Deletes of the cells ``keys``, by the timestamp to send them with (None:
     HBase's clock). HBase removes only the versions stamped at or before a
-    delete's own, and a timer's cell is stamped with its due time, maybe in the
-    future: timers' cells are deleted in one call stamped with the latest due
-    time among them (each has one version, and no key is ever written again)."""
+    delete's own, and a timer's cell is stamped with its due time on a queue with
+    a TTL, maybe in the future, or with HBase's clock: timers' cells are deleted
+    in one call stamped past the latest due time among them and past now
+    (:data:`DELETE_AHEAD_MS`; each has one version, and no key is written again)."""
     plain: list[BatchMutation] = []
     timers: list[BatchMutation] = []
     latest = 0
@@ -69,7 +77,9 @@ def _cell_deletes(keys: Iterable[bytes], wal: bool) -> dict[int | None, list[Bat
         else:
             timers.append(mutation)
             latest = max(latest, due)
-    return {None: plain, latest: timers} if timers else {None: plain}
+    if not timers:
+        return {None: plain}
+    return {None: plain, min(max(latest, wall_clock_ms()) + DELETE_AHEAD_MS, MAX_TIMESTAMP): timers}
 
 
 class StorageUnavailable(StorageError):
@@ -98,9 +108,10 @@ def _row_length(key: bytes) -> int:
 
 
 def _cell_time(key: bytes) -> int | None:
-    """A timer's cell is stamped with its due time, so the family's TTL counts from
-    then (timers.py); every other cell gets HBase's write time (None), topic-index
-    entries too (their keys also have the top bit set, with no due time in them)."""
+    """A timer's due time, from its cell key (None for any other cell, topic-index entries
+    too: their keys also have the top bit set, with no due time in them). On a queue with
+    a TTL a timer's cell is stamped with it, so that the family's TTL counts from then
+    (timers.py); every other cell gets HBase's write time."""
     if key[0] & 0x80 and not is_index_key(key):
         due = int.from_bytes(key[2:10], "big")
         if due < 2**63:

@@ -97,9 +97,7 @@ class FencedWrites:
         entered: Callable[[], object] | None = None,
     ) -> None:
         """One ``mutateRows`` round trip for the lot (consumer groups' acks); with a
-        fence, the epoch read, the puts, the epoch read back, then the deletes. A writer
-        paused between the first read and its puts still writes them (no undo: a known
-        gap, docs/distributed.md). (HBase orders the
+        fence, the puts, the epoch read back, then the deletes. (HBase orders the
         writes; ``entered`` is never called: a group keeps its lock through the write.)"""
         wal = durability != Durability.SKIP_WAL
         batch = [
@@ -116,8 +114,6 @@ class FencedWrites:
         if not (batch or removals or fence):
             return
         with self._connection(f"write {len(batch) + len(removals)} metadata key(s)") as connection:
-            if fence is not None and batch:  # first too: the puts have no undo (an ack refused after
-                self._verify(connection, fence)  # them had moved the new owner's cursor past its message)
             if batch:
                 connection.client.mutateRows(self._meta_table, batch, {})
             if fence is not None:

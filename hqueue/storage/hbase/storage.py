@@ -263,13 +263,15 @@ class HBaseStorage(FencedWrites, Storage):
         *,
         fence: Fence | None = None,
         high: bytes = b"",
+        ttl: int = 0,
     ) -> None:
         wal = durability != Durability.SKIP_WAL
         by_time: dict[int | None, list[BatchMutation]] = {}
         for key, value in cells:
             cut = _row_length(key)
             mutation = Mutation(column=_COLUMN_PREFIX + key[cut:], value=value, writeToWAL=wal)
-            by_time.setdefault(_cell_time(key), []).append(BatchMutation(key[:cut], [mutation]))
+            stamp = _cell_time(key) if ttl else None  # (without a TTL: one call for the lot, so atomic)
+            by_time.setdefault(stamp, []).append(BatchMutation(key[:cut], [mutation]))
         removals = _cell_deletes(deletes, wal)
         if fence is None:  # as few Thrift round trips as can be
             for timestamp, batch in removals.items():
@@ -278,8 +280,9 @@ class HBaseStorage(FencedWrites, Storage):
         with self._connection(f"write {len(cells)} message(s) to {name!r}", name) as connection:
             if fence is not None and high:
                 self._reserve(connection, fence, high)
-            # One round trip for the batch (happybase's Batch.send); timers'
-            # cells, stamped with their due time, in one more per due time.
+            # One round trip for the batch (happybase's Batch.send); on a queue with a TTL,
+            # timers' cells, stamped with their due time, in one more per due time (not
+            # atomic against this server's crash: docs/distributed.md's known gaps).
             self._send(connection, name, by_time)
             if fence is not None:
                 self._verify(connection, fence, undo=lambda: self._undo(connection, name, cells, wal))

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import click
 
-from ..commands import MAX_DELAY_SECONDS, escape
+from ..commands import MAX_DELAY_SECONDS, escape, unescape
 from ..commands.queues import LOCAL_TIMERS_NOTE
 from ..config import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES
 from ..errors import ServerUnavailable
@@ -98,7 +98,7 @@ def put(
     if (delay is not None or deliver_at is not None) and queue.engine.url.startswith("local://"):
         click.echo(f"note: {LOCAL_TIMERS_NOTE}", err=True)
     topic_bytes = os.fsencode(topic)  # as given, even when it is not UTF-8
-    key_bytes = None if key is None else os.fsencode(key)  # (the same bytes as key.encode() when it is UTF-8)
+    key_bytes = None if key is None else unescape(os.fsencode(key))  # (read as topics are: topic_bytes)
     due = None if deliver_at is None else deliver_at.timestamp
 
     def send(chunk: list[bytes]) -> list:

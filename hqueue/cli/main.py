@@ -15,7 +15,7 @@ import click
 from .. import __version__
 from ..admin import HQueueAdmin
 from ..auth import split_credentials
-from ..commands import as_due, as_time, find
+from ..commands import as_due, as_time, find, unescape
 from ..connection import MAKE_A_STORE, missing_store, store_exists
 from ..errors import (
     HQueueError,
@@ -336,5 +336,7 @@ due_time = _time_callback(as_due)
 
 
 def topic_bytes(ctx: Any, param: Any, value: tuple[str, ...]) -> tuple[bytes, ...]:
-    """A click callback: topics as the bytes given, even when they are not UTF-8."""
-    return tuple(os.fsencode(topic) for topic in value)
+    """A click callback: topics as the bytes given, even when they are not UTF-8, read as
+    ``scan`` prints them (``\\xff`` is the byte 0xff, ``\\\\`` a backslash: commands.unescape),
+    as the shell and the console read them."""
+    return tuple(unescape(os.fsencode(topic)) for topic in value)

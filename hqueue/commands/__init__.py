@@ -20,7 +20,7 @@ from .declare import (
     as_time,
     find,
 )
-from .render import escape, json_ready, printable, stamp, table
+from .render import escape, json_ready, printable, stamp, table, unescape
 
 __all__ = [
     "COMMANDS",
@@ -40,4 +40,5 @@ __all__ = [
     "printable",
     "stamp",
     "table",
+    "unescape",
 ]

@@ -6,25 +6,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..message import MessageID
+from ..printed import CONTROL, escape, unescape
 
-#: Every control character as \xNN (tab, newline and CR have their own names in ``escape``);
-#: the C1 controls and the line and paragraph separators (line breaks to ``str.splitlines``
-#: and to many terminals) as the \xNN of their UTF-8 bytes.
-_CONTROL = {
-    **{c: f"\\x{c:02x}" for c in [*range(32), 127]},
-    **{c: "".join(f"\\x{b:02x}" for b in chr(c).encode()) for c in [*range(0x80, 0xA0), 0x2028, 0x2029]},
-}
-_NAMED = {ord("\t"): "\\t", ord("\n"): "\\n", ord("\r"): "\\r"}
-
-
-def escape(data: bytes) -> str:
-    """Bytes as one line of text, reversibly: UTF-8, with ``\\\\``, ``\\t``, ``\\n``, ``\\r``
-    and ``\\xNN`` for every other control byte and every byte that is not UTF-8.
-
-    The same on a terminal and in a pipe: nothing is dropped, nothing goes out raw.
-    """
-    text = data.replace(b"\\", b"\\\\").decode("utf-8", "backslashreplace")
-    return text.translate({**_CONTROL, **_NAMED})
+__all__ = ["escape", "json_ready", "printable", "stamp", "table", "unescape"]
 
 
 def printable(value: Any, limit: int = 200) -> str:
@@ -34,7 +18,7 @@ def printable(value: Any, limit: int = 200) -> str:
         return escape(value[:limit]) + ("…" if len(value) > limit else "")
     if value is None:
         return ""
-    return str(value).translate(_CONTROL)
+    return str(value).translate(CONTROL)
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], widths: list[int] | None = None) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -10,6 +9,7 @@ from flask import abort, g, request
 
 from ..errors import HQueueError
 from ..message import LATEST_MS, MessageID
+from ..printed import escape, unescape
 from .access import Login
 
 #: Rows a page shows.
@@ -64,22 +64,13 @@ def moment(name: str, default: str | None = None) -> MessageID | None:
     return found
 
 
-#: ``\xNN`` and ``\\`` in a topic field: the byte named, a backslash (as pages show a
-#: topic: :func:`topic_shown`; the shell reads ``\xNN`` so too).
-_TOPIC_ESCAPE = re.compile(r"\\(?:x([0-9A-Fa-f]{2})|(\\))")
-
-
 def topic_field(text: str) -> bytes:
-    r"""A topic as a form gives it: UTF-8 text, ``\xNN`` for a byte that is not, ``\\`` for a backslash."""
-    out, at = bytearray(), 0
-    for found in _TOPIC_ESCAPE.finditer(text):
-        out += text[at : found.start()].encode()
-        out += bytes.fromhex(found[1]) if found[1] else b"\\"
-        at = found.end()
-    return bytes(out + text[at:].encode())
+    r"""A topic as a form gives it: as the CLI and the pages print topics (``\\``, ``\t``,
+    ``\n``, ``\r``, ``\xNN``: :func:`~hqueue.commands.render.unescape`), so a topic copied
+    from any front end names the same bytes."""
+    return unescape(text.encode())
 
 
 def topic_shown(topic: bytes) -> str:
-    r"""A topic as pages show it (and :func:`topic_field` reads it back): a backslash doubled,
-    a byte that is not UTF-8 as ``\xNN``."""
-    return bytes(topic).replace(b"\\", b"\\\\").decode("utf-8", "backslashreplace")
+    r"""A topic as pages show it, as the CLI prints it (and :func:`topic_field` reads it back)."""
+    return escape(bytes(topic))

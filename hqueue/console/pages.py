@@ -229,9 +229,11 @@ def _following(last: MessageID) -> MessageID:
 
 
 def shown(value: bytes, form: str = "text") -> str:
-    """A value as a page shows it: text (escaped by the template) or hex, cut at VALUE_SHOWN bytes."""
+    r"""A value as a page shows it: text (escaped by the template; lines as they are, a byte
+    that is not UTF-8 as ``\xNN``, a backslash doubled, as the CLI prints it) or hex, cut at
+    VALUE_SHOWN bytes. (A byte that was not UTF-8 showed as U+FFFD: lost.)"""
     cut = value[:VALUE_SHOWN]
-    text = cut.hex(" ") if form == "hex" else cut.decode("utf-8", "replace")
+    text = cut.hex(" ") if form == "hex" else cut.replace(b"\\", b"\\\\").decode("utf-8", "backslashreplace")
     return text + (f" … ({len(value)} bytes)" if len(value) > VALUE_SHOWN else "")
 
 

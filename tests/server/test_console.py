@@ -33,6 +33,7 @@ from hqueue.console.series import MAX_QUEUE_SERIES, Counters, Sampler
 from hqueue.errors import InvalidArgument
 from hqueue.keys.timers import Timer
 from hqueue.message import MessageID
+from hqueue.printed import escape
 from tests.helpers.console_http import (
     ADMIN,
     ANY_PRODUCER,
@@ -429,6 +430,16 @@ def test_a_topic_that_is_not_utf8_is_browsed_as_the_page_shows_it(local_console)
 @given(st.binary(max_size=40))
 def test_a_topic_shown_reads_back_as_itself(topic):
     assert topic_field(topic_shown(topic)) == topic
+    assert topic_shown(topic) == escape(topic)  # as the CLI prints it, which the CLI reads back too
+
+
+def test_values_and_topics_show_as_the_cli_prints_them():
+    """The console showed a byte that is not UTF-8 as U+FFFD (lost), and a topic's tab and
+    newline raw, where the CLI and the shell print \\xff, \\t and \\n (an attacker pass)."""
+    from hqueue.console.pages import shown
+
+    assert shown(b"v\xff\xfe a\\b\nline") == "v\\xff\\xfe a\\\\b\nline"  # (lines stay lines in a value)
+    assert topic_shown(b"a\tb\nc\xff") == "a\\tb\\nc\\xff"
 
 
 # -- bounds, on a console in this process ------------------------------------------------------------

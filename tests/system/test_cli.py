@@ -477,3 +477,23 @@ def test_ctrl_c_stops_tail_and_consume_with_status_130_and_hands_leases_back(tmp
     finally:
         tail.kill()
         consume.kill()
+
+
+def test_a_topic_or_key_as_scan_prints_it_names_the_same_bytes(run, tmp_path):
+    """`scan` printed a topic b"b\\xff" as `b\\xff`, which `--topic` read as the four characters
+    (nothing found), while the shell and the console read it as the byte (an attacker pass)."""
+    from hqueue import HQueue, Message
+
+    run("create", "q", "4")
+    with HQueue("q", f"local://{tmp_path}") as queue:
+        queue.put([Message(b"b\xff", b"odd"), Message(b"a\tb", b"tab"), Message(b"c\\d", b"slash")], partition_id=0)
+        queue.put(Message("t", b"keyed"), key=b"k\x01")
+    printed = [line.split("\t")[2] for line in run("scan", "q", "-p", "0").output.splitlines()]
+    assert printed == ["b\\xff", "a\\tb", "c\\\\d"]
+    for topic, value in zip(printed, ["odd", "tab", "slash"], strict=True):
+        found = run("scan", "q", "--topic", topic).output.splitlines()
+        assert [line.split("\t")[3] for line in found] == [value], (topic, found)
+    # and a key given as it would be printed routes as the bytes it names
+    assert run("put", "q", "t", "same key", "-k", "k\\x01").exit_code == 0
+    where = {line.split("\t")[3]: line.split("\t")[0] for line in run("scan", "q").output.splitlines()}
+    assert where["same key"] == where["keyed"]

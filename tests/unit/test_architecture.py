@@ -18,7 +18,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("errors", ["hqueue.errors"]),
     ("model and keys", ["hqueue.message", "hqueue.ids", "hqueue.config", "hqueue.batch", "hqueue.checks",
                         "hqueue.forks", "hqueue.backoff", "hqueue.scanner", "hqueue.auth", "hqueue.keys",
-                        "hqueue.api"]),
+                        "hqueue.printed", "hqueue.api"]),
     ("storage, ownership, wire", ["hqueue.storage", "hqueue.coordination", "hqueue.rpc", "hqueue.metrics"]),
     ("engine core", ["hqueue.engine", "hqueue.events", "hqueue.writers", "hqueue.requests",
                      "hqueue.topic_index"]),

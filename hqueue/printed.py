@@ -1,0 +1,38 @@
+"""How bytes are printed as one line of text, and read back: every front end (the CLI,
+the shell, the console) prints a topic, a key or a value so, and reads a topic or key
+given so, and a topic copied from one names the same bytes in the others."""
+
+from __future__ import annotations
+
+import re
+
+#: Every control character as \xNN (tab, newline and CR have their own names in ``escape``);
+#: the C1 controls and the line and paragraph separators (line breaks to ``str.splitlines``
+#: and to many terminals) as the \xNN of their UTF-8 bytes.
+CONTROL = {
+    **{c: f"\\x{c:02x}" for c in [*range(32), 127]},
+    **{c: "".join(f"\\x{b:02x}" for b in chr(c).encode()) for c in [*range(0x80, 0xA0), 0x2028, 0x2029]},
+}
+_NAMED = {ord("\t"): "\\t", ord("\n"): "\\n", ord("\r"): "\\r"}
+
+
+def escape(data: bytes) -> str:
+    """Bytes as one line of text, reversibly: UTF-8, with ``\\\\``, ``\\t``, ``\\n``, ``\\r``
+    and ``\\xNN`` for every other control byte and every byte that is not UTF-8.
+
+    The same on a terminal and in a pipe: nothing is dropped, nothing goes out raw.
+    """
+    text = data.replace(b"\\", b"\\\\").decode("utf-8", "backslashreplace")
+    return text.translate({**CONTROL, **_NAMED})
+
+
+#: What :func:`escape` writes, read back: ``\\``, ``\t``, ``\n``, ``\r``, ``\xNN``.
+_ESCAPED = re.compile(rb"\\(?:x([0-9A-Fa-f]{2})|([\\tnr]))")
+_NAMED_BYTES = {b"\\": b"\\", b"t": b"\t", b"n": b"\n", b"r": b"\r"}
+
+
+def unescape(data: bytes) -> bytes:
+    """What :func:`escape` printed, as the bytes it printed: a topic or key copied from
+    ``scan``'s output, the console's or the shell's, names the same bytes in every front
+    end. Any other backslash stays as it is."""
+    return _ESCAPED.sub(lambda m: bytes.fromhex(m[1].decode()) if m[1] else _NAMED_BYTES[m[2]], data)

@@ -68,6 +68,8 @@ def consume(ctx, name, group, topics, output_format, max_messages, duration, lea
     """
     if command is not None and no_ack:
         raise click.UsageError("--exec acks or nacks each message: leave out --no-ack")
+    if command is None and nack_delay is not None:
+        raise click.UsageError("--nack-delay is for what --exec nacks: give --exec, or leave it out")
     queue = open_queue(ctx, name)
     deadline = None if duration is None else time.monotonic() + duration
     seen, interrupted = 0, False

@@ -94,10 +94,17 @@ def put(
     exits at once): run `hqueue server --storage local://PATH` and put
     through hqueue://HOST:PORT to have timers fire on time.
     """
+    stdin_only = [f"--{o}" for o in ("input", "linger") if _given(ctx, "input_format" if o == "input" else o)]
+    if values and stdin_only:  # (ignored before: --input base64 stored the text as it was)
+        one = len(stdin_only) == 1
+        raise click.UsageError(
+            f"{' and '.join(stdin_only)} {'is' if one else 'are'} for stdin: leave {'it' if one else 'them'} out "
+            "when VALUES are given"
+        )
     queue = open_queue(ctx, name)
     if (delay is not None or deliver_at is not None) and queue.engine.url.startswith("local://"):
         click.echo(f"note: {LOCAL_TIMERS_NOTE}", err=True)
-    topic_bytes = os.fsencode(topic)  # as given, even when it is not UTF-8
+    topic_bytes = unescape(os.fsencode(topic))  # as given, even when it is not UTF-8; read as --topic is
     key_bytes = None if key is None else unescape(os.fsencode(key))  # (read as topics are: topic_bytes)
     due = None if deliver_at is None else deliver_at.timestamp
 
@@ -117,6 +124,15 @@ def put(
         click.echo("put 1 message(s)", err=True)
     else:
         _put_stdin(ctx, lambda chunk: len(send(chunk)), input_format, batch, linger, len(topic_bytes))
+
+
+def _given(ctx: click.Context, name: str) -> bool:
+    """Whether option ``name`` was given on the command line (or its environment), not defaulted."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source not in (
+        click.core.ParameterSource.DEFAULT,
+        click.core.ParameterSource.DEFAULT_MAP,
+    )
 
 
 def _put_stdin(ctx, put: Callable[[list[bytes]], int], input_format: str, batch: int, linger: float, topic_bytes: int):

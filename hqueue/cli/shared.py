@@ -38,7 +38,12 @@ def _settings(items: tuple[str, ...]) -> dict[str, str] | None:
         return None
     if not all("=" in item for item in items):
         raise click.BadParameter("use KEY=VALUE", param_hint="--config")
-    return dict(item.split("=", 1) for item in items)
+    pairs = [item.split("=", 1) for item in items]
+    keys = [key for key, _ in pairs]
+    twice = sorted({key for key in keys if keys.count(key) > 1})
+    if twice:  # (the last one won, silently; the shell refuses a key given twice too)
+        raise click.BadParameter(f"{', '.join(twice)} given more than once", param_hint="--config")
+    return dict(pairs)
 
 
 def _click_params(command: Command) -> list[click.Parameter]:

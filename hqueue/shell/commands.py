@@ -158,6 +158,8 @@ def bind(command: SharedCommand, args: list[Any]) -> dict[str, Any]:
                 raise UsageError(f"{command.name}: {named.key} is given twice; usage: {command.usage}")
             values[named.name] = _check(command, named, value, in_options=True)
         elif settings is not None:
+            if isinstance(value, (list, dict)):  # (it was stored as its Python text: "['a', {'b': 1}]")
+                raise UsageError(f"{command.name}: setting {key!r} takes a string or a number, got {value!r}")
             values.setdefault(settings.name, {})[str(key)] = "" if value is None else str(value)
         else:
             known = ", ".join(p.key for p in params if not p.required)

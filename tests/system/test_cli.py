@@ -497,3 +497,19 @@ def test_a_topic_or_key_as_scan_prints_it_names_the_same_bytes(run, tmp_path):
     assert run("put", "q", "t", "same key", "-k", "k\\x01").exit_code == 0
     where = {line.split("\t")[3]: line.split("\t")[0] for line in run("scan", "q").output.splitlines()}
     assert where["same key"] == where["keyed"]
+
+
+def test_options_that_do_nothing_together_are_usage_errors(run):
+    """Each was ignored without a word: `put q t aGk= --input base64` stored the text as it
+    was, `consume --nack-delay` without --exec nacked nothing, `create -c k=a -c k=b` kept
+    the last (an attacker pass)."""
+    assert run("create", "q", "1").exit_code == 0
+    for args, said in (
+        (["put", "q", "t", "aGk=", "--input", "base64"], "--input is for stdin"),
+        (["put", "q", "t", "v", "--linger", "1"], "--linger is for stdin"),
+        (["consume", "q", "g", "--nack-delay", "5", "--for", "1"], "--nack-delay is for what --exec nacks"),
+        (["create", "z", "1", "-c", "k=a", "-c", "k=b"], "k given more than once"),
+    ):
+        result = run(*args)
+        assert result.exit_code == 2 and said in result.output, (args, result.output)
+    assert run("scan", "q").output == "" and "z" not in run("list").output  # nothing done

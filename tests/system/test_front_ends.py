@@ -339,6 +339,7 @@ def test_the_shell_puts_timers_by_key_and_priority_as_the_cli_does(tmp_path):
     assert shell.execute(f"cancel 'q', '{handle}'")
     assert shell.execute("put 'q', 't', 'keyed', {KEY => 'example.com'}")
     assert shell.execute("put 'q', 't', 'second', 2")
+    assert not shell.execute("create 'z2', 4, {'k' => ['a', {'b' => 1}]}") and "takes a string" in err.getvalue()
     assert not shell.execute("put 'q', 't', 'v', {DELAY => 'soon'}") and "DELAY must be" in err.getvalue()
     for delay in (315360001, 100000000000000, -1):  # the CLI's --delay range (these were taken: an attacker pass)
         assert not shell.execute(f"put 'q', 't', 'v', {{DELAY => {delay}}}") and "0..315360000" in err.getvalue()

@@ -65,9 +65,13 @@ from hqueue.rpc.threaded import ThreadedServer
 
 from .hbase_standin_cells import LATEST, Scanner, Table, Wanted, parse_column, row_result
 
+#: Milliseconds this stand-in's clock is ahead of the machine's (--clock-ahead-ms): a
+#: region server whose clock is not the hqueue server's.
+CLOCK_AHEAD_MS = 0
+
 
 def _now_ms() -> int:
-    return int(time.time() * 1000)
+    return int(time.time() * 1000) + CLOCK_AHEAD_MS
 
 
 def _unknown(service: str, name: str, *args) -> None:
@@ -440,7 +444,10 @@ def main() -> None:
     parser.add_argument("--admin-port", type=int, default=0, help="Thrift2 admin port")
     parser.add_argument("--transport", choices=["buffered", "framed"], default="buffered")
     parser.add_argument("--protocol", choices=["binary", "compact"], default="binary")
+    parser.add_argument("--clock-ahead-ms", type=int, default=0, help="this clock ahead of the machine's")
     args = parser.parse_args()
+    global CLOCK_AHEAD_MS
+    CLOCK_AHEAD_MS = args.clock_ahead_ms
     serve(args.host, args.port, args.admin_port, args.transport, args.protocol)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from ..commands import COMMANDS, Command, NotAllDone, Output, Param, json_ready
+from ..commands import COMMANDS, Command, NotAllDone, Output, Param, json_ready, unescape
 from ..errors import InvalidArgument
 from .main import Command as CliCommand
 from .main import Seconds, Session, main
@@ -93,8 +93,8 @@ def _values(command: Command, given: dict[str, Any]) -> dict[str, Any]:
         value = given.get(p.name)
         if p.kind == "settings":
             value = _settings(value or ())
-        elif p.kind == "texts":
-            value = [os.fsencode(v) for v in value] if value else None
+        elif p.kind == "texts":  # (topics: read as --topic reads them, main.topic_bytes)
+            value = [unescape(os.fsencode(v)) for v in value] if value else None
         elif p.many:
             value = list(value or ())
         elif value is not None and p.kind == "time":

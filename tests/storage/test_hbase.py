@@ -161,3 +161,24 @@ def test_a_timer_put_without_a_ttl_is_one_call_and_every_timer_fires_once(hbase_
             del storage._send
         fired = wait_for(lambda: (ms := list(queue.scan())) and len(ms) >= 3 and ms, 30, "the timers to fire")
         assert sorted(m.value for m in fired) == [b"0", b"1", b"2"] and queue.count_timers()[0] == 0
+
+
+def test_timers_are_deleted_when_the_region_servers_clock_is_ahead():
+    """Without a TTL a timer's cell takes HBase's clock, and its delete was stamped with
+    this process's clock and 60 s: with HBase 3 minutes ahead, a cancelled timer stayed and
+    fired, and a fired one fired again (a review)."""
+    proc, port, _ = start_hbase_standin("--clock-ahead-ms", str(3 * 60_000))
+    url = f"hbase://127.0.0.1:{port}"
+    try:
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("q", 1)
+        with HQueue("q", url) as queue:
+            (soon,) = queue.put(Message("t", b"once"), delay=0.2)
+            (later,) = queue.put(Message("t", b"cancelled"), delay=30)
+            assert queue.cancel(later)
+            fired = wait_for(lambda: list(queue.scan()), 30, "the timer to fire")
+            assert [m.value for m in fired] == [b"once"] and queue.count_timers()[0] == 0
+            assert queue.cancel(soon) is False  # fired: gone
+    finally:
+        proc.kill()
+        proc.wait()

@@ -493,6 +493,9 @@ def test_a_topic_or_key_as_scan_prints_it_names_the_same_bytes(run, tmp_path):
     for topic, value in zip(printed, ["odd", "tab", "slash"], strict=True):
         found = run("scan", "q", "--topic", topic).output.splitlines()
         assert [line.split("\t")[3] for line in found] == [value], (topic, found)
+    # and a subscriber's topics are read so too
+    assert run("add-subscriber", "q", "s1", "--topics", "b\\xff").exit_code == 0
+    assert json.loads(run("describe-subscriber", "q", "s1").output)["topics"] == ["b\\xff"]
     # and a key given as it would be printed routes as the bytes it names
     assert run("put", "q", "t", "same key", "-k", "k\\x01").exit_code == 0
     where = {line.split("\t")[3]: line.split("\t")[0] for line in run("scan", "q").output.splitlines()}

@@ -51,9 +51,11 @@ def _fence_row(queue: str, partition_id: int) -> bytes:
 
 
 #: How far past both the latest due time and this process's clock a timers' delete is
-#: stamped: a timer's cell stamped by HBase's clock (a queue without a TTL) may be a little
-#: ahead of this process's. Timer keys are never written again, so a marker ahead hides nothing.
-DELETE_AHEAD_MS = 60_000
+#: stamped: a timer's cell stamped by HBase's clock (a queue without a TTL) is ahead of
+#: this process's by the clocks' skew (a review: 3 minutes ahead, and a cancelled timer
+#: fired). A day covers any skew a cluster runs with. Timer keys are never written again,
+#: and a delete is of one column, so a marker ahead hides nothing.
+DELETE_AHEAD_MS = 86_400_000
 
 
 def _cell_deletes(keys: Iterable[bytes], wal: bool) -> dict[int | None, list[BatchMutation]]:

@@ -115,15 +115,15 @@ def replay(queue: str) -> Any:
     start, stop = moment("start", ""), moment("stop", "")
     rate = number("rate", 1000, 1, MAX_RATE)
     admin = g.console.admin
-    if not admin.queue_exists(dlq):
-        abort(404, f"queue {queue!r} has no dead letters ({dlq} does not exist)")
-    if not confirmed():  # the dry run: what would be put back, and where
-        with admin.queue(dlq) as letters:
-            count = 0
-            for pid in range(letters.partitions):
-                if count <= DRY_RUN_COUNT:
-                    count += reads.count(letters, pid, start, stop, DRY_RUN_COUNT - count)
-        shown = admin.dead_letters(queue, start, stop, limit=DRY_RUN_SHOWN)
+    admin.describe_queue(queue)  # (404 for a queue that is not there)
+    if not confirmed():  # the dry run: what would be put back, and where (none without a .dlq, as the CLI says)
+        count, shown = 0, []
+        if admin.queue_exists(dlq):
+            with admin.queue(dlq) as letters:
+                for pid in range(letters.partitions):
+                    if count <= DRY_RUN_COUNT:
+                        count += reads.count(letters, pid, start, stop, DRY_RUN_COUNT - count)
+            shown = admin.dead_letters(queue, start, stop, limit=DRY_RUN_SHOWN)
         return render_template("replay.html", queue=queue, dlq=dlq, rate=rate, start=field("start", ""),
                                stop=field("stop", ""), letters=shown,
                                count=f"{DRY_RUN_COUNT}+" if count > DRY_RUN_COUNT else count)  # fmt: skip

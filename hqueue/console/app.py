@@ -55,6 +55,7 @@ def create_app(console: Any) -> Flask:
     app.extensions["hqueue_console"] = console
     app.add_template_filter(stamp)
     app.add_template_filter(topic_shown, "topic")
+    app.add_template_filter(pages.shown, "value")
     _guards(app, console)
     _sessions(app, console.access)
     _errors(app)

@@ -388,6 +388,18 @@ def test_a_dead_letter_replay_dry_runs_then_replays_at_a_rate_and_is_audited(ser
     assert before is not None
 
 
+def test_a_replay_without_dead_letters_replays_none_as_the_cli_does(served):
+    """The CLI and the shell said "Replayed 0 message(s)" for a queue with no .dlq yet, and
+    the console answered 404 (an attacker pass): the front ends agree now."""
+    admin = user(served)
+    served[2].create_queue("calm", 1)
+    dry = admin.post("/queues/calm/dlq/replay", {"rate": "50"})
+    assert dry.status == 200 and 'id="dry-count">0<' in dry.body
+    assert admin.post("/queues/calm/dlq/replay", {"rate": "50", "confirm": "yes"}).status == 200
+    wait_for(lambda: "done: 0 replayed" in admin.get("/audit").body, 20, "the replay to be audited")
+    assert admin.post("/queues/nosuch/dlq/replay", {"rate": "50"}).status == 404
+
+
 def test_a_timer_cancel_is_confirmed_then_done_and_audited(served):
     admin = user(served)
     handle = served[3]

@@ -135,7 +135,7 @@ def check_name(kind: str, name: object) -> str:
         raise TypeError(f"a {kind} name must be a str, not {type(name).__name__}")
     if not NAME.fullmatch(name):
         shown = repr(name) if len(name) <= 60 else f"{name[:60]!r}… ({len(name)} characters)"
-        raise InvalidMessage(f"a {kind} name is 1-200 of A-Z a-z 0-9 _ . - (not starting with . or -), got {shown}")
+        raise InvalidArgument(f"a {kind} name is 1-200 of A-Z a-z 0-9 _ . - (not starting with . or -), got {shown}")
     return name
 
 

@@ -266,18 +266,19 @@ def from_thrift_error(e: Exception, queue: str | None = None, partition_id: int 
         return errors.NotPartitionOwner(queue or "?", partition_id, _text(e.owner) or None)
     if isinstance(e, T.TInvalidMessage):
         kind, _, rest = text.partition(": ")
-        cls = {
+        known = {
             "MessageTooLarge": errors.MessageTooLarge,
             "BatchTooLarge": errors.BatchTooLarge,
             "InvalidPartition": errors.InvalidPartition,
             "InvalidQueueName": errors.InvalidQueueName,
             "InvalidArgument": errors.InvalidArgument,
+            "InvalidMessage": errors.InvalidMessage,  # (its words without the kind: "InvalidMessage: ..." was shown)
             "SubscriberActive": errors.SubscriberActive,
             "ValueError": errors.InvalidArgument,
-        }.get(kind, errors.InvalidMessage)
+        }
         if kind == "QueueEnabled" and queue:
             return errors.QueueEnabled(queue, "it can be dropped")
-        return cls(rest if cls is not errors.InvalidMessage else text)
+        return known[kind](rest) if kind in known else errors.InvalidMessage(text)
     kind, _, rest = text.partition(": ")
     if kind == "InvalidQueueName":  # refused before the call, which may not declare TInvalidMessage
         return errors.InvalidQueueName(rest)

@@ -67,7 +67,8 @@ def test_user_errors_are_one_line_and_exit_1_and_values_refused_exit_2(run):
     assert result.exit_code == 1 and "queue 'missing' does not exist" in result.output
     assert "Traceback" not in result.output
     # A value refused is a usage error wherever it is found (an attacker pass: these were 1)
-    for refused in (["create", "bad name", "1"], ["cancel", "other", "garbage"],
+    for refused in (["create", "bad name", "1"], ["cancel", "other", "garbage"], ["consume", "other", "bad name"],
+                    ["add-subscriber", "other", "bad name"],
                     ["cancel", "other", "9/1/1:0"], ["create", "cfg", "1", "-c", "k=\udcff"]):  # fmt: skip
         result = run(*refused)
         assert result.exit_code == 2 and result.output.startswith("Error: "), (refused, result.output)

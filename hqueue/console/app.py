@@ -164,7 +164,7 @@ def _errors(app: Flask) -> None:
             status = 409
         elif not isinstance(e, InvalidArgument):
             status = 503
-        return answer(status, str(e))
+        return answer(status, str(e).replace("'partition_id'", "'partition'", 1))  # (the form's name for it)
 
     @app.errorhandler(Exception)
     def unexpected(e: Exception) -> Any:

@@ -207,4 +207,4 @@ def _with_shell_hint(e: Exception) -> str:
     """The error's text, with the shell command to run where the CLI names its own."""
     if isinstance(e, QueueEnabled):
         return f"queue {e.name!r} is enabled: disable it first (disable_queue '{e.name}'), or pass {{FORCE => true}}"
-    return str(e)
+    return str(e).replace("'partition_id'", "PARTITION", 1)  # (the API's name for it: the shell's is PARTITION)

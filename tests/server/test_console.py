@@ -388,6 +388,12 @@ def test_a_dead_letter_replay_dry_runs_then_replays_at_a_rate_and_is_audited(ser
     assert before is not None
 
 
+def test_a_refused_partition_is_named_as_the_form_names_it(served):
+    answer = user(served).get("/messages?queue=orders&partition=999")
+    assert answer.status == 400 and "'partition' must be in 0.." in html.unescape(answer.body), answer.body[:300]
+    assert "partition_id" not in answer.body
+
+
 def test_a_replay_without_dead_letters_replays_none_as_the_cli_does(served):
     """The CLI and the shell said "Replayed 0 message(s)" for a queue with no .dlq yet, and
     the console answered 404 (an attacker pass): the front ends agree now."""

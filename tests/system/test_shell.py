@@ -165,7 +165,7 @@ def test_list_describe_scan_count_print_tables_and_timing(run):
         ("create 'bad name', 3, 0", "invalid queue name 'bad name'"),
         ("scan 'q1', {COLUMNS => 1}", "scan: unknown option(s) COLUMNS"),
         ("scan 'q1', {STARTTIME => 'yesterday'}", "not a message ID or ISO time"),
-        ("put 'q1', 't', 'v', 99", "'partition_id' must be in 0..3"),
+        ("put 'q1', 't', 'v', 99", "PARTITION must be in 0..3"),
         ("help 'nope'", "no command 'nope'"),
         ("add_subscriber 'nope', 's'", "queue 'nope' does not exist"),
     ],

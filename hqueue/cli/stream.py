@@ -109,7 +109,7 @@ class Tally:
 
 
 class Interrupts:
-    """SIGINT while :func:`send_lines` runs: raised at once while it waits for input;
+    """SIGINT (or SIGTERM) while :func:`send_lines` runs: raised at once while it waits for input;
     otherwise counted, and acted on once the read or put under way is done (a second
     one during a put cuts it short)."""
 
@@ -129,10 +129,12 @@ class Interrupts:
             yield self  # signals reach the main thread only: nothing to hold back
             return
         previous = signal.signal(signal.SIGINT, self.handle)
+        previous_term = signal.signal(signal.SIGTERM, self.handle)  # (a service manager's stop: as Ctrl-C)
         try:
             yield self
         finally:
             signal.signal(signal.SIGINT, previous)
+            signal.signal(signal.SIGTERM, previous_term)
 
 
 def send_lines(

@@ -57,15 +57,18 @@ def test_a_partial_batch_goes_while_the_pipe_stays_open(server):
     assert put.returncode == 0 and err.decode().strip() == "put 6 message(s)"
 
 
-def test_ctrl_c_sends_what_was_read_and_counts_it(server):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_sends_what_was_read_and_counts_it(server, stop):
+    """SIGTERM (a service manager's stop) killed the command with no summary, exit 143, and
+    the lines held for their batch went nowhere (an attacker pass): it does as Ctrl-C now."""
     # Given 1,500 lines (a full batch of 1,000 goes at once; 500 wait for a linger of a minute)
     # and an unfinished last line
     put = _put(server, "--linger", "60")
     put.stdin.write(b"".join(b"%d\n" % i for i in range(1500)) + b"abc")
     put.stdin.flush()
     wait_for(lambda: _count(server) >= 1000, 20, "the first batch")
-    # When Ctrl-C comes
-    put.send_signal(signal.SIGINT)
+    # When Ctrl-C (or SIGTERM) comes
+    put.send_signal(stop)
     _, err = put.communicate(timeout=30)
     # Then the 500 are sent, and the count says so, to the line
     assert put.returncode == 130

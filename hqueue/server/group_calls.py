@@ -41,8 +41,9 @@ class GroupCalls(Calls):
     deleteGroup = handler(op.DELETE_GROUP)
 
     def _as(self, queue: str, group: str, member: Any, what: str) -> None:
-        """A call made as ``member``: by the token it called with first (while it is tied to
-        a connection here), or by one that manages the group. Naming another token's member,
+        """A call made as ``member``: by the token it called with first (while it is a member
+        here: connected, or in its grace after its last connection closed), or by one that
+        manages the group. Naming another token's member,
         a nack, a short extend, a dead-letter or a leave would send its messages out again,
         and a heartbeat or receive would keep it from being found gone."""
         holder = self.groups.holder(queue, group, member) if isinstance(member, str) else None

@@ -53,6 +53,16 @@ class CommitTracker:
             self._completed.difference_update(done)
             return [self._held.pop(message_id) for message_id in done]
 
+    def restore(self, deliveries: list[Delivery]) -> None:
+        """Take back what :meth:`committable` gave (oldest first), its ack having failed."""
+        if not deliveries:
+            return
+        with self._lock:
+            self._pending = [d.id for d in deliveries] + self._pending
+            for delivery in deliveries:
+                self._held[delivery.id] = delivery
+                self._completed.add(delivery.id)
+
     def held(self) -> list[Delivery]:
         """Every message received and not yet committed (their leases must not run out)."""
         with self._lock:

@@ -8,6 +8,7 @@ import queue as queue_module
 import threading
 import time
 import zlib
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,10 @@ logger = logging.getLogger("hqueue.processor")
 
 #: Tries to dead-letter a message, a second apart, while the dead-letter queue's partitions find their server.
 DEAD_LETTER_TRIES = 10
+#: Seconds between two renewals of the leases in hand, at most (a third of the lease asked
+#: for when that is less): a server grants no more than its --max-lease (60 s by default),
+#: and renewing on the lease asked for let a longer one run out under a handler.
+RENEW_EVERY = 1.0
 
 
 class Processor:
@@ -100,6 +105,10 @@ class Processor:
         self.counter = itertools.count()
         self.stopping = threading.Event()
         self._stop_reading = threading.Event()
+        #: Set by stop() past its timeout: workers start no handler from then on.
+        self.abandoned = threading.Event()
+        #: Timed-out messages whose dead-letter write is to be tried again: (when, delivery, why).
+        self.unburied: deque[tuple[float, Delivery, str]] = deque()
         self.completed = 0
         self.dead_lettered = 0
         self._lock = threading.Lock()
@@ -178,12 +187,20 @@ class Processor:
         self.complete(delivery)
 
     def commit(self) -> int:
-        """Ack every message below the first incomplete one of its partition; return how many."""
+        """Ack every message below the first incomplete one of its partition; return how many.
+        An ack that fails keeps them in hand, to be acked (and renewed) next time: they were
+        dropped, and their leases ran out, and they were handled again after later ones."""
         with self._lock:
             trackers = list(self.trackers.values())
-        done = [delivery for tracker in trackers for delivery in tracker.committable()]
+        taken = [(tracker, tracker.committable()) for tracker in trackers]
+        done = [delivery for _, deliveries in taken for delivery in deliveries]
         if done:
-            self.consumer.ack(done)
+            try:
+                self.consumer.ack(done)
+            except BaseException:
+                for tracker, deliveries in taken:
+                    tracker.restore(deliveries)
+                raise
         return len(done)
 
     def renew(self) -> int:
@@ -196,14 +213,18 @@ class Processor:
 
     def _commit_loop(self) -> None:
         renewed = time.monotonic()
+        every = min(self.lease / 3, RENEW_EVERY)  # (a server may grant less than was asked: --max-lease)
         while not self.stopping.wait(self.commit_interval):
             try:
                 self.commit()
-                if time.monotonic() - renewed >= self.lease / 3:
-                    renewed = time.monotonic()
-                    self.renew()
             except Exception:
-                logger.exception("processor: commit or lease renewal failed; retrying")
+                logger.exception("processor: commit failed; retrying")
+            if time.monotonic() - renewed >= every:
+                renewed = time.monotonic()
+                try:
+                    self.renew()
+                except Exception:
+                    logger.exception("processor: lease renewal failed; retrying")
 
     def _watch(self) -> None:
         assert self.timeout is not None
@@ -213,6 +234,20 @@ class Processor:
                 since, current = worker.busy_since, worker.current
                 if since is not None and current is not None and now - since > self.timeout:
                     worker.timed_out(current, since)
+            self._bury_timed_out(now)
+
+    def _bury_timed_out(self, now: float) -> None:
+        """Dead-letter the timed-out messages whose dead-letter write failed (the queue
+        disabled, its owner away), a try a second: the thread that watches the timeouts died
+        of such a failure before, and the message stayed in hand, its partition's commits held."""
+        while self.unburied and self.unburied[0][0] <= now:
+            _, delivery, why = self.unburied.popleft()
+            try:
+                self.dead_letter(delivery, why)
+            except Exception as e:
+                logger.warning("processor: dead-lettering timed-out %s failed (%s); trying again in 1s", delivery.id, e)
+                self.unburied.append((now + 1.0, delivery, why))
+                return
 
     # -- lifetime -------------------------------------------------------------------------
 
@@ -251,8 +286,14 @@ class Processor:
         self.stopping.set()
         for thread in [*self._threads, *(w.thread for w in self._workers)]:
             thread.join(timeout=max(0.1, deadline - time.monotonic()))
-        self.commit()
-        self.consumer.close()
+        # Past the timeout, workers start nothing more: what they hold goes back with the
+        # leave below (they went on handling it after stop() had returned, while another
+        # process handled the same messages).
+        self.abandoned.set()
+        try:
+            self.commit()
+        finally:
+            self.consumer.close()
 
     def __enter__(self) -> Processor:
         return self

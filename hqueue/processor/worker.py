@@ -46,8 +46,10 @@ class Worker:
 
     def _run(self, generation: int) -> None:
         processor = self.processor
-        while generation == self.generation:
+        while generation == self.generation and not processor.abandoned.is_set():
             delivery, resumed = self._next()
+            if delivery is not None and processor.abandoned.is_set():
+                return  # (stopped past its timeout: what is not started goes back to the group)
             if delivery is None:
                 if processor.stopping.is_set() and not self.parked and self.inbox.empty():
                     return
@@ -142,8 +144,12 @@ class Worker:
             self.current, self.busy_since = None, None
         # No worker thread runs now: the set-aside keys are this thread's to touch.
         key = self.processor.key(delivery.message)
+        why = f"timed out after {self.processor.timeout}s"
         try:
-            self.processor.dead_letter(delivery, f"timed out after {self.processor.timeout}s")
+            self.processor.dead_letter(delivery, why)
+        except Exception as e:  # tried again by the watcher (Processor._bury_timed_out)
+            logger.warning("processor: dead-lettering timed-out %s failed (%s); trying again in 1s", delivery.id, e)
+            self.processor.unburied.append((time.monotonic() + 1.0, delivery, why))
         finally:
             if key in self.parked:
                 self.inbox_front(key)

@@ -9,7 +9,7 @@ from collections import defaultdict
 
 import pytest
 
-from hqueue import HQueue, HQueueAdmin, InvalidArgument, Message, MessageID
+from hqueue import HQueue, HQueueAdmin, InvalidArgument, Message, MessageID, ServerUnavailable
 from hqueue.consumer import Delivery
 from hqueue.processor import CommitTracker, Processor
 
@@ -48,6 +48,19 @@ def test_random_completion_orders_commit_exactly_the_contiguous_prefix():
             committed += [d.id.timestamp for d in tracker.committable()]
             prefix = next((i for i in ids if i not in done), None)
             assert committed == [i for i in ids if prefix is None or i < prefix]
+
+
+@pytest.fixture
+def admin_of():
+    opened: list[HQueueAdmin] = []
+
+    def admin(queue: HQueue) -> HQueueAdmin:
+        opened.append(HQueueAdmin(queue.engine.url))
+        return opened[-1]
+
+    yield admin
+    for one in opened:
+        one.close()
 
 
 @pytest.fixture
@@ -182,6 +195,57 @@ def test_messages_in_hand_keep_their_leases_while_the_process_lives(queue):
         assert a.wait_idle(timeout=10) and b.wait_idle(timeout=10)
     assert sorted(n for _, n in handled) == [0, 1, 2, 3]  # each once
     assert [n for _, n in handled] == [0, 1, 2, 3] and len({name for name, _ in handled}) == 1
+
+
+def test_an_ack_that_fails_keeps_its_messages_in_hand_to_ack_next_time(queue):
+    """commit() dropped what it took before its ack: an ack that failed (a server's deadline)
+    lost them, their leases ran out, and they were handled again after later ones of their
+    key had been committed (an attacker pass)."""
+    queue.put([Message("t", b"k:%d" % i) for i in range(10)], key=b"k")
+    handled: list[int] = []
+
+    def handle(message: Message) -> None:
+        handled.append(int(message.value.split(b":")[1]))
+
+    with Processor(queue, "p", handle, key=key_of, workers=1, lease=2.0, commit_interval=0.1) as processor:
+        ack, failed = processor.consumer.ack, []
+
+        def failing_once(deliveries):
+            if not failed:
+                failed.append(len(list(deliveries)))
+                raise ServerUnavailable("a deadline, say")
+            return ack(deliveries)
+
+        processor.consumer.ack = failing_once
+        assert processor.wait_idle(timeout=30) and failed
+        time.sleep(2.5)  # past the lease: one not acked nor renewed would come again
+        assert processor.in_hand == 0
+    assert handled == list(range(10))  # each once, in order
+    with queue.consumer("p") as member:
+        assert member.receive(10, wait=0.3) == []
+
+
+def test_a_timed_out_message_whose_dead_letter_write_fails_is_buried_later(queue, admin_of):
+    """The thread that watches the timeouts died when the dead-letter write of a timed-out
+    message failed: the message stayed in hand, its partition's commits held, and no later
+    handler was timed out (an attacker pass)."""
+    queue.put([Message("t", b"slow:1"), Message("t", b"slow:2")], 0)
+    queue.put(Message("t", b"x"), 0)  # (a first dead letter makes orders.dlq)
+    release = threading.Event()
+
+    def handle(message: Message) -> None:
+        if message.value == b"slow:1":
+            release.wait(10)
+
+    admin = admin_of(queue)
+    admin.create_queue("orders.dlq", 1)
+    admin.disable_queue("orders.dlq")
+    with Processor(queue, "p", handle, key=key_of, workers=1, timeout=0.3) as processor:
+        time.sleep(2.0)  # timed out, and its dead-letter write refused
+        admin.enable_queue("orders.dlq")
+        assert processor.wait_idle(timeout=30)  # buried on a later try; the rest committed
+        assert processor.dead_lettered == 1
+    release.set()
 
 
 def test_bounded_queues_hold_the_reader_back(queue):

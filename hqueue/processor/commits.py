@@ -63,6 +63,14 @@ class CommitTracker:
                 self._held[delivery.id] = delivery
                 self._completed.add(delivery.id)
 
+    def forget_incomplete(self) -> list[Delivery]:
+        """Stop tracking the messages not completed (their leases are gone: another process
+        has them); the completed ones stay, to be committed. Returns those forgotten."""
+        with self._lock:
+            gone = [self._held.pop(i) for i in self._pending if i not in self._completed]
+            self._pending = [i for i in self._pending if i in self._completed]
+            return gone
+
     def held(self) -> list[Delivery]:
         """Every message received and not yet committed (their leases must not run out)."""
         with self._lock:

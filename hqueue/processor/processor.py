@@ -109,6 +109,8 @@ class Processor:
         self.abandoned = threading.Event()
         #: Timed-out messages whose dead-letter write is to be tried again: (when, delivery, why).
         self.unburied: deque[tuple[float, Delivery, str]] = deque()
+        #: Deliveries in workers' hands whose leases are gone, by identity (renew).
+        self._lost: dict[int, Delivery] = {}
         self.completed = 0
         self.dead_lettered = 0
         self._lock = threading.Lock()
@@ -160,6 +162,8 @@ class Processor:
     # -- completions and commits ----------------------------------------------------------
 
     def complete(self, delivery: Delivery) -> None:
+        with self._lock:
+            self._lost.pop(id(delivery), None)  # (one in a handler when its lease went: not acked)
         self._tracker(delivery.partition_id).completed(delivery.id)
         with self._lock:
             self.completed += 1
@@ -205,11 +209,33 @@ class Processor:
 
     def renew(self) -> int:
         """Renew the leases of every message in hand (waiting behind others, or being
-        handled): they stay with this process while it lives. Returns how many."""
+        handled): they stay with this process while it lives. Returns how many.
+
+        Fewer renewed than held means some leases are gone (this process was paused past
+        the member timeout, and another has them): each partition is asked again, and a
+        partition short of its count has its messages not yet completed dropped here, so
+        that none of them starts in this process beside the one that has it now."""
         with self._lock:
             trackers = list(self.trackers.values())
         held = [delivery for tracker in trackers for delivery in tracker.held()]
-        return self.consumer.extend(held) if held else 0
+        renewed = self.consumer.extend(held) if held else 0
+        if renewed < len(held):
+            for tracker in trackers:
+                mine = tracker.held()
+                if mine and self.consumer.extend(mine) < len(mine):
+                    gone = tracker.forget_incomplete()
+                    with self._lock:
+                        self._lost.update((id(d), d) for d in gone)
+                    logger.warning(
+                        "processor: the leases of %d message(s) of partition %d are gone (another process "
+                        "has them): they are not handled here", len(gone), mine[0].partition_id,
+                    )  # fmt: skip
+        return renewed
+
+    def lost(self, delivery: Delivery) -> bool:
+        """Whether ``delivery`` was dropped for its lease (:meth:`renew`): not to be handled."""
+        with self._lock:
+            return self._lost.pop(id(delivery), None) is not None
 
     def _commit_loop(self) -> None:
         renewed = time.monotonic()

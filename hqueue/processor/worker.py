@@ -55,6 +55,10 @@ class Worker:
                     return
                 continue
             key = processor.key(delivery.message)
+            if processor.lost(delivery):  # its lease is gone: another process has it
+                if resumed and key in self.parked:
+                    self.inbox_front(key)  # (the rest of its key, set aside behind it, goes on: each is checked so)
+                continue
             if key in self.parked and not resumed:  # behind a failed message of its key: keep the order
                 self.parked[key].append(delivery)
                 continue

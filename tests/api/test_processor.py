@@ -225,6 +225,30 @@ def test_an_ack_that_fails_keeps_its_messages_in_hand_to_ack_next_time(queue):
         assert member.receive(10, wait=0.3) == []
 
 
+def test_messages_whose_leases_are_gone_are_not_started_here(queue):
+    """A process paused past the member timeout went on, once it ran again, with the
+    messages it held, beside the process that had them now (an attacker pass: 16
+    overlapping starts of one key). A renewal short of its count drops them here."""
+    queue.put([Message("t", b"k:%d" % i) for i in range(6)], key=b"k")
+    started: list[int] = []
+
+    def handle(message: Message) -> None:
+        started.append(int(message.value.split(b":")[1]))
+        time.sleep(1.0)
+
+    with Processor(queue, "p", handle, key=key_of, workers=1, lease=3.0) as processor:
+        wait_for(lambda: started, 10, "the first handler")
+        extend = processor.consumer.extend
+        processor.consumer.extend = lambda deliveries, **kw: 0  # every lease gone (as after a pause)
+        time.sleep(4.5)  # a renewal finds it within a second; 6 handlers of 1 s would be 4 or 5 started by now
+        assert len(started) <= 3, started  # the one under way, and one begun before the renewal
+        processor.consumer.extend = extend
+        wait_for(lambda: set(started) >= set(range(6)), 30, "all handled once their leases ran out")
+        assert processor.wait_idle(timeout=30)
+    first = [started.index(n) for n in range(6)]
+    assert first == sorted(first)  # the key in order
+
+
 def test_a_timed_out_message_whose_dead_letter_write_fails_is_buried_later(queue, admin_of):
     """The thread that watches the timeouts died when the dead-letter write of a timed-out
     message failed: the message stayed in hand, its partition's commits held, and no later

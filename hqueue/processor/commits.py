@@ -58,8 +58,9 @@ class CommitTracker:
         if not deliveries:
             return
         with self._lock:
-            self._pending = [d.id for d in deliveries] + self._pending
             for delivery in deliveries:
+                if delivery.id not in self._held:  # (in ID order, whatever came meanwhile)
+                    bisect.insort(self._pending, delivery.id)
                 self._held[delivery.id] = delivery
                 self._completed.add(delivery.id)
 

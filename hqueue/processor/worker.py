@@ -30,6 +30,8 @@ class Worker:
         self.parked: dict[bytes, deque[Delivery]] = {}
         self.parked_until: list[tuple[float, int, bytes]] = []
         self.failures: dict[MessageID, int] = {}
+        #: Messages whose retries are spent and whose dead-letter write failed, with why they go.
+        self.unburied: dict[MessageID, str] = {}
         self.busy_since: float | None = None
         self.current: Delivery | None = None
         #: Bumped when a stuck handler is abandoned: the old thread's results are ignored.
@@ -94,6 +96,10 @@ class Worker:
     def _handle(self, delivery: Delivery, key: bytes, generation: int) -> None:
         processor = self.processor
         message = delivery.message
+        why = self.unburied.get(message.id)  # type: ignore[arg-type]
+        if why is not None:  # its retries are spent and its dead-letter write failed: that again, not the handler
+            self._bury(delivery, key, why)
+            return
         due = delivery.id.timestamp / 1000 + processor.delay if processor.delay else 0.0
         if due > time.time():
             time.sleep(due - time.time())
@@ -128,15 +134,23 @@ class Worker:
         count = self.failures[message_id] = self.failures.get(message_id, 0) + 1
         if count > processor.max_retries:
             self.failures.pop(message_id, None)
-            processor.dead_letter(delivery, f"failed {count} times (the last: {error!r})")
-            if key in self.parked:
-                self.inbox_front(key)
+            self.unburied[message_id] = f"failed {count} times (the last: {error!r})"
+            self._bury(delivery, key, self.unburied[message_id])
             return
         delay = doubled(processor.retry_delay, count - 1)
         logger.info("processor: message %s failed (%r); retry %d in %.2fs", message_id, error, count, delay)
         waiting = self.parked.setdefault(key, deque())
         waiting.appendleft(delivery)
         heapq.heappush(self.parked_until, (time.monotonic() + delay, next(processor.counter), key))
+
+    def _bury(self, delivery: Delivery, key: bytes, why: str) -> None:
+        """Dead-letter a message whose retries are spent; raises if the write fails (the worker
+        loop sets it aside and comes back to the write: the handler ran all its retries
+        again each time before)."""
+        self.processor.dead_letter(delivery, why)
+        self.unburied.pop(delivery.message.id, None)  # type: ignore[arg-type]
+        if key in self.parked:
+            self.inbox_front(key)
 
     def timed_out(self, delivery: Delivery, started: float) -> None:
         """The handler ran past the timeout: fail its message without a retry, and go on

@@ -272,6 +272,29 @@ def test_a_timed_out_message_whose_dead_letter_write_fails_is_buried_later(queue
     release.set()
 
 
+def test_a_poison_message_whose_dead_letter_write_fails_is_not_handled_again(queue, admin_of):
+    """Its failure count was cleared before the dead-letter write: while the write failed,
+    the handler ran all its retries again and again (10 calls in 5 s with max_retries=1:
+    an attacker pass). The write is what is tried again now."""
+    queue.put([Message("t", b"k:%d" % i) for i in range(3)], key=b"k")
+    calls: list[bytes] = []
+
+    def handle(message: Message) -> None:
+        calls.append(message.value)
+        if message.value == b"k:0":
+            raise RuntimeError("poison")
+
+    admin = admin_of(queue)
+    admin.create_queue("orders.dlq", 1)
+    admin.disable_queue("orders.dlq")
+    with Processor(queue, "p", handle, key=key_of, workers=1, max_retries=1, retry_delay=0.1) as processor:
+        time.sleep(3.0)  # its two handlings, then a write refused each second
+        assert calls == [b"k:0", b"k:0"]
+        admin.enable_queue("orders.dlq")
+        assert processor.wait_idle(timeout=30) and processor.dead_lettered == 1
+    assert calls == [b"k:0", b"k:0", b"k:1", b"k:2"]
+
+
 def test_bounded_queues_hold_the_reader_back(queue):
     queue.put([Message("t", b"k:%d" % i) for i in range(500)], 0)
     gate = threading.Event()

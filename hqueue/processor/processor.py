@@ -8,7 +8,6 @@ import queue as queue_module
 import threading
 import time
 import zlib
-from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -107,8 +106,6 @@ class Processor:
         self._stop_reading = threading.Event()
         #: Set by stop() past its timeout: workers start no handler from then on.
         self.abandoned = threading.Event()
-        #: Timed-out messages whose dead-letter write is to be tried again: (when, delivery, why).
-        self.unburied: deque[tuple[float, Delivery, str]] = deque()
         #: Deliveries in workers' hands whose leases are gone, by identity (renew).
         self._lost: dict[int, Delivery] = {}
         self.completed = 0
@@ -260,20 +257,6 @@ class Processor:
                 since, current = worker.busy_since, worker.current
                 if since is not None and current is not None and now - since > self.timeout:
                     worker.timed_out(current, since)
-            self._bury_timed_out(now)
-
-    def _bury_timed_out(self, now: float) -> None:
-        """Dead-letter the timed-out messages whose dead-letter write failed (the queue
-        disabled, its owner away), a try a second: the thread that watches the timeouts died
-        of such a failure before, and the message stayed in hand, its partition's commits held."""
-        while self.unburied and self.unburied[0][0] <= now:
-            _, delivery, why = self.unburied.popleft()
-            try:
-                self.dead_letter(delivery, why)
-            except Exception as e:
-                logger.warning("processor: dead-lettering timed-out %s failed (%s); trying again in 1s", delivery.id, e)
-                self.unburied.append((now + 1.0, delivery, why))
-                return
 
     # -- lifetime -------------------------------------------------------------------------
 

@@ -67,9 +67,18 @@ class Worker:
             try:
                 self._handle(delivery, key, generation)
             except Exception:  # the dead-letter queue could not be written: keep the message, try again
-                logger.exception("processor: message %s could not be finished; trying again in 1s", delivery.id)
-                self.parked.setdefault(key, deque()).appendleft(delivery)
-                heapq.heappush(self.parked_until, (time.monotonic() + 1.0, next(processor.counter), key))
+                self._not_finished(delivery, key)
+
+    def _not_finished(self, delivery: Delivery, key: bytes) -> None:
+        """Its dead-letter write failed: it waits first among its key's, and the write is tried
+        again in a second (:meth:`_handle`, which sees it in :attr:`unburied`)."""
+        logger.exception("processor: message %s could not be finished; trying again in 1s", delivery.id)
+        self._set_aside(delivery, key, 1.0)
+
+    def _set_aside(self, delivery: Delivery, key: bytes, delay: float) -> None:
+        """Put ``delivery`` first among its key's set-aside messages, its turn ``delay`` seconds from now."""
+        self.parked.setdefault(key, deque()).appendleft(delivery)
+        heapq.heappush(self.parked_until, (time.monotonic() + delay, next(self.processor.counter), key))
 
     def _next(self) -> tuple[Delivery | None, bool]:
         """The next delivery, and whether it is a set-aside key's turn again."""
@@ -139,9 +148,7 @@ class Worker:
             return
         delay = doubled(processor.retry_delay, count - 1)
         logger.info("processor: message %s failed (%r); retry %d in %.2fs", message_id, error, count, delay)
-        waiting = self.parked.setdefault(key, deque())
-        waiting.appendleft(delivery)
-        heapq.heappush(self.parked_until, (time.monotonic() + delay, next(processor.counter), key))
+        self._set_aside(delivery, key, delay)
 
     def _bury(self, delivery: Delivery, key: bytes, why: str) -> None:
         """Dead-letter a message whose retries are spent; raises if the write fails (the worker
@@ -162,13 +169,10 @@ class Worker:
             self.current, self.busy_since = None, None
         # No worker thread runs now: the set-aside keys are this thread's to touch.
         key = self.processor.key(delivery.message)
-        why = f"timed out after {self.processor.timeout}s"
+        why = self.unburied[delivery.message.id] = f"timed out after {self.processor.timeout}s"  # type: ignore[index]
         try:
-            self.processor.dead_letter(delivery, why)
-        except Exception as e:  # tried again by the watcher (Processor._bury_timed_out)
-            logger.warning("processor: dead-lettering timed-out %s failed (%s); trying again in 1s", delivery.id, e)
-            self.processor.unburied.append((time.monotonic() + 1.0, delivery, why))
+            self._bury(delivery, key, why)
+        except Exception:  # as a message whose retries are spent (the watching thread died of it)
+            self._not_finished(delivery, key)
         finally:
-            if key in self.parked:
-                self.inbox_front(key)
             self._start()

@@ -22,8 +22,14 @@ def escape(data: bytes) -> str:
 
     The same on a terminal and in a pipe: nothing is dropped, nothing goes out raw.
     """
-    text = data.replace(b"\\", b"\\\\").decode("utf-8", "backslashreplace")
-    return text.translate({**CONTROL, **_NAMED})
+    return as_text(data).translate({**CONTROL, **_NAMED})
+
+
+def as_text(data: bytes) -> str:
+    """Bytes as text, its lines kept: UTF-8, a backslash doubled, ``\\xNN`` for every byte
+    that is not UTF-8 (:func:`escape` without its escapes of control characters: a value a
+    page shows whole)."""
+    return data.replace(b"\\", b"\\\\").decode("utf-8", "backslashreplace")
 
 
 #: What :func:`escape` writes, read back: ``\\``, ``\t``, ``\n``, ``\r``, ``\xNN``.

@@ -66,7 +66,7 @@ def moment(name: str, default: str | None = None) -> MessageID | None:
 
 def topic_field(text: str) -> bytes:
     r"""A topic as a form gives it: as the CLI and the pages print topics (``\\``, ``\t``,
-    ``\n``, ``\r``, ``\xNN``: :func:`~hqueue.commands.render.unescape`), so a topic copied
+    ``\n``, ``\r``, ``\xNN``: :func:`~hqueue.printed.unescape`), so a topic copied
     from any front end names the same bytes."""
     return unescape(text.encode())
 

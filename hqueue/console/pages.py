@@ -19,6 +19,7 @@ from ..config import QueueInfo
 from ..deadletters import dead_letter_queue
 from ..keys.timers import Timer
 from ..message import MAX_SEQUENCE, MessageID
+from ..printed import as_text
 from .forms import PAGE, field, moment, number, topic_field
 from .reads import read_page
 from .series import TOTALS
@@ -233,7 +234,7 @@ def shown(value: bytes, form: str = "text") -> str:
     that is not UTF-8 as ``\xNN``, a backslash doubled, as the CLI prints it) or hex, cut at
     VALUE_SHOWN bytes. (A byte that was not UTF-8 showed as U+FFFD: lost.)"""
     cut = value[:VALUE_SHOWN]
-    text = cut.hex(" ") if form == "hex" else cut.replace(b"\\", b"\\\\").decode("utf-8", "backslashreplace")
+    text = cut.hex(" ") if form == "hex" else as_text(cut)
     return text + (f" … ({len(value)} bytes)" if len(value) > VALUE_SHOWN else "")
 
 

@@ -84,8 +84,7 @@ class GroupMembers:
             group.members.pop(member, None)
             group.seen.pop(member, None)
             group.left.leave(member)
-            if not self._connections.get((queue, name, member)):
-                self._holders.pop((queue, name, member), None)
+            self._let_go(queue, name, member)
             for pid, state in group.partitions.items():
                 back = state.leases_of(member)
                 for message_id in back:
@@ -104,11 +103,15 @@ class GroupMembers:
         """``member`` is gone: its leases end now, as failed deliveries (call under ``group.lock``)."""
         group.members.pop(member, None)
         group.seen.pop(member, None)
-        key = (group.queue, group.name, member)
-        if not self._connections.get(key):  # gone from every connection too: a new member of the name may hold it
-            self._holders.pop(key, None)
+        self._let_go(group.queue, group.name, member)
         for pid, state in list(group.partitions.items()):
             self._failed_many(group, pid, state, state.leases_of(member))
+
+    def _let_go(self, queue: str, name: str, member: str) -> None:
+        """``member`` is no longer one: unless a connection of it is still open here, its
+        token holds the name no more, and a new member of the name may hold it."""
+        if not self._connections.get((queue, name, member)):
+            self._holders.pop((queue, name, member), None)
 
     def connected(self, connection: int, queue: str, name: str, member: str, holder: str = "") -> bool:
         """``member`` called on ``connection`` (a server's) with the token named ``holder``;

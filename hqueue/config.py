@@ -98,12 +98,23 @@ def check_config(config: object) -> dict[str, str]:
         raise TypeError("'config' must be a dict of str to str")
     for key, value in config.items():
         for text in (key, value):
-            try:
-                text.encode()
-            except UnicodeEncodeError:
-                shown = text.encode(errors="surrogateescape").decode("ascii", "backslashreplace")
-                raise InvalidArgument(f"'config': {shown!r} is not valid UTF-8 text") from None
+            if _as_utf8(text) is not text:
+                raise InvalidArgument(f"'config': {_as_utf8(text)!r} is not valid UTF-8 text")
     return config
+
+
+def _as_utf8(text: str) -> str:
+    """``text`` itself if it is UTF-8 text, else with its lone surrogates (bytes that were
+    not UTF-8, read as text) written ``\\xNN`` (or ``\\udNNN``)."""
+    try:
+        text.encode()
+        return text
+    except UnicodeEncodeError:
+        pass
+    try:
+        return text.encode(errors="surrogateescape").decode(errors="backslashreplace")
+    except UnicodeEncodeError:
+        return text.encode(errors="backslashreplace").decode()
 
 
 class Durability:
@@ -230,7 +241,14 @@ class QueueInfo:
 
     @classmethod
     def from_json(cls, data: bytes) -> QueueInfo:
-        return cls(**json.loads(data))
+        """A stored definition; a config text that is not UTF-8 (stored before
+        :func:`check_config` refused it, and then no server could send the definition)
+        is read with those bytes written ``\\xNN``."""
+        fields = json.loads(data)
+        config = fields.get("config")
+        if isinstance(config, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in config.items()):
+            fields["config"] = {_as_utf8(k): _as_utf8(v) for k, v in config.items()}
+        return cls(**fields)
 
 
 def _check_int(name: str, value: object, low: int, high: int) -> None:

@@ -62,6 +62,27 @@ def test_create_rejects_duplicates_and_bad_arguments(admin, queue_name):
     assert admin.list_queues()  # (a definition stored so broke every client's list)
 
 
+def test_a_definition_stored_before_config_was_checked_is_listed_with_its_bytes_escaped(tmp_path):
+    """A config text read from bytes that are not UTF-8 was stored before create_queue
+    refused it; no server could then send the definition, and every client's list failed."""
+    from hqueue.config import QueueInfo
+    from hqueue.server import HQueueServer
+    from hqueue.storage.embedded import EmbeddedStorage
+
+    storage = EmbeddedStorage(str(tmp_path / "data"))
+    storage.create_queue(QueueInfo("old", 1, config={"k\udcfe": "v\udcff", "fine": "é"}))
+    storage.close()
+    server = HQueueServer("local://" + str(tmp_path / "data"), port=0).start()
+    try:
+        with HQueueAdmin(f"hqueue://{server.address}") as admin:
+            [info] = admin.list_queues()
+            assert info.config == {"k\\xfe": "v\\xff", "fine": "é"}
+            with HQueue("old", f"hqueue://{server.address}") as queue:
+                queue.put([Message("t", b"x")])
+    finally:
+        server.stop()
+
+
 def test_a_queue_name_leaves_room_for_its_dead_letter_queue(admin, queue_name):
     longest = queue_name + "x" * (196 - len(queue_name))
     with pytest.raises(InvalidQueueName, match=r"<name>\.dlq"):

@@ -25,7 +25,7 @@ from typing import Any
 __all__ = ["Call", "ShellSyntaxError", "parse_line"]
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
-_INT = re.compile(r"-?[0-9]+")
+_NUMBER = re.compile(r"-?([0-9]+)(\.[0-9]+)?")
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\", "'": "'", '"': '"'}
 _CONSTANTS: dict[str, Any] = {"true": True, "false": False, "nil": None}
 #: Lists and dictionaries nest at most this deep; a number has at most this many digits.
@@ -96,13 +96,13 @@ class _Reader:
                 return self.sequence() if char == "[" else self.mapping()
             finally:
                 self.depth -= 1
-        match = _INT.match(self.line, self.pos)
+        match = _NUMBER.match(self.line, self.pos)
         if match:
-            digits = len(match.group().lstrip("-"))
+            digits = len(match.group().lstrip("-")) - (match[2] is not None)
             if digits > MAX_DIGITS:
                 raise self.fail(f"a number of {digits} digits (at most {MAX_DIGITS})")
             self.pos = match.end()
-            return int(match.group())
+            return int(match.group()) if match[2] is None else float(match.group())
         match = _WORD.match(self.line, self.pos)
         if match:
             self.pos = match.end()
@@ -145,7 +145,8 @@ class _Reader:
             items.append(self.value())
             if self.peek() == ",":
                 self.pos += 1
-                continue
+                if self.peek() != "]":  # (a trailing comma, as Ruby takes)
+                    continue
             self.expect("]")
             return items
 
@@ -167,7 +168,8 @@ class _Reader:
             items[key] = self.value()
             if self.peek() == ",":
                 self.pos += 1
-                continue
+                if self.peek() != "}":  # (a trailing comma, as Ruby takes)
+                    continue
             self.expect("}")
             return items
 
@@ -178,6 +180,7 @@ def parse_line(line: str) -> Call | None:
     Raises:
         ShellSyntaxError: with the column of the problem.
     """
+    line = line.removeprefix("\ufeff")  # (a script saved with a byte-order mark)
     reader = _Reader(line)
     if not reader.peek():
         return None

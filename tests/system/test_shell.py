@@ -43,6 +43,9 @@ from ..processes import ROOT, python_env
         ("x true, false, nil, SOME_CONST", "x", [True, False, None, "SOME_CONST"]),
         ("list # a comment, 'ignored'", "list", []),
         ("put 'q', 't', 'a # not a comment'", "put", ["q", "t", "a # not a comment"]),
+        ("put 'q', 't', 'v', {DELAY => 1.5, PARTITION => -0}", "put", ["q", "t", "v", {"DELAY": 1.5, "PARTITION": 0}]),
+        ("x [1, 2,], {A => 1,}", "x", [[1, 2], {"A": 1}]),  # (trailing commas, as Ruby takes them)
+        ("\ufefflist", "list", []),  # (a script's first line, saved with a byte-order mark)
     ],
 )
 def test_every_literal_form_parses(line, name, args):
@@ -78,6 +81,9 @@ def test_blank_lines_and_comments_are_nothing(line):
         ("'q1'", 1, "expected a command name"),
         ("x {[1] => 2}", 4, "dictionary key"),
         ("x [1, 2", 8, "expected ']'"),
+        ("x [1,,]", 6, "unexpected ','"),
+        ("x {A => 1,,}", 11, "unexpected ','"),
+        ("x 1.", 4, "expected ','"),
         ("x " + "[" * 5000, 19, "nest at most 16 deep"),  # (a RecursionError that ended the shell)
         ("x " + "{A => " * 17, 99, "nest at most 16 deep"),
         ("create 'x', " + "9" * 5000, 13, "a number of 5000 digits"),  # (int()'s own limit, a traceback)

@@ -35,8 +35,9 @@ def _share(name: str, default: float, help: str) -> Callable[[Callable], Callabl
     "--zk-auth",
     envvar="HQUEUE_ZK_AUTH",
     metavar="USER:PASSWORD",
-    help="ZooKeeper digest credentials: hqueue's znodes are made readable and writable by them only "
-    "(subscribers need none: they heartbeat a server, which writes their presence).",
+    help="ZooKeeper digest credentials (a password of 16+ characters): hqueue's znodes are made readable and "
+    "writable by them only (subscribers need none: they heartbeat a server, which writes their presence). "
+    "Prefer $HQUEUE_ZK_AUTH: every local user sees a command line.",
 )
 @click.option(
     "--zk-open",
@@ -295,6 +296,10 @@ def server(
     return_freed_memory()
     if zk_auth and not zk:
         raise click.UsageError("--zk-auth goes with --zk")
+    if zk_auth and ctx.get_parameter_source("zk_auth") == click.core.ParameterSource.COMMANDLINE:
+        logging.getLogger(__name__).warning(
+            "--zk-auth on the command line: every user of this machine sees it (ps); give it in $HQUEUE_ZK_AUTH"
+        )
     _check_zk_access(zk, zk_auth, zk_open, auth_file)
     coordinator_factory = _zookeeper(zk, zk_auth, server_id, session_timeout) if zk else None
     url = storage or ctx.obj["url"] or default_url()
@@ -388,7 +393,10 @@ def _check_zk_access(zk: str | None, zk_auth: str | None, zk_open: bool, auth_fi
 
 def _zookeeper(zk: str, auth: str | None, server_id: str | None, session_timeout: float):
     """What makes the server's ZooKeeper coordinator, once its address is known."""
-    from ..coordination.zookeeper import ZooKeeperCoordinator
+    from ..coordination.zookeeper import ZooKeeperCoordinator, check_credentials
+
+    if auth:
+        check_credentials(auth)  # (before the store is opened)
 
     def coordinator_factory(address: str) -> ZooKeeperCoordinator:
         return ZooKeeperCoordinator(zk, address, server_id=server_id, session_timeout=session_timeout, auth=auth)

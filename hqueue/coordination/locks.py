@@ -22,6 +22,8 @@ import uuid
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
+from .znodes import is_session_node
+
 #: kazoo's lock node marker (kazoo.recipe.lock.Lock._NODE_NAME).
 MARK = "__lock__"
 
@@ -40,6 +42,8 @@ class PartitionLocks:
         self.client, self.path = client, path
         self.held: dict[str, tuple[str, int]] = {}
         self._prefix = uuid.uuid4().hex
+        #: Others' lock nodes found to be sessions' (ephemeral): a node's kind never changes.
+        self._sessions: set[str] = set()
 
     def take(self, item: str) -> bool:
         """Hold ``item``'s lock if no one else holds it or waits for it; False if someone does."""
@@ -78,10 +82,23 @@ class PartitionLocks:
         self._prefix = uuid.uuid4().hex
 
     def _contenders(self, parent: str) -> list[str]:
+        """The lock nodes under ``parent``: ours, and others' that are sessions' (a persistent
+        one, made by hand or planted, would hold the partition for ever: it is deleted)."""
         try:
-            return [c for c in self.client.get_children(parent) if MARK in c]
+            children = [c for c in self.client.get_children(parent) if MARK in c]
         except NoNodeError:
             return []
+        if len(self._sessions) > 100_000:
+            self._sessions.clear()
+        found = []
+        for child in children:
+            path = f"{parent}/{child}"
+            if not child.startswith(self._prefix) and path not in self._sessions:
+                if not is_session_node(self.client, path):
+                    continue
+                self._sessions.add(path)
+            found.append(child)
+        return found
 
     def _delete(self, node: str) -> None:
         try:

@@ -52,13 +52,14 @@ every server watches it (and re-reads the queue list every
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import KazooException, NoAuthError, NodeExistsError, NoNodeError
+from kazoo.exceptions import KazooException, NoAuthError, NodeExistsError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.security import make_digest_acl
 
@@ -66,6 +67,7 @@ from ..errors import CoordinationError, InvalidArgument, NotPartitionOwner
 from ..storage.fence import Token
 from .base import Coordinator
 from .locks import PartitionLocks
+from .znodes import is_session_node, secure
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +78,13 @@ VERSION_PATH = "/queues-version"
 #: 16 random bytes, made by the first server on a new ZooKeeper: tells its fencing tokens from another's.
 ENSEMBLE_PATH = "/ensemble"
 
+
+#: A party node's name: ``<uuid hex>-<server id>@<host:port>`` (kazoo's ShallowParty's); group 1
+#: is the member (the server's identifier).
+_PARTY_NODE = re.compile(r"[0-9a-f]{32}-([^@/]+@[^@/]+:[0-9]{1,5})")
+
+#: The fewest characters of a ZooKeeper password (as of a metrics token).
+MIN_PASSWORD = 16
 
 #: The environment variable that gives ZooKeeper credentials, ``user:password`` (as ``--zk-auth``).
 AUTH_ENV = "HQUEUE_ZK_AUTH"
@@ -88,15 +97,11 @@ def zookeeper_client(hosts: str, auth: str | None, timeout: float) -> KazooClien
     credential can read push keys or write registrations and presences).
 
     Raises:
-        InvalidArgument: ``auth`` is not ``user:password``.
+        InvalidArgument: ``auth`` is not ``user:password`` (see :func:`check_credentials`).
     """
     if not auth:
         return KazooClient(hosts=hosts, timeout=timeout)
-    user, colon, password = auth.partition(":")
-    if not colon or not user or not password:
-        raise InvalidArgument(
-            f"ZooKeeper credentials are user:password (--zk-auth or ${AUTH_ENV}), got a value without ':'"
-        )
+    user, password = check_credentials(auth)
     return KazooClient(
         hosts=hosts,
         timeout=timeout,
@@ -105,37 +110,27 @@ def zookeeper_client(hosts: str, auth: str | None, timeout: float) -> KazooClien
     )
 
 
+def check_credentials(auth: str) -> tuple[str, str]:
+    """``user:password``'s user and password; InvalidArgument if it is not that, or its
+    password is shorter than :data:`MIN_PASSWORD`."""
+    user, colon, password = auth.partition(":")
+    if not colon or not user or not password:
+        raise InvalidArgument(
+            f"ZooKeeper credentials are user:password (--zk-auth or ${AUTH_ENV}), got a value without ':'"
+        )
+    if len(password) < MIN_PASSWORD:
+        raise InvalidArgument(
+            f"a ZooKeeper password (--zk-auth or ${AUTH_ENV}) has at least {MIN_PASSWORD} characters, got "
+            f"{len(password)}: ZooKeeper's ACL names it as an unsalted SHA-1 digest, so give it 128 random bits"
+        )
+    return user, password
+
+
 def no_auth(hosts: str) -> str:
     return (
         f"ZooKeeper at {hosts} refused access (NoAuth): hqueue's nodes there are under an ACL; "
         f"give the credentials with --zk-auth or ${AUTH_ENV}"
     )
-
-
-def secure(client: KazooClient, paths: Iterable[str]) -> None:
-    """Put the client's default ACL on hqueue's nodes: the chroot and everything
-    under it, or, without a chroot, ``paths`` and everything under them.
-
-    Nodes made before the deployment turned ACLs on were open to anyone;
-    the first server started with credentials closes them. A node gets the
-    ACL only once everything below it has it, so a node that has it needs no
-    walk: later starts cost a round trip, and a walk cut short is finished
-    by the next start.
-    """
-    if client.default_acl:
-        for path in ["/"] if client.chroot else paths:
-            _secure_tree(client, path, client.default_acl)
-
-
-def _secure_tree(client: KazooClient, path: str, acl: list) -> None:
-    try:
-        if client.get_acls(path)[0] == acl:
-            return
-        for child in client.get_children(path):
-            _secure_tree(client, f"{path.rstrip('/')}/{child}", acl)
-        client.set_acls(path, acl)
-    except NoNodeError:
-        return
 
 
 def item(queue: str, pid: int) -> str:
@@ -185,6 +180,10 @@ class ZooKeeperCoordinator(Coordinator):
         super().__init__()
         self.address, self.hosts = address, hosts
         self.identifier = f"{server_id or address.replace(':', '_')}@{address}"
+        if _PARTY_NODE.fullmatch(f"{'0' * 32}-{self.identifier}") is None:
+            raise InvalidArgument(
+                f"a server's id has no '@' or '/' and its address is host:port, got {server_id!r} at {address!r}"
+            )
         self.time_boundary, self.refresh_seconds = time_boundary, refresh_seconds
         self.client = zookeeper_client(hosts, auth, session_timeout)
         self.auth = auth
@@ -201,6 +200,12 @@ class ZooKeeperCoordinator(Coordinator):
         self._owners: dict[str, str] = {}
         self._members: list[str] = []
         self._members_since = 0.0
+        #: The party's nodes as the watch last saw them, not yet read by the loop (None: read).
+        self._party: list[str] | None = None
+        #: Party nodes found to be sessions' (ephemeral): a node's kind never changes.
+        self._sessions: set[str] = set()
+        #: Our own party node (re-made if it goes while our session lives).
+        self._party_node = ""
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self.lease_seconds = session_timeout / 3
@@ -263,13 +268,37 @@ class ZooKeeperCoordinator(Coordinator):
         self._wake.set()
 
     def _on_members(self, children: list[str]) -> None:
-        # Party node names are "<uuid hex>-<identifier>" (kazoo's ShallowParty's).
-        members = sorted({c.split("-", 1)[1] for c in children if "-" in c})
+        """On kazoo's watch thread: note the party's nodes; the loop reads them (:meth:`_read_party`)."""
         with self._lock:
-            if members != self._members:
-                self._members, self._members_since = members, time.monotonic()
-            self._owners = deal(members, self._items)
+            self._party = list(children)
         self._wake.set()
+
+    def _read_party(self) -> None:
+        """The members, from the party's nodes the watch saw: only a session's node
+        (ephemeral) with a member's name counts. A planted one (persistent, or named
+        otherwise) would be dealt partitions it never takes, and clients sent to it."""
+        with self._lock:
+            children, self._party = self._party, None
+        if children is None:
+            return
+        members = set()
+        for child in children:
+            named = _PARTY_NODE.fullmatch(child)
+            if named is None:
+                if child not in self._sessions:
+                    logger.warning("ZooKeeper party node %s/%s is not a server's name: ignored", PARTY_PATH, child)
+                    self._sessions.add(child)  # (warned once)
+                continue
+            if child not in self._sessions:
+                if not is_session_node(self.client, f"{PARTY_PATH}/{child}"):
+                    continue
+                self._sessions.add(child)
+            members.add(named[1])
+        self._sessions &= set(children)
+        with self._lock:
+            if sorted(members) != self._members:
+                self._members, self._members_since = sorted(members), time.monotonic()
+            self._owners = deal(self._members, self._items)
 
     def _session_now(self) -> int | None:
         client_id = self.client.client_id  # None unless connected
@@ -290,6 +319,7 @@ class ZooKeeperCoordinator(Coordinator):
                 if current is None or current.version != version or now >= next_refresh:
                     version, next_refresh = current.version if current else None, now + self.refresh_seconds
                     self._refresh_items()
+                self._read_party()
                 pause = min(pause, self._step())
             except (KazooException, KazooTimeoutError):
                 logger.info("ZooKeeper unavailable; retrying", exc_info=True)
@@ -315,6 +345,11 @@ class ZooKeeperCoordinator(Coordinator):
         with self._lock:
             members, since, items = self._members, self._members_since, self._items
         if self.identifier not in members:
+            if not self.client.exists(self._party_node):  # deleted by hand: our session goes on
+                logger.warning("%s: our party node %s was deleted: joining again", self.address, self._party_node)
+                self._party_node = self.client.create(
+                    f"{PARTY_PATH}/{uuid.uuid4().hex}-{self.identifier}", ephemeral=True
+                )
             return 0.1  # our party node is not in the watch's view yet
         settling = since + self.time_boundary - time.monotonic()
         if settling > 0:
@@ -338,7 +373,7 @@ class ZooKeeperCoordinator(Coordinator):
             logger.warning("%s: ZooKeeper session expired; giving up %d partition(s)", self.address, len(self._owned))
         self._set_owned(frozenset())
         self._locks.forget()
-        self.client.create(f"{PARTY_PATH}/{uuid.uuid4().hex}-{self.identifier}", ephemeral=True)
+        self._party_node = self.client.create(f"{PARTY_PATH}/{uuid.uuid4().hex}-{self.identifier}", ephemeral=True)
         self._session = session
 
     def token(self, queue: str, partition_id: int) -> Token | None:

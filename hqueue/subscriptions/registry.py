@@ -18,6 +18,7 @@ import abc
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ..auth import PushCredentials
 from ..errors import SubscriberActive
@@ -122,7 +123,8 @@ class Registration:
 
     @classmethod
     def from_json(cls, queue: str, name: str, data: bytes) -> Registration:
-        raw = json.loads(data)
+        """Raises ValueError (TypeError, KeyError, AttributeError) for data it is not."""
+        raw = read_json(data)
         return cls(
             queue=queue,
             name=name,
@@ -133,6 +135,16 @@ class Registration:
             dead_letter_after=raw.get("dead_letter_after"),
             approved=tuple(a for a in raw.get("approved", ()) if isinstance(a, str)),
         )
+
+
+def read_json(data: bytes) -> Any:
+    """JSON stored in ZooKeeper or the store, where hands (or a planter) may write too: one
+    nested too deep for the decoder is a ValueError, as other malformed data is (a
+    RecursionError went past every handler: it stopped every subscriber's pushes)."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError(f"JSON of {len(data)} bytes nested too deep") from None
 
 
 def encode_topics(topics: Iterable[bytes] | None) -> list[str] | None:

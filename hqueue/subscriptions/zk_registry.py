@@ -46,7 +46,7 @@ from kazoo.retry import ForceRetryError
 from ..auth import PushCredentials
 from ..coordination.zookeeper import no_auth, zookeeper_client
 from ..errors import CoordinationError, SubscriberActive, SubscriberExists, SubscriberNotFound
-from .registry import PresenceChanges, Registration, SubscriberRegistry, decode_topics, encode_topics
+from .registry import PresenceChanges, Registration, SubscriberRegistry, decode_topics, encode_topics, read_json
 from .store_registry import Presence
 
 logger = logging.getLogger(__name__)
@@ -175,10 +175,12 @@ class ZooKeeperRegistry(SubscriberRegistry):
             self._written.pop((queue, name), None)
             return None, None
         try:
-            data = json.loads(raw)
+            data = read_json(raw)
             push = PushCredentials.from_json(data["push"])
             if push is None or not isinstance(data["address"], str):
                 raise ValueError(data)
+            if not stat.ephemeralOwner:  # (servers write presences ephemeral: a planted one)
+                raise ValueError("a persistent presence")
             # (seen: the node's last write, by ZooKeeper's clock; liveness is _live's)
             return Presence(data["address"], decode_topics(data["topics"]), push, stat.mtime / 1000), stat
         except (ValueError, KeyError, TypeError, AttributeError):
@@ -199,17 +201,19 @@ class ZooKeeperRegistry(SubscriberRegistry):
         """The presence an older subscriber wrote with its own session (ZooKeeperPresence)."""
         path = registration_path(registration.queue, registration.name)
         try:
-            address = self.client.get(path + "/address")[0].decode()
-            topics = decode_topics(json.loads(self.client.get(path + "/topics")[0]))
-            push = PushCredentials.from_json(json.loads(self.client.get(path + "/push")[0]))
+            address, stat = self.client.get(path + "/address")
+            topics = decode_topics(read_json(self.client.get(path + "/topics")[0]))
+            push = PushCredentials.from_json(read_json(self.client.get(path + "/push")[0]))
             if push is None:
                 raise ValueError("no push key")
+            if not stat.ephemeralOwner:  # (its session's, as the subscriber made it: a planted one)
+                raise ValueError("a persistent address node")
         except NoNodeError:
             return registration
         except (ValueError, TypeError, AttributeError, KeyError):  # malformed: none, never pushed to
             logger.warning("malformed presence of subscriber %s on %s", registration.name, registration.queue)
             return registration
-        return replace(registration, address=address, live_topics=topics, push=push)
+        return replace(registration, address=address.decode(), live_topics=topics, push=push)
 
     def heartbeat(
         self, queue: str, name: str, address: str, topics: frozenset[bytes] | None, push: PushCredentials

@@ -229,3 +229,17 @@ def test_tokens_with_a_zookeeper_anyone_may_write_need_zk_auth_or_zk_open_said(t
         assert "without --zk-auth" in server.log_path.read_text()
     finally:
         server.kill()
+
+
+def test_a_zookeeper_password_has_16_characters_or_more():
+    """ZooKeeper's digest ACL names the password as an unsalted SHA-1: a short one is refused
+    before the store is opened, and one given on the command line (seen in ps) is warned of."""
+    from click.testing import CliRunner
+
+    from hqueue.cli import main
+
+    args = ["server", "--storage", "hbase://127.0.0.1:1", "--zk", "127.0.0.1:1"]
+    result = CliRunner().invoke(main, [*args, "--zk-auth", "hq:short"])
+    assert result.exit_code == 2 and "at least 16 characters, got 5" in result.output
+    result = CliRunner().invoke(main, args, env={"HQUEUE_ZK_AUTH": "hq:short"})
+    assert result.exit_code == 2 and "at least 16 characters, got 5" in result.output

@@ -1,0 +1,75 @@
+"""What hqueue trusts in ZooKeeper: the ACL walk that closes nodes made while the
+tree was open, and the check that a node only sessions make is a session's.
+
+A server makes its party node, its locks and the presences it writes ephemeral
+(and, with ``--zk-auth``, under the servers' ACL). A node in those places that
+is persistent was made by hand or planted: trusting one would deal partitions
+to a "server" that never answers (and that clients send their tokens to), or
+hold a lock nobody ever gives back.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
+logger = logging.getLogger(__name__)
+
+
+def secure(client: KazooClient, paths: Iterable[str]) -> None:
+    """Put the client's default ACL on hqueue's nodes: the chroot and everything
+    under it, or, without a chroot, ``paths`` and everything under them.
+
+    Nodes made before the deployment turned ACLs on were open to anyone;
+    the first server started with credentials closes them. What anyone could
+    write then is not trusted: an ephemeral node among them is deleted, not
+    closed (it is a session that is no server of this deployment: a "server"
+    in the party, a lock, a subscriber's presence, planted before the ACL came;
+    every server of the deployment makes its nodes under the ACL). A node gets
+    the ACL once everything below it has it, so a node that has it needs no walk:
+    later starts cost a round trip, and a walk cut short is finished by the next
+    start; a node's children are looked at again once it has the ACL (one made
+    meanwhile, while it was still open).
+    """
+    if client.default_acl:
+        for path in ["/"] if client.chroot else paths:
+            _secure_tree(client, path, client.default_acl)
+
+
+def _secure_tree(client: KazooClient, path: str, acl: list) -> None:
+    try:
+        acls, stat = client.get_acls(path)
+        if acls == acl:
+            return
+        if stat.ephemeralOwner:
+            logger.warning("ZooKeeper node %s was made without the servers' credentials: deleted", path)
+            client.delete(path)
+            return
+        for child in client.get_children(path):
+            _secure_tree(client, f"{path.rstrip('/')}/{child}", acl)
+        client.set_acls(path, acl)
+        for child in client.get_children(path):  # (made while it was open still)
+            _secure_tree(client, f"{path.rstrip('/')}/{child}", acl)
+    except NoNodeError:
+        return
+
+
+def is_session_node(client: KazooClient, path: str) -> bool:
+    """Whether ``path`` is an ephemeral node (a live session's). A persistent node where
+    only sessions make nodes (a party member, a lock, a presence) was made by hand or
+    planted: it is deleted, with a warning, and False is returned. False if there is
+    no such node."""
+    stat = client.exists(path)
+    if stat is None:
+        return False
+    if not stat.ephemeralOwner:
+        logger.warning("ZooKeeper node %s is persistent where only sessions make nodes: deleted", path)
+        try:
+            client.delete(path)
+        except NoNodeError:
+            pass
+        return False
+    return True

@@ -14,10 +14,14 @@ from typing import Any
 from ..auth import PushCredentials
 from ..checks import check_name, check_partition
 from ..engine import Engine
-from ..errors import InvalidArgument, SubscriberExists, SubscriberNotFound
+from ..errors import InvalidArgument, LimitExceeded, SubscriberExists, SubscriberNotFound
 from ..lag import partition_lag
 from ..message import MessageID, successor
 from .registry import Registration, SubscriberRegistry
+
+#: Subscribers one queue may have registered (a consumer token may register them; each
+#: costs every server's reconciling a look).
+MAX_SUBSCRIBERS_PER_QUEUE = 1_000
 
 #: Topics one subscription may name, and their bytes in all: its registration and presence
 #: are nodes in ZooKeeper (1 MB at most a request: a bigger one cut servers' sessions).
@@ -121,6 +125,12 @@ class Subscribers:
         given = {pid: start for pid, start in (starts or {}).items() if start is not None}
         fresh = Registration(queue, name, topics, partitions, dead_letter_after=dead_letter_after)
         checkpoints = {pid: self._now(queue, pid) for pid in range(info.partitions) if fresh.takes(pid)}
+        registered = self.registry.names(queue)
+        if len(registered) >= MAX_SUBSCRIBERS_PER_QUEUE and name not in registered:
+            raise LimitExceeded(
+                "max_subscribers_per_queue", MAX_SUBSCRIBERS_PER_QUEUE,
+                f"queue {queue!r} has {len(registered)} subscribers registered: delete one first",
+            )  # fmt: skip
         try:
             self.registry.create(fresh.with_checkpoints({**checkpoints, **given}))
         except SubscriberExists:

@@ -54,6 +54,12 @@ logger = logging.getLogger(__name__)
 ROOT = "/subscriptions"
 
 
+def _queue_and_name(path: str) -> tuple[str, str]:
+    """A registration's queue and name, from its path (:func:`registration_path`)."""
+    parts = path.split("/")
+    return (parts[2], parts[4]) if len(parts) > 4 else ("", "")
+
+
 def registration_path(queue: str, name: str) -> str:
     return f"{ROOT}/{queue}/subscribers/{name}"
 
@@ -89,6 +95,9 @@ class ZooKeeperRegistry(SubscriberRegistry):
         #: Per presence, when this server last made, ended, moved it or changed its topics.
         self._changes_made = PresenceChanges()
         self._watched: set[str] = set()
+        #: Per registration, its children as its watch last saw them: one with no presence
+        #: (nor an older subscriber's address) is not read when reconciling.
+        self._children: dict[tuple[str, str], frozenset[str]] = {}
         self._lock = threading.Lock()
         client.ensure_path(ROOT)
         self._watch(ROOT, self._on_queues)
@@ -120,6 +129,8 @@ class ZooKeeperRegistry(SubscriberRegistry):
                 if p.startswith(parent + "/") and p[len(parent) + 1 :].split("/")[0] not in children
             }
             self._watched -= gone
+            for path in gone:
+                self._children.pop(_queue_and_name(path), None)
 
     def _on_queues(self, path: str, queues: list[str]) -> None:
         self._forget_watches(path, queues)
@@ -129,7 +140,11 @@ class ZooKeeperRegistry(SubscriberRegistry):
     def _on_names(self, path: str, names: list[str]) -> None:
         self._forget_watches(path, names)
         for name in names:
-            self._watch(f"{path}/{name}", lambda p, c: None)  # its presence comes and goes
+            self._watch(f"{path}/{name}", self._on_presence)  # its presence comes and goes
+
+    def _on_presence(self, path: str, children: list[str]) -> None:
+        with self._lock:
+            self._children[_queue_and_name(path)] = frozenset(children)
 
     # -- registrations -----------------------------------------------------------------
 
@@ -330,6 +345,9 @@ class ZooKeeperRegistry(SubscriberRegistry):
         found = []
         for queue in self.client.get_children(ROOT):
             for name in self.names(queue):
+                children = self._children.get((queue, name))
+                if children is not None and not children & {"presence", "address"}:
+                    continue  # (away: nothing to read)
                 try:
                     registration = self.load(queue, name)
                 except SubscriberNotFound:

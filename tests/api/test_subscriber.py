@@ -439,3 +439,23 @@ def test_a_subscriber_on_ipv6_is_pushed_to(tmp_path):
                 wait_for(lambda: len(listener.messages) >= 10, 30, "10 pushes over IPv6")
     finally:
         server.stop()
+
+
+def test_a_queue_has_at_most_so_many_subscribers_registered(url, monkeypatch):
+    """A consumer token may register subscribers, and every server looks at each when it
+    reconciles: a queue holds MAX_SUBSCRIBERS_PER_QUEUE (3000 were taken, every server's
+    idle CPU went from 1 % to 39 %)."""
+    from hqueue import LimitExceeded
+    from hqueue.subscriptions import service
+
+    monkeypatch.setattr(service, "MAX_SUBSCRIBERS_PER_QUEUE", 3)
+    with HQueueAdmin(url) as admin:
+        for name in ("a", "b", "c"):
+            admin.add_subscriber("events", name)
+        with pytest.raises(LimitExceeded, match="3 subscribers registered: delete one first") as refused:
+            admin.add_subscriber("events", "d")
+        assert admin.list_subscribers("events") == ["a", "b", "c"]
+        admin.add_subscriber("events", "c", topics=["t"])  # (one registered already may change)
+        admin.delete_subscriber("events", "a")
+        admin.add_subscriber("events", "d")
+    assert refused.value.limit == "max_subscribers_per_queue"

@@ -18,6 +18,7 @@ it likes. This one:
 
 from __future__ import annotations
 
+import http.client
 import logging
 import socket
 import threading
@@ -175,6 +176,7 @@ class _Bounded:
 
     def __init__(self, raw: Any, connection: socket.socket, deadline: float) -> None:
         self._raw, self._connection, self._deadline, self._left = raw, connection, deadline, MAX_REQUEST
+        self._lines = 0  # (the first is the request line)
 
     def _before(self) -> None:
         left = self._deadline - time.monotonic()
@@ -185,6 +187,7 @@ class _Bounded:
     def readline(self, size: int = -1) -> bytes:
         # One socket read at a time (peek), each within what is left of the deadline:
         # a client sending a byte at a time cannot stretch one readline past it.
+        self._lines += 1
         limit = self._left if size < 0 else min(size, self._left)
         out = bytearray()
         while len(out) < limit:
@@ -198,6 +201,10 @@ class _Bounded:
             self._left -= take
             if end >= 0:
                 break
+        if self._lines > 1 and self._left <= 0 and not out.endswith(b"\n"):
+            # A header cut at the limit, or none left: not the end of the headers (an empty
+            # read was taken as that, and the request answered as if whole): 431.
+            raise http.client.LineTooLong(f"headers: the request is over {MAX_REQUEST} bytes")
         return bytes(out)
 
     def read(self, size: int = -1) -> bytes:

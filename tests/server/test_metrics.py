@@ -364,6 +364,24 @@ def test_slow_large_and_many_requests_end_with_their_connections(tmp_path):
         process.terminate()
 
 
+def test_headers_past_the_request_limit_are_431_not_a_request_cut_short(tmp_path):
+    """8 KiB of request line and headers: the rest was dropped and the request answered as
+    if whole (a scrape with the right token, its headers cut)."""
+    process, port = server_process(tmp_path, "--metrics-token", METRICS_TOKEN)
+    try:
+        for pad in (b"X-Pad: " + b"x" * 9000 + b"\r\n", b"X-Pad: x\r\n" * 1000):  # one long header; many
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as big:
+                big.sendall(b"GET /metrics HTTP/1.1\r\nAuthorization: Bearer " + METRICS_TOKEN.encode() + b"\r\n")
+                try:
+                    big.sendall(pad + b"\r\n")
+                except OSError:
+                    pass  # answered and closed while we sent
+                assert big.recv(1024).startswith(b"HTTP/1.0 431 ")
+        assert get(port, METRICS_TOKEN)[0] == 200
+    finally:
+        process.terminate()
+
+
 def status_field(pid: int, field: str) -> int:
     with open(f"/proc/{pid}/status") as f:
         return int(next(line.split()[1] for line in f if line.startswith(field + ":")))

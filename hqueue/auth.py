@@ -192,10 +192,16 @@ class AuthPolicy:
         """Read an auth file.
 
         Raises:
-            InvalidArgument: the file is not valid TOML, or a token is malformed.
+            InvalidArgument: the file is not valid TOML, a token is malformed, or every
+                user may write the file.
         """
         try:
             with open(path, "rb") as f:
+                if os.fstat(f.fileno()).st_mode & 0o002:
+                    raise InvalidArgument(
+                        f"auth file {os.fspath(path)!r}: every user of this machine may write it (and grant "
+                        "themselves any role): chmod o-w it (600: the server's user only)"
+                    )
                 data = tomllib.load(f)
         except (OSError, tomllib.TOMLDecodeError) as e:
             raise InvalidArgument(f"auth file {os.fspath(path)!r}: {e}") from e

@@ -916,6 +916,10 @@ def test_a_new_store_is_its_owner_s_only_and_a_readable_auth_file_with_secrets_i
     with caplog.at_level(logging.WARNING, logger="hqueue.auth"):
         AuthPolicy.load(auth)
     assert caplog.text == ""
+    auth.write_text('[tokens.ops]\nsecret_sha256 = "' + "ab" * 32 + '"\nadmin = ["*"]\n')
+    os.chmod(auth, 0o666)  # no secret in it, but anyone may add a token of their own
+    with pytest.raises(InvalidArgument, match="every user of this machine may write it"):
+        AuthPolicy.load(auth)
 
 
 @pytest.mark.parametrize("io", ["loop", "threads"])

@@ -494,6 +494,7 @@ class RemoteEngine:
             give_up = min(deadline, time.monotonic() + self.owner_timeout)
             delay, fresh = 0.02, False
             unsure: HQueueError | None = None  # the failure after which the request may have been sent
+            problem: HQueueError | None = None
             while True:
                 try:
                     locations = self.locations(name, fresh=fresh)
@@ -504,13 +505,15 @@ class RemoteEngine:
                         resent = unsure is not None
                         sent = args if lane is None else (*args, wire.to_trequest(lane.request(resent)))
                         return self._call_at(owner, method, name, *sent, queue=name, pid=partition_id)
-                    problem: HQueueError = NotPartitionOwner(name, partition_id, None)
+                    problem = NotPartitionOwner(name, partition_id, None)
                 except (NotPartitionOwner, ServerUnavailable) as e:
-                    problem = e
+                    if not (isinstance(problem, NotPartitionOwner) and isinstance(e, DeadlineExceeded)) or e.maybe_sent:
+                        problem = e  # (else a try the deadline kept from going: an owner is still the want)
                     if unsure is None and getattr(e, "maybe_sent", False) and not idempotent:
                         unsure = e
                 now = time.monotonic()
                 if now >= give_up or isinstance(problem, DeadlineExceeded):
+                    assert problem is not None
                     raise owner_error(name, partition_id, what, problem, unsure, self.timeout, self.owner_timeout)
                 logger.info("%s to %s/%d: %s; retrying in %.2fs", what, name, partition_id, problem, delay)
                 time.sleep(min(delay, give_up - now))

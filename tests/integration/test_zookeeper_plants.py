@@ -18,6 +18,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from hqueue import HQueue, HQueueAdmin, Message, Subscription
+from hqueue.errors import NoPartitionOwner
 
 from ..conftest import hbase_url
 from ..processes import ServerProcess, wait_for
@@ -122,6 +123,14 @@ def test_an_open_zookeeper_written_by_hand_leaves_the_servers_working(tmp_path, 
         wait_for(lambda: any(c.endswith(f"-s@{server.address}") for c in hand.get_children(party)), 30, "re-made")
         puts_land_in_every_partition(url, 4)
         assert "not a server's name: ignored" in server.log_path.read_text()
+
+        # a partition whose lock someone else holds: it has no owner (it was DeadlineExceeded, the
+        # last try's, which the deadline kept from going)
+        hand.create("/ownership/locks/later#00000/" + "e" * 32 + "__lock__0000000000", ephemeral=True, makepath=True)
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("later", 1)
+        with HQueue("later", url, timeout=3) as queue, pytest.raises(NoPartitionOwner):
+            queue.put([Message("t", b"x")])
 
         # one registration nested too deep: every subscriber's pushes stopped
         hand.set("/subscriptions/orders/subscribers/poisoned", b"[" * 100_000)

@@ -341,6 +341,7 @@ class AsyncRemoteEngine:
             give_up = min(deadline, loop.time() + self.owner_timeout)
             delay, fresh = 0.02, False
             unsure: HQueueError | None = None  # the failure after which the request may have been sent
+            problem: HQueueError | None = None
             while True:
                 try:
                     locations = await self.locations(name, fresh=fresh)
@@ -351,13 +352,15 @@ class AsyncRemoteEngine:
                         resent = unsure is not None
                         sent = args if lane is None else (*args, wire.to_trequest(lane.request(resent)))
                         return await self._call_at(owner, method, name, *sent, queue=name, pid=partition_id)
-                    problem: HQueueError = NotPartitionOwner(name, partition_id, None)
+                    problem = NotPartitionOwner(name, partition_id, None)
                 except (NotPartitionOwner, ServerUnavailable) as e:
-                    problem = e
+                    if not (isinstance(problem, NotPartitionOwner) and isinstance(e, DeadlineExceeded)) or e.maybe_sent:
+                        problem = e  # (else a try the deadline kept from going: an owner is still the want)
                     if unsure is None and getattr(e, "maybe_sent", False) and not idempotent:
                         unsure = e
                 now = loop.time()
                 if now >= give_up or isinstance(problem, DeadlineExceeded):
+                    assert problem is not None
                     raise owner_error(name, partition_id, what, problem, unsure, self.timeout, self.owner_timeout)
                 await asyncio.sleep(min(delay, give_up - now))
                 delay, fresh = min(delay * 2, 1.0), True

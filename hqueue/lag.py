@@ -44,7 +44,7 @@ import threading
 import time
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -67,9 +67,30 @@ MARKS = 4096
 #: The seeding thread works this share of the time at most.
 DUTY = 0.25
 
+#: How many messages from a given ID on (10 bytes: the first one still stored) a reader has
+#: finished ahead of its cursor. Those before it are no longer stored (expired, truncated): they
+#: are not among the rows counted, so they are not taken off the count (a group with one message
+#: stuck and the 99 after it acked showed a lag of 0 once those expired, with 50 new ones waiting).
+Ahead = Callable[[bytes], int]
 #: What a reader tells the seeding thread, read at one instant (under the reader's lock):
-#: its cursor (a 10-byte ID), what it has finished so far, and how many it finished ahead of the cursor.
-Progress = Callable[[Any], tuple[bytes, int, int]]
+#: its cursor (a 10-byte ID), what it has finished so far, and what it finished ahead of the cursor.
+Progress = Callable[[Any], tuple[bytes, int, Ahead]]
+
+
+#: Above every ID (10 bytes): an :data:`Ahead` asked from it counts none of them.
+_PAST_EVERY_ID = b"\xff" * 11
+
+
+def none_ahead(first: bytes) -> int:
+    """A reader that finishes in order (a subscriber): nothing ahead of its cursor."""
+    return 0
+
+
+def finished_ahead(finished: Iterable[bytes], less: int = 0) -> Ahead:
+    """The :data:`Ahead` of these IDs finished ahead of a cursor (a copy: read them under
+    the reader's lock), less ``less`` (unfinished ones the cursor moved past: lag)."""
+    ids = sorted(finished)
+    return lambda first: len(ids) - bisect_left(ids, first) - less
 
 
 def partition_lag(
@@ -79,18 +100,19 @@ def partition_lag(
     checkpoint: MessageID,
     topics: frozenset[bytes] | None,
     limit: int | None = LAG_COUNT_LIMIT,
+    ahead: Ahead = none_ahead,
 ) -> tuple[int, int]:
     """How far a reader is behind in a partition: (messages at or after
-    ``checkpoint``, counted up to ``limit``, None: all of them; milliseconds
-    since the oldest of them was written). Both 0 when nothing waits; never
-    negative. Expired (TTL) and truncated messages are not counted."""
+    ``checkpoint``, counted up to ``limit``, None: all of them, less those the reader
+    finished ahead of it (``ahead``); milliseconds since the oldest of them was written).
+    Never negative. Expired (TTL) and truncated messages are not counted."""
     last = engine.last_id(queue, partition_id)
     if last is None or last < checkpoint:
         return 0, 0
     count, oldest = count_rows(engine, queue, partition_id, checkpoint, last, topics, limit)
     if oldest is None:
         return 0, 0
-    return count, max(0, wall_clock_ms() - oldest.timestamp)
+    return max(0, count - ahead(oldest.to_bytes())), max(0, wall_clock_ms() - oldest.timestamp)
 
 
 def count_rows(
@@ -417,6 +439,7 @@ class LagBook:
         with tally.lock:
             base, last = tally.count(topics), tally.last
         cursor, finished, ahead = progress(reader)
+        extra = max(0, ahead(cursor))  # (all of them: count past them)
         count, oldest = 0, None
         if last is not None and cursor <= last:
             count, oldest = count_rows(
@@ -426,9 +449,11 @@ class LagBook:
                 MessageID.from_bytes(cursor),
                 MessageID.from_bytes(last),
                 topics,
-                self.limit + ahead,
+                self.limit + extra,
                 self._pause,
             )
-        saturated = count >= self.limit + ahead
+        saturated = count >= self.limit + extra
         oldest_bytes = oldest.to_bytes() if oldest is not None else b""
-        reader.lag_seed = Seed(tally, max(0, count - ahead), base, finished, oldest_bytes, saturated)
+        # (none there: none of those acked ahead is either; those behind the cursor still count)
+        unfinished = max(0, count - ahead(oldest_bytes if oldest is not None else _PAST_EVERY_ID))
+        reader.lag_seed = Seed(tally, unfinished, base, finished, oldest_bytes, saturated)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ..deadletters import dead_letter_queue
 from ..errors import HQueueError, QueueDisabled, QueueNotFound
 from ..ids import wall_clock_ms
-from ..lag import partition_lag
+from ..lag import Ahead, finished_ahead, partition_lag
 from ..message import MessageID
 from .limits import GroupLimits, check_pending_limit
 from .state import GroupState, PartitionState
@@ -61,6 +61,7 @@ class GroupViews:
         info = self.engine.queue_info(queue, fresh=True)
         now = time.monotonic()
         partitions = {}
+        counts: dict[int, tuple[MessageID, Ahead, list[bytes]]] = {}
         with group.lock:
             self._forget_silent(group, now)
             members = group.live_members(now, self.limits.member_timeout)
@@ -68,13 +69,7 @@ class GroupViews:
                 state = self._partition(group, pid)
                 self._expire(group, pid, state, now)
                 done = MessageID.from_bytes(state.done)
-                lag, lag_ms = partition_lag(self.engine, queue, pid, done, group.config.topics, limit=None)
-                lag = max(0, lag - len(state.acked))  # acked ahead of the cursor: not lag
-                if state.behind:  # unfinished ones the cursor jumped past: lag, the oldest of it
-                    lag += len(state.behind)
-                    lag_ms = max(lag_ms, wall_clock_ms() - MessageID.from_bytes(min(state.behind)).timestamp)
-                if lag == 0:
-                    lag_ms = 0
+                counts[pid] = done, finished_ahead(state.acked), sorted(state.behind)
                 partitions[pid] = {
                     "done": done,
                     "scan": MessageID.from_bytes(state.scan),
@@ -85,9 +80,15 @@ class GroupViews:
                     "held_back": len(state.affinity.back_ids) if state.affinity is not None else 0,
                     "acked_ahead": len(state.acked),
                     "retries": sum(state.retries.values()),
-                    "lag_messages": lag,
-                    "lag_millis": lag_ms,
                 }
+        # Counted without the group's lock: a count of every row takes seconds in a deep
+        # partition, and every receive and ack of the group (on the event loop) waited for it.
+        for pid, (done, ahead, behind) in counts.items():
+            lag, lag_ms = partition_lag(self.engine, queue, pid, done, group.config.topics, limit=None, ahead=ahead)
+            if behind:  # unfinished ones the cursor jumped past: lag, the oldest of it
+                lag += len(behind)
+                lag_ms = max(lag_ms, wall_clock_ms() - MessageID.from_bytes(behind[0]).timestamp)
+            partitions[pid].update(lag_messages=lag, lag_millis=lag_ms if lag else 0)
         return {
             "queue": queue,
             "group": name,
@@ -173,11 +174,11 @@ class GroupSnapshot:
     members: int
     partitions: list[tuple[int, PartitionState]]
 
-    def progress(self, state: PartitionState) -> tuple[bytes, int, int]:
+    def progress(self, state: PartitionState) -> tuple[bytes, int, Ahead]:
         """What the lag book counts from (lag.py's Progress), read under the group's lock."""
         with self.group.lock:
             # (unfinished ones behind the cursor are lag: "finished ahead" less them)
-            return state.done, state.finished, len(state.acked) - len(state.behind)
+            return state.done, state.finished, finished_ahead(state.acked, len(state.behind))
 
 
 def _count(engine: Engine, queue: str) -> int | None:

@@ -19,7 +19,7 @@ from ..groups.service import GroupService
 from ..groups.state import PartitionState
 from ..groups.views import GroupSnapshot
 from ..ids import wall_clock_ms
-from ..lag import LagBook
+from ..lag import Ahead, LagBook, none_ahead
 from ..metrics import Family, escape, gauge
 from ..subscriptions.delivery import PartitionWorker
 from ..subscriptions.manager import SubscriptionManager
@@ -165,5 +165,5 @@ def _partition_lines(
     return lines
 
 
-def _worker(worker: PartitionWorker) -> tuple[bytes, int, int]:
-    return (*worker.progress, 0)
+def _worker(worker: PartitionWorker) -> tuple[bytes, int, Ahead]:
+    return (*worker.progress, none_ahead)

@@ -221,6 +221,41 @@ def test_members_acking_one_partition_at_once_leave_its_stored_progress_exact(tm
         assert (zero["lag_messages"], zero["acked_ahead"], zero["in_flight"]) == (0, 0, 0)
 
 
+def test_describe_counts_the_lag_without_holding_up_the_group(tmp_path, monkeypatch):
+    """describe_group counts every row of each partition (0.28 s a million): it held the
+    group's lock all along, and every receive and ack of the group waited (on a server's
+    event loop, every call of every connection: 2.8 s over 10M rows)."""
+    url = "local://" + str(tmp_path / "data")
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", partitions=1)
+    with HQueue("q", url) as queue, queue.consumer("g") as consumer:
+        queue.put([Message("t", b"%d" % i) for i in range(10)], 0)
+        got = drain(consumer, 5)
+        engine = queue.engine
+        scan, counting, go_on = engine.scan_columns, threading.Event(), threading.Event()
+
+        def held(*args, **kwargs):
+            if threading.current_thread().name == "describing":
+                counting.set()
+                go_on.wait(30)
+            return scan(*args, **kwargs)
+
+        monkeypatch.setattr(engine, "scan_columns", held)
+        answers: list = []
+        describing = threading.Thread(
+            target=lambda: answers.append(groups_of(engine).describe("q", "g")), name="describing", daemon=True
+        )
+        describing.start()
+        assert counting.wait(10)
+        acking = threading.Thread(target=lambda: answers.append(consumer.ack(got)), daemon=True)
+        acking.start()
+        acking.join(10)
+        assert answers == [5] and acking.is_alive() is False  # acked while the count went on
+        go_on.set()
+        describing.join(10)
+        assert answers[1]["partitions"][0]["lag_messages"] == 10  # (as the group stood when describe read it)
+
+
 def ack_held_in_its_fsync(tmp_path, monkeypatch, meanwhile):
     """A SYNC_WAL group with 6 messages, 4 received, the 2nd and 4th acked (ahead of the
     cursor: stored one by one), the ack held inside its fsync while ``meanwhile(queue)``

@@ -505,6 +505,33 @@ def test_a_truncate_counts_lag_afresh(server):
         wait_for(lambda: scrape(server).get(key) == 0, 10, "no lag after the truncate")
 
 
+@pytest.mark.parametrize("gone", ["truncated", "expired"])
+def test_lag_past_acks_whose_messages_are_gone_counts_what_waits(tmp_path, gone):
+    """One message stuck in a lease and the 19 after it acked: once they were truncated or
+    expired, the 19 acked were still taken off a count that no longer had them (5 new
+    messages waiting, and describe_group and the metric said 0)."""
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, metrics_port=0).start()
+    try:
+        url = f"hqueue://{server.address}"
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("lt", 1, ttl=2 if gone == "expired" else 0)
+            with HQueue("lt", url) as queue, queue.consumer("g", member="m", lease=120) as consumer:
+                queue.put([Message("t", b"old")] * 20, 0)
+                got = drain(consumer, 20)
+                consumer.ack(got[1:])  # the first stays leased: the cursor waits at it
+                if gone == "truncated":
+                    admin.truncate_queue("lt")
+                else:
+                    time.sleep(2.5)
+                queue.put([Message("t", b"new")] * 5, 0)
+                assert admin.describe_group("lt", "g")["partitions"][0]["lag_messages"] == 5
+                key = 'hqueue_group_lag_messages{group="g",partition="0",queue="lt"}'
+                assert scrape_with(server, key)[key] == 5
+                assert [m.value for m in drain(consumer, 5)] == [b"new"] * 5
+    finally:
+        server.stop()
+
+
 def test_silent_connections_holding_every_slot_do_not_keep_a_scrape_out(tmp_path):
     from hqueue.metrics.endpoint import MAX_CLIENTS
 

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Iterable
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import KazooException, NoNodeError
 
 logger = logging.getLogger(__name__)
 
@@ -60,16 +60,19 @@ def _secure_tree(client: KazooClient, path: str, acl: list) -> None:
 def is_session_node(client: KazooClient, path: str) -> bool:
     """Whether ``path`` is an ephemeral node (a live session's). A persistent node where
     only sessions make nodes (a party member, a lock, a presence) was made by hand or
-    planted: it is deleted, with a warning, and False is returned. False if there is
-    no such node."""
+    planted: it is deleted (with what was put under it), with a warning, and False is
+    returned; so it is if it cannot be deleted (it is never counted, and it never stops
+    the caller). False if there is no such node."""
     stat = client.exists(path)
     if stat is None:
         return False
-    if not stat.ephemeralOwner:
+    if stat.ephemeralOwner:
+        return True
+    try:
+        client.delete(path, recursive=True)
         logger.warning("ZooKeeper node %s is persistent where only sessions make nodes: deleted", path)
-        try:
-            client.delete(path)
-        except NoNodeError:
-            pass
-        return False
-    return True
+    except NoNodeError:
+        pass
+    except KazooException as e:
+        logger.warning("ZooKeeper node %s is persistent where only sessions make nodes: ignored (%s)", path, e)
+    return False

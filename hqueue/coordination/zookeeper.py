@@ -59,7 +59,14 @@ import uuid
 from collections.abc import Callable, Iterable
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import KazooException, NoAuthError, NodeExistsError
+from kazoo.exceptions import (
+    ConnectionLoss,
+    KazooException,
+    NoAuthError,
+    NodeExistsError,
+    OperationTimeoutError,
+    SessionExpiredError,
+)
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.security import make_digest_acl
 
@@ -81,7 +88,7 @@ ENSEMBLE_PATH = "/ensemble"
 
 #: A party node's name: ``<uuid hex>-<server id>@<host:port>`` (kazoo's ShallowParty's); group 1
 #: is the member (the server's identifier).
-_PARTY_NODE = re.compile(r"[0-9a-f]{32}-([^@/]+@[^@/]+:[0-9]{1,5})")
+_PARTY_NODE = re.compile(r"[0-9a-f]{32}-([^/]+@[^@/]+:[0-9]{1,5})")
 
 #: The fewest characters of a ZooKeeper password (as of a metrics token).
 MIN_PASSWORD = 16
@@ -182,7 +189,7 @@ class ZooKeeperCoordinator(Coordinator):
         self.identifier = f"{server_id or address.replace(':', '_')}@{address}"
         if _PARTY_NODE.fullmatch(f"{'0' * 32}-{self.identifier}") is None:
             raise InvalidArgument(
-                f"a server's id has no '@' or '/' and its address is host:port, got {server_id!r} at {address!r}"
+                f"a server's id has no '/' and its address is host:port, got {server_id!r} at {address!r}"
             )
         self.time_boundary, self.refresh_seconds = time_boundary, refresh_seconds
         self.client = zookeeper_client(hosts, auth, session_timeout)
@@ -281,6 +288,19 @@ class ZooKeeperCoordinator(Coordinator):
             children, self._party = self._party, None
         if children is None:
             return
+        try:
+            members = self._members_of(children)
+        except BaseException:
+            with self._lock:  # (read again next turn, unless the watch saw newer)
+                if self._party is None:
+                    self._party = children
+            raise
+        with self._lock:
+            if sorted(members) != self._members:
+                self._members, self._members_since = sorted(members), time.monotonic()
+            self._owners = deal(self._members, self._items)
+
+    def _members_of(self, children: list[str]) -> set[str]:
         members = set()
         for child in children:
             named = _PARTY_NODE.fullmatch(child)
@@ -295,10 +315,7 @@ class ZooKeeperCoordinator(Coordinator):
                 self._sessions.add(child)
             members.add(named[1])
         self._sessions &= set(children)
-        with self._lock:
-            if sorted(members) != self._members:
-                self._members, self._members_since = sorted(members), time.monotonic()
-            self._owners = deal(self._members, self._items)
+        return members
 
     def _session_now(self) -> int | None:
         client_id = self.client.client_id  # None unless connected
@@ -360,11 +377,21 @@ class ZooKeeperCoordinator(Coordinator):
             self._releasing({parse_item(it) for it in going})  # held still: a last write may land
             self._set_owned(self._owned - going)  # refuse first, then let the new owner in
             for it in sorted(going):
-                self._locks.give_back(it)
+                self._one_lock(self._locks.give_back, it)
         for it in sorted(mine - set(self._locks.held)):
-            self._locks.take(it)
+            self._one_lock(self._locks.take, it)
         self._set_owned(frozenset(self._locks.held))
         return 0.1 if mine - set(self._locks.held) else 0.5
+
+    def _one_lock(self, act: Callable[[str], object], it: str) -> None:
+        """Take or give back one partition's lock: one that fails for a node (made by hand, or
+        refused) is tried again next turn, and stops no other; ZooKeeper away ends the turn."""
+        try:
+            act(it)
+        except (KazooTimeoutError, ConnectionLoss, SessionExpiredError, OperationTimeoutError):
+            raise  # ZooKeeper away: the turn ends (the loop logs it once)
+        except KazooException as e:
+            logger.warning("%s: partition %s: %s; trying again", self.address, it, e)
 
     def _join(self, session: int) -> None:
         """A new session (the first, or one after ours expired): the old one's locks and

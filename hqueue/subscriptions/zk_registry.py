@@ -41,6 +41,7 @@ from dataclasses import replace
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, KazooException, NoAuthError, NodeExistsError, NoNodeError
 from kazoo.protocol.states import ZnodeStat
+from kazoo.recipe.watchers import ChildrenWatch
 from kazoo.retry import ForceRetryError
 
 from ..auth import PushCredentials
@@ -68,6 +69,10 @@ def presence_path(queue: str, name: str) -> str:
     return registration_path(queue, name) + "/presence"
 
 
+#: Seconds a registration's children, as its watch saw them, are trusted to say it is away (not
+#: read when reconciling); then it is read once, and trusted again.
+CHILDREN_TRUSTED = 30.0
+
 #: Seconds a presence node may go unchanged (no heartbeat rewrote it), timed by each server's
 #: own monotonic clock, before its subscriber counts as gone.
 PRESENCE_TIMEOUT = 10.0
@@ -94,10 +99,12 @@ class ZooKeeperRegistry(SubscriberRegistry):
         self._written: dict[tuple[str, str], float] = {}
         #: Per presence, when this server last made, ended, moved it or changed its topics.
         self._changes_made = PresenceChanges()
-        self._watched: set[str] = set()
-        #: Per registration, its children as its watch last saw them: one with no presence
-        #: (nor an older subscriber's address) is not read when reconciling.
-        self._children: dict[tuple[str, str], frozenset[str]] = {}
+        #: Watched paths, and their watches (None while one is being set).
+        self._watched: dict[str, ChildrenWatch | None] = {}
+        #: Per registration, its children as its watch last saw them, and when (monotonic): one
+        #: with no presence (nor an older subscriber's address) is not read when reconciling,
+        #: unless that was over :data:`CHILDREN_TRUSTED` seconds ago (a watch can end unseen).
+        self._children: dict[tuple[str, str], tuple[frozenset[str], float]] = {}
         self._lock = threading.Lock()
         client.ensure_path(ROOT)
         self._watch(ROOT, self._on_queues)
@@ -105,20 +112,29 @@ class ZooKeeperRegistry(SubscriberRegistry):
     # -- watches ----------------------------------------------------------------------
 
     def _watch(self, path: str, on_children: Callable[[str, list[str]], None]) -> None:
+        """Watch ``path``'s children, unless a watch of it runs (kazoo's ends, unseen, when it
+        meets the node deleted: one deleted and made again between two reads gets a new one)."""
         with self._lock:
             if path in self._watched:
-                return
-            self._watched.add(path)
+                running = self._watched[path]
+                if running is None or not running._stopped:
+                    return
+                self._children.pop(_queue_and_name(path), None)
+            self._watched[path] = None
 
         def changed(children: list[str]) -> None:
             on_children(path, children)
             self.changed()
 
         try:
-            self.client.ChildrenWatch(path, changed)
+            watch = self.client.ChildrenWatch(path, changed)
         except NoNodeError:
             with self._lock:
-                self._watched.discard(path)
+                self._watched.pop(path, None)
+            return
+        with self._lock:
+            if path in self._watched:
+                self._watched[path] = watch
 
     def _forget_watches(self, parent: str, children: list[str]) -> None:
         # A watch ends when its node is deleted; let a re-created node be watched again.
@@ -128,8 +144,8 @@ class ZooKeeperRegistry(SubscriberRegistry):
                 for p in self._watched
                 if p.startswith(parent + "/") and p[len(parent) + 1 :].split("/")[0] not in children
             }
-            self._watched -= gone
             for path in gone:
+                self._watched.pop(path, None)
                 self._children.pop(_queue_and_name(path), None)
 
     def _on_queues(self, path: str, queues: list[str]) -> None:
@@ -144,7 +160,7 @@ class ZooKeeperRegistry(SubscriberRegistry):
 
     def _on_presence(self, path: str, children: list[str]) -> None:
         with self._lock:
-            self._children[_queue_and_name(path)] = frozenset(children)
+            self._children[_queue_and_name(path)] = frozenset(children), time.monotonic()
 
     # -- registrations -----------------------------------------------------------------
 
@@ -342,12 +358,16 @@ class ZooKeeperRegistry(SubscriberRegistry):
             return []
 
     def attached(self) -> list[Registration]:
-        found = []
+        found, now = [], time.monotonic()
         for queue in self.client.get_children(ROOT):
             for name in self.names(queue):
-                children = self._children.get((queue, name))
-                if children is not None and not children & {"presence", "address"}:
-                    continue  # (away: nothing to read)
+                seen = self._children.get((queue, name))
+                if seen is not None and not seen[0] & {"presence", "address"}:
+                    if now - seen[1] < CHILDREN_TRUSTED:
+                        continue  # (away: nothing to read)
+                    with self._lock:  # (read it, then trust it again: unless its watch saw more since)
+                        if self._children.get((queue, name)) is seen:
+                            self._children[(queue, name)] = seen[0], now
                 try:
                     registration = self.load(queue, name)
                 except SubscriberNotFound:
@@ -358,8 +378,7 @@ class ZooKeeperRegistry(SubscriberRegistry):
                     continue
                 if registration.attached:
                     found.append(registration)
-        now = time.monotonic()
-        self._changes_made.prune(now)
+        self._changes_made.prune(time.monotonic())
         lapsed, self._lapsed = self._lapsed, {}
         for (queue, name), version in lapsed.items():
             self._forget_lapsed(queue, name, version)

@@ -163,3 +163,40 @@ def test_a_lock_node_whose_creation_answer_was_lost_is_adopted_or_removed_never_
     two.give_back("q#00002")
     assert one.take("q#00002") is True
     assert one.held["q#00002"][1] > token  # the next owner's fencing token is higher
+
+
+def test_nodes_planted_in_the_party_and_the_locks_leave_every_partition_owned(zk_hosts, members):
+    """A persistent node with a child in the party, or among a partition's lock nodes, could
+    not be deleted (NotEmpty): it stopped the party's read, or the taking of every partition
+    after it, for good (the server owned nothing)."""
+    hand = KazooClient(hosts=zk_hosts)
+    hand.start(timeout=30)
+    hand.create(f"/ownership/party/{'3' * 32}-ghost@127.0.0.1:1/child", makepath=True)
+    hand.create(f"/ownership/locks/{item('orders', 0)}/{'f' * 32}{MARK}0000000000/child", makepath=True)
+    a = members("9001")
+    wait_for(lambda: a.owned() == EVERY, 30, "every partition owned")
+    assert hand.get_children("/ownership/party") == [
+        c for c in hand.get_children("/ownership/party") if "ghost" not in c
+    ]
+    hand.stop()
+
+
+def test_a_failed_read_of_the_party_is_read_again(members, monkeypatch):
+    """One ZooKeeper error while the loop read the party's nodes lost the watch's list: a
+    server that never saw itself in the party never took a partition."""
+    from kazoo.exceptions import ConnectionLoss
+
+    import hqueue.coordination.zookeeper as zookeeper
+
+    real, calls = zookeeper.is_session_node, []
+
+    def once_lost(client, path):
+        calls.append(path)
+        if len(calls) == 1:
+            raise ConnectionLoss()
+        return real(client, path)
+
+    monkeypatch.setattr(zookeeper, "is_session_node", once_lost)
+    a = members("9001")
+    wait_for(lambda: a.owned() == EVERY, 30, "every partition owned")
+    assert len(calls) >= 2

@@ -210,3 +210,35 @@ def _moved(registry, push: PushCredentials) -> bool:
         return True
     except SubscriberActive:
         return False
+
+
+def test_a_registration_deleted_and_made_again_between_two_reads_is_still_watched(zk, zk_hosts):
+    """The registry skips, when reconciling, a registration its watch shows without a
+    presence; a watch ends unseen when it meets its node deleted, and one made again before
+    its parent's read kept the old children: the subscriber was never pushed to again."""
+    from kazoo.exceptions import NoNodeError
+
+    client = KazooClient(hosts=zk_hosts)
+    client.start(timeout=30)
+    registry = ZooKeeperRegistry(client, zk_hosts)
+    path = registration_path("q", "s")
+    wait_for(lambda: ("q", "s") in registry._children, 10, "the registration watched")
+    real = client.get_children
+
+    def made_again_meanwhile(watched, *args, **kwargs):
+        try:
+            return real(watched, *args, **kwargs)
+        except NoNodeError:
+            if watched == path:  # the registration's own watch reads first: made again before its parent's
+                zk.create(path, Registration("q", "s").to_json())
+            raise
+
+    client.get_children = made_again_meanwhile
+    zk.delete(path)
+    wait_for(lambda: zk.exists(path), 10, "the registration made again")
+    client.get_children = real
+    push = PushCredentials.new()
+    registry.heartbeat("q", "s", "127.0.0.1:9", None, push)
+    wait_for(lambda: [r.name for r in registry.attached()] == ["s"], 10, "the subscriber attached")
+    client.stop()
+    client.close()

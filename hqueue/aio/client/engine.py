@@ -343,19 +343,21 @@ class AsyncRemoteEngine:
             unsure: HQueueError | None = None  # the failure after which the request may have been sent
             problem: HQueueError | None = None
             while True:
+                looking = True  # (until the call goes to a named owner)
                 try:
                     locations = await self.locations(name, fresh=fresh)
                     owner = locations[partition_id] if partition_id < len(locations) else ""
                     if not owner and fresh:  # (read afresh: a partition the queue does not have)
                         partition_of(name, len(locations), partition_id)
                     if owner:
+                        looking = False
                         resent = unsure is not None
                         sent = args if lane is None else (*args, wire.to_trequest(lane.request(resent)))
                         return await self._call_at(owner, method, name, *sent, queue=name, pid=partition_id)
                     problem = NotPartitionOwner(name, partition_id, None)
                 except (NotPartitionOwner, ServerUnavailable) as e:
-                    if not (isinstance(problem, NotPartitionOwner) and isinstance(e, DeadlineExceeded)) or e.maybe_sent:
-                        problem = e  # (else a try the deadline kept from going: an owner is still the want)
+                    if not (isinstance(problem, NotPartitionOwner) and isinstance(e, DeadlineExceeded) and looking):
+                        problem = e  # (else the deadline kept a look for an owner from going: one is still the want)
                     if unsure is None and getattr(e, "maybe_sent", False) and not idempotent:
                         unsure = e
                 now = loop.time()

@@ -68,6 +68,7 @@ from kazoo.exceptions import (
     SessionExpiredError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.retry import KazooRetry
 from kazoo.security import make_digest_acl
 
 from ..errors import CoordinationError, InvalidArgument, NotPartitionOwner
@@ -224,21 +225,28 @@ class ZooKeeperCoordinator(Coordinator):
 
     def start(self, queues: Callable[[], Iterable[tuple[str, int]]]) -> None:
         self._queues = queues
+        wait = max(15.0, self.client._session_timeout / 1000)
         try:
-            self.client.start(timeout=max(15.0, self.client._session_timeout / 1000))
-            self.client.ensure_path(VERSION_PATH)
-            self.client.ensure_path(PARTY_PATH)
-            self.client.ensure_path(LOCKS_PATH)
-            secure(self.client, [VERSION_PATH, ENSEMBLE_PATH, PARTITIONER_PATH, "/subscriptions"])
-            self.ensemble = self._ensemble()
+            self.client.start(timeout=wait)
+            # (a connection lost meanwhile, as on a loaded machine, is made again by kazoo: the
+            # steps are tried again, until ``wait``; one such blip ended the server)
+            KazooRetry(max_tries=-1, max_delay=1.0, deadline=wait, ignore_expire=True)(self._prepare)
+            self.client.DataWatch(VERSION_PATH, lambda data, stat: self._wake.set())
+            self.client.ChildrenWatch(PARTY_PATH, self._on_members)
         except NoAuthError as e:
             raise CoordinationError(no_auth(self.client.hosts)) from e
         except (KazooTimeoutError, KazooException) as e:
-            raise CoordinationError(f"cannot reach ZooKeeper at {self.client.hosts}: {e}") from e
-        self.client.DataWatch(VERSION_PATH, lambda data, stat: self._wake.set())
-        self.client.ChildrenWatch(PARTY_PATH, self._on_members)
+            raise CoordinationError(f"cannot reach ZooKeeper at {self.client.hosts}: {type(e).__name__} {e}") from e
         self._thread = threading.Thread(target=self._run, name="hqueue-ownership", daemon=True)
         self._thread.start()
+
+    def _prepare(self) -> None:
+        """hqueue's nodes, closed to all but the servers (with ``auth``), and the ensemble's id."""
+        self.client.ensure_path(VERSION_PATH)
+        self.client.ensure_path(PARTY_PATH)
+        self.client.ensure_path(LOCKS_PATH)
+        secure(self.client, [VERSION_PATH, ENSEMBLE_PATH, PARTITIONER_PATH, "/subscriptions"])
+        self.ensemble = self._ensemble()
 
     def _ensemble(self) -> bytes:
         """This ZooKeeper's id, made once (a rebuilt ZooKeeper gets a new one)."""

@@ -32,7 +32,9 @@ layout and the hashes are in keys/index.py; this module reads through them.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import heapq
+from collections.abc import Collection, Iterator
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from .config import TOPIC_INDEX_KEY, QueueInfo
@@ -82,23 +84,34 @@ def scan(
 ) -> list[tuple[bytes, bytes]]:
     """A topic-filtered scan of one partition's message keys ``start_key <= key < stop_key``
     through the index: each topic's entries only, as (cell key, value), in key order
-    (``limit`` and ``max_bytes`` as :meth:`Storage.scan`'s; each topic's read is bounded by
-    ``limit`` only: cut by bytes, one topic's could end before another's, and a merged
-    answer would skip what the first did not read)."""
-    found: list[tuple[bytes, bytes]] = []
+    (``limit`` and ``max_bytes`` as :meth:`Storage.scan`'s).
+
+    The topics' entries are merged as they are read, each topic's a chunk at a time (its
+    share of ``limit``, and of ``max_bytes``, doubled each time the merge took all of the
+    last), so a read holds about two answers, whatever
+    the topic count: reading every topic's ``limit`` entries, then merging, held 32 times
+    an answer for 32 topics (620 MB of server for a 16-message read of 1 MiB messages)."""
     hash = topic_hash(info)
-    for topic in topics:
+    chunk = max(1, -(-limit // len(topics)))
+    budget = None if max_bytes is None else max(1, max_bytes // len(topics))
+
+    def entries(topic: bytes) -> Iterator[tuple[bytes, bytes]]:
         start, stop = index_range(start_key, stop_key, topic, hash)
-        taken = 0
-        while taken < limit:
-            asked = limit - taken
-            cells = storage.scan(info.name, start, stop, None, asked)
-            mine = [(message_key(k), v) for k, v in cells if entry_topic(k) == topic]
-            found += mine
-            taken += len(mine)
-            if len(cells) < asked:  # the end of this topic's entries
-                break
-            start = cells[-1][0] + b"\x00"  # some were another topic's (a hash collision): go on
-    if len(topics) > 1:
-        found.sort()
-    return found[:limit] if max_bytes is None else until_bytes(found[:limit], max_bytes)
+        asked, room = chunk, budget
+        while True:
+            cells = storage.scan(info.name, start, stop, None, asked, room)
+            for key, value in cells:
+                if entry_topic(key) == topic:  # (else another topic's: a hash collision)
+                    yield message_key(key), value
+            cut = room is not None and sum(len(k) + len(v) for k, v in cells) >= room
+            if len(cells) < asked and not cut:
+                return  # the end of this topic's entries
+            start = cells[-1][0] + b"\x00"
+            # The merge took all of it: this topic leads, its next chunk twice as big (a
+            # topic holding the whole answer takes a few reads, not one per share).
+            asked = min(limit, asked * 2)
+            room = None if room is None or max_bytes is None else min(max_bytes, room * 2)
+
+    merged = entries(next(iter(topics))) if len(topics) == 1 else heapq.merge(*map(entries, topics))
+    found = islice(merged, limit)
+    return list(found) if max_bytes is None else until_bytes(found, max_bytes)

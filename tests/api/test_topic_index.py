@@ -65,6 +65,28 @@ def test_a_topic_read_touches_only_that_topic_s_rows():
     engine.close()
 
 
+def test_a_read_of_many_topics_holds_about_one_answer_not_one_per_topic():
+    """Each topic's ``limit`` entries were read, then merged: a 16-message read of 32 topics
+    of 1 MiB messages held 512 of them (620 MB of server)."""
+    storage = CountingStorage("topic-index-merge")
+    engine = Engine(storage)
+    engine.create_queue(QueueInfo("q", 1, config={"hqueue.topicIndex": "true"}))
+    topics = [b"t%02d" % i for i in range(32)]
+    engine.put("q", [Message(topics[i % 32], b"%04d" % i) for i in range(32 * 16)], 0)
+    everything = engine.scan("q", b"\x00\x00", b"\x00\x01", None, 10_000)
+    for wanted, max_bytes in ((topics, None), (topics[:5], None), (topics, 200), (topics[3:4], None)):
+        storage.returned = 0
+        keys, values = engine.scan_columns("q", b"\x00\x00", b"\x00\x01", frozenset(wanted), 16, max_bytes)
+        expected = [m for m in everything if bytes(m.topic) in wanted][:16]
+        if max_bytes is not None:  # (up to the one that brings them to 200 bytes)
+            sizes = [len(k) + len(v) for k, v in zip(keys, values)]
+            assert sum(sizes[:-1]) < max_bytes <= sum(sizes)
+            expected = expected[: len(keys)]
+        assert values == [m.value for m in expected]
+        assert storage.returned <= 2 * 16 + len(wanted)  # (it was 16 a topic: 512)
+    engine.close()
+
+
 class CountingStorage(MemoryStorage):
     returned = 0
 

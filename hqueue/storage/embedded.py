@@ -107,6 +107,13 @@ def _nothing(batch: rocksdict.WriteBatch) -> None:
     """An empty write: with sync=True, RocksDB syncs the WAL for it (and all before it)."""
 
 
+def _holds_any(family: rocksdict.Rdict, start: bytes, stop: bytes) -> bool:
+    """Whether ``family`` has a key in ``[start, stop)``."""
+    for key in family.keys(from_key=start):
+        return bytes(key) < stop  # (raw mode: keys are bytes)
+    return False
+
+
 class EmbeddedStorage(Healing, Storage):
     """RocksDB-backed storage for one process.
 
@@ -447,17 +454,27 @@ class EmbeddedStorage(Healing, Storage):
             return
         family = self._family(name)
         keep_id_floor(self, info, cutoff)
+        # Only the ranges that hold something expired are deleted and compacted: compacting the
+        # whole queue each pass rewrote all of it (345 MB every 5 minutes for a 330 MB queue
+        # with nothing expired).
         for pid in range(info.partitions):
-            family.delete_range(partition_prefix(pid), encode_rowkey(pid, cutoff))
-            # Timers overdue by more than the TTL expire as their messages would have (timers.py).
-            family.delete_range(*pending_range(pid, cutoff.timestamp))
-        family.compact_range(None, None)
+            for start, stop in (
+                (partition_prefix(pid), encode_rowkey(pid, cutoff)),
+                pending_range(pid, cutoff.timestamp),
+            ):
+                # (timers overdue by more than the TTL expire as their messages would have: timers.py)
+                if _holds_any(family, start, stop):
+                    family.delete_range(start, stop)
+                    family.compact_range(start, stop)
         index = self._index_families.get(name)
         if index is not None:  # index entries sort by topic, not time: walk them (topic_index.py)
-            oldest = cutoff.to_bytes()
-            for key in [key for key in index.keys() if expired(key, oldest)]:
-                index.delete(key)
-            index.compact_range(None, None)
+            oldest, deleted = cutoff.to_bytes(), False
+            for key in index.keys():  # (deleted as they are met: the walk reads a snapshot)
+                if expired(key, oldest):
+                    index.delete(key)
+                    deleted = True
+            if deleted:
+                index.compact_range(None, None)
         logger.debug("reclaimed expired messages of %s before %s", name, cutoff)
 
     def close(self) -> None:

@@ -79,7 +79,7 @@ def test_a_read_of_many_topics_holds_about_one_answer_not_one_per_topic():
         keys, values = engine.scan_columns("q", b"\x00\x00", b"\x00\x01", frozenset(wanted), 16, max_bytes)
         expected = [m for m in everything if bytes(m.topic) in wanted][:16]
         if max_bytes is not None:  # (up to the one that brings them to 200 bytes)
-            sizes = [len(k) + len(v) for k, v in zip(keys, values)]
+            sizes = [len(k) + len(v) for k, v in zip(keys, values, strict=True)]
             assert sum(sizes[:-1]) < max_bytes <= sum(sizes)
             expected = expected[: len(keys)]
         assert values == [m.value for m in expected]
@@ -197,7 +197,7 @@ def test_a_reclaim_with_nothing_expired_rewrites_nothing(tmp_path):
         admin.create_queue("q", 2, ttl=3600, topic_index=True)
     with HQueue("q", url) as queue:
         for pid in (0, 1):
-            queue.put([Message("t%d" % i, b"alive") for i in range(100)], pid)
+            queue.put([Message(f"t{i}", b"alive") for i in range(100)], pid)
         storage = queue.engine.storage  # type: ignore[attr-defined]
         storage._db.flush()
         files = sorted(f["name"] for f in storage._db.live_files())

@@ -293,6 +293,10 @@ class ZooKeeperRegistry(SubscriberRegistry):
                 self.approve(queue, name, address)
             self.client.create(path, data, ephemeral=True)
             self._written[key] = now
+            with self._lock:  # (this server's reconciling sees it at once, not when its watch does)
+                seen = self._children.get(key)
+                if seen is not None:
+                    self._children[key] = seen[0] | {"presence"}, now
             self._changes_made.made(key, now)
         except (BadVersionError, NodeExistsError, NoNodeError):
             raise SubscriberActive(

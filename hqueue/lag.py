@@ -87,10 +87,17 @@ def none_ahead(first: bytes) -> int:
 
 
 def finished_ahead(finished: Iterable[bytes], less: int = 0) -> Ahead:
-    """The :data:`Ahead` of these IDs finished ahead of a cursor (a copy: read them under
-    the reader's lock), less ``less`` (unfinished ones the cursor moved past: lag)."""
-    ids = sorted(finished)
-    return lambda first: len(ids) - bisect_left(ids, first) - less
+    """The :data:`Ahead` of these IDs finished ahead of a cursor, less ``less`` (unfinished
+    ones the cursor moved past: lag). Called under the reader's lock, it only copies them:
+    they are sorted when first asked, outside it (a key-ordered group may hold a million)."""
+    ids, ordered = list(finished), list[bytes]()
+
+    def ahead(first: bytes) -> int:
+        if len(ordered) != len(ids):
+            ordered[:] = sorted(ids)
+        return len(ids) - bisect_left(ordered, first) - less
+
+    return ahead
 
 
 def partition_lag(

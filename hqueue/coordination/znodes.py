@@ -74,5 +74,13 @@ def is_session_node(client: KazooClient, path: str) -> bool:
     except NoNodeError:
         pass
     except KazooException as e:
-        logger.warning("ZooKeeper node %s is persistent where only sessions make nodes: ignored (%s)", path, e)
+        if path not in _IGNORED:  # (said once: every turn of the loop meets it again)
+            if len(_IGNORED) > 10_000:
+                _IGNORED.clear()
+            _IGNORED.add(path)
+            logger.warning("ZooKeeper node %s is persistent where only sessions make nodes: ignored (%s)", path, e)
     return False
+
+
+#: Planted nodes that could not be deleted, already warned of.
+_IGNORED: set[str] = set()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,7 @@ from ..errors import HQueueError, QueueDisabled, QueueNotFound
 from ..ids import wall_clock_ms
 from ..lag import Ahead, finished_ahead, partition_lag
 from ..message import MessageID
+from ..storage.base import ttl_cutoff
 from .limits import GroupLimits, check_pending_limit
 from .state import GroupState, PartitionState
 
@@ -83,8 +85,11 @@ class GroupViews:
                 }
         # Counted without the group's lock: a count of every row takes seconds in a deep
         # partition, and every receive and ack of the group (on the event loop) waited for it.
+        cutoff = ttl_cutoff(info)
         for pid, (done, ahead, behind) in counts.items():
             lag, lag_ms = partition_lag(self.engine, queue, pid, done, group.config.topics, limit=None, ahead=ahead)
+            if cutoff is not None:  # (expired meanwhile: not lag, as those it counts)
+                behind = behind[bisect_left(behind, cutoff.to_bytes()) :]
             if behind:  # unfinished ones the cursor jumped past: lag, the oldest of it
                 lag += len(behind)
                 lag_ms = max(lag_ms, wall_clock_ms() - MessageID.from_bytes(behind[0]).timestamp)

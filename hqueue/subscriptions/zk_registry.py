@@ -119,6 +119,7 @@ class ZooKeeperRegistry(SubscriberRegistry):
                 running = self._watched[path]
                 if running is None or not running._stopped:
                     return
+                self._end(running)
                 self._children.pop(_queue_and_name(path), None)
             self._watched[path] = None
 
@@ -127,14 +128,22 @@ class ZooKeeperRegistry(SubscriberRegistry):
             self.changed()
 
         try:
-            watch = self.client.ChildrenWatch(path, changed)
-        except NoNodeError:
+            watch = self.client.ChildrenWatch(path, changed)  # (a node not there: a watch stopped)
+        except BaseException:
             with self._lock:
                 self._watched.pop(path, None)
-            return
+            raise
         with self._lock:
-            if path in self._watched:
+            if path in self._watched and not watch._stopped:
                 self._watched[path] = watch
+            else:  # (deleted meanwhile: the next look at its parent watches it again, if made again)
+                self._watched.pop(path, None)
+                self._end(watch)
+
+    def _end(self, watch: ChildrenWatch | None) -> None:
+        """Forget a watch that stopped (kazoo keeps its session listener until told)."""
+        if watch is not None:
+            self.client.remove_listener(watch._session_watcher)
 
     def _forget_watches(self, parent: str, children: list[str]) -> None:
         # A watch ends when its node is deleted; let a re-created node be watched again.
@@ -145,7 +154,7 @@ class ZooKeeperRegistry(SubscriberRegistry):
                 if p.startswith(parent + "/") and p[len(parent) + 1 :].split("/")[0] not in children
             }
             for path in gone:
-                self._watched.pop(path, None)
+                self._end(self._watched.pop(path, None))
                 self._children.pop(_queue_and_name(path), None)
 
     def _on_queues(self, path: str, queues: list[str]) -> None:

@@ -137,6 +137,12 @@ def test_max_bytes_stops_after_the_cell_that_reaches_it(storage, queue):
     assert storage.scan(queue, *whole(0), limit=2, max_bytes=10**9) == cells[:2]
     assert storage.scan(queue, *whole(0), topics={b"t"}, max_bytes=bytes_of[0] + 1) == cells[:2]
     assert storage.scan(queue, *whole(0), topics={b"other"}, max_bytes=1) == []
+    # From just after a cell (a reader going on): cells before the start take no bytes. (HBase
+    # counted the bytes of the row it started in, and cut short a read that went on: the topic
+    # index took it for the end of a topic.)
+    after_first = cells[0][0] + b"\x00"
+    assert storage.scan(queue, after_first, whole(0)[1], max_bytes=bytes_of[1] + 1) == cells[1:3]
+    assert storage.scan(queue, after_first, whole(0)[1], max_bytes=1) == cells[1:2]
 
 
 def test_partitions_do_not_leak_into_each_other(storage, queue):

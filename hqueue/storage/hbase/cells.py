@@ -3,7 +3,7 @@ each cell's timestamp, and deletes (see the package's docstring)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import happybase  # noqa: F401  (it loads Hbase_thrift, from its Hbase.thrift)
 from Hbase_thrift import BatchMutation, Mutation
@@ -12,6 +12,7 @@ from ...errors import StorageError
 from ...ids import wall_clock_ms
 from ...keys.index import HEAD_LENGTH, is_index_key
 from ...message import MAX_TIMESTAMP, ROWKEY_LENGTH, partition_prefix
+from ..base import Cell
 from ..fence import fence_key
 
 FAMILY = b"message"
@@ -96,11 +97,21 @@ def split_keys(partitions: int, partitions_per_region: int) -> list[bytes]:
 INDEX_ROW_LENGTH = HEAD_LENGTH + 10
 
 
-def _row_bytes(row: tuple[bytes, dict[bytes, bytes]]) -> int:
-    """A scanned row's bytes as its cells': each cell's key (the row, then its qualifier's
-    topic) and value."""
+def _in_range(
+    rows: Iterable[tuple[bytes, dict[bytes, bytes]]], start_key: bytes, stop_key: bytes
+) -> Iterator[list[Cell]]:
+    """Each scanned row's cells (a cell's key: the row, then its qualifier's topic) in
+    ``[start_key, stop_key)``; a row with none is skipped."""
     prefix = len(_COLUMN_PREFIX)
-    return sum(len(row[0]) + len(column) - prefix + len(value) for column, value in row[1].items())
+    for row, data in rows:
+        cells = [(row + column[prefix:], value) for column, value in data.items()]
+        kept = [cell for cell in cells if start_key <= cell[0] < stop_key]
+        if kept:
+            yield kept
+
+
+def _cells_bytes(cells: list[Cell]) -> int:
+    return sum(len(key) + len(value) for key, value in cells)
 
 
 def _row_length(key: bytes) -> int:

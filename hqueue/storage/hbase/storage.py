@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from urllib.parse import parse_qs, urlsplit
 
@@ -35,7 +35,8 @@ from .cells import (
     StorageUnavailable,
     _cell_deletes,
     _cell_time,
-    _row_bytes,
+    _cells_bytes,
+    _in_range,
     _row_length,
 )
 from .fencing import FencedWrites
@@ -328,13 +329,12 @@ class HBaseStorage(FencedWrites, Storage):
                 limit=rows_wanted,
             )
             # A message's row holds one cell, its qualifier the topic; a timers' row may hold many.
+            # Cells outside the range (the first row's before start_key) go before any byte is
+            # counted: they took their row's bytes, and a read that went on came back short.
+            chunks: Iterable[list[Cell]] = _in_range(rows, start_key, stop_key)
             if max_bytes is not None:  # no more rows taken once they hold max_bytes
-                rows = until_bytes(rows, max_bytes, _row_bytes)
-            cells = [
-                (row + column[len(_COLUMN_PREFIX) :], value) for row, data in rows for column, value in data.items()
-            ]
-            cells.sort()
-            cells = [cell for cell in cells if start_key <= cell[0] < stop_key][:limit]
+                chunks = until_bytes(chunks, max_bytes, _cells_bytes)
+            cells = sorted(cell for chunk in chunks for cell in chunk)[:limit]
             return cells if max_bytes is None else until_bytes(cells, max_bytes)
 
         return self._retrying(f"scan {name!r}", read, name)

@@ -31,7 +31,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import forks
 from .checks import choose_partition, message_columns
@@ -309,11 +309,26 @@ def put_deadline(engine: Any, batch: Batch) -> float:
     return extra
 
 
+_T = TypeVar("_T")
+
+
 def fail_sends(futures: Iterable[Any], error: BaseException) -> None:
     """``error`` on each of ``futures`` not done yet (a put that failed, or a producer closed)."""
-    for future in futures:
-        if not future.done():
-            future.set_exception(error)
+    settle(futures, lambda future: future.done() or future.set_exception(error))
+
+
+def settle(items: Iterable[_T], resolve: Callable[[_T], object]) -> None:
+    """``resolve(item)`` for each item, though a future's callback raise what a Future passes
+    on (SystemExit, KeyboardInterrupt): the first is raised once every one is resolved (the
+    rest of the batch's futures were left pending for ever, and flush() said all was done)."""
+    raised: BaseException | None = None
+    for item in items:
+        try:
+            resolve(item)
+        except BaseException as e:  # noqa: BLE001 - raised below, once the others are resolved
+            raised = raised or e
+    if raised is not None:
+        raise raised
 
 
 class Producer:
@@ -522,8 +537,7 @@ class Producer:
             if error is not None:
                 fail_sends((f for _, f in live), error)
             else:
-                for (_, future), message_id in zip(live, ids, strict=True):
-                    future.set_result(message_id)
+                settle(zip(live, ids, strict=True), lambda done: done[0][1].set_result(done[1]))
         finally:
             self._delivering.pid = None
             with self._cond:

@@ -194,6 +194,19 @@ def owner_error(
     return error
 
 
+#: The least time a call any server can answer gives one server (see :func:`server_share`).
+MIN_SERVER_TRY = 1.0
+
+
+def server_share(deadline: float, now: float, servers_left: int) -> float:
+    """When one try of a call any server can answer (a read) gives up on its server: at
+    its share of what is left, with ``servers_left`` to try (this one too), at least
+    :data:`MIN_SERVER_TRY`. A paused server took the whole deadline, and the next one,
+    which would have answered, was never asked (a put following its partition's new owner
+    after a failover raised DeadlineExceeded)."""
+    return min(deadline, now + max(MIN_SERVER_TRY, (deadline - now) / servers_left))
+
+
 def past_deadline(address: str, method: str, timeout: float, sent: bool) -> str:
     """What a DeadlineExceeded says: the call went and got no answer, or never went."""
     if sent:
@@ -389,13 +402,18 @@ class RemoteEngine:
         servers = random.sample(self._seeds, len(self._seeds))
         failures: list[ServerUnavailable] = []
         with self.deadline() as deadline:
-            for address in servers:
+            for tried, address in enumerate(servers):
+                left = len(servers) - tried  # (servers still to try, this one too)
+                mine = deadline if method not in _IDEMPOTENT else server_share(deadline, time.monotonic(), left)
+                token = _deadline.set((id(self), mine))
                 try:
                     return self._call_at(address, method, *args, queue=queue)
                 except ServerUnavailable as e:
                     failures.append(e)
                     if (e.maybe_sent and method not in _IDEMPOTENT) or time.monotonic() >= deadline:
                         break
+                finally:
+                    _deadline.reset(token)
         error = (DeadlineExceeded if isinstance(failures[-1], DeadlineExceeded) else ServerUnavailable)(
             "no hqueue server answered: " + "; ".join(map(str, failures))
         )

@@ -277,3 +277,20 @@ def test_a_producer_dropped_without_close_sends_on_until_its_queue_closes(tmp_pa
     with caplog.at_level("ERROR", logger="asyncio"):
         run(main())
     assert "Task was destroyed" not in caplog.text
+
+
+def test_a_flush_waits_for_sends_made_while_the_producer_was_opening(api_url, queue_name):
+    """flush() returned True at once while a send made before it waited for the producer to
+    open: the send was not stored yet."""
+
+    async def main() -> None:
+        queue = await made(api_url, queue_name, partitions=1)
+        producer = queue.producer(linger_ms=50)
+        sending = asyncio.ensure_future(producer.send(Message("t", b"first")))
+        await asyncio.sleep(0)  # (it is opening the producer)
+        assert await producer.flush(10) and sending.done()
+        await producer.close()
+        assert [m.value async for m in queue.scan()] == [b"first"]
+        await queue.close()
+
+    run(main())

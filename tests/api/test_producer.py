@@ -416,3 +416,16 @@ def test_a_full_buffer_sends_what_lingers_now(tmp_path):
             assert time.monotonic() - started < 4  # not a linger of 5 s per buffer's worth
             producer.flush()
             assert all(f.result(10) for f in futures)
+
+
+def test_a_callback_raising_systemexit_leaves_no_future_of_its_batch_pending(make_queue):
+    """A Future passes on what is not an Exception from its callbacks: the first future's
+    SystemExit left the four after it pending for ever (stored all the same), and flush()
+    said every send was done."""
+    queue = make_queue(partitions=1)
+    with queue.producer(linger_ms=200) as producer:
+        futures = [producer.send(Message("t", b"m%d" % i)) for i in range(5)]
+        futures[0].add_done_callback(lambda future: sys.exit(0))
+        assert producer.flush(10)
+        assert all(future.done() for future in futures)
+        assert [future.result(0) for future in futures] == [m.id for m in queue.scan()]

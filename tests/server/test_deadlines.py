@@ -14,6 +14,7 @@ own). The precise figures are in ``bench/deadlines.py``.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 
@@ -142,3 +143,21 @@ def test_admin_calls_end_by_their_deadline_across_every_server_tried(server, bla
         elapsed, error = timed(lambda: call(admin), DeadlineExceeded)
     assert elapsed < BOUND, f"took {elapsed:.1f}s with timeout={TIMEOUT} over two silent servers"
     assert f"{TIMEOUT:g}s timeout" in str(error)
+
+
+def test_a_read_any_server_answers_is_answered_past_a_silent_one(server, black_hole):
+    """A call any server can answer gave the first one it tried its whole deadline: a paused
+    server among the seeds failed half the reads (and a put following its partition's new
+    owner after a failover), though the other server would have answered."""
+    url = f"hqueue://{black_hole},{server.proc.address}?timeout={TIMEOUT}"
+    with HQueueAdmin(url) as admin:
+        for _ in range(6):  # (the seeds are tried in random order)
+            assert [q.name for q in admin.list_queues()] == ["q"]
+
+    async def through_asyncio() -> list[list[str]]:
+        from hqueue.aio import AsyncHQueueAdmin
+
+        async with AsyncHQueueAdmin(url) as admin:
+            return [[q.name for q in await admin.list_queues()] for _ in range(6)]
+
+    assert asyncio.run(through_asyncio()) == [["q"]] * 6

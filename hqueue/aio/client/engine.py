@@ -34,6 +34,7 @@ from ...client.engine import (
     owner_error,
     past_deadline,
     queue_description,
+    server_share,
 )
 from ...config import INFO_CACHE_SECONDS, QueueInfo, QueueState
 from ...errors import (
@@ -229,14 +230,21 @@ class AsyncRemoteEngine:
         """A call any server answers: each in random order until the deadline (one that
         changes something goes to a second server only if the first cannot have it)."""
         failures: list[ServerUnavailable] = []
+        clock = asyncio.get_running_loop().time
         with self.deadline() as deadline:
-            for address in random.sample(self._seeds, len(self._seeds)):
+            servers = random.sample(self._seeds, len(self._seeds))
+            for tried, address in enumerate(servers):
+                left = len(servers) - tried  # (servers still to try, this one too)
+                mine = deadline if method not in _IDEMPOTENT else server_share(deadline, clock(), left)
+                token = _deadline.set((id(self), mine))
                 try:
                     return await self._call_at(address, method, *args, queue=queue)
                 except ServerUnavailable as e:
                     failures.append(e)
-                    if (e.maybe_sent and method not in _IDEMPOTENT) or asyncio.get_running_loop().time() >= deadline:
+                    if (e.maybe_sent and method not in _IDEMPOTENT) or clock() >= deadline:
                         break
+                finally:
+                    _deadline.reset(token)
         error = (DeadlineExceeded if isinstance(failures[-1], DeadlineExceeded) else ServerUnavailable)(
             "no hqueue server answered: " + "; ".join(map(str, failures))
         )

@@ -319,16 +319,14 @@ def fail_sends(futures: Iterable[Any], error: BaseException) -> None:
 
 def settle(items: Iterable[_T], resolve: Callable[[_T], object]) -> None:
     """``resolve(item)`` for each item, though a future's callback raise what a Future passes
-    on (SystemExit, KeyboardInterrupt): the first is raised once every one is resolved (the
-    rest of the batch's futures were left pending for ever, and flush() said all was done)."""
-    raised: BaseException | None = None
+    on (SystemExit, KeyboardInterrupt: the rest of the batch's futures were left pending for
+    ever, and flush() said all was done). Such an error is logged: the producer's thread
+    has no caller to raise it to."""
     for item in items:
         try:
             resolve(item)
-        except BaseException as e:  # noqa: BLE001 - raised below, once the others are resolved
-            raised = raised or e
-    if raised is not None:
-        raise raised
+        except BaseException as e:  # noqa: BLE001 - logged: every other future still resolves
+            logger.error("a producer future's callback raised %r: the other futures resolve all the same", e)
 
 
 class Producer:

@@ -73,7 +73,6 @@ class AsyncProducer:
         self._sender: asyncio.Task[None] | None = None
         self._opening: asyncio.Future[None] | None = None
         self._joining = 0  # sends made and not yet in a batch
-        self._joined: asyncio.Event | None = None  # set when none is (a flush waits for it)
         self._given_up = False  # closed before its opening ended, past the close's timeout
         self._puts: set[asyncio.Task[None]] = set()
         #: Put calls made, and messages they carried (stored or failed).
@@ -142,8 +141,6 @@ class AsyncProducer:
             future, wake = batches.add(message, cost, chosen, lambda _: asyncio.get_running_loop().create_future())
         finally:
             self._joining -= 1
-            if not self._joining and self._joined is not None:
-                self._joined.set()
             if self._batches.closed and self._changed is not None:
                 poke = asyncio.ensure_future(self._poke())  # (a closing sender may wait for the last of them)
                 self._puts.add(poke)
@@ -181,21 +178,18 @@ class AsyncProducer:
 
     async def flush(self, timeout: float | None = None) -> bool:
         """Send every batch now, and wait until each message sent before this call is
-        stored or failed. False if ``timeout`` seconds passed first."""
+        stored or failed (those waiting for the producer to open too; one still waiting for
+        room is not sent yet, as a blocking send has not returned). False if ``timeout``
+        seconds passed first."""
         check_timeout(timeout)
         loop = asyncio.get_running_loop()
         until = None if timeout is None else loop.time() + timeout
-        if self._joining:  # sends made and not in a batch yet (the producer opening, or no room): theirs too
-            if self._changed is not None:  # (what is held goes now: room for those waiting for it)
-                async with self._changed:
-                    self._changed.notify_all()
-            if self._joined is None:
-                self._joined = asyncio.Event()
-            self._joined.clear()
-            try:
-                await asyncio.wait_for(self._joined.wait(), None if until is None else until - loop.time())
-            except TimeoutError:
+        opening = self._opening
+        if opening is not None and not opening.done():  # sends made while it opens are in no batch yet
+            _, waiting = await asyncio.wait([opening], timeout=None if until is None else max(0.0, until - loop.time()))
+            if waiting:
                 return False
+            await asyncio.sleep(0)  # (they go into their batches first: they waited for it before this call)
         if self._changed is None:
             return True  # (the opening failed: so did those sends)
         futures = [f for batch in self._batches.pending() for f in batch.futures]

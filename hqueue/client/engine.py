@@ -194,16 +194,17 @@ def owner_error(
     return error
 
 
-#: The least time a call any server can answer gives one server (see :func:`server_share`).
-MIN_SERVER_TRY = 1.0
+#: The least time a read any server can answer gives one server (see :func:`server_share`):
+#: a read slower than that is not answered by a server that has more seeds after it.
+MIN_SERVER_TRY = 5.0
 
 
 def server_share(deadline: float, now: float, servers_left: int) -> float:
-    """When one try of a call any server can answer (a read) gives up on its server: at
-    its share of what is left, with ``servers_left`` to try (this one too), at least
-    :data:`MIN_SERVER_TRY`. A paused server took the whole deadline, and the next one,
-    which would have answered, was never asked (a put following its partition's new owner
-    after a failover raised DeadlineExceeded)."""
+    """When one try of a read any server can answer gives up on its server: at its share
+    of what is left, with ``servers_left`` to try (this one too), at least
+    :data:`MIN_SERVER_TRY` (the last one tried has all that is left). A paused server took
+    the whole deadline, and the next one, which would have answered, was never asked (a put
+    following its partition's new owner after a failover raised DeadlineExceeded)."""
     return min(deadline, now + max(MIN_SERVER_TRY, (deadline - now) / servers_left))
 
 
@@ -404,7 +405,7 @@ class RemoteEngine:
         with self.deadline() as deadline:
             for tried, address in enumerate(servers):
                 left = len(servers) - tried  # (servers still to try, this one too)
-                mine = deadline if method not in _IDEMPOTENT else server_share(deadline, time.monotonic(), left)
+                mine = deadline if method not in _READS else server_share(deadline, time.monotonic(), left)
                 token = _deadline.set((id(self), mine))
                 try:
                     return self._call_at(address, method, *args, queue=queue)
@@ -529,7 +530,7 @@ class RemoteEngine:
                 except (NotPartitionOwner, ServerUnavailable) as e:
                     if not (isinstance(problem, NotPartitionOwner) and isinstance(e, DeadlineExceeded) and looking):
                         problem = e  # (else the deadline kept a look for an owner from going: one is still the want)
-                    if unsure is None and getattr(e, "maybe_sent", False) and not idempotent:
+                    if unsure is None and not looking and getattr(e, "maybe_sent", False) and not idempotent:
                         unsure = e
                 now = time.monotonic()
                 if now >= give_up or isinstance(problem, DeadlineExceeded):

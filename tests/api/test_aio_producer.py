@@ -294,3 +294,28 @@ def test_a_flush_waits_for_sends_made_while_the_producer_was_opening(api_url, qu
         await queue.close()
 
     run(main())
+
+
+def test_a_flush_under_steady_sending_into_a_full_buffer_returns(tmp_path):
+    """A flush waited until no send at all was waiting for room: with tasks sending on into
+    a full buffer, one always was, and flush() never returned."""
+
+    async def main() -> None:
+        url = f"local://{tmp_path}/data"
+        queue = await made(url, "q", partitions=2)
+        producer = queue.producer(linger_ms=5, buffer_bytes=4 * (SEND_OVERHEAD + 200), block_timeout=30)
+        stop = False
+
+        async def sender() -> None:
+            while not stop:
+                await producer.send(Message("t", b"x" * 190))
+
+        tasks = [asyncio.ensure_future(sender()) for _ in range(20)]
+        await asyncio.sleep(0.3)
+        assert await asyncio.wait_for(producer.flush(), 20)
+        stop = True
+        await asyncio.gather(*tasks)
+        await producer.close()
+        await queue.close()
+
+    run(main())

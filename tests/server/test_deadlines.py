@@ -145,10 +145,12 @@ def test_admin_calls_end_by_their_deadline_across_every_server_tried(server, bla
     assert f"{TIMEOUT:g}s timeout" in str(error)
 
 
-def test_a_read_any_server_answers_is_answered_past_a_silent_one(server, black_hole):
-    """A call any server can answer gave the first one it tried its whole deadline: a paused
+def test_a_read_any_server_answers_is_answered_past_a_silent_one(server, black_hole, monkeypatch):
+    """A read any server can answer gave the first one it tried its whole deadline: a paused
     server among the seeds failed half the reads (and a put following its partition's new
-    owner after a failover), though the other server would have answered."""
+    owner after a failover), though the other server would have answered. (Each server gets
+    its share, at least MIN_SERVER_TRY: 5 s, made 0.5 s here to keep the test short.)"""
+    monkeypatch.setattr("hqueue.client.engine.MIN_SERVER_TRY", 0.5)
     url = f"hqueue://{black_hole},{server.proc.address}?timeout={TIMEOUT}"
     with HQueueAdmin(url) as admin:
         for _ in range(6):  # (the seeds are tried in random order)
@@ -161,3 +163,28 @@ def test_a_read_any_server_answers_is_answered_past_a_silent_one(server, black_h
             return [[q.name for q in await admin.list_queues()] for _ in range(6)]
 
     assert asyncio.run(through_asyncio()) == [["q"]] * 6
+
+
+def test_a_put_whose_owner_was_never_found_is_not_outcome_unknown():
+    """A look for the owners whose request may have gone (a paused server's) marked the put
+    itself as maybe sent: OutcomeUnknown, though no put ever went, and later tries resent."""
+    from hqueue.client.engine import RemoteEngine
+    from hqueue.config import QueueInfo
+
+    engine = RemoteEngine("hqueue://127.0.0.1:9,127.0.0.1:10?timeout=2", owner_timeout=1)
+    puts: list[str] = []
+
+    def call_at(address: str, method: str, *args, **kwargs):
+        if method != "getQueueLocations":
+            puts.append(method)
+            raise AssertionError("no owner was ever found: no put may go")
+        error = DeadlineExceeded("no answer") if address.endswith(":9") else ServerUnavailable("refused")
+        error.maybe_sent = address.endswith(":9")
+        raise error
+
+    engine._call_at = call_at  # type: ignore[method-assign]
+    engine.enabled_queue = lambda name: QueueInfo(name, 1)  # type: ignore[method-assign]
+    with pytest.raises((DeadlineExceeded, ServerUnavailable)) as raised:
+        engine.put("q", [Message("t", b"x")], 0)
+    assert not isinstance(raised.value, OutcomeUnknown) and puts == []
+    engine.release()

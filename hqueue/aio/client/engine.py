@@ -26,6 +26,7 @@ from thriftpy2.transport import TTransportException
 from ...checks import message_columns, partition_of
 from ...client.engine import (
     _IDEMPOTENT,
+    _READS,
     READ_RETRY_DELAY,
     READ_TRIES,
     CallDeadline,
@@ -235,7 +236,7 @@ class AsyncRemoteEngine:
             servers = random.sample(self._seeds, len(self._seeds))
             for tried, address in enumerate(servers):
                 left = len(servers) - tried  # (servers still to try, this one too)
-                mine = deadline if method not in _IDEMPOTENT else server_share(deadline, clock(), left)
+                mine = deadline if method not in _READS else server_share(deadline, clock(), left)
                 token = _deadline.set((id(self), mine))
                 try:
                     return await self._call_at(address, method, *args, queue=queue)
@@ -366,7 +367,7 @@ class AsyncRemoteEngine:
                 except (NotPartitionOwner, ServerUnavailable) as e:
                     if not (isinstance(problem, NotPartitionOwner) and isinstance(e, DeadlineExceeded) and looking):
                         problem = e  # (else the deadline kept a look for an owner from going: one is still the want)
-                    if unsure is None and getattr(e, "maybe_sent", False) and not idempotent:
+                    if unsure is None and not looking and getattr(e, "maybe_sent", False) and not idempotent:
                         unsure = e
                 now = loop.time()
                 if now >= give_up or isinstance(problem, DeadlineExceeded):

@@ -369,12 +369,9 @@ class ZooKeeperCoordinator(Coordinator):
             self._join(session)
         with self._lock:
             members, since, items = self._members, self._members_since, self._items
+        if not self.client.exists(self._party_node) and not self._join_again():
+            return 1.0  # locked out: nothing held
         if self.identifier not in members:
-            if not self.client.exists(self._party_node):  # deleted by hand: our session goes on
-                logger.warning("%s: our party node %s was deleted: joining again", self.address, self._party_node)
-                self._party_node = self.client.create(
-                    f"{PARTY_PATH}/{uuid.uuid4().hex}-{self.identifier}", ephemeral=True
-                )
             return 0.1  # our party node is not in the watch's view yet
         settling = since + self.time_boundary - time.monotonic()
         if settling > 0:
@@ -390,6 +387,28 @@ class ZooKeeperCoordinator(Coordinator):
             self._one_lock(self._locks.take, it)
         self._set_owned(frozenset(self._locks.held))
         return 0.1 if mine - set(self._locks.held) else 0.5
+
+    def _join_again(self) -> bool:
+        """Our party node was deleted while our session lives (by hand, or by the first
+        server started with --zk-auth: it deletes nodes made without the credential): make
+        it again. False if ZooKeeper's nodes are closed to this server now: then our locks
+        may be another's, and it holds nothing (it went on owning what another then took)."""
+        try:
+            gone, self._party_node = (
+                self._party_node,
+                self.client.create(f"{PARTY_PATH}/{uuid.uuid4().hex}-{self.identifier}", ephemeral=True),
+            )
+            logger.warning("%s: our party node %s was deleted: joined again", self.address, gone)
+            return True
+        except NoAuthError:
+            if self._owned or self._locks.held:
+                logger.error(
+                    "%s: ZooKeeper's nodes are closed to this server (NoAuth: start it with --zk-auth): "
+                    "giving up %d partition(s)", self.address, len(self._owned),
+                )  # fmt: skip
+            self._set_owned(frozenset())
+            self._locks.forget()
+            return False
 
     def _one_lock(self, act: Callable[[str], object], it: str) -> None:
         """Take or give back one partition's lock: one that fails for a node (made by hand, or

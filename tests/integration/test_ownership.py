@@ -200,3 +200,24 @@ def test_a_failed_read_of_the_party_is_read_again(members, monkeypatch):
     a = members("9001")
     wait_for(lambda: a.owned() == EVERY, 30, "every partition owned")
     assert len(calls) >= 2
+
+
+def test_a_server_without_the_credential_gives_up_its_partitions_once_the_tree_is_closed(zk_hosts):
+    """The first server started with --zk-auth deletes the nodes made without it (a server
+    still running without it among them): that server, locked out, holds nothing more (it
+    went on owning partitions whose locks another server then took)."""
+    open_one = ZooKeeperCoordinator(zk_hosts, "127.0.0.1:9001", session_timeout=2.0)
+    open_one.start(lambda: [("orders", PARTITIONS)])
+    closed_one = None
+    try:
+        wait_for(lambda: len(open_one.owned("orders", PARTITIONS)) == PARTITIONS, 30, "every partition owned")
+        closed_one = ZooKeeperCoordinator(
+            zk_hosts, "127.0.0.1:9002", session_timeout=2.0, auth="hqueue:zk-secret-0123456789"
+        )
+        closed_one.start(lambda: [("orders", PARTITIONS)])
+        wait_for(lambda: open_one.owned("orders", PARTITIONS) == [], 30, "the locked-out server to hold nothing")
+        wait_for(lambda: len(closed_one.owned("orders", PARTITIONS)) == PARTITIONS, 30, "the other to own all")
+    finally:
+        open_one.stop()
+        if closed_one is not None:
+            closed_one.stop()

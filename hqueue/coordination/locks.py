@@ -22,7 +22,7 @@ import uuid
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from .znodes import is_session_node
+from .znodes import SessionNodes
 
 #: kazoo's lock node marker (kazoo.recipe.lock.Lock._NODE_NAME).
 MARK = "__lock__"
@@ -42,8 +42,8 @@ class PartitionLocks:
         self.client, self.path = client, path
         self.held: dict[str, tuple[str, int]] = {}
         self._prefix = uuid.uuid4().hex
-        #: Others' lock nodes found to be sessions' (ephemeral): a node's kind never changes.
-        self._sessions: set[str] = set()
+        #: Which of others' lock nodes are sessions' (a planted persistent one is not counted).
+        self._sessions = SessionNodes(client)
 
     def take(self, item: str) -> bool:
         """Hold ``item``'s lock if no one else holds it or waits for it; False if someone does."""
@@ -88,17 +88,7 @@ class PartitionLocks:
             children = [c for c in self.client.get_children(parent) if MARK in c]
         except NoNodeError:
             return []
-        if len(self._sessions) > 100_000:
-            self._sessions.clear()
-        found = []
-        for child in children:
-            path = f"{parent}/{child}"
-            if not child.startswith(self._prefix) and path not in self._sessions:
-                if not is_session_node(self.client, path):
-                    continue
-                self._sessions.add(path)
-            found.append(child)
-        return found
+        return [c for c in children if c.startswith(self._prefix) or self._sessions.check(f"{parent}/{c}")]
 
     def _delete(self, node: str) -> None:
         try:

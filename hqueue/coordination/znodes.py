@@ -57,30 +57,46 @@ def _secure_tree(client: KazooClient, path: str, acl: list) -> None:
         return
 
 
-def is_session_node(client: KazooClient, path: str) -> bool:
-    """Whether ``path`` is an ephemeral node (a live session's). A persistent node where
-    only sessions make nodes (a party member, a lock, a presence) was made by hand or
-    planted: it is deleted (with what was put under it), with a warning, and False is
-    returned; so it is if it cannot be deleted (it is never counted, and it never stops
-    the caller). False if there is no such node."""
-    stat = client.exists(path)
-    if stat is None:
+class SessionNodes:
+    """Which nodes, where only sessions make nodes (a party member, a lock), are a live
+    session's (ephemeral), remembered: a node's kind never changes, so each is looked at once.
+
+    A persistent one was made by hand or planted: it is deleted (with what was put under
+    it), with a warning, and never counted; so it is if it cannot be deleted (warned of once:
+    every turn of the loop meets it again), and it never stops the caller.
+    """
+
+    #: The most nodes remembered (then forgotten, and looked at again).
+    REMEMBERED = 100_000
+
+    def __init__(self, client: KazooClient) -> None:
+        self.client = client
+        self._sessions: set[str] = set()
+        self._ignored: set[str] = set()
+
+    def check(self, path: str) -> bool:
+        """Whether ``path`` is a session's node; False if there is no such node."""
+        if path in self._sessions:
+            return True
+        stat = self.client.exists(path)
+        if stat is None:
+            return False
+        if stat.ephemeralOwner:
+            _remember(self._sessions, path)
+            return True
+        try:
+            self.client.delete(path, recursive=True)
+            logger.warning("ZooKeeper node %s is persistent where only sessions make nodes: deleted", path)
+        except NoNodeError:
+            pass
+        except KazooException as e:
+            if path not in self._ignored:
+                _remember(self._ignored, path)
+                logger.warning("ZooKeeper node %s is persistent where only sessions make nodes: ignored (%s)", path, e)
         return False
-    if stat.ephemeralOwner:
-        return True
-    try:
-        client.delete(path, recursive=True)
-        logger.warning("ZooKeeper node %s is persistent where only sessions make nodes: deleted", path)
-    except NoNodeError:
-        pass
-    except KazooException as e:
-        if path not in _IGNORED:  # (said once: every turn of the loop meets it again)
-            if len(_IGNORED) > 10_000:
-                _IGNORED.clear()
-            _IGNORED.add(path)
-            logger.warning("ZooKeeper node %s is persistent where only sessions make nodes: ignored (%s)", path, e)
-    return False
 
 
-#: Planted nodes that could not be deleted, already warned of.
-_IGNORED: set[str] = set()
+def _remember(paths: set[str], path: str) -> None:
+    if len(paths) >= SessionNodes.REMEMBERED:
+        paths.clear()
+    paths.add(path)

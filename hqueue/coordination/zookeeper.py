@@ -75,7 +75,7 @@ from ..errors import CoordinationError, InvalidArgument, NotPartitionOwner
 from ..storage.fence import Token
 from .base import Coordinator
 from .locks import PartitionLocks
-from .znodes import is_session_node, secure
+from .znodes import SessionNodes, secure
 
 logger = logging.getLogger(__name__)
 
@@ -210,8 +210,10 @@ class ZooKeeperCoordinator(Coordinator):
         self._members_since = 0.0
         #: The party's nodes as the watch last saw them, not yet read by the loop (None: read).
         self._party: list[str] | None = None
-        #: Party nodes found to be sessions' (ephemeral): a node's kind never changes.
-        self._sessions: set[str] = set()
+        #: Which party nodes are sessions' (a planted persistent one is not a member).
+        self._sessions = SessionNodes(self.client)
+        #: Party nodes not named as a member's, warned of (once).
+        self._misnamed: set[str] = set()
         #: Our own party node (re-made if it goes while our session lives).
         self._party_node = ""
         self._wake = threading.Event()
@@ -313,16 +315,12 @@ class ZooKeeperCoordinator(Coordinator):
         for child in children:
             named = _PARTY_NODE.fullmatch(child)
             if named is None:
-                if child not in self._sessions:
+                if child not in self._misnamed:
                     logger.warning("ZooKeeper party node %s/%s is not a server's name: ignored", PARTY_PATH, child)
-                    self._sessions.add(child)  # (warned once)
-                continue
-            if child not in self._sessions:
-                if not is_session_node(self.client, f"{PARTY_PATH}/{child}"):
-                    continue
-                self._sessions.add(child)
-            members.add(named[1])
-        self._sessions &= set(children)
+                    self._misnamed.add(child)
+            elif self._sessions.check(f"{PARTY_PATH}/{child}"):
+                members.add(named[1])
+        self._misnamed &= set(children)
         return members
 
     def _session_now(self) -> int | None:

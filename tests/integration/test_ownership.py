@@ -186,17 +186,17 @@ def test_a_failed_read_of_the_party_is_read_again(members, monkeypatch):
     server that never saw itself in the party never took a partition."""
     from kazoo.exceptions import ConnectionLoss
 
-    import hqueue.coordination.zookeeper as zookeeper
+    from hqueue.coordination.znodes import SessionNodes
 
-    real, calls = zookeeper.is_session_node, []
+    real, calls = SessionNodes.check, []
 
-    def once_lost(client, path):
+    def once_lost(self, path):
         calls.append(path)
         if len(calls) == 1:
             raise ConnectionLoss()
-        return real(client, path)
+        return real(self, path)
 
-    monkeypatch.setattr(zookeeper, "is_session_node", once_lost)
+    monkeypatch.setattr(SessionNodes, "check", once_lost)
     a = members("9001")
     wait_for(lambda: a.owned() == EVERY, 30, "every partition owned")
     assert len(calls) >= 2

@@ -163,6 +163,20 @@ def owner_addresses(locations: Any, seeds: list[str]) -> list[str]:
     return owners
 
 
+def owner_failure(
+    failure: HQueueError, problem: HQueueError | None, unsure: HQueueError | None, looking: bool, idempotent: bool
+) -> tuple[HQueueError, HQueueError | None]:
+    """A try at a partition's owner failed: (the problem to give up on, the failure after
+    which the request may have been sent). ``looking``: the try was a look for the owner,
+    not the call: a deadline that kept it from going leaves the owner the problem (an owner
+    is still the want: NoPartitionOwner), and it sent no call (a put is not unsure)."""
+    if not (isinstance(problem, NotPartitionOwner) and isinstance(failure, DeadlineExceeded) and looking):
+        problem = failure
+    if unsure is None and not looking and getattr(failure, "maybe_sent", False) and not idempotent:
+        unsure = failure
+    return problem, unsure
+
+
 def owner_error(
     name: str,
     partition_id: int,
@@ -528,10 +542,7 @@ class RemoteEngine:
                         return self._call_at(owner, method, name, *sent, queue=name, pid=partition_id)
                     problem = NotPartitionOwner(name, partition_id, None)
                 except (NotPartitionOwner, ServerUnavailable) as e:
-                    if not (isinstance(problem, NotPartitionOwner) and isinstance(e, DeadlineExceeded) and looking):
-                        problem = e  # (else the deadline kept a look for an owner from going: one is still the want)
-                    if unsure is None and not looking and getattr(e, "maybe_sent", False) and not idempotent:
-                        unsure = e
+                    problem, unsure = owner_failure(e, problem, unsure, looking, idempotent)
                 now = time.monotonic()
                 if now >= give_up or isinstance(problem, DeadlineExceeded):
                     assert problem is not None

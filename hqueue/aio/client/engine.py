@@ -33,6 +33,7 @@ from ...client.engine import (
     client_options,
     owner_addresses,
     owner_error,
+    owner_failure,
     past_deadline,
     queue_description,
     server_share,
@@ -365,10 +366,7 @@ class AsyncRemoteEngine:
                         return await self._call_at(owner, method, name, *sent, queue=name, pid=partition_id)
                     problem = NotPartitionOwner(name, partition_id, None)
                 except (NotPartitionOwner, ServerUnavailable) as e:
-                    if not (isinstance(problem, NotPartitionOwner) and isinstance(e, DeadlineExceeded) and looking):
-                        problem = e  # (else the deadline kept a look for an owner from going: one is still the want)
-                    if unsure is None and not looking and getattr(e, "maybe_sent", False) and not idempotent:
-                        unsure = e
+                    problem, unsure = owner_failure(e, problem, unsure, looking, idempotent)
                 now = loop.time()
                 if now >= give_up or isinstance(problem, DeadlineExceeded):
                     assert problem is not None

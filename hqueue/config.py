@@ -7,7 +7,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, TypeGuard
 
 from .errors import InvalidArgument, InvalidQueueName, QueueDisabled
 from .message import MAX_PARTITIONS
@@ -94,13 +94,18 @@ def check_config(config: object) -> dict[str, str]:
     Raises:
         TypeError, InvalidArgument.
     """
-    if not isinstance(config, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in config.items()):
+    if not _is_text_map(config):
         raise TypeError("'config' must be a dict of str to str")
     for key, value in config.items():
         for text in (key, value):
             if _as_utf8(text) is not text:
                 raise InvalidArgument(f"'config': {_as_utf8(text)!r} is not valid UTF-8 text")
     return config
+
+
+def _is_text_map(config: object) -> TypeGuard[dict[str, str]]:
+    """Whether ``config`` is a dict of str to str."""
+    return isinstance(config, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in config.items())
 
 
 def _as_utf8(text: str) -> str:
@@ -190,9 +195,7 @@ class QueueInfo:
         _check_int("ttl", self.ttl, 0, 2**31 - 1)
         _check_int("max_message_bytes", self.max_message_bytes, 1, 2**31 - 1)
         Durability.validate(self.durability)
-        if not isinstance(self.config, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in self.config.items()
-        ):
+        if not _is_text_map(self.config):
             raise TypeError("'config' must be a dict of str to str")
 
     @property
@@ -246,7 +249,7 @@ class QueueInfo:
         is read with those bytes written ``\\xNN``."""
         fields = json.loads(data)
         config = fields.get("config")
-        if isinstance(config, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in config.items()):
+        if _is_text_map(config):
             fields["config"] = {_as_utf8(k): _as_utf8(v) for k, v in config.items()}
         return cls(**fields)
 

@@ -15,6 +15,7 @@ by byte, or not at all still ends at its deadline (``TimeoutError``).
 
 from __future__ import annotations
 
+import collections
 import itertools
 import queue as queue_module
 import select
@@ -98,25 +99,30 @@ class _Bounded:
 
 class NumberedProtocol:
     """A Thrift protocol whose calls each go with a number of their own, and whose answers
-    must name the call they answer (method and number): thriftpy2's client sends every call
-    as number 0 and checks neither, so an answer that came late (a broken or hostile peer)
-    would be read as the next call's. One that does not match ends the connection
-    (TTransportException). Everything else is the wrapped protocol's."""
+    must name the call they answer (method and number), in the order the calls were sent:
+    thriftpy2's client sends every call as number 0 and checks neither, so an answer that came
+    late (a broken or hostile peer) would be read as the next call's. One that does not match
+    ends the connection (TTransportException). Calls may be sent ahead of their answers (a
+    scanner asks for its next batches so); each answer is checked against the oldest call not
+    answered yet. Everything else is the wrapped protocol's."""
 
     def __init__(self, protocol: Any) -> None:
         self._protocol = protocol
         self._numbers = itertools.count(1)
-        self._asked: tuple[str, int] | None = None
+        #: The calls sent and not answered yet, oldest first: (method, number).
+        self._asked: collections.deque[tuple[str, int]] = collections.deque()
 
     def write_message_begin(self, name: str, kind: int, seqid: int) -> None:
-        self._asked = name, next(self._numbers) & 0x7FFFFFFF  # (an i32 on the wire: a long-lived connection wraps)
-        self._protocol.write_message_begin(name, kind, self._asked[1])
+        asked = name, next(self._numbers) & 0x7FFFFFFF  # (an i32 on the wire: a long-lived connection wraps)
+        self._asked.append(asked)
+        self._protocol.write_message_begin(name, kind, asked[1])
 
     def read_message_begin(self) -> tuple[str, int, int]:
         name, kind, seqid = self._protocol.read_message_begin()
-        if (name, seqid) != self._asked:
+        asked = self._asked.popleft() if self._asked else None
+        if (name, seqid) != asked:
             raise TTransportException(
-                TTransportException.UNKNOWN, f"an answer to {(name, seqid)!r} where {self._asked!r} was asked"
+                TTransportException.UNKNOWN, f"an answer to {(name, seqid)!r} where {asked!r} was asked"
             )
         return name, kind, seqid
 

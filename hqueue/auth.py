@@ -67,6 +67,7 @@ import logging
 import os
 import secrets
 import socket
+import stat
 import tomllib
 import urllib.parse
 from collections.abc import Iterable, Mapping
@@ -180,6 +181,22 @@ OPEN = Principal("anonymous", {"admin": ("*",)})
 LOCAL = Principal("local process", {"admin": ("*",)})
 
 
+def _check_directories(path: str | os.PathLike[str]) -> None:
+    """InvalidArgument if a directory the auth file is in (as named, or once its links are
+    followed) lets every user put another file in its place: every user may write to the
+    directory, and it has no sticky bit (which /tmp has: there only a file's owner may
+    rename or delete it)."""
+    named = os.path.dirname(os.path.abspath(path))
+    for directory in dict.fromkeys((named, os.path.dirname(os.path.realpath(path)))):
+        mode = os.stat(directory).st_mode
+        if mode & 0o002 and not mode & stat.S_ISVTX:
+            raise InvalidArgument(
+                f"auth file {os.fspath(path)!r}: every user of this machine may replace it (its directory "
+                f"{directory!r} is writable by all, without the sticky bit): chmod o-w {directory!r}, or keep "
+                "the file in a directory of the server's user"
+            )
+
+
 class AuthPolicy:
     """The tokens of an auth file."""
 
@@ -202,6 +219,7 @@ class AuthPolicy:
                         f"auth file {os.fspath(path)!r}: every user of this machine may write it (and grant "
                         "themselves any role): chmod o-w it (600: the server's user only)"
                     )
+                _check_directories(path)
                 data = tomllib.load(f)
         except (OSError, tomllib.TOMLDecodeError) as e:
             raise InvalidArgument(f"auth file {os.fspath(path)!r}: {e}") from e

@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -920,6 +921,22 @@ def test_a_new_store_is_its_owner_s_only_and_a_readable_auth_file_with_secrets_i
     os.chmod(auth, 0o666)  # no secret in it, but anyone may add a token of their own
     with pytest.raises(InvalidArgument, match="every user of this machine may write it"):
         AuthPolicy.load(auth)
+    os.chmod(auth, 0o600)
+    # A directory every user may write, without the sticky bit: anyone may put a file of
+    # their own in its place (a rename over it), with a token granting any role.
+    os.chmod(auth.parent, 0o777)
+    try:
+        with pytest.raises(InvalidArgument, match="every user of this machine may replace it"):
+            AuthPolicy.load(auth)
+        (tmp_path / "private").mkdir(mode=0o700)  # named through a link from a directory of the user's
+        linked = tmp_path / "private" / "auth.toml"
+        linked.symlink_to(auth)
+        with pytest.raises(InvalidArgument, match="may replace it"):
+            AuthPolicy.load(linked)
+        os.chmod(auth.parent, 0o777 | stat.S_ISVTX)  # as /tmp: only a file's owner may replace it
+        AuthPolicy.load(auth)
+    finally:
+        os.chmod(auth.parent, 0o700)
 
 
 @pytest.mark.parametrize("io", ["loop", "threads"])

@@ -28,9 +28,9 @@ What is approximate, and bounded:
   further behind shows at least 100,000, and is counted again whenever its
   lag falls under half that, so the count stays a lower bound that becomes
   exact below 50,000 (at most two rows counted per message finished);
-* messages that expire (TTL) while waiting stay counted until the reader
-  reaches the partition's last message (then its lag is 0, and it is counted
-  afresh);
+* messages that expire (TTL) while waiting are counted again once the
+  oldest message counted has expired: until the seeding thread has done
+  so, the count still holds them, and the age is at most the TTL;
 * the age of the oldest waiting message is exact for the last 4,096 batches
   written; for a reader further back it is the age of its cursor (a bound
   from above); for a reader with a topic filter it is the age of the oldest
@@ -49,9 +49,11 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from .errors import HQueueError
 from .ids import runs, wall_clock_ms
 from .message import MessageID, id_bytes, successor
 from .scanner import Scan
+from .storage.base import ttl_cutoff
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -363,7 +365,25 @@ class LagBook:
         first = tally.first_from(cursor)
         if first is None:
             first = max(cursor, seed.oldest)
+        alive = self._oldest_alive(queue)
+        if alive is not None:
+            # Messages expire as time goes (TTL): this answer may change with nothing moving.
+            settled = False
+            if first < alive:  # the oldest waiting, as far as the tally knows, has expired
+                if seed.oldest >= alive:  # none counted has: the seed's oldest is the oldest waiting
+                    first = seed.oldest
+                else:  # some counted have: counted again (the oldest waiting is no older than the TTL)
+                    self._request(reader, queue, pid, topics, progress)
+                    first = alive
         return Lag(value, int.from_bytes(first[:8], "big") if first else 0, settled)
+
+    def _oldest_alive(self, queue: str) -> bytes | None:
+        """The oldest ID (10 bytes) ``queue``'s TTL still keeps; None without a TTL."""
+        try:
+            cutoff = ttl_cutoff(self.engine.queue_info(queue))
+        except HQueueError:
+            return None
+        return cutoff.to_bytes() if cutoff is not None else None
 
     def pending(self) -> int:
         """Readers waiting to be counted."""

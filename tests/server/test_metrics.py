@@ -532,6 +532,33 @@ def test_lag_past_acks_whose_messages_are_gone_counts_what_waits(tmp_path, gone)
         server.stop()
 
 
+def test_an_idle_group_s_lag_and_its_age_fall_as_its_messages_expire(tmp_path):
+    """Messages waiting on a queue with a TTL expire with no reader moving: the gauge kept
+    counting them for ever (5 messages expired, and 5 shown, their age growing without
+    end), while describe_group said 0."""
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, metrics_port=0).start()
+    try:
+        url = f"hqueue://{server.address}"
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("lt", 1, ttl=2)
+            with HQueue("lt", url) as queue, queue.consumer("g", member="m") as consumer:
+                queue.put([Message("t", b"x")] * 10, 0)
+                consumer.ack(drain(consumer, 5))
+                lag = 'hqueue_group_lag_messages{group="g",partition="0",queue="lt"}'
+                age = 'hqueue_group_lag_seconds{group="g",partition="0",queue="lt"}'
+                assert scrape_with(server, lag)[lag] == 5
+                time.sleep(2.5)  # then the 5 waiting expire
+                assert admin.describe_group("lt", "g")["partitions"][0]["lag_messages"] == 0
+                assert scrape(server)[age] <= 2.0  # (no message waits longer than the TTL)
+                wait_for(lambda: scrape(server)[lag] == 0, 10, "no lag once the messages expired")
+                assert scrape(server)[age] == 0
+                # And what comes next counts from nothing
+                queue.put([Message("t", b"new")] * 3, 0)
+                wait_for(lambda: scrape(server)[lag] == 3, 10, "the 3 new messages as lag")
+    finally:
+        server.stop()
+
+
 def test_silent_connections_holding_every_slot_do_not_keep_a_scrape_out(tmp_path):
     from hqueue.metrics.endpoint import MAX_CLIENTS
 

@@ -157,6 +157,12 @@ class RemoteCursor:
             raise _Lost(e) from e
         except TException as e:
             raise scanner_error(e, self.queue) from e
+        except BaseException:
+            # Cut short (an exception raised in a signal handler, KeyboardInterrupt): what was
+            # read of the answer, and which answers are still to come, is unknown. The
+            # connection goes; the next fetch opens another scanner after the last message.
+            self._release(broken=True)
+            raise
 
     def _get_packed(self) -> bytes:
         """The next batch: the answer to the oldest request sent ahead, or to one sent now."""

@@ -117,6 +117,11 @@ class NumberedProtocol:
         self._asked.append(asked)
         self._protocol.write_message_begin(name, kind, asked[1])
 
+    @property
+    def unanswered(self) -> int:
+        """Calls sent whose answers were not read (all of them, when a read was cut short)."""
+        return len(self._asked)
+
     def read_message_begin(self) -> tuple[str, int, int]:
         name, kind, seqid = self._protocol.read_message_begin()
         asked = self._asked.popleft() if self._asked else None
@@ -153,6 +158,7 @@ class Connection:
             if self.socket.sock is not None:
                 widen(self.socket.sock)  # a put's frame in one message (rpc/unix.py)
         protocol: Any = NumberedProtocol(TBinaryProtocolFactory().get_protocol(transport))  # (a TProtocolBase's calls)
+        self.protocol: NumberedProtocol = protocol
         self.client = TClient(wire.T.HQueueService, protocol)
         if pool.token is not None:
             try:
@@ -178,9 +184,11 @@ class Connection:
         return TFramedTransportFactory().get_transport(self.socket)
 
     def stale(self) -> bool:
-        """Whether the server closed this idle connection (restart, idle timeout)."""
+        """Whether this idle connection is of no more use: the server closed it (restart,
+        idle timeout), or a call on it was cut short (its answer, still to come, would be
+        read as the next call's)."""
         sock = self.socket.sock
-        return sock is None or readable_now(sock)  # an idle connection has nothing to read but EOF
+        return sock is None or bool(self.protocol.unanswered) or readable_now(sock)  # idle: nothing to read but EOF
 
     def close(self) -> None:
         self.socket.close()
@@ -271,7 +279,10 @@ class Pool:
             connection.close()
 
     def give_back(self, connection: Connection, broken: bool = False) -> None:
-        if broken:
+        """Keep ``connection`` for the next caller, unless it is ``broken`` or holds a call
+        not answered (one cut short: an exception raised while it waited, a send that failed
+        part-way): then it is closed."""
+        if broken or connection.protocol.unanswered:
             connection.close()
         else:
             self._idle.put(connection)
@@ -287,7 +298,7 @@ class Pool:
                 self.close()  # the server closed or reset it: its other idle ones go the same way
             raise
         except BaseException:
-            self.give_back(connection)  # an answer came back (a typed error): the connection is fine
+            self.give_back(connection)  # an answer came back (a typed error): fine, unless a call was cut short
             raise
         self.give_back(connection)
 

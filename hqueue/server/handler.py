@@ -80,9 +80,13 @@ class QueueCalls(Calls):
         if connection is not None:
             connection.principal = principal
 
-    def _connection_id(self) -> int:
+    def _scanner_owner(self) -> tuple[int, str | None]:
+        """Whose scanners a call may use: its connection's (by ID), as the token it is
+        authenticated as now (None: no connection, or a server without tokens)."""
         connection = current_connection()
-        return connection.id if connection is not None else 0
+        if connection is None:
+            return 0, None
+        return connection.id, connection.principal.name if connection.principal is not None else None
 
     # -- scanners ----------------------------------------------------------------
 
@@ -92,29 +96,27 @@ class QueueCalls(Calls):
         check_partition(info, partitionID)
         scanner = ColumnScanner(self.engine, queue, partitionID, wire.from_tscan(scan))
         connection = current_connection()
-        if connection is None:  # called in process (tests): no connection to bind to
-            return self.scanners.open(scanner)
-        if not connection.on_close:  # the connection's first scanner: free them all when it ends
+        if connection is not None and not connection.on_close:  # its first scanner: all freed when it ends
             connection.on_close.append(functools.partial(self.scanners.close_owned, connection.id))
-        return self.scanners.open(scanner, owner=connection.id)
+        return self.scanners.open(scanner, *self._scanner_owner())
 
     @served("connected", None, inline=True)
     def messageScannerGet(self, scannerID: int) -> Any:
-        messages = messages_from_columns(*self.scanners.take(scannerID, 1, owner=self._connection_id()))
+        messages = messages_from_columns(*self.scanners.take(scannerID, 1, *self._scanner_owner()))
         return wire.to_tmessages(messages)[0] if messages else wire.T.TMessage()
 
     @served("connected", None, inline=True)
     def messageScannerGetList(self, scannerID: int, nbMessages: int) -> list[Any]:
-        columns = self.scanners.take(scannerID, nbMessages, owner=self._connection_id())
+        columns = self.scanners.take(scannerID, nbMessages, *self._scanner_owner())
         return wire.to_tmessages(messages_from_columns(*columns))
 
     @served("connected", None, inline=True)
     def messageScannerGetPacked(self, scannerID: int, nbMessages: int) -> bytes:
-        return packed.pack(*self.scanners.take(scannerID, nbMessages, owner=self._connection_id()))
+        return packed.pack(*self.scanners.take(scannerID, nbMessages, *self._scanner_owner()))
 
     @served("connected", None, inline=True)
     def messageScannerClose(self, scannerID: int) -> None:
-        self.scanners.close(scannerID, owner=self._connection_id())
+        self.scanners.close(scannerID, *self._scanner_owner())
 
     # -- puts ---------------------------------------------------------------------
 

@@ -17,8 +17,10 @@ a client opens:
   a few of them, not a thousand;
 * between calls a scanner keeps at most :data:`HELD_BYTES` of what it read:
   more is dropped and read again by the next call (the cursor moves back);
-* a connection may have :data:`MAX_PER_CONNECTION` scanners open, and the
-  server :data:`MAX_SCANNERS` (``LimitExceeded`` past either).
+* a connection may have :data:`MAX_PER_CONNECTION` scanners open, one
+  token's connections together :data:`MAX_PER_PRINCIPAL` (a quarter of the
+  server's: one token cannot take every scanner from the others), and the
+  server :data:`MAX_SCANNERS` (``LimitExceeded`` past any).
 
 A scanner hands out the store's columns (cell keys and values) as they come
 from the cursor: ``messageScannerGetPacked`` packs them with no object per
@@ -29,6 +31,7 @@ struct calls (``messageScannerGet``, ``GetList``) make Message objects.
 from __future__ import annotations
 
 import bisect
+import collections
 import logging
 import secrets
 import threading
@@ -57,6 +60,9 @@ READ_BYTES = SCAN_REPLY_BYTES
 HELD_BYTES = 64 * 1024
 #: Scanners open at once on one connection, and on the server.
 MAX_PER_CONNECTION, MAX_SCANNERS = 64, 10_000
+#: Scanners open at once on the connections of one token (a quarter of the server's, as
+#: ``--connection-share`` and ``--inflight-share`` are by default).
+MAX_PER_PRINCIPAL = MAX_SCANNERS // 4
 
 
 Columns = tuple[list[bytes], list[bytes]]
@@ -144,19 +150,29 @@ class ScannerRegistry:
         self.idle_timeout = idle_timeout
         # scanner id -> (scanner, owning connection id, last use)
         self._scanners: dict[int, tuple[ColumnScanner, int, float]] = {}
+        # scanner id -> the token its connection authenticated as; scanners open per token
+        self._principals: dict[int, str] = {}
+        self._per_principal: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, name="hqueue-scanner-reaper", daemon=True)
         self._reaper.start()
 
-    def open(self, scanner: ColumnScanner, owner: int = 0) -> int:
-        """Register ``scanner`` for connection ``owner``; its new ID.
+    def open(self, scanner: ColumnScanner, owner: int = 0, principal: str | None = None) -> int:
+        """Register ``scanner`` for connection ``owner`` (authenticated as ``principal``, if
+        the server has tokens); its new ID.
 
         Raises:
-            LimitExceeded: the connection has MAX_PER_CONNECTION scanners open,
-                or the server MAX_SCANNERS (close some: ``messageScannerClose``).
+            LimitExceeded: the connection has MAX_PER_CONNECTION scanners open, the
+                principal's connections MAX_PER_PRINCIPAL, or the server MAX_SCANNERS
+                (close some: ``messageScannerClose``).
         """
         with self._lock:
+            if principal is not None and self._per_principal[principal] >= MAX_PER_PRINCIPAL:
+                raise LimitExceeded(
+                    "max_scanners_per_token", MAX_PER_PRINCIPAL,
+                    f"the connections of token {principal!r} have {MAX_PER_PRINCIPAL} scanners open: close some first",
+                )  # fmt: skip
             if len(self._scanners) >= MAX_SCANNERS:
                 raise LimitExceeded("max_scanners", MAX_SCANNERS, f"the server has {MAX_SCANNERS} scanners open")
             if owner and sum(1 for entry in self._scanners.values() if entry[1] == owner) >= MAX_PER_CONNECTION:
@@ -168,40 +184,55 @@ class ScannerRegistry:
             while scanner_id in self._scanners:
                 scanner_id = secrets.randbelow(2**31 - 1) + 1
             self._scanners[scanner_id] = (scanner, owner, time.monotonic())
+            if principal is not None:
+                self._principals[scanner_id] = principal
+                self._per_principal[principal] += 1
         logger.debug("opened remote scanner %d: %s", scanner_id, scanner)
         return scanner_id
 
-    def _get(self, scanner_id: int, owner: int) -> ColumnScanner:
+    def _get(self, scanner_id: int, owner: int, principal: str | None) -> ColumnScanner:
         entry = self._scanners.get(scanner_id)
-        if entry is None or entry[1] != owner:
+        # (a connection that authenticated again as another token has none of the first one's)
+        if entry is None or entry[1] != owner or self._principals.get(scanner_id) != principal:
             raise InvalidArgument(f"scanner {scanner_id} {SCANNER_GONE} (closed, or idle past {self.idle_timeout:g}s)")
         return entry[0]
 
-    def take(self, scanner_id: int, count: int, owner: int = 0) -> Columns:
+    def take(self, scanner_id: int, count: int, owner: int = 0, principal: str | None = None) -> Columns:
         """Up to ``count`` cells as (cell keys, values) (see the module's limits); none at the end."""
         if not isinstance(count, int) or count < 1:
             raise InvalidArgument(f"'nbMessages' must be >= 1, got {count!r}")
         with self._lock:
-            scanner = self._get(scanner_id, owner)
+            scanner = self._get(scanner_id, owner, principal)
             self._scanners[scanner_id] = (scanner, owner, time.monotonic())
         if scanner.reads_past:
             may_block()  # (on the event loop: the call goes to a worker, before it reads anything)
         return scanner.take(count)
 
-    def close(self, scanner_id: int, owner: int = 0) -> None:
+    def close(self, scanner_id: int, owner: int = 0, principal: str | None = None) -> None:
         with self._lock:
-            scanner = self._get(scanner_id, owner)
-            del self._scanners[scanner_id]
+            scanner = self._get(scanner_id, owner, principal)
+            self._drop([scanner_id])
         scanner.close()
         logger.debug("closed remote scanner %d after %d chunk(s)", scanner_id, scanner.count)
 
     def close_owned(self, owner: int) -> None:
         """Close every scanner of a connection that ended."""
         with self._lock:
-            ids = [i for i, entry in self._scanners.items() if entry[1] == owner]
-            scanners = [self._scanners.pop(i)[0] for i in ids]
+            scanners = self._drop([i for i, entry in self._scanners.items() if entry[1] == owner])
         for scanner in scanners:
             scanner.close()
+
+    def _drop(self, ids: Sequence[int]) -> list[ColumnScanner]:
+        """Take these scanners out of the registry (under its lock); them, to close."""
+        scanners = []
+        for scanner_id in ids:
+            scanners.append(self._scanners.pop(scanner_id)[0])
+            principal = self._principals.pop(scanner_id, None)
+            if principal is not None:
+                self._per_principal[principal] -= 1
+                if not self._per_principal[principal]:
+                    del self._per_principal[principal]
+        return scanners
 
     def __len__(self) -> int:
         return len(self._scanners)
@@ -211,7 +242,7 @@ class ScannerRegistry:
         deadline = time.monotonic() - self.idle_timeout
         with self._lock:
             idle = [i for i, (_, _, used) in self._scanners.items() if used < deadline]
-            closed = [self._scanners.pop(i)[0] for i in idle]
+            closed = self._drop(idle)
         for scanner in closed:
             scanner.close()
         if idle:
@@ -225,6 +256,6 @@ class ScannerRegistry:
     def stop(self) -> None:
         self._stopped.set()
         with self._lock:
-            scanners, self._scanners = list(self._scanners.values()), {}
-        for scanner, _, _ in scanners:
+            scanners = self._drop(list(self._scanners))
+        for scanner in scanners:
             scanner.close()

@@ -60,9 +60,9 @@ def test_a_scan_keeps_one_scanner_while_its_requests_ahead_are_answered(tmp_path
     opened = []
     open_scanner = ScannerRegistry.open
 
-    def counted(self, scanner, owner=0):
+    def counted(self, scanner, owner=0, principal=None):
         opened.append(scanner)
-        return open_scanner(self, scanner, owner)
+        return open_scanner(self, scanner, owner, principal)
 
     monkeypatch.setattr(ScannerRegistry, "open", counted)
     caplog.set_level("INFO", logger="hqueue.client.cursor")
@@ -129,9 +129,9 @@ def test_a_scanner_gone_with_requests_ahead_leaves_no_answer_on_a_pooled_connect
     server = HQueueServer(f"local://{tmp_path}/data", port=0, idle_timeout=0.4, io=io).start()
     gone = ScannerRegistry._get
 
-    def slow_gone(self, scanner_id, owner):  # a busy server: "gone" answers come late
+    def slow_gone(self, scanner_id, owner, principal):  # a busy server: "gone" answers come late
         try:
-            return gone(self, scanner_id, owner)
+            return gone(self, scanner_id, owner, principal)
         except InvalidArgument:
             time.sleep(0.1)
             raise

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from hqueue import HQueue, HQueueAdmin, Message
-from hqueue.errors import LimitExceeded
+from hqueue.errors import InvalidArgument, LimitExceeded
 from hqueue.scanner import Scan
 from hqueue.server import HQueueServer
 from hqueue.server.scanners import HELD_BYTES, MAX_PER_CONNECTION, ColumnScanner, ScannerRegistry
@@ -78,6 +78,43 @@ def test_a_connection_and_the_server_open_a_bounded_number_of_scanners(engine):
         registry.stop()
 
 
+def test_one_token_s_connections_open_a_quarter_of_the_server_s_scanners(engine, monkeypatch):
+    """One token opened every scanner the server has (10,000 over 157 connections, kept
+    alive by a read each minute): every other token's scans failed with LimitExceeded."""
+    from hqueue.config import QueueInfo
+    from hqueue.server import scanners
+
+    monkeypatch.setattr(scanners, "MAX_SCANNERS", 40)
+    monkeypatch.setattr(scanners, "MAX_PER_PRINCIPAL", 10)
+    engine.create_queue(QueueInfo("q", 1))
+    registry = ScannerRegistry()
+    try:
+        ids = [
+            registry.open(ColumnScanner(engine, "q", 0, Scan()), owner=connection, principal="tenant")
+            for connection in range(1, 11)
+        ]
+        with pytest.raises(LimitExceeded, match="token 'tenant' have 10 scanners open"):
+            registry.open(ColumnScanner(engine, "q", 0, Scan()), owner=11, principal="tenant")
+        other = registry.open(ColumnScanner(engine, "q", 0, Scan()), owner=12, principal="other")  # the others may
+        registry.open(ColumnScanner(engine, "q", 0, Scan()), owner=13)  # and a server without tokens counts none
+        # A scanner closed, or its connection gone, or reaped idle, gives its room back
+        registry.close(ids[0], owner=1, principal="tenant")
+        ids[0] = registry.open(ColumnScanner(engine, "q", 0, Scan()), owner=1, principal="tenant")
+        registry.close_owned(2)
+        ids[1] = registry.open(ColumnScanner(engine, "q", 0, Scan()), owner=2, principal="tenant")
+        # A connection that authenticated again as another token has none of the first one's scanners
+        with pytest.raises(InvalidArgument, match="not open on this connection"):
+            registry.take(ids[0], 1, owner=1, principal="other")
+        with pytest.raises(InvalidArgument, match="not open on this connection"):
+            registry.close(other, owner=12, principal="tenant")
+        assert registry.take(other, 1, owner=12, principal="other") == ([], [])
+        registry.idle_timeout = 0
+        assert registry.reap() == 12
+        assert not registry._per_principal and not registry._principals
+    finally:
+        registry.stop()
+
+
 def test_through_a_server_a_scan_of_big_messages_is_whole_and_the_scanners_are_capped(tmp_path):
     server = HQueueServer("local://" + str(tmp_path / "data"), port=0).start()
     url = f"hqueue://{server.address}"
@@ -100,6 +137,34 @@ def test_through_a_server_a_scan_of_big_messages_is_whole_and_the_scanners_are_c
             assert sum(held(s) for s, _, _ in server.scanners._scanners.values()) <= MAX_PER_CONNECTION * HELD_BYTES
             with pytest.raises(T.TInvalidMessage, match="close one first"):
                 client.messageScannerOpen("big", 0, wire.to_tscan(Scan()))
+        finally:
+            client.close()
+    finally:
+        server.stop()
+
+
+def test_a_connection_authenticated_again_as_another_token_reads_none_of_the_first_one_s_scanners(tmp_path):
+    from hqueue.rpc import wire
+    from hqueue.rpc.wire import T
+
+    from .test_hardening import ADMIN, CRAWLER, _token_server
+
+    server = _token_server(tmp_path)
+    try:
+        with HQueueAdmin(f"hqueue://{server.address}", token=ADMIN) as admin:
+            admin.create_queue("crawl.q", 1)
+            admin.create_queue("ops.q", 1)
+        with HQueue("ops.q", f"hqueue://{server.address}", token=ADMIN) as queue:
+            queue.put(Message("t", b"secret"), 0)
+        client = raw_client(server.port)
+        try:
+            client.authenticate(ADMIN)
+            scanner = client.messageScannerOpen("ops.q", 0, wire.to_tscan(Scan()))
+            client.authenticate(CRAWLER)  # a token with no role on ops.*
+            with pytest.raises(T.TInvalidMessage, match="not open on this connection"):
+                client.messageScannerGetPacked(scanner, 10)
+            client.authenticate(ADMIN)
+            assert len(client.messageScannerGetList(scanner, 10)) == 1  # its own again
         finally:
             client.close()
     finally:

@@ -44,6 +44,12 @@ class _Lost(Exception):
         self.cause, self.sent = cause, sent
 
 
+def malformed(server: str, error: Exception) -> ServerUnavailable:
+    """What a scan raises for an answer that is not a packed batch: the server's fault (a
+    broken or hostile one), not the caller's (``packed.unpack``'s InvalidArgument)."""
+    return ServerUnavailable(f"hqueue server {server}: a scanner's answer is not a packed batch ({error})")
+
+
 def scanner_error(e: TException, queue: str) -> Exception:
     """What a scanner call's IDL exception means: _Lost when the server no longer has
     the scanner (opened again by the cursor), else the hqueue error it carries."""
@@ -197,7 +203,12 @@ class RemoteCursor:
     def fetch_columns(self) -> tuple[list[bytes], list[bytes]]:
         with self.engine.deadline() as deadline:
             blob = self._retrying(deadline, "messageScannerGetPacked", self._get_packed)
-            keys, values = packed.unpack(blob)
+            try:
+                keys, values = packed.unpack(blob)
+            except InvalidArgument as e:
+                self.done = True
+                self._release(broken=True)
+                raise malformed(self.server, e) from e
             if keys and self._scan is not None:
                 self._scan = self._scan.after(keys[-1])
             # A short reply is the end, unless the server cut it at its byte limit.

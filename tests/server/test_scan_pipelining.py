@@ -217,3 +217,23 @@ def test_when_one_partition_s_fetch_fails_the_others_are_ended_before_the_scan_r
         assert asyncio.all_tasks() - before == set()
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_an_answer_that_is_not_a_packed_batch_is_the_server_s_fault_not_the_caller_s(url, monkeypatch):
+    """A broken server's scanner answer that packed.unpack refuses was raised to the caller
+    as InvalidArgument, the error of a caller's mistake."""
+    from hqueue.errors import ServerUnavailable
+    from hqueue.rpc import packed
+
+    monkeypatch.setattr(packed, "pack", lambda keys, values: b"\xff" * 9)  # (the server's side: this process)
+    with HQueue("q", url) as queue:
+        with pytest.raises(ServerUnavailable, match="not a packed batch") as raised:
+            list(queue.scan(partition_id=0))
+        assert not isinstance(raised.value, InvalidArgument)
+
+    async def awaited():
+        async with AsyncHQueue("q", url) as queue:
+            return [m async for m in queue.scan(partition_id=0)]
+
+    with pytest.raises(ServerUnavailable, match="not a packed batch"):
+        asyncio.run(awaited())

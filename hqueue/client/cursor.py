@@ -44,10 +44,17 @@ class _Lost(Exception):
         self.cause, self.sent = cause, sent
 
 
-def malformed(server: str, error: Exception) -> ServerUnavailable:
-    """What a scan raises for an answer that is not a packed batch: the server's fault (a
-    broken or hostile one), not the caller's (``packed.unpack``'s InvalidArgument)."""
-    return ServerUnavailable(f"hqueue server {server}: a scanner's answer is not a packed batch ({error})")
+def unpacked(cursor: Any, blob: bytes) -> tuple[list[bytes], list[bytes]]:
+    """A scanner's answer unpacked (cell keys, values), for a cursor of either client. One
+    that is not a packed batch is the server's fault (a broken or hostile one), not the
+    caller's (``packed.unpack``'s InvalidArgument): ServerUnavailable, the cursor ended
+    and its connection dropped."""
+    try:
+        return packed.unpack(blob)
+    except InvalidArgument as e:
+        cursor.done = True
+        cursor._release(broken=True)
+        raise ServerUnavailable(f"hqueue server {cursor.server}: a scanner's answer is not a packed batch ({e})") from e
 
 
 def scanner_error(e: TException, queue: str) -> Exception:
@@ -203,12 +210,7 @@ class RemoteCursor:
     def fetch_columns(self) -> tuple[list[bytes], list[bytes]]:
         with self.engine.deadline() as deadline:
             blob = self._retrying(deadline, "messageScannerGetPacked", self._get_packed)
-            try:
-                keys, values = packed.unpack(blob)
-            except InvalidArgument as e:
-                self.done = True
-                self._release(broken=True)
-                raise malformed(self.server, e) from e
+            keys, values = unpacked(self, blob)
             if keys and self._scan is not None:
                 self._scan = self._scan.after(keys[-1])
             # A short reply is the end, unless the server cut it at its byte limit.

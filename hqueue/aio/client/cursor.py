@@ -21,7 +21,7 @@ from typing import Any
 from thriftpy2.thrift import TException
 from thriftpy2.transport import TTransportException
 
-from ...client.cursor import _FIRST_DELAY, _MAX_DELAY, AHEAD, _Lost, malformed, scanner_error
+from ...client.cursor import _FIRST_DELAY, _MAX_DELAY, AHEAD, _Lost, scanner_error, unpacked
 from ...errors import HQueueError, InvalidArgument, ServerBusy, ServerUnavailable
 from ...message import Message, messages_from_columns
 from ...rpc import packed, wire
@@ -176,12 +176,7 @@ class AsyncRemoteCursor:
     async def fetch_columns(self) -> tuple[list[bytes], list[bytes]]:
         with self.engine.deadline() as deadline:
             blob = await self._retrying(deadline, "messageScannerGetPacked", self._get_packed)
-            try:
-                keys, values = packed.unpack(blob)
-            except InvalidArgument as e:
-                self.done = True
-                self._release(broken=True)
-                raise malformed(self.server, e) from e
+            keys, values = unpacked(self, blob)
             after = self._scan.after(keys[-1]) if keys and self._scan is not None else self._scan
             # A short reply is the end, unless the server cut it at its byte limit.
             if (len(keys) < self.caching and packed.payload_bytes(blob) < wire.SCAN_REPLY_BYTES) or after is None:

@@ -211,13 +211,14 @@ class RemoteCursor:
         with self.engine.deadline() as deadline:
             blob = self._retrying(deadline, "messageScannerGetPacked", self._get_packed)
             keys, values = unpacked(self, blob)
-            if keys and self._scan is not None:
-                self._scan = self._scan.after(keys[-1])
+            after = self._scan.after(keys[-1]) if keys and self._scan is not None else self._scan
             # A short reply is the end, unless the server cut it at its byte limit.
-            if (len(keys) < self.caching and packed.payload_bytes(blob) < wire.SCAN_REPLY_BYTES) or self._scan is None:
+            if (len(keys) < self.caching and packed.payload_bytes(blob) < wire.SCAN_REPLY_BYTES) or after is None:
+                self._scan = after
                 self.close()
             else:
-                self._send_ahead()
+                self._send_ahead()  # cut short there: this batch was never handed out, and is read again
+                self._scan = after
         return keys, values
 
     def close(self) -> None:

@@ -119,17 +119,22 @@ class NumberedProtocol:
 
     @property
     def unanswered(self) -> int:
-        """Calls sent whose answers were not read (all of them, when a read was cut short)."""
+        """Calls sent whose answers were not read whole (a read cut short anywhere, head or
+        body, leaves its call counted)."""
         return len(self._asked)
 
     def read_message_begin(self) -> tuple[str, int, int]:
         name, kind, seqid = self._protocol.read_message_begin()
-        asked = self._asked.popleft() if self._asked else None
+        asked = self._asked[0] if self._asked else None
         if (name, seqid) != asked:
             raise TTransportException(
                 TTransportException.UNKNOWN, f"an answer to {(name, seqid)!r} where {asked!r} was asked"
             )
         return name, kind, seqid
+
+    def read_message_end(self) -> None:
+        self._protocol.read_message_end()
+        self._asked.popleft()  # answered: read to its end
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._protocol, name)

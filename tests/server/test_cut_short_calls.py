@@ -130,3 +130,29 @@ def test_a_pooled_connection_with_a_call_unanswered_is_stale(url):
         assert connection.socket.sock is None
     finally:
         pool.close()
+
+
+def test_a_call_cut_short_while_its_answer_s_body_is_read_is_still_unanswered(url):
+    """The head of the answer read, then an exception while its body was decoded: the call
+    was taken as answered, its connection kept, and the next call read the rest of the
+    frame (a put stored, and raised as a raw protocol error)."""
+    pool = Pool(url.removeprefix("hqueue://"), 5000)
+    try:
+        connection = pool.take()
+        pool.give_back(connection)
+        read_struct, cut = connection.protocol._protocol.read_struct, []
+
+        def cut_once(obj, *args, **kwargs):
+            if not cut:
+                cut.append(obj)
+                raise SoftTimeLimit("after the answer's head")
+            return read_struct(obj, *args, **kwargs)
+
+        connection.protocol.read_struct = cut_once  # (NumberedProtocol keeps what it looked up)
+        with pytest.raises(SoftTimeLimit), pool.client() as client:
+            client.getQueue("q")
+        assert connection.protocol.unanswered == 1 and connection.socket.sock is None and pool._idle.empty()
+        with pool.client() as client:
+            assert client.getQueue("q").partitions == 1
+    finally:
+        pool.close()

@@ -93,6 +93,8 @@ class Connection:
     push: Any = None
     #: Called once when the connection ends (frees what it held, such as scanners).
     on_close: list[Callable[[], None]] = field(default_factory=list)
+    #: What :meth:`when_closed` has been given a callback for.
+    _closing: set[str] = field(default_factory=set)
     #: Failed authentications on this connection (server/logins.py).
     auth_failures: int = 0
     #: Set by a handler: close the connection once this call's answer is sent.
@@ -114,6 +116,13 @@ class Connection:
     opened: float = field(default_factory=time.monotonic)
     #: Its call runs on the server's event loop now, which it may not keep waiting (rpc/loop.py).
     on_loop: bool = False
+
+    def when_closed(self, what: str, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when the connection ends, unless one was given for ``what``
+        already (what a connection holds of one kind is freed by one callback)."""
+        if what not in self._closing:
+            self._closing.add(what)
+            self.on_close.append(callback)
 
     @property
     def who(self) -> str:

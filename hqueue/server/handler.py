@@ -86,7 +86,8 @@ class QueueCalls(Calls):
         connection = current_connection()
         if connection is None:
             return 0, None
-        return connection.id, connection.principal.name if connection.principal is not None else None
+        principal = connection.principal if self.guard.auth is not None else None
+        return connection.id, principal.name if principal is not None else None
 
     # -- scanners ----------------------------------------------------------------
 
@@ -96,8 +97,8 @@ class QueueCalls(Calls):
         check_partition(info, partitionID)
         scanner = ColumnScanner(self.engine, queue, partitionID, wire.from_tscan(scan))
         connection = current_connection()
-        if connection is not None and not connection.on_close:  # its first scanner: all freed when it ends
-            connection.on_close.append(functools.partial(self.scanners.close_owned, connection.id))
+        if connection is not None:  # its scanners all freed when it ends (once per connection)
+            connection.when_closed("scanners", functools.partial(self.scanners.close_owned, connection.id))
         return self.scanners.open(scanner, *self._scanner_owner())
 
     @served("connected", None, inline=True)

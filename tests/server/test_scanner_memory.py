@@ -169,3 +169,55 @@ def test_a_connection_authenticated_again_as_another_token_reads_none_of_the_fir
             client.close()
     finally:
         server.stop()
+
+
+def test_a_connection_s_scanners_are_freed_when_it_ends_whatever_it_called_first(tmp_path):
+    """Scanners were freed with their connection only if a scanner was the first thing on it
+    to ask for that: after a group call, they stayed until the idle reaper (and held their
+    token's share meanwhile)."""
+    from hqueue.rpc import wire
+
+    from ..processes import wait_for
+    from .test_hardening import ADMIN, _token_server
+
+    server = _token_server(tmp_path)
+    try:
+        with HQueueAdmin(f"hqueue://{server.address}", token=ADMIN) as admin:
+            admin.create_queue("ops.q", 1)
+        client = raw_client(server.port)
+        try:
+            client.authenticate(ADMIN)
+            client.openGroup("ops.q", "g", None, 0, 3, None)
+            client.groupReceive("ops.q", "g", "m", 1, 1000, 0)  # (a group call first)
+            for _ in range(5):
+                client.messageScannerOpen("ops.q", 0, wire.to_tscan(Scan()))
+            assert len(server.scanners) == 5 and server.scanners._per_principal == {"ops": 5}
+        finally:
+            client.close()
+        wait_for(lambda: len(server.scanners) == 0, 10, "the scanners freed with their connection")
+        assert not server.scanners._per_principal
+    finally:
+        server.stop()
+
+
+def test_on_a_server_without_tokens_no_token_s_share_is_counted(tmp_path):
+    """A client that sends a token to a server without tokens is let in as anybody: its
+    scanners counted in one share for all such clients (2,500), and a connection that
+    authenticated after opening some lost them."""
+    from hqueue.rpc import wire
+
+    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
+    try:
+        with HQueueAdmin(f"hqueue://{server.address}") as admin:
+            admin.create_queue("q", 1)
+        client = raw_client(server.port)
+        try:
+            scanner = client.messageScannerOpen("q", 0, wire.to_tscan(Scan()))
+            client.authenticate("any-token-at-all")
+            client.messageScannerOpen("q", 0, wire.to_tscan(Scan()))
+            assert client.messageScannerGetList(scanner, 10) == []  # still its own
+            assert not server.scanners._per_principal
+        finally:
+            client.close()
+    finally:
+        server.stop()

@@ -182,19 +182,31 @@ LOCAL = Principal("local process", {"admin": ("*",)})
 
 
 def _check_directories(path: str | os.PathLike[str]) -> None:
-    """InvalidArgument if a directory the auth file is in (as named, or once its links are
-    followed) lets every user put another file in its place: every user may write to the
-    directory, and it has no sticky bit (which /tmp has: there only a file's owner may
-    rename or delete it)."""
-    named = os.path.dirname(os.path.abspath(path))
-    for directory in dict.fromkeys((named, os.path.dirname(os.path.realpath(path)))):
+    """InvalidArgument if a directory above the auth file (on the path as named, or once its
+    links are followed) lets every user put another file in its place: every user may write
+    to it, it has no sticky bit (which /tmp has: there only an entry's owner may rename or
+    delete it), and its file system is not read-only. As OpenSSH's StrictModes, every
+    directory up to / counts (one above may have the file's directory renamed away)."""
+    named, real = os.path.abspath(path), os.path.realpath(path)
+    for directory in dict.fromkeys((*_parents(named), *_parents(real))):
         mode = os.stat(directory).st_mode
-        if mode & 0o002 and not mode & stat.S_ISVTX:
+        if mode & 0o002 and not mode & stat.S_ISVTX and not os.statvfs(directory).f_flag & os.ST_RDONLY:
             raise InvalidArgument(
-                f"auth file {os.fspath(path)!r}: every user of this machine may replace it (its directory "
+                f"auth file {os.fspath(path)!r}: every user of this machine may replace it (the directory "
                 f"{directory!r} is writable by all, without the sticky bit): chmod o-w {directory!r}, or keep "
                 "the file in a directory of the server's user"
             )
+
+
+def _parents(path: str) -> list[str]:
+    """The directories above ``path`` (absolute), nearest first, up to /."""
+    parents, parent = [], os.path.dirname(path)
+    while True:
+        parents.append(parent)
+        above = os.path.dirname(parent)
+        if above == parent:
+            return parents
+        parent = above
 
 
 class AuthPolicy:

@@ -935,6 +935,14 @@ def test_a_new_store_is_its_owner_s_only_and_a_readable_auth_file_with_secrets_i
             AuthPolicy.load(linked)
         os.chmod(auth.parent, 0o777 | stat.S_ISVTX)  # as /tmp: only a file's owner may replace it
         AuthPolicy.load(auth)
+        # One directory further up will do: its child may be renamed away, and another made
+        conf = tmp_path / "open" / "conf"
+        conf.mkdir(parents=True, mode=0o755)
+        os.chmod(conf.parent, 0o777)
+        (conf / "auth.toml").write_bytes(auth.read_bytes())
+        os.chmod(conf / "auth.toml", 0o600)
+        with pytest.raises(InvalidArgument, match="the directory '.*open' is writable by all"):
+            AuthPolicy.load(conf / "auth.toml")
     finally:
         os.chmod(auth.parent, 0o700)
 

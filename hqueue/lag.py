@@ -29,8 +29,9 @@ What is approximate, and bounded:
   lag falls under half that, so the count stays a lower bound that becomes
   exact below 50,000 (at most two rows counted per message finished);
 * messages that expire (TTL) while waiting are counted again once the
-  oldest message counted has expired: until the seeding thread has done
-  so, the count still holds them, and the age is at most the TTL;
+  oldest message counted has expired (at most every ``EXPIRED_RECOUNT``
+  seconds a reader): until then the count still holds them, and the age
+  is at most the TTL;
 * the age of the oldest waiting message is exact for the last 4,096 batches
   written; for a reader further back it is the age of its cursor (a bound
   from above); for a reader with a topic filter it is the age of the oldest
@@ -45,7 +46,7 @@ import time
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -68,6 +69,10 @@ _CHUNK = 10_000
 MARKS = 4096
 #: The seeding thread works this share of the time at most.
 DUTY = 0.25
+#: A reader counted this many seconds ago or more is counted again once messages it counted
+#: have expired (TTL): one that stays behind on a queue whose messages expire all the time is
+#: counted at most this often, not at every scrape.
+EXPIRED_RECOUNT = 5.0
 
 #: How many messages from a given ID on (10 bytes: the first one still stored) a reader has
 #: finished ahead of its cursor. Those before it are no longer stored (expired, truncated): they
@@ -240,6 +245,8 @@ class Seed:
     finished: int
     oldest: bytes
     saturated: bool
+    #: When it was counted (``time.monotonic``).
+    made: float = field(default_factory=time.monotonic)
 
 
 class LagBook:
@@ -373,7 +380,8 @@ class LagBook:
                 if seed.oldest >= alive:  # none counted has: the seed's oldest is the oldest waiting
                     first = seed.oldest
                 else:  # some counted have: counted again (the oldest waiting is no older than the TTL)
-                    self._request(reader, queue, pid, topics, progress)
+                    if time.monotonic() - seed.made >= EXPIRED_RECOUNT:
+                        self._request(reader, queue, pid, topics, progress)
                     first = alive
         return Lag(value, int.from_bytes(first[:8], "big") if first else 0, settled)
 

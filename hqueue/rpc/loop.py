@@ -62,7 +62,7 @@ from typing import Any, Protocol
 from ..errors import ServerBusy
 from .connections import Connection, _current, current_connection
 from .frames import _HEAD, MAX_DECLARED, FrameError, FrameReader, call_head, check_call
-from .threaded import ThreadedServer, logger
+from .threaded import ThreadedServer, bare, logger
 from .workers import Workers
 
 #: The largest call the loop reads itself, with its head (a bigger one goes to a worker).
@@ -470,7 +470,7 @@ class LoopServer(ThreadedServer):
             self._syncs.settle()
             error = None
         except Exception as e:
-            error = e
+            error = bare(e)
         for link in held:
             replies, link.waiting = link.waiting or [], None
             for owner, size in link.waiting_held.items():
@@ -588,7 +588,7 @@ class LoopServer(ThreadedServer):
         except WouldBlock:  # a handler's mistake (may_block off the loop never raises): no answer to give
             error = RuntimeError("a call raised WouldBlock on a worker")
         except Exception as e:
-            error = e
+            error = bare(e)  # (posted to the loop: no traceback holding this call's frames)
         finally:
             _current.connection = None
             try:

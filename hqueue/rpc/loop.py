@@ -190,6 +190,10 @@ class LoopServer(ThreadedServer):
         threading.Thread(target=self._run_loop, name="hqueue-loop", daemon=True).start()
         super().serve()
 
+    def sockets(self) -> list[Any]:
+        listening = [self.socket.sock] + ([self.also.sock] if self.also is not None else [])
+        return listening + [link.sock for link in list(self._links.values())]
+
     def close(self) -> None:
         super().close()
         self._post(("close",))

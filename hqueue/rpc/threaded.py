@@ -44,10 +44,12 @@ import contextlib
 import errno
 import itertools
 import logging
+import os
 import socket
 import ssl
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -57,6 +59,7 @@ from thriftpy2.thrift import TApplicationException
 from thriftpy2.transport import TFramedTransportFactory, TSocket, TTransportException
 from thriftpy2.transport.memory import TCyMemoryBuffer
 
+from .. import forks
 from ..errors import HQueueError, LimitExceeded, NotAuthorized, ServerBusy
 from .budget import AnswerSlot, InflightBudget
 from .connections import (
@@ -94,6 +97,28 @@ def bare(error: _E) -> _E:
     closing held 4.8 GB after 900 of them). The error's type and message are what is used."""
     error.__traceback__ = error.__cause__ = error.__context__ = None
     return error
+
+
+#: The servers of this process (a forked child lets go of their sockets: :func:`_let_go_in_child`).
+_servers: weakref.WeakSet[ThreadedServer] = weakref.WeakSet()
+
+
+def _let_go_in_child() -> list[Any]:
+    """After a fork, in the child: close the child's copies of every server's sockets, so that
+    a connection or a listening socket ends when the parent does. A child that kept them (a
+    ``multiprocessing`` worker that never used hqueue) kept the parent's clients connected to
+    nobody once the parent was killed, and its Unix socket taking connections nobody would
+    accept: the store was not taken over until the child ended. The copies are closed, not
+    shut down: the parent's sockets are not touched."""
+    servers = list(_servers)
+    for server in servers:
+        for sock in server.sockets():
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                os.close(sock.detach())
+    return servers
+
+
+forks.on_fork(_let_go_in_child)
 
 
 class ThreadedServer(TThreadedServer):
@@ -163,6 +188,7 @@ class ThreadedServer(TThreadedServer):
         #: The sockets of the connections served on threads of their own (TLS-wrapped ones too).
         self._served: dict[int, Any] = {}
         self._ids = itertools.count(1)
+        _servers.add(self)
         self._lock = threading.Lock()
         self.log = RateLimitedLog(log=logger)
 
@@ -495,6 +521,13 @@ class ThreadedServer(TThreadedServer):
         oprot = self.oprot_factory.get_protocol(otrans)
         while not self.closed:
             self.processor.process(iprot, oprot)
+
+    def sockets(self) -> list[Any]:
+        """Every socket it has open: those it listens on, and its connections'. Taken without
+        a lock: it is asked in a forked child, where no other thread runs (and a lock another
+        thread of the parent held stays held)."""
+        listening = [self.socket.sock] + ([self.also.sock] if self.also is not None else [])
+        return listening + list(self._served.values())
 
     def close(self) -> None:
         """Stop accepting, and end the connections served on threads once their call under

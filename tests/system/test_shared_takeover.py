@@ -15,10 +15,13 @@ next process to make a call takes the store over.
 from __future__ import annotations
 
 import collections
+import contextlib
 import gc
 import os
 import shutil
+import signal
 import threading
+import time
 
 import pytest
 
@@ -189,6 +192,43 @@ def test_a_forked_child_dropping_its_inherited_client_leaves_the_parents_store_s
         queue.close()
     finally:
         holder.kill()
+
+
+#: A holder that forks a child which never uses hqueue (a multiprocessing worker), then waits.
+HOLD_AND_FORK = (
+    "import os, sys, time\nfrom hqueue import HQueueAdmin\n"
+    "admin = HQueueAdmin(data_dir=sys.argv[1])\nadmin.list_queues()\n"
+    "child = os.fork()\n"
+    "if child == 0:\n os.close(1)\n time.sleep(60)\n os._exit(0)\n"
+    "print('HOLDING', child, flush=True)\ntime.sleep(3600)"
+)
+
+
+def test_a_holder_s_forked_child_keeps_neither_its_clients_nor_its_socket_after_it_is_killed(data):
+    """The child inherited the holder's sockets: once the holder was killed, its clients'
+    connections stayed open to nobody (a put got OutcomeUnknown after its 30 s deadline),
+    and its Unix socket took connections nobody accepted, so the store was not taken over
+    until the child ended."""
+    holder, child = Proc("-c", HOLD_AND_FORK, data), None
+    try:
+        wait_for(lambda: holder.lines and holder.lines[0].startswith("HOLDING"), 60, "the holder to serve")
+        child = int(holder.lines[0].split()[1])
+        with HQueue("q", data_dir=data) as queue:
+            assert isinstance(queue.engine, StoreClient)
+            queue.put(Message("t", b"before"), partition_id=0)  # (a pooled connection to the holder)
+            # When the holder is killed, its child living on
+            holder.kill()
+            # Then this process's next put takes the store over at once (within 5 s, not its 30)
+            started = time.monotonic()
+            queue.put(Message("t", b"after"), partition_id=0)
+            assert time.monotonic() - started < 5
+            assert serving_pid(data) == os.getpid()
+            assert sorted(m.value for m in queue.scan()) == [b"after", b"before"]
+    finally:
+        holder.kill()
+        if child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
 
 
 @pytest.mark.slow

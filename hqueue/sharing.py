@@ -66,7 +66,7 @@ from .groups.limits import GroupLimits
 from .rpc.failures import unwrapped
 from .rpc.unix import short_unix_path, sweep_private
 from .services import open_local
-from .storage.lockholder import lock_holder
+from .storage.lockholder import lock_holder, lock_pid
 
 logger = logging.getLogger(__name__)
 
@@ -150,6 +150,10 @@ def open_store(url: str, group_limits: GroupLimits | None = None) -> Engine | St
     process holds it, else a client of the process that does."""
     deadline = time.monotonic() + STARTUP_WAIT
     while True:
+        # Held by another process (/proc/locks) and served: a client, without opening RocksDB
+        # first (an open that fails on the lock has set up its log: the holder's LOG renamed away).
+        if lock_pid(url[len("local://") :]) not in (None, os.getpid()) and _served(socket_path(url)):
+            return StoreClient(url)
         try:
             return _open_and_serve(url, group_limits)
         except StorageLocked as locked:
@@ -301,6 +305,8 @@ class _Store:
             if now - self._last_try < TAKEOVER_INTERVAL:
                 return False
             self._last_try = now
+            if lock_pid(self.directory) not in (None, os.getpid()):  # held (paused, starting): no open to fail
+                return False
             try:
                 self.engine = _open_and_serve(self.url, None)
             except StorageLocked:

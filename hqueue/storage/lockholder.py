@@ -16,6 +16,12 @@ MAX_SHOWN = 120
 
 def lock_holder(directory: str) -> str | None:
     """``"pid 4242: hqueue tail q"`` for the process holding ``directory``'s lock, or None."""
+    pid = lock_pid(directory)
+    return None if pid is None else f"pid {pid}" + _command(str(pid))
+
+
+def lock_pid(directory: str) -> int | None:
+    """The process ID holding ``directory``'s lock (as /proc/locks lists it), or None."""
     try:
         inode = os.stat(os.path.join(directory, "LOCK")).st_ino
         with open("/proc/locks") as locks:
@@ -27,7 +33,7 @@ def lock_holder(directory: str) -> str | None:
         if "->" in fields:  # a waiter, not the holder
             continue
         if len(fields) >= 6 and fields[5].rsplit(":", 1)[-1] == str(inode) and fields[4].isdigit():
-            return f"pid {fields[4]}" + _command(fields[4])
+            return int(fields[4])
     return None
 
 

@@ -469,6 +469,30 @@ def test_processes_that_open_and_close_one_store_again_and_again_see_no_error(da
     assert [churner.lines for churner in churners] == [["0 []"]] * 3
 
 
+def test_processes_that_use_a_held_store_leave_its_holder_s_log_alone(data):
+    """Each process that came to a store another one held opened RocksDB first, which set up
+    its log (renaming the holder's LOG away) before it failed on the lock: 53 LOG.old files
+    after 10 takeovers, and the holder's own log lost among them."""
+    import glob
+
+    with HQueue("q", data_dir=data) as queue:  # (this process holds the store)
+        queue.put(Message("t", b"x"), partition_id=0)
+        before = set(glob.glob(os.path.join(data, "LOG.old.*")))
+        for _ in range(3):
+            client = Proc("-c", PUT_ONE_ELSEWHERE, data)
+            assert client.proc.wait(timeout=60) == 0
+            client.kill()
+        assert set(glob.glob(os.path.join(data, "LOG.old.*"))) == before
+        assert len(list(queue.scan())) == 4
+
+
+PUT_ONE_ELSEWHERE = (
+    "import sys\nfrom hqueue import HQueue, Message\nfrom hqueue.sharing import StoreClient\n"
+    "with HQueue('q', data_dir=sys.argv[1]) as queue:\n"
+    " assert isinstance(queue.engine, StoreClient)\n queue.put(Message('t', b'y'), partition_id=0)"
+)
+
+
 def _as_nobody() -> None:
     os.setgid(65534)
     os.setgroups([65534])

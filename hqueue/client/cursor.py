@@ -34,6 +34,11 @@ _FIRST_DELAY, _MAX_DELAY = 0.01, 0.25
 #: while this process unpacks the last, and always has one more to read (never idle
 #: between two requests). Each is at most ``caching`` messages and SCAN_REPLY_BYTES.
 AHEAD = 2
+#: A scan left part-way reads the answers to its requests ahead, then closes its scanner,
+#: when they may come to this many bytes at most (at the last answer's size); else it drops
+#: its connection instead, and the server frees the scanner with it: a ``break`` after the
+#: first message of 16 MiB batches read 32 MiB more (2 s over a link of 1 s round trips).
+DRAIN_BYTES = 1024 * 1024
 
 
 class _Lost(Exception):
@@ -42,6 +47,12 @@ class _Lost(Exception):
     def __init__(self, cause: BaseException, sent: bool = True) -> None:
         super().__init__(str(cause))
         self.cause, self.sent = cause, sent
+
+
+def drains(cursor: Any) -> bool:
+    """Whether a cursor of either client closing part-way reads its answers ahead
+    (DRAIN_BYTES), rather than drop its connection."""
+    return cursor._ahead * cursor.last_bytes <= DRAIN_BYTES
 
 
 def unpacked(cursor: Any, blob: bytes) -> tuple[list[bytes], list[bytes]]:
@@ -86,6 +97,8 @@ class RemoteCursor:
         self.scanner_id = -1
         #: Requests for the next batches sent, their answers not read yet (at most AHEAD).
         self._ahead = 0
+        #: The size of the last answer (what one still to come may be: ``drains``).
+        self.last_bytes = 0
         with engine.deadline() as deadline:
             # Any server can serve a scan (the store is shared); prefer the owner.
             self.server = engine.locations(queue)[partition_id] or random.choice(engine._seeds)
@@ -210,6 +223,7 @@ class RemoteCursor:
     def fetch_columns(self) -> tuple[list[bytes], list[bytes]]:
         with self.engine.deadline() as deadline:
             blob = self._retrying(deadline, "messageScannerGetPacked", self._get_packed)
+            self.last_bytes = len(blob)
             keys, values = unpacked(self, blob)
             after = self._scan.after(keys[-1]) if keys and self._scan is not None else self._scan
             # A short reply is the end, unless the server cut it at its byte limit.
@@ -224,6 +238,9 @@ class RemoteCursor:
     def close(self) -> None:
         if not self.done:
             self.done = True
+            if not drains(self):
+                self._release(broken=True)
+                return
             try:
                 while self._ahead:  # the answers to the requests sent ahead come first
                     self._get_packed()

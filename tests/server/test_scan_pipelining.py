@@ -237,3 +237,41 @@ def test_an_answer_that_is_not_a_packed_batch_is_the_server_s_fault_not_the_call
 
     with pytest.raises(ServerUnavailable, match="not a packed batch"):
         asyncio.run(awaited())
+
+
+def test_a_scan_of_big_batches_left_part_way_does_not_wait_for_its_answers_ahead(url, monkeypatch):
+    """Leaving a scan read the answers to its two requests ahead, then closed its scanner:
+    a ``break`` after the first message of 16 MiB batches read 32 MiB more (2 s over a link
+    of 1 s round trips, and until the deadline from a stalled server). Past DRAIN_BYTES
+    the connection is dropped instead, and the server frees the scanner with it."""
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("big", 1)
+    with HQueue("big", url) as queue:
+        queue.put([Message("t", b"%02d" % i + b"x" * 600_000) for i in range(12)], partition_id=0)
+        take, taken = ScannerRegistry.take, []
+
+        def slow(self, *args):  # the batches after the first come 1 s late
+            taken.append(args)
+            if len(taken) > 1:
+                time.sleep(1)
+            return take(self, *args)
+
+        monkeypatch.setattr(ScannerRegistry, "take", slow)
+        started = time.monotonic()
+        with queue.get_partition_scanner(0, caching=2) as scanner:
+            assert next(scanner).value[:2] == b"00"
+        assert time.monotonic() - started < 0.9  # (the answers ahead not waited for)
+        monkeypatch.setattr(ScannerRegistry, "take", take)
+        assert [m.value[:2] for m in queue.scan(partition_id=0, limit=3)] == [b"00", b"01", b"02"]
+
+        async def awaited() -> float:
+            async with AsyncHQueue("big", url) as aqueue:
+                taken.clear()
+                monkeypatch.setattr(ScannerRegistry, "take", slow)
+                started = time.monotonic()
+                async for message in aqueue.scan(partition_id=0, caching=2):
+                    assert message.value[:2] == b"00"
+                    break
+                return time.monotonic() - started
+
+        assert asyncio.run(awaited()) < 0.9

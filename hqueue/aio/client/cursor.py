@@ -21,7 +21,7 @@ from typing import Any
 from thriftpy2.thrift import TException
 from thriftpy2.transport import TTransportException
 
-from ...client.cursor import _FIRST_DELAY, _MAX_DELAY, AHEAD, _Lost, scanner_error, unpacked
+from ...client.cursor import _FIRST_DELAY, _MAX_DELAY, AHEAD, _Lost, drains, scanner_error, unpacked
 from ...errors import HQueueError, InvalidArgument, ServerBusy, ServerUnavailable
 from ...message import Message, messages_from_columns
 from ...rpc import packed, wire
@@ -44,6 +44,8 @@ class AsyncRemoteCursor:
         self._connection: AsyncConnection | None = None
         #: Requests for the next batches sent, their answers not read yet (at most AHEAD).
         self._ahead = 0
+        #: The size of the last answer (what one still to come may be: ``drains``).
+        self.last_bytes = 0
 
     @classmethod
     async def open(cls, engine: Any, queue: str, partition_id: int, scan: Scan, caching: int) -> AsyncRemoteCursor:
@@ -176,6 +178,7 @@ class AsyncRemoteCursor:
     async def fetch_columns(self) -> tuple[list[bytes], list[bytes]]:
         with self.engine.deadline() as deadline:
             blob = await self._retrying(deadline, "messageScannerGetPacked", self._get_packed)
+            self.last_bytes = len(blob)
             keys, values = unpacked(self, blob)
             after = self._scan.after(keys[-1]) if keys and self._scan is not None else self._scan
             # A short reply is the end, unless the server cut it at its byte limit.
@@ -190,6 +193,9 @@ class AsyncRemoteCursor:
     async def close(self) -> None:
         if not self.done:
             self.done = True
+            if not drains(self):
+                self._release(broken=True)
+                return
             try:
                 with self.engine.deadline() as deadline:
                     async with asyncio.timeout_at(deadline):

@@ -1,8 +1,11 @@
 // hqueue's Thrift API (SPEC C9): the HQueue seed's calls, with their names
 // and argument orders, plus admin calls, for clients in any language.
 //
-// Transport and protocol: framed transport, binary protocol (an Apache Thrift
-// generated client uses TFramedTransport + TBinaryProtocol).
+// Transport and protocol: framed transport, strict binary protocol (an Apache
+// Thrift generated client uses TFramedTransport + TBinaryProtocol, strictWrite
+// as by default). Replies: docs/server.md says how big they get (raise the
+// client's frame limit for messageScannerGetPacked), and with an auth file each
+// connection calls authenticate(token) first.
 //
 // Every call declares the exceptions it can raise, so a Java, Node or C++
 // client sees a typed error rather than a dropped connection.

@@ -81,6 +81,13 @@ class ServerLimits:
             )
 
 
+#: What a call on a connection that has not authenticated is told, where tokens are needed.
+NEEDS_TOKEN = (
+    "this server needs a token: connect with hqueue://TOKEN@host:port (or token=); "
+    "over Thrift, call authenticate(token) first"
+)
+
+
 @dataclass
 class Connection:
     """One client connection, as its handler sees it."""

@@ -64,6 +64,7 @@ from ..errors import HQueueError, LimitExceeded, NotAuthorized, ServerBusy
 from .budget import AnswerSlot, InflightBudget
 from .connections import (
     LOCAL_PEER,
+    NEEDS_TOKEN,
     Connection,
     ListeningSocket,
     RateLimitedLog,
@@ -141,7 +142,7 @@ class ThreadedServer(TThreadedServer):
         answer_slots: Mapping[str, int] | None = None,
         owner_of: Callable[[Connection], str] | None = None,
         unproven_bytes: int | None = None,
-        prove_how: str = "this server needs a token: connect with hqueue://TOKEN@host:port (or token=)",
+        prove_how: str = NEEDS_TOKEN,
     ) -> None:
         """``trusted_after(connection)``, asked after each call, says whether the connection
         has proved who it is (default: any call it made). ``also``: a second socket to

@@ -26,8 +26,14 @@ T = idl.load("hqueue.thrift")
 
 #: The most messages one messageScannerGetList reply holds, whatever was asked.
 MAX_SCAN_BATCH = 10_000
-#: A reply stops after the message that brings its topics and values to this size.
+#: A messageScannerGetPacked reply stops after the message that brings its topics and values
+#: to this size (hqueue's clients take a shorter reply for the scan's end: fixed on the wire).
 SCAN_REPLY_BYTES = 16 * 1024 * 1024
+#: The same for the replies other clients read as Thrift structs (messageScannerGet and
+#: GetList) and for a groupReceive: with the default 4 MiB message limit, such a reply stays
+#: under 16,384,000 bytes, the frame limit Apache Thrift's clients keep by default (Java, Go,
+#: Python), which larger ones failed.
+STRUCT_REPLY_BYTES = 8 * 1024 * 1024
 #: The largest answer frame a client reads (a scan chunk is at most SCAN_REPLY_BYTES and change):
 #: a larger head ends the connection before anything is allocated for it.
 MAX_ANSWER_BYTES = 256 * 1024 * 1024

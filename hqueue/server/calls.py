@@ -27,7 +27,7 @@ from ..engine import Engine
 from ..errors import HQueueError, InvalidQueueName, NotAuthorized
 from ..metrics import ServerMetrics
 from ..rpc import wire
-from ..rpc.connections import RateLimitedLog, current_connection
+from ..rpc.connections import NEEDS_TOKEN, RateLimitedLog, current_connection
 from ..rpc.operations import Operation
 
 logger = logging.getLogger(__name__)
@@ -163,7 +163,7 @@ class CallGuard:
             return OPEN
         if connection is not None and connection.local:
             return LOCAL  # the socket file's permissions let it in: it may reach the store's files too
-        raise NotAuthorized("this server needs a token: connect with hqueue://TOKEN@host:port (or token=)")
+        raise NotAuthorized(NEEDS_TOKEN)
 
     def authorize(self, role: str, action: str, queue: Any, named: tuple[str, Any] | None = None) -> None:
         """Raise NotAuthorized unless the connection's token may do ``action``

@@ -103,12 +103,14 @@ class QueueCalls(Calls):
 
     @served("connected", None, inline=True)
     def messageScannerGet(self, scannerID: int) -> Any:
-        messages = messages_from_columns(*self.scanners.take(scannerID, 1, *self._scanner_owner()))
+        messages = messages_from_columns(
+            *self.scanners.take(scannerID, 1, *self._scanner_owner(), room=wire.STRUCT_REPLY_BYTES)
+        )
         return wire.to_tmessages(messages)[0] if messages else wire.T.TMessage()
 
     @served("connected", None, inline=True)
     def messageScannerGetList(self, scannerID: int, nbMessages: int) -> list[Any]:
-        columns = self.scanners.take(scannerID, nbMessages, *self._scanner_owner())
+        columns = self.scanners.take(scannerID, nbMessages, *self._scanner_owner(), room=wire.STRUCT_REPLY_BYTES)
         return wire.to_tmessages(messages_from_columns(*columns))
 
     @served("connected", None, inline=True)
@@ -298,7 +300,8 @@ BIG_ANSWERS = frozenset({"messageScannerGet", "messageScannerGetList", "messageS
 #: held from the budget while the call runs on a connection's thread. A group receive
 #: gives them back while it waits for messages (rpc.connections.answer_slot_aside).
 ANSWER_SLOTS = {
-    **dict.fromkeys(["messageScannerGet", "messageScannerGetList", "messageScannerGetPacked"], wire.SCAN_REPLY_BYTES),
+    **dict.fromkeys(["messageScannerGet", "messageScannerGetList"], wire.STRUCT_REPLY_BYTES),
+    "messageScannerGetPacked": wire.SCAN_REPLY_BYTES,
     "groupReceive": RECEIVE_BYTES,
 }
 

@@ -88,12 +88,12 @@ class ColumnScanner:
         #: Chunks read from the store.
         self.count = 0
 
-    def take(self, count: int) -> Columns:
+    def take(self, count: int, room: int = SCAN_REPLY_BYTES) -> Columns:
         """Up to ``count`` cells (and :data:`MAX_SCAN_BATCH`), stopping after the one
-        that brings the reply to :data:`SCAN_REPLY_BYTES`; none at the end."""
+        that brings the reply to ``room`` bytes; none at the end."""
         keys: list[bytes] = []
         values: list[bytes] = []
-        limit, room = min(count, MAX_SCAN_BATCH), SCAN_REPLY_BYTES
+        limit = min(count, MAX_SCAN_BATCH)
         while len(keys) < limit and room > 0:
             if self._at >= len(self._keys):
                 if self._cursor.done:
@@ -197,8 +197,11 @@ class ScannerRegistry:
             raise InvalidArgument(f"scanner {scanner_id} {SCANNER_GONE} (closed, or idle past {self.idle_timeout:g}s)")
         return entry[0]
 
-    def take(self, scanner_id: int, count: int, owner: int = 0, principal: str | None = None) -> Columns:
-        """Up to ``count`` cells as (cell keys, values) (see the module's limits); none at the end."""
+    def take(
+        self, scanner_id: int, count: int, owner: int = 0, principal: str | None = None, room: int = SCAN_REPLY_BYTES
+    ) -> Columns:
+        """Up to ``count`` cells as (cell keys, values), ``room`` bytes and the cell that
+        passes them (see the module's limits); none at the end."""
         if not isinstance(count, int) or count < 1:
             raise InvalidArgument(f"'nbMessages' must be >= 1, got {count!r}")
         with self._lock:
@@ -206,7 +209,7 @@ class ScannerRegistry:
             self._scanners[scanner_id] = (scanner, owner, time.monotonic())
         if scanner.reads_past:
             may_block()  # (on the event loop: the call goes to a worker, before it reads anything)
-        return scanner.take(count)
+        return scanner.take(count, room)
 
     def close(self, scanner_id: int, owner: int = 0, principal: str | None = None) -> None:
         with self._lock:

@@ -78,11 +78,11 @@ def test_a_scan_cut_short_while_its_requests_ahead_are_answered_leaves_clean_con
     # Given a server slow to answer a scanner's batches after its first
     take, calls = ScannerRegistry.take, []
 
-    def slow(self, scanner_id, *args):
+    def slow(self, scanner_id, *args, **kwargs):
         calls.append(scanner_id)
         if len(calls) > 1:
             time.sleep(0.3)
-        return take(self, scanner_id, *args)
+        return take(self, scanner_id, *args, **kwargs)
 
     expected = [b"%05d" % i for i in range(5000)]
     with HQueue("q", url) as queue:

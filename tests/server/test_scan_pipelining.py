@@ -250,11 +250,11 @@ def test_a_scan_of_big_batches_left_part_way_does_not_wait_for_its_answers_ahead
         queue.put([Message("t", b"%02d" % i + b"x" * 600_000) for i in range(12)], partition_id=0)
         take, taken = ScannerRegistry.take, []
 
-        def slow(self, *args):  # the batches after the first come 1 s late
+        def slow(self, *args, **kwargs):  # the batches after the first come 1 s late
             taken.append(args)
             if len(taken) > 1:
                 time.sleep(1)
-            return take(self, *args)
+            return take(self, *args, **kwargs)
 
         monkeypatch.setattr(ScannerRegistry, "take", slow)
         started = time.monotonic()

@@ -5,6 +5,7 @@ scanners reading one 1 MiB message each held 6.4 GiB in the server)."""
 from __future__ import annotations
 
 import pytest
+from thriftpy2.protocol import TBinaryProtocolFactory
 
 from hqueue import HQueue, HQueueAdmin, Message
 from hqueue.errors import InvalidArgument, LimitExceeded
@@ -217,6 +218,48 @@ def test_on_a_server_without_tokens_no_token_s_share_is_counted(tmp_path):
             client.messageScannerOpen("q", 0, wire.to_tscan(Scan()))
             assert client.messageScannerGetList(scanner, 10) == []  # still its own
             assert not server.scanners._per_principal
+        finally:
+            client.close()
+    finally:
+        server.stop()
+
+
+def test_replies_read_as_thrift_structs_fit_apache_thrift_s_default_frame_limit(tmp_path):
+    """Apache Thrift's generated clients (Java, Go, Python) read frames of at most 16,384,000
+    bytes by default: a messageScannerGetList or groupReceive of 1,000 messages of 20 KB
+    (20 MB) failed there, the receive's messages leased all the same. The packed scan reply
+    keeps its 16 MiB (hqueue's clients take a shorter one for the scan's end)."""
+    from thriftpy2.transport import TMemoryBuffer
+
+    from hqueue.rpc import wire
+    from hqueue.rpc.wire import T
+
+    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
+    try:
+        with HQueueAdmin(f"hqueue://{server.address}") as admin:
+            admin.create_queue("q", 1)
+        with HQueue("q", f"hqueue://{server.address}") as queue:
+            for _ in range(2):
+                queue.put([Message("t", b"v" * 20_000)] * 500, partition_id=0)
+        client = raw_client(server.port)
+        try:
+
+            def frame_bytes(struct) -> int:
+                buffer = TMemoryBuffer()
+                struct.write(TBinaryProtocolFactory().get_protocol(buffer))
+                return len(buffer.getvalue())
+
+            listed = client.messageScannerGetList(client.messageScannerOpen("q", 0, wire.to_tscan(Scan())), 1000)
+            result = T.HQueueService.messageScannerGetList_result(success=listed)
+            assert 400 <= len(listed) < 1000 and frame_bytes(result) < 16_384_000
+            client.openGroup("q", "g", None, 0, 3, None)
+            received = client.groupReceive("q", "g", "m", 1000, 60_000, 0)
+            result = T.HQueueService.groupReceive_result(success=received)
+            assert frame_bytes(result) < 16_384_000
+            packed_reply = client.messageScannerGetPacked(
+                client.messageScannerOpen("q", 0, wire.to_tscan(Scan())), 1000
+            )
+            assert len(packed_reply) > wire.SCAN_REPLY_BYTES
         finally:
             client.close()
     finally:

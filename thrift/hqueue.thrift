@@ -105,6 +105,7 @@ struct TPutResult {
 // hour); a put whose lane and sequence it has written already is answered with
 // that put's IDs and not written again. resent: this put may have been sent
 // before (the writer then also reads the store, not only what it holds).
+// A TRequest with an empty lane is none (the put is not idempotent).
 struct TRequest {
   1: binary lane,
   2: i64 sequence,
@@ -306,10 +307,12 @@ service HQueueService {
   // -- subscriptions (SPEC C7); the seed's argument orders
   // Registers name on queue now, so nothing written after this call is missed.
   // An existing registration keeps its checkpoints; starts given move them.
-  // topics and partitions may be null: all of them.
+  // topics and partitions may be null: all of them (topics empty too).
   // deadLetterAfter: how many times the subscriber may refuse a message before
   // it goes to the queue <queue>.dlq (same partition, topic and value);
-  // unset: retry forever.
+  // unset or 0: retry forever. (Apache Thrift's compilers ignore `optional` in
+  // argument lists: their C++ and Go clients send "", 0 or an empty list for an
+  // argument left out, and the server takes each so, as unset, on every call.)
   void addSubscriber(1: string queue, 2: string name, 3: list<binary> topics,
                      4: list<TPartitionStart> partitions, 5: optional i32 deadLetterAfter)
       throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TIOError io, 4: TNotAuthorized denied)
@@ -351,7 +354,8 @@ service HQueueService {
       timers' IDs are firstID and the count - 1 after it. With dues, each message
       has its own due time: dues holds one signed 64-bit little-endian epoch ms
       per message, in order (8 bytes each), and dueMillis is ignored (send the
-      latest of them: a server that predates dues then fires none early). */
+      latest of them: a server that predates dues then fires none early); dues
+      empty: none. */
   TPutResult scheduleTimers(1: string queue, 2: i16 partitionID, 3: binary messages, 4: i64 dueMillis,
                             5: optional binary dues, 6: optional TRequest request)
       throws (1: TQueueNotFound notFound, 2: TQueueDisabled disabled, 3: TInvalidMessage invalid,
@@ -365,9 +369,10 @@ service HQueueService {
   // A member calls groupReceive on every server (each serves the partitions it
   // owns) and sends acks and nacks to each partition's owner.
 
-  /** Make the group if it is new (topics null: all; startMillis 0: the beginning).
-      keyAffinity "topic" or "partition": the group hands each key's messages out
-      in order, one member at a time (null: as the group is; none for a new one). */
+  /** Make the group if it is new (topics null or empty: all; startMillis 0: the
+      beginning). keyAffinity "topic" or "partition": the group hands each key's
+      messages out in order, one member at a time (null or "": as the group is;
+      none for a new one). */
   void openGroup(1: string queue, 2: string group, 3: list<binary> topics, 4: i64 startMillis, 5: i32 maxRetries,
                  6: string keyAffinity)
       throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TIOError io, 4: TNotAuthorized denied)

@@ -158,8 +158,8 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
         info = self.engine.queue_info(queue, fresh=True)
         if not isinstance(start, int) or start < LATEST:
             raise InvalidArgument(f"'start' must be epoch ms >= 0 (or -1: the latest), got {start!r}")
-        wanted = GroupConfig(
-            frozenset(topics) if topics is not None else None, start, max_retries, key_affinity=key_affinity
+        wanted = GroupConfig(  # (no topics, or none named: all of them)
+            frozenset(topics) if topics else None, start, max_retries, key_affinity=key_affinity
         )
         stored = self.storage.get_meta(group_key(queue, name))
         if stored is None:

@@ -32,7 +32,7 @@ def _topics_out(topics: Any) -> Any:
 
 
 def _topics_in(topics: Any) -> Any:
-    return frozenset(topics) if topics is not None else None
+    return frozenset(topics) if topics else None  # (empty: unset, as UNSET_IF_EMPTY)
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,9 @@ class Codec:
 
 
 PLAIN = Codec()
+#: An optional argument whose empty or zero value means unset: Apache Thrift's compilers ignore
+#: ``optional`` in argument lists, so their C++ and Go clients send "" or 0 for one left out.
+UNSET_IF_EMPTY = Codec(same, lambda value: value or None)
 TOPICS = Codec(_topics_out, _topics_in)
 ID = Codec(wire.to_tid, wire.from_tid)
 PARTITION_OR_ALL = Codec(lambda pid: -1 if pid is None else pid, lambda pid: None if pid == -1 else pid)
@@ -192,7 +195,7 @@ SUBSCRIPTIONS = "subscriptions"
 
 ADD_SUBSCRIBER = Operation(
     SUBSCRIPTIONS, "add", "addSubscriber", MANAGE,
-    (QUEUE, NAME, Arg("topics", TOPICS), STARTS, Arg("dead_letter_after", default=None)),
+    (QUEUE, NAME, Arg("topics", TOPICS), STARTS, Arg("dead_letter_after", UNSET_IF_EMPTY, default=None)),
 )  # fmt: skip
 DELETE_SUBSCRIBER = Operation(SUBSCRIPTIONS, "delete", "deleteSubscriber", MANAGE, (QUEUE, NAME), ("name", "queue"))
 LIST_SUBSCRIBERS = Operation(SUBSCRIPTIONS, "names", "listSubscribers", "consumer", (QUEUE,), result=NAMES)
@@ -294,7 +297,8 @@ GROUP = Arg("group")
 
 OPEN_GROUP = Operation(
     GROUPS, "open", "openGroup", "consumer",
-    (QUEUE, GROUP, Arg("topics", TOPICS), Arg("start"), Arg("max_retries"), Arg("key_affinity", default=None)),
+    (QUEUE, GROUP, Arg("topics", TOPICS), Arg("start"), Arg("max_retries"),
+     Arg("key_affinity", UNSET_IF_EMPTY, default=None)),
 )  # fmt: skip
 LIST_GROUPS = Operation(GROUPS, "names", "listGroups", "consumer", (QUEUE,), result=NAMES)
 DESCRIBE_GROUP = Operation(

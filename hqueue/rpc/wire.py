@@ -132,7 +132,7 @@ def from_trequest(t: Any) -> Request | None:
     Raises:
         InvalidArgument: a malformed one.
     """
-    if t is None:
+    if t is None or not t.lane:  # (an empty one: unset, as a client that sends every argument sends it)
         return None
     return Request(t.lane, t.sequence, bool(t.resent)).checked()
 

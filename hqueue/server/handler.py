@@ -276,7 +276,7 @@ class QueueCalls(Calls):
         topics, values = self._unpack_put(messages)
         partition_id = self._writable_partition(queue, partitionID)
         due: int | list[int] = dueMillis
-        if dues is not None:
+        if dues:  # (empty: unset, as a client that sends every argument sends it)
             due = packed.unpack_dues(dues, len(topics))
         elif not isinstance(dueMillis, int) or not 0 <= dueMillis < 2**63:
             raise InvalidArgument(f"'dueMillis' must be epoch ms >= 0, got {dueMillis!r}")

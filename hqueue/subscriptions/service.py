@@ -116,6 +116,7 @@ class Subscribers:
         """Register ``name`` (or update its topics, partitions, dead-letter limit and given starts)."""
         self._used()
         check_name("subscriber", name)
+        topics = frozenset(topics) if topics else None  # (none named: all of them, as a heartbeat takes it)
         check_topics(topics)
         check_dead_letter_after(dead_letter_after)
         info = self.engine.queue_info(queue, fresh=True)

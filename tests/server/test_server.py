@@ -437,3 +437,23 @@ def test_a_closed_consumer_does_not_receive(tmp_path):
         consumer.close()
         with pytest.raises(RuntimeError, match="is closed"):
             consumer.receive(wait=0)
+
+
+def test_optional_arguments_sent_empty_are_unset_as_a_c_plus_plus_or_go_client_sends_them(server, client):
+    """Apache Thrift's compilers ignore ``optional`` in argument lists: their C++ and Go
+    clients send "" or 0 or [] for an argument left out. openGroup refused keyAffinity "",
+    and with topics [] made a group that received nothing; addSubscriber refused
+    deadLetterAfter 0; putPacked refused an empty TRequest; scheduleTimers empty dues."""
+    from hqueue.ids import wall_clock_ms
+    from hqueue.rpc import packed
+
+    batch = packed.pack([b"t", b"t"], [b"a", b"b"])
+    put = client.putPacked("q", 0, batch, T.TRequest(lane=b"", sequence=0, resent=False))
+    assert put.count == 2
+    client.openGroup("q", "g", [], 0, 3, "")
+    received = client.groupReceive("q", "g", "m", 10, 60_000, 0)
+    assert packed.unpack(received.messages)[1] == [b"a", b"b"]  # all topics
+    client.addSubscriber("q", "s", [], None, 0)  # (0: never dead-lettered)
+    assert client.describeSubscriber("s", "q").topics is None  # all topics
+    timers = client.scheduleTimers("q", 1, batch, wall_clock_ms() + 60_000, b"", T.TRequest(lane=b"", sequence=0))
+    assert timers.count == 2

@@ -53,7 +53,8 @@ def test_hostile_per_message_due_times_get_a_typed_error_and_write_nothing(tmp_p
         blob = packed.pack([b"t"] * 3, [b"a", b"b", b"c"])
         now = wall_clock_ms()
         # When the dues are too short, too long, not bytes' worth of whole due times, or negative
-        for dues in (b"", packed.pack_dues([now, now]), packed.pack_dues([now] * 4), b"\x00" * 23):
+        # (empty dues are none: the due time is dueMillis, as a client that sends every argument sends it)
+        for dues in (packed.pack_dues([now, now]), packed.pack_dues([now] * 4), b"\x00" * 23):
             with pytest.raises(T.TInvalidMessage, match="8 bytes for each of the 3 messages"):
                 client.scheduleTimers("q", 0, blob, now, dues)
         with pytest.raises(T.TInvalidMessage, match="epoch ms >= 0"):

@@ -266,6 +266,8 @@ service HQueueService {
   TPutResult putPacked(1: string queue, 2: i16 partitionID, 3: binary messages, 4: optional TRequest request)
       throws (1: TQueueNotFound notFound, 2: TQueueDisabled disabled, 3: TInvalidMessage invalid,
               4: TNotPartitionOwner notOwner, 5: TIOError io, 6: TNotAuthorized denied)
+  // putMessage and putMessages choose the partition (any the server owns): a
+  // TMessage's partitionID is not read; the WithPid calls and putPacked take one.
   TMessageID putMessage(1: string queue, 2: TMessage message)
       throws (1: TQueueNotFound notFound, 2: TQueueDisabled disabled, 3: TInvalidMessage invalid,
               4: TNotPartitionOwner notOwner, 5: TIOError io, 6: TNotAuthorized denied)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import click
 
+from ..config import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES
 from ..groups.limits import (
     DEFAULT_MAX_GROUPS,
     DEFAULT_MAX_LEASE,
@@ -104,17 +105,19 @@ def _share(name: str, default: float, help: str) -> Callable[[Callable], Callabl
 )
 @click.option(
     "--max-put-messages",
-    type=click.IntRange(1, 2**31 - 1),
-    default=10_000,
+    type=click.IntRange(1, MAX_BATCH_MESSAGES),
+    default=MAX_BATCH_MESSAGES,
     show_default=True,
-    help="Messages one put call may carry (the client splits bigger batches; LimitExceeded).",
+    help="Messages one put call may carry (a batch is atomic, never split: a bigger put is refused, "
+    "LimitExceeded; 10,000 at most, any store's limit).",
 )
 @click.option(
     "--max-put-bytes",
-    type=click.IntRange(1, 2**31 - 1),
-    default=16 * 1024 * 1024,
+    type=click.IntRange(1, MAX_BATCH_BYTES),
+    default=MAX_BATCH_BYTES,
     show_default=True,
-    help="Bytes of topics and values one put call may carry; a larger message cannot be put here.",
+    help="Bytes of topics and values one put call may carry; a larger message cannot be put here "
+    "(16 MiB at most, any store's limit).",
 )
 @click.option(
     "--max-inflight-bytes",

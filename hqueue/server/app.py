@@ -167,7 +167,7 @@ class HQueueServer:
         max_partitions: The most partitions a queue created here may have.
         max_put_messages, max_put_bytes: The most messages, and bytes of
             topics and values, one put call may carry (``--max-put-messages``,
-            ``--max-put-bytes``; the client splits at the same sizes).
+            ``--max-put-bytes``; a bigger put is refused whole, never split).
         metrics_port: Serve Prometheus metrics on this port (0: a free one; None: not at all).
         push_threads: Threads that push to subscribers, all of them together.
         max_subscribers: The most subscribers this server pushes to (the rest wait).

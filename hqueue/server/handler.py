@@ -315,8 +315,8 @@ class HQueueHandler(ThriftService):
         push_policy: Where subscribers' messages may be pushed.
         max_partitions: The most partitions a queue created here may have.
         max_put_messages, max_put_bytes: The most messages, and bytes of
-            topics and values, one put call may carry (the client splits
-            bigger batches at the same sizes).
+            topics and values, one put call may carry (a bigger put is
+            refused whole, never split).
         metrics: The server's Prometheus series.
     """
 

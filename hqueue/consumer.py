@@ -166,6 +166,8 @@ def joining(
     chosen = None if topics is None else frozenset(t.encode() if isinstance(t, str) else t for t in topics)
     if chosen is not None and not all(isinstance(t, bytes) and t for t in chosen):
         raise InvalidArgument("'topics' must be non-empty str or bytes")
+    if chosen is not None and not chosen:  # (a group of no topic would take nothing; on the wire, all)
+        raise InvalidArgument("'topics' names no topic: give at least one, or None for all of them")
     return Joining(chosen, start_ms(start), max_retries, check_key_affinity(key_affinity))
 
 

@@ -229,6 +229,7 @@ class RemoteCursor:
             # A short reply is the end, unless the server cut it at its byte limit.
             if (len(keys) < self.caching and packed.payload_bytes(blob) < wire.SCAN_REPLY_BYTES) or after is None:
                 self._scan = after
+                self.last_bytes = 0  # (at the end, the answers ahead are empty: read, not dropped)
                 self.close()
             else:
                 self._send_ahead()  # cut short there: this batch was never handed out, and is read again

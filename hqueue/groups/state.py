@@ -131,7 +131,8 @@ class GroupConfig:
     @classmethod
     def from_json(cls, data: bytes) -> GroupConfig:
         d = json.loads(data)
-        topics = frozenset(bytes.fromhex(t) for t in d["topics"]) if d["topics"] is not None else None
+        # (a group stored naming no topic, which took nothing, takes all, as one opened so does now)
+        topics = frozenset(bytes.fromhex(t) for t in d["topics"]) if d["topics"] else None
         starts = {int(pid): MessageID.parse(i) for pid, i in d.get("starts", {}).items()}
         return cls(topics, d["start"], d["max_retries"], starts, d.get("key_affinity"))
 

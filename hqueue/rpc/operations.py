@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..auth import MANAGE
-from ..errors import GroupNotFound
+from ..errors import GroupNotFound, InvalidArgument
 from . import wire
 
 T = wire.T
@@ -47,6 +47,18 @@ PLAIN = Codec()
 #: An optional argument whose empty or zero value means unset: Apache Thrift's compilers ignore
 #: ``optional`` in argument lists, so their C++ and Go clients send "" or 0 for one left out.
 UNSET_IF_EMPTY = Codec(same, lambda value: value or None)
+
+
+def _dead_letter_after_out(value: Any) -> Any:
+    """A count that must be 1 or more, or None, going out: 0 is refused here as in process
+    (on the wire it would read as unset)."""
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise InvalidArgument(f"'dead_letter_after' must be an int >= 1 or None, got {value!r}")
+    return value
+
+
+#: As UNSET_IF_EMPTY, for a count: hqueue's client refuses 0 rather than send it as unset.
+COUNT_OR_UNSET = Codec(_dead_letter_after_out, UNSET_IF_EMPTY.back)
 TOPICS = Codec(_topics_out, _topics_in)
 ID = Codec(wire.to_tid, wire.from_tid)
 PARTITION_OR_ALL = Codec(lambda pid: -1 if pid is None else pid, lambda pid: None if pid == -1 else pid)
@@ -195,7 +207,7 @@ SUBSCRIPTIONS = "subscriptions"
 
 ADD_SUBSCRIBER = Operation(
     SUBSCRIPTIONS, "add", "addSubscriber", MANAGE,
-    (QUEUE, NAME, Arg("topics", TOPICS), STARTS, Arg("dead_letter_after", UNSET_IF_EMPTY, default=None)),
+    (QUEUE, NAME, Arg("topics", TOPICS), STARTS, Arg("dead_letter_after", COUNT_OR_UNSET, default=None)),
 )  # fmt: skip
 DELETE_SUBSCRIBER = Operation(SUBSCRIPTIONS, "delete", "deleteSubscriber", MANAGE, (QUEUE, NAME), ("name", "queue"))
 LIST_SUBSCRIBERS = Operation(SUBSCRIPTIONS, "names", "listSubscribers", "consumer", (QUEUE,), result=NAMES)

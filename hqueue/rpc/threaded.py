@@ -113,7 +113,11 @@ def _let_go_in_child() -> list[Any]:
     shut down: the parent's sockets are not touched."""
     servers = list(_servers)
     for server in servers:
-        for sock in server.sockets():
+        try:
+            sockets = server.sockets()
+        except Exception:  # (forked while it was being made: what it has so far)
+            sockets = [getattr(getattr(server, "socket", None), "sock", None)]
+        for sock in sockets:
             with contextlib.suppress(OSError, ValueError, AttributeError):
                 os.close(sock.detach())
     return servers

@@ -275,3 +275,25 @@ def test_a_scan_of_big_batches_left_part_way_does_not_wait_for_its_answers_ahead
                 return time.monotonic() - started
 
         assert asyncio.run(awaited()) < 0.9
+
+
+def test_a_scan_that_ends_reads_its_empty_answers_ahead_and_keeps_its_connection(url, monkeypatch):
+    """At its end a scan's answers ahead are empty: one whose last batch passed DRAIN_BYTES
+    dropped its pooled connection all the same (a new connection, and TLS handshake, each
+    scan of that size)."""
+    from hqueue.client import cursor
+
+    releases, release = [], cursor.RemoteCursor._release
+
+    def counted(self, broken=False):
+        releases.append(broken)
+        return release(self, broken)
+
+    monkeypatch.setattr(cursor.RemoteCursor, "_release", counted)
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("kb", 1)
+    with HQueue("kb", url) as queue:
+        for _ in range(7):
+            queue.put([Message("t", b"x" * 1000)] * 1000, partition_id=0)
+        assert sum(len(batch) for batch in queue.scan_batches(partition_id=0, batch_size=5000)) == 7000
+    assert releases and not any(releases)

@@ -457,3 +457,23 @@ def test_optional_arguments_sent_empty_are_unset_as_a_c_plus_plus_or_go_client_s
     assert client.describeSubscriber("s", "q").topics is None  # all topics
     timers = client.scheduleTimers("q", 1, batch, wall_clock_ms() + 60_000, b"", T.TRequest(lane=b"", sequence=0))
     assert timers.count == 2
+
+
+def test_hqueue_s_own_client_refuses_what_the_wire_would_read_as_unset(server):
+    """Through a server, dead_letter_after=0 went out as 0 and was read as unset (never
+    dead-lettered), where in process it is refused; and a group of no topic is refused
+    alike, not read as all of them."""
+    from hqueue.errors import InvalidArgument
+
+    url = f"hqueue://{server.address}"
+    with HQueueAdmin(url) as admin, pytest.raises(InvalidArgument, match="'dead_letter_after' must be"):
+        admin.add_subscriber("q", "s", dead_letter_after=0)
+    with HQueue("q", url) as queue, pytest.raises(InvalidArgument, match="names no topic"):
+        queue.consumer("g", topics=[])
+
+
+def test_a_group_stored_naming_no_topic_opens_as_one_of_all_topics():
+    from hqueue.groups.state import GroupConfig
+
+    config = GroupConfig.from_json(b'{"topics": [], "start": 0, "max_retries": 3}')
+    assert config.topics is None

@@ -68,6 +68,20 @@ def unpacked(cursor: Any, blob: bytes) -> tuple[list[bytes], list[bytes]]:
         raise ServerUnavailable(f"hqueue server {cursor.server}: a scanner's answer is not a packed batch ({e})") from e
 
 
+def taken(cursor: Any, blob: bytes) -> tuple[list[bytes], list[bytes], Scan | None, bool]:
+    """A scanner's answer, for a cursor of either client: its cell keys and values, what is
+    left of the scan after them, and whether the scan ended there (then the cursor's scan
+    is moved on; else that is the caller's, once its next requests are sent)."""
+    cursor.last_bytes = len(blob)
+    keys, values = unpacked(cursor, blob)
+    after = cursor._scan.after(keys[-1]) if keys and cursor._scan is not None else cursor._scan
+    # A short reply is the end, unless the server cut it at its byte limit.
+    ended = (len(keys) < cursor.caching and packed.payload_bytes(blob) < wire.SCAN_REPLY_BYTES) or after is None
+    if ended:
+        cursor._scan, cursor.last_bytes = after, 0  # (the answers ahead are empty: read, not dropped)
+    return keys, values, after, ended
+
+
 def scanner_error(e: TException, queue: str) -> Exception:
     """What a scanner call's IDL exception means: _Lost when the server no longer has
     the scanner (opened again by the cursor), else the hqueue error it carries."""
@@ -223,13 +237,8 @@ class RemoteCursor:
     def fetch_columns(self) -> tuple[list[bytes], list[bytes]]:
         with self.engine.deadline() as deadline:
             blob = self._retrying(deadline, "messageScannerGetPacked", self._get_packed)
-            self.last_bytes = len(blob)
-            keys, values = unpacked(self, blob)
-            after = self._scan.after(keys[-1]) if keys and self._scan is not None else self._scan
-            # A short reply is the end, unless the server cut it at its byte limit.
-            if (len(keys) < self.caching and packed.payload_bytes(blob) < wire.SCAN_REPLY_BYTES) or after is None:
-                self._scan = after
-                self.last_bytes = 0  # (at the end, the answers ahead are empty: read, not dropped)
+            keys, values, after, ended = taken(self, blob)
+            if ended:
                 self.close()
             else:
                 self._send_ahead()  # cut short there: this batch was never handed out, and is read again

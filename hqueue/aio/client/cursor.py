@@ -21,10 +21,10 @@ from typing import Any
 from thriftpy2.thrift import TException
 from thriftpy2.transport import TTransportException
 
-from ...client.cursor import _FIRST_DELAY, _MAX_DELAY, AHEAD, _Lost, drains, scanner_error, unpacked
+from ...client.cursor import _FIRST_DELAY, _MAX_DELAY, AHEAD, _Lost, drains, scanner_error, taken
 from ...errors import HQueueError, InvalidArgument, ServerBusy, ServerUnavailable
 from ...message import Message, messages_from_columns
-from ...rpc import packed, wire
+from ...rpc import wire
 from ...scanner import Scan
 from .transport import AsyncConnection, AsyncPool, NotSentError
 
@@ -178,13 +178,8 @@ class AsyncRemoteCursor:
     async def fetch_columns(self) -> tuple[list[bytes], list[bytes]]:
         with self.engine.deadline() as deadline:
             blob = await self._retrying(deadline, "messageScannerGetPacked", self._get_packed)
-            self.last_bytes = len(blob)
-            keys, values = unpacked(self, blob)
-            after = self._scan.after(keys[-1]) if keys and self._scan is not None else self._scan
-            # A short reply is the end, unless the server cut it at its byte limit.
-            if (len(keys) < self.caching and packed.payload_bytes(blob) < wire.SCAN_REPLY_BYTES) or after is None:
-                self._scan = after
-                self.last_bytes = 0  # (at the end, the answers ahead are empty: read, not dropped)
+            keys, values, after, ended = taken(self, blob)
+            if ended:
                 await self.close()
             else:
                 await self._send_ahead(deadline)  # cancelled there: this batch was never handed out

@@ -11,12 +11,16 @@ IDs. So, in the child:
   as its client);
 * a handle opened before the fork refuses every call (:func:`check`);
 * the engines it inherited are kept referenced, never closed: closing a RocksDB
-  copy in the child would write to the parent's files.
+  copy in the child would write to the parent's files;
+* the sockets the parent serves on (Thrift, its Unix socket, metrics, the
+  console) are closed in the child (:func:`closed_in_child`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -45,8 +49,36 @@ def check(fork: int, what: str) -> None:
         raise RuntimeError(f"{what} was opened before this process forked: open one in this process")
 
 
+#: What serves connections in this process: a forked child closes its copies of their sockets.
+_listeners: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def closed_in_child(listener: Any) -> None:
+    """In a child forked after this call, close the child's copies of ``listener.sockets()``
+    (the sockets it listens on, and its connections'): else, once the parent is gone, a
+    child that never used them (a ``multiprocessing`` worker) keeps its peers connected to
+    nobody and its port taking connections nobody accepts (a shared store not taken over,
+    a port that cannot be bound again). The copies are closed, not shut down: the parent's
+    sockets are not touched."""
+    _listeners.add(listener)
+
+
+def _close_listeners() -> list[Any]:
+    listeners = list(_listeners)
+    for listener in listeners:
+        try:
+            sockets = list(listener.sockets())
+        except Exception:  # (forked while it was being made: it has nothing of its own yet)
+            continue
+        for sock in sockets:
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                os.close(sock.detach())
+    return listeners
+
+
 def _after_fork_in_child() -> None:
     _count[0] += 1
+    _inherited.extend(_close_listeners())
     for reset in _resets:
         _inherited.extend(reset())
 

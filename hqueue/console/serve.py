@@ -28,6 +28,7 @@ from flask.sessions import SecureCookieSessionInterface
 from waitress.channel import HTTPChannel
 from waitress.server import create_server
 
+from .. import forks
 from ..admin import HQueueAdmin
 from ..auth import AuthPolicy
 from ..rpc.connections import RateLimitedLog
@@ -134,6 +135,12 @@ class Console:
         self.port: int = self._server.effective_port
         self.host = host
         self._thread: threading.Thread | None = None
+        forks.closed_in_child(self)
+
+    def sockets(self) -> list[Any]:
+        """Its listening socket and its connections' (waitress's channels)."""
+        channels = list(self._server._map.values())
+        return [self._server.socket] + [getattr(c, "socket", None) for c in channels if c is not self._server]
 
     def describe_group(self, queue: str, group: str) -> dict[str, Any]:
         """``admin.describe_group``, kept :data:`DESCRIBE_FOR` seconds: a group's page, its

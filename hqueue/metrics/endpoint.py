@@ -28,6 +28,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
+from .. import forks
+
 logger = logging.getLogger(__name__)
 
 MAX_CLIENTS = 8
@@ -80,6 +82,11 @@ class _Server(ThreadingHTTPServer):
         self.silent: dict[socket.socket, float] = {}
         self._silent_lock = threading.Lock()
         super().__init__(address, handler)
+        forks.closed_in_child(self)
+
+    def sockets(self) -> list[socket.socket]:
+        """Its listening socket, and the connections still waiting for their request."""
+        return [self.socket, *list(self.silent)]
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self.slots.acquire(blocking=False) and not self._evict_for_one():

@@ -192,7 +192,8 @@ class LoopServer(ThreadedServer):
 
     def sockets(self) -> list[Any]:
         listening = [self.socket.sock] + ([self.also.sock] if self.also is not None else [])
-        return listening + [link.sock for link in list(self._links.values())]
+        links = getattr(self, "_links", {})  # (none before it is made: a fork while it was being made)
+        return listening + [link.sock for link in list(links.values())]
 
     def close(self) -> None:
         super().close()

@@ -44,12 +44,10 @@ import contextlib
 import errno
 import itertools
 import logging
-import os
 import socket
 import ssl
 import threading
 import time
-import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -98,32 +96,6 @@ def bare(error: _E) -> _E:
     closing held 4.8 GB after 900 of them). The error's type and message are what is used."""
     error.__traceback__ = error.__cause__ = error.__context__ = None
     return error
-
-
-#: The servers of this process (a forked child lets go of their sockets: :func:`_let_go_in_child`).
-_servers: weakref.WeakSet[ThreadedServer] = weakref.WeakSet()
-
-
-def _let_go_in_child() -> list[Any]:
-    """After a fork, in the child: close the child's copies of every server's sockets, so that
-    a connection or a listening socket ends when the parent does. A child that kept them (a
-    ``multiprocessing`` worker that never used hqueue) kept the parent's clients connected to
-    nobody once the parent was killed, and its Unix socket taking connections nobody would
-    accept: the store was not taken over until the child ended. The copies are closed, not
-    shut down: the parent's sockets are not touched."""
-    servers = list(_servers)
-    for server in servers:
-        try:
-            sockets = server.sockets()
-        except Exception:  # (forked while it was being made: what it has so far)
-            sockets = [getattr(getattr(server, "socket", None), "sock", None)]
-        for sock in sockets:
-            with contextlib.suppress(OSError, ValueError, AttributeError):
-                os.close(sock.detach())
-    return servers
-
-
-forks.on_fork(_let_go_in_child)
 
 
 class ThreadedServer(TThreadedServer):
@@ -193,7 +165,7 @@ class ThreadedServer(TThreadedServer):
         #: The sockets of the connections served on threads of their own (TLS-wrapped ones too).
         self._served: dict[int, Any] = {}
         self._ids = itertools.count(1)
-        _servers.add(self)
+        forks.closed_in_child(self)
         self._lock = threading.Lock()
         self.log = RateLimitedLog(log=logger)
 

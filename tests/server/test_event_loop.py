@@ -1009,3 +1009,26 @@ def test_frames_cut_off_by_their_peer_leave_no_buffer_behind(tmp_path, io):
         tracemalloc.stop()
         gc.enable()
         server.stop()
+
+
+def test_a_forked_child_keeps_none_of_the_ports_its_parent_serves(tmp_path):
+    """A child forked from a serving process (a multiprocessing worker) kept its copies of
+    the listening sockets: once the parent stopped, the metrics and console ports still took
+    connections nobody answered, and could not be bound again while the child lived."""
+    import os
+
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, metrics_port=0, console_port=0).start()
+    ports = {"thrift": server.port, "metrics": server.metrics_port, "console": int(server.console.port)}
+    child = os.fork()
+    if child == 0:
+        time.sleep(5)
+        os._exit(0)
+    try:
+        server.stop()
+        for name, port in ports.items():
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", port), timeout=2).close()
+                pytest.fail(f"the {name} port took a connection")
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)

@@ -66,7 +66,7 @@ from .groups.limits import GroupLimits
 from .rpc.failures import unwrapped
 from .rpc.unix import short_unix_path, sweep_private
 from .services import open_local
-from .storage.lockholder import lock_holder, lock_pid
+from .storage.lockholder import lock_pid
 
 logger = logging.getLogger(__name__)
 
@@ -99,9 +99,19 @@ def serve_with(serve: Callable[[Engine, GroupLimits | None], None]) -> None:
     _serve = serve
 
 
+def store_directory(url: str) -> str:
+    """The directory of the ``local://`` store ``url``."""
+    return url[len("local://") :]
+
+
 def socket_path(url: str) -> str:
     """The Unix socket of the ``local://`` store ``url``."""
-    return os.path.join(url[len("local://") :], SOCKET_NAME)
+    return os.path.join(store_directory(url), SOCKET_NAME)
+
+
+def _held_elsewhere(directory: str) -> bool:
+    """Whether another process holds the store's lock (/proc/locks; False where it cannot tell)."""
+    return lock_pid(directory) not in (None, os.getpid())
 
 
 def socket_access(directory: str) -> tuple[int, int | None]:
@@ -152,7 +162,7 @@ def open_store(url: str, group_limits: GroupLimits | None = None) -> Engine | St
     while True:
         # Held by another process (/proc/locks) and served: a client, without opening RocksDB
         # first (an open that fails on the lock has set up its log: the holder's LOG renamed away).
-        if lock_pid(url[len("local://") :]) not in (None, os.getpid()) and _served(socket_path(url)):
+        if _held_elsewhere(store_directory(url)) and _served(socket_path(url)):
             return StoreClient(url)
         try:
             return _open_and_serve(url, group_limits)
@@ -224,7 +234,7 @@ class _Store:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.directory = url[len("local://") :]
+        self.directory = store_directory(url)
         self.users = 0
         self.engine: Engine | None = None
         self._lock = threading.Lock()
@@ -285,7 +295,7 @@ class _Store:
         """Whether no process holds the store: no lock on it listed in /proc/locks, and
         nothing listening on its socket (where /proc/locks is not there to read, or does
         not list the holder, a process that serves the store is seen on its socket)."""
-        if self._gone() or lock_holder(self.directory) is not None:
+        if self._gone() or lock_pid(self.directory) is not None:
             return False
         try:
             return not _served(socket_path(self.url))
@@ -305,7 +315,7 @@ class _Store:
             if now - self._last_try < TAKEOVER_INTERVAL:
                 return False
             self._last_try = now
-            if lock_pid(self.directory) not in (None, os.getpid()):  # held (paused, starting): no open to fail
+            if _held_elsewhere(self.directory):  # held (paused, starting): no open to fail
                 return False
             try:
                 self.engine = _open_and_serve(self.url, None)

@@ -191,9 +191,8 @@ class LoopServer(ThreadedServer):
         super().serve()
 
     def sockets(self) -> list[Any]:
-        listening = [self.socket.sock] + ([self.also.sock] if self.also is not None else [])
         links = getattr(self, "_links", {})  # (none before it is made: a fork while it was being made)
-        return listening + [link.sock for link in list(links.values())]
+        return super().sockets() + [link.sock for link in list(links.values())]
 
     def close(self) -> None:
         super().close()

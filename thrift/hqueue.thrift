@@ -226,7 +226,9 @@ exception TNotAuthorized {
 // The store or coordination failed; the call may be retried. Also a call the
 // server refused unread, as "ServerBusy: max_inflight_bytes=N: ..." (its calls
 // under way hold all the memory it allows them; retry), or as "LimitExceeded:
-// max_frame_bytes=N: ..." for calls that do not declare TInvalidMessage.
+// max_frame_bytes=N: ..." for authenticate, the one call that does not declare
+// TInvalidMessage (every other call answers an argument it refuses, a bad
+// queue, group or member name say, with TInvalidMessage "Kind: ...").
 exception TIOError {
   1: string message
 }
@@ -283,25 +285,25 @@ service HQueueService {
 
   // host:port of each partition's owner, by partition id; "" where none.
   list<string> getQueueLocations(1: string queue)
-      throws (1: TQueueNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied)
+      throws (1: TQueueNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied, 4: TInvalidMessage invalid)
 
   // -- admin
   void createQueue(1: TQueueInfo info)
       throws (1: TQueueExists exists, 2: TInvalidMessage invalid, 3: TIOError io, 4: TNotAuthorized denied)
   TQueueDescription describeQueue(1: string queue)
-      throws (1: TQueueNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied)
+      throws (1: TQueueNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied, 4: TInvalidMessage invalid)
   list<TQueueInfo> listQueues()
-      throws (1: TIOError io, 2: TNotAuthorized denied)
+      throws (1: TIOError io, 2: TNotAuthorized denied, 3: TInvalidMessage invalid)
   // One queue's definition alone: cheap, unlike describeQueue (which reads
   // every partition's last ID).
   TQueueInfo getQueue(1: string queue)
-      throws (1: TQueueNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied)
+      throws (1: TQueueNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied, 4: TInvalidMessage invalid)
   void truncateQueue(1: string queue)
-      throws (1: TQueueNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied)
+      throws (1: TQueueNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied, 4: TInvalidMessage invalid)
   void disableQueue(1: string queue)
-      throws (1: TQueueNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied)
+      throws (1: TQueueNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied, 4: TInvalidMessage invalid)
   void enableQueue(1: string queue)
-      throws (1: TQueueNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied)
+      throws (1: TQueueNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied, 4: TInvalidMessage invalid)
   // The queue must be disabled first, as in HBase.
   void dropQueue(1: string queue)
       throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TIOError io, 4: TNotAuthorized denied)
@@ -319,11 +321,11 @@ service HQueueService {
                      4: list<TPartitionStart> partitions, 5: optional i32 deadLetterAfter)
       throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TIOError io, 4: TNotAuthorized denied)
   void deleteSubscriber(1: string name, 2: string queue)
-      throws (1: TSubscriberNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied, 4: TQueueNotFound queueNotFound)
+      throws (1: TSubscriberNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied, 4: TQueueNotFound queueNotFound, 5: TInvalidMessage invalid)
   list<string> listSubscribers(1: string queue)
-      throws (1: TQueueNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied)
+      throws (1: TQueueNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied, 4: TInvalidMessage invalid)
   TSubscriberInfo describeSubscriber(1: string name, 2: string queue)
-      throws (1: TSubscriberNotFound notFound, 2: TQueueNotFound queueNotFound, 3: TIOError io, 4: TNotAuthorized denied)
+      throws (1: TSubscriberNotFound notFound, 2: TQueueNotFound queueNotFound, 3: TIOError io, 4: TNotAuthorized denied, 5: TInvalidMessage invalid)
   // partitionID -1: every partition. Replays from startID (inclusive).
   void setCheckpoint(1: string queue, 2: string name, 3: i16 partitionID, 4: TMessageID startID)
       throws (1: TSubscriberNotFound notFound, 2: TInvalidMessage invalid, 3: TIOError io, 4: TNotAuthorized denied, 5: TQueueNotFound queueNotFound)
@@ -331,7 +333,7 @@ service HQueueService {
   // ephemeral nodes there), or "server" (call subscriberHeartbeat).
   // Needs the consumer role on queue (only subscribers use it).
   string getCoordination(1: string queue)
-      throws (1: TIOError io, 2: TNotAuthorized denied)
+      throws (1: TIOError io, 2: TNotAuthorized denied, 3: TInvalidMessage invalid)
   // Without ZooKeeper: "I am at address, taking these topics, proving pushes
   // with this key"; every second. The server checks the address (it must be
   // the calling host's, or in --subscriber-allow networks).
@@ -348,7 +350,7 @@ service HQueueService {
   // push: the leaving instance's key; its presence ends only if it is still its own (an
   // instance replaced since must not end the new one's). Without it (an older subscriber): ends.
   void subscriberLeave(1: string queue, 2: string name, 3: TPushKey push)
-      throws (1: TSubscriberNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied, 4: TQueueNotFound queueNotFound)
+      throws (1: TSubscriberNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied, 4: TQueueNotFound queueNotFound, 5: TInvalidMessage invalid)
 
   // -- timer messages (SPEC X1); sent to the partition's owner --------------------
 
@@ -401,7 +403,7 @@ service HQueueService {
       throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TNotPartitionOwner notOwner,
               4: TGroupNotFound groupNotFound, 5: TIOError io, 6: TNotAuthorized denied)
   void groupLeave(1: string queue, 2: string group, 3: string member)
-      throws (1: TQueueNotFound notFound, 2: TGroupNotFound groupNotFound, 3: TIOError io, 4: TNotAuthorized denied)
+      throws (1: TQueueNotFound notFound, 2: TGroupNotFound groupNotFound, 3: TIOError io, 4: TNotAuthorized denied, 5: TInvalidMessage invalid)
   /** Renew the leases the member holds of these messages (rowkeys as in groupAck):
       each runs leaseMillis from now, at most the server's --max-lease. Leases
       that ran out, went to another member or were finished are not renewed.
@@ -415,9 +417,9 @@ service HQueueService {
       throws (1: TQueueNotFound notFound, 2: TGroupNotFound groupNotFound, 3: TIOError io, 4: TNotAuthorized denied,
               5: TInvalidMessage invalid)
   list<string> listGroups(1: string queue)
-      throws (1: TQueueNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied)
+      throws (1: TQueueNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied, 4: TInvalidMessage invalid)
   TGroupInfo describeGroup(1: string queue, 2: string group)
-      throws (1: TQueueNotFound notFound, 2: TGroupNotFound groupNotFound, 3: TIOError io, 4: TNotAuthorized denied)
+      throws (1: TQueueNotFound notFound, 2: TGroupNotFound groupNotFound, 3: TIOError io, 4: TNotAuthorized denied, 5: TInvalidMessage invalid)
   /** The group's messages in flight on the partitions this server owns, in (partition, ID) order, at most limit (1..10000). */
   list<TPending> groupPending(1: string queue, 2: string group, 3: i32 limit)
       throws (1: TQueueNotFound notFound, 2: TGroupNotFound groupNotFound, 3: TInvalidMessage invalid,
@@ -427,7 +429,7 @@ service HQueueService {
       throws (1: TQueueNotFound notFound, 2: TGroupNotFound groupNotFound, 3: TInvalidMessage invalid,
               4: TNotPartitionOwner notOwner, 5: TIOError io, 6: TNotAuthorized denied)
   void deleteGroup(1: string queue, 2: string group)
-      throws (1: TQueueNotFound notFound, 2: TGroupNotFound groupNotFound, 3: TIOError io, 4: TNotAuthorized denied)
+      throws (1: TQueueNotFound notFound, 2: TGroupNotFound groupNotFound, 3: TIOError io, 4: TNotAuthorized denied, 5: TInvalidMessage invalid)
 }
 
 // Served by each subscriber (SPEC C7): the server pushes batches to it.

@@ -286,7 +286,7 @@ def from_thrift_error(e: Exception, queue: str | None = None, partition_id: int 
             return errors.QueueEnabled(queue, "it can be dropped")
         return known[kind](rest) if kind in known else errors.InvalidMessage(text)
     kind, _, rest = text.partition(": ")
-    if kind == "InvalidQueueName":  # refused before the call, which may not declare TInvalidMessage
+    if kind == "InvalidQueueName":  # (a server whose IDL did not declare TInvalidMessage for the call)
         return errors.InvalidQueueName(rest)
     if kind == "QueueDisabled" and queue:  # (a call that does not declare TQueueDisabled)
         return errors.QueueDisabled(queue)

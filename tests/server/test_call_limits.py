@@ -127,18 +127,65 @@ def test_a_frame_over_the_limit_is_refused_unread_and_the_connection_goes_on(sma
 
 
 def test_a_refused_frame_of_a_call_without_TInvalidMessage_gets_TIOError(small_frames):
+    """authenticate is the one call that does not declare TInvalidMessage."""
     junk = b"\x0b\x00\x63" + struct.pack("!i", 2 << 20) + b"j" * (2 << 20) + b"\x00"  # a 2 MiB string in field 99
-    call = _call(b"listQueues", junk)
+    call = _call(b"authenticate", junk)
     listing = _call(b"listQueues", b"\x00")
     with socket.create_connection(("127.0.0.1", small_frames.port), timeout=10) as s:
         s.sendall(struct.pack("!I", len(call)) + call + struct.pack("!I", len(listing)) + listing)
-        replies = b""
-        while replies.count(b"listQueues") < 2:
-            chunk = s.recv(65536)
-            assert chunk, "the server closed the connection"
-            replies += chunk
-    assert b"LimitExceeded: max_frame_bytes=1048576" in replies
-    assert replies.rindex(b"q") > replies.index(b"max_frame_bytes")  # then the listing, on the same connection
+        reader = s.makefile("rb")
+        refused, listed = (_result(reader, name) for name in ("authenticate", "listQueues"))
+    assert refused.io.message.startswith("LimitExceeded: max_frame_bytes=1048576")
+    assert [info.name for info in listed.success] == ["q"]  # then the listing, on the same connection
+
+
+def _result(reader, method: str):
+    """The next reply frame from ``reader``, decoded as ``method``'s result."""
+    from thriftpy2.protocol import TBinaryProtocol
+    from thriftpy2.transport import TMemoryBuffer
+
+    (size,) = struct.unpack("!I", reader.read(4))
+    protocol = TBinaryProtocol(TMemoryBuffer(reader.read(size)))
+    assert protocol.read_message_begin()[0] == method
+    result = getattr(T.HQueueService, f"{method}_result")()
+    result.read(protocol)
+    return result
+
+
+def test_every_call_but_authenticate_answers_a_refused_argument_with_TInvalidMessage(capped):
+    """A generated client in another language gets a typed TInvalidMessage, its kind first,
+    for a bad name on any call (these answered TIOError, "the store failed", before)."""
+    declared = {
+        name[: -len("_result")]
+        for name, result in vars(T.HQueueService).items()
+        if name.endswith("_result") and any(field[2] is T.TInvalidMessage for field in result.thrift_spec.values())
+    }
+    calls = {name[: -len("_args")] for name in vars(T.HQueueService) if name.endswith("_args")}
+    assert calls - declared == {"authenticate"}
+    client = raw_client(capped.port)
+    bad = "x" * 300  # (longer than any queue name)
+    refusals = {
+        "getQueueLocations": lambda: client.getQueueLocations(bad),
+        "describeQueue": lambda: client.describeQueue(bad),
+        "getQueue": lambda: client.getQueue(bad),
+        "truncateQueue": lambda: client.truncateQueue(bad),
+        "disableQueue": lambda: client.disableQueue(bad),
+        "enableQueue": lambda: client.enableQueue(bad),
+        "listGroups": lambda: client.listGroups(bad),
+        "listSubscribers": lambda: client.listSubscribers(bad),
+        "describeGroup": lambda: client.describeGroup("q", "g" * 10_000),
+        "groupLeave": lambda: client.groupLeave("q", "g" * 10_000, "m"),
+        "deleteGroup": lambda: client.deleteGroup("q", "g" * 10_000),
+    }
+    for call, refused in refusals.items():
+        with pytest.raises(T.TInvalidMessage) as error:
+            refused()
+        assert error.value.message.split(": ")[0] in {"InvalidQueueName", "InvalidArgument"}, call
+    assert client.listQueues()[0].name == "q"  # the connection goes on
+    client.close()
+    with HQueueAdmin(f"hqueue://{capped.address}") as admin:  # and the Python client raises the typed error
+        with pytest.raises(InvalidArgument):
+            admin.engine._call("describeGroup", "q", "g" * 10_000)
 
 
 def test_a_hostile_60_MiB_blob_is_refused_by_a_default_server(tmp_path):
@@ -310,7 +357,7 @@ def test_a_big_frame_trickled_in_times_out_on_the_body_timeout_all_told():
 def test_a_huge_name_is_refused_without_being_repeated_back(capped):
     """An error that echoed a 19 MiB queue name made a 40 MiB reply (bench/hostile.py --packed)."""
     client = raw_client(capped.port)
-    with pytest.raises(T.TIOError, match="at most 200 characters; this one has 100000") as refused:
+    with pytest.raises(T.TInvalidMessage, match="at most 200 characters; this one has 100000") as refused:
         client.getQueue("q" * 100_000)
     assert len(refused.value.message) < 200
     with pytest.raises(T.TInvalidMessage) as refused:  # created through its info: the name is checked later

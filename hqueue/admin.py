@@ -225,10 +225,11 @@ class HQueueAdmin(Connected):
         return [(m, m.partition_id % partitions, note_of(self.engine, queue, m.partition_id, m.id)) for m in letters]
 
     def _has_dead_letters(self, queue: str) -> bool:
-        """Whether ``<queue>.dlq`` exists: it is made by the first dead letter (none: nothing to see)."""
+        """Whether ``<queue>.dlq`` exists: it is made by the first dead letter (none: nothing to see;
+        nor for a queue whose ``.dlq`` name is too long, a dead-letter queue of 197..200 characters)."""
         try:
             self.engine.queue_info(dead_letter_queue(queue))
-        except QueueNotFound:
+        except (QueueNotFound, InvalidQueueName):
             return False
         return True
 

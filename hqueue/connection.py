@@ -34,7 +34,7 @@ def resolve_url(url: str | None, data_dir: str | os.PathLike[str] | None) -> str
     """The storage URL for ``url``/``data_dir`` (both None: the default).
 
     Raises:
-        TypeError: both are given.
+        TypeError: both are given, or ``url`` is not a str.
         InvalidArgument: a URL without a scheme (a bare path), with the URL to use.
     """
     if url is not None and data_dir is not None:
@@ -43,7 +43,11 @@ def resolve_url(url: str | None, data_dir: str | os.PathLike[str] | None) -> str
         return local_url(os.fspath(data_dir))  # (a path as written, "://" and all; "#" and "?" are refused)
     if url is None:
         return default_url()
-    if isinstance(url, str) and "://" not in url:
+    if isinstance(url, os.PathLike):
+        raise TypeError(f"'url' must be a str URL, not a path: use data_dir={os.fspath(url)!r}")
+    if not isinstance(url, str):
+        raise TypeError(f"'url' must be a str (local://DIR, hqueue://host:port, ...), not {type(url).__name__}")
+    if "://" not in url:
         where = os.path.abspath(url) if url else "/path"
         raise InvalidArgument(
             f"{url!r} has no scheme: for a store in a directory use url='local://{where}' "
@@ -81,6 +85,8 @@ def check_options(url: str, token: str | None, timeout: float | None, group_limi
             )
     elif token is not None or timeout is not None:
         raise InvalidArgument("'token' and 'timeout' are for hqueue:// servers, not an in-process store")
+    elif group_limits is not None and not isinstance(group_limits, GroupLimits):
+        raise TypeError(f"'group_limits' must be a GroupLimits, not {type(group_limits).__name__}")
 
 
 def acquire_engine(

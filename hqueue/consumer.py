@@ -47,8 +47,10 @@ from .groups.limits import (
     DEFAULT_MAX_RETRIES,
     HEARTBEAT_INTERVAL,
     check_delay,
+    check_group_name,
     check_lease,
     check_max_messages,
+    check_max_retries,
     check_member,
     check_wait,
 )
@@ -158,9 +160,15 @@ class Joining(NamedTuple):
 
 
 def joining(
-    topics: Iterable[str | bytes] | None, start: str | datetime | int, max_retries: int, key_affinity: str | None
+    group: str,
+    topics: Iterable[str | bytes] | None,
+    start: str | datetime | int,
+    max_retries: int,
+    key_affinity: str | None,
 ) -> Joining:
-    """The arguments of :class:`Consumer` (and the async one) that open its group, checked."""
+    """The arguments of :class:`Consumer` (and the async one) that open its group, checked
+    here, before any call (a server's IDL carries ``max_retries`` as an i32: 1.5 went as 1)."""
+    check_group_name(group)
     if isinstance(topics, (str, bytes)):
         raise TypeError("'topics' must be a collection of topics, not one topic")
     chosen = None if topics is None else frozenset(t.encode() if isinstance(t, str) else t for t in topics)
@@ -168,7 +176,7 @@ def joining(
         raise InvalidArgument("'topics' must be non-empty str or bytes")
     if chosen is not None and not chosen:  # (a group of no topic would take nothing; on the wire, all)
         raise InvalidArgument("'topics' names no topic: give at least one, or None for all of them")
-    return Joining(chosen, start_ms(start), max_retries, check_key_affinity(key_affinity))
+    return Joining(chosen, start_ms(start), check_max_retries(max_retries), check_key_affinity(key_affinity))
 
 
 def member_name(member: str | None) -> str:
@@ -190,7 +198,7 @@ class Consumer:
         max_retries: Failures a message may have beyond its first delivery
             before it goes to ``<queue>.dlq`` (default 16). Fixed when the group is made.
         lease: Seconds a received message stays with this member (default 30;
-            the server gives at most its maximum, 300 s by default).
+            the server gives at most its maximum, 60 s by default).
         member: This member's name (default: host, pid and a random part).
         key_affinity: Make the group hand each key's messages out in order, one
             member at a time, across retries, nacks and members that die:
@@ -215,7 +223,7 @@ class Consumer:
         self.member = member_name(member)
         self._groups_here = groups_of(queue.engine)
         self._fork = forks.generation()  # (not carried across fork(): forks.py)
-        self._groups.open(queue.name, group, *joining(topics, start, max_retries, key_affinity))
+        self._groups.open(queue.name, group, *joining(group, topics, start, max_retries, key_affinity))
         self.closed = False
         self._heartbeats: threading.Thread | None = None
         self._stopped = threading.Event()

@@ -393,7 +393,8 @@ service HQueueService {
       unseen (a cancelled receive's): to the group at once, not counted as a failed delivery. */
   i32 groupNack(1: string queue, 2: string group, 3: string member, 4: binary rowkeys, 5: i32 delayMillis)
       throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TNotPartitionOwner notOwner,
-              4: TGroupNotFound groupNotFound, 5: TIOError io, 6: TNotAuthorized denied)
+              4: TGroupNotFound groupNotFound, 5: TIOError io, 6: TNotAuthorized denied,
+              7: TQueueDisabled disabled)
   /** Move the messages to <queue>.dlq now, whatever their retries (made here if
       missing: the caller needs no admin right), and finish them. Every message
       the group has not finished counts, whoever holds it; returns how many.
@@ -401,7 +402,8 @@ service HQueueService {
       yet: try again. */
   i32 groupDeadLetter(1: string queue, 2: string group, 3: string member, 4: binary rowkeys)
       throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TNotPartitionOwner notOwner,
-              4: TGroupNotFound groupNotFound, 5: TIOError io, 6: TNotAuthorized denied)
+              4: TGroupNotFound groupNotFound, 5: TIOError io, 6: TNotAuthorized denied,
+              7: TQueueDisabled disabled)
   void groupLeave(1: string queue, 2: string group, 3: string member)
       throws (1: TQueueNotFound notFound, 2: TGroupNotFound groupNotFound, 3: TIOError io, 4: TNotAuthorized denied, 5: TInvalidMessage invalid)
   /** Renew the leases the member holds of these messages (rowkeys as in groupAck):

@@ -76,7 +76,7 @@ class AsyncConsumer:
     ) -> None:
         self.queue, self.group, self.lease = queue, group, check_lease(lease)
         self.member = member_name(member)
-        self._opening = joining(topics, start, max_retries, key_affinity)
+        self._opening = joining(group, topics, start, max_retries, key_affinity)
         self._groups: Any = None
         self._open_lock = asyncio.Lock()
         self.closed = False

@@ -357,8 +357,20 @@ class GroupAcks:
                 (see :meth:`_bury`); NotPartitionOwner while no partition of it is
                 served here yet (just made, in a cluster): try again soon.
         """
+        if at_once:  # counted only once it goes: one the dead-letter queue refused keeps its retries
+            before = state.retries.get(message_id)
+            state.retries[message_id] = (before or 0) + 1  # (the attempts its dead-letter note says)
+            try:
+                self._bury(group, pid, state, message_id, at_once=True)
+            except BaseException:
+                if before is None:
+                    state.retries.pop(message_id, None)
+                else:
+                    state.retries[message_id] = before
+                raise
+            return
         retries = self._count_failures(group, pid, state, [message_id])[0]
-        self._after_failure(group, pid, state, message_id, retries, delay, at_once=at_once)
+        self._after_failure(group, pid, state, message_id, retries, delay, at_once=False)
 
     def _failed_many(self, group: GroupState, pid: int, state: PartitionState, ids: list[bytes]) -> None:
         """Leases that ended without an ack (run out, or their member is gone): one write for all."""

@@ -91,6 +91,13 @@ def check_group_name(name: object) -> str:
     return check_name("group", name)
 
 
+def check_max_retries(max_retries: object) -> int:
+    """Failures a group's message may have beyond its first delivery: an int >= 0."""
+    if not isinstance(max_retries, int) or isinstance(max_retries, bool) or max_retries < 0:
+        raise InvalidArgument(f"'max_retries' must be an int >= 0, got {max_retries!r}")
+    return max_retries
+
+
 #: The most pending messages one call lists.
 MAX_PENDING = 10_000
 

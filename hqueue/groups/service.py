@@ -70,7 +70,15 @@ from .acks import GroupAcks
 from .affinity import KeyAffinity, check_key_affinity
 from .deaths import OUT_AGAIN, GroupDeaths, out_key
 from .handout import Columns, Handout
-from .limits import GroupLimits, check_group_name, check_lease, check_max_messages, check_member, check_wait
+from .limits import (
+    GroupLimits,
+    check_group_name,
+    check_lease,
+    check_max_messages,
+    check_max_retries,
+    check_member,
+    check_wait,
+)
 from .members import GroupMembers
 from .ordered import InOrder
 from .state import LATEST, GroupConfig, GroupState, PartitionState, assigned, served_order
@@ -153,8 +161,7 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
         and, if ``key_affinity`` is given, keeps the same key in order."""
         check_group_name(name)
         check_key_affinity(key_affinity)
-        if not isinstance(max_retries, int) or isinstance(max_retries, bool) or max_retries < 0:
-            raise InvalidArgument(f"'max_retries' must be an int >= 0, got {max_retries!r}")
+        check_max_retries(max_retries)
         info = self.engine.queue_info(queue, fresh=True)
         if not isinstance(start, int) or start < LATEST:
             raise InvalidArgument(f"'start' must be epoch ms >= 0 (or -1: the latest), got {start!r}")

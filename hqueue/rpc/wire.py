@@ -6,6 +6,7 @@ structs and exceptions, the remote client turns them back.
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Sequence
 from typing import Any
@@ -48,6 +49,8 @@ MAX_PUT_BYTES = MAX_BATCH_BYTES
 #: (a TMessage's fields; a packed batch takes 8) and per call (names, headers).
 PUT_FRAME_BYTES_PER_MESSAGE, PUT_FRAME_BYTES_PER_CALL = 40, 64 * 1024
 _ROWKEY = struct.Struct(">HQH")
+#: The queue a QueueDisabled's text names (errors.QueueDisabled), read back from a TIOError.
+_DISABLED = re.compile(r"queue '(.+?)' is disabled")
 
 
 def call_frame(api: str, seqid: int, **args: Any) -> bytes:
@@ -288,8 +291,9 @@ def from_thrift_error(e: Exception, queue: str | None = None, partition_id: int 
     kind, _, rest = text.partition(": ")
     if kind == "InvalidQueueName":  # (a server whose IDL did not declare TInvalidMessage for the call)
         return errors.InvalidQueueName(rest)
-    if kind == "QueueDisabled" and queue:  # (a call that does not declare TQueueDisabled)
-        return errors.QueueDisabled(queue)
+    if kind == "QueueDisabled" and queue:  # (a call that does not declare TQueueDisabled: the queue it names)
+        named = _DISABLED.match(rest)
+        return errors.QueueDisabled(named.group(1) if named else queue)
     return errors.StorageError(text)
 
 

@@ -452,6 +452,10 @@ def test_arguments_an_attackers_pass_found_unchecked_through_a_server(api_url, q
             await queue.put(Message("t", b"v"), delay=float("inf"))
         with pytest.raises(InvalidArgument, match="'member' must be a non-empty string"):
             queue.consumer("g", member=5)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgument, match="'max_retries' must be an int"):
+            queue.consumer("g", max_retries=1.5)  # type: ignore[arg-type]  # (went as the i32 1)
+        with pytest.raises(TypeError, match="group name must be a str"):
+            queue.consumer(b"g")  # type: ignore[arg-type]  # (went as the name "g")
         async with queue.consumer("g") as consumer:
             with pytest.raises(InvalidArgument, match="'max_messages' must be an int"):
                 await consumer.receive("5", wait=0)  # type: ignore[arg-type]

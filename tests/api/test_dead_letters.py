@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from hqueue import HQueue, HQueueAdmin, InvalidArgument, Message, QueueNotFound
+from hqueue import HQueue, HQueueAdmin, InvalidArgument, Message, QueueDisabled, QueueNotFound
 
 from ..processes import drain, wait_for
 
@@ -64,6 +64,30 @@ def test_a_message_the_disabled_dead_letter_queue_refuses_waits_and_goes_once_it
         assert (partition["dead_letter_waiting"], partition["lag_messages"]) == (0, 0)
 
 
+def test_a_dead_letter_the_disabled_dead_letter_queue_refuses_spends_no_retry(make_queue, admin):
+    """The member keeps the lease and may try again (docs/dead-letters.md): the refused call
+    counted a failed delivery all the same, so the retry a nack promised never came."""
+    queue = make_queue(partitions=1)
+    dlq = queue.name + ".dlq"
+    admin.create_queue(dlq, 1)
+    queue.put(Message("t", b"m"), 0)
+    with queue.consumer("g", member="a", max_retries=1) as member:
+        got = member.receive(1, wait=2)
+        admin.disable_queue(dlq)
+        for _ in range(3):
+            with pytest.raises(QueueDisabled) as refused:
+                member.dead_letter(got)
+            assert refused.value.name == dlq  # the queue that refused, not the group's
+        (pending,) = queue.pending("g")
+        assert (pending.attempt, pending.member) == (1, "a")
+        admin.enable_queue(dlq)
+        assert member.nack(got, delay=0) == 1  # the first failed delivery: max_retries=1 allows a retry
+        (again,) = member.receive(1, wait=3)
+        assert (again.value, again.attempt) == (b"m", 2)
+        assert member.dead_letter([again]) == 1
+    assert dead_letters(queue) == [b"m"]
+
+
 def test_a_message_of_a_queue_whose_dead_letter_queue_name_is_illegal_stays_without_error(
     make_queue, admin, queue_name
 ):
@@ -87,6 +111,8 @@ def test_a_message_of_a_queue_whose_dead_letter_queue_name_is_illegal_stays_with
         assert failing.ack(stuck) == 1
         partition = admin.describe_group(long_name, "g")["partitions"][0]
         assert (partition["dead_letter_waiting"], partition["lag_messages"]) == (0, 0)
+    # And it has no dead letters to list or replay (through a server these raised InvalidQueueName)
+    assert admin.dead_letters(long_name) == [] and admin.replay_dead_letters(long_name) == 0
 
 
 def test_dead_letters_are_listed_with_their_origin_and_replayed_at_a_rate(tmp_path):

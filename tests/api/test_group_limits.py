@@ -413,3 +413,13 @@ def test_acks_read_back_after_a_restart_are_never_dropped_by_the_cursor_s_jump(t
             rest += got
             x.ack(got)
         assert [d.value for d in rest] == [b"M2"]
+
+
+@pytest.mark.parametrize("limits", [{"max_lease": 5}, {}, "x", 5])
+def test_group_limits_of_the_wrong_type_are_refused_when_the_store_is_opened(tmp_path, limits):
+    """They were taken, and the first consumer failed with AttributeError ({} went unseen)."""
+    for url in (f"local://{tmp_path}/data", "memory://limits"):
+        with pytest.raises(TypeError, match="'group_limits' must be a GroupLimits, not"):
+            HQueueAdmin(url, group_limits=limits)
+        with pytest.raises(TypeError, match="'group_limits' must be a GroupLimits"):
+            HQueue("q", url, group_limits=limits)

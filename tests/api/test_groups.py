@@ -349,6 +349,15 @@ def test_bad_group_calls_are_refused(make_queue):
         queue.consumer("bad/name")
     with pytest.raises(InvalidArgument):
         queue.consumer("g", max_retries=-1)
+    # Checked before any call: through a server, 1.5 and True went as the i32 1, b"g" as a name
+    for retries in (1.5, True, "3"):
+        with pytest.raises(InvalidArgument, match="max_retries"):
+            queue.consumer("g", max_retries=retries)
+    for name in (b"g", None, 7):
+        with pytest.raises(TypeError, match="group name must be a str"):
+            queue.consumer(name)
+    with HQueueAdmin(queue.url) as admin:
+        assert admin.list_groups(queue.name) == []  # none was made
     with pytest.raises(InvalidArgument):
         queue.consumer("g", start="yesterday")
     with queue.consumer("g", topics=["a"]) as consumer:

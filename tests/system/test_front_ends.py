@@ -247,6 +247,11 @@ def test_reads_never_create_a_store_and_a_bare_path_gets_a_hint(tmp_path, monkey
     assert "url='" not in bare.output
     with pytest.raises(InvalidArgument, match="has no scheme"):
         HQueueAdmin(url=str(tmp_path / "foo"))
+    with pytest.raises(TypeError, match="not a path: use data_dir="):  # (AttributeError: 'startswith')
+        HQueueAdmin(url=tmp_path / "foo")
+    for wrong in (5, b"memory://x"):
+        with pytest.raises(TypeError, match="'url' must be a str"):
+            HQueueAdmin(url=wrong)
     assert not (tmp_path / "foo").exists()
     # A directory of other things is no store: a read leaves it as it was (it got RocksDB's files)
     (tmp_path / "docs").mkdir()

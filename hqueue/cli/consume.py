@@ -8,6 +8,7 @@ the command exits 0, nacked when it does not: it comes back after a backoff
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -96,6 +97,38 @@ def consume(ctx, name, group, topics, output_format, max_messages, duration, lea
         ctx.exit(130)
 
 
+#: Seconds an interrupted command's processes have to end on SIGTERM before SIGKILL.
+STOP_GRACE = 5.0
+
+
+def _command_status(command: str, value: bytes, env: dict) -> int:
+    """Run CMD with the message on its stdin, in a process group of its own; its exit status.
+    Interrupted meanwhile (Ctrl-C, SIGTERM), the whole group is stopped before the message
+    goes back to the group: SIGTERM, then SIGKILL after STOP_GRACE (only the shell was
+    killed, and what it started worked on a message another member had by then)."""
+    process = subprocess.Popen(command, shell=True, stdin=subprocess.PIPE, env=env, process_group=0)  # noqa: S602
+    try:
+        process.communicate(value)
+    except BaseException:
+        _stop_group(process)
+        raise
+    return process.returncode
+
+
+def _stop_group(process: subprocess.Popen) -> None:
+    """End every process of ``process``'s group (SIGTERM, then SIGKILL), and reap it."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(STOP_GRACE)
+        finally:  # (a second Ctrl-C meanwhile: killed at once)
+            os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
 @contextmanager
 def _terminate_as_interrupt() -> Iterator[None]:
     """SIGTERM (a service manager's stop) ends the member as Ctrl-C does: it leaves the
@@ -128,7 +161,7 @@ def _run(consumer: Consumer, delivery: Delivery, command: str, nack_delay: float
     if os.name == "posix":  # the topic's bytes as they are, even when they are not UTF-8
         env = {**os.environb, **{k.encode(): v.encode() for k, v in given.items()}, b"HQUEUE_TOPIC": topic}
     sys.stdout.flush()
-    status = subprocess.run(command, shell=True, input=delivery.value, env=env).returncode  # noqa: S602
+    status = _command_status(command, delivery.value, env)
     if status == 0:
         consumer.ack(delivery)
         return

@@ -204,16 +204,42 @@ def _token_hint(e: NotAuthorized, url: str | None) -> str:
 
 
 def _locked_hint(e: StorageLocked, command: str | None) -> str:
-    """The store is held by a process that does not share it: what to do, in CLI terms."""
+    """The store is held by a process that does not share it: what to do, in CLI terms
+    (one line; the holder's address when it is an ``hqueue server`` whose port its command names)."""
     by = f" ({e.holder})" if e.holder else ""
     text = f"the embedded store {e.path} is open in another process{by}"
     if command == "server":
         return text + ": stop that process first (hqueue server opens an embedded store alone)"
+    served = _served_at(e.holder)
+    if served:
+        return (
+            f"{text} that does not share it with local processes: it serves {served}; give every "
+            f"command --url {served} (or set HQUEUE_URL), or stop it"
+        )
     return (
-        f"{text} that does not share it with local processes. If it is\n"
-        f"  hqueue server --storage local://{e.path} --no-local-socket\n"
-        f"give every command --url hqueue://127.0.0.1:9700 (its address; or set HQUEUE_URL); else stop it"
+        f"{text} that does not share it with local processes: if it is hqueue server --storage "
+        f"local://{e.path} --no-local-socket, give every command --url hqueue://HOST:PORT, its "
+        "address (or set HQUEUE_URL); else stop it"
     )
+
+
+def _served_at(holder: str | None) -> str | None:
+    """The hqueue:// address of a holder that is ``hqueue server`` with a fixed port (its
+    ``--host``, ``--port``, or their defaults), read from its command line; None otherwise."""
+    words = (holder or "").partition(": ")[2].split()
+    commands = [w for i, w in enumerate(words[1:], 1) if not w.startswith("-") and words[i - 1] != "--url"]
+    if words[:1] != ["hqueue"] or commands[:1] != ["server"]:  # (not `hqueue tail server`: a queue)
+        return None
+    given = {}
+    for index, word in enumerate(words):
+        name, equals, value = word.partition("=")
+        if name in ("--host", "--port"):
+            given[name] = value if equals else (words[index + 1] if index + 1 < len(words) else "")
+    host, port = given.get("--host", "127.0.0.1"), given.get("--port", "9700")
+    if not port.isdigit() or int(port) == 0:  # (0: a port picked at start, not on its command line)
+        return None
+    host = "127.0.0.1" if host in ("0.0.0.0", "") else "[::1]" if host == "::" else host
+    return f"hqueue://{host}:{port}"
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

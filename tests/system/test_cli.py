@@ -272,13 +272,13 @@ def test_a_store_held_by_hqueue_server_names_the_flag_and_the_way_out(tmp_path):
     from hqueue import HQueueAdmin, StorageLocked
     from hqueue.storage.lockholder import lock_holder
 
-    from ..processes import ROOT, python_env, wait_for
+    from ..processes import ROOT, free_port, python_env, wait_for
 
-    url = f"local://{tmp_path}/data"
+    url, port = f"local://{tmp_path}/data", free_port()
     with HQueueAdmin(url) as admin:
         admin.create_queue("q", 1)
     # Given `hqueue server` holding the store, serving TCP and not the store's socket
-    server_args = ["--url", url, "server", "--port", "0", "--no-local-socket"]
+    server_args = ["--url", url, "server", "--port", str(port), "--no-local-socket"]
     holder = subprocess.Popen([sys.executable, "-m", "hqueue.cli", *server_args], cwd=ROOT, env=python_env())
     try:
         runner = CliRunner()
@@ -286,12 +286,16 @@ def test_a_store_held_by_hqueue_server_names_the_flag_and_the_way_out(tmp_path):
         # When another command opens it
         result = runner.invoke(main, ["--url", url, "list"])
         assert result.exit_code == 1, result.output
-        # Then the error names the CLI's way out, not Python's, and who holds the store
-        assert "--url hqueue://127.0.0.1:9700" in result.output
-        assert f"hqueue server --storage {url}" in result.output
+        # Then the error names the CLI's way out, not Python's, and who holds the store, on one line:
+        # the server's own address (it named 127.0.0.1:9700, whatever the port)
+        assert f"it serves hqueue://127.0.0.1:{port}; give every command --url hqueue://127.0.0.1:{port}" in (
+            result.output
+        )
+        assert result.output.count("\n") == 1, result.output
         assert "url='" not in result.output and "Traceback" not in result.output
-        assert f"(pid {holder.pid}: hqueue --url {url} server --port 0" in result.output  # Linux: /proc/locks
-        server = runner.invoke(main, server_args)
+        assert f"(pid {holder.pid}: hqueue --url {url} server --port {port}" in result.output  # Linux: /proc/locks
+        assert runner.invoke(main, ["--url", f"hqueue://127.0.0.1:{port}", "list"]).exit_code == 0  # the way out
+        server = runner.invoke(main, ["--url", url, "server", "--port", "0"])
         assert server.exit_code == 1 and "stop that process first" in server.output
         # And the Python API keeps its Python hint
         with pytest.raises(StorageLocked, match="url='hqueue://host:port'"):

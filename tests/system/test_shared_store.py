@@ -879,6 +879,38 @@ def test_hqueue_consume_stopped_by_sigterm_leaves_its_group_cleanly(tmp_path):
     assert _dead_letters(data) == []
 
 
+def test_hqueue_consume_exec_stopped_by_sigterm_stops_the_command_s_processes_too(tmp_path):
+    """Only the command's shell was killed: what it started went on with the message, which
+    the group handed to another member at once (the same message worked on twice)."""
+    data = _store_with(tmp_path, b"m")
+    group_file = tmp_path / "group"
+    command = f"echo $$ > {group_file}; sleep 60 & sleep 60; echo finished"
+    consume = subprocess.Popen(
+        [sys.executable, "-m", "hqueue.cli", "--url", f"local://{data}", "consume", "q", "g", "--exec", command],
+        cwd=ROOT, env=python_env(), stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: group_file.exists() and group_file.read_text().strip(), 30, "the command to start")
+        group = int(group_file.read_text())
+        assert os.getpgid(group) == group  # (the shell leads a process group of its own)
+        consume.send_signal(signal.SIGTERM)
+        assert consume.wait(timeout=30) == 130
+    finally:
+        consume.kill()
+
+    def gone() -> bool:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    wait_for(gone, 10, "none of the command's processes to be left (killed, and reaped by init)")
+    assert consume.stdout is not None and "finished" not in consume.stdout.read()
+    # and the message went back unseen, for the next member
+    assert _holder(data, "print([(d.value, d.attempt) for d in c.receive(1, wait=3)])\n") == "[(b'm', 1)]"
+
+
 @pytest.mark.parametrize("affinity", ["", ", key_affinity='topic'"], ids=["any order", "key order"])
 def test_a_message_whose_retries_are_spent_goes_to_the_dead_letters_after_its_holder_stops(tmp_path, affinity):
     """A message past its retries waits for its dead-letter write while the dead-letter

@@ -26,6 +26,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger("hqueue.processor")
 
 
+def _seconds(value: object) -> bool:
+    """Whether ``value`` is a number of seconds (an int or float, not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 #: Tries to dead-letter a message, a second apart, while the dead-letter queue's partitions find their server.
 DEAD_LETTER_TRIES = 10
 #: Seconds between two renewals of the leases in hand, at most (a third of the lease asked
@@ -81,6 +86,10 @@ class Processor:
     ) -> None:
         if not callable(handler):
             raise TypeError("'handler' must be callable")
+        if key is not None and not callable(key):
+            raise TypeError("'key' must be callable (a message's key: bytes or str), or None for the topic")
+        if not callable(getattr(queue, "consumer", None)):
+            raise TypeError(f"'queue' must be an HQueue, not {type(queue).__name__}")
         for name, value, low in (
             ("workers", workers, 1),
             ("queue_size", queue_size, 1),
@@ -88,10 +97,13 @@ class Processor:
         ):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise InvalidArgument(f"{name!r} must be an int >= {low}, got {value!r}")
-        if timeout is not None and not timeout > 0:
+        if timeout is not None and not (_seconds(timeout) and timeout > 0):
             raise InvalidArgument(f"'timeout' must be seconds > 0 or None, got {timeout!r}")
-        if not delay >= 0 or not retry_delay >= 0:
-            raise InvalidArgument("'delay' and 'retry_delay' must be seconds >= 0")
+        for name, seconds in (("delay", delay), ("retry_delay", retry_delay)):
+            if not (_seconds(seconds) and seconds >= 0):
+                raise InvalidArgument(f"{name!r} must be seconds >= 0, got {seconds!r}")
+        if not (_seconds(commit_interval) and commit_interval > 0):
+            raise InvalidArgument(f"'commit_interval' must be seconds > 0, got {commit_interval!r}")
         self.queue, self.handler = queue, handler
         self._key = key
         self.queue_size, self.max_retries, self.retry_delay = queue_size, max_retries, retry_delay
@@ -108,6 +120,8 @@ class Processor:
         self.abandoned = threading.Event()
         #: Deliveries in workers' hands whose leases are gone, by identity (renew).
         self._lost: dict[int, Delivery] = {}
+        #: Messages the key function failed on whose dead-letter write failed, and why they go.
+        self._unkeyed: list[tuple[Delivery, str]] = []
         self.completed = 0
         self.dead_lettered = 0
         self._lock = threading.Lock()
@@ -122,15 +136,24 @@ class Processor:
             thread.start()
 
     def key(self, message: Message) -> bytes:
+        """``message``'s key, as bytes. Raises what the key function raises, or TypeError
+        when it returns something else than bytes or str."""
         if self._key is None:
             return message.topic
         key = self._key(message)
-        return key.encode() if isinstance(key, str) else key
+        if isinstance(key, str):
+            return key.encode()
+        if isinstance(key, (bytes, bytearray, memoryview)):
+            return bytes(key)
+        raise TypeError(f"the key function returned {type(key).__name__}, not bytes or str")
 
     # -- the reader -----------------------------------------------------------------------
 
     def _read(self) -> None:
         while not self._stop_reading.is_set():
+            for delivery, why in self._unkeyed[:]:  # (their dead-letter write failed: again)
+                self._unkeyed.remove((delivery, why))
+                self._dead_letter_unkeyed(delivery, why)
             try:
                 deliveries = self.consumer.receive(self.queue_size, wait=0.5)
             except Exception:
@@ -141,13 +164,28 @@ class Processor:
                 tracker = self._tracker(delivery.partition_id)
                 if not tracker.received(delivery):
                     continue  # in hand already (its lease ran out and it came back)
-                worker = self._workers[zlib.crc32(self.key(delivery.message)) % len(self._workers)]
+                try:
+                    key = self.key(delivery.message)
+                except Exception as e:  # (it stopped the reader: nothing more was handled, of any key)
+                    logger.error("processor: the key function failed on message %s", delivery.id, exc_info=True)
+                    self._dead_letter_unkeyed(delivery, f"its key function failed ({type(e).__name__}: {e})")
+                    continue
+                worker = self._workers[zlib.crc32(key) % len(self._workers)]
                 while not self.stopping.is_set():
                     try:
-                        worker.inbox.put(delivery, timeout=0.1)  # a full queue: the reader waits (backpressure)
+                        worker.inbox.put((delivery, key), timeout=0.1)  # a full queue: the reader waits
                         break
                     except queue_module.Full:
                         continue
+
+    def _dead_letter_unkeyed(self, delivery: Delivery, why: str) -> None:
+        """A message without a key cannot be handled in its key's order: it goes to the
+        dead-letter queue at once (if that cannot take it now, again at the reader's next turn)."""
+        try:
+            self.dead_letter(delivery, why)
+        except Exception:
+            logger.exception("processor: message %s could not be dead-lettered; trying again", delivery.id)
+            self._unkeyed.append((delivery, why))
 
     def _tracker(self, partition_id: int) -> CommitTracker:
         with self._lock:

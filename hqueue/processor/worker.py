@@ -25,7 +25,8 @@ class Worker:
 
     def __init__(self, processor: Any, index: int) -> None:
         self.processor, self.index = processor, index
-        self.inbox: queue_module.Queue[Delivery | None] = queue_module.Queue(processor.queue_size)
+        #: Messages and their keys, from the reader.
+        self.inbox: queue_module.Queue[tuple[Delivery, bytes]] = queue_module.Queue(processor.queue_size)
         #: key -> messages of a key set aside after a failure, in order, and when to try again.
         self.parked: dict[bytes, deque[Delivery]] = {}
         self.parked_until: list[tuple[float, int, bytes]] = []
@@ -34,6 +35,7 @@ class Worker:
         self.unburied: dict[MessageID, str] = {}
         self.busy_since: float | None = None
         self.current: Delivery | None = None
+        self.current_key = b""
         #: Bumped when a stuck handler is abandoned: the old thread's results are ignored.
         self.generation = 1
         self.lock = threading.Lock()  # the handler's end against its timeout
@@ -49,14 +51,13 @@ class Worker:
     def _run(self, generation: int) -> None:
         processor = self.processor
         while generation == self.generation and not processor.abandoned.is_set():
-            delivery, resumed = self._next()
+            delivery, key, resumed = self._next()
             if delivery is not None and processor.abandoned.is_set():
                 return  # (stopped past its timeout: what is not started goes back to the group)
             if delivery is None:
                 if processor.stopping.is_set() and not self.parked and self.inbox.empty():
                     return
                 continue
-            key = processor.key(delivery.message)
             if processor.lost(delivery):  # its lease is gone: another process has it
                 if resumed and key in self.parked:
                     self.inbox_front(key)  # (the rest of its key, set aside behind it, goes on: each is checked so)
@@ -80,19 +81,20 @@ class Worker:
         self.parked.setdefault(key, deque()).appendleft(delivery)
         heapq.heappush(self.parked_until, (time.monotonic() + delay, next(self.processor.counter), key))
 
-    def _next(self) -> tuple[Delivery | None, bool]:
-        """The next delivery, and whether it is a set-aside key's turn again."""
+    def _next(self) -> tuple[Delivery | None, bytes, bool]:
+        """The next delivery, its key, and whether it is a set-aside key's turn again."""
         now = time.monotonic()
         if self.parked_until and self.parked_until[0][0] <= now:
             _, _, key = heapq.heappop(self.parked_until)
             waiting = self.parked.get(key)
             if waiting:
-                return self._resume(key, waiting), True
+                return self._resume(key, waiting), key, True
         timeout = min(0.1, self.parked_until[0][0] - now) if self.parked_until else 0.1
         try:
-            return self.inbox.get(timeout=max(0.001, timeout)), False
+            delivery, key = self.inbox.get(timeout=max(0.001, timeout))
         except queue_module.Empty:
-            return None, False
+            return None, b"", False
+        return delivery, key, False
 
     def _resume(self, key: bytes, waiting: deque[Delivery]) -> Delivery:
         delivery = waiting.popleft()
@@ -110,10 +112,10 @@ class Worker:
             self._bury(delivery, key, why)
             return
         due = delivery.id.timestamp / 1000 + processor.delay if processor.delay else 0.0
-        if due > time.time():
-            time.sleep(due - time.time())
+        if due > time.time() and processor.abandoned.wait(due - time.time()):
+            return  # stopped past its timeout meanwhile: not started (it goes back to the group)
         with self.lock:
-            self.current, self.busy_since = delivery, time.monotonic()
+            self.current, self.current_key, self.busy_since = delivery, key, time.monotonic()
         error: Exception | None = None
         try:
             processor.handler(message)
@@ -166,9 +168,8 @@ class Worker:
             if self.current is not delivery or self.busy_since != started:
                 return  # it finished meanwhile
             self.generation += 1  # the stuck thread's result is ignored from now on
-            self.current, self.busy_since = None, None
+            self.current, self.busy_since, key = None, None, self.current_key
         # No worker thread runs now: the set-aside keys are this thread's to touch.
-        key = self.processor.key(delivery.message)
         why = self.unburied[delivery.message.id] = f"timed out after {self.processor.timeout}s"  # type: ignore[index]
         try:
             self._bury(delivery, key, why)

@@ -321,6 +321,53 @@ def test_bad_arguments(queue):
         Processor(queue, "p", print, workers=0)
     with pytest.raises(InvalidArgument):
         Processor(queue, "p", print, timeout=0)
+    # (these were bare TypeErrors from a comparison, or taken and failing later)
+    for wrong in ({"timeout": "30"}, {"delay": "1"}, {"retry_delay": None}, {"commit_interval": None}):
+        with pytest.raises(InvalidArgument, match=next(iter(wrong))):
+            Processor(queue, "p", print, **wrong)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="'key' must be callable"):
+        Processor(queue, "p", print, key=5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="'queue' must be an HQueue, not str"):
+        Processor("orders", "p", print)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", ["raises", "returns an int"])
+def test_a_key_function_that_fails_dead_letters_its_message_and_the_rest_goes_on(queue, bad):
+    """It stopped the reader thread: nothing more was handled, of any key, and wait_idle()
+    never returned (an acceptance probe: processor.md's own example with a message it did
+    not expect)."""
+    queue.put([Message("t", b"a:1"), Message("t", b""), Message("t", b"b:1")], 0)
+    queue.put([Message("t", b"a:%d" % i) for i in range(2, 8)], 1)
+
+    def key(message: Message) -> bytes | int:
+        if message.value:
+            return message.value.split(b":")[0]
+        if bad == "raises":
+            return message.value.split(b":")[1]  # IndexError
+        return 5
+
+    handled = []
+    with Processor(queue, "p", lambda m: handled.append(m.value), key=key) as processor:  # type: ignore[arg-type]
+        assert processor.wait_idle(timeout=30)
+        assert processor.dead_lettered == 1
+    assert sorted(handled) == sorted([b"a:1", b"b:1"] + [b"a:%d" % i for i in range(2, 8)])
+    with HQueue("orders.dlq", queue.url) as dlq:
+        assert [m.value for m in dlq.scan()] == [b""]
+
+
+def test_a_delayed_message_not_started_when_stop_gave_up_is_never_handled_here(queue):
+    """A worker waiting out a message's delay started the handler after stop() had returned,
+    while the group handed the message to another process (handled twice)."""
+    handled = []
+    queue.put(Message("t", b"k:1"), 0)
+    processor = Processor(queue, "p", lambda m: handled.append(m.value), workers=1, delay=2.0)
+    wait_for(lambda: processor.in_hand == 1, 30, "the message in hand")
+    time.sleep(0.3)  # its worker waits out its delay
+    processor.stop(timeout=0.2)  # it does not come within the timeout: stop gives up on it
+    time.sleep(2.5)
+    assert handled == []
+    with HQueue("orders", queue.url) as again, again.consumer("p") as member:
+        assert [d.value for d in member.receive(10, wait=5)] == [b"k:1"]  # it went back to the group
 
 
 @pytest.mark.slow

@@ -20,8 +20,8 @@ from .config import (
 )
 from .connection import Connected
 from .deadletters import DeadLetterNote, dead_letter_queue, note_of
-from .errors import InvalidArgument, InvalidQueueName, QueueNotFound
-from .message import Message, MessageID, _as_topic, topics_of_keys
+from .errors import InvalidArgument, InvalidPartition, InvalidQueueName, QueueNotFound
+from .message import MAX_PARTITIONS, Message, MessageID, _as_topic, topics_of_keys
 from .queue import HQueue, TimeLike, as_message_id
 from .scanner import Scan, read_columns
 from .topic_index import config_for as topic_index_config
@@ -315,7 +315,16 @@ def subscriber_scope(
         raise TypeError("'topics' must be a collection of topics, not one topic")
     starts: dict[int, MessageID | None] | None = None
     if partitions is not None:
-        starts = dict(partitions) if isinstance(partitions, Mapping) else dict.fromkeys(partitions)
+        if isinstance(partitions, (str, bytes)) or not isinstance(partitions, Iterable):
+            raise TypeError(f"'partitions' must be partition ids or {{pid: start}}, not {type(partitions).__name__}")
+        given = dict(partitions) if isinstance(partitions, Mapping) else dict.fromkeys(partitions)
+        starts = {}
+        for pid, start in given.items():  # (checked here: through a server these failed as decode errors)
+            if not isinstance(pid, int) or isinstance(pid, bool):
+                raise TypeError(f"a partition id in 'partitions' must be an int, not {type(pid).__name__}")
+            if not 0 <= pid < MAX_PARTITIONS:
+                raise InvalidPartition(f"a partition id in 'partitions' must be in 0..{MAX_PARTITIONS - 1}, got {pid}")
+            starts[pid] = as_message_id(start, "partitions")
     return (frozenset(_as_topic(t) for t in topics) if topics is not None else None), starts
 
 
@@ -327,4 +336,6 @@ def position_of(partition: int | str | None, position: MessageID | datetime | in
     pid = None if partition in (None, "all") else partition
     if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool)):
         raise TypeError(f"'partition' must be an int, 'all' or None, not {partition!r}")
+    if pid is not None and pid < 0:  # (on the wire, -1 is "all": a replay of every partition)
+        raise InvalidPartition(f"'partition' must be a partition id >= 0, 'all' or None, got {pid}")
     return pid, start

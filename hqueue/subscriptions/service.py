@@ -159,6 +159,11 @@ class Subscribers:
         if partition_id is not None:
             check_partition(info, partition_id)
         registration = self.registry.load(queue, name)
+        if partition_id is not None and not registration.takes(partition_id):
+            raise InvalidArgument(
+                f"subscriber {name!r} of {queue!r} does not take partition {partition_id} "
+                f"(it takes {sorted(registration.partitions or ())}): its checkpoint there would never be read"
+            )
         pids = (
             [partition_id] if partition_id is not None else [p for p in range(info.partitions) if registration.takes(p)]
         )
@@ -167,8 +172,8 @@ class Subscribers:
 
     def describe(self, queue: str, name: str) -> dict[str, Any]:
         """Address, topics, checkpoints and lag per partition (see :func:`partition_lag`)."""
+        info = self.engine.queue_info(queue, fresh=True)  # (a missing queue says so first)
         registration = self.registry.load(queue, name)
-        info = self.engine.queue_info(queue, fresh=True)
         lag_messages, lag_millis = {}, {}
         for pid in range(info.partitions):
             if registration.takes(pid):

@@ -10,9 +10,11 @@ from hqueue import (
     HQueue,
     HQueueAdmin,
     InvalidArgument,
+    InvalidPartition,
     Message,
     MessageID,
     MessageListener,
+    QueueNotFound,
     SubscriberActive,
     SubscriberNotFound,
     Subscription,
@@ -200,6 +202,33 @@ def test_bad_subscriber_input_is_rejected_clearly(queue, url, tmp_path):
         admin.add_subscriber("events", "s2", partitions=[1])
         admin.delete_subscriber("events", "s2")
         assert admin.list_subscribers("events") == []
+
+
+@pytest.mark.parametrize("where", ["embedded", "server"])
+def test_subscriber_admin_arguments_are_checked_alike_on_every_store(url, tmp_path, where):
+    """Through a server, set_checkpoint(partition=-1) replayed every partition, partitions={0: 5}
+    was a bare AttributeError and partitions=['0'] a StorageError (a decode error)."""
+    if where == "embedded":
+        url = f"local://{tmp_path}/embedded"
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("events", 8)
+    with HQueueAdmin(url) as admin:
+        admin.add_subscriber("events", "s", partitions={0: 5, 1: MessageID(7)})  # ms, as everywhere
+        assert admin.describe_subscriber("events", "s")["checkpoints"][0] == MessageID(5)
+        with pytest.raises(TypeError, match="must be a MessageID, datetime or int"):
+            admin.add_subscriber("events", "s2", partitions={0: "x"})
+        with pytest.raises(TypeError, match="a partition id in 'partitions' must be an int, not str"):
+            admin.add_subscriber("events", "s2", partitions=["0"])
+        with pytest.raises(InvalidPartition):
+            admin.add_subscriber("events", "s2", partitions=[40000])
+        with pytest.raises(InvalidPartition):
+            admin.set_checkpoint("events", "s", -1, MessageID(0))
+        with pytest.raises(InvalidArgument, match="does not take partition 3"):  # (it was stored, never read)
+            admin.set_checkpoint("events", "s", 3, MessageID(0))
+        assert 3 not in admin.describe_subscriber("events", "s")["checkpoints"]
+        assert "s2" not in admin.list_subscribers("events")
+        with pytest.raises(QueueNotFound):  # (it said SubscriberNotFound)
+            admin.describe_subscriber("nowhere", "s")
 
 
 def test_a_vanished_subscriber_is_paused_and_nothing_is_lost(queue):

@@ -83,6 +83,7 @@ class HQueue(Connected):
         check_queue_name_type(name)  # before anything is opened
         self._producers: weakref.WeakSet[Producer] = weakref.WeakSet()
         self._consumers: weakref.WeakSet[Consumer] = weakref.WeakSet()
+        self._subscribers: weakref.WeakSet[Subscriber] = weakref.WeakSet()
         super().__init__(url, data_dir=data_dir, token=token, timeout=timeout, group_limits=group_limits)
         try:
             self.name = name
@@ -92,12 +93,16 @@ class HQueue(Connected):
             raise
 
     def close(self) -> None:
-        """Close the producers made here (sending what they hold) and the consumers (each
+        """Close the producers made here (sending what they hold), the consumers (each
         leaves its group, so what it holds goes back at once, no failure counted; a server
         that does not answer within :data:`LEAVE_AT_CLOSE` leaves it to the connection's
-        end), then release the store."""
+        end) and stop the subscribers still started (they heartbeat through this handle:
+        once it was closed each logged a failure a second), then release the store."""
         for producer in list(self._producers):
             producer.close()
+        for subscriber in list(self._subscribers):
+            with contextlib.suppress(HQueueError):
+                subscriber.stop("its queue handle was closed")
         engine, consumers = self._engine, [c for c in self._consumers if not c.closed]
         if engine is not None and consumers:  # (closed already: nothing of it is left)
             timeout = getattr(engine, "timeout", None)
@@ -445,7 +450,7 @@ class HQueue(Connected):
         service = self.subscriptions("create_subscriber")
         if not isinstance(subscription, Subscription):
             raise TypeError(f"'subscription' must be a Subscription, not {type(subscription).__name__}")
-        return Subscriber(
+        subscriber = Subscriber(
             service,
             self.name,
             subscription,
@@ -458,6 +463,8 @@ class HQueue(Connected):
             tls=bool(getattr(self.engine, "tls", False)) if tls is None else tls,
             zk_auth=zk_auth,
         )
+        self._subscribers.add(subscriber)
+        return subscriber
 
     def __repr__(self) -> str:
         return f"HQueue({self.name!r}, url={self._engine.url if self._engine else None!r})"

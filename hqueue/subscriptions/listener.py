@@ -87,10 +87,10 @@ class Subscription:
         name: The subscriber's name on the queue (its checkpoints go by it).
         topics: Topics to take; none means all.
         dead_letter_after: How many times the subscriber may refuse a message
-            (a listener raised) before the server puts it on the queue
+            (a listener raised) on its own before the server puts it on the queue
             ``<queue>.dlq`` (same partition, topic and value) and goes on. A
-            refused batch is first retried message by message, so only the
-            poison message goes. A subscriber that cannot be reached never
+            batch refused that many times is retried message by message, so only
+            the poison message goes. A subscriber that cannot be reached never
             counts. None (the default): retry forever, in order.
     """
 
@@ -100,10 +100,14 @@ class Subscription:
         check_name("subscriber", name)
         if isinstance(topics, (str, bytes)):
             raise TypeError("'topics' must be a collection of topics, not one topic")
+        if topics is not None and not isinstance(topics, Iterable):
+            raise TypeError(f"'topics' must be a collection of topics, not {type(topics).__name__}")
         self.name = name
         self.topics: set[bytes] | None = {_as_topic(t) for t in topics} if topics else None
         self.partitions: dict[int, MessageID | None] | None = None
-        if dead_letter_after is not None and (not isinstance(dead_letter_after, int) or dead_letter_after < 1):
+        if dead_letter_after is not None and (
+            not isinstance(dead_letter_after, int) or isinstance(dead_letter_after, bool) or dead_letter_after < 1
+        ):
             raise InvalidArgument(f"'dead_letter_after' must be an int >= 1 or None, got {dead_letter_after!r}")
         self.dead_letter_after = dead_letter_after
 
@@ -112,16 +116,25 @@ class Subscription:
         return self
 
     def add_partitions(
-        self, partitions: Iterable[tuple[int, MessageID | None]] | Mapping[int, MessageID | None]
+        self, partitions: Iterable[int | tuple[int, MessageID | None]] | Mapping[int, MessageID | None]
     ) -> Subscription:
-        """Take these partitions, each from a start ID or (None) its checkpoint.
+        """Take these partitions, each from a start ID or (None) its checkpoint: ``{pid: start}``,
+        ``(pid, start)`` pairs, or partition ids (each from None), as ``add_subscriber`` takes.
 
         None means: from the subscriber's checkpoint, or from now for a new
         subscriber. Without any partitions added, it takes all of them.
         """
+        if isinstance(partitions, (str, bytes)) or not isinstance(partitions, Iterable):
+            raise TypeError(f"'partitions' must be partition ids or {{pid: start}}, not {type(partitions).__name__}")
         items = partitions.items() if isinstance(partitions, Mapping) else partitions
-        for pid, start in items:
-            if not isinstance(pid, int) or pid < 0:
+        for item in items:
+            if isinstance(item, tuple) and len(item) == 2:
+                pid, start = item
+            elif isinstance(item, int):
+                pid, start = item, None
+            else:
+                raise TypeError(f"a partition must be an id or a (pid, start) pair, got {item!r}")
+            if not isinstance(pid, int) or isinstance(pid, bool) or pid < 0:
                 raise InvalidArgument(f"a partition id must be an int >= 0, got {pid!r}")
             if start is not None and not isinstance(start, MessageID):
                 raise TypeError(f"a start must be a MessageID or None, got {type(start).__name__}")

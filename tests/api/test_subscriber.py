@@ -192,6 +192,16 @@ def test_bad_subscriber_input_is_rejected_clearly(queue, url, tmp_path):
                 admin.add_subscriber("events", bad)
     with pytest.raises(TypeError, match="'topics'"):
         Subscription("s", topics="one")
+    with pytest.raises(TypeError, match="'topics' must be a collection of topics, not int"):
+        Subscription("s", topics=5)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="'dead_letter_after'"):
+        Subscription("s", dead_letter_after=True)
+    assert Subscription("s").add_partitions([0, 1]).partitions == {0: None, 1: None}  # ids, as add_subscriber takes
+    for bad in ({True: None}, [(-1, None)]):
+        with pytest.raises(InvalidArgument, match="a partition id must be an int >= 0"):
+            Subscription("s").add_partitions(bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="a partition must be an id or a"):
+        Subscription("s").add_partitions(["0"])  # type: ignore[list-item]
     with pytest.raises(TypeError, match="listeners"):
         queue.create_subscriber(Subscription("s"), [print])
     with HQueueAdmin(url) as admin:
@@ -229,6 +239,18 @@ def test_subscriber_admin_arguments_are_checked_alike_on_every_store(url, tmp_pa
         assert "s2" not in admin.list_subscribers("events")
         with pytest.raises(QueueNotFound):  # (it said SubscriberNotFound)
             admin.describe_subscriber("nowhere", "s")
+
+
+def test_closing_the_queue_stops_its_subscribers(tmp_path):
+    """A subscriber left started when its queue handle closed heartbeat through the closed store:
+    a traceback a second, 'started' for ever."""
+    with HQueueAdmin(f"local://{tmp_path}/data") as admin:
+        admin.create_queue("events", 1)
+    queue = HQueue("events", f"local://{tmp_path}/data")
+    subscriber = queue.create_subscriber(Subscription("s"), [Collect()]).start()
+    queue.close()
+    assert not subscriber.started
+    assert not [t for t in threading.enumerate() if "_heartbeat" in t.name or t.name == "hqueue-subscriber-s"]
 
 
 def test_a_vanished_subscriber_is_paused_and_nothing_is_lost(queue):

@@ -183,7 +183,7 @@ class ServerProcess:
         port: int = 0,
         name: str = "s",
         extra_args: tuple[str, ...] = (),
-        max_open_files: int | None = None,
+        max_open_files: int | tuple[int, int] | None = None,
     ) -> None:
         self.storage, self.zk, self.name, self.workdir = storage, zk, name, workdir
         self.extra_args, self.max_open_files = list(extra_args), max_open_files
@@ -203,8 +203,8 @@ class ServerProcess:
         limit = self.max_open_files
 
         def limit_files() -> None:
-            if limit is not None:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+            if limit is not None:  # (soft, hard), or both
+                resource.setrlimit(resource.RLIMIT_NOFILE, limit if isinstance(limit, tuple) else (limit, limit))
 
         self.proc = subprocess.Popen(
             args, cwd=ROOT, env=python_env(), stdout=log, stderr=log, preexec_fn=limit_files if limit else None

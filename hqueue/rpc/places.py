@@ -20,16 +20,29 @@ to make room for a new one when all are taken.
 
 Every count changes under one lock, with the table of open connections: an accept sees a
 place either taken or free.
+
+:func:`fit_descriptors` makes the places fit the process's file descriptors: with the usual
+soft limit of 1,024, silent peers took every descriptor before the 1,024 places were taken,
+so none was closed to make room, and clients that would have proved themselves were shut
+out (the accept failed: "Too many open files").
 """
 
 from __future__ import annotations
 
+import logging
+import resource
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from .connections import Connection
+
+logger = logging.getLogger(__name__)
+
+#: File descriptors a server keeps beside its connections' (the store's files, its listeners,
+#: ZooKeeper, the metrics and console ports, the push connections to subscribers).
+SPARE_DESCRIPTORS = 512
 
 #: Connections being closed to make room at once, at most.
 MAX_EVICTING = 16
@@ -179,3 +192,28 @@ class Places:
                     self._wait(other, now_of)
             elif self._hold(other, owner):
                 return
+
+
+def fit_descriptors(max_connections: int) -> int:
+    """The connections a server may keep open: ``max_connections``, once the process's soft
+    limit on open files is raised (within its hard limit) to hold them and
+    :data:`SPARE_DESCRIPTORS` more; fewer, with a warning, where the hard limit is lower."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = max_connections + SPARE_DESCRIPTORS
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(
+                resource.RLIMIT_NOFILE, (wanted if hard == resource.RLIM_INFINITY else min(wanted, hard), hard)
+            )
+        except (ValueError, OSError) as e:
+            logger.warning("could not raise the limit on open files (%d): %s", soft, e)
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return max_connections
+    fits = max(1, soft - SPARE_DESCRIPTORS) if soft > 2 * SPARE_DESCRIPTORS else max(1, soft // 2)
+    logger.warning(
+        "the process may open %d files (ulimit -n; the hard limit is %s): it keeps at most %d connections, "
+        "not --max-connections %d (raise the limit: LimitNOFILE= in a systemd unit, ulimit -Hn)",
+        soft, "unlimited" if hard == resource.RLIM_INFINITY else hard, fits, max_connections,
+    )  # fmt: skip
+    return fits

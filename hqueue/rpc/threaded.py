@@ -41,6 +41,7 @@ The default transport is framed with the binary protocol; other transports
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import itertools
 import logging
@@ -72,7 +73,7 @@ from .connections import (
 )
 from .dispatch import CachedProcessor
 from .frames import FrameError, FrameReader, check_call
-from .places import Places
+from .places import Places, fit_descriptors
 from .unix import widen
 
 logger = logging.getLogger(__name__)
@@ -161,6 +162,9 @@ class ThreadedServer(TThreadedServer):
             daemon=True,
         )
         #: Who has a place, and whose connection goes to make room (rpc/places.py).
+        fits = fit_descriptors(self.limits.max_connections)  # (the process's open files hold them)
+        if fits != self.limits.max_connections:
+            self.limits = dataclasses.replace(self.limits, max_connections=fits)
         self.places = Places(self.limits.max_connections, self.limits.connection_share, self.owner_of)
         #: The sockets of the connections served on threads of their own (TLS-wrapped ones too).
         self._served: dict[int, Any] = {}

@@ -147,14 +147,17 @@ class Principal:
         return any(self.grants.get(role) for role in ROLES)
 
     def may_read_metrics(self) -> bool:
-        return bool(self.grants.get(METRICS)) or self.may("admin", "*")
+        """A metrics token, or an admin of every queue: ``admin = ["*"]`` itself (matching the
+        name ``*`` is no such grant: ``["?"]`` or ``["[!b]*"]`` saw every queue's series)."""
+        return bool(self.grants.get(METRICS)) or "*" in self.grants.get("admin", ())
 
     def may_see(self, queue: str) -> bool:
         return any(self.may(role, queue) for role in ROLES)
 
     def require(self, role: str, queue: str, action: str) -> None:
         if not self.may(role, queue):
-            raise NotAuthorized(f"token {self.name!r} may not {action} queue {queue!r} (needs role {role!r})")
+            needed = "admin" if role == "producer" and queue in ADMIN_WRITTEN else role  # (as may() asks)
+            raise NotAuthorized(f"token {self.name!r} may not {action} queue {queue!r} (needs role {needed!r})")
 
     def may_manage(self, queue: str, name: str) -> bool:
         """Whether the token may move or delete the position of group or subscriber ``name``."""

@@ -301,6 +301,23 @@ def test_auth_file_tokens_with_the_metrics_role_may_scrape_and_nothing_else(tmp_
         process.terminate()
 
 
+def test_only_an_admin_of_every_queue_reads_metrics_not_a_pattern_that_matches_the_name_star(tmp_path):
+    """admin = ["?"] or ["[!b]*"] matched the literal name '*': such a token read every
+    queue's series, queues it may not see on the Thrift port among them (an audit)."""
+    tokens = {"wide": '["*"]', "one_char": '["?"]', "not_b": '["[!b]*"]', "crawl": '["crawl.*"]'}
+    (tmp_path / "auth.toml").write_text(
+        "".join(f'[tokens.{n}]\nsecret = "{n}-secret-0123456789"\nadmin = {p}\n\n' for n, p in tokens.items())
+    )
+    policy = AuthPolicy.load(tmp_path / "auth.toml")
+    readers = {n for n in tokens if policy.authenticate(f"{n}-secret-0123456789").may_read_metrics()}
+    assert readers == {"wide"}
+    # and a refusal on the console's audit queue names the role it needs (it named one the token held)
+    (tmp_path / "auth.toml").write_text(f'[tokens.w]\nsecret = "{CRAWLER}"\nproducer = ["*"]\n')
+    writer = AuthPolicy.load(tmp_path / "auth.toml").authenticate(CRAWLER)
+    with pytest.raises(NotAuthorized, match="needs role 'admin'"):
+        writer.require("producer", "hqueue-console-audit", "put to")
+
+
 @pytest.mark.parametrize(
     ("text", "error"),
     [

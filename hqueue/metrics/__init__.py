@@ -189,6 +189,8 @@ class ServerMetrics:
         self.partition_changes = Counter(
             "hqueue_partition_changes", "Partitions this server gained or lost (rebalances).", ["change"], registry=r
         )
+        for change in ("gained", "lost"):  # (0 from the start: a single server's never move, and a
+            self.partition_changes.labels(change)  # family with no sample read as a missing series)
         group = ("queue", "group")
         self.group_received = LabelledCounts(
             "hqueue_group_received_messages", "Messages handed to consumer-group members.", group

@@ -392,7 +392,7 @@ class HQueueServer:
 
     @property
     def inflight_bytes(self) -> int:
-        """Bytes of request frames under way (the ``--max-inflight-bytes`` budget)."""
+        """Bytes of request frames under way and replies not yet taken (the ``--max-inflight-bytes`` budget)."""
         return self._server.budget.used
 
     def start(self) -> HQueueServer:

@@ -68,6 +68,9 @@ def test_puts_connections_and_partitions_are_counted(server):
     assert metrics['hqueue_owned_partitions{queue="q"}'] == 2
     assert metrics["hqueue_connections"] >= 1
     assert metrics["hqueue_inflight_request_bytes"] == 0  # nothing under way between calls
+    # a single server's partitions never move: 0, not a family without samples (the dashboard reads it)
+    assert metrics['hqueue_partition_changes_total{change="gained"}'] == 0
+    assert metrics['hqueue_partition_changes_total{change="lost"}'] == 0
 
 
 def test_delivery_and_lag_per_subscriber_and_partition(server):

@@ -228,7 +228,7 @@ exception TNotAuthorized {
 // under way hold all the memory it allows them; retry), or as "LimitExceeded:
 // max_frame_bytes=N: ..." for authenticate, the one call that does not declare
 // TInvalidMessage (every other call answers an argument it refuses, a bad
-// queue, group or member name say, with TInvalidMessage "Kind: ...").
+// group or member name say, with TInvalidMessage "Kind: ...").
 exception TIOError {
   1: string message
 }

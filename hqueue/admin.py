@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,7 @@ from .config import (
 )
 from .connection import Connected
 from .deadletters import DeadLetterNote, dead_letter_queue, note_of
-from .errors import InvalidArgument, InvalidPartition, InvalidQueueName, QueueNotFound
+from .errors import InvalidArgument, InvalidPartition, InvalidQueueName, NotAuthorized, QueueNotFound
 from .message import MAX_PARTITIONS, Message, MessageID, _as_topic, topics_of_keys
 from .queue import HQueue, TimeLike, as_message_id
 from .scanner import Scan, read_columns
@@ -114,7 +115,8 @@ class HQueueAdmin(Connected):
             QueueEnabled: The queue is enabled and ``force`` is not set.
         """
         if force and self.engine.queue_info(name, fresh=True).enabled:
-            self.disable_queue(name)
+            with forced_disable():
+                self.disable_queue(name)
         self.engine.delete_queue(name)
 
     @names_a_queue
@@ -305,6 +307,16 @@ def new_queue_info(
         | ({PRIORITIES_KEY: str(priorities)} if priorities != 1 else {}),
         max_message_bytes=max_message_bytes,
     )
+
+
+@contextlib.contextmanager
+def forced_disable() -> Iterator[None]:
+    """The disable of ``delete_queue(force=True)``: a refusal says it was the delete's (it named
+    only the disable, a call the user did not make)."""
+    try:
+        yield
+    except NotAuthorized as e:
+        raise NotAuthorized(f"{e}: a forced delete disables the queue before it deletes it") from e
 
 
 def subscriber_scope(

@@ -6,10 +6,10 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from ..admin import new_queue_info, position_of, subscriber_scope
+from ..admin import forced_disable, new_queue_info, position_of, subscriber_scope
 from ..checks import names_a_queue
 from ..config import DEFAULT_MAX_MESSAGE_BYTES, Durability, QueueInfo, QueueState
-from ..errors import QueueNotFound
+from ..errors import InvalidQueueName, QueueNotFound
 from ..message import MessageID
 from .connect import groups_of, subscriptions_of
 from .handle import AsyncConnected
@@ -55,14 +55,15 @@ class AsyncHQueueAdmin(AsyncConnected):
         """Delete a disabled queue (``force=True`` disables it first)."""
         engine = await self.async_engine()
         if force and (await engine.queue_info(name, fresh=True)).enabled:
-            await self.disable_queue(name)
+            with forced_disable():
+                await self.disable_queue(name)
         await engine.delete_queue(name)
 
     @names_a_queue
     async def queue_exists(self, name: str) -> bool:
         try:
             await (await self.async_engine()).queue_info(name, fresh=True)
-        except QueueNotFound:
+        except (QueueNotFound, InvalidQueueName):  # a name no queue may have: none has it (as HQueueAdmin)
             return False
         return True
 

@@ -61,7 +61,10 @@ def server_gauges(server: Served, book: LagBook) -> Callable[[], list[Family]]:
             gauge("hqueue_connections", "Open client connections.", [], [([], server.connections)]),
             gauge("hqueue_scanners", "Open server-side scanners.", [], [([], len(server.scanners))]),
             gauge(
-                "hqueue_inflight_request_bytes", "Bytes of request frames under way and replies not yet taken (the --max-inflight-bytes budget).", [], [([], server.inflight_bytes)]
+                "hqueue_inflight_request_bytes",
+                "Bytes of request frames under way and replies not yet taken (the --max-inflight-bytes budget).",
+                [],
+                [([], server.inflight_bytes)],
             ),
         ]
         owned = [([q.name], len(server.coordinator.owned(q.name, q.partitions))) for q in server.engine.list_queues()]

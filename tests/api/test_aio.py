@@ -272,6 +272,7 @@ def test_errors_are_typed(api_url, queue_name):
                 assert queue_name in [q.name for q in await admin.list_queues()]
                 await admin.delete_queue(queue_name)
                 assert not await admin.queue_exists(queue_name)
+                assert not await admin.queue_exists("x" * 300)  # (InvalidQueueName through a server)
         finally:
             await queue.close()
 

@@ -251,6 +251,10 @@ def test_refusals_name_what_the_user_did_and_the_cli_hints_fit_the_token(secured
     assert "token 'worker' may not disable queue 'crawl.pages' (needs role 'admin')" in result.output
     assert "disableQueue" not in result.output and "HQUEUE_TOKEN" not in result.output
     assert WORKER not in result.output
+    # And a forced delete's refusal says it was the delete's (it named only a disable, a call not made)
+    forced = runner.invoke(main, ["--url", f"hqueue://{WORKER}@{secured.address}", "delete-queue", "crawl.pages",
+                                  "--force"])  # fmt: skip
+    assert "a forced delete disables the queue before it deletes it" in forced.output, forced.output
     refused = runner.invoke(main, ["--url", f"hqueue://{WORKER}@{secured.address}", "put", "orders", "t", "v"])
     assert "token 'worker' has no role on queue 'orders'" in refused.output
     # And without a token, the hint says how to give one

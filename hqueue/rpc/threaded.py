@@ -75,6 +75,7 @@ from .dispatch import CachedProcessor
 from .frames import FrameError, FrameReader, check_call
 from .places import Places, fit_descriptors
 from .unix import widen
+from .wire import SCAN_REPLY_BYTES as BIGGEST_ANSWER
 
 logger = logging.getLogger(__name__)
 
@@ -150,6 +151,13 @@ class ThreadedServer(TThreadedServer):
         self.limits = limits or ServerLimits()
         self.budget = InflightBudget(self.limits.max_inflight_bytes)
         self._share = max(1, int(self.limits.max_inflight_bytes * self.limits.inflight_share))
+        if self._share < BIGGEST_ANSWER and self.limits.inflight_share < 1:
+            logger.warning(
+                "--max-inflight-bytes %d gives a client a share of %d bytes, less than one scan answer (%d): "
+                "one client that stops reading can hold more than its share%s",
+                self.limits.max_inflight_bytes, self._share, BIGGEST_ANSWER,
+                " and the whole budget" if self.limits.max_inflight_bytes < 1.5 * BIGGEST_ANSWER else "",
+            )  # fmt: skip
         #: The IDL exception a refused call is answered with (None: refused calls close their connection).
         self.refuse_with = refuse_with
         self.ssl_context = ssl_context

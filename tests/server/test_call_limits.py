@@ -395,3 +395,15 @@ def test_one_group_call_carries_at_most_max_receipts(capped):
             getattr(client, call)(*args)
     assert client.groupAck("q", "g", made_up[: 12 * wire.MAX_RECEIPTS]) == 0  # at the cap: taken (and ignored)
     client.close()
+
+
+def test_a_budget_too_small_for_a_scan_answer_is_warned_of(tmp_path, caplog):
+    """Below 64 MiB a client's share is less than one 16 MiB answer, and below about 21 MiB one
+    unread answer can hold the whole budget (an audit): the server says so at start."""
+    with caplog.at_level("WARNING", logger="hqueue.rpc.threaded"):
+        server = make_server(tmp_path, ServerLimits(max_inflight_bytes=8 << 20, max_frame_bytes=1 << 20))
+        server.stop()
+    assert (
+        "less than one scan answer (16777216): one client that stops reading can hold more than its share and "
+        "the whole budget" in caplog.text
+    )

@@ -316,6 +316,7 @@ def server(
             max_inflight_bytes=max_inflight_bytes,
             inflight_wait=inflight_wait,
             inflight_share=inflight_share,
+            raise_open_files=True,  # (the command owns its process)
         )
     except ValueError as e:
         raise click.UsageError(str(e).replace("'max_", "--max-").replace("_bytes'", "-bytes")) from e

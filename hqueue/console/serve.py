@@ -118,6 +118,7 @@ class Console:
             max_request_body_size=max_body,
             max_request_header_size=32 * 1024,
             clear_untrusted_proxy_headers=True,
+            asyncore_use_poll=True,  # (select() refuses descriptors past 1,023: the console's thread died)
             **(
                 # The client's address as the proxy saw it: log-ins are throttled per client,
                 # not all at once as the proxy's (a wrong token from one held back everyone's).

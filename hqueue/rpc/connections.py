@@ -69,6 +69,10 @@ class ServerLimits:
     #: kept when all are taken (a client: what ``owner_of`` says; 1: no share). Its others are
     #: closed to make room as connections that proved nothing are.
     connection_share: float = DEFAULT_CONNECTION_SHARE
+    #: Raise the process's soft limit on open files to hold ``max_connections`` (``hqueue
+    #: server``, which owns its process; rpc/places.py: fit_descriptors). A server inside an
+    #: application keeps the places that fit the limit as it is.
+    raise_open_files: bool = False
 
     def __post_init__(self) -> None:
         for name in ("inflight_share", "connection_share"):

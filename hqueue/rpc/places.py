@@ -194,13 +194,18 @@ class Places:
                 return
 
 
-def fit_descriptors(max_connections: int) -> int:
-    """The connections a server may keep open: ``max_connections``, once the process's soft
-    limit on open files is raised (within its hard limit) to hold them and
-    :data:`SPARE_DESCRIPTORS` more; fewer, with a warning, where the hard limit is lower."""
+def fit_descriptors(max_connections: int, *, raise_limit: bool) -> int:
+    """The connections a server may keep open: ``max_connections`` if the process's soft limit
+    on open files holds them and :data:`SPARE_DESCRIPTORS` more; fewer where it does not.
+
+    ``raise_limit`` (``hqueue server``, which owns its process): the soft limit is raised first,
+    within the hard limit, and a server left with fewer places says so. A server inside an
+    application (its embedded store's, a subscriber's push port) leaves the process's limits
+    as they are and keeps what fits, quietly.
+    """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = max_connections + SPARE_DESCRIPTORS
-    if soft != resource.RLIM_INFINITY and soft < wanted:
+    if raise_limit and soft != resource.RLIM_INFINITY and soft < wanted:
         try:
             resource.setrlimit(
                 resource.RLIMIT_NOFILE, (wanted if hard == resource.RLIM_INFINITY else min(wanted, hard), hard)
@@ -211,9 +216,10 @@ def fit_descriptors(max_connections: int) -> int:
     if soft == resource.RLIM_INFINITY or soft >= wanted:
         return max_connections
     fits = max(1, soft - SPARE_DESCRIPTORS) if soft > 2 * SPARE_DESCRIPTORS else max(1, soft // 2)
-    logger.warning(
+    logger.log(
+        logging.WARNING if raise_limit else logging.DEBUG,
         "the process may open %d files (ulimit -n; the hard limit is %s): it keeps at most %d connections, "
         "not --max-connections %d (raise the limit: LimitNOFILE= in a systemd unit, ulimit -Hn)",
         soft, "unlimited" if hard == resource.RLIM_INFINITY else hard, fits, max_connections,
     )  # fmt: skip
-    return fits
+    return min(fits, max_connections)

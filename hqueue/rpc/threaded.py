@@ -170,7 +170,7 @@ class ThreadedServer(TThreadedServer):
             daemon=True,
         )
         #: Who has a place, and whose connection goes to make room (rpc/places.py).
-        fits = fit_descriptors(self.limits.max_connections)  # (the process's open files hold them)
+        fits = fit_descriptors(self.limits.max_connections, raise_limit=self.limits.raise_open_files)
         if fits != self.limits.max_connections:
             self.limits = dataclasses.replace(self.limits, max_connections=fits)
         self.places = Places(self.limits.max_connections, self.limits.connection_share, self.owner_of)

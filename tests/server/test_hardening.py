@@ -36,7 +36,7 @@ from hqueue.rpc.wire import MAX_SCAN_BATCH, T
 from hqueue.server import HQueueServer
 from hqueue.server.logins import FailedLogins
 
-from ..processes import ServerProcess, drain, server_certificate, wait_for
+from ..processes import ServerProcess, drain, python_env, server_certificate, wait_for
 
 ADMIN, CRAWLER = "admin-secret-0123456789", "crawler-secret-0123456789"
 WORKER = "worker-secret-0123456789"
@@ -816,7 +816,7 @@ def test_a_hard_limit_on_open_files_below_max_connections_lowers_it_and_silent_p
     finally:
         for s in held:
             s.close()
-    proc.terminate()
+        proc.kill()
 
 
 def test_the_soft_limit_on_open_files_is_raised_for_max_connections(tmp_path):
@@ -835,7 +835,48 @@ def test_the_soft_limit_on_open_files_is_raised_for_max_connections(tmp_path):
     finally:
         for s in held:
             s.close()
-    proc.terminate()
+        proc.kill()
+
+
+def test_the_console_serves_on_descriptors_past_1023(tmp_path):
+    """Its HTTP server watched its sockets with select(), which refuses descriptors past 1,023:
+    once the server held that many (the raised limit lets it), the console's thread died."""
+    import urllib.error
+    import urllib.request
+
+    proc = ServerProcess(
+        f"local://{tmp_path}/data", tmp_path, max_open_files=(1024, 4096), extra_args=("--console-port", "0")
+    )
+    held = []
+    try:
+        console = proc.announced("console")
+        for _ in range(1100):  # the console's next sockets get descriptors past 1,023
+            held.append(socket.create_connection(("127.0.0.1", proc.port), timeout=5))
+        for _ in range(3):
+            try:
+                status = urllib.request.urlopen(console + "/login", timeout=10).status
+            except urllib.error.HTTPError as e:
+                status = e.code
+            assert status in (200, 401), status
+        assert "filedescriptor out of range" not in proc.log_path.read_text()
+    finally:
+        for s in held:
+            s.close()
+        proc.kill()
+
+
+def test_an_application_that_embeds_a_store_keeps_its_limit_on_open_files(tmp_path):
+    """Only `hqueue server` raises it: an application's embedded store (which serves its local
+    socket) and subscribers left the process's limit raised, and warned of `--max-connections`."""
+    script = (
+        "import resource\nresource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))\n"
+        "from hqueue import HQueueAdmin\n"
+        f"with HQueueAdmin('local://{tmp_path}/data') as admin:\n    admin.create_queue('q', 1)\n"
+        "    print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=python_env())
+    assert out.returncode == 0 and out.stdout.strip() == "1024", out.stderr
+    assert "max-connections" not in out.stderr
 
 
 def test_a_taken_port_is_a_clear_error_not_a_shared_port(server, tmp_path):

@@ -102,37 +102,75 @@ STOP_GRACE = 5.0
 
 
 def _command_status(command: str, value: bytes, env: dict) -> int:
-    """Run CMD with the message on its stdin, in a process group of its own; its exit status.
-    Interrupted meanwhile (Ctrl-C, SIGTERM), the whole group is stopped before the message
-    goes back to the group: SIGTERM, then SIGKILL after STOP_GRACE (only the shell was
-    killed, and what it started worked on a message another member had by then)."""
-    process = subprocess.Popen(command, shell=True, stdin=subprocess.PIPE, env=env, process_group=0)  # noqa: S602
+    """Run CMD with the message on its stdin; its exit status. CMD stays in this process's
+    group, the terminal's job (a prompt on /dev/tty works; Ctrl-C and a hang-up reach it).
+    Interrupted meanwhile (Ctrl-C, SIGTERM, SIGHUP), CMD and everything it started are
+    stopped before the message goes back to the group: SIGTERM, then SIGKILL after
+    STOP_GRACE (only the shell was killed, and what it started worked on a message another
+    member had by then)."""
+    process = subprocess.Popen(command, shell=True, stdin=subprocess.PIPE, env=env)  # noqa: S602
     try:
         process.communicate(value)
     except BaseException:
-        _stop_group(process)
+        _stop_tree(process)
         raise
     return process.returncode
 
 
-def _stop_group(process: subprocess.Popen) -> None:
-    """End every process of ``process``'s group (SIGTERM, then SIGKILL), and reap it."""
+def _stop_tree(process: subprocess.Popen) -> None:
+    """End ``process`` and its descendants (SIGTERM, then SIGKILL), and reap it."""
+    tree = [process.pid, *_descendants(process.pid)]  # (before any dies: its children would go to init)
+    _signal(tree, signal.SIGTERM)
     try:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
+        deadline = time.monotonic() + STOP_GRACE
+        with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(STOP_GRACE)
-        finally:  # (a second Ctrl-C meanwhile: killed at once)
-            os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+        while any(_alive(pid) for pid in tree[1:]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:  # (a second Ctrl-C meanwhile: killed at once)
+        _signal([*tree, *(p for pid in tree[1:] for p in _descendants(pid))], signal.SIGKILL)
+        process.wait()
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes ``pid`` started, and theirs (from /proc: none where there is none)."""
+    children: dict[int, list[int]] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat", "rb") as f:
+                        parent = int(f.read().rsplit(b")", 1)[1].split()[1])
+                except (OSError, ValueError, IndexError):
+                    continue  # (gone meanwhile)
+                children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def _signal(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"  # (a zombie is done)
+    except (OSError, IndexError):
+        return False
 
 
 @contextmanager
 def _terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM (a service manager's stop) ends the member as Ctrl-C does: it leaves the
-    group and hands back what it holds, where being killed would count those failed."""
+    """SIGTERM (a service manager's stop) and SIGHUP (its terminal closed) end the member as
+    Ctrl-C does: it leaves the group and hands back what it holds, where being killed would
+    count those failed (and leave CMD running on a message another member gets)."""
     if threading.current_thread() is not threading.main_thread():
         yield  # signals reach the main thread only
         return
@@ -140,11 +178,16 @@ def _terminate_as_interrupt() -> Iterator[None]:
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = {  # (one ignored, as nohup does SIGHUP, stays ignored)
+        signum: signal.signal(signum, interrupt)
+        for signum in (signal.SIGTERM, signal.SIGHUP)
+        if signal.getsignal(signum) is not signal.SIG_IGN
+    }
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _run(consumer: Consumer, delivery: Delivery, command: str, nack_delay: float | None) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import os
 import shutil
 import signal
@@ -879,36 +880,79 @@ def test_hqueue_consume_stopped_by_sigterm_leaves_its_group_cleanly(tmp_path):
     assert _dead_letters(data) == []
 
 
-def test_hqueue_consume_exec_stopped_by_sigterm_stops_the_command_s_processes_too(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_hqueue_consume_exec_stopped_stops_the_command_s_processes_too(tmp_path, signum):
     """Only the command's shell was killed: what it started went on with the message, which
-    the group handed to another member at once (the same message worked on twice)."""
+    the group handed to another member at once (the same message worked on twice). SIGHUP
+    (the terminal closed) stops it cleanly too."""
     data = _store_with(tmp_path, b"m")
-    group_file = tmp_path / "group"
-    command = f"echo $$ > {group_file}; sleep 60 & sleep 60; echo finished"
+    pids = tmp_path / "pids"
+    command = f"echo $$ > {pids}; sleep 60 & echo $! >> {pids}; sleep 61 & echo $! >> {pids}; wait; echo finished"
     consume = subprocess.Popen(
         [sys.executable, "-m", "hqueue.cli", "--url", f"local://{data}", "consume", "q", "g", "--exec", command],
         cwd=ROOT, env=python_env(), stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        wait_for(lambda: group_file.exists() and group_file.read_text().strip(), 30, "the command to start")
-        group = int(group_file.read_text())
-        assert os.getpgid(group) == group  # (the shell leads a process group of its own)
-        consume.send_signal(signal.SIGTERM)
+        wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 3, 30, "the command to start")
+        started = [int(pid) for pid in pids.read_text().split()]
+        consume.send_signal(signum)
         assert consume.wait(timeout=30) == 130
     finally:
         consume.kill()
 
     def gone() -> bool:
-        try:
-            os.killpg(group, 0)
-        except ProcessLookupError:
-            return True
-        return False
+        for pid in started:
+            try:
+                stat = open(f"/proc/{pid}/stat").read()
+            except OSError:
+                continue
+            if stat.rsplit(")", 1)[1].split()[0] != "Z":
+                return False
+        return True
 
-    wait_for(gone, 10, "none of the command's processes to be left (killed, and reaped by init)")
+    wait_for(gone, 10, "none of the command's processes to be left")
     assert consume.stdout is not None and "finished" not in consume.stdout.read()
     # and the message went back unseen, for the next member
     assert _holder(data, "print([(d.value, d.attempt) for d in c.receive(1, wait=3)])\n") == "[(b'm', 1)]"
+
+
+def test_hqueue_consume_exec_s_command_may_use_the_terminal(tmp_path):
+    """In a process group of its own, CMD was a background job of the terminal: a prompt on
+    /dev/tty stopped it (SIGTTIN) and consume waited for ever (a review)."""
+    import pty
+    import select
+
+    data = _store_with(tmp_path, b"m")
+    command = 'cat >/dev/null; printf "ok? " >/dev/tty; read x </dev/tty; echo "got $x" >/dev/tty'
+    argv = [sys.executable, "-m", "hqueue.cli", "--url", f"local://{data}", "consume", "q", "g", "--max", "1",
+            "--exec", command]  # fmt: skip
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: consume, on the terminal
+        os.chdir(ROOT)
+        os.execvpe(argv[0], argv, python_env())
+    out = b""
+    try:
+        deadline = time.monotonic() + 30
+        while b"ok? " not in out and time.monotonic() < deadline:
+            if select.select([fd], [], [], 0.2)[0]:
+                out += os.read(fd, 4096)
+        assert b"ok? " in out, out
+        os.write(fd, b"yes\n")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if select.select([fd], [], [], 0.2)[0]:
+                with contextlib.suppress(OSError):
+                    out += os.read(fd, 4096)
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+        assert done and os.waitstatus_to_exitcode(status) == 0, out
+        assert b"got yes" in out
+    finally:
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(fd)
 
 
 @pytest.mark.parametrize("affinity", ["", ", key_affinity='topic'"], ids=["any order", "key order"])

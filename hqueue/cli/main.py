@@ -235,6 +235,8 @@ def _served_at(holder: str | None) -> str | None:
         name, equals, value = word.partition("=")
         if name in ("--host", "--port"):
             given[name] = value if equals else (words[index + 1] if index + 1 < len(words) else "")
+    if (holder or "").endswith("…") and not {"--host", "--port"} <= given.keys():
+        return None  # (its command line was cut short: a --host or --port may be past the cut)
     host, port = given.get("--host", "127.0.0.1"), given.get("--port", "9700")
     if not port.isdigit() or int(port) == 0:  # (0: a port picked at start, not on its command line)
         return None

@@ -521,3 +521,19 @@ def test_options_that_do_nothing_together_are_usage_errors(run):
         result = run(*args)
         assert result.exit_code == 2 and said in result.output, (args, result.output)
     assert run("scan", "q").output == "" and "z" not in run("list").output  # nothing done
+
+
+def test_the_held_store_hint_names_an_address_only_where_the_holder_s_command_line_says_it():
+    from hqueue.cli.main import _served_at
+
+    assert _served_at("pid 1: hqueue server --storage local:///x --port 9801") == "hqueue://127.0.0.1:9801"
+    assert _served_at("pid 1: hqueue --url local:///x server --host=0.0.0.0 --port=7") == "hqueue://127.0.0.1:7"
+    assert _served_at("pid 1: hqueue server --storage local:///x") == "hqueue://127.0.0.1:9700"  # the defaults
+    for unknown in (
+        "pid 1: hqueue server --storage local:///x --port 0",  # picked at start
+        "pid 1: hqueue server --storage local:///a-long-path --no-local-socket --log-level WARN…",  # cut short
+        "pid 1: hqueue tail server",  # a queue named server
+        "pid 1: python app.py",
+        None,
+    ):
+        assert _served_at(unknown) is None, unknown

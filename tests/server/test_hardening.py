@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from datetime import datetime
 
 import pytest
@@ -800,42 +801,42 @@ def test_one_token_cannot_keep_every_connection_place(tmp_path):
         server.stop()
 
 
+@contextlib.contextmanager
+def _silent_peers(tmp_path, count: int, open_files: int | tuple[int, int], *args: str) -> Iterator[ServerProcess]:
+    """``hqueue server`` with that limit on open files (soft, hard), and ``count`` connections
+    to it that say nothing, held while the block runs."""
+    proc = ServerProcess(f"local://{tmp_path}/data", tmp_path, max_open_files=open_files, extra_args=args)
+    held = []
+    try:
+        for _ in range(count):
+            held.append(socket.create_connection(("127.0.0.1", proc.port), timeout=5))
+        yield proc
+    finally:
+        for s in held:
+            s.close()
+        proc.kill()
+
+
 def test_a_hard_limit_on_open_files_below_max_connections_lowers_it_and_silent_peers_are_evicted(tmp_path):
     """With 64 files the server ran out of descriptors before its 1,024 places were taken:
     no silent peer was closed to make room, and every client was shut out (accept failed)."""
-    proc = ServerProcess(f"local://{tmp_path}/data", tmp_path, max_open_files=64)
-    held = []
-    try:
-        for _ in range(120):  # more than the server has descriptors for
-            held.append(socket.create_connection(("127.0.0.1", proc.port), timeout=5))
+    with _silent_peers(tmp_path, 120, 64) as proc:  # more than the server has descriptors for
         with HQueueAdmin(f"hqueue://{proc.address}?timeout=10") as admin:  # served while they are held
             assert admin.list_queues() == []
         log = proc.log_path.read_text()
         assert "it keeps at most 32 connections, not --max-connections 1024" in log
         assert log.count("accept failed") <= 3 and "Traceback" not in log, log[-2000:]
-    finally:
-        for s in held:
-            s.close()
-        proc.kill()
 
 
 def test_the_soft_limit_on_open_files_is_raised_for_max_connections(tmp_path):
     """The usual soft limit, 1,024 (systemd's, most shells'), with --max-connections 1,024: silent
     peers took every descriptor, and a client with a token got DeadlineExceeded (an audit)."""
-    proc = ServerProcess(f"local://{tmp_path}/data", tmp_path, max_open_files=(1024, 4096))
-    held = []
-    try:
+    with _silent_peers(tmp_path, 1100, (1024, 4096)) as proc:
         limits = open(f"/proc/{proc.proc.pid}/limits").read()  # type: ignore[union-attr]
         assert re.search(r"Max open files\s+1536\s+4096", limits), limits
-        for _ in range(1100):
-            held.append(socket.create_connection(("127.0.0.1", proc.port), timeout=5))
         with HQueueAdmin(f"hqueue://{proc.address}?timeout=10") as admin:
             assert admin.list_queues() == []
         assert "accept failed" not in proc.log_path.read_text()
-    finally:
-        for s in held:
-            s.close()
-        proc.kill()
 
 
 def test_the_console_serves_on_descriptors_past_1023(tmp_path):
@@ -844,14 +845,8 @@ def test_the_console_serves_on_descriptors_past_1023(tmp_path):
     import urllib.error
     import urllib.request
 
-    proc = ServerProcess(
-        f"local://{tmp_path}/data", tmp_path, max_open_files=(1024, 4096), extra_args=("--console-port", "0")
-    )
-    held = []
-    try:
-        console = proc.announced("console")
-        for _ in range(1100):  # the console's next sockets get descriptors past 1,023
-            held.append(socket.create_connection(("127.0.0.1", proc.port), timeout=5))
+    with _silent_peers(tmp_path, 1100, (1024, 4096), "--console-port", "0") as proc:  # the console's next
+        console = proc.announced("console")  # sockets get descriptors past 1,023
         for _ in range(3):
             try:
                 status = urllib.request.urlopen(console + "/login", timeout=10).status
@@ -859,10 +854,6 @@ def test_the_console_serves_on_descriptors_past_1023(tmp_path):
                 status = e.code
             assert status in (200, 401), status
         assert "filedescriptor out of range" not in proc.log_path.read_text()
-    finally:
-        for s in held:
-            s.close()
-        proc.kill()
 
 
 def test_an_application_that_embeds_a_store_keeps_its_limit_on_open_files(tmp_path):

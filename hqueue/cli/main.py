@@ -226,7 +226,7 @@ def _locked_hint(e: StorageLocked, command: str | None) -> str:
 def _served_at(holder: str | None) -> str | None:
     """The hqueue:// address of a holder that is ``hqueue server`` with a fixed port (its
     ``--host``, ``--port``, or their defaults), read from its command line; None otherwise."""
-    words = (holder or "").partition(": ")[2].split()
+    words = _holder_words(holder)
     commands = [w for i, w in enumerate(words[1:], 1) if not w.startswith("-") and words[i - 1] != "--url"]
     if words[:1] != ["hqueue"] or commands[:1] != ["server"]:  # (not `hqueue tail server`: a queue)
         return None
@@ -235,13 +235,29 @@ def _served_at(holder: str | None) -> str | None:
         name, equals, value = word.partition("=")
         if name in ("--host", "--port"):
             given[name] = value if equals else (words[index + 1] if index + 1 < len(words) else "")
-    if (holder or "").endswith("…") and not {"--host", "--port"} <= given.keys():
+    if words[-1:] and words[-1].endswith("…") and not {"--host", "--port"} <= given.keys():
         return None  # (its command line was cut short: a --host or --port may be past the cut)
     host, port = given.get("--host", "127.0.0.1"), given.get("--port", "9700")
     if not port.isdigit() or int(port) == 0:  # (0: a port picked at start, not on its command line)
         return None
     host = "127.0.0.1" if host in ("0.0.0.0", "") else "[::1]" if host == "::" else host
     return f"hqueue://{host}:{port}"
+
+
+def _holder_words(holder: str | None) -> list[str]:
+    """The holder's command line as words, ``hqueue`` first: whole from /proc where the process
+    is still there (the text shown is cut at 120 characters), else as shown."""
+    pid, _, shown = (holder or "").partition(": ")
+    if pid.startswith("pid ") and pid[4:].isdigit():
+        try:
+            with open(f"/proc/{pid[4:]}/cmdline", "rb") as f:
+                args = f.read().rstrip(b"\0").decode("utf-8", "replace").split("\0")
+        except OSError:
+            args = []
+        starts = [i for i, a in enumerate(args) if os.path.basename(a) == "hqueue" or a.startswith("hqueue.cli")]
+        if starts:
+            return ["hqueue", *args[starts[0] + 1 :]]
+    return shown.split()
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

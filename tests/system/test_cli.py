@@ -293,7 +293,7 @@ def test_a_store_held_by_hqueue_server_names_the_flag_and_the_way_out(tmp_path):
         )
         assert result.output.count("\n") == 1, result.output
         assert "url='" not in result.output and "Traceback" not in result.output
-        assert f"(pid {holder.pid}: hqueue --url {url} server --port {port}" in result.output  # Linux: /proc/locks
+        assert f"(pid {holder.pid}: hqueue --url {url}"[:100] in result.output  # Linux: /proc/locks (cut at 120)
         assert runner.invoke(main, ["--url", f"hqueue://127.0.0.1:{port}", "list"]).exit_code == 0  # the way out
         server = runner.invoke(main, ["--url", url, "server", "--port", "0"])
         assert server.exit_code == 1 and "stop that process first" in server.output
@@ -526,14 +526,14 @@ def test_options_that_do_nothing_together_are_usage_errors(run):
 def test_the_held_store_hint_names_an_address_only_where_the_holder_s_command_line_says_it():
     from hqueue.cli.main import _served_at
 
-    assert _served_at("pid 1: hqueue server --storage local:///x --port 9801") == "hqueue://127.0.0.1:9801"
-    assert _served_at("pid 1: hqueue --url local:///x server --host=0.0.0.0 --port=7") == "hqueue://127.0.0.1:7"
-    assert _served_at("pid 1: hqueue server --storage local:///x") == "hqueue://127.0.0.1:9700"  # the defaults
+    assert _served_at("pid 999999999: hqueue server --storage local:///x --port 9801") == "hqueue://127.0.0.1:9801"
+    assert _served_at("pid 999999999: hqueue --url local:///x server --host=0.0.0.0 --port=7") == "hqueue://127.0.0.1:7"
+    assert _served_at("pid 999999999: hqueue server --storage local:///x") == "hqueue://127.0.0.1:9700"  # the defaults
     for unknown in (
-        "pid 1: hqueue server --storage local:///x --port 0",  # picked at start
-        "pid 1: hqueue server --storage local:///a-long-path --no-local-socket --log-level WARN…",  # cut short
-        "pid 1: hqueue tail server",  # a queue named server
-        "pid 1: python app.py",
+        "pid 999999999: hqueue server --storage local:///x --port 0",  # picked at start
+        "pid 999999999: hqueue server --storage local:///a-long-path --no-local-socket --log-level WARN…",  # cut short
+        "pid 999999999: hqueue tail server",  # a queue named server
+        "pid 999999999: python app.py",
         None,
     ):
         assert _served_at(unknown) is None, unknown

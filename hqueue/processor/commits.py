@@ -72,6 +72,13 @@ class CommitTracker:
             self._pending = [i for i in self._pending if i in self._completed]
             return gone
 
+    def forget(self, message_id: MessageID) -> None:
+        """Stop tracking one message, not completed: it goes back to the group, not acked."""
+        with self._lock:
+            if self._held.pop(message_id, None) is not None:
+                self._pending.remove(message_id)
+                self._completed.discard(message_id)
+
     def held(self) -> list[Delivery]:
         """Every message received and not yet committed (their leases must not run out)."""
         with self._lock:

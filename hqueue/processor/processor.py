@@ -329,6 +329,11 @@ class Processor:
         deadline = time.monotonic() + timeout
         self._stop_reading.set()
         self._threads[0].join(timeout=timeout)
+        for delivery, why in self._unkeyed[:]:  # (no reader tries them again now: once more, then
+            self._unkeyed.remove((delivery, why))  # those still refused go back with the leave; stop
+            self._dead_letter_unkeyed(delivery, why)  # waited its whole timeout for them)
+        for delivery, _ in self._unkeyed:
+            self._tracker(delivery.partition_id).forget(delivery.id)
         self.wait_idle(timeout=max(0.0, deadline - time.monotonic()), settle=0.0)
         self.stopping.set()
         for thread in [*self._threads, *(w.thread for w in self._workers)]:

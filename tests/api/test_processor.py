@@ -407,3 +407,29 @@ def test_kill_9_the_processor_nothing_is_lost_and_each_key_stays_in_order(tmp_pa
         assert runs < 6, f"{3000 - len(set(done))} messages never processed"
     assert len(set(done)) == 3000  # 0 lost: every message processed, across 2 kill -9
     print(f"\nprocessor crash test: {runs} runs ended by kill -9, 3000 messages, 0 lost, {len(done) - 3000} twice")
+
+
+def test_a_message_without_a_key_that_the_dead_letter_queue_refuses_goes_back_at_stop(queue, admin_of):
+    """It waited for a dead-letter write no one tried once the reader stopped: stop() took its
+    whole timeout (a review). Now it goes back to the group with the leave, and a later
+    processor dead-letters it once the dead-letter queue takes it."""
+    admin = admin_of(queue)
+    admin.create_queue("orders.dlq", 1)
+    admin.disable_queue("orders.dlq")
+    queue.put([Message("t", b"a:1"), Message("t", b""), Message("t", b"b:1")], 0)
+
+    def key(message: Message) -> bytes:
+        return message.value.split(b":")[0] if message.value else message.value.split(b":")[1]
+
+    handled: list[bytes] = []
+    processor = Processor(queue, "p", lambda m: handled.append(m.value), key=key)
+    wait_for(lambda: sorted(handled) == [b"a:1", b"b:1"], 30, "the messages with keys")
+    started = time.monotonic()
+    processor.stop(timeout=20)
+    assert time.monotonic() - started < 10
+    admin.enable_queue("orders.dlq")
+    with Processor(queue, "p", lambda m: handled.append(m.value), key=key) as again:
+        wait_for(lambda: again.dead_lettered == 1, 30, "the keyless message to be dead-lettered")
+    assert sorted(handled) == [b"a:1", b"b:1"]
+    with HQueue("orders.dlq", queue.url) as dlq:
+        assert [m.value for m in dlq.scan()] == [b""]

@@ -127,8 +127,9 @@ def _stop_tree(process: subprocess.Popen) -> None:
             process.wait(STOP_GRACE)
         while any(_alive(pid) for pid in tree[1:]) and time.monotonic() < deadline:
             time.sleep(0.05)
-    finally:  # (a second Ctrl-C meanwhile: killed at once)
-        _signal([*tree, *(p for pid in tree[1:] for p in _descendants(pid))], signal.SIGKILL)
+    finally:  # (a second Ctrl-C meanwhile: killed at once; only those still there: a pid is reused)
+        left = [pid for pid in tree[1:] if _alive(pid)]
+        _signal([process.pid, *left, *(p for pid in left for p in _descendants(pid))], signal.SIGKILL)
         process.wait()
 
 

@@ -421,3 +421,18 @@ def successor(message_id: MessageID) -> MessageID:
     if message_id.sequence < MAX_SEQUENCE:
         return MessageID(message_id.timestamp, message_id.sequence + 1)
     return MessageID(message_id.timestamp + 1, 0)
+
+
+#: A position in a queue: a MessageID, a datetime, or epoch milliseconds (None: none given).
+TimeLike = MessageID | datetime | int | None
+
+
+def as_message_id(value: TimeLike, name: str) -> MessageID | None:
+    """A MessageID from a MessageID, a datetime or epoch milliseconds."""
+    if value is None or isinstance(value, MessageID):
+        return value
+    if isinstance(value, datetime):
+        return MessageID.from_datetime(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return MessageID(value)
+    raise TypeError(f"{name!r} must be a MessageID, datetime or int milliseconds, not {type(value).__name__}")

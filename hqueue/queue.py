@@ -19,7 +19,7 @@ from .consumer import Consumer, Pending
 from .errors import HQueueError, InvalidArgument
 from .groups.limits import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, GroupLimits, check_group_name, check_pending_limit
 from .keys.timers import Timer, due_ms, timer_of
-from .message import Message, MessageID
+from .message import Message, MessageID, TimeLike, as_message_id
 from .producer import (
     DEFAULT_BLOCK_TIMEOUT,
     DEFAULT_BUFFER_BYTES,
@@ -33,8 +33,6 @@ from .splits import Split
 from .subscriptions.listener import MessageListener, Subscriber, Subscription
 
 __all__ = ["HQueue", "partition_for_key"]
-
-TimeLike = MessageID | datetime | int | None
 
 
 #: Seconds a consumer left open may take to leave its group when its queue closes (through
@@ -488,14 +486,3 @@ def as_batch(messages: Message | Sequence[Message]) -> Sequence[Message]:
     if not isinstance(batch, Sequence) or isinstance(batch, (str, bytes)):
         raise TypeError(f"'messages' must be a Message or a sequence of them, not {type(messages).__name__}")
     return batch
-
-
-def as_message_id(value: TimeLike, name: str) -> MessageID | None:
-    """A MessageID from a MessageID, a datetime or epoch milliseconds."""
-    if value is None or isinstance(value, MessageID):
-        return value
-    if isinstance(value, datetime):
-        return MessageID.from_datetime(value)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return MessageID(value)
-    raise TypeError(f"{name!r} must be a MessageID, datetime or int milliseconds, not {type(value).__name__}")

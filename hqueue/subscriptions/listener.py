@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from ..auth import PushCredentials, joined
 from ..checks import check_name
 from ..errors import HQueueError, InvalidArgument, SubscriberActive
-from ..message import Message, MessageID, _as_topic, messages_from_columns
+from ..message import Message, MessageID, TimeLike, _as_topic, as_message_id, messages_from_columns
 from .push import PushGuard, PushRefused, ephemeral_tls
 
 if TYPE_CHECKING:  # Thrift and kazoo load when a subscriber starts, not with hqueue
@@ -115,11 +115,10 @@ class Subscription:
         self.topics = (self.topics or set()) | {_as_topic(topic)}
         return self
 
-    def add_partitions(
-        self, partitions: Iterable[int | tuple[int, MessageID | None]] | Mapping[int, MessageID | None]
-    ) -> Subscription:
-        """Take these partitions, each from a start ID or (None) its checkpoint: ``{pid: start}``,
-        ``(pid, start)`` pairs, or partition ids (each from None), as ``add_subscriber`` takes.
+    def add_partitions(self, partitions: Iterable[int | tuple[int, TimeLike]] | Mapping[int, TimeLike]) -> Subscription:
+        """Take these partitions, each from a start (a MessageID, datetime or epoch ms) or (None)
+        its checkpoint: ``{pid: start}``, ``(pid, start)`` pairs, or partition ids (each from
+        None), as ``add_subscriber`` takes.
 
         None means: from the subscriber's checkpoint, or from now for a new
         subscriber. Without any partitions added, it takes all of them.
@@ -136,9 +135,7 @@ class Subscription:
                 raise TypeError(f"a partition must be an id or a (pid, start) pair, got {item!r}")
             if not isinstance(pid, int) or isinstance(pid, bool) or pid < 0:
                 raise InvalidArgument(f"a partition id must be an int >= 0, got {pid!r}")
-            if start is not None and not isinstance(start, MessageID):
-                raise TypeError(f"a start must be a MessageID or None, got {type(start).__name__}")
-            self.partitions = {**(self.partitions or {}), pid: start}
+            self.partitions = {**(self.partitions or {}), pid: as_message_id(start, "partitions")}
         return self
 
 

@@ -197,6 +197,9 @@ def test_bad_subscriber_input_is_rejected_clearly(queue, url, tmp_path):
     with pytest.raises(InvalidArgument, match="'dead_letter_after'"):
         Subscription("s", dead_letter_after=True)
     assert Subscription("s").add_partitions([0, 1]).partitions == {0: None, 1: None}  # ids, as add_subscriber takes
+    assert Subscription("s").add_partitions({0: 5}).partitions == {0: MessageID(5)}  # ms too, as add_subscriber
+    with pytest.raises(TypeError, match="must be a MessageID, datetime or int"):
+        Subscription("s").add_partitions({0: "x"})  # type: ignore[dict-item]
     for bad in ({True: None}, [(-1, None)]):
         with pytest.raises(InvalidArgument, match="a partition id must be an int >= 0"):
             Subscription("s").add_partitions(bad)  # type: ignore[arg-type]

@@ -138,13 +138,9 @@ def _descendants(pid: int) -> list[int]:
     children: dict[int, list[int]] = {}
     with contextlib.suppress(OSError):
         for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    with open(f"/proc/{entry}/stat", "rb") as f:
-                        parent = int(f.read().rsplit(b")", 1)[1].split()[1])
-                except (OSError, ValueError, IndexError):
-                    continue  # (gone meanwhile)
-                children.setdefault(parent, []).append(int(entry))
+            stat = _stat(int(entry)) if entry.isdigit() else []
+            if len(stat) > 1:  # (none: gone meanwhile)
+                children.setdefault(int(stat[1]), []).append(int(entry))
     found, todo = [], [pid]
     while todo:
         kids = children.get(todo.pop(), [])
@@ -160,11 +156,18 @@ def _signal(pids: list[int], signum: int) -> None:
 
 
 def _alive(pid: int) -> bool:
+    stat = _stat(pid)
+    return bool(stat) and stat[0] != b"Z"  # (a zombie is done)
+
+
+def _stat(pid: int) -> list[bytes]:
+    """The fields of ``/proc/PID/stat`` after the command's name (its state, its parent, …);
+    [] where there is none."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"  # (a zombie is done)
+            return f.read().rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
-        return False
+        return []
 
 
 @contextmanager

@@ -29,6 +29,7 @@ from ..errors import (
 )
 from ..message import MessageID
 from ..queue import HQueue
+from ..storage.lockholder import command_words
 
 
 def _is_number(text: str) -> bool:
@@ -248,16 +249,8 @@ def _holder_words(holder: str | None) -> list[str]:
     """The holder's command line as words, ``hqueue`` first: whole from /proc where the process
     is still there (the text shown is cut at 120 characters), else as shown."""
     pid, _, shown = (holder or "").partition(": ")
-    if pid.startswith("pid ") and pid[4:].isdigit():
-        try:
-            with open(f"/proc/{pid[4:]}/cmdline", "rb") as f:
-                args = f.read().rstrip(b"\0").decode("utf-8", "replace").split("\0")
-        except OSError:
-            args = []
-        starts = [i for i, a in enumerate(args) if os.path.basename(a) == "hqueue" or a.startswith("hqueue.cli")]
-        if starts:
-            return ["hqueue", *args[starts[0] + 1 :]]
-    return shown.split()
+    whole = command_words(int(pid[4:])) if pid.startswith("pid ") and pid[4:].isdigit() else []
+    return whole or shown.split()
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

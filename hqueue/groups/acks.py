@@ -370,13 +370,13 @@ class GroupAcks:
                 raise
             return
         retries = self._count_failures(group, pid, state, [message_id])[0]
-        self._after_failure(group, pid, state, message_id, retries, delay, at_once=False)
+        self._after_failure(group, pid, state, message_id, retries, delay)
 
     def _failed_many(self, group: GroupState, pid: int, state: PartitionState, ids: list[bytes]) -> None:
         """Leases that ended without an ack (run out, or their member is gone): one write for all."""
         if ids:
             for message_id, retries in zip(ids, self._count_failures(group, pid, state, ids), strict=True):
-                self._after_failure(group, pid, state, message_id, retries, 0.0, at_once=False)
+                self._after_failure(group, pid, state, message_id, retries, 0.0)
 
     def _count_failures(self, group: GroupState, pid: int, state: PartitionState, ids: list[bytes]) -> list[int]:
         """One more failure for each of ``ids``, written at once; their counts."""
@@ -396,15 +396,14 @@ class GroupAcks:
         message_id: bytes,
         retries: int,
         delay: float | None,
-        *,
-        at_once: bool,
     ) -> None:
-        """A message failed for the ``retries``-th time: retry it later, or dead-letter it."""
-        if retries <= group.config.max_retries and not at_once:
+        """A message failed for the ``retries``-th time: retry it later, or dead-letter it (past
+        ``max_retries``; a member's dead_letter buries at once, in :meth:`_failed`)."""
+        if retries <= group.config.max_retries:
             wait = backoff(retries) if delay is None else delay
             state.retry_at(message_id, time.monotonic() + wait)
             return
-        self._bury(group, pid, state, message_id, at_once=at_once)
+        self._bury(group, pid, state, message_id, at_once=False)
 
     def _bury(self, group: GroupState, pid: int, state: PartitionState, message_id: bytes, *, at_once: bool) -> None:
         """Move a message past its retries to ``<queue>.dlq`` and finish it here.

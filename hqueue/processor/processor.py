@@ -151,9 +151,7 @@ class Processor:
 
     def _read(self) -> None:
         while not self._stop_reading.is_set():
-            for delivery, why in self._unkeyed[:]:  # (their dead-letter write failed: again)
-                self._unkeyed.remove((delivery, why))
-                self._dead_letter_unkeyed(delivery, why)
+            self._retry_unkeyed()
             try:
                 deliveries = self.consumer.receive(self.queue_size, wait=0.5)
             except Exception:
@@ -177,6 +175,12 @@ class Processor:
                         break
                     except queue_module.Full:
                         continue
+
+    def _retry_unkeyed(self) -> None:
+        """Dead-letter again the messages without a key whose dead-letter write failed."""
+        waiting, self._unkeyed = self._unkeyed, []
+        for delivery, why in waiting:
+            self._dead_letter_unkeyed(delivery, why)
 
     def _dead_letter_unkeyed(self, delivery: Delivery, why: str) -> None:
         """A message without a key cannot be handled in its key's order: it goes to the
@@ -329,10 +333,8 @@ class Processor:
         deadline = time.monotonic() + timeout
         self._stop_reading.set()
         self._threads[0].join(timeout=timeout)
-        for delivery, why in self._unkeyed[:]:  # (no reader tries them again now: once more, then
-            self._unkeyed.remove((delivery, why))  # those still refused go back with the leave; stop
-            self._dead_letter_unkeyed(delivery, why)  # waited its whole timeout for them)
-        for delivery, _ in self._unkeyed:
+        self._retry_unkeyed()  # (no reader tries them again now: once more, then those still refused
+        for delivery, _ in self._unkeyed:  # go back with the leave; stop waited its whole timeout for them)
             self._tracker(delivery.partition_id).forget(delivery.id)
         self.wait_idle(timeout=max(0.0, deadline - time.monotonic()), settle=0.0)
         self.stopping.set()

@@ -37,12 +37,14 @@ def lock_pid(directory: str) -> int | None:
     return None
 
 
-def _command(pid: str) -> str:
+def command_words(pid: int) -> list[str]:
+    """Process ``pid``'s whole command line as words, an hqueue command's as ``hqueue …``
+    (``python -m hqueue.cli …`` and ``python …/bin/hqueue …`` alike); [] if it cannot be read."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             words = f.read().rstrip(b"\0").split(b"\0")
     except OSError:
-        return ""
+        return []
     if len(words) >= 3 and os.path.basename(words[0]).startswith(b"python") and words[1] == b"-m":
         words = [words[2].split(b".")[0], *words[3:]]  # python -m hqueue.cli …: hqueue …
     else:
@@ -50,5 +52,12 @@ def _command(pid: str) -> str:
         if len(words) >= 2 and words[0].startswith(b"python") and os.path.basename(words[1]) == b"hqueue":
             words = words[1:]  # python /…/bin/hqueue …
             words[0] = b"hqueue"
-    text = b" ".join(words).decode("utf-8", "backslashreplace")
+    return [word.decode("utf-8", "backslashreplace") for word in words]
+
+
+def _command(pid: str) -> str:
+    words = command_words(int(pid))
+    if not words:
+        return ""
+    text = " ".join(words)
     return ": " + (text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 1] + "…")

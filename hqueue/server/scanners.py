@@ -88,12 +88,14 @@ class ColumnScanner:
         #: Chunks read from the store.
         self.count = 0
 
-    def take(self, count: int, room: int = SCAN_REPLY_BYTES) -> Columns:
+    def take(self, count: int, room: int | None = None) -> Columns:
         """Up to ``count`` cells (and :data:`MAX_SCAN_BATCH`), stopping after the one
         that brings the reply to ``room`` bytes (:data:`SCAN_REPLY_BYTES`); none at the end."""
         keys: list[bytes] = []
         values: list[bytes] = []
         limit = min(count, MAX_SCAN_BATCH)
+        if room is None:  # (read when called: the module's limit, not a default bound at import)
+            room = SCAN_REPLY_BYTES
         while len(keys) < limit and room > 0:
             if self._at >= len(self._keys):
                 if self._cursor.done:
@@ -198,7 +200,7 @@ class ScannerRegistry:
         return entry[0]
 
     def take(
-        self, scanner_id: int, count: int, owner: int = 0, principal: str | None = None, room: int = SCAN_REPLY_BYTES
+        self, scanner_id: int, count: int, owner: int = 0, principal: str | None = None, room: int | None = None
     ) -> Columns:
         """Up to ``count`` cells as (cell keys, values), ``room`` bytes and the cell that
         passes them (see the module's limits); none at the end."""

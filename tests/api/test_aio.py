@@ -478,6 +478,33 @@ def test_a_handle_belongs_to_the_event_loop_it_was_first_used_in(api_url, queue_
         run(queue.put(Message("t", b"v")))
 
 
+def test_a_handle_left_open_when_its_loop_ended_closes_from_another(api_url, queue_name):
+    """A handle its ``asyncio.run`` left open (a fixture closing it in the next loop) raised
+    "Event loop is closed" on close through a server, and kept its connections and the
+    member's leases: it closes now, and another member gets the message at once."""
+    holder = {}
+
+    async def lease_one():
+        queue = holder["queue"] = await made(api_url, queue_name, partitions=1)
+        await queue.put(Message("t", b"v"), partition_id=0)
+        holder["consumer"] = queue.consumer("g", lease=60)
+        assert len(await holder["consumer"].receive(1, wait=2)) == 1
+
+    run(lease_one())
+    run(holder["queue"].close())
+    assert holder["queue"].closed
+    if api_url.startswith("hqueue://"):
+        wait_for(lambda: client_sockets(api_url) == 0, timeout=5)
+
+    async def other_member():
+        async with AsyncHQueue(queue_name, api_url) as queue, queue.consumer("g", lease=60) as other:
+            return await other.receive(1, wait=5)
+
+    started = time.monotonic()
+    assert len(run(other_member())) == 1
+    assert time.monotonic() - started < 4  # handed back, not lapsed (a lease of 60 s)
+
+
 def test_starting_a_started_subscriber_again_keeps_its_handle(tmp_path):
     """The second start raised SubscriberActive, as it should, but dropped the running
     subscriber's own handle, whose store stayed open after stop() (an acceptance probe)."""

@@ -30,6 +30,7 @@ import asyncio
 import collections
 import contextlib
 import itertools
+import socket
 import ssl
 from typing import Any
 
@@ -49,6 +50,7 @@ class AsyncConnection:
 
     def __init__(self, transport: asyncio.Transport, frames: Frames) -> None:
         self.transport, self._frames = transport, frames
+        self._loop = asyncio.get_running_loop()
         self._client = TClient(wire.T.HQueueService, TCyBinaryProtocol(TCyMemoryBuffer()))
         self._seqids = itertools.count(1)
 
@@ -132,8 +134,31 @@ class AsyncConnection:
         return sock is not None and readable_now(sock)
 
     def close(self) -> None:
+        """Close it, from any event loop or thread: from its own loop at once; from another
+        thread while its loop runs, in that loop; once its loop has ended (a handle left open
+        when its ``asyncio.run`` returned, closed from the next), here: the server sees its end
+        now (a group member's leases go back), and the socket is freed with the transport."""
+        if self.transport.is_closing():
+            return
+        loop = self._loop
+        if loop.is_closed():
+            sock = self.transport.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not loop and loop.is_running():
+            loop.call_soon_threadsafe(self._abort)
+        else:
+            self._abort()
+
+    def _abort(self) -> None:
+        # A TLS close_notify would wait on the loop: abort the transport (it frees the socket at once).
         if not self.transport.is_closing():
-            # A TLS close_notify would wait on the loop: abort the transport (it frees the socket at once).
             self.transport.abort()
 
 

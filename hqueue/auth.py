@@ -376,7 +376,7 @@ class PushPolicy:
         ips = _resolved(address, host, port)
         if peer_host is not None:
             peer = _ip(peer_host)
-            if peer in ips or (ips and all(ip.is_unspecified for ip in ips)):  # every interface: the announcer
+            if peer in ips or (ips and all(unspecified(ip) for ip in ips)):  # every interface: the announcer
                 return joined(peer, port)
         if self._allowed(ips):
             return address
@@ -416,7 +416,7 @@ class PushPolicy:
 
     def _allowed(self, ips: list[ipaddress.IPv4Address | ipaddress.IPv6Address]) -> bool:
         """Every IP in the allow networks, and none a wildcard (which would be the server's own host)."""
-        return bool(ips) and all(not ip.is_unspecified and any(ip in net for net in self.networks) for ip in ips)
+        return bool(ips) and all(not unspecified(ip) and any(ip in net for net in self.networks) for ip in ips)
 
 
 def _host_port(address: str) -> tuple[str, int]:
@@ -446,14 +446,21 @@ def _resolved(address: str, host: str, port: int) -> list[ipaddress.IPv4Address 
     return ips
 
 
+def unspecified(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """``0.0.0.0``, ``::``, or ``::ffff:0.0.0.0`` (IPv4's, mapped into IPv6: a dual-stack
+    socket bound to it listens on every interface too)."""
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_unspecified or (mapped is not None and mapped.is_unspecified)
+
+
 def is_wildcard(host: str) -> bool:
     """Whether a listening socket's ``host`` means every interface (``0.0.0.0``, ``::``,
-    ``''``, ``0``, ``::0``…): no address anybody can be reached at."""
+    ``''``, ``0``, ``::0``, ``::ffff:0.0.0.0``…): no address anybody can be reached at."""
     host = host.strip("[]")
     if not host:
         return True
     try:
-        return ipaddress.ip_address(host).is_unspecified
+        return unspecified(ipaddress.ip_address(host))
     except ValueError:
         pass
     try:

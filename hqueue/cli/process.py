@@ -397,10 +397,10 @@ def _check_zk_access(zk: str | None, zk_auth: str | None, zk_open: bool, auth_fi
 
 def _zookeeper(zk: str, auth: str | None, server_id: str | None, session_timeout: float):
     """What makes the server's ZooKeeper coordinator, once its address is known."""
-    from ..coordination.zookeeper import ZooKeeperCoordinator, check_credentials
+    from ..coordination.zookeeper import ZooKeeperCoordinator, check_secured
 
     if auth:
-        check_credentials(auth)  # (before the store is opened)
+        check_secured(zk, auth)  # (before the store is opened)
 
     def coordinator_factory(address: str) -> ZooKeeperCoordinator:
         return ZooKeeperCoordinator(zk, address, server_id=server_id, session_timeout=session_timeout, auth=auth)

@@ -26,6 +26,9 @@ in place of the in-process engine, so the whole Python API works the same.
   the partition's owner, within the deadline, and written once: every try
   carries the put's lane and sequence (:mod:`hqueue.requests`), and the
   owner answers a put it recorded with the IDs it was written under.
+  A put whose owner gives no answer within a share of its deadline is sent
+  again where the other servers say the partition is now (:class:`OwnerTries`:
+  a paused owner's partitions are taken over), and written once the same way.
   A put that was sent and got no answer by its deadline is never sent again:
   :class:`~hqueue.errors.OutcomeUnknown` (it may be stored, or be stored
   later by a stalled server that resumes). Admin calls that change
@@ -222,6 +225,76 @@ def server_share(deadline: float, now: float, servers_left: int) -> float:
     return min(deadline, now + max(MIN_SERVER_TRY, (deadline - now) / servers_left))
 
 
+#: Seconds a server that gave no answer within a try's share is asked last by its client.
+SILENT_FOR = 30.0
+
+
+class SilentServers:
+    """Servers that lately gave no answer within a try's share (a paused one, most likely):
+    a client asks them last, for :data:`SILENT_FOR` seconds. A paused server among the
+    seeds otherwise took a share of every read that drew it first (up to half a 24 s
+    deadline, again at each one), and a put's look for its partition's new owner asked it first too."""
+
+    def __init__(self) -> None:
+        self._until: dict[str, float] = {}
+
+    def mark(self, address: str) -> None:
+        self._until[address] = time.monotonic() + SILENT_FOR
+
+    def order(self, seeds: list[str]) -> list[str]:
+        """The servers to ask, in random order, the silent ones last."""
+        servers = random.sample(seeds, len(seeds))
+        if self._until:
+            now = time.monotonic()
+            for address, until in list(self._until.items()):
+                if until <= now:
+                    self._until.pop(address, None)
+            servers.sort(key=self._until.__contains__)  # (stable: still random within each)
+        return servers
+
+
+#: The least time one try of a put waits for its partition's owner before the client asks
+#: the other servers who owns the partition now (:class:`OwnerTries`).
+MIN_OWNER_TRY = 2.0
+
+
+class OwnerTries:
+    """How long each try of a put (or timer put) waits for its partition's owner to answer.
+
+    The first try at an owner waits an eighth of what is left of the deadline (at
+    least :data:`MIN_OWNER_TRY`); with no answer by then, the client asks the other
+    servers who owns the partition now and sends the put again there. An owner paused
+    past its ZooKeeper session (SIGSTOP, a long GC, a frozen VM) has had its partitions
+    taken over by then, and waiting on it took the whole deadline: OutcomeUnknown,
+    though the new owner would have answered. A put sent again is written once (its
+    lane, :mod:`hqueue.requests`). An owner still named gets the put again with twice
+    the time of its last try: a slow owner (not a paused one) gets a put at most about
+    three times, and each copy after the first waits for it and is answered with its IDs.
+    """
+
+    def __init__(self) -> None:
+        self.owner: str | None = None
+        self.seconds = 0.0
+
+    def end(self, owner: str, deadline: float, now: float) -> float:
+        """When this try at ``owner`` stops waiting for its answer."""
+        if owner == self.owner:
+            self.seconds *= 2
+        else:
+            self.owner, self.seconds = owner, max(MIN_OWNER_TRY, (deadline - now) / 8)
+        return min(deadline, now + self.seconds)
+
+    def silent(self, error: ServerUnavailable) -> ServerUnavailable:
+        """The failure of a try its owner did not answer in time: the owner is asked for again."""
+        silent = ServerUnavailable(
+            f"hqueue server {self.owner}: no answer in {self.seconds:.1f}s: asking the other servers "
+            "who owns the partition now (a paused owner's partitions are taken over)"
+        )
+        silent.maybe_sent = error.maybe_sent
+        silent.__cause__ = error
+        return silent
+
+
 def past_deadline(address: str, method: str, timeout: float, sent: bool) -> str:
     """What a DeadlineExceeded says: the call went and got no answer, or never went."""
     if sent:
@@ -340,6 +413,7 @@ class RemoteEngine:
         self._locations: dict[str, list[str]] = {}
         self._infos = InfoCache(self._describe_info, stale_on=(ServerUnavailable,))
         self._lanes = Lanes()  # puts' lanes: a put sent again is written once (requests.py)
+        self._silent = SilentServers()
         #: The services, over the same servers (kazoo-style: bound to this client).
         self.groups: GroupsAPI | None = RemoteGroups(self)
         self.subscriptions: SubscriptionsAPI | None = RemoteSubscriptions(self)
@@ -411,10 +485,10 @@ class RemoteEngine:
         raise AssertionError("unreachable")
 
     def _call(self, method: str, *args, queue: str | None = None):
-        """A call any server can answer: try each, in random order, until the deadline.
-        A call that changes something goes to a second server only if the first
-        cannot have received it."""
-        servers = random.sample(self._seeds, len(self._seeds))
+        """A call any server can answer: try each, in random order (those lately silent
+        last), until the deadline. A call that changes something goes to a second server
+        only if the first cannot have received it."""
+        servers = self._silent.order(self._seeds)
         failures: list[ServerUnavailable] = []
         with self.deadline() as deadline:
             for tried, address in enumerate(servers):
@@ -425,6 +499,8 @@ class RemoteEngine:
                     return self._call_at(address, method, *args, queue=queue)
                 except ServerUnavailable as e:
                     failures.append(e)
+                    if isinstance(e, DeadlineExceeded) and mine < deadline:  # its share ran out: silent
+                        self._silent.mark(address)
                     if (e.maybe_sent and method not in _IDEMPOTENT) or time.monotonic() >= deadline:
                         break
                 finally:
@@ -528,6 +604,7 @@ class RemoteEngine:
             delay, fresh = 0.02, False
             unsure: HQueueError | None = None  # the failure after which the request may have been sent
             problem: HQueueError | None = None
+            tries = OwnerTries()
             while True:
                 looking = True  # (until the call goes to a named owner)
                 try:
@@ -538,8 +615,10 @@ class RemoteEngine:
                     if owner:
                         looking = False
                         resent = unsure is not None
-                        sent = args if lane is None else (*args, wire.to_trequest(lane.request(resent)))
-                        return self._call_at(owner, method, name, *sent, queue=name, pid=partition_id)
+                        if lane is None:
+                            return self._call_at(owner, method, name, *args, queue=name, pid=partition_id)
+                        sent = (*args, wire.to_trequest(lane.request(resent)))
+                        return self._owner_try(tries, owner, deadline, method, name, *sent, pid=partition_id)
                     problem = NotPartitionOwner(name, partition_id, None)
                 except (NotPartitionOwner, ServerUnavailable) as e:
                     problem, unsure = owner_failure(e, problem, unsure, looking, idempotent)
@@ -550,6 +629,20 @@ class RemoteEngine:
                 logger.info("%s to %s/%d: %s; retrying in %.2fs", what, name, partition_id, problem, delay)
                 time.sleep(min(delay, give_up - now))
                 delay, fresh = min(delay * 2, 1.0), True
+
+    def _owner_try(self, tries: OwnerTries, owner: str, deadline: float, method: str, name: str, *args, pid: int):
+        """One try of a put at ``owner``, waiting for its answer until ``tries`` says."""
+        until = tries.end(owner, deadline, time.monotonic())
+        token = _deadline.set((id(self), until))
+        try:
+            return self._call_at(owner, method, name, *args, queue=name, pid=pid)
+        except DeadlineExceeded as e:
+            if until >= deadline:
+                raise
+            self._silent.mark(owner)
+            raise tries.silent(e) from e
+        finally:
+            _deadline.reset(token)
 
     # -- timers (SPEC X1) ------------------------------------------------------------------
 

@@ -56,7 +56,9 @@ import re
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
@@ -68,6 +70,7 @@ from kazoo.exceptions import (
     SessionExpiredError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.hosts import collect_hosts
 from kazoo.retry import KazooRetry
 from kazoo.security import make_digest_acl
 
@@ -109,7 +112,7 @@ def zookeeper_client(hosts: str, auth: str | None, timeout: float) -> KazooClien
     """
     if not auth:
         return KazooClient(hosts=hosts, timeout=timeout)
-    user, password = check_credentials(auth)
+    user, password = check_secured(hosts, auth)
     return KazooClient(
         hosts=hosts,
         timeout=timeout,
@@ -134,7 +137,62 @@ def check_credentials(auth: str) -> tuple[str, str]:
     return user, password
 
 
-def no_auth(hosts: str) -> str:
+def on_granted(client: KazooClient, granted: Callable[[float], None]) -> None:
+    """Call ``granted(seconds)`` with each session's timeout as ZooKeeper granted it. kazoo
+    keeps that to itself: its connection handler's connect step returns the read timeout it
+    derives from it (two thirds of it, in ms). Without that step (another kazoo), nothing."""
+    handler: Any = getattr(client, "_connection", None)
+    connect = getattr(handler, "_connect", None)
+    if connect is None:
+        return
+
+    def connected(*args: Any) -> Any:
+        timeouts = connect(*args)
+        try:
+            granted(timeouts[0] * 1.5 / 1000.0)
+        except Exception:  # (never in the way of the connection)
+            logger.exception("the session timeout ZooKeeper granted could not be read")
+        return timeouts
+
+    handler._connect = connected
+
+
+def start_client(client: KazooClient, timeout: float) -> None:
+    """``client.start()``, without kazoo's warning that the chroot does not exist yet:
+    hqueue makes it (a first start of a deployment warned for nothing)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="No chroot path exists")
+        client.start(timeout=timeout)
+
+
+def check_secured(hosts: str, auth: str) -> tuple[str, str]:
+    """:func:`check_credentials`, and a chroot in ``hosts``: without one hqueue's nodes sit
+    under ZooKeeper's root, which its ACL cannot close (ZooKeeper checks a delete against the
+    parent node's ACL, and ``/`` is open to every client). Anyone who reaches ZooKeeper could
+    delete them: every queue create or delete then fails, and a new ensemble id planted there
+    splits the servers' fence.
+
+    Raises:
+        InvalidArgument: bad credentials, or no chroot.
+    """
+    user, password = check_credentials(auth)
+    if collect_hosts(hosts)[1] is None:
+        raise InvalidArgument(
+            f"ZooKeeper credentials (--zk-auth or ${AUTH_ENV}) need a chroot in the ZooKeeper address "
+            f"(e.g. {hosts.rstrip('/')}/hqueue): hqueue's nodes under ZooKeeper's root cannot be closed, since "
+            "ZooKeeper checks a delete against the parent's ACL, and '/' is open to every client"
+        )
+    return user, password
+
+
+def no_auth(client: KazooClient, hosts: str) -> str:
+    """What a server refused by ZooKeeper's ACL says: give credentials, or the right ones."""
+    if client.auth_data:
+        return (
+            f"ZooKeeper at {hosts} refused access (NoAuth) with the credentials given (--zk-auth or "
+            f"${AUTH_ENV}): hqueue's nodes there are under an ACL for another password (a password change "
+            "half done? see docs/security.md)"
+        )
     return (
         f"ZooKeeper at {hosts} refused access (NoAuth): hqueue's nodes there are under an ACL; "
         f"give the credentials with --zk-auth or ${AUTH_ENV}"
@@ -218,7 +276,10 @@ class ZooKeeperCoordinator(Coordinator):
         self._party_node = ""
         self._wake = threading.Event()
         self._stopping = threading.Event()
+        #: The session's timeout as asked, then as ZooKeeper granted it (see :func:`on_granted`).
+        self.session_timeout = session_timeout
         self.lease_seconds = session_timeout / 3
+        on_granted(self.client, self._granted)
         self._lease_until = 0.0
         self._queues: Callable[[], Iterable[tuple[str, int]]] = lambda: ()
         self._thread: threading.Thread | None = None
@@ -229,16 +290,16 @@ class ZooKeeperCoordinator(Coordinator):
         self._queues = queues
         wait = max(15.0, self.client._session_timeout / 1000)
         try:
-            self.client.start(timeout=wait)
+            start_client(self.client, wait)
             # (a connection lost meanwhile, as on a loaded machine, is made again by kazoo: the
             # steps are tried again, until ``wait``; one such blip ended the server)
             KazooRetry(max_tries=-1, max_delay=1.0, deadline=wait, ignore_expire=True)(self._prepare)
             self.client.DataWatch(VERSION_PATH, lambda data, stat: self._wake.set())
             self.client.ChildrenWatch(PARTY_PATH, self._on_members)
         except NoAuthError as e:
-            raise CoordinationError(no_auth(self.client.hosts)) from e
+            raise CoordinationError(no_auth(self.client, self.hosts)) from e
         except (KazooTimeoutError, KazooException) as e:
-            raise CoordinationError(f"cannot reach ZooKeeper at {self.client.hosts}: {type(e).__name__} {e}") from e
+            raise CoordinationError(f"cannot reach ZooKeeper at {self.hosts}: {type(e).__name__} {e}") from e
         self._thread = threading.Thread(target=self._run, name="hqueue-ownership", daemon=True)
         self._thread.start()
 
@@ -322,6 +383,19 @@ class ZooKeeperCoordinator(Coordinator):
                 members.add(named[1])
         self._misnamed &= set(children)
         return members
+
+    def _granted(self, seconds: float) -> None:
+        """ZooKeeper granted a session of ``seconds``: the lease is a third of it. It bounds
+        what is asked to between 2 and 20 of its ticks, silently: a lease taken from a longer
+        timeout asked than granted outlived the session (the store's fence still refused the
+        writes of a server paused past it)."""
+        if abs(seconds - self.session_timeout) > 0.05 and abs(seconds - self.lease_seconds * 3) > 0.05:
+            logger.warning(
+                "ZooKeeper granted a session of %.1fs where %.1fs was asked (--session-timeout; ZooKeeper bounds "
+                "it to between 2 and 20 of its ticks): a dead server's partitions move after %.1fs",
+                seconds, self.session_timeout, seconds,
+            )  # fmt: skip
+        self.lease_seconds = seconds / 3
 
     def _session_now(self) -> int | None:
         client_id = self.client.client_id  # None unless connected

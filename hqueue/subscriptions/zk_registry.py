@@ -45,7 +45,7 @@ from kazoo.recipe.watchers import ChildrenWatch
 from kazoo.retry import ForceRetryError
 
 from ..auth import PushCredentials
-from ..coordination.zookeeper import no_auth, zookeeper_client
+from ..coordination.zookeeper import no_auth, start_client, zookeeper_client
 from ..errors import CoordinationError, SubscriberActive, SubscriberExists, SubscriberNotFound
 from .registry import PresenceChanges, Registration, SubscriberRegistry, decode_topics, encode_topics, read_json
 from .store_registry import Presence
@@ -414,21 +414,21 @@ class ZooKeeperPresence:
         auth: str | None = None,
     ) -> None:
         self.path = registration_path(queue, name)
-        self.address, self.topics, self.push = address, topics, push
+        self.address, self.topics, self.push, self.hosts = address, topics, push, hosts
         self.client = zookeeper_client(hosts, auth, timeout=10.0)
         self._stopping = False
         self.client.add_listener(self._on_state)
 
     def start(self) -> None:
         try:
-            self.client.start(timeout=15)
+            start_client(self.client, 15)
         except Exception as e:
-            raise CoordinationError(f"cannot reach ZooKeeper at {self.client.hosts}: {e}") from e
+            raise CoordinationError(f"cannot reach ZooKeeper at {self.hosts}: {e}") from e
         try:
             self._announce()
         except NoAuthError as e:
             self.stop()
-            raise CoordinationError(no_auth(self.client.hosts)) from e
+            raise CoordinationError(no_auth(self.client, self.hosts)) from e
 
     def _announce(self) -> None:
         """Create the presence's ephemeral nodes under this session, address last.

@@ -221,3 +221,31 @@ def test_a_server_without_the_credential_gives_up_its_partitions_once_the_tree_i
         open_one.stop()
         if closed_one is not None:
             closed_one.stop()
+
+
+def test_the_lease_is_a_third_of_the_session_zookeeper_granted(zk_hosts, caplog):
+    """ZooKeeper bounds a session's timeout to 2-20 of its ticks (4 s at most for the tests'
+    200 ms tick), silently: a --session-timeout of 30 gave a 10 s lease over a 4 s session
+    (an attacker's pass). The lease follows what was granted, and the server says so."""
+    member = Member(zk_hosts, "9100", session_timeout=30.0)
+    try:
+        assert member.coordinator.lease_seconds == pytest.approx(4.0 / 3, abs=0.05)
+        assert "ZooKeeper granted a session of 4.0s where 30.0s was asked" in caplog.text
+        wait_for(lambda: member.owned() == EVERY, 20, "it to own every partition")
+    finally:
+        member.coordinator.stop()
+    asked = Member(zk_hosts, "9101", session_timeout=2.0)  # within the bounds: as asked, nothing said
+    try:
+        assert asked.coordinator.lease_seconds == pytest.approx(2.0 / 3, abs=0.05)
+    finally:
+        asked.coordinator.stop()
+
+
+def test_a_first_start_under_a_new_chroot_warns_of_nothing(zk_hosts, recwarn):
+    """kazoo warned "No chroot path exists" at every deployment's first start: hqueue makes it."""
+    member = Member(zk_hosts + "/not_made_yet", "9102")
+    try:
+        wait_for(lambda: member.owned() == EVERY, 20, "it to own every partition")
+    finally:
+        member.coordinator.stop()
+    assert not [w for w in recwarn if "chroot" in str(w.message)], [str(w.message) for w in recwarn]

@@ -243,3 +243,38 @@ def test_a_zookeeper_password_has_16_characters_or_more():
     assert result.exit_code == 2 and "at least 16 characters, got 5" in result.output
     result = CliRunner().invoke(main, args, env={"HQUEUE_ZK_AUTH": "hq:short"})
     assert result.exit_code == 2 and "at least 16 characters, got 5" in result.output
+
+
+def test_zookeeper_credentials_need_a_chroot(zk_hosts):
+    """Without a chroot hqueue's nodes sat under ZooKeeper's root, whose ACL they cannot
+    close: ZooKeeper checks a delete against the parent, and an anonymous client deleted
+    /queues-version (every create then failed) and /ensemble (an attacker's pass). A server,
+    and a subscriber writing its presence, refuse such an address before anything starts."""
+    from click.testing import CliRunner
+
+    from hqueue import InvalidArgument
+    from hqueue.cli import main
+    from hqueue.coordination.zookeeper import ZooKeeperCoordinator
+
+    root = zk_hosts.split("/", 1)[0]
+    args = ["server", "--storage", "hbase://127.0.0.1:1", "--zk", root]
+    result = CliRunner().invoke(main, args, env={"HQUEUE_ZK_AUTH": ZK_AUTH})
+    assert result.exit_code == 2 and "need a chroot in the ZooKeeper address" in result.output, result.output
+    assert f"{root}/hqueue" in result.output
+    with pytest.raises(InvalidArgument, match="need a chroot"):
+        ZooKeeperCoordinator(root + "/", "127.0.0.1:1", auth=ZK_AUTH)
+    ZooKeeperCoordinator(zk_hosts, "127.0.0.1:1", auth=ZK_AUTH).client.close()  # with one: made
+
+
+def test_a_server_with_another_password_is_told_its_credentials_are_not_the_acls(tmp_path, zk_hosts, hbase_standin):
+    """The documented password change, half done, left servers refused with "give the
+    credentials with --zk-auth", though they had: it now says the credentials are not those
+    of the ACL."""
+    first = ServerProcess(hbase_url(hbase_standin[0]), tmp_path, zk=zk_hosts, extra_args=("--zk-auth", ZK_AUTH))
+    first.kill()
+    with pytest.raises(AssertionError) as refused:
+        ServerProcess(
+            hbase_url(hbase_standin[0]), tmp_path, zk=zk_hosts, name="other",
+            extra_args=("--zk-auth", "hqueue:another-secret-012345"),
+        )  # fmt: skip
+    assert "refused access (NoAuth) with the credentials given" in str(refused.value), str(refused.value)[-800:]

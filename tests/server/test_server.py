@@ -347,7 +347,7 @@ def test_a_server_on_every_interface_is_reached_where_the_url_says(tmp_path):
 
 
 def test_a_cluster_server_on_every_interface_must_advertise_an_address(tmp_path):
-    for host in ("0.0.0.0", "::"):
+    for host in ("0.0.0.0", "::", "::ffff:0.0.0.0"):
         with pytest.raises(HQueueError, match="advertise"):
             HQueueServer("hbase://127.0.0.1:1/ns", host=host, port=0, coordinator_factory=lambda address: None)
 
@@ -360,9 +360,10 @@ def test_owners_named_by_a_wildcard_are_the_server_the_url_names():
     assert owner_addresses(["0.0.0.0:9700", "", "h2:9701"], ["h1:19700"]) == ["h1:19700", "", "h2:9701"]
     assert owner_addresses(["[::]:9702"], ["[fd00::1]:9700"]) == ["[fd00::1]:9700"]
     assert owner_addresses(["0.0.0.0:9700"], ["h1:9700", "h2:9700"]) == ["0.0.0.0:9700"]  # which one: unknown
-    for host in ("0.0.0.0", "::", "[::]", "", "0", "::0", "0:0:0:0:0:0:0:0"):
+    # ::ffff:0.0.0.0 too: a dual-stack socket bound to it listens on every interface (an attacker's pass)
+    for host in ("0.0.0.0", "::", "[::]", "", "0", "::0", "0:0:0:0:0:0:0:0", "::ffff:0.0.0.0", "[::ffff:0:0]"):
         assert is_wildcard(host), host
-    for host in ("127.0.0.1", "::1", "localhost", "h1", "10.0.0.0"):
+    for host in ("127.0.0.1", "::1", "localhost", "h1", "10.0.0.0", "::ffff:127.0.0.1"):
         assert not is_wildcard(host), host
 
 

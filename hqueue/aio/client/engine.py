@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,6 +29,8 @@ from ...client.engine import (
     READ_RETRY_DELAY,
     READ_TRIES,
     CallDeadline,
+    OwnerTries,
+    SilentServers,
     client_options,
     owner_addresses,
     owner_error,
@@ -97,6 +98,7 @@ class AsyncRemoteEngine:
         self._locations: dict[str, list[str]] = {}
         self._infos: dict[str, tuple[float, QueueInfo]] = {}
         self._lanes = Lanes()  # puts' lanes (requests.py)
+        self._silent = SilentServers()
         #: Answers read for callers that were cancelled (_answer_later).
         self._answering: set[asyncio.Task[None]] = set()
         self.groups = AsyncRemoteGroups(self)
@@ -229,12 +231,12 @@ class AsyncRemoteEngine:
                 logger.exception("the answer to a cancelled %s call could not be handed on", method)
 
     async def _call(self, method: str, *args: Any, queue: str | None = None) -> Any:
-        """A call any server answers: each in random order until the deadline (one that
-        changes something goes to a second server only if the first cannot have it)."""
+        """A call any server answers: each in random order (those lately silent last) until the
+        deadline (one that changes something goes to a second server only if the first cannot have it)."""
         failures: list[ServerUnavailable] = []
         clock = asyncio.get_running_loop().time
         with self.deadline() as deadline:
-            servers = random.sample(self._seeds, len(self._seeds))
+            servers = self._silent.order(self._seeds)
             for tried, address in enumerate(servers):
                 left = len(servers) - tried  # (servers still to try, this one too)
                 mine = deadline if method not in _READS else server_share(deadline, clock(), left)
@@ -243,6 +245,8 @@ class AsyncRemoteEngine:
                     return await self._call_at(address, method, *args, queue=queue)
                 except ServerUnavailable as e:
                     failures.append(e)
+                    if isinstance(e, DeadlineExceeded) and mine < deadline:  # its share ran out: silent
+                        self._silent.mark(address)
                     if (e.maybe_sent and method not in _IDEMPOTENT) or clock() >= deadline:
                         break
                 finally:
@@ -352,6 +356,7 @@ class AsyncRemoteEngine:
             delay, fresh = 0.02, False
             unsure: HQueueError | None = None  # the failure after which the request may have been sent
             problem: HQueueError | None = None
+            tries = OwnerTries()
             while True:
                 looking = True  # (until the call goes to a named owner)
                 try:
@@ -362,8 +367,10 @@ class AsyncRemoteEngine:
                     if owner:
                         looking = False
                         resent = unsure is not None
-                        sent = args if lane is None else (*args, wire.to_trequest(lane.request(resent)))
-                        return await self._call_at(owner, method, name, *sent, queue=name, pid=partition_id)
+                        if lane is None:
+                            return await self._call_at(owner, method, name, *args, queue=name, pid=partition_id)
+                        sent = (*args, wire.to_trequest(lane.request(resent)))
+                        return await self._owner_try(tries, owner, deadline, method, name, *sent, pid=partition_id)
                     problem = NotPartitionOwner(name, partition_id, None)
                 except (NotPartitionOwner, ServerUnavailable) as e:
                     problem, unsure = owner_failure(e, problem, unsure, looking, idempotent)
@@ -373,6 +380,22 @@ class AsyncRemoteEngine:
                     raise owner_error(name, partition_id, what, problem, unsure, self.timeout, self.owner_timeout)
                 await asyncio.sleep(min(delay, give_up - now))
                 delay, fresh = min(delay * 2, 1.0), True
+
+    async def _owner_try(
+        self, tries: OwnerTries, owner: str, deadline: float, method: str, name: str, *args: Any, pid: int
+    ) -> Any:
+        """One try of a put at ``owner``, waiting for its answer until ``tries`` says (as the blocking client's)."""
+        until = tries.end(owner, deadline, asyncio.get_running_loop().time())
+        token = _deadline.set((id(self), until))
+        try:
+            return await self._call_at(owner, method, name, *args, queue=name, pid=pid)
+        except DeadlineExceeded as e:
+            if until >= deadline:
+                raise
+            self._silent.mark(owner)
+            raise tries.silent(e) from e
+        finally:
+            _deadline.reset(token)
 
     # -- scans and lifetime ---------------------------------------------------------
 

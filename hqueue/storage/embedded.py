@@ -48,6 +48,7 @@ from itertools import islice
 
 import rocksdict
 
+from .. import forks
 from ..config import Durability, QueueInfo
 from ..errors import QueueExists, QueueNotFound, StorageError, StorageLocked
 from ..keys.index import INDEX_PREFIX
@@ -112,6 +113,17 @@ def _holds_any(family: rocksdict.Rdict, start: bytes, stop: bytes) -> bool:
     for key in family.keys(from_key=start):
         return bytes(key) < stop  # (raw mode: keys are bytes)
     return False
+
+
+def _unlocked_spelling(path: str) -> str:
+    """``path`` as this process gives it to RocksDB. RocksDB keeps the LOCK files its process
+    holds in a process-wide set, by name, and refuses a name in it ("lock hold by current
+    process"); a forked child inherits the set, so a store its parent (or grandparent) had
+    open could never be opened there, even once that parent died and its lock with it (a
+    ``multiprocessing`` worker never took over the store it used). The lock itself (fcntl)
+    is the process's own and is not inherited, so a child names the directory its own way
+    (``/.`` once per fork) and is refused only while another process holds the store."""
+    return path + "/." * forks.generation()
 
 
 class EmbeddedStorage(Healing, Storage):
@@ -207,7 +219,7 @@ class EmbeddedStorage(Healing, Storage):
             if os.path.exists(os.path.join(self.path, "CURRENT")):
                 names = rocksdict.Rdict.list_cf(self.path, options)
                 families = {n: _family_options(n) for n in names if n != "default"}
-            return rocksdict.Rdict(self.path, options, column_families=families)
+            return rocksdict.Rdict(_unlocked_spelling(self.path), options, column_families=families)
         except Exception as e:  # rocksdict raises plain Exception
             if "lock" in str(e).lower():
                 raise StorageLocked(self.path, lock_holder(self.path)) from e

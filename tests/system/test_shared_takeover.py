@@ -231,6 +231,57 @@ def test_a_holder_s_forked_child_keeps_neither_its_clients_nor_its_socket_after_
                 os.kill(child, signal.SIGKILL)
 
 
+#: A holder that forks a child using the store (a multiprocessing worker): as its client
+#: from the start (argv[3] "early"), or opened only once the holder is gone ("late").
+HOLD_AND_FORK_A_USER = (
+    "import os, sys, time\nfrom hqueue import HQueue, HQueueAdmin, Message\n"
+    "admin = HQueueAdmin(data_dir=sys.argv[1])\nadmin.list_queues()\nparent = os.getpid()\n"
+    "child = os.fork()\n"
+    "if child == 0:\n"
+    " os.close(1)\n out = open(sys.argv[2], 'w', buffering=1)\n"
+    " try:\n"
+    "  if sys.argv[3] == 'early':\n"
+    "   q = HQueue('q', data_dir=sys.argv[1])\n   q.put(Message('t', b'early'), partition_id=0)\n"
+    "  out.write('READY\\n')\n"
+    "  while True:\n"
+    "   try:\n    os.kill(parent, 0)\n   except ProcessLookupError:\n    break\n"
+    "   time.sleep(0.02)\n"
+    "  started = time.monotonic()\n"
+    "  if sys.argv[3] == 'late':\n   q = HQueue('q', data_dir=sys.argv[1])\n"
+    "  q.put(Message('t', b'after'), partition_id=0)\n"
+    "  out.write('TOOK %.2f %s\\n' % (time.monotonic() - started, sorted(m.value for m in q.scan())))\n"
+    " except BaseException as e:\n  out.write('FAILED %r\\n' % e)\n"
+    " os._exit(0)\n"
+    "print('HOLDING', child, flush=True)\ntime.sleep(3600)"
+)
+
+
+@pytest.mark.parametrize("opened", ["early", "late"])
+def test_a_holder_s_forked_child_takes_the_store_over_once_the_holder_is_killed(data, tmp_path, opened):
+    """A multiprocessing worker forked from the holder inherited RocksDB's note that its
+    process held the store's lock: once the holder died it could never open the store
+    ("lock hold by current process": DeadlineExceeded for every call of a client it had,
+    StorageLocked for a handle opened after), though no process held it (an attacker's pass)."""
+    out = tmp_path / f"child-{opened}.txt"
+    holder, child = Proc("-c", HOLD_AND_FORK_A_USER, data, str(out), opened), None
+    try:
+        wait_for(lambda: holder.lines and holder.lines[0].startswith("HOLDING"), 60, "the holder to serve")
+        child = int(holder.lines[0].split()[1])
+        wait_for(lambda: out.exists() and "READY" in out.read_text(), 60, "the child to be ready")
+        holder.kill()
+        text = wait_for(lambda: out.read_text() if ("TOOK" in out.read_text() or "FAILED" in out.read_text()) else None,
+                        60, "the child's put")  # fmt: skip
+        assert "TOOK" in text, text
+        seconds = float(text.split("TOOK ")[1].split()[0])
+        assert seconds < 10, text  # at once, not after a call's 30 s deadline
+        assert ("b'early'" in text) == (opened == "early") and "b'after'" in text, text
+    finally:
+        holder.kill()
+        if child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+
+
 @pytest.mark.slow
 def test_timers_set_through_clients_fire_exactly_once_across_kill_9_of_the_serving_process(data):
     # Given timer writers on a store another process serves, their timers falling due all along

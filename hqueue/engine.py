@@ -67,6 +67,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
+#: A count of pending timers reads their cells (keys and messages) in chunks of this many bytes.
+TIMER_COUNT_BYTES = 8 * 1024 * 1024
 
 
 class Engine:
@@ -332,12 +334,38 @@ class Engine:
         cells = self.storage.scan(name, *pending_range(partition_id, since=since), None, 1)
         return due_of(cells[0][0]) if cells else None
 
-    def pending_timers(self, name: str, partition_id: int, limit: int = 1000) -> list[tuple[Timer, Message]]:
-        """The partition's pending timers, earliest first (for inspection)."""
-        cells = self.storage.scan(name, *pending_range(partition_id), None, limit)
+    def pending_timers(
+        self,
+        name: str,
+        partition_id: int,
+        limit: int = 1000,
+        max_bytes: int | None = None,
+        after: Timer | None = None,
+    ) -> list[tuple[Timer, Message]]:
+        """The partition's pending timers, earliest first (for inspection; those after
+        ``after`` when given): at most ``limit``, and none after the one that brings their
+        keys and messages to ``max_bytes``."""
+        start, stop = pending_range(partition_id)
+        if after is not None:
+            start = max(start, one_timer_range(after)[1])
+        cells = self.storage.scan(name, start, stop, None, limit, max_bytes)
         return [
             (Timer(partition_id, due_of(key), id_of(key), name), Message(topic_of(key), value)) for key, value in cells
         ]
+
+    def count_timers(self, name: str, partition_id: int, limit: int) -> int:
+        """How many timers the partition has pending, counted up to ``limit``: read in chunks
+        of at most :data:`TIMER_COUNT_BYTES` (their messages come with them), so the memory
+        a count takes stays bounded however large the messages are."""
+        start, stop = pending_range(partition_id)
+        count = 0
+        while count < limit:
+            cells = self.storage.scan(name, start, stop, None, limit - count, TIMER_COUNT_BYTES)
+            if not cells:
+                break
+            count += len(cells)
+            start = cells[-1][0] + b"\0"  # the next key
+        return count
 
     def find_timer(self, name: str, timer: Timer) -> Message | None:
         """The message of a pending timer; None if it fired or was cancelled."""

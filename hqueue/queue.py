@@ -8,7 +8,7 @@ import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from itertools import islice
-from typing import Any, overload
+from typing import overload
 
 from .api import groups_of
 from .batch import MessageBatch, check_batch_size, partition_batches
@@ -16,7 +16,7 @@ from .checks import check_partition, check_queue_name_type, check_scan_limit, ch
 from .config import QueueInfo
 from .connection import Connected
 from .consumer import Consumer, Pending
-from .errors import HQueueError, InvalidArgument
+from .errors import HQueueError
 from .groups.limits import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, GroupLimits, check_group_name, check_pending_limit
 from .keys.timers import Timer, due_ms, timer_of
 from .message import Message, MessageID, TimeLike, as_message_id
@@ -239,11 +239,9 @@ class HQueue(Connected):
         one), at most ``limit`` (1..10,000) per partition.
 
         Raises:
-            InvalidArgument: ``limit`` out of range, or the store is reached
-                through hqueue servers (timers are listed where the store is
-                open: an embedded store, or ``hqueue server``'s console).
+            InvalidArgument: ``limit`` out of range.
         """
-        engine = self._timer_engine()
+        engine = self.engine
         check_pending_limit(limit)
         info = self.engine.queue_info(self.name, fresh=True)
         pids = range(info.partitions) if partition_id is None else [check_partition(info, partition_id)]
@@ -252,33 +250,22 @@ class HQueue(Connected):
     def count_timers(self, *, limit: int = 100) -> tuple[int, bool]:
         """(pending timers, whether any partition had more than ``limit`` (1..10,000) and was
         counted to ``limit`` only): one partition read at a time, so memory stays bounded."""
-        engine = self._timer_engine()
         check_pending_limit(limit)
         total, capped = 0, False
         for pid in range(self.engine.queue_info(self.name, fresh=True).partitions):
-            found = len(engine.pending_timers(self.name, pid, limit + 1))
+            found = self.engine.count_timers(self.name, pid, limit + 1)
             total, capped = total + min(found, limit), capped or found > limit
         return total, capped
 
     def next_due(self) -> int | None:
         """Epoch ms of the earliest pending timer of any partition; None if none is pending."""
-        engine = self._timer_engine()
-        dues = [engine.next_timer(self.name, pid) for pid in range(self.partitions)]
+        dues = [self.engine.next_timer(self.name, pid) for pid in range(self.partitions)]
         return min((d for d in dues if d is not None), default=None)
 
     def find_timer(self, timer: Timer | str) -> Message | None:
         """The message a pending timer will deliver; None if it fired or was cancelled."""
         timer = timer_of(self.name, timer)
-        return self._timer_engine().find_timer(self.name, timer)
-
-    def _timer_engine(self) -> Any:
-        engine = self.engine
-        if not hasattr(engine, "pending_timers"):
-            raise InvalidArgument(
-                "pending timers are listed where the store is open (an embedded store, or hqueue server's "
-                "console), not through hqueue servers"
-            )
-        return engine
+        return self.engine.find_timer(self.name, timer)
 
     # -- the Java client's scanners ---------------------------------------------
 

@@ -119,6 +119,13 @@ struct TTimer {
   3: TMessageID id
 }
 
+/** A pending timer and the message it will deliver. */
+struct TPendingTimer {
+  1: TTimer timer,
+  2: binary topic,
+  3: binary value
+}
+
 /** Messages leased to a consumer group's member: messages packed as
     messageScannerGetPacked packs them (cell keys: rowkey + topic), and each
     one's attempt (1: its first delivery), in the same order. */
@@ -368,6 +375,21 @@ service HQueueService {
   bool cancelTimer(1: string queue, 2: TTimer timer)
       throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TNotPartitionOwner notOwner,
               4: TIOError io, 5: TNotAuthorized denied)
+  /** The partition's pending timers, earliest first (after the timer given, when one is):
+      at most limit (1..10,000), and none after the one that brings their topics and values
+      to 8 MiB (a shorter answer is not the end: ask again after its last). Any server of
+      the store answers. */
+  list<TPendingTimer> pendingTimers(1: string queue, 2: i16 partitionID, 3: i32 limit, 4: optional TTimer after)
+      throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TIOError io, 4: TNotAuthorized denied)
+  /** How many timers the partition has pending, counted up to limit (1..10,001). */
+  i32 countTimers(1: string queue, 2: i16 partitionID, 3: i32 limit)
+      throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TIOError io, 4: TNotAuthorized denied)
+  /** The due time (epoch ms) of the partition's earliest pending timer; -1 if none is pending. */
+  i64 nextTimer(1: string queue, 2: i16 partitionID)
+      throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TIOError io, 4: TNotAuthorized denied)
+  /** The pending timer with its message (one element), or none if it fired or was cancelled. */
+  list<TPendingTimer> findTimer(1: string queue, 2: TTimer timer)
+      throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TIOError io, 4: TNotAuthorized denied)
 
   // -- consumer groups (SPEC X2, X3) -------------------------------------------------
   // A member calls groupReceive on every server (each serves the partitions it

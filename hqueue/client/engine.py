@@ -318,8 +318,9 @@ LOCATION_REFRESH = 2.0
 
 #: Calls that change nothing, so a retry after a failure mid-call is safe.
 _READS = frozenset(
-    {"getQueue", "describeQueue", "listQueues", "getQueueLocations", "listSubscribers", "describeSubscriber"}
-)
+    {"getQueue", "describeQueue", "listQueues", "getQueueLocations", "listSubscribers", "describeSubscriber",
+     "pendingTimers", "countTimers", "nextTimer", "findTimer"}
+)  # fmt: skip
 #: Tries of a read (or another call that may go twice: _IDEMPOTENT) whose connection broke
 #: mid-call (a server killed: its last connections may break one after another while it
 #: exits; a shared store's next holder answers on the same socket), a short sleep between each.
@@ -661,6 +662,33 @@ class RemoteEngine:
 
     def cancel_timer(self, name: str, timer: Timer) -> bool:
         return self._owner_call(name, timer.partition_id, "cancel", "cancelTimer", wire.to_ttimer(timer))
+
+    # Pending timers are read from the store: any server answers.
+
+    def pending_timers(self, name: str, partition_id: int, limit: int = 1000) -> list[tuple[Timer, Message]]:
+        """The partition's pending timers, earliest first, at most ``limit`` (the server's
+        answers are bounded in bytes: more are asked from after the last one until ``limit``)."""
+        found: list[tuple[Timer, Message]] = []
+        after = None
+        with self.deadline():
+            while len(found) < limit:
+                answer = self._call("pendingTimers", name, partition_id, limit - len(found), after, queue=name)
+                if not answer:
+                    break
+                found += [wire.from_tpending(name, t) for t in answer]
+                after = answer[-1].timer
+        return found
+
+    def count_timers(self, name: str, partition_id: int, limit: int) -> int:
+        return self._call("countTimers", name, partition_id, limit, queue=name)
+
+    def next_timer(self, name: str, partition_id: int) -> int | None:
+        due = self._call("nextTimer", name, partition_id, queue=name)
+        return None if due < 0 else due
+
+    def find_timer(self, name: str, timer: Timer) -> Message | None:
+        found = self._call("findTimer", name, wire.to_ttimer(timer), queue=name)
+        return wire.from_tpending(name, found[0])[1] if found else None
 
     # -- scans ----------------------------------------------------------------------
 

@@ -144,6 +144,15 @@ def to_ttimer(timer: Timer) -> Any:
     return T.TTimer(partitionID=timer.partition_id, due=timer.due, id=to_tid(timer.id))
 
 
+def to_tpending(timer: Timer, message: Message) -> Any:
+    return T.TPendingTimer(timer=to_ttimer(timer), topic=bytes(message.topic), value=message.value)
+
+
+def from_tpending(queue: str, t: Any) -> tuple[Timer, Message]:
+    timer = from_ttimer(t.timer)
+    return Timer(timer.partition_id, timer.due, timer.id, queue), Message(t.topic, t.value)
+
+
 def from_ttimer(t: Any) -> Timer:
     if t is None or not isinstance(t.partitionID, int) or not isinstance(t.due, int) or t.id is None:
         raise errors.InvalidArgument("a TTimer needs partitionID, due and id")

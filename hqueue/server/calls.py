@@ -50,6 +50,7 @@ def _declared(method: str) -> tuple[type, ...]:
 ACTIONS = {
     **dict.fromkeys(["putPacked", "putMessage", "putMessages", "putMessageWithPid", "putMessagesWithPid"], "put to"),
     "scheduleTimers": "put timers on", "cancelTimer": "cancel timers on",
+    **dict.fromkeys(["pendingTimers", "countTimers", "nextTimer", "findTimer"], "read the pending timers of"),
     "messageScannerOpen": "scan", "createQueue": "create", "truncateQueue": "truncate", "disableQueue": "disable",
     "enableQueue": "enable", "dropQueue": "delete",
     "openGroup": "consume", "groupReceive": "consume", "groupAck": "ack messages of", "groupNack": "nack messages of",

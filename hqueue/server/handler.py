@@ -22,6 +22,8 @@ from ..coordination import Coordinator
 from ..engine import Engine
 from ..errors import InvalidArgument, LimitExceeded, NotAuthorized, NotPartitionOwner
 from ..groups.handout import RECEIVE_BYTES
+from ..groups.limits import MAX_PENDING, check_pending_limit
+from ..keys.timers import Timer
 from ..message import Message, MessageID, messages_from_columns
 from ..metrics import ServerMetrics
 from ..rpc import packed, wire
@@ -292,15 +294,60 @@ class QueueCalls(Calls):
         self.coordinator.require_owner(queue, handle.partition_id)
         return self.engine.cancel_timer(queue, handle)
 
+    # Pending timers are read from the store: any server of it answers (they hold messages: consumers'),
+    # each answer bounded as a scan chunk is.
+
+    @served("consumer")
+    def pendingTimers(self, queue: str, partitionID: int, limit: int, after: Any = None) -> list[Any]:
+        pid = check_partition(self.engine.queue_info(queue), partitionID)
+        start = None if after is None else wire.from_ttimer(after)
+        if start is not None and start.partition_id != pid:
+            raise InvalidArgument(f"'after' is a timer of partition {start.partition_id}, not of {pid}")
+        found = self.engine.pending_timers(queue, pid, check_pending_limit(limit), wire.STRUCT_REPLY_BYTES, start)
+        return [wire.to_tpending(timer, message) for timer, message in found]
+
+    @served("consumer")
+    def countTimers(self, queue: str, partitionID: int, limit: int) -> int:
+        pid = check_partition(self.engine.queue_info(queue), partitionID)
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_PENDING + 1:
+            raise InvalidArgument(f"'limit' must be an int in 1..{MAX_PENDING + 1}, got {limit!r}")
+        return self.engine.count_timers(queue, pid, limit)
+
+    @served("consumer")
+    def nextTimer(self, queue: str, partitionID: int) -> int:
+        due = self.engine.next_timer(queue, check_partition(self.engine.queue_info(queue), partitionID))
+        return -1 if due is None else due
+
+    @served("consumer")
+    def findTimer(self, queue: str, timer: Any) -> list[Any]:
+        handle = wire.from_ttimer(timer)
+        message = self.engine.find_timer(queue, handle)
+        return (
+            []
+            if message is None
+            else [wire.to_tpending(Timer(handle.partition_id, handle.due, handle.id, queue), message)]
+        )
+
 
 #: The calls whose answer may be big (up to 10,000 messages): refused while the server's
 #: in-flight budget is full (rpc/loop.py), so that peers that do not read cannot hold more.
-BIG_ANSWERS = frozenset({"messageScannerGet", "messageScannerGetList", "messageScannerGetPacked", "groupReceive"})
+BIG_ANSWERS = frozenset(
+    {
+        "messageScannerGet",
+        "messageScannerGetList",
+        "messageScannerGetPacked",
+        "groupReceive",
+        "pendingTimers",
+        "findTimer",
+    }
+)
 #: The bytes an answer may take (its reply's limit; the one message that passes it aside),
 #: held from the budget while the call runs on a connection's thread. A group receive
 #: gives them back while it waits for messages (rpc.connections.answer_slot_aside).
 ANSWER_SLOTS = {
-    **dict.fromkeys(["messageScannerGet", "messageScannerGetList"], wire.STRUCT_REPLY_BYTES),
+    **dict.fromkeys(
+        ["messageScannerGet", "messageScannerGetList", "pendingTimers", "findTimer"], wire.STRUCT_REPLY_BYTES
+    ),
     "messageScannerGetPacked": wire.SCAN_REPLY_BYTES,
     "groupReceive": RECEIVE_BYTES,
 }

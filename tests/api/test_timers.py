@@ -92,7 +92,7 @@ def test_a_queue_refuses_another_queues_timer_whose_partition_due_time_and_id_ar
         with pytest.raises(InvalidArgument, match=f"timer of queue '{first.name}', not of '{second.name}'"):
             second.cancel(given)
     with pytest.raises(InvalidArgument, match="timer of queue"):
-        second.find_timer(mine) if hasattr(second.engine, "pending_timers") else second.cancel(mine)
+        second.find_timer(mine)
     # And each queue's own timer is still pending, and cancelled through its own queue
     assert second.cancel(theirs) is True and first.cancel(mine) is True
     # A handle read back from its text does not say its queue: it is taken as the queue's own
@@ -183,12 +183,9 @@ def test_ids_stay_above_pending_timers_after_a_restart(tmp_path):
         assert message_id > timer.id
 
 
-def test_pending_timers_are_listed_found_by_handle_and_their_next_due_known(tmp_path):
-    # Given two pending timers on two partitions
-    url = "local://" + str(tmp_path / "data")
-    with HQueueAdmin(url) as admin:
-        admin.create_queue("q", partitions=2)
-    with HQueue("q", url) as queue:
+def test_pending_timers_are_listed_found_by_handle_and_their_next_due_known(make_queue):
+    # Given two pending timers on two partitions (on every store, and through a server)
+    with make_queue(partitions=2) as queue:
         first = queue.put(Message("a", b"one"), 0, delay=3600)[0]
         second = queue.put(Message("b", b"two"), 1, delay=7200)[0]
         # Then they are listed (per partition, earliest first), found by handle, and the next due is known
@@ -199,19 +196,50 @@ def test_pending_timers_are_listed_found_by_handle_and_their_next_due_known(tmp_
         # And a cancelled one is no longer found
         assert queue.cancel(first)
         assert queue.find_timer(first) is None and queue.next_due() == second.due
+        assert queue.count_timers() == (1, False) and queue.count_timers(limit=1) == (1, False)
         with pytest.raises(InvalidArgument, match="limit"):
             queue.timers(limit=0)
         with pytest.raises(InvalidArgument, match="timer handle"):
             queue.find_timer("nonsense")
+        assert queue.cancel(second) and queue.timers() == [] and queue.next_due() is None
 
 
-def test_pending_timers_are_not_listed_through_servers_and_the_error_says_where(tmp_path):
-    server = HQueueServer("local://" + str(tmp_path / "data"), port=0).start()
+def test_pending_timers_are_listed_through_a_server_in_answers_of_bounded_bytes(tmp_path, monkeypatch):
+    """Pending timers were listed only where the store was open (an embedded store's first
+    process, or the server's console): through hqueue:// and in a shared store's other
+    processes, timers(), count_timers(), next_due() and find_timer() raised InvalidArgument.
+    A server answers them now, each answer bounded in bytes (the client asks on after the
+    last timer of a short one), counts without holding more than a chunk of messages, and
+    only for tokens that may read the queue's messages."""
+    from hqueue import NotAuthorized
+    from hqueue.rpc import wire
+
+    monkeypatch.setattr(wire, "STRUCT_REPLY_BYTES", 3000)  # (the server is in this process)
+    monkeypatch.setattr("hqueue.engine.TIMER_COUNT_BYTES", 3000)
+    auth = tmp_path / "auth.toml"
+    auth.write_text(
+        '[tokens.ops]\nsecret = "ops-secret-0123456789"\nadmin = ["*"]\n'
+        '[tokens.feeder]\nsecret = "feeder-secret-0123456789"\nproducer = ["*"]\n'
+    )
+    from hqueue.auth import AuthPolicy
+
+    server = HQueueServer("local://" + str(tmp_path / "data"), port=0, auth=AuthPolicy.load(auth)).start()
     try:
-        with HQueueAdmin(f"hqueue://{server.address}") as admin:
-            admin.create_queue("q", partitions=1)
-            with admin.queue("q") as queue, pytest.raises(InvalidArgument, match="where the store is open"):
-                queue.timers()
+        url = f"hqueue://ops-secret-0123456789@{server.address}"
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("q", partitions=2)
+        with HQueue("q", url) as queue:
+            due = wall_clock_ms() + 3_600_000
+            handles = queue.put([Message("t", b"%04d" % i + b"x" * 1000) for i in range(30)], 0, deliver_at=due)
+            listed = queue.timers(0, limit=25)  # some 10 answers of 3 KB
+            assert [t for t, _ in listed] == handles[:25]
+            assert [m.value[:4] for _, m in listed] == [b"%04d" % i for i in range(25)]
+            assert queue.count_timers(limit=20) == (20, True) and queue.count_timers(limit=100) == (30, False)
+            assert queue.next_due() == due and queue.find_timer(handles[7]).value[:4] == b"0007"
+        with HQueue("q", f"hqueue://feeder-secret-0123456789@{server.address}") as producer_only:
+            for read in (producer_only.timers, producer_only.count_timers, producer_only.next_due):
+                with pytest.raises(NotAuthorized, match="read the pending timers of"):
+                    read()
     finally:
         server.stop()
 
@@ -317,8 +345,6 @@ def test_the_latest_due_time_a_timer_may_have_is_still_listed_and_counted(make_q
     with pytest.raises(InvalidArgument, match="due time"):
         queue.put(Message("far", b"v"), 0, deliver_at=MAX_DUE + 1)
     # Then the allowed one is pending where every pending timer is: listed, counted, next due
-    if not queue.url.startswith("local://"):
-        return  # timers are listed where the store is open
     assert [t for t, _ in queue.timers()] == [far]
     assert queue.next_due() == MAX_DUE
 

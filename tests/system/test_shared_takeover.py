@@ -194,6 +194,24 @@ def test_a_forked_child_dropping_its_inherited_client_leaves_the_parents_store_s
         holder.kill()
 
 
+def test_a_client_process_lists_counts_and_finds_the_pending_timers(data):
+    """Only the process holding the store could list its pending timers: in the others
+    (the same local:// URL), timers(), count_timers(), next_due() and find_timer() raised
+    InvalidArgument "not through hqueue servers" (an attacker's pass)."""
+    holder = _holder(data)
+    try:
+        with HQueue("q", data_dir=data) as queue:
+            assert isinstance(queue.engine, StoreClient)
+            due = wall_clock_ms() + 3_600_000
+            (timer,) = queue.put(Message("t", b"later"), partition_id=1, deliver_at=due)
+            assert [(t, m.value) for t, m in queue.timers()] == [(timer, b"later")]
+            assert queue.count_timers() == (1, False) and queue.next_due() == due
+            assert queue.find_timer(timer).value == b"later"
+            assert queue.cancel(timer) and queue.find_timer(timer) is None
+    finally:
+        holder.kill()
+
+
 #: A holder that forks a child which never uses hqueue (a multiprocessing worker), then waits.
 HOLD_AND_FORK = (
     "import os, sys, time\nfrom hqueue import HQueueAdmin\n"

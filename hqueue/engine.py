@@ -67,8 +67,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
-#: A count of pending timers reads their cells (keys and messages) in chunks of this many bytes.
-TIMER_COUNT_BYTES = 8 * 1024 * 1024
+#: A count of pending timers reads their cells (keys and messages) in chunks of this many bytes
+#: (and the one cell over it).
+TIMER_COUNT_BYTES = 1024 * 1024
 
 
 class Engine:

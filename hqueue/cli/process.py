@@ -41,6 +41,12 @@ def _share(name: str, default: float, help: str) -> Callable[[Callable], Callabl
     "Prefer $HQUEUE_ZK_AUTH: every local user sees a command line.",
 )
 @click.option(
+    "--zk-root",
+    is_flag=True,
+    help="With --zk-auth and no chroot in --zk: keep hqueue's znodes under ZooKeeper's root, as a deployment "
+    "from before a chroot was required did (anyone who reaches ZooKeeper may delete them there). Logged as a warning.",
+)
+@click.option(
     "--zk-open",
     is_flag=True,
     help="With --auth-file, run with a ZooKeeper every host that reaches it may write (no --zk-auth): "
@@ -251,6 +257,7 @@ def server(
     storage,
     zk,
     zk_auth,
+    zk_root,
     zk_open,
     host,
     port,
@@ -304,7 +311,9 @@ def server(
             "--zk-auth on the command line: every user of this machine sees it (ps); give it in $HQUEUE_ZK_AUTH"
         )
     _check_zk_access(zk, zk_auth, zk_open, auth_file)
-    coordinator_factory = _zookeeper(zk, zk_auth, server_id, session_timeout) if zk else None
+    if zk_root and not zk_auth:
+        raise click.UsageError("--zk-root goes with --zk-auth")
+    coordinator_factory = _zookeeper(zk, zk_auth, server_id, session_timeout, zk_root) if zk else None
     url = storage or ctx.obj["url"] or default_url()
     ssl_context = _tls(tls_cert, tls_key)
     try:
@@ -395,15 +404,17 @@ def _check_zk_access(zk: str | None, zk_auth: str | None, zk_open: bool, auth_fi
     )
 
 
-def _zookeeper(zk: str, auth: str | None, server_id: str | None, session_timeout: float):
+def _zookeeper(zk: str, auth: str | None, server_id: str | None, session_timeout: float, root_ok: bool = False):
     """What makes the server's ZooKeeper coordinator, once its address is known."""
-    from ..coordination.zookeeper import ZooKeeperCoordinator, check_secured
+    from ..coordination.zookeeper import ZooKeeperCoordinator, check_credentials, check_secured
 
-    if auth:
-        check_secured(zk, auth)  # (before the store is opened)
+    if auth:  # (before the store is opened; --zk-root is warned of once, by the coordinator)
+        check_credentials(auth) if root_ok else check_secured(zk, auth)
 
     def coordinator_factory(address: str) -> ZooKeeperCoordinator:
-        return ZooKeeperCoordinator(zk, address, server_id=server_id, session_timeout=session_timeout, auth=auth)
+        return ZooKeeperCoordinator(
+            zk, address, server_id=server_id, session_timeout=session_timeout, auth=auth, root_ok=root_ok
+        )
 
     return coordinator_factory
 

@@ -26,9 +26,10 @@ in place of the in-process engine, so the whole Python API works the same.
   the partition's owner, within the deadline, and written once: every try
   carries the put's lane and sequence (:mod:`hqueue.requests`), and the
   owner answers a put it recorded with the IDs it was written under.
-  A put whose owner gives no answer within a share of its deadline is sent
-  again where the other servers say the partition is now (:class:`OwnerTries`:
-  a paused owner's partitions are taken over), and written once the same way.
+  A put whose owner gives no answer within an eighth of its deadline asks the
+  other servers who owns the partition now (:func:`silent_owner_at`): the same
+  owner gets it again, written once the same way; a new one does not (it may
+  be half written at the silent one): OutcomeUnknown at once.
   A put that was sent and got no answer by its deadline is never sent again:
   :class:`~hqueue.errors.OutcomeUnknown` (it may be stored, or be stored
   later by a stalled server that resumes). Admin calls that change
@@ -253,46 +254,33 @@ class SilentServers:
         return servers
 
 
-#: The least time one try of a put waits for its partition's owner before the client asks
-#: the other servers who owns the partition now (:class:`OwnerTries`).
+#: The least time a put waits for its partition's owner before the client asks the other
+#: servers who owns the partition now (:func:`silent_owner_at`).
 MIN_OWNER_TRY = 2.0
 
 
-class OwnerTries:
-    """How long each try of a put (or timer put) waits for its partition's owner to answer.
+def silent_owner_at(deadline: float, now: float) -> float:
+    """When a put stops waiting for its partition's owner and asks the other servers who owns
+    the partition now: after an eighth of what is left of its deadline, at least
+    :data:`MIN_OWNER_TRY`. An owner paused past its ZooKeeper session (SIGSTOP, a long GC, a
+    frozen VM) held every put sent to it until its deadline, though another server had taken
+    its partitions over within seconds. Named still, the owner gets the put again (marked
+    resent: written once, :mod:`hqueue.requests`) with the rest of the deadline; moved, the
+    put is not sent to the new owner: it may be half written at the paused one (an HBase
+    write is undone by a writer the fence refuses, after the new owner could have read its
+    record), so it is OutcomeUnknown at once, and the next puts go to the new owner."""
+    return min(deadline, now + max(MIN_OWNER_TRY, (deadline - now) / 8))
 
-    The first try at an owner waits an eighth of what is left of the deadline (at
-    least :data:`MIN_OWNER_TRY`); with no answer by then, the client asks the other
-    servers who owns the partition now and sends the put again there. An owner paused
-    past its ZooKeeper session (SIGSTOP, a long GC, a frozen VM) has had its partitions
-    taken over by then, and waiting on it took the whole deadline: OutcomeUnknown,
-    though the new owner would have answered. A put sent again is written once (its
-    lane, :mod:`hqueue.requests`). An owner still named gets the put again with twice
-    the time of its last try: a slow owner (not a paused one) gets a put at most about
-    three times, and each copy after the first waits for it and is answered with its IDs.
-    """
 
-    def __init__(self) -> None:
-        self.owner: str | None = None
-        self.seconds = 0.0
-
-    def end(self, owner: str, deadline: float, now: float) -> float:
-        """When this try at ``owner`` stops waiting for its answer."""
-        if owner == self.owner:
-            self.seconds *= 2
-        else:
-            self.owner, self.seconds = owner, max(MIN_OWNER_TRY, (deadline - now) / 8)
-        return min(deadline, now + self.seconds)
-
-    def silent(self, error: ServerUnavailable) -> ServerUnavailable:
-        """The failure of a try its owner did not answer in time: the owner is asked for again."""
-        silent = ServerUnavailable(
-            f"hqueue server {self.owner}: no answer in {self.seconds:.1f}s: asking the other servers "
-            "who owns the partition now (a paused owner's partitions are taken over)"
-        )
-        silent.maybe_sent = error.maybe_sent
-        silent.__cause__ = error
-        return silent
+def owner_moved(name: str, partition_id: int, what: str, silent: str, owner: str, seconds: float) -> OutcomeUnknown:
+    """The OutcomeUnknown of a put whose owner went silent and whose partition moved meanwhile."""
+    return OutcomeUnknown(
+        f"{what} to {name!r} partition {partition_id}: sent to hqueue server {silent}, which gave no answer in "
+        f"{seconds:.1f}s, and {owner or 'no server'} owns the partition now: it may have been written before the "
+        "takeover, so it is not sent again (scan for it, or put it again and accept a possible duplicate)",
+        name,
+        partition_id,
+    )
 
 
 def past_deadline(address: str, method: str, timeout: float, sent: bool) -> str:
@@ -605,7 +593,6 @@ class RemoteEngine:
             delay, fresh = 0.02, False
             unsure: HQueueError | None = None  # the failure after which the request may have been sent
             problem: HQueueError | None = None
-            tries = OwnerTries()
             while True:
                 looking = True  # (until the call goes to a named owner)
                 try:
@@ -618,8 +605,7 @@ class RemoteEngine:
                         resent = unsure is not None
                         if lane is None:
                             return self._call_at(owner, method, name, *args, queue=name, pid=partition_id)
-                        sent = (*args, wire.to_trequest(lane.request(resent)))
-                        return self._owner_try(tries, owner, deadline, method, name, *sent, pid=partition_id)
+                        return self._put_at_owner(name, partition_id, what, owner, deadline, method, args, lane, resent)
                     problem = NotPartitionOwner(name, partition_id, None)
                 except (NotPartitionOwner, ServerUnavailable) as e:
                     problem, unsure = owner_failure(e, problem, unsure, looking, idempotent)
@@ -631,19 +617,39 @@ class RemoteEngine:
                 time.sleep(min(delay, give_up - now))
                 delay, fresh = min(delay * 2, 1.0), True
 
-    def _owner_try(self, tries: OwnerTries, owner: str, deadline: float, method: str, name: str, *args, pid: int):
-        """One try of a put at ``owner``, waiting for its answer until ``tries`` says."""
-        until = tries.end(owner, deadline, time.monotonic())
+    def _put_at_owner(
+        self,
+        name: str,
+        pid: int,
+        what: str,
+        owner: str,
+        deadline: float,
+        method: str,
+        args: tuple,
+        lane: Lane,
+        resent: bool,
+    ) -> Any:
+        """A put at ``owner``, which goes silent (see :func:`silent_owner_at`) or answers."""
+        started = time.monotonic()
+        until = silent_owner_at(deadline, started)
         token = _deadline.set((id(self), until))
         try:
-            return self._call_at(owner, method, name, *args, queue=name, pid=pid)
-        except DeadlineExceeded as e:
+            return self._call_at(
+                owner, method, name, *args, wire.to_trequest(lane.request(resent)), queue=name, pid=pid
+            )
+        except DeadlineExceeded:
             if until >= deadline:
                 raise
-            self._silent.mark(owner)
-            raise tries.silent(e) from e
         finally:
             _deadline.reset(token)
+        self._silent.mark(owner)  # (asked last: the look for the owner goes to the others first)
+        try:
+            now_owner = self.locations(name, fresh=True)[pid]
+        except (HQueueError, IndexError):  # no answer: the owner may be slow, not paused
+            now_owner = owner
+        if now_owner != owner:
+            raise owner_moved(name, pid, what, owner, now_owner, time.monotonic() - started)
+        return self._call_at(owner, method, name, *args, wire.to_trequest(lane.request(True)), queue=name, pid=pid)
 
     # -- timers (SPEC X1) ------------------------------------------------------------------
 

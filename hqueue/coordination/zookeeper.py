@@ -101,18 +101,19 @@ MIN_PASSWORD = 16
 AUTH_ENV = "HQUEUE_ZK_AUTH"
 
 
-def zookeeper_client(hosts: str, auth: str | None, timeout: float) -> KazooClient:
+def zookeeper_client(hosts: str, auth: str | None, timeout: float, root_ok: bool = False) -> KazooClient:
     """A kazoo client; with ``auth`` (``user:password``) it authenticates with ZooKeeper's
     digest scheme and creates every node under an ACL that grants that user
     everything and nobody else anything (so only servers and subscribers given the
     credential can read push keys or write registrations and presences).
 
     Raises:
-        InvalidArgument: ``auth`` is not ``user:password`` (see :func:`check_credentials`).
+        InvalidArgument: ``auth`` is not ``user:password``, or ``hosts`` has no chroot and
+            ``root_ok`` is not said (see :func:`check_secured`).
     """
     if not auth:
         return KazooClient(hosts=hosts, timeout=timeout)
-    user, password = check_secured(hosts, auth)
+    user, password = check_secured(hosts, auth, root_ok)
     return KazooClient(
         hosts=hosts,
         timeout=timeout,
@@ -165,7 +166,7 @@ def start_client(client: KazooClient, timeout: float) -> None:
         client.start(timeout=timeout)
 
 
-def check_secured(hosts: str, auth: str) -> tuple[str, str]:
+def check_secured(hosts: str, auth: str, root_ok: bool = False) -> tuple[str, str]:
     """:func:`check_credentials`, and a chroot in ``hosts``: without one hqueue's nodes sit
     under ZooKeeper's root, which its ACL cannot close (ZooKeeper checks a delete against the
     parent node's ACL, and ``/`` is open to every client). Anyone who reaches ZooKeeper could
@@ -177,10 +178,17 @@ def check_secured(hosts: str, auth: str) -> tuple[str, str]:
     """
     user, password = check_credentials(auth)
     if collect_hosts(hosts)[1] is None:
-        raise InvalidArgument(
-            f"ZooKeeper credentials (--zk-auth or ${AUTH_ENV}) need a chroot in the ZooKeeper address "
-            f"(e.g. {hosts.rstrip('/')}/hqueue): hqueue's nodes under ZooKeeper's root cannot be closed, since "
-            "ZooKeeper checks a delete against the parent's ACL, and '/' is open to every client"
+        if not root_ok:
+            raise InvalidArgument(
+                f"ZooKeeper credentials (--zk-auth or ${AUTH_ENV}) need a chroot in the ZooKeeper address "
+                f"(e.g. {hosts.rstrip('/')}/hqueue): hqueue's nodes under ZooKeeper's root cannot be closed, since "
+                "ZooKeeper checks a delete against the parent's ACL, and '/' is open to every client (a deployment "
+                "from before this was required: --zk-root keeps them there; docs/security.md says how to move)"
+            )
+        logger.warning(
+            "ZooKeeper %s has no chroot: hqueue's nodes under its root can be deleted by anyone who reaches it "
+            "(--zk-root; docs/security.md says how to move them under a chroot)",
+            hosts,
         )
     return user, password
 
@@ -230,6 +238,8 @@ class ZooKeeperCoordinator(Coordinator):
         refresh_seconds: How often the queue list is re-read from storage.
         auth: ZooKeeper credentials, ``user:password``: every node is created
             under their digest ACL (see :func:`zookeeper_client`).
+        root_ok: With ``auth`` and no chroot in ``hosts``: keep the nodes under
+            ZooKeeper's root (see :func:`check_secured`), warned of.
     """
 
     def __init__(
@@ -242,6 +252,7 @@ class ZooKeeperCoordinator(Coordinator):
         time_boundary: float = 0.5,
         refresh_seconds: float = 30.0,
         auth: str | None = None,
+        root_ok: bool = False,
     ) -> None:
         super().__init__()
         self.address, self.hosts = address, hosts
@@ -251,7 +262,7 @@ class ZooKeeperCoordinator(Coordinator):
                 f"a server's id has no '/' and its address is host:port, got {server_id!r} at {address!r}"
             )
         self.time_boundary, self.refresh_seconds = time_boundary, refresh_seconds
-        self.client = zookeeper_client(hosts, auth, session_timeout)
+        self.client = zookeeper_client(hosts, auth, session_timeout, root_ok)
         self.auth = auth
         self.client.add_listener(self._on_state)
         self._lock = threading.RLock()

@@ -329,25 +329,20 @@ class QueueCalls(Calls):
         )
 
 
+#: The pending-timer reads: each holds up to a chunk of timers' messages while it runs.
+TIMER_READS = ("pendingTimers", "countTimers", "nextTimer", "findTimer")
 #: The calls whose answer may be big (up to 10,000 messages): refused while the server's
 #: in-flight budget is full (rpc/loop.py), so that peers that do not read cannot hold more.
 BIG_ANSWERS = frozenset(
-    {
-        "messageScannerGet",
-        "messageScannerGetList",
-        "messageScannerGetPacked",
-        "groupReceive",
-        "pendingTimers",
-        "findTimer",
-    }
+    {"messageScannerGet", "messageScannerGetList", "messageScannerGetPacked", "groupReceive", *TIMER_READS}
 )
 #: The bytes an answer may take (its reply's limit; the one message that passes it aside),
 #: held from the budget while the call runs on a connection's thread. A group receive
 #: gives them back while it waits for messages (rpc.connections.answer_slot_aside).
 ANSWER_SLOTS = {
-    **dict.fromkeys(
-        ["messageScannerGet", "messageScannerGetList", "pendingTimers", "findTimer"], wire.STRUCT_REPLY_BYTES
-    ),
+    **dict.fromkeys(["messageScannerGet", "messageScannerGetList"], wire.STRUCT_REPLY_BYTES),
+    # a timer read holds a chunk of cells (a count's: TIMER_COUNT_BYTES and the one over it), or one message
+    **dict.fromkeys(TIMER_READS, wire.STRUCT_REPLY_BYTES),
     "messageScannerGetPacked": wire.SCAN_REPLY_BYTES,
     "groupReceive": RECEIVE_BYTES,
 }

@@ -17,7 +17,7 @@ from thriftpy2.protocol import TBinaryProtocolFactory
 from thriftpy2.rpc import make_client
 from thriftpy2.transport import TFramedTransportFactory
 
-from hqueue import GroupNotFound, HQueue, HQueueAdmin, Message, MessageID
+from hqueue import GroupNotFound, HQueue, HQueueAdmin, Message, MessageID, OutcomeUnknown
 from hqueue.aio import AsyncHQueue, AsyncHQueueAdmin
 from hqueue.client import groups as groups_module
 from hqueue.client.engine import RemoteEngine
@@ -195,12 +195,15 @@ def test_a_paused_server_is_fenced_before_others_take_its_partitions(cluster):
         assert all(m.value != b"stale" for m in queue.scan())
 
 
-def test_a_put_at_a_paused_owner_goes_to_the_server_that_took_its_partitions_over(cluster):
+def test_a_put_at_a_paused_owner_is_outcome_unknown_early_and_the_next_goes_to_the_new_owner(cluster):
     """A client that knew a paused server as a partition's owner sent it every put for as
-    long as it was paused, each one waiting its whole deadline (OutcomeUnknown), though
-    another server had taken the partition over within 2.4 s (an attacker's pass). The
-    put now asks the other servers again once its owner is silent for an eighth of the
-    deadline (at least 2 s), and is written once, by the new owner; so for the async client."""
+    long as it was paused, each one waiting its whole deadline, though another server had
+    taken the partition over within 2.4 s (an attacker's pass). Once the owner is silent
+    for an eighth of the deadline the client asks the others who owns the partition: moved,
+    the put is OutcomeUnknown at once (it is not sent to the new owner: it may be half
+    written at the paused one, whose HBase write the fence would undo after the new owner
+    had read its record), and the next put goes to the new owner; so for the async client.
+    The paused server, resumed, writes none of them."""
     a, b, url = two_servers_with_queue(cluster)
     mine = wait_for(lambda: owners(f"hqueue://{a.address}").index(a.address) + 1, 20, "a to hold one") - 1
     with HQueue("orders", url, timeout=24) as queue:
@@ -209,27 +212,32 @@ def test_a_put_at_a_paused_owner_goes_to_the_server_that_took_its_partitions_ove
         try:
             wait_for(lambda: owners(f"hqueue://{b.address}") == [b.address] * PARTITIONS, 30, "b to take over")
             started = time.monotonic()
-            (put_id,) = queue.put(Message("order", b"blocking"), mine)
+            with pytest.raises(OutcomeUnknown, match="owns the partition now"):
+                queue.put(Message("order", b"unknown"), mine)
             blocking = time.monotonic() - started
+            (after_id,) = queue.put(Message("order", b"after"), mine)
+            next_put = time.monotonic() - started - blocking
 
-            async def aio_put():
+            async def aio_puts():
                 async with AsyncHQueue("orders", url, timeout=24) as aqueue:
                     await aqueue.put(Message("order", b"warm"), mine - 1 if mine else mine + 1)
                     (await aqueue.async_engine())._locations["orders"][mine] = a.address  # as cached before the pause
                     began = time.monotonic()
-                    (aio_id,) = await aqueue.put(Message("order", b"async"), mine)
-                    return aio_id, time.monotonic() - began
+                    with pytest.raises(OutcomeUnknown, match="owns the partition now"):
+                        await aqueue.put(Message("order", b"aio unknown"), mine)
+                    waited = time.monotonic() - began
+                    (aio_id,) = await aqueue.put(Message("order", b"aio after"), mine)
+                    return aio_id, waited
 
-            aio_id, waited = asyncio.run(aio_put())
+            aio_id, waited = asyncio.run(aio_puts())
         finally:
             a.resume()
-    assert blocking < 12 and waited < 12, (blocking, waited)  # an eighth of 24 s, then b: not the 24 s deadline
-    time.sleep(1.0)  # a, resumed, is fenced: nothing it held is written now
+    assert blocking < 12 and waited < 12 and next_put < 6, (blocking, waited, next_put)  # not the 24 s deadline
+    time.sleep(2.0)  # a, resumed, is fenced: nothing it held is written now
     with HQueue("orders", f"hqueue://{b.address}") as queue:
-        values = [m.value for m in queue.scan(partition_id=mine)]
-        ids = {m.value: m.id for m in queue.scan(partition_id=mine)}
-    assert values.count(b"blocking") == 1 and values.count(b"async") == 1, values
-    assert ids[b"blocking"] == put_id and ids[b"async"] == aio_id
+        stored = {m.value: m.id for m in queue.scan(partition_id=mine)}
+    assert b"unknown" not in stored and b"aio unknown" not in stored, sorted(stored)
+    assert stored[b"after"] == after_id and stored[b"aio after"] == aio_id
 
 
 def test_timers_and_groups_follow_their_partitions_to_the_surviving_server(cluster):

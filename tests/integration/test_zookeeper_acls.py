@@ -278,3 +278,36 @@ def test_a_server_with_another_password_is_told_its_credentials_are_not_the_acls
             extra_args=("--zk-auth", "hqueue:another-secret-012345"),
         )  # fmt: skip
     assert "refused access (NoAuth) with the credentials given" in str(refused.value), str(refused.value)[-800:]
+
+
+def test_a_deployment_from_before_chroots_were_required_starts_with_zk_root_and_a_warning(
+    tmp_path, zookeeper, hbase_standin
+):
+    """Refusing --zk-auth without a chroot locked out every deployment made before: --zk-root
+    keeps its nodes at ZooKeeper's root, warned of, and goes only with --zk-auth."""
+    from click.testing import CliRunner
+
+    from hqueue.cli import main
+
+    result = CliRunner().invoke(
+        main, ["server", "--storage", "hbase://127.0.0.1:1", "--zk", "127.0.0.1:1", "--zk-root"]
+    )
+    assert result.exit_code == 2 and "--zk-root goes with --zk-auth" in result.output
+    server = ServerProcess(
+        hbase_url(hbase_standin[0]), tmp_path, zk=zookeeper.hosts, extra_args=("--zk-auth", ZK_AUTH, "--zk-root")
+    )
+    try:
+        with HQueueAdmin(f"hqueue://{server.address}") as admin:
+            admin.create_queue("rooted", 1)
+            assert [q.name for q in admin.list_queues()] == ["rooted"]
+        assert "has no chroot: hqueue's nodes under its root can be deleted" in server.log_path.read_text()
+    finally:
+        server.kill()
+        client = KazooClient(hosts=zookeeper.hosts, auth_data=[("digest", ZK_AUTH)])
+        client.start(timeout=30)
+        try:
+            for path in ("/ownership", "/queues-version", "/ensemble", "/subscriptions"):
+                client.delete(path, recursive=True) if client.exists(path) else None
+        finally:
+            client.stop()
+            client.close()

@@ -29,15 +29,16 @@ from ...client.engine import (
     READ_RETRY_DELAY,
     READ_TRIES,
     CallDeadline,
-    OwnerTries,
     SilentServers,
     client_options,
     owner_addresses,
     owner_error,
     owner_failure,
+    owner_moved,
     past_deadline,
     queue_description,
     server_share,
+    silent_owner_at,
 )
 from ...config import INFO_CACHE_SECONDS, QueueInfo, QueueState
 from ...errors import (
@@ -356,7 +357,6 @@ class AsyncRemoteEngine:
             delay, fresh = 0.02, False
             unsure: HQueueError | None = None  # the failure after which the request may have been sent
             problem: HQueueError | None = None
-            tries = OwnerTries()
             while True:
                 looking = True  # (until the call goes to a named owner)
                 try:
@@ -369,8 +369,9 @@ class AsyncRemoteEngine:
                         resent = unsure is not None
                         if lane is None:
                             return await self._call_at(owner, method, name, *args, queue=name, pid=partition_id)
-                        sent = (*args, wire.to_trequest(lane.request(resent)))
-                        return await self._owner_try(tries, owner, deadline, method, name, *sent, pid=partition_id)
+                        return await self._put_at_owner(
+                            name, partition_id, what, owner, deadline, method, args, lane, resent
+                        )
                     problem = NotPartitionOwner(name, partition_id, None)
                 except (NotPartitionOwner, ServerUnavailable) as e:
                     problem, unsure = owner_failure(e, problem, unsure, looking, idempotent)
@@ -381,21 +382,40 @@ class AsyncRemoteEngine:
                 await asyncio.sleep(min(delay, give_up - now))
                 delay, fresh = min(delay * 2, 1.0), True
 
-    async def _owner_try(
-        self, tries: OwnerTries, owner: str, deadline: float, method: str, name: str, *args: Any, pid: int
+    async def _put_at_owner(
+        self,
+        name: str,
+        pid: int,
+        what: str,
+        owner: str,
+        deadline: float,
+        method: str,
+        args: tuple,
+        lane: Lane,
+        resent: bool,
     ) -> Any:
-        """One try of a put at ``owner``, waiting for its answer until ``tries`` says (as the blocking client's)."""
-        until = tries.end(owner, deadline, asyncio.get_running_loop().time())
+        """A put at ``owner``, which goes silent or answers (as the blocking client's ``_put_at_owner``)."""
+        clock = asyncio.get_running_loop().time
+        started = clock()
+        until = silent_owner_at(deadline, started)
         token = _deadline.set((id(self), until))
         try:
-            return await self._call_at(owner, method, name, *args, queue=name, pid=pid)
-        except DeadlineExceeded as e:
+            request = wire.to_trequest(lane.request(resent))
+            return await self._call_at(owner, method, name, *args, request, queue=name, pid=pid)
+        except DeadlineExceeded:
             if until >= deadline:
                 raise
-            self._silent.mark(owner)
-            raise tries.silent(e) from e
         finally:
             _deadline.reset(token)
+        self._silent.mark(owner)  # (asked last: the look for the owner goes to the others first)
+        try:
+            now_owner = (await self.locations(name, fresh=True))[pid]
+        except (HQueueError, IndexError):  # no answer: the owner may be slow, not paused
+            now_owner = owner
+        if now_owner != owner:
+            raise owner_moved(name, pid, what, owner, now_owner, clock() - started)
+        request = wire.to_trequest(lane.request(True))
+        return await self._call_at(owner, method, name, *args, request, queue=name, pid=pid)
 
     # -- scans and lifetime ---------------------------------------------------------
 

@@ -1,0 +1,79 @@
+"""The put's policy at a silent partition owner (client/engine.py, silent_owner_at), with the
+calls to servers replaced by a scripted owner: how long it waits, where the put goes again,
+and that it never goes to a new owner. Scaled down: MIN_OWNER_TRY 0.05 s. The real thing,
+against a paused server in a ZooKeeper cluster, is tests/integration/test_cluster.py's."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import hqueue.client.engine as client_engine
+from hqueue import OutcomeUnknown
+from hqueue.client.engine import RemoteEngine
+from hqueue.errors import DeadlineExceeded
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    """An engine whose owner of partition 0 answers at ``answer_at`` seconds (None: never),
+    and whose look for the owner says ``moved_to`` after the first (None: the same)."""
+    monkeypatch.setattr(client_engine, "MIN_OWNER_TRY", 0.05)
+
+    def make(answer_at: float | None, moved_to: str | None = None, timeout: float = 3.0, owner_timeout: float = 0.6):
+        engine = RemoteEngine("hqueue://127.0.0.1:1", timeout=timeout, owner_timeout=owner_timeout)
+        engine.sent = []  # (address, seconds since the start, resent)
+        looks = []
+        started = time.monotonic()
+
+        def locations(name, fresh=False):
+            looks.append(fresh)
+            return [moved_to if (moved_to and len(looks) > 1) else "owner:1"]
+
+        def call_at(address, method, *args, queue=None, pid=-1):
+            until = engine.current_deadline()
+            engine.sent.append((address, round(time.monotonic() - started, 2), args[-1].resent))
+            if answer_at is not None and started + answer_at <= until:
+                time.sleep(max(0.0, started + answer_at - time.monotonic()))
+                return "IDs"
+            time.sleep(max(0.0, until - time.monotonic()))
+            error = DeadlineExceeded("no answer")
+            error.maybe_sent = True
+            raise error
+
+        engine.locations, engine._call_at = locations, call_at
+        return engine
+
+    return make
+
+
+def put(engine: RemoteEngine):
+    with engine.deadline(), engine._lanes.lane() as lane:
+        return engine._owner_call("q", 0, "put", "putPacked", 0, b"", lane=lane)
+
+
+def test_a_slow_owner_still_named_gets_the_put_again_once_and_answers_within_the_deadline(scripted):
+    """An owner that answers at 1.2 s of a 3 s deadline (owner_timeout 0.6 s): the put got
+    OutcomeUnknown at 0.9 s once (a review), with the owner_timeout cutting its retries."""
+    engine = scripted(answer_at=1.2)
+    assert put(engine) == "IDs"
+    assert [(a, resent) for a, _, resent in engine.sent] == [("owner:1", False), ("owner:1", True)]
+
+
+def test_a_put_whose_partition_moved_while_its_owner_was_silent_is_outcome_unknown_at_once(scripted):
+    engine = scripted(answer_at=None, moved_to="new:2")
+    started = time.monotonic()
+    with pytest.raises(OutcomeUnknown, match="new:2 owns the partition now"):
+        put(engine)
+    assert time.monotonic() - started < 1.5  # an eighth of 3 s (and the look), not the deadline
+    assert [a for a, _, _ in engine.sent] == ["owner:1"]  # never sent to the new owner
+
+
+def test_an_owner_silent_to_the_end_is_outcome_unknown_at_the_deadline_after_two_sends(scripted):
+    engine = scripted(answer_at=None)
+    started = time.monotonic()
+    with pytest.raises(OutcomeUnknown):
+        put(engine)
+    assert 2.5 < time.monotonic() - started < 4.5
+    assert [(a, resent) for a, _, resent in engine.sent] == [("owner:1", False), ("owner:1", True)]

@@ -272,6 +272,13 @@ def silent_owner_at(deadline: float, now: float) -> float:
     return min(deadline, now + max(MIN_OWNER_TRY, (deadline - now) / 8))
 
 
+def not_sent_to(owner: str, error: ServerUnavailable) -> ServerUnavailable:
+    """A put that could not even be sent to its silent owner: safe to send to whoever owns the partition."""
+    failure = ServerUnavailable(f"hqueue server {owner}: silent, the put not sent: {error}")
+    failure.maybe_sent = False
+    return failure
+
+
 def owner_moved(name: str, partition_id: int, what: str, silent: str, owner: str, seconds: float) -> OutcomeUnknown:
     """The OutcomeUnknown of a put whose owner went silent and whose partition moved meanwhile."""
     return OutcomeUnknown(
@@ -637,12 +644,14 @@ class RemoteEngine:
             return self._call_at(
                 owner, method, name, *args, wire.to_trequest(lane.request(resent)), queue=name, pid=pid
             )
-        except DeadlineExceeded:
+        except DeadlineExceeded as e:
             if until >= deadline:
                 raise
+            self._silent.mark(owner)  # (asked last: the look for the owner goes to the others first)
+            if not e.maybe_sent:  # it never went: the caller looks for the owner again, and sends it there
+                raise not_sent_to(owner, e) from e
         finally:
             _deadline.reset(token)
-        self._silent.mark(owner)  # (asked last: the look for the owner goes to the others first)
         try:
             now_owner = self.locations(name, fresh=True)[pid]
         except (HQueueError, IndexError):  # no answer: the owner may be slow, not paused

@@ -21,7 +21,13 @@ def scripted(monkeypatch):
     and whose look for the owner says ``moved_to`` after the first (None: the same)."""
     monkeypatch.setattr(client_engine, "MIN_OWNER_TRY", 0.05)
 
-    def make(answer_at: float | None, moved_to: str | None = None, timeout: float = 3.0, owner_timeout: float = 0.6):
+    def make(
+        answer_at: float | None,
+        moved_to: str | None = None,
+        timeout: float = 3.0,
+        owner_timeout: float = 0.6,
+        sends: bool = True,
+    ):
         engine = RemoteEngine("hqueue://127.0.0.1:1", timeout=timeout, owner_timeout=owner_timeout)
         engine.sent = []  # (address, seconds since the start, resent)
         looks = []
@@ -34,12 +40,14 @@ def scripted(monkeypatch):
         def call_at(address, method, *args, queue=None, pid=-1):
             until = engine.current_deadline()
             engine.sent.append((address, round(time.monotonic() - started, 2), args[-1].resent))
+            if address != "owner:1":  # the new owner answers at once
+                return "IDs"
             if answer_at is not None and started + answer_at <= until:
                 time.sleep(max(0.0, started + answer_at - time.monotonic()))
                 return "IDs"
             time.sleep(max(0.0, until - time.monotonic()))
             error = DeadlineExceeded("no answer")
-            error.maybe_sent = True
+            error.maybe_sent = sends
             raise error
 
         engine.locations, engine._call_at = locations, call_at
@@ -77,3 +85,10 @@ def test_an_owner_silent_to_the_end_is_outcome_unknown_at_the_deadline_after_two
         put(engine)
     assert 2.5 < time.monotonic() - started < 4.5
     assert [(a, resent) for a, _, resent in engine.sent] == [("owner:1", False), ("owner:1", True)]
+
+
+def test_a_put_never_sent_to_its_silent_owner_goes_to_the_new_owner(scripted):
+    """Nothing went (a connection that could not be made): nothing can be half written."""
+    engine = scripted(answer_at=None, moved_to="new:2", sends=False)
+    assert put(engine) == "IDs"
+    assert [a for a, _, _ in engine.sent] == ["owner:1", "new:2"]

@@ -31,6 +31,7 @@ from ...client.engine import (
     CallDeadline,
     SilentServers,
     client_options,
+    not_sent_to,
     owner_addresses,
     owner_error,
     owner_failure,
@@ -402,12 +403,14 @@ class AsyncRemoteEngine:
         try:
             request = wire.to_trequest(lane.request(resent))
             return await self._call_at(owner, method, name, *args, request, queue=name, pid=pid)
-        except DeadlineExceeded:
+        except DeadlineExceeded as e:
             if until >= deadline:
                 raise
+            self._silent.mark(owner)  # (asked last: the look for the owner goes to the others first)
+            if not e.maybe_sent:  # it never went: the caller looks for the owner again, and sends it there
+                raise not_sent_to(owner, e) from e
         finally:
             _deadline.reset(token)
-        self._silent.mark(owner)  # (asked last: the look for the owner goes to the others first)
         try:
             now_owner = (await self.locations(name, fresh=True))[pid]
         except (HQueueError, IndexError):  # no answer: the owner may be slow, not paused

@@ -137,7 +137,7 @@ class AsyncConnection:
         """Close it, from any event loop or thread: from its own loop at once; from another
         thread while its loop runs, in that loop; once its loop has ended (a handle left open
         when its ``asyncio.run`` returned, closed from the next), here: the server sees its end
-        now (a group member's leases go back), and the socket is freed with the transport."""
+        now (a group member's leases go back), and its socket is closed."""
         if self.transport.is_closing():
             return
         loop = self._loop
@@ -146,6 +146,10 @@ class AsyncConnection:
             if sock is not None:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
+                # asyncio's wrapper lends no close(): its socket is freed now, not when collected
+                raw = getattr(sock, "_sock", None)
+                if isinstance(raw, socket.socket):
+                    raw.close()
             return
         try:
             running = asyncio.get_running_loop()

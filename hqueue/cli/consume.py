@@ -22,6 +22,7 @@ import click
 
 from ..commands.render import escape
 from ..consumer import Consumer, Delivery
+from ..errors import ServerUnavailable
 from .data import MAX_SECONDS, _print_message
 from .main import Seconds, main, open_queue, topic_bytes
 
@@ -73,23 +74,33 @@ def consume(ctx, name, group, topics, output_format, max_messages, duration, lea
         raise click.UsageError("--nack-delay is for what --exec nacks: give --exec, or leave it out")
     queue = open_queue(ctx, name)
     deadline = None if duration is None else time.monotonic() + duration
-    seen, interrupted = 0, False
+    seen, interrupted, pause = 0, False, RETRY_FIRST
     with _terminate_as_interrupt(), queue.consumer(group, topics or None, start=start, lease=lease) as consumer:
         try:
             while (deadline is None or time.monotonic() < deadline) and (max_messages is None or seen < max_messages):
                 wait = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
                 # With --exec one at a time: a lease runs from its receipt, not from when CMD starts.
                 want = 1 if command else 100 if max_messages is None else min(100, max_messages - seen)
-                deliveries = consumer.receive(want, wait=wait)
-                if command:
-                    for delivery in deliveries:
-                        _run(consumer, delivery, command, nack_delay)
+                try:
+                    deliveries = consumer.receive(want, wait=wait)
+                except ServerUnavailable as e:  # (a long stop of the store's server: it goes on after)
+                    pause = _unavailable(e, "no messages received", pause, deadline)
+                    continue
+                try:
+                    if command:
+                        for delivery in deliveries:
+                            _run(consumer, delivery, command, nack_delay)
+                    else:
+                        for delivery in deliveries:
+                            _print_message(delivery.message, output_format, delivery.attempt)
+                        sys.stdout.flush()
+                        if deliveries and not no_ack:
+                            consumer.ack(deliveries)
+                except ServerUnavailable as e:
+                    why = "an ack or nack may not have counted: its message comes back when its lease ends"
+                    pause = _unavailable(e, why, pause, deadline)
                 else:
-                    for delivery in deliveries:
-                        _print_message(delivery.message, output_format, delivery.attempt)
-                    sys.stdout.flush()
-                    if deliveries and not no_ack:
-                        consumer.ack(deliveries)
+                    pause = RETRY_FIRST
                 seen += len(deliveries)
         except KeyboardInterrupt:
             interrupted = True  # leaving the group hands what it holds back (the message in hand too)
@@ -99,6 +110,19 @@ def consume(ctx, name, group, topics, output_format, max_messages, duration, lea
 
 #: Seconds an interrupted command's processes have to end on SIGTERM before SIGKILL.
 STOP_GRACE = 5.0
+#: Seconds consume waits before it asks again a store that did not answer (doubling to RETRY_MOST).
+RETRY_FIRST, RETRY_MOST = 0.5, 5.0
+
+
+def _unavailable(error: ServerUnavailable, what: str, pause: float, deadline: float | None) -> float:
+    """Say that the store did not answer (its server stopped, restarting, a shared store's
+    holder paused), wait ``pause`` (not past ``deadline``), and give the next pause: a
+    consumer goes on when the store answers again, as a subscriber does; it ended on the
+    first call that outlived its deadline, as the store came back."""
+    click.echo(f"hqueue consume: {what}: {error}; asking again in {pause:g}s", err=True)
+    left = pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic()))
+    time.sleep(left)
+    return min(pause * 2, RETRY_MOST)
 
 
 def _command_status(command: str, value: bytes, env: dict) -> int:

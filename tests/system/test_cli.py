@@ -537,3 +537,47 @@ def test_the_held_store_hint_names_an_address_only_where_the_holder_s_command_li
         None,
     ):
         assert _served_at(unknown) is None, unknown
+
+
+def test_consume_goes_on_when_the_store_answers_again_after_a_stop_past_its_deadline(tmp_path):
+    """consume ended (status 1) on the first receive that outlived its deadline, the moment
+    the stopped store came back, and left the messages put after (an attacker's pass): it
+    says so on stderr, asks again, and goes on."""
+    import signal
+    import subprocess
+    import sys
+
+    from hqueue import Message
+
+    from ..processes import ROOT, ServerProcess, python_env, wait_for
+
+    server = ServerProcess(f"local://{tmp_path}/data", tmp_path)
+    url = f"hqueue://{server.address}?timeout=2"
+    consume = None
+    try:
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("q", 1)
+        consume = subprocess.Popen(
+            [sys.executable, "-m", "hqueue.cli", "--url", url, "consume", "q", "g", "--for", "60"],
+            cwd=ROOT, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        with HQueue("q", url) as queue:
+            queue.put(Message("t", b"before"))
+        out: list[str] = []
+        import threading
+
+        threading.Thread(target=lambda: out.extend(consume.stdout), daemon=True).start()
+        wait_for(lambda: any("before" in line for line in out), 30, "consume to print the first message")
+        server.pause()
+        time.sleep(5)  # past the consumer's 2 s deadline
+        server.resume()
+        with HQueue("q", url) as queue:
+            queue.put(Message("t", b"after"))
+        wait_for(lambda: any("after" in line for line in out), 30, "consume to go on after the stop")
+        assert consume.poll() is None
+    finally:
+        if consume is not None:
+            consume.send_signal(signal.SIGINT)
+            consume.wait(timeout=30)
+        server.kill()
+    assert "asking again" in consume.stderr.read()

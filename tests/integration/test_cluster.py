@@ -232,7 +232,9 @@ def test_a_put_at_a_paused_owner_is_outcome_unknown_early_and_the_next_goes_to_t
             aio_id, waited = asyncio.run(aio_puts())
         finally:
             a.resume()
-    assert blocking < 12 and waited < 12 and next_put < 6, (blocking, waited, next_put)  # not the 24 s deadline
+    # Not the 24 s deadline: an eighth of it at the owner, the look, and, when the client's copy of the
+    # queue's definition ran out meanwhile, its read, which may give the paused seed its share first (12 s)
+    assert blocking < 20 and waited < 20 and next_put < 6, (blocking, waited, next_put)
     time.sleep(2.0)  # a, resumed, is fenced: nothing it held is written now
     with HQueue("orders", f"hqueue://{b.address}") as queue:
         stored = {m.value: m.id for m in queue.scan(partition_id=mine)}

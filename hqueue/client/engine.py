@@ -242,6 +242,17 @@ class SilentServers:
     def mark(self, address: str) -> None:
         self._until[address] = time.monotonic() + SILENT_FOR
 
+    def put_unanswered(self, owner: str, error: DeadlineExceeded, until: float, deadline: float) -> None:
+        """A put at ``owner`` got no answer by ``until`` (:func:`silent_owner_at`): ``error`` again
+        if that was its deadline; else ``owner`` is marked silent, and a put that never went is
+        a ServerUnavailable the caller sends to whoever owns the partition. Returning, the put
+        may have gone: the caller asks who owns the partition now (:func:`still_owner`)."""
+        if until >= deadline:
+            raise error
+        self.mark(owner)  # (asked last: the look for the owner goes to the others first)
+        if not error.maybe_sent:
+            raise not_sent_to(owner, error) from error
+
     def order(self, seeds: list[str]) -> list[str]:
         """The servers to ask, in random order, the silent ones last."""
         servers = random.sample(seeds, len(seeds))
@@ -277,6 +288,13 @@ def not_sent_to(owner: str, error: ServerUnavailable) -> ServerUnavailable:
     failure = ServerUnavailable(f"hqueue server {owner}: silent, the put not sent: {error}")
     failure.maybe_sent = False
     return failure
+
+
+def still_owner(name: str, partition_id: int, what: str, silent: str, owner: str | None, seconds: float) -> None:
+    """Raise OutcomeUnknown if the partition of a put its owner ``silent`` did not answer has
+    another ``owner`` now (None: none could say: the owner may be slow, not paused)."""
+    if owner is not None and owner != silent:
+        raise owner_moved(name, partition_id, what, silent, owner, seconds)
 
 
 def owner_moved(name: str, partition_id: int, what: str, silent: str, owner: str, seconds: float) -> OutcomeUnknown:
@@ -645,19 +663,14 @@ class RemoteEngine:
                 owner, method, name, *args, wire.to_trequest(lane.request(resent)), queue=name, pid=pid
             )
         except DeadlineExceeded as e:
-            if until >= deadline:
-                raise
-            self._silent.mark(owner)  # (asked last: the look for the owner goes to the others first)
-            if not e.maybe_sent:  # it never went: the caller looks for the owner again, and sends it there
-                raise not_sent_to(owner, e) from e
+            self._silent.put_unanswered(owner, e, until, deadline)
         finally:
             _deadline.reset(token)
         try:
-            now_owner = self.locations(name, fresh=True)[pid]
-        except (HQueueError, IndexError):  # no answer: the owner may be slow, not paused
-            now_owner = owner
-        if now_owner != owner:
-            raise owner_moved(name, pid, what, owner, now_owner, time.monotonic() - started)
+            now_owner: str | None = self.locations(name, fresh=True)[pid]
+        except (HQueueError, IndexError):
+            now_owner = None
+        still_owner(name, pid, what, owner, now_owner, time.monotonic() - started)
         return self._call_at(owner, method, name, *args, wire.to_trequest(lane.request(True)), queue=name, pid=pid)
 
     # -- timers (SPEC X1) ------------------------------------------------------------------

@@ -102,9 +102,9 @@ def check_max_retries(max_retries: object) -> int:
 MAX_PENDING = 10_000
 
 
-def check_pending_limit(limit: object) -> int:
-    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_PENDING:
-        raise InvalidArgument(f"'limit' must be an int in 1..{MAX_PENDING}, got {limit!r}")
+def check_pending_limit(limit: object, most: int = MAX_PENDING) -> int:
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= most:
+        raise InvalidArgument(f"'limit' must be an int in 1..{most}, got {limit!r}")
     return limit
 
 

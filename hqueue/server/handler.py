@@ -23,7 +23,6 @@ from ..engine import Engine
 from ..errors import InvalidArgument, LimitExceeded, NotAuthorized, NotPartitionOwner
 from ..groups.handout import RECEIVE_BYTES
 from ..groups.limits import MAX_PENDING, check_pending_limit
-from ..keys.timers import Timer
 from ..message import Message, MessageID, messages_from_columns
 from ..metrics import ServerMetrics
 from ..rpc import packed, wire
@@ -309,9 +308,7 @@ class QueueCalls(Calls):
     @served("consumer")
     def countTimers(self, queue: str, partitionID: int, limit: int) -> int:
         pid = check_partition(self.engine.queue_info(queue), partitionID)
-        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_PENDING + 1:
-            raise InvalidArgument(f"'limit' must be an int in 1..{MAX_PENDING + 1}, got {limit!r}")
-        return self.engine.count_timers(queue, pid, limit)
+        return self.engine.count_timers(queue, pid, check_pending_limit(limit, MAX_PENDING + 1))
 
     @served("consumer")
     def nextTimer(self, queue: str, partitionID: int) -> int:
@@ -322,11 +319,7 @@ class QueueCalls(Calls):
     def findTimer(self, queue: str, timer: Any) -> list[Any]:
         handle = wire.from_ttimer(timer)
         message = self.engine.find_timer(queue, handle)
-        return (
-            []
-            if message is None
-            else [wire.to_tpending(Timer(handle.partition_id, handle.due, handle.id, queue), message)]
-        )
+        return [] if message is None else [wire.to_tpending(handle, message)]
 
 
 #: The pending-timer reads: each holds up to a chunk of timers' messages while it runs.

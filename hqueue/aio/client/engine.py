@@ -31,15 +31,14 @@ from ...client.engine import (
     CallDeadline,
     SilentServers,
     client_options,
-    not_sent_to,
     owner_addresses,
     owner_error,
     owner_failure,
-    owner_moved,
     past_deadline,
     queue_description,
     server_share,
     silent_owner_at,
+    still_owner,
 )
 from ...config import INFO_CACHE_SECONDS, QueueInfo, QueueState
 from ...errors import (
@@ -404,19 +403,14 @@ class AsyncRemoteEngine:
             request = wire.to_trequest(lane.request(resent))
             return await self._call_at(owner, method, name, *args, request, queue=name, pid=pid)
         except DeadlineExceeded as e:
-            if until >= deadline:
-                raise
-            self._silent.mark(owner)  # (asked last: the look for the owner goes to the others first)
-            if not e.maybe_sent:  # it never went: the caller looks for the owner again, and sends it there
-                raise not_sent_to(owner, e) from e
+            self._silent.put_unanswered(owner, e, until, deadline)
         finally:
             _deadline.reset(token)
         try:
-            now_owner = (await self.locations(name, fresh=True))[pid]
-        except (HQueueError, IndexError):  # no answer: the owner may be slow, not paused
-            now_owner = owner
-        if now_owner != owner:
-            raise owner_moved(name, pid, what, owner, now_owner, clock() - started)
+            now_owner: str | None = (await self.locations(name, fresh=True))[pid]
+        except (HQueueError, IndexError):
+            now_owner = None
+        still_owner(name, pid, what, owner, now_owner, clock() - started)
         request = wire.to_trequest(lane.request(True))
         return await self._call_at(owner, method, name, *args, request, queue=name, pid=pid)
 

@@ -48,7 +48,9 @@ in place of the in-process engine, so the whole Python API works the same.
   an owner that cannot be reached (it died) or is no longer the owner
   makes the member read the owners again and go on at the new ones, with
   backoff, until ``owner_timeout`` within the call's deadline, as puts do.
-  A receive skips an owner it cannot reach while others answer.
+  A receive skips an owner it cannot reach while others answer. An owner
+  silent for its share of the deadline (:func:`~hqueue.client.silent.owner_try`,
+  after a receive's wait) counts as one that cannot be reached.
 * Scanners are server-side (``messageScannerOpen``/``GetList``/``Close``),
   ``caching`` messages a round trip, freed by close or the server's idle
   timeout (:mod:`hqueue.client.cursor`).
@@ -59,7 +61,6 @@ from __future__ import annotations
 import contextvars
 import logging
 import os
-import random
 import ssl
 import threading
 import time
@@ -95,6 +96,7 @@ from ..scanner import Scan
 from .cursor import RemoteCursor
 from .groups import RemoteGroups
 from .pool import NotSent, Pool
+from .silent import SilentServers, server_share, silent_owner_at, still_owner
 from .subscriptions import RemoteSubscriptions
 
 logger = logging.getLogger(__name__)
@@ -212,102 +214,6 @@ def owner_error(
     return error
 
 
-#: The least time a read any server can answer gives one server (see :func:`server_share`):
-#: a read slower than that is not answered by a server that has more seeds after it.
-MIN_SERVER_TRY = 5.0
-
-
-def server_share(deadline: float, now: float, servers_left: int) -> float:
-    """When one try of a read any server can answer gives up on its server: at its share
-    of what is left, with ``servers_left`` to try (this one too), at least
-    :data:`MIN_SERVER_TRY` (the last one tried has all that is left). A paused server took
-    the whole deadline, and the next one, which would have answered, was never asked (a put
-    following its partition's new owner after a failover raised DeadlineExceeded)."""
-    return min(deadline, now + max(MIN_SERVER_TRY, (deadline - now) / servers_left))
-
-
-#: Seconds a server that gave no answer within a try's share is asked last by its client.
-SILENT_FOR = 30.0
-
-
-class SilentServers:
-    """Servers that lately gave no answer within a try's share (a paused one, most likely):
-    a client asks them last, for :data:`SILENT_FOR` seconds. A paused server among the
-    seeds otherwise took a share of every read that drew it first (up to half a 24 s
-    deadline, again at each one), and a put's look for its partition's new owner asked it first too."""
-
-    def __init__(self) -> None:
-        self._until: dict[str, float] = {}
-
-    def mark(self, address: str) -> None:
-        self._until[address] = time.monotonic() + SILENT_FOR
-
-    def put_unanswered(self, owner: str, error: DeadlineExceeded, until: float, deadline: float) -> None:
-        """A put at ``owner`` got no answer by ``until`` (:func:`silent_owner_at`): ``error`` again
-        if that was its deadline; else ``owner`` is marked silent, and a put that never went is
-        a ServerUnavailable the caller sends to whoever owns the partition. Returning, the put
-        may have gone: the caller asks who owns the partition now (:func:`still_owner`)."""
-        if until >= deadline:
-            raise error
-        self.mark(owner)  # (asked last: the look for the owner goes to the others first)
-        if not error.maybe_sent:
-            raise not_sent_to(owner, error) from error
-
-    def order(self, seeds: list[str]) -> list[str]:
-        """The servers to ask, in random order, the silent ones last."""
-        servers = random.sample(seeds, len(seeds))
-        if self._until:
-            now = time.monotonic()
-            for address, until in list(self._until.items()):
-                if until <= now:
-                    self._until.pop(address, None)
-            servers.sort(key=self._until.__contains__)  # (stable: still random within each)
-        return servers
-
-
-#: The least time a put waits for its partition's owner before the client asks the other
-#: servers who owns the partition now (:func:`silent_owner_at`).
-MIN_OWNER_TRY = 2.0
-
-
-def silent_owner_at(deadline: float, now: float) -> float:
-    """When a put stops waiting for its partition's owner and asks the other servers who owns
-    the partition now: after an eighth of what is left of its deadline, at least
-    :data:`MIN_OWNER_TRY`. An owner paused past its ZooKeeper session (SIGSTOP, a long GC, a
-    frozen VM) held every put sent to it until its deadline, though another server had taken
-    its partitions over within seconds. Named still, the owner gets the put again (marked
-    resent: written once, :mod:`hqueue.requests`) with the rest of the deadline; moved, the
-    put is not sent to the new owner: it may be half written at the paused one (an HBase
-    write is undone by a writer the fence refuses, after the new owner could have read its
-    record), so it is OutcomeUnknown at once, and the next puts go to the new owner."""
-    return min(deadline, now + max(MIN_OWNER_TRY, (deadline - now) / 8))
-
-
-def not_sent_to(owner: str, error: ServerUnavailable) -> ServerUnavailable:
-    """A put that could not even be sent to its silent owner: safe to send to whoever owns the partition."""
-    failure = ServerUnavailable(f"hqueue server {owner}: silent, the put not sent: {error}")
-    failure.maybe_sent = False
-    return failure
-
-
-def still_owner(name: str, partition_id: int, what: str, silent: str, owner: str | None, seconds: float) -> None:
-    """Raise OutcomeUnknown if the partition of a put its owner ``silent`` did not answer has
-    another ``owner`` now (None: none could say: the owner may be slow, not paused)."""
-    if owner is not None and owner != silent:
-        raise owner_moved(name, partition_id, what, silent, owner, seconds)
-
-
-def owner_moved(name: str, partition_id: int, what: str, silent: str, owner: str, seconds: float) -> OutcomeUnknown:
-    """The OutcomeUnknown of a put whose owner went silent and whose partition moved meanwhile."""
-    return OutcomeUnknown(
-        f"{what} to {name!r} partition {partition_id}: sent to hqueue server {silent}, which gave no answer in "
-        f"{seconds:.1f}s, and {owner or 'no server'} owns the partition now: it may have been written before the "
-        "takeover, so it is not sent again (scan for it, or put it again and accept a possible duplicate)",
-        name,
-        partition_id,
-    )
-
-
 def past_deadline(address: str, method: str, timeout: float, sent: bool) -> str:
     """What a DeadlineExceeded says: the call went and got no answer, or never went."""
     if sent:
@@ -356,12 +262,13 @@ _deadline: contextvars.ContextVar[tuple[int, float] | None] = contextvars.Contex
 class CallDeadline:
     """``with client.deadline() as at:`` the deadline of ``owner``'s call under way in this
     thread (or asyncio task), or a new one ``seconds`` from now (on ``clock``) for the
-    calls inside the block: one deadline across every retry and server of a call.
+    calls inside the block: one deadline across every retry and server of a call. Given
+    ``at``, the calls inside end by then (one server's share of the call's deadline).
 
     A plain context manager, not a generator: a call enters a few of them.
     """
 
-    __slots__ = ("var", "owner", "seconds", "clock", "token")
+    __slots__ = ("var", "owner", "seconds", "clock", "at", "token")
 
     def __init__(
         self,
@@ -369,15 +276,18 @@ class CallDeadline:
         owner: int,
         seconds: float,
         clock: Callable[[], float],
+        at: float | None = None,
     ) -> None:
-        self.var, self.owner, self.seconds, self.clock = var, owner, seconds, clock
+        self.var, self.owner, self.seconds, self.clock, self.at = var, owner, seconds, clock, at
         self.token: contextvars.Token[tuple[int, float] | None] | None = None
 
     def __enter__(self) -> float:
-        outer = self.var.get()
-        if outer is not None and outer[0] == self.owner:
-            return outer[1]
-        at = self.clock() + self.seconds
+        at = self.at
+        if at is None:
+            outer = self.var.get()
+            if outer is not None and outer[0] == self.owner:
+                return outer[1]
+            at = self.clock() + self.seconds
         self.token = self.var.set((self.owner, at))
         return at
 
@@ -438,6 +348,10 @@ class RemoteEngine:
         """The deadline of the call under way in this thread, or a new one
         (``timeout`` + ``extra`` seconds from now) for the calls inside the block."""
         return CallDeadline(_deadline, id(self), self.timeout + extra, time.monotonic)
+
+    def deadline_at(self, at: float) -> CallDeadline:
+        """``with engine.deadline_at(at):`` the calls inside end by ``at`` (a share of the call's deadline)."""
+        return CallDeadline(_deadline, id(self), 0.0, time.monotonic, at)
 
     def current_deadline(self) -> float | None:
         outer = _deadline.get()

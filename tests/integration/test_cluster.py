@@ -242,6 +242,73 @@ def test_a_put_at_a_paused_owner_is_outcome_unknown_early_and_the_next_goes_to_t
     assert stored[b"after"] == after_id and stored[b"aio after"] == aio_id
 
 
+def test_group_calls_at_a_paused_owner_go_on_at_its_partitions_new_owner(cluster):
+    """A member's receive and ack at a paused owner waited the call's whole deadline, then
+    raised DeadlineExceeded, though the other server had the partitions within seconds (as
+    puts did). Each waits a share of the deadline for an owner now, then the owners are
+    read again and the call goes on at whoever owns the partitions: blocking and asyncio
+    members alike. What was acked at the live owner never comes back; what the paused one
+    held is acked at the new owner (as a retry waiting there) or goes out again from it:
+    every message is finished in the end."""
+    a, b, url = two_servers_with_queue(cluster)
+    on_b = {pid for pid, owner in enumerate(owners(f"hqueue://{b.address}")) if owner == b.address}
+    received, paused = threading.Event(), threading.Event()
+    aio: dict = {}
+
+    async def aio_member():
+        async with AsyncHQueue("orders", url, timeout=24) as aqueue, aqueue.consumer("audit", member="aio") as member:
+            got = []
+            while len(got) < PARTITIONS:
+                got += await member.receive(PARTITIONS - len(got), wait=0.5)
+            received.set()
+            while not paused.is_set():
+                await asyncio.sleep(0.01)
+            began = time.monotonic()
+            again = await member.receive(PARTITIONS, wait=0.5)
+            await member.ack(got)  # (acks what came again meanwhile too: the same receipts)
+            aio["took"] = time.monotonic() - began
+            until = time.monotonic() + 30
+            while time.monotonic() < until and not finished(url, "audit"):
+                deliveries = await member.receive(PARTITIONS, wait=0.5)
+                again += deliveries
+                await member.ack(deliveries)
+            aio["again"] = again
+
+    with HQueue("orders", url, timeout=24) as queue, queue.consumer("billing", member="blocking") as member:
+        for pid in range(PARTITIONS):
+            queue.put(Message("order", b"m%d" % pid), pid)
+        first = drain(member, PARTITIONS, 20, wait=0.5)
+        other = threading.Thread(target=lambda: asyncio.run(aio_member()), daemon=True)
+        other.start()
+        assert received.wait(30)
+        a.pause()
+        try:
+            paused.set()
+            began = time.monotonic()
+            again = member.receive(PARTITIONS, wait=0.5)
+            member.ack(first)
+            took = time.monotonic() - began
+            until = time.monotonic() + 30
+            while time.monotonic() < until and not finished(url, "billing"):
+                deliveries = member.receive(PARTITIONS, wait=0.5)
+                again += deliveries
+                member.ack(deliveries)
+            other.join(60)
+        finally:
+            a.resume()
+    assert len(first) == PARTITIONS and "took" in aio, aio
+    assert took < 18 and aio["took"] < 18, (took, aio["took"])  # not the 24 s deadline, nor DeadlineExceeded
+    assert finished(url, "billing") and finished(url, "audit")
+    assert not on_b & {d.partition_id for d in again + aio["again"]}, (again, aio["again"])
+
+
+def finished(url: str, group: str) -> bool:
+    """Whether every message of queue "orders" is acked in ``group``."""
+    with HQueueAdmin(url) as admin:
+        partitions = admin.describe_group("orders", group)["partitions"]
+    return all(p["lag_messages"] == 0 for p in partitions.values())
+
+
 def test_timers_and_groups_follow_their_partitions_to_the_surviving_server(cluster):
     """Timers of a killed server's partitions fire on the server that takes them
     over; a group member reading both servers gets every message, and an acked

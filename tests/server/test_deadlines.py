@@ -150,7 +150,7 @@ def test_a_read_any_server_answers_is_answered_past_a_silent_one(server, black_h
     server among the seeds failed half the reads (and a put following its partition's new
     owner after a failover), though the other server would have answered. (Each server gets
     its share, at least MIN_SERVER_TRY: 5 s, made 0.5 s here to keep the test short.)"""
-    monkeypatch.setattr("hqueue.client.engine.MIN_SERVER_TRY", 0.5)
+    monkeypatch.setattr("hqueue.client.silent.MIN_SERVER_TRY", 0.5)
     url = f"hqueue://{black_hole},{server.proc.address}?timeout={TIMEOUT}"
     with HQueueAdmin(url) as admin:
         for _ in range(6):  # (the seeds are tried in random order)

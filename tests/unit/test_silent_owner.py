@@ -1,4 +1,4 @@
-"""The put's policy at a silent partition owner (client/engine.py, silent_owner_at), with the
+"""The put's policy at a silent partition owner (client/silent.py, silent_owner_at), with the
 calls to servers replaced by a scripted owner: how long it waits, where the put goes again,
 and that it never goes to a new owner. Scaled down: MIN_OWNER_TRY 0.05 s. The real thing,
 against a paused server in a ZooKeeper cluster, is tests/integration/test_cluster.py's."""
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-import hqueue.client.engine as client_engine
+import hqueue.client.silent as client_silent
 from hqueue import OutcomeUnknown
 from hqueue.client.engine import RemoteEngine
 from hqueue.errors import DeadlineExceeded
@@ -19,7 +19,7 @@ from hqueue.errors import DeadlineExceeded
 def scripted(monkeypatch):
     """An engine whose owner of partition 0 answers at ``answer_at`` seconds (None: never),
     and whose look for the owner says ``moved_to`` after the first (None: the same)."""
-    monkeypatch.setattr(client_engine, "MIN_OWNER_TRY", 0.05)
+    monkeypatch.setattr(client_silent, "MIN_OWNER_TRY", 0.05)
 
     def make(
         answer_at: float | None,

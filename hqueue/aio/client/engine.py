@@ -29,17 +29,14 @@ from ...client.engine import (
     READ_RETRY_DELAY,
     READ_TRIES,
     CallDeadline,
-    SilentServers,
     client_options,
     owner_addresses,
     owner_error,
     owner_failure,
     past_deadline,
     queue_description,
-    server_share,
-    silent_owner_at,
-    still_owner,
 )
+from ...client.silent import SilentServers, server_share, silent_owner_at, still_owner
 from ...config import INFO_CACHE_SECONDS, QueueInfo, QueueState
 from ...errors import (
     DeadlineExceeded,
@@ -111,6 +108,10 @@ class AsyncRemoteEngine:
         """The deadline of the call under way in this task, or a new one for the calls inside
         (``with engine.deadline() as at:``)."""
         return CallDeadline(_deadline, id(self), self.timeout + extra, asyncio.get_running_loop().time)
+
+    def deadline_at(self, at: float) -> CallDeadline:
+        """``with engine.deadline_at(at):`` the calls inside end by ``at`` (loop time)."""
+        return CallDeadline(_deadline, id(self), 0.0, asyncio.get_running_loop().time, at)
 
     async def _unavailable(
         self, address: str, method: str, cause: BaseException, sent: bool = False, deadline: float | None = None

@@ -17,7 +17,7 @@ from typing import Any
 from ...checks import check_partition
 from ...client.groups import LOCATION_REFRESH, RetryState, receipts_by_owner, received_pairs
 from ...config import UNSEEN
-from ...errors import HQueueError, NoPartitionOwner, NotPartitionOwner, ServerUnavailable
+from ...errors import DeadlineExceeded, HQueueError, NoPartitionOwner, NotPartitionOwner, ServerUnavailable
 from ...message import Message, MessageID
 from ...rpc import operations as op
 from ...rpc import wire
@@ -58,6 +58,22 @@ class AsyncRemoteGroups:
 
     async def _owners(self, name: str, fresh: bool = False) -> list[str]:
         return sorted({owner for owner in await self._group_locations(name, fresh) if owner})
+
+    async def _at(
+        self, retry: RetryState, owner: str, method: str, *args: Any, queue: str, wait: float = 0.0, late: Any = None
+    ) -> Any:
+        """``method`` at the partitions' ``owner``, waiting for its answer a share of the
+        deadline, as the blocking client's ``_at``."""
+        now = asyncio.get_running_loop().time()
+        until = retry.owner_until(owner, now, wait)
+        with self._engine.deadline_at(until):
+            try:
+                return await self._engine._call_at(owner, method, *args, queue=queue, late=late)
+            except DeadlineExceeded as e:
+                failure = retry.unanswered(owner, method, e, until, now)
+                if failure is e:
+                    raise
+                raise failure from e
 
     async def receive(
         self,
@@ -104,7 +120,7 @@ class AsyncRemoteGroups:
                     call = ("groupReceive", queue, group, member, max_messages, int(lease * 1000), wait_ms)
                     arrived = partial(self._orphaned, key, owner, lease, late)
                     try:
-                        deliveries = await self._engine._call_at(owner, *call, queue=queue, late=arrived)
+                        deliveries = await self._at(retry, owner, *call, queue=queue, wait=wait_ms / 1000, late=arrived)
                     except ServerUnavailable as e:
                         retry.noted(e)
                         failed = True
@@ -199,7 +215,7 @@ class AsyncRemoteGroups:
                     for chunk in wire.receipt_chunks(mine):
                         try:
                             args = (queue, *before, wire.pack_rowkeys(chunk), *after)
-                            total += await self._engine._call_at(owner, method, *args, queue=queue)
+                            total += await self._at(retry, owner, method, *args, queue=queue)
                         except (NotPartitionOwner, ServerUnavailable) as e:
                             retry.noted(e)
                             failed += chunk
@@ -222,18 +238,20 @@ class AsyncRemoteGroups:
         return await self._receipts_call(queue, rowkeys, "groupExtend", (group, member), (max(1, int(lease * 1000)),))
 
     async def leave(self, queue: str, group: str, member: str) -> None:
-        with self._engine.deadline():
+        with self._engine.deadline() as deadline:
+            retry = _Retry(self._engine, deadline)
             for owner in await self._owners(queue):
                 try:
-                    await self._engine._call_at(owner, "groupLeave", queue, group, member, queue=queue)
+                    await self._at(retry, owner, "groupLeave", queue, group, member, queue=queue)
                 except ServerUnavailable:
                     pass  # its leases run out there
 
     async def heartbeat(self, queue: str, group: str, member: str) -> None:
-        with self._engine.deadline():
+        with self._engine.deadline() as deadline:
+            retry = _Retry(self._engine, deadline)
             for owner in await self._owners(queue):
                 try:
-                    await self._engine._call_at(owner, "groupHeartbeat", queue, group, member, queue=queue)
+                    await self._at(retry, owner, "groupHeartbeat", queue, group, member, queue=queue)
                 except ServerUnavailable:
                     self._locations_checked.pop(queue, None)
 

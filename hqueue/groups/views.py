@@ -19,7 +19,7 @@ from ..errors import HQueueError, QueueDisabled, QueueNotFound
 from ..ids import wall_clock_ms
 from ..lag import Ahead, finished_ahead, partition_lag
 from ..message import MessageID
-from ..storage.base import ttl_cutoff
+from ..storage.base import oldest_kept
 from .limits import GroupLimits, check_pending_limit
 from .state import GroupState, PartitionState
 
@@ -66,7 +66,7 @@ class GroupViews:
         counts: dict[int, tuple[MessageID, Ahead, list[bytes]]] = {}
         with group.lock:
             self._forget_silent(group, now)
-            members = group.live_members(now, self.limits.member_timeout)
+            members = sorted(group.seen)  # (any call in the last member_timeout: _forget_silent)
             for pid in self.coordinator.owned(queue, info.partitions):
                 state = self._partition(group, pid)
                 self._expire(group, pid, state, now)
@@ -85,11 +85,11 @@ class GroupViews:
                 }
         # Counted without the group's lock: a count of every row takes seconds in a deep
         # partition, and every receive and ack of the group (on the event loop) waited for it.
-        cutoff = ttl_cutoff(info)
+        kept = oldest_kept(info)
         for pid, (done, ahead, behind) in counts.items():
             lag, lag_ms = partition_lag(self.engine, queue, pid, done, group.config.topics, limit=None, ahead=ahead)
-            if cutoff is not None:  # (expired meanwhile: not lag, as those it counts)
-                behind = behind[bisect_left(behind, cutoff.to_bytes()) :]
+            if kept is not None:  # (expired or truncated meanwhile: not lag, as those it counts)
+                behind = behind[bisect_left(behind, kept) :]
             if behind:  # unfinished ones the cursor jumped past: lag, the oldest of it
                 lag += len(behind)
                 lag_ms = max(lag_ms, wall_clock_ms() - MessageID.from_bytes(behind[0]).timestamp)
@@ -145,11 +145,16 @@ class GroupViews:
             groups = list(self._groups.values())
         out = []
         now = time.monotonic()
+        timeout = self.limits.member_timeout
         for group in groups:
+            try:
+                kept = oldest_kept(self.engine.queue_info(group.queue))
+            except HQueueError:  # (dropped meanwhile)
+                kept = None
             with group.lock:
                 partitions = list(group.partitions.items())
-                members = len(group.live_members(now, self.limits.member_timeout))
-            out.append(GroupSnapshot(group, members, partitions))
+                members = sum(now - seen <= timeout for seen in group.seen.values())
+            out.append(GroupSnapshot(group, members, partitions, kept))
         return out
 
     def load_all(self) -> None:
@@ -178,12 +183,29 @@ class GroupSnapshot:
     group: GroupState
     members: int
     partitions: list[tuple[int, PartitionState]]
+    #: The lowest ID the queue may still hold (storage.base.oldest_kept); None: any.
+    kept: bytes | None = None
+
+    def behind(self, state: PartitionState) -> tuple[bytes | None, int, int]:
+        """Of the unfinished messages the partition's cursor moved past (``behind``): the
+        oldest still stored (None: none is), how many are, and how many are no longer
+        (expired, truncated). Those gone count as finished: they are not lag, and each
+        is finished for good once a receive finds it gone (as an ack would)."""
+        with self.group.lock:
+            return self._behind(state)
+
+    def _behind(self, state: PartitionState) -> tuple[bytes | None, int, int]:
+        behind = sorted(state.behind)
+        gone = bisect_left(behind, self.kept) if self.kept is not None else 0
+        return (behind[gone] if gone < len(behind) else None), len(behind) - gone, gone
 
     def progress(self, state: PartitionState) -> tuple[bytes, int, Ahead]:
-        """What the lag book counts from (lag.py's Progress), read under the group's lock."""
+        """What the lag book counts from (lag.py's Progress), read under the group's lock:
+        the cursor, what was finished (with those behind it gone), and what was finished
+        ahead of it, less the ones behind it still stored (lag)."""
         with self.group.lock:
-            # (unfinished ones behind the cursor are lag: "finished ahead" less them)
-            return state.done, state.finished, finished_ahead(state.acked, len(state.behind))
+            _, alive, gone = self._behind(state)
+            return state.done, state.finished + gone, finished_ahead(state.acked, alive)
 
 
 def _count(engine: Engine, queue: str) -> int | None:

@@ -93,10 +93,12 @@ def subscriber_families(server: Served, book: LagBook) -> list[Family]:
 
 
 def group_families(groups: list[GroupSnapshot], book: LagBook) -> list[Family]:
-    members = Family("hqueue_group_members", "Live members of a consumer group.")
+    members = Family(
+        "hqueue_group_members", "Live members of a consumer group (a receive or a heartbeat within the member timeout)."
+    )
     dead = Family("hqueue_group_dead_lettered_messages", "Messages a group moved to <queue>.dlq.")
     in_flight = Family("hqueue_group_in_flight_messages", "Messages leased to members.")
-    retrying = Family("hqueue_group_retrying_messages", "Failed messages waiting to go out again.")
+    retrying = Family("hqueue_group_retrying_messages", "Failed messages waiting to go out again (not to the DLQ).")
     lag = Family("hqueue_group_lag_messages", "Messages not yet acked (see lag.py for the bounds).")
     age = Family("hqueue_group_lag_seconds", "Age of the oldest message not yet acked.")
     leased, ready, behind, old = in_flight.lines.append, retrying.lines.append, lag.lines.append, age.lines.append
@@ -115,9 +117,10 @@ def group_families(groups: list[GroupSnapshot], book: LagBook) -> list[Family]:
             if seed is not None and not seed.tally.live:
                 seed = None
             total, done, finished = seed.tally.total if seed else 0, state.done, state.finished
-            if state.behind:  # lag runs from the oldest unfinished message, the cursor moved past it
-                done = min(state.behind)
-            leases, waiting = len(state.leases), len(state.ready)
+            if state.behind:  # lag runs from the oldest unfinished message the cursor moved past
+                oldest, _, gone = snapshot.behind(state)
+                done, finished = oldest or done, finished + gone  # (one gone is finished: GroupSnapshot.behind)
+            leases, waiting = len(state.leases), len(state.ready) - len(state.unburied)
             lines = state.metric_lines  # compared field by field: no tuple made per partition
             if (
                 lines is None

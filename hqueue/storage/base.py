@@ -253,6 +253,17 @@ def ttl_cutoff(info: QueueInfo) -> MessageID | None:
     return MessageID(max(0, wall_clock_ms() - info.ttl * 1000))
 
 
+def oldest_kept(info: QueueInfo) -> bytes | None:
+    """The lowest ID (10 bytes) the queue may still hold: above every one a truncate
+    deleted (``id_floor``: later IDs stay above it) and within its TTL; None: any."""
+    cutoff = ttl_cutoff(info)
+    kept = cutoff.to_bytes() if cutoff is not None else None
+    if info.id_floor:
+        floor = MessageID(info.id_floor + 1, 0).to_bytes()
+        kept = floor if kept is None else max(kept, floor)
+    return kept
+
+
 def ttl_start(key: bytes, cutoff: MessageID) -> bytes:
     """The first key a scan from ``key`` may return under a TTL: the same head
     (a partition's 2 bytes, or a topic-index entry's 12), then ``cutoff``."""

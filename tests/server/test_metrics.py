@@ -16,6 +16,7 @@ import pytest
 from hqueue import HQueue, HQueueAdmin, Message, MessageListener, Subscription
 from hqueue.auth import AuthPolicy
 from hqueue.errors import InvalidArgument, NotAuthorized
+from hqueue.groups.limits import GroupLimits
 from hqueue.server import HQueueServer
 
 from ..processes import ServerProcess, drain, wait_for
@@ -655,3 +656,81 @@ def test_group_lag_keeps_a_stuck_message_the_cursor_moved_past(server, monkeypat
         metrics = scrape(server)
         assert metrics[key] == 2
         assert metrics['hqueue_group_lag_seconds{group="g",partition="0",queue="q"}'] >= 1.0
+
+
+@pytest.mark.parametrize("gone", ["truncated", "expired"])
+def test_a_stuck_message_the_cursor_moved_past_is_no_lag_once_gone(tmp_path, monkeypatch, gone):
+    """A stuck message the completion cursor moved past (groups/acks.py: _jump) stayed lag
+    in the gauge for good once it expired (1, then 4 with 3 new waiting), and in
+    describe_group once it was truncated, the two disagreeing (an attacker's pass)."""
+    monkeypatch.setattr("hqueue.groups.acks.MAX_ACKED_AHEAD", 5)
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, metrics_port=0).start()
+    try:
+        url = f"hqueue://{server.address}"
+        key = 'hqueue_group_lag_messages{group="g",partition="0",queue="lt"}'
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("lt", 1, ttl=3 if gone == "expired" else 0)
+        with HQueueAdmin(url) as admin, HQueue("lt", url) as queue:
+            with queue.consumer("g", member="a") as a, queue.consumer("g", member="b", lease=120) as b:
+                queue.put([Message("t", b"stuck")], 0)
+                assert len(b.receive(1, wait=2)) == 1  # b holds it
+                queue.put([Message("t", b"%d" % i) for i in range(10)], 0)
+                a.ack(drain(a, 10))
+                assert scrape_with(server, key)[key] == 1
+                assert admin.describe_group("lt", "g")["partitions"][0]["lag_messages"] == 1
+                if gone == "truncated":
+                    admin.truncate_queue("lt")
+                else:
+                    time.sleep(3.5)
+
+                def lags():
+                    return admin.describe_group("lt", "g")["partitions"][0]["lag_messages"], scrape(server).get(key)
+
+                wait_for(lambda: lags() == (0, 0), 15, "no lag once the stuck message is gone")
+                queue.put([Message("t", b"new")] * 3, 0)
+                wait_for(lambda: lags() == (3, 3), 15, "the 3 new messages as lag, in both")
+                a.ack(drain(a, 3))
+                wait_for(lambda: lags() == (0, 0), 15, "no lag once they are acked")
+    finally:
+        server.stop()
+
+
+def test_messages_waiting_for_the_dead_letter_queue_are_not_retrying(server):
+    """With the dead-letter queue disabled, messages past their retries wait for it and
+    are not handed out again: describe_group says dead_letter_waiting, and the gauge
+    counted them as retrying ("failed messages waiting to go out again")."""
+    url = f"hqueue://{server.address}"
+    with HQueueAdmin(url) as admin, HQueue("q", url) as queue:
+        admin.create_queue("q.dlq", 1)
+        admin.disable_queue("q.dlq")
+        with queue.consumer("g", member="m", max_retries=0) as consumer:
+            queue.put([Message("t", b"x")] * 2, 0)
+            consumer.nack(drain(consumer, 2))
+            assert consumer.receive(10, wait=0.5) == []
+            partition = admin.describe_group("q", "g")["partitions"][0]
+            assert (partition["retrying"], partition["dead_letter_waiting"]) == (0, 2)
+            key = 'hqueue_group_retrying_messages{group="g",partition="0",queue="q"}'
+            assert scrape_with(server, key)[key] == 0
+
+
+def test_a_member_that_only_heartbeats_is_a_live_member(tmp_path):
+    """A member holding leases and heartbeating, but not receiving, was shown as no member
+    at all after member_timeout (describe_group, the gauge, the console), though it is not
+    gone until it makes no call for that long."""
+    limits = GroupLimits(member_timeout=3.0)
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, metrics_port=0, group_limits=limits).start()
+    try:
+        url = f"hqueue://{server.address}"
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("q", 1)
+        with HQueueAdmin(url) as admin, HQueue("q", url) as queue:
+            with queue.consumer("g", member="holder", lease=60) as holder:
+                queue.put([Message("t", b"x")], 0)
+                assert len(drain(holder, 1)) == 1
+                time.sleep(4.5)  # no receive since; its heartbeats go on
+                assert admin.describe_group("q", "g")["members"] == ["holder"]
+                key = 'hqueue_group_members{group="g",queue="q"}'
+                assert scrape_with(server, key)[key] == 1
+                assert admin.describe_group("q", "g")["partitions"][0]["in_flight"] == 1  # (its lease held)
+    finally:
+        server.stop()

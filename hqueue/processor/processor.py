@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import queue as queue_module
 import threading
 import time
@@ -27,8 +28,8 @@ logger = logging.getLogger("hqueue.processor")
 
 
 def _seconds(value: object) -> bool:
-    """Whether ``value`` is a number of seconds (an int or float, not a bool)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """Whether ``value`` is a number of seconds (a finite int or float, not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 #: Tries to dead-letter a message, a second apart, while the dead-letter queue's partitions find their server.
@@ -158,10 +159,14 @@ class Processor:
                 logger.exception("processor: receive failed; retrying")
                 time.sleep(1.0)
                 continue
-            for delivery in deliveries:
-                tracker = self._tracker(delivery.partition_id)
-                if not tracker.received(delivery):
-                    continue  # in hand already (its lease ran out and it came back)
+            # Every message of the batch is in hand before any goes to a worker: a renewal that
+            # finds their leases gone drops them all. Tracked one at a time as each went, the
+            # rest of a batch the reader waited to hand over started after the renewal had
+            # dropped the others, while another process had their keys (an attacker's pass).
+            batch = [d for d in deliveries if self._tracker(d.partition_id).received(d)]  # (False: in hand already)
+            for delivery in batch:
+                if self.lost(delivery):  # its lease went while the reader waited: another process has it
+                    continue
                 try:
                     key = self.key(delivery.message)
                 except Exception as e:  # (it stopped the reader: nothing more was handled, of any key)

@@ -116,11 +116,11 @@ class Worker:
             return  # stopped past its timeout meanwhile: not started (it goes back to the group)
         with self.lock:
             self.current, self.current_key, self.busy_since = delivery, key, time.monotonic()
-        error: Exception | None = None
+        error: BaseException | None = None
         try:
             processor.handler(message)
-        except Exception as e:
-            error = e
+        except BaseException as e:  # (SystemExit, KeyboardInterrupt too: they ended the thread,
+            error = e  # and its keys, their leases renewed, stalled for good; a failure, retried)
         with self.lock:
             if generation != self.generation:
                 return  # it timed out meanwhile: failed already, and another thread goes on
@@ -138,7 +138,7 @@ class Worker:
         """A key that was set aside and is through its failed message: go on with it now."""
         heapq.heappush(self.parked_until, (0.0, next(self.processor.counter), key))
 
-    def _failed(self, delivery: Delivery, key: bytes, error: Exception) -> None:
+    def _failed(self, delivery: Delivery, key: bytes, error: BaseException) -> None:
         processor = self.processor
         message_id = delivery.message.id
         assert message_id is not None

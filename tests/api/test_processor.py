@@ -249,6 +249,51 @@ def test_messages_whose_leases_are_gone_are_not_started_here(queue):
     assert first == sorted(first)  # the key in order
 
 
+def test_the_rest_of_a_batch_whose_leases_are_gone_is_not_started_here(queue):
+    """The reader took each message of a receive in hand only as it handed it to a worker:
+    a renewal that found the leases gone dropped those, and the rest of the batch, which
+    the reader held while the worker's queue was full, started after, before the earlier
+    messages of their key came back (an attacker's pass: gaps in a key's order after a
+    server restart, a takeover, a pause)."""
+    queue.put([Message("t", b"k:%d" % i) for i in range(6)], key=b"k")
+    started: list[int] = []
+
+    def handle(message: Message) -> None:
+        started.append(int(message.value.split(b":")[1]))
+        time.sleep(1.0)
+
+    with Processor(queue, "p", handle, key=key_of, workers=1, queue_size=3, lease=3.0) as processor:
+        # Two receives of 3: one in the handler, 3 in the worker's queue, 2 in the reader's hands
+        wait_for(lambda: processor.in_hand >= 6, 10, "the second batch in the reader's hands")
+        extend = processor.consumer.extend
+        processor.consumer.extend = lambda deliveries, **kw: 0  # every lease gone (as after a restart)
+        time.sleep(2.5)  # a renewal drops them within a second
+        assert started in ([0], [0, 1]), started  # the one under way, and one begun before the renewal
+        processor.consumer.extend = extend
+        wait_for(lambda: set(started) >= set(range(6)), 30, "all handled once their leases ran out")
+        assert processor.wait_idle(timeout=30)
+    first = [started.index(n) for n in range(6)]
+    assert first == sorted(first), started  # the key in order
+
+
+def test_a_handler_that_raises_system_exit_fails_its_message_and_the_worker_goes_on(queue):
+    """SystemExit or KeyboardInterrupt from a handler ended its worker's thread, silently:
+    its keys stalled for good, their leases renewed (an attacker's pass). It is a failure
+    like any: retried, then dead-lettered, and the worker's other keys go on."""
+    queue.put([Message("t", b"bad:0"), Message("t", b"good:0"), Message("t", b"good:1")], 0)
+    handled: list[bytes] = []
+
+    def handle(message: Message) -> None:
+        if message.value.startswith(b"bad"):
+            raise SystemExit(3)
+        handled.append(message.value)
+
+    with Processor(queue, "p", handle, key=key_of, workers=1, max_retries=1, retry_delay=0.1) as processor:
+        assert processor.wait_idle(timeout=30)
+        assert processor.dead_lettered == 1
+    assert handled == [b"good:0", b"good:1"]
+
+
 def test_a_timed_out_message_whose_dead_letter_write_fails_is_buried_later(queue, admin_of):
     """The thread that watches the timeouts died when the dead-letter write of a timed-out
     message failed: the message stayed in hand, its partition's commits held, and no later
@@ -322,7 +367,10 @@ def test_bad_arguments(queue):
     with pytest.raises(InvalidArgument):
         Processor(queue, "p", print, timeout=0)
     # (these were bare TypeErrors from a comparison, or taken and failing later)
-    for wrong in ({"timeout": "30"}, {"delay": "1"}, {"retry_delay": None}, {"commit_interval": None}):
+    for wrong in (
+        {"timeout": "30"}, {"delay": "1"}, {"retry_delay": None}, {"commit_interval": None},
+        {"retry_delay": float("inf")}, {"delay": float("nan")}, {"timeout": float("inf")},
+    ):  # fmt: skip
         with pytest.raises(InvalidArgument, match=next(iter(wrong))):
             Processor(queue, "p", print, **wrong)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="'key' must be callable"):

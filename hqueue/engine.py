@@ -49,6 +49,7 @@ from .keys.timers import (
     topic_of,
 )
 from .message import (
+    MAX_SEQUENCE,
     Message,
     MessageID,
     cell_keys,
@@ -173,6 +174,8 @@ class Engine:
                 if last:
                     floor = max(floor, decode_rowkey(last)[1].timestamp)
             self.storage.update_queue(info.evolve(id_floor=floor))
+            for allocator in self.writers.allocators(name):  # (as a restart would: above the floor's whole ms)
+                allocator.advance_to(MessageID(floor, MAX_SEQUENCE))
             self.storage.truncate_queue(name)
             self.events.truncated(name)
         finally:

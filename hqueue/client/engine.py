@@ -48,9 +48,11 @@ in place of the in-process engine, so the whole Python API works the same.
   an owner that cannot be reached (it died) or is no longer the owner
   makes the member read the owners again and go on at the new ones, with
   backoff, until ``owner_timeout`` within the call's deadline, as puts do.
-  A receive skips an owner it cannot reach while others answer. An owner
-  silent for its share of the deadline (:func:`~hqueue.client.silent.owner_try`,
-  after a receive's wait) counts as one that cannot be reached.
+  A receive skips an owner it cannot reach while others answer. While an
+  owner gives no answer, the owners are read again at each share of the
+  deadline (:func:`~hqueue.client.silent.owner_try`, after a receive's
+  wait): one that owns none of the partitions any more counts as one that
+  cannot be reached (RemoteGroups._at).
 * Scanners are server-side (``messageScannerOpen``/``GetList``/``Close``),
   ``caching`` messages a round trip, freed by close or the server's idle
   timeout (:mod:`hqueue.client.cursor`).
@@ -388,18 +390,29 @@ class RemoteEngine:
     def _new_pool(self, address: str) -> Pool:
         return Pool(address, int(self.timeout * 1000), self._token, self._ssl_context, self.unix_socket)
 
-    def _call_at(self, address: str, method: str, *args, queue: str | None = None, pid: int = -1):
+    def _call_at(
+        self,
+        address: str,
+        method: str,
+        *args,
+        queue: str | None = None,
+        pid: int = -1,
+        share: float | None = None,
+        at_share: Callable[[], float | None] | None = None,
+    ):
         """One call at one server, by the deadline; IDL exceptions become hqueue errors.
 
         A ServerUnavailable's ``maybe_sent`` tells whether the request may
-        have reached the server (False: no connection could be made).
+        have reached the server (False: no connection could be made). While no
+        answer comes, ``at_share()`` is called at ``share`` (and then when it says):
+        see :class:`~hqueue.client.pool.Pool`'s ``client``.
         """
         with self.deadline() as deadline:
             for attempt in range(1, self.read_tries + 1):
                 if time.monotonic() >= deadline:
                     raise self._unavailable(address, method, TimeoutError(), deadline, sent=attempt > 1)
                 try:
-                    with self._pool(address).client(deadline) as client:
+                    with self._pool(address).client(deadline, share, at_share) as client:
                         return getattr(client, method)(*args)
                 except NotSent as e:
                     raise self._unavailable(address, method, e.cause, deadline) from e.cause

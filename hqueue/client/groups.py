@@ -26,7 +26,7 @@ from ..message import Message, MessageID, checked_receipts, messages_from_column
 from ..rpc import operations as op
 from ..rpc import packed, wire
 from .calls import remote
-from .silent import group_call_unanswered, owner_try
+from .silent import group_call_unanswered, next_share
 
 logger = logging.getLogger(__name__)
 
@@ -57,20 +57,27 @@ class RemoteGroups:
     def _owners(self, name: str, fresh: bool = False) -> list[str]:
         return sorted({owner for owner in self._group_locations(name, fresh) if owner})
 
-    def _at(self, retry: RetryState, owner: str, method: str, *args: Any, queue: str, wait: float = 0.0) -> Any:
-        """``method`` at the partitions' ``owner``, waiting for its answer a share of the
-        deadline (:meth:`RetryState.owner_until`): a paused owner is a ServerUnavailable
-        its caller retries at the owners read afresh."""
-        now = time.monotonic()
-        until = retry.owner_until(owner, now, wait)
-        with self._engine.deadline_at(until):
-            try:
-                return self._engine._call_at(owner, method, *args, queue=queue)
-            except DeadlineExceeded as e:
-                failure = retry.unanswered(owner, method, e, until, now)
-                if failure is e:
-                    raise
-                raise failure from e
+    def _at(self, owner: str, method: str, *args: Any, queue: str, wait: float = 0.0) -> Any:
+        """``method`` at the partitions' ``owner``. While no answer comes, the owners are
+        read again at each share of the deadline (:func:`owner_share`, after a receive's
+        ``wait``): an owner named no more (paused past its session: its partitions moved)
+        is given up, a ServerUnavailable its caller goes on from at the new owners; one
+        still named (slow, not paused) is waited for, to the deadline, the call not sent again."""
+        started = time.monotonic()
+        with self._engine.deadline() as deadline:
+
+            def at_share() -> float | None:
+                self._engine._silent.mark(owner)  # (the reads ask it last)
+                try:
+                    named = owner in self._group_locations(queue, fresh=True)
+                except HQueueError:  # (none could say: wait on)
+                    named = True
+                if not named:
+                    raise group_call_unanswered(owner, method, time.monotonic() - started)
+                return next_share(deadline, time.monotonic())
+
+            share = next_share(deadline - wait, started) + wait
+            return self._engine._call_at(owner, method, *args, queue=queue, share=share, at_share=at_share)
 
     def receive(
         self, queue: str, group: str, member: str, max_messages: int, lease: float, wait: float
@@ -106,7 +113,7 @@ class RemoteGroups:
                 wait_ms = max(0, int((waited - time.monotonic()) * 1000)) if last else 0
                 call = ("groupReceive", queue, group, member, max_messages, int(lease * 1000), wait_ms)
                 try:
-                    deliveries = self._at(retry, owner, *call, queue=queue, wait=wait_ms / 1000)
+                    deliveries = self._at(owner, *call, queue=queue, wait=wait_ms / 1000)
                 except ServerUnavailable as e:
                     retry.noted(e)  # the others go on; the owners are read again next round
                     failed = True
@@ -149,7 +156,7 @@ class RemoteGroups:
                     for chunk in wire.receipt_chunks(mine):
                         try:
                             args = (queue, *before, wire.pack_rowkeys(chunk), *after)
-                            total += self._at(retry, owner, method, *args, queue=queue)
+                            total += self._at(owner, method, *args, queue=queue)
                         except (NotPartitionOwner, ServerUnavailable) as e:
                             retry.noted(e)
                             failed += chunk
@@ -173,21 +180,19 @@ class RemoteGroups:
 
     def leave(self, queue: str, group: str, member: str) -> None:
         self._left.leave((queue, group, member))
-        with self._engine.deadline() as deadline:
-            retry = _Retry(self._engine, deadline)
+        with self._engine.deadline():
             for owner in self._owners(queue):
                 try:
-                    self._at(retry, owner, "groupLeave", queue, group, member, queue=queue)
+                    self._at(owner, "groupLeave", queue, group, member, queue=queue)
                 except ServerUnavailable:
                     pass  # its leases run out there
 
     def heartbeat(self, queue: str, group: str, member: str) -> None:
         """At every owner (one that is down is skipped: its partitions move, or it comes back)."""
-        with self._engine.deadline() as deadline:
-            retry = _Retry(self._engine, deadline)
+        with self._engine.deadline():
             for owner in self._owners(queue):
                 try:
-                    self._at(retry, owner, "groupHeartbeat", queue, group, member, queue=queue)
+                    self._at(owner, "groupHeartbeat", queue, group, member, queue=queue)
                 except ServerUnavailable:
                     self._locations_checked.pop(queue, None)
 
@@ -204,7 +209,7 @@ class RemoteGroups:
                     answers = []
                     for owner in self._owners(queue, retry.take_fresh()):
                         try:
-                            answers.append(self._at(retry, owner, method, *args, queue=queue))
+                            answers.append(self._at(owner, method, *args, queue=queue))
                         except absent:  # it had nothing of it: left out
                             continue
                     return answers
@@ -263,31 +268,9 @@ class RetryState:
     are the subclass's: :class:`_Retry` sleeps, the asyncio client's awaits."""
 
     def __init__(self, engine: Any, deadline: float, now: float) -> None:
-        self.deadline, self.give_up = deadline, min(deadline, now + engine.owner_timeout)
+        self.give_up = min(deadline, now + engine.owner_timeout)
         self.delay, self.fresh = 0.02, False
         self.problem: HQueueError | None = None
-        self.servers = engine._silent
-        #: Owners that gave this call no answer within their share, and how many times.
-        self.silent: dict[str, int] = {}
-
-    def owner_until(self, owner: str, now: float, wait: float = 0.0) -> float:
-        """When a call at ``owner`` stops waiting for its answer: after the ``wait`` it asks
-        the owner for, and a share of the rest of the deadline (an eighth, at least
-        MIN_OWNER_TRY: :func:`~hqueue.client.silent.owner_try`), doubled each time that owner
-        gave this call no answer already (a slow one, still named the owner, gets its time)."""
-        share = owner_try(self.deadline - wait, now) * 2 ** self.silent.get(owner, 0)
-        return min(self.deadline, now + wait + share)
-
-    def unanswered(self, owner: str, method: str, error: DeadlineExceeded, until: float, since: float) -> HQueueError:
-        """``method`` at ``owner`` got no answer by ``until``: ``error`` if that was the call's
-        deadline; else the owner is asked last for a while (SilentServers) and the failure
-        is one the call retries at the owners read afresh (a paused owner's partitions move
-        within seconds)."""
-        if until >= self.deadline:
-            return error
-        self.silent[owner] = self.silent.get(owner, 0) + 1
-        self.servers.mark(owner)
-        return group_call_unanswered(owner, method, error, until - since)
 
     def noted(self, problem: HQueueError) -> None:
         """A call failed; the owners are read again before the next."""

@@ -23,7 +23,7 @@ import socket
 import ssl
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -42,32 +42,59 @@ ARM_SLACK = 0.005
 
 class _Bounded:
     """A thriftpy2 socket whose every wait ends by ``deadline`` (None: ``socket_timeout`` per
-    wait), within ARM_SLACK."""
+    wait), within ARM_SLACK.
+
+    Given a ``share`` (an instant before the deadline) and ``at_share``: while no byte of
+    the answer has come, the wait stops at ``share`` to call ``at_share()``, which returns
+    the next such instant (None: wait to the deadline) or raises to give the call up (its
+    owner moved: :meth:`hqueue.client.groups.RemoteGroups._at`). Nothing of the answer was
+    read, so the wait goes on where it was."""
 
     deadline: float | None = None
+    share: float | None = None
+    at_share: Callable[[], float | None] | None = None
     sock: socket.socket | None
-    _armed: tuple[float, float] = (0.0, -1.0)  # (when, for which deadline) the timeout was set
+    _armed: tuple[float, float] = (0.0, -1.0)  # (when, for which instant) the timeout was set
+    _got = False  # a byte of the answer came since the request went
 
     def _arm(self) -> None:
-        deadline = self.deadline
-        if deadline is None or self.sock is None:
+        until = self.deadline
+        if until is None or self.sock is None:
             return
+        share = self.share
+        if share is not None and share < until and not self._got:
+            until = share
         now = time.monotonic()
-        left = deadline - now
+        left = until - now
         if left <= 0:
             raise TimeoutError("the call's deadline passed")
         armed_at, armed_for = self._armed
-        if armed_for == deadline and now - armed_at < ARM_SLACK:
+        if armed_for == until and now - armed_at < ARM_SLACK:
             return
         self.sock.settimeout(left)  # sendall: the whole send; recv: this read
-        self._armed = (now, deadline)
+        self._armed = (now, until)
+
+    def _go_on(self) -> bool:
+        """A wait timed out: whether it was at the share, and the caller says wait on."""
+        share, deadline, at_share = self.share, self.deadline, self.at_share
+        if share is None or at_share is None or self._got or deadline is None or share >= deadline:
+            return False
+        self.share = at_share()  # (raises to give the call up)
+        return True
 
     _head = b""  # the part of an answer frame's head read so far
     _left = 0  # the bytes of the answer frame being read still to come
 
     def read(self, sz: int) -> bytes:
-        self._arm()
-        data: bytes = super().read(sz)  # type: ignore[misc]
+        while True:
+            try:
+                self._arm()
+                data: bytes = super().read(sz)  # type: ignore[misc]
+                break
+            except TimeoutError:
+                if not self._go_on():
+                    raise
+        self._got = True
         if self._left >= len(data):
             self._left -= len(data)
         else:
@@ -93,6 +120,7 @@ class _Bounded:
         self._left = at - len(data)
 
     def write(self, buf: bytes) -> None:
+        self._got = False
         self._arm()
         super().write(buf)  # type: ignore[misc]
 
@@ -280,6 +308,7 @@ class Pool:
                     raise NotSent(e) from e
             if not connection.stale():
                 connection.socket.deadline = deadline
+                connection.socket.share = connection.socket.at_share = None
                 return connection
             connection.close()
 
@@ -293,8 +322,15 @@ class Pool:
             self._idle.put(connection)
 
     @contextmanager
-    def client(self, deadline: float | None = None) -> Iterator[Any]:
+    def client(
+        self,
+        deadline: float | None = None,
+        share: float | None = None,
+        at_share: Callable[[], float | None] | None = None,
+    ) -> Iterator[Any]:
+        """A connection's client for one call by ``deadline``; ``share`` and ``at_share``: see _Bounded."""
         connection = self.take(deadline)
+        connection.socket.share, connection.socket.at_share = share, at_share
         try:
             yield connection.client
         except (TTransportException, OSError) as e:

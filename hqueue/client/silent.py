@@ -91,18 +91,23 @@ def owner_try(deadline: float, now: float) -> float:
     return max(MIN_OWNER_TRY, (deadline - now) / 8)
 
 
-def group_call_unanswered(owner: str, method: str, error: DeadlineExceeded, seconds: float) -> ServerUnavailable:
+def next_share(deadline: float, now: float) -> float:
+    """When a group call still waiting for its partitions' owner reads the owners again
+    (:func:`owner_try` from ``now``)."""
+    return now + owner_try(deadline, now)
+
+
+def group_call_unanswered(owner: str, method: str, seconds: float) -> ServerUnavailable:
     """The failure of a group call (a receive, an ack…) that got no answer from its
-    partitions' ``owner`` within its share of the deadline: one the call retries at the
-    owners read afresh. A paused owner held every group call sent to it until the call's
-    deadline, then raised DeadlineExceeded, though another server had its partitions
-    within seconds; a group call may go twice (an ack counts once; messages a receive was
-    handed and never got go out again when their lease ends)."""
+    partitions' ``owner``, which owns none of them any more (paused past its ZooKeeper
+    session: another server took them over): one the call goes on from at the new
+    owners. A paused owner held every group call sent to it until the call's deadline,
+    then raised DeadlineExceeded, though another server had its partitions within seconds."""
     failure = ServerUnavailable(
-        f"hqueue server {owner}: {method}: no answer in {seconds:.1f}s (paused or slow): "
-        "the partitions' owners are read again"
+        f"hqueue server {owner}: {method}: no answer in {seconds:.1f}s, and it owns none of the "
+        "queue's partitions any more: going on at their owners"
     )
-    failure.maybe_sent = error.maybe_sent
+    failure.maybe_sent = True
     return failure
 
 

@@ -110,3 +110,22 @@ def test_on_hbase_an_expired_partition_keeps_its_ids_below_new_ones(monkeypatch,
     with HQueue("q", url) as queue:
         (after,) = queue.put(Message("t", b"y"), partition_id=1)
     assert after > before
+
+
+def test_ids_given_after_a_truncate_are_above_its_floor_s_millisecond(monkeypatch, tmp_path):
+    """A writer open through a truncate kept its allocator: the next put could take the
+    floor's own millisecond, below what the queue says it still holds (storage.base's
+    oldest_kept), so lag reads counted it gone (a review). They start past it now, as
+    after a restart."""
+    from hqueue.storage.base import oldest_kept
+
+    clock = SteppingClock()
+    monkeypatch.setattr(hqueue.ids, "time", clock)
+    with HQueueAdmin(f"local://{tmp_path}") as admin:
+        admin.create_queue("q", 1)
+    with HQueueAdmin(f"local://{tmp_path}") as admin, HQueue("q", f"local://{tmp_path}") as queue:
+        queue.put(Message("t", b"old"), 0)
+        admin.truncate_queue("q")  # (the clock stands still: the same millisecond)
+        (new,) = queue.put(Message("t", b"new"), 0)
+        info = admin.engine.queue_info("q", fresh=True)
+    assert new.timestamp > info.id_floor and new.to_bytes() >= oldest_kept(info)

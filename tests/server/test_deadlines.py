@@ -192,3 +192,64 @@ def test_a_put_whose_owner_was_never_found_is_not_outcome_unknown():
             engine.put("q", [Message("t", b"x")], 0)
         assert not isinstance(raised.value, OutcomeUnknown) and puts == []
     engine.release()
+
+
+@pytest.fixture
+def slow_groups(tmp_path, monkeypatch):
+    """A server (in process, a thread per connection) whose group handlers answer late
+    when ``delays[name]`` says so; ``served[name]`` counts the calls each served."""
+    from hqueue.groups.service import GroupService
+    from hqueue.server.app import HQueueServer
+
+    delays: dict[str, list[float]] = {"receive": [], "ack": [], "describe": []}
+    served = {name: 0 for name in delays}
+
+    def slowed(name: str, method):
+        def call(self, *args, **kwargs):
+            served[name] += 1
+            answer = method(self, *args, **kwargs)
+            if delays[name] and (name != "receive" or answer[0]):  # (a receive: once it hands out)
+                time.sleep(delays[name].pop(0))
+            return answer
+
+        return call
+
+    for name, attribute in (("receive", "receive_columns"), ("ack", "ack_receipts"), ("describe", "describe")):
+        monkeypatch.setattr(GroupService, attribute, slowed(name, getattr(GroupService, attribute)))
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, io="threads", local_socket=False).start()
+    with HQueueAdmin(f"hqueue://{server.address}") as admin:
+        admin.create_queue("q", 1)
+    yield f"hqueue://{server.address}", delays, served
+    server.stop(grace=1)
+
+
+def test_a_slow_owner_s_group_calls_are_waited_for_not_given_up_nor_sent_again(slow_groups):
+    """A slow owner, still its partitions' owner, answers a group call within the call's
+    deadline: the call waits for it. Given up at a share of the deadline (as a paused
+    owner is, once its partitions moved), a receive's messages were leased to nobody and
+    counted failed (dead-lettered, with max_retries=0), and an ack or a describe slower
+    than the share was sent again and again until the deadline (a review)."""
+    url, delays, served = slow_groups
+    with HQueue("q", url, timeout=8) as queue, queue.consumer("g", member="m", lease=3, max_retries=0) as consumer:
+        queue.put([Message("t", b"x%d" % i) for i in range(3)], 0)
+        delays["receive"] = [3.5]  # (past the share: an eighth of 9 s, at least 2 s, after the 1 s wait)
+        got = consumer.receive(3, wait=1)
+        delays["ack"] = [4.5]
+        assert consumer.ack(got) == 3
+        delays["describe"] = [4.5]
+        with HQueueAdmin(url, timeout=8) as admin:
+            group = admin.describe_group("q", "g")
+
+        async def aio():
+            from hqueue.aio import AsyncHQueue
+
+            async with AsyncHQueue("q", url, timeout=8) as aqueue, aqueue.consumer("h", member="a") as member:
+                delays["receive"] = [3.5]
+                got = await member.receive(3, wait=1)
+                delays["ack"] = [4.5]
+                return len(got), await member.ack(got)
+
+        aio_got, aio_acked = asyncio.run(aio())
+    assert len(got) == 3 and group["dead_letters"] == 0 and group["partitions"][0]["lag_messages"] == 0
+    assert (aio_got, aio_acked) == (3, 3)
+    assert served["ack"] == 2 and served["describe"] == 1  # each sent once

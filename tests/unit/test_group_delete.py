@@ -19,7 +19,7 @@ OWNERS = ["127.0.0.1:1", "127.0.0.1:2"]
 def owners_answering(found: set[str], calls: list[str]):
     """A server call at each owner: those in ``found`` delete, the others have no such group."""
 
-    def call_at(owner, method, *args, queue=None, pid=-1):
+    def call_at(owner, method, *args, queue=None, pid=-1, **_):  # (share, at_share, late)
         calls.append(owner)
         if owner not in found:
             raise GroupNotFound(queue, args[1])

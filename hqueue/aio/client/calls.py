@@ -9,8 +9,8 @@ from ...rpc.operations import Operation
 
 def aremote(operation: Operation):
     """The awaitable client method of a declared operation, for a class with ``_engine``
-    (an AsyncRemoteEngine) and, for operations every owner answers, ``_owners(queue)``:
-    :func:`hqueue.client.calls.remote`, awaited."""
+    (an AsyncRemoteEngine) and, for operations every owner answers, ``_each_owner(queue,
+    method, *args)``: :func:`hqueue.client.calls.remote`, awaited."""
 
     async def call(self, *args: Any, **kwargs: Any) -> Any:
         bound = operation.bind(args, kwargs)
@@ -18,15 +18,8 @@ def aremote(operation: Operation):
         queue = bound.get("queue")
         engine = self._engine
         if operation.merge is not None:  # every partition owner answers for its own, by one deadline
-            answers = []
-            with engine.deadline():
-                for owner in await self._owners(queue):
-                    try:
-                        answer = await engine._call_at(owner, operation.thrift, *wire_args, queue=queue)
-                    except operation.absent:  # it had nothing of it: left out of the merge
-                        continue
-                    answers.append(operation.result.back(answer))
-            return operation.merge(answers, **bound)
+            answers = await self._each_owner(queue, operation.thrift, *wire_args, absent=operation.absent)
+            return operation.merge([operation.result.back(a) for a in answers], **bound)
         return operation.result.back(await engine._call(operation.thrift, *wire_args, queue=queue))
 
     call.__name__ = call.__qualname__ = operation.method

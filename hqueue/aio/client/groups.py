@@ -16,8 +16,9 @@ from typing import Any
 
 from ...checks import check_partition
 from ...client.groups import LOCATION_REFRESH, RetryState, receipts_by_owner, received_pairs
+from ...client.silent import group_call_unanswered, next_share
 from ...config import UNSEEN
-from ...errors import DeadlineExceeded, HQueueError, NoPartitionOwner, NotPartitionOwner, ServerUnavailable
+from ...errors import HQueueError, NoPartitionOwner, NotPartitionOwner, ServerUnavailable
 from ...message import Message, MessageID
 from ...rpc import operations as op
 from ...rpc import wire
@@ -59,21 +60,45 @@ class AsyncRemoteGroups:
     async def _owners(self, name: str, fresh: bool = False) -> list[str]:
         return sorted({owner for owner in await self._group_locations(name, fresh) if owner})
 
-    async def _at(
-        self, retry: RetryState, owner: str, method: str, *args: Any, queue: str, wait: float = 0.0, late: Any = None
-    ) -> Any:
-        """``method`` at the partitions' ``owner``, waiting for its answer a share of the
-        deadline, as the blocking client's ``_at``."""
-        now = asyncio.get_running_loop().time()
-        until = retry.owner_until(owner, now, wait)
-        with self._engine.deadline_at(until):
+    async def _at(self, owner: str, method: str, *args: Any, queue: str, wait: float = 0.0, late: Any = None) -> Any:
+        """``method`` at the partitions' ``owner``, given up once the owner is named no more
+        while no answer comes (as the blocking client's ``_at``): a timer at each share
+        reads the owners; given up, the call is cancelled (an answer read later goes to
+        ``late``: a receive's deliveries are given back)."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with self._engine.deadline() as deadline:
+            moved: list[bool] = []
             try:
-                return await self._engine._call_at(owner, method, *args, queue=queue, late=late)
-            except DeadlineExceeded as e:
-                failure = retry.unanswered(owner, method, e, until, now)
-                if failure is e:
+                async with asyncio.timeout(None) as cut:
+
+                    async def look() -> None:  # (a task only once a share passed: rare)
+                        self._engine._silent.mark(owner)
+                        try:
+                            named = owner in await self._group_locations(queue, fresh=True)
+                        except HQueueError:  # (none could say: wait on)
+                            named = True
+                        if not named:
+                            moved.append(True)
+                            cut.reschedule(loop.time())
+                        else:
+                            timer[0] = loop.call_at(next_share(deadline, loop.time()), watch)
+
+                    def watch() -> None:
+                        looks.append(loop.create_task(look()))
+
+                    looks: list[asyncio.Task[None]] = []
+                    timer = [loop.call_at(next_share(deadline - wait, started) + wait, watch)]
+                    try:
+                        return await self._engine._call_at(owner, method, *args, queue=queue, late=late)
+                    finally:
+                        timer[0].cancel()
+                        for task in looks:
+                            task.cancel()
+            except TimeoutError:
+                if not moved:
                     raise
-                raise failure from e
+                raise group_call_unanswered(owner, method, loop.time() - started) from None
 
     async def receive(
         self,
@@ -120,7 +145,7 @@ class AsyncRemoteGroups:
                     call = ("groupReceive", queue, group, member, max_messages, int(lease * 1000), wait_ms)
                     arrived = partial(self._orphaned, key, owner, lease, late)
                     try:
-                        deliveries = await self._at(retry, owner, *call, queue=queue, wait=wait_ms / 1000, late=arrived)
+                        deliveries = await self._at(owner, *call, queue=queue, wait=wait_ms / 1000, late=arrived)
                     except ServerUnavailable as e:
                         retry.noted(e)
                         failed = True
@@ -215,7 +240,7 @@ class AsyncRemoteGroups:
                     for chunk in wire.receipt_chunks(mine):
                         try:
                             args = (queue, *before, wire.pack_rowkeys(chunk), *after)
-                            total += await self._at(retry, owner, method, *args, queue=queue)
+                            total += await self._at(owner, method, *args, queue=queue)
                         except (NotPartitionOwner, ServerUnavailable) as e:
                             retry.noted(e)
                             failed += chunk
@@ -238,22 +263,39 @@ class AsyncRemoteGroups:
         return await self._receipts_call(queue, rowkeys, "groupExtend", (group, member), (max(1, int(lease * 1000)),))
 
     async def leave(self, queue: str, group: str, member: str) -> None:
-        with self._engine.deadline() as deadline:
-            retry = _Retry(self._engine, deadline)
+        with self._engine.deadline():
             for owner in await self._owners(queue):
                 try:
-                    await self._at(retry, owner, "groupLeave", queue, group, member, queue=queue)
+                    await self._at(owner, "groupLeave", queue, group, member, queue=queue)
                 except ServerUnavailable:
                     pass  # its leases run out there
 
     async def heartbeat(self, queue: str, group: str, member: str) -> None:
-        with self._engine.deadline() as deadline:
-            retry = _Retry(self._engine, deadline)
+        with self._engine.deadline():
             for owner in await self._owners(queue):
                 try:
-                    await self._at(retry, owner, "groupHeartbeat", queue, group, member, queue=queue)
+                    await self._at(owner, "groupHeartbeat", queue, group, member, queue=queue)
                 except ServerUnavailable:
                     self._locations_checked.pop(queue, None)
+
+    async def _each_owner(
+        self, queue: str, method: str, *args: Any, absent: tuple[type[Exception], ...] = ()
+    ) -> list[Any]:
+        """``method`` at every partition owner, by one deadline, following the owners as
+        partitions move (as the blocking client's ``_each_owner``)."""
+        with self._engine.deadline() as deadline:
+            retry = _Retry(self._engine, deadline)
+            while True:
+                try:
+                    answers = []
+                    for owner in await self._owners(queue, retry.take_fresh()):
+                        try:
+                            answers.append(await self._at(owner, method, *args, queue=queue))
+                        except absent:  # it had nothing of it: left out
+                            continue
+                    return answers
+                except ServerUnavailable as e:
+                    await retry.failed(e)
 
     names = aremote(op.LIST_GROUPS)
     describe = aremote(op.DESCRIBE_GROUP)

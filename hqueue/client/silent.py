@@ -10,6 +10,7 @@ seconds: a client that waited for it until each call's deadline stood still as l
 from __future__ import annotations
 
 import random
+import socket
 import time
 
 from ..errors import DeadlineExceeded, OutcomeUnknown, ServerUnavailable
@@ -32,6 +33,11 @@ def server_share(deadline: float, now: float, servers_left: int) -> float:
 SILENT_FOR = 30.0
 
 
+def endpoint(sockaddr: tuple) -> str:
+    """``ip:port`` of a resolved socket address."""
+    return f"{sockaddr[0]}:{sockaddr[1]}"
+
+
 class SilentServers:
     """Servers that lately gave no answer within a try's share (a paused one, most likely):
     a client asks them last, for :data:`SILENT_FOR` seconds. A paused server among the
@@ -39,10 +45,32 @@ class SilentServers:
     deadline, again at each one), and a put's look for its partition's new owner asked it first too."""
 
     def __init__(self) -> None:
+        #: Until when each endpoint ("ip:port", each its address resolves to) is asked last.
         self._until: dict[str, float] = {}
+        #: Each address's endpoints, resolved once: a seed spelled "localhost:9700" is the
+        #: owner that advertises "127.0.0.1:9700" (and was asked first though silent).
+        self._endpoints: dict[str, tuple[str, ...]] = {}
+
+    def _resolved(self, address: str) -> tuple[str, ...]:
+        known = self._endpoints.get(address)
+        if known is None:
+            host, _, port = address.rpartition(":")
+            try:
+                infos = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)
+                known = tuple(sorted({endpoint(info[4]) for info in infos})) or (address,)
+            except (OSError, ValueError, UnicodeError):  # (not resolved now: as it is spelled)
+                known = (address,)
+            self._endpoints[address] = known
+        return known
 
     def mark(self, address: str) -> None:
-        self._until[address] = time.monotonic() + SILENT_FOR
+        until = time.monotonic() + SILENT_FOR
+        for endpoint in self._resolved(address):
+            self._until[endpoint] = until
+
+    def silent(self, address: str) -> bool:
+        """Whether ``address`` (however it is spelled) gave no answer lately."""
+        return any(endpoint in self._until for endpoint in self._resolved(address))
 
     def put_unanswered(self, owner: str, error: DeadlineExceeded, until: float, deadline: float) -> None:
         """A put at ``owner`` got no answer by ``until`` (:func:`silent_owner_at`): ``error`` again
@@ -63,7 +91,7 @@ class SilentServers:
             for address, until in list(self._until.items()):
                 if until <= now:
                     self._until.pop(address, None)
-            servers.sort(key=self._until.__contains__)  # (stable: still random within each)
+            servers.sort(key=self.silent)  # (stable: still random within each)
         return servers
 
 

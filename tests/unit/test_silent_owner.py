@@ -92,3 +92,15 @@ def test_a_put_never_sent_to_its_silent_owner_goes_to_the_new_owner(scripted):
     engine = scripted(answer_at=None, moved_to="new:2", sends=False)
     assert put(engine) == "IDs"
     assert [a for a, _, _ in engine.sent] == ["owner:1", "new:2"]
+
+
+def test_a_silent_server_is_asked_last_however_its_address_is_spelled():
+    """A server marked silent by the address it advertises (an owner's) was asked first
+    by reads through a seed spelled otherwise ("localhost:9700" for "127.0.0.1:9700")."""
+    from hqueue.client.silent import SilentServers
+
+    servers = SilentServers()
+    servers.mark("127.0.0.1:9700")
+    for _ in range(20):  # (the order is random within each kind)
+        assert servers.order(["localhost:9700", "127.0.0.2:9700"])[-1] == "localhost:9700"
+    assert not servers.silent("127.0.0.1:9701") and not servers.silent("no such host.invalid:9700")

@@ -69,6 +69,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
+from functools import partial
 from typing import Any
 
 from thriftpy2.thrift import TException
@@ -98,7 +99,7 @@ from ..scanner import Scan
 from .cursor import RemoteCursor
 from .groups import RemoteGroups
 from .pool import NotSent, Pool
-from .silent import SilentServers, server_share, silent_owner_at, still_owner
+from .silent import SilentServers, next_share, owner_gone, server_share, silent_owner_at, still_owner
 from .subscriptions import RemoteSubscriptions
 
 logger = logging.getLogger(__name__)
@@ -425,6 +426,44 @@ class RemoteEngine:
                     raise wire.from_thrift_error(e, queue, pid) from e
         raise AssertionError("unreachable")
 
+    def _owns(self, owner: str, name: str, partition_id: int) -> bool:
+        """Whether ``owner`` owns the partition, read afresh."""
+        locations = self.locations(name, fresh=True)
+        return partition_id < len(locations) and locations[partition_id] == owner
+
+    def _call_watched(
+        self,
+        owner: str,
+        method: str,
+        *args: Any,
+        queue: str,
+        pid: int = -1,
+        wait: float = 0.0,
+        named: Callable[[], bool],
+        gone: Callable[[float], HQueueError],
+    ) -> Any:
+        """``method`` at a partition's ``owner``. While no answer comes, ``named()`` (does it
+        own what the call is about, read afresh from the other servers first?) is asked at
+        each share of the deadline (:func:`~hqueue.client.silent.next_share`, after the
+        ``wait`` the call asks for): named no more (paused past its session: its partitions
+        moved), the call is given up with ``gone(seconds waited)``; still named (slow, not
+        paused), it is waited for to the deadline, and not sent again."""
+        started = time.monotonic()
+        with self.deadline() as deadline:
+
+            def at_share() -> float | None:
+                self._silent.mark(owner)  # (the reads ask it last)
+                try:
+                    still = named()
+                except HQueueError:  # (none could say: wait on)
+                    still = True
+                if not still:
+                    raise gone(time.monotonic() - started)
+                return next_share(deadline, time.monotonic())
+
+            share = next_share(deadline - wait, started) + wait
+            return self._call_at(owner, method, *args, queue=queue, pid=pid, share=share, at_share=at_share)
+
     def _call(self, method: str, *args, queue: str | None = None):
         """A call any server can answer: try each, in random order (those lately silent
         last), until the deadline. A call that changes something goes to a second server
@@ -556,7 +595,11 @@ class RemoteEngine:
                         looking = False
                         resent = unsure is not None
                         if lane is None:
-                            return self._call_at(owner, method, name, *args, queue=name, pid=partition_id)
+                            return self._call_watched(
+                                owner, method, name, *args, queue=name, pid=partition_id,
+                                named=partial(self._owns, owner, name, partition_id),
+                                gone=partial(owner_gone, name, partition_id, what, owner, idempotent),
+                            )  # fmt: skip
                         return self._put_at_owner(name, partition_id, what, owner, deadline, method, args, lane, resent)
                     problem = NotPartitionOwner(name, partition_id, None)
                 except (NotPartitionOwner, ServerUnavailable) as e:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from ..checks import check_partition, receipt_partition
@@ -26,7 +27,7 @@ from ..message import Message, MessageID, checked_receipts, messages_from_column
 from ..rpc import operations as op
 from ..rpc import packed, wire
 from .calls import remote
-from .silent import group_call_unanswered, next_share
+from .silent import group_call_unanswered
 
 logger = logging.getLogger(__name__)
 
@@ -58,26 +59,14 @@ class RemoteGroups:
         return sorted({owner for owner in self._group_locations(name, fresh) if owner})
 
     def _at(self, owner: str, method: str, *args: Any, queue: str, wait: float = 0.0) -> Any:
-        """``method`` at the partitions' ``owner``. While no answer comes, the owners are
-        read again at each share of the deadline (:func:`owner_share`, after a receive's
-        ``wait``): an owner named no more (paused past its session: its partitions moved)
-        is given up, a ServerUnavailable its caller goes on from at the new owners; one
-        still named (slow, not paused) is waited for, to the deadline, the call not sent again."""
-        started = time.monotonic()
-        with self._engine.deadline() as deadline:
-
-            def at_share() -> float | None:
-                self._engine._silent.mark(owner)  # (the reads ask it last)
-                try:
-                    named = owner in self._group_locations(queue, fresh=True)
-                except HQueueError:  # (none could say: wait on)
-                    named = True
-                if not named:
-                    raise group_call_unanswered(owner, method, time.monotonic() - started)
-                return next_share(deadline, time.monotonic())
-
-            share = next_share(deadline - wait, started) + wait
-            return self._engine._call_at(owner, method, *args, queue=queue, share=share, at_share=at_share)
+        """``method`` at the partitions' ``owner``, given up once it owns none of the queue's
+        partitions while no answer comes (RemoteEngine._call_watched): a ServerUnavailable
+        its caller goes on from at the new owners."""
+        return self._engine._call_watched(
+            owner, method, *args, queue=queue, wait=wait,
+            named=lambda: owner in self._group_locations(queue, fresh=True),
+            gone=partial(group_call_unanswered, owner, method),
+        )  # fmt: skip
 
     def receive(
         self, queue: str, group: str, member: str, max_messages: int, lease: float, wait: float

@@ -13,7 +13,7 @@ import random
 import socket
 import time
 
-from ..errors import DeadlineExceeded, OutcomeUnknown, ServerUnavailable
+from ..errors import DeadlineExceeded, HQueueError, NotPartitionOwner, OutcomeUnknown, ServerUnavailable
 
 #: The least time a read any server can answer gives one server (see :func:`server_share`):
 #: a read slower than that is not answered by a server that has more seeds after it.
@@ -153,12 +153,28 @@ def still_owner(name: str, partition_id: int, what: str, silent: str, owner: str
         raise owner_moved(name, partition_id, what, silent, owner, seconds)
 
 
-def owner_moved(name: str, partition_id: int, what: str, silent: str, owner: str, seconds: float) -> OutcomeUnknown:
-    """The OutcomeUnknown of a put whose owner went silent and whose partition moved meanwhile."""
+#: What to do about a put whose outcome is unknown; another call's (``advice``) says its own.
+PUT_ADVICE = "scan for it, or put it again and accept a possible duplicate"
+
+
+def owner_moved(
+    name: str, partition_id: int, what: str, silent: str, owner: str, seconds: float, advice: str = PUT_ADVICE
+) -> OutcomeUnknown:
+    """The OutcomeUnknown of a put (or another call: ``advice``) whose owner went silent and
+    whose partition moved meanwhile."""
     return OutcomeUnknown(
         f"{what} to {name!r} partition {partition_id}: sent to hqueue server {silent}, which gave no answer in "
-        f"{seconds:.1f}s, and {owner or 'no server'} owns the partition now: it may have been written before the "
-        "takeover, so it is not sent again (scan for it, or put it again and accept a possible duplicate)",
+        f"{seconds:.1f}s, and {owner or 'no server'} owns the partition now: it may have taken effect before the "
+        f"takeover, so it is not sent again ({advice})",
         name,
         partition_id,
     )
+
+
+def owner_gone(name: str, partition_id: int, what: str, silent: str, idempotent: bool, seconds: float) -> HQueueError:
+    """What a call at a partition's owner (a timer's cancel, a group's replay) raises once
+    the silent owner owns the partition no more: one that may go twice is a
+    NotPartitionOwner (sent to the new owner), another is OutcomeUnknown at once."""
+    if idempotent:
+        return NotPartitionOwner(name, partition_id, None)
+    return owner_moved(name, partition_id, what, silent, "another server", seconds, "see whether it took effect")

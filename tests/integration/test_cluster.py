@@ -206,11 +206,16 @@ def test_a_put_at_a_paused_owner_is_outcome_unknown_early_and_the_next_goes_to_t
     The paused server, resumed, writes none of them."""
     a, b, url = two_servers_with_queue(cluster)
     mine = wait_for(lambda: owners(f"hqueue://{a.address}").index(a.address) + 1, 20, "a to hold one") - 1
-    with HQueue("orders", url, timeout=24) as queue:
+    with HQueue("orders", url, timeout=24) as queue, HQueue("orders", url, timeout=24) as timers:
         queue.put(Message("order", b"before"), mine)  # the client caches a as the owner
+        (timer,) = timers.put(Message("order", b"timer"), mine, delay=600)  # so does this one
         a.pause()
         try:
             wait_for(lambda: owners(f"hqueue://{b.address}") == [b.address] * PARTITIONS, 30, "b to take over")
+            began = time.monotonic()
+            with pytest.raises(OutcomeUnknown, match="see whether it took effect"):
+                timers.cancel(timer)  # (a cancel sent twice could say False for one it cancelled)
+            cancelled = time.monotonic() - began
             started = time.monotonic()
             with pytest.raises(OutcomeUnknown, match="owns the partition now"):
                 queue.put(Message("order", b"unknown"), mine)
@@ -234,7 +239,7 @@ def test_a_put_at_a_paused_owner_is_outcome_unknown_early_and_the_next_goes_to_t
             a.resume()
     # Not the 24 s deadline: an eighth of it at the owner, the look, and, when the client's copy of the
     # queue's definition ran out meanwhile, its read, which may give the paused seed its share first (12 s)
-    assert blocking < 20 and waited < 20 and next_put < 6, (blocking, waited, next_put)
+    assert blocking < 20 and waited < 20 and next_put < 6 and cancelled < 20, (blocking, waited, next_put, cancelled)
     time.sleep(2.0)  # a, resumed, is fenced: nothing it held is written now
     with HQueue("orders", f"hqueue://{b.address}") as queue:
         stored = {m.value: m.id for m in queue.scan(partition_id=mine)}

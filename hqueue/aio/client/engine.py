@@ -16,7 +16,8 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any
 
 from thriftpy2.thrift import TException
@@ -36,7 +37,14 @@ from ...client.engine import (
     past_deadline,
     queue_description,
 )
-from ...client.silent import SilentServers, server_share, silent_owner_at, still_owner
+from ...client.silent import (
+    SilentServers,
+    next_share,
+    owner_gone,
+    server_share,
+    silent_owner_at,
+    still_owner,
+)
 from ...config import INFO_CACHE_SECONDS, QueueInfo, QueueState
 from ...errors import (
     DeadlineExceeded,
@@ -340,6 +348,62 @@ class AsyncRemoteEngine:
     async def cancel_timer(self, name: str, timer: Timer) -> bool:
         return await self.owner_call(name, timer.partition_id, "cancel", "cancelTimer", wire.to_ttimer(timer))
 
+    async def _owns(self, owner: str, name: str, partition_id: int) -> bool:
+        """Whether ``owner`` owns the partition, read afresh."""
+        locations = await self.locations(name, fresh=True)
+        return partition_id < len(locations) and locations[partition_id] == owner
+
+    async def _call_watched(
+        self,
+        owner: str,
+        method: str,
+        *args: Any,
+        queue: str,
+        pid: int = -1,
+        wait: float = 0.0,
+        late: Callable[[Any], None] | None = None,
+        named: Callable[[], Awaitable[bool]],
+        gone: Callable[[float], HQueueError],
+    ) -> Any:
+        """``method`` at a partition's ``owner``, given up with ``gone(seconds)`` once
+        ``named()`` says it owns what the call is about no more while no answer comes (as
+        the blocking client's ``_call_watched``): a timer at each share starts the look; given
+        up, the call is cancelled (an answer read after goes to ``late``)."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with self.deadline() as deadline:
+            moved: list[bool] = []
+            try:
+                async with asyncio.timeout(None) as cut:
+
+                    async def look() -> None:  # (a task only once a share passed: rare)
+                        self._silent.mark(owner)  # (the reads ask it last)
+                        try:
+                            still = await named()
+                        except HQueueError:  # (none could say: wait on)
+                            still = True
+                        if not still:
+                            moved.append(True)
+                            cut.reschedule(loop.time())
+                        else:
+                            timer[0] = loop.call_at(next_share(deadline, loop.time()), watch)
+
+                    def watch() -> None:
+                        looks.append(loop.create_task(look()))
+
+                    looks: list[asyncio.Task[None]] = []
+                    timer = [loop.call_at(next_share(deadline - wait, started) + wait, watch)]
+                    try:
+                        return await self._call_at(owner, method, *args, queue=queue, pid=pid, late=late)
+                    finally:
+                        timer[0].cancel()
+                        for task in looks:
+                            task.cancel()
+            except TimeoutError:
+                if not moved:
+                    raise
+                raise gone(loop.time() - started) from None
+
     async def owner_call(
         self,
         name: str,
@@ -369,7 +433,11 @@ class AsyncRemoteEngine:
                         looking = False
                         resent = unsure is not None
                         if lane is None:
-                            return await self._call_at(owner, method, name, *args, queue=name, pid=partition_id)
+                            return await self._call_watched(
+                                owner, method, name, *args, queue=name, pid=partition_id,
+                                named=partial(self._owns, owner, name, partition_id),
+                                gone=partial(owner_gone, name, partition_id, what, owner, idempotent),
+                            )  # fmt: skip
                         return await self._put_at_owner(
                             name, partition_id, what, owner, deadline, method, args, lane, resent
                         )

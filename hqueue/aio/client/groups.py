@@ -16,7 +16,7 @@ from typing import Any
 
 from ...checks import check_partition
 from ...client.groups import LOCATION_REFRESH, RetryState, receipts_by_owner, received_pairs
-from ...client.silent import group_call_unanswered, next_share
+from ...client.silent import group_call_unanswered
 from ...config import UNSEEN
 from ...errors import HQueueError, NoPartitionOwner, NotPartitionOwner, ServerUnavailable
 from ...message import Message, MessageID
@@ -61,44 +61,17 @@ class AsyncRemoteGroups:
         return sorted({owner for owner in await self._group_locations(name, fresh) if owner})
 
     async def _at(self, owner: str, method: str, *args: Any, queue: str, wait: float = 0.0, late: Any = None) -> Any:
-        """``method`` at the partitions' ``owner``, given up once the owner is named no more
-        while no answer comes (as the blocking client's ``_at``): a timer at each share
-        reads the owners; given up, the call is cancelled (an answer read later goes to
-        ``late``: a receive's deliveries are given back)."""
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        with self._engine.deadline() as deadline:
-            moved: list[bool] = []
-            try:
-                async with asyncio.timeout(None) as cut:
+        """``method`` at the partitions' ``owner``, given up once it owns none of the queue's
+        partitions while no answer comes (as the blocking client's ``_at``; an answer read
+        after goes to ``late``: a receive's deliveries are given back)."""
 
-                    async def look() -> None:  # (a task only once a share passed: rare)
-                        self._engine._silent.mark(owner)
-                        try:
-                            named = owner in await self._group_locations(queue, fresh=True)
-                        except HQueueError:  # (none could say: wait on)
-                            named = True
-                        if not named:
-                            moved.append(True)
-                            cut.reschedule(loop.time())
-                        else:
-                            timer[0] = loop.call_at(next_share(deadline, loop.time()), watch)
+        async def named() -> bool:
+            return owner in await self._group_locations(queue, fresh=True)
 
-                    def watch() -> None:
-                        looks.append(loop.create_task(look()))
-
-                    looks: list[asyncio.Task[None]] = []
-                    timer = [loop.call_at(next_share(deadline - wait, started) + wait, watch)]
-                    try:
-                        return await self._engine._call_at(owner, method, *args, queue=queue, late=late)
-                    finally:
-                        timer[0].cancel()
-                        for task in looks:
-                            task.cancel()
-            except TimeoutError:
-                if not moved:
-                    raise
-                raise group_call_unanswered(owner, method, loop.time() - started) from None
+        return await self._engine._call_watched(
+            owner, method, *args, queue=queue, wait=wait, late=late,
+            named=named, gone=partial(group_call_unanswered, owner, method),
+        )  # fmt: skip
 
     async def receive(
         self,

@@ -453,8 +453,10 @@ class RemoteEngine:
 
             def at_share() -> float | None:
                 self._silent.mark(owner)  # (the reads ask it last)
+                now = time.monotonic()
                 try:
-                    still = named()
+                    with self.deadline_at(min(deadline, next_share(deadline, now))):  # (the answer may come meanwhile)
+                        still = named()
                 except HQueueError:  # (none could say: wait on)
                     still = True
                 if not still:

@@ -193,15 +193,16 @@ class RemoteGroups:
         raises ``absent`` is left out of the answers."""
         with self._engine.deadline() as deadline:
             retry = _Retry(self._engine, deadline)
+            answered: dict[str, Any] = {}  # each owner's latest answer, across rounds
             while True:
                 try:
-                    answers = []
-                    for owner in self._owners(queue, retry.take_fresh()):
+                    owners = self._owners(queue, retry.take_fresh())
+                    for owner in owners:
                         try:
-                            answers.append(self._at(owner, method, *args, queue=queue))
-                        except absent:  # it had nothing of it: left out
+                            answered[owner] = self._at(owner, method, *args, queue=queue)
+                        except absent:  # it had nothing of it (or no more: a delete it answered before)
                             continue
-                    return answers
+                    return [answered[owner] for owner in owners if owner in answered]
                 except ServerUnavailable as e:
                     retry.failed(e)
 

@@ -57,17 +57,20 @@ class _Bounded:
     _armed: tuple[float, float] = (0.0, -1.0)  # (when, for which instant) the timeout was set
     _got = False  # a byte of the answer came since the request went
 
-    def _arm(self) -> None:
+    def _arm(self, reading: bool) -> None:
         until = self.deadline
         if until is None or self.sock is None:
             return
         share = self.share
-        if share is not None and share < until and not self._got:
-            until = share
+        if reading and share is not None and share < until and not self._got:
+            until = share  # (the share bounds the wait for an answer only: a send has the deadline)
         now = time.monotonic()
         left = until - now
         if left <= 0:
-            raise TimeoutError("the call's deadline passed")
+            if reading and until == self.deadline and readable_now(self.sock):  # (come while an owner look ran)
+                left = ARM_SLACK
+            else:
+                raise TimeoutError("the call's deadline passed")
         armed_at, armed_for = self._armed
         if armed_for == until and now - armed_at < ARM_SLACK:
             return
@@ -88,7 +91,7 @@ class _Bounded:
     def read(self, sz: int) -> bytes:
         while True:
             try:
-                self._arm()
+                self._arm(True)
                 data: bytes = super().read(sz)  # type: ignore[misc]
                 break
             except TimeoutError:
@@ -121,7 +124,7 @@ class _Bounded:
 
     def write(self, buf: bytes) -> None:
         self._got = False
-        self._arm()
+        self._arm(False)
         super().write(buf)  # type: ignore[misc]
 
 

@@ -31,6 +31,8 @@ def server_share(deadline: float, now: float, servers_left: int) -> float:
 
 #: Seconds a server that gave no answer within a try's share is asked last by its client.
 SILENT_FOR = 30.0
+#: Seconds a client trusts the addresses a server's name resolved to (SilentServers).
+RESOLVED_FOR = 60.0
 
 
 def endpoint(sockaddr: tuple) -> str:
@@ -44,24 +46,29 @@ class SilentServers:
     seeds otherwise took a share of every read that drew it first (up to half a 24 s
     deadline, again at each one), and a put's look for its partition's new owner asked it first too."""
 
-    def __init__(self) -> None:
+    def __init__(self, resolve: bool = True) -> None:
         #: Until when each endpoint ("ip:port", each its address resolves to) is asked last.
         self._until: dict[str, float] = {}
-        #: Each address's endpoints, resolved once: a seed spelled "localhost:9700" is the
-        #: owner that advertises "127.0.0.1:9700" (and was asked first though silent).
-        self._endpoints: dict[str, tuple[str, ...]] = {}
+        #: Each address's endpoints and when they were resolved: a seed spelled
+        #: "localhost:9700" is the owner that advertises "127.0.0.1:9700" (and was asked
+        #: first though silent). Names are looked up only when ``resolve`` (an event loop's
+        #: client must not wait on DNS: its addresses are compared as IP literals only).
+        self._endpoints: dict[str, tuple[float, tuple[str, ...]]] = {}
+        self._flags = 0 if resolve else socket.AI_NUMERICHOST
 
     def _resolved(self, address: str) -> tuple[str, ...]:
+        now = time.monotonic()
         known = self._endpoints.get(address)
-        if known is None:
-            host, _, port = address.rpartition(":")
-            try:
-                infos = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)
-                known = tuple(sorted({endpoint(info[4]) for info in infos})) or (address,)
-            except (OSError, ValueError, UnicodeError):  # (not resolved now: as it is spelled)
-                known = (address,)
-            self._endpoints[address] = known
-        return known
+        if known is not None and now - known[0] < RESOLVED_FOR:
+            return known[1]
+        host, _, port = address.rpartition(":")
+        try:
+            infos = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM, flags=self._flags)
+        except (OSError, ValueError, UnicodeError):  # (a name not looked up, or not now: as it is spelled)
+            return (address,)
+        endpoints = tuple(sorted({endpoint(info[4]) for info in infos})) or (address,)
+        self._endpoints[address] = (now, endpoints)
+        return endpoints
 
     def mark(self, address: str) -> None:
         until = time.monotonic() + SILENT_FOR

@@ -573,7 +573,7 @@ def test_answer_frames_cut_anywhere_are_read_whole_by_the_blocking_client():
             return self.chunks.pop(0)
 
     class Stream(_Bounded, Source):
-        def _arm(self) -> None:
+        def _arm(self, reading: bool) -> None:
             pass
 
     answers = _listing_answer("a", seqid=1) + _listing_answer("b", seqid=2)

@@ -253,3 +253,38 @@ def test_a_slow_owner_s_group_calls_are_waited_for_not_given_up_nor_sent_again(s
     assert len(got) == 3 and group["dead_letters"] == 0 and group["partitions"][0]["lag_messages"] == 0
     assert (aio_got, aio_acked) == (3, 3)
     assert served["ack"] == 2 and served["describe"] == 1  # each sent once
+
+
+def test_an_answer_that_comes_while_the_owners_are_read_is_not_lost(slow_groups, monkeypatch):
+    """The look for the owners at a share ran on the call's thread, bounded only by the
+    call's deadline: an answer that came meanwhile sat unread, and the call raised
+    DeadlineExceeded (a receive's messages leased to nobody). Nor may a connection slower
+    to open than the share end the call before any look (a review)."""
+    from hqueue.client.pool import Connection
+    from hqueue.server.handler import QueueCalls
+
+    url, delays, served = slow_groups
+    locations = QueueCalls.getQueueLocations
+    with HQueue("q", url, timeout=4) as queue, queue.consumer("g", member="m", lease=30) as consumer:
+        queue.put([Message("t", b"x%d" % i) for i in range(4)], 0)
+        got = consumer.receive(4, wait=0.2)
+        delays["ack"] = [2.5]  # (past the share: 2 s)
+        slow = [6.0]
+
+        def slow_locations(self, queue_name):
+            if slow:
+                time.sleep(slow.pop())
+            return locations(self, queue_name)
+
+        monkeypatch.setattr(QueueCalls, "getQueueLocations", slow_locations)
+        assert consumer.ack(got[:2]) == 2  # answered at 2.5 s, read at the 4 s deadline the look took
+        opened = Connection.__init__
+
+        def slow_open(self, *args, **kwargs):
+            time.sleep(2.5)
+            opened(self, *args, **kwargs)
+
+        monkeypatch.setattr(Connection, "__init__", slow_open)
+        for pool in queue.engine._pools.values():
+            pool.close()  # (the next call opens a connection, slowly)
+        assert consumer.ack(got[2:]) == 2

@@ -104,7 +104,7 @@ class AsyncRemoteEngine:
         self._locations: dict[str, list[str]] = {}
         self._infos: dict[str, tuple[float, QueueInfo]] = {}
         self._lanes = Lanes()  # puts' lanes (requests.py)
-        self._silent = SilentServers()
+        self._silent = SilentServers(resolve=False)  # (no DNS lookup on the loop)
         #: Answers read for callers that were cancelled (_answer_later).
         self._answering: set[asyncio.Task[None]] = set()
         self.groups = AsyncRemoteGroups(self)

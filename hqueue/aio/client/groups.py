@@ -258,15 +258,16 @@ class AsyncRemoteGroups:
         partitions move (as the blocking client's ``_each_owner``)."""
         with self._engine.deadline() as deadline:
             retry = _Retry(self._engine, deadline)
+            answered: dict[str, Any] = {}  # each owner's latest answer, across rounds
             while True:
                 try:
-                    answers = []
-                    for owner in await self._owners(queue, retry.take_fresh()):
+                    owners = await self._owners(queue, retry.take_fresh())
+                    for owner in owners:
                         try:
-                            answers.append(await self._at(owner, method, *args, queue=queue))
-                        except absent:  # it had nothing of it: left out
+                            answered[owner] = await self._at(owner, method, *args, queue=queue)
+                        except absent:  # it had nothing of it (or no more: a delete it answered before)
                             continue
-                    return answers
+                    return [answered[owner] for owner in owners if owner in answered]
                 except ServerUnavailable as e:
                     await retry.failed(e)
 

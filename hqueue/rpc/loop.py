@@ -61,7 +61,7 @@ from typing import Any, Protocol
 
 from ..errors import ServerBusy
 from .connections import Connection, _current, current_connection
-from .frames import _HEAD, MAX_DECLARED, FrameError, FrameReader, call_head, check_call
+from .frames import _HEAD, MAX_DECLARED, FrameError, FrameReader, TooManyItems, call_head, check_call
 from .threaded import ThreadedServer, bare, logger
 from .workers import Workers
 
@@ -369,6 +369,12 @@ class LoopServer(ThreadedServer):
         """Run one whole call: here, if its handler may run on the loop; else on a worker."""
         try:
             check_call(frame, self.limits.max_items)
+        except TooManyItems as e:
+            try:
+                self._answered(link, self.too_many_items(frame, e))
+            except FrameError as failure:
+                self._fail(link, failure)
+            return
         except FrameError as e:
             self._fail(link, e)
             return

@@ -72,7 +72,7 @@ from .connections import (
     each_connection,
 )
 from .dispatch import CachedProcessor
-from .frames import FrameError, FrameReader, check_call
+from .frames import FrameError, FrameReader, TooManyItems, call_head, check_call
 from .places import Places, fit_descriptors
 from .unix import widen
 from .wire import SCAN_REPLY_BYTES as BIGGEST_ANSWER
@@ -459,7 +459,10 @@ class ThreadedServer(TThreadedServer):
         (and what the call makes of them) take memory.
         """
         if not checked:
-            check_call(frame, self.limits.max_items)
+            try:
+                check_call(frame, self.limits.max_items)
+            except TooManyItems as e:
+                return self.too_many_items(frame, e)
         trans = TCyMemoryBuffer(frame)
         del frame
         api, seqid, result, call = self.processor.process_in(self.iprot_factory.get_protocol(trans))
@@ -484,6 +487,19 @@ class ThreadedServer(TThreadedServer):
         if not result.oneway:
             self.processor.send_result(oprot, api, result, seqid)
         return out.getvalue()
+
+    def too_many_items(self, frame: bytes | bytearray, error: TooManyItems) -> bytes:
+        """The reply to a whole call over ``max_items`` container elements: its method's
+        LimitExceeded (FrameError, the connection closed, if no typed error can say it)."""
+        method, seqid = call_head(frame)
+        self.log.warning("refused", "refused %s: %s", method, error)
+        limit = LimitExceeded(
+            "max_items",
+            self.limits.max_items,
+            f"{method}: {error} (at most {self.limits.max_items:,}: this server's limit); split the call "
+            "(a scan of that many topics: scan without topics, or in parts)",
+        )
+        return self._refusal(method, seqid, limit)
 
     def _refusal(self, method: str, seqid: int, error: HQueueError) -> bytes:
         """The reply to a call refused unread: ``method``'s result with the typed error.

@@ -64,6 +64,9 @@ logger = logging.getLogger(__name__)
 
 _META_PREFIX = b"queue/"
 _KV_PREFIX = b"meta/"
+#: A queue being truncated (its families dropped and made again: not atomic): a store
+#: opened with the mark finishes the truncate first.
+_TRUNCATING_PREFIX = b"truncating/"
 _CF_PREFIX = "q."
 _INDEX_CF_PREFIX = "i."
 #: The index family's memtable (RocksDB's default is 64 MiB).
@@ -149,14 +152,16 @@ class EmbeddedStorage(Healing, Storage):
         #: The topic-index families, of the queues that have the index.
         self._index_families: dict[str, rocksdict.Rdict] = {}
         self._index_handles: dict[str, rocksdict.ColumnFamily] = {}
+        #: Whether RocksDB failed in a way only a reopen cures (a full disk).
+        self._failed = False
         for key, value in self._db.items(from_key=_META_PREFIX):
             if not key.startswith(_META_PREFIX):
                 break
             info = QueueInfo.from_json(value)
             self._infos[info.name] = info
+        self._finish_truncates()
+        for info in self._infos.values():
             self._bind(info)
-        #: Whether RocksDB failed in a way only a reopen cures (a full disk).
-        self._failed = False
         self._last_reopen = 0.0
         self._closed = threading.Event()
         self._fences = LocalFences(self.get_meta, self.put_meta)
@@ -318,15 +323,42 @@ class EmbeddedStorage(Healing, Storage):
         self._heal()
         with self._lock:
             info = self.get_queue(name)
-            # Dropping and re-creating the families frees the space at once,
-            # where a range delete would wait for compaction.
-            families = [_CF_PREFIX + name] + ([_INDEX_CF_PREFIX + name] if name in self._index_families else [])
-            self._unbind(name)
-            for family in families:
-                self._guard(self._db.drop_column_family, family)
-                self._guard(self._db.create_column_family, family, _family_options(family))
-            self._bind(info)
+            # Dropping and re-creating the families frees the space at once, where a range
+            # delete would wait for compaction. Not atomic: a process killed between the steps
+            # left a queue without its family (the store could not be opened again, any queue
+            # of it) or an index whose entries name messages that are gone (an attacker's
+            # pass). The mark makes the next open finish the truncate.
+            mark = _TRUNCATING_PREFIX + name.encode()
+            self._guard(self._db.put, mark, b"", self._write_options[Durability.SYNC_WAL])
+            self._remake_families(name)  # (the handles stay bound meanwhile: a read under way
+            self._bind(info)  # sees the dropped families, not QueueNotFound; _bind replaces them)
             self._infos[name] = info
+            self._guard(self._db.delete, mark, self._write_options[Durability.SYNC_WAL])
+
+    def _remake_families(self, name: str) -> None:
+        """Drop the queue's families (data and topic index) that exist, and make its data family again, empty
+        (:meth:`_bind` makes the index family of a queue that has the index)."""
+        existing = rocksdict.Rdict.list_cf(self.path, _options())
+        for family in (_CF_PREFIX + name, _INDEX_CF_PREFIX + name):
+            if family in existing:
+                self._guard(self._db.drop_column_family, family)
+        family = _CF_PREFIX + name
+        self._guard(self._db.create_column_family, family, _family_options(family))
+
+    def _finish_truncates(self) -> None:
+        """At open: finish the truncates a process was killed in (their marks), and make the
+        family of a queue that has none (a crash in a truncate before the marks existed)."""
+        marks = [key for key, _ in self._db.items(from_key=_TRUNCATING_PREFIX) if key.startswith(_TRUNCATING_PREFIX)]
+        existing = set(rocksdict.Rdict.list_cf(self.path, _options()))
+        for name in self._infos:
+            mark = _TRUNCATING_PREFIX + name.encode()
+            if mark in marks or _CF_PREFIX + name not in existing:
+                logger.warning(
+                    "embedded store %s: finishing the truncate of %s that a crash cut short", self.path, name
+                )
+                self._remake_families(name)
+        for mark in marks:
+            self._db.delete(mark, self._write_options[Durability.SYNC_WAL])
 
     # -- cells ----------------------------------------------------------------
 

@@ -43,6 +43,9 @@ class Healing:
     def _unbind(self, name: str) -> None:
         raise NotImplementedError
 
+    def _finish_truncates(self) -> None:
+        raise NotImplementedError
+
     def _guard(self, call, *args, **kwargs):
         """Run a rocksdict call, turning its bare exceptions into StorageError."""
         try:
@@ -94,6 +97,7 @@ class Healing:
                 self._db = self._open()
             except StorageError as e:
                 raise StorageError(f"embedded store {self.path} failed and cannot reopen yet: {e}") from e
+            self._finish_truncates()
             for info in self._infos.values():
                 self._bind(info)
             self._failed = False

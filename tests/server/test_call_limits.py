@@ -407,3 +407,24 @@ def test_a_budget_too_small_for_a_scan_answer_is_warned_of(tmp_path, caplog):
         "less than one scan answer (16777216): one client that stops reading can hold more than its share and "
         "the whole budget" in caplog.text
     )
+
+
+@pytest.mark.parametrize("io", ["loop", "threads"])
+def test_a_call_over_the_container_limit_is_a_typed_error_and_the_connection_goes_on(tmp_path, io):
+    """A scan naming 100,001 topics through a server: the server closed the connection,
+    and the client tried again until its deadline (30 s), then said the server had
+    closed it (an attacker's pass). A whole frame over the element limit is refused with
+    LimitExceeded, at once, and the connection serves the next call."""
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, io=io).start()
+    try:
+        url = f"hqueue://{server.address}"
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("q", 1)
+        with HQueue("q", url) as queue:
+            queue.put(Message("t1", b"x"), 0)
+            with pytest.raises(LimitExceeded, match="max_items|at most 100,000") as raised:
+                list(queue.scan(topics=[b"t%d" % i for i in range(100_001)], partition_id=0))
+            assert raised.value.limit == "max_items"
+            assert [m.value for m in queue.scan(topics=["t1"])] == [b"x"]
+    finally:
+        server.stop()

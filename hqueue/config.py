@@ -100,7 +100,14 @@ def check_config(config: object) -> dict[str, str]:
         for text in (key, value):
             if _as_utf8(text) is not text:
                 raise InvalidArgument(f"'config': {_as_utf8(text)!r} is not valid UTF-8 text")
+    flag = config.get(TOPIC_INDEX_KEY)
+    if flag is not None and flag.lower() not in _TRUE + _FALSE:  # ('on' made a queue without it, silently)
+        raise InvalidArgument(f"'config': {TOPIC_INDEX_KEY} must be true or false, got {flag!r}")
     return config
+
+
+#: The spellings of a config flag (``hqueue.topicIndex``), as true and as false.
+_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 
 
 def _is_text_map(config: object) -> TypeGuard[dict[str, str]]:
@@ -234,7 +241,7 @@ class QueueInfo:
     @property
     def topic_index(self) -> bool:
         """Whether puts also write the per-topic index (``hqueue.topicIndex``, SPEC X4)."""
-        return self.config.get(TOPIC_INDEX_KEY, "false").lower() in ("true", "1", "yes")
+        return self.config.get(TOPIC_INDEX_KEY, "false").lower() in _TRUE
 
     def evolve(self, **changes: Any) -> QueueInfo:
         return replace(self, **changes)

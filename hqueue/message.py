@@ -194,7 +194,10 @@ class Topic(bytes):
 
 def _as_topic(topic: str | bytes) -> bytes:
     if isinstance(topic, str):
-        topic = topic.encode()
+        try:
+            topic = topic.encode()
+        except UnicodeEncodeError as e:  # (a lone surrogate: bytes that were not UTF-8, read as text)
+            raise InvalidMessage(f"'topic' {topic!r} is not UTF-8 text (give bytes): {e.reason}") from None
     elif not isinstance(topic, bytes):
         raise TypeError(f"'topic' must be str or bytes, not {type(topic).__name__}")
     if not topic:

@@ -261,3 +261,25 @@ def test_a_reclaim_with_nothing_expired_rewrites_nothing(tmp_path):
         storage.reclaim_expired("q")
         assert sorted(f["name"] for f in storage._db.live_files()) == files
         assert len(list(queue.scan(topics=["t7"]))) == 2
+
+
+@pytest.mark.parametrize("flag", ["on", "enabled", "tru"])
+def test_a_misspelled_index_flag_is_refused_not_a_queue_without_the_index(tmp_path, flag):
+    """``hqueue.topicIndex: 'on'`` made a queue without the index, silently (an attacker's pass)."""
+    with HQueueAdmin(f"local://{tmp_path}") as admin:
+        with pytest.raises(InvalidArgument, match="must be true or false"):
+            admin.create_queue("q", 1, config={"hqueue.topicIndex": flag})
+        admin.create_queue("yes", 1, config={"hqueue.topicIndex": "TRUE"})
+        assert admin.engine.queue_info("yes").topic_index
+
+
+def test_a_topic_that_is_not_utf8_text_is_an_invalid_message_not_a_unicode_error(tmp_path):
+    """A str topic holding a lone surrogate raised UnicodeEncodeError (an attacker's pass)."""
+    from hqueue import InvalidMessage
+
+    with pytest.raises(InvalidMessage, match="not UTF-8 text"):
+        Message("\udcff", b"x")
+    with HQueueAdmin(f"local://{tmp_path}") as admin:
+        admin.create_queue("q", 1)
+    with HQueue("q", f"local://{tmp_path}") as queue, pytest.raises(InvalidMessage):
+        list(queue.scan(topics=["\udcff"]))

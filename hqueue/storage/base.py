@@ -148,6 +148,12 @@ class Storage(abc.ABC):
     def last_rowkey(self, name: str, partition_id: int) -> bytes | None:
         """The highest rowkey stored in the partition, or None if empty."""
 
+    def scan_keys(self, name: str, start_key: bytes, stop_key: bytes, limit: int) -> list[bytes]:
+        """The keys :meth:`scan` would give (no topic filter), without their values: at most
+        ``limit``. A backend that can read keys alone does (a read of many topics through the
+        index picks its messages by key first: storage/embedded.py); this one reads the cells."""
+        return [key for key, _ in self.scan(name, start_key, stop_key, None, limit)]
+
     @abc.abstractmethod
     def estimate_count(self, name: str) -> int | None:
         """A cheap estimate of the number of stored messages; None if the backend has none."""

@@ -427,6 +427,18 @@ class EmbeddedStorage(Healing, Storage):
             return list(islice(items, limit))
         return until_bytes(islice(items, limit), max_bytes)
 
+    def scan_keys(self, name: str, start_key: bytes, stop_key: bytes, limit: int) -> list[bytes]:
+        self._heal()
+        family = self._family(name)
+        if start_key[:2] == INDEX_PREFIX:
+            family = self._index_families.get(name, family)
+        start_key = max(start_key, self._ttl_floor(name, start_key))
+        if start_key >= stop_key:
+            return []
+        options = rocksdict.ReadOptions()
+        options.set_iterate_upper_bound(stop_key)
+        return list(islice(self._guard(family.keys, from_key=start_key, read_opt=options), limit))
+
     def _ttl_floor(self, name: str, key: bytes) -> bytes:
         cutoff = ttl_cutoff(self._infos[name]) if name in self._infos else None
         return ttl_start(key, cutoff) if cutoff is not None else b""

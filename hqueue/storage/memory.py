@@ -150,6 +150,16 @@ class MemoryStorage(Storage):
                 return list(islice(cells, limit))
             return until_bytes(islice(cells, limit), max_bytes)
 
+    def scan_keys(self, name: str, start_key: bytes, stop_key: bytes, limit: int) -> list[bytes]:
+        with self._data.lock:
+            queue = self._queue(name)
+            cutoff = ttl_cutoff(queue.info)
+            if cutoff is not None:
+                start_key = max(start_key, ttl_start(start_key, cutoff))
+            keys = queue.keys
+            at, end = bisect_left(keys, start_key), bisect_left(keys, stop_key)
+            return keys[at : min(max(at, end), at + limit)]
+
     def last_rowkey(self, name: str, partition_id: int) -> bytes | None:
         with self._data.lock:
             keys = self._queue(name).keys

@@ -375,5 +375,7 @@ due_time = _time_callback(as_due)
 def topic_bytes(ctx: Any, param: Any, value: tuple[str, ...]) -> tuple[bytes, ...]:
     """A click callback: topics as the bytes given, even when they are not UTF-8, read as
     ``scan`` prints them (``\\xff`` is the byte 0xff, ``\\\\`` a backslash: commands.unescape),
-    as the shell and the console read them."""
+    as the shell and the console read them. An empty one is a usage error (status 2)."""
+    if any(not topic for topic in value):
+        raise click.BadParameter("a topic must not be empty", ctx=ctx, param=param)
     return tuple(unescape(os.fsencode(topic)) for topic in value)

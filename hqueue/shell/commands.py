@@ -323,9 +323,13 @@ def scan(shell: Shell, name: Any, given: Any = None) -> Result:
     topics = options.get("TOPICS")
     if topics is not None and not (isinstance(topics, list) and all(isinstance(t, str) for t in topics)):
         raise UsageError("scan: TOPICS must be a list of quoted strings, as ['t1', 't2']")
+    for edge in ("START", "STOP"):
+        if f"{edge}ID" in options and f"{edge}TIME" in options:  # (the ID won, silently)
+            raise UsageError(f"scan: give {edge}ID or {edge}TIME, not both")
     first, last = (
-        _time("scan", f"{edge}TIME", options[f"{edge}ID"] if f"{edge}ID" in options else options.get(f"{edge}TIME"))
+        _time("scan", key, options.get(key))
         for edge in ("START", "STOP")
+        for key in (f"{edge}ID" if f"{edge}ID" in options else f"{edge}TIME",)
     )
     messages = shell.queue(name).scan(
         first, last, [to_bytes(t) for t in topics] if topics else None,

@@ -76,6 +76,7 @@ def test_user_errors_are_one_line_and_exit_1_and_values_refused_exit_2(run):
     assert run("create", "q", "0").exit_code == 2  # out of range: a usage error, as click reports them
     assert run("scan", "q", "--start", "whenever").exit_code == 2
     assert run("create", "q", "1", "--config", "novalue").exit_code == 2
+    assert run("scan", "other", "--topic", "").exit_code == 2  # (it was 1: an empty topic is a refused value)
 
 
 def test_demo_runs_the_main_job(run):

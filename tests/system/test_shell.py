@@ -171,6 +171,8 @@ def test_list_describe_scan_count_print_tables_and_timing(run):
         ("create 'bad name', 3, 0", "invalid queue name 'bad name'"),
         ("scan 'q1', {COLUMNS => 1}", "scan: unknown option(s) COLUMNS"),
         ("scan 'q1', {STARTTIME => 'yesterday'}", "not a message ID or ISO time"),
+        ("scan 'q1', {STARTID => '1:99999'}", "scan: 'STARTID': 'sequence' must be in"),  # (it said STARTTIME)
+        ("scan 'q1', {STARTID => '1:1', STARTTIME => '2026-01-01'}", "give STARTID or STARTTIME, not both"),
         ("put 'q1', 't', 'v', 99", "PARTITION must be in 0..3"),
         ("help 'nope'", "no command 'nope'"),
         ("add_subscriber 'nope', 's'", "queue 'nope' does not exist"),

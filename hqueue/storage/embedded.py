@@ -513,6 +513,7 @@ class EmbeddedStorage(Healing, Storage):
         # Only the ranges that hold something expired are deleted and compacted: compacting the
         # whole queue each pass rewrote all of it (345 MB every 5 minutes for a 330 MB queue
         # with nothing expired).
+        messages_expired = False
         for pid in range(info.partitions):
             for start, stop in (
                 (partition_prefix(pid), encode_rowkey(pid, cutoff)),
@@ -520,10 +521,14 @@ class EmbeddedStorage(Healing, Storage):
             ):
                 # (timers overdue by more than the TTL expire as their messages would have: timers.py)
                 if _holds_any(family, start, stop):
+                    messages_expired |= start == partition_prefix(pid)
                     family.delete_range(start, stop)
                     family.compact_range(start, stop)
         index = self._index_families.get(name)
-        if index is not None:  # index entries sort by topic, not time: walk them (topic_index.py)
+        # Index entries sort by topic, not time: walk them (topic_index.py), but only when some
+        # message expired (an entry and its message are written and removed together): the walk
+        # read every entry each pass, 0.41 s a million, with nothing expired (an attacker's pass).
+        if index is not None and messages_expired:
             oldest, deleted = cutoff.to_bytes(), False
             for key in index.keys():  # (deleted as they are met: the walk reads a snapshot)
                 if expired(key, oldest):

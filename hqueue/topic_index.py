@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Collection, Iterator
-from itertools import groupby, islice
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from .config import TOPIC_INDEX_KEY, QueueInfo
@@ -142,8 +142,9 @@ def _merged(
     """:func:`scan` of several topics: their entries' keys first (each topic's a chunk at a
     time, its share of ``limit``, doubled each time the merge took all of the last), merged
     in message order up to ``limit``; then the values of those, in that order, until
-    ``max_bytes``. Reading each topic's first entry whole held one message per topic (64
-    messages of 4 MiB for a one-message read: 260 MB of server, an attacker's pass)."""
+    ``max_bytes``, read in windows that double (at most about twice the answer is read).
+    Reading each topic's first entry whole held one message per topic (64 messages of
+    4 MiB for a one-message read: 260 MB of server, an attacker's pass)."""
 
     def entry_keys(topic: bytes) -> Iterator[bytes]:
         start, stop = index_range(start_key, stop_key, topic, hash)
@@ -158,21 +159,31 @@ def _merged(
 
     chosen = list(islice(heapq.merge(*map(entry_keys, topics), key=message_key), limit))
     found: list[tuple[bytes, bytes]] = []
-    room = max_bytes
-    for _, run in groupby(chosen, key=lambda key: key[:HEAD_LENGTH]):  # (consecutive entries of one topic)
-        keys = list(run)
-        wanted = set(keys)
-        # (an entry's key is 10 bytes longer than its message's: the store's count, cut at
-        # ``room`` plus those, stops at or after the message that brings the answer to it)
-        asked = None if room is None else room + (len(keys[0]) - len(message_key(keys[0]))) * len(keys)
-        cells = storage.scan(info.name, keys[0], keys[-1] + b"\x00", None, len(keys) + COLLISIONS, asked)
-        taken = [(message_key(key), value) for key, value in cells if key in wanted]
-        found += taken
-        if room is not None:
-            room -= sum(len(key) + len(value) for key, value in taken)
-            if room <= 0 or len(taken) < len(keys):  # (cut short by bytes: the answer ends here)
-                break
-    return found if max_bytes is None else until_bytes(found, max_bytes)
+    room, at, window = max_bytes, 0, 1
+    while at < len(chosen):
+        # The next ``window`` of them (1, 2, 4…: twice as many each time the answer has room
+        # for them all): one read a topic for its part of it (a topic's entries in a window are
+        # contiguous in its index), not one a run of a topic (2 topics taking turns: a read each).
+        part, at = chosen[at : at + window], at + window
+        by_topic: dict[bytes, list[bytes]] = {}
+        for key in part:
+            by_topic.setdefault(key[:HEAD_LENGTH], []).append(key)
+        values: dict[bytes, bytes] = {}
+        for keys in by_topic.values():
+            wanted = set(keys)
+            cells = storage.scan(info.name, keys[0], keys[-1] + b"\x00", None, len(keys) + COLLISIONS)
+            values.update(cell for cell in cells if cell[0] in wanted)
+        for key in part:
+            value = values.get(key)
+            if value is None:  # (gone meanwhile: expired, truncated)
+                continue
+            found.append((message_key(key), value))
+            if room is not None:
+                room -= len(found[-1][0]) + len(value)
+                if room <= 0:
+                    return found
+        window *= 2
+    return found
 
 
 #: Entries of other topics (a hash collision) a read of one run of a topic's entries may meet.

@@ -89,6 +89,11 @@ def test_a_read_of_many_topics_holds_about_one_answer_not_one_per_topic():
     storage.returned = 0
     keys, values = engine.scan_columns("q", b"\x00\x00", b"\x00\x01", frozenset(topics), 1, 1)
     assert values == [everything[0].value] and storage.returned == 1
+    # Two topics taking turns: their values are read a window at a time, not one read a message
+    storage.calls = 0
+    keys, values = engine.scan_columns("q", b"\x00\x00", b"\x00\x01", frozenset(topics[:2]), 30)
+    assert values == [m.value for m in everything if bytes(m.topic) in topics[:2]][:30]
+    assert storage.calls <= 2 * 5 + 2, storage.calls  # (windows 1, 2, 4, 8, 15: a read a topic each)
     engine.close()
 
 
@@ -150,11 +155,12 @@ class PuttingBetweenReads(MemoryStorage):
 
 
 class CountingStorage(MemoryStorage):
-    returned = 0
+    returned = calls = 0
 
     def scan(self, *args, **kwargs):
         cells = super().scan(*args, **kwargs)
         self.returned += len(cells)
+        self.calls += 1
         return cells
 
 

@@ -411,15 +411,10 @@ class EmbeddedStorage(Healing, Storage):
         limit: int = 1000,
         max_bytes: int | None = None,
     ) -> list[Cell]:
-        self._heal()
-        family = self._family(name)
-        if start_key[:2] == INDEX_PREFIX:
-            family = self._index_families.get(name, family)
-        start_key = max(start_key, self._ttl_floor(name, start_key))
-        if start_key >= stop_key:
+        reading = self._reading(name, start_key, stop_key)
+        if reading is None:
             return []
-        options = rocksdict.ReadOptions()
-        options.set_iterate_upper_bound(stop_key)
+        family, start_key, options = reading
         items = self._guard(family.items, from_key=start_key, read_opt=options)
         if topics is not None:
             items = (c for c in items if c[0][12:] in topics)
@@ -428,16 +423,27 @@ class EmbeddedStorage(Healing, Storage):
         return until_bytes(islice(items, limit), max_bytes)
 
     def scan_keys(self, name: str, start_key: bytes, stop_key: bytes, limit: int) -> list[bytes]:
+        reading = self._reading(name, start_key, stop_key)
+        if reading is None:
+            return []
+        family, start_key, options = reading
+        return list(islice(self._guard(family.keys, from_key=start_key, read_opt=options), limit))
+
+    def _reading(
+        self, name: str, start_key: bytes, stop_key: bytes
+    ) -> tuple[rocksdict.Rdict, bytes, rocksdict.ReadOptions] | None:
+        """Where a read of ``start_key <= key < stop_key`` goes: the family (the index's for
+        index keys), the first key the TTL keeps, and the read's bound; None: nothing there."""
         self._heal()
         family = self._family(name)
         if start_key[:2] == INDEX_PREFIX:
             family = self._index_families.get(name, family)
         start_key = max(start_key, self._ttl_floor(name, start_key))
         if start_key >= stop_key:
-            return []
+            return None
         options = rocksdict.ReadOptions()
         options.set_iterate_upper_bound(stop_key)
-        return list(islice(self._guard(family.keys, from_key=start_key, read_opt=options), limit))
+        return family, start_key, options
 
     def _ttl_floor(self, name: str, key: bytes) -> bytes:
         cutoff = ttl_cutoff(self._infos[name]) if name in self._infos else None

@@ -112,6 +112,16 @@ def test_scan_returns_key_order_within_the_range(storage, queue):
         assert got == sorted(c for c in cells if c[0][:2] == partition_prefix(pid))
 
 
+def test_scan_keys_gives_the_keys_scan_gives(storage, queue):
+    """scan_keys (a read of several indexed topics picks its messages with it: topic_index.py)."""
+    cells = [cell(0, ts, seq, topic=b"t%d" % seq, value=b"v" * 100) for ts in range(1, 21) for seq in (0, 1)]
+    storage.write(queue, cells, Durability.SYNC_WAL)
+    start, stop = encode_rowkey(0, MessageID(3)), encode_rowkey(0, MessageID(15))
+    assert storage.scan_keys(queue, start, stop, 1000) == [key for key, _ in storage.scan(queue, start, stop)]
+    assert storage.scan_keys(queue, start, stop, 5) == [key for key, _ in storage.scan(queue, start, stop, limit=5)]
+    assert storage.scan_keys(queue, stop, start, 10) == []
+
+
 def test_start_is_inclusive_stop_exclusive_and_limit_is_exact(storage, queue):
     storage.write(queue, [cell(0, ts) for ts in range(1, 11)], Durability.SYNC_WAL)
     start, stop = encode_rowkey(0, MessageID(3)), encode_rowkey(0, MessageID(8))

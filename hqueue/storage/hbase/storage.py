@@ -309,6 +309,22 @@ class HBaseStorage(FencedWrites, Storage):
         limit: int = 1000,
         max_bytes: int | None = None,
     ) -> list[Cell]:
+        return self._scan(name, start_key, stop_key, topics, limit, max_bytes)
+
+    def scan_keys(self, name: str, start_key: bytes, stop_key: bytes, limit: int) -> list[bytes]:
+        """The keys alone: HBase's KeyOnlyFilter leaves the values on the region server."""
+        return [key for key, _ in self._scan(name, start_key, stop_key, None, limit, None, keys_only=True)]
+
+    def _scan(
+        self,
+        name: str,
+        start_key: bytes,
+        stop_key: bytes,
+        topics: Collection[bytes] | None,
+        limit: int,
+        max_bytes: int | None,
+        keys_only: bool = False,
+    ) -> list[Cell]:
         if start_key >= stop_key:
             return []
         columns = [_COLUMN_PREFIX + t for t in sorted(topics)] if topics else [FAMILY]
@@ -324,6 +340,7 @@ class HBaseStorage(FencedWrites, Storage):
                 row_start=row_start,
                 row_stop=row_stop,
                 columns=columns,
+                filter=b"KeyOnlyFilter()" if keys_only else None,
                 # (a byte bound: rows fetched a few at a time, none past the bound's batch)
                 batch_size=min(rows_wanted, 1000 if max_bytes is None else 32),
                 limit=rows_wanted,

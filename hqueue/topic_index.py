@@ -101,20 +101,10 @@ def scan(
     answer, whatever the topic count."""
     hash = topic_hash(info)
     if len(topics) > 1:
-        # Each topic is a read of its own: one put meanwhile (of X, then of Y) could show in a
-        # later topic's read and not in an earlier one's, and a reader moving past the last
-        # message it got would skip X. Every read stops at what the partition held before the
-        # first: all of it is visible to every one of them.
-        last = storage.last_rowkey(info.name, int.from_bytes(start_key[:2], "big"))
-        if last is None:
-            return []
-        stop_key = min(stop_key, key_after(last))
-    chunk = max(1, -(-limit // len(topics)))
-    if len(topics) > 1:
-        return _merged(storage, info, start_key, stop_key, topics, limit, max_bytes, hash, chunk)
+        return _merged(storage, info, start_key, stop_key, topics, limit, max_bytes, hash)
     topic = next(iter(topics))
     start, stop = index_range(start_key, stop_key, topic, hash)
-    asked, room = chunk, max_bytes
+    asked, room = limit, max_bytes
     found: list[tuple[bytes, bytes]] = []
     while len(found) < limit:
         cells = storage.scan(info.name, start, stop, None, asked, room)
@@ -137,7 +127,6 @@ def _merged(
     limit: int,
     max_bytes: int | None,
     hash: TopicHash,
-    chunk: int,
 ) -> list[tuple[bytes, bytes]]:
     """:func:`scan` of several topics: their entries' keys first (each topic's a chunk at a
     time, its share of ``limit``, doubled each time the merge took all of the last), merged
@@ -145,6 +134,15 @@ def _merged(
     ``max_bytes``, read in windows that double (at most about twice the answer is read).
     Reading each topic's first entry whole held one message per topic (64 messages of
     4 MiB for a one-message read: 260 MB of server, an attacker's pass)."""
+    # Each topic is a read of its own: one put meanwhile (of X, then of Y) could show in a
+    # later topic's read and not in an earlier one's, and a reader moving past the last
+    # message it got would skip X. Every read stops at what the partition held before the
+    # first: all of it is visible to every one of them.
+    last = storage.last_rowkey(info.name, int.from_bytes(start_key[:2], "big"))
+    if last is None:
+        return []
+    stop_key = min(stop_key, key_after(last))
+    chunk = -(-limit // len(topics))
 
     def entry_keys(topic: bytes) -> Iterator[bytes]:
         start, stop = index_range(start_key, stop_key, topic, hash)

@@ -45,6 +45,16 @@ _STORES: dict[str, _Data] = {}
 _STORES_LOCK = threading.Lock()
 
 
+def _bounds(queue: _Queue, start_key: bytes, stop_key: bytes) -> tuple[int, int]:
+    """The positions in ``queue.keys`` of a read of ``start_key <= key < stop_key``, from the
+    first key its TTL keeps (call under the data's lock)."""
+    cutoff = ttl_cutoff(queue.info)
+    if cutoff is not None:
+        start_key = max(start_key, ttl_start(start_key, cutoff))
+    at = bisect_left(queue.keys, start_key)
+    return at, max(at, bisect_left(queue.keys, stop_key))
+
+
 def forget(name: str) -> None:
     """Drop the data of ``memory://name``."""
     with _STORES_LOCK:
@@ -138,12 +148,9 @@ class MemoryStorage(Storage):
     ) -> list[Cell]:
         with self._data.lock:
             queue = self._queue(name)
-            cutoff = ttl_cutoff(queue.info)
-            if cutoff is not None:
-                start_key = max(start_key, ttl_start(start_key, cutoff))
             keys, values = queue.keys, queue.values
-            at, end = bisect_left(keys, start_key), bisect_left(keys, stop_key)
-            cells = ((key, values[key]) for key in islice(keys, at, max(at, end)))
+            at, end = _bounds(queue, start_key, stop_key)
+            cells = ((key, values[key]) for key in islice(keys, at, end))
             if topics is not None:
                 cells = (cell for cell in cells if cell[0][12:] in topics)
             if max_bytes is None:
@@ -153,12 +160,8 @@ class MemoryStorage(Storage):
     def scan_keys(self, name: str, start_key: bytes, stop_key: bytes, limit: int) -> list[bytes]:
         with self._data.lock:
             queue = self._queue(name)
-            cutoff = ttl_cutoff(queue.info)
-            if cutoff is not None:
-                start_key = max(start_key, ttl_start(start_key, cutoff))
-            keys = queue.keys
-            at, end = bisect_left(keys, start_key), bisect_left(keys, stop_key)
-            return keys[at : min(max(at, end), at + limit)]
+            at, end = _bounds(queue, start_key, stop_key)
+            return queue.keys[at : min(end, at + limit)]
 
     def last_rowkey(self, name: str, partition_id: int) -> bytes | None:
         with self._data.lock:

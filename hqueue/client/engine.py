@@ -455,7 +455,7 @@ class RemoteEngine:
                 self._silent.mark(owner)  # (the reads ask it last)
                 now = time.monotonic()
                 try:
-                    with self.deadline_at(min(deadline, next_share(deadline, now))):  # (the answer may come meanwhile)
+                    with self.deadline_at(silent_owner_at(deadline, now)):  # (the answer may come meanwhile)
                         still = named()
                 except HQueueError:  # (none could say: wait on)
                     still = True
@@ -476,17 +476,15 @@ class RemoteEngine:
             for tried, address in enumerate(servers):
                 left = len(servers) - tried  # (servers still to try, this one too)
                 mine = deadline if method not in _READS else server_share(deadline, time.monotonic(), left)
-                token = _deadline.set((id(self), mine))
                 try:
-                    return self._call_at(address, method, *args, queue=queue)
+                    with self.deadline_at(mine):
+                        return self._call_at(address, method, *args, queue=queue)
                 except ServerUnavailable as e:
                     failures.append(e)
                     if isinstance(e, DeadlineExceeded) and mine < deadline:  # its share ran out: silent
                         self._silent.mark(address)
                     if (e.maybe_sent and method not in _IDEMPOTENT) or time.monotonic() >= deadline:
                         break
-                finally:
-                    _deadline.reset(token)
         error = (DeadlineExceeded if isinstance(failures[-1], DeadlineExceeded) else ServerUnavailable)(
             "no hqueue server answered: " + "; ".join(map(str, failures))
         )
@@ -629,15 +627,13 @@ class RemoteEngine:
         """A put at ``owner``, which goes silent (see :func:`silent_owner_at`) or answers."""
         started = time.monotonic()
         until = silent_owner_at(deadline, started)
-        token = _deadline.set((id(self), until))
         try:
-            return self._call_at(
-                owner, method, name, *args, wire.to_trequest(lane.request(resent)), queue=name, pid=pid
-            )
+            with self.deadline_at(until):
+                return self._call_at(
+                    owner, method, name, *args, wire.to_trequest(lane.request(resent)), queue=name, pid=pid
+                )
         except DeadlineExceeded as e:
             self._silent.put_unanswered(owner, e, until, deadline)
-        finally:
-            _deadline.reset(token)
         try:
             now_owner: str | None = self.locations(name, fresh=True)[pid]
         except (HQueueError, IndexError):

@@ -117,7 +117,7 @@ def silent_owner_at(deadline: float, now: float) -> float:
     put is not sent to the new owner: it may be half written at the paused one (an HBase
     write is undone by a writer the fence refuses, after the new owner could have read its
     record), so it is OutcomeUnknown at once, and the next puts go to the new owner."""
-    return min(deadline, now + owner_try(deadline, now))
+    return min(deadline, next_share(deadline, now))
 
 
 def owner_try(deadline: float, now: float) -> float:

@@ -250,17 +250,15 @@ class AsyncRemoteEngine:
             for tried, address in enumerate(servers):
                 left = len(servers) - tried  # (servers still to try, this one too)
                 mine = deadline if method not in _READS else server_share(deadline, clock(), left)
-                token = _deadline.set((id(self), mine))
                 try:
-                    return await self._call_at(address, method, *args, queue=queue)
+                    with self.deadline_at(mine):
+                        return await self._call_at(address, method, *args, queue=queue)
                 except ServerUnavailable as e:
                     failures.append(e)
                     if isinstance(e, DeadlineExceeded) and mine < deadline:  # its share ran out: silent
                         self._silent.mark(address)
                     if (e.maybe_sent and method not in _IDEMPOTENT) or clock() >= deadline:
                         break
-                finally:
-                    _deadline.reset(token)
         error = (DeadlineExceeded if isinstance(failures[-1], DeadlineExceeded) else ServerUnavailable)(
             "no hqueue server answered: " + "; ".join(map(str, failures))
         )
@@ -467,14 +465,12 @@ class AsyncRemoteEngine:
         clock = asyncio.get_running_loop().time
         started = clock()
         until = silent_owner_at(deadline, started)
-        token = _deadline.set((id(self), until))
         try:
-            request = wire.to_trequest(lane.request(resent))
-            return await self._call_at(owner, method, name, *args, request, queue=name, pid=pid)
+            with self.deadline_at(until):
+                request = wire.to_trequest(lane.request(resent))
+                return await self._call_at(owner, method, name, *args, request, queue=name, pid=pid)
         except DeadlineExceeded as e:
             self._silent.put_unanswered(owner, e, until, deadline)
-        finally:
-            _deadline.reset(token)
         try:
             now_owner: str | None = (await self.locations(name, fresh=True))[pid]
         except (HQueueError, IndexError):

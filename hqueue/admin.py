@@ -22,7 +22,7 @@ from .config import (
 from .connection import Connected
 from .deadletters import DeadLetterNote, dead_letter_queue, note_of
 from .errors import InvalidArgument, InvalidPartition, InvalidQueueName, NotAuthorized, QueueNotFound
-from .message import MAX_PARTITIONS, Message, MessageID, _as_topic, topics_of_keys
+from .message import MAX_PARTITIONS, Message, MessageID, topic_filter, topics_of_keys
 from .queue import HQueue, TimeLike, as_message_id
 from .scanner import Scan, read_columns
 from .topic_index import config_for as topic_index_config
@@ -337,7 +337,7 @@ def subscriber_scope(
             if not 0 <= pid < MAX_PARTITIONS:
                 raise InvalidPartition(f"a partition id in 'partitions' must be in 0..{MAX_PARTITIONS - 1}, got {pid}")
             starts[pid] = as_message_id(start, "partitions")
-    return (frozenset(_as_topic(t) for t in topics) if topics is not None else None), starts
+    return (frozenset(topic_filter(t) for t in topics) if topics is not None else None), starts
 
 
 def position_of(partition: int | str | None, position: MessageID | datetime | int) -> tuple[int | None, MessageID]:

@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 from operator import add
 from typing import Any, TypeVar
 
-from .config import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES, MAX_TOPIC_BYTES, QueueInfo
+from .config import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES, QueueInfo
 from .errors import BatchTooLarge, InvalidArgument, InvalidMessage, InvalidPartition, MessageTooLarge
-from .message import Message, topics_of, values_of
+from .message import MAX_TOPIC_BYTES, Message, topics_of, values_of
 
 #: A consumer group's or subscriber's name: it is a znode and a store key.
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")

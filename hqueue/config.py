@@ -29,8 +29,6 @@ INFO_CACHE_SECONDS = 2.0
 
 #: Messages (topic + value) above this many bytes are rejected by default.
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-#: Topics above this many bytes are rejected.
-MAX_TOPIC_BYTES = 1024
 #: The most messages one put (a batch, atomic) may hold, on every backend and per server call.
 MAX_BATCH_MESSAGES = 10_000
 #: The most bytes (topics + values) one put may hold; frames stay far below the server's 64 MiB.

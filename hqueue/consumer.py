@@ -55,7 +55,7 @@ from .groups.limits import (
     check_wait,
 )
 from .groups.state import start_ms
-from .message import ROWKEY_LENGTH, Message, MessageID, Topic
+from .message import ROWKEY_LENGTH, Message, MessageID, Topic, topic_filter
 
 if TYPE_CHECKING:
     from .api import QueueHandle
@@ -171,12 +171,16 @@ def joining(
     check_group_name(group)
     if isinstance(topics, (str, bytes)):
         raise TypeError("'topics' must be a collection of topics, not one topic")
-    chosen = None if topics is None else frozenset(t.encode() if isinstance(t, str) else t for t in topics)
-    if chosen is not None and not all(isinstance(t, bytes) and t for t in chosen):
-        raise InvalidArgument("'topics' must be non-empty str or bytes")
+    chosen = None if topics is None else frozenset(map(_group_topic, topics))
     if chosen is not None and not chosen:  # (a group of no topic would take nothing; on the wire, all)
         raise InvalidArgument("'topics' names no topic: give at least one, or None for all of them")
     return Joining(chosen, start_ms(start), check_max_retries(max_retries), check_key_affinity(key_affinity))
+
+
+def _group_topic(topic: object) -> bytes:
+    if not isinstance(topic, (str, bytes)) or not topic:
+        raise InvalidArgument("'topics' must be non-empty str or bytes")
+    return topic_filter(topic)
 
 
 def member_name(member: str | None) -> str:

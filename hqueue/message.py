@@ -42,6 +42,8 @@ __all__ = [
 MAX_SEQUENCE = 32767
 #: A queue has 1..MAX_PARTITIONS partitions (partition ids are Java shorts).
 MAX_PARTITIONS = 32767
+#: Topics above this many bytes are rejected (a message's, and a read's or a group's).
+MAX_TOPIC_BYTES = 1024
 #: Bytes in a rowkey: 2 (partition) + 8 (timestamp) + 2 (sequence).
 ROWKEY_LENGTH = 12
 MAX_TIMESTAMP = 2**63 - 1
@@ -202,6 +204,15 @@ def _as_topic(topic: str | bytes) -> bytes:
         raise TypeError(f"'topic' must be str or bytes, not {type(topic).__name__}")
     if not topic:
         raise InvalidMessage("'topic' must not be empty")
+    return topic
+
+
+def topic_filter(topic: str | bytes) -> bytes:
+    """A topic a read or a group is to take (a scan's, a group's, a subscriber's): as a
+    message's topic, at most MAX_TOPIC_BYTES (none longer can be stored)."""
+    topic = _as_topic(topic)
+    if len(topic) > MAX_TOPIC_BYTES:
+        raise InvalidMessage(f"a topic has at most {MAX_TOPIC_BYTES} bytes; this one has {len(topic)}")
     return topic
 
 

@@ -30,9 +30,9 @@ from .message import (
     ROWKEY_LENGTH,
     Message,
     MessageID,
-    _as_topic,
     messages_from_columns,
     partition_prefix,
+    topic_filter,
 )
 
 logger = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ class Scan:
 
     def add_topic(self, topic: str | bytes) -> Scan:
         """Also return messages of ``topic``; returns the scan for chaining."""
-        self._topics.add(_as_topic(topic))
+        self._topics.add(topic_filter(topic))
         return self
 
     @property

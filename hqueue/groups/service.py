@@ -65,6 +65,7 @@ from ..message import (
     messages_from_columns,
     partition_prefix,
     successor,
+    topic_filter,
 )
 from .acks import GroupAcks
 from .affinity import KeyAffinity, check_key_affinity
@@ -165,6 +166,8 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
         info = self.engine.queue_info(queue, fresh=True)
         if not isinstance(start, int) or start < LATEST:
             raise InvalidArgument(f"'start' must be epoch ms >= 0 (or -1: the latest), got {start!r}")
+        for topic in topics or ():  # (a server's client may send any)
+            topic_filter(topic)
         wanted = GroupConfig(  # (no topics, or none named: all of them)
             frozenset(topics) if topics else None, start, max_retries, key_affinity=key_affinity
         )

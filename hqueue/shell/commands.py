@@ -23,7 +23,6 @@ from ..commands import Param, as_delay, as_due, as_time, stamp, table
 from ..commands.queues import LOCAL_TIMERS_NOTE
 from ..errors import HQueueError, InvalidArgument
 from ..message import Message, MessageID
-from ..scanner import Scan
 
 if TYPE_CHECKING:
     from ..admin import HQueueAdmin
@@ -320,22 +319,26 @@ SCAN_OPTIONS = {"LIMIT", "TOPICS", "STARTTIME", "STOPTIME", "STARTID", "STOPID",
 def scan(shell: Shell, name: Any, given: Any = None) -> Result:
     name = _text("scan", "the queue", name)
     options = _options("scan", given, SCAN_OPTIONS, ints=("LIMIT", "PARTITION"))
+    return Streamed(_scan_chunks(_read(shell, "scan", name, options, limit=options.get("LIMIT")))), None
+
+
+def _read(shell: Shell, command: str, name: str, options: dict, limit: int | None = None) -> Iterator[Message]:
+    """The messages of ``scan``'s and ``count``'s options (TOPICS, the edges, PARTITION)."""
     topics = options.get("TOPICS")
     if topics is not None and not (isinstance(topics, list) and all(isinstance(t, str) for t in topics)):
-        raise UsageError("scan: TOPICS must be a list of quoted strings, as ['t1', 't2']")
+        raise UsageError(f"{command}: TOPICS must be a list of quoted strings, as ['t1', 't2']")
     for edge in ("START", "STOP"):
         if f"{edge}ID" in options and f"{edge}TIME" in options:  # (the ID won, silently)
-            raise UsageError(f"scan: give {edge}ID or {edge}TIME, not both")
+            raise UsageError(f"{command}: give {edge}ID or {edge}TIME, not both")
     first, last = (
-        _time("scan", key, options.get(key))
+        _time(command, key, options.get(key))
         for edge in ("START", "STOP")
         for key in (f"{edge}ID" if f"{edge}ID" in options else f"{edge}TIME",)
     )
-    messages = shell.queue(name).scan(
+    return shell.queue(name).scan(
         first, last, [to_bytes(t) for t in topics] if topics else None,
-        partition_id=options.get("PARTITION"), limit=options.get("LIMIT"),
+        partition_id=options.get("PARTITION"), limit=limit,
     )  # fmt: skip
-    return Streamed(_scan_chunks(messages)), None
 
 
 def _scan_chunks(messages: Iterable[Message]) -> Iterator[tuple[str, int]]:
@@ -351,10 +354,18 @@ def _scan_chunks(messages: Iterable[Message]) -> Iterator[tuple[str, int]]:
         first = False
 
 
-@own("count 'queue'", "Count the messages (reads them all).", "count 'q1'", arity=(1, 1), read_only=True)
-def count(shell: Shell, name: Any) -> Result:
-    with shell.queue(_text("count", "the queue", name)).get_queue_scanner(Scan()) as scanner:
-        total = sum(1 for _ in scanner)
+@own(
+    "count 'queue'[, {TOPICS => ['t'], STARTTIME => 'time', STOPTIME => 'time', PARTITION => p}]",
+    "Count the messages (reads them all); the options are scan's.",
+    "count 'q1'",
+    "count 'q1', {TOPICS => ['t1'], PARTITION => 3}",
+    arity=(1, 2),
+    read_only=True,
+)
+def count(shell: Shell, name: Any, given: Any = None) -> Result:
+    name = _text("count", "the queue", name)
+    options = _options("count", given, SCAN_OPTIONS - {"LIMIT"}, ints=("PARTITION",))
+    total = sum(1 for _ in _read(shell, "count", name, options))
     return str(total), total
 
 

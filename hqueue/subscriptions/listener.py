@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from ..auth import PushCredentials, joined
 from ..checks import check_name
 from ..errors import HQueueError, InvalidArgument, SubscriberActive
-from ..message import Message, MessageID, TimeLike, _as_topic, as_message_id, messages_from_columns
+from ..message import Message, MessageID, TimeLike, as_message_id, messages_from_columns, topic_filter
 from .push import PushGuard, PushRefused, ephemeral_tls
 
 if TYPE_CHECKING:  # Thrift and kazoo load when a subscriber starts, not with hqueue
@@ -103,7 +103,7 @@ class Subscription:
         if topics is not None and not isinstance(topics, Iterable):
             raise TypeError(f"'topics' must be a collection of topics, not {type(topics).__name__}")
         self.name = name
-        self.topics: set[bytes] | None = {_as_topic(t) for t in topics} if topics else None
+        self.topics: set[bytes] | None = {topic_filter(t) for t in topics} if topics else None
         self.partitions: dict[int, MessageID | None] | None = None
         if dead_letter_after is not None and (
             not isinstance(dead_letter_after, int) or isinstance(dead_letter_after, bool) or dead_letter_after < 1
@@ -112,7 +112,7 @@ class Subscription:
         self.dead_letter_after = dead_letter_after
 
     def add_topic(self, topic: str | bytes) -> Subscription:
-        self.topics = (self.topics or set()) | {_as_topic(topic)}
+        self.topics = (self.topics or set()) | {topic_filter(topic)}
         return self
 
     def add_partitions(self, partitions: Iterable[int | tuple[int, TimeLike]] | Mapping[int, TimeLike]) -> Subscription:

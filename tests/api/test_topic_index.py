@@ -294,3 +294,21 @@ def test_a_topic_that_is_not_utf8_text_is_an_invalid_message_not_a_unicode_error
         admin.create_queue("q", 1)
     with HQueue("q", f"local://{tmp_path}") as queue, pytest.raises(InvalidMessage):
         list(queue.scan(topics=["\udcff"]))
+
+
+def test_a_read_or_group_of_a_topic_longer_than_any_message_can_have_is_refused(make_queue):
+    """A scan took topics over MAX_TOPIC_BYTES (none can be stored), through a server too
+    (an attacker's pass); groups and subscribers of such a topic are refused as well."""
+    from hqueue import InvalidMessage
+    from hqueue.message import MAX_TOPIC_BYTES
+
+    queue = make_queue(partitions=1)
+    queue.put(Message("t" * MAX_TOPIC_BYTES, b"longest"), 0)
+    assert [m.value for m in queue.scan(topics=["t" * MAX_TOPIC_BYTES])] == [b"longest"]
+    too_long = "t" * (MAX_TOPIC_BYTES + 1)
+    with pytest.raises(InvalidMessage, match=f"at most {MAX_TOPIC_BYTES} bytes"):
+        list(queue.scan(topics=[too_long]))
+    with pytest.raises(InvalidMessage, match=f"at most {MAX_TOPIC_BYTES} bytes"):
+        queue.consumer("g", topics=[too_long])
+    with pytest.raises(InvalidMessage, match=f"at most {MAX_TOPIC_BYTES} bytes"):
+        queue.engine.groups.open(queue.name, "g2", frozenset([too_long.encode()]), 0, 3)

@@ -158,6 +158,9 @@ def test_list_describe_scan_count_print_tables_and_timing(run):
     assert run("scan 'q1', {STARTTIME => '2000-01-01 00:00', STOPTIME => '2000-01-02'}")[1].startswith("0 row(s)")
     assert "durability" in run("describe 'q1'")[1]
     assert run("count 'q1'")[1].startswith("2\n")
+    assert run("count 'q1', {TOPICS => ['dump']}")[1].startswith("1\n")  # (it took no options)
+    assert run("count 'q1', {PARTITION => 2}")[1].startswith("1\n")
+    assert run("count 'q1', {STARTTIME => '2000-01-01', STOPTIME => '2000-01-02'}")[1].startswith("0\n")
     assert "store: local://" in run("status")[1]
 
 
@@ -174,6 +177,8 @@ def test_list_describe_scan_count_print_tables_and_timing(run):
         ("scan 'q1', {STARTID => '1:99999'}", "scan: 'STARTID': 'sequence' must be in"),  # (it said STARTTIME)
         ("scan 'q1', {STARTID => '1:1', STARTTIME => '2026-01-01'}", "give STARTID or STARTTIME, not both"),
         ("put 'q1', 't', 'v', 99", "PARTITION must be in 0..3"),
+        ("count 'q1', {LIMIT => 1}", "count: unknown option(s) LIMIT"),
+        ("count 'q1', {TOPICS => 't'}", "count: TOPICS must be a list"),
         ("help 'nope'", "no command 'nope'"),
         ("add_subscriber 'nope', 's'", "queue 'nope' does not exist"),
     ],

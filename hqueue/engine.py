@@ -441,6 +441,13 @@ class Engine:
         info = self.queue_info(name)
         return not (info.topic_index and topic_index.usable(topics))
 
+    def off_loop(self, name: str, topics: Collection[bytes] | None) -> bool:
+        """Whether a server runs a read of ``name`` for ``topics`` on a worker, not on its
+        event loop: one that may go through rows it does not return (:meth:`reads_past`), or
+        one that merges the index entries of more than ``topic_index.INLINE_TOPICS`` topics
+        (a read each; 64 topics of 4 MiB messages held the loop 0.3 s)."""
+        return self.reads_past(name, topics) or (topics is not None and len(topics) > topic_index.INLINE_TOPICS)
+
     def partition_locations(self, name: str) -> list[str]:
         """Where each partition is served: "" for all (this process reads them itself)."""
         return [""] * self.queue_info(name).partitions

@@ -77,6 +77,8 @@ def for_new_queue(info: QueueInfo) -> QueueInfo:
 
 #: A read of more topics than this scans the partition's rows instead.
 MAX_INDEXED_TOPICS = 64
+#: A server reads at most this many topics' index entries on its event loop; more, on a worker.
+INLINE_TOPICS = 4
 
 
 def usable(topics: Collection[bytes] | None) -> bool:

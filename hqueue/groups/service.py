@@ -326,10 +326,10 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
         keys, values, attempts = self.receive_columns(queue, name, member, max_messages, lease, wait)
         return list(zip(messages_from_columns(keys, values), attempts, strict=True))
 
-    def reads_past(self, queue: str, name: str) -> bool:
-        """Whether a receive may read through rows of other topics than the group's (it reads
-        some topics, and the queue has no topic index for them): Engine.reads_past."""
-        return self.engine.reads_past(queue, self._group(queue, name).config.topics)
+    def off_loop(self, queue: str, name: str) -> bool:
+        """Whether a server runs the group's receives on a worker (they may read through rows
+        of other topics than the group's, or merge many topics' index entries): Engine.off_loop."""
+        return self.engine.off_loop(queue, self._group(queue, name).config.topics)
 
     def receive_columns(
         self,

@@ -66,8 +66,8 @@ class GroupCalls(Calls):
             raise TypeError("'maxMessages', 'leaseMillis' and 'waitMillis' must be ints")
         wait = check_wait(waitMillis / 1000)  # refused here as on a worker, before any effect
         self._as(queue, group, member, "receive as")
-        if on_loop() and self.groups.reads_past(queue, group):
-            may_block()  # rows of other topics may be read through (no topic index): on a worker
+        if on_loop() and self.groups.off_loop(queue, group):
+            may_block()  # rows of other topics read through (no topic index), or many topics: on a worker
         # On the event loop, what is there now; none there, the wait goes to a worker.
         wait = 0 if on_loop() else wait
         keys, values, attempts = self.groups.receive_columns(

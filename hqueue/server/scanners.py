@@ -78,8 +78,9 @@ class ColumnScanner:
         # nothing between reads, and its start and read size may be moved.
         self._cursor = KeyRangeCursor(source, queue, partition_id, scan, caching)
         self.queue, self.partition_id, self.caching = queue, partition_id, caching
-        #: Its reads may go through rows of other topics (no topic index): run off the event loop.
-        self.reads_past = source.reads_past(queue, scan.topics)
+        #: Its reads may go through rows of other topics (no topic index), or merge many
+        #: topics' index entries: run off the event loop (Engine.off_loop).
+        self.off_loop = source.off_loop(queue, scan.topics)
         #: Bytes per cell read so far (None: nothing read yet).
         self._cell_bytes: float | None = None
         self._keys: Sequence[bytes] = ()
@@ -209,7 +210,7 @@ class ScannerRegistry:
         with self._lock:
             scanner = self._get(scanner_id, owner, principal)
             self._scanners[scanner_id] = (scanner, owner, time.monotonic())
-        if scanner.reads_past:
+        if scanner.off_loop:
             may_block()  # (on the event loop: the call goes to a worker, before it reads anything)
         return scanner.take(count, room)
 

@@ -99,7 +99,7 @@ from ..scanner import Scan
 from .cursor import RemoteCursor
 from .groups import RemoteGroups
 from .pool import NotSent, Pool
-from .silent import SilentServers, next_share, owner_gone, server_share, silent_owner_at, still_owner
+from .silent import SilentServers, maybe_went, next_share, owner_gone, server_share, silent_owner_at, still_owner
 from .subscriptions import RemoteSubscriptions
 
 logger = logging.getLogger(__name__)
@@ -634,12 +634,15 @@ class RemoteEngine:
                 )
         except DeadlineExceeded as e:
             self._silent.put_unanswered(owner, e, until, deadline)
-        try:
-            now_owner: str | None = self.locations(name, fresh=True)[pid]
-        except (HQueueError, IndexError):
-            now_owner = None
-        still_owner(name, pid, what, owner, now_owner, time.monotonic() - started)
-        return self._call_at(owner, method, name, *args, wire.to_trequest(lane.request(True)), queue=name, pid=pid)
+        with maybe_went():
+            try:  # (by the next share: the rest of the deadline is the put's, sent again)
+                with self.deadline_at(silent_owner_at(deadline, time.monotonic())):
+                    now_owner: str | None = self.locations(name, fresh=True)[pid]
+            except (HQueueError, IndexError):
+                now_owner = None
+            still_owner(name, pid, what, owner, now_owner, time.monotonic() - started)
+            request = wire.to_trequest(lane.request(True))
+            return self._call_at(owner, method, name, *args, request, queue=name, pid=pid)
 
     # -- timers (SPEC X1) ------------------------------------------------------------------
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import random
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from ..errors import DeadlineExceeded, HQueueError, NotPartitionOwner, OutcomeUnknown, ServerUnavailable
 
@@ -151,6 +153,19 @@ def not_sent_to(owner: str, error: ServerUnavailable) -> ServerUnavailable:
     failure = ServerUnavailable(f"hqueue server {owner}: silent, the put not sent: {error}")
     failure.maybe_sent = False
     return failure
+
+
+@contextmanager
+def maybe_went() -> Iterator[None]:
+    """Around what follows a put's first try, which may have reached its owner: a later try
+    that could not go (its deadline passed while the owner was looked for) leaves the put
+    unsure, not unsent. Said not sent, a put the resumed owner then wrote was put again by
+    its caller: a duplicate, a timer fired twice (an attacker's pass)."""
+    try:
+        yield
+    except ServerUnavailable as e:
+        e.maybe_sent = True
+        raise
 
 
 def still_owner(name: str, partition_id: int, what: str, silent: str, owner: str | None, seconds: float) -> None:

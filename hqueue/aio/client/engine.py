@@ -39,6 +39,7 @@ from ...client.engine import (
 )
 from ...client.silent import (
     SilentServers,
+    maybe_went,
     next_share,
     owner_gone,
     server_share,
@@ -471,13 +472,15 @@ class AsyncRemoteEngine:
                 return await self._call_at(owner, method, name, *args, request, queue=name, pid=pid)
         except DeadlineExceeded as e:
             self._silent.put_unanswered(owner, e, until, deadline)
-        try:
-            now_owner: str | None = (await self.locations(name, fresh=True))[pid]
-        except (HQueueError, IndexError):
-            now_owner = None
-        still_owner(name, pid, what, owner, now_owner, clock() - started)
-        request = wire.to_trequest(lane.request(True))
-        return await self._call_at(owner, method, name, *args, request, queue=name, pid=pid)
+        with maybe_went():
+            try:  # (by the next share: the rest of the deadline is the put's, sent again)
+                with self.deadline_at(silent_owner_at(deadline, clock())):
+                    now_owner: str | None = (await self.locations(name, fresh=True))[pid]
+            except (HQueueError, IndexError):
+                now_owner = None
+            still_owner(name, pid, what, owner, now_owner, clock() - started)
+            request = wire.to_trequest(lane.request(True))
+            return await self._call_at(owner, method, name, *args, request, queue=name, pid=pid)
 
     # -- scans and lifetime ---------------------------------------------------------
 

@@ -66,6 +66,7 @@ from .groups.limits import GroupLimits
 from .rpc.failures import unwrapped
 from .rpc.unix import short_unix_path, sweep_private
 from .services import open_local
+from .storage.embedded import forked_from_rocksdb
 from .storage.lockholder import lock_pid
 
 logger = logging.getLogger(__name__)
@@ -175,8 +176,9 @@ def open_store(url: str, group_limits: GroupLimits | None = None) -> Engine | St
             time.sleep(TAKEOVER_INTERVAL)  # the holder is starting: its socket comes next
         except StorageError as e:
             # A user the store directory's group lets in (its socket is 0660 then) may not
-            # write the store's own files: it uses the store through the serving process.
-            if _permission_denied(e) and os.path.exists(socket_path(url)):
+            # write the store's own files, nor a process forked from one that ran RocksDB
+            # open it: it uses the store through the serving process.
+            if _may_not_open(e) and os.path.exists(socket_path(url)):
                 _served(socket_path(url))  # (one this user may not connect to: said now)
                 return StoreClient(url)
             raise
@@ -202,9 +204,11 @@ def _served(path: str) -> bool:
         probe.close()
 
 
-def _permission_denied(error: StorageError) -> bool:
-    """The store's own files are not this user's to write (a user of the directory's group)."""
-    return "Permission denied" in str(error)
+def _may_not_open(error: StorageError) -> bool:
+    """The store's own files are not this user's to write (a user of the directory's group),
+    or this process may not run RocksDB (forked from one that did): it uses the store
+    through a process that serves it."""
+    return "Permission denied" in str(error) or forked_from_rocksdb() is not None
 
 
 def _open_and_serve(url: str, group_limits: GroupLimits | None) -> Engine:
@@ -322,10 +326,10 @@ class _Store:
             except StorageLocked:
                 return False
             except StorageError as e:
-                if not _permission_denied(e):
+                if not _may_not_open(e):
                     raise
                 self.denied = str(e)
-                return False  # a user of the directory's group: it waits for a holder that may open it
+                return False  # (a user of the directory's group, a forked child): it waits for one that may
         logger.info("took over the embedded store %s (its serving process is gone)", self.url)
         return True
 
@@ -355,9 +359,7 @@ class _TakeoverPool(Pool):
                 if deadline is None or time.monotonic() + delay >= deadline:
                     if self._store.denied is None:
                         raise
-                    why = (
-                        f"{e.cause}; no process serves the store, and this user may not open it ({self._store.denied})"
-                    )
+                    why = f"{e.cause}; no process serves the store, and this one may not open it ({self._store.denied})"
                     raise NotSent(PermissionError(why)) from e
             time.sleep(delay)
             delay = min(delay * 2, 0.25)

@@ -79,6 +79,25 @@ RECLAIM_INTERVAL = 300.0
 MAX_TOTAL_WAL_BYTES = 64 * 1024 * 1024
 
 
+#: The process that opened a RocksDB store first (RocksDB's background threads are its).
+_RAN_ROCKSDB: list[int] = []
+
+
+def forked_from_rocksdb() -> str | None:
+    """Why this process may not open an embedded store: it was forked from one that ran
+    RocksDB. A fork copies none of RocksDB's background threads, and their pool is its
+    parent's: a store opened in the child never flushes, so its writes stall once its
+    memtables are full, and its close waits for ever (an attacker's pass). None if it may."""
+    if not _RAN_ROCKSDB or _RAN_ROCKSDB[0] == os.getpid():
+        return None
+    return (
+        f"this process was forked from one (pid {_RAN_ROCKSDB[0]}) that ran RocksDB, whose background "
+        "threads a fork does not copy: a store opened here would stall at its first flush. Start "
+        "processes that open stores with multiprocessing's 'spawn' or 'forkserver' method, or fork "
+        "them before any store is opened; a store another process serves is used through it"
+    )
+
+
 def _options() -> rocksdict.Options:
     options = rocksdict.Options(raw_mode=True)
     options.create_if_missing(True)
@@ -211,6 +230,9 @@ class EmbeddedStorage(Healing, Storage):
             raise
 
     def _open(self) -> rocksdict.Rdict:
+        forked = forked_from_rocksdb()
+        if forked is not None:
+            raise StorageError(f"cannot open the embedded store {self.path}: {forked}")
         try:
             # A new store is its owner's only (its files hold every message): sharing it with a
             # group is a choice made on the directory (docs/cli.md).
@@ -224,11 +246,14 @@ class EmbeddedStorage(Healing, Storage):
             if os.path.exists(os.path.join(self.path, "CURRENT")):
                 names = rocksdict.Rdict.list_cf(self.path, options)
                 families = {n: _family_options(n) for n in names if n != "default"}
-            return rocksdict.Rdict(_unlocked_spelling(self.path), options, column_families=families)
+            db = rocksdict.Rdict(_unlocked_spelling(self.path), options, column_families=families)
         except Exception as e:  # rocksdict raises plain Exception
             if "lock" in str(e).lower():
                 raise StorageLocked(self.path, lock_holder(self.path)) from e
             raise StorageError(f"cannot open the embedded store {self.path}: {e}") from e
+        if not _RAN_ROCKSDB:
+            _RAN_ROCKSDB.append(os.getpid())
+        return db
 
     def _bind(self, info: QueueInfo) -> None:
         name, family = info.name, _CF_PREFIX + info.name

@@ -205,9 +205,11 @@ class AsyncConsumer:
         except Exception as e:  # their leases run out instead
             logger.warning("consumer %s: handing back %d deliveries not iterated: %s", self.member, len(deliveries), e)
 
-    async def close(self) -> None:
+    async def close(self, *, within: float | None = None) -> None:
         """Leave the group: receives other tasks await end (they return ``[]``), hand-backs
-        under way end first, then the leases still held go back to the others at once."""
+        under way end first, then the leases still held go back to the others at once.
+        Cancelled meanwhile, the leave goes on (else the member held its leases, closed, to
+        their end). ``within``: seconds the leave may take (the queue's close gives 1)."""
         if self.closed:
             return
         self.closed = True
@@ -218,8 +220,13 @@ class AsyncConsumer:
             task.cancel()
         if self._handing_back:
             await asyncio.gather(*self._handing_back, return_exceptions=True)
-        if self._groups is not None and not self.queue.closed:  # (closed: its store or connections
-            await self._groups.leave(self.queue.name, self.group, self.member)  # went, and the leases with them)
+        if self._groups is not None and not self.queue.closed:  # (closed: its store or connections went,
+            leaving = asyncio.ensure_future(  # and the leases with them)
+                self._groups.leave(self.queue.name, self.group, self.member, within=within)
+            )
+            _LEAVING.add(leaving)
+            leaving.add_done_callback(_left)
+            await asyncio.shield(leaving)
 
     async def __aenter__(self) -> AsyncConsumer:
         return await self.open()
@@ -229,6 +236,16 @@ class AsyncConsumer:
 
     def __repr__(self) -> str:
         return f"AsyncConsumer({self.queue.name!r}, {self.group!r}, member={self.member!r})"
+
+
+#: Leaves under way whose close was cancelled (held: the loop holds tasks weakly).
+_LEAVING: set[asyncio.Future[None]] = set()
+
+
+def _left(leaving: asyncio.Future[None]) -> None:
+    _LEAVING.discard(leaving)
+    if not leaving.cancelled() and leaving.exception() is not None:  # (its close's caller raised it, or
+        logger.debug("a consumer's leave failed: %s", leaving.exception())  # was cancelled: its leases run out)
 
 
 async def _heartbeat(ref: weakref.ref[AsyncConsumer], groups: Any) -> None:

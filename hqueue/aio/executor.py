@@ -232,15 +232,22 @@ class ExecutorGroups(_Awaitable):
             if not polls:
                 del self._polls[key]
 
-    async def leave(self, queue: str, group: str, member: str) -> None:
+    async def leave(self, queue: str, group: str, member: str, *, within: float | None = None) -> None:
         """Leave the group, once the member's polls under way in the serving process end
         (within LONG_POLL while it answers): a receive there after the leave would count the
-        member in again, and its partitions would wait for it until the member timeout."""
+        member in again, and its partitions would wait for it until the member timeout.
+        ``within``: seconds it may take (a blocking client's call, by that deadline); the
+        leave, once handed to a worker, runs even if this is cancelled."""
+        loop = asyncio.get_running_loop()
+        end = None if within is None else loop.time() + within
         self._left.leave((queue, group, member))
         polls = self._polls.pop((queue, group, member), set())
         if polls:  # (a serving process that stopped answering: not waited for past that)
-            await asyncio.wait(polls, timeout=LONG_POLL + 1)
-        await self._engine.run(self._service.leave, queue, group, member)
+            await asyncio.wait(polls, timeout=LONG_POLL + 1 if end is None else max(0.0, end - loop.time()))
+        leave = partial(self._service.leave, queue, group, member)
+        if end is not None and getattr(self._engine.sync, "timeout", None) is not None:
+            leave = partial(_within, self._engine.sync, max(0.001, end - loop.time()), leave)
+        await asyncio.shield(self._engine.submit(leave))
 
     async def release(self) -> None:
         """Close the connections to the serving process, if any (and make no more), once the

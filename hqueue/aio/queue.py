@@ -75,13 +75,20 @@ class AsyncHQueue(AsyncConnected):
         self.name = name
         self._producers: weakref.WeakSet[AsyncProducer] = weakref.WeakSet()
         self._consumers: weakref.WeakSet[AsyncConsumer] = weakref.WeakSet()
+        #: The subscribers started here (the queue's to stop, referenced or not), until they stop.
+        self._subscribers: set[AsyncSubscriber] = set()
 
     async def _opened(self) -> None:
+        """The queue must exist. If it does not (or no server answers, or the call is
+        cancelled), the engine is let go and the handle stays usable: the next call opens
+        it again (a first call cancelled, as by ``wait_for``, closed the handle for good)."""
         try:
             assert self._engine is not None
             await self._engine.queue_info(self.name)
         except BaseException:
-            await self.close()
+            engine, self._engine = self._engine, None
+            if engine is not None:
+                await asyncio.shield(engine.release())
             raise
 
     async def info(self) -> QueueInfo:
@@ -175,13 +182,17 @@ class AsyncHQueue(AsyncConnected):
         return producer
 
     async def close(self) -> None:
-        """Close the producers made here (sending what they hold) and the consumers (as
-        :meth:`HQueue.close <hqueue.HQueue.close>` does), then release the store."""
+        """Close the producers made here (sending what they hold), stop the subscribers and
+        close the consumers (as :meth:`HQueue.close <hqueue.HQueue.close>` does: each leave
+        given :data:`~hqueue.queue.LEAVE_AT_CLOSE`), then release the store."""
         for producer in list(self._producers):
             await producer.close()
+        for subscriber in list(self._subscribers):  # (as HQueue.close: each has a handle of its own)
+            with contextlib.suppress(HQueueError):
+                await subscriber.stop("its queue handle was closed")
         for consumer in list(self._consumers):
-            with contextlib.suppress(HQueueError, TimeoutError):  # (the close goes on; the consumer
-                await asyncio.wait_for(consumer.close(), LEAVE_AT_CLOSE)  # is closed before its leave is asked)
+            with contextlib.suppress(HQueueError, TimeoutError):  # (the close goes on; the consumer is
+                await asyncio.wait_for(consumer.close(within=LEAVE_AT_CLOSE), 2 * LEAVE_AT_CLOSE)  # closed first)
         await super().close()
 
     def consumer(
@@ -221,7 +232,7 @@ class AsyncHQueue(AsyncConnected):
         <hqueue.HQueue.create_subscriber>`. ``await subscriber.start()``."""
         if not isinstance(subscription, Subscription):
             raise TypeError(f"'subscription' must be a Subscription, not {type(subscription).__name__}")
-        return AsyncSubscriber(self.name, self._opened_with, subscription, listeners, options)
+        return AsyncSubscriber(self.name, self._opened_with, subscription, listeners, options, self._subscribers)
 
     def __repr__(self) -> str:
         return f"AsyncHQueue({self.name!r}, url={self.url!r})"

@@ -15,11 +15,13 @@ import concurrent.futures
 import inspect
 import threading
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from ..message import Message
 from ..queue import HQueue
 from ..subscriptions.listener import ListenerStopped, MessageListener, Subscriber, Subscription
+
+_T = TypeVar("_T")
 
 #: A listener: a coroutine function taking a batch, an object with an async
 #: ``on_messages``, or a blocking :class:`~hqueue.MessageListener` (run in the push thread).
@@ -99,6 +101,7 @@ class AsyncSubscriber:
         subscription: Subscription,
         listeners: Sequence[Listener],
         options: dict[str, Any],
+        started: set[AsyncSubscriber] | None = None,
     ) -> None:
         if isinstance(listeners, (str, bytes)) or not isinstance(listeners, Sequence) or not listeners:
             raise TypeError("'listeners' must be a non-empty sequence of listeners")
@@ -109,6 +112,7 @@ class AsyncSubscriber:
         self._handle: HQueue | None = None
         self.subscriber: Subscriber | None = None
         self._on_loop: list[_OnLoop] = []
+        self._started = set() if started is None else started  # (its queue's: it stops them at its close)
 
     @property
     def address(self) -> str:
@@ -116,37 +120,72 @@ class AsyncSubscriber:
         return self.subscriber.address
 
     async def start(self) -> AsyncSubscriber:
+        """Register and start listening. Cancelled meanwhile, the start goes on in its
+        thread, and what it started is stopped once it is done: a subscriber left running
+        unseen kept its name from every later start (``SubscriberActive``)."""
         loop = asyncio.get_running_loop()
         listeners = [_adapted(listener, loop) for listener in self._listeners]
         self._on_loop = [listener for listener in listeners if isinstance(listener, _OnLoop)]
-        self.subscriber = await asyncio.to_thread(self._start, listeners)
+        starting = _in_thread(self._start, listeners)
+        try:
+            subscriber, handle = await asyncio.shield(asyncio.wrap_future(starting))
+        except asyncio.CancelledError:
+            for listener in self._on_loop:
+                listener.cancel()
+            starting.add_done_callback(_stop_started)
+            raise
+        self.subscriber, self._handle = subscriber, handle
+        self._started.add(self)
         return self
 
-    def _start(self, listeners: list[MessageListener]) -> Subscriber:
+    def _start(self, listeners: list[MessageListener]) -> tuple[Subscriber, HQueue]:
         handle = HQueue(self.queue, **self._opened_with)
         try:
             subscriber = handle.create_subscriber(self.subscription, listeners, **self._options).start()
         except BaseException:
             handle.close()  # (a start that failed: one that runs keeps its own handle)
             raise
-        self._handle = handle
-        return subscriber
+        return subscriber, handle
 
     async def stop(self, reason: str = "") -> None:
         """Stop: listeners still running are cancelled (their batches are delivered again,
-        to the next subscriber of the name), then the subscriber leaves."""
+        to the next subscriber of the name), then the subscriber leaves. Cancelled meanwhile
+        (a listener that stops its own subscriber is), the stop goes on in its thread."""
         for listener in self._on_loop:
             listener.cancel()
+        self._started.discard(self)
         subscriber, self.subscriber = self.subscriber, None
         handle, self._handle = self._handle, None
         if subscriber is not None or handle is not None:
-            await asyncio.to_thread(_stop, subscriber, handle, reason)
+            await asyncio.shield(asyncio.wrap_future(_in_thread(_stop, subscriber, handle, reason)))
 
     async def __aenter__(self) -> AsyncSubscriber:
         return await self.start()
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
+
+
+def _in_thread(call: Callable[..., _T], *args: Any) -> concurrent.futures.Future[_T]:
+    """``call(*args)`` in a thread of its own, started now: it runs whatever becomes of the
+    task that awaits it (cancelled, or its loop ended; a job queued in an executor whose
+    await was cancelled never ran: a stop dropped, a subscriber left running)."""
+    done: concurrent.futures.Future[_T] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            done.set_result(call(*args))
+        except BaseException as e:  # noqa: BLE001 - the awaiting task raises it
+            done.set_exception(e)
+
+    threading.Thread(target=run, name="hqueue-lifecycle", daemon=True).start()
+    return done
+
+
+def _stop_started(starting: concurrent.futures.Future[tuple[Subscriber, HQueue]]) -> None:
+    """A start whose caller was cancelled is done (in its thread): what it started stops."""
+    if not starting.cancelled() and starting.exception() is None:
+        _stop(*starting.result(), "its start was cancelled")
 
 
 def _stop(subscriber: Subscriber | None, handle: HQueue | None, reason: str) -> None:

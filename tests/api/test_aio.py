@@ -8,6 +8,7 @@ leased, no thread and no socket behind; errors are hqueue's typed errors.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
@@ -26,6 +27,10 @@ def run(coroutine):
 
 def hqueue_threads() -> int:
     return sum(t.name.startswith("hqueue-aio") for t in threading.enumerate())
+
+
+def subscriber_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("hqueue-subscriber")]
 
 
 def open_fds() -> int:
@@ -591,3 +596,139 @@ def test_closing_the_queue_closes_the_consumers_made_there(api_url, queue_name):
                 assert len(got) == 5 and {d.attempt for d in got} == {1}
 
     run(main())
+
+
+def test_a_cancelled_start_or_stop_of_a_subscriber_leaves_none_running(api_url, queue_name):
+    """A start cancelled meanwhile (``wait_for``, a task's cancel, an ``async with`` in a
+    cancelled task) raised CancelledError, and the subscriber it started ran on, unseen:
+    its heartbeats kept the name from every later start (SubscriberActive). A stop
+    cancelled before its thread took it was dropped, and the next stop did nothing
+    (attackers' passes)."""
+    from hqueue import Subscription
+    from hqueue.errors import SubscriberActive
+
+    async def main():
+        queue = await made(api_url, queue_name, partitions=2)
+        got: list[bytes] = []
+
+        async def listener(messages):
+            got.extend(m.value for m in messages)
+
+        try:
+            for delay in (0, 0, 0.001, 0.005):
+                # Given starts cancelled at once and a little later
+                starting = asyncio.ensure_future(queue.create_subscriber(Subscription("s"), [listener]).start())
+                await asyncio.sleep(delay)
+                starting.cancel()
+                try:
+                    started = await starting
+                except asyncio.CancelledError:
+                    continue
+                await started.stop()  # (it started before the cancel came)
+            # Then the name starts again at once, and none of those takes the pushes
+            subscriber = queue.create_subscriber(Subscription("s"), [listener], takeover_timeout=10)
+            await subscriber.start()
+            await queue.put(Message("t", b"once"), partition_id=0)
+            for _ in range(200):
+                if got:
+                    break
+                await asyncio.sleep(0.05)
+            assert got == [b"once"]
+            # When its stop is cancelled before it ran, and stop is called again
+            stopping = asyncio.ensure_future(subscriber.stop())
+            await asyncio.sleep(0)
+            stopping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await stopping
+            await subscriber.stop()
+            # Then it stopped all the same: the name is free again at once
+            again = queue.create_subscriber(Subscription("s"), [listener])
+            try:
+                await asyncio.wait_for(again.start(), 10)
+            except SubscriberActive as e:
+                pytest.fail(f"the stopped subscriber still runs: {e}")
+            await again.stop()
+        finally:
+            await queue.close()
+
+    run(main())
+    wait_for(lambda: not subscriber_threads(), 10, "the subscribers' threads to end")
+
+
+def test_a_queue_s_first_call_cancelled_leaves_the_handle_usable(api_url, queue_name):
+    """The first call opens the handle; cancelled there (``wait_for`` in a web request),
+    it closed the handle for good: every later call raised RuntimeError (an attacker's pass)."""
+
+    async def main():
+        async with AsyncHQueueAdmin(api_url) as admin:
+            await admin.create_queue(queue_name, 1)
+        queue = AsyncHQueue(queue_name, api_url)
+        try:
+            putting = asyncio.ensure_future(queue.put(Message("t", b"maybe")))
+            await asyncio.sleep(0)
+            putting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await putting
+            assert not queue.closed
+            await queue.put(Message("t", b"then"))
+            assert b"then" in [m.value async for m in queue.scan()]
+        finally:
+            await queue.close()
+        missing = AsyncHQueue(queue_name + "_missing", api_url)
+        with pytest.raises(QueueNotFound):
+            await missing.put(Message("t", b"x"))
+        assert not missing.closed  # (made later, the next call finds it)
+        async with AsyncHQueueAdmin(api_url) as admin:
+            await admin.create_queue(queue_name + "_missing", 1)
+        assert len(await missing.put(Message("t", b"x"))) == 1
+        await missing.close()
+
+    run(main())
+
+
+def test_a_consumer_s_close_cancelled_still_leaves_the_group(api_url, queue_name):
+    """close() marked the consumer closed, then its leave was cancelled with it: the member
+    held its leases to their end, and a second close() did nothing (an attacker's pass)."""
+
+    async def main():
+        queue = await made(api_url, queue_name, partitions=1)
+        try:
+            await queue.put([Message("t", b"%d" % i) for i in range(10)], partition_id=0)
+            consumer = queue.consumer("g", member="a", lease=60)
+            assert len(await consumer.receive(10, wait=2)) == 10
+            closing = asyncio.ensure_future(consumer.close())
+            await asyncio.sleep(0)
+            closing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await closing
+            await consumer.close()
+            for _ in range(100):  # (the leave goes on by itself)
+                if not [p for p in await queue.pending("g") if p.member == "a"]:
+                    break
+                await asyncio.sleep(0.05)
+            assert [p for p in await queue.pending("g") if p.member == "a"] == []
+            async with queue.consumer("g", member="b") as other:
+                assert len(await other.receive(10, wait=2)) == 10
+        finally:
+            await queue.close()
+
+    run(main())
+
+
+def test_closing_the_queue_stops_the_subscribers_made_there(api_url, queue_name):
+    """As HQueue.close does: they ran on after the loop ended, each push failing on it."""
+    from hqueue import Subscription
+
+    async def main():
+        queue = await made(api_url, queue_name, partitions=1)
+        got: list[bytes] = []
+
+        async def listener(messages):
+            got.extend(m.value for m in messages)
+
+        await queue.create_subscriber(Subscription("s"), [listener]).start()
+        assert subscriber_threads()
+        await queue.close()
+
+    run(main())
+    wait_for(lambda: not subscriber_threads(), 10, "the subscriber's threads to end")

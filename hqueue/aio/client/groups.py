@@ -235,8 +235,10 @@ class AsyncRemoteGroups:
     async def extend(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes], lease: float) -> int:
         return await self._receipts_call(queue, rowkeys, "groupExtend", (group, member), (max(1, int(lease * 1000)),))
 
-    async def leave(self, queue: str, group: str, member: str) -> None:
-        with self._engine.deadline():
+    async def leave(self, queue: str, group: str, member: str, *, within: float | None = None) -> None:
+        """Leave at each owner (``within``: seconds it may take, else the client's timeout)."""
+        engine = self._engine
+        with engine.deadline() if within is None else engine.deadline_at(asyncio.get_running_loop().time() + within):
             for owner in await self._owners(queue):
                 try:
                     await self._at(owner, "groupLeave", queue, group, member, queue=queue)

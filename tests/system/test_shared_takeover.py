@@ -428,3 +428,35 @@ def _member_received(member: Proc) -> set[tuple[int, int, int]]:
 
 def _member_acked(member: Proc) -> set[tuple[int, int, int]]:
     return {tuple(map(int, line.split()[1:4])) for line in member.lines if line.startswith("A ")}  # type: ignore[misc]
+
+
+def test_an_async_queue_closes_within_a_second_or_two_when_the_serving_process_hangs(data):
+    """Its consumer's leave went to a worker with the client's whole 30 s deadline, and the
+    close waited for that worker: 30 s, where the blocking HQueue.close takes 1 s (an
+    attacker's pass)."""
+    import asyncio
+
+    from hqueue.aio import AsyncHQueue
+
+    from ..processes import stopped
+
+    holder = _holder(data)
+    try:
+        with HQueue("q", data_dir=data) as queue:
+            queue.put([Message("t", b"%d" % i) for i in range(10)], partition_id=0)
+
+        async def main() -> float:
+            queue = await AsyncHQueue("q", data_dir=data).open()
+            consumer = queue.consumer("g")
+            assert len(await consumer.receive(5, wait=2)) == 5
+            holder.proc.send_signal(signal.SIGSTOP)
+            wait_for(lambda: stopped(holder.proc.pid), 30, "the holder to stop", interval=0.005)
+            started = time.monotonic()
+            await queue.close()
+            return time.monotonic() - started
+
+        seconds = asyncio.run(main())
+        assert seconds < 5, f"the close took {seconds:.1f}s"
+    finally:
+        holder.proc.send_signal(signal.SIGCONT)
+        holder.kill()

@@ -98,14 +98,14 @@ class HQueue(Connected):
         once it was closed each logged a failure a second), then release the store."""
         for producer in list(self._producers):
             producer.close()
-        for subscriber in list(self._subscribers):
-            with contextlib.suppress(HQueueError):
+        engine = self._engine
+        timeout = getattr(engine, "timeout", None)
+        shorter = LEAVE_AT_CLOSE - timeout if isinstance(timeout, (int, float)) and timeout > LEAVE_AT_CLOSE else 0
+        for subscriber in list(self._subscribers):  # (its leave, as a consumer's: within LEAVE_AT_CLOSE)
+            with contextlib.suppress(HQueueError), engine.deadline(shorter) if engine else contextlib.nullcontext():
                 subscriber.stop("its queue handle was closed")
-        engine, consumers = self._engine, [c for c in self._consumers if not c.closed]
-        if engine is not None and consumers:  # (closed already: nothing of it is left)
-            timeout = getattr(engine, "timeout", None)
-            shorter = LEAVE_AT_CLOSE - timeout if isinstance(timeout, (int, float)) and timeout > LEAVE_AT_CLOSE else 0
-            for consumer in consumers:
+        if engine is not None:  # (closed already: nothing of it is left)
+            for consumer in [c for c in self._consumers if not c.closed]:
                 with contextlib.suppress(HQueueError), engine.deadline(shorter):  # (the close goes on; the
                     consumer.close()  # consumer is closed before its leave is asked)
         super().close()

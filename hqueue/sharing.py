@@ -179,8 +179,9 @@ def open_store(url: str, group_limits: GroupLimits | None = None) -> Engine | St
             # write the store's own files, nor a process forked from one that ran RocksDB
             # open it: it uses the store through the serving process.
             if _may_not_open(e) and os.path.exists(socket_path(url)):
-                _served(socket_path(url))  # (one this user may not connect to: said now)
-                return StoreClient(url)
+                served = _served(socket_path(url))  # (one this user may not connect to: said now)
+                if served or forked_from_rocksdb() is None:  # (a user of the directory's group waits for
+                    return StoreClient(url)  # one that may open it; a forked child is told why at once)
             raise
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import os
 import weakref
 from collections.abc import Iterable, Sequence
@@ -13,7 +13,7 @@ from typing import Any, overload
 from ..checks import check_partition, check_queue_name_type, check_scan_limit
 from ..config import QueueInfo
 from ..consumer import Pending
-from ..errors import HQueueError, InvalidArgument
+from ..errors import InvalidArgument
 from ..groups.limits import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, GroupLimits, check_group_name, check_pending_limit
 from ..keys.timers import Timer, due_ms, timer_of
 from ..message import Message, MessageID
@@ -33,6 +33,8 @@ from .handle import AsyncConnected
 from .producer import AsyncProducer
 from .scanner import AsyncScanner
 from .subscriber import AsyncSubscriber, Listener
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["AsyncHQueue"]
 
@@ -187,12 +189,19 @@ class AsyncHQueue(AsyncConnected):
         given :data:`~hqueue.queue.LEAVE_AT_CLOSE`), then release the store."""
         for producer in list(self._producers):
             await producer.close()
-        for subscriber in list(self._subscribers):  # (as HQueue.close: each has a handle of its own)
-            with contextlib.suppress(HQueueError):
-                await subscriber.stop("its queue handle was closed")
-        for consumer in list(self._consumers):
-            with contextlib.suppress(HQueueError, TimeoutError):  # (the close goes on; the consumer is
-                await asyncio.wait_for(consumer.close(within=LEAVE_AT_CLOSE), 2 * LEAVE_AT_CLOSE)  # closed first)
+        # Subscribers and consumers end together, within 2 x LEAVE_AT_CLOSE whoever does not
+        # answer: a stop or a leave not done by then goes on by itself (each is shielded).
+        ending = [
+            *(asyncio.ensure_future(s.stop("its queue handle was closed")) for s in list(self._subscribers)),
+            *(asyncio.ensure_future(c.close(within=LEAVE_AT_CLOSE)) for c in list(self._consumers)),
+        ]
+        if ending:
+            done, late = await asyncio.wait(ending, timeout=2 * LEAVE_AT_CLOSE)
+            for task in late:
+                task.cancel()
+            for task in done:  # (their errors are not the close's: a leave not heard leaves at the end)
+                if not task.cancelled() and task.exception() is not None:
+                    logger.debug("closing %r: %s", self, task.exception())
         await super().close()
 
     def consumer(

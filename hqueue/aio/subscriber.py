@@ -15,6 +15,7 @@ import concurrent.futures
 import inspect
 import threading
 from collections.abc import Callable, Coroutine, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 from ..message import Message
@@ -126,17 +127,28 @@ class AsyncSubscriber:
         loop = asyncio.get_running_loop()
         listeners = [_adapted(listener, loop) for listener in self._listeners]
         self._on_loop = [listener for listener in listeners if isinstance(listener, _OnLoop)]
+        self._started.add(self)  # (its queue's close meanwhile stops it: below)
         starting = _in_thread(self._start, listeners)
         try:
             subscriber, handle = await asyncio.shield(asyncio.wrap_future(starting))
         except asyncio.CancelledError:
             for listener in self._on_loop:
                 listener.cancel()
-            starting.add_done_callback(_stop_started)
+            self._forget_unless_running()
+            starting.add_done_callback(partial(_in_thread, _stop_started))  # (never on the loop)
             raise
+        except BaseException:
+            self._forget_unless_running()
+            raise
+        if self not in self._started:  # stopped while it started (its queue closed): it stops
+            await asyncio.shield(asyncio.wrap_future(_in_thread(_stop, subscriber, handle, "stopped as it started")))
+            return self
         self.subscriber, self._handle = subscriber, handle
-        self._started.add(self)
         return self
+
+    def _forget_unless_running(self) -> None:
+        if self.subscriber is None:  # (a second start of a running one fails: that one runs on)
+            self._started.discard(self)
 
     def _start(self, listeners: list[MessageListener]) -> tuple[Subscriber, HQueue]:
         handle = HQueue(self.queue, **self._opened_with)

@@ -166,13 +166,13 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
         info = self.engine.queue_info(queue, fresh=True)
         if not isinstance(start, int) or start < LATEST:
             raise InvalidArgument(f"'start' must be epoch ms >= 0 (or -1: the latest), got {start!r}")
-        for topic in topics or ():  # (a server's client may send any)
-            topic_filter(topic)
         wanted = GroupConfig(  # (no topics, or none named: all of them)
             frozenset(topics) if topics else None, start, max_retries, key_affinity=key_affinity
         )
         stored = self.storage.get_meta(group_key(queue, name))
         if stored is None:
+            for topic in topics or ():  # (a server's client may send any; one stored before is joined)
+                topic_filter(topic)
             info.require_enabled()  # (a member of a disabled queue gets nothing: no group made for it)
             self._check_room(queue)
             if start == LATEST:

@@ -79,7 +79,8 @@ RECLAIM_INTERVAL = 300.0
 MAX_TOTAL_WAL_BYTES = 64 * 1024 * 1024
 
 
-#: The process that opened a RocksDB store first (RocksDB's background threads are its).
+#: The fork generation (forks.generation) of the process that opened a RocksDB store first:
+#: RocksDB's background threads are that process's.
 _RAN_ROCKSDB: list[int] = []
 
 
@@ -88,10 +89,10 @@ def forked_from_rocksdb() -> str | None:
     RocksDB. A fork copies none of RocksDB's background threads, and their pool is its
     parent's: a store opened in the child never flushes, so its writes stall once its
     memtables are full, and its close waits for ever (an attacker's pass). None if it may."""
-    if not _RAN_ROCKSDB or _RAN_ROCKSDB[0] == os.getpid():
+    if not _RAN_ROCKSDB or _RAN_ROCKSDB[0] == forks.generation():
         return None
     return (
-        f"this process was forked from one (pid {_RAN_ROCKSDB[0]}) that ran RocksDB, whose background "
+        "this process was forked from one that ran RocksDB, whose background "
         "threads a fork does not copy: a store opened here would stall at its first flush. Start "
         "processes that open stores with multiprocessing's 'spawn' or 'forkserver' method, or fork "
         "them before any store is opened; a store another process serves is used through it"
@@ -252,7 +253,7 @@ class EmbeddedStorage(Healing, Storage):
                 raise StorageLocked(self.path, lock_holder(self.path)) from e
             raise StorageError(f"cannot open the embedded store {self.path}: {e}") from e
         if not _RAN_ROCKSDB:
-            _RAN_ROCKSDB.append(os.getpid())
+            _RAN_ROCKSDB.append(forks.generation())
         return db
 
     def _bind(self, info: QueueInfo) -> None:

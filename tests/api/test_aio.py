@@ -732,3 +732,23 @@ def test_closing_the_queue_stops_the_subscribers_made_there(api_url, queue_name)
 
     run(main())
     wait_for(lambda: not subscriber_threads(), 10, "the subscriber's threads to end")
+
+
+def test_a_subscriber_starting_while_its_queue_closes_is_stopped(api_url, queue_name):
+    """It joined the queue's subscribers only once started: a close meanwhile missed it,
+    and it ran on (a review)."""
+    from hqueue import Subscription
+
+    async def main():
+        queue = await made(api_url, queue_name, partitions=1)
+
+        async def listener(messages):
+            pass
+
+        starting = asyncio.ensure_future(queue.create_subscriber(Subscription("s"), [listener]).start())
+        await asyncio.sleep(0)
+        await queue.close()
+        await starting
+
+    run(main())
+    wait_for(lambda: not subscriber_threads(), 10, "the subscriber's threads to end")

@@ -307,3 +307,46 @@ def test_an_answer_that_comes_while_the_owners_are_read_is_not_lost(slow_groups,
         for pool in queue.engine._pools.values():
             pool.close()  # (the next call opens a connection, slowly)
         assert consumer.ack(got[2:]) == 2
+
+
+@pytest.mark.parametrize("client", ["blocking", "asyncio"])
+def test_closing_a_queue_with_a_subscriber_and_a_consumer_at_a_stopped_server_takes_a_second_each(server, client):
+    """The asyncio queue's close stopped its subscribers one after another, each leave with
+    the client's whole timeout: 31 s at a stopped server (a review); the blocking one's
+    subscriber's leave was not bounded either."""
+    from hqueue import Subscription
+    from hqueue.subscriptions.listener import MessageListener
+
+    url = f"hqueue://{server.proc.address}"  # (the default timeout, 30 s)
+
+    class Taking(MessageListener):
+        def on_messages(self, messages) -> None:
+            pass
+
+    async def taking(messages) -> None:
+        pass
+
+    if client == "blocking":
+        queue = HQueue("q", url)
+        queue.put(Message("t", b"x"), partition_id=0)
+        assert len(queue.consumer("g").receive(1, wait=5)) == 1
+        queue.create_subscriber(Subscription("s"), [Taking()]).start()
+        server.stop()
+        started = time.monotonic()
+        queue.close()
+        seconds = time.monotonic() - started
+    else:
+        from hqueue.aio import AsyncHQueue
+
+        async def main() -> float:
+            queue = await AsyncHQueue("q", url).open()
+            await queue.put(Message("t", b"x"), partition_id=0)
+            assert len(await queue.consumer("g").receive(1, wait=5)) == 1
+            await queue.create_subscriber(Subscription("s"), [taking]).start()
+            server.stop()
+            started = time.monotonic()
+            await queue.close()
+            return time.monotonic() - started
+
+        seconds = asyncio.run(main())
+    assert seconds < 6, f"the close took {seconds:.1f}s"

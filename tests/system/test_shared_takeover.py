@@ -281,8 +281,9 @@ def test_a_holder_s_forked_child_goes_on_through_the_next_holder_once_the_holder
     (an attacker's pass). It then took the store over, but a fork copies none of RocksDB's
     background threads: the store it opened never flushed, its writes stalled once its
     memtables were full, and its close waited for ever, the store held and served by no
-    one (another pass). It may not open the store: it waits, and goes on through the next
-    process that does."""
+    one (another pass). It may not open the store: a client made before, it waits, and
+    goes on through the next process that does; one made after, with nobody serving the
+    store, is told why at once."""
     out = tmp_path / f"child-{opened}.txt"
     holder, child, next_holder = Proc("-c", HOLD_AND_FORK_A_USER, data, str(out), opened), None, None
     try:
@@ -290,14 +291,18 @@ def test_a_holder_s_forked_child_goes_on_through_the_next_holder_once_the_holder
         child = int(holder.lines[0].split()[1])
         wait_for(lambda: out.exists() and "READY" in out.read_text(), 60, "the child to be ready")
         holder.kill()
+        if opened == "late":
+            text = wait_for(lambda: out.read_text() if "FAILED" in out.read_text() else None, 30, "the child's error")
+            assert "StorageError" in text and "forked from one" in text, text
+            assert serving_pid(data) is None  # the child did not open the store
+            return
         time.sleep(1.5)
         assert "TOOK" not in out.read_text() and "FAILED" not in out.read_text()  # (waiting)
         assert serving_pid(data) is None  # the child did not open the store
         next_holder = _holder(data)
         text = wait_for(lambda: out.read_text() if ("TOOK" in out.read_text() or "FAILED" in out.read_text()) else None,
                         60, "the child's put")  # fmt: skip
-        assert "TOOK" in text, text
-        assert ("b'early'" in text) == (opened == "early") and "b'after'" in text, text
+        assert "TOOK" in text and "b'early'" in text and "b'after'" in text, text
         assert serving_pid(data) == next_holder.pid
     finally:
         holder.kill()
@@ -308,20 +313,33 @@ def test_a_holder_s_forked_child_goes_on_through_the_next_holder_once_the_holder
                 os.kill(child, signal.SIGKILL)
 
 
-def test_a_process_forked_from_one_that_ran_rocksdb_may_not_open_a_store_and_says_why(data, tmp_path):
+@pytest.mark.parametrize("store", ["new", "left by a killed holder"])
+def test_a_process_forked_from_one_that_ran_rocksdb_may_not_open_a_store_and_says_why(data, tmp_path, store):
     """A fork copies none of RocksDB's background threads: a store the child opened (its
-    own, or one it took over) hung at its first flush and at its close (an attacker's pass)."""
+    own, or one it took over) hung at its first flush and at its close (an attacker's pass).
+    Nobody serving the store, it is told why at once (a socket file left by a killed holder
+    made it wait 30 s: a review)."""
+    import socket as sockets
+
+    from hqueue.rpc.unix import short_unix_path
+    from hqueue.sharing import socket_path
+
+    directory = str(tmp_path / "other") if store == "new" else data
+    if store != "new":  # (its holder was killed: its socket file is left, nobody listens there)
+        with sockets.socket(sockets.AF_UNIX) as left, short_unix_path(socket_path(f"local://{data}")) as path:
+            left.bind(path)
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # (this test's process ran RocksDB: the data fixture made a store)
         signal.alarm(60)  # (one that hangs ends: the test fails, it does not wait for ever)
         os.close(read)
         try:
-            with HQueueAdmin(data_dir=str(tmp_path / "other")) as admin:
-                admin.create_queue("q", 1)
+            started = time.monotonic()
+            with HQueueAdmin(data_dir=directory) as admin:
+                admin.create_queue("q2", 1)
             said = "opened"
         except StorageError as e:
-            said = str(e)
+            said = f"{e} after {time.monotonic() - started:.1f}s"
         except BaseException as e:  # noqa: BLE001 - reported to the parent
             said = repr(e)
         os.write(write, said.encode())
@@ -331,6 +349,7 @@ def test_a_process_forked_from_one_that_ran_rocksdb_may_not_open_a_store_and_say
         said = f.read()
     os.waitpid(pid, 0)
     assert "forked from one" in said and "'spawn'" in said, said
+    assert float(said.rsplit(" after ", 1)[1].rstrip("s")) < 5, said
     assert not os.path.exists(tmp_path / "other")  # nothing made there
 
 

@@ -634,7 +634,7 @@ class RemoteEngine:
                 )
         except DeadlineExceeded as e:
             self._silent.put_unanswered(owner, e, until, deadline)
-        with maybe_went():
+        with maybe_went(name, pid, what, owner, started):
             try:  # (by the next share: the rest of the deadline is the put's, sent again)
                 with self.deadline_at(silent_owner_at(deadline, time.monotonic())):
                     now_owner: str | None = self.locations(name, fresh=True)[pid]

@@ -156,16 +156,21 @@ def not_sent_to(owner: str, error: ServerUnavailable) -> ServerUnavailable:
 
 
 @contextmanager
-def maybe_went() -> Iterator[None]:
-    """Around what follows a put's first try, which may have reached its owner: a later try
-    that could not go (its deadline passed while the owner was looked for) leaves the put
-    unsure, not unsent. Said not sent, a put the resumed owner then wrote was put again by
-    its caller: a duplicate, a timer fired twice (an attacker's pass)."""
+def maybe_went(name: str, partition_id: int, what: str, silent: str, started: float) -> Iterator[None]:
+    """Around what follows a put's first try, which may have reached its owner ``silent``:
+    a later try that could not go (its deadline passed while the owner was looked for)
+    leaves the put unsure, not unsent (said not sent, a put the resumed owner then wrote was
+    put again by its caller: a duplicate, a timer fired twice; an attacker's pass). One the
+    resumed owner refuses as no longer its partition's is OutcomeUnknown: the first try may
+    have been written before the move (see :func:`silent_owner_at`)."""
     try:
         yield
     except ServerUnavailable as e:
         e.maybe_sent = True
         raise
+    except NotPartitionOwner as e:
+        seconds = time.monotonic() - started
+        raise owner_moved(name, partition_id, what, silent, e.owner or "", seconds) from e
 
 
 def still_owner(name: str, partition_id: int, what: str, silent: str, owner: str | None, seconds: float) -> None:

@@ -12,7 +12,7 @@ import pytest
 import hqueue.client.silent as client_silent
 from hqueue import OutcomeUnknown
 from hqueue.client.engine import RemoteEngine
-from hqueue.errors import DeadlineExceeded
+from hqueue.errors import DeadlineExceeded, NotPartitionOwner
 
 
 @pytest.fixture
@@ -27,6 +27,7 @@ def scripted(monkeypatch):
         timeout: float = 3.0,
         owner_timeout: float = 0.6,
         sends: bool = True,
+        refuses_resend: bool = False,
     ):
         engine = RemoteEngine("hqueue://127.0.0.1:1", timeout=timeout, owner_timeout=owner_timeout)
         engine.sent = []  # (address, seconds since the start, resent)
@@ -42,6 +43,8 @@ def scripted(monkeypatch):
             engine.sent.append((address, round(time.monotonic() - started, 2), args[-1].resent))
             if address != "owner:1":  # the new owner answers at once
                 return "IDs"
+            if refuses_resend and args[-1].resent:  # (resumed, its partition moved meanwhile)
+                raise NotPartitionOwner("q", 0, None)
             if answer_at is not None and started + answer_at <= until:
                 time.sleep(max(0.0, started + answer_at - time.monotonic()))
                 return "IDs"
@@ -104,3 +107,13 @@ def test_a_silent_server_is_asked_last_however_its_address_is_spelled():
     for _ in range(20):  # (the order is random within each kind)
         assert servers.order(["localhost:9700", "127.0.0.2:9700"])[-1] == "localhost:9700"
     assert not servers.silent("127.0.0.1:9701") and not servers.silent("no such host.invalid:9700")
+
+
+def test_a_put_sent_again_to_an_owner_that_lost_its_partition_meanwhile_is_outcome_unknown(scripted):
+    """The first try may have been written before the owner paused: the resumed owner's
+    NotPartitionOwner for the second try sent the put to the new owner unmarked (a
+    duplicate). It is OutcomeUnknown, and the put goes nowhere else."""
+    engine = scripted(answer_at=None, refuses_resend=True)
+    with pytest.raises(OutcomeUnknown, match="may have taken effect"):
+        put(engine)
+    assert [(a, resent) for a, _, resent in engine.sent] == [("owner:1", False), ("owner:1", True)]

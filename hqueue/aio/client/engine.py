@@ -472,7 +472,7 @@ class AsyncRemoteEngine:
                 return await self._call_at(owner, method, name, *args, request, queue=name, pid=pid)
         except DeadlineExceeded as e:
             self._silent.put_unanswered(owner, e, until, deadline)
-        with maybe_went():
+        with maybe_went(name, pid, what, owner, started):
             try:  # (by the next share: the rest of the deadline is the put's, sent again)
                 with self.deadline_at(silent_owner_at(deadline, clock())):
                     now_owner: str | None = (await self.locations(name, fresh=True))[pid]

@@ -59,9 +59,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..errors import ServerBusy
+from ..errors import HQueueError
 from .connections import Connection, _current, current_connection
-from .frames import _HEAD, MAX_DECLARED, FrameError, FrameReader, TooManyItems, call_head, check_call
+from .frames import _HEAD, MAX_DECLARED, FrameError, FrameReader, TooManyItems, call_head, check_call, head_of_frame
 from .threaded import ThreadedServer, bare, logger
 from .workers import Workers
 
@@ -133,6 +133,8 @@ class _Link:
     more: bool = False
     #: The peer closed its side: its calls read already are still answered, then it ends.
     eof: bool = False
+    #: Bytes of a call refused from its head still to come, thrown away as they do.
+    skip: int = 0
     #: The turn of the loop it last ran calls in, and how many it ran then (CALLS_A_TURN).
     turn: int = -1
     ran: int = 0
@@ -336,6 +338,14 @@ class LoopServer(ThreadedServer):
         if link.turn != self._turn:
             link.turn, link.ran = self._turn, 0
         while not (link.busy or link.closed or link.out is not None or link.paused):
+            if link.skip:  # (a call refused from its head: its body goes as it comes)
+                dropped = min(len(buffer), link.skip)
+                del buffer[:dropped]
+                link.skip -= dropped
+                if link.skip:
+                    link.started = link.started or time.monotonic()  # (all of it within body_timeout)
+                    break
+                link.started = None
             if link.ran >= CALLS_A_TURN and len(buffer) >= 4:  # its share of this turn: the rest in the next
                 if not link.more:
                     link.more = True
@@ -349,6 +359,11 @@ class LoopServer(ThreadedServer):
                 self._drop(link, FrameError(f"frame of {size} bytes"))
                 return
             if 4 + size > self._small:  # a big call (or one over the limit): a worker reads it
+                unproven = self._unproven(size, link.connection)
+                if unproven is not None:  # refused unread, on the loop (ThreadedServer._unproven)
+                    if not self._refuse_unread(link, size, unproven):
+                        break
+                    continue
                 if link.waiting is not None:  # once the answers held for the fsync are sent
                     link.paused = True
                     break
@@ -427,7 +442,7 @@ class LoopServer(ThreadedServer):
         self.budget.reserve(size, None)
         self._to_worker(link, frame, size, blocked)
 
-    def _refuse(self, link: _Link, method: str, seqid: int, busy: ServerBusy) -> None:
+    def _refuse(self, link: _Link, method: str, seqid: int, busy: HQueueError) -> None:
         """Answer a call whose answer may be big with ``busy``, unread (see
         :meth:`~hqueue.rpc.threaded.ThreadedServer._no_room_for_answer`)."""
         self.log.warning("refused", "refused %s from %s: %s", method, link.connection.who, busy)
@@ -437,6 +452,23 @@ class LoopServer(ThreadedServer):
             self._drop(link, e)
             return
         self._answered(link, reply)
+
+    def _refuse_unread(self, link: _Link, size: int, refused: HQueueError) -> bool:
+        """Answer the call whose frame (``size`` bytes) ``link``'s buffer begins with
+        ``refused``, once its head has come (its method and number), and throw its body away
+        as it comes, here (:meth:`_calls`): no worker, no buffer of its size. Whether it did
+        (False: its head is still to come, within body_timeout of its first byte)."""
+        try:
+            head = head_of_frame(link.buffer)
+        except FrameError as e:
+            self._drop(link, e)
+            return True
+        if head is None:
+            link.started = link.started or time.monotonic()
+            return False
+        link.skip = 4 + size
+        self._refuse(link, *head, refused)
+        return True
 
     def _runs_inline(self, method: str) -> bool:
         inline = self._inline.get(method)

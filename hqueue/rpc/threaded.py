@@ -390,7 +390,8 @@ class ThreadedServer(TThreadedServer):
     def _unproven(self, size: int, connection: Connection) -> NotAuthorized | None:
         """Why a big call (over ``unproven_bytes``) of a connection that has not proved who it
         is is refused unread: it could not be run anyway, and a few such frames sent slowly
-        held the whole budget for every client."""
+        held the whole budget for every client. Its body is thrown away as it comes, through
+        a small buffer (LoopServer: on the loop, by no thread), and the connection goes on."""
         limit = self.unproven_bytes
         if limit is None or connection.trusted or connection.local or size <= limit:
             return None

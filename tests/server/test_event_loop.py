@@ -957,6 +957,39 @@ def test_a_connection_without_a_token_sends_no_big_call_into_the_budget(tmp_path
         server.stop()
 
 
+def test_strangers_declaring_huge_calls_cost_the_loop_no_thread_and_no_buffer_and_their_connections_go_on(tmp_path):
+    """1,000 connections without a token each sent a frame head declaring 1 GB and a call's
+    head (64 bytes): each got a worker thread and a 1 MiB buffer to throw its body away
+    with, for its body timeout: 1 GiB, 16 times the in-flight budget (an attacker's pass).
+    The loop refuses such a call from its head and throws its body away as it comes."""
+    server = share_server(tmp_path, "loop")
+    strangers = []
+    try:
+        threads = threading.active_count()
+        head = call_frame("putPacked", 7, queue="q", partitionID=0, messages=b"", request=None)[4:64]
+        for _ in range(200):
+            sock = connect(server)
+            sock.sendall(struct.pack(">i", 1 << 30) + head)
+            strangers.append(sock)
+        for sock in strangers[:5]:
+            answer: list = []
+            assert read_reply(sock, answer) == ("putPacked", 7)
+            assert "before the connection proved who it is" in answer[0].denied.message
+        assert threading.active_count() <= threads + 2  # (no worker each)
+        # A refused call's body is thrown away as it comes, and the connection goes on
+        sock = connect(server)
+        frame = call_frame("putPacked", 8, queue="q", partitionID=0, messages=b"x" * 100_000, request=None)
+        sock.sendall(frame + call_frame("listQueues", 9))
+        answer = []
+        assert read_reply(sock, answer) == ("putPacked", 8)
+        assert read_reply(sock, answer) == ("listQueues", 9)  # (refused too, without a token: but answered)
+        sock.close()
+    finally:
+        for sock in strangers:
+            sock.close()
+        server.stop()
+
+
 @pytest.mark.parametrize("io", ["loop", "threads"])
 def test_a_stopping_server_ends_its_connections_before_it_closes_the_store(tmp_path, io, caplog):
     """With --io threads a stopped server left its connections open: a group member's

@@ -198,7 +198,7 @@ def _token_hint(e: NotAuthorized, url: str | None) -> str:
     """A refusal, with what to do about the token: give one, or check the one given."""
     given = split_credentials(url or "")[1] or os.environ.get("HQUEUE_TOKEN")
     if not given:
-        return f"{e} (give a token: --url hqueue://TOKEN@host:port, or set $HQUEUE_TOKEN)"
+        return f"{e} (give a token: set $HQUEUE_TOKEN; --url hqueue://TOKEN@host:port shows it to every local user)"
     if "may not" in str(e) or "no role" in str(e):
         return f"{e} (the token was accepted; its roles are in the server's --auth-file)"
     return f"{e} (check the token given in --url or $HQUEUE_TOKEN)"

@@ -306,10 +306,14 @@ def server(
     return_freed_memory()
     if zk_auth and not zk:
         raise click.UsageError("--zk-auth goes with --zk")
-    if zk_auth and ctx.get_parameter_source("zk_auth") == click.core.ParameterSource.COMMANDLINE:
-        logging.getLogger(__name__).warning(
-            "--zk-auth on the command line: every user of this machine sees it (ps); give it in $HQUEUE_ZK_AUTH"
-        )
+    for option, value, variable in (("zk_auth", zk_auth, "HQUEUE_ZK_AUTH"), ("metrics_token", metrics_token,
+                                                                            "HQUEUE_METRICS_TOKEN")):  # fmt: skip
+        if value and ctx.get_parameter_source(option) == click.core.ParameterSource.COMMANDLINE:
+            logging.getLogger(__name__).warning(
+                "--%s on the command line: every user of this machine sees it (ps); give it in $%s",
+                option.replace("_", "-"),
+                variable,
+            )
     _check_zk_access(zk, zk_auth, zk_open, auth_file)
     if zk_root and not zk_auth:
         raise click.UsageError("--zk-root goes with --zk-auth")

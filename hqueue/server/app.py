@@ -121,11 +121,24 @@ def _warn_if_puts_cannot_fit(limits: ServerLimits, max_put_messages: int, max_pu
 
 def _warn_if_others_may_read(path: str | None) -> None:
     """Say so when every local user may read an embedded store's files (a directory made by
-    hand keeps its mode): tokens keep roles apart over TCP, not in the files."""
+    hand keeps its mode), or when another user owns its directory (one made for this server
+    by someone else): tokens keep roles apart over TCP, not in the files."""
     try:
-        mode = os.stat(path).st_mode if path is not None else 0
+        status = os.stat(path) if path is not None else None
     except OSError:
         return
+    if status is None:
+        return
+    mode = status.st_mode
+    if status.st_uid not in (os.geteuid(), 0):
+        logger.warning(
+            "the store %s belongs to user %d, not to this server's (%d): that user may read and change every "
+            "message in its files, whatever the tokens, and replace its socket; keep a store in a directory "
+            "this user owns (docs/security.md)",
+            path,
+            status.st_uid,
+            os.geteuid(),
+        )
     if mode & 0o005:
         logger.warning(
             "the store %s is open to every local user (mode %o): they may read every message in its files, "

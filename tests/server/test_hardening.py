@@ -260,7 +260,7 @@ def test_refusals_name_what_the_user_did_and_the_cli_hints_fit_the_token(secured
     assert "token 'worker' has no role on queue 'orders'" in refused.output
     # And without a token, the hint says how to give one
     anonymous = runner.invoke(main, ["--url", f"hqueue://{secured.address}", "scan", "orders"])
-    assert anonymous.exit_code == 1 and "give a token: --url hqueue://TOKEN@host:port" in anonymous.output
+    assert anonymous.exit_code == 1 and "give a token: set $HQUEUE_TOKEN" in anonymous.output
     # And a wrong one is called that, not asked for again
     wrong = runner.invoke(main, ["--url", f"hqueue://nope@{secured.address}", "scan", "orders"])
     assert "unknown token" in wrong.output and "check the token" in wrong.output
@@ -1038,6 +1038,31 @@ def test_a_server_with_tokens_says_when_every_local_user_may_read_its_store(tmp_
             server = HQueueServer(f"local://{store}", port=0, auth=AuthPolicy.load(tmp_path / "auth.toml")).start()
             server.stop()
         assert ("open to every local user" in caplog.text) is warned, caplog.text
+        assert "belongs to user" not in caplog.text
+    # A directory another user owns (made ready for the server by someone else): that user has
+    # every message, and may replace the store's socket; nothing said so (an attacker's pass).
+    import pwd
+
+    if os.geteuid() != 0:  # (only root gives a directory away)
+        return
+    store = tmp_path / "theirs"
+    store.mkdir(mode=0o700)
+    os.chown(store, pwd.getpwnam("probe").pw_uid if _has_user("probe") else 65534, -1)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hqueue.server.app"):
+        server = HQueueServer(f"local://{store}", port=0, auth=AuthPolicy.load(tmp_path / "auth.toml")).start()
+        server.stop()
+    assert "belongs to user" in caplog.text and "replace its socket" in caplog.text, caplog.text
+
+
+def _has_user(name: str) -> bool:
+    import pwd
+
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
 
 
 def _held_tls(port: int, cert, count: int) -> list:

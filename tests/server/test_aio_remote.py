@@ -874,3 +874,32 @@ def test_closing_a_queue_whose_server_does_not_answer_ends_its_consumers_within_
         assert blocking_took < LEAVE_AT_CLOSE + 2 and aio_took < LEAVE_AT_CLOSE + 2, (blocking_took, aio_took)
     finally:
         proc.kill()
+
+
+def test_an_app_ending_its_loop_with_a_consumer_long_polling_leaves_no_task_to_warn_of(served):
+    """An application returning from asyncio.run without closing its queue, a consumer's
+    receive waiting at the server: the task that reads the cancelled poll's late answer
+    was destroyed pending, and Python said so ("Task was destroyed but it is pending!";
+    an attacker's pass). The connection ends with the loop, and the leases with it."""
+    import subprocess
+    import sys
+
+    from ..processes import python_env
+
+    server, url, queue = served
+    queue(4)
+    app = (
+        "import asyncio\nfrom hqueue.aio import AsyncHQueue\n"
+        "async def main():\n"
+        f"    queue = AsyncHQueue('q', {url!r})\n"
+        "    consumer = queue.consumer('g')\n"
+        "    await consumer.receive(wait=0)\n"
+        "    asyncio.ensure_future(consumer.receive(wait=3))\n"
+        "    await asyncio.sleep(0.3)\n"
+        "asyncio.run(main())\nprint('ended', flush=True)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-X", "dev", "-c", app], env=python_env(), capture_output=True, text=True, timeout=60
+    )
+    assert "ended" in done.stdout, done.stderr
+    assert "destroyed but it is pending" not in done.stderr, done.stderr

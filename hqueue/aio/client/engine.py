@@ -233,6 +233,10 @@ class AsyncRemoteEngine:
             return answer
 
         task = asyncio.ensure_future(read())
+        # A loop ended meanwhile (asyncio.run cancelling what an unclosed handle had under way)
+        # destroys it unread, as it does the connection, whose end gives the server's leases
+        # back: nothing to warn of ("Task was destroyed but it is pending!").
+        task._log_destroy_pending = False  # type: ignore[attr-defined]
         self._answering.add(task)
         task.add_done_callback(self._answering.discard)
         if late is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from ..errors import DeadlineExceeded, HQueueError, NotPartitionOwner, OutcomeUnknown, ServerUnavailable
@@ -156,7 +156,9 @@ def not_sent_to(owner: str, error: ServerUnavailable) -> ServerUnavailable:
 
 
 @contextmanager
-def maybe_went(name: str, partition_id: int, what: str, silent: str, started: float) -> Iterator[None]:
+def maybe_went(
+    name: str, partition_id: int, what: str, silent: str, started: float, clock: Callable[[], float] = time.monotonic
+) -> Iterator[None]:
     """Around what follows a put's first try, which may have reached its owner ``silent``:
     a later try that could not go (its deadline passed while the owner was looked for)
     leaves the put unsure, not unsent (said not sent, a put the resumed owner then wrote was
@@ -168,9 +170,8 @@ def maybe_went(name: str, partition_id: int, what: str, silent: str, started: fl
     except ServerUnavailable as e:
         e.maybe_sent = True
         raise
-    except NotPartitionOwner as e:
-        seconds = time.monotonic() - started
-        raise owner_moved(name, partition_id, what, silent, e.owner or "", seconds) from e
+    except NotPartitionOwner as e:  # (Fenced too: its owner is not said)
+        raise owner_moved(name, partition_id, what, silent, e.owner or "another server", clock() - started) from e
 
 
 def still_owner(name: str, partition_id: int, what: str, silent: str, owner: str | None, seconds: float) -> None:

@@ -458,6 +458,9 @@ class LoopServer(ThreadedServer):
         ``refused``, once its head has come (its method and number), and throw its body away
         as it comes, here (:meth:`_calls`): no worker, no buffer of its size. Whether it did
         (False: its head is still to come, within body_timeout of its first byte)."""
+        if size > self.limits.max_frame_bytes:  # (no call could be that big: not worth reading past)
+            self._drop(link, FrameError(f"frame of {size} bytes from a connection that has not proved who it is"))
+            return True
         try:
             head = head_of_frame(link.buffer)
         except FrameError as e:
@@ -690,6 +693,8 @@ class LoopServer(ThreadedServer):
             method, _ = frames.call_head()
             if 4 + size <= self._small and self._runs_inline(method) and method != blocked:
                 return True  # the loop's to run: its bytes stay in the buffer
+            if self._unproven(size, link.connection) is not None:
+                return True  # the loop refuses it and throws its body away (no thread: _refuse_unread)
             if not self._serve_one(frames, link.connection):
                 return False
         return True

@@ -476,15 +476,23 @@ class AsyncRemoteEngine:
                 return await self._call_at(owner, method, name, *args, request, queue=name, pid=pid)
         except DeadlineExceeded as e:
             self._silent.put_unanswered(owner, e, until, deadline)
-        with maybe_went(name, pid, what, owner, started):
-            try:  # (by the next share: the rest of the deadline is the put's, sent again)
-                with self.deadline_at(silent_owner_at(deadline, clock())):
-                    now_owner: str | None = (await self.locations(name, fresh=True))[pid]
-            except (HQueueError, IndexError):
-                now_owner = None
-            still_owner(name, pid, what, owner, now_owner, clock() - started)
+        with maybe_went(name, pid, what, owner, started, clock):
+            still_owner(name, pid, what, owner, await self._owner_now(name, pid, deadline), clock() - started)
             request = wire.to_trequest(lane.request(True))
-            return await self._call_at(owner, method, name, *args, request, queue=name, pid=pid)
+            try:
+                return await self._call_at(owner, method, name, *args, request, queue=name, pid=pid)
+            except ServerUnavailable:  # (moved meanwhile: not sent to the new owner, as above)
+                still_owner(name, pid, what, owner, await self._owner_now(name, pid, deadline), clock() - started)
+                raise
+
+    async def _owner_now(self, name: str, pid: int, deadline: float) -> str | None:
+        """The partition's owner, read afresh by the next share of ``deadline`` (the rest is
+        the call's); None if none could say."""
+        try:
+            with self.deadline_at(silent_owner_at(deadline, asyncio.get_running_loop().time())):
+                return (await self.locations(name, fresh=True))[pid]
+        except (HQueueError, IndexError):
+            return None
 
     # -- scans and lifetime ---------------------------------------------------------
 

@@ -119,6 +119,24 @@ def _warn_if_puts_cannot_fit(limits: ServerLimits, max_put_messages: int, max_pu
         )
 
 
+def _foreign_owner(path: str) -> int | None:
+    """A user other than this process's (or root) owning ``path`` (the store's, resolved) or
+    a directory above it: one who may swap the store for another (as ssh checks a key's
+    directories); None if none."""
+    at = os.path.abspath(path)
+    while True:
+        try:
+            uid = os.lstat(at).st_uid
+        except OSError:
+            return None
+        if uid not in (os.geteuid(), 0):
+            return uid
+        parent = os.path.dirname(at)
+        if parent == at:
+            return None
+        at = parent
+
+
 def _warn_if_others_may_read(path: str | None) -> None:
     """Say so when every local user may read an embedded store's files (a directory made by
     hand keeps its mode), or when another user owns its directory (one made for this server
@@ -130,13 +148,14 @@ def _warn_if_others_may_read(path: str | None) -> None:
     if status is None:
         return
     mode = status.st_mode
-    if status.st_uid not in (os.geteuid(), 0):
+    owner = _foreign_owner(path) if path is not None else None
+    if owner is not None:
         logger.warning(
-            "the store %s belongs to user %d, not to this server's (%d): that user may read and change every "
-            "message in its files, whatever the tokens, and replace its socket; keep a store in a directory "
-            "this user owns (docs/security.md)",
+            "the store %s (or a directory above it) belongs to user %d, not to this server's "
+            "(%d): that user may read and change every message in its files, whatever the tokens, and replace "
+            "its socket; keep a store in a directory this user owns (docs/security.md)",
             path,
-            status.st_uid,
+            owner,
             os.geteuid(),
         )
     if mode & 0o005:

@@ -1050,12 +1050,24 @@ def test_a_server_with_tokens_says_when_another_user_owns_its_store(tmp_path, ca
     (tmp_path / "auth.toml").write_text(AUTH_FILE)
     store = tmp_path / "theirs"
     store.mkdir(mode=0o700)
-    os.chown(store, pwd.getpwnam("probe").pw_uid if _has_user("probe") else 65534, -1)
+    uid = pwd.getpwnam("probe").pw_uid if _has_user("probe") else 65534
+    os.chown(store, uid, -1)
     caplog.clear()
     with caplog.at_level("WARNING", logger="hqueue.server.app"):
         server = HQueueServer(f"local://{store}", port=0, auth=AuthPolicy.load(tmp_path / "auth.toml")).start()
         server.stop()
     assert "belongs to user" in caplog.text and "replace its socket" in caplog.text, caplog.text
+    # Nor when the store is root's but a directory above it is another user's (that user may
+    # rename it away and put one of its own in its place; a review)
+    theirs = tmp_path / "their-dir"
+    theirs.mkdir(mode=0o755)
+    (theirs / "store").mkdir(mode=0o700)
+    os.chown(theirs, uid, -1)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hqueue.server.app"):
+        server = HQueueServer(f"local://{theirs}/store", port=0, auth=AuthPolicy.load(tmp_path / "auth.toml")).start()
+        server.stop()
+    assert "belongs to user" in caplog.text, caplog.text
 
 
 def _has_user(name: str) -> bool:

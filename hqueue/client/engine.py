@@ -99,7 +99,16 @@ from ..scanner import Scan
 from .cursor import RemoteCursor
 from .groups import RemoteGroups
 from .pool import NotSent, Pool
-from .silent import SilentServers, maybe_went, next_share, owner_gone, server_share, silent_owner_at, still_owner
+from .silent import (
+    SilentServers,
+    maybe_went,
+    next_share,
+    owner_gone,
+    owner_moved,
+    server_share,
+    silent_owner_at,
+    still_owner,
+)
 from .subscriptions import RemoteSubscriptions
 
 logger = logging.getLogger(__name__)
@@ -584,6 +593,8 @@ class RemoteEngine:
             delay, fresh = 0.02, False
             unsure: HQueueError | None = None  # the failure after which the request may have been sent
             problem: HQueueError | None = None
+            pinned: str | None = None  # the owner a put's silent first try may have reached: none other gets it
+            started = time.monotonic()
             while True:
                 looking = True  # (until the call goes to a named owner)
                 try:
@@ -593,6 +604,8 @@ class RemoteEngine:
                         partition_of(name, len(locations), partition_id)
                     if owner:
                         looking = False
+                        if pinned is not None and owner != pinned:  # (moved since: see _put_at_owner)
+                            raise owner_moved(name, partition_id, what, pinned, owner, time.monotonic() - started)
                         resent = unsure is not None
                         if lane is None:
                             return self._call_watched(
@@ -603,6 +616,7 @@ class RemoteEngine:
                         return self._put_at_owner(name, partition_id, what, owner, deadline, method, args, lane, resent)
                     problem = NotPartitionOwner(name, partition_id, None)
                 except (NotPartitionOwner, ServerUnavailable) as e:
+                    pinned = getattr(e, "silent_owner", pinned)
                     problem, unsure = owner_failure(e, problem, unsure, looking, idempotent)
                 now = time.monotonic()
                 if now >= give_up or isinstance(problem, DeadlineExceeded):

@@ -169,6 +169,7 @@ def maybe_went(
         yield
     except ServerUnavailable as e:
         e.maybe_sent = True
+        e.silent_owner = silent  # type: ignore[attr-defined]  # (the put goes to no other owner: _owner_call)
         raise
     except NotPartitionOwner as e:  # (Fenced too: its owner is not said)
         raise owner_moved(name, partition_id, what, silent, e.owner or "another server", clock() - started) from e

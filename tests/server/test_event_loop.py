@@ -1003,6 +1003,28 @@ def test_strangers_declaring_big_calls_cost_the_loop_no_thread_and_no_buffer_and
         server.stop()
 
 
+def test_a_stranger_whose_call_a_worker_ran_waits_for_its_next_call_on_the_loop(tmp_path):
+    """After a call a worker ran (listQueues), the worker kept the connection for its next
+    call: 300 strangers sending one and two bytes more held 300 threads for the body
+    timeout (a review)."""
+    server = share_server(tmp_path, "loop")
+    strangers = []
+    try:
+        threads = threading.active_count()
+        for _ in range(100):
+            sock = connect(server)
+            sock.sendall(call_frame("listQueues", 1) + b"\x00\x00")
+            strangers.append(sock)
+        for sock in strangers[:5]:
+            assert read_reply(sock, []) == ("listQueues", 1)
+        time.sleep(0.3)
+        assert threading.active_count() <= threads + 40  # (the workers' pool, not a thread each)
+    finally:
+        for sock in strangers:
+            sock.close()
+        server.stop()
+
+
 @pytest.mark.parametrize("io", ["loop", "threads"])
 def test_a_stopping_server_ends_its_connections_before_it_closes_the_store(tmp_path, io, caplog):
     """With --io threads a stopped server left its connections open: a group member's

@@ -42,6 +42,7 @@ from ...client.silent import (
     maybe_went,
     next_share,
     owner_gone,
+    owner_moved,
     server_share,
     silent_owner_at,
     still_owner,
@@ -425,6 +426,8 @@ class AsyncRemoteEngine:
             delay, fresh = 0.02, False
             unsure: HQueueError | None = None  # the failure after which the request may have been sent
             problem: HQueueError | None = None
+            pinned: str | None = None  # the owner a put's silent first try may have reached: none other gets it
+            started = loop.time()
             while True:
                 looking = True  # (until the call goes to a named owner)
                 try:
@@ -434,6 +437,8 @@ class AsyncRemoteEngine:
                         partition_of(name, len(locations), partition_id)
                     if owner:
                         looking = False
+                        if pinned is not None and owner != pinned:  # (moved since: see _put_at_owner)
+                            raise owner_moved(name, partition_id, what, pinned, owner, loop.time() - started)
                         resent = unsure is not None
                         if lane is None:
                             return await self._call_watched(
@@ -446,6 +451,7 @@ class AsyncRemoteEngine:
                         )
                     problem = NotPartitionOwner(name, partition_id, None)
                 except (NotPartitionOwner, ServerUnavailable) as e:
+                    pinned = getattr(e, "silent_owner", pinned)
                     problem, unsure = owner_failure(e, problem, unsure, looking, idempotent)
                 now = loop.time()
                 if now >= give_up or isinstance(problem, DeadlineExceeded):

@@ -159,8 +159,12 @@ class QueueCalls(Calls):
                 f"(--max-put-bytes); this one has {payload}",
             )
 
-    def _writable_partition(self, queue: str, partition_id: int | None) -> int:
-        """The partition to write to (a random owned one for None), if this server owns it now."""
+    def _writable_partition(self, queue: str, partition_id: int | None, request: Any = None, count: int = 0) -> int:
+        """The partition to write to (a random owned one for None), if this server owns it now.
+        Shutting down, only a put sent again (``request`` marked resent) whose first try was
+        written here goes on, to be answered from its record: refused, its client could not
+        tell whether the first was written (OutcomeUnknown), and sending it elsewhere would
+        store it twice."""
         info = self.engine.enabled_queue(queue)
         if partition_id is None:
             owned = self.coordinator.owned(queue, info.partitions)
@@ -168,10 +172,19 @@ class QueueCalls(Calls):
                 raise NotPartitionOwner(queue, -1, None)
             partition_id = random.choice(owned)
         check_partition(info, partition_id)
-        if self.guard.draining:  # shutting down: the client retries on the next owner
-            raise NotPartitionOwner(queue, partition_id, None)
         self.coordinator.require_owner(queue, partition_id)
+        if self.guard.draining and not self._written(info, partition_id, request, count):
+            raise NotPartitionOwner(queue, partition_id, None)  # shutting down: the client retries on the next owner
         return partition_id
+
+    def _written(self, info: Any, partition_id: int, request: Any, count: int) -> bool:
+        """Whether ``request``'s put, marked resent, was written here already."""
+        sent = wire.from_trequest(request)
+        if sent is None or not sent.resent:
+            return False
+        may_block()  # (its record may be read from the store: on a worker)
+        with self.engine.writers.lock(info.name, partition_id):
+            return self.engine.writers.answered(info, partition_id, sent, count) is not None
 
     def _before_put(self, queue: str, partition_id: int) -> None:
         """On the event loop, before a put writes: a put behind another call writing the
@@ -182,7 +195,7 @@ class QueueCalls(Calls):
     @served("producer", inline=True)
     def putPacked(self, queue: str, partitionID: int, messages: bytes, request: Any = None) -> Any:
         topics, values = self._unpack_put(messages)
-        partition_id = self._writable_partition(queue, partitionID)
+        partition_id = self._writable_partition(queue, partitionID, request, len(topics))
         self._before_put(queue, partition_id)
         started = time.perf_counter()
         first = self.engine.put_columns(queue, topics, values, partition_id, wire.from_trequest(request))
@@ -275,7 +288,7 @@ class QueueCalls(Calls):
         request: Any = None,
     ) -> Any:
         topics, values = self._unpack_put(messages)
-        partition_id = self._writable_partition(queue, partitionID)
+        partition_id = self._writable_partition(queue, partitionID, request, len(topics))
         due: int | list[int] = dueMillis
         if dues:  # (empty: unset, as a client that sends every argument sends it)
             due = packed.unpack_dues(dues, len(topics))

@@ -186,3 +186,33 @@ def test_a_lane_carries_puts_in_order_and_is_dropped_when_one_ended_unknown():
         raise InvalidArgument("refused")
     with lanes.lane() as after:
         assert (after.id, after.sequence) == (refused.id, 2)
+
+
+def test_a_draining_server_answers_a_put_sent_again_whose_first_try_it_wrote(relayed):
+    """A shutting-down server refused every put, one sent again too: its client could not
+    tell whether the first try (slower than its share of the deadline) was written, so the
+    put ended OutcomeUnknown though its record said it was (a review). It is answered from
+    its record; any other put is refused, for the next owner."""
+    from hqueue.errors import NotPartitionOwner
+
+    server, _ = relayed(breaks=0, on=b"")
+    engine = RemoteEngine(f"hqueue://{server.address}?timeout=10")
+    blob = packed.pack([b"t"], [b"v"])
+    address = engine.locations("q")[0]
+
+    def put(lane: bytes, resent: bool) -> object:
+        request = wire.T.TRequest(lane=lane, sequence=1, resent=resent)
+        return engine._call_at(address, "putPacked", "q", 0, blob, request, queue="q", pid=0)
+
+    try:
+        first = put(b"A" * 16, False)
+        server.handler.guard.draining = True
+        again = put(b"A" * 16, True)
+        assert (again.firstID, again.count) == (first.firstID, first.count)
+        for lane, resent in ((b"B" * 16, True), (b"C" * 16, False)):
+            with pytest.raises(NotPartitionOwner):
+                put(lane, resent)
+        server.handler.guard.draining = False
+        assert stored(f"hqueue://{server.address}") == [b"v"]
+    finally:
+        engine.release()

@@ -141,14 +141,13 @@ def _warn_if_others_may_read(path: str | None) -> None:
     """Say so when every local user may read an embedded store's files (a directory made by
     hand keeps its mode), or when another user owns its directory (one made for this server
     by someone else): tokens keep roles apart over TCP, not in the files."""
+    if path is None:
+        return
     try:
-        status = os.stat(path) if path is not None else None
+        mode = os.stat(path).st_mode
     except OSError:
         return
-    if status is None:
-        return
-    mode = status.st_mode
-    owner = _foreign_owner(path) if path is not None else None
+    owner = _foreign_owner(path)
     if owner is not None:
         logger.warning(
             "the store %s (or a directory above it) belongs to user %d, not to this server's "

@@ -123,8 +123,14 @@ def test_a_malformed_presence_is_never_pushed_to_and_is_deleted(two_servers):
     a, b = two_servers
     for data in (b"{", b"[]", b'{"address": 1}', json.dumps({"address": "127.0.0.1:9", "push": None}).encode()):
         a.client.create(presence_path("q", "s"), data, ephemeral=True)
-        assert b.attached() == []
-        assert not a.client.exists(presence_path("q", "s"))
+
+        def deleted_and_never_attached() -> bool:
+            # (b reads the node once its watch of the registration sees it: until then it is
+            # away for b, and b's reconcile passes deletes it then)
+            assert b.attached() == []
+            return not a.client.exists(presence_path("q", "s"))
+
+        wait_for(deleted_and_never_attached, 5, "the malformed presence to be deleted")
 
 
 def test_a_subscription_s_topics_are_bounded_before_they_reach_zookeeper(two_servers):

@@ -250,8 +250,7 @@ class ServerProcess:
         """SIGSTOP, returning once every thread has stopped: the signal is only queued when
         kill() returns, and on a busy machine a thread may still answer a request after it."""
         assert self.proc is not None
-        self.proc.send_signal(signal.SIGSTOP)
-        wait_for(lambda: stopped(self.proc.pid), 30, f"server {self.name} to stop", interval=0.005)
+        pause(self.proc)
 
     def resume(self) -> None:
         """SIGCONT: a paused server goes on."""
@@ -263,6 +262,14 @@ class ServerProcess:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout=timeout)
+
+
+def pause(proc: subprocess.Popen) -> None:
+    """SIGSTOP ``proc``, returning once every thread of it has stopped: kill() returns once the
+    signal is queued, and on a busy machine the thread that takes it may run late, while
+    another still answers a request sent after kill() (a put acknowledged by a "paused" server)."""
+    proc.send_signal(signal.SIGSTOP)
+    wait_for(lambda: stopped(proc.pid), 30, f"process {proc.pid} to stop", interval=0.005)
 
 
 def stopped(pid: int) -> bool:

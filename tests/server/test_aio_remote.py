@@ -833,7 +833,6 @@ def test_closing_a_queue_whose_server_does_not_answer_ends_its_consumers_within_
     """A queue's close makes its open consumers leave (their messages back, no failure
     counted); a server that does not answer (SIGSTOP) holds that for LEAVE_AT_CLOSE, not the
     calls' 30 s timeout, in both APIs."""
-    import signal
 
     from hqueue.queue import LEAVE_AT_CLOSE
 
@@ -861,14 +860,14 @@ def test_closing_a_queue_whose_server_does_not_answer_ends_its_consumers_within_
         async def main() -> tuple[float, float]:
             member, handle = await aio_member()
             assert proc.proc is not None
-            proc.proc.send_signal(signal.SIGSTOP)
+            proc.pause()
             try:
                 started = time.monotonic()
                 await asyncio.to_thread(queue.close)
                 blocking_took = time.monotonic() - started
                 return blocking_took, await close_it(handle)
             finally:
-                proc.proc.send_signal(signal.SIGCONT)
+                proc.resume()
 
         blocking_took, aio_took = asyncio.run(main())
         assert blocking_took < LEAVE_AT_CLOSE + 2 and aio_took < LEAVE_AT_CLOSE + 2, (blocking_took, aio_took)

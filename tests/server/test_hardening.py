@@ -9,7 +9,6 @@ import contextlib
 import logging
 import os
 import re
-import signal
 import socket
 import stat
 import struct
@@ -924,12 +923,12 @@ def test_a_put_whose_answer_never_comes_is_outcome_unknown(tmp_path):
     with HQueue("q", url) as queue:
         queue.engine.owner_timeout = 1.0
         queue.put(Message("t", b"before"))
-        os.kill(proc.proc.pid, signal.SIGSTOP)  # the request is sent; no answer comes
+        proc.pause()  # the request is sent; no answer comes
         try:
             with pytest.raises(OutcomeUnknown, match="may have been written"):
                 queue.put(Message("t", b"maybe"))
         finally:
-            os.kill(proc.proc.pid, signal.SIGCONT)
+            proc.resume()
     proc.terminate()
 
 

@@ -28,7 +28,7 @@ import pytest
 from hqueue import HQueue, HQueueAdmin, Message
 from hqueue.sharing import SOCKET_NAME
 
-from ..processes import ROOT, Proc, python_env, serving_pid, wait_for
+from ..processes import ROOT, Proc, pause, python_env, serving_pid, wait_for
 
 
 def _writer(data: str) -> Proc:
@@ -228,7 +228,7 @@ def test_an_asyncio_member_in_a_client_process_ends_with_its_handle_and_by_its_d
             async with stopped, stopped.consumer("g2") as waiting:
                 (await stopped.async_engine()).sync.timeout = 2  # its StoreClient's (30 s by default)
                 await waiting.receive(wait=0)
-                holder.proc.send_signal(signal.SIGSTOP)  # the serving process answers nothing
+                pause(holder.proc)  # the serving process answers nothing
                 try:
                     with pytest.raises(DeadlineExceeded):
                         await asyncio.wait_for(waiting.receive(wait=1), 10)  # one deadline: 2 s + 1 s
@@ -240,7 +240,7 @@ def test_an_asyncio_member_in_a_client_process_ends_with_its_handle_and_by_its_d
             await member.receive(wait=0)
             with pytest.raises(TimeoutError):
                 await asyncio.wait_for(member.receive(wait=30), 0.3)
-            holder.proc.send_signal(signal.SIGSTOP)  # its poll is never answered
+            pause(holder.proc)  # its poll is never answered
             try:
                 await asyncio.wait_for(handle.close(), 10)  # not the receive's 30 s plus its timeout
             finally:

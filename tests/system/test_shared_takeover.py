@@ -457,7 +457,7 @@ def test_an_async_queue_closes_within_a_second_or_two_when_the_serving_process_h
 
     from hqueue.aio import AsyncHQueue
 
-    from ..processes import stopped
+    from ..processes import pause
 
     holder = _holder(data)
     try:
@@ -468,8 +468,7 @@ def test_an_async_queue_closes_within_a_second_or_two_when_the_serving_process_h
             queue = await AsyncHQueue("q", data_dir=data).open()
             consumer = queue.consumer("g")
             assert len(await consumer.receive(5, wait=2)) == 5
-            holder.proc.send_signal(signal.SIGSTOP)
-            wait_for(lambda: stopped(holder.proc.pid), 30, "the holder to stop", interval=0.005)
+            pause(holder.proc)
             started = time.monotonic()
             await queue.close()
             return time.monotonic() - started

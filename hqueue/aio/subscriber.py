@@ -126,13 +126,15 @@ class AsyncSubscriber:
         unseen kept its name from every later start (``SubscriberActive``)."""
         loop = asyncio.get_running_loop()
         listeners = [_adapted(listener, loop) for listener in self._listeners]
-        self._on_loop = [listener for listener in listeners if isinstance(listener, _OnLoop)]
+        on_loop = [listener for listener in listeners if isinstance(listener, _OnLoop)]
+        if self.subscriber is None:  # (a second start of a running one fails: stop() cancels the first's)
+            self._on_loop = on_loop
         self._started.add(self)  # (its queue's close meanwhile stops it: below)
         starting = _in_thread(self._start, listeners)
         try:
             subscriber, handle = await asyncio.shield(asyncio.wrap_future(starting))
         except asyncio.CancelledError:
-            for listener in self._on_loop:
+            for listener in on_loop:
                 listener.cancel()
             self._forget_unless_running()
             starting.add_done_callback(partial(_in_thread, _stop_started))  # (never on the loop)

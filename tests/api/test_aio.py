@@ -533,6 +533,39 @@ def test_starting_a_started_subscriber_again_keeps_its_handle(tmp_path):
     run(main())
 
 
+def test_a_failed_second_start_leaves_stop_cancelling_the_running_listeners(tmp_path):
+    """A second start of a running subscriber put its own (unused) listeners where stop()
+    looked for those to cancel: the first start's listener, busy over a batch, ran on
+    after stop() returned."""
+    from hqueue import Message, SubscriberActive, Subscription
+
+    async def main() -> list[str]:
+        queue = await made(f"local://{tmp_path}", "q", partitions=1)
+        began, seen = asyncio.Event(), []
+
+        async def busy(messages) -> None:
+            began.set()
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                seen.append("cancelled")
+                raise
+
+        subscriber = queue.create_subscriber(Subscription("s"), [busy], takeover_timeout=0.5)
+        await subscriber.start()
+        await queue.put(Message("t", b"m"), partition_id=0)
+        await asyncio.wait_for(began.wait(), 10)
+        with pytest.raises(SubscriberActive):
+            await subscriber.start()
+        await asyncio.wait_for(subscriber.stop(), 10)
+        await asyncio.sleep(0.1)  # (the cancellation reaches the listener's task)
+        after_stop = list(seen)
+        await queue.close()
+        return after_stop
+
+    assert run(main()) == ["cancelled"]
+
+
 def test_a_member_closed_while_another_task_receives_in_process_leaves_the_group(tmp_path):
     """On an embedded store, a receive another task awaited went on after its consumer's
     close, taking in turn until its wait ended, each take counting the member in again

@@ -145,7 +145,7 @@ class AsyncSubscriber:
         if self not in self._started:  # stopped while it started (its queue closed): it stops
             await asyncio.shield(asyncio.wrap_future(_in_thread(_stop, subscriber, handle, "stopped as it started")))
             return self
-        self.subscriber, self._handle = subscriber, handle
+        self.subscriber, self._handle, self._on_loop = subscriber, handle, on_loop  # (another start's may be there)
         return self
 
     def _forget_unless_running(self) -> None:

@@ -566,6 +566,35 @@ def test_a_failed_second_start_leaves_stop_cancelling_the_running_listeners(tmp_
     assert run(main()) == ["cancelled"]
 
 
+def test_of_two_starts_at_once_stop_cancels_the_listeners_of_the_one_that_runs(tmp_path):
+    from hqueue import Message, SubscriberActive, Subscription
+
+    async def main() -> list[str]:
+        queue = await made(f"local://{tmp_path}", "q", partitions=1)
+        began, seen = asyncio.Event(), []
+
+        async def busy(messages) -> None:
+            began.set()
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                seen.append("cancelled")
+                raise
+
+        subscriber = queue.create_subscriber(Subscription("s"), [busy], takeover_timeout=0.5)
+        first, second = await asyncio.gather(subscriber.start(), subscriber.start(), return_exceptions=True)
+        assert sorted(type(r).__name__ for r in (first, second)) == ["AsyncSubscriber", SubscriberActive.__name__]
+        await queue.put(Message("t", b"m"), partition_id=0)
+        await asyncio.wait_for(began.wait(), 10)
+        await asyncio.wait_for(subscriber.stop(), 10)
+        await asyncio.sleep(0.1)  # (the cancellation reaches the listener's task)
+        after_stop = list(seen)
+        await queue.close()
+        return after_stop
+
+    assert run(main()) == ["cancelled"]
+
+
 def test_a_member_closed_while_another_task_receives_in_process_leaves_the_group(tmp_path):
     """On an embedded store, a receive another task awaited went on after its consumer's
     close, taking in turn until its wait ended, each take counting the member in again

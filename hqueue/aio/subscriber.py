@@ -114,6 +114,7 @@ class AsyncSubscriber:
         self.subscriber: Subscriber | None = None
         self._on_loop: list[_OnLoop] = []
         self._started = set() if started is None else started  # (its queue's: it stops them at its close)
+        self._starting = 0  # start()s under way
 
     @property
     def address(self) -> str:
@@ -131,6 +132,7 @@ class AsyncSubscriber:
             self._on_loop = on_loop
         self._started.add(self)  # (its queue's close meanwhile stops it: below)
         starting = _in_thread(self._start, listeners)
+        self._starting += 1
         try:
             subscriber, handle = await asyncio.shield(asyncio.wrap_future(starting))
         except asyncio.CancelledError:
@@ -142,6 +144,8 @@ class AsyncSubscriber:
         except BaseException:
             self._forget_unless_running()
             raise
+        finally:
+            self._starting -= 1
         if self not in self._started:  # stopped while it started (its queue closed): it stops
             await asyncio.shield(asyncio.wrap_future(_in_thread(_stop, subscriber, handle, "stopped as it started")))
             return self
@@ -149,7 +153,9 @@ class AsyncSubscriber:
         return self
 
     def _forget_unless_running(self) -> None:
-        if self.subscriber is None:  # (a second start of a running one fails: that one runs on)
+        """A start failed: forget this subscriber, unless one runs or another start may still
+        make one (a second start fails while the first runs on, or finishes starting)."""
+        if self.subscriber is None and self._starting <= 1:
             self._started.discard(self)
 
     def _start(self, listeners: list[MessageListener]) -> tuple[Subscriber, HQueue]:

@@ -595,6 +595,44 @@ def test_of_two_starts_at_once_stop_cancels_the_listeners_of_the_one_that_runs(t
     assert run(main()) == ["cancelled"]
 
 
+def test_of_two_starts_at_once_the_one_that_wins_runs_even_when_the_other_fails_first(tmp_path, monkeypatch):
+    """The start that failed (SubscriberActive, after takeover_timeout) forgot the subscriber
+    while the other was still starting: that one then took itself for stopped (as by its
+    queue's close) and stopped what it had started."""
+    from hqueue import SubscriberActive, Subscription
+    from hqueue.aio import subscriber as aio_subscriber
+
+    start, calls = aio_subscriber.AsyncSubscriber._start, []
+
+    def slow_first(self, listeners):
+        calls.append(None)
+        started = start(self, listeners)
+        if len(calls) == 1:
+            time.sleep(1.5)  # (started: the other start fails meanwhile)
+        return started
+
+    monkeypatch.setattr(aio_subscriber.AsyncSubscriber, "_start", slow_first)
+
+    async def main() -> None:
+        queue = await made(f"local://{tmp_path}", "q", partitions=1)
+
+        async def listener(messages) -> None:
+            pass
+
+        subscriber = queue.create_subscriber(Subscription("s"), [listener], takeover_timeout=0.2)
+        first = asyncio.ensure_future(subscriber.start())
+        await asyncio.sleep(0.3)  # (the first has its subscriber, and sleeps)
+        with pytest.raises(SubscriberActive):
+            await subscriber.start()
+        assert not first.done()
+        await first
+        assert subscriber.subscriber is not None, "the start that won stopped what it started"
+        await subscriber.stop()
+        await queue.close()
+
+    run(main())
+
+
 def test_a_member_closed_while_another_task_receives_in_process_leaves_the_group(tmp_path):
     """On an embedded store, a receive another task awaited went on after its consumer's
     close, taking in turn until its wait ended, each take counting the member in again

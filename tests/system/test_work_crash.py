@@ -34,6 +34,18 @@ def _python(*args: str) -> subprocess.Popen:
     )
 
 
+def _first_line(proc: subprocess.Popen, timeout: float) -> str:
+    """The first line ``proc`` prints, within ``timeout`` seconds (a thread reads it)."""
+    line: list[str] = []
+    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if not (line and line[0].endswith("\n")):
+        proc.kill()
+        raise AssertionError(f"no line from {proc.args} in {timeout:g}s")
+    return line[0][:-1]
+
+
 def _whole_lines(proc: subprocess.Popen) -> list[str]:
     lines = proc.stdout.read().split("\n")
     return lines[:-1]  # the text after the last newline was cut by the kill
@@ -45,11 +57,11 @@ def test_kill_9_a_timer_writer_every_acknowledged_timer_fires_exactly_once(tmp_p
     acked: list[str] = []
     for _ in range(4):
         proc = _python("-m", "tests.helpers.timer_writer", str(tmp_path), "timers")
+        acked.append(_first_line(proc, 60))  # it writes (a busy machine took over 2 s to start it)
         time.sleep(1.0 + random.random())  # long enough for many timers to fall due and fire in it
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
         acked += _whole_lines(proc)
-    assert acked
     with HQueue("timers", data_dir=tmp_path) as queue:  # this process fires what is left
         due = wall_clock_ms() + 1100
         wait_for(lambda: wall_clock_ms() > due and not _pending(queue), 60, "every timer to fire")

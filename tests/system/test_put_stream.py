@@ -66,10 +66,16 @@ def test_ctrl_c_sends_what_was_read_and_counts_it(server, stop):
     put = _put(server, "--linger", "60")
     put.stdin.write(b"".join(b"%d\n" % i for i in range(1500)) + b"abc")
     put.stdin.flush()
+    wait_for(lambda: _unread(put.stdin) == 0, 20, "every byte read")  # (on a busy machine it lagged)
     wait_for(lambda: _count(server) >= 1000, 20, "the first batch")
-    # When Ctrl-C (or SIGTERM) comes
+    # When Ctrl-C (or SIGTERM) comes, the pipe still open (closed first, its end makes "abc"
+    # a whole last line: on a busy machine the command read that end before the signal)
     put.send_signal(stop)
-    _, err = put.communicate(timeout=30)
+    put.wait(timeout=30)
+    err = put.stderr.read()
+    put.stdin.close()
+    put.stdout.close()
+    put.stderr.close()
     # Then the 500 are sent, and the count says so, to the line
     assert put.returncode == 130
     assert err.decode().splitlines() == [

@@ -229,10 +229,13 @@ class SubscriberLoop:
 
     # -- the manager's calls (any thread) -------------------------------------------------
 
-    def add(self, worker: PartitionWorker) -> None:
+    def add(self, *workers: PartitionWorker) -> None:
+        """Start ``workers`` together: the first pick sees them all (on a queue with priority
+        tiers, the highest tier's goes first from the start)."""
         with self.pool.cond:
-            self.workers[worker.partition_id] = worker
-            self.ready_now(worker)
+            for worker in workers:
+                self.workers[worker.partition_id] = worker
+                self.ready_now(worker)
 
     def wake(self, worker: PartitionWorker) -> None:
         """A write to the worker's partition: run it now if it waits for one."""

@@ -115,6 +115,7 @@ class SubscriptionManager:
                 want = wanted.get(key)
                 if want is None or _identity(want) != _identity(worker.registration) or not worker.is_alive():
                     self._stop_worker(key)
+            started: dict[SubscriberLoop, list[PartitionWorker]] = {}
             for key, registration in wanted.items():
                 if key not in self.workers:
                     # attached() read the registration in this pass: its checkpoints
@@ -127,8 +128,10 @@ class SubscriptionManager:
                     loop = self.loops.get((key[0], key[1]))
                     if loop is None:
                         loop = self.loops[(key[0], key[1])] = SubscriberLoop(self, self.pool, key[0], key[1])
-                    loop.add(worker)
+                    started.setdefault(loop, []).append(worker)
                     logger.info("delivering %s partition %d to %s at %s", key[0], key[2], key[1], registration.address)
+            for loop, workers in started.items():  # a subscriber's together (its tiers' order from the first push)
+                loop.add(*workers)
             owed = {(queue, name) for queue, name, _ in self.workers}
             for loop_key in [k for k in self.loops if k not in owed]:
                 self.loops.pop(loop_key).stop()

@@ -5,6 +5,8 @@ Runs on every storage backend and through a server (``make_queue``).
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from hqueue import HQueueAdmin, InvalidArgument, InvalidPartition, Message
@@ -59,13 +61,27 @@ def test_tiers_survive_a_reopen(tmp_path):
         assert admin.describe_queue("q")["config"] == {"hqueue.priorities": "2"}
 
 
-def test_push_subscriptions_deliver_the_highest_tier_first(tmp_path):
+@pytest.mark.parametrize("made", ["at once", "slowly"])
+def test_push_subscriptions_deliver_the_highest_tier_first(tmp_path, monkeypatch, made):
+    """A subscriber's workers were started one by one, each ready at once: a push thread
+    could take the low tier's before the high tier's was made (CI, on a busy machine).
+    ``slowly``: each worker after the first takes 0.3 s to make."""
     from hqueue import HQueue, Subscription
     from hqueue.server import HQueueServer
+    from hqueue.subscriptions import delivery
 
     from ..processes import wait_for
     from .test_subscriber import Collect
 
+    if made == "slowly":
+        init = delivery.PartitionWorker.__init__
+
+        def slow(self, manager, registration, partition_id):
+            if partition_id:
+                time.sleep(0.3)
+            init(self, manager, registration, partition_id)
+
+        monkeypatch.setattr(delivery.PartitionWorker, "__init__", slow)
     server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
     url = f"hqueue://{server.address}"
     try:

@@ -165,14 +165,9 @@ class FrameReader:
             FrameError: the frame does not start as a strict binary-protocol call.
         """
         self._peek(8)
-        version, name_size = _CALL_HEAD(self._buffer, 4)
-        if version & 0xFFFF0000 != _VERSION_1:
-            raise FrameError("not a strict binary-protocol message (bad version header)")
-        if not 0 < name_size <= 128:
-            raise FrameError(f"method name of {name_size} bytes")
+        name_size = _name_size(self._buffer)
         self._peek(12 + name_size)
-        name = self._buffer[12 : 12 + name_size].decode("ascii", "replace")
-        return name, _I32(self._buffer, 12 + name_size)[0]
+        return _name_and_seqid(self._buffer, name_size)
 
     def body(self) -> bytes | bytearray:
         """The frame whose head :meth:`next_size` read: the bytes after its head.
@@ -338,13 +333,29 @@ def head_of_frame(buffer: bytes | bytearray) -> tuple[str, int] | None:
     """
     if len(buffer) < 12:
         return None
+    name_size = _name_size(buffer)
+    if len(buffer) < 16 + name_size:
+        return None
+    return _name_and_seqid(buffer, name_size)
+
+
+def _name_size(buffer: bytes | bytearray) -> int:
+    """The size of the method name of the call whose frame (with its 4-byte size) ``buffer``
+    begins, from its first 12 bytes.
+
+    Raises:
+        FrameError: it does not start as a strict binary-protocol call.
+    """
     version, name_size = _CALL_HEAD(buffer, 4)
     if version & 0xFFFF0000 != _VERSION_1:
         raise FrameError("not a strict binary-protocol message (bad version header)")
     if not 0 < name_size <= 128:
         raise FrameError(f"method name of {name_size} bytes")
-    if len(buffer) < 16 + name_size:
-        return None
+    return name_size
+
+
+def _name_and_seqid(buffer: bytes | bytearray, name_size: int) -> tuple[str, int]:
+    """The method name and sequence id of the call ``buffer`` begins (:func:`_name_size`)."""
     return bytes(buffer[12 : 12 + name_size]).decode("ascii", "replace"), _I32(buffer, 12 + name_size)[0]
 
 

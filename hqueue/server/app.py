@@ -120,8 +120,8 @@ def _warn_if_puts_cannot_fit(limits: ServerLimits, max_put_messages: int, max_pu
 
 
 def _foreign_owner(path: str) -> int | None:
-    """A user other than this process's (or root) owning ``path`` (the store's, resolved) or
-    a directory above it: one who may swap the store for another (as ssh checks a key's
+    """A user other than this process's (or root) owning ``path`` (the store's, made absolute,
+    links not followed) or a directory above it: one who may swap the store for another (as ssh checks a key's
     directories); None if none."""
     at = os.path.abspath(path)
     while True:

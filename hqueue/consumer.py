@@ -39,6 +39,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import forks
 from .api import groups_of
+from .client.ahead import GroupAhead
+from .client.groups import RemoteGroups
 from .config import UNSEEN
 from .errors import HQueueError, InvalidArgument
 from .groups.affinity import check_key_affinity
@@ -209,6 +211,13 @@ class Consumer:
             ``"topic"`` (the key is the topic) or ``"partition"`` (one key per
             partition); see :mod:`hqueue.groups.affinity`. Fixed when the group
             is made; None (default) joins an existing group as it is.
+        prefetch: Over a server (``hqueue://``, or a ``local://`` store another
+            process serves), ask for the next batch as soon as ``receive``
+            hands out a whole one, so that the server takes it out while this
+            member works (default False). Its leases run from then: a batch
+            whose lease has run a quarter before the next ``receive`` goes
+            back unseen and a fresh one is taken (:mod:`hqueue.client.ahead`).
+            No effect on a store this process opened (no round trip to save).
     """
 
     def __init__(
@@ -222,13 +231,17 @@ class Consumer:
         lease: float = DEFAULT_LEASE,
         member: str | None = None,
         key_affinity: str | None = None,
+        prefetch: bool = False,
     ) -> None:
         self.queue, self.group, self.lease = queue, group, check_lease(lease)
+        if not isinstance(prefetch, bool):
+            raise TypeError(f"'prefetch' must be True or False, not {prefetch!r}")
         self.member = member_name(member)
         self._groups_here = groups_of(queue.engine)
         self._fork = forks.generation()  # (not carried across fork(): forks.py)
         self._groups.open(queue.name, group, *joining(group, topics, start, max_retries, key_affinity))
         self.closed = False
+        self._ahead = _ahead(self._groups_here, queue.name, group, self.member, prefetch)
         self._heartbeats: threading.Thread | None = None
         self._stopped = threading.Event()
 
@@ -247,7 +260,11 @@ class Consumer:
             self._start_heartbeats()
         lease, wait = check_lease(self.lease if lease is None else lease), check_wait(wait)
         check_max_messages(max_messages)
-        pairs = self._groups.receive(self.queue.name, self.group, self.member, max_messages, lease, wait)
+        groups = self._groups  # (refused in a forked child)
+        if self._ahead is not None:
+            pairs = self._ahead.receive(max_messages, lease, wait)
+        else:
+            pairs = groups.receive(self.queue.name, self.group, self.member, max_messages, lease, wait)
         if self.closed:  # it raced the close's leave, which it may have undone: leave again (what it took goes back)
             with contextlib.suppress(HQueueError, RuntimeError):  # (its store gone: the leases with it)
                 self._groups.leave(self.queue.name, self.group, self.member)
@@ -320,6 +337,8 @@ class Consumer:
             self.closed = True
             self._stopped.set()
             if self._fork == forks.generation():  # (in a forked child, the member is the parent's)
+                if self._ahead is not None:
+                    self._ahead.close()  # (what it asked ahead: read first, so the leave gives it back)
                 self._groups.leave(self.queue.name, self.group, self.member)
 
     def _start_heartbeats(self) -> None:
@@ -336,6 +355,11 @@ class Consumer:
 
     def __repr__(self) -> str:
         return f"Consumer({self.queue.name!r}, {self.group!r}, member={self.member!r})"
+
+
+def _ahead(groups: Any, queue: str, group: str, member: str, prefetch: bool) -> GroupAhead | None:
+    """The member's batch asked ahead: with ``prefetch``, over a server only."""
+    return GroupAhead(groups, queue, group, member) if prefetch and isinstance(groups, RemoteGroups) else None
 
 
 def _heartbeat(ref: weakref.ref[Consumer], stopped: threading.Event) -> None:

@@ -368,11 +368,12 @@ class HQueue(Connected):
         lease: float = DEFAULT_LEASE,
         member: str | None = None,
         key_affinity: str | None = None,
+        prefetch: bool = False,
     ) -> Consumer:
         """A member of consumer group ``group``: receive, then ack or nack (see :class:`~hqueue.consumer.Consumer`)."""
         consumer = Consumer(
             self, group, topics, start=start, max_retries=max_retries, lease=lease, member=member,
-            key_affinity=key_affinity,
+            key_affinity=key_affinity, prefetch=prefetch,
         )  # fmt: skip
         self._consumers.add(consumer)
         return consumer

@@ -457,23 +457,36 @@ class RemoteEngine:
         ``wait`` the call asks for): named no more (paused past its session: its partitions
         moved), the call is given up with ``gone(seconds waited)``; still named (slow, not
         paused), it is waited for to the deadline, and not sent again."""
-        started = time.monotonic()
         with self.deadline() as deadline:
-
-            def at_share() -> float | None:
-                self._silent.mark(owner)  # (the reads ask it last)
-                now = time.monotonic()
-                try:
-                    with self.deadline_at(silent_owner_at(deadline, now)):  # (the answer may come meanwhile)
-                        still = named()
-                except HQueueError:  # (none could say: wait on)
-                    still = True
-                if not still:
-                    raise gone(time.monotonic() - started)
-                return next_share(deadline, time.monotonic())
-
-            share = next_share(deadline - wait, started) + wait
+            share, at_share = self._watch(owner, deadline, wait, named, gone)
             return self._call_at(owner, method, *args, queue=queue, pid=pid, share=share, at_share=at_share)
+
+    def _watch(
+        self,
+        owner: str,
+        deadline: float,
+        wait: float,
+        named: Callable[[], bool],
+        gone: Callable[[float], HQueueError],
+    ) -> tuple[float, Callable[[], float | None]]:
+        """The first share and the ``at_share`` of :meth:`_call_watched`'s wait for an answer
+        from ``owner``, from now (a batch asked for ahead reads its answer so:
+        :mod:`hqueue.client.ahead`)."""
+        started = time.monotonic()
+
+        def at_share() -> float | None:
+            self._silent.mark(owner)  # (the reads ask it last)
+            now = time.monotonic()
+            try:
+                with self.deadline_at(silent_owner_at(deadline, now)):  # (the answer may come meanwhile)
+                    still = named()
+            except HQueueError:  # (none could say: wait on)
+                still = True
+            if not still:
+                raise gone(time.monotonic() - started)
+            return next_share(deadline, time.monotonic())
+
+        return next_share(deadline - wait, started) + wait, at_share
 
     def _call(self, method: str, *args, queue: str | None = None):
         """A call any server can answer: try each, in random order (those lately silent

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -62,11 +62,17 @@ class RemoteGroups:
         """``method`` at the partitions' ``owner``, given up once it owns none of the queue's
         partitions while no answer comes (RemoteEngine._call_watched): a ServerUnavailable
         its caller goes on from at the new owners."""
-        return self._engine._call_watched(
-            owner, method, *args, queue=queue, wait=wait,
-            named=lambda: owner in self._group_locations(queue, fresh=True),
-            gone=partial(group_call_unanswered, owner, method),
-        )  # fmt: skip
+        named, gone = self._owner_watch(owner, method, queue)
+        return self._engine._call_watched(owner, method, *args, queue=queue, wait=wait, named=named, gone=gone)
+
+    def _owner_watch(
+        self, owner: str, method: str, queue: str
+    ) -> tuple[Callable[[], bool], Callable[[float], HQueueError]]:
+        """While ``method`` at ``owner`` gets no answer: whether the owner still owns some of
+        the queue's partitions (read afresh), and the failure to give the call up with."""
+        return (lambda: owner in self._group_locations(queue, fresh=True)), partial(
+            group_call_unanswered, owner, method
+        )
 
     def receive(
         self, queue: str, group: str, member: str, max_messages: int, lease: float, wait: float

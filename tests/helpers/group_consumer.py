@@ -1,9 +1,10 @@
 """A consumer-group member that logs what it gets and acks; killed by tests.
 
-Usage: python -m tests.helpers.group_consumer URL QUEUE GROUP LEASE WORK
+Usage: python -m tests.helpers.group_consumer URL QUEUE GROUP LEASE WORK [prefetch]
 
 WORK: seconds each batch takes to "process" between receive and ack, so that
-a kill often lands while messages are held.
+a kill often lands while messages are held. ``prefetch``: the member asks for
+its next batch ahead (``queue.consumer(group, prefetch=True)``).
 
 Prints ``R pid timestamp sequence attempt`` for each message received and
 ``A pid timestamp sequence`` once its ack has returned (so an ``A`` line is
@@ -16,9 +17,10 @@ import time
 from hqueue import HQueue
 
 
-def main(url: str, name: str, group: str, lease: str, work: str) -> None:
+def main(url: str, name: str, group: str, lease: str, work: str, ahead: str = "") -> None:
     out = sys.stdout
-    with HQueue(name, url) as queue, queue.consumer(group, lease=float(lease)) as consumer:
+    prefetch = ahead == "prefetch"
+    with HQueue(name, url) as queue, queue.consumer(group, lease=float(lease), prefetch=prefetch) as consumer:
         print("READY", flush=True)
         while True:
             deliveries = consumer.receive(50, wait=1.0)
@@ -32,4 +34,4 @@ def main(url: str, name: str, group: str, lease: str, work: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:6])
+    main(*sys.argv[1:7])

@@ -307,6 +307,42 @@ def test_group_calls_at_a_paused_owner_go_on_at_its_partitions_new_owner(cluster
     assert not on_b & {d.partition_id for d in again + aio["again"]}, (again, aio["again"])
 
 
+def test_a_member_that_asks_ahead_goes_on_at_the_new_owner_of_a_paused_one_s_partitions(cluster):
+    """A prefetching member (hqueue/client/ahead.py) whose batch ahead was asked of an owner
+    that is paused past its session: the receive that reads its answer gives it up as any
+    group call does (its owner named no more) and goes on at the new owner, far from the
+    deadline; every message is acked in the end, and none acked at the live owner comes back."""
+    a, b, url = two_servers_with_queue(cluster)
+    on_b = {pid for pid, owner in enumerate(owners(f"hqueue://{b.address}")) if owner == b.address}
+    with HQueue("orders", url, timeout=24) as queue, queue.consumer("billing", member="m", prefetch=True) as member:
+        for pid in range(PARTITIONS):
+            queue.put([Message("order", b"%d-%d" % (pid, i)) for i in range(6)], pid)
+        first = []
+        while len(first) < 2 or member._ahead._asked.owner != b.address:  # (the next is asked of a, in turn)
+            first += member.receive(1, wait=0.5)
+        member.ack(first)
+        a.pause()
+        try:
+            took, asked_of_a, got, acked = [], 0, [], {d.value for d in first}
+            until = time.monotonic() + 60
+            while time.monotonic() < until and len(acked) < 6 * PARTITIONS:
+                began = time.monotonic()
+                deliveries = member.receive(1, wait=0.5)  # a whole batch: the next is asked ahead each time
+                took.append(time.monotonic() - began)
+                asked = member._ahead._asked
+                asked_of_a += asked is not None and asked.owner == a.address
+                if member.ack(deliveries):  # (0: handed out by a before the pause; b hands it out again)
+                    acked |= {d.value for d in deliveries}
+                got += deliveries
+        finally:
+            a.resume()
+    assert len(acked) == 6 * PARTITIONS, sorted(acked)
+    assert asked_of_a and max(took) < 18, (asked_of_a, max(took))  # not the 24 s deadline, nor DeadlineExceeded
+    wait_for(lambda: finished(url, "billing"), 30, "every message acked")
+    acked_at_b = [d for d in first if d.partition_id in on_b]
+    assert not {d.rowkey for d in acked_at_b} & {d.rowkey for d in got}
+
+
 def finished(url: str, group: str) -> bool:
     """Whether every message of queue "orders" is acked in ``group``."""
     with HQueueAdmin(url) as admin:

@@ -135,7 +135,8 @@ def drained(url: str) -> bool:
     return all(p["lag_messages"] == 0 and p["in_flight"] == 0 and p["retrying"] == 0 for p in partitions)
 
 
-def test_kill_9_consumers_under_load_every_message_is_delivered_and_an_ack_holds(tmp_path):
+@pytest.mark.parametrize("ahead", ["", "prefetch"])
+def test_kill_9_consumers_under_load_every_message_is_delivered_and_an_ack_holds(tmp_path, ahead):
     server = ServerProcess(f"local://{tmp_path}/data", tmp_path)
     url = f"hqueue://{server.address}"
     with HQueueAdmin(url) as admin:
@@ -143,7 +144,7 @@ def test_kill_9_consumers_under_load_every_message_is_delivered_and_an_ack_holds
     log = Log()  # one order over every consumer's lines, as the test reads them
 
     def consumer() -> subprocess.Popen:
-        proc = _python("-m", "tests.helpers.group_consumer", url, "work", "g", "2", "0.02")
+        proc = _python("-m", "tests.helpers.group_consumer", url, "work", "g", "2", "0.02", ahead)
         assert proc.stdout.readline().strip() == "READY"
 
         def read() -> None:
@@ -178,7 +179,8 @@ def test_kill_9_consumers_under_load_every_message_is_delivered_and_an_ack_holds
     server.terminate()
 
 
-def test_kill_9_the_server_under_group_load_acked_messages_never_come_back(tmp_path):
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_kill_9_the_server_under_group_load_acked_messages_never_come_back(tmp_path, prefetch):
     server = ServerProcess(f"local://{tmp_path}/data", tmp_path)
     url = f"hqueue://{server.address}?timeout=5"
     with HQueueAdmin(url) as admin:
@@ -187,7 +189,7 @@ def test_kill_9_the_server_under_group_load_acked_messages_never_come_back(tmp_p
     stop = threading.Event()
 
     def consume() -> None:
-        with HQueue("work", url) as queue, queue.consumer("g", lease=2) as member:
+        with HQueue("work", url) as queue, queue.consumer("g", lease=2, prefetch=prefetch) as member:
             while not stop.is_set():
                 try:
                     deliveries = member.receive(50, wait=0.5)

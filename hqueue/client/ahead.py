@@ -1,0 +1,173 @@
+"""A consumer group member's next batch, asked for ahead (``queue.consumer(group, prefetch=True)``
+over a server: ``hqueue://``, or a ``local://`` store another process serves).
+
+A member that receives, works, acks and receives again leaves its partitions' owner idle
+while it works, and waits idle while the owner takes the next batch out: each batch costs
+both times, one after the other. Prefetching, once receive hands out a whole batch the
+member asks for the next one at once, on a connection of its own, and reads the answer at
+its next receive: the owner takes the batch out while the member works on the last one
+(RabbitMQ's prefetch, Kafka's fetch ahead).
+
+What it costs, and how that is bounded:
+
+* The batch's leases run from when the owner hands it out, not from the receive that
+  returns it. One whose lease has run a quarter (STALE_SHARE) by then goes back unseen
+  (counting no delivery attempt) and the receive takes a fresh batch.
+* A receive for fewer messages than the batch holds (or with another lease) hands back
+  the rest, or all of it, unseen.
+* ``close()`` reads the answer before the member leaves, and the leave gives its messages
+  back unseen. A member that dies holding a batch ahead has each of its messages' leases
+  end as for any message it held: after its connections close (or its lease), as a
+  failed delivery.
+* A batch is asked for ahead only after a whole one (a queue drained leaves none asked).
+  An answer that does not come, a connection that broke, or one the server closed after
+  answering (it stopped or died: the leases went with it, and an ack at its successor
+  would not count) is dropped: the receive goes on as one that asked nothing ahead.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, NamedTuple
+
+from thriftpy2.thrift import TException, args_to_kwargs
+from thriftpy2.transport import TTransportException
+
+from ..config import UNSEEN
+from ..errors import HQueueError
+from ..message import ROWKEY_LENGTH, Message
+from ..rpc import wire
+from .groups import RemoteGroups, received_pairs
+from .pool import Connection, NotSent, Pool, readable_now
+
+logger = logging.getLogger(__name__)
+
+#: A batch asked for ahead whose leases have run this share of their time when a receive
+#: comes for it goes back unseen: none is handed out with less than 3/4 of its lease.
+STALE_SHARE = 0.25
+
+_RECEIVE_SPEC = wire.T.HQueueService.groupReceive_args.thrift_spec
+
+
+class _Asked(NamedTuple):
+    """A groupReceive sent ahead, its answer still to read."""
+
+    owner: str
+    pool: Pool
+    connection: Connection
+    sent: float  # time.monotonic() when it went
+    lease: float
+    max_messages: int
+
+
+class GroupAhead:
+    """One member's batch asked for ahead; its :meth:`receive` is :meth:`RemoteGroups.receive`'s."""
+
+    def __init__(self, groups: RemoteGroups, queue: str, group: str, member: str) -> None:
+        self._groups, self.queue, self.group, self.member = groups, queue, group, member
+        self._lock = threading.Lock()
+        self._asked: _Asked | None = None
+        self.closed = False
+
+    def receive(self, max_messages: int, lease: float, wait: float) -> list[tuple[Message, int]]:
+        """Up to ``max_messages`` (message, attempt) pairs: the batch asked for ahead if it is
+        there and fits, else from :meth:`RemoteGroups.receive`; after a whole batch, the next
+        one is asked for. Two threads receiving at once: the second asks the owners itself."""
+        with self._lock:
+            asked, self._asked = self._asked, None
+        pairs = None if asked is None else self._taken(asked, max_messages, lease)
+        if pairs is None:
+            pairs = self._groups.receive(self.queue, self.group, self.member, max_messages, lease, wait)
+        if len(pairs) >= max_messages:
+            with self._lock:
+                if not self.closed and self._asked is None:
+                    self._asked = self._ask(max_messages, lease)
+        return pairs
+
+    def close(self) -> None:
+        """Read the answer to what was asked ahead, if anything was (before the member leaves:
+        the leave gives it back unseen); ask nothing more."""
+        with self._lock:
+            self.closed = True
+            asked, self._asked = self._asked, None
+        if asked is not None:
+            self._answer(asked)
+
+    def _ask(self, max_messages: int, lease: float) -> _Asked | None:
+        """A groupReceive sent, not waiting, to the next owner in turn; None if it could not go."""
+        groups, engine = self._groups, self._groups._engine
+        try:
+            with engine.deadline() as deadline:
+                owners = groups._owners(self.queue)
+                if not owners:
+                    return None
+                groups._turn = (groups._turn + 1) % len(owners)
+                owner = owners[groups._turn]
+                pool = engine._pool(owner)
+                connection = pool.take(deadline)
+                args = (self.queue, self.group, self.member, max_messages, int(lease * 1000), 0)
+                try:
+                    connection.client._send("groupReceive", **args_to_kwargs(_RECEIVE_SPEC, *args))
+                except BaseException:
+                    pool.give_back(connection, broken=True)
+                    raise
+        except (NotSent, TTransportException, OSError, HQueueError) as e:
+            logger.debug("consumer %s: asking ahead failed: %s", self.member, e)
+            return None
+        return _Asked(owner, pool, connection, time.monotonic(), lease, max_messages)
+
+    def _answer(self, asked: _Asked) -> Any:
+        """The answer (a TDeliveries) to what was ``asked``, read within the client's timeout
+        and watched as any group call (its owner paused and moved: given up); None if none
+        came, or a refusal (the receive that follows meets it again, and raises it)."""
+        engine, connection = self._groups._engine, asked.connection
+        with engine.deadline() as deadline:
+            named, gone = self._groups._owner_watch(asked.owner, "groupReceive", self.queue)
+            share, at_share = engine._watch(asked.owner, deadline, 0.0, named, gone)
+            connection.socket.deadline, connection.socket.share, connection.socket.at_share = deadline, share, at_share
+            try:
+                deliveries = connection.client._recv("groupReceive")
+            except TException as e:  # a typed refusal, read whole: the connection is fine
+                asked.pool.give_back(connection, broken=isinstance(e, TTransportException))
+                logger.debug("consumer %s: the batch asked ahead: %s", self.member, e)
+                return None
+            except (OSError, HQueueError) as e:
+                asked.pool.give_back(connection, broken=True)
+                logger.info("consumer %s: no answer to the batch asked ahead of %s: %s", self.member, asked.owner, e)
+                return None
+            except BaseException:
+                asked.pool.give_back(connection, broken=True)
+                raise
+        if readable_now(connection.socket.sock):  # nothing more was asked: the server closed it since
+            asked.pool.give_back(connection, broken=True)
+            logger.info(
+                "consumer %s: %s went away after its answer ahead (its leases with it)", self.member, asked.owner
+            )
+            return None
+        asked.pool.give_back(connection)
+        return deliveries
+
+    def _taken(self, asked: _Asked, max_messages: int, lease: float) -> list[tuple[Message, int]] | None:
+        """What was ``asked`` ahead, if its answer came with messages that fit this receive
+        (what does not fit goes back unseen); None: receive afresh."""
+        deliveries = self._answer(asked)
+        if deliveries is None:
+            return None
+        pairs = received_pairs(deliveries)
+        if not pairs:
+            return None
+        if lease != asked.lease or time.monotonic() - asked.sent > asked.lease * STALE_SHARE:
+            self._hand_back(pairs)
+            return None
+        if len(pairs) > max_messages:
+            self._hand_back(pairs[max_messages:])
+            del pairs[max_messages:]
+        return pairs
+
+    def _hand_back(self, pairs: list[tuple[Message, int]]) -> None:
+        try:
+            self._groups.nack(self.queue, self.group, self.member, [m[1][:ROWKEY_LENGTH] for m, _ in pairs], UNSEEN)
+        except HQueueError as e:  # their leases run out instead
+            logger.warning("consumer %s: handing back %d messages asked ahead: %s", self.member, len(pairs), e)

@@ -2,6 +2,7 @@
 
 Usage:
     python bench/aio_groups.py [--json out.json] [--messages 200000] [--members 1,4,16] [--batch 100] [--runs 3]
+                               [--modes ahead,plain]
 
 Needs Debian's redis-server, the redis package and hiredis (pip install '.[bench]' hiredis).
 
@@ -16,6 +17,9 @@ one client process running N member tasks on one asyncio loop, each looping
   against ASYNC_WAL, ``always`` against SYNC_WAL: equal durability), one
   stream, one group; ``redis.asyncio`` with hiredis: ``XREADGROUP COUNT
   batch`` then ``XACK``.
+
+Two modes, as bench/groups.py's: ``ahead`` (hqueue's member with ``prefetch=True``; Redis's
+``XACK`` and next ``XREADGROUP`` in one pipeline) and ``plain`` (one call at a time).
 
 Throughput = messages / (the last member's last ack - the start). The client's
 CPU seconds (user + system) while its members run are reported too: the loop's cost per message.
@@ -45,14 +49,14 @@ from hqueue import HQueue, HQueueAdmin, Message  # noqa: E402
 PAYLOAD = b"x" * 93  # topic "crawler" + 93 bytes = 100
 
 
-async def hqueue_members(port: int, members: int, batch: int) -> tuple[int, float, float]:
+async def hqueue_members(port: int, members: int, batch: int, ahead: bool) -> tuple[int, float, float]:
     from hqueue.aio import AsyncHQueue
 
     async with AsyncHQueue("work", f"hqueue://127.0.0.1:{port}") as queue:
 
         async def member(name: str) -> tuple[int, float]:
             count, last = 0, time.monotonic()
-            async with queue.consumer("g", member=name) as consumer:
+            async with queue.consumer("g", member=name, prefetch=ahead) as consumer:
                 while True:
                     deliveries = await consumer.receive(batch, wait=0.5)
                     if not deliveries:
@@ -63,20 +67,28 @@ async def hqueue_members(port: int, members: int, batch: int) -> tuple[int, floa
         return await timed_members(member, members)
 
 
-async def redis_members(port: int, members: int, batch: int) -> tuple[int, float, float]:
+async def redis_members(port: int, members: int, batch: int, ahead: bool) -> tuple[int, float, float]:
     import redis.asyncio
 
     client = redis.asyncio.Redis(port=port, max_connections=members + 1)
     await client.ping()
 
     async def member(name: str) -> tuple[int, float]:
-        count, last = 0, time.monotonic()
+        count, last, reply = 0, time.monotonic(), None
         while True:
-            reply = await client.xreadgroup("g", name, {"work": ">"}, count=batch, block=500)
-            if not reply:
-                return count, last
+            if not reply:  # (none read ahead: wait for one)
+                reply = await client.xreadgroup("g", name, {"work": ">"}, count=batch, block=500)
+                if not reply:
+                    return count, last
             ids = [entry_id for entry_id, _ in reply[0][1]]
-            await client.xack("work", "g", *ids)
+            if ahead:  # the ack and the next read (not waiting) in one round trip
+                async with client.pipeline(transaction=False) as pipe:
+                    pipe.xack("work", "g", *ids)
+                    pipe.xreadgroup("g", name, {"work": ">"}, count=batch)
+                    reply = (await pipe.execute())[1]
+            else:
+                await client.xack("work", "g", *ids)
+                reply = None
             count, last = count + len(ids), time.monotonic()
 
     try:
@@ -92,24 +104,25 @@ async def timed_members(member, members: int) -> tuple[int, float, float]:
     return sum(r[0] for r in results), max(r[1] for r in results) - start, time.process_time() - cpu
 
 
-def client(system: str, port: int, members: int, batch: int) -> dict:
+def client(system: str, port: int, members: int, batch: int, ahead: bool) -> dict:
     """Run in a process of its own: one loop, N member tasks. The CPU is the members'
     (before 2026-11-24 it was the whole process's, imports included: hqueue's were
     about 1 µs a message of the figure)."""
     run = hqueue_members if system == "hqueue" else redis_members
-    count, seconds, cpu = asyncio.run(run(port, members, batch))
+    count, seconds, cpu = asyncio.run(run(port, members, batch, ahead))
     return {"count": count, "seconds": seconds, "cpu": cpu}
 
 
-def run_client(system: str, port: int, members: int, batch: int) -> dict:
+def run_client(system: str, port: int, members: int, batch: int, ahead: bool) -> dict:
+    mode = "ahead" if ahead else "plain"
     out = subprocess.run(
-        [sys.executable, __file__, "--client", system, str(port), str(members), str(batch)],
+        [sys.executable, __file__, "--client", system, str(port), str(members), str(batch), mode],
         stdout=subprocess.PIPE, text=True, check=True,
     )  # fmt: skip
     return json.loads(out.stdout)
 
 
-def hqueue_run(workdir: str, messages: int, members: int, batch: int, durability: str) -> dict:
+def hqueue_run(workdir: str, messages: int, members: int, batch: int, durability: str, ahead: bool) -> dict:
     proc, port = start_hqueue(workdir)
     try:
         url = f"hqueue://127.0.0.1:{port}"
@@ -118,14 +131,14 @@ def hqueue_run(workdir: str, messages: int, members: int, batch: int, durability
         with HQueue("work", url) as queue:
             for i in range(0, messages, 1000):
                 queue.put([Message("crawler", PAYLOAD)] * 1000, partition_id=(i // 1000) % 16)
-        result = run_client("hqueue", port, members, batch)
+        result = run_client("hqueue", port, members, batch, ahead)
     finally:
         proc.terminate()
         proc.wait()
-    return row(f"hqueue.aio {durability}", members, result)
+    return row(f"hqueue.aio {durability}" + (" prefetch" if ahead else ""), members, result)
 
 
-def redis_run(workdir: str, messages: int, members: int, batch: int, fsync: str) -> dict:
+def redis_run(workdir: str, messages: int, members: int, batch: int, fsync: str, ahead: bool) -> dict:
     import redis
 
     proc, port = start_redis(workdir, fsync)
@@ -137,11 +150,11 @@ def redis_run(workdir: str, messages: int, members: int, batch: int, fsync: str)
                 pipe.xadd("work", {"crawler": PAYLOAD})
             pipe.execute()
         sync.xgroup_create("work", "g", id="0")
-        result = run_client("redis", port, members, batch)
+        result = run_client("redis", port, members, batch, ahead)
     finally:
         proc.terminate()
         proc.wait()
-    return row(f"redis.asyncio+hiredis {fsync}", members, result)
+    return row(f"redis.asyncio+hiredis {fsync}" + (" pipelined" if ahead else ""), members, result)
 
 
 def row(system: str, members: int, result: dict) -> dict:
@@ -154,8 +167,8 @@ def row(system: str, members: int, result: dict) -> dict:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--client":
-        system, port, members, batch = sys.argv[2:6]
-        print(json.dumps(client(system, int(port), int(members), int(batch))))
+        system, port, members, batch, mode = sys.argv[2:7]
+        print(json.dumps(client(system, int(port), int(members), int(batch), mode == "ahead")))
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json")
@@ -164,17 +177,18 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--runs", type=int, default=3, help="side-by-side runs; ratios are min / median / max")
     parser.add_argument("--durability", default="ASYNC_WAL,SYNC_WAL", help="hqueue's, each against its Redis")
+    parser.add_argument("--modes", default="ahead,plain", help="ahead: prefetch vs a pipelined ack + read; plain")
     args = parser.parse_args()
     redis_client_module()  # refuses to run without hiredis or redis-server
     rows, loads = [], [load()]
-    for durability in args.durability.split(","):
-        fsync = FSYNC[durability]
-        for members in map(int, args.members.split(",")):
-            run = {"messages": args.messages, "members": members, "batch": args.batch}
-            ours = partial(hqueue_run, **run, durability=durability)
-            rows += median_pair(
-                args.runs, ours, partial(redis_run, **run, fsync=fsync), loads, "hqueue-bench-aio-groups-"
-            )
+    for ahead in [{"ahead": True, "plain": False}[mode] for mode in args.modes.split(",")]:
+        for durability in args.durability.split(","):
+            fsync = FSYNC[durability]
+            for members in map(int, args.members.split(",")):
+                run = {"messages": args.messages, "members": members, "batch": args.batch, "ahead": ahead}
+                ours = partial(hqueue_run, **run, durability=durability)
+                theirs = partial(redis_run, **run, fsync=fsync)
+                rows += median_pair(args.runs, ours, theirs, loads, "hqueue-bench-aio-groups-")
     columns = ["system", "members", "received", "msgs_per_s", "client_cpu_us_per_msg", "vs_redis", "ratios"]
     title = (
         f"async receive + ack: hqueue.aio vs redis.asyncio; the median run of {args.runs}, "

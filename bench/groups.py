@@ -2,6 +2,7 @@
 
 Usage:
     python bench/groups.py [--json out.json] [--messages 200000] [--members 1,4,16] [--batch 100]
+                           [--modes ahead,plain]
 
 Needs Debian's redis-server and the redis package (pip install '.[bench]').
 
@@ -15,6 +16,13 @@ then N member processes that start together and loop "receive up to
 * Redis: ``redis-server`` with ``appendonly yes``, ``appendfsync everysec``
   (against ASYNC_WAL) or ``always`` (against SYNC_WAL: equal durability);
   one stream, one group; ``XREADGROUP COUNT batch`` then ``XACK``.
+
+Two modes, each side at the same one:
+
+* ``ahead``: each side hides a round trip the way its client can. hqueue's member is
+  ``queue.consumer(g, prefetch=True)`` (it asks for its next batch as it hands one out);
+  Redis's sends its ``XACK`` and the next ``XREADGROUP`` in one pipeline.
+* ``plain``: one call at a time on both sides: ``receive`` then ``ack``; ``XREADGROUP`` then ``XACK``.
 
 Throughput = messages / (the last member's last ack - the common start).
 """
@@ -41,8 +49,8 @@ PAYLOAD = b"x" * 93  # topic "crawler" + 93 bytes = 100
 FSYNC = {"ASYNC_WAL": "everysec", "SYNC_WAL": "always"}
 
 
-def hqueue_member(port: int, batch: int, start_at: float) -> dict:
-    with HQueue("work", f"hqueue://127.0.0.1:{port}") as queue, queue.consumer("g") as consumer:
+def hqueue_member(port: int, batch: int, start_at: float, ahead: bool) -> dict:
+    with HQueue("work", f"hqueue://127.0.0.1:{port}") as queue, queue.consumer("g", prefetch=ahead) as consumer:
         queue.engine.queue_info("work")  # connect before the start
         time.sleep(max(0.0, start_at - time.time()))
         count, last = 0, time.time()
@@ -54,27 +62,37 @@ def hqueue_member(port: int, batch: int, start_at: float) -> dict:
             count, last = count + len(deliveries), time.time()
 
 
-def redis_member(port: int, batch: int, start_at: float, name: str) -> dict:
+def redis_member(port: int, batch: int, start_at: float, name: str, ahead: bool) -> dict:
     import redis
 
     client = redis.Redis(port=port)
     client.ping()
     time.sleep(max(0.0, start_at - time.time()))
     count, last = 0, time.time()
+    reply = None
     while True:
-        reply = client.xreadgroup("g", name, {"work": ">"}, count=batch, block=500)
-        if not reply:
-            return {"count": count, "last": last}
+        if not reply:  # (none read ahead: wait for one)
+            reply = client.xreadgroup("g", name, {"work": ">"}, count=batch, block=500)
+            if not reply:
+                return {"count": count, "last": last}
         ids = [entry_id for entry_id, _ in reply[0][1]]
-        client.xack("work", "g", *ids)
+        if ahead:  # the ack and the next read (not waiting: as hqueue's asked ahead) in one round trip
+            pipe = client.pipeline(transaction=False)
+            pipe.xack("work", "g", *ids)
+            pipe.xreadgroup("g", name, {"work": ">"}, count=batch)
+            reply = pipe.execute()[1]
+        else:
+            client.xack("work", "g", *ids)
+            reply = None
         count, last = count + len(ids), time.time()
 
 
-def run_members(system: str, port: int, members: int, batch: int) -> tuple[int, float]:
+def run_members(system: str, port: int, members: int, batch: int, ahead: bool) -> tuple[int, float]:
     start_at = time.time() + 3.0
+    mode = "ahead" if ahead else "plain"
     procs = [
         subprocess.Popen(
-            [sys.executable, __file__, "--member", system, str(port), str(batch), repr(start_at), f"c{i}"],
+            [sys.executable, __file__, "--member", system, str(port), str(batch), repr(start_at), f"c{i}", mode],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -84,7 +102,7 @@ def run_members(system: str, port: int, members: int, batch: int) -> tuple[int, 
     return sum(r["count"] for r in results), max(r["last"] for r in results) - start_at
 
 
-def hqueue_run(workdir: str, messages: int, members: int, batch: int, durability: str) -> dict:
+def hqueue_run(workdir: str, messages: int, members: int, batch: int, durability: str, ahead: bool) -> dict:
     proc, port = start_hqueue(workdir)
     try:
         url = f"hqueue://127.0.0.1:{port}"
@@ -93,15 +111,16 @@ def hqueue_run(workdir: str, messages: int, members: int, batch: int, durability
         with HQueue("work", url) as queue:
             for i in range(0, messages, 1000):
                 queue.put([Message("crawler", PAYLOAD)] * 1000, partition_id=(i // 1000) % 16)
-        count, seconds = run_members("hqueue", port, members, batch)
-        return {"system": f"hqueue {durability}", "members": members, "received": count,
+        count, seconds = run_members("hqueue", port, members, batch, ahead)
+        system = f"hqueue {durability}" + (" prefetch" if ahead else "")
+        return {"system": system, "members": members, "received": count,
                 "msgs_per_s": count / seconds, "rss_mb": rss_mb(proc.pid)}  # fmt: skip
     finally:
         proc.terminate()
         proc.wait()
 
 
-def redis_run(workdir: str, messages: int, members: int, batch: int, fsync: str) -> dict:
+def redis_run(workdir: str, messages: int, members: int, batch: int, fsync: str, ahead: bool) -> dict:
     import redis
 
     proc, port = start_redis(workdir, fsync)
@@ -113,8 +132,9 @@ def redis_run(workdir: str, messages: int, members: int, batch: int, fsync: str)
                 pipe.xadd("work", {"crawler": PAYLOAD})
             pipe.execute()
         client.xgroup_create("work", "g", id="0")
-        count, seconds = run_members("redis", port, members, batch)
-        return {"system": f"redis {fsync}", "members": members, "received": count,
+        count, seconds = run_members("redis", port, members, batch, ahead)
+        system = f"redis {fsync}" + (" pipelined" if ahead else "")
+        return {"system": system, "members": members, "received": count,
                 "msgs_per_s": count / seconds, "rss_mb": rss_mb(proc.pid)}  # fmt: skip
     finally:
         proc.terminate()
@@ -123,11 +143,11 @@ def redis_run(workdir: str, messages: int, members: int, batch: int, fsync: str)
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--member":
-        system, port, batch, start_at, name = sys.argv[2:7]
+        system, port, batch, start_at, name, mode = sys.argv[2:8]
         if system == "hqueue":
-            result = hqueue_member(int(port), int(batch), float(start_at))
+            result = hqueue_member(int(port), int(batch), float(start_at), mode == "ahead")
         else:
-            result = redis_member(int(port), int(batch), float(start_at), name)
+            result = redis_member(int(port), int(batch), float(start_at), name, mode == "ahead")
         print(json.dumps(result))
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -137,15 +157,18 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--durability", default="ASYNC_WAL,SYNC_WAL", help="hqueue's, each against its Redis")
     parser.add_argument("--runs", type=int, default=3, help="side-by-side runs; ratios are min / median / max")
+    parser.add_argument("--modes", default="ahead,plain", help="ahead: prefetch vs a pipelined ack + read; plain")
     args = parser.parse_args()
     redis_client_module()
     rows, loads = [], [load()]
-    for durability in args.durability.split(","):
-        fsync = FSYNC[durability]
-        for members in map(int, args.members.split(",")):
-            run = {"messages": args.messages, "members": members, "batch": args.batch}
-            ours, theirs = partial(hqueue_run, **run, durability=durability), partial(redis_run, **run, fsync=fsync)
-            rows += median_pair(args.runs, ours, theirs, loads, "hqueue-bench-groups-")
+    for ahead in [{"ahead": True, "plain": False}[mode] for mode in args.modes.split(",")]:
+        for durability in args.durability.split(","):
+            fsync = FSYNC[durability]
+            for members in map(int, args.members.split(",")):
+                run = {"messages": args.messages, "members": members, "batch": args.batch, "ahead": ahead}
+                ours = partial(hqueue_run, **run, durability=durability)
+                theirs = partial(redis_run, **run, fsync=fsync)
+                rows += median_pair(args.runs, ours, theirs, loads, "hqueue-bench-groups-")
     report(
         f"consumer groups: receive {args.batch} + ack, {args.messages:,} messages of 100 bytes; the median run "
         f"of {args.runs}, ratios min / median / max; load {' -> '.join(loads)}",

@@ -27,6 +27,13 @@ poll still at a server gets nothing after the leave, and what it was handed
 before goes back when its answer comes.
 An ``ack`` or ``nack`` cancelled mid-call may or may not have reached the group
 (delivery stays at least once).
+
+**Prefetch.** ``queue.consumer(group, prefetch=True)`` on hqueue servers asks for the
+next batch, in a task of its own, as soon as ``receive`` hands out a whole one, as the
+blocking consumer does (:mod:`hqueue.client.ahead`, with the same bounds: a batch whose
+lease ran a quarter, or that does not fit the receive, goes back unseen). A receive
+cancelled while it awaits that batch leaves it for the next; ``close`` awaits it before
+the leave, which gives it back.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from collections.abc import AsyncIterator, Iterable
 from datetime import datetime
 from typing import Any
 
+from ..client.ahead import STALE_SHARE
 from ..config import UNSEEN
 from ..consumer import Delivery, _deliveries, _rowkeys, joining, member_name
 from ..groups.limits import (
@@ -73,8 +81,14 @@ class AsyncConsumer:
         lease: float = DEFAULT_LEASE,
         member: str | None = None,
         key_affinity: str | None = None,
+        prefetch: bool = False,
     ) -> None:
         self.queue, self.group, self.lease = queue, group, check_lease(lease)
+        if not isinstance(prefetch, bool):
+            raise TypeError(f"'prefetch' must be True or False, not {prefetch!r}")
+        self._prefetch = prefetch
+        #: The batch asked for ahead (prefetch): its receive's task, lease, and when it went.
+        self._ahead: tuple[asyncio.Task, float, float] | None = None
         self.member = member_name(member)
         self._opening = joining(group, topics, start, max_retries, key_affinity)
         self._groups: Any = None
@@ -117,6 +131,53 @@ class AsyncConsumer:
         if getattr(groups, "cancel_safe", False):  # a store in this process: nothing to wait out
             pairs = await groups.receive(self.queue.name, self.group, self.member, max_messages, lease, wait)
             return await self._unless_closed(groups, pairs)
+        pairs = None if self._ahead is None else await self._taken_ahead(max_messages, lease)
+        if pairs is None:
+            pairs = await self._receive_at_server(groups, max_messages, lease, wait)
+        if self._prefetch and len(pairs) >= max_messages and self._ahead is None and not self.closed:
+            call = groups.receive(self.queue.name, self.group, self.member, max_messages, lease, 0.0, late=self._late)
+            self._ahead = (asyncio.ensure_future(call), lease, asyncio.get_running_loop().time())
+        return await self._unless_closed(groups, pairs)
+
+    async def _taken_ahead(self, max_messages: int, lease: float) -> list | None:
+        """The batch asked for ahead, if it came with messages that fit this receive (what
+        does not fit goes back unseen); None: receive afresh."""
+        assert self._ahead is not None
+        ahead, self._ahead = self._ahead, None
+        task, its_lease, sent = ahead
+        try:
+            pairs = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():  # this receive was cancelled, not the batch's: it waits for the next
+                if self._ahead is None:
+                    self._ahead = ahead
+                else:  # (another receive asked one meanwhile: this one goes back when it comes)
+                    task.add_done_callback(self._given_back)
+            raise
+        except Exception as e:  # the receive that follows meets it again, and raises it
+            logger.debug("consumer %s: the batch asked ahead: %s", self.member, e)
+            return None
+        if not pairs:
+            return None
+        if lease != its_lease or asyncio.get_running_loop().time() - sent > its_lease * STALE_SHARE:
+            await self._given_back_now(pairs)  # (before the receive afresh, which takes them again)
+            return None
+        if len(pairs) > max_messages:
+            await self._given_back_now(pairs[max_messages:])
+            del pairs[max_messages:]
+        return pairs
+
+    async def _given_back_now(self, pairs: list) -> None:
+        """``pairs`` back to the group, unseen; a cancelled wait leaves the hand-back going on."""
+        handing_back = self._late(pairs)
+        if handing_back is not None:
+            await asyncio.shield(handing_back)
+
+    def _given_back(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is None and task.result():
+            self._late(task.result())
+
+    async def _receive_at_server(self, groups: Any, max_messages: int, lease: float, wait: float) -> list:
         # At a server, the call runs in this task (no task of its own, no shield: a turn of the
         # loop less each way); cancelled, its answer is still read, and what it was handed
         # goes back (_late). A close() from another task ends a long poll by cancelling here.
@@ -135,7 +196,7 @@ class AsyncConsumer:
             raise
         finally:
             self._receiving.discard(task)
-        return await self._unless_closed(groups, pairs)
+        return pairs
 
     async def _unless_closed(self, groups: Any, pairs: list) -> list[Delivery]:
         """A receive's deliveries; none if the consumer closed meanwhile (from another task),
@@ -146,14 +207,16 @@ class AsyncConsumer:
             return []
         return list(_deliveries(pairs))
 
-    def _late(self, pairs: list) -> None:
+    def _late(self, pairs: list) -> asyncio.Task | None:
         """What a cancelled receive was handed, come after it: back to the group, unseen (even
         after close(): the server may have run the receive after the leave, which did not
-        give that back)."""
-        if not self.queue.closed:  # (closed: its connections went, and the leases with them)
-            task = asyncio.ensure_future(self._hand_back(pairs))
-            self._handing_back.add(task)
-            task.add_done_callback(self._handing_back.discard)
+        give that back). The hand-back's task (None: the queue closed)."""
+        if self.queue.closed:  # (closed: its connections went, and the leases with them)
+            return None
+        task = asyncio.ensure_future(self._hand_back(pairs))
+        self._handing_back.add(task)
+        task.add_done_callback(self._handing_back.discard)
+        return task
 
     async def _hand_back(self, pairs: list) -> None:
         rowkeys = _rowkeys(list(_deliveries(pairs)))
@@ -220,13 +283,21 @@ class AsyncConsumer:
             task.cancel()
         if self._handing_back:
             await asyncio.gather(*self._handing_back, return_exceptions=True)
+        ahead, self._ahead = self._ahead, None
         if self._groups is not None and not self.queue.closed:  # (closed: its store or connections went,
             leaving = asyncio.ensure_future(  # and the leases with them)
-                self._groups.leave(self.queue.name, self.group, self.member, within=within)
+                self._leave(None if ahead is None else ahead[0], within)
             )
             _LEAVING.add(leaving)
             leaving.add_done_callback(_left)
             await asyncio.shield(leaving)
+
+    async def _leave(self, ahead: asyncio.Task | None, within: float | None) -> None:
+        """The leave, after the batch asked ahead is answered (the leave gives it back)."""
+        if ahead is not None:
+            await asyncio.wait([ahead], timeout=within)
+            ahead.add_done_callback(_retrieved)
+        await self._groups.leave(self.queue.name, self.group, self.member, within=within)
 
     async def __aenter__(self) -> AsyncConsumer:
         return await self.open()
@@ -240,6 +311,12 @@ class AsyncConsumer:
 
 #: Leaves under way whose close was cancelled (held: the loop holds tasks weakly).
 _LEAVING: set[asyncio.Future[None]] = set()
+
+
+def _retrieved(task: asyncio.Task) -> None:
+    """A batch asked ahead that no receive takes: its failure is not the application's."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _left(leaving: asyncio.Future[None]) -> None:

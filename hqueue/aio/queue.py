@@ -214,11 +214,12 @@ class AsyncHQueue(AsyncConnected):
         lease: float = DEFAULT_LEASE,
         member: str | None = None,
         key_affinity: str | None = None,
+        prefetch: bool = False,
     ) -> AsyncConsumer:
         """A member of consumer group ``group`` (see :class:`~hqueue.aio.AsyncConsumer`)."""
         consumer = AsyncConsumer(
             self, group, topics, start=start, max_retries=max_retries, lease=lease, member=member,
-            key_affinity=key_affinity,
+            key_affinity=key_affinity, prefetch=prefetch,
         )  # fmt: skip
         self._consumers.add(consumer)
         return consumer

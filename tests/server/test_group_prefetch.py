@@ -1,16 +1,19 @@
 """A consumer group member that asks for its next batch ahead (``queue.consumer(g, prefetch=True)``,
 hqueue/client/ahead.py), through a real server on loopback: every message once, the batch
 ahead given back unseen when it is not used, never handed out with less than 3/4 of its
-lease, and nothing asked ahead where there is no round trip to save."""
+lease, and nothing asked ahead where there is no round trip to save; the asyncio member the same."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 import time
 
 import pytest
 
 from hqueue import HQueue, HQueueAdmin, Message
+from hqueue.aio import AsyncHQueue
 from hqueue.client.ahead import STALE_SHARE
 from hqueue.server import HQueueServer
 
@@ -198,3 +201,103 @@ def test_a_store_in_this_process_asks_nothing_ahead(tmp_path, url_of):
 def test_prefetch_must_be_a_bool(queue):
     with pytest.raises(TypeError, match="prefetch"):
         queue.consumer("g", prefetch="yes")
+
+
+# -- asyncio -----------------------------------------------------------------------------------
+
+
+def test_an_asyncio_member_asks_ahead_and_hands_every_message_once(queue, server):
+    queue.put([Message("t", b"%d" % i) for i in range(250)], 0)
+
+    async def main():
+        async with AsyncHQueue("q", f"hqueue://{server.address}") as aqueue:
+            async with aqueue.consumer("g", member="m", prefetch=True) as member:
+                first = await member.receive(10, wait=0)
+                await member.ack(first)
+                ahead, until = 0, time.monotonic() + 5  # what the server handed out: 10 more, not asked for yet
+                while ahead != 10 and time.monotonic() < until:
+                    ahead = len(await asyncio.to_thread(held, queue, "m"))
+                got = list(first)
+                while deliveries := await member.receive(100, wait=0.2):
+                    await member.ack(deliveries)
+                    got += deliveries
+                return ahead, got
+
+    ahead, got = asyncio.run(main())
+    assert ahead == 10
+    assert [d.value for d in got] == [b"%d" % i for i in range(250)]
+    assert {d.attempt for d in got} == {1}
+    assert queue.pending("g") == []
+
+
+def test_an_asyncio_member_gives_a_stale_or_unfitting_batch_ahead_back_unseen(queue, server):
+    queue.put([Message("t", b"%d" % i) for i in range(30)], 0)
+
+    async def main():
+        async with AsyncHQueue("q", f"hqueue://{server.address}") as aqueue:
+            async with aqueue.consumer("g", member="m", prefetch=True, lease=2) as member:
+                await member.ack(await member.receive(10, wait=0))
+                await asyncio.sleep(2 * STALE_SHARE + 0.3)
+                stale = await member.receive(10, wait=0)  # taken afresh: a full lease
+                lease_left = min(p.lease_left for p in await asyncio.to_thread(held, queue, "m"))
+                await member.ack(stale)
+                part = await member.receive(4, wait=0)  # of the 10 asked ahead: the other 6 go back
+                await member.ack(part)
+                rest = []
+                while deliveries := await member.receive(10, wait=0.2):
+                    await member.ack(deliveries)
+                    rest += deliveries
+                return stale, lease_left, part, rest
+
+    stale, lease_left, part, rest = asyncio.run(main())
+    assert [d.value for d in stale] == [b"%d" % i for i in range(10, 20)]
+    assert lease_left > 2 * (1 - STALE_SHARE), lease_left
+    assert [d.value for d in part + rest] == [b"%d" % i for i in range(20, 30)]
+    assert {d.attempt for d in stale + part + rest} == {1}
+
+
+def test_an_asyncio_receive_cancelled_while_it_awaits_the_batch_ahead_leaves_it_for_the_next(queue, server):
+    queue.put([Message("t", b"%d" % i) for i in range(20)], 0)
+
+    async def main():
+        async with AsyncHQueue("q", f"hqueue://{server.address}") as aqueue:
+            async with aqueue.consumer("g", member="m", prefetch=True) as member:
+                await member.ack(await member.receive(10, wait=0))
+                receiving = asyncio.ensure_future(member.receive(10, wait=0))
+                await asyncio.sleep(0)  # (it awaits the batch ahead)
+                receiving.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await receiving
+                second = await member.receive(10, wait=0)
+                await member.ack(second)
+                return second
+
+    second = asyncio.run(main())
+    assert [d.value for d in second] == [b"%d" % i for i in range(10, 20)]
+    assert {d.attempt for d in second} == {1}
+    assert queue.pending("g") == []
+
+
+def test_an_asyncio_member_s_close_gives_the_batch_ahead_back_unseen(queue, server):
+    queue.put([Message("t", b"%d" % i) for i in range(20)], 0)
+
+    async def main():
+        async with AsyncHQueue("q", f"hqueue://{server.address}") as aqueue:
+            async with aqueue.consumer("g", member="m", prefetch=True) as member:
+                await member.ack(await member.receive(10, wait=0))
+
+    asyncio.run(main())
+    assert {(p.member, p.attempt) for p in queue.pending("g")} <= {(None, 1)}
+    with queue.consumer("g", member="n") as other:
+        again = other.receive(20, wait=0)
+    assert [d.value for d in again] == [b"%d" % i for i in range(10, 20)]
+    assert {d.attempt for d in again} == {1}
+
+
+def test_an_asyncio_prefetch_must_be_a_bool(server):
+    async def main():
+        async with AsyncHQueue("q", f"hqueue://{server.address}") as aqueue:
+            aqueue.consumer("g", prefetch=1)
+
+    with pytest.raises(TypeError, match="prefetch"):
+        asyncio.run(main())

@@ -29,19 +29,17 @@ with the ratios' min / median / max.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
 import subprocess
 import sys
 import time
-from functools import partial
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from common import load, median_pair, redis_client_module, report  # noqa: E402
-from groups import FSYNC  # noqa: E402
+from common import report  # noqa: E402
+from groups import group_arguments, group_rows  # noqa: E402
 from remote import start_hqueue, start_redis  # noqa: E402
 
 from hqueue import HQueue, HQueueAdmin, Message  # noqa: E402
@@ -170,25 +168,8 @@ def main() -> None:
         system, port, members, batch, mode = sys.argv[2:7]
         print(json.dumps(client(system, int(port), int(members), int(batch), mode == "ahead")))
         return
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json")
-    parser.add_argument("--messages", type=int, default=200_000)
-    parser.add_argument("--members", default="1,4,16")
-    parser.add_argument("--batch", type=int, default=100)
-    parser.add_argument("--runs", type=int, default=3, help="side-by-side runs; ratios are min / median / max")
-    parser.add_argument("--durability", default="ASYNC_WAL,SYNC_WAL", help="hqueue's, each against its Redis")
-    parser.add_argument("--modes", default="ahead,plain", help="ahead: prefetch vs a pipelined ack + read; plain")
-    args = parser.parse_args()
-    redis_client_module()  # refuses to run without hiredis or redis-server
-    rows, loads = [], [load()]
-    for ahead in [{"ahead": True, "plain": False}[mode] for mode in args.modes.split(",")]:
-        for durability in args.durability.split(","):
-            fsync = FSYNC[durability]
-            for members in map(int, args.members.split(",")):
-                run = {"messages": args.messages, "members": members, "batch": args.batch, "ahead": ahead}
-                ours = partial(hqueue_run, **run, durability=durability)
-                theirs = partial(redis_run, **run, fsync=fsync)
-                rows += median_pair(args.runs, ours, theirs, loads, "hqueue-bench-aio-groups-")
+    args = group_arguments(__doc__)
+    rows, loads = group_rows(args, hqueue_run, redis_run, "hqueue-bench-aio-groups-")
     columns = ["system", "members", "received", "msgs_per_s", "client_cpu_us_per_msg", "vs_redis", "ratios"]
     title = (
         f"async receive + ack: hqueue.aio vs redis.asyncio; the median run of {args.runs}, "

@@ -141,16 +141,9 @@ def redis_run(workdir: str, messages: int, members: int, batch: int, fsync: str,
         proc.wait()
 
 
-def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == "--member":
-        system, port, batch, start_at, name, mode = sys.argv[2:8]
-        if system == "hqueue":
-            result = hqueue_member(int(port), int(batch), float(start_at), mode == "ahead")
-        else:
-            result = redis_member(int(port), int(batch), float(start_at), name, mode == "ahead")
-        print(json.dumps(result))
-        return
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def group_arguments(doc: str) -> argparse.Namespace:
+    """The arguments of this bench and of aio_groups.py; refuses to go on without hiredis or redis-server."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json")
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--members", default="1,4,16")
@@ -160,15 +153,33 @@ def main() -> None:
     parser.add_argument("--modes", default="ahead,plain", help="ahead: prefetch vs a pipelined ack + read; plain")
     args = parser.parse_args()
     redis_client_module()
+    return args
+
+
+def group_rows(args: argparse.Namespace, hqueue_run, redis_run, prefix: str) -> tuple[list[dict], list[str]]:
+    """Each mode, durability and member count, run side by side (median_pair); and the loads."""
     rows, loads = [], [load()]
     for ahead in [{"ahead": True, "plain": False}[mode] for mode in args.modes.split(",")]:
         for durability in args.durability.split(","):
-            fsync = FSYNC[durability]
             for members in map(int, args.members.split(",")):
                 run = {"messages": args.messages, "members": members, "batch": args.batch, "ahead": ahead}
                 ours = partial(hqueue_run, **run, durability=durability)
-                theirs = partial(redis_run, **run, fsync=fsync)
-                rows += median_pair(args.runs, ours, theirs, loads, "hqueue-bench-groups-")
+                theirs = partial(redis_run, **run, fsync=FSYNC[durability])
+                rows += median_pair(args.runs, ours, theirs, loads, prefix)
+    return rows, loads
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--member":
+        system, port, batch, start_at, name, mode = sys.argv[2:8]
+        if system == "hqueue":
+            result = hqueue_member(int(port), int(batch), float(start_at), mode == "ahead")
+        else:
+            result = redis_member(int(port), int(batch), float(start_at), name, mode == "ahead")
+        print(json.dumps(result))
+        return
+    args = group_arguments(__doc__)
+    rows, loads = group_rows(args, hqueue_run, redis_run, "hqueue-bench-groups-")
     report(
         f"consumer groups: receive {args.batch} + ack, {args.messages:,} messages of 100 bytes; the median run "
         f"of {args.runs}, ratios min / median / max; load {' -> '.join(loads)}",

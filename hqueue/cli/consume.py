@@ -56,8 +56,15 @@ from .main import Seconds, main, open_queue, topic_bytes
     type=Seconds(0, 7 * 86400),
     help="With --exec: seconds before a nacked message comes back (default: 1 s, doubling per failure).",
 )
+@click.option(
+    "--prefetch",
+    is_flag=True,
+    help="Through a server: ask for the next batch while this one is printed or run (its leases run from then).",
+)
 @click.pass_context
-def consume(ctx, name, group, topics, output_format, max_messages, duration, lease, no_ack, start, command, nack_delay):
+def consume(
+    ctx, name, group, topics, output_format, max_messages, duration, lease, no_ack, start, command, nack_delay, prefetch
+):
     """Consume queue QUEUE as a member of consumer GROUP: print each message, then ack it.
 
     Members of one group share the messages; each group gets all of them.
@@ -75,7 +82,8 @@ def consume(ctx, name, group, topics, output_format, max_messages, duration, lea
     queue = open_queue(ctx, name)
     deadline = None if duration is None else time.monotonic() + duration
     seen, interrupted, pause = 0, False, RETRY_FIRST
-    with _terminate_as_interrupt(), queue.consumer(group, topics or None, start=start, lease=lease) as consumer:
+    opened = queue.consumer(group, topics or None, start=start, lease=lease, prefetch=prefetch)
+    with _terminate_as_interrupt(), opened as consumer:
         try:
             while (deadline is None or time.monotonic() < deadline) and (max_messages is None or seen < max_messages):
                 wait = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))

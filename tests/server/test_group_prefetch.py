@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 import time
 
 import pytest
+from click.testing import CliRunner
 
 from hqueue import HQueue, HQueueAdmin, Message
 from hqueue.aio import AsyncHQueue
+from hqueue.cli import main
 from hqueue.client.ahead import STALE_SHARE
 from hqueue.server import HQueueServer
 
@@ -301,3 +304,16 @@ def test_an_asyncio_prefetch_must_be_a_bool(server):
 
     with pytest.raises(TypeError, match="prefetch"):
         asyncio.run(main())
+
+
+def test_hqueue_consume_prefetch_prints_what_it_took_and_gives_the_rest_back_unseen(queue, server):
+    queue.put([Message("t", b"%d" % i) for i in range(250)], 0)
+    url = f"hqueue://{server.address}"
+    runner = CliRunner()
+    first = runner.invoke(main, ["--url", url, "consume", "q", "g", "--prefetch", "--max", "150", "--format", "json"])
+    assert first.exit_code == 0, first.output
+    assert [json.loads(line)["value"] for line in first.output.splitlines()] == [str(i) for i in range(150)]
+    rest = runner.invoke(main, ["--url", url, "consume", "q", "g", "--for", "1", "--format", "json"])
+    printed = [json.loads(line) for line in rest.output.splitlines()]
+    assert [p["value"] for p in printed] == [str(i) for i in range(150, 250)]
+    assert {p["attempt"] for p in printed} == {1}

@@ -39,8 +39,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import forks
 from .api import groups_of
-from .client.ahead import GroupAhead
-from .client.groups import RemoteGroups
 from .config import UNSEEN
 from .errors import HQueueError, InvalidArgument
 from .groups.affinity import check_key_affinity
@@ -61,6 +59,7 @@ from .message import ROWKEY_LENGTH, Message, MessageID, Topic, topic_filter
 
 if TYPE_CHECKING:
     from .api import QueueHandle
+    from .client.ahead import GroupAhead
 
 __all__ = ["Consumer", "Delivery", "Pending"]
 
@@ -337,9 +336,11 @@ class Consumer:
             self.closed = True
             self._stopped.set()
             if self._fork == forks.generation():  # (in a forked child, the member is the parent's)
-                if self._ahead is not None:
-                    self._ahead.close()  # (what it asked ahead: read first, so the leave gives it back)
-                self._groups.leave(self.queue.name, self.group, self.member)
+                try:
+                    if self._ahead is not None:
+                        self._ahead.close()  # (what it asked ahead: read first, so the leave gives it back)
+                finally:
+                    self._groups.leave(self.queue.name, self.group, self.member)
 
     def _start_heartbeats(self) -> None:
         self._heartbeats = threading.Thread(
@@ -358,8 +359,14 @@ class Consumer:
 
 
 def _ahead(groups: Any, queue: str, group: str, member: str, prefetch: bool) -> GroupAhead | None:
-    """The member's batch asked ahead: with ``prefetch``, over a server only."""
-    return GroupAhead(groups, queue, group, member) if prefetch and isinstance(groups, RemoteGroups) else None
+    """The member's batch asked ahead: with ``prefetch``, over a server only (the client,
+    and Thrift, load on demand: not for a store in this process)."""
+    if not prefetch:
+        return None
+    from .client.ahead import GroupAhead
+    from .client.groups import RemoteGroups
+
+    return GroupAhead(groups, queue, group, member) if isinstance(groups, RemoteGroups) else None
 
 
 def _heartbeat(ref: weakref.ref[Consumer], stopped: threading.Event) -> None:

@@ -128,10 +128,12 @@ struct TPendingTimer {
 
 /** Messages leased to a consumer group's member: messages packed as
     messageScannerGetPacked packs them (cell keys: rowkey + topic), and each
-    one's attempt (1: its first delivery), in the same order. */
+    one's attempt (1: its first delivery), in the same order; leaseMillis: the
+    lease they were given (the one asked for, at most the server's --max-lease). */
 struct TDeliveries {
   1: binary messages,
-  2: list<i32> attempts
+  2: list<i32> attempts,
+  3: optional i32 leaseMillis
 }
 
 /** One consumer group's progress over one partition. */

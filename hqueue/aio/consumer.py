@@ -45,13 +45,13 @@ from collections.abc import AsyncIterator, Iterable
 from datetime import datetime
 from typing import Any
 
-from ..client.ahead import STALE_SHARE
 from ..config import UNSEEN
 from ..consumer import Delivery, _deliveries, _rowkeys, joining, member_name
 from ..groups.limits import (
     DEFAULT_LEASE,
     DEFAULT_MAX_RETRIES,
     HEARTBEAT_INTERVAL,
+    PREFETCH_STALE_SHARE,
     check_delay,
     check_lease,
     check_max_messages,
@@ -148,18 +148,18 @@ class AsyncConsumer:
         try:
             pairs = await asyncio.shield(task)
         except asyncio.CancelledError:
-            if not task.done():  # this receive was cancelled, not the batch's: it waits for the next
-                if self._ahead is None:
-                    self._ahead = ahead
-                else:  # (another receive asked one meanwhile: this one goes back when it comes)
-                    task.add_done_callback(self._given_back)
+            if not task.done() and self._ahead is None:  # this receive was cancelled, not the batch's:
+                self._ahead = ahead  # it waits for the next
+            else:  # (answered as this receive was cancelled, or another asked one meanwhile: it goes back)
+                task.add_done_callback(self._given_back)
             raise
         except Exception as e:  # the receive that follows meets it again, and raises it
             logger.debug("consumer %s: the batch asked ahead: %s", self.member, e)
             return None
         if not pairs:
             return None
-        if lease != its_lease or asyncio.get_running_loop().time() - sent > its_lease * STALE_SHARE:
+        given = its_lease if getattr(pairs, "lease", None) is None else min(its_lease, pairs.lease)  # (--max-lease)
+        if lease != its_lease or asyncio.get_running_loop().time() - sent > given * PREFETCH_STALE_SHARE:
             await self._given_back_now(pairs)  # (before the receive afresh, which takes them again)
             return None
         if len(pairs) > max_messages:
@@ -174,6 +174,8 @@ class AsyncConsumer:
             await asyncio.shield(handing_back)
 
     def _given_back(self, task: asyncio.Task) -> None:
+        """A batch asked ahead that no receive takes: back to the group, unseen (its failure is
+        not the application's)."""
         if not task.cancelled() and task.exception() is None and task.result():
             self._late(task.result())
 
@@ -296,7 +298,7 @@ class AsyncConsumer:
         """The leave, after the batch asked ahead is answered (the leave gives it back)."""
         if ahead is not None:
             await asyncio.wait([ahead], timeout=within)
-            ahead.add_done_callback(_retrieved)
+            ahead.add_done_callback(self._given_back)  # (come after the leave, past ``within``: back too)
         await self._groups.leave(self.queue.name, self.group, self.member, within=within)
 
     async def __aenter__(self) -> AsyncConsumer:
@@ -311,12 +313,6 @@ class AsyncConsumer:
 
 #: Leaves under way whose close was cancelled (held: the loop holds tasks weakly).
 _LEAVING: set[asyncio.Future[None]] = set()
-
-
-def _retrieved(task: asyncio.Task) -> None:
-    """A batch asked ahead that no receive takes: its failure is not the application's."""
-    if not task.cancelled():
-        task.exception()
 
 
 def _left(leaving: asyncio.Future[None]) -> None:

@@ -11,7 +11,7 @@ its next receive: the owner takes the batch out while the member works on the la
 What it costs, and how that is bounded:
 
 * The batch's leases run from when the owner hands it out, not from the receive that
-  returns it. One whose lease has run a quarter (STALE_SHARE) by then goes back unseen
+  returns it. One whose lease has run a quarter (PREFETCH_STALE_SHARE) by then goes back unseen
   (counting no delivery attempt) and the receive takes a fresh batch.
 * A receive for fewer messages than the batch holds (or with another lease) hands back
   the rest, or all of it, unseen.
@@ -19,10 +19,13 @@ What it costs, and how that is bounded:
   back unseen. A member that dies holding a batch ahead has each of its messages' leases
   end as for any message it held: after its connections close (or its lease), as a
   failed delivery.
-* A batch is asked for ahead only after a whole one (a queue drained leaves none asked).
-  An answer that does not come, a connection that broke, or one the server closed after
-  answering (it stopped or died: the leases went with it, and an ack at its successor
-  would not count) is dropped: the receive goes on as one that asked nothing ahead.
+* A batch is asked for ahead only after a whole one (a queue drained leaves none asked),
+  within ASK_SECONDS. An answer that does not come within the receive's deadline (its
+  owner watched as any group call's), or a connection that broke, is dropped, and the
+  receive goes on as one that asked nothing ahead, within the same deadline. One the
+  server closed after answering (it stopped or died, and the leases went with it; or it
+  closed an idle connection) is given back unseen, not handed out: an ack at the
+  partitions' next owner would not count.
 """
 
 from __future__ import annotations
@@ -37,16 +40,17 @@ from thriftpy2.transport import TTransportException
 
 from ..config import UNSEEN
 from ..errors import HQueueError
+from ..groups.limits import PREFETCH_STALE_SHARE
 from ..message import ROWKEY_LENGTH, Message
 from ..rpc import wire
 from .groups import RemoteGroups, received_pairs
-from .pool import Connection, NotSent, Pool, readable_now
+from .pool import Connection, Pool, readable_now
 
 logger = logging.getLogger(__name__)
 
-#: A batch asked for ahead whose leases have run this share of their time when a receive
-#: comes for it goes back unseen: none is handed out with less than 3/4 of its lease.
-STALE_SHARE = 0.25
+#: Seconds a member gives the request for its next batch to go (a connection to make, or
+#: a server slow to take it): past them it asks nothing ahead this time.
+ASK_SECONDS = 1.0
 
 _RECEIVE_SPEC = wire.T.HQueueService.groupReceive_args.thrift_spec
 
@@ -77,9 +81,12 @@ class GroupAhead:
         one is asked for. Two threads receiving at once: the second asks the owners itself."""
         with self._lock:
             asked, self._asked = self._asked, None
-        pairs = None if asked is None else self._taken(asked, max_messages, lease)
-        if pairs is None:
-            pairs = self._groups.receive(self.queue, self.group, self.member, max_messages, lease, wait)
+        with self._groups._engine.deadline(extra=wait):  # (one deadline for the answer and a receive afresh)
+            pairs = None if asked is None else self._taken(asked, max_messages, lease)
+            if pairs is None:
+                if self.closed:  # (by another thread, meanwhile: its leave ended this receive)
+                    return []
+                pairs = self._groups.receive(self.queue, self.group, self.member, max_messages, lease, wait)
         if len(pairs) >= max_messages:
             with self._lock:
                 if not self.closed and self._asked is None:
@@ -96,10 +103,12 @@ class GroupAhead:
             self._answer(asked)
 
     def _ask(self, max_messages: int, lease: float) -> _Asked | None:
-        """A groupReceive sent, not waiting, to the next owner in turn; None if it could not go."""
+        """A groupReceive sent, not waiting, to the next owner in turn, within ASK_SECONDS (a
+        connection to make, a server that does not take it: not asked); None if it could not
+        go. It never raises: the batch just received is the caller's."""
         groups, engine = self._groups, self._groups._engine
         try:
-            with engine.deadline() as deadline:
+            with engine.deadline_at(time.monotonic() + min(ASK_SECONDS, engine.timeout)) as deadline:
                 owners = groups._owners(self.queue)
                 if not owners:
                     return None
@@ -113,15 +122,16 @@ class GroupAhead:
                 except BaseException:
                     pool.give_back(connection, broken=True)
                     raise
-        except (NotSent, TTransportException, OSError, HQueueError) as e:
+        except Exception as e:  # (no connection, refused at its authentication, a broken one...)
             logger.debug("consumer %s: asking ahead failed: %s", self.member, e)
             return None
         return _Asked(owner, pool, connection, time.monotonic(), lease, max_messages)
 
     def _answer(self, asked: _Asked) -> Any:
-        """The answer (a TDeliveries) to what was ``asked``, read within the client's timeout
-        and watched as any group call (its owner paused and moved: given up); None if none
-        came, or a refusal (the receive that follows meets it again, and raises it)."""
+        """The answer (a TDeliveries) to what was ``asked``, read within the receive's deadline
+        (the client's timeout for a close) and watched as any group call (its owner paused
+        and moved: given up); None if none came, or a refusal (the receive that follows meets
+        it again, and raises it)."""
         engine, connection = self._groups._engine, asked.connection
         with engine.deadline() as deadline:
             named, gone = self._groups._owner_watch(asked.owner, "groupReceive", self.queue)
@@ -142,9 +152,8 @@ class GroupAhead:
                 raise
         if readable_now(connection.socket.sock):  # nothing more was asked: the server closed it since
             asked.pool.give_back(connection, broken=True)
-            logger.info(
-                "consumer %s: %s went away after its answer ahead (its leases with it)", self.member, asked.owner
-            )
+            logger.info("consumer %s: %s closed the connection after its answer ahead", self.member, asked.owner)
+            self._hand_back(received_pairs(deliveries))  # (gone: its leases went with it, and this changes nothing)
             return None
         asked.pool.give_back(connection)
         return deliveries
@@ -158,7 +167,8 @@ class GroupAhead:
         pairs = received_pairs(deliveries)
         if not pairs:
             return None
-        if lease != asked.lease or time.monotonic() - asked.sent > asked.lease * STALE_SHARE:
+        given = asked.lease if pairs.lease is None else min(asked.lease, pairs.lease)  # (at most --max-lease)
+        if lease != asked.lease or time.monotonic() - asked.sent > given * PREFETCH_STALE_SHARE:
             self._hand_back(pairs)
             return None
         if len(pairs) > max_messages:

@@ -227,12 +227,22 @@ class RemoteGroups:
                 self._engine._owner_call(queue, pid, "replay", *call, idempotent=True)
 
 
-def received_pairs(deliveries: Any) -> list[tuple[Message, int]]:
+class Received(list):
+    """A groupReceive's (message, attempt) pairs, and ``lease``: the seconds of lease the
+    server gave them (the one asked for, at most its ``--max-lease``; None: a server that
+    does not say)."""
+
+    lease: float | None = None
+
+
+def received_pairs(deliveries: Any) -> Received:
     """A groupReceive's answer (a TDeliveries) as (message, attempt) pairs."""
-    if not deliveries.attempts:
-        return []
-    messages = messages_from_columns(*packed.unpack(deliveries.messages))
-    return list(zip(messages, deliveries.attempts, strict=True))
+    pairs = Received()
+    if deliveries.attempts:
+        pairs += zip(messages_from_columns(*packed.unpack(deliveries.messages)), deliveries.attempts, strict=True)
+    if isinstance(deliveries.leaseMillis, int) and deliveries.leaseMillis > 0:
+        pairs.lease = deliveries.leaseMillis / 1000
+    return pairs
 
 
 def receipts_by_owner(

@@ -31,6 +31,9 @@ ASKED_LEASE_LIMIT = 86400 * 7
 MEMBER_TIMEOUT = 10.0
 #: The shortest member timeout a server takes: members heartbeat every HEARTBEAT_INTERVAL.
 MIN_MEMBER_TIMEOUT, HEARTBEAT_INTERVAL = 3.0, 1.0
+#: A batch a member asked for ahead (prefetch) whose leases have run this share of their
+#: time when a receive comes for it goes back unseen: none is handed out with less than 3/4.
+PREFETCH_STALE_SHARE = 0.25
 #: The backoff of a nack without a delay: 1 s, doubling per retry, at most 10 minutes.
 BACKOFF_BASE, BACKOFF_MAX = 1.0, 600.0
 

@@ -78,7 +78,8 @@ class GroupCalls(Calls):
         self._attend(queue, group, member)  # before the answer: a close after it finds the member
         if keys:
             self.metrics.group_received.inc((queue, group), len(keys))
-        return wire.T.TDeliveries(messages=packed.pack(keys, values), attempts=attempts)
+        given = int(min(leaseMillis / 1000, self.groups.limits.max_lease) * 1000)  # (as receive_columns gave it)
+        return wire.T.TDeliveries(messages=packed.pack(keys, values), attempts=attempts, leaseMillis=given)
 
     @served("consumer", inline=True)
     def groupAck(self, queue: str, group: str, rowkeys: bytes) -> int:

@@ -17,7 +17,8 @@ from click.testing import CliRunner
 from hqueue import HQueue, HQueueAdmin, Message
 from hqueue.aio import AsyncHQueue
 from hqueue.cli import main
-from hqueue.client.ahead import STALE_SHARE
+from hqueue.groups.limits import PREFETCH_STALE_SHARE as STALE_SHARE
+from hqueue.groups.limits import GroupLimits
 from hqueue.server import HQueueServer
 
 from ..processes import wait_for
@@ -317,3 +318,23 @@ def test_hqueue_consume_prefetch_prints_what_it_took_and_gives_the_rest_back_uns
     printed = [json.loads(line) for line in rest.output.splitlines()]
     assert [p["value"] for p in printed] == [str(i) for i in range(150, 250)]
     assert {p["attempt"] for p in printed} == {1}
+
+
+def test_a_batch_ahead_is_stale_by_the_lease_the_server_gave_not_the_one_asked(tmp_path):
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, group_limits=GroupLimits(max_lease=2)).start()
+    try:
+        url = f"hqueue://{server.address}"
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("q", 1)
+        with HQueue("q", url) as queue, queue.consumer("g", member="m", prefetch=True, lease=600) as member:
+            queue.put([Message("t", b"%d" % i) for i in range(20)], 0)
+            member.ack(member.receive(10, wait=0))
+            time.sleep(2 * STALE_SHARE + 0.3)  # a quarter of the 2 s it was given (not of the 600 s asked)
+            began = time.monotonic()
+            second = member.receive(10, wait=0)
+            left = min(p.lease_left for p in held(queue, "m"))
+            member.ack(second)
+        assert [d.value for d in second] == [b"%d" % i for i in range(10, 20)]
+        assert left > 2 * (1 - STALE_SHARE) - (time.monotonic() - began), left  # a fresh lease
+    finally:
+        server.stop()

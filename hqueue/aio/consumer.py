@@ -51,6 +51,7 @@ from ..groups.limits import (
     DEFAULT_LEASE,
     DEFAULT_MAX_RETRIES,
     HEARTBEAT_INTERVAL,
+    PREFETCH_CLOSE_WAIT,
     PREFETCH_STALE_SHARE,
     check_delay,
     check_lease,
@@ -163,8 +164,13 @@ class AsyncConsumer:
             await self._given_back_now(pairs)  # (before the receive afresh, which takes them again)
             return None
         if len(pairs) > max_messages:
-            await self._given_back_now(pairs[max_messages:])
-            del pairs[max_messages:]
+            kept = pairs[:max_messages]
+            try:
+                await self._given_back_now(pairs[max_messages:])
+            except asyncio.CancelledError:  # (this receive is cancelled: what it would have returned goes back too)
+                self._late(kept)
+                raise
+            return kept
         return pairs
 
     async def _given_back_now(self, pairs: list) -> None:
@@ -296,8 +302,8 @@ class AsyncConsumer:
 
     async def _leave(self, ahead: asyncio.Task | None, within: float | None) -> None:
         """The leave, after the batch asked ahead is answered (the leave gives it back)."""
-        if ahead is not None:
-            await asyncio.wait([ahead], timeout=within)
+        if ahead is not None:  # (a paused server: it waits at most PREFETCH_CLOSE_WAIT, and the leave goes on)
+            await asyncio.wait([ahead], timeout=min(PREFETCH_CLOSE_WAIT, within or PREFETCH_CLOSE_WAIT))
             ahead.add_done_callback(self._given_back)  # (come after the leave, past ``within``: back too)
         await self._groups.leave(self.queue.name, self.group, self.member, within=within)
 

@@ -40,7 +40,7 @@ from thriftpy2.transport import TTransportException
 
 from ..config import UNSEEN
 from ..errors import HQueueError
-from ..groups.limits import PREFETCH_STALE_SHARE
+from ..groups.limits import PREFETCH_CLOSE_WAIT, PREFETCH_STALE_SHARE
 from ..message import ROWKEY_LENGTH, Message
 from ..rpc import wire
 from .groups import RemoteGroups, received_pairs
@@ -94,13 +94,15 @@ class GroupAhead:
         return pairs
 
     def close(self) -> None:
-        """Read the answer to what was asked ahead, if anything was (before the member leaves:
-        the leave gives it back unseen); ask nothing more."""
+        """Read the answer to what was asked ahead, if anything was, within PREFETCH_CLOSE_WAIT
+        (before the member leaves: the leave gives it back unseen); ask nothing more."""
         with self._lock:
             self.closed = True
             asked, self._asked = self._asked, None
         if asked is not None:
-            self._answer(asked)
+            engine = self._groups._engine
+            with engine.deadline_at(time.monotonic() + min(PREFETCH_CLOSE_WAIT, engine.timeout)):
+                self._answer(asked)  # (none by then: its connection is dropped, and the leave goes on)
 
     def _ask(self, max_messages: int, lease: float) -> _Asked | None:
         """A groupReceive sent, not waiting, to the next owner in turn, within ASK_SECONDS (a

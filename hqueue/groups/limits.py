@@ -34,6 +34,9 @@ MIN_MEMBER_TIMEOUT, HEARTBEAT_INTERVAL = 3.0, 1.0
 #: A batch a member asked for ahead (prefetch) whose leases have run this share of their
 #: time when a receive comes for it goes back unseen: none is handed out with less than 3/4.
 PREFETCH_STALE_SHARE = 0.25
+#: Seconds a closing member waits for the answer to the batch it asked ahead before it
+#: leaves anyway (a paused server: its whole timeout left the leave none).
+PREFETCH_CLOSE_WAIT = 1.0
 #: The backoff of a nack without a delay: 1 s, doubling per retry, at most 10 minutes.
 BACKOFF_BASE, BACKOFF_MAX = 1.0, 600.0
 

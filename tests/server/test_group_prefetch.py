@@ -16,12 +16,14 @@ from click.testing import CliRunner
 
 from hqueue import HQueue, HQueueAdmin, Message
 from hqueue.aio import AsyncHQueue
+from hqueue.aio.consumer import AsyncConsumer
 from hqueue.cli import main
+from hqueue.client.ahead import GroupAhead
+from hqueue.groups.limits import PREFETCH_CLOSE_WAIT, GroupLimits
 from hqueue.groups.limits import PREFETCH_STALE_SHARE as STALE_SHARE
-from hqueue.groups.limits import GroupLimits
 from hqueue.server import HQueueServer
 
-from ..processes import wait_for
+from ..processes import ServerProcess, drain, wait_for
 
 
 @pytest.fixture
@@ -338,3 +340,70 @@ def test_a_batch_ahead_is_stale_by_the_lease_the_server_gave_not_the_one_asked(t
         assert left > 2 * (1 - STALE_SHARE) - (time.monotonic() - began), left  # a fresh lease
     finally:
         server.stop()
+
+
+def test_close_at_a_server_paused_with_the_batch_ahead_unanswered_still_leaves(tmp_path, monkeypatch):
+    """The answer ahead took the close's whole timeout, and the leave, given none, never went:
+    what the member held came back as failed deliveries when their leases ended."""
+    server = ServerProcess(f"local://{tmp_path}/data", tmp_path)
+    url = f"hqueue://{server.address}?timeout=2"
+    try:
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("q", 1)
+        with HQueue("q", url) as queue:
+            queue.put([Message("t", b"%d" % i) for i in range(30)], 0)
+            member = queue.consumer("g", member="m", prefetch=True, lease=60)
+            member.ack(member.receive(10, wait=0))
+            asks = GroupAhead._ask
+            monkeypatch.setattr(GroupAhead, "_ask", lambda self, *a: (server.pause(), asks(self, *a))[1])
+            held_by_app = member.receive(10, wait=0)  # (the next 10 asked of a server paused first: no answer)
+            began = time.monotonic()
+            member.close()  # the leave goes (the server takes it when it resumes)
+            took = time.monotonic() - began
+            server.resume()
+            wait_for(lambda: {p.member for p in queue.pending("g")} == {None}, 10, "the leases given back")
+            with queue.consumer("g", member="n") as other:
+                again = drain(other, 20, timeout=10)
+        assert len(held_by_app) == 10 and took < 2 + PREFETCH_CLOSE_WAIT + 1.5, took
+        assert sorted(d.value for d in again) == sorted(b"%d" % i for i in range(10, 30))
+        assert {d.attempt for d in again} == {1}  # given back by the leave, not by leases run out
+    finally:
+        server.resume()
+        server.terminate()
+
+
+def test_an_asyncio_receive_cancelled_while_it_gives_back_what_does_not_fit_gives_back_the_rest_too(
+    queue, server, monkeypatch
+):
+    queue.put([Message("t", b"%d" % i) for i in range(100)], 0)
+    handing_back = asyncio.Event()
+    give_back = AsyncConsumer._given_back_now
+
+    async def spied(self, pairs):
+        handing_back.set()
+        return await give_back(self, pairs)
+
+    monkeypatch.setattr(AsyncConsumer, "_given_back_now", spied)
+
+    async def main():
+        async with AsyncHQueue("q", f"hqueue://{server.address}") as aqueue:
+            async with aqueue.consumer("g", member="m", prefetch=True) as member:
+                await member.ack(await member.receive(50, wait=0))
+                await asyncio.sleep(0.1)  # (the 50 ahead answered)
+                receiving = asyncio.ensure_future(member.receive(5, wait=0))
+                await handing_back.wait()
+                receiving.cancel()  # at the hand-back of the 45 that do not fit
+                with contextlib.suppress(asyncio.CancelledError):
+                    await receiving
+                await asyncio.sleep(0.2)
+                still = [p for p in await asyncio.to_thread(queue.pending, "g") if p.member == "m"]
+                rest = []
+                while deliveries := await member.receive(100, wait=0.2):
+                    await member.ack(deliveries)
+                    rest += deliveries
+                return still, rest
+
+    still, rest = asyncio.run(main())
+    assert still == []  # not the 5 it would have returned, held until their lease ends
+    assert sorted(d.value for d in rest) == sorted(b"%d" % i for i in range(50, 100))
+    assert {d.attempt for d in rest} == {1}

@@ -58,6 +58,12 @@ class RemoteGroups:
     def _owners(self, name: str, fresh: bool = False) -> list[str]:
         return sorted({owner for owner in self._group_locations(name, fresh) if owner})
 
+    def _last_owners(self, name: str) -> list[str]:
+        """The owners last read (read now only if never): where a member that leaves holds its
+        leases (its receives read them). Not read afresh: a leave soon after a server was
+        paused spent its whole deadline on that read, and never went."""
+        return sorted({owner for owner in self._engine.locations(name) if owner})
+
     def _at(self, owner: str, method: str, *args: Any, queue: str, wait: float = 0.0) -> Any:
         """``method`` at the partitions' ``owner``, given up once it owns none of the queue's
         partitions while no answer comes (RemoteEngine._call_watched): a ServerUnavailable
@@ -176,7 +182,7 @@ class RemoteGroups:
     def leave(self, queue: str, group: str, member: str) -> None:
         self._left.leave((queue, group, member))
         with self._engine.deadline():
-            for owner in self._owners(queue):
+            for owner in self._last_owners(queue):
                 try:
                     self._at(owner, "groupLeave", queue, group, member, queue=queue)
                 except ServerUnavailable:

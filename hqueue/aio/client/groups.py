@@ -239,7 +239,8 @@ class AsyncRemoteGroups:
         """Leave at each owner (``within``: seconds it may take, else the client's timeout)."""
         engine = self._engine
         with engine.deadline() if within is None else engine.deadline_at(asyncio.get_running_loop().time() + within):
-            for owner in await self._owners(queue):
+            for owner in sorted({owner for owner in await engine.locations(queue) if owner}):  # (as the blocking
+                # client's _last_owners: the owners last read, not read afresh)
                 try:
                     await self._at(owner, "groupLeave", queue, group, member, queue=queue)
                 except ServerUnavailable:

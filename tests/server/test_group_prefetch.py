@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import threading
 import time
@@ -16,6 +17,7 @@ from click.testing import CliRunner
 
 from hqueue import HQueue, HQueueAdmin, Message
 from hqueue.aio import AsyncHQueue
+from hqueue.aio.client.groups import AsyncRemoteGroups
 from hqueue.aio.consumer import AsyncConsumer
 from hqueue.cli import main
 from hqueue.client.ahead import GroupAhead
@@ -262,15 +264,27 @@ def test_an_asyncio_member_gives_a_stale_or_unfitting_batch_ahead_back_unseen(qu
     assert {d.attempt for d in stale + part + rest} == {1}
 
 
-def test_an_asyncio_receive_cancelled_while_it_awaits_the_batch_ahead_leaves_it_for_the_next(queue, server):
+def test_an_asyncio_receive_cancelled_while_it_awaits_the_batch_ahead_leaves_it_for_the_next(
+    queue, server, monkeypatch
+):
     queue.put([Message("t", b"%d" % i) for i in range(20)], 0)
+    calls = itertools.count()
+    receive = AsyncRemoteGroups.receive
+
+    async def slow_second(self, *args, **kwargs):  # the batch ahead (the second call) comes 0.3 s late
+        if next(calls) == 1:
+            await asyncio.sleep(0.3)
+        return await receive(self, *args, **kwargs)
+
+    monkeypatch.setattr(AsyncRemoteGroups, "receive", slow_second)
 
     async def main():
         async with AsyncHQueue("q", f"hqueue://{server.address}") as aqueue:
             async with aqueue.consumer("g", member="m", prefetch=True) as member:
                 await member.ack(await member.receive(10, wait=0))
                 receiving = asyncio.ensure_future(member.receive(10, wait=0))
-                await asyncio.sleep(0)  # (it awaits the batch ahead)
+                await asyncio.sleep(0.1)  # (it awaits the batch ahead, not come yet)
+                assert not receiving.done()
                 receiving.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await receiving
@@ -291,6 +305,9 @@ def test_an_asyncio_member_s_close_gives_the_batch_ahead_back_unseen(queue, serv
         async with AsyncHQueue("q", f"hqueue://{server.address}") as aqueue:
             async with aqueue.consumer("g", member="m", prefetch=True) as member:
                 await member.ack(await member.receive(10, wait=0))
+                until = time.monotonic() + 5  # (the batch ahead handed out: close reads its answer, then leaves)
+                while len(await asyncio.to_thread(held, queue, "m")) < 10 and time.monotonic() < until:
+                    await asyncio.sleep(0.01)
 
     asyncio.run(main())
     assert {(p.member, p.attempt) for p in queue.pending("g")} <= {(None, 1)}

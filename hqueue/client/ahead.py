@@ -15,7 +15,8 @@ What it costs, and how that is bounded:
   (counting no delivery attempt) and the receive takes a fresh batch.
 * A receive for fewer messages than the batch holds (or with another lease) hands back
   the rest, or all of it, unseen.
-* ``close()`` reads the answer before the member leaves, and the leave gives its messages
+* ``close()`` reads the answer before the member leaves (for at most PREFETCH_CLOSE_WAIT:
+  a paused server's is left, and the leave goes on), and the leave gives its messages
   back unseen. A member that dies holding a batch ahead has each of its messages' leases
   end as for any message it held: after its connections close (or its lease), as a
   failed delivery.

@@ -17,7 +17,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -304,3 +307,23 @@ def serving_pid(data: str) -> int | None:
 
     holder = lock_holder(data)
     return int(holder.split()[1].rstrip(":")) if holder else None
+
+
+@contextmanager
+def one_queue_served(tmp_path: Path, messages: int, timeout: float = 2.0) -> Iterator[tuple[ServerProcess, Any, str]]:
+    """A server process on a fresh embedded store, with queue "q" (1 partition) holding
+    ``messages`` messages (values b"0", b"1"…): (the server, an open HQueue on it, its URL,
+    with the client's ``timeout``). Resumed if a test paused it, then stopped."""
+    from hqueue import HQueue, HQueueAdmin, Message
+
+    server = ServerProcess(f"local://{tmp_path}/data", tmp_path)
+    url = f"hqueue://{server.address}?timeout={timeout:g}"
+    try:
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("q", 1)
+        with HQueue("q", url) as queue:
+            queue.put([Message("t", b"%d" % i) for i in range(messages)], 0)
+            yield server, queue, url
+    finally:
+        server.resume()
+        server.terminate()

@@ -15,18 +15,8 @@ import pytest
 from hqueue import HQueue, HQueueAdmin
 from hqueue.client.engine import READ_TRIES
 from hqueue.errors import ServerUnavailable
-from hqueue.server import HQueueServer
 
 from ..helpers.relay import Relay
-
-
-@pytest.fixture
-def server(tmp_path):
-    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
-    with HQueueAdmin(f"hqueue://{server.address}") as admin:
-        admin.create_queue("q", 2)
-    yield server
-    server.stop()
 
 
 def test_a_read_whose_connection_breaks_again_and_again_is_sent_again_until_it_is_answered(server):

@@ -23,7 +23,7 @@ import pytest
 from hqueue import HQueue, HQueueAdmin, Message
 from hqueue.errors import DeadlineExceeded, NoPartitionOwner, OutcomeUnknown, ServerUnavailable
 
-from ..processes import ServerProcess, wait_for
+from ..processes import ServerProcess, one_queue_served, wait_for
 
 TIMEOUT = 2.0
 BOUND = TIMEOUT * 1.5
@@ -359,37 +359,28 @@ def test_a_member_that_closes_at_a_paused_server_still_leaves(tmp_path, api):
     went, and what the member held came back as failed deliveries when its leases ended."""
     from hqueue.aio import AsyncHQueue
 
-    server = ServerProcess(f"local://{tmp_path}/data", tmp_path)
-    url = f"hqueue://{server.address}?timeout=2"
-    try:
-        with HQueueAdmin(url) as admin:
-            admin.create_queue("q", 1)
-        with HQueue("q", url) as queue:
-            queue.put([Message("t", b"%d" % i) for i in range(20)], 0)
-            if api == "blocking":
-                member = queue.consumer("g", member="m", lease=60)
-                held = member.receive(10, wait=0)
-                server.pause()
-                time.sleep(2.5)
-                member.close()
-            else:
+    with one_queue_served(tmp_path, 20) as (server, queue, url):
+        if api == "blocking":
+            member = queue.consumer("g", member="m", lease=60)
+            held = member.receive(10, wait=0)
+            server.pause()
+            time.sleep(2.5)
+            member.close()
+        else:
 
-                async def hold_then_close():
-                    async with AsyncHQueue("q", url) as aqueue:
-                        member = aqueue.consumer("g", member="m", lease=60)
-                        got = await member.receive(10, wait=0)
-                        server.pause()
-                        await asyncio.sleep(2.5)
-                        await member.close()
-                        return got
+            async def hold_then_close():
+                async with AsyncHQueue("q", url) as aqueue:
+                    member = aqueue.consumer("g", member="m", lease=60)
+                    got = await member.receive(10, wait=0)
+                    server.pause()
+                    await asyncio.sleep(2.5)
+                    await member.close()
+                    return got
 
-                held = asyncio.run(hold_then_close())
-            server.resume()
-            wait_for(lambda: {p.member for p in queue.pending("g")} == {None}, 10, "the leave to give them back")
-            with queue.consumer("g", member="n") as other:
-                again = other.receive(20, wait=1)
-        assert len(held) == 10
-        assert {d.attempt for d in again} == {1} and len(again) == 20  # given back unseen by the leave
-    finally:
+            held = asyncio.run(hold_then_close())
         server.resume()
-        server.terminate()
+        wait_for(lambda: {p.member for p in queue.pending("g")} == {None}, 10, "the leave to give them back")
+        with queue.consumer("g", member="n") as other:
+            again = other.receive(20, wait=1)
+    assert len(held) == 10
+    assert {d.attempt for d in again} == {1} and len(again) == 20  # given back unseen by the leave

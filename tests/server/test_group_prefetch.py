@@ -25,16 +25,7 @@ from hqueue.groups.limits import PREFETCH_CLOSE_WAIT, GroupLimits
 from hqueue.groups.limits import PREFETCH_STALE_SHARE as STALE_SHARE
 from hqueue.server import HQueueServer
 
-from ..processes import ServerProcess, drain, wait_for
-
-
-@pytest.fixture
-def server(tmp_path):
-    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
-    with HQueueAdmin(f"hqueue://{server.address}") as admin:
-        admin.create_queue("q", 2)
-    yield server
-    server.stop()
+from ..processes import drain, one_queue_served, wait_for
 
 
 @pytest.fixture
@@ -362,31 +353,22 @@ def test_a_batch_ahead_is_stale_by_the_lease_the_server_gave_not_the_one_asked(t
 def test_close_at_a_server_paused_with_the_batch_ahead_unanswered_still_leaves(tmp_path, monkeypatch):
     """The answer ahead took the close's whole timeout, and the leave, given none, never went:
     what the member held came back as failed deliveries when their leases ended."""
-    server = ServerProcess(f"local://{tmp_path}/data", tmp_path)
-    url = f"hqueue://{server.address}?timeout=2"
-    try:
-        with HQueueAdmin(url) as admin:
-            admin.create_queue("q", 1)
-        with HQueue("q", url) as queue:
-            queue.put([Message("t", b"%d" % i) for i in range(30)], 0)
-            member = queue.consumer("g", member="m", prefetch=True, lease=60)
-            member.ack(member.receive(10, wait=0))
-            asks = GroupAhead._ask
-            monkeypatch.setattr(GroupAhead, "_ask", lambda self, *a: (server.pause(), asks(self, *a))[1])
-            held_by_app = member.receive(10, wait=0)  # (the next 10 asked of a server paused first: no answer)
-            began = time.monotonic()
-            member.close()  # the leave goes (the server takes it when it resumes)
-            took = time.monotonic() - began
-            server.resume()
-            wait_for(lambda: {p.member for p in queue.pending("g")} == {None}, 10, "the leases given back")
-            with queue.consumer("g", member="n") as other:
-                again = drain(other, 20, timeout=10)
-        assert len(held_by_app) == 10 and took < 2 + PREFETCH_CLOSE_WAIT + 1.5, took
-        assert sorted(d.value for d in again) == sorted(b"%d" % i for i in range(10, 30))
-        assert {d.attempt for d in again} == {1}  # given back by the leave, not by leases run out
-    finally:
+    with one_queue_served(tmp_path, 30) as (server, queue, _):
+        member = queue.consumer("g", member="m", prefetch=True, lease=60)
+        member.ack(member.receive(10, wait=0))
+        asks = GroupAhead._ask
+        monkeypatch.setattr(GroupAhead, "_ask", lambda self, *a: (server.pause(), asks(self, *a))[1])
+        held_by_app = member.receive(10, wait=0)  # (the next 10 asked of a server paused first: no answer)
+        began = time.monotonic()
+        member.close()  # the leave goes (the server takes it when it resumes)
+        took = time.monotonic() - began
         server.resume()
-        server.terminate()
+        wait_for(lambda: {p.member for p in queue.pending("g")} == {None}, 10, "the leases given back")
+        with queue.consumer("g", member="n") as other:
+            again = drain(other, 20, timeout=10)
+    assert len(held_by_app) == 10 and took < 2 + PREFETCH_CLOSE_WAIT + 1.5, took
+    assert sorted(d.value for d in again) == sorted(b"%d" % i for i in range(10, 30))
+    assert {d.attempt for d in again} == {1}  # given back by the leave, not by leases run out
 
 
 def test_an_asyncio_receive_cancelled_while_it_gives_back_what_does_not_fit_gives_back_the_rest_too(

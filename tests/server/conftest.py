@@ -1,0 +1,19 @@
+"""Fixtures of the server tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from hqueue import HQueueAdmin
+from hqueue.server import HQueueServer
+
+
+@pytest.fixture
+def server(tmp_path):
+    """An hqueue server in this process on a loopback port, on a fresh embedded store, with
+    queue "q" of 2 partitions (a test module may define its own ``server``)."""
+    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
+    with HQueueAdmin(f"hqueue://{server.address}") as admin:
+        admin.create_queue("q", 2)
+    yield server
+    server.stop()

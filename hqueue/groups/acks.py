@@ -14,7 +14,7 @@ from ..deadletters import dead_letter, dead_letter_queue
 from ..errors import GroupNotFound, HQueueError, NotPartitionOwner
 from ..keys.groups import state_prefix
 from ..message import PackedReceipts, ids_by_partition, messages_from_columns
-from .limits import GroupLimits, backoff, check_delay, check_lease
+from .limits import GroupLimits, backoff, check_delay
 from .state import MAX_ACKED_AHEAD, GroupState, PartitionState
 
 if TYPE_CHECKING:
@@ -165,7 +165,7 @@ class GroupAcks:
         waiting behind a slow one). A lease that ran out already, went to
         another member or was finished is not renewed; returns how many were.
         """
-        deadline = time.monotonic() + min(check_lease(lease), self.limits.max_lease)
+        deadline = time.monotonic() + self.limits.lease(lease)
         group = self._group(queue, name)
         count = 0
         with group.lock:

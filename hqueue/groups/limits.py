@@ -141,6 +141,10 @@ class GroupLimits:
     member_timeout: float = MEMBER_TIMEOUT
     max_groups: int = DEFAULT_MAX_GROUPS
 
+    def lease(self, asked: object) -> float:
+        """The lease a member that asks for ``asked`` seconds gets: checked, at most ``max_lease``."""
+        return min(check_lease(asked), self.max_lease)
+
     def __post_init__(self) -> None:
         lease = self.max_lease
         if not isinstance(lease, (int, float)) or isinstance(lease, bool) or not 0 < lease <= ASKED_LEASE_LIMIT:

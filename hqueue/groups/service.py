@@ -74,7 +74,6 @@ from .handout import Columns, Handout
 from .limits import (
     GroupLimits,
     check_group_name,
-    check_lease,
     check_max_messages,
     check_max_retries,
     check_member,
@@ -348,7 +347,7 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
         now, or waits again first (at its deadline it returns none)."""
         check_member(member)
         check_max_messages(max_messages)
-        lease = min(check_lease(lease), self.limits.max_lease)
+        lease = self.limits.lease(lease)
         check_wait(wait)
         group = self._group(queue, name)
         started = time.monotonic()

@@ -78,8 +78,8 @@ class GroupCalls(Calls):
         self._attend(queue, group, member)  # before the answer: a close after it finds the member
         if keys:
             self.metrics.group_received.inc((queue, group), len(keys))
-        given = int(min(leaseMillis / 1000, self.groups.limits.max_lease) * 1000)  # (as receive_columns gave it)
-        return wire.T.TDeliveries(messages=packed.pack(keys, values), attempts=attempts, leaseMillis=given)
+        given = self.groups.limits.lease(leaseMillis / 1000)  # (what receive_columns gave)
+        return wire.T.TDeliveries(messages=packed.pack(keys, values), attempts=attempts, leaseMillis=int(given * 1000))
 
     @served("consumer", inline=True)
     def groupAck(self, queue: str, group: str, rowkeys: bytes) -> int:

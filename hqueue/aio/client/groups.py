@@ -60,6 +60,10 @@ class AsyncRemoteGroups:
     async def _owners(self, name: str, fresh: bool = False) -> list[str]:
         return sorted({owner for owner in await self._group_locations(name, fresh) if owner})
 
+    async def _last_owners(self, name: str) -> list[str]:
+        """The owners last read, not read afresh (as the blocking client's ``_last_owners``)."""
+        return sorted({owner for owner in await self._engine.locations(name) if owner})
+
     async def _at(self, owner: str, method: str, *args: Any, queue: str, wait: float = 0.0, late: Any = None) -> Any:
         """``method`` at the partitions' ``owner``, given up once it owns none of the queue's
         partitions while no answer comes (as the blocking client's ``_at``; an answer read
@@ -239,8 +243,7 @@ class AsyncRemoteGroups:
         """Leave at each owner (``within``: seconds it may take, else the client's timeout)."""
         engine = self._engine
         with engine.deadline() if within is None else engine.deadline_at(asyncio.get_running_loop().time() + within):
-            for owner in sorted({owner for owner in await engine.locations(queue) if owner}):  # (as the blocking
-                # client's _last_owners: the owners last read, not read afresh)
+            for owner in await self._last_owners(queue):
                 try:
                     await self._at(owner, "groupLeave", queue, group, member, queue=queue)
                 except ServerUnavailable:

@@ -95,6 +95,7 @@ from ..message import Message, MessageID
 from ..requests import Lane, Lanes
 from ..rpc import packed, wire
 from ..rpc.failures import PROBE_SECONDS, explain
+from ..rpc.spin import DEFAULT_CLIENT_POLL_US, check_poll_us
 from ..scanner import Scan
 from .cursor import RemoteCursor
 from .groups import RemoteGroups
@@ -130,10 +131,24 @@ def parse_url(url: str) -> tuple[list[str], str | None, dict[str, str]]:
     if not servers:
         raise InvalidArgument("an hqueue:// URL needs at least one host:port (hqueue://[TOKEN@]host:port)")
     options = dict(urllib.parse.parse_qsl(query))
-    unknown = set(options) - {"timeout", "tls", "ca"}
+    unknown = set(options) - {"timeout", "tls", "ca", "poll_us"}
     if unknown:
-        raise InvalidArgument(f"unknown hqueue:// URL options {sorted(unknown)} (known: timeout, tls, ca)")
+        raise InvalidArgument(f"unknown hqueue:// URL options {sorted(unknown)} (known: timeout, tls, ca, poll_us)")
     return servers, token, options
+
+
+def poll_us_of(url: str) -> int:
+    """Microseconds a blocking client of ``url`` polls for each answer before it blocks:
+    ``poll_us=`` in an hqueue:// URL (rpc/spin.py), else the default."""
+    if not url.startswith("hqueue://"):
+        return DEFAULT_CLIENT_POLL_US
+    given = parse_url(url)[2].get("poll_us")
+    if given is None:
+        return DEFAULT_CLIENT_POLL_US
+    try:
+        return check_poll_us(int(given) if given.isdigit() else given, "poll_us")
+    except ValueError as e:
+        raise InvalidArgument(f"poll_us= in an hqueue:// URL: {e}") from None
 
 
 def client_options(
@@ -339,6 +354,7 @@ class RemoteEngine:
         self.unix_socket = unix_socket
         options = client_options(url, timeout, token, unix_socket)
         self._seeds, self.url, self.timeout, self._token, self._ssl_context = options
+        self._poll_us = poll_us_of(url)
         #: Whether this client speaks TLS (its subscribers then listen with TLS too).
         self.tls = self._ssl_context is not None
         self.owner_timeout = owner_timeout
@@ -398,7 +414,7 @@ class RemoteEngine:
             return pool
 
     def _new_pool(self, address: str) -> Pool:
-        return Pool(address, int(self.timeout * 1000), self._token, self._ssl_context, self.unix_socket)
+        return Pool(address, int(self.timeout * 1000), self._token, self._ssl_context, self.unix_socket, self._poll_us)
 
     def _call_at(
         self,

@@ -16,6 +16,7 @@ by byte, or not at all still ends at its deadline (``TimeoutError``).
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import queue as queue_module
 import select
@@ -32,6 +33,7 @@ from thriftpy2.thrift import TClient
 from thriftpy2.transport import TFramedTransportFactory, TSocket, TTransportException
 
 from ..rpc import wire
+from ..rpc.spin import DEFAULT_CLIENT_POLL_US, Spin
 from ..rpc.unix import short_unix_path, widen
 
 #: A socket's timeout set this recently (s) for the same deadline is not set again: the
@@ -54,6 +56,9 @@ class _Bounded:
     share: float | None = None
     at_share: Callable[[], float | None] | None = None
     sock: socket.socket | None
+    #: Polls for an answer before the read blocks, while answers come that soon (rpc/spin.py).
+    spin: Spin | None = None
+    _readable: Callable[[], list] | None = None
     _armed: tuple[float, float] = (0.0, -1.0)  # (when, for which instant) the timeout was set
     _got = False  # a byte of the answer came since the request went
 
@@ -89,6 +94,11 @@ class _Bounded:
     _left = 0  # the bytes of the answer frame being read still to come
 
     def read(self, sz: int) -> bytes:
+        spin = self.spin if not self._got else None  # (an answer's first read only: the rest is on its way)
+        if spin is not None and self._readable is not None:
+            started = time.perf_counter()
+            if spin.poll(self._readable):
+                spin = None
         while True:
             try:
                 self._arm(True)
@@ -97,12 +107,23 @@ class _Bounded:
             except TimeoutError:
                 if not self._go_on():
                     raise
+        if spin is not None:
+            spin.blocked(time.perf_counter() - started)
         self._got = True
         if self._left >= len(data):
             self._left -= len(data)
         else:
             self._check_heads(data)
         return data
+
+    def poll_first(self, limit_us: int) -> None:
+        """Poll up to ``limit_us`` for each answer before its read blocks (rpc/spin.py): a plain
+        socket's (a TLS one may hold what poll cannot see)."""
+        sock = self.sock
+        if limit_us and sock is not None and not isinstance(sock, ssl.SSLSocket):
+            poller = select.poll()
+            poller.register(sock, select.POLLIN)
+            self.spin, self._readable = Spin(limit_us), functools.partial(poller.poll, 0)
 
     def _check_heads(self, data: bytes) -> None:
         """Refuse an answer frame whose head is 0 or over MAX_ANSWER_BYTES before thriftpy2
@@ -193,6 +214,7 @@ class Connection:
                 transport.open()
             if self.socket.sock is not None:
                 widen(self.socket.sock)  # a put's frame in one message (rpc/unix.py)
+        self.socket.poll_first(pool.poll_us)
         protocol: Any = NumberedProtocol(TBinaryProtocolFactory().get_protocol(transport))  # (a TProtocolBase's calls)
         self.protocol: NumberedProtocol = protocol
         self.client = TClient(wire.T.HQueueService, protocol)
@@ -288,7 +310,10 @@ class Pool:
         token: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
         unix_socket: str | None = None,
+        poll_us: int = DEFAULT_CLIENT_POLL_US,
     ) -> None:
+        #: Microseconds a call polls for its answer before it blocks (rpc/spin.py; 0: never).
+        self.poll_us = poll_us
         #: Connect to this Unix socket (a store another local process serves) instead of host:port.
         self.unix_socket = unix_socket
         host, _, port = address.rpartition(":")

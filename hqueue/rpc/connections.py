@@ -34,6 +34,7 @@ from .budget import (
     AnswerSlot,
 )
 from .frames import DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_ITEMS
+from .spin import DEFAULT_SERVER_POLL_US, check_poll_us
 from .unix import unix_listener
 
 logger = logging.getLogger(__name__)
@@ -73,8 +74,12 @@ class ServerLimits:
     #: server``, which owns its process; rpc/places.py: fit_descriptors). A server inside an
     #: application keeps the places that fit the limit as it is.
     raise_open_files: bool = False
+    #: Microseconds the event loop (``io="loop"``) polls for the next call before it sleeps,
+    #: while calls come that soon (rpc/spin.py; 0: it never polls).
+    idle_poll_us: int = DEFAULT_SERVER_POLL_US
 
     def __post_init__(self) -> None:
+        check_poll_us(self.idle_poll_us, "idle_poll_us")
         for name in ("inflight_share", "connection_share"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"{name!r} must be more than 0 and at most 1, not {getattr(self, name)}")

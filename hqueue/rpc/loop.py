@@ -40,6 +40,9 @@ which it extends:
   and gives any other back to the loop, unread.
 * A reply is sent without blocking; what the socket does not take goes as
   it drains, within ``body_timeout``, and the connection's next call waits.
+* With nothing to do, the loop polls for the next call for up to
+  ``limits.idle_poll_us`` before it sleeps, while calls come that soon
+  (:class:`~hqueue.rpc.spin.Spin`): a client's next call finds it awake and warm.
 * Every second a sweep closes a connection idle past ``idle_timeout``, and
   one whose started frame or reply is not done within ``body_timeout``
   (a slow loris).
@@ -49,6 +52,7 @@ which it extends:
 
 from __future__ import annotations
 
+import functools
 import select
 import selectors
 import socket
@@ -62,6 +66,7 @@ from typing import Any, Protocol
 from ..errors import HQueueError
 from .connections import Connection, _current, current_connection
 from .frames import _HEAD, MAX_DECLARED, FrameError, FrameReader, TooManyItems, call_head, check_call, head_of_frame
+from .spin import Spin
 from .threaded import ThreadedServer, bare, logger
 from .workers import Workers
 
@@ -236,12 +241,21 @@ class LoopServer(ThreadedServer):
 
     def _run_loop(self) -> None:
         select = self._selector.select
+        spin, poll, clock = Spin(self.limits.idle_poll_us), functools.partial(select, 0), time.perf_counter
         sweep_at = time.monotonic() + SWEEP
         if self._syncs is not None:
             self._syncs.defer_syncs()
         try:
             while not (self.closed and self._closing()):
-                events = select(0 if self._held or self._more else SWEEP)
+                if self._held or self._more:
+                    events = select(0)
+                else:  # the next calls, polled for a little first while they come that soon (rpc/spin.py)
+                    events = spin.poll(poll) or []
+                    if not events:
+                        started = clock()
+                        events = select(SWEEP)
+                        if events:
+                            spin.blocked(clock() - started)
                 self._turn += 1
                 more, self._more = self._more, []
                 for key, mask in events:

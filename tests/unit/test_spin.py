@@ -1,0 +1,94 @@
+"""Polling before a blocking wait (rpc/spin.py): only while waits are short, and less after polls in vain."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from hqueue.client.pool import BoundedSocket
+from hqueue.rpc.spin import MAX_BACKOFF, MAX_POLL_US, Spin, check_poll_us
+
+
+def test_a_new_spin_blocks_at_once_and_polls_after_a_wait_short_enough_to_catch():
+    spin = Spin(200)
+    assert spin.poll(lambda: True) is None  # (not polled: off until a short wait)
+    spin.blocked(0.001)  # 1 ms: a poll of 200 µs would not have caught it
+    assert not spin.on
+    spin.blocked(0.00005)
+    assert spin.on
+    assert spin.poll(lambda: ["event"]) == ["event"]
+    assert spin.on  # it caught something: it goes on polling
+
+
+def test_a_poll_in_vain_stops_polling_for_twice_as_many_short_waits_each_time():
+    spin = Spin(50)
+    needed = []
+    for _ in range(9):
+        spin.blocked(0.00001)
+        assert spin.on
+        assert spin.poll(lambda: []) is None  # nothing came in the whole limit
+        assert not spin.on
+        waits = 0
+        while not spin.on:
+            spin.blocked(0.00001)
+            waits += 1
+        needed.append(waits)
+    assert needed == [2, 3, 5, 9, 17, 33, 65, 65, 65]  # the skipped ones, then the one that turns it on
+    assert MAX_BACKOFF == 64
+    assert spin.poll(lambda: [1]) == [1]  # one that catches starts the count again
+    assert spin.poll(lambda: []) is None
+    spin.blocked(0.00001)
+    spin.blocked(0.00001)
+    assert spin.on
+
+
+def test_a_long_wait_starts_the_count_of_short_ones_again():
+    spin = Spin(50)
+    spin.blocked(0.00001)
+    spin.poll(lambda: [])  # in vain: 1 short wait to skip
+    spin.poll(lambda: [])  # (off: not polled, nothing changes)
+    spin.blocked(0.00001)
+    spin.blocked(0.00001)
+    assert spin.on
+    spin.poll(lambda: [])  # in vain again: 2 to skip
+    spin.blocked(0.00001)
+    spin.blocked(1.0)  # a long one: two short ones in a row again
+    spin.blocked(0.00001)
+    assert not spin.on
+    spin.blocked(0.00001)
+    spin.blocked(0.00001)
+    assert spin.on
+
+
+def test_a_zero_limit_never_polls():
+    spin = Spin(0)
+    for seconds in (0.0, 0.000001, 1.0):
+        spin.blocked(seconds)
+        assert not spin.on
+
+
+@pytest.mark.parametrize("value", [-1, MAX_POLL_US + 1, 1.5, "200", True, None])
+def test_a_poll_time_is_whole_microseconds_in_range(value):
+    with pytest.raises(ValueError, match="'idle_poll_us' must be whole microseconds"):
+        check_poll_us(value, "idle_poll_us")
+    assert check_poll_us(0, "x") == 0 and check_poll_us(MAX_POLL_US, "x") == MAX_POLL_US
+
+
+def test_a_client_socket_polls_for_an_answer_that_comes_soon_and_reads_it_whole():
+    left, right = socket.socketpair()
+    try:
+        bounded = BoundedSocket(sock=left, socket_timeout=5000)
+        bounded.poll_first(500)
+        assert bounded.spin is not None
+        bounded.spin.blocked(0.0)  # (as after an answer that came at once)
+        right.sendall(b"\0\0\0\x06answer")  # a frame: its size, then it
+        assert bounded.read(4) == b"\0\0\0\x06"
+        assert bounded.read(6) == b"answer"
+        assert bounded.spin.on
+        off = BoundedSocket(sock=right, socket_timeout=5000)
+        off.poll_first(0)
+        assert off.spin is None
+    finally:
+        left.close()
+        right.close()

@@ -14,7 +14,9 @@ thread CPU time (``time.thread_time``) of
 * ``json``: ``json.dumps`` of a small dict (plain Python, no hqueue);
 * ``nothing``: an empty call, the floor of the measurement itself,
 
-each run ``--calls`` times with each pause (``time.sleep``) between calls.
+each run ``--calls`` times with each pause between calls, asleep
+(``time.sleep``) and then polling (awake, yielding the CPU, as the server's
+loop and the blocking client poll before they sleep: docs/server.md).
 The ratio of the paused figure to the back-to-back one is what a
 ping-pong client costs a Python server beyond its code on this machine.
 """
@@ -36,14 +38,21 @@ from common import report  # noqa: E402
 from hqueue import Durability, HQueue, HQueueAdmin, Message  # noqa: E402
 
 
-def cpu_per_call(call, calls: int, pause: float) -> float:
-    """Microseconds of this thread's CPU per ``call()``, ``pause`` seconds asleep before each."""
+def poll_for(seconds: float) -> None:
+    """Busy-wait ``seconds`` as a polling thread does (rpc/spin.py): awake, yielding the CPU."""
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        os.sched_yield()
+
+
+def cpu_per_call(call, calls: int, pause: float, wait=time.sleep) -> float:
+    """Microseconds of this thread's CPU per ``call()``, ``pause`` seconds of ``wait`` before each."""
     for _ in range(200):  # warm
         call()
     total = 0.0
     for _ in range(calls):
         if pause:
-            time.sleep(pause)
+            wait(pause)
         started = time.thread_time()
         call()
         total += time.thread_time() - started
@@ -74,13 +83,14 @@ def main() -> None:
             for name, call in cases.items():
                 base = None
                 for pause in pauses:
-                    us = cpu_per_call(call, args.calls, pause)
-                    base = us if base is None else base
-                    rows.append({"case": name, "pause_ms": pause * 1000, "cpu_us_per_call": round(us, 2),
-                                 "vs_back_to_back": round(us / base, 2)})  # fmt: skip
+                    for how, wait in (("asleep", time.sleep), ("polling", poll_for)) if pause else (("-", None),):
+                        us = cpu_per_call(call, args.calls, pause, wait)
+                        base = us if base is None else base
+                        rows.append({"case": name, "pause_ms": pause * 1000, "pause": how, "cpu_us_per_call":
+                                     round(us, 2), "vs_back_to_back": round(us / base, 2)})  # fmt: skip
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    columns = ["case", "pause_ms", "cpu_us_per_call", "vs_back_to_back"]
+    columns = ["case", "pause_ms", "pause", "cpu_us_per_call", "vs_back_to_back"]
     report(f"thread CPU per call, back to back and after a pause ({args.calls} calls each)", rows, columns, args.json)
 
 

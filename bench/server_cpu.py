@@ -1,13 +1,15 @@
 """What one call costs the server: hqueue's server CPU per message, and Redis's, in one run.
 
 Usage:
-    python bench/server_cpu.py [--tree NAME=DIR ...] [--repeat 3] [--scale 1.0] [--json out.json]
+    python bench/server_cpu.py [--tree NAME=DIR ...] [--no-poll NAME ...] [--repeat 3] [--scale 1.0] [--json out.json]
 
 Needs Debian's redis-server and the redis package with hiredis (pip install '.[bench]').
 
 Servers run as local subprocesses on loopback: ``hqueue server`` (embedded
 store) from each ``--tree`` (default: this checkout; name another source
-tree to compare two versions in one run, e.g. ``--tree main=/tmp/main``),
+tree to compare two versions in one run, e.g. ``--tree main=/tmp/main``;
+``--tree poll=. --tree nopoll=. --no-poll nopoll`` compares polling before
+sleeping, docs/server.md, on and off on both sides with the same code),
 and Redis 7 twice (``appendfsync everysec``, like ASYNC_WAL; ``appendfsync
 always``, like SYNC_WAL). One client in this process drives each in turn,
 ``--repeat`` times, systems interleaved so a busy machine weighs on all alike.
@@ -63,11 +65,11 @@ class Server:
         self.proc.wait()
 
 
-def start_hqueue(name: str, tree: str, workdir: str) -> Server:
+def start_hqueue(name: str, tree: str, workdir: str, extra: tuple[str, ...] = ()) -> Server:
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "hqueue.cli", "server", "--storage", f"{workdir}/{name}", "--port", str(port),
-         "--log-level", "WARNING"],
+         "--log-level", "WARNING", *extra],
         env=dict(os.environ, PYTHONPATH=tree), cwd=tree,
     )  # fmt: skip
     wait_port(port)
@@ -97,8 +99,8 @@ def measured(server: Server, work) -> tuple[float, float, object]:
 
 
 class HQueueCases:
-    def __init__(self, server: Server) -> None:
-        self.server, self.url = server, f"hqueue://127.0.0.1:{server.port}"
+    def __init__(self, server: Server, options: str = "") -> None:
+        self.server, self.url = server, f"hqueue://127.0.0.1:{server.port}{options}"
         self.round = 0
 
     def _queue(self, prefix: str, durability: Durability, partitions: int = 1) -> str:
@@ -248,6 +250,10 @@ class RedisCases:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tree", action="append", default=[], help="NAME=DIR: an hqueue source tree to serve from")
+    parser.add_argument(
+        "--no-poll", action="append", default=[], metavar="NAME",
+        help="serve tree NAME with --idle-poll-us 0 and call it with poll_us=0 (polling off on both sides)",
+    )  # fmt: skip
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies every message count")
     parser.add_argument("--cases", default="put1async,put1sync,put1000,group,groupsync,read")
@@ -267,7 +273,12 @@ def main() -> None:
         samples.setdefault((case, system), []).append(row)
 
     try:
-        hq = [HQueueCases(start_hqueue(name, tree, workdir)) for name, tree in trees]
+        hq = [
+            HQueueCases(start_hqueue(name, tree, workdir, ("--idle-poll-us", "0")), "?poll_us=0")
+            if name in args.no_poll
+            else HQueueCases(start_hqueue(name, tree, workdir))
+            for name, tree in trees
+        ]
         servers += [c.server for c in hq]
         everysec = RedisCases(start_redis("redis everysec", "everysec", workdir))
         always = RedisCases(start_redis("redis always", "always", workdir))

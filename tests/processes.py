@@ -310,13 +310,15 @@ def serving_pid(data: str) -> int | None:
 
 
 @contextmanager
-def one_queue_served(tmp_path: Path, messages: int, timeout: float = 2.0) -> Iterator[tuple[ServerProcess, Any, str]]:
-    """A server process on a fresh embedded store, with queue "q" (1 partition) holding
-    ``messages`` messages (values b"0", b"1"…): (the server, an open HQueue on it, its URL,
-    with the client's ``timeout``). Resumed if a test paused it, then stopped."""
+def one_queue_served(
+    tmp_path: Path, messages: int, timeout: float = 2.0, io: str = "loop"
+) -> Iterator[tuple[ServerProcess, Any, str]]:
+    """A server process (``--io io``) on a fresh embedded store, with queue "q" (1 partition)
+    holding ``messages`` messages (values b"0", b"1"…): (the server, an open HQueue on it, its
+    URL, with the client's ``timeout``). Resumed if a test paused it, then stopped."""
     from hqueue import HQueue, HQueueAdmin, Message
 
-    server = ServerProcess(f"local://{tmp_path}/data", tmp_path)
+    server = ServerProcess(f"local://{tmp_path}/data", tmp_path, extra_args=("--io", io))
     url = f"hqueue://{server.address}?timeout={timeout:g}"
     try:
         with HQueueAdmin(url) as admin:

@@ -253,13 +253,14 @@ def _share(name: str, default: float, help: str) -> Callable[[Callable], Callabl
 )
 @click.option(
     "--idle-poll-us",
+    envvar="HQUEUE_IDLE_POLL_US",
     type=click.IntRange(0, MAX_POLL_US),
     default=DEFAULT_SERVER_POLL_US,
     show_default=True,
-    help="Microseconds the event loop polls for the next call before it sleeps, while calls come that soon "
-    "(a client's next call finds the server awake and warm: lower latency and less CPU a call). It stops "
-    "polling once a poll finds nothing, so an idle server sleeps. 0: never poll (a machine whose CPUs "
-    "are all busy, a laptop on battery).",
+    help="With --io loop: microseconds the event loop polls for the next call before it sleeps, while calls "
+    "come that soon (a client's next call finds the server awake: lower latency for one-call-at-a-time "
+    "clients, for some more CPU). It stops polling once a poll finds nothing, so an idle server sleeps. "
+    "0: never poll (a machine whose CPUs are all busy, a laptop on battery).",
 )
 @click.option("--log-level", envvar="HQUEUE_LOG_LEVEL", default="INFO", show_default=True)
 @click.pass_context

@@ -95,7 +95,7 @@ from ..message import Message, MessageID
 from ..requests import Lane, Lanes
 from ..rpc import packed, wire
 from ..rpc.failures import PROBE_SECONDS, explain
-from ..rpc.spin import DEFAULT_CLIENT_POLL_US, check_poll_us
+from ..rpc.spin import DEFAULT_CLIENT_POLL_US, check_poll_us, env_poll_us
 from ..scanner import Scan
 from .cursor import RemoteCursor
 from .groups import RemoteGroups
@@ -139,16 +139,14 @@ def parse_url(url: str) -> tuple[list[str], str | None, dict[str, str]]:
 
 def poll_us_of(url: str) -> int:
     """Microseconds a blocking client of ``url`` polls for each answer before it blocks:
-    ``poll_us=`` in an hqueue:// URL (rpc/spin.py), else the default."""
-    if not url.startswith("hqueue://"):
-        return DEFAULT_CLIENT_POLL_US
-    given = parse_url(url)[2].get("poll_us")
-    if given is None:
-        return DEFAULT_CLIENT_POLL_US
+    ``poll_us=`` in an hqueue:// URL (rpc/spin.py), else ``$HQUEUE_POLL_US``, else the default."""
+    given = parse_url(url)[2].get("poll_us") if url.startswith("hqueue://") else None
     try:
-        return check_poll_us(int(given) if given.isdigit() else given, "poll_us")
+        if given is None:
+            return env_poll_us("HQUEUE_POLL_US", DEFAULT_CLIENT_POLL_US)
+        return check_poll_us(int(given) if given.isascii() and given.isdigit() else given, "poll_us")
     except ValueError as e:
-        raise InvalidArgument(f"poll_us= in an hqueue:// URL: {e}") from None
+        raise InvalidArgument(f"poll_us= in an hqueue:// URL: {e}" if given is not None else str(e)) from None
 
 
 def client_options(

@@ -33,7 +33,7 @@ from thriftpy2.thrift import TClient
 from thriftpy2.transport import TFramedTransportFactory, TSocket, TTransportException
 
 from ..rpc import wire
-from ..rpc.spin import DEFAULT_CLIENT_POLL_US, Spin
+from ..rpc.spin import DEFAULT_CLIENT_POLL_US, Spin, env_poll_us
 from ..rpc.unix import short_unix_path, widen
 
 #: A socket's timeout set this recently (s) for the same deadline is not set again: the
@@ -124,6 +124,10 @@ class _Bounded:
             poller = select.poll()
             poller.register(sock, select.POLLIN)
             self.spin, self._readable = Spin(limit_us), functools.partial(poller.poll, 0)
+
+    def close(self) -> None:
+        self.spin = self._readable = None  # (the poller watched this socket's descriptor)
+        super().close()  # type: ignore[misc]
 
     def _check_heads(self, data: bytes) -> None:
         """Refuse an answer frame whose head is 0 or over MAX_ANSWER_BYTES before thriftpy2
@@ -310,10 +314,11 @@ class Pool:
         token: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
         unix_socket: str | None = None,
-        poll_us: int = DEFAULT_CLIENT_POLL_US,
+        poll_us: int | None = None,
     ) -> None:
-        #: Microseconds a call polls for its answer before it blocks (rpc/spin.py; 0: never).
-        self.poll_us = poll_us
+        #: Microseconds a call polls for its answer before it blocks (rpc/spin.py; 0: never;
+        #: None: ``$HQUEUE_POLL_US``, else the default).
+        self.poll_us = env_poll_us("HQUEUE_POLL_US", DEFAULT_CLIENT_POLL_US) if poll_us is None else poll_us
         #: Connect to this Unix socket (a store another local process serves) instead of host:port.
         self.unix_socket = unix_socket
         host, _, port = address.rpartition(":")

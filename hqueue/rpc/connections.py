@@ -18,6 +18,7 @@ import errno
 import logging
 import os
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,7 +27,7 @@ from typing import Any
 
 from thriftpy2.transport import TServerSocket
 
-from ..errors import ServerBusy
+from ..errors import HQueueError, ServerBusy
 from .budget import (
     DEFAULT_INFLIGHT_SHARE,
     DEFAULT_INFLIGHT_WAIT,
@@ -34,7 +35,7 @@ from .budget import (
     AnswerSlot,
 )
 from .frames import DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_ITEMS
-from .spin import DEFAULT_SERVER_POLL_US, check_poll_us
+from .spin import DEFAULT_SERVER_POLL_US, check_poll_us, env_poll_us
 from .unix import unix_listener
 
 logger = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ class ServerLimits:
     raise_open_files: bool = False
     #: Microseconds the event loop (``io="loop"``) polls for the next call before it sleeps,
     #: while calls come that soon (rpc/spin.py; 0: it never polls).
-    idle_poll_us: int = DEFAULT_SERVER_POLL_US
+    idle_poll_us: int = field(default_factory=lambda: env_poll_us("HQUEUE_IDLE_POLL_US", DEFAULT_SERVER_POLL_US))
 
     def __post_init__(self) -> None:
         check_poll_us(self.idle_poll_us, "idle_poll_us")
@@ -132,6 +133,22 @@ class Connection:
     opened: float = field(default_factory=time.monotonic)
     #: Its call runs on the server's event loop now, which it may not keep waiting (rpc/loop.py).
     on_loop: bool = False
+    #: The socket it was accepted on (:meth:`peer_closed`); a TLS connection's is detached.
+    sock: Any = field(default=None, repr=False)
+
+    def peer_closed(self) -> bool:
+        """Whether the client closed the connection and sent nothing more that is unread: an
+        answer to the call under way would reach no one. A peek, which never waits; False
+        when it cannot tell (TLS, whose bytes are not the calls')."""
+        sock = self.sock
+        if sock is None or isinstance(sock, ssl.SSLSocket) or sock.fileno() < 0 or sock.gettimeout() not in (None, 0):
+            return False  # (a timeout in Python would make the peek wait for it)
+        try:
+            return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except (BlockingIOError, InterruptedError):
+            return False  # nothing to read, and no end: the client is there
+        except OSError:
+            return True  # reset
 
     def when_closed(self, what: str, callback: Callable[[], None]) -> None:
         """Call ``callback`` when the connection ends, unless one was given for ``what``
@@ -160,6 +177,14 @@ def current_connection() -> Connection | None:
     return getattr(_current, "connection", None)
 
 
+class PeerGone(HQueueError):
+    """The client closed its connection while its call waited (it gave up): the call ends
+    with nothing done, since its answer would reach no one (a receive leases nothing)."""
+
+    def __init__(self) -> None:
+        super().__init__("the client closed the connection while its call waited: nothing was done")
+
+
 @contextlib.contextmanager
 def answer_slot_aside() -> Iterator[AnswerSlot | None]:
     """Around a wait of the call under way (a receive's long poll): the bytes held for its
@@ -178,6 +203,8 @@ def answer_slot_aside() -> Iterator[AnswerSlot | None]:
     connection = current_connection()
     if connection is not None and connection.evicted:
         raise ServerBusy("max_connections", 0, "this connection was closed to make room for another: connect again")
+    if connection is not None and connection.peer_closed():
+        raise PeerGone()
 
 
 class RateLimitedLog:

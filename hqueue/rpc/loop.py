@@ -250,9 +250,9 @@ class LoopServer(ThreadedServer):
                 if self._held or self._more:
                     events = select(0)
                 else:  # the next calls, polled for a little first while they come that soon (rpc/spin.py)
+                    started = clock()
                     events = spin.poll(poll) or []
                     if not events:
-                        started = clock()
                         events = select(SWEEP)
                         if events:
                             spin.blocked(clock() - started)

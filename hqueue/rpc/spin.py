@@ -15,13 +15,14 @@ machine little.
 Polling burns a CPU while it lasts, so :class:`Spin` polls only while it
 pays, as glibc's adaptive mutexes spin: after a blocking wait that ended
 within the limit (a poll would have caught it) it polls before the next
-one; a poll that runs its whole limit with nothing come stops the polling,
-which starts again only after 1, 2, 4, … :data:`MAX_BACKOFF` short waits in
-a row (the count doubles with each poll in vain, and starts again at one
-once a poll catches something). A thread whose waits are long (an idle
-server, a client of a busy one) blocks at once, and one whose waits are
-about the limit, caught by a poll now and then, wastes at most one poll of
-``limit`` in :data:`MAX_BACKOFF` waits.
+one. A poll that runs its whole limit with nothing come stops the polling
+until 2, 4, 8, … :data:`MAX_BACKOFF` waits in a row were short enough (the
+count doubles with each poll in vain, and halves after :data:`FORGIVE`
+polls in a row that caught what came). A thread whose waits are long (an
+idle server, a client of a busy one) blocks at once; one whose waits are
+short in bursts with long gaps between (a client that calls three times,
+then thinks) soon needs 64 short waits before it polls again, so it wastes
+about one poll of ``limit`` in 64 of its short waits.
 """
 
 from __future__ import annotations
@@ -33,12 +34,16 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-#: Microseconds a server's event loop polls for its next call by default (``--idle-poll-us``).
+#: Microseconds a server's event loop polls for its next call by default (``--idle-poll-us``;
+#: ``$HQUEUE_IDLE_POLL_US`` for every server of a process, a ``local://`` store's among them).
 DEFAULT_SERVER_POLL_US = 300
-#: Microseconds a blocking client polls for an answer by default (``poll_us=`` in the URL).
+#: Microseconds a blocking client polls for an answer by default (``poll_us=`` in the URL;
+#: ``$HQUEUE_POLL_US`` for every client of a process, a ``local://`` store's among them).
 DEFAULT_CLIENT_POLL_US = 500
 #: Short waits in a row that polling waits for, at most, after polls that caught nothing.
 MAX_BACKOFF = 64
+#: Polls in a row that caught what came, after which polling waits for half as many short waits.
+FORGIVE = 16
 #: The longest poll either may be given (microseconds): more is a busy CPU, not a quick answer.
 MAX_POLL_US = 10_000
 
@@ -50,20 +55,33 @@ def check_poll_us(value: object, name: str) -> int:
     return value
 
 
+def env_poll_us(variable: str, default: int) -> int:
+    """The microseconds of polling ``$variable`` sets (unset or empty: ``default``).
+
+    Raises:
+        ValueError: it is not whole microseconds from 0 to :data:`MAX_POLL_US`.
+    """
+    given = os.environ.get(variable, "")
+    if not given:
+        return default
+    return check_poll_us(int(given) if given.isascii() and given.isdigit() else given, "$" + variable)
+
+
 class Spin:
     """Polls up to ``limit_us`` microseconds before a blocking wait, while waits are that short.
 
     Not thread-safe: one per waiting thread (the server's loop; a client connection).
     """
 
-    __slots__ = ("limit", "on", "_backoff", "_skip")
+    __slots__ = ("limit", "on", "_backoff", "_skip", "_caught")
 
     def __init__(self, limit_us: int) -> None:
         self.limit = limit_us / 1e6
         #: Whether the next wait polls first.
         self.on = False
-        self._backoff = 0  # short waits needed after a poll in vain (doubling), 0 after a poll that caught
-        self._skip = 0  # short waits still needed before polling again
+        self._backoff = 1  # short waits in a row needed before polling (doubles after a poll in vain)
+        self._skip = 1  # short waits in a row still needed
+        self._caught = 0  # polls in a row that caught what came
 
     def poll(self, ready: Callable[[], T]) -> T | None:
         """Call ``ready()`` without blocking, again and again, until it returns something true
@@ -75,20 +93,25 @@ class Spin:
         while True:
             got = ready()
             if got:
-                self._backoff = 0
+                self._caught += 1
+                if self._caught >= FORGIVE:
+                    self._backoff, self._caught = max(1, self._backoff // 2), 0
                 return got
             if clock() >= until:
-                self.on = False
-                self._skip = self._backoff = min(2 * self._backoff or 1, MAX_BACKOFF)
+                self.on, self._caught = False, 0
+                self._skip = self._backoff = min(2 * self._backoff, MAX_BACKOFF)
                 return None
             give_way()  # (another process or thread that wants this CPU, or the GIL, runs first)
 
     def blocked(self, seconds: float) -> None:
-        """A blocking wait ended with what it waited for after ``seconds``: poll before the
-        next one once enough waits in a row were short enough for a poll to catch."""
+        """A blocking wait ended with what it waited for after ``seconds`` (from before any
+        poll): poll before the next one once enough waits in a row were short enough for a
+        poll to catch."""
+        if not self.limit:
+            return
         if seconds >= self.limit:
             self._skip = self._backoff
-        elif self._skip:
+        elif self._skip > 1:
             self._skip -= 1
         else:
             self.on = True

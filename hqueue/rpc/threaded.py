@@ -282,7 +282,7 @@ class ThreadedServer(TThreadedServer):
 
     def _opened(self, sock: socket.socket, peer: tuple) -> Connection:
         """The connection ``sock`` is, counted among those open (oldest first), its socket set up."""
-        connection = Connection(next(self._ids), (peer[0], peer[1]), local=sock.family == socket.AF_UNIX)
+        connection = Connection(next(self._ids), (peer[0], peer[1]), local=sock.family == socket.AF_UNIX, sock=sock)
         self.places.opened(connection, sock)
         try:
             if connection.local:

@@ -10,11 +10,16 @@ relays to a real server.
 
 from __future__ import annotations
 
+import socket
+import time
+
 import pytest
 
-from hqueue import HQueue, HQueueAdmin
+from hqueue import HQueue, HQueueAdmin, Message
 from hqueue.client.engine import READ_TRIES
 from hqueue.errors import ServerUnavailable
+from hqueue.rpc.wire import call_frame
+from hqueue.server import HQueueServer
 
 from ..helpers.relay import Relay
 
@@ -60,3 +65,34 @@ def test_a_change_whose_connection_breaks_is_not_sent_again(server):
         assert front.broken == 1
     finally:
         front.close()
+
+
+@pytest.mark.parametrize("io", ["loop", "threads"])
+def test_a_receive_whose_client_closed_while_it_waited_leases_nothing(tmp_path, io):
+    # Given a member's receive waiting for messages, whose client then closes its connection
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, io=io).start()
+    try:
+        with HQueueAdmin(f"hqueue://{server.address}") as admin:
+            admin.create_queue("q", 2)
+        with HQueue("q", f"hqueue://{server.address}") as queue:
+            with queue.consumer("g", member="first") as first:
+                assert first.receive(1, wait=0) == []  # (the group is made)
+            sock = socket.create_connection(("127.0.0.1", server.port))
+            sock.sendall(call_frame("groupReceive", 1, queue="q", group="g", member="gone", maxMessages=10,
+                                    leaseMillis=60_000, waitMillis=3_000))  # fmt: skip
+            time.sleep(0.3)
+            sock.close()
+            # When messages come while it still waits
+            queue.put([Message("t", b"%d" % i) for i in range(5)], 0)
+            queue.put([Message("t", b"%d" % i) for i in range(5)], 1)
+            time.sleep(0.5)
+            # Then none went to the member that gave up: another gets them all, first time out
+            assert queue.pending("g") == []
+            got: list = []
+            with queue.consumer("g", member="other") as other:  # (all partitions once "gone" is found gone)
+                deadline = time.monotonic() + 10
+                while len(got) < 10 and time.monotonic() < deadline:
+                    got += other.receive(10, wait=1)
+        assert len(got) == 10 and {d.attempt for d in got} == {1}
+    finally:
+        server.stop()

@@ -384,3 +384,24 @@ def test_a_member_that_closes_at_a_paused_server_still_leaves(tmp_path, api):
             again = other.receive(20, wait=1)
     assert len(held) == 10
     assert {d.attempt for d in again} == {1} and len(again) == 20  # given back unseen by the leave
+
+
+@pytest.mark.parametrize("io", ["loop", "threads"])
+def test_a_receive_given_up_at_a_paused_server_leases_nothing_when_it_resumes(tmp_path, io):
+    """A member's receive that reached its deadline at a paused server closed its connection;
+    the server, resumed, read the receive late and leased a batch to a member that no longer
+    waited for it: those messages came back only when the lease ran out, each at attempt 2."""
+    with one_queue_served(tmp_path, 21, timeout=1.0, io=io) as (server, queue, url):
+        member = queue.consumer("g", member="m", lease=60)
+        member.ack(member.receive(1, wait=0))  # (the group is open, its owner known)
+        server.pause()
+        with pytest.raises(DeadlineExceeded):
+            member.receive(10, wait=0)  # gives up after its 1 s, and closes the connection
+        time.sleep(0.3)  # (the close reaches the server's socket)
+        server.resume()
+        time.sleep(1.0)  # the server reads the receive now
+        assert queue.pending("g") == []  # nothing was leased to m
+        with queue.consumer("g", member="n") as other:
+            got = other.receive(20, wait=1)
+        member.close()
+    assert len(got) == 20 and {d.attempt for d in got} == {1}

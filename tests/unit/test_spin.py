@@ -7,7 +7,7 @@ import socket
 import pytest
 
 from hqueue.client.pool import BoundedSocket
-from hqueue.rpc.spin import MAX_BACKOFF, MAX_POLL_US, Spin, check_poll_us
+from hqueue.rpc.spin import FORGIVE, MAX_BACKOFF, MAX_POLL_US, Spin, check_poll_us, env_poll_us
 
 
 def test_a_new_spin_blocks_at_once_and_polls_after_a_wait_short_enough_to_catch():
@@ -24,7 +24,7 @@ def test_a_new_spin_blocks_at_once_and_polls_after_a_wait_short_enough_to_catch(
 def test_a_poll_in_vain_stops_polling_for_twice_as_many_short_waits_each_time():
     spin = Spin(50)
     needed = []
-    for _ in range(9):
+    for _ in range(8):
         spin.blocked(0.00001)
         assert spin.on
         assert spin.poll(lambda: []) is None  # nothing came in the whole limit
@@ -34,31 +34,75 @@ def test_a_poll_in_vain_stops_polling_for_twice_as_many_short_waits_each_time():
             spin.blocked(0.00001)
             waits += 1
         needed.append(waits)
-    assert needed == [2, 3, 5, 9, 17, 33, 65, 65, 65]  # the skipped ones, then the one that turns it on
+    assert needed == [2, 4, 8, 16, 32, 64, 64, 64]
     assert MAX_BACKOFF == 64
-    assert spin.poll(lambda: [1]) == [1]  # one that catches starts the count again
-    assert spin.poll(lambda: []) is None
+
+
+def test_polls_that_catch_halve_the_count_after_a_run_of_them():
+    spin = Spin(50)
     spin.blocked(0.00001)
-    spin.blocked(0.00001)
-    assert spin.on
+    for _ in range(3):  # the count goes to 8
+        spin.poll(lambda: [])
+        while not spin.on:
+            spin.blocked(0.00001)
+    for _ in range(FORGIVE - 1):
+        assert spin.poll(lambda: [1]) == [1]
+    spin.poll(lambda: [])  # one short of a run: the count doubles to 16
+    waits = 0
+    while not spin.on:
+        spin.blocked(0.00001)
+        waits += 1
+    assert waits == 16
+    for _ in range(FORGIVE):  # a whole run: 8
+        spin.poll(lambda: [1])
+    spin.poll(lambda: [])  # in vain: 16 again
+    waits = 0
+    while not spin.on:
+        spin.blocked(0.00001)
+        waits += 1
+    assert waits == 16
+
+
+def test_bursts_with_long_gaps_between_soon_waste_few_polls():
+    # A client that calls three times in a row, then pauses: each pause a poll in vain
+    spin, wasted, caught = Spin(50), 0, 0
+    for _ in range(640):
+        for wait in (0.00001, 0.00001, 0.00001, 0.001):
+            short = wait < spin.limit
+            if spin.on:
+                if spin.poll(lambda short=short: [1] if short else []):
+                    caught += 1
+                    continue
+                wasted += 1
+                spin.blocked(wait + spin.limit)
+            else:
+                spin.blocked(wait)
+    assert wasted <= 640 // 20  # about one poll in vain in 64 short waits, not one each pause
+    assert caught > 0
 
 
 def test_a_long_wait_starts_the_count_of_short_ones_again():
     spin = Spin(50)
     spin.blocked(0.00001)
-    spin.poll(lambda: [])  # in vain: 1 short wait to skip
+    spin.poll(lambda: [])  # in vain: 2 short waits in a row needed
     spin.poll(lambda: [])  # (off: not polled, nothing changes)
-    spin.blocked(0.00001)
-    spin.blocked(0.00001)
-    assert spin.on
-    spin.poll(lambda: [])  # in vain again: 2 to skip
     spin.blocked(0.00001)
     spin.blocked(1.0)  # a long one: two short ones in a row again
     spin.blocked(0.00001)
     assert not spin.on
     spin.blocked(0.00001)
-    spin.blocked(0.00001)
     assert spin.on
+
+
+def test_poll_times_from_the_environment_are_checked(monkeypatch):
+    monkeypatch.setenv("HQUEUE_POLL_US", "120")
+    assert env_poll_us("HQUEUE_POLL_US", 500) == 120
+    monkeypatch.setenv("HQUEUE_POLL_US", "")
+    assert env_poll_us("HQUEUE_POLL_US", 500) == 500
+    for bad in ("x", "-1", "\u0663\u0660\u0660", "20000"):
+        monkeypatch.setenv("HQUEUE_POLL_US", bad)
+        with pytest.raises(ValueError, match=r"'\$HQUEUE_POLL_US' must be whole microseconds"):
+            env_poll_us("HQUEUE_POLL_US", 500)
 
 
 def test_a_zero_limit_never_polls():

@@ -107,29 +107,24 @@ def test_poll_times_out_of_range_are_refused_with_their_names(tmp_path):
     assert DEFAULT_CLIENT_POLL_US > 0
 
 
+def spin_of_a_connection(server: HQueueServer, options: str):
+    """The poll (rpc/spin.py) of a client connection to ``server`` made with URL ``options``."""
+    server.start()
+    try:
+        with HQueueAdmin(f"hqueue://127.0.0.1:{server.port}?{options}") as admin:
+            admin.create_queue("q", 1)
+            pool = next(iter(admin.engine._pools.values()))
+            connection = pool.take()
+            pool.give_back(connection)
+            return connection.socket.spin
+    finally:
+        server.stop()
+
+
 def test_a_tls_connection_does_not_poll_and_a_plain_one_does(tmp_path):
-    cert, context = server_certificate(tmp_path)
-    tls = HQueueServer(
-        f"local://{tmp_path}/tls", "127.0.0.1", 0, ssl_context=context, local_socket=False
-    )  # (the server's own context: its certificate)
-    tls.start()
-    try:
-        with HQueueAdmin(f"hqueue://127.0.0.1:{tls.port}?tls=1&ca={cert}") as admin:
-            admin.create_queue("q", 1)
-            pool = next(iter(admin.engine._pools.values()))
-            connection = pool.take()
-            assert connection.socket.spin is None
-            pool.give_back(connection)
-    finally:
-        tls.stop()
+    cert, context = server_certificate(tmp_path)  # (the server's own context: its certificate)
+    tls = HQueueServer(f"local://{tmp_path}/tls", "127.0.0.1", 0, ssl_context=context, local_socket=False)
+    assert spin_of_a_connection(tls, f"tls=1&ca={cert}") is None
     plain = HQueueServer(f"local://{tmp_path}/plain", "127.0.0.1", 0, local_socket=False)
-    plain.start()
-    try:
-        with HQueueAdmin(f"hqueue://127.0.0.1:{plain.port}?poll_us=250") as admin:
-            admin.create_queue("q", 1)
-            pool = next(iter(admin.engine._pools.values()))
-            connection = pool.take()
-            assert connection.socket.spin is not None and connection.socket.spin.limit == 250e-6
-            pool.give_back(connection)
-    finally:
-        plain.stop()
+    spin = spin_of_a_connection(plain, "poll_us=250")
+    assert spin is not None and spin.limit == 250e-6

@@ -95,7 +95,7 @@ from ..message import Message, MessageID
 from ..requests import Lane, Lanes
 from ..rpc import packed, wire
 from ..rpc.failures import PROBE_SECONDS, explain
-from ..rpc.spin import DEFAULT_CLIENT_POLL_US, check_poll_us, env_poll_us
+from ..rpc.spin import DEFAULT_CLIENT_POLL_US, env_poll_us, parse_poll_us
 from ..scanner import Scan
 from .cursor import RemoteCursor
 from .groups import RemoteGroups
@@ -144,7 +144,7 @@ def poll_us_of(url: str) -> int:
     try:
         if given is None:
             return env_poll_us("HQUEUE_POLL_US", DEFAULT_CLIENT_POLL_US)
-        return check_poll_us(int(given) if given.isascii() and given.isdigit() else given, "poll_us")
+        return parse_poll_us(given, "poll_us")
     except ValueError as e:
         raise InvalidArgument(f"poll_us= in an hqueue:// URL: {e}" if given is not None else str(e)) from None
 

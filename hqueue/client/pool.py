@@ -94,7 +94,7 @@ class _Bounded:
     _left = 0  # the bytes of the answer frame being read still to come
 
     def read(self, sz: int) -> bytes:
-        spin = self.spin if not self._got else None  # (an answer's first read only: the rest is on its way)
+        spin, started = (self.spin if not self._got else None), 0.0  # (an answer's first read: the rest is coming)
         if spin is not None and self._readable is not None:
             started = time.perf_counter()
             if spin.poll(self._readable):

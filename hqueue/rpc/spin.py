@@ -62,9 +62,12 @@ def env_poll_us(variable: str, default: int) -> int:
         ValueError: it is not whole microseconds from 0 to :data:`MAX_POLL_US`.
     """
     given = os.environ.get(variable, "")
-    if not given:
-        return default
-    return check_poll_us(int(given) if given.isascii() and given.isdigit() else given, "$" + variable)
+    return parse_poll_us(given, "$" + variable) if given else default
+
+
+def parse_poll_us(text: str, name: str) -> int:
+    """``text`` (ASCII digits) as microseconds of polling, or ValueError naming ``name``."""
+    return check_poll_us(int(text) if text.isascii() and text.isdigit() else text, name)
 
 
 class Spin:

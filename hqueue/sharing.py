@@ -388,7 +388,9 @@ class StoreClient(RemoteEngine):
 
     def _new_pool(self, address: str) -> Pool:
         assert self._store is not None, "released"
-        return _TakeoverPool(self._store, address, int(self.timeout * 1000), None, None, self.unix_socket)
+        return _TakeoverPool(
+            self._store, address, int(self.timeout * 1000), None, None, self.unix_socket, self._poll_us
+        )
 
     def release(self) -> None:
         super().release()

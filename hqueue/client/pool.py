@@ -33,7 +33,7 @@ from thriftpy2.thrift import TClient
 from thriftpy2.transport import TFramedTransportFactory, TSocket, TTransportException
 
 from ..rpc import wire
-from ..rpc.spin import DEFAULT_CLIENT_POLL_US, Spin, env_poll_us
+from ..rpc.spin import DEFAULT_CLIENT_POLL_US, Spin
 from ..rpc.unix import short_unix_path, widen
 
 #: A socket's timeout set this recently (s) for the same deadline is not set again: the
@@ -314,11 +314,11 @@ class Pool:
         token: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
         unix_socket: str | None = None,
-        poll_us: int | None = None,
+        poll_us: int = DEFAULT_CLIENT_POLL_US,
     ) -> None:
         #: Microseconds a call polls for its answer before it blocks (rpc/spin.py; 0: never;
-        #: None: ``$HQUEUE_POLL_US``, else the default).
-        self.poll_us = env_poll_us("HQUEUE_POLL_US", DEFAULT_CLIENT_POLL_US) if poll_us is None else poll_us
+        #: a client's comes from its URL or ``$HQUEUE_POLL_US``: client.engine.poll_us_of).
+        self.poll_us = poll_us
         #: Connect to this Unix socket (a store another local process serves) instead of host:port.
         self.unix_socket = unix_socket
         host, _, port = address.rpartition(":")

@@ -185,6 +185,13 @@ class PeerGone(HQueueError):
         super().__init__("the client closed the connection while its call waited: nothing was done")
 
 
+def refuse_if_peer_gone() -> None:
+    """Raise :class:`PeerGone` if the client of the calling handler's connection closed it."""
+    connection = current_connection()
+    if connection is not None and connection.peer_closed():
+        raise PeerGone()
+
+
 @contextlib.contextmanager
 def answer_slot_aside() -> Iterator[AnswerSlot | None]:
     """Around a wait of the call under way (a receive's long poll): the bytes held for its
@@ -196,6 +203,7 @@ def answer_slot_aside() -> Iterator[AnswerSlot | None]:
         ServerBusy: after the wait, if the connection was closed to make room meanwhile
             (rpc/places.py): the call ends, and its connection with it (a long poll held a
             place, and a slot of those being closed, for up to 300 s).
+        PeerGone: after the wait, if the client closed the connection meanwhile.
     """
     slot: AnswerSlot | None = getattr(_current, "slot", None)
     with slot.set_aside() if slot is not None else contextlib.nullcontext() as held:
@@ -203,8 +211,7 @@ def answer_slot_aside() -> Iterator[AnswerSlot | None]:
     connection = current_connection()
     if connection is not None and connection.evicted:
         raise ServerBusy("max_connections", 0, "this connection was closed to make room for another: connect again")
-    if connection is not None and connection.peer_closed():
-        raise PeerGone()
+    refuse_if_peer_gone()
 
 
 class RateLimitedLog:

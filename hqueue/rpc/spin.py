@@ -109,9 +109,7 @@ class Spin:
     def blocked(self, seconds: float) -> None:
         """A blocking wait ended with what it waited for after ``seconds`` (from before any
         poll): poll before the next one once enough waits in a row were short enough for a
-        poll to catch."""
-        if not self.limit:
-            return
+        poll to catch (with no limit, none ever is)."""
         if seconds >= self.limit:
             self._skip = self._backoff
         elif self._skip > 1:

@@ -16,7 +16,7 @@ from ..groups.limits import check_wait
 from ..groups.service import GroupService
 from ..rpc import operations as op
 from ..rpc import packed, wire
-from ..rpc.connections import PeerGone, answer_slot_aside, current_connection
+from ..rpc.connections import PeerGone, answer_slot_aside, current_connection, refuse_if_peer_gone
 from ..rpc.loop import may_block, on_loop
 from .calls import Calls, handler, served
 
@@ -66,9 +66,7 @@ class GroupCalls(Calls):
             raise TypeError("'maxMessages', 'leaseMillis' and 'waitMillis' must be ints")
         wait = check_wait(waitMillis / 1000)  # refused here as on a worker, before any effect
         self._as(queue, group, member, "receive as")
-        connection = current_connection()
-        if connection is not None and connection.peer_closed():
-            raise PeerGone()  # the member gave up on this receive (a paused server read it late): lease nothing
+        refuse_if_peer_gone()  # the member gave up on this receive (a paused server read it late): lease nothing
         if on_loop() and self.groups.off_loop(queue, group):
             may_block()  # rows of other topics read through (no topic index), or many topics: on a worker
         # On the event loop, what is there now; none there, the wait goes to a worker.

@@ -329,3 +329,22 @@ def one_queue_served(
     finally:
         server.resume()
         server.terminate()
+
+
+@contextmanager
+def queue_with_group_limits(request, tmp_path: Path, limits) -> Iterator[Any]:
+    """Queue "q" (1 partition) whose groups have ``limits``: on an embedded store opened with
+    them, or (``request.param == "remote"``) through an in-process server started with them."""
+    from hqueue import HQueue, HQueueAdmin
+    from hqueue.server import HQueueServer
+
+    if request.param == "remote":
+        server = HQueueServer(f"local://{tmp_path}/server", port=0, group_limits=limits).start()
+        request.addfinalizer(server.stop)
+        url, opened = f"hqueue://{server.address}", {}
+    else:
+        url, opened = f"local://{tmp_path}/data", {"group_limits": limits}
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 1)
+    with HQueue("q", url, **opened) as queue:
+        yield queue

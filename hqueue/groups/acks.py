@@ -100,6 +100,8 @@ class GroupAcks:
                 count += self._acked(group, pid, state, open_ids, let_go=True)
             if unknown:
                 self._unknown(group, unknown)
+        if count:
+            self._on_write(queue, -1)  # waiting receives look again: room for a member at its cap, a key's next
         return count, unknown
 
     def _unknown(self, group: GroupState, count: int) -> None:
@@ -211,6 +213,8 @@ class GroupAcks:
                     if counts(state, message_id):
                         self._failed(group, pid, state, message_id, delay, at_once=at_once)
                         count += 1
+        if count:
+            self._on_write(queue, -1)
         return count
 
     def _write(

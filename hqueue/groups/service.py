@@ -92,6 +92,10 @@ logger = logging.getLogger(__name__)
 
 #: A receive that found no room for its answer (a server's budget full) looks again after this.
 ROOM_RETRY = 0.05
+#: A waiting receive looks again after this at most, woken or not (a lease that ran out wakes
+#: nobody). Writes, acks, nacks and leaves wake it at once: an ack that gives a member at its
+#: --max-member-in-flight room (or a key in order its next message) is not seen a second late.
+RECHECK = 1.0
 
 
 class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
@@ -130,7 +134,7 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
             self._arrived.notify_all()
 
     def _on_write(self, queue: str, partition_id: int) -> None:
-        """A write (or a member leaving): wake the receives waiting on that queue, if any."""
+        """A write, an ack, a nack or a member leaving: wake the receives waiting on that queue, if any."""
         with self._arrived:
             self._generations[queue] = self._generations.get(queue, 0) + 1
             if self._waiting.get(queue):
@@ -353,7 +357,7 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
         started = time.monotonic()
         deadline = started + wait
         taken: Columns = ([], [], [])
-        room, next_ready = True, 1.0
+        room, next_ready = True, RECHECK
         while True:
             with self._arrived:
                 generation = self._generations.get(queue, 0)
@@ -370,7 +374,7 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
                 if not room or self._generations.get(queue, 0) == generation:
                     self._waiting[queue] = self._waiting.get(queue, 0) + 1
                     try:  # (no room for the answer last time: look again soon, messages or not)
-                        self._arrived.wait(min(left, next_ready, 1.0) if room else min(left, ROOM_RETRY))
+                        self._arrived.wait(min(left, next_ready, RECHECK) if room else min(left, ROOM_RETRY))
                     finally:
                         self._waiting[queue] -= 1
             room = slot is None or bool(slot.held)
@@ -381,7 +385,7 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
         info = self.engine.enabled_queue(group.queue)
         now = time.monotonic()
         out = Handout()
-        next_ready = 1.0
+        next_ready = RECHECK
         with group.lock:
             if group.deleted:  # held from before its delete: nothing more of it goes out
                 raise GroupNotFound(group.queue, group.name)

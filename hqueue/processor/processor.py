@@ -64,7 +64,11 @@ class Processor:
             (1,000) messages: behind a slow message, the reader waits. If the
             process dies its leases end at once (its connections close, or
             its heartbeats stop for the server's ``--member-timeout``).
-        commit_interval: Seconds between acks of committable messages.
+        commit_interval: Seconds between acks of committable messages, at
+            most: once ``queue_size`` messages have completed since the last
+            ack, the next goes at once (a member holds at most 1,000
+            messages until they are acked, so acks only on the interval
+            would cap a processor at 1,000 per interval).
         start: Where a new group starts (see :meth:`HQueue.consumer`).
     """
 
@@ -125,6 +129,9 @@ class Processor:
         self._unkeyed: list[tuple[Delivery, str]] = []
         self.completed = 0
         self.dead_lettered = 0
+        #: Completed since the commit loop's last turn; ``queue_size`` of them start the next at once.
+        self._uncommitted = 0
+        self._commit_due = threading.Event()
         self._lock = threading.Lock()
         self._workers = [Worker(self, i) for i in range(workers)]
         self._threads = [
@@ -211,6 +218,9 @@ class Processor:
         self._tracker(delivery.partition_id).completed(delivery.id)
         with self._lock:
             self.completed += 1
+            self._uncommitted += 1
+            if self._uncommitted >= self.queue_size or self._stop_reading.is_set():
+                self._commit_due.set()  # (stopping: each as it completes; stop() waits for them)
 
     def dead_letter(self, delivery: Delivery, why: str) -> None:
         """Move a failed message to ``<queue>.dlq`` through its group (the partition's
@@ -284,7 +294,13 @@ class Processor:
     def _commit_loop(self) -> None:
         renewed = time.monotonic()
         every = min(self.lease / 3, RENEW_EVERY)  # (a server may grant less than was asked: --max-lease)
-        while not self.stopping.wait(self.commit_interval):
+        while not self.stopping.is_set():
+            self._commit_due.wait(self.commit_interval)
+            if self.stopping.is_set():
+                break
+            with self._lock:
+                self._uncommitted = 0
+                self._commit_due.clear()
             try:
                 self.commit()
             except Exception:
@@ -341,8 +357,10 @@ class Processor:
         self._retry_unkeyed()  # (no reader tries them again now: once more, then those still refused
         for delivery, _ in self._unkeyed:  # go back with the leave; stop waited its whole timeout for them)
             self._tracker(delivery.partition_id).forget(delivery.id)
+        self._commit_due.set()  # what completed already, now, not at the commit interval
         self.wait_idle(timeout=max(0.0, deadline - time.monotonic()), settle=0.0)
         self.stopping.set()
+        self._commit_due.set()  # (the commit loop ends now, not at its interval)
         for thread in [*self._threads, *(w.thread for w in self._workers)]:
             thread.join(timeout=max(0.1, deadline - time.monotonic()))
         # Past the timeout, workers start nothing more: what they hold goes back with the

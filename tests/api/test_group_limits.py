@@ -9,17 +9,18 @@ server started with them.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 
 from hqueue import GroupLimits, HQueue, HQueueAdmin, InvalidArgument, LimitExceeded, Message, MessageID
 from hqueue.api import groups_of
+from hqueue.groups import service as group_service
 from hqueue.groups.state import HEAP_SLACK, MAX_ACKED_AHEAD
 from hqueue.message import encode_rowkey
-from hqueue.server import HQueueServer
 
-from ..processes import drain, wait_for
+from ..processes import drain, queue_with_group_limits, wait_for
 
 
 def made_up_receipts(count: int, partition_id: int = 0) -> list[bytes]:
@@ -160,15 +161,7 @@ def test_by_default_a_lease_is_at_most_a_minute_as_kafka_share_groups_lock(make_
 def limited(request, tmp_path):
     """A URL whose groups lease for at most 1 s and let a member hold 3 messages, 3 groups a queue."""
     limits = GroupLimits(max_lease=1.0, max_member_in_flight=3, max_groups=3)
-    if request.param == "remote":
-        server = HQueueServer(f"local://{tmp_path}/server", port=0, group_limits=limits).start()
-        request.addfinalizer(server.stop)
-        url, opened = f"hqueue://{server.address}", {}
-    else:
-        url, opened = f"local://{tmp_path}/data", {"group_limits": limits}
-    with HQueueAdmin(url) as admin:
-        admin.create_queue("q", 1)
-    with HQueue("q", url, **opened) as queue:
+    with queue_with_group_limits(request, tmp_path, limits) as queue:
         yield queue
 
 
@@ -205,6 +198,56 @@ def test_a_receive_returns_at_most_what_the_member_may_still_hold(limited):
             assert len(again) == 2  # room for two again
         else:
             assert len(again) <= 3
+
+
+@pytest.fixture(params=["embedded", "remote"])
+def capped(request, tmp_path, monkeypatch):
+    """A queue whose members hold at most 3 messages each, and whose waiting receives look
+    again only when woken (or after 60 s): what wakes them is all a test of it sees."""
+    monkeypatch.setattr(group_service, "RECHECK", 60.0)
+    limits = GroupLimits(max_member_in_flight=3)
+    with queue_with_group_limits(request, tmp_path, limits) as queue:
+        yield queue
+
+
+def waiting_receive(consumer, want: int) -> tuple[threading.Thread, list]:
+    """A receive of ``want`` waiting up to 30 s in a thread, and the list it fills."""
+    got: list = []
+    thread = threading.Thread(target=lambda: got.extend(consumer.receive(want, wait=30)), daemon=True)
+    thread.start()
+    thread.join(0.3)  # (it waits: the member holds all it may, or the key's message is out)
+    assert thread.is_alive() and not got
+    return thread, got
+
+
+@pytest.mark.parametrize("finish", ["ack", "nack", "dead_letter"])
+def test_a_member_at_its_cap_waiting_in_a_receive_gets_the_room_its_ack_gives_at_once(capped, finish):
+    # Given a member holding the 3 messages it may, waiting in a receive for more
+    capped.put([Message("t", b"%d" % i) for i in range(10)], 0)
+    with capped.consumer("g", member="a") as a:
+        held = a.receive(10, wait=2)
+        assert len(held) == 3
+        thread, got = waiting_receive(a, 10)
+        # When it finishes one of them (from another thread, as a Processor's commits do)
+        assert getattr(a, finish)(held[:1]) == 1
+        # Then the waiting receive takes the room now, not at its next look (60 s here)
+        thread.join(10)
+        assert not thread.is_alive() and len(got) == 1
+
+
+def test_a_key_in_order_waiting_for_its_ack_goes_out_when_it_comes(capped):
+    # Given a group in key order, one key's first message leased to a, and b waiting for the next
+    capped.put([Message("k", b"1"), Message("k", b"2")], 0)
+    with (
+        capped.consumer("g", member="a", key_affinity="topic") as a,
+        capped.consumer("g", member="b", key_affinity="topic") as b,
+    ):
+        (first,) = a.receive(1, wait=2)
+        thread, got = waiting_receive(b, 1)
+        # When a acks it, the key's next message goes to the member waiting, at once
+        assert a.ack([first]) == 1
+        thread.join(10)
+        assert not thread.is_alive() and [d.value for d in got] == [b"2"]
 
 
 def test_a_queue_has_at_most_max_groups_groups(limited):

@@ -17,7 +17,7 @@ from hqueue import GroupLimits, GroupNotFound, HQueue, HQueueAdmin, InvalidArgum
 from hqueue.api import groups_of
 from hqueue.server import HQueueServer
 
-from ..processes import drain, wait_for
+from ..processes import drain, queue_with_group_limits, wait_for
 
 
 def topics(deliveries) -> list[str]:
@@ -148,15 +148,7 @@ def test_members_that_come_and_go_nack_and_ack_never_put_a_key_out_of_order(make
 def short_timeout(request, tmp_path):
     """A URL whose group members are gone after 3 s of silence (leases of a minute)."""
     limits = GroupLimits(member_timeout=3.0)
-    if request.param == "remote":
-        server = HQueueServer(f"local://{tmp_path}/server", port=0, group_limits=limits).start()
-        request.addfinalizer(server.stop)
-        url, opened = f"hqueue://{server.address}", {}
-    else:
-        url, opened = f"local://{tmp_path}/data", {"group_limits": limits}
-    with HQueueAdmin(url) as admin:
-        admin.create_queue("q", 1)
-    with HQueue("q", url, **opened) as queue:
+    with queue_with_group_limits(request, tmp_path, limits) as queue:
         yield queue
 
 

@@ -351,6 +351,19 @@ def test_bounded_queues_hold_the_reader_back(queue):
     assert held <= 10 + 10 + 1  # one worker queue, one receive batch in the reader's hands, one in the handler
 
 
+def test_a_processor_acks_each_receive_s_worth_without_waiting_for_its_commit_interval(queue):
+    # Given more messages than a member may hold unacked (1,000), and a commit interval of a minute
+    queue.put([Message("t", b"k%d:%d" % (i % 7, i)) for i in range(2500)], 0)
+    handled = []
+    with Processor(queue, "p", handled.append, key=key_of, workers=4, commit_interval=60) as processor:
+        # Then it acks as it completes (each queue_size, 100): it goes past the
+        # member's 1,000 at once (acked on its interval only, it waited a minute there)
+        wait_for(lambda: len(handled) >= 2500, timeout=30, what="2,500 messages handled")
+    assert processor.completed == 2500
+    with queue.consumer("p") as consumer:
+        assert consumer.receive(10, wait=0.3) == []  # and stop() committed the rest
+
+
 def test_delayed_processing_waits_for_each_message_s_time(queue):
     (message_id,) = queue.put(Message("t", b"k:1"), 0)
     handled = []

@@ -303,7 +303,9 @@ class AsyncConsumer:
     async def _leave(self, ahead: asyncio.Task | None, within: float | None) -> None:
         """The leave, after the batch asked ahead is answered (the leave gives it back)."""
         if ahead is not None:  # (a paused server: it waits at most PREFETCH_CLOSE_WAIT, and the leave goes on)
-            await asyncio.wait([ahead], timeout=min(PREFETCH_CLOSE_WAIT, within or PREFETCH_CLOSE_WAIT))
+            await asyncio.wait(
+                [ahead], timeout=PREFETCH_CLOSE_WAIT if within is None else min(PREFETCH_CLOSE_WAIT, within)
+            )
             ahead.add_done_callback(self._given_back)  # (come after the leave, past ``within``: back too)
         await self._groups.leave(self.queue.name, self.group, self.member, within=within)
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 
 from hqueue.client.pool import BoundedSocket
-from hqueue.rpc.spin import FORGIVE, MAX_BACKOFF, MAX_POLL_US, Spin, check_poll_us, env_poll_us
+from hqueue.rpc.spin import FORGIVE, MAX_BACKOFF, MAX_POLL_US, PREEMPTED, Spin, check_poll_us, env_poll_us
 
 
 def test_a_new_spin_blocks_at_once_and_polls_after_a_wait_short_enough_to_catch():
@@ -36,6 +37,29 @@ def test_a_poll_in_vain_stops_polling_for_twice_as_many_short_waits_each_time():
         needed.append(waits)
     assert needed == [2, 4, 8, 16, 32, 64, 64, 64]
     assert MAX_BACKOFF == 64
+
+
+def test_a_poll_whose_cpu_went_to_another_task_stops_as_one_in_vain():
+    # Given a spin polling with a long limit (10 ms)
+    spin = Spin(10_000)
+    spin.blocked(0.00001)
+    turns = []
+
+    def ready():  # its third turn comes back late: another thread or process had the CPU
+        turns.append(time.perf_counter())
+        if len(turns) == 3:
+            time.sleep(PREEMPTED * 3)
+        return []
+
+    # When one of its turns takes longer than PREEMPTED, it stops there, long before its limit
+    assert spin.poll(ready) is None
+    assert len(turns) <= 3 and not spin.on  # (at 3, or sooner on a busy machine)
+    # and polls again only after twice as many short waits, as after a poll in vain
+    waits = 0
+    while not spin.on:
+        spin.blocked(0.00001)
+        waits += 1
+    assert waits == 2
 
 
 def test_polls_that_catch_halve_the_count_after_a_run_of_them():

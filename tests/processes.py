@@ -332,12 +332,15 @@ def one_queue_served(
 
 
 @contextmanager
-def queue_with_group_limits(request, tmp_path: Path, limits) -> Iterator[Any]:
-    """Queue "q" (1 partition) whose groups have ``limits``: on an embedded store opened with
-    them, or (``request.param == "remote"``) through an in-process server started with them."""
+def queue_with_group_limits(request, tmp_path: Path, limits) -> Iterator[tuple[Any, Any]]:
+    """Queue "q" (1 partition) whose groups have ``limits``, and the group service that keeps
+    them: on an embedded store opened with them, or (``request.param == "remote"``) through
+    an in-process server started with them."""
     from hqueue import HQueue, HQueueAdmin
+    from hqueue.api import groups_of
     from hqueue.server import HQueueServer
 
+    server = None
     if request.param == "remote":
         server = HQueueServer(f"local://{tmp_path}/server", port=0, group_limits=limits).start()
         request.addfinalizer(server.stop)
@@ -347,4 +350,4 @@ def queue_with_group_limits(request, tmp_path: Path, limits) -> Iterator[Any]:
     with HQueueAdmin(url) as admin:
         admin.create_queue("q", 1)
     with HQueue("q", url, **opened) as queue:
-        yield queue
+        yield queue, (server.groups if server is not None else groups_of(queue.engine))

@@ -52,7 +52,7 @@ class GroupAcks:
     def _unseen(self, group: GroupState, pid: int, state: PartitionState, ids: list[bytes]) -> None:
         raise NotImplementedError
 
-    def _on_write(self, queue: str, partition_id: int) -> None:
+    def _on_finished(self, queue: str, name: str) -> None:
         raise NotImplementedError
 
     def _read(self, queue: str, pid: int, message_id: bytes) -> tuple[bytes, bytes] | None:
@@ -101,7 +101,7 @@ class GroupAcks:
             if unknown:
                 self._unknown(group, unknown)
         if count:
-            self._on_write(queue, -1)  # waiting receives look again: room for a member at its cap, a key's next
+            self._on_finished(queue, name)
         return count, unknown
 
     def _unknown(self, group: GroupState, count: int) -> None:
@@ -154,7 +154,7 @@ class GroupAcks:
                 self._unseen(group, pid, state, back)
                 count += len(back)
         if count:
-            self._on_write(queue, -1)  # receives waiting for work take them
+            self._on_finished(queue, name)  # receives waiting for work take them
         return count
 
     def extend(
@@ -214,7 +214,7 @@ class GroupAcks:
                         self._failed(group, pid, state, message_id, delay, at_once=at_once)
                         count += 1
         if count:
-            self._on_write(queue, -1)
+            self._on_finished(queue, name)
         return count
 
     def _write(

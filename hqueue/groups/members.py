@@ -57,7 +57,7 @@ class GroupMembers:
     def _unseen(self, group: GroupState, pid: int, state: PartitionState, ids: list[bytes]) -> None:
         raise NotImplementedError
 
-    def _on_write(self, queue: str, partition_id: int) -> None:
+    def _on_finished(self, queue: str, name: str) -> None:
         raise NotImplementedError
 
     def _init_members(self) -> None:
@@ -90,7 +90,7 @@ class GroupMembers:
                 for message_id in back:
                     state.retry_at(message_id, now)
                 self._unseen(group, pid, state, back)
-        self._on_write(queue, -1)  # (its waiting receives wake, and end)
+        self._on_finished(queue, name)  # (its waiting receives wake, and end; the others take its leases)
 
     # -- gone -----------------------------------------------------------------------------
 

@@ -69,6 +69,7 @@ from ..message import (
 )
 from .acks import GroupAcks
 from .affinity import KeyAffinity, check_key_affinity
+from .arrivals import Arrivals
 from .deaths import OUT_AGAIN, GroupDeaths, out_key
 from .handout import Columns, Handout
 from .limits import (
@@ -111,10 +112,8 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
         self.limits = limits or GroupLimits()
         self._lock = threading.Lock()
         self._groups: dict[tuple[str, str], GroupState] = {}
-        #: One condition for all waiting receives; each waits for its own queue's writes.
-        self._arrived = threading.Condition()
-        self._generations: dict[str, int] = {}
-        self._waiting: dict[str, int] = {}
+        #: What waiting receives wait for: writes to their queue, acks in their group.
+        self.arrivals = Arrivals()
         self._stopped = False
         self._init_members()
         self._init_deaths()
@@ -130,15 +129,17 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
         self._clear_out_marks()
         self.engine.events.off(self._on_write)  # a stopped service hears nothing more (nor is kept alive)
         self.engine.events.off(self.forget)
-        with self._arrived:
-            self._arrived.notify_all()
+        self.arrivals.stop()
 
     def _on_write(self, queue: str, partition_id: int) -> None:
-        """A write, an ack, a nack or a member leaving: wake the receives waiting on that queue, if any."""
-        with self._arrived:
-            self._generations[queue] = self._generations.get(queue, 0) + 1
-            if self._waiting.get(queue):
-                self._arrived.notify_all()
+        """A write: wake the receives waiting on that queue, if any."""
+        self.arrivals.written(queue)
+
+    def _on_finished(self, queue: str, name: str) -> None:
+        """An ack, nack, dead-letter or leave in a group: wake its waiting receives, if any (a
+        member at its max_member_in_flight has room now; a key in order may have its next
+        message; a member gone has its own end, and its leases go to the others)."""
+        self.arrivals.finished(queue, name)
 
     def _ownership_changed(self, gained: set[tuple[str, int]], lost: set[tuple[str, int]]) -> None:
         """A partition that moved away takes its leases with it: the new owner starts from ``done``."""
@@ -292,6 +293,7 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
             with group.lock:
                 group.deleted = True
                 group.settle()
+        self.arrivals.forget(queue)
 
     def delete(self, queue: str, name: str) -> None:
         """Forget the group and its progress. Under its lock, once the acks under way have
@@ -359,8 +361,7 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
         taken: Columns = ([], [], [])
         room, next_ready = True, RECHECK
         while True:
-            with self._arrived:
-                generation = self._generations.get(queue, 0)
+            seen = self.arrivals.seen(queue, name)
             if self._stopped:  # woken by the stop: the store may be closing (the client asks again)
                 return taken
             if group.left.since(member, started):  # it left meanwhile (its client closed): nothing
@@ -370,13 +371,11 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
             left = deadline - time.monotonic()
             if taken[0] or left <= 0:
                 return taken
-            with idle() as slot, self._arrived:
-                if not room or self._generations.get(queue, 0) == generation:
-                    self._waiting[queue] = self._waiting.get(queue, 0) + 1
-                    try:  # (no room for the answer last time: look again soon, messages or not)
-                        self._arrived.wait(min(left, next_ready, RECHECK) if room else min(left, ROOM_RETRY))
-                    finally:
-                        self._waiting[queue] -= 1
+            with idle() as slot:
+                if room:
+                    self.arrivals.wait(queue, name, seen, min(left, next_ready, RECHECK))
+                else:  # (no room for the answer last time: look again soon, messages or not)
+                    self.arrivals.wait(queue, name, None, min(left, ROOM_RETRY))
             room = slot is None or bool(slot.held)
 
     def _take(self, group: GroupState, member: str, limit: int, lease: float, since: float) -> tuple[Columns, float]:

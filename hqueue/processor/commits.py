@@ -25,6 +25,7 @@ class CommitTracker:
         self._pending: list[MessageID] = []  # received, in ID order
         self._held: dict[MessageID, Delivery] = {}
         self._completed: set[MessageID] = set()
+        self._ready = 0  # how many at the head of _pending are completed: the committable run
         self._lock = threading.Lock()
 
     def received(self, delivery: Delivery) -> bool:
@@ -32,23 +33,34 @@ class CommitTracker:
         with self._lock:
             if delivery.id in self._held:
                 return False
-            bisect.insort(self._pending, delivery.id)
+            at = bisect.bisect(self._pending, delivery.id)
+            self._pending.insert(at, delivery.id)
+            self._ready = min(self._ready, at)  # (one below the run cuts it there)
             self._held[delivery.id] = delivery
             return True
 
-    def completed(self, message_id: MessageID) -> None:
+    def completed(self, message_id: MessageID) -> int:
+        """Mark a message complete; returns how many became committable by it (0 while an
+        earlier one is incomplete)."""
         with self._lock:
-            if message_id in self._held:
-                self._completed.add(message_id)
+            if message_id not in self._held or message_id in self._completed:
+                return 0
+            self._completed.add(message_id)
+            return self._advance()
+
+    def _advance(self) -> int:
+        """Lengthen the committable run over the completed messages after it; by how many."""
+        start = ready = self._ready
+        pending, completed = self._pending, self._completed
+        while ready < len(pending) and pending[ready] in completed:
+            ready += 1
+        self._ready = ready
+        return ready - start
 
     def committable(self) -> list[Delivery]:
         """The completed messages below the first incomplete one, oldest first; forgotten once returned."""
         with self._lock:
-            count = 0
-            for message_id in self._pending:
-                if message_id not in self._completed:
-                    break
-                count += 1
+            count, self._ready = self._ready, 0
             done, self._pending = self._pending[:count], self._pending[count:]
             self._completed.difference_update(done)
             return [self._held.pop(message_id) for message_id in done]
@@ -63,6 +75,8 @@ class CommitTracker:
                     bisect.insort(self._pending, delivery.id)
                 self._held[delivery.id] = delivery
                 self._completed.add(delivery.id)
+            self._ready = 0
+            self._advance()
 
     def forget_incomplete(self) -> list[Delivery]:
         """Stop tracking the messages not completed (their leases are gone: another process
@@ -70,14 +84,18 @@ class CommitTracker:
         with self._lock:
             gone = [self._held.pop(i) for i in self._pending if i not in self._completed]
             self._pending = [i for i in self._pending if i in self._completed]
+            self._ready = len(self._pending)
             return gone
 
     def forget(self, message_id: MessageID) -> None:
         """Stop tracking one message, not completed: it goes back to the group, not acked."""
         with self._lock:
             if self._held.pop(message_id, None) is not None:
-                self._pending.remove(message_id)
+                at = self._pending.index(message_id)
+                del self._pending[at]
                 self._completed.discard(message_id)
+                self._ready = min(self._ready, at)
+                self._advance()  # (the first incomplete one gone: the run may go on past it)
 
     def held(self) -> list[Delivery]:
         """Every message received and not yet committed (their leases must not run out)."""

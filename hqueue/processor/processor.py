@@ -38,6 +38,8 @@ DEAD_LETTER_TRIES = 10
 #: for when that is less): a server grants no more than its --max-lease (60 s by default),
 #: and renewing on the lease asked for let a longer one run out under a handler.
 RENEW_EVERY = 1.0
+#: Seconds before an ack that failed is tried again, at most (its commit interval if shorter).
+RETRY_COMMIT = 1.0
 
 
 class Processor:
@@ -65,10 +67,12 @@ class Processor:
             process dies its leases end at once (its connections close, or
             its heartbeats stop for the server's ``--member-timeout``).
         commit_interval: Seconds between acks of committable messages, at
-            most: once ``queue_size`` messages have completed since the last
-            ack, the next goes at once (a member holds at most 1,000
-            messages until they are acked, so acks only on the interval
-            would cap a processor at 1,000 per interval).
+            most: once ``queue_size`` messages have become committable, or
+            any has while the reader gets fewer than it asks for (a member
+            holds at most the server's ``--max-member-in-flight``, 1,000 by
+            default, until they are acked: acks on the interval alone held a
+            processor to that many per interval), the next ack goes at once.
+            Leases are renewed every second whatever the interval.
         start: Where a new group starts (see :meth:`HQueue.consumer`).
     """
 
@@ -129,8 +133,11 @@ class Processor:
         self._unkeyed: list[tuple[Delivery, str]] = []
         self.completed = 0
         self.dead_lettered = 0
-        #: Completed since the commit loop's last turn; ``queue_size`` of them start the next at once.
-        self._uncommitted = 0
+        #: Committable since the commit loop's last turn; ``queue_size`` of them start the next at once.
+        self._committable = 0
+        #: Whether the reader's last receive came back short (the member at its cap, or the
+        #: queue drained): then any message that becomes committable starts a turn at once.
+        self._short = False
         self._commit_due = threading.Event()
         self._lock = threading.Lock()
         self._workers = [Worker(self, i) for i in range(workers)]
@@ -166,6 +173,10 @@ class Processor:
                 logger.exception("processor: receive failed; retrying")
                 time.sleep(1.0)
                 continue
+            with self._lock:
+                self._short = len(deliveries) < self.queue_size
+                if self._short and self._committable:
+                    self._commit_due.set()
             # Every message of the batch is in hand before any goes to a worker: a renewal that
             # finds their leases gone drops them all. Tracked one at a time as each went, the
             # rest of a batch the reader waited to hand over started after the renewal had
@@ -215,12 +226,12 @@ class Processor:
     def complete(self, delivery: Delivery) -> None:
         with self._lock:
             self._lost.pop(id(delivery), None)  # (one in a handler when its lease went: not acked)
-        self._tracker(delivery.partition_id).completed(delivery.id)
+        ready = self._tracker(delivery.partition_id).completed(delivery.id)
         with self._lock:
             self.completed += 1
-            self._uncommitted += 1
-            if self._uncommitted >= self.queue_size or self._stop_reading.is_set():
-                self._commit_due.set()  # (stopping: each as it completes; stop() waits for them)
+            self._committable += ready
+            if self._committable >= self.queue_size or (ready and (self._short or self._stop_reading.is_set())):
+                self._commit_due.set()  # (stopping: each as it can go; stop() waits for them)
 
     def dead_letter(self, delivery: Delivery, why: str) -> None:
         """Move a failed message to ``<queue>.dlq`` through its group (the partition's
@@ -292,21 +303,28 @@ class Processor:
             return self._lost.pop(id(delivery), None) is not None
 
     def _commit_loop(self) -> None:
-        renewed = time.monotonic()
+        """Ack every ``commit_interval``, or sooner when a turn is due (see :meth:`complete`);
+        renew the leases in hand every ``every`` seconds, whatever the interval."""
+        renewed = committed = time.monotonic()
         every = min(self.lease / 3, RENEW_EVERY)  # (a server may grant less than was asked: --max-lease)
         while not self.stopping.is_set():
-            self._commit_due.wait(self.commit_interval)
+            now = time.monotonic()
+            due = self._commit_due.wait(max(0.0, min(committed + self.commit_interval, renewed + every) - now))
             if self.stopping.is_set():
                 break
-            with self._lock:
-                self._uncommitted = 0
-                self._commit_due.clear()
-            try:
-                self.commit()
-            except Exception:
-                logger.exception("processor: commit failed; retrying")
-            if time.monotonic() - renewed >= every:
-                renewed = time.monotonic()
+            now = time.monotonic()
+            if due or now - committed >= self.commit_interval:
+                with self._lock:
+                    self._committable = 0
+                    self._commit_due.clear()
+                committed = now
+                try:
+                    self.commit()
+                except Exception:  # (what it took is back in hand: tried again within a second)
+                    logger.exception("processor: commit failed; retrying")
+                    committed = now - self.commit_interval + min(self.commit_interval, RETRY_COMMIT)
+            if now - renewed >= every:
+                renewed = now
                 try:
                     self.renew()
                 except Exception:

@@ -23,10 +23,13 @@ idle server, a client of a busy one) blocks at once; one whose waits are
 short in bursts with long gaps between (a client that calls three times,
 then thinks) soon needs 64 short waits before it polls again, so it wastes
 about one poll of ``limit`` in 64 of its short waits. A poll one of whose
-turns took longer than :data:`PREEMPTED` (its CPU went to another thread or
-process meanwhile: more runnable work than CPUs) stops as one in vain: on a
-busy machine the CPU does more good elsewhere. Measured with 4 and 16 group
-members on 2 cores (``bench/groups.py``): 12–25 % more messages a second.
+turns took longer than :data:`PREEMPTED` stops as one in vain: another
+process ran on its CPU meanwhile (more runnable work than CPUs), or another
+thread of this process held the GIL (each turn lets it go), and either does
+more good with the time than a poll catching what comes a little sooner.
+Measured with 4 and 16 group member processes on 2 cores
+(``bench/groups.py``): 12–25 % more messages a second, with one member and
+single puts unchanged; machines with more cores were not measured.
 """
 
 from __future__ import annotations
@@ -50,9 +53,9 @@ MAX_BACKOFF = 64
 FORGIVE = 16
 #: The longest poll either may be given (microseconds): more is a busy CPU, not a quick answer.
 MAX_POLL_US = 10_000
-#: Seconds one turn of a poll may take: a longer one means another thread or process ran on
-#: this CPU meanwhile (a machine with more runnable work than CPUs), and the poll stops as
-#: one in vain would: its CPU does more good there than catching an answer a little sooner.
+#: Seconds one turn of a poll may take: a longer one means another process ran on this CPU
+#: meanwhile, or another thread of this process held the GIL, and the poll stops as one in
+#: vain would: the time does more good there than catching an answer a little sooner.
 PREEMPTED = 100e-6
 
 

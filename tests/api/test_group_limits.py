@@ -161,7 +161,7 @@ def test_by_default_a_lease_is_at_most_a_minute_as_kafka_share_groups_lock(make_
 def limited(request, tmp_path):
     """A URL whose groups lease for at most 1 s and let a member hold 3 messages, 3 groups a queue."""
     limits = GroupLimits(max_lease=1.0, max_member_in_flight=3, max_groups=3)
-    with queue_with_group_limits(request, tmp_path, limits) as queue:
+    with queue_with_group_limits(request, tmp_path, limits) as (queue, _):
         yield queue
 
 
@@ -202,20 +202,21 @@ def test_a_receive_returns_at_most_what_the_member_may_still_hold(limited):
 
 @pytest.fixture(params=["embedded", "remote"])
 def capped(request, tmp_path, monkeypatch):
-    """A queue whose members hold at most 3 messages each, and whose waiting receives look
-    again only when woken (or after 60 s): what wakes them is all a test of it sees."""
+    """A queue whose members hold at most 3 messages each, and its group service; its waiting
+    receives look again only when woken (or after 60 s): what wakes them is all a test sees."""
     monkeypatch.setattr(group_service, "RECHECK", 60.0)
     limits = GroupLimits(max_member_in_flight=3)
-    with queue_with_group_limits(request, tmp_path, limits) as queue:
-        yield queue
+    with queue_with_group_limits(request, tmp_path, limits) as queue_and_groups:
+        yield queue_and_groups
 
 
-def waiting_receive(consumer, want: int) -> tuple[threading.Thread, list]:
-    """A receive of ``want`` waiting up to 30 s in a thread, and the list it fills."""
+def waiting_receive(consumer, groups, want: int) -> tuple[threading.Thread, list]:
+    """A receive of ``want`` waiting up to 30 s in a thread (once the service has it
+    waiting: the member holds all it may, or the key's message is out), and the list it fills."""
     got: list = []
     thread = threading.Thread(target=lambda: got.extend(consumer.receive(want, wait=30)), daemon=True)
     thread.start()
-    thread.join(0.3)  # (it waits: the member holds all it may, or the key's message is out)
+    wait_for(lambda: groups.arrivals.waiting("q") == 1, 10, "the receive to wait")
     assert thread.is_alive() and not got
     return thread, got
 
@@ -223,11 +224,12 @@ def waiting_receive(consumer, want: int) -> tuple[threading.Thread, list]:
 @pytest.mark.parametrize("finish", ["ack", "nack", "dead_letter"])
 def test_a_member_at_its_cap_waiting_in_a_receive_gets_the_room_its_ack_gives_at_once(capped, finish):
     # Given a member holding the 3 messages it may, waiting in a receive for more
-    capped.put([Message("t", b"%d" % i) for i in range(10)], 0)
-    with capped.consumer("g", member="a") as a:
+    queue, groups = capped
+    queue.put([Message("t", b"%d" % i) for i in range(10)], 0)
+    with queue.consumer("g", member="a") as a:
         held = a.receive(10, wait=2)
         assert len(held) == 3
-        thread, got = waiting_receive(a, 10)
+        thread, got = waiting_receive(a, groups, 10)
         # When it finishes one of them (from another thread, as a Processor's commits do)
         assert getattr(a, finish)(held[:1]) == 1
         # Then the waiting receive takes the room now, not at its next look (60 s here)
@@ -236,14 +238,15 @@ def test_a_member_at_its_cap_waiting_in_a_receive_gets_the_room_its_ack_gives_at
 
 
 def test_a_key_in_order_waiting_for_its_ack_goes_out_when_it_comes(capped):
+    queue, groups = capped
     # Given a group in key order, one key's first message leased to a, and b waiting for the next
-    capped.put([Message("k", b"1"), Message("k", b"2")], 0)
+    queue.put([Message("k", b"1"), Message("k", b"2")], 0)
     with (
-        capped.consumer("g", member="a", key_affinity="topic") as a,
-        capped.consumer("g", member="b", key_affinity="topic") as b,
+        queue.consumer("g", member="a", key_affinity="topic") as a,
+        queue.consumer("g", member="b", key_affinity="topic") as b,
     ):
         (first,) = a.receive(1, wait=2)
-        thread, got = waiting_receive(b, 1)
+        thread, got = waiting_receive(b, groups, 1)
         # When a acks it, the key's next message goes to the member waiting, at once
         assert a.ack([first]) == 1
         thread.join(10)

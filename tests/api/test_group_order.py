@@ -148,7 +148,7 @@ def test_members_that_come_and_go_nack_and_ack_never_put_a_key_out_of_order(make
 def short_timeout(request, tmp_path):
     """A URL whose group members are gone after 3 s of silence (leases of a minute)."""
     limits = GroupLimits(member_timeout=3.0)
-    with queue_with_group_limits(request, tmp_path, limits) as queue:
+    with queue_with_group_limits(request, tmp_path, limits) as (queue, _):
         yield queue
 
 

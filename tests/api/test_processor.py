@@ -9,7 +9,7 @@ from collections import defaultdict
 
 import pytest
 
-from hqueue import HQueue, HQueueAdmin, InvalidArgument, Message, MessageID, ServerUnavailable
+from hqueue import GroupLimits, HQueue, HQueueAdmin, InvalidArgument, Message, MessageID, ServerUnavailable
 from hqueue.consumer import Delivery
 from hqueue.processor import CommitTracker, Processor
 
@@ -48,6 +48,33 @@ def test_random_completion_orders_commit_exactly_the_contiguous_prefix():
             committed += [d.id.timestamp for d in tracker.committable()]
             prefix = next((i for i in ids if i not in done), None)
             assert committed == [i for i in ids if prefix is None or i < prefix]
+
+
+def test_a_completion_says_how_many_it_made_committable():
+    for _ in range(50):
+        tracker, ids = CommitTracker(), list(range(1, 40))
+        for ts in random.sample(ids, len(ids)):  # (received out of order too: a redelivery)
+            tracker.received(delivery(ts))
+        ready = 0
+        for ts in random.sample(ids, len(ids)):
+            ready += tracker.completed(MessageID(ts))
+            if random.random() < 0.2:  # committed now and then: the count starts again
+                assert len(tracker.committable()) == ready
+                ready = 0
+        assert tracker.completed(MessageID(1)) == 0  # (once)
+        assert len(tracker.committable()) == ready
+        assert tracker.in_hand == 0
+    # A message forgotten at the head lets the run go on past it
+    tracker = CommitTracker()
+    for ts in (1, 2, 3):
+        tracker.received(delivery(ts))
+    assert tracker.completed(MessageID(2)) == 0
+    tracker.forget(MessageID(1))
+    assert [d.id.timestamp for d in tracker.committable()] == [2]
+    # One received below the run cuts it there
+    tracker.received(delivery(0))
+    assert tracker.completed(MessageID(3)) == 0
+    assert tracker.committable() == []
 
 
 @pytest.fixture
@@ -201,7 +228,6 @@ def test_an_ack_that_fails_keeps_its_messages_in_hand_to_ack_next_time(queue):
     """commit() dropped what it took before its ack: an ack that failed (a server's deadline)
     lost them, their leases ran out, and they were handled again after later ones of their
     key had been committed (an attacker pass)."""
-    queue.put([Message("t", b"k:%d" % i) for i in range(10)], key=b"k")
     handled: list[int] = []
 
     def handle(message: Message) -> None:
@@ -217,6 +243,7 @@ def test_an_ack_that_fails_keeps_its_messages_in_hand_to_ack_next_time(queue):
             return ack(deliveries)
 
         processor.consumer.ack = failing_once
+        queue.put([Message("t", b"k:%d" % i) for i in range(10)], key=b"k")  # (each acked as it completes)
         assert processor.wait_idle(timeout=30) and failed
         time.sleep(2.5)  # past the lease: one not acked nor renewed would come again
         assert processor.in_hand == 0
@@ -362,6 +389,20 @@ def test_a_processor_acks_each_receive_s_worth_without_waiting_for_its_commit_in
     assert processor.completed == 2500
     with queue.consumer("p") as consumer:
         assert consumer.receive(10, wait=0.3) == []  # and stop() committed the rest
+
+
+def test_a_member_capped_below_queue_size_still_acks_at_once(tmp_path):
+    # Given a store whose members hold at most 50 messages unacked, and a processor that
+    # asks for 100 at a time and acks on its interval only once a minute
+    url = f"local://{tmp_path}/data"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 2)
+    with HQueue("q", url, group_limits=GroupLimits(max_member_in_flight=50)) as queue:
+        queue.put([Message("t", b"k%d:%d" % (i % 5, i)) for i in range(600)])
+        handled = []
+        with Processor(queue, "p", handled.append, key=key_of, commit_interval=60):
+            # Then its receives come back short, and what completes is acked at once
+            wait_for(lambda: len(handled) >= 600, timeout=30, what="600 messages handled")
 
 
 def test_delayed_processing_waits_for_each_message_s_time(queue):

@@ -147,7 +147,7 @@ def test_a_receive_that_waits_holds_up_no_other_connection(server):
         # Given a member waiting in a receive on an empty queue (on a worker, not the loop)
         waiter = threading.Thread(target=lambda: got.extend(consumer.receive(10, wait=20)))
         waiter.start()
-        wait_for(lambda: server.groups._waiting.get("q"), 10, "the receive to wait")
+        wait_for(lambda: server.groups.arrivals.waiting("q"), 10, "the receive to wait")
         # When another connection puts, reads and counts meanwhile
         with HQueue("q", url) as other:
             other.put(Message("t", b"wake"), partition_id=0)

@@ -93,11 +93,15 @@ class Arrivals:
             for condition, _ in self._waiting.values():
                 condition.notify_all()
 
-    def forget(self, queue: str) -> None:
-        """The queue is dropped: its generations go (a receive waiting on it looks again)."""
+    def forget(self, queue: str, group: str | None = None) -> None:
+        """The queue dropped (or ``group`` of it deleted): its generations go, so that names
+        made and dropped do not pile up here; a receive waiting on them looks again."""
         with self._lock:
-            for key in [k for k in self._generations if k == queue or (isinstance(k, tuple) and k[0] == queue)]:
-                del self._generations[key]
+            if group is not None:
+                self._generations.pop((queue, group), None)
+            else:
+                for key in [k for k in self._generations if k == queue or (isinstance(k, tuple) and k[0] == queue)]:
+                    del self._generations[key]
             entry = self._waiting.get(queue)
             if entry is not None:
                 entry[0].notify_all()

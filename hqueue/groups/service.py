@@ -314,6 +314,7 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
             with self._lock:
                 if self._groups.get((queue, name)) is group:
                     del self._groups[(queue, name)]
+            self.arrivals.forget(queue, name)
 
     # -- receive -----------------------------------------------------------------------
 

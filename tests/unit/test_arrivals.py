@@ -62,3 +62,15 @@ def test_the_stop_wakes_every_receive_for_good():
         thread.join(10)
         assert not thread.is_alive()
     arrivals.wait("a", "g", None, 30.0)  # (returns at once)
+
+
+def test_groups_deleted_and_queues_dropped_leave_nothing_behind():
+    # (a client that makes and deletes groups under new names must not grow the server)
+    arrivals = Arrivals()
+    for n in range(1000):
+        arrivals.finished("q", f"g{n}")
+        arrivals.forget("q", f"g{n}")
+    arrivals.written("q")
+    arrivals.finished("q", "kept")
+    arrivals.forget("q")
+    assert arrivals._generations == {}

@@ -90,7 +90,8 @@ class GroupMembers:
                 for message_id in back:
                     state.retry_at(message_id, now)
                 self._unseen(group, pid, state, back)
-        self._on_finished(queue, name)  # (its waiting receives wake, and end; the others take its leases)
+        if not group.deleted:  # (a deleted group's generation is gone: none is made again)
+            self._on_finished(queue, name)  # (its waiting receives wake, and end; the others take its leases)
 
     # -- gone -----------------------------------------------------------------------------
 

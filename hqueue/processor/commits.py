@@ -25,6 +25,8 @@ class CommitTracker:
         self._pending: list[MessageID] = []  # received, in ID order
         self._held: dict[MessageID, Delivery] = {}
         self._completed: set[MessageID] = set()
+        #: Completed ones the group finished already (dead-lettered): no lease left to renew.
+        self._finished: set[MessageID] = set()
         self._ready = 0  # how many at the head of _pending are completed: the committable run
         self._lock = threading.Lock()
 
@@ -39,13 +41,16 @@ class CommitTracker:
             self._held[delivery.id] = delivery
             return True
 
-    def completed(self, message_id: MessageID) -> int:
-        """Mark a message complete; returns how many became committable by it (0 while an
-        earlier one is incomplete)."""
+    def completed(self, message_id: MessageID, *, finished: bool = False) -> int:
+        """Mark a message complete (``finished``: the group finished it already, as a
+        dead-letter does, so it has no lease to renew); returns how many became committable
+        by it (0 while an earlier one is incomplete)."""
         with self._lock:
             if message_id not in self._held or message_id in self._completed:
                 return 0
             self._completed.add(message_id)
+            if finished:
+                self._finished.add(message_id)
             return self._advance()
 
     def _advance(self) -> int:
@@ -98,9 +103,14 @@ class CommitTracker:
                 self._advance()  # (the first incomplete one gone: the run may go on past it)
 
     def held(self) -> list[Delivery]:
-        """Every message received and not yet committed (their leases must not run out)."""
+        """Every message received and not yet committed whose lease must not run out (not
+        those the group finished already: a renewal of a dead-lettered one renews nothing,
+        and counted as a lease gone it dropped the whole partition here)."""
         with self._lock:
-            return list(self._held.values())
+            if not self._finished:
+                return list(self._held.values())
+            self._finished &= self._held.keys()  # (those acked since; a restored one stays)
+            return [d for i, d in self._held.items() if i not in self._finished]
 
     @property
     def in_hand(self) -> int:

@@ -223,10 +223,11 @@ class Processor:
 
     # -- completions and commits ----------------------------------------------------------
 
-    def complete(self, delivery: Delivery) -> None:
+    def complete(self, delivery: Delivery, *, finished: bool = False) -> None:
+        """``delivery`` is done (``finished``: the group finished it already, dead-lettered)."""
         with self._lock:
             self._lost.pop(id(delivery), None)  # (one in a handler when its lease went: not acked)
-        ready = self._tracker(delivery.partition_id).completed(delivery.id)
+        ready = self._tracker(delivery.partition_id).completed(delivery.id, finished=finished)
         with self._lock:
             self.completed += 1
             self._committable += ready
@@ -253,7 +254,7 @@ class Processor:
             "processor: message %s of %s partition %d %s; moved to %s",
             delivery.id, self.queue.name, delivery.partition_id, why, dlq,
         )  # fmt: skip
-        self.complete(delivery)
+        self.complete(delivery, finished=True)
 
     def commit(self) -> int:
         """Ack every message below the first incomplete one of its partition; return how many.

@@ -50,6 +50,18 @@ def test_random_completion_orders_commit_exactly_the_contiguous_prefix():
             assert committed == [i for i in ids if prefix is None or i < prefix]
 
 
+def test_a_message_the_group_finished_has_no_lease_to_renew():
+    tracker = CommitTracker()
+    for ts in (1, 2, 3):
+        tracker.received(delivery(ts))
+    tracker.completed(MessageID(2), finished=True)  # dead-lettered, behind 1
+    assert sorted(d.id.timestamp for d in tracker.held()) == [1, 3]
+    tracker.completed(MessageID(1))
+    done = tracker.committable()
+    tracker.restore(done)  # (its ack failed)
+    assert sorted(d.id.timestamp for d in tracker.held()) == [1, 3]
+
+
 def test_a_completion_says_how_many_it_made_committable():
     for _ in range(50):
         tracker, ids = CommitTracker(), list(range(1, 40))
@@ -403,6 +415,29 @@ def test_a_member_capped_below_queue_size_still_acks_at_once(tmp_path):
         with Processor(queue, "p", handled.append, key=key_of, commit_interval=60):
             # Then its receives come back short, and what completes is acked at once
             wait_for(lambda: len(handled) >= 600, timeout=30, what="600 messages handled")
+
+
+def test_a_dead_letter_behind_a_slow_message_is_not_taken_for_a_lease_lost(queue, caplog):
+    # Given, on one partition, a slow message of key "a" (worker 1 of 2) and after it a
+    # message of key "d" (worker 0) that fails at once and is dead-lettered, uncommitted
+    # behind the slow one while the leases in hand are renewed (every second)
+    queue.put([Message("t", b"a:slow"), Message("t", b"d:bad"), Message("t", b"a:after")], 0)
+    handled = []
+
+    def handle(message: Message) -> None:
+        if message.value == b"d:bad":
+            raise ValueError("poison")
+        if message.value == b"a:slow":
+            time.sleep(2.5)
+        handled.append(message.value)
+
+    with caplog.at_level("WARNING", logger="hqueue.processor"):
+        with Processor(queue, "p", handle, key=key_of, workers=2, max_retries=0, lease=3.0) as processor:
+            assert processor.wait_idle(timeout=30)
+    # Then the renewal does not count the dead-lettered one as a lease gone (it dropped the
+    # partition's messages in hand, which came again after their lease, out of key order)
+    assert not [r for r in caplog.records if "are gone" in r.getMessage()]
+    assert handled == [b"a:slow", b"a:after"] and processor.dead_lettered == 1
 
 
 def test_delayed_processing_waits_for_each_message_s_time(queue):

@@ -11,6 +11,15 @@ from hqueue.client.pool import BoundedSocket
 from hqueue.rpc.spin import FORGIVE, MAX_BACKOFF, MAX_POLL_US, PREEMPTED, Spin, check_poll_us, env_poll_us
 
 
+def short_waits_until_polling(spin: Spin) -> int:
+    """How many short blocking waits in a row it takes ``spin`` to poll again."""
+    waits = 0
+    while not spin.on:
+        spin.blocked(0.00001)
+        waits += 1
+    return waits
+
+
 def test_a_new_spin_blocks_at_once_and_polls_after_a_wait_short_enough_to_catch():
     spin = Spin(200)
     assert spin.poll(lambda: True) is None  # (not polled: off until a short wait)
@@ -30,11 +39,7 @@ def test_a_poll_in_vain_stops_polling_for_twice_as_many_short_waits_each_time():
         assert spin.on
         assert spin.poll(lambda: []) is None  # nothing came in the whole limit
         assert not spin.on
-        waits = 0
-        while not spin.on:
-            spin.blocked(0.00001)
-            waits += 1
-        needed.append(waits)
+        needed.append(short_waits_until_polling(spin))
     assert needed == [2, 4, 8, 16, 32, 64, 64, 64]
     assert MAX_BACKOFF == 64
 
@@ -55,11 +60,7 @@ def test_a_poll_whose_cpu_went_to_another_task_stops_as_one_in_vain():
     assert spin.poll(ready) is None
     assert len(turns) <= 3 and not spin.on  # (at 3, or sooner on a busy machine)
     # and polls again only after twice as many short waits, as after a poll in vain
-    waits = 0
-    while not spin.on:
-        spin.blocked(0.00001)
-        waits += 1
-    assert waits == 2
+    assert short_waits_until_polling(spin) == 2
 
 
 def test_polls_that_catch_halve_the_count_after_a_run_of_them():
@@ -67,24 +68,15 @@ def test_polls_that_catch_halve_the_count_after_a_run_of_them():
     spin.blocked(0.00001)
     for _ in range(3):  # the count goes to 8
         spin.poll(lambda: [])
-        while not spin.on:
-            spin.blocked(0.00001)
+        short_waits_until_polling(spin)
     for _ in range(FORGIVE - 1):
         assert spin.poll(lambda: [1]) == [1]
     spin.poll(lambda: [])  # one short of a run: the count doubles to 16
-    waits = 0
-    while not spin.on:
-        spin.blocked(0.00001)
-        waits += 1
-    assert waits == 16
+    assert short_waits_until_polling(spin) == 16
     for _ in range(FORGIVE):  # a whole run: 8
         spin.poll(lambda: [1])
     spin.poll(lambda: [])  # in vain: 16 again
-    waits = 0
-    while not spin.on:
-        spin.blocked(0.00001)
-        waits += 1
-    assert waits == 16
+    assert short_waits_until_polling(spin) == 16
 
 
 def test_bursts_with_long_gaps_between_soon_waste_few_polls():

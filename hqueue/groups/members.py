@@ -90,8 +90,10 @@ class GroupMembers:
                 for message_id in back:
                     state.retry_at(message_id, now)
                 self._unseen(group, pid, state, back)
-        if not group.deleted:  # (a deleted group's generation is gone: none is made again)
-            self._on_finished(queue, name)  # (its waiting receives wake, and end; the others take its leases)
+            # Its waiting receives wake, and end; the others take its leases. Under the lock, as
+            # delete() forgets the group's generation: a deleted group's is not made again.
+            if not group.deleted:
+                self._on_finished(queue, name)
 
     # -- gone -----------------------------------------------------------------------------
 

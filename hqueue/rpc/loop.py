@@ -52,6 +52,7 @@ which it extends:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import select
 import selectors
@@ -235,7 +236,7 @@ class LoopServer(ThreadedServer):
             if item[0] == "open":
                 self._open_link(item[1], item[2])
             elif item[0] == "done":
-                self._done(item[1], item[2])
+                self._safely(item[1], self._done, item[1], item[2])
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -262,14 +263,11 @@ class LoopServer(ThreadedServer):
                     link = key.data
                     if link is None:
                         self._take_inbox()
-                        continue
-                    if mask & _WRITE:
-                        self._flush(link)
-                    if mask & _READ and not link.closed:
-                        self._read(link)
+                    else:
+                        self._safely(link, self._ready, link, mask)
                 for link in more:  # the calls left from their share of the last turn
                     link.more = False
-                    self._calls(link)
+                    self._safely(link, self._calls, link)
                 if self._syncs is not None and self._syncs.deferred():
                     self._settle()  # answers held, or writes no answer waits for (a member's leases let go)
                 now = time.monotonic()
@@ -290,6 +288,40 @@ class LoopServer(ThreadedServer):
                 item = self._inbox.popleft()
                 if item[0] == "open":
                     self._ended(item[2], item[1])
+
+    def _ready(self, link: _Link, mask: int) -> None:
+        if mask & _WRITE:
+            self._flush(link)
+        if mask & _READ and not link.closed:
+            self._read(link)
+
+    def _safely(self, link: _Link, step: Callable[..., None], *args: Any) -> None:
+        """``step(*args)`` for one connection: if it fails (a fault of the server's own, which
+        no client should be able to cause), that connection ends, logged with the fault,
+        and the loop goes on serving the others (before, the whole server stopped)."""
+        try:
+            step(*args)
+        except Exception:
+            self.log.exception(
+                "loop-fault", "the event loop failed serving connection %d from %s: closed", link.connection.id,
+                link.connection.who,
+            )  # fmt: skip
+            self._broken(link)
+
+    def _broken(self, link: _Link) -> None:
+        """End a connection whose step on the loop failed, whatever state it was left in."""
+        if link.busy:  # a worker has it: its end reaches the worker (EOF), whose done closes it
+            link.connection.close_after_reply = True
+            with contextlib.suppress(OSError):
+                link.sock.shutdown(socket.SHUT_RDWR)
+            return
+        with contextlib.suppress(Exception):
+            self._close(link)
+        if not link.closed or self._watched(link) is not None:  # (its close failed part way)
+            link.closed = True
+            self._links.pop(link.connection.id, None)
+            with contextlib.suppress(Exception):
+                self._unwatch(link)
 
     def _closing(self) -> bool:
         """The server is closed: close what is idle; True once nothing is left."""
@@ -320,13 +352,48 @@ class LoopServer(ThreadedServer):
             return
         want = 0 if link.busy else _WRITE if link.out is not None else 0 if link.more or link.eof else _READ
         if want != link.events:
-            if not link.events:
-                self._selector.register(link.sock, want, link)
-            elif not want:
-                self._selector.unregister(link.sock)
-            else:
-                self._selector.modify(link.sock, want, link)
+            try:
+                if not link.events:
+                    self._selector.register(link.sock, want, link)
+                elif not want:
+                    self._selector.unregister(link.sock)
+                else:
+                    self._selector.modify(link.sock, want, link)
+            except (KeyError, ValueError) as e:  # the selector's watch is not what the link says
+                self._rewatch(link, want, e)
             link.events = want
+
+    def _watched(self, link: _Link) -> selectors.SelectorKey | None:
+        """The selector's key for the link's socket, if it watches it (by descriptor, or by the
+        socket itself once closed)."""
+        try:
+            return self._selector.get_map().get(link.sock)
+        except (KeyError, ValueError):
+            return None
+
+    def _rewatch(self, link: _Link, want: int, error: Exception) -> None:
+        """Watch the link for ``want`` from whatever the selector holds: a fault of the loop's
+        own (the link thought itself watched for ``link.events``), logged with what it found,
+        and set right rather than ending the loop."""
+        key = self._watched(link)
+        other = getattr(key, "data", None)
+        whose = "it" if other is link else "the wake-up" if other is None else f"connection {other.connection.id}"
+        found = "nothing" if key is None else f"{key.events} for {whose}"
+        self.log.exception(
+            "rewatch", "the loop's watch of connection %d was not as kept (%d; the selector: %s; %s): set again",
+            link.connection.id, link.events, found, error,
+        )  # fmt: skip
+        if key is not None:
+            self._selector.unregister(key.fileobj)
+        if want:
+            self._selector.register(link.sock, want, link)
+
+    def _unwatch(self, link: _Link) -> None:
+        """The selector no longer watches the link's socket (what it kept of it aside)."""
+        key = self._watched(link)
+        if key is not None and key.data is link:
+            self._selector.unregister(key.fileobj)
+        link.events = 0
 
     def _read(self, link: _Link) -> None:
         try:
@@ -531,23 +598,30 @@ class LoopServer(ThreadedServer):
         except Exception as e:
             error = bare(e)
         for link in held:
-            replies, link.waiting = link.waiting or [], None
-            for owner, size in link.waiting_held.items():
-                self.budget.release(size, owner)
-            link.waiting_held.clear()
-            if link.closed:
-                continue
-            if error is not None:
-                self._drop(link, error)
-            else:
-                self._deliver(link, self._send_all, replies)
+            self._safely(link, self._settled, link, error)
         for link in held:  # their next calls in the next turn (a reply partly sent: once it is all)
             if not link.closed:
-                link.paused = False
-                if link.out is None and link.buffer and not link.more:
-                    link.more = True
-                    self._more.append(link)
-                self._listen(link)
+                self._safely(link, self._unpause, link)
+
+    def _settled(self, link: _Link, error: Exception | None) -> None:
+        """Send the answers the link held for the fsync (``error``: it failed; none are sent)."""
+        replies, link.waiting = link.waiting or [], None
+        for owner, size in link.waiting_held.items():
+            self.budget.release(size, owner)
+        link.waiting_held.clear()
+        if link.closed:
+            return
+        if error is not None:
+            self._drop(link, error)
+        else:
+            self._deliver(link, self._send_all, replies)
+
+    def _unpause(self, link: _Link) -> None:
+        link.paused = False
+        if link.out is None and link.buffer and not link.more:
+            link.more = True
+            self._more.append(link)
+        self._listen(link)
 
     def _reply(self, link: _Link, reply: bytes) -> None:
         """A call's answer (from the loop, or the worker that has the link): the connection
@@ -763,10 +837,6 @@ class LoopServer(ThreadedServer):
             return
         link.closed = True
         self._let_go(link)
-        if link.events:
-            try:
-                self._selector.unregister(link.sock)
-            except (KeyError, ValueError):
-                pass
+        self._unwatch(link)  # (by the selector's key, not link.events alone: the loop's state is not trusted here)
         self._links.pop(link.connection.id, None)
         self._ended(link.connection, link.sock)

@@ -22,6 +22,7 @@ from hqueue import HQueue, HQueueAdmin, Message
 from hqueue.auth import AuthPolicy
 from hqueue.errors import InvalidArgument, StorageError
 from hqueue.rpc.connections import ServerLimits
+from hqueue.rpc.frames import call_head
 from hqueue.rpc.loop import CALLS_A_TURN, LoopServer
 from hqueue.rpc.threaded import ThreadedServer
 from hqueue.rpc.wire import T, call_frame
@@ -1107,3 +1108,57 @@ def test_a_forked_child_keeps_none_of_the_ports_its_parent_serves(tmp_path):
     finally:
         os.kill(child, 9)
         os.waitpid(child, 0)
+
+
+def test_a_fault_serving_one_connection_ends_that_connection_only_and_the_loop_goes_on(server, monkeypatch, caplog):
+    """A fault of the loop's own while it served one connection stopped the whole server:
+    every connection closed, no new one served (an attacker's storm of waiting receives
+    once made the selector refuse a registration)."""
+    loop = server._server
+    call = loop._call
+
+    def faulty(link, frame):
+        if call_head(frame)[0] == "listQueues":
+            raise RuntimeError("a fault of the server's own")
+        call(link, frame)
+
+    monkeypatch.setattr(loop, "_call", faulty)
+    url = f"hqueue://{server.address}"
+    with HQueue("q", url) as queue, connect(server) as victim:
+        queue.put(Message("t", b"before"), partition_id=0)
+        victim.sendall(call_frame("listQueues", 1))
+        assert closed_by_server(victim, 10)  # that connection ends...
+        queue.put(Message("t", b"after"), partition_id=0)  # ...the others go on
+        with HQueue("q", url) as fresh:  # and new ones are served
+            assert [m.value for m in fresh.scan(partition_id=0)] == [b"before", b"after"]
+    assert "the event loop failed serving connection" in caplog.text
+    assert "the server's event loop failed" not in caplog.text
+
+
+def test_a_watch_the_loop_lost_track_of_is_set_right_and_its_connection_served(server, monkeypatch, caplog):
+    """The state an attacker's storm left once: a connection the selector watched while
+    the loop's own record said it did not. Registering it again raised, and the loop ended."""
+    loop = server._server
+    calls = loop._calls
+    lost: list = []
+
+    def losing_track(link):
+        if link.events and link.buffer and not lost:  # a call came: the selector still watches it
+            link.events = 0
+            lost.append(link.connection.id)
+        calls(link)
+
+    monkeypatch.setattr(loop, "_calls", losing_track)
+    with connect(server) as sock:
+        for seqid in range(1, 4):
+            sock.sendall(
+                call_frame(
+                    "putMessageWithPid", seqid, queue="q", partitionID=0, message=T.TMessage(topic=b"t", value=b"x")
+                )
+            )
+            assert read_reply(sock) == ("putMessageWithPid", seqid)  # (run on the loop)
+    assert lost
+    assert "set again" in caplog.text
+    with HQueue("q", f"hqueue://{server.address}") as queue:
+        queue.put(Message("t", b"x"), partition_id=0)
+        assert len(list(queue.scan(partition_id=0))) == 4

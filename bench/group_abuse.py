@@ -16,6 +16,11 @@ store, a 1-partition queue, default limits):
 * a flood of groups: a consumer opens 5,000 groups on a 16-partition queue
   (as a consumer token may): how many were made, the server's RSS growth,
   and the size of a /metrics scrape after.
+* a crowd waiting: 100 members each hold 10 messages of a drained queue (a
+  server with ``--max-member-in-flight 20``: none at its cap, the group over
+  it); 50 of them wait in a receive while the other 50 ack theirs one at a
+  time: the server's CPU per ack, and how many receives the acks woke
+  (none may get anything: no member was at its cap).
 
 ``--before DIR``: also run the servers from another source tree (e.g.
 ``git archive main | tar -x -C DIR``), as a second column.
@@ -28,12 +33,13 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from common import report  # noqa: E402
+from common import cpu_seconds, report  # noqa: E402
 from remote import free_port, wait_port  # noqa: E402
 
 from hqueue import HQueue, HQueueAdmin, HQueueError, Message, MessageID  # noqa: E402
@@ -106,6 +112,38 @@ def group_flood(proc: subprocess.Popen, url: str, metrics_port: int) -> dict[str
     return {"groups": made, "groups rss MB": rss_mb(proc.pid) - before, "scrape KiB": len(scrape) / 1024}
 
 
+def waiting_crowd(tree: str, work: str, members: int = 100) -> dict[str, float]:
+    proc, port = start_server(tree, f"{work}-crowd", "--max-member-in-flight", "20")
+    url = f"hqueue://127.0.0.1:{port}"
+    try:
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("crowd", 1)
+        with HQueue("crowd", url) as queue:
+            queue.put([Message("t", b"%d" % i) for i in range(members * 10)], 0)
+            consumers = [queue.consumer("g", member=f"m{i}") for i in range(members)]
+            held = [c.receive(10, wait=5, lease=600) for c in consumers]
+            waiters, ackers = consumers[: members // 2], list(zip(consumers, held, strict=True))[members // 2 :]
+            got: list = []
+            threads = [threading.Thread(target=lambda c=c: got.extend(c.receive(10, wait=30))) for c in waiters]
+            for thread in threads:
+                thread.start()
+            time.sleep(2)  # (all waiting)
+            before, acks = cpu_seconds(proc.pid), 0
+            for consumer, deliveries in ackers:
+                for delivery in deliveries:
+                    consumer.ack([delivery])
+                    acks += 1
+            spent, woken = cpu_seconds(proc.pid) - before, len(got)
+            for consumer in consumers:  # (those waiting leave: their receives end)
+                consumer.close()
+            for thread in threads:
+                thread.join(60)
+        return {"crowd ack us": spent / acks * 1e6, "crowd got": woken}
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
 def measure(tree: str, work: str) -> dict[str, float]:
     metrics_port = free_port()
     proc, port = start_server(tree, work, "--metrics-port", str(metrics_port))
@@ -115,10 +153,11 @@ def measure(tree: str, work: str) -> dict[str, float]:
             admin.create_queue("made-up", 1)
             admin.create_queue("hoard", 1)
             admin.create_queue("flood", 16)
-        return {**made_up_acks(proc, url), **hoarding(url), **group_flood(proc, url, metrics_port)}
+        found = {**made_up_acks(proc, url), **hoarding(url), **group_flood(proc, url, metrics_port)}
     finally:
         proc.terminate()
         proc.wait()
+    return {**found, **waiting_crowd(tree, work)}
 
 
 def main() -> None:
@@ -139,6 +178,8 @@ def main() -> None:
         "groups": "groups a consumer made of 5,000 asked (16 partitions)",
         "groups rss MB": "server RSS growth after them, MB",
         "scrape KiB": "a /metrics scrape after them, KiB",
+        "crowd ack us": "50 members waiting: server CPU per ack of another, µs",
+        "crowd got": "messages those waiting got (none to get)",
     }
     rows = [{"measure": text, "hqueue": now[key], "before": before.get(key)} for key, text in labels.items()]
     report("a hostile consumer-group member: hqueue server", rows, ["measure", "hqueue", "before"], args.json)

@@ -332,8 +332,8 @@ def one_queue_served(
 
 
 @contextmanager
-def queue_with_group_limits(request, tmp_path: Path, limits) -> Iterator[tuple[Any, Any]]:
-    """Queue "q" (1 partition) whose groups have ``limits``, and the group service that keeps
+def queue_with_group_limits(request, tmp_path: Path, limits, partitions: int = 1) -> Iterator[tuple[Any, Any]]:
+    """Queue "q" (of ``partitions``) whose groups have ``limits``, and the group service that keeps
     them: on an embedded store opened with them, or (``request.param == "remote"``) through
     an in-process server started with them."""
     from hqueue import HQueue, HQueueAdmin
@@ -348,6 +348,6 @@ def queue_with_group_limits(request, tmp_path: Path, limits) -> Iterator[tuple[A
     else:
         url, opened = f"local://{tmp_path}/data", {"group_limits": limits}
     with HQueueAdmin(url) as admin:
-        admin.create_queue("q", 1)
+        admin.create_queue("q", partitions)
     with HQueue("q", url, **opened) as queue:
         yield queue, (server.groups if server is not None else groups_of(queue.engine))

@@ -55,6 +55,9 @@ class GroupAcks:
     def _on_finished(self, queue: str, name: str) -> None:
         raise NotImplementedError
 
+    def _on_freed(self, queue: str, name: str, members: set[str]) -> None:
+        raise NotImplementedError
+
     def _read(self, queue: str, pid: int, message_id: bytes) -> tuple[bytes, bytes] | None:
         raise NotImplementedError
 
@@ -90,7 +93,7 @@ class GroupAcks:
         count = unknown = 0
         with group.lock:
             by_partition = self._owned_partitions(group, rowkeys)
-            frees = self._may_free(group, by_partition)
+            frees, capped = self._may_free(group, by_partition)
             for pid, ids in by_partition.items():
                 state = self._partition(group, pid)
                 leases, ready, scan = state.leases, state.ready, state.scan
@@ -105,31 +108,42 @@ class GroupAcks:
             woken = count > 0 and frees()
         if woken:
             self._on_finished(queue, name)
+        elif count and capped:
+            self._on_freed(queue, name, capped)
         return count, unknown
 
-    def _may_free(self, group: GroupState, by_partition: dict[int, list[bytes]]) -> Callable[[], bool]:
-        """Before acks of ``by_partition`` (under ``group.lock``): whether, once they are
-        done, a receive waiting in the group may get something it could not get before (then
-        they wake its waiting receives; else not, or every ack set all of them looking: 50
-        members waiting on one that acked cost the server 3.2 ms an ack instead of 0.5). So:
-        a member may be at its ``max_member_in_flight`` or a partition at ``max_span``, or, in
-        key order, a key of theirs is then held by nobody and has messages waiting."""
+    def _may_free(self, group: GroupState, by_partition: dict[int, list[bytes]]) -> tuple[Callable[[], bool], set[str]]:
+        """Before acks of ``by_partition`` (under ``group.lock``): whether, once they are done,
+        a receive waiting in the group may get something it could not get before (then they
+        wake the group's waiting receives), and the members they give room under their
+        ``max_member_in_flight`` (then they wake those members' own receives only). Else
+        nobody: every ack set every waiting receive looking, and 50 members waiting on a
+        drained queue cost the server 5 ms an ack of another (``bench/group_abuse.py``).
+        The group's: a partition at ``max_span``, or, in key order, a key of theirs then
+        held by nobody with messages waiting."""
         limits = self.limits
+        capped: set[str] = set()
         if sum(len(state.leases) for state in group.partitions.values()) >= limits.max_member_in_flight:
-            return lambda: True
+            holders: set[str] = set()  # (some member may be at its cap: those whose messages these are)
+            for pid, ids in by_partition.items():
+                leases = self._partition(group, pid).leases
+                holders.update(lease[0] for lease in map(leases.get, ids) if lease is not None)
+            capped = {m for m in holders if group.held_by(m) >= limits.max_member_in_flight}
         keyed = []
         for pid, ids in by_partition.items():
             state = self._partition(group, pid)
             if state.in_flight >= limits.max_span:
-                return lambda: True
+                return (lambda: True), capped
             affinity = state.affinity
             if affinity is not None:
                 keyed.append((affinity, {affinity.keys[i] for i in ids if i in affinity.keys}))
-        return lambda: any(
-            key not in affinity.holders and (key in affinity.back or affinity.waiting.get(key))
-            for affinity, keys in keyed
-            for key in keys
-        )
+        return (
+            lambda: any(
+                key not in affinity.holders and (key in affinity.back or affinity.waiting.get(key))
+                for affinity, keys in keyed
+                for key in keys
+            )
+        ), capped
 
     def _unknown(self, group: GroupState, count: int) -> None:
         """Count acks of receipts never handed out; log them at most once a minute per group."""

@@ -1,82 +1,129 @@
 """What a waiting receive waits for, and what wakes it.
 
 A receive that found nothing to take waits for something that may give it
-some: a write to its queue (new messages, a timer fired), or an ack, nack,
-dead-letter or leave in its group (room for a member at its
-``max_member_in_flight``, a key in order whose message came back, a member
-gone). Each is a
-generation: a receive notes its queue's and its group's before it looks for
-messages, and waits only while neither has moved since, so nothing that
-happens between its look and its wait is missed.
+some: a write to its queue (new messages, a timer fired); a nack,
+dead-letter or leave in its group, or an ack that frees a partition at its
+``max_span`` or a key in order (a message back, a member gone); or an ack of
+its own member's messages while the member holds all it may
+(``max_member_in_flight``). Each is a generation: a receive notes its
+queue's, its group's and its member's before it looks for messages, and
+waits only while none has moved since, so nothing that happens between its
+look and its wait is missed.
 
-Each queue has its own condition (all on one lock), made while receives wait
-on it: a write wakes only the receives of its queue, and a receive woken by
-another group's ack goes back to waiting without looking again (a look costs
-the group's lock and a read per partition). Before, one condition served
-every queue, and each write woke every waiting receive of the server to look.
+Each waiting (queue, group, member) has its own condition (all on one lock):
+a write wakes the receives of its queue, a group's event those of its group,
+a member's room those of that member only. Before, one condition per queue
+served every group and member: 50 members of a group waiting on a drained
+queue were all woken by each ack of another member (5 ms of server CPU an
+ack, ``bench/group_abuse.py``), each to go back to waiting.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterable, Iterator
 
-#: A receive's view: its queue's generation and its group's.
-Seen = tuple[int, int]
+#: A receive's view: its queue's generation, its group's, its member's, and the forgets.
+Seen = tuple[int, int, int, int]
 
 
 class Arrivals:
-    """Generations per queue and per (queue, group), and the receives waiting on them."""
+    """Generations per queue, per (queue, group) and per member receiving, and the receives
+    waiting on them."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._generations: dict[str | tuple[str, str], int] = {}
-        #: queue -> its condition and how many receives wait on it (gone at 0).
-        self._waiting: dict[str, tuple[threading.Condition, list[int]]] = {}
+        #: (queue, group, member) -> [its generation, its receives under way] (gone at 0: a
+        #: member's room matters only to a receive of its own, and names do not pile up).
+        self._members: dict[tuple[str, str, str], list[int]] = {}
+        #: queue -> (group, member) -> its condition and how many receives wait on it (gone at 0).
+        self._waiting: dict[str, dict[tuple[str, str], tuple[threading.Condition, list[int]]]] = {}
+        #: Times generations were forgotten (a group deleted, a queue dropped): a receive
+        #: waiting on one sees it go, even one never moved (or moved as often as it went).
+        self._forgets = 0
         self.stopped = False
 
-    def seen(self, queue: str, group: str) -> Seen:
+    @contextlib.contextmanager
+    def receiving(self, queue: str, group: str, member: str) -> Iterator[None]:
+        """Around a receive that may wait: its member's room (:meth:`freed`) is noted meanwhile."""
+        key = (queue, group, member)
+        with self._lock:
+            entry = self._members.get(key)
+            if entry is None:
+                entry = self._members[key] = [0, 0]
+            entry[1] += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                entry[1] -= 1
+                if not entry[1]:
+                    del self._members[key]
+
+    def seen(self, queue: str, group: str, member: str) -> Seen:
         """The generations a receive notes before it looks for messages."""
         with self._lock:
-            return self._seen(queue, group)
+            return self._seen(queue, group, member)
 
-    def _seen(self, queue: str, group: str) -> Seen:
-        return self._generations.get(queue, 0), self._generations.get((queue, group), 0)
+    def _seen(self, queue: str, group: str, member: str) -> Seen:
+        entry = self._members.get((queue, group, member))
+        generations = self._generations
+        member_generation = entry[0] if entry is not None else 0
+        return generations.get(queue, 0), generations.get((queue, group), 0), member_generation, self._forgets
 
     def written(self, queue: str) -> None:
         """A write to ``queue``: every receive waiting on it looks again."""
-        self._bump(queue, queue)
+        with self._lock:
+            self._generations[queue] = self._generations.get(queue, 0) + 1
+            for condition, _ in self._waiting.get(queue, {}).values():
+                condition.notify_all()
 
     def finished(self, queue: str, group: str) -> None:
-        """An ack, nack, dead-letter or leave in ``group``: its waiting receives look again."""
-        self._bump((queue, group), queue)
+        """A nack, dead-letter, leave, or an ack freeing what any member may wait for in
+        ``group``: its waiting receives look again."""
+        with self._lock:
+            self._generations[(queue, group)] = self._generations.get((queue, group), 0) + 1
+            for (of, _), (condition, _) in self._waiting.get(queue, {}).items():
+                if of == group:
+                    condition.notify_all()
+
+    def freed(self, queue: str, group: str, members: Iterable[str]) -> None:
+        """``members`` of ``group`` got room under their ``max_member_in_flight``: their own
+        waiting receives look again, no other."""
+        with self._lock:
+            waiting = self._waiting.get(queue, {})
+            for member in members:
+                entry = self._members.get((queue, group, member))
+                if entry is not None:  # (no receive of it under way: none to tell)
+                    entry[0] += 1
+                    waiter = waiting.get((group, member))
+                    if waiter is not None:
+                        waiter[0].notify_all()
 
     def waiting(self, queue: str) -> int:
         """How many receives wait on ``queue`` now."""
         with self._lock:
-            entry = self._waiting.get(queue)
-            return entry[1][0] if entry is not None else 0
+            return sum(count[0] for _, count in self._waiting.get(queue, {}).values())
 
-    def _bump(self, key: str | tuple[str, str], queue: str) -> None:
-        with self._lock:
-            self._generations[key] = self._generations.get(key, 0) + 1
-            entry = self._waiting.get(queue)
-            if entry is not None:
-                entry[0].notify_all()
-
-    def wait(self, queue: str, group: str, seen: Seen | None, timeout: float) -> None:
+    def wait(self, queue: str, group: str, member: str, seen: Seen | None, timeout: float) -> None:
         """Wait up to ``timeout`` seconds, until the generations move from ``seen`` (None:
         from what they are now) or the stop."""
         deadline = time.monotonic() + timeout
         with self._lock:
-            entry = self._waiting.get(queue)
+            waiters = self._waiting.get(queue)
+            if waiters is None:
+                waiters = self._waiting[queue] = {}
+            entry = waiters.get((group, member))
             if entry is None:
-                entry = self._waiting[queue] = (threading.Condition(self._lock), [0])
+                entry = waiters[(group, member)] = (threading.Condition(self._lock), [0])
             condition, count = entry
             count[0] += 1
             try:
-                seen = self._seen(queue, group) if seen is None else seen
-                while not self.stopped and self._seen(queue, group) == seen:
+                seen = self._seen(queue, group, member) if seen is None else seen
+                while not self.stopped and self._seen(queue, group, member) == seen:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         return
@@ -84,14 +131,17 @@ class Arrivals:
             finally:
                 count[0] -= 1
                 if not count[0]:
-                    del self._waiting[queue]
+                    del waiters[(group, member)]
+                    if not waiters:
+                        del self._waiting[queue]
 
     def stop(self) -> None:
         """Wake every waiting receive, for good."""
         with self._lock:
             self.stopped = True
-            for condition, _ in self._waiting.values():
-                condition.notify_all()
+            for waiters in self._waiting.values():
+                for condition, _ in waiters.values():
+                    condition.notify_all()
 
     def forget(self, queue: str, group: str | None = None) -> None:
         """The queue dropped (or ``group`` of it deleted): its generations go, so that names
@@ -102,6 +152,7 @@ class Arrivals:
             else:
                 for key in [k for k in self._generations if k == queue or (isinstance(k, tuple) and k[0] == queue)]:
                     del self._generations[key]
-            entry = self._waiting.get(queue)
-            if entry is not None:
-                entry[0].notify_all()
+            self._forgets += 1
+            for (of, _), (condition, _) in self._waiting.get(queue, {}).items():
+                if group is None or of == group:
+                    condition.notify_all()

@@ -141,6 +141,11 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
         message; a member gone has its own end, and its leases go to the others)."""
         self.arrivals.finished(queue, name)
 
+    def _on_freed(self, queue: str, name: str, members: set[str]) -> None:
+        """Acks gave ``members``, at their max_member_in_flight, room: wake their own waiting
+        receives (another member gets nothing more from it)."""
+        self.arrivals.freed(queue, name, members)
+
     def _ownership_changed(self, gained: set[tuple[str, int]], lost: set[tuple[str, int]]) -> None:
         """A partition that moved away takes its leases with it: the new owner starts from ``done``."""
         with self._lock:
@@ -359,25 +364,27 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
         group = self._group(queue, name)
         started = time.monotonic()
         deadline = started + wait
-        taken: Columns = ([], [], [])
-        room, next_ready = True, RECHECK
-        while True:
-            seen = self.arrivals.seen(queue, name)
-            if self._stopped:  # woken by the stop: the store may be closing (the client asks again)
-                return taken
-            if group.left.since(member, started):  # it left meanwhile (its client closed): nothing
-                return taken
-            if room:
-                taken, next_ready = self._take(group, member, max_messages, lease, started)
-            left = deadline - time.monotonic()
-            if taken[0] or left <= 0:
-                return taken
-            with idle() as slot:
+        arrivals = self.arrivals
+        with arrivals.receiving(queue, name, member) if wait > 0 else nullcontext():
+            taken: Columns = ([], [], [])
+            room, next_ready = True, RECHECK
+            while True:
+                seen = arrivals.seen(queue, name, member)
+                if self._stopped:  # woken by the stop: the store may be closing (the client asks again)
+                    return taken
+                if group.left.since(member, started):  # it left meanwhile (its client closed): nothing
+                    return taken
                 if room:
-                    self.arrivals.wait(queue, name, seen, min(left, next_ready, RECHECK))
-                else:  # (no room for the answer last time: look again soon, messages or not)
-                    self.arrivals.wait(queue, name, None, min(left, ROOM_RETRY))
-            room = slot is None or bool(slot.held)
+                    taken, next_ready = self._take(group, member, max_messages, lease, started)
+                left = deadline - time.monotonic()
+                if taken[0] or left <= 0:
+                    return taken
+                with idle() as slot:
+                    if room:
+                        arrivals.wait(queue, name, member, seen, min(left, next_ready, RECHECK))
+                    else:  # (no room for the answer last time: look again soon, messages or not)
+                        arrivals.wait(queue, name, member, None, min(left, ROOM_RETRY))
+                room = slot is None or bool(slot.held)
 
     def _take(self, group: GroupState, member: str, limit: int, lease: float, since: float) -> tuple[Columns, float]:
         """What ``member`` gets now (nothing if it left after ``since``, when its receive
@@ -404,7 +411,8 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
             for pid, state in list(group.partitions.items()):  # run-out leases are no longer held
                 if state.lease_heap and state.lease_heap[0][0] <= now:
                     self._expire(group, pid, state, now)
-            limit = min(limit, self.limits.max_member_in_flight - group.held_by(member))
+            room = self.limits.max_member_in_flight - group.held_by(member)
+            limit = min(limit, room)
             for pid in mine:
                 if len(out.keys) >= limit or out.full:
                     break
@@ -418,6 +426,9 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
                 self._mark_if_due(group, pid, state, now, out.again, out.back)
                 if state.ready_heap:
                     next_ready = min(next_ready, max(0.001, state.ready_heap[0][0] - now))
+        if out.keys and len(out.keys) >= room and len(members) > 1:
+            # At its cap now: its partitions go to the others, whose waiting receives look again.
+            self._on_finished(group.queue, group.name)
         return out.columns(), next_ready
 
     def _expire(self, group: GroupState, pid: int, state: PartitionState, now: float) -> None:

@@ -210,13 +210,14 @@ def capped(request, tmp_path, monkeypatch):
         yield queue_and_groups
 
 
-def waiting_receive(consumer, groups, want: int) -> tuple[threading.Thread, list]:
+def waiting_receive(consumer, groups, want: int, waiting: int = 1) -> tuple[threading.Thread, list]:
     """A receive of ``want`` waiting up to 30 s in a thread (once the service has it
-    waiting: the member holds all it may, or the key's message is out), and the list it fills."""
+    waiting, the ``waiting``-th: the member holds all it may, or the key's message is out),
+    and the list it fills."""
     got: list = []
     thread = threading.Thread(target=lambda: got.extend(consumer.receive(want, wait=30)), daemon=True)
     thread.start()
-    wait_for(lambda: groups.arrivals.waiting("q") == 1, 10, "the receive to wait")
+    wait_for(lambda: groups.arrivals.waiting("q") == waiting, 10, "the receive to wait")
     assert thread.is_alive() and not got
     return thread, got
 
@@ -244,9 +245,64 @@ def test_an_ack_that_frees_nothing_anyone_waits_for_wakes_nobody(capped):
     queue.put([Message("t", b"1"), Message("t", b"2")], 0)
     with queue.consumer("g", member="a") as a:
         held = a.receive(2, wait=2)
-        seen = groups.arrivals.seen("q", "g")
+        seen = groups.arrivals.seen("q", "g", "a")
         assert a.ack(held[:1]) == 1  # holding 2 of the 3 it may: no one is at a cap
-        assert groups.arrivals.seen("q", "g") == seen
+        assert groups.arrivals.seen("q", "g", "a") == seen
+
+
+def test_an_ack_giving_a_member_at_its_cap_room_wakes_its_receives_and_no_other_member_s(capped, monkeypatch):
+    # (50 members waiting on a drained queue were each set looking by every ack of a member
+    # at its cap, which frees nothing for them: 5 ms of server CPU an ack, bench/group_abuse.py)
+    queue, groups = capped
+    looks: list[str] = []
+    take = groups._take
+    monkeypatch.setattr(
+        groups, "_take", lambda group, member, *rest: (looks.append(member), take(group, member, *rest))[1]
+    )
+    queue.put([Message("t", b"%d" % i) for i in range(5)], 0)
+    with queue.consumer("g", member="a") as a, queue.consumer("g", member="b") as b:
+        # Given a at its cap (3), and b holding the other 2 and waiting for more of the drained queue
+        held = a.receive(10, wait=2)
+        assert len(held) == 3 and len(b.receive(10, wait=2)) == 2
+        thread, got = waiting_receive(b, groups, 10)
+        looked = looks.count("b")
+        # When a acks one, and then waits for more itself, and acks another
+        assert a.ack(held[:1]) == 1
+        assert a.receive(10, wait=0) == []  # (room, but nothing left to take)
+        waiting_a, got_a = waiting_receive(a, groups, 10, waiting=2)
+        assert a.ack(held[1:2]) == 1
+        # Then b did not look again; a's receive did not wake either (a was not at its cap)
+        time.sleep(0.2)
+        assert looks.count("b") == looked and thread.is_alive() and waiting_a.is_alive()
+        # and a write wakes both: one of them gets it
+        queue.put(Message("t", b"new"), 0)
+        wait_for(lambda: len(got) + len(got_a) == 1, 10, "the new message to be taken")
+    thread.join(10)  # (the other ends as its member leaves)
+    waiting_a.join(10)
+    assert not thread.is_alive() and not waiting_a.is_alive()
+
+
+@pytest.fixture(params=["embedded", "remote"])
+def capped_two(request, tmp_path, monkeypatch):
+    """:func:`capped`, on a queue of 2 partitions."""
+    monkeypatch.setattr(group_service, "RECHECK", 60.0)
+    with queue_with_group_limits(request, tmp_path, GroupLimits(max_member_in_flight=3), 2) as queue_and_groups:
+        yield queue_and_groups
+
+
+def test_a_member_reaching_its_cap_hands_its_partitions_to_a_member_waiting_at_once(capped_two):
+    # (the waiting member looked again only at its next recheck, a second by default)
+    queue, groups = capped_two
+    with queue.consumer("g", member="a") as a, queue.consumer("g", member="b") as b:
+        # Given b waiting on its partition (1, empty), a reading partition 0, which has 5
+        assert a.receive(10, wait=0) == []  # (a is a member)
+        thread, got = waiting_receive(b, groups, 10)
+        queue.put([Message("t", b"%d" % i) for i in range(5)], 0)
+        # When a takes the 3 it may hold
+        assert len(a.receive(10, wait=2)) == 3
+        # Then partition 0 is b's while a is at its cap: b takes the other 2 at once
+        thread.join(10)
+        assert not thread.is_alive() and sorted(d.value for d in got) == [b"3", b"4"]
 
 
 def test_a_key_in_order_waiting_for_its_ack_goes_out_when_it_comes(capped):

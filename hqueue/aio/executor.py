@@ -37,7 +37,7 @@ from .client.engine import AsyncRemoteEngine
 
 #: Threads an in-process store's handle runs storage calls in.
 DEFAULT_WORKERS = 4
-#: Longest a waiting receive sleeps without a write waking it (retries, members leaving).
+#: Longest a waiting receive sleeps unwoken by a write or its group's event (retries falling due, members timing out).
 RECEIVE_POLL = 0.05
 #: Longest one long poll at a store another process serves (a cancelled receive's ends by then).
 LONG_POLL = 1.0
@@ -149,7 +149,7 @@ class ExecutorGroups(_Awaitable):
             return await self._receive_there(queue, group, member, max_messages, lease, wait)
         loop = asyncio.get_running_loop()
         until = loop.time() + wait
-        waker = _waker(self._engine.sync)
+        waker = _waker(self._engine.sync, self._service)
         started = time.monotonic()
         while True:
             if self._left.since((queue, group, member), started):
@@ -365,6 +365,10 @@ class _Waker:
                 self._waiting.pop(queue, None)
 
     def written(self, queue: str, partition_id: int) -> None:
+        self.moved(queue)
+
+    def moved(self, queue: str) -> None:
+        """Something a receive of ``queue`` may take came: a write, or its group's event."""
         with self._lock:
             waiting = list(self._waiting.get(queue, ()))
         for loop, event in waiting:
@@ -378,9 +382,11 @@ _wakers: weakref.WeakKeyDictionary[Any, _Waker] = weakref.WeakKeyDictionary()
 _wakers_lock = threading.Lock()
 
 
-def _waker(engine: Any) -> _Waker:
-    """The engine's waker, listening to its writes (registered once per engine). A client
-    of the process serving a shared store sees no writes: its receives wait there."""
+def _waker(engine: Any, groups: Any) -> _Waker:
+    """The engine's waker, listening to its writes and to its groups' acks, nacks, leaves
+    and the rest (registered once per engine: an ack giving a member at its cap room, or a
+    key in order its next message, wakes a receive at once, not at its next poll). A client
+    of the process serving a shared store sees none of them: its receives wait there."""
     with _wakers_lock:
         waker = _wakers.get(engine)
         if waker is None:
@@ -388,4 +394,7 @@ def _waker(engine: Any) -> _Waker:
             events = getattr(engine, "events", None)
             if events is not None:
                 events.on_write(waker.written)
+            arrivals = getattr(groups, "arrivals", None)
+            if arrivals is not None:
+                arrivals.listen(waker.moved)
         return waker

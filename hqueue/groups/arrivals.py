@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 #: A receive's view: its queue's generation, its group's, its member's, and the forgets.
 Seen = tuple[int, int, int, int]
@@ -44,7 +44,20 @@ class Arrivals:
         #: Times generations were forgotten (a group deleted, a queue dropped): a receive
         #: waiting on one sees it go, even one never moved (or moved as often as it went).
         self._forgets = 0
+        #: Called with the queue after each group event (not writes: the engine's events
+        #: say those): receives that wait elsewhere (an asyncio loop's) look again.
+        self._listeners: tuple[Callable[[str], None], ...] = ()
         self.stopped = False
+
+    def listen(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(queue)`` after each ack, nack, dead-letter, leave, cap reached or
+        group gone that may give a receive of ``queue`` something (from the thread of the call)."""
+        with self._lock:
+            self._listeners = (*self._listeners, listener)
+
+    def _tell(self, queue: str) -> None:
+        for listener in self._listeners:
+            listener(queue)
 
     @contextlib.contextmanager
     def receiving(self, queue: str, group: str, member: str) -> Iterator[None]:
@@ -89,6 +102,7 @@ class Arrivals:
             for (of, _), (condition, _) in self._waiting.get(queue, {}).items():
                 if of == group:
                     condition.notify_all()
+        self._tell(queue)
 
     def freed(self, queue: str, group: str, members: Iterable[str]) -> None:
         """``members`` of ``group`` got room under their ``max_member_in_flight``: their own
@@ -102,6 +116,7 @@ class Arrivals:
                     waiter = waiting.get((group, member))
                     if waiter is not None:
                         waiter[0].notify_all()
+        self._tell(queue)  # (a receive waiting elsewhere did not note its member's room: it looks)
 
     def waiting(self, queue: str) -> int:
         """How many receives wait on ``queue`` now."""
@@ -156,3 +171,4 @@ class Arrivals:
             for (of, _), (condition, _) in self._waiting.get(queue, {}).items():
                 if group is None or of == group:
                     condition.notify_all()
+        self._tell(queue)

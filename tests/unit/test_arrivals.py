@@ -116,3 +116,14 @@ def test_groups_deleted_and_queues_dropped_leave_nothing_behind():
     arrivals.finished("q", "kept")
     arrivals.forget("q")
     assert arrivals._generations == {}
+
+
+def test_listeners_hear_each_group_event_by_its_queue():
+    # (an asyncio receive waits on its loop, not here: it is told, and looks again)
+    arrivals, heard = Arrivals(), []
+    arrivals.listen(heard.append)
+    arrivals.written("w")  # (writes: the engine's events say those)
+    arrivals.finished("f", "g")
+    arrivals.freed("m", "g", {"nobody receiving"})
+    arrivals.forget("d", "g")
+    assert heard == ["f", "m", "d"]

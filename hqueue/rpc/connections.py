@@ -13,12 +13,16 @@ threaded server (rpc/threaded.py), the event loop (rpc/loop.py) and the handlers
 
 from __future__ import annotations
 
+import array
 import contextlib
 import errno
+import fcntl
 import logging
 import os
+import select
 import socket
 import ssl
+import termios
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -133,22 +137,18 @@ class Connection:
     opened: float = field(default_factory=time.monotonic)
     #: Its call runs on the server's event loop now, which it may not keep waiting (rpc/loop.py).
     on_loop: bool = False
-    #: The socket it was accepted on (:meth:`peer_closed`); a TLS connection's is detached.
+    #: Its socket (:meth:`peer_closed`): the one accepted, or its TLS socket once wrapped.
     sock: Any = field(default=None, repr=False)
 
     def peer_closed(self) -> bool:
         """Whether the client closed the connection and sent nothing more that is unread: an
-        answer to the call under way would reach no one. A peek, which never waits; False
-        when it cannot tell (TLS, whose bytes are not the calls')."""
+        answer to the call under way would reach no one. Never waits; False when it cannot
+        tell (a TLS peer that sent its close_notify: bytes unread, not a call's)."""
         sock = self.sock
-        if sock is None or isinstance(sock, ssl.SSLSocket) or sock.fileno() < 0 or sock.gettimeout() not in (None, 0):
-            return False  # (a timeout in Python would make the peek wait for it)
-        try:
-            return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-        except (BlockingIOError, InterruptedError):
-            return False  # nothing to read, and no end: the client is there
-        except OSError:
-            return True  # reset
+        fd = -1 if sock is None else sock.fileno()
+        if fd < 0 or (isinstance(sock, ssl.SSLSocket) and sock.pending()):
+            return False  # (closed here, or a TLS call decrypted and unread)
+        return closed_with_nothing_unread(fd)
 
     def when_closed(self, what: str, callback: Callable[[], None]) -> None:
         """Call ``callback`` when the connection ends, unless one was given for ``what``
@@ -183,6 +183,23 @@ class PeerGone(HQueueError):
 
     def __init__(self) -> None:
         super().__init__("the client closed the connection while its call waited: nothing was done")
+
+
+def closed_with_nothing_unread(fd: int) -> bool:
+    """Whether the peer of socket ``fd`` shut its side (or reset) and nothing it sent is
+    left unread, from the kernel: a poll and a count, neither of which waits (a peek
+    would, on a socket with a timeout in Python), the same for a TLS connection's socket."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLRDHUP)
+    ready = poller.poll(0)
+    mask = ready[0][1] if ready else 0
+    if mask & select.POLLNVAL or not mask & (select.POLLRDHUP | select.POLLHUP | select.POLLERR):
+        return False  # (the client is there)
+    if mask & select.POLLERR:
+        return True  # reset
+    unread = array.array("i", [0])
+    fcntl.ioctl(fd, termios.FIONREAD, unread)
+    return unread[0] == 0
 
 
 def refuse_if_peer_gone() -> None:

@@ -259,7 +259,7 @@ class ThreadedServer(TThreadedServer):
                 tls: ssl.SSLSocket = self.places.wrapped(
                     connection, lambda: context.wrap_socket(raw, server_side=True, do_handshake_on_connect=False)
                 )
-                sock = tls
+                sock = connection.sock = tls
                 try:
                     tls.do_handshake()
                 except (AttributeError, ValueError) as e:  # shut down to make room before it began

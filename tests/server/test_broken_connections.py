@@ -11,6 +11,7 @@ relays to a real server.
 from __future__ import annotations
 
 import socket
+import ssl
 import time
 
 import pytest
@@ -22,6 +23,7 @@ from hqueue.rpc.wire import call_frame
 from hqueue.server import HQueueServer
 
 from ..helpers.relay import Relay
+from ..processes import server_certificate
 
 
 def test_a_read_whose_connection_breaks_again_and_again_is_sent_again_until_it_is_answered(server):
@@ -67,17 +69,23 @@ def test_a_change_whose_connection_breaks_is_not_sent_again(server):
         front.close()
 
 
-@pytest.mark.parametrize("io", ["loop", "threads"])
+@pytest.mark.parametrize("io", ["loop", "threads", "tls"])
 def test_a_receive_whose_client_closed_while_it_waited_leases_nothing(tmp_path, io):
     # Given a member's receive waiting for messages, whose client then closes its connection
-    server = HQueueServer(f"local://{tmp_path}/data", port=0, io=io).start()
+    # (over TLS too: its server could not tell, and leased the batch to nobody there)
+    tls = server_certificate(tmp_path) if io == "tls" else None
+    options = {"ssl_context": tls[1]} if tls else {"io": io}
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, **options).start()
+    url = f"hqueue://{server.address}" + (f"?tls=1&ca={tls[0]}" if tls else "")
     try:
-        with HQueueAdmin(f"hqueue://{server.address}") as admin:
+        with HQueueAdmin(url) as admin:
             admin.create_queue("q", 2)
-        with HQueue("q", f"hqueue://{server.address}") as queue:
+        with HQueue("q", url) as queue:
             with queue.consumer("g", member="first") as first:
                 assert first.receive(1, wait=0) == []  # (the group is made)
             sock = socket.create_connection(("127.0.0.1", server.port))
+            if tls:
+                sock = ssl.create_default_context(cafile=str(tls[0])).wrap_socket(sock, server_hostname="127.0.0.1")
             sock.sendall(call_frame("groupReceive", 1, queue="q", group="g", member="gone", maxMessages=10,
                                     leaseMillis=60_000, waitMillis=3_000))  # fmt: skip
             time.sleep(0.3)

@@ -393,8 +393,11 @@ class RemoteEngine:
             error = ServerUnavailable(f"the process serving {self.url} (on {self.unix_socket}): {cause}")
         else:
             host, _, port = address.rpartition(":")
-            # (a TLS probe within the call's time, and none once this client closed: it made the failure)
-            left = 0.0 if self.closed else min(PROBE_SECONDS, deadline - time.monotonic())
+            # (a TLS probe within the call's time; none once this client closed, which made the failure, nor
+            # once the server answered in plain: a probe per evicted connection loaded a server at its limit)
+            pool = self._pools.get(address)
+            spoke = pool is not None and pool.answered
+            left = 0.0 if self.closed or spoke else min(PROBE_SECONDS, deadline - time.monotonic())
             why = explain(host, int(port), cause, self.tls, probe_seconds=left)
             error = ServerUnavailable(f"hqueue server {address}: {why}")
         error.maybe_sent = sent

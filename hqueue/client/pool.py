@@ -327,6 +327,9 @@ class Pool:
             self.host = host[1:-1]
         self.token, self.ssl_context = token, ssl_context
         self._idle: queue_module.SimpleQueue = queue_module.SimpleQueue()
+        #: The server answered a call here: it speaks what this pool speaks (rpc/failures.py
+        #: asks no more whether it speaks TLS when it closes a connection).
+        self.answered = False
 
     def take(self, deadline: float | None = None) -> Connection:
         """A connection for the caller alone, its waits bounded by ``deadline``;
@@ -352,6 +355,7 @@ class Pool:
         if broken or connection.protocol.unanswered:
             connection.close()
         else:
+            self.answered = True
             self._idle.put(connection)
 
     @contextmanager

@@ -10,6 +10,7 @@ relays to a real server.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import ssl
 import time
@@ -17,6 +18,7 @@ import time
 import pytest
 
 from hqueue import HQueue, HQueueAdmin, Message
+from hqueue.aio import AsyncHQueueAdmin
 from hqueue.client.engine import READ_TRIES
 from hqueue.errors import ServerUnavailable
 from hqueue.rpc.wire import call_frame
@@ -104,3 +106,49 @@ def test_a_receive_whose_client_closed_while_it_waited_leases_nothing(tmp_path, 
         assert len(got) == 10 and {d.attempt for d in got} == {1}
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("front_end", ["blocking", "asyncio"])
+def test_a_server_that_answered_in_plain_is_not_asked_if_it_speaks_tls_when_a_connection_breaks(
+    server, monkeypatch, front_end
+):
+    """A plain client whose connection a server closed asked it, on a new connection, whether
+    it speaks TLS (to say so if it did): each connection evicted from a server at its
+    --max-connections cost it one more, logged as a bad frame. Not once it answered in plain."""
+    from hqueue.aio.client import engine as aio_engine
+    from hqueue.rpc import failures
+
+    probes: list = []
+    asked = lambda host, port, seconds: probes.append(port) or False  # noqa: E731
+    monkeypatch.setattr(failures, "speaks_tls", asked)
+    monkeypatch.setattr(aio_engine, "speaks_tls", asked)
+
+    def broken_change(calls_first: bool) -> None:
+        front = Relay(("127.0.0.1", server.port), breaks=1, on=b"createQueue")
+        url = f"hqueue://{front.address}?timeout=10"
+        try:
+            if front_end == "blocking":
+                with HQueueAdmin(url) as admin:
+                    if calls_first:
+                        assert [info.name for info in admin.list_queues()] == ["q"]
+                    with pytest.raises(ServerUnavailable, match="closed the connection|reset"):
+                        admin.create_queue("made-once", 1)
+            else:
+
+                async def main() -> None:
+                    async with AsyncHQueueAdmin(url) as admin:
+                        if calls_first:
+                            assert [info.name for info in await admin.list_queues()] == ["q"]
+                        with pytest.raises(ServerUnavailable, match="closed the connection|reset"):
+                            await admin.create_queue("made-once", 1)
+
+                asyncio.run(main())
+        finally:
+            front.close()
+
+    # A client the server answered in plain: no probe
+    broken_change(calls_first=True)
+    assert probes == []
+    # One whose first call breaks still asks (a plain client at a TLS server is told so)
+    broken_change(calls_first=False)
+    assert len(probes) == 1

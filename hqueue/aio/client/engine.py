@@ -138,7 +138,9 @@ class AsyncRemoteEngine:
             speaks = False
             loop = asyncio.get_running_loop()
             seconds = PROBE_SECONDS if deadline is None else min(PROBE_SECONDS, deadline - loop.time())
-            if not self.closed and seconds > 0.05 and would_probe(cause, self.tls):
+            pool = self._pools.get(address)
+            spoke = pool is not None and pool.answered  # (as the blocking client's)
+            if not (self.closed or spoke) and seconds > 0.05 and would_probe(cause, self.tls):
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(seconds):
                         speaks = await asyncio.to_thread(speaks_tls, host, int(port), seconds)

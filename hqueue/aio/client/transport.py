@@ -193,6 +193,8 @@ class AsyncPool:
         self._lent = 0  # for calls, and taking
         self._room: collections.deque[asyncio.Future[None]] = collections.deque()
         self.closed = False
+        #: The server answered a call here (client/pool.py's Pool.answered).
+        self.answered = False
 
     def take_idle(self, call: bool = False) -> AsyncConnection | None:
         """An idle connection for the caller alone, if there is one (and, for a ``call``,
@@ -274,6 +276,8 @@ class AsyncPool:
         if connection in self._for_calls:
             self._for_calls.discard(connection)
             self._returned()
+        if not broken:
+            self.answered = True  # (as client/pool.py's Pool.answered)
         if broken or self.closed or len(self._idle) >= self.max_idle:
             self._drop(connection)
         else:

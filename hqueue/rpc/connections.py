@@ -185,6 +185,27 @@ class PeerGone(HQueueError):
         super().__init__("the client closed the connection while its call waited: nothing was done")
 
 
+class WouldBlock(BaseException):
+    """A call on the event loop was about to wait: it is run on a worker thread instead.
+
+    A BaseException, so that it passes every ``except Exception`` between the
+    handler and the loop (the handler's own error mapping among them).
+    """
+
+
+def on_loop() -> bool:
+    """Whether the calling handler runs on a server's event loop (and so may not wait)."""
+    connection = current_connection()
+    return connection is not None and connection.on_loop
+
+
+def may_block() -> None:
+    """Called by a handler before it would wait, and before it has done anything:
+    on the event loop, raises :class:`WouldBlock` (the call is run on a worker)."""
+    if on_loop():
+        raise WouldBlock
+
+
 def closed_with_nothing_unread(fd: int) -> bool:
     """Whether the peer of socket ``fd`` shut its side (or reset) and nothing it sent is
     left unread, from the kernel: a poll and a count, neither of which waits (a peek

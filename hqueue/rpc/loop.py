@@ -54,109 +54,37 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import select
 import selectors
 import socket
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from ..errors import HQueueError
-from .connections import Connection, _current, current_connection
+from .answers import Answers
+from .connections import Connection, WouldBlock, _current
+from .connections import may_block as may_block  # (the handlers' API, here since the loop's)
+from .connections import on_loop as on_loop
 from .frames import _HEAD, MAX_DECLARED, FrameError, FrameReader, TooManyItems, call_head, check_call, head_of_frame
+from .handoff import Handoff
+from .links import Link, Syncs, Watching
 from .spin import Spin
-from .threaded import ThreadedServer, bare, logger
+from .threaded import logger
 from .workers import Workers
 
 #: The largest call the loop reads itself, with its head (a bigger one goes to a worker).
 SMALL = FrameReader.CHUNK
 #: Seconds between sweeps for idle and slow connections.
 SWEEP = 1.0
-#: A worker serves a connection's next calls while each comes within this many milliseconds.
-STAY_MS = 20
 _READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 #: Calls of one connection the loop runs in one turn at most (the rest in the next turns):
 #: a turn's answers wait for its end, and one client's pipeline must not make it long.
 CALLS_A_TURN = 8
-#: Buffers one sendmsg is given at most (Linux takes 1024, IOV_MAX).
-_MAX_PARTS = 512
 
 
-class WouldBlock(BaseException):
-    """A call on the event loop was about to wait: it is run on a worker thread instead.
-
-    A BaseException, so that it passes every ``except Exception`` between the
-    handler and the loop (the handler's own error mapping among them).
-    """
-
-
-def on_loop() -> bool:
-    """Whether the calling handler runs on a server's event loop (and so may not wait)."""
-    connection = current_connection()
-    return connection is not None and connection.on_loop
-
-
-def may_block() -> None:
-    """Called by a handler before it would wait, and before it has done anything:
-    on the event loop, raises :class:`WouldBlock` (the call is run on a worker)."""
-    if on_loop():
-        raise WouldBlock
-
-
-@dataclass(eq=False)
-class _Link:
-    """The loop's side of one connection."""
-
-    sock: socket.socket
-    connection: Connection
-    #: What came and is not yet a whole call (and whole calls waiting for their turn).
-    buffer: bytearray = field(default_factory=bytearray)
-    #: What of a reply the socket has not taken yet.
-    out: memoryview | None = None
-    #: Bytes of the in-flight budget that reply holds until it is all sent, and whose they are.
-    held: int = 0
-    owner: str = ""
-    #: A worker has the connection (its call, or a big frame's reading): the loop leaves it alone.
-    busy: bool = False
-    #: When the frame now partly read, or the reply partly sent, began (None: neither).
-    started: float | None = None
-    #: When the connection last did anything.
-    last: float = 0.0
-    #: The events the selector watches for it.
-    events: int = 0
-    closed: bool = False
-    #: Answers held for the turn's fsync (:meth:`LoopServer._settle`), in order, and the
-    #: bytes they hold of whose share of the budget.
-    waiting: list[bytes] | None = None
-    waiting_held: dict[str, int] = field(default_factory=dict)
-    #: Its next call needs a worker: it waits until the held answers are sent.
-    paused: bool = False
-    #: It has whole calls left from its share of the last turn (LoopServer._more): nothing
-    #: more is read of it meanwhile, so what it holds here stays bounded.
-    more: bool = False
-    #: The peer closed its side: its calls read already are still answered, then it ends.
-    eof: bool = False
-    #: Bytes of a call refused from its head still to come, thrown away as they do.
-    skip: int = 0
-    #: The turn of the loop it last ran calls in, and how many it ran then (CALLS_A_TURN).
-    turn: int = -1
-    ran: int = 0
-
-
-class Syncs(Protocol):
-    """What the loop needs of the store for SYNC_WAL writes (hqueue.storage.base.Storage)."""
-
-    def defer_syncs(self) -> None: ...
-
-    def deferred(self) -> bool: ...
-
-    def settle(self) -> None: ...
-
-
-class LoopServer(ThreadedServer):
+class LoopServer(Answers, Handoff, Watching):
     """:class:`~hqueue.rpc.threaded.ThreadedServer`'s limits, served from one event loop."""
 
     def __init__(
@@ -183,12 +111,12 @@ class LoopServer(ThreadedServer):
         self._selector.register(self._wake_in, _READ, None)
         self._inbox: deque[tuple[Any, ...]] = deque()
         self._woken = False
-        self._links: dict[int, _Link] = {}
+        self._links: dict[int, Link] = {}
         self._syncs = syncs
         #: The connections with answers held for this turn's fsync, in the order they wrote.
-        self._held: list[_Link] = []
+        self._held: list[Link] = []
         #: Connections with whole calls left over from a turn (CALLS_A_TURN), for the next.
-        self._more: list[_Link] = []
+        self._more: list[Link] = []
         #: Turns of the loop so far: each connection's share (CALLS_A_TURN) is counted in one.
         self._turn = 0
         # One call per connection at a time: never more workers than connections.
@@ -289,13 +217,13 @@ class LoopServer(ThreadedServer):
                 if item[0] == "open":
                     self._ended(item[2], item[1])
 
-    def _ready(self, link: _Link, mask: int) -> None:
+    def _ready(self, link: Link, mask: int) -> None:
         if mask & _WRITE:
             self._flush(link)
         if mask & _READ and not link.closed:
             self._read(link)
 
-    def _safely(self, link: _Link, step: Callable[..., None], *args: Any) -> None:
+    def _safely(self, link: Link, step: Callable[..., None], *args: Any) -> None:
         """``step(*args)`` for one connection: if it fails (a fault of the server's own, which
         no client should be able to cause), that connection ends, logged with the fault,
         and the loop goes on serving the others (before, the whole server stopped)."""
@@ -308,7 +236,7 @@ class LoopServer(ThreadedServer):
             )  # fmt: skip
             self._broken(link)
 
-    def _broken(self, link: _Link) -> None:
+    def _broken(self, link: Link) -> None:
         """End a connection whose step on the loop failed, whatever state it was left in."""
         if link.busy:  # a worker has it: its end reaches the worker (EOF), whose done closes it
             link.connection.close_after_reply = True
@@ -332,7 +260,7 @@ class LoopServer(ThreadedServer):
         return not self._links
 
     def _open_link(self, sock: socket.socket, connection: Connection) -> None:
-        link = _Link(sock, connection, last=time.monotonic())
+        link = Link(sock, connection, last=time.monotonic())
         self._links[connection.id] = link
         try:
             sock.setblocking(False)
@@ -341,61 +269,7 @@ class LoopServer(ThreadedServer):
             return
         self._listen(link)
 
-    def _listen(self, link: _Link) -> None:
-        """Watch for what the connection waits for now: its next call, its reply's room, or
-        nothing (a worker has it, it has calls left to run, or its peer sent all it will);
-        a connection whose peer closed ends once nothing of it is left to do."""
-        if link.closed:
-            return
-        if link.eof and not (link.busy or link.out is not None or link.more or link.paused) and link.waiting is None:
-            self._close(link)  # its calls are all answered (a partial frame never will be)
-            return
-        want = 0 if link.busy else _WRITE if link.out is not None else 0 if link.more or link.eof else _READ
-        if want != link.events:
-            try:
-                if not link.events:
-                    self._selector.register(link.sock, want, link)
-                elif not want:
-                    self._selector.unregister(link.sock)
-                else:
-                    self._selector.modify(link.sock, want, link)
-            except (KeyError, ValueError) as e:  # the selector's watch is not what the link says
-                self._rewatch(link, want, e)
-            link.events = want
-
-    def _watched(self, link: _Link) -> selectors.SelectorKey | None:
-        """The selector's key for the link's socket, if it watches it (by descriptor, or by the
-        socket itself once closed)."""
-        try:
-            return self._selector.get_map().get(link.sock)
-        except (KeyError, ValueError):
-            return None
-
-    def _rewatch(self, link: _Link, want: int, error: Exception) -> None:
-        """Watch the link for ``want`` from whatever the selector holds: a fault of the loop's
-        own (the link thought itself watched for ``link.events``), logged with what it found,
-        and set right rather than ending the loop."""
-        key = self._watched(link)
-        other = getattr(key, "data", None)
-        whose = "it" if other is link else "the wake-up" if other is None else f"connection {other.connection.id}"
-        found = "nothing" if key is None else f"{key.events} for {whose}"
-        self.log.exception(
-            "rewatch", "the loop's watch of connection %d was not as kept (%d; the selector: %s; %s): set again",
-            link.connection.id, link.events, found, error,
-        )  # fmt: skip
-        if key is not None:
-            self._selector.unregister(key.fileobj)
-        if want:
-            self._selector.register(link.sock, want, link)
-
-    def _unwatch(self, link: _Link) -> None:
-        """The selector no longer watches the link's socket (what it kept of it aside)."""
-        key = self._watched(link)
-        if key is not None and key.data is link:
-            self._selector.unregister(key.fileobj)
-        link.events = 0
-
-    def _read(self, link: _Link) -> None:
+    def _read(self, link: Link) -> None:
         try:
             chunk = link.sock.recv(SMALL)
         except (BlockingIOError, InterruptedError):
@@ -412,7 +286,7 @@ class LoopServer(ThreadedServer):
         if not link.more:  # else its calls run after this turn's reads, its share of the turn
             self._calls(link)
 
-    def _calls(self, link: _Link) -> None:
+    def _calls(self, link: Link) -> None:
         """Run the connection's whole calls, in order, while it may: at most its share of
         the turn, wherever in the turn they run (read, a reply sent, a worker done)."""
         buffer = link.buffer
@@ -461,7 +335,7 @@ class LoopServer(ThreadedServer):
             self._call(link, frame)
         self._listen(link)
 
-    def _call(self, link: _Link, frame: bytes) -> None:
+    def _call(self, link: Link, frame: bytes) -> None:
         """Run one whole call: here, if its handler may run on the loop; else on a worker."""
         try:
             check_call(frame, self.limits.max_items)
@@ -504,7 +378,7 @@ class LoopServer(ThreadedServer):
             return
         self._answered(link, reply)
 
-    def _fail(self, link: _Link, error: Exception) -> None:
+    def _fail(self, link: Link, error: Exception) -> None:
         """End a connection whose call failed; answers held for the turn's fsync go first."""
         if link.waiting is None:
             self._drop(link, error)
@@ -512,18 +386,7 @@ class LoopServer(ThreadedServer):
         self._ending(error, link.connection)
         link.connection.close_after_reply, link.paused = True, True
 
-    def _to_worker_after(self, link: _Link, frame: bytes, blocked: str | None = None) -> None:
-        """A worker runs ``frame``'s call: now, or, while the connection has answers held
-        for the turn's fsync, once they are sent (the frame back at the head of its buffer)."""
-        if link.waiting is not None:
-            link.buffer[:0] = _HEAD.pack(len(frame)) + frame
-            link.paused = True
-            return
-        size = len(frame)
-        self.budget.reserve(size, None)
-        self._to_worker(link, frame, size, blocked)
-
-    def _refuse(self, link: _Link, method: str, seqid: int, busy: HQueueError) -> None:
+    def _refuse(self, link: Link, method: str, seqid: int, busy: HQueueError) -> None:
         """Answer a call whose answer may be big with ``busy``, unread (see
         :meth:`~hqueue.rpc.threaded.ThreadedServer._no_room_for_answer`)."""
         self.log.warning("refused", "refused %s from %s: %s", method, link.connection.who, busy)
@@ -534,7 +397,7 @@ class LoopServer(ThreadedServer):
             return
         self._answered(link, reply)
 
-    def _refuse_unread(self, link: _Link, size: int, refused: HQueueError) -> bool:
+    def _refuse_unread(self, link: Link, size: int, refused: HQueueError) -> bool:
         """Answer the call whose frame (``size`` bytes) ``link``'s buffer begins with
         ``refused``, once its head has come (its method and number), and throw its body away
         as it comes, here (:meth:`_calls`): no worker, no buffer of its size. Whether it did
@@ -562,247 +425,6 @@ class LoopServer(ThreadedServer):
                 self._inline[method] = inline
         return inline
 
-    def _answered(self, link: _Link, reply: bytes) -> None:
-        if link.waiting is None and self._syncs is not None and self._syncs.deferred():
-            link.waiting = []
-            self._held.append(link)
-        if link.waiting is not None:  # the turn wrote: every answer after it waits for its fsync
-            self._trust(link.connection)
-            if reply:
-                link.waiting.append(reply)
-                owner = self.owner_of(link.connection)  # held: counted like a reply not taken, in its share
-                self.budget.hold(len(reply), owner)
-                link.waiting_held[owner] = link.waiting_held.get(owner, 0) + len(reply)
-            return
-        self._deliver(link, self._reply, reply)
-
-    def _deliver(self, link: _Link, send: Callable[[_Link, Any], None], what: Any) -> None:
-        """``send(link, what)`` from the loop; then the connection ends if it was to end after it."""
-        try:
-            send(link, what)
-        except OSError as e:
-            self._drop(link, e)
-            return
-        if link.connection.close_after_reply and link.out is None:
-            self._close(link)
-
-    def _settle(self) -> None:
-        """The turn's end: one fsync makes its SYNC_WAL writes durable, then the answers held
-        for it go, and the connections go on with their next calls. If the fsync failed,
-        none of those writes may be acknowledged: their connections are closed unanswered."""
-        held, self._held = self._held, []
-        assert self._syncs is not None
-        try:
-            self._syncs.settle()
-            error = None
-        except Exception as e:
-            error = bare(e)
-        for link in held:
-            self._safely(link, self._settled, link, error)
-        for link in held:  # their next calls in the next turn (a reply partly sent: once it is all)
-            if not link.closed:
-                self._safely(link, self._unpause, link)
-
-    def _settled(self, link: _Link, error: Exception | None) -> None:
-        """Send the answers the link held for the fsync (``error``: it failed; none are sent)."""
-        replies, link.waiting = link.waiting or [], None
-        for owner, size in link.waiting_held.items():
-            self.budget.release(size, owner)
-        link.waiting_held.clear()
-        if link.closed:
-            return
-        if error is not None:
-            self._drop(link, error)
-        else:
-            self._deliver(link, self._send_all, replies)
-
-    def _unpause(self, link: _Link) -> None:
-        link.paused = False
-        if link.out is None and link.buffer and not link.more:
-            link.more = True
-            self._more.append(link)
-        self._listen(link)
-
-    def _reply(self, link: _Link, reply: bytes) -> None:
-        """A call's answer (from the loop, or the worker that has the link): the connection
-        trusted if it now proved itself, and the reply sent (oneway calls have none)."""
-        self._trust(link.connection)
-        if reply:
-            self._send(link, reply)
-
-    def _send(self, link: _Link, reply: bytes) -> None:
-        """Send a reply without blocking (from the loop, or the worker that has the link):
-        what the socket does not take now is kept for :meth:`_flush`."""
-        head = _HEAD.pack(len(reply))
-        try:
-            sent = link.sock.sendmsg((head, reply))
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        if sent < 4 + len(reply):  # the rest when the socket drains (a copy only if the head is cut)
-            self._keep(link, memoryview(head[sent:] + reply) if sent < 4 else memoryview(reply)[sent - 4 :])
-
-    def _send_all(self, link: _Link, replies: list[bytes]) -> None:
-        """Send answers held for an fsync, in order, in one ``sendmsg`` (see :meth:`_send`)."""
-        if not replies:  # oneway calls
-            return
-        if len(replies) == 1:
-            self._send(link, replies[0])
-            return
-        parts = [part for reply in replies for part in (_HEAD.pack(len(reply)), reply)]
-        if len(parts) > _MAX_PARTS:  # over what one sendmsg takes: one copy
-            parts = [b"".join(parts)]
-        try:
-            sent = link.sock.sendmsg(parts)
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        if sent < sum(map(len, parts)):
-            self._keep(link, memoryview(b"".join(parts))[sent:])
-
-    def _keep(self, link: _Link, rest: memoryview) -> None:
-        link.out, link.started, link.held = rest, time.monotonic(), len(rest)
-        link.owner = self.owner_of(link.connection)
-        self.budget.hold(link.held, link.owner)  # until taken: counted like a frame, in its client's share
-
-    def _flush(self, link: _Link) -> None:
-        out = link.out
-        if out is None:
-            return
-        try:
-            sent = link.sock.send(out)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            self._close(link)
-            return
-        link.last = time.monotonic()
-        if sent < len(out):
-            link.out = out[sent:]
-            return
-        link.out, link.started = None, None
-        self._let_go(link)
-        if link.connection.close_after_reply:
-            self._close(link)
-        else:
-            self._calls(link)
-
-    # -- workers ----------------------------------------------------------------------------
-
-    def _to_worker(self, link: _Link, frame: bytes | None = None, size: int = 0, blocked: str | None = None) -> None:
-        """Give the connection to a worker, for ``frame``'s call (``size`` bytes of the budget
-        held for it), or with ``frame`` None to read a big one itself (:meth:`_work`)."""
-        link.busy, link.started = True, None
-        self._listen(link)
-        try:
-            self._workers.submit(self._work, link, frame, size, blocked)
-        except RuntimeError as e:  # no thread to be had, or shut down
-            self.budget.release(size)
-            link.busy = False
-            self._drop(link, e)
-
-    def _work(self, link: _Link, frame: bytes | None, size: int = 0, blocked: str | None = None) -> None:
-        """A worker has the connection: it runs the call the loop read (``frame``; ``blocked``:
-        its method, when it came because it would have waited on the loop), or reads, admits
-        and runs a big one (``frame`` None) as a thread per connection does; then
-        :meth:`_stay` serves its next calls, and it goes back to the loop."""
-        connection = link.connection
-        _current.connection = connection
-        error: Exception | None = None
-        try:
-            if frame is None:
-                go_on = self._serve_one(self._frames(link), connection)
-            else:
-                self._run_on_worker(link, frame, size)
-                del frame
-                go_on = not connection.close_after_reply
-            if go_on and link.out is None:
-                go_on = self._stay(link, blocked)
-            if not go_on:
-                connection.close_after_reply = True  # the peer closed, or the handler asked
-        except WouldBlock:  # a handler's mistake (may_block off the loop never raises): no answer to give
-            error = RuntimeError("a call raised WouldBlock on a worker")
-        except Exception as e:
-            error = bare(e)  # (posted to the loop: no traceback holding this call's frames)
-        finally:
-            _current.connection = None
-            try:
-                link.sock.setblocking(False)
-            except OSError:
-                pass  # closed under it (evicted): the loop's close says so
-            self._post(("done", link, error))
-
-    def _run_on_worker(self, link: _Link, frame: bytes, size: int) -> None:
-        """Run the call the loop read (``size`` bytes of the budget held for it) and answer
-        it; a call whose answer may be big holds room for it meanwhile (``answer_slots``),
-        as on a thread per connection: workers run calls at once (a receive that waits
-        gives it back while it waits)."""
-        method, seqid = call_head(frame)
-        slot, refused = self._answer_slot(method, size, link.connection)
-        try:
-            try:
-                if refused is not None:
-                    reply = self._refusal(method, seqid, refused)
-                else:
-                    reply = self._process(frame, checked=True, slot=slot)
-            finally:
-                self.budget.release(size)
-            del frame
-            owner = self.owner_of(link.connection)
-            self.budget.hold(len(reply), owner)  # the reply is made: it counts until sent (or kept)
-        finally:
-            if slot is not None:
-                slot.release()
-        try:
-            self._reply(link, reply)
-        finally:
-            self.budget.release(len(reply), owner)
-
-    def _frames(self, link: _Link) -> FrameReader:
-        """The connection's frames on a blocking socket (with the limits' timeouts), from what
-        the loop read of them already."""
-        limits = self.limits
-        return FrameReader(link.sock, limits.max_frame_bytes, limits.idle_timeout, limits.body_timeout, link.buffer)
-
-    def _stay(self, link: _Link, blocked: str | None) -> bool:
-        """Serve the connection's next calls here, as a thread per connection would, while each
-        comes within STAY_MS of the last answer and is one a worker would run anyway (a
-        call the loop does not run, a big one, or another of the method that would have
-        waited on the loop, ``blocked``): a client busy with SYNC_WAL puts or batch puts
-        pays one hand-off, not one per call. Any other call goes back to the loop, unread.
-        False once the connection is to end. A connection that has not proved who it is
-        goes back at once: waiting here for its next bytes gave a stranger a thread for the
-        body timeout (a review)."""
-        if self.unproven_bytes is not None and not (link.connection.trusted or link.connection.local):
-            return True
-        frames = self._frames(link)
-        poller = select.poll()
-        poller.register(link.sock, select.POLLIN)
-        while not self.closed:
-            if not link.buffer and not poller.poll(STAY_MS):
-                return True  # quiet: back to the loop
-            size = frames.next_size()
-            if size is None:
-                return False  # the peer closed
-            method, _ = frames.call_head()
-            if 4 + size <= self._small and self._runs_inline(method) and method != blocked:
-                return True  # the loop's to run: its bytes stay in the buffer
-            if self._unproven(size, link.connection) is not None:
-                return True  # the loop refuses it and throws its body away (no thread: _refuse_unread)
-            if not self._serve_one(frames, link.connection):
-                return False
-        return True
-
-    def _done(self, link: _Link, error: Exception | None) -> None:
-        """A worker gave the connection back."""
-        link.busy, link.started = False, None
-        if error is not None:
-            self._drop(link, error)
-            return
-        link.last = time.monotonic()
-        if link.out is None and (link.connection.close_after_reply or self.closed):
-            self._close(link)
-            return
-        self._calls(link)
-
     # -- ends -------------------------------------------------------------------------------
 
     def _sweep(self, now: float) -> None:
@@ -822,17 +444,12 @@ class LoopServer(ThreadedServer):
             ):
                 self._drop(link, TimeoutError("idle past the timeout"))
 
-    def _drop(self, link: _Link, error: Exception) -> None:
+    def _drop(self, link: Link, error: Exception) -> None:
         """End a connection for ``error``, logged as the kind of end it is."""
         self._ending(error, link.connection)
         self._close(link)
 
-    def _let_go(self, link: _Link) -> None:
-        if link.held:
-            self.budget.release(link.held, link.owner)
-            link.held = 0
-
-    def _close(self, link: _Link) -> None:
+    def _close(self, link: Link) -> None:
         if link.closed:
             return
         link.closed = True

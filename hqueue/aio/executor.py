@@ -350,6 +350,8 @@ class _Waker:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._waiting: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
+        #: The group services' Arrivals it listens to (a store served again gets a new one).
+        self.hearing: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def arm(self, queue: str, loop: asyncio.AbstractEventLoop) -> asyncio.Event:
         event = asyncio.Event()
@@ -394,7 +396,8 @@ def _waker(engine: Any, groups: Any) -> _Waker:
             events = getattr(engine, "events", None)
             if events is not None:
                 events.on_write(waker.written)
-            arrivals = getattr(groups, "arrivals", None)
-            if arrivals is not None:
-                arrivals.listen(waker.moved)
+        arrivals = getattr(groups, "arrivals", None)
+        if arrivals is not None and arrivals not in waker.hearing:  # (the engine's group service now)
+            waker.hearing.add(arrivals)
+            arrivals.listen(waker.moved)
         return waker

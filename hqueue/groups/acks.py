@@ -119,8 +119,9 @@ class GroupAcks:
         ``max_member_in_flight`` (then they wake those members' own receives only). Else
         nobody: every ack set every waiting receive looking, and 50 members waiting on a
         drained queue cost the server 5 ms an ack of another (``bench/group_abuse.py``).
-        The group's: a partition at ``max_span``, or, in key order, a key of theirs then
-        held by nobody with messages waiting."""
+        The group's: a partition at ``max_span``; in key order, a key of theirs then held
+        by nobody with messages waiting; or a member given room on a queue of several
+        partitions, which the members then share out again."""
         limits = self.limits
         capped: set[str] = set()
         if sum(len(state.leases) for state in group.partitions.values()) >= limits.max_member_in_flight:
@@ -129,6 +130,10 @@ class GroupAcks:
                 leases = self._partition(group, pid).leases
                 holders.update(lease[0] for lease in map(leases.get, ids) if lease is not None)
             capped = {m for m in holders if group.held_by(m) >= limits.max_member_in_flight}
+            if capped and len(group.members) > 1 and self.engine.queue_info(group.queue).partitions > 1:
+                # Back under its cap, a member reads its partitions again: the others' move,
+                # and one waiting may get a partition with messages (of one, all read it).
+                return (lambda: True), capped
         keyed = []
         for pid, ids in by_partition.items():
             state = self._partition(group, pid)

@@ -388,7 +388,7 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
 
     def _take(self, group: GroupState, member: str, limit: int, lease: float, since: float) -> tuple[Columns, float]:
         """What ``member`` gets now (nothing if it left after ``since``, when its receive
-        began), and seconds until a retry falls due."""
+        began), and seconds until a retry falls due or a lease runs out."""
         info = self.engine.enabled_queue(group.queue)
         now = time.monotonic()
         out = Handout()
@@ -426,6 +426,8 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
                 self._mark_if_due(group, pid, state, now, out.again, out.back)
                 if state.ready_heap:
                     next_ready = min(next_ready, max(0.001, state.ready_heap[0][0] - now))
+                if state.lease_heap:  # (a lease running out: its message goes out again)
+                    next_ready = min(next_ready, max(0.001, state.lease_heap[0][0] - now))
         if out.keys and len(out.keys) >= room and len(members) > 1:
             # At its cap now: its partitions go to the others, whose waiting receives look again.
             self._on_finished(group.queue, group.name)

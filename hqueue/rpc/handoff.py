@@ -57,10 +57,11 @@ class Handoff(ThreadedServer):
         """Give the connection to a worker, for ``frame``'s call (``size`` bytes of the budget
         held for it), or with ``frame`` None to read a big one itself (:meth:`_work`)."""
         link.busy, link.started = True, None
-        self._listen(link)
         try:
+            self._listen(link)
             self._workers.submit(self._work, link, frame, size, blocked)
-        except RuntimeError as e:  # no thread to be had, or shut down
+        except Exception as e:  # no thread to be had, shut down, or any fault before a worker had it
+            # (ended here: the loop's fault handling would wait for a worker that never had it)
             self.budget.release(size)
             link.busy = False
             self._drop(link, e)

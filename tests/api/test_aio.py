@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from hqueue import InvalidArgument, Message, MessageID, QueueDisabled, QueueNotFound, Timer
+from hqueue import HQueue, HQueueAdmin, InvalidArgument, Message, MessageID, QueueDisabled, QueueNotFound, Timer
 from hqueue.aio import AsyncHQueue, AsyncHQueueAdmin
 
 from ..processes import wait_for
@@ -859,3 +859,40 @@ def test_an_ack_wakes_an_in_process_receive_waiting_for_its_key_s_next_message(t
 
     values, took = asyncio.run(asyncio.wait_for(main(), 40))
     assert values == [b"2"] and took < 10  # (not at its next poll, 30 s away)
+
+
+def test_group_events_still_wake_an_in_process_receive_after_the_store_was_served_again(tmp_path, monkeypatch):
+    """The asyncio receives of an engine heard the group service of its first receive; a
+    server started and stopped in the process gives the store a new one (an attacker's pass)."""
+    from hqueue.aio import executor
+    from hqueue.server import HQueueServer
+
+    monkeypatch.setattr(executor, "RECEIVE_POLL", 30.0)
+    url = f"local://{tmp_path}/data"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 1)
+    with HQueue("q", url):  # (the engine, throughout)
+
+        async def first() -> None:
+            async with AsyncHQueue("q", url) as queue, queue.consumer("g0", member="z") as z:
+                assert await z.receive(1, wait=0.1) == []
+
+        asyncio.run(first())
+        HQueueServer(url, port=0).start().stop()
+
+        async def main() -> tuple[list[bytes], float]:
+            async with AsyncHQueue("q", url) as queue:
+                await queue.put([Message("k", b"1"), Message("k", b"2")], 0)
+                async with (
+                    queue.consumer("g", member="a", key_affinity="topic") as a,
+                    queue.consumer("g", member="b", key_affinity="topic") as b,
+                ):
+                    (held,) = await a.receive(1, wait=2)
+                    waiting = asyncio.ensure_future(b.receive(1, wait=20))
+                    await asyncio.sleep(0.3)
+                    started = time.monotonic()
+                    await a.ack([held])
+                    return [d.value for d in await waiting], time.monotonic() - started
+
+        values, took = asyncio.run(asyncio.wait_for(main(), 40))
+    assert values == [b"2"] and took < 10

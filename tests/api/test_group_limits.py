@@ -305,6 +305,54 @@ def test_a_member_reaching_its_cap_hands_its_partitions_to_a_member_waiting_at_o
         assert not thread.is_alive() and sorted(d.value for d in got) == [b"3", b"4"]
 
 
+def test_a_capped_member_s_ack_hands_a_waiting_member_the_partition_it_then_reads(capped_two):
+    # (only the acking member's receives were woken, but the members share the partitions
+    # out again once it has room: an attacker's pass)
+    queue, groups = capped_two
+    with (
+        queue.consumer("g", member="a") as a,
+        queue.consumer("g", member="b") as b,
+        queue.consumer("g", member="x") as x,
+    ):
+        # Given a, b, x over 2 partitions (a and x read 0, b reads 1), and a at its cap
+        for consumer in (a, b, x):
+            assert consumer.receive(10, wait=0) == []
+        queue.put([Message("t", b"%d" % i) for i in range(3)], 0)
+        held = a.receive(10, wait=2)
+        assert len(held) == 3
+        # (while a is at its cap, b reads 0 and x reads 1)
+        queue.put(Message("t", b"p1"), 1)
+        thread, got = waiting_receive(b, groups, 10)
+        # When a acks one, it reads again: b's partition is 1 again, with a message there
+        assert a.ack(held[:1]) == 1
+        # Then b takes it at once (not at its next recheck: 60 s here)
+        thread.join(10)
+        assert not thread.is_alive() and [d.value for d in got] == [b"p1"]
+
+
+@pytest.fixture(params=["embedded", "remote"])
+def short_leases(request, tmp_path, monkeypatch):
+    """Leases of a second at most; waiting receives look again only when woken (or at 60 s)."""
+    monkeypatch.setattr(group_service, "RECHECK", 60.0)
+    with queue_with_group_limits(request, tmp_path, GroupLimits(max_lease=1.0)) as queue_and_groups:
+        yield queue_and_groups
+
+
+def test_a_lease_running_out_reaches_a_member_waiting_for_its_message(short_leases):
+    queue, groups = short_leases
+    queue.put(Message("t", b"x"), 0)
+    with queue.consumer("g", member="a") as a, queue.consumer("g", member="b") as b:
+        # Given a holding the message for a second, never acking, and b waiting for messages
+        assert len(a.receive(1, wait=2)) == 1
+        started = time.monotonic()
+        got: list = []
+        thread = threading.Thread(target=lambda: got.extend(b.receive(1, wait=20)), daemon=True)
+        thread.start()
+        # Then b gets it when the lease runs out, not at its wait's end (nor at 60 s)
+        thread.join(15)
+        assert [d.value for d in got] == [b"x"] and time.monotonic() - started < 10
+
+
 def test_a_key_in_order_waiting_for_its_ack_goes_out_when_it_comes(capped):
     queue, groups = capped
     # Given a group in key order, one key's first message leased to a, and b waiting for the next

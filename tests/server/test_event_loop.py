@@ -1162,3 +1162,29 @@ def test_a_watch_the_loop_lost_track_of_is_set_right_and_its_connection_served(s
     with HQueue("q", f"hqueue://{server.address}") as queue:
         queue.put(Message("t", b"x"), partition_id=0)
         assert len(list(queue.scan(partition_id=0))) == 4
+
+
+def test_a_fault_handing_a_call_to_a_worker_ends_that_connection_and_frees_what_it_held(server, monkeypatch):
+    """A fault between the loop's giving a connection to a worker and a worker's having it
+    left it busy for good: its place, descriptor and budget held, and the server's stop
+    waited 10 s for it (an attacker's pass)."""
+    loop = server._server
+    submit, faults = loop._workers.submit, []
+
+    def failing(fn, *args):
+        if not faults:
+            faults.append(1)
+            raise MemoryError("a fault of the server's own, before a worker has the connection")
+        submit(fn, *args)
+
+    monkeypatch.setattr(loop._workers, "submit", failing)
+    with connect(server) as victim:
+        victim.sendall(call_frame("listQueues", 1))  # (not run on the loop: a worker's)
+        assert closed_by_server(victim, 10)
+    wait_for(lambda: not loop._links and loop.connections == 0, 10, "the connection to end")
+    assert faults and loop.budget.used == 0
+    with HQueue("q", f"hqueue://{server.address}") as queue:  # (served on)
+        queue.put(Message("t", b"x"), partition_id=0)
+    started = time.monotonic()
+    server.stop()
+    assert time.monotonic() - started < 5

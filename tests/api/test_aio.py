@@ -831,33 +831,33 @@ def test_a_subscriber_starting_while_its_queue_closes_is_stopped(api_url, queue_
     wait_for(lambda: not subscriber_threads(), 10, "the subscriber's threads to end")
 
 
+async def key_in_order_handed_on(url: str) -> tuple[list[bytes], float]:
+    """Queue q's key k: a holds its first message, b waits for the next; a acks. What b
+    got, and how long after the ack."""
+    async with AsyncHQueue("q", url) as queue:
+        await queue.put([Message("k", b"1"), Message("k", b"2")], 0)
+        async with (
+            queue.consumer("g", member="a", key_affinity="topic") as a,
+            queue.consumer("g", member="b", key_affinity="topic") as b,
+        ):
+            (first,) = await a.receive(1, wait=2)
+            waiting = asyncio.ensure_future(b.receive(1, wait=20))
+            await asyncio.sleep(0.3)  # (b waits: the key's next message is out until the ack)
+            started = time.monotonic()
+            await a.ack([first])
+            return [d.value for d in await waiting], time.monotonic() - started
+
+
 def test_an_ack_wakes_an_in_process_receive_waiting_for_its_key_s_next_message(tmp_path, monkeypatch):
     """On an embedded store an asyncio receive was woken by writes only: one waiting for a
-    key in order's next message (out until acked) looked again at its next poll, so a
-    key's messages went at most one per poll."""
+    key in order's next message (out until acked) looked again at its next poll."""
     from hqueue.aio import executor
 
     monkeypatch.setattr(executor, "RECEIVE_POLL", 30.0)
-
-    async def main() -> tuple[list[bytes], float]:
-        url = f"local://{tmp_path}/data"
-        async with AsyncHQueueAdmin(url) as admin:
-            await admin.create_queue("q", 1)
-        async with AsyncHQueue("q", url) as queue:
-            await queue.put([Message("k", b"1"), Message("k", b"2")], 0)
-            async with (
-                queue.consumer("g", member="a", key_affinity="topic") as a,
-                queue.consumer("g", member="b", key_affinity="topic") as b,
-            ):
-                (first,) = await a.receive(1, wait=2)
-                waiting = asyncio.ensure_future(b.receive(1, wait=20))
-                await asyncio.sleep(0.3)  # (b waits: the key's next message is out until the ack)
-                started = time.monotonic()
-                await a.ack([first])
-                got = await waiting
-                return [d.value for d in got], time.monotonic() - started
-
-    values, took = asyncio.run(asyncio.wait_for(main(), 40))
+    url = f"local://{tmp_path}/data"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 1)
+    values, took = asyncio.run(asyncio.wait_for(key_in_order_handed_on(url), 40))
     assert values == [b"2"] and took < 10  # (not at its next poll, 30 s away)
 
 
@@ -879,20 +879,5 @@ def test_group_events_still_wake_an_in_process_receive_after_the_store_was_serve
 
         asyncio.run(first())
         HQueueServer(url, port=0).start().stop()
-
-        async def main() -> tuple[list[bytes], float]:
-            async with AsyncHQueue("q", url) as queue:
-                await queue.put([Message("k", b"1"), Message("k", b"2")], 0)
-                async with (
-                    queue.consumer("g", member="a", key_affinity="topic") as a,
-                    queue.consumer("g", member="b", key_affinity="topic") as b,
-                ):
-                    (held,) = await a.receive(1, wait=2)
-                    waiting = asyncio.ensure_future(b.receive(1, wait=20))
-                    await asyncio.sleep(0.3)
-                    started = time.monotonic()
-                    await a.ack([held])
-                    return [d.value for d in await waiting], time.monotonic() - started
-
-        values, took = asyncio.run(asyncio.wait_for(main(), 40))
+        values, took = asyncio.run(asyncio.wait_for(key_in_order_handed_on(url), 40))
     assert values == [b"2"] and took < 10

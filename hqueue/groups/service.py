@@ -428,8 +428,9 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
                     next_ready = min(next_ready, max(0.001, state.ready_heap[0][0] - now))
                 if state.lease_heap:  # (a lease running out: its message goes out again)
                     next_ready = min(next_ready, max(0.001, state.lease_heap[0][0] - now))
-        if out.keys and len(out.keys) >= room and len(members) > 1:
-            # At its cap now: its partitions go to the others, whose waiting receives look again.
+        if out.keys and len(out.keys) >= room and len(members) > 1 and info.partitions > 1:
+            # At its cap now: the others share its partitions out, and their waiting receives
+            # look again (of one partition, all read it: nothing moves).
             self._on_finished(group.queue, group.name)
         return out.columns(), next_ready
 

@@ -3,16 +3,18 @@
 A receive that found nothing to take waits for something that may give it
 some: a write to its queue (new messages, a timer fired); a nack,
 dead-letter or leave in its group, or an ack that frees a partition at its
-``max_span`` or a key in order (a message back, a member gone); or an ack of
-its own member's messages while the member holds all it may
-(``max_member_in_flight``). Each is a generation: a receive notes its
+``max_span`` or a key in order (a message back, a member gone); a member of
+its group reaching its ``max_member_in_flight``, or given room under it, on
+a queue of several partitions (the members share them out again); or, on a
+queue of one, an ack of its own member's messages while the member holds
+all it may. Each is a generation: a receive notes its
 queue's, its group's and its member's before it looks for messages, and
 waits only while none has moved since, so nothing that happens between its
 look and its wait is missed.
 
 Each waiting (queue, group, member) has its own condition (all on one lock):
 a write wakes the receives of its queue, a group's event those of its group,
-a member's room those of that member only. Before, one condition per queue
+a member's room (one partition) those of that member only. Before, one condition per queue
 served every group and member: 50 members of a group waiting on a drained
 queue were all woken by each ack of another member (5 ms of server CPU an
 ack, ``bench/group_abuse.py``), each to go back to waiting.
@@ -51,7 +53,8 @@ class Arrivals:
 
     def listen(self, listener: Callable[[str], None]) -> None:
         """Call ``listener(queue)`` after each ack, nack, dead-letter, leave, cap reached or
-        group gone that may give a receive of ``queue`` something (from the thread of the call)."""
+        group gone that may give a receive of ``queue`` something (from the thread of the
+        call, which may hold the group's lock: a listener takes no lock but its own)."""
         with self._lock:
             self._listeners = (*self._listeners, listener)
 

@@ -206,20 +206,27 @@ def may_block() -> None:
         raise WouldBlock
 
 
+#: The peer shut its side (Linux); elsewhere only a full close (POLLHUP) is seen.
+_RDHUP = getattr(select, "POLLRDHUP", 0)
+
+
 def closed_with_nothing_unread(fd: int) -> bool:
     """Whether the peer of socket ``fd`` shut its side (or reset) and nothing it sent is
     left unread, from the kernel: a poll and a count, neither of which waits (a peek
     would, on a socket with a timeout in Python), the same for a TLS connection's socket."""
     poller = select.poll()
-    poller.register(fd, select.POLLIN | select.POLLRDHUP)
+    poller.register(fd, select.POLLIN | _RDHUP)
     ready = poller.poll(0)
     mask = ready[0][1] if ready else 0
-    if mask & select.POLLNVAL or not mask & (select.POLLRDHUP | select.POLLHUP | select.POLLERR):
+    if mask & select.POLLNVAL or not mask & (_RDHUP | select.POLLHUP | select.POLLERR):
         return False  # (the client is there)
     if mask & select.POLLERR:
         return True  # reset
     unread = array.array("i", [0])
-    fcntl.ioctl(fd, termios.FIONREAD, unread)
+    try:
+        fcntl.ioctl(fd, termios.FIONREAD, unread)
+    except OSError:
+        return False  # (closed here meanwhile: nothing to tell)
     return unread[0] == 0
 
 

@@ -243,13 +243,8 @@ class LoopServer(Answers, Handoff, Watching):
             with contextlib.suppress(OSError):
                 link.sock.shutdown(socket.SHUT_RDWR)
             return
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # (its steps each run: see _close)
             self._close(link)
-        if not link.closed or self._watched(link) is not None:  # (its close failed part way)
-            link.closed = True
-            self._links.pop(link.connection.id, None)
-            with contextlib.suppress(Exception):
-                self._unwatch(link)
 
     def _closing(self) -> bool:
         """The server is closed: close what is idle; True once nothing is left."""
@@ -453,7 +448,13 @@ class LoopServer(Answers, Handoff, Watching):
         if link.closed:
             return
         link.closed = True
-        self._let_go(link)
-        self._unwatch(link)  # (by the selector's key, not link.events alone: the loop's state is not trusted here)
-        self._links.pop(link.connection.id, None)
-        self._ended(link.connection, link.sock)
+        try:  # (each step, whatever the one before did: a close that failed part way kept its place)
+            self._let_go(link)
+        finally:
+            try:
+                self._unwatch(
+                    link
+                )  # (by the selector's key, not link.events alone: the loop's state is not trusted here)
+            finally:
+                self._links.pop(link.connection.id, None)
+                self._ended(link.connection, link.sock)

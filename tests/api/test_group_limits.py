@@ -290,14 +290,22 @@ def capped_two(request, tmp_path, monkeypatch):
         yield queue_and_groups
 
 
-def test_a_member_reaching_its_cap_hands_its_partitions_to_a_member_waiting_at_once(capped_two):
+def test_a_member_reaching_its_cap_hands_its_partitions_to_a_member_waiting_at_once(capped_two, monkeypatch):
     # (the waiting member looked again only at its next recheck, a second by default)
     queue, groups = capped_two
+    looks: list[str] = []
+    take = groups._take
+    monkeypatch.setattr(
+        groups, "_take", lambda group, member, *rest: (looks.append(member), take(group, member, *rest))[1]
+    )
     with queue.consumer("g", member="a") as a, queue.consumer("g", member="b") as b:
         # Given b waiting on its partition (1, empty), a reading partition 0, which has 5
         assert a.receive(10, wait=0) == []  # (a is a member)
         thread, got = waiting_receive(b, groups, 10)
+        looked = looks.count("b")
         queue.put([Message("t", b"%d" % i) for i in range(5)], 0)
+        # (the write wakes b, which finds nothing on its partition, and waits again)
+        wait_for(lambda: looks.count("b") > looked and groups.arrivals.waiting("q") == 1, 10, "b to wait again")
         # When a takes the 3 it may hold
         assert len(a.receive(10, wait=2)) == 3
         # Then partition 0 is b's while a is at its cap: b takes the other 2 at once

@@ -114,7 +114,8 @@ def test_a_server_that_answered_in_plain_is_not_asked_if_it_speaks_tls_when_a_co
 ):
     """A plain client whose connection a server closed asked it, on a new connection, whether
     it speaks TLS (to say so if it did): each connection evicted from a server at its
-    --max-connections cost it one more, logged as a bad frame. Not once it answered in plain."""
+    --max-connections cost it one more, logged as a bad frame. Not right after it answered
+    in plain; again once it failed with no answer between (a server restarted with TLS)."""
     from hqueue.aio.client import engine as aio_engine
     from hqueue.rpc import failures
 
@@ -122,33 +123,29 @@ def test_a_server_that_answered_in_plain_is_not_asked_if_it_speaks_tls_when_a_co
     asked = lambda host, port, seconds: probes.append(port) or False  # noqa: E731
     monkeypatch.setattr(failures, "speaks_tls", asked)
     monkeypatch.setattr(aio_engine, "speaks_tls", asked)
-
-    def broken_change(calls_first: bool) -> None:
-        front = Relay(("127.0.0.1", server.port), breaks=1, on=b"createQueue")
-        url = f"hqueue://{front.address}?timeout=10"
-        try:
-            if front_end == "blocking":
-                with HQueueAdmin(url) as admin:
-                    if calls_first:
-                        assert [info.name for info in admin.list_queues()] == ["q"]
-                    with pytest.raises(ServerUnavailable, match="closed the connection|reset"):
+    front = Relay(("127.0.0.1", server.port), breaks=2, on=b"createQueue")
+    url, broken = f"hqueue://{front.address}?timeout=10", "closed the connection|reset"
+    probed: list[int] = []
+    try:
+        if front_end == "blocking":
+            with HQueueAdmin(url) as admin:
+                assert [info.name for info in admin.list_queues()] == ["q"]
+                for _ in range(2):
+                    with pytest.raises(ServerUnavailable, match=broken):
                         admin.create_queue("made-once", 1)
-            else:
+                    probed.append(len(probes))
+        else:
 
-                async def main() -> None:
-                    async with AsyncHQueueAdmin(url) as admin:
-                        if calls_first:
-                            assert [info.name for info in await admin.list_queues()] == ["q"]
-                        with pytest.raises(ServerUnavailable, match="closed the connection|reset"):
+            async def main() -> None:
+                async with AsyncHQueueAdmin(url) as admin:
+                    assert [info.name for info in await admin.list_queues()] == ["q"]
+                    for _ in range(2):
+                        with pytest.raises(ServerUnavailable, match=broken):
                             await admin.create_queue("made-once", 1)
+                        probed.append(len(probes))
 
-                asyncio.run(main())
-        finally:
-            front.close()
-
-    # A client the server answered in plain: no probe
-    broken_change(calls_first=True)
-    assert probes == []
-    # One whose first call breaks still asks (a plain client at a TLS server is told so)
-    broken_change(calls_first=False)
-    assert len(probes) == 1
+            asyncio.run(main())
+    finally:
+        front.close()
+    # The failure right after an answer: no probe; the next, with no answer between: one
+    assert probed == [0, 1]

@@ -1188,3 +1188,26 @@ def test_a_fault_handing_a_call_to_a_worker_ends_that_connection_and_frees_what_
     started = time.monotonic()
     server.stop()
     assert time.monotonic() - started < 5
+
+
+def test_a_close_that_fails_part_way_still_ends_its_connection(server, monkeypatch):
+    """A close whose first step raised kept the connection among the loop's, its place and
+    descriptor held, its callbacks (a member's leases) not run, and the stop waiting 10 s
+    for it (a review)."""
+    loop = server._server
+    let_go, faults = loop._let_go, []
+
+    def failing(link):
+        if not faults:
+            faults.append(link.connection.id)
+            raise RuntimeError("a fault of the server's own, closing")
+        let_go(link)
+
+    monkeypatch.setattr(loop, "_let_go", failing)
+    with connect(server) as victim:
+        victim.sendall(call_frame("getQueue", 1, queue="q"))
+        assert read_reply(victim) == ("getQueue", 1)
+    wait_for(lambda: faults and not loop._links and loop.connections == 0, 10, "the connection to end")
+    started = time.monotonic()
+    server.stop()
+    assert time.monotonic() - started < 5

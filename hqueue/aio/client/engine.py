@@ -139,7 +139,9 @@ class AsyncRemoteEngine:
             loop = asyncio.get_running_loop()
             seconds = PROBE_SECONDS if deadline is None else min(PROBE_SECONDS, deadline - loop.time())
             pool = self._pools.get(address)
-            spoke = pool is not None and pool.answered  # (as the blocking client's)
+            spoke = pool is not None and pool.answered  # (as the blocking client's _spoke_plain)
+            if pool is not None:
+                pool.answered = False
             if not (self.closed or spoke) and seconds > 0.05 and would_probe(cause, self.tls):
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(seconds):

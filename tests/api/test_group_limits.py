@@ -222,6 +222,16 @@ def waiting_receive(consumer, groups, want: int, waiting: int = 1) -> tuple[thre
     return thread, got
 
 
+def counted_looks(groups, monkeypatch) -> list[str]:
+    """The members whose receives look for messages, one entry a look, from now on."""
+    looks: list[str] = []
+    take = groups._take
+    monkeypatch.setattr(
+        groups, "_take", lambda group, member, *rest: (looks.append(member), take(group, member, *rest))[1]
+    )
+    return looks
+
+
 @pytest.mark.parametrize("finish", ["ack", "nack", "dead_letter"])
 def test_a_member_at_its_cap_waiting_in_a_receive_gets_the_room_its_ack_gives_at_once(capped, finish):
     # Given a member holding the 3 messages it may, waiting in a receive for more
@@ -254,11 +264,7 @@ def test_an_ack_giving_a_member_at_its_cap_room_wakes_its_receives_and_no_other_
     # (50 members waiting on a drained queue were each set looking by every ack of a member
     # at its cap, which frees nothing for them: 5 ms of server CPU an ack, bench/group_abuse.py)
     queue, groups = capped
-    looks: list[str] = []
-    take = groups._take
-    monkeypatch.setattr(
-        groups, "_take", lambda group, member, *rest: (looks.append(member), take(group, member, *rest))[1]
-    )
+    looks = counted_looks(groups, monkeypatch)
     queue.put([Message("t", b"%d" % i) for i in range(5)], 0)
     with queue.consumer("g", member="a") as a, queue.consumer("g", member="b") as b:
         # Given a at its cap (3), and b holding the other 2 and waiting for more of the drained queue
@@ -293,11 +299,7 @@ def capped_two(request, tmp_path, monkeypatch):
 def test_a_member_reaching_its_cap_hands_its_partitions_to_a_member_waiting_at_once(capped_two, monkeypatch):
     # (the waiting member looked again only at its next recheck, a second by default)
     queue, groups = capped_two
-    looks: list[str] = []
-    take = groups._take
-    monkeypatch.setattr(
-        groups, "_take", lambda group, member, *rest: (looks.append(member), take(group, member, *rest))[1]
-    )
+    looks = counted_looks(groups, monkeypatch)
     with queue.consumer("g", member="a") as a, queue.consumer("g", member="b") as b:
         # Given b waiting on its partition (1, empty), a reading partition 0, which has 5
         assert a.receive(10, wait=0) == []  # (a is a member)

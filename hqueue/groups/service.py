@@ -413,6 +413,9 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
                     self._expire(group, pid, state, now)
             room = self.limits.max_member_in_flight - group.held_by(member)
             limit = min(limit, room)
+            if room <= 0:  # at its cap: it gets room when a lease of its runs out, if not acked first
+                heads = [state.lease_heap[0][0] for state in group.partitions.values() if state.lease_heap]
+                next_ready = min([next_ready, *(max(0.001, head - now) for head in heads)])
             for pid in mine:
                 if len(out.keys) >= limit or out.full:
                     break

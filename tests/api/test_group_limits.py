@@ -363,6 +363,27 @@ def test_a_lease_running_out_reaches_a_member_waiting_for_its_message(short_leas
         assert [d.value for d in got] == [b"x"] and time.monotonic() - started < 10
 
 
+@pytest.fixture(params=["embedded", "remote"])
+def capped_short(request, tmp_path, monkeypatch):
+    """Members hold 3 at most, for a second at most; receives look again only when woken (or at 60 s)."""
+    monkeypatch.setattr(group_service, "RECHECK", 60.0)
+    limits = GroupLimits(max_member_in_flight=3, max_lease=1.0)
+    with queue_with_group_limits(request, tmp_path, limits) as queue_and_groups:
+        yield queue_and_groups
+
+
+def test_a_member_at_its_cap_gets_room_when_its_own_lease_runs_out(capped_short):
+    # (its receive looked again only at its recheck: its look stopped before the leases)
+    queue, _ = capped_short
+    queue.put([Message("t", b"%d" % i) for i in range(3)], 0)
+    with queue.consumer("g", member="a") as a:
+        assert len(a.receive(10, wait=2)) == 3  # at its cap, never acked
+        started = time.monotonic()
+        again = a.receive(10, wait=20)
+        assert len(again) == 3 and {d.attempt for d in again} == {2}
+        assert time.monotonic() - started < 10  # (its leases ran out after a second)
+
+
 def test_a_key_in_order_waiting_for_its_ack_goes_out_when_it_comes(capped):
     queue, groups = capped
     # Given a group in key order, one key's first message leased to a, and b waiting for the next

@@ -94,7 +94,7 @@ from ..keys.timers import Timer, check_dues, kept_dues, timer_handles
 from ..message import Message, MessageID
 from ..requests import Lane, Lanes
 from ..rpc import packed, wire
-from ..rpc.failures import PROBE_SECONDS, explain
+from ..rpc.failures import PROBE_SECONDS, explain, spoke_plain
 from ..rpc.spin import DEFAULT_CLIENT_POLL_US, env_poll_us, parse_poll_us
 from ..scanner import Scan
 from .cursor import RemoteCursor
@@ -395,22 +395,12 @@ class RemoteEngine:
             host, _, port = address.rpartition(":")
             # (a TLS probe within the call's time; none once this client closed, which made the failure, nor
             # once the server answered in plain: a probe per evicted connection loaded a server at its limit)
-            spoke = self._spoke_plain(address)
+            spoke = spoke_plain(self._pools.get(address))
             left = 0.0 if self.closed or spoke else min(PROBE_SECONDS, deadline - time.monotonic())
             why = explain(host, int(port), cause, self.tls, probe_seconds=left)
             error = ServerUnavailable(f"hqueue server {address}: {why}")
         error.maybe_sent = sent
         return error
-
-    def _spoke_plain(self, address: str) -> bool:
-        """Whether the server at ``address`` answered in plain text since its last connection
-        closed unanswered (then it is not asked whether it speaks TLS: only the first such
-        failure after an answer goes unasked, so a server restarted with TLS is still found)."""
-        pool = self._pools.get(address)
-        if pool is None or not pool.answered:
-            return False
-        pool.answered = False
-        return True
 
     # -- calls ----------------------------------------------------------------------
 

@@ -327,8 +327,7 @@ class Pool:
             self.host = host[1:-1]
         self.token, self.ssl_context = token, ssl_context
         self._idle: queue_module.SimpleQueue = queue_module.SimpleQueue()
-        #: The server answered a call here: it speaks what this pool speaks (rpc/failures.py
-        #: asks no more whether it speaks TLS when it closes a connection).
+        #: The server answered a call here since its last failure (rpc/failures.spoke_plain).
         self.answered = False
 
     def take(self, deadline: float | None = None) -> Connection:

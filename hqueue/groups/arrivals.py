@@ -94,17 +94,14 @@ class Arrivals:
         """A write to ``queue``: every receive waiting on it looks again."""
         with self._lock:
             self._generations[queue] = self._generations.get(queue, 0) + 1
-            for condition, _ in self._waiting.get(queue, {}).values():
-                condition.notify_all()
+            self._wake(queue)
 
     def finished(self, queue: str, group: str) -> None:
         """A nack, dead-letter, leave, or an ack freeing what any member may wait for in
         ``group``: its waiting receives look again."""
         with self._lock:
             self._generations[(queue, group)] = self._generations.get((queue, group), 0) + 1
-            for (of, _), (condition, _) in self._waiting.get(queue, {}).items():
-                if of == group:
-                    condition.notify_all()
+            self._wake(queue, group)
         self._tell(queue)
 
     def freed(self, queue: str, group: str, members: Iterable[str]) -> None:
@@ -171,7 +168,11 @@ class Arrivals:
                 for key in [k for k in self._generations if k == queue or (isinstance(k, tuple) and k[0] == queue)]:
                     del self._generations[key]
             self._forgets += 1
-            for (of, _), (condition, _) in self._waiting.get(queue, {}).items():
-                if group is None or of == group:
-                    condition.notify_all()
+            self._wake(queue, group)
         self._tell(queue)
+
+    def _wake(self, queue: str, group: str | None = None) -> None:
+        """(Under the lock.) Wake the receives waiting on ``queue``: all, or ``group``'s."""
+        for (of, _), (condition, _) in self._waiting.get(queue, {}).items():
+            if group is None or of == group:
+                condition.notify_all()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+from typing import Any
 
 from thriftpy2.transport import TTransportException
 
@@ -101,6 +102,18 @@ def would_probe(error: BaseException, tls: bool | None) -> bool:
     """Whether :func:`explain` asks the server if it speaks TLS: a plain hqueue connection it
     closed without an answer (what a TLS server does with one)."""
     return tls is False and _reset(unwrapped(error))
+
+
+def spoke_plain(pool: Any) -> bool:
+    """Whether the server of ``pool`` (a client's connections to it, blocking or asyncio)
+    answered it in plain text since its last connection closed unanswered; then that
+    failure is not probed for TLS (a probe per connection a server at its limit closed
+    cost it one more). Only the first failure after an answer goes unasked: a server
+    restarted with TLS is still found at the next."""
+    if pool is None or not pool.answered:
+        return False
+    pool.answered = False
+    return True
 
 
 def speaks_tls(host: str, port: int, seconds: float = PROBE_SECONDS) -> bool:

@@ -59,7 +59,7 @@ from ...keys.timers import Timer, check_dues, kept_dues, timer_handles
 from ...message import Message, MessageID
 from ...requests import Lane, Lanes
 from ...rpc import packed, wire
-from ...rpc.failures import PROBE_SECONDS, explain, speaks_tls, would_probe
+from ...rpc.failures import PROBE_SECONDS, explain, speaks_tls, spoke_plain, would_probe
 from ...scanner import Scan
 from .cursor import AsyncRemoteCursor
 from .groups import AsyncRemoteGroups
@@ -138,10 +138,7 @@ class AsyncRemoteEngine:
             speaks = False
             loop = asyncio.get_running_loop()
             seconds = PROBE_SECONDS if deadline is None else min(PROBE_SECONDS, deadline - loop.time())
-            pool = self._pools.get(address)
-            spoke = pool is not None and pool.answered  # (as the blocking client's _spoke_plain)
-            if pool is not None:
-                pool.answered = False
+            spoke = spoke_plain(self._pools.get(address))
             if not (self.closed or spoke) and seconds > 0.05 and would_probe(cause, self.tls):
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(seconds):

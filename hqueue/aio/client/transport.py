@@ -193,7 +193,7 @@ class AsyncPool:
         self._lent = 0  # for calls, and taking
         self._room: collections.deque[asyncio.Future[None]] = collections.deque()
         self.closed = False
-        #: The server answered a call here (client/pool.py's Pool.answered).
+        #: The server answered a call here since its last failure (rpc/failures.spoke_plain).
         self.answered = False
 
     def take_idle(self, call: bool = False) -> AsyncConnection | None:

@@ -1,18 +1,21 @@
 """What SYNC_WAL writers cost their neighbours on one server: an ASYNC_WAL client's latency.
 
 Usage:
-    python bench/sync_neighbours.py [--tree NAME=DIR ...] [--runs 2] [--writers 4] [--samples 1500]
+    python bench/sync_neighbours.py [--tree NAME=DIR ...] [--runs 2] [--writers 4] [--samples 1500] [--batch 1]
 
 ``hqueue server`` (embedded store) from each ``--tree`` (default: this
 checkout; name another source tree to compare two versions in one run),
 systems interleaved, ``--runs`` times. In each: ``--writers`` threads put
 one 100-byte message at a time to a SYNC_WAL queue (4 partitions, a
-connection each), without pause; meanwhile one client puts ``--samples``
-single messages to an ASYNC_WAL queue, one at a time. Reported: that
-client's put latency p50 / p99, and the SYNC_WAL writers' rate meanwhile.
-Before SYNC_WAL writes on the event loop shared one fsync a turn, each
-held the loop (and the GIL) through its own fsync, and the ASYNC_WAL
-client waited behind them.
+connection each), without pause (``--batch``: that many in each put);
+meanwhile one client puts ``--samples`` single messages to an ASYNC_WAL
+queue, one at a time. Reported: that client's put latency p50 / p99, and
+the SYNC_WAL writers' rate meanwhile (messages a second). Before SYNC_WAL
+writes on the event loop shared one fsync a turn, each held the loop (and
+the GIL) through its own fsync, and the ASYNC_WAL client waited behind
+them. Batches of 1,000 are run by the server's workers, whose fsyncs held
+the GIL, and so the loop, until hqueue synced the WAL itself
+(storage/walsync.py).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ HERE = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 MESSAGE = Message("crawler", b"x" * 93)
 
 
-def one_run(name: str, tree: str, writers: int, samples: int) -> dict:
+def one_run(name: str, tree: str, writers: int, samples: int, batch: int) -> dict:
     workdir = tempfile.mkdtemp(prefix="hqueue-bench-neighbours-")
     proc, port = start_hqueue(workdir, tree=tree)
     try:
@@ -48,9 +51,10 @@ def one_run(name: str, tree: str, writers: int, samples: int) -> dict:
 
         def sync_writer(pid: int) -> None:
             with HQueue("s", url) as queue:
+                messages = MESSAGE if batch == 1 else [MESSAGE] * batch
                 while not stop.is_set():
-                    queue.put(MESSAGE, partition_id=pid % 4)
-                    count[0] += 1
+                    queue.put(messages, partition_id=pid % 4)
+                    count[0] += batch
 
         threads = [threading.Thread(target=sync_writer, args=(n,)) for n in range(writers)]
         for thread in threads:
@@ -86,12 +90,16 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--writers", type=int, default=4)
     parser.add_argument("--samples", type=int, default=1500)
+    parser.add_argument("--batch", type=int, default=1, help="messages in each SYNC_WAL put")
     parser.add_argument("--json")
     args = parser.parse_args()
     trees = [tuple(t.split("=", 1)) for t in args.tree] or [("hqueue", HERE)]
-    rows = [one_run(name, tree, args.writers, args.samples) for _ in range(args.runs) for name, tree in trees]
+    rows = [
+        one_run(name, tree, args.writers, args.samples, args.batch) for _ in range(args.runs) for name, tree in trees
+    ]
     report(
-        f"an ASYNC_WAL client's single puts beside {args.writers} SYNC_WAL writers, one server; one row a run",
+        f"an ASYNC_WAL client's single puts beside {args.writers} SYNC_WAL writers (puts of {args.batch}), one "
+        "server; one row a run",
         rows, ["system", "async_p50_ms", "async_p99_ms", "sync_writes_s"], args.json,
     )  # fmt: skip
 

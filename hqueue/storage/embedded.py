@@ -16,8 +16,8 @@ Layout:
 
 Durability maps onto RocksDB's write options: ``SYNC_WAL`` fsyncs the WAL
 before a batch is acknowledged (concurrent writers share one write and one
-fsync: the commit queue of storage/commits.py), ``ASYNC_WAL`` writes the WAL without fsync, ``SKIP_WAL``
-disables it.
+fsync: the commit queue of storage/commits.py; the fsync is hqueue's own, which lets the GIL
+go: storage/walsync.py), ``ASYNC_WAL`` writes the WAL without fsync, ``SKIP_WAL`` disables it.
 
 TTL: rows carry their write time in the rowkey, so expired rows are hidden by
 starting every scan at ``now - ttl``; space is reclaimed by a range delete of
@@ -59,6 +59,7 @@ from .commits import Fill, GroupCommit, cells_filler, meta_filler
 from .fence import Fence, LocalFences, Token
 from .healing import Healing
 from .lockholder import lock_holder
+from .walsync import WalSync
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +165,7 @@ class EmbeddedStorage(Healing, Storage):
         self._write_options = {d: _write_options(d) for d in Durability.ALL}
         #: SYNC_WAL writes go through it: concurrent ones share one write and one fsync.
         self._commit = GroupCommit(self._write_synced)
+        self._wal = WalSync(self.path)
         #: Per thread: whether its SYNC_WAL writes wait for settle(), and whether some do now.
         self._deferral = _Deferral()
         self._infos: dict[str, QueueInfo] = {}
@@ -189,7 +191,21 @@ class EmbeddedStorage(Healing, Storage):
         logger.debug("opened embedded store %s with %d queues", self.path, len(self._infos))
 
     def _write_synced(self, batch: rocksdict.WriteBatch) -> None:
-        self._db.write(batch, self._write_options[Durability.SYNC_WAL])
+        """Write ``batch`` and make it durable, the GIL let go for the fsync (walsync.py), but
+        on a thread that defers its syncs (a server's event loop, which every connection
+        waits for): that one keeps the GIL through its fsync, as rocksdict does, because a
+        thread that lets it go waits for a busy one to give it back, up to the interpreter's
+        switch interval (5 ms)."""
+        if self._deferral.on:
+            self._db.write(batch, self._write_options[Durability.SYNC_WAL])
+            return
+        if not batch.is_empty():
+            self._db.write(batch, self._write_options[Durability.ASYNC_WAL])
+        try:
+            self._wal.sync()
+        except OSError as e:  # what the kernel was to write may be gone: only a reopen tells
+            self._failed = True
+            raise StorageError(f"embedded store {self.path}: syncing its WAL failed: {e}") from e
 
     def _write_durably(self, fill: Fill) -> None:
         """A SYNC_WAL write: through the group commit, or, on a thread that defers its syncs,
@@ -581,4 +597,5 @@ class EmbeddedStorage(Healing, Storage):
                 self._db.close()
             except Exception as e:  # a store that failed (a full disk) still closes
                 logger.warning("closing embedded store %s: %s", self.path, e)
+            self._wal.close()
             logger.debug("closed embedded store %s", self.path)

@@ -1,8 +1,12 @@
-"""Group commit on the embedded store (storage/commits.py): concurrent SYNC_WAL
-writes share one RocksDB write, and a group is stored whole or not at all."""
+"""SYNC_WAL writes on the embedded store. Group commit (storage/commits.py): concurrent
+writes share one RocksDB write, and a group is stored whole or not at all. The WAL's
+fsync (storage/walsync.py): ``os.fdatasync``, which lets the GIL go, on the file that
+holds the write, before the write returns."""
 
 from __future__ import annotations
 
+import errno
+import os
 import threading
 
 import pytest
@@ -11,6 +15,7 @@ import rocksdict
 from hqueue.config import Durability, QueueInfo
 from hqueue.errors import Fenced, StorageError
 from hqueue.message import MessageID, encode_rowkey
+from hqueue.storage import walsync
 from hqueue.storage.commits import GroupCommit
 from hqueue.storage.embedded import EmbeddedStorage
 
@@ -48,15 +53,13 @@ def test_concurrent_sync_writes_from_many_threads_share_groups_and_all_are_store
         assert len(store.scan("q", rowkey(pid, 0), rowkey(pid, 50), limit=100)) == 50
     assert store._commit.writes >= 800  # the fences' own writes go the same way
     assert store._commit.groups < store._commit.writes
-    assert store._commit.gathers > 0
 
 
 def test_a_lone_writer_never_waits_for_company(store):
     # Given one thread writing SYNC_WAL batches one after another
     for n in range(200):
         store.write("q", [(rowkey(0, n), b"v")], Durability.SYNC_WAL)
-    # Then each went at once, alone: no leader waited for others
-    assert store._commit.gathers == 0
+    # Then each went at once, alone
     assert store._commit.groups == store._commit.writes >= 200
 
 
@@ -116,33 +119,10 @@ def test_a_group_with_a_bad_write_fails_every_writer_in_it_and_stores_none(tmp_p
     db.close()
 
 
-def test_one_writer_whose_calls_rotate_over_threads_seldom_waits(store):
-    # Given writes one after another, each from the next of 4 threads (a client's calls
-    # landing on a server's connection threads in turn)
-    turns = [threading.Event() for _ in range(4)]
-
-    def write(t: int) -> None:
-        for n in range(t, 400, 4):
-            turns[t].wait(10)
-            turns[t].clear()
-            store.write("q", [(rowkey(0, n), b"v")], Durability.SYNC_WAL)
-            turns[(t + 1) % 4].set()
-
-    writers = [threading.Thread(target=write, args=(t,)) for t in range(4)]
-    for w in writers:
-        w.start()
-    turns[0].set()
-    for w in writers:
-        w.join()
-    # Then the waits that found nobody grew rare: nowhere near one a write
-    assert store._commit.groups == store._commit.writes >= 400
-    assert store._commit.gathers < 400 / 8, store._commit.gathers
-
-
 def test_a_writer_interrupted_while_it_waits_is_never_written_and_holds_up_nobody(monkeypatch):
     """Ctrl-C in a process holding the store lands in a waiting writer: its fill must leave
     the queue (no leader may write it once its caller holds no lock of the partition), and
-    an interrupted leader must hand on, or every later SYNC_WAL write would wait for ever."""
+    the writes after it must go on."""
     filled: list[str] = []
     in_write, go_on = threading.Event(), threading.Event()
 
@@ -170,13 +150,7 @@ def test_a_writer_interrupted_while_it_waits_is_never_written_and_holds_up_nobod
     monkeypatch.setattr(commits._cond, "wait", wait)
     go_on.set()
     leader.join(10)
-    # A leader: interrupted while it waits for company
-    commits._crowded = True
-    monkeypatch.setattr(commits._cond, "wait", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        commits.commit(fill("gathering"))
-    monkeypatch.setattr(commits._cond, "wait", wait)
-    # Then later writes go through at once, and neither interrupted fill was ever written
+    # Then later writes go through at once, and the interrupted fill was never written
     done = threading.Thread(target=commits.commit, args=(fill("after"),))
     done.start()
     done.join(10)
@@ -211,3 +185,105 @@ def test_a_thread_that_defers_its_syncs_writes_at_once_and_settles_them_with_one
     assert (store._commit.groups - groups, store.deferred()) == (1, False)
     store.make_durable()  # off a deferring thread: an fsync now
     assert store._commit.groups - groups == 2
+
+
+def synced_files(monkeypatch) -> list[tuple[str, bytes]]:
+    """Each fdatasync the store makes, as (the file's path, its bytes then)."""
+    seen: list[tuple[str, bytes]] = []
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        with open(path, "rb") as f:
+            seen.append((path, f.read()))
+        real(fd)
+
+    monkeypatch.setattr(walsync.os, "fdatasync", fdatasync)
+    return seen
+
+
+def test_a_sync_wal_write_is_in_the_wal_file_fdatasynced_before_it_returns(store, monkeypatch):
+    seen = synced_files(monkeypatch)
+    store.write("q", [(rowkey(0, 1), b"payload-one-of-a-kind")], Durability.SYNC_WAL)
+    logs = [path for path, data in seen if b"payload-one-of-a-kind" in data]
+    assert logs and all(path.endswith(".log") and os.path.dirname(path) == store.path for path in logs)
+
+
+def test_async_writes_are_not_synced_and_a_sync_wal_write_syncs_them_too(store, monkeypatch):
+    seen = synced_files(monkeypatch)
+    store.write("q", [(rowkey(0, 1), b"async-one")], Durability.ASYNC_WAL)
+    assert seen == []
+    store.write("q", [(rowkey(0, 2), b"sync-two")], Durability.SYNC_WAL)
+    assert any(b"async-one" in data and b"sync-two" in data for _, data in seen)
+
+
+def test_a_new_wal_file_is_synced_with_its_directory_and_an_old_one_is_let_go(store, monkeypatch):
+    seen = synced_files(monkeypatch)
+    store.write("q", [(rowkey(0, 1), b"before")], Durability.SYNC_WAL)
+    first = {path for path, _ in seen}
+    directory_syncs = store._wal.directory_syncs
+    store._db.flush()  # the memtable flushed: RocksDB goes on in a new WAL file
+    store.write("q", [(rowkey(0, 2), b"after-the-switch")], Durability.SYNC_WAL)
+    # Then the write's new file is synced, and the directory that names it
+    newest = [path for path, data in seen if b"after-the-switch" in data]
+    assert newest and not set(newest) & first
+    assert store._wal.directory_syncs == directory_syncs + 1
+    # and a file RocksDB deleted is no longer held open
+    kept = {os.readlink(f"/proc/self/fd/{fd}") for fd in store._wal._files.values()}
+    assert all(os.path.exists(path) for path in kept)
+
+
+def test_a_failed_fdatasync_fails_the_write_and_the_store_reopens_before_its_next_use(store, monkeypatch):
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(walsync.os, "fdatasync", failing)
+    with pytest.raises(StorageError, match="syncing its WAL failed"):
+        store.write("q", [(rowkey(0, 1), b"v")], Durability.SYNC_WAL)
+    assert store._failed and store._wal._files == {}
+    monkeypatch.undo()
+    monkeypatch.setattr("hqueue.storage.healing.REOPEN_INTERVAL", 0.0)
+    store.write("q", [(rowkey(0, 2), b"v2")], Durability.SYNC_WAL)  # reopened first
+    assert not store._failed
+    assert [value for _, value in store.scan("q", rowkey(0, 0), rowkey(0, 9))][-1] == b"v2"
+
+
+def test_other_threads_run_while_a_write_waits_for_its_fsync(store, monkeypatch):
+    """The fsync is os.fdatasync's, which lets the GIL go (rocksdict's sync=True held it, and
+    every other thread of a server stopped for each fsync: bench/fsync_stall.py)."""
+    inside, other_ran = threading.Event(), threading.Event()
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        inside.set()
+        assert other_ran.wait(10)
+        real(fd)
+
+    monkeypatch.setattr(walsync.os, "fdatasync", fdatasync)
+    writer = threading.Thread(target=store.write, args=("q", [(rowkey(0, 1), b"v")], Durability.SYNC_WAL))
+    writer.start()
+    assert inside.wait(10)
+    store.write("q", [(rowkey(1, 1), b"meanwhile")], Durability.ASYNC_WAL)  # the store is not held meanwhile
+    other_ran.set()
+    writer.join(10)
+    assert not writer.is_alive()
+    assert len(store.scan("q", rowkey(0, 0), rowkey(0, 9))) == 1
+
+
+def test_a_thread_that_defers_its_syncs_keeps_the_gil_through_its_fsync(store, monkeypatch):
+    """A server's event loop: letting the GIL go for its fsync, it would wait for a busy
+    worker to give it back (up to the 5 ms switch interval) while every connection waits
+    for it, so its settle is rocksdict's synced write (docs/server.md)."""
+    seen = synced_files(monkeypatch)
+    done: list[int] = []
+
+    def loop() -> None:
+        store.defer_syncs()
+        store.write("q", [(rowkey(0, 1), b"v")], Durability.SYNC_WAL)
+        store.settle()
+        done.append(store._commit.groups)
+
+    thread = threading.Thread(target=loop)
+    thread.start()
+    thread.join(10)
+    assert done and seen == []

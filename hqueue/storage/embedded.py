@@ -59,7 +59,7 @@ from .commits import Fill, GroupCommit, cells_filler, meta_filler
 from .fence import Fence, LocalFences, Token
 from .healing import Healing
 from .lockholder import lock_holder
-from .walsync import WalSync
+from .walsync import AVAILABLE, WalSync
 
 logger = logging.getLogger(__name__)
 
@@ -161,11 +161,11 @@ class EmbeddedStorage(Healing, Storage):
         self.path = os.path.abspath(path)
         self.url = "local://" + self.path
         self._lock = threading.RLock()
+        self._wal = WalSync(self.path)
         self._db = self._open()
         self._write_options = {d: _write_options(d) for d in Durability.ALL}
         #: SYNC_WAL writes go through it: concurrent ones share one write and one fsync.
         self._commit = GroupCommit(self._write_synced)
-        self._wal = WalSync(self.path)
         #: Per thread: whether its SYNC_WAL writes wait for settle(), and whether some do now.
         self._deferral = _Deferral()
         self._infos: dict[str, QueueInfo] = {}
@@ -196,7 +196,9 @@ class EmbeddedStorage(Healing, Storage):
         waits for): that one keeps the GIL through its fsync, as rocksdict does, because a
         thread that lets it go waits for a busy one to give it back, up to the interpreter's
         switch interval (5 ms)."""
-        if self._deferral.on:
+        if self._failed:  # (writers queued behind a failed sync: nothing vouches for them now)
+            raise StorageError(f"embedded store {self.path} failed; it reopens before its next use")
+        if self._deferral.on or not AVAILABLE:
             self._db.write(batch, self._write_options[Durability.SYNC_WAL])
             return
         if not batch.is_empty():
@@ -270,6 +272,7 @@ class EmbeddedStorage(Healing, Storage):
             raise StorageError(f"cannot open the embedded store {self.path}: {e}") from e
         if not _RAN_ROCKSDB:
             _RAN_ROCKSDB.append(forks.generation())
+        self._wal.reset()  # (opened again after a failed sync: what it read back is what counts)
         return db
 
     def _bind(self, info: QueueInfo) -> None:

@@ -51,8 +51,8 @@ class Healing:
         try:
             return call(*args, **kwargs)
         except Exception as e:
-            if isinstance(e, (QueueNotFound, QueueExists)):
-                raise
+            if isinstance(e, (QueueNotFound, QueueExists, StorageError)):
+                raise  # (a StorageError of the store's own says what failed already)
             if "No space left" in str(e) or "IO error" in str(e):
                 if not self._failed:
                     logger.error("embedded store %s failed: %s; will reopen once it can", self.path, str(e))

@@ -240,12 +240,42 @@ def test_a_failed_fdatasync_fails_the_write_and_the_store_reopens_before_its_nex
     monkeypatch.setattr(walsync.os, "fdatasync", failing)
     with pytest.raises(StorageError, match="syncing its WAL failed"):
         store.write("q", [(rowkey(0, 1), b"v")], Durability.SYNC_WAL)
-    assert store._failed and store._wal._files == {}
+    assert store._failed
     monkeypatch.undo()
     monkeypatch.setattr("hqueue.storage.healing.REOPEN_INTERVAL", 0.0)
     store.write("q", [(rowkey(0, 2), b"v2")], Durability.SYNC_WAL)  # reopened first
     assert not store._failed
     assert [value for _, value in store.scan("q", rowkey(0, 0), rowkey(0, 9))][-1] == b"v2"
+
+
+def test_no_write_is_acknowledged_after_a_failed_fdatasync_until_the_store_reopens(store, monkeypatch):
+    """A descriptor opened after a failed sync is never told of it: a writer that was queued
+    behind the failure (past the reopen check) must not be vouched for by a later sync
+    (a review found it acknowledged)."""
+    calls: list[int] = []
+
+    def failing_once(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 1:
+            raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(walsync.os, "fdatasync", failing_once)
+    with pytest.raises(StorageError):
+        store.write("q", [(rowkey(0, 1), b"lost")], Durability.SYNC_WAL)
+    # A writer queued meanwhile (it passed the reopen check before the failure)
+    with pytest.raises(StorageError, match="reopens"):
+        store._commit.commit(lambda batch: batch.put(rowkey(0, 2), b"queued"))
+    # and the WAL's own syncs refuse until the store is opened again
+    with pytest.raises(OSError, match="failed before"):
+        store._wal.sync()
+    assert len(calls) == 1
+
+
+def test_a_store_whose_wal_files_are_not_where_it_looks_fails_its_syncs(store, monkeypatch):
+    monkeypatch.setattr(store._wal, "path", store.path + "/elsewhere")
+    os.makedirs(store._wal.path)
+    with pytest.raises(StorageError, match="no WAL file"):
+        store.write("q", [(rowkey(0, 1), b"v")], Durability.SYNC_WAL)
 
 
 def test_other_threads_run_while_a_write_waits_for_its_fsync(store, monkeypatch):
@@ -287,3 +317,46 @@ def test_a_thread_that_defers_its_syncs_keeps_the_gil_through_its_fsync(store, m
     thread.start()
     thread.join(10)
     assert done and seen == []
+
+
+def stamped(directory, seconds_ago: float) -> None:
+    """Give ``directory`` the change stamp a coarse filesystem gives it: ``seconds_ago``."""
+    stamp = os.stat(directory).st_mtime - seconds_ago
+    os.utime(directory, (stamp, stamp))
+
+
+def test_a_wal_file_made_within_the_same_coarse_stamp_as_the_last_listing_is_synced(tmp_path):
+    """On a filesystem that stamps to the second, a new WAL file can leave the directory's
+    stamp as it was: a listing made while the stamp was young is not kept (a review found a
+    new WAL never synced with a 0.1 s margin)."""
+    (tmp_path / "000004.log").write_bytes(b"old")
+    stamped(tmp_path, 1.0)  # changed a second ago, to the filesystem's second
+    wal = walsync.WalSync(str(tmp_path))
+    wal.sync()
+    stamp = os.stat(tmp_path).st_mtime_ns
+    (tmp_path / "000010.log").write_bytes(b"new")
+    os.utime(tmp_path, ns=(stamp, stamp))  # the same second: the same stamp
+    wal.sync()
+    assert sorted(wal._files) == ["000004.log", "000010.log"]
+    assert wal.directory_syncs == 2
+
+
+def test_a_listing_is_kept_while_the_directory_is_unchanged_and_dropped_when_the_clock_is_stepped(
+    tmp_path, monkeypatch
+):
+    (tmp_path / "000004.log").write_bytes(b"old")
+    stamped(tmp_path, 60.0)
+    wal = walsync.WalSync(str(tmp_path))
+    wal.sync()
+    listings: list[str] = []
+    listdir = os.listdir
+    monkeypatch.setattr(walsync.os, "listdir", lambda path: listings.append(path) or listdir(path))
+    wal.sync()
+    assert listings == []  # settled and unchanged: kept
+    stamp = os.stat(tmp_path).st_mtime_ns
+    (tmp_path / "000010.log").write_bytes(b"new")
+    os.utime(tmp_path, ns=(stamp, stamp))  # a change bearing the old stamp after a clock step
+    wall = walsync.time.time_ns
+    monkeypatch.setattr(walsync.time, "time_ns", lambda: wall() - 3_600 * 10**9)  # stepped back an hour
+    wal.sync()
+    assert listings and "000010.log" in wal._files

@@ -126,6 +126,7 @@ def _write_options(durability: str) -> rocksdict.WriteOptions:
 class _Deferral(threading.local):
     on = False  # this thread's SYNC_WAL writes wait for settle() (a server's event loop)
     pending = False  # and some do now
+    opened = 0  # WalSync.opened when the first of them was made
 
 
 def _nothing(batch: rocksdict.WriteBatch) -> None:
@@ -201,13 +202,16 @@ class EmbeddedStorage(Healing, Storage):
         if self._deferral.on or not AVAILABLE:
             self._db.write(batch, self._write_options[Durability.SYNC_WAL])
             return
+        opened = self._wal.opened
         if not batch.is_empty():
             self._db.write(batch, self._write_options[Durability.ASYNC_WAL])
         try:
-            self._wal.sync()
+            self._wal.sync(opened)
         except OSError as e:  # what the kernel was to write may be gone: only a reopen tells
             self._failed = True
             raise StorageError(f"embedded store {self.path}: syncing its WAL failed: {e}") from e
+        if self._failed:  # another thread's sync (the loop's) failed meanwhile: not vouched for
+            raise StorageError(f"embedded store {self.path} failed while this write was synced")
 
     def _write_durably(self, fill: Fill) -> None:
         """A SYNC_WAL write: through the group commit, or, on a thread that defers its syncs,
@@ -217,8 +221,15 @@ class EmbeddedStorage(Healing, Storage):
             return
         batch = rocksdict.WriteBatch(raw_mode=True)
         fill(batch)
+        self._pend()  # (before the write: a reopen after it must be seen at settle())
         self._db.write(batch, self._write_options[Durability.ASYNC_WAL])
-        self._deferral.pending = True
+
+    def _pend(self) -> None:
+        """This thread's writes wait for its settle(), which must fail if the store failed
+        and was opened again since the first of them (a review: what went to the WAL whose
+        fsync failed, a sync of the reopened store's does not vouch for)."""
+        if not self._deferral.pending:
+            self._deferral.pending, self._deferral.opened = True, self._wal.opened
 
     def defer_syncs(self) -> None:
         self._deferral.on = True
@@ -230,10 +241,15 @@ class EmbeddedStorage(Healing, Storage):
         if self._deferral.pending:
             self._deferral.pending = False  # a failed fsync fails them all: never retried as if written
             self._sync()
+            if self._wal.opened != self._deferral.opened:
+                raise StorageError(
+                    f"embedded store {self.path} failed and was opened again since these writes: "
+                    "they are not acknowledged"
+                )
 
     def make_durable(self) -> None:
         if self._deferral.on:
-            self._deferral.pending = True
+            self._pend()
         else:
             self._sync()
 

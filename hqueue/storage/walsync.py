@@ -82,16 +82,27 @@ class WalSync:
         #: whose last reference must go for the reopen to take RocksDB's lock again.
         self._broken: tuple[int, str] | None = None
         self._listed: _Listing | None = None
+        #: Times the store was opened (reset()): a write made before a reopen is not synced after.
+        self.opened = 0
+        self._closed = False
         #: Syncs done, and the directory syncs among them (tests and benches read them).
         self.syncs = self.directory_syncs = 0
 
-    def sync(self) -> None:
+    def sync(self, opened: int | None = None) -> None:
         """Make every write RocksDB returned from before this call durable.
+
+        Args:
+            opened: :attr:`opened` when the writes were made: if the store was opened again
+                since, they went to the store that failed, and this raises.
 
         Raises:
             OSError: a WAL file or the directory could not be listed, opened or synced.
         """
         with self._lock:
+            if self._closed:
+                raise OSError(errno.EBADF, "the store is closed")
+            if opened is not None and opened != self.opened:
+                raise OSError(errno.EIO, "the store failed and was opened again since the write")
             if self._broken is not None:  # a descriptor opened after a failure never reports it
                 raise OSError(self._broken[0], f"a sync of the WAL failed before: {self._broken[1]}")
             try:
@@ -152,9 +163,10 @@ class WalSync:
         self.directory_syncs += 1
 
     def close(self) -> None:
-        """Close the descriptors kept (the store closes)."""
+        """Close the descriptors kept, for good (the store closes): a sync after fails."""
         with self._lock:
             self._close()
+            self._closed = True
 
     def reset(self) -> None:
         """The store is opened again: what failed before is what the reopen read back from
@@ -162,6 +174,7 @@ class WalSync:
         with self._lock:
             self._close()
             self._broken = None
+            self.opened += 1
 
     def _close(self) -> None:
         for fd in self._files.values():

@@ -41,8 +41,9 @@ class Arrivals:
         #: (queue, group, member) -> [its generation, its receives under way] (gone at 0: a
         #: member's room matters only to a receive of its own, and names do not pile up).
         self._members: dict[tuple[str, str, str], list[int]] = {}
-        #: queue -> (group, member) -> its condition and how many receives wait on it (gone at 0).
-        self._waiting: dict[str, dict[tuple[str, str], tuple[threading.Condition, list[int]]]] = {}
+        #: queue -> group -> member -> its condition and how many receives wait on it (gone at
+        #: 0): a group's event wakes its own waiting receives without walking the others'.
+        self._waiting: dict[str, dict[str, dict[str, tuple[threading.Condition, list[int]]]]] = {}
         #: Times generations were forgotten (a group deleted, a queue dropped): a receive
         #: waiting on one sees it go, even one never moved (or moved as often as it went).
         self._forgets = 0
@@ -108,12 +109,12 @@ class Arrivals:
         """``members`` of ``group`` got room under their ``max_member_in_flight``: their own
         waiting receives look again, no other."""
         with self._lock:
-            waiting = self._waiting.get(queue, {})
+            waiting = self._waiting.get(queue, {}).get(group, {})
             for member in members:
                 entry = self._members.get((queue, group, member))
                 if entry is not None:  # (no receive of it under way: none to tell)
                     entry[0] += 1
-                    waiter = waiting.get((group, member))
+                    waiter = waiting.get(member)
                     if waiter is not None:
                         waiter[0].notify_all()
         self._tell(queue)  # (a receive waiting elsewhere did not note its member's room: it looks)
@@ -121,19 +122,19 @@ class Arrivals:
     def waiting(self, queue: str) -> int:
         """How many receives wait on ``queue`` now."""
         with self._lock:
-            return sum(count[0] for _, count in self._waiting.get(queue, {}).values())
+            groups = self._waiting.get(queue, {}).values()
+            return sum(count[0] for members in groups for _, count in members.values())
 
     def wait(self, queue: str, group: str, member: str, seen: Seen | None, timeout: float) -> None:
         """Wait up to ``timeout`` seconds, until the generations move from ``seen`` (None:
         from what they are now) or the stop."""
         deadline = time.monotonic() + timeout
         with self._lock:
-            waiters = self._waiting.get(queue)
-            if waiters is None:
-                waiters = self._waiting[queue] = {}
-            entry = waiters.get((group, member))
+            groups = self._waiting.setdefault(queue, {})
+            waiters = groups.setdefault(group, {})
+            entry = waiters.get(member)
             if entry is None:
-                entry = waiters[(group, member)] = (threading.Condition(self._lock), [0])
+                entry = waiters[member] = (threading.Condition(self._lock), [0])
             condition, count = entry
             count[0] += 1
             try:
@@ -146,17 +147,20 @@ class Arrivals:
             finally:
                 count[0] -= 1
                 if not count[0]:
-                    del waiters[(group, member)]
+                    del waiters[member]
                     if not waiters:
-                        del self._waiting[queue]
+                        del groups[group]
+                        if not groups:
+                            del self._waiting[queue]
 
     def stop(self) -> None:
         """Wake every waiting receive, for good."""
         with self._lock:
             self.stopped = True
-            for waiters in self._waiting.values():
-                for condition, _ in waiters.values():
-                    condition.notify_all()
+            for groups in self._waiting.values():
+                for waiters in groups.values():
+                    for condition, _ in waiters.values():
+                        condition.notify_all()
 
     def forget(self, queue: str, group: str | None = None) -> None:
         """The queue dropped (or ``group`` of it deleted): its generations go, so that names
@@ -173,6 +177,7 @@ class Arrivals:
 
     def _wake(self, queue: str, group: str | None = None) -> None:
         """(Under the lock.) Wake the receives waiting on ``queue``: all, or ``group``'s."""
-        for (of, _), (condition, _) in self._waiting.get(queue, {}).items():
-            if group is None or of == group:
+        groups = self._waiting.get(queue, {})
+        for waiters in groups.values() if group is None else (groups.get(group, {}),):
+            for condition, _ in waiters.values():
                 condition.notify_all()

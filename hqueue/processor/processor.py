@@ -40,6 +40,10 @@ DEAD_LETTER_TRIES = 10
 RENEW_EVERY = 1.0
 #: Seconds before an ack that failed is tried again, at most (its commit interval if shorter).
 RETRY_COMMIT = 1.0
+#: Seconds since the last renewal that went through past which no handler starts before the
+#: next one does: a process paused (SIGSTOP, a long GC) past the member timeout lost its
+#: leases, and what it held runs elsewhere now; that renewal says which (Processor.renew).
+STALE_AFTER = 2.0
 
 
 class Processor:
@@ -129,6 +133,9 @@ class Processor:
         self.abandoned = threading.Event()
         #: Deliveries in workers' hands whose leases are gone, by identity (renew).
         self._lost: dict[int, Delivery] = {}
+        #: When a renewal last went through (monotonic), told to workers waiting for one.
+        self._renewed_at = time.monotonic()
+        self._renewal = threading.Condition()
         #: Messages the key function failed on whose dead-letter write failed, and why they go.
         self._unkeyed: list[tuple[Delivery, str]] = []
         self.completed = 0
@@ -296,7 +303,21 @@ class Processor:
                         "processor: the leases of %d message(s) of partition %d are gone (another process "
                         "has them): they are not handled here", len(gone), mine[0].partition_id,
                     )  # fmt: skip
+        with self._renewal:
+            self._renewed_at = time.monotonic()
+            self._renewal.notify_all()
         return renewed
+
+    def renewed_lately(self) -> bool:
+        """Whether a handler may start now: a renewal went through within STALE_AFTER, or,
+        if not (paused, or the server out of reach), once one does (what it found gone is
+        then :meth:`lost`). False if the processor stops meanwhile."""
+        with self._renewal:
+            while time.monotonic() - self._renewed_at > STALE_AFTER:
+                if self.stopping.is_set() or self.abandoned.is_set():
+                    return False
+                self._renewal.wait(0.1)
+        return True
 
     def lost(self, delivery: Delivery) -> bool:
         """Whether ``delivery`` was dropped for its lease (:meth:`renew`): not to be handled."""

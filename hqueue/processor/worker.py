@@ -58,6 +58,8 @@ class Worker:
                 if processor.stopping.is_set() and not self.parked and self.inbox.empty():
                     return
                 continue
+            if not processor.renewed_lately():  # stopping: not started (it goes back to the group)
+                return
             if processor.lost(delivery):  # its lease is gone: another process has it
                 if resumed and key in self.parked:
                     self.inbox_front(key)  # (the rest of its key, set aside behind it, goes on: each is checked so)

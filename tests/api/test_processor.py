@@ -12,6 +12,7 @@ import pytest
 from hqueue import GroupLimits, HQueue, HQueueAdmin, InvalidArgument, Message, MessageID, ServerUnavailable
 from hqueue.consumer import Delivery
 from hqueue.processor import CommitTracker, Processor
+from hqueue.processor import processor as processor_module
 
 from ..processes import wait_for
 
@@ -286,6 +287,40 @@ def test_messages_whose_leases_are_gone_are_not_started_here(queue):
         assert processor.wait_idle(timeout=30)
     first = [started.index(n) for n in range(6)]
     assert first == sorted(first)  # the key in order
+
+
+def test_no_handler_starts_while_the_leases_in_hand_went_unrenewed_until_a_renewal_says_which_are_gone(queue):
+    """A process paused past the member timeout (SIGSTOP, a long GC) lost its leases; once it
+    ran again, its workers started what they held for up to a second, until the next
+    renewal found them gone, beside the process that had them now. Renewals that have not
+    gone through for STALE_AFTER hold every start until one does."""
+    queue.put([Message("t", b"k:%d" % i) for i in range(300)], key=b"k")
+    started: list[int] = []
+    through, go_on = threading.Event(), threading.Event()
+
+    def handle(message: Message) -> None:
+        started.append(int(message.value.split(b":")[1]))
+        time.sleep(0.02)
+
+    with Processor(queue, "p", handle, key=key_of, workers=1, queue_size=300, lease=10.0) as processor:
+        wait_for(lambda: processor.in_hand >= 250 and started, 10, "messages in hand, the first handler")
+        extend = processor.consumer.extend
+
+        def stuck(deliveries, **kw):  # renewals that do not go through (the process paused)
+            through.set()
+            go_on.wait(30)
+            return extend(deliveries, **kw)
+
+        processor.consumer.extend = stuck
+        assert through.wait(10)
+        time.sleep(processor_module.STALE_AFTER + 0.5)  # (6 s of handlers in hand: 3 s are left)
+        before = len(started)
+        time.sleep(1.0)
+        assert len(started) == before < 300, started  # nothing started while the renewals were stale
+        processor.consumer.extend = extend
+        go_on.set()  # the renewal goes through: the handlers go on
+        wait_for(lambda: set(started) >= set(range(300)), 60, "all handled")
+    assert started == list(range(300))  # the key in order, each once
 
 
 def test_the_rest_of_a_batch_whose_leases_are_gone_is_not_started_here(queue):

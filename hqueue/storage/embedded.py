@@ -200,7 +200,12 @@ class EmbeddedStorage(Healing, Storage):
         if self._failed:  # (writers queued behind a failed sync: nothing vouches for them now)
             raise StorageError(f"embedded store {self.path} failed; it reopens before its next use")
         if self._deferral.on or not AVAILABLE:
-            self._db.write(batch, self._write_options[Durability.SYNC_WAL])
+            try:
+                self._db.write(batch, self._write_options[Durability.SYNC_WAL])
+            except Exception as e:  # an fsync that failed: marked before the next group leads
+                if "IO error" in str(e) or "No space left" in str(e):  # (as _guard tells them)
+                    self._failed = True
+                raise
             return
         opened = self._wal.opened
         if not batch.is_empty():

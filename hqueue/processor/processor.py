@@ -288,6 +288,7 @@ class Processor:
         the member timeout, and another has them): each partition is asked again, and a
         partition short of its count has its messages not yet completed dropped here, so
         that none of them starts in this process beside the one that has it now."""
+        asked = time.monotonic()  # (a pause after the server answered is not counted as fresh)
         with self._lock:
             trackers = list(self.trackers.values())
         held = [delivery for tracker in trackers for delivery in tracker.held()]
@@ -304,7 +305,7 @@ class Processor:
                         "has them): they are not handled here", len(gone), mine[0].partition_id,
                     )  # fmt: skip
         with self._renewal:
-            self._renewed_at = time.monotonic()
+            self._renewed_at = max(self._renewed_at, asked)
             self._renewal.notify_all()
         return renewed
 

@@ -58,14 +58,14 @@ class Worker:
                 if processor.stopping.is_set() and not self.parked and self.inbox.empty():
                     return
                 continue
-            if not processor.renewed_lately():  # stopping: not started (it goes back to the group)
-                return
+            if key in self.parked and not resumed:  # behind a failed message of its key: keep the order
+                self.parked[key].append(delivery)
+                continue
+            if not self._due(delivery) or not processor.renewed_lately():  # stopping: not started
+                return  # (it goes back to the group)
             if processor.lost(delivery):  # its lease is gone: another process has it
                 if resumed and key in self.parked:
                     self.inbox_front(key)  # (the rest of its key, set aside behind it, goes on: each is checked so)
-                continue
-            if key in self.parked and not resumed:  # behind a failed message of its key: keep the order
-                self.parked[key].append(delivery)
                 continue
             try:
                 self._handle(delivery, key, generation)
@@ -106,6 +106,14 @@ class Worker:
             self.parked[key] = waiting
         return delivery
 
+    def _due(self, delivery: Delivery) -> bool:
+        """Wait for ``delivery``'s turn under the processor's ``delay`` (before the renewal
+        check, which a pause during the wait would have made stale: a review); False if
+        the processor stopped past its timeout meanwhile."""
+        processor = self.processor
+        due = delivery.id.timestamp / 1000 + processor.delay if processor.delay else 0.0
+        return not (due > time.time() and processor.abandoned.wait(due - time.time()))
+
     def _handle(self, delivery: Delivery, key: bytes, generation: int) -> None:
         processor = self.processor
         message = delivery.message
@@ -113,9 +121,6 @@ class Worker:
         if why is not None:  # its retries are spent and its dead-letter write failed: that again, not the handler
             self._bury(delivery, key, why)
             return
-        due = delivery.id.timestamp / 1000 + processor.delay if processor.delay else 0.0
-        if due > time.time() and processor.abandoned.wait(due - time.time()):
-            return  # stopped past its timeout meanwhile: not started (it goes back to the group)
         with self.lock:
             self.current, self.current_key, self.busy_since = delivery, key, time.monotonic()
         error: BaseException | None = None

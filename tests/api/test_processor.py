@@ -323,6 +323,36 @@ def test_no_handler_starts_while_the_leases_in_hand_went_unrenewed_until_a_renew
     assert started == list(range(300))  # the key in order, each once
 
 
+def test_a_message_waiting_out_its_delay_does_not_start_on_stale_renewals(queue):
+    """The delay's wait came after the renewal check: a process paused during it (where a
+    worker with a delay spends its time) started the message at once on waking, its lease
+    perhaps gone (a review)."""
+    queue.put([Message("t", b"k:%d" % i) for i in range(3)], key=b"k")
+    started: list[int] = []
+    through, go_on = threading.Event(), threading.Event()
+
+    def handle(message: Message) -> None:
+        started.append(int(message.value.split(b":")[1]))
+
+    with Processor(queue, "p", handle, key=key_of, workers=1, lease=10.0, delay=3.0) as processor:
+        wait_for(lambda: processor.in_hand >= 3, 10, "the messages in hand, waiting out their delay")
+        extend = processor.consumer.extend
+
+        def stuck(deliveries, **kw):  # renewals that do not go through (the process paused)
+            through.set()
+            go_on.wait(30)
+            return extend(deliveries, **kw)
+
+        processor.consumer.extend = stuck
+        assert through.wait(10)
+        time.sleep(4.0)  # past the delay, and the renewals stale
+        assert started == []
+        processor.consumer.extend = extend
+        go_on.set()
+        wait_for(lambda: len(started) == 3, 30, "all handled once a renewal went through")
+    assert started == [0, 1, 2]
+
+
 def test_the_rest_of_a_batch_whose_leases_are_gone_is_not_started_here(queue):
     """The reader took each message of a receive in hand only as it handed it to a worker:
     a renewal that found the leases gone dropped those, and the rest of the batch, which

@@ -452,9 +452,8 @@ class LoopServer(Answers, Handoff, Watching):
             self._let_go(link)
         finally:
             try:
-                self._unwatch(
-                    link
-                )  # (by the selector's key, not link.events alone: the loop's state is not trusted here)
+                # (by the selector's key, not link.events alone: the loop's state is not trusted here)
+                self._unwatch(link)
             finally:
                 self._links.pop(link.connection.id, None)
                 self._ended(link.connection, link.sock)

@@ -203,8 +203,7 @@ class EmbeddedStorage(Healing, Storage):
             try:
                 self._db.write(batch, self._write_options[Durability.SYNC_WAL])
             except Exception as e:  # an fsync that failed: marked before the next group leads
-                if "IO error" in str(e) or "No space left" in str(e):  # (as _guard tells them)
-                    self._failed = True
+                self._note_failure(e)
                 raise
             return
         opened = self._wal.opened

@@ -53,11 +53,16 @@ class Healing:
         except Exception as e:
             if isinstance(e, (QueueNotFound, QueueExists, StorageError)):
                 raise  # (a StorageError of the store's own says what failed already)
-            if "No space left" in str(e) or "IO error" in str(e):
-                if not self._failed:
-                    logger.error("embedded store %s failed: %s; will reopen once it can", self.path, str(e))
-                self._failed = True
+            self._note_failure(e)
             raise StorageError(f"embedded store {self.path}: {e}") from e
+
+    def _note_failure(self, error: Exception) -> None:
+        """Mark the store failed if rocksdict's ``error`` is one only a reopen cures (a full
+        disk, an I/O error: a failed fsync among them)."""
+        if "No space left" in str(error) or "IO error" in str(error):
+            if not self._failed:
+                logger.error("embedded store %s failed: %s; will reopen once it can", self.path, str(error))
+            self._failed = True
 
     def _reopen_space(self) -> tuple[int, int]:
         """(bytes a reopen needs free: twice the WAL plus a margin, bytes free now)."""

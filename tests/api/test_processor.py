@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 
 import pytest
 
@@ -289,6 +291,26 @@ def test_messages_whose_leases_are_gone_are_not_started_here(queue):
     assert first == sorted(first)  # the key in order
 
 
+@contextlib.contextmanager
+def renewals_held(processor: Processor) -> Iterator[None]:
+    """Renewals that do not go through (as in a paused process) from the first one met until
+    the block ends; then that one goes through, and the next ones as usual."""
+    extend, through, go_on = processor.consumer.extend, threading.Event(), threading.Event()
+
+    def stuck(deliveries, **kw):
+        through.set()
+        go_on.wait(30)
+        return extend(deliveries, **kw)
+
+    processor.consumer.extend = stuck
+    try:
+        assert through.wait(10)
+        yield
+    finally:
+        processor.consumer.extend = extend
+        go_on.set()
+
+
 def test_no_handler_starts_while_the_leases_in_hand_went_unrenewed_until_a_renewal_says_which_are_gone(queue):
     """A process paused past the member timeout (SIGSTOP, a long GC) lost its leases; once it
     ran again, its workers started what they held for up to a second, until the next
@@ -296,7 +318,6 @@ def test_no_handler_starts_while_the_leases_in_hand_went_unrenewed_until_a_renew
     gone through for STALE_AFTER hold every start until one does."""
     queue.put([Message("t", b"k:%d" % i) for i in range(300)], key=b"k")
     started: list[int] = []
-    through, go_on = threading.Event(), threading.Event()
 
     def handle(message: Message) -> None:
         started.append(int(message.value.split(b":")[1]))
@@ -304,21 +325,12 @@ def test_no_handler_starts_while_the_leases_in_hand_went_unrenewed_until_a_renew
 
     with Processor(queue, "p", handle, key=key_of, workers=1, queue_size=300, lease=10.0) as processor:
         wait_for(lambda: processor.in_hand >= 250 and started, 10, "messages in hand, the first handler")
-        extend = processor.consumer.extend
-
-        def stuck(deliveries, **kw):  # renewals that do not go through (the process paused)
-            through.set()
-            go_on.wait(30)
-            return extend(deliveries, **kw)
-
-        processor.consumer.extend = stuck
-        assert through.wait(10)
-        time.sleep(processor_module.STALE_AFTER + 0.5)  # (6 s of handlers in hand: 3 s are left)
-        before = len(started)
-        time.sleep(1.0)
-        assert len(started) == before < 300, started  # nothing started while the renewals were stale
-        processor.consumer.extend = extend
-        go_on.set()  # the renewal goes through: the handlers go on
+        with renewals_held(processor):
+            time.sleep(processor_module.STALE_AFTER + 0.5)  # (6 s of handlers in hand: 3 s are left)
+            before = len(started)
+            time.sleep(1.0)
+            assert len(started) == before < 300, started  # nothing started while the renewals were stale
+        # the renewal goes through: the handlers go on
         wait_for(lambda: set(started) >= set(range(300)), 60, "all handled")
     assert started == list(range(300))  # the key in order, each once
 
@@ -329,26 +341,15 @@ def test_a_message_waiting_out_its_delay_does_not_start_on_stale_renewals(queue)
     perhaps gone (a review)."""
     queue.put([Message("t", b"k:%d" % i) for i in range(3)], key=b"k")
     started: list[int] = []
-    through, go_on = threading.Event(), threading.Event()
 
     def handle(message: Message) -> None:
         started.append(int(message.value.split(b":")[1]))
 
     with Processor(queue, "p", handle, key=key_of, workers=1, lease=10.0, delay=3.0) as processor:
         wait_for(lambda: processor.in_hand >= 3, 10, "the messages in hand, waiting out their delay")
-        extend = processor.consumer.extend
-
-        def stuck(deliveries, **kw):  # renewals that do not go through (the process paused)
-            through.set()
-            go_on.wait(30)
-            return extend(deliveries, **kw)
-
-        processor.consumer.extend = stuck
-        assert through.wait(10)
-        time.sleep(4.0)  # past the delay, and the renewals stale
-        assert started == []
-        processor.consumer.extend = extend
-        go_on.set()
+        with renewals_held(processor):
+            time.sleep(4.0)  # past the delay, and the renewals stale
+            assert started == []
         wait_for(lambda: len(started) == 3, 30, "all handled once a renewal went through")
     assert started == [0, 1, 2]
 

@@ -20,6 +20,7 @@ import gc
 import os
 import shutil
 import signal
+import subprocess
 import threading
 import time
 
@@ -478,3 +479,70 @@ def test_an_async_queue_closes_within_a_second_or_two_when_the_serving_process_h
     finally:
         holder.proc.send_signal(signal.SIGCONT)
         holder.kill()
+
+
+#: A process that locks a file, as RocksDB locks a store's LOCK, and does nothing else.
+LOCK_FILE = (
+    "import fcntl, sys, time\nf = open(sys.argv[1], 'r+')\nfcntl.lockf(f, fcntl.LOCK_EX)\n"
+    "print('LOCKED', flush=True)\ntime.sleep(3600)"
+)
+
+
+@pytest.fixture
+def two_tmpfs(tmp_path):
+    """Two fresh tmpfs mounts, which number their inodes alike (as /tmp and /run often do)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting tmpfs takes root")
+    mounts = [tmp_path / "a", tmp_path / "b"]
+    mounted = []
+    try:
+        for mount in mounts:
+            mount.mkdir()
+            if subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(mount)], capture_output=True).returncode:
+                pytest.skip("this machine does not let root mount a tmpfs")
+            mounted.append(mount)
+        yield mounts
+    finally:
+        for mount in mounted:
+            subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_client_takes_the_store_over_though_another_file_system_has_a_lock_on_its_lock_files_inode(two_tmpfs):
+    # Given a store on one tmpfs, and a process holding a lock on a file of another tmpfs
+    # whose inode number is the store's LOCK file's (/proc/locks lists both by that number)
+    store, elsewhere = two_tmpfs
+    data = str(store / "data")
+    with HQueueAdmin(data_dir=data) as admin:
+        admin.create_queue("q", 2)
+    inode = os.stat(os.path.join(data, "LOCK")).st_ino
+    twin = _file_with_inode(elsewhere, inode)
+    if twin is None:
+        pytest.skip("no file of the other tmpfs got the LOCK file's inode number")
+    stranger = Proc("-c", LOCK_FILE, str(twin))
+    holder = None
+    try:
+        wait_for(lambda: "LOCKED" in stranger.lines, 60, "the stranger's lock")
+        # and a client of the process serving the store
+        holder = _holder(data)
+        with HQueue("q", data_dir=data) as queue:
+            assert isinstance(queue.engine, StoreClient)
+            put = queue.put([Message("t", b"x")] * 10, partition_id=0)
+            # When the serving process is killed
+            holder.kill()
+            # Then the client's next call takes the store over: the stranger's lock is not the store's
+            assert [m.id for m in queue.scan()] == put
+            assert serving_pid(data) == os.getpid()
+    finally:
+        stranger.kill()
+        if holder is not None:
+            holder.kill()
+
+
+def _file_with_inode(directory, inode: int, most: int = 100_000):
+    """A new file in ``directory`` whose inode number is ``inode``, or None."""
+    for i in range(most):
+        path = directory / f"f{i}"
+        path.touch()
+        if os.stat(path).st_ino == inode:
+            return path
+    return None

@@ -42,7 +42,7 @@ class HQueueAdmin(Connected):
             ``hbase://host:9090``, or ``hqueue://[TOKEN@]host:9700[,…]``.
         data_dir: Shorthand for ``url="local://" + data_dir``.
         token: For hqueue servers, as in :class:`~hqueue.HQueue`.
-        timeout: For hqueue servers, as in :class:`~hqueue.HQueue`.
+        timeout: As in :class:`~hqueue.HQueue`.
         group_limits: For a store this process serves, as in :class:`~hqueue.HQueue`.
     """
 

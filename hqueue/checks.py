@@ -143,6 +143,13 @@ def check_name(kind: str, name: object) -> str:
 MAX_SCAN_LIMIT = 2**63 - 1
 
 
+def check_timeout(timeout: object) -> float:
+    """A call's deadline in seconds: a number above 0 and finite."""
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout < float("inf"):
+        raise InvalidArgument(f"'timeout' must be > 0 seconds, got {timeout!r}")
+    return float(timeout)
+
+
 def check_scan_limit(limit: object) -> int | None:
     """A scan's ``limit``: None (no limit) or an int in 0..MAX_SCAN_LIMIT."""
     if limit is not None and (

@@ -9,6 +9,7 @@ from typing import Any
 from . import forks
 from .api import EngineAPI, SubscriptionsAPI, subscriptions_of
 from .auth import split_credentials
+from .checks import check_timeout
 from .errors import InvalidArgument
 from .groups.limits import GroupLimits
 from .storage import default_url, local_url, normalize_url
@@ -83,9 +84,17 @@ def check_options(url: str, token: str | None, timeout: float | None, group_limi
                 "'group_limits' are for a store in this process; hqueue servers have their own "
                 "(hqueue server --max-lease, --max-member-in-flight)"
             )
-    elif token is not None or timeout is not None:
-        raise InvalidArgument("'token' and 'timeout' are for hqueue:// servers, not an in-process store")
-    elif group_limits is not None and not isinstance(group_limits, GroupLimits):
+        return
+    if token is not None:
+        raise InvalidArgument("'token' is for hqueue:// servers, not an in-process store")
+    if timeout is not None:
+        if not url.startswith("local://"):
+            raise InvalidArgument(
+                "'timeout' is for hqueue:// servers and a local:// store another process serves, "
+                "not a memory:// or hbase:// store"
+            )
+        check_timeout(timeout)
+    if group_limits is not None and not isinstance(group_limits, GroupLimits):
         raise TypeError(f"'group_limits' must be a GroupLimits, not {type(group_limits).__name__}")
 
 
@@ -114,7 +123,7 @@ def acquire_engine(
 
         if _serve_store is not None:
             sharing.serve_with(_serve_store)
-        return sharing.open_store(normalize_url(url), group_limits)
+        return sharing.open_store(normalize_url(url), group_limits, timeout)
     from .services import open_local
 
     return open_local(url, group_limits)

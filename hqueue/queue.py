@@ -51,7 +51,9 @@ class HQueue(Connected):
         data_dir: Shorthand for ``url="local://" + data_dir``.
         token: hqueue servers' auth token (default: the URL's, or ``$HQUEUE_TOKEN``).
         timeout: The deadline of one call to hqueue servers, in seconds (default 30),
-            across every retry and every server tried.
+            across every retry and every server tried; on a ``local://`` store another
+            process serves, of one call to that process (a store this process serves
+            has none).
         group_limits: For a store this process serves: what one consumer-group
             member may take (:class:`~hqueue.GroupLimits`: the longest lease,
             messages held at once). hqueue servers have their own.

@@ -156,20 +156,21 @@ def drop_socket(engine: Engine, server: object, reshare: bool = False) -> None:
         _serve(engine, None)
 
 
-def open_store(url: str, group_limits: GroupLimits | None = None) -> Engine | StoreClient:
+def open_store(url: str, group_limits: GroupLimits | None = None, timeout: float | None = None) -> Engine | StoreClient:
     """The store ``url`` (``local://``, normalized): opened and served here if no
-    process holds it, else a client of the process that does."""
+    process holds it, else a client of the process that does, whose calls each have
+    ``timeout`` seconds (default 30; calls to a store served here have no deadline)."""
     deadline = time.monotonic() + STARTUP_WAIT
     while True:
         # Held by another process (/proc/locks) and served: a client, without opening RocksDB
         # first (an open that fails on the lock has set up its log: the holder's LOG renamed away).
         if _held_elsewhere(store_directory(url)) and _served(socket_path(url)):
-            return StoreClient(url)
+            return StoreClient(url, timeout)
         try:
             return _open_and_serve(url, group_limits)
         except StorageLocked as locked:
             if _served(socket_path(url)):
-                return StoreClient(url)
+                return StoreClient(url, timeout)
             if time.monotonic() >= deadline:
                 # Held by a process that does not serve it (hqueue server, an older hqueue).
                 raise locked
@@ -181,7 +182,7 @@ def open_store(url: str, group_limits: GroupLimits | None = None) -> Engine | St
             if _may_not_open(e) and os.path.exists(socket_path(url)):
                 served = _served(socket_path(url))  # (one this user may not connect to: said now)
                 if served or forked_from_rocksdb() is None:  # (a user of the directory's group waits for
-                    return StoreClient(url)  # one that may open it; a forked child is told why at once)
+                    return StoreClient(url, timeout)  # one that may open it; a forked child is told why at once)
             raise
 
 

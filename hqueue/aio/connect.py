@@ -44,7 +44,7 @@ async def open_engine(
         return AsyncRemoteEngine(resolved, token=token, timeout=timeout)
     executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hqueue-aio")
     opening = asyncio.get_running_loop().run_in_executor(
-        executor, acquire_engine, resolved, None, None, None, group_limits
+        executor, acquire_engine, resolved, None, None, timeout, group_limits
     )
     try:
         engine = await asyncio.shield(opening)

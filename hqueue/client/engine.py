@@ -77,7 +77,7 @@ from thriftpy2.transport import TTransportException
 
 from ..api import GroupsAPI, SubscriptionsAPI
 from ..auth import is_wildcard, split_credentials
-from ..checks import message_columns, partition_of
+from ..checks import check_timeout, message_columns, partition_of
 from ..config import InfoCache, QueueInfo, QueueState
 from ..errors import (
     DeadlineExceeded,
@@ -157,7 +157,7 @@ def client_options(
     ``unix_socket``, of the ``local://`` store ``url`` another local process serves on it
     (one server, no token, no TLS)."""
     if unix_socket is not None:
-        return [f"unix:{unix_socket}"], url, 30.0 if timeout is None else timeout, None, None
+        return [f"unix:{unix_socket}"], url, check_timeout(30.0 if timeout is None else timeout), None, None
     seeds, url_token, options = parse_url(url)
     bare = split_credentials(url)[0].partition("?")[0]  # never the token
     if timeout is None:
@@ -165,15 +165,14 @@ def client_options(
             timeout = float(options.get("timeout", 30.0))
         except ValueError:
             raise InvalidArgument(f"timeout= in an hqueue:// URL is seconds, got {options['timeout']!r}") from None
-    if not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
-        raise InvalidArgument(f"'timeout' must be > 0 seconds, got {timeout!r}")
+    timeout = check_timeout(timeout)
     context = None
     if options.get("tls", "0") not in ("0", "") or "ca" in options:
         try:
             context = ssl.create_default_context(cafile=options.get("ca"))
         except (OSError, ssl.SSLError) as e:
             raise InvalidArgument(f"ca={options.get('ca')} in an hqueue:// URL: cannot load it ({e})") from None
-    return seeds, bare, float(timeout), token or url_token or os.environ.get("HQUEUE_TOKEN") or None, context
+    return seeds, bare, timeout, token or url_token or os.environ.get("HQUEUE_TOKEN") or None, context
 
 
 def owner_addresses(locations: Any, seeds: list[str]) -> list[str]:

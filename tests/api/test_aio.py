@@ -640,8 +640,10 @@ def test_a_member_closed_while_another_task_receives_in_process_leaves_the_group
 @pytest.mark.parametrize(
     ("url", "options", "error"),
     [
-        ("memory://", {"timeout": 3}, "'token' and 'timeout' are for hqueue:// servers"),
-        ("local:///nowhere", {"token": "t" * 20}, "'token' and 'timeout' are for hqueue:// servers"),
+        ("memory://", {"timeout": 3}, "'timeout' is for hqueue:// servers and a local:// store"),
+        ("local:///nowhere", {"token": "t" * 20}, "'token' is for hqueue:// servers"),
+        ("local:///nowhere", {"timeout": 0}, "'timeout' must be > 0 seconds"),
+        ("local:///nowhere", {"timeout": True}, "'timeout' must be > 0 seconds"),
         ("hqueue://127.0.0.1:1", {"group_limits": object()}, "'group_limits' are for a store in this process"),
         ("memory://", {"workers": 0}, "'workers' must be an int in 1..64"),
     ],

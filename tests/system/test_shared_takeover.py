@@ -481,6 +481,40 @@ def test_an_async_queue_closes_within_a_second_or_two_when_the_serving_process_h
         holder.kill()
 
 
+def test_a_client_s_timeout_bounds_its_calls_to_the_serving_process(data):
+    """``timeout=`` works on a local:// store as on hqueue:// servers: a client of a paused
+    serving process is told within it, not after the default 30 s (an attacker's pass)."""
+    import asyncio
+
+    from hqueue import DeadlineExceeded, OutcomeUnknown
+    from hqueue.aio import AsyncHQueue
+
+    from ..processes import pause
+
+    holder = _holder(data)
+    try:
+        with HQueue("q", data_dir=data, timeout=2) as queue, HQueueAdmin(data_dir=data, timeout=2) as admin:
+            assert isinstance(queue.engine, StoreClient) and queue.engine.timeout == 2.0
+            queue.put(Message("t", b"before"), partition_id=0)
+            pause(holder.proc)
+
+            async def main() -> None:
+                with pytest.raises(DeadlineExceeded):  # (opening it reads its queue's info)
+                    async with AsyncHQueue("q", data_dir=data, timeout=2) as aqueue:
+                        await aqueue.put(Message("t", b"async"), partition_id=0)
+
+            started = time.monotonic()
+            with pytest.raises(OutcomeUnknown):
+                queue.put(Message("t", b"paused"), partition_id=0)
+            with pytest.raises(DeadlineExceeded):
+                admin.list_queues()
+            asyncio.run(main())
+            assert time.monotonic() - started < 20  # three calls of 2 s each, not of 30 s
+    finally:
+        holder.proc.send_signal(signal.SIGCONT)
+        holder.kill()
+
+
 #: A process that locks a file, as RocksDB locks a store's LOCK, and does nothing else.
 LOCK_FILE = (
     "import fcntl, sys, time\nf = open(sys.argv[1], 'r+')\nfcntl.lockf(f, fcntl.LOCK_EX)\n"

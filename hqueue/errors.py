@@ -107,8 +107,8 @@ class StorageLocked(StorageError):
         by = f" ({holder})" if holder else ""
         super().__init__(
             f"the embedded store {path} is open in another process{by} that does not share it; if that is "
-            f"`hqueue server --storage local://{path} --no-local-socket`, connect with url='hqueue://host:port', "
-            "else close it"
+            f"`hqueue server --storage local://{path} --no-local-socket`, connect with url='hqueue://host:port'; "
+            "if the store's socket file (hqueue.sock) was removed under it, restart it; else close it"
         )
         self.path, self.holder = path, holder
 

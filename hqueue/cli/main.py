@@ -220,7 +220,7 @@ def _locked_hint(e: StorageLocked, command: str | None) -> str:
     return (
         f"{text} that does not share it with local processes: if it is hqueue server --storage "
         f"local://{e.path} --no-local-socket, give every command --url hqueue://HOST:PORT, its "
-        "address (or set HQUEUE_URL); else stop it"
+        "address (or set HQUEUE_URL); if the store's hqueue.sock was removed under it, restart it; else stop it"
     )
 
 

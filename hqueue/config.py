@@ -155,6 +155,9 @@ class Durability:
 PRIORITIES_KEY = "hqueue.priorities"
 #: The config key that turns a queue's per-topic index on (QueueInfo.topic_index, topic_index.py).
 TOPIC_INDEX_KEY = "hqueue.topicIndex"
+#: The config key set when a queue is created: when (UTC, ms) and a random tag. A queue
+#: deleted and made again under its name is another queue: an open scan of it says so.
+CREATED_KEY = "hqueue.created"
 
 
 class QueueState:
@@ -240,6 +243,12 @@ class QueueInfo:
     def topic_index(self) -> bool:
         """Whether puts also write the per-topic index (``hqueue.topicIndex``, SPEC X4)."""
         return self.config.get(TOPIC_INDEX_KEY, "false").lower() in _TRUE
+
+    @property
+    def created(self) -> str | None:
+        """When (and as which) the queue was created (``hqueue.created``); None for a queue
+        created before hqueue kept it."""
+        return self.config.get(CREATED_KEY)
 
     def evolve(self, **changes: Any) -> QueueInfo:
         return replace(self, **changes)

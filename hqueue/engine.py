@@ -18,7 +18,9 @@ the new owner), so they can neither reuse an acknowledged ID nor land.
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
+import time
 from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict
@@ -27,10 +29,10 @@ from typing import TYPE_CHECKING, Any
 
 from . import forks, topic_index
 from .checks import check_columns, check_partition, message_columns
-from .config import InfoCache, QueueInfo, check_config, validate_new_queue_name
+from .config import CREATED_KEY, InfoCache, QueueInfo, check_config, validate_new_queue_name
 from .errors import QueueEnabled
 from .events import EngineEvents
-from .ids import consecutive, runs
+from .ids import consecutive, runs, wall_clock_ms
 from .keys.groups import groups_prefix, queue_state_prefix
 from .keys.index import index_cells, topic_hash
 from .keys.timers import (
@@ -151,6 +153,9 @@ class Engine:
     def create_queue(self, info: QueueInfo) -> None:
         validate_new_queue_name(info.name)  # room for its dead-letter queue's name
         check_config(info.config)  # (a server's: other clients' too)
+        now = wall_clock_ms()
+        created = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now // 1000)) + f".{now % 1000:03d}Z/"
+        info = info.evolve(config=info.config | {CREATED_KEY: created + secrets.token_hex(4)})
         self.storage.create_queue(topic_index.for_new_queue(info))
         self._infos.forget(info.name)
 

@@ -24,8 +24,8 @@ class InvalidQueueName(InvalidArgument):
 class QueueNotFound(HQueueError, LookupError):
     """The named queue does not exist."""
 
-    def __init__(self, name: str) -> None:
-        super().__init__(f"queue {name!r} does not exist")
+    def __init__(self, name: str, message: str | None = None) -> None:
+        super().__init__(message or f"queue {name!r} does not exist")
         self.name = name
 
 

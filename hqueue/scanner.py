@@ -20,10 +20,10 @@ from __future__ import annotations
 import logging
 from bisect import bisect_right
 from collections.abc import Collection, Generator, Iterable, Iterator, Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from . import forks
-from .errors import InvalidArgument
+from .errors import InvalidArgument, QueueNotFound
 from .message import (
     MAX_SEQUENCE,
     MAX_TIMESTAMP,
@@ -35,11 +35,15 @@ from .message import (
     topic_filter,
 )
 
+if TYPE_CHECKING:
+    from .config import QueueInfo
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["CombinedPartitionScanner", "PartitionScanner", "QueueScanner", "Scan"]
 
 DEFAULT_CACHING = 1000
+_UNREAD = object()
 _ID_END = b"\xff" * 10
 
 
@@ -67,6 +71,8 @@ class ChunkSource(Protocol):
     def scan_columns(
         self, name: str, start_key: bytes, stop_key: bytes, topics: Collection[bytes] | None, limit: int
     ) -> tuple[Sequence[bytes], Sequence[bytes]]: ...
+
+    def queue_info(self, name: str) -> QueueInfo: ...
 
 
 class Scan:
@@ -211,6 +217,9 @@ class KeyRangeCursor:
     """A cursor over a rowkey range, one bounded read a chunk.
 
     It holds nothing between chunks, so an abandoned cursor costs nothing.
+    A queue deleted and created again under its name while the cursor reads
+    it is another queue (:attr:`QueueInfo.created <hqueue.config.QueueInfo.created>`):
+    the next chunk raises QueueNotFound, as it does once the queue is deleted.
     """
 
     def __init__(self, source: ChunkSource, queue: str, partition_id: int, scan: Scan, caching: int) -> None:
@@ -218,12 +227,22 @@ class KeyRangeCursor:
         self.start, self.stop = scan.key_range(partition_id)
         self.topics = scan.topics
         self.done = False
+        #: The queue's ``created`` as its first chunk was read (_UNREAD: none read yet).
+        self.created: str | None | object = _UNREAD
 
     def fetch(self) -> list[Message]:
         return messages_from_columns(*self.fetch_columns())
 
     def fetch_columns(self) -> tuple[Sequence[bytes], Sequence[bytes]]:
         keys, values = self.source.scan_columns(self.queue, self.start, self.stop, self.topics, self.caching)
+        created = self.source.queue_info(self.queue).created  # (after the read: it read that queue)
+        if self.created is _UNREAD:
+            self.created = created
+        elif created != self.created:
+            self.done = True
+            raise QueueNotFound(
+                self.queue, f"queue {self.queue!r} was deleted and created again while this scan read it"
+            )
         if len(keys) < self.caching:
             self.done = True
         else:

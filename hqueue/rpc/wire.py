@@ -269,7 +269,7 @@ def from_thrift_error(e: Exception, queue: str | None = None, partition_id: int 
     if limit is not None:
         return limit
     if isinstance(e, T.TQueueNotFound):
-        return errors.QueueNotFound(_text(e.queue) or queue or "?")
+        return errors.QueueNotFound(_text(e.queue) or queue or "?", _text(e.message) or None)
     if isinstance(e, T.TQueueExists):
         return errors.QueueExists(_text(e.queue) or queue or "?")
     if isinstance(e, T.TSubscriberNotFound):
@@ -300,6 +300,8 @@ def from_thrift_error(e: Exception, queue: str | None = None, partition_id: int 
     kind, _, rest = text.partition(": ")
     if kind == "InvalidQueueName":  # (a server whose IDL did not declare TInvalidMessage for the call)
         return errors.InvalidQueueName(rest)
+    if kind == "QueueNotFound" and queue:  # (a call that does not declare TQueueNotFound: a scanner's)
+        return errors.QueueNotFound(queue, rest)
     if kind == "QueueDisabled" and queue:  # (a call that does not declare TQueueDisabled: the queue it names)
         named = _DISABLED.match(rest)
         return errors.QueueDisabled(named.group(1) if named else queue)

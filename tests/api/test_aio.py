@@ -76,6 +76,31 @@ def test_put_then_scan_returns_every_message_in_id_order(api_url, queue_name):
     run(main())
 
 
+def test_a_scan_of_a_queue_deleted_and_created_again_says_so(api_url, queue_name):
+    """As the blocking scan does (tests/api/test_queue.py): none of the new queue's messages."""
+
+    async def main():
+        queue = await made(api_url, queue_name, partitions=1)
+        try:
+            old = set(await queue.put([Message("t", b"old %d" % i) for i in range(100)]))
+            scan = queue.scan(caching=10)
+            read = [(await anext(scan)).id]
+            async with AsyncHQueueAdmin(api_url) as admin:
+                await admin.disable_queue(queue_name)
+                await admin.delete_queue(queue_name)
+                await admin.create_queue(queue_name, 1)
+            async with AsyncHQueue(queue_name, api_url) as again:
+                new = set(await again.put([Message("t", b"new %d" % i) for i in range(100)]))
+            with pytest.raises(QueueNotFound, match="deleted and created again"):
+                async for message in scan:
+                    read.append(message.id)
+            assert set(read) <= old and not set(read) & new
+        finally:
+            await queue.close()
+
+    run(main())
+
+
 async def where(queue: AsyncHQueue, ids: list[MessageID]) -> int:
     async for message in queue.scan(ids[0]):
         if message.id == ids[0]:

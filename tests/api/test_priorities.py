@@ -58,7 +58,7 @@ def test_tiers_survive_a_reopen(tmp_path):
     with HQueueAdmin(url) as admin:
         admin.create_queue("q", 4, priorities=2)
     with HQueueAdmin(url) as admin:
-        assert admin.describe_queue("q")["config"] == {"hqueue.priorities": "2"}
+        assert admin.describe_queue("q")["config"]["hqueue.priorities"] == "2"
 
 
 @pytest.mark.parametrize("made", ["at once", "slowly"])

@@ -185,6 +185,36 @@ def test_disabled_queue_rejects_put_and_scan(make_queue, admin):
     queue.put(Message("t", b"x"))
 
 
+@pytest.mark.parametrize("how", ["scan", "batches", "partition"])
+def test_a_scan_of_a_queue_deleted_and_created_again_says_so_and_reads_none_of_the_new_queue(
+    make_queue, admin, api_url, how
+):
+    # Given a scan that read part of a queue (a scan reads 1,000 a chunk, the others 10 here;
+    # through servers, two chunks more ahead)
+    queue = make_queue(partitions=2)
+    old = queue.put([Message("t", b"old %d" % i) for i in range(5000)], partition_id=0)
+    reading = {
+        "scan": lambda: queue.scan(),
+        "batches": lambda: (m for batch in queue.scan_batches(batch_size=10) for m in batch),
+        "partition": lambda: iter(queue.get_partition_scanner(0, caching=10)),
+    }[how]()
+    first = [next(reading).id for _ in range(5)]
+    # When the queue is deleted, made again under its name, and given messages
+    admin.disable_queue(queue.name)
+    admin.delete_queue(queue.name)
+    admin.create_queue(queue.name, 2)
+    with HQueue(queue.name, api_url) as again:
+        new = again.put([Message("t", b"new %d" % i) for i in range(50)], partition_id=0)
+    # Then the scan says the queue it read is gone, within what it had read ahead,
+    # and none of the new queue's messages comes out of it
+    read = list(first)
+    with pytest.raises(QueueNotFound, match="deleted and created again while this scan read it"):
+        for message in reading:
+            read.append(message.id)
+    assert set(read) <= set(old) and not set(read) & set(new)
+    assert admin.describe_queue(queue.name)["config"]["hqueue.created"]  # (when, and which)
+
+
 @pytest.mark.parametrize("pid", [-1, 4, 40000])
 def test_partition_out_of_range_is_rejected(make_queue, pid):
     queue = make_queue(partitions=4)

@@ -6,6 +6,7 @@ A fixture that needs a server it cannot find skips locally but fails under
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import resource
@@ -351,3 +352,37 @@ def queue_with_group_limits(request, tmp_path: Path, limits, partitions: int = 1
         admin.create_queue("q", partitions)
     with HQueue("q", url, **opened) as queue:
         yield queue, (server.groups if server is not None else groups_of(queue.engine))
+
+
+@contextmanager
+def slow_link(address: str, delay: float) -> Iterator[str]:
+    """A TCP relay to ``address`` that holds each chunk a client sends for ``delay``
+    seconds (a slow network): yields the relay's host:port."""
+    host, _, port = address.rpartition(":")
+    listener = socket.create_server(("127.0.0.1", 0))
+    ends: list[socket.socket] = [listener]
+
+    def pump(source: socket.socket, sink: socket.socket, hold: float) -> None:
+        with contextlib.suppress(OSError):
+            while chunk := source.recv(65536):
+                time.sleep(hold)
+                sink.sendall(chunk)
+        for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = listener.accept()
+                upstream = socket.create_connection((host, int(port)))
+                ends.extend((client, upstream))
+                threading.Thread(target=pump, args=(client, upstream, delay), daemon=True).start()
+                threading.Thread(target=pump, args=(upstream, client, 0.0), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        for end in ends:
+            end.close()

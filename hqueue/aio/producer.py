@@ -207,6 +207,8 @@ class AsyncProducer:
         under way may be stored)."""
         check_timeout(timeout)
         self._batches.closed = True
+        if self._left_behind():
+            return
         loop = asyncio.get_running_loop()
         give_up = None if timeout is None else loop.time() + timeout
         if self._opening is not None and not self._opening.done():  # sends made before the close wait for it
@@ -224,6 +226,21 @@ class AsyncProducer:
                 task.cancel()
             await asyncio.wait(running)
             self._fail_held()
+
+    def _left_behind(self) -> bool:
+        """Whether this producer's event loop has ended (an ``asyncio.run`` that left it
+        open, closed from the next loop): that run cancelled its tasks and the sends
+        waiting in them, so nothing it holds was acknowledged; it is dropped. Its loop
+        still running elsewhere, the close must be made there (RuntimeError)."""
+        mine = next((t.get_loop() for t in (self._sender, self._opening) if t is not None), None)
+        if mine is None or mine is asyncio.get_running_loop():
+            return False
+        if not mine.is_closed():
+            raise other_loop(type(self).__name__)
+        self._sender = self._opening = None
+        self._puts.clear()
+        self._fail_held()
+        return True
 
     def _fail_held(self) -> None:
         """After a close that timed out: every send not done fails, and its room is freed."""

@@ -19,23 +19,27 @@ from ..scanner import Scan
 
 _T = TypeVar("_T")
 
-Opener = Callable[[], Awaitable[tuple[Any, str, Mapping[int, Scan]]]]
+Opener = Callable[[Any], Awaitable[tuple[str, Mapping[int, Scan]]]]
 
 
 class AsyncScanner:
     """Messages of chosen partitions in ID order; iterate with ``async for``.
 
     Args:
-        opener: Awaited on the first step: (the async engine, the queue, a Scan per partition).
+        engine: Awaited on the first step: the async engine.
+        opener: Then awaited with it: (the queue, a Scan per partition); it and the
+            cursors' opening share one call's deadline.
         caching: Messages fetched a round trip per partition.
         limit: At most this many messages (None: all).
     """
 
-    def __init__(self, opener: Opener, caching: int, limit: int | None = None) -> None:
-        self._opener, self.caching, self.limit = opener, caching, limit
+    def __init__(
+        self, engine: Callable[[], Awaitable[Any]], opener: Opener, caching: int, limit: int | None = None
+    ) -> None:
+        self.caching, self.limit = caching, limit
         # (the generator does not hold this scanner: dropped unfinished, e.g. left by a
         # ``break``, the scanner goes at once, and the generator's end closes its cursors)
-        self._messages = _generate(opener, caching, limit)
+        self._messages = _generate(engine, opener, caching, limit)
         self.closed = False
 
     def __aiter__(self) -> AsyncScanner:
@@ -57,13 +61,18 @@ class AsyncScanner:
         await self.aclose()
 
 
-async def _generate(opener: Opener, caching: int, limit: int | None) -> AsyncGenerator[Message, None]:
+async def _generate(
+    engine_of: Callable[[], Awaitable[Any]], opener: Opener, caching: int, limit: int | None
+) -> AsyncGenerator[Message, None]:
     """The scan's messages: its cursors opened, merged in ID order, and closed."""
-    engine, queue, scans = await opener()
-    opening = [asyncio.ensure_future(engine.open_cursor(queue, pid, scan, caching)) for pid, scan in scans.items()]
+    engine = await engine_of()
+    opening: list[asyncio.Future[Any]] = []
     cursors: list[Any] = []
     try:
-        await asyncio.wait(opening)
+        with engine.deadline():  # opening it (the definition, a cursor per partition) is one call, as HQueue's
+            queue, scans = await opener(engine)
+            opening += [asyncio.ensure_future(engine.open_cursor(queue, p, s, caching)) for p, s in scans.items()]
+            await asyncio.wait(opening)
         cursors = [task.result() for task in opening if not task.cancelled() and task.exception() is None]
         for task in opening:
             task.result()  # the first failure, if any, once every cursor opened is kept to be closed

@@ -500,6 +500,36 @@ def test_arguments_an_attackers_pass_found_unchecked_through_a_server(api_url, q
     run(main())
 
 
+def test_opening_a_scan_is_one_call_with_one_deadline(tmp_path):
+    """The async scan read the queue's definition and then opened its cursors (the
+    partitions' owners, a scanner each), each with its own deadline: on a slow link it took
+    two timeouts to open (an attacker's probe: 4 s with timeout=2). Opening it is one call,
+    as the blocking scan's is: here its two round trips of 1.2 s pass the 2 s timeout."""
+    from hqueue import DeadlineExceeded
+    from hqueue.config import INFO_CACHE_SECONDS
+    from hqueue.server import HQueueServer
+
+    from ..processes import slow_link
+
+    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
+    try:
+        with HQueueAdmin(f"hqueue://{server.address}") as admin:
+            admin.create_queue("q", 1)
+        with slow_link(server.address, 1.2) as relay:
+
+            async def main() -> float:
+                async with AsyncHQueue("q", f"hqueue://{relay}", timeout=2) as queue:
+                    await asyncio.sleep(INFO_CACHE_SECONDS + 0.1)  # (its definition is read again)
+                    started = time.monotonic()
+                    with pytest.raises(DeadlineExceeded):
+                        [m async for m in queue.scan()]
+                    return time.monotonic() - started
+
+            assert run(main()) < 4  # (its one deadline, and a margin for a loaded machine)
+    finally:
+        server.stop()
+
+
 def test_a_handle_belongs_to_the_event_loop_it_was_first_used_in(api_url, queue_name):
     """Used from a second loop it hung, stored puts it reported failed, or failed with
     "Event loop is closed" (an acceptance probe): it says so now."""

@@ -12,8 +12,10 @@ import pytest
 from hqueue import InvalidArgument, Message, MessageID, MessageTooLarge, ProducerClosed, QueueDisabled
 from hqueue.aio import AsyncHQueue, AsyncHQueueAdmin, AsyncProducer
 from hqueue.producer import SEND_OVERHEAD
+from hqueue.storage.embedded import EmbeddedStorage
 
-from .test_aio import made, run
+from ..processes import wait_for
+from .test_aio import client_sockets, made, run
 
 
 def test_sends_awaited_together_go_out_in_few_puts_and_are_all_stored(api_url, queue_name):
@@ -187,6 +189,38 @@ def test_a_producer_belongs_to_the_event_loop_it_was_first_used_in(tmp_path):
     queue, producer = run(first())
     with pytest.raises(RuntimeError, match="belongs to the event loop it was first used in"):
         run(producer.send(Message("t", b"second loop")))
+
+
+def test_a_handle_whose_producer_s_loop_ended_closes_from_the_next_loop(api_url, queue_name):
+    """A handle an ``asyncio.run`` left open with a producer raised "Event loop is closed"
+    on every close from the next loop (the producer waited on the dead loop's tasks): the
+    store stayed held and its threads ran (an attacker's probe). It closes now: the send
+    the ended loop cancelled is not stored, the one acknowledged is."""
+    holder = {}
+
+    async def first() -> None:
+        queue = holder["queue"] = await made(api_url, queue_name, partitions=1)
+        producer = holder["producer"] = queue.producer(linger_ms=60_000)
+        acked = asyncio.ensure_future(producer.send(Message("t", b"acked")))
+        await asyncio.sleep(0.05)
+        assert await producer.flush(10)
+        assert isinstance(await acked, MessageID)
+        asyncio.ensure_future(producer.send(Message("t", b"cancelled with its loop")))
+        await asyncio.sleep(0.05)
+
+    run(first())
+    run(holder["queue"].close())
+    assert holder["queue"].closed and holder["producer"].closed
+    if api_url.startswith("hqueue://"):
+        wait_for(lambda: client_sockets(api_url) == 0, timeout=5)
+    if api_url.startswith("local://"):
+        EmbeddedStorage(api_url.removeprefix("local://")).close()  # (StorageLocked while still held)
+
+    async def stored() -> list[bytes]:
+        async with AsyncHQueue(queue_name, api_url) as again:
+            return [m.value async for m in again.scan()]
+
+    assert run(stored()) == [b"acked"]
 
 
 def test_a_first_send_caught_by_its_queue_s_close_is_closed_or_stored(api_url, queue_name):

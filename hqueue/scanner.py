@@ -213,6 +213,12 @@ def read_columns(
         cursor.close()
 
 
+def recreated(queue: str) -> QueueNotFound:
+    """The error of a scan whose queue was deleted and made again under its name while it
+    read it (its ``created`` changed): the rest of it would be another queue's messages."""
+    return QueueNotFound(queue, f"queue {queue!r} was deleted and created again while this scan read it")
+
+
 class KeyRangeCursor:
     """A cursor over a rowkey range, one bounded read a chunk.
 
@@ -240,9 +246,7 @@ class KeyRangeCursor:
             self.created = created
         elif created != self.created:
             self.done = True
-            raise QueueNotFound(
-                self.queue, f"queue {self.queue!r} was deleted and created again while this scan read it"
-            )
+            raise recreated(self.queue)
         if len(keys) < self.caching:
             self.done = True
         else:

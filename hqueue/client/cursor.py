@@ -22,7 +22,7 @@ from thriftpy2.transport import TTransportException
 from ..errors import HQueueError, InvalidArgument, ServerBusy, ServerUnavailable
 from ..message import Message, messages_from_columns
 from ..rpc import packed, wire
-from ..scanner import Scan
+from ..scanner import Scan, recreated
 from .pool import Connection, NotSent
 
 logger = logging.getLogger(__name__)
@@ -114,6 +114,8 @@ class RemoteCursor:
         #: The size of the last answer (what one still to come may be: ``drains``).
         self.last_bytes = 0
         with engine.deadline() as deadline:
+            #: The queue's ``created`` (QueueInfo): a scanner opened again reads the same queue.
+            self.created = engine.queue_info(queue).created
             # Any server can serve a scan (the store is shared); prefer the owner.
             self.server = engine.locations(queue)[partition_id] or random.choice(engine._seeds)
             self.done = False
@@ -158,6 +160,13 @@ class RemoteCursor:
 
     def _open(self, deadline: float) -> None:
         """A connection, and a scanner on it over what is left of the scan."""
+        if self.scanner_id != -1:  # opened again (a server restarted, an owner moved): the same queue?
+            try:
+                created = self.engine.queue_info(self.queue, fresh=True).created
+            except ServerUnavailable as e:  # (none answers yet: tried again as a lost scanner, by the deadline)
+                raise _Lost(e, sent=False) from e
+            if created != self.created:
+                raise recreated(self.queue)
         self._pool = self.engine._pool(self.server)
         try:
             self._connection = self._pool.take(deadline)

@@ -22,7 +22,7 @@ from thriftpy2.protocol import TBinaryProtocol
 from thriftpy2.thrift import TMessageType
 from thriftpy2.transport import TMemoryBuffer, TTransportException
 
-from hqueue import DeadlineExceeded, HQueue, HQueueAdmin, Message, NotAuthorized, ServerUnavailable
+from hqueue import DeadlineExceeded, HQueue, HQueueAdmin, Message, NotAuthorized, QueueNotFound, ServerUnavailable
 from hqueue.aio import AsyncHQueue, AsyncHQueueAdmin
 from hqueue.auth import AuthPolicy
 from hqueue.rpc import wire
@@ -179,6 +179,32 @@ def test_an_awaited_scan_goes_on_through_a_server_restart(tmp_path):
         pairs = [(m.partition_id, m.id) for m in read]
         assert len(pairs) == len(put) and set(pairs) == set(put)
         assert [i for _, i in pairs] == sorted(i for _, i in pairs)
+    finally:
+        proc.kill()
+
+
+def test_an_awaited_scan_reopened_after_a_restart_on_a_queue_made_again_says_so(tmp_path):
+    """As the blocking scan's (test_server.py): none of the new queue's messages."""
+    from .test_server import remade_while_down
+
+    proc = ServerProcess(f"local://{tmp_path}/data", tmp_path)
+    url = f"hqueue://{proc.address}"
+    try:
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("q", 2)
+
+        async def main() -> tuple[list, set]:
+            async with AsyncHQueue("q", url) as queue:
+                await queue.put([Message("t", b"old")] * 50, partition_id=0)
+                scanner = queue.scan(partition_id=0, caching=7)
+                read = [await scanner.__anext__() for _ in range(3)]
+                new = await asyncio.to_thread(remade_while_down, proc, f"{tmp_path}/data")
+                with pytest.raises(QueueNotFound, match="deleted and created again"):
+                    read += [m async for m in scanner]
+            return read, new
+
+        read, new = asyncio.run(main())
+        assert {m.value for m in read} == {b"old"} and not {(m.partition_id, m.id) for m in read} & new
     finally:
         proc.kill()
 

@@ -10,7 +10,7 @@ from thriftpy2.protocol import TBinaryProtocolFactory
 from thriftpy2.rpc import make_client
 from thriftpy2.transport import TFramedTransportFactory
 
-from hqueue import HQueue, HQueueAdmin, HQueueError, Message, NoPartitionOwner, QueueInfo, Scan
+from hqueue import HQueue, HQueueAdmin, HQueueError, Message, NoPartitionOwner, QueueInfo, QueueNotFound, Scan
 from hqueue.client.engine import RemoteEngine
 from hqueue.rpc.wire import T
 from hqueue.server import HQueueServer
@@ -296,6 +296,40 @@ def test_a_scan_goes_on_through_a_server_restart(tmp_path):
         read = [(m.partition_id, m.id) for m in first + rest]  # type: ignore[union-attr]
         assert len(read) == len(put) and set(read) == set(put)
         assert [i for _, i in read] == sorted(i for _, i in read)
+    finally:
+        proc.kill()
+
+
+def remade_while_down(proc: ServerProcess, data: str) -> set:
+    """Kill the server, delete queue 'q' and make it again on its store (put 50 there), and
+    start the server again on its port: the new queue's message IDs."""
+    proc.kill()
+    with HQueueAdmin(f"local://{data}") as admin:
+        admin.disable_queue("q")
+        admin.delete_queue("q")
+        admin.create_queue("q", 2)
+    with HQueue("q", f"local://{data}") as again:
+        new = {(p, i) for p in (0, 1) for i in again.put([Message("t", b"new")] * 50, partition_id=p)}
+    proc.start()
+    return new
+
+
+def test_a_scan_reopened_after_a_restart_on_a_queue_made_again_says_so(tmp_path):
+    """A scanner opened again after a restart read on into the new queue made under the
+    same name while the server was down (a server-side scanner checks only the queue it
+    opened on). The cursor checks the queue is the one it began on."""
+    proc = ServerProcess(f"local://{tmp_path}/data", tmp_path)
+    try:
+        with HQueueAdmin(f"hqueue://{proc.address}") as admin:
+            admin.create_queue("q", 2)
+        with HQueue("q", f"hqueue://{proc.address}") as queue:
+            queue.put([Message("t", b"old")] * 50, partition_id=0)
+            scanner = queue.get_partition_scanner(0, Scan(), caching=7)
+            read = [scanner.next() for _ in range(3)]
+            new = remade_while_down(proc, f"{tmp_path}/data")
+            with pytest.raises(QueueNotFound, match="deleted and created again"):
+                read += list(scanner)
+        assert {m.value for m in read} == {b"old"} and not {(m.partition_id, m.id) for m in read} & new
     finally:
         proc.kill()
 

@@ -25,7 +25,7 @@ from ...client.cursor import _FIRST_DELAY, _MAX_DELAY, AHEAD, _Lost, drains, sca
 from ...errors import HQueueError, InvalidArgument, ServerBusy, ServerUnavailable
 from ...message import Message, messages_from_columns
 from ...rpc import wire
-from ...scanner import Scan
+from ...scanner import Scan, recreated
 from .transport import AsyncConnection, AsyncPool, NotSentError
 
 logger = logging.getLogger(__name__)
@@ -39,6 +39,7 @@ class AsyncRemoteCursor:
         self._scan: Scan | None = scan
         self.done = True
         self.server = ""
+        self.created: str | None = None
         self.scanner_id = -1
         self._pool: AsyncPool | None = None
         self._connection: AsyncConnection | None = None
@@ -51,6 +52,7 @@ class AsyncRemoteCursor:
     async def open(cls, engine: Any, queue: str, partition_id: int, scan: Scan, caching: int) -> AsyncRemoteCursor:
         cursor = cls(engine, queue, partition_id, scan, caching)
         with engine.deadline() as deadline:
+            cursor.created = (await engine.queue_info(queue)).created  # (as the blocking cursor)
             # Any server can serve a scan (the store is shared); prefer the owner.
             cursor.server = (await engine.locations(queue))[partition_id] or random.choice(engine._seeds)
             cursor.done = False
@@ -106,6 +108,13 @@ class AsyncRemoteCursor:
 
     async def _open(self) -> None:
         """A connection, and a scanner on it over what is left of the scan."""
+        if self.scanner_id != -1:  # (as the blocking cursor)
+            try:
+                created = (await self.engine.queue_info(self.queue, fresh=True)).created
+            except ServerUnavailable as e:
+                raise _Lost(e, sent=False) from e
+            if created != self.created:
+                raise recreated(self.queue)
         self._pool = self.engine.pool(self.server)
         try:
             self._connection = await self._pool.take()

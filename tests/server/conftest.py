@@ -17,3 +17,18 @@ def server(tmp_path):
         admin.create_queue("q", 2)
     yield server
     server.stop()
+
+
+@pytest.fixture
+def server_process(tmp_path):
+    """An ``hqueue server`` process the test may kill and start again (on its port), on a
+    fresh embedded store at ``tmp_path / "data"``, with queue "q" of 2 partitions."""
+    from ..processes import ServerProcess
+
+    proc = ServerProcess(f"local://{tmp_path}/data", tmp_path)
+    try:
+        with HQueueAdmin(f"hqueue://{proc.address}") as admin:
+            admin.create_queue("q", 2)
+        yield proc
+    finally:
+        proc.kill()

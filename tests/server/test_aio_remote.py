@@ -155,58 +155,44 @@ def test_calls_ended_by_closing_the_client_probe_no_server(probes):
     assert probes == []
 
 
-def test_an_awaited_scan_goes_on_through_a_server_restart(tmp_path):
-    proc = ServerProcess(f"local://{tmp_path}/data", tmp_path)
-    url = f"hqueue://{proc.address}"
-    try:
-        with HQueueAdmin(url) as admin:
-            admin.create_queue("q", 2)
+def test_an_awaited_scan_goes_on_through_a_server_restart(server_process):
+    url = f"hqueue://{server_process.address}"
 
-        async def main():
-            async with AsyncHQueue("q", url) as queue:
-                put = [(p, i) for p in (0, 1) for i in await queue.put([Message("t", b"x")] * 50, partition_id=p)]
-                # Given a scan of both partitions, part read
-                scanner = queue.scan(caching=7)
-                first = [await scanner.__anext__() for _ in range(20)]
-                # When the server is killed and comes back on its port
-                await asyncio.to_thread(proc.kill)
-                await asyncio.to_thread(proc.start)
-                rest = [m async for m in scanner]
-            return put, first + rest
+    async def main():
+        async with AsyncHQueue("q", url) as queue:
+            put = [(p, i) for p in (0, 1) for i in await queue.put([Message("t", b"x")] * 50, partition_id=p)]
+            # Given a scan of both partitions, part read
+            scanner = queue.scan(caching=7)
+            first = [await scanner.__anext__() for _ in range(20)]
+            # When the server is killed and comes back on its port
+            await asyncio.to_thread(server_process.kill)
+            await asyncio.to_thread(server_process.start)
+            rest = [m async for m in scanner]
+        return put, first + rest
 
-        put, read = asyncio.run(main())
-        # Then the scan went on from where each partition was: every message once, in ID order
-        pairs = [(m.partition_id, m.id) for m in read]
-        assert len(pairs) == len(put) and set(pairs) == set(put)
-        assert [i for _, i in pairs] == sorted(i for _, i in pairs)
-    finally:
-        proc.kill()
+    put, read = asyncio.run(main())
+    # Then the scan went on from where each partition was: every message once, in ID order
+    pairs = [(m.partition_id, m.id) for m in read]
+    assert len(pairs) == len(put) and set(pairs) == set(put)
+    assert [i for _, i in pairs] == sorted(i for _, i in pairs)
 
 
-def test_an_awaited_scan_reopened_after_a_restart_on_a_queue_made_again_says_so(tmp_path):
+def test_an_awaited_scan_reopened_after_a_restart_on_a_queue_made_again_says_so(server_process, tmp_path):
     """As the blocking scan's (test_server.py): none of the new queue's messages."""
     from .test_server import remade_while_down
 
-    proc = ServerProcess(f"local://{tmp_path}/data", tmp_path)
-    url = f"hqueue://{proc.address}"
-    try:
-        with HQueueAdmin(url) as admin:
-            admin.create_queue("q", 2)
+    async def main() -> tuple[list, set]:
+        async with AsyncHQueue("q", f"hqueue://{server_process.address}") as queue:
+            await queue.put([Message("t", b"old")] * 50, partition_id=0)
+            scanner = queue.scan(partition_id=0, caching=7)
+            read = [await scanner.__anext__() for _ in range(3)]
+            new = await asyncio.to_thread(remade_while_down, server_process, f"{tmp_path}/data")
+            with pytest.raises(QueueNotFound, match="deleted and created again"):
+                read += [m async for m in scanner]
+        return read, new
 
-        async def main() -> tuple[list, set]:
-            async with AsyncHQueue("q", url) as queue:
-                await queue.put([Message("t", b"old")] * 50, partition_id=0)
-                scanner = queue.scan(partition_id=0, caching=7)
-                read = [await scanner.__anext__() for _ in range(3)]
-                new = await asyncio.to_thread(remade_while_down, proc, f"{tmp_path}/data")
-                with pytest.raises(QueueNotFound, match="deleted and created again"):
-                    read += [m async for m in scanner]
-            return read, new
-
-        read, new = asyncio.run(main())
-        assert {m.value for m in read} == {b"old"} and not {(m.partition_id, m.id) for m in read} & new
-    finally:
-        proc.kill()
+    read, new = asyncio.run(main())
+    assert {m.value for m in read} == {b"old"} and not {(m.partition_id, m.id) for m in read} & new
 
 
 def test_a_cancelled_call_of_a_member_leaves_its_other_leases_alone(tmp_path):

@@ -278,26 +278,20 @@ def test_a_server_stopped_cleanly_counts_no_failure_for_the_messages_its_members
         proc.kill()
 
 
-def test_a_scan_goes_on_through_a_server_restart(tmp_path):
-    proc = ServerProcess(f"local://{tmp_path}/data", tmp_path)
-    try:
-        with HQueueAdmin(f"hqueue://{proc.address}") as admin:
-            admin.create_queue("q", 2)
-        with HQueue("q", f"hqueue://{proc.address}") as queue:
-            put = [(p, i) for p in (0, 1) for i in queue.put([Message("t", b"x")] * 50, partition_id=p)]
-            # Given a scan of both partitions, part read
-            scanner = queue.get_queue_scanner(Scan(), caching=7)
-            first = [scanner.next() for _ in range(20)]
-            # When the server is killed and comes back on its port
-            proc.kill()
-            proc.start()
-            rest = list(scanner)
-        # Then the scan went on from where each partition was: every message once, in ID order
-        read = [(m.partition_id, m.id) for m in first + rest]  # type: ignore[union-attr]
-        assert len(read) == len(put) and set(read) == set(put)
-        assert [i for _, i in read] == sorted(i for _, i in read)
-    finally:
-        proc.kill()
+def test_a_scan_goes_on_through_a_server_restart(server_process):
+    with HQueue("q", f"hqueue://{server_process.address}") as queue:
+        put = [(p, i) for p in (0, 1) for i in queue.put([Message("t", b"x")] * 50, partition_id=p)]
+        # Given a scan of both partitions, part read
+        scanner = queue.get_queue_scanner(Scan(), caching=7)
+        first = [scanner.next() for _ in range(20)]
+        # When the server is killed and comes back on its port
+        server_process.kill()
+        server_process.start()
+        rest = list(scanner)
+    # Then the scan went on from where each partition was: every message once, in ID order
+    read = [(m.partition_id, m.id) for m in first + rest]  # type: ignore[union-attr]
+    assert len(read) == len(put) and set(read) == set(put)
+    assert [i for _, i in read] == sorted(i for _, i in read)
 
 
 def remade_while_down(proc: ServerProcess, data: str) -> set:
@@ -314,24 +308,18 @@ def remade_while_down(proc: ServerProcess, data: str) -> set:
     return new
 
 
-def test_a_scan_reopened_after_a_restart_on_a_queue_made_again_says_so(tmp_path):
+def test_a_scan_reopened_after_a_restart_on_a_queue_made_again_says_so(server_process, tmp_path):
     """A scanner opened again after a restart read on into the new queue made under the
     same name while the server was down (a server-side scanner checks only the queue it
     opened on). The cursor checks the queue is the one it began on."""
-    proc = ServerProcess(f"local://{tmp_path}/data", tmp_path)
-    try:
-        with HQueueAdmin(f"hqueue://{proc.address}") as admin:
-            admin.create_queue("q", 2)
-        with HQueue("q", f"hqueue://{proc.address}") as queue:
-            queue.put([Message("t", b"old")] * 50, partition_id=0)
-            scanner = queue.get_partition_scanner(0, Scan(), caching=7)
-            read = [scanner.next() for _ in range(3)]
-            new = remade_while_down(proc, f"{tmp_path}/data")
-            with pytest.raises(QueueNotFound, match="deleted and created again"):
-                read += list(scanner)
-        assert {m.value for m in read} == {b"old"} and not {(m.partition_id, m.id) for m in read} & new
-    finally:
-        proc.kill()
+    with HQueue("q", f"hqueue://{server_process.address}") as queue:
+        queue.put([Message("t", b"old")] * 50, partition_id=0)
+        scanner = queue.get_partition_scanner(0, Scan(), caching=7)
+        read = [scanner.next() for _ in range(3)]
+        new = remade_while_down(server_process, f"{tmp_path}/data")
+        with pytest.raises(QueueNotFound, match="deleted and created again"):
+            read += list(scanner)
+    assert {m.value for m in read} == {b"old"} and not {(m.partition_id, m.id) for m in read} & new
 
 
 def test_clients_reach_a_server_on_ipv6(tmp_path):

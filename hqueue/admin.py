@@ -87,7 +87,10 @@ class HQueueAdmin(Connected):
         """
         info = new_queue_info(name, partitions, ttl, config, durability, max_message_bytes, topic_index, priorities)
         self.engine.create_queue(info)
-        return info
+        try:  # as stored: with what the store adds (hqueue.created, the topic index's hash)
+            return self.engine.queue_info(name, fresh=True)
+        except QueueNotFound:  # (deleted at once by another client)
+            return info
 
     @names_a_queue
     def truncate_queue(self, name: str) -> None:

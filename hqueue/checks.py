@@ -143,10 +143,17 @@ def check_name(kind: str, name: object) -> str:
 MAX_SCAN_LIMIT = 2**63 - 1
 
 
+#: The longest call deadline (7 days): past what sockets and polls can wait for (1e10 s
+#: was taken, and then every call raised OverflowError from socket.settimeout).
+MAX_CALL_TIMEOUT = 7 * 86400.0
+
+
 def check_timeout(timeout: object) -> float:
-    """A call's deadline in seconds: a number above 0 and finite."""
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout < float("inf"):
-        raise InvalidArgument(f"'timeout' must be > 0 seconds, got {timeout!r}")
+    """A call's deadline in seconds: a number above 0, up to MAX_CALL_TIMEOUT."""
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout <= MAX_CALL_TIMEOUT:
+        raise InvalidArgument(
+            f"'timeout' must be > 0 and at most {MAX_CALL_TIMEOUT:.0f} seconds (7 days), got {timeout!r}"
+        )
     return float(timeout)
 
 

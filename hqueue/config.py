@@ -98,6 +98,8 @@ def check_config(config: object) -> dict[str, str]:
         for text in (key, value):
             if _as_utf8(text) is not text:
                 raise InvalidArgument(f"'config': {_as_utf8(text)!r} is not valid UTF-8 text")
+    if CREATED_KEY in config:  # (it was replaced, silently)
+        raise InvalidArgument(f"'config': {CREATED_KEY} is set by hqueue when the queue is made")
     flag = config.get(TOPIC_INDEX_KEY)
     if flag is not None and flag.lower() not in _TRUE + _FALSE:  # ('on' made a queue without it, silently)
         raise InvalidArgument(f"'config': {TOPIC_INDEX_KEY} must be true or false, got {flag!r}")

@@ -35,8 +35,12 @@ class AsyncHQueueAdmin(AsyncConnected):
     ) -> QueueInfo:
         """Create a queue (as :meth:`HQueueAdmin.create_queue <hqueue.HQueueAdmin.create_queue>`)."""
         info = new_queue_info(name, partitions, ttl, config, durability, max_message_bytes, topic_index, priorities)
-        await (await self.async_engine()).create_queue(info)
-        return info
+        engine = await self.async_engine()
+        await engine.create_queue(info)
+        try:  # as stored (as HQueueAdmin's)
+            return await engine.queue_info(name, fresh=True)
+        except QueueNotFound:
+            return info
 
     @names_a_queue
     async def truncate_queue(self, name: str) -> None:

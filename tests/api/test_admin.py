@@ -28,6 +28,17 @@ def test_create_list_and_describe(admin, queue_name):
     assert description["last_ids"] == {pid: None for pid in range(32)}
 
 
+def test_create_returns_the_definition_as_stored_and_hqueue_created_is_hqueue_s(admin, queue_name):
+    """create_queue returned what it was given, without what the store adds (its created);
+    a config naming hqueue.created had it replaced, silently (an attacker's probe)."""
+    with pytest.raises(InvalidArgument, match="hqueue.created is set by hqueue"):
+        admin.create_queue(queue_name, 1, config={"hqueue.created": "forged"})
+    assert not admin.queue_exists(queue_name)
+    info = admin.create_queue(queue_name, 1, topic_index=True)
+    assert info.created and info == admin.list_queues()[0]
+    assert admin.describe_queue(queue_name)["config"]["hqueue.created"] == info.created
+
+
 def test_describe_reports_last_ids_and_a_count_estimate(admin, make_queue):
     queue = make_queue(partitions=2)
     ids = queue.put([Message("t", b"x")] * 3, partition_id=1)

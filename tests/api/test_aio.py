@@ -692,13 +692,24 @@ def test_a_member_closed_while_another_task_receives_in_process_leaves_the_group
     assert (got, members, partitions) == ([], ["b"], [0, 1, 2, 3])
 
 
+@pytest.mark.parametrize("url", ["local:///nowhere", "hqueue://127.0.0.1:1"])
+@pytest.mark.parametrize("timeout", [0, -1, True, float("nan"), float("inf"), 1e10, 2**70, "5"])
+def test_a_blocking_handle_refuses_a_bad_timeout_when_it_is_made(url, timeout):
+    """1e10 s was taken, and then every call raised OverflowError from socket.settimeout (an
+    attacker's probe): a deadline is at most 7 days."""
+    for handle in (lambda: HQueue("q", url, timeout=timeout), lambda: HQueueAdmin(url, timeout=timeout)):
+        with pytest.raises(InvalidArgument, match="'timeout' must be > 0 and at most 604800 seconds"):
+            handle()
+
+
 @pytest.mark.parametrize(
     ("url", "options", "error"),
     [
         ("memory://", {"timeout": 3}, "'timeout' is for hqueue:// servers and a local:// store"),
         ("local:///nowhere", {"token": "t" * 20}, "'token' is for hqueue:// servers"),
-        ("local:///nowhere", {"timeout": 0}, "'timeout' must be > 0 seconds"),
-        ("local:///nowhere", {"timeout": True}, "'timeout' must be > 0 seconds"),
+        ("local:///nowhere", {"timeout": 0}, "'timeout' must be > 0"),
+        ("local:///nowhere", {"timeout": True}, "'timeout' must be > 0"),
+        ("local:///nowhere", {"timeout": 1e10}, "at most 604800 seconds"),
         ("hqueue://127.0.0.1:1", {"group_limits": object()}, "'group_limits' are for a store in this process"),
         ("memory://", {"workers": 0}, "'workers' must be an int in 1..64"),
     ],

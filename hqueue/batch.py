@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from .errors import InvalidArgument
 from .message import Message, MessageID, ids_of_keys, messages_from_columns, topics_of_keys
-from .scanner import Scan, ScanSource, read_columns
+from .scanner import UNCHECKED, Scan, ScanSource, read_columns
 
 
 @dataclass(frozen=True)
@@ -63,8 +63,9 @@ def check_batch_size(batch_size: object) -> int:
 
 
 def partition_batches(
-    source: ScanSource, queue: str, partition_id: int, scan: Scan, batch_size: int
+    source: ScanSource, queue: str, partition_id: int, scan: Scan, batch_size: int, created: object = UNCHECKED
 ) -> Iterator[MessageBatch]:
-    """One partition's messages in ``scan``, as batches of columns, in ID order."""
-    for keys, values in read_columns(source, queue, partition_id, scan, batch_size):
+    """One partition's messages in ``scan``, as batches of columns, in ID order (of the queue
+    that has ``created``: :func:`~hqueue.scanner.check_opened`)."""
+    for keys, values in read_columns(source, queue, partition_id, scan, batch_size, created):
         yield MessageBatch(partition_id, keys, values)

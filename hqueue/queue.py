@@ -274,16 +274,17 @@ class HQueue(Connected):
     def get_queue_scanner(self, scan: Scan | None = None, *, caching: int = DEFAULT_CACHING) -> QueueScanner:
         """A scanner over every partition, merged in MessageID order."""
         with self.engine.deadline():  # opening it (the definition, a cursor per partition) is one call
-            partitions = self.engine.enabled_queue(self.name).partitions
-            return QueueScanner(self.engine, self.name, partitions, scan or Scan(), caching)
+            info = self.engine.enabled_queue(self.name)
+            return QueueScanner(self.engine, self.name, info.partitions, scan or Scan(), caching, created=info.created)
 
     def get_partition_scanner(
         self, partition_id: int, scan: Scan | None = None, *, caching: int = DEFAULT_CACHING
     ) -> PartitionScanner:
         """A scanner over one partition."""
         with self.engine.deadline():
-            check_partition(self.engine.enabled_queue(self.name), partition_id)
-            return PartitionScanner(self.engine, self.name, partition_id, scan or Scan(), caching)
+            info = self.engine.enabled_queue(self.name)
+            check_partition(info, partition_id)
+            return PartitionScanner(self.engine, self.name, partition_id, scan or Scan(), caching, created=info.created)
 
     def get_combined_partition_scanner(
         self, scans: Mapping[int, Scan], *, caching: int = DEFAULT_CACHING
@@ -293,7 +294,7 @@ class HQueue(Connected):
             info = self.engine.enabled_queue(self.name)
             for pid in scans:
                 check_partition(info, pid)
-            return CombinedPartitionScanner(self.engine, self.name, scans, caching)
+            return CombinedPartitionScanner(self.engine, self.name, scans, caching, created=info.created)
 
     # -- Pythonic extras ---------------------------------------------------------
 
@@ -338,7 +339,7 @@ class HQueue(Connected):
         info = self.engine.enabled_queue(self.name)
         pids = range(info.partitions) if partition_id is None else [check_partition(info, partition_id)]
         for pid in pids:
-            yield from partition_batches(self.engine, self.name, pid, scan, batch_size)
+            yield from partition_batches(self.engine, self.name, pid, scan, batch_size, info.created)
 
     def splits(
         self, start: TimeLike = None, stop: TimeLike = None, topics: Iterable[str | bytes] | None = None

@@ -43,7 +43,8 @@ logger = logging.getLogger(__name__)
 __all__ = ["CombinedPartitionScanner", "PartitionScanner", "QueueScanner", "Scan"]
 
 DEFAULT_CACHING = 1000
-_UNREAD = object()
+#: A scanner's ``created`` when it is not told which queue it began on (nothing checked).
+UNCHECKED: object = object()
 _ID_END = b"\xff" * 10
 
 
@@ -65,6 +66,8 @@ class ScanSource(Protocol):
     """Where scanners read from: the in-process engine, or a remote server."""
 
     def open_cursor(self, queue: str, partition_id: int, scan: Scan, caching: int) -> Cursor: ...
+
+    def queue_info(self, name: str, *, fresh: bool = False) -> QueueInfo: ...
 
 
 class ChunkSource(Protocol):
@@ -200,17 +203,28 @@ class _Scanner:
 
 
 def read_columns(
-    source: ScanSource, queue: str, partition_id: int, scan: Scan, caching: int
+    source: ScanSource, queue: str, partition_id: int, scan: Scan, caching: int, created: object = UNCHECKED
 ) -> Iterator[tuple[Sequence[bytes], Sequence[bytes]]]:
-    """One partition's chunks as (cell keys, values), the cursor closed at the end."""
+    """One partition's chunks as (cell keys, values), the cursor closed at the end; given
+    ``created``, of the queue that has it (:func:`check_opened`)."""
     cursor = source.open_cursor(queue, partition_id, scan, caching)
     try:
+        check_opened(source, queue, created)
         while not cursor.done:
             keys, values = cursor.fetch_columns()
             if keys:
                 yield keys, values
     finally:
         cursor.close()
+
+
+def check_opened(source: ScanSource, queue: str, created: object) -> None:
+    """After a scan opened its cursors: its queue is still the one it began on (``created``,
+    read from its definition before; UNCHECKED: not checked), so each cursor, which holds the
+    queue it was opened on, reads that one. A queue made again under the name has another
+    ``created``, and none comes back, so one fresh read after the opening is enough."""
+    if created is not UNCHECKED and source.queue_info(queue, fresh=True).created != created:
+        raise recreated(queue)
 
 
 def recreated(queue: str) -> QueueNotFound:
@@ -233,18 +247,15 @@ class KeyRangeCursor:
         self.start, self.stop = scan.key_range(partition_id)
         self.topics = scan.topics
         self.done = False
-        #: The queue's ``created`` as its first chunk was read (_UNREAD: none read yet).
-        self.created: str | None | object = _UNREAD
+        #: The queue's ``created`` when the cursor was opened: each chunk is read from it.
+        self.created = source.queue_info(queue).created
 
     def fetch(self) -> list[Message]:
         return messages_from_columns(*self.fetch_columns())
 
     def fetch_columns(self) -> tuple[Sequence[bytes], Sequence[bytes]]:
         keys, values = self.source.scan_columns(self.queue, self.start, self.stop, self.topics, self.caching)
-        created = self.source.queue_info(self.queue).created  # (after the read: it read that queue)
-        if self.created is _UNREAD:
-            self.created = created
-        elif created != self.created:
+        if self.source.queue_info(self.queue).created != self.created:  # (after the read: it read that queue)
             self.done = True
             raise recreated(self.queue)
         if len(keys) < self.caching:
@@ -262,10 +273,18 @@ class PartitionScanner(_Scanner):
     """Reads one partition of a queue in MessageID order."""
 
     def __init__(
-        self, source: ScanSource, queue: str, partition_id: int, scan: Scan, caching: int = DEFAULT_CACHING
+        self,
+        source: ScanSource,
+        queue: str,
+        partition_id: int,
+        scan: Scan,
+        caching: int = DEFAULT_CACHING,
+        *,
+        created: object = UNCHECKED,
     ) -> None:
         _check_caching(caching)
         cursor = source.open_cursor(queue, partition_id, scan, caching)
+        _checked(source, queue, created, [cursor])
         self.queue, self.partition_id = queue, partition_id
         chunks = _Chunks()
         super().__init__(_read(cursor, chunks), chunks)
@@ -286,7 +305,13 @@ class CombinedPartitionScanner(_Scanner):
     """
 
     def __init__(
-        self, source: ScanSource, queue: str, scans: Mapping[int, Scan], caching: int = DEFAULT_CACHING
+        self,
+        source: ScanSource,
+        queue: str,
+        scans: Mapping[int, Scan],
+        caching: int = DEFAULT_CACHING,
+        *,
+        created: object = UNCHECKED,
     ) -> None:
         _check_caching(caching)
         if not isinstance(scans, Mapping) or not scans:
@@ -296,13 +321,36 @@ class CombinedPartitionScanner(_Scanner):
                 raise TypeError(f"scan for partition {pid} must be a Scan, not {type(scan).__name__}")
         self.queue, self.caching = queue, caching
         self.partitions = sorted(scans)
-        cursors = [source.open_cursor(queue, pid, scans[pid], caching) for pid in self.partitions]
+        cursors: list[Cursor] = []
+        try:
+            cursors += (source.open_cursor(queue, pid, scans[pid], caching) for pid in self.partitions)
+        except BaseException:
+            _close_all(cursors)
+            raise
+        _checked(source, queue, created, cursors)
         chunks = _Chunks()
         super().__init__(_merged(cursors, caching, chunks), chunks)
         logger.debug("opened %s", self)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.queue!r}, partitions={len(self.partitions)})"
+
+
+def _checked(source: ScanSource, queue: str, created: object, cursors: list[Cursor]) -> None:
+    """:func:`check_opened`, the cursors closed if it raises."""
+    try:
+        check_opened(source, queue, created)
+    except BaseException:
+        _close_all(cursors)
+        raise
+
+
+def _close_all(cursors: list[Cursor]) -> None:
+    for cursor in cursors:
+        try:
+            cursor.close()
+        except Exception as e:  # (the first error is the caller's)
+            logger.debug("closing a cursor: %r", e)
 
 
 def _read(cursor: Cursor, chunks: _Chunks) -> Generator[Message, None, None]:
@@ -347,11 +395,18 @@ class QueueScanner(CombinedPartitionScanner):
     """Reads every partition of a queue with one Scan, in MessageID order."""
 
     def __init__(
-        self, source: ScanSource, queue: str, partitions: int, scan: Scan, caching: int = DEFAULT_CACHING
+        self,
+        source: ScanSource,
+        queue: str,
+        partitions: int,
+        scan: Scan,
+        caching: int = DEFAULT_CACHING,
+        *,
+        created: object = UNCHECKED,
     ) -> None:
         if not isinstance(scan, Scan):
             raise TypeError(f"'scan' must be a Scan, not {type(scan).__name__}")
-        super().__init__(source, queue, dict.fromkeys(range(partitions), scan), caching)
+        super().__init__(source, queue, dict.fromkeys(range(partitions), scan), caching, created=created)
 
 
 def _check_caching(caching: int) -> None:

@@ -154,10 +154,10 @@ class AsyncHQueue(AsyncConnected):
         if not isinstance(caching, int) or isinstance(caching, bool) or caching < 1:
             raise InvalidArgument(f"'caching' must be an int > 0, got {caching!r}")
 
-        async def opener(engine: Any) -> tuple[str, dict[int, Scan]]:
+        async def opener(engine: Any) -> tuple[str, dict[int, Scan], str | None]:
             info = await engine.enabled_queue(self.name)
             pids = range(info.partitions) if partition_id is None else [check_partition(info, partition_id)]
-            return self.name, dict.fromkeys(pids, scan)
+            return self.name, dict.fromkeys(pids, scan), info.created
 
         return AsyncScanner(self.async_engine, opener, min(limit, caching) if limit else caching, limit)
 

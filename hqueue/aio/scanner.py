@@ -15,11 +15,11 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from typing import Any, TypeVar
 
 from ..message import Message
-from ..scanner import Scan
+from ..scanner import Scan, recreated
 
 _T = TypeVar("_T")
 
-Opener = Callable[[Any], Awaitable[tuple[str, Mapping[int, Scan]]]]
+Opener = Callable[[Any], Awaitable[tuple[str, Mapping[int, Scan], str | None]]]
 
 
 class AsyncScanner:
@@ -27,8 +27,8 @@ class AsyncScanner:
 
     Args:
         engine: Awaited on the first step: the async engine.
-        opener: Then awaited with it: (the queue, a Scan per partition); it and the
-            cursors' opening share one call's deadline.
+        opener: Then awaited with it: (the queue, a Scan per partition, the queue's
+            ``created``); it and the cursors' opening share one call's deadline.
         caching: Messages fetched a round trip per partition.
         limit: At most this many messages (None: all).
     """
@@ -70,12 +70,14 @@ async def _generate(
     cursors: list[Any] = []
     try:
         with engine.deadline():  # opening it (the definition, a cursor per partition) is one call, as HQueue's
-            queue, scans = await opener(engine)
+            queue, scans, created = await opener(engine)
             opening += [asyncio.ensure_future(engine.open_cursor(queue, p, s, caching)) for p, s in scans.items()]
             await asyncio.wait(opening)
-        cursors = [task.result() for task in opening if not task.cancelled() and task.exception() is None]
-        for task in opening:
-            task.result()  # the first failure, if any, once every cursor opened is kept to be closed
+            cursors = [task.result() for task in opening if not task.cancelled() and task.exception() is None]
+            for task in opening:
+                task.result()  # the first failure, if any, once every cursor opened is kept to be closed
+            if (await engine.queue_info(queue, fresh=True)).created != created:  # (scanner.check_opened)
+                raise recreated(queue)
         emitted = 0
         async for message in _merge(cursors, caching) if limit != 0 else _nothing():
             yield message

@@ -27,6 +27,7 @@ import time
 import pytest
 
 from hqueue import HQueue, HQueueAdmin, Message, Scan, StorageError
+from hqueue.config import INFO_CACHE_SECONDS
 from hqueue.ids import wall_clock_ms
 from hqueue.sharing import StoreClient
 
@@ -510,6 +511,46 @@ def test_a_client_s_timeout_bounds_its_calls_to_the_serving_process(data):
                 admin.list_queues()
             asyncio.run(main())
             assert time.monotonic() - started < 20  # three calls of 2 s each, not of 30 s
+    finally:
+        holder.proc.send_signal(signal.SIGCONT)
+        holder.kill()
+
+
+def test_an_async_client_s_call_has_one_deadline_across_its_steps(data):
+    """An async client of a serving process ran each step of a call (the queue's definition,
+    the put; a scan's definition and each partition's cursor) with a deadline of its own:
+    with timeout=2 a put took 4 s and a scan of 16 partitions 10 s (an attacker's probe
+    found the same with timeout=1). Each ends within its one timeout now (and a margin)."""
+    import asyncio
+
+    from hqueue import DeadlineExceeded, OutcomeUnknown
+    from hqueue.aio import AsyncHQueue
+
+    from ..processes import pause
+
+    with HQueueAdmin(data_dir=data) as admin:
+        admin.create_queue("wide", 16)
+
+    holder = _holder(data)
+    try:
+
+        async def main() -> list[float]:
+            took = []
+            async with AsyncHQueue("wide", data_dir=data, timeout=2) as queue:
+                await queue.put(Message("t", b"before"), partition_id=0)
+                pause(holder.proc)
+                await asyncio.sleep(INFO_CACHE_SECONDS + 0.1)  # (its definition is read again)
+                calls = [lambda: queue.put(Message("t", b"paused")), lambda: queue.scan().__anext__()]
+                for call in calls:
+                    started = time.monotonic()
+                    with pytest.raises((OutcomeUnknown, DeadlineExceeded)):
+                        await call()
+                    took.append(time.monotonic() - started)
+                    await asyncio.sleep(INFO_CACHE_SECONDS + 0.1)
+            return took
+
+        took = asyncio.run(main())
+        assert max(took) < 3.5, took
     finally:
         holder.proc.send_signal(signal.SIGCONT)
         holder.kill()

@@ -92,8 +92,18 @@ class AsyncConnected:
         """Sockets this handle has open to hqueue servers now (0 for a store in this process)."""
         return self._engine.connections if self._engine is not None else 0
 
+    def _closable_here(self) -> None:
+        """A close comes from the handle's loop, or after that loop stopped (an ``asyncio.run``
+        that left the handle open): from another thread while it runs, RuntimeError (its tasks
+        and connections are that loop's; a handle with a producer said so, one without was
+        released under the running loop)."""
+        loop = self._loop
+        if loop is not None and loop is not asyncio.get_running_loop() and loop.is_running():
+            raise other_loop(type(self).__name__)
+
     async def close(self) -> None:
         """Release the store or close every connection (the last user in the process closes a store)."""
+        self._closable_here()
         self.closed = True
         engine, self._engine = self._engine, None
         if engine is not None:

@@ -228,14 +228,14 @@ class AsyncProducer:
             self._fail_held()
 
     def _left_behind(self) -> bool:
-        """Whether this producer's event loop has ended (an ``asyncio.run`` that left it
+        """Whether this producer's event loop has stopped (an ``asyncio.run`` that left it
         open, closed from the next loop): that run cancelled its tasks and the sends
         waiting in them, so nothing it holds was acknowledged; it is dropped. Its loop
         still running elsewhere, the close must be made there (RuntimeError)."""
         mine = next((t.get_loop() for t in (self._sender, self._opening) if t is not None), None)
         if mine is None or mine is asyncio.get_running_loop():
             return False
-        if not mine.is_closed():
+        if mine.is_running():
             raise other_loop(type(self).__name__)
         self._sender = self._opening = None
         self._puts.clear()

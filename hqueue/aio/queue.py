@@ -186,6 +186,7 @@ class AsyncHQueue(AsyncConnected):
         """Close the producers made here (sending what they hold), stop the subscribers and
         close the consumers (as :meth:`HQueue.close <hqueue.HQueue.close>` does: each leave
         given :data:`~hqueue.queue.LEAVE_AT_CLOSE`), then release the store."""
+        self._closable_here()
         for producer in list(self._producers):
             await producer.close()
         # Subscribers and consumers end together, within 2 x LEAVE_AT_CLOSE whoever does not

@@ -565,6 +565,44 @@ def test_a_handle_left_open_when_its_loop_ended_closes_from_another(api_url, que
     assert time.monotonic() - started < 4  # handed back, not lapsed (a lease of 60 s)
 
 
+@pytest.mark.parametrize("with_producer", [False, True])
+def test_a_close_from_another_thread_while_the_handle_s_loop_runs_is_refused(tmp_path, with_producer):
+    """Without a producer such a close released the store under the running loop; with
+    one it raised (an attacker's probe). Both raise; the handle goes on in its own loop."""
+    import queue as threads_queue
+
+    url = f"local://{tmp_path}/data"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 1)
+    outcome: threads_queue.Queue = threads_queue.Queue()
+
+    async def owner() -> list[bytes]:
+        queue = await AsyncHQueue("q", url).open()
+        if with_producer:
+            await queue.producer().send(Message("t", b"sent"))
+        else:
+            await queue.put(Message("t", b"sent"))
+        closer = threading.Thread(target=lambda: outcome.put(_raised(lambda: asyncio.run(queue.close()))))
+        closer.start()
+        await asyncio.to_thread(closer.join)
+        await queue.put(Message("t", b"after"))  # (still open, in its loop)
+        values = [m.value async for m in queue.scan()]
+        await queue.close()
+        return values
+
+    assert run(owner()) == [b"sent", b"after"]
+    error = outcome.get_nowait()
+    assert isinstance(error, RuntimeError) and "belongs to the event loop" in str(error)
+
+
+def _raised(call) -> BaseException | None:
+    try:
+        call()
+    except BaseException as e:  # noqa: BLE001 - the outcome is the test's
+        return e
+    return None
+
+
 def test_starting_a_started_subscriber_again_keeps_its_handle(tmp_path):
     """The second start raised SubscriberActive, as it should, but dropped the running
     subscriber's own handle, whose store stayed open after stop() (an acceptance probe)."""

@@ -355,7 +355,9 @@ class HQueue(Connected):
         url, token = self._credentials()
         chosen = tuple(sorted(scan.topics)) if scan.topics else None
         return [
-            Split(url, self.name, pid, scan.start_id, scan.stop_id, chosen, owners[pid] or None)._carrying(token)
+            Split(
+                url, self.name, pid, scan.start_id, scan.stop_id, chosen, owners[pid] or None, info.created
+            )._carrying(token)
             for pid in range(info.partitions)
         ]
 

@@ -12,9 +12,11 @@ of a server with ``--auth-file`` reads it as the handle would; the token is
 never shown (not in ``repr``), but it is in the pickle: hand splits only
 to workers you would give the token to (or make the handle without one,
 and give workers ``token=`` or ``$HQUEUE_TOKEN``). An embedded store
-(``local://``) opens in one process only, so its splits are read in the
-process that made them (threads); across processes, serve the store with
-``hqueue server`` and split over ``hqueue://``.
+(``local://``) is shared by the local processes that open it, so workers on
+this machine read its splits with the same URL (each a client of the process
+that serves it); across machines, serve it with ``hqueue server`` and split
+over ``hqueue://``. A split reads the queue it was made from: one deleted and
+made again under its name since raises QueueNotFound.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from .batch import MessageBatch, check_batch_size, partition_batches
 from .checks import check_partition
 from .connection import acquire_engine
 from .message import MessageID
-from .scanner import Scan
+from .scanner import UNCHECKED, Scan
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,8 @@ class Split:
     never in ``repr``, ``asdict`` or comparisons; only in the pickle).
         location: ``host:port`` of the server that owns the partition; None
             for a store in this process, or while no server owns it.
+        created: The queue's ``created`` (:attr:`QueueInfo.created
+            <hqueue.config.QueueInfo.created>`) when the split was made (None: not checked).
     """
 
     url: str
@@ -49,6 +53,7 @@ class Split:
     stop: MessageID | None = None
     topics: tuple[bytes, ...] | None = None
     location: str | None = None
+    created: str | None = None
 
     def _carrying(self, token: str | None) -> Split:
         """This split, carrying ``token`` for :meth:`read` (set by HQueue.splits)."""
@@ -63,6 +68,7 @@ class Split:
         try:
             check_partition(engine.enabled_queue(self.queue), self.partition_id)
             scan = Scan(self.start, self.stop, self.topics)
-            yield from partition_batches(engine, self.queue, self.partition_id, scan, batch_size)
+            created = UNCHECKED if self.created is None else self.created
+            yield from partition_batches(engine, self.queue, self.partition_id, scan, batch_size, created)
         finally:
             engine.release()

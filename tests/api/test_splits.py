@@ -42,3 +42,25 @@ def test_splits_name_their_server_pickle_and_are_read_by_other_processes(tmp_pat
         assert len(read) == 90 and set(read) == written
     finally:
         server.stop()
+
+
+def test_a_split_of_a_queue_made_again_since_says_so(tmp_path):
+    """A split read the queue of its name whatever it was: one deleted and made again after
+    the split was made had its messages read as the split's."""
+    import pytest
+
+    from hqueue import QueueNotFound
+
+    with HQueueAdmin(data_dir=tmp_path) as admin:
+        admin.create_queue("q", 1)
+        with HQueue("q", data_dir=tmp_path) as queue:
+            queue.put(Message("t", b"old"))
+            [split] = pickle.loads(pickle.dumps(queue.splits()))
+        assert split.created == admin.list_queues()[0].created
+        assert [m.value for b in split.read() for m in b] == [b"old"]
+        admin.delete_queue("q", force=True)
+        admin.create_queue("q", 1)
+        with HQueue("q", data_dir=tmp_path) as queue:
+            queue.put(Message("t", b"new"))
+        with pytest.raises(QueueNotFound, match="deleted and created again"):
+            list(split.read())

@@ -203,8 +203,9 @@ class HQueueAdmin(Connected):
         copied, began = 0, time.monotonic()
         if not self._has_dead_letters(queue):
             return 0
-        for pid in range(engine.enabled_queue(dlq).partitions):
-            for keys, values in read_columns(engine, dlq, pid, scan, batch):
+        letters = engine.queue_info(dlq, fresh=True).require_enabled()  # (read partition after partition)
+        for pid in range(letters.partitions):  # of that dead-letter queue only (scanner.check_opened)
+            for keys, values in read_columns(engine, dlq, pid, scan, batch, letters.created):
                 for at in range(0, len(keys), batch):
                     messages = list(map(Message, topics_of_keys(keys[at : at + batch]), values[at : at + batch]))
                     if rate is not None:  # the next batch waits until the rate allows it

@@ -5,10 +5,10 @@ from __future__ import annotations
 import contextlib
 import os
 import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from itertools import islice
-from typing import overload
+from typing import TypeVar, overload
 
 from .api import groups_of
 from .batch import MessageBatch, check_batch_size, partition_batches
@@ -16,7 +16,7 @@ from .checks import check_partition, check_queue_name_type, check_scan_limit, ch
 from .config import QueueInfo
 from .connection import Connected
 from .consumer import Consumer, Pending
-from .errors import HQueueError
+from .errors import HQueueError, InvalidPartition
 from .groups.limits import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, GroupLimits, check_group_name, check_pending_limit
 from .keys.timers import Timer, due_ms, timer_of
 from .message import Message, MessageID, TimeLike, as_message_id
@@ -28,7 +28,14 @@ from .producer import (
     DEFAULT_MAX_BYTES,
     Producer,
 )
-from .scanner import DEFAULT_CACHING, CombinedPartitionScanner, PartitionScanner, QueueScanner, Scan
+from .scanner import (
+    DEFAULT_CACHING,
+    CombinedPartitionScanner,
+    OpenedOnAnother,
+    PartitionScanner,
+    QueueScanner,
+    Scan,
+)
 from .splits import Split
 from .subscriptions.listener import MessageListener, Subscriber, Subscription
 
@@ -38,6 +45,8 @@ __all__ = ["HQueue", "partition_for_key"]
 #: Seconds a consumer left open may take to leave its group when its queue closes (through
 #: a server that does not answer, its connection's end counts what it held as failed).
 LEAVE_AT_CLOSE = 1.0
+
+_Scanner = TypeVar("_Scanner", PartitionScanner, QueueScanner, CombinedPartitionScanner)
 
 
 class HQueue(Connected):
@@ -273,28 +282,54 @@ class HQueue(Connected):
 
     def get_queue_scanner(self, scan: Scan | None = None, *, caching: int = DEFAULT_CACHING) -> QueueScanner:
         """A scanner over every partition, merged in MessageID order."""
-        with self.engine.deadline():  # opening it (the definition, a cursor per partition) is one call
-            info = self.engine.enabled_queue(self.name)
-            return QueueScanner(self.engine, self.name, info.partitions, scan or Scan(), caching, created=info.created)
+        return self._opened(
+            lambda info: QueueScanner(
+                self.engine, self.name, info.partitions, scan or Scan(), caching, created=info.created
+            )
+        )
 
     def get_partition_scanner(
         self, partition_id: int, scan: Scan | None = None, *, caching: int = DEFAULT_CACHING
     ) -> PartitionScanner:
         """A scanner over one partition."""
-        with self.engine.deadline():
-            info = self.engine.enabled_queue(self.name)
-            check_partition(info, partition_id)
-            return PartitionScanner(self.engine, self.name, partition_id, scan or Scan(), caching, created=info.created)
+        return self._opened(
+            lambda info: PartitionScanner(
+                self.engine,
+                self.name,
+                check_partition(info, partition_id),
+                scan or Scan(),
+                caching,
+                created=info.created,
+            )  # fmt: skip
+        )
 
     def get_combined_partition_scanner(
         self, scans: Mapping[int, Scan], *, caching: int = DEFAULT_CACHING
     ) -> CombinedPartitionScanner:
         """A scanner over chosen partitions, each with its own Scan, merged."""
-        with self.engine.deadline():
-            info = self.engine.enabled_queue(self.name)
+
+        def opened(info: QueueInfo) -> CombinedPartitionScanner:
             for pid in scans:
                 check_partition(info, pid)
             return CombinedPartitionScanner(self.engine, self.name, scans, caching, created=info.created)
+
+        return self._opened(opened)
+
+    def _opened(self, scanner: Callable[[QueueInfo], _Scanner]) -> _Scanner:
+        """``scanner(info)`` opened on the queue's definition; opening it (the definition, a
+        cursor per partition) is one call. A definition from the client's cache that a
+        recreate since outdated (the cursors opened on the new queue) is read again, fresh,
+        and the scanner opened again: nothing was read yet (it said QueueNotFound for up to
+        2 s after another client made the queue again)."""
+        with self.engine.deadline():
+            info = self.engine.enabled_queue(self.name)
+            try:
+                return scanner(info)
+            except (OpenedOnAnother, InvalidPartition):  # (the new queue has fewer partitions)
+                fresh = self.engine.queue_info(self.name, fresh=True).require_enabled()
+                if fresh.created == info.created:
+                    raise
+                return scanner(fresh)
 
     # -- Pythonic extras ---------------------------------------------------------
 
@@ -336,7 +371,7 @@ class HQueue(Connected):
         """
         scan = Scan(as_message_id(start, "start"), as_message_id(stop, "stop"), topics)
         check_batch_size(batch_size)
-        info = self.engine.enabled_queue(self.name)
+        info = self.engine.queue_info(self.name, fresh=True).require_enabled()  # (read partition after partition)
         pids = range(info.partitions) if partition_id is None else [check_partition(info, partition_id)]
         for pid in pids:
             yield from partition_batches(self.engine, self.name, pid, scan, batch_size, info.created)
@@ -350,7 +385,7 @@ class HQueue(Connected):
         worker reads its split with ``split.read()``.
         """
         scan = Scan(as_message_id(start, "start"), as_message_id(stop, "stop"), topics)
-        info = self.engine.enabled_queue(self.name)
+        info = self.engine.queue_info(self.name, fresh=True).require_enabled()  # (its splits hold its created)
         owners = self.engine.partition_locations(self.name)
         url, token = self._credentials()
         chosen = tuple(sorted(scan.topics)) if scan.topics else None

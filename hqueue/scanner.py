@@ -218,13 +218,24 @@ def read_columns(
         cursor.close()
 
 
+class OpenedOnAnother(QueueNotFound):
+    """A scan's cursors were opened on another queue than the definition it began with
+    (:func:`check_opened`). Nothing was read yet: a definition that came from a client's
+    cache (up to ``INFO_CACHE_SECONDS`` old) may be read again, fresh, and the scan opened
+    again (:meth:`HQueue.get_queue_scanner <hqueue.HQueue.get_queue_scanner>` does)."""
+
+
 def check_opened(source: ScanSource, queue: str, created: object) -> None:
     """After a scan opened its cursors: its queue is still the one it began on (``created``,
     read from its definition before; UNCHECKED: not checked), so each cursor, which holds the
     queue it was opened on, reads that one. A queue made again under the name has another
-    ``created``, and none comes back, so one fresh read after the opening is enough."""
+    ``created``, and none comes back, so one fresh read after the opening is enough.
+
+    Raises:
+        OpenedOnAnother: it is not.
+    """
     if created is not UNCHECKED and source.queue_info(queue, fresh=True).created != created:
-        raise recreated(queue)
+        raise OpenedOnAnother(queue, str(recreated(queue)))
 
 
 def recreated(queue: str) -> QueueNotFound:

@@ -154,8 +154,9 @@ class AsyncHQueue(AsyncConnected):
         if not isinstance(caching, int) or isinstance(caching, bool) or caching < 1:
             raise InvalidArgument(f"'caching' must be an int > 0, got {caching!r}")
 
-        async def opener(engine: Any) -> tuple[str, dict[int, Scan], str | None]:
-            info = await engine.enabled_queue(self.name)
+        async def opener(engine: Any, fresh: bool) -> tuple[str, dict[int, Scan], str | None]:
+            info = await (engine.queue_info(self.name, fresh=True) if fresh else engine.enabled_queue(self.name))
+            info.require_enabled()
             pids = range(info.partitions) if partition_id is None else [check_partition(info, partition_id)]
             return self.name, dict.fromkeys(pids, scan), info.created
 

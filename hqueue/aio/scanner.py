@@ -10,16 +10,18 @@ every cursor it opened is closed then.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from bisect import bisect_right
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
+from ..errors import InvalidPartition
 from ..message import Message
 from ..scanner import Scan, recreated
 
 _T = TypeVar("_T")
 
-Opener = Callable[[Any], Awaitable[tuple[str, Mapping[int, Scan], str | None]]]
+Opener = Callable[[Any, bool], Awaitable[tuple[str, Mapping[int, Scan], str | None]]]
 
 
 class AsyncScanner:
@@ -27,8 +29,9 @@ class AsyncScanner:
 
     Args:
         engine: Awaited on the first step: the async engine.
-        opener: Then awaited with it: (the queue, a Scan per partition, the queue's
-            ``created``); it and the cursors' opening share one call's deadline.
+        opener: Then awaited with it and whether to read the queue's definition fresh (not
+            from a cache): (the queue, a Scan per partition, the queue's ``created``); it
+            and the cursors' opening share one call's deadline.
         caching: Messages fetched a round trip per partition.
         limit: At most this many messages (None: all).
     """
@@ -70,14 +73,26 @@ async def _generate(
     cursors: list[Any] = []
     try:
         with engine.deadline():  # opening it (the definition, a cursor per partition) is one call, as HQueue's
-            queue, scans, created = await opener(engine)
-            opening += [asyncio.ensure_future(engine.open_cursor(queue, p, s, caching)) for p, s in scans.items()]
-            await asyncio.wait(opening)
-            cursors = [task.result() for task in opening if not task.cancelled() and task.exception() is None]
-            for task in opening:
-                task.result()  # the first failure, if any, once every cursor opened is kept to be closed
-            if (await engine.queue_info(queue, fresh=True)).created != created:  # (scanner.check_opened)
-                raise recreated(queue)
+            for fresh in (False, True):
+                queue, scans, created = await opener(engine, fresh)
+                opening[:] = [asyncio.ensure_future(engine.open_cursor(queue, p, s, caching)) for p, s in scans.items()]
+                await asyncio.wait(opening)
+                cursors = [task.result() for task in opening if not task.cancelled() and task.exception() is None]
+                try:
+                    for task in opening:
+                        task.result()  # the first failure, if any, once every cursor opened is kept to be closed
+                except InvalidPartition:  # (a new queue with fewer partitions than a cached definition said)
+                    if fresh or (await engine.queue_info(queue, fresh=True)).created == created:
+                        raise
+                else:
+                    if (await engine.queue_info(queue, fresh=True)).created == created:  # (scanner.check_opened)
+                        break
+                    if fresh:
+                        raise recreated(queue)
+                # A definition from the cache, outdated by a recreate (HQueue._opened): read again, fresh
+                for cursor in cursors:
+                    with contextlib.suppress(Exception):
+                        await cursor.close()
         emitted = 0
         async for message in _merge(cursors, caching) if limit != 0 else _nothing():
             yield message

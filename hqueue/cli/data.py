@@ -12,11 +12,13 @@ from collections.abc import Callable, Iterator
 
 import click
 
+from ..batch import partition_batches
 from ..commands import MAX_DELAY_SECONDS, escape, unescape
 from ..commands.queues import LOCAL_TIMERS_NOTE
 from ..config import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES
 from ..errors import ServerUnavailable
 from ..message import Message, MessageID, successor
+from ..scanner import Scan
 from .main import Progress, Seconds, due_time, main, message_id, open_queue, topic_bytes
 from .stream import Lines, Tally, send_lines
 
@@ -235,6 +237,10 @@ def _print_message(message: Message, output_format: str, attempt: int | None = N
         click.echo("\t".join(map(str, fields)))
 
 
+#: Messages a tail's poll reads a partition at a time.
+TAIL_BATCH = 10_000
+
+
 @main.command()
 @click.argument("name", metavar="QUEUE")
 @click.option("--start", callback=message_id, help="First ID or ISO time (default: now).")
@@ -251,15 +257,18 @@ def tail(
 
     Each partition is followed from its own last ID, so a message written to
     one partition after a later-stamped one in another is never skipped.
+    The queue deleted and made again meanwhile, it stops (QueueNotFound).
     """
     queue = open_queue(ctx, name, read_only=True)
-    position = {pid: start or MessageID(int(time.time() * 1000)) for pid in range(queue.partitions)}
+    info = queue.engine.queue_info(name, fresh=True)  # each poll reads this queue, not one made again since
+    position = {pid: start or MessageID(int(time.time() * 1000)) for pid in range(info.partitions)}
     deadline = None if duration is None else time.monotonic() + duration
     try:
         while deadline is None or time.monotonic() < deadline:
             for pid, since in position.items():
                 try:
-                    for batch in queue.scan_batches(since, None, topics or None, partition_id=pid):
+                    scan = Scan(since, None, topics or None)
+                    for batch in partition_batches(queue.engine, name, pid, scan, TAIL_BATCH, info.created):
                         for message in batch:
                             _print_message(message, output_format)
                         position[pid] = successor(batch.last_id)

@@ -154,3 +154,32 @@ def test_a_queue_that_never_had_dead_letters_replays_and_lists_none(tmp_path):
         assert admin.dead_letters("orders") == []
         with pytest.raises(QueueNotFound):  # a queue that does not exist still says so
             admin.replay_dead_letters("nosuch")
+
+
+def test_a_replay_stops_at_a_dead_letter_queue_made_again_and_copies_none_of_it(tmp_path, monkeypatch):
+    """Each partition of <queue>.dlq was read on whatever queue had its name: one deleted and
+    made again mid-replay had its messages copied onto the queue (an attacker's probe)."""
+    from hqueue import QueueNotFound
+
+    with HQueueAdmin(data_dir=tmp_path) as admin:
+        admin.create_queue("q", 2)
+        admin.create_queue("q.dlq", 2)
+        with HQueue("q.dlq", data_dir=tmp_path) as letters:
+            for pid in (0, 1):
+                letters.put([Message("t", b"old")] * 5, partition_id=pid)
+        engine, put = admin.engine, admin.engine.put
+
+        def put_then_remake(name, messages, pid):  # the first replayed batch in, the DLQ made again
+            ids = put(name, messages, pid)
+            monkeypatch.setattr(engine, "put", put)
+            admin.delete_queue("q.dlq", force=True)
+            admin.create_queue("q.dlq", 2)
+            with HQueue("q.dlq", data_dir=tmp_path) as again:
+                again.put([Message("t", b"new")] * 5, partition_id=1)
+            return ids
+
+        monkeypatch.setattr(engine, "put", put_then_remake)
+        with pytest.raises(QueueNotFound, match="deleted and created again"):
+            admin.replay_dead_letters("q")
+        with HQueue("q", data_dir=tmp_path) as queue:
+            assert [m.value for m in queue.scan()] == [b"old"] * 5

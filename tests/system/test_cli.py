@@ -183,6 +183,38 @@ def test_tail_follows_every_partition_and_prints_each_message_once(tmp_path):
     assert sorted(values) == sorted(f"m{i}" for i in range(12))
 
 
+def test_tail_stops_at_a_queue_made_again_and_prints_none_of_it(tmp_path):
+    """Each poll was a new scan, so a tail printed the messages of a queue deleted and made
+    again under its name between two polls, and exited 0 (an attacker's probe)."""
+    import threading
+
+    from hqueue import Message
+
+    url = f"local://{tmp_path}/tail"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 1)
+        with HQueue("q", url) as queue:
+            queue.put(Message("t", b"old"))
+        since = "1"  # (from the start)
+
+        def remake() -> None:
+            time.sleep(0.3)  # (between the polls at 0 and 1 s)
+            admin.disable_queue("q")
+            admin.delete_queue("q")
+            admin.create_queue("q", 1)
+            with HQueue("q", url) as again:
+                again.put(Message("t", b"new"))
+
+        remaking = threading.Thread(target=remake)
+        remaking.start()
+        result = CliRunner().invoke(
+            main, ["--url", url, "tail", "q", "--start", since, "--for", "1.5", "--interval", "1"]
+        )
+        remaking.join()
+    assert "old" in result.output and "\tnew" not in result.output, result.output
+    assert result.exit_code == 1 and "deleted and created again" in result.output, result.output
+
+
 def test_timers_from_the_cli_put_cancel_and_fire(run):
     assert run("create", "q", "1").exit_code == 0
     later = run("put", "q", "t", "later", "--delay", "0.3")

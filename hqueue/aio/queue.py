@@ -156,6 +156,8 @@ class AsyncHQueue(AsyncConnected):
 
         async def opener(engine: Any, fresh: bool) -> tuple[str, dict[int, Scan], str | None]:
             info = await (engine.queue_info(self.name, fresh=True) if fresh else engine.enabled_queue(self.name))
+            if partition_id is not None and not fresh and not 0 <= partition_id < info.partitions:
+                info = await engine.queue_info(self.name, fresh=True)  # (cached, of a queue made again since?)
             info.require_enabled()
             pids = range(info.partitions) if partition_id is None else [check_partition(info, partition_id)]
             return self.name, dict.fromkeys(pids, scan), info.created

@@ -117,7 +117,10 @@ class RemoteCursor:
             #: The queue's ``created`` (QueueInfo): a scanner opened again reads the same queue.
             self.created = engine.queue_info(queue).created
             # Any server can serve a scan (the store is shared); prefer the owner.
-            self.server = engine.locations(queue)[partition_id] or random.choice(engine._seeds)
+            owners = engine.locations(queue)
+            if partition_id >= len(owners):  # (cached, of a queue with fewer partitions, made again since)
+                owners = engine.locations(queue, fresh=True)
+            self.server = (owners[partition_id] if partition_id < len(owners) else "") or random.choice(engine._seeds)
             self.done = False
             try:
                 self._retrying(deadline, "messageScannerOpen", lambda: None)
@@ -181,7 +184,7 @@ class RemoteCursor:
         """Where the next scanner goes: the partition's owner now, else any server."""
         try:
             self.server = self.engine.locations(self.queue, fresh=True)[self.partition_id] or self.server
-        except HQueueError:
+        except (HQueueError, IndexError):  # (IndexError: a queue made again with fewer partitions)
             self.server = random.choice(self.engine._seeds)
 
     def _call(self, method: str, *args: Any) -> Any:

@@ -325,30 +325,39 @@ def test_a_scan_reopened_after_a_restart_on_a_queue_made_again_says_so(server_pr
 def test_a_scan_begun_after_the_queue_was_made_again_reads_the_new_one(server, tmp_path):
     """A client's definition of the queue is cached (2 s): a scan begun just after another
     client made the queue again opened its cursors on the new queue, found it was not the
-    cached one, and said QueueNotFound (an attacker's probe). It reads the new queue."""
+    cached one, and said QueueNotFound (an attacker's probe); a partition the new queue has
+    and the old had not was refused. It reads the new queue."""
     import asyncio
 
     from hqueue.aio import AsyncHQueue
 
     url = f"hqueue://{server.address}"
+
+    def remake() -> None:  # (through the server's engine: not this client's)
+        with HQueueAdmin(f"local://{tmp_path}/data") as admin:
+            admin.delete_queue("q", force=True)
+            admin.create_queue("q", 6)
+        with HQueue("q", f"local://{tmp_path}/data") as there:
+            there.put(Message("t", b"new"), partition_id=5)
+
     with HQueue("q", url) as queue:
         queue.put(Message("t", b"old"), partition_id=0)
-        assert [m.value for m in queue.scan()] == [b"old"]  # (its definition cached)
-        with HQueueAdmin(f"local://{tmp_path}/data") as admin:  # (the server's engine: not this client's)
-            admin.delete_queue("q", force=True)
-            admin.create_queue("q", 3)
-        with HQueue("q", f"local://{tmp_path}/data") as there:
-            there.put(Message("t", b"new"), partition_id=2)
+        assert [m.value for m in queue.scan()] == [b"old"]  # (its definition cached: 4 partitions)
+        remake()
         assert [m.value for m in queue.scan()] == [b"new"]
         assert [m.value for b in queue.scan_batches() for m in b] == [b"new"]
-        assert [m.value for m in queue.get_partition_scanner(2)] == [b"new"]
-        assert {s.partition_id for s in queue.splits()} == {0, 1, 2}
+        assert [m.value for m in queue.get_partition_scanner(5)] == [b"new"]
+        assert {s.partition_id for s in queue.splits()} == set(range(6))
 
-    async def main() -> list[bytes]:
+    async def main() -> tuple[list[bytes], list[bytes]]:
         async with AsyncHQueue("q", url) as aqueue:
-            return [m.value async for m in aqueue.scan()]
+            assert [m.value async for m in aqueue.scan()] == [b"new"]  # (cached: 6 partitions)
+            await asyncio.to_thread(remake)
+            every = [m.value async for m in aqueue.scan()]
+            one = [m.value async for m in aqueue.scan(partition_id=5)]
+            return every, one
 
-    assert asyncio.run(main()) == [b"new"]
+    assert asyncio.run(main()) == ([b"new"], [b"new"])
 
 
 def test_clients_reach_a_server_on_ipv6(tmp_path):

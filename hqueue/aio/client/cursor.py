@@ -54,7 +54,10 @@ class AsyncRemoteCursor:
         with engine.deadline() as deadline:
             cursor.created = (await engine.queue_info(queue)).created  # (as the blocking cursor)
             # Any server can serve a scan (the store is shared); prefer the owner.
-            cursor.server = (await engine.locations(queue))[partition_id] or random.choice(engine._seeds)
+            owners = await engine.locations(queue)
+            if partition_id >= len(owners):  # (as the blocking cursor)
+                owners = await engine.locations(queue, fresh=True)
+            cursor.server = (owners[partition_id] if partition_id < len(owners) else "") or random.choice(engine._seeds)
             cursor.done = False
             try:
                 await cursor._retrying(deadline, "messageScannerOpen", None)
@@ -131,7 +134,7 @@ class AsyncRemoteCursor:
         """Where the next scanner goes: the partition's owner now, else any server."""
         try:
             self.server = (await self.engine.locations(self.queue, fresh=True))[self.partition_id] or self.server
-        except HQueueError:
+        except (HQueueError, IndexError):  # (as the blocking cursor)
             self.server = random.choice(self.engine._seeds)
 
     async def _call(self, method: str, *args: Any, send: bool = True, receive: bool = True) -> Any:

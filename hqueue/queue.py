@@ -46,7 +46,7 @@ __all__ = ["HQueue", "partition_for_key"]
 #: a server that does not answer, its connection's end counts what it held as failed).
 LEAVE_AT_CLOSE = 1.0
 
-_Scanner = TypeVar("_Scanner", PartitionScanner, QueueScanner, CombinedPartitionScanner)
+_Opened = TypeVar("_Opened")
 
 
 class HQueue(Connected):
@@ -315,7 +315,7 @@ class HQueue(Connected):
 
         return self._opened(opened)
 
-    def _opened(self, scanner: Callable[[QueueInfo], _Scanner]) -> _Scanner:
+    def _opened(self, scanner: Callable[[QueueInfo], _Opened]) -> _Opened:
         """``scanner(info)`` opened on the queue's definition; opening it (the definition, a
         cursor per partition) is one call. A definition from the client's cache that a
         recreate since outdated (the cursors opened on the new queue) is read again, fresh,
@@ -371,9 +371,20 @@ class HQueue(Connected):
         """
         scan = Scan(as_message_id(start, "start"), as_message_id(stop, "stop"), topics)
         check_batch_size(batch_size)
-        info = self.engine.queue_info(self.name, fresh=True).require_enabled()  # (read partition after partition)
-        pids = range(info.partitions) if partition_id is None else [check_partition(info, partition_id)]
-        for pid in pids:
+
+        def first(info: QueueInfo) -> tuple[QueueInfo, list[int], Iterator[MessageBatch], MessageBatch | None]:
+            """The first partition opened (its cursor checked) and its first batch read."""
+            pids = list(range(info.partitions)) if partition_id is None else [check_partition(info, partition_id)]
+            batches = partition_batches(self.engine, self.name, pids[0], scan, batch_size, info.created)
+            return info, pids, batches, next(batches, None)
+
+        # One queue, partition after partition: each checked against the definition the scan
+        # began with, read again if the first partition finds it outdated (HQueue._opened)
+        info, pids, batches, head = self._opened(first)
+        if head is not None:
+            yield head
+            yield from batches
+        for pid in pids[1:]:
             yield from partition_batches(self.engine, self.name, pid, scan, batch_size, info.created)
 
     def splits(

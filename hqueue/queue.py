@@ -325,7 +325,7 @@ class HQueue(Connected):
             info = self.engine.enabled_queue(self.name)
             try:
                 return scanner(info)
-            except (OpenedOnAnother, InvalidPartition):  # (the new queue has fewer partitions)
+            except (OpenedOnAnother, InvalidPartition):  # (a partition the cached definition, or the new queue, lacks)
                 fresh = self.engine.queue_info(self.name, fresh=True).require_enabled()
                 if fresh.created == info.created:
                     raise

@@ -235,13 +235,13 @@ def check_opened(source: ScanSource, queue: str, created: object) -> None:
         OpenedOnAnother: it is not.
     """
     if created is not UNCHECKED and source.queue_info(queue, fresh=True).created != created:
-        raise OpenedOnAnother(queue, str(recreated(queue)))
+        raise recreated(queue, OpenedOnAnother)
 
 
-def recreated(queue: str) -> QueueNotFound:
+def recreated(queue: str, error: type[QueueNotFound] = QueueNotFound) -> QueueNotFound:
     """The error of a scan whose queue was deleted and made again under its name while it
     read it (its ``created`` changed): the rest of it would be another queue's messages."""
-    return QueueNotFound(queue, f"queue {queue!r} was deleted and created again while this scan read it")
+    return error(queue, f"queue {queue!r} was deleted and created again while this scan read it")
 
 
 class KeyRangeCursor:

@@ -89,6 +89,12 @@ def scanner_error(e: TException, queue: str) -> Exception:
     return _Lost(error) if isinstance(error, InvalidArgument) and wire.SCANNER_GONE in str(error) else error
 
 
+def owner_among(owners: list[str], partition_id: int, seeds: list[str]) -> str:
+    """Where a partition's scanner goes: its owner in ``owners`` (``""`` where none; a list
+    read before its queue was made again may be short), else any server."""
+    return (owners[partition_id] if partition_id < len(owners) else "") or random.choice(seeds)
+
+
 class RemoteCursor:
     """A server-side scanner over one partition, read ``caching`` at a time.
 
@@ -120,7 +126,7 @@ class RemoteCursor:
             owners = engine.locations(queue)
             if partition_id >= len(owners):  # (cached, of a queue with fewer partitions, made again since)
                 owners = engine.locations(queue, fresh=True)
-            self.server = (owners[partition_id] if partition_id < len(owners) else "") or random.choice(engine._seeds)
+            self.server = owner_among(owners, partition_id, engine._seeds)
             self.done = False
             try:
                 self._retrying(deadline, "messageScannerOpen", lambda: None)

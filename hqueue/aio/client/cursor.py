@@ -21,7 +21,7 @@ from typing import Any
 from thriftpy2.thrift import TException
 from thriftpy2.transport import TTransportException
 
-from ...client.cursor import _FIRST_DELAY, _MAX_DELAY, AHEAD, _Lost, drains, scanner_error, taken
+from ...client.cursor import _FIRST_DELAY, _MAX_DELAY, AHEAD, _Lost, drains, owner_among, scanner_error, taken
 from ...errors import HQueueError, InvalidArgument, ServerBusy, ServerUnavailable
 from ...message import Message, messages_from_columns
 from ...rpc import wire
@@ -57,7 +57,7 @@ class AsyncRemoteCursor:
             owners = await engine.locations(queue)
             if partition_id >= len(owners):  # (as the blocking cursor)
                 owners = await engine.locations(queue, fresh=True)
-            cursor.server = (owners[partition_id] if partition_id < len(owners) else "") or random.choice(engine._seeds)
+            cursor.server = owner_among(owners, partition_id, engine._seeds)
             cursor.done = False
             try:
                 await cursor._retrying(deadline, "messageScannerOpen", None)

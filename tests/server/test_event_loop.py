@@ -1095,11 +1095,16 @@ def test_a_forked_child_keeps_none_of_the_ports_its_parent_serves(tmp_path):
 
     server = HQueueServer(f"local://{tmp_path}/data", port=0, metrics_port=0, console_port=0).start()
     ports = {"thrift": server.port, "metrics": server.metrics_port, "console": int(server.console.port)}
+    ready_out, ready_in = os.pipe()
     child = os.fork()
-    if child == 0:
+    if child == 0:  # (its fork hooks ran before fork() returned here)
+        os.write(ready_in, b"!")
         time.sleep(5)
         os._exit(0)
     try:
+        # Once the child has run: a child not yet scheduled when the parent stops (a busy
+        # machine) still holds its copies, and the test failed for that alone.
+        assert os.read(ready_out, 1) == b"!"
         server.stop()
         for name, port in ports.items():
             with pytest.raises(ConnectionRefusedError):
@@ -1108,6 +1113,8 @@ def test_a_forked_child_keeps_none_of_the_ports_its_parent_serves(tmp_path):
     finally:
         os.kill(child, 9)
         os.waitpid(child, 0)
+        os.close(ready_out)
+        os.close(ready_in)
 
 
 def test_a_fault_serving_one_connection_ends_that_connection_only_and_the_loop_goes_on(server, monkeypatch, caplog):

@@ -211,7 +211,11 @@ class AsyncConsumer:
         whose leave it may have undone: it leaves again, and what it took goes back."""
         if self.closed:
             if not self.queue.closed:  # (closed: its store or connections went, and the leases with them)
-                await groups.leave(self.queue.name, self.group, self.member)
+                try:
+                    await groups.leave(self.queue.name, self.group, self.member)
+                except Exception:
+                    if not self.queue.closed:  # (its handle's close released the store under the leave: as above)
+                        raise
             return []
         return list(_deliveries(pairs))
 

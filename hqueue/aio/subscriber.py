@@ -16,7 +16,7 @@ import inspect
 import threading
 from collections.abc import Callable, Coroutine, Sequence
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from ..message import Message
 from ..queue import HQueue
@@ -29,14 +29,24 @@ _T = TypeVar("_T")
 Listener = Callable[[list[Message]], Coroutine[Any, Any, Any]] | MessageListener | Any
 
 
+#: Seconds between looks, while a push waits for an async listener, at whether its loop ended.
+LOOP_CHECK = 1.0
+
+
 class _OnLoop(MessageListener):
     """Runs an async listener on ``loop`` and waits for it in the push thread; :meth:`cancel`
-    ends the runs under way (their batches come again)."""
+    ends the runs under way (their batches come again). A loop that ended (its
+    ``asyncio.run`` returned without a stop) runs no listener again: the batch comes again,
+    to the next subscriber of the name, and ``ended()`` stops this one (else it kept its name
+    from every later start, each push failing with "Event loop is closed")."""
 
     def __init__(
-        self, call: Callable[[list[Message]], Coroutine[Any, Any, Any]], loop: asyncio.AbstractEventLoop
+        self,
+        call: Callable[[list[Message]], Coroutine[Any, Any, Any]],
+        loop: asyncio.AbstractEventLoop,
+        ended: Callable[[], None],
     ) -> None:
-        self.call, self.loop = call, loop
+        self.call, self.loop, self._ended = call, loop, ended
         self._running: set[concurrent.futures.Future[Any]] = set()
         self._lock = threading.Lock()
         self._cancelled = False
@@ -45,10 +55,25 @@ class _OnLoop(MessageListener):
         with self._lock:
             if self._cancelled:  # (stopping: the batch comes again)
                 raise ListenerStopped
-            run = asyncio.run_coroutine_threadsafe(self.call(messages), self.loop)
+            if self.loop.is_closed():
+                self._loop_ended()
+            coroutine = self.call(messages)
+            try:
+                run = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+            except RuntimeError:  # (closed meanwhile)
+                coroutine.close()
+                self._loop_ended()
             self._running.add(run)
         try:
-            run.result()  # raises: the batch comes again
+            while True:
+                try:
+                    run.result(LOOP_CHECK)  # raises: the batch comes again
+                    return
+                except concurrent.futures.TimeoutError:
+                    if self.loop.is_closed():  # (handed to it as it ended: it never runs)
+                        run.cancel()
+                        with self._lock:
+                            self._loop_ended()
         except concurrent.futures.CancelledError:
             if self._cancelled:  # by the stop: no failure of the listener's
                 raise ListenerStopped from None
@@ -56,6 +81,13 @@ class _OnLoop(MessageListener):
         finally:
             with self._lock:
                 self._running.discard(run)
+
+    def _loop_ended(self) -> NoReturn:
+        """(Under the lock.) Stop this subscriber, once; the batch comes again."""
+        if not self._cancelled:
+            self._cancelled = True
+            self._ended()
+        raise ListenerStopped
 
     def cancel(self) -> None:
         with self._lock:
@@ -77,12 +109,12 @@ def _async_call(listener: Listener) -> Callable[[list[Message]], Coroutine[Any, 
     raise TypeError(f"a listener is a coroutine function or a MessageListener, not {type(listener).__name__}")
 
 
-def _adapted(listener: Listener, loop: asyncio.AbstractEventLoop) -> MessageListener:
+def _adapted(listener: Listener, loop: asyncio.AbstractEventLoop, ended: Callable[[], None]) -> MessageListener:
     call = _async_call(listener)
     if call is None:
         assert isinstance(listener, MessageListener)
         return listener
-    return _OnLoop(call, loop)
+    return _OnLoop(call, loop, ended)
 
 
 class AsyncSubscriber:
@@ -126,7 +158,7 @@ class AsyncSubscriber:
         thread, and what it started is stopped once it is done: a subscriber left running
         unseen kept its name from every later start (``SubscriberActive``)."""
         loop = asyncio.get_running_loop()
-        listeners = [_adapted(listener, loop) for listener in self._listeners]
+        listeners = [_adapted(listener, loop, self._loop_ended) for listener in self._listeners]
         on_loop = [listener for listener in listeners if isinstance(listener, _OnLoop)]
         if self.subscriber is None:  # (a second start of a running one fails: stop() cancels the first's)
             self._on_loop = on_loop
@@ -166,6 +198,15 @@ class AsyncSubscriber:
             handle.close()  # (a start that failed: one that runs keeps its own handle)
             raise
         return subscriber, handle
+
+    def _loop_ended(self) -> None:
+        """(In a push thread.) The loop it started on ended with it running: it stops, in a
+        thread of its own (a stop waits for the pushes under way, this one among them)."""
+        self._started.discard(self)
+        subscriber, self.subscriber = self.subscriber, None
+        handle, self._handle = self._handle, None
+        if subscriber is not None or handle is not None:
+            _in_thread(_stop, subscriber, handle, "its event loop ended")
 
     async def stop(self, reason: str = "") -> None:
         """Stop: listeners still running are cancelled (their batches are delivered again,

@@ -33,6 +33,14 @@ def subscriber_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith("hqueue-subscriber")]
 
 
+async def wait_async(condition, timeout: float = 5.0) -> None:
+    """Until ``condition()`` holds (AssertionError after ``timeout`` seconds), the loop running."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        await asyncio.sleep(0.02)
+
+
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
@@ -728,6 +736,38 @@ def test_a_member_closed_while_another_task_receives_in_process_leaves_the_group
 
     got, members, partitions = asyncio.run(asyncio.wait_for(main(), 20))
     assert (got, members, partitions) == ([], ["b"], [0, 1, 2, 3])
+
+
+def test_a_subscriber_left_running_by_an_ended_loop_stops_at_its_next_push_and_frees_its_name(tmp_path):
+    """An async subscriber whose asyncio.run returned without a stop went on in its threads:
+    each push failed ("Event loop is closed", logged, again and again), nothing was
+    delivered, and every later start of the name in the process raised SubscriberActive
+    (an attacker's probe). Its next push now finds the loop ended: the batch comes again, to
+    the next subscriber of the name, and the old one stops."""
+    from hqueue import Subscription
+
+    url, seen = f"local://{tmp_path}/data", []
+
+    async def listener(messages) -> None:
+        seen.extend(m.value for m in messages)
+
+    async def first() -> None:
+        queue = await made(url, "q", partitions=1)
+        await queue.create_subscriber(Subscription("s"), [listener]).start()
+        await queue.put(Message("t", b"a"))
+        await wait_async(lambda: seen == [b"a"])  # (and returns without stopping it, nor closing)
+
+    async def second() -> list[bytes]:
+        async with AsyncHQueue("q", url) as queue:
+            await queue.put(Message("t", b"b"))
+            await wait_async(lambda: not subscriber_threads(), 10)  # (the push found the loop ended)
+            subscriber = queue.create_subscriber(Subscription("s"), [listener], takeover_timeout=3)
+            async with subscriber:  # (SubscriberActive before)
+                await wait_async(lambda: b"b" in seen, 10)
+            return seen
+
+    asyncio.run(first())
+    assert asyncio.run(asyncio.wait_for(second(), 30)) == [b"a", b"b"]
 
 
 @pytest.mark.parametrize("store", ["local", "memory"])

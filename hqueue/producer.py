@@ -25,9 +25,11 @@ sent to a server and no answer came by its deadline: it may be stored).
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -35,7 +37,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import forks
 from .checks import choose_partition, message_columns
-from .config import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES, QueueInfo
+from .config import INFO_CACHE_SECONDS, MAX_BATCH_BYTES, MAX_BATCH_MESSAGES, QueueInfo
 from .errors import (
     DeadlineExceeded,
     HQueueError,
@@ -132,6 +134,7 @@ class Batches:
         _check_number("buffer_bytes", buffer_bytes, SEND_OVERHEAD + 1, float("inf"), integer=True)
         _check_number("block_timeout", block_timeout, 0, MAX_BLOCK_TIMEOUT)  # (a thread waits at most TIMEOUT_MAX)
         self.info = info
+        self.read_at = time.monotonic()  # when ``info`` was read
         self.linger = linger_ms / 1000
         self.max_batch, self.max_bytes = max_batch, max_bytes
         self.buffer_bytes, self.block_timeout = buffer_bytes, block_timeout
@@ -207,9 +210,22 @@ class Batches:
         return chosen
 
     def renew(self, info: QueueInfo) -> None:
-        """The queue's definition as read again (REDEFINED): the next sends are checked, and
-        routed, by it."""
-        self.info, self._sticky = info, None
+        """The queue's definition as read again (REDEFINED, or :meth:`due`): the next sends
+        are checked, and routed, by it."""
+        if info != self.info:
+            self.info, self._sticky = info, None
+
+    def due(self) -> bool:
+        """Whether a send is to read the definition again first (its client's cached copy),
+        as a handle's put does: once every INFO_CACHE_SECONDS (True once: the caller reads
+        it). A queue deleted and made again with more partitions refuses no put, and a
+        producer routed keys by the old count for ever: one key's messages went to two
+        partitions of the new queue, out of order (an attacker's probe)."""
+        now = time.monotonic()
+        if now - self.read_at < INFO_CACHE_SECONDS:
+            return False
+        self.read_at = now
+        return True
 
     def held_beside(self, pid: int) -> int:
         """Bytes of the buffer that batches of partitions other than ``pid`` hold: room that
@@ -286,6 +302,14 @@ class Batches:
 #: A put is not sent with less time than this left (or a twentieth of the timeout): it would
 #: end without an answer, its outcome unknown, where "not sent" says nothing was stored.
 MIN_PUT_TIME = 0.05
+
+
+def read_deadline(engine: Any, block_timeout: float) -> float:
+    """The ``extra`` of ``engine.deadline(extra)`` for a send's read of its queue's definition
+    (:meth:`Batches.due`): at most the send's ``block_timeout`` (at least 0.1 s), not the
+    engine's call timeout: a send does not wait longer on it than on room in its buffer."""
+    timeout = getattr(engine, "timeout", None)
+    return min(0.0, max(0.1, block_timeout) - timeout) if isinstance(timeout, (int, float)) else 0.0
 
 
 def put_deadline(engine: Any, batch: Batch) -> float:
@@ -371,6 +395,7 @@ class Producer:
         self._sender = threading.Thread(target=self._sender_run, name=f"hqueue-producer-{name}", daemon=True)
         self._sender.start()
         self._fork = forks.generation()  # its threads do not cross fork()
+        _LIVE.add(self)
 
     # -- sending ----------------------------------------------------------------------------
 
@@ -399,6 +424,9 @@ class Producer:
                 or its partition is not valid (nothing is queued).
         """
         batches = self._batches
+        if batches.due():
+            with self.engine.deadline(read_deadline(self.engine, batches.block_timeout)):
+                self._renew(fresh=False)
         cost, chosen = batches.check(message, key, partition)
         if self._forked():
             raise ProducerClosed(f"the producer of {self.name!r} was made before this process forked: make one here")
@@ -522,7 +550,7 @@ class Producer:
                 logger.warning("put of %d message(s) to %s/%d failed: %r", len(live), self.name, pid, e)
             error = e
         if isinstance(error, REDEFINED):
-            self._renew()
+            self._renew(fresh=True)
         # The batch's room is free before its futures resolve: a callback that sends again
         # may need that room (it waited for itself until block_timeout). Its partition is
         # free after: the next batch's futures resolve after these.
@@ -543,17 +571,38 @@ class Producer:
                 self._cond.notify_all()
             batch.done.set()
 
-    def _renew(self) -> None:
+    def _renew(self, fresh: bool) -> None:
         try:
-            info = self.engine.queue_info(self.name, fresh=True)
-        except HQueueError:
-            return  # (a later refusal reads it again)
+            info = self.engine.queue_info(self.name, fresh=fresh)
+        except (HQueueError, RuntimeError):  # (RuntimeError: its handle closed the store)
+            return  # (a later put reads it again)
         with self._cond:
             self._batches.renew(info)
 
     def __repr__(self) -> str:
         b = self._batches
         return f"Producer({self.name!r}, linger_ms={b.linger * 1000:g}, max_batch={b.max_batch})"
+
+
+#: Producers made in this process (what one holds unsent at exit is said: :func:`_unsent_at_exit`).
+_LIVE: weakref.WeakSet[Producer] = weakref.WeakSet()
+
+
+def _unsent_at_exit() -> None:
+    """At the interpreter's exit, a warning for each producer not closed that holds messages
+    not stored: they are lost with the process (as a Kafka producer's), and nothing said so."""
+    for producer in list(_LIVE):
+        if producer.closed:
+            continue
+        unsent = sum(len(batch.messages) for batch in producer._batches._every())
+        if unsent:
+            logger.warning(
+                "%r: %d message(s) sent and not stored are lost at exit: close() or flush() the producer "
+                "(or use it with 'with') before the process ends", producer, unsent,
+            )  # fmt: skip
+
+
+atexit.register(_unsent_at_exit)
 
 
 def _left(give_up: float | None) -> float | None:

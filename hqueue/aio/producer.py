@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -35,6 +36,7 @@ from ..producer import (
     check_timeout,
     fail_sends,
     put_deadline,
+    read_deadline,
 )
 from .handle import other_loop
 
@@ -108,7 +110,7 @@ class AsyncProducer:
         if self._given_up:  # a close waited for it and gave up: nothing is sent after the close returned
             raise ProducerClosed(f"the producer of {self.name!r} closed before it was stored")
         # Closed meanwhile, it starts all the same: the sends made before the close are sent by it
-        self._engine, self._batches.info = engine, info
+        self._engine, self._batches.info, self._batches.read_at = engine, info, time.monotonic()
         self._changed = asyncio.Condition()
         self._sender = asyncio.ensure_future(self._run())
         _SENDERS.add(self._sender)  # (a producer dropped unclosed sends on, until its queue closes)
@@ -134,7 +136,11 @@ class AsyncProducer:
         try:
             await self.open()
             batches, changed = self._batches, self._changed
-            assert changed is not None
+            assert changed is not None and self._engine is not None
+            if batches.due():  # (as the blocking producer's send)
+                engine = self._engine
+                with contextlib.suppress(HQueueError), engine.deadline(read_deadline(engine, batches.block_timeout)):
+                    batches.renew(await engine.queue_info(self.name))
             cost, chosen = batches.check(message, key, partition)
             if not batches.has_room(cost):
                 await self._room(cost)

@@ -160,6 +160,29 @@ def test_a_producer_checks_sends_against_its_queue_made_again_after_a_refused_pu
     run(main())
 
 
+def test_keyed_sends_follow_the_queue_made_again_with_more_partitions(api_url, queue_name):
+    """As the blocking producer's (test_producer.py)."""
+    from hqueue.checks import partition_for_key
+    from hqueue.config import INFO_CACHE_SECONDS
+
+    async def main() -> dict[bytes, int]:
+        queue = await made(api_url, queue_name, partitions=2)
+        async with queue.producer() as producer:
+            await producer.send(Message("t", b"before"), key=b"user-4")
+            async with AsyncHQueueAdmin(api_url) as admin:
+                await admin.disable_queue(queue_name)
+                await admin.delete_queue(queue_name)
+                await admin.create_queue(queue_name, 16)
+            await asyncio.sleep(INFO_CACHE_SECONDS + 0.1)
+            for i in range(3):
+                await producer.send(Message("t", b"after %d" % i), key=b"user-4")
+            where = {m.value: m.partition_id async for m in queue.scan()}
+        await queue.close()
+        return where
+
+    assert run(main()) == dict.fromkeys([b"after 0", b"after 1", b"after 2"], partition_for_key(b"user-4", 16))
+
+
 def test_closing_the_queue_sends_what_its_producers_hold(api_url, queue_name):
     async def main():
         queue = await made(api_url, queue_name)

@@ -304,6 +304,28 @@ def test_a_producer_checks_sends_against_its_queue_made_again_after_a_refused_pu
         assert isinstance(producer.send(Message("t", b"x"), partition=1).result(30), MessageID)
 
 
+def test_keyed_sends_follow_the_queue_made_again_with_more_partitions(make_queue, admin):
+    """A queue made again with more partitions refuses no put, so the producer never read
+    its definition again: its keyed sends went by the old count for ever, one key's
+    messages in two partitions of the new queue (an attacker's probe). A send now reads
+    the definition as a put does, once the client's copy is INFO_CACHE_SECONDS old."""
+    from hqueue.checks import partition_for_key
+    from hqueue.config import INFO_CACHE_SECONDS
+
+    queue = make_queue(partitions=2)
+    with queue.producer() as producer:
+        before = producer.send(Message("t", b"before"), key=b"user-4")
+        assert isinstance(before.result(30), MessageID) and before.partition_id == partition_for_key(b"user-4", 2)
+        admin.disable_queue(queue.name)
+        admin.delete_queue(queue.name)
+        admin.create_queue(queue.name, 16)
+        time.sleep(INFO_CACHE_SECONDS + 0.1)
+        after = [producer.send(Message("t", b"after %d" % i), key=b"user-4") for i in range(3)]
+        assert all(isinstance(f.result(30), MessageID) for f in after)
+    where = {m.value: m.partition_id for m in queue.scan()}
+    assert where == dict.fromkeys([b"after 0", b"after 1", b"after 2"], partition_for_key(b"user-4", 16))
+
+
 def test_a_partitions_futures_resolve_in_the_order_of_its_ids(make_queue):
     # Given one partition, and batches of 10
     queue = make_queue(partitions=1)
@@ -402,6 +424,27 @@ def test_sends_while_the_interpreter_ends_are_sent_not_left_waiting(tmp_path):
     assert done.returncode == 0 and "flushed" in done.stdout, done.stderr
     with HQueue("q", data_dir=tmp_path) as queue:
         assert sum(1 for _ in queue.scan()) == 200
+
+
+LEFT_OPEN = """
+import sys
+from hqueue import HQueue, Message
+queue = HQueue("q", data_dir=sys.argv[1])
+producer = queue.producer(linger_ms=60_000)
+for n in range(100):
+    producer.send(Message("t", b"%d" % n))
+"""
+
+
+def test_a_producer_left_open_at_exit_says_what_it_loses(tmp_path):
+    """Sends a producer held at exit (never closed nor flushed) were lost without a word
+    (an attacker's probe): a warning now says how many, and what to do."""
+    with HQueueAdmin(data_dir=tmp_path) as admin:
+        admin.create_queue("q", 2)
+    done = subprocess.run([sys.executable, "-c", LEFT_OPEN, str(tmp_path)], cwd=ROOT, env=python_env(),
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "100 message(s) sent and not stored are lost at exit: close() or flush() the producer" in done.stderr
 
 
 def test_a_full_buffer_sends_what_lingers_now(tmp_path):

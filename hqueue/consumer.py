@@ -139,6 +139,8 @@ _ROWKEY = slice(0, ROWKEY_LENGTH)
 def _rowkeys(items: Delivery | Message | Iterable[Delivery | Message]) -> list[bytes]:
     if isinstance(items, (Delivery, Message)):
         items = [items]
+    elif isinstance(items, (str, bytes, bytearray)) or not isinstance(items, Iterable):
+        raise TypeError(f"ack and nack take received Deliveries (or Messages with IDs), not {type(items).__name__}")
     if isinstance(items, list) and items and set(map(type, items)) == {Delivery}:  # what receive gave: in C
         return list(map(getitem, map(getitem, map(getitem, items, repeat(0)), repeat(1)), repeat(_ROWKEY)))
     rowkeys = []

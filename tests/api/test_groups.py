@@ -48,6 +48,16 @@ def test_each_message_goes_to_one_member_and_an_acked_one_never_comes_back(make_
         assert again.receive(100, wait=0.3) == []
 
 
+@pytest.mark.parametrize("bad", [None, 5, b"x", "x"])
+def test_an_ack_of_something_that_is_no_delivery_says_so(make_queue, bad):
+    """ack(None) raised a bare "'NoneType' object is not iterable" (an attacker's probe)."""
+    queue = make_queue(partitions=1)
+    with queue.consumer("g") as consumer:
+        for call in (consumer.ack, consumer.nack):
+            with pytest.raises(TypeError, match=r"take received Deliveries \(or Messages with IDs\), not "):
+                call(bad)
+
+
 def test_every_group_gets_every_message(make_queue):
     queue = make_queue(partitions=2)
     queue.put([Message("t", b"%d" % i) for i in range(10)], 0)

@@ -175,6 +175,12 @@ class EmbeddedStorage(Healing, Storage):
         #: The topic-index families, of the queues that have the index.
         self._index_families: dict[str, rocksdict.Rdict] = {}
         self._index_handles: dict[str, rocksdict.ColumnFamily] = {}
+        #: Writes under way with a queue's family handles, by queue: a family is dropped (a
+        #: delete, a truncate) only once none is. A write that went out with a dropped
+        #: family failed its whole group commit, other queues' writes with it, and RocksDB
+        #: refused every write after it until the store was opened again (an attacker's pass).
+        self._writing: dict[str, int] = {}
+        self._written = threading.Condition(threading.Lock())  # (not self._lock: no write waits on an admin's fsync)
         #: Whether RocksDB failed in a way only a reopen cures (a full disk).
         self._failed = False
         for key, value in self._db.items(from_key=_META_PREFIX):
@@ -379,7 +385,9 @@ class EmbeddedStorage(Healing, Storage):
             self._guard(self._db.delete, _META_PREFIX + name.encode(), self._write_options[Durability.SYNC_WAL])
             del self._infos[name]
             indexed = name in self._index_families
-            self._unbind(name)
+            with self._written:
+                self._unbind(name)  # (no write begins with its families now)
+                self._written.wait_for(lambda: name not in self._writing)
             self._guard(self._db.drop_column_family, _CF_PREFIX + name)
             if indexed:
                 self._guard(self._db.drop_column_family, _INDEX_CF_PREFIX + name)
@@ -395,8 +403,10 @@ class EmbeddedStorage(Healing, Storage):
             # pass). The mark makes the next open finish the truncate.
             mark = _TRUNCATING_PREFIX + name.encode()
             self._guard(self._db.put, mark, b"", self._write_options[Durability.SYNC_WAL])
-            self._remake_families(name)  # (the handles stay bound meanwhile: a read under way
-            self._bind(info)  # sees the dropped families, not QueueNotFound; _bind replaces them)
+            with self._written:  # (no write under way, nor begun, with the families dropped)
+                self._written.wait_for(lambda: name not in self._writing)
+                self._remake_families(name)  # (the handles stay bound meanwhile: a read under way
+                self._bind(info)  # sees the dropped families, not QueueNotFound; _bind replaces them)
             self._infos[name] = info
             self._guard(self._db.delete, mark, self._write_options[Durability.SYNC_WAL])
 
@@ -443,10 +453,31 @@ class EmbeddedStorage(Healing, Storage):
         ttl: int = 0,
     ) -> None:
         self._heal()
-        handle = self._handles.get(name)
-        if handle is None:
-            raise QueueNotFound(name)
-        index = self._index_handles.get(name)
+        with self._written:  # (its families are not dropped until the write is done: _writing)
+            handle = self._handles.get(name)
+            if handle is None:
+                raise QueueNotFound(name)
+            index = self._index_handles.get(name)
+            self._writing[name] = self._writing.get(name, 0) + 1
+        try:
+            self._write_cells(handle, index, cells, durability, deletes, fence, high)
+        finally:
+            with self._written:
+                left = self._writing[name] = self._writing[name] - 1
+                if not left:
+                    del self._writing[name]
+                    self._written.notify_all()
+
+    def _write_cells(
+        self,
+        handle: rocksdict.ColumnFamily,
+        index: rocksdict.ColumnFamily | None,
+        cells: Sequence[Cell],
+        durability: str,
+        deletes: Sequence[bytes],
+        fence: Fence | None,
+        high: bytes,
+    ) -> None:
         if durability == Durability.SYNC_WAL:  # one fsync with the other writers under way
             fill = cells_filler(handle, index, cells, deletes)
             self._fences.write(fence, high, self._guard, self._write_durably, fill)

@@ -58,8 +58,11 @@ class Healing:
 
     def _note_failure(self, error: Exception) -> None:
         """Mark the store failed if rocksdict's ``error`` is one only a reopen cures (a full
-        disk, an I/O error: a failed fsync among them)."""
-        if "No space left" in str(error) or "IO error" in str(error):
+        disk, an I/O error: a failed fsync among them; a write that named a dropped column
+        family, after which RocksDB refused every write: embedded.py's ``_writing`` keeps
+        that from happening)."""
+        said = str(error)
+        if "No space left" in said or "IO error" in said or "Invalid column family" in said:
             if not self._failed:
                 logger.error("embedded store %s failed: %s; will reopen once it can", self.path, str(error))
             self._failed = True

@@ -28,7 +28,7 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from . import forks, topic_index
-from .checks import check_columns, check_partition, message_columns
+from .checks import check_columns, check_partition, check_routed, message_columns
 from .config import CREATED_KEY, InfoCache, QueueInfo, check_config, validate_new_queue_name
 from .errors import QueueEnabled
 from .events import EngineEvents
@@ -213,14 +213,18 @@ class Engine:
 
     # -- writes ---------------------------------------------------------------
 
-    def put(self, name: str, messages: Sequence[Message], partition_id: int) -> list[MessageID]:
-        """Assign IDs to ``messages`` and write them to one partition atomically.
+    def put(
+        self, name: str, messages: Sequence[Message], partition_id: int, *, routed_by: str | None = None
+    ) -> list[MessageID]:
+        """Assign IDs to ``messages`` and write them to one partition atomically
+        (``routed_by``: :func:`~hqueue.checks.check_routed`).
 
         Raises:
             QueueNotFound, QueueDisabled, InvalidPartition, InvalidMessage,
             MessageTooLarge, StorageError. Nothing is written when any is raised.
         """
         info = self.enabled_queue(name)
+        check_routed(info, routed_by)
         check_partition(info, partition_id)
         first = self._write(info, partition_id, *message_columns(info, messages))
         return consecutive(first, len(messages))
@@ -300,14 +304,18 @@ class Engine:
         partition_id: int,
         due: int | Sequence[int],
         request: Request | None = None,
+        *,
+        routed_by: str | None = None,
     ) -> list[Timer]:
         """Write ``messages`` as timers of one partition, delivered at ``due`` (epoch ms):
         one due time for them all, or one per message. One storage write for the batch.
         With a ``request``, as :meth:`put_columns`: timers written already are answered.
+        ``routed_by``: as :meth:`put`'s.
 
         Raises what :meth:`put` raises; nothing is written when it does.
         """
         info = self.enabled_queue(name)
+        check_routed(info, routed_by)
         check_partition(info, partition_id)
         topics, values = message_columns(info, messages)
         dues = check_dues(due, len(topics))

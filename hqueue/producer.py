@@ -47,6 +47,7 @@ from .errors import (
     MessageTooLarge,
     ProducerBufferFull,
     ProducerClosed,
+    QueueNotFound,
 )
 from .message import Message, MessageID
 
@@ -79,9 +80,10 @@ SEND_OVERHEAD = 2048
 
 
 #: A put refused with one of these may mean the queue was made again (dropped, then created
-#: with fewer partitions or a smaller message size) under its producer: the producer reads its
-#: definition again, so that ``send`` checks the next messages against the new one.
-REDEFINED = (InvalidPartition, MessageTooLarge, InvalidMessage)
+#: with fewer partitions or a smaller message size; or any new one: a put says the definition
+#: it was routed by, checks.check_routed) under its producer: the producer reads its
+#: definition again, so that ``send`` checks, and routes, the next messages by the new one.
+REDEFINED = (InvalidPartition, MessageTooLarge, InvalidMessage, QueueNotFound)
 
 
 class SendFuture(Future[MessageID]):
@@ -96,9 +98,11 @@ class SendFuture(Future[MessageID]):
 class Batch:
     """One put's worth of messages, with a future each (whatever kind its producer uses)."""
 
-    __slots__ = ("messages", "futures", "size", "held", "created", "deadline", "forced", "done")
+    __slots__ = ("messages", "futures", "size", "held", "created", "deadline", "forced", "done", "routed_by")
 
-    def __init__(self, created: float, linger: float) -> None:
+    def __init__(self, created: float, linger: float, routed_by: str | None = None) -> None:
+        #: The ``created`` of the queue definition its messages were routed by (its put says so).
+        self.routed_by = routed_by
         self.messages: list[Message] = []
         self.futures: list[Any] = []
         self.size = 0  # bytes of topics and values (max_bytes)
@@ -177,9 +181,10 @@ class Batches:
         future = make_future(pid)
         size = cost - SEND_OVERHEAD
         batches = self.open.setdefault(pid, deque())
-        began = not batches or not self._fits(batches[-1], size)
+        routed_by = self.info.created if self.info is not None else None
+        began = not batches or not self._fits(batches[-1], size) or batches[-1].routed_by != routed_by
         if began:
-            batches.append(Batch(time.monotonic(), self.linger))
+            batches.append(Batch(time.monotonic(), self.linger, routed_by))
         batch = batches[-1]
         batch.messages.append(message)
         batch.futures.append(future)
@@ -542,7 +547,7 @@ class Producer:
         try:
             if live:
                 with self.engine.deadline(put_deadline(self.engine, batch)):
-                    ids = self.engine.put(self.name, [m for m, _ in live], pid)
+                    ids = self.engine.put(self.name, [m for m, _ in live], pid, routed_by=batch.routed_by)
                 if len(ids) != len(live):
                     raise HQueueError(f"the put of {len(live)} message(s) was answered with {len(ids)} ID(s)")
         except BaseException as e:  # noqa: BLE001 - every error goes to the batch's futures

@@ -16,7 +16,7 @@ from .checks import check_partition, check_queue_name_type, check_scan_limit, ch
 from .config import QueueInfo
 from .connection import Connected
 from .consumer import Consumer, Pending
-from .errors import HQueueError, InvalidPartition
+from .errors import HQueueError, InvalidPartition, QueueNotFound
 from .groups.limits import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, GroupLimits, check_group_name, check_pending_limit
 from .keys.timers import Timer, due_ms, timer_of
 from .message import Message, MessageID, TimeLike, as_message_id
@@ -202,12 +202,22 @@ class HQueue(Connected):
             StorageError: The store failed the write.
         """
         batch = as_batch(messages)
+        due = None if deliver_at is None and delay is None else due_ms(deliver_at, delay)
         with self.engine.deadline():  # one deadline for the queue's definition and the put
-            info = self.engine.enabled_queue(self.name)
-            partition_id = route(info, partition_id, key, priority)
-            if deliver_at is not None or delay is not None:
-                return self.engine.schedule(self.name, batch, partition_id, due_ms(deliver_at, delay))
-            return self.engine.put(self.name, batch, partition_id)
+            # By the client's cached definition, saying so (routed_by); refused for a queue deleted
+            # and made again since (nothing written), by a fresh one, once. Unchecked, a key's
+            # puts went by the old partition count for up to the cache's 2 s (an attacker's probe).
+            for fresh in (False, True):
+                info = self.engine.queue_info(self.name, fresh=fresh).require_enabled()
+                pid = route(info, partition_id, key, priority)
+                try:
+                    if due is not None:
+                        return self.engine.schedule(self.name, batch, pid, due, routed_by=info.created)
+                    return self.engine.put(self.name, batch, pid, routed_by=info.created)
+                except QueueNotFound:
+                    if fresh or info.created is None:
+                        raise
+            raise AssertionError("unreachable")
 
     def producer(
         self,

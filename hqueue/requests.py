@@ -53,15 +53,17 @@ Cell = tuple[bytes, bytes]
 
 
 class Lane:
-    """One put at a time, numbered: see :class:`Lanes`."""
+    """One put at a time, numbered: see :class:`Lanes`. ``created``: the queue definition its
+    put is checked and routed by (set for each put; None: not said)."""
 
-    __slots__ = ("id", "sequence")
+    __slots__ = ("id", "sequence", "created")
 
     def __init__(self) -> None:
         self.id, self.sequence = os.urandom(LANE_LENGTH), 0
+        self.created: str | None = None
 
     def request(self, resent: bool) -> Request:
-        return Request(self.id, self.sequence, resent)
+        return Request(self.id, self.sequence, resent, self.created)
 
 
 class Lanes:

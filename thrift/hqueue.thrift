@@ -109,7 +109,10 @@ struct TPutResult {
 struct TRequest {
   1: binary lane,
   2: i64 sequence,
-  3: bool resent
+  3: bool resent,
+  /** The queue's hqueue.created the client checked and routed the put by: a queue deleted
+      and made again since is refused with TQueueNotFound, nothing written (unset: not checked). */
+  4: optional string created
 }
 
 /** A timer message (SPEC X1): written to partitionID at due (epoch ms). */

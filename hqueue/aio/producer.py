@@ -290,7 +290,7 @@ class AsyncProducer:
         try:
             if live:
                 with engine.deadline(put_deadline(engine, batch)):
-                    ids = await engine.put(self.name, [m for m, _ in live], pid)
+                    ids = await engine.put(self.name, [m for m, _ in live], pid, routed_by=batch.routed_by)
                 for (_, future), message_id in zip(live, ids, strict=True):
                     if not future.done():
                         future.set_result(message_id)

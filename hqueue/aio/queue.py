@@ -13,7 +13,7 @@ from typing import Any, overload
 from ..checks import check_partition, check_queue_name_type, check_scan_limit
 from ..config import QueueInfo
 from ..consumer import Pending
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, QueueNotFound
 from ..groups.limits import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, GroupLimits, check_group_name, check_pending_limit
 from ..keys.timers import Timer, due_ms, timer_of
 from ..message import Message, MessageID
@@ -124,12 +124,20 @@ class AsyncHQueue(AsyncConnected):
         (timers with ``deliver_at``/``delay``). Arguments and errors as :meth:`HQueue.put
         <hqueue.HQueue.put>`."""
         batch = as_batch(messages)
+        due = None if deliver_at is None and delay is None else due_ms(deliver_at, delay)
         engine = await self.async_engine()
         with engine.deadline():  # one deadline for the queue's definition and the put
-            pid = route(await engine.enabled_queue(self.name), partition_id, key, priority)
-            if deliver_at is not None or delay is not None:
-                return await engine.schedule(self.name, batch, pid, due_ms(deliver_at, delay))
-            return await engine.put(self.name, batch, pid)
+            for fresh in (False, True):  # (as HQueue.put: by the cached definition, then a fresh one)
+                info = (await engine.queue_info(self.name, fresh=fresh)).require_enabled()
+                pid = route(info, partition_id, key, priority)
+                try:
+                    if due is not None:
+                        return await engine.schedule(self.name, batch, pid, due, routed_by=info.created)
+                    return await engine.put(self.name, batch, pid, routed_by=info.created)
+                except QueueNotFound:
+                    if fresh or info.created is None:
+                        raise
+            raise AssertionError("unreachable")
 
     async def cancel(self, timer: Timer | str) -> bool:
         """Cancel a pending timer message; False if it fired (or was cancelled) already."""

@@ -575,9 +575,12 @@ class RemoteEngine:
 
     # -- puts -----------------------------------------------------------------------
 
-    def put(self, name: str, messages: Sequence[Message], partition_id: int) -> list[MessageID]:
+    def put(
+        self, name: str, messages: Sequence[Message], partition_id: int, *, routed_by: str | None = None
+    ) -> list[MessageID]:
         """Write the batch in one call to the partition's owner, following moves until
-        ``owner_timeout``, by the call's deadline.
+        ``owner_timeout``, by the call's deadline. ``routed_by`` goes with it, for the
+        owner to check (EngineAPI.put).
 
         Raises:
             BatchTooLarge: over one call's cap; nothing was sent.
@@ -589,12 +592,16 @@ class RemoteEngine:
             topics, values = message_columns(self.enabled_queue(name), messages)
             blob = packed.pack(topics, values)
             what = f"put of {len(topics)} message(s)"
-            result = self._owner_put(name, partition_id, what, "putPacked", partition_id, blob)
+            result = self._owner_put(name, partition_id, what, routed_by, "putPacked", partition_id, blob)
         return consecutive(wire.from_tid(result.firstID), result.count)
 
-    def _owner_put(self, name: str, partition_id: int, what: str, method: str, *args: Any) -> Any:
-        """:meth:`_owner_call` for a put, on a lane (requests.py): sent again, it is written once."""
+    def _owner_put(
+        self, name: str, partition_id: int, what: str, routed_by: str | None, method: str, *args: Any
+    ) -> Any:
+        """:meth:`_owner_call` for a put, on a lane (requests.py): sent again, it is written
+        once; its request says ``routed_by``."""
         with self._lanes.lane() as lane:
+            lane.created = routed_by
             return self._owner_call(name, partition_id, what, method, *args, lane=lane)
 
     def _owner_call(
@@ -697,7 +704,13 @@ class RemoteEngine:
     # -- timers (SPEC X1) ------------------------------------------------------------------
 
     def schedule(
-        self, name: str, messages: Sequence[Message], partition_id: int, due: int | Sequence[int]
+        self,
+        name: str,
+        messages: Sequence[Message],
+        partition_id: int,
+        due: int | Sequence[int],
+        *,
+        routed_by: str | None = None,
     ) -> list[Timer]:
         with self.deadline():
             info = self.enabled_queue(name)
@@ -705,7 +718,7 @@ class RemoteEngine:
             blob, due = packed.pack(topics, values), check_dues(due, len(topics))
             what = f"timer put of {len(topics)} message(s)"
             args = packed.timer_call_args(partition_id, blob, due)
-            result = self._owner_put(name, partition_id, what, "scheduleTimers", *args)
+            result = self._owner_put(name, partition_id, what, routed_by, "scheduleTimers", *args)
         ids = consecutive(wire.from_tid(result.firstID), result.count)
         return timer_handles(name, partition_id, kept_dues(due, ids, info.ttl), ids)  # as Engine.schedule keeps them
 

@@ -21,6 +21,8 @@ from ..message import MessageID, key_after
 REQUEST_PREFIX = b"\x7f\xff"
 #: A lane's length, in bytes.
 LANE_LENGTH = 16
+#: The longest ``created`` a request may carry (a queue's hqueue.created is 33 characters).
+MAX_CREATED = 64
 _VALUE = struct.Struct(">qq10si")
 
 
@@ -30,17 +32,22 @@ class Request(NamedTuple):
     lane: bytes
     sequence: int
     resent: bool = False
+    #: The queue's ``created`` the client checked and routed the put by (None: not said).
+    created: str | None = None
 
     def checked(self) -> Request:
         """This request, if it is well formed.
 
         Raises:
-            InvalidArgument: a lane that is not 16 bytes, or a sequence below 1.
+            InvalidArgument: a lane that is not 16 bytes, a sequence below 1, or a
+                ``created`` that is no queue's.
         """
         if not isinstance(self.lane, bytes) or len(self.lane) != LANE_LENGTH:
             raise InvalidArgument(f"a request's lane is {LANE_LENGTH} bytes, got {self.lane!r:.60}")
         if not isinstance(self.sequence, int) or not 0 < self.sequence < 2**63:
             raise InvalidArgument(f"a request's sequence is 1 or more, got {self.sequence!r}")
+        if self.created is not None and (not isinstance(self.created, str) or len(self.created) > MAX_CREATED):
+            raise InvalidArgument(f"a request's created is a queue's hqueue.created, got {self.created!r:.60}")
         return self
 
 

@@ -126,7 +126,7 @@ def from_tpush_key(t: Any) -> PushCredentials:
 
 
 def to_trequest(request: Request) -> Any:
-    return T.TRequest(lane=request.lane, sequence=request.sequence, resent=request.resent)
+    return T.TRequest(lane=request.lane, sequence=request.sequence, resent=request.resent, created=request.created)
 
 
 def from_trequest(t: Any) -> Request | None:
@@ -137,7 +137,7 @@ def from_trequest(t: Any) -> Request | None:
     """
     if t is None or not t.lane:  # (an empty one: unset, as a client that sends every argument sends it)
         return None
-    return Request(t.lane, t.sequence, bool(t.resent)).checked()
+    return Request(t.lane, t.sequence, bool(t.resent), t.created if t.created != "" else None).checked()
 
 
 def to_ttimer(timer: Timer) -> Any:

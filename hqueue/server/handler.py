@@ -16,13 +16,14 @@ import time
 from typing import Any
 
 from ..auth import OPEN, AuthPolicy, PushPolicy
-from ..checks import check_partition
+from ..checks import check_partition, check_routed
 from ..config import QueueState
 from ..coordination import Coordinator
 from ..engine import Engine
 from ..errors import InvalidArgument, LimitExceeded, NotAuthorized, NotPartitionOwner
 from ..groups.handout import RECEIVE_BYTES
 from ..groups.limits import MAX_PENDING, check_pending_limit
+from ..keys.requests import Request
 from ..message import Message, MessageID, messages_from_columns
 from ..metrics import ServerMetrics
 from ..rpc import packed, wire
@@ -159,13 +160,22 @@ class QueueCalls(Calls):
                 f"(--max-put-bytes); this one has {payload}",
             )
 
-    def _writable_partition(self, queue: str, partition_id: int | None, request: Any = None, count: int = 0) -> int:
+    def _writable_partition(
+        self, queue: str, partition_id: int | None, sent: Request | None = None, count: int = 0
+    ) -> int:
         """The partition to write to (a random owned one for None), if this server owns it now.
-        Shutting down, only a put sent again (``request`` marked resent) whose first try was
+        Shutting down, only a put sent again (``sent`` marked resent) whose first try was
         written here goes on, to be answered from its record: refused, its client could not
         tell whether the first was written (OutcomeUnknown), and sending it elsewhere would
-        store it twice."""
+        store it twice.
+
+        Raises:
+            QueueNotFound: ``sent`` says the client checked and routed the put by another
+                queue of the name (deleted and made again since): nothing is written (a key's
+                partition may differ in the new one), and the client reads it again.
+        """
         info = self.engine.enabled_queue(queue)
+        check_routed(info, sent.created if sent is not None else None)
         if partition_id is None:
             owned = self.coordinator.owned(queue, info.partitions)
             if not owned:
@@ -173,13 +183,12 @@ class QueueCalls(Calls):
             partition_id = random.choice(owned)
         check_partition(info, partition_id)
         self.coordinator.require_owner(queue, partition_id)
-        if self.guard.draining and not self._written(info, partition_id, request, count):
+        if self.guard.draining and not self._written(info, partition_id, sent, count):
             raise NotPartitionOwner(queue, partition_id, None)  # shutting down: the client retries on the next owner
         return partition_id
 
-    def _written(self, info: Any, partition_id: int, request: Any, count: int) -> bool:
-        """Whether ``request``'s put, marked resent, was written here already."""
-        sent = wire.from_trequest(request)
+    def _written(self, info: Any, partition_id: int, sent: Request | None, count: int) -> bool:
+        """Whether ``sent``'s put, marked resent, was written here already."""
         if sent is None or not sent.resent:
             return False
         may_block()  # (its record may be read from the store: on a worker)
@@ -195,10 +204,11 @@ class QueueCalls(Calls):
     @served("producer", inline=True)
     def putPacked(self, queue: str, partitionID: int, messages: bytes, request: Any = None) -> Any:
         topics, values = self._unpack_put(messages)
-        partition_id = self._writable_partition(queue, partitionID, request, len(topics))
+        sent = wire.from_trequest(request)
+        partition_id = self._writable_partition(queue, partitionID, sent, len(topics))
         self._before_put(queue, partition_id)
         started = time.perf_counter()
-        first = self.engine.put_columns(queue, topics, values, partition_id, wire.from_trequest(request))
+        first = self.engine.put_columns(queue, topics, values, partition_id, sent)
         self.metrics.puts(queue).observe(time.perf_counter() - started, len(topics))
         return wire.T.TPutResult(firstID=wire.to_tid(first), count=len(topics))
 
@@ -288,7 +298,8 @@ class QueueCalls(Calls):
         request: Any = None,
     ) -> Any:
         topics, values = self._unpack_put(messages)
-        partition_id = self._writable_partition(queue, partitionID, request, len(topics))
+        sent = wire.from_trequest(request)
+        partition_id = self._writable_partition(queue, partitionID, sent, len(topics))
         due: int | list[int] = dueMillis
         if dues:  # (empty: unset, as a client that sends every argument sends it)
             due = packed.unpack_dues(dues, len(topics))
@@ -296,7 +307,7 @@ class QueueCalls(Calls):
             raise InvalidArgument(f"'dueMillis' must be epoch ms >= 0, got {dueMillis!r}")
         started = time.perf_counter()
         batch = list(map(Message, topics, values))
-        timers = self.engine.schedule(queue, batch, partition_id, due, wire.from_trequest(request))
+        timers = self.engine.schedule(queue, batch, partition_id, due, sent)
         self.metrics.puts(queue).observe(time.perf_counter() - started, len(topics))
         return wire.T.TPutResult(firstID=wire.to_tid(timers[0].id), count=len(timers))
 

@@ -9,7 +9,15 @@ import asyncio
 
 import pytest
 
-from hqueue import InvalidArgument, Message, MessageID, MessageTooLarge, ProducerClosed, QueueDisabled
+from hqueue import (
+    InvalidArgument,
+    Message,
+    MessageID,
+    MessageTooLarge,
+    ProducerClosed,
+    QueueDisabled,
+    QueueNotFound,
+)
 from hqueue.aio import AsyncHQueue, AsyncHQueueAdmin, AsyncProducer
 from hqueue.producer import SEND_OVERHEAD
 from hqueue.storage.embedded import EmbeddedStorage
@@ -148,8 +156,8 @@ def test_a_producer_checks_sends_against_its_queue_made_again_after_a_refused_pu
                 await admin.disable_queue(queue_name)
                 await admin.delete_queue(queue_name)
                 await admin.create_queue(queue_name, 2, max_message_bytes=100)
-            with pytest.raises(MessageTooLarge):  # a batch's put refused: the definition is read again
-                await producer.send(Message("t", b"x" * 200), partition=0)
+            with pytest.raises(QueueNotFound, match="created again"):  # a batch's put refused (routed by the
+                await producer.send(Message("t", b"x" * 200), partition=0)  # old definition): it is read again
             puts = producer.puts
             with pytest.raises(MessageTooLarge):  # so send itself refuses it now, queueing nothing
                 await producer.send(Message("t", b"x" * 200), partition=0)
@@ -163,7 +171,6 @@ def test_a_producer_checks_sends_against_its_queue_made_again_after_a_refused_pu
 def test_keyed_sends_follow_the_queue_made_again_with_more_partitions(api_url, queue_name):
     """As the blocking producer's (test_producer.py)."""
     from hqueue.checks import partition_for_key
-    from hqueue.config import INFO_CACHE_SECONDS
 
     async def main() -> dict[bytes, int]:
         queue = await made(api_url, queue_name, partitions=2)
@@ -173,14 +180,19 @@ def test_keyed_sends_follow_the_queue_made_again_with_more_partitions(api_url, q
                 await admin.disable_queue(queue_name)
                 await admin.delete_queue(queue_name)
                 await admin.create_queue(queue_name, 16)
-            await asyncio.sleep(INFO_CACHE_SECONDS + 0.1)
+            try:  # (routed by the old definition, unless that one was 2 s old already)
+                await producer.send(Message("t", b"at once"), key=b"user-4")
+            except QueueNotFound as e:
+                assert "deleted and created again since this client read its definition" in str(e)
             for i in range(3):
                 await producer.send(Message("t", b"after %d" % i), key=b"user-4")
             where = {m.value: m.partition_id async for m in queue.scan()}
         await queue.close()
         return where
 
-    assert run(main()) == dict.fromkeys([b"after 0", b"after 1", b"after 2"], partition_for_key(b"user-4", 16))
+    where, expected = run(main()), partition_for_key(b"user-4", 16)
+    assert where.pop(b"at once", expected) == expected
+    assert where == dict.fromkeys([b"after 0", b"after 1", b"after 2"], expected)
 
 
 def test_closing_the_queue_sends_what_its_producers_hold(api_url, queue_name):

@@ -22,6 +22,7 @@ from hqueue import (
     ProducerBufferFull,
     ProducerClosed,
     QueueDisabled,
+    QueueNotFound,
 )
 from hqueue.admin import HQueueAdmin
 from hqueue.producer import SEND_OVERHEAD
@@ -293,8 +294,8 @@ def test_a_producer_checks_sends_against_its_queue_made_again_after_a_refused_pu
         admin.disable_queue(queue.name)
         admin.delete_queue(queue.name)
         admin.create_queue(queue.name, 2, max_message_bytes=100)
-        # When a send the new queue refuses goes in a batch, that batch's put is refused
-        with pytest.raises(InvalidPartition):
+        # When a send goes in a batch routed by the old definition, that batch's put is refused
+        with pytest.raises(QueueNotFound, match="deleted and created again since this client read its definition"):
             producer.send(Message("t", b"x"), partition=3).result(30)
         # Then the producer reads the queue's definition again: send itself refuses what it would refuse
         with pytest.raises(InvalidPartition):
@@ -305,10 +306,11 @@ def test_a_producer_checks_sends_against_its_queue_made_again_after_a_refused_pu
 
 
 def test_keyed_sends_follow_the_queue_made_again_with_more_partitions(make_queue, admin):
-    """A queue made again with more partitions refuses no put, so the producer never read
+    """A queue made again with more partitions refused no put, so the producer never read
     its definition again: its keyed sends went by the old count for ever, one key's
-    messages in two partitions of the new queue (an attacker's probe). A send now reads
-    the definition as a put does, once the client's copy is INFO_CACHE_SECONDS old."""
+    messages in two partitions of the new queue (an attacker's probe). A put now says the
+    definition it was routed by: a batch routed by the old one fails, nothing written, and
+    the next sends go by the new one; a send also reads the definition once it is 2 s old."""
     from hqueue.checks import partition_for_key
     from hqueue.config import INFO_CACHE_SECONDS
 
@@ -319,11 +321,19 @@ def test_keyed_sends_follow_the_queue_made_again_with_more_partitions(make_queue
         admin.disable_queue(queue.name)
         admin.delete_queue(queue.name)
         admin.create_queue(queue.name, 16)
-        time.sleep(INFO_CACHE_SECONDS + 0.1)
+        at_once = producer.send(Message("t", b"at once"), key=b"user-4")  # (routed by the old definition,
+        try:  # unless that one was 2 s old already)
+            at_once.result(30)
+        except QueueNotFound as e:
+            assert "deleted and created again since this client read its definition" in str(e)
         after = [producer.send(Message("t", b"after %d" % i), key=b"user-4") for i in range(3)]
         assert all(isinstance(f.result(30), MessageID) for f in after)
-    where = {m.value: m.partition_id for m in queue.scan()}
-    assert where == dict.fromkeys([b"after 0", b"after 1", b"after 2"], partition_for_key(b"user-4", 16))
+        time.sleep(INFO_CACHE_SECONDS + 0.1)  # (and a send reads the definition again when it is due)
+        late = producer.send(Message("t", b"late"), key=b"user-4")
+        assert isinstance(late.result(30), MessageID)
+    where, expected = {m.value: m.partition_id for m in queue.scan()}, partition_for_key(b"user-4", 16)
+    assert where.pop(b"at once", expected) == expected  # (stored only if routed by the new definition)
+    assert where == dict.fromkeys([b"after 0", b"after 1", b"after 2", b"late"], expected)
 
 
 def test_a_partitions_futures_resolve_in_the_order_of_its_ids(make_queue):

@@ -8,6 +8,7 @@ import pytest
 
 from hqueue import (
     HQueue,
+    HQueueAdmin,
     InvalidArgument,
     InvalidMessage,
     InvalidPartition,
@@ -43,6 +44,29 @@ def test_a_batch_without_partition_goes_to_one_random_partition(make_queue):
     queue = make_queue(partitions=8)
     queue.put([Message("t", b"%d" % i) for i in range(50)])
     assert len({m.partition_id for m in queue.scan()}) == 1
+
+
+def test_a_keyed_put_goes_by_the_queue_made_again_under_its_handle(make_queue, admin, api_url):
+    """A handle's put went by its client's cached definition (2 s): into a queue deleted and
+    made again with more partitions, a key's puts went to the partition the old count named
+    (an attacker's probe, through a server). A put now says the definition it was routed
+    by; refused by the new queue (nothing written), it reads it afresh and goes again."""
+    from hqueue.checks import partition_for_key
+
+    queue = make_queue(partitions=2)
+    queue.put(Message("t", b"before"), key=b"user-4")  # (its definition cached)
+    with HQueueAdmin(api_url) as other:  # (another client: its own cache)
+        other.disable_queue(queue.name)
+        other.delete_queue(queue.name)
+        other.create_queue(queue.name, 16)
+    expected = partition_for_key(b"user-4", 16)
+    queue.put(Message("t", b"after"), key=b"user-4")
+    assert [(m.value, m.partition_id) for m in queue.scan()] == [(b"after", expected)]
+    with HQueueAdmin(api_url) as other:  # (and a timer put, the same way)
+        other.disable_queue(queue.name)
+        other.delete_queue(queue.name)
+        other.create_queue(queue.name, 16)
+    assert [t.partition_id for t in queue.put(Message("t", b"timer"), key=b"user-4", delay=600)] == [expected]
 
 
 def test_single_puts_spread_over_partitions(make_queue):

@@ -327,17 +327,26 @@ class AsyncRemoteEngine:
 
     # -- puts and timers ------------------------------------------------------------
 
-    async def put(self, name: str, messages: Sequence[Message], partition_id: int) -> list[MessageID]:
+    async def put(
+        self, name: str, messages: Sequence[Message], partition_id: int, *, routed_by: str | None = None
+    ) -> list[MessageID]:
         with self.deadline():
             topics, values = message_columns(await self.enabled_queue(name), messages)
             what = f"put of {len(topics)} message(s)"
             with self._lanes.lane() as lane:  # sent again, it is written once (requests.py)
+                lane.created = routed_by  # (for the owner to check: EngineAPI.put)
                 blob = packed.pack(topics, values)
                 result = await self.owner_call(name, partition_id, what, "putPacked", partition_id, blob, lane=lane)
         return consecutive(wire.from_tid(result.firstID), result.count)
 
     async def schedule(
-        self, name: str, messages: Sequence[Message], partition_id: int, due: int | Sequence[int]
+        self,
+        name: str,
+        messages: Sequence[Message],
+        partition_id: int,
+        due: int | Sequence[int],
+        *,
+        routed_by: str | None = None,
     ) -> list[Timer]:
         with self.deadline():
             info = await self.enabled_queue(name)
@@ -346,6 +355,7 @@ class AsyncRemoteEngine:
             what = f"timer put of {len(topics)} message(s)"
             args = packed.timer_call_args(partition_id, blob, due)
             with self._lanes.lane() as lane:
+                lane.created = routed_by
                 result = await self.owner_call(name, partition_id, what, "scheduleTimers", *args, lane=lane)
         ids = consecutive(wire.from_tid(result.firstID), result.count)
         return timer_handles(name, partition_id, kept_dues(due, ids, info.ttl), ids)  # as Engine.schedule keeps them

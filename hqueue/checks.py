@@ -19,7 +19,7 @@ from operator import add
 from typing import Any, TypeVar
 
 from .config import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES, QueueInfo
-from .errors import BatchTooLarge, InvalidArgument, InvalidMessage, InvalidPartition, MessageTooLarge, QueueNotFound
+from .errors import BatchTooLarge, InvalidArgument, InvalidMessage, InvalidPartition, MessageTooLarge
 from .message import MAX_TOPIC_BYTES, Message, topics_of, values_of
 
 #: A consumer group's or subscriber's name: it is a znode and a store key.
@@ -30,23 +30,6 @@ def check_partition(info: QueueInfo, partition_id: object) -> int:
     if not isinstance(partition_id, int) or isinstance(partition_id, bool):
         raise TypeError(f"'partition_id' must be an int, not {type(partition_id).__name__}")
     return partition_of(info.name, info.partitions, partition_id)
-
-
-def check_routed(info: QueueInfo, routed_by: str | None) -> None:
-    """A put (or timer put) its client checked and routed by the definition whose ``created``
-    is ``routed_by`` goes to ``info``'s queue only if it is that one (None: not said, not checked).
-
-    Raises:
-        QueueNotFound: the queue was deleted and made again since: nothing is written (a key's
-            partition may be another in the new one, of another count), and the client reads
-            the definition again.
-    """
-    if routed_by is not None and routed_by != info.created:
-        raise QueueNotFound(
-            info.name,
-            f"queue {info.name!r} was deleted and created again since this client read its definition: "
-            "nothing was written (read the definition again, and route the put by it)",
-        )
 
 
 def partition_of(queue: str, partitions: int, partition_id: int) -> int:

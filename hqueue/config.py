@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypeGuard
 
-from .errors import InvalidArgument, InvalidQueueName, QueueDisabled
+from .errors import InvalidArgument, InvalidQueueName, QueueDisabled, QueueNotFound
 from .message import MAX_PARTITIONS
 
 __all__ = [
@@ -277,6 +278,23 @@ def _check_int(name: str, value: object, low: int, high: int) -> None:
         raise InvalidArgument(f"{name!r} must be in {low}..{high}, got {value}")
 
 
+def check_routed(info: QueueInfo, routed_by: str | None) -> None:
+    """A put (or timer put) its client checked and routed by the definition whose ``created``
+    is ``routed_by`` goes to ``info``'s queue only if it is that one (None: not said, not checked).
+
+    Raises:
+        QueueNotFound: the queue was deleted and made again since: nothing is written (a key's
+            partition may be another in the new one, of another count), and the client reads
+            the definition again.
+    """
+    if routed_by is not None and routed_by != info.created:
+        raise QueueNotFound(
+            info.name,
+            f"queue {info.name!r} was deleted and created again since this client read its definition: "
+            "nothing was written (read the definition again, and route the put by it)",
+        )
+
+
 class InfoCache:
     """Queue infos, cached for :data:`INFO_CACHE_SECONDS` (puts read one each).
 
@@ -289,24 +307,38 @@ class InfoCache:
     def __init__(self, load: Callable[[str], QueueInfo], stale_on: tuple[type[Exception], ...] = ()) -> None:
         self._load, self._stale_on = load, stale_on
         self._infos: dict[str, tuple[float, QueueInfo]] = {}
+        #: Forgets so far: a load begun before one is not kept (it may read what the change
+        #: replaced, and would be served for INFO_CACHE_SECONDS after it: an attacker's pass
+        #: saw a queue made again served as the deleted one, its puts going to partitions the
+        #: new one lacks, and as disabled 0.5 s after it was made).
+        self._forgets = 0
+        self._lock = threading.Lock()
 
     def get(self, name: str, *, fresh: bool = False) -> QueueInfo:
         cached = self._infos.get(name)
         if cached and not fresh and time.monotonic() - cached[0] < INFO_CACHE_SECONDS:
             return cached[1]
+        forgets = self._forgets
         try:
             info = self._load(name)
         except self._stale_on:
             if cached is None or fresh:
                 raise
-            self._infos[name] = (time.monotonic(), cached[1])  # ask again later, not on every call
+            self._keep(name, cached[1], forgets)  # ask again later, not on every call
             return cached[1]
-        self._infos[name] = (time.monotonic(), info)
+        self._keep(name, info, forgets)
         return info
+
+    def _keep(self, name: str, info: QueueInfo, forgets: int) -> None:
+        with self._lock:
+            if self._forgets == forgets:  # (else a queue changed meanwhile: read again next time)
+                self._infos[name] = (time.monotonic(), info)
 
     def enabled(self, name: str) -> QueueInfo:
         """The info of an enabled queue; raises QueueDisabled."""
         return self.get(name).require_enabled()
 
     def forget(self, name: str) -> None:
-        self._infos.pop(name, None)
+        with self._lock:
+            self._forgets += 1  # (a load under way now is not kept)
+            self._infos.pop(name, None)

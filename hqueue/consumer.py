@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from . import forks
 from .api import groups_of
 from .config import UNSEEN
-from .errors import HQueueError, InvalidArgument
+from .errors import GroupNotFound, HQueueError, InvalidArgument, QueueNotFound
 from .groups.affinity import check_key_affinity
 from .groups.limits import (
     DEFAULT_LEASE,
@@ -342,7 +342,8 @@ class Consumer:
                     if self._ahead is not None:
                         self._ahead.close()  # (what it asked ahead: read first, so the leave gives it back)
                 finally:
-                    self._groups.leave(self.queue.name, self.group, self.member)
+                    with contextlib.suppress(GroupNotFound, QueueNotFound):  # (gone, its queue with it
+                        self._groups.leave(self.queue.name, self.group, self.member)  # maybe: nothing to leave)
 
     def _start_heartbeats(self) -> None:
         self._heartbeats = threading.Thread(

@@ -28,8 +28,8 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from . import forks, topic_index
-from .checks import check_columns, check_partition, check_routed, message_columns
-from .config import CREATED_KEY, InfoCache, QueueInfo, check_config, validate_new_queue_name
+from .checks import check_columns, check_partition, message_columns
+from .config import CREATED_KEY, InfoCache, QueueInfo, check_config, check_routed, validate_new_queue_name
 from .errors import QueueEnabled
 from .events import EngineEvents
 from .ids import consecutive, runs, wall_clock_ms

@@ -214,8 +214,8 @@ class HQueue(Connected):
                     if due is not None:
                         return self.engine.schedule(self.name, batch, pid, due, routed_by=info.created)
                     return self.engine.put(self.name, batch, pid, routed_by=info.created)
-                except QueueNotFound:
-                    if fresh or info.created is None:
+                except (QueueNotFound, InvalidPartition):  # (InvalidPartition: a client that read the new
+                    if fresh or info.created is None:  # queue's partition count on its way)
                         raise
             raise AssertionError("unreachable")
 

@@ -227,7 +227,10 @@ class PartitionWriters:
                 scan = lambda start, stop, limit: self.storage.scan(info.name, start, stop, None, limit)  # noqa: E731
                 deletes = [*deletes, *writer.requests.expired(scan, pid)]
         try:
-            self.storage.write(info.name, cells, info.durability, deletes, fence=writer.fence, high=high, ttl=info.ttl)
+            self.storage.write(
+                info.name, cells, info.durability, deletes, fence=writer.fence, high=high, ttl=info.ttl,
+                created=info.created,
+            )  # fmt: skip
         except Fenced:
             self._refused(info.name, pid, writer.fence)
             raise

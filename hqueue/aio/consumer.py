@@ -39,6 +39,7 @@ the leave, which gives it back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import weakref
 from collections.abc import AsyncIterator, Iterable
@@ -47,6 +48,7 @@ from typing import Any
 
 from ..config import UNSEEN
 from ..consumer import Delivery, _deliveries, _rowkeys, joining, member_name
+from ..errors import GroupNotFound, QueueNotFound
 from ..groups.limits import (
     DEFAULT_LEASE,
     DEFAULT_MAX_RETRIES,
@@ -311,7 +313,8 @@ class AsyncConsumer:
                 [ahead], timeout=PREFETCH_CLOSE_WAIT if within is None else min(PREFETCH_CLOSE_WAIT, within)
             )
             ahead.add_done_callback(self._given_back)  # (come after the leave, past ``within``: back too)
-        await self._groups.leave(self.queue.name, self.group, self.member, within=within)
+        with contextlib.suppress(GroupNotFound, QueueNotFound):  # (as Consumer.close)
+            await self._groups.leave(self.queue.name, self.group, self.member, within=within)
 
     async def __aenter__(self) -> AsyncConsumer:
         return await self.open()

@@ -16,8 +16,8 @@ import time
 from typing import Any
 
 from ..auth import OPEN, AuthPolicy, PushPolicy
-from ..checks import check_partition, check_routed
-from ..config import QueueState
+from ..checks import check_partition
+from ..config import QueueState, check_routed
 from ..coordination import Coordinator
 from ..engine import Engine
 from ..errors import InvalidArgument, LimitExceeded, NotAuthorized, NotPartitionOwner

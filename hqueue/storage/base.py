@@ -104,8 +104,14 @@ class Storage(abc.ABC):
         fence: Fence | None = None,
         high: bytes = b"",
         ttl: int = 0,
+        created: str | None = None,
     ) -> None:
         """Write ``cells`` and delete the cells keyed ``deletes``, atomically, with the given durability.
+
+        ``created``: the ``created`` of the queue definition the write was made by (its
+        partition, its topic-index cells): a queue deleted and made again since refuses it
+        with QueueNotFound, nothing written (the embedded and memory stores check it, under
+        the lock a delete takes; HBase does not: docs/distributed.md's known gaps).
 
         With ``fence``, only while it is the partition's current one
         (otherwise Fenced, and nothing is kept); ``high`` is the highest

@@ -49,7 +49,7 @@ from itertools import islice
 import rocksdict
 
 from .. import forks
-from ..config import Durability, QueueInfo
+from ..config import Durability, QueueInfo, check_routed
 from ..errors import QueueExists, QueueNotFound, StorageError, StorageLocked
 from ..keys.index import INDEX_PREFIX
 from ..keys.timers import pending_range
@@ -371,7 +371,7 @@ class EmbeddedStorage(Healing, Storage):
             raise QueueNotFound(name) from None
 
     def list_queues(self) -> list[QueueInfo]:
-        return [self._infos[n] for n in sorted(self._infos)]
+        return [info for _, info in sorted(self._infos.items())]  # (one read: a delete may run)
 
     def update_queue(self, info: QueueInfo) -> None:
         with self._lock:
@@ -451,12 +451,14 @@ class EmbeddedStorage(Healing, Storage):
         fence: Fence | None = None,
         high: bytes = b"",
         ttl: int = 0,
+        created: str | None = None,
     ) -> None:
         self._heal()
         with self._written:  # (its families are not dropped until the write is done: _writing)
-            handle = self._handles.get(name)
-            if handle is None:
+            handle, info = self._handles.get(name), self._infos.get(name)
+            if handle is None or info is None:  # (info None: made again, its definition not stored yet)
                 raise QueueNotFound(name)
+            check_routed(info, created)
             index = self._index_handles.get(name)
             self._writing[name] = self._writing.get(name, 0) + 1
         try:

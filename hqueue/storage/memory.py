@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 
-from ..config import Durability, QueueInfo
+from ..config import Durability, QueueInfo, check_routed
 from ..errors import QueueExists, QueueNotFound
 from ..message import partition_prefix
 from .base import Cell, Storage, expired, keep_id_floor, ttl_cutoff, ttl_start, until_bytes
@@ -87,7 +87,7 @@ class MemoryStorage(Storage):
         return self._queue(name).info
 
     def list_queues(self) -> list[QueueInfo]:
-        return [self._data.queues[n].info for n in sorted(self._data.queues)]
+        return [queue.info for _, queue in sorted(self._data.queues.items())]  # (one read: a delete may run)
 
     def update_queue(self, info: QueueInfo) -> None:
         with self._data.lock:
@@ -119,12 +119,14 @@ class MemoryStorage(Storage):
         fence: Fence | None = None,
         high: bytes = b"",
         ttl: int = 0,
+        created: str | None = None,
     ) -> None:
-        self._data.fences.write(fence, high, self._write, name, cells, deletes)
+        self._data.fences.write(fence, high, self._write, name, cells, deletes, created)
 
-    def _write(self, name: str, cells: Sequence[Cell], deletes: Sequence[bytes]) -> None:
+    def _write(self, name: str, cells: Sequence[Cell], deletes: Sequence[bytes], created: str | None) -> None:
         with self._data.lock:
             queue = self._queue(name)
+            check_routed(queue.info, created)
             keys, values = queue.keys, queue.values
             for key in deletes:
                 if values.pop(key, None) is not None:

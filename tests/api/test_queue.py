@@ -1,5 +1,7 @@
 """HQueue's put and scan API (SPEC C5, C6), on every storage backend."""
 
+import contextlib
+import os
 import threading
 import time
 from datetime import UTC, datetime
@@ -7,6 +9,7 @@ from datetime import UTC, datetime
 import pytest
 
 from hqueue import (
+    GroupNotFound,
     HQueue,
     HQueueAdmin,
     InvalidArgument,
@@ -67,6 +70,74 @@ def test_a_keyed_put_goes_by_the_queue_made_again_under_its_handle(make_queue, a
         other.delete_queue(queue.name)
         other.create_queue(queue.name, 16)
     assert [t.partition_id for t in queue.put(Message("t", b"timer"), key=b"user-4", delay=600)] == [expected]
+
+
+def test_a_put_goes_by_the_queue_made_again_with_fewer_partitions(make_queue, admin, api_url):
+    """Through a server, a put naming no partition raised InvalidPartition ("must be in 0..0,
+    got 5") once the queue was made again with fewer partitions: the client routed it by its
+    cached definition, then read the new queue's owners (an attacker's pass)."""
+    queue = make_queue(partitions=8)
+    queue.put(Message("t", b"before"))  # (its definition cached)
+    with HQueueAdmin(api_url) as other:
+        other.disable_queue(queue.name)
+        other.delete_queue(queue.name)
+        other.create_queue(queue.name, 1)
+    for n in range(20):
+        queue.put(Message("t", b"%d" % n))
+    assert {m.partition_id for m in queue.scan()} == {0} and sum(1 for _ in queue.scan()) == 20
+
+
+@pytest.mark.parametrize("store", ["embedded", "memory"])
+def test_puts_racing_a_queue_made_again_are_refused_or_read_never_lost(tmp_path, store):
+    """In one process, puts racing delete_queue + create_queue (8 partitions, then 1) were
+    acknowledged into partitions the new queue lacks, and never read (an attacker's pass:
+    1-3 a run): a write made by the old definition is refused now, and put goes again."""
+    from hqueue.message import decode_rowkey, partition_prefix
+
+    url = f"local://{tmp_path}/data" if store == "embedded" else f"memory://race-{os.getpid()}-{time.monotonic_ns()}"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("s", 8)
+        queue = HQueue("s", url)
+        stop, hidden = threading.Event(), []
+
+        def put() -> None:
+            while not stop.is_set():
+                with contextlib.suppress(QueueNotFound, QueueDisabled):
+                    queue.put(Message("t", b"v"))
+
+        threads = [threading.Thread(target=put) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        try:
+            for round_ in range(40):
+                admin.delete_queue("s", force=True)
+                admin.create_queue("s", 1 if round_ % 2 == 0 else 8)
+                time.sleep(0.03)
+                if round_ % 2 == 0:  # rows where the 1-partition queue has no partition
+                    storage = queue.engine.storage
+                    for pid in range(1, 8):
+                        cells = storage.scan("s", partition_prefix(pid), partition_prefix(pid + 1), None, 100)
+                        hidden += [decode_rowkey(key[:12]) for key, _ in cells]
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join()
+            queue.close()
+    assert hidden == []
+
+
+def test_a_consumer_of_a_queue_made_again_closes_without_an_error(make_queue, admin):
+    """Its group went with the queue: each receive says GroupNotFound (as after
+    delete_group), and close() raised it too, so a with block's exit did (an attacker's pass)."""
+    queue = make_queue(partitions=1)
+    with queue.consumer("g") as consumer:
+        consumer.receive(1, wait=0)
+        admin.disable_queue(queue.name)
+        admin.delete_queue(queue.name)
+        admin.create_queue(queue.name, 1)
+        with pytest.raises(GroupNotFound):
+            consumer.receive(1, wait=0)
+    assert consumer.closed
 
 
 def test_single_puts_spread_over_partitions(make_queue):

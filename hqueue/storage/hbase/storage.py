@@ -265,8 +265,9 @@ class HBaseStorage(FencedWrites, Storage):
         fence: Fence | None = None,
         high: bytes = b"",
         ttl: int = 0,
+        created: str | None = None,
     ) -> None:
-        wal = durability != Durability.SKIP_WAL
+        wal = durability != Durability.SKIP_WAL  # (``created`` is not checked: Storage.write)
         by_time: dict[int | None, list[BatchMutation]] = {}
         for key, value in cells:
             cut = _row_length(key)

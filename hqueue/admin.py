@@ -21,7 +21,7 @@ from .config import (
 )
 from .connection import Connected
 from .deadletters import DeadLetterNote, dead_letter_queue, note_of
-from .errors import InvalidArgument, InvalidPartition, InvalidQueueName, NotAuthorized, QueueNotFound
+from .errors import InvalidArgument, InvalidPartition, InvalidQueueName, NotAuthorized, QueueEnabled, QueueNotFound
 from .message import MAX_PARTITIONS, Message, MessageID, topic_filter, topics_of_keys
 from .queue import HQueue, TimeLike, as_message_id
 from .scanner import Scan, read_columns
@@ -115,12 +115,19 @@ class HQueueAdmin(Connected):
 
         Raises:
             QueueNotFound: No such queue.
-            QueueEnabled: The queue is enabled and ``force`` is not set.
+            QueueEnabled: The queue is enabled and ``force`` is not set (or, with
+                ``force``, other clients enabled it again FORCE_TRIES times as it was deleted).
         """
-        if force and self.engine.queue_info(name, fresh=True).enabled:
-            with forced_disable():
-                self.disable_queue(name)
-        self.engine.delete_queue(name)
+        for attempt in range(FORCE_TRIES if force else 1):
+            if force and self.engine.queue_info(name, fresh=True).enabled:
+                with forced_disable():
+                    self.disable_queue(name)
+            try:
+                self.engine.delete_queue(name)
+                return
+            except QueueEnabled:  # (forced: enabled, or made again, by another client meanwhile)
+                if attempt == FORCE_TRIES - 1 or not force:
+                    raise
 
     @names_a_queue
     def queue_exists(self, name: str) -> bool:
@@ -311,6 +318,12 @@ def new_queue_info(
         | ({PRIORITIES_KEY: str(priorities)} if priorities != 1 else {}),
         max_message_bytes=max_message_bytes,
     )
+
+
+#: Disables and deletes a forced delete_queue tries while other clients enable the queue (or
+#: make it again) between its disable and its delete: it said QueueEnabled, "must be
+#: disabled", though forced (an attacker's pass).
+FORCE_TRIES = 3
 
 
 @contextlib.contextmanager

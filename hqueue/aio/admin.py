@@ -6,10 +6,10 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from ..admin import forced_disable, new_queue_info, position_of, subscriber_scope
+from ..admin import FORCE_TRIES, forced_disable, new_queue_info, position_of, subscriber_scope
 from ..checks import names_a_queue
 from ..config import DEFAULT_MAX_MESSAGE_BYTES, Durability, QueueInfo, QueueState
-from ..errors import InvalidQueueName, QueueNotFound
+from ..errors import InvalidQueueName, QueueEnabled, QueueNotFound
 from ..message import MessageID
 from .connect import groups_of, subscriptions_of
 from .handle import AsyncConnected
@@ -58,10 +58,16 @@ class AsyncHQueueAdmin(AsyncConnected):
     async def delete_queue(self, name: str, *, force: bool = False) -> None:
         """Delete a disabled queue (``force=True`` disables it first)."""
         engine = await self.async_engine()
-        if force and (await engine.queue_info(name, fresh=True)).enabled:
-            with forced_disable():
-                await self.disable_queue(name)
-        await engine.delete_queue(name)
+        for attempt in range(FORCE_TRIES if force else 1):  # (as HQueueAdmin.delete_queue)
+            if force and (await engine.queue_info(name, fresh=True)).enabled:
+                with forced_disable():
+                    await self.disable_queue(name)
+            try:
+                await engine.delete_queue(name)
+                return
+            except QueueEnabled:
+                if attempt == FORCE_TRIES - 1 or not force:
+                    raise
 
     @names_a_queue
     async def queue_exists(self, name: str) -> bool:

@@ -140,6 +140,25 @@ def test_drop_force_and_recreate_starts_empty(admin, make_queue, api_url):
         assert recreated.partitions == 5 and list(recreated.scan()) == []
 
 
+def test_a_forced_delete_deletes_a_queue_another_client_enables_as_it_runs(admin, make_queue, api_url, monkeypatch):
+    """Another client enabled the queue (or made it again) between a forced delete's
+    disable and its delete: it raised QueueEnabled, "must be disabled before it can be
+    dropped", though forced (an attacker's pass). It disables it again and deletes it."""
+    queue = make_queue(partitions=1)
+    delete, calls = admin.engine.delete_queue, []
+
+    def enabled_first(name: str) -> None:
+        calls.append(name)
+        if len(calls) == 1:
+            with HQueueAdmin(api_url) as other:
+                other.enable_queue(name)
+        delete(name)
+
+    monkeypatch.setattr(admin.engine, "delete_queue", enabled_first)
+    admin.delete_queue(queue.name, force=True)
+    assert len(calls) == 2 and not admin.queue_exists(queue.name)
+
+
 def test_unknown_queues_are_queue_not_found(admin):
     for call in (admin.truncate_queue, admin.disable_queue, admin.enable_queue, admin.describe_queue):
         with pytest.raises(QueueNotFound):

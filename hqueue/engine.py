@@ -150,6 +150,21 @@ class Engine:
     def enabled_queue(self, name: str) -> QueueInfo:
         return self._infos.enabled(name)
 
+    def routed_queue(self, name: str, routed_by: str | None) -> QueueInfo:
+        """The enabled queue's definition, if it is the one a put was routed by (``routed_by``,
+        its ``created``; None: any). Read afresh when the cached one is another: on a store of
+        several servers it may be the outdated one, not the put's (a put routed by the new
+        queue was refused for 2 s as made by the old one: a review).
+
+        Raises:
+            QueueNotFound: the queue was made again since the put was routed (check_routed).
+        """
+        info = self._infos.enabled(name)
+        if routed_by is not None and routed_by != info.created:
+            info = self.queue_info(name, fresh=True).require_enabled()
+            check_routed(info, routed_by)
+        return info
+
     def create_queue(self, info: QueueInfo) -> None:
         validate_new_queue_name(info.name)  # room for its dead-letter queue's name
         check_config(info.config)  # (a server's: other clients' too)
@@ -217,14 +232,15 @@ class Engine:
         self, name: str, messages: Sequence[Message], partition_id: int, *, routed_by: str | None = None
     ) -> list[MessageID]:
         """Assign IDs to ``messages`` and write them to one partition atomically
-        (``routed_by``: :func:`~hqueue.checks.check_routed`).
+        (``routed_by``: :meth:`routed_queue`).
 
         Raises:
             QueueNotFound, QueueDisabled, InvalidPartition, InvalidMessage,
             MessageTooLarge, StorageError. Nothing is written when any is raised.
         """
-        info = self.enabled_queue(name)
-        check_routed(info, routed_by)
+        info = self._infos.enabled(name)
+        if routed_by is not None and routed_by != info.created:
+            info = self.routed_queue(name, routed_by)
         check_partition(info, partition_id)
         first = self._write(info, partition_id, *message_columns(info, messages))
         return consecutive(first, len(messages))
@@ -314,8 +330,9 @@ class Engine:
 
         Raises what :meth:`put` raises; nothing is written when it does.
         """
-        info = self.enabled_queue(name)
-        check_routed(info, routed_by)
+        info = self._infos.enabled(name)
+        if routed_by is not None and routed_by != info.created:
+            info = self.routed_queue(name, routed_by)
         check_partition(info, partition_id)
         topics, values = message_columns(info, messages)
         dues = check_dues(due, len(topics))

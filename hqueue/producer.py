@@ -95,6 +95,10 @@ class SendFuture(Future[MessageID]):
         self.partition_id = partition_id
 
 
+#: Where a send goes: its partition, and the ``created`` of the definition that chose it.
+Routed = tuple[int, str | None]
+
+
 class Batch:
     """One put's worth of messages, with a future each (whatever kind its producer uses)."""
 
@@ -149,9 +153,10 @@ class Batches:
         self._sticky: int | None = None  # where sends without a key or partition go (Kafka's sticky partitioner)
         self._last_size: dict[int, int] = {}  # messages in each partition's latest batch
 
-    def check(self, message: Message, key: bytes | str | None, partition: int | None) -> tuple[int, int | None]:
-        """(what ``message`` costs of the buffer, the partition ``key`` or ``partition`` names):
-        refused as a put would refuse it, before anything is queued."""
+    def check(self, message: Message, key: bytes | str | None, partition: int | None) -> tuple[int, Routed | None]:
+        """(what ``message`` costs of the buffer, the partition ``key`` or ``partition`` names
+        and the ``created`` of the definition that named it): refused as a put would refuse
+        it, before anything is queued."""
         if type(message) is not Message:
             raise TypeError(f"'message' must be a Message, not {type(message).__name__}")
         assert self.info is not None, "the producer's queue is not known yet"
@@ -165,23 +170,29 @@ class Batches:
         if key is not None and partition is not None:
             raise TypeError("give 'partition' or 'key', not both")
         # The same choice as HQueue.put (priority tier 0's band on a queue with tiers).
-        chosen = choose_partition(self.info, partition, key) if key is not None or partition is not None else None
-        return cost, chosen
+        if key is None and partition is None:
+            return cost, None
+        return cost, (choose_partition(self.info, partition, key), self.info.created)
 
     def has_room(self, cost: int) -> bool:
         return self.buffered + cost <= self.buffer_bytes
 
     def add(
-        self, message: Message, cost: int, chosen: int | None, make_future: Callable[[int], Any]
+        self, message: Message, cost: int, chosen: Routed | None, make_future: Callable[[int], Any]
     ) -> tuple[Any, bool]:
-        """Queue ``message`` (room for it taken): (its future, from ``make_future(partition)``;
+        """Queue ``message`` (room for it taken) in a batch of its partition routed by the same
+        definition (the one :meth:`check` chose it by: the definition may have been read again
+        since, as the send waited for room): (its future, from ``make_future(partition)``;
         whether the sender is to look again: a batch began, or one filled)."""
         self.buffered += cost
-        pid = self._sticky_partition(cost) if chosen is None else chosen
+        if chosen is None:
+            assert self.info is not None
+            pid, routed_by = self._sticky_partition(cost), self.info.created
+        else:
+            pid, routed_by = chosen
         future = make_future(pid)
         size = cost - SEND_OVERHEAD
         batches = self.open.setdefault(pid, deque())
-        routed_by = self.info.created if self.info is not None else None
         began = not batches or not self._fits(batches[-1], size) or batches[-1].routed_by != routed_by
         if began:
             batches.append(Batch(time.monotonic(), self.linger, routed_by))
@@ -221,11 +232,11 @@ class Batches:
             self.info, self._sticky = info, None
 
     def due(self) -> bool:
-        """Whether a send is to read the definition again first (its client's cached copy),
-        as a handle's put does: once every INFO_CACHE_SECONDS (True once: the caller reads
-        it). A queue deleted and made again with more partitions refuses no put, and a
-        producer routed keys by the old count for ever: one key's messages went to two
-        partitions of the new queue, out of order (an attacker's probe)."""
+        """Whether the producer's sender is to read the definition again (its client's cached
+        copy), as a handle's puts do: once every INFO_CACHE_SECONDS (True once: the caller
+        reads it). Each put says the definition its batch was routed by, and one made by a
+        queue deleted and made again since is refused (checks.check_routed): reading it
+        again routes the next sends right to begin with."""
         now = time.monotonic()
         if now - self.read_at < INFO_CACHE_SECONDS:
             return False
@@ -310,9 +321,9 @@ MIN_PUT_TIME = 0.05
 
 
 def read_deadline(engine: Any, block_timeout: float) -> float:
-    """The ``extra`` of ``engine.deadline(extra)`` for a send's read of its queue's definition
-    (:meth:`Batches.due`): at most the send's ``block_timeout`` (at least 0.1 s), not the
-    engine's call timeout: a send does not wait longer on it than on room in its buffer."""
+    """The ``extra`` of ``engine.deadline(extra)`` for the sender's read of its queue's
+    definition (:meth:`Batches.due`): at most ``block_timeout`` (at least 0.1 s), not the
+    engine's call timeout: the batches due wait no longer on it than a send on room."""
     timeout = getattr(engine, "timeout", None)
     return min(0.0, max(0.1, block_timeout) - timeout) if isinstance(timeout, (int, float)) else 0.0
 
@@ -429,9 +440,6 @@ class Producer:
                 or its partition is not valid (nothing is queued).
         """
         batches = self._batches
-        if batches.due():
-            with self.engine.deadline(read_deadline(self.engine, batches.block_timeout)):
-                self._renew(fresh=False)
         cost, chosen = batches.check(message, key, partition)
         if self._forked():
             raise ProducerClosed(f"the producer of {self.name!r} was made before this process forked: make one here")
@@ -521,6 +529,9 @@ class Producer:
     def _run(self) -> None:
         batches = self._batches
         while True:
+            if batches.due():  # (in this thread: a send does no I/O)
+                with self.engine.deadline(read_deadline(self.engine, batches.block_timeout)):
+                    self._renew(fresh=False)
             with self._cond:
                 ready = batches.take_ready()
                 while not ready:
@@ -597,9 +608,12 @@ def _unsent_at_exit() -> None:
     """At the interpreter's exit, a warning for each producer not closed that holds messages
     not stored: they are lost with the process (as a Kafka producer's), and nothing said so."""
     for producer in list(_LIVE):
-        if producer.closed:
+        if producer.closed or not producer._cond.acquire(timeout=1.0):  # (its threads still run)
             continue
-        unsent = sum(len(batch.messages) for batch in producer._batches._every())
+        try:
+            unsent = sum(len(batch.messages) for batch in producer._batches._every())
+        finally:
+            producer._cond.release()
         if unsent:
             logger.warning(
                 "%r: %d message(s) sent and not stored are lost at exit: close() or flush() the producer "

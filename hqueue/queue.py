@@ -16,7 +16,7 @@ from .checks import check_partition, check_queue_name_type, check_scan_limit, ch
 from .config import QueueInfo
 from .connection import Connected
 from .consumer import Consumer, Pending
-from .errors import HQueueError, InvalidPartition, QueueNotFound
+from .errors import HQueueError, InvalidPartition, QueueDisabled, QueueNotFound
 from .groups.limits import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, GroupLimits, check_group_name, check_pending_limit
 from .keys.timers import Timer, due_ms, timer_of
 from .message import Message, MessageID, TimeLike, as_message_id
@@ -207,15 +207,16 @@ class HQueue(Connected):
             # By the client's cached definition, saying so (routed_by); refused for a queue deleted
             # and made again since (nothing written), by a fresh one, once. Unchecked, a key's
             # puts went by the old partition count for up to the cache's 2 s (an attacker's probe).
+            engine = self.engine
             for fresh in (False, True):
-                info = self.engine.queue_info(self.name, fresh=fresh).require_enabled()
-                pid = route(info, partition_id, key, priority)
                 try:
+                    info = engine.queue_info(self.name, fresh=True) if fresh else engine.enabled_queue(self.name)
+                    pid = route(info.require_enabled(), partition_id, key, priority)
                     if due is not None:
-                        return self.engine.schedule(self.name, batch, pid, due, routed_by=info.created)
-                    return self.engine.put(self.name, batch, pid, routed_by=info.created)
-                except (QueueNotFound, InvalidPartition):  # (InvalidPartition: a client that read the new
-                    if fresh or info.created is None:  # queue's partition count on its way)
+                        return engine.schedule(self.name, batch, pid, due, routed_by=info.created)
+                    return engine.put(self.name, batch, pid, routed_by=info.created)
+                except (QueueNotFound, QueueDisabled, InvalidPartition):  # (the cached definition's, or
+                    if fresh:  # the put's refusal of it: the queue may have been made again since)
                         raise
             raise AssertionError("unreachable")
 

@@ -48,7 +48,7 @@ from typing import Any
 
 from ..config import UNSEEN
 from ..consumer import Delivery, _deliveries, _rowkeys, joining, member_name
-from ..errors import GroupNotFound, QueueNotFound
+from ..errors import GroupNotFound, HQueueError, QueueNotFound
 from ..groups.limits import (
     DEFAULT_LEASE,
     DEFAULT_MAX_RETRIES,
@@ -213,11 +213,8 @@ class AsyncConsumer:
         whose leave it may have undone: it leaves again, and what it took goes back."""
         if self.closed:
             if not self.queue.closed:  # (closed: its store or connections went, and the leases with them)
-                try:
-                    await groups.leave(self.queue.name, self.group, self.member)
-                except Exception:
-                    if not self.queue.closed:  # (its handle's close released the store under the leave: as above)
-                        raise
+                with contextlib.suppress(HQueueError, RuntimeError):  # (as Consumer.receive: the store may
+                    await groups.leave(self.queue.name, self.group, self.member)  # go under it, the group too)
             return []
         return list(_deliveries(pairs))
 

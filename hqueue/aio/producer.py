@@ -136,11 +136,7 @@ class AsyncProducer:
         try:
             await self.open()
             batches, changed = self._batches, self._changed
-            assert changed is not None and self._engine is not None
-            if batches.due():  # (as the blocking producer's send)
-                engine = self._engine
-                with contextlib.suppress(HQueueError), engine.deadline(read_deadline(engine, batches.block_timeout)):
-                    batches.renew(await engine.queue_info(self.name))
+            assert changed is not None
             cost, chosen = batches.check(message, key, partition)
             if not batches.has_room(cost):
                 await self._room(cost)
@@ -266,9 +262,15 @@ class AsyncProducer:
     # -- the sender task ------------------------------------------------------------------
 
     async def _run(self) -> None:
-        batches, changed = self._batches, self._changed
-        assert changed is not None
+        batches, changed, engine = self._batches, self._changed, self._engine
+        assert changed is not None and engine is not None
         while True:
+            if batches.due():  # (as the blocking producer's sender; a handle's store released: RuntimeError)
+                with (
+                    contextlib.suppress(HQueueError, RuntimeError),
+                    engine.deadline(read_deadline(engine, batches.block_timeout)),
+                ):
+                    batches.renew(await engine.queue_info(self.name))
             ready = batches.take_ready()
             if not ready:
                 if batches.closed and batches.idle() and not self._joining:

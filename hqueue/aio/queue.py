@@ -13,7 +13,7 @@ from typing import Any, overload
 from ..checks import check_partition, check_queue_name_type, check_scan_limit
 from ..config import QueueInfo
 from ..consumer import Pending
-from ..errors import InvalidArgument, InvalidPartition, QueueNotFound
+from ..errors import InvalidArgument, InvalidPartition, QueueDisabled, QueueNotFound
 from ..groups.limits import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, GroupLimits, check_group_name, check_pending_limit
 from ..keys.timers import Timer, due_ms, timer_of
 from ..message import Message, MessageID
@@ -128,14 +128,14 @@ class AsyncHQueue(AsyncConnected):
         engine = await self.async_engine()
         with engine.deadline():  # one deadline for the queue's definition and the put
             for fresh in (False, True):  # (as HQueue.put: by the cached definition, then a fresh one)
-                info = (await engine.queue_info(self.name, fresh=fresh)).require_enabled()
-                pid = route(info, partition_id, key, priority)
                 try:
+                    info = await engine.queue_info(self.name, fresh=fresh)
+                    pid = route(info.require_enabled(), partition_id, key, priority)
                     if due is not None:
                         return await engine.schedule(self.name, batch, pid, due, routed_by=info.created)
                     return await engine.put(self.name, batch, pid, routed_by=info.created)
-                except (QueueNotFound, InvalidPartition):  # (as HQueue.put)
-                    if fresh or info.created is None:
+                except (QueueNotFound, QueueDisabled, InvalidPartition):
+                    if fresh:
                         raise
             raise AssertionError("unreachable")
 

@@ -70,7 +70,7 @@ class _OnLoop(MessageListener):
                     run.result(LOOP_CHECK)  # raises: the batch comes again
                     return
                 except concurrent.futures.TimeoutError:
-                    if self.loop.is_closed():  # (handed to it as it ended: it never runs)
+                    if self.loop.is_closed() and not run.done():  # (handed to it as it ended: it never runs)
                         run.cancel()
                         with self._lock:
                             self._loop_ended()

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..auth import OPEN, AuthPolicy, PushPolicy
 from ..checks import check_partition
-from ..config import QueueState, check_routed
+from ..config import QueueState
 from ..coordination import Coordinator
 from ..engine import Engine
 from ..errors import InvalidArgument, LimitExceeded, NotAuthorized, NotPartitionOwner
@@ -174,8 +174,10 @@ class QueueCalls(Calls):
                 queue of the name (deleted and made again since): nothing is written (a key's
                 partition may differ in the new one), and the client reads it again.
         """
-        info = self.engine.enabled_queue(queue)
-        check_routed(info, sent.created if sent is not None else None)
+        routed_by = sent.created if sent is not None else None
+        if routed_by is not None and routed_by != self.engine.enabled_queue(queue).created:
+            may_block()  # (routed_queue reads the definition afresh: a store read)
+        info = self.engine.routed_queue(queue, routed_by)
         if partition_id is None:
             owned = self.coordinator.owned(queue, info.partitions)
             if not owned:

@@ -180,7 +180,13 @@ class EmbeddedStorage(Healing, Storage):
         #: family failed its whole group commit, other queues' writes with it, and RocksDB
         #: refused every write after it until the store was opened again (an attacker's pass).
         self._writing: dict[str, int] = {}
-        self._written = threading.Condition(threading.Lock())  # (not self._lock: no write waits on an admin's fsync)
+        #: Queues whose families are being dropped (a delete, a truncate): their new writes wait
+        #: (a truncate's come back), and a write that ends wakes the drop waiting for it.
+        self._held: set[str] = set()
+        # (Not self._lock: no write waits on an admin's fsync. Entered by its plain lock on the
+        # hot path: a Condition's own enter and exit are Python calls, twice a write.)
+        self._writes_lock = threading.Lock()
+        self._written = threading.Condition(self._writes_lock)
         #: Whether RocksDB failed in a way only a reopen cures (a full disk).
         self._failed = False
         for key, value in self._db.items(from_key=_META_PREFIX):
@@ -385,9 +391,14 @@ class EmbeddedStorage(Healing, Storage):
             self._guard(self._db.delete, _META_PREFIX + name.encode(), self._write_options[Durability.SYNC_WAL])
             del self._infos[name]
             indexed = name in self._index_families
-            with self._written:
+            with self._writes_lock:
                 self._unbind(name)  # (no write begins with its families now)
-                self._written.wait_for(lambda: name not in self._writing)
+                self._held.add(name)
+                try:
+                    self._written.wait_for(lambda: name not in self._writing)
+                finally:
+                    self._held.discard(name)
+                    self._written.notify_all()  # (writes that waited find it gone: QueueNotFound)
             self._guard(self._db.drop_column_family, _CF_PREFIX + name)
             if indexed:
                 self._guard(self._db.drop_column_family, _INDEX_CF_PREFIX + name)
@@ -403,10 +414,16 @@ class EmbeddedStorage(Healing, Storage):
             # pass). The mark makes the next open finish the truncate.
             mark = _TRUNCATING_PREFIX + name.encode()
             self._guard(self._db.put, mark, b"", self._write_options[Durability.SYNC_WAL])
-            with self._written:  # (no write under way, nor begun, with the families dropped)
+            with self._writes_lock:  # (its writes wait meanwhile; other queues' go on)
+                self._held.add(name)
                 self._written.wait_for(lambda: name not in self._writing)
+            try:
                 self._remake_families(name)  # (the handles stay bound meanwhile: a read under way
                 self._bind(info)  # sees the dropped families, not QueueNotFound; _bind replaces them)
+            finally:
+                with self._writes_lock:
+                    self._held.discard(name)
+                    self._written.notify_all()
             self._infos[name] = info
             self._guard(self._db.delete, mark, self._write_options[Durability.SYNC_WAL])
 
@@ -454,23 +471,34 @@ class EmbeddedStorage(Healing, Storage):
         created: str | None = None,
     ) -> None:
         self._heal()
-        with self._written:  # (its families are not dropped until the write is done: _writing)
+        with self._writes_lock:  # (its families are not dropped until the write is done: _writing)
+            while name in self._held:  # (a truncate under way: its families come back)
+                self._written.wait()
             handle, info = self._handles.get(name), self._infos.get(name)
             if handle is None or info is None:  # (info None: made again, its definition not stored yet)
                 raise QueueNotFound(name)
-            check_routed(info, created)
+            if created is not None and created != info.created:
+                check_routed(info, created)
             index = self._index_handles.get(name)
-            self._writing[name] = self._writing.get(name, 0) + 1
+            writing = self._writing
+            writing[name] = writing.get(name, 0) + 1
         try:
-            self._write_cells(handle, index, cells, durability, deletes, fence, high)
+            if durability == Durability.SYNC_WAL:  # one fsync with the other writers under way
+                fill = cells_filler(handle, index, cells, deletes)
+                self._fences.write(fence, high, self._guard, self._write_durably, fill)
+            else:
+                self._write_now(handle, index, cells, durability, deletes, fence, high)
         finally:
-            with self._written:
-                left = self._writing[name] = self._writing[name] - 1
-                if not left:
+            with self._writes_lock:
+                left = self._writing[name] - 1
+                if left:
+                    self._writing[name] = left
+                else:
                     del self._writing[name]
-                    self._written.notify_all()
+                    if name in self._held:  # (a drop waits for it)
+                        self._written.notify_all()
 
-    def _write_cells(
+    def _write_now(
         self,
         handle: rocksdict.ColumnFamily,
         index: rocksdict.ColumnFamily | None,
@@ -480,10 +508,7 @@ class EmbeddedStorage(Healing, Storage):
         fence: Fence | None,
         high: bytes,
     ) -> None:
-        if durability == Durability.SYNC_WAL:  # one fsync with the other writers under way
-            fill = cells_filler(handle, index, cells, deletes)
-            self._fences.write(fence, high, self._guard, self._write_durably, fill)
-            return
+        """An ASYNC_WAL or SKIP_WAL write: one batch, now."""
         batch = rocksdict.WriteBatch(raw_mode=True)
         batch.set_default_column_family(handle)
         put = batch.put

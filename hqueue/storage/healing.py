@@ -62,7 +62,7 @@ class Healing:
         family, after which RocksDB refused every write: embedded.py's ``_writing`` keeps
         that from happening)."""
         said = str(error)
-        if "No space left" in said or "IO error" in said or "Invalid column family" in said:
+        if "No space left" in said or "IO error" in said or "column family specified in write batch" in said:
             if not self._failed:
                 logger.error("embedded store %s failed: %s; will reopen once it can", self.path, str(error))
             self._failed = True

@@ -105,6 +105,7 @@ class AsyncRemoteEngine:
         self.closed = False
         self._locations: dict[str, list[str]] = {}
         self._infos: dict[str, tuple[float, QueueInfo]] = {}
+        self._forgets = 0  # (a definition read as a queue was deleted is not kept: InfoCache)
         self._lanes = Lanes()  # puts' lanes (requests.py)
         self._silent = SilentServers(resolve=False)  # (no DNS lookup on the loop)
         #: Answers read for callers that were cancelled (_answer_later).
@@ -280,13 +281,15 @@ class AsyncRemoteEngine:
         cached = self._infos.get(name)
         if cached and not fresh and now - cached[0] < INFO_CACHE_SECONDS:
             return cached[1]
+        forgets = self._forgets
         try:
             info = wire.from_tinfo(await self._call("getQueue", name, queue=name))
         except ServerUnavailable:
             if cached is None or fresh:
                 raise
             info = cached[1]
-        self._infos[name] = (now, info)
+        if self._forgets == forgets:
+            self._infos[name] = (now, info)
         return info
 
     async def enabled_queue(self, name: str) -> QueueInfo:
@@ -305,6 +308,7 @@ class AsyncRemoteEngine:
 
     async def delete_queue(self, name: str) -> None:
         await self._call("dropQueue", name, queue=name)
+        self._forgets += 1
         self._infos.pop(name, None)
         self._locations.pop(name, None)
 

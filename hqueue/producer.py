@@ -529,9 +529,11 @@ class Producer:
     def _run(self) -> None:
         batches = self._batches
         while True:
-            if batches.due():  # (in this thread: a send does no I/O)
-                with self.engine.deadline(read_deadline(self.engine, batches.block_timeout)):
-                    self._renew(fresh=False)
+            if batches.due():  # (in a thread of its own: a send does no I/O, this thread dispatches the
+                try:  # batches due, and the put threads are the partitions')
+                    threading.Thread(target=self._read_again, name="hqueue-producer-read", daemon=True).start()
+                except RuntimeError:  # (no thread to be had: the interpreter is ending)
+                    pass
             with self._cond:
                 ready = batches.take_ready()
                 while not ready:
@@ -586,6 +588,11 @@ class Producer:
                 self._batches.finished(pid, batch)
                 self._cond.notify_all()
             batch.done.set()
+
+    def _read_again(self) -> None:
+        """The definition again (Batches.due), by at most ``block_timeout``."""
+        with self.engine.deadline(read_deadline(self.engine, self._batches.block_timeout)):
+            self._renew(fresh=False)
 
     def _renew(self, fresh: bool) -> None:
         try:

@@ -16,7 +16,7 @@ from .checks import check_partition, check_queue_name_type, check_scan_limit, ch
 from .config import QueueInfo
 from .connection import Connected
 from .consumer import Consumer, Pending
-from .errors import HQueueError, InvalidPartition, QueueDisabled, QueueNotFound
+from .errors import HQueueError, InvalidPartition, QueueNotFound
 from .groups.limits import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, GroupLimits, check_group_name, check_pending_limit
 from .keys.timers import Timer, due_ms, timer_of
 from .message import Message, MessageID, TimeLike, as_message_id
@@ -215,8 +215,8 @@ class HQueue(Connected):
                     if due is not None:
                         return engine.schedule(self.name, batch, pid, due, routed_by=info.created)
                     return engine.put(self.name, batch, pid, routed_by=info.created)
-                except (QueueNotFound, QueueDisabled, InvalidPartition):  # (the cached definition's, or
-                    if fresh:  # the put's refusal of it: the queue may have been made again since)
+                except (QueueNotFound, InvalidPartition):  # (the cached definition's, or the put's
+                    if fresh:  # refusal of it: the queue may have been made again since)
                         raise
             raise AssertionError("unreachable")
 

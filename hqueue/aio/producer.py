@@ -77,6 +77,7 @@ class AsyncProducer:
         self._joining = 0  # sends made and not yet in a batch
         self._given_up = False  # closed before its opening ended, past the close's timeout
         self._puts: set[asyncio.Task[None]] = set()
+        self._reading: asyncio.Task[None] | None = None  # the sender's read of the definition (Batches.due)
         #: Put calls made, and messages they carried (stored or failed).
         self.puts = self.sent = 0
 
@@ -221,6 +222,8 @@ class AsyncProducer:
         async with self._changed:
             self._changed.notify_all()  # senders waiting for room, and the sender task
         await self.flush(None if give_up is None else max(0.0, give_up - loop.time()))
+        if self._reading is not None:
+            self._reading.cancel()
         left = None if give_up is None else max(0.0, give_up - loop.time())
         _, running = await asyncio.wait([self._sender, *self._puts], timeout=left)
         if running:
@@ -265,12 +268,8 @@ class AsyncProducer:
         batches, changed, engine = self._batches, self._changed, self._engine
         assert changed is not None and engine is not None
         while True:
-            if batches.due():  # (as the blocking producer's sender; a handle's store released: RuntimeError)
-                with (
-                    contextlib.suppress(HQueueError, RuntimeError),
-                    engine.deadline(read_deadline(engine, batches.block_timeout)),
-                ):
-                    batches.renew(await engine.queue_info(self.name))
+            if batches.due():  # (a task of its own, as the blocking producer's: the batches due go meanwhile)
+                self._reading = asyncio.ensure_future(self._read_again(engine))  # (a close cancels it)
             ready = batches.take_ready()
             if not ready:
                 if batches.closed and batches.idle() and not self._joining:
@@ -285,6 +284,16 @@ class AsyncProducer:
                 task = asyncio.ensure_future(self._put(pid, batch))
                 self._puts.add(task)
                 task.add_done_callback(self._puts.discard)
+
+    async def _read_again(self, engine: Any) -> None:
+        """The definition again (Batches.due), by at most ``block_timeout`` (a handle's store
+        released meanwhile: RuntimeError, let be)."""
+        batches = self._batches
+        with (
+            contextlib.suppress(HQueueError, RuntimeError),
+            engine.deadline(read_deadline(engine, batches.block_timeout)),
+        ):
+            batches.renew(await engine.queue_info(self.name))
 
     async def _put(self, pid: int, batch: Batch) -> None:
         live = [(m, f) for m, f in zip(batch.messages, batch.futures, strict=True) if not f.done()]

@@ -13,7 +13,7 @@ from typing import Any, overload
 from ..checks import check_partition, check_queue_name_type, check_scan_limit
 from ..config import QueueInfo
 from ..consumer import Pending
-from ..errors import InvalidArgument, InvalidPartition, QueueDisabled, QueueNotFound
+from ..errors import InvalidArgument, InvalidPartition, QueueNotFound
 from ..groups.limits import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, GroupLimits, check_group_name, check_pending_limit
 from ..keys.timers import Timer, due_ms, timer_of
 from ..message import Message, MessageID
@@ -134,7 +134,7 @@ class AsyncHQueue(AsyncConnected):
                     if due is not None:
                         return await engine.schedule(self.name, batch, pid, due, routed_by=info.created)
                     return await engine.put(self.name, batch, pid, routed_by=info.created)
-                except (QueueNotFound, QueueDisabled, InvalidPartition):
+                except (QueueNotFound, InvalidPartition):
                     if fresh:
                         raise
             raise AssertionError("unreachable")

@@ -95,7 +95,7 @@ class EngineAPI(Protocol):
         self, name: str, messages: Sequence[Message], partition_id: int, *, routed_by: str | None = None
     ) -> list[MessageID]:
         """``routed_by``: the ``created`` of the definition the partition was chosen by: a
-        queue made again since refuses the put (QueueNotFound; checks.check_routed)."""
+        queue made again since refuses the put (QueueNotFound; config.check_routed)."""
         ...
 
     def open_cursor(self, queue: str, partition_id: int, scan: Scan, caching: int) -> Any: ...

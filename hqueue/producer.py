@@ -81,7 +81,7 @@ SEND_OVERHEAD = 2048
 
 #: A put refused with one of these may mean the queue was made again (dropped, then created
 #: with fewer partitions or a smaller message size; or any new one: a put says the definition
-#: it was routed by, checks.check_routed) under its producer: the producer reads its
+#: it was routed by, config.check_routed) under its producer: the producer reads its
 #: definition again, so that ``send`` checks, and routes, the next messages by the new one.
 REDEFINED = (InvalidPartition, MessageTooLarge, InvalidMessage, QueueNotFound)
 
@@ -235,7 +235,7 @@ class Batches:
         """Whether the producer's sender is to read the definition again (its client's cached
         copy), as a handle's puts do: once every INFO_CACHE_SECONDS (True once: the caller
         reads it). Each put says the definition its batch was routed by, and one made by a
-        queue deleted and made again since is refused (checks.check_routed): reading it
+        queue deleted and made again since is refused (config.check_routed): reading it
         again routes the next sends right to begin with."""
         now = time.monotonic()
         if now - self.read_at < INFO_CACHE_SECONDS:

@@ -118,7 +118,8 @@ class HQueueAdmin(Connected):
             QueueEnabled: The queue is enabled and ``force`` is not set (or, with
                 ``force``, other clients enabled it again FORCE_TRIES times as it was deleted).
         """
-        for attempt in range(FORCE_TRIES if force else 1):
+        tries = FORCE_TRIES if force else 1
+        for attempt in range(tries):
             if force and self.engine.queue_info(name, fresh=True).enabled:
                 with forced_disable():
                     self.disable_queue(name)
@@ -126,7 +127,7 @@ class HQueueAdmin(Connected):
                 self.engine.delete_queue(name)
                 return
             except QueueEnabled:  # (forced: enabled, or made again, by another client meanwhile)
-                if attempt == FORCE_TRIES - 1 or not force:
+                if attempt == tries - 1:
                     raise
 
     @names_a_queue

@@ -150,9 +150,12 @@ class Engine:
     def enabled_queue(self, name: str) -> QueueInfo:
         return self._infos.enabled(name)
 
-    def routed_queue(self, name: str, routed_by: str | None) -> QueueInfo:
+    def routed_queue(
+        self, name: str, routed_by: str | None, before_reading: Callable[[], object] | None = None
+    ) -> QueueInfo:
         """The enabled queue's definition, if it is the one a put was routed by (``routed_by``,
-        its ``created``; None: any). Read afresh when the cached one is another: on a store of
+        its ``created``; None: any). Read afresh when the cached one is another, after
+        ``before_reading()`` (a server's event loop hands the call to a worker): on a store of
         several servers it may be the outdated one, not the put's (a put routed by the new
         queue was refused for 2 s as made by the old one: a review).
 
@@ -161,6 +164,8 @@ class Engine:
         """
         info = self._infos.enabled(name)
         if routed_by is not None and routed_by != info.created:
+            if before_reading is not None:
+                before_reading()
             info = self.queue_info(name, fresh=True).require_enabled()
             check_routed(info, routed_by)
         return info
@@ -238,9 +243,7 @@ class Engine:
             QueueNotFound, QueueDisabled, InvalidPartition, InvalidMessage,
             MessageTooLarge, StorageError. Nothing is written when any is raised.
         """
-        info = self._infos.enabled(name)
-        if routed_by is not None and routed_by != info.created:
-            info = self.routed_queue(name, routed_by)
+        info = self.routed_queue(name, routed_by)
         check_partition(info, partition_id)
         first = self._write(info, partition_id, *message_columns(info, messages))
         return consecutive(first, len(messages))
@@ -330,9 +333,7 @@ class Engine:
 
         Raises what :meth:`put` raises; nothing is written when it does.
         """
-        info = self._infos.enabled(name)
-        if routed_by is not None and routed_by != info.created:
-            info = self.routed_queue(name, routed_by)
+        info = self.routed_queue(name, routed_by)
         check_partition(info, partition_id)
         topics, values = message_columns(info, messages)
         dues = check_dues(due, len(topics))

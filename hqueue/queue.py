@@ -210,7 +210,7 @@ class HQueue(Connected):
             engine = self.engine
             for fresh in (False, True):
                 try:
-                    info = engine.queue_info(self.name, fresh=True) if fresh else engine.enabled_queue(self.name)
+                    info = engine.queue_info(self.name, fresh=fresh)
                     pid = route(info.require_enabled(), partition_id, key, priority)
                     if due is not None:
                         return engine.schedule(self.name, batch, pid, due, routed_by=info.created)

@@ -58,7 +58,8 @@ class AsyncHQueueAdmin(AsyncConnected):
     async def delete_queue(self, name: str, *, force: bool = False) -> None:
         """Delete a disabled queue (``force=True`` disables it first)."""
         engine = await self.async_engine()
-        for attempt in range(FORCE_TRIES if force else 1):  # (as HQueueAdmin.delete_queue)
+        tries = FORCE_TRIES if force else 1
+        for attempt in range(tries):  # (as HQueueAdmin.delete_queue)
             if force and (await engine.queue_info(name, fresh=True)).enabled:
                 with forced_disable():
                     await self.disable_queue(name)
@@ -66,7 +67,7 @@ class AsyncHQueueAdmin(AsyncConnected):
                 await engine.delete_queue(name)
                 return
             except QueueEnabled:
-                if attempt == FORCE_TRIES - 1 or not force:
+                if attempt == tries - 1:
                     raise
 
     @names_a_queue

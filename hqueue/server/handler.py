@@ -174,10 +174,7 @@ class QueueCalls(Calls):
                 queue of the name (deleted and made again since): nothing is written (a key's
                 partition may differ in the new one), and the client reads it again.
         """
-        routed_by = sent.created if sent is not None else None
-        if routed_by is not None and routed_by != self.engine.enabled_queue(queue).created:
-            may_block()  # (routed_queue reads the definition afresh: a store read)
-        info = self.engine.routed_queue(queue, routed_by)
+        info = self.engine.routed_queue(queue, sent.created if sent is not None else None, may_block)
         if partition_id is None:
             owned = self.coordinator.owned(queue, info.partitions)
             if not owned:

@@ -40,10 +40,11 @@ exits. Then it goes on, without a restart.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 
 import rocksdict
@@ -391,17 +392,11 @@ class EmbeddedStorage(Healing, Storage):
             self._guard(self._db.delete, _META_PREFIX + name.encode(), self._write_options[Durability.SYNC_WAL])
             del self._infos[name]
             indexed = name in self._index_families
-            with self._writes_lock:
-                self._unbind(name)  # (no write begins with its families now)
-                self._held.add(name)
-                try:
-                    self._written.wait_for(lambda: name not in self._writing)
-                finally:
-                    self._held.discard(name)
-                    self._written.notify_all()  # (writes that waited find it gone: QueueNotFound)
-            self._guard(self._db.drop_column_family, _CF_PREFIX + name)
-            if indexed:
-                self._guard(self._db.drop_column_family, _INDEX_CF_PREFIX + name)
+            with self._writes_held(name):  # (those that waited find it gone: QueueNotFound)
+                self._unbind(name)
+                self._guard(self._db.drop_column_family, _CF_PREFIX + name)
+                if indexed:
+                    self._guard(self._db.drop_column_family, _INDEX_CF_PREFIX + name)
 
     def truncate_queue(self, name: str) -> None:
         self._heal()
@@ -414,18 +409,26 @@ class EmbeddedStorage(Healing, Storage):
             # pass). The mark makes the next open finish the truncate.
             mark = _TRUNCATING_PREFIX + name.encode()
             self._guard(self._db.put, mark, b"", self._write_options[Durability.SYNC_WAL])
-            with self._writes_lock:  # (its writes wait meanwhile; other queues' go on)
-                self._held.add(name)
-                self._written.wait_for(lambda: name not in self._writing)
-            try:
+            with self._writes_held(name):
                 self._remake_families(name)  # (the handles stay bound meanwhile: a read under way
                 self._bind(info)  # sees the dropped families, not QueueNotFound; _bind replaces them)
-            finally:
-                with self._writes_lock:
-                    self._held.discard(name)
-                    self._written.notify_all()
             self._infos[name] = info
             self._guard(self._db.delete, mark, self._write_options[Durability.SYNC_WAL])
+
+    @contextlib.contextmanager
+    def _writes_held(self, name: str) -> Iterator[None]:
+        """The block runs once the writes under way with ``name``'s families are done, and
+        holds its new ones until it ends (other queues' writes go on meanwhile): a family is
+        dropped with no write using it (``_writing``)."""
+        with self._writes_lock:
+            self._held.add(name)
+            self._written.wait_for(lambda: name not in self._writing)
+        try:
+            yield
+        finally:
+            with self._writes_lock:
+                self._held.discard(name)
+                self._written.notify_all()
 
     def _remake_families(self, name: str) -> None:
         """Drop the queue's families (data and topic index) that exist, and make its data family again, empty
@@ -477,8 +480,7 @@ class EmbeddedStorage(Healing, Storage):
             handle, info = self._handles.get(name), self._infos.get(name)
             if handle is None or info is None:  # (info None: made again, its definition not stored yet)
                 raise QueueNotFound(name)
-            if created is not None and created != info.created:
-                check_routed(info, created)
+            check_routed(info, created)
             index = self._index_handles.get(name)
             writing = self._writing
             writing[name] = writing.get(name, 0) + 1

@@ -252,6 +252,10 @@ class Batches:
     def _every(self) -> list[Batch]:
         return [b for queued in self.open.values() for b in queued] + list(self.in_flight.values())
 
+    def unsent(self) -> int:
+        """Messages sent and not yet stored (nor failed): lost if the producer goes now."""
+        return sum(len(batch.messages) for batch in self._every())
+
     def pending(self) -> list[Batch]:
         """Every batch not done yet, each marked to go now (a flush)."""
         batches = self._every()
@@ -618,7 +622,7 @@ def _unsent_at_exit() -> None:
         if producer.closed or not producer._cond.acquire(timeout=1.0):  # (its threads still run)
             continue
         try:
-            unsent = sum(len(batch.messages) for batch in producer._batches._every())
+            unsent = producer._batches.unsent()
         finally:
             producer._cond.release()
         if unsent:

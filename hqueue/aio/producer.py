@@ -265,6 +265,19 @@ class AsyncProducer:
     # -- the sender task ------------------------------------------------------------------
 
     async def _run(self) -> None:
+        try:
+            await self._send_due()
+        except asyncio.CancelledError:
+            unsent = self._batches.unsent()
+            if unsent and not self._batches.closed:  # (the end of asyncio.run: as the blocking producer's exit)
+                logger.warning(
+                    "%r: %d message(s) sent and not stored are lost: its event loop ended (or its sender "
+                    "task was cancelled) before the producer was closed; close() or flush() it (or use it "
+                    "with 'async with') before the loop ends", self, unsent,
+                )  # fmt: skip
+            raise
+
+    async def _send_due(self) -> None:
         batches, changed, engine = self._batches, self._changed, self._engine
         assert changed is not None and engine is not None
         while True:

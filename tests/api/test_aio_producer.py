@@ -388,3 +388,28 @@ def test_a_flush_under_steady_sending_into_a_full_buffer_returns(tmp_path):
         await queue.close()
 
     run(main())
+
+
+def test_a_producer_left_open_when_its_loop_ends_says_what_it_loses(tmp_path, caplog):
+    """The blocking producer warns at exit of what it held unsent; the asyncio one, whose
+    sender the end of ``asyncio.run`` cancels, dropped its messages without a word."""
+    url = f"local://{tmp_path}/s"
+    held: list[AsyncHQueue] = []
+
+    async def main() -> None:
+        async with AsyncHQueueAdmin(url) as admin:
+            await admin.create_queue("q", 2)
+        queue = AsyncHQueue("q", url)  # never closed in this loop
+        held.append(queue)
+        producer = queue.producer(linger_ms=60_000)
+        for n in range(100):
+            asyncio.ensure_future(producer.send(Message("t", b"%d" % n)))
+        for _ in range(500):
+            if producer._batches.unsent() == 100:
+                break
+            await asyncio.sleep(0.01)
+
+    with caplog.at_level("WARNING", logger="hqueue.aio.producer"):
+        asyncio.run(main())
+    assert "100 message(s) sent and not stored are lost: its event loop ended" in caplog.text
+    asyncio.run(held[0].close())  # (from the next loop: test_a_handle_whose_producer_s_loop_ended_...)

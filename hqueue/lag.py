@@ -29,9 +29,10 @@ What is approximate, and bounded:
   lag falls under half that, so the count stays a lower bound that becomes
   exact below 50,000 (at most two rows counted per message finished);
 * messages that expire (TTL) while waiting are counted again once the
-  oldest message counted has expired (at most every ``EXPIRED_RECOUNT``
-  seconds a reader): until then the count still holds them, and the age
-  is at most the TTL;
+  oldest message counted has expired, by the scrape that sees it (it waits
+  for the count, as for a first one: :meth:`LagBook.wait_counted`), at most
+  every ``EXPIRED_RECOUNT`` seconds a reader: until then the count still
+  holds them, and the age is at most the TTL;
 * the age of the oldest waiting message is exact for the last 4,096 batches
   written; for a reader further back it is the age of its cursor (a bound
   from above); for a reader with a topic filter it is the age of the oldest
@@ -271,6 +272,9 @@ class LagBook:
         self._asked = self._answered = 0
         #: Readers waiting to be counted, oldest first: id -> (reader, queue, pid, topics, progress).
         self._pending: dict[int, tuple[Any, str, int, frozenset[bytes] | None, Progress]] = {}
+        #: Readers (ids) pending or being counted whose last answer is known wrong (messages it
+        #: counted expired, or its count fell below what it can be): a scrape waits for them too.
+        self._recounting: set[int] = set()
         self._refreshers: list[Callable[[], None]] = []
         self.refresh_interval = 10.0
         self._stopped = False
@@ -365,7 +369,7 @@ class LagBook:
             return Lag(0, 0, True)
         settled = True
         if value < 0 or (seed.saturated and value < self.limit // 2):
-            self._request(reader, queue, pid, topics, progress)
+            self._request(reader, queue, pid, topics, progress, wrong=True)
             value, settled = max(value, 0), False
         if value == 0:
             return Lag(0, 0, settled)
@@ -381,7 +385,7 @@ class LagBook:
                     first = seed.oldest
                 else:  # some counted have: counted again (the oldest waiting is no older than the TTL)
                     if time.monotonic() - seed.made >= EXPIRED_RECOUNT:
-                        self._request(reader, queue, pid, topics, progress)
+                        self._request(reader, queue, pid, topics, progress, wrong=True)
                     first = alive
         return Lag(value, int.from_bytes(first[:8], "big") if first else 0, settled)
 
@@ -398,8 +402,9 @@ class LagBook:
         return len(self._pending)
 
     def wait_counted(self, timeout: float) -> bool:
-        """Wait at most ``timeout`` seconds until the first refresh is done and every
-        reader asked about has been counted once (so a scrape shows all their series)."""
+        """Wait at most ``timeout`` seconds until the first refresh is done, every reader
+        asked about has been counted once (so a scrape shows all their series), and every
+        one whose answer was known wrong has been counted again (``_request(wrong=True)``)."""
         deadline = time.monotonic() + timeout
         with self._counted:
             while not self._all_counted():
@@ -412,11 +417,28 @@ class LagBook:
     def _all_counted(self) -> bool:
         if self._refreshes == 0 or self._asked != self._answered:
             return False
+        if self._recounting:  # (those no longer pending nor being counted were counted)
+            current = id(self._current) if self._current is not None else None
+            self._recounting = {i for i in self._recounting if i in self._pending or i == current}
+            if self._recounting:
+                return False
         readers = chain((job[0] for job in self._pending.values()), (self._current,))  # stops at the first
         return all(r is None or (r.lag_seed and r.lag_seed.tally.live) for r in readers)
 
-    def _request(self, reader: Any, queue: str, pid: int, topics: frozenset[bytes] | None, progress: Progress) -> None:
+    def _request(
+        self,
+        reader: Any,
+        queue: str,
+        pid: int,
+        topics: frozenset[bytes] | None,
+        progress: Progress,
+        wrong: bool = False,
+    ) -> None:
+        """Count ``reader`` (again) in the book's thread; ``wrong``: its answer now is known to
+        be wrong, and a scrape waits for the count (wait_counted), as for a first one."""
         with self._wake:
+            if wrong:
+                self._recounting.add(id(reader))
             if id(reader) not in self._pending:
                 self._pending[id(reader)] = (reader, queue, pid, topics, progress)
                 self._wake.notify()

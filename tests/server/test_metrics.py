@@ -580,6 +580,30 @@ def test_an_idle_group_s_lag_and_its_age_fall_as_its_messages_expire(tmp_path):
         server.stop()
 
 
+def test_the_first_scrape_after_messages_expired_shows_them_gone(tmp_path, monkeypatch):
+    """The scrape that saw a reader's counted messages expired asked for a recount and
+    still answered the old count: with nobody scraping meanwhile, lag stayed overstated by
+    one whole scrape interval however long ago they expired (an attacker's pass: 10 shown
+    20 s after all 10 expired). That scrape now waits for the count, as for a first one."""
+    import hqueue.lag
+
+    monkeypatch.setattr(hqueue.lag, "EXPIRED_RECOUNT", 0.5)  # (5 s: the test would wait it out)
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, metrics_port=0).start()
+    try:
+        url = f"hqueue://{server.address}"
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("lt", 1, ttl=2)
+            with HQueue("lt", url) as queue, queue.consumer("g", member="m") as consumer:
+                assert consumer.receive(1, wait=0) == []
+                queue.put([Message("t", b"x")] * 10, 0)
+                lag = 'hqueue_group_lag_messages{group="g",partition="0",queue="lt"}'
+                assert scrape_with(server, lag)[lag] == 10
+                time.sleep(3)  # every one expires, and no scrape comes meanwhile
+                assert scrape(server)[lag] == 0
+    finally:
+        server.stop()
+
+
 def test_silent_connections_holding_every_slot_do_not_keep_a_scrape_out(tmp_path):
     from hqueue.metrics.endpoint import MAX_CLIENTS
 

@@ -97,10 +97,15 @@ def check_group_name(name: object) -> str:
     return check_name("group", name)
 
 
+#: The most failures a group's message may have beyond its first (what the wire's i32 carries:
+#: every store takes the same).
+MAX_RETRIES = 2**31 - 1
+
+
 def check_max_retries(max_retries: object) -> int:
-    """Failures a group's message may have beyond its first delivery: an int >= 0."""
-    if not isinstance(max_retries, int) or isinstance(max_retries, bool) or max_retries < 0:
-        raise InvalidArgument(f"'max_retries' must be an int >= 0, got {max_retries!r}")
+    """Failures a group's message may have beyond its first delivery: an int in 0..MAX_RETRIES."""
+    if not isinstance(max_retries, int) or isinstance(max_retries, bool) or not 0 <= max_retries <= MAX_RETRIES:
+        raise InvalidArgument(f"'max_retries' must be an int in 0..{MAX_RETRIES}, got {max_retries!r}")
     return max_retries
 
 

@@ -56,7 +56,7 @@ from dataclasses import replace
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
-from ..errors import GroupNotFound, InvalidArgument, LimitExceeded
+from ..errors import GroupNotFound, HQueueError, InvalidArgument, LimitExceeded
 from ..keys.groups import group_key, groups_prefix, id_after, state_prefix
 from ..message import (
     Message,
@@ -123,12 +123,14 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
         self.coordinator.add_release_listener(self._clear_out_marks)
         self.engine.events.on_write(self._on_write)
         self.engine.events.on_drop(self.forget)
+        self.engine.events.on_truncate(self._truncated)
 
     def stop(self) -> None:
         self._stopped = True
         self._clear_out_marks()
         self.engine.events.off(self._on_write)  # a stopped service hears nothing more (nor is kept alive)
         self.engine.events.off(self.forget)
+        self.engine.events.off(self._truncated)
         self.arrivals.stop()
 
     def _on_write(self, queue: str, partition_id: int) -> None:
@@ -299,6 +301,39 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
                 group.deleted = True
                 group.settle()
         self.arrivals.forget(queue)
+
+    def _truncated(self, queue: str) -> None:
+        """The queue was truncated (its writers' locks still held: the work goes to a thread
+        of its own, as a group's lock is taken before a writer's elsewhere)."""
+        threading.Thread(
+            target=self._finish_truncated, args=(queue,), name="hqueue-group-truncated", daemon=True
+        ).start()
+
+    def _finish_truncated(self, queue: str) -> None:
+        """Finish, in each group of ``queue`` held here, the messages in flight or waiting to
+        go out again that the truncate removed: they showed as in flight, then retrying, in
+        ``describe_group``, ``pending`` and the metrics until a member's next receive from
+        their partition found them gone (which finishes them the same way)."""
+        try:
+            floor = self.engine.queue_info(queue, fresh=True).id_floor
+        except HQueueError:
+            return  # (dropped meanwhile: forget did the rest)
+        below = MessageID(floor + 1, 0).to_bytes()  # every ID given after the truncate is above its floor
+        with self._lock:
+            groups = [group for key, group in self._groups.items() if key[0] == queue]
+        for group in groups:
+            try:
+                with group.lock:
+                    if group.deleted:
+                        continue
+                    for pid, state in list(group.partitions.items()):
+                        gone = [i for i in (*state.leases, *state.ready) if i < below]
+                        if gone:
+                            self._acked(group, pid, state, gone)
+            except HQueueError:  # (the store failing, a partition lost: the next receive finishes them)
+                logger.debug(
+                    "finishing the truncated messages of group %s of %s failed", group.name, queue, exc_info=True
+                )
 
     def delete(self, queue: str, name: str) -> None:
         """Forget the group and its progress. Under its lock, once the acks under way have

@@ -854,3 +854,28 @@ def test_a_member_of_a_disabled_queue_makes_no_group(make_queue, admin):
     assert admin.list_groups(queue.name) == []
     with queue.consumer("g", topics=["other"]) as consumer:
         assert consumer.receive(1, wait=0) == []
+
+
+def test_messages_in_flight_when_their_queue_is_truncated_are_finished_at_once(make_queue, admin):
+    """They showed as in flight, then (their leases out) as retrying with attempt 2, in
+    describe_group, pending() and the metrics until a member next received from their
+    partition (an attacker's pass)."""
+    queue = make_queue(partitions=1)
+    with queue.consumer("g", lease=60) as consumer:
+        queue.put([Message("t", b"old%d" % i) for i in range(5)], 0)
+        got = consumer.receive(10, wait=2)
+        assert len(got) == 5
+        consumer.nack(got[:1], delay=30)  # one waiting to go out again
+        consumer.ack(got[1:3])
+        admin.truncate_queue(queue.name)
+
+        def finished() -> bool:
+            partition = admin.describe_group(queue.name, "g")["partitions"][0]
+            return (partition["in_flight"], partition["retrying"], partition["lag_messages"]) == (0, 0, 0)
+
+        wait_for(finished, 10, "the truncated messages to be finished")
+        assert queue.pending("g") == []
+        queue.put([Message("t", b"new%d" % i) for i in range(3)], 0)
+        fresh = consumer.receive(10, wait=2)
+        assert [(d.value, d.attempt) for d in fresh] == [(b"new0", 1), (b"new1", 1), (b"new2", 1)]
+        assert consumer.ack(fresh) == 3

@@ -168,10 +168,9 @@ class AsyncProducer:
         async with changed:
             batches.pending()  # a full buffer sends what it holds now, not at its linger's end
             changed.notify_all()
-            try:
-                await asyncio.wait_for(
-                    changed.wait_for(lambda: batches.has_room(cost) or batches.closed), batches.block_timeout
-                )
+            try:  # (not asyncio.wait_for: on 3.11 a cancel while it ends its inner wait left the
+                async with asyncio.timeout(batches.block_timeout):  # lock taken by nobody, every send hung)
+                    await changed.wait_for(lambda: batches.has_room(cost) or batches.closed)
             except TimeoutError:
                 raise ProducerBufferFull(self.name, batches.buffer_bytes, batches.block_timeout) from None
         if batches.closed:
@@ -289,7 +288,8 @@ class AsyncProducer:
                     return
                 async with changed:
                     try:
-                        await asyncio.wait_for(changed.wait(), batches.next_wake())
+                        async with asyncio.timeout(batches.next_wake()):  # (see _room)
+                            await changed.wait()
                     except TimeoutError:
                         pass
                 continue

@@ -413,3 +413,30 @@ def test_a_producer_left_open_when_its_loop_ends_says_what_it_loses(tmp_path, ca
         asyncio.run(main())
     assert "100 message(s) sent and not stored are lost: its event loop ended" in caplog.text
     asyncio.run(held[0].close())  # (from the next loop: test_a_handle_whose_producer_s_loop_ended_...)
+
+
+def test_sends_cancelled_while_they_wait_for_room_leave_the_producer_working(tmp_path):
+    """A send waiting for room was cancelled as asyncio.wait_for (3.11) ended its inner wait:
+    it let go of the producer's lock it no longer held ("RuntimeError: Lock is not
+    acquired"), the inner wait took it back for nobody, and every later send, flush and
+    close hung (an attacker's pass: 3 runs of 5)."""
+    import random
+
+    async def main(name: str) -> None:
+        url = "memory://cancel-room-" + str(tmp_path).replace("/", "-")
+        async with AsyncHQueueAdmin(url) as admin:
+            await admin.create_queue(name, 2)
+        async with AsyncHQueue(name, url) as queue:
+            producer = queue.producer(linger_ms=1, buffer_bytes=20_000, block_timeout=5)
+            sends = [asyncio.ensure_future(producer.send(Message("t", b"x" * 100))) for _ in range(1500)]
+            for _ in range(200):
+                await asyncio.sleep(random.random() * 0.002)
+                random.choice(sends).cancel()
+            done, waiting = await asyncio.wait(sends, timeout=10)
+            assert not waiting, f"{len(waiting)} sends still waiting past block_timeout"
+            errors = {type(s.exception()).__name__ for s in done if not s.cancelled() and s.exception()}
+            assert errors == set()
+            await asyncio.wait_for(producer.close(), 10)
+
+    for round in range(4):
+        asyncio.run(main(f"q{round}"))

@@ -293,7 +293,7 @@ class PartitionScanner(_Scanner):
         *,
         created: object = UNCHECKED,
     ) -> None:
-        _check_caching(caching)
+        check_caching(caching)
         cursor = source.open_cursor(queue, partition_id, scan, caching)
         _checked(source, queue, created, [cursor])
         self.queue, self.partition_id = queue, partition_id
@@ -324,7 +324,7 @@ class CombinedPartitionScanner(_Scanner):
         *,
         created: object = UNCHECKED,
     ) -> None:
-        _check_caching(caching)
+        check_caching(caching)
         if not isinstance(scans, Mapping) or not scans:
             raise InvalidArgument("'scans' must be a non-empty mapping of partition id to Scan")
         for pid, scan in scans.items():
@@ -420,6 +420,12 @@ class QueueScanner(CombinedPartitionScanner):
         super().__init__(source, queue, dict.fromkeys(range(partitions), scan), caching, created=created)
 
 
-def _check_caching(caching: int) -> None:
-    if not isinstance(caching, int) or caching < 1:
-        raise InvalidArgument(f"'caching' must be an int > 0, got {caching!r}")
+#: The most messages a scan fetches a round trip per partition (``caching``): what the wire's i32 carries,
+#: on every store alike.
+MAX_CACHING = 2**31 - 1
+
+
+def check_caching(caching: object) -> None:
+    """A scan's ``caching``: an int in 1..MAX_CACHING (InvalidArgument)."""
+    if not isinstance(caching, int) or isinstance(caching, bool) or not 1 <= caching <= MAX_CACHING:
+        raise InvalidArgument(f"'caching' must be an int in 1..{MAX_CACHING}, got {caching!r}")

@@ -62,6 +62,7 @@ from ..groups.limits import (
 )
 from ..message import Message
 from .connect import groups_of
+from .handle import other_loop
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +96,7 @@ class AsyncConsumer:
         self.member = member_name(member)
         self._opening = joining(group, topics, start, max_retries, key_affinity)
         self._groups: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the event loop it opened in
         self._open_lock = asyncio.Lock()
         self.closed = False
         self._heartbeats: asyncio.Task | None = None
@@ -110,13 +112,17 @@ class AsyncConsumer:
             if self._groups is None:
                 groups = groups_of(await self.queue.async_engine())
                 await groups.open(self.queue.name, self.group, *self._opening)
-                self._groups = groups
+                self._groups, self._loop = groups, asyncio.get_running_loop()
         return self
 
     async def _ready(self) -> Any:
         if self.closed:
             raise RuntimeError(f"{self!r} is closed")
-        return self._groups if self._groups is not None else (await self.open())._groups
+        if self._groups is None:
+            return (await self.open())._groups
+        if asyncio.get_running_loop() is not self._loop:  # (its connections and heartbeats are that loop's)
+            raise other_loop(type(self).__name__)
+        return self._groups
 
     async def receive(
         self, max_messages: int = 100, *, wait: float = 1.0, lease: float | None = None

@@ -13,7 +13,7 @@ from typing import Any, overload
 from ..checks import check_partition, check_queue_name_type, check_scan_limit
 from ..config import QueueInfo
 from ..consumer import Pending
-from ..errors import InvalidArgument, InvalidPartition, QueueNotFound
+from ..errors import InvalidPartition, QueueNotFound
 from ..groups.limits import DEFAULT_LEASE, DEFAULT_MAX_RETRIES, GroupLimits, check_group_name, check_pending_limit
 from ..keys.timers import Timer, due_ms, timer_of
 from ..message import Message, MessageID
@@ -25,7 +25,7 @@ from ..producer import (
     DEFAULT_MAX_BYTES,
 )
 from ..queue import LEAVE_AT_CLOSE, TimeLike, as_batch, as_message_id, route
-from ..scanner import DEFAULT_CACHING, Scan
+from ..scanner import DEFAULT_CACHING, Scan, check_caching
 from ..subscriptions.listener import Subscription
 from .connect import DEFAULT_WORKERS, groups_of
 from .consumer import AsyncConsumer
@@ -159,8 +159,7 @@ class AsyncHQueue(AsyncConnected):
         ``aclose()`` or ``async with``."""
         scan = Scan(as_message_id(start, "start"), as_message_id(stop, "stop"), topics)
         check_scan_limit(limit)
-        if not isinstance(caching, int) or isinstance(caching, bool) or caching < 1:
-            raise InvalidArgument(f"'caching' must be an int > 0, got {caching!r}")
+        check_caching(caching)
 
         async def opener(engine: Any, fresh: bool) -> tuple[str, dict[int, Scan], str | None]:
             info = await (engine.queue_info(self.name, fresh=True) if fresh else engine.enabled_queue(self.name))

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from ..errors import InvalidPartition
 from ..message import Message
 from ..scanner import Scan, recreated
+from .handle import other_loop
 
 _T = TypeVar("_T")
 
@@ -44,11 +45,17 @@ class AsyncScanner:
         # ``break``, the scanner goes at once, and the generator's end closes its cursors)
         self._messages = _generate(engine, opener, caching, limit)
         self.closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def __aiter__(self) -> AsyncScanner:
         return self
 
     async def __anext__(self) -> Message:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # (the end of an asyncio.run closed its generator: no scan's end)
+            if self._loop is not None:
+                raise other_loop(type(self).__name__)
+            self._loop = loop
         return await self._messages.__anext__()
 
     async def aclose(self) -> None:

@@ -546,6 +546,43 @@ def test_a_handle_belongs_to_the_event_loop_it_was_first_used_in(api_url, queue_
         run(queue.put(Message("t", b"v")))
 
 
+def test_a_consumer_and_a_scanner_belong_to_the_event_loop_they_were_first_used_in(api_url, queue_name):
+    """Their handle refused another loop, they did not (an attacker's pass): through a
+    server a consumer's receive waited out the client's timeout and raised a bare
+    TimeoutError, in process it went on without its heartbeats; a scan left part-read
+    when its asyncio.run ended said it was done (StopAsyncIteration)."""
+    held = {}
+
+    async def first():
+        queue = held["queue"] = await made(api_url, queue_name, partitions=1)
+        await queue.put([Message("t", b"%d" % i) for i in range(3)], partition_id=0)
+        consumer = held["consumer"] = queue.consumer("g")
+        assert len(await consumer.receive(1, wait=2)) == 1
+        scanner = held["scanner"] = queue.scan(caching=1)
+        assert (await scanner.__anext__()).value == b"0"
+
+    run(first())
+    consumer, scanner = held["consumer"], held["scanner"]
+
+    async def second():
+        for call in (consumer.receive(1, wait=0), consumer.ack([]), consumer.nack([]), scanner.__anext__()):
+            with pytest.raises(RuntimeError, match="belongs to the event loop it was first used in"):
+                await call
+
+    started = time.monotonic()
+    run(second())
+    assert time.monotonic() - started < 2
+
+    async def huge_caching():  # (embedded and memory failed in islice, a server took it)
+        for caching in (0, True, 2**31, 10**19):
+            with pytest.raises(InvalidArgument, match="'caching' must be an int in 1..2147483647"):
+                async with AsyncHQueue(queue_name, api_url) as queue:
+                    queue.scan(caching=caching)
+
+    run(huge_caching())
+    run(held["queue"].close())  # (from the next loop: test_a_handle_left_open_when_its_loop_ended_...)
+
+
 def test_a_handle_left_open_when_its_loop_ended_closes_from_another(api_url, queue_name):
     """A handle its ``asyncio.run`` left open (a fixture closing it in the next loop) raised
     "Event loop is closed" on close through a server, and kept its connections and the

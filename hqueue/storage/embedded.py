@@ -346,7 +346,15 @@ class EmbeddedStorage(Healing, Storage):
         try:
             return self._families[name]
         except KeyError:
-            raise QueueNotFound(name) from None
+            raise self._missing(name) from None
+
+    def _missing(self, name: str) -> Exception:
+        """Why ``name``'s families are not bound: the store was closed (a scan of a handle
+        closed meanwhile read on: not QueueNotFound, which says the queue was deleted), or
+        there is no such queue."""
+        if self._closed.is_set():
+            return RuntimeError(f"closed: the store {self.url} was released (the handle's close())")
+        return QueueNotFound(name)
 
     # -- queues ---------------------------------------------------------------
 
@@ -479,7 +487,7 @@ class EmbeddedStorage(Healing, Storage):
                 self._written.wait()
             handle, info = self._handles.get(name), self._infos.get(name)
             if handle is None or info is None:  # (info None: made again, its definition not stored yet)
-                raise QueueNotFound(name)
+                raise self._missing(name)
             check_routed(info, created)
             index = self._index_handles.get(name)
             writing = self._writing

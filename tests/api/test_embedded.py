@@ -295,3 +295,22 @@ def test_a_queue_deleted_under_its_puts_leaves_the_other_queues_writing(tmp_path
         with HQueue("a", url) as queue:  # and the store writes on
             queue.put(Message("t", b"after"))
             assert sum(1 for _ in queue.scan()) == counts["a"] + 1
+
+
+def test_a_scan_read_on_past_its_handle_s_close_says_the_store_was_released(tmp_path):
+    """It raised QueueNotFound at its next fetch (an attacker's pass): code that takes that
+    for "the queue was deleted" did the wrong thing at shutdown. The asyncio API's scan
+    says the store was released; so does this one."""
+    url = f"local://{tmp_path}/data"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 1)
+    queue = HQueue("q", url)
+    queue.put([Message("t", b"x")] * 5000)
+    scan = queue.scan()
+    next(scan)
+    queue.close()
+    with pytest.raises(RuntimeError, match="closed: the store .* was released"):
+        for _ in scan:
+            pass
+    with HQueue("q", url) as again:  # the queue is there
+        assert sum(1 for _ in again.scan()) == 5000

@@ -62,6 +62,8 @@ def choose_partition(
     (all of them on a queue without tiers), CRC32(``key``) or a random one."""
     if key is not None and partition_id is not None:
         raise TypeError("give 'partition_id' or 'key', not both")
+    if priority is not None:
+        info.tier_partitions(priority)  # (an int among the queue's tiers: [], '' or False were tier 0 or none)
     if partition_id is not None:
         if priority is not None and info.tier_of(check_partition(info, partition_id)) != priority:
             raise InvalidPartition(f"partition {partition_id} of {info.name!r} is not in priority tier {priority}")

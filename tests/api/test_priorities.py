@@ -29,6 +29,20 @@ def test_puts_go_to_their_tier_s_partitions(make_queue):
         queue.put(Message("t", b"x"), priority=3)
     with pytest.raises(InvalidPartition):
         queue.put(Message("t", b"x"), partition_id=0, priority=2)
+    # not a tier: refused, where [], {}, '' and False went to tier 0 (an attacker's pass)
+    for bad in ([], {}, "", False, "1", 1.0):
+        with pytest.raises(InvalidArgument, match="'priority' must be in 0..2"):
+            queue.put(Message("t", b"x"), priority=bad)
+        with pytest.raises(InvalidArgument, match="'priority' must be in 0..2"):
+            queue.put(Message("t", b"x"), partition_id=0, priority=bad)
+
+
+def test_a_priority_on_a_queue_without_tiers_is_its_one_tier(make_queue):
+    queue = make_queue(partitions=2)
+    queue.put(Message("t", b"x"), priority=0)
+    for bad in (1, [], "", False):
+        with pytest.raises(InvalidArgument, match="'priority' must be in 0..0"):
+            queue.put(Message("t", b"x"), priority=bad)
 
 
 def test_a_group_serves_the_highest_tier_first_without_starving_the_rest(make_queue):

@@ -56,7 +56,7 @@ class HQueueAdmin(Connected):
         durability: str = Durability.SYNC_WAL,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         topic_index: bool = False,
-        priorities: int = 1,
+        priorities: int | None = None,
     ) -> QueueInfo:
         """Create a queue.
 
@@ -77,7 +77,7 @@ class HQueueAdmin(Connected):
                 into this many equal bands, tier 0 (lowest) first; a put
                 with ``priority=t`` goes to band t, and consumer groups serve
                 higher tiers first without starving lower ones. Must divide
-                ``partitions`` (config ``hqueue.priorities``).
+                ``partitions``. None: 1, or config ``hqueue.priorities`` (both, differing: refused).
 
         Raises:
             QueueExists: A queue of that name exists.
@@ -306,17 +306,21 @@ def new_queue_info(
     durability: str = Durability.SYNC_WAL,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     topic_index: bool = False,
-    priorities: int = 1,
+    priorities: int | None = None,
 ) -> QueueInfo:
     """A new queue's definition, checked (:meth:`HQueueAdmin.create_queue`'s arguments)."""
+    config = check_config(dict(config or {}))
+    said = config.get(PRIORITIES_KEY)
+    if priorities is not None and said is not None and said != str(priorities):  # (one silently won)
+        raise InvalidArgument(f"'priorities' is {priorities!r} and config {PRIORITIES_KEY!r} is {said!r}: give one")
     return QueueInfo(
         name=validate_new_queue_name(name),
         partitions=partitions,
         ttl=ttl,
         durability=durability,
-        config=check_config(dict(config or {}))
+        config=config
         | topic_index_config(topic_index)
-        | ({PRIORITIES_KEY: str(priorities)} if priorities != 1 else {}),
+        | ({PRIORITIES_KEY: str(priorities)} if priorities not in (None, 1) else {}),
         max_message_bytes=max_message_bytes,
     )
 

@@ -199,7 +199,11 @@ class QueueInfo:
         validate_queue_name(self.name)
         _check_int("partitions", self.partitions, 1, MAX_PARTITIONS)
         tiers = self.config.get(PRIORITIES_KEY, "1") if isinstance(self.config, dict) else "1"
-        if not tiers.isdigit() or not 1 <= int(tiers) <= self.partitions or self.partitions % int(tiers):
+        if (  # (ASCII digits: '²' is a digit int() cannot read, and '٢' one it can)
+            not (tiers.isascii() and tiers.isdigit())
+            or not 1 <= int(tiers) <= self.partitions
+            or self.partitions % int(tiers)
+        ):
             raise InvalidArgument(
                 f"'priorities' must be 1..partitions and divide the partitions ({self.partitions}), got {tiers!r}"
             )

@@ -31,7 +31,7 @@ class AsyncHQueueAdmin(AsyncConnected):
         durability: str = Durability.SYNC_WAL,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         topic_index: bool = False,
-        priorities: int = 1,
+        priorities: int | None = None,
     ) -> QueueInfo:
         """Create a queue (as :meth:`HQueueAdmin.create_queue <hqueue.HQueueAdmin.create_queue>`)."""
         info = new_queue_info(name, partitions, ttl, config, durability, max_message_bytes, topic_index, priorities)

@@ -55,7 +55,9 @@ def _click_params(command: Command) -> list[click.Parameter]:
             nargs = -1 if p.many else 1
             # No default at all for a required one (click 8.5 takes default=None as given).
             default = {} if p.required or p.many else {"default": p.default}
-            params.append(click.Argument([p.name], type=_type(p), nargs=nargs, required=required, **default))
+            # (required, though click is told not, for its older option spelling: shown so)
+            shown = {"metavar": p.name.upper()} if p.required and not required else {}
+            params.append(click.Argument([p.name], type=_type(p), nargs=nargs, required=required, **default, **shown))
         elif p.kind == "flag":
             params.append(click.Option([f"--{p.name.replace('_', '-')}"], is_flag=True, default=p.default, help=p.help))
         else:

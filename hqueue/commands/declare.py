@@ -114,7 +114,12 @@ class Param:
 
 
 def describe_range(low: float | None, high: float | None) -> str:
-    return f"{'-inf' if low is None else f'{low:g}'}..{'inf' if high is None else f'{high:g}'}"
+    """``low..high``, exactly ('2147483647', not '2.14748e+09'; floats as short as they read)."""
+    return f"{'-inf' if low is None else _bound(low)}..{'inf' if high is None else _bound(high)}"
+
+
+def _bound(value: float) -> str:
+    return str(value) if isinstance(value, int) else repr(value).removesuffix(".0")
 
 
 def as_time(name: str, value: Any) -> MessageID:

@@ -27,7 +27,8 @@ LOCAL_TIMERS_NOTE = (
     Param("max_message_bytes", "Largest topic + value accepted.", "int", DEFAULT_MAX_MESSAGE_BYTES, low=1,
           high=2**31 - 1),
     Param("topic_index", "Keep a per-topic index (reads of few topics cost their rows only).", "flag", False),
-    Param("priorities", "Priority tiers; must divide the partitions.", "int", 1, low=1, high=32767),
+    Param("priorities", "Priority tiers; must divide the partitions (default 1).", "int", None, low=1,
+          high=32767),
     Param("config", "Extra settings, KEY=VALUE (e.g. hbase.hqueue.partitionsPerRegion=4).", "settings", None,
           short="-c"),
     examples=(

@@ -12,6 +12,7 @@ ERROR line that shows the usage.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
@@ -21,6 +22,7 @@ from ..commands import COMMANDS as SHARED
 from ..commands import Command as SharedCommand
 from ..commands import Param, as_delay, as_due, as_time, stamp, table
 from ..commands.queues import LOCAL_TIMERS_NOTE
+from ..commands.render import printable
 from ..errors import HQueueError, InvalidArgument
 from ..message import Message, MessageID
 
@@ -240,10 +242,15 @@ def _options(command: str, given: Any, known: set[str], ints: tuple[str, ...] = 
     if given is not None and not isinstance(given, dict):
         raise UsageError(f"{command}: the options must be a {{KEY => value}} dictionary, got {given!r}")
     options = {str(k).upper(): v for k, v in (given or {}).items()}
+    if len(options) < len(given or {}):  # ('partition' and 'PARTITION': the last one won, unsaid)
+        counts = Counter(str(k).upper() for k in given or {})
+        twice = ", ".join(printable(k) for k, n in sorted(counts.items()) if n > 1)
+        raise UsageError(f"{command}: an option given twice (keys are not case-sensitive): {twice}")
     unknown = set(options) - known
-    if unknown:
+    if unknown:  # (escaped: a key's control characters reached the terminal)
         raise UsageError(
-            f"{command}: unknown option(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}"
+            f"{command}: unknown option(s) {', '.join(map(printable, sorted(unknown)))}; "
+            f"known: {', '.join(sorted(known))}"
         )
     for option in ints:
         if option in options and (not isinstance(options[option], int) or isinstance(options[option], bool)):

@@ -22,6 +22,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ..printed import CONTROL
+
 __all__ = ["Call", "ShellSyntaxError", "parse_line"]
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
@@ -40,8 +42,10 @@ class ShellSyntaxError(ValueError):
         self.message, self.line, self.column = message, line, column
 
     def pointer(self) -> str:
-        """The line, and a caret under the column."""
-        return f"{self.line}\n{' ' * (self.column - 1)}^"
+        """The line (its control characters escaped: they reached the terminal), and a caret
+        under the column."""
+        before = self.line[: self.column - 1].translate(CONTROL)
+        return f"{self.line.translate(CONTROL)}\n{' ' * len(before)}^"
 
 
 class Word(str):

@@ -64,7 +64,18 @@ def test_bad_tier_counts_are_refused(admin, queue_name):
         admin.create_queue(queue_name, 4, priorities=3)  # 3 does not divide 4
     with pytest.raises(InvalidArgument, match="priorities"):
         admin.create_queue(queue_name, 4, priorities=0)
+    # digits int() cannot read ('²' raised a bare ValueError) or can ('٢' was stored so)
+    for tiers in ("\u00b2", "\u2460", "\u0662"):
+        with pytest.raises(InvalidArgument, match="'priorities' must be 1..partitions"):
+            admin.create_queue(queue_name, 4, config={"hqueue.priorities": tiers})
+    # both ways of saying it, differing: one of them won, unsaid
+    for given, said in ((1, "2"), (2, "4")):
+        with pytest.raises(
+            InvalidArgument, match=f"'priorities' is {given} and config 'hqueue.priorities' is '{said}'"
+        ):
+            admin.create_queue(queue_name, 4, config={"hqueue.priorities": said}, priorities=given)
     assert not admin.queue_exists(queue_name)
+    assert admin.create_queue(queue_name, 4, config={"hqueue.priorities": "2"}, priorities=2).priorities == 2
 
 
 def test_tiers_survive_a_reopen(tmp_path):

@@ -614,3 +614,14 @@ def test_consume_goes_on_when_the_store_answers_again_after_a_stop_past_its_dead
             consume.wait(timeout=30)
         server.kill()
     assert "asking again" in consume.stderr.read()
+
+
+def test_what_the_front_ends_disagreed_on_is_refused_alike(run):
+    """An attacker's pass: replay-group's help showed TIME as optional, then required it;
+    --priorities and -c hqueue.priorities differing made a queue by one of them, unsaid."""
+    assert "QUEUE GROUP TIME\n" in run("replay-group", "--help").output
+    clash = run("create", "p1", "4", "-c", "hqueue.priorities=2", "--priorities", "1")
+    assert clash.exit_code == 2 and "'priorities' is 1 and config 'hqueue.priorities' is '2'" in clash.output
+    made = run("create", "p2", "4", "-c", "hqueue.priorities=2")
+    assert made.exit_code == 0, made.output
+    assert run("create", "p3", "2", "-c", "hqueue.priorities=\u00b2").exit_code == 2

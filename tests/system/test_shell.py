@@ -180,6 +180,12 @@ def test_list_describe_scan_count_print_tables_and_timing(run):
         ("put 'q1', 't', 'v', 99", "PARTITION must be in 0..3"),
         ("count 'q1', {LIMIT => 1}", "count: unknown option(s) LIMIT"),
         ("count 'q1', {TOPICS => 't'}", "count: TOPICS must be a list"),
+        # (an attacker's pass: the last one won, unsaid; the key's escape reached the terminal)
+        ("put 'q1', 't', 'v', {'partition' => 1, 'PARTITION' => 2}", "an option given twice (keys are not case-sen"),
+        ("count 'q1', {'\x1b[2J' => 1}", "count: unknown option(s) \\x1b[2J; known:"),
+        ("create 'tt', 1, 2147483648", "'ttl' must be in 0..2147483647, got 2147483648"),  # (it said 2.14748e+09)
+        ("create 'p1', 4, 0, {PRIORITIES => 1, 'hqueue.priorities' => '2'}", "'priorities' is 1 and config"),
+        ("create 'p1', 2, 0, {'hqueue.priorities' => '\u00b2'}", "'priorities' must be 1..partitions"),
         ("help 'nope'", "no command 'nope'"),
         ("add_subscriber 'nope', 's'", "queue 'nope' does not exist"),
     ],
@@ -197,6 +203,14 @@ def test_a_syntax_error_points_at_the_column(run):
     assert (
         err == "ERROR: syntax error: expected '=>', found '1' at column 19\nscan 'q1', {LIMIT 10}\n" + " " * 18 + "^\n"
     )
+
+
+def test_a_syntax_error_shows_the_line_s_control_characters_escaped(run):
+    """The raw line went back to the terminal: an OSC sequence in it set the window's title."""
+    ok, _, err = run("scan 'u' \x1b]0;PWNED\x07")
+    assert not ok and "\x1b" not in err and "\x07" not in err
+    line, caret = err.splitlines()[1:3]
+    assert line == "scan 'u' \\x1b]0;PWNED\\x07" and caret == " " * 9 + "^"
 
 
 def test_help_lists_commands_and_explains_one(run):

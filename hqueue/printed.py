@@ -7,11 +7,14 @@ from __future__ import annotations
 import re
 
 #: Every control character as \xNN (tab, newline and CR have their own names in ``escape``);
-#: the C1 controls and the line and paragraph separators (line breaks to ``str.splitlines``
-#: and to many terminals) as the \xNN of their UTF-8 bytes.
+#: as the \xNN of their UTF-8 bytes: the C1 controls and the line and paragraph separators
+#: (line breaks to ``str.splitlines`` and to many terminals), and the characters that reorder
+#: or hide what is shown (bidirectional marks, embeddings, overrides and isolates, U+200B and
+#: U+FEFF: a name shown one way, and named another). ZWJ and ZWNJ stay, as scripts and emoji need them.
+_HIDDEN = [0x061C, 0x200B, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A), 0xFEFF]
 CONTROL = {
     **{c: f"\\x{c:02x}" for c in [*range(32), 127]},
-    **{c: "".join(f"\\x{b:02x}" for b in chr(c).encode()) for c in [*range(0x80, 0xA0), 0x2028, 0x2029]},
+    **{c: "".join(f"\\x{b:02x}" for b in chr(c).encode()) for c in [*range(0x80, 0xA0), 0x2028, 0x2029, *_HIDDEN]},
 }
 _NAMED = {ord("\t"): "\\t", ord("\n"): "\\n", ord("\r"): "\\r"}
 

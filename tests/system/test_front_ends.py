@@ -422,6 +422,18 @@ def test_text_output_breaks_no_line_on_unicode_line_separators():
     assert printed == "a\\xe2\\x80\\xa8b\\xe2\\x80\\xa9c\\xc2\\x85d\\xc2\\x9be é\\t"
 
 
+def test_text_output_shows_the_characters_that_reorder_or_hide_text_escaped():
+    """A right-to-left override or a zero-width space in a topic or value printed raw
+    (an attacker's pass): what is shown read otherwise than what it names."""
+    from hqueue.commands import escape, unescape
+
+    value = "evil\u202egnp.exe \u200bx\u2066y\u2069\ufeff".encode()
+    printed = escape(value)
+    assert printed == "evil\\xe2\\x80\\xaegnp.exe \\xe2\\x80\\x8bx\\xe2\\x81\\xa6y\\xe2\\x81\\xa9\\xef\\xbb\\xbf"
+    assert unescape(printed.encode()) == value  # (copied back, it names the same bytes)
+    assert escape("👨\u200d👩".encode()) == "👨\u200d👩"  # (ZWJ joins emoji and scripts: kept)
+
+
 def test_a_queue_name_that_is_not_a_str_is_a_type_error_on_every_store(tmp_path):
     """delete_queue(None) said "does not exist" in this process, and InvalidMessage or
     StorageError through a server; queue_exists(None) was False here and an error there."""

@@ -9,16 +9,13 @@ both use it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from typing import TYPE_CHECKING, NamedTuple
 
-from .checks import message_columns
 from .config import DEAD_LETTER_SUFFIX, QueueInfo, validate_queue_name
 from .errors import HQueueError, InvalidQueueName, QueueExists, QueueNotFound
 from .keys.deadletters import note_key, notes_prefix
-from .keys.requests import LANE_LENGTH, Request
 from .message import Message, MessageID
 
 if TYPE_CHECKING:
@@ -92,13 +89,7 @@ def dead_letter(
         coordinator.queues_changed()
         return None  # its partitions are being assigned: next time
     pid = partition_id if partition_id in owned else owned[0]
-    dead = Message(message.topic, message.value)
-    if by and message.id is not None:  # written once, though sent again after a crash (the put's request)
-        dead_id = engine.put_columns(
-            dlq, *message_columns(info, [dead]), pid, _request(queue, by, partition_id, message.id)
-        )
-    else:
-        (dead_id,) = engine.put(dlq, [dead], pid)
+    (dead_id,) = engine.put(dlq, [Message(message.topic, message.value)], pid)
     if by:
         note = {"partition": partition_id, "id": str(message.id) if message.id else None, "by": by,
                 "attempts": attempts}  # fmt: skip
@@ -107,17 +98,6 @@ def dead_letter(
         except HQueueError:  # the dead letter is placed: a note it lacks is shown as not recorded
             logger.warning("no note for dead letter %s of %s partition %d", dead_id, dlq, pid, exc_info=True)
     return pid, dead_id
-
-
-def _request(queue: str, by: str, partition_id: int, message_id: MessageID) -> Request:
-    """The idempotent put (requests.py) of one message's dead letter: its lane is named by the
-    message and who buries it. A process killed between the dead-letter write and its group's
-    record that the message is finished hands the message out again, and buries it again
-    after the restart: the store answers that put with the first one's ID, written once
-    (while the lane's record is kept, requests.RETENTION_MS; ``resent``: the record is looked
-    up in the store, where a restarted writer holds none)."""
-    named = f"{queue}\0{by}\0{partition_id}\0{message_id}".encode()
-    return Request(hashlib.blake2b(named, digest_size=LANE_LENGTH).digest(), 1, resent=True)
 
 
 def note_of(engine: EngineAPI, queue: str, partition_id: int, dead_id: MessageID) -> DeadLetterNote | None:

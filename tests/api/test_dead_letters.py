@@ -183,38 +183,3 @@ def test_a_replay_stops_at_a_dead_letter_queue_made_again_and_copies_none_of_it(
             admin.replay_dead_letters("q")
         with HQueue("q", data_dir=tmp_path) as queue:
             assert [m.value for m in queue.scan()] == [b"old"] * 5
-
-
-def test_a_message_buried_again_after_a_restart_is_one_dead_letter(tmp_path):
-    """A process killed between a dead letter's write and its group's record that the message
-    is finished buries it again after the restart (tests/system/test_work_crash.py kills a
-    server so): the second write is answered with the first one's ID, nothing written."""
-    from hqueue.coordination import LocalCoordinator
-    from hqueue.deadletters import dead_letter
-    from hqueue.engine import Engine
-
-    url = "local://" + str(tmp_path / "data")
-    with HQueueAdmin(url) as admin:
-        admin.create_queue("orders", 2)
-        with admin.queue("orders") as orders:
-            orders.put(Message("t", b"other"), 1)
-            orders.put(Message("t", b"poison"), 1)
-            message = [m for m in orders.scan() if m.value == b"poison"][0]
-    placed = []
-    for _ in range(2):  # the second: a restarted process (its writers hold no request)
-        engine = Engine.acquire(url)
-        try:
-            coordinator = LocalCoordinator("here")
-            placed.append(dead_letter(engine, coordinator, "orders", 1, message, by="group g", attempts=3))
-            placed.append(dead_letter(engine, coordinator, "orders", 1, message, by="group g", attempts=3))
-        finally:
-            engine.release()
-    assert len(set(placed)) == 1 and placed[0][0] == 1
-    # Another group's burial of it, or another message's, is another dead letter
-    engine = Engine.acquire(url)
-    try:
-        assert dead_letter(engine, LocalCoordinator("here"), "orders", 1, message, by="group h") != placed[0]
-    finally:
-        engine.release()
-    with HQueue("orders.dlq", url) as dlq:
-        assert sorted(m.value for m in dlq.scan()) == [b"poison", b"poison"]

@@ -56,7 +56,7 @@ from dataclasses import replace
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
-from ..errors import GroupNotFound, HQueueError, InvalidArgument, LimitExceeded
+from ..errors import GroupNotFound, InvalidArgument, LimitExceeded
 from ..keys.groups import group_key, groups_prefix, id_after, state_prefix
 from ..message import (
     Message,
@@ -316,8 +316,8 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
         their partition found them gone (which finishes them the same way)."""
         try:
             floor = self.engine.queue_info(queue, fresh=True).id_floor
-        except HQueueError:
-            return  # (dropped meanwhile: forget did the rest)
+        except Exception:  # (dropped meanwhile: forget did the rest; or the store closed)
+            return
         below = MessageID(floor + 1, 0).to_bytes()  # every ID given after the truncate is above its floor
         with self._lock:
             groups = [group for key, group in self._groups.items() if key[0] == queue]
@@ -330,7 +330,7 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
                         gone = [i for i in (*state.leases, *state.ready) if i < below]
                         if gone:
                             self._acked(group, pid, state, gone)
-            except HQueueError:  # (the store failing, a partition lost: the next receive finishes them)
+            except Exception:  # (the store failing or closed, a partition lost: the next receive finishes them)
                 logger.debug(
                     "finishing the truncated messages of group %s of %s failed", group.name, queue, exc_info=True
                 )

@@ -62,7 +62,7 @@ from ..groups.limits import (
 )
 from ..message import Message
 from .connect import groups_of
-from .handle import other_loop
+from .handle import bound_loop
 
 logger = logging.getLogger(__name__)
 
@@ -120,8 +120,7 @@ class AsyncConsumer:
             raise RuntimeError(f"{self!r} is closed")
         if self._groups is None:
             return (await self.open())._groups
-        if asyncio.get_running_loop() is not self._loop:  # (its connections and heartbeats are that loop's)
-            raise other_loop(type(self).__name__)
+        bound_loop(self._loop, type(self).__name__)  # (its connections and heartbeats are that loop's)
         return self._groups
 
     async def receive(

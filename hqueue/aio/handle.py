@@ -21,6 +21,15 @@ def other_loop(what: str) -> RuntimeError:
     )
 
 
+def bound_loop(bound: asyncio.AbstractEventLoop | None, what: str) -> asyncio.AbstractEventLoop:
+    """The running event loop, when ``bound`` (the loop a handle, or what it made, was first
+    used in) is None or it: else :func:`other_loop`'s RuntimeError."""
+    loop = asyncio.get_running_loop()
+    if bound is not None and loop is not bound:
+        raise other_loop(what)
+    return loop
+
+
 class AsyncConnected:
     """Holds an async engine for one store or set of servers.
 
@@ -54,11 +63,7 @@ class AsyncConnected:
         """The engine, opened on first use (in the event loop the handle belongs to from then on)."""
         if self.closed:
             raise RuntimeError(f"{type(self).__name__} is closed")
-        loop = asyncio.get_running_loop()
-        if self._loop is None:
-            self._loop = loop
-        elif loop is not self._loop:
-            raise other_loop(type(self).__name__)
+        self._loop = bound_loop(self._loop, type(self).__name__)
         if self._engine is None:
             self._lock = self._lock or asyncio.Lock()
             async with self._lock:

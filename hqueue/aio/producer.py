@@ -38,7 +38,7 @@ from ..producer import (
     put_deadline,
     read_deadline,
 )
-from .handle import other_loop
+from .handle import bound_loop, other_loop
 
 __all__ = ["AsyncProducer"]
 
@@ -84,8 +84,7 @@ class AsyncProducer:
     async def open(self) -> AsyncProducer:
         """Reach the queue (``QueueNotFound``, ``QueueDisabled``) and start sending; the
         first send opens it too (sends made meanwhile wait for the same opening)."""
-        if self._sender is not None and self._sender.get_loop() is not asyncio.get_running_loop():
-            raise other_loop(type(self).__name__)
+        bound_loop(self._sender.get_loop() if self._sender is not None else None, type(self).__name__)
         if self._sender is None:
             opening = self._opening
             if opening is None:

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from ..errors import InvalidPartition
 from ..message import Message
 from ..scanner import Scan, recreated
-from .handle import other_loop
+from .handle import bound_loop
 
 _T = TypeVar("_T")
 
@@ -51,11 +51,8 @@ class AsyncScanner:
         return self
 
     async def __anext__(self) -> Message:
-        loop = asyncio.get_running_loop()
-        if self._loop is not loop:  # (the end of an asyncio.run closed its generator: no scan's end)
-            if self._loop is not None:
-                raise other_loop(type(self).__name__)
-            self._loop = loop
+        # (the end of an asyncio.run closed its generator: in the next loop, not the scan's end)
+        self._loop = bound_loop(self._loop, type(self).__name__)
         return await self._messages.__anext__()
 
     async def aclose(self) -> None:

@@ -34,6 +34,7 @@ from ..config import UNSEEN
 from ..errors import DeadlineExceeded, ServerUnavailable
 from ..groups.state import Departures
 from ..message import Message
+from ..storage.base import released
 from .client.engine import AsyncRemoteEngine
 
 #: Threads an in-process store's handle runs storage calls in.
@@ -65,16 +66,16 @@ class ExecutorEngine:
             # (in the caller's context: a deadline it is under holds in the thread too)
             return loop.run_in_executor(self._executor, contextvars.copy_context().run, self._unless_released, call)
         except RuntimeError as e:  # the executor is shut down
-            raise RuntimeError(self._closed()) from e
+            raise self._closed() from e
 
     def _unless_released(self, call: Callable[[], Any]) -> Any:
         """``call()``, unless the handle was closed while it waited for a thread."""
         if self._releasing:
-            raise RuntimeError(self._closed())
+            raise self._closed()
         return call()
 
-    def _closed(self) -> str:
-        return f"closed: the store {self.url} was released (the handle's close())"
+    def _closed(self) -> RuntimeError:
+        return released(self.url)
 
     def deadline(self, extra: float = 0.0) -> AbstractContextManager[Any]:
         """The engine's: none in process (as the blocking engine); a client's of a store
@@ -230,7 +231,7 @@ class ExecutorGroups(_Awaitable):
     def _there(self) -> AsyncRemoteEngine:
         """The connections to the serving process (made on first use; none once released)."""
         if self._engine._releasing or self._released:
-            raise RuntimeError(self._engine._closed())
+            raise self._engine._closed()
         if self._served_elsewhere is None:
             url, socket_path = self._engine.sync.url, self._socket
             self._served_elsewhere = AsyncRemoteEngine(url, unix_socket=socket_path, timeout=self._timeout())

@@ -29,6 +29,12 @@ Cell = tuple[bytes, bytes]
 _T = TypeVar("_T")
 
 
+def released(url: str) -> RuntimeError:
+    """The error of a call on a store after its handle released it (``close()``): not
+    QueueNotFound, which says a queue was deleted."""
+    return RuntimeError(f"closed: the store {url} was released (the handle's close())")
+
+
 def until_bytes(items: Iterable[_T], max_bytes: int, size: Callable[[_T], int] | None = None) -> list[_T]:
     """``items`` (cells, unless ``size`` measures them) up to the one that brings their bytes
     (a cell's: its key's and value's) to ``max_bytes`` (:meth:`Storage.scan`): the rest are

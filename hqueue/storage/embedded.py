@@ -55,7 +55,7 @@ from ..errors import QueueExists, QueueNotFound, StorageError, StorageLocked
 from ..keys.index import INDEX_PREFIX
 from ..keys.timers import pending_range
 from ..message import encode_rowkey, partition_prefix
-from .base import Cell, Storage, expired, housekeeping, keep_id_floor, ttl_cutoff, ttl_start, until_bytes
+from .base import Cell, Storage, expired, housekeeping, keep_id_floor, released, ttl_cutoff, ttl_start, until_bytes
 from .commits import Fill, GroupCommit, cells_filler, meta_filler
 from .fence import Fence, LocalFences, Token
 from .healing import Healing
@@ -352,9 +352,7 @@ class EmbeddedStorage(Healing, Storage):
         """Why ``name``'s families are not bound: the store was closed (a scan of a handle
         closed meanwhile read on: not QueueNotFound, which says the queue was deleted), or
         there is no such queue."""
-        if self._closed.is_set():
-            return RuntimeError(f"closed: the store {self.url} was released (the handle's close())")
-        return QueueNotFound(name)
+        return released(self.url) if self._closed.is_set() else QueueNotFound(name)
 
     # -- queues ---------------------------------------------------------------
 

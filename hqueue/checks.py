@@ -62,13 +62,15 @@ def choose_partition(
     (all of them on a queue without tiers), CRC32(``key``) or a random one."""
     if key is not None and partition_id is not None:
         raise TypeError("give 'partition_id' or 'key', not both")
+    # (a priority checked as one of the queue's tiers first: [], '' or False were tier 0, or none)
     if priority is not None:
-        info.tier_partitions(priority)  # (an int among the queue's tiers: [], '' or False were tier 0 or none)
+        band = info.tier_partitions(priority)
+    else:
+        band = info.tier_partitions(0) if info.priorities > 1 else range(info.partitions)
     if partition_id is not None:
         if priority is not None and info.tier_of(check_partition(info, partition_id)) != priority:
             raise InvalidPartition(f"partition {partition_id} of {info.name!r} is not in priority tier {priority}")
         return check_partition(info, partition_id)
-    band = info.tier_partitions(priority or 0) if info.priorities > 1 or priority else range(info.partitions)
     return band.start + (partition_for_key(key, len(band)) if key is not None else random.randrange(len(band)))
 
 

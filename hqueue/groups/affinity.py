@@ -140,3 +140,16 @@ class KeyAffinity:
             if len(out) >= limit:
                 break
         return out
+
+    def drop_back(self, ids: list[bytes]) -> None:
+        """Held-back messages that are gone from the store (a truncate): no longer held back
+        (their keys stay noted until they are finished)."""
+        for message_id in ids:
+            key = self.keys.get(message_id)
+            if key is None or message_id not in self.back_ids:
+                continue
+            waiting = self.back[key]
+            waiting.remove(message_id)
+            self.back_ids.discard(message_id)
+            if not waiting:
+                del self.back[key]

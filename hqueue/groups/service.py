@@ -310,10 +310,11 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
         ).start()
 
     def _finish_truncated(self, queue: str) -> None:
-        """Finish, in each group of ``queue`` held here, the messages in flight or waiting to
-        go out again that the truncate removed: they showed as in flight, then retrying, in
-        ``describe_group``, ``pending`` and the metrics until a member's next receive from
-        their partition found them gone (which finishes them the same way)."""
+        """Finish, in each group of ``queue`` held here, the messages in flight, waiting to
+        go out again or held back for their keys that the truncate removed: they showed as
+        in flight, then retrying (or held back), in ``describe_group``, ``pending`` and the
+        metrics until a member's next receive from their partition found them gone (which
+        finishes them the same way)."""
         try:
             floor = self.engine.queue_info(queue, fresh=True).id_floor
         except Exception:  # (dropped meanwhile: forget did the rest; or the store closed)
@@ -327,7 +328,11 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
                     if group.deleted:
                         continue
                     for pid, state in list(group.partitions.items()):
-                        gone = [i for i in (*state.leases, *state.ready) if i < below]
+                        back: list[bytes] = []
+                        if state.affinity is not None:
+                            back = [i for i in state.affinity.back_ids if i < below]
+                            state.affinity.drop_back(back)
+                        gone = [i for i in (*state.leases, *state.ready) if i < below] + back
                         if gone:
                             self._acked(group, pid, state, gone)
             except Exception:  # (the store failing or closed, a partition lost: the next receive finishes them)

@@ -193,8 +193,8 @@ class PartitionWriters:
             return None
         log = self.held(info, pid).requests
         record = log.answered(functools.partial(self._read, info.name), pid, request, count)
-        if record is None:
-            return None
+        if record is None or record.first.timestamp <= info.id_floor:
+            return None  # (at or below the floor: written before a truncate, which took it away)
         if info.durability == Durability.SYNC_WAL:  # its first write may wait for an event loop's fsync
             self.storage.make_durable()
         return Answer(request, record.first, record.size)

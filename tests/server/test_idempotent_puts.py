@@ -117,6 +117,24 @@ def test_a_put_sent_again_to_the_partitions_next_owner_is_answered_from_the_stor
     assert stored(url) == [b"v"]
 
 
+def test_a_put_sent_again_after_its_queue_was_truncated_is_written_again(store_url):
+    """Its first copy went with the truncate: answered from the record the writer still held
+    (in memory, or in the store for one marked resent), it was lost (a review)."""
+    with HQueueAdmin(store_url) as admin:
+        admin.create_queue("q", 1)
+    request = Request(b"T" * 16, 3)
+    engine = Engine.acquire(store_url)
+    try:
+        written = engine.put_columns("q", [b"t"], [b"v"], 0, request)
+        engine.truncate_queue("q")
+        again = engine.put_columns("q", [b"t"], [b"v"], 0, request._replace(resent=True))
+        assert engine.put_columns("q", [b"t"], [b"v"], 0, request) == again  # (and once only)
+    finally:
+        engine.release()
+    assert again > written
+    assert stored(store_url) == [b"v"]
+
+
 def test_malformed_stale_and_mismatched_requests_get_typed_errors(relayed):
     # Given a server, and a lane that put one message as its put 5
     server, _ = relayed(breaks=0, on=b"")

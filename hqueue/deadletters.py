@@ -13,6 +13,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, NamedTuple
 
+from .checks import message_columns
 from .config import DEAD_LETTER_SUFFIX, QueueInfo, validate_queue_name
 from .errors import HQueueError, InvalidQueueName, QueueExists, QueueNotFound
 from .keys.deadletters import note_key, notes_prefix
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from .api import EngineAPI
     from .coordination import Coordinator
     from .engine import Engine
+    from .keys.requests import Request
 
 logger = logging.getLogger(__name__)
 
@@ -75,11 +77,14 @@ def dead_letter(
     *,
     by: str = "",
     attempts: int = 0,
+    request: Request | None = None,
 ) -> tuple[int, MessageID] | None:
     """Put ``message`` on ``<queue>.dlq``, in its partition if this process writes
     it (else another it owns): (partition, ID), or None while the dead-letter
     queue's partitions have no owner here yet (try again later). With ``by``
-    (who sends it), a note beside it keeps its origin and ``attempts``."""
+    (who sends it), a note beside it keeps its origin and ``attempts``. With a
+    ``request`` (requests.py), a dead letter written already under it is not
+    written again: its ID is the first one's."""
     dlq = dead_letter_queue(queue)
     info, made = dead_letter_info(engine, queue)
     if made:
@@ -89,7 +94,8 @@ def dead_letter(
         coordinator.queues_changed()
         return None  # its partitions are being assigned: next time
     pid = partition_id if partition_id in owned else owned[0]
-    (dead_id,) = engine.put(dlq, [Message(message.topic, message.value)], pid)
+    dead = [Message(message.topic, message.value)]
+    dead_id = engine.put_columns(dlq, *message_columns(info, dead), pid, request)
     if by:
         note = {"partition": partition_id, "id": str(message.id) if message.id else None, "by": by,
                 "attempts": attempts}  # fmt: skip

@@ -4,6 +4,7 @@ under the partition's fence (a mixin of :class:`~hqueue.groups.service.GroupServ
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
@@ -13,6 +14,7 @@ from ..config import UNSEEN, Durability
 from ..deadletters import dead_letter, dead_letter_queue
 from ..errors import GroupNotFound, HQueueError, NotPartitionOwner
 from ..keys.groups import state_prefix
+from ..keys.requests import LANE_LENGTH, Request
 from ..message import PackedReceipts, ids_by_partition, messages_from_columns
 from .limits import GroupLimits, backoff, check_delay
 from .state import MAX_ACKED_AHEAD, GroupState, PartitionState
@@ -361,6 +363,8 @@ class GroupAcks:
         deletes += [f"{prefix}behind/{a.hex()}" for a in behind]
         if state.retries:
             deletes += [f"{prefix}retry/{a.hex()}" for a in finished if state.retries.pop(a, None) is not None]
+        if state.burying:
+            deletes += [f"{prefix}bury/{a.hex()}" for a in finished if state.burying.pop(a, None) is not None]
         if passed:
             puts[f"{prefix}done"] = done
         if len(state.acked) > MAX_ACKED_AHEAD and state.affinity is None and not state.acked_ahead_of_scan:
@@ -474,7 +478,8 @@ class GroupAcks:
             message = messages_from_columns([cell[0]], [cell[1]])[0]
             try:
                 placed = dead_letter(self.engine, self.coordinator, group.queue, pid, message,
-                                     by=f"group {group.name}", attempts=state.retries.get(message_id, 0))  # fmt: skip
+                                     by=f"group {group.name}", attempts=state.retries.get(message_id, 0),
+                                     request=self._burial(group, pid, state, message_id))  # fmt: skip
                 if placed is None:  # the dead-letter queue has no partition here yet: try again soon
                     raise NotPartitionOwner(dead_letter_queue(group.queue), pid)
             except HQueueError as e:
@@ -496,6 +501,20 @@ class GroupAcks:
             self._acked(group, pid, state, [message_id], buried=True)
             return
         self._acked(group, pid, state, [message_id])
+
+    def _burial(self, group: GroupState, pid: int, state: PartitionState, message_id: bytes) -> Request:
+        """The idempotent put (requests.py) of ``message_id``'s dead letter. Its lane is
+        stored before the first try: a process killed between the dead letter's write and
+        the record that the message is finished buries it again after the restart, and the
+        put is answered with the first one's ID. The lane goes with the message's finish; a
+        rewind or a group made again starts without it, and their burials are new dead letters."""
+        lane = state.burying.get(message_id)
+        if lane is None:
+            lane = os.urandom(LANE_LENGTH)
+            prefix = state_prefix(group.queue, group.name, pid)
+            self._write(group, pid, {f"{prefix}bury/{message_id.hex()}": lane})
+            state.burying[message_id] = lane
+        return Request(lane, 1, resent=True)  # (resent: a restarted writer looks its record up in the store)
 
     def _unburied(
         self, group: GroupState, pid: int, state: PartitionState, message_id: bytes, error: Exception

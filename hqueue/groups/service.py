@@ -257,7 +257,7 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
             done = (
                 stored.get(state_prefix(group.queue, group.name, pid) + "done") or group.config.start_of(pid).to_bytes()
             )
-            acked, retries, behind, out_again = set(), {}, set(), {}
+            acked, retries, behind, out_again, burying = set(), {}, set(), {}, {}
             for key, value in stored.items():
                 kind, _, text = key.rpartition("/")
                 if kind.endswith("/ack"):
@@ -269,7 +269,10 @@ class GroupService(GroupDeaths, GroupAcks, GroupMembers, InOrder, GroupViews):
                         out_again[message_id] = holder
                 elif kind.endswith("/behind"):
                     behind.add(bytes.fromhex(text))
+                elif kind.endswith("/bury"):
+                    burying[bytes.fromhex(text)] = value
             state = group.partitions[pid] = PartitionState(done, {a for a in acked if a >= done}, retries)
+            state.burying = burying
             if behind:  # unfinished messages the cursor jumped past: their leases died, out again now
                 state.behind, now = behind, time.monotonic()
                 for message_id in sorted(behind):

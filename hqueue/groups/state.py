@@ -163,6 +163,9 @@ class PartitionState:
     #: Past their retries, refused by the dead-letter queue: ID -> refusals. They wait in
     #: ``ready`` for the next try of the dead-letter write, and are never handed out again.
     unburied: dict[bytes, int] = field(default_factory=dict)
+    #: Past their retries, their dead letter being written: ID -> the lane of its idempotent
+    #: put (stored first, ``bury/<id>``): written again after a crash, it is written once.
+    burying: dict[bytes, bytes] = field(default_factory=dict)
     #: (deadline, batch number, the batch's IDs): one entry per receive, not per message.
     #: An ID acked stays in its entry (no search per ack) until the entry is popped at its
     #: deadline, or the heap is pruned: when most of its IDs are finished (``heap_ids``).

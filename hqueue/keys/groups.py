@@ -9,6 +9,8 @@ Metadata keys of the store (``Storage.put_meta``)::
                                                  the retry is handed out again; "0" for one given
                                                  back unseen, or held back for its key)
     group-state/<queue>/<group>/<pid>/behind/<id> unfinished below ``done`` (the cursor moved on)
+    group-state/<queue>/<group>/<pid>/bury/<id>  past its retries, its dead letter being written:
+                                                 the lane of that idempotent put (hqueue/requests.py)
     group-state/<queue>/<group>/<pid>/dead       how many went to the dead-letter queue
     group-state/<queue>/<group>/<pid>/out        the hand-out mark: the highest first delivery
                                                  handed out, and its holder's process token

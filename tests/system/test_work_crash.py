@@ -127,11 +127,11 @@ class Log:
             return sum(1 for n in delivered.values() if n > 1)
 
 
-def drained(url: str) -> bool:
+def drained(url: str, queue: str = "work") -> bool:
     """Whether the group has acked everything written (the server's word: an ack whose
     answer a kill cut off, or whose "A" line was never printed, still counts)."""
     with HQueueAdmin(url) as admin:
-        partitions = admin.describe_group("work", "g")["partitions"].values()
+        partitions = admin.describe_group(queue, "g")["partitions"].values()
     return all(p["lag_messages"] == 0 and p["in_flight"] == 0 and p["retrying"] == 0 for p in partitions)
 
 
@@ -220,6 +220,53 @@ def test_kill_9_the_server_under_group_load_acked_messages_never_come_back(tmp_p
         f"\nserver crash under groups: 2 kill -9, {len(producer.acked)} acknowledged puts, 0 never delivered, "
         f"0 delivered after an ack, {twice} delivered twice (in flight at a crash)"
     )
+    server.terminate()
+
+
+def test_kill_9_the_server_while_members_dead_letter_every_message_lands_in_the_dlq_once(tmp_path):
+    """A dead letter's write and its group's record that the message is finished are two
+    writes: a kill between them handed the message out again after the restart, and it was
+    buried twice (an attacker's pass: 4001-4002 dead letters of 4000 every run). The
+    burial's lane is stored before its dead letter is written (groups/acks.py, _burial)."""
+    server = ServerProcess(f"local://{tmp_path}/data", tmp_path)
+    url = f"hqueue://{server.address}?timeout=5"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 4)
+    with HQueue("q", url) as queue:
+        for n in range(40):
+            queue.put([Message("t", b"%d" % (n * 100 + i)) for i in range(100)], partition_id=n % 4)
+        queue.consumer("g", max_retries=1).close()
+    stop = threading.Event()
+
+    def bury(seed: int) -> None:
+        rnd = random.Random(seed)
+        with HQueue("q", url) as queue, queue.consumer("g", lease=1, member=f"m{seed}") as member:
+            while not stop.is_set():
+                try:
+                    deliveries = member.receive(rnd.randint(1, 20), wait=0.2)
+                    time.sleep(0.02)  # the work: kills land while burials are under way
+                    if rnd.random() < 0.5:
+                        member.dead_letter(deliveries)
+                    else:
+                        member.nack(deliveries, delay=0)  # past max_retries: the group buries them
+                except Exception:
+                    time.sleep(0.1)  # the server is down
+
+    threads = [threading.Thread(target=bury, args=(seed,), daemon=True) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    for _ in range(3):
+        time.sleep(0.5 + random.random() / 2)
+        server.kill()
+        server.start()  # same port
+    wait_for(lambda: drained(url, "q"), 90, "every message to be dead-lettered")
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=30)
+    with HQueue("q.dlq", url) as dlq:
+        buried = collections.Counter(m.value for m in dlq.scan())
+    assert len(buried) == 4000, f"{4000 - len(buried)} messages never reached the dead-letter queue"
+    assert [v for v, n in buried.items() if n > 1] == []
     server.terminate()
 
 

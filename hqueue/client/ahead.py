@@ -44,8 +44,9 @@ from ..errors import HQueueError
 from ..groups.limits import PREFETCH_CLOSE_WAIT, PREFETCH_STALE_SHARE
 from ..message import ROWKEY_LENGTH, Message
 from ..rpc import wire
+from ..rpc.bounded import readable_now
 from .groups import RemoteGroups, received_pairs
-from .pool import Connection, Pool, readable_now
+from .pool import Connection, Pool
 
 logger = logging.getLogger(__name__)
 

@@ -33,12 +33,13 @@ from typing import Any
 
 from thriftpy2.protocol import TBinaryProtocolFactory
 from thriftpy2.thrift import TApplicationException, TClient, TException
-from thriftpy2.transport import TFramedTransportFactory, TSocket, TSSLSocket
+from thriftpy2.transport import TFramedTransportFactory
 
 from ..auth import PushCredentials
 from ..errors import HQueueError
 from ..groups.state import STARVE_GUARD
 from ..rpc import packed, wire
+from ..rpc.bounded import BoundedSocket, BoundedSSLSocket
 from ..rpc.connections import RateLimitedLog
 from .delivery import AGAIN, FINISHED, IDLE, Batch, Manager, PartitionWorker
 from .push import check_pin, mac, mac_packed, pinned_context
@@ -57,6 +58,8 @@ HANDSHAKE_TIMEOUT = 5.0
 #: every other subscriber's pushes waited) leave the others most of the pool.
 SLOW_PUSH = 5.0
 SLOW_SHARE = 4
+#: The largest answer a subscriber may send (a status, a challenge, a refusal's words), in bytes.
+MAX_PUSH_ANSWER = 64 * 1024
 #: Seconds stop() waits for a subscriber's workers, all of them together.
 STOP_TIMEOUT = 10.0
 #: Seconds a worker that stops waits for a push of another partition of its subscriber to
@@ -112,13 +115,14 @@ class PushPool:
             taken = None
             while self._ready:
                 loop = self._ready.popleft()
-                if loop.slow and self._slow_running >= self.slow_threads:
+                stop = loop.stopping_first()  # (a worker's stop saves and pushes nothing: never held back)
+                if loop.slow and not stop and self._slow_running >= self.slow_threads:
                     waiting.append(loop)
                     continue
                 loop.queued = False
                 if loop.has_ready():
-                    loop.running, loop.ran_slow = True, loop.slow
-                    self._slow_running += loop.slow
+                    loop.running, loop.ran_slow = True, loop.slow and not stop
+                    self._slow_running += loop.ran_slow
                     taken = loop, loop.pick()
                     break
             self._ready.extendleft(reversed(waiting))  # (in their turn, once a slow one ends)
@@ -190,8 +194,14 @@ class SubscriberLoop:
     # -- scheduling (under the pool's lock) --------------------------------------------------
 
     def ready_now(self, worker: PartitionWorker) -> None:
+        """Run ``worker`` in its turn; one that stops first (it only saves its checkpoint)."""
         worker.idle = False
-        if not worker.queued:
+        if worker.stopping.is_set():
+            if worker.queued:
+                self._ready.remove(worker)
+            worker.queued = True
+            self._ready.appendleft(worker)
+        elif not worker.queued:
             worker.queued = True
             self._ready.append(worker)
         self.pool.schedule(self)
@@ -199,9 +209,18 @@ class SubscriberLoop:
     def has_ready(self) -> bool:
         return bool(self._ready)
 
+    def stopping_first(self) -> bool:
+        """Whether the next worker to run stops (it pushes nothing: a slow subscriber's
+        stop does not wait for a slow one's thread)."""
+        return bool(self._ready) and self._ready[0].stopping.is_set()
+
     def pick(self) -> PartitionWorker:
         """The next ready worker: in turn, but on a queue with priority tiers the highest
         tier's first, except one pick in STARVE_GUARD (SPEC X4)."""
+        if self.stopping_first():
+            worker = self._ready.popleft()
+            worker.queued = worker.dirty = False
+            return worker
         self._picks += 1
         try:
             info = self.manager.engine.queue_info(self.queue)
@@ -247,9 +266,20 @@ class SubscriberLoop:
     def remove(self, worker: PartitionWorker) -> None:
         """Stop ``worker`` (it saves its checkpoint), its push under way cut short, or another
         partition's that holds up the connection for PUSH_GRACE; wait for it."""
+        self.stopping(worker)
+        self.removed(worker)
+
+    def stopping(self, worker: PartitionWorker) -> None:
+        """Ask ``worker`` to stop, first of the subscriber's (:meth:`removed` waits for it):
+        the manager asks every worker it stops first, and then waits for each, so that a
+        subscriber's other workers push nothing meanwhile."""
         worker.stopping.set()
         with self.pool.cond:
             self.ready_now(worker)
+
+    def removed(self, worker: PartitionWorker) -> None:
+        """Wait for ``worker``, asked to stop: its push under way, or another partition's
+        that holds up the connection for PUSH_GRACE, is cut short."""
         if self._sending is worker:
             self._abort()
         elif not worker.done.wait(timeout=PUSH_GRACE) and self._sending is not None:
@@ -291,6 +321,9 @@ class SubscriberLoop:
         try:
             key = self._connect(registration).key
             started = time.perf_counter()
+            sock = self._socket  # (None: a stop dropped it meanwhile, and the push fails)
+            if sock is not None:
+                sock.deadline = time.monotonic() + self.manager.send_timeout_ms / 1000  # (the push's, all told)
             status = self._push(key, worker.partition_id, registration.epoch, batch)
         except wire.T.TPushRefused as e:
             self._refusals.warning(
@@ -375,9 +408,16 @@ class SubscriberLoop:
         sock: Any  # to the IP that was checked: no second lookup (see PushPolicy)
         family = socket.AF_INET6 if ":" in ip else socket.AF_INET
         if push.certificate is not None:
-            sock = TSSLSocket(ip, port, socket_family=family, socket_timeout=handshake, ssl_context=pinned_context())
+            sock = BoundedSSLSocket(
+                ip, port, socket_family=family, socket_timeout=handshake, ssl_context=pinned_context()
+            )
         else:
-            sock = TSocket(ip, port, socket_family=family, socket_timeout=handshake)
+            sock = BoundedSocket(ip, port, socket_family=family, socket_timeout=handshake)
+        # The challenge's answer within the handshake's time all told (a subscriber dripping a
+        # byte every few seconds held a push thread for as long as it liked: 8 of them held
+        # every thread, an attacker's pass), and no answer over MAX_PUSH_ANSWER (a declared
+        # 2 GB was read into memory).
+        sock.deadline, sock.max_answer = time.monotonic() + handshake / 1000, MAX_PUSH_ANSWER
         transport = TFramedTransportFactory().get_transport(sock)
         self._socket = sock  # (a stop may cut the handshake short too)
         try:

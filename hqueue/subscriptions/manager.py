@@ -111,10 +111,15 @@ class SubscriptionManager:
                 if registration.takes(pid) and self.coordinator.owns(registration.queue, pid):
                     wanted[(registration.queue, registration.name, pid)] = registration
         with self._lock:
-            for key, worker in list(self.workers.items()):
-                want = wanted.get(key)
-                if want is None or _identity(want) != _identity(worker.registration) or not worker.is_alive():
-                    self._stop_worker(key)
+            self._stop_workers(
+                [
+                    key
+                    for key, worker in self.workers.items()
+                    if (want := wanted.get(key)) is None
+                    or _identity(want) != _identity(worker.registration)
+                    or not worker.is_alive()
+                ]
+            )
             started: dict[SubscriberLoop, list[PartitionWorker]] = {}
             for key, registration in wanted.items():
                 if key not in self.workers:
@@ -147,20 +152,29 @@ class SubscriptionManager:
         nothing more would be delivered now (what tests wait for, not a sleep)."""
         return all(worker.idle and not worker.buffer for worker in self.running())
 
-    def _stop_worker(self, key: Key) -> None:
-        worker = self.workers.pop(key)
-        partition = (key[0], key[2])
-        self._by_partition[partition] = tuple(w for w in self._by_partition[partition] if w is not worker)
-        self.loops[(key[0], key[1])].remove(worker)
-        logger.info("paused delivery of %s partition %d to %s", key[0], key[2], key[1])
+    def _stop_workers(self, keys: list[Key]) -> None:
+        """Stop the workers of ``keys``: each asked first, then each waited for. One by one,
+        a slow subscriber's other workers went on pushing between the stops, and each stop
+        waited for its push (a hostile subscriber's 16 workers held this thread, and every
+        other subscriber's start, for 35-50 s: an attacker's pass)."""
+        stopped = []
+        for key in keys:
+            worker = self.workers.pop(key)
+            partition = (key[0], key[2])
+            self._by_partition[partition] = tuple(w for w in self._by_partition[partition] if w is not worker)
+            loop = self.loops[(key[0], key[1])]
+            loop.stopping(worker)
+            stopped.append((key, loop, worker))
+        for key, loop, worker in stopped:
+            loop.removed(worker)
+            logger.info("paused delivery of %s partition %d to %s", key[0], key[2], key[1])
 
     def stop(self) -> None:
         self._stopping.set()
         self._changed.set()
         self._thread.join(timeout=10)
         with self._lock:
-            for key in list(self.workers):
-                self._stop_worker(key)
+            self._stop_workers(list(self.workers))
             for loop in self.loops.values():
                 loop.stop()
             self.loops.clear()

@@ -576,7 +576,7 @@ def test_an_answer_frame_out_of_bounds_ends_its_connection_before_it_is_read(siz
 def test_answer_frames_cut_anywhere_are_read_whole_by_the_blocking_client():
     """The blocking client's check of each answer's head follows frames however the
     socket's reads cut them: a head in two reads, two answers in one read, a body split."""
-    from hqueue.client.pool import _Bounded
+    from hqueue.rpc.bounded import Bounded
 
     class Source:
         chunks: list[bytes]
@@ -584,7 +584,7 @@ def test_answer_frames_cut_anywhere_are_read_whole_by_the_blocking_client():
         def read(self, sz: int) -> bytes:
             return self.chunks.pop(0)
 
-    class Stream(_Bounded, Source):
+    class Stream(Bounded, Source):
         def _arm(self, reading: bool) -> None:
             pass
 

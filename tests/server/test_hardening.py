@@ -1201,7 +1201,7 @@ def test_an_idle_connection_past_descriptor_1023_is_not_taken_for_stale():
     many files open was dropped as stale, and each call connected again."""
     import resource
 
-    from hqueue.client.pool import readable_now
+    from hqueue.rpc.bounded import readable_now
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if max(soft, hard if hard != resource.RLIM_INFINITY else 4096) < 1200:

@@ -287,6 +287,105 @@ def test_subscribers_that_never_answer_leave_the_others_most_of_the_push_threads
         server.stop()
 
 
+@pytest.mark.parametrize("how", ["drip", "flood"])
+def test_a_subscriber_that_drips_or_floods_its_answer_is_cut_off_and_holds_no_push_thread(tmp_path, how):
+    """The server's push client timed each read alone and took any frame its head declared
+    (an attacker's pass): a subscriber answering the challenge one byte every 3 s held a
+    push thread for as long as it liked (8 of them: no other subscriber got a push in 40 s),
+    and one declaring 2 GB and streaming zeros grew the server by what it sent (56 to 859
+    MB). The handshake has 5 s all told now (each push its send timeout), and an answer over
+    64 KiB ends the connection at its head. Then, deleted, their 16 workers stopped one
+    by one held every other subscriber's start for 35-50 s: each stop waited for the next
+    worker's handshake."""
+    from hqueue.rpc.wire import T as W
+
+    from .test_hardening import raw_client
+
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, push_threads=4).start()
+    url = f"hqueue://{server.address}"
+    listeners = [socket.create_server(("127.0.0.1", 0)) for _ in range(4)]
+    cut: list[float] = []  # how long each hostile answer went on before the server closed it
+    flooded: list[int] = []  # the bytes of declared answers the server took
+    stop = threading.Event()
+
+    def hostile(sock: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while not stop.is_set():
+                conn = sock.accept()[0]
+                threading.Thread(target=answer, args=(conn,), daemon=True).start()
+
+    def answer(conn: socket.socket) -> None:
+        started = time.monotonic()
+        with conn, contextlib.suppress(OSError):
+            conn.recv(65536)  # the challenge's call
+            if how == "drip":
+                conn.sendall(struct.pack(">i", 1000))
+                while not stop.is_set() and time.monotonic() - started < 60:
+                    conn.sendall(b"\0")
+                    time.sleep(1)
+                    conn.settimeout(0.01)
+                    with contextlib.suppress(TimeoutError):
+                        if conn.recv(1) == b"":
+                            break  # closed by the server
+                    conn.settimeout(None)
+            else:
+                conn.sendall(struct.pack(">i", 2**31 - 1))
+                zeros = bytes(1 << 20)
+                conn.settimeout(5)
+                while not stop.is_set() and time.monotonic() - started < 60:
+                    conn.sendall(zeros)  # (a full socket waits 5 s, then TimeoutError: the server reads no more)
+                    flooded.append(len(zeros))
+        cut.append(time.monotonic() - started)
+
+    for sock in listeners:
+        threading.Thread(target=hostile, args=(sock,), daemon=True).start()
+    client = raw_client(server.port)
+    try:
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("hostile", 4)
+            admin.create_queue("q", 1)
+        # Given as many hostile subscribers as push threads, each with messages to take
+        keys = {}
+        for i, sock in enumerate(listeners):
+            client.addSubscriber("hostile", f"h{i}", None, None, None)
+            keys[f"h{i}"] = (f"127.0.0.1:{sock.getsockname()[1]}", W.TPushKey(key=os.urandom(32)))
+
+        def beat() -> None:  # (each registration kept alive, as a subscriber's own heartbeats do)
+            with contextlib.closing(raw_client(server.port)) as beating:
+                while not stop.is_set():
+                    for name, (address, key) in list(keys.items()):
+                        with contextlib.suppress(Exception):
+                            beating.subscriberHeartbeat("hostile", name, address, None, key)
+                    time.sleep(0.5)
+
+        threading.Thread(target=beat, daemon=True).start()
+        with HQueue("hostile", url) as hostile_queue:
+            hostile_queue.put([Message("t", b"x", partition_id=p) for p in range(4)])
+        # Then the server ends each hostile answer well before it would end (60 s)
+        wait_for(lambda: len(cut) >= 8, 40, "the hostile answers cut off")
+        assert max(cut) < 15, cut
+        assert sum(flooded) < 64 << 20  # what the sockets' buffers hold, not the 2 GB declared
+        # And another subscriber gets its pushes meanwhile
+        listener = Collect()
+        with HQueue("q", url) as queue, queue.create_subscriber(Subscription("s"), [listener]):
+            queue.put([Message("t", b"%d" % i) for i in range(3)], partition_id=0)
+            wait_for(lambda: len(listener.messages) == 3, 20, "pushes beside hostile subscribers")
+        # And once the hostile ones are deleted, a new subscriber starts at once
+        for name in list(keys):
+            keys.pop(name)
+            client.deleteSubscriber(name, "hostile")
+        listener = Collect()
+        with HQueue("q", url) as queue, queue.create_subscriber(Subscription("s2"), [listener]):
+            queue.put(Message("t", b"3"), partition_id=0)
+            wait_for(lambda: b"3" in [m.value for m in listener.messages], 20, "a new subscriber's pushes")
+    finally:
+        stop.set()
+        client.close()
+        for sock in listeners:
+            sock.close()
+        server.stop()
+
+
 def test_idle_connections_cannot_keep_a_server_from_pushing(tmp_path, monkeypatch):
     """The listener's connections all taken by peers that never prove anything: a
     server's connection closes the oldest of them, and once its push is proven it

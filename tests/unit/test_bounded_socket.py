@@ -1,4 +1,4 @@
-"""The blocking client's socket: every wait ends by the call's deadline (within ARM_SLACK)."""
+"""The client's and the pushes' socket (rpc/bounded.py): every wait ends by the deadline (within ARM_SLACK)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from hqueue.client.pool import ARM_SLACK, BoundedSocket
+from hqueue.rpc.bounded import ARM_SLACK, BoundedSocket
 
 
 def test_the_timeout_is_set_once_for_a_calls_write_and_read_and_again_for_the_next_call():

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from hqueue.client.pool import BoundedSocket
+from hqueue.rpc.bounded import BoundedSocket
 from hqueue.rpc.spin import FORGIVE, MAX_BACKOFF, MAX_POLL_US, PREEMPTED, Spin, check_poll_us, env_poll_us
 
 

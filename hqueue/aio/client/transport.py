@@ -39,8 +39,8 @@ from thriftpy2.thrift import TClient, args_to_kwargs
 from thriftpy2.transport import TCyMemoryBuffer, TTransportException
 
 from ...auth import joined
-from ...client.pool import readable_now
 from ...rpc import wire
+from ...rpc.bounded import readable_now
 from ...rpc.unix import short_unix_path
 from .frames import SIZE, Frames, answered
 

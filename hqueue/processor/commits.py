@@ -102,6 +102,15 @@ class CommitTracker:
                 self._ready = min(self._ready, at)
                 self._advance()  # (the first incomplete one gone: the run may go on past it)
 
+    def finishing(self, message_id: MessageID, finishing: bool = True) -> None:
+        """The group is finishing ``message_id`` (a dead letter under way): not renewed any
+        more (False: it was not finished after all, and is renewed again)."""
+        with self._lock:
+            if not finishing:
+                self._finished.discard(message_id)
+            elif message_id in self._held:
+                self._finished.add(message_id)
+
     def held(self) -> list[Delivery]:
         """Every message received and not yet committed whose lease must not run out (not
         those the group finished already: a renewal of a dead-lettered one renews nothing,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..consumer import Delivery
 from ..deadletters import dead_letter_queue
 from ..errors import InvalidArgument, NoPartitionOwner, NotPartitionOwner, ServerUnavailable
-from ..groups.limits import DEFAULT_LEASE
+from ..groups.limits import ASKED_LEASE_LIMIT, DEFAULT_LEASE, MAX_RECEIVE, MAX_RETRIES
 from ..message import Message
 from .commits import CommitTracker
 from .worker import Worker
@@ -32,6 +32,9 @@ def _seconds(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+#: Worker threads one Processor runs at most (each is a thread: thousands of them, each
+#: polling its inbox, kept the constructor from returning for minutes).
+MAX_WORKERS = 1024
 #: Tries to dead-letter a message, a second apart, while the dead-letter queue's partitions find their server.
 DEAD_LETTER_TRIES = 10
 #: Seconds between two renewals of the leases in hand, at most (a third of the lease asked
@@ -103,18 +106,18 @@ class Processor:
             raise TypeError("'key' must be callable (a message's key: bytes or str), or None for the topic")
         if not callable(getattr(queue, "consumer", None)):
             raise TypeError(f"'queue' must be an HQueue, not {type(queue).__name__}")
-        for name, value, low in (
-            ("workers", workers, 1),
-            ("queue_size", queue_size, 1),
-            ("max_retries", max_retries, 0),
+        for name, value, low, high in (
+            ("workers", workers, 1, MAX_WORKERS),
+            ("queue_size", queue_size, 1, MAX_RECEIVE),  # (what one receive may ask for)
+            ("max_retries", max_retries, 0, MAX_RETRIES),
         ):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise InvalidArgument(f"{name!r} must be an int >= {low}, got {value!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise InvalidArgument(f"{name!r} must be an int in {low}..{high}, got {value!r}")
         if timeout is not None and not (_seconds(timeout) and timeout > 0):
             raise InvalidArgument(f"'timeout' must be seconds > 0 or None, got {timeout!r}")
         for name, seconds in (("delay", delay), ("retry_delay", retry_delay)):
-            if not (_seconds(seconds) and seconds >= 0):
-                raise InvalidArgument(f"{name!r} must be seconds >= 0, got {seconds!r}")
+            if not (_seconds(seconds) and 0 <= seconds <= ASKED_LEASE_LIMIT):
+                raise InvalidArgument(f"{name!r} must be seconds in [0, {ASKED_LEASE_LIMIT}], got {seconds!r}")
         if not (_seconds(commit_interval) and commit_interval > 0):
             raise InvalidArgument(f"'commit_interval' must be seconds > 0, got {commit_interval!r}")
         self.queue, self.handler = queue, handler
@@ -129,6 +132,8 @@ class Processor:
         self.counter = itertools.count()
         self.stopping = threading.Event()
         self._stop_reading = threading.Event()
+        #: stop() was called; its stop is through.
+        self._stop_asked, self._stopped = False, threading.Event()
         #: Set by stop() past its timeout: workers start no handler from then on.
         self.abandoned = threading.Event()
         #: Deliveries in workers' hands whose leases are gone, by identity (renew).
@@ -194,7 +199,8 @@ class Processor:
                     continue
                 try:
                     key = self.key(delivery.message)
-                except Exception as e:  # (it stopped the reader: nothing more was handled, of any key)
+                except BaseException as e:  # (it stopped the reader: nothing more was handled, of any key;
+                    # SystemExit or KeyboardInterrupt too, as a handler's: a failure of this message)
                     logger.error("processor: the key function failed on message %s", delivery.id, exc_info=True)
                     self._dead_letter_unkeyed(delivery, f"its key function failed ({type(e).__name__}: {e})")
                     continue
@@ -244,16 +250,28 @@ class Processor:
     def dead_letter(self, delivery: Delivery, why: str) -> None:
         """Move a failed message to ``<queue>.dlq`` through its group (the partition's
         owner writes it: no admin right needed, and a message whose lease ran
-        out meanwhile goes too); then it is complete."""
-        for attempt in range(DEAD_LETTER_TRIES):
-            try:
-                self.consumer.dead_letter(delivery)  # 0: finished already (dead-lettered or acked)
-                break
-            except (NotPartitionOwner, NoPartitionOwner, ServerUnavailable) as e:
-                if attempt == DEAD_LETTER_TRIES - 1:
-                    raise
-                logger.info("processor: dead-lettering %s must wait: %s", delivery.id, e)
-                time.sleep(1.0)
+        out meanwhile goes too); then it is complete.
+
+        It is renewed no more from before the group finishes it: a renewal between the
+        two came back short, and dropped every message of the partition in hand here as
+        though their leases had gone (an attacker's pass: a Processor alone dropped 35-40
+        at once, about once in 250-1000 dead letters, and handled them after later
+        messages of their keys)."""
+        tracker = self._tracker(delivery.partition_id)
+        tracker.finishing(delivery.id)
+        try:
+            for attempt in range(DEAD_LETTER_TRIES):
+                try:
+                    self.consumer.dead_letter(delivery)  # 0: finished already (dead-lettered or acked)
+                    break
+                except (NotPartitionOwner, NoPartitionOwner, ServerUnavailable) as e:
+                    if attempt == DEAD_LETTER_TRIES - 1:
+                        raise
+                    logger.info("processor: dead-lettering %s must wait: %s", delivery.id, e)
+                    time.sleep(1.0)
+        except BaseException:
+            tracker.finishing(delivery.id, False)  # still held here: renewed again
+            raise
         dlq = dead_letter_queue(self.queue.name)
         with self._lock:
             self.dead_lettered += 1
@@ -388,10 +406,31 @@ class Processor:
         """Stop reading, let the workers finish what they hold (up to ``timeout``), commit, leave the group.
 
         What is still in hand after the timeout is not acked: the group hands
-        it out again.
+        it out again. Called from a handler (or the key function), it returns at once and
+        the stop goes on in a thread of its own, once that handler is through (it cannot
+        wait for its own thread). A second call waits for the first one's stop.
         """
-        if self.stopping.is_set():
+        with self._lock:
+            first, self._stop_asked = not self._stop_asked, True
+        if threading.current_thread() in self._own_threads():
+            if first:
+                threading.Thread(target=self._stop, args=(timeout,), name="hqueue-processor-stop").start()
             return
+        if first:
+            self._stop(timeout)
+        else:
+            self._stopped.wait(timeout)
+
+    def _own_threads(self) -> list[threading.Thread]:
+        return [*self._threads, *(w.thread for w in self._workers)]
+
+    def _stop(self, timeout: float) -> None:
+        try:
+            self._stopping(timeout)
+        finally:
+            self._stopped.set()
+
+    def _stopping(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         self._stop_reading.set()
         self._threads[0].join(timeout=timeout)
@@ -402,7 +441,7 @@ class Processor:
         self.wait_idle(timeout=max(0.0, deadline - time.monotonic()), settle=0.0)
         self.stopping.set()
         self._commit_due.set()  # (the commit loop ends now, not at its interval)
-        for thread in [*self._threads, *(w.thread for w in self._workers)]:
+        for thread in self._own_threads():
             thread.join(timeout=max(0.1, deadline - time.monotonic()))
         # Past the timeout, workers start nothing more: what they hold goes back with the
         # leave below (they went on handling it after stop() had returned, while another

@@ -17,6 +17,8 @@ CONTROL = {
     **{c: "".join(f"\\x{b:02x}" for b in chr(c).encode()) for c in [*range(0x80, 0xA0), 0x2028, 0x2029, *_HIDDEN]},
 }
 _NAMED = {ord("\t"): "\\t", ord("\n"): "\\n", ord("\r"): "\\r"}
+#: :data:`CONTROL` without tab, newline and CR: text shown with its lines.
+_LINES = {c: text for c, text in CONTROL.items() if c not in _NAMED}
 
 
 def escape(data: bytes) -> str:
@@ -25,14 +27,14 @@ def escape(data: bytes) -> str:
 
     The same on a terminal and in a pipe: nothing is dropped, nothing goes out raw.
     """
-    return as_text(data).translate({**CONTROL, **_NAMED})
+    return as_text(data).translate(_NAMED)
 
 
 def as_text(data: bytes) -> str:
     """Bytes as text, its lines kept: UTF-8, a backslash doubled, ``\\xNN`` for every byte
-    that is not UTF-8 (:func:`escape` without its escapes of control characters: a value a
-    page shows whole)."""
-    return data.replace(b"\\", b"\\\\").decode("utf-8", "backslashreplace")
+    that is not UTF-8 and every control character but tab, newline and CR (:func:`escape`
+    without those three escaped: a value a page shows whole; a NUL went into the page raw)."""
+    return data.replace(b"\\", b"\\\\").decode("utf-8", "backslashreplace").translate(_LINES)
 
 
 #: What :func:`escape` writes, read back: ``\\``, ``\t``, ``\n``, ``\r``, ``\xNN``.

@@ -67,10 +67,6 @@ class LoginThrottle:
             while len(self._hosts) > MAX_HOSTS:
                 self._hosts.popitem(last=False)
 
-    def succeeded(self, host: str) -> None:
-        with self._lock:
-            self._hosts.pop(host, None)
-
 
 @dataclass
 class Login:

@@ -387,7 +387,9 @@ class ZooKeeperCoordinator(Coordinator):
         for child in children:
             named = _PARTY_NODE.fullmatch(child)
             if named is None:
-                if child not in self._misnamed:
+                # (a session's is ignored; a persistent one is deleted, as any planted where
+                # only sessions make nodes: it was left in place, warned of as ignored)
+                if child not in self._misnamed and self._sessions.check(f"{PARTY_PATH}/{child}"):
                     logger.warning("ZooKeeper party node %s/%s is not a server's name: ignored", PARTY_PATH, child)
                     self._misnamed.add(child)
             elif self._sessions.check(f"{PARTY_PATH}/{child}"):

@@ -115,8 +115,10 @@ def test_an_open_zookeeper_written_by_hand_leaves_the_servers_working(tmp_path, 
         puts_land_in_every_partition(url, 4)
         party = "/ownership/party"
         hand.create(f"{party}/garbage")  # no member's name: every put of the queue failed (an IndexError)
+        hand.create(f"{party}/rubbish", ephemeral=True)  # a session's, no member's name: ignored
         hand.create(f"{party}/{'2' * 32}-ghost@127.0.0.1:1")  # persistent: dealt half the partitions, for ever
         wait_for(lambda: not hand.exists(f"{party}/{'2' * 32}-ghost@127.0.0.1:1"), 30, "the ghost member deleted")
+        wait_for(lambda: not hand.exists(f"{party}/garbage"), 30, "the persistent misnamed node deleted")
         puts_land_in_every_partition(url, 4)
         [mine] = [c for c in hand.get_children(party) if c.endswith(f"-s@{server.address}")]
         hand.delete(f"{party}/{mine}")  # the server's own: it was never made again

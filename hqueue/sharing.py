@@ -48,6 +48,7 @@ holder's timers fire once, in whichever process holds the store next.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -55,7 +56,7 @@ import stat
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from . import forks
 from .client.engine import RemoteEngine
@@ -66,6 +67,7 @@ from .groups.limits import GroupLimits
 from .rpc.failures import unwrapped
 from .rpc.unix import short_unix_path, sweep_private
 from .services import open_local
+from .storage import normalize_url
 from .storage.embedded import forked_from_rocksdb
 from .storage.lockholder import lock_pid
 
@@ -73,8 +75,11 @@ logger = logging.getLogger(__name__)
 
 #: The socket the serving process listens on, in the store's directory.
 SOCKET_NAME = "hqueue.sock"
-#: Seconds a second process waits for the store's holder to start listening, when it opens the store.
+#: Seconds a second process waits for the store's holder to start listening, when it opens the
+#: store, unless the holder said it will (:func:`starting`): then up to the caller's timeout.
 STARTUP_WAIT = 3.0
+#: ``hqueue.starting.<pid>``, in a store's directory: process ``pid`` opens the store to serve it.
+STARTING = "hqueue.starting."
 #: Seconds between two tries to take over a store whose serving process is gone.
 TAKEOVER_INTERVAL = 0.05
 #: Seconds a look at whether a process serves a store's socket may take.
@@ -136,6 +141,7 @@ def claim_socket(engine: Engine, server: object) -> str | None:
     # This process holds the store's lock: a socket file there is a stale one, of a process killed
     # (and so are the private directories one killed while making it left).
     sweep_private(os.path.dirname(path))
+    _sweep_starting(os.path.dirname(path))
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -160,7 +166,8 @@ def open_store(url: str, group_limits: GroupLimits | None = None, timeout: float
     """The store ``url`` (``local://``, normalized): opened and served here if no
     process holds it, else a client of the process that does, whose calls each have
     ``timeout`` seconds (default 30; calls to a store served here have no deadline)."""
-    deadline = time.monotonic() + STARTUP_WAIT
+    started = time.monotonic()
+    deadline, patience = started + STARTUP_WAIT, started + (30.0 if timeout is None else timeout)
     while True:
         # Held by another process (/proc/locks) and served: a client, without opening RocksDB
         # first (an open that fails on the lock has set up its log: the holder's LOG renamed away).
@@ -171,8 +178,10 @@ def open_store(url: str, group_limits: GroupLimits | None = None, timeout: float
         except StorageLocked as locked:
             if _served(socket_path(url)):
                 return StoreClient(url, timeout)
-            if time.monotonic() >= deadline:
-                # Held by a process that does not serve it (hqueue server, an older hqueue).
+            now = time.monotonic()
+            if now >= patience or (now >= deadline and not _starting(store_directory(url))):
+                # Held by a process that does not serve it (hqueue server --no-local-socket, an
+                # older hqueue), or one that said it will and did not within the caller's timeout.
                 raise locked
             time.sleep(TAKEOVER_INTERVAL)  # the holder is starting: its socket comes next
         except StorageError as e:
@@ -184,6 +193,49 @@ def open_store(url: str, group_limits: GroupLimits | None = None, timeout: float
                 if served or forked_from_rocksdb() is None:  # (a user of the directory's group waits for
                     return StoreClient(url, timeout)  # one that may open it; a forked child is told why at once)
             raise
+
+
+@contextlib.contextmanager
+def starting(url: str) -> Iterator[None]:
+    """While this process opens the ``local://`` store ``url`` to serve it, a file in its
+    directory says so (``hqueue.starting.<pid>``): its lock is taken before its socket
+    listens, seconds later for a store of thousands of queues, and a second process opening
+    it meanwhile waits for the socket (up to its timeout), not STARTUP_WAIT only, after
+    which it took the holder for one that does not share (StorageLocked: an attacker's pass)."""
+    path: str | None = None
+    if url.startswith("local://"):
+        path = os.path.join(store_directory(normalize_url(url)), f"{STARTING}{os.getpid()}")
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+        except OSError:
+            path = None  # (a store not made yet: no one waits on it long; or not this user's to write)
+    try:
+        yield
+    finally:
+        if path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
+def _starting(directory: str) -> bool:
+    """Whether the process holding the store's lock said it opens it to serve it (:func:`starting`)."""
+    pid = lock_pid(directory)
+    return pid is not None and os.path.exists(os.path.join(directory, f"{STARTING}{pid}"))
+
+
+def _sweep_starting(directory: str) -> None:
+    """Remove what :func:`starting` left of processes killed while they opened the store."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(directory):
+            pid = name[len(STARTING) :]
+            if name.startswith(STARTING) and pid.isdigit() and int(pid) != os.getpid():
+                try:
+                    os.kill(int(pid), 0)
+                except ProcessLookupError:
+                    with contextlib.suppress(OSError):
+                        os.unlink(os.path.join(directory, name))
+                except OSError:
+                    pass  # (alive: another user's)
 
 
 def _served(path: str) -> bool:
@@ -214,13 +266,14 @@ def _may_not_open(error: StorageError) -> bool:
 
 
 def _open_and_serve(url: str, group_limits: GroupLimits | None) -> Engine:
-    engine = open_local(url, group_limits)
-    if _serve is not None:
-        try:
-            _serve(engine, group_limits)
-        except BaseException:
-            engine.release()
-            raise
+    with starting(url) if _serve is not None else contextlib.nullcontext():
+        engine = open_local(url, group_limits)
+        if _serve is not None:
+            try:
+                _serve(engine, group_limits)
+            except BaseException:
+                engine.release()
+                raise
     return engine
 
 

@@ -279,7 +279,10 @@ class HQueueServer:
                 socket = ListeningSocket.bound(host, port)  # before the store: a taken port fails first
             undo.callback(socket.close)
             self._owns_engine = engine is None
-            self.engine = engine if engine is not None else Engine.acquire(storage_url)
+            if engine is None:  # (a process that opens the store meanwhile waits for its socket)
+                with sharing.starting(storage_url) if local_socket else contextlib.nullcontext():
+                    engine = Engine.acquire(storage_url)
+            self.engine = engine
             if self._owns_engine:
                 undo.callback(self.engine.release)
             #: The store's Unix socket this server serves it on to local processes (None: not served here).

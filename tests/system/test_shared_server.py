@@ -18,6 +18,7 @@ import socket
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -120,6 +121,51 @@ def test_no_local_socket_keeps_the_store_to_the_server(tmp_path, monkeypatch):
             HQueueAdmin(data_dir=str(data))
     finally:
         server.kill()
+
+
+_SLOW_TO_SERVE = """
+import sys, time
+import hqueue.connection as connection
+from hqueue import HQueue
+
+serve = connection._serve_store
+
+
+def slowly(engine, limits):  # (as a store of thousands of queues opens: its lock held, its socket to come)
+    print("locked", flush=True)
+    time.sleep(float(sys.argv[2]))
+    serve(engine, limits)
+
+
+connection._serve_store = slowly
+with HQueue("q", sys.argv[1]):
+    time.sleep(60)
+"""
+
+
+def test_a_process_opening_a_store_whose_holder_is_still_starting_becomes_its_client(tmp_path):
+    """A holder takes the store's lock seconds before its socket listens (2.4 s for a store of
+    2,774 queues, more on a loaded machine): a second process gave up after STARTUP_WAIT (3 s)
+    with StorageLocked, naming a holder "that does not share it" (an attacker's pass). The
+    holder says it is starting (sharing.starting), and the second waits for it."""
+    url = f"local://{tmp_path}/data"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 1)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_TO_SERVE, url, str(sharing.STARTUP_WAIT + 2)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        started = time.monotonic()
+        with HQueue("q", url, timeout=30) as queue:  # (a client: the holder keeps the store)
+            queue.put(Message("t", b"through the holder"), partition_id=0)
+            assert time.monotonic() - started > sharing.STARTUP_WAIT
+            assert [m.value for m in queue.scan()] == [b"through the holder"]
+        assert holder.poll() is None
+        assert os.listdir(tmp_path / "data") == [n for n in os.listdir(tmp_path / "data") if "starting" not in n]
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_an_in_process_server_hands_the_socket_on_to_the_store_s_other_handles(tmp_path):

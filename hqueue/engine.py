@@ -202,6 +202,7 @@ class Engine:
             for allocator in self.writers.allocators(name):  # (as a restart would: above the floor's whole ms)
                 allocator.advance_to(MessageID(floor, MAX_SEQUENCE))
             self.storage.truncate_queue(name)
+            self.writers.truncated(name)
             self.events.truncated(name)
         finally:
             for lock in locks:

@@ -19,6 +19,7 @@ CONTROL = {
 _NAMED = {ord("\t"): "\\t", ord("\n"): "\\n", ord("\r"): "\\r"}
 #: :data:`CONTROL` without tab, newline and CR: text shown with its lines.
 _LINES = {c: text for c, text in CONTROL.items() if c not in _NAMED}
+_ESCAPED_CHARS = {**CONTROL, **_NAMED}
 
 
 def escape(data: bytes) -> str:
@@ -27,7 +28,7 @@ def escape(data: bytes) -> str:
 
     The same on a terminal and in a pipe: nothing is dropped, nothing goes out raw.
     """
-    return as_text(data).translate(_NAMED)
+    return data.replace(b"\\", b"\\\\").decode("utf-8", "backslashreplace").translate(_ESCAPED_CHARS)
 
 
 def as_text(data: bytes) -> str:

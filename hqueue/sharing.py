@@ -167,7 +167,8 @@ def open_store(url: str, group_limits: GroupLimits | None = None, timeout: float
     process holds it, else a client of the process that does, whose calls each have
     ``timeout`` seconds (default 30; calls to a store served here have no deadline)."""
     started = time.monotonic()
-    deadline, patience = started + STARTUP_WAIT, started + (30.0 if timeout is None else timeout)
+    deadline = started + STARTUP_WAIT
+    patience = max(deadline, started + (30.0 if timeout is None else timeout))
     while True:
         # Held by another process (/proc/locks) and served: a client, without opening RocksDB
         # first (an open that fails on the lock has set up its log: the holder's LOG renamed away).
@@ -206,7 +207,9 @@ def starting(url: str) -> Iterator[None]:
     if url.startswith("local://"):
         path = os.path.join(store_directory(normalize_url(url)), f"{STARTING}{os.getpid()}")
         try:
-            os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)  # (a killed process's of this pid; or a FIFO planted there, whose open would wait)
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC, 0o600))
         except OSError:
             path = None  # (a store not made yet: no one waits on it long; or not this user's to write)
     try:
@@ -228,7 +231,9 @@ def _sweep_starting(directory: str) -> None:
     with contextlib.suppress(OSError):
         for name in os.listdir(directory):
             pid = name[len(STARTING) :]
-            if name.startswith(STARTING) and pid.isdigit() and int(pid) != os.getpid():
+            if not (name.startswith(STARTING) and pid.isascii() and pid.isdigit() and len(pid) < 10):
+                continue  # (no process's: left alone)
+            if int(pid) != os.getpid():
                 try:
                     os.kill(int(pid), 0)
                 except ProcessLookupError:

@@ -133,6 +133,16 @@ class PartitionWriters:
         """The allocators held for the queue's partitions."""
         return [w.allocator for (q, _), w in list(self._writers.items()) if q == name]
 
+    def truncated(self, name: str) -> None:
+        """The queue was truncated (call under its partitions' locks): the lanes' last puts
+        held here went with it (their records in the store too), so none answers a put sent
+        again. A put waiting for a lock the truncate held was checked against the queue's
+        floor as it was before (its definition read first): answered from the record still
+        held here, its first copy gone (a review)."""
+        for (queue, _), writer in list(self._writers.items()):
+            if queue == name:
+                writer.requests = RequestLog()
+
     def held(self, info: QueueInfo, pid: int) -> PartitionWriter:
         """The partition's writer; on first use the partition is taken from the store
         and the allocator seeded above everything stored (call under its lock).

@@ -27,6 +27,8 @@ class CommitTracker:
         self._completed: set[MessageID] = set()
         #: Completed ones the group finished already (dead-lettered): no lease left to renew.
         self._finished: set[MessageID] = set()
+        #: Being dead-lettered: renewed still, but maybe finished by the group already.
+        self._finishing: set[MessageID] = set()
         self._ready = 0  # how many at the head of _pending are completed: the committable run
         self._lock = threading.Lock()
 
@@ -51,6 +53,7 @@ class CommitTracker:
             self._completed.add(message_id)
             if finished:
                 self._finished.add(message_id)
+            self._finishing.discard(message_id)
             return self._advance()
 
     def _advance(self) -> int:
@@ -103,13 +106,20 @@ class CommitTracker:
                 self._advance()  # (the first incomplete one gone: the run may go on past it)
 
     def finishing(self, message_id: MessageID, finishing: bool = True) -> None:
-        """The group is finishing ``message_id`` (a dead letter under way): not renewed any
-        more (False: it was not finished after all, and is renewed again)."""
+        """The group may be finishing ``message_id`` (a dead letter under way; False: no
+        more): a renewal short of it may be short for it alone (:meth:`finishing_now`)."""
         with self._lock:
             if not finishing:
-                self._finished.discard(message_id)
+                self._finishing.discard(message_id)
             elif message_id in self._held:
-                self._finished.add(message_id)
+                self._finishing.add(message_id)
+
+    def finishing_now(self) -> int:
+        """How many messages held here the group may be finishing now: a renewal of what
+        :meth:`held` returns may come back that many short without any lease gone."""
+        with self._lock:
+            self._finishing &= self._held.keys()
+            return len(self._finishing - self._finished)
 
     def held(self) -> list[Delivery]:
         """Every message received and not yet committed whose lease must not run out (not

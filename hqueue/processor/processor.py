@@ -252,11 +252,11 @@ class Processor:
         owner writes it: no admin right needed, and a message whose lease ran
         out meanwhile goes too); then it is complete.
 
-        It is renewed no more from before the group finishes it: a renewal between the
-        two came back short, and dropped every message of the partition in hand here as
-        though their leases had gone (an attacker's pass: a Processor alone dropped 35-40
-        at once, about once in 250-1000 dead letters, and handled them after later
-        messages of their keys)."""
+        From before the group finishes it until it is complete here, a renewal may come
+        back one short for it: that is not taken for leases gone (a renewal between the
+        two dropped every message of the partition in hand here as though their leases had
+        gone: an attacker's pass saw a Processor alone drop 35-40 at once, about once in
+        250-1000 dead letters, and handle them after later messages of their keys)."""
         tracker = self._tracker(delivery.partition_id)
         tracker.finishing(delivery.id)
         try:
@@ -270,7 +270,7 @@ class Processor:
                     logger.info("processor: dead-lettering %s must wait: %s", delivery.id, e)
                     time.sleep(1.0)
         except BaseException:
-            tracker.finishing(delivery.id, False)  # still held here: renewed again
+            tracker.finishing(delivery.id, False)
             raise
         dlq = dead_letter_queue(self.queue.name)
         with self._lock:
@@ -313,8 +313,8 @@ class Processor:
         renewed = self.consumer.extend(held) if held else 0
         if renewed < len(held):
             for tracker in trackers:
-                mine = tracker.held()
-                if mine and self.consumer.extend(mine) < len(mine):
+                mine, finishing = tracker.held(), tracker.finishing_now()
+                if mine and self.consumer.extend(mine) < len(mine) - finishing:
                     gone = tracker.forget_incomplete()
                     with self._lock:
                         self._lost.update((id(d), d) for d in gone)
@@ -414,7 +414,9 @@ class Processor:
             first, self._stop_asked = not self._stop_asked, True
         if threading.current_thread() in self._own_threads():
             if first:
-                threading.Thread(target=self._stop, args=(timeout,), name="hqueue-processor-stop").start()
+                threading.Thread(  # (not a daemon, as the thread it starts from: it commits and leaves)
+                    target=self._stop, args=(timeout,), name="hqueue-processor-stop", daemon=False
+                ).start()
             return
         if first:
             self._stop(timeout)

@@ -201,6 +201,8 @@ class SubscriberLoop:
                 self._ready.remove(worker)
             worker.queued = True
             self._ready.appendleft(worker)
+            if self.queued:  # (held back as slow, maybe: a thread looks again, now that it may run)
+                self.pool.cond.notify()
         elif not worker.queued:
             worker.queued = True
             self._ready.append(worker)

@@ -17,6 +17,7 @@ import pytest
 from hqueue import HQueue, HQueueAdmin
 from hqueue.aio import AsyncHQueue
 from hqueue.client.engine import RemoteEngine
+from hqueue.config import QueueInfo
 from hqueue.engine import Engine
 from hqueue.errors import InvalidArgument, OutcomeUnknown
 from hqueue.keys.requests import Request, records_range
@@ -133,6 +134,36 @@ def test_a_put_sent_again_after_its_queue_was_truncated_is_written_again(store_u
         engine.release()
     assert again > written
     assert stored(store_url) == [b"v"]
+
+
+def test_a_put_sent_again_while_its_queue_is_being_truncated_is_written_again(tmp_path):
+    """It waited for the partition's lock the truncate held, was checked against the floor
+    the queue had before (its definition read first), and was answered from the record still
+    held in memory: its first copy gone with the truncate, the message lost (a review)."""
+    import threading
+
+    engine = Engine.acquire(f"local://{tmp_path}/data")
+    try:
+        engine.create_queue(QueueInfo("q", 1))
+        request = Request(b"R" * 16, 3)
+        written = engine.put_columns("q", [b"t"], [b"v"], 0, request)
+        real, truncating = engine.storage.truncate_queue, threading.Event()
+
+        def slow_truncate(name: str) -> None:
+            truncating.set()
+            time.sleep(0.5)  # (the partition's lock held meanwhile)
+            real(name)
+
+        engine.storage.truncate_queue = slow_truncate  # type: ignore[method-assign]
+        truncate = threading.Thread(target=engine.truncate_queue, args=("q",))
+        truncate.start()
+        assert truncating.wait(10)
+        again = engine.put_columns("q", [b"t"], [b"v"], 0, request._replace(resent=True))
+        truncate.join()
+        assert again > written
+    finally:
+        engine.release()
+    assert stored(f"local://{tmp_path}/data") == [b"v"]
 
 
 def test_malformed_stale_and_mismatched_requests_get_typed_errors(relayed):

@@ -143,29 +143,50 @@ with HQueue("q", sys.argv[1]):
 """
 
 
-def test_a_process_opening_a_store_whose_holder_is_still_starting_becomes_its_client(tmp_path):
+@pytest.mark.parametrize("timeout, slow", [(30, sharing.STARTUP_WAIT + 2), (0.5, 2)])
+def test_a_process_opening_a_store_whose_holder_is_still_starting_becomes_its_client(tmp_path, timeout, slow):
     """A holder takes the store's lock seconds before its socket listens (2.4 s for a store of
     2,774 queues, more on a loaded machine): a second process gave up after STARTUP_WAIT (3 s)
     with StorageLocked, naming a holder "that does not share it" (an attacker's pass). The
-    holder says it is starting (sharing.starting), and the second waits for it."""
+    holder says it is starting (sharing.starting), and the second waits for it, up to its
+    timeout, and STARTUP_WAIT with a shorter one (0.5 s gave up after 0.5 s: a review)."""
     url = f"local://{tmp_path}/data"
     with HQueueAdmin(url) as admin:
         admin.create_queue("q", 1)
-    holder = subprocess.Popen(
-        [sys.executable, "-c", _SLOW_TO_SERVE, url, str(sharing.STARTUP_WAIT + 2)], stdout=subprocess.PIPE, text=True
-    )
+    holder = subprocess.Popen([sys.executable, "-c", _SLOW_TO_SERVE, url, str(slow)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
         started = time.monotonic()
-        with HQueue("q", url, timeout=30) as queue:  # (a client: the holder keeps the store)
+        with HQueue("q", url, timeout=timeout) as queue:  # (a client: the holder keeps the store)
             queue.put(Message("t", b"through the holder"), partition_id=0)
-            assert time.monotonic() - started > sharing.STARTUP_WAIT
+            assert time.monotonic() - started > slow - 0.5
             assert [m.value for m in queue.scan()] == [b"through the holder"]
         assert holder.poll() is None
         assert os.listdir(tmp_path / "data") == [n for n in os.listdir(tmp_path / "data") if "starting" not in n]
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_stray_or_planted_starting_files_neither_stop_nor_hang_a_store_s_holder(tmp_path):
+    """Names no process has (a pid past any, a digit int() refuses) made the holder's sweep
+    raise, so the store was served by no one; a FIFO planted under the holder's own pid made
+    its open wait for ever (a review)."""
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    for name in ("hqueue.starting.99999999999999999999", "hqueue.starting.\u00b2", "hqueue.starting.x"):
+        (data / name).write_text("")
+    script = (
+        "import os, sys\n"
+        "from hqueue import HQueueAdmin\n"
+        "os.mkfifo(os.path.join(sys.argv[1], f'hqueue.starting.{os.getpid()}'))\n"
+        "with HQueueAdmin(data_dir=sys.argv[1]) as admin:\n"
+        "    admin.create_queue('q', 1)\n"
+        "    print(os.path.exists(os.path.join(sys.argv[1], 'hqueue.sock')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(data)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "True"  # served
 
 
 def test_an_in_process_server_hands_the_socket_on_to_the_store_s_other_handles(tmp_path):

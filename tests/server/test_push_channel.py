@@ -13,6 +13,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 from thriftpy2.protocol import TBinaryProtocolFactory
@@ -239,52 +240,82 @@ def test_places_are_dealt_to_queues_in_turn_those_pushed_to_first():
     assert len(fair_share(attached, 10, set())) == 6
 
 
-def test_subscribers_that_never_answer_leave_the_others_most_of_the_push_threads(tmp_path):
-    """Listeners that accept a server's connection and never answer its challenge held a
-    push thread each for the whole send timeout (a minute): 8 of them, registered by one
-    token, held all 8 and another tenant's pushes waited 29 s at the median, 57 s at most
-    (an attacker pass). A handshake has 5 s now, and slow subscribers share a quarter of
-    the threads."""
+@contextlib.contextmanager
+def hostile_subscribers(tmp_path, answer: Callable[[socket.socket], None], heartbeats: bool = False):
+    """A server with 4 push threads, a queue "q", and 4 subscribers of queue "hostile"
+    (each with a message to take in each of its 4 partitions), each connection the server
+    makes to them given to ``answer`` in a thread of its own; ``heartbeats``: their
+    registrations kept alive. Yields the server, its URL, the raw client that registered
+    them and their names (a name removed from it is heartbeaten no more)."""
     from hqueue.rpc.wire import T as W
 
     from .test_hardening import raw_client
 
     server = HQueueServer(f"local://{tmp_path}/data", port=0, push_threads=4).start()
     url = f"hqueue://{server.address}"
-    silent: list[socket.socket] = []
     listeners = [socket.create_server(("127.0.0.1", 0)) for _ in range(4)]
+    stop = threading.Event()
 
-    def accept_and_say_nothing(sock: socket.socket) -> None:
+    def accept(sock: socket.socket) -> None:
         with contextlib.suppress(OSError):
-            while True:
-                silent.append(sock.accept()[0])
+            while not stop.is_set():
+                threading.Thread(target=answer, args=(sock.accept()[0],), daemon=True).start()
 
     for sock in listeners:
-        threading.Thread(target=accept_and_say_nothing, args=(sock,), daemon=True).start()
+        threading.Thread(target=accept, args=(sock,), daemon=True).start()
     client = raw_client(server.port)
     try:
         with HQueueAdmin(url) as admin:
             admin.create_queue("hostile", 4)
             admin.create_queue("q", 1)
-        # Given as many silent subscribers as push threads, each with messages to take
+        keys = {}
         for i, sock in enumerate(listeners):
-            client.addSubscriber("hostile", f"h{i}", None, None, None)
-            address = f"127.0.0.1:{sock.getsockname()[1]}"
-            client.subscriberHeartbeat("hostile", f"h{i}", address, None, W.TPushKey(key=os.urandom(32)))
+            name, address, key = f"h{i}", f"127.0.0.1:{sock.getsockname()[1]}", W.TPushKey(key=os.urandom(32))
+            client.addSubscriber("hostile", name, None, None, None)
+            client.subscriberHeartbeat("hostile", name, address, None, key)
+            keys[name] = (address, key)
+
+        def beat() -> None:  # (as a subscriber's own heartbeats do)
+            with contextlib.closing(raw_client(server.port)) as beating:
+                while not stop.is_set():
+                    for name, (address, key) in list(keys.items()):
+                        with contextlib.suppress(Exception):
+                            beating.subscriberHeartbeat("hostile", name, address, None, key)
+                    time.sleep(0.5)
+
+        if heartbeats:
+            threading.Thread(target=beat, daemon=True).start()
         with HQueue("hostile", url) as hostile:
             hostile.put([Message("t", b"x", partition_id=p) for p in range(4)])
-        wait_for(lambda: len(silent) >= 4, 30, "the silent subscribers' connections")
-        # When another subscriber attaches, and messages come for it
-        listener = Collect()
-        with HQueue("q", url) as queue, queue.create_subscriber(Subscription("s"), [listener]):
-            queue.put([Message("t", b"%d" % i) for i in range(3)], partition_id=0)
-            # Then it gets them while the silent ones go on taking no answer (before: a minute)
-            wait_for(lambda: len(listener.messages) == 3, 20, "pushes beside silent subscribers")
+        yield server, url, client, keys
     finally:
+        stop.set()
         client.close()
-        for sock in listeners + silent:
+        for sock in listeners:
             sock.close()
         server.stop()
+
+
+def test_subscribers_that_never_answer_leave_the_others_most_of_the_push_threads(tmp_path):
+    """Listeners that accept a server's connection and never answer its challenge held a
+    push thread each for the whole send timeout (a minute): 8 of them, registered by one
+    token, held all 8 and another tenant's pushes waited 29 s at the median, 57 s at most
+    (an attacker pass). A handshake has 5 s now, and slow subscribers share a quarter of
+    the threads."""
+    silent: list[socket.socket] = []
+    try:
+        # Given as many silent subscribers as push threads, each with messages to take
+        with hostile_subscribers(tmp_path, silent.append) as (_, url, _, _):
+            wait_for(lambda: len(silent) >= 4, 30, "the silent subscribers' connections")
+            # When another subscriber attaches, and messages come for it
+            listener = Collect()
+            with HQueue("q", url) as queue, queue.create_subscriber(Subscription("s"), [listener]):
+                queue.put([Message("t", b"%d" % i) for i in range(3)], partition_id=0)
+                # Then it gets them while the silent ones go on taking no answer (before: a minute)
+                wait_for(lambda: len(listener.messages) == 3, 20, "pushes beside silent subscribers")
+    finally:
+        for sock in silent:
+            sock.close()
 
 
 @pytest.mark.parametrize("how", ["drip", "flood"])
@@ -297,22 +328,9 @@ def test_a_subscriber_that_drips_or_floods_its_answer_is_cut_off_and_holds_no_pu
     64 KiB ends the connection at its head. Then, deleted, their 16 workers stopped one
     by one held every other subscriber's start for 35-50 s: each stop waited for the next
     worker's handshake."""
-    from hqueue.rpc.wire import T as W
-
-    from .test_hardening import raw_client
-
-    server = HQueueServer(f"local://{tmp_path}/data", port=0, push_threads=4).start()
-    url = f"hqueue://{server.address}"
-    listeners = [socket.create_server(("127.0.0.1", 0)) for _ in range(4)]
     cut: list[float] = []  # how long each hostile answer went on before the server closed it
     flooded: list[int] = []  # the bytes of declared answers the server took
     stop = threading.Event()
-
-    def hostile(sock: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while not stop.is_set():
-                conn = sock.accept()[0]
-                threading.Thread(target=answer, args=(conn,), daemon=True).start()
 
     def answer(conn: socket.socket) -> None:
         started = time.monotonic()
@@ -337,53 +355,28 @@ def test_a_subscriber_that_drips_or_floods_its_answer_is_cut_off_and_holds_no_pu
                     flooded.append(len(zeros))
         cut.append(time.monotonic() - started)
 
-    for sock in listeners:
-        threading.Thread(target=hostile, args=(sock,), daemon=True).start()
-    client = raw_client(server.port)
     try:
-        with HQueueAdmin(url) as admin:
-            admin.create_queue("hostile", 4)
-            admin.create_queue("q", 1)
         # Given as many hostile subscribers as push threads, each with messages to take
-        keys = {}
-        for i, sock in enumerate(listeners):
-            client.addSubscriber("hostile", f"h{i}", None, None, None)
-            keys[f"h{i}"] = (f"127.0.0.1:{sock.getsockname()[1]}", W.TPushKey(key=os.urandom(32)))
-
-        def beat() -> None:  # (each registration kept alive, as a subscriber's own heartbeats do)
-            with contextlib.closing(raw_client(server.port)) as beating:
-                while not stop.is_set():
-                    for name, (address, key) in list(keys.items()):
-                        with contextlib.suppress(Exception):
-                            beating.subscriberHeartbeat("hostile", name, address, None, key)
-                    time.sleep(0.5)
-
-        threading.Thread(target=beat, daemon=True).start()
-        with HQueue("hostile", url) as hostile_queue:
-            hostile_queue.put([Message("t", b"x", partition_id=p) for p in range(4)])
-        # Then the server ends each hostile answer well before it would end (60 s)
-        wait_for(lambda: len(cut) >= 8, 40, "the hostile answers cut off")
-        assert max(cut) < 15, cut
-        assert sum(flooded) < 64 << 20  # what the sockets' buffers hold, not the 2 GB declared
-        # And another subscriber gets its pushes meanwhile
-        listener = Collect()
-        with HQueue("q", url) as queue, queue.create_subscriber(Subscription("s"), [listener]):
-            queue.put([Message("t", b"%d" % i) for i in range(3)], partition_id=0)
-            wait_for(lambda: len(listener.messages) == 3, 20, "pushes beside hostile subscribers")
-        # And once the hostile ones are deleted, a new subscriber starts at once
-        for name in list(keys):
-            keys.pop(name)
-            client.deleteSubscriber(name, "hostile")
-        listener = Collect()
-        with HQueue("q", url) as queue, queue.create_subscriber(Subscription("s2"), [listener]):
-            queue.put(Message("t", b"3"), partition_id=0)
-            wait_for(lambda: b"3" in [m.value for m in listener.messages], 20, "a new subscriber's pushes")
+        with hostile_subscribers(tmp_path, answer, heartbeats=True) as (_, url, client, names):
+            # Then the server ends each hostile answer well before it would end (60 s)
+            wait_for(lambda: len(cut) >= 8, 40, "the hostile answers cut off")
+            assert max(cut) < 15, cut
+            assert sum(flooded) < 64 << 20  # what the sockets' buffers hold, not the 2 GB declared
+            # And another subscriber gets its pushes meanwhile
+            listener = Collect()
+            with HQueue("q", url) as queue, queue.create_subscriber(Subscription("s"), [listener]):
+                queue.put([Message("t", b"%d" % i) for i in range(3)], partition_id=0)
+                wait_for(lambda: len(listener.messages) == 3, 20, "pushes beside hostile subscribers")
+            # And once the hostile ones are deleted, a new subscriber starts at once
+            for name in list(names):
+                names.pop(name)
+                client.deleteSubscriber(name, "hostile")
+            listener = Collect()
+            with HQueue("q", url) as queue, queue.create_subscriber(Subscription("s2"), [listener]):
+                queue.put(Message("t", b"3"), partition_id=0)
+                wait_for(lambda: b"3" in [m.value for m in listener.messages], 20, "a new subscriber's pushes")
     finally:
         stop.set()
-        client.close()
-        for sock in listeners:
-            sock.close()
-        server.stop()
 
 
 def test_idle_connections_cannot_keep_a_server_from_pushing(tmp_path, monkeypatch):

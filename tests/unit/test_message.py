@@ -1,7 +1,7 @@
 """Message, MessageID and the rowkey codec (SPEC C1)."""
 
 import pickle
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import given
@@ -74,6 +74,17 @@ def test_message_id_is_ordered_hashable_and_converts_times():
     assert MessageID.parse("2026-11-22T10:00+00:00") == MessageID.from_datetime(when)
     with pytest.raises(ValueError, match="not a message ID"):
         MessageID.parse("soon")
+
+
+def test_a_datetime_is_its_exact_millisecond_both_ways():
+    """timestamp() * 1000 is a float: 1 in 5 of 2038's milliseconds came out one early (a
+    timer due before the time asked, in the API, the CLI's --at and the shell's AT alike),
+    and a timestamp shown from about 2300 on was a millisecond off (an attacker's pass)."""
+    asked = datetime(2038, 7, 13, 13, 48, 9, 588000, tzinfo=UTC)
+    assert MessageID.from_datetime(asked).timestamp == 2162641689588
+    for ms in (2162641689588, 1, 4102444800123, 10_000_000_000_001, 253402300799999):
+        assert MessageID(ms).datetime == datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
+        assert MessageID.from_datetime(MessageID(ms).datetime).timestamp == ms
 
 
 def test_message_takes_str_or_bytes_topics_and_bytes_values():

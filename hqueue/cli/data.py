@@ -91,7 +91,7 @@ def put(
     lines were read, stored and not stored (exit status 130).
 
     With --delay or --at they are timer messages: each line printed is a
-    timer handle for `hqueue cancel`, not a message ID. On a local:// store
+    timer handle for `hqueue cancel`, not a message ID (from stdin too). On a local:// store
     a timer fires only while some process has the store open (this command
     exits at once): run `hqueue server --storage local://PATH` and put
     through hqueue://HOST:PORT to have timers fire on time.
@@ -114,6 +114,16 @@ def put(
         messages = [Message(topic_bytes, v) for v in chunk]
         return queue.put(messages, partition, key=key_bytes, deliver_at=due, delay=delay, priority=priority)
 
+    timers = delay is not None or deliver_at is not None
+
+    def sent(chunk: list[bytes]) -> int:
+        """Put from stdin: a timer's handle printed, as for VALUES (it was not: the timers
+        could not be cancelled); a message's ID not (a log piped in is not echoed)."""
+        answers = send(chunk)
+        if timers:
+            click.echo("\n".join(map(str, answers)))
+        return len(answers)
+
     if values:
         for chunk in _chunks((os.fsencode(v) for v in values), batch, len(topic_bytes)):
             for message_id in send(chunk):
@@ -122,10 +132,10 @@ def put(
         value = sys.stdin.buffer.read(MAX_BATCH_BYTES + 1)  # never more than a put may carry
         if len(value) > MAX_BATCH_BYTES:
             raise click.ClickException(f"stdin is longer than {MAX_BATCH_BYTES:,} bytes, more than a put may carry")
-        send([value])
+        sent([value])
         click.echo("put 1 message(s)", err=True)
     else:
-        _put_stdin(ctx, lambda chunk: len(send(chunk)), input_format, batch, linger, len(topic_bytes))
+        _put_stdin(ctx, sent, input_format, batch, linger, len(topic_bytes))
 
 
 def _given(ctx: click.Context, name: str) -> bool:

@@ -222,6 +222,12 @@ def test_timers_from_the_cli_put_cancel_and_fire(run):
     assert "fires only while a process has the store open" in later.stderr  # local://: say so
     never = run("put", "q", "t", "never", "--delay", "60").stdout.strip()
     assert run("cancel", "q", never).output == f"{never}\tcancelled\n"
+    # from stdin too, lines or raw (it printed only a count: the timers could not be cancelled)
+    for given in ((), ("--input", "raw")):
+        piped = run("put", "q", "t", "--delay", "60", *given, input=b"a\nb\n" if not given else b"whole")
+        handles = piped.stdout.split()
+        assert piped.exit_code == 0 and len(handles) == (2 if not given else 1), piped.output
+        assert run("cancel", "q", *handles).exit_code == 0
     again = run("cancel", "q", never)  # cancelled already: said, and a failure for scripts
     assert again.exit_code == 1
     assert again.output.splitlines() == [

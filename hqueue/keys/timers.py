@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import NamedTuple
 
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, InvalidPartition
 from ..ids import wall_clock_ms
-from ..message import MAX_TIMESTAMP, ROWKEY_LENGTH, MessageID, key_after
+from ..message import MAX_PARTITIONS, MAX_TIMESTAMP, ROWKEY_LENGTH, MessageID, key_after
 
 TIMER_FLAG = 0x8000
 _TIMER_ROW = struct.Struct(">HQH")
@@ -243,6 +243,15 @@ def timer_of(queue: str, timer: object) -> Timer:
         return Timer.parse(timer)
     if not isinstance(timer, Timer):
         raise TypeError(f"'timer' must be a Timer (from put(..., delay=…)) or its handle, not {type(timer).__name__}")
+    # (checked here for every store: through a server a bool partition was sent as 1 and a
+    # float due as its int, and a str partition failed inside the client)
+    if not isinstance(timer.partition_id, int) or isinstance(timer.partition_id, bool):
+        raise TypeError(f"a timer's partition_id must be an int, not {type(timer.partition_id).__name__}")
+    if not 0 <= timer.partition_id < MAX_PARTITIONS:
+        raise InvalidPartition(f"a timer's partition_id must be in 0..{MAX_PARTITIONS - 1}, got {timer.partition_id}")
+    check_due(timer.due)
+    if not isinstance(timer.id, MessageID):
+        raise TypeError(f"a timer's id must be a MessageID, not {type(timer.id).__name__}")
     if timer.queue is not None and timer.queue != queue:
         raise InvalidArgument(
             f"timer {timer} is a timer of queue {timer.queue!r}, not of {queue!r}: give it to its own queue "

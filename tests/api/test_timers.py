@@ -201,6 +201,18 @@ def test_pending_timers_are_listed_found_by_handle_and_their_next_due_known(make
             queue.timers(limit=0)
         with pytest.raises(InvalidArgument, match="timer handle"):
             queue.find_timer("nonsense")
+        # A handle made up wrong is refused alike on every store (through a server a bool
+        # partition was sent as 1, a float due as an int, and a str failed in the client)
+        for made_up, error in (
+            (Timer(True, second.due, second.id), TypeError),
+            (Timer("1", second.due, second.id), TypeError),  # type: ignore[arg-type]
+            (Timer(1, second.due + 0.5, second.id), InvalidArgument),  # type: ignore[arg-type]
+            (Timer(1, second.due, second.id.timestamp), TypeError),  # type: ignore[arg-type]
+            (Timer(40_000, second.due, second.id), InvalidArgument),
+        ):
+            for call in (queue.cancel, queue.find_timer):
+                with pytest.raises(error):
+                    call(made_up)
         assert queue.cancel(second) and queue.timers() == [] and queue.next_due() is None
 
 

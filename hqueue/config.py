@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypeGuard
 
-from .errors import InvalidArgument, InvalidQueueName, QueueDisabled, QueueNotFound
+from .errors import InvalidArgument, InvalidPartition, InvalidQueueName, QueueDisabled, QueueNotFound
 from .message import MAX_PARTITIONS
 
 __all__ = [
@@ -240,9 +240,12 @@ class QueueInfo:
     def tier_partitions(self, priority: int) -> range:
         """The partitions of priority tier ``priority``."""
         if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority < self.priorities:
-            raise InvalidArgument(
-                f"'priority' must be in 0..{self.priorities - 1} for queue {self.name!r}, got {priority!r}"
+            # (a tier past this definition's is the InvalidPartition of a put routed by it: a client
+            # reads the queue again, which may have been made again with more tiers since)
+            error = (
+                InvalidPartition if isinstance(priority, int) and priority >= self.priorities > 0 else InvalidArgument
             )
+            raise error(f"'priority' must be in 0..{self.priorities - 1} for queue {self.name!r}, got {priority!r}")
         band = self.partitions // self.priorities
         return range(priority * band, (priority + 1) * band)
 

@@ -281,7 +281,8 @@ class HQueue(Connected):
 
     def next_due(self) -> int | None:
         """Epoch ms of the earliest pending timer of any partition; None if none is pending."""
-        dues = [self.engine.next_timer(self.name, pid) for pid in range(self.partitions)]
+        partitions = self.engine.queue_info(self.name, fresh=True).partitions  # (as count_timers and timers)
+        dues = [self.engine.next_timer(self.name, pid) for pid in range(partitions)]
         return min((d for d in dues if d is not None), default=None)
 
     def find_timer(self, timer: Timer | str) -> Message | None:

@@ -360,6 +360,43 @@ def test_a_scan_begun_after_the_queue_was_made_again_reads_the_new_one(server, t
     assert asyncio.run(main()) == ([b"new"], [b"new"])
 
 
+def test_a_put_s_priority_and_next_due_read_a_queue_made_again_with_more(server, tmp_path):
+    """A priority past the cached definition's tiers was refused for up to 2 s after another
+    client made the queue again with more tiers, and next_due() asked the cached partition
+    count (InvalidPartition with fewer, a timer missed with more) where count_timers() and
+    timers() read the queue afresh (an attacker's pass)."""
+    import asyncio
+
+    from hqueue.aio import AsyncHQueue
+
+    url = f"hqueue://{server.address}"
+
+    def remake(partitions: int, priorities: int) -> None:  # (through the server's engine: not this client's)
+        with HQueueAdmin(f"local://{tmp_path}/data") as admin:
+            admin.delete_queue("tiers", force=True)
+            admin.create_queue("tiers", partitions, priorities=priorities)
+
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("tiers", 4, priorities=2)
+    with HQueue("tiers", url) as queue:
+        queue.put(Message("t", b"cached"), priority=1)  # (its definition cached: 4 partitions, 2 tiers)
+        assert queue.next_due() is None
+        remake(8, 4)
+        assert queue.put(Message("t", b"top"), priority=3)
+        later = queue.put(Message("t", b"later"), 7, delay=600)[0]
+        assert queue.next_due() == later.due == queue.timers()[0][0].due
+        remake(2, 2)
+        assert queue.next_due() is None
+
+    async def main() -> None:
+        async with AsyncHQueue("tiers", url) as aqueue:
+            await aqueue.put(Message("t", b"cached"), priority=1)
+            await asyncio.to_thread(remake, 8, 4)
+            assert await aqueue.put(Message("t", b"top"), priority=3)
+
+    asyncio.run(main())
+
+
 def test_clients_reach_a_server_on_ipv6(tmp_path):
     """hqueue://[::1]:port named a host '[::1]' that did not resolve, and the client's
     sockets were IPv4 whatever the address."""

@@ -12,7 +12,9 @@ from .api import groups_of
 from .checks import names_a_queue
 from .config import (
     DEFAULT_MAX_MESSAGE_BYTES,
+    FLAG_FALSE,
     PRIORITIES_KEY,
+    TOPIC_INDEX_KEY,
     Durability,
     QueueInfo,
     QueueState,
@@ -310,9 +312,16 @@ def new_queue_info(
 ) -> QueueInfo:
     """A new queue's definition, checked (:meth:`HQueueAdmin.create_queue`'s arguments)."""
     config = check_config(dict(config or {}))
+    if not isinstance(topic_index, bool):  # ("false" made an indexed queue)
+        raise TypeError(f"'topic_index' must be a bool, not {type(topic_index).__name__}")
+    if priorities is not None and (not isinstance(priorities, int) or isinstance(priorities, bool)):
+        raise TypeError(f"'priorities' must be an int, not {type(priorities).__name__}")  # (True and "2" were taken)
     said = config.get(PRIORITIES_KEY)
     if priorities is not None and said is not None and said != str(priorities):  # (one silently won)
         raise InvalidArgument(f"'priorities' is {priorities!r} and config {PRIORITIES_KEY!r} is {said!r}: give one")
+    flag = config.get(TOPIC_INDEX_KEY)
+    if topic_index and flag is not None and flag.lower() in FLAG_FALSE:  # (the argument silently won)
+        raise InvalidArgument(f"'topic_index' is True and config {TOPIC_INDEX_KEY!r} is {flag!r}: give one")
     return QueueInfo(
         name=validate_new_queue_name(name),
         partitions=partitions,

@@ -102,13 +102,13 @@ def check_config(config: object) -> dict[str, str]:
     if CREATED_KEY in config:  # (it was replaced, silently)
         raise InvalidArgument(f"'config': {CREATED_KEY} is set by hqueue when the queue is made")
     flag = config.get(TOPIC_INDEX_KEY)
-    if flag is not None and flag.lower() not in _TRUE + _FALSE:  # ('on' made a queue without it, silently)
+    if flag is not None and flag.lower() not in FLAG_TRUE + FLAG_FALSE:  # ('on' made a queue without it, silently)
         raise InvalidArgument(f"'config': {TOPIC_INDEX_KEY} must be true or false, got {flag!r}")
     return config
 
 
 #: The spellings of a config flag (``hqueue.topicIndex``), as true and as false.
-_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
+FLAG_TRUE, FLAG_FALSE = ("true", "1", "yes"), ("false", "0", "no")
 
 
 def _is_text_map(config: object) -> TypeGuard[dict[str, str]]:
@@ -252,7 +252,7 @@ class QueueInfo:
     @property
     def topic_index(self) -> bool:
         """Whether puts also write the per-topic index (``hqueue.topicIndex``, SPEC X4)."""
-        return self.config.get(TOPIC_INDEX_KEY, "false").lower() in _TRUE
+        return self.config.get(TOPIC_INDEX_KEY, "false").lower() in FLAG_TRUE
 
     @property
     def created(self) -> str | None:

@@ -69,6 +69,16 @@ def test_create_rejects_duplicates_and_bad_arguments(admin, queue_name):
     for config in ({"k": "\udcff"}, {"\udcfe": "v"}):  # bytes that are not UTF-8, read as text
         with pytest.raises(InvalidArgument, match="not valid UTF-8"):
             admin.create_queue("ok_name", 1, config=config)
+    # (topic_index="false" made an indexed queue; priorities True or "2" were taken; and
+    # topic_index=True silently beat the config's hqueue.topicIndex=false: an attacker's pass)
+    for wrong, error in (
+        ({"topic_index": "false"}, TypeError),
+        ({"priorities": True}, TypeError),
+        ({"priorities": "2"}, TypeError),
+        ({"topic_index": True, "config": {"hqueue.topicIndex": "false"}}, InvalidArgument),
+    ):
+        with pytest.raises(error, match=next(iter(wrong))):
+            admin.create_queue("ok_name", 2, **wrong)
     assert not admin.queue_exists("ok_name")
     assert admin.list_queues()  # (a definition stored so broke every client's list)
 

@@ -27,7 +27,7 @@ from ..errors import (
     QueueEnabled,
     StorageLocked,
 )
-from ..message import MessageID
+from ..message import MessageID, topic_filter
 from ..queue import HQueue
 from ..storage.lockholder import command_words
 
@@ -375,7 +375,13 @@ due_time = _time_callback(as_due)
 def topic_bytes(ctx: Any, param: Any, value: tuple[str, ...]) -> tuple[bytes, ...]:
     """A click callback: topics as the bytes given, even when they are not UTF-8, read as
     ``scan`` prints them (``\\xff`` is the byte 0xff, ``\\\\`` a backslash: commands.unescape),
-    as the shell and the console read them. An empty one is a usage error (status 2)."""
-    if any(not topic for topic in value):
-        raise click.BadParameter("a topic must not be empty", ctx=ctx, param=param)
-    return tuple(unescape(os.fsencode(topic)) for topic in value)
+    as the shell and the console read them. An empty one, or one longer than any stored, is a
+    usage error (status 2; the long one was status 1)."""
+    topics = tuple(unescape(os.fsencode(topic)) for topic in value)
+    for topic in topics:
+        try:
+            topic_filter(topic)
+        except InvalidMessage as e:
+            raise click.BadParameter(str(e).replace("'topic' must not be empty", "a topic must not be empty"),
+                                     ctx=ctx, param=param) from None  # fmt: skip
+    return topics

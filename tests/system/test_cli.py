@@ -77,6 +77,9 @@ def test_user_errors_are_one_line_and_exit_1_and_values_refused_exit_2(run):
     assert run("scan", "q", "--start", "whenever").exit_code == 2
     assert run("create", "q", "1", "--config", "novalue").exit_code == 2
     assert run("scan", "other", "--topic", "").exit_code == 2  # (it was 1: an empty topic is a refused value)
+    for command in ("scan", "count", "tail"):  # and so is one longer than any (it was 1 too)
+        long = run(command, "other", "--topic", "x" * 1025)
+        assert long.exit_code == 2 and "at most 1024 bytes" in long.output, long.output
 
 
 def test_demo_runs_the_main_job(run):

@@ -117,7 +117,7 @@ class Shell:
     def run_lines(self, lines: Iterable[str], source: str) -> int:
         """Run lines in order; stop at the first error. Returns the exit status."""
         for number, line in enumerate(lines, 1):
-            if not self.execute(line.rstrip("\n")):
+            if not self.execute(line.removesuffix("\n").removesuffix("\r")):  # (CRLF on stdin as in a file)
                 print(f"stopped at {source}, line {number}", file=self.err)
                 return 1
             if self.done:

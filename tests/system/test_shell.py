@@ -325,6 +325,8 @@ def test_lines_piped_into_the_shell_run_as_a_script(tmp_path):
     assert result.returncode == 0 and "q1" in result.stdout
     result = hqueue_shell(tmp_path, input="scan 'nope'\nlist\n")
     assert result.returncode == 1 and "stopped at <stdin>, line 1" in result.stderr
+    result = hqueue_shell(tmp_path, input="count 'q1'\r\nlist\r\n")  # (CRLF: a syntax error, found '\r')
+    assert result.returncode == 0 and "q1" in result.stdout, result.stderr
 
 
 def test_status_shows_owners_and_each_subscribers_lag(run):

@@ -101,7 +101,9 @@ class HQueueAdmin(Connected):
 
     @names_a_queue
     def disable_queue(self, name: str) -> None:
-        """Reject puts and scans with QueueDisabled until enabled again."""
+        """Reject puts, scans and consumer groups' receives with QueueDisabled until enabled
+        again. Its pending timers do not fire meanwhile (they fire once it is enabled), and
+        its timers may still be listed, found and cancelled."""
         self.engine.set_state(name, QueueState.DISABLED)
 
     @names_a_queue

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-from datetime import UTC, datetime
 from typing import Any
 
 from flask import Flask, Response, abort, g, jsonify, redirect, render_template, request, session, url_for
@@ -26,6 +25,7 @@ from ..errors import (
     QueueNotFound,
     SubscriberNotFound,
 )
+from ..message import MessageID
 from . import actions, pages
 from .access import Login, same_token
 from .forms import MAX_FIELD, field, topic_shown
@@ -138,7 +138,7 @@ def _sessions(app: Flask, access: Any) -> None:
 def stamp(ms: int) -> str:
     """Epoch ms as a UTC time to the millisecond."""
     try:
-        return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+        return MessageID(ms).datetime.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]  # (exact: ms / 1000 was not)
     except (OverflowError, OSError, ValueError, TypeError):
         return str(ms)
 

@@ -107,19 +107,21 @@ class CommitTracker:
 
     def finishing(self, message_id: MessageID, finishing: bool = True) -> None:
         """The group may be finishing ``message_id`` (a dead letter under way; False: no
-        more): a renewal short of it may be short for it alone (:meth:`finishing_now`)."""
+        more): renewed still, but not among :meth:`firm`'s."""
         with self._lock:
             if not finishing:
                 self._finishing.discard(message_id)
             elif message_id in self._held:
                 self._finishing.add(message_id)
 
-    def finishing_now(self) -> int:
-        """How many messages held here the group may be finishing now: a renewal of what
-        :meth:`held` returns may come back that many short without any lease gone."""
+    def firm(self) -> list[Delivery]:
+        """:meth:`held`, less the messages the group may be finishing (a dead letter under way):
+        a renewal of these comes back short only for leases gone. (Short by the number being
+        finished, counted apart, hid a lease really gone beside them; and one completed between
+        the two reads dropped the partition again: a review.)"""
         with self._lock:
             self._finishing &= self._held.keys()
-            return len(self._finishing - self._finished)
+            return [d for i, d in self._held.items() if i not in self._finished and i not in self._finishing]
 
     def held(self) -> list[Delivery]:
         """Every message received and not yet committed whose lease must not run out (not

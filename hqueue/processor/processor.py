@@ -252,8 +252,8 @@ class Processor:
         owner writes it: no admin right needed, and a message whose lease ran
         out meanwhile goes too); then it is complete.
 
-        From before the group finishes it until it is complete here, a renewal may come
-        back one short for it: that is not taken for leases gone (a renewal between the
+        From before the group finishes it until it is complete here, it is renewed still,
+        but a renewal's second look, which tells leases gone, leaves it out (one between the
         two dropped every message of the partition in hand here as though their leases had
         gone: an attacker's pass saw a Processor alone drop 35-40 at once, about once in
         250-1000 dead letters, and handle them after later messages of their keys)."""
@@ -313,8 +313,8 @@ class Processor:
         renewed = self.consumer.extend(held) if held else 0
         if renewed < len(held):
             for tracker in trackers:
-                mine, finishing = tracker.held(), tracker.finishing_now()
-                if mine and self.consumer.extend(mine) < len(mine) - finishing:
+                mine = tracker.firm()  # (those being dead-lettered were renewed above, with the rest)
+                if mine and self.consumer.extend(mine) < len(mine):
                     gone = tracker.forget_incomplete()
                     with self._lock:
                         self._lost.update((id(d), d) for d in gone)
@@ -414,8 +414,12 @@ class Processor:
             first, self._stop_asked = not self._stop_asked, True
         if threading.current_thread() in self._own_threads():
             if first:
-                threading.Thread(  # (not a daemon, as the thread it starts from: it commits and leaves)
-                    target=self._stop, args=(timeout,), name="hqueue-processor-stop", daemon=False
+                threading.Thread(  # (no daemon, unlike the worker it starts from: the program's exit
+                    # waits for its commit and leave, within the stop's timeout)
+                    target=self._stop,
+                    args=(timeout,),
+                    name="hqueue-processor-stop",
+                    daemon=False,
                 ).start()
             return
         if first:

@@ -65,6 +65,23 @@ def test_a_message_the_group_finished_has_no_lease_to_renew():
     assert sorted(d.id.timestamp for d in tracker.held()) == [1, 3]
 
 
+def test_a_message_being_dead_lettered_is_renewed_but_not_counted_when_leases_are_told_gone():
+    """A renewal's second look, which says whether leases are gone, leaves out the messages
+    the group may be finishing: counted in, it was short for them alone and dropped the
+    partition; allowed for by number, it hid a lease really gone beside them (a review)."""
+    tracker = CommitTracker()
+    for ts in (1, 2, 3):
+        tracker.received(delivery(ts))
+    tracker.finishing(MessageID(2))
+    assert [d.id.timestamp for d in tracker.held()] == [1, 2, 3]  # (renewed still)
+    assert [d.id.timestamp for d in tracker.firm()] == [1, 3]
+    tracker.finishing(MessageID(2), False)  # the dead letter failed: renewed and counted again
+    assert [d.id.timestamp for d in tracker.firm()] == [1, 2, 3]
+    tracker.finishing(MessageID(2))
+    tracker.completed(MessageID(2), finished=True)
+    assert [d.id.timestamp for d in tracker.held()] == [d.id.timestamp for d in tracker.firm()] == [1, 3]
+
+
 def test_a_completion_says_how_many_it_made_committable():
     for _ in range(50):
         tracker, ids = CommitTracker(), list(range(1, 40))

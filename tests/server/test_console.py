@@ -461,6 +461,9 @@ def test_values_and_topics_show_as_the_cli_prints_them():
     # (and a NUL, or any other control character but tab, newline and CR, went into the page raw)
     assert shown(b"a\x00b\tc\x1b[31m\xe2\x80\xae") == "a\\x00b\tc\\x1b[31m\\xe2\\x80\\xae"
     assert topic_shown(b"a\tb\nc\xff") == "a\\tb\\nc\\xff"
+    from hqueue.console.app import stamp  # (exactly: ms / 1000 showed 1 in 4 of year 2286's ms one early)
+
+    assert [stamp(ms) for ms in (10**13 + 1, 2162641689588)] == ["2286-11-20 17:46:40.001", "2038-07-13 13:48:09.588"]
 
 
 # -- bounds, on a console in this process ------------------------------------------------------------

@@ -42,6 +42,7 @@ registrations and with partition ownership on every change, and every second.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -53,6 +54,7 @@ from ..coordination import Coordinator
 from ..deadletters import dead_letter, dead_letter_queue
 from ..engine import Engine
 from ..errors import HQueueError, SubscriberNotFound
+from ..keys.requests import LANE_LENGTH, Request
 from ..message import Message, MessageID, id_bytes, messages_from_columns, successor
 from ..metrics import ServerMetrics
 from ..scanner import Scan
@@ -262,6 +264,19 @@ class PartitionWorker:
         self._save(force=True)
         return True
 
+    def _burial(self, message: Message) -> Request | None:
+        """The idempotent put (requests.py) of ``message``'s dead letter, named by the
+        registration (``made``, ``epoch``), the partition and the message: a server killed
+        between the dead letter and its checkpoint's save pushes the message again after its
+        restart and, refused again, buries it again; that put is answered with the first one's
+        ID. A replay (a new epoch), or the subscriber registered again, gives a new one."""
+        registration = self.registration
+        if not registration.made or message.id is None:  # (registered before hqueue kept it: at least once)
+            return None
+        named = f"{self.queue}\0{self.name}\0{registration.made}\0{registration.epoch}\0{self.partition_id}"
+        lane = hashlib.blake2b(f"{named}\0{message.id}".encode(), digest_size=LANE_LENGTH).digest()
+        return Request(lane, 1, resent=True)  # (resent: a restarted writer looks its record up in the store)
+
     def _dead_letter(self, message: Message) -> bool:
         """Put the message on ``<queue>.dlq``, in a partition this server writes; False: not yet
         (no partition of it here yet, or it cannot take the message now: disabled, its name
@@ -275,6 +290,7 @@ class PartitionWorker:
                 message,
                 by=f"subscriber {self.name}",
                 attempts=self.registration.dead_letter_after or 0,
+                request=self._burial(message),
             )
         except HQueueError as e:
             logger.warning("%s: message %s of %s stays: %s", self.name, message.id, self.queue, e)

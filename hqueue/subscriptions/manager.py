@@ -185,7 +185,7 @@ def _identity(registration: Registration) -> tuple:
     """What a running worker depends on: a change means a restart."""
     return (
         registration.address, registration.effective_topics, registration.epoch, registration.dead_letter_after,
-        registration.push, registration.approved,
+        registration.push, registration.approved, registration.made,
     )  # fmt: skip
 
 

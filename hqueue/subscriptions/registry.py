@@ -80,6 +80,9 @@ class Registration:
         approved: Addresses a server checked when a subscriber announced them
             through it (``approveSubscriberAddress``, or the heartbeat's own);
             servers push only to these, or into their ``--subscriber-allow`` networks.
+        made: Random, given when it is registered (kept while it is, and not by one
+            registered again after a delete): with ``epoch``, it names its dead letters'
+            idempotent puts (delivery.py). Empty for one registered before hqueue kept it.
     """
 
     queue: str
@@ -93,6 +96,7 @@ class Registration:
     dead_letter_after: int | None = None
     push: PushCredentials | None = None
     approved: tuple[str, ...] = ()
+    made: str = ""
 
     @property
     def attached(self) -> bool:
@@ -118,6 +122,7 @@ class Registration:
                 "epoch": self.epoch,
                 "dead_letter_after": self.dead_letter_after,
                 "approved": list(self.approved),
+                "made": self.made,
             }
         ).encode()
 
@@ -134,6 +139,7 @@ class Registration:
             epoch=raw.get("epoch", 0),
             dead_letter_after=raw.get("dead_letter_after"),
             approved=tuple(a for a in raw.get("approved", ()) if isinstance(a, str)),
+            made=made if isinstance(made := raw.get("made", ""), str) else "",
         )
 
 

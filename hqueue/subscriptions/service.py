@@ -8,6 +8,7 @@ ZooKeeper or the store), or the process that opened an embedded store
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -124,7 +125,9 @@ class Subscribers:
             check_partition(info, pid)
         partitions = frozenset(starts) if starts is not None else None
         given = {pid: start for pid, start in (starts or {}).items() if start is not None}
-        fresh = Registration(queue, name, topics, partitions, dead_letter_after=dead_letter_after)
+        fresh = Registration(
+            queue, name, topics, partitions, dead_letter_after=dead_letter_after, made=secrets.token_hex(8)
+        )
         checkpoints = {pid: self._now(queue, pid) for pid in range(info.partitions) if fresh.takes(pid)}
         registered = self.registry.names(queue)
         if len(registered) >= MAX_SUBSCRIBERS_PER_QUEUE and name not in registered:
@@ -139,8 +142,9 @@ class Subscribers:
             def change(old: Registration) -> Registration:
                 missing = {p: c for p, c in checkpoints.items() if p not in old.checkpoints}
                 kept = Registration(
-                    queue, name, topics, partitions, old.checkpoints, dead_letter_after=dead_letter_after
-                )
+                    queue, name, topics, partitions, old.checkpoints, dead_letter_after=dead_letter_after,
+                    made=old.made,
+                )  # fmt: skip
                 return kept.with_checkpoints({**missing, **given})
 
             self.registry.update(queue, name, change)

@@ -513,3 +513,60 @@ def test_a_queue_has_at_most_so_many_subscribers_registered(url, monkeypatch):
         admin.delete_subscriber("events", "a")
         admin.add_subscriber("events", "d")
     assert refused.value.limit == "max_subscribers_per_queue"
+
+
+_BURY_AND_DIE = """
+import os, sys, threading
+import hqueue.subscriptions.delivery as delivery
+from hqueue import HQueue, Message, MessageListener, Subscription
+
+real = delivery.dead_letter
+
+
+def dead_letter_and_die(*args, **kwargs):
+    real(*args, **kwargs)
+    os._exit(9)  # killed between the dead letter's write and the checkpoint's save
+
+
+class Refuse(MessageListener):
+    def on_messages(self, messages):
+        raise ValueError("poison")
+
+
+delivery.dead_letter = dead_letter_and_die
+with HQueue("orders", sys.argv[1]) as queue:
+    with queue.create_subscriber(Subscription("s", dead_letter_after=1), [Refuse()]):
+        queue.put(Message("t", b"poison"), partition_id=0)
+        threading.Event().wait(60)
+"""
+
+
+def test_a_message_dead_lettered_again_after_a_kill_before_its_checkpoint_is_one_dead_letter(tmp_path):
+    """A subscription's dead letter and its checkpoint's save are two writes: a process killed
+    between them pushed the message again after the restart, and buried it twice. Its put is
+    named by the registration (made, epoch), the partition and the message: the second is
+    answered with the first's ID. A replay buries it anew, as it should."""
+    import subprocess
+    import sys
+
+    url = f"local://{tmp_path}/data"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("orders", 1)
+    child = subprocess.run([sys.executable, "-c", _BURY_AND_DIE, url], capture_output=True, timeout=90)
+    assert child.returncode == 9, child.stderr.decode()[-2000:]
+
+    def dead(queue: HQueue) -> list[bytes]:
+        with HQueue("orders.dlq", url) as dlq:
+            return [m.value for m in dlq.scan()]
+
+    with HQueueAdmin(url) as admin, HQueue("orders", url) as queue:
+        assert dead(queue) == [b"poison"]
+        listener = RefusePoison()
+        with queue.create_subscriber(Subscription("s", dead_letter_after=1), [listener]):
+            wait_for(lambda: listener.refusals >= 1, 30, "the poison pushed again")
+            wait_for(
+                lambda: admin.describe_subscriber("orders", "s")["lag_messages"] == {0: 0}, 30, "the checkpoint past it"
+            )
+            assert dead(queue) == [b"poison"]
+            admin.set_checkpoint("orders", "s", 0, 0)  # a replay: buried anew
+            wait_for(lambda: len(dead(queue)) == 2, 30, "the replay's dead letter")

@@ -17,13 +17,13 @@ from .checks import message_columns
 from .config import DEAD_LETTER_SUFFIX, QueueInfo, validate_queue_name
 from .errors import HQueueError, InvalidQueueName, QueueExists, QueueNotFound
 from .keys.deadletters import note_key, notes_prefix
+from .keys.requests import Request
 from .message import Message, MessageID
 
 if TYPE_CHECKING:
     from .api import EngineAPI
     from .coordination import Coordinator
     from .engine import Engine
-    from .keys.requests import Request
 
 logger = logging.getLogger(__name__)
 
@@ -77,14 +77,14 @@ def dead_letter(
     *,
     by: str = "",
     attempts: int = 0,
-    request: Request | None = None,
+    lane: bytes | None = None,
 ) -> tuple[int, MessageID] | None:
     """Put ``message`` on ``<queue>.dlq``, in its partition if this process writes
     it (else another it owns): (partition, ID), or None while the dead-letter
     queue's partitions have no owner here yet (try again later). With ``by``
     (who sends it), a note beside it keeps its origin and ``attempts``. With a
-    ``request`` (requests.py), a dead letter written already under it is not
-    written again: its ID is the first one's."""
+    ``lane`` (requests.py) that names this burial, the same across a crash, a dead
+    letter written already under it is not written again: its ID is the first one's."""
     dlq = dead_letter_queue(queue)
     info, made = dead_letter_info(engine, queue)
     if made:
@@ -95,6 +95,8 @@ def dead_letter(
         return None  # its partitions are being assigned: next time
     pid = partition_id if partition_id in owned else owned[0]
     dead = [Message(message.topic, message.value)]
+    # (resent: a writer restarted since the first try looks the lane's record up in the store)
+    request = None if lane is None else Request(lane, 1, resent=True)
     dead_id = engine.put_columns(dlq, *message_columns(info, dead), pid, request)
     if by:
         note = {"partition": partition_id, "id": str(message.id) if message.id else None, "by": by,

@@ -28,14 +28,19 @@ def escape(data: bytes) -> str:
 
     The same on a terminal and in a pipe: nothing is dropped, nothing goes out raw.
     """
-    return data.replace(b"\\", b"\\\\").decode("utf-8", "backslashreplace").translate(_ESCAPED_CHARS)
+    return _decoded(data).translate(_ESCAPED_CHARS)
 
 
 def as_text(data: bytes) -> str:
     """Bytes as text, its lines kept: UTF-8, a backslash doubled, ``\\xNN`` for every byte
     that is not UTF-8 and every control character but tab, newline and CR (:func:`escape`
     without those three escaped: a value a page shows whole; a NUL went into the page raw)."""
-    return data.replace(b"\\", b"\\\\").decode("utf-8", "backslashreplace").translate(_LINES)
+    return _decoded(data).translate(_LINES)
+
+
+def _decoded(data: bytes) -> str:
+    """UTF-8, a backslash doubled, ``\\xNN`` for every byte that is not UTF-8."""
+    return data.replace(b"\\", b"\\\\").decode("utf-8", "backslashreplace")
 
 
 #: What :func:`escape` writes, read back: ``\\``, ``\t``, ``\n``, ``\r``, ``\xNN``.

@@ -129,9 +129,13 @@ class PartitionWriters:
                 lock = self._locks.setdefault(key, threading.Lock())
         return lock
 
+    def _of(self, name: str) -> list[PartitionWriter]:
+        """The writers held for the queue's partitions."""
+        return [w for (q, _), w in list(self._writers.items()) if q == name]
+
     def allocators(self, name: str) -> list[IDAllocator]:
         """The allocators held for the queue's partitions."""
-        return [w.allocator for (q, _), w in list(self._writers.items()) if q == name]
+        return [w.allocator for w in self._of(name)]
 
     def truncated(self, name: str) -> None:
         """The queue was truncated (call under its partitions' locks): the lanes' last puts
@@ -139,9 +143,8 @@ class PartitionWriters:
         again. A put waiting for a lock the truncate held was checked against the queue's
         floor as it was before (its definition read first): answered from the record still
         held here, its first copy gone (a review)."""
-        for (queue, _), writer in list(self._writers.items()):
-            if queue == name:
-                writer.requests = RequestLog()
+        for writer in self._of(name):
+            writer.requests = RequestLog()
 
     def held(self, info: QueueInfo, pid: int) -> PartitionWriter:
         """The partition's writer; on first use the partition is taken from the store

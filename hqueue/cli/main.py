@@ -377,11 +377,12 @@ def topic_bytes(ctx: Any, param: Any, value: tuple[str, ...]) -> tuple[bytes, ..
     ``scan`` prints them (``\\xff`` is the byte 0xff, ``\\\\`` a backslash: commands.unescape),
     as the shell and the console read them. An empty one, or one longer than any stored, is a
     usage error (status 2; the long one was status 1)."""
+    if any(not topic for topic in value):
+        raise click.BadParameter("a topic must not be empty", ctx=ctx, param=param)
     topics = tuple(unescape(os.fsencode(topic)) for topic in value)
     for topic in topics:
         try:
             topic_filter(topic)
         except InvalidMessage as e:
-            raise click.BadParameter(str(e).replace("'topic' must not be empty", "a topic must not be empty"),
-                                     ctx=ctx, param=param) from None  # fmt: skip
+            raise click.BadParameter(str(e), ctx=ctx, param=param) from None
     return topics

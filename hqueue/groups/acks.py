@@ -14,7 +14,7 @@ from ..config import UNSEEN, Durability
 from ..deadletters import dead_letter, dead_letter_queue
 from ..errors import GroupNotFound, HQueueError, NotPartitionOwner
 from ..keys.groups import state_prefix
-from ..keys.requests import LANE_LENGTH, Request
+from ..keys.requests import LANE_LENGTH
 from ..message import PackedReceipts, ids_by_partition, messages_from_columns
 from .limits import GroupLimits, backoff, check_delay
 from .state import MAX_ACKED_AHEAD, GroupState, PartitionState
@@ -479,7 +479,7 @@ class GroupAcks:
             try:
                 placed = dead_letter(self.engine, self.coordinator, group.queue, pid, message,
                                      by=f"group {group.name}", attempts=state.retries.get(message_id, 0),
-                                     request=self._burial(group, pid, state, message_id))  # fmt: skip
+                                     lane=self._burial(group, pid, state, message_id))  # fmt: skip
                 if placed is None:  # the dead-letter queue has no partition here yet: try again soon
                     raise NotPartitionOwner(dead_letter_queue(group.queue), pid)
             except HQueueError as e:
@@ -502,9 +502,9 @@ class GroupAcks:
             return
         self._acked(group, pid, state, [message_id])
 
-    def _burial(self, group: GroupState, pid: int, state: PartitionState, message_id: bytes) -> Request:
-        """The idempotent put (requests.py) of ``message_id``'s dead letter. Its lane is
-        stored before the first try: a process killed between the dead letter's write and
+    def _burial(self, group: GroupState, pid: int, state: PartitionState, message_id: bytes) -> bytes:
+        """The lane of ``message_id``'s dead letter's idempotent put (requests.py), stored
+        before the first try: a process killed between the dead letter's write and
         the record that the message is finished buries it again after the restart, and the
         put is answered with the first one's ID. The lane goes with the message's finish; a
         rewind or a group made again starts without it, and their burials are new dead letters."""
@@ -514,7 +514,7 @@ class GroupAcks:
             prefix = state_prefix(group.queue, group.name, pid)
             self._write(group, pid, {f"{prefix}bury/{message_id.hex()}": lane})
             state.burying[message_id] = lane
-        return Request(lane, 1, resent=True)  # (resent: a restarted writer looks its record up in the store)
+        return lane
 
     def _unburied(
         self, group: GroupState, pid: int, state: PartitionState, message_id: bytes, error: Exception

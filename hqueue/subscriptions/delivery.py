@@ -54,7 +54,7 @@ from ..coordination import Coordinator
 from ..deadletters import dead_letter, dead_letter_queue
 from ..engine import Engine
 from ..errors import HQueueError, SubscriberNotFound
-from ..keys.requests import LANE_LENGTH, Request
+from ..keys.requests import LANE_LENGTH
 from ..message import Message, MessageID, id_bytes, messages_from_columns, successor
 from ..metrics import ServerMetrics
 from ..scanner import Scan
@@ -264,8 +264,8 @@ class PartitionWorker:
         self._save(force=True)
         return True
 
-    def _burial(self, message: Message) -> Request | None:
-        """The idempotent put (requests.py) of ``message``'s dead letter, named by the
+    def _burial(self, message: Message) -> bytes | None:
+        """The lane of ``message``'s dead letter's idempotent put (requests.py), named by the
         registration (``made``, ``epoch``), the partition and the message: a server killed
         between the dead letter and its checkpoint's save pushes the message again after its
         restart and, refused again, buries it again; that put is answered with the first one's
@@ -274,8 +274,7 @@ class PartitionWorker:
         if not registration.made or message.id is None:  # (registered before hqueue kept it: at least once)
             return None
         named = f"{self.queue}\0{self.name}\0{registration.made}\0{registration.epoch}\0{self.partition_id}"
-        lane = hashlib.blake2b(f"{named}\0{message.id}".encode(), digest_size=LANE_LENGTH).digest()
-        return Request(lane, 1, resent=True)  # (resent: a restarted writer looks its record up in the store)
+        return hashlib.blake2b(f"{named}\0{message.id}".encode(), digest_size=LANE_LENGTH).digest()
 
     def _dead_letter(self, message: Message) -> bool:
         """Put the message on ``<queue>.dlq``, in a partition this server writes; False: not yet
@@ -290,7 +289,7 @@ class PartitionWorker:
                 message,
                 by=f"subscriber {self.name}",
                 attempts=self.registration.dead_letter_after or 0,
-                request=self._burial(message),
+                lane=self._burial(message),
             )
         except HQueueError as e:
             logger.warning("%s: message %s of %s stays: %s", self.name, message.id, self.queue, e)

@@ -217,23 +217,22 @@ class SubscriberLoop:
         return bool(self._ready) and self._ready[0].stopping.is_set()
 
     def pick(self) -> PartitionWorker:
-        """The next ready worker: in turn, but on a queue with priority tiers the highest
-        tier's first, except one pick in STARVE_GUARD (SPEC X4)."""
-        if self.stopping_first():
-            worker = self._ready.popleft()
-            worker.queued = worker.dirty = False
-            return worker
+        """The next ready worker: one that stops first; else in turn, but on a queue with
+        priority tiers the highest tier's first, except one pick in STARVE_GUARD (SPEC X4)."""
+        worker = self._ready.popleft() if self.stopping_first() else self._in_turn()
+        worker.queued = worker.dirty = False  # a write from here on wakes it again
+        return worker
+
+    def _in_turn(self) -> PartitionWorker:
         self._picks += 1
         try:
             info = self.manager.engine.queue_info(self.queue)
         except HQueueError:
             info = None
         if info is None or info.priorities == 1 or self._picks % STARVE_GUARD == 0:
-            worker = self._ready.popleft()
-        else:
-            worker = max(self._ready, key=lambda w: info.tier_of(w.partition_id))  # the first of the highest tier
-            self._ready.remove(worker)
-        worker.queued = worker.dirty = False  # a write from here on wakes it again
+            return self._ready.popleft()
+        worker = max(self._ready, key=lambda w: info.tier_of(w.partition_id))  # the first of the highest tier
+        self._ready.remove(worker)
         return worker
 
     def after(self, worker: PartitionWorker, result: float) -> None:
@@ -264,12 +263,6 @@ class SubscriberLoop:
             worker.dirty = True
             if worker.idle:
                 self.ready_now(worker)
-
-    def remove(self, worker: PartitionWorker) -> None:
-        """Stop ``worker`` (it saves its checkpoint), its push under way cut short, or another
-        partition's that holds up the connection for PUSH_GRACE; wait for it."""
-        self.stopping(worker)
-        self.removed(worker)
 
     def stopping(self, worker: PartitionWorker) -> None:
         """Ask ``worker`` to stop, first of the subscriber's (:meth:`removed` waits for it):

@@ -325,22 +325,24 @@ class MetricsAccess:
         """Whether every request may read."""
         return self._digest is None and self._policy is None
 
-    def allows(self, authorization: str | None) -> bool:
-        """Whether a request with this ``Authorization`` header (None: none) may read."""
+    def allows(self, authorization: str | None) -> int:
+        """What a request with this ``Authorization`` header (None: none) is answered: 200 (it may
+        read), 401 (no token, or a wrong one) or 403 (a right token without the metrics role: not a
+        guess, and not counted as one)."""
         if self.open:
-            return True
+            return 200
         scheme, _, token = (authorization or "").strip().partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token or len(token) > 4096:
-            return False
+            return 401
         if self._digest is not None and hmac.compare_digest(hashlib.sha256(token.encode()).digest(), self._digest):
-            return True
+            return 200
         if self._policy is None:
-            return False
+            return 401
         try:
-            return self._policy.authenticate(token).may_read_metrics()
+            return 200 if self._policy.authenticate(token).may_read_metrics() else 403
         except NotAuthorized:
-            return False
+            return 401
 
 
 class PushPolicy:

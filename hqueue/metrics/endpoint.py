@@ -46,7 +46,8 @@ class MetricsEndpoint:
     Args:
         render: The body of a scrape.
         allows: Whether an ``Authorization`` header value (None: absent), from a peer host, may read
-            (True or 200; False or 401; 429: that host must wait, answered at once);
+            (True or 200; False or 401; 403: a right token without the role;
+            429: that host must wait, answered at once);
             None: every request may.
 
     Raises:
@@ -156,6 +157,8 @@ class _Handler(BaseHTTPRequestHandler):
         verdict = True if allows is None else allows(self.headers.get("Authorization"), self.client_address[0])
         if verdict is False or verdict == 401:
             self._reply(401, b"a bearer token with the metrics role is needed\n", {"WWW-Authenticate": "Bearer"})
+        elif verdict == 403:
+            self._reply(403, b"this token does not hold the metrics role\n")
         elif verdict == 429:
             self._reply(429, b"too many wrong tokens from this host: try again later\n", {"Retry-After": "2"})
         elif urlsplit(self.path).path not in ("/metrics", "/"):

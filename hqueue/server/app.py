@@ -391,7 +391,8 @@ class HQueueServer:
         self.metrics_port = self.metrics.serve(port, host, None if access.open else self._scrape_allowed(access))
 
     def _scrape_allowed(self, access: MetricsAccess) -> Callable[[str | None, str], int]:
-        """Whether a scrape's bearer token may read (200, 401), counted as log-ins on the Thrift
+        """Whether a scrape's bearer token may read (200; 401; 403, a right token without the
+        metrics role, not a guess), wrong ones counted as log-ins on the Thrift
         port are, per host (it answered 700 guesses a second). A host past its free wrong
         tokens is answered 429 at once, unread, for as long as the Thrift port would hold
         its answer: nothing waits in the endpoint's few threads (guesses sleeping there kept
@@ -405,8 +406,9 @@ class HQueueServer:
             with lock:
                 if held.get(host, 0.0) > now:
                     return 429
-            if access.allows(authorization):
-                return 200
+            verdict = access.allows(authorization)
+            if verdict != 401:
+                return verdict
             if authorization:  # a token, and a wrong one
                 delay, _ = logins.failed(Connection(0, (host, 0)))
                 if delay:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from ..auth import PushCredentials
@@ -138,12 +139,14 @@ class Subscribers:
         try:
             self.registry.create(fresh.with_checkpoints({**checkpoints, **given}))
         except SubscriberExists:
-            # Registered before: keep its checkpoints, except where a start is given.
+            # Registered before: keep its checkpoints, except where a start is given, and what its
+            # attached process announced. A start given is a replay: a new epoch, so that running
+            # workers stop and never save their own positions over it (the epoch went back to 0).
             def change(old: Registration) -> Registration:
                 missing = {p: c for p, c in checkpoints.items() if p not in old.checkpoints}
-                kept = Registration(
-                    queue, name, topics, partitions, old.checkpoints, dead_letter_after=dead_letter_after,
-                    made=old.made,
+                kept = replace(
+                    old, topics=topics, partitions=partitions, dead_letter_after=dead_letter_after,
+                    epoch=old.epoch + 1 if given else old.epoch,
                 )  # fmt: skip
                 return kept.with_checkpoints({**missing, **given})
 

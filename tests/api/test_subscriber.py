@@ -570,3 +570,41 @@ def test_a_message_dead_lettered_again_after_a_kill_before_its_checkpoint_is_one
             assert dead(queue) == [b"poison"]
             admin.set_checkpoint("orders", "s", 0, 0)  # a replay: buried anew
             wait_for(lambda: len(dead(queue)) == 2, 30, "the replay's dead letter")
+
+
+def test_registering_an_attached_subscriber_again_keeps_it_attached_and_its_epoch(queue, url, server):
+    """add_subscriber on one registered already rebuilt its registration: its address, push key
+    and approvals went (pushes paused until its next heartbeat) and its epoch went back to 0 (a
+    replayed subscriber's running workers were then of a newer epoch than the registration)."""
+    registry = server.handler.subscription_calls.service.registry
+    listener = Collect()
+    with queue.create_subscriber(Subscription("s1"), [listener]):
+        queue.put(Message("t", b"one"), partition_id=2)
+        wait_for(lambda: listener.messages, 10, "first delivery")
+        with HQueueAdmin(url) as admin:
+            admin.set_checkpoint("events", "s1", 2, MessageID(0))  # epoch 1
+            before = registry.load("events", "s1")
+            admin.add_subscriber("events", "s1", dead_letter_after=3)
+            after = registry.load("events", "s1")
+            assert after.attached and after.address == before.address
+            assert (after.push, after.approved, after.made) == (before.push, before.approved, before.made)
+            assert after.epoch >= before.epoch == 1 and after.dead_letter_after == 3
+            queue.put(Message("t", b"two"), partition_id=2)
+            wait_for(lambda: b"two" in listener.values(), 10, "a push after the registration again")
+
+
+def test_a_start_given_when_registering_again_is_where_running_workers_go_on(queue, url, server):
+    """A start given to add_subscriber for a subscriber already pushed to is a replay: the
+    running worker must not save its own position over it (it kept the registration's epoch)."""
+    registry = server.handler.subscription_calls.service.registry
+    listener = Collect()
+    with queue.create_subscriber(Subscription("s1"), [listener]):
+        ids = queue.put([Message("t", b"a"), Message("t", b"b")], partition_id=4)
+        wait_for(lambda: len(listener.messages) >= 2, 10, "first pass")
+        epoch = registry.load("events", "s1").epoch
+        with HQueueAdmin(url) as admin:
+            admin.add_subscriber("events", "s1", partitions={p: (ids[0] if p == 4 else None) for p in range(8)})
+            assert registry.load("events", "s1").epoch == epoch + 1
+            wait_for(lambda: len(listener.messages) >= 4, 10, "the replay from the given start")
+            settled(server)
+    assert listener.values()[:4] == [b"a", b"b", b"a", b"b"]

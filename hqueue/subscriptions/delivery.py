@@ -188,9 +188,9 @@ class PartitionWorker:
             self.manager.engine.writers.check(self.queue, self.partition_id)
             registry = self.manager.registry
             if not registry.save_checkpoints(
-                self.queue, self.name, {self.partition_id: self.checkpoint}, self.registration.epoch
+                self.queue, self.name, {self.partition_id: self.checkpoint}, self.registration
             ):
-                self.stopping.set()  # replayed meanwhile: the manager starts a worker of the new epoch
+                self.stopping.set()  # replayed (or registered again) meanwhile: the manager starts a new worker
                 registry.changed()
             self.saved, self._last_save, self.unsaved = self.checkpoint, now, 0
         except SubscriberNotFound:

@@ -230,14 +230,15 @@ class SubscriberRegistry(abc.ABC):
 
         self.update(queue, name, change)
 
-    def save_checkpoints(self, queue: str, name: str, checkpoints: dict[int, MessageID], epoch: int) -> bool:
-        """Merge a worker's checkpoints; False (nothing saved) if a replay
-        started a new epoch meanwhile."""
+    def save_checkpoints(self, queue: str, name: str, checkpoints: dict[int, MessageID], of: Registration) -> bool:
+        """Merge the checkpoints of a worker of registration ``of``; False (nothing saved) if a
+        replay started a new epoch meanwhile, or the subscriber was deleted and registered again
+        (its ``made``: a worker of the deleted one, still stopping, moved the new one's start)."""
         saved = True
 
         def change(registration: Registration) -> Registration:
             nonlocal saved
-            saved = registration.epoch == epoch
+            saved = (registration.epoch, registration.made) == (of.epoch, of.made)
             return registration.with_checkpoints(checkpoints) if saved else registration
 
         self.update(queue, name, change)

@@ -608,3 +608,40 @@ def test_a_start_given_when_registering_again_is_where_running_workers_go_on(que
             wait_for(lambda: len(listener.messages) >= 4, 10, "the replay from the given start")
             settled(server)
     assert listener.values()[:4] == [b"a", b"b", b"a", b"b"]
+
+
+def test_a_deleted_subscribers_stopping_worker_does_not_save_into_its_new_registration(tmp_path):
+    """delete + add_subscriber(from 0): the deleted registration's worker, still stopping (the
+    one push thread busy with another subscriber's slow push), saved its position into the new
+    registration, which then skipped the 100 messages it asked for (an attacker's pass)."""
+    server = HQueueServer(f"local://{tmp_path}/data", port=0, push_threads=1, checkpoint_interval=0.1).start()
+    url = f"hqueue://{server.address}"
+    try:
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("orders", 1)
+            admin.create_queue("other", 1)
+        with HQueueAdmin(url) as admin, HQueue("orders", url) as orders, HQueue("other", url) as other:
+            listener, slow = Collect(), Slow(3.0)
+            with (
+                orders.create_subscriber(Subscription("s"), [listener]),
+                other.create_subscriber(Subscription("slow"), [slow]),
+            ):
+                orders.put([Message("t", b"%d" % i) for i in range(100)], partition_id=0)
+                wait_for(lambda: len(listener.messages) >= 100, 20, "the first pass")
+                time.sleep(0.3)  # (its checkpoint saved)
+                other.put(Message("t", b"x"), partition_id=0)  # the one push thread: busy for 3 s
+                wait_for(lambda: slow.started, 10, "the slow push")
+                admin.delete_subscriber("orders", "s")
+                admin.add_subscriber("orders", "s", partitions={0: MessageID(0)})  # everything again
+                wait_for(lambda: len(listener.messages) >= 200, 20, "the 100 asked for again")
+    finally:
+        server.stop()
+
+
+class Slow(MessageListener):
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.started = seconds, False
+
+    def on_messages(self, messages):
+        self.started = True
+        time.sleep(self.seconds)

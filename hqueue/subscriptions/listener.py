@@ -34,6 +34,7 @@ nodes there itself, with its own session.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -43,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..auth import PushCredentials, joined
 from ..checks import check_name
-from ..errors import HQueueError, InvalidArgument, SubscriberActive
+from ..errors import HQueueError, InvalidArgument, SubscriberActive, SubscriberNotFound
 from ..message import Message, MessageID, TimeLike, as_message_id, messages_from_columns, topic_filter
 from .push import PushGuard, PushRefused, ephemeral_tls
 
@@ -284,11 +285,34 @@ class Subscriber:
         self._server.serve_in_thread(f"hqueue-subscriber-{self.name}")
         try:
             topics = frozenset(self.subscription.topics) if self.subscription.topics else None
-            self.service.add(
-                self.queue, self.name, topics, self.subscription.partitions, self.subscription.dead_letter_after
-            )
+
+            def register() -> None:
+                self.service.add(
+                    self.queue, self.name, topics, self.subscription.partitions, self.subscription.dead_letter_after
+                )
+
             coordination = self.service.coordination(self.queue)
-            if coordination.startswith("zk:"):
+            if not coordination.startswith("zk:"):
+                # Present first, then registered: a second instance refused (SubscriberActive)
+                # must change nothing of the live one's registration (its partitions, starts and
+                # dead-letter limit replaced the live one's). One not registered yet is first.
+                heartbeat = functools.partial(self.service.heartbeat, self.queue, self.name, self.address, topics, push)
+                try:
+                    self._take_over(heartbeat)
+                except SubscriberNotFound:
+                    register()
+                    self._take_over(heartbeat)
+                else:
+                    try:
+                        register()
+                    except BaseException:  # (refused: its presence goes at once, not in 3 s)
+                        with contextlib.suppress(HQueueError):
+                            self.service.leave(self.queue, self.name, push)
+                        raise
+                self._stop_heartbeat.clear()
+                threading.Thread(target=self._heartbeat, args=(topics,), daemon=True).start()
+            else:  # (a server older than this version: registered first, as it expects)
+                register()
                 from ..coordination.zookeeper import AUTH_ENV
                 from .zk_registry import ZooKeeperPresence
 
@@ -300,10 +324,6 @@ class Subscriber:
                     coordination[3:], self.queue, self.name, self.address, topics, push, auth
                 )
                 self._take_over(self._presence.start)
-            else:
-                self._take_over(lambda: self.service.heartbeat(self.queue, self.name, self.address, topics, push))
-                self._stop_heartbeat.clear()
-                threading.Thread(target=self._heartbeat, args=(topics,), daemon=True).start()
         except BaseException:
             self.state = SubscriberState.STOPPED
             self._server.close()

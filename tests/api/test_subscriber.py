@@ -645,3 +645,22 @@ class Slow(MessageListener):
     def on_messages(self, messages):
         self.started = True
         time.sleep(self.seconds)
+
+
+def test_a_second_instance_refused_changes_nothing_of_the_live_ones_registration(queue, url):
+    """A second instance's start() registered it before it was refused: its partitions, starts
+    and dead-letter limit replaced the live one's (the live one got nothing of partitions 1-7,
+    and partition 0 skipped an hour; an attacker's pass)."""
+    live = Collect()
+    with queue.create_subscriber(Subscription("s"), [live]), HQueueAdmin(url) as admin:
+        before = admin.describe_subscriber("events", "s")
+        second = Subscription("s", dead_letter_after=1).add_partitions(
+            {0: MessageID(int(time.time() * 1000) + 3_600_000)}
+        )
+        with pytest.raises(SubscriberActive):
+            queue.create_subscriber(second, [Collect()], takeover_timeout=0.5).start()
+        after = admin.describe_subscriber("events", "s")
+        assert (after["partitions"], after["checkpoints"]) == (before["partitions"], before["checkpoints"])
+        ids = put_spread(queue, 8)
+        wait_for(lambda: len(live.messages) >= 8, 10, "every partition's message at the live instance")
+    assert sorted(m.id for m in live.messages) == sorted(ids)

@@ -346,7 +346,7 @@ def test_a_subscriber_runs_with_a_consumer_token_granted_its_name(secured):
 
     url = f"hqueue://{secured.address}"
     with HQueue("crawl.pages", url, token=WORKER) as queue:
-        with pytest.raises(NotAuthorized, match="may not add subscriber 'crawler-sub'"):
+        with pytest.raises(NotAuthorized, match="may not run subscriber 'crawler-sub'"):
             queue.create_subscriber(Subscription("crawler-sub"), [Take()]).start()
     with HQueue("crawl.pages", url, token=CRAWLER) as queue:
         take = Take()

@@ -71,6 +71,7 @@ class Subscribers:
     def registration(self, queue: str, name: str) -> Registration:
         """``name``'s registration on ``queue``: SubscriberNotFound (QueueNotFound) if there is none."""
         self._used()
+        check_name("subscriber", name)
         return self.registry.load(queue, name)
 
     def heartbeat(
@@ -79,6 +80,7 @@ class Subscribers:
         """Presence (with ZooKeeper too, where the server writes it); the caller checked
         ``address`` (the server's push policy)."""
         self._used()
+        check_name("subscriber", name)
         if not isinstance(push, PushCredentials):
             raise InvalidArgument("a heartbeat carries the subscriber's push key")
         topics = frozenset(topics) if topics else None
@@ -89,12 +91,14 @@ class Subscribers:
         """Record an address the caller checked, before the subscriber announces it
         (and ``push``) in ZooKeeper."""
         self._used()
+        check_name("subscriber", name)
         if not isinstance(push, PushCredentials):
             raise InvalidArgument("an announcement carries the subscriber's push key")
         self.registry.approve(queue, name, address)
 
     def leave(self, queue: str, name: str, push: PushCredentials | None = None) -> None:
         """End the presence (only if it is still ``push``'s, when given)."""
+        check_name("subscriber", name)
         self.registry.leave(queue, name, push)
 
     def _now(self, queue: str, partition_id: int) -> MessageID:
@@ -154,6 +158,7 @@ class Subscribers:
         return self.registry.load(queue, name)
 
     def delete(self, queue: str, name: str) -> None:
+        check_name("subscriber", name)  # (every call, not add alone: a path in ZooKeeper is made of it)
         try:
             self.registry.remove(queue, name)
         except SubscriberNotFound:
@@ -162,6 +167,7 @@ class Subscribers:
 
     def set_checkpoint(self, queue: str, name: str, partition_id: int | None, start: MessageID) -> None:
         """Replay: deliver again from ``start`` (inclusive); None: every partition."""
+        check_name("subscriber", name)
         info = self.engine.queue_info(queue, fresh=True)
         if partition_id is not None:
             check_partition(info, partition_id)
@@ -179,6 +185,7 @@ class Subscribers:
 
     def describe(self, queue: str, name: str) -> dict[str, Any]:
         """Address, topics, checkpoints and lag per partition (see :func:`partition_lag`)."""
+        check_name("subscriber", name)
         info = self.engine.queue_info(queue, fresh=True)  # (a missing queue says so first)
         registration = self.registry.load(queue, name)
         lag_messages, lag_millis = {}, {}

@@ -356,8 +356,11 @@ class ZooKeeperRegistry(SubscriberRegistry):
             raise CoordinationError(f"cannot update subscriber {name!r} on {queue!r}: {e}") from e
 
     def remove(self, queue: str, name: str) -> None:
-        try:
-            self.client.delete(registration_path(queue, name), recursive=True)
+        path = registration_path(queue, name)
+        try:  # (kazoo's recursive delete of a missing node returns quietly: an unknown name "was deleted")
+            if self.client.exists(path) is None:
+                raise SubscriberNotFound(name, queue)
+            self.client.delete(path, recursive=True)
         except NoNodeError:
             raise SubscriberNotFound(name, queue) from None
 

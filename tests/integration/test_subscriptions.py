@@ -127,7 +127,7 @@ def test_a_server_kill_pushes_again_at_most_checkpoint_messages_per_partition(cl
 
 
 def test_a_second_live_instance_is_refused_in_zookeeper_mode(cluster):
-    from hqueue import HQueue, HQueueAdmin, SubscriberActive
+    from hqueue import HQueue, HQueueAdmin, InvalidArgument, SubscriberActive, SubscriberNotFound
     from hqueue.subscriptions.listener import MessageListener, Subscription
 
     class Nothing(MessageListener):
@@ -145,3 +145,18 @@ def test_a_second_live_instance_is_refused_in_zookeeper_mode(cluster):
                 second.start()
         with queue.create_subscriber(Subscription("s"), [Nothing()], takeover_timeout=5.0) as again:
             assert again.started
+            # And names are checked by every call, not by add alone (ZooKeeper paths are made of
+            # them: 's/' deleted 's', 's/presence' wrote over its presence), and an unknown one
+            # is SubscriberNotFound (kazoo's recursive delete of a missing node said nothing)
+            with HQueueAdmin(url) as admin:
+                for bad in ("s/", "s/presence", "a/b", ".."):
+                    with pytest.raises(InvalidArgument, match="a subscriber name is"):
+                        admin.delete_subscriber("orders", bad)
+                    with pytest.raises(InvalidArgument, match="a subscriber name is"):
+                        admin.set_checkpoint("orders", bad, 0, MessageID(0))
+                    with pytest.raises(InvalidArgument, match="a subscriber name is"):
+                        admin.describe_subscriber("orders", bad)
+                with pytest.raises(SubscriberNotFound):
+                    admin.delete_subscriber("orders", "nosuch")
+                assert admin.list_subscribers("orders") == ["s"]
+                assert admin.describe_subscriber("orders", "s")["address"] == again.address

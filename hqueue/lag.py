@@ -68,6 +68,10 @@ LAG_COUNT_LIMIT = 100_000
 _CHUNK = 10_000
 #: Batches whose first and last IDs a tally keeps (ages of the messages written since).
 MARKS = 4096
+#: Of each topic a reader filters on, batches with it whose first and last IDs a tally keeps,
+#: for this many topics a partition at most (others' ages are those of any topic: a bound).
+TOPIC_MARKS = 64
+TOPIC_MARKED = 32
 #: The seeding thread works this share of the time at most.
 DUTY = 0.25
 #: A reader counted this many seconds ago or more is counted again once messages it counted
@@ -162,11 +166,56 @@ def count_rows(
     return count, oldest
 
 
+class Marks:
+    """The first and last IDs (10 bytes) of the recent batches of a partition, or of one
+    topic's messages in it, and the ID above which every batch written is among them.
+
+    Replaced whole when trimmed and appended firsts before lasts, so that a reader without
+    the lock sees lasts no longer than firsts and a floor no higher than what they hold."""
+
+    __slots__ = ("firsts", "lasts", "floor")
+
+    def __init__(self, floor: bytes | None, firsts: list[bytes] | None = None, lasts: list[bytes] | None = None):
+        self.firsts: list[bytes] = firsts if firsts is not None else []
+        self.lasts: list[bytes] = lasts if lasts is not None else []
+        #: Every batch with IDs above it is here (b"": every batch); None: unknown below the first.
+        self.floor = floor
+
+    def add(self, first: bytes, last: bytes, keep: int) -> Marks:
+        """Itself with a batch more, or (past ``keep``) a copy of its newer half with it."""
+        marks = self
+        if len(self.lasts) >= keep:
+            half = keep // 2
+            marks = Marks(self.lasts[half - 1], self.firsts[half:], self.lasts[half:])
+        marks.firsts.append(first)
+        marks.lasts.append(last)
+        return marks
+
+    def first_from(self, cursor: bytes, last: bytes | None) -> bytes | None:
+        """The first ID at or after ``cursor`` (``last``: the last one written): b"" when there
+        is none, None when it is older than the batches kept."""
+        lasts, firsts, floor = self.lasts, self.firsts, self.floor
+        index = bisect_left(lasts, cursor)
+        if index == len(lasts):
+            return b"" if last is None or cursor > last or (floor is not None and cursor > floor) else None
+        first = firsts[index]
+        if cursor >= first:
+            return cursor  # inside a batch: its IDs are consecutive (of a topic's: a bound, of the same ms)
+        # (before the first kept: nothing between the cursor and it if the cursor is past the floor)
+        return first if index > 0 or (floor is not None and cursor > floor) else None
+
+
 class Tally:
     """What this process appended to one partition since it began counting (kept under
-    the partition's write lock, so it never runs ahead of what readers can see)."""
+    the partition's write lock, so it never runs ahead of what readers can see).
 
-    def __init__(self, last: bytes | None) -> None:
+    Args:
+        last: The last message ID written (10-byte form), None for an empty partition.
+        floor: The ID after which this tally sees every batch (b"": all of them); None when
+            it is not known (a tally begun by an append: what came before it is not).
+    """
+
+    def __init__(self, last: bytes | None, floor: bytes | None = None) -> None:
         self.lock = threading.Lock()
         #: False once the book forgot it (ownership moved, a truncate): its seeds are stale.
         self.live = True
@@ -175,31 +224,35 @@ class Tally:
         self.by_topic: dict[bytes, int] = {}
         #: The last message ID written (10-byte form), None for an empty partition.
         self.last = last
-        #: (first IDs, last IDs) of the recent batches: replaced whole when trimmed, appended
-        #: firsts before lasts, so that a reader without the lock sees lasts no longer than firsts.
-        self._marks: tuple[list[bytes], list[bytes]] = ([], [])
+        #: The recent batches, and (for up to TOPIC_MARKED topics readers filter on) each
+        #: topic's: the age of a filtering reader's oldest waiting message is its topics'.
+        self._marks = Marks(floor)
+        self._by_topic_marks: dict[bytes, Marks] = {}
 
     def add(self, first: MessageID, topics: Sequence[bytes]) -> None:
         timestamp, sequences = runs(first, len(topics))[-1]
         last = MessageID(timestamp, sequences[-1]).to_bytes()
+        first_bytes = first.to_bytes()
         with self.lock:
             self.total += len(topics)
             if self.by_topic:
                 for topic, count in Counter(topics).items():
                     if topic in self.by_topic:
                         self.by_topic[topic] += count
-            firsts, lasts = self._marks
-            if len(lasts) >= MARKS:
-                self._marks = firsts, lasts = firsts[MARKS // 2 :], lasts[MARKS // 2 :]
-            firsts.append(first.to_bytes())
-            lasts.append(last)
+                        marks = self._by_topic_marks.get(topic)
+                        if marks is not None:
+                            self._by_topic_marks[topic] = marks.add(first_bytes, last, TOPIC_MARKS)
+            self._marks = self._marks.add(first_bytes, last, MARKS)
             self.last = last
 
     def watch(self, topics: Collection[bytes]) -> None:
-        """Count these topics from now on."""
+        """Count these topics from now on (and mark their batches, for the first TOPIC_MARKED)."""
         with self.lock:
+            floor = self.last if self.last is not None else b""  # (every later batch is marked)
             for topic in topics:
                 self.by_topic.setdefault(topic, 0)
+                if topic not in self._by_topic_marks and len(self._by_topic_marks) < TOPIC_MARKED:
+                    self._by_topic_marks[topic] = Marks(floor)
 
     def count(self, topics: Collection[bytes] | None) -> int:
         if topics is None:
@@ -207,18 +260,22 @@ class Tally:
         by_topic = self.by_topic
         return sum(by_topic.get(t, 0) for t in topics)
 
-    def first_from(self, cursor: bytes) -> bytes | None:
-        """The first message ID at or after ``cursor`` (any topic): b"" when there is
-        none, None when it is older than the batches kept. Without the lock (a scrape)."""
-        firsts, lasts = self._marks
-        index = bisect_left(lasts, cursor)
-        if index == len(lasts):
-            last = self.last
-            return b"" if last is None or cursor > last else None
-        first = firsts[index]
-        if cursor >= first:
-            return cursor  # inside a batch: its IDs are consecutive
-        return first if index > 0 else None
+    def first_from(self, cursor: bytes, topics: Collection[bytes] | None = None) -> bytes | None:
+        """The first message ID at or after ``cursor`` (of ``topics``; None: any): b"" when
+        there is none, None when it is older than the batches kept. Without the lock (a scrape).
+        Of topics not all marked, or marked less far back, that of any topic (a bound)."""
+        last = self.last
+        if topics is not None:
+            found = []
+            for topic in topics:
+                marks = self._by_topic_marks.get(topic)
+                first = marks.first_from(cursor, last) if marks is not None else None
+                if first is None:
+                    break
+                found.append(first)
+            else:
+                return min((f for f in found if f), default=b"")
+        return self._marks.first_from(cursor, last)
 
 
 class Lag(NamedTuple):
@@ -305,7 +362,7 @@ class LagBook:
         tally = self._tallies.get((queue, pid))
         if tally is None:  # under the write lock: no append can come between
             with self._lock:
-                tally = self._tallies.setdefault((queue, pid), Tally(None))
+                tally = self._tallies.setdefault((queue, pid), Tally(None))  # (floor unknown)
         tally.add(first, topics)
 
     def _tally(self, queue: str, pid: int) -> Tally:
@@ -315,7 +372,8 @@ class LagBook:
             with self.engine.writers.lock(queue, pid):  # no append between the read and the tally
                 last = self.engine.last_id(queue, pid)
                 with self._lock:
-                    tally = self._tallies.setdefault((queue, pid), Tally(last.to_bytes() if last else None))
+                    known = last.to_bytes() if last else None
+                    tally = self._tallies.setdefault((queue, pid), Tally(known, known or b""))
         return tally
 
     def forget(self, partitions: Collection[tuple[str, int]]) -> None:
@@ -373,9 +431,14 @@ class LagBook:
             value, settled = max(value, 0), False
         if value == 0:
             return Lag(0, 0, settled)
-        first = tally.first_from(cursor)
+        # No message waiting is older than the oldest the seed counted (those after it were
+        # written later): with the tally's first from the cursor, the nearer of the two bounds
+        # (of any topic, the tally's may be another topic's, written long before).
+        first = tally.first_from(cursor, topics)
         if first is None:
             first = max(cursor, seed.oldest)
+        elif first:
+            first = max(first, seed.oldest)
         alive = self._oldest_alive(queue)
         if alive is not None:
             # Messages expire as time goes (TTL): this answer may change with nothing moving.

@@ -483,6 +483,48 @@ def test_group_lag_with_a_topic_filter_counts_its_topics_only(server):
         assert scrape(server)[key] == 4
 
 
+def test_the_lag_age_of_a_group_with_a_topic_filter_is_its_own_topics(server):
+    """The age was that of the oldest waiting message of any topic: a group of 'news' showed
+    the age of a 'sport' message written long before its news (4.5 s for 0.5; an attacker's pass),
+    whether the group was counted before (the tally's marks) or after (the seed's oldest)."""
+    url = f"hqueue://{server.address}"
+    age = 'hqueue_group_lag_seconds{group="%s",partition="0",queue="q"}'
+    with HQueue("q", url) as queue:
+        early, late = queue.consumer("early", topics=["news"]), queue.consumer("late", topics=["news"])
+        queue.put(Message("news", b"n1"), 0)
+        scrape_with(server, age % "early")  # (counted with n1 waiting)
+        for consumer in (early, late):
+            consumer.ack(consumer.receive(10, wait=2))
+        queue.put(Message("sport", b"s"), 0)
+        time.sleep(2.5)
+        queue.put(Message("news", b"n2"), 0)
+        metrics = scrape_with(server, age % "early", age % "late")
+        early.close()
+        late.close()
+    assert metrics[age % "early"] < 1.5 and metrics[age % "late"] < 1.5
+
+
+def test_the_lag_age_of_a_group_counted_at_the_end_of_its_partition_is_its_messages(server):
+    """Counted at the end of an empty partition, a group showed an age of 0 for messages
+    waiting for ever; counted before a truncate, the age of its old position (an attacker's pass)."""
+    url = f"hqueue://{server.address}"
+    key = 'hqueue_group_lag_%s{group="g",partition="0",queue="q"}'
+    with HQueue("q", url) as queue, HQueueAdmin(url) as admin:
+        consumer = queue.consumer("g")
+        scrape_with(server, key % "messages")  # (counted with nothing waiting)
+        queue.put(Message("t", b"one"), 0)
+        time.sleep(1.5)
+        metrics = scrape(server)
+        assert metrics[key % "messages"] == 1 and metrics[key % "seconds"] >= 1.0
+        consumer.ack(consumer.receive(10, wait=2))
+        admin.truncate_queue("q")
+        time.sleep(2.5)
+        queue.put(Message("t", b"two"), 0)
+        metrics = wait_for(lambda: (m := scrape(server)).get(key % "messages") == 1 and m, 10, "the lag of one")
+        consumer.close()
+    assert metrics[key % "seconds"] < 1.5
+
+
 def test_subscriber_lag_is_kept_as_messages_are_delivered(server):
     url = f"hqueue://{server.address}"
     with HQueue("q", url) as queue:

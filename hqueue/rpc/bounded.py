@@ -23,6 +23,7 @@ from typing import Any
 from thriftpy2.transport import TSocket, TSSLSocket, TTransportException
 
 from . import wire
+from .frames import FrameError, check_answer
 from .spin import Spin
 
 #: A socket's timeout set this recently (s) for the same deadline is not set again: the
@@ -83,6 +84,7 @@ class Bounded:
     max_answer: int = wire.MAX_ANSWER_BYTES
     _head = b""  # the part of an answer frame's head read so far
     _left = 0  # the bytes of the answer frame being read still to come
+    _body: list[bytes] = []  # (replaced, never appended to here) what came of it so far
 
     def read(self, sz: int) -> bytes:
         spin, started = (self.spin if not self._got else None), 0.0  # (an answer's first read: the rest is coming)
@@ -101,10 +103,7 @@ class Bounded:
         if spin is not None:
             spin.blocked(time.perf_counter() - started)
         self._got = True
-        if self._left >= len(data):
-            self._left -= len(data)
-        else:
-            self._check_heads(data)
+        self._check_frames(data)
         return data
 
     def poll_first(self, limit_us: int) -> None:
@@ -120,23 +119,37 @@ class Bounded:
         self.spin = self._readable = None  # (the poller watched this socket's descriptor)
         super().close()  # type: ignore[misc]
 
-    def _check_heads(self, data: bytes) -> None:
+    def _check_frames(self, data: bytes) -> None:
         """Refuse an answer frame whose head is 0 or over ``max_answer`` before thriftpy2
-        allocates it (it mallocs what a head says, up to 2 GiB): TTransportException, which
-        ends the connection."""
-        at = self._left
+        allocates it (it mallocs what a head says, up to 2 GiB), and one that is not a
+        well-formed answer before it decodes it (:func:`~hqueue.rpc.frames.check_answer`):
+        TTransportException, which ends the connection. Each frame is held here until its
+        last byte (thriftpy2 decodes none before then)."""
+        at, left = 0, self._left
+        if left:
+            if left > len(data):
+                self._body.append(data)
+                self._left -= len(data)
+                return
+            self._body.append(data[:left])
+            at, self._left = left, 0
+            body, self._body = b"".join(self._body), []
+            _checked(body)
         while at < len(data):
             head = self._head + data[at : at + 4 - len(self._head)]
             at += len(head) - len(self._head)
             if len(head) < 4:
-                self._head, self._left = head, 0
+                self._head = head
                 return
+            self._head = b""
             size = int.from_bytes(head, "big", signed=True)
             if not 0 < size <= self.max_answer:
                 raise TTransportException(TTransportException.UNKNOWN, f"an answer frame of {size} bytes")
-            self._head = b""
+            if at + size > len(data):
+                self._body, self._left = [data[at:]], at + size - len(data)
+                return
+            _checked(memoryview(data)[at : at + size])
             at += size
-        self._left = at - len(data)
 
     def write(self, buf: bytes) -> None:
         self._got = False
@@ -150,6 +163,13 @@ class BoundedSocket(Bounded, TSocket):
 
 class BoundedSSLSocket(Bounded, TSSLSocket):
     pass
+
+
+def _checked(answer: bytes | memoryview) -> None:
+    try:
+        check_answer(answer)
+    except FrameError as e:
+        raise TTransportException(TTransportException.UNKNOWN, f"a malformed answer: {e}") from None
 
 
 def readable_now(sock: Any) -> bool:

@@ -42,6 +42,8 @@ _CONTAINERS = (T_STRUCT, T_MAP, T_SET, T_LIST)
 _VERSION_1 = 0x80010000
 #: The message types a server takes: CALL and ONEWAY (thriftpy2's TMessageType).
 _CALL_TYPES = (1, 4)
+#: The message types a client takes: REPLY and EXCEPTION.
+_ANSWER_TYPES = (2, 3)
 
 _I32 = struct.Struct(">i").unpack_from
 _LIST = struct.Struct(">bi").unpack_from
@@ -367,14 +369,25 @@ def call_head(frame: bytes | bytearray) -> tuple[str, int]:
 
 def check_call(frame: bytes | bytearray, max_items: int = DEFAULT_MAX_ITEMS) -> None:
     """Raise FrameError unless ``frame`` is one well-formed binary-protocol call."""
+    _check_message(frame, _CALL_TYPES, "a call (a reply or an exception sent to a server)", max_items)
+
+
+def check_answer(frame: bytes | bytearray | memoryview) -> None:
+    """Raise FrameError unless ``frame`` is one well-formed binary-protocol answer (a reply or an
+    exception), before thriftpy2 decodes it: an answer of 90 bytes declaring lists of 2**31-1
+    elements that take no bytes held a server's pushes to a hostile subscriber, and the whole
+    process with them, for minutes (the client's calls too, from a hostile server). Its elements
+    are bounded by its bytes (each takes one at least), which the answer's reader bounds."""
+    _check_message(frame, _ANSWER_TYPES, "an answer (a call sent to a client)", len(frame))
+
+
+def _check_message(frame: bytes | bytearray | memoryview, types: tuple[int, ...], kind: str, max_items: int) -> None:
     try:
         version = _I32(frame, 0)[0] & 0xFFFFFFFF
         if version & 0xFFFF0000 != _VERSION_1:
             raise FrameError("not a strict binary-protocol message (bad version header)")
-        if version & 0xFF not in _CALL_TYPES:
-            raise FrameError(
-                f"a message of type {version & 0xFF}, not a call (a reply or an exception sent to a server)"
-            )
+        if version & 0xFF not in types:
+            raise FrameError(f"a message of type {version & 0xFF}, not {kind}")
         name_size = _I32(frame, 4)[0]
         if not 0 < name_size <= 128:
             raise FrameError(f"method name of {name_size} bytes")
@@ -383,13 +396,13 @@ def check_call(frame: bytes | bytearray, max_items: int = DEFAULT_MAX_ITEMS) -> 
     except (struct.error, IndexError) as e:
         raise FrameError("frame ends inside a value") from e
     if end != len(frame):
-        raise FrameError(f"{len(frame) - end} bytes after the call's arguments")
+        raise FrameError(f"{len(frame) - end} bytes after the message's values")
 
 
 class _Walker:
     """Walks values without building them; returns where each one ends."""
 
-    def __init__(self, frame: bytes | bytearray, max_items: int) -> None:
+    def __init__(self, frame: bytes | bytearray | memoryview, max_items: int) -> None:
         self.frame, self.items = frame, max_items
 
     def _count(self, size: int, pos: int) -> None:

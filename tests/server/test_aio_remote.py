@@ -618,7 +618,9 @@ def test_answers_not_taken_past_their_bound_leave_the_socket_unread():
     async def main() -> None:
         frames, transport = Frames(), Transport()
         frames.connection_made(transport)
-        answer = struct.pack("!i", 1024 * 1024) + b"x" * (1024 * 1024)
+        body = struct.pack("!Ii", 0x80010002, 16) + b"scannerGetPacked" + struct.pack("!i", 0)
+        body += b"\x0b\x00\x00" + struct.pack("!i", 1024 * 1024) + b"x" * (1024 * 1024) + b"\x00"
+        answer = struct.pack("!i", len(body)) + body  # (a well-formed answer: malformed ones end the connection)
         for number in range(8):
             frames.sent("scannerGetPacked", number)
         for _ in range(8):

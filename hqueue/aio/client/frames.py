@@ -22,6 +22,7 @@ import struct
 
 from thriftpy2.transport import TTransportException
 
+from ...rpc.frames import FrameError, check_answer
 from ...rpc.wire import MAX_ANSWER_BYTES
 
 #: Answers read and not taken yet past this many bytes: the socket is not read until they
@@ -87,7 +88,13 @@ class Frames(asyncio.Protocol):
                 return
             if len(buffer) < 4 + size:
                 break
-            self.answers.append(bytes(memoryview(buffer)[4 : 4 + size]))
+            answer = bytes(memoryview(buffer)[4 : 4 + size])
+            try:  # (before thriftpy2 decodes it: rpc/frames.py)
+                check_answer(answer)
+            except FrameError as e:
+                self._end(TTransportException(TTransportException.UNKNOWN, f"a malformed answer: {e}"))
+                return
+            self.answers.append(answer)
             del buffer[: 4 + size]
             self._held += size
         if self._held > HELD_BYTES and self._reading and self.transport is not None:

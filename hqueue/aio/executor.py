@@ -29,7 +29,7 @@ from functools import partial
 from typing import Any
 
 from ..api import EngineAPI
-from ..client.groups import received_pairs
+from ..client.groups import lease_ms, received_pairs
 from ..config import UNSEEN
 from ..errors import DeadlineExceeded, ServerUnavailable
 from ..groups.state import Departures
@@ -197,7 +197,7 @@ class ExecutorGroups(_Awaitable):
             there = self._there()
             left = max(0.0, until - loop.time())
             poll = min(left, LONG_POLL)
-            call = ("groupReceive", queue, group, member, max_messages, int(lease * 1000), int(poll * 1000))
+            call = ("groupReceive", queue, group, member, max_messages, lease_ms(lease), int(poll * 1000))
             with there.deadline(extra=end - loop.time() - there.timeout):
                 polling = asyncio.ensure_future(there._call_at(there._seeds[0], *call, queue=queue))
             self._polls.setdefault((queue, group, member), set()).add(polling)

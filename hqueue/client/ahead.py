@@ -45,7 +45,7 @@ from ..groups.limits import PREFETCH_CLOSE_WAIT, PREFETCH_STALE_SHARE
 from ..message import ROWKEY_LENGTH, Message
 from ..rpc import wire
 from ..rpc.bounded import readable_now
-from .groups import RemoteGroups, received_pairs
+from .groups import RemoteGroups, lease_ms, received_pairs
 from .pool import Connection, Pool
 
 logger = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ class GroupAhead:
                 owner = owners[groups._turn]
                 pool = engine._pool(owner)
                 connection = pool.take(deadline)
-                args = (self.queue, self.group, self.member, max_messages, int(lease * 1000), 0)
+                args = (self.queue, self.group, self.member, max_messages, lease_ms(lease), 0)
                 try:
                     connection.client._send("groupReceive", **args_to_kwargs(_RECEIVE_SPEC, *args))
                 except BaseException:

@@ -61,7 +61,7 @@ def unpacked(cursor: Any, blob: bytes) -> tuple[list[bytes], list[bytes]]:
     caller's (``packed.unpack``'s InvalidArgument): ServerUnavailable, the cursor ended
     and its connection dropped."""
     try:
-        return packed.unpack(blob)
+        return packed.unpack_cells(blob)
     except InvalidArgument as e:
         cursor.done = True
         cursor._release(broken=True)

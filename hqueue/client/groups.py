@@ -18,6 +18,7 @@ from ..config import UNSEEN
 from ..errors import (
     DeadlineExceeded,
     HQueueError,
+    InvalidArgument,
     NoPartitionOwner,
     NotPartitionOwner,
     ServerUnavailable,
@@ -112,7 +113,7 @@ class RemoteGroups:
             for index, owner in enumerate(owners[self._turn :] + owners[: self._turn]):
                 last = index == len(owners) - 1
                 wait_ms = max(0, int((waited - time.monotonic()) * 1000)) if last else 0
-                call = ("groupReceive", queue, group, member, max_messages, int(lease * 1000), wait_ms)
+                call = ("groupReceive", queue, group, member, max_messages, lease_ms(lease), wait_ms)
                 try:
                     deliveries = self._at(owner, *call, queue=queue, wait=wait_ms / 1000)
                 except ServerUnavailable as e:
@@ -177,7 +178,7 @@ class RemoteGroups:
         return self._receipts_call(queue, rowkeys, "groupDeadLetter", (group, member))
 
     def extend(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes], lease: float) -> int:
-        return self._receipts_call(queue, rowkeys, "groupExtend", (group, member), (max(1, int(lease * 1000)),))
+        return self._receipts_call(queue, rowkeys, "groupExtend", (group, member), (lease_ms(lease),))
 
     def leave(self, queue: str, group: str, member: str) -> None:
         self._left.leave((queue, group, member))
@@ -233,6 +234,12 @@ class RemoteGroups:
                 self._engine._owner_call(queue, pid, "replay", *call, idempotent=True)
 
 
+def lease_ms(seconds: float) -> int:
+    """A lease (or a lease's extension) on the wire: whole milliseconds, 1 at least (a lease under
+    1 ms that a client took was refused by the server as 0.0 seconds, one the caller never gave)."""
+    return max(1, int(seconds * 1000))
+
+
 class Received(list):
     """A groupReceive's (message, attempt) pairs, and ``lease``: the seconds of lease the
     server gave them (the one asked for, at most its ``--max-lease``; None: a server that
@@ -241,11 +248,22 @@ class Received(list):
     lease: float | None = None
 
 
-def received_pairs(deliveries: Any) -> Received:
-    """A groupReceive's answer (a TDeliveries) as (message, attempt) pairs."""
+def received_pairs(deliveries: Any, server: str = "the hqueue server") -> Received:
+    """A groupReceive's answer (a TDeliveries) as (message, attempt) pairs.
+
+    Raises:
+        ServerUnavailable: the answer is not one (a broken or hostile server's: its messages
+            not a packed batch, or not one attempt each); not the caller's InvalidArgument.
+    """
     pairs = Received()
     if deliveries.attempts:
-        pairs += zip(messages_from_columns(*packed.unpack(deliveries.messages)), deliveries.attempts, strict=True)
+        try:
+            keys, values = packed.unpack_cells(deliveries.messages or b"")
+            if len(keys) != len(deliveries.attempts):
+                raise InvalidArgument(f"{len(keys)} messages with {len(deliveries.attempts)} attempts")
+        except InvalidArgument as e:
+            raise ServerUnavailable(f"{server}: a receive's answer is not a batch of messages ({e})") from None
+        pairs += zip(messages_from_columns(keys, values), deliveries.attempts, strict=True)
     if isinstance(deliveries.leaseMillis, int) and deliveries.leaseMillis > 0:
         pairs.lease = deliveries.leaseMillis / 1000
     return pairs

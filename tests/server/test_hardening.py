@@ -1461,3 +1461,37 @@ def test_made_up_method_names_are_answered_unknown_and_never_kept(tmp_path, io):
         assert "listQueues" in server._server.processor._methods
     finally:
         server.stop()
+
+
+def test_a_scan_or_receive_answer_that_is_not_messages_is_the_servers_fault_not_a_crash(tmp_path, monkeypatch):
+    """A broken or hostile server's answer of cell keys shorter than a rowkey gave the scan a raw
+    struct.error; a receive's of more messages than attempts a ValueError, of a bad blob the
+    caller's InvalidArgument (an attacker's pass): ServerUnavailable, as a scan's bad blob was."""
+    server = HQueueServer(f"local://{tmp_path}/data", port=0).start()
+    url = f"hqueue://{server.address}"
+    try:
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("q", 1)
+        with HQueue("q", url) as queue:
+            queue.put(Message("t", b"x"), partition_id=0)
+            scanners = server.handler.queues.scanners
+            monkeypatch.setattr(scanners, "take", lambda *args, **kwargs: ([b"abc"], [b"value"]))
+            with pytest.raises(ServerUnavailable, match="a cell key of 3 bytes"):
+                list(queue.scan())
+            key = b"\x00\x00" + MessageID(1_700_000_000_000, 1).to_bytes() + b"t"
+            for columns, error in [
+                (([key, key], [b"a", b"b"], [1]), "2 messages with 1 attempts"),
+                (([b"k"], [b"a"], [1]), "a cell key of 1 bytes"),
+            ]:
+                monkeypatch.setattr(server.groups, "receive_columns", lambda *args, c=columns, **kwargs: c)
+                with queue.consumer("g") as consumer:
+                    with pytest.raises(ServerUnavailable, match=error):
+                        consumer.receive(10, wait=0.5)
+            monkeypatch.undo()
+            # And a lease under a millisecond, which the client takes, is one of 1 ms at a server
+            # (it sent 0, refused as "0.0" seconds, a value the caller never gave)
+            with queue.consumer("g2") as consumer:
+                received = consumer.receive(10, wait=1, lease=0.0004)
+                assert [d.value for d in received] == [b"x"]
+    finally:
+        server.stop()

@@ -15,7 +15,7 @@ from functools import partial
 from typing import Any
 
 from ...checks import check_partition
-from ...client.groups import LOCATION_REFRESH, RetryState, receipts_by_owner, received_pairs
+from ...client.groups import LOCATION_REFRESH, RetryState, lease_ms, receipts_by_owner, received_pairs
 from ...client.silent import group_call_unanswered
 from ...config import UNSEEN
 from ...errors import HQueueError, NoPartitionOwner, NotPartitionOwner, ServerUnavailable
@@ -119,7 +119,7 @@ class AsyncRemoteGroups:
                 for index, owner in enumerate(turn):
                     last = waiting_for is None and index == len(turn) - 1
                     wait_ms = max(0, int((waited - loop.time()) * 1000)) if last else 0
-                    call = ("groupReceive", queue, group, member, max_messages, int(lease * 1000), wait_ms)
+                    call = ("groupReceive", queue, group, member, max_messages, lease_ms(lease), wait_ms)
                     arrived = partial(self._orphaned, key, owner, lease, late)
                     try:
                         deliveries = await self._at(owner, *call, queue=queue, wait=wait_ms / 1000, late=arrived)
@@ -237,7 +237,7 @@ class AsyncRemoteGroups:
         return await self._receipts_call(queue, rowkeys, "groupDeadLetter", (group, member))
 
     async def extend(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes], lease: float) -> int:
-        return await self._receipts_call(queue, rowkeys, "groupExtend", (group, member), (max(1, int(lease * 1000)),))
+        return await self._receipts_call(queue, rowkeys, "groupExtend", (group, member), (lease_ms(lease),))
 
     async def leave(self, queue: str, group: str, member: str, *, within: float | None = None) -> None:
         """Leave at each owner (``within``: seconds it may take, else the client's timeout)."""

@@ -34,9 +34,10 @@ What is approximate, and bounded:
   every ``EXPIRED_RECOUNT`` seconds a reader: until then the count still
   holds them, and the age is at most the TTL;
 * the age of the oldest waiting message is exact for the last 4,096 batches
-  written; for a reader further back it is the age of its cursor (a bound
-  from above); for a reader with a topic filter it is the age of the oldest
-  waiting message of any topic.
+  written (for a reader with a topic filter, the last TOPIC_MARKS batches of
+  each of its topics, for TOPIC_MARKED topics a partition; else of any topic);
+  for a reader further back it is a bound from above: the age of its cursor,
+  or of the oldest message it had waiting when it was counted, the younger.
 """
 
 from __future__ import annotations

@@ -239,6 +239,7 @@ class Subscriber:
         self.host, self.port, self.advertise = host, port, advertise
         self.takeover_timeout = takeover_timeout
         self.partition_ids = sorted(subscription.partitions) if subscription.partitions else range(partitions)
+        self._partitions = partitions
         self.tls = tls
         self.zk_auth = zk_auth
         #: This run's push key (and certificate fingerprint), made by start().
@@ -269,7 +270,11 @@ class Subscriber:
 
         context, certificate = ephemeral_tls() if self.tls else (None, None)
         push = self.credentials = PushCredentials.new(certificate)
-        self.guard = PushGuard(push, self.queue, self.name, self.partition_ids)
+        # Any partition of the queue: the registration says which are pushed, and an admin may
+        # widen it while this runs (add_subscriber); a proof covers the partition, so only a
+        # server holding this run's key can push one (the subscription's partitions alone
+        # refused the widened ones for ever, the others' pushes slowed by each refusal).
+        self.guard = PushGuard(push, self.queue, self.name, range(self._partitions))
         socket = ListeningSocket.bound(self.host, self.port)
         self.port = socket.bound_port
         self._server = ThreadedServer(

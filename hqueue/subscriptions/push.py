@@ -20,7 +20,7 @@ over every message's ID, topic and value. :class:`PushGuard` (the
 subscriber's side) refuses with ``TPushRefused`` (the listeners never see
 the batch) a push without a challenge or proof, with a bad MAC, a sequence
 not above the last, another queue or subscriber, a partition the
-subscription does not take, messages of another partition or IDs not
+queue does not have, messages of another partition or IDs not
 increasing, an older epoch, or a batch that starts below the one before it
 in the same epoch (a retry repeats a batch; it never goes back). A replayed
 push fails the sequence check, and a push recorded on another connection
@@ -138,7 +138,8 @@ class PushGuard:
     Args:
         credentials: The key (and certificate) this run announced.
         queue, subscriber: Whose pushes are accepted.
-        partitions: The partitions the subscription takes.
+        partitions: The partitions pushes may be of (the queue's: the registration, which an
+            admin may change while the subscriber runs, says which are).
     """
 
     def __init__(self, credentials: PushCredentials, queue: str, subscriber: str, partitions: Collection[int]) -> None:
@@ -245,7 +246,7 @@ class PushGuard:
         if (proof.queue, proof.subscriber) != (self.queue, self.subscriber):
             raise PushRefused(f"a push for {proof.subscriber!r} on {proof.queue!r}, not this subscriber")
         if proof.partitionID not in self.partitions:
-            raise PushRefused(f"partition {proof.partitionID} is not one this subscription takes")
+            raise PushRefused(f"partition {proof.partitionID} is not one of this queue's")
 
     @staticmethod
     def _advance(state: _ConnectionState, proof: Any, first: tuple[int, int] | None) -> None:

@@ -664,3 +664,20 @@ def test_a_second_instance_refused_changes_nothing_of_the_live_ones_registration
         ids = put_spread(queue, 8)
         wait_for(lambda: len(live.messages) >= 8, 10, "every partition's message at the live instance")
     assert sorted(m.id for m in live.messages) == sorted(ids)
+
+
+def test_partitions_an_admin_adds_to_a_running_subscriber_are_pushed_to_it(queue, url):
+    """The subscriber's guard took only the partitions it started with: those an admin added
+    (add_subscriber) were refused for ever, each refusal slowing the others (an attacker's pass)."""
+    listener = Collect()
+    subscriber = queue.create_subscriber(Subscription("s").add_partitions([0]), [listener]).start()
+    try:
+        queue.put(Message("t", b"p0"), partition_id=0)
+        wait_for(lambda: listener.values() == [b"p0"], 10, "partition 0's message")
+        with HQueueAdmin(url) as admin:
+            admin.add_subscriber("events", "s", partitions=[0, 1])
+        queue.put(Message("t", b"p1"), partition_id=1)
+        wait_for(lambda: b"p1" in listener.values(), 10, "the added partition's message")
+        assert subscriber.guard.refused == 0
+    finally:
+        subscriber.stop()

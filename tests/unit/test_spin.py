@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import struct
 import time
 
 import pytest
@@ -142,9 +143,10 @@ def test_a_client_socket_polls_for_an_answer_that_comes_soon_and_reads_it_whole(
         bounded.poll_first(500)
         assert bounded.spin is not None
         bounded.spin.blocked(0.0)  # (as after an answer that came at once)
-        right.sendall(b"\0\0\0\x06answer")  # a frame: its size, then it
-        assert bounded.read(4) == b"\0\0\0\x06"
-        assert bounded.read(6) == b"answer"
+        answer = struct.pack(">Ii", 0x80010002, 6) + b"answer" + b"\0\0\0\x01\0"  # (a reply of nothing)
+        right.sendall(struct.pack(">I", len(answer)) + answer)  # a frame: its size, then it
+        assert bounded.read(4) == struct.pack(">I", len(answer))
+        assert bounded.read(len(answer)) == answer
         assert bounded.spin.on
         off = BoundedSocket(sock=right, socket_timeout=5000)
         off.poll_first(0)

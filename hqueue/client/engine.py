@@ -764,4 +764,4 @@ class RemoteEngine:
         with self._lock:
             pools, self._pools = list(self._pools.values()), {}
         for pool in pools:
-            pool.close()
+            pool.release()

@@ -22,6 +22,7 @@ import socket
 import ssl
 import struct
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -194,6 +195,11 @@ class Pool:
             self.host = host[1:-1]
         self.token, self.ssl_context = token, ssl_context
         self._idle: queue_module.SimpleQueue = queue_module.SimpleQueue()
+        #: Connections handed out and not given back (a cursor's holds one while it scans):
+        #: closed by :meth:`release` (they stayed open, and the server's scanners with them,
+        #: until the cursors were collected). Weak: a cursor dropped unclosed lets its go.
+        self._out: weakref.WeakSet[Connection] = weakref.WeakSet()
+        self._released = False
         #: The server answered a call here since its last failure (rpc/failures.spoke_plain).
         self.answered = False
 
@@ -205,12 +211,15 @@ class Pool:
                 connection = self._idle.get_nowait()
             except queue_module.Empty:
                 try:
-                    return Connection(self, deadline)
+                    connection = Connection(self, deadline)
                 except (TTransportException, OSError) as e:
                     raise NotSent(e) from e
+                self._out.add(connection)
+                return connection
             if not connection.stale():
                 connection.socket.deadline = deadline
                 connection.socket.share = connection.socket.at_share = None
+                self._out.add(connection)
                 return connection
             connection.close()
 
@@ -218,7 +227,8 @@ class Pool:
         """Keep ``connection`` for the next caller, unless it is ``broken`` or holds a call
         not answered (one cut short: an exception raised while it waited, a send that failed
         part-way): then it is closed."""
-        if broken or connection.protocol.unanswered:
+        self._out.discard(connection)
+        if broken or connection.protocol.unanswered or self._released:
             connection.close()
         else:
             self.answered = True
@@ -247,11 +257,26 @@ class Pool:
         self.give_back(connection)
 
     def close(self) -> None:
+        """Close the idle connections."""
         while True:
             try:
                 self._idle.get_nowait().close()
             except queue_module.Empty:
                 return
+
+    def release(self) -> None:
+        """Close every connection, those handed out too (a call under way on one fails), and
+        each given back from now on."""
+        self._released = True
+        while True:
+            try:
+                out = list(self._out)
+                break
+            except RuntimeError:  # (another thread took one meanwhile: look again)
+                continue
+        for connection in out:
+            connection.close()
+        self.close()
 
 
 class NotSent(Exception):

@@ -87,6 +87,8 @@ class Bounded:
     _body: list[bytes] = []  # (replaced, never appended to here) what came of it so far
 
     def read(self, sz: int) -> bytes:
+        if self.sock is None:  # (closed under a call, or by its pool's release: thriftpy2 asserts)
+            raise TTransportException(TTransportException.NOT_OPEN, "the connection was closed")
         spin, started = (self.spin if not self._got else None), 0.0  # (an answer's first read: the rest is coming)
         if spin is not None and self._readable is not None:
             started = time.perf_counter()
@@ -152,6 +154,8 @@ class Bounded:
             at += size
 
     def write(self, buf: bytes) -> None:
+        if self.sock is None:
+            raise TTransportException(TTransportException.NOT_OPEN, "the connection was closed")
         self._got = False
         self._arm(False)
         super().write(buf)  # type: ignore[misc]

@@ -398,6 +398,49 @@ def test_asyncio_scans_cancelled_in_a_client_process_leave_its_connections_in_st
         holder.kill()
 
 
+def _sockets() -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # (the listing's own descriptor, gone)
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+    return count
+
+
+def test_a_handle_closed_with_scans_open_closes_their_connections(data):
+    """Closed with scans under way (their scanners kept by the application), an AsyncHQueue of
+    a client process left their connections to the serving process open, and the scanners
+    there, until they were collected (an attacker's pass); the blocking handle too."""
+    from hqueue.aio import AsyncHQueue
+
+    with HQueue("q", data_dir=data) as queue:
+        for _ in range(4):
+            queue.put([Message("t", b"x")] * 5000, partition_id=0)  # (more than a scan's first answers)
+    holder = Proc("-c", HOLD_THEN_EXIT, data, "300")
+    try:
+        wait_for(lambda: serving_pid(data) == holder.pid, 60, "the holder to serve the store")
+        before = _sockets()
+
+        async def main() -> list:
+            queue = AsyncHQueue("q", f"local://{data}")
+            await queue.open()
+            scanners = [queue.scan(caching=5) for _ in range(3)]
+            for scanner in scanners:
+                await scanner.__anext__()
+            await queue.close()
+            return scanners  # (kept: not collected before the count)
+
+        kept = asyncio.run(main())
+        assert _sockets() == before and kept
+        queue = HQueue("q", f"local://{data}")
+        scans = [iter(queue.scan(partition_id=0)) for _ in range(3)]
+        for scan in scans:
+            next(scan)
+        queue.close()
+        assert _sockets() == before and scans
+    finally:
+        holder.kill()
+
+
 @pytest.mark.slow
 def test_kill_9_of_the_serving_process_under_load_loses_no_acknowledged_write(data):
     kills = int(os.environ.get("HQUEUE_SHARED_KILLS", "10"))

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from . import forks
 from .api import groups_of
 from .config import UNSEEN
-from .errors import GroupNotFound, HQueueError, InvalidArgument, QueueNotFound
+from .errors import GroupNotFound, HQueueError, InvalidArgument, QueueNotFound, ServerUnavailable
 from .groups.affinity import check_key_affinity
 from .groups.limits import (
     DEFAULT_LEASE,
@@ -342,8 +342,10 @@ class Consumer:
                     if self._ahead is not None:
                         self._ahead.close()  # (what it asked ahead: read first, so the leave gives it back)
                 finally:
-                    with contextlib.suppress(GroupNotFound, QueueNotFound):  # (gone, its queue with it
-                        self._groups.leave(self.queue.name, self.group, self.member)  # maybe: nothing to leave)
+                    # (gone, its queue with it maybe: nothing to leave; a store or server that does not
+                    # answer: the leases run out there, as a remote leave's at an owner that does not)
+                    with contextlib.suppress(GroupNotFound, QueueNotFound, ServerUnavailable):
+                        self._groups.leave(self.queue.name, self.group, self.member)
 
     def _start_heartbeats(self) -> None:
         self._heartbeats = threading.Thread(

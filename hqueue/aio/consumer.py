@@ -48,7 +48,7 @@ from typing import Any
 
 from ..config import UNSEEN
 from ..consumer import Delivery, _deliveries, _rowkeys, joining, member_name
-from ..errors import GroupNotFound, HQueueError, QueueNotFound
+from ..errors import GroupNotFound, HQueueError, QueueNotFound, ServerUnavailable
 from ..groups.limits import (
     DEFAULT_LEASE,
     DEFAULT_MAX_RETRIES,
@@ -315,7 +315,7 @@ class AsyncConsumer:
                 [ahead], timeout=PREFETCH_CLOSE_WAIT if within is None else min(PREFETCH_CLOSE_WAIT, within)
             )
             ahead.add_done_callback(self._given_back)  # (come after the leave, past ``within``: back too)
-        with contextlib.suppress(GroupNotFound, QueueNotFound):  # (as Consumer.close)
+        with contextlib.suppress(GroupNotFound, QueueNotFound, ServerUnavailable):  # (as Consumer.close)
             await self._groups.leave(self.queue.name, self.group, self.member, within=within)
 
     async def __aenter__(self) -> AsyncConsumer:

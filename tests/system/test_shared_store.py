@@ -441,6 +441,38 @@ def test_a_handle_closed_with_scans_open_closes_their_connections(data):
         holder.kill()
 
 
+def test_a_member_closed_while_the_serving_process_is_paused_raises_nothing(data):
+    """Its leave unanswered, an asyncio member of a client process raised DeadlineExceeded from
+    close() where one of a server's returned (its leases there run out; an attacker's pass)."""
+    from hqueue.aio import AsyncHQueue
+
+    holder = Proc("-c", HOLD_THEN_EXIT, data, "300")
+    try:
+        wait_for(lambda: serving_pid(data) == holder.pid, 60, "the holder to serve the store")
+
+        async def main() -> None:
+            async with AsyncHQueue("q", f"local://{data}", timeout=2) as queue:
+                consumer = queue.consumer("g")
+                await consumer.receive(1, wait=0.1)
+                pause(holder.proc)
+                try:
+                    await consumer.close()
+                finally:
+                    holder.proc.send_signal(signal.SIGCONT)
+                with HQueue("q", f"local://{data}", timeout=2) as blocking:
+                    member = blocking.consumer("g2")
+                    member.receive(1, wait=0.1)
+                    pause(holder.proc)
+                    try:
+                        member.close()
+                    finally:
+                        holder.proc.send_signal(signal.SIGCONT)
+
+        asyncio.run(main())
+    finally:
+        holder.kill()
+
+
 @pytest.mark.slow
 def test_kill_9_of_the_serving_process_under_load_loses_no_acknowledged_write(data):
     kills = int(os.environ.get("HQUEUE_SHARED_KILLS", "10"))

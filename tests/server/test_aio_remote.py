@@ -585,6 +585,8 @@ def test_answer_frames_cut_anywhere_are_read_whole_by_the_blocking_client():
             return self.chunks.pop(0)
 
     class Stream(Bounded, Source):
+        sock = object()  # (open)
+
         def _arm(self, reading: bool) -> None:
             pass
 

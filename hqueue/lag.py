@@ -249,7 +249,9 @@ class Tally:
     def watch(self, topics: Collection[bytes]) -> None:
         """Count these topics from now on (and mark their batches, for the first TOPIC_MARKED)."""
         with self.lock:
-            floor = self.last if self.last is not None else b""  # (every later batch is marked)
+            # (every later batch is marked; begun by an append whose add is still to come, what
+            # came before is not known: the partition's floor, None)
+            floor = self.last if self.last is not None else self._marks.floor
             for topic in topics:
                 self.by_topic.setdefault(topic, 0)
                 if topic not in self._by_topic_marks and len(self._by_topic_marks) < TOPIC_MARKED:
@@ -275,7 +277,9 @@ class Tally:
                     break
                 found.append(first)
             else:
-                return min((f for f in found if f), default=b"")
+                ids = [f for f in found if f]
+                if ids:  # (none of those topics: the count says otherwise, so any topic's, a bound)
+                    return min(ids)
         return self._marks.first_from(cursor, last)
 
 
@@ -304,6 +308,8 @@ class Seed:
     finished: int
     oldest: bytes
     saturated: bool
+    #: The reader's cursor it was counted from.
+    cursor: bytes = b""
     #: When it was counted (``time.monotonic``).
     made: float = field(default_factory=time.monotonic)
 
@@ -432,14 +438,17 @@ class LagBook:
             value, settled = max(value, 0), False
         if value == 0:
             return Lag(0, 0, settled)
-        # No message waiting is older than the oldest the seed counted (those after it were
-        # written later): with the tally's first from the cursor, the nearer of the two bounds
-        # (of any topic, the tally's may be another topic's, written long before).
+        # From a cursor at or past the one the seed counted from, no message waiting is older
+        # than the oldest it counted (those after it were written later): with the tally's first
+        # from the cursor, the nearer of the two bounds (of any topic, the tally's may be another
+        # topic's, written long before). A cursor before it (a group's stuck message, which its
+        # count skipped) bounds it alone.
+        counted = seed.oldest if cursor >= seed.cursor else b""
         first = tally.first_from(cursor, topics)
         if first is None:
-            first = max(cursor, seed.oldest)
+            first = max(cursor, counted)
         elif first:
-            first = max(first, seed.oldest)
+            first = max(first, counted)
         alive = self._oldest_alive(queue)
         if alive is not None:
             # Messages expire as time goes (TTL): this answer may change with nothing moving.
@@ -577,4 +586,4 @@ class LagBook:
         oldest_bytes = oldest.to_bytes() if oldest is not None else b""
         # (none there: none of those acked ahead is either; those behind the cursor still count)
         unfinished = max(0, count - ahead(oldest_bytes if oldest is not None else _PAST_EVERY_ID))
-        reader.lag_seed = Seed(tally, unfinished, base, finished, oldest_bytes, saturated)
+        reader.lag_seed = Seed(tally, unfinished, base, finished, oldest_bytes, saturated, cursor)

@@ -122,7 +122,7 @@ class RemoteGroups:
                     continue
                 answered = True
                 if deliveries.attempts:
-                    return received_pairs(deliveries)
+                    return received_pairs(deliveries, owner)
             if answered and time.monotonic() >= waited:
                 return []
             if failed and answered:  # the long poll may not have happened: pause, within the wait
@@ -248,7 +248,7 @@ class Received(list):
     lease: float | None = None
 
 
-def received_pairs(deliveries: Any, server: str = "the hqueue server") -> Received:
+def received_pairs(deliveries: Any, server: str = "") -> Received:
     """A groupReceive's answer (a TDeliveries) as (message, attempt) pairs.
 
     Raises:
@@ -262,7 +262,8 @@ def received_pairs(deliveries: Any, server: str = "the hqueue server") -> Receiv
             if len(keys) != len(deliveries.attempts):
                 raise InvalidArgument(f"{len(keys)} messages with {len(deliveries.attempts)} attempts")
         except InvalidArgument as e:
-            raise ServerUnavailable(f"{server}: a receive's answer is not a batch of messages ({e})") from None
+            where = f"hqueue server {server}" if server else "the hqueue server"
+            raise ServerUnavailable(f"{where}: a receive's answer is not a batch of messages ({e})") from None
         pairs += zip(messages_from_columns(keys, values), deliveries.attempts, strict=True)
     if isinstance(deliveries.leaseMillis, int) and deliveries.leaseMillis > 0:
         pairs.lease = deliveries.leaseMillis / 1000

@@ -136,7 +136,7 @@ class Bounded:
             self._body.append(data[:left])
             at, self._left = left, 0
             body, self._body = b"".join(self._body), []
-            _checked(body)
+            check_answer_frame(body)
         while at < len(data):
             head = self._head + data[at : at + 4 - len(self._head)]
             at += len(head) - len(self._head)
@@ -150,7 +150,7 @@ class Bounded:
             if at + size > len(data):
                 self._body, self._left = [data[at:]], at + size - len(data)
                 return
-            _checked(memoryview(data)[at : at + size])
+            check_answer_frame(memoryview(data)[at : at + size])
             at += size
 
     def write(self, buf: bytes) -> None:
@@ -169,7 +169,8 @@ class BoundedSSLSocket(Bounded, TSSLSocket):
     pass
 
 
-def _checked(answer: bytes | memoryview) -> None:
+def check_answer_frame(answer: bytes | memoryview) -> None:
+    """:func:`~hqueue.rpc.frames.check_answer`, failing as a transport does (the connection ends)."""
     try:
         check_answer(answer)
     except FrameError as e:

@@ -21,6 +21,7 @@ from array import array
 from collections.abc import Sequence
 
 from ..errors import InvalidArgument
+from ..message import ROWKEY_LENGTH
 
 _COUNT = struct.Struct("<I")
 _LENGTHS = "I" if array("I").itemsize == 4 else "L"
@@ -77,16 +78,12 @@ def unpack(blob: bytes) -> tuple[list[bytes], list[bytes]]:
     return _cut(blob, head, key_lengths, repeated=True), _cut(blob, head + sum(key_lengths), lengths[count:])
 
 
-#: The shortest cell key a scan's or a receive's answer holds: a rowkey (partition and ID).
-CELL_KEY_MIN = 12
-
-
 def unpack_cells(blob: bytes) -> tuple[list[bytes], list[bytes]]:
     """A blob of stored messages (cell keys and values), as :func:`unpack`; InvalidArgument too
     for a key shorter than a rowkey (a broken or hostile server's: its ID read as a struct.error)."""
     keys, values = unpack(blob)
-    if keys and min(map(len, keys)) < CELL_KEY_MIN:
-        raise InvalidArgument(f"a cell key of {min(map(len, keys))} bytes: a rowkey takes {CELL_KEY_MIN}")
+    if keys and min(map(len, keys)) < ROWKEY_LENGTH:
+        raise InvalidArgument(f"a cell key of {min(map(len, keys))} bytes: a rowkey takes {ROWKEY_LENGTH}")
     return keys, values
 
 

@@ -48,7 +48,7 @@ from typing import Any
 
 from ..auth import PushCredentials
 from ..errors import HQueueError, InvalidArgument
-from ..message import ROWKEY_LENGTH, id_bytes
+from ..message import id_bytes
 from ..rpc import packed
 
 __all__ = [
@@ -193,7 +193,7 @@ class PushGuard:
                 raise PushRefused(f"a malformed push: {e}") from None
             self._proven(expected, proof)
             try:
-                keys, values = packed.unpack(blob)
+                keys, values = packed.unpack_cells(blob)  # (every message with its 12-byte rowkey)
             except InvalidArgument as e:
                 raise PushRefused(f"a malformed push: {e}") from None
             if len(keys) > MAX_PUSH_MESSAGES:
@@ -201,8 +201,6 @@ class PushGuard:
             if not keys:  # the server proving the key before it sends more than a small call
                 self._advance(state, proof, None)
                 return keys, values
-            if min(map(len, keys)) < ROWKEY_LENGTH:
-                raise PushRefused(f"every pushed message needs its {ROWKEY_LENGTH}-byte rowkey")
             pid = proof.partitionID
             if set(map(_PARTITION, keys)) != {_PID.pack(pid)}:
                 raise PushRefused(f"a push for partition {pid} carries messages of another partition")

@@ -709,6 +709,22 @@ def test_group_lag_keeps_a_stuck_message_the_cursor_moved_past(server, monkeypat
         assert metrics['hqueue_group_lag_seconds{group="g",partition="0",queue="q"}'] >= 1.0
 
 
+def test_a_stuck_messages_age_holds_for_a_group_counted_with_messages_after_it(server, monkeypatch):
+    """Counted with 10 messages waiting after the stuck one its cursor moved past, a group's age
+    was that of the oldest of those (its count skipped the stuck one), not the stuck one's (a review)."""
+    monkeypatch.setattr("hqueue.groups.acks.MAX_ACKED_AHEAD", 5)
+    url = f"hqueue://{server.address}"
+    with HQueue("q", url) as queue, queue.consumer("g", member="a") as a, queue.consumer("g", member="b") as b:
+        queue.put([Message("t", b"stuck")], 0)
+        time.sleep(1.5)
+        queue.put([Message("t", b"%d" % i) for i in range(20)], 0)
+        assert len(b.receive(1, wait=2)) == 1
+        a.ack(drain(a, 10))  # the cursor moves past the stuck one; 10 wait after it
+        key = 'hqueue_group_lag_%s{group="g",partition="0",queue="q"}'
+        metrics = scrape_with(server, key % "messages")
+    assert metrics[key % "messages"] == 11 and metrics[key % "seconds"] >= 1.4
+
+
 @pytest.mark.parametrize("gone", ["truncated", "expired"])
 def test_a_stuck_message_the_cursor_moved_past_is_no_lag_once_gone(tmp_path, monkeypatch, gone):
     """A stuck message the completion cursor moved past (groups/acks.py: _jump) stayed lag

@@ -22,7 +22,7 @@ import struct
 
 from thriftpy2.transport import TTransportException
 
-from ...rpc.frames import FrameError, check_answer
+from ...rpc.bounded import check_answer_frame
 from ...rpc.wire import MAX_ANSWER_BYTES
 
 #: Answers read and not taken yet past this many bytes: the socket is not read until they
@@ -90,9 +90,9 @@ class Frames(asyncio.Protocol):
                 break
             answer = bytes(memoryview(buffer)[4 : 4 + size])
             try:  # (before thriftpy2 decodes it: rpc/frames.py)
-                check_answer(answer)
-            except FrameError as e:
-                self._end(TTransportException(TTransportException.UNKNOWN, f"a malformed answer: {e}"))
+                check_answer_frame(answer)
+            except TTransportException as e:
+                self._end(e)
                 return
             self.answers.append(answer)
             del buffer[: 4 + size]

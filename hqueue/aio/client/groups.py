@@ -129,7 +129,7 @@ class AsyncRemoteGroups:
                         continue
                     answered = True
                     if deliveries.attempts:
-                        return received_pairs(deliveries)
+                        return received_pairs(deliveries, owner)
                 if waiting_for is not None:
                     pairs = await self._adopt(key, waiting_for, max_messages, waited)
                     if pairs or loop.time() >= waited:

@@ -12,6 +12,7 @@ transport allocates whatever size a frame's head declares (up to 2 GiB).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import select
 import socket
@@ -118,8 +119,16 @@ class Bounded:
             self.spin, self._readable = Spin(limit_us), functools.partial(poller.poll, 0)
 
     def close(self) -> None:
+        """Shut the socket down (a call blocked on it wakes) and close it, once: a pool's release
+        and a call's failure may close it at once from two threads (thriftpy2's close read
+        ``sock`` twice, and the second time found None)."""
         self.spin = self._readable = None  # (the poller watched this socket's descriptor)
-        super().close()  # type: ignore[misc]
+        sock, self.sock = self.sock, None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                sock.close()
 
     def _check_frames(self, data: bytes) -> None:
         """Refuse an answer frame whose head is 0 or over ``max_answer`` before thriftpy2

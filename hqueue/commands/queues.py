@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..config import DEFAULT_MAX_MESSAGE_BYTES, Durability
 from ..errors import InvalidArgument
+from ..keys.timers import timer_of
 from .declare import NotAllDone, Output, Param, Session, command
 from .render import printable, stamp, table
 
@@ -167,11 +168,11 @@ def status(session: Session) -> Output:
 )
 def cancel(session: Session, queue: str, timers: list[str]) -> Output:
     queue_handle = session.queue(queue)
-    done = []
-    for handle in timers:
+    for handle in timers:  # every handle read before any is cancelled: one refused cancels none
         if not isinstance(handle, str):
             raise InvalidArgument(f"a timer handle is a string, got {printable(handle)!r}")
-        done.append((handle, queue_handle.cancel(handle)))
+        timer_of(queue, handle)
+    done = [(handle, queue_handle.cancel(handle)) for handle in timers]
     rows = [(h, "cancelled" if ok else "not pending (fired or cancelled already)") for h, ok in done]
     output = Output(
         "\n".join("\t".join(row) for row in rows), [{"timer": h, "cancelled": ok} for h, ok in done], len(rows)

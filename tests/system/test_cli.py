@@ -238,6 +238,11 @@ def test_timers_from_the_cli_put_cancel_and_fire(run):
         "Error: 1 of 1 timer(s) not pending: fired or cancelled already",
     ]
     assert "timer handle" in run("cancel", "q", "nonsense").output
+    # A refused handle among good ones cancels none of them (those before it were cancelled)
+    kept = run("put", "q", "t", "kept", "--delay", "60").stdout.strip()
+    refused = run("cancel", "q", kept, "garbage")
+    assert refused.exit_code == 2 and "timer handle" in refused.output
+    assert run("cancel", "q", kept).output == f"{kept}\tcancelled\n"
     for mistake in (
         "10:00",
         "2027",

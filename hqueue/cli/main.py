@@ -76,6 +76,12 @@ class Command(click.Command):
         return [*options, "--", *arguments]
 
 
+def _urls(words: list[str]) -> list[str]:
+    """The values of the ``--url`` options among ``words`` (the group's options)."""
+    urls = [value for word, value in zip(words, words[1:], strict=False) if word == "--url"]
+    return urls + [word.partition("=")[2] for word in words if word.startswith("--url=")]
+
+
 class _Group(click.Group):
     """Turns hqueue's own errors into one readable line and exit status 1.
 
@@ -116,6 +122,9 @@ class _Group(click.Group):
                     break
                 else:
                     i += 1
+            urls = _urls(args[:command_at])
+            if len(set(urls)) > 1:  # (click kept the last it read: the one before the command, silently)
+                raise click.UsageError(f"--url given twice, {urls[0]!r} and {urls[1]!r}: give one", ctx)
         ctx.meta["hqueue.args"] = args  # (the words the command's options were given in: _bad_option)
         return super().parse_args(ctx, args)
 

@@ -112,6 +112,12 @@ def test_version_help_and_url_after_the_command(run, tmp_path):
     assert "Usage" in runner.invoke(main, ["-h"]).output
     assert runner.invoke(main, ["create", "q", "1", "--url", f"local://{tmp_path}/late"]).exit_code == 0
     assert runner.invoke(main, ["list", f"--url=local://{tmp_path}/late"]).output.splitlines()[1].split()[0] == "q"
+    # Two different stores, one before the command and one after: refused (the one before was
+    # used, silently: a put went to the other store)
+    both = runner.invoke(
+        main, ["--url", f"local://{tmp_path}/other", "put", "q", "t", "v", "--url", f"local://{tmp_path}/late"]
+    )
+    assert both.exit_code == 2 and "--url given twice" in both.output, both.output
 
 
 def test_read_only_commands_never_create_a_store(tmp_path):

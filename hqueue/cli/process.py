@@ -446,7 +446,13 @@ def _tls(cert: str | None, key: str | None):
     import ssl
 
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(cert, key)
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as e:  # (a traceback: a key given as the certificate, a file not PEM)
+        reason = e.strerror if isinstance(e, OSError) and not isinstance(e, ssl.SSLError) and e.strerror else e
+        raise click.BadParameter(
+            f"cannot load the certificate {cert!r} with the key {key!r}: {reason}", param_hint="--tls-cert/--tls-key"
+        ) from None
     return context
 
 

@@ -645,3 +645,26 @@ def test_what_the_front_ends_disagreed_on_is_refused_alike(run):
     made = run("create", "p2", "4", "-c", "hqueue.priorities=2")
     assert made.exit_code == 0, made.output
     assert run("create", "p3", "2", "-c", "hqueue.priorities=\u00b2").exit_code == 2
+
+
+def test_a_server_given_tls_files_that_do_not_load_says_so_in_one_line(tmp_path):
+    """A key given as the certificate (or any file not PEM) ended `hqueue server` with a
+    traceback (ssl.SSLError: PEM lib; a fresh user's pass)."""
+    not_pem = tmp_path / "cert.pem"
+    not_pem.write_text("not a certificate\n")
+    result = CliRunner().invoke(
+        main,
+        [
+            "--url",
+            f"local://{tmp_path}/data",
+            "server",
+            "--port",
+            "0",
+            "--tls-cert",
+            str(not_pem),
+            "--tls-key",
+            str(not_pem),
+        ],
+    )
+    assert result.exit_code == 2 and "cannot load the certificate" in result.output, result.output
+    assert "Traceback" not in result.output and not (tmp_path / "data").exists()

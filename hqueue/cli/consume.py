@@ -23,7 +23,7 @@ import click
 from ..commands.render import escape
 from ..consumer import Consumer, Delivery
 from ..errors import ServerUnavailable
-from .data import MAX_SECONDS, _print_message
+from .data import MAX_SECONDS, RETRY_FIRST, _print_message, unavailable
 from .main import Seconds, main, open_queue, topic_bytes
 
 
@@ -42,7 +42,9 @@ from .main import Seconds, main, open_queue, topic_bytes
 @click.option("--max", "max_messages", type=click.IntRange(1), help="Stop after this many messages.")
 @click.option("--for", "duration", type=Seconds(0, MAX_SECONDS), help="Stop after this many seconds (default: Ctrl-C).")
 @click.option("--lease", type=Seconds(0.001, 7 * 86400), default=30.0, show_default=True, help="Seconds per lease.")
-@click.option("--no-ack", is_flag=True, help="Print without acking: the messages come back when their leases end.")
+@click.option(
+    "--no-ack", is_flag=True, help="Print without acking: the messages go back to the group when consume leaves it."
+)
 @click.option("--start", type=click.Choice(["earliest", "latest"]), default="earliest", show_default=True)
 @click.option(
     "--exec",
@@ -92,7 +94,7 @@ def consume(
                 try:
                     deliveries = consumer.receive(want, wait=wait)
                 except ServerUnavailable as e:  # (a long stop of the store's server: it goes on after)
-                    pause = _unavailable(e, "no messages received", pause, deadline)
+                    pause = unavailable(e, "consume", "no messages received", pause, deadline)
                     continue
                 try:
                     if command:
@@ -106,7 +108,7 @@ def consume(
                             consumer.ack(deliveries)
                 except ServerUnavailable as e:
                     why = "an ack or nack may not have counted: its message comes back when its lease ends"
-                    pause = _unavailable(e, why, pause, deadline)
+                    pause = unavailable(e, "consume", why, pause, deadline)
                 else:
                     pause = RETRY_FIRST
                 seen += len(deliveries)
@@ -118,19 +120,6 @@ def consume(
 
 #: Seconds an interrupted command's processes have to end on SIGTERM before SIGKILL.
 STOP_GRACE = 5.0
-#: Seconds consume waits before it asks again a store that did not answer (doubling to RETRY_MOST).
-RETRY_FIRST, RETRY_MOST = 0.5, 5.0
-
-
-def _unavailable(error: ServerUnavailable, what: str, pause: float, deadline: float | None) -> float:
-    """Say that the store did not answer (its server stopped, restarting, a shared store's
-    holder paused), wait ``pause`` (not past ``deadline``), and give the next pause: a
-    consumer goes on when the store answers again, as a subscriber does; it ended on the
-    first call that outlived its deadline, as the store came back."""
-    click.echo(f"hqueue consume: {what}: {error}; asking again in {pause:g}s", err=True)
-    left = pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic()))
-    time.sleep(left)
-    return min(pause * 2, RETRY_MOST)
 
 
 def _command_status(command: str, value: bytes, env: dict) -> int:

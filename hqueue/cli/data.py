@@ -273,8 +273,10 @@ def tail(
     info = queue.engine.queue_info(name, fresh=True)  # each poll reads this queue, not one made again since
     position = {pid: start or MessageID(int(time.time() * 1000)) for pid in range(info.partitions)}
     deadline = None if duration is None else time.monotonic() + duration
+    pause = RETRY_FIRST
     try:
         while deadline is None or time.monotonic() < deadline:
+            failed = None
             for pid, since in position.items():
                 try:
                     scan = Scan(since, None, topics or None)
@@ -282,12 +284,32 @@ def tail(
                         for message in batch:
                             _print_message(message, output_format)
                         position[pid] = successor(batch.last_id)
-                except ServerUnavailable as e:  # the serving process went: go on where we were, at the next
-                    click.echo(f"hqueue tail: {e}; going on", err=True)
+                except ServerUnavailable as e:  # the serving process went: go on where we were, after a pause
+                    failed = e
+                    break
             sys.stdout.flush()
+            if failed is not None:  # (a line each 0.2 s while a server restarted: backing off, as consume)
+                pause = unavailable(failed, "tail", "nothing read", pause, deadline)
+                continue
+            pause = RETRY_FIRST
             time.sleep(interval)
     except KeyboardInterrupt:
         ctx.exit(130)  # as a shell reports a command stopped by Ctrl-C
+
+
+#: Seconds tail and consume wait before they ask again a store that did not answer (doubling to RETRY_MOST).
+RETRY_FIRST, RETRY_MOST = 0.5, 5.0
+
+
+def unavailable(error: ServerUnavailable, command: str, what: str, pause: float, deadline: float | None) -> float:
+    """Say that the store did not answer (its server stopped, restarting, a shared store's
+    holder paused), wait ``pause`` (not past ``deadline``), and give the next pause: tail and
+    consume go on when the store answers again, as a subscriber does; consume ended on the
+    first call that outlived its deadline, as the store came back."""
+    click.echo(f"hqueue {command}: {what}: {error}; asking again in {pause:g}s", err=True)
+    left = pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic()))
+    time.sleep(left)
+    return min(pause * 2, RETRY_MOST)
 
 
 _VALUE_FORMATS: dict[str, Callable[[bytes], str]] = {

@@ -7,7 +7,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from hqueue import HQueue, HQueueAdmin, StorageError
+from hqueue import HQueue, HQueueAdmin, Message, StorageError
 from hqueue.cli import main
 
 
@@ -668,3 +668,35 @@ def test_a_server_given_tls_files_that_do_not_load_says_so_in_one_line(tmp_path)
     )
     assert result.exit_code == 2 and "cannot load the certificate" in result.output, result.output
     assert "Traceback" not in result.output and not (tmp_path / "data").exists()
+
+
+def test_tail_backs_off_while_its_server_does_not_answer_and_goes_on_after(tmp_path):
+    """tail printed a line each --interval (0.2 s) while a server was down, with no backoff
+    (32 lines in 6 s; a fresh user's pass): now as consume, 0.5 s doubling to 5 s."""
+    import subprocess
+    import sys
+
+    from ..processes import ROOT, ServerProcess, python_env
+
+    server = ServerProcess(f"local://{tmp_path}/data", tmp_path)
+    url = f"hqueue://{server.address}"
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("q", 1)
+    tail = subprocess.Popen(
+        [sys.executable, "-m", "hqueue.cli", "--url", url, "tail", "q", "--start", "0", "--for", "12"],
+        cwd=ROOT, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        time.sleep(1)
+        server.kill()
+        time.sleep(4)  # (at 0.2 s a line: 20)
+        server.start()
+        with HQueue("q", url) as queue:
+            queue.put(Message("t", b"after"), partition_id=0)
+        out, err = tail.communicate(timeout=30)
+    finally:
+        tail.kill()
+        server.kill()
+    assert "after" in out
+    said = [line for line in err.splitlines() if "asking again" in line]
+    assert 1 <= len(said) <= 6, err

@@ -106,6 +106,7 @@ class _Group(click.Group):
         args = list(args)
         command_at = next((i for i, a in enumerate(args) if self.get_command(ctx, a) is not None), None)
         if command_at is not None:
+            before = _urls(args[:command_at])
             i = command_at + 1
             while i < len(args):
                 if args[i] == "--url" and i + 1 < len(args):
@@ -122,9 +123,11 @@ class _Group(click.Group):
                     break
                 else:
                     i += 1
-            urls = _urls(args[:command_at])
-            if len(set(urls)) > 1:  # (click kept the last it read: the one before the command, silently)
-                raise click.UsageError(f"--url given twice, {urls[0]!r} and {urls[1]!r}: give one", ctx)
+            after = [url for url in _urls(args[:command_at]) if url not in before]
+            if before and after:  # (click kept the last it read: the one before the command, silently)
+                raise click.UsageError(
+                    f"--url given before the command and after it ({before[-1]!r}, {after[0]!r}): give one", ctx
+                )
         ctx.meta["hqueue.args"] = args  # (the words the command's options were given in: _bad_option)
         return super().parse_args(ctx, args)
 

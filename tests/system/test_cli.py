@@ -117,7 +117,7 @@ def test_version_help_and_url_after_the_command(run, tmp_path):
     both = runner.invoke(
         main, ["--url", f"local://{tmp_path}/other", "put", "q", "t", "v", "--url", f"local://{tmp_path}/late"]
     )
-    assert both.exit_code == 2 and "--url given twice" in both.output, both.output
+    assert both.exit_code == 2 and "--url given before the command and after it" in both.output, both.output
 
 
 def test_read_only_commands_never_create_a_store(tmp_path):

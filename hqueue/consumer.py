@@ -235,6 +235,9 @@ class Consumer:
         prefetch: bool = False,
     ) -> None:
         self.queue, self.group, self.lease = queue, group, check_lease(lease)
+        #: Seconds of lease the store granted at the last receive: the one asked, at most its
+        #: ``--max-lease`` (60 s by default), which cuts a longer one without a word.
+        self.granted_lease = self.lease
         if not isinstance(prefetch, bool):
             raise TypeError(f"'prefetch' must be True or False, not {prefetch!r}")
         self.member = member_name(member)
@@ -266,6 +269,8 @@ class Consumer:
             pairs = self._ahead.receive(max_messages, lease, wait)
         else:
             pairs = groups.receive(self.queue.name, self.group, self.member, max_messages, lease, wait)
+        limits = getattr(groups, "limits", None)  # (in this process: its own; a server says in its answer)
+        self.granted_lease = getattr(pairs, "lease", None) or (lease if limits is None else limits.lease(lease))
         if self.closed:  # it raced the close's leave, which it may have undone: leave again (what it took goes back)
             with contextlib.suppress(HQueueError, RuntimeError):  # (its store gone: the leases with it)
                 self._groups.leave(self.queue.name, self.group, self.member)

@@ -99,7 +99,8 @@ def consume(
                 try:
                     if command:
                         for delivery in deliveries:
-                            _run(consumer, delivery, command, nack_delay)
+                            with _renewing(consumer, delivery, consumer.granted_lease):
+                                _run(consumer, delivery, command, nack_delay)
                     else:
                         for delivery in deliveries:
                             _print_message(delivery.message, output_format, delivery.attempt)
@@ -213,6 +214,32 @@ def _terminate_as_interrupt() -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+@contextmanager
+def _renewing(consumer: Consumer, delivery: Delivery, lease: float) -> Iterator[None]:
+    """Renew ``delivery``'s lease (the one the store granted) every third of it while CMD
+    runs: a command longer than its lease ran twice (the lease asked, past the server's
+    --max-lease, was cut to it without a word, and the message went to another member meanwhile)."""
+    stop, every = threading.Event(), lease / 3
+
+    def renew() -> None:
+        while not stop.wait(every):
+            try:
+                if not consumer.extend(delivery, lease=lease):
+                    return  # (its lease ran out already: another member may have it)
+            except ServerUnavailable as e:  # (asked again at the next third; it may run out meanwhile)
+                click.echo(
+                    f"hqueue consume: renewing the lease of {delivery.partition_id}/{delivery.id}: {e}", err=True
+                )
+
+    renewer = threading.Thread(target=renew, name="hqueue-consume-renew", daemon=True)
+    renewer.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        renewer.join()
 
 
 def _run(consumer: Consumer, delivery: Delivery, command: str, nack_delay: float | None) -> None:

@@ -700,3 +700,32 @@ def test_tail_backs_off_while_its_server_does_not_answer_and_goes_on_after(tmp_p
     assert "after" in out
     said = [line for line in err.splitlines() if "asking again" in line]
     assert 1 <= len(said) <= 6, err
+
+
+def test_consume_exec_renews_the_lease_of_a_command_longer_than_the_servers_max_lease(tmp_path):
+    """--lease past the server's --max-lease was cut to it without a word, and a command longer
+    than that ran twice: its message went to another member meanwhile (a fresh user's pass)."""
+    import subprocess
+    import sys
+
+    from ..processes import ROOT, ServerProcess, python_env
+
+    server = ServerProcess(f"local://{tmp_path}/data", tmp_path, extra_args=("--max-lease", "1"))
+    url = f"hqueue://{server.address}"
+    try:
+        with HQueueAdmin(url) as admin:
+            admin.create_queue("q", 1)
+        with HQueue("q", url) as queue:
+            queue.put(Message("t", b"job"), partition_id=0)
+        runs = tmp_path / "runs"
+        command = f"cat >> {runs}; echo >> {runs}; sleep 4"
+        consume = ["--url", url, "consume", "q", "g", "--lease", "30", "--max", "1", "--for", "20"]
+        first = subprocess.Popen(
+            [sys.executable, "-m", "hqueue.cli", *consume, "--exec", command], cwd=ROOT, env=python_env()
+        )
+        time.sleep(1.5)  # (the job running, past its granted lease of 1 s)
+        second = CliRunner().invoke(main, ["--url", url, "consume", "q", "g", "--for", "4", "--max", "1"])
+        assert first.wait(timeout=30) == 0
+    finally:
+        server.kill()
+    assert second.output == "" and runs.read_text() == "job\n"

@@ -36,7 +36,7 @@ from .main import Seconds, main, open_queue, topic_bytes
     "topics",
     multiple=True,
     callback=topic_bytes,
-    help="Only this topic (when the group is new); repeatable.",
+    help="Only this topic; repeatable. A new group takes these topics; an existing one must be given its own.",
 )
 @click.option("--format", "output_format", type=click.Choice(["text", "json", "hex", "base64"]), default="text")
 @click.option("--max", "max_messages", type=click.IntRange(1), help="Stop after this many messages.")
@@ -45,7 +45,13 @@ from .main import Seconds, main, open_queue, topic_bytes
 @click.option(
     "--no-ack", is_flag=True, help="Print without acking: the messages go back to the group when consume leaves it."
 )
-@click.option("--start", type=click.Choice(["earliest", "latest"]), default="earliest", show_default=True)
+@click.option(
+    "--start",
+    type=click.Choice(["earliest", "latest"]),
+    default="earliest",
+    show_default=True,
+    help="Where a new group starts (an existing one goes on from where it is).",
+)
 @click.option(
     "--exec",
     "command",

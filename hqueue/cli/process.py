@@ -262,7 +262,13 @@ def _share(name: str, default: float, help: str) -> Callable[[Callable], Callabl
     "clients, for some more CPU). It stops polling once a poll finds nothing, so an idle server sleeps. "
     "0: never poll (a machine whose CPUs are all busy, a laptop on battery).",
 )
-@click.option("--log-level", envvar="HQUEUE_LOG_LEVEL", default="INFO", show_default=True)
+@click.option(
+    "--log-level",
+    envvar="HQUEUE_LOG_LEVEL",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], case_sensitive=False),
+    default="INFO",
+    show_default=True,
+)
 @click.pass_context
 def server(
     ctx,

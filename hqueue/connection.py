@@ -70,10 +70,14 @@ def store_exists(url: str | None) -> bool:
     return os.path.isfile(os.path.join(path, "CURRENT"))
 
 
+def store_path(url: str | None) -> str:
+    """The directory of the embedded store ``url`` names."""
+    return normalize_url(resolve_url(url, None))[len("local://") :]
+
+
 def missing_store(url: str | None) -> str:
     """What to say when a read finds no store."""
-    path = normalize_url(resolve_url(url, None))[len("local://") :]
-    return f"no hqueue store at {path} (pass --url, or create a queue there first)"
+    return f"no hqueue store at {store_path(url)} (pass --url, or create a queue there first)"
 
 
 def check_options(url: str, token: str | None, timeout: float | None, group_limits: GroupLimits | None) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import click
 
 from ..config import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES
+from ..connection import store_exists, store_path
 from ..groups.limits import (
     DEFAULT_MAX_GROUPS,
     DEFAULT_MAX_LEASE,
@@ -339,6 +340,8 @@ def server(
     coordinator_factory = _zookeeper(zk, zk_auth, server_id, session_timeout, zk_root) if zk else None
     url = storage or ctx.obj["url"] or default_url()
     ssl_context = _tls(tls_cert, tls_key)
+    if not store_exists(url):  # (a server serves a new store: said, a mistyped path is not a silent empty one)
+        logging.getLogger(__name__).warning("no hqueue store at %s: a new one is made there", store_path(url))
     try:
         limits = ServerLimits(
             max_connections=max_connections,

@@ -712,6 +712,7 @@ def test_consume_exec_renews_the_lease_of_a_command_longer_than_the_servers_max_
 
     server = ServerProcess(f"local://{tmp_path}/data", tmp_path, extra_args=("--max-lease", "1"))
     url = f"hqueue://{server.address}"
+    assert f"no hqueue store at {tmp_path}/data: a new one is made there" in server.log_path.read_text()
     try:
         with HQueueAdmin(url) as admin:
             admin.create_queue("q", 1)

@@ -23,7 +23,7 @@ import click
 from ..commands.render import escape
 from ..consumer import Consumer, Delivery
 from ..errors import ServerUnavailable
-from .data import MAX_SECONDS, RETRY_FIRST, _print_message, unavailable
+from .data import MAX_SECONDS, RETRY_FIRST, _print_message, terminate_as_interrupt, unavailable
 from .main import Seconds, main, open_queue, topic_bytes
 
 
@@ -91,7 +91,7 @@ def consume(
     deadline = None if duration is None else time.monotonic() + duration
     seen, interrupted, pause = 0, False, RETRY_FIRST
     opened = queue.consumer(group, topics or None, start=start, lease=lease, prefetch=prefetch)
-    with _terminate_as_interrupt(), opened as consumer:
+    with terminate_as_interrupt(), opened as consumer:
         try:
             while (deadline is None or time.monotonic() < deadline) and (max_messages is None or seen < max_messages):
                 wait = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
@@ -196,30 +196,6 @@ def _stat(pid: int) -> list[bytes]:
             return f.read().rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
         return []
-
-
-@contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM (a service manager's stop) and SIGHUP (its terminal closed) end the member as
-    Ctrl-C does: it leaves the group and hands back what it holds, where being killed would
-    count those failed (and leave CMD running on a message another member gets)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signals reach the main thread only
-        return
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = {  # (one ignored, as nohup does SIGHUP, stays ignored)
-        signum: signal.signal(signum, interrupt)
-        for signum in (signal.SIGTERM, signal.SIGHUP)
-        if signal.getsignal(signum) is not signal.SIG_IGN
-    }
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 @contextmanager

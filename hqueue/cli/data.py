@@ -6,9 +6,12 @@ import base64
 import functools
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import click
 
@@ -275,24 +278,25 @@ def tail(
     deadline = None if duration is None else time.monotonic() + duration
     pause = RETRY_FIRST
     try:
-        while deadline is None or time.monotonic() < deadline:
-            failed = None
-            for pid, since in position.items():
-                try:
-                    scan = Scan(since, None, topics or None)
-                    for batch in partition_batches(queue.engine, name, pid, scan, TAIL_BATCH, info.created):
-                        for message in batch:
-                            _print_message(message, output_format)
-                        position[pid] = successor(batch.last_id)
-                except ServerUnavailable as e:  # the serving process went: go on where we were, after a pause
-                    failed = e
-                    break
-            sys.stdout.flush()
-            if failed is not None:  # (a line each 0.2 s while a server restarted: backing off, as consume)
-                pause = unavailable(failed, "tail", "nothing read", pause, deadline)
-                continue
-            pause = RETRY_FIRST
-            time.sleep(interval)
+        with terminate_as_interrupt():  # (SIGTERM, SIGHUP: as Ctrl-C)
+            while deadline is None or time.monotonic() < deadline:
+                failed = None
+                for pid, since in position.items():
+                    try:
+                        scan = Scan(since, None, topics or None)
+                        for batch in partition_batches(queue.engine, name, pid, scan, TAIL_BATCH, info.created):
+                            for message in batch:
+                                _print_message(message, output_format)
+                            position[pid] = successor(batch.last_id)
+                    except ServerUnavailable as e:  # the serving process went: go on where we were, after a pause
+                        failed = e
+                        break
+                sys.stdout.flush()
+                if failed is not None:  # (a line each 0.2 s while a server restarted: backing off, as consume)
+                    pause = unavailable(failed, "tail", "nothing read", pause, deadline)
+                    continue
+                pause = RETRY_FIRST
+                time.sleep(interval)
     except KeyboardInterrupt:
         ctx.exit(130)  # as a shell reports a command stopped by Ctrl-C
 
@@ -310,6 +314,31 @@ def unavailable(error: ServerUnavailable, command: str, what: str, pause: float,
     left = pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic()))
     time.sleep(left)
     return min(pause * 2, RETRY_MOST)
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a service manager's stop) and SIGHUP (its terminal closed) end tail and
+    consume as Ctrl-C does: a member leaves its group and hands back what it holds, where
+    being killed would count those failed (and leave CMD running on a message another
+    member gets); a process serving its store to others hands it on cleanly."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach the main thread only
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = {  # (one ignored, as nohup does SIGHUP, stays ignored)
+        signum: signal.signal(signum, interrupt)
+        for signum in (signal.SIGTERM, signal.SIGHUP)
+        if signal.getsignal(signum) is not signal.SIG_IGN
+    }
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 _VALUE_FORMATS: dict[str, Callable[[bytes], str]] = {

@@ -532,6 +532,13 @@ def test_ctrl_c_stops_tail_and_consume_with_status_130_and_hands_leases_back(tmp
         assert "Traceback" not in consume.stderr.read()
         with HQueue("q", url) as queue, queue.consumer("g") as consumer:  # back now, not in 600 s
             assert [d.value for d in consumer.receive(wait=5)] == [b"in-hand"]
+        # And tail on SIGTERM or SIGHUP (a service manager's stop, its terminal closed) ends as on
+        # Ctrl-C (it was killed by them, 143 and 129: a holder of the store dying uncleanly)
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            tail = Proc("-m", "hqueue.cli", "--url", url, "tail", "q", "--start", "0")
+            wait_for(lambda: "in-hand" in "".join(tail.lines), 60, "tail to print the message")
+            tail.proc.send_signal(signum)
+            assert tail.proc.wait(timeout=30) == 130
     finally:
         tail.kill()
         consume.kill()

@@ -536,7 +536,7 @@ def test_ctrl_c_stops_tail_and_consume_with_status_130_and_hands_leases_back(tmp
         # Ctrl-C (it was killed by them, 143 and 129: a holder of the store dying uncleanly)
         for signum in (signal.SIGTERM, signal.SIGHUP):
             tail = Proc("-m", "hqueue.cli", "--url", url, "tail", "q", "--start", "0")
-            wait_for(lambda: "in-hand" in "".join(tail.lines), 60, "tail to print the message")
+            wait_for(lambda t=tail: "in-hand" in "".join(t.lines), 60, "tail to print the message")
             tail.proc.send_signal(signum)
             assert tail.proc.wait(timeout=30) == 130
     finally:

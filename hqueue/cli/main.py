@@ -106,24 +106,26 @@ class _Group(click.Group):
         args = list(args)
         command_at = next((i for i, a in enumerate(args) if self.get_command(ctx, a) is not None), None)
         if command_at is not None:
-            before = _urls(args[:command_at])
+            before, after = _urls(args[:command_at]), []
             i = command_at + 1
             while i < len(args):
                 if args[i] == "--url" and i + 1 < len(args):
                     moved = args[i : i + 2]
                     del args[i : i + 2]
                     args[0:0] = moved
+                    after.append(moved[1])
                     command_at += 2
                     i += 2
                 elif args[i].startswith("--url="):
                     args.insert(0, args.pop(i))
+                    after.append(args[0].partition("=")[2])
                     command_at += 1
                     i += 1
                 elif args[i] == "--":
                     break
                 else:
                     i += 1
-            after = [url for url in _urls(args[:command_at]) if url not in before]
+            after = [url for url in after if url not in before]
             if before and after:  # (click kept the last it read: the one before the command, silently)
                 raise click.UsageError(
                     f"--url given before the command and after it ({before[-1]!r}, {after[0]!r}): give one", ctx

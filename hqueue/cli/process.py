@@ -457,8 +457,8 @@ def _tls(cert: str | None, key: str | None):
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
         context.load_cert_chain(cert, key)
-    except (OSError, ssl.SSLError) as e:  # (a traceback: a key given as the certificate, a file not PEM)
-        reason = e.strerror if isinstance(e, OSError) and not isinstance(e, ssl.SSLError) and e.strerror else e
+    except OSError as e:  # (ssl.SSLError among them; a traceback: a key given as the certificate, a file not PEM)
+        reason = e if isinstance(e, ssl.SSLError) or not e.strerror else e.strerror
         raise click.BadParameter(
             f"cannot load the certificate {cert!r} with the key {key!r}: {reason}", param_hint="--tls-cert/--tls-key"
         ) from None

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 import click
 
 from ..batch import partition_batches
+from ..checks import check_partition
 from ..commands import MAX_DELAY_SECONDS, escape, unescape
 from ..commands.queues import LOCAL_TIMERS_NOTE
 from ..config import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES
@@ -258,13 +259,22 @@ TAIL_BATCH = 10_000
 @click.argument("name", metavar="QUEUE")
 @click.option("--start", callback=message_id, help="First ID or ISO time (default: now).")
 @click.option("--topic", "-t", "topics", multiple=True, callback=topic_bytes, help="Only this topic; repeatable.")
+@click.option("--partition", "-p", type=click.IntRange(0, 32766), help="Only this partition (default: every one).")
 @click.option("--format", "output_format", type=click.Choice(["text", "json", "hex", "base64"]), default="text")
 @click.option("--interval", type=Seconds(0.01, 3600), default=0.2, show_default=True, help="Seconds between reads.")
 @click.option("--for", "duration", type=Seconds(0, MAX_SECONDS), help="Stop after this many seconds (default: Ctrl-C).")
 @click.option("--follow", "-f", is_flag=True, help="Follow (what tail always does; for tail -f habits).")
 @click.pass_context
 def tail(
-    ctx, name: str, start, topics: tuple[bytes, ...], output_format: str, interval: float, duration, follow
+    ctx,
+    name: str,
+    start,
+    topics: tuple[bytes, ...],
+    partition: int | None,
+    output_format: str,
+    interval: float,
+    duration,
+    follow,
 ) -> None:
     """Follow queue QUEUE: print messages as they are written (Ctrl-C to stop).
 
@@ -274,7 +284,8 @@ def tail(
     """
     queue = open_queue(ctx, name, read_only=True)
     info = queue.engine.queue_info(name, fresh=True)  # each poll reads this queue, not one made again since
-    position = {pid: start or MessageID(int(time.time() * 1000)) for pid in range(info.partitions)}
+    followed = range(info.partitions) if partition is None else [check_partition(info, partition)]
+    position = {pid: start or MessageID(int(time.time() * 1000)) for pid in followed}
     deadline = None if duration is None else time.monotonic() + duration
     pause = RETRY_FIRST
     try:

@@ -244,5 +244,9 @@ def delete_group(session: Session, queue: str, group: str) -> Output:
 )  # fmt: skip
 def replay_dlq(session: Session, queue: str, start, stop, rate) -> Output:
     count = session.admin.replay_dead_letters(queue, start, stop, rate=rate)
-    text = f"Replayed {count} message(s) from {dead_letter_queue(queue)} onto {queue!r} (truncate it when done)"
+    dlq = dead_letter_queue(queue)
+    if count == 0 and not session.admin.queue_exists(dlq):  # (made by the first dead letter)
+        text = f"Replayed 0 messages: {queue!r} has no dead letters ({dlq!r} is made by the first one)"
+    else:
+        text = f"Replayed {count} message(s) from {dlq} onto {queue!r} (truncate it when done)"
     return Output(text, {"replayed": count}, count)

@@ -192,6 +192,19 @@ def test_tail_follows_every_partition_and_prints_each_message_once(tmp_path):
     assert sorted(values) == sorted(f"m{i}" for i in range(12))
 
 
+def test_tail_follows_one_partition_with_partition(run):
+    """``--partition`` as scan has it: only that partition's messages; one the queue does not
+    have is refused as scan refuses it (exit status 2)."""
+    assert run("create", "q", "3").exit_code == 0
+    for pid in range(3):
+        assert run("put", "q", "t", f"p{pid}", "--partition", str(pid)).exit_code == 0
+    result = run("tail", "q", "--start", "1", "--partition", "1", "--for", "0.3")
+    assert result.exit_code == 0, result.output
+    assert [line.split("\t")[:1] + line.split("\t")[3:] for line in result.output.splitlines()] == [["1", "p1"]]
+    refused = run("tail", "q", "--partition", "3", "--for", "0.3")
+    assert refused.exit_code == 2 and "must be in 0..2 for queue 'q', got 3" in refused.output, refused.output
+
+
 def test_tail_stops_at_a_queue_made_again_and_prints_none_of_it(tmp_path):
     """Each poll was a new scan, so a tail printed the messages of a queue deleted and made
     again under its name between two polls, and exited 0 (an attacker's probe)."""
@@ -737,3 +750,11 @@ def test_consume_exec_renews_the_lease_of_a_command_longer_than_the_servers_max_
     finally:
         server.kill()
     assert second.output == "" and runs.read_text() == "job\n"
+
+
+def test_replay_dlq_of_a_queue_without_dead_letters_says_so(run):
+    """It said "Replayed 0 message(s) from q.dlq", a queue that does not exist."""
+    assert run("create", "calm", "1").exit_code == 0
+    result = run("replay-dlq", "calm")
+    assert result.exit_code == 0 and "Replayed 0 messages: 'calm' has no dead letters" in result.output, result.output
+    assert run("replay-dlq", "nosuch").exit_code == 1

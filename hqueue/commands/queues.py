@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..config import DEFAULT_MAX_MESSAGE_BYTES, Durability
+from ..deadletters import dead_letter_queue
 from ..errors import InvalidArgument
 from ..keys.timers import timer_of
 from .declare import NotAllDone, Output, Param, Session, command
@@ -119,7 +120,11 @@ _one_queue_command("enable_queue", "enable_queue", "Enabled", "Accept puts and s
 )
 def delete_queue(session: Session, queue: str, force: bool) -> Output:
     session.admin.delete_queue(queue, force=force)
-    return Output(f"Deleted queue {queue!r}", {"queue": queue})
+    dlq = dead_letter_queue(queue)
+    if not session.admin.queue_exists(dlq):
+        return Output(f"Deleted queue {queue!r}", {"queue": queue})
+    text = f"Deleted queue {queue!r}; its dead letters stay in {dlq!r} (delete that queue too if they are not needed)"
+    return Output(text, {"queue": queue, "dead_letter_queue": dlq})
 
 
 @command(

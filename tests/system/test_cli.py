@@ -758,3 +758,14 @@ def test_replay_dlq_of_a_queue_without_dead_letters_says_so(run):
     result = run("replay-dlq", "calm")
     assert result.exit_code == 0 and "Replayed 0 messages: 'calm' has no dead letters" in result.output, result.output
     assert run("replay-dlq", "nosuch").exit_code == 1
+
+
+def test_delete_queue_says_where_its_dead_letters_stay(run, tmp_path):
+    """A queue deleted kept ``<q>.dlq`` without a word: made again, a replay put the old
+    queue's dead letters on the new one."""
+    assert run("create", "calm", "1").exit_code == 0
+    assert run("delete-queue", "calm", "--force").output.strip() == "Deleted queue 'calm'"
+    assert run("create", "orders", "1").exit_code == 0 and run("create", "orders.dlq", "1").exit_code == 0
+    said = run("delete-queue", "orders", "--force").output
+    assert "its dead letters stay in 'orders.dlq'" in said, said
+    assert run("scan", "orders.dlq").exit_code == 0  # (kept)

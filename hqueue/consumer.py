@@ -331,9 +331,15 @@ class Consumer:
                 if given < len(batch) and not self.closed:
                     self._hand_back_unseen(batch[given:])
 
+    def give_back(self, deliveries: Delivery | Message | Iterable[Delivery | Message]) -> int:
+        """Give leases back unhandled: handed out again at once, counting no failure (as a
+        member that leaves gives its leases back). Only leases this member holds go; returns
+        how many."""
+        return self._groups.nack(self.queue.name, self.group, self.member, _rowkeys(deliveries), UNSEEN)
+
     def _hand_back_unseen(self, deliveries: list[Delivery]) -> None:
         try:
-            self._groups.nack(self.queue.name, self.group, self.member, _rowkeys(deliveries), UNSEEN)
+            self.give_back(deliveries)
         except Exception as e:  # their leases run out instead
             logger.warning("consumer %s: handing back %d deliveries not iterated: %s", self.member, len(deliveries), e)
 

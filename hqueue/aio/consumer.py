@@ -277,10 +277,14 @@ class AsyncConsumer:
                 if given < len(batch) and not self.closed:
                     await self._hand_back_unseen(batch[given:])
 
+    async def give_back(self, deliveries: Receipts) -> int:
+        """Give leases back unhandled (as :meth:`Consumer.give_back <hqueue.Consumer.give_back>`)."""
+        groups = await self._ready()
+        return await groups.nack(self.queue.name, self.group, self.member, _rowkeys(deliveries), UNSEEN)
+
     async def _hand_back_unseen(self, deliveries: list[Delivery]) -> None:
         try:
-            groups = await self._ready()
-            await groups.nack(self.queue.name, self.group, self.member, _rowkeys(deliveries), UNSEEN)
+            await self.give_back(deliveries)
         except Exception as e:  # their leases run out instead
             logger.warning("consumer %s: handing back %d deliveries not iterated: %s", self.member, len(deliveries), e)
 

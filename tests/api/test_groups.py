@@ -91,6 +91,19 @@ def test_a_nack_hands_the_message_out_again_and_the_attempt_counts_up(make_queue
         assert consumer.receive(1, wait=0.2) == []
 
 
+def test_a_message_given_back_goes_out_again_at_once_counting_no_failure(make_queue):
+    queue = make_queue(partitions=1)
+    queue.put(Message("t", b"job"), 0)
+    with queue.consumer("g", member="a") as a, queue.consumer("g", member="b") as b:
+        (held,) = a.receive(1, wait=2)
+        assert b.give_back(held) == 0  # not b's to give back
+        assert a.give_back(held) == 1
+        (again,) = b.receive(1, wait=2)
+        assert (again.id, again.attempt) == (held.id, 1)
+        assert a.give_back(held) == 0  # b has it now
+        assert b.ack(again) == 1
+
+
 def test_an_expired_lease_goes_to_another_member(make_queue):
     queue = make_queue(partitions=1)
     queue.put(Message("t", b"job"), 0)

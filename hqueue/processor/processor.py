@@ -48,6 +48,9 @@ RETRY_COMMIT = 1.0
 #: a long GC) past its lease lost its leases, and what it held runs elsewhere now; that
 #: renewal says which (Processor.renew).
 STALE_AFTER = 2.0
+#: The shortest ``timeout`` and ``commit_interval``: less kept a thread turning without a
+#: pause, taking a core (a helper's pass: a commit interval of 1 ns).
+MIN_SECONDS = 0.001
 
 
 class Processor:
@@ -114,13 +117,15 @@ class Processor:
         ):
             if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
                 raise InvalidArgument(f"{name!r} must be an int in {low}..{high}, got {value!r}")
-        if timeout is not None and not (_seconds(timeout) and timeout > 0):
-            raise InvalidArgument(f"'timeout' must be seconds > 0 or None, got {timeout!r}")
+        if timeout is not None and not (_seconds(timeout) and timeout >= MIN_SECONDS):
+            raise InvalidArgument(f"'timeout' must be seconds >= {MIN_SECONDS} or None, got {timeout!r}")
         for name, seconds in (("delay", delay), ("retry_delay", retry_delay)):
             if not (_seconds(seconds) and 0 <= seconds <= ASKED_LEASE_LIMIT):
                 raise InvalidArgument(f"{name!r} must be seconds in [0, {ASKED_LEASE_LIMIT}], got {seconds!r}")
-        if not (_seconds(commit_interval) and commit_interval > 0):
-            raise InvalidArgument(f"'commit_interval' must be seconds > 0, got {commit_interval!r}")
+        if not (_seconds(commit_interval) and MIN_SECONDS <= commit_interval <= ASKED_LEASE_LIMIT):
+            raise InvalidArgument(
+                f"'commit_interval' must be seconds in [{MIN_SECONDS}, {ASKED_LEASE_LIMIT}], got {commit_interval!r}"
+            )
         self.queue, self.handler = queue, handler
         self._key = key
         self.queue_size, self.max_retries, self.retry_delay = queue_size, max_retries, retry_delay
@@ -476,8 +481,9 @@ class Processor:
         self.wait_idle(timeout=max(0.0, deadline - time.monotonic()), settle=0.0)
         self.stopping.set()
         self._commit_due.set()  # (the commit loop ends now, not at its interval)
+        end = max(deadline, time.monotonic() + 0.1)  # (a moment for each to see the stop, all in one)
         for thread in self._own_threads():
-            thread.join(timeout=max(0.1, deadline - time.monotonic()))
+            thread.join(timeout=max(0.0, end - time.monotonic()))  # (0.1 s each overran by 0.1 s a stuck worker)
         # Past the timeout, workers start nothing more: what they hold goes back with the
         # leave below (they went on handling it after stop() had returned, while another
         # process handled the same messages).

@@ -6,6 +6,7 @@ import contextlib
 import random
 import threading
 import time
+import zlib
 from collections import defaultdict
 from collections.abc import Iterator
 
@@ -606,7 +607,9 @@ def test_bad_arguments(queue):
             Processor(queue, "p", print, **wrong)  # type: ignore[arg-type]
     # (taken, and then: every receive refused, forever; a worker thread dead at its first
     # message; the constructor not back after minutes: an attacker's pass)
-    for wrong in ({"queue_size": 10_001}, {"delay": 1e10}, {"retry_delay": 1e10}, {"workers": 5000}):
+    # (taken, and a thread turned without a pause, a core's worth: a helper's pass)
+    for wrong in ({"queue_size": 10_001}, {"delay": 1e10}, {"retry_delay": 1e10}, {"workers": 5000},
+                  {"commit_interval": 1e-9}, {"timeout": 1e-9}):  # fmt: skip
         with pytest.raises(InvalidArgument, match=next(iter(wrong))):
             Processor(queue, "p", print, **wrong)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="'key' must be callable"):
@@ -782,3 +785,25 @@ def test_a_processor_paused_past_its_lease_keeps_each_key_in_order(tmp_path):
             first[value.split(":")[0]].append(value)
     out_of_order = sorted(k for k, values in first.items() if values != sorted(values))
     assert out_of_order == [], out_of_order
+
+
+def test_stop_with_stuck_workers_returns_within_its_timeout(queue):
+    """stop(timeout) gave each worker thread still running at the timeout 0.1 s more, one
+    after the other: 18 stuck handlers made stop(0.5) take 2.3 s (a helper's pass)."""
+    queue.put([Message("t", b"k%d:0" % i) for i in range(30)])
+    release = threading.Event()
+    started: list[bytes] = []
+
+    def stuck(message: Message) -> None:
+        started.append(message.value)
+        release.wait(30)
+
+    processor = Processor(queue, "p", stuck, key=key_of, workers=30, lease=10.0)
+    try:
+        busy = len({zlib.crc32(b"k%d" % i) % 30 for i in range(30)})  # (the workers the keys go to)
+        wait_for(lambda: len(started) >= busy, 20, "the workers stuck in their handlers")
+        began = time.monotonic()
+        processor.stop(timeout=0.5)
+        assert time.monotonic() - began < 2.0  # (was 0.5 + 0.1 per stuck worker)
+    finally:
+        release.set()

@@ -24,7 +24,7 @@ from .config import (
 from .connection import Connected
 from .deadletters import DeadLetterNote, dead_letter_queue, note_of
 from .errors import InvalidArgument, InvalidPartition, InvalidQueueName, NotAuthorized, QueueEnabled, QueueNotFound
-from .message import MAX_PARTITIONS, Message, MessageID, topic_filter, topics_of_keys
+from .message import MAX_PARTITIONS, Message, MessageID, successor, topic_filter, topics_of_keys
 from .queue import HQueue, TimeLike, as_message_id
 from .scanner import Scan, read_columns
 from .topic_index import config_for as topic_index_config
@@ -201,6 +201,11 @@ class HQueueAdmin(Connected):
 
         A copy: the dead letters stay until you truncate ``<queue>.dlq``, so a
         failure half-way loses nothing (run it again from where it stopped).
+        Without ``stop`` it ends, in each partition of ``<queue>.dlq``, at the
+        last dead letter there when it began: those that come meanwhile (its
+        own copies failing again too) wait for the next replay. (It read on to
+        the live end: copies that failed again came back to it, and a replay
+        of 5 dead letters put back 46, and could go on for ever.)
 
         Args:
             rate: At most this many messages a second (None: as fast as the
@@ -216,7 +221,13 @@ class HQueueAdmin(Connected):
         if not self._has_dead_letters(queue):
             return 0
         letters = engine.queue_info(dlq, fresh=True).require_enabled()  # (read partition after partition)
+        ends = None if scan.stop_id is not None else engine.describe_queue(dlq)["last_ids"]
         for pid in range(letters.partitions):  # of that dead-letter queue only (scanner.check_opened)
+            if ends is not None:  # (up to its last dead letter now: none of those that come meanwhile)
+                last = ends.get(pid)
+                if last is None:
+                    continue
+                scan = Scan(scan.start_id, successor(last))
             for keys, values in read_columns(engine, dlq, pid, scan, batch, letters.created):
                 for at in range(0, len(keys), batch):
                     messages = list(map(Message, topics_of_keys(keys[at : at + batch]), values[at : at + batch]))

@@ -13,15 +13,18 @@ and the outcome.
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
-from typing import Any
+import time
+from collections import OrderedDict
+from typing import Any, NamedTuple
 
 from flask import Flask, abort, g, redirect, render_template, url_for
 
 from ..deadletters import dead_letter_queue
 from ..errors import HQueueError
 from ..keys.timers import Timer
-from ..message import MessageID
+from ..message import MessageID, successor
 from . import reads
 from .forms import field, moment, number, require
 from .reads import first_ids
@@ -37,6 +40,49 @@ DRY_RUN_COUNT = 10_000
 DRY_RUN_SHOWN = 20
 #: The fastest replay the console asks for (messages a second).
 MAX_RATE = 100_000
+#: Seconds a replay's dry run may be confirmed within, and the most kept unconfirmed.
+DRY_RUN_SECONDS = 15 * 60
+DRY_RUNS_KEPT = 1000
+
+
+class DryRun(NamedTuple):
+    """A replay's dry run, to be confirmed once, by the session that ran it."""
+
+    session: str  # its CSRF token: one per session
+    queue: str
+    start: MessageID | None
+    stop: MessageID | None  # pinned: past the newest dead letter the dry run saw, if no stop was given
+    rate: int
+    counted: str  # how many it counted
+    made: float
+
+
+class DryRuns:
+    """Replays' dry runs by one-time handle: a confirmation replays what its dry run showed, once.
+    (The form's fields were replayed as sent: a stop left empty read on to the live end, and a
+    confirmation sent twice replayed twice, once the first replay was through: a helper's pass.)"""
+
+    def __init__(self) -> None:
+        self._runs: OrderedDict[str, DryRun] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def add(self, run: DryRun) -> str:
+        handle = secrets.token_urlsafe(16)
+        with self._lock:
+            self._runs[handle] = run
+            while len(self._runs) > DRY_RUNS_KEPT:
+                self._runs.popitem(last=False)
+        return handle
+
+    def take(self, handle: str, session: str, queue: str) -> DryRun | None:
+        """The dry run ``handle`` names, if ``session`` ran it for ``queue`` within
+        DRY_RUN_SECONDS and it was not confirmed yet; forgotten once taken."""
+        with self._lock:
+            run = self._runs.get(handle)
+            if run is None or run.session != session or run.queue != queue:
+                return None
+            del self._runs[handle]
+        return run if time.monotonic() - run.made <= DRY_RUN_SECONDS else None
 
 
 def register(app: Flask) -> None:
@@ -112,28 +158,44 @@ def replay(queue: str) -> Any:
         lambda login: login.may_admin(queue) and login.may_read(dlq),
         f"replay the dead letters of queue {queue!r} (needs admin, and consumer on {dlq})",
     )
+    admin, console = g.console.admin, g.console
+    admin.describe_queue(queue)  # (404 for a queue that is not there)
+    if confirmed():
+        return _confirmed_replay(queue, dlq)
     start, stop = moment("start", ""), moment("stop", "")
     rate = number("rate", 1000, 1, MAX_RATE)
-    admin = g.console.admin
-    admin.describe_queue(queue)  # (404 for a queue that is not there)
-    if not confirmed():  # the dry run: what would be put back, and where (none without a .dlq, as the CLI says)
-        count, shown = 0, []
-        if admin.queue_exists(dlq):
-            with admin.queue(dlq) as letters:
-                for pid in range(letters.partitions):
-                    if count <= DRY_RUN_COUNT:
-                        count += reads.count(letters, pid, start, stop, DRY_RUN_COUNT - count)
-            shown = admin.dead_letters(queue, start, stop, limit=DRY_RUN_SHOWN)
-        return render_template("replay.html", queue=queue, dlq=dlq, rate=rate, start=field("start", ""),
-                               stop=field("stop", ""), letters=shown,
-                               count=f"{DRY_RUN_COUNT}+" if count > DRY_RUN_COUNT else count)  # fmt: skip
-    details = {"start": str(start or ""), "stop": str(stop or ""), "rate": rate}
+    # The dry run: what would be put back, and where (none without a .dlq, as the CLI says).
+    # Without a stop, the replay ends past the newest dead letter seen now (none: it replays none).
+    count, shown, newest = 0, [], None
+    if admin.queue_exists(dlq):
+        if stop is None:
+            newest = max(filter(None, admin.describe_queue(dlq)["last_ids"].values()), default=None)
+        with admin.queue(dlq) as letters:
+            for pid in range(letters.partitions):
+                if count <= DRY_RUN_COUNT:
+                    count += reads.count(letters, pid, start, stop, DRY_RUN_COUNT - count)
+        shown = admin.dead_letters(queue, start, stop, limit=DRY_RUN_SHOWN)
+    if stop is None:
+        stop = successor(newest) if newest is not None else MessageID(0)
+    counted = f"{DRY_RUN_COUNT}+" if count > DRY_RUN_COUNT else str(count)
+    handle = console.dry_runs.add(DryRun(g.login.csrf, queue, start, stop, rate, counted, time.monotonic()))
+    return render_template("replay.html", queue=queue, dlq=dlq, rate=rate, start=field("start", ""),
+                           stop=field("stop", ""), letters=shown, count=counted, dry_run=handle)  # fmt: skip
+
+
+def _confirmed_replay(queue: str, dlq: str) -> Any:
+    """The replay its dry run showed (``dry_run`` names it), once, in a thread of its own."""
     console, who = g.console, g.login.who
+    run = console.dry_runs.take(field("dry_run", ""), g.login.csrf, queue)
+    if run is None:
+        abort(409, "this replay's dry run was confirmed already, or is more than 15 minutes old, "
+                   "or is not this session's: run the dry run again")  # fmt: skip
+    details = {"start": str(run.start or ""), "stop": str(run.stop), "rate": run.rate, "dry run": run.counted}
     with console.replays_lock:
         if queue in console.replays:
             abort(409, f"a replay of {dlq} is under way: wait for it (see the audit log)")
         console.audit.record(who, "replay dead letters", queue, dlq, details, "started")
-        thread = threading.Thread(target=_replay, args=(console, who, queue, start, stop, rate, details),
+        thread = threading.Thread(target=_replay, args=(console, who, queue, run.start, run.stop, run.rate, details),
                                   name=f"hqueue-console-replay-{queue}", daemon=True)  # fmt: skip
         console.replays[queue] = thread
     thread.start()

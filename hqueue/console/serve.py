@@ -33,6 +33,7 @@ from ..admin import HQueueAdmin
 from ..auth import AuthPolicy
 from ..rpc.connections import RateLimitedLog
 from .access import Access
+from .actions import DryRuns
 from .app import create_app
 from .audit import AuditLog
 from .series import INTERVAL, Counters, Sampler
@@ -103,6 +104,7 @@ class Console:
         #: Replays of dead letters under way, by queue (one at a time per queue).
         self.replays: dict[str, threading.Thread] = {}
         self.replays_lock = threading.Lock()
+        self.dry_runs = DryRuns()
         self._described: OrderedDict[tuple[str, str], tuple[float, dict[str, Any]]] = OrderedDict()
         self._described_lock = threading.Lock()
         self.app = create_app(self)

@@ -145,6 +145,34 @@ def test_dead_letters_are_listed_with_their_origin_and_replayed_at_a_rate(tmp_pa
         assert admin.engine.storage.list_meta("dlq-note/") == {}
 
 
+def test_a_replay_ends_at_the_dead_letters_there_when_it_began(make_queue, admin):
+    """Without a stop it read on to the live end: a consumer that failed the copies again
+    sent them back to it, and a replay of 5 dead letters put back 46, for as long as the
+    consumer ran (a helper's pass on the console)."""
+    import threading
+
+    queue = make_queue(partitions=2)
+    queue.put([Message("t", b"poison-%d" % i) for i in range(5)], 0)
+    with queue.consumer("g") as failing:
+        failing.dead_letter(drain(failing, 5))
+        sent_back = [0]
+        stop = threading.Event()
+
+        def fail_every_copy() -> None:  # (bounded: without the fix the replay went on with it)
+            while not stop.is_set() and sent_back[0] < 40:
+                copies = failing.receive(10, wait=0.1)
+                sent_back[0] += failing.dead_letter(copies) if copies else 0
+
+        thread = threading.Thread(target=fail_every_copy, daemon=True)
+        thread.start()
+        try:
+            assert admin.replay_dead_letters(queue.name, rate=2) == 5  # (2 a second: the copies fail meanwhile)
+        finally:
+            stop.set()
+            thread.join(10)
+    assert sent_back[0] >= 1  # (they did come back while it ran)
+
+
 def test_a_queue_that_never_had_dead_letters_replays_and_lists_none(tmp_path):
     """Its <queue>.dlq is made by the first dead letter: before, replay-dlq and dead_letters
     said "queue 'orders.dlq' does not exist" (a fresh user's probe)."""

@@ -381,11 +381,44 @@ def test_a_dead_letter_replay_dry_runs_then_replays_at_a_rate_and_is_audited(ser
     assert "group billing" in dry.body  # its note: who sent it there (and its origin, its attempts)
     assert "group billing" in admin.get("/queues/orders/dlq").body
     before = served[2].describe_queue("orders")["message_count_estimate"]
-    assert admin.post("/queues/orders/dlq/replay", {"rate": "50", "confirm": "yes"}).status == 200
+    assert admin.post("/queues/orders/dlq/replay", {"rate": "50", "confirm": "yes"}).status == 409  # no dry run
+    assert admin.post("/queues/orders/dlq/replay", {**confirm_of(dry), "rate": "1"}).status == 200
     wait_for(lambda: "done: 1 replayed" in admin.get("/audit").body, 20, "the replay to be audited")
+    assert '"rate": 50' in html.unescape(admin.get("/audit").body)  # (the dry run's rate: not the one sent after)
     with served[2].queue("orders") as orders:
         assert sum(1 for m in orders.scan(partition_id=0) if m.value == b"order 0") == 2
     assert before is not None
+
+
+def confirm_of(dry) -> dict[str, str]:
+    """The confirmation of a replay's dry run: its form's one-time handle."""
+    (handle,) = re.findall(r'name="dry_run" value="([^"]+)"', dry.body)
+    return {"dry_run": handle, "confirm": "yes"}
+
+
+def test_a_replay_puts_back_what_its_dry_run_saw_once(served):
+    """The confirmation replayed the form's fields as sent: an empty stop read on to the live
+    end (dead letters that came after the dry run, and copies that failed again, endlessly:
+    5 shown, 46 replayed), and a confirmation sent twice replayed twice (a helper's pass)."""
+    admin, store = user(served), served[2]
+    store.create_queue("twice", 1)
+    with store.queue("twice") as queue, queue.consumer("g") as group:
+        queue.put([Message("t", b"first")], 0)
+        group.dead_letter(group.receive(1, wait=5))
+        dry = admin.post("/queues/twice/dlq/replay", {"rate": "1000"})
+        assert 'id="dry-count">1<' in dry.body
+        queue.put([Message("t", b"later")], 0)  # dead-lettered after the dry run: not in it
+        (later,) = [d for d in group.receive(5, wait=5) if d.value == b"later"]
+        group.dead_letter(later)
+        confirm = confirm_of(dry)
+        assert admin.post("/queues/twice/dlq/replay", confirm).status == 200
+        wait_for(lambda: "done: 1 replayed" in admin.get("/audit").body, 20, "the replay to be audited")
+        again = admin.post("/queues/twice/dlq/replay", confirm)  # the form sent again
+        assert again.status == 409 and "confirmed already" in html.unescape(again.body)
+        other = user(served)  # another session may not confirm this one's dry run
+        dry = admin.post("/queues/twice/dlq/replay", {"rate": "1000"})
+        assert other.post("/queues/twice/dlq/replay", confirm_of(dry)).status == 409
+        assert sorted(m.value for m in queue.scan(partition_id=0)) == [b"first", b"first", b"later"]
 
 
 def test_a_refused_partition_is_named_as_the_form_names_it(served):
@@ -401,7 +434,7 @@ def test_a_replay_without_dead_letters_replays_none_as_the_cli_does(served):
     served[2].create_queue("calm", 1)
     dry = admin.post("/queues/calm/dlq/replay", {"rate": "50"})
     assert dry.status == 200 and 'id="dry-count">0<' in dry.body
-    assert admin.post("/queues/calm/dlq/replay", {"rate": "50", "confirm": "yes"}).status == 200
+    assert admin.post("/queues/calm/dlq/replay", confirm_of(dry)).status == 200
     wait_for(lambda: "done: 0 replayed" in admin.get("/audit").body, 20, "the replay to be audited")
     assert admin.post("/queues/nosuch/dlq/replay", {"rate": "50"}).status == 404
 

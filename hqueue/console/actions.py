@@ -124,8 +124,10 @@ def reset(queue: str, group: str) -> Any:
     if partition is not None and partition not in described:
         abort(400, f"'partition' {partition} is not a partition of {queue!r} served here")
     if not confirmed():
+        rows = _preview(queue, described, partition, position)
         return render_template("reset.html", queue=queue, group=group, time=field("time"), which=which,
-                               position=position, rows=_preview(queue, described, partition, position))  # fmt: skip
+                               position=position, rows=rows,
+                               left_out=0 if partition is not None else len(described) - len(rows))  # fmt: skip
     details = {"time": str(position), "partition": which or "all"}
     audited("reset group position", queue, group, details,
             lambda: admin.set_group_position(queue, group, partition, position) or "moved")  # fmt: skip

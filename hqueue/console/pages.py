@@ -131,7 +131,7 @@ def groups() -> str:
     admin, text = g.console.admin, field("q", "").strip().lower()
     queue_part, slash, name_part = text.partition("/")
     after_queue, _, skip_text = field("after", "").rpartition("/")
-    skip = int(skip_text) if skip_text.isdigit() else 0
+    skip = int(skip_text) if skip_text.isascii() and skip_text.isdigit() else 0  # ('²' is a digit to isdigit)
     infos = [i for i in admin.list_queues() if i.name >= after_queue and g.login.may_read(i.name)]
     if slash and queue_part:
         infos = [i for i in infos if queue_part in i.name.lower()]
@@ -193,7 +193,10 @@ def dlq_page(queue: str) -> str:
     """The dead letters (the dry run of a replay: what it would put back, and where)."""
     admin = g.console.admin
     start, stop = moment("start", ""), moment("stop", "")
-    dlq = readable(dead_letter_queue(readable(queue)))  # (its own queue: read as over the Thrift port)
+    dlq = readable(dead_letter_queue(readable(queue)))
+    admin.describe_queue(
+        queue
+    )  # (404 for a queue that is not there: its page was an empty 200)  # (its own queue: read as over the Thrift port)
     letters = admin.dead_letters(queue, start, stop, limit=DLQ_SHOWN) if admin.queue_exists(dlq) else []
     size = admin.describe_queue(dlq)["message_count_estimate"] if admin.queue_exists(dlq) else 0
     return page("dlq.html", queue=queue, dlq=dlq,

@@ -99,14 +99,26 @@ def confirmed() -> bool:
 
 
 def audited(what: str, queue: str, target: str, details: dict[str, Any], act: Any) -> Any:
-    """Run ``act()``, and record it (done or failed) in the audit log."""
+    """Record that the action starts (an action the log cannot hold is not done: the user
+    sees why), run ``act()``, and record how it went. (Recorded after only, an action done
+    whose entry failed was reported failed, and was in no log: a helper's pass.)"""
+    console, who = g.console, g.login.who
+    console.audit.record(who, what, queue, target, details, "started")
     try:
         result = act()
     except HQueueError as e:
-        g.console.audit.record(g.login.who, what, queue, target, details, f"failed: {e}")
+        _outcome(console, who, what, queue, target, details, f"failed: {e}")
         raise
-    g.console.audit.record(g.login.who, what, queue, target, details, f"done: {result}")
+    _outcome(console, who, what, queue, target, details, f"done: {result}")
     return result
+
+
+def _outcome(console: Any, who: str, what: str, queue: str, target: str, details: dict, outcome: str) -> None:
+    """Record how an action ended; a failure to is logged (the action's start is in the log)."""
+    try:
+        console.audit.record(who, what, queue, target, details, outcome)
+    except Exception:
+        logger.error("console: the audit log missed how %s of %s ended: %s", what, queue, outcome, exc_info=True)
 
 
 # -- a group's position --------------------------------------------------------------
@@ -215,10 +227,7 @@ def _replay(console: Any, who: str, queue: str, start: Any, stop: Any, rate: int
     finally:
         with console.replays_lock:
             console.replays.pop(queue, None)
-    try:
-        console.audit.record(who, "replay dead letters", queue, dead_letter_queue(queue), details, outcome)
-    except Exception:
-        logger.error("console: the audit log missed a replay of %s: %s", queue, outcome, exc_info=True)
+    _outcome(console, who, "replay dead letters", queue, dead_letter_queue(queue), details, outcome)
 
 
 # -- timers --------------------------------------------------------------------------
@@ -233,5 +242,8 @@ def cancel_timer() -> Any:
             abort(400, f"timer {handle} is of partition {timer.partition_id}: queue {queue!r} has {q.partitions}")
         if not confirmed():
             return render_template("cancel.html", queue=queue, handle=handle)
+        # A timer not pending is no action: not in the log (anyone who may cancel flooded it with those).
+        if q.find_timer(timer) is None:
+            return redirect(url_for("timers", queue=queue, handle=handle, cancelled="not pending"))
         done = audited("cancel timer", queue, handle, {}, lambda: "cancelled" if q.cancel(timer) else "not pending")
     return redirect(url_for("timers", queue=queue, handle=handle, cancelled=done))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..admin import HQueueAdmin
@@ -26,6 +27,9 @@ AUDIT_TTL = 90 * 86400
 #: The most entries the Audit page reads (the newest of the last :data:`AUDIT_WINDOW` seconds).
 AUDIT_PAGE = 200
 AUDIT_WINDOW = 7 * 86400
+#: Entries the Audit page reads at most, and in one time window.
+AUDIT_READ = 200_000
+AUDIT_CHUNK = 10_000
 
 
 class AuditLog:
@@ -51,19 +55,30 @@ class AuditLog:
             except QueueExists:
                 pass  # another console made it first
 
-    def recent(self, limit: int = AUDIT_PAGE) -> list[dict[str, Any]]:
-        """The newest ``limit`` entries of the last week, newest first."""
+    def recent(self, shown: Callable[[dict[str, Any]], bool], limit: int = AUDIT_PAGE) -> list[dict[str, Any]]:
+        """The newest ``limit`` entries of the last week that ``shown`` keeps, newest first.
+
+        Read from now back, a time window at a time (at most :data:`AUDIT_READ` entries in
+        all): read from the week's start, the oldest 50,000 were all a flood left room for,
+        and the newest were never shown; the newest 200 of all, filtered after, left a login
+        an empty page behind others' entries (a helper's pass)."""
+        now = int(time.time() * 1000)
+        since, stop, width, read = now - AUDIT_WINDOW * 1000, now + 1, 60_000, 0
+        kept: list[dict[str, Any]] = []
         try:
             with self.admin.queue(AUDIT_QUEUE) as log:
-                since = int(time.time() * 1000) - AUDIT_WINDOW * 1000
-                kept: list[dict[str, Any]] = []
-                for message in log.scan(since, partition_id=0, limit=50_000):
-                    kept.append(_entry(message))
-                    if len(kept) > limit:
-                        del kept[0]
+                while stop > since and len(kept) < limit and read < AUDIT_READ:
+                    start = max(since, stop - width)
+                    chunk = list(log.scan(start, stop, partition_id=0, limit=AUDIT_CHUNK + 1))
+                    if len(chunk) > AUDIT_CHUNK and stop - start > 1:  # too many there: a narrower window
+                        width = max(1, (stop - start) // 8)
+                        continue
+                    read += len(chunk)
+                    kept += [e for e in map(_entry, reversed(chunk)) if shown(e)][: limit - len(kept)]
+                    stop, width = start, width * 2
         except QueueNotFound:
             return []
-        return kept[::-1]
+        return kept
 
 
 def _entry(message: Message) -> dict[str, Any]:

@@ -266,7 +266,7 @@ def _find_timer(queue: str, handle: str) -> dict[str, Any]:
 
 def audit() -> str:
     """The newest admin actions on the queues the login may see."""
-    entries = [e for e in g.console.audit.recent() if g.login.may_see(str(e.get("queue", "")))]
+    entries = g.console.audit.recent(lambda e: g.login.may_see(str(e.get("queue", ""))))
     return page("audit.html", entries=entries)
 
 

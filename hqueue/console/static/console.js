@@ -20,9 +20,13 @@
     return {names: names, data: [chart.t].concat(names.map(function (n) { return chart[n]; }))};
   }
 
+  // One request at a time per chart and for the live part: a page slower to answer than
+  // REFRESH_MS had its refreshes pile up in the console's few threads.
   function draw(figure) {
+    if (figure._busy) { return; }
+    figure._busy = true;
     var wanted = figure.dataset.series.split(",");
-    fetchJSON(figure.dataset.src).then(function (json) {
+    fetchJSON(figure.dataset.src).finally(function () { figure._busy = false; }).then(function (json) {
       var c = columns(json, wanted);
       window.hqueueCharts[figure.id] = {names: c.names, data: c.data};
       var key = c.names.join(",");
@@ -40,8 +44,10 @@
 
   function refreshLive() {
     var live = document.getElementById("live");
-    if (!live || live.dataset.live !== "on" || document.hidden) { return; }
+    if (!live || live.dataset.live !== "on" || document.hidden || live._busy) { return; }
+    live._busy = true;
     fetch(window.location.href, {credentials: "same-origin", headers: {"X-Live": "1"}})
+      .finally(function () { live._busy = false; })
       .then(function (r) { if (!r.ok) { throw new Error(r.status); } return r.text(); })
       .then(function (html) { live.innerHTML = html; live.classList.remove("stale"); })  // escaped server side
       .catch(function () { live.classList.add("stale"); });

@@ -471,6 +471,16 @@ def is_wildcard(host: str) -> bool:
         return False
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine only (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def joined(host: str | ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) -> str:
     """``host:port``, an IPv6 address in brackets (``[::1]:9700``)."""
     host = str(host)

@@ -235,6 +235,12 @@ def _share(name: str, default: float, help: str) -> Callable[[Callable], Callabl
     help="Address the console listens on (plain HTTP: put a TLS proxy in front of it off this machine).",
 )
 @click.option(
+    "--console-trusted-proxy",
+    metavar="ADDRESS",
+    help="A TLS proxy in front of the console whose X-Forwarded-Proto and X-Forwarded-For count (as "
+    "hqueue console --trusted-proxy): its session cookie is then Secure, and each client is its own address.",
+)
+@click.option(
     "--local-socket/--no-local-socket",
     default=True,
     show_default=True,
@@ -311,6 +317,7 @@ def server(
     metrics_token,
     console_port,
     console_host,
+    console_trusted_proxy,
     local_socket,
     io,
     idle_poll_us,
@@ -386,6 +393,7 @@ def server(
             metrics_token=metrics_token,
             console_port=console_port,
             console_host=console_host,
+            console_trusted_proxy=console_trusted_proxy,
             local_socket=local_socket,
             io=io,
         )

@@ -39,6 +39,8 @@ MAX_TOKEN = 4096
 FREE_FAILURES = 5
 FIRST_WAIT, MAX_WAIT = 1.0, 60.0
 MAX_HOSTS = 10_000
+#: The roles one of which, on some queue, a token needs to log in.
+QUEUE_ROLES = ("admin", "producer", "consumer")
 
 
 class LoginThrottle:
@@ -124,8 +126,12 @@ class Access:
         return Principal("console", {"admin": ("*",), "metrics": ("*",)})
 
     def log_in(self, token: str) -> tuple[str, Login]:
-        """A new session for ``token``: (its id, the login)."""
+        """A new session for ``token``: (its id, the login). NotAuthorized for a wrong one, and
+        for a token with no role on any queue (a ``metrics`` token, for the scraper: it logged
+        in, and saw the store-wide rates)."""
         principal = self.authenticate(token)
+        if not any(principal.grants.get(role) for role in QUEUE_ROLES):
+            raise NotAuthorized(f"token {principal.name!r} has no role on any queue (admin, producer or consumer)")
         sid, login = secrets.token_urlsafe(32), Login(principal, secrets.token_urlsafe(32), time.monotonic())
         with self._lock:
             mine = [key for key, held in self._sessions.items() if held.principal.name == principal.name]

@@ -16,6 +16,7 @@ from typing import Any
 from flask import Flask, Response, abort, g, jsonify, redirect, render_template, request, session, url_for
 from werkzeug.exceptions import HTTPException
 
+from ..auth import is_loopback
 from ..errors import (
     GroupNotFound,
     HQueueError,
@@ -71,6 +72,8 @@ def _guards(app: Flask, console: Any) -> None:
 
     @app.before_request
     def require_login() -> Any:
+        if not _host_allowed(console, request.host):
+            abort(421, "a console on loopback answers to a loopback Host only (localhost, 127.0.0.1, [::1])")
         g.console, g.login = console, access.find(session.get("sid"))
         if request.path.startswith(OPEN_PATHS):
             return None
@@ -100,6 +103,21 @@ def _guards(app: Flask, console: Any) -> None:
     def common() -> dict[str, Any]:
         login: Login | None = g.get("login")
         return {"login": login, "csrf": login.csrf if login else session.get("pre", ""), "store": console.store}
+
+
+def _host_allowed(console: Any, host: str) -> bool:
+    """Whether a request's Host may reach this console: any, when it listens beyond loopback
+    or behind a trusted proxy; a loopback name or address when it listens on loopback. (A
+    page of another site whose name an attacker points at 127.0.0.1, DNS rebinding, reached
+    a loopback console as its own origin.)"""
+    if console.trusted_proxy or not is_loopback(console.host):
+        return True
+    if host.startswith("["):  # [::1]:port
+        name = host[1 : host.find("]")] if "]" in host else ""
+    else:
+        name = host.rsplit(":", 1)[0] if ":" in host else host
+    name = name.lower()
+    return name == "localhost" or name.endswith(".localhost") or is_loopback(name)
 
 
 def _sessions(app: Flask, access: Any) -> None:

@@ -60,8 +60,8 @@ DESCRIBED_STALE = 120.0
 
 
 class _SessionCookies(SecureCookieSessionInterface):
-    """Flask's signed cookie, marked Secure whenever the request came over HTTPS
-    (a TLS proxy in front: ``X-Forwarded-Proto`` from ``--console-trusted-proxy``)."""
+    """Flask's signed cookie, marked Secure whenever the request came over HTTPS (a TLS proxy
+    in front: ``X-Forwarded-Proto`` from ``--trusted-proxy``, ``--console-trusted-proxy``)."""
 
     def get_cookie_secure(self, app: Any) -> bool:
         return bool(app.config["SESSION_COOKIE_SECURE"] or request.is_secure)
@@ -139,7 +139,7 @@ class Console:
         )
         _bound_clients(self._server, trusted_proxy)
         self.port: int = self._server.effective_port
-        self.host = host
+        self.host, self.trusted_proxy = host, trusted_proxy
         self._thread: threading.Thread | None = None
         forks.closed_in_child(self)
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import ipaddress
 import logging
 import os
 import signal
@@ -31,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from .. import sharing
 from ..admin import HQueueAdmin
-from ..auth import AuthPolicy, MetricsAccess, PushPolicy, is_wildcard, joined
+from ..auth import AuthPolicy, MetricsAccess, PushPolicy, is_loopback, is_wildcard, joined
 from ..coordination import Coordinator, LocalCoordinator
 from ..coordination.zookeeper import ZooKeeperCoordinator
 from ..engine import Engine
@@ -232,6 +231,8 @@ class HQueueServer:
             one; None: not at all), with ``auth``'s tokens, or a one-time token
             (:attr:`console`'s ``login_token``) without them.
         console_host: Where the console listens (loopback unless told).
+        console_trusted_proxy: The address of a TLS proxy in front of the console whose
+            ``X-Forwarded-*`` headers count (as ``hqueue console --trusted-proxy``).
         io: ``"loop"``: plain TCP and Unix connections are served from one event loop,
             whose quick calls run on it when the store is in this process
             (rpc/loop.py; TLS connections keep a thread each); ``"threads"``: a thread
@@ -268,6 +269,7 @@ class HQueueServer:
         engine: Engine | None = None,
         console_port: int | None = None,
         console_host: str = "127.0.0.1",
+        console_trusted_proxy: str | None = None,
         io: str = "loop",
     ) -> None:
         _check_arguments(storage_url, host, advertise, coordinator_factory, io)
@@ -329,7 +331,7 @@ class HQueueServer:
             #: taken one fails first; it opens its admin handle at start, once services are attached.
             self.console: Console | None = None
             if console_port is not None:
-                self.console = self._console(console_host, console_port, auth)
+                self.console = self._console(console_host, console_port, auth, console_trusted_proxy)
             undo.pop_all()  # all is open: stop() closes it from now on
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
@@ -383,7 +385,7 @@ class HQueueServer:
             sharing.drop_socket(self.engine, self, reshare)
 
     def _serve_metrics(self, port: int, host: str, access: MetricsAccess) -> None:
-        if access.open and not ipaddress_is_loopback(host):
+        if access.open and not is_loopback(host):
             logger.warning("metrics on %s need no credential: give --metrics-token, or keep them on 127.0.0.1", host)
         self.lag = book = LagBook(self.engine)
         self.coordinator.add_listener(lambda gained, lost: book.forget(gained | lost))
@@ -470,12 +472,12 @@ class HQueueServer:
             logger.info("serving it to local processes on %s too (local:// that directory)", self.local_socket)
         return self
 
-    def _console(self, host: str, port: int, auth: AuthPolicy | None) -> Console:
+    def _console(self, host: str, port: int, auth: AuthPolicy | None, trusted_proxy: str | None) -> Console:
         # Imported here: Flask and waitress take about 0.1 s to import, which a server without
         # a console, and every local process serving its embedded store (server/shared.py), skip.
         from ..console import Console, server_counters
 
-        if not ipaddress_is_loopback(host):
+        if not is_loopback(host) and trusted_proxy is None:
             logger.warning("the console on %s speaks plain HTTP: put a TLS proxy in front of it", host)
         return Console(
             auth=auth,
@@ -483,6 +485,7 @@ class HQueueServer:
             locations=self.coordinator.locations,
             host=host,
             port=port,
+            trusted_proxy=trusted_proxy,
         )
 
     def _registry(self) -> SubscriberRegistry:
@@ -540,13 +543,3 @@ class HQueueServer:
         if self._owns_engine:
             self.engine.release()
         logger.info("hqueue server %s stopped", self.address)
-
-
-def ipaddress_is_loopback(host: str) -> bool:
-    """Whether ``host`` names this machine only (127.0.0.0/8, ::1, localhost)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

@@ -15,10 +15,12 @@ from hqueue import HQueueAdmin
 from tests.processes import ServerProcess, wait_for
 
 #: The tokens of the console's tests: an admin, a producer of "orders", a consumer of
-#: everything, a producer and consumer of everything, and an admin of "orders" alone.
+#: everything, a producer and consumer of everything, an admin of "orders" alone, and a
+#: metrics scraper.
 ADMIN, PRODUCER, CONSUMER = "admin-secret-0123456789", "producer-secret-0123456789", "consumer-secret-0123456789"
 ANY_PRODUCER = "any-producer-secret-0123456789"
 ORDERS_ADMIN = "orders-admin-secret-0123456789"
+SCRAPER = "scraper-secret-0123456789"
 AUTH_FILE = f"""
 [tokens.ops]
 secret = "{ADMIN}"
@@ -40,6 +42,10 @@ consumer = ["*"]
 [tokens.orders]
 secret = "{ORDERS_ADMIN}"
 admin = ["orders"]
+
+[tokens.scraper]
+secret = "{SCRAPER}"
+metrics = ["*"]
 """
 
 

@@ -37,9 +37,11 @@ from hqueue.printed import escape
 from tests.helpers.console_http import (
     ADMIN,
     ANY_PRODUCER,
+    AUTH_FILE,
     CONSUMER,
     ORDERS_ADMIN,
     PRODUCER,
+    SCRAPER,
     ConsoleUser,
     console_server,
     form_csrf,
@@ -844,3 +846,47 @@ def test_one_request_at_a_time_counts_a_group_and_the_others_get_the_last_count(
     assert local_console.describe_group("q", "g") == answers[0]  # the last count,
     assert counting.is_alive() and len(calls) == 2  # not waiting for the one under way
     counting.join(10)
+
+
+def test_a_metrics_token_does_not_log_in(served):
+    """It holds no role on any queue (it is for the scraper), yet it logged in and saw the
+    store-wide rates (a helper's pass)."""
+    answer = ConsoleUser(served[1]).log_in(SCRAPER)
+    assert answer.status == 403 and "sid" not in str(answer.headers.get("Set-Cookie", ""))
+
+
+def test_a_console_on_loopback_answers_a_loopback_host_only(tmp_path):
+    """A page of another site whose name an attacker points at 127.0.0.1 (DNS rebinding)
+    reached a console on loopback as its own origin (a helper's pass)."""
+    with HQueueAdmin(f"local://{tmp_path}/data") as admin:
+        console = Console(admin).start()
+        try:
+            client = ConsoleUser(console.url)
+            port = console.port
+            for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.evil.example", "[::2]"):
+                answer = client.get("/login", Host=host)
+                assert answer.status == 421 and "loopback Host" in answer.body, host
+            for host in (f"127.0.0.1:{port}", f"localhost:{port}", "[::1]", f"[::1]:{port}", "LocalHost", "127.0.0.2"):
+                assert client.get("/login", Host=host).status == 200, host
+        finally:
+            console.stop()
+
+
+def test_hqueue_server_takes_the_console_s_trusted_proxy(tmp_path):
+    """``hqueue console`` had --trusted-proxy and ``hqueue server --console-port`` had no way to
+    say it (its docstring named a --console-trusted-proxy that did not exist): behind a TLS
+    proxy its session cookie was never Secure (a helper's pass)."""
+    from tests.processes import ServerProcess
+
+    (tmp_path / "auth.toml").write_text(AUTH_FILE)
+    server = ServerProcess(f"local://{tmp_path}/data", tmp_path, extra_args=(
+        "--auth-file", str(tmp_path / "auth.toml"), "--console-port", "0",
+        "--console-trusted-proxy", "127.0.0.1"))  # fmt: skip
+    try:
+        client = ConsoleUser(server.announced("console"))
+        answer = client.get("/login", **{"X-Forwarded-Proto": "https", "Host": "console.example.com"})
+        assert answer.status == 200  # (a name the proxy routes by: no loopback Host asked for)
+        assert "Secure" in answer.headers.get("Set-Cookie", ""), answer.headers
+        assert "Secure" not in client.get("/login").headers.get("Set-Cookie", "")
+    finally:
+        server.kill()

@@ -39,6 +39,12 @@ MAX_TOKEN = 4096
 FREE_FAILURES = 5
 FIRST_WAIT, MAX_WAIT = 1.0, 60.0
 MAX_HOSTS = 10_000
+#: A browser that logged in keeps a device cookie (OWASP's "device cookies"): its log-ins
+#: as that token are not held back by the wrong ones of others from its address. Seconds one
+#: is good for, and how many are kept.
+DEVICE_COOKIE = "hqueue_device"
+DEVICE_SECONDS = 30 * 86400
+MAX_DEVICES = 10_000
 #: The roles one of which, on some queue, a token needs to log in.
 QUEUE_ROLES = ("admin", "producer", "consumer")
 
@@ -113,6 +119,7 @@ class Access:
         self._sessions: OrderedDict[str, Login] = OrderedDict()
         self._lock = threading.Lock()
         self.throttle = LoginThrottle()
+        self._devices: OrderedDict[str, tuple[str, float]] = OrderedDict()  # id -> (token name, given)
 
     def authenticate(self, token: str) -> Principal:
         """The principal of ``token``; NotAuthorized for a wrong one."""
@@ -157,6 +164,28 @@ class Access:
             login.last_used = now
             self._sessions.move_to_end(sid)
             return login
+
+    def device(self, device_id: object) -> str | None:
+        """The token name a device cookie was given to (None: none, unknown or too old)."""
+        if not isinstance(device_id, str):
+            return None
+        with self._lock:
+            kept = self._devices.get(device_id)
+            if kept is None or time.monotonic() - kept[1] > DEVICE_SECONDS:
+                return None
+            return kept[0]
+
+    def new_device(self, name: str, device_id: object = None) -> str:
+        """A device cookie for a browser that logged in as token ``name`` (its own renewed,
+        if it held one of that token)."""
+        if not isinstance(device_id, str) or self.device(device_id) != name:
+            device_id = secrets.token_urlsafe(32)
+        with self._lock:
+            self._devices.pop(device_id, None)
+            self._devices[device_id] = (name, time.monotonic())
+            while len(self._devices) > MAX_DEVICES:
+                self._devices.popitem(last=False)
+        return device_id
 
     def log_out(self, sid: object) -> None:
         with self._lock:

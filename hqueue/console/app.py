@@ -28,7 +28,7 @@ from ..errors import (
 )
 from ..message import MessageID
 from . import actions, pages
-from .access import Login, same_token
+from .access import DEVICE_COOKIE, DEVICE_SECONDS, Login, same_token
 from .forms import MAX_FIELD, field, topic_shown
 
 logger = logging.getLogger(__name__)
@@ -105,6 +105,21 @@ def _guards(app: Flask, console: Any) -> None:
         return {"login": login, "csrf": login.csrf if login else session.get("pre", ""), "store": console.store}
 
 
+def _known_device(access: Any, device: object, token: str) -> bool:
+    """Whether a browser whose address is held back may log in all the same: its device cookie
+    was given to the token it logs in with now. (Others' wrong tokens from its address, a
+    shared loopback, an office's NAT, held the right admin token out: a helper's pass.) Any
+    other token it sends is refused as the address is, right or wrong, so this tells a
+    guesser nothing: it knows its own token already."""
+    name = access.device(device)
+    if name is None:
+        return False
+    try:
+        return bool(access.authenticate(token).name == name)
+    except NotAuthorized:
+        return False
+
+
 def _host_allowed(console: Any, host: str) -> bool:
     """Whether a request's Host may reach this console: any, when it listens beyond loopback
     or behind a trusted proxy; a loopback name or address when it listens on loopback. (A
@@ -130,12 +145,12 @@ def _sessions(app: Flask, access: Any) -> None:
             return render_template("login.html", next=_local(request.args.get("next")), error=None)
         if not same_token(request.form.get("csrf"), session.get("pre", "")):
             abort(403, "the form's CSRF token is missing or wrong: reload the page and try again")
-        host = request.remote_addr or ""
+        host, token, device = request.remote_addr or "", field("token"), request.cookies.get(DEVICE_COOKIE)
         wait = access.throttle.wait(host)
-        if wait > 0:
+        if wait > 0 and not _known_device(access, device, token):
             abort(429, f"too many failed log-ins from {host}: try again in {wait:.0f} s")
         try:
-            sid, login = access.log_in(field("token"))
+            sid, login = access.log_in(token)
         except NotAuthorized:
             access.throttle.failed(host)
             logger.warning("console: a failed log-in from %s", host)
@@ -144,7 +159,10 @@ def _sessions(app: Flask, access: Any) -> None:
         # token logging in between guesses had every try free, about 300 times the rate)
         session["sid"] = sid
         logger.info("console: %s logged in from %s", login.who, request.remote_addr)
-        return redirect(_local(request.form.get("next")) or url_for("overview"))
+        answer = redirect(_local(request.form.get("next")) or url_for("overview"))
+        answer.set_cookie(DEVICE_COOKIE, access.new_device(login.who, device), max_age=DEVICE_SECONDS,
+                          httponly=True, samesite="Strict", secure=request.is_secure)  # fmt: skip
+        return answer
 
     @app.post("/logout")
     def log_out() -> Any:

@@ -890,3 +890,36 @@ def test_hqueue_server_takes_the_console_s_trusted_proxy(tmp_path):
         assert "Secure" not in client.get("/login").headers.get("Set-Cookie", "")
     finally:
         server.kill()
+
+
+def test_a_browser_that_logged_in_before_is_not_held_back_by_others_wrong_tokens(local_console, monkeypatch):
+    """Log-ins are held back per address: another user's wrong tokens from the same address (a
+    shared loopback, an office's NAT) held the right admin token out too (a helper's pass).
+    A browser that logged in before keeps a device cookie, and logs in again as that token."""
+    from hqueue.console import access
+
+    monkeypatch.setattr(access, "FIRST_WAIT", 60.0)  # (held back for the whole test, however slow)
+    address = {"X-Forwarded-For": "192.0.2.7"}
+
+    def log_in(one: ConsoleUser, token: str):
+        page = one.request("/login", headers=address)
+        return one.request("/login", {"csrf": form_csrf(page.body), "token": token}, headers=address)
+
+    admin_browser = ConsoleUser(local_console.url, follow_redirects=False)
+    assert log_in(admin_browser, local_console.login_token).status == 302
+    device = admin_browser.cookie("hqueue_device")
+    assert device is not None and device.has_nonstandard_attr("HttpOnly")
+    csrf = form_csrf(admin_browser.request("/", headers=address).body)
+    assert admin_browser.request("/logout", {"csrf": csrf}, headers=address).status == 302
+    # When someone at the same address guesses until held back
+    guesser = ConsoleUser(local_console.url)
+    for _ in range(FREE_FAILURES):
+        assert log_in(guesser, "wrong-token-0123456789").status == 403
+    assert log_in(guesser, local_console.login_token).status == 429  # (no device cookie: held back)
+    assert log_in(ConsoleUser(local_console.url), local_console.login_token).status == 429
+    # Then the browser that logged in before still logs in with its token, and nothing else
+    assert log_in(admin_browser, "wrong-token-0123456789").status == 429
+    assert log_in(admin_browser, local_console.login_token).status == 302
+    # And a device cookie copied to the guesser tells it nothing about other tokens
+    guesser.jar.set_cookie(device)
+    assert log_in(guesser, "another-wrong-token-0123").status == 429

@@ -247,6 +247,9 @@ def _options(command: str, given: Any, known: set[str], ints: tuple[str, ...] = 
         twice = ", ".join(printable(k) for k, n in sorted(counts.items()) if n > 1)
         raise UsageError(f"{command}: an option given twice (keys are not case-sensitive): {twice}")
     unknown = set(options) - known
+    empty = sorted(k for k, v in options.items() if v is None and k in known)
+    if empty:  # (DELAY => nil put a message now, unsaid, where a timer was meant: a helper's pass)
+        raise UsageError(f"{command}: {empty[0]} => nil: give it a value, or leave it out")
     if unknown:  # (escaped: a key's control characters reached the terminal)
         raise UsageError(
             f"{command}: unknown option(s) {', '.join(map(printable, sorted(unknown)))}; "

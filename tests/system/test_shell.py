@@ -179,6 +179,8 @@ def test_list_describe_scan_count_print_tables_and_timing(run):
         ("scan 'q1', {STARTID => '1:1', STARTTIME => '2026-01-01'}", "give STARTID or STARTTIME, not both"),
         ("put 'q1', 't', 'v', 99", "PARTITION must be in 0..3"),
         ("count 'q1', {LIMIT => 1}", "count: unknown option(s) LIMIT"),
+        ("put 'q1', 't', 'v', {DELAY => nil}", "put: DELAY => nil: give it a value, or leave it out"),
+        ("scan 'q1', {LIMIT => nil}", "scan: LIMIT => nil: give it a value"),
         ("count 'q1', {TOPICS => 't'}", "count: TOPICS must be a list"),
         # (an attacker's pass: the last one won, unsaid; the key's escape reached the terminal)
         ("put 'q1', 't', 'v', {'partition' => 1, 'PARTITION' => 2}", "an option given twice (keys are not case-sen"),

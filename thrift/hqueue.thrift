@@ -329,8 +329,11 @@ service HQueueService {
   // unset or 0: retry forever. (Apache Thrift's compilers ignore `optional` in
   // argument lists: their C++ and Go clients send "", 0 or an empty list for an
   // argument left out, and the server takes each so, as unset, on every call.)
+  // createOnly: register a new subscriber only (one registered already: SubscriberExists,
+  // as TInvalidMessage, and nothing changed), as a starting instance does.
   void addSubscriber(1: string queue, 2: string name, 3: list<binary> topics,
-                     4: list<TPartitionStart> partitions, 5: optional i32 deadLetterAfter)
+                     4: list<TPartitionStart> partitions, 5: optional i32 deadLetterAfter,
+                     6: optional bool createOnly)
       throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TIOError io, 4: TNotAuthorized denied)
   void deleteSubscriber(1: string name, 2: string queue)
       throws (1: TSubscriberNotFound notFound, 2: TIOError io, 3: TNotAuthorized denied, 4: TQueueNotFound queueNotFound, 5: TInvalidMessage invalid)

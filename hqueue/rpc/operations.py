@@ -60,6 +60,8 @@ def _dead_letter_after_out(value: Any) -> Any:
 #: As UNSET_IF_EMPTY, for a count: hqueue's client refuses 0 rather than send it as unset.
 COUNT_OR_UNSET = Codec(_dead_letter_after_out, UNSET_IF_EMPTY.back)
 TOPICS = Codec(_topics_out, _topics_in)
+#: An optional flag: unset (an older client's) is False.
+FLAG = Codec(lambda value: True if value else None, bool)
 ID = Codec(wire.to_tid, wire.from_tid)
 PARTITION_OR_ALL = Codec(lambda pid: -1 if pid is None else pid, lambda pid: None if pid == -1 else pid)
 NAMES = Codec(same, list)
@@ -207,7 +209,8 @@ SUBSCRIPTIONS = "subscriptions"
 
 ADD_SUBSCRIBER = Operation(
     SUBSCRIPTIONS, "add", "addSubscriber", MANAGE,
-    (QUEUE, NAME, Arg("topics", TOPICS), STARTS, Arg("dead_letter_after", COUNT_OR_UNSET, default=None)),
+    (QUEUE, NAME, Arg("topics", TOPICS), STARTS, Arg("dead_letter_after", COUNT_OR_UNSET, default=None),
+     Arg("create_only", FLAG, default=False)),
 )  # fmt: skip
 DELETE_SUBSCRIBER = Operation(SUBSCRIPTIONS, "delete", "deleteSubscriber", MANAGE, (QUEUE, NAME), ("name", "queue"))
 LIST_SUBSCRIBERS = Operation(SUBSCRIPTIONS, "names", "listSubscribers", "consumer", (QUEUE,), result=NAMES)

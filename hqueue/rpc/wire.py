@@ -252,7 +252,8 @@ def to_thrift_error(e: Exception) -> Exception:
         return T.TNotAuthorized(message=text)
     if isinstance(e, errors.NotPartitionOwner):
         return T.TNotPartitionOwner(message=text, owner=e.owner or "")
-    if isinstance(e, (errors.InvalidArgument, errors.QueueEnabled, errors.SubscriberActive, ValueError, TypeError)):
+    if isinstance(e, (errors.InvalidArgument, errors.QueueEnabled, errors.SubscriberActive, errors.SubscriberExists,
+                      ValueError, TypeError)):  # fmt: skip
         return T.TInvalidMessage(message=f"{type(e).__name__}: {text}")
     return T.TIOError(message=f"{type(e).__name__}: {text}")
 
@@ -292,6 +293,7 @@ def from_thrift_error(e: Exception, queue: str | None = None, partition_id: int 
             "InvalidArgument": errors.InvalidArgument,
             "InvalidMessage": errors.InvalidMessage,  # (its words without the kind: "InvalidMessage: ..." was shown)
             "SubscriberActive": errors.SubscriberActive,
+            "SubscriberExists": errors.SubscriberExists,
             "ValueError": errors.InvalidArgument,
         }
         if kind == "QueueEnabled" and queue:

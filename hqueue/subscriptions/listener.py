@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..auth import PushCredentials, joined
 from ..checks import check_name
-from ..errors import HQueueError, InvalidArgument, SubscriberActive, SubscriberNotFound
+from ..errors import HQueueError, InvalidArgument, SubscriberActive, SubscriberExists, SubscriberNotFound
 from ..message import Message, MessageID, TimeLike, as_message_id, messages_from_columns, topic_filter
 from .push import PushGuard, PushRefused, ephemeral_tls
 
@@ -291,10 +291,11 @@ class Subscriber:
         try:
             topics = frozenset(self.subscription.topics) if self.subscription.topics else None
 
-            def register() -> None:
+            def register(create_only: bool = False) -> None:
                 self.service.add(
-                    self.queue, self.name, topics, self.subscription.partitions, self.subscription.dead_letter_after
-                )
+                    self.queue, self.name, topics, self.subscription.partitions, self.subscription.dead_letter_after,
+                    create_only,
+                )  # fmt: skip
 
             coordination = self.service.coordination(self.queue)
             if not coordination.startswith("zk:"):
@@ -302,12 +303,21 @@ class Subscriber:
                 # must change nothing of the live one's registration (its partitions, starts and
                 # dead-letter limit replaced the live one's). One not registered yet is first.
                 heartbeat = functools.partial(self.service.heartbeat, self.queue, self.name, self.address, topics, push)
+                # Not registered yet: made only if no other instance made it meanwhile (two new
+                # instances at once both registered, the second's partitions, topics and
+                # dead-letter limit over the first's, and the second was then refused as active).
                 try:
                     self._take_over(heartbeat)
                 except SubscriberNotFound:
-                    register()
-                    self._take_over(heartbeat)
+                    try:
+                        register(create_only=True)
+                        made = True
+                    except SubscriberExists:  # another made it: present first, as for any registered one
+                        made = False
+                    self._take_over(heartbeat)  # (SubscriberActive: the other runs; nothing changed)
                 else:
+                    made = False
+                if not made:
                     try:
                         register()
                     except BaseException:  # (refused: its presence goes at once, not in 3 s)

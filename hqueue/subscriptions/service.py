@@ -118,8 +118,10 @@ class Subscribers:
         topics: frozenset[bytes] | None,
         starts: dict[int, MessageID | None] | None,
         dead_letter_after: int | None = None,
+        create_only: bool = False,
     ) -> Registration:
-        """Register ``name`` (or update its topics, partitions, dead-letter limit and given starts)."""
+        """Register ``name`` (or update its topics, partitions, dead-letter limit and given starts;
+        ``create_only``: not, SubscriberExists instead)."""
         self._used()
         check_name("subscriber", name)
         topics = frozenset(topics) if topics else None  # (none named: all of them, as a heartbeat takes it)
@@ -143,6 +145,9 @@ class Subscribers:
         try:
             self.registry.create(fresh.with_checkpoints({**checkpoints, **given}))
         except SubscriberExists:
+            if create_only:
+                raise
+
             # Registered before: keep its checkpoints, except where a start is given, and what its
             # attached process announced. A start given is a replay: a new epoch, so that running
             # workers stop and never save their own positions over it (the epoch went back to 0).

@@ -681,3 +681,51 @@ def test_partitions_an_admin_adds_to_a_running_subscriber_are_pushed_to_it(queue
         assert subscriber.guard.refused == 0
     finally:
         subscriber.stop()
+
+
+def test_a_registration_made_only_if_new_changes_nothing_of_one_that_exists(queue, url):
+    from hqueue.errors import SubscriberExists
+
+    with HQueueAdmin(url) as admin:
+        subscriptions = admin.subscriptions("a test")
+        subscriptions.add("events", "s", None, {0: None, 1: None}, None, create_only=True)
+        before = admin.describe_subscriber("events", "s")
+        with pytest.raises(SubscriberExists):
+            subscriptions.add("events", "s", None, {2: None}, 3, create_only=True)
+        assert admin.describe_subscriber("events", "s") == before
+
+
+def test_two_new_instances_started_at_once_leave_the_registration_of_the_one_that_runs(queue, url):
+    """Both found the name unregistered and registered it, the second's partitions, topics and
+    dead-letter limit over the first's, then one of them was refused as active: the one that
+    ran had another's registration (a review)."""
+    import threading
+
+    for attempt in range(6):
+        name = f"race{attempt}"
+        configs = [Subscription(name).add_partitions([0, 1]), Subscription(name).add_partitions([2, 3, 4])]
+        subscribers = [queue.create_subscriber(c, [Collect()], takeover_timeout=0.5) for c in configs]
+        barrier, outcome = threading.Barrier(2), [None, None]
+
+        def start(i: int, subscribers=subscribers, barrier=barrier, outcome=outcome) -> None:
+            barrier.wait()
+            try:
+                subscribers[i].start()
+                outcome[i] = "started"
+            except SubscriberActive:
+                outcome[i] = "refused"
+
+        threads = [threading.Thread(target=start, args=(i,)) for i in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        try:
+            assert sorted(outcome) == ["refused", "started"], outcome
+            running = configs[outcome.index("started")]
+            with HQueueAdmin(url) as admin:
+                assert admin.describe_subscriber("events", name)["partitions"] == frozenset(running.partitions)
+        finally:
+            for subscriber in subscribers:
+                if subscriber.started:
+                    subscriber.stop()

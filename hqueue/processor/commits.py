@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from ..consumer import Delivery
@@ -86,14 +87,21 @@ class CommitTracker:
             self._ready = 0
             self._advance()
 
-    def forget_incomplete(self) -> list[Delivery]:
+    def forget_incomplete(self, keep: Collection[MessageID] = ()) -> list[Delivery]:
         """Stop tracking the messages not completed (their leases are gone: another process
-        has them); the completed ones stay, to be committed. Returns those forgotten."""
+        has them), but those in ``keep``; the completed ones stay, to be committed. Returns
+        those forgotten."""
         with self._lock:
-            gone = [self._held.pop(i) for i in self._pending if i not in self._completed]
-            self._pending = [i for i in self._pending if i in self._completed]
-            self._ready = len(self._pending)
+            gone = [self._held.pop(i) for i in self._pending if i not in self._completed and i not in keep]
+            self._pending = [i for i in self._pending if i in self._held]
+            self._ready = 0
+            self._advance()
             return gone
+
+    def holds(self, message_id: MessageID) -> bool:
+        """Whether ``message_id`` is in hand."""
+        with self._lock:
+            return message_id in self._held
 
     def forget(self, message_id: MessageID) -> None:
         """Stop tracking one message, not completed: it goes back to the group, not acked."""

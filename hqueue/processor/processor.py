@@ -147,9 +147,13 @@ class Processor:
         #: When a renewal last went through (monotonic), told to workers waiting for one.
         self._renewed_at = time.monotonic()
         self._renewal = threading.Condition()
-        #: Held by the reader from a receive until what came is tracked, and by a renewal
-        #: that drops a partition (:meth:`renew`).
-        self._receiving = threading.Lock()
+        #: Partitions' drops (:meth:`renew`): how many so far, and the last one of each
+        #: partition. What a receive brings of a partition dropped since it began goes back.
+        self._drops = 0
+        self._dropped: dict[int, int] = {}
+        #: Deliveries whose handler runs (by identity): a drop keeps them in hand (given back,
+        #: another member had one while its handler ran here, and later ones of its key).
+        self._running: dict[int, Delivery] = {}
         #: Seconds renewals may go unrenewed before handlers wait for the next (within the lease).
         self._stale_after = min(STALE_AFTER, 2 * self._renew_every)
         #: Messages the key function failed on whose dead-letter write failed, and why they go.
@@ -199,15 +203,15 @@ class Processor:
             # finds their leases gone drops them all. Tracked one at a time as each went, the
             # rest of a batch the reader waited to hand over started after the renewal had
             # dropped the others, while another process had their keys (an attacker's pass).
-            # And none is received while a renewal drops a partition (see renew).
+            with self._lock:
+                drops = self._drops
             try:
-                with self._receiving:
-                    deliveries = self.consumer.receive(self.queue_size, wait=0.5)
-                    batch = [d for d in deliveries if self._tracker(d.partition_id).received(d)]  # (False: in hand)
+                deliveries = self.consumer.receive(self.queue_size, wait=0.5)
             except Exception:
                 logger.exception("processor: receive failed; retrying")
                 time.sleep(1.0)
                 continue
+            batch = self._take_in_hand(deliveries, drops)
             with self._lock:
                 self._short = len(deliveries) < self.queue_size
                 if self._short and self._committable:
@@ -230,6 +234,24 @@ class Processor:
                     except queue_module.Full:
                         continue
 
+    def _take_in_hand(self, deliveries: list[Delivery], drops: int) -> list[Delivery]:
+        """Track what a receive brought (not what is in hand already: a redelivery), all at
+        once; what it brought of a partition dropped since it began (``drops``: the count
+        then) goes back to the group, to come again in order after what the drop gave back.
+        (A renewal waited for the receive instead: a second, for each drop.)"""
+        batch, late = [], []
+        with self._lock:
+            for delivery in deliveries:
+                tracker = self._tracker_held(delivery.partition_id)
+                if self._dropped.get(delivery.partition_id, -1) > drops:
+                    if not tracker.holds(delivery.id):  # (one whose handler ran through the drop: kept)
+                        late.append(delivery)
+                elif tracker.received(delivery):
+                    batch.append(delivery)
+        if late:
+            self._give_back(late, late[0].partition_id)
+        return batch
+
     def _retry_unkeyed(self) -> None:
         """Dead-letter again the messages without a key whose dead-letter write failed."""
         waiting, self._unkeyed = self._unkeyed, []
@@ -247,10 +269,14 @@ class Processor:
 
     def _tracker(self, partition_id: int) -> CommitTracker:
         with self._lock:
-            tracker = self.trackers.get(partition_id)
-            if tracker is None:
-                tracker = self.trackers[partition_id] = CommitTracker()
-            return tracker
+            return self._tracker_held(partition_id)
+
+    def _tracker_held(self, partition_id: int) -> CommitTracker:
+        """:meth:`_tracker`, under ``self._lock``."""
+        tracker = self.trackers.get(partition_id)
+        if tracker is None:
+            tracker = self.trackers[partition_id] = CommitTracker()
+        return tracker
 
     # -- completions and commits ----------------------------------------------------------
 
@@ -335,11 +361,10 @@ class Processor:
         held = [delivery for tracker in trackers for delivery in tracker.held()]
         renewed = self.consumer.extend(held) if held else 0
         if renewed < len(held):
-            with self._receiving:  # (no receive under way: all the partition has come is in hand)
-                for tracker in trackers:
-                    mine = tracker.firm()  # (those being dead-lettered were renewed above, with the rest)
-                    if mine and self.consumer.extend(mine) < len(mine):
-                        self._drop(tracker, mine[0].partition_id)
+            for tracker in trackers:
+                mine = tracker.firm()  # (those being dead-lettered were renewed above, with the rest)
+                if mine and self.consumer.extend(mine) < len(mine):
+                    self._drop(tracker, mine[0].partition_id)
         with self._renewal:
             self._renewed_at = max(self._renewed_at, asked)
             self._renewal.notify_all()
@@ -347,19 +372,41 @@ class Processor:
 
     def _drop(self, tracker: CommitTracker, partition_id: int) -> None:
         """Drop the messages of a partition not yet completed (some of their leases are gone),
-        and give back to the group the leases of these this member still holds."""
-        gone = tracker.forget_incomplete()
-        with self._lock:
+        but those whose handler runs, and give back to the group the leases of these this
+        member still holds. (A handler under way keeps its lease, and with it its key here:
+        given back, another member had the message while the handler ran, and the later ones
+        of its key: a helper's pass.)"""
+        with self._lock:  # (no handler starts meanwhile, and no receive is taken in: see _take_in_hand)
+            self._drops += 1
+            self._dropped[partition_id] = self._drops
+            running = {d.id for d in self._running.values() if d.partition_id == partition_id}
+            gone = tracker.forget_incomplete(keep=running)
             self._lost.update((id(d), d) for d in gone)
         logger.warning(
             "processor: the leases of some of the %d message(s) of partition %d in hand are gone (the "
             "process paused past its lease?): they go back to the group, to come again in order", len(gone),
             partition_id,
         )  # fmt: skip
+        self._give_back(gone, partition_id)
+
+    def _give_back(self, deliveries: list[Delivery], partition_id: int) -> None:
         try:
-            self.consumer.give_back(gone)
+            self.consumer.give_back(deliveries)
         except Exception:  # (the server out of reach: their leases run out instead)
             logger.exception("processor: giving back the messages of partition %d failed", partition_id)
+
+    def claim(self, delivery: Delivery) -> bool:
+        """A worker is about to run ``delivery``'s handler: False if it was dropped for its lease
+        (:meth:`lost`), else it is running until :meth:`unclaim`."""
+        with self._lock:
+            if self._lost.pop(id(delivery), None) is not None:
+                return False
+            self._running[id(delivery)] = delivery
+            return True
+
+    def unclaim(self, delivery: Delivery) -> None:
+        with self._lock:
+            self._running.pop(id(delivery), None)
 
     def renewed_lately(self) -> bool:
         """Whether a handler may start now: a renewal went through within STALE_AFTER, or,

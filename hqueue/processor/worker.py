@@ -63,7 +63,7 @@ class Worker:
                 continue
             if not self._due(delivery) or not processor.renewed_lately():  # stopping: not started
                 return  # (it goes back to the group)
-            if processor.lost(delivery):  # its lease is gone: another process has it
+            if not processor.claim(delivery):  # its lease is gone: another process has it
                 if resumed and key in self.parked:
                     self.inbox_front(key)  # (the rest of its key, set aside behind it, goes on: each is checked so)
                 continue
@@ -71,6 +71,8 @@ class Worker:
                 self._handle(delivery, key, generation)
             except Exception:  # the dead-letter queue could not be written: keep the message, try again
                 self._not_finished(delivery, key)
+            finally:
+                processor.unclaim(delivery)
 
     def _not_finished(self, delivery: Delivery, key: bytes) -> None:
         """Its dead-letter write failed: it waits first among its key's, and the write is tried

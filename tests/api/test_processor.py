@@ -807,3 +807,44 @@ def test_stop_with_stuck_workers_returns_within_its_timeout(queue):
         assert time.monotonic() - began < 2.0  # (was 0.5 + 0.1 per stuck worker)
     finally:
         release.set()
+
+
+def test_a_drop_keeps_the_message_whose_handler_runs_and_its_key_here(queue):
+    """A renewal short for a partition gave back every message of it not completed, the one
+    under a handler too: another member had it while the handler ran, and the later ones of
+    its key (a helper's pass). The one under way stays in hand, and its key with it."""
+    first, *_ = queue.put([Message("t", b"k:%d" % i) for i in range(4)], key=b"k")
+    events: list[tuple[str, bytes]] = []
+    kept: list[bool] = []
+
+    def handle(message: Message) -> None:
+        events.append(("start", message.value))
+        if message.value == b"k:0":
+            wait_for(lambda: calls[0] >= 3, 10, "a renewal after the drop")  # (the drop, under this handler)
+            kept.append(processor.trackers[message.partition_id].holds(first))
+        time.sleep(0.05)
+        events.append(("end", message.value))
+
+    calls = [0]
+    with Processor(queue, "p", handle, key=key_of, workers=1, lease=6.0) as processor:
+        wait_for(lambda: events, 10, "the first handler")
+        with queue.consumer("p", lease=6.0, key_affinity="partition") as other:
+            extend = processor.consumer.extend
+
+            def one_short(deliveries, **kw):  # (one lease of the partition gone, twice)
+                calls[0] += 1
+                return extend(deliveries, **kw) - (1 if calls[0] <= 2 else 0)
+
+            processor.consumer.extend = one_short
+            got: list[bytes] = []
+            deadline = time.monotonic() + 3.0
+            while time.monotonic() < deadline:
+                for delivery in other.receive(10, wait=0.5):
+                    got.append(delivery.value)
+                    if ("end", b"k:0") not in events:
+                        events.append(("other", delivery.value))
+                    other.ack(delivery)
+            processor.consumer.extend = extend
+        assert kept == [True]  # in hand still when its handler ended, and acked so
+        assert [e for e in events if e[0] == "other"] == []  # nothing of the key elsewhere meanwhile
+        wait_for(lambda: {b"k:%d" % i for i in range(4)} <= {v for _, v in events} | set(got), 20, "all handled")

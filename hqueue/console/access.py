@@ -45,6 +45,7 @@ MAX_HOSTS = 10_000
 DEVICE_COOKIE = "hqueue_device"
 DEVICE_SECONDS = 30 * 86400
 MAX_DEVICES = 10_000
+MAX_DEVICES_PER_TOKEN = 20
 #: The roles one of which, on some queue, a token needs to log in.
 QUEUE_ROLES = ("admin", "producer", "consumer")
 
@@ -182,6 +183,9 @@ class Access:
             device_id = secrets.token_urlsafe(32)
         with self._lock:
             self._devices.pop(device_id, None)
+            mine = [key for key, (held, _) in self._devices.items() if held == name]
+            for key in mine[: max(0, len(mine) - MAX_DEVICES_PER_TOKEN + 1)]:  # its oldest first (one
+                del self._devices[key]  # token's log-ins, again and again, pushed every other one's out)
             self._devices[device_id] = (name, time.monotonic())
             while len(self._devices) > MAX_DEVICES:
                 self._devices.popitem(last=False)

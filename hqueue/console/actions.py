@@ -200,6 +200,8 @@ def replay(queue: str) -> Any:
 def _confirmed_replay(queue: str, dlq: str) -> Any:
     """The replay its dry run showed (``dry_run`` names it), once, in a thread of its own."""
     console, who = g.console, g.login.who
+    if queue in console.replays:  # (before the dry run is taken: it may be confirmed once this one is through)
+        abort(409, f"a replay of {dlq} is under way: wait for it (see the audit log)")
     run = console.dry_runs.take(field("dry_run", ""), g.login.csrf, queue)
     if run is None:
         abort(409, "this replay's dry run was confirmed already, or is more than 15 minutes old, "

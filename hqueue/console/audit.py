@@ -63,17 +63,21 @@ class AuditLog:
         and the newest were never shown; the newest 200 of all, filtered after, left a login
         an empty page behind others' entries (a helper's pass)."""
         now = int(time.time() * 1000)
-        since, stop, width, read = now - AUDIT_WINDOW * 1000, now + 1, 60_000, 0
         kept: list[dict[str, Any]] = []
         try:
+            # (from its newest entry, if later than this clock: a server's clock ahead of the
+            # console's, or IDs that ran ahead of a clock stepped back, hid the newest: helper-168)
+            newest = self.admin.describe_queue(AUDIT_QUEUE)["last_ids"].get(0)
+            top = max(now, newest.timestamp if newest is not None else 0)
+            since, stop, width, read = top - AUDIT_WINDOW * 1000, top + 1, 60_000, 0
             with self.admin.queue(AUDIT_QUEUE) as log:
                 while stop > since and len(kept) < limit and read < AUDIT_READ:
                     start = max(since, stop - width)
                     chunk = list(log.scan(start, stop, partition_id=0, limit=AUDIT_CHUNK + 1))
+                    read += len(chunk)  # (a window read again narrower counts too)
                     if len(chunk) > AUDIT_CHUNK and stop - start > 1:  # too many there: a narrower window
                         width = max(1, (stop - start) // 8)
                         continue
-                    read += len(chunk)
                     kept += [e for e in map(_entry, reversed(chunk)) if shown(e)][: limit - len(kept)]
                     stop, width = start, width * 2
         except QueueNotFound:

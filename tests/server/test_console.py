@@ -923,3 +923,17 @@ def test_a_browser_that_logged_in_before_is_not_held_back_by_others_wrong_tokens
     # And a device cookie copied to the guesser tells it nothing about other tokens
     guesser.jar.set_cookie(device)
     assert log_in(guesser, "another-wrong-token-0123").status == 429
+
+
+def test_the_audit_page_shows_entries_newer_than_the_console_s_clock(tmp_path, monkeypatch):
+    """It read up to its own clock: entries whose IDs were ahead of it (a server's clock ahead
+    of a standalone console's, IDs kept ahead of a clock stepped back) were not shown (helper-168)."""
+    from hqueue.console import audit as audit_module
+    from hqueue.console.audit import AuditLog
+
+    with HQueueAdmin(f"local://{tmp_path}/data") as admin:
+        log = AuditLog(admin)
+        log.record("alice", "reset group position", "orders", "g", {}, "started")
+        real = time.time
+        monkeypatch.setattr(audit_module.time, "time", lambda: real() - 5.0)  # the console 5 s behind
+        assert [e["who"] for e in log.recent(lambda e: True)] == ["alice"]

@@ -356,7 +356,10 @@ def test_timers_and_groups_follow_their_partitions_to_the_surviving_server(clust
     one never comes back."""
     a, b, url = two_servers_with_queue(cluster)
     with HQueue("orders", url) as queue, queue.consumer("billing", lease=10) as member:
-        on_a = [pid for pid, owner in enumerate(owners(f"hqueue://{a.address}")) if owner == a.address]
+        on_a = wait_for(  # (a CI run read none once, as a saw them: a drain of 0 below was refused)
+            lambda: [pid for pid, owner in enumerate(owners(f"hqueue://{a.address}")) if owner == a.address],
+            10, "a's partitions as a says",
+        )  # fmt: skip
         # (due late enough that a loaded machine drains and acks the orders first)
         timers = [queue.put(Message("timer", b"t%d" % pid), pid, delay=6.0)[0] for pid in on_a]
         for pid in range(PARTITIONS):

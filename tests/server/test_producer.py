@@ -158,7 +158,9 @@ def test_a_batch_sent_to_a_stalled_server_fails_its_futures_with_outcome_unknown
     # Given a producer whose puts have a 1.5 s deadline, and a server that stops answering
     with HQueue("q", f"hqueue://{server.address}?timeout=1.5") as queue:
         queue.put(Message("t", b"warm"), partition_id=0)
-        with queue.producer() as producer:
+        # (lingering 0.5 s: the five go as one batch; a CI run's slow sends went as 3 and 2, and
+        # the 2 behind the stalled 3 were "not sent", rightly, as DeadlineExceeded)
+        with queue.producer(linger_ms=500) as producer:
             server.pause()
             try:
                 # When a batch is sent and no answer comes by its deadline

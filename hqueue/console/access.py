@@ -20,7 +20,9 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ..auth import AuthPolicy, Principal
 from ..backoff import doubled
@@ -142,11 +144,8 @@ class Access:
             raise NotAuthorized(f"token {principal.name!r} has no role on any queue (admin, producer or consumer)")
         sid, login = secrets.token_urlsafe(32), Login(principal, secrets.token_urlsafe(32), time.monotonic())
         with self._lock:
-            mine = [key for key, held in self._sessions.items() if held.principal.name == principal.name]
-            for key in mine[: max(0, len(mine) - MAX_SESSIONS_PER_TOKEN + 1)]:  # its oldest first
-                del self._sessions[key]
-            while len(self._sessions) >= MAX_SESSIONS:
-                self._sessions.popitem(last=False)
+            _make_room(self._sessions, lambda held: held.principal.name == principal.name,
+                       MAX_SESSIONS_PER_TOKEN, MAX_SESSIONS)  # fmt: skip
             self._sessions[sid] = login
         return sid, login
 
@@ -183,18 +182,25 @@ class Access:
             device_id = secrets.token_urlsafe(32)
         with self._lock:
             self._devices.pop(device_id, None)
-            mine = [key for key, (held, _) in self._devices.items() if held == name]
-            for key in mine[: max(0, len(mine) - MAX_DEVICES_PER_TOKEN + 1)]:  # its oldest first (one
-                del self._devices[key]  # token's log-ins, again and again, pushed every other one's out)
+            _make_room(self._devices, lambda held: held[0] == name, MAX_DEVICES_PER_TOKEN, MAX_DEVICES)
             self._devices[device_id] = (name, time.monotonic())
-            while len(self._devices) > MAX_DEVICES:
-                self._devices.popitem(last=False)
         return device_id
 
     def log_out(self, sid: object) -> None:
         with self._lock:
             if isinstance(sid, str):
                 self._sessions.pop(sid, None)
+
+
+def _make_room(table: OrderedDict[str, Any], mine: Callable[[Any], bool], per_token: int, most: int) -> None:
+    """Before one more entry of a token in ``table`` (oldest first): its own oldest go past
+    ``per_token`` (one token logging in again and again pushed every other one's out), then
+    anyone's oldest past ``most``."""
+    owned = [key for key, value in table.items() if mine(value)]
+    for key in owned[: max(0, len(owned) - per_token + 1)]:
+        del table[key]
+    while len(table) >= most:
+        table.popitem(last=False)
 
 
 def same_token(given: object, expected: str) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import secrets
 from typing import Any
+from urllib.parse import urlsplit
 
 from flask import Flask, Response, abort, g, jsonify, redirect, render_template, request, session, url_for
 from werkzeug.exceptions import HTTPException
@@ -127,11 +128,10 @@ def _host_allowed(console: Any, host: str) -> bool:
     a loopback console as its own origin.)"""
     if console.trusted_proxy or not is_loopback(console.host):
         return True
-    if host.startswith("["):  # [::1]:port
-        name = host[1 : host.find("]")] if "]" in host else ""
-    else:
-        name = host.rsplit(":", 1)[0] if ":" in host else host
-    name = name.lower()
+    try:
+        name = urlsplit(f"//{host}").hostname or ""  # (lower-cased; [::1]:port is ::1)
+    except ValueError:  # ([::1 unclosed, a port that is no number)
+        return False
     return name == "localhost" or name.endswith(".localhost") or is_loopback(name)
 
 

@@ -193,10 +193,8 @@ def dlq_page(queue: str) -> str:
     """The dead letters (the dry run of a replay: what it would put back, and where)."""
     admin = g.console.admin
     start, stop = moment("start", ""), moment("stop", "")
-    dlq = readable(dead_letter_queue(readable(queue)))
-    admin.describe_queue(
-        queue
-    )  # (404 for a queue that is not there: its page was an empty 200)  # (its own queue: read as over the Thrift port)
+    dlq = readable(dead_letter_queue(readable(queue)))  # (its own queue: read as over the Thrift port)
+    admin.engine.queue_info(queue)  # (404 for a queue that is not there: its page was an empty 200)
     letters = admin.dead_letters(queue, start, stop, limit=DLQ_SHOWN) if admin.queue_exists(dlq) else []
     size = admin.describe_queue(dlq)["message_count_estimate"] if admin.queue_exists(dlq) else 0
     return page("dlq.html", queue=queue, dlq=dlq,

@@ -38,7 +38,7 @@ def start_server(data: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     args = [sys.executable, "-m", "hqueue.cli", "server", "--storage", f"local://{data}", "--port", str(port)]
     proc = subprocess.Popen(args, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_port(port)
+    wait_port(port, proc=proc)
     return proc, f"127.0.0.1:{port}"
 
 

@@ -56,7 +56,7 @@ def start_server(tree: str, workdir: str, *extra: str) -> tuple[subprocess.Popen
          "--log-level", "ERROR", *extra],
         env=dict(os.environ, PYTHONPATH=tree), cwd=tree, stderr=open(f"{workdir}.log", "w"),
     )  # fmt: skip
-    wait_port(port)
+    wait_port(port, proc=proc)
     return proc, port
 
 

@@ -90,7 +90,7 @@ def start_hqueue(workdir: str, *args: str, max_files: int | None = None) -> tupl
          "--log-level", "WARNING", *args],
         env=ENV, stderr=open(f"{workdir}.log", "w"), preexec_fn=limit,
     )  # fmt: skip
-    wait_port(port)
+    wait_port(port, proc=proc)
     return proc, port
 
 

@@ -58,7 +58,7 @@ def main() -> None:
             env=ENV, stdout=log, stderr=log,
         )  # fmt: skip
     try:
-        wait_port(port)
+        wait_port(port, proc=proc)
         attempts, connections, slowest = 0, 1, 0.0
         guesser = client(port)
         ends = time.monotonic() + args.seconds

@@ -65,7 +65,7 @@ def measure(groups: int, partitions: int, messages: int, source: str = HERE) -> 
             env=env, cwd=work, stderr=open(f"{work}/server.log", "w"),
         )  # fmt: skip
         try:
-            wait_port(port)
+            wait_port(port, proc=proc)
             url = f"hqueue://127.0.0.1:{port}"
             with HQueueAdmin(url) as admin:
                 admin.create_queue("q", partitions)

@@ -44,9 +44,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_port(port: int, timeout: float = 30) -> None:
+def wait_port(port: int, timeout: float = 30, proc: subprocess.Popen | None = None) -> None:
+    """Until something listens on ``port``; ``proc``, the server meant to, exiting first is an error."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{' '.join(map(str, proc.args))} exited with {proc.returncode}")
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
             return
@@ -61,11 +64,11 @@ def start_hqueue(workdir: str, *args: str, tree: str | None = None) -> tuple[sub
     server), from the source ``tree`` (default: this checkout)."""
     port, tree = free_port(), tree or os.path.join(os.path.dirname(__file__), "..")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hqueue.cli", "server", "--storage", f"{workdir}/hqueue", "--port", str(port),
+        [sys.executable, "-m", "hqueue.cli", "server", "--storage", f"local://{workdir}/hqueue", "--port", str(port),
          "--log-level", "WARNING", *args, *os.environ.get("HQUEUE_BENCH_SERVER_ARGS", "").split()],
         env=dict(os.environ, PYTHONPATH=tree), cwd=tree, stdout=subprocess.DEVNULL,
     )  # fmt: skip
-    wait_port(port)
+    wait_port(port, proc=proc)
     return proc, port
 
 
@@ -87,7 +90,7 @@ def start_redis(
          "--appendonly", "yes", "--appendfsync", appendfsync],
         stdout=subprocess.DEVNULL,
     )  # fmt: skip
-    wait_port(port)
+    wait_port(port, proc=proc)
     return proc, port
 
 

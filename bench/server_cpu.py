@@ -68,11 +68,11 @@ class Server:
 def start_hqueue(name: str, tree: str, workdir: str, extra: tuple[str, ...] = ()) -> Server:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hqueue.cli", "server", "--storage", f"{workdir}/{name}", "--port", str(port),
+        [sys.executable, "-m", "hqueue.cli", "server", "--storage", f"local://{workdir}/{name}", "--port", str(port),
          "--log-level", "WARNING", *extra],
         env=dict(os.environ, PYTHONPATH=tree), cwd=tree,
     )  # fmt: skip
-    wait_port(port)
+    wait_port(port, proc=proc)
     return Server(name, proc, port)
 
 
@@ -87,7 +87,7 @@ def start_redis(name: str, fsync: str, workdir: str) -> Server:
          "--appendonly", "yes", "--appendfsync", fsync],
         stdout=subprocess.DEVNULL,
     )  # fmt: skip
-    wait_port(port)
+    wait_port(port, proc=proc)
     return Server(name, proc, port)
 
 

@@ -90,7 +90,7 @@ def start_server(storage: str) -> subprocess.Popen:
         env=dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), "..")),
     )  # fmt: skip
     proc.port = port  # type: ignore[attr-defined]
-    wait_port(port)
+    wait_port(port, proc=proc)
     return proc
 
 

@@ -283,21 +283,26 @@ def main(ctx: click.Context, url: str | None) -> None:
     Tab completion, in ~/.bashrc (zsh: zsh_source, in ~/.zshrc):
       eval "$(_HQUEUE_COMPLETE=bash_source hqueue)"
     """
+    check_url(url, "--url")
+    ctx.obj = {"url": url}
+
+
+def check_url(url: str | None, option: str) -> None:
+    """A usage error unless ``url`` (given as ``option``) is None or a store URL with a known scheme."""
     if url is not None and "://" not in url:
         where = os.path.abspath(url) if url else "/path"
         raise click.BadParameter(
-            f"{url!r} has no scheme: for a store in a directory use --url local://{where}; "
-            "for servers, --url hqueue://host:port",
-            param_hint="'--url'",
+            f"{url!r} has no scheme: for a store in a directory use {option} local://{where}; "
+            f"for servers, {option} hqueue://host:port",
+            param_hint=f"'{option}'",
         )
     scheme = None if url is None else url.partition("://")[0]
     if scheme is not None and scheme not in ("local", "memory", "hbase", "hqueue"):
         raise click.BadParameter(
             f"unknown scheme {scheme!r} in {url!r}: use local:///path, hqueue://host:port, hbase://host:port "
             "or memory://name",
-            param_hint="'--url'",
+            param_hint=f"'{option}'",
         )
-    ctx.obj = {"url": url}
 
 
 class Session:

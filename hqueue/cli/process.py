@@ -23,7 +23,7 @@ from ..message import Message
 from ..rpc.spin import DEFAULT_SERVER_POLL_US, MAX_POLL_US
 from ..storage import default_url
 from ..subscriptions.manager import DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_CHECKPOINT_MESSAGES
-from .main import Progress, Seconds, main, open_admin, open_queue
+from .main import Progress, Seconds, check_url, main, open_admin, open_queue
 
 
 def _share(name: str, default: float, help: str) -> Callable[[Callable], Callable]:
@@ -345,6 +345,7 @@ def server(
     if zk_root and not zk_auth:
         raise click.UsageError("--zk-root goes with --zk-auth")
     coordinator_factory = _zookeeper(zk, zk_auth, server_id, session_timeout, zk_root) if zk else None
+    check_url(storage, "--storage")
     url = storage or ctx.obj["url"] or default_url()
     ssl_context = _tls(tls_cert, tls_key)
     if not store_exists(url):  # (a server serves a new store: said, a mistyped path is not a silent empty one)

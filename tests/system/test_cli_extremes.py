@@ -113,3 +113,18 @@ def test_a_server_url_with_a_bad_port_or_ca_file_is_a_one_line_error(url):
     assert not result.exception or isinstance(result.exception, SystemExit), repr(result.exception)
     assert result.exit_code == 2 and result.output.startswith("Error: ") and result.output.count("\n") == 1
     assert ("1..65535" if "ca=" not in url else "cannot load it") in result.output
+
+
+SERVER = ["server", "--port", "0", "--storage"]
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [(["--url", "{d}", "list"], "--url"), ([*SERVER, "{d}"], "--storage"), ([*SERVER, "nope://x"], "--storage")],
+)
+def test_a_store_url_without_a_known_scheme_is_a_usage_error_naming_its_option(tmp_path, args, option):
+    result = CliRunner().invoke(main, [a.format(d=tmp_path) for a in args])
+    assert result.exit_code == 2 and f"'{option}'" in result.output, result.output
+    if "nope" not in args[-1]:  # the hint is the option to give, not the Python API's url='…'
+        assert f"{option} local://{tmp_path}" in result.output and "url=" not in result.output
+    assert not os.listdir(tmp_path)  # no store made

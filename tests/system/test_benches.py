@@ -1,7 +1,8 @@
-"""The benches start what they measure: each way a bench starts ``hqueue server`` gives a
-server that answers. (A bench is run by hand, not in CI: a server command line that the
-CLI began to refuse went unseen for days, every server bench waiting 30 s for a port.)
-Speed itself is never asserted here."""
+"""The benches start what they measure: the servers that the comparisons with Redis start
+(``remote.start_hqueue``, which groups, aio_groups, producer and others share, and
+``server_cpu.start_hqueue``) answer. Benches run by hand, not in CI: a server command line
+the CLI had begun to refuse went unseen, each of those benches waiting 30 s for a port and
+failing. Speed itself is never asserted here."""
 
 from __future__ import annotations
 

@@ -195,8 +195,10 @@ def dlq_page(queue: str) -> str:
     start, stop = moment("start", ""), moment("stop", "")
     dlq = readable(dead_letter_queue(readable(queue)))  # (its own queue: read as over the Thrift port)
     admin.engine.queue_info(queue)  # (404 for a queue that is not there: its page was an empty 200)
-    letters = admin.dead_letters(queue, start, stop, limit=DLQ_SHOWN) if admin.queue_exists(dlq) else []
-    size = admin.describe_queue(dlq)["message_count_estimate"] if admin.queue_exists(dlq) else 0
+    letters, size = [], 0
+    if admin.queue_exists(dlq):
+        letters = admin.dead_letters(queue, start, stop, limit=DLQ_SHOWN)
+        size = admin.describe_queue(dlq)["message_count_estimate"]
     return page("dlq.html", queue=queue, dlq=dlq,
                 letters=[(m, origin, note, shown(m.value)) for m, origin, note in letters],
                 size=size, start=field("start", ""), stop=field("stop", ""), may_admin=g.login.may_admin(queue),

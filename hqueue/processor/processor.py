@@ -249,7 +249,7 @@ class Processor:
                 elif tracker.received(delivery):
                     batch.append(delivery)
         if late:
-            self._give_back(late, late[0].partition_id)
+            self._give_back(late)
         return batch
 
     def _retry_unkeyed(self) -> None:
@@ -387,13 +387,14 @@ class Processor:
             "process paused past its lease?): they go back to the group, to come again in order", len(gone),
             partition_id,
         )  # fmt: skip
-        self._give_back(gone, partition_id)
+        self._give_back(gone)
 
-    def _give_back(self, deliveries: list[Delivery], partition_id: int) -> None:
+    def _give_back(self, deliveries: list[Delivery]) -> None:
         try:
             self.consumer.give_back(deliveries)
         except Exception:  # (the server out of reach: their leases run out instead)
-            logger.exception("processor: giving back the messages of partition %d failed", partition_id)
+            partitions = sorted({d.partition_id for d in deliveries})
+            logger.exception("processor: giving back the messages of partitions %s failed", partitions)
 
     def claim(self, delivery: Delivery) -> bool:
         """A worker is about to run ``delivery``'s handler: False if it was dropped for its lease

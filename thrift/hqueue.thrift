@@ -132,11 +132,13 @@ struct TPendingTimer {
 /** Messages leased to a consumer group's member: messages packed as
     messageScannerGetPacked packs them (cell keys: rowkey + topic), and each
     one's attempt (1: its first delivery), in the same order; leaseMillis: the
-    lease they were given (the one asked for, at most the server's --max-lease). */
+    lease they were given (the one asked for, at most the server's --max-lease);
+    acked: a groupAckReceive's ack count (as groupAck's answer). */
 struct TDeliveries {
   1: binary messages,
   2: list<i32> attempts,
-  3: optional i32 leaseMillis
+  3: optional i32 leaseMillis,
+  4: optional i32 acked
 }
 
 /** One consumer group's progress over one partition. */
@@ -417,6 +419,15 @@ service HQueueService {
   /** rowkeys: the received messages' 12-byte rowkeys (SPEC C1: pid, timestamp,
       sequence, big-endian), concatenated. Returns how many were still open. */
   i32 groupAck(1: string queue, 2: string group, 3: binary rowkeys)
+      throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TNotPartitionOwner notOwner,
+              4: TGroupNotFound groupNotFound, 5: TIOError io, 6: TNotAuthorized denied)
+  /** groupAck, then groupReceive without waiting, in one call: a member's ack asks for its
+      next batch (a prefetching client's, when one server owns the queue's partitions).
+      The answer's acked is the ack's count. The receive's arguments are checked before
+      the ack; once the ack is done, a receive that fails (the queue disabled meanwhile,
+      say) answers no messages, and the member's next receive meets the error. */
+  TDeliveries groupAckReceive(1: string queue, 2: string group, 3: string member, 4: binary rowkeys,
+                              5: i32 maxMessages, 6: i32 leaseMillis)
       throws (1: TQueueNotFound notFound, 2: TInvalidMessage invalid, 3: TNotPartitionOwner notOwner,
               4: TGroupNotFound groupNotFound, 5: TIOError io, 6: TNotAuthorized denied)
   /** delayMillis -1: the backoff (1 s doubling per failure, at most 10 minutes); -2: handed back

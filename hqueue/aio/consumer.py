@@ -29,11 +29,13 @@ An ``ack`` or ``nack`` cancelled mid-call may or may not have reached the group
 (delivery stays at least once).
 
 **Prefetch.** ``queue.consumer(group, prefetch=True)`` on hqueue servers asks for the
-next batch, in a task of its own, as soon as ``receive`` hands out a whole one, as the
-blocking consumer does (:mod:`hqueue.client.ahead`, with the same bounds: a batch whose
-lease ran a quarter, or that does not fit the receive, goes back unseen). A receive
-cancelled while it awaits that batch leaves it for the next; ``close`` awaits it before
-the leave, which gives it back.
+next batch once ``receive`` hands out a whole one, with the blocking consumer's bounds
+(:mod:`hqueue.client.ahead`: a batch whose lease ran a quarter, or that does not fit the
+receive, goes back unseen). Where one server owns the queue's partitions, the first
+``ack`` after it asks, in its own call (``groupAckReceive``: one call a batch, not two);
+elsewhere a task of its own asks at once. A receive cancelled while it awaits that batch
+leaves it for the next, as an ack cancelled under way does the batch its answer brings;
+``close`` awaits it before the leave, which gives it back.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import logging
 import weakref
 from collections.abc import AsyncIterator, Iterable
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from ..config import UNSEEN
@@ -91,8 +94,12 @@ class AsyncConsumer:
         if not isinstance(prefetch, bool):
             raise TypeError(f"'prefetch' must be True or False, not {prefetch!r}")
         self._prefetch = prefetch
-        #: The batch asked for ahead (prefetch): its receive's task, lease, and when it went.
-        self._ahead: tuple[asyncio.Task, float, float] | None = None
+        #: The batch asked for ahead (prefetch): its receive's task (or the answer of the ack
+        #: that asked for it), lease, and when it went.
+        self._ahead: tuple[asyncio.Future, float, float] | None = None
+        #: (max_messages, lease) of a whole batch received at a sole owner: the next ack asks
+        #: for the next batch in its call (prefetch).
+        self._ask_with_ack: tuple[int, float] | None = None
         self.member = member_name(member)
         self._opening = joining(group, topics, start, max_retries, key_affinity)
         self._groups: Any = None
@@ -139,12 +146,18 @@ class AsyncConsumer:
         if getattr(groups, "cancel_safe", False):  # a store in this process: nothing to wait out
             pairs = await groups.receive(self.queue.name, self.group, self.member, max_messages, lease, wait)
             return await self._unless_closed(groups, pairs)
+        self._ask_with_ack = None  # (no ack came between: this receive asks)
         pairs = None if self._ahead is None else await self._taken_ahead(max_messages, lease)
         if pairs is None:
             pairs = await self._receive_at_server(groups, max_messages, lease, wait)
         if self._prefetch and len(pairs) >= max_messages and self._ahead is None and not self.closed:
-            call = groups.receive(self.queue.name, self.group, self.member, max_messages, lease, 0.0, late=self._late)
-            self._ahead = (asyncio.ensure_future(call), lease, asyncio.get_running_loop().time())
+            if groups.sole_owner(self.queue.name) is not None:  # the ack asks, in its call
+                self._ask_with_ack = (max_messages, lease)
+            else:
+                call = groups.receive(
+                    self.queue.name, self.group, self.member, max_messages, lease, 0.0, late=self._late
+                )
+                self._ahead = (asyncio.ensure_future(call), lease, asyncio.get_running_loop().time())
         return await self._unless_closed(groups, pairs)
 
     async def _taken_ahead(self, max_messages: int, lease: float) -> list | None:
@@ -167,7 +180,11 @@ class AsyncConsumer:
         if not pairs:
             return None
         given = its_lease if getattr(pairs, "lease", None) is None else min(its_lease, pairs.lease)  # (--max-lease)
-        if lease != its_lease or asyncio.get_running_loop().time() - sent > given * PREFETCH_STALE_SHARE:
+        if (
+            lease != its_lease
+            or asyncio.get_running_loop().time() - sent > given * PREFETCH_STALE_SHARE
+            or self._groups.closed_since(self.queue.name)  # (its sole owner restarted since)
+        ):
             await self._given_back_now(pairs)  # (before the receive afresh, which takes them again)
             return None
         if len(pairs) > max_messages:
@@ -186,7 +203,7 @@ class AsyncConsumer:
         if handing_back is not None:
             await asyncio.shield(handing_back)
 
-    def _given_back(self, task: asyncio.Task) -> None:
+    def _given_back(self, task: asyncio.Future) -> None:
         """A batch asked ahead that no receive takes: back to the group, unseen (its failure is
         not the application's)."""
         if not task.cancelled() and task.exception() is None and task.result():
@@ -242,8 +259,38 @@ class AsyncConsumer:
             logger.warning("consumer %s: handing back %d cancelled deliveries: %s", self.member, len(rowkeys), e)
 
     async def ack(self, deliveries: Receipts) -> int:
-        """Mark messages done (as :meth:`Consumer.ack <hqueue.Consumer.ack>`)."""
-        return await (await self._ready()).ack(self.queue.name, self.group, _rowkeys(deliveries))
+        """Mark messages done (as :meth:`Consumer.ack <hqueue.Consumer.ack>`). Prefetching at
+        a sole owner, the first ack after a whole batch asks for the next in its call."""
+        groups = await self._ready()
+        rowkeys = _rowkeys(deliveries)
+        asked, self._ask_with_ack = self._ask_with_ack, None
+        if asked is None or self._ahead is not None or self.closed:
+            return await groups.ack(self.queue.name, self.group, rowkeys)
+        loop = asyncio.get_running_loop()
+        batch: asyncio.Future[list] = loop.create_future()  # the ahead batch: a receive or close waits for it
+        self._ahead = (batch, asked[1], loop.time())
+        try:
+            answer = await groups.ack_receive(
+                self.queue.name, self.group, self.member, rowkeys, *asked, late=partial(self._came_ahead, batch)
+            )
+        except asyncio.CancelledError:
+            raise  # (the answer comes to _came_ahead)
+        except BaseException:
+            self._came_ahead(batch, [])
+            raise
+        if answer is None:  # not made so (nothing done): the ack alone
+            self._came_ahead(batch, [])
+            return await groups.ack(self.queue.name, self.group, rowkeys)
+        acked, pairs = answer
+        self._came_ahead(batch, pairs)
+        return acked
+
+    def _came_ahead(self, batch: asyncio.Future[list], pairs: list) -> None:
+        """The batch an ack asked for came: the next receive's (a close gives it back)."""
+        if not batch.done():
+            batch.set_result(pairs)
+        elif pairs:
+            self._late(pairs)
 
     async def nack(self, deliveries: Receipts, *, delay: float | None = None) -> int:
         """Give messages back (as :meth:`Consumer.nack <hqueue.Consumer.nack>`)."""
@@ -312,7 +359,7 @@ class AsyncConsumer:
             leaving.add_done_callback(_left)
             await asyncio.shield(leaving)
 
-    async def _leave(self, ahead: asyncio.Task | None, within: float | None) -> None:
+    async def _leave(self, ahead: asyncio.Future | None, within: float | None) -> None:
         """The leave, after the batch asked ahead is answered (the leave gives it back)."""
         if ahead is not None:  # (a paused server: it waits at most PREFETCH_CLOSE_WAIT, and the leave goes on)
             await asyncio.wait(

@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
+from thriftpy2.thrift import TApplicationException
+
 from ..checks import check_partition, receipt_partition
 from ..config import UNSEEN
 from ..errors import (
@@ -268,6 +270,54 @@ def received_pairs(deliveries: Any, server: str = "") -> Received:
     if isinstance(deliveries.leaseMillis, int) and deliveries.leaseMillis > 0:
         pairs.lease = deliveries.leaseMillis / 1000
     return pairs
+
+
+class AckReceive:
+    """``groupAckReceive`` (a member's ack and its next batch in one call, at the queue's sole
+    owner) as a client makes it: when it may be made, the call, and its answer or failure
+    (the asyncio member's prefetch: :meth:`AsyncRemoteGroups.ack_receive
+    <hqueue.aio.client.groups.AsyncRemoteGroups.ack_receive>`)."""
+
+    def __init__(self) -> None:
+        #: Servers that answered UNKNOWN_METHOD (older ones): acks go alone there.
+        self.without: set[str] = set()
+
+    def sole_owner(self, locations: Sequence[str] | None) -> str | None:
+        """The one server owning every partition (``locations``: as last read), if it takes the
+        call (None: several owners, none, not read yet, or a server without it)."""
+        owners = set(locations or ("",))
+        owner = owners.pop() if len(owners) == 1 else ""
+        return owner if owner and owner not in self.without else None
+
+    @staticmethod
+    def call(queue: str, group: str, member: str, rowkeys: Sequence[bytes], max_messages: int, lease: float) -> tuple:
+        """The call and its arguments (empty: more receipts than one call carries, or none:
+        the ack goes alone).
+
+        Raises:
+            TypeError, InvalidArgument: the receipts are not 12-byte rowkeys (as an ack's)."""
+        rowkeys = checked_receipts(rowkeys)
+        if not 0 < len(rowkeys) <= wire.MAX_RECEIPTS:
+            return ()
+        return ("groupAckReceive", queue, group, member, wire.pack_rowkeys(rowkeys), max_messages, lease_ms(lease))
+
+    @staticmethod
+    def answer(deliveries: Any, owner: str) -> tuple[int, Received]:
+        """(how many were acked, the batch) of its answer."""
+        acked = deliveries.acked
+        return (acked if isinstance(acked, int) and acked >= 0 else 0), received_pairs(deliveries, owner)
+
+    def failed(self, error: HQueueError, owner: str) -> None:
+        """A call that failed with ``error``: returns if the ack is to go on its own (an owner
+        that moved or went, following the moves; a server without the call, nothing done
+        there), else raises it."""
+        if isinstance(error, (NotPartitionOwner, ServerUnavailable)):
+            logger.debug("groupAckReceive at %s: %s (acked on its own)", owner, error)
+            return
+        cause = error.__cause__
+        if not (isinstance(cause, TApplicationException) and cause.type == TApplicationException.UNKNOWN_METHOD):
+            raise error
+        self.without.add(owner)  # (an older server: from now on, two calls there)
 
 
 def receipts_by_owner(

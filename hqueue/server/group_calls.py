@@ -7,12 +7,13 @@ died), the member is gone and its leases end at once (groups/members.py).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from ..auth import MANAGE
 from ..config import UNSEEN
 from ..errors import HQueueError, InvalidArgument
-from ..groups.limits import check_wait
+from ..groups.limits import check_lease, check_max_messages, check_member, check_wait
 from ..groups.service import GroupService
 from ..rpc import operations as op
 from ..rpc import packed, wire
@@ -20,9 +21,11 @@ from ..rpc.connections import PeerGone, answer_slot_aside, current_connection, r
 from ..rpc.loop import may_block, on_loop
 from .calls import Calls, handler, served
 
+logger = logging.getLogger(__name__)
+
 
 class GroupCalls(Calls):
-    """openGroup, groupReceive, groupAck, groupNack, groupDeadLetter, groupLeave,
+    """openGroup, groupReceive, groupAck, groupAckReceive, groupNack, groupDeadLetter, groupLeave,
     groupHeartbeat, listGroups, describeGroup, setGroupPosition, deleteGroup."""
 
     #: Set by the server once its coordinator runs.
@@ -69,16 +72,19 @@ class GroupCalls(Calls):
         refuse_if_peer_gone()  # the member gave up on this receive (a paused server read it late): lease nothing
         if on_loop() and self.groups.off_loop(queue, group):
             may_block()  # rows of other topics read through (no topic index), or many topics: on a worker
+        return self._receive(queue, group, member, maxMessages, leaseMillis, wait)
+
+    def _receive(self, queue: str, group: str, member: str, maxMessages: int, leaseMillis: int, wait: float) -> Any:
         # On the event loop, what is there now; none there, the wait goes to a worker.
-        wait = 0 if on_loop() else wait
+        waits = 0 if on_loop() else wait
         try:
             keys, values, attempts = self.groups.receive_columns(
-                queue, group, member, maxMessages, leaseMillis / 1000, wait, idle=answer_slot_aside
+                queue, group, member, maxMessages, leaseMillis / 1000, waits, idle=answer_slot_aside
             )
         except PeerGone:  # it waited, and its client gave up meanwhile: nothing was leased
             self._attend(queue, group, member)  # (its connection's close finds the member gone)
             raise
-        if not keys and wait < waitMillis / 1000:
+        if not keys and waits < wait:
             may_block()  # before _attend: the worker's run ties the member
         self._attend(queue, group, member)  # before the answer: a close after it finds the member
         if keys:
@@ -88,11 +94,39 @@ class GroupCalls(Calls):
 
     @served("consumer", inline=True)
     def groupAck(self, queue: str, group: str, rowkeys: bytes) -> int:
+        return self._ack(queue, group, rowkeys)
+
+    def _ack(self, queue: str, group: str, rowkeys: bytes) -> int:
         count, unknown = self.groups.ack_receipts(queue, group, wire.packed_receipts(rowkeys))
         self.metrics.group_acked.inc((queue, group), count)
         if unknown:  # the IDL's answer is one count: the ignored ones are counted here (and logged)
             self.metrics.group_unknown_acks.inc((queue, group), unknown)
         return count
+
+    @served("consumer", inline=True)
+    def groupAckReceive(
+        self, queue: str, group: str, member: str, rowkeys: bytes, maxMessages: int, leaseMillis: int
+    ) -> Any:
+        """groupAck, then groupReceive without waiting: a prefetching member's ack and its next
+        batch in one call. Everything the receive checks is checked before the ack; once the
+        ack is done, a receive that fails answers no messages (the next receive meets it)."""
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (maxMessages, leaseMillis)):
+            raise TypeError("'maxMessages' and 'leaseMillis' must be ints")
+        check_member(member)
+        check_max_messages(maxMessages)
+        check_lease(leaseMillis / 1000)
+        self._as(queue, group, member, "receive as")
+        refuse_if_peer_gone()
+        if on_loop() and self.groups.off_loop(queue, group):
+            may_block()  # (before the ack: the call runs again on a worker)
+        acked = self._ack(queue, group, rowkeys)
+        try:
+            deliveries = self._receive(queue, group, member, maxMessages, leaseMillis, 0.0)
+        except HQueueError as e:  # (PeerGone among them: an answer no one reads)
+            logger.debug("groupAckReceive %s/%s: acked %d, the receive after failed: %s", queue, group, acked, e)
+            deliveries = wire.T.TDeliveries(messages=b"", attempts=[])
+        deliveries.acked = acked
+        return deliveries
 
     @served("consumer", inline=True)
     def groupNack(self, queue: str, group: str, member: str, rowkeys: bytes, delayMillis: int) -> int:

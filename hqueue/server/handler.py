@@ -350,7 +350,14 @@ TIMER_READS = ("pendingTimers", "countTimers", "nextTimer", "findTimer")
 #: The calls whose answer may be big (up to 10,000 messages): refused while the server's
 #: in-flight budget is full (rpc/loop.py), so that peers that do not read cannot hold more.
 BIG_ANSWERS = frozenset(
-    {"messageScannerGet", "messageScannerGetList", "messageScannerGetPacked", "groupReceive", *TIMER_READS}
+    {
+        "messageScannerGet",
+        "messageScannerGetList",
+        "messageScannerGetPacked",
+        "groupReceive",
+        "groupAckReceive",
+        *TIMER_READS,
+    }
 )
 #: The bytes an answer may take (its reply's limit; the one message that passes it aside),
 #: held from the budget while the call runs on a connection's thread. A group receive
@@ -360,7 +367,7 @@ ANSWER_SLOTS = {
     # a timer read holds a chunk of cells (a count's: TIMER_COUNT_BYTES and the one over it), or one message
     **dict.fromkeys(TIMER_READS, wire.STRUCT_REPLY_BYTES),
     "messageScannerGetPacked": wire.SCAN_REPLY_BYTES,
-    "groupReceive": RECEIVE_BYTES,
+    **dict.fromkeys(["groupReceive", "groupAckReceive"], RECEIVE_BYTES),
 }
 
 

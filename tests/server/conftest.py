@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hqueue import HQueueAdmin
+from hqueue import HQueue, HQueueAdmin
 from hqueue.server import HQueueServer
 
 
@@ -17,6 +17,13 @@ def server(tmp_path):
         admin.create_queue("q", 2)
     yield server
     server.stop()
+
+
+@pytest.fixture
+def queue(server):
+    """Queue "q" of ``server``, through it (a test module may define its own ``queue``)."""
+    with HQueue("q", f"hqueue://{server.address}") as queue:
+        yield queue
 
 
 @pytest.fixture

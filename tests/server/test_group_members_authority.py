@@ -96,6 +96,7 @@ MEMBER_CALLS = {
     "dead-letter": lambda c, receipts: c.groupDeadLetter("jobs", "billing", "w-1", receipts),
     "receive": lambda c, receipts: c.groupReceive("jobs", "billing", "w-1", 10, 60_000, 0),
     "heartbeat": lambda c, receipts: c.groupHeartbeat("jobs", "billing", "w-1"),
+    "ack and receive": lambda c, receipts: c.groupAckReceive("jobs", "billing", "w-1", receipts, 10, 60_000),
 }
 
 

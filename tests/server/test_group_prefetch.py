@@ -28,12 +28,6 @@ from hqueue.server import HQueueServer
 from ..processes import drain, one_queue_served, wait_for
 
 
-@pytest.fixture
-def queue(server):
-    with HQueue("q", f"hqueue://{server.address}") as queue:
-        yield queue
-
-
 def held(queue: HQueue, member: str) -> list:
     """What ``member`` holds now, by the server's word."""
     return [p for p in queue.pending("g") if p.member == member]
@@ -255,30 +249,45 @@ def test_an_asyncio_member_gives_a_stale_or_unfitting_batch_ahead_back_unseen(qu
     assert {d.attempt for d in stale + part + rest} == {1}
 
 
+@pytest.mark.parametrize("asked_by", ["the ack", "a receive of its own"])
 def test_an_asyncio_receive_cancelled_while_it_awaits_the_batch_ahead_leaves_it_for_the_next(
-    queue, server, monkeypatch
+    queue, server, monkeypatch, asked_by
 ):
+    """At a sole owner the ack asks for the batch ahead in its call; with several owners (here:
+    sole_owner says none) a receive of its own asks for it."""
     queue.put([Message("t", b"%d" % i) for i in range(20)], 0)
-    calls = itertools.count()
-    receive = AsyncRemoteGroups.receive
+    if asked_by == "the ack":
+        ack_receive = AsyncRemoteGroups.ack_receive
 
-    async def slow_second(self, *args, **kwargs):  # the batch ahead (the second call) comes 0.3 s late
-        if next(calls) == 1:
+        async def slow(self, *args, **kwargs):  # the ack and the batch ahead come 0.3 s late
             await asyncio.sleep(0.3)
-        return await receive(self, *args, **kwargs)
+            return await ack_receive(self, *args, **kwargs)
 
-    monkeypatch.setattr(AsyncRemoteGroups, "receive", slow_second)
+        monkeypatch.setattr(AsyncRemoteGroups, "ack_receive", slow)
+    else:
+        calls = itertools.count()
+        receive = AsyncRemoteGroups.receive
+
+        async def slow_second(self, *args, **kwargs):  # the batch ahead (the second call) comes 0.3 s late
+            if next(calls) == 1:
+                await asyncio.sleep(0.3)
+            return await receive(self, *args, **kwargs)
+
+        monkeypatch.setattr(AsyncRemoteGroups, "receive", slow_second)
+        monkeypatch.setattr(AsyncRemoteGroups, "sole_owner", lambda self, queue: None)
 
     async def main():
         async with AsyncHQueue("q", f"hqueue://{server.address}") as aqueue:
             async with aqueue.consumer("g", member="m", prefetch=True) as member:
-                await member.ack(await member.receive(10, wait=0))
+                acking = asyncio.ensure_future(member.ack(await member.receive(10, wait=0)))
+                await asyncio.sleep(0)  # (the ack under way)
                 receiving = asyncio.ensure_future(member.receive(10, wait=0))
                 await asyncio.sleep(0.1)  # (it awaits the batch ahead, not come yet)
                 assert not receiving.done()
                 receiving.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await receiving
+                assert await acking == 10
                 second = await member.receive(10, wait=0)
                 await member.ack(second)
                 return second

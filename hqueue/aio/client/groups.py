@@ -15,7 +15,7 @@ from functools import partial
 from typing import Any
 
 from ...checks import check_partition
-from ...client.groups import LOCATION_REFRESH, RetryState, lease_ms, receipts_by_owner, received_pairs
+from ...client.groups import LOCATION_REFRESH, AckReceive, RetryState, lease_ms, receipts_by_owner, received_pairs
 from ...client.silent import group_call_unanswered
 from ...config import UNSEEN
 from ...errors import HQueueError, NoPartitionOwner, NotPartitionOwner, ServerUnavailable
@@ -49,6 +49,7 @@ class AsyncRemoteGroups:
         self._locations_checked: dict[str, float] = {}
         #: A member's receive cancelled while its call was under way, by (queue, group, member).
         self._orphans: dict[tuple[str, str, str], _Orphan] = {}
+        self._ack_receive = AckReceive()
 
     async def _group_locations(self, name: str, fresh: bool = False) -> list[str]:
         now = asyncio.get_running_loop().time()
@@ -229,6 +230,52 @@ class AsyncRemoteGroups:
     async def ack(self, queue: str, group: str, rowkeys: Sequence[bytes]) -> int:
         return await self._receipts_call(queue, rowkeys, "groupAck", (group,))
 
+    def sole_owner(self, queue: str) -> str | None:
+        """The one server owning every partition of ``queue``, as last read, if it takes
+        ``groupAckReceive`` (:class:`~hqueue.client.groups.AckReceive`)."""
+        return self._ack_receive.sole_owner(self._engine._locations.get(queue))
+
+    def closed_since(self, queue: str) -> bool:
+        """Whether the sole owner of ``queue`` closed the connection its last answer came on
+        (it stopped or restarted, and the leases it gave went with it: a batch it handed out
+        is not to be handed to the application, whose acks the next owner would not count)."""
+        owner = self.sole_owner(queue)
+        pool = None if owner is None else self._engine._pools.get(owner)
+        return pool is not None and pool.closed_since()
+
+    async def ack_receive(
+        self,
+        queue: str,
+        group: str,
+        member: str,
+        rowkeys: Sequence[bytes],
+        max_messages: int,
+        lease: float,
+        late: Callable[[list[tuple[Message, int]]], None],
+    ) -> tuple[int, list[tuple[Message, int]]] | None:
+        """The ack, and the member's next batch (without waiting), in one call at the
+        queue's sole owner: (how many were acked, the batch). None when it could not be made
+        so (several owners, a server without the call, an owner that moved or went): the
+        caller acks on its own, which follows the moves. Cancelled, ``late`` gets the batch
+        its answer brings once read (none if the call was not sent, or no answer came)."""
+        owner = self.sole_owner(queue)
+        call = None if owner is None else AckReceive.call(queue, group, member, rowkeys, max_messages, lease)
+        if owner is None or not call:
+            return None
+        reading: list[asyncio.Future[Any]] = []  # (the answer's, read after a cancel)
+        try:
+            with self._engine.deadline():
+                return AckReceive.answer(await self._at(owner, *call, queue=queue, late=reading.append), owner)
+        except asyncio.CancelledError:
+            if reading:
+                reading[0].add_done_callback(partial(_late_batch, late, owner))
+            else:  # cancelled before it was sent: no batch comes
+                late([])
+            raise
+        except HQueueError as e:
+            self._ack_receive.failed(e, owner)
+            return None
+
     async def nack(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes], delay: float | None) -> int:
         delay_ms = -1 if delay is None else -2 if delay == UNSEEN else int(delay * 1000)
         return await self._receipts_call(queue, rowkeys, "groupNack", (group, member), (delay_ms,))
@@ -290,6 +337,19 @@ class AsyncRemoteGroups:
             for pid in pids:
                 call = ("setGroupPosition", group, pid, wire.to_tid(start))
                 await self._engine.owner_call(queue, pid, "replay", *call, idempotent=True)
+
+
+def _late_batch(late: Callable[[list[tuple[Message, int]]], None], owner: str, reading: asyncio.Future[Any]) -> None:
+    """A cancelled groupAckReceive's answer, read after: its batch to ``late`` (none if no
+    answer came, or one it cannot read: those leases run out)."""
+    answer = None if reading.cancelled() or reading.exception() is not None else reading.result()
+    pairs: list[tuple[Message, int]] = []
+    if answer is not None:
+        try:
+            pairs = received_pairs(answer, owner)
+        except HQueueError as e:
+            logger.warning("the batch of a cancelled ack at %s: %s", owner, e)
+    late(pairs)
 
 
 class _Retry(RetryState):

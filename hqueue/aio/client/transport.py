@@ -196,6 +196,11 @@ class AsyncPool:
         #: The server answered a call here since its last failure (rpc/failures.spoke_plain).
         self.answered = False
 
+    def closed_since(self) -> bool:
+        """Whether the server closed the connection given back last (it stopped or restarted:
+        what it handed out in its answers went with it)."""
+        return bool(self._idle) and self._idle[-1].stale()
+
     def take_idle(self, call: bool = False) -> AsyncConnection | None:
         """An idle connection for the caller alone, if there is one (and, for a ``call``,
         room among the calls' connections); no wait."""

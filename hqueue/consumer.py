@@ -215,7 +215,9 @@ class Consumer:
         prefetch: Over a server (``hqueue://``, or a ``local://`` store another
             process serves), ask for the next batch as soon as ``receive``
             hands out a whole one, so that the server takes it out while this
-            member works (default False). Its leases run from then: a batch
+            member works (default False); where one server owns the queue's
+            partitions, the first ``ack`` after it asks, in its own call. Its
+            leases run from then: a batch
             whose lease has run a quarter before the next ``receive`` goes
             back unseen and a fresh one is taken (:mod:`hqueue.client.ahead`).
             No effect on a store this process opened (no round trip to save).
@@ -283,6 +285,8 @@ class Consumer:
         Only messages the group handed out count (to any member); a receipt it
         never handed out is ignored (the server counts it), so the group
         still delivers that message."""
+        if self._ahead is not None:  # (prefetching: it may ask for the next batch in the call)
+            return self._ahead.ack(_rowkeys(deliveries))
         return self._groups.ack(self.queue.name, self.group, _rowkeys(deliveries))
 
     def nack(self, deliveries: Delivery | Message | Iterable[Delivery | Message], *, delay: float | None = None) -> int:

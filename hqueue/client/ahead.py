@@ -6,7 +6,10 @@ while it works, and waits idle while the owner takes the next batch out: each ba
 both times, one after the other. Prefetching, once receive hands out a whole batch the
 member asks for the next one at once, on a connection of its own, and reads the answer at
 its next receive: the owner takes the batch out while the member works on the last one
-(RabbitMQ's prefetch, Kafka's fetch ahead).
+(RabbitMQ's prefetch, Kafka's fetch ahead). Where one server owns all the queue's
+partitions, the member's first ack after that batch asks for the next one instead, in its
+own call (``groupAckReceive``: the ack, then a receive that does not wait; one call a batch,
+not two), and the next receive takes its answer; a receive that comes first asks itself.
 
 What it costs, and how that is bounded:
 
@@ -26,11 +29,15 @@ What it costs, and how that is bounded:
   receive goes on as one that asked nothing ahead, within the same deadline. One the
   server closed after answering (it stopped or died, and the leases went with it; or it
   closed an idle connection) is given back unseen, not handed out: an ack at the
-  partitions' next owner would not count.
+  partitions' next owner would not count (for a batch an ack brought: if the connection
+  it came on, idle since, was closed).
+* A server without ``groupAckReceive`` (an older hqueue) answers that it does not know it,
+  having done nothing: the member acks on its own there from then on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -45,7 +52,7 @@ from ..groups.limits import PREFETCH_CLOSE_WAIT, PREFETCH_STALE_SHARE
 from ..message import ROWKEY_LENGTH, Message
 from ..rpc import wire
 from ..rpc.bounded import readable_now
-from .groups import RemoteGroups, lease_ms, received_pairs
+from .groups import Received, RemoteGroups, lease_ms, received_pairs
 from .pool import Connection, Pool
 
 logger = logging.getLogger(__name__)
@@ -68,13 +75,24 @@ class _Asked(NamedTuple):
     max_messages: int
 
 
+class _Answered(NamedTuple):
+    """A batch an ack asked for in its call (``groupAckReceive``), answered already."""
+
+    pairs: Received
+    sent: float
+    lease: float
+
+
 class GroupAhead:
     """One member's batch asked for ahead; its :meth:`receive` is :meth:`RemoteGroups.receive`'s."""
 
     def __init__(self, groups: RemoteGroups, queue: str, group: str, member: str) -> None:
         self._groups, self.queue, self.group, self.member = groups, queue, group, member
         self._lock = threading.Lock()
-        self._asked: _Asked | None = None
+        self._asked: _Asked | _Answered | None = None
+        #: (max_messages, lease) of a whole batch received at a sole owner: the next ack asks
+        #: for the next batch in its call.
+        self._ack_asks: tuple[int, float] | None = None
         self.closed = False
 
     def receive(self, max_messages: int, lease: float, wait: float) -> list[tuple[Message, int]]:
@@ -82,7 +100,7 @@ class GroupAhead:
         there and fits, else from :meth:`RemoteGroups.receive`; after a whole batch, the next
         one is asked for. Two threads receiving at once: the second asks the owners itself."""
         with self._lock:
-            asked, self._asked = self._asked, None
+            asked, self._asked, self._ack_asks = self._asked, None, None
         with self._groups._engine.deadline(extra=wait):  # (one deadline for the answer and a receive afresh)
             pairs = None if asked is None else self._taken(asked, max_messages, lease)
             if pairs is None:
@@ -92,8 +110,35 @@ class GroupAhead:
         if len(pairs) >= max_messages:
             with self._lock:
                 if not self.closed and self._asked is None:
-                    self._asked = self._ask(max_messages, lease)
+                    if self._groups.sole_owner(self.queue) is not None:  # the ack asks, in its call
+                        self._ack_asks = (max_messages, lease)
+                    else:
+                        self._asked = self._ask(max_messages, lease)
         return pairs
+
+    def ack(self, rowkeys: list[bytes]) -> int:
+        """:meth:`RemoteGroups.ack`; the first after a whole batch received at a sole owner asks
+        for the next batch in its call (``groupAckReceive``: one call a batch, not two)."""
+        with self._lock:
+            asks, self._ack_asks = self._ack_asks, None
+            if self.closed or self._asked is not None:
+                asks = None
+        sent = time.monotonic()
+        answer = None if asks is None else self._groups.ack_receive(self.queue, self.group, self.member, rowkeys, *asks)
+        if asks is None or answer is None:  # (not made so, nothing done: the ack alone)
+            return self._groups.ack(self.queue, self.group, rowkeys)
+        acked, pairs = answer
+        if pairs:
+            with self._lock:
+                closed, kept = self.closed, not self.closed and self._asked is None
+                if kept:
+                    self._asked = _Answered(pairs, sent, asks[1])
+            if closed:  # (by another thread, whose leave it may have come after: leave again)
+                with contextlib.suppress(HQueueError):
+                    self._groups.leave(self.queue, self.group, self.member)
+            elif not kept:  # (another thread asked meanwhile: back, unseen)
+                self._hand_back(pairs)
+        return acked
 
     def close(self) -> None:
         """Read the answer to what was asked ahead, if anything was, within PREFETCH_CLOSE_WAIT
@@ -101,7 +146,7 @@ class GroupAhead:
         with self._lock:
             self.closed = True
             asked, self._asked = self._asked, None
-        if asked is not None:
+        if isinstance(asked, _Asked):  # (an answered one: the leave gives it back)
             engine = self._groups._engine
             with engine.deadline_at(time.monotonic() + min(PREFETCH_CLOSE_WAIT, engine.timeout)):
                 self._answer(asked)  # (none by then: its connection is dropped, and the leave goes on)
@@ -162,13 +207,19 @@ class GroupAhead:
         asked.pool.give_back(connection)
         return deliveries
 
-    def _taken(self, asked: _Asked, max_messages: int, lease: float) -> list[tuple[Message, int]] | None:
+    def _taken(self, asked: _Asked | _Answered, max_messages: int, lease: float) -> list[tuple[Message, int]] | None:
         """What was ``asked`` ahead, if its answer came with messages that fit this receive
         (what does not fit goes back unseen); None: receive afresh."""
-        deliveries = self._answer(asked)
-        if deliveries is None:
-            return None
-        pairs = received_pairs(deliveries)
+        if isinstance(asked, _Answered):
+            pairs = asked.pairs
+            if self._groups.closed_since(self.queue):  # (its server stopped since: as _answer's check)
+                self._hand_back(pairs)
+                return None
+        else:
+            deliveries = self._answer(asked)
+            if deliveries is None:
+                return None
+            pairs = received_pairs(deliveries)
         if not pairs:
             return None
         given = asked.lease if pairs.lease is None else min(asked.lease, pairs.lease)  # (at most --max-lease)

@@ -48,6 +48,7 @@ class RemoteGroups:
         #: Members that left here, by (queue, group, member): a receive begun before (in
         #: another thread) asks no owner again.
         self._left = Departures()
+        self._ack_receive = AckReceive()
 
     def _group_locations(self, name: str, fresh: bool = False) -> list[str]:
         """Partition owners for group calls: cached, and read again every few seconds
@@ -172,6 +173,34 @@ class RemoteGroups:
     def ack(self, queue: str, group: str, rowkeys: Sequence[bytes]) -> int:
         return self._receipts_call(queue, rowkeys, "groupAck", (group,))
 
+    def sole_owner(self, queue: str) -> str | None:
+        """The one server owning every partition of ``queue``, as last read, if it takes
+        ``groupAckReceive`` (:class:`AckReceive`)."""
+        return self._ack_receive.sole_owner(self._engine._locations.get(queue))
+
+    def closed_since(self, queue: str) -> bool:
+        """Whether the sole owner of ``queue`` closed the connection its last answer came on
+        (:meth:`AckReceive.closed_since <hqueue.client.groups.AckReceive.closed_since>`)."""
+        return self._ack_receive.closed_since(self._engine._locations.get(queue), self._engine._pools)
+
+    def ack_receive(
+        self, queue: str, group: str, member: str, rowkeys: Sequence[bytes], max_messages: int, lease: float
+    ) -> tuple[int, Received] | None:
+        """The ack, and the member's next batch (without waiting), in one call at the queue's
+        sole owner: (how many were acked, the batch). None when it could not be made so
+        (several owners, a server without the call, an owner that moved or went): the
+        caller acks on its own, which follows the moves."""
+        owner = self.sole_owner(queue)
+        call = None if owner is None else AckReceive.call(queue, group, member, rowkeys, max_messages, lease)
+        if owner is None or not call:
+            return None
+        try:
+            with self._engine.deadline():
+                return AckReceive.answer(self._at(owner, *call, queue=queue), owner)
+        except HQueueError as e:
+            self._ack_receive.failed(e, owner)
+            return None
+
     def nack(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes], delay: float | None) -> int:
         delay_ms = -1 if delay is None else -2 if delay == UNSEEN else int(delay * 1000)
         return self._receipts_call(queue, rowkeys, "groupNack", (group, member), (delay_ms,))
@@ -275,8 +304,7 @@ def received_pairs(deliveries: Any, server: str = "") -> Received:
 class AckReceive:
     """``groupAckReceive`` (a member's ack and its next batch in one call, at the queue's sole
     owner) as a client makes it: when it may be made, the call, and its answer or failure
-    (the asyncio member's prefetch: :meth:`AsyncRemoteGroups.ack_receive
-    <hqueue.aio.client.groups.AsyncRemoteGroups.ack_receive>`)."""
+    (a prefetching member's: :meth:`RemoteGroups.ack_receive`, and the asyncio one's)."""
 
     def __init__(self) -> None:
         #: Servers that answered UNKNOWN_METHOD (older ones): acks go alone there.
@@ -288,6 +316,14 @@ class AckReceive:
         owners = set(locations or ("",))
         owner = owners.pop() if len(owners) == 1 else ""
         return owner if owner and owner not in self.without else None
+
+    def closed_since(self, locations: Sequence[str] | None, pools: dict[str, Any]) -> bool:
+        """Whether the sole owner closed the connection its last answer came on (it stopped or
+        restarted, and the leases it gave went with it: a batch it handed out is not to be
+        handed to the application, whose acks the next owner would not count)."""
+        owner = self.sole_owner(locations)
+        pool = None if owner is None else pools.get(owner)
+        return pool is not None and pool.closed_since()
 
     @staticmethod
     def call(queue: str, group: str, member: str, rowkeys: Sequence[bytes], max_messages: int, lease: float) -> tuple:

@@ -202,6 +202,7 @@ class Pool:
         self._released = False
         #: The server answered a call here since its last failure (rpc/failures.spoke_plain).
         self.answered = False
+        self._last: Connection | None = None  # the connection given back last (closed_since)
 
     def take(self, deadline: float | None = None) -> Connection:
         """A connection for the caller alone, its waits bounded by ``deadline``;
@@ -232,7 +233,15 @@ class Pool:
             connection.close()
         else:
             self.answered = True
+            self._last = connection
             self._idle.put(connection)
+
+    def closed_since(self) -> bool:
+        """Whether the server closed the connection given back last, while it is idle (it
+        stopped or restarted: what it handed out in its answers went with it). One taken
+        by another caller since is not looked at."""
+        last = self._last
+        return last is not None and last not in self._out and last.stale()
 
     @contextmanager
     def client(

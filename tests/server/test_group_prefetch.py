@@ -21,6 +21,7 @@ from hqueue.aio.client.groups import AsyncRemoteGroups
 from hqueue.aio.consumer import AsyncConsumer
 from hqueue.cli import main
 from hqueue.client.ahead import GroupAhead
+from hqueue.client.groups import RemoteGroups
 from hqueue.groups.limits import PREFETCH_CLOSE_WAIT, GroupLimits
 from hqueue.groups.limits import PREFETCH_STALE_SHARE as STALE_SHARE
 from hqueue.server import HQueueServer
@@ -33,7 +34,9 @@ def held(queue: HQueue, member: str) -> list:
     return [p for p in queue.pending("g") if p.member == member]
 
 
-def test_the_next_batch_is_asked_for_as_a_whole_one_is_handed_out(queue):
+def test_the_next_batch_is_asked_for_as_a_whole_one_is_handed_out(queue, monkeypatch):
+    """With several owners (here: sole_owner says none), on a connection of its own at once."""
+    monkeypatch.setattr(RemoteGroups, "sole_owner", lambda self, queue: None)
     queue.put([Message("t", b"%d" % i) for i in range(30)], 0)
     with queue.consumer("g", member="m", prefetch=True) as member:
         first = member.receive(10, wait=0)
@@ -48,6 +51,29 @@ def test_the_next_batch_is_asked_for_as_a_whole_one_is_handed_out(queue):
         member.ack(third)
         assert [d.value for d in third] == [b"%d" % i for i in range(20, 30)]
         assert member.receive(10, wait=0.2) == []  # (a batch ahead, empty: then a receive that waits)
+    assert queue.pending("g") == []
+
+
+def test_at_a_sole_owner_the_ack_asks_for_the_next_batch_in_its_call(queue):
+    queue.put([Message("t", b"%d" % i) for i in range(30)], 0)
+    calls = []
+    with queue.consumer("g", member="m", prefetch=True) as member:
+        groups = member._groups
+        for name in ("ack", "ack_receive", "receive"):  # (counting the client's calls)
+            method = getattr(groups, name)
+            setattr(groups, name, lambda *a, _m=method, _n=name, **k: calls.append(_n) or _m(*a, **k))
+        first = member.receive(10, wait=0)
+        assert len(held(queue, "m")) == 10  # nothing asked ahead yet
+        assert member.ack(first) == 10
+        assert len(held(queue, "m")) == 10  # the first ten finished, the next ten handed out
+        second = member.receive(10, wait=0)  # (no call: the ack's answer)
+        assert member.ack(second) == 10
+        third = member.receive(10, wait=0)
+        member.ack(third)
+        assert member.receive(10, wait=0.2) == []
+    assert [d.value for d in first + second + third] == [b"%d" % i for i in range(30)]
+    assert {d.attempt for d in first + second + third} == {1}
+    assert calls[:5] == ["receive", "ack_receive", "ack_receive", "ack_receive", "receive"], calls
     assert queue.pending("g") == []
 
 

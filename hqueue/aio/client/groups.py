@@ -237,11 +237,8 @@ class AsyncRemoteGroups:
 
     def closed_since(self, queue: str) -> bool:
         """Whether the sole owner of ``queue`` closed the connection its last answer came on
-        (it stopped or restarted, and the leases it gave went with it: a batch it handed out
-        is not to be handed to the application, whose acks the next owner would not count)."""
-        owner = self.sole_owner(queue)
-        pool = None if owner is None else self._engine._pools.get(owner)
-        return pool is not None and pool.closed_since()
+        (:meth:`AckReceive.closed_since <hqueue.client.groups.AckReceive.closed_since>`)."""
+        return self._ack_receive.closed_since(self._engine._locations.get(queue), self._engine._pools)
 
     async def ack_receive(
         self,

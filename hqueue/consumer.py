@@ -285,9 +285,10 @@ class Consumer:
         Only messages the group handed out count (to any member); a receipt it
         never handed out is ignored (the server counts it), so the group
         still delivers that message."""
+        groups = self._groups  # (refused in a forked child)
         if self._ahead is not None:  # (prefetching: it may ask for the next batch in the call)
             return self._ahead.ack(_rowkeys(deliveries))
-        return self._groups.ack(self.queue.name, self.group, _rowkeys(deliveries))
+        return groups.ack(self.queue.name, self.group, _rowkeys(deliveries))
 
     def nack(self, deliveries: Delivery | Message | Iterable[Delivery | Message], *, delay: float | None = None) -> int:
         """Give messages back: handed out again after ``delay`` seconds (None: a

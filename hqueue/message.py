@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 from functools import lru_cache, partial
 from itertools import chain, repeat
 from operator import add, getitem, itemgetter
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .errors import InvalidArgument, InvalidMessage
 
@@ -369,9 +369,11 @@ def ids_by_partition(receipts: PackedReceipts | Iterable[bytes]) -> dict[int, li
             raise InvalidArgument(f"a receipt is a received message's {ROWKEY_LENGTH}-byte rowkey")
         if not count:
             return {}
-        first, second = receipts[0::ROWKEY_LENGTH], receipts[1::ROWKEY_LENGTH]  # each one's partition
-        if count <= _SPLIT_RECEIPTS and first.count(first[0]) == count and second.count(second[0]) == count:
-            return {int.from_bytes(receipts[:2], "big"): list(dict.fromkeys(_ids_splitter(count)(receipts)))}
+        if count <= _SPLIT_RECEIPTS:
+            first, second = receipts[0::ROWKEY_LENGTH], receipts[1::ROWKEY_LENGTH]  # each one's partition
+            if first.count(first[0]) == count and second.count(second[0]) == count:
+                return {int.from_bytes(receipts[:2], "big"): list(dict.fromkeys(_ids_splitter(count)(receipts)))}
+            return _by_partition(_pid_id_splitter(count)(receipts))
         rowkeys = [receipts[i : i + ROWKEY_LENGTH] for i in range(0, len(receipts), ROWKEY_LENGTH)]
     else:
         rowkeys = checked_receipts(receipts)
@@ -385,6 +387,23 @@ _SPLIT_RECEIPTS = 1000
 @lru_cache(maxsize=16)
 def _ids_splitter(count: int) -> Callable[[bytes], tuple[bytes, ...]]:
     return struct.Struct(f"2x{ROWKEY_LENGTH - 2}s" * count).unpack
+
+
+@lru_cache(maxsize=16)
+def _pid_id_splitter(count: int) -> Callable[[bytes], tuple[Any, ...]]:
+    """Concatenated rowkeys cut into partition, ID, partition, ID... by one struct call."""
+    return struct.Struct(">" + f"H{ROWKEY_LENGTH - 2}s" * count).unpack
+
+
+def _by_partition(flat: tuple[Any, ...]) -> dict[int, list[bytes]]:
+    """Partition, ID, partition, ID... as each partition's IDs, in their order, each once."""
+    by_partition: dict[int, list[bytes]] = {}
+    for pid, message_id in zip(flat[0::2], flat[1::2], strict=True):
+        ids = by_partition.get(pid)
+        if ids is None:
+            ids = by_partition[pid] = []
+        ids.append(message_id)
+    return {pid: list(dict.fromkeys(ids)) for pid, ids in by_partition.items()}
 
 
 def topics_of(messages: Iterable[Message]) -> list[bytes]:

@@ -100,6 +100,8 @@ class AsyncConsumer:
         #: (max_messages, lease) of a whole batch received at a sole owner: the next ack asks
         #: for the next batch in its call (prefetch).
         self._ask_with_ack: tuple[int, float] | None = None
+        #: A receive came before the ack that was to ask: from then on, a receive asks ahead.
+        self._acks_lag = False
         self.member = member_name(member)
         self._opening = joining(group, topics, start, max_retries, key_affinity)
         self._groups: Any = None
@@ -146,13 +148,14 @@ class AsyncConsumer:
         if getattr(groups, "cancel_safe", False):  # a store in this process: nothing to wait out
             pairs = await groups.receive(self.queue.name, self.group, self.member, max_messages, lease, wait)
             return await self._unless_closed(groups, pairs)
-        self._ask_with_ack = None  # (no ack came between: this receive asks)
+        if self._ask_with_ack is not None:  # no ack came since the last whole batch: acks lag the
+            self._ask_with_ack, self._acks_lag = None, True  # receives: from now on, a receive asks ahead
         pairs = None if self._ahead is None else await self._taken_ahead(max_messages, lease)
         if pairs is None:
             pairs = await self._receive_at_server(groups, max_messages, lease, wait)
         if self._prefetch and len(pairs) >= max_messages and self._ahead is None and not self.closed:
-            if groups.sole_owner(self.queue.name) is not None:  # the ack asks, in its call
-                self._ask_with_ack = (max_messages, lease)
+            if not self._acks_lag and groups.sole_owner(self.queue.name) is not None:
+                self._ask_with_ack = (max_messages, lease)  # the ack asks, in its call
             else:
                 call = groups.receive(
                     self.queue.name, self.group, self.member, max_messages, lease, 0.0, late=self._late
@@ -183,7 +186,7 @@ class AsyncConsumer:
         if (
             lease != its_lease
             or asyncio.get_running_loop().time() - sent > given * PREFETCH_STALE_SHARE
-            or self._groups.closed_since(self.queue.name)  # (its sole owner restarted since)
+            or (getattr(pairs, "held", None) is not None and not pairs.held())  # (its server may have restarted)
         ):
             await self._given_back_now(pairs)  # (before the receive afresh, which takes them again)
             return None
@@ -263,26 +266,26 @@ class AsyncConsumer:
         a sole owner, the first ack after a whole batch asks for the next in its call."""
         groups = await self._ready()
         rowkeys = _rowkeys(deliveries)
-        asked, self._ask_with_ack = self._ask_with_ack, None
+        asked = self._ask_with_ack if rowkeys else None  # (an empty ack asks nothing: the next one does)
         if asked is None or self._ahead is not None or self.closed:
             return await groups.ack(self.queue.name, self.group, rowkeys)
+        self._ask_with_ack = None
         loop = asyncio.get_running_loop()
         batch: asyncio.Future[list] = loop.create_future()  # the ahead batch: a receive or close waits for it
         self._ahead = (batch, asked[1], loop.time())
         try:
-            answer = await groups.ack_receive(
+            acked, answer = await groups.ack_asking(
                 self.queue.name, self.group, self.member, rowkeys, *asked, late=partial(self._came_ahead, batch)
             )
         except asyncio.CancelledError:
-            raise  # (the answer comes to _came_ahead)
+            raise  # (the batch comes to _came_ahead)
         except BaseException:
             self._came_ahead(batch, [])
             raise
-        if answer is None:  # not made so (nothing done): the ack alone
-            self._came_ahead(batch, [])
-            return await groups.ack(self.queue.name, self.group, rowkeys)
-        acked, pairs = answer
-        self._came_ahead(batch, pairs)
+        self._came_ahead(batch, [] if answer is None else answer.pairs)
+        if self.closed and answer is not None and not self.queue.closed:  # (closed meanwhile: the server may
+            with contextlib.suppress(HQueueError, RuntimeError):  # have taken its leave before this call,
+                await groups.leave(self.queue.name, self.group, self.member)  # which counted the member in again)
         return acked
 
     def _came_ahead(self, batch: asyncio.Future[list], pairs: list) -> None:

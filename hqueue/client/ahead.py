@@ -29,8 +29,8 @@ What it costs, and how that is bounded:
   receive goes on as one that asked nothing ahead, within the same deadline. One the
   server closed after answering (it stopped or died, and the leases went with it; or it
   closed an idle connection) is given back unseen, not handed out: an ack at the
-  partitions' next owner would not count (for a batch an ack brought: if the connection
-  it came on, idle since, was closed).
+  partitions' next owner would not count (for a batch an ack brought: if a connection to
+  its server broke, or was found closed, since).
 * A server without ``groupAckReceive`` (an older hqueue) answers that it does not know it,
   having done nothing: the member acks on its own there from then on.
 """
@@ -93,6 +93,9 @@ class GroupAhead:
         #: (max_messages, lease) of a whole batch received at a sole owner: the next ack asks
         #: for the next batch in its call.
         self._ack_asks: tuple[int, float] | None = None
+        #: A receive came before the ack that was to ask (acks from other threads, after the
+        #: next receive): from then on, a receive asks ahead, as with several owners.
+        self._acks_lag = False
         self.closed = False
 
     def receive(self, max_messages: int, lease: float, wait: float) -> list[tuple[Message, int]]:
@@ -100,7 +103,9 @@ class GroupAhead:
         there and fits, else from :meth:`RemoteGroups.receive`; after a whole batch, the next
         one is asked for. Two threads receiving at once: the second asks the owners itself."""
         with self._lock:
-            asked, self._asked, self._ack_asks = self._asked, None, None
+            asked, self._asked = self._asked, None
+            if self._ack_asks is not None:  # no ack came since the last whole batch: acks lag the
+                self._ack_asks, self._acks_lag = None, True  # receives (other threads'): ask at the receive
         with self._groups._engine.deadline(extra=wait):  # (one deadline for the answer and a receive afresh)
             pairs = None if asked is None else self._taken(asked, max_messages, lease)
             if pairs is None:
@@ -110,8 +115,8 @@ class GroupAhead:
         if len(pairs) >= max_messages:
             with self._lock:
                 if not self.closed and self._asked is None:
-                    if self._groups.sole_owner(self.queue) is not None:  # the ack asks, in its call
-                        self._ack_asks = (max_messages, lease)
+                    if not self._acks_lag and self._groups.sole_owner(self.queue) is not None:
+                        self._ack_asks = (max_messages, lease)  # the ack asks, in its call
                     else:
                         self._asked = self._ask(max_messages, lease)
         return pairs
@@ -120,24 +125,25 @@ class GroupAhead:
         """:meth:`RemoteGroups.ack`; the first after a whole batch received at a sole owner asks
         for the next batch in its call (``groupAckReceive``: one call a batch, not two)."""
         with self._lock:
-            asks, self._ack_asks = self._ack_asks, None
+            asks = self._ack_asks if rowkeys else None  # (an empty ack asks nothing: the next one does)
+            if asks is not None:
+                self._ack_asks = None
             if self.closed or self._asked is not None:
                 asks = None
-        sent = time.monotonic()
-        answer = None if asks is None else self._groups.ack_receive(self.queue, self.group, self.member, rowkeys, *asks)
-        if asks is None or answer is None:  # (not made so, nothing done: the ack alone)
+        if asks is None:
             return self._groups.ack(self.queue, self.group, rowkeys)
-        acked, pairs = answer
-        if pairs:
+        sent = time.monotonic()
+        acked, answer = self._groups.ack_asking(self.queue, self.group, self.member, rowkeys, *asks)
+        if answer is not None and answer.pairs:
             with self._lock:
                 closed, kept = self.closed, not self.closed and self._asked is None
                 if kept:
-                    self._asked = _Answered(pairs, sent, asks[1])
+                    self._asked = _Answered(answer.pairs, sent, asks[1])
             if closed:  # (by another thread, whose leave it may have come after: leave again)
                 with contextlib.suppress(HQueueError):
                     self._groups.leave(self.queue, self.group, self.member)
             elif not kept:  # (another thread asked meanwhile: back, unseen)
-                self._hand_back(pairs)
+                self._hand_back(answer.pairs)
         return acked
 
     def close(self) -> None:
@@ -212,7 +218,7 @@ class GroupAhead:
         (what does not fit goes back unseen); None: receive afresh."""
         if isinstance(asked, _Answered):
             pairs = asked.pairs
-            if self._groups.closed_since(self.queue):  # (its server stopped since: as _answer's check)
+            if pairs.held is not None and not pairs.held():  # (its server may have stopped since: as _answer's)
                 self._hand_back(pairs)
                 return None
         else:

@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from thriftpy2.thrift import TApplicationException
 
@@ -178,28 +178,38 @@ class RemoteGroups:
         ``groupAckReceive`` (:class:`AckReceive`)."""
         return self._ack_receive.sole_owner(self._engine._locations.get(queue))
 
-    def closed_since(self, queue: str) -> bool:
-        """Whether the sole owner of ``queue`` closed the connection its last answer came on
-        (:meth:`AckReceive.closed_since <hqueue.client.groups.AckReceive.closed_since>`)."""
-        return self._ack_receive.closed_since(self._engine._locations.get(queue), self._engine._pools)
+    def ack_asking(
+        self, queue: str, group: str, member: str, rowkeys: Sequence[bytes], max_messages: int, lease: float
+    ) -> tuple[int, Asked | None]:
+        """The ack, asking for the member's next batch in its call where it can
+        (:meth:`ack_receive`), by one deadline: (how many were acked, the answer with the
+        batch; None if the ack went on its own)."""
+        with self._engine.deadline():
+            asked = self.ack_receive(queue, group, member, rowkeys, max_messages, lease)
+            return (asked.acked, asked) if asked is not None else (self.ack(queue, group, rowkeys), None)
 
     def ack_receive(
         self, queue: str, group: str, member: str, rowkeys: Sequence[bytes], max_messages: int, lease: float
-    ) -> tuple[int, Received] | None:
+    ) -> Asked | None:
         """The ack, and the member's next batch (without waiting), in one call at the queue's
-        sole owner: (how many were acked, the batch). None when it could not be made so
-        (several owners, a server without the call, an owner that moved or went): the
-        caller acks on its own, which follows the moves."""
+        sole owner. None when it could not be made so (several owners, a server without the
+        call, an owner that moved or could not be reached): the caller acks on its own, which
+        follows the moves (:meth:`ack_asking`).
+
+        Raises:
+            DeadlineExceeded: no answer by the deadline.
+        """
         owner = self.sole_owner(queue)
         call = None if owner is None else AckReceive.call(queue, group, member, rowkeys, max_messages, lease)
         if owner is None or not call:
             return None
         try:
             with self._engine.deadline():
-                return AckReceive.answer(self._at(owner, *call, queue=queue), owner)
+                deliveries = self._at(owner, *call, queue=queue)
         except HQueueError as e:
             self._ack_receive.failed(e, owner)
             return None
+        return AckReceive.answer(deliveries, owner, self._engine._pools.get(owner))
 
     def nack(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes], delay: float | None) -> int:
         delay_ms = -1 if delay is None else -2 if delay == UNSEEN else int(delay * 1000)
@@ -277,6 +287,10 @@ class Received(list):
     does not say)."""
 
     lease: float | None = None
+    #: Whether the server may still hold their leases (None: not looked at; a batch an ack
+    #: brought: False once a connection to its server broke or was found closed since, for
+    #: it may have restarted, and the leases went with it: Pool.held_since).
+    held: Callable[[], bool] | None = None
 
 
 def received_pairs(deliveries: Any, server: str = "") -> Received:
@@ -301,13 +315,22 @@ def received_pairs(deliveries: Any, server: str = "") -> Received:
     return pairs
 
 
+class Asked(NamedTuple):
+    """A ``groupAckReceive``'s answer: how many it acked, and the next batch (whose ``held``
+    says whether the server may still hold its leases)."""
+
+    acked: int
+    pairs: Received
+
+
 class AckReceive:
     """``groupAckReceive`` (a member's ack and its next batch in one call, at the queue's sole
     owner) as a client makes it: when it may be made, the call, and its answer or failure
     (a prefetching member's: :meth:`RemoteGroups.ack_receive`, and the asyncio one's)."""
 
     def __init__(self) -> None:
-        #: Servers that answered UNKNOWN_METHOD (older ones): acks go alone there.
+        #: Servers that answered UNKNOWN_METHOD (older ones): acks go alone there (for the
+        #: handle's life: one upgraded meanwhile gets two calls until the handle is opened again).
         self.without: set[str] = set()
 
     def sole_owner(self, locations: Sequence[str] | None) -> str | None:
@@ -317,37 +340,32 @@ class AckReceive:
         owner = owners.pop() if len(owners) == 1 else ""
         return owner if owner and owner not in self.without else None
 
-    def closed_since(self, locations: Sequence[str] | None, pools: dict[str, Any]) -> bool:
-        """Whether the sole owner closed the connection its last answer came on (it stopped or
-        restarted, and the leases it gave went with it: a batch it handed out is not to be
-        handed to the application, whose acks the next owner would not count)."""
-        owner = self.sole_owner(locations)
-        pool = None if owner is None else pools.get(owner)
-        return pool is not None and pool.closed_since()
-
     @staticmethod
     def call(queue: str, group: str, member: str, rowkeys: Sequence[bytes], max_messages: int, lease: float) -> tuple:
-        """The call and its arguments (empty: more receipts than one call carries, or none:
-        the ack goes alone).
+        """The call and its arguments (empty: more receipts than one call carries: the ack
+        goes alone).
 
         Raises:
             TypeError, InvalidArgument: the receipts are not 12-byte rowkeys (as an ack's)."""
         rowkeys = checked_receipts(rowkeys)
-        if not 0 < len(rowkeys) <= wire.MAX_RECEIPTS:
+        if len(rowkeys) > wire.MAX_RECEIPTS:
             return ()
         return ("groupAckReceive", queue, group, member, wire.pack_rowkeys(rowkeys), max_messages, lease_ms(lease))
 
     @staticmethod
-    def answer(deliveries: Any, owner: str) -> tuple[int, Received]:
-        """(how many were acked, the batch) of its answer."""
-        acked = deliveries.acked
-        return (acked if isinstance(acked, int) and acked >= 0 else 0), received_pairs(deliveries, owner)
+    def answer(deliveries: Any, owner: str, pool: Any) -> Asked:
+        """Its answer, come from ``owner`` through ``pool`` (whose ``held_since`` tells
+        whether the server may still hold the batch's leases)."""
+        acked, pairs = deliveries.acked, received_pairs(deliveries, owner)
+        pairs.held = pool.held_since() if pool is not None else (lambda: False)
+        return Asked(acked if isinstance(acked, int) and acked >= 0 else 0, pairs)
 
     def failed(self, error: HQueueError, owner: str) -> None:
         """A call that failed with ``error``: returns if the ack is to go on its own (an owner
-        that moved or went, following the moves; a server without the call, nothing done
-        there), else raises it."""
-        if isinstance(error, (NotPartitionOwner, ServerUnavailable)):
+        that moved or could not be reached: the ack follows the moves and tries again, as
+        any ack; a server without the call, nothing done there), else raises it (a deadline
+        passed among them: an ack on its own would have none left)."""
+        if isinstance(error, (NotPartitionOwner, ServerUnavailable)) and not isinstance(error, DeadlineExceeded):
             logger.debug("groupAckReceive at %s: %s (acked on its own)", owner, error)
             return
         cause = error.__cause__

@@ -202,7 +202,8 @@ class Pool:
         self._released = False
         #: The server answered a call here since its last failure (rpc/failures.spoke_plain).
         self.answered = False
-        self._last: Connection | None = None  # the connection given back last (closed_since)
+        self._last: Connection | None = None  # the connection given back last (held_since)
+        self._lost = 0  # connections found broken, or closed by the server (held_since)
 
     def take(self, deadline: float | None = None) -> Connection:
         """A connection for the caller alone, its waits bounded by ``deadline``;
@@ -222,6 +223,7 @@ class Pool:
                 connection.socket.share = connection.socket.at_share = None
                 self._out.add(connection)
                 return connection
+            self._lost += 1
             connection.close()
 
     def give_back(self, connection: Connection, broken: bool = False) -> None:
@@ -230,18 +232,19 @@ class Pool:
         part-way): then it is closed."""
         self._out.discard(connection)
         if broken or connection.protocol.unanswered or self._released:
+            self._lost += broken
             connection.close()
         else:
             self.answered = True
             self._last = connection
             self._idle.put(connection)
 
-    def closed_since(self) -> bool:
-        """Whether the server closed the connection given back last, while it is idle (it
-        stopped or restarted: what it handed out in its answers went with it). One taken
-        by another caller since is not looked at."""
-        last = self._last
-        return last is not None and last not in self._out and last.stale()
+    def held_since(self) -> Callable[[], bool]:
+        """Whether, from now, no connection here broke or was found closed by the server,
+        and the one given back last (idle) is not closed: False once the server may have
+        stopped or restarted, and what it handed out in its answers went with it."""
+        lost, last = self._lost, self._last
+        return lambda: self._lost == lost and not (last is not None and last not in self._out and last.stale())
 
     @contextmanager
     def client(

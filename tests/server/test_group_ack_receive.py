@@ -14,6 +14,7 @@ import pytest
 from hqueue import HQueueAdmin, Message
 from hqueue.aio import AsyncHQueue
 from hqueue.aio.client.groups import AsyncRemoteGroups
+from hqueue.groups.limits import HEARTBEAT_INTERVAL
 from hqueue.message import encode_rowkey
 from hqueue.rpc.wire import T
 from hqueue.server import HQueueServer
@@ -192,7 +193,8 @@ def test_a_member_closed_while_its_ack_is_under_way_gives_the_batch_back_unseen(
     assert {d.attempt for d in again} == {1}
 
 
-def test_a_batch_its_server_handed_out_before_a_restart_is_not_handed_to_the_application(tmp_path):
+@pytest.mark.parametrize("pause", [0, 2.5 * HEARTBEAT_INTERVAL])
+def test_a_batch_its_server_handed_out_before_a_restart_is_not_handed_to_the_application(tmp_path, pause):
     """The ack's answer brought the next batch, then the server restarted: those leases went
     with it, and acks at the new one would not count. The batch is not handed out; the next
     receive takes it afresh, and every message is handed out once."""
@@ -213,6 +215,7 @@ def test_a_batch_its_server_handed_out_before_a_restart_is_not_handed_to_the_app
                 server = await asyncio.to_thread(
                     HQueueServer(f"local://{tmp_path}/data", host=host, port=int(port)).start
                 )
+                await asyncio.sleep(pause)  # (heartbeats make new connections to the new server meanwhile)
                 rest = []
                 async with asyncio.timeout(30):
                     while len(rest) < 30:
@@ -227,3 +230,26 @@ def test_a_batch_its_server_handed_out_before_a_restart_is_not_handed_to_the_app
     finally:
         server.stop()
     assert [d.value for d in first + rest] == [b"%d" % i for i in range(40)]
+
+
+def test_an_asyncio_member_whose_acks_lag_its_receives_asks_ahead_at_the_receive(queue, server):
+    queue.put([Message("t", b"%d" % i) for i in range(40)], 0)
+
+    async def main():
+        async with AsyncHQueue("q", f"hqueue://{server.address}") as aqueue:
+            async with aqueue.consumer("g", member="m", prefetch=True) as member:
+                first = await member.receive(10, wait=0)
+                second = await member.receive(10, wait=0)  # (before the first's ack)
+                async with asyncio.timeout(5):
+                    while len(await asyncio.to_thread(held, queue, "m")) < 30:  # asked ahead at the receive
+                        await asyncio.sleep(0.01)
+                await member.ack(first + second)
+                rest = []
+                while deliveries := await member.receive(10, wait=0.2):
+                    rest += deliveries
+                    await member.ack(deliveries)
+                return first + second + rest
+
+    got = asyncio.run(main())
+    assert [d.value for d in got] == [b"%d" % i for i in range(40)]
+    assert queue.pending("g") == []

@@ -32,6 +32,7 @@ import contextlib
 import itertools
 import socket
 import ssl
+from collections.abc import Callable
 from typing import Any
 
 from thriftpy2.protocol import TCyBinaryProtocol
@@ -195,11 +196,13 @@ class AsyncPool:
         self.closed = False
         #: The server answered a call here since its last failure (rpc/failures.spoke_plain).
         self.answered = False
+        self._lost = 0  # connections found broken, or closed by the server (held_since)
 
-    def closed_since(self) -> bool:
-        """Whether the server closed the connection given back last (it stopped or restarted:
-        what it handed out in its answers went with it)."""
-        return bool(self._idle) and self._idle[-1].stale()
+    def held_since(self) -> Callable[[], bool]:
+        """Whether, from now, no connection here broke or was found closed by the server,
+        and the one given back last (idle) is not closed (as the blocking Pool's)."""
+        lost, last = self._lost, self._idle[-1] if self._idle else None
+        return lambda: self._lost == lost and not (last is not None and last in self._idle and last.stale())
 
     def take_idle(self, call: bool = False) -> AsyncConnection | None:
         """An idle connection for the caller alone, if there is one (and, for a ``call``,
@@ -213,6 +216,7 @@ class AsyncPool:
                     self._lent += 1
                     self._for_calls.add(connection)
                 return connection
+            self._lost += 1
             self._drop(connection)
         return None
 
@@ -283,6 +287,7 @@ class AsyncPool:
             self._returned()
         if not broken:
             self.answered = True  # (as client/pool.py's Pool.answered)
+        self._lost += broken
         if broken or self.closed or len(self._idle) >= self.max_idle:
             self._drop(connection)
         else:

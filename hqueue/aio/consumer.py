@@ -274,7 +274,7 @@ class AsyncConsumer:
         batch: asyncio.Future[list] = loop.create_future()  # the ahead batch: a receive or close waits for it
         self._ahead = (batch, asked[1], loop.time())
         try:
-            acked, answer = await groups.ack_asking(
+            acked, pairs = await groups.ack_asking(
                 self.queue.name, self.group, self.member, rowkeys, *asked, late=partial(self._came_ahead, batch)
             )
         except asyncio.CancelledError:
@@ -282,8 +282,8 @@ class AsyncConsumer:
         except BaseException:
             self._came_ahead(batch, [])
             raise
-        self._came_ahead(batch, [] if answer is None else answer.pairs)
-        if self.closed and answer is not None and not self.queue.closed:  # (closed meanwhile: the server may
+        self._came_ahead(batch, pairs or [])
+        if self.closed and pairs is not None and not self.queue.closed:  # (closed meanwhile: the server may
             with contextlib.suppress(HQueueError, RuntimeError):  # have taken its leave before this call,
                 await groups.leave(self.queue.name, self.group, self.member)  # which counted the member in again)
         return acked

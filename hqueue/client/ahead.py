@@ -133,17 +133,17 @@ class GroupAhead:
         if asks is None:
             return self._groups.ack(self.queue, self.group, rowkeys)
         sent = time.monotonic()
-        acked, answer = self._groups.ack_asking(self.queue, self.group, self.member, rowkeys, *asks)
-        if answer is not None and answer.pairs:
+        acked, pairs = self._groups.ack_asking(self.queue, self.group, self.member, rowkeys, *asks)
+        if pairs:
             with self._lock:
                 closed, kept = self.closed, not self.closed and self._asked is None
                 if kept:
-                    self._asked = _Answered(answer.pairs, sent, asks[1])
+                    self._asked = _Answered(pairs, sent, asks[1])
             if closed:  # (by another thread, whose leave it may have come after: leave again)
                 with contextlib.suppress(HQueueError):
                     self._groups.leave(self.queue, self.group, self.member)
             elif not kept:  # (another thread asked meanwhile: back, unseen)
-                self._hand_back(answer.pairs)
+                self._hand_back(pairs)
         return acked
 
     def close(self) -> None:

@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any
 
 from thriftpy2.thrift import TApplicationException
 
@@ -180,36 +180,27 @@ class RemoteGroups:
 
     def ack_asking(
         self, queue: str, group: str, member: str, rowkeys: Sequence[bytes], max_messages: int, lease: float
-    ) -> tuple[int, Asked | None]:
-        """The ack, asking for the member's next batch in its call where it can
-        (:meth:`ack_receive`), by one deadline: (how many were acked, the answer with the
-        batch; None if the ack went on its own)."""
-        with self._engine.deadline():
-            asked = self.ack_receive(queue, group, member, rowkeys, max_messages, lease)
-            return (asked.acked, asked) if asked is not None else (self.ack(queue, group, rowkeys), None)
-
-    def ack_receive(
-        self, queue: str, group: str, member: str, rowkeys: Sequence[bytes], max_messages: int, lease: float
-    ) -> Asked | None:
-        """The ack, and the member's next batch (without waiting), in one call at the queue's
-        sole owner. None when it could not be made so (several owners, a server without the
-        call, an owner that moved or could not be reached): the caller acks on its own, which
-        follows the moves (:meth:`ack_asking`).
+    ) -> tuple[int, Received | None]:
+        """The ack, asking for the member's next batch in its call (``groupAckReceive``: the ack,
+        then a receive that does not wait) at the queue's sole owner, by one deadline: (how
+        many were acked, the batch). Where it cannot be made so (several owners, a server
+        without the call, an owner that moved or could not be reached) the ack goes on its
+        own, following the moves: (how many, None).
 
         Raises:
-            DeadlineExceeded: no answer by the deadline.
+            DeadlineExceeded: no answer by the deadline (as any ack's errors).
         """
-        owner = self.sole_owner(queue)
-        call = None if owner is None else AckReceive.call(queue, group, member, rowkeys, max_messages, lease)
-        if owner is None or not call:
-            return None
-        try:
-            with self._engine.deadline():
-                deliveries = self._at(owner, *call, queue=queue)
-        except HQueueError as e:
-            self._ack_receive.failed(e, owner)
-            return None
-        return AckReceive.answer(deliveries, owner, self._engine._pools.get(owner))
+        with self._engine.deadline():
+            made = self._ack_receive.made(
+                self._engine._locations.get(queue), queue, group, member, rowkeys, max_messages, lease
+            )
+            if made is not None:
+                owner, call = made
+                try:
+                    return AckReceive.answer(self._at(owner, *call, queue=queue), owner, self._engine._pools.get(owner))
+                except HQueueError as e:
+                    self._ack_receive.failed(e, owner)
+            return self.ack(queue, group, rowkeys), None
 
     def nack(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes], delay: float | None) -> int:
         delay_ms = -1 if delay is None else -2 if delay == UNSEEN else int(delay * 1000)
@@ -288,7 +279,7 @@ class Received(list):
 
     lease: float | None = None
     #: Whether the server may still hold their leases (None: not looked at; a batch an ack
-    #: brought: False once a connection to its server broke or was found closed since, for
+    #: brought (AckReceive.answer): False once a connection to its server broke or was found closed since, for
     #: it may have restarted, and the leases went with it: Pool.held_since).
     held: Callable[[], bool] | None = None
 
@@ -315,18 +306,10 @@ def received_pairs(deliveries: Any, server: str = "") -> Received:
     return pairs
 
 
-class Asked(NamedTuple):
-    """A ``groupAckReceive``'s answer: how many it acked, and the next batch (whose ``held``
-    says whether the server may still hold its leases)."""
-
-    acked: int
-    pairs: Received
-
-
 class AckReceive:
     """``groupAckReceive`` (a member's ack and its next batch in one call, at the queue's sole
     owner) as a client makes it: when it may be made, the call, and its answer or failure
-    (a prefetching member's: :meth:`RemoteGroups.ack_receive`, and the asyncio one's)."""
+    (a prefetching member's: :meth:`RemoteGroups.ack_asking`, and the asyncio one's)."""
 
     def __init__(self) -> None:
         #: Servers that answered UNKNOWN_METHOD (older ones): acks go alone there (for the
@@ -340,25 +323,37 @@ class AckReceive:
         owner = owners.pop() if len(owners) == 1 else ""
         return owner if owner and owner not in self.without else None
 
-    @staticmethod
-    def call(queue: str, group: str, member: str, rowkeys: Sequence[bytes], max_messages: int, lease: float) -> tuple:
-        """The call and its arguments (empty: more receipts than one call carries: the ack
-        goes alone).
+    def made(
+        self,
+        locations: Sequence[str] | None,
+        queue: str,
+        group: str,
+        member: str,
+        rowkeys: Sequence[bytes],
+        max_messages: int,
+        lease: float,
+    ) -> tuple[str, tuple] | None:
+        """(the owner, the call and its arguments), or None where it cannot be made (not a
+        sole owner, as ``locations`` say; more receipts than one call carries): the ack goes
+        on its own.
 
         Raises:
             TypeError, InvalidArgument: the receipts are not 12-byte rowkeys (as an ack's)."""
+        owner = self.sole_owner(locations)
         rowkeys = checked_receipts(rowkeys)
-        if len(rowkeys) > wire.MAX_RECEIPTS:
-            return ()
-        return ("groupAckReceive", queue, group, member, wire.pack_rowkeys(rowkeys), max_messages, lease_ms(lease))
+        if owner is None or len(rowkeys) > wire.MAX_RECEIPTS:
+            return None
+        return owner, (
+            "groupAckReceive", queue, group, member, wire.pack_rowkeys(rowkeys), max_messages, lease_ms(lease)
+        )  # fmt: skip
 
     @staticmethod
-    def answer(deliveries: Any, owner: str, pool: Any) -> Asked:
-        """Its answer, come from ``owner`` through ``pool`` (whose ``held_since`` tells
-        whether the server may still hold the batch's leases)."""
+    def answer(deliveries: Any, owner: str, pool: Any) -> tuple[int, Received]:
+        """(how many it acked, the next batch) of its answer, come from ``owner`` through
+        ``pool`` (whose ``held_since`` says whether the server may still hold the batch's leases)."""
         acked, pairs = deliveries.acked, received_pairs(deliveries, owner)
         pairs.held = pool.held_since() if pool is not None else (lambda: False)
-        return Asked(acked if isinstance(acked, int) and acked >= 0 else 0, pairs)
+        return (acked if isinstance(acked, int) and acked >= 0 else 0), pairs
 
     def failed(self, error: HQueueError, owner: str) -> None:
         """A call that failed with ``error``: returns if the ack is to go on its own (an owner

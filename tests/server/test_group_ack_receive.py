@@ -167,14 +167,14 @@ def test_an_ack_cancelled_before_it_was_sent_leaves_the_next_receive_asking_afre
 
 def test_a_member_closed_while_its_ack_is_under_way_gives_the_batch_back_unseen(queue, server, monkeypatch):
     queue.put([Message("t", b"%d" % i) for i in range(20)], 0)
-    ack_receive = AsyncRemoteGroups.ack_receive
+    ack_asking = AsyncRemoteGroups.ack_asking
 
     async def slow(self, *args, **kwargs):  # (the close comes while the call is under way)
-        answer = await ack_receive(self, *args, **kwargs)
+        answer = await ack_asking(self, *args, **kwargs)
         await asyncio.sleep(0.2)
         return answer
 
-    monkeypatch.setattr(AsyncRemoteGroups, "ack_receive", slow)
+    monkeypatch.setattr(AsyncRemoteGroups, "ack_asking", slow)
 
     async def main():
         async with AsyncHQueue("q", f"hqueue://{server.address}") as aqueue:

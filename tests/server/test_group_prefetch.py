@@ -60,7 +60,7 @@ def test_at_a_sole_owner_the_ack_asks_for_the_next_batch_in_its_call(queue):
     calls = []
     with queue.consumer("g", member="m", prefetch=True) as member:
         groups = member._groups
-        for name in ("ack", "ack_receive", "receive"):  # (counting the client's calls)
+        for name in ("ack", "ack_asking", "receive"):  # (counting the client's calls)
             method = getattr(groups, name)
             setattr(groups, name, lambda *a, _m=method, _n=name, **k: calls.append(_n) or _m(*a, **k))
         first = member.receive(10, wait=0)
@@ -74,7 +74,7 @@ def test_at_a_sole_owner_the_ack_asks_for_the_next_batch_in_its_call(queue):
         assert member.receive(10, wait=0.2) == []
     assert [d.value for d in first + second + third] == [b"%d" % i for i in range(30)]
     assert {d.attempt for d in first + second + third} == {1}
-    assert calls[:5] == ["receive", "ack_receive", "ack_receive", "ack_receive", "receive"], calls
+    assert calls[:5] == ["receive", "ack_asking", "ack_asking", "ack_asking", "receive"], calls
     assert queue.pending("g") == []
 
 
@@ -326,13 +326,13 @@ def test_an_asyncio_receive_cancelled_while_it_awaits_the_batch_ahead_leaves_it_
     sole_owner says none) a receive of its own asks for it."""
     queue.put([Message("t", b"%d" % i) for i in range(20)], 0)
     if asked_by == "the ack":
-        ack_receive = AsyncRemoteGroups.ack_receive
+        ack_asking = AsyncRemoteGroups.ack_asking
 
         async def slow(self, *args, **kwargs):  # the ack and the batch ahead come 0.3 s late
             await asyncio.sleep(0.3)
-            return await ack_receive(self, *args, **kwargs)
+            return await ack_asking(self, *args, **kwargs)
 
-        monkeypatch.setattr(AsyncRemoteGroups, "ack_receive", slow)
+        monkeypatch.setattr(AsyncRemoteGroups, "ack_asking", slow)
     else:
         calls = itertools.count()
         receive = AsyncRemoteGroups.receive

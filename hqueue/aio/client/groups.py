@@ -18,7 +18,7 @@ from ...checks import check_partition
 from ...client.groups import (
     LOCATION_REFRESH,
     AckReceive,
-    Asked,
+    Received,
     RetryState,
     lease_ms,
     receipts_by_owner,
@@ -252,59 +252,39 @@ class AsyncRemoteGroups:
         max_messages: int,
         lease: float,
         late: Callable[[list[tuple[Message, int]]], None],
-    ) -> tuple[int, Asked | None]:
-        """The ack, asking for the member's next batch in its call where it can
-        (:meth:`ack_receive`), by one deadline: (how many were acked, the answer with the
-        batch; None if the ack went on its own). ``late`` gets the batch once none is to be
-        returned: none, or what a call cut short brought, read after (maybe both)."""
-        with self._engine.deadline():
-            asked = await self.ack_receive(queue, group, member, rowkeys, max_messages, lease, late)
-            if asked is not None:
-                return asked.acked, asked
-            late([])  # (no batch comes with it: one read after a call given up is given to late too)
-            return await self.ack(queue, group, rowkeys), None
-
-    async def ack_receive(
-        self,
-        queue: str,
-        group: str,
-        member: str,
-        rowkeys: Sequence[bytes],
-        max_messages: int,
-        lease: float,
-        late: Callable[[list[tuple[Message, int]]], None],
-    ) -> Asked | None:
-        """The ack, and the member's next batch (without waiting), in one call at the
-        queue's sole owner. None when it could not be made so (several owners, a server
-        without the call, an owner that moved or could not be reached): the caller acks on
-        its own, which follows the moves (:meth:`ack_asking`). A call cut short (cancelled,
-        or given up as its owner moved) whose answer is read after gives the batch it
-        brings to ``late`` (none if the call was not sent, or no answer came).
+    ) -> tuple[int, Received | None]:
+        """The ack, asking for the member's next batch in its call at the queue's sole owner
+        (as the blocking client's :meth:`~hqueue.client.groups.RemoteGroups.ack_asking`).
+        ``late`` gets the batch once none is to be returned: none (the call not sent, or no
+        answer), or what a call cut short (cancelled, or given up as its owner moved)
+        brought, read after; maybe both.
 
         Raises:
-            DeadlineExceeded: no answer by the deadline.
+            DeadlineExceeded: no answer by the deadline (as any ack's errors).
         """
-        owner = self.sole_owner(queue)
-        call = None if owner is None else AckReceive.call(queue, group, member, rowkeys, max_messages, lease)
-        if owner is None or not call:
-            return None
-        reading: list[asyncio.Future[Any]] = []
+        with self._engine.deadline():
+            made = self._ack_receive.made(
+                self._engine._locations.get(queue), queue, group, member, rowkeys, max_messages, lease
+            )
+            if made is not None:
+                owner, call = made
+                reading: list[asyncio.Future[Any]] = []
 
-        def answer_later(task: asyncio.Future[Any]) -> None:
-            reading.append(task)
-            task.add_done_callback(partial(_late_batch, late, owner))
+                def answer_later(task: asyncio.Future[Any]) -> None:
+                    reading.append(task)
+                    task.add_done_callback(partial(_late_batch, late, owner))
 
-        try:
-            with self._engine.deadline():
-                deliveries = await self._at(owner, *call, queue=queue, late=answer_later)
-        except asyncio.CancelledError:
-            if not reading:  # cancelled before it was sent: no batch comes
-                late([])
-            raise
-        except HQueueError as e:
-            self._ack_receive.failed(e, owner)
-            return None
-        return AckReceive.answer(deliveries, owner, self._engine._pools.get(owner))
+                try:
+                    deliveries = await self._at(owner, *call, queue=queue, late=answer_later)
+                    return AckReceive.answer(deliveries, owner, self._engine._pools.get(owner))
+                except asyncio.CancelledError:
+                    if not reading:  # cancelled before it was sent: no batch comes
+                        late([])
+                    raise
+                except HQueueError as e:
+                    self._ack_receive.failed(e, owner)
+            late([])  # (no batch comes with this ack)
+            return await self.ack(queue, group, rowkeys), None
 
     async def nack(self, queue: str, group: str, member: str, rowkeys: Sequence[bytes], delay: float | None) -> int:
         delay_ms = -1 if delay is None else -2 if delay == UNSEEN else int(delay * 1000)

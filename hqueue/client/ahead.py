@@ -9,7 +9,8 @@ its next receive: the owner takes the batch out while the member works on the la
 (RabbitMQ's prefetch, Kafka's fetch ahead). Where one server owns all the queue's
 partitions, the member's first ack after that batch asks for the next one instead, in its
 own call (``groupAckReceive``: the ack, then a receive that does not wait; one call a batch,
-not two), and the next receive takes its answer; a receive that comes first asks itself.
+not two), and the next receive takes its answer. A member whose receive comes before the
+ack that was to ask (acks from other threads) asks at the receive from then on.
 
 What it costs, and how that is bounded:
 

@@ -279,8 +279,8 @@ class Received(list):
 
     lease: float | None = None
     #: Whether the server may still hold their leases (None: not looked at; a batch an ack
-    #: brought (AckReceive.answer): False once a connection to its server broke or was found closed since, for
-    #: it may have restarted, and the leases went with it: Pool.held_since).
+    #: brought, AckReceive.answer: False once a connection to its server broke or was found
+    #: closed since, for it may have restarted, and the leases went with it: Pool.held_since).
     held: Callable[[], bool] | None = None
 
 

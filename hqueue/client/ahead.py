@@ -135,16 +135,17 @@ class GroupAhead:
             return self._groups.ack(self.queue, self.group, rowkeys)
         sent = time.monotonic()
         acked, pairs = self._groups.ack_asking(self.queue, self.group, self.member, rowkeys, *asks)
-        if pairs:
-            with self._lock:
-                closed, kept = self.closed, not self.closed and self._asked is None
-                if kept:
-                    self._asked = _Answered(pairs, sent, asks[1])
-            if closed:  # (by another thread, whose leave it may have come after: leave again)
-                with contextlib.suppress(HQueueError):
-                    self._groups.leave(self.queue, self.group, self.member)
-            elif not kept:  # (another thread asked meanwhile: back, unseen)
-                self._hand_back(pairs)
+        if pairs is None:  # (the ack went on its own: nothing received)
+            return acked
+        with self._lock:
+            closed, kept = self.closed, bool(pairs) and not self.closed and self._asked is None
+            if kept:
+                self._asked = _Answered(pairs, sent, asks[1])
+        if closed:  # (by another thread, whose leave it may have come after, its receive counting
+            with contextlib.suppress(HQueueError, RuntimeError):  # the member in again: leave again)
+                self._groups.leave(self.queue, self.group, self.member)
+        elif pairs and not kept:  # (another thread asked meanwhile: back, unseen)
+            self._hand_back(pairs)
         return acked
 
     def close(self) -> None:

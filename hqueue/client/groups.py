@@ -284,6 +284,13 @@ class Received(list):
     held: Callable[[], bool] | None = None
 
 
+def held_by(pairs: Received, pool: Any) -> Received:
+    """``pairs``, just come through ``pool``, with ``held``: whether their server may still
+    hold their leases when they are handed out later (``pool.held_since``; no pool: not)."""
+    pairs.held = pool.held_since() if pool is not None else (lambda: False)
+    return pairs
+
+
 def received_pairs(deliveries: Any, server: str = "") -> Received:
     """A groupReceive's answer (a TDeliveries) as (message, attempt) pairs.
 
@@ -351,9 +358,8 @@ class AckReceive:
     def answer(deliveries: Any, owner: str, pool: Any) -> tuple[int, Received]:
         """(how many it acked, the next batch) of its answer, come from ``owner`` through
         ``pool`` (whose ``held_since`` says whether the server may still hold the batch's leases)."""
-        acked, pairs = deliveries.acked, received_pairs(deliveries, owner)
-        pairs.held = pool.held_since() if pool is not None else (lambda: False)
-        return (acked if isinstance(acked, int) and acked >= 0 else 0), pairs
+        acked = deliveries.acked
+        return (acked if isinstance(acked, int) and acked >= 0 else 0), held_by(received_pairs(deliveries, owner), pool)
 
     def failed(self, error: HQueueError, owner: str) -> None:
         """A call that failed with ``error``: returns if the ack is to go on its own (an owner

@@ -243,6 +243,28 @@ def test_a_prefetching_member_does_not_ack_across_a_fork(queue):
         assert member.ack(got) == 10
 
 
+def test_a_member_closed_while_its_ack_is_on_its_way_leaves_again_even_if_nothing_came(queue, server, monkeypatch):
+    """Closed by another thread as its ack went: the server may take the leave first, and the
+    ack's receive counts the member in again, with no messages (a review: the member stayed in
+    the group, holding its partitions from the others until its timeout)."""
+    queue.put([Message("t", b"%d" % i) for i in range(5)], 0)
+    ack_asking = RemoteGroups.ack_asking
+    member = queue.consumer("g", member="m", prefetch=True)
+
+    def closed_first(self, *args, **kwargs):
+        closing = threading.Thread(target=member.close)
+        closing.start()
+        closing.join()
+        return ack_asking(self, *args, **kwargs)
+
+    got = member.receive(5, wait=0)
+    monkeypatch.setattr(RemoteGroups, "ack_asking", closed_first)
+    assert member.ack(got) == 5
+    monkeypatch.setattr(RemoteGroups, "ack_asking", ack_asking)
+    with HQueueAdmin(f"hqueue://{server.address}") as admin:
+        assert not admin.describe_group("q", "g")["members"]
+
+
 def test_a_member_whose_acks_lag_its_receives_asks_ahead_at_the_receive(queue):
     """Acks that come after the next receive (from other threads) cannot ask: from the first
     receive that finds the ask unused, each whole batch is asked ahead at the receive."""

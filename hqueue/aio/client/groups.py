@@ -20,6 +20,7 @@ from ...client.groups import (
     AckReceive,
     Received,
     RetryState,
+    held_by,
     lease_ms,
     receipts_by_owner,
     received_pairs,
@@ -137,8 +138,8 @@ class AsyncRemoteGroups:
                         failed = True
                         continue
                     answered = True
-                    if deliveries.attempts:
-                        return received_pairs(deliveries, owner)
+                    if deliveries.attempts:  # (held: a batch asked ahead may be handed out after a restart)
+                        return held_by(received_pairs(deliveries, owner), self._engine._pools.get(owner))
                 if waiting_for is not None:
                     pairs = await self._adopt(key, waiting_for, max_messages, waited)
                     if pairs or loop.time() >= waited:
@@ -272,7 +273,7 @@ class AsyncRemoteGroups:
 
                 def answer_later(task: asyncio.Future[Any]) -> None:
                     reading.append(task)
-                    task.add_done_callback(partial(_late_batch, late, owner))
+                    task.add_done_callback(partial(_late_batch, late, owner, self._engine._pools.get(owner)))
 
                 try:
                     deliveries = await self._at(owner, *call, queue=queue, late=answer_later)
@@ -349,16 +350,18 @@ class AsyncRemoteGroups:
                 await self._engine.owner_call(queue, pid, "replay", *call, idempotent=True)
 
 
-def _late_batch(late: Callable[[list[tuple[Message, int]]], None], owner: str, reading: asyncio.Future[Any]) -> None:
-    """A cancelled groupAckReceive's answer, read after: its batch to ``late`` (none if no
-    answer came, or one it cannot read: those leases run out)."""
+def _late_batch(
+    late: Callable[[list[tuple[Message, int]]], None], owner: str, pool: Any, reading: asyncio.Future[Any]
+) -> None:
+    """A cancelled groupAckReceive's answer, read after: its batch to ``late``, with ``held``
+    as an answer's (none if no answer came, or one it cannot read: those leases run out)."""
     answer = None if reading.cancelled() or reading.exception() is not None else reading.result()
     pairs: list[tuple[Message, int]] = []
-    if answer is not None:
-        try:
-            pairs = received_pairs(answer, owner)
-        except HQueueError as e:
-            logger.warning("the batch of a cancelled ack at %s: %s", owner, e)
+    try:
+        if answer is not None:
+            pairs = AckReceive.answer(answer, owner, pool)[1]
+    except Exception as e:  # (a broken or hostile server's answer: late gets none all the same)
+        logger.warning("the batch of a cancelled ack at %s: %s", owner, e)
     late(pairs)
 
 

@@ -278,8 +278,8 @@ class Received(list):
     does not say)."""
 
     lease: float | None = None
-    #: Whether the server may still hold their leases (None: not looked at; a batch an ack
-    #: brought, AckReceive.answer: False once a connection to its server broke or was found
+    #: Whether the server may still hold their leases (None: not looked at; a batch that may
+    #: be handed out later, held_by: False once a connection to its server broke or was found
     #: closed since, for it may have restarted, and the leases went with it: Pool.held_since).
     held: Callable[[], bool] | None = None
 

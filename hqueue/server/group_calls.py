@@ -68,11 +68,17 @@ class GroupCalls(Calls):
         if not all(isinstance(v, int) for v in (maxMessages, leaseMillis, waitMillis)):
             raise TypeError("'maxMessages', 'leaseMillis' and 'waitMillis' must be ints")
         wait = check_wait(waitMillis / 1000)  # refused here as on a worker, before any effect
+        self._may_receive(queue, group, member)
+        return self._receive(queue, group, member, maxMessages, leaseMillis, wait)
+
+    def _may_receive(self, queue: str, group: str, member: str) -> None:
+        """Before a receive takes anything (a groupAckReceive's: before its ack): the caller
+        may receive as ``member``, its client is still there, and a receive that must run on
+        a worker goes there now."""
         self._as(queue, group, member, "receive as")
         refuse_if_peer_gone()  # the member gave up on this receive (a paused server read it late): lease nothing
         if on_loop() and self.groups.off_loop(queue, group):
             may_block()  # rows of other topics read through (no topic index), or many topics: on a worker
-        return self._receive(queue, group, member, maxMessages, leaseMillis, wait)
 
     def _receive(self, queue: str, group: str, member: str, maxMessages: int, leaseMillis: int, wait: float) -> Any:
         # On the event loop, what is there now; none there, the wait goes to a worker.
@@ -115,10 +121,7 @@ class GroupCalls(Calls):
         check_member(member)
         check_max_messages(maxMessages)
         check_lease(leaseMillis / 1000)
-        self._as(queue, group, member, "receive as")
-        refuse_if_peer_gone()
-        if on_loop() and self.groups.off_loop(queue, group):
-            may_block()  # (before the ack: the call runs again on a worker)
+        self._may_receive(queue, group, member)  # (a move to a worker: before the ack, so it is not done twice)
         acked = self._ack(queue, group, rowkeys)
         try:
             deliveries = self._receive(queue, group, member, maxMessages, leaseMillis, 0.0)

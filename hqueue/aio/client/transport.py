@@ -199,10 +199,12 @@ class AsyncPool:
         self._lost = 0  # connections found broken, or closed by the server (held_since)
 
     def held_since(self) -> Callable[[], bool]:
-        """Whether, from now, no connection here broke or was found closed by the server,
-        and the one given back last (idle) is not closed (as the blocking Pool's)."""
-        lost, last = self._lost, self._idle[-1] if self._idle else None
-        return lambda: self._lost == lost and not (last is not None and last in self._idle and last.stale())
+        """Whether, from now, no connection here broke or was found closed by the server, and
+        none of those idle then is closed (as the blocking Pool's): False once the server may
+        have stopped or restarted. (Every idle one is looked at, not the last given back: an
+        answer read after its call was cut short comes back while other tasks run.)"""
+        lost = self._lost
+        return lambda: self._lost == lost and not any(connection.stale() for connection in self._idle)
 
     def take_idle(self, call: bool = False) -> AsyncConnection | None:
         """An idle connection for the caller alone, if there is one (and, for a ``call``,

@@ -30,6 +30,10 @@ more good with the time than a poll catching what comes a little sooner.
 Measured with 4 and 16 group member processes on 2 cores
 (``bench/groups.py``): 12–25 % more messages a second, with one member and
 single puts unchanged; machines with more cores were not measured.
+
+The asyncio client polls by the same rules (one :class:`Spin` per connection,
+its ``poll_us``), keeping its event loop awake rather than polling one socket:
+aio/client/awake.py.
 """
 
 from __future__ import annotations
@@ -108,17 +112,28 @@ class Spin:
         while True:
             got = ready()
             if got:
-                self._caught += 1
-                if self._caught >= FORGIVE:
-                    self._backoff, self._caught = max(1, self._backoff // 2), 0
+                self.caught()
                 return got
             now = clock()
             if now >= until or now - turn > PREEMPTED:  # (its time ran out, or its CPU is wanted)
-                self.on, self._caught = False, 0
-                self._skip = self._backoff = min(2 * self._backoff, MAX_BACKOFF)
+                self.missed()
                 return None
             turn = now
             give_way()  # (another process or thread that wants this CPU, or the GIL, runs first)
+
+    def caught(self) -> None:
+        """A poll caught what it waited for (made by :meth:`poll`; an asyncio poll's owner
+        tells it here, aio/client/awake.py): after FORGIVE in a row, polling waits for half
+        as many short waits after its next poll in vain."""
+        self._caught += 1
+        if self._caught >= FORGIVE:
+            self._backoff, self._caught = max(1, self._backoff // 2), 0
+
+    def missed(self) -> None:
+        """A poll ran its whole limit, or was preempted, with nothing come: polling stops
+        until twice as many short waits in a row as last time (at most MAX_BACKOFF)."""
+        self.on, self._caught = False, 0
+        self._skip = self._backoff = min(2 * self._backoff, MAX_BACKOFF)
 
     def blocked(self, seconds: float) -> None:
         """A blocking wait ended with what it waited for after ``seconds`` (from before any

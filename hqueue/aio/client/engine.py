@@ -35,6 +35,7 @@ from ...client.engine import (
     owner_error,
     owner_failure,
     past_deadline,
+    poll_us_of,
     queue_description,
 )
 from ...client.silent import (
@@ -100,6 +101,7 @@ class AsyncRemoteEngine:
         options = client_options(url, timeout, token, unix_socket)
         self._seeds, self.url, self.timeout, self._token, self._ssl_context = options
         self.tls = self._ssl_context is not None
+        self._poll_us = poll_us_of(url)  # (as the blocking client's: awake.py)
         self.owner_timeout = owner_timeout
         self._pools: dict[str, AsyncPool] = {}
         self.closed = False
@@ -158,7 +160,9 @@ class AsyncRemoteEngine:
             address = self._seeds[0]  # the one server, whatever it calls itself
         pool = self._pools.get(address)
         if pool is None:
-            pool = self._pools[address] = AsyncPool(address, self._token, self._ssl_context, self.unix_socket)
+            pool = self._pools[address] = AsyncPool(
+                address, self._token, self._ssl_context, self.unix_socket, self._poll_us
+            )
         return pool
 
     async def _call_at(

@@ -23,7 +23,9 @@ import struct
 from thriftpy2.transport import TTransportException
 
 from ...rpc.bounded import check_answer_frame
+from ...rpc.spin import Spin
 from ...rpc.wire import MAX_ANSWER_BYTES
+from .awake import awake
 
 #: Answers read and not taken yet past this many bytes: the socket is not read until they
 #: are (answers pipelined ahead of a slow reader wait in the server, as with a stream's limit).
@@ -56,8 +58,10 @@ class Frames(asyncio.Protocol):
     stream's buffer copies and no read call per frame's head and body (each answer
     wakes its caller once)."""
 
-    def __init__(self) -> None:
+    def __init__(self, poll_us: int = 0) -> None:
         self.transport: asyncio.Transport | None = None
+        #: Whether a wait for an answer polls first, and for how long (awake.py); None: never.
+        self.spin = Spin(poll_us) if poll_us else None
         self.answers: collections.deque[bytes] = collections.deque()
         #: (method, number) of each call sent whose answer was not taken, in order: those past
         #: ``answers`` have no answer read yet (a frame past them all was never asked for).
@@ -143,10 +147,17 @@ class Frames(asyncio.Protocol):
             if self.error is not None:
                 raise self.error
             self._waiter = asyncio.get_running_loop().create_future()
+            spin, keeper, began, came = self.spin, None, 0.0, False
+            if spin is not None:  # it may poll first (awake.py)
+                keeper = awake()
+                began = keeper.begin(spin)
             try:
                 await self._waiter
+                came = True
             finally:
                 self._waiter = None
+                if spin is not None and keeper is not None:
+                    keeper.end(spin, began, came)
         answer = self.answers.popleft()
         self._held -= len(answer)
         if not self._reading and self._held <= HELD_BYTES and self.transport is not None:

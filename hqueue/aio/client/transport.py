@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import itertools
 import socket
 import ssl
@@ -63,18 +64,21 @@ class AsyncConnection:
         ssl_context: ssl.SSLContext | None,
         token: str | None,
         unix_socket: str | None = None,
+        poll_us: int = 0,
     ) -> AsyncConnection:
         """Connect (TLS when given a context; to ``unix_socket`` instead of host:port when
-        given: a store another local process serves) and authenticate when a token is set.
-        The caller bounds it (``asyncio.timeout``)."""
+        given: a store another local process serves) and authenticate when a token is set;
+        a wait for an answer polls up to ``poll_us`` first (awake.py). The caller bounds it
+        (``asyncio.timeout``)."""
         loop = asyncio.get_running_loop()
+        protocol = functools.partial(Frames, poll_us)
         try:
             if unix_socket is not None:
                 with short_unix_path(unix_socket) as path:
-                    transport, frames = await loop.create_unix_connection(Frames, path)
+                    transport, frames = await loop.create_unix_connection(protocol, path)
             else:
                 transport, frames = await loop.create_connection(
-                    Frames, host, port, ssl=ssl_context, server_hostname=host if ssl_context else None
+                    protocol, host, port, ssl=ssl_context, server_hostname=host if ssl_context else None
                 )
         except (OSError, ssl.SSLError) as e:
             where = unix_socket or joined(host, port)
@@ -181,12 +185,19 @@ class AsyncPool:
     MAX_CALLS lent for calls at once, every one closed by :meth:`close`."""
 
     def __init__(
-        self, address: str, token: str | None, ssl_context: ssl.SSLContext | None, unix_socket: str | None = None
+        self,
+        address: str,
+        token: str | None,
+        ssl_context: ssl.SSLContext | None,
+        unix_socket: str | None = None,
+        poll_us: int = 0,
     ) -> None:
         host, _, port = address.rpartition(":")
         self.address, self.host, self.port = address, host.strip("[]"), 0 if unix_socket else int(port)
         self.unix_socket = unix_socket
         self.token, self.ssl_context = token, ssl_context
+        #: Microseconds a wait for an answer polls first (awake.py; 0: never).
+        self.poll_us = poll_us
         self.max_calls, self.max_idle = MAX_CALLS, MAX_IDLE
         self._idle: list[AsyncConnection] = []
         self._open: set[AsyncConnection] = set()
@@ -241,7 +252,7 @@ class AsyncPool:
                     raise NotSentError(TTransportException(TTransportException.NOT_OPEN, "the client is closed"))
                 try:
                     connection = await AsyncConnection.open(
-                        self.host, self.port, self.ssl_context, self.token, self.unix_socket
+                        self.host, self.port, self.ssl_context, self.token, self.unix_socket, self.poll_us
                     )
                 except (TTransportException, OSError) as e:
                     raise NotSentError(e) from e

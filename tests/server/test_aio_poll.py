@@ -1,0 +1,176 @@
+"""The asyncio client's polling for answers (aio/client/awake.py): a wait polls only while
+answers come that soon, the loop's other tasks run meanwhile, and nothing keeps the loop
+awake once the waits end. What it buys is in bench/ (aio_groups.py); these tests check
+behaviour and CPU left alone."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+
+import pytest
+
+from hqueue import Message
+from hqueue.aio import AsyncHQueue, AsyncHQueueAdmin
+from hqueue.aio.client.awake import Awake, awake
+from hqueue.errors import InvalidArgument
+from hqueue.rpc.spin import DEFAULT_CLIENT_POLL_US, Spin
+from hqueue.server import HQueueServer
+
+
+@pytest.fixture
+def server(tmp_path):
+    server = HQueueServer(f"local://{tmp_path}/data", "127.0.0.1", 0, local_socket=False).start()
+    yield server
+    server.stop()
+
+
+async def spin_of(admin: AsyncHQueueAdmin) -> Spin | None:
+    """The poll of the connection ``admin`` calls on (after one call)."""
+    await admin.list_queues()
+    (pool,) = (await admin.async_engine())._pools.values()
+    (connection,) = pool._idle
+    return connection._frames.spin
+
+
+def test_an_asyncio_connection_polls_as_its_url_or_environment_says(server, monkeypatch):
+    async def spins() -> list[Spin | None]:
+        found = []
+        for options in ("", "?poll_us=250", "?poll_us=0"):
+            async with AsyncHQueueAdmin(f"hqueue://{server.address}{options}") as admin:
+                found.append(await spin_of(admin))
+        monkeypatch.setenv("HQUEUE_POLL_US", "40")
+        async with AsyncHQueueAdmin(f"hqueue://{server.address}") as admin:
+            found.append(await spin_of(admin))
+        return found
+
+    default, given, none, from_env = asyncio.run(spins())
+    assert default is not None and default.limit == DEFAULT_CLIENT_POLL_US / 1e6
+    assert given is not None and given.limit == 250e-6
+    assert none is None
+    assert from_env is not None and from_env.limit == 40e-6
+
+    async def refused(bad: str) -> None:
+        with pytest.raises(InvalidArgument, match="poll_us"):  # before any connection
+            async with AsyncHQueueAdmin(f"hqueue://127.0.0.1:1?poll_us={bad}") as admin:
+                await admin.list_queues()
+
+    for bad in ("-1", "x", "10001"):
+        asyncio.run(refused(bad))
+
+
+def test_quick_answers_are_polled_for_and_a_late_one_is_slept_for(server):
+    async def main() -> tuple[bool, float, bool]:
+        url = f"hqueue://{server.address}?poll_us=5000"  # (long enough for this machine's slowest answer)
+        async with AsyncHQueueAdmin(url) as admin:
+            await admin.create_queue("q", 1)
+        async with AsyncHQueue("q", url) as queue:
+            for i in range(200):  # one call after another: answers come within the poll
+                await queue.put(Message("t", b"%d" % i), 0)
+            (pool,) = (await queue.async_engine())._pools.values()
+            spin = next(iter(pool._idle))._frames.spin
+            polled = spin.on
+            async with queue.consumer("g") as member:
+                await member.ack(await member.receive(200, wait=0))
+                started = time.process_time()
+                assert await member.receive(10, wait=1.5) == []  # answered after 1.5 s: slept for
+                late = time.process_time() - started
+            return polled, late, awake().running
+
+    polled, late, still_polling = asyncio.run(main())
+    assert polled, "a connection whose answers came at once did not poll"
+    assert late < 0.3, f"a receive waiting 1.5 s used {late:.2f} s of the process's CPU"
+    assert not still_polling
+
+
+def test_the_loops_other_tasks_run_while_a_call_polls(server):
+    async def main() -> tuple[int, int]:
+        url = f"hqueue://{server.address}?poll_us=10000"
+        async with AsyncHQueueAdmin(url) as admin:
+            await admin.create_queue("q", 1)
+            ticks = 0
+            stop = False
+
+            async def ticker() -> None:
+                nonlocal ticks
+                while not stop:
+                    ticks += 1
+                    await asyncio.sleep(0)
+
+            task = asyncio.ensure_future(ticker())
+            try:
+                for _ in range(50):
+                    await admin.list_queues()
+            finally:
+                stop = True
+                await task
+            return ticks, 50
+
+    ticks, calls = asyncio.run(main())
+    assert ticks > calls  # the ticker ran during the calls' waits, polling or not
+
+
+def test_a_wait_that_polls_teaches_its_spin_and_leaves_the_loop_asleep_after():
+    async def main() -> None:
+        keeper = Awake()
+        spin = Spin(2000)
+        began = keeper.begin(spin)  # off: a blocking wait, timed
+        assert began < 0 and not keeper.running
+        keeper.end(spin, began, came=True)  # (at once: a poll would have caught it)
+        assert spin.on
+        began = keeper.begin(spin)
+        assert began > 0 and keeper.running
+        await asyncio.sleep(0)
+        keeper.end(spin, began, came=True)  # within the limit: caught, it polls on
+        assert spin.on
+        await asyncio.sleep(0.01)
+        assert not keeper.running  # no wait left: the loop may sleep
+
+        began = keeper.begin(spin)
+        await asyncio.sleep(0.005)  # longer than the 2 ms poll
+        keeper.end(spin, began, came=True)
+        assert not spin.on  # in vain: it waits for short waits again before it polls
+        await asyncio.sleep(0.01)
+        assert not keeper.running
+
+        spin.blocked(0.00001), spin.blocked(0.00001)
+        assert spin.on
+        began = keeper.begin(spin)
+        keeper.end(spin, began, came=False)  # cancelled: learns nothing, and stops counting it
+        assert spin.on and keeper._waits == 0
+
+    asyncio.run(main())
+
+
+def test_an_event_loop_that_ended_leaves_nothing_behind():
+    from hqueue.aio.client import awake as module
+
+    async def main() -> None:
+        awake()
+
+    before = len(module._AWAKE)
+    for _ in range(3):
+        asyncio.run(main())
+    gc.collect()
+    assert len(module._AWAKE) <= before  # (each loop's keeper went with its loop)
+
+
+def test_a_cancelled_call_that_polled_leaves_no_poll_running(server):
+    async def main() -> bool:
+        url = f"hqueue://{server.address}?poll_us=10000"
+        async with AsyncHQueueAdmin(url) as admin:
+            await admin.create_queue("q", 1)
+        async with AsyncHQueue("q", url) as queue:
+            async with queue.consumer("g") as member:
+                for _ in range(30):  # quick answers: the connection polls
+                    await member.receive(1, wait=0)
+                call = asyncio.ensure_future(member.receive(1, wait=5))
+                await asyncio.sleep(0.05)
+                call.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await call
+            await asyncio.sleep(0.05)
+            return awake().running
+
+    assert asyncio.run(main()) is False

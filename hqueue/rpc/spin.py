@@ -48,7 +48,7 @@ T = TypeVar("T")
 #: Microseconds a server's event loop polls for its next call by default (``--idle-poll-us``;
 #: ``$HQUEUE_IDLE_POLL_US`` for every server of a process, a ``local://`` store's among them).
 DEFAULT_SERVER_POLL_US = 300
-#: Microseconds a blocking client polls for an answer by default (``poll_us=`` in the URL;
+#: Microseconds a client (blocking or asyncio) polls for an answer by default (``poll_us=`` in the URL;
 #: ``$HQUEUE_POLL_US`` for every client of a process, a ``local://`` store's among them).
 DEFAULT_CLIENT_POLL_US = 500
 #: Short waits in a row that polling waits for, at most, after polls that caught nothing.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import struct
 import time
 
 import pytest
@@ -60,42 +61,43 @@ def test_an_asyncio_connection_polls_as_its_url_or_environment_says(server, monk
         asyncio.run(refused(bad))
 
 
-def test_quick_answers_are_polled_for_and_a_late_one_is_slept_for(server):
-    async def main() -> tuple[bool, float, bool]:
-        url = f"hqueue://{server.address}?poll_us=5000"  # (long enough for this machine's slowest answer)
+def test_quick_answers_are_polled_for_and_a_late_one_is_slept_for(server, monkeypatch):
+    caught = []
+    spin_caught = Spin.caught
+    monkeypatch.setattr(Spin, "caught", lambda spin: (caught.append(1), spin_caught(spin))[1])
+
+    async def main() -> tuple[float, bool]:
+        url = f"hqueue://{server.address}?poll_us=10000"
         async with AsyncHQueueAdmin(url) as admin:
             await admin.create_queue("q", 1)
         async with AsyncHQueue("q", url) as queue:
             for i in range(200):  # one call after another: answers come within the poll
                 await queue.put(Message("t", b"%d" % i), 0)
-            (pool,) = (await queue.async_engine())._pools.values()
-            spin = next(iter(pool._idle))._frames.spin
-            polled = spin.on
             async with queue.consumer("g") as member:
                 await member.ack(await member.receive(200, wait=0))
                 started = time.process_time()
                 assert await member.receive(10, wait=1.5) == []  # answered after 1.5 s: slept for
                 late = time.process_time() - started
-            return polled, late, awake().running
+            return late, awake().running
 
-    polled, late, still_polling = asyncio.run(main())
-    assert polled, "a connection whose answers came at once did not poll"
+    late, still_polling = asyncio.run(main())
+    assert caught, "no answer that came at once was caught by a poll"
     assert late < 0.3, f"a receive waiting 1.5 s used {late:.2f} s of the process's CPU"
     assert not still_polling
 
 
 def test_the_loops_other_tasks_run_while_a_call_polls(server):
-    async def main() -> tuple[int, int]:
+    async def main() -> tuple[int, bool]:
         url = f"hqueue://{server.address}?poll_us=10000"
         async with AsyncHQueueAdmin(url) as admin:
             await admin.create_queue("q", 1)
-            ticks = 0
-            stop = False
+            ticks, polling, stop = 0, False, False
 
             async def ticker() -> None:
-                nonlocal ticks
+                nonlocal ticks, polling
                 while not stop:
                     ticks += 1
+                    polling = polling or awake().running  # (seen by another task: the calls' poll ran meanwhile)
                     await asyncio.sleep(0)
 
             task = asyncio.ensure_future(ticker())
@@ -105,10 +107,10 @@ def test_the_loops_other_tasks_run_while_a_call_polls(server):
             finally:
                 stop = True
                 await task
-            return ticks, 50
+            return ticks, polling
 
-    ticks, calls = asyncio.run(main())
-    assert ticks > calls  # the ticker ran during the calls' waits, polling or not
+    ticks, polling = asyncio.run(main())
+    assert polling and ticks > 50
 
 
 def test_a_wait_that_polls_teaches_its_spin_and_leaves_the_loop_asleep_after():
@@ -121,7 +123,6 @@ def test_a_wait_that_polls_teaches_its_spin_and_leaves_the_loop_asleep_after():
         assert spin.on
         began = keeper.begin(spin)
         assert began > 0 and keeper.running
-        await asyncio.sleep(0)
         keeper.end(spin, began, came=True)  # within the limit: caught, it polls on
         assert spin.on
         await asyncio.sleep(0.01)
@@ -138,7 +139,7 @@ def test_a_wait_that_polls_teaches_its_spin_and_leaves_the_loop_asleep_after():
         assert spin.on
         began = keeper.begin(spin)
         keeper.end(spin, began, came=False)  # cancelled: learns nothing, and stops counting it
-        assert spin.on and keeper._waits == 0
+        assert spin.on and not keeper._polls
 
     asyncio.run(main())
 
@@ -157,7 +158,7 @@ def test_an_event_loop_that_ended_leaves_nothing_behind():
 
 
 def test_a_cancelled_call_that_polled_leaves_no_poll_running(server):
-    async def main() -> bool:
+    async def main() -> tuple[list[float], bool]:
         url = f"hqueue://{server.address}?poll_us=10000"
         async with AsyncHQueueAdmin(url) as admin:
             await admin.create_queue("q", 1)
@@ -171,6 +172,60 @@ def test_a_cancelled_call_that_polled_leaves_no_poll_running(server):
                 with pytest.raises(asyncio.CancelledError):
                     await call
             await asyncio.sleep(0.05)
-            return awake().running
+            now = time.perf_counter()  # (its answer, still read, may be owed: its poll ended all the same)
+            return [end for end in awake()._polls.values() if end > now], awake().running
 
-    assert asyncio.run(main()) is False
+    assert asyncio.run(main()) == ([], False)
+
+
+def test_a_long_wait_under_way_does_not_keep_the_loop_polling_after_a_quick_one():
+    async def main() -> bool:
+        keeper = Awake()
+        long_wait, quick = Spin(1000), Spin(20_000)
+        long_wait.on = quick.on = True
+        keeper.begin(long_wait)  # (a long poll: its answer comes seconds later)
+        await asyncio.sleep(0.005)  # its 1 ms of polling is over
+        keeper.end(quick, keeper.begin(quick), came=True)  # a quick call on another connection, answered
+        await asyncio.sleep(0.002)
+        return keeper.running
+
+    assert asyncio.run(main()) is False  # (it polled on for the quick call's 20 ms)
+
+
+def test_an_answer_that_comes_in_pieces_teaches_its_spin_once():
+    from hqueue.aio.client.frames import Frames
+
+    learned = []
+
+    class Counted(Spin):
+        def blocked(self, seconds: float) -> None:
+            learned.append("blocked")
+            super().blocked(seconds)
+
+        def caught(self) -> None:
+            learned.append("caught")
+            super().caught()
+
+        def missed(self) -> None:
+            learned.append("missed")
+            super().missed()
+
+    class Transport(asyncio.Transport):
+        def pause_reading(self) -> None: ...
+
+    async def main() -> None:
+        frames = Frames()
+        frames.spin = Counted(500)
+        frames.connection_made(Transport())
+        body = struct.pack("!Ii", 0x80010002, 16) + b"scannerGetPacked" + struct.pack("!i", 0)
+        body += b"\x0b\x00\x00" + struct.pack("!i", 600) + b"x" * 600 + b"\x00"
+        answer = struct.pack("!i", len(body)) + body
+        frames.sent("scannerGetPacked", 0)
+        reading = asyncio.ensure_future(frames.answer())
+        for start in range(0, len(answer), 64):  # (a big answer comes in many reads)
+            await asyncio.sleep(0)
+            frames.data_received(answer[start : start + 64])
+        assert await reading == answer[4:]
+
+    asyncio.run(main())
+    assert len(learned) == 1, learned

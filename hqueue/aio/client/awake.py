@@ -13,8 +13,8 @@ in, and every other task runs as it would have.
 One :class:`Awake` per event loop, however many connections wait. Each
 connection's :class:`~hqueue.rpc.spin.Spin` decides, as a blocking connection's
 does, whether its wait polls (only while its answers come that soon), and learns
-whether the poll caught the answer. The polling ends when no wait that polls is
-left, at the latest limit of those, or when one turn of the loop took longer
+whether the poll caught the answer. The polling ends when no wait whose poll has
+time left is under way (a long wait keeps no other call's poll going), or when one turn of the loop took longer
 than :data:`~hqueue.rpc.spin.PREEMPTED`: other tasks had work (the loop is awake
 anyway), or another process had the CPU (which it wants).
 """
@@ -32,11 +32,10 @@ from ...rpc.spin import PREEMPTED, Spin
 class Awake:
     """Keeps one event loop from sleeping while a wait that polls is under way."""
 
-    __slots__ = ("_waits", "_until", "_turn", "running")
+    __slots__ = ("_polls", "_turn", "running")
 
     def __init__(self) -> None:  # (no reference to its loop: the loop's entry in _AWAKE goes with it)
-        self._waits = 0  # waits under way that poll
-        self._until = 0.0  # the latest end of their polls (perf_counter)
+        self._polls: dict[Spin, float] = {}  # each wait under way that polls: its poll's end
         self._turn = 0.0  # when the polling callback last ran
         #: Whether the polling callback is scheduled.
         self.running = False
@@ -47,8 +46,7 @@ class Awake:
         started = time.perf_counter()
         if not spin.on:
             return -started
-        self._waits += 1
-        self._until = max(self._until, started + spin.limit)
+        self._polls[spin] = started + spin.limit  # (one wait per connection, so per Spin)
         if not self.running:
             self.running, self._turn = True, started
             asyncio.get_running_loop().call_soon(self._poll)
@@ -58,7 +56,7 @@ class Awake:
         """The wait :meth:`begin` returned ``began`` for ended; its answer ``came`` (else it
         was cancelled or failed: ``spin`` learns nothing from it)."""
         if began >= 0:
-            self._waits -= 1
+            self._polls.pop(spin, None)
         if not came:
             return
         waited = time.perf_counter() - abs(began)
@@ -71,8 +69,13 @@ class Awake:
 
     def _poll(self) -> None:
         now = time.perf_counter()
-        if self._waits <= 0 or now >= self._until or now - self._turn > PREEMPTED:
-            self.running, self._until = False, 0.0
+        polls = self._polls
+        if polls and now - self._turn <= PREEMPTED:
+            for spin, until in list(polls.items()):
+                if until <= now:
+                    del polls[spin]  # (its poll ended: a long wait does not keep the loop awake)
+        if not polls or now - self._turn > PREEMPTED:
+            self.running = False
             return
         self._turn = now
         os.sched_yield()  # (another process that wants this CPU runs first)

@@ -104,7 +104,8 @@ class Frames(asyncio.Protocol):
         if self._held > HELD_BYTES and self._reading and self.transport is not None:
             self._reading = False
             self.transport.pause_reading()
-        self._wake()
+        if self.answers:  # (a whole answer: a piece of one wakes nobody, nor teaches the spin)
+            self._wake()
 
     def sent(self, method: str, seqid: int) -> None:
         """A call went out: its answer is the next one owed."""

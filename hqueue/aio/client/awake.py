@@ -13,10 +13,11 @@ in, and every other task runs as it would have.
 One :class:`Awake` per event loop, however many connections wait. Each
 connection's :class:`~hqueue.rpc.spin.Spin` decides, as a blocking connection's
 does, whether its wait polls (only while its answers come that soon), and learns
-whether the poll caught the answer. The polling ends when no wait whose poll has
-time left is under way (a long wait keeps no other call's poll going), or when one turn of the loop took longer
-than :data:`~hqueue.rpc.spin.PREEMPTED`: other tasks had work (the loop is awake
-anyway), or another process had the CPU (which it wants).
+whether the poll caught the answer. The polling ends when no wait whose poll
+has time left is under way (a long wait keeps no other call's poll going), or
+when one turn of the loop took longer than :data:`~hqueue.rpc.spin.PREEMPTED`:
+other tasks had work (the loop is awake anyway), or another process had the
+CPU (which it wants).
 """
 
 from __future__ import annotations

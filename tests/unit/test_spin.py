@@ -9,7 +9,17 @@ import time
 import pytest
 
 from hqueue.rpc.bounded import BoundedSocket
-from hqueue.rpc.spin import FORGIVE, MAX_BACKOFF, MAX_POLL_US, PREEMPTED, Spin, check_poll_us, env_poll_us
+from hqueue.rpc.spin import (
+    FORGIVE,
+    MAX_BACKOFF,
+    MAX_POLL_US,
+    NEAR_MISSES,
+    PREEMPTED,
+    STRETCH,
+    Spin,
+    check_poll_us,
+    env_poll_us,
+)
 
 
 def short_waits_until_polling(spin: Spin) -> int:
@@ -109,6 +119,39 @@ def test_a_long_wait_starts_the_count_of_short_ones_again():
     assert not spin.on
     spin.blocked(0.00001)
     assert spin.on
+
+
+def test_waits_that_keep_ending_just_past_the_limit_stretch_the_poll_to_catch_them():
+    # Given a 300 µs poll whose client calls again every 430 µs (an asyncio member's batch)
+    spin = Spin(300)
+    for _ in range(NEAR_MISSES - 1):
+        spin.blocked(0.00043)
+        assert not spin.on and spin.limit == 300e-6
+    # When the waits keep ending just past it, within STRETCH times it
+    spin.blocked(0.00043)
+    # Then it polls, STRETCH times as long, and catches them
+    assert spin.on and spin.limit == STRETCH * 300e-6
+    assert spin.poll(lambda: [1]) == [1] and spin.limit == STRETCH * 300e-6
+    # and once a stretched poll is in vain, it is back to its limit, and backs off as before
+    assert spin.poll(lambda: []) is None
+    assert not spin.on and spin.limit == 300e-6
+    assert short_waits_until_polling(spin) == 2
+
+
+def test_waits_far_past_the_limit_or_broken_by_short_ones_do_not_stretch_it():
+    spin = Spin(300)
+    for _ in range(3 * NEAR_MISSES):  # 2 ms: beyond the stretch (an idle client)
+        spin.blocked(0.002)
+    assert not spin.on and spin.limit == 300e-6
+    for _ in range(3):
+        for _ in range(NEAR_MISSES - 1):
+            spin.blocked(0.0005)
+        spin.blocked(1.0)  # (a long one among them: the count starts again)
+    assert not spin.on and spin.limit == 300e-6
+    stretched = Spin(MAX_POLL_US)  # (never past MAX_POLL_US)
+    for _ in range(NEAR_MISSES):
+        stretched.blocked(MAX_POLL_US / 1e6 * 1.5)
+    assert stretched.limit == MAX_POLL_US / 1e6 and not stretched.on
 
 
 def test_poll_times_from_the_environment_are_checked(monkeypatch):

@@ -183,8 +183,7 @@ class LoopServer(Answers, Handoff, Watching):
                     events = spin.poll(poll) or []
                     if not events:
                         events = select(SWEEP)
-                        if events:
-                            spin.blocked(clock() - started)
+                        spin.blocked(clock() - started)  # (an idle SWEEP too: no run of short waits spans it)
                 self._turn += 1
                 more, self._more = self._more, []
                 for key, mask in events:

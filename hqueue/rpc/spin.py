@@ -141,7 +141,6 @@ class Spin:
         tells it here, aio/client/awake.py): after FORGIVE in a row, polling waits for half
         as many short waits after its next poll in vain."""
         self._caught += 1
-        self._near = 0
         if self._caught >= FORGIVE:
             self._backoff, self._caught = max(1, self._backoff // 2), 0
 
@@ -154,8 +153,9 @@ class Spin:
     def blocked(self, seconds: float) -> None:
         """A blocking wait ended with what it waited for after ``seconds`` (from before any
         poll): poll before the next one once enough waits in a row were short enough for a
-        poll to catch (with no limit, none ever is). NEAR_MISSES in a row that a poll of
-        STRETCH times the limit would have caught stretch the poll to that, and it polls."""
+        poll to catch (with no limit, none ever is). NEAR_MISSES in a row (or, after polls
+        in vain, as many as the short waits it needs) that a poll of STRETCH times the
+        limit would have caught stretch the poll to that, and it polls."""
         if seconds >= self.limit:
             self._skip = self._backoff
             stretched = min(self.base * STRETCH, MAX_POLL_US / 1e6)
@@ -163,7 +163,7 @@ class Spin:
                 self._near = 0
                 return
             self._near += 1
-            if self._near >= NEAR_MISSES:
+            if self._near >= max(NEAR_MISSES, self._backoff):  # (after polls in vain, as many as short waits)
                 self.limit, self.on, self._near = stretched, True, 0
         elif self._skip > 1:
             self._near = 0

@@ -138,16 +138,34 @@ def test_waits_that_keep_ending_just_past_the_limit_stretch_the_poll_to_catch_th
     assert short_waits_until_polling(spin) == 2
 
 
-def test_waits_far_past_the_limit_or_broken_by_short_ones_do_not_stretch_it():
+def test_after_stretched_polls_in_vain_it_stretches_only_after_as_many_near_waits_as_its_back_off():
+    # Given a client whose pace is mostly just past the poll, now and then longer than the stretch
+    spin = Spin(300)
+    for _ in range(4):  # stretched, then in vain: the back-off doubles each time (2, 4, 8, 16)
+        while not spin.on:
+            spin.blocked(0.00043)
+        assert spin.limit == STRETCH * 300e-6
+        assert spin.poll(lambda: []) is None
+    # When it waits just past the poll again, NEAR_MISSES in a row no longer stretch it
+    for _ in range(NEAR_MISSES):
+        spin.blocked(0.00043)
+    assert not spin.on and spin.limit == 300e-6
+    # Then only as many as its back-off (16) do, as for short waits
+    for _ in range(16 - NEAR_MISSES):
+        spin.blocked(0.00043)
+    assert spin.on and spin.limit == STRETCH * 300e-6
+
+
+def test_waits_far_past_the_limit_or_broken_by_other_ones_do_not_stretch_it():
     spin = Spin(300)
     for _ in range(3 * NEAR_MISSES):  # 2 ms: beyond the stretch (an idle client)
         spin.blocked(0.002)
     assert not spin.on and spin.limit == 300e-6
-    for _ in range(3):
+    for breaking in (1.0, 0.00001, 1.0):
         for _ in range(NEAR_MISSES - 1):
             spin.blocked(0.0005)
-        spin.blocked(1.0)  # (a long one among them: the count starts again)
-    assert not spin.on and spin.limit == 300e-6
+        spin.blocked(breaking)  # (a long one, or a short one, among them: the count starts again)
+        assert spin.limit == 300e-6  # (the short one turned polling on, at its own time)
     stretched = Spin(MAX_POLL_US)  # (never past MAX_POLL_US)
     for _ in range(NEAR_MISSES):
         stretched.blocked(MAX_POLL_US / 1e6 * 1.5)

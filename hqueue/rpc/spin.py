@@ -36,7 +36,7 @@ that ended past its limit and within STRETCH times it, it polls that much longer
 (a caller whose turn between calls is a little longer than the poll: an asyncio
 group member handling a batch of 100 takes about 0.4 ms against the server's
 0.3), until a stretched poll is in vain. Measured on the 2-core VM: one member
-18–28 % further, 16 member processes where they were (docs/benchmarks.md).
+4–28 % further, 16 member processes where they were (docs/benchmarks.md).
 
 The asyncio client polls by the same rules (one :class:`Spin` per connection,
 its ``poll_us``), keeping its event loop awake rather than polling one socket:

@@ -165,9 +165,9 @@ class Spin:
             self._near += 1
             if self._near >= max(NEAR_MISSES, self._backoff):  # (after polls in vain, as many as short waits)
                 self.limit, self.on, self._near = stretched, True, 0
-        elif self._skip > 1:
-            self._near = 0
+            return
+        self._near = 0
+        if self._skip > 1:
             self._skip -= 1
         else:
-            self._near = 0
             self.on = True

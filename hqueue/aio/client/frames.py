@@ -25,7 +25,7 @@ from thriftpy2.transport import TTransportException
 from ...rpc.bounded import check_answer_frame
 from ...rpc.spin import Spin
 from ...rpc.wire import MAX_ANSWER_BYTES
-from .awake import awake
+from .awake import Awake, awake
 
 #: Answers read and not taken yet past this many bytes: the socket is not read until they
 #: are (answers pipelined ahead of a slow reader wait in the server, as with a stream's limit).
@@ -62,6 +62,7 @@ class Frames(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         #: Whether a wait for an answer polls first, and for how long (awake.py); None: never.
         self.spin = Spin(poll_us) if poll_us else None
+        self._awake: Awake | None = None  # its loop's, once connected, if it polls
         self.answers: collections.deque[bytes] = collections.deque()
         #: (method, number) of each call sent whose answer was not taken, in order: those past
         #: ``answers`` have no answer read yet (a frame past them all was never asked for).
@@ -76,6 +77,8 @@ class Frames(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        if self.spin is not None:
+            self._awake = awake()  # (looked up once, not at each wait: a connection is its loop's)
 
     def data_received(self, data: bytes) -> None:
         buffer = self._buffer
@@ -148,16 +151,14 @@ class Frames(asyncio.Protocol):
             if self.error is not None:
                 raise self.error
             self._waiter = asyncio.get_running_loop().create_future()
-            spin, keeper, began, came = self.spin, None, 0.0, False
-            if spin is not None:  # it may poll first (awake.py)
-                keeper = awake()
-                began = keeper.begin(spin)
+            spin, keeper, came = self.spin, self._awake, False
+            began = keeper.begin(spin) if keeper is not None and spin is not None else 0.0  # (it may poll first)
             try:
                 await self._waiter
                 came = True
             finally:
                 self._waiter = None
-                if spin is not None and keeper is not None:
+                if keeper is not None and spin is not None:
                     keeper.end(spin, began, came)
         answer = self.answers.popleft()
         self._held -= len(answer)

@@ -31,8 +31,9 @@ Measured with 4 and 16 group member processes on 2 cores
 (``bench/groups.py``): 12–25 % more messages a second, with one member and
 single puts unchanged; machines with more cores were not measured.
 
-A poll stretches to its client's pace: after NEAR_MISSES blocking waits in a row
-that ended past its limit and within STRETCH times it, it polls that much longer
+A poll stretches to its client's pace: after NEAR_MISSES blocking waits that
+ended past its limit and within STRETCH times it, with no longer wait between
+them (short ones may come between), it polls that much longer
 (a caller whose turn between calls is a little longer than the poll: an asyncio
 group member handling a batch of 100 takes about 0.4 ms against the server's
 0.3), until a stretched poll is in vain. Measured on the 2-core VM: one member
@@ -68,7 +69,10 @@ MAX_POLL_US = 10_000
 #: in a row ended past the limit and within that: a client whose turn between calls is a little
 #: longer than the poll (an asyncio member handling a batch of 100: about 0.4 ms) is caught.
 STRETCH = 4
-#: Waits in a row just past the limit (within STRETCH times it) after which the poll stretches.
+#: Waits just past the limit (within STRETCH times it), with none longer than that between
+#: them, after which the poll stretches. Short waits between them do not break the run: a
+#: member's calls alternate a quick one (its ack) and a slow one (the receive after it handled
+#: the batch), and the quick ones alone would keep the slow ones from ever stretching the poll.
 NEAR_MISSES = 8
 #: Seconds one turn of a poll may take: a longer one means another process ran on this CPU
 #: meanwhile, or another thread of this process held the GIL, and the poll stops as one in
@@ -153,9 +157,10 @@ class Spin:
     def blocked(self, seconds: float) -> None:
         """A blocking wait ended with what it waited for after ``seconds`` (from before any
         poll): poll before the next one once enough waits in a row were short enough for a
-        poll to catch (with no limit, none ever is). NEAR_MISSES in a row (or, after polls
-        in vain, as many as the short waits it needs) that a poll of STRETCH times the
-        limit would have caught stretch the poll to that, and it polls."""
+        poll to catch (with no limit, none ever is). NEAR_MISSES (or, after polls in vain,
+        as many as the short waits it needs) that only a poll of STRETCH times the limit
+        would have caught, with no wait longer than that between them, stretch the poll to
+        that, and it polls."""
         if seconds >= self.limit:
             self._skip = self._backoff
             stretched = min(self.base * STRETCH, MAX_POLL_US / 1e6)
@@ -166,8 +171,7 @@ class Spin:
             if self._near >= max(NEAR_MISSES, self._backoff):  # (after polls in vain, as many as short waits)
                 self.limit, self.on, self._near = stretched, True, 0
             return
-        self._near = 0
-        if self._skip > 1:
+        if self._skip > 1:  # (a short wait does not break a run of near ones: see NEAR_MISSES)
             self._skip -= 1
         else:
             self.on = True

@@ -156,20 +156,39 @@ def test_after_stretched_polls_in_vain_it_stretches_only_after_as_many_near_wait
     assert spin.on and spin.limit == STRETCH * 300e-6
 
 
-def test_waits_far_past_the_limit_or_broken_by_other_ones_do_not_stretch_it():
+def test_waits_far_past_the_limit_or_broken_by_longer_ones_do_not_stretch_it():
     spin = Spin(300)
     for _ in range(3 * NEAR_MISSES):  # 2 ms: beyond the stretch (an idle client)
         spin.blocked(0.002)
     assert not spin.on and spin.limit == 300e-6
-    for breaking in (1.0, 0.00001, 1.0):
+    for _ in range(3):
         for _ in range(NEAR_MISSES - 1):
             spin.blocked(0.0005)
-        spin.blocked(breaking)  # (a long one, or a short one, among them: the count starts again)
-        assert spin.limit == 300e-6  # (the short one turned polling on, at its own time)
+        spin.blocked(1.0)  # (a long one among them: the count starts again)
+        assert spin.limit == 300e-6 and not spin.on
     stretched = Spin(MAX_POLL_US)  # (never past MAX_POLL_US)
     for _ in range(NEAR_MISSES):
         stretched.blocked(MAX_POLL_US / 1e6 * 1.5)
     assert stretched.limit == MAX_POLL_US / 1e6 and not stretched.on
+
+
+def test_near_waits_between_short_ones_stretch_it_and_it_then_catches_both():
+    # Given a member whose calls alternate a quick one (0.1 ms: its ack) and one just past the
+    # 300 µs poll (0.43 ms: the receive after it handled its batch), as the server sees them
+    spin, caught_near = Spin(300), 0
+    for turn in range(200):
+        for wait in (0.0001, 0.00043):
+            if spin.on:
+                if spin.poll(lambda wait=wait: [1] if wait < spin.limit else []):
+                    caught_near += turn >= 100 and wait > 0.0003
+                    continue
+                spin.blocked(spin.limit + 0.00001)  # (in vain: what came, came just after)
+            else:
+                spin.blocked(wait)
+    # Then the quick ones do not break the run of slow ones: the poll stretched, and caught
+    # every slow call of the second half (the quick ones alone never stretched it before)
+    assert spin.on and spin.limit == STRETCH * 300e-6
+    assert caught_near == 100
 
 
 def test_poll_times_from_the_environment_are_checked(monkeypatch):

@@ -66,7 +66,7 @@ FORGIVE = 16
 #: The longest poll either may be given (microseconds): more is a busy CPU, not a quick answer.
 MAX_POLL_US = 10_000
 #: A poll stretches to this many times its limit (at most MAX_POLL_US) once NEAR_MISSES waits
-#: in a row ended past the limit and within that: a client whose turn between calls is a little
+#: ended past the limit and within that, none longer between: a client whose turn between calls is a little
 #: longer than the poll (an asyncio member handling a batch of 100: about 0.4 ms) is caught.
 STRETCH = 4
 #: Waits just past the limit (within STRETCH times it), with none longer than that between
@@ -118,7 +118,7 @@ class Spin:
         self._backoff = 1  # short waits in a row needed before polling (doubles after a poll in vain)
         self._skip = 1  # short waits in a row still needed
         self._caught = 0  # polls in a row that caught what came
-        self._near = 0  # blocking waits in a row that ended past the limit, within its stretch
+        self._near = 0  # blocking waits that ended past the limit, within its stretch, none longer since
 
     def poll(self, ready: Callable[[], T]) -> T | None:
         """Call ``ready()`` without blocking, again and again, until it returns something true

@@ -9,14 +9,16 @@ import asyncio
 import gc
 import struct
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from hqueue import Message
 from hqueue.aio import AsyncHQueue, AsyncHQueueAdmin
+from hqueue.aio.client import awake as awake_module
 from hqueue.aio.client.awake import Awake, awake
 from hqueue.errors import InvalidArgument
-from hqueue.rpc.spin import DEFAULT_CLIENT_POLL_US, Spin
+from hqueue.rpc.spin import DEFAULT_CLIENT_POLL_US, NEAR_MISSES, STRETCH, Spin
 from hqueue.server import HQueueServer
 
 
@@ -142,6 +144,41 @@ def test_a_wait_that_polls_teaches_its_spin_and_leaves_the_loop_asleep_after():
         assert spin.on and not keeper._polls
 
     asyncio.run(main())
+
+
+def test_a_poll_in_vain_counts_its_wait_toward_a_stretch_as_a_blocking_clients_does(monkeypatch):
+    now = [100.0]  # (the asyncio side's clock, moved by hand: no timing in the test)
+    monkeypatch.setattr(awake_module, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+
+    async def main() -> tuple[list[int], list[float]]:
+        keeper, asyncio_spin, blocking_spin = Awake(), Spin(300), Spin(300)
+
+        def asyncio_wait(seconds: float) -> None:
+            began = keeper.begin(asyncio_spin)
+            now[0] += seconds
+            keeper.end(asyncio_spin, began, came=True)
+
+        # Given both polling after a quick answer
+        asyncio_wait(0.00001)
+        blocking_spin.blocked(0.00001)
+        assert asyncio_spin.on and blocking_spin.on
+        # When an answer comes 430 µs later: past the 300 µs poll (in vain), within its stretch
+        asyncio_wait(0.00043)
+        assert blocking_spin.poll(lambda: []) is None  # (a blocking client's poll, then its wait: rpc/bounded.py)
+        blocking_spin.blocked(0.00043)
+        # Then both count that wait as a near one: as many more stretch either poll
+        needed = []
+        for spin, wait in ((asyncio_spin, asyncio_wait), (blocking_spin, blocking_spin.blocked)):
+            count = 0
+            while not spin.on:
+                wait(0.00043)
+                count += 1
+            needed.append(count)
+        return needed, [asyncio_spin.limit, blocking_spin.limit]
+
+    needed, limits = asyncio.run(main())
+    assert needed == [NEAR_MISSES - 1, NEAR_MISSES - 1]
+    assert limits == [STRETCH * 300e-6] * 2
 
 
 def test_an_event_loop_that_ended_leaves_nothing_behind():

@@ -65,8 +65,9 @@ class Awake:
             spin.blocked(waited)
         elif waited <= spin.limit:
             spin.caught()
-        else:
+        else:  # in vain, and then the wait it was, as a blocking client's poll and wait (rpc/bounded.py)
             spin.missed()
+            spin.blocked(waited)
 
     def _poll(self) -> None:
         now = time.perf_counter()

@@ -74,6 +74,12 @@ STRETCH = 4
 #: member's calls alternate a quick one (its ack) and a slow one (the receive after it handled
 #: the batch), and the quick ones alone would keep the slow ones from ever stretching the poll.
 NEAR_MISSES = 8
+#: Near waits a stretch needs at most after polls in vain (as many as the short waits it
+#: needs, up to this; not MAX_BACKOFF): a client's pace has some waits past the stretch
+#: (one in ten for an asyncio member on the 2-core VM), and 64 near ones in a row, once its
+#: back-off had reached that, never came again, so the server stayed cold for the rest of
+#: the run at half the rate (docs/benchmarks.md).
+MAX_NEAR_RUN = 2 * NEAR_MISSES
 #: Seconds one turn of a poll may take: a longer one means another process ran on this CPU
 #: meanwhile, or another thread of this process held the GIL, and the poll stops as one in
 #: vain would: the time does more good there than catching an answer a little sooner.
@@ -158,7 +164,7 @@ class Spin:
         """A blocking wait ended with what it waited for after ``seconds`` (from before any
         poll): poll before the next one once enough waits in a row were short enough for a
         poll to catch (with no limit, none ever is). NEAR_MISSES (or, after polls in vain,
-        as many as the short waits it needs) that only a poll of STRETCH times the limit
+        as many as the short waits it needs, at most MAX_NEAR_RUN) that only a poll of STRETCH times the limit
         would have caught, with no wait longer than that between them, stretch the poll to
         that, and it polls."""
         if seconds >= self.limit:
@@ -168,7 +174,7 @@ class Spin:
                 self._near = 0
                 return
             self._near += 1
-            if self._near >= max(NEAR_MISSES, self._backoff):  # (after polls in vain, as many as short waits)
+            if self._near >= max(NEAR_MISSES, min(self._backoff, MAX_NEAR_RUN)):  # (after polls in vain, more)
                 self.limit, self.on, self._near = stretched, True, 0
             return
         if self._skip > 1:  # (a short wait does not break a run of near ones: see NEAR_MISSES)

@@ -12,6 +12,7 @@ from hqueue.rpc.bounded import BoundedSocket
 from hqueue.rpc.spin import (
     FORGIVE,
     MAX_BACKOFF,
+    MAX_NEAR_RUN,
     MAX_POLL_US,
     NEAR_MISSES,
     PREEMPTED,
@@ -154,6 +155,29 @@ def test_after_stretched_polls_in_vain_it_stretches_only_after_as_many_near_wait
     for _ in range(16 - NEAR_MISSES):
         spin.blocked(0.00043)
     assert spin.on and spin.limit == STRETCH * 300e-6
+
+
+def test_after_many_stretched_polls_in_vain_a_bounded_run_of_near_waits_stretches_it_again():
+    # Given a poll whose stretched polls went in vain again and again (its back-off at MAX_BACKOFF)
+    spin = Spin(300)
+    while spin._backoff < MAX_BACKOFF:
+        while not spin.on:
+            spin.blocked(0.00043)
+        assert spin.poll(lambda: []) is None
+    # When its client's pace is near the poll, with one wait past the stretch now and then
+    for _ in range(3):
+        for _ in range(MAX_NEAR_RUN - 1):
+            spin.blocked(0.00043)
+        spin.blocked(0.002)  # (past the stretch: the run starts again)
+        assert not spin.on
+    for _ in range(MAX_NEAR_RUN - 1):
+        spin.blocked(0.00043)
+    assert not spin.on
+    # Then MAX_NEAR_RUN near waits in a row stretch it again (not MAX_BACKOFF: that run of a
+    # pace like this one never came, and the server stayed cold for good)
+    spin.blocked(0.00043)
+    assert spin.on and spin.limit == STRETCH * 300e-6
+    assert MAX_NEAR_RUN < MAX_BACKOFF
 
 
 def test_waits_far_past_the_limit_or_broken_by_longer_ones_do_not_stretch_it():

@@ -36,8 +36,10 @@ ended past its limit and within STRETCH times it, with no longer wait between
 them (short ones may come between), it polls that much longer
 (a caller whose turn between calls is a little longer than the poll: an asyncio
 group member handling a batch of 100 takes about 0.4 ms against the server's
-0.3), until a stretched poll is in vain. Measured on the 2-core VM: one member
-4–28 % further, 16 member processes where they were (docs/benchmarks.md).
+0.3), until a stretched poll is in vain. After polls in vain it stretches again
+only after as many near waits as the short ones it needs, at most MAX_NEAR_RUN.
+Measured on the 2-core VM: one member 4–28 % further, 16 member processes where
+they were (docs/benchmarks.md).
 
 The asyncio client polls by the same rules (one :class:`Spin` per connection,
 its ``poll_us``), keeping its event loop awake rather than polling one socket:

@@ -39,10 +39,8 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from common import report  # noqa: E402
-from groups import group_arguments, group_rows  # noqa: E402
+from groups import fill_work, group_arguments, group_rows  # noqa: E402
 from remote import start_hqueue, start_redis  # noqa: E402
-
-from hqueue import HQueue, HQueueAdmin, Message  # noqa: E402
 
 PAYLOAD = b"x" * 93  # topic "crawler" + 93 bytes = 100
 
@@ -123,12 +121,7 @@ def run_client(system: str, port: int, members: int, batch: int, ahead: bool) ->
 def hqueue_run(workdir: str, messages: int, members: int, batch: int, durability: str, ahead: bool) -> dict:
     proc, port = start_hqueue(workdir)
     try:
-        url = f"hqueue://127.0.0.1:{port}"
-        with HQueueAdmin(url) as admin:
-            admin.create_queue("work", 16, durability=durability)
-        with HQueue("work", url) as queue:
-            for i in range(0, messages, 1000):
-                queue.put([Message("crawler", PAYLOAD)] * 1000, partition_id=(i // 1000) % 16)
+        fill_work(f"hqueue://127.0.0.1:{port}", messages, durability)
         result = run_client("hqueue", port, members, batch, ahead)
     finally:
         proc.terminate()

@@ -6,10 +6,10 @@ Usage:
 
 A diagnostic, not a comparison: it runs the tree it is in. One process
 serves an embedded store (``HQueueServer``, as ``hqueue server`` does) and
-fills a 16-partition queue with ``--messages`` 100-byte messages; a second
-process runs one asyncio member (``AsyncHQueue(...).consumer``, with
-``prefetch=True`` if asked) that receives 100 and acks them until the queue
-is drained, as ``bench/aio_groups.py``'s one task does. Per run it reports
+fills a 16-partition queue with ``--messages`` 100-byte messages as
+``bench/groups.py`` does; a second process runs ``bench/aio_groups.py``'s
+client with one task (``AsyncHQueue(...).consumer``, with ``prefetch=True``
+if asked), which receives 100 and acks them until the queue is drained. Per run it reports
 the member's rate, how many of the server's polls (rpc/spin.py) caught
 their call, stretched or not, and how many ran out or were preempted, the
 blocking waits the loop slept through, and the server's thread CPU of one
@@ -28,40 +28,19 @@ import argparse
 import collections
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from aio_groups import run_client  # noqa: E402
 from common import percentile, report  # noqa: E402
+from groups import fill_work  # noqa: E402
 
-from hqueue import HQueue, HQueueAdmin, Message  # noqa: E402
 from hqueue.rpc import loop, spin  # noqa: E402
 from hqueue.rpc.frames import call_head  # noqa: E402
 from hqueue.server import HQueueServer  # noqa: E402
-
-MEMBER = r"""
-import asyncio, sys, time
-sys.path.insert(0, sys.argv[2])
-from hqueue.aio import AsyncHQueue
-
-async def main():
-    async with AsyncHQueue("work", sys.argv[1]) as queue:
-        async with queue.consumer("g", member="m", prefetch=sys.argv[3] == "1") as member:
-            count, started = 0, time.monotonic()
-            last = started
-            while True:
-                deliveries = await member.receive(100, wait=0.5)
-                if not deliveries:
-                    break
-                await member.ack(deliveries)
-                count, last = count + len(deliveries), time.monotonic()
-            print(count, count / (last - started))
-
-asyncio.run(main())
-"""
 
 
 class Counted:
@@ -110,26 +89,18 @@ def main() -> None:
     parser.add_argument("--json")
     args = parser.parse_args()
     counted = Counted(spin.env_poll_us("HQUEUE_IDLE_POLL_US", spin.DEFAULT_SERVER_POLL_US))
-    tree = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     receive = "groupAckReceive" if args.prefetch else "groupReceive"
     rows = []
     for run in range(1, args.runs + 1):
         workdir = tempfile.mkdtemp(prefix="hqueue-bench-polls-")
         server = HQueueServer(f"local://{workdir}/data", "127.0.0.1", 0, local_socket=False).start()
         try:
-            url = f"hqueue://{server.address}"
-            with HQueueAdmin(url) as admin:
-                admin.create_queue("work", 16, durability=args.durability)
-            with HQueue("work", url) as queue:
-                for _ in range(0, args.messages, 1000):
-                    queue.put([Message("crawler", b"x" * 93) for _ in range(1000)])
+            fill_work(f"hqueue://{server.address}", args.messages, args.durability)
             counted.clear()
-            member = [sys.executable, "-c", MEMBER, url, tree, "1" if args.prefetch else "0"]
-            out = subprocess.run(member, capture_output=True, text=True, check=True, timeout=600)
-            count, rate = out.stdout.split()
+            member = run_client("hqueue", server.port, 1, 100, args.prefetch)  # (aio_groups.py's, in a process)
             calls = counted.calls.get(receive) or [0.0]
             rows.append({
-                "run": run, "messages": int(count), "msgs/s": float(rate),
+                "run": run, "messages": member["count"], "msgs/s": member["count"] / member["seconds"],
                 "caught": counted.polls["caught"], "caught stretched": counted.polls["caught stretched"],
                 "in vain": sum(n for how, n in counted.polls.items() if not how.startswith("caught")),
                 "slept": counted.blocked, f"{receive} server CPU p50 (µs)": percentile(calls, 0.5) * 1e6,

@@ -102,15 +102,20 @@ def run_members(system: str, port: int, members: int, batch: int, ahead: bool) -
     return sum(r["count"] for r in results), max(r["last"] for r in results) - start_at
 
 
+def fill_work(url: str, messages: int, durability: str) -> None:
+    """Make the 16-partition queue "work" at ``url`` and put ``messages`` 100-byte messages in
+    it, 1,000 a batch, the batches spread over the partitions in turn."""
+    with HQueueAdmin(url) as admin:
+        admin.create_queue("work", 16, durability=durability)
+    with HQueue("work", url) as queue:
+        for i in range(0, messages, 1000):
+            queue.put([Message("crawler", PAYLOAD)] * 1000, partition_id=(i // 1000) % 16)
+
+
 def hqueue_run(workdir: str, messages: int, members: int, batch: int, durability: str, ahead: bool) -> dict:
     proc, port = start_hqueue(workdir)
     try:
-        url = f"hqueue://127.0.0.1:{port}"
-        with HQueueAdmin(url) as admin:
-            admin.create_queue("work", 16, durability=durability)
-        with HQueue("work", url) as queue:
-            for i in range(0, messages, 1000):
-                queue.put([Message("crawler", PAYLOAD)] * 1000, partition_id=(i // 1000) % 16)
+        fill_work(f"hqueue://127.0.0.1:{port}", messages, durability)
         count, seconds = run_members("hqueue", port, members, batch, ahead)
         system = f"hqueue {durability}" + (" prefetch" if ahead else "")
         return {"system": system, "members": members, "received": count,

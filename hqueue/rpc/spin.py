@@ -116,11 +116,13 @@ class Spin:
     Not thread-safe: one per waiting thread (the server's loop; a client connection).
     """
 
-    __slots__ = ("limit", "base", "on", "_backoff", "_skip", "_caught", "_near")
+    __slots__ = ("limit", "base", "stretched", "on", "_backoff", "_skip", "_caught", "_near")
 
     def __init__(self, limit_us: int) -> None:
         #: How long the next poll may last (seconds): ``base``, or stretched (STRETCH).
         self.limit = self.base = limit_us / 1e6
+        #: The limit once stretched (seconds): STRETCH times ``base``, at most MAX_POLL_US.
+        self.stretched = min(self.base * STRETCH, MAX_POLL_US / 1e6)
         #: Whether the next wait polls first.
         self.on = False
         self._backoff = 1  # short waits in a row needed before polling (doubles after a poll in vain)
@@ -171,13 +173,12 @@ class Spin:
         that, and it polls."""
         if seconds >= self.limit:
             self._skip = self._backoff
-            stretched = min(self.base * STRETCH, MAX_POLL_US / 1e6)
-            if not self.base or seconds >= stretched:
+            if not self.base or seconds >= self.stretched:
                 self._near = 0
                 return
             self._near += 1
             if self._near >= max(NEAR_MISSES, min(self._backoff, MAX_NEAR_RUN)):  # (after polls in vain, more)
-                self.limit, self.on, self._near = stretched, True, 0
+                self.limit, self.on, self._near = self.stretched, True, 0
             return
         if self._skip > 1:  # (a short wait does not break a run of near ones: see NEAR_MISSES)
             self._skip -= 1
